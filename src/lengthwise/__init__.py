@@ -1,0 +1,52 @@
+"""lengthwise: length-aware batch planning for language-model training.
+
+The NumPy core (lengths, edges, plans, metrics) imports nothing heavier than
+NumPy; the torch, Hugging Face and plotting adapters load on first use.
+
+Example::
+
+    >>> import numpy as np, lengthwise
+    >>> plan = lengthwise.plan_epoch(np.arange(1, 1001), batch_size=8, buckets=4)
+    >>> len(plan.rank_batches(0)) == plan.num_batches
+    True
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it (imported lazily on first access)
+_EXPORTS: dict[str, str] = {
+    "load_lengths": "lengthwise.lengths",
+    "bundled_names": "lengthwise.lengths",
+    "optimal_edges": "lengthwise.edges",
+    "plan_epoch": "lengthwise.plan",
+    "EpochPlan": "lengthwise.plan",
+    "PlanConfig": "lengthwise.plan",
+    "CostModel": "lengthwise.cost",
+    "recomposition": "lengthwise.metrics",
+    "BucketBatchSampler": "lengthwise.sampler",
+    "PadCollator": "lengthwise.collate",
+    "PackCollator": "lengthwise.collate",
+    "compute_lengths": "lengthwise.hf_lengths",
+    "calibrate": "lengthwise.calibrate",
+    "StepLogger": "lengthwise.train.step_logger",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lengthwise' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,220 @@
+"""Forming micro-batches: inside buckets, greedily along an order, and evening out counts.
+
+Micro-batches are held as two flat arrays, like a CSR matrix: ``indices`` (sample
+ids of all batches, concatenated) and ``offsets`` (``M + 1`` boundaries), so
+millions of samples never become millions of Python objects.
+
+Example::
+
+    >>> lens = np.array([5, 9, 3, 8])
+    >>> idx, off = greedy_batches(np.arange(4), lens, row_limit(max_tokens=18))
+    >>> [idx[a:b].tolist() for a, b in zip(off[:-1], off[1:])]
+    [[0, 1], [2, 3]]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from lengthwise.cost import CostModel, round_up
+
+
+@dataclass(frozen=True)
+class RowLimit:
+    """The batch rule: how many rows of padded length ``P`` fit one micro-batch."""
+
+    batch_size: int | None = None
+    budget: float | None = None
+    cost: CostModel = CostModel()
+    pad_multiple: int = 1
+
+    def rows(self, longest: np.ndarray) -> np.ndarray:
+        """Rows allowed for micro-batches whose longest sample is ``longest``."""
+        longest = np.asarray(longest)
+        if self.batch_size is not None:
+            return np.full(longest.shape, self.batch_size, dtype=np.int64)
+        per_row = self.cost.row_cost(round_up(longest, self.pad_multiple))
+        return np.floor(self.budget / per_row).astype(np.int64)
+
+    def max_length(self) -> int | None:
+        """The longest sample that fits one row within the budget (None: no limit)."""
+        if self.budget is None:
+            return None
+        m = max(1, self.pad_multiple)
+        c = self.cost
+        # largest P with a*P + b*P^2 + c <= budget, then down to a multiple of m
+        if c.b > 0:
+            p = (-c.a + np.sqrt(c.a * c.a + 4 * c.b * (self.budget - c.c))) / (2 * c.b)
+        else:
+            p = (self.budget - c.c) / c.a
+        p = int(np.floor(p + 1e-9)) // m * m
+        while p > 0 and c.row_cost(p) > self.budget:
+            p -= m
+        return p
+
+
+def row_limit(*, batch_size: int | None = None, max_tokens: int | None = None,
+              cost: CostModel | None = None, max_cost: float | None = None,
+              pad_multiple: int = 1) -> RowLimit:
+    """Build the batch rule from exactly one of ``batch_size``, ``max_tokens``, ``max_cost``."""
+    given = [x is not None for x in (batch_size, max_tokens, max_cost)]
+    if sum(given) != 1:
+        raise ValueError("give exactly one of batch_size, max_tokens or max_cost")
+    if pad_multiple < 1:
+        raise ValueError(f"pad_multiple must be >= 1, got {pad_multiple}")
+    if batch_size is not None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        return RowLimit(batch_size=int(batch_size), pad_multiple=pad_multiple)
+    if max_tokens is not None:
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        return RowLimit(budget=float(max_tokens), pad_multiple=pad_multiple)
+    if cost is None:
+        raise ValueError("max_cost needs a cost model: cost=CostModel(a, b, c)")
+    if max_cost <= 0:
+        raise ValueError(f"max_cost must be > 0, got {max_cost}")
+    return RowLimit(budget=float(max_cost), cost=cost, pad_multiple=pad_multiple)
+
+
+def bucket_batches(ids: np.ndarray, bucket: np.ndarray, rows: np.ndarray,
+                   rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Shuffle samples inside each bucket and cut them into full micro-batches.
+
+    ``bucket[i]`` is the bucket of ``ids[i]``; bucket ``k`` allows ``rows[k]`` rows.
+    The few samples left over in a bucket join the next (longer) bucket's first
+    batch, where they fit because they are shorter than its edge, so every batch
+    but the last one is full. Returns ``(indices, offsets, batch_bucket)``; a new
+    ``rng`` re-forms every batch.
+    """
+    index_type = np.int32 if ids.size < 2**31 else np.int64
+    perm = np.arange(ids.size, dtype=index_type)
+    rng.shuffle(perm)
+    small = bucket.astype(np.uint8 if rows.size <= 256 else np.uint16)
+    grouped = perm[np.argsort(small[perm], kind="stable")]  # radix sort: one pass
+    del perm
+    ends = np.cumsum(np.bincount(small, minlength=rows.size))
+    starts, tags = [], []
+    pos = 0
+    for k, end in enumerate(ends.tolist()):
+        r = int(rows[k])
+        full = (end - pos) // r
+        if full > 0:
+            starts.append(np.arange(pos, pos + full * r, r))
+            tags.append(np.full(full, k))
+            pos += full * r
+    if pos < ids.size:  # what the longest bucket left over
+        starts.append(np.array([pos]))
+        tags.append(np.array([rows.size - 1]))
+    offsets = np.append(np.concatenate(starts), ids.size).astype(np.int64)
+    return ids[grouped], offsets, np.concatenate(tags).astype(np.int64)
+
+
+def greedy_batches(ids: np.ndarray, lengths: np.ndarray, limit: RowLimit,
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Cut ``ids`` (in the given order) into consecutive micro-batches under ``limit``.
+
+    A batch grows while ``rows * row_cost(round_up(longest))`` stays within the
+    budget (or up to ``batch_size`` rows), as fairseq's ``batch_by_size`` does.
+    """
+    n = ids.size
+    if limit.batch_size is not None:
+        offsets = np.append(np.arange(0, n, limit.batch_size), n)
+        return ids, offsets.astype(np.int64)
+    lens = lengths[ids]
+    top = int(lens.max())
+    table = limit.cost.row_cost(round_up(np.arange(top + 1), limit.pad_multiple)).tolist()
+    budget = limit.budget
+    cuts = [0]
+    rows, longest = 0, 0
+    for pos, length in enumerate(lens.tolist()):
+        m = length if length > longest else longest
+        if rows and (rows + 1) * table[m] > budget:
+            cuts.append(pos)
+            rows, m = 0, length
+        rows += 1
+        longest = m
+    cuts.append(n)
+    return ids, np.asarray(cuts, dtype=np.int64)
+
+
+def batch_longest(lengths: np.ndarray, indices: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Longest sample of each micro-batch."""
+    if offsets.size <= 1:
+        return np.zeros(0, dtype=np.int64)
+    return np.maximum.reduceat(lengths[indices], offsets[:-1])
+
+
+@dataclass
+class EvenOutReport:
+    """What evening out the micro-batch count did."""
+
+    split_batches: int = 0
+    dropped: int = 0
+    repeated: int = 0
+
+
+def even_out(indices: np.ndarray, offsets: np.ndarray, tags: np.ndarray, multiple: int,
+             policy: str, rng: np.random.Generator,
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, EvenOutReport]:
+    """Make the number of micro-batches a multiple of ``multiple`` (the world size).
+
+    ``split`` (default) halves the largest batches, so every sample stays exactly
+    once; ``drop`` leaves out whole batches; ``repeat`` adds batches of samples
+    drawn again. ``tags`` (for example bucket ids) follow their batches.
+    """
+    report = EvenOutReport()
+    m = offsets.size - 1
+    short = (-m) % multiple
+    if short == 0:
+        return indices, offsets, tags, report
+    sizes = np.diff(offsets)
+    if policy == "split":
+        if indices.size < m + short:
+            raise ValueError(
+                f"{indices.size} samples cannot give each of {multiple} ranks the same number "
+                f"of micro-batches ({m} batches, {m + short} needed); use fewer ranks, or "
+                "even_out='drop' or 'repeat'")
+        new_sizes, new_tags = sizes.tolist(), tags.tolist()
+        for _ in range(short):
+            i = int(np.argmax(new_sizes))
+            half = new_sizes[i] // 2
+            new_sizes[i : i + 1] = [new_sizes[i] - half, half]
+            new_tags[i : i + 1] = [new_tags[i], new_tags[i]]
+        report.split_batches = short
+        off = np.concatenate(([0], np.cumsum(new_sizes))).astype(np.int64)
+        return indices, off, np.asarray(new_tags, dtype=tags.dtype), report
+    if policy == "drop":
+        keep = m - (m % multiple)
+        if keep == 0:
+            raise ValueError(f"even_out='drop' would drop every batch ({m} < {multiple} ranks)")
+        drop = rng.choice(m, size=m - keep, replace=False)
+        mask = np.ones(m, dtype=bool)
+        mask[drop] = False
+        report.dropped = int(sizes[~mask].sum())
+        sel = np.repeat(mask, sizes)
+        return (indices[sel], np.concatenate(([0], np.cumsum(sizes[mask]))).astype(np.int64),
+                tags[mask], report)
+    if policy == "repeat":
+        extra = rng.choice(m, size=short, replace=short > m)
+        starts, stops = offsets[extra], offsets[extra + 1]
+        more = np.concatenate([indices[a:b] for a, b in zip(starts, stops, strict=True)])
+        report.repeated = int(more.size)
+        off = np.concatenate((offsets, offsets[-1] + np.cumsum(sizes[extra])))
+        return np.concatenate((indices, more)), off, np.concatenate((tags, tags[extra])), report
+    raise ValueError(f"even_out must be 'split', 'drop' or 'repeat', got {policy!r}")
+
+
+def take_batches(indices: np.ndarray, offsets: np.ndarray, order: np.ndarray,
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Reorder micro-batches: batch ``order[k]`` becomes batch ``k``."""
+    sizes = np.diff(offsets)[order]
+    new_off = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+    starts = offsets[:-1][order]
+    # position of every output element in the input
+    src = np.repeat((starts - new_off[:-1]).astype(indices.dtype), sizes)
+    src += np.arange(new_off[-1], dtype=indices.dtype)
+    return indices[src], new_off
+

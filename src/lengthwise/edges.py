@@ -1,0 +1,228 @@
+"""Padding-optimal bucket edges, found exactly by dynamic programming.
+
+A bucket ``(e_{k-1}, e_k]`` pads each of its rows to ``round_up(e_k)``, so
+bucket edges chosen from the distinct lengths ``v_1 < ... < v_U`` cost
+
+    sum_k  count(e_{k-1} < L <= e_k) * row_cost(round_up(e_k))
+
+and this module minimises that over all choices of ``K`` edges. The cost of a
+bucket ``(v_i, v_j]`` is ``(N_j - N_i) * w_j`` with ``N`` the cumulative counts and
+``w`` non-decreasing, which is a Monge array: the best split point is monotone
+in ``j``, so each DP layer is solved by divide and conquer in O(U log U), run
+level by level with NumPy (all segments of one recursion depth at once).
+
+Example::
+
+    >>> optimal_edges([1, 1, 2, 9, 10, 10], 2)
+    [2, 10]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from lengthwise.cost import CostModel, round_up
+
+#: with ``num_buckets="auto"``, every bucket must hold at least this many micro-batches,
+#: so that its batches can be re-formed from different samples every epoch.
+MIN_BATCHES_PER_BUCKET = 4
+#: ``"auto"`` chooses the smallest K within this fraction of the best efficiency.
+AUTO_TOLERANCE = 0.01
+#: ``"auto"`` considers at most this many buckets.
+AUTO_MAX_BUCKETS = 128
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Distinct lengths and how many samples have each."""
+
+    values: np.ndarray  # int64, ascending
+    counts: np.ndarray  # int64
+
+    @classmethod
+    def of(cls, lengths: np.ndarray) -> Histogram:
+        lengths = np.asarray(lengths)
+        if lengths.size == 0:
+            raise ValueError("no lengths to bucket")
+        if lengths.min() >= 0 and lengths.max() <= 4 * lengths.size + 1_000_000:
+            counts = np.bincount(lengths)
+            values = np.flatnonzero(counts)
+            return cls(values.astype(np.int64), counts[values].astype(np.int64))
+        values, counts = np.unique(lengths, return_counts=True)
+        return cls(values.astype(np.int64), counts.astype(np.int64))
+
+
+def _layer(prev: np.ndarray, cum: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One DP layer: ``out[j] = min_{i<j} prev[i] + (cum[j]-cum[i]) * w[j]`` for j=1..U.
+
+    ``prev`` and ``cum`` have length U+1 (index 0 = nothing covered); ``w[j]`` is the
+    per-sample cost of a bucket whose last distinct length is the j-th (1-based).
+    Returns ``(out, arg)`` with ``out[0] = inf``.
+    """
+    u = cum.size - 1
+    out = np.full(u + 1, np.inf)
+    arg = np.zeros(u + 1, dtype=np.int64)
+    # segments of j to solve, each with a window [olo, ohi] for its arg-min
+    jlo = np.array([1], dtype=np.int64)
+    jhi = np.array([u], dtype=np.int64)
+    olo = np.array([0], dtype=np.int64)
+    ohi = np.array([u - 1], dtype=np.int64)
+    while jlo.size:
+        mid = (jlo + jhi) // 2
+        hi = np.minimum(ohi, mid - 1)
+        width = hi - olo + 1  # >= 1 since olo <= mid-1
+        seg = np.repeat(np.arange(mid.size), width)
+        starts = np.concatenate(([0], np.cumsum(width)[:-1]))
+        cand = olo[seg] + (np.arange(seg.size) - starts[seg])
+        jm = mid[seg]
+        vals = prev[cand] + (cum[jm] - cum[cand]) * w[jm]
+        mins = np.minimum.reduceat(vals, starts)
+        hit = np.flatnonzero(vals == mins[seg])
+        first = hit[np.unique(seg[hit], return_index=True)[1]]
+        best = cand[first]
+        out[mid] = mins
+        arg[mid] = best
+        left = jlo <= mid - 1
+        right = mid + 1 <= jhi
+        jlo, jhi, olo, ohi = (
+            np.concatenate((jlo[left], mid[right] + 1)),
+            np.concatenate((mid[left] - 1, jhi[right])),
+            np.concatenate((olo[left], best[right])),
+            np.concatenate((best[left], ohi[right])),
+        )
+    return out, arg
+
+
+@dataclass(frozen=True)
+class EdgeSolution:
+    """DP tables for K = 1..max_k over one histogram."""
+
+    hist: Histogram
+    totals: np.ndarray  # totals[k-1]: minimal cost with k buckets
+    args: list[np.ndarray]  # args[k-1][j]: best split before j with k buckets
+
+    def edges(self, k: int) -> list[int]:
+        """Upper edges of the best ``k``-bucket split (ascending, last = longest)."""
+        k = min(k, len(self.args))
+        cuts = []
+        j = self.hist.values.size
+        for layer in range(k - 1, -1, -1):
+            cuts.append(j)
+            j = int(self.args[layer][j])
+            if j == 0:
+                break
+        return [int(self.hist.values[c - 1]) for c in reversed(cuts)]
+
+
+def solve(hist: Histogram, max_k: int, *, pad_multiple: int = 1,
+          cost: CostModel | None = None, budget: float | None = None) -> EdgeSolution:
+    """Run the DP for 1..max_k buckets over a histogram.
+
+    Without ``budget`` a sample costs its padded row; with a per-micro-batch
+    ``budget`` it costs its share of the batch, ``budget / floor(budget / row)``,
+    which also counts the budget that whole rows cannot fill.
+    """
+    cost = cost or CostModel()
+    u = hist.values.size
+    max_k = max(1, min(max_k, u))
+    cum = np.concatenate(([0], np.cumsum(hist.counts))).astype(np.float64)
+    row = np.asarray(cost.row_cost(round_up(hist.values, pad_multiple)), dtype=np.float64)
+    if budget is not None:
+        row = budget / np.maximum(1, np.floor(budget / row))
+    w = np.concatenate(([0.0], row))
+    prev = np.full(u + 1, np.inf)
+    prev[0] = 0.0
+    totals, args = [], []
+    for _ in range(max_k):
+        cur, arg = _layer(prev, cum, w)
+        cur[0] = 0.0  # fewer buckets than layers: an empty prefix stays free
+        totals.append(cur[u])
+        args.append(arg)
+        prev = cur
+    return EdgeSolution(hist, np.asarray(totals), args)
+
+
+def _rows_for(edges: Sequence[int], batch_size: int | None, max_tokens: int | None,
+              pad_multiple: int, cost: CostModel) -> np.ndarray:
+    p = np.asarray(round_up(np.asarray(edges), pad_multiple))
+    if batch_size is not None:
+        return np.full(p.size, batch_size, dtype=np.int64)
+    if max_tokens is not None:
+        return np.maximum(1, (max_tokens // cost.row_cost(p))).astype(np.int64)
+    return np.ones(p.size, dtype=np.int64)
+
+
+def bucket_counts(lengths: np.ndarray | Histogram, edges: Sequence[int]) -> np.ndarray:
+    """Samples per bucket for ascending upper ``edges``.
+
+    Example::
+
+        >>> bucket_counts(np.array([1, 2, 3, 9]), [2, 9]).tolist()
+        [2, 2]
+    """
+    hist = lengths if isinstance(lengths, Histogram) else Histogram.of(lengths)
+    cum = np.concatenate(([0], np.cumsum(hist.counts)))
+    pos = np.searchsorted(hist.values, np.asarray(edges), side="right")
+    return np.diff(np.concatenate(([0], cum[pos])))
+
+
+def optimal_edges(
+    lengths: Sequence[int] | np.ndarray,
+    num_buckets: int | str,
+    *,
+    batch_size: int | None = None,
+    max_tokens: int | None = None,
+    pad_multiple: int = 1,
+    cost: CostModel | None = None,
+) -> list[int]:
+    """Bucket upper edges that minimise padded tokens (or ``cost``) exactly.
+
+    ``num_buckets="auto"`` picks the smallest K whose efficiency is within 1% of
+    the best reachable while every bucket holds at least
+    ``MIN_BATCHES_PER_BUCKET`` micro-batches (rows per batch from ``batch_size``
+    or ``max_tokens``), so batches can be re-formed every epoch.
+
+    Example::
+
+        >>> optimal_edges([5, 5, 6, 100, 101], 2)
+        [6, 101]
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if batch_size is not None and max_tokens is not None:
+        raise ValueError("give batch_size or max_tokens, not both")
+    cost = cost or CostModel()
+    hist = Histogram.of(lengths)
+    if num_buckets == "auto":
+        return auto_edges(hist, batch_size=batch_size, max_tokens=max_tokens,
+                          pad_multiple=pad_multiple, cost=cost)
+    if not isinstance(num_buckets, (int, np.integer)) or num_buckets < 1:
+        raise ValueError(f"num_buckets must be a positive integer or 'auto', got {num_buckets!r}")
+    return solve(hist, int(num_buckets), pad_multiple=pad_multiple, cost=cost).edges(
+        int(num_buckets))
+
+
+def auto_edges(hist: Histogram, *, batch_size: int | None, max_tokens: int | None,
+               pad_multiple: int = 1, cost: CostModel | None = None,
+               max_buckets: int = AUTO_MAX_BUCKETS) -> list[int]:
+    """The ``"auto"`` rule of :func:`optimal_edges` over a histogram."""
+    cost = cost or CostModel()
+    sol = solve(hist, max_buckets, pad_multiple=pad_multiple, cost=cost)
+    ideal = float(np.sum(hist.counts * cost.row_cost(hist.values)))
+    candidates = [(k, ideal / float(sol.totals[k - 1]), sol.edges(k))
+                  for k in range(1, len(sol.args) + 1)]
+    # every bucket large enough to re-form its batches each epoch; on data too small for
+    # that, at least one full batch per bucket; failing that, no constraint
+    for min_batches in (MIN_BATCHES_PER_BUCKET, 1, 0):
+        feasible = [(k, eff, edges) for k, eff, edges in candidates
+                    if k == 1 or np.all(bucket_counts(hist, edges) >= min_batches * _rows_for(
+                        edges, batch_size, max_tokens, pad_multiple, cost))]
+        if len(feasible) > 1:
+            break
+    best = max(eff for _, eff, _ in feasible)
+    for _, eff, edges in feasible:
+        if eff >= (1 - AUTO_TOLERANCE) * best:
+            return edges
+    raise AssertionError("unreachable: the best feasible K is within tolerance of itself")

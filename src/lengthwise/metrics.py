@@ -1,0 +1,196 @@
+"""The batching figures of METRICS.md, computed for any schedule of micro-batches.
+
+A schedule is ``indices``/``offsets`` (micro-batches concatenated) in the order
+that sends micro-batch ``k`` to rank ``k % world_size``, local position
+``k // world_size``; a local position ``p`` is optimizer step ``p // grad_accum``.
+The same code measures lengthwise's plans and any other sampler's batches.
+
+Example::
+
+    >>> lens = np.array([4, 4, 2, 2])
+    >>> s = batch_stats(lens, np.arange(4), np.array([0, 2, 4]))
+    >>> s["padding_efficiency"]
+    1.0
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from lengthwise.cost import CostModel, round_up
+
+#: repetitions of the random-shuffle reference for ``step_cv_ratio``
+RANDOM_REFERENCE_REPEATS = 5
+
+
+def _cv(x: np.ndarray) -> float | None:
+    if x.size < 2 or float(np.mean(x)) == 0.0:
+        return None
+    return float(np.std(x) / np.mean(x))
+
+
+def step_ids(num_batches: int, world_size: int, grad_accum: int) -> np.ndarray:
+    """Optimizer step of each micro-batch of a schedule."""
+    return np.arange(num_batches) // (world_size * grad_accum)
+
+
+def _per_step_lengths(lengths: np.ndarray, indices: np.ndarray, offsets: np.ndarray,
+                      steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Token-weighted and plain mean length of each optimizer step (full steps only)."""
+    per_sample_step = np.repeat(steps, np.diff(offsets))
+    lens = lengths[indices].astype(np.float64)
+    n_steps = int(steps[-1]) + 1
+    s1 = np.bincount(per_sample_step, weights=lens, minlength=n_steps)
+    s2 = np.bincount(per_sample_step, weights=lens * lens, minlength=n_steps)
+    cnt = np.bincount(per_sample_step, minlength=n_steps)
+    return s2 / np.maximum(s1, 1), s1 / np.maximum(cnt, 1)
+
+
+def random_step_cv(lengths: np.ndarray, ids: np.ndarray, n_steps: int, seed: int = 0,
+                   repeats: int = RANDOM_REFERENCE_REPEATS) -> tuple[float | None, float | None]:
+    """``step_length_cv`` and ``step_sample_cv`` of a random shuffle cut into ``n_steps``.
+
+    Example::
+
+        >>> cv, _ = random_step_cv(np.arange(1, 1001), np.arange(1000), 10)
+        >>> 0 < cv < 1
+        True
+    """
+    if n_steps < 2 or ids.size < n_steps:
+        return None, None
+    rng = np.random.default_rng([seed, 0x5EED])
+    lens = lengths[ids].astype(np.float64)
+    step = np.arange(ids.size) * n_steps // ids.size
+    cvs, scvs = [], []
+    for _ in range(repeats):
+        perm = lens[rng.permutation(ids.size)]
+        s1 = np.bincount(step, weights=perm, minlength=n_steps)
+        s2 = np.bincount(step, weights=perm * perm, minlength=n_steps)
+        cnt = np.bincount(step, minlength=n_steps)
+        cvs.append(_cv(s2 / s1))
+        scvs.append(_cv(s1 / cnt))
+    return float(np.mean(cvs)), float(np.mean(scvs))
+
+
+def longest_runs(tags: np.ndarray, world_size: int) -> int:
+    """Longest run of equal consecutive tags on any rank of a schedule."""
+    best = 0
+    for rank in range(world_size):
+        seq = tags[rank::world_size]
+        if seq.size == 0:
+            continue
+        starts = np.flatnonzero(np.concatenate(([True], seq[1:] != seq[:-1])))
+        best = max(best, int(np.diff(np.append(starts, seq.size)).max()))
+    return best
+
+
+def batch_hashes(indices: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """An order-independent 64-bit hash of each micro-batch's sample set."""
+    x = indices.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+        sums = np.add.reduceat(x, offsets[:-1]) if offsets.size > 1 else x[:0]
+        return sums ^ (np.diff(offsets).astype(np.uint64) << np.uint64(48))
+
+
+def recomposition_of(offsets_a: np.ndarray, indices_a: np.ndarray,
+                     offsets_b: np.ndarray, indices_b: np.ndarray) -> float:
+    """Share of the micro-batches of ``b`` whose sample set equals a micro-batch of ``a``."""
+    hb = batch_hashes(indices_b, offsets_b)
+    if hb.size == 0:
+        return 0.0
+    return float(np.isin(hb, batch_hashes(indices_a, offsets_a)).mean())
+
+
+def recomposition(previous, current) -> float:
+    """``recomposition`` between two epoch plans (METRICS.md).
+
+    Example::
+
+        >>> import lengthwise
+        >>> p0 = lengthwise.plan_epoch(np.arange(1, 500), batch_size=4, epoch=0)
+        >>> p1 = lengthwise.plan_epoch(np.arange(1, 500), batch_size=4, epoch=1)
+        >>> recomposition(p0, p1) < 0.05
+        True
+    """
+    return recomposition_of(previous.offsets, previous.indices, current.offsets, current.indices)
+
+
+def batch_stats(
+    lengths: np.ndarray,
+    indices: np.ndarray,
+    offsets: np.ndarray,
+    *,
+    world_size: int = 1,
+    grad_accum: int = 1,
+    edges: Sequence[int] | None = None,
+    pad_multiple: int = 1,
+    cost: CostModel | None = None,
+    capacity: int | None = None,
+    seed: int = 0,
+) -> dict:
+    """METRICS.md figures for a schedule of micro-batches.
+
+    ``capacity`` switches to the packed layout: each micro-batch is one row of
+    ``capacity`` tokens, and ``padding_efficiency`` is the fill. ``cost`` (default:
+    padded tokens) prices micro-batches for ``rank_imbalance``.
+    """
+    lengths = np.asarray(lengths)
+    indices = np.asarray(indices)
+    offsets = np.asarray(offsets, dtype=np.int64)
+    cost = cost or CostModel()
+    m = offsets.size - 1
+    if m < 1:
+        raise ValueError("no micro-batches to measure")
+    rows = np.diff(offsets)
+    lens = lengths[indices]
+    longest = np.maximum.reduceat(lens, offsets[:-1])
+    real = float(lens.sum())
+    if capacity is None:
+        padded_len = np.asarray(round_up(longest, pad_multiple))
+        padded = float(np.sum(rows * padded_len))
+        cost_of = cost.batch_cost(rows, padded_len)
+    else:
+        padded = float(m) * capacity
+        seq_cost = cost.a * lens + cost.b * lens.astype(np.float64) ** 2 + cost.c
+        cost_of = np.add.reduceat(seq_cost, offsets[:-1])
+    steps = step_ids(m, world_size, grad_accum)
+    tw_len, mean_len = _per_step_lengths(lengths, indices, offsets, steps)
+    n_steps = tw_len.size
+    full = n_steps if m % (world_size * grad_accum) == 0 or n_steps == 1 else n_steps - 1
+    step_length_cv = _cv(tw_len[:full])
+    step_sample_cv = _cv(mean_len[:full])
+    ref_cv, ref_scv = random_step_cv(lengths, indices, full, seed=seed)
+    # rank imbalance: per (step, slot), max over ranks / mean over ranks
+    usable = m - m % world_size
+    groups = cost_of[:usable].reshape(-1, world_size)
+    ratio = groups.max(axis=1) / np.maximum(groups.mean(axis=1), 1e-12)
+    if edges is not None:
+        tags = np.searchsorted(np.asarray(edges), longest, side="left")
+    else:
+        tags = longest
+    unique, counts = np.unique(indices, return_counts=True)
+    return {
+        "samples": int(indices.size),
+        "unique_samples": int(unique.size),
+        "repeated_in_schedule": int((counts - 1).sum()),
+        "micro_batches": int(m),
+        "micro_batches_per_rank": int(m // world_size),
+        "optimizer_steps": int(n_steps),
+        "real_tokens": int(real),
+        "padded_tokens": int(padded),
+        "padding_efficiency": real / padded if padded else None,
+        "step_length_cv": step_length_cv,
+        "step_sample_cv": step_sample_cv,
+        "random_step_length_cv": ref_cv,
+        "random_step_sample_cv": ref_scv,
+        "step_cv_ratio": (step_length_cv / ref_cv
+                          if step_length_cv is not None and ref_cv else None),
+        "rank_imbalance_p50": float(np.percentile(ratio, 50)) if ratio.size else None,
+        "rank_imbalance_p99": float(np.percentile(ratio, 99)) if ratio.size else None,
+        "max_same_bucket_run": longest_runs(tags, world_size),
+    }

@@ -1,0 +1,128 @@
+"""Orders of micro-batches over an epoch: which batch runs where and when.
+
+Every function here takes per-batch arrays and returns a permutation ``order``:
+batch ``order[k]`` becomes the ``k``-th of the schedule, which sends it to rank
+``k % world_size`` at that rank's position ``k // world_size``.
+
+Example::
+
+    >>> rng = np.random.default_rng(0)
+    >>> order = interleave(np.array([0, 0, 0, 1, 1, 1]), rng, world_size=2)
+    >>> sorted(order.tolist())
+    [0, 1, 2, 3, 4, 5]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def random_order(num_batches: int, rng: np.random.Generator) -> np.ndarray:
+    """Batches in random order (the bucketed shuffle's batch order)."""
+    return rng.permutation(num_batches)
+
+
+def _run_positions(groups: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For an array of group ids laid out in contiguous runs: (run id, index in run, run size)."""
+    starts = np.flatnonzero(np.concatenate(([True], groups[1:] != groups[:-1])))
+    sizes = np.diff(np.append(starts, groups.size))
+    run = np.repeat(np.arange(starts.size), sizes)
+    return run, np.arange(groups.size) - starts[run], sizes[run]
+
+
+def interleave(batch_bucket: np.ndarray, rng: np.random.Generator,
+               world_size: int = 1) -> np.ndarray:
+    """Stride-based proportional interleaving with a random phase per bucket.
+
+    Bucket ``k`` with ``n_k`` batches puts its ``j``-th batch at ``(j + phase_k)/n_k``
+    of the epoch, so every bucket is spread evenly and all run out together. Rank
+    ``r`` runs the ``r``-th contiguous part of that sequence, which is itself an even
+    interleave (dealing it round-robin instead could give a rank one bucket only).
+    """
+    grouped = np.argsort(batch_bucket, kind="stable")
+    run, j, n = _run_positions(batch_bucket[grouped])
+    phase = rng.random(int(run.max()) + 1 if run.size else 0)
+    key = (j + phase[run]) / n
+    tie = rng.random(key.size)
+    seq = grouped[np.lexsort((tie, key))]
+    return seq.reshape(world_size, -1).T.ravel()
+
+
+def limit_runs(order: np.ndarray, batch_bucket: np.ndarray, world_size: int,
+               max_run: int) -> np.ndarray:
+    """Swap batches so no rank gets more than ``max_run`` in a row from one bucket.
+
+    Works on each rank's own sequence (every ``world_size``-th entry), so the
+    number of batches per rank is unchanged. Where a bucket holds too large a
+    share for the limit to be met, the longest runs that remain are reported by
+    the plan's ``max_same_bucket_run``.
+    """
+    if max_run < 1:
+        raise ValueError(f"max_run must be >= 1, got {max_run}")
+    order = order.copy()
+    for rank in range(world_size):
+        seq = order[rank::world_size].tolist()
+        tag = batch_bucket[order[rank::world_size]].tolist()
+        changed = False
+        run = 0
+        for i in range(len(seq)):
+            run = run + 1 if i and tag[i] == tag[i - 1] else 1
+            if run <= max_run:
+                continue
+            j = next((j for j in range(i + 1, len(seq)) if tag[j] != tag[i]), None)
+            if j is None:
+                break
+            seq[i], seq[j] = seq[j], seq[i]
+            tag[i], tag[j] = tag[j], tag[i]
+            run = 1
+            changed = True
+        if changed:
+            order[rank::world_size] = seq
+    return order
+
+
+def stratified(batch_bucket: np.ndarray, batch_cost: np.ndarray, world_size: int,
+               grad_accum: int, rng: np.random.Generator) -> np.ndarray:
+    """Every optimizer step takes one micro-batch from each of ``W*G`` length strata.
+
+    Batches sorted by bucket are cut into ``S = world_size * grad_accum`` contiguous
+    strata of (nearly) equal batch count: under a token budget that is equal token
+    mass. Step ``t`` takes one batch of every stratum, so each step carries the
+    data's length mix. To keep ranks in step, batches of the same cost quantile
+    in their strata share a step (steps then run in random order), the cheapest
+    left-over batches go to the last step, and inside a step batches of similar
+    cost share an accumulation slot, dealt to ranks in a rotation that changes
+    every step.
+    """
+    m = batch_bucket.size
+    s = world_size * grad_accum
+    q, rem = divmod(m, s)
+    sizes = np.full(s, q, dtype=np.int64)
+    sizes[:rem] += 1
+    stratum = np.repeat(np.arange(s), sizes)
+    grouped = np.argsort(batch_bucket, kind="stable")
+    cost = batch_cost[grouped]
+    # cost rank inside each stratum
+    by_cost = np.lexsort((rng.random(m), cost, stratum))
+    grouped, cost = grouped[by_cost], cost[by_cost]
+    j = np.arange(m) - np.repeat(np.concatenate(([0], np.cumsum(sizes)[:-1])), sizes)
+    # the cheapest batch of every stratum (left-overs, split halves) runs in the last
+    # step; the other cost ranks map to steps in random order
+    last = q if rem else q - 1
+    runs_last = (sizes[stratum] > q) | (rem == 0)  # strata whose cheapest batch runs last
+    goes_last = (j == 0) & runs_last
+    step_of_rank = rng.permutation(max(last, 1))
+    rank = np.clip(j - runs_last, 0, max(last - 1, 0))
+    t = np.where(goes_last, last, step_of_rank[rank])
+    by_step = np.lexsort((rng.random(m), cost, t))
+    within, t = grouped[by_step], t[by_step]
+    # position inside the step -> (slot, rank), ranks rotated by step
+    step_start = np.concatenate(([0], np.flatnonzero(t[1:] != t[:-1]) + 1))
+    step_len = np.diff(np.append(step_start, m))
+    pos = np.arange(m) - np.repeat(step_start, step_len)
+    slot, lane = divmod(pos, world_size)
+    rank = (lane + t) % world_size
+    target = np.repeat(step_start, step_len) + slot * world_size + rank
+    order = np.empty(m, dtype=np.int64)
+    order[target] = within
+    return order

@@ -1,0 +1,88 @@
+"""Optimal bucket edges: the DP equals brute force, and the "auto" rule."""
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lengthwise import optimal_edges
+from lengthwise.cost import CostModel, round_up
+from lengthwise.edges import MIN_BATCHES_PER_BUCKET, Histogram, bucket_counts, solve
+
+
+def padded_cost(lengths, edges, multiple=1, cost=None):
+    cost = cost or CostModel()
+    lengths = np.asarray(lengths)
+    total, lo = 0.0, 0
+    for e in edges:
+        n = np.sum((lengths > lo) & (lengths <= e))
+        total += n * cost.row_cost(round_up(e, multiple))
+        lo = e
+    assert lo >= lengths.max()
+    return total
+
+
+def brute_force(lengths, k, multiple=1, cost=None):
+    values = np.unique(lengths)
+    best = None
+    for inner in itertools.combinations(values[:-1].tolist(), min(k, values.size) - 1):
+        c = padded_cost(lengths, [*inner, int(values[-1])], multiple, cost)
+        best = c if best is None else min(best, c)
+    return best
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(1, 60), min_size=1, max_size=40), st.integers(1, 6),
+       st.sampled_from([1, 4, 8]), st.sampled_from([(1, 0, 0), (1, 0.01, 0), (1, 0.002, 30)]))
+def test_dp_equals_brute_force(lengths, k, multiple, coeffs):
+    cost = CostModel(*coeffs)
+    edges = optimal_edges(lengths, k, pad_multiple=multiple, cost=cost)
+    assert edges == sorted(edges) and edges[-1] == max(lengths)
+    assert len(edges) <= k
+    assert padded_cost(lengths, edges, multiple, cost) == pytest.approx(
+        brute_force(lengths, k, multiple, cost))
+
+
+def test_reference_lognormal_edges():
+    # METRICS.md: six optimal edges for this shape come out near [833, 1210, 1661, 2323, 3592, 8192]
+    rng = np.random.default_rng(0)
+    lengths = np.clip(np.round(np.exp(rng.normal(np.log(1050), 0.5, 902_087))), 16, 8192)
+    edges = optimal_edges(lengths.astype(np.int64), 6, batch_size=4)
+    assert np.allclose(edges, [833, 1210, 1661, 2323, 3592, 8192], rtol=0.03)
+
+
+def test_more_buckets_never_cost_more():
+    lengths = np.random.default_rng(1).integers(1, 5000, 20_000)
+    sol = solve(Histogram.of(lengths), 40)
+    assert np.all(np.diff(sol.totals) <= 1e-6)
+    for k in (1, 7, 40):
+        assert padded_cost(lengths, sol.edges(k)) == pytest.approx(sol.totals[k - 1])
+
+
+def test_auto_keeps_buckets_large_enough_and_near_best():
+    raw = np.random.default_rng(2).lognormal(6, 1, 50_000).astype(np.int64) + 1
+    lengths = np.minimum(raw, 8192)
+    edges = optimal_edges(lengths, "auto", max_tokens=16384)
+
+    def feasible(e):
+        rows = np.floor(16384 / np.asarray(e))
+        return np.all(bucket_counts(lengths, e) >= MIN_BATCHES_PER_BUCKET * rows)
+
+    assert feasible(edges)
+    sol = solve(Histogram.of(lengths), 128)  # each layer is the exact optimum for that k
+    eff = {k: lengths.sum() / padded_cost(lengths, sol.edges(k))
+           for k in range(1, 129) if feasible(sol.edges(k))}
+    best = max(eff.values())
+    assert lengths.sum() / padded_cost(lengths, edges) >= 0.99 * best
+    assert all(v < 0.99 * best for k, v in eff.items() if k < len(edges))
+    assert len(edges) >= 10  # many narrow buckets on a wide distribution
+
+
+def test_single_distinct_length_and_bad_counts():
+    assert optimal_edges([7, 7, 7], 3) == [7]
+    with pytest.raises(ValueError, match="num_buckets"):
+        optimal_edges([1, 2], 0)
+    with pytest.raises(ValueError, match="not both"):
+        optimal_edges([1, 2], 2, batch_size=2, max_tokens=10)

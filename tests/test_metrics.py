@@ -1,0 +1,56 @@
+"""The figures of METRICS.md, checked on schedules whose answer is known by hand."""
+
+import numpy as np
+import pytest
+
+from lengthwise.cost import CostModel
+from lengthwise.metrics import batch_stats, longest_runs, random_step_cv, recomposition_of
+
+
+def test_padding_and_imbalance_by_hand():
+    lengths = np.array([4, 2, 3, 3, 8, 1])
+    # batches: [0,1] pads to 4 -> 8 slots; [2,3] -> 6 slots; [4,5] -> 16 slots
+    idx, off = np.arange(6), np.array([0, 2, 4, 6])
+    s = batch_stats(lengths, idx, off, world_size=1)
+    assert s["padding_efficiency"] == pytest.approx(21 / 30)
+    assert s["padded_tokens"] == 30 and s["real_tokens"] == 21
+    idx2, off2 = np.arange(6)[:4], np.array([0, 2, 4])
+    two = batch_stats(lengths, idx2, off2, world_size=2)  # one slot: costs 8 and 6
+    assert two["rank_imbalance_p50"] == pytest.approx(8 / 7)
+    cost = CostModel(a=1, b=1, c=0)  # costs 2*(4+16)=40 and 2*(3+9)=24
+    assert batch_stats(lengths, idx2, off2, world_size=2, cost=cost)[
+        "rank_imbalance_p99"] == pytest.approx(40 / 32)
+    packed = batch_stats(lengths, idx, off, capacity=10)
+    assert packed["padding_efficiency"] == pytest.approx(21 / 30)
+
+
+def test_step_cv_token_weighted_and_plain():
+    lengths = np.array([1, 3, 2, 2])
+    idx, off = np.arange(4), np.array([0, 1, 2, 3, 4])
+    s = batch_stats(lengths, idx, off, world_size=1, grad_accum=2)  # steps {1,3} and {2,2}
+    tw = np.array([(1 + 9) / 4, 8 / 4])
+    assert s["step_length_cv"] == pytest.approx(tw.std() / tw.mean())
+    assert s["step_sample_cv"] == pytest.approx(0.0)
+    assert s["optimizer_steps"] == 2
+
+
+def test_random_reference_is_near_its_own_measurement():
+    lengths = np.random.default_rng(0).lognormal(5, 1, 20_000).astype(np.int64) + 1
+    ids = np.random.default_rng(1).permutation(lengths.size)
+    off = np.arange(0, lengths.size + 1, 100)  # 200 steps of 100 random samples
+    s = batch_stats(lengths, ids, off)
+    ref, _ = random_step_cv(lengths, np.arange(lengths.size), 200)
+    assert s["step_cv_ratio"] == pytest.approx(1.0, abs=0.25)
+    assert ref == pytest.approx(s["step_length_cv"], rel=0.25)
+
+
+def test_runs_and_recomposition():
+    assert longest_runs(np.array([1, 1, 2, 1, 1, 1]), 1) == 3
+    assert longest_runs(np.array([1, 2, 1, 2, 1, 2]), 2) == 3  # rank 0 sees 1,1,1
+    idx = np.array([0, 1, 2, 3])
+    assert recomposition_of(np.array([0, 2, 4]), idx, np.array([0, 2, 4]),
+                            np.array([1, 0, 3, 2])) == 1.0
+    assert recomposition_of(np.array([0, 2, 4]), idx, np.array([0, 2, 4]),
+                            np.array([0, 2, 1, 3])) == 0.0
+    assert recomposition_of(np.array([0, 2, 4]), idx, np.array([0, 2, 3, 4]),
+                            np.array([1, 0, 2, 3])) == pytest.approx(1 / 3)
