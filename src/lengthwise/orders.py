@@ -35,9 +35,10 @@ def interleave(batch_bucket: np.ndarray, rng: np.random.Generator,
     """Stride-based proportional interleaving with a random phase per bucket.
 
     Bucket ``k`` with ``n_k`` batches puts its ``j``-th batch at ``(j + phase_k)/n_k``
-    of the epoch, so every bucket is spread evenly and all run out together. Rank
-    ``r`` runs the ``r``-th contiguous part of that sequence, which is itself an even
-    interleave (dealing it round-robin instead could give a rank one bucket only).
+    of the epoch, so every bucket is spread evenly and all run out together. Each
+    step takes ``world_size`` consecutive batches of that sequence, dealt to ranks in
+    a rotation that moves by one every step (a fixed deal could give a rank one
+    bucket only, for example two alternating buckets on two ranks).
     """
     grouped = np.argsort(batch_bucket, kind="stable")
     run, j, n = _run_positions(batch_bucket[grouped])
@@ -45,7 +46,27 @@ def interleave(batch_bucket: np.ndarray, rng: np.random.Generator,
     key = (j + phase[run]) / n
     tie = rng.random(key.size)
     seq = grouped[np.lexsort((tie, key))]
-    return seq.reshape(world_size, -1).T.ravel()
+    k = np.arange(seq.size)
+    step, lane = divmod(k, world_size)
+    order = np.empty_like(seq)
+    order[step * world_size + (lane + step) % world_size] = seq
+    return order
+
+
+def _run_through(tag: list, p: int) -> int:
+    lo, hi = p, p
+    while lo > 0 and tag[lo - 1] == tag[p]:
+        lo -= 1
+    while hi + 1 < len(tag) and tag[hi + 1] == tag[p]:
+        hi += 1
+    return hi - lo + 1
+
+
+def _swap_keeps_runs(tag: list, p: int, i: int, max_run: int) -> bool:
+    tag[p], tag[i] = tag[i], tag[p]
+    ok = _run_through(tag, p) <= max_run and _run_through(tag, i) <= max_run
+    tag[p], tag[i] = tag[i], tag[p]
+    return ok
 
 
 def limit_runs(order: np.ndarray, batch_bucket: np.ndarray, world_size: int,
@@ -70,8 +91,11 @@ def limit_runs(order: np.ndarray, batch_bucket: np.ndarray, world_size: int,
             if run <= max_run:
                 continue
             j = next((j for j in range(i + 1, len(seq)) if tag[j] != tag[i]), None)
-            if j is None:
-                break
+            if j is None:  # nothing different later: trade places with an earlier batch
+                j = next((p for p in range(i - 2, -1, -1)
+                          if tag[p] != tag[i] and _swap_keeps_runs(tag, p, i, max_run)), None)
+                if j is None:
+                    break
             seq[i], seq[j] = seq[j], seq[i]
             tag[i], tag[j] = tag[j], tag[i]
             run = 1
