@@ -1,0 +1,274 @@
+"""Train with Hugging Face ``transformers.Trainer`` on planned micro-batches.
+
+:class:`LengthwiseTrainer` is a ``Trainer`` whose training data loader takes its
+micro-batches from a :class:`lengthwise.BucketBatchSampler`; :func:`use_lengthwise`
+does the same to an existing trainer instance (any ``Trainer`` subclass).
+
+Each process plans its own rank's micro-batches, so Accelerate must not shard
+them again: the loader is prepared for one process (no ``BatchSamplerShard``,
+no dispatching), and every rank gets the same number of micro-batches, so no
+rank waits for, or pads out to, another. This holds on one device, under
+``torchrun`` and under ``accelerate launch`` (DDP, FSDP, DeepSpeed).
+
+``per_device_train_batch_size`` is not used: the sampler's budget sets each
+micro-batch. ``gradient_accumulation_steps`` is the sampler's ``grad_accum``, and
+the seed is ``data_seed`` (else ``seed``) unless ``seed`` is given.
+
+Example::
+
+    trainer = LengthwiseTrainer(
+        model=model, args=args, train_dataset=dataset,
+        data_collator=lengthwise.PadCollator(tokenizer.pad_token_id, metadata=False),
+        lengths=lengths, sampler_options={"max_tokens": 16384})
+    trainer.train()
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import types
+import warnings
+from functools import partial
+from typing import Any
+
+from torch.utils.data import DataLoader
+from transformers import Trainer, TrainerCallback
+
+from lengthwise.sampler import BucketBatchSampler, ResumeError
+
+__all__ = ["STATE_FILE", "LengthwiseTrainer", "lengthwise_dataloader", "make_sampler",
+           "use_lengthwise"]
+
+#: file in each checkpoint folder that holds the sampler's state at that step
+STATE_FILE = "lengthwise_sampler.json"
+
+_SET_BY_TRAINER = ("num_replicas", "rank", "grad_accum")
+
+
+def data_parallel_ranks(trainer: Trainer) -> tuple[int, int]:
+    """``(num_replicas, rank)`` of this process among the data-parallel ranks.
+
+    Processes that share a batch (tensor or context parallel groups of a device
+    mesh) share a rank, as Accelerate assigns them.
+    """
+    acc = trainer.accelerator
+    world, rank = acc.num_processes, acc.process_index
+    mesh = getattr(acc, "torch_device_mesh", None)
+    names = getattr(mesh, "mesh_dim_names", None) or ()
+    if mesh is not None and names:
+        def size(name: str) -> int:
+            return mesh[name].size() if name in names else 1
+
+        rank = rank // (size("tp") * size("cp"))
+        world = size("dp_replicate") * size("dp_shard")
+    return world, rank
+
+
+def make_sampler(trainer: Trainer, lengths: Any, **options: Any) -> BucketBatchSampler:
+    """A sampler for ``trainer``: its ranks, gradient accumulation and data seed.
+
+    ``options`` are those of :class:`lengthwise.BucketBatchSampler` (``max_tokens``,
+    ``buckets``, ``order``...). Raises if the lengths do not match the training set.
+    """
+    clash = [k for k in _SET_BY_TRAINER if k in options]
+    if clash:
+        raise ValueError(f"{clash} come from the trainer (its processes and "
+                         "gradient_accumulation_steps); leave them out of the sampler options")
+    args = trainer.args
+    acc = trainer.accelerator
+    for name in ("split_batches", "dispatch_batches"):
+        if getattr(acc, name, None):
+            raise ValueError(
+                f"accelerator_config.{name}=True cannot be used with a lengthwise sampler: it "
+                "already gives every process its own micro-batches; turn it off")
+    if args.dataloader_drop_last and "drop_last" not in options:
+        options["drop_last"] = True
+    if "seed" not in options:
+        options["seed"] = args.data_seed if args.data_seed is not None else args.seed
+    world, rank = data_parallel_ranks(trainer)
+    sampler = BucketBatchSampler(lengths, num_replicas=world, rank=rank,
+                                 grad_accum=args.gradient_accumulation_steps, **options)
+    if trainer.train_dataset is not None:
+        sampler.check_dataset(trainer.train_dataset)
+    cfg = sampler.config
+    if cfg.order == "random" and cfg.batch_size is None:
+        warnings.warn("order='random' with a token or cost budget gives a different number of "
+                      "micro-batches each epoch, while Trainer counts the steps of an epoch "
+                      "once; use a bucketed order (the default 'stratified')", stacklevel=2)
+    return sampler
+
+
+def lengthwise_dataloader(trainer: Trainer, sampler: BucketBatchSampler) -> DataLoader:
+    """The training loader of ``trainer`` with ``sampler`` as its batch sampler.
+
+    The loader is prepared by Accelerate for device placement only, so the
+    sampler's per-rank micro-batches are not sharded a second time.
+    """
+    from accelerate.data_loader import prepare_data_loader
+    from transformers.trainer_utils import seed_worker
+
+    if trainer.train_dataset is None:
+        raise ValueError("Trainer: training requires a train_dataset.")
+    args = trainer.args
+    dataset = trainer.train_dataset
+    sampler.check_dataset(dataset)
+    collator = trainer.data_collator
+    try:
+        import datasets
+    except ImportError:  # pragma: no cover - depends on the environment
+        datasets = None
+    if datasets is not None and isinstance(dataset, datasets.Dataset):
+        dataset = trainer._remove_unused_columns(dataset, description="training")
+    else:
+        collator = trainer._get_collator_with_removed_columns(collator, description="training")
+    params: dict[str, Any] = {
+        "batch_sampler": sampler,
+        "collate_fn": collator,
+        "num_workers": args.dataloader_num_workers,
+        "pin_memory": args.dataloader_pin_memory,
+        "persistent_workers": args.dataloader_persistent_workers,
+        "worker_init_fn": partial(seed_worker, num_workers=args.dataloader_num_workers,
+                                  rank=args.process_index),
+    }
+    if args.dataloader_num_workers > 0:
+        if args.dataloader_prefetch_factor is not None:
+            params["prefetch_factor"] = args.dataloader_prefetch_factor
+        context = getattr(args, "dataloader_multiprocessing_context", None)
+        if context is not None:
+            params["multiprocessing_context"] = context
+    loader = DataLoader(dataset, **params)
+    acc = trainer.accelerator
+    prepared = prepare_data_loader(
+        loader, acc.device, num_processes=1, process_index=0, split_batches=False,
+        put_on_device=acc.device_placement, rng_types=list(acc.rng_types),
+        dispatch_batches=False, non_blocking=acc.non_blocking,
+        use_stateful_dataloader=acc.use_stateful_dataloader)
+    registry = getattr(acc, "_dataloaders", None)  # so that accelerator.save_state sees it
+    if isinstance(registry, list):
+        registry.append(prepared)
+    return prepared
+
+
+def _checkpoint_state(sampler: BucketBatchSampler, global_step: int) -> dict[str, Any]:
+    """The sampler state matching ``global_step`` optimizer steps of Trainer's schedule."""
+    state = sampler.state_dict()
+    n = len(sampler)
+    accum = sampler.grad_accum
+    steps_per_epoch = max(1, math.ceil(n / accum))
+    state["epoch"] = global_step // steps_per_epoch
+    state["yielded"] = min(n, (global_step % steps_per_epoch) * accum)
+    state["resumed"] = []
+    state["global_step"] = int(global_step)
+    return state
+
+
+class _SaveSamplerState(TrainerCallback):
+    """Writes the sampler state into every checkpoint folder."""
+
+    def __init__(self, sampler: BucketBatchSampler) -> None:
+        self.sampler = sampler
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+            if os.path.isdir(folder):
+                with open(os.path.join(folder, STATE_FILE), "w", encoding="utf-8") as fh:
+                    json.dump(_checkpoint_state(self.sampler, state.global_step), fh)
+        return control
+
+
+def check_resume(sampler: BucketBatchSampler, checkpoint: str | None) -> None:
+    """Raise if ``checkpoint`` was written with another plan than ``sampler`` builds.
+
+    Trainer resumes by counting optimizer steps, which places the data exactly
+    only with the same data, plan options, world size and gradient accumulation.
+    """
+    if checkpoint is None:
+        return
+    path = os.path.join(checkpoint, STATE_FILE)
+    if not os.path.isfile(path):
+        return
+    with open(path, encoding="utf-8") as fh:
+        saved = json.load(fh)
+    sampler._check_same_plan(saved)
+    if (saved["world_size"], saved["grad_accum"]) != (sampler.num_replicas, sampler.grad_accum):
+        raise ResumeError(
+            f"{checkpoint} was trained on {saved['world_size']} data-parallel ranks with "
+            f"gradient_accumulation_steps={saved['grad_accum']}; this run has "
+            f"{sampler.num_replicas} and {sampler.grad_accum}. Trainer resumes by counting "
+            "steps, which cannot re-plan the rest of the epoch: resume with the saved values, "
+            f"or load {STATE_FILE} into a BucketBatchSampler in your own loop")
+
+
+def _resolve_checkpoint(trainer: Trainer, resume_from_checkpoint: Any) -> str | None:
+    if resume_from_checkpoint is True:
+        from transformers.trainer_utils import get_last_checkpoint
+
+        return get_last_checkpoint(trainer.args.output_dir)
+    if isinstance(resume_from_checkpoint, (str, os.PathLike)):
+        return os.fspath(resume_from_checkpoint)
+    return None
+
+
+class LengthwiseTrainer(Trainer):
+    """A ``Trainer`` that trains on the micro-batches of a :class:`BucketBatchSampler`.
+
+    ``lengths`` are the training set's token lengths (row ``i`` of ``train_dataset``
+    has ``lengths[i]``; any source :func:`lengthwise.load_lengths` reads), and
+    ``sampler_options`` the sampler's batch rule and plan options. The sampler is
+    ``trainer.lengthwise_sampler``; its state goes into every checkpoint
+    (``lengthwise_sampler.json``) and resuming checks it.
+
+    Example::
+
+        trainer = LengthwiseTrainer(model=model, args=args, train_dataset=ds,
+                                    data_collator=PadCollator(0, metadata=False),
+                                    lengths=lengths, sampler_options={"max_tokens": 8192})
+    """
+
+    def __init__(self, *args: Any, lengths: Any = None,
+                 sampler_options: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        if lengths is None:
+            raise ValueError("LengthwiseTrainer needs lengths=... (one token length per row "
+                             "of train_dataset; see lengthwise.compute_lengths)")
+        super().__init__(*args, **kwargs)
+        self.lengthwise_sampler = make_sampler(self, lengths, **(sampler_options or {}))
+        self.add_callback(_SaveSamplerState(self.lengthwise_sampler))
+
+    def get_train_dataloader(self) -> DataLoader:
+        return lengthwise_dataloader(self, self.lengthwise_sampler)
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any,
+              **kwargs: Any):
+        check_resume(self.lengthwise_sampler, _resolve_checkpoint(self, resume_from_checkpoint))
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+
+def use_lengthwise(trainer: Trainer, lengths: Any, **options: Any) -> BucketBatchSampler:
+    """Make an existing ``trainer`` train on planned micro-batches; return the sampler.
+
+    For trainers built elsewhere (a ``Trainer`` subclass from another library):
+    replaces the instance's training loader, saves the sampler state in
+    checkpoints and checks it on resume, like :class:`LengthwiseTrainer`.
+
+    Example::
+
+        trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=collate)
+        sampler = use_lengthwise(trainer, lengths, max_tokens=8192)
+        trainer.train()
+    """
+    sampler = make_sampler(trainer, lengths, **options)
+    trainer.lengthwise_sampler = sampler
+    trainer.get_train_dataloader = types.MethodType(
+        lambda self: lengthwise_dataloader(self, sampler), trainer)
+    trainer.add_callback(_SaveSamplerState(sampler))
+    plain_train = trainer.train
+
+    def train(resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
+        check_resume(sampler, _resolve_checkpoint(trainer, resume_from_checkpoint))
+        return plain_train(resume_from_checkpoint, *args, **kwargs)
+
+    trainer.train = train
+    return sampler

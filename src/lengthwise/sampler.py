@@ -1,0 +1,425 @@
+"""A PyTorch batch sampler that feeds planned micro-batches, with exact mid-epoch resume.
+
+:class:`BucketBatchSampler` yields this rank's micro-batches of
+:func:`lengthwise.plan_epoch` as lists of dataset indices, for
+``DataLoader(dataset, batch_sampler=sampler)``. Every rank builds the same plan
+from the same lengths, seed and epoch, so ranks agree without talking.
+
+Its state is a few plain numbers (seed, epoch, micro-batches yielded, world
+size, a fingerprint), so a restart rebuilds the epoch's plan and continues at
+the next micro-batch without replaying data. With a different world size (or
+gradient accumulation), the samples that the interrupted epoch had not trained
+yet are planned again over the new ranks: every sample still exactly once.
+
+Example::
+
+    >>> import numpy as np
+    >>> lengths = np.random.default_rng(0).integers(1, 512, 1000)
+    >>> sampler = BucketBatchSampler(lengths, max_tokens=2048, num_replicas=2, rank=0)
+    >>> batches = list(sampler)
+    >>> len(batches) == len(sampler)
+    True
+    >>> all(int(lengths[b].max()) * len(b) <= 2048 for b in batches)
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+from torch.utils.data import Sampler
+
+from lengthwise.cost import CostModel
+from lengthwise.lengths import LengthError, load_lengths
+from lengthwise.plan import EpochPlan, PlanConfig, plan_epoch
+from lengthwise.train._dist import group_info
+
+__all__ = ["STATE_VERSION", "BucketBatchSampler", "ResumeError", "loader_sampler_state"]
+
+#: version of the :meth:`BucketBatchSampler.state_dict` layout
+STATE_VERSION = 1
+
+_STATE_KEYS = ("version", "seed", "epoch", "yielded", "world_size", "grad_accum",
+               "fingerprint", "num_samples", "lengths_crc", "resumed", "options")
+
+
+class ResumeError(ValueError):
+    """A saved sampler state that does not fit this sampler (other data or settings)."""
+
+
+def _lengths_crc(lengths: np.ndarray) -> int:
+    return zlib.crc32(np.ascontiguousarray(lengths, dtype=np.int64).tobytes())
+
+
+def _options(config: PlanConfig) -> dict[str, str]:
+    """The plan options that must not change across a resume, as printable text."""
+    out = {k: repr(v) for k, v in dataclasses.asdict(config).items()
+           if k not in ("world_size", "grad_accum")}
+    out["cost"] = repr(config.cost)  # asdict turns the CostModel into a dict
+    return out
+
+
+class BucketBatchSampler(Sampler[list[int]]):
+    """Yield this rank's planned micro-batches (lists of dataset indices) for one epoch.
+
+    ``lengths`` are token lengths aligned with the dataset's rows, or any source
+    :func:`lengthwise.load_lengths` reads (``"data.parquet:length"``, a ``.npy``
+    path...). Exactly one of ``max_tokens`` (padded tokens per micro-batch),
+    ``batch_size`` (rows) or ``max_cost`` (with ``cost``) sets the batch rule; the
+    other options are those of :func:`lengthwise.plan_epoch`. ``num_replicas`` and
+    ``rank`` default to the initialised ``torch.distributed`` group, else 1 and 0.
+
+    Every rank gets the same number of micro-batches. ``drop_last=True`` evens the
+    count out by leaving whole micro-batches out (``even_out="drop"``, counted in
+    ``plan.stats``); by default the largest ones are split instead, so every sample
+    is trained exactly once per epoch.
+
+    Call :meth:`set_epoch` before each epoch, as with ``DistributedSampler``.
+    ``len(sampler)`` is the number of micro-batches this rank has in the current
+    epoch's plan, including those already yielded before a resume;
+    :meth:`remaining` counts what is left.
+
+    Example::
+
+        >>> s = BucketBatchSampler([5, 3, 8, 2, 7, 1], batch_size=2, order="sorted")
+        >>> list(s)
+        [[5, 3], [1, 0], [4, 2]]
+    """
+
+    #: micro-batches vary in size: ``None`` tells wrappers (such as accelerate's
+    #: ``BatchSamplerShard``) not to expect a fixed one
+    batch_size = None
+
+    def __init__(
+        self,
+        lengths: Any,
+        *,
+        max_tokens: int | None = None,
+        batch_size: int | None = None,
+        buckets: int | str | Sequence[int] = "auto",
+        order: str = "stratified",
+        max_run: int = 3,
+        grad_accum: int = 1,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        seed: int = 0,
+        max_len: int | None = None,
+        pad_multiple: int = 1,
+        drop_last: bool = False,
+        on_overflow: str = "truncate",
+        even_out: str | None = None,
+        cost: CostModel | None = None,
+        max_cost: float | None = None,
+        layout: str = "pad",
+        rows_per_batch: int = 1,
+    ) -> None:
+        super().__init__()
+        self.lengths = load_lengths(lengths)
+        self.num_replicas, self.rank = _resolve_ranks(num_replicas, rank)
+        if drop_last and even_out not in (None, "drop"):
+            raise ValueError(f"drop_last=True means even_out='drop', got even_out={even_out!r}")
+        self.drop_last = bool(drop_last)
+        if isinstance(buckets, list):
+            buckets = tuple(buckets)
+        self.config = PlanConfig(
+            max_tokens=max_tokens, batch_size=batch_size, buckets=buckets, order=order,
+            world_size=self.num_replicas, grad_accum=grad_accum, max_run=max_run,
+            max_len=max_len, pad_multiple=pad_multiple, on_overflow=on_overflow,
+            even_out="drop" if drop_last else (even_out or "split"), cost=cost,
+            max_cost=max_cost, layout=layout, rows_per_batch=rows_per_batch)
+        self.seed = int(seed)
+        self.epoch = 0
+        self._check_budget()
+        # resume state of the current epoch
+        self._resumed: list[tuple[int, int, int]] = []  # (world_size, grad_accum, yielded)
+        self._pending: int | None = None  # local position the next pass starts at
+        self._yielded = 0
+        self._plan: EpochPlan | None = None
+        self._plan_key: tuple | None = None
+        self._edges: list[int] | None = None
+
+    # ------------------------------------------------------------------ setup
+
+    @property
+    def grad_accum(self) -> int:
+        return self.config.grad_accum
+
+    def _check_budget(self) -> None:
+        """Fail early when the budget cannot hold a row, or a sample with on_overflow='error'."""
+        cfg = self.config
+        cap = cfg.row_limit().max_length()
+        if cap is not None and cap < 1:
+            rule = (f"max_tokens={cfg.max_tokens}" if cfg.max_tokens is not None
+                    else f"max_cost={cfg.max_cost} with {cfg.cost}")
+            raise ValueError(f"{rule} cannot hold a single row of {cfg.pad_multiple} tokens "
+                             f"(pad_multiple={cfg.pad_multiple}); raise the budget")
+        if cfg.on_overflow != "error":
+            return
+        limit, rule = cfg.max_len, f"max_len={cfg.max_len}"
+        if cap is not None and (limit is None or cap < limit):
+            limit = cap
+            rule = (f"max_tokens={cfg.max_tokens}" if cfg.max_tokens is not None
+                    else f"max_cost={cfg.max_cost} with {cfg.cost}")
+        if limit is None:
+            return
+        over = np.flatnonzero(self.lengths > limit)
+        if over.size:
+            row = int(over[0])
+            raise LengthError(
+                f"sample {row} has {int(self.lengths[row])} tokens, but one row holds at most "
+                f"{limit} under {rule} ({over.size} samples are longer); raise the budget, or "
+                "use on_overflow='truncate' or 'drop'")
+
+    def check_dataset(self, dataset: Any) -> None:
+        """Raise if ``dataset`` does not have one row per length.
+
+        Example::
+
+            >>> sampler = BucketBatchSampler([3, 4], batch_size=1)
+            >>> sampler.check_dataset([0, 1, 2])  # doctest: +ELLIPSIS
+            Traceback (most recent call last):
+            ...
+            ValueError: the sampler has lengths for 2 samples but the dataset has 3 rows; ...
+        """
+        try:
+            size = len(dataset)
+        except TypeError:
+            raise TypeError("the dataset has no len(): a batch sampler needs a map-style "
+                            "dataset with one row per length") from None
+        if size != self.lengths.size:
+            raise ValueError(
+                f"the sampler has lengths for {self.lengths.size} samples but the dataset has "
+                f"{size} rows; compute the lengths from this dataset "
+                "(lengthwise.compute_lengths) so that row i has length lengths[i]")
+
+    def fingerprint(self) -> int:
+        """Checksum of the lengths and the plan options (not world size or grad_accum)."""
+        return dataclasses.replace(self.config, grad_accum=1).fingerprint(self.lengths)
+
+    # ------------------------------------------------------------------ plans
+
+    def _config(self, world_size: int, grad_accum: int, edges: list[int] | None = None,
+                ) -> PlanConfig:
+        cfg = dataclasses.replace(self.config, world_size=world_size, grad_accum=grad_accum)
+        if edges is not None and cfg.layout == "pad":  # known edges: no need to solve again
+            cfg = dataclasses.replace(cfg, buckets=tuple(edges))
+        return cfg
+
+    def _build_plan(self) -> EpochPlan | None:
+        """The current epoch's plan for this world size; ``None`` when nothing is left."""
+        ids = None
+        # the bucket edges depend on the lengths and options only: solved once, kept for
+        # every epoch and every re-plan of a resumed epoch
+        edges = self._edges
+        for world_size, grad_accum, yielded in self._resumed:
+            if ids is not None and ids.size == 0:
+                break
+            plan = plan_epoch(self.lengths, config=self._config(world_size, grad_accum, edges),
+                              seed=self.seed, epoch=self.epoch, indices=ids)
+            edges = self._edges = edges or plan.edges
+            if yielded > plan.num_batches:
+                raise ResumeError(
+                    f"the state says {yielded} micro-batches were yielded, but epoch "
+                    f"{self.epoch} has only {plan.num_batches} per rank with world_size "
+                    f"{world_size}")
+            cut = int(plan.offsets[yielded * world_size])
+            ids = np.setdiff1d(plan.indices[cut:], plan.indices[:cut])
+        if ids is not None and ids.size == 0:
+            return None
+        plan = plan_epoch(self.lengths, config=self._config(self.num_replicas, self.grad_accum,
+                                                            edges),
+                          seed=self.seed, epoch=self.epoch, indices=ids)
+        self._edges = self._edges or plan.edges
+        if plan.token_spans is not None:
+            raise ValueError("this packed plan splits long samples into pieces "
+                             "(on_overflow='split'), which lists of sample indices cannot "
+                             "express; use on_overflow='truncate' or 'drop' with the sampler")
+        return plan
+
+    @property
+    def plan(self) -> EpochPlan | None:
+        """The plan of the current epoch (built once, then cached); ``None`` if nothing is left."""
+        key = (self.epoch, tuple(self._resumed))
+        if self._plan_key != key:
+            self._plan = self._build_plan()
+            self._plan_key = key
+        return self._plan
+
+    @property
+    def edges(self) -> list[int]:
+        """Bucket edges of the current epoch's plan (for the collator's bucket ids)."""
+        plan = self.plan
+        if plan is None:
+            raise ValueError("the current epoch has no micro-batches left")
+        return list(plan.edges)
+
+    # ------------------------------------------------------------------ iteration
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use the plan of ``epoch`` from now on.
+
+        Setting the current epoch again changes nothing, so a loaded resume point
+        survives the usual ``set_epoch(epoch)`` at the top of the epoch loop.
+        """
+        epoch = int(epoch)
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self._resumed = []
+            self._pending = None
+            self._yielded = 0
+
+    def __len__(self) -> int:
+        plan = self.plan
+        return 0 if plan is None else plan.num_batches
+
+    def remaining(self) -> int:
+        """Micro-batches the next (or current) pass still yields on this rank."""
+        done = self._pending if self._pending is not None else self._yielded
+        return max(0, len(self) - done)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        plan = self.plan
+        start = self._pending if self._pending is not None else 0
+        self._pending = None
+        self._yielded = start
+        if plan is None:
+            return
+        world, rank = self.num_replicas, self.rank
+        indices, offsets = plan.indices, plan.offsets
+        for pos in range(start, plan.num_batches):
+            k = rank + pos * world
+            batch = indices[offsets[k] : offsets[k + 1]].tolist()
+            self._yielded = pos + 1  # before the yield: a state taken now includes this batch
+            yield batch
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this epoch stands, as plain numbers (the same on every rank).
+
+        ``yielded`` counts the micro-batches handed out on this rank in this epoch;
+        ``resumed`` lists earlier ``[world_size, grad_accum, yielded]`` segments of
+        an epoch that was resumed with other settings.
+        """
+        return {
+            "version": STATE_VERSION,
+            "seed": self.seed,
+            "epoch": self.epoch,
+            "yielded": self._pending if self._pending is not None else self._yielded,
+            "world_size": self.num_replicas,
+            "grad_accum": self.grad_accum,
+            "fingerprint": self.fingerprint(),
+            "num_samples": int(self.lengths.size),
+            "lengths_crc": _lengths_crc(self.lengths),
+            "resumed": [list(seg) for seg in self._resumed],
+            "options": _options(self.config),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a saved state: the next pass starts after its last micro-batch.
+
+        With the saved world size and ``grad_accum`` the pass yields exactly what
+        the interrupted one had left. Otherwise the samples not trained yet (the
+        micro-batches at local positions >= ``yielded`` on every old rank; all
+        ranks yield the same count) are planned again over this sampler's ranks,
+        with the same seed and epoch.
+        """
+        if not isinstance(state, dict):
+            raise ResumeError(f"a sampler state is a dict, got {type(state).__name__}")
+        missing = [k for k in _STATE_KEYS if k not in state]
+        if missing:
+            raise ResumeError(f"not a BucketBatchSampler state: missing {missing}")
+        if state["version"] != STATE_VERSION:
+            raise ResumeError(f"sampler state version {state['version']} is not supported "
+                              f"(this version reads {STATE_VERSION})")
+        self._check_same_plan(state)
+        world, accum, yielded = int(state["world_size"]), int(state["grad_accum"]), \
+            int(state["yielded"])
+        if yielded < 0 or world < 1 or accum < 1:
+            raise ResumeError(f"invalid sampler state: yielded={yielded}, world_size={world}, "
+                              f"grad_accum={accum}")
+        resumed = [tuple(int(x) for x in seg) for seg in state["resumed"]]
+        if any(len(seg) != 3 for seg in resumed):
+            raise ResumeError("invalid sampler state: 'resumed' holds [world_size, grad_accum, "
+                              "yielded] triples")
+        if (world, accum) == (self.num_replicas, self.grad_accum):
+            start = yielded
+        else:
+            resumed.append((world, accum, yielded))
+            start = 0
+        self.epoch = int(state["epoch"])
+        self._resumed = resumed
+        self._plan_key = None
+        n = len(self)  # rebuilds the plan, and validates the chain of earlier segments
+        if start > n:
+            raise ResumeError(f"the state says {start} micro-batches were yielded, but epoch "
+                              f"{self.epoch} has only {n} per rank")
+        self._pending = start
+        self._yielded = start
+
+    def _check_same_plan(self, state: dict[str, Any]) -> None:
+        problems = []
+        if int(state["num_samples"]) != self.lengths.size:
+            problems.append(f"the lengths have {self.lengths.size} samples, the saved state "
+                            f"{state['num_samples']}")
+        elif int(state["lengths_crc"]) != _lengths_crc(self.lengths):
+            problems.append("the lengths differ from the saved ones (same number of samples)")
+        if int(state["seed"]) != self.seed:
+            problems.append(f"seed is {self.seed}, the saved state has {state['seed']}")
+        mine = _options(self.config)
+        saved = state["options"]
+        for name in sorted(set(mine) | set(saved)):
+            if mine.get(name) != saved.get(name):
+                problems.append(f"{name} is {mine.get(name)}, the saved state has "
+                                f"{saved.get(name)}")
+        if not problems and int(state["fingerprint"]) != self.fingerprint():
+            problems.append("the plan fingerprint differs (another lengthwise version?)")
+        if problems:
+            raise ResumeError(
+                "cannot resume: this sampler would build a different plan than the one "
+                "that was interrupted: " + "; ".join(problems)
+                + ". Build it with the saved settings, or start a fresh epoch with set_epoch().")
+
+
+def loader_sampler_state(loader_state: dict[str, Any]) -> dict[str, Any]:
+    """The sampler state inside a torchdata ``StatefulDataLoader`` state.
+
+    It counts the micro-batches the loader had handed out (not those its workers
+    had prefetched), so it can resume the samplers of a different world size.
+
+    Example::
+
+        state = loader_sampler_state(loader.state_dict())
+        new_sampler.load_state_dict(state)   # new_sampler: another num_replicas
+    """
+    if "_index_sampler_state" in loader_state:  # num_workers=0: nothing prefetched
+        state = loader_state["_index_sampler_state"]
+        extra = 0
+    elif "_snapshot" in loader_state:  # workers: the last snapshot, then the steps since
+        state = loader_state["_snapshot"]["_main_snapshot"]["_index_sampler_state"]
+        extra = int(loader_state["_steps_since_snapshot"])
+    else:
+        raise ResumeError("not a StatefulDataLoader state (no sampler state in it)")
+    if not isinstance(state, dict) or "yielded" not in state:
+        raise ResumeError("the loader's batch sampler was not a BucketBatchSampler")
+    return dict(state, yielded=int(state["yielded"]) + extra)
+
+
+def _resolve_ranks(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
+    group = group_info()
+    if num_replicas is None:
+        num_replicas = group.world_size if group is not None else 1
+    if rank is None:
+        rank = group.rank if group is not None else 0
+    num_replicas, rank = int(num_replicas), int(rank)
+    if num_replicas < 1:
+        raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
+    if not 0 <= rank < num_replicas:
+        raise ValueError(f"rank {rank} is out of range for num_replicas={num_replicas}")
+    return num_replicas, rank

@@ -1,0 +1,222 @@
+"""transformers.Trainer on planned micro-batches: a tiny random Llama, resume, bad input, 2 ranks.
+
+Run as a script, this file is one rank of a 2-process Trainer run (see ``_rank_main``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+pytest.importorskip("transformers")
+from transformers import (  # noqa: E402
+    LlamaConfig,
+    LlamaForCausalLM,
+    Trainer,
+    TrainingArguments,
+)
+
+from lengthwise.collate import PadCollator  # noqa: E402
+from lengthwise.hf_trainer import (  # noqa: E402
+    STATE_FILE,
+    LengthwiseTrainer,
+    use_lengthwise,
+)
+from lengthwise.plan import plan_epoch  # noqa: E402
+from lengthwise.sampler import ResumeError  # noqa: E402
+
+VOCAB = 64
+ACCUM = 2
+OPTIONS = {"max_tokens": 256, "pad_multiple": 8}
+
+
+def _lengths(n=64):
+    return np.random.default_rng(0).integers(2, 40, n)
+
+
+class Tokens(Dataset):
+    """Row i: random token ids of length lengths[i], and its own index."""
+
+    def __init__(self, lengths):
+        self.lengths = lengths
+
+    def __len__(self):
+        return len(self.lengths)
+
+    def __getitem__(self, i):
+        rng = np.random.default_rng(i)
+        return {"input_ids": rng.integers(1, VOCAB, self.lengths[i]).tolist(), "index": i}
+
+
+class Recorder:
+    """A collator that records the sample indices of every micro-batch it builds."""
+
+    def __init__(self):
+        self.seen: list[list[int]] = []
+        self.pad = PadCollator(pad_token_id=0, pad_multiple=8, metadata=False)
+
+    def __call__(self, samples):
+        self.seen.append([s["index"] for s in samples])
+        return self.pad(samples)
+
+
+def _model():
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64))
+
+
+def _args(out, **kw):
+    base = dict(output_dir=str(out), use_cpu=True, report_to=[], num_train_epochs=1,
+                gradient_accumulation_steps=ACCUM, learning_rate=1e-3, logging_steps=1,
+                save_strategy="no", remove_unused_columns=False, disable_tqdm=True, seed=3)
+    base.update(kw)
+    return TrainingArguments(**base)
+
+
+def _trainer(out, lengths=None, options=OPTIONS, **kw):
+    lengths = _lengths() if lengths is None else lengths
+    rec = Recorder()
+    trainer = LengthwiseTrainer(model=_model(), args=_args(out, **kw),
+                                train_dataset=Tokens(_lengths()), data_collator=rec,
+                                lengths=lengths, sampler_options=options)
+    return trainer, rec
+
+
+def _plan_batches(epoch=0, world=1, rank=0, seed=3):
+    plan = plan_epoch(_lengths(), world_size=world, grad_accum=ACCUM, seed=seed, epoch=epoch,
+                      **OPTIONS)
+    return [b.tolist() for b in plan.rank_batches(rank)], plan
+
+
+def test_trainer_trains_a_tiny_llama_on_the_planned_batches(tmp_path):
+    trainer, rec = _trainer(tmp_path)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    out = trainer.train()
+    want, plan = _plan_batches()
+    assert rec.seen == want  # every micro-batch, in the planned order
+    assert out.global_step == -(-plan.num_batches // ACCUM)
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(losses) == out.global_step and np.isfinite(losses).all()
+    after = list(trainer.model.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    assert trainer.lengthwise_sampler.config.grad_accum == ACCUM
+    assert trainer.lengthwise_sampler.seed == 3  # TrainingArguments.seed
+
+
+def test_use_lengthwise_on_an_existing_trainer(tmp_path):
+    rec = Recorder()
+    trainer = Trainer(model=_model(), args=_args(tmp_path, data_seed=5),
+                      train_dataset=Tokens(_lengths()), data_collator=rec)
+    sampler = use_lengthwise(trainer, _lengths(), **OPTIONS)
+    assert sampler.seed == 5  # data_seed wins over seed
+    trainer.train()
+    assert rec.seen == _plan_batches(seed=5)[0]
+
+
+def test_trainer_resume_continues_with_the_plan(tmp_path):
+    e0, plan = _plan_batches(0)
+    e1, _ = _plan_batches(1)
+    steps_per_epoch = -(-plan.num_batches // ACCUM)
+    at = steps_per_epoch + 2  # a checkpoint two optimizer steps into epoch 1
+    first, rec1 = _trainer(tmp_path / "a", num_train_epochs=2, save_strategy="steps",
+                           save_steps=at)
+    first.train()
+    assert rec1.seen == e0 + e1
+    checkpoint = tmp_path / "a" / f"checkpoint-{at}"
+    with open(checkpoint / STATE_FILE) as fh:
+        saved = json.load(fh)
+    done = 2 * ACCUM  # micro-batches of epoch 1 before the checkpoint
+    assert (saved["epoch"], saved["yielded"]) == (1, done)
+
+    second, rec2 = _trainer(tmp_path / "a", num_train_epochs=2, save_strategy="no")
+    second.train(resume_from_checkpoint=str(checkpoint))
+    assert rec2.seen == e1[done:]
+    for a, b in zip(first.model.parameters(), second.model.parameters(), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_resume_with_another_plan_is_refused(tmp_path):
+    first, _ = _trainer(tmp_path, save_strategy="steps", save_steps=2, max_steps=2)
+    first.train()
+    checkpoint = tmp_path / "checkpoint-2"
+    other, _ = _trainer(tmp_path, options={"max_tokens": 128, "pad_multiple": 8})
+    with pytest.raises(ResumeError, match="max_tokens is 128, the saved state has 256"):
+        other.train(resume_from_checkpoint=str(checkpoint))
+    # a checkpoint of another world size cannot be placed by Trainer's step count
+    path = checkpoint / STATE_FILE
+    saved = json.loads(path.read_text())
+    path.write_text(json.dumps({**saved, "world_size": 4}))
+    same, _ = _trainer(tmp_path)
+    with pytest.raises(ResumeError, match="trained on 4 data-parallel ranks"):
+        same.train(resume_from_checkpoint=True)
+
+
+def test_lengths_that_do_not_match_the_training_set(tmp_path):
+    with pytest.raises(ValueError, match="lengths for 63 samples but the dataset has 64 rows"):
+        _trainer(tmp_path, lengths=_lengths()[:-1])
+
+
+def test_trainer_settings_that_would_shard_again_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="split_batches=True cannot be used"):
+        _trainer(tmp_path, accelerator_config={"split_batches": True})
+    with pytest.raises(ValueError, match=r"\['grad_accum'\] come from the trainer"):
+        _trainer(tmp_path, options={**OPTIONS, "grad_accum": 4})
+
+
+# ---------------------------------------------------------------- two processes
+
+
+def _rank_main(out_dir: str) -> None:
+    rec = Recorder()
+    args = _args(out_dir, ddp_backend="gloo")
+    trainer = LengthwiseTrainer(model=_model(), args=args, train_dataset=Tokens(_lengths()),
+                                data_collator=rec, lengths=_lengths(), sampler_options=OPTIONS)
+    out = trainer.train()
+    checksum = float(sum(p.double().sum() for p in trainer.model.parameters()))
+    with open(os.path.join(out_dir, f"rank{args.process_index}.json"), "w") as fh:
+        json.dump({"seen": rec.seen, "steps": out.global_step, "world": args.world_size,
+                   "checksum": checksum}, fh)
+
+
+@pytest.mark.slow
+def test_trainer_two_processes_gloo(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
+                   LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([sys.executable, __file__, str(tmp_path)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    try:
+        outs = [p.communicate(timeout=300)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, out in zip(procs, outs, strict=True):
+        assert p.returncode == 0, out[-3000:]
+    res = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["world"] for r in res] == [2, 2]
+    assert res[0]["steps"] == res[1]["steps"] > 0
+    assert res[0]["checksum"] == pytest.approx(res[1]["checksum"], rel=1e-6)
+    for rank in range(2):
+        assert res[rank]["seen"] == _plan_batches(world=2, rank=rank)[0]  # not sharded again
+    ids = [i for r in res for b in r["seen"] for i in b]
+    assert sorted(ids) == list(range(len(_lengths())))
+
+
+if __name__ == "__main__":
+    _rank_main(sys.argv[1])
