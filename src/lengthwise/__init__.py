@@ -26,6 +26,8 @@ _EXPORTS: dict[str, str] = {
     "plan_epoch": "lengthwise.plan",
     "EpochPlan": "lengthwise.plan",
     "PlanConfig": "lengthwise.plan",
+    "PackedEpochPlan": "lengthwise.pack",
+    "pack_rows": "lengthwise.pack",
     "CostModel": "lengthwise.cost",
     "recomposition": "lengthwise.metrics",
     "BucketBatchSampler": "lengthwise.sampler",

@@ -65,6 +65,9 @@ class PlanConfig:
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.on_overflow == "split" and self.layout != "pack":
+            raise ValueError("on_overflow='split' cuts long samples into packed rows: it needs "
+                             "layout='pack'; padded batches use 'truncate', 'drop' or 'error'")
         if self.order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {self.order!r}")
         if self.world_size < 1 or self.grad_accum < 1:
@@ -214,17 +217,23 @@ def index_dtype(n: int) -> type:
     return np.int32 if n < 2**31 else np.int64
 
 
-def prepare_lengths(lengths, config: PlanConfig, indices: np.ndarray | None = None,
+def prepare_lengths(lengths, config: PlanConfig, indices: np.ndarray | None = None, *,
+                    cap_to_budget: bool = True,
                     ) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
-    """Validate lengths, apply the overflow policy; return (lengths, planned ids, counts)."""
+    """Validate lengths, apply the overflow policy; return (lengths, planned ids, counts).
+
+    With ``cap_to_budget`` a sample longer than one row of the budget follows
+    ``on_overflow`` like one over ``max_len``; the packed layout turns it off to
+    split such samples itself (``on_overflow="split"`` truncates only at ``max_len``).
+    """
     raw = lengths if isinstance(lengths, np.ndarray) else load_lengths(lengths)
     raw = validate_lengths(raw)
-    limit = config.row_limit()
-    cap = limit.max_length()
+    cap = config.row_limit().max_length() if cap_to_budget else None
     max_len = config.max_len
     if cap is not None and (max_len is None or cap < max_len):
         max_len = cap
-    lens, keep, counts = apply_overflow(raw, max_len, config.on_overflow)
+    policy = "truncate" if config.on_overflow == "split" else config.on_overflow
+    lens, keep, counts = apply_overflow(raw, max_len, policy)
     if indices is not None:
         ids = np.asarray(indices, dtype=np.int64)
         if ids.size and (ids.min() < 0 or ids.max() >= raw.size):
