@@ -45,6 +45,12 @@ _EXPORTS: dict[str, str] = {
     "compute_lengths": "lengthwise.hf_lengths",
     "calibrate": "lengthwise.calibrate",
     "StepLogger": "lengthwise.train.step_logger",
+    "bucket_token_shares": "lengthwise.train.step_logger",
+    "SpikeGuard": "lengthwise.train.spike_guard",
+    "Checkpointer": "lengthwise.train.checkpoint",
+    "save_checkpoint": "lengthwise.train.checkpoint",
+    "load_checkpoint": "lengthwise.train.checkpoint",
+    "latest_checkpoint": "lengthwise.train.checkpoint",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -1,0 +1,49 @@
+"""Instrumentation for any PyTorch training loop.
+
+- :class:`StepLogger`: one JSON line per optimizer step (loss, throughput, padding,
+  per-bucket and composition-corrected loss), reduced over ranks, written off-thread.
+- :class:`Checkpointer` / :func:`save_checkpoint` / :func:`load_checkpoint`: atomic,
+  asynchronous checkpoints of model, optimizer, scheduler, sampler and RNG states.
+- :class:`SpikeGuard`: skip updates whose loss is an outlier against its running median.
+
+Importing this package does not import torch; the checkpoint functions load it on use.
+
+Example::
+
+    >>> from lengthwise.train import StepLogger, SpikeGuard
+    >>> guard = SpikeGuard(warmup=3)
+    >>> [guard.check(x) for x in [1.0, 1.1, 0.9, 1.0, 50.0]]
+    [False, False, False, False, True]
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "StepLogger": "lengthwise.train.step_logger",
+    "bucket_token_shares": "lengthwise.train.step_logger",
+    "SpikeGuard": "lengthwise.train.spike_guard",
+    "Checkpointer": "lengthwise.train.checkpoint",
+    "PendingSave": "lengthwise.train.checkpoint",
+    "save_checkpoint": "lengthwise.train.checkpoint",
+    "load_checkpoint": "lengthwise.train.checkpoint",
+    "latest_checkpoint": "lengthwise.train.checkpoint",
+    "list_checkpoints": "lengthwise.train.checkpoint",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lengthwise.train' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,47 @@
+"""Detect an initialised ``torch.distributed`` group without importing torch.
+
+If torch has not been imported, no process group can exist, so these helpers
+look in ``sys.modules`` instead of importing it; code that never touches torch
+stays free of it.
+
+Example::
+
+    >>> from lengthwise.train._dist import group_info
+    >>> group_info() is None or group_info().world_size >= 1
+    True
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    """An initialised process group: the ``torch.distributed`` module, group, rank and size."""
+
+    dist: Any
+    group: Any
+    rank: int
+    world_size: int
+
+    def device(self) -> Any:
+        """Device for small collective tensors: CPU when the group has a CPU backend, else CUDA."""
+        import torch
+
+        backend = str(self.dist.get_backend(self.group)).lower()
+        if "gloo" in backend or "mpi" in backend or "cpu:" in backend or "nccl" not in backend:
+            return torch.device("cpu")
+        return torch.device("cuda", torch.cuda.current_device())
+
+
+def group_info(process_group: Any = None) -> GroupInfo | None:
+    """Return the active process group, or ``None`` when torch.distributed is not initialised."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    rank = dist.get_rank(process_group)
+    world_size = dist.get_world_size(process_group)
+    return GroupInfo(dist=dist, group=process_group, rank=rank, world_size=world_size)

@@ -1,0 +1,375 @@
+"""StepLogger: record schema, reductions, corrected loss, background writing, forwarding."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import types
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lengthwise.train import StepLogger, bucket_token_shares
+
+STEP_KEYS = {
+    "step", "epoch", "loss", "lr", "grad_norm", "real_tokens", "padded_tokens",
+    "tokens_per_second", "samples", "buckets", "bucket_loss", "corrected_loss",
+    "padding_efficiency", "seconds", "micro_batches", "skipped", "skipped_total", "time",
+}
+
+
+def read_log(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def roughness(x, width=51):
+    """METRICS.md loss_roughness: std of x minus its centred rolling mean."""
+    x = np.asarray(x, dtype=float)
+    mean = np.convolve(x, np.ones(width) / width, mode="valid")
+    half = width // 2
+    return float(np.std(x[half : len(x) - half] - mean))
+
+
+def test_writes_one_record_per_step_with_the_documented_fields(tmp_path):
+    path = tmp_path / "run" / "train_log.jsonl"
+    with StepLogger(path, bucket_shares={0: 3, 1: 1}) as log:
+        log.record_micro(loss=2.0, real_tokens=30, padded_tokens=40, samples=3, bucket=0)
+        log.record_micro(loss=4.0, real_tokens=10, padded_tokens=20, samples=1, bucket=1)
+        first = log.step(step=7, epoch=1, lr=1e-3, grad_norm=0.25)
+        log.record_micro(loss=1.0, real_tokens=20, padded_tokens=20, samples=2, bucket=0)
+        log.step(step=8, epoch=1, lr=2e-3, grad_norm=0.5, eval_note="x")
+    records = read_log(path)
+    assert [r["step"] for r in records] == [7, 8]
+    assert STEP_KEYS <= set(records[0]) and records[0] == json.loads(json.dumps(first))
+    a, b = records
+    assert a["loss"] == pytest.approx((2.0 * 30 + 4.0 * 10) / 40)
+    assert (a["real_tokens"], a["padded_tokens"], a["samples"]) == (40, 60, 4)
+    assert a["padding_efficiency"] == pytest.approx(40 / 60)
+    assert a["tokens_per_second"] == pytest.approx(a["real_tokens"] / a["seconds"])
+    assert a["tokens_per_second"] > 0
+    assert (a["epoch"], a["lr"], a["grad_norm"], a["micro_batches"]) == (1, 1e-3, 0.25, 2)
+    assert a["buckets"] == [0, 1] and b["buckets"] == [0]
+    assert a["bucket_loss"] == {"0": 2.0, "1": 4.0}
+    assert a["corrected_loss"] == pytest.approx(0.75 * 2.0 + 0.25 * 4.0)
+    # bucket 0's running loss is now the token-weighted mean of both of its steps
+    assert b["bucket_loss"]["0"] == pytest.approx((2.0 * 30 + 1.0 * 20) / 50)
+    assert b["eval_note"] == "x" and b["skipped"] is False
+
+
+def test_explicit_loss_and_missing_counts(tmp_path):
+    log = StepLogger(None)
+    rec = log.step(0, loss=1.5)
+    assert rec["loss"] == 1.5 and rec["real_tokens"] is None and rec["tokens_per_second"] is None
+    assert rec["buckets"] == [] and rec["corrected_loss"] is None
+    log.record_micro(loss=9.0, real_tokens=5)
+    assert log.step(loss=2.5)["loss"] == 2.5  # the given loss wins over recorded ones
+    assert log.step()["step"] == 2  # step numbers continue when left out
+    log.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(0.01, 20.0), st.integers(1, 5000), st.integers(0, 5000),
+            st.integers(1, 64), st.integers(0, 7),
+        ),
+        min_size=1, max_size=12,
+    )
+)
+def test_step_figures_match_direct_computation(micro):
+    log = StepLogger(None)
+    losses, real, extra_pad, samples, buckets = (list(c) for c in zip(*micro, strict=True))
+    padded = [r + e for r, e in zip(real, extra_pad, strict=True)]
+    rec = log.log_step(0, losses=losses, real_tokens=real, padded_tokens=padded,
+                       samples=samples, buckets=buckets)
+    log.close()
+    w = np.array(real, dtype=float)
+    assert rec["loss"] == pytest.approx(float(np.dot(losses, w) / w.sum()))
+    assert rec["real_tokens"] == sum(real) and rec["padded_tokens"] == sum(padded)
+    assert rec["samples"] == sum(samples) and rec["buckets"] == sorted(set(buckets))
+    for b in set(buckets):
+        sel = [i for i, x in enumerate(buckets) if x == b]
+        expected = sum(losses[i] * real[i] for i in sel) / sum(real[i] for i in sel)
+        assert rec["bucket_loss"][str(b)] == pytest.approx(expected)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.floats(0.05, 1.0), min_size=2, max_size=6).flatmap(
+        lambda shares: st.tuples(
+            st.just(shares),
+            st.lists(st.floats(0.5, 10.0), min_size=len(shares), max_size=len(shares)),
+            st.lists(st.integers(0, len(shares) - 1), min_size=1, max_size=30),
+        )
+    )
+)
+def test_corrected_loss_is_the_share_weighted_mean_over_buckets_seen(case):
+    shares, level, order = case
+    log = StepLogger(None, bucket_shares=shares)
+    for step, b in enumerate(order):
+        rec = log.log_step(step, losses=[level[b]], real_tokens=[7], buckets=[b])
+    log.close()
+    seen = sorted(set(order))
+    expected = sum(shares[b] * level[b] for b in seen) / sum(shares[b] for b in seen)
+    assert rec["corrected_loss"] == pytest.approx(expected)
+
+
+def test_corrected_loss_is_smooth_when_single_bucket_steps_make_raw_loss_jump():
+    rng = np.random.default_rng(0)
+    shares = np.array([0.5, 0.3, 0.2])
+    band = np.array([0.0, 1.0, 2.0])  # longer buckets sit in higher loss bands
+    log = StepLogger(None, bucket_shares=shares, window=20)
+    raw, corrected, truth = [], [], []
+    for t in range(800):
+        trend = 2.0 + 3.0 * np.exp(-t / 300)
+        b = int(rng.choice(3, p=shares))  # every micro-batch of the step from one bucket
+        tokens = rng.integers(50, 200, size=4)
+        losses = trend + band[b] + rng.normal(0.0, 0.05, size=4)
+        rec = log.log_step(t, losses=list(losses), real_tokens=list(tokens), buckets=[b] * 4)
+        raw.append(rec["loss"])
+        corrected.append(rec["corrected_loss"])
+        truth.append(trend + shares @ band)
+    log.close()
+    stable = slice(150, None)
+    raw_r = roughness(raw[stable])
+    corrected_r = roughness(corrected[stable])
+    assert raw_r > 0.5  # the raw loss really jumps between bands
+    assert corrected_r < raw_r / 20
+    error = np.abs(np.array(corrected) - np.array(truth))[stable]
+    assert error.mean() < 0.1 < np.abs(np.array(raw) - np.array(truth))[stable].mean()
+
+
+def test_without_shares_the_observed_token_shares_stand_in():
+    log = StepLogger(None)
+    for step in range(40):
+        b = step % 2
+        log.log_step(step, losses=[1.0 if b == 0 else 3.0], real_tokens=[300 if b == 0 else 100],
+                     buckets=[b])
+    rec = log.step(40)
+    log.close()
+    assert rec["corrected_loss"] == pytest.approx(0.75 * 1.0 + 0.25 * 3.0)
+
+
+def test_bucket_running_loss_only_covers_the_window():
+    log = StepLogger(None, window=5)
+    for step in range(20):
+        rec = log.log_step(step, losses=[float(step)], real_tokens=[1], buckets=[0])
+    assert rec["bucket_loss"]["0"] == pytest.approx(np.mean([15, 16, 17, 18, 19]))
+    # a bucket that stops appearing keeps its last entries
+    for step in range(20, 40):
+        rec = log.log_step(step, losses=[0.0], real_tokens=[1], buckets=[1])
+    assert rec["bucket_loss"]["0"] == pytest.approx(np.mean([17, 18, 19]))
+    log.close()
+
+
+def test_skipped_steps_are_counted_and_kept_out_of_bucket_losses(tmp_path):
+    path = tmp_path / "log.jsonl"
+    with StepLogger(path) as log:
+        log.log_step(0, losses=[1.0], buckets=[0])
+        spike = log.log_step(1, losses=[50.0], buckets=[0], skipped=True)
+        log.log_step(2, losses=[1.0], buckets=[0])
+    records = read_log(path)
+    assert spike["loss"] == 50.0 and spike["bucket_loss"] == {"0": 1.0}
+    assert [r["skipped"] for r in records] == [False, True, False]
+    assert [r["skipped_total"] for r in records] == [0, 1, 1]
+
+
+def test_nonfinite_micro_losses_show_in_loss_but_not_in_bucket_windows():
+    log = StepLogger(None)
+    log.log_step(0, losses=[1.0], buckets=[0])
+    rec = log.log_step(1, losses=[float("nan")], buckets=[0])
+    log.close()
+    assert np.isnan(rec["loss"]) and rec["bucket_loss"] == {"0": 1.0}
+
+
+def test_tensor_losses_are_detached_and_read_at_step():
+    torch = pytest.importorskip("torch")
+    w = torch.tensor(2.0, requires_grad=True)
+    log = StepLogger(None)
+    log.record_micro(loss=w * 1.5, real_tokens=1, bucket=0)
+    log.record_micro(loss=torch.tensor([4.0]), real_tokens=3, bucket=1)
+    rec = log.step(0, lr=torch.tensor(0.5), grad_norm=np.float32(2.0))
+    log.close()
+    assert rec["loss"] == pytest.approx((3.0 + 12.0) / 4)
+    assert rec["lr"] == 0.5 and rec["grad_norm"] == 2.0
+    assert all(type(v) is float for v in rec["bucket_loss"].values())
+
+
+def test_events_and_only_rank_zero_writes(tmp_path):
+    main, other = tmp_path / "r0.jsonl", tmp_path / "r1.jsonl"
+    with StepLogger(main) as log0, StepLogger(other, rank=1, world_size=2) as log1:
+        for log in (log0, log1):
+            log.event("checkpoint_begin", step=3, path="ckpt/step_3")
+            log.log_step(3, losses=[1.0])
+    lines = read_log(main)
+    assert lines[0]["event"] == "checkpoint_begin" and lines[0]["step"] == 3
+    assert "time" in lines[0] and "event" not in lines[1]
+    assert not other.exists()
+
+
+def test_append_mode_continues_a_file_and_w_truncates(tmp_path):
+    path = tmp_path / "log.jsonl"
+    for mode, expected in (("a", 1), ("a", 2), ("w", 1)):
+        with StepLogger(path, mode=mode) as log:
+            log.step(0, loss=1.0)
+        assert len(read_log(path)) == expected
+
+
+class _BlockedFile:
+    """File stand-in whose writes wait until released: a disk that has stalled."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.release = threading.Event()
+
+    def write(self, text):
+        self.release.wait()
+        return self.inner.write(text)
+
+    def flush(self):
+        self.inner.flush()
+
+    def close(self):
+        self.inner.close()
+
+
+def test_step_does_not_wait_for_the_disk(tmp_path):
+    path = tmp_path / "log.jsonl"
+    log = StepLogger(path, max_queue=3)
+    blocked = _BlockedFile(log._writer.file)
+    log._writer.file = blocked
+    for step in range(3):  # the writer holds one record, the queue the others
+        log.step(step, loss=1.0)
+    stepped = threading.Event()
+
+    def one_more():
+        for step in range(3, 6):
+            log.step(step, loss=1.0)
+        stepped.set()
+
+    thread = threading.Thread(target=one_more, daemon=True)
+    thread.start()
+    assert not stepped.wait(0.3)  # a full queue is the only thing a step ever waits for
+    blocked.release.set()
+    thread.join(30)
+    assert stepped.is_set()
+    log.close()
+    assert [r["step"] for r in read_log(path)] == list(range(6))
+
+
+def test_flush_makes_records_visible_before_close(tmp_path):
+    path = tmp_path / "log.jsonl"
+    log = StepLogger(path, flush_every_s=3600)
+    log.step(0, loss=1.0)
+    log.flush()
+    assert len(read_log(path)) == 1
+    log.close()
+    log.close()  # idempotent
+    with pytest.raises(RuntimeError, match="closed"):
+        log.step(1, loss=1.0)
+
+
+def test_a_failed_write_is_reported_on_the_next_call(tmp_path):
+    log = StepLogger(tmp_path / "log.jsonl")
+    log.step(0, loss=1.0, bad=object())
+    with pytest.raises(RuntimeError, match="writing the training log failed"):
+        log.flush()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"losses": [1.0, 2.0], "buckets": [0]}, "differ in length"),
+        ({"losses": [1.0], "buckets": [-1]}, "non-negative integer"),
+        ({"losses": [1.0], "buckets": [5]}, "no entry in bucket_shares"),
+        ({"losses": [1.0], "real_tokens": [2.5]}, "non-negative integer"),
+        ({"losses": [1.0], "loss_note": 1, "lr": "x"}, "real number"),
+        ({"losses": [1.0], "corrected": 1, "samples": [-1]}, "non-negative integer"),
+    ],
+)
+def test_bad_input_raises_clear_errors(kwargs, message):
+    log = StepLogger(None, bucket_shares=[0.5, 0.5])
+    with pytest.raises((ValueError, TypeError), match=message):
+        log.log_step(0, **kwargs)
+    log.close()
+
+
+def test_bad_configuration_raises():
+    with pytest.raises(ValueError, match="reuse record keys"):
+        StepLogger(None).step(0, loss=1.0, tokens_per_second=3)
+    with pytest.raises(ValueError, match="all be zero"):
+        StepLogger(None, bucket_shares=[0, 0])
+    with pytest.raises(ValueError, match="window"):
+        StepLogger(None, window=0)
+    with pytest.raises(ValueError, match="num_buckets"):
+        StepLogger(None, num_buckets=2).log_step(0, losses=[1.0], buckets=[2])
+
+
+def test_bucket_token_shares_from_a_plan():
+    plan = SimpleNamespace(
+        bucket=np.array([1, 0, 1]), offsets=np.array([0, 2, 3, 5]),
+        indices=np.array([4, 0, 1, 2, 3]), lengths=np.array([10, 20, 30, 40, 50]),
+    )
+    shares = bucket_token_shares(plan)
+    assert shares == pytest.approx({0: 20 / 150, 1: 130 / 150})
+    assert bucket_token_shares(plan, by="samples") == pytest.approx({0: 0.2, 1: 0.8})
+    with pytest.raises(ValueError, match="by must be"):
+        bucket_token_shares(plan, by="rows")
+
+
+def test_tensorboard_forwarding_writes_an_event_file(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tb = tmp_path / "tb"
+    with StepLogger(None, tensorboard_dir=tb, bucket_shares=[1.0, 1.0]) as log:
+        for step in range(3):
+            log.log_step(step, losses=[1.0 + step, 2.0], real_tokens=[1, 1], buckets=[0, 1],
+                         lr=0.1)
+    assert list(tb.glob("events.out.tfevents.*"))
+    acc = EventAccumulator(str(tb))
+    acc.Reload()
+    assert [e.value for e in acc.Scalars("train/loss")] == pytest.approx([1.5, 2.0, 2.5])
+    assert [e.step for e in acc.Scalars("train/loss")] == [0, 1, 2]
+    assert acc.Scalars("bucket_loss/1")[-1].value == pytest.approx(2.0)
+
+
+def test_wandb_forwarding_uses_the_module_when_present(monkeypatch):
+    calls = []
+    fake = types.ModuleType("wandb")
+    fake.run = None
+    fake.init = lambda **kw: calls.append(("init", kw))
+    fake.log = lambda data, step: calls.append(("log", step, data))
+    fake.finish = lambda: calls.append(("finish",))
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    with StepLogger(None, wandb={"project": "p"}) as log:
+        log.log_step(4, losses=[2.0], buckets=[0])
+    assert calls[0] == ("init", {"project": "p"}) and calls[-1] == ("finish",)
+    _, step, data = calls[1]
+    assert step == 4 and data["train/loss"] == 2.0 and data["bucket_loss/0"] == 2.0
+
+
+def test_wandb_requested_but_missing_raises_import_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # makes `import wandb` fail
+    with pytest.raises(ImportError, match="pip install wandb"):
+        StepLogger(None, wandb=True)
+    StepLogger(None, wandb=False).close()  # not requested: nothing is imported
+
+
+def test_bucket_token_shares_of_a_real_epoch_plan():
+    import lengthwise
+
+    lengths = np.random.default_rng(0).integers(16, 2000, size=3000)
+    plan = lengthwise.plan_epoch(lengths, max_tokens=8192, buckets=4)
+    totals: dict[int, float] = {}
+    for k in range(len(plan.bucket)):
+        b = int(plan.bucket[k])
+        totals[b] = totals.get(b, 0.0) + float(plan.lengths[plan.batch(k)].sum())
+    expected = {b: t / sum(totals.values()) for b, t in totals.items()}
+    assert bucket_token_shares(plan) == pytest.approx(expected)
