@@ -30,6 +30,8 @@ _EXPORTS: dict[str, str] = {
     "pack_rows": "lengthwise.pack",
     "CostModel": "lengthwise.cost",
     "recomposition": "lengthwise.metrics",
+    "diagnose": "lengthwise.doctor",
+    "one_line_verdict": "lengthwise.doctor",
     "BucketBatchSampler": "lengthwise.sampler",
     "ResumeError": "lengthwise.sampler",
     "loader_sampler_state": "lengthwise.sampler",

@@ -1,0 +1,85 @@
+"""``lengthwise doctor``: say why a training loss curve looks the way it does.
+
+Example::
+
+    $ lengthwise doctor train_log.jsonl
+    $ lengthwise doctor run_a.jsonl run_b.jsonl --json
+    $ lengthwise doctor runs/ --plot doctor.png --checkpoint-every 500
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``doctor`` sub-command."""
+    p = subparsers.add_parser(
+        "doctor",
+        help="diagnose training loss curves: bands, periods, cliffs, and their causes",
+        description=(
+            "Read training logs (JSON lines, .gz, CSV exports, TensorBoard event files or "
+            "directories) and report the stable region, loss statistics, bands, periodicity, "
+            "cliffs and their alignment with checkpoints, attribution to batch composition, "
+            "and a ranked verdict with prescriptions."
+        ),
+    )
+    p.add_argument("logs", nargs="+", metavar="LOG", help="log file(s) or TensorBoard dir(s)")
+    p.add_argument("--step-key", default=None, help="step field (default: step or an alias)")
+    p.add_argument("--loss-key", default=None, help="loss field (default: loss or an alias)")
+    p.add_argument("--from", dest="start", type=float, default=None, metavar="STEP",
+                   help="first step of the stable region (default: chosen automatically)")
+    p.add_argument("--to", dest="end", type=float, default=None, metavar="STEP",
+                   help="last step of the stable region (default: the last finite loss)")
+    p.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
+                   help="checkpoint saves every N steps (when the log has no checkpoint events)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap/permutation tests")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument("--plot", default=None, metavar="OUT.png",
+                   help="write a PNG: loss with stable region, bands and cliffs; histogram; "
+                   "autocorrelation (needs matplotlib)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Diagnose each log and print the reports (text, or JSON with --json)."""
+    from lengthwise.doctor import PlotUnavailableError, diagnose
+    from lengthwise.doctor.report import _finite
+    from lengthwise.doctor.text import render_comparison, render_text
+
+    reports = {}
+    for log in args.logs:
+        reports[log] = diagnose(
+            log,
+            step_key=args.step_key,
+            loss_key=args.loss_key,
+            start=args.start,
+            end=args.end,
+            checkpoint_every=args.checkpoint_every,
+            seed=args.seed,
+        )
+    if args.plot:
+        from lengthwise.doctor.plot import plot_reports
+
+        try:
+            plot_reports(reports, args.plot)
+        except PlotUnavailableError as exc:
+            print(f"lengthwise doctor: error: {exc}", file=sys.stderr)
+            return 2
+    if args.json:
+        if len(reports) == 1:
+            payload = next(iter(reports.values())).to_dict()
+        else:
+            payload = {"runs": {name: r.to_dict() for name, r in reports.items()}}
+        print(json.dumps(_finite(payload), indent=2))
+    else:
+        texts = [render_text(r) for r in reports.values()]
+        if len(reports) > 1:
+            texts.append("comparison\n" + render_comparison(reports))
+        print("\n\n".join(texts))
+    if args.plot:
+        sys.stdout.flush()
+        print(f"plot written to {args.plot}", file=sys.stderr)
+    return 0

@@ -1,0 +1,49 @@
+"""The loss-curve doctor: say why a training loss curve looks the way it does.
+
+Reads a training log (JSON lines, ``.gz``, CSV, TensorBoard), finds the stable
+region, and tests for bands (multimodal per-step loss), periodicity, cliffs
+and their alignment with checkpoints; it attributes the noise to batch
+composition when a bucket or length field is logged, and ranks likely causes
+with a prescription for each. NumPy only; matplotlib is imported for plots.
+
+Example::
+
+    >>> from lengthwise.doctor import diagnose, one_line_verdict
+    >>> from lengthwise.doctor.simulate import simulate_run
+    >>> report = diagnose(simulate_run("bucketed", steps=2000, seed=0).records)
+    >>> report.bands.count, report.attribution.bucket_r2 > 0.5
+    (3, True)
+    >>> one_line_verdict(report).startswith("3 loss bands")
+    True
+"""
+
+from __future__ import annotations
+
+from lengthwise.doctor.api import diagnose, load
+from lengthwise.doctor.errors import (
+    EmptyLogError,
+    LogError,
+    LogNotFoundError,
+    PlotUnavailableError,
+    UnreadableLogError,
+)
+from lengthwise.doctor.readers import read_log, read_records
+from lengthwise.doctor.report import REPORT_KEYS, Report
+from lengthwise.doctor.runlog import RunLog
+from lengthwise.doctor.verdict import one_line_verdict
+
+__all__ = [
+    "diagnose",
+    "load",
+    "one_line_verdict",
+    "read_log",
+    "read_records",
+    "Report",
+    "REPORT_KEYS",
+    "RunLog",
+    "LogError",
+    "EmptyLogError",
+    "UnreadableLogError",
+    "LogNotFoundError",
+    "PlotUnavailableError",
+]

@@ -1,0 +1,245 @@
+"""Attribution: how much of the step-to-step loss variance the batch composition explains.
+
+With a bucket field, each step is described by the share of its batches drawn
+from each bucket (``bucket``: one id, a one-hot row; ``buckets``: the ids of the
+step's micro-batches); ``bucket_r2`` is the R-squared of the detrended loss
+regressed on those shares, which for single-bucket steps is exactly
+eta-squared (between-bucket variance / total). With a length field
+(``seq_len``, or ``real_tokens / samples``), ``length_r2`` is eta-squared over
+ten quantile bins of the length. Both come with a permutation p-value (199
+shuffles of the loss over steps).
+
+Example::
+
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> b = rng.integers(0, 3, 900)
+    >>> resid = np.array([-0.2, 0.0, 0.2])[b] + 0.02 * rng.standard_normal(900)
+    >>> a = attribute(resid, loss=resid + 2, buckets=b.tolist())
+    >>> round(a.bucket_r2, 2), a.bucket_p_value < 0.01
+    (0.99, True)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+PERMUTATIONS = 199
+#: permutation tests use a random subset of at most this many steps
+MAX_PERMUTED = 20_000
+LENGTH_BINS = 10
+#: R-squared at or above which composition counts as a cause
+STRONG_R2 = 0.2
+ALPHA = 0.01
+
+TO_LOG = [
+    "bucket: the length-bucket id of each step's batch (buckets: the ids of all its micro-batches)",
+    "real_tokens and samples per step (or seq_len), to relate the loss to sequence length",
+    "bucket_loss: a running loss per bucket",
+]
+
+
+@dataclass
+class Attribution:
+    """How well bucket or length explains the detrended per-step loss."""
+
+    bucket_field: str | None = None
+    bucket_r2: float | None = None
+    bucket_p_value: float | None = None
+    per_bucket: list[dict[str, Any]] = field(default_factory=list)
+    length_field: str | None = None
+    length_r2: float | None = None
+    length_p_value: float | None = None
+    logged_bucket_loss: dict[str, float] | None = None
+    likely_cause: str | None = None
+    to_log: list[str] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def bucket_explains(self) -> bool:
+        """True when the bucket explains a significant share of at least ``STRONG_R2``."""
+        return (self.bucket_r2 is not None and self.bucket_p_value is not None
+                and self.bucket_r2 >= STRONG_R2 and self.bucket_p_value < ALPHA)
+
+    @property
+    def explains(self) -> bool:
+        """True when the bucket (or length) explains a significant, sizeable share."""
+        for r2, p in ((self.bucket_r2, self.bucket_p_value), (self.length_r2, self.length_p_value)):
+            if r2 is not None and p is not None and r2 >= STRONG_R2 and p < ALPHA:
+                return True
+        return False
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready form (the ``attribution`` key of the report)."""
+
+        def r(v: float | None, d: int = 4) -> float | None:
+            return None if v is None else round(float(v), d)
+
+        return {
+            "bucket_field": self.bucket_field,
+            "bucket_r2": r(self.bucket_r2),
+            "bucket_p_value": r(self.bucket_p_value),
+            "per_bucket": self.per_bucket,
+            "length_field": self.length_field,
+            "length_r2": r(self.length_r2),
+            "length_p_value": r(self.length_p_value),
+            "logged_bucket_loss": self.logged_bucket_loss,
+            "likely_cause": self.likely_cause,
+            "to_log": self.to_log,
+            "note": self.note,
+        }
+
+
+def _labels(value: Any) -> tuple[Any, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, tuple | list):
+        return tuple(value)
+    return (value,)
+
+
+def composition(buckets: list[Any]) -> tuple[np.ndarray, list[Any], np.ndarray]:
+    """Share matrix (steps x buckets), the bucket ids, and a mask of steps with a label."""
+    single = [b[0] if type(b) is tuple and len(b) == 1 else b for b in buckets]
+    if not any(type(b) is tuple or type(b) is list for b in single):
+        ids: dict[Any, int] = {}
+        codes = np.array([-1 if b is None else ids.setdefault(b, len(ids)) for b in single],
+                         dtype=np.int64)
+        order = sorted(ids, key=_sort_key)
+        remap = np.empty(max(len(ids), 1), dtype=np.int64)
+        for new, b in enumerate(order):
+            remap[ids[b]] = new
+        has = codes >= 0
+        shares = np.zeros((len(single), max(len(ids), 1)))
+        shares[np.flatnonzero(has), remap[codes[has]]] = 1.0
+        return shares, order, has
+    ids = {}
+    rows = [_labels(b) for b in buckets]
+    for row in rows:
+        for b in row:
+            if b not in ids:
+                ids[b] = len(ids)
+    shares = np.zeros((len(rows), max(len(ids), 1)))
+    for i, row in enumerate(rows):
+        for b in row:
+            shares[i, ids[b]] += 1.0 / len(row)
+    has = np.array([bool(row) for row in rows], dtype=bool)
+    order = sorted(ids, key=_sort_key)
+    cols = [ids[b] for b in order]
+    return shares[:, cols] if ids else shares, order, has
+
+
+def _sort_key(x: Any) -> tuple[int, Any]:
+    return (0, x) if isinstance(x, int | float) else (1, str(x))
+
+
+def r_squared(y: np.ndarray, shares: np.ndarray) -> float:
+    """R-squared of ``y`` on the share columns (with intercept; one column dropped)."""
+    sst = float(((y - y.mean()) ** 2).sum())
+    if sst <= 0 or shares.shape[1] < 2:
+        return 0.0
+    a = np.column_stack([np.ones(y.size), shares[:, :-1]])
+    coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+    ssr = float(((y - a @ coef) ** 2).sum())
+    return max(0.0, 1.0 - ssr / sst)
+
+
+def eta_squared(y: np.ndarray, groups: np.ndarray) -> float:
+    """Between-group share of the variance of ``y`` (groups: int codes)."""
+    sst = float(((y - y.mean()) ** 2).sum())
+    if sst <= 0:
+        return 0.0
+    counts = np.bincount(groups)
+    sums = np.bincount(groups, weights=y)
+    ok = counts > 0
+    means = sums[ok] / counts[ok]
+    ssb = float((counts[ok] * (means - y.mean()) ** 2).sum())
+    return ssb / sst
+
+
+def _perm_p(stat: float, y: np.ndarray, fn: Any, rng: np.random.Generator) -> float:
+    """Permutation p-value of ``fn(y) = stat`` (199 shuffles)."""
+    exceed = sum(fn(rng.permutation(y)) >= stat for _ in range(PERMUTATIONS))
+    return (1 + exceed) / (1 + PERMUTATIONS)
+
+
+def _subsample(n: int, rng: np.random.Generator) -> np.ndarray:
+    """Indices of at most ``MAX_PERMUTED`` steps for the permutation tests (all when fewer)."""
+    if n <= MAX_PERMUTED:
+        return np.arange(n)
+    return np.sort(rng.choice(n, MAX_PERMUTED, replace=False))
+
+
+def attribute(
+    resid: np.ndarray,
+    *,
+    loss: np.ndarray,
+    buckets: list[Any] | None = None,
+    length: np.ndarray | None = None,
+    bucket_field: str = "bucket",
+    length_field: str | None = None,
+    rng: np.random.Generator | None = None,
+) -> Attribution:
+    """Explain detrended per-step losses ``resid`` by bucket shares and/or length."""
+    rng = np.random.default_rng(0) if rng is None else rng
+    out = Attribution()
+    if buckets is not None:
+        shares, ids, has = composition(buckets)
+        if has.sum() >= 10 and len(ids) >= 2:
+            y, s = resid[has], shares[has]
+            single = bool(np.all(s.max(axis=1) == 1.0))
+            sub = _subsample(y.size, rng)
+            ys, ss = y[sub], s[sub]
+            if single:
+                codes = np.argmax(s, axis=1)
+                r2 = eta_squared(y, codes)
+                cs = codes[sub]
+                p = _perm_p(eta_squared(ys, cs), ys, lambda v: eta_squared(v, cs), rng)
+            else:
+                r2 = r_squared(y, s)
+                p = _perm_p(r_squared(ys, ss), ys, lambda v: r_squared(v, ss), rng)
+            out.bucket_field = bucket_field
+            out.bucket_r2 = r2
+            out.bucket_p_value = p
+            out.per_bucket = _per_bucket(ids, s, y, loss[has])
+        elif has.sum():
+            out.bucket_field = bucket_field
+            out.note = "every step holds the same bucket: nothing to attribute"
+    if length is not None:
+        ok = np.isfinite(length) & (length > 0)
+        if ok.sum() >= 20 and np.unique(length[ok]).size >= 2:
+            y, v = resid[ok], length[ok]
+            edges = np.unique(np.quantile(v, np.linspace(0, 1, LENGTH_BINS + 1)[1:-1]))
+            codes = np.searchsorted(edges, v, side="right")
+            r2 = eta_squared(y, codes)
+            out.length_field = length_field
+            out.length_r2 = r2
+            sub = _subsample(y.size, rng)
+            ys, cs = y[sub], codes[sub]
+            out.length_p_value = _perm_p(eta_squared(ys, cs), ys,
+                                         lambda w: eta_squared(w, cs), rng)
+    return out
+
+
+def _per_bucket(
+    ids: list[Any], shares: np.ndarray, resid: np.ndarray, loss: np.ndarray
+) -> list[dict[str, Any]]:
+    """Steps, mean loss and mean detrended offset per dominant bucket."""
+    dominant = np.argmax(shares, axis=1)
+    rows = []
+    for j, b in enumerate(ids):
+        sel = dominant == j
+        if not sel.any():
+            continue
+        rows.append(
+            {
+                "bucket": b if isinstance(b, int | float | str) else str(b),
+                "steps": int(sel.sum()),
+                "mean_loss": round(float(loss[sel].mean()), 6),
+                "mean_offset": round(float(resid[sel].mean()), 6),
+            }
+        )
+    return rows

@@ -1,0 +1,200 @@
+"""Cliffs: losses far above the running level, how high they rose and how long recovery took.
+
+The running level is the lower of a centred and a trailing rolling median of 51 points
+(fewer in short logs); the trailing one makes a jump that never comes down (a level
+shift) stand out too. Thresholds are local, from blocks of at least 500 points, because
+the noise of a run changes as the loss falls: in each block a point is a cliff candidate
+when it exceeds the level by the smaller of 8 robust noise scales (1.4826 x MAD) and the
+upper fence ``q95 + 4 (q95 - q75)`` of the residuals (:func:`cliff_threshold`).
+Candidates within 2 points merge into one cliff, and the first 10 points of a log never
+start one.
+
+A cliff's height is its peak loss minus the median of the 51 points before it. It has
+recovered at the first point after the peak that is back below that level plus the
+block's upper decile of ordinary fluctuations (at most 2 noise scales).
+``recovery_steps`` counts steps from the peak; null means the loss never came back (a
+divergence or a level shift).
+
+Example::
+
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> loss = 2 + 0.01 * rng.standard_normal(500)
+    >>> loss[300:305] += [0.5, 0.3, 0.15, 0.05, 0.01]
+    >>> found, mask, _ = find_cliffs(np.arange(500.0), loss, np.ones(500, bool))
+    >>> [(c.step, c.recovery_steps) for c in found]
+    [(300.0, 5.0)]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from lengthwise.doctor.smoothing import ROUGHNESS_WINDOW, odd, robust_std, rolling_median
+
+#: a cliff rises this many noise scales above the running level
+CLIFF_Z = 8.0
+#: exceedances this many points apart or closer belong to one cliff
+MERGE_GAP = 2
+#: the upper fence: q95 + FENCE x (q95 - q75)
+FENCE = 4.0
+#: recovered below the level plus the smaller of the upper decile and this many noise scales
+RECOVERY_Z = 2.0
+#: fewest points per block of local thresholds
+MIN_BLOCK = 500
+#: a cliff needs this many logged points before it (the first losses of a run are no cliffs)
+MIN_BEFORE = 10
+#: at most this many points after a cliff start are left out of the stable region
+MAX_EXCLUDED = 500
+
+
+@dataclass
+class Cliff:
+    """One spike: where it started, how high it rose, how many steps it took to recover."""
+
+    step: float
+    peak_step: float
+    height: float
+    recovery_steps: float | None
+    level: float
+    recovery_points: int | None
+    z: float
+    bucket: object = None
+    at_checkpoint: bool | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready form: ``step``, ``height``, ``recovery_steps`` (null: never recovered)."""
+        out: dict[str, object] = {
+            "step": _num(self.step),
+            "height": round(float(self.height), 6),
+            "recovery_steps": _num(self.recovery_steps),
+            "peak_step": _num(self.peak_step),
+            "recovery_points": self.recovery_points,
+            "level": round(float(self.level), 6),
+            "z": round(float(self.z), 2),
+        }
+        if self.at_checkpoint is not None:
+            out["at_checkpoint"] = self.at_checkpoint
+        if self.bucket is not None:
+            out["bucket"] = self.bucket
+        return out
+
+
+def _num(x: float | None) -> int | float | None:
+    if x is None:
+        return None
+    return int(x) if float(x).is_integer() else float(x)
+
+
+def cliff_threshold(resid: np.ndarray, noise: float, z: float = CLIFF_Z) -> float:
+    """Height above the running level that makes a cliff, for one stretch of residuals.
+
+    The upper fence ``q95 + FENCE x (q95 - q75)`` of the residuals, capped at
+    ``z`` robust noise scales (1.4826 x MAD). For Gaussian noise the fence is
+    5.5 scales; for banded losses (whose MAD the bands inflate) it sits just
+    above the top band; for heavy-tailed noise it grows with the tail up to the
+    cap, and the cap keeps a long excursion (which inflates the quantiles) a cliff.
+    """
+    q75, q95 = np.quantile(resid, [0.75, 0.95])
+    fence = float(q95 + FENCE * (q95 - q75))
+    return float(min(z * noise, fence))
+
+
+def local_thresholds(
+    resid: np.ndarray, z: float = CLIFF_Z, block: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-point cliff threshold from blocks of ``block`` points (interpolated between them).
+
+    The noise of a run changes (it shrinks as the loss falls, and again at each
+    epoch of a multi-epoch fine-tune), so thresholds are local. Returns the
+    thresholds and the recovery levels (the upper decile of each block: a loss back
+    among the ordinary fluctuations has recovered).
+    """
+    n = resid.size
+    block = max(MIN_BLOCK, n // 20) if block is None else block
+    bounds = list(range(0, n, block)) + [n]
+    if len(bounds) > 2 and bounds[-1] - bounds[-2] < block // 2:
+        bounds.pop(-2)
+    centres, values, upper = [], [], []
+    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+        r = resid[a:b]
+        sigma = robust_std(r)
+        if not np.isfinite(sigma) or sigma <= 0:
+            sigma = float(np.std(r)) or 1e-12
+        centres.append(0.5 * (a + b - 1))
+        values.append(cliff_threshold(r, sigma, z))
+        upper.append(min(float(np.quantile(r, 0.9)), RECOVERY_Z * sigma))
+    x = np.arange(n)
+    return np.interp(x, centres, values), np.interp(x, centres, upper)
+
+
+def find_cliffs(
+    steps: np.ndarray,
+    loss: np.ndarray,
+    region: np.ndarray,
+    *,
+    search: np.ndarray | None = None,
+    z: float = CLIFF_Z,
+    window: int = ROUGHNESS_WINDOW,
+) -> tuple[list[Cliff], np.ndarray, float]:
+    """Cliffs of a finite loss series, with the noise scale measured over ``region``.
+
+    Cliffs may start anywhere in ``search`` (default: ``region``), e.g. from the
+    end of the learning-rate warm-up on. Returns the cliffs, a mask of the
+    points they cover (start to recovery) and the noise scale used.
+    """
+    search = region if search is None else search
+    n = loss.size
+    mask = np.zeros(n, dtype=bool)
+    if n < 10 or region.sum() < 10:
+        return [], mask, float("nan")
+    window = min(window, odd(max(11, n // 6)))
+    centred = rolling_median(loss, window)
+    shift = window // 2 + 1
+    trailing = np.concatenate([centred[:shift], centred[:-shift]]) if n > shift else centred
+    level = np.minimum(centred, trailing)
+    resid = loss - level
+    threshold, recover = local_thresholds(resid, z)
+    noise = robust_std(resid[region])
+    if not np.isfinite(noise) or noise <= 0:
+        noise = float(np.std(resid[region])) or 1e-12
+    hits = np.flatnonzero(search & (resid > threshold))
+    cliffs: list[Cliff] = []
+    if hits.size == 0:
+        return cliffs, mask, noise
+    groups = np.split(hits, np.flatnonzero(np.diff(hits) > MERGE_GAP + 1) + 1)
+    for group in groups:
+        a, b = int(group[0]), int(group[-1])
+        if mask[a]:
+            continue
+        if a < MIN_BEFORE:
+            continue
+        before = np.arange(max(0, a - window), a)
+        before = before[~mask[before]]
+        base = float(np.median(loss[before])) if before.size >= 5 else float(level[a])
+        peak = a + int(np.argmax(loss[a : b + 1]))
+        height = float(loss[peak] - base)
+        if height <= threshold[a]:
+            continue
+        after = np.flatnonzero(loss[peak + 1 :] - base < recover[a])
+        if after.size:
+            j = peak + 1 + int(after[0])
+            recovery: float | None = float(steps[j] - steps[peak])
+        else:
+            j = n
+            recovery = None
+        mask[a : min(j, a + MAX_EXCLUDED)] = True
+        cliffs.append(
+            Cliff(
+                step=float(steps[a]),
+                peak_step=float(steps[peak]),
+                height=height,
+                recovery_steps=recovery,
+                level=base,
+                recovery_points=None if recovery is None else int(j - peak),
+                z=height / noise,
+            )
+        )
+    return cliffs, mask, noise

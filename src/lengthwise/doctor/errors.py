@@ -1,0 +1,36 @@
+"""Errors raised by the doctor, each with a message that names the log and the problem.
+
+They subclass the built-in ``ValueError`` / ``FileNotFoundError`` / ``ImportError``
+so that callers can catch them broadly, and the command line prints
+``lengthwise doctor: error: <message>`` and exits with status 2.
+
+Example::
+
+    >>> try:
+    ...     raise EmptyLogError("train_log.jsonl is empty")
+    ... except ValueError as exc:
+    ...     print(exc)
+    train_log.jsonl is empty
+"""
+
+from __future__ import annotations
+
+
+class LogError(ValueError):
+    """A log could not be turned into a loss curve."""
+
+
+class EmptyLogError(LogError):
+    """The log holds no loss values (empty file, or no line with the loss field)."""
+
+
+class UnreadableLogError(LogError):
+    """The log exists but cannot be read or decoded (permissions, corrupt file)."""
+
+
+class LogNotFoundError(FileNotFoundError):
+    """The log path does not exist (or a directory holds no log the doctor reads)."""
+
+
+class PlotUnavailableError(ImportError):
+    """``--plot`` was asked for but matplotlib is not installed."""

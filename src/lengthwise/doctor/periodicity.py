@@ -1,0 +1,317 @@
+"""Periodicity of the detrended loss, and the run-length structure of low and high steps.
+
+The stable-region loss is detrended by a wide centred rolling mean (a quarter
+of the region, 101 to 2,001 points; cliff points are left out and read as 0).
+Its periodogram ``I_k`` is compared with a local noise floor (the running
+median of ``I`` over nearby frequencies, divided by ln 2, which is the median of
+an exponential): under noise ``I_k / floor_k`` is exponential with mean 1, so
+the largest ratio ``r`` over the ``q`` candidate frequencies has the p-value
+``1 - (1 - e^-r)^q``. This holds for coloured noise too, since the floor
+follows the spectrum. A sawtooth puts power in harmonics; the fundamental is
+the lowest significant frequency of which the strongest peak is a multiple
+(up to the 12th harmonic).
+The period is refined at the highest autocorrelation within 20 % of ``n/k``.
+
+Runs: the signs of the detrended loss around its median form runs of high and
+low steps; the Wald-Wolfowitz runs test says whether they are longer (sorted
+or cyclic composition) or shorter than chance.
+
+Example::
+
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> t = np.arange(3000)
+    >>> x = 0.05 * ((t % 50) / 50 - 0.5) + 0.01 * rng.standard_normal(3000)
+    >>> p = find_periodicity(x, interval=1.0)
+    >>> p.period, p.p_value < 1e-6
+    (50.0, True)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from lengthwise.doctor.smoothing import odd
+
+ALPHA = 0.01
+MIN_POINTS = 128
+MIN_CYCLES = 4
+FLOOR_HALF_WIDTH = 25
+MAX_HARMONIC = 12
+FLOOR_NEIGHBOURS = 2 * FLOOR_HALF_WIDTH
+FLOOR_RANK = FLOOR_HALF_WIDTH
+
+
+@dataclass
+class Runs:
+    """Wald-Wolfowitz runs of above/below-median steps."""
+
+    runs: int
+    expected: float
+    z: float
+    p_value: float
+    mean_high: float
+    mean_low: float
+    max_high: int
+    max_low: int
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready form."""
+        return {
+            "runs": self.runs,
+            "expected_runs": round(self.expected, 2),
+            "z": round(self.z, 3),
+            "p_value": float(f"{self.p_value:.4g}"),
+            "mean_high_run": round(self.mean_high, 3),
+            "mean_low_run": round(self.mean_low, 3),
+            "max_high_run": self.max_high,
+            "max_low_run": self.max_low,
+        }
+
+
+@dataclass
+class Periodicity:
+    """Dominant period of the detrended loss (``period`` in steps, None when none)."""
+
+    period: float | None
+    p_value: float | None
+    period_points: float | None = None
+    power_share: float | None = None
+    acf_at_period: float | None = None
+    best_period: float | None = None
+    candidates: list[dict[str, float]] = field(default_factory=list)
+    runs: Runs | None = None
+    window: int = 0
+    points: int = 0
+    acf: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
+    note: str = ""
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready form (the ``periodicity`` key of the report)."""
+        return {
+            "period": _num(self.period),
+            "p_value": None if self.p_value is None else float(f"{self.p_value:.4g}"),
+            "period_points": _num(self.period_points),
+            "power_share": None if self.power_share is None else round(self.power_share, 4),
+            "acf_at_period": None if self.acf_at_period is None else round(self.acf_at_period, 4),
+            "best_period": _num(self.best_period),
+            "candidates": self.candidates,
+            "runs": None if self.runs is None else self.runs.to_dict(),
+            "detrend_window": self.window,
+            "points": self.points,
+            "test": f"periodogram peak vs local noise floor, alpha={ALPHA}",
+            "note": self.note,
+        }
+
+
+def _num(x: float | None) -> int | float | None:
+    if x is None:
+        return None
+    x = round(float(x), 3)
+    return int(x) if x.is_integer() else x
+
+
+def detrend_window(points: int) -> int:
+    """Rolling-mean window used to detrend for periodicity (odd, 101..2001)."""
+    return odd(min(max(101, points // 4), 2001))
+
+
+def autocorrelation(x: np.ndarray, max_lag: int) -> np.ndarray:
+    """Sample autocorrelation at lags 0..max_lag (FFT, zero-padded)."""
+    x = np.asarray(x, dtype=np.float64) - np.mean(x)
+    n = x.size
+    size = 1 << int(np.ceil(np.log2(2 * n)))
+    f = np.fft.rfft(x, size)
+    acov = np.fft.irfft(f * np.conj(f), size)[: max_lag + 1]
+    return acov / acov[0] if acov[0] > 0 else np.zeros(max_lag + 1)
+
+
+def runs_test(x: np.ndarray) -> Runs | None:
+    """Runs of values above / below the median (ties dropped)."""
+    med = np.median(x)
+    sign = x[x != med] > med
+    n = sign.size
+    n1 = int(sign.sum())
+    n2 = n - n1
+    if n1 == 0 or n2 == 0:
+        return None
+    change = np.flatnonzero(sign[1:] != sign[:-1]) + 1
+    bounds = np.concatenate([[0], change, [n]])
+    lengths = np.diff(bounds)
+    high = sign[bounds[:-1]]
+    runs = int(lengths.size)
+    expected = 1.0 + 2.0 * n1 * n2 / n
+    var = 2.0 * n1 * n2 * (2.0 * n1 * n2 - n) / (n * n * (n - 1.0)) if n > 1 else 0.0
+    z = (runs - expected) / math.sqrt(var) if var > 0 else 0.0
+    return Runs(
+        runs=runs,
+        expected=expected,
+        z=z,
+        p_value=math.erfc(abs(z) / math.sqrt(2.0)),
+        mean_high=float(lengths[high].mean()) if high.any() else 0.0,
+        mean_low=float(lengths[~high].mean()) if (~high).any() else 0.0,
+        max_high=int(lengths[high].max()) if high.any() else 0,
+        max_low=int(lengths[~high].max()) if (~high).any() else 0,
+    )
+
+
+def _single_tail(ratio: float) -> float:
+    """``P(I / floor > ratio)`` for exponential ``I`` and the floor of ``FLOOR_NEIGHBOURS``.
+
+    The floor is the ``FLOOR_RANK``-th smallest of the neighbouring ordinates over
+    ln 2; by Renyi's representation of exponential order statistics this tail is
+    exactly ``prod_i (m - i + 1) / (m - i + 1 + ratio / ln 2)`` for ``i = 1..rank``.
+    """
+    t = max(ratio, 0.0) / math.log(2.0)
+    m = FLOOR_NEIGHBOURS
+    logp = sum(math.log((m - i + 1) / (m - i + 1 + t)) for i in range(1, FLOOR_RANK + 1))
+    return math.exp(logp)
+
+
+def _pvalue(ratio: float, q: int) -> float:
+    """Chance that the largest of ``q`` noise ratios reaches ``ratio``."""
+    single = _single_tail(ratio)
+    if single >= 1.0:
+        return 1.0
+    return float(-math.expm1(q * math.log1p(-single)))
+
+
+def find_periodicity(
+    resid: np.ndarray,
+    *,
+    interval: float,
+    max_period: float | None = None,
+    window: int = 0,
+    alpha: float = ALPHA,
+) -> Periodicity:
+    """Dominant period (in steps, via ``interval``) of an evenly logged detrended series."""
+    x = np.asarray(resid, dtype=np.float64)
+    n = x.size
+    if n < MIN_POINTS:
+        return Periodicity(period=None, p_value=None, points=n, window=window,
+                           note=f"not tested: {n} points in the stable region (need {MIN_POINTS})")
+    x = x - x.mean()
+    runs = runs_test(x)
+    power = np.abs(np.fft.rfft(x)) ** 2
+    max_p = n / MIN_CYCLES if max_period is None else min(max_period, n / MIN_CYCLES)
+    k_lo = max(1, int(math.ceil(n / max_p)))
+    k_hi = n // 2
+    acf = autocorrelation(x, min(n - 1, max(200, int(2.5 * max_p))))
+    if k_hi - k_lo < 4:
+        return Periodicity(period=None, p_value=None, runs=runs, points=n, window=window, acf=acf,
+                           note="stable region too short for a period search")
+    floor = _local_floor(power, k_lo, k_hi)
+    ks = np.arange(k_lo, k_hi + 1)
+    ratio = power[ks] / floor[ks]
+    q = ks.size
+    best = int(ks[np.argmax(ratio)])
+    p_best = _pvalue(float(ratio.max()), q)
+    fundamental = _fundamental(best, ks, ratio, q, alpha)
+    period_pts, acf_at = _refine(acf, n / fundamental)
+    share = _harmonic_share(power, fundamental, k_lo, k_hi)
+    candidates = _candidates(power, floor, ks, ratio, q, alpha, interval, n)
+    found = p_best < alpha
+    return Periodicity(
+        period=period_pts * interval if found else None,
+        p_value=p_best,
+        period_points=period_pts if found else None,
+        power_share=share if found else None,
+        acf_at_period=acf_at if found else None,
+        best_period=period_pts * interval,
+        candidates=candidates,
+        runs=runs,
+        window=window,
+        points=n,
+        acf=acf,
+    )
+
+
+def _fundamental(best: int, ks: np.ndarray, ratio: np.ndarray, q: int, alpha: float) -> int:
+    """Lowest significant peak frequency of which ``best`` is a harmonic (else ``best``).
+
+    A sawtooth or any non-sinusoidal cycle puts power at multiples of its
+    frequency, and a higher harmonic can stand out more than the fundamental.
+    """
+    significant = [int(k) for k, r in zip(ks, ratio, strict=True)
+                   if r > 1.0 and _pvalue(float(r), q) < alpha]
+    for k in sorted(significant):
+        if k >= best:
+            break
+        m = round(best / k)
+        if 2 <= m <= MAX_HARMONIC and abs(best - m * k) <= max(1.0, 0.01 * best):
+            return k
+    return best
+
+
+def _local_floor(power: np.ndarray, k_lo: int, k_hi: int) -> np.ndarray:
+    """Noise floor at each frequency: a middle order statistic of its neighbours, over ln 2.
+
+    The neighbours are ``FLOOR_HALF_WIDTH`` ordinates on each side, leaving out the
+    frequency itself and the adjacent ones (where a peak leaks).
+    """
+    half = FLOOR_HALF_WIDTH
+    values = power[1:]
+    padded = np.pad(values, half + 1, mode="reflect")
+    width = 2 * half + 3
+    keep = np.r_[0:half, half + 3 : width]
+    floor = np.empty(values.size)
+    for start in range(0, values.size, 1 << 15):
+        part = padded[start : start + (1 << 15) + width - 1]
+        view = np.lib.stride_tricks.sliding_window_view(part, width)[:, keep]
+        floor[start : start + view.shape[0]] = np.partition(view, FLOOR_RANK - 1, axis=1)[
+            :, FLOOR_RANK - 1
+        ]
+    out = np.concatenate([[np.inf], floor]) / math.log(2.0)
+    return np.maximum(out, 1e-300)
+
+
+def _refine(acf: np.ndarray, approx: float) -> tuple[float, float | None]:
+    """Lag of the highest autocorrelation within 20 % of ``approx`` (else ``approx``)."""
+    lo = max(2, int(math.floor(0.8 * approx)))
+    hi = min(acf.size - 1, int(math.ceil(1.2 * approx)))
+    if hi <= lo:
+        return float(approx), None
+    lag = lo + int(np.argmax(acf[lo : hi + 1]))
+    if acf[lag] <= 0:
+        return float(approx), float(acf[lag])
+    return float(lag), float(acf[lag])
+
+
+def _harmonic_share(power: np.ndarray, k: int, k_lo: int, k_hi: int) -> float:
+    """Share of the detrended variance at ``k`` and its first harmonics (+-1 bin)."""
+    total = float(power[1:].sum())
+    if total <= 0:
+        return 0.0
+    picked: set[int] = set()
+    for h in range(1, 6):
+        for j in (h * k - 1, h * k, h * k + 1):
+            if 1 <= j < power.size:
+                picked.add(j)
+    return float(power[sorted(picked)].sum() / total)
+
+
+def _candidates(
+    power: np.ndarray,
+    floor: np.ndarray,
+    ks: np.ndarray,
+    ratio: np.ndarray,
+    q: int,
+    alpha: float,
+    interval: float,
+    n: int,
+) -> list[dict[str, float]]:
+    """Up to three significant local peaks, strongest first."""
+    out: list[dict[str, float]] = []
+    order = np.argsort(ratio)[::-1]
+    for idx in order[:50]:
+        k = int(ks[idx])
+        p = _pvalue(float(ratio[idx]), q)
+        if p >= alpha or len(out) >= 3:
+            break
+        if any(abs(k - c["_k"]) <= 1 for c in out):
+            continue
+        out.append({"_k": k, "period": round(n / k * interval, 3), "p_value": float(f"{p:.4g}")})
+    return [{"period": c["period"], "p_value": c["p_value"]} for c in out]

@@ -1,0 +1,170 @@
+"""PNG of the diagnosis: loss over steps, stable-region histogram, autocorrelation.
+
+One row per run. The loss panel shades the stable region, colours the steps
+by bucket when the log has one, draws the running mean and the band centres
+along it, marks cliffs (red triangles) and checkpoint steps (dotted lines).
+The histogram shows the detrended stable-region loss with the fitted bands;
+the autocorrelation panel marks the period. matplotlib is imported here only,
+through its object-oriented API (no pyplot, no global backend change).
+
+Example::
+
+    >>> from lengthwise.doctor import diagnose
+    >>> from lengthwise.doctor.simulate import simulate_run
+    >>> import tempfile, pathlib
+    >>> out = pathlib.Path(tempfile.mkdtemp()) / "doctor.png"
+    >>> plot_reports({"run": diagnose(simulate_run("bucketed", steps=800).records)}, out).exists()
+    True
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from lengthwise.doctor.errors import PlotUnavailableError
+from lengthwise.doctor.stats import roughness_residual
+
+if TYPE_CHECKING:
+    from lengthwise.doctor.report import Report
+
+_PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf",
+            "#bcbd22", "#7f7f7f", "#d62728"]
+
+
+def _matplotlib() -> tuple[Any, Any]:
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise PlotUnavailableError(
+            "--plot needs matplotlib, which is not installed (pip install 'lengthwise[plots]')"
+        ) from exc
+    return Figure, FigureCanvasAgg
+
+
+def plot_reports(reports: dict[str, Report], path: str | os.PathLike[str]) -> Path:
+    """Write one PNG with a row of three panels per report; returns the path."""
+    figure_cls, canvas_cls = _matplotlib()
+    rows = len(reports)
+    fig = figure_cls(figsize=(15, 4.2 * rows), dpi=110)
+    canvas_cls(fig)
+    grid = fig.add_gridspec(rows, 3, width_ratios=[3.2, 1.3, 1.3], hspace=0.45, wspace=0.28)
+    for row, (name, report) in enumerate(reports.items()):
+        _loss_panel(fig.add_subplot(grid[row, 0]), name, report)
+        _histogram_panel(fig.add_subplot(grid[row, 1]), report)
+        _acf_panel(fig.add_subplot(grid[row, 2]), report)
+    out = Path(path)
+    fig.savefig(out, format="png", bbox_inches="tight")
+    return out
+
+
+def _loss_panel(ax: Any, name: str, r: Report) -> None:
+    s = r.series
+    if s is None:
+        return
+    reg = s.region
+    keep = reg & ~s.cliff_mask
+    if s.bucket_codes is not None:
+        mixed = s.bucket_codes < 0
+        if mixed.any():
+            ax.scatter(s.step[mixed], s.loss[mixed], s=3, color="#7f7f7f", alpha=0.5,
+                       linewidths=0, label="mixed buckets", rasterized=True)
+        for code, label in enumerate(s.bucket_names):
+            sel = s.bucket_codes == code
+            if not sel.any():
+                continue
+            ax.scatter(s.step[sel], s.loss[sel], s=3, color=_PALETTE[code % len(_PALETTE)],
+                       alpha=0.6, linewidths=0, label=f"bucket {label}", rasterized=True)
+        if len(s.bucket_names) <= 8:
+            ax.legend(loc="lower left", fontsize=7, markerscale=3, ncol=2)
+    else:
+        ax.plot(s.step, s.loss, color="#4c72b0", linewidth=0.5, alpha=0.8, label="loss")
+    ax.plot(s.step, s.trend, color="black", linewidth=1.0, label="running mean (51)")
+    ax.axvspan(r.phases.start, r.phases.end, color="#2ca02c", alpha=0.07)
+    b = r.bands
+    if b.count and b.count > 1:
+        for off in b.offsets:
+            ax.plot(s.step[reg], s.trend[reg] + off, color="#d62728", linewidth=0.8,
+                    linestyle="--", alpha=0.8)
+    if 0 < s.checkpoints.size <= 200:
+        for c in s.checkpoints:
+            ax.axvline(c, color="grey", linewidth=0.6, linestyle=":", alpha=0.7)
+    if r.cliffs:
+        peaks = np.array([c.peak_step for c in r.cliffs])
+        idx = np.searchsorted(s.step, peaks)
+        ax.scatter(peaks, s.loss[np.clip(idx, 0, s.loss.size - 1)], marker="v", s=40,
+                   color="#d62728", zorder=5, label="cliff")
+    if keep.any():
+        lo = float(np.quantile(s.loss[keep], 0.001))
+        hi = float(np.quantile(s.loss[keep], 0.999))
+        if r.cliffs:
+            hi = max(hi, max(c.level + c.height for c in r.cliffs))
+        pad = 0.08 * (hi - lo if hi > lo else 1.0)
+        ax.set_ylim(lo - pad, hi + pad)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    title = f"{_short(name)}\n{r.one_line()}"
+    ax.set_title(_wrap(title, 95), fontsize=8.5, loc="left")
+
+
+def _histogram_panel(ax: Any, r: Report) -> None:
+    s = r.series
+    if s is None:
+        return
+    use = s.region & ~s.cliff_mask
+    resid = roughness_residual(s.loss, s.cliff_mask)[use] + r.stats.mean
+    if resid.size == 0:
+        return
+    lo, hi = np.quantile(resid, [0.002, 0.998])
+    ax.hist(resid, bins=80, range=(lo, hi), density=True, color="#8da0cb", edgecolor="none")
+    b = r.bands
+    if b.count and b.widths:
+        x = np.linspace(lo, hi, 400)
+        total = np.zeros_like(x)
+        for c, w, sh in zip(b.centres, b.widths, b.shares, strict=True):
+            comp = sh / (w * np.sqrt(2 * np.pi)) * np.exp(-0.5 * ((x - c) / w) ** 2)
+            total += comp
+            if b.count > 1:
+                ax.plot(x, comp, color="#d62728", linewidth=0.8, linestyle="--")
+        ax.plot(x, total, color="black", linewidth=1.0)
+    label = "none" if not b.count or b.count < 2 else str(b.count)
+    ax.set_title(f"stable-region loss (detrended)\nbands: {label}", fontsize=9)
+    ax.set_xlabel("loss")
+
+
+def _acf_panel(ax: Any, r: Report) -> None:
+    per = r.periodicity
+    acf = per.acf
+    if acf.size < 3:
+        ax.set_title("autocorrelation", fontsize=9)
+        ax.text(0.5, 0.5, _wrap(per.note or "not computed", 30), ha="center", va="center",
+                transform=ax.transAxes, fontsize=8)
+        ax.set_axis_off()
+        return
+    lags = np.arange(acf.size)
+    scale = r.series.step[1] - r.series.step[0] if r.series and r.series.step.size > 1 else 1.0
+    ax.plot(lags[1:] * scale, acf[1:], color="#4c72b0", linewidth=0.8)
+    bound = 2.0 / np.sqrt(max(per.points, 1))
+    ax.axhspan(-bound, bound, color="grey", alpha=0.2)
+    ax.axhline(0, color="black", linewidth=0.5)
+    if per.period is not None:
+        ax.axvline(per.period, color="#d62728", linewidth=1.0, linestyle="--")
+        title = f"autocorrelation (detrended)\nperiod {per.period:.4g} steps, p={per.p_value:.2g}"
+    else:
+        title = "autocorrelation (detrended)\nno significant period"
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel("lag (steps)")
+
+
+def _short(name: str, limit: int = 80) -> str:
+    return name if len(name) <= limit else "..." + name[-(limit - 3):]
+
+
+def _wrap(text: str, width: int) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.fill(line, width) for line in text.splitlines())

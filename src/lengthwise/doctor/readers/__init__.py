@@ -1,0 +1,100 @@
+"""Readers: a log file, directory or list of row dicts -> :class:`~lengthwise.doctor.runlog.RunLog`.
+
+Formats: JSON lines (``.jsonl``, ``.log``, any name; gzip detected by content),
+a single JSON document (``trainer_state.json`` or an array of rows), CSV
+(``.csv``/``.tsv``, W&B exports) and TensorBoard event files or directories.
+
+Example::
+
+    >>> log = read_records([{"step": 1, "loss": 3.0}, {"step": 2, "loss": 2.0}])
+    >>> log.loss.tolist()
+    [3.0, 2.0]
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from lengthwise.doctor.errors import EmptyLogError, LogNotFoundError
+from lengthwise.doctor.readers.columns import ColumnBuilder
+from lengthwise.doctor.runlog import RunLog
+
+__all__ = ["read_log", "read_records", "ColumnBuilder"]
+
+_CSV_SUFFIXES = (".csv", ".tsv", ".csv.gz", ".tsv.gz")
+
+
+def detect_format(path: Path) -> str:
+    """``"tensorboard"``, ``"csv"``, ``"document"`` or ``"jsonl"`` for an existing path."""
+    from lengthwise.doctor.readers.jsonl import looks_like_document
+
+    name = path.name.lower()
+    if path.is_dir() or "tfevents" in name:
+        return "tensorboard"
+    if name.endswith(_CSV_SUFFIXES):
+        return "csv"
+    if looks_like_document(path):
+        return "document"
+    return "jsonl"
+
+
+def read_log(
+    source: str | os.PathLike[str],
+    *,
+    step_key: str | None = None,
+    loss_key: str | None = None,
+) -> RunLog:
+    """Read one log file or TensorBoard directory.
+
+    ``step_key``/``loss_key`` name the fields; ``None`` finds them (``step``,
+    ``loss`` and common aliases). Raises :class:`LogNotFoundError` for a
+    missing path and :class:`EmptyLogError` for a log without loss values.
+    """
+    from lengthwise.doctor.readers.csv_log import read_csv
+    from lengthwise.doctor.readers.jsonl import read_document, read_jsonl
+    from lengthwise.doctor.readers.tensorboard import read_tensorboard
+
+    path = Path(source)
+    if not path.exists():
+        raise LogNotFoundError(f"{path}: no such file or directory")
+    if path.is_file() and path.stat().st_size == 0:
+        raise EmptyLogError(f"{path}: is empty")
+    fmt = detect_format(path)
+    builder = ColumnBuilder(str(path), step_key=step_key, loss_key=loss_key, fmt=fmt)
+    if fmt == "tensorboard":
+        builder.use_keys(step_key="step", loss_key="loss")
+        read_tensorboard(path, builder, loss_key=loss_key)
+    elif fmt == "csv":
+        builder.use_keys(step_key="step" if step_key else None, loss_key="loss")
+        read_csv(path, builder, step_key=step_key, loss_key=loss_key)
+    elif fmt == "document" and read_document(path, builder):
+        pass
+    else:
+        builder.summary.format = "jsonl"
+        read_jsonl(path, builder)
+    if builder.summary.lines == 0 and not builder.summary.malformed:
+        raise EmptyLogError(f"{path}: is empty")
+    return builder.build()
+
+
+def read_records(
+    records: Iterable[Mapping[str, Any]],
+    *,
+    step_key: str | None = None,
+    loss_key: str | None = None,
+    source: str = "<records>",
+) -> RunLog:
+    """Build a :class:`RunLog` from in-memory row dicts (as a training loop would log them)."""
+    builder = ColumnBuilder(source, step_key=step_key, loss_key=loss_key, fmt="records")
+    rows = [r if isinstance(r, dict) else dict(r) if isinstance(r, Mapping) else r
+            for r in records]
+    if not rows:
+        raise EmptyLogError(f"{source}: no records")
+    builder.summary.lines = len(rows)
+    for start in range(0, len(rows), 50_000):
+        chunk = rows[start : start + 50_000]
+        builder.add(chunk, range(start + 1, start + 1 + len(chunk)))
+    return builder.build()

@@ -1,0 +1,135 @@
+"""Streaming reader for CSV exports (plain or gzip), such as Weights & Biases downloads.
+
+Column names are matched after dropping a W&B run prefix (``"my-run - train/loss"``)
+and ignoring its ``__MIN``/``__MAX`` envelope columns; matching is case-insensitive
+and accepts a ``section/`` prefix (``train/loss`` matches ``loss``). Rows whose
+loss cell is empty are sparse rows of other metrics and are not malformed; rows
+with the wrong number of cells are.
+
+Example::
+
+    >>> import pathlib, tempfile
+    >>> p = pathlib.Path(tempfile.mkdtemp()) / "export.csv"
+    >>> _ = p.write_text("Step,run - train/loss,run - train/loss__MIN\\n1,2.5,2.4\\n2,2.4,2.3\\n")
+    >>> b = ColumnBuilder(str(p), fmt="csv")
+    >>> read_csv(p, b)
+    >>> b.build().loss.tolist()
+    [2.5, 2.4]
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+from lengthwise.doctor.errors import EmptyLogError, UnreadableLogError
+from lengthwise.doctor.readers.columns import (
+    LOSS_ALIASES,
+    NUMERIC_ALIASES,
+    STEP_ALIASES,
+    ColumnBuilder,
+)
+from lengthwise.doctor.readers.jsonl import open_log
+from lengthwise.doctor.runlog import NUMERIC_FIELDS
+
+ROWS_PER_CHUNK = 20_000
+
+
+def _clean(header: str) -> str:
+    name = header.strip()
+    if " - " in name:
+        name = name.split(" - ", 1)[1]
+    return name.lower()
+
+
+def _find(names: list[str], wanted: tuple[str, ...]) -> int | None:
+    """Index of the first column matching one of ``wanted`` (exactly, else as a suffix)."""
+    for want in wanted:
+        w = want.lower()
+        for i, name in enumerate(names):
+            if name == w:
+                return i
+    for want in wanted:
+        w = want.lower()
+        for i, name in enumerate(names):
+            if name.endswith("/" + w) and not name.startswith(("eval", "val", "test")):
+                return i
+    return None
+
+
+def read_csv(
+    path: Path,
+    builder: ColumnBuilder,
+    *,
+    step_key: str | None = None,
+    loss_key: str | None = None,
+) -> None:
+    """Read a CSV log into ``builder`` (its rows become dicts with canonical field names)."""
+    with open_log(path) as raw:
+        text = io.TextIOWrapper(raw, encoding="utf-8-sig", errors="replace", newline="")
+        sample = text.read(1 << 16)
+        if not sample.strip():
+            raise EmptyLogError(f"{path}: is empty")
+        try:
+            dialect = csv.Sniffer().sniff(sample.splitlines()[0], delimiters=",\t;")
+        except csv.Error:
+            dialect = csv.excel
+        text.seek(0)
+        reader = csv.reader(text, dialect)
+        try:
+            header = next(reader)
+        except (csv.Error, StopIteration) as exc:
+            raise UnreadableLogError(f"{path}: no CSV header ({exc})") from exc
+        names = [_clean(h) if not h.strip().endswith(("__MIN", "__MAX")) else "" for h in header]
+        cols = _columns(names, step_key, loss_key)
+        if "loss" not in cols:
+            what = repr(loss_key) if loss_key else "a loss column"
+            raise EmptyLogError(
+                f"{path}: no {what} among the CSV columns: {', '.join(h for h in header[:12])}"
+            )
+        width = len(header)
+        builder.loss_label = header[cols["loss"]].strip()
+        li = cols["loss"]
+        rows: list[dict[str, str]] = []
+        numbers: list[int] = []
+        line = 1
+        try:
+            for row in reader:
+                line += 1
+                if not row:
+                    continue
+                if len(row) != width:
+                    builder.summary.add_malformed(line)
+                    continue
+                if not row[li].strip():
+                    builder.summary.other_rows += 1
+                    continue
+                rows.append({k: row[i] for k, i in cols.items() if row[i] != ""})
+                numbers.append(line)
+                if len(rows) >= ROWS_PER_CHUNK:
+                    builder.summary.lines = line
+                    builder.add(rows, numbers)
+                    rows, numbers = [], []
+        except csv.Error:
+            builder.summary.add_malformed(line)
+            builder.summary.truncated = True
+        except (EOFError, OSError):
+            builder.summary.truncated = True
+        builder.summary.lines = line
+        builder.add(rows, numbers)
+
+
+def _columns(names: list[str], step_key: str | None, loss_key: str | None) -> dict[str, int]:
+    cols: dict[str, int] = {}
+    loss = _find(names, (loss_key,) if loss_key else LOSS_ALIASES)
+    if loss is not None:
+        cols["loss"] = loss
+    step = _find(names, (step_key,) if step_key else STEP_ALIASES)
+    if step is not None:
+        cols["step"] = step
+    for field in (*NUMERIC_FIELDS, "bucket"):
+        idx = _find(names, NUMERIC_ALIASES.get(field, (field,)))
+        if idx is not None and idx not in cols.values():
+            cols[field] = idx
+    return cols

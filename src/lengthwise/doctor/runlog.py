@@ -1,0 +1,130 @@
+"""The loss curve of one run as the readers hand it to the analyses.
+
+A :class:`RunLog` holds one value per logged optimizer step, in increasing step
+order, after restarts were resolved (later writes of a step win, and a resumed
+run supersedes what the earlier run logged from its resume point on). It also
+says what was odd about the input: malformed lines, restart points, rows that
+carried no loss.
+
+Example::
+
+    >>> import numpy as np
+    >>> log = RunLog(source="demo", step=np.arange(3.0), loss=np.array([3.0, 2.5, 2.4]))
+    >>> log.num_steps, log.step_interval
+    (3, 1.0)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+#: numeric per-step fields the doctor uses when a log has them
+NUMERIC_FIELDS: tuple[str, ...] = (
+    "lr",
+    "grad_norm",
+    "real_tokens",
+    "samples",
+    "seq_len",
+    "tokens_per_second",
+    "corrected_loss",
+)
+#: per-step bucket fields: ``bucket`` (one id) or ``buckets`` (the ids of the step's batches)
+BUCKET_FIELDS: tuple[str, ...] = ("bucket", "buckets")
+#: event names that mark a checkpoint save
+CHECKPOINT_EVENTS: frozenset[str] = frozenset(
+    {"checkpoint", "checkpoint_begin", "checkpoint_end", "checkpoint_start", "save_checkpoint"}
+)
+
+
+@dataclass(frozen=True)
+class Restart:
+    """A point where the logged step did not increase: a resumed or restarted run."""
+
+    line: int
+    step_before: float
+    step_after: float
+
+
+@dataclass
+class InputSummary:
+    """What reading the log found, good and bad."""
+
+    format: str = "jsonl"
+    lines: int = 0
+    loss_rows: int = 0
+    other_rows: int = 0
+    malformed: int = 0
+    malformed_lines: list[int] = field(default_factory=list)
+    restarts: list[Restart] = field(default_factory=list)
+    restart_count: int = 0
+    superseded_rows: int = 0
+    step_key: str = "step"
+    loss_key: str = "loss"
+    truncated: bool = False
+    checkpoint_source: str | None = None
+
+    #: how many malformed line numbers are kept for the report
+    MAX_LINES_SHOWN = 5
+
+    def add_malformed(self, line: int) -> None:
+        """Count one malformed line, remembering the first few line numbers."""
+        self.malformed += 1
+        if len(self.malformed_lines) < self.MAX_LINES_SHOWN:
+            self.malformed_lines.append(int(line))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (restart points capped at 20)."""
+        return {
+            "format": self.format,
+            "lines": self.lines,
+            "loss_rows": self.loss_rows,
+            "other_rows": self.other_rows,
+            "malformed": self.malformed,
+            "malformed_lines": list(self.malformed_lines),
+            "restarts": self.restart_count,
+            "restart_points": [
+                {"line": r.line, "step_before": _num(r.step_before),
+                 "step_after": _num(r.step_after)}
+                for r in self.restarts[:20]
+            ],
+            "superseded_rows": self.superseded_rows,
+            "step_key": self.step_key,
+            "loss_key": self.loss_key,
+            "truncated": self.truncated,
+            "checkpoint_source": self.checkpoint_source,
+        }
+
+
+@dataclass
+class RunLog:
+    """One run's per-step series (steps increasing, one row per step)."""
+
+    source: str
+    step: np.ndarray
+    loss: np.ndarray
+    columns: dict[str, np.ndarray] = field(default_factory=dict)
+    buckets: list[Any] | None = None
+    bucket_loss: dict[str, float] | None = None
+    checkpoints: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    checkpoint_seconds: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    input: InputSummary = field(default_factory=InputSummary)
+
+    @property
+    def num_steps(self) -> int:
+        """Number of logged steps."""
+        return int(self.step.size)
+
+    @property
+    def step_interval(self) -> float:
+        """Median spacing of logged steps (10 for a run logged every 10 steps)."""
+        if self.step.size < 2:
+            return 1.0
+        return float(np.median(np.diff(self.step)))
+
+
+def _num(x: float) -> int | float:
+    """An integral float as int, for readable JSON."""
+    return int(x) if float(x).is_integer() else float(x)

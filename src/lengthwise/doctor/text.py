@@ -1,0 +1,176 @@
+"""Readable text for one report, and a side-by-side table for several runs.
+
+Example::
+
+    >>> from lengthwise.doctor import diagnose
+    >>> from lengthwise.doctor.simulate import simulate_run
+    >>> text = render_text(diagnose(simulate_run("stratified", steps=800).records))
+    >>> text.splitlines()[0]
+    'lengthwise doctor: <records>'
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lengthwise.doctor.report import Report
+
+
+def _g(x: float | None, digits: int = 4) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.{digits}g}"
+
+
+def _steps(values: list[float], limit: int = 5) -> str:
+    shown = ", ".join(_g(v) for v in values[:limit])
+    return shown + (f", ... ({len(values)} in all)" if len(values) > limit else "")
+
+
+def _input_line(r: Report) -> str:
+    i = r.input
+    parts = [f"{i.format}, {i.lines:,} lines, {i.loss_rows:,} loss steps"]
+    if r.series is not None and r.series.step.size:
+        parts[0] += f" ({_g(float(r.series.step[0]), 8)}..{_g(float(r.series.step[-1]), 8)})"
+    if i.malformed:
+        parts.append(f"{i.malformed} malformed (line {', '.join(map(str, i.malformed_lines))}"
+                     f"{', ...' if i.malformed > len(i.malformed_lines) else ''})")
+    if i.restart_count:
+        pts = "; ".join(f"line {p.line}: step {_g(p.step_before, 8)} -> {_g(p.step_after, 8)}"
+                        for p in i.restarts[:3])
+        parts.append(f"{i.restart_count} restart(s) ({pts}"
+                     f"{', ...' if i.restart_count > 3 else ''}), latest segment kept")
+    if i.truncated:
+        parts.append("file ends in a truncated record")
+    if i.step_key == "row index":
+        parts.append("no step field: row index used")
+    return "; ".join(parts)
+
+
+def render_text(r: Report) -> str:
+    """The full report of one run as text."""
+    p, st, b, per, ck = r.phases, r.stats, r.bands, r.periodicity, r.checkpoint_association
+    lines = [f"lengthwise doctor: {r.source}", f"  input        {_input_line(r)}"]
+    warm = ("no warm-up found" if p.warmup_end is None
+            else f"warm-up ends at step {_g(p.warmup_end, 8)} (from {p.warmup_source})")
+    lines.append(f"  phases       {warm}; stable region {_g(p.start, 8)}..{_g(p.end, 8)} "
+                 f"({p.chosen_by}; {p.points:,} points, {p.cliff_points} cliff points left out)")
+    lines.append(f"  stats        mean {_g(st.mean)}  median {_g(st.median)}  std {_g(st.std)}  "
+                 f"min {_g(st.min)}  max {_g(st.max)}  loss_roughness {_g(st.loss_roughness)}"
+                 + (f"  (corrected_loss: {_g(st.corrected_roughness)})"
+                    if st.corrected_roughness is not None else ""))
+    nf = st.nonfinite
+    if nf.count:
+        lines.append(f"  non-finite   {nf.count} NaN/inf loss(es) at steps {_steps(nf.first_steps)}"
+                     + (f"; diverged at step {_g(nf.diverged_at, 8)}" if nf.diverged_at else ""))
+    if b.count is None:
+        lines.append(f"  bands        {b.note}")
+    elif b.count > 1:
+        centres = ", ".join(f"{_g(c)} ({s:.0%})" for c, s in zip(b.centres, b.shares, strict=True))
+        lines.append(f"  bands        {b.count} bands at {centres}; Silverman test "
+                     f"p={_g(b.p_value, 3)} against {b.count - 1}; separation "
+                     f"{_g(b.separation, 3)} widths")
+    else:
+        lines.append(f"  bands        none: unimodal (Silverman test p={_g(b.p_value, 3)})"
+                     + (f"; {b.note}" if b.note else ""))
+    if per.p_value is None:
+        lines.append(f"  periodicity  {per.note}")
+    elif per.period is not None:
+        lines.append(f"  periodicity  period {_g(per.period)} steps (p={_g(per.p_value, 3)}, "
+                     f"{_g((per.power_share or 0) * 100, 3)}% of detrended variance, "
+                     f"autocorrelation {_g(per.acf_at_period, 3)})")
+    else:
+        lines.append(f"  periodicity  none (strongest candidate {_g(per.best_period)} steps, "
+                     f"p={_g(per.p_value, 3)})")
+    if per.runs is not None:
+        ru = per.runs
+        lines.append(f"  runs         {ru.runs:,} runs of high/low steps vs {_g(ru.expected, 6)} "
+                     f"expected (z={_g(ru.z, 3)}); mean run {_g(ru.mean_low, 3)} low, "
+                     f"{_g(ru.mean_high, 3)} high; longest {ru.max_low} low, {ru.max_high} high")
+    if r.cliffs:
+        shown = "; ".join(
+            f"step {_g(c.step, 8)} +{_g(c.height, 3)}"
+            + (f" (recovered in {_g(c.recovery_steps, 6)})" if c.recovery_steps is not None
+               else " (no recovery)")
+            for c in r.cliffs[:6])
+        more = f"; ... ({len(r.cliffs)} in all)" if len(r.cliffs) > 6 else ""
+        lines.append(f"  cliffs       {len(r.cliffs)}: {shown}{more}")
+    else:
+        lines.append("  cliffs       none")
+    if ck.associated is None:
+        lines.append(f"  checkpoints  {ck.checkpoints} known; not tested: {ck.note}")
+    else:
+        verdict = "associated" if ck.associated else "not associated"
+        lines.append(f"  checkpoints  {ck.checkpoints} ({ck.source}); {ck.aligned} of {ck.cliffs} "
+                     f"cliffs start within {_g(ck.window[0])}..+{_g(ck.window[1])} steps of one "
+                     f"({_g(ck.expected_aligned, 3)} expected); permutation p={_g(ck.p_value, 3)}"
+                     f" -> {verdict}")
+    lines.extend(_attribution_lines(r))
+    lines.append("verdict")
+    if r.verdict is None or r.verdict.clean:
+        lines.append("  clean: no bands, no period, no cliffs")
+    else:
+        for n, c in enumerate(r.verdict.causes, 1):
+            lines.append(f"  {n}. {c.title}  [score {c.score:.2f}]")
+            lines.extend(f"     evidence: {e}" for e in c.evidence)
+            lines.extend(f"     fix: {f}" for f in c.prescription)
+    return "\n".join(lines)
+
+
+def _attribution_lines(r: Report) -> list[str]:
+    a = r.attribution
+    out = []
+    if a.bucket_r2 is not None:
+        per = ", ".join(f"{row['bucket']}: {_g(row['mean_loss'])}" for row in a.per_bucket[:8])
+        out.append(f"  attribution  `{a.bucket_field}` explains {a.bucket_r2:.0%} of the "
+                   f"step-to-step variance (R^2, permutation p={_g(a.bucket_p_value, 3)}); "
+                   f"mean loss per bucket: {per}")
+    elif a.note:
+        out.append(f"  attribution  {a.note}")
+    if a.length_r2 is not None:
+        out.append(f"  attribution  `{a.length_field}` explains {a.length_r2:.0%} "
+                   f"(eta^2 over deciles, p={_g(a.length_p_value, 3)})")
+    if not out:
+        if a.likely_cause:
+            out.append(f"  attribution  no bucket or length logged; likely cause: {a.likely_cause}")
+            out.extend(f"               log: {t}" for t in a.to_log)
+        else:
+            out.append("  attribution  no bucket or length field logged")
+    return out
+
+
+def render_comparison(reports: dict[str, Report]) -> str:
+    """Several runs side by side: one column per run."""
+    names = list(reports)
+    rows: list[tuple[str, list[str]]] = []
+
+    def add(label: str, fn: object) -> None:
+        rows.append((label, [fn(r) for r in reports.values()]))  # type: ignore[operator]
+
+    add("steps", lambda r: f"{r.input.loss_rows:,}")
+    add("stable region", lambda r: f"{_g(r.phases.start, 8)}..{_g(r.phases.end, 8)}")
+    add("mean loss", lambda r: _g(r.stats.mean))
+    add("loss_roughness", lambda r: _g(r.stats.loss_roughness))
+    add("bands", lambda r: "-" if r.bands.count is None else str(r.bands.count))
+    add("period (steps)", lambda r: _g(r.periodicity.period) if r.periodicity.period else "none")
+    add("cliffs", lambda r: str(len(r.cliffs)))
+    add("at checkpoints", lambda r: {True: "yes", False: "no", None: "-"}[
+        r.checkpoint_association.associated] + (
+        f" (p={_g(r.checkpoint_association.p_value, 2)})"
+        if r.checkpoint_association.p_value is not None else ""))
+    add("bucket R^2", lambda r: _g(r.attribution.bucket_r2, 3))
+    add("non-finite", lambda r: str(r.stats.nonfinite.count))
+    add("top cause", lambda r: r.verdict.causes[0].name if r.verdict and r.verdict.causes
+        else "clean")
+    short = [n if len(n) <= 36 else "..." + n[-33:] for n in names]
+    widths = [max(len(s), *(len(v[i]) for _, v in rows)) for i, s in enumerate(short)]
+    label_w = max(len(lbl) for lbl, _ in rows)
+    out = ["  ".join([" " * label_w, *(s.ljust(w) for s, w in zip(short, widths, strict=True))])]
+    for label, values in rows:
+        out.append("  ".join([label.ljust(label_w),
+                              *(v.ljust(w) for v, w in zip(values, widths, strict=True))]))
+    out.append("")
+    for name, r in reports.items():
+        out.append(f"{name}: {r.one_line()}")
+    return "\n".join(line.rstrip() for line in out)

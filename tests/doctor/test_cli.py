@@ -1,0 +1,102 @@
+"""``lengthwise doctor`` on the command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from lengthwise.cli import main
+from lengthwise.doctor.simulate import simulate_run
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("logs")
+    return {
+        "bands": simulate_run("bucketed", steps=1500, seed=1, checkpoint_every=250,
+                              random_spikes=3, spike_height=1.2).write(d / "bands.jsonl"),
+        "saw": simulate_run("sorted_megabatch", steps=1500, seed=2,
+                            megabatch=25).write(d / "saw.jsonl.gz"),
+    }
+
+
+def test_text_report(logs, capsys) -> None:
+    assert main(["doctor", str(logs["bands"])]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"lengthwise doctor: {logs['bands']}")
+    for word in ("phases", "stable region", "loss_roughness", "3 bands", "cliffs",
+                 "not associated", "attribution", "verdict", "--order stratified"):
+        assert word in out
+
+
+def test_json_report_keys(logs, capsys) -> None:
+    assert main(["doctor", str(logs["saw"]), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert set(d) >= {"stable_region", "stats", "bands", "periodicity", "cliffs",
+                      "checkpoint_association", "attribution", "verdict"}
+    assert d["periodicity"]["period"] == 25
+    assert d["checkpoint_association"]["associated"] is None
+
+
+def test_several_logs_compare_side_by_side(logs, capsys) -> None:
+    assert main(["doctor", str(logs["bands"]), str(logs["saw"]), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert list(d) == ["runs"] and set(d["runs"]) == {str(logs["bands"]), str(logs["saw"])}
+    assert d["runs"][str(logs["bands"])]["bands"]["count"] == 3
+    assert main(["doctor", str(logs["bands"]), str(logs["saw"])]) == 0
+    out = capsys.readouterr().out
+    table = out[out.index("comparison"):]
+    assert "bands " in table and "period (steps)" in table and "single_bucket_batches" in table
+
+
+def test_options_from_to_keys_checkpoint_every(logs, capsys) -> None:
+    assert main(["doctor", str(logs["bands"]), "--json", "--from", "700", "--to", "1400",
+                 "--checkpoint-every", "250", "--loss-key", "loss", "--step-key", "step"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert (d["stable_region"]["start"], d["stable_region"]["end"]) == (700, 1400)
+    assert d["checkpoint_association"]["source"] == "--checkpoint-every 250"
+
+
+def test_plot_writes_png(logs, tmp_path: Path, capsys) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "doctor.png"
+    assert main(["doctor", str(logs["bands"]), str(logs["saw"]), "--plot", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "plot written" in capsys.readouterr().err
+
+
+def test_plot_without_matplotlib_is_a_clear_error(logs, tmp_path: Path, capsys,
+                                                  monkeypatch) -> None:
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert main(["doctor", str(logs["bands"]), "--plot", str(tmp_path / "x.png")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lengthwise doctor: error: --plot needs matplotlib")
+
+
+@pytest.mark.parametrize("content, message", [
+    ("", "is empty"),
+    ('{"step": 1, "acc": 1}\n', "no row with a loss field"),
+    ("not json\n{\n", "2 malformed"),
+])
+def test_bad_input_exits_2_with_message(tmp_path: Path, capsys, content: str,
+                                        message: str) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(content)
+    assert main(["doctor", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lengthwise doctor: error: ") and message in err
+
+
+def test_missing_file_exits_2(tmp_path: Path, capsys) -> None:
+    assert main(["doctor", str(tmp_path / "nope.jsonl")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_bad_range_exits_2(logs, capsys) -> None:
+    assert main(["doctor", str(logs["bands"]), "--from", "900", "--to", "100"]) == 2
+    assert "after --to" in capsys.readouterr().err
