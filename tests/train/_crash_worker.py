@@ -44,12 +44,12 @@ def main() -> None:
                 handle.flush()
             announce_and_hang()
 
-        checkpoint._torch_save = partial_write
+        checkpoint.torch_backend._torch_save = partial_write
     else:
         def hang_before_publish(tmp, final, manifest):  # data written, not yet published
             announce_and_hang()
 
-        checkpoint._publish = hang_before_publish
+        checkpoint.checkpointer.publish = hang_before_publish
     ckpt.save(2, model=model, optimizer=optimizer, extra={"tag": "bad"})
     time.sleep(600)  # the loop goes on while the save runs; the test kills us here
 

@@ -22,8 +22,8 @@ from lengthwise.train import (  # noqa: E402
     load_checkpoint,
     save_checkpoint,
 )
-from lengthwise.train import checkpoint as ckpt_module  # noqa: E402
 from lengthwise.train.checkpoint import CheckpointError  # noqa: E402
+from lengthwise.train.checkpoint import torch_backend as ckpt_module  # noqa: E402
 
 CRASH_WORKER = Path(__file__).with_name("_crash_worker.py")
 BACKENDS = [pytest.param(False, id="torch-save"), pytest.param(True, id="dcp")]

@@ -1,4 +1,4 @@
-"""Detect an initialised ``torch.distributed`` group without importing torch.
+"""Detect an initialised ``torch.distributed`` group without importing torch, and sum over it.
 
 If torch has not been imported, no process group can exist, so these helpers
 look in ``sys.modules`` instead of importing it; code that never touches torch
@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -45,3 +48,15 @@ def group_info(process_group: Any = None) -> GroupInfo | None:
     rank = dist.get_rank(process_group)
     world_size = dist.get_world_size(process_group)
     return GroupInfo(dist=dist, group=process_group, rank=rank, world_size=world_size)
+
+
+def all_reduce_sum(values: np.ndarray, info: GroupInfo) -> np.ndarray:
+    """Sum a float64 array over the ranks of ``info``'s group (every rank must call this).
+
+    The reduction runs on :meth:`GroupInfo.device`; the result comes back as a NumPy array.
+    """
+    import torch
+
+    tensor = torch.from_numpy(values).to(info.device())
+    info.dist.all_reduce(tensor, op=info.dist.ReduceOp.SUM, group=info.group)
+    return tensor.cpu().numpy()

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.train._dist import group_info
+from lengthwise.train._dist import all_reduce_sum, group_info
 
 __all__ = ["SpikeGuard"]
 
@@ -156,9 +156,6 @@ class SpikeGuard:
             raise TypeError(f"loss must be a number or a scalar tensor, got {type(loss).__name__}")
         info = group_info(self.process_group) if self.sync else None
         if info is not None and info.world_size > 1:
-            import torch
-
-            tensor = torch.tensor([value], dtype=torch.float64, device=info.device())
-            info.dist.all_reduce(tensor, op=info.dist.ReduceOp.SUM, group=info.group)
-            value = float(tensor.item()) / info.world_size
+            total = all_reduce_sum(np.array([value], dtype=np.float64), info)
+            value = float(total[0]) / info.world_size
         return value

@@ -1,0 +1,53 @@
+"""Collators that turn samples of token ids into model inputs, padded or packed.
+
+Both collators return a dict of torch tensors plus four plain ``int`` entries the
+training loop can log (see METRICS.md):
+
+* ``real_tokens``: tokens that belong to samples;
+* ``padded_tokens``: tokens the micro-batch occupies (``rows * P`` padded,
+  ``rows * C`` packed with a row capacity ``C``);
+* ``samples``: samples in the micro-batch;
+* ``bucket``: bucket id of the micro-batch (``-1`` when unknown or packed).
+
+Strip them with :func:`model_inputs` before calling the model (and read them with
+:func:`batch_metadata`), or build the collator with ``metadata=False`` (for
+``transformers.Trainer``, which passes the whole batch to the model).
+
+Modules: :mod:`~lengthwise.collate.pad` (:class:`PadCollator`),
+:mod:`~lengthwise.collate.pack` (:class:`PackCollator`),
+:mod:`~lengthwise.collate.mask` (:func:`packed_attention_mask`),
+:mod:`~lengthwise.collate.metadata` (:func:`model_inputs`, :func:`batch_metadata`) and
+:mod:`~lengthwise.collate.buckets` (:func:`bucket_of`).
+
+Example::
+
+    >>> import lengthwise
+    >>> collate = lengthwise.PadCollator(pad_token_id=0, pad_multiple=4, edges=[4, 16])
+    >>> batch = collate([{"input_ids": [5, 6, 7]}, {"input_ids": [8, 9, 10, 11, 12]}])
+    >>> batch["input_ids"].tolist()
+    [[5, 6, 7, 0, 0, 0, 0, 0], [8, 9, 10, 11, 12, 0, 0, 0]]
+    >>> batch["real_tokens"], batch["padded_tokens"], batch["bucket"]
+    (8, 16, 1)
+    >>> sorted(model_inputs(batch))
+    ['attention_mask', 'input_ids', 'labels']
+    >>> batch_metadata(batch)
+    {'real_tokens': 8, 'padded_tokens': 16, 'samples': 2, 'bucket': 1}
+"""
+
+from __future__ import annotations
+
+from lengthwise.collate.buckets import bucket_of
+from lengthwise.collate.mask import packed_attention_mask
+from lengthwise.collate.metadata import METADATA_KEYS, batch_metadata, model_inputs
+from lengthwise.collate.pack import PackCollator
+from lengthwise.collate.pad import PadCollator
+
+__all__ = [
+    "METADATA_KEYS",
+    "PackCollator",
+    "PadCollator",
+    "batch_metadata",
+    "bucket_of",
+    "model_inputs",
+    "packed_attention_mask",
+]

@@ -1,0 +1,63 @@
+"""Checks of the collators' constructor arguments, with clear errors.
+
+Example::
+
+    >>> check_fields(["input_ids", "attention_mask", "labels"])
+    ('input_ids', 'labels')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def check_positive(name: str, value: int | None, *, allow_none: bool = True) -> None:
+    """Raise ``ValueError`` unless ``value`` is a positive integer (or ``None``, if allowed).
+
+    Example::
+
+        >>> check_positive("max_length", None)
+    """
+    if value is None and allow_none:
+        return
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def check_fields(fields: Sequence[str]) -> tuple[str, ...]:
+    """The fields to collate: must hold ``input_ids``; ``attention_mask`` is dropped.
+
+    Example::
+
+        >>> check_fields("input_ids")
+        ('input_ids',)
+    """
+    if isinstance(fields, str):
+        fields = (fields,)
+    fields = tuple(fields)
+    if "input_ids" not in fields:
+        raise ValueError(f"fields must include 'input_ids', got {fields}")
+    if len(set(fields)) != len(fields):
+        raise ValueError(f"fields has duplicates: {fields}")
+    # the attention mask is always built from the lengths
+    return tuple(f for f in fields if f != "attention_mask")
+
+
+def check_edges(edges: Sequence[int] | None) -> list[int] | None:
+    """Bucket edges as a list of positive, strictly increasing ints (``None`` stays ``None``).
+
+    Example::
+
+        >>> check_edges((4, 16))
+        [4, 16]
+    """
+    if edges is None:
+        return None
+    out = [int(e) for e in edges]
+    if not out or any(e != orig for e, orig in zip(out, edges, strict=True)):
+        raise ValueError(f"edges must be a non-empty list of integer upper edges, got {edges!r}")
+    if any(b <= a for a, b in zip(out, out[1:], strict=False)) or out[0] < 1:
+        raise ValueError(f"edges must be positive and strictly increasing, got {out}")
+    return out

@@ -1,0 +1,141 @@
+"""The packed layout: samples concatenated into padding-free rows with per-sample positions.
+
+Example::
+
+    >>> PackCollator()([{"input_ids": [5, 6]}, {"input_ids": [7]}])["position_ids"]
+    tensor([[0, 1, 0]])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from lengthwise.collate._options import check_fields, check_positive
+from lengthwise.collate._rows import sample_rows
+from lengthwise.collate._samples import check_batch, pad_value, result_dtype
+from lengthwise.collate.mask import packed_attention_mask
+
+__all__ = ["PackCollator"]
+
+
+class PackCollator:
+    """Concatenate samples into one padding-free row, as Hugging Face's flattening collator.
+
+    Output (all ``(1, T)`` unless noted): ``input_ids``; ``labels`` with the first
+    token of every sample set to ``label_pad_id`` so no prediction crosses a
+    sample boundary (labels are not shifted; the model shifts them);
+    ``position_ids`` restarting at ``position_ids_start`` for every sample; with
+    ``return_flash_attn_kwargs``, ``cu_seq_lens_q``/``cu_seq_lens_k`` (int32,
+    ``(n+1,)``) and ``max_length_q``/``max_length_k`` (ints); with
+    ``return_seq_idx``, ``seq_idx`` (int32); the other ``fields`` concatenated; and
+    the metadata (``bucket`` is ``-1``).
+
+    Rows: a flat list of samples is one row, or, with ``row_capacity`` ``C``, split
+    in order into rows of at most ``C`` tokens (next fit); a list of lists gives the
+    rows explicitly. Rows are concatenated too (varlen attention does not need a
+    row dimension); ``padded_tokens`` is ``rows * C`` (``T`` without ``C``).
+    ``pad_to_capacity`` closes every row with a filler sample of ``pad_token_id``
+    (labels masked) so the output can be viewed as ``(rows, C)``.
+
+    Attention stays inside samples when the model builds its mask from
+    ``position_ids`` or ``cu_seq_lens`` (Hugging Face models with FlashAttention
+    varlen, or SDPA/eager when called without a cache: ``use_cache=False``, which
+    ``Trainer`` sets). Otherwise pass ``mask_dtype`` to add an explicit
+    block-diagonal 4-D ``attention_mask`` (see :func:`packed_attention_mask`).
+
+    Example::
+
+        >>> b = PackCollator(metadata=False)([{"input_ids": [5, 6, 7]}, {"input_ids": [8, 9]}])
+        >>> b["labels"].tolist(), b["position_ids"].tolist(), b["cu_seq_lens_q"].tolist()
+        ([[-100, 6, 7, -100, 9]], [[0, 1, 2, 0, 1]], [0, 3, 5])
+    """
+
+    def __init__(
+        self,
+        *,
+        label_pad_id: int = -100,
+        fields: Sequence[str] = ("input_ids", "labels"),
+        row_capacity: int | None = None,
+        pad_to_capacity: bool = False,
+        pad_token_id: int | None = None,
+        return_flash_attn_kwargs: bool = True,
+        return_seq_idx: bool = False,
+        position_ids_start: int = 0,
+        max_length: int | None = None,
+        mask_dtype: torch.dtype | None = None,
+        metadata: bool = True,
+    ) -> None:
+        check_positive("row_capacity", row_capacity)
+        check_positive("max_length", max_length)
+        if pad_to_capacity and (row_capacity is None or pad_token_id is None):
+            raise ValueError("pad_to_capacity needs row_capacity and pad_token_id")
+        if mask_dtype is not None and not (mask_dtype == torch.bool
+                                           or mask_dtype.is_floating_point):
+            raise TypeError(f"mask_dtype must be torch.bool or a floating dtype, got {mask_dtype}")
+        self.label_pad_id = int(label_pad_id)
+        self.fields = check_fields(fields)
+        self.row_capacity = None if row_capacity is None else int(row_capacity)
+        self.pad_to_capacity = pad_to_capacity
+        self.pad_token_id = pad_token_id
+        self.return_flash_attn_kwargs = return_flash_attn_kwargs
+        self.return_seq_idx = return_seq_idx
+        self.position_ids_start = int(position_ids_start)
+        self.max_length = max_length
+        self.mask_dtype = mask_dtype
+        self.metadata = metadata
+
+    def _filler(self, n: int, like: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """A sample of ``n`` padding tokens with the fields and dtypes of ``like``."""
+        return {field: np.full(n, pad_value(field, self.pad_token_id, self.label_pad_id),
+                               dtype=arr.dtype)
+                for field, arr in like.items()}
+
+    def __call__(self, samples: Sequence[Any]) -> dict[str, Any]:
+        samples = check_batch(samples, "PackCollator")
+        rows = sample_rows(samples, self.fields, self.max_length, self.row_capacity)
+        real = sum(s["input_ids"].size for row in rows for s in row)
+        segments: list[dict[str, np.ndarray]] = []
+        for row in rows:
+            segments.extend(row)
+            if self.pad_to_capacity:
+                free = self.row_capacity - sum(s["input_ids"].size for s in row)
+                if free > 0:
+                    segments.append(self._filler(free, row[0]))
+        seg_lens = np.array([s["input_ids"].size for s in segments], dtype=np.int64)
+        cu = np.concatenate(([0], np.cumsum(seg_lens)))
+        total = int(cu[-1])
+
+        batch: dict[str, Any] = {}
+        for field in self.fields:
+            arrays = [s[field] for s in segments]
+            dtype = result_dtype(arrays, field)
+            values = torch.from_numpy(np.concatenate(arrays))
+            if field == "labels":
+                values = values.clone()
+                values[torch.from_numpy(cu[:-1])] = self.label_pad_id
+            batch[field] = values.to(dtype)[None]
+        # position of each token inside its sample
+        starts = np.repeat(cu[:-1], seg_lens)
+        positions = np.arange(total, dtype=np.int64) - starts + self.position_ids_start
+        batch["position_ids"] = torch.from_numpy(positions)[None]
+        if self.return_seq_idx:
+            seq = np.repeat(np.arange(len(segments), dtype=np.int32), seg_lens)
+            batch["seq_idx"] = torch.from_numpy(seq)[None]
+        if self.return_flash_attn_kwargs:
+            cu32 = torch.from_numpy(cu.astype(np.int32))
+            batch["cu_seq_lens_q"] = cu32
+            batch["cu_seq_lens_k"] = cu32.clone()
+            batch["max_length_q"] = batch["max_length_k"] = int(seg_lens.max())
+        if self.mask_dtype is not None:
+            batch["attention_mask"] = packed_attention_mask(batch["position_ids"], self.mask_dtype)
+        if self.metadata:
+            batch["real_tokens"] = int(real)
+            batch["padded_tokens"] = (len(rows) * self.row_capacity if self.row_capacity
+                                      else total)
+            batch["samples"] = sum(len(row) for row in rows)
+            batch["bucket"] = -1
+        return batch

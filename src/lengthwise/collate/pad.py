@@ -1,0 +1,96 @@
+"""The padded layout: samples padded into a ``rows x P`` micro-batch.
+
+Example::
+
+    >>> PadCollator(pad_token_id=0, pad_multiple=4)([{"input_ids": [1, 2, 3]}])["input_ids"]
+    tensor([[1, 2, 3, 0]])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from lengthwise.collate._options import check_edges, check_fields, check_positive
+from lengthwise.collate._samples import check_batch, pad_value, result_dtype, sample_fields
+from lengthwise.collate.buckets import bucket_of
+
+__all__ = ["PadCollator"]
+
+
+class PadCollator:
+    """Pad samples into a ``rows x P`` micro-batch, ``P`` = longest rounded up to ``pad_multiple``.
+
+    Samples are mappings with ``input_ids`` (list, array or tensor of token ids) and
+    optionally ``labels`` (default: a copy of ``input_ids``) and the other ``fields``,
+    which are padded with 0. Returns ``input_ids``, ``attention_mask``, ``labels``,
+    the other fields, and the metadata ``real_tokens``, ``padded_tokens``,
+    ``samples`` and ``bucket`` (bucket id of the longest sample in ``edges``; ``-1``
+    without edges). Pass the planner's ``pad_multiple`` and ``edges`` so the counts
+    match its plan.
+    ``max_length`` truncates samples first, as the planner's ``max_len`` does.
+
+    Example::
+
+        >>> c = PadCollator(pad_token_id=0, pad_multiple=1, metadata=False)
+        >>> b = c([{"input_ids": [1, 2], "labels": [-100, 2]}, {"input_ids": [3]}])
+        >>> b["labels"].tolist(), b["attention_mask"].tolist()
+        ([[-100, 2], [3, -100]], [[1, 1], [1, 0]])
+    """
+
+    def __init__(
+        self,
+        pad_token_id: int,
+        *,
+        pad_multiple: int = 8,
+        label_pad_id: int = -100,
+        fields: Sequence[str] = ("input_ids", "labels"),
+        padding_side: Literal["right", "left"] = "right",
+        edges: Sequence[int] | None = None,
+        max_length: int | None = None,
+        metadata: bool = True,
+    ) -> None:
+        if not isinstance(pad_token_id, (int, np.integer)) or isinstance(pad_token_id, bool):
+            raise TypeError(f"pad_token_id must be an integer token id, got {pad_token_id!r}")
+        check_positive("pad_multiple", pad_multiple, allow_none=False)
+        check_positive("max_length", max_length)
+        if padding_side not in ("right", "left"):
+            raise ValueError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
+        self.pad_token_id = int(pad_token_id)
+        self.pad_multiple = int(pad_multiple)
+        self.label_pad_id = int(label_pad_id)
+        self.fields = check_fields(fields)
+        self.padding_side = padding_side
+        self.edges = check_edges(edges)
+        self.max_length = max_length
+        self.metadata = metadata
+
+    def __call__(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        samples = check_batch(samples, "PadCollator")
+        rows = [sample_fields(s, i, self.fields, self.max_length) for i, s in enumerate(samples)]
+        lengths = [r["input_ids"].size for r in rows]
+        longest = max(lengths)
+        padded_len = -(-longest // self.pad_multiple) * self.pad_multiple
+        n = len(rows)
+        batch: dict[str, Any] = {}
+        for field in self.fields:
+            dtype = result_dtype([r[field] for r in rows], field)
+            fill = pad_value(field, self.pad_token_id, self.label_pad_id)
+            batch[field] = torch.full((n, padded_len), fill, dtype=dtype)
+        mask = torch.zeros((n, padded_len), dtype=torch.long)
+        for i, (row, length) in enumerate(zip(rows, lengths, strict=True)):
+            cols = slice(0, length) if self.padding_side == "right" else slice(
+                padded_len - length, padded_len)
+            mask[i, cols] = 1
+            for field in self.fields:
+                batch[field][i, cols] = torch.from_numpy(np.ascontiguousarray(row[field]))
+        batch["attention_mask"] = mask
+        if self.metadata:
+            batch["real_tokens"] = int(sum(lengths))
+            batch["padded_tokens"] = n * padded_len
+            batch["samples"] = n
+            batch["bucket"] = bucket_of(longest, self.edges) if self.edges else -1
+        return batch

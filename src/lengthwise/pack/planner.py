@@ -1,0 +1,118 @@
+"""One epoch of the packed layout planned: pieces, packed rows, evened out, scheduled.
+
+Example::
+
+    >>> from lengthwise.plan import PlanConfig
+    >>> plan = plan_packed_epoch([9, 7, 12], PlanConfig(max_tokens=16, layout="pack"))
+    >>> sorted(int(plan.lengths[plan.batch(k)].sum()) for k in range(plan.total_batches))
+    [12, 16]
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from lengthwise import batching
+from lengthwise.cost import CostModel
+from lengthwise.pack._pieces import split_pieces, token_spans
+from lengthwise.pack.packed_plan import PackedEpochPlan
+from lengthwise.pack.rows import pack_rows
+from lengthwise.pack.schedule import row_prices, rows_to_micro_batches, schedule_groups
+from lengthwise.plan import PlanConfig, index_dtype, prepare_lengths
+
+__all__ = ["plan_packed_epoch"]
+
+PACK_ORDERS = ("stratified", "random")
+PACK_OVERFLOW = ("split", "truncate", "drop", "error")
+
+# random streams of one (seed, epoch), apart from those of the padded planner
+_STREAM_DEAL, _STREAM_EVEN, _STREAM_ORDER = 11, 12, 13
+
+
+def _check(config: PlanConfig) -> int:
+    if config.max_tokens is None:
+        raise ValueError("layout='pack' needs max_tokens: the tokens of one packed row")
+    if config.order not in PACK_ORDERS:
+        raise ValueError(f"layout='pack' supports order in {PACK_ORDERS}, got {config.order!r}")
+    if config.on_overflow not in PACK_OVERFLOW:
+        raise ValueError(f"on_overflow must be one of {PACK_OVERFLOW}, "
+                         f"got {config.on_overflow!r}")
+    if not isinstance(config.rows_per_batch, (int, np.integer)) or config.rows_per_batch < 1:
+        raise ValueError(f"rows_per_batch must be a positive integer, "
+                         f"got {config.rows_per_batch!r}")
+    return int(config.max_tokens)
+
+
+def plan_packed_epoch(lengths, config: PlanConfig, *, seed: int = 0, epoch: int = 0,
+                      indices: np.ndarray | None = None) -> PackedEpochPlan:
+    """Plan one epoch of packed rows (``layout="pack"``; see :mod:`lengthwise.pack`).
+
+    ``config.max_tokens`` is the row capacity ``C``; a micro-batch is
+    ``config.rows_per_batch`` rows. The plan is a pure function of the lengths, the
+    configuration, ``seed`` and ``epoch``; ``indices`` restricts it to those samples.
+
+    Example::
+
+        >>> cfg = PlanConfig(max_tokens=16, layout="pack", on_overflow="split")
+        >>> plan = plan_packed_epoch([20, 9, 7, 12], cfg, seed=0, epoch=0)
+        >>> sorted(map(tuple, plan.token_spans.tolist()))
+        [(0, 7), (0, 9), (0, 12), (0, 16), (16, 4)]
+    """
+    started = time.perf_counter()
+    capacity = _check(config)
+    split = config.on_overflow == "split"
+    # with "split", over-long samples stay whole here (only max_len truncates); cut below
+    lens, ids, counts = prepare_lengths(lengths, config, indices, cap_to_budget=not split)
+    every = ids.size == lens.size and (indices is None
+                                       or np.array_equal(ids, np.arange(ids.size)))
+    piece_id, piece_start, piece_len, n_split = split_pieces(lens, ids, capacity, every)
+    counts = dict(counts, split_samples=n_split,
+                  split_pieces=int(piece_id.size - ids.size + n_split))
+
+    def rng(stream: int) -> np.random.Generator:
+        return np.random.default_rng([seed, epoch, stream])
+
+    order, row_off = pack_rows(piece_len, capacity, rng(_STREAM_DEAL))
+    w, rows_per = config.world_size, config.rows_per_batch
+    multiple = w * rows_per
+    short = (-(row_off.size - 1)) % multiple
+    if config.even_out == "split" and short and row_off.size - 1 + short > piece_id.size:
+        raise ValueError(
+            f"{piece_id.size} samples cannot fill {row_off.size - 1 + short} rows "
+            f"({w} ranks x {rows_per} rows per micro-batch); use fewer ranks or rows, "
+            "or even_out='repeat'")
+    tags = np.zeros(row_off.size - 1, dtype=np.int64)
+    order, row_off, _, even = batching.even_out(order, row_off, tags, multiple,
+                                                config.even_out, rng(_STREAM_EVEN))
+    o = rng(_STREAM_ORDER)
+    price, weight = row_prices(piece_len[order], row_off, config.cost or CostModel())
+    if rows_per > 1:  # rows to micro-batches
+        row_perm, price, weight = rows_to_micro_batches(price, weight, rows_per, o)
+        order, row_off = batching.take_batches(order, row_off, row_perm)
+    if config.order == "stratified":
+        mb_perm = schedule_groups(price, weight, w, config.grad_accum, o)
+    else:
+        mb_perm = o.permutation(price.size)
+    if rows_per > 1:
+        row_perm = (mb_perm[:, None] * rows_per + np.arange(rows_per)).reshape(-1)
+    else:
+        row_perm = mb_perm
+    order, row_off = batching.take_batches(order, row_off, row_perm)
+    itype = index_dtype(lens.size)
+    if every and n_split == 0:  # pieces are the sample ids
+        sample_ids = order.astype(itype, copy=False)
+    else:
+        sample_ids = piece_id[order].astype(itype, copy=False)
+    spans = token_spans(order, lens, sample_ids, piece_start, piece_len) if split else None
+    offsets = row_off[::rows_per].copy()
+    changed = even.repeated or even.dropped
+    counts.update(planned=int(np.unique(sample_ids).size) if changed else int(ids.size),
+                  split_batches=even.split_batches, dropped_to_even_out=even.dropped,
+                  repeated=even.repeated)
+    return PackedEpochPlan(
+        indices=sample_ids, offsets=offsets, bucket=np.zeros(offsets.size - 1, dtype=np.int32),
+        edges=[capacity], lengths=lens, config=config, seed=seed, epoch=epoch,
+        plan_seconds=time.perf_counter() - started, counts=counts,
+        row_offsets=row_off if rows_per > 1 else None, token_spans=spans)

@@ -1,0 +1,71 @@
+"""Atomic, asynchronous training checkpoints that resume a run exactly.
+
+A checkpoint holds the model, the optimizer, the learning-rate scheduler, the
+sampler's position (anything with ``state_dict``/``load_state_dict``), the RNG
+states of Python, NumPy, torch and CUDA, the step and free-form ``extra`` data.
+
+How it is written:
+
+- **Under torch.distributed** (a process group is initialised) it uses PyTorch's
+  distributed checkpointing, ``torch.distributed.checkpoint.async_save``: every
+  rank stages its shard into CPU memory (the only part that blocks the loop) and a
+  background thread writes it. Sharded models (FSDP, DTensor) save and load
+  through ``get_model_state_dict``/``get_optimizer_state_dict``. The save's own
+  collectives run on a separate gloo group (created once, on the first save), so
+  they neither interleave with the loop's collectives nor need a CPU backend in
+  the training group. Every rank's RNG and sampler states are kept, per rank.
+- **In a single process** (no process group) it copies the state to CPU memory and
+  a background thread writes it with ``torch.save`` to ``state.pt``.
+
+Either way the files go to ``step_N.tmp/`` first; once all are written a
+``COMPLETE`` manifest is added and the folder is renamed to ``step_N/``, so a
+crash in the middle of a save leaves the previous checkpoint as the latest
+complete one. Only the newest ``keep`` complete checkpoints are kept.
+
+Checkpoints are pickles: load only files you wrote.
+
+Modules: :mod:`~lengthwise.train.checkpoint.checkpointer` (:class:`Checkpointer`,
+:func:`save_checkpoint`), :mod:`~lengthwise.train.checkpoint.load`
+(:func:`load_checkpoint`), :mod:`~lengthwise.train.checkpoint.layout` (folders,
+manifest, :func:`list_checkpoints`, :func:`latest_checkpoint`),
+:mod:`~lengthwise.train.checkpoint.atomic` (publishing and pruning folders),
+:mod:`~lengthwise.train.checkpoint.state` (RNG, scheduler and sampler states), the
+backends :mod:`~lengthwise.train.checkpoint.torch_backend` and
+:mod:`~lengthwise.train.checkpoint.dcp_backend`, and
+:mod:`~lengthwise.train.checkpoint.pending` (:class:`PendingSave`).
+
+Example::
+
+    >>> import tempfile, torch
+    >>> from lengthwise.train import Checkpointer, load_checkpoint
+    >>> model = torch.nn.Linear(2, 2)
+    >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> root = tempfile.mkdtemp()
+    >>> with Checkpointer(root, keep=2) as ckpt:
+    ...     pending = ckpt.save(10, model=model, optimizer=opt, extra={"note": "hi"})
+    ...     path = pending.wait()
+    >>> path.name
+    'step_10'
+    >>> load_checkpoint(root, model=model, optimizer=opt)["extra"]
+    {'note': 'hi'}
+"""
+
+from __future__ import annotations
+
+from lengthwise.train.checkpoint.checkpointer import Checkpointer, save_checkpoint
+from lengthwise.train.checkpoint.errors import CheckpointError
+from lengthwise.train.checkpoint.layout import FORMAT as FORMAT
+from lengthwise.train.checkpoint.layout import MANIFEST as MANIFEST
+from lengthwise.train.checkpoint.layout import latest_checkpoint, list_checkpoints
+from lengthwise.train.checkpoint.load import load_checkpoint
+from lengthwise.train.checkpoint.pending import PendingSave
+
+__all__ = [
+    "Checkpointer",
+    "CheckpointError",
+    "PendingSave",
+    "save_checkpoint",
+    "load_checkpoint",
+    "latest_checkpoint",
+    "list_checkpoints",
+]

@@ -1,0 +1,270 @@
+"""The :class:`Checkpointer`: one save at a time, in the background, published atomically.
+
+Example::
+
+    >>> import tempfile, torch
+    >>> with Checkpointer(tempfile.mkdtemp()) as ckpt:
+    ...     ckpt.save(1, model=torch.nn.Linear(1, 1)).wait().name
+    'step_1'
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from lengthwise.train._dist import GroupInfo, group_info
+from lengthwise.train.checkpoint.atomic import prune, publish
+from lengthwise.train.checkpoint.dcp_backend import save_dcp
+from lengthwise.train.checkpoint.errors import CheckpointError
+from lengthwise.train.checkpoint.layout import latest_checkpoint, step_dirs
+from lengthwise.train.checkpoint.pending import PendingSave
+from lengthwise.train.checkpoint.state import TrainingState, check_stateful
+from lengthwise.train.checkpoint.torch_backend import save_torch
+
+__all__ = ["Checkpointer", "save_checkpoint"]
+
+
+class Checkpointer:
+    """Save checkpoints into ``directory/step_N/`` without stalling the training loop.
+
+    Args:
+        directory: root folder of the run's checkpoints (shared by all ranks).
+        keep: how many complete checkpoints to keep (``None`` keeps all).
+        async_: write in the background (``False`` blocks until the write is done).
+        logger: a :class:`~lengthwise.train.StepLogger` receiving ``checkpoint_begin``,
+            ``checkpoint_end`` (with ``blocking_seconds``), ``checkpoint_written`` and
+            ``checkpoint_failed`` events.
+        process_group: group for the save's collectives; it must have a CPU backend and,
+            for ``async_=True``, carry no other traffic (default: a new gloo group over
+            all ranks, created on the first save).
+        use_dcp: ``None`` picks ``torch.distributed.checkpoint`` exactly when a process
+            group is initialised; ``True`` forces it (also in a single process).
+
+    Saves are serialised: a new :meth:`save` first waits for the previous one, and
+    re-raises its error if it failed. Under ``torch.distributed`` every rank calls
+    :meth:`save` with the same step; rank 0 publishes the folder.
+
+    Example::
+
+        >>> import tempfile, torch
+        >>> from lengthwise.train.checkpoint import list_checkpoints
+        >>> ckpt = Checkpointer(tempfile.mkdtemp(), keep=1)
+        >>> model = torch.nn.Linear(1, 1)
+        >>> _ = ckpt.save(1, model=model); _ = ckpt.save(2, model=model)
+        >>> ckpt.wait().name, [p.name for p in list_checkpoints(ckpt.directory)]
+        ('step_2', ['step_2'])
+        >>> ckpt.close()
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        keep: int | None = 3,
+        async_: bool = True,
+        logger: Any = None,
+        process_group: Any = None,
+        use_dcp: bool | None = None,
+    ) -> None:
+        if keep is not None and (not isinstance(keep, int) or isinstance(keep, bool) or keep < 1):
+            raise ValueError(f"keep must be a positive integer or None, got {keep!r}")
+        self.directory = Path(directory)
+        self.keep = keep
+        self.async_ = async_
+        self.logger = logger
+        self.process_group = process_group
+        self.use_dcp = use_dcp
+        self._cpu_group: Any = None
+        self._pending: PendingSave | None = None
+        self._executor: ThreadPoolExecutor | None = None
+
+    # public API
+    def save(
+        self,
+        step: int,
+        *,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        scheduler: Any = None,
+        sampler: Any = None,
+        extra: Any = None,
+    ) -> PendingSave:
+        """Start saving ``step``; returns once the state is copied (or written, if not async).
+
+        Call it between optimizer steps, after the sampler has handed out the
+        batches of the steps done so far, so that a resumed run continues exactly.
+        """
+        if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
+            raise ValueError(f"step must be a non-negative integer, got {step!r}")
+        step = int(step)
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        for name, obj in (("optimizer", optimizer), ("scheduler", scheduler),
+                          ("sampler", sampler)):
+            check_stateful(name, obj)
+        info = group_info(self.process_group)
+        use_dcp = self.use_dcp if self.use_dcp is not None else info is not None
+        if not use_dcp and info is not None and info.world_size > 1:
+            raise ValueError(
+                "use_dcp=False only works in a single process; under torch.distributed "
+                "checkpoints go through torch.distributed.checkpoint"
+            )
+        rank = info.rank if info is not None else 0
+        tmp, final = step_dirs(self.directory, step)
+        start = time.perf_counter()
+        self._event(rank, "checkpoint_begin", step=step, path=str(final))
+        self.wait()  # one save at a time; raises if the previous one failed
+        state = TrainingState(step, model, optimizer, scheduler, sampler, extra)
+
+        def finish(manifest: dict[str, Any]) -> Path:
+            return self._finish(rank, step, tmp, final, manifest, start)
+
+        def failed(exc: BaseException) -> None:
+            self._event(rank, "checkpoint_failed", step=step,
+                        error=f"{type(exc).__name__}: {exc}")
+
+        if use_dcp:
+            future = save_dcp(state, tmp, info, self._checkpoint_group, finish, failed)
+        else:
+            future = save_torch(state, tmp, self._writer_thread(), finish, failed)
+        if not self.async_:
+            try:
+                future.result()
+            except BaseException:
+                pass  # raised by pending.wait() below
+        blocking = time.perf_counter() - start
+        pending = PendingSave(step, final, future, blocking)
+        self._event(rank, "checkpoint_end", step=step, path=str(final),
+                    blocking_seconds=blocking, backend="dcp" if use_dcp else "torch",
+                    async_=self.async_)
+        if self.async_:
+            self._pending = pending
+        else:
+            pending.wait()
+        return pending
+
+    def wait(self) -> Path | None:
+        """Wait for the save in flight (if any); return its path or raise its error.
+
+        A failure that :meth:`PendingSave.wait` already raised is not raised again.
+        """
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        already_seen = pending.error_seen
+        try:
+            return pending.wait()
+        except CheckpointError:
+            if already_seen:
+                return None
+            raise
+
+    def latest(self) -> Path | None:
+        """Newest complete checkpoint in this checkpointer's directory."""
+        return latest_checkpoint(self.directory)
+
+    def close(self) -> None:
+        """Wait for the last save and release the writer thread."""
+        try:
+            self.wait()
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+                self._executor = None
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # internals
+    def _event(self, rank: int, name: str, **fields: Any) -> None:
+        if self.logger is None or rank != 0:
+            return
+        try:
+            self.logger.event(name, **fields)
+        except Exception as exc:  # a closed or broken log must not fail the checkpoint
+            warnings.warn(f"could not log {name} for step {fields.get('step')}: {exc}",
+                          stacklevel=2)
+
+    def _finish(self, rank: int, step: int, tmp: Path, final: Path, manifest: dict[str, Any],
+                start: float) -> Path:
+        """Runs after every file is written: publish the folder (rank 0) and prune."""
+        if rank == 0:
+            publish(tmp, final, manifest)
+            prune(self.directory, step, self.keep)
+            self._event(rank, "checkpoint_written", step=step, path=str(final),
+                        seconds=time.perf_counter() - start)
+        return final
+
+    def _writer_thread(self) -> ThreadPoolExecutor:
+        """The thread that writes single-process saves, started on the first one."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1,
+                                                thread_name_prefix="lengthwise-checkpoint")
+        return self._executor
+
+    def _checkpoint_group(self, info: GroupInfo) -> Any:
+        """Group for the save's collectives.
+
+        A background save must not share a group with the training loop's own
+        collectives (their order would interleave differently on each rank), and
+        ``async_save`` needs a CPU backend; so unless a ``process_group`` was given,
+        a gloo group over all ranks is created once, on the first save.
+        """
+        if self.process_group is not None:
+            return self.process_group
+        if self._cpu_group is None:
+            self._cpu_group = info.dist.new_group(backend="gloo")
+        return self._cpu_group
+
+
+_SHARED: dict[Path, Checkpointer] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def save_checkpoint(
+    directory: str | os.PathLike,
+    step: int,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any = None,
+    sampler: Any = None,
+    extra: Any = None,
+    logger: Any = None,
+    keep: int | None = 3,
+    async_: bool = True,
+) -> PendingSave:
+    """Save a checkpoint of ``step`` into ``directory`` (see :class:`Checkpointer`).
+
+    Calls with the same ``directory`` share one :class:`Checkpointer`, so a save
+    waits for the previous one. Returns a :class:`PendingSave`; ``.wait()`` for the path.
+
+    Example::
+
+        >>> import tempfile, torch
+        >>> root = tempfile.mkdtemp()
+        >>> save_checkpoint(root, 5, model=torch.nn.Linear(1, 1), async_=False).path.name
+        'step_5'
+    """
+    key = Path(directory).resolve()
+    with _SHARED_LOCK:
+        checkpointer = _SHARED.get(key)
+        if checkpointer is None:
+            checkpointer = _SHARED[key] = Checkpointer(directory)
+    checkpointer.keep = keep
+    checkpointer.async_ = async_
+    checkpointer.logger = logger
+    return checkpointer.save(step, model=model, optimizer=optimizer, scheduler=scheduler,
+                             sampler=sampler, extra=extra)

@@ -1,0 +1,150 @@
+"""The ``torch.distributed.checkpoint`` backend: every rank writes its shard in the background.
+
+``async_save`` stages each rank's shard into CPU memory (the only part that
+blocks the loop) and a background thread writes it. Sharded models (FSDP,
+DTensor) save and load through ``get_model_state_dict``/``get_optimizer_state_dict``.
+Every rank's RNG and sampler state is kept as ``aux_rank<r>``. Without a process
+group it runs in one process (``no_dist``).
+
+Example::
+
+    >>> import tempfile
+    >>> from lengthwise.train.checkpoint.state import TrainingState
+    >>> tmp = Path(tempfile.mkdtemp()) / "step_1.tmp"
+    >>> future = save_dcp(TrainingState(1, torch.nn.Linear(1, 1)), tmp, None, None,
+    ...                   finish=lambda manifest: tmp, failed=print)
+    >>> future.result() == tmp and any(tmp.iterdir())
+    True
+"""
+
+from __future__ import annotations
+
+import pickle
+import warnings
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lengthwise.train._dist import GroupInfo, group_info
+from lengthwise.train.checkpoint.errors import CheckpointError
+from lengthwise.train.checkpoint.layout import new_manifest
+from lengthwise.train.checkpoint.state import TrainingState
+
+_NO_DIST_NOTICE = "torch.distributed is disabled, unavailable or uninitialized, assuming"
+
+
+def _target(path: Path, info: GroupInfo | None, process_group: Any) -> dict[str, Any]:
+    """The ``checkpoint_id`` and either ``no_dist`` or the ``process_group`` of a dcp call."""
+    kwargs: dict[str, Any] = {"checkpoint_id": str(path)}
+    if info is None:
+        kwargs["no_dist"] = True
+    else:
+        kwargs["process_group"] = process_group
+    return kwargs
+
+
+def save_dcp(state: TrainingState, tmp: Path, info: GroupInfo | None,
+             checkpoint_group: Callable[[GroupInfo], Any] | None,
+             finish: Callable[[dict[str, Any]], Path],
+             failed: Callable[[BaseException], None]) -> Future:
+    """Start ``async_save`` of ``state`` into ``tmp``; return a future of ``finish(manifest)``.
+
+    ``checkpoint_group(info)`` gives the group for the save's collectives (asked only
+    under ``torch.distributed``). A failure calls ``failed(exc)``.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    rank = info.rank if info is not None else 0
+    world_size = info.world_size if info is not None else 1
+    optimizer = state.optimizer
+    # an optimizer without state (before its first step) would be stepped by
+    # get_optimizer_state_dict to create one; keep only its hyper-parameters then
+    has_opt_state = optimizer is not None and bool(optimizer.state)
+    data: dict[str, Any] = {"model": get_model_state_dict(state.model)}
+    if has_opt_state:
+        data["optimizer"] = get_optimizer_state_dict(state.model, optimizer)
+    data[f"aux_rank{rank}"] = state.aux(
+        param_groups_only=optimizer is not None and not has_opt_state)
+    manifest = new_manifest(state.step, "dcp", world_size, has_opt_state, state.contents())
+    if rank == 0:
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+    kwargs = _target(tmp, info, None if info is None else checkpoint_group(info))
+    outer: Future = Future()
+
+    def on_written(inner: Future) -> None:
+        try:
+            inner.result()
+            outer.set_result(finish(manifest))
+        except BaseException as exc:
+            failed(exc)
+            outer.set_exception(exc)
+
+    if info is None:
+        # single process on purpose; the notice is raised from the writer thread,
+        # where a local catch_warnings cannot reach it
+        warnings.filterwarnings("ignore", message=_NO_DIST_NOTICE, category=UserWarning)
+    try:
+        inner = dcp.async_save(data, **kwargs)
+    except BaseException as exc:
+        failed(exc)
+        raise
+    upload = getattr(inner, "upload_completion", inner)
+    upload.add_done_callback(on_written)
+    return outer
+
+
+def load_dcp(path: Path, manifest: dict[str, Any], model: torch.nn.Module, optimizer: Any,
+             strict: bool, process_group: Any) -> dict[str, Any]:
+    """Load the model (and optimizer) from ``path``; return this rank's unpickled aux state.
+
+    A rank the checkpoint has no state for (saved by fewer ranks) takes rank 0's, with a
+    warning. An optimizer saved before its first step gets its hyper-parameters back.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    info = group_info(process_group)
+    rank = info.rank if info is not None else 0
+    saved_world = int(manifest.get("world_size", 1))
+    if rank >= saved_world:
+        warnings.warn(
+            f"{path} was saved by {saved_world} rank(s); rank {rank} takes rank 0's RNG and "
+            "sampler state",
+            stacklevel=3,
+        )
+    aux_key = f"aux_rank{rank if rank < saved_world else 0}"
+    state: dict[str, Any] = {"model": get_model_state_dict(model), aux_key: b""}
+    load_optimizer_state = optimizer is not None and manifest.get("has_optimizer_state", False)
+    if load_optimizer_state:
+        state["optimizer"] = get_optimizer_state_dict(model, optimizer)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_NO_DIST_NOTICE, category=UserWarning)
+        dcp.load(state, **_target(path, info, process_group))
+    options = StateDictOptions(strict=strict)
+    set_model_state_dict(model, state["model"], options=options)
+    aux = pickle.loads(state[aux_key])
+    if load_optimizer_state:
+        set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)
+    elif optimizer is not None and aux.get("optimizer_param_groups") is not None:
+        saved = aux["optimizer_param_groups"]
+        if len(saved) != len(optimizer.param_groups):
+            raise CheckpointError(
+                f"{path}: optimizer has {len(optimizer.param_groups)} param groups, "
+                f"checkpoint {len(saved)}"
+            )
+        for group, saved_group in zip(optimizer.param_groups, saved, strict=True):
+            group.update({k: v for k, v in saved_group.items() if k != "params"})
+    return aux

@@ -1,0 +1,80 @@
+"""The single-process backend: state copied to CPU memory, written by a thread with ``torch.save``.
+
+The checkpoint folder holds one file, ``state.pt``.
+
+Example::
+
+    >>> import tempfile
+    >>> from concurrent.futures import ThreadPoolExecutor
+    >>> from lengthwise.train.checkpoint.state import TrainingState
+    >>> tmp = Path(tempfile.mkdtemp()) / "step_1.tmp"
+    >>> with ThreadPoolExecutor(1) as pool:
+    ...     future = save_torch(TrainingState(1, torch.nn.Linear(1, 1)), tmp, pool,
+    ...                         finish=lambda manifest: tmp, failed=print)
+    ...     sorted(p.name for p in future.result().iterdir())
+    ['state.pt']
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lengthwise.train.checkpoint.layout import new_manifest
+from lengthwise.train.checkpoint.state import TrainingState, cpu_copy
+
+TORCH_FILE = "state.pt"
+
+
+def _torch_save(obj: Any, path: Path) -> None:
+    """Write ``obj`` with ``torch.save`` and push it to the disk."""
+    with open(path, "wb") as handle:
+        torch.save(obj, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def save_torch(state: TrainingState, tmp: Path, executor: ThreadPoolExecutor,
+               finish: Callable[[dict[str, Any]], Path],
+               failed: Callable[[BaseException], None]) -> Future:
+    """Copy ``state`` to CPU memory now; on ``executor``'s thread write it into ``tmp``.
+
+    Once written, ``finish(manifest)`` publishes the folder and gives the future's
+    result; a failure calls ``failed(exc)`` and is the future's exception.
+    """
+    data = {"model": cpu_copy(state.model.state_dict())}
+    if state.optimizer is not None:
+        data["optimizer"] = cpu_copy(state.optimizer.state_dict())
+    data["aux_rank0"] = state.aux(param_groups_only=False)
+    manifest = new_manifest(state.step, "torch", 1, state.optimizer is not None,
+                            state.contents())
+
+    def write() -> Path:
+        try:
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir(parents=True)
+            _torch_save(data, tmp / TORCH_FILE)
+            return finish(manifest)
+        except BaseException as exc:
+            failed(exc)
+            raise
+
+    return executor.submit(write)
+
+
+def load_torch(path: Path, model: torch.nn.Module, optimizer: Any, strict: bool,
+               map_location: Any) -> dict[str, Any]:
+    """Load the model (and optimizer) from ``path``; return the unpickled aux state."""
+    state = torch.load(path / TORCH_FILE, map_location=map_location, weights_only=False)
+    model.load_state_dict(state["model"], strict=strict)
+    if optimizer is not None:
+        optimizer.load_state_dict(state["optimizer"])
+    return pickle.loads(state["aux_rank0"])

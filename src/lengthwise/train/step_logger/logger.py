@@ -1,0 +1,370 @@
+"""The :class:`StepLogger`: one JSON record per optimizer step, from its micro-batches.
+
+Example::
+
+    >>> log = StepLogger(None)
+    >>> log.step(0, loss=2.0)["loss"]
+    2.0
+    >>> log.close()
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lengthwise.train._dist import all_reduce_sum, group_info
+from lengthwise.train.step_logger._bucket_losses import BucketLosses
+from lengthwise.train.step_logger._record import RESERVED_FIELDS, step_record
+from lengthwise.train.step_logger._sinks import open_sinks
+from lengthwise.train.step_logger._values import (
+    is_column,
+    is_tensor,
+    to_bucket,
+    to_count,
+    to_float,
+)
+from lengthwise.train.step_logger._vector import (
+    DEFAULT_NUM_BUCKETS,
+    Micro,
+    bucket_columns,
+    local_vector,
+    vector_capacity,
+)
+from lengthwise.train.step_logger._writer import LogWriter
+from lengthwise.train.step_logger.shares import normalise_shares
+
+__all__ = ["StepLogger"]
+
+
+class StepLogger:
+    """Append one JSON object per optimizer step to ``path`` (default ``train_log.jsonl``).
+
+    Per micro-batch call :meth:`record_micro`, per optimizer step :meth:`step`
+    (or do both at once with :meth:`log_step`). Free-form events such as
+    checkpoints go through :meth:`event`.
+
+    Args:
+        path: JSON-lines file to append to; ``None`` writes no file (only forwards).
+        bucket_shares: the data set's share of each bucket (dict ``bucket -> share`` or a
+            sequence indexed by bucket), e.g. from :func:`bucket_token_shares`. Use token
+            shares for a token-averaged loss. Without it, the shares observed so far in
+            the run (real tokens per bucket) stand in.
+        window: the per-bucket running loss is the token-weighted mean of the bucket's
+            losses in the last ``window`` optimizer steps (at least its last 3 entries, for a
+            bucket that has not come up lately). All buckets thus lag the trend by about
+            ``window / 2`` steps, however rare they are.
+        rank, world_size: default to ``torch.distributed`` when it is initialised, else 0 and 1.
+            Only rank 0 writes.
+        num_buckets: bucket ids must be below this under ``torch.distributed`` (default: the
+            length of ``bucket_shares``, else 64), because per-bucket sums travel in one
+            fixed-size all-reduce.
+        process_group: group to reduce over (default: the world).
+        wandb: ``True`` or a dict of ``wandb.init`` arguments to forward each step to
+            Weights & Biases (an existing ``wandb.run`` is reused).
+        tensorboard_dir: forward each step to a TensorBoard event file in this directory.
+        flush_every_s: the file is flushed at least this often while records arrive.
+        max_queue: records waiting for the disk; :meth:`step` only waits when this many
+            are pending, i.e. when the disk cannot keep up at all.
+        mode: ``"a"`` appends (resumed runs continue the same file), ``"w"`` truncates.
+
+    Example::
+
+        >>> log = StepLogger(None)
+        >>> rec = log.log_step(0, losses=[1.0, 3.0], real_tokens=[3, 1], buckets=[0, 1])
+        >>> rec["loss"], rec["bucket_loss"]
+        (1.5, {'0': 1.0, '1': 3.0})
+        >>> log.close()
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike | None = "train_log.jsonl",
+        *,
+        bucket_shares: Mapping[int, float] | Sequence[float] | np.ndarray | None = None,
+        window: int = 50,
+        rank: int | None = None,
+        world_size: int | None = None,
+        num_buckets: int | None = None,
+        process_group: Any = None,
+        wandb: bool | dict[str, Any] = False,
+        tensorboard_dir: str | os.PathLike | None = None,
+        flush_every_s: float = 1.0,
+        max_queue: int = 10_000,
+        mode: str = "a",
+    ) -> None:
+        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+            raise ValueError(f"window must be a positive integer, got {window!r}")
+        if not flush_every_s > 0:
+            raise ValueError(f"flush_every_s must be > 0, got {flush_every_s!r}")
+        if not isinstance(max_queue, int) or max_queue < 1:
+            raise ValueError(f"max_queue must be a positive integer, got {max_queue!r}")
+        if mode not in ("a", "w"):
+            raise ValueError(f"mode must be 'a' or 'w', got {mode!r}")
+        self.shares = None if bucket_shares is None else normalise_shares(bucket_shares)
+        if num_buckets is not None and (not isinstance(num_buckets, int) or num_buckets < 1):
+            raise ValueError(f"num_buckets must be a positive integer, got {num_buckets!r}")
+        self.num_buckets = num_buckets or (
+            max(self.shares) + 1 if self.shares is not None else None
+        )
+        self._process_group = process_group
+        info = group_info(process_group)
+        self.rank = rank if rank is not None else (info.rank if info else 0)
+        self.world_size = world_size if world_size is not None else (
+            info.world_size if info else 1
+        )
+        self._micro: list[Micro] = []
+        self._bucket_losses = BucketLosses(window)
+        self._last_step: int | None = None
+        self._t_prev = time.perf_counter()
+        self.skipped_total = 0
+        self.steps_logged = 0
+        self.path = None if path is None else Path(path)
+        self._writer: LogWriter | None = None
+        if self.rank == 0:
+            sinks = open_sinks(tensorboard_dir, wandb)
+            self._writer = LogWriter(self.path, sinks, float(flush_every_s), max_queue, mode)
+            atexit.register(self._writer.close)
+
+    @property
+    def window(self) -> int:
+        """Optimizer steps the per-bucket running losses average over."""
+        return self._bucket_losses.window
+
+    @window.setter
+    def window(self, value: int) -> None:
+        self._bucket_losses.window = value
+
+    # -- recording -------------------------------------------------------------------------
+    def record_micro(
+        self,
+        *,
+        loss: Any = None,
+        real_tokens: Any = None,
+        padded_tokens: Any = None,
+        samples: Any = None,
+        bucket: Any = None,
+    ) -> None:
+        """Record one micro-batch of the current optimizer step.
+
+        ``loss`` is the micro-batch's mean loss per real token (a float or a scalar
+        tensor; tensors are read at :meth:`step`, so recording does not synchronise
+        the device). Everything is optional; missing counts are left out of the record.
+
+        Example::
+
+            >>> log = StepLogger(None)
+            >>> log.record_micro(loss=2.0, real_tokens=100, padded_tokens=128, samples=4, bucket=3)
+            >>> log.step(0)["padding_efficiency"]
+            0.78125
+            >>> log.close()
+        """
+        self._check_open()
+        if loss is not None and is_tensor(loss):
+            if loss.numel() != 1:
+                raise ValueError(f"loss must be a scalar, got shape {tuple(loss.shape)}")
+            loss = loss.detach()
+        elif loss is not None:
+            loss = to_float(loss, "loss")
+        b = to_bucket(bucket)
+        if b is not None:
+            if self.shares is not None and b not in self.shares:
+                raise ValueError(
+                    f"bucket {b} has no entry in bucket_shares (buckets {sorted(self.shares)})"
+                )
+            if self.num_buckets is not None and b >= self.num_buckets:
+                raise ValueError(f"bucket {b} is not below num_buckets={self.num_buckets}")
+            if self.num_buckets is None and b >= DEFAULT_NUM_BUCKETS:
+                info = group_info(self._process_group)
+                if info is not None and info.world_size > 1:
+                    # raises: per-bucket sums travel in a fixed-size vector
+                    vector_capacity(self.num_buckets, [b])
+        self._micro.append(
+            (
+                loss,
+                to_count(real_tokens, "real_tokens"),
+                to_count(padded_tokens, "padded_tokens"),
+                to_count(samples, "samples"),
+                b,
+            )
+        )
+
+    def log_step(
+        self,
+        step: int | None = None,
+        *,
+        losses: Any = None,
+        real_tokens: Any = None,
+        padded_tokens: Any = None,
+        samples: Any = None,
+        buckets: Any = None,
+        epoch: int | None = None,
+        loss: Any = None,
+        lr: Any = None,
+        grad_norm: Any = None,
+        skipped: bool = False,
+        **fields: Any,
+    ) -> dict[str, Any]:
+        """Record a whole optimizer step at once; list arguments hold one entry per micro-batch.
+
+        Scalars are repeated for every micro-batch. Returns the record (see :meth:`step`).
+
+        Example::
+
+            >>> log = StepLogger(None)
+            >>> log.log_step(5, losses=[2.0, 2.0], real_tokens=[10, 30], buckets=[1, 1])["buckets"]
+            [1]
+            >>> log.close()
+        """
+        columns = {
+            "losses": losses, "real_tokens": real_tokens, "padded_tokens": padded_tokens,
+            "samples": samples, "buckets": buckets,
+        }
+        lengths = {name: len(value) for name, value in columns.items() if is_column(value)}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"per-micro-batch lists differ in length: {lengths}")
+        n = next(iter(lengths.values())) if lengths else int(
+            any(v is not None for v in columns.values())
+        )
+
+        def pick(name: str, i: int) -> Any:
+            value = columns[name]
+            return value[i] if name in lengths else value
+
+        for i in range(n):
+            self.record_micro(
+                loss=pick("losses", i), real_tokens=pick("real_tokens", i),
+                padded_tokens=pick("padded_tokens", i), samples=pick("samples", i),
+                bucket=pick("buckets", i),
+            )
+        return self.step(step, epoch=epoch, loss=loss, lr=lr, grad_norm=grad_norm,
+                         skipped=skipped, **fields)
+
+    def step(
+        self,
+        step: int | None = None,
+        *,
+        epoch: int | None = None,
+        loss: Any = None,
+        lr: Any = None,
+        grad_norm: Any = None,
+        skipped: bool = False,
+        **fields: Any,
+    ) -> dict[str, Any]:
+        """Close the current optimizer step, write its record (rank 0) and return it.
+
+        ``loss`` defaults to the token-weighted mean of the recorded micro-batch
+        losses; ``skipped=True`` marks an update that was not applied (its losses
+        still appear in ``loss`` but stay out of the per-bucket running losses).
+        Extra keyword fields (numbers or strings) are copied into the record as given.
+        Under ``torch.distributed`` every rank must call this once per step.
+
+        Example::
+
+            >>> log = StepLogger(None)
+            >>> log.step(3, loss=1.25, lr=0.1)["loss"]
+            1.25
+            >>> log.close()
+        """
+        self._check_open()
+        clash = RESERVED_FIELDS.intersection(fields)
+        if clash:
+            raise ValueError(f"extra fields must not reuse record keys: {sorted(clash)}")
+        if step is None:
+            step = 0 if self._last_step is None else self._last_step + 1
+        step = to_count(step, "step")
+        micro, self._micro = self._micro, []
+        user_loss = to_float(loss, "loss")
+        info = group_info(self._process_group)
+        distributed = info is not None and info.world_size > 1
+        vec = local_vector(micro, user_loss, num_buckets=self.num_buckets,
+                           distributed=distributed)
+        if distributed:
+            vec = all_reduce_sum(vec, info)
+        now = time.perf_counter()
+        seconds = now - self._t_prev
+        self._t_prev = now
+        rec = self._build_record(vec, step, epoch, lr, grad_norm, bool(skipped), seconds)
+        rec.update(fields)
+        self._last_step = step
+        self.steps_logged += 1
+        if self._writer is not None:  # a copy: the caller may change the returned record
+            self._writer.put("record", {**rec, "buckets": list(rec["buckets"]),
+                                        "bucket_loss": dict(rec["bucket_loss"])})
+        return rec
+
+    def event(self, name: str, **fields: Any) -> dict[str, Any]:
+        """Write a free-form event line ``{"event": name, "time": ..., **fields}`` (rank 0).
+
+        Example::
+
+            >>> log = StepLogger(None)
+            >>> log.event("checkpoint_begin", step=100)["event"]
+            'checkpoint_begin'
+            >>> log.close()
+        """
+        self._check_open()
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"event name must be a non-empty string, got {name!r}")
+        if "event" in fields or "time" in fields:
+            raise ValueError("event fields must not be named 'event' or 'time'")
+        rec = {"event": name, "time": time.time(), **fields}
+        if self._writer is not None:
+            self._writer.put("event", dict(rec))
+        return rec
+
+    def reset_timer(self) -> None:
+        """Restart the clock for ``tokens_per_second`` (e.g. after an evaluation pause)."""
+        self._t_prev = time.perf_counter()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Block until every record so far is written and flushed to the file."""
+        if self._writer is not None and not self._writer.closed:
+            self._writer.flush()
+        self._raise_writer_error()
+
+    def close(self) -> None:
+        """Flush and close the file and the forwarders; further logging raises. Idempotent."""
+        if self._writer is not None and not self._writer.closed:
+            self._writer.close()
+            atexit.unregister(self._writer.close)
+            self._raise_writer_error()
+        self._closed = True
+
+    def __enter__(self) -> StepLogger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals ---------------------------------------------------------------------------
+    _closed = False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this StepLogger is closed")
+        self._raise_writer_error()
+
+    def _raise_writer_error(self) -> None:
+        if self._writer is not None and self._writer.error is not None:
+            raise RuntimeError("writing the training log failed") from self._writer.error
+
+    def _build_record(self, vec: np.ndarray, step: int, epoch: Any, lr: Any, grad_norm: Any,
+                      skipped: bool, seconds: float) -> dict[str, Any]:
+        buckets = self._bucket_losses.add(bucket_columns(vec), skipped, self.steps_logged)
+        if skipped:
+            self.skipped_total += 1
+        bucket_loss = self._bucket_losses.means()
+        return step_record(
+            vec, step=step, epoch=epoch, lr=lr, grad_norm=grad_norm, seconds=seconds,
+            buckets=buckets, bucket_loss=bucket_loss,
+            corrected=self._bucket_losses.corrected(bucket_loss, self.shares),
+            skipped=skipped, skipped_total=self.skipped_total,
+        )

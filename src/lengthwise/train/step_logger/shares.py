@@ -1,0 +1,84 @@
+"""Each bucket's share of the data, the weights of the composition-corrected loss.
+
+Example::
+
+    >>> normalise_shares([1, 3])
+    {0: 0.25, 1: 0.75}
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from lengthwise.train.step_logger._values import to_bucket, to_float
+
+__all__ = ["bucket_token_shares", "normalise_shares"]
+
+
+def normalise_shares(shares: Any) -> dict[int, float]:
+    """Bucket shares (a dict ``bucket -> share`` or a sequence by bucket) summing to 1.
+
+    Example::
+
+        >>> normalise_shares({2: 1.0, 0: 1.0})
+        {2: 0.5, 0: 0.5}
+    """
+    if isinstance(shares, Mapping):
+        items = [(to_bucket(k), to_float(v, f"bucket_shares[{k!r}]")) for k, v in shares.items()]
+    else:
+        values = np.asarray(shares, dtype=np.float64)
+        if values.ndim != 1:
+            raise ValueError(f"bucket_shares must be 1-D or a dict, got shape {values.shape}")
+        items = [(i, float(v)) for i, v in enumerate(values)]
+    if not items:
+        raise ValueError("bucket_shares is empty")
+    for bucket, share in items:
+        if share is None or not math.isfinite(share) or share < 0:
+            raise ValueError(f"bucket_shares[{bucket}] must be finite and >= 0, got {share!r}")
+    total = sum(share for _, share in items)
+    if total <= 0:
+        raise ValueError("bucket_shares must not all be zero")
+    return {int(b): s / total for b, s in items}  # type: ignore[arg-type]
+
+
+def bucket_token_shares(plan: Any, *, by: str = "tokens") -> dict[int, float]:
+    """Share of each bucket in an epoch plan, for ``StepLogger(bucket_shares=...)``.
+
+    ``plan`` needs ``bucket``, ``offsets``, ``indices`` and ``lengths`` (as in
+    ``lengthwise.EpochPlan``). ``by="tokens"`` (for token-averaged losses) weights
+    by real tokens, ``by="samples"`` (for per-sample-averaged losses) by samples.
+
+    Example::
+
+        >>> from types import SimpleNamespace
+        >>> import numpy as np
+        >>> plan = SimpleNamespace(bucket=[0, 1], offsets=np.array([0, 2, 3]),
+        ...                        indices=np.array([0, 1, 2]), lengths=np.array([1, 3, 4]))
+        >>> bucket_token_shares(plan)
+        {0: 0.5, 1: 0.5}
+        >>> bucket_token_shares(plan, by="samples")[0]
+        0.6666666666666666
+    """
+    bucket = np.asarray(plan.bucket, dtype=np.int64)
+    offsets = np.asarray(plan.offsets, dtype=np.int64)
+    if offsets.shape != (bucket.size + 1,):
+        raise ValueError(
+            f"plan.offsets must have one more entry than plan.bucket ({bucket.size + 1}), "
+            f"got {offsets.size}"
+        )
+    if by == "tokens":
+        lengths = np.asarray(plan.lengths, dtype=np.float64)
+        cum = np.concatenate([[0.0], np.cumsum(lengths[np.asarray(plan.indices, dtype=np.int64)])])
+        weights = cum[offsets[1:]] - cum[offsets[:-1]]
+    elif by == "samples":
+        weights = np.diff(offsets).astype(np.float64)
+    else:
+        raise ValueError(f"by must be 'tokens' or 'samples', got {by!r}")
+    if bucket.size == 0 or weights.sum() <= 0:
+        raise ValueError("the plan has no tokens to take shares from")
+    totals = np.bincount(bucket, weights=weights)
+    return {int(b): float(t / totals.sum()) for b, t in enumerate(totals) if t > 0}
