@@ -105,6 +105,14 @@ def limit_runs(order: np.ndarray, batch_bucket: np.ndarray, world_size: int,
     return order
 
 
+def _sort_by_group_then_cost(group: np.ndarray, cost: np.ndarray,
+                             rng: np.random.Generator) -> np.ndarray:
+    """Order by group, then cost, ties at random (one float sort instead of a lexsort)."""
+    span = float(cost.max(initial=0.0)) + 2.0
+    key = group * span + cost + rng.random(group.size)
+    return np.argsort(key, kind="stable")
+
+
 def stratified(batch_bucket: np.ndarray, batch_cost: np.ndarray, world_size: int,
                grad_accum: int, rng: np.random.Generator) -> np.ndarray:
     """Every optimizer step takes one micro-batch from each of ``W*G`` length strata.
@@ -127,7 +135,7 @@ def stratified(batch_bucket: np.ndarray, batch_cost: np.ndarray, world_size: int
     grouped = np.argsort(batch_bucket, kind="stable")
     cost = batch_cost[grouped]
     # cost rank inside each stratum
-    by_cost = np.lexsort((rng.random(m), cost, stratum))
+    by_cost = _sort_by_group_then_cost(stratum, cost, rng)
     grouped, cost = grouped[by_cost], cost[by_cost]
     j = np.arange(m) - np.repeat(np.concatenate(([0], np.cumsum(sizes)[:-1])), sizes)
     # the cheapest batch of every stratum (left-overs, split halves) runs in the last
@@ -138,15 +146,14 @@ def stratified(batch_bucket: np.ndarray, batch_cost: np.ndarray, world_size: int
     step_of_rank = rng.permutation(max(last, 1))
     rank = np.clip(j - runs_last, 0, max(last - 1, 0))
     t = np.where(goes_last, last, step_of_rank[rank])
-    by_step = np.lexsort((rng.random(m), cost, t))
+    by_step = _sort_by_group_then_cost(t, cost, rng)
     within, t = grouped[by_step], t[by_step]
-    # position inside the step -> (slot, rank), ranks rotated by step
-    step_start = np.concatenate(([0], np.flatnonzero(t[1:] != t[:-1]) + 1))
-    step_len = np.diff(np.append(step_start, m))
-    pos = np.arange(m) - np.repeat(step_start, step_len)
+    # every step holds s batches but the last, which holds the rest: position inside
+    # the step -> (slot, rank), ranks rotated by step
+    pos = np.arange(m) - t * s
     slot, lane = divmod(pos, world_size)
     rank = (lane + t) % world_size
-    target = np.repeat(step_start, step_len) + slot * world_size + rank
+    target = t * s + slot * world_size + rank
     order = np.empty(m, dtype=np.int64)
     order[target] = within
     return order
