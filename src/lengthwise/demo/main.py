@@ -1,0 +1,247 @@
+"""``run_demo``: data, tokenizer, one training run per order, and the comparison.
+
+Example::
+
+    >>> import tempfile
+    >>> from lengthwise.demo.corpus import stdlib_docstrings
+    >>> texts = stdlib_docstrings(limit_files=40)
+    >>> cfg = DemoConfig(steps=2, grad_accum=2, max_tokens=256, max_len=128, eval_samples=8,
+    ...                  progress=False)
+    >>> out = tempfile.mkdtemp()
+    >>> summary = run_demo(cfg, orders=["random", "stratified"], out=out, texts=texts,
+    ...                    cache_dir=out, plot=False, vocab_size=300)
+    >>> sorted(summary["strategies"])
+    ['random', 'stratified']
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from lengthwise.demo.data import DemoData
+from lengthwise.demo.report import (
+    add_ratios,
+    common_region,
+    diagnose_runs,
+    format_markdown,
+    format_table,
+    plot_curves,
+    summary_json,
+)
+from lengthwise.demo.run import (
+    DemoConfig,
+    Dist,
+    available_orders,
+    barrier,
+    setup_distributed,
+    train_orders,
+)
+
+__all__ = ["check_targets", "parse_orders", "prepare_data", "run_demo"]
+
+
+def parse_orders(text: str | list[str] | tuple[str, ...] | None) -> list[str]:
+    """Validate an order list (``"all"``, a comma-separated string, or a list).
+
+    Example::
+
+        >>> parse_orders("random, stratified")
+        ['random', 'stratified']
+    """
+    known = available_orders()
+    if text is None or text == "all":
+        return list(known)
+    items = [t.strip() for t in text.split(",")] if isinstance(text, str) else list(text)
+    items = [t for t in items if t]
+    bad = [t for t in items if t not in known]
+    if bad:
+        raise ValueError(f"unknown order(s) {bad}; choose from {', '.join(known)}")
+    if not items:
+        raise ValueError("no orders given")
+    return list(dict.fromkeys(items))
+
+
+def _say(dist: Dist, text: str) -> None:
+    if dist.is_main:
+        print(text, file=sys.stderr, flush=True)
+
+
+def prepare_data(cfg: DemoConfig, *, data: str | Path | None = None,
+                 tokenizer: str | Path | None = None, cache_dir: str | Path | None = None,
+                 vocab_size: int = 2048, texts: list[str] | None = None,
+                 dist: Dist | None = None) -> tuple[DemoData, dict[str, Any]]:
+    """Corpus, tokenizer and tokenised split; rank 0 builds the caches, the others wait."""
+    from lengthwise.demo.corpus import corpus_fingerprint, load_corpus
+    from lengthwise.demo.tokenizer import default_cache_dir, get_tokenizer
+
+    dist = dist or Dist()
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    info: dict[str, Any] = {}
+    for turn in (0, 1):  # rank 0 first (it fills the caches), then every other rank
+        if (turn == 0) == dist.is_main:
+            if texts is None:
+                texts = load_corpus(data, cache_dir=cache)
+            tok = get_tokenizer(texts, path=tokenizer, cache_dir=cache, vocab_size=vocab_size,
+                                fingerprint=corpus_fingerprint(texts))
+        barrier(dist)
+    assert texts is not None
+    info["corpus"] = str(data) if data is not None else "python standard library docstrings"
+    info["texts"] = len(texts)
+    info["tokenizer"] = str(tokenizer) if tokenizer is not None else f"BPE {vocab_size} (local)"
+    demo_data = DemoData.build(texts, tok, max_len=cfg.max_len, eval_samples=cfg.eval_samples,
+                               seed=cfg.seed, max_samples=cfg.max_samples)
+    info.update(demo_data.describe())
+    return demo_data, info
+
+
+def check_targets(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The comparisons the demo is about, as plain booleans (``None``: not measurable).
+
+    Example::
+
+        >>> rows = {"stratified": {"roughness_ratio": 1.0, "throughput_vs_sorted": 0.95,
+        ...                        "eval_loss": 4.0},
+        ...         "random": {"throughput_vs_sorted": 0.4, "eval_loss": 4.2}}
+        >>> check_targets(rows)["stratified_as_smooth_as_random"]
+        True
+    """
+    def get(order: str, key: str) -> Any:
+        return rows.get(order, {}).get(key)
+
+    def cmp(a: Any, b: Any, op: str) -> bool | None:
+        if a is None or b is None:
+            return None
+        return bool(a <= b) if op == "<=" else bool(a >= b)
+
+    return {
+        "stratified_as_smooth_as_random": cmp(get("stratified", "roughness_ratio"), 1.2, "<="),
+        "stratified_throughput_near_sorted": cmp(get("stratified", "throughput_vs_sorted"),
+                                                 0.9, ">="),
+        "random_throughput_far_below_sorted": cmp(get("random", "throughput_vs_sorted"), 0.7,
+                                                  "<="),
+        "bucket_random_rougher_than_random": cmp(get("bucket-random", "roughness_ratio"), 1.2,
+                                                 ">="),
+        "stratified_eval_no_worse_than_random": cmp(get("stratified", "eval_loss"),
+                                                    get("random", "eval_loss"), "<="),
+    }
+
+
+def run_demo(cfg: DemoConfig, *, orders: list[str] | str | None = None,
+             out: str | Path = "lengthwise-demo", data: str | Path | None = None,
+             tokenizer: str | Path | None = None, cache_dir: str | Path | None = None,
+             vocab_size: int = 2048, lockstep: bool = True, plot: bool = True,
+             texts: list[str] | None = None) -> dict[str, Any]:
+    """Train every order, compare them, write ``out/summary.json`` and the loss plot.
+
+    Returns the summary (``{"strategies": {order: figures}, ...}``) on rank 0 and an
+    empty dict on the other ranks of a ``torchrun`` job.
+    """
+    started = time.perf_counter()
+    order_list = parse_orders(orders)
+    if cfg.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {cfg.device}: torch sees no CUDA device here")
+    out = Path(out)
+    dist = setup_distributed(cfg)
+    demo_data, info = prepare_data(cfg, data=data, tokenizer=tokenizer, cache_dir=cache_dir,
+                                   vocab_size=vocab_size, texts=texts, dist=dist)
+    from lengthwise.demo.model import build_model, count_parameters
+
+    params = count_parameters(build_model(cfg.model_size, vocab_size=demo_data.vocab_size,
+                                          max_len=cfg.max_len, device="meta"))
+    info.update(model_size=cfg.model_size, parameters=params, world_size=dist.world_size)
+    _say(dist, f"lengthwise demo: {info['train_samples']} training samples "
+               f"({info['train_tokens']} tokens, median {info['length_p50']}, "
+               f"p99 {info['length_p99']}, max {info['length_max']}), "
+               f"{info['eval_samples']} held out; {cfg.model_size} model with {params:,} "
+               f"parameters; {cfg.steps} steps x {cfg.grad_accum} micro-batches of "
+               f"<= {cfg.max_tokens} tokens x {dist.world_size} rank(s); orders: "
+               f"{', '.join(order_list)}")
+    results = train_orders(order_list, demo_data, cfg, out=out, dist=dist, lockstep=lockstep)
+    if not dist.is_main:
+        return {}
+    logs = {name: r.log_path for name, r in results.items()}
+    region = common_region(logs)
+    doctor = diagnose_runs(logs, region=region)
+    rows: dict[str, dict[str, Any]] = {}
+    for name, r in results.items():
+        rows[name] = {
+            "tokens_per_second": r.tokens_per_second,
+            "padding_efficiency": r.padding_efficiency,
+            "loss_roughness": doctor[name]["loss_roughness"],
+            "eval_loss": r.eval_loss,
+            "verdict": doctor[name]["verdict"],
+            "corrected_roughness": doctor[name]["corrected_roughness"],
+            "real_tokens_per_step": r.tokens_per_step,
+            "step_cv_ratio": r.extra.get("step_cv_ratio"),
+            "final_loss": r.final_loss,
+            "steps": r.steps,
+            "epochs": r.epochs,
+            "real_tokens": r.real_tokens,
+            "padded_tokens": r.padded_tokens,
+            "train_seconds": r.train_seconds,
+            "timed_steps": r.extra.get("timed_steps"),
+            "log": r.log_path,
+        }
+    add_ratios(rows)
+    order_keys = ("tokens_per_second", "throughput_vs_sorted", "padding_efficiency",
+                  "loss_roughness", "roughness_ratio", "eval_loss")
+    rows = {n: {**{k: row[k] for k in order_keys}, **row} for n, row in rows.items()}
+    meta = {
+        "stable_region": list(region),
+        "checks": check_targets(rows),
+        "config": _config_dict(cfg),
+        "data": info,
+        "wall_seconds": time.perf_counter() - started,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    if plot:
+        try:
+            meta["plot"] = str(plot_curves({n: r.loss for n, r in results.items()},
+                                           out / "loss_curves.png", region=region,
+                                           roughness={n: rows[n]["loss_roughness"]
+                                                      for n in rows},
+                                           title=_title(cfg, info)))
+        except ImportError as exc:  # matplotlib missing: the figures still come out
+            _say(dist, f"lengthwise demo: no plot ({exc})")
+    meta["wall_seconds"] = time.perf_counter() - started
+    text = summary_json(rows, **meta)
+    (out / "summary.json").write_text(text + "\n", encoding="utf-8")
+    (out / "summary.md").write_text(format_markdown(rows) + "\n", encoding="utf-8")
+    return json.loads(text)
+
+
+def _config_dict(cfg: DemoConfig) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    out = asdict(cfg)
+    out["warmup"] = cfg.warmup_steps
+    return out
+
+
+def _title(cfg: DemoConfig, info: dict[str, Any]) -> str:
+    return (f"{cfg.model_size} model ({info['parameters']:,} params), {cfg.steps} steps x "
+            f"{cfg.grad_accum} micro-batches of <= {cfg.max_tokens} tokens, seed {cfg.seed}")
+
+
+def render(summary: dict[str, Any]) -> str:
+    """The table and the checks, as the command prints them."""
+    rows = summary["strategies"]
+    lines = [format_table(rows), ""]
+    lo, hi = summary.get("stable_region", [None, None])
+    lines.append(f"loss_roughness over steps {lo}-{hi}; roughness_ratio is against random, "
+                 "throughput_vs_sorted against sorted.")
+    checks = summary.get("checks", {})
+    if checks:
+        lines.append("checks: " + ", ".join(
+            f"{k} {'yes' if v else 'no' if v is not None else '-'}" for k, v in checks.items()))
+    if summary.get("plot"):
+        lines.append(f"loss curves: {summary['plot']}")
+    lines.append(f"wall time {summary.get('wall_seconds', 0.0):.0f} s")
+    return "\n".join(lines)

@@ -1,0 +1,228 @@
+"""Compare the orders of one demo run: figures, the doctor's verdicts, a table, a plot.
+
+``loss_roughness`` and the verdict come from :func:`lengthwise.doctor.diagnose`
+over one stable region shared by every order: it starts where the slowest of
+the runs has finished warming up and settling (the doctor's automatic start,
+the latest over the orders) and ends at the last step, so the orders are
+measured over the same steps. ``throughput_vs_sorted`` divides by the
+``sorted`` run and ``roughness_ratio`` by the ``random`` run (``None`` when
+that order was not trained).
+
+Example::
+
+    >>> rows = {"sorted": {"tokens_per_second": 100.0, "loss_roughness": 0.1},
+    ...         "random": {"tokens_per_second": 40.0, "loss_roughness": 0.2}}
+    >>> add_ratios(rows)["random"]["throughput_vs_sorted"]
+    0.4
+    >>> rows["sorted"]["roughness_ratio"]
+    0.5
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+__all__ = ["JSON_KEYS", "add_ratios", "common_region", "diagnose_runs", "format_table",
+           "plot_curves", "summary_json"]
+
+#: keys every strategy has in ``--json`` output
+JSON_KEYS: tuple[str, ...] = (
+    "tokens_per_second", "throughput_vs_sorted", "padding_efficiency", "loss_roughness",
+    "roughness_ratio", "eval_loss", "verdict",
+)
+#: the stable region keeps at least this many steps (when the run has them)
+MIN_REGION = 50
+
+
+def _ratio(a: Any, b: Any) -> float | None:
+    if a is None or b is None:
+        return None
+    a, b = float(a), float(b)
+    if not (math.isfinite(a) and math.isfinite(b)) or b == 0:
+        return None
+    return a / b
+
+
+def add_ratios(rows: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Add ``throughput_vs_sorted`` and ``roughness_ratio`` to every row (in place)."""
+    ref_tps = rows.get("sorted", {}).get("tokens_per_second")
+    ref_rough = rows.get("random", {}).get("loss_roughness")
+    for row in rows.values():
+        row["throughput_vs_sorted"] = _ratio(row.get("tokens_per_second"), ref_tps)
+        row["roughness_ratio"] = _ratio(row.get("loss_roughness"), ref_rough)
+    return rows
+
+
+def common_region(logs: dict[str, str | Path]) -> tuple[int, int]:
+    """``(start, end)`` steps of the stable region shared by all runs (see the module doc)."""
+    import numpy as np
+
+    from lengthwise.doctor import load
+    from lengthwise.doctor.phases import find_phases
+
+    starts, ends = [], []
+    for path in logs.values():
+        log = load(str(path))
+        ok = np.isfinite(log.loss)
+        lr = log.columns.get("lr")
+        phases = find_phases(log.step[ok], log.loss[ok], lr=None if lr is None else lr[ok])
+        starts.append(float(phases.start))
+        ends.append(float(log.step[-1]))
+    end = int(min(ends))
+    first = 1
+    start = int(math.ceil(max(starts)))
+    start = max(first, min(start, end - MIN_REGION + 1))
+    return start, end
+
+
+def diagnose_runs(logs: dict[str, str | Path], *, region: tuple[int, int] | None = None,
+                  ) -> dict[str, dict[str, Any]]:
+    """The doctor's ``loss_roughness``, verdict and stable region of every run's log."""
+    from lengthwise.doctor import diagnose, one_line_verdict
+
+    start, end = region or common_region(logs)
+    out = {}
+    for name, path in logs.items():
+        report = diagnose(str(path), start=start, end=end)
+        out[name] = {
+            "loss_roughness": float(report.stats.loss_roughness),
+            "corrected_roughness": report.stats.corrected_roughness,
+            "verdict": one_line_verdict(report),
+            "stable_region": [start, end],
+            "bands": getattr(report.bands, "count", None),
+        }
+    return out
+
+
+def _fmt(value: Any, spec: str) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return format(value, spec)
+
+
+def format_table(rows: dict[str, dict[str, Any]], *, verdict_width: int = 78) -> str:
+    """A plain-text table, one line per strategy, then one verdict line per strategy."""
+    head = (f"{'strategy':<14} {'tokens/s':>9} {'vs sorted':>9} {'pad eff':>7} "
+            f"{'tok/step':>8} {'step cv':>7} {'roughness':>9} {'vs random':>9} "
+            f"{'eval loss':>9}")
+    lines = [head, "-" * len(head)]
+    for name, r in rows.items():
+        lines.append(
+            f"{name:<14} {_fmt(r.get('tokens_per_second'), '9.0f')} "
+            f"{_fmt(r.get('throughput_vs_sorted'), '9.2f')} "
+            f"{_fmt(r.get('padding_efficiency'), '7.3f')} "
+            f"{_fmt(r.get('real_tokens_per_step'), '8.0f')} "
+            f"{_fmt(r.get('step_cv_ratio'), '7.2f')} "
+            f"{_fmt(r.get('loss_roughness'), '9.4f')} "
+            f"{_fmt(r.get('roughness_ratio'), '9.2f')} "
+            f"{_fmt(r.get('eval_loss'), '9.4f')}")
+    lines.append("")
+    lines.append("doctor:")
+    for name, r in rows.items():
+        verdict = str(r.get("verdict") or "-")
+        if len(verdict) > verdict_width:
+            verdict = verdict[: verdict_width - 3] + "..."
+        lines.append(f"  {name:<14} {verdict}")
+    return "\n".join(lines)
+
+
+def format_markdown(rows: dict[str, dict[str, Any]]) -> str:
+    """The same figures as a Markdown table (verdicts in full)."""
+    out = ["| strategy | tokens_per_second | throughput_vs_sorted | padding_efficiency | "
+           "real tokens per step | step_cv_ratio | loss_roughness | roughness_ratio | "
+           "eval_loss | doctor |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for name, r in rows.items():
+        out.append(
+            f"| {name} | {_fmt(r.get('tokens_per_second'), '.0f')} | "
+            f"{_fmt(r.get('throughput_vs_sorted'), '.2f')} | "
+            f"{_fmt(r.get('padding_efficiency'), '.3f')} | "
+            f"{_fmt(r.get('real_tokens_per_step'), '.0f')} | "
+            f"{_fmt(r.get('step_cv_ratio'), '.2f')} | "
+            f"{_fmt(r.get('loss_roughness'), '.4f')} | "
+            f"{_fmt(r.get('roughness_ratio'), '.2f')} | {_fmt(r.get('eval_loss'), '.4f')} | "
+            f"{r.get('verdict') or '-'} |")
+    return "\n".join(out)
+
+
+def summary_json(rows: dict[str, dict[str, Any]], **meta: Any) -> str:
+    """``{"strategies": {name: figures}, ...meta}`` as JSON (NaN written as null)."""
+
+    def clean(x: Any) -> Any:
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, list | tuple):
+            return [clean(v) for v in x]
+        return x
+
+    return json.dumps(clean({"strategies": rows, **meta}), indent=2)
+
+
+def plot_curves(curves: dict[str, list[float]], path: str | Path, *,
+                region: tuple[int, int] | None = None,
+                roughness: dict[str, float] | None = None, title: str = "") -> Path:
+    """Two panels: every strategy's loss curve, and what ``loss_roughness`` measures.
+
+    Left: per-step loss (faint) and its centred rolling mean (solid, drawn where the
+    window is complete). Right: ``loss - rolling_mean_51(loss)`` over the stable
+    region, one trace per strategy, stacked with an offset, labelled with its
+    ``loss_roughness``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from lengthwise.doctor.smoothing import ROUGHNESS_WINDOW, rolling_mean
+
+    fig, (ax, res) = plt.subplots(1, 2, figsize=(14, 5.2),
+                                  gridspec_kw={"width_ratios": [1.1, 1.0]})
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    show = 21
+    spread = []
+    for i, (name, loss) in enumerate(curves.items()):
+        y = np.asarray(loss, dtype=np.float64)
+        x = np.arange(1, y.size + 1)
+        c = colors[i % len(colors)]
+        smooth = rolling_mean(y, show)
+        full = (x > show // 2) & (x <= y.size - show // 2)
+        ax.plot(x, y, color=c, alpha=0.3, lw=0.8)
+        ax.plot(x[full], smooth[full], color=c, lw=1.8, label=name)
+        resid = y - rolling_mean(y, ROUGHNESS_WINDOW)
+        lo, hi = region or (1, y.size)
+        keep = (x >= lo) & (x <= hi)
+        spread.append((name, c, x[keep], resid[keep]))
+    step = 4 * max((float(np.std(r)) for *_, r in spread if r.size), default=0.1) or 0.1
+    for k, (name, c, x, r) in enumerate(spread):
+        offset = -k * step
+        res.plot(x, r + offset, color=c, lw=0.9)
+        res.axhline(offset, color=c, lw=0.5, alpha=0.5)
+        label = name
+        if roughness and roughness.get(name) is not None:
+            label += f"  {roughness[name]:.4f}"
+        res.text(1.01, offset, label, color=c, transform=res.get_yaxis_transform(),
+                 va="center", fontsize=8)
+    res.set_yticks([])
+    where = f"steps {region[0]}-{region[1]}" if region else "all steps"
+    res.set_title(f"loss - rolling mean of {ROUGHNESS_WINDOW}, {where} (std = loss_roughness)",
+                  fontsize=10)
+    ax.set_title(f"loss per optimizer step (faint), rolling mean of {show}", fontsize=10)
+    ax.set_ylabel("loss per token")
+    ax.legend(loc="upper right", fontsize=8)
+    for a in (ax, res):
+        a.set_xlabel("optimizer step")
+        a.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,342 @@
+"""``lengthwise demo``: corpus, tokenizer, the training loop, resume, the report, the CLI.
+
+A crash in the middle of a checkpoint save is covered where the checkpoints
+live: ``tests/train/test_train_checkpoint.py::
+test_killed_in_the_middle_of_a_save_the_previous_checkpoint_loads``.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import os
+import runpy
+import shutil
+import subprocess
+import sys
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+from lengthwise.cli import main as cli_main  # noqa: E402
+from lengthwise.demo.corpus import (  # noqa: E402
+    corpus_fingerprint,
+    load_corpus,
+    load_texts,
+    stdlib_docstrings,
+)
+from lengthwise.demo.data import DemoData  # noqa: E402
+from lengthwise.demo.main import check_targets, parse_orders  # noqa: E402
+from lengthwise.demo.report import JSON_KEYS, add_ratios, format_table  # noqa: E402
+from lengthwise.demo.run import (  # noqa: E402
+    DemoConfig,
+    OrderRun,
+    _make_sampler,
+    _micro_loss,
+    available_orders,
+    lr_factor,
+    read_log,
+    train_order,
+)
+from lengthwise.demo.tokenizer import EOS, encode_texts, get_tokenizer  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+LOG_FIELDS = {"step", "epoch", "loss", "lr", "grad_norm", "real_tokens", "padded_tokens",
+              "tokens_per_second", "samples", "buckets", "bucket_loss", "corrected_loss"}
+SMALL = dict(grad_accum=2, max_tokens=256, max_len=128, eval_samples=16, progress=False)
+
+
+@pytest.fixture(scope="module")
+def texts() -> list[str]:
+    return stdlib_docstrings(limit_files=60)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("demo")
+
+
+@pytest.fixture(scope="module")
+def jsonl(texts, workdir) -> Path:
+    path = workdir / "docs.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def tok(texts, workdir):
+    return get_tokenizer(texts, cache_dir=workdir / "cache", vocab_size=384)
+
+
+@pytest.fixture(scope="module")
+def data(texts, tok) -> DemoData:
+    return DemoData.build(texts, tok, max_len=128, eval_samples=16, seed=0)
+
+
+# -- corpus, tokenizer, data ---------------------------------------------------------------
+def test_stdlib_corpus_is_deterministic_unique_and_long_tailed(texts):
+    assert texts == stdlib_docstrings(limit_files=60)
+    assert len(texts) == len(set(texts)) > 200
+    assert all(t == t.strip() and t for t in texts)
+    chars = np.array([len(t) for t in texts])
+    assert chars.max() > 20 * np.median(chars)  # one-line summaries and long guides
+
+
+def test_stdlib_corpus_skips_installed_packages_and_broken_files(tmp_path):
+    (tmp_path / "a.py").write_text('"""Module doc."""\ndef f():\n    """Function doc."""\n')
+    (tmp_path / "broken.py").write_text('def f(:\n    """never read"""\n')
+    (tmp_path / "site-packages").mkdir()
+    (tmp_path / "site-packages" / "pkg.py").write_text('"""Third-party doc."""\n')
+    (tmp_path / "b.py").write_text('class C:\n    """Module doc."""\n')  # a duplicate
+    assert stdlib_docstrings(tmp_path) == ["Module doc.", "Function doc."]
+
+
+def test_load_corpus_caches_the_stdlib_texts(tmp_path, monkeypatch):
+    import lengthwise.demo.corpus as corpus
+
+    calls = []
+    monkeypatch.setattr(corpus, "stdlib_docstrings",
+                        lambda root=None: calls.append(root) or ["x", "y"])
+    assert load_corpus(cache_dir=tmp_path) == ["x", "y"]
+    assert load_corpus(cache_dir=tmp_path) == ["x", "y"]
+    assert len(calls) == 1
+
+
+def test_load_texts_reads_jsonl_and_saved_datasets(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"text": "a"}\n\n{"text": "b"}\n{"text": "a"}\n{"text": "  "}\n')
+    assert load_texts(path) == ["a", "b"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "a"}\n{"body": "b"}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:2"):
+        load_texts(bad)
+    with pytest.raises(FileNotFoundError):
+        load_texts(tmp_path / "missing.jsonl")
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_dict({"text": ["one", "two", "one"]}).save_to_disk(tmp_path / "ds")
+    assert load_texts(tmp_path / "ds") == ["one", "two"]
+    datasets.Dataset.from_dict({"body": ["x"]}).save_to_disk(tmp_path / "ds2")
+    with pytest.raises(ValueError, match="no 'text' column"):
+        load_texts(tmp_path / "ds2")
+
+
+def test_tokenizer_is_cached_by_corpus_and_loads_from_a_path(texts, tok, workdir):
+    cached = list((workdir / "cache").glob("tokenizer-*-384.json"))
+    assert len(cached) == 1 and corpus_fingerprint(texts) in cached[0].name
+    again = get_tokenizer([], cache_dir=workdir / "cache", vocab_size=384,
+                          fingerprint=corpus_fingerprint(texts))
+    assert again.to_str() == tok.to_str()
+    assert get_tokenizer([], path=cached[0]).to_str() == tok.to_str()
+    assert tok.get_vocab_size() == 384 and tok.token_to_id(EOS) == 0
+    ids = encode_texts(tok, [texts[0]])[0]
+    assert ids[-1] == 0 and tok.decode(ids[:-1]) == texts[0]
+    with pytest.raises(FileNotFoundError):
+        get_tokenizer([], path=workdir / "nope.json")
+
+
+def test_demo_data_holds_out_a_fixed_set_and_truncates(texts, tok, data):
+    again = DemoData.build(texts, tok, max_len=128, eval_samples=16, seed=0)
+    assert all(np.array_equal(a, b) for a, b in zip(data.eval, again.eval, strict=True))
+    assert len(data.train) + len(data.eval) <= len(texts)
+    assert int(data.lengths.max()) <= 128 and int(data.lengths.min()) >= 2
+    held = {a.tobytes() for a in data.eval}
+    assert not held & {a.tobytes() for a in data.train}
+    with pytest.raises(ValueError, match="eval_samples"):
+        DemoData.build(texts[:5], tok, max_len=128, eval_samples=16)
+
+
+# -- configuration and schedule ------------------------------------------------------------
+def test_config_rejects_bad_values():
+    with pytest.raises(ValueError, match="max_len"):
+        DemoConfig(max_tokens=128, max_len=256)
+    with pytest.raises(ValueError, match="steps"):
+        DemoConfig(steps=0)
+    with pytest.raises(ValueError, match="schedule"):
+        DemoConfig(schedule="linear")
+    with pytest.raises(ValueError, match="unknown order"):
+        parse_orders("random,shuffled")
+
+
+def test_learning_rate_warms_up_then_holds_or_decays():
+    const = DemoConfig(steps=50, warmup=5)
+    assert [lr_factor(s, const) for s in range(6)] == [0.2, 0.4, 0.6, 0.8, 1.0, 1.0]
+    assert lr_factor(49, const) == 1.0
+    cos = DemoConfig(steps=50, warmup=5, schedule="cosine")
+    values = [lr_factor(s, cos) for s in range(5, 51)]
+    assert values[0] == 1.0 and values[-1] == pytest.approx(0.1)
+    assert all(b <= a for a, b in zip(values, values[1:], strict=False))
+
+
+# -- the training loop ---------------------------------------------------------------------
+def test_step_loss_is_the_mean_over_every_token_of_the_step(data, tmp_path):
+    cfg = DemoConfig(steps=1, **SMALL)
+    run = OrderRun("random", data, cfg, out=tmp_path)
+    model = copy.deepcopy(run.model)
+    batches = []
+    for batch in _make_sampler("random", data, cfg, run.dist):
+        batches.append(batch)
+        if len(batches) == cfg.grad_accum:
+            break
+    total, count, sizes = 0.0, 0, []
+    with torch.no_grad():
+        for b in batches:
+            mb = run.collate([{"input_ids": data.train[i]} for i in b])
+            loss, n = _micro_loss(model, mb, torch.device("cpu"), None)
+            total, count = total + float(loss), count + n
+            sizes.append(n)
+    assert len(set(sizes)) > 1  # micro-batches of different token counts
+    rec = run.step()
+    run.close()
+    assert rec["loss"] == pytest.approx(total / count, rel=1e-5)
+    assert rec["micro_batches"] == cfg.grad_accum
+    assert rec["real_tokens"] == sum(int(data.lengths[b].sum()) for b in batches)
+
+
+def test_orders_start_from_the_same_model_and_differ_only_in_batches(data, tmp_path):
+    cfg = DemoConfig(steps=2, **SMALL)
+    runs = [OrderRun(o, data, cfg, out=tmp_path) for o in ("sorted", "stratified")]
+    for a, b in zip(runs[0].model.parameters(), runs[1].model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    first = [r.step() for r in runs]
+    for r in runs:
+        r.close()
+    assert first[0]["real_tokens"] != first[1]["real_tokens"]
+
+
+def test_resume_from_a_checkpoint_continues_the_same_run(data, tmp_path):
+    base = dict(steps=6, checkpoint_every=3, keep_checkpoints=2, **SMALL)
+    full = train_order("stratified", data, DemoConfig(**base), out=tmp_path / "a")
+    ckpts = tmp_path / "a" / "stratified" / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_3", "step_6"]
+    # a second run that stopped after step 3: only that checkpoint exists
+    (tmp_path / "b" / "stratified" / "checkpoints").mkdir(parents=True)
+    shutil.copytree(ckpts / "step_3", tmp_path / "b" / "stratified" / "checkpoints" / "step_3")
+    resumed = train_order("stratified", data, DemoConfig(resume=True, **base),
+                          out=tmp_path / "b")
+    a = read_log(full.log_path)
+    b = read_log(resumed.log_path)
+    assert [r["step"] for r in b] == [4, 5, 6]
+    assert [r["loss"] for r in b] == [r["loss"] for r in a[3:]]  # bit-identical
+    assert [r["grad_norm"] for r in b] == [r["grad_norm"] for r in a[3:]]
+    assert resumed.eval_loss == full.eval_loss
+    events = [json.loads(line) for line in Path(resumed.log_path).read_text().splitlines()]
+    assert {"event": "resume"}.items() <= events[0].items()
+
+
+def test_packed_strategy_fills_rows_without_padding(data, tmp_path):
+    if "packed" not in available_orders():
+        pytest.skip("the packed layout is not installed")
+    res = train_order("packed", data, DemoConfig(steps=2, **SMALL), out=tmp_path)
+    recs = read_log(res.log_path)
+    assert all(r["padded_tokens"] == SMALL["grad_accum"] * SMALL["max_tokens"] for r in recs)
+    assert res.padding_efficiency > 0.9
+    assert np.isfinite(res.eval_loss)
+
+
+# -- the report ----------------------------------------------------------------------------
+def test_ratios_and_checks():
+    rows = {"sorted": {"tokens_per_second": 200.0, "loss_roughness": 0.2},
+            "random": {"tokens_per_second": 50.0, "loss_roughness": 0.1, "eval_loss": 3.0},
+            "stratified": {"tokens_per_second": 190.0, "loss_roughness": 0.11,
+                           "eval_loss": 2.9}}
+    add_ratios(rows)
+    assert rows["random"]["throughput_vs_sorted"] == 0.25
+    assert rows["stratified"]["roughness_ratio"] == pytest.approx(1.1)
+    checks = check_targets(rows)
+    assert checks["stratified_as_smooth_as_random"] is True
+    assert checks["stratified_throughput_near_sorted"] is True
+    assert checks["random_throughput_far_below_sorted"] is True
+    assert checks["bucket_random_rougher_than_random"] is None
+    del rows["sorted"]
+    add_ratios(rows)
+    assert rows["random"]["throughput_vs_sorted"] is None
+    assert "random" in format_table(rows)
+
+
+# -- end to end ----------------------------------------------------------------------------
+def test_demo_command_end_to_end(jsonl, workdir):
+    out = workdir / "e2e"
+    argv = ["demo", "--steps", "4", "--grad-accum", "2", "--max-tokens", "256", "--max-len",
+            "128", "--eval-samples", "16", "--vocab-size", "384", "--data", str(jsonl),
+            "--cache-dir", str(workdir / "cache"), "--out", str(out), "--json",
+            "--no-progress"]
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert cli_main(argv) == 0
+    summary = json.loads(buf.getvalue())
+    orders = list(available_orders())
+    assert list(summary["strategies"]) == orders
+    for name, row in summary["strategies"].items():
+        assert set(JSON_KEYS) <= set(row), name
+        assert row["tokens_per_second"] > 0 and 0 < row["padding_efficiency"] <= 1
+        assert np.isfinite(row["eval_loss"]) and row["loss_roughness"] >= 0
+        assert isinstance(row["verdict"], str) and row["verdict"]
+        recs = read_log(out / name / "train_log.jsonl")
+        assert [r["step"] for r in recs] == [1, 2, 3, 4]
+        for rec in recs:
+            assert LOG_FIELDS <= set(rec)
+            assert rec["padded_tokens"] >= rec["real_tokens"] > 0
+    assert summary["strategies"]["sorted"]["throughput_vs_sorted"] == 1.0
+    assert summary["strategies"]["random"]["roughness_ratio"] == 1.0
+    assert (out / "loss_curves.png").stat().st_size > 10_000
+    assert json.loads((out / "summary.json").read_text())["strategies"].keys() == set(orders)
+    # the plain table, without a plot, for two orders
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert cli_main([*argv[:-2], "--no-progress", "--no-plot", "--orders",
+                         "random,stratified", "--out", str(workdir / "e2e2")]) == 0
+    lines = buf.getvalue().splitlines()
+    assert "doctor:" in lines
+    assert [ln.split()[0] for ln in lines[2:4]] == ["random", "stratified"]
+
+
+def test_demo_command_reports_bad_options(capsys, jsonl):
+    assert cli_main(["demo", "--orders", "sideways", "--data", str(jsonl)]) == 2
+    assert "unknown order" in capsys.readouterr().err
+    assert cli_main(["demo", "--max-tokens", "64", "--max-len", "128"]) == 2
+    assert "max_len" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert cli_main(["demo", "--device", "cuda"]) == 2
+        assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_gpu_benchmark_runs_with_smoke_settings_on_cpu(tmp_path):
+    script = runpy.run_path(str(ROOT / "benchmarks" / "gpu_throughput.py"))
+    out = tmp_path / "gpu"
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        summary = script["main"](["--device", "cpu", "--smoke", "--out", str(out),
+                                  "--orders", "sorted,random,stratified"])
+    assert set(summary["strategies"]) == {"sorted", "random", "stratified"}
+    assert all(r["tokens_per_second"] > 0 for r in summary["strategies"].values())
+    assert json.loads(out.with_suffix(".json").read_text())["timed_steps"] == 3
+    assert "| stratified |" in out.with_suffix(".md").read_text()
+    assert "stratified" in buf.getvalue()
+
+
+@pytest.mark.slow
+def test_two_process_run_under_torchrun(jsonl, workdir, tmp_path):
+    out = tmp_path / "ddp"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--standalone", "-m", "lengthwise", "demo", "--steps", "3",
+           "--grad-accum", "2", "--max-tokens", "256", "--max-len", "128",
+           "--eval-samples", "16", "--vocab-size", "384", "--data", str(jsonl),
+           "--cache-dir", str(workdir / "cache"), "--out", str(out), "--json",
+           "--no-progress", "--no-plot", "--orders", "random,stratified"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+    assert set(summary["strategies"]) == {"random", "stratified"}
+    assert summary["data"]["world_size"] == 2
+    recs = read_log(out / "stratified" / "train_log.jsonl")
+    assert [r["step"] for r in recs] == [1, 2, 3]
+    assert all(r["micro_batches"] == 4 for r in recs)  # 2 ranks x 2 accumulation slots
