@@ -779,7 +779,7 @@ def write_results(data, scale, s: Settings, path: Path, plot: Path | None, meta:
         "Every method gets the same lengths and seed in the same run, and every figure comes "
         "from the same function, `lengthwise.metrics.batch_stats`, applied to the "
         "micro-batches each method produces in schedule order (micro-batch k -> rank "
-        "k % W). Definitions: `../../shared/METRICS.md`. Rank cost is padded tokens "
+        "k % W). Definitions: [docs/metrics.md](../docs/metrics.md). Rank cost is padded tokens "
         "(cost model a=1, b=c=0; packed layout: real tokens). `step_cv_ratio` and "
         f"`max_same_bucket_run` are at {WORLDS[0]} ranks, one micro-batch per rank per "
         "step (grad_accum=1); `max_same_bucket_run` tags every method's batches with the "

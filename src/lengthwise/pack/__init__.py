@@ -57,7 +57,6 @@ from lengthwise.pack.planner import PACK_ORDERS as PACK_ORDERS
 from lengthwise.pack.planner import PACK_OVERFLOW as PACK_OVERFLOW
 from lengthwise.pack.planner import plan_packed_epoch
 from lengthwise.pack.rows import POOL as POOL
-from lengthwise.pack.rows import REPACK_BELOW as REPACK_BELOW
 from lengthwise.pack.rows import REPACK_BUDGET as REPACK_BUDGET
 from lengthwise.pack.rows import REPACK_TRY as REPACK_TRY
 from lengthwise.pack.rows import ROWS_PER_CHUNK as ROWS_PER_CHUNK

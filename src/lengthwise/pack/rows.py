@@ -18,25 +18,23 @@ __all__ = ["pack_rows"]
 
 #: open rows per lane
 POOL = 8
-#: rows under this fill are repacked at the end ...
-REPACK_BELOW = 0.98
-#: ... and, lowest fill first, those under this one while the items stay within the budget
+#: rows under this fill are repacked at the end, lowest fill first, ...
 REPACK_TRY = 0.995
-#: items that may be repacked beyond those of rows under ``REPACK_BELOW``
+#: ... while their items stay within this budget (or 2% of the items, if more), so the
+#: best-fit pass stays a small share of the work on any distribution
 REPACK_BUDGET = 20_000
 #: rows' worth of tokens per chunk of a lane
 ROWS_PER_CHUNK = 4
 
 
 def _rows_to_keep(fill: np.ndarray, size: np.ndarray, budget: int) -> np.ndarray:
-    """Rows to keep as packed: all but those under ``REPACK_BELOW`` and, lowest fill
-    first, those under ``REPACK_TRY`` whose items fit in what is left of ``budget``."""
-    keep = fill >= REPACK_BELOW
-    left = budget - int(size[~keep].sum())
-    maybe = np.flatnonzero(keep & (fill < REPACK_TRY))
-    if left > 0 and maybe.size:
+    """Rows to keep as packed: all but, lowest fill first, those under ``REPACK_TRY``
+    whose items fit in ``budget``."""
+    keep = np.ones(fill.size, dtype=bool)
+    maybe = np.flatnonzero(fill < REPACK_TRY)
+    if maybe.size:
         maybe = maybe[np.argsort(fill[maybe], kind="stable")]
-        keep[maybe[np.cumsum(size[maybe]) <= left]] = False
+        keep[maybe[np.cumsum(size[maybe]) <= budget]] = False
     return keep
 
 
