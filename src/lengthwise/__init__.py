@@ -13,8 +13,7 @@ Example::
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from lengthwise._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -58,14 +57,4 @@ _EXPORTS: dict[str, str] = {
 __all__ = ["__version__", *_EXPORTS]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'lengthwise' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

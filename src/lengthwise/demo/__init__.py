@@ -18,8 +18,7 @@ Example::
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from lengthwise._lazy import lazy_exports
 
 _EXPORTS = {
     "DemoConfig": "lengthwise.demo.run",
@@ -34,14 +33,4 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'lengthwise.demo' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -1,0 +1,26 @@
+"""Every public name resolves, and the core stays free of torch."""
+
+import subprocess
+import sys
+
+import pytest
+
+import lengthwise
+import lengthwise.demo
+import lengthwise.train
+
+
+@pytest.mark.parametrize("package", [lengthwise, lengthwise.train, lengthwise.demo])
+def test_every_export_resolves(package):
+    for name in package._EXPORTS:
+        assert getattr(package, name) is not None, name
+    assert set(package._EXPORTS) <= set(dir(package))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        package.nope  # noqa: B018
+
+
+def test_core_plans_without_importing_torch():
+    code = ("import sys, lengthwise; lengthwise.plan_epoch([3, 1, 2], batch_size=2); "
+            "lengthwise.optimal_edges([3, 1, 2], 2); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
