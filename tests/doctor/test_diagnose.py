@@ -16,7 +16,7 @@ STEPS = 2500
 
 @pytest.fixture(scope="module")
 def reference():
-    """The mission's picture: single-bucket batches in random order, cliffs not at saves."""
+    """The reference run's picture: single-bucket batches in random order, cliffs not at saves."""
     run = simulate_run("bucketed", steps=STEPS, seed=11, checkpoint_every=250, random_spikes=4,
                        spike_height=1.2)
     return run, diagnose(run.records)

@@ -8,7 +8,7 @@ the composition:
 
 * ``"random"``: every step draws samples at random (no buckets logged);
 * ``"bucketed"``: every step's samples come from one length bucket, buckets
-  in random order (the mission's fluffy run: bands);
+  in random order (the reference run's "fluffy" loss: bands);
 * ``"stratified"``: every step draws the same share from each bucket (clean);
 * ``"sorted_megabatch"``: ``megabatch`` steps' worth of samples are sorted by
   length and cut into steps (a sawtooth with period ``megabatch``).
