@@ -43,3 +43,12 @@ def test_bad_input_exits_2_with_a_message(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "lengthwise", "plan", "sft_mix", "--buckets",
                            "x,y"], capture_output=True, text=True)
     assert proc.returncode == 2 and "edges must be integers" in proc.stderr
+
+
+def test_more_ranks_than_batches_needs_a_counted_policy(capsys):
+    assert main(["plan", "coqa", "--batch-size", "1", "--world-size", "1000"]) == 2
+    assert "cannot give each of 1000 ranks" in capsys.readouterr().err
+    assert main(["plan", "coqa", "--batch-size", "1", "--world-size", "1000", "--even-out",
+                 "repeat", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["repeated"] == 300 and out["unique_samples"] == 700

@@ -199,7 +199,8 @@ def validate_lengths(values: np.ndarray | Iterable[float], *, what: str = "lengt
 
 
 def apply_overflow(
-    lengths: np.ndarray, max_len: int | None, on_overflow: OverflowPolicy = "truncate"
+    lengths: np.ndarray, max_len: int | None, on_overflow: OverflowPolicy = "truncate",
+    *, limit_name: str | None = None,
 ) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
     """Apply the over-length policy; return ``(lengths, keep_mask, counts)``.
 
@@ -228,7 +229,8 @@ def apply_overflow(
         return lengths, keep, counts
     if on_overflow == "error":
         row = int(np.flatnonzero(over)[0])
-        raise LengthError(f"row {row}: length {int(lengths[row])} is over max_len={max_len} "
+        limit = limit_name or f"max_len={max_len}"
+        raise LengthError(f"row {row}: length {int(lengths[row])} is over {limit} "
                           f"({n_over} rows are; use on_overflow='truncate' or 'drop')")
     if on_overflow == "truncate":
         counts["truncated"] = n_over

@@ -229,11 +229,11 @@ def prepare_lengths(lengths, config: PlanConfig, indices: np.ndarray | None = No
     raw = lengths if isinstance(lengths, np.ndarray) else load_lengths(lengths)
     raw = validate_lengths(raw)
     cap = config.row_limit().max_length() if cap_to_budget else None
-    max_len = config.max_len
+    max_len, limit_name = config.max_len, None
     if cap is not None and (max_len is None or cap < max_len):
-        max_len = cap
+        max_len, limit_name = cap, f"the {cap} tokens one row of the budget holds"
     policy = "truncate" if config.on_overflow == "split" else config.on_overflow
-    lens, keep, counts = apply_overflow(raw, max_len, policy)
+    lens, keep, counts = apply_overflow(raw, max_len, policy, limit_name=limit_name)
     if indices is not None:
         ids = np.asarray(indices, dtype=np.int64)
         if ids.size and (ids.min() < 0 or ids.max() >= raw.size):

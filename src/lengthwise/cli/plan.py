@@ -61,6 +61,9 @@ def register(subparsers) -> None:
     p.add_argument("--grad-accum", type=int, default=1)
     p.add_argument("--max-run", type=int, default=3)
     p.add_argument("--pad-multiple", type=int, default=1)
+    p.add_argument("--even-out", choices=("split", "drop", "repeat"), default="split",
+                   help="how ranks get equal micro-batch counts: split batches (default, every "
+                        "sample once), drop or repeat whole batches (counted)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epoch", type=int, default=0)
     p.add_argument("--compare", action="store_true", help="one row per order on the same lengths")
@@ -117,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         epoch=args.epoch, seed=args.seed, max_tokens=args.max_tokens, batch_size=args.batch_size,
         buckets=args.buckets, world_size=args.world_size, grad_accum=args.grad_accum,
         max_run=args.max_run, max_len=args.max_len, pad_multiple=args.pad_multiple,
-        on_overflow=args.on_overflow)
+        on_overflow=args.on_overflow, even_out=args.even_out)
     orders = COMPARE_ORDERS if args.compare else (args.order,)
     results = {}
     show = len(lengths) >= 1_000_000 or args.compare
