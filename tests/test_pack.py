@@ -308,3 +308,36 @@ def test_packed_micro_batch_loss_equals_samples_one_by_one(impl):
         leaky = model(input_ids=batch["input_ids"], labels=batch["labels"]).loss.item()
     assert packed == pytest.approx(alone, rel=1e-5)
     assert abs(leaky - alone) > 1e-3
+
+
+def test_sampler_yields_the_plans_rows_to_the_collator():
+    """Several rows per micro-batch reach PackCollator exactly as the plan packed them."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    from lengthwise import BucketBatchSampler, PackCollator, RowsDataset
+
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(1, 300, 400)
+    data = [{"input_ids": list(range(1, n + 1))} for n in lengths.tolist()]
+    sampler = BucketBatchSampler(lengths, max_tokens=512, layout="pack", rows_per_batch=3,
+                                 yield_rows=True, num_replicas=2, rank=1, seed=3)
+    loader = DataLoader(RowsDataset(data), batch_sampler=sampler,
+                        collate_fn=PackCollator(row_capacity=512, pad_to_capacity=True,
+                                                pad_token_id=0))
+    plan = sampler.plan
+    seen = []
+    for pos, batch in enumerate(loader):
+        rows = plan.batch_rows(1 + pos * 2)
+        # padded to (rows, 512): every row of the plan starts at a multiple of 512
+        pieces = []
+        for row in rows:
+            pieces += [int(lengths[i]) for i in row]
+            if 512 - int(lengths[row].sum()):
+                pieces.append(512 - int(lengths[row].sum()))
+        assert batch["cu_seq_lens_q"].tolist() == np.cumsum([0] + pieces).tolist()
+        assert batch["padded_tokens"] == len(rows) * 512
+        assert batch["samples"] == sum(len(r) for r in rows)
+        seen.extend(i for row in rows for i in row.tolist())
+    assert len(seen) == len(set(seen)) and isinstance(batch["input_ids"], torch.Tensor)
+    assert sorted(seen) == sorted(np.concatenate(plan.rank_batches(1)).tolist())

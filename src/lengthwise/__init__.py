@@ -41,6 +41,7 @@ _EXPORTS: dict[str, str] = {
     "model_inputs": "lengthwise.collate",
     "batch_metadata": "lengthwise.collate",
     "packed_attention_mask": "lengthwise.collate",
+    "RowsDataset": "lengthwise.collate",
     "Calibration": "lengthwise.calibrate",
     "fit_cost": "lengthwise.calibrate",
     "compute_lengths": "lengthwise.hf_lengths",

@@ -116,8 +116,12 @@ class BucketBatchSampler(Sampler[list[int]]):
         max_cost: float | None = None,
         layout: str = "pad",
         rows_per_batch: int = 1,
+        yield_rows: bool = False,
     ) -> None:
         super().__init__()
+        #: yield each micro-batch as a list of packed rows (lists of indices); wrap the data
+        #: set in ``lengthwise.collate.RowsDataset`` so the collator receives the rows
+        self.yield_rows = bool(yield_rows)
         self.lengths = load_lengths(lengths)
         self.num_replicas, self.rank = _resolve_ranks(num_replicas, rank)
         if drop_last and even_out not in (None, "drop"):
@@ -283,7 +287,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         done = self._pending if self._pending is not None else self._yielded
         return max(0, len(self) - done)
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def __iter__(self) -> Iterator[list[int] | list[list[int]]]:
         plan = self.plan
         start = self._pending if self._pending is not None else 0
         self._pending = None
@@ -294,7 +298,11 @@ class BucketBatchSampler(Sampler[list[int]]):
         indices, offsets = plan.indices, plan.offsets
         for pos in range(start, plan.num_batches):
             k = rank + pos * world
-            batch = indices[offsets[k] : offsets[k + 1]].tolist()
+            if self.yield_rows:
+                rows = plan.batch_rows(k) if hasattr(plan, "batch_rows") else [plan.batch(k)]
+                batch = [row.tolist() for row in rows]
+            else:
+                batch = indices[offsets[k] : offsets[k + 1]].tolist()
             self._yielded = pos + 1  # before the yield: a state taken now includes this batch
             yield batch
 

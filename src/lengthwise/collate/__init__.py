@@ -41,11 +41,13 @@ from lengthwise.collate.mask import packed_attention_mask
 from lengthwise.collate.metadata import METADATA_KEYS, batch_metadata, model_inputs
 from lengthwise.collate.pack import PackCollator
 from lengthwise.collate.pad import PadCollator
+from lengthwise.collate.rows_dataset import RowsDataset
 
 __all__ = [
     "METADATA_KEYS",
     "PackCollator",
     "PadCollator",
+    "RowsDataset",
     "batch_metadata",
     "bucket_of",
     "model_inputs",
