@@ -115,7 +115,7 @@ def test_load_texts_reads_jsonl_and_saved_datasets(tmp_path):
     assert load_texts(path) == ["a", "b"]
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "a"}\n{"body": "b"}\n')
-    with pytest.raises(ValueError, match="bad.jsonl:2"):
+    with pytest.raises(ValueError, match="bad.jsonl, line 2"):
         load_texts(bad)
     with pytest.raises(FileNotFoundError):
         load_texts(tmp_path / "missing.jsonl")

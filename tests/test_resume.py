@@ -15,9 +15,9 @@ import time
 import numpy as np
 import pytest
 import torch
+from _datasets import IndexDataset
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch.utils.data import Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from lengthwise.plan import plan_epoch
@@ -31,15 +31,6 @@ def _lengths(n=3000, seed=0):
     return np.random.default_rng(seed).integers(1, 900, n)
 
 
-class IndexDataset(Dataset):
-    def __init__(self, n):
-        self.n = n
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        return i
 
 
 def _collate(items):

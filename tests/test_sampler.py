@@ -9,9 +9,10 @@ import sys
 import numpy as np
 import pytest
 import torch
+from _datasets import IndexDataset
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 import lengthwise
 from lengthwise.lengths import LengthError
@@ -27,17 +28,6 @@ def _all_ranks(lengths, world, **kw):
     return [BucketBatchSampler(lengths, num_replicas=world, rank=r, **kw) for r in range(world)]
 
 
-class IndexDataset(Dataset):
-    """Row i is its own index (so batches show which samples were loaded)."""
-
-    def __init__(self, n):
-        self.n = n
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        return i
 
 
 def test_export_and_yields_plan_batches_as_python_ints():

@@ -14,7 +14,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable
 from importlib import resources
@@ -22,6 +21,8 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+
+from lengthwise.jsonl import jsonl_field
 
 OverflowPolicy = Literal["truncate", "drop", "error"]
 OVERFLOW_POLICIES = ("truncate", "drop", "error")
@@ -77,27 +78,12 @@ def _read_text(path: str) -> np.ndarray:
 
 def _read_jsonl(path: str, field: str) -> np.ndarray:
     values = []
-    opener = open
-    if path.endswith(".gz"):
-        import gzip
-
-        opener = gzip.open  # type: ignore[assignment]
-    with opener(path, "rt", encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise LengthError(f"{path}, line {lineno}: not valid JSON ({exc.msg})") from None
-            if not isinstance(record, dict) or field not in record:
-                raise LengthError(f"{path}, line {lineno}: no field {field!r}")
-            value = record[field]
-            if isinstance(value, list):  # a token-id list: its length is the sample length
-                value = len(value)
-            if value is None or isinstance(value, (bool, str)):
-                raise LengthError(f"{path}, line {lineno}: field {field!r} is {value!r}")
-            values.append(float(value))
+    for lineno, value in jsonl_field(path, field, error=LengthError):
+        if isinstance(value, list):  # a token-id list: its length is the sample length
+            value = len(value)
+        if value is None or isinstance(value, (bool, str)):
+            raise LengthError(f"{path}, line {lineno}: field {field!r} is {value!r}")
+        values.append(float(value))
     return np.asarray(values, dtype=np.float64)
 
 

@@ -29,6 +29,8 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
+from lengthwise.jsonl import jsonl_field
+
 __all__ = ["corpus_fingerprint", "load_corpus", "load_texts", "stdlib_docstrings"]
 
 #: folders below the standard library that hold third-party packages, not the library
@@ -100,21 +102,11 @@ def stdlib_docstrings(root: str | Path | None = None, *, limit_files: int | None
 
 def _jsonl_texts(path: Path, field: str) -> list[str]:
     out = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{number}: not a JSON object ({exc.msg})") from exc
-            if not isinstance(row, dict) or field not in row:
-                raise ValueError(f"{path}:{number}: expected an object with a {field!r} field")
-            value = row[field]
-            if not isinstance(value, str):
-                raise ValueError(f"{path}:{number}: field {field!r} must be a string, "
-                                 f"got {type(value).__name__}")
-            out.append(value)
+    for number, value in jsonl_field(path, field):
+        if not isinstance(value, str):
+            raise ValueError(f"{path}, line {number}: field {field!r} must be a string, "
+                             f"got {type(value).__name__}")
+        out.append(value)
     return out
 
 
