@@ -147,6 +147,18 @@ def batch_longest(lengths: np.ndarray, indices: np.ndarray, offsets: np.ndarray)
     return np.maximum.reduceat(lengths[indices], offsets[:-1])
 
 
+def batch_padded_lengths(lengths: np.ndarray, indices: np.ndarray, offsets: np.ndarray,
+                         pad_multiple: int = 1) -> np.ndarray:
+    """Padded length of each micro-batch: its longest sample rounded up to ``pad_multiple``.
+
+    Example::
+
+        >>> batch_padded_lengths(np.array([3, 9, 5]), np.arange(3), np.array([0, 2, 3]), 8).tolist()
+        [16, 8]
+    """
+    return np.asarray(round_up(batch_longest(lengths, indices, offsets), pad_multiple))
+
+
 @dataclass
 class EvenOutReport:
     """What evening out the micro-batch count did."""

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from lengthwise.batching import batch_longest
 from lengthwise.cost import CostModel, round_up
 
 #: repetitions of the random-shuffle reference for ``step_cv_ratio``
@@ -148,7 +149,7 @@ def batch_stats(
         raise ValueError("no micro-batches to measure")
     rows = np.diff(offsets)
     lens = lengths[indices]
-    longest = np.maximum.reduceat(lens, offsets[:-1])
+    longest = batch_longest(lengths, indices, offsets)
     real = float(lens.sum())
     if capacity is None:
         padded_len = np.asarray(round_up(longest, pad_multiple))

@@ -29,7 +29,7 @@ from typing import Literal
 import numpy as np
 
 from lengthwise import batching, metrics, orders
-from lengthwise.cost import CostModel, round_up
+from lengthwise.cost import CostModel
 from lengthwise.edges import Histogram, auto_edges, solve
 from lengthwise.lengths import apply_overflow, load_lengths, validate_lengths
 
@@ -181,10 +181,9 @@ def sorted_reference(lengths: np.ndarray, ids: np.ndarray, config: PlanConfig) -
     """``padding_efficiency`` of globally length-sorted batches under the same rule."""
     order = ids[np.argsort(lengths[ids], kind="stable")]
     idx, off = batching.greedy_batches(order, lengths, config.row_limit())
-    lens = lengths[idx]
-    longest = np.maximum.reduceat(lens, off[:-1])
-    padded = np.sum(np.diff(off) * np.asarray(round_up(longest, config.pad_multiple)))
-    return float(lens.sum() / padded)
+    padded = np.sum(np.diff(off) * batching.batch_padded_lengths(lengths, idx, off,
+                                                                 config.pad_multiple))
+    return float(lengths[idx].sum() / padded)
 
 
 def _resolve_edges(lengths: np.ndarray, ids: np.ndarray, config: PlanConfig,
@@ -334,9 +333,8 @@ def plan_epoch(
         perm = orders.interleave(tag, o, config.world_size)
         perm = orders.limit_runs(perm, tag, config.world_size, config.max_run)
     else:
-        longest = batching.batch_longest(lens, idx, off)
         batch_cost = (config.cost or CostModel()).batch_cost(
-            np.diff(off), round_up(longest, config.pad_multiple))
+            np.diff(off), batching.batch_padded_lengths(lens, idx, off, config.pad_multiple))
         perm = orders.stratified(tag, batch_cost, config.world_size, config.grad_accum, o)
     if not np.array_equal(perm, np.arange(m)):
         idx, off = batching.take_batches(idx, off, perm)

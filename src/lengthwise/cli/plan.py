@@ -13,6 +13,7 @@ import sys
 
 import numpy as np
 
+from lengthwise.batching import batch_padded_lengths
 from lengthwise.progress import progress
 
 COMPARE_ORDERS = ("sorted", "random", "bucket-random", "interleave", "stratified")
@@ -97,8 +98,8 @@ def _edge_table(plan) -> str:
     lens = plan.lengths[plan.indices]
     counts = np.bincount(np.searchsorted(edges, lens, side="left"), minlength=edges.size)
     rows = np.diff(plan.offsets)
-    longest = np.maximum.reduceat(lens, plan.offsets[:-1])
-    padded_len = -(-longest // plan.config.pad_multiple) * plan.config.pad_multiple
+    padded_len = batch_padded_lengths(plan.lengths, plan.indices, plan.offsets,
+                                      plan.config.pad_multiple)
     real = np.bincount(plan.bucket, weights=np.add.reduceat(lens, plan.offsets[:-1]),
                        minlength=edges.size)
     padded = np.bincount(plan.bucket, weights=rows * padded_len, minlength=edges.size)
