@@ -517,20 +517,18 @@ def headline_targets(ds: dict, s: Settings) -> list[tuple[str, str, str]]:
             out.append((f"padding_efficiency >= group_by_length's ({s.batch_size} rows, "
                         "buckets='auto')", f"{q['eff_auto']:.3f} vs {q['hf_eff']:.3f}",
                         verdict(q["eff_auto"] >= q["hf_eff"])))
-    for rule, label in (("rows", f"{s.batch_size} rows"),
-                        ("tokens", f"{s.max_tokens:,}-token budget"), ("pack", "packed")):
-        cv = q[f"cv_{rule}"]
-        if cv is not None or rule == "rows":
-            extra = f" (group_by_length {fmt(q['cv_hf'], '.2f')})" if rule == "rows" else ""
-            out.append((f"step_cv_ratio <= 1.0 at {w0} ranks ({label})",
-                        f"{fmt(cv, '.2f')}{extra}", verdict(None if cv is None else cv <= 1.0)))
-    for rule, label in (("rows", f"{s.batch_size} rows"),
-                        ("tokens", f"{s.max_tokens:,}-token budget"), ("pack", "packed")):
-        p99 = q[f"p99_{rule}"]
-        if p99 is not None or rule == "rows":
-            extra = f" (group_by_length {fmt(q['p99_hf'])})" if rule == "rows" else ""
-            out.append((f"rank_imbalance p99 <= 1.05 at {w1} ranks ({label})",
-                        f"{fmt(p99)}{extra}", verdict(None if p99 is None else p99 <= 1.05)))
+    # (key prefix, target, bound, ranks, number format), one row per batch rule
+    for key, target, bound, ranks, spec in (("cv", "step_cv_ratio <= 1.0", 1.0, w0, ".2f"),
+                                            ("p99", "rank_imbalance p99 <= 1.05", 1.05, w1,
+                                             ".3f")):
+        for rule, label in (("rows", f"{s.batch_size} rows"),
+                            ("tokens", f"{s.max_tokens:,}-token budget"), ("pack", "packed")):
+            value = q[f"{key}_{rule}"]
+            if value is not None or rule == "rows":
+                extra = (f" (group_by_length {fmt(q[f'{key}_hf'], spec)})" if rule == "rows"
+                         else "")
+                out.append((f"{target} at {ranks} ranks ({label})", f"{fmt(value, spec)}{extra}",
+                            verdict(None if value is None else value <= bound)))
     return out
 
 
