@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 
 
 def _logits(target, draft, tokens, rows=None):
-    from lengthwise.collate import PadCollator
+    from lengthwise.pytorch.collate import PadCollator
 
     batch = PadCollator(pad_token_id=0, pad_multiple=1)(
         [{"input_ids": t, "labels": [-100, *t[1:]]} for t in tokens])
@@ -82,7 +82,7 @@ def test_batch_mates_and_padding_do_not_change_a_sample(pair):
 
 
 def test_packed_rows_give_the_padded_logits(pair):
-    from lengthwise.collate import PackCollator
+    from lengthwise.pytorch.collate import PackCollator
 
     target, draft = pair
     a, b = list(range(3, 15)), list(range(20, 30))

@@ -11,7 +11,7 @@ nothing else (:func:`block_attention_mask`).
 Example::
 
     >>> import torch
-    >>> from lengthwise.collate import PadCollator
+    >>> from lengthwise.pytorch.collate import PadCollator
     >>> mb = PadCollator(pad_token_id=0, pad_multiple=1)(
     ...     [{"input_ids": [1, 2, 3, 4, 5], "labels": [-100, 2, 3, 4, 5]}])
     >>> blocks = make_blocks(mb, [[7]], step=0, seed=0, num_anchors=2, block_size=3, gamma=1.0)
