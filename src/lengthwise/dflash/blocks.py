@@ -1,7 +1,7 @@
 """A collated micro-batch turned into draft blocks: anchors, labels, weights, attention mask.
 
-:func:`make_blocks` takes what :class:`~lengthwise.collate.PadCollator` (one
-sample per row) or :class:`~lengthwise.collate.PackCollator` (samples packed
+:func:`make_blocks` takes what :class:`~lengthwise.pytorch.collate.PadCollator` (one
+sample per row) or :class:`~lengthwise.pytorch.collate.PackCollator` (samples packed
 into rows, positions restarting per sample) returned, plus the dataset index of
 every sample, and draws each sample's anchors for this step
 (:func:`~lengthwise.dflash.objective.sample_anchors`). A block sees the context
@@ -100,7 +100,7 @@ def make_blocks(batch: dict[str, Any], rows: list[list[int]], *, step: int, seed
                 capacity: int | None = None) -> Blocks:
     """Blocks of a collated micro-batch whose samples are the dataset indices in ``rows``.
 
-    ``rows`` is what :class:`~lengthwise.sampler.BucketBatchSampler` yields with
+    ``rows`` is what :class:`~lengthwise.pytorch.sampler.BucketBatchSampler` yields with
     ``yield_rows=True``; ``capacity`` is the packed row length (packed batches only).
     Supervised tokens are those whose label is not ``-100``.
     """
