@@ -49,8 +49,8 @@ class DFlashDemoConfig(DFlashTrainConfig):
 
     steps: int = 120
     grad_accum: int = 4
-    max_tokens: int = 1024
-    max_len: int = 224
+    max_tokens: int = 512
+    max_len: int = 192
     lr: float = 3e-3
     warmup_ratio: float = 0.1
     block_size: int = 8
@@ -59,10 +59,10 @@ class DFlashDemoConfig(DFlashTrainConfig):
     eval_samples: int = 48
     max_samples: int | None = None
     target_size: str = "small"
-    target_steps: int = 300
-    texts: int = 2400  # corpus texts turned into prompts (before the held-out split)
+    target_steps: int = 150
+    texts: int = 2000  # corpus texts turned into prompts (before the held-out split)
     prompt_len: int = 48
-    response_len: int = 160
+    response_len: int = 128
     temperature: float = 0.7
     eval_prompts: int = 12
     max_new_tokens: int = 48

@@ -117,7 +117,7 @@ def regenerate(model: Any, prompts: list[np.ndarray], *, max_new_tokens: int, eo
                 seq = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
                                      max_new_tokens=max_new_tokens, do_sample=True,
                                      temperature=temperature, top_k=0, top_p=1.0,
-                                     pad_token_id=eos, eos_token_id=eos)
+                                     pad_token_id=eos, eos_token_id=eos, use_cache=True)
             for r, i in enumerate(idx):
                 resp = seq[r, width:].cpu().numpy()
                 stop = np.flatnonzero(resp == eos)
@@ -152,7 +152,7 @@ def train_target(texts: list[str], tokenizer: Any, *, cache_dir: Path, size: str
     if (folder / "config.json").is_file():
         info = json.loads((folder / "lengthwise.json").read_text(encoding="utf-8"))
         return transformers.AutoModelForCausalLM.from_pretrained(str(folder)), info
-    cfg = DemoConfig(steps=steps, grad_accum=4, max_tokens=2048, max_len=max_len,
+    cfg = DemoConfig(steps=steps, grad_accum=4, max_tokens=1024, max_len=max_len,
                      model_size=size, lr=3e-3, schedule="cosine", eval_samples=128, seed=seed,
                      progress=False)
     data = DemoData.build(texts, tokenizer, max_len=max_len, eval_samples=128, seed=seed)

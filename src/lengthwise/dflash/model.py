@@ -214,7 +214,8 @@ class DFlashDraft(nn.Module):
         self.layers = nn.ModuleList(_Layer(qcfg) for _ in range(cfg.num_layers))
         self.norm = Qwen3RMSNorm(h, eps=cfg.rms_norm_eps)
         self.rotary = Qwen3RotaryEmbedding(qcfg)
-        self.mask_embedding = (nn.Parameter(torch.zeros(h)) if cfg.mask_token_id is None
+        # small random values: a zero vector would sit where RMSNorm's gradient is 1/sqrt(eps)
+        self.mask_embedding = (nn.Parameter(0.02 * torch.randn(h)) if cfg.mask_token_id is None
                                else None)
 
     def forward(self, features: torch.Tensor, block_embeds: torch.Tensor,
