@@ -69,7 +69,7 @@ def test_help_states_each_default_once(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "(default: None)" not in text
     assert "(default: 10% of --steps; with --task dflash: --warmup-ratio of them)" in text
-    assert "(default: 200; with --task dflash: 120)" in text
+    assert "(default: 200; with --task dflash: 100)" in text
 
 
 def test_gpu_benchmark_smoke_on_cpu(tmp_path):

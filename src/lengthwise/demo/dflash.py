@@ -47,7 +47,7 @@ DFLASH_KEYS: tuple[str, ...] = (
 class DFlashDemoConfig(DFlashTrainConfig):
     """DFlash training sized for two CPU cores, plus the target and evaluation settings."""
 
-    steps: int = 120
+    steps: int = 100
     grad_accum: int = 4
     max_tokens: int = 512
     max_len: int = 192
@@ -63,7 +63,7 @@ class DFlashDemoConfig(DFlashTrainConfig):
     texts: int = 2000  # corpus texts turned into prompts (before the held-out split)
     prompt_len: int = 48
     response_len: int = 128
-    temperature: float = 0.7
+    temperature: float = 0.0  # 0: the target's greedy continuation
     eval_prompts: int = 12
     max_new_tokens: int = 48
     eval_anchors: int = 48

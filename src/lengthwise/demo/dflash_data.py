@@ -95,10 +95,17 @@ def make_prompts(token_lists: list[np.ndarray], *, max_prompt: int, seed: int,
 def regenerate(model: Any, prompts: list[np.ndarray], *, max_new_tokens: int, eos: int,
                temperature: float, seed: int, batch_size: int = 64,
                device: Any = "cpu") -> list[np.ndarray]:
-    """The target's own continuation of every prompt (sampled; ends at ``eos`` or the cap)."""
+    """The target's own continuation of every prompt (ends at ``eos`` or the cap).
+
+    ``temperature`` 0 is greedy decoding (the continuation speculative decoding must
+    reproduce); above 0 the target samples.
+    """
     import torch
 
     order = np.argsort([p.size for p in prompts], kind="stable")
+    sampling: dict[str, Any] = ({"do_sample": False} if temperature == 0 else
+                                {"do_sample": True, "temperature": temperature, "top_k": 0,
+                                 "top_p": 1.0})
     out: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * len(prompts)
     gen = torch.Generator().manual_seed(seed)
     was = model.training
@@ -115,9 +122,8 @@ def regenerate(model: Any, prompts: list[np.ndarray], *, max_new_tokens: int, eo
             torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
             with torch.no_grad():
                 seq = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                                     max_new_tokens=max_new_tokens, do_sample=True,
-                                     temperature=temperature, top_k=0, top_p=1.0,
-                                     pad_token_id=eos, eos_token_id=eos, use_cache=True)
+                                     max_new_tokens=max_new_tokens, pad_token_id=eos,
+                                     eos_token_id=eos, use_cache=True, **sampling)
             for r, i in enumerate(idx):
                 resp = seq[r, width:].cpu().numpy()
                 stop = np.flatnonzero(resp == eos)

@@ -70,8 +70,8 @@ def block_logits(draft: Any, target: Any, blocks: Blocks, *, net: Any = None,
                  amp: Any = None) -> torch.Tensor:
     """Draft logits ``(R, A*B, V)`` of every block slot (``net``: ``draft`` wrapped in DDP)."""
     b = draft.config.block_size
-    _, feats = target.forward(blocks.input_ids, attention_mask=blocks.attention_mask,
-                              position_ids=blocks.position_ids)
+    feats = target.features(blocks.input_ids, attention_mask=blocks.attention_mask,
+                            position_ids=blocks.position_ids)
     anchors = blocks.anchors
     base = blocks.position_ids.gather(1, anchors.clamp(min=0))
     slot_pos = (base.unsqueeze(-1) + torch.arange(b, device=base.device)).flatten(1)

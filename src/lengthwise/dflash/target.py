@@ -43,6 +43,7 @@ class Target:
         self.embed = model.get_input_embeddings()
         self.lm_head = model.get_output_embeddings()
         self.vocab_size = int(self.lm_head.weight.shape[0])
+        self.base = getattr(model, getattr(model, "base_model_prefix", ""), None)
 
     @property
     def device(self) -> torch.device:
@@ -57,6 +58,17 @@ class Target:
                          position_ids=position_ids, output_hidden_states=True, use_cache=False)
         feats = torch.cat([out.hidden_states[i + 1] for i in self.layers], dim=-1)
         return out.logits, feats
+
+    @torch.no_grad()
+    def features(self, input_ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None,
+                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Features only: the decoder stack without the LM head (what training needs)."""
+        if self.base is None:
+            return self.forward(input_ids, attention_mask=attention_mask,
+                                position_ids=position_ids)[1]
+        out = self.base(input_ids=input_ids, attention_mask=attention_mask,
+                        position_ids=position_ids, output_hidden_states=True, use_cache=False)
+        return torch.cat([out.hidden_states[i + 1] for i in self.layers], dim=-1)
 
     @torch.no_grad()
     def greedy(self, prompt: list[int], max_new_tokens: int, eos: int | None = None,
