@@ -11,6 +11,8 @@
 - :mod:`~lengthwise.demo.lm`: the causal-LM task and its held-out evaluation.
 - :mod:`~lengthwise.demo.runner`: one run per order, in lock-step.
 - :mod:`~lengthwise.demo.results`: a run's figures, read back from its log.
+- :mod:`~lengthwise.demo.dflash`, :mod:`~lengthwise.demo.dflash_data`: ``--task dflash``, a
+  DFlash draft per order against a frozen target, on responses the target regenerated.
 - :mod:`~lengthwise.demo.report`: roughness and verdicts from the doctor, table, plot.
 - :mod:`~lengthwise.demo.main`: :func:`run_demo`, all of it together.
 

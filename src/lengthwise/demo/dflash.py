@@ -92,7 +92,13 @@ def prepare(cfg: DFlashDemoConfig, *, target: str | Path | None, data: str | Pat
             info: GroupInfo | None, device: Any) -> tuple[Any, Any, dict[str, Any]]:
     """The target (on ``device``), the regenerated data and what building them measured."""
     from lengthwise.demo.corpus import corpus_fingerprint, load_corpus
-    from lengthwise.demo.dflash_data import DFlashData, _key, make_prompts, regenerate
+    from lengthwise.demo.dflash_data import (
+        DFlashData,
+        _key,
+        make_prompts,
+        regenerate,
+        stop_tokens,
+    )
     from lengthwise.demo.tokenizer import default_cache_dir, encode_texts
 
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -104,8 +110,10 @@ def prepare(cfg: DFlashDemoConfig, *, target: str | Path | None, data: str | Pat
             fp = corpus_fingerprint(texts)
             model, tok, eos, meta = _target(cfg, target, texts, tokenizer, cache, vocab_size,
                                             fp, device)
+            eos = stop_tokens(tok, eos)
             key = _key(target=meta["target_key"], texts=cfg.texts, prompt=cfg.prompt_len,
-                       response=cfg.response_len, temperature=cfg.temperature, seed=cfg.seed)
+                       response=cfg.response_len, temperature=cfg.temperature, seed=cfg.seed,
+                       stops=eos)
             path = cache / f"dflash-data-{key}.npz"
             if not path.is_file():
                 rng = np.random.default_rng([cfg.seed, 17])
@@ -360,7 +368,8 @@ def render_dflash(summary: dict[str, Any]) -> str:
 
     rows = summary["strategies"]
     speed = format_columns(rows, ("tokens_per_second", "throughput_vs_sorted",
-                                  "padding_efficiency", "loss_roughness", "excess"))
+                                  "padding_efficiency", "loss_roughness", "excess",
+                                  "skipped_steps"))
     draft = format_columns(rows, ("accuracy_first", "accuracy_final",
                                   "simulated_acceptance_length", "acceptance_length",
                                   "lossless"))
@@ -369,7 +378,7 @@ def render_dflash(summary: dict[str, Any]) -> str:
              f"loss_roughness over steps {lo}-{hi}; excess: roughness above the order's own "
              "sampling floor; acceptance_length: tokens per verifying target forward "
              "(speculative decoding of held-out prompts); lossless: the output equals the "
-             "target's greedy output."]
+             "target's greedy output; skipped_steps: updates SpikeGuard skipped."]
     if summary.get("plot"):
         lines.append(f"loss curves: {summary['plot']}")
     lines.append(f"wall time {summary.get('wall_seconds', 0.0):.0f} s")

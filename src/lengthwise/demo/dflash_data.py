@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["DFlashData", "make_prompts", "regenerate", "train_target"]
+__all__ = ["DFlashData", "make_prompts", "regenerate", "stop_tokens", "train_target"]
 
 
 @dataclass
@@ -92,16 +92,30 @@ def make_prompts(token_lists: list[np.ndarray], *, max_prompt: int, seed: int,
     return out
 
 
-def regenerate(model: Any, prompts: list[np.ndarray], *, max_new_tokens: int, eos: int,
+def stop_tokens(tokenizer: Any, eos: int) -> list[int]:
+    """``eos`` and every token that ends a line (holds a newline), ``eos`` first.
+
+    Small targets trained briefly fall into runs of newlines under greedy decoding;
+    ending a response at the end of its line keeps the data and the decoding to text.
+    """
+    vocab = tokenizer.get_vocab_size()
+    ends = [i for i in range(vocab) if i != eos and "\n" in tokenizer.decode([i])]
+    return [eos, *ends]
+
+
+def regenerate(model: Any, prompts: list[np.ndarray], *, max_new_tokens: int,
+               eos: int | list[int],
                temperature: float, seed: int, batch_size: int = 64,
                device: Any = "cpu") -> list[np.ndarray]:
-    """The target's own continuation of every prompt (ends at ``eos`` or the cap).
+    """The target's own continuation of every prompt (ends at a stop token ``eos`` or the cap).
 
     ``temperature`` 0 is greedy decoding (the continuation speculative decoding must
     reproduce); above 0 the target samples.
     """
     import torch
 
+    stops = [eos] if isinstance(eos, int) else list(eos)
+    pad = stops[0]
     order = np.argsort([p.size for p in prompts], kind="stable")
     sampling: dict[str, Any] = ({"do_sample": False} if temperature == 0 else
                                 {"do_sample": True, "temperature": temperature, "top_k": 0,
@@ -114,7 +128,7 @@ def regenerate(model: Any, prompts: list[np.ndarray], *, max_new_tokens: int, eo
         for lo in range(0, len(order), batch_size):
             idx = order[lo:lo + batch_size]
             width = max(prompts[i].size for i in idx)
-            ids = torch.full((idx.size, width), eos, dtype=torch.long)
+            ids = torch.full((idx.size, width), pad, dtype=torch.long)
             mask = torch.zeros((idx.size, width), dtype=torch.long)
             for r, i in enumerate(idx):  # left padding
                 ids[r, width - prompts[i].size:] = torch.from_numpy(prompts[i])
@@ -122,11 +136,11 @@ def regenerate(model: Any, prompts: list[np.ndarray], *, max_new_tokens: int, eo
             torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
             with torch.no_grad():
                 seq = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                                     max_new_tokens=max_new_tokens, pad_token_id=eos,
-                                     eos_token_id=eos, use_cache=True, **sampling)
+                                     max_new_tokens=max_new_tokens, pad_token_id=pad,
+                                     eos_token_id=stops, use_cache=True, **sampling)
             for r, i in enumerate(idx):
                 resp = seq[r, width:].cpu().numpy()
-                stop = np.flatnonzero(resp == eos)
+                stop = np.flatnonzero(np.isin(resp, stops))
                 out[i] = resp[: int(stop[0]) + 1] if stop.size else resp
     finally:
         model.train(was)

@@ -187,8 +187,9 @@ class TrainLoop:
         self.logger = StepLogger(self.log_path, bucket_shares=bucket_token_shares(
             self.sampler.plan), num_buckets=len(self.sampler.edges or [0]),
             rank=self.rank, world_size=self.world)
-        if self.guard is not None:
-            self.guard.logger = self.logger
+        # the guard writes no events of its own: a skipped step is marked in its step record
+        # (``skipped``), and an event line carrying ``step`` and ``loss`` would read as a
+        # second record of that step to log readers
         if self.resumed_from is not None:
             self.logger.event("resume", step=self.step_count, path=self.resumed_from)
         self.checkpointer = (Checkpointer(ckpt_dir, keep=cfg.keep_checkpoints, logger=self.logger)

@@ -126,7 +126,8 @@ TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
 )
 _FORMATS = dict(TABLE_COLUMNS) | {
     "accuracy_first": ".3f", "accuracy_final": ".3f", "simulated_acceptance_length": ".2f",
-    "acceptance_length": ".2f", "lossless": "", "real_tokens_per_step": ".0f"}
+    "acceptance_length": ".2f", "lossless": "", "real_tokens_per_step": ".0f",
+    "skipped_steps": "d"}
 
 
 def format_columns(rows: dict[str, dict[str, Any]], keys: tuple[str, ...]) -> str:

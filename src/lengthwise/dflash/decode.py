@@ -29,6 +29,7 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,7 @@ import torch
 from lengthwise.dflash.blocks import block_attention_mask, make_blocks
 from lengthwise.dflash.loss import block_inputs, block_logits, block_loss
 from lengthwise.dflash.objective import simulated_acceptance_length
+from lengthwise.dflash.target import stop_set
 
 __all__ = ["BlockEval", "Generation", "acceptance", "evaluate_blocks", "speculative_generate"]
 
@@ -73,17 +75,21 @@ def _propose(draft: Any, target: Any, seq: list[int], feats: torch.Tensor) -> li
 
 @torch.no_grad()
 def speculative_generate(draft: Any, target: Any, prompt: list[int], *, max_new_tokens: int,
-                         eos: int | None = None) -> Generation:
-    """Generate up to ``max_new_tokens`` greedily, drafting with ``draft`` (see the module doc)."""
+                         eos: int | Collection[int] | None = None) -> Generation:
+    """Generate up to ``max_new_tokens`` greedily, drafting with ``draft`` (see the module doc).
+
+    ``eos``: a stop token id, or several; generation ends after the first one.
+    """
     if not prompt:
         raise ValueError("the prompt must hold at least one token")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    stops = stop_set(eos)
     device = target.device
     logits, feats = target.forward(torch.tensor([list(prompt)], device=device))
     seq = [*prompt, int(logits[0, -1].argmax())]
     out = Generation(tokens=[seq[-1]], target_forwards=1)
-    while len(out.tokens) < max_new_tokens and not (eos is not None and seq[-1] == eos):
+    while len(out.tokens) < max_new_tokens and seq[-1] not in stops:
         a = len(seq) - 1
         proposal = _propose(draft, target, seq, feats)
         logits, feats = target.forward(torch.tensor([seq + proposal], device=device))
@@ -93,8 +99,9 @@ def speculative_generate(draft: Any, target: Any, prompt: list[int], *, max_new_
         while n < len(proposal) and proposal[n] == greedy[n]:
             n += 1
         new = proposal[:n] + [greedy[n]]
-        if eos is not None and eos in new:
-            new = new[:new.index(eos) + 1]
+        ends = [i for i, t in enumerate(new) if t in stops]
+        if ends:
+            new = new[:ends[0] + 1]
         new = new[:max_new_tokens - len(out.tokens)]
         out.accepted.append(len(new))
         out.tokens.extend(new)
@@ -103,7 +110,8 @@ def speculative_generate(draft: Any, target: Any, prompt: list[int], *, max_new_
 
 
 def acceptance(draft: Any, target: Any, prompts: list[list[int]], *, max_new_tokens: int,
-               eos: int | None = None, check: bool = True) -> dict[str, Any]:
+               eos: int | Collection[int] | None = None, check: bool = True,
+               ) -> dict[str, Any]:
     """Acceptance length over ``prompts`` and whether every output equals the target's greedy one.
 
     ``acceptance_length`` pools the verifying forwards of every prompt (tokens kept

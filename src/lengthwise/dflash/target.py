@@ -20,12 +20,28 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["Target", "load_target"]
+__all__ = ["Target", "load_target", "stop_set"]
+
+
+def stop_set(eos: int | Collection[int] | None) -> frozenset[int]:
+    """Stop token ids as a set (``None``: no stop token).
+
+    Example::
+
+        >>> sorted(stop_set(3)), sorted(stop_set([4, 2])), stop_set(None)
+        ([3], [2, 4], frozenset())
+    """
+    if eos is None:
+        return frozenset()
+    if isinstance(eos, int):
+        return frozenset([eos])
+    return frozenset(int(t) for t in eos)
 
 
 class Target:
@@ -71,8 +87,8 @@ class Target:
         return torch.cat([out.hidden_states[i + 1] for i in self.layers], dim=-1)
 
     @torch.no_grad()
-    def greedy(self, prompt: list[int], max_new_tokens: int, eos: int | None = None,
-               ) -> list[int]:
+    def greedy(self, prompt: list[int], max_new_tokens: int,
+               eos: int | Collection[int] | None = None) -> list[int]:
         """The target's own greedy continuation of ``prompt`` (one forward per token).
 
         Example::
@@ -84,12 +100,13 @@ class Target:
             >>> len(t.greedy([1, 2, 3], 5))
             5
         """
+        stops = stop_set(eos)
         seq = list(prompt)
         for _ in range(max_new_tokens):
             ids = torch.tensor([seq], device=self.device)
             nxt = int(self.model(input_ids=ids, use_cache=False).logits[0, -1].argmax())
             seq.append(nxt)
-            if eos is not None and nxt == eos:
+            if nxt in stops:
                 break
         return seq[len(prompt):]
 
