@@ -338,3 +338,21 @@ def test_two_process_run_under_torchrun(jsonl, workdir, tmp_path):
     recs = read_log(out / "stratified" / "train_log.jsonl")
     assert [r["step"] for r in recs] == [1, 2, 3]
     assert all(r["micro_batches"] == 4 for r in recs)  # 2 ranks x 2 accumulation slots
+
+
+def test_table_columns_are_the_json_keys_and_verdicts_are_never_cut():
+    from lengthwise.demo.main import render
+    from lengthwise.demo.report import TABLE_COLUMNS
+
+    verdict = ("the length bucket of each step drives its loss (no distinct bands) -> "
+               "interleave or stratify length buckets: `lengthwise plan --order stratified`")
+    rows = {"bucket-random": {"tokens_per_second": 10.0, "loss_roughness": 0.1,
+                              "verdict": verdict}}
+    text = render({"strategies": rows, "stable_region": [1, 9],
+                   "checks": {"bucket_random_rougher_than_random": False}})
+    header = text.splitlines()[0].split()
+    assert header == ["order", *(k for k, _ in TABLE_COLUMNS)]
+    verdict_lines = text.split("doctor:")[1].split("\n\n")[0]
+    assert " ".join(verdict_lines.split()) == f"bucket-random {verdict}"
+    assert "..." not in verdict_lines
+    assert "note: bucket_random_rougher_than_random asks" in text

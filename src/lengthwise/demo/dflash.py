@@ -66,7 +66,7 @@ class DFlashDemoConfig(DFlashTrainConfig):
     temperature: float = 0.0  # 0: the target's greedy continuation
     eval_prompts: int = 12
     max_new_tokens: int = 48
-    eval_anchors: int = 48
+    eval_anchors: int | None = None  # anchors per held-out sample (default: num_anchors)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -227,7 +227,8 @@ class DFlashOrderRun:
             if main:
                 started = time.perf_counter()
                 ev = evaluate_blocks(self.task.model, self.target, _held_batches(self.data, cfg),
-                                     num_anchors=cfg.eval_anchors, seed=cfg.seed,
+                                     num_anchors=cfg.eval_anchors or cfg.num_anchors,
+                                     seed=cfg.seed,
                                      amp=self.task.amp)
                 dec = acceptance(self.task.model, self.target,
                                  self.data.held_prompts(cfg.eval_prompts),
