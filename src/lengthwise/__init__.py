@@ -42,6 +42,7 @@ _EXPORTS: dict[str, str] = {
     "batch_metadata": "lengthwise.collate",
     "packed_attention_mask": "lengthwise.collate",
     "RowsDataset": "lengthwise.collate",
+    "BudgetError": "lengthwise.collate",
     "Calibration": "lengthwise.calibrate",
     "fit_cost": "lengthwise.calibrate",
     "compute_lengths": "lengthwise.hf_lengths",

@@ -16,8 +16,11 @@ Strip them with :func:`model_inputs` before calling the model (and read them wit
 Modules: :mod:`~lengthwise.collate.pad` (:class:`PadCollator`),
 :mod:`~lengthwise.collate.pack` (:class:`PackCollator`),
 :mod:`~lengthwise.collate.mask` (:func:`packed_attention_mask`),
-:mod:`~lengthwise.collate.metadata` (:func:`model_inputs`, :func:`batch_metadata`) and
-:mod:`~lengthwise.collate.buckets` (:func:`bucket_of`).
+:mod:`~lengthwise.collate.metadata` (:func:`model_inputs`, :func:`batch_metadata`),
+:mod:`~lengthwise.collate.buckets` (:func:`bucket_of`),
+:mod:`~lengthwise.collate.budget` (:class:`Budget`, :class:`BudgetError`: every micro-batch
+checked against the plan's budget) and :mod:`~lengthwise.collate.from_plan`
+(:func:`collator_for`, what ``BucketBatchSampler.collator()`` returns).
 
 Example::
 
@@ -37,6 +40,8 @@ Example::
 from __future__ import annotations
 
 from lengthwise.collate.buckets import bucket_of
+from lengthwise.collate.budget import Budget, BudgetError
+from lengthwise.collate.from_plan import collator_for
 from lengthwise.collate.mask import packed_attention_mask
 from lengthwise.collate.metadata import METADATA_KEYS, batch_metadata, model_inputs
 from lengthwise.collate.pack import PackCollator
@@ -45,11 +50,14 @@ from lengthwise.collate.rows_dataset import RowsDataset
 
 __all__ = [
     "METADATA_KEYS",
+    "Budget",
+    "BudgetError",
     "PackCollator",
     "PadCollator",
     "RowsDataset",
     "batch_metadata",
     "bucket_of",
+    "collator_for",
     "model_inputs",
     "packed_attention_mask",
 ]

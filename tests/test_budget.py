@@ -1,0 +1,115 @@
+"""Every collated micro-batch inside the plan's budget: the collator built from the plan."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import lengthwise
+from lengthwise.collate import (
+    Budget,
+    BudgetError,
+    PackCollator,
+    PadCollator,
+    collator_for,
+)
+from lengthwise.collate.from_plan import sample_limit
+from lengthwise.plan import PlanConfig
+
+
+def _samples(lengths):
+    return [{"input_ids": torch.ones(int(n), dtype=torch.long)} for n in lengths]
+
+
+def test_budget_error_is_a_value_error_naming_batch_and_numbers():
+    assert issubclass(BudgetError, ValueError)
+    assert lengthwise.BudgetError is BudgetError
+    c = PadCollator(0, budget=Budget(max_tokens=16))
+    c(_samples([8, 8]))
+    with pytest.raises(BudgetError, match=r"micro-batch 1 .* 3 rows x 8 padded tokens = 24 > "
+                                          r"max_tokens=16"):
+        c(_samples([8, 8, 3]))
+    with pytest.raises(BudgetError, match="2 rows > batch_size=1"):
+        PadCollator(0, budget=Budget(batch_size=1))(_samples([1, 1]))
+    with pytest.raises(BudgetError, match="cost 24 > max_cost=20"):
+        PadCollator(0, budget=Budget(max_cost=20, cost=(1.0, 0.0, 2.0)))(_samples([10, 1]))
+
+
+def test_packed_budget_rows_and_capacity():
+    budget = Budget(max_tokens=8, rows=2, layout="pack")
+    PackCollator(row_capacity=8, budget=budget)(_samples([5, 3, 8]))
+    with pytest.raises(BudgetError, match="3 packed rows > rows_per_batch=2"):
+        PackCollator(row_capacity=8, budget=budget)(_samples([5, 4, 8]))
+    with pytest.raises(BudgetError, match="row 1 holds 9 tokens > max_tokens=8"):
+        PackCollator(budget=budget)([_samples([5]), _samples([4, 5])])
+    with pytest.raises(BudgetError, match="17 tokens > 2 rows x 8 tokens"):
+        PackCollator(budget=budget)(_samples([9, 8]))
+    with pytest.raises(ValueError, match="padded one"):
+        PackCollator(budget=Budget(max_tokens=8))
+    with pytest.raises(TypeError, match="Budget"):
+        PadCollator(0, budget=16)
+
+
+def test_sampler_and_collator_defaults_agree():
+    import inspect
+
+    default = inspect.signature(PadCollator).parameters["pad_multiple"].default
+    assert default == PlanConfig(batch_size=1).pad_multiple == 1
+    sampler_default = inspect.signature(lengthwise.BucketBatchSampler).parameters["pad_multiple"]
+    assert sampler_default.default == default
+
+
+def test_collator_for_takes_everything_from_the_plan():
+    cfg = PlanConfig(max_tokens=100, max_len=200, pad_multiple=8)
+    c = collator_for(cfg, [40, 96], pad_token_id=0, metadata=False)
+    assert (c.pad_multiple, c.max_length, c.edges) == (8, 96, [40, 96])
+    assert c.budget == Budget(max_tokens=100)
+    with pytest.raises(ValueError, match="pad_multiple=4 disagrees with the plan"):
+        collator_for(cfg, [96], pad_token_id=0, pad_multiple=4)
+    assert collator_for(cfg, [96], pad_token_id=0, pad_multiple=8).pad_multiple == 8
+    with pytest.raises(TypeError, match="needs pad_token_id"):
+        collator_for(cfg, [96])
+    packed = PlanConfig(max_tokens=64, layout="pack", rows_per_batch=2)
+    assert collator_for(packed, [64]).row_capacity is None
+    assert collator_for(packed, [64], yield_rows=True).row_capacity == 64
+    split = PlanConfig(max_tokens=64, layout="pack", on_overflow="split", max_len=100)
+    assert sample_limit(split) == 100
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 3000), min_size=8, max_size=150),
+    max_tokens=st.integers(64, 4096), max_len=st.one_of(st.none(), st.integers(1, 2500)),
+    pad_multiple=st.sampled_from([1, 3, 8, 64]), layout=st.sampled_from(["pad", "pack"]),
+    order=st.sampled_from(["stratified", "sorted", "random", "bucket-random", "interleave"]),
+    world=st.integers(1, 3), seed=st.integers(0, 5),
+)
+def test_plan_collator_never_exceeds_the_budget(lengths, max_tokens, max_len, pad_multiple,
+                                                layout, order, world, seed):
+    """Full-length samples through the plan's collator: every tensor within the budget."""
+    if layout == "pack" and order not in ("stratified", "random"):
+        order = "stratified"
+    if layout == "pad" and max_tokens < pad_multiple:
+        max_tokens = pad_multiple
+    lengths = np.asarray(lengths)
+    try:
+        plan = lengthwise.plan_epoch(lengths, max_tokens=max_tokens, max_len=max_len,
+                                     pad_multiple=pad_multiple, layout=layout, order=order,
+                                     world_size=world, seed=seed)
+    except ValueError as exc:  # too few samples for the ranks: a clear error, not a batch
+        assert "ranks" in str(exc)
+        return
+    collate = collator_for(plan.config, plan.edges, pad_token_id=0)
+    seen = 0
+    for k in range(plan.total_batches):
+        ids = plan.batch(k)
+        batch = collate(_samples(lengths[ids]))
+        assert batch["input_ids"].numel() <= max_tokens
+        assert batch["real_tokens"] == int(plan.lengths[ids].sum())
+        if layout == "pad":
+            assert batch["padded_tokens"] == batch["input_ids"].numel()
+        seen += len(ids)
+    assert seen == plan.indices.size
