@@ -206,7 +206,8 @@ def test_budget_below_the_longest_sample_follows_the_policy():
 
 
 def test_budget_that_cannot_hold_one_row():
-    with pytest.raises(ValueError, match="max_tokens=4 cannot hold a single row of 8 tokens"):
+    with pytest.raises(ValueError,
+                       match="max_tokens=4 cannot hold a single row of pad_multiple=8 tokens"):
         BucketBatchSampler([3, 4], max_tokens=4, pad_multiple=8)
 
 
