@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 import lengthwise
 from lengthwise import load_lengths, plan_epoch
-from lengthwise.cost import CostModel, round_up
-from lengthwise.lengths import LengthError
-from lengthwise.plan import ORDERS
+from lengthwise.planning.cost import CostModel, round_up
+from lengthwise.planning.lengths import LengthError
+from lengthwise.planning.vocabulary import ORDERS
 
 configs = st.fixed_dictionaries({
     "order": st.sampled_from(ORDERS),
@@ -208,7 +208,7 @@ def test_bucket_edges_longer_than_a_row_of_the_budget():
     assert plan.lengths.max() <= 4096  # truncated to one row of the budget, none in 8192
     assert plan.stats["truncated"] == int((lens > 4096).sum())
     with pytest.raises(ValueError, match="bucket 1 holds 3 samples, but not even one row"):
-        from lengthwise.batching import bucket_batches
+        from lengthwise.planning.batching import bucket_batches
 
         bucket_batches(np.arange(4), np.array([0, 1, 1, 1]), np.array([2, 0]),
                        np.random.default_rng(0))

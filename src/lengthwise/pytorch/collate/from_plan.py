@@ -8,7 +8,7 @@ every micro-batch against the plan's budget.
 
 Example::
 
-    >>> from lengthwise.plan import PlanConfig
+    >>> from lengthwise.planning.config import PlanConfig
     >>> c = collator_for(PlanConfig(max_tokens=16, max_len=6, pad_multiple=4), [8],
     ...                  pad_token_id=0)
     >>> c([{"input_ids": list(range(1, 11))}])["input_ids"].tolist()
@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from lengthwise.collate.budget import Budget
-from lengthwise.collate.pack import PackCollator
-from lengthwise.collate.pad import PadCollator
+from lengthwise.pytorch.collate.budget import Budget
+from lengthwise.pytorch.collate.packed import PackCollator
+from lengthwise.pytorch.collate.padded import PadCollator
 
 __all__ = ["budget_of", "collator_for", "sample_limit"]
 
@@ -35,7 +35,7 @@ def sample_limit(config: Any) -> int | None:
 
     Example::
 
-        >>> from lengthwise.plan import PlanConfig
+        >>> from lengthwise.planning.config import PlanConfig
         >>> sample_limit(PlanConfig(max_tokens=100, max_len=200, pad_multiple=8))
         96
     """
@@ -52,7 +52,7 @@ def budget_of(config: Any) -> Budget:
 
     Example::
 
-        >>> from lengthwise.plan import PlanConfig
+        >>> from lengthwise.planning.config import PlanConfig
         >>> budget_of(PlanConfig(max_tokens=4096, layout="pack", rows_per_batch=2)).rows
         2
     """
@@ -84,7 +84,7 @@ def collator_for(config: Any, edges: Sequence[int] | None, *, pad_token_id: int 
 
     Example::
 
-        >>> from lengthwise.plan import PlanConfig
+        >>> from lengthwise.planning.config import PlanConfig
         >>> c = collator_for(PlanConfig(max_tokens=8, layout="pack"), [8])
         >>> c([{"input_ids": [1] * 12}])["input_ids"].shape
         torch.Size([1, 8])
