@@ -188,7 +188,7 @@ def test_bad_configuration(kwargs, message):
     (dict(max_tokens=4096.0), TypeError, "max_tokens must be a whole number"),
     (dict(batch_size=2.5), TypeError, "batch_size must be a whole number, got 2.5"),
     (dict(batch_size=True), TypeError, "batch_size must be a whole number, got True"),
-    (dict(batch_size=0), ValueError, "batch_size must be >= 1"),
+    (dict(batch_size=0), ValueError, "batch_size must be a positive whole number"),
     (dict(max_tokens=64, pad_multiple=2.0), TypeError, "pad_multiple must be a whole number"),
     (dict(max_tokens=8, pad_multiple=16), ValueError,
      "max_tokens=8 cannot hold a single row of pad_multiple=16 tokens"),

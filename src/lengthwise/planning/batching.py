@@ -66,7 +66,8 @@ def whole_number(name: str, value, *, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be a whole number, got {value!r}")
     if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+        kind = {0: "a non-negative", 1: "a positive"}.get(minimum, f"a >= {minimum}")
+        raise ValueError(f"{name} must be {kind} whole number (>= {minimum}), got {value}")
     return int(value)
 
 
