@@ -113,3 +113,71 @@ def test_plan_collator_never_exceeds_the_budget(lengths, max_tokens, max_len, pa
             assert batch["padded_tokens"] == batch["input_ids"].numel()
         seen += len(ids)
     assert seen == plan.indices.size
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 5000), min_size=16, max_size=120),
+    max_tokens=st.integers(32, 4096), max_len=st.one_of(st.none(), st.integers(1, 3000)),
+    pad_multiple=st.sampled_from([1, 8, 64]), layout=st.sampled_from(["pad", "pack"]),
+    rows=st.integers(1, 3), yield_rows=st.booleans(), grad_accum=st.integers(1, 4),
+    seed=st.integers(0, 3),
+)
+def test_sampler_collator_never_exceeds_the_budget(lengths, max_tokens, max_len, pad_multiple,
+                                                   layout, rows, yield_rows, grad_accum, seed):
+    """The documented path: iterate the sampler plainly (or by rows), collate full samples."""
+    import warnings
+
+    from lengthwise.pytorch.collate import RowsDataset
+
+    if layout == "pad":
+        max_tokens = max(max_tokens, pad_multiple)
+        rows, yield_rows = 1, False
+    lengths = np.asarray(lengths)
+    data = _samples(lengths)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # truncating over 1% of the tokens warns
+        try:
+            sampler = lengthwise.BucketBatchSampler(
+                lengths, max_tokens=max_tokens, max_len=max_len, pad_multiple=pad_multiple,
+                layout=layout, rows_per_batch=rows, yield_rows=yield_rows,
+                grad_accum=grad_accum, seed=seed)
+            collate = sampler.collator(pad_token_id=0)
+            batches = list(sampler)
+        except ValueError as exc:  # too few samples for the rows: a clear error
+            assert "cannot fill" in str(exc)
+            return
+    fetch = RowsDataset(data) if yield_rows else data
+    budget = max_tokens * (rows if layout == "pack" else 1)
+    for batch in batches:
+        samples = [fetch[i] for i in batch]
+        out = collate(samples)
+        assert out["input_ids"].numel() <= budget
+        assert out["padded_tokens"] <= budget
+    # a data set whose samples are longer than the plan's lengths: caught, never passed on
+    if layout == "pad":
+        widest = max(batches, key=len)
+        limit = sampler.config.sample_limit()
+        too_long = [{"input_ids": torch.ones(limit + 5, dtype=torch.long)} for _ in widest]
+        padded = -(-limit // pad_multiple) * pad_multiple
+        if len(widest) * padded > max_tokens:
+            with pytest.raises(BudgetError, match="over the plan's budget"):
+                collate(too_long)
+        else:
+            assert collate(too_long)["input_ids"].numel() <= max_tokens
+
+
+def test_readme_path_on_sft_mix_stays_inside_the_budget():
+    """The check of the docs on the bundled sft_mix: no micro-batch over 16,384 tokens."""
+    import warnings
+
+    raw = np.asarray(lengthwise.load_lengths("sft_mix"), dtype=np.int64)
+    for layout in ("pad", "pack"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            s = lengthwise.BucketBatchSampler(raw, max_tokens=16384, max_len=8192, grad_accum=4,
+                                              layout=layout)
+        c = s.collator(pad_token_id=0)
+        sizes = [c([{"input_ids": np.ones(int(raw[i]), dtype=np.int64)} for i in b]
+                   )["input_ids"].numel() for b in s]
+        assert len(sizes) == len(s) > 1000 and max(sizes) <= 16384, layout
