@@ -17,9 +17,8 @@ the seed is ``data_seed`` (else ``seed``) unless ``seed`` is given.
 Example::
 
     trainer = LengthwiseTrainer(
-        model=model, args=args, train_dataset=dataset,
-        data_collator=lengthwise.PadCollator(tokenizer.pad_token_id, metadata=False),
-        lengths=lengths, sampler_options={"max_tokens": 16384})
+        model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+        lengths=lengths, sampler_options={"max_tokens": 16384})  # collates with the sampler's
     trainer.train()
 """
 
@@ -221,21 +220,32 @@ class LengthwiseTrainer(Trainer):
     ``trainer.lengthwise_sampler``; its state goes into every checkpoint
     (``lengthwise_sampler.json``) and resuming checks it.
 
+    Without a ``data_collator`` the trainer collates with the sampler's own,
+    ``sampler.collator(pad_token_id, metadata=False)``: truncated, padded and
+    checked against the budget exactly as the plan counted. The pad id is
+    ``pad_token_id``, else the ``processing_class``'s, else the model config's.
+
     Example::
 
         trainer = LengthwiseTrainer(model=model, args=args, train_dataset=ds,
-                                    data_collator=PadCollator(0, metadata=False),
-                                    lengths=lengths, sampler_options={"max_tokens": 8192})
+                                    processing_class=tokenizer, lengths=lengths,
+                                    sampler_options={"max_tokens": 8192})
     """
 
     def __init__(self, *args: Any, lengths: Any = None,
-                 sampler_options: dict[str, Any] | None = None, **kwargs: Any) -> None:
+                 sampler_options: dict[str, Any] | None = None,
+                 pad_token_id: int | None = None, **kwargs: Any) -> None:
         if lengths is None:
             raise ValueError("LengthwiseTrainer needs lengths=... (one token length per row "
                              "of train_dataset; see lengthwise.compute_lengths)")
+        # Trainer(model, args, data_collator, ...): the collator may come by position
+        given = kwargs.get("data_collator") is not None or (len(args) > 2 and args[2] is not None)
         super().__init__(*args, **kwargs)
         self.lengthwise_sampler = make_sampler(self, lengths, **(sampler_options or {}))
         self.add_callback(_SaveSamplerState(self.lengthwise_sampler))
+        if not given:
+            self.data_collator = self.lengthwise_sampler.collator(
+                pad_token_id=_pad_token_id(self, pad_token_id), metadata=False)
 
     def get_train_dataloader(self) -> DataLoader:
         return lengthwise_dataloader(self, self.lengthwise_sampler)
@@ -244,6 +254,20 @@ class LengthwiseTrainer(Trainer):
               **kwargs: Any):
         check_resume(self.lengthwise_sampler, _resolve_checkpoint(self, resume_from_checkpoint))
         return super().train(resume_from_checkpoint, *args, **kwargs)
+
+
+def _pad_token_id(trainer: Trainer, given: int | None) -> int | None:
+    """The pad id for the sampler's collator: given, the tokenizer's, or the model config's."""
+    if given is not None or trainer.lengthwise_sampler.config.layout == "pack":
+        return given
+    for owner in (getattr(trainer, "processing_class", None),
+                  getattr(getattr(trainer, "model", None), "config", None)):
+        pad = getattr(owner, "pad_token_id", None)
+        if pad is not None:
+            return int(pad)
+    raise ValueError("LengthwiseTrainer builds its collator from the sampler's plan and needs a "
+                     "pad token id: pass pad_token_id=..., or a processing_class (tokenizer) "
+                     "with a pad_token_id, or a data_collator")
 
 
 def use_lengthwise(trainer: Trainer, lengths: Any, **options: Any) -> BucketBatchSampler:
@@ -255,8 +279,9 @@ def use_lengthwise(trainer: Trainer, lengths: Any, **options: Any) -> BucketBatc
 
     Example::
 
-        trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=collate)
+        trainer = Trainer(model=model, args=args, train_dataset=ds)
         sampler = use_lengthwise(trainer, lengths, max_tokens=8192)
+        trainer.data_collator = sampler.collator(pad_token_id=0, metadata=False)
         trainer.train()
     """
     sampler = make_sampler(trainer, lengths, **options)
