@@ -458,9 +458,8 @@ def _resolve_ranks(num_replicas: int | None, rank: int | None) -> tuple[int, int
         num_replicas = group.world_size if group is not None else 1
     if rank is None:
         rank = group.rank if group is not None else 0
-    num_replicas, rank = int(num_replicas), int(rank)
-    if num_replicas < 1:
-        raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
-    if not 0 <= rank < num_replicas:
+    num_replicas = whole_number("num_replicas", num_replicas)
+    rank = whole_number("rank", rank, minimum=0)
+    if rank >= num_replicas:
         raise ValueError(f"rank {rank} is out of range for num_replicas={num_replicas}")
     return num_replicas, rank
