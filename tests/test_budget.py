@@ -17,7 +17,6 @@ from lengthwise.pytorch.collate import (
     PadCollator,
     collator_for,
 )
-from lengthwise.pytorch.collate.from_plan import sample_limit
 
 
 def _samples(lengths):
@@ -76,7 +75,7 @@ def test_collator_for_takes_everything_from_the_plan():
     assert collator_for(packed, [64]).row_capacity is None
     assert collator_for(packed, [64], yield_rows=True).row_capacity == 64
     split = PlanConfig(max_tokens=64, layout="pack", on_overflow="split", max_len=100)
-    assert sample_limit(split) == 100
+    assert split.sample_limit() == 100
 
 
 @settings(max_examples=40, deadline=None)

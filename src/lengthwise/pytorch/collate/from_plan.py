@@ -24,27 +24,7 @@ from lengthwise.pytorch.collate.budget import Budget
 from lengthwise.pytorch.collate.packed import PackCollator
 from lengthwise.pytorch.collate.padded import PadCollator
 
-__all__ = ["budget_of", "collator_for", "sample_limit"]
-
-
-def sample_limit(config: Any) -> int | None:
-    """The longest sample a plan of ``config`` keeps whole (``None``: no limit).
-
-    ``max_len`` and the longest row that fits the budget, as the planner truncates
-    (the packed layout with ``on_overflow="split"`` cuts at ``max_len`` only).
-
-    Example::
-
-        >>> from lengthwise.planning.config import PlanConfig
-        >>> sample_limit(PlanConfig(max_tokens=100, max_len=200, pad_multiple=8))
-        96
-    """
-    split = config.layout == "pack" and config.on_overflow == "split"
-    cap = None if split else config.row_limit().max_length()
-    limit = config.max_len
-    if cap is not None and (limit is None or cap < limit):
-        limit = cap
-    return None if limit is None else int(limit)
+__all__ = ["budget_of", "collator_for"]
 
 
 def budget_of(config: Any) -> Budget:
@@ -89,7 +69,7 @@ def collator_for(config: Any, edges: Sequence[int] | None, *, pad_token_id: int 
         >>> c([{"input_ids": [1] * 12}])["input_ids"].shape
         torch.Size([1, 8])
     """
-    limit = sample_limit(config)
+    limit = config.sample_limit()  # what the planner truncates to, the one definition
     budget = budget_of(config)
     why = "the sampler's plan counted it"
     _fixed(options, "max_length", limit, why)
