@@ -61,8 +61,10 @@ def error_line(exc: BaseException) -> str:
 
     Example::
 
-        >>> error_line(KeyError("no column 'loss'\nin log"))
+        >>> error_line(KeyError("no column 'loss'  in   log"))
         "no column 'loss' in log"
+        >>> error_line(FileNotFoundError(2, "No such file or directory", "x.npy"))
+        'x.npy: No such file or directory'
     """
     if isinstance(exc, KeyError) and exc.args:
         text = str(exc.args[0])
