@@ -180,3 +180,39 @@ def test_readme_path_on_sft_mix_stays_inside_the_budget():
         sizes = [c([{"input_ids": np.ones(int(raw[i]), dtype=np.int64)} for i in b]
                    )["input_ids"].numel() for b in s]
         assert len(sizes) == len(s) > 1000 and max(sizes) <= 16384, layout
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 3000), min_size=8, max_size=100),
+    rule=st.sampled_from(["batch_size", "max_cost"]), pad_multiple=st.sampled_from([1, 8]),
+    max_len=st.one_of(st.none(), st.integers(16, 2000)), seed=st.integers(0, 3),
+    order=st.sampled_from(["stratified", "sorted", "random", "interleave"]),
+)
+def test_row_and_cost_budgets_hold_too(lengths, rule, pad_multiple, max_len, seed, order):
+    """Rows (batch_size) and compute (max_cost) budgets, with full-length samples."""
+    import warnings
+
+    from lengthwise.planning.cost import CostModel
+
+    cost = CostModel(a=1.0, b=0.01, c=16.0)
+    options = ({"batch_size": 3} if rule == "batch_size"
+               else {"max_cost": 60_000.0, "cost": cost})
+    lengths = np.asarray(lengths)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sampler = lengthwise.BucketBatchSampler(lengths, max_len=max_len, order=order,
+                                                pad_multiple=pad_multiple, seed=seed, **options)
+        batches = list(sampler)
+    collate = sampler.collator(pad_token_id=0)
+    for batch in batches:
+        rows, padded = collate(_samples(lengths[batch]))["input_ids"].shape
+        assert padded % pad_multiple == 0
+        if rule == "batch_size":
+            assert rows <= 3
+        else:
+            assert rows * cost.row_cost(padded) <= 60_000.0
+    too_many = _samples([min(int(lengths.max()), sampler.config.sample_limit() or 10**9)] * 4)
+    if rule == "batch_size":
+        with pytest.raises(BudgetError, match="4 rows > batch_size=3"):
+            collate(too_many)
