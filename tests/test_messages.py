@@ -109,3 +109,8 @@ def test_csv_without_a_loss_column_suggests_the_option(tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1
     assert "no loss column found among the CSV columns: step, acc; name the one that holds " \
            "the loss with --loss-key COLUMN" in proc.stderr
+
+
+def test_a_cost_model_that_is_not_one_is_named():
+    with pytest.raises(TypeError, match="cost must be a lengthwise.CostModel"):
+        plan_epoch(np.arange(1, 100), max_tokens=1024, cost=(1.0, 0.0, 0.0))

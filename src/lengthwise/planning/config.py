@@ -71,6 +71,8 @@ class PlanConfig:
             raise ValueError(f"even_out must be one of {EVEN_OUT}, got {self.even_out!r}")
         object.__setattr__(self, "max_len", check_max_len(self.max_len))
         object.__setattr__(self, "buckets", check_buckets(self.buckets))
+        if self.cost is not None and not isinstance(self.cost, CostModel):
+            raise TypeError(f"cost must be a lengthwise.CostModel, got {self.cost!r}")
         self.row_limit()  # validates the batch rule
 
     def row_limit(self) -> batching.RowLimit:
