@@ -338,5 +338,35 @@ def test_trainer_two_processes_gloo(tmp_path):
     assert [r["sft_samples"] for r in res] == [len(_lengths())] * 2
 
 
+_WHO = """
+import json, os, sys
+from accelerate import Accelerator
+acc = Accelerator(cpu=True)
+path = os.path.join(sys.argv[1], f"p{acc.process_index}.json")
+with open(path, "w") as fh:
+    json.dump([acc.process_index, acc.num_processes, str(acc.distributed_type)], fh)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("flags", "processes"),
+                         [(["--cpu"], 1), (["--multi_gpu"], 2)], ids=["cpu", "multi_gpu"])
+def test_accelerate_launch_on_cpu_starts_what_the_docs_say(tmp_path, flags, processes):
+    """docs/pytorch.md: --cpu starts one process whatever --num_processes says."""
+    if torch.cuda.is_available():
+        pytest.skip("--multi_gpu means GPUs on a machine that has them")
+    script = tmp_path / "who.py"
+    script.write_text(_WHO)
+    env = dict(os.environ, HF_HOME=str(tmp_path / "hf"))  # no accelerate config file
+    cmd = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", *flags,
+           "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+           "--dynamo_backend", "no", str(script), str(tmp_path)]
+    subprocess.run(cmd, env=env, check=True, timeout=240, capture_output=True)
+    found = sorted(json.loads(p.read_text()) for p in tmp_path.glob("p*.json"))
+    assert [f[:2] for f in found] == [[r, processes] for r in range(processes)]
+    if processes == 2:
+        assert found[0][2].endswith("MULTI_CPU")
+
+
 if __name__ == "__main__":
     _rank_main(sys.argv[1])

@@ -313,6 +313,17 @@ def test_a_field_json_cannot_hold_fails_at_its_call_and_loses_nothing(tmp_path, 
     assert read_log(path)[1]["tags"] == ["ok"]
 
 
+def test_a_failed_log_step_can_be_repeated():
+    log = StepLogger(None)
+    with pytest.raises(TypeError, match=r"step\(when=\.\.\.\)"):
+        log.log_step(0, losses=[1.0, 3.0], real_tokens=[1, 1], when={1})
+    with pytest.raises(ValueError, match="non-negative integer"):
+        log.log_step(0, losses=[1.0, 3.0], real_tokens=[1, -1])
+    rec = log.log_step(0, losses=[1.0, 3.0], real_tokens=[1, 1], when=[1])
+    assert (rec["micro_batches"], rec["loss"], rec["real_tokens"]) == (2, 2.0, 2)
+    log.close()
+
+
 def test_bad_step_arguments_keep_the_recorded_micro_batches():
     log = StepLogger(None)
     log.record_micro(loss=3.0, real_tokens=4)

@@ -259,14 +259,20 @@ class StepLogger:
             value = columns[name]
             return value[i] if name in lengths else value
 
-        for i in range(n):
-            self.record_micro(
-                loss=pick("losses", i), real_tokens=pick("real_tokens", i),
-                padded_tokens=pick("padded_tokens", i), samples=pick("samples", i),
-                bucket=pick("buckets", i),
-            )
-        return self.step(step, epoch=epoch, loss=loss, lr=lr, grad_norm=grad_norm,
-                         skipped=skipped, **fields)
+        self._check_open()
+        pending = len(self._micro)
+        try:
+            for i in range(n):
+                self.record_micro(
+                    loss=pick("losses", i), real_tokens=pick("real_tokens", i),
+                    padded_tokens=pick("padded_tokens", i), samples=pick("samples", i),
+                    bucket=pick("buckets", i),
+                )
+            return self.step(step, epoch=epoch, loss=loss, lr=lr, grad_norm=grad_norm,
+                             skipped=skipped, **fields)
+        except BaseException:  # a failed call leaves nothing behind: it can be repeated
+            del self._micro[pending:]
+            raise
 
     def step(
         self,
