@@ -268,7 +268,9 @@ def use_lengthwise(trainer: Trainer, lengths: Any, **options: Any) -> BucketBatc
 
     For trainers built elsewhere (a ``Trainer`` subclass from another library):
     replaces the instance's training loader, saves the sampler state in
-    checkpoints and checks it on resume, like :class:`LengthwiseTrainer`.
+    checkpoints and checks it on resume, and corrects the final metrics (true
+    samples and tokens per second, one ``train_loss`` over the ranks), like
+    :class:`LengthwiseTrainer`. Works on TRL's ``SFTTrainer``.
 
     Example::
 
