@@ -68,7 +68,44 @@ def test_pad_id_from_the_model_config_or_a_clear_error(tmp_path):
         _trainer(tmp_path, sampler_options={"max_tokens": 4096})
 
 
-def test_a_given_collator_is_kept(tmp_path):
+def _pad_to(multiple):
+    """A collator of one's own: pads to the longest, rounded up, and never truncates."""
+    def collate(samples):
+        n = max(len(s["input_ids"]) for s in samples)
+        n = -(-n // multiple) * multiple
+        ids = torch.zeros((len(samples), n), dtype=torch.long)
+        for i, s in enumerate(samples):
+            ids[i, : len(s["input_ids"])] = torch.as_tensor(s["input_ids"])
+        return {"input_ids": ids}
+    return collate
+
+
+def test_a_given_collator_is_held_to_the_plan(tmp_path):
+    from lengthwise.pytorch.collate import BudgetError, HeldCollator
+
     mine = PadCollator(0, metadata=False)
     trainer = _trainer(tmp_path, data_collator=mine, sampler_options={"max_tokens": 4096})
-    assert trainer.data_collator is mine
+    assert isinstance(trainer.data_collator, HeldCollator) and trainer.data_collator.inner is mine
+    sizes = [b["input_ids"].numel() for b in trainer.get_train_dataloader()]
+    assert max(sizes) <= 4096  # the long samples were cut as the plan counted them
+    # a collator padding to a coarser multiple than the plan's is caught, not passed on
+    coarse = _trainer(tmp_path, data_collator=_pad_to(1024), sampler_options={"max_tokens": 4096})
+    with pytest.raises(BudgetError, match="over the plan's budget"):
+        for _ in coarse.get_train_dataloader():
+            pass
+
+
+def test_use_lengthwise_holds_the_trainers_collator(tmp_path):
+    from transformers import Trainer
+
+    from lengthwise.hf.trainer import use_lengthwise
+
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[],
+                             dataloader_num_workers=0, remove_unused_columns=False)
+    trainer = Trainer(model=TinyLM(), args=args, train_dataset=Samples(),
+                      data_collator=_pad_to(1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        use_lengthwise(trainer, LENGTHS, max_tokens=4096, max_len=3000)
+    sizes = [b["input_ids"].numel() for b in trainer.get_train_dataloader()]
+    assert len(sizes) == len(trainer.lengthwise_sampler) and max(sizes) <= 4096

@@ -259,6 +259,8 @@ class LengthwiseTrainer(Trainer):
         if not given:
             self.data_collator = self.lengthwise_sampler.collator(
                 pad_token_id=_pad_token_id(self, pad_token_id), metadata=False)
+        else:
+            self.data_collator = hold_to_plan(self.data_collator, self.lengthwise_sampler)
 
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
         true_final_metrics(self, self.lengthwise_sampler, self._lengthwise_start.step, logs)
@@ -271,6 +273,21 @@ class LengthwiseTrainer(Trainer):
               **kwargs: Any):
         check_resume(self.lengthwise_sampler, _resolve_checkpoint(self, resume_from_checkpoint))
         return _with_final_loss(super().train(resume_from_checkpoint, *args, **kwargs))
+
+
+def hold_to_plan(collator: Any, sampler: BucketBatchSampler) -> Any:
+    """``collator`` truncating and checking micro-batches as ``sampler``'s plan counted them.
+
+    The sampler's own collators already do; any other (Hugging Face's, TRL's) is
+    wrapped in :class:`~lengthwise.pytorch.collate.HeldCollator`.
+    """
+    from lengthwise.pytorch.collate import HeldCollator, PackCollator, PadCollator
+
+    if isinstance(collator, (PadCollator, PackCollator)) and collator.budget is not None:
+        return collator
+    if isinstance(collator, HeldCollator):
+        collator = collator.inner
+    return HeldCollator(collator, sampler.config)
 
 
 def _pad_token_id(trainer: Trainer, given: int | None) -> int | None:
@@ -294,17 +311,19 @@ def use_lengthwise(trainer: Trainer, lengths: Any, **options: Any) -> BucketBatc
     replaces the instance's training loader, saves the sampler state in
     checkpoints and checks it on resume, and corrects the final metrics (true
     samples and tokens per second, one ``train_loss`` over the ranks), like
-    :class:`LengthwiseTrainer`. Works on TRL's ``SFTTrainer``.
+    :class:`LengthwiseTrainer`. Works on TRL's ``SFTTrainer``. The trainer's
+    collator is kept, held to the plan (:func:`hold_to_plan`): samples truncated
+    as the plan counted them, every micro-batch checked against the budget.
 
     Example::
 
-        trainer = Trainer(model=model, args=args, train_dataset=ds)
+        trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=collate)
         sampler = use_lengthwise(trainer, lengths, max_tokens=8192)
-        trainer.data_collator = sampler.collator(pad_token_id=0, metadata=False)
         trainer.train()
     """
     sampler = make_sampler(trainer, lengths, **options)
     trainer.lengthwise_sampler = sampler
+    trainer.data_collator = hold_to_plan(trainer.data_collator, sampler)
     trainer.get_train_dataloader = types.MethodType(
         lambda self: lengthwise_dataloader(self, sampler), trainer)
     trainer.add_callback(_SaveSamplerState(sampler))

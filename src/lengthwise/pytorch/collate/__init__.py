@@ -21,7 +21,8 @@ Modules: :mod:`~lengthwise.pytorch.collate.padded` (:class:`PadCollator`),
 :mod:`~lengthwise.pytorch.collate.budget` (:class:`Budget`, :class:`BudgetError`: every
 micro-batch checked against the plan's budget) and
 :mod:`~lengthwise.pytorch.collate.from_plan` (:func:`collator_for`, what
-``BucketBatchSampler.collator()`` returns).
+``BucketBatchSampler.collator()`` returns) and :mod:`~lengthwise.pytorch.collate.held`
+(:class:`HeldCollator`: another collator held to the plan).
 
 Example::
 
@@ -43,6 +44,7 @@ from __future__ import annotations
 from lengthwise.pytorch.collate.buckets import bucket_of
 from lengthwise.pytorch.collate.budget import Budget, BudgetError
 from lengthwise.pytorch.collate.from_plan import collator_for
+from lengthwise.pytorch.collate.held import HeldCollator
 from lengthwise.pytorch.collate.mask import packed_attention_mask
 from lengthwise.pytorch.collate.metadata import METADATA_KEYS, batch_metadata, model_inputs
 from lengthwise.pytorch.collate.packed import PackCollator
@@ -53,6 +55,7 @@ __all__ = [
     "METADATA_KEYS",
     "Budget",
     "BudgetError",
+    "HeldCollator",
     "PackCollator",
     "PadCollator",
     "RowsDataset",
