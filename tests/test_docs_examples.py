@@ -7,7 +7,8 @@ blocks take as given are real objects: ``train.parquet`` / ``data.parquet`` with
 ``tok``/``tokenizer`` (a word-level tokenizer with a pad token), ``model`` (a small
 torch language model that records the largest micro-batch it was given),
 ``training_args``, ``accelerator`` and ``optimizer``. A block whose optional
-dependency is missing skips the rest of its file.
+dependency is missing skips the rest of its file; a block right after a
+``<!-- docs-test: skip (reason) -->`` line is not run (the reason says why).
 """
 
 from __future__ import annotations
@@ -26,18 +27,27 @@ FILES = ["README.md", "docs/pytorch.md"]
 BUDGET = 16384
 
 
-def python_blocks(path: Path) -> list[tuple[int, str]]:
-    """``(line, code)`` of every ```python block of a Markdown file."""
+#: a block right after this comment is not run; the comment says why
+SKIP = re.compile(r"<!-- docs-test: skip \((.+?)\) -->\s*$")
+
+
+def python_blocks(path: Path) -> list[tuple[int, str, str | None]]:
+    """``(line, code, reason to skip or None)`` of every ```python block of a Markdown file."""
     text = path.read_text()
     out = []
     for match in re.finditer(r"^```python\n(.*?)^```", text, flags=re.S | re.M):
-        out.append((text[: match.start()].count("\n") + 2, match.group(1)))
+        skip = SKIP.search(text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1] + "\n")
+        out.append((text[: match.start()].count("\n") + 2, match.group(1),
+                    skip.group(1) if skip else None))
     return out
 
 
 def test_blocks_are_found():
     assert len(python_blocks(ROOT / "README.md")) >= 2
-    assert len(python_blocks(ROOT / "docs/pytorch.md")) >= 6
+    blocks = python_blocks(ROOT / "docs/pytorch.md")
+    assert len(blocks) >= 6
+    skipped = [b for b in blocks if b[2] is not None]
+    assert len(skipped) <= 1  # only what cannot run on a CPU
 
 
 def _lengths() -> np.ndarray:
@@ -112,7 +122,10 @@ def test_python_blocks_run(name, tmp_path, monkeypatch):
     ns = _namespace(tmp_path)
     blocks = python_blocks(ROOT / name)
     ran = 0
-    for line, code in blocks:
+    for line, code, skip in blocks:
+        if skip is not None:
+            ran += 1
+            continue
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the data are truncated on purpose
             try:
