@@ -22,8 +22,9 @@ from dataclasses import dataclass
 
 __all__ = ["Budget", "BudgetError"]
 
-_HINT = ("(the samples do not match the lengths the plan was built from, or the collator "
-         "does not truncate as the plan did: build it with sampler.collator())")
+_HINT = ("(the samples are longer than the lengths the plan was built from, or the collator "
+         "truncates or pads differently from the plan: use sampler.collator(), which truncates "
+         "to the plan's limit and pads to its pad_multiple)")
 
 
 class BudgetError(ValueError):
