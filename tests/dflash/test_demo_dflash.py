@@ -44,6 +44,18 @@ def test_dflash_demo_trains_decodes_and_reports(tmp_path):
     cached = sorted(p.name for p in (tmp_path / "cache").iterdir() if "dflash" in p.name)
     assert any(n.startswith("dflash-target-") for n in cached)
     assert any(n.startswith("dflash-data-") for n in cached)
+    # --target PATH: a local Hugging Face checkpoint (here the cached target) drafts the same way
+    path = next(p for p in (tmp_path / "cache").iterdir()
+                if p.name.startswith("dflash-target-") and not p.name.endswith("-run"))
+    tok = next((tmp_path / "cache").glob("tokenizer-*.json"))
+    again = run_dflash_demo(DFlashDemoConfig(**{**cfg.__dict__, "steps": 2}), orders=["sorted"],
+                            out=tmp_path / "out2", target=path, tokenizer=tok, data=texts,
+                            cache_dir=tmp_path / "cache", plot=False)
+    assert again["data"]["target"] == str(path)
+    assert again["strategies"]["sorted"]["lossless"] is True
+    with pytest.raises(ValueError, match="no tokenizer.json"):
+        run_dflash_demo(cfg, orders=["sorted"], out=tmp_path / "out3", target=path, data=texts,
+                        cache_dir=tmp_path / "cache", plot=False)
 
 
 @pytest.mark.parametrize("argv, message", [
