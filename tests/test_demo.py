@@ -356,3 +356,22 @@ def test_table_columns_are_the_json_keys_and_verdicts_are_never_cut():
     assert " ".join(verdict_lines.split()) == f"bucket-random {verdict}"
     assert "..." not in verdict_lines
     assert "note: bucket_random_rougher_than_random asks" in text
+
+
+def test_lm_sample_losses_follow_packed_sample_boundaries():
+    from lengthwise.demo.lm import LMTask
+    from lengthwise.demo.model import build_model
+    from lengthwise.pytorch.collate import PackCollator
+
+    task = LMTask(build_model("tiny", vocab_size=64, max_len=16, seed=0), device="cpu",
+                  max_len=8)
+    batch = PackCollator(row_capacity=8, pad_to_capacity=True, pad_token_id=0,
+                         return_flash_attn_kwargs=False)(
+        [[{"input_ids": [5, 6, 7]}, {"input_ids": [8, 9, 10, 11]}], [{"input_ids": [3, 4]}]])
+    prepared = task.prepare(batch, [[0, 1], [2]], 0)
+    with torch.no_grad():
+        out = task.forward(task.model, prepared)
+    counts = [2, 3, 1]  # predicted tokens of each sample (the first token of each is not)
+    assert len(out.sample_losses) == 3
+    total = sum(x * n for x, n in zip(out.sample_losses, counts, strict=True))
+    assert total == pytest.approx(float(out.loss), rel=1e-5) and out.norm == sum(counts)

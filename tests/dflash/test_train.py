@@ -85,3 +85,24 @@ def test_single_process_resume_and_packed_order(tmp_path):
     assert resumed == full[2:]
     losses = [loss for _, loss, _ in full]
     assert all(0 < x < 10 for x in losses)
+
+
+def test_per_sample_losses_average_back_to_the_micro_batch_loss(tmp_path):
+    """What ``StepLogger.record_micro(sample_losses=...)`` gets: each sample's weighted mean."""
+    loop = build_loop(config(), tmp_path / "s", order="packed")
+    try:
+        rows = loop.batches.next()[0]
+        batch = loop.collate([[loop.sample(i) for i in row] for row in rows])
+        blocks = loop.task.prepare(batch, rows, 0)
+        loop.task.want_sample_losses = True
+        with torch.no_grad():
+            out = loop.task.forward(loop.task.model, blocks)
+        ids = blocks.sample_ids.reshape(-1)
+        w = blocks.weights.sum(dim=-1).reshape(-1)
+        per_sample = [float(w[(ids == s) & (w > 0)].sum())
+                      for s in sorted(set(ids[w > 0].tolist()))]
+        assert len(out.sample_losses) == len(per_sample) > 1
+        total = sum(x * y for x, y in zip(out.sample_losses, per_sample, strict=True))
+        assert total == pytest.approx(float(out.loss), rel=1e-5)
+    finally:
+        loop.close()

@@ -57,6 +57,7 @@ class LMTask:
         self.device = torch.device(device)
         self.amp = amp
         self.max_len = max_len
+        self.want_sample_losses = True
 
     def prepare(self, batch: dict[str, Any], rows: list[list[int]], step: int) -> dict[str, Any]:
         if "attention_mask" in batch:
@@ -70,8 +71,9 @@ class LMTask:
 
     def forward(self, net: Any, prepared: dict[str, Any]) -> MicroOut:
         ce, predicted = token_losses(net, prepared, self.device, self.amp)
-        return MicroOut(loss=ce.sum(), norm=self.normaliser(prepared),
-                        sample_losses=_sample_means(ce.detach(), predicted, prepared))
+        samples = (_sample_means(ce.detach(), predicted, prepared)
+                   if self.want_sample_losses else None)
+        return MicroOut(loss=ce.sum(), norm=self.normaliser(prepared), sample_losses=samples)
 
     def step_fields(self, stats: dict[str, float]) -> dict[str, Any]:
         return {}

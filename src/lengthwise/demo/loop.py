@@ -196,6 +196,7 @@ class TrainLoop:
                              if cfg.checkpoint_every else None)
         self.batches = StepBatches(self.sampler, cfg.grad_accum)
         self._sample_losses = _passes_sample_losses()
+        task.want_sample_losses = self._sample_losses  # skip computing what is not logged
 
     @property
     def done(self) -> bool:
@@ -218,15 +219,15 @@ class TrainLoop:
             micro.append((batch, self.task.prepare(batch, rows, self.step_count)))
         (total,) = self._sum([float(sum(self.task.normaliser(p) for _, p in micro))])
         scale = self.world / total if total > 0 else 0.0
-        loss_sum = 0.0
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         stats: dict[str, float] = {}
         for k, (batch, prepared) in enumerate(micro):
             sync = k == len(micro) - 1 or self.world == 1
             with contextlib.nullcontext() if sync else self.net.no_sync():
                 out = self.task.forward(self.net, prepared)
                 (out.loss * scale).backward()
-            value = float(out.loss.detach())
-            loss_sum += value
+            value = out.loss.detach()  # a tensor: read at the end of the step, not here
+            loss_sum += value.double()
             for key, v in out.stats.items():
                 stats[key] = stats.get(key, 0.0) + float(v)
             extra = ({"sample_losses": out.sample_losses}
@@ -239,7 +240,7 @@ class TrainLoop:
                                      bucket=bucket if bucket >= 0 else None, **extra)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.task.model.parameters(), self.cfg.clip)
         keys = sorted(stats)
-        reduced = self._sum([loss_sum, *(stats[k] for k in keys)])
+        reduced = self._sum([float(loss_sum), *(stats[k] for k in keys)])
         loss = reduced[0] / total if total > 0 else float("nan")
         skipped = bool(self.guard.check(loss, step=self.step_count + 1)) if self.guard else False
         lr = self.optimizer.param_groups[0]["lr"]

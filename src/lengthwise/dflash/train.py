@@ -79,6 +79,7 @@ class DFlashTask:
         self.cfg = cfg
         self.amp = amp
         self.capacity = cfg.max_len if order == PACKED else None
+        self.want_sample_losses = True
 
     def prepare(self, batch: dict[str, Any], rows: list[list[int]], step: int) -> Any:
         from lengthwise.dflash.blocks import make_blocks
@@ -101,8 +102,8 @@ class DFlashTask:
         for k in range(1, self.model.config.block_size):
             stats[f"slot{k:02d}_correct"] = int(s.slot_correct[k])
             stats[f"slot{k:02d}_count"] = int(s.slot_count[k])
-        return MicroOut(loss=s.weighted, norm=s.weight, stats=stats,
-                        sample_losses=_sample_losses(s.block_ce, b))
+        samples = _sample_losses(s.block_ce, b) if self.want_sample_losses else None
+        return MicroOut(loss=s.weighted, norm=s.weight, stats=stats, sample_losses=samples)
 
     def step_fields(self, stats: dict[str, float]) -> dict[str, Any]:
         count = stats.get("count", 0.0)
