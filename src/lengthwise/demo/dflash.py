@@ -23,7 +23,6 @@ import numpy as np
 
 from lengthwise.demo.device import (
     autocast_dtype,
-    barrier,
     configure_torch,
     pick_device,
     rank_world,
@@ -85,108 +84,6 @@ class DFlashDemoConfig(DFlashTrainConfig):
 def _say(info: GroupInfo | None, text: str) -> None:
     if rank_world(info)[0] == 0:
         print(text, file=sys.stderr, flush=True)
-
-
-def prepare(cfg: DFlashDemoConfig, *, target: str | Path | None, data: str | Path | None,
-            tokenizer: str | Path | None, cache_dir: str | Path | None, vocab_size: int,
-            info: GroupInfo | None, device: Any) -> tuple[Any, Any, dict[str, Any]]:
-    """The target (on ``device``), the regenerated data and what building them measured."""
-    from lengthwise.demo.corpus import corpus_fingerprint, load_corpus
-    from lengthwise.demo.dflash_data import (
-        DFlashData,
-        _key,
-        make_prompts,
-        regenerate,
-        stop_tokens,
-    )
-    from lengthwise.demo.tokenizer import default_cache_dir, encode_texts
-
-    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    meta: dict[str, Any] = {}
-    model = tok = None
-    for turn in (0, 1):  # rank 0 fills the caches first, then the others read them
-        if (turn == 0) == (rank_world(info)[0] == 0):
-            texts = load_corpus(data, cache_dir=cache)
-            fp = corpus_fingerprint(texts)
-            model, tok, eos, meta = _target(cfg, target, texts, tokenizer, cache, vocab_size,
-                                            fp, device)
-            eos = stop_tokens(tok, eos)
-            key = _key(target=meta["target_key"], texts=cfg.texts, prompt=cfg.prompt_len,
-                       response=cfg.response_len, temperature=cfg.temperature, seed=cfg.seed,
-                       stops=eos)
-            path = cache / f"dflash-data-{key}.npz"
-            if not path.is_file():
-                rng = np.random.default_rng([cfg.seed, 17])
-                pick = rng.permutation(len(texts))[: cfg.texts]
-                ids = encode_texts(tok, [texts[i] for i in pick], max_len=cfg.max_len)
-                prompts = make_prompts([np.asarray(x) for x in ids], max_prompt=cfg.prompt_len,
-                                       seed=cfg.seed)
-                started = time.perf_counter()
-                model.to(device)
-                resp = regenerate(model, prompts, max_new_tokens=cfg.response_len, eos=eos,
-                                  temperature=cfg.temperature, seed=cfg.seed, device=device)
-                seqs = [np.concatenate([p, r]) for p, r in zip(prompts, resp, strict=True)]
-                flat = np.concatenate(seqs)
-                offsets = np.cumsum([0] + [s.size for s in seqs])
-                tmp = path.with_suffix(".tmp.npz")
-                np.savez(tmp, flat=flat, offsets=offsets,
-                         prompt_lens=np.array([p.size for p in prompts]),
-                         seconds=np.array(time.perf_counter() - started))
-                tmp.replace(path)
-        barrier(info)
-    z = np.load(path)
-    flat, offsets = z["flat"], z["offsets"]
-    seqs = [flat[offsets[i]:offsets[i + 1]] for i in range(offsets.size - 1)]
-    plens = z["prompt_lens"]
-    keep = [i for i, s in enumerate(seqs) if s.size - plens[i] >= 2]  # a response to learn
-    meta["dropped_short_responses"] = len(seqs) - len(keep)
-    meta["regenerate_seconds"] = float(z["seconds"])
-    seqs, plens = [seqs[i] for i in keep], plens[keep]
-    rng = np.random.default_rng([cfg.seed, 7919])
-    perm = rng.permutation(len(seqs))
-    held = np.sort(perm[: cfg.eval_samples])
-    rest = perm[cfg.eval_samples:]
-    if cfg.max_samples is not None:
-        rest = rest[: cfg.max_samples]
-    order = np.sort(np.concatenate([held, rest]))
-    remap = {int(j): k for k, j in enumerate(order)}
-    ds = DFlashData(ids=[seqs[j] for j in order], prompt_lens=plens[order],
-                    held=np.array([remap[int(j)] for j in held], dtype=np.int64))
-    meta.update(ds.describe())
-    meta["eos"] = eos
-    return model, ds, meta
-
-
-def _target(cfg: DFlashDemoConfig, target: str | Path | None, texts: list[str],
-            tokenizer: str | Path | None, cache: Path, vocab_size: int, fp: str,
-            device: Any) -> tuple[Any, Any, int, dict[str, Any]]:
-    from lengthwise.demo.dflash_data import train_target
-    from lengthwise.demo.tokenizer import get_tokenizer
-
-    if target is None:
-        tok = get_tokenizer(texts, path=tokenizer, cache_dir=cache, vocab_size=vocab_size,
-                            fingerprint=fp)
-        model, meta = train_target(texts, tok, cache_dir=cache, size=cfg.target_size,
-                                   steps=cfg.target_steps, max_len=cfg.max_len, seed=cfg.seed,
-                                   fingerprint=fp, progress=cfg.progress)
-        meta.update(target=f"{cfg.target_size} Llama-style model trained here",
-                    target_key=f"{fp}-{vocab_size}-{cfg.target_size}-{cfg.target_steps}")
-        return model, tok, 0, meta
-    import torch
-    from tokenizers import Tokenizer
-
-    from lengthwise.dflash.target import load_target
-
-    path = Path(target)
-    tok_path = Path(tokenizer) if tokenizer is not None else path / "tokenizer.json"
-    if not tok_path.is_file():
-        raise ValueError(f"--target {path}: no tokenizer.json there; give --tokenizer")
-    dtype = torch.bfloat16 if str(device).startswith("cuda") else None
-    model = load_target(path, dtype=dtype)
-    eos = model.config.eos_token_id
-    eos = int(eos[0] if isinstance(eos, list) else (eos if eos is not None else 0))
-    return model, Tokenizer.from_file(str(tok_path)), eos, {
-        "target": str(path), "target_key": f"{path.resolve()}-{fp}"}
 
 
 class DFlashOrderRun:
@@ -281,6 +178,7 @@ def run_dflash_demo(cfg: DFlashDemoConfig, *, orders: list[str], out: str | Path
                     vocab_size: int = 2048, lockstep: bool = True,
                     plot: bool = True) -> dict[str, Any]:
     """Train and evaluate a draft per order; write ``out/summary.json``; the summary (rank 0)."""
+    from lengthwise.demo.dflash_data import prepare
     from lengthwise.demo.runner import run_lockstep
     from lengthwise.dflash.objective import target_layer_ids
     from lengthwise.dflash.target import Target
