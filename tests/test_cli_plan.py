@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from lengthwise.cli import main
 
@@ -90,6 +91,24 @@ def test_user_errors_are_one_line(tmp_path):
     _one_line_error(_run("plan", "coqa", "--on-overflow", "split"), "needs --layout pack")
     (tmp_path / "bin.txt").write_bytes(b"\xff\xfe\x00")
     _one_line_error(_run("plan", str(tmp_path / "bin.txt")), "not UTF-8 text")
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["plan", "coqa", "--max-len", "abc"], "argument --max-len: invalid int value: 'abc'"),
+    (["plan", "coqa", "--order", "shuffled"], "argument --order: invalid choice: 'shuffled'"),
+    (["plan"], "the following arguments are required: lengths"),
+    (["plan", "coqa", "--batch-size", "4", "--max-tokens", "64"], "not allowed with"),
+    (["demo", "--task", "foo"], "argument --task: invalid choice: 'foo'"),
+    (["demo", "--steps", "abc"], "argument --steps: must be a positive integer, got 'abc'"),
+    (["bogus"], "invalid choice: 'bogus'"),
+])
+def test_usage_errors_are_one_line(argv, match, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err  # no usage block
+    assert match in err and "--help)" in err, err
 
 
 def test_edges_above_a_row_of_the_budget(capsys):

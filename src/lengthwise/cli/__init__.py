@@ -17,13 +17,22 @@ import importlib
 import os
 import pkgutil
 import sys
+from typing import NoReturn
 
 from lengthwise import __version__
 
 
+class _Parser(argparse.ArgumentParser):
+    """A parser whose usage errors are one line on stderr (status 2), pointing at ``--help``."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} "
+                     f"(see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the top-level parser with every sub-command registered."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="lengthwise",
         description="Plan length-aware batches, feed training, and diagnose loss curves.",
     )
