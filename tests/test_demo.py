@@ -305,6 +305,27 @@ def test_demo_command_reports_bad_options(capsys, jsonl):
         assert "no CUDA device" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("task", ["lm", "dflash"])
+@pytest.mark.parametrize("option, match", [
+    (["--device", "tpu"], "device must be cpu, cuda or cuda:N, got 'tpu'"),
+    (["--dtype", "fp64"], "dtype must be one of fp32, bf16, fp16, got 'fp64'"),
+    (["--threads", "-1"], "threads must be a positive integer, got -1"),
+    (["--buckets", "0"], "buckets must be a positive integer, got 0"),
+])
+def test_demo_options_are_checked_before_the_data(task, option, match, capsys, monkeypatch):
+    import lengthwise.demo.dflash_data as dflash_data
+    import lengthwise.demo.main as demo_main
+
+    def no_data(*args, **kwargs):
+        raise AssertionError("the data were prepared before the options were checked")
+
+    monkeypatch.setattr(demo_main, "prepare_data", no_data)
+    monkeypatch.setattr(dflash_data, "prepare", no_data)
+    assert cli_main(["demo", "--task", task, *option]) == 2
+    err = capsys.readouterr().err
+    assert match in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_gpu_benchmark_runs_with_smoke_settings_on_cpu(tmp_path):
     script = runpy.run_path(str(ROOT / "benchmarks" / "gpu_throughput.py"))
     out = tmp_path / "gpu"

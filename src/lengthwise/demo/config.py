@@ -13,10 +13,13 @@ Example::
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_ORDERS", "PACKED", "DemoConfig", "LoopConfig", "available_orders"]
+__all__ = ["DEFAULT_ORDERS", "DTYPES", "PACKED", "DemoConfig", "LoopConfig", "available_orders"]
 
+#: the autocast dtypes a run may name (``None``: bf16 on CUDA, fp32 on CPU)
+DTYPES = ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16")
 #: name of the padding-free strategy (the planner's ``layout="pack"``)
 PACKED = "packed"
 
@@ -82,6 +85,20 @@ class LoopConfig:
             raise ValueError(f"warmup must lie in [0, steps={self.steps}), got {self.warmup}")
         if self.checkpoint_every < 0:
             raise ValueError(f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
+        self._check_runtime()
+
+    def _check_runtime(self) -> None:
+        """Device, dtype, threads and buckets, checked before any data is read."""
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
+            raise ValueError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of fp32, bf16, fp16, got {self.dtype!r}")
+        if self.threads is not None:
+            _positive(self, "threads")
+        if self.buckets != "auto":
+            if isinstance(self.buckets, str):
+                raise ValueError(f"buckets must be a count or 'auto', got {self.buckets!r}")
+            _positive(self, "buckets")
 
     @property
     def warmup_steps(self) -> int:
