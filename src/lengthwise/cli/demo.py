@@ -68,7 +68,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--orders", default="all",
                    help="comma-separated orders: sorted, random, bucket-random, interleave, "
                         "stratified, packed, or 'all' (default: all)")
-    p.add_argument("--model-size", default="tiny",
+    p.add_argument("--model-size", default=None,
                    choices=["tiny", "small", "base", "medium", "large"],
                    help="model width and depth (lm task; tiny trains quickly on CPU) "
                         "(default: tiny)")
@@ -165,6 +165,18 @@ def _check_out(path: str) -> None:
             raise ValueError(f"--out {path}: {parent} is not a folder")
 
 
+def _check_task_options(args: argparse.Namespace) -> None:
+    """An option of the other task is an error, not silently ignored."""
+    if args.task == "dflash":
+        if args.model_size is not None:
+            raise ValueError("--model-size is for --task lm; the dflash task's target is "
+                             "--target PATH or a small one trained here")
+        return
+    for name in ("target", *_DFLASH):
+        if getattr(args, name) is not None:
+            raise ValueError(f"--{name.replace('_', '-')} needs --task dflash")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the demo and print the comparison; returns the exit code."""
     from lengthwise.demo.device import is_main
@@ -183,6 +195,7 @@ def run(args: argparse.Namespace) -> int:
                   resume=args.resume, progress=not args.no_progress,
                   threads=args.threads or None, max_samples=args.max_samples,
                   **_config_kwargs(args, _COMMON))
+    _check_task_options(args)
     if args.task == "dflash":
         from lengthwise.demo.dflash import DFlashDemoConfig, render_dflash, run_dflash_demo
 
@@ -196,9 +209,7 @@ def run(args: argparse.Namespace) -> int:
         from lengthwise.demo.config import DemoConfig
         from lengthwise.demo.main import render, run_demo
 
-        if args.target is not None:
-            raise ValueError("--target needs --task dflash")
-        cfg = DemoConfig(model_size=args.model_size, **common)
+        cfg = DemoConfig(model_size=args.model_size or "tiny", **common)
         summary = run_demo(cfg, orders=orders, out=args.out, data=args.data,
                            tokenizer=args.tokenizer, cache_dir=args.cache_dir,
                            vocab_size=args.vocab_size, lockstep=not args.sequential,
