@@ -47,7 +47,7 @@ def test_packed_budget_rows_and_capacity():
     with pytest.raises(BudgetError, match="17 tokens > 2 rows x 8 tokens"):
         PackCollator(budget=budget)(_samples([9, 8]))
     with pytest.raises(ValueError, match="padded one"):
-        PackCollator(budget=Budget(max_tokens=8))
+        PackCollator(pad_token_id=0, budget=Budget(max_tokens=8))
     with pytest.raises(TypeError, match="Budget"):
         PadCollator(0, budget=16)
 
@@ -216,3 +216,19 @@ def test_row_and_cost_budgets_hold_too(lengths, rule, pad_multiple, max_len, see
     if rule == "batch_size":
         with pytest.raises(BudgetError, match="4 rows > batch_size=3"):
             collate(too_many)
+
+
+def test_a_collator_names_a_budget_it_cannot_use():
+    from lengthwise.pytorch.collate import Budget, PackCollator, PadCollator
+
+    for collator in (PadCollator, PackCollator):
+        with pytest.raises(TypeError, match=r"budget must be a lengthwise\.pytorch\.collate\."
+                                            r"Budget, got \{'max_tokens': 8\}"):
+            collator(pad_token_id=0, budget={"max_tokens": 8})
+    with pytest.raises(ValueError, match="PadCollator needs a budget of the padded layout, "
+                                         "got a packed one"):
+        PadCollator(pad_token_id=0, budget=Budget(max_tokens=8, layout="pack"))
+    with pytest.raises(ValueError, match="PackCollator needs a budget of the packed layout, "
+                                         "got a padded one"):
+        PackCollator(pad_token_id=0, budget=Budget(max_tokens=8))
+    assert PadCollator(pad_token_id=0, budget=Budget(max_tokens=8)).budget == Budget(max_tokens=8)
