@@ -258,6 +258,21 @@ def test_ratios_and_checks():
     assert "random" in format_table(rows)
 
 
+def test_every_failed_check_is_explained():
+    from lengthwise.demo.main import render
+
+    rows = {"sorted": {"tokens_per_second": 100.0, "loss_roughness": 0.1, "eval_loss": 3.0},
+            "random": {"tokens_per_second": 95.0, "loss_roughness": 0.1, "eval_loss": 2.0},
+            "bucket-random": {"loss_roughness": 0.1},
+            "stratified": {"tokens_per_second": 50.0, "loss_roughness": 0.2, "eval_loss": 4.0}}
+    add_ratios(rows)
+    checks = check_targets(rows)
+    assert checks and not any(checks.values())  # every check fails here
+    lines = render({"strategies": rows, "checks": checks}).splitlines()
+    notes = [ln for ln in lines if ln.startswith("note: ")]
+    assert [n.split()[1] for n in notes] == list(checks)
+
+
 # -- end to end ----------------------------------------------------------------------------
 def test_demo_command_end_to_end(jsonl, workdir):
     out = workdir / "e2e"

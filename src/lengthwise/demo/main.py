@@ -239,6 +239,19 @@ CHECK_NOTES = {
         "stratified_as_smooth_as_random asks whether stratified's roughness is within 1.2x "
         "of random's; short runs measure roughness over few steps, so rerun with more "
         "--steps before reading much into it."),
+    "stratified_throughput_near_sorted": (
+        "stratified_throughput_near_sorted asks whether stratified trains at least 0.9x "
+        "sorted's tokens per second. Sorted runs from short to long samples, so a run that "
+        "does not complete an epoch times sorted on part of the lengths only; and the load of "
+        "a shared machine moves throughput by several percent. Rerun with more --steps."),
+    "random_throughput_far_below_sorted": (
+        "random_throughput_far_below_sorted asks whether random trains at most 0.7x sorted's "
+        "tokens per second (its padding). It does not hold when the lengths vary little, so "
+        "that random batches pad little, or in a run too short to complete an epoch."),
+    "stratified_eval_no_worse_than_random": (
+        "stratified_eval_no_worse_than_random asks whether stratified's held-out loss is at "
+        "most random's after the same steps; a short run or a small held-out set can leave "
+        "the two within noise of each other."),
 }
 
 
