@@ -1,4 +1,4 @@
-"""The ```python blocks of the README and docs/pytorch.md run, in order, on real data.
+"""The ```python blocks of the README and docs/*.md run, in order, on real data.
 
 Each file's blocks share one namespace, as a reader's session would. The names the
 blocks take as given are real objects: ``train.parquet`` / ``data.parquet`` with a
@@ -6,7 +6,10 @@ blocks take as given are real objects: ``train.parquet`` / ``data.parquet`` with
 ``dataset`` (a ``datasets.Dataset`` of samples of exactly those lengths, untruncated),
 ``tok``/``tokenizer`` (a word-level tokenizer with a pad token), ``model`` (a small
 torch language model that records the largest micro-batch it was given),
-``training_args``, ``accelerator`` and ``optimizer``. A block whose optional
+``training_args``, ``accelerator`` and ``optimizer``. docs/training.md's loop needs
+nothing given; docs/dflash.md's takes ``PATH`` (a tiny Llama saved with
+``save_pretrained``), ``lengths`` and ``sample`` as given, and runs on the CPU at
+toy size through the replacements of :data:`ON_CPU`. A block whose optional
 dependency is missing skips the rest of its file; a block right after a
 ``<!-- docs-test: skip (reason) -->`` line is not run (the reason says why).
 """
@@ -14,6 +17,7 @@ dependency is missing skips the rest of its file; a block right after a
 from __future__ import annotations
 
 import re
+import tempfile
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,7 +26,14 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FILES = ["README.md", "docs/pytorch.md"]
+FILES = ["README.md", "docs/pytorch.md", "docs/training.md", "docs/dflash.md"]
+#: a block written for a GPU and a long run, made to run on the CPU at toy size: each
+#: ``(text, replacement)``; every text must occur in the file's blocks
+ON_CPU = {
+    "docs/dflash.md": [(".cuda()", ""), ('"cuda"', '"cpu"'), ("steps=20_000", "steps=3"),
+                       ("max_tokens=16384", "max_tokens=512"), ("max_len=8192", "max_len=64"),
+                       ("num_anchors=512", "num_anchors=4")],
+}
 #: the largest budget of a micro-batch the model is fed in these files
 BUDGET = 16384
 
@@ -48,6 +59,17 @@ def test_blocks_are_found():
     assert len(blocks) >= 6
     skipped = [b for b in blocks if b[2] is not None]
     assert len(skipped) <= 1  # only what cannot run on a CPU
+    for name in FILES:  # every file runs at least one block
+        assert any(skip is None for _, _, skip in python_blocks(ROOT / name)), name
+    for name, swaps in ON_CPU.items():
+        code = "".join(c for _, c, _ in python_blocks(ROOT / name))
+        assert all(text in code for text, _ in swaps), name
+
+
+def _on_cpu(name: str, code: str) -> str:
+    for text, replacement in ON_CPU.get(name, []):
+        code = code.replace(text, replacement)
+    return code
 
 
 def _lengths() -> np.ndarray:
@@ -58,6 +80,42 @@ def _lengths() -> np.ndarray:
     longest = np.argsort(raw)[-12:]  # samples over max_len and over the budget
     picked = np.concatenate((rng.choice(raw.size, 1500, replace=False), longest))
     return raw[np.unique(picked)]
+
+
+def _dflash_namespace(tmp_path: Path) -> dict:
+    """A tiny saved target (``PATH``), lengths and samples with the prompt masked."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=6, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=256)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "target")
+    lengths = np.random.default_rng(0).integers(8, 60, 120)
+
+    def sample(i):
+        ids = np.random.default_rng(int(i)).integers(0, 64, int(lengths[i])).tolist()
+        return {"input_ids": ids, "labels": [-100] * 4 + ids[4:]}
+
+    return dict(__name__="__docs__", PATH=str(tmp_path / "target"), lengths=lengths,
+                sample=sample)
+
+
+def _check(name: str, ns: dict, tmp_path: Path) -> None:
+    """What the blocks of ``name`` must have done."""
+    if name in ("README.md", "docs/pytorch.md"):
+        # every micro-batch the model saw was inside the budget, and the blocks fed it
+        assert 0 < ns["model"].largest <= BUDGET
+    if name == "docs/pytorch.md":
+        assert SimpleNamespace(**ns).trainer.state.global_step == 3
+    if name == "docs/training.md":
+        assert ns["step"] == 30 and ns["ckpt"].latest().name == "step_30"
+        log = (ns["run_dir"] / "train_log.jsonl").read_text().splitlines()
+        assert sum('"event"' not in line for line in log) == 30
+    if name == "docs/dflash.md":
+        assert ns["loop"].done
+        log = (tmp_path / "runs/draft/train_log.jsonl").read_text().splitlines()
+        assert sum('"event"' not in line for line in log) == 3
 
 
 def _namespace(tmp_path: Path) -> dict:
@@ -119,7 +177,13 @@ def test_python_blocks_run(name, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
-    ns = _namespace(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # mkdtemp() in a block
+    if name in ("README.md", "docs/pytorch.md"):
+        ns = _namespace(tmp_path)
+    elif name == "docs/dflash.md":
+        ns = _dflash_namespace(tmp_path)
+    else:
+        ns = {"__name__": "__docs__"}
     blocks = python_blocks(ROOT / name)
     ran = 0
     for line, code, skip in blocks:
@@ -129,12 +193,9 @@ def test_python_blocks_run(name, tmp_path, monkeypatch):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the data are truncated on purpose
             try:
-                exec(compile(code, f"{name}, line {line}", "exec"), ns)
+                exec(compile(_on_cpu(name, code), f"{name}, line {line}", "exec"), ns)
             except ImportError as exc:
                 pytest.skip(f"{name}, line {line} needs {exc.name}")
         ran += 1
     assert ran == len(blocks)
-    # every micro-batch the model saw was inside the budget, and the blocks fed it
-    assert 0 < ns["model"].largest <= BUDGET
-    if name == "docs/pytorch.md":
-        assert SimpleNamespace(**ns).trainer.state.global_step == 3
+    _check(name, ns, tmp_path)
