@@ -273,6 +273,21 @@ def test_every_failed_check_is_explained():
     assert [n.split()[1] for n in notes] == list(checks)
 
 
+@pytest.mark.parametrize("doc, heading", [("README.md", "## The demo"),
+                                          ("docs/demo.md", "### Measured")])
+def test_measured_tables_have_the_printed_columns(doc, heading):
+    """The demo tables of the docs use the printed column names, in the printed order."""
+    from lengthwise.demo.report import TABLE_COLUMNS
+
+    text = (ROOT / doc).read_text().split(heading, 1)[1]
+    header = next(ln for ln in text.splitlines() if ln.startswith("| order |"))
+    names = [c.strip() for c in header.strip("|").split("|")]
+    printed = [k for k, _ in TABLE_COLUMNS]
+    assert [n for n in names if n in printed] == printed, names
+    extra = set(names) - set(printed) - {"order", "verdict"}
+    assert extra <= {"real_tokens_per_step"}, extra  # a --json key the table leaves out
+
+
 # -- end to end ----------------------------------------------------------------------------
 def test_demo_command_end_to_end(jsonl, workdir):
     out = workdir / "e2e"
