@@ -341,6 +341,7 @@ def test_demo_command_reports_bad_options(capsys, jsonl):
     (["--dtype", "fp64"], "dtype must be one of fp32, bf16, fp16, got 'fp64'"),
     (["--threads", "-1"], "threads must be a positive integer, got -1"),
     (["--buckets", "0"], "buckets must be a positive integer, got 0"),
+    (["--seed", "-1"], "seed must be a non-negative integer, got -1"),
 ])
 def test_demo_options_are_checked_before_the_data(task, option, match, capsys, monkeypatch):
     import lengthwise.demo.dflash_data as dflash_data

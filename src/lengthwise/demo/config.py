@@ -88,7 +88,9 @@ class LoopConfig:
         self._check_runtime()
 
     def _check_runtime(self) -> None:
-        """Device, dtype, threads and buckets, checked before any data is read."""
+        """Seed, device, dtype, threads and buckets, checked before any data is read."""
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
         if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
             raise ValueError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
         if self.dtype is not None and self.dtype not in DTYPES:
