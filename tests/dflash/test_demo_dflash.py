@@ -93,6 +93,8 @@ def test_out_at_a_file_is_a_user_error(tmp_path, capsys):
     afile.write_text("x")
     assert cli_main(["demo", "--out", str(afile / "sub")]) == 2
     assert "is not a folder" in capsys.readouterr().err
+    assert cli_main(["demo", "--cache-dir", str(afile)]) == 2
+    assert f"--cache-dir {afile}: exists and is not a folder" in capsys.readouterr().err
 
 
 def test_help_states_each_default_once(capsys):

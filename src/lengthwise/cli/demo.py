@@ -156,13 +156,16 @@ def _config_kwargs(args: argparse.Namespace, table: dict[str, str]) -> dict[str,
             if getattr(args, arg) is not None}
 
 
-def _check_out(path: str) -> None:
+def _check_folder(option: str, path: str | None) -> None:
+    """A folder the demo writes into: it may not exist yet, but nothing on its path is a file."""
+    if path is None:
+        return
     out = Path(path)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {path}: exists and is not a folder")
+        raise ValueError(f"{option} {path}: exists and is not a folder")
     for parent in out.parents:
         if parent.exists() and not parent.is_dir():
-            raise ValueError(f"--out {path}: {parent} is not a folder")
+            raise ValueError(f"{option} {path}: {parent} is not a folder")
 
 
 def _check_task_options(args: argparse.Namespace) -> None:
@@ -188,7 +191,8 @@ def run(args: argparse.Namespace) -> int:
             buckets = int(buckets)
         except ValueError:
             raise ValueError(f"--buckets must be a count or 'auto', got {args.buckets!r}") from None
-    _check_out(args.out)
+    _check_folder("--out", args.out)
+    _check_folder("--cache-dir", args.cache_dir)
     orders = parse_orders(args.orders)
     common = dict(warmup=args.warmup, seed=args.seed, buckets=buckets, device=args.device,
                   dtype=args.dtype, checkpoint_every=args.checkpoint_every,
