@@ -140,6 +140,22 @@ def test_help_gives_every_option_a_text_and_its_default():
     assert "(default: stratified)" in order.help
 
 
+def test_readme_synopsis_lists_every_option():
+    from pathlib import Path
+
+    from lengthwise.cli import build_parser
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    synopsis = readme.split("```\nlengthwise plan LENGTHS", 1)[1].split("```", 1)[0]
+    plan = build_parser()._subparsers._group_actions[0].choices["plan"]
+    for action in plan._actions:
+        if action.option_strings and action.dest != "help":
+            assert f"[{action.option_strings[0]}" in synopsis or \
+                f"| {action.option_strings[0]}" in synopsis, action.option_strings[0]
+    for order in plan._option_string_actions["--order"].choices:
+        assert order in synopsis
+
+
 def test_compare_with_one_micro_batch_per_step_says_why(capsys):
     assert main(["plan", "coqa", "--max-tokens", "4096", "--compare"]) == 0
     text = capsys.readouterr().out
