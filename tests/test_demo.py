@@ -427,3 +427,15 @@ def test_lm_sample_losses_follow_packed_sample_boundaries():
     assert len(out.sample_losses) == 3
     total = sum(x * n for x, n in zip(out.sample_losses, counts, strict=True))
     assert total == pytest.approx(float(out.loss), rel=1e-5) and out.norm == sum(counts)
+
+
+def test_progress_lines_come_from_rank_0_only(capsys):
+    from types import SimpleNamespace
+
+    from lengthwise.demo.device import say
+
+    say(SimpleNamespace(rank=1, world_size=2), "from rank 1")
+    say(SimpleNamespace(rank=0, world_size=2), "from rank 0")
+    say(None, "single process")
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == ["from rank 0", "single process"] and not captured.out

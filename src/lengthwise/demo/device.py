@@ -16,12 +16,13 @@ Example::
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 from lengthwise.pytorch.dist import GroupInfo, group_info
 
 __all__ = ["autocast_dtype", "barrier", "configure_torch", "is_main", "pick_device", "rank_world",
-           "setup_distributed"]
+           "say", "setup_distributed"]
 
 
 def setup_distributed(device: str = "cpu") -> GroupInfo | None:
@@ -42,6 +43,17 @@ def setup_distributed(device: str = "cpu") -> GroupInfo | None:
 def rank_world(info: GroupInfo | None) -> tuple[int, int]:
     """``(rank, world_size)`` of a group, ``(0, 1)`` without one."""
     return (0, 1) if info is None else (info.rank, info.world_size)
+
+
+def say(info: GroupInfo | None, text: str) -> None:
+    """Print a progress line to stderr on rank 0 only.
+
+    Example::
+
+        >>> say(None, "lengthwise demo: starting")  # prints to stderr
+    """
+    if rank_world(info)[0] == 0:
+        print(text, file=sys.stderr, flush=True)
 
 
 def is_main(info: GroupInfo | None = None) -> bool:

@@ -13,7 +13,6 @@ target forward; ``lossless``: the output equals the target's greedy output).
 from __future__ import annotations
 
 import json
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from lengthwise.demo.device import (
     configure_torch,
     pick_device,
     rank_world,
+    say,
     setup_distributed,
 )
 from lengthwise.dflash.train import DFlashTrainConfig
@@ -79,11 +79,6 @@ class DFlashDemoConfig(DFlashTrainConfig):
         if self.eval_prompts > self.eval_samples:
             raise ValueError(f"eval_prompts ({self.eval_prompts}) must not exceed "
                              f"eval_samples ({self.eval_samples})")
-
-
-def _say(info: GroupInfo | None, text: str) -> None:
-    if rank_world(info)[0] == 0:
-        print(text, file=sys.stderr, flush=True)
 
 
 class DFlashOrderRun:
@@ -196,7 +191,7 @@ def run_dflash_demo(cfg: DFlashDemoConfig, *, orders: list[str], out: str | Path
     tgt = Target(model.to(device),
                  layers=target_layer_ids(n_layers, cfg.num_features or cfg.draft_layers))
     meta.update(target_layers=tgt.layers, world_size=world)
-    _say(group, f"lengthwise demo --task dflash: target {meta['target']} "
+    say(group, f"lengthwise demo --task dflash: target {meta['target']} "
                 f"({sum(p.numel() for p in model.parameters()):,} parameters, layers "
                 f"{tgt.layers} feed the draft); {meta['train_samples']} training samples "
                 f"({meta['train_tokens']} tokens, median {meta['length_p50']}, max "
@@ -257,7 +252,7 @@ def _summarise(results: dict[str, dict[str, Any]], cfg: DFlashDemoConfig,
                 title=f"DFlash draft (block {cfg.block_size}), {cfg.steps} steps x "
                       f"{cfg.grad_accum} micro-batches of <= {cfg.max_tokens} tokens"))
         except ImportError as exc:
-            print(f"lengthwise demo: no plot ({exc})", file=sys.stderr)
+            say(None, f"lengthwise demo: no plot ({exc})")
     return summary
 
 

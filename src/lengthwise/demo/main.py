@@ -17,14 +17,13 @@ Example::
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from lengthwise.demo.config import DemoConfig, available_orders
 from lengthwise.demo.data import DemoData
-from lengthwise.demo.device import barrier, rank_world, setup_distributed
+from lengthwise.demo.device import barrier, rank_world, say, setup_distributed
 from lengthwise.demo.report import (
     JSON_KEYS,
     add_ratios,
@@ -60,11 +59,6 @@ def parse_orders(text: str | list[str] | tuple[str, ...] | None) -> list[str]:
     if not items:
         raise ValueError("no orders given")
     return list(dict.fromkeys(items))
-
-
-def _say(info: GroupInfo | None, text: str) -> None:
-    if rank_world(info)[0] == 0:
-        print(text, file=sys.stderr, flush=True)
 
 
 def prepare_data(cfg: DemoConfig, *, data: str | Path | None = None,
@@ -154,7 +148,7 @@ def run_demo(cfg: DemoConfig, *, orders: list[str] | str | None = None,
     params = count_parameters(build_model(cfg.model_size, vocab_size=demo_data.vocab_size,
                                           max_len=cfg.max_len, device="meta"))
     info.update(model_size=cfg.model_size, parameters=params, world_size=world)
-    _say(group, f"lengthwise demo: {info['train_samples']} training samples "
+    say(group, f"lengthwise demo: {info['train_samples']} training samples "
                f"({info['train_tokens']} tokens, median {info['length_p50']}, "
                f"p99 {info['length_p99']}, max {info['length_max']}), "
                f"{info['eval_samples']} held out; {cfg.model_size} model with {params:,} "
@@ -206,7 +200,7 @@ def run_demo(cfg: DemoConfig, *, orders: list[str] | str | None = None,
                                                       for n in rows},
                                            title=_title(cfg, info)))
         except ImportError as exc:  # matplotlib missing: the figures still come out
-            _say(group, f"lengthwise demo: no plot ({exc})")
+            say(group, f"lengthwise demo: no plot ({exc})")
     meta["wall_seconds"] = time.perf_counter() - started
     text = summary_json(rows, **meta)
     (out / "summary.json").write_text(text + "\n", encoding="utf-8")
