@@ -16,7 +16,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_ORDERS", "DTYPES", "PACKED", "DemoConfig", "LoopConfig", "available_orders"]
+__all__ = ["DEFAULT_ORDERS", "DTYPES", "PACKED", "DemoConfig", "LoopConfig", "available_orders",
+           "check_positive"]
 
 #: the autocast dtypes a run may name (``None``: bf16 on CUDA, fp32 on CPU)
 DTYPES = ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16")
@@ -71,9 +72,8 @@ class LoopConfig:
     def __post_init__(self) -> None:
         if self.pad_multiple is None:
             self.pad_multiple = 8 if self.device.startswith("cuda") else 1
-        for name in ("steps", "grad_accum", "max_tokens", "max_len", "pad_multiple",
-                     "keep_checkpoints"):
-            _positive(self, name)
+        check_positive(self, "steps", "grad_accum", "max_tokens", "max_len", "pad_multiple",
+                       "keep_checkpoints")
         if self.max_len > self.max_tokens:
             raise ValueError(f"max_len ({self.max_len}) must not exceed max_tokens "
                              f"({self.max_tokens}): one row must fit the micro-batch budget")
@@ -96,11 +96,11 @@ class LoopConfig:
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of fp32, bf16, fp16, got {self.dtype!r}")
         if self.threads is not None:
-            _positive(self, "threads")
+            check_positive(self, "threads")
         if self.buckets != "auto":
             if isinstance(self.buckets, str):
                 raise ValueError(f"buckets must be a count or 'auto', got {self.buckets!r}")
-            _positive(self, "buckets")
+            check_positive(self, "buckets")
 
     @property
     def warmup_steps(self) -> int:
@@ -119,10 +119,21 @@ class DemoConfig(LoopConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _positive(self, "eval_samples")
+        check_positive(self, "eval_samples")
 
 
-def _positive(cfg: object, name: str) -> None:
-    value = getattr(cfg, name)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+def check_positive(cfg: object, *names: str) -> None:
+    """Raise ``ValueError`` naming the first field of ``cfg`` that is not an integer >= 1.
+
+    Example::
+
+        >>> check_positive(LoopConfig(), "steps", "grad_accum")
+        >>> check_positive(LoopConfig(steps=3), "timing_warmup", "clip")
+        Traceback (most recent call last):
+        ...
+        ValueError: clip must be a positive integer, got 1.0
+    """
+    for name in names:
+        value = getattr(cfg, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from lengthwise.demo.config import check_positive
 from lengthwise.demo.device import (
     autocast_dtype,
     configure_torch,
@@ -72,10 +73,7 @@ class DFlashDemoConfig(DFlashTrainConfig):
         if self.prompt_len + self.response_len > self.max_len:
             raise ValueError(f"prompt_len + response_len ({self.prompt_len} + "
                              f"{self.response_len}) must not exceed max_len ({self.max_len})")
-        for name in ("eval_samples", "eval_prompts", "max_new_tokens", "texts"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_positive(self, "eval_samples", "eval_prompts", "max_new_tokens", "texts")
         if self.eval_prompts > self.eval_samples:
             raise ValueError(f"eval_prompts ({self.eval_prompts}) must not exceed "
                              f"eval_samples ({self.eval_samples})")

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.demo.config import PACKED, LoopConfig
+from lengthwise.demo.config import PACKED, LoopConfig, check_positive
 from lengthwise.demo.loop import MicroOut
 
 __all__ = ["DFlashTask", "DFlashTrainConfig"]
@@ -54,10 +54,7 @@ class DFlashTrainConfig(LoopConfig):
         super().__post_init__()
         if not 0 <= self.warmup_ratio < 1:
             raise ValueError(f"warmup_ratio must lie in [0, 1), got {self.warmup_ratio}")
-        for name in ("block_size", "draft_layers", "num_anchors"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_positive(self, "block_size", "draft_layers", "num_anchors")
         if self.block_size < 2:
             raise ValueError(f"block_size must be >= 2, got {self.block_size}")
 
