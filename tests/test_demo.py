@@ -228,6 +228,13 @@ def test_resume_from_a_checkpoint_continues_the_same_run(data, tmp_path):
     assert {"event": "resume"}.items() <= events[0].items()
 
 
+def test_resume_without_a_checkpoint_says_so(data, tmp_path, capsys):
+    cfg = DemoConfig(steps=2, resume=True, **SMALL)
+    train_order("stratified", data, cfg, out=tmp_path)
+    err = capsys.readouterr().err
+    assert "--resume: no checkpoint under" in err and "stratified starts from step 0" in err
+
+
 def test_packed_strategy_fills_rows_without_padding(data, tmp_path):
     if "packed" not in available_orders():
         pytest.skip("the packed layout is not installed")

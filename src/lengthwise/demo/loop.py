@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from lengthwise.demo.config import PACKED, LoopConfig
-from lengthwise.demo.device import rank_world
+from lengthwise.demo.device import rank_world, say
 from lengthwise.demo.schedule import lr_factor
 from lengthwise.pytorch.dist import GroupInfo, all_reduce_sum
 
@@ -182,8 +182,12 @@ class TrainLoop:
             extra = state.get("extra") or {}
             if self.guard is not None and extra.get("spike_guard"):
                 self.guard.load_state_dict(extra["spike_guard"])
-        elif self.rank == 0 and self.log_path.exists():
-            self.log_path.unlink()  # a fresh run starts a fresh log
+        else:
+            if cfg.resume:
+                say(info, f"lengthwise demo: --resume: no checkpoint under {ckpt_dir}; "
+                          f"{order} starts from step 0 with a fresh log")
+            if self.rank == 0 and self.log_path.exists():
+                self.log_path.unlink()  # a fresh run starts a fresh log
         self.logger = StepLogger(self.log_path, bucket_shares=bucket_token_shares(
             self.sampler.plan), num_buckets=len(self.sampler.edges or [0]),
             rank=self.rank, world_size=self.world)
