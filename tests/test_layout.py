@@ -158,3 +158,18 @@ def test_a_submodule_of_a_moved_package_is_not_loaded_twice():
 def test_every_subpackage_export_resolves(package):
     for name in package._EXPORTS:
         assert getattr(package, name) is not None, name
+
+
+def test_the_dflash_extra_holds_what_the_demo_command_needs():
+    """``pip install lengthwise[dflash]`` then ``lengthwise demo --task dflash``: plot included."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    extras = project["project"]["optional-dependencies"]
+
+    def names(extra):
+        return {re.split(r"[<>=!~\[ ]", req, maxsplit=1)[0] for req in extras[extra]}
+
+    assert names("demo") <= names("dflash"), names("demo") - names("dflash")
