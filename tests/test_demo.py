@@ -436,6 +436,14 @@ def test_lm_sample_losses_follow_packed_sample_boundaries():
     assert total == pytest.approx(float(out.loss), rel=1e-5) and out.norm == sum(counts)
 
 
+def test_data_folder_that_is_not_a_saved_dataset_is_named(tmp_path):
+    pytest.importorskip("datasets")
+    (tmp_path / "texts").mkdir()
+    with pytest.raises(ValueError, match="texts: not a Hugging Face dataset saved with "
+                                         "save_to_disk"):
+        load_corpus(tmp_path / "texts", cache_dir=tmp_path / "cache")
+
+
 def test_progress_lines_come_from_rank_0_only(capsys):
     from types import SimpleNamespace
 

@@ -116,7 +116,11 @@ def _dataset_texts(path: Path, field: str) -> list[str]:
     except ImportError as exc:
         raise ImportError("reading a saved dataset needs the datasets package: "
                           "pip install datasets") from exc
-    data = datasets.load_from_disk(str(path))
+    try:
+        data = datasets.load_from_disk(str(path))
+    except FileNotFoundError as exc:  # a folder that save_to_disk did not write
+        raise ValueError(f"{path}: not a Hugging Face dataset saved with save_to_disk "
+                         f"({' '.join(str(exc).split())})") from None
     if isinstance(data, datasets.DatasetDict):
         split = "train" if "train" in data else next(iter(data))
         data = data[split]
