@@ -444,6 +444,17 @@ def test_data_folder_that_is_not_a_saved_dataset_is_named(tmp_path):
         load_corpus(tmp_path / "texts", cache_dir=tmp_path / "cache")
 
 
+def test_code_layout_names_every_module_of_the_demo():
+    import pkgutil
+
+    import lengthwise.demo
+
+    text = (ROOT / "docs/demo.md").read_text().split("### Code layout", 1)[1]
+    text = text.split("\n### ", 1)[0]
+    for info in pkgutil.iter_modules(lengthwise.demo.__path__):
+        assert f"`{info.name}.py`" in text, info.name
+
+
 def test_progress_lines_come_from_rank_0_only(capsys):
     from types import SimpleNamespace
 
