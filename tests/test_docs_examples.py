@@ -199,3 +199,27 @@ def test_python_blocks_run(name, tmp_path, monkeypatch):
         ran += 1
     assert ran == len(blocks)
     _check(name, ns, tmp_path)
+
+
+@pytest.mark.parametrize("name", ["StepLogger", "Checkpointer", "SpikeGuard"])
+def test_documented_signatures_match(name):
+    """docs/training.md's signature listings (not run) name the real parameters and defaults."""
+    import ast
+    import inspect
+
+    train = pytest.importorskip("lengthwise.train")
+    code = "".join(c for _, c, skip in python_blocks(ROOT / "docs/training.md") if skip)
+    match = re.search(rf"\b{name}\((.*?)\)\n", code, flags=re.S)
+    assert match, f"no {name}(...) listing in docs/training.md"
+    documented = ast.parse(f"def f({match.group(1)}): pass").body[0].args
+    real = [p for p in inspect.signature(getattr(train, name)).parameters.values()]
+    args = documented.args + documented.kwonlyargs
+    assert [a.arg for a in args] == [p.name for p in real]
+    assert len(documented.kwonlyargs) == sum(p.kind is p.KEYWORD_ONLY for p in real)
+    positional = [a.arg for a in documented.args][len(documented.args) - len(documented.defaults):]
+    defaults = dict(zip(positional, documented.defaults, strict=True))
+    defaults.update({a.arg: d for a, d in zip(documented.kwonlyargs, documented.kw_defaults,
+                                              strict=True) if d is not None})
+    for p in real:
+        if p.default is not p.empty:
+            assert ast.literal_eval(defaults[p.name]) == p.default, p.name
