@@ -61,6 +61,7 @@ def test_dflash_demo_trains_decodes_and_reports(tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["demo", "--target", "x"], "--target needs --task dflash"),
     (["demo", "--task", "dflash", "--orders", "shuffled"], "unknown order"),
+    (["demo", "--task", "dflash", "--max-len", "100"], "(use --max-len 176 or more)"),
 ])
 def test_user_errors_exit_2_with_one_line(argv, message, capsys):
     assert cli_main(argv) == 2

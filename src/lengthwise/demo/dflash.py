@@ -71,8 +71,10 @@ class DFlashDemoConfig(DFlashTrainConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.prompt_len + self.response_len > self.max_len:
-            raise ValueError(f"prompt_len + response_len ({self.prompt_len} + "
-                             f"{self.response_len}) must not exceed max_len ({self.max_len})")
+            need = self.prompt_len + self.response_len
+            raise ValueError(f"max_len ({self.max_len}) must hold a prompt and the target's "
+                             f"response: prompt_len + response_len = {self.prompt_len} + "
+                             f"{self.response_len} = {need} (use --max-len {need} or more)")
         check_positive(self, "eval_samples", "eval_prompts", "max_new_tokens", "texts")
         if self.eval_prompts > self.eval_samples:
             raise ValueError(f"eval_prompts ({self.eval_prompts}) must not exceed "
