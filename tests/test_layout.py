@@ -173,3 +173,14 @@ def test_the_dflash_extra_holds_what_the_demo_command_needs():
         return {re.split(r"[<>=!~\[ ]", req, maxsplit=1)[0] for req in extras[extra]}
 
     assert names("demo") <= names("dflash"), names("demo") - names("dflash")
+
+
+def test_readme_layout_names_every_folder_of_the_package():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    layout = (root / "README.md").read_text().split("## Layout", 1)[1].split("```")[1]
+    package = root / "src" / "lengthwise"
+    folders = [p.name for p in package.iterdir() if p.is_dir() and not p.name.startswith("_")]
+    for name in folders:
+        assert f"  {name}/ " in layout, name
