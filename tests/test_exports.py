@@ -24,3 +24,16 @@ def test_core_plans_without_importing_torch():
             "lengthwise.optimal_edges([3, 1, 2], 2); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_top_level_holds_every_public_name_of_the_library_packages():
+    """README: every public name of planning, pytorch, hf and train is one of lengthwise's."""
+    import importlib
+
+    for name in ("planning", "pytorch", "hf", "train"):
+        package = importlib.import_module(f"lengthwise.{name}")
+        missing = set(package.__all__) - set(lengthwise.__all__)
+        assert not missing, (name, sorted(missing))
+        for export in package.__all__:
+            assert getattr(lengthwise, export) is getattr(package, export), export
+

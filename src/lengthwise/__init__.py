@@ -31,6 +31,7 @@ _EXPORTS: dict[str, str] = {
     "pack_rows": "lengthwise.planning.packed",
     "CostModel": "lengthwise.planning.cost",
     "recomposition": "lengthwise.planning.metrics",
+    "batch_stats": "lengthwise.planning.metrics",
     "diagnose": "lengthwise.doctor",
     "one_line_verdict": "lengthwise.doctor",
     "BucketBatchSampler": "lengthwise.pytorch.sampler",
@@ -56,6 +57,11 @@ _EXPORTS: dict[str, str] = {
     "save_checkpoint": "lengthwise.train.checkpoint",
     "load_checkpoint": "lengthwise.train.checkpoint",
     "latest_checkpoint": "lengthwise.train.checkpoint",
+    "list_checkpoints": "lengthwise.train.checkpoint",
+    "PendingSave": "lengthwise.train.checkpoint",
+    "CheckpointError": "lengthwise.train.checkpoint",
+    "CorruptCheckpointError": "lengthwise.train.checkpoint",
+    "group_info": "lengthwise.pytorch.dist",
 }
 
 __all__ = ["__version__", *_EXPORTS]
