@@ -37,3 +37,10 @@ def test_the_top_level_holds_every_public_name_of_the_library_packages():
         for export in package.__all__:
             assert getattr(lengthwise, export) is getattr(package, export), export
 
+
+def test_calibrate_is_the_function_whatever_was_imported_first():
+    code = ("import lengthwise.pytorch.calibrate, lengthwise; "
+            "from lengthwise.pytorch import calibrate; "
+            "print(callable(calibrate), lengthwise.calibrate is calibrate)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "True"]

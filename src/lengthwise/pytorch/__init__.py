@@ -35,3 +35,10 @@ _EXPORTS: dict[str, str] = {
 __all__ = list(_EXPORTS)
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+
+# ``calibrate`` names a module of this package and its function. Importing the module sets
+# the package's attribute to the module, shadowing the lazy export; bind the function now (the
+# module imports no torch), so ``from lengthwise.pytorch import calibrate`` is the function
+# whatever was imported before.
+from lengthwise.pytorch.calibrate import calibrate  # noqa: E402, F401
+
