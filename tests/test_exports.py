@@ -44,3 +44,12 @@ def test_calibrate_is_the_function_whatever_was_imported_first():
             "print(callable(calibrate), lengthwise.calibrate is calibrate)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["True", "True"]
+
+
+def test_the_old_calibrate_module_path_does_not_hide_the_function():
+    code = ("import warnings; warnings.simplefilter('ignore'); "
+            "import lengthwise.calibrate, sys, lengthwise; "
+            "print(callable(lengthwise.calibrate), "
+            "sys.modules['lengthwise.calibrate'] is sys.modules['lengthwise.pytorch.calibrate'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "True"]
