@@ -46,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Diagnose each log and print the reports (text, or JSON with --json)."""
     from lengthwise.doctor import PlotUnavailableError, diagnose
-    from lengthwise.doctor.report import _finite
+    from lengthwise.doctor.numbers import json_ready
     from lengthwise.doctor.text import render_comparison, render_text
 
     reports = {}
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
             payload = next(iter(reports.values())).to_dict()
         else:
             payload = {"runs": {name: r.to_dict() for name, r in reports.items()}}
-        print(json.dumps(_finite(payload), indent=2))
+        print(json.dumps(json_ready(payload), indent=2))
     else:
         texts = [render_text(r) for r in reports.values()]
         if len(reports) > 1:

@@ -1,11 +1,15 @@
 """``diagnose``: read a log and run every analysis, returning a :class:`Report`.
 
+Each finding is built once, complete, in the order the analyses need each other:
+phases -> cliffs -> statistics, bands, periodicity, checkpoints, epoch
+boundaries -> attribution -> noise budget -> verdict.
+
 Example::
 
-    >>> from lengthwise.doctor import diagnose, one_line_verdict
+    >>> from lengthwise.doctor import diagnose
     >>> from lengthwise.doctor.simulate import simulate_run
-    >>> run = simulate_run("stratified", steps=1500, seed=0)
-    >>> one_line_verdict(diagnose(run.records)).startswith("clean")
+    >>> run = simulate_run("stratified", steps=1500, seed=0, length_effect=0.0)
+    >>> diagnose(run.records).verdict.clean
     True
 """
 
@@ -18,19 +22,22 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.doctor.attribution import TO_LOG, Attribution, attribute, composition
+from lengthwise.doctor.attribution import Attribution, attribute, composition
 from lengthwise.doctor.bands import find_bands
-from lengthwise.doctor.checkpoints import associate, near_checkpoint, throughput_ratio
-from lengthwise.doctor.cliffs import find_cliffs
+from lengthwise.doctor.checkpoints import associate, checkpoint_window, throughput_ratio
+from lengthwise.doctor.cliffs import CliffContext, find_cliffs
+from lengthwise.doctor.context import run_context
+from lengthwise.doctor.epochs import epoch_boundaries
 from lengthwise.doctor.errors import EmptyLogError
-from lengthwise.doctor.periodicity import MIN_POINTS, detrend_window, find_periodicity
-from lengthwise.doctor.phases import find_phases
+from lengthwise.doctor.noise import noise_budget
+from lengthwise.doctor.periodicity import Periodicity, periodicity_of
+from lengthwise.doctor.phases import Phases, find_phases
 from lengthwise.doctor.readers import read_log, read_records
-from lengthwise.doctor.report import Report, Series
+from lengthwise.doctor.report import Findings, Report, Series
 from lengthwise.doctor.runlog import RunLog
 from lengthwise.doctor.smoothing import rolling_mean
 from lengthwise.doctor.stats import nonfinite_losses, roughness_residual, stable_stats
-from lengthwise.doctor.verdict import build_verdict
+from lengthwise.doctor.verdict import Verdict, build_verdict
 
 Source = str | os.PathLike[str] | Iterable[Mapping[str, Any]] | RunLog
 
@@ -74,6 +81,9 @@ def diagnose(
     end: float | None = None,
     checkpoint_every: int | None = None,
     checkpoints: Sequence[float] | None = None,
+    steps_per_epoch: float | None = None,
+    batch_size: int | None = None,
+    eval_every: float | None = None,
     seed: int = 0,
 ) -> Report:
     """Diagnose one training log.
@@ -81,7 +91,9 @@ def diagnose(
     ``source`` is a log path (JSONL, ``.gz``, CSV, TensorBoard file or directory),
     an in-memory list of row dicts, or a :class:`RunLog`. ``start``/``end`` fix
     the stable region (steps, inclusive); ``checkpoint_every`` or ``checkpoints``
-    give checkpoint steps when the log has no checkpoint events. ``seed`` makes
+    give checkpoint steps when the log has no checkpoint events;
+    ``steps_per_epoch``, ``batch_size`` (samples per optimizer step) and
+    ``eval_every`` are the lengths a period is matched against. ``seed`` makes
     the bootstrap and permutation tests reproducible.
     """
     log = load(source, step_key=step_key, loss_key=loss_key)
@@ -98,65 +110,62 @@ def diagnose(
     phases = find_phases(s, y, lr=cols.get("lr"), start=start, end=end)
     region = (s >= phases.start) & (s <= phases.end)
     search = (s >= _cliff_start(s, phases)) & (s <= phases.end)
-    cliffs, cmask, noise = find_cliffs(s, y, region, search=search | region)
+    ck, ck_source = checkpoint_steps(log, every=checkpoint_every, steps=checkpoints)
+    ctx = run_context(s, cols, interval=log.step_interval, steps_per_epoch=steps_per_epoch,
+                      batch_size=batch_size, checkpoint_every=checkpoint_every,
+                      checkpoint_steps=ck, checkpoint_source=ck_source, eval_every=eval_every)
+    window = checkpoint_window(log.step_interval)
+    warm = phases.warmup_end if phases.warmup_source == "lr" else None
+    cliff_ctx = CliffContext(checkpoints=ck, window=window, buckets=buckets,
+                             phase_bounds=(warm, phases.start))
+    cliffs, cmask, noise_scale = find_cliffs(s, y, region, search=search | region,
+                                             context=cliff_ctx)
     use = region & ~cmask
     if not use.any():
         raise EmptyLogError(f"{log.source}: the stable region holds only cliff steps")
-    phases.points = int(use.sum())
-    phases.cliff_points = int((cmask & region).sum())
     stats = stable_stats(y, region, cmask, corrected=cols.get("corrected_loss"),
-                         noise_scale=noise)
-    stats.nonfinite = nonfinite
+                         noise_scale=noise_scale, nonfinite=nonfinite)
     resid = roughness_residual(y, cmask)
     bands = find_bands(resid[use], level=stats.mean, rng=rng)
     periodicity = _periodicity(s, y, region, cmask, log.step_interval)
-    ck, ck_source = checkpoint_steps(log, every=checkpoint_every, steps=checkpoints)
-    log.input.checkpoint_source = ck_source
-    assoc = associate(s[search | region], [c.step for c in cliffs], ck,
-                      interval=log.step_interval, source=ck_source)
-    if ck.size:
-        near = near_checkpoint(np.array([c.step for c in cliffs]), ck,
-                               float(-assoc.window[0]), float(assoc.window[1]))
-        for c, flag in zip(cliffs, near.tolist(), strict=True):
-            c.at_checkpoint = bool(flag)
-        if log.checkpoint_seconds.size:
-            assoc.save_seconds_mean = float(np.mean(log.checkpoint_seconds))
-        if "tokens_per_second" in cols:
-            assoc.throughput_ratio = throughput_ratio(s, cols["tokens_per_second"], ck,
-                                                      log.step_interval)
-    attribution = _attribution(resid, y, use, buckets, cols, rng)
-    if buckets is not None:
-        index = {float(v): i for i, v in enumerate(s)}
-        for c in cliffs:
-            label = buckets[index[c.step]]
-            c.bucket = list(label) if isinstance(label, tuple) else label
-    if attribution.bucket_field is None and attribution.length_field is None and (
-        (bands.count or 0) > 1 or periodicity.period is not None
-    ):
-        attribution.likely_cause = (
-            "batch composition: which length bucket each step's batch came from, "
-            "or how long its sequences were"
-        )
-        attribution.to_log = list(TO_LOG)
-    attribution.logged_bucket_loss = log.bucket_loss
-    report = Report(
-        source=log.source,
-        input=log.input,
-        phases=phases,
-        stats=stats,
-        bands=bands,
-        periodicity=periodicity,
-        cliffs=cliffs,
-        checkpoint_association=assoc,
-        attribution=attribution,
+    analysed = search | region
+    tput = None
+    if ck.size and "tokens_per_second" in cols:
+        tput = throughput_ratio(s, cols["tokens_per_second"], ck, log.step_interval)
+    assoc = associate(s[analysed], [c.step for c in cliffs], ck, interval=log.step_interval,
+                      source=ck_source, every=checkpoint_every, throughput_ratio=tput,
+                      save_seconds_mean=float(np.mean(log.checkpoint_seconds))
+                      if ck.size and log.checkpoint_seconds.size else None)
+    keep = ~cmask & (s >= _cliff_start(s, phases))
+    epochs = epoch_boundaries(s[keep], y[keep], ctx.epoch_starts,
+                              source=ctx.steps_per_epoch_source, rng=rng)
+    structure = (bands.count or 0) > 1 or periodicity.period is not None
+    attribution = _attribution(resid, y, use, buckets, cols, rng, structure,
+                               log.bucket_loss)
+    noise = _noise(resid, use, cols, attribution)
+    findings = Findings(
+        source=log.source, input=log.input, context=ctx, phases=phases, stats=stats,
+        bands=bands, periodicity=periodicity, cliffs=cliffs, checkpoint_association=assoc,
+        epochs=epochs, attribution=attribution, noise=noise,
     )
-    report.verdict = build_verdict(report)
-    report.series = _series(s, y, region, cmask, buckets)
-    report.series.checkpoints = ck
-    return report
+    return Report(**{k: getattr(findings, k) for k in Findings.__dataclass_fields__},
+                  verdict=build_verdict(findings),
+                  series=_series(s, y, region, cmask, buckets, ck))
 
 
-def _cliff_start(s: np.ndarray, phases: Any) -> float:
+def verdict_for(source: Source, **options: Any) -> Verdict:
+    """The verdict of one log: ``diagnose(source, **options).verdict``.
+
+    The one verdict the command line, the demo and the API show.
+
+    >>> from lengthwise.doctor.simulate import simulate_run
+    >>> verdict_for(simulate_run("bucketed", steps=1500).records).clean
+    False
+    """
+    return diagnose(source, **options).verdict
+
+
+def _cliff_start(s: np.ndarray, phases: Phases) -> float:
     """Cliffs are looked for from the end of the lr warm-up (else after the first window)."""
     if phases.chosen_by == "user":
         return phases.start
@@ -167,23 +176,17 @@ def _cliff_start(s: np.ndarray, phases: Any) -> float:
 
 def _periodicity(
     s: np.ndarray, y: np.ndarray, region: np.ndarray, cmask: np.ndarray, interval: float
-) -> Any:
+) -> Periodicity:
     idx = np.flatnonzero(region)
-    window = detrend_window(idx.size)
-    trend = rolling_mean(y, window, valid=~cmask)
-    rw = (y - trend)[idx]
-    rw[cmask[idx] | ~np.isfinite(rw)] = 0.0
-    if int((region & ~cmask).sum()) < MIN_POINTS:
-        rw = rw[: (region & ~cmask).sum()]
-    result = find_periodicity(rw, interval=interval, max_period=window // 2, window=window)
     steps = s[idx]
+    note = ""
     if steps.size > 2:
         gaps = np.diff(steps)
         irregular = float(np.mean(np.abs(gaps - np.median(gaps)) > 1e-9))
         if irregular > 0.05:
-            result.note = (f"{irregular:.0%} of the step gaps differ from the median gap "
-                           f"{np.median(gaps):g}; periods assume even logging")
-    return result
+            note = (f"{irregular:.0%} of the step gaps differ from the median gap "
+                    f"{np.median(gaps):g}; periods assume even logging")
+    return periodicity_of(y[idx], cmask[idx], interval=interval, note=note)
 
 
 def _attribution(
@@ -193,6 +196,8 @@ def _attribution(
     buckets: list[Any] | None,
     cols: dict[str, np.ndarray],
     rng: np.random.Generator,
+    structure: bool,
+    bucket_loss: dict[str, float] | None,
 ) -> Attribution:
     length, length_field = None, None
     if "seq_len" in cols:
@@ -213,11 +218,28 @@ def _attribution(
         length=None if length is None else length[use],
         length_field=length_field,
         rng=rng,
+        structure_found=structure,
+        logged_bucket_loss=bucket_loss,
     )
 
 
+def _noise(resid: np.ndarray, use: np.ndarray, cols: dict[str, np.ndarray],
+           a: Attribution) -> Any:
+    if a.bucket_r2 is not None:
+        r2, groups, src = a.bucket_r2, a.bucket_groups, f"length bucket (`{a.bucket_field}`)"
+    elif a.length_r2 is not None:
+        r2, groups, src = a.length_r2, a.length_groups, f"sequence length (`{a.length_field}`)"
+    else:
+        r2, groups, src = None, 1, None
+    pick = {k: (cols[k][use] if k in cols else None) for k in ("loss_sample_std", "samples", "lr")}
+    return noise_budget(resid[use], loss_sample_std=pick["loss_sample_std"],
+                        samples=pick["samples"], composition_r2=r2, composition_groups=groups,
+                        composition_source=src, lr=pick["lr"])
+
+
 def _series(
-    s: np.ndarray, y: np.ndarray, region: np.ndarray, cmask: np.ndarray, buckets: list[Any] | None
+    s: np.ndarray, y: np.ndarray, region: np.ndarray, cmask: np.ndarray,
+    buckets: list[Any] | None, checkpoints: np.ndarray,
 ) -> Series:
     trend = rolling_mean(y, 51, valid=~cmask)
     codes, names = None, []
@@ -227,4 +249,4 @@ def _series(
         if len(names) >= 2 and single.any():
             codes = np.where(single, np.argmax(shares, axis=1), -1)
     return Series(step=s, loss=y, trend=trend, region=region, cliff_mask=cmask,
-                  bucket_codes=codes, bucket_names=list(names))
+                  bucket_codes=codes, bucket_names=list(names), checkpoints=checkpoints)

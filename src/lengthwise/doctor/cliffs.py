@@ -28,10 +28,12 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from lengthwise.doctor.numbers import num
 from lengthwise.doctor.smoothing import ROUGHNESS_WINDOW, odd, robust_std, rolling_median
 
 #: a cliff rises this many noise scales above the running level
@@ -50,7 +52,31 @@ MIN_BEFORE = 10
 MAX_EXCLUDED = 500
 
 
-@dataclass
+@dataclass(frozen=True)
+class CliffContext:
+    """What a cliff is labelled with: nearby saves, its bucket, the phase of the run.
+
+    ``phase_bounds`` are ``(warm-up end, stable-region start)`` steps: a cliff before
+    the first is in ``"warm-up"``, before the second in ``"early"`` training, else
+    ``"stable"``.
+    """
+
+    checkpoints: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    window: tuple[float, float] = (0.0, 0.0)
+    buckets: list[Any] | None = None
+    phase_bounds: tuple[float | None, float | None] = (None, None)
+
+    def phase(self, step: float) -> str:
+        """``"warm-up"``, ``"early"`` or ``"stable"`` for a cliff starting at ``step``."""
+        warm, stable = self.phase_bounds
+        if warm is not None and step < warm:
+            return "warm-up"
+        if stable is not None and step < stable:
+            return "early"
+        return "stable"
+
+
+@dataclass(frozen=True)
 class Cliff:
     """One spike: where it started, how high it rose, how many steps it took to recover."""
 
@@ -63,17 +89,19 @@ class Cliff:
     z: float
     bucket: object = None
     at_checkpoint: bool | None = None
+    phase: str = "stable"
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready form: ``step``, ``height``, ``recovery_steps`` (null: never recovered)."""
         out: dict[str, object] = {
-            "step": _num(self.step),
+            "step": num(self.step),
             "height": round(float(self.height), 6),
-            "recovery_steps": _num(self.recovery_steps),
-            "peak_step": _num(self.peak_step),
+            "recovery_steps": num(self.recovery_steps),
+            "peak_step": num(self.peak_step),
             "recovery_points": self.recovery_points,
             "level": round(float(self.level), 6),
             "z": round(float(self.z), 2),
+            "phase": self.phase,
         }
         if self.at_checkpoint is not None:
             out["at_checkpoint"] = self.at_checkpoint
@@ -81,11 +109,6 @@ class Cliff:
             out["bucket"] = self.bucket
         return out
 
-
-def _num(x: float | None) -> int | float | None:
-    if x is None:
-        return None
-    return int(x) if float(x).is_integer() else float(x)
 
 
 def cliff_threshold(resid: np.ndarray, noise: float, z: float = CLIFF_Z) -> float:
@@ -138,13 +161,16 @@ def find_cliffs(
     search: np.ndarray | None = None,
     z: float = CLIFF_Z,
     window: int = ROUGHNESS_WINDOW,
+    context: CliffContext | None = None,
 ) -> tuple[list[Cliff], np.ndarray, float]:
     """Cliffs of a finite loss series, with the noise scale measured over ``region``.
 
     Cliffs may start anywhere in ``search`` (default: ``region``), e.g. from the
     end of the learning-rate warm-up on. Returns the cliffs, a mask of the
-    points they cover (start to recovery) and the noise scale used.
+    points they cover (start to recovery) and the noise scale used. ``context``
+    labels each cliff (near a checkpoint, its bucket, its phase).
     """
+    ctx = CliffContext() if context is None else context
     search = region if search is None else search
     n = loss.size
     mask = np.zeros(n, dtype=bool)
@@ -188,6 +214,9 @@ def find_cliffs(
         mask[a : min(j, a + MAX_EXCLUDED)] = True
         cliffs.append(
             Cliff(
+                at_checkpoint=_near(float(steps[a]), ctx),
+                bucket=_bucket(ctx.buckets, a),
+                phase=ctx.phase(float(steps[a])),
                 step=float(steps[a]),
                 peak_step=float(steps[peak]),
                 height=height,
@@ -198,3 +227,19 @@ def find_cliffs(
             )
         )
     return cliffs, mask, noise
+
+
+def _near(step: float, ctx: CliffContext) -> bool | None:
+    """True when ``step`` lies within the checkpoint window of a save (None: no saves known)."""
+    if ctx.checkpoints.size == 0:
+        return None
+    before, after = ctx.window
+    ck = ctx.checkpoints
+    return bool(np.any((ck >= step - after) & (ck <= step + before)))
+
+
+def _bucket(buckets: list[Any] | None, i: int) -> object:
+    if buckets is None:
+        return None
+    label = buckets[i]
+    return list(label) if isinstance(label, tuple) else label

@@ -55,7 +55,8 @@ def render_text(r: Report) -> str:
     warm = ("no warm-up found" if p.warmup_end is None
             else f"warm-up ends at step {_g(p.warmup_end, 8)} (from {p.warmup_source})")
     lines.append(f"  phases       {warm}; stable region {_g(p.start, 8)}..{_g(p.end, 8)} "
-                 f"({p.chosen_by}; {p.points:,} points, {p.cliff_points} cliff points left out)")
+                 f"({p.chosen_by}; {p.points:,} points, {st.cliff_points} cliff points left out)")
+    lines.append(f"  context      {_context_line(r)}")
     lines.append(f"  stats        mean {_g(st.mean)}  median {_g(st.median)}  std {_g(st.std)}  "
                  f"min {_g(st.min)}  max {_g(st.max)}  loss_roughness {_g(st.loss_roughness)}"
                  + (f"  (corrected_loss: {_g(st.corrected_roughness)})"
@@ -106,16 +107,53 @@ def render_text(r: Report) -> str:
                      f"cliffs start within {_g(ck.window[0])}..+{_g(ck.window[1])} steps of one "
                      f"({_g(ck.expected_aligned, 3)} expected); permutation p={_g(ck.p_value, 3)}"
                      f" -> {verdict}")
+    lines.append(f"  epochs       {_epoch_line(r)}")
     lines.extend(_attribution_lines(r))
+    noise = r.noise.summary if r.noise is not None else "not computed: too few points"
+    lines.append(f"  noise        {noise}")
+    if r.noise is not None and r.noise.excess is not None:
+        lines.append(f"               sampling floor {_g(r.noise.sampling_floor, 3)}; "
+                     f"loss_roughness is {_g(r.noise.excess, 3)}x it")
+    v = r.verdict
     lines.append("verdict")
-    if r.verdict is None or r.verdict.clean:
-        lines.append("  clean: no bands, no period, no cliffs")
+    if not v.causes:
+        lines.append(f"  {v.summary}")
     else:
-        for n, c in enumerate(r.verdict.causes, 1):
+        for n, c in enumerate(v.causes, 1):
             lines.append(f"  {n}. {c.title}  [score {c.score:.2f}]")
+            if c.where:
+                lines.append(f"     where: {c.where}")
             lines.extend(f"     evidence: {e}" for e in c.evidence)
             lines.extend(f"     fix: {f}" for f in c.prescription)
+        if v.untested:
+            lines.append(f"  not tested: {'; '.join(v.untested)}")
     return "\n".join(lines)
+
+
+def _context_line(r: Report) -> str:
+    c = r.context
+    parts = []
+    if c.steps_per_epoch is not None:
+        parts.append(f"{_g(c.steps_per_epoch, 5)} steps per epoch ({c.steps_per_epoch_source})")
+    else:
+        parts.append("steps per epoch unknown (log `epoch` or pass --steps-per-epoch)")
+    if c.batch_size:
+        parts.append(f"batch {c.batch_size}")
+    if c.checkpoint_every:
+        parts.append(f"checkpoint every {_g(c.checkpoint_every, 6)}")
+    if c.lr_restarts:
+        parts.append(f"{len(c.lr_restarts)} lr restart(s)")
+    return "; ".join(parts)
+
+
+def _epoch_line(r: Report) -> str:
+    e = r.epochs
+    if e.found is None:
+        return f"not tested: {e.note}"
+    drops = ", ".join(f"{d:+.3g} at {_g(s, 8)}" for d, s in zip(e.drops[:4], e.starts[:4],
+                                                                  strict=True))
+    word = "step-down at epoch starts" if e.found else "no significant step at epoch starts"
+    return f"{word} (placebo p={_g(e.p_value, 3)}; {drops})"
 
 
 def _attribution_lines(r: Report) -> list[str]:
@@ -152,8 +190,10 @@ def render_comparison(reports: dict[str, Report]) -> str:
     add("stable region", lambda r: f"{_g(r.phases.start, 8)}..{_g(r.phases.end, 8)}")
     add("mean loss", lambda r: _g(r.stats.mean))
     add("loss_roughness", lambda r: _g(r.stats.loss_roughness))
-    add("bands", lambda r: "-" if r.bands.count is None else str(r.bands.count))
-    add("period (steps)", lambda r: _g(r.periodicity.period) if r.periodicity.period else "none")
+    add("bands", lambda r: "not tested" if r.bands.count is None
+        else "none" if r.bands.count <= 1 else str(r.bands.count))
+    add("period (steps)", lambda r: "not tested" if r.periodicity.p_value is None
+        else _g(r.periodicity.period) if r.periodicity.period else "none")
     add("cliffs", lambda r: str(len(r.cliffs)))
     add("at checkpoints", lambda r: {True: "yes", False: "no", None: "-"}[
         r.checkpoint_association.associated] + (
@@ -161,8 +201,10 @@ def render_comparison(reports: dict[str, Report]) -> str:
         if r.checkpoint_association.p_value is not None else ""))
     add("bucket R^2", lambda r: _g(r.attribution.bucket_r2, 3))
     add("non-finite", lambda r: str(r.stats.nonfinite.count))
-    add("top cause", lambda r: r.verdict.causes[0].name if r.verdict and r.verdict.causes
-        else "clean")
+    add("epoch step-down", lambda r: {True: "yes", False: "no", None: "-"}[r.epochs.found])
+    add("noise excess", lambda r: _g(r.noise.excess, 3) if r.noise is not None else "-")
+    add("top cause", lambda r: r.verdict.causes[0].name if r.verdict.causes
+        else {True: "clean", None: "not tested", False: "-"}[r.verdict.clean])
     short = [n if len(n) <= 36 else "..." + n[-33:] for n in names]
     widths = [max(len(s), *(len(v[i]) for _, v in rows)) for i, s in enumerate(short)]
     label_w = max(len(lbl) for lbl, _ in rows)
