@@ -231,9 +231,11 @@ def _noise(resid: np.ndarray, use: np.ndarray, cols: dict[str, np.ndarray],
         r2, groups, src = a.length_r2, a.length_groups, f"sequence length (`{a.length_field}`)"
     else:
         r2, groups, src = None, 1, None
-    pick = {k: (cols[k][use] if k in cols else None) for k in ("loss_sample_std", "samples", "lr")}
+    pick = {k: (cols[k][use] if k in cols else None)
+            for k in ("loss_sample_std", "loss_sample_neff", "samples", "lr")}
+    count = pick["loss_sample_neff"] if pick["loss_sample_neff"] is not None else pick["samples"]
     return noise_budget(resid[use], loss_sample_std=pick["loss_sample_std"],
-                        samples=pick["samples"], composition_r2=r2, composition_groups=groups,
+                        samples=count, composition_r2=r2, composition_groups=groups,
                         composition_source=src, lr=pick["lr"])
 
 

@@ -2,8 +2,10 @@
 
 A step's loss is the token-weighted mean of its samples' losses, so even with
 nothing wrong it varies from step to step by about ``loss_sample_std /
-sqrt(samples)``: the **sampling floor** (``loss_sample_std`` is logged by
-``StepLogger.record_micro(sample_losses=...)``). The budget splits the variance
+sqrt(n)``: the **sampling floor** (``loss_sample_std`` and ``n``, the
+effective number of samples ``loss_sample_neff``, are logged by
+``StepLogger.record_micro(sample_losses=...)``; without ``loss_sample_neff``
+the logged ``samples`` stand in). The budget splits the variance
 of the detrended stable-region loss (the residual of ``loss_roughness``) into
 shares that sum to 1:
 

@@ -33,6 +33,7 @@ NUMERIC_FIELDS: tuple[str, ...] = (
     "tokens_per_second",
     "corrected_loss",
     "loss_sample_std",
+    "loss_sample_neff",
     "epoch",
 )
 #: per-step bucket fields: ``bucket`` (one id) or ``buckets`` (the ids of the step's batches)

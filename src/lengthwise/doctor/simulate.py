@@ -101,6 +101,7 @@ def simulate_run(
     median_length: float = 1050.0,
     sigma: float = 0.5,
     max_len: int = 8192,
+    sample_std: float | None = None,
 ) -> SimulatedRun:
     """Simulate one run; see the module docstring for the model."""
     if order not in ORDERS:
@@ -123,6 +124,11 @@ def simulate_run(
     base = 2.0 + 2.5 * np.exp(-t / (steps / 8.0))
     loss = base + comp + noise * rng.standard_normal(steps)
     corrected = base + noise * rng.standard_normal(steps) + float(np.mean(comp))
+    sample_sd = None
+    if sample_std is not None:
+        n = lengths.shape[1]
+        loss = loss + sample_std / math.sqrt(n) * rng.standard_normal(steps)
+        sample_sd = sample_std * np.sqrt(rng.chisquare(n - 1, steps) / (n - 1))
 
     checkpoints = (
         list(range(checkpoint_every, steps + 1, checkpoint_every)) if checkpoint_every else []
@@ -165,6 +171,8 @@ def simulate_run(
             "samples": int(lengths.shape[1]),
             "corrected_loss": float(corrected[i]),
         }
+        if sample_sd is not None:
+            row["loss_sample_std"] = float(sample_sd[i])
         if log_bucket and step_buckets[i] is not None:
             key = "buckets" if isinstance(step_buckets[i], list) else "bucket"
             row[key] = step_buckets[i]
@@ -178,14 +186,44 @@ def simulate_run(
     population = (big * -length_effect * np.log(big / median_length)).sum(axis=1) / big.sum(axis=1)
     labels = _labels(order, population, noise, megabatch, spikes,
                      checkpoints, checkpoint_spikes, nan_steps, steps)
+    if sample_std is not None:
+        labels["noise_shares"] = noise_shares(comp, step_buckets, noise,
+                                              sample_std**2 / lengths.shape[1])
     config = {
         "order": order, "steps": steps, "seed": seed, "num_buckets": num_buckets,
         "batch_size": batch_size, "noise": noise, "length_effect": length_effect,
         "megabatch": megabatch, "checkpoint_every": checkpoint_every,
         "checkpoint_spikes": checkpoint_spikes, "random_spikes": random_spikes,
         "spike_height": spike_height, "nan_steps": list(nan_steps), "log_bucket": log_bucket,
+        "sample_std": sample_std,
     }
     return SimulatedRun(records=records, labels=labels, config=config)
+
+
+def noise_shares(
+    comp: np.ndarray, buckets: list[Any], noise: float, sampling_var: float
+) -> dict[str, float]:
+    """True shares of the per-step loss variance: sampling, composition, unexplained.
+
+    Composition is the variance of the steps' composition effect that the
+    logged bucket carries (its between-bucket part when every step holds one
+    bucket, else all of it); the rest of the composition effect and the extra
+    step noise are unexplained. There is no schedule part in the simulation.
+    """
+    single = all(isinstance(b, int) for b in buckets)
+    if single:
+        codes = np.asarray(buckets)
+        means = np.array([comp[codes == b].mean() for b in range(codes.max() + 1)
+                          if (codes == b).any()])
+        counts = np.array([(codes == b).sum() for b in range(codes.max() + 1)
+                           if (codes == b).any()])
+        between = float((counts * (means - comp.mean()) ** 2).sum() / comp.size)
+    else:
+        between = float(comp.var())
+    within = float(comp.var()) - between
+    total = sampling_var + float(comp.var()) + noise**2
+    return {"sampling": sampling_var / total, "composition": between / total,
+            "schedule": 0.0, "unexplained": (within + noise**2) / total}
 
 
 def _compose(

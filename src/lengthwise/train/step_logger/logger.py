@@ -150,6 +150,7 @@ class StepLogger:
         padded_tokens: Any = None,
         samples: Any = None,
         bucket: Any = None,
+        sample_losses: Any = None,
     ) -> None:
         """Record one micro-batch of the current optimizer step.
 
@@ -157,15 +158,39 @@ class StepLogger:
         tensor; tensors are read at :meth:`step`, so recording does not synchronise
         the device). Everything is optional; missing counts are left out of the record.
 
+        ``sample_losses`` is the mean loss of each sample of the micro-batch (a
+        sequence, array or 1-D tensor, in sample order); ``real_tokens`` may then be
+        the per-sample token counts (same length), which weight them (else equal
+        weights). The step record gets ``loss_sample_std``, the token-weighted standard
+        deviation of the step's per-sample losses, and ``loss_sample_neff``, their
+        effective number: the doctor's sampling-noise floor is
+        ``loss_sample_std / sqrt(loss_sample_neff)``.
+
         Example::
 
             >>> log = StepLogger(None)
             >>> log.record_micro(loss=2.0, real_tokens=100, padded_tokens=128, samples=4, bucket=3)
             >>> log.step(0)["padding_efficiency"]
             0.78125
+            >>> log.record_micro(loss=2.0, real_tokens=[1, 3], sample_losses=[1.0, 2.0])
+            >>> round(log.step(1)["loss_sample_std"], 3)
+            0.707
             >>> log.close()
         """
         self._check_open()
+        weights = None
+        if real_tokens is not None and is_column(real_tokens):
+            weights = [to_count(v, "real_tokens") for v in _items(real_tokens)]
+            real_tokens = sum(weights)
+        if sample_losses is not None:
+            if not is_column(sample_losses):
+                raise ValueError("sample_losses must be a 1-D sequence, array or tensor of "
+                                 "per-sample losses")
+            if is_tensor(sample_losses):
+                sample_losses = sample_losses.detach()
+            if weights is not None and len(weights) != len(sample_losses):
+                raise ValueError(f"sample_losses has {len(sample_losses)} entries but "
+                                 f"real_tokens has {len(weights)}: one per sample each")
         if loss is not None and is_tensor(loss):
             if loss.numel() != 1:
                 raise ValueError(f"loss must be a scalar, got shape {tuple(loss.shape)}")
@@ -192,6 +217,8 @@ class StepLogger:
                 to_count(padded_tokens, "padded_tokens"),
                 to_count(samples, "samples"),
                 b,
+                sample_losses,
+                weights if sample_losses is not None else None,
             )
         )
 
@@ -368,3 +395,12 @@ class StepLogger:
             corrected=self._bucket_losses.corrected(bucket_loss, self.shares),
             skipped=skipped, skipped_total=self.skipped_total,
         )
+
+
+def _items(column: Any) -> list[Any]:
+    """The entries of a 1-D sequence, array or tensor as Python values."""
+    if is_tensor(column):
+        return column.detach().cpu().tolist()
+    if isinstance(column, np.ndarray):
+        return column.tolist()
+    return list(column)
