@@ -2,7 +2,8 @@
 
 Layout: fourteen fixed entries (sums and how many micro-batches gave them, and
 the token-weighted sums of the per-sample losses: ``sum w``, ``sum w x``,
-``sum w x^2``, ``sum w^2``, and how many micro-batches gave them), then four per bucket: ``loss * weight``, ``weight``, micro-batches, observed weight
+``sum w x^2``, ``sum w^2``, and how many micro-batches gave them), then four
+per bucket: ``loss * weight``, ``weight``, micro-batches, observed weight
 (real tokens, or 1 per micro-batch without them). Summing the vectors of all
 ranks gives the step's totals; under ``torch.distributed`` the per-bucket part
 has a fixed size, :func:`vector_capacity`, so that every rank's vector matches
