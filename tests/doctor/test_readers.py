@@ -17,6 +17,7 @@ from lengthwise.doctor import (
     LogError,
     LogNotFoundError,
     UnreadableLogError,
+    diagnose,
     read_log,
     read_records,
 )
@@ -96,7 +97,37 @@ def test_repeated_step_keeps_last_value(tmp_path: Path) -> None:
     lines = rows(10) + [json.dumps({"step": 10, "loss": 9.0})] + rows(5, start=11)
     log = read_log(write_lines(tmp_path / "rep.jsonl", lines))
     assert log.loss[log.step == 10].tolist() == [9.0]
+    assert log.input.restart_count == 0 and log.input.duplicate_rows == 1
+
+
+def test_duplicate_writer_is_told_from_a_restart(tmp_path: Path) -> None:
+    """Every step written twice (two writers) plus one real resume from 240 back to 10."""
+    steps = list(range(1, 25)) + list(range(10, 40))
+    lines = []
+    for s in steps:
+        lines += [json.dumps({"step": s, "loss": 2.0 + 0.001 * s}),
+                  json.dumps({"step": s, "loss": 2.0 + 0.001 * s + 0.01})]
+    log = read_log(write_lines(tmp_path / "twice.jsonl", lines))
+    assert log.input.duplicate_rows == len(steps)
     assert log.input.restart_count == 1
+    assert log.input.restarts[0].step_before == 24 and log.input.restarts[0].step_after == 10
+    assert log.step.tolist() == list(range(1, 40))
+    names = [c.name for c in diagnose(log).verdict.causes]
+    assert "duplicate_writer" in names and "restarts" in names
+
+
+def test_json_true_loss_is_malformed_not_one(tmp_path: Path) -> None:
+    lines = rows(5) + [json.dumps({"step": 6, "loss": True})] + rows(5, start=7)
+    log = read_log(write_lines(tmp_path / "bool.jsonl", lines))
+    assert 6 not in log.step.tolist() and log.input.malformed == 1
+    assert not np.any(log.loss == 1.0)
+
+
+def test_csv_without_a_loss_column_says_so_and_suggests_loss_key(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.csv"
+    path.write_text("step,accuracy\n1,0.5\n2,0.6\n")
+    with pytest.raises(EmptyLogError, match="no loss column.*--loss-key"):
+        read_log(path)
 
 
 @settings(max_examples=60, deadline=None)

@@ -66,6 +66,7 @@ class InputSummary:
     restarts: list[Restart] = field(default_factory=list)
     restart_count: int = 0
     superseded_rows: int = 0
+    duplicate_rows: int = 0
     step_key: str = "step"
     loss_key: str = "loss"
     truncated: bool = False
@@ -96,6 +97,7 @@ class InputSummary:
                 for r in self.restarts[:20]
             ],
             "superseded_rows": self.superseded_rows,
+            "duplicate_rows": self.duplicate_rows,
             "step_key": self.step_key,
             "loss_key": self.loss_key,
             "truncated": self.truncated,

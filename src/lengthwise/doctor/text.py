@@ -41,6 +41,9 @@ def _input_line(r: Report) -> str:
                         for p in i.restarts[:3])
         parts.append(f"{i.restart_count} restart(s) ({pts}"
                      f"{', ...' if i.restart_count > 3 else ''}), latest segment kept")
+    if i.duplicate_rows:
+        parts.append(f"{i.duplicate_rows} duplicate row(s) (a step written again on the next "
+                     "row: a second writer), last kept")
     if i.truncated:
         parts.append("file ends in a truncated record")
     if i.step_key == "row index":

@@ -401,6 +401,18 @@ def _spike_cause(f: Findings, cliffs: list[Any], base_ev: str) -> Cause:
 def _input_causes(f: Findings) -> list[Cause]:
     i = f.input
     out = []
+    if i.duplicate_rows:
+        out.append(Cause(
+            name="duplicate_writer",
+            title=f"{i.duplicate_rows} step(s) written twice in a row: more than one writer",
+            score=0.1,
+            where="the whole log",
+            evidence=[f"{i.duplicate_rows} of {i.loss_rows + i.duplicate_rows} loss rows repeat "
+                      "the step of the row before; the last row of each step was kept (these "
+                      "are not restarts)"],
+            prescription=["log from one process only (rank 0), or give each writer its own "
+                          "file"],
+        ))
     if i.restart_count:
         pts = [r.step_after for r in i.restarts]
         out.append(Cause(

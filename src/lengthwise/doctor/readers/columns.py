@@ -217,9 +217,10 @@ class ColumnBuilder:
         if not self._sizes:
             seen = ", ".join(sorted(self._keys_seen)[:12]) or "none"
             what = f"a {self._loss_key!r} field" if self._loss_explicit else "a loss field"
+            hint = "" if self._loss_explicit else "; name it with --loss-key NAME"
             raise EmptyLogError(
                 f"{self.source}: no row with {what} ({s.lines} lines read, "
-                f"{s.malformed} malformed; fields seen: {seen})"
+                f"{s.malformed} malformed; fields seen: {seen}){hint}"
             )
         lines = np.concatenate(self._lines)
         loss, bad_loss = _to_float(_flatten(self._losses))
@@ -303,16 +304,24 @@ def _flatten(chunks: list[list[Any]]) -> list[Any]:
 
 
 def _to_float(col: list[Any]) -> tuple[np.ndarray, np.ndarray]:
-    """Convert to float64 (None -> NaN); second array flags values that are not numbers."""
-    try:
-        return np.array(col, dtype=np.float64), np.zeros(len(col), dtype=bool)
-    except (TypeError, ValueError):
-        pass
+    """Convert to float64 (None -> NaN); second array flags values that are not numbers.
+
+    Booleans are not numbers here: a JSON ``true`` loss is malformed, not 1.0.
+    """
+    if not any(type(v) is bool for v in col):
+        try:
+            return np.array(col, dtype=np.float64), np.zeros(len(col), dtype=bool)
+        except (TypeError, ValueError):
+            pass
     out = np.empty(len(col), dtype=np.float64)
     bad = np.zeros(len(col), dtype=bool)
     for i, value in enumerate(col):
         if value is None:
             out[i] = math.nan
+            continue
+        if type(value) is bool:
+            out[i] = math.nan
+            bad[i] = True
             continue
         try:
             out[i] = float(value)
@@ -331,23 +340,34 @@ def _merge_buckets(current: list[Any] | None, raw: list[Any]) -> list[Any]:
 
 
 def _resolve_restarts(step: np.ndarray, lines: np.ndarray, summary: InputSummary) -> np.ndarray:
-    """Mask of rows to keep: a row survives only if every later row has a larger step.
+    """Mask of rows to keep: duplicate writes collapse, then later rows supersede earlier ones.
 
-    So a step logged twice keeps its last value, and a run resumed from step
-    ``s`` supersedes what the earlier run logged from ``s`` on.
+    A step written again on the next row (a second writer, e.g. every rank
+    logging) is a duplicate, not a restart: the last of the run of equal steps
+    is kept and counted in ``duplicate_rows``. Among the rest, a step that goes
+    back is a restart (a resumed run): a row survives only if every later row has
+    a larger step, so a resumed run supersedes what the earlier run logged from
+    its resume point on.
     """
     if step.size < 2:
         return np.ones(step.size, dtype=bool)
-    back = np.flatnonzero(step[1:] <= step[:-1]) + 1
+    dup = np.zeros(step.size, dtype=bool)
+    dup[:-1] = step[:-1] == step[1:]
+    summary.duplicate_rows = int(dup.sum())
+    rest = np.flatnonzero(~dup)
+    s = step[rest]
+    back = np.flatnonzero(s[1:] < s[:-1]) + 1
     summary.restarts = [
-        Restart(line=int(lines[i]), step_before=float(step[i - 1]), step_after=float(step[i]))
+        Restart(line=int(lines[rest[i]]), step_before=float(s[i - 1]), step_after=float(s[i]))
         for i in back[:1000]
     ]
     summary.restart_count = int(back.size)
+    keep = ~dup
     if back.size == 0:
-        return np.ones(step.size, dtype=bool)
-    later_min = np.minimum.accumulate(step[::-1])[::-1]
+        return keep
+    later_min = np.minimum.accumulate(s[::-1])[::-1]
     next_min = np.append(later_min[1:], np.inf)
-    keep = step < next_min
-    summary.superseded_rows = int((~keep).sum())
+    survive = s < next_min
+    keep[rest[~survive]] = False
+    summary.superseded_rows = int((~survive).sum())
     return keep

@@ -84,9 +84,11 @@ def read_csv(
         names = [_clean(h) if not h.strip().endswith(("__MIN", "__MAX")) else "" for h in header]
         cols = _columns(names, step_key, loss_key)
         if "loss" not in cols:
-            what = repr(loss_key) if loss_key else "a loss column"
+            what = f"{loss_key!r} column" if loss_key else "loss column"
+            shown = ", ".join(h.strip() for h in header[:12])
             raise EmptyLogError(
-                f"{path}: no {what} among the CSV columns: {', '.join(h for h in header[:12])}"
+                f"{path}: no {what} among the CSV columns ({shown}); "
+                "name the loss column with --loss-key NAME"
             )
         width = len(header)
         builder.loss_label = header[cols["loss"]].strip()
