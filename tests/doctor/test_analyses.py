@@ -94,6 +94,7 @@ def test_bands_found_with_centres_and_shares(k: int) -> None:
     rng = RNG(10 + k)
     centres = 0.25 * np.arange(k)
     x = np.concatenate([rng.normal(c, 0.03, 500 + 100 * i) for i, c in enumerate(centres)])
+    x = rng.permutation(x)  # steps from the bands interleave in time
     b = find_bands(x, level=2.0, rng=RNG(0))
     assert b.count == k
     assert np.allclose(b.offsets, centres, atol=0.01)
@@ -247,3 +248,13 @@ def test_attribution_finds_nothing_in_unrelated_buckets() -> None:
     a = attribute(rng.normal(size=2000), loss=np.zeros(2000),
                   buckets=rng.integers(0, 5, 2000).tolist())
     assert a.bucket_r2 < 0.01 and not a.bucket_explains
+
+
+def test_autocorrelated_noise_is_thinned_before_the_band_test() -> None:
+    rng = RNG(5)
+    x = np.zeros(3000)
+    e = rng.standard_normal(3000)
+    for i in range(1, 3000):
+        x[i] = 0.9 * x[i - 1] + e[i]
+    b = find_bands(x, rng=RNG(0))
+    assert b.count == 1 and b.points < 400  # about 3000 / 19 independent points
