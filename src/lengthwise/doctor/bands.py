@@ -4,8 +4,8 @@ The test is Silverman's critical-bandwidth test on the detrended loss (loss minu
 centred rolling mean of 51 points, cliffs left out, the extreme 0.5 % on each side
 trimmed; thinned to about independent points when it is autocorrelated,
 :func:`decorrelating_stride`). For ``k = 1, 2, ...``: ``h_k`` is the smallest
-Gaussian kernel bandwidth whose density estimate has at most ``k`` modes; a smoothed bootstrap from that estimate
-(variance-corrected, ``B`` = 199 resamples) gives the p-value of "at most ``k`` modes"
+Gaussian kernel bandwidth whose density estimate has at most ``k`` modes; a
+smoothed bootstrap from that estimate (variance-corrected, ``B`` = 199 resamples) gives the p-value of "at most ``k`` modes"
 as the share of resamples that still show more than ``k`` modes at ``h_k``. The number
 of bands is the first ``k`` that is not rejected at ``alpha`` = 0.05 (the test is
 conservative: on unimodal normal, Student-t and log-normal noise it rejected in none of
