@@ -3,16 +3,16 @@
 The test is Silverman's critical-bandwidth test on the detrended loss (loss minus its
 centred rolling mean of 51 points, cliffs left out, the extreme 0.5 % on each side
 trimmed; thinned to about independent points when it is autocorrelated,
-:func:`decorrelating_stride`). For ``k = 1, 2, ...``: ``h_k`` is the smallest
-Gaussian kernel bandwidth whose density estimate has at most ``k`` modes; a
-smoothed bootstrap from that estimate (variance-corrected, ``B`` = 199 resamples) gives the p-value of "at most ``k`` modes"
-as the share of resamples that still show more than ``k`` modes at ``h_k``. The number
-of bands is the first ``k`` that is not rejected at ``alpha`` = 0.05 (the test is
-conservative: on unimodal normal, Student-t and log-normal noise it rejected in none of
-90 trials). Modes whose density is below 2 % of the highest are not counted, in the data
-and in the resamples alike, so single stray points do not make modes. Densities are
-computed on a 2,048-point grid by FFT convolution of linearly binned data, which makes
-the test fast.
+:func:`decorrelating_stride`). For ``k = 1, 2, ...``: ``h_k`` is the smallest Gaussian
+kernel bandwidth whose density estimate has at most ``k`` modes; a smoothed bootstrap
+from that estimate (variance-corrected, ``B`` = 199 resamples) gives the p-value of "at
+most ``k`` modes" as the share of resamples that still show more than ``k`` modes at
+``h_k``. The number of bands is the first ``k`` that is not rejected at ``alpha`` = 0.05
+(the test is conservative: on unimodal normal, Student-t and log-normal noise it
+rejected in none of 90 trials). Modes whose density is below 2 % of the highest are not
+counted, in the data and in the resamples alike, so single stray points do not make
+modes. Densities are computed on a 2,048-point grid by FFT convolution of linearly
+binned data, which makes the test fast.
 
 As an effect-size check, bands must be separated by a clear valley (at most 80 % of the
 lower peak; two equal bands need about 3.1 widths between them) in the density estimate
