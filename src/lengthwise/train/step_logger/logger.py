@@ -11,6 +11,7 @@ Example::
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -32,6 +33,8 @@ from lengthwise.train.step_logger._values import (
 )
 from lengthwise.train.step_logger._vector import (
     DEFAULT_NUM_BUCKETS,
+    LOSS_SUM,
+    LOSS_WEIGHT,
     Micro,
     bucket_columns,
     local_vector,
@@ -385,14 +388,19 @@ class StepLogger:
 
     def _build_record(self, vec: np.ndarray, step: int, epoch: Any, lr: Any, grad_norm: Any,
                       skipped: bool, seconds: float) -> dict[str, Any]:
-        buckets = self._bucket_losses.add(bucket_columns(vec), skipped, self.steps_logged)
+        columns = bucket_columns(vec)
+        offset = self._bucket_losses.expected_offset(columns, self.shares)
+        buckets = self._bucket_losses.add(columns, skipped, self.steps_logged)
         if skipped:
             self.skipped_total += 1
         bucket_loss = self._bucket_losses.means()
+        loss = float(vec[LOSS_SUM] / vec[LOSS_WEIGHT]) if vec[LOSS_WEIGHT] > 0 else None
+        corrected = None
+        if offset is not None and loss is not None and math.isfinite(loss):
+            corrected = loss - offset
         return step_record(
             vec, step=step, epoch=epoch, lr=lr, grad_norm=grad_norm, seconds=seconds,
-            buckets=buckets, bucket_loss=bucket_loss,
-            corrected=self._bucket_losses.corrected(bucket_loss, self.shares),
+            buckets=buckets, bucket_loss=bucket_loss, corrected=corrected,
             skipped=skipped, skipped_total=self.skipped_total,
         )
 
