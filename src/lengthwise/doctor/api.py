@@ -199,15 +199,7 @@ def _attribution(
     structure: bool,
     bucket_loss: dict[str, float] | None,
 ) -> Attribution:
-    length, length_field = None, None
-    if "seq_len" in cols:
-        length, length_field = cols["seq_len"], "seq_len"
-    elif "real_tokens" in cols and "samples" in cols:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            length = cols["real_tokens"] / cols["samples"]
-        length_field = "real_tokens / samples"
-    elif "real_tokens" in cols:
-        length, length_field = cols["real_tokens"], "real_tokens"
+    length, length_field = _length(cols)
     sel_b = None
     if buckets is not None:
         sel_b = [b for b, u in zip(buckets, use.tolist(), strict=True) if u]
@@ -225,18 +217,34 @@ def _attribution(
 
 def _noise(resid: np.ndarray, use: np.ndarray, cols: dict[str, np.ndarray],
            a: Attribution) -> Any:
-    if a.bucket_r2 is not None:
+    # the bucket when it separates steps at all (else, e.g. stratified steps that all hold
+    # the same mix, the steps' mean length)
+    if a.bucket_r2 is not None and a.bucket_r2 > 0:
         r2, groups, src = a.bucket_r2, a.bucket_groups, f"length bucket (`{a.bucket_field}`)"
-    elif a.length_r2 is not None:
-        r2, groups, src = a.length_r2, a.length_groups, f"sequence length (`{a.length_field}`)"
     else:
         r2, groups, src = None, 1, None
+    length, length_src = _length(cols)
     pick = {k: (cols[k][use] if k in cols else None)
             for k in ("loss_sample_std", "loss_sample_neff", "samples", "lr")}
     count = pick["loss_sample_neff"] if pick["loss_sample_neff"] is not None else pick["samples"]
     return noise_budget(resid[use], loss_sample_std=pick["loss_sample_std"],
                         samples=count, composition_r2=r2, composition_groups=groups,
-                        composition_source=src, lr=pick["lr"])
+                        composition_source=src, lr=pick["lr"],
+                        length=None if length is None else length[use],
+                        length_source=None if length_src is None
+                        else f"sequence length (`{length_src}`)")
+
+
+def _length(cols: dict[str, np.ndarray]) -> tuple[np.ndarray | None, str | None]:
+    """Each step's mean sequence length and the field it came from (None: not logged)."""
+    if "seq_len" in cols:
+        return cols["seq_len"], "seq_len"
+    if "real_tokens" in cols and "samples" in cols:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return cols["real_tokens"] / cols["samples"], "real_tokens / samples"
+    if "real_tokens" in cols:
+        return cols["real_tokens"], "real_tokens"
+    return None, None
 
 
 def _series(

@@ -6,6 +6,8 @@ shift) stand out too. Thresholds are local, from blocks of at least 500 points, 
 the noise of a run changes as the loss falls: in each block a point is a cliff candidate
 when it exceeds the level by the smaller of 8 robust noise scales (1.4826 x MAD) and the
 upper fence ``q95 + 4 (q95 - q75)`` of the residuals (:func:`cliff_threshold`).
+Residuals of exactly 0 are left out of these scales: where the loss
+falls steadily the running median is the loss itself, and those zeros would shrink them.
 Candidates within 2 points merge into one cliff, and the first 10 points of a log never
 start one.
 
@@ -143,6 +145,8 @@ def local_thresholds(
     centres, values, upper = [], [], []
     for a, b in zip(bounds[:-1], bounds[1:], strict=True):
         r = resid[a:b]
+        if np.count_nonzero(r) >= 10:
+            r = r[r != 0]
         sigma = robust_std(r)
         if not np.isfinite(sigma) or sigma <= 0:
             sigma = float(np.std(r)) or 1e-12

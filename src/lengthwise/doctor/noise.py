@@ -10,8 +10,9 @@ of the detrended stable-region loss (the residual of ``loss_roughness``) into
 shares that sum to 1:
 
 * ``sampling``: the mean squared floor over the variance;
-* ``composition``: what the step's length bucket (else its mean length)
-  explains, the attribution's R^2 less what chance gives (adjusted R^2);
+* ``composition``: what the step's length bucket explains (the attribution's
+  R^2), else what its mean length explains (R^2 of a cubic in the log of the
+  length), less what chance gives (adjusted R^2);
 * ``schedule``: what follows the learning rate (its own deviation from its
   running mean, e.g. in warm-up or at a restart), adjusted R^2 likewise;
 * ``unexplained``: the rest (shares are scaled down together when the parts
@@ -77,6 +78,30 @@ def _adjusted(r2: float | None, groups: int, n: int) -> float | None:
     return max(0.0, (r2 - (groups - 1) / max(n - 1, 1)) / (1 - (groups - 1) / max(n - 1, 1)))
 
 
+def length_r2(resid: np.ndarray, length: np.ndarray | None) -> float | None:
+    """Adjusted R^2 of ``resid`` on a cubic in ``log(length)`` (a smooth length effect).
+
+    >>> x = np.linspace(1, 3, 200)
+    >>> round(length_r2(-0.3 * x, np.exp(x)), 3)
+    1.0
+    """
+    if length is None:
+        return None
+    ok = np.isfinite(length) & (length > 0) & np.isfinite(resid)
+    if ok.sum() < MIN_POINTS or np.unique(length[ok]).size < 4:
+        return None
+    x = np.log(length[ok])
+    x = (x - x.mean()) / (x.std() or 1.0)
+    a = np.column_stack([np.ones(x.size), x, x * x, x * x * x])
+    y = resid[ok]
+    coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+    sst = float(((y - y.mean()) ** 2).sum())
+    if sst <= 0:
+        return 0.0
+    r2 = max(0.0, 1.0 - float(((y - a @ coef) ** 2).sum()) / sst)
+    return _adjusted(r2, 4, int(ok.sum()))
+
+
 def schedule_r2(resid: np.ndarray, lr: np.ndarray | None) -> float | None:
     """Adjusted R^2 of ``resid`` on the learning rate's deviation from its running mean."""
     if lr is None:
@@ -102,6 +127,8 @@ def noise_budget(
     composition_r2: float | None = None,
     composition_groups: int = 1,
     composition_source: str | None = None,
+    length: np.ndarray | None = None,
+    length_source: str | None = None,
     lr: np.ndarray | None = None,
 ) -> Noise | None:
     """Noise budget of the detrended stable-region loss ``resid`` (None: too few points)."""
@@ -119,6 +146,10 @@ def noise_budget(
             floor2 = float(np.mean(f2)) * (1.0 - 1.0 / ROUGHNESS_WINDOW)
             spp = float(np.median(samples[ok]))
     comp = _adjusted(composition_r2, composition_groups, n)
+    if comp is None:
+        comp = length_r2(resid, length)
+        if comp is not None:
+            composition_source = length_source
     sched = schedule_r2(resid, lr)
     rough = float(np.sqrt(var))
     if floor2 is None:

@@ -316,8 +316,10 @@ def labelled_set(seed: int = 0, steps: int = 3000) -> list[tuple[str, SimulatedR
     for rep in range(3):
         s = int(rng.integers(0, 2**31))
         runs += [
-            (f"clean_random_{rep}", simulate_run("random", steps=steps, seed=s)),
-            (f"clean_stratified_{rep}", simulate_run("stratified", steps=steps, seed=s + 1)),
+            (f"clean_random_{rep}", simulate_run("random", steps=steps, seed=s,
+                                                 length_effect=0.0)),
+            (f"clean_stratified_{rep}", simulate_run("stratified", steps=steps, seed=s + 1,
+                                                     length_effect=0.0)),
             (f"bands3_{rep}", simulate_run("bucketed", steps=steps, seed=s + 2)),
             (f"bands2_weak_{rep}", simulate_run("bucketed", num_buckets=2, length_effect=0.12,
                                                 steps=steps, seed=s + 3)),
