@@ -405,7 +405,9 @@ def main(argv: list[str] | None = None) -> int:
         "clean), and runs logged every 10 "
         "steps with each row the mean of its 10 steps (a 50-step and a 200-step mega-batch "
         "cycle, clean), the way Hugging Face's `logging_steps` logs. The true period of a "
-        "coarse log is the cycle as its rows see it (`mechanisms.apparent_period`).",
+        "coarse log is the cycle as its rows see it (`mechanisms.apparent_period`); a 50-step "
+        "saw-tooth logged every 10 steps shows as 5 distinct levels, which the band test may "
+        "count as bands although the label says 1.",
         "",
         "| finding | positives | TP | FP | FN | TN | precision | recall |",
         "|---|---|---|---|---|---|---|---|",
