@@ -52,7 +52,8 @@ def test_megabatch_arithmetic_and_aliases() -> None:
 def test_steps_per_epoch_from_the_epoch_field() -> None:
     steps = np.arange(10.0, 8001.0, 10.0)
     per, starts = epochs_from_field(steps, np.round(steps / 2904.0, 2))
-    assert per == pytest.approx(2904, rel=0.01) and starts[:2] == pytest.approx([2900, 5810], abs=20)
+    assert per == pytest.approx(2904, rel=0.01)
+    assert starts[:2] == pytest.approx([2900, 5810], abs=20)
     ctx = run_context(steps, {}, steps_per_epoch=1000)
     assert ctx.steps_per_epoch_source == "--steps-per-epoch" and ctx.epoch_starts[0] == 1001
 
@@ -60,7 +61,7 @@ def test_steps_per_epoch_from_the_epoch_field() -> None:
 def test_fold_test_is_calibrated_on_autocorrelated_noise_and_finds_short_cycles() -> None:
     rng = np.random.default_rng(0)
     false = 0
-    for k in range(40):
+    for _ in range(40):
         x = np.zeros(80)
         e = rng.standard_normal(80)
         for i in range(1, 80):
