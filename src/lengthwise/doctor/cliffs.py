@@ -5,11 +5,12 @@ The running level is the lower of a centred and a trailing rolling median of 51 
 shift) stand out too. Thresholds are local, from blocks of at least 500 points, because
 the noise of a run changes as the loss falls: in each block a point is a cliff candidate
 when it exceeds the level by the smaller of 8 robust noise scales (1.4826 x MAD) and the
-upper fence ``q95 + 4 (q95 - q75)`` of the residuals (:func:`cliff_threshold`).
-Residuals of exactly 0 are left out of these scales: where the loss
-falls steadily the running median is the loss itself, and those zeros would shrink them.
-Candidates within 2 points merge into one cliff, and the first 10 points of a log never
-start one.
+upper fence ``q95 + 4 (q95 - q75)`` of the residuals (:func:`cliff_threshold`). In
+stretches under 200 points the threshold is at least 6 scales (their quantiles are too
+uncertain for the fence alone). Residuals of exactly 0 are left out of these scales:
+where the loss falls steadily the running median is the loss itself, and those zeros
+would shrink them. Candidates within 2 points merge into one cliff, and the first 10
+points of a log never start one.
 
 A cliff's height is its peak loss minus the median of the 51 points before it. It has
 recovered at the first point after the peak that is back below that level plus the
@@ -40,6 +41,8 @@ from lengthwise.doctor.smoothing import ROUGHNESS_WINDOW, odd, robust_std, rolli
 
 #: a cliff rises this many noise scales above the running level
 CLIFF_Z = 8.0
+#: a stretch of fewer points than this has its threshold floored at SHORT_FLOOR_Z scales
+SHORT, SHORT_FLOOR_Z = 200, 6.0
 #: exceedances this many points apart or closer belong to one cliff
 MERGE_GAP = 2
 #: the upper fence: q95 + FENCE x (q95 - q75)
@@ -113,7 +116,9 @@ class Cliff:
 
 
 
-def cliff_threshold(resid: np.ndarray, noise: float, z: float = CLIFF_Z) -> float:
+def cliff_threshold(
+    resid: np.ndarray, noise: float, z: float = CLIFF_Z, floor: float = 0.0
+) -> float:
     """Height above the running level that makes a cliff, for one stretch of residuals.
 
     The upper fence ``q95 + FENCE x (q95 - q75)`` of the residuals, capped at
@@ -121,10 +126,12 @@ def cliff_threshold(resid: np.ndarray, noise: float, z: float = CLIFF_Z) -> floa
     5.5 scales; for banded losses (whose MAD the bands inflate) it sits just
     above the top band; for heavy-tailed noise it grows with the tail up to the
     cap, and the cap keeps a long excursion (which inflates the quantiles) a cliff.
+    It never falls below ``floor`` noise scales (used for short stretches, whose
+    quantiles are too uncertain to set the fence on their own).
     """
     q75, q95 = np.quantile(resid, [0.75, 0.95])
     fence = float(q95 + FENCE * (q95 - q75))
-    return float(min(z * noise, fence))
+    return float(max(min(z * noise, fence), floor * noise))
 
 
 def local_thresholds(
@@ -151,7 +158,7 @@ def local_thresholds(
         if not np.isfinite(sigma) or sigma <= 0:
             sigma = float(np.std(r)) or 1e-12
         centres.append(0.5 * (a + b - 1))
-        values.append(cliff_threshold(r, sigma, z))
+        values.append(cliff_threshold(r, sigma, z, floor=SHORT_FLOOR_Z if r.size < SHORT else 0))
         upper.append(min(float(np.quantile(r, 0.9)), RECOVERY_Z * sigma))
     x = np.arange(n)
     return np.interp(x, centres, values), np.interp(x, centres, upper)
