@@ -133,3 +133,18 @@ def test_spikes_in_early_training_are_reported_as_such() -> None:
     assert len(early) >= 6 and r.phases.start > 290
     cause = next(c for c in r.verdict.causes if c.name == "loss_spikes")
     assert "in early training" in cause.title
+
+
+def test_a_regular_staircase_without_epoch_info_is_read_as_epochs() -> None:
+    t = np.arange(4000.0)
+    loss = 5 * np.exp(-t / 870) * 0.8 ** np.floor(t / 250)
+    loss *= np.exp(0.01 * np.random.default_rng(1).standard_normal(t.size))
+    r = diagnose([{"step": int(s) + 1, "loss": float(v)} for s, v in zip(t, loss, strict=True)])
+    assert r.periodicity.period == 250 and r.epochs.found
+    assert r.context.steps_per_epoch_source.startswith("a regular staircase")
+    cause = next(c for c in r.verdict.causes if c.name == "epoch_boundaries")
+    assert any("--steps-per-epoch" in f for f in cause.prescription)
+    # a saw-tooth of the same period rises between its drops: not a staircase
+    saw = 2.0 + 0.2 * ((t % 250) / 250) + 0.01 * np.random.default_rng(2).standard_normal(t.size)
+    r2 = diagnose([{"step": int(s) + 1, "loss": float(v)} for s, v in zip(t, saw, strict=True)])
+    assert r2.periodicity.period is not None and r2.epochs.found is None

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -26,9 +27,10 @@ from lengthwise.doctor.attribution import Attribution, attribute, composition
 from lengthwise.doctor.bands import find_bands
 from lengthwise.doctor.checkpoints import associate, checkpoint_window, throughput_ratio
 from lengthwise.doctor.cliffs import CliffContext, find_cliffs
-from lengthwise.doctor.context import run_context
-from lengthwise.doctor.epochs import epoch_boundaries
+from lengthwise.doctor.context import RunContext, run_context
+from lengthwise.doctor.epochs import EpochBoundaries, epoch_boundaries, staircase_starts
 from lengthwise.doctor.errors import EmptyLogError
+from lengthwise.doctor.mechanisms import match_period
 from lengthwise.doctor.noise import noise_budget
 from lengthwise.doctor.periodicity import Periodicity, periodicity_of
 from lengthwise.doctor.phases import Phases, find_phases
@@ -139,6 +141,10 @@ def diagnose(
     keep = ~cmask & (s >= _cliff_start(s, phases))
     epochs = epoch_boundaries(s[keep], y[keep], ctx.epoch_starts,
                               source=ctx.steps_per_epoch_source, rng=rng)
+    if ctx.steps_per_epoch is None and periodicity.period is not None and match_period(
+        periodicity.period, ctx
+    ).mechanism is None:
+        ctx, epochs = _staircase(s[keep], y[keep], periodicity, ctx, epochs, rng)
     structure = (bands.count or 0) > 1 or periodicity.period is not None
     attribution = _attribution(resid, y, use, buckets, cols, rng, structure,
                                log.bucket_loss)
@@ -151,6 +157,22 @@ def diagnose(
     return Report(**{k: getattr(findings, k) for k in Findings.__dataclass_fields__},
                   verdict=build_verdict(findings),
                   series=_series(s, y, region, cmask, buckets, ck))
+
+
+def _staircase(
+    s: np.ndarray, y: np.ndarray, per: Periodicity, ctx: RunContext, epochs: EpochBoundaries,
+    rng: np.random.Generator,
+) -> tuple[RunContext, EpochBoundaries]:
+    """An unexplained period that is a regular staircase: epochs of that length, if it tests so."""
+    starts = staircase_starts(s, y, int(round(per.period_points or 0)))
+    if not starts:
+        return ctx, epochs
+    source = f"a regular staircase every {per.period:g} steps"
+    found = epoch_boundaries(s, y, starts, source=source, rng=rng)
+    if not found.found:
+        return ctx, epochs
+    return replace(ctx, steps_per_epoch=float(per.period or 0), steps_per_epoch_source=source,
+                   epoch_starts=starts), found
 
 
 def verdict_for(source: Source, **options: Any) -> Verdict:

@@ -156,3 +156,31 @@ def epoch_boundaries(
         relative_drops=[float(r) for r in rel],
         side_points=m,
     )
+
+
+def staircase_starts(steps: np.ndarray, loss: np.ndarray, period_points: int) -> list[float]:
+    """Step starts of a regular staircase of ``period_points`` points, or ``[]`` when none.
+
+    Folds the first differences of the (log) loss by phase: a staircase falls at one
+    phase and does not climb back at the others (the mean change over the other
+    phases is at most 0), unlike a saw-tooth, which rises between its drops.
+
+    >>> s = np.arange(1.0, 401.0)
+    >>> loss = 2.0 * 0.9 ** np.floor((s - 1) / 40)
+    >>> staircase_starts(s, loss, 40)[:3]
+    [41.0, 81.0, 121.0]
+    """
+    p = int(period_points)
+    if p < 4 or loss.size < 3 * p:
+        return []
+    z = np.log(loss) if np.all(loss > 0) else loss
+    d = np.diff(z)
+    phase = (np.arange(1, z.size)) % p
+    means = np.bincount(phase, weights=d, minlength=p) / np.maximum(
+        np.bincount(phase, minlength=p), 1)
+    drop = int(np.argmin(means))
+    rest = np.delete(means, drop)
+    spread = float(np.std(d)) / np.sqrt(max(d.size / p, 1.0))
+    if means[drop] >= -2.0 * spread or float(rest.mean()) > 0.0:
+        return []
+    return [float(steps[i]) for i in range(drop, steps.size, p) if i > 0]

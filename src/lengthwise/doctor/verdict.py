@@ -273,7 +273,9 @@ def _epoch_causes(f: Findings) -> list[Cause]:
                   "before), not noise and not cliffs"],
         prescription=["watch the evaluation loss: if it rises after an epoch start, train "
                       "fewer epochs or on more (deduplicated) data",
-                      "expected and harmless when the evaluation loss keeps falling"])]
+                      "expected and harmless when the evaluation loss keeps falling",
+                      *(["found from the loss alone: pass --steps-per-epoch N to confirm the "
+                         "epoch length"] if (e.source or "").startswith("a regular") else [])])]
 
 
 def _phase_text(cliffs: list[Any], f: Findings) -> tuple[str, str]:
