@@ -258,3 +258,18 @@ def test_autocorrelated_noise_is_thinned_before_the_band_test() -> None:
         x[i] = 0.9 * x[i - 1] + e[i]
     b = find_bands(x, rng=RNG(0))
     assert b.count == 1 and b.points < 400  # about 3000 / 19 independent points
+
+
+def test_a_level_shift_is_not_bands() -> None:
+    rng = RNG(8)
+    x = np.concatenate([rng.normal(0.0, 0.02, 400), rng.normal(0.5, 0.02, 400)])
+    b = find_bands(x, rng=RNG(0))
+    assert (b.count or 1) == 1  # thinned as autocorrelated, or tested and found not interleaved
+    y = rng.permutation(x)  # the same values interleaved in time are two bands
+    assert find_bands(y, rng=RNG(0)).count == 2
+
+
+def test_a_single_outlier_is_not_a_band() -> None:
+    x = np.append(RNG(9).normal(0.0, 0.05, 60), 0.9)
+    b = find_bands(x, rng=RNG(0))
+    assert b.count == 1

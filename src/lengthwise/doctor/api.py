@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from lengthwise.doctor.attribution import Attribution, attribute, composition
-from lengthwise.doctor.bands import find_bands
+from lengthwise.doctor.bands import band_residual, find_bands
 from lengthwise.doctor.checkpoints import associate, checkpoint_window, throughput_ratio
 from lengthwise.doctor.cliffs import CliffContext, find_cliffs
 from lengthwise.doctor.context import RunContext, run_context
@@ -128,7 +128,7 @@ def diagnose(
     stats = stable_stats(y, region, cmask, corrected=cols.get("corrected_loss"),
                          noise_scale=noise_scale, nonfinite=nonfinite)
     resid = roughness_residual(y, cmask)
-    bands = find_bands(resid[use], level=stats.mean, rng=rng)
+    bands = find_bands(band_residual(y, cmask, int(use.sum()))[use], level=stats.mean, rng=rng)
     periodicity = _periodicity(s, y, region, cmask, log.step_interval)
     analysed = search | region
     tput = None

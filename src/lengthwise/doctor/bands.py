@@ -40,11 +40,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from lengthwise.doctor.detrend import local_linear, log_scale
+from lengthwise.doctor.smoothing import ROUGHNESS_WINDOW, odd
+
 ALPHA = 0.05
 BOOTSTRAP = 199
 GRID = 2048
 MAX_BANDS = 6
 MIN_POINTS = 30
+#: a band holds at least this many points (fewer are outliers)
+MIN_BAND_POINTS = 5
 MAX_POINTS = 20_000
 TRIM = 0.005
 MODE_FLOOR = 0.02
@@ -240,6 +245,40 @@ def merge_peaks(f: np.ndarray, valley: float = 0.8, floor: float = 0.0) -> list[
     return peaks
 
 
+def band_residual(loss: np.ndarray, cliff_mask: np.ndarray, points: int) -> np.ndarray:
+    """The loss minus its trend: a local line on the log of the loss over 51 points.
+
+    Fewer points in short regions (half of them, at least 9). The line follows a fast
+    decay without lag, so the residual holds the bands, not the decay, in loss units.
+
+    >>> t = np.arange(300.0)
+    >>> float(np.abs(band_residual(3 * np.exp(-t / 30), np.zeros(300, bool), 300)).max()) < 1e-9
+    True
+    """
+    z, logscale = log_scale(loss)
+    window = min(ROUGHNESS_WINDOW, odd(max(points // 2, 9)))
+    trend = local_linear(z, window, valid=~cliff_mask)
+    return loss - np.exp(trend) if logscale else loss - trend
+
+
+def interleaved(x: np.ndarray, centres: np.ndarray, shares: np.ndarray) -> bool:
+    """Whether points of different modes alternate in time, as bands do.
+
+    Each point (in time order) goes to its nearest centre; bands switch between
+    modes about ``(n - 1)(1 - sum w^2)`` times, a level shift only a few times. True
+    when the switches reach a quarter of that.
+
+    >>> interleaved(np.tile([0.0, 1.0], 50), np.array([0.0, 1.0]), np.array([0.5, 0.5]))
+    True
+    >>> interleaved(np.repeat([0.0, 1.0], 50), np.array([0.0, 1.0]), np.array([0.5, 0.5]))
+    False
+    """
+    labels = np.argmin(np.abs(x[:, None] - centres[None, :]), axis=1)
+    switches = int(np.count_nonzero(np.diff(labels)))
+    expected = (x.size - 1) * (1.0 - float(np.sum(shares**2)))
+    return switches >= 0.25 * expected
+
+
 def decorrelating_stride(x: np.ndarray) -> int:
     """Every how many points the detrended loss is about independent: ``(1 + r) / (1 - r)``.
 
@@ -279,6 +318,7 @@ def find_bands(
             return Bands(count=None, p_value=None, points=int(x.size),
                          note=f"not tested: {x.size} effectively independent points in the "
                          f"stable region (autocorrelated; need {MIN_POINTS})")
+    ordered = x
     if x.size > MAX_POINTS:
         x = rng.choice(x, MAX_POINTS, replace=False)
     lo_q, hi_q = np.quantile(x, [TRIM, 1.0 - TRIM])
@@ -319,6 +359,18 @@ def find_bands(
     if starts.size != count:
         starts = np.quantile(x, (np.arange(count) + 0.5) / count)
     w, mu, sd, _ = fit_mixture(x, starts, h_count)
+    big = w * x.size >= MIN_BAND_POINTS
+    if count > 1 and not big.all():
+        note = (f"{int((~big).sum())} mode(s) of fewer than {MIN_BAND_POINTS} points left out: "
+                "outliers, not bands")
+        count = max(1, int(big.sum()))
+        w, mu, sd, _ = fit_mixture(x, mu[big] if big.any() else np.array([float(np.median(x))]),
+                                   h_count)
+    if count > 1 and not interleaved(ordered, mu, w):
+        note = (f"{count} modes, but each holds one stretch of the run rather than steps spread "
+                "over it: a level shift, not bands")
+        count = 1
+        w, mu, sd, _ = fit_mixture(x, np.array([float(np.median(x))]), float(np.std(x)))
     sep = None
     if count > 1:
         pooled = np.sqrt((sd[1:] ** 2 + sd[:-1] ** 2) / 2.0)
