@@ -173,7 +173,7 @@ def test_short_log_is_not_called_clean() -> None:
     assert r.bands.count is None and "not tested" in r.bands.note
     assert r.periodicity.period is None and r.periodicity.p_value is None
     assert r.verdict.clean is None
-    assert one_line_verdict(r).startswith("not tested: bands (20 points")
+    assert one_line_verdict(r).startswith("not tested: bands, 20 points in the stable region")
     assert json.loads(r.to_json())["verdict"]["clean"] is None
 
 

@@ -68,9 +68,9 @@ def one_line_verdict(report: Findings) -> str:
 def _untested(f: Findings) -> list[str]:
     out = []
     if f.bands.count is None:
-        out.append(f"bands ({f.bands.note.removeprefix('not tested: ')})")
+        out.append(f"bands, {f.bands.note.removeprefix('not tested: ')}")
     if f.periodicity.p_value is None:
-        out.append(f"periodicity ({f.periodicity.note.removeprefix('not tested: ')})")
+        out.append(f"periodicity, {f.periodicity.note.removeprefix('not tested: ')}")
     return out
 
 
