@@ -14,29 +14,39 @@ rank waits for, or pads out to, another. This holds on one device, under
 micro-batch. ``gradient_accumulation_steps`` is the sampler's ``grad_accum``, and
 the seed is ``data_seed`` (else ``seed``) unless ``seed`` is given.
 
+The final metrics tell the truth about planned micro-batches: ``train_samples`` and
+``train_tokens`` (real tokens) count what the optimizer steps of this ``train()``
+call consumed over all ranks, ``train_samples_per_second`` and
+``train_tokens_per_second`` divide them by ``train_runtime`` (Trainer's own figure
+assumes ``per_device_train_batch_size`` rows per micro-batch), and ``train_loss`` is
+averaged over the ranks, so every rank reports the same.
+
 Example::
 
     trainer = LengthwiseTrainer(
-        model=model, args=args, train_dataset=dataset,
-        data_collator=lengthwise.PadCollator(tokenizer.pad_token_id, metadata=False),
-        lengths=lengths, sampler_options={"max_tokens": 16384})
+        model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+        lengths=lengths, sampler_options={"max_tokens": 16384})  # collates with the sampler's
     trainer.train()
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
 import types
 import warnings
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import DataLoader
 from transformers import Trainer, TrainerCallback
 
 from lengthwise.pytorch.sampler import BucketBatchSampler, ResumeError
+
+if TYPE_CHECKING:
+    from transformers.trainer_utils import TrainOutput
 
 __all__ = ["STATE_FILE", "LengthwiseTrainer", "lengthwise_dataloader", "make_sampler",
            "use_lengthwise"]
@@ -221,21 +231,40 @@ class LengthwiseTrainer(Trainer):
     ``trainer.lengthwise_sampler``; its state goes into every checkpoint
     (``lengthwise_sampler.json``) and resuming checks it.
 
+    Without a ``data_collator`` the trainer collates with the sampler's own,
+    ``sampler.collator(pad_token_id, metadata=False)``: truncated, padded and
+    checked against the budget exactly as the plan counted. The pad id is
+    ``pad_token_id``, else the ``processing_class``'s, else the model config's.
+
     Example::
 
         trainer = LengthwiseTrainer(model=model, args=args, train_dataset=ds,
-                                    data_collator=PadCollator(0, metadata=False),
-                                    lengths=lengths, sampler_options={"max_tokens": 8192})
+                                    processing_class=tokenizer, lengths=lengths,
+                                    sampler_options={"max_tokens": 8192})
     """
 
     def __init__(self, *args: Any, lengths: Any = None,
-                 sampler_options: dict[str, Any] | None = None, **kwargs: Any) -> None:
+                 sampler_options: dict[str, Any] | None = None,
+                 pad_token_id: int | None = None, **kwargs: Any) -> None:
         if lengths is None:
             raise ValueError("LengthwiseTrainer needs lengths=... (one token length per row "
                              "of train_dataset; see lengthwise.compute_lengths)")
+        # Trainer(model, args, data_collator, ...): the collator may come by position
+        given = kwargs.get("data_collator") is not None or (len(args) > 2 and args[2] is not None)
         super().__init__(*args, **kwargs)
         self.lengthwise_sampler = make_sampler(self, lengths, **(sampler_options or {}))
         self.add_callback(_SaveSamplerState(self.lengthwise_sampler))
+        self._lengthwise_start = _StartStep()
+        self.add_callback(self._lengthwise_start)
+        if not given:
+            self.data_collator = self.lengthwise_sampler.collator(
+                pad_token_id=_pad_token_id(self, pad_token_id), metadata=False)
+        else:
+            self.data_collator = hold_to_plan(self.data_collator, self.lengthwise_sampler)
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        true_final_metrics(self, self.lengthwise_sampler, self._lengthwise_start.step, logs)
+        super().log(logs, *args, **kwargs)
 
     def get_train_dataloader(self) -> DataLoader:
         return lengthwise_dataloader(self, self.lengthwise_sampler)
@@ -243,7 +272,36 @@ class LengthwiseTrainer(Trainer):
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any,
               **kwargs: Any):
         check_resume(self.lengthwise_sampler, _resolve_checkpoint(self, resume_from_checkpoint))
-        return super().train(resume_from_checkpoint, *args, **kwargs)
+        return _with_final_loss(super().train(resume_from_checkpoint, *args, **kwargs))
+
+
+def hold_to_plan(collator: Any, sampler: BucketBatchSampler) -> Any:
+    """``collator`` truncating and checking micro-batches as ``sampler``'s plan counted them.
+
+    The sampler's own collators already do; any other (Hugging Face's, TRL's) is
+    wrapped in :class:`~lengthwise.pytorch.collate.HeldCollator`.
+    """
+    from lengthwise.pytorch.collate import HeldCollator, PackCollator, PadCollator
+
+    if isinstance(collator, (PadCollator, PackCollator)) and collator.budget is not None:
+        return collator
+    if isinstance(collator, HeldCollator):
+        collator = collator.inner
+    return HeldCollator(collator, sampler.config)
+
+
+def _pad_token_id(trainer: Trainer, given: int | None) -> int | None:
+    """The pad id for the sampler's collator: given, the tokenizer's, or the model config's."""
+    if given is not None or trainer.lengthwise_sampler.config.layout == "pack":
+        return given
+    for owner in (getattr(trainer, "processing_class", None),
+                  getattr(getattr(trainer, "model", None), "config", None)):
+        pad = getattr(owner, "pad_token_id", None)
+        if pad is not None:
+            return int(pad)
+    raise ValueError("LengthwiseTrainer builds its collator from the sampler's plan and needs a "
+                     "pad token id: pass pad_token_id=..., or a processing_class (tokenizer) "
+                     "with a pad_token_id, or a data_collator")
 
 
 def use_lengthwise(trainer: Trainer, lengths: Any, **options: Any) -> BucketBatchSampler:
@@ -251,7 +309,11 @@ def use_lengthwise(trainer: Trainer, lengths: Any, **options: Any) -> BucketBatc
 
     For trainers built elsewhere (a ``Trainer`` subclass from another library):
     replaces the instance's training loader, saves the sampler state in
-    checkpoints and checks it on resume, like :class:`LengthwiseTrainer`.
+    checkpoints and checks it on resume, and corrects the final metrics (true
+    samples and tokens per second, one ``train_loss`` over the ranks), like
+    :class:`LengthwiseTrainer`. Works on TRL's ``SFTTrainer``. The trainer's
+    collator is kept, held to the plan (:func:`hold_to_plan`): samples truncated
+    as the plan counted them, every micro-batch checked against the budget.
 
     Example::
 
@@ -261,14 +323,100 @@ def use_lengthwise(trainer: Trainer, lengths: Any, **options: Any) -> BucketBatc
     """
     sampler = make_sampler(trainer, lengths, **options)
     trainer.lengthwise_sampler = sampler
+    trainer.data_collator = hold_to_plan(trainer.data_collator, sampler)
     trainer.get_train_dataloader = types.MethodType(
         lambda self: lengthwise_dataloader(self, sampler), trainer)
     trainer.add_callback(_SaveSamplerState(sampler))
-    plain_train = trainer.train
+    start = _StartStep()
+    trainer.add_callback(start)
+    plain_train, plain_log = trainer.train, trainer.log
 
     def train(resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
         check_resume(sampler, _resolve_checkpoint(trainer, resume_from_checkpoint))
-        return plain_train(resume_from_checkpoint, *args, **kwargs)
+        return _with_final_loss(plain_train(resume_from_checkpoint, *args, **kwargs))
+
+    def log(logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        true_final_metrics(trainer, sampler, start.step, logs)
+        plain_log(logs, *args, **kwargs)
 
     trainer.train = train
+    trainer.log = log
     return sampler
+
+
+# ------------------------------------------------------------------ final metrics
+
+
+class _StartStep(TrainerCallback):
+    """Remembers the optimizer step a ``train()`` call starts from (after a resume)."""
+
+    step = 0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.step = state.global_step
+        return control
+
+
+def trained_counts(sampler: BucketBatchSampler, start_step: int,
+                   end_step: int) -> tuple[int, int]:
+    """Samples and real tokens of the micro-batches of optimizer steps ``[start, end)``, all ranks.
+
+    Trainer takes ``gradient_accumulation_steps`` micro-batches per step (fewer for an
+    epoch's last step) and counts the steps of an epoch once, from the sampler's length.
+
+    Example::
+
+        >>> s = BucketBatchSampler([5, 6, 7, 8], batch_size=1, grad_accum=2, num_replicas=2,
+        ...                        rank=0)
+        >>> trained_counts(s, 0, 1)  # one step per epoch: 2 micro-batches x 2 ranks
+        (4, 26)
+        >>> trained_counts(s, 1, 3)  # epochs 1 and 2
+        (8, 52)
+    """
+    accum = sampler.grad_accum
+    steps_per_epoch = max(1, math.ceil(len(sampler) / accum))
+    samples = tokens = 0
+    for epoch in range(start_step // steps_per_epoch, end_step // steps_per_epoch + 1):
+        first = max(start_step - epoch * steps_per_epoch, 0)
+        last = min(end_step - epoch * steps_per_epoch, steps_per_epoch)
+        if last <= first:
+            continue
+        probe = copy.copy(sampler)  # another epoch's plan, leaving the sampler as it is
+        probe.set_epoch(epoch)
+        plan = probe.plan
+        if plan is None:
+            continue
+        world, n = sampler.num_replicas, plan.num_batches
+        lo, hi = plan.offsets[min(n, first * accum) * world], plan.offsets[
+            min(n, last * accum) * world]
+        samples += int(hi - lo)
+        tokens += int(plan.lengths[plan.indices[lo:hi]].sum())
+    return samples, tokens
+
+
+def true_final_metrics(trainer: Trainer, sampler: BucketBatchSampler, start_step: int,
+                       logs: dict[str, float]) -> None:
+    """Correct Trainer's final metrics in ``logs`` (in place): true throughput, one loss.
+
+    Other logs pass unchanged. Runs on every rank (Trainer logs its final metrics on all).
+    """
+    if "train_runtime" not in logs or "train_loss" not in logs:
+        return
+    samples, tokens = trained_counts(sampler, start_step, trainer.state.global_step)
+    runtime = float(logs["train_runtime"])
+    logs["train_samples"] = samples
+    logs["train_tokens"] = tokens
+    logs["train_samples_per_second"] = round(samples / runtime, 3) if runtime > 0 else 0.0
+    logs["train_tokens_per_second"] = round(tokens / runtime, 3) if runtime > 0 else 0.0
+    acc = trainer.accelerator
+    if acc.num_processes > 1:  # the leftover loss since the last logging step is per rank
+        import torch
+
+        loss = torch.tensor(float(logs["train_loss"]), dtype=torch.float64, device=acc.device)
+        logs["train_loss"] = float(acc.reduce(loss, reduction="mean"))
+
+
+def _with_final_loss(out: TrainOutput) -> TrainOutput:
+    """``train()``'s result with the loss of its (corrected) final metrics."""
+    loss = out.metrics.get("train_loss") if out.metrics else None
+    return out if loss is None else out._replace(training_loss=loss)

@@ -84,12 +84,13 @@ def read_csv(
         names = [_clean(h) if not h.strip().endswith(("__MIN", "__MAX")) else "" for h in header]
         cols = _columns(names, step_key, loss_key)
         if "loss" not in cols:
-            what = f"{loss_key!r} column" if loss_key else "loss column"
-            shown = ", ".join(h.strip() for h in header[:12])
+            shown = ", ".join(h for h in header[:12])
+            if loss_key:
+                raise EmptyLogError(f"{path}: no column {loss_key!r} among the CSV columns: "
+                                    f"{shown}")
             raise EmptyLogError(
-                f"{path}: no {what} among the CSV columns ({shown}); "
-                "name the loss column with --loss-key NAME"
-            )
+                f"{path}: no loss column found among the CSV columns: {shown}; name the one "
+                "that holds the loss with --loss-key COLUMN (loss_key= in Python)")
         width = len(header)
         builder.loss_label = header[cols["loss"]].strip()
         li = cols["loss"]
