@@ -83,9 +83,8 @@ def _loss_panel(ax: Any, name: str, r: Report) -> None:
             if not sel.any():
                 continue
             ax.scatter(s.step[sel], s.loss[sel], s=3, color=_PALETTE[code % len(_PALETTE)],
-                       alpha=0.6, linewidths=0, label=f"bucket {label}", rasterized=True)
-        if len(s.bucket_names) <= 8:
-            ax.legend(loc="upper right", fontsize=7, markerscale=3, ncol=2)
+                       alpha=0.6, linewidths=0, rasterized=True,
+                       label=f"bucket {label}" if len(s.bucket_names) <= 8 else None)
     else:
         ax.plot(s.step, s.loss, color="#4c72b0", linewidth=0.5, alpha=0.8, label="loss")
     ax.plot(s.step, s.trend, color="black", linewidth=1.0, label="running mean (51)")
@@ -97,8 +96,9 @@ def _loss_panel(ax: Any, name: str, r: Report) -> None:
             ax.plot(s.step[reg], s.trend[reg] + off, color="#d62728", linewidth=0.8,
                     linestyle="--", alpha=0.8, label="band centres" if i == 0 else None)
     if 0 < s.checkpoints.size <= 200:
-        for c in s.checkpoints:
-            ax.axvline(c, color="grey", linewidth=0.6, linestyle=":", alpha=0.7)
+        for i, c in enumerate(s.checkpoints):
+            ax.axvline(c, color="grey", linewidth=0.6, linestyle=":", alpha=0.7,
+                       label="checkpoint" if i == 0 else None)
     if r.cliffs:
         peaks = np.array([c.peak_step for c in r.cliffs])
         idx = np.searchsorted(s.step, peaks)
@@ -111,8 +111,9 @@ def _loss_panel(ax: Any, name: str, r: Report) -> None:
         else:
             pad = 0.08 * (hi - lo if hi > lo else 1.0)
             ax.set_ylim(lo - pad, hi + pad)
-    if s.bucket_codes is None or len(s.bucket_names) > 8:
-        ax.legend(loc="upper right", fontsize=7)
+    coloured = s.bucket_codes is not None and len(s.bucket_names) <= 8
+    ax.legend(loc="upper right", fontsize=7, markerscale=2 if coloured else 1,
+              ncol=2 if coloured else 1)
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     title = f"{_short(name)}\n{r.one_line()}"
