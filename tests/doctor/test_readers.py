@@ -116,6 +116,18 @@ def test_duplicate_writer_is_told_from_a_restart(tmp_path: Path) -> None:
     assert "duplicate_writer" in names and "restarts" in names
 
 
+def test_writers_interleaving_in_blocks_are_duplicates_not_restarts(tmp_path: Path) -> None:
+    steps = []
+    for a in range(10, 400, 20):  # writer A logs two steps, then writer B the same two
+        steps += [a, a + 10, a, a + 10]
+    steps += list(range(200, 260, 10))  # and one real resume from step 200
+    lines = [json.dumps({"step": s, "loss": 2.0 + 0.0001 * i}) for i, s in enumerate(steps)]
+    log = read_log(write_lines(tmp_path / "blocks.jsonl", lines))
+    assert log.input.restart_count == 1 and log.input.restarts[0].step_after == 200
+    assert log.input.duplicate_rows == 40
+    assert log.step.tolist() == list(range(10, 260, 10))
+
+
 def test_json_true_loss_is_malformed_not_one(tmp_path: Path) -> None:
     lines = rows(5) + [json.dumps({"step": 6, "loss": True})] + rows(5, start=7)
     log = read_log(write_lines(tmp_path / "bool.jsonl", lines))

@@ -339,35 +339,63 @@ def _merge_buckets(current: list[Any] | None, raw: list[Any]) -> list[Any]:
             for c, b in zip(current, raw, strict=True)]
 
 
+#: a step going back at most this many rows, again and again, is a second writer
+WRITER_REWIND = 4
+
+
+def _short_rewinds(s: np.ndarray, back: np.ndarray) -> np.ndarray:
+    """Mask over ``back``: the step went back by at most ``WRITER_REWIND`` rows."""
+    short = np.zeros(back.size, dtype=bool)
+    for n, i in enumerate(back.tolist()):
+        j = i - 1
+        while j >= 0 and i - j <= WRITER_REWIND + 1 and s[j] >= s[i]:
+            j -= 1
+        short[n] = i - j - 1 <= WRITER_REWIND
+    return short
+
+
 def _resolve_restarts(step: np.ndarray, lines: np.ndarray, summary: InputSummary) -> np.ndarray:
     """Mask of rows to keep: duplicate writes collapse, then later rows supersede earlier ones.
 
     A step written again on the next row (a second writer, e.g. every rank
     logging) is a duplicate, not a restart: the last of the run of equal steps
-    is kept and counted in ``duplicate_rows``. Among the rest, a step that goes
-    back is a restart (a resumed run): a row survives only if every later row has
-    a larger step, so a resumed run supersedes what the earlier run logged from
-    its resume point on.
+    is kept and counted in ``duplicate_rows``. Two writers that interleave in
+    short blocks make the step go back by a few rows again and again: when at
+    least 3 such short rewinds (and 10 % of the rows) occur, they are duplicates
+    too. Any other step that goes back is a restart (a resumed run): a row
+    survives only if every later row has a larger step, so a resumed run
+    supersedes what the earlier run logged from its resume point on.
     """
     if step.size < 2:
         return np.ones(step.size, dtype=bool)
     dup = np.zeros(step.size, dtype=bool)
     dup[:-1] = step[:-1] == step[1:]
-    summary.duplicate_rows = int(dup.sum())
     rest = np.flatnonzero(~dup)
     s = step[rest]
     back = np.flatnonzero(s[1:] < s[:-1]) + 1
-    summary.restarts = [
-        Restart(line=int(lines[rest[i]]), step_before=float(s[i - 1]), step_after=float(s[i]))
-        for i in back[:1000]
-    ]
-    summary.restart_count = int(back.size)
+    short = _short_rewinds(s, back)
+    writers = int(short.sum()) >= max(3, 0.1 * s.size)
+    real = back[~short] if writers else back
     keep = ~dup
-    if back.size == 0:
-        return keep
     later_min = np.minimum.accumulate(s[::-1])[::-1]
     next_min = np.append(later_min[1:], np.inf)
     survive = s < next_min
     keep[rest[~survive]] = False
-    summary.superseded_rows = int((~survive).sum())
+    superseded = ~survive
+    if writers:  # rows rewritten by the second writer are duplicates, not superseded by a resume
+        rewritten = np.zeros(s.size, dtype=bool)
+        for i in back[short].tolist():
+            j = i - 1
+            while j >= 0 and s[j] >= s[i] and i - j <= WRITER_REWIND + 1:
+                rewritten[j] = True
+                j -= 1
+        superseded &= ~rewritten
+        dup[rest[~survive & rewritten]] = True
+    summary.duplicate_rows = int(dup.sum())
+    summary.restarts = [
+        Restart(line=int(lines[rest[i]]), step_before=float(s[i - 1]), step_after=float(s[i]))
+        for i in real[:1000]
+    ]
+    summary.restart_count = int(real.size)
+    summary.superseded_rows = int(superseded.sum())
     return keep
