@@ -108,11 +108,12 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     import torch
 
+    from lengthwise.demo.config import DemoConfig
     from lengthwise.demo.data import DemoData
     from lengthwise.demo.main import parse_orders
     from lengthwise.demo.model import build_model, count_parameters
     from lengthwise.demo.report import add_ratios
-    from lengthwise.demo.run import DemoConfig, train_orders
+    from lengthwise.demo.runner import train_orders
 
     orders = parse_orders(args.orders)
     if args.device.startswith("cuda") and not torch.cuda.is_available():

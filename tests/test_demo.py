@@ -26,6 +26,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 from lengthwise.cli import main as cli_main  # noqa: E402
+from lengthwise.demo.config import DemoConfig, available_orders  # noqa: E402
 from lengthwise.demo.corpus import (  # noqa: E402
     corpus_fingerprint,
     load_corpus,
@@ -33,18 +34,13 @@ from lengthwise.demo.corpus import (  # noqa: E402
     stdlib_docstrings,
 )
 from lengthwise.demo.data import DemoData  # noqa: E402
+from lengthwise.demo.lm import token_losses  # noqa: E402
+from lengthwise.demo.loop import make_sampler  # noqa: E402
 from lengthwise.demo.main import check_targets, parse_orders  # noqa: E402
 from lengthwise.demo.report import JSON_KEYS, add_ratios, format_table  # noqa: E402
-from lengthwise.demo.run import (  # noqa: E402
-    DemoConfig,
-    OrderRun,
-    _make_sampler,
-    _micro_loss,
-    available_orders,
-    lr_factor,
-    read_log,
-    train_order,
-)
+from lengthwise.demo.results import read_log  # noqa: E402
+from lengthwise.demo.runner import OrderRun, train_order  # noqa: E402
+from lengthwise.demo.schedule import lr_factor  # noqa: E402
 from lengthwise.demo.tokenizer import EOS, encode_texts, get_tokenizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -165,11 +161,11 @@ def test_config_rejects_bad_values():
 
 
 def test_learning_rate_warms_up_then_holds_or_decays():
-    const = DemoConfig(steps=50, warmup=5)
-    assert [lr_factor(s, const) for s in range(6)] == [0.2, 0.4, 0.6, 0.8, 1.0, 1.0]
-    assert lr_factor(49, const) == 1.0
-    cos = DemoConfig(steps=50, warmup=5, schedule="cosine")
-    values = [lr_factor(s, cos) for s in range(5, 51)]
+    const = {"steps": 50, "warmup": 5, "schedule": "constant"}
+    assert [lr_factor(s, **const) for s in range(6)] == [0.2, 0.4, 0.6, 0.8, 1.0, 1.0]
+    assert lr_factor(49, **const) == 1.0
+    cos = {"steps": 50, "warmup": 5, "schedule": "cosine"}
+    values = [lr_factor(s, **cos) for s in range(5, 51)]
     assert values[0] == 1.0 and values[-1] == pytest.approx(0.1)
     assert all(b <= a for a, b in zip(values, values[1:], strict=False))
 
@@ -178,21 +174,22 @@ def test_learning_rate_warms_up_then_holds_or_decays():
 def test_step_loss_is_the_mean_over_every_token_of_the_step(data, tmp_path):
     cfg = DemoConfig(steps=1, **SMALL)
     run = OrderRun("random", data, cfg, out=tmp_path)
-    model = copy.deepcopy(run.model)
+    model = copy.deepcopy(run.task.model)
     batches = []
-    for batch in _make_sampler("random", data, cfg, run.dist):
-        batches.append(batch)
+    for rows in make_sampler("random", data.lengths, cfg):
+        batches.append([i for row in rows for i in row])
         if len(batches) == cfg.grad_accum:
             break
     total, count, sizes = 0.0, 0, []
     with torch.no_grad():
         for b in batches:
-            mb = run.collate([{"input_ids": data.train[i]} for i in b])
-            loss, n = _micro_loss(model, mb, torch.device("cpu"), None)
-            total, count = total + float(loss), count + n
+            mb = run.loop.collate([[{"input_ids": data.train[i]} for i in b]])
+            ce, predicted = token_losses(model, mb, torch.device("cpu"), None)
+            n = int(predicted.sum())
+            total, count = total + float(ce.sum()), count + n
             sizes.append(n)
     assert len(set(sizes)) > 1  # micro-batches of different token counts
-    rec = run.step()
+    rec = run.loop.step()
     run.close()
     assert rec["loss"] == pytest.approx(total / count, rel=1e-5)
     assert rec["micro_batches"] == cfg.grad_accum
@@ -202,9 +199,10 @@ def test_step_loss_is_the_mean_over_every_token_of_the_step(data, tmp_path):
 def test_orders_start_from_the_same_model_and_differ_only_in_batches(data, tmp_path):
     cfg = DemoConfig(steps=2, **SMALL)
     runs = [OrderRun(o, data, cfg, out=tmp_path) for o in ("sorted", "stratified")]
-    for a, b in zip(runs[0].model.parameters(), runs[1].model.parameters(), strict=True):
+    for a, b in zip(runs[0].task.model.parameters(), runs[1].task.model.parameters(),
+                    strict=True):
         assert torch.equal(a, b)
-    first = [r.step() for r in runs]
+    first = [r.loop.step() for r in runs]
     for r in runs:
         r.close()
     assert first[0]["real_tokens"] != first[1]["real_tokens"]
@@ -340,3 +338,40 @@ def test_two_process_run_under_torchrun(jsonl, workdir, tmp_path):
     recs = read_log(out / "stratified" / "train_log.jsonl")
     assert [r["step"] for r in recs] == [1, 2, 3]
     assert all(r["micro_batches"] == 4 for r in recs)  # 2 ranks x 2 accumulation slots
+
+
+def test_table_columns_are_the_json_keys_and_verdicts_are_never_cut():
+    from lengthwise.demo.main import render
+    from lengthwise.demo.report import TABLE_COLUMNS
+
+    verdict = ("the length bucket of each step drives its loss (no distinct bands) -> "
+               "interleave or stratify length buckets: `lengthwise plan --order stratified`")
+    rows = {"bucket-random": {"tokens_per_second": 10.0, "loss_roughness": 0.1,
+                              "verdict": verdict}}
+    text = render({"strategies": rows, "stable_region": [1, 9],
+                   "checks": {"bucket_random_rougher_than_random": False}})
+    header = text.splitlines()[0].split()
+    assert header == ["order", *(k for k, _ in TABLE_COLUMNS)]
+    verdict_lines = text.split("doctor:")[1].split("\n\n")[0]
+    assert " ".join(verdict_lines.split()) == f"bucket-random {verdict}"
+    assert "..." not in verdict_lines
+    assert "note: bucket_random_rougher_than_random asks" in text
+
+
+def test_lm_sample_losses_follow_packed_sample_boundaries():
+    from lengthwise.demo.lm import LMTask
+    from lengthwise.demo.model import build_model
+    from lengthwise.pytorch.collate import PackCollator
+
+    task = LMTask(build_model("tiny", vocab_size=64, max_len=16, seed=0), device="cpu",
+                  max_len=8)
+    batch = PackCollator(row_capacity=8, pad_to_capacity=True, pad_token_id=0,
+                         return_flash_attn_kwargs=False)(
+        [[{"input_ids": [5, 6, 7]}, {"input_ids": [8, 9, 10, 11]}], [{"input_ids": [3, 4]}]])
+    prepared = task.prepare(batch, [[0, 1], [2]], 0)
+    with torch.no_grad():
+        out = task.forward(task.model, prepared)
+    counts = [2, 3, 1]  # predicted tokens of each sample (the first token of each is not)
+    assert len(out.sample_losses) == 3
+    total = sum(x * n for x, n in zip(out.sample_losses, counts, strict=True))
+    assert total == pytest.approx(float(out.loss), rel=1e-5) and out.norm == sum(counts)

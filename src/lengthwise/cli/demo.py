@@ -1,15 +1,18 @@
 """``lengthwise demo``: train a small real model once per batch order and compare.
 
 Offline and self-contained: the text is the Python standard library's
-docstrings, the tokenizer is trained locally, the model is a randomly
-initialised Llama-style ``transformers`` model. Prints one row per order
-(throughput, padding, loss roughness, held-out loss, the doctor's verdict) and
-writes every run's ``train_log.jsonl``, ``summary.json`` and
-``loss_curves.png`` under ``--out``.
+docstrings, the tokenizer is trained locally. ``--task lm`` (the default)
+trains a randomly initialised Llama-style model per order; ``--task dflash``
+trains a DFlash draft per order against a frozen target (a small target trained
+locally and cached, or ``--target PATH``), on responses the target
+regenerated, and measures its acceptance length with real speculative
+decoding. Prints one row per order and writes every run's
+``train_log.jsonl``, ``summary.json`` and ``loss_curves.png`` under ``--out``.
 
 Example::
 
     $ lengthwise demo                       # about 5 minutes on two CPU cores
+    $ lengthwise demo --task dflash         # about 10 minutes on two CPU cores
     $ lengthwise demo --steps 600 --model-size small --json
     $ torchrun --nproc_per_node 2 -m lengthwise demo --orders random,stratified
 """
@@ -18,11 +21,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
 
-DEFAULTS_NOTE = (
-    "Defaults: tiny model, 200 optimizer steps of 8 micro-batches of at most 512 tokens "
-    "(samples truncated to 256), single-threaded on CPU."
-)
+
+def _defaults() -> dict[str, dict[str, Any]]:
+    from lengthwise.demo.config import DemoConfig
+    from lengthwise.demo.dflash import DFlashDemoConfig
+
+    return {"lm": {f.name: f.default for f in fields(DemoConfig)},
+            "dflash": {f.name: f.default for f in fields(DFlashDemoConfig)}}
 
 
 def _positive(text: str) -> int:
@@ -33,54 +42,79 @@ def _positive(text: str) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``demo`` sub-command."""
+    """Add the ``demo`` sub-command; defaults come from the tasks' config classes."""
+    d = _defaults()
+
+    def both(name: str, fmt: str = "{}") -> str:
+        lm, df = d["lm"][name], d["dflash"][name]
+        if lm == df:
+            return f"(default: {fmt.format(lm)})"
+        return f"(default: {fmt.format(lm)}; with --task dflash: {fmt.format(df)})"
+
+    def one(name: str, fmt: str = "{}") -> str:
+        return f"(default: {fmt.format(d['dflash'][name])})"
+
     p = subparsers.add_parser(
         "demo", help="train a small model once per batch order and compare (offline)",
-        description=__doc__.split("\n\n")[0].replace("``", "") + " " + DEFAULTS_NOTE,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--steps", type=_positive, default=200, help="optimizer steps per order")
+        description=__doc__.split("\n\n")[1].replace("``", ""),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", choices=["lm", "dflash"], default="lm",
+                   help="lm: a causal LM from scratch; dflash: a DFlash draft against a frozen "
+                        "target (default: lm)")
+    p.add_argument("--steps", type=_positive, help=f"optimizer steps per order {both('steps')}")
     p.add_argument("--orders", default="all",
                    help="comma-separated orders: sorted, random, bucket-random, interleave, "
-                        "stratified, packed (when the packed layout is installed), or 'all'")
+                        "stratified, packed, or 'all' (default: all)")
     p.add_argument("--model-size", default="tiny",
                    choices=["tiny", "small", "base", "medium", "large"],
-                   help="model width and depth (tiny trains quickly on CPU)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+                   help="model width and depth (lm task; tiny trains quickly on CPU) "
+                        "(default: tiny)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
     p.add_argument("--out", default="lengthwise-demo",
-                   help="folder for the logs, summary.json and loss_curves.png")
-    p.add_argument("--seed", type=int, default=0, help="seed of the model, data split, plans")
-    p.add_argument("--grad-accum", type=_positive, default=8,
-                   help="micro-batches per optimizer step (the same for every order)")
-    p.add_argument("--max-tokens", type=_positive, default=512,
-                   help="token budget per micro-batch (rows x padded length)")
-    p.add_argument("--max-len", type=_positive, default=256,
-                   help="samples are truncated to this many tokens")
-    p.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (AdamW)")
+                   help="folder for the logs, summary.json and loss_curves.png "
+                        "(default: lengthwise-demo)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the model, data split, plans (default: 0)")
+    p.add_argument("--grad-accum", type=_positive,
+                   help=f"micro-batches per optimizer step, the same for every order "
+                        f"{both('grad_accum')}")
+    p.add_argument("--max-tokens", type=_positive,
+                   help=f"token budget per micro-batch (rows x padded length) "
+                        f"{both('max_tokens')}")
+    p.add_argument("--max-len", type=_positive,
+                   help=f"samples are truncated to this many tokens {both('max_len')}")
+    p.add_argument("--lr", type=float, help=f"peak learning rate (AdamW) {both('lr')}")
     p.add_argument("--warmup", type=int, default=None,
-                   help="warm-up steps (default: 10%% of --steps)")
-    p.add_argument("--lr-schedule", choices=["constant", "cosine"], default="constant",
-                   help="learning rate after warm-up")
+                   help="warm-up steps (default: 10%% of --steps; with --task dflash: "
+                        "--warmup-ratio of them)")
+    p.add_argument("--warmup-ratio", type=float,
+                   help=f"dflash: warm-up as a share of --steps {one('warmup_ratio')}")
+    p.add_argument("--lr-schedule", choices=["constant", "cosine"],
+                   help=f"learning rate after warm-up {both('schedule')}")
     p.add_argument("--buckets", default="auto",
-                   help="bucket count or 'auto' (padding-optimal)")
-    p.add_argument("--eval-samples", type=_positive, default=256,
-                   help="held-out samples (the same for every order)")
+                   help="bucket count or 'auto' (padding-optimal) (default: auto)")
+    p.add_argument("--eval-samples", type=_positive,
+                   help=f"held-out samples, the same for every order {both('eval_samples')}")
     p.add_argument("--max-samples", type=_positive, default=None,
-                   help="train on a random subset of this many samples")
+                   help="train on a random subset of this many samples (default: all)")
     p.add_argument("--data", default=None,
                    help="your own text: a JSON-lines file with a 'text' field, or a Hugging "
-                        "Face dataset saved with save_to_disk")
+                        "Face dataset saved with save_to_disk (default: standard-library "
+                        "docstrings)")
     p.add_argument("--tokenizer", default=None,
                    help="a tokenizer.json to use instead of training one")
     p.add_argument("--vocab-size", type=_positive, default=2048,
-                   help="vocabulary of the locally trained tokenizer")
+                   help="vocabulary of the locally trained tokenizer (default: 2048)")
     p.add_argument("--cache-dir", default=None,
-                   help="where the corpus and tokenizer are cached "
+                   help="where the corpus, tokenizer and dflash target are cached "
                         "(default: $LENGTHWISE_CACHE or ~/.cache/lengthwise)")
     p.add_argument("--threads", type=int, default=1,
-                   help="torch threads per process on CPU (0: torch's default)")
-    p.add_argument("--dtype", default=None, help="fp32, bf16 or fp16 (default: bf16 on CUDA)")
+                   help="torch threads per process on CPU, 0 for torch's default (default: 1)")
+    p.add_argument("--dtype", default=None,
+                   help="fp32, bf16 or fp16 (default: bf16 on CUDA, fp32 on CPU)")
     p.add_argument("--checkpoint-every", type=int, default=0,
-                   help="save a checkpoint every N steps under OUT/<order>/checkpoints")
+                   help="save a checkpoint every N steps under OUT/<order>/checkpoints "
+                        "(default: 0, never)")
     p.add_argument("--resume", action="store_true",
                    help="continue each order from its newest checkpoint")
     p.add_argument("--sequential", action="store_true",
@@ -89,13 +123,49 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help='print {"strategies": {name: figures}} as JSON instead of the table')
     p.add_argument("--no-plot", action="store_true", help="do not write loss_curves.png")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g = p.add_argument_group("dflash task")
+    g.add_argument("--target", default=None,
+                   help="a local Hugging Face causal-LM checkpoint to draft for (e.g. a Qwen3 "
+                        "model; bf16 on CUDA) (default: a small target trained locally on the "
+                        "corpus and cached)")
+    g.add_argument("--block-size", type=_positive, help=f"draft block size {one('block_size')}")
+    g.add_argument("--draft-layers", type=_positive,
+                   help=f"draft decoder layers {one('draft_layers')}")
+    g.add_argument("--num-anchors", type=_positive,
+                   help=f"blocks per sample per step {one('num_anchors')}")
+    g.add_argument("--eval-prompts", type=_positive,
+                   help=f"prompts decoded speculatively per order {one('eval_prompts')}")
+    g.add_argument("--max-new-tokens", type=_positive,
+                   help=f"tokens generated per prompt {one('max_new_tokens')}")
     p.set_defaults(func=run)
+
+
+_COMMON = {"steps": "steps", "grad_accum": "grad_accum", "max_tokens": "max_tokens",
+           "max_len": "max_len", "lr": "lr", "lr_schedule": "schedule",
+           "eval_samples": "eval_samples"}
+_DFLASH = {"warmup_ratio": "warmup_ratio", "block_size": "block_size",
+           "draft_layers": "draft_layers", "num_anchors": "num_anchors",
+           "eval_prompts": "eval_prompts", "max_new_tokens": "max_new_tokens"}
+
+
+def _config_kwargs(args: argparse.Namespace, table: dict[str, str]) -> dict[str, Any]:
+    return {field: getattr(args, arg) for arg, field in table.items()
+            if getattr(args, arg) is not None}
+
+
+def _check_out(path: str) -> None:
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {path}: exists and is not a folder")
+    for parent in out.parents:
+        if parent.exists() and not parent.is_dir():
+            raise ValueError(f"--out {path}: {parent} is not a folder")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo and print the comparison; returns the exit code."""
-    from lengthwise.demo.main import parse_orders, render, run_demo
-    from lengthwise.demo.run import DemoConfig, Dist
+    from lengthwise.demo.device import is_main
+    from lengthwise.demo.main import parse_orders
 
     buckets: int | str = args.buckets
     if isinstance(buckets, str) and buckets != "auto":
@@ -103,25 +173,41 @@ def run(args: argparse.Namespace) -> int:
             buckets = int(buckets)
         except ValueError:
             raise ValueError(f"--buckets must be a count or 'auto', got {args.buckets!r}") from None
+    _check_out(args.out)
     orders = parse_orders(args.orders)
-    cfg = DemoConfig(
-        steps=args.steps, grad_accum=args.grad_accum, max_tokens=args.max_tokens,
-        max_len=args.max_len, model_size=args.model_size, lr=args.lr, warmup=args.warmup,
-        schedule=args.lr_schedule, seed=args.seed, buckets=buckets,
-        eval_samples=args.eval_samples, max_samples=args.max_samples, device=args.device,
-        dtype=args.dtype, checkpoint_every=args.checkpoint_every, resume=args.resume,
-        progress=not args.no_progress, threads=args.threads or None)
-    summary = run_demo(cfg, orders=orders, out=args.out, data=args.data,
-                       tokenizer=args.tokenizer, cache_dir=args.cache_dir,
-                       vocab_size=args.vocab_size, lockstep=not args.sequential,
-                       plot=not args.no_plot)
-    if not Dist.from_env().is_main:
+    common = dict(warmup=args.warmup, seed=args.seed, buckets=buckets, device=args.device,
+                  dtype=args.dtype, checkpoint_every=args.checkpoint_every,
+                  resume=args.resume, progress=not args.no_progress,
+                  threads=args.threads or None, max_samples=args.max_samples,
+                  **_config_kwargs(args, _COMMON))
+    if args.task == "dflash":
+        from lengthwise.demo.dflash import DFlashDemoConfig, render_dflash, run_dflash_demo
+
+        cfg = DFlashDemoConfig(**common, **_config_kwargs(args, _DFLASH))
+        summary = run_dflash_demo(cfg, orders=orders, out=args.out, target=args.target,
+                                  data=args.data, tokenizer=args.tokenizer,
+                                  cache_dir=args.cache_dir, vocab_size=args.vocab_size,
+                                  lockstep=not args.sequential, plot=not args.no_plot)
+        text = render_dflash
+    else:
+        from lengthwise.demo.config import DemoConfig
+        from lengthwise.demo.main import render, run_demo
+
+        if args.target is not None:
+            raise ValueError("--target needs --task dflash")
+        cfg = DemoConfig(model_size=args.model_size, **common)
+        summary = run_demo(cfg, orders=orders, out=args.out, data=args.data,
+                           tokenizer=args.tokenizer, cache_dir=args.cache_dir,
+                           vocab_size=args.vocab_size, lockstep=not args.sequential,
+                           plot=not args.no_plot)
+        text = render
+    if not is_main():
         return 0
     if args.json:
         import json
 
         print(json.dumps(summary, indent=2))
     else:
-        print(render(summary))
+        print(text(summary))
     sys.stdout.flush()
     return 0

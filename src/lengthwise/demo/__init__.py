@@ -3,7 +3,16 @@
 - :mod:`~lengthwise.demo.corpus`: standard-library docstrings (or ``--data``) as samples.
 - :mod:`~lengthwise.demo.tokenizer`: a BPE tokenizer trained locally and cached.
 - :mod:`~lengthwise.demo.model`: small randomly initialised Llama-style models.
-- :mod:`~lengthwise.demo.run`: one training run per order, logged with ``StepLogger``.
+- :mod:`~lengthwise.demo.config`: the settings (the command line reads its defaults here).
+- :mod:`~lengthwise.demo.schedule`: warm-up, then constant or cosine learning rate.
+- :mod:`~lengthwise.demo.device`: ``torchrun`` rank, device and autocast dtype.
+- :mod:`~lengthwise.demo.loop`: the training loop every task shares (sampler, collator,
+  ``StepLogger``, checkpoints, ``SpikeGuard``, DDP).
+- :mod:`~lengthwise.demo.lm`: the causal-LM task and its held-out evaluation.
+- :mod:`~lengthwise.demo.runner`: one run per order, in lock-step.
+- :mod:`~lengthwise.demo.results`: a run's figures, read back from its log.
+- :mod:`~lengthwise.demo.dflash`, :mod:`~lengthwise.demo.dflash_data`: ``--task dflash``, a
+  DFlash draft per order against a frozen target, on responses the target regenerated.
 - :mod:`~lengthwise.demo.report`: roughness and verdicts from the doctor, table, plot.
 - :mod:`~lengthwise.demo.main`: :func:`run_demo`, all of it together.
 
@@ -21,10 +30,10 @@ from __future__ import annotations
 from lengthwise._lazy import lazy_exports
 
 _EXPORTS = {
-    "DemoConfig": "lengthwise.demo.run",
+    "DemoConfig": "lengthwise.demo.config",
     "DemoData": "lengthwise.demo.data",
-    "train_order": "lengthwise.demo.run",
-    "train_orders": "lengthwise.demo.run",
+    "train_order": "lengthwise.demo.runner",
+    "train_orders": "lengthwise.demo.runner",
     "run_demo": "lengthwise.demo.main",
     "load_corpus": "lengthwise.demo.corpus",
     "build_model": "lengthwise.demo.model",

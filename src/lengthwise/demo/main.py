@@ -22,8 +22,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lengthwise.demo.config import DemoConfig, available_orders
 from lengthwise.demo.data import DemoData
+from lengthwise.demo.device import barrier, rank_world, setup_distributed
 from lengthwise.demo.report import (
+    JSON_KEYS,
     add_ratios,
     common_region,
     diagnose_runs,
@@ -32,14 +35,8 @@ from lengthwise.demo.report import (
     plot_curves,
     summary_json,
 )
-from lengthwise.demo.run import (
-    DemoConfig,
-    Dist,
-    available_orders,
-    barrier,
-    setup_distributed,
-    train_orders,
-)
+from lengthwise.demo.runner import train_orders
+from lengthwise.pytorch.dist import GroupInfo
 
 __all__ = ["check_targets", "parse_orders", "prepare_data", "run_demo"]
 
@@ -65,29 +62,29 @@ def parse_orders(text: str | list[str] | tuple[str, ...] | None) -> list[str]:
     return list(dict.fromkeys(items))
 
 
-def _say(dist: Dist, text: str) -> None:
-    if dist.is_main:
+def _say(info: GroupInfo | None, text: str) -> None:
+    if rank_world(info)[0] == 0:
         print(text, file=sys.stderr, flush=True)
 
 
 def prepare_data(cfg: DemoConfig, *, data: str | Path | None = None,
                  tokenizer: str | Path | None = None, cache_dir: str | Path | None = None,
                  vocab_size: int = 2048, texts: list[str] | None = None,
-                 dist: Dist | None = None) -> tuple[DemoData, dict[str, Any]]:
+                 group: GroupInfo | None = None) -> tuple[DemoData, dict[str, Any]]:
     """Corpus, tokenizer and tokenised split; rank 0 builds the caches, the others wait."""
     from lengthwise.demo.corpus import corpus_fingerprint, load_corpus
     from lengthwise.demo.tokenizer import default_cache_dir, get_tokenizer
 
-    dist = dist or Dist()
+    main = rank_world(group)[0] == 0
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     info: dict[str, Any] = {}
     for turn in (0, 1):  # rank 0 first (it fills the caches), then every other rank
-        if (turn == 0) == dist.is_main:
+        if (turn == 0) == main:
             if texts is None:
                 texts = load_corpus(data, cache_dir=cache)
             tok = get_tokenizer(texts, path=tokenizer, cache_dir=cache, vocab_size=vocab_size,
                                 fingerprint=corpus_fingerprint(texts))
-        barrier(dist)
+        barrier(group)
     assert texts is not None
     info["corpus"] = str(data) if data is not None else "python standard library docstrings"
     info["texts"] = len(texts)
@@ -148,23 +145,24 @@ def run_demo(cfg: DemoConfig, *, orders: list[str] | str | None = None,
         if not torch.cuda.is_available():
             raise ValueError(f"--device {cfg.device}: torch sees no CUDA device here")
     out = Path(out)
-    dist = setup_distributed(cfg)
+    group = setup_distributed(cfg.device)
+    rank, world = rank_world(group)
     demo_data, info = prepare_data(cfg, data=data, tokenizer=tokenizer, cache_dir=cache_dir,
-                                   vocab_size=vocab_size, texts=texts, dist=dist)
+                                   vocab_size=vocab_size, texts=texts, group=group)
     from lengthwise.demo.model import build_model, count_parameters
 
     params = count_parameters(build_model(cfg.model_size, vocab_size=demo_data.vocab_size,
                                           max_len=cfg.max_len, device="meta"))
-    info.update(model_size=cfg.model_size, parameters=params, world_size=dist.world_size)
-    _say(dist, f"lengthwise demo: {info['train_samples']} training samples "
+    info.update(model_size=cfg.model_size, parameters=params, world_size=world)
+    _say(group, f"lengthwise demo: {info['train_samples']} training samples "
                f"({info['train_tokens']} tokens, median {info['length_p50']}, "
                f"p99 {info['length_p99']}, max {info['length_max']}), "
                f"{info['eval_samples']} held out; {cfg.model_size} model with {params:,} "
                f"parameters; {cfg.steps} steps x {cfg.grad_accum} micro-batches of "
-               f"<= {cfg.max_tokens} tokens x {dist.world_size} rank(s); orders: "
+               f"<= {cfg.max_tokens} tokens x {world} rank(s); orders: "
                f"{', '.join(order_list)}")
-    results = train_orders(order_list, demo_data, cfg, out=out, dist=dist, lockstep=lockstep)
-    if not dist.is_main:
+    results = train_orders(order_list, demo_data, cfg, out=out, info=group, lockstep=lockstep)
+    if rank != 0:
         return {}
     logs = {name: r.log_path for name, r in results.items()}
     region = common_region(logs)
@@ -175,6 +173,7 @@ def run_demo(cfg: DemoConfig, *, orders: list[str] | str | None = None,
             "tokens_per_second": r.tokens_per_second,
             "padding_efficiency": r.padding_efficiency,
             "loss_roughness": doctor[name]["loss_roughness"],
+            "excess": doctor[name]["excess"],
             "eval_loss": r.eval_loss,
             "verdict": doctor[name]["verdict"],
             "corrected_roughness": doctor[name]["corrected_roughness"],
@@ -190,9 +189,7 @@ def run_demo(cfg: DemoConfig, *, orders: list[str] | str | None = None,
             "log": r.log_path,
         }
     add_ratios(rows)
-    order_keys = ("tokens_per_second", "throughput_vs_sorted", "padding_efficiency",
-                  "loss_roughness", "roughness_ratio", "eval_loss")
-    rows = {n: {**{k: row[k] for k in order_keys}, **row} for n, row in rows.items()}
+    rows = {n: {**{k: row[k] for k in JSON_KEYS}, **row} for n, row in rows.items()}
     meta = {
         "stable_region": list(region),
         "checks": check_targets(rows),
@@ -209,7 +206,7 @@ def run_demo(cfg: DemoConfig, *, orders: list[str] | str | None = None,
                                                       for n in rows},
                                            title=_title(cfg, info)))
         except ImportError as exc:  # matplotlib missing: the figures still come out
-            _say(dist, f"lengthwise demo: no plot ({exc})")
+            _say(group, f"lengthwise demo: no plot ({exc})")
     meta["wall_seconds"] = time.perf_counter() - started
     text = summary_json(rows, **meta)
     (out / "summary.json").write_text(text + "\n", encoding="utf-8")
@@ -230,17 +227,36 @@ def _title(cfg: DemoConfig, info: dict[str, Any]) -> str:
             f"{cfg.grad_accum} micro-batches of <= {cfg.max_tokens} tokens, seed {cfg.seed}")
 
 
+#: what a check that did not hold means, printed under the table
+CHECK_NOTES = {
+    "bucket_random_rougher_than_random": (
+        "bucket_random_rougher_than_random asks whether steps drawn whole from one length "
+        "bucket make the loss jump with the bucket (banding: bucket-random at least 1.2x as "
+        "rough as random). It does not hold when the loss differs little between buckets, "
+        "or when every order's roughness is mostly sampling noise; compare the orders' "
+        "excess (roughness above each order's own sampling floor) where shown."),
+    "stratified_as_smooth_as_random": (
+        "stratified_as_smooth_as_random asks whether stratified's roughness is within 1.2x "
+        "of random's; short runs measure roughness over few steps, so rerun with more "
+        "--steps before reading much into it."),
+}
+
+
 def render(summary: dict[str, Any]) -> str:
     """The table and the checks, as the command prints them."""
     rows = summary["strategies"]
     lines = [format_table(rows), ""]
     lo, hi = summary.get("stable_region", [None, None])
     lines.append(f"loss_roughness over steps {lo}-{hi}; roughness_ratio is against random, "
-                 "throughput_vs_sorted against sorted.")
+                 "throughput_vs_sorted against sorted; excess is roughness above the order's "
+                 "own sampling floor.")
     checks = summary.get("checks", {})
     if checks:
         lines.append("checks: " + ", ".join(
             f"{k} {'yes' if v else 'no' if v is not None else '-'}" for k, v in checks.items()))
+        for key, value in checks.items():
+            if value is False and key in CHECK_NOTES:
+                lines.append(f"note: {CHECK_NOTES[key]}")
     if summary.get("plot"):
         lines.append(f"loss curves: {summary['plot']}")
     lines.append(f"wall time {summary.get('wall_seconds', 0.0):.0f} s")

@@ -25,13 +25,14 @@ import math
 from pathlib import Path
 from typing import Any
 
-__all__ = ["JSON_KEYS", "add_ratios", "common_region", "diagnose_runs", "format_table",
-           "plot_curves", "summary_json"]
+__all__ = ["JSON_KEYS", "TABLE_COLUMNS", "add_ratios", "common_region", "diagnose_runs",
+           "format_columns", "format_markdown", "format_table", "format_verdicts", "plot_curves",
+           "summary_json", "verdict_of"]
 
 #: keys every strategy has in ``--json`` output
 JSON_KEYS: tuple[str, ...] = (
     "tokens_per_second", "throughput_vs_sorted", "padding_efficiency", "loss_roughness",
-    "roughness_ratio", "eval_loss", "verdict",
+    "roughness_ratio", "excess", "eval_loss", "verdict",
 )
 #: the stable region keeps at least this many steps (when the run has them)
 MIN_REGION = 50
@@ -78,19 +79,33 @@ def common_region(logs: dict[str, str | Path]) -> tuple[int, int]:
     return start, end
 
 
+def verdict_of(report: Any) -> str:
+    """The doctor's one-line verdict of a report (the one place the demo takes it from)."""
+    from lengthwise.doctor import one_line_verdict
+
+    return one_line_verdict(report)
+
+
 def diagnose_runs(logs: dict[str, str | Path], *, region: tuple[int, int] | None = None,
                   ) -> dict[str, dict[str, Any]]:
-    """The doctor's ``loss_roughness``, verdict and stable region of every run's log."""
-    from lengthwise.doctor import diagnose, one_line_verdict
+    """The doctor's ``loss_roughness``, ``excess``, verdict and stable region of every log.
+
+    ``excess`` is the roughness above the run's own sampling floor, when the doctor
+    measures it (``None`` otherwise).
+    """
+    from lengthwise.doctor import diagnose
 
     start, end = region or common_region(logs)
     out = {}
     for name, path in logs.items():
         report = diagnose(str(path), start=start, end=end)
+        noise = getattr(report, "noise", None)
         out[name] = {
             "loss_roughness": float(report.stats.loss_roughness),
             "corrected_roughness": report.stats.corrected_roughness,
-            "verdict": one_line_verdict(report),
+            "excess": getattr(noise, "excess", None),
+            "sampling_floor": getattr(noise, "sampling_floor", None),
+            "verdict": verdict_of(report),
             "stable_region": [start, end],
             "bands": getattr(report.bands, "count", None),
         }
@@ -103,48 +118,74 @@ def _fmt(value: Any, spec: str) -> str:
     return format(value, spec)
 
 
-def format_table(rows: dict[str, dict[str, Any]], *, verdict_width: int = 78) -> str:
-    """A plain-text table, one line per strategy, then one verdict line per strategy."""
-    head = (f"{'strategy':<14} {'tokens/s':>9} {'vs sorted':>9} {'pad eff':>7} "
-            f"{'tok/step':>8} {'step cv':>7} {'roughness':>9} {'vs random':>9} "
-            f"{'eval loss':>9}")
+#: columns of the causal-LM table, named as in ``--json``; (key, format)
+TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("tokens_per_second", ".0f"), ("throughput_vs_sorted", ".2f"),
+    ("padding_efficiency", ".3f"), ("step_cv_ratio", ".2f"), ("loss_roughness", ".4f"),
+    ("excess", ".4f"), ("roughness_ratio", ".2f"), ("eval_loss", ".4f"),
+)
+_FORMATS = dict(TABLE_COLUMNS) | {
+    "accuracy_first": ".3f", "accuracy_final": ".3f", "simulated_acceptance_length": ".2f",
+    "acceptance_length": ".2f", "lossless": "", "real_tokens_per_step": ".0f",
+    "skipped_steps": "d"}
+
+
+def format_columns(rows: dict[str, dict[str, Any]], keys: tuple[str, ...]) -> str:
+    """A plain-text table: one line per order, one column per key (headed by the key).
+
+    Example::
+
+        >>> print(format_columns({"random": {"eval_loss": 4.5}}, ("eval_loss",)))
+        order          eval_loss
+        ------------------------
+        random            4.5000
+    """
+    widths = [max(len(k), 8) for k in keys]
+    head = f"{'order':<14} " + " ".join(f"{k:>{w}}" for k, w in zip(keys, widths, strict=True))
     lines = [head, "-" * len(head)]
     for name, r in rows.items():
-        lines.append(
-            f"{name:<14} {_fmt(r.get('tokens_per_second'), '9.0f')} "
-            f"{_fmt(r.get('throughput_vs_sorted'), '9.2f')} "
-            f"{_fmt(r.get('padding_efficiency'), '7.3f')} "
-            f"{_fmt(r.get('real_tokens_per_step'), '8.0f')} "
-            f"{_fmt(r.get('step_cv_ratio'), '7.2f')} "
-            f"{_fmt(r.get('loss_roughness'), '9.4f')} "
-            f"{_fmt(r.get('roughness_ratio'), '9.2f')} "
-            f"{_fmt(r.get('eval_loss'), '9.4f')}")
-    lines.append("")
-    lines.append("doctor:")
-    for name, r in rows.items():
-        verdict = str(r.get("verdict") or "-")
-        if len(verdict) > verdict_width:
-            verdict = verdict[: verdict_width - 3] + "..."
-        lines.append(f"  {name:<14} {verdict}")
+        cells = []
+        for k, w in zip(keys, widths, strict=True):
+            value = r.get(k)
+            text = ("yes" if value else "no") if isinstance(value, bool) else \
+                _fmt(value, _FORMATS.get(k, ".4g"))
+            cells.append(f"{text:>{w}}")
+        lines.append(f"{name:<14} " + " ".join(cells))
     return "\n".join(lines)
 
 
-def format_markdown(rows: dict[str, dict[str, Any]]) -> str:
-    """The same figures as a Markdown table (verdicts in full)."""
-    out = ["| strategy | tokens_per_second | throughput_vs_sorted | padding_efficiency | "
-           "real tokens per step | step_cv_ratio | loss_roughness | roughness_ratio | "
-           "eval_loss | doctor |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+def format_verdicts(rows: dict[str, dict[str, Any]], *, width: int = 100) -> str:
+    """The doctor's verdict of every order, wrapped at word boundaries (never cut)."""
+    import textwrap
+
+    lines = ["doctor:"]
     for name, r in rows.items():
-        out.append(
-            f"| {name} | {_fmt(r.get('tokens_per_second'), '.0f')} | "
-            f"{_fmt(r.get('throughput_vs_sorted'), '.2f')} | "
-            f"{_fmt(r.get('padding_efficiency'), '.3f')} | "
-            f"{_fmt(r.get('real_tokens_per_step'), '.0f')} | "
-            f"{_fmt(r.get('step_cv_ratio'), '.2f')} | "
-            f"{_fmt(r.get('loss_roughness'), '.4f')} | "
-            f"{_fmt(r.get('roughness_ratio'), '.2f')} | {_fmt(r.get('eval_loss'), '.4f')} | "
-            f"{r.get('verdict') or '-'} |")
+        verdict = str(r.get("verdict") or "-")
+        lines.extend(textwrap.wrap(verdict, width=width, initial_indent=f"  {name:<14} ",
+                                   subsequent_indent=" " * 17, break_long_words=False,
+                                   break_on_hyphens=False))
+    return "\n".join(lines)
+
+
+def format_table(rows: dict[str, dict[str, Any]]) -> str:
+    """The causal-LM demo's table (columns named as in ``--json``), then the verdicts."""
+    return format_columns(rows, tuple(k for k, _ in TABLE_COLUMNS)) + "\n\n" + \
+        format_verdicts(rows)
+
+
+def format_markdown(rows: dict[str, dict[str, Any]],
+                    keys: tuple[str, ...] | None = None) -> str:
+    """The same figures as a Markdown table (verdicts in full)."""
+    keys = keys or tuple(k for k, _ in TABLE_COLUMNS)
+    out = ["| order | " + " | ".join(keys) + " | verdict |",
+           "|---|" + "---:|" * len(keys) + "---|"]
+    for name, r in rows.items():
+        cells = []
+        for k in keys:
+            value = r.get(k)
+            cells.append(("yes" if value else "no") if isinstance(value, bool)
+                         else _fmt(value, _FORMATS.get(k, ".4g")))
+        out.append(f"| {name} | " + " | ".join(cells) + f" | {r.get('verdict') or '-'} |")
     return "\n".join(out)
 
 

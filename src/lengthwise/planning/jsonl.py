@@ -1,4 +1,4 @@
-"""Reading one field of every record of a JSON-lines file (plain or ``.gz``).
+"""Reading the records, or one field of every record, of a JSON-lines file (plain or ``.gz``).
 
 Example::
 
@@ -18,12 +18,11 @@ from collections.abc import Iterator
 from typing import Any
 
 
-def jsonl_field(path: str | os.PathLike[str], field: str, *,
-                error: type[ValueError] = ValueError) -> Iterator[tuple[int, Any]]:
-    """Yield ``(line number, record[field])`` for every non-blank line.
+def jsonl_records(path: str | os.PathLike[str], *,
+                  error: type[ValueError] = ValueError) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield ``(line number, record)`` for every non-blank line; each record must be an object.
 
-    A line that is not JSON, not an object, or lacks ``field`` raises ``error``
-    naming the file and the line.
+    A line that is not JSON or not an object raises ``error`` naming the file and the line.
     """
     opener = gzip.open if os.fspath(path).endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8") as handle:
@@ -34,6 +33,19 @@ def jsonl_field(path: str | os.PathLike[str], field: str, *,
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise error(f"{path}, line {lineno}: not valid JSON ({exc.msg})") from None
-            if not isinstance(record, dict) or field not in record:
-                raise error(f"{path}, line {lineno}: no field {field!r}")
-            yield lineno, record[field]
+            if not isinstance(record, dict):
+                raise error(f"{path}, line {lineno}: not a JSON object")
+            yield lineno, record
+
+
+def jsonl_field(path: str | os.PathLike[str], field: str, *,
+                error: type[ValueError] = ValueError) -> Iterator[tuple[int, Any]]:
+    """Yield ``(line number, record[field])`` for every non-blank line.
+
+    A line that is not JSON, not an object, or lacks ``field`` raises ``error``
+    naming the file and the line.
+    """
+    for lineno, record in jsonl_records(path, error=error):
+        if field not in record:
+            raise error(f"{path}, line {lineno}: no field {field!r}")
+        yield lineno, record[field]

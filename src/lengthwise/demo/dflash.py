@@ -1,0 +1,285 @@
+"""``lengthwise demo --task dflash``: a DFlash draft trained once per batch order, then decoded.
+
+Steps: the corpus and tokenizer of the causal-LM demo; a target (a small
+Llama-style model trained here and cached, or ``--target PATH``); prompts from
+the corpus and responses the target regenerates (cached); then, per order, a
+draft trained from the same seed on the same data with lengthwise's loop
+(:mod:`lengthwise.dflash.train`), its teacher-forced accuracy per block slot on
+held-out samples (``simulated_acceptance_length``), and real speculative
+decoding of held-out prompts (``acceptance_length``: tokens per verifying
+target forward; ``lossless``: the output equals the target's greedy output).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lengthwise.demo.device import (
+    autocast_dtype,
+    configure_torch,
+    pick_device,
+    rank_world,
+    setup_distributed,
+)
+from lengthwise.dflash.train import DFlashTrainConfig
+from lengthwise.pytorch.dist import GroupInfo
+
+__all__ = ["DFLASH_KEYS", "DFlashDemoConfig", "DFlashOrderRun", "render_dflash",
+           "run_dflash_demo"]
+
+#: per-order keys of ``--json`` (and the table's columns), in this order
+DFLASH_KEYS: tuple[str, ...] = (
+    "tokens_per_second", "throughput_vs_sorted", "padding_efficiency", "loss_roughness",
+    "excess", "accuracy_first", "accuracy_final", "simulated_acceptance_length",
+    "acceptance_length", "lossless", "verdict",
+)
+
+
+@dataclass
+class DFlashDemoConfig(DFlashTrainConfig):
+    """DFlash training sized for two CPU cores, plus the target and evaluation settings."""
+
+    steps: int = 100
+    grad_accum: int = 4
+    max_tokens: int = 512
+    max_len: int = 192
+    lr: float = 3e-3
+    warmup_ratio: float = 0.1
+    block_size: int = 8
+    num_anchors: int = 12
+    num_features: int | None = 2
+    eval_samples: int = 48
+    max_samples: int | None = None
+    target_size: str = "small"
+    target_steps: int = 150
+    texts: int = 2000  # corpus texts turned into prompts (before the held-out split)
+    prompt_len: int = 48
+    response_len: int = 128
+    temperature: float = 0.0  # 0: the target's greedy continuation
+    eval_prompts: int = 12
+    max_new_tokens: int = 48
+    eval_anchors: int | None = None  # anchors per held-out sample (default: num_anchors)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.prompt_len + self.response_len > self.max_len:
+            raise ValueError(f"prompt_len + response_len ({self.prompt_len} + "
+                             f"{self.response_len}) must not exceed max_len ({self.max_len})")
+        for name in ("eval_samples", "eval_prompts", "max_new_tokens", "texts"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.eval_prompts > self.eval_samples:
+            raise ValueError(f"eval_prompts ({self.eval_prompts}) must not exceed "
+                             f"eval_samples ({self.eval_samples})")
+
+
+def _say(info: GroupInfo | None, text: str) -> None:
+    if rank_world(info)[0] == 0:
+        print(text, file=sys.stderr, flush=True)
+
+
+class DFlashOrderRun:
+    """One order's draft: built from the seed, trained by the shared loop, then evaluated."""
+
+    def __init__(self, order: str, data: Any, target: Any, cfg: DFlashDemoConfig, *,
+                 out: str | Path, info: GroupInfo | None, meta: dict[str, Any]) -> None:
+        import torch
+
+        from lengthwise.demo.loop import TrainLoop
+        from lengthwise.dflash.model import DFlashConfig, DFlashDraft
+        from lengthwise.dflash.train import DFlashTask
+
+        self.order, self.data, self.target, self.cfg, self.info = order, data, target, cfg, info
+        self.meta = meta
+        device = target.device
+        dcfg = DFlashConfig.from_target(target.model.config, num_layers=cfg.draft_layers,
+                                        block_size=cfg.block_size, gamma=cfg.gamma,
+                                        target_layers=target.layers)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.seed)
+            draft = DFlashDraft(dcfg)
+        draft.to(device).train()
+        self.task = DFlashTask(draft, target, cfg, order=order,
+                               amp=autocast_dtype(cfg.dtype, device))
+        self.loop = TrainLoop(self.task, order, data.lengths, data.sample, cfg,
+                              run_dir=Path(out) / order, device=device, info=info)
+
+    def finish(self) -> dict[str, Any]:
+        """Evaluate (rank 0), close the log, return the order's figures."""
+        from lengthwise.demo.results import read_log, summarise
+        from lengthwise.dflash.decode import acceptance, evaluate_blocks
+
+        loop, cfg = self.loop, self.cfg
+        main = rank_world(self.info)[0] == 0
+        figures: dict[str, Any] = {}
+        try:
+            if main:
+                started = time.perf_counter()
+                ev = evaluate_blocks(self.task.model, self.target, _held_batches(self.data, cfg),
+                                     num_anchors=cfg.eval_anchors or cfg.num_anchors,
+                                     seed=cfg.seed,
+                                     amp=self.task.amp)
+                dec = acceptance(self.task.model, self.target,
+                                 self.data.held_prompts(cfg.eval_prompts),
+                                 max_new_tokens=cfg.max_new_tokens, eos=self.meta["eos"])
+                figures = {"eval_loss": ev.loss, "eval_accuracy": ev.accuracy,
+                           "slot_accuracy": ev.slot_accuracy,
+                           "simulated_acceptance_length": ev.simulated_acceptance_length,
+                           **dec, "eval_seconds": time.perf_counter() - started}
+                loop.logger.event("eval", step=loop.step_count,
+                                  **{k: v for k, v in figures.items() if k != "slot_accuracy"})
+        finally:
+            loop.close()
+        if not main:
+            return {}
+        records = read_log(loop.log_path)
+        res = summarise(self.order, records, loop.log_path, figures["eval_loss"],
+                        train_samples=len(self.data.lengths),
+                        timing_warmup=cfg.timing_warmup, resumed_from=loop.resumed_from)
+        acc = [r.get("accuracy") for r in records]
+        tenth = max(1, len(acc) // 10)
+        return {**res.to_dict(curves=True), **figures,
+                "accuracy_first": _mean(acc[:tenth]), "accuracy_final": _mean(acc[-tenth:]),
+                "accuracy": acc, "skipped_steps": sum(bool(r.get("skipped")) for r in records)}
+
+    def close(self) -> None:
+        self.loop.close()
+
+
+def _mean(values: list[Any]) -> float | None:
+    vals = [float(v) for v in values if v is not None]
+    return float(np.mean(vals)) if vals else None
+
+
+def _held_batches(data: Any, cfg: DFlashDemoConfig) -> list[tuple[dict[str, Any], Any]]:
+    from lengthwise.pytorch.collate import PadCollator
+
+    collate = PadCollator(pad_token_id=0, pad_multiple=1)
+    samples = data.held_samples()
+    order = sorted(range(len(samples)), key=lambda i: samples[i]["input_ids"].size)
+    out = []
+    for lo in range(0, len(order), 8):
+        idx = order[lo:lo + 8]
+        out.append((collate([samples[i] for i in idx]), [[10**9 + i] for i in idx]))
+    return out
+
+
+def run_dflash_demo(cfg: DFlashDemoConfig, *, orders: list[str], out: str | Path,
+                    target: str | Path | None = None, data: str | Path | None = None,
+                    tokenizer: str | Path | None = None, cache_dir: str | Path | None = None,
+                    vocab_size: int = 2048, lockstep: bool = True,
+                    plot: bool = True) -> dict[str, Any]:
+    """Train and evaluate a draft per order; write ``out/summary.json``; the summary (rank 0)."""
+    from lengthwise.demo.dflash_data import prepare
+    from lengthwise.demo.runner import run_lockstep
+    from lengthwise.dflash.objective import target_layer_ids
+    from lengthwise.dflash.target import Target
+
+    started = time.perf_counter()
+    out = Path(out)
+    group = setup_distributed(cfg.device)
+    rank, world = rank_world(group)
+    device = pick_device(cfg.device, group)
+    configure_torch(device, threads=cfg.threads, deterministic=cfg.deterministic)
+    model, ds, meta = prepare(cfg, target=target, data=data, tokenizer=tokenizer,
+                              cache_dir=cache_dir, vocab_size=vocab_size, info=group,
+                              device=device)
+    n_layers = model.config.num_hidden_layers
+    tgt = Target(model.to(device),
+                 layers=target_layer_ids(n_layers, cfg.num_features or cfg.draft_layers))
+    meta.update(target_layers=tgt.layers, world_size=world)
+    _say(group, f"lengthwise demo --task dflash: target {meta['target']} "
+                f"({sum(p.numel() for p in model.parameters()):,} parameters, layers "
+                f"{tgt.layers} feed the draft); {meta['train_samples']} training samples "
+                f"({meta['train_tokens']} tokens, median {meta['length_p50']}, max "
+                f"{meta['length_max']}) with responses the target wrote; {cfg.steps} steps x "
+                f"{cfg.grad_accum} micro-batches of <= {cfg.max_tokens} tokens x {world} "
+                f"rank(s); orders: {', '.join(orders)}")
+    results = run_lockstep(
+        orders, lambda o: DFlashOrderRun(o, ds, tgt, cfg, out=out, info=group, meta=meta),
+        steps=cfg.steps, progress=cfg.progress and rank == 0, lockstep=lockstep)
+    if rank != 0:
+        return {}
+    summary = _summarise(results, cfg, meta, out, plot)
+    summary["wall_seconds"] = time.perf_counter() - started
+    from lengthwise.demo.report import summary_json
+
+    text = summary_json(summary.pop("strategies"), **summary)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(text + "\n", encoding="utf-8")
+    return json.loads(text)
+
+
+def _summarise(results: dict[str, dict[str, Any]], cfg: DFlashDemoConfig,
+               meta: dict[str, Any], out: Path, plot: bool) -> dict[str, Any]:
+    from lengthwise.demo.report import add_ratios, common_region, diagnose_runs, plot_curves
+
+    logs = {name: r["log_path"] for name, r in results.items()}
+    region = common_region(logs)
+    doctor = diagnose_runs(logs, region=region)
+    rows: dict[str, dict[str, Any]] = {}
+    for name, r in results.items():
+        d = doctor[name]
+        rows[name] = {
+            "tokens_per_second": r["tokens_per_second"],
+            "padding_efficiency": r["padding_efficiency"],
+            "loss_roughness": d["loss_roughness"], "excess": d.get("excess"),
+            "accuracy_first": r["accuracy_first"], "accuracy_final": r["accuracy_final"],
+            "simulated_acceptance_length": r["simulated_acceptance_length"],
+            "acceptance_length": r["acceptance_length"], "lossless": r["lossless"],
+            "verdict": d["verdict"], "eval_loss": r["eval_loss"],
+            "eval_accuracy": r["eval_accuracy"], "slot_accuracy": r["slot_accuracy"],
+            "final_loss": r["final_loss"], "steps": r["steps"], "epochs": r["epochs"],
+            "real_tokens": r["real_tokens"], "padded_tokens": r["padded_tokens"],
+            "train_seconds": r["train_seconds"], "eval_seconds": r["eval_seconds"],
+            "skipped_steps": r["skipped_steps"], "verify_forwards": r["verify_forwards"],
+            "log": r["log_path"],
+        }
+    add_ratios(rows)
+    rows = {n: {**{k: row.get(k) for k in DFLASH_KEYS}, **row} for n, row in rows.items()}
+    summary: dict[str, Any] = {"strategies": rows, "task": "dflash",
+                               "stable_region": list(region),
+                               "config": {**asdict(cfg), "warmup": cfg.warmup_steps},
+                               "data": meta}
+    if plot:
+        try:
+            summary["plot"] = str(plot_curves(
+                {n: r["loss"] for n, r in results.items()}, out / "loss_curves.png",
+                region=region, roughness={n: rows[n]["loss_roughness"] for n in rows},
+                title=f"DFlash draft (block {cfg.block_size}), {cfg.steps} steps x "
+                      f"{cfg.grad_accum} micro-batches of <= {cfg.max_tokens} tokens"))
+        except ImportError as exc:
+            print(f"lengthwise demo: no plot ({exc})", file=sys.stderr)
+    return summary
+
+
+def render_dflash(summary: dict[str, Any]) -> str:
+    """The DFlash demo's tables, as the command prints them."""
+    from lengthwise.demo.report import format_columns, format_verdicts
+
+    rows = summary["strategies"]
+    speed = format_columns(rows, ("tokens_per_second", "throughput_vs_sorted",
+                                  "padding_efficiency", "loss_roughness", "excess",
+                                  "skipped_steps"))
+    draft = format_columns(rows, ("accuracy_first", "accuracy_final",
+                                  "simulated_acceptance_length", "acceptance_length",
+                                  "lossless"))
+    lo, hi = summary.get("stable_region", [None, None])
+    lines = [speed, "", draft, "", format_verdicts(rows), "",
+             f"loss_roughness over steps {lo}-{hi}; excess: roughness above the order's own "
+             "sampling floor; acceptance_length: tokens per verifying target forward "
+             "(speculative decoding of held-out prompts); lossless: the output equals the "
+             "target's greedy output; skipped_steps: updates SpikeGuard skipped."]
+    if summary.get("plot"):
+        lines.append(f"loss curves: {summary['plot']}")
+    lines.append(f"wall time {summary.get('wall_seconds', 0.0):.0f} s")
+    return "\n".join(lines)
+

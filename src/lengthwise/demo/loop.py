@@ -1,0 +1,268 @@
+"""The training loop every demo task shares, built from lengthwise's parts.
+
+A :class:`TrainLoop` owns the :class:`~lengthwise.pytorch.sampler.BucketBatchSampler`
+(with ``yield_rows=True``) and its collator, AdamW, the warm-up schedule
+(:func:`~lengthwise.demo.schedule.lr_factor`), the
+:class:`~lengthwise.train.StepLogger`, asynchronous checkpoints with exact
+resume (:class:`~lengthwise.train.Checkpointer`), an optional
+:class:`~lengthwise.train.SpikeGuard`, and DDP under ``torchrun``. What is
+trained and how its loss is computed is a *task* (:class:`Task`): the causal
+LM of :mod:`lengthwise.demo.lm`, or the DFlash draft of
+:mod:`lengthwise.dflash.train`.
+
+The step loss is a sum divided by a normaliser summed over *every* micro-batch
+of the step on every rank (predicted tokens for the LM, slot weights for
+DFlash), so each token weighs the same wherever it lands. Each rank's backward
+uses ``loss_sum * world_size / global_normaliser`` because DDP averages
+gradients over ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from lengthwise.demo.config import PACKED, LoopConfig
+from lengthwise.demo.device import rank_world
+from lengthwise.demo.schedule import lr_factor
+from lengthwise.pytorch.dist import GroupInfo, all_reduce_sum
+
+__all__ = ["MicroOut", "StepBatches", "Task", "TrainLoop", "make_collator", "make_sampler"]
+
+
+@dataclass
+class MicroOut:
+    """What a task's forward returns for one micro-batch."""
+
+    loss: Any  # summed loss (a differentiable scalar tensor)
+    norm: float  # this micro-batch's share of the step's normaliser
+    stats: dict[str, float] = field(default_factory=dict)  # sums reduced over the step
+    sample_losses: list[float] | None = None  # mean loss of each sample
+
+
+class Task(Protocol):
+    """What a :class:`TrainLoop` trains."""
+
+    model: Any
+
+    def prepare(self, batch: dict[str, Any], rows: list[list[int]], step: int) -> Any:
+        """The task's input for one collated micro-batch (before any forward)."""
+
+    def normaliser(self, prepared: Any) -> float:
+        """This micro-batch's share of the loss normaliser (known before the forward)."""
+
+    def forward(self, net: Any, prepared: Any) -> MicroOut:
+        """Loss sum and statistics of one micro-batch (``net`` may be DDP-wrapped)."""
+
+    def step_fields(self, stats: dict[str, float]) -> dict[str, Any]:
+        """Extra fields of the step record from the step's summed statistics."""
+
+
+def make_sampler(order: str, lengths: np.ndarray, cfg: LoopConfig, *, rank: int = 0,
+                 world: int = 1) -> Any:
+    """The sampler of one order; ``packed`` plans rows of ``max_len`` tokens.
+
+    Packed micro-batches hold ``max_tokens // max_len`` rows, the same tokens per
+    micro-batch as the padded orders.
+    """
+    from lengthwise.pytorch.sampler import BucketBatchSampler
+
+    budget: dict[str, Any] = {"max_tokens": cfg.max_tokens}
+    layout, name = "pad", order
+    if order == PACKED:
+        layout, name = "pack", "stratified"
+        budget = {"max_tokens": cfg.max_len,
+                  "rows_per_batch": max(1, cfg.max_tokens // cfg.max_len)}
+    return BucketBatchSampler(
+        lengths, order=name, buckets=cfg.buckets, grad_accum=cfg.grad_accum,
+        num_replicas=world, rank=rank, seed=cfg.seed, max_len=cfg.max_len,
+        pad_multiple=cfg.pad_multiple, layout=layout, yield_rows=True, **budget)
+
+
+def make_collator(order: str, cfg: LoopConfig, edges: list[int] | None) -> Callable[..., Any]:
+    """The collator matching :func:`make_sampler`: padded rows, or packed rows of ``max_len``."""
+    from lengthwise.pytorch.collate import PackCollator, PadCollator
+
+    if order == PACKED:
+        return PackCollator(row_capacity=cfg.max_len, pad_to_capacity=True, pad_token_id=0,
+                            return_flash_attn_kwargs=False)
+    pad = PadCollator(pad_token_id=0, pad_multiple=cfg.pad_multiple, edges=edges)
+    return lambda rows: pad([s for row in rows for s in row])
+
+
+class StepBatches:
+    """The next ``grad_accum`` micro-batches (as rows of dataset indices), epoch after epoch.
+
+    An epoch's incomplete last step is skipped.
+    """
+
+    def __init__(self, sampler: Any, grad_accum: int) -> None:
+        self.sampler, self.grad_accum = sampler, grad_accum
+        self._it = iter(sampler)
+
+    def next(self) -> list[list[list[int]]]:
+        for _ in range(2):
+            batches: list[list[list[int]]] = []
+            for batch in self._it:
+                batches.append(batch)
+                if len(batches) == self.grad_accum:
+                    return batches
+            self.sampler.set_epoch(self.sampler.epoch + 1)
+            self._it = iter(self.sampler)
+        raise ValueError(f"an epoch has fewer than grad_accum={self.grad_accum} micro-batches "
+                           "per rank; use more data, a smaller max_tokens or a smaller grad_accum")
+
+
+def _passes_sample_losses() -> bool:
+    from lengthwise.train import StepLogger
+
+    return "sample_losses" in inspect.signature(StepLogger.record_micro).parameters
+
+
+class TrainLoop:
+    """Train ``task.model`` one optimizer step at a time on an order's micro-batches.
+
+    ``sample(i)`` returns dataset sample ``i`` as the collator takes it. Writes
+    ``run_dir/train_log.jsonl`` and, with ``cfg.checkpoint_every``,
+    ``run_dir/checkpoints``; with ``cfg.resume`` it continues from the newest one.
+    """
+
+    def __init__(self, task: Task, order: str, lengths: np.ndarray,
+                 sample: Callable[[int], Any], cfg: LoopConfig, *, run_dir: str | Path,
+                 device: Any, info: GroupInfo | None = None) -> None:
+        import torch
+
+        from lengthwise.train import (
+            Checkpointer,
+            SpikeGuard,
+            StepLogger,
+            bucket_token_shares,
+            load_checkpoint,
+        )
+
+        self.task, self.order, self.sample, self.cfg, self.info = task, order, sample, cfg, info
+        self.rank, self.world = rank_world(info)
+        self.device = device
+        run_dir = Path(run_dir)
+        self.log_path = run_dir / "train_log.jsonl"
+        ckpt_dir = run_dir / "checkpoints"
+        model = task.model
+        self.net = model
+        if self.world > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.net = DistributedDataParallel(
+                model, device_ids=[device.index] if device.type == "cuda" else None)
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            [{"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
+             {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}],
+            lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda" or None)
+        warm = cfg.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_factor(s, steps=cfg.steps, warmup=warm,
+                                                schedule=cfg.schedule))
+        self.sampler = make_sampler(order, lengths, cfg, rank=self.rank, world=self.world)
+        self.collate = make_collator(order, cfg, self.sampler.edges)
+        self.guard = (SpikeGuard(window=50, warmup=min(20, max(3, cfg.steps // 10)), sync=False)
+                      if cfg.spike_guard else None)
+        self.step_count = 0
+        self.resumed_from: str | None = None
+        if cfg.resume and Checkpointer(ckpt_dir).latest() is not None:
+            state = load_checkpoint(ckpt_dir, model=model, optimizer=self.optimizer,
+                                    scheduler=self.scheduler, sampler=self.sampler)
+            self.step_count = int(state["step"])
+            self.resumed_from = str(state["path"])
+            extra = state.get("extra") or {}
+            if self.guard is not None and extra.get("spike_guard"):
+                self.guard.load_state_dict(extra["spike_guard"])
+        elif self.rank == 0 and self.log_path.exists():
+            self.log_path.unlink()  # a fresh run starts a fresh log
+        self.logger = StepLogger(self.log_path, bucket_shares=bucket_token_shares(
+            self.sampler.plan), num_buckets=len(self.sampler.edges or [0]),
+            rank=self.rank, world_size=self.world)
+        # the guard writes no events of its own: a skipped step is marked in its step record
+        # (``skipped``), and an event line carrying ``step`` and ``loss`` would read as a
+        # second record of that step to log readers
+        if self.resumed_from is not None:
+            self.logger.event("resume", step=self.step_count, path=self.resumed_from)
+        self.checkpointer = (Checkpointer(ckpt_dir, keep=cfg.keep_checkpoints, logger=self.logger)
+                             if cfg.checkpoint_every else None)
+        self.batches = StepBatches(self.sampler, cfg.grad_accum)
+        self._sample_losses = _passes_sample_losses()
+        task.want_sample_losses = self._sample_losses  # skip computing what is not logged
+
+    @property
+    def done(self) -> bool:
+        """Whether ``cfg.steps`` optimizer steps are trained."""
+        return self.step_count >= self.cfg.steps
+
+    def _sum(self, values: list[float]) -> list[float]:
+        if self.world == 1:
+            return values
+        return all_reduce_sum(np.asarray(values, dtype=np.float64), self.info).tolist()
+
+    def step(self) -> dict[str, Any]:
+        """Train one optimizer step and return its log record."""
+        import torch
+
+        self.logger.reset_timer()
+        micro = []
+        for rows in self.batches.next():
+            batch = self.collate([[self.sample(i) for i in row] for row in rows])
+            micro.append((batch, self.task.prepare(batch, rows, self.step_count)))
+        (total,) = self._sum([float(sum(self.task.normaliser(p) for _, p in micro))])
+        scale = self.world / total if total > 0 else 0.0
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        stats: dict[str, float] = {}
+        for k, (batch, prepared) in enumerate(micro):
+            sync = k == len(micro) - 1 or self.world == 1
+            with contextlib.nullcontext() if sync else self.net.no_sync():
+                out = self.task.forward(self.net, prepared)
+                (out.loss * scale).backward()
+            value = out.loss.detach()  # a tensor: read at the end of the step, not here
+            loss_sum += value.double()
+            for key, v in out.stats.items():
+                stats[key] = stats.get(key, 0.0) + float(v)
+            extra = ({"sample_losses": out.sample_losses}
+                     if self._sample_losses and out.sample_losses is not None else {})
+            bucket = batch.get("bucket", -1)
+            self.logger.record_micro(loss=value / out.norm if out.norm > 0 else None,
+                                     real_tokens=batch["real_tokens"],
+                                     padded_tokens=batch["padded_tokens"],
+                                     samples=batch["samples"],
+                                     bucket=bucket if bucket >= 0 else None, **extra)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.task.model.parameters(), self.cfg.clip)
+        keys = sorted(stats)
+        reduced = self._sum([float(loss_sum), *(stats[k] for k in keys)])
+        loss = reduced[0] / total if total > 0 else float("nan")
+        skipped = bool(self.guard.check(loss, step=self.step_count + 1)) if self.guard else False
+        lr = self.optimizer.param_groups[0]["lr"]
+        if not skipped:
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step_count += 1
+        fields = self.task.step_fields(dict(zip(keys, reduced[1:], strict=True)))
+        rec = self.logger.step(self.step_count, epoch=self.sampler.epoch, loss=loss, lr=lr,
+                               grad_norm=grad_norm, skipped=skipped, **fields)
+        if self.checkpointer is not None and self.step_count % self.cfg.checkpoint_every == 0:
+            extra_state = {"spike_guard": self.guard.state_dict()} if self.guard else None
+            self.checkpointer.save(self.step_count, model=self.task.model,
+                                   optimizer=self.optimizer, scheduler=self.scheduler,
+                                   sampler=self.sampler, extra=extra_state)
+        return rec
+
+    def close(self) -> None:
+        """Wait for the last checkpoint and close the log. Idempotent."""
+        try:
+            if self.checkpointer is not None:
+                self.checkpointer.close()
+        finally:
+            self.logger.close()

@@ -1,0 +1,45 @@
+"""DFlash draft training: a block-diffusion drafter for speculative decoding on a frozen target.
+
+- :mod:`~lengthwise.dflash.objective`: NumPy core: target layers, anchors, block labels and
+  weights, simulated acceptance length.
+- :mod:`~lengthwise.dflash.model`: the draft network (:class:`DFlashDraft`).
+- :mod:`~lengthwise.dflash.target`: the frozen target (embedding, LM head, context features).
+- :mod:`~lengthwise.dflash.blocks`: a collated micro-batch turned into blocks and their mask.
+- :mod:`~lengthwise.dflash.loss`: draft logits, weighted cross-entropy and accuracy sums.
+- :mod:`~lengthwise.dflash.decode`: speculative decoding and its acceptance length.
+- :mod:`~lengthwise.dflash.train`: the training loop on lengthwise's sampler, collators,
+  ``StepLogger``, checkpoints and ``SpikeGuard``.
+
+Needs the optional extra ``dflash`` (torch and transformers). Importing this package loads
+nothing heavy.
+
+Example::
+
+    >>> from lengthwise.dflash import target_layer_ids
+    >>> target_layer_ids(36, 5)
+    [1, 9, 17, 25, 33]
+"""
+
+from __future__ import annotations
+
+from lengthwise._lazy import lazy_exports
+
+_EXPORTS = {
+    "target_layer_ids": "lengthwise.dflash.objective",
+    "sample_anchors": "lengthwise.dflash.objective",
+    "block_targets": "lengthwise.dflash.objective",
+    "simulated_acceptance_length": "lengthwise.dflash.objective",
+    "DFlashConfig": "lengthwise.dflash.model",
+    "DFlashDraft": "lengthwise.dflash.model",
+    "Target": "lengthwise.dflash.target",
+    "load_target": "lengthwise.dflash.target",
+    "make_blocks": "lengthwise.dflash.blocks",
+    "block_attention_mask": "lengthwise.dflash.blocks",
+    "block_logits": "lengthwise.dflash.loss",
+    "block_loss": "lengthwise.dflash.loss",
+}
+
+__all__ = list(_EXPORTS)
+
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -1,0 +1,176 @@
+"""Speculative decoding with a DFlash draft, and the draft's teacher-forced evaluation.
+
+:func:`speculative_generate`: the target's prefill gives the first token; then
+every cycle the draft proposes ``B - 1`` tokens in one forward from the last
+token (the anchor) and the target's features of everything before it, the
+target scores anchor and proposal in one forward, and the longest prefix of
+the proposal that matches the target's own greedy choices is kept, plus one
+token of the target's. The output is therefore exactly the target's greedy
+output, and the tokens kept per verifying forward is the *acceptance length*.
+(No KV cache: every forward reruns the whole sequence, which changes the cost,
+not the tokens.)
+
+:func:`evaluate_blocks`: teacher-forced top-1 accuracy of every block slot on
+held-out samples, the weighted loss, and the acceptance length those
+accuracies imply (:func:`~lengthwise.dflash.objective.simulated_acceptance_length`).
+
+Example::
+
+    >>> import torch, transformers
+    >>> from lengthwise.dflash import DFlashConfig, DFlashDraft, Target
+    >>> cfg = transformers.LlamaConfig(vocab_size=30, hidden_size=16, num_hidden_layers=2,
+    ...                                num_attention_heads=2, intermediate_size=32)
+    >>> target = Target(transformers.LlamaForCausalLM(cfg), layers=[0, 1])
+    >>> draft = DFlashDraft(DFlashConfig.from_target(cfg, block_size=4, target_layers=[0, 1]))
+    >>> out = speculative_generate(draft, target, [1, 2, 3], max_new_tokens=12)
+    >>> out.tokens == target.greedy([1, 2, 3], 12), 1.0 <= out.acceptance_length <= 4
+    (True, True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from lengthwise.dflash.blocks import block_attention_mask, make_blocks
+from lengthwise.dflash.loss import block_inputs, block_logits, block_loss
+from lengthwise.dflash.objective import simulated_acceptance_length
+from lengthwise.dflash.target import stop_set
+
+__all__ = ["BlockEval", "Generation", "acceptance", "evaluate_blocks", "speculative_generate"]
+
+
+@dataclass
+class Generation:
+    """Tokens generated after the prompt, and what the verification kept per target forward."""
+
+    tokens: list[int]
+    target_forwards: int
+    accepted: list[int] = field(default_factory=list)  # tokens kept by each verifying forward
+
+    @property
+    def acceptance_length(self) -> float:
+        """Mean tokens per verifying target forward (``nan`` when there was none)."""
+        return float(np.mean(self.accepted)) if self.accepted else float("nan")
+
+
+@torch.no_grad()
+def _propose(draft: Any, target: Any, seq: list[int], feats: torch.Tensor) -> list[int]:
+    b = draft.config.block_size
+    a = len(seq) - 1
+    device = target.device
+    ids = torch.tensor([seq], device=device)
+    anchors = torch.tensor([[a]], device=device)
+    positions = torch.cat([torch.arange(a, device=device),
+                           a + torch.arange(b, device=device)]).unsqueeze(0)
+    mask = block_attention_mask(anchors, torch.zeros_like(anchors), a, b)
+    hidden = draft(feats[:, :a], block_inputs(draft, target, ids, anchors, b), positions, mask)
+    logits = target.lm_head(hidden.to(target.lm_head.weight.dtype))
+    return logits[0, 1:].argmax(dim=-1).tolist()
+
+
+@torch.no_grad()
+def speculative_generate(draft: Any, target: Any, prompt: list[int], *, max_new_tokens: int,
+                         eos: int | Collection[int] | None = None) -> Generation:
+    """Generate up to ``max_new_tokens`` greedily, drafting with ``draft`` (see the module doc).
+
+    ``eos``: a stop token id, or several; generation ends after the first one.
+    """
+    if not prompt:
+        raise ValueError("the prompt must hold at least one token")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    stops = stop_set(eos)
+    device = target.device
+    logits, feats = target.forward(torch.tensor([list(prompt)], device=device))
+    seq = [*prompt, int(logits[0, -1].argmax())]
+    out = Generation(tokens=[seq[-1]], target_forwards=1)
+    while len(out.tokens) < max_new_tokens and seq[-1] not in stops:
+        a = len(seq) - 1
+        proposal = _propose(draft, target, seq, feats)
+        logits, feats = target.forward(torch.tensor([seq + proposal], device=device))
+        out.target_forwards += 1
+        greedy = logits[0, a:].argmax(dim=-1).tolist()  # the target's token after a, a+1, ...
+        n = 0
+        while n < len(proposal) and proposal[n] == greedy[n]:
+            n += 1
+        new = proposal[:n] + [greedy[n]]
+        ends = [i for i, t in enumerate(new) if t in stops]
+        if ends:
+            new = new[:ends[0] + 1]
+        new = new[:max_new_tokens - len(out.tokens)]
+        out.accepted.append(len(new))
+        out.tokens.extend(new)
+        seq.extend(new)
+    return out
+
+
+def acceptance(draft: Any, target: Any, prompts: list[list[int]], *, max_new_tokens: int,
+               eos: int | Collection[int] | None = None, check: bool = True,
+               ) -> dict[str, Any]:
+    """Acceptance length over ``prompts`` and whether every output equals the target's greedy one.
+
+    ``acceptance_length`` pools the verifying forwards of every prompt (tokens kept
+    / forwards); ``lossless`` is ``None`` when ``check`` is off.
+    """
+    kept, forwards, same = 0, 0, True
+    was = draft.training
+    draft.eval()
+    try:
+        for prompt in prompts:
+            gen = speculative_generate(draft, target, prompt, max_new_tokens=max_new_tokens,
+                                       eos=eos)
+            kept += sum(gen.accepted)
+            forwards += len(gen.accepted)
+            if check:
+                same = same and gen.tokens == target.greedy(prompt, max_new_tokens, eos)
+    finally:
+        draft.train(was)
+    return {"acceptance_length": kept / forwards if forwards else float("nan"),
+            "verify_forwards": forwards, "prompts": len(prompts),
+            "lossless": same if check else None}
+
+
+@dataclass
+class BlockEval:
+    """Teacher-forced figures of a draft on held-out blocks."""
+
+    loss: float
+    accuracy: float
+    slot_accuracy: list[float]
+    simulated_acceptance_length: float
+
+
+@torch.no_grad()
+def evaluate_blocks(draft: Any, target: Any, batches: list[tuple[dict[str, Any], list[list[int]]]],
+                    *, num_anchors: int, seed: int = 0, amp: Any = None) -> BlockEval:
+    """Loss, accuracy and per-slot accuracy over collated ``(batch, rows)`` pairs."""
+    cfg = draft.config
+    weighted, weight, correct, count = 0.0, 0.0, 0, 0
+    slot_c = np.zeros(cfg.block_size, dtype=np.int64)
+    slot_n = np.zeros(cfg.block_size, dtype=np.int64)
+    was = draft.training
+    draft.eval()
+    try:
+        for batch, rows in batches:
+            blocks = make_blocks(batch, rows, step=0, seed=seed, num_anchors=num_anchors,
+                                 block_size=cfg.block_size, gamma=cfg.gamma).to(target.device)
+            s = block_loss(block_logits(draft, target, blocks, amp=amp), blocks.labels,
+                           blocks.weights)
+            weighted += float(s.weighted)
+            weight += s.weight
+            correct += s.correct
+            count += s.count
+            slot_c += s.slot_correct
+            slot_n += s.slot_count
+    finally:
+        draft.train(was)
+    acc = np.where(slot_n > 0, slot_c / np.maximum(slot_n, 1), np.nan)[1:]
+    return BlockEval(loss=weighted / weight if weight else float("nan"),
+                     accuracy=correct / count if count else float("nan"),
+                     slot_accuracy=[float(x) for x in acc],
+                     simulated_acceptance_length=simulated_acceptance_length(acc))

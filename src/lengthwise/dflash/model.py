@@ -1,0 +1,232 @@
+"""The DFlash draft: decoder layers whose block queries attend to ``[target context | block]``.
+
+The draft has no embedding and no LM head: block tokens are embedded by the
+target's frozen embedding and its hidden states are read out by the target's
+frozen LM head. Context comes from the target: the hidden states of a few of
+its layers, concatenated, projected by ``fc`` and normalised. In every layer
+queries come from the block only; keys and values from the projected context
+followed by the block, under a mask built by
+:func:`lengthwise.dflash.blocks.block_attention_mask`. Layers are Qwen3-style
+(RMSNorm, GQA attention with per-head q/k RMSNorm and RoPE, SwiGLU MLP) from
+``transformers`` building blocks.
+
+Example::
+
+    >>> import torch
+    >>> cfg = DFlashConfig(hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
+    ...                    intermediate_size=64, num_features=2, block_size=4)
+    >>> draft = DFlashDraft(cfg)
+    >>> feats, block = torch.randn(1, 6, 64), torch.randn(1, 4, 32)
+    >>> pos = torch.arange(10).unsqueeze(0)
+    >>> mask = torch.ones(1, 4, 10, dtype=torch.bool)
+    >>> draft(feats, block, pos, mask).shape
+    torch.Size([1, 4, 32])
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
+from transformers.models.qwen3.modeling_qwen3 import (
+    Qwen3MLP,
+    Qwen3RMSNorm,
+    Qwen3RotaryEmbedding,
+    apply_rotary_pos_emb,
+    repeat_kv,
+)
+
+from lengthwise.dflash.objective import default_gamma, target_layer_ids
+
+__all__ = ["DFlashConfig", "DFlashDraft"]
+
+
+@dataclass
+class DFlashConfig:
+    """Sizes of a draft model and of its blocks.
+
+    ``hidden_size`` must equal the target's (the draft uses its embedding and
+    LM head). ``target_layers`` lists the target layers feeding the context
+    (default: ``num_features`` spread by :func:`target_layer_ids`, which needs
+    ``num_target_layers``). ``mask_token_id`` fills block slots 1..B-1; ``None``
+    gives the draft a learned mask embedding instead.
+    """
+
+    hidden_size: int
+    num_layers: int = 1
+    num_heads: int = 4
+    num_kv_heads: int = 4
+    head_dim: int | None = None
+    intermediate_size: int | None = None
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 32768
+    block_size: int = 16
+    gamma: float | None = None
+    num_features: int | None = None
+    target_layers: list[int] | None = None
+    num_target_layers: int | None = None
+    mask_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.head_dim is None:
+            if self.hidden_size % self.num_heads:
+                raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of "
+                                 f"num_heads {self.num_heads}; give head_dim")
+            self.head_dim = self.hidden_size // self.num_heads
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} must be a multiple of num_kv_heads "
+                             f"{self.num_kv_heads}")
+        if self.intermediate_size is None:
+            self.intermediate_size = 3 * self.hidden_size
+        if self.block_size < 2:
+            raise ValueError(f"block_size must be >= 2, got {self.block_size}")
+        if self.gamma is None:
+            self.gamma = default_gamma(self.block_size)
+        if self.target_layers is None:
+            n = self.num_features or self.num_layers
+            if self.num_target_layers is not None:
+                self.target_layers = target_layer_ids(self.num_target_layers, n)
+            else:
+                self.num_features = n
+        else:
+            self.target_layers = [int(i) for i in self.target_layers]
+            self.num_features = len(self.target_layers)
+        if self.target_layers is not None:
+            self.num_features = len(self.target_layers)
+
+    @classmethod
+    def from_target(cls, target_config: Any, **overrides: Any) -> DFlashConfig:
+        """Draft sizes matching a Hugging Face target config (heads, widths, RoPE).
+
+        Example::
+
+            >>> import transformers
+            >>> t = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=6,
+            ...                              num_attention_heads=4, intermediate_size=128)
+            >>> DFlashConfig.from_target(t, num_layers=2, block_size=8).target_layers
+            [1, 3]
+        """
+        rope = getattr(target_config, "rope_parameters", None) or {}
+        theta = rope.get("rope_theta", getattr(target_config, "rope_theta", 10000.0))
+        base = dict(
+            hidden_size=target_config.hidden_size,
+            num_heads=target_config.num_attention_heads,
+            num_kv_heads=getattr(target_config, "num_key_value_heads", None)
+            or target_config.num_attention_heads,
+            head_dim=getattr(target_config, "head_dim", None),
+            intermediate_size=target_config.intermediate_size,
+            rms_norm_eps=getattr(target_config, "rms_norm_eps", 1e-6),
+            rope_theta=float(theta),
+            max_position_embeddings=getattr(target_config, "max_position_embeddings", 32768),
+            num_target_layers=target_config.num_hidden_layers,
+        )
+        base.update(overrides)
+        return cls(**base)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (saved beside a draft checkpoint)."""
+        return asdict(self)
+
+    def qwen3_config(self) -> Qwen3Config:
+        """The ``transformers`` config the draft's building blocks are made from."""
+        return Qwen3Config(
+            vocab_size=1, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
+            num_hidden_layers=self.num_layers, num_attention_heads=self.num_heads,
+            num_key_value_heads=self.num_kv_heads, head_dim=self.head_dim,
+            rms_norm_eps=self.rms_norm_eps, max_position_embeddings=self.max_position_embeddings,
+            rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
+            hidden_act="silu", attention_bias=False)
+
+
+class _Attention(nn.Module):
+    """Block queries over ``[context | block]`` keys and values, no causal mask."""
+
+    def __init__(self, cfg: Qwen3Config) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = (cfg.num_attention_heads,
+                                                    cfg.num_key_value_heads, cfg.head_dim)
+        h = cfg.hidden_size
+        self.q_proj = nn.Linear(h, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(h, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(h, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, h, bias=False)
+        self.q_norm = Qwen3RMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
+        self.k_norm = Qwen3RMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor, rope: tuple[torch.Tensor, ...],
+                bias: torch.Tensor) -> torch.Tensor:
+        b, q_len, _ = x.shape
+        kv_in = torch.cat([context, x], dim=1)
+        kv_len = kv_in.shape[1]
+        q = self.q_norm(self.q_proj(x).view(b, q_len, self.heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(kv_in).view(b, kv_len, self.kv_heads, self.head_dim))
+        k = k.transpose(1, 2)
+        v = self.v_proj(kv_in).view(b, kv_len, self.kv_heads, self.head_dim).transpose(1, 2)
+        cos, sin = rope
+        q, _ = apply_rotary_pos_emb(q, q, cos[:, -q_len:], sin[:, -q_len:])
+        k, _ = apply_rotary_pos_emb(k, k, cos, sin)
+        groups = self.heads // self.kv_heads
+        out = F.scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups),
+                                             attn_mask=bias)
+        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
+
+
+class _Layer(nn.Module):
+    def __init__(self, cfg: Qwen3Config) -> None:
+        super().__init__()
+        self.input_layernorm = Qwen3RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.self_attn = _Attention(cfg)
+        self.post_attention_layernorm = Qwen3RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.mlp = Qwen3MLP(cfg)
+
+    def forward(self, h: torch.Tensor, context: torch.Tensor, rope: tuple[torch.Tensor, ...],
+                bias: torch.Tensor, sees: torch.Tensor) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), context, rope, bias) * sees
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DFlashDraft(nn.Module):
+    """The draft network: ``forward(features, block_embeds, positions, mask) -> hidden``.
+
+    ``features``: ``(b, L, num_features * H)`` target hidden states of the context;
+    ``block_embeds``: ``(b, Q, H)`` embedded block tokens (anchor + mask tokens);
+    ``positions``: ``(b, L + Q)`` RoPE positions of context then block slots;
+    ``mask``: ``(b, Q, L + Q)`` boolean, which key each block slot may attend to.
+    Returns normalised hidden states ``(b, Q, H)`` for the target's LM head. A slot
+    whose mask row is all false attends to nothing (its attention output is zero).
+    """
+
+    def __init__(self, cfg: DFlashConfig) -> None:
+        super().__init__()
+        if cfg.num_features is None:
+            raise ValueError("DFlashConfig needs target_layers, num_features or "
+                             "num_target_layers")
+        self.config = cfg
+        qcfg = cfg.qwen3_config()
+        h = cfg.hidden_size
+        self.fc = nn.Linear(cfg.num_features * h, h, bias=False)
+        self.context_norm = Qwen3RMSNorm(h, eps=cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(_Layer(qcfg) for _ in range(cfg.num_layers))
+        self.norm = Qwen3RMSNorm(h, eps=cfg.rms_norm_eps)
+        self.rotary = Qwen3RotaryEmbedding(qcfg)
+        # small random values: a zero vector would sit where RMSNorm's gradient is 1/sqrt(eps)
+        self.mask_embedding = (nn.Parameter(0.02 * torch.randn(h)) if cfg.mask_token_id is None
+                               else None)
+
+    def forward(self, features: torch.Tensor, block_embeds: torch.Tensor,
+                positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        context = self.context_norm(self.fc(features.to(self.fc.weight.dtype)))
+        h = block_embeds.to(context.dtype)
+        rope = self.rotary(h, positions)
+        neg = torch.finfo(h.dtype).min / 2
+        bias = torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill_(~mask, neg)
+        bias = bias.unsqueeze(1)
+        sees = mask.any(dim=-1, keepdim=True).to(h.dtype)  # rows that see nothing get no attention
+        for layer in self.layers:
+            h = layer(h, context, rope, bias, sees)
+        return self.norm(h)

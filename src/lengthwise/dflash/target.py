@@ -1,0 +1,127 @@
+"""The frozen target model: embedding, LM head and context features, on the fly.
+
+:class:`Target` wraps a Hugging Face causal LM (any model returning
+``hidden_states`` with ``output_hidden_states=True``). It freezes the model,
+and in one forward returns the logits and the context features the draft reads:
+the hidden states after the chosen layers, concatenated along the hidden axis.
+Features are computed in the training process, on the same micro-batches as
+the draft, so padding costs the target's compute too.
+
+Example::
+
+    >>> import torch, transformers
+    >>> cfg = transformers.LlamaConfig(vocab_size=50, hidden_size=16, num_hidden_layers=4,
+    ...                                num_attention_heads=2, intermediate_size=32)
+    >>> target = Target(transformers.LlamaForCausalLM(cfg), layers=[1, 2])
+    >>> logits, feats = target.forward(torch.tensor([[1, 2, 3]]))
+    >>> tuple(logits.shape), tuple(feats.shape)
+    ((1, 3, 50), (1, 3, 32))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["Target", "load_target", "stop_set"]
+
+
+def stop_set(eos: int | Collection[int] | None) -> frozenset[int]:
+    """Stop token ids as a set (``None``: no stop token).
+
+    Example::
+
+        >>> sorted(stop_set(3)), sorted(stop_set([4, 2])), stop_set(None)
+        ([3], [2, 4], frozenset())
+    """
+    if eos is None:
+        return frozenset()
+    if isinstance(eos, int):
+        return frozenset([eos])
+    return frozenset(int(t) for t in eos)
+
+
+class Target:
+    """A frozen causal LM that supplies embeddings, logits and context features."""
+
+    def __init__(self, model: Any, layers: list[int]) -> None:
+        n = model.config.num_hidden_layers
+        bad = [i for i in layers if not 0 <= i < n]
+        if bad or not layers:
+            raise ValueError(f"target layers {list(layers)} must be in [0, {n}) and not empty")
+        self.model = model.eval()
+        for p in model.parameters():
+            p.requires_grad_(False)
+        self.layers = [int(i) for i in layers]
+        self.embed = model.get_input_embeddings()
+        self.lm_head = model.get_output_embeddings()
+        self.vocab_size = int(self.lm_head.weight.shape[0])
+        self.base = getattr(model, getattr(model, "base_model_prefix", ""), None)
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None,
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits ``(b, T, V)`` and features ``(b, T, len(layers) * H)`` of one forward."""
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                         position_ids=position_ids, output_hidden_states=True, use_cache=False)
+        feats = torch.cat([out.hidden_states[i + 1] for i in self.layers], dim=-1)
+        return out.logits, feats
+
+    @torch.no_grad()
+    def features(self, input_ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None,
+                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Features only: the decoder stack without the LM head (what training needs)."""
+        if self.base is None:
+            return self.forward(input_ids, attention_mask=attention_mask,
+                                position_ids=position_ids)[1]
+        out = self.base(input_ids=input_ids, attention_mask=attention_mask,
+                        position_ids=position_ids, output_hidden_states=True, use_cache=False)
+        return torch.cat([out.hidden_states[i + 1] for i in self.layers], dim=-1)
+
+    @torch.no_grad()
+    def greedy(self, prompt: list[int], max_new_tokens: int,
+               eos: int | Collection[int] | None = None) -> list[int]:
+        """The target's own greedy continuation of ``prompt`` (one forward per token).
+
+        Example::
+
+            >>> import transformers
+            >>> cfg = transformers.LlamaConfig(vocab_size=40, hidden_size=16,
+            ...     num_hidden_layers=2, num_attention_heads=2, intermediate_size=32)
+            >>> t = Target(transformers.LlamaForCausalLM(cfg), layers=[0])
+            >>> len(t.greedy([1, 2, 3], 5))
+            5
+        """
+        stops = stop_set(eos)
+        seq = list(prompt)
+        for _ in range(max_new_tokens):
+            ids = torch.tensor([seq], device=self.device)
+            nxt = int(self.model(input_ids=ids, use_cache=False).logits[0, -1].argmax())
+            seq.append(nxt)
+            if nxt in stops:
+                break
+        return seq[len(prompt):]
+
+
+def load_target(path: str | Path, *, dtype: Any = None, device: Any = None) -> Any:
+    """A local Hugging Face causal LM checkpoint (``config.json`` + weights), nothing downloaded.
+
+    ``dtype`` is e.g. ``torch.bfloat16`` (the usual choice on a GPU).
+    """
+    import transformers
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise ValueError(f"--target {path}: not a local Hugging Face checkpoint "
+                         "(no config.json there)")
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path), dtype=dtype, local_files_only=True)
+    return model.to(device) if device is not None else model

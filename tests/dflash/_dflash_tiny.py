@@ -1,0 +1,30 @@
+"""Tiny random targets and drafts for the DFlash tests."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+
+def tiny_target(seed: int = 0, vocab: int = 40, layers: int = 4):
+    """A random 4-layer Llama-style causal LM (hidden 32)."""
+    from lengthwise.dflash.target import Target
+
+    cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=layers,
+                                   num_attention_heads=4, num_key_value_heads=2,
+                                   intermediate_size=64, max_position_embeddings=256,
+                                   use_cache=False)
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(cfg)
+    return Target(model, layers=[1, 2])
+
+
+def tiny_draft(target, seed: int = 1, block_size: int = 4, mask_token_id=None):
+    from lengthwise.dflash.model import DFlashConfig, DFlashDraft
+
+    cfg = DFlashConfig.from_target(target.model.config, num_layers=1, block_size=block_size,
+                                   target_layers=target.layers, mask_token_id=mask_token_id)
+    torch.manual_seed(seed)
+    return DFlashDraft(cfg)
