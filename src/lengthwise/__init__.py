@@ -33,6 +33,7 @@ _EXPORTS: dict[str, str] = {
     "recomposition": "lengthwise.planning.metrics",
     "diagnose": "lengthwise.doctor",
     "one_line_verdict": "lengthwise.doctor",
+    "verdict_for": "lengthwise.doctor",
     "BucketBatchSampler": "lengthwise.pytorch.sampler",
     "ResumeError": "lengthwise.pytorch.sampler",
     "loader_sampler_state": "lengthwise.pytorch.sampler",

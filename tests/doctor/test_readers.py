@@ -44,6 +44,15 @@ def test_jsonl_reads_steps_losses_and_columns(tmp_path: Path) -> None:
     assert log.input.format == "jsonl"
 
 
+def test_event_lines_carrying_a_loss_are_not_step_records(tmp_path: Path) -> None:
+    lines = rows(100)
+    lines.insert(50, json.dumps({"event": "spike_skip", "step": 50, "loss": 9.0}))
+    lines.insert(20, json.dumps({"event": "checkpoint_end", "step": 20, "seconds": 0.1}))
+    log = read_log(write_lines(tmp_path / "a.jsonl", lines))
+    assert log.step.tolist() == list(range(1, 101))
+    assert log.input.restart_count == 0 and float(np.max(log.loss)) < 3.0
+
+
 def test_gzip_is_detected_by_content(tmp_path: Path) -> None:
     path = tmp_path / "log.bin"
     path.write_bytes(gzip.compress("".join(r + "\n" for r in rows(50)).encode()))

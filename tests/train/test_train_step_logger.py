@@ -539,3 +539,23 @@ def test_bucket_token_shares_of_a_real_epoch_plan():
         totals[b] = totals.get(b, 0.0) + float(plan.lengths[plan.batch(k)].sum())
     expected = {b: t / sum(totals.values()) for b, t in totals.items()}
     assert bucket_token_shares(plan) == pytest.approx(expected)
+
+
+def test_sample_weights_weight_the_per_sample_losses_without_changing_real_tokens():
+    from lengthwise.train import StepLogger
+
+    log = StepLogger(None)
+    losses = [1.0, 2.0, 4.0]
+    log.record_micro(loss=2.0, real_tokens=10, sample_losses=losses, sample_weights=[1, 1, 4])
+    weighted = log.step(0)
+    log.record_micro(loss=2.0, real_tokens=[1, 1, 4], sample_losses=losses)
+    by_tokens = log.step(1)
+    assert weighted["real_tokens"] == 10 and by_tokens["real_tokens"] == 6
+    assert weighted["loss_sample_std"] == pytest.approx(by_tokens["loss_sample_std"])
+    log.record_micro(loss=2.0, sample_losses=losses)
+    assert log.step(2)["loss_sample_std"] != pytest.approx(weighted["loss_sample_std"])
+    with pytest.raises(ValueError, match="sample_weights"):
+        log.record_micro(loss=1.0, sample_weights=[1.0])
+    with pytest.raises(ValueError, match="one per sample"):
+        log.record_micro(loss=1.0, sample_losses=[1.0, 2.0], sample_weights=[1.0])
+    log.close()

@@ -181,16 +181,19 @@ class ColumnBuilder:
         """Separate loss rows from events and other rows; a null loss is kept as NaN."""
         keep: list[int] = []
         for i, value in enumerate(losses):
-            if value is not None:
-                keep.append(i)
-                continue
             o = objs[i]
-            if lk is not None and lk in o:
-                losses[i] = math.nan
-                keep.append(i)
-                continue
+            # an event line (a checkpoint, a skipped spike, ...) is never a step record,
+            # even when it carries the step's loss
+            event = o.get("event") if isinstance(o, dict) else None
+            if not isinstance(event, str):
+                if value is not None:
+                    keep.append(i)
+                    continue
+                if lk is not None and lk in o:
+                    losses[i] = math.nan
+                    keep.append(i)
+                    continue
             self.summary.other_rows += 1
-            event = o.get("event")
             if isinstance(event, str) and event in CHECKPOINT_EVENTS:
                 self._add_checkpoint(event, o, sk)
         return [objs[i] for i in keep], [losses[i] for i in keep], [lines[i] for i in keep]

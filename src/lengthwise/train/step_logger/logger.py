@@ -176,6 +176,7 @@ class StepLogger:
         samples: Any = None,
         bucket: Any = None,
         sample_losses: Any = None,
+        sample_weights: Any = None,
     ) -> None:
         """Record one micro-batch of the current optimizer step.
 
@@ -185,10 +186,11 @@ class StepLogger:
 
         ``sample_losses`` is the mean loss of each sample of the micro-batch (a
         sequence, array or 1-D tensor, in sample order); ``real_tokens`` may then be
-        the per-sample token counts (same length), which weight them (else equal
-        weights). The step record gets ``loss_sample_std``, the token-weighted standard
-        deviation of the step's per-sample losses, and ``loss_sample_neff``, their
-        effective number: the doctor's sampling-noise floor is
+        the per-sample token counts (same length), which weight them, or
+        ``sample_weights`` gives the weights outright when the loss is not a plain
+        per-token mean (else equal weights). The step record gets ``loss_sample_std``,
+        the weighted standard deviation of the step's per-sample losses, and
+        ``loss_sample_neff``, their effective number: the doctor's sampling-noise floor is
         ``loss_sample_std / sqrt(loss_sample_neff)``.
 
         Example::
@@ -207,6 +209,13 @@ class StepLogger:
         if real_tokens is not None and is_column(real_tokens):
             weights = [to_count(v, "real_tokens") for v in _items(real_tokens)]
             real_tokens = sum(weights)
+        if sample_weights is not None:
+            if sample_losses is None or not is_column(sample_weights):
+                raise ValueError("sample_weights must be a 1-D sequence of per-sample weights, "
+                                 "given with sample_losses")
+            weights = [to_float(v, "sample_weights") for v in _items(sample_weights)]
+            if any(w < 0 for w in weights):
+                raise ValueError("sample_weights must not be negative")
         if sample_losses is not None:
             if not is_column(sample_losses):
                 raise ValueError("sample_losses must be a 1-D sequence, array or tensor of "
@@ -214,8 +223,8 @@ class StepLogger:
             if is_tensor(sample_losses):
                 sample_losses = sample_losses.detach()
             if weights is not None and len(weights) != len(sample_losses):
-                raise ValueError(f"sample_losses has {len(sample_losses)} entries but "
-                                 f"real_tokens has {len(weights)}: one per sample each")
+                raise ValueError(f"sample_losses has {len(sample_losses)} entries but the "
+                                 f"weights have {len(weights)}: one per sample each")
         if loss is not None and is_tensor(loss):
             if loss.numel() != 1:
                 raise ValueError(f"loss must be a scalar, got shape {tuple(loss.shape)}")
