@@ -225,6 +225,42 @@ def apply_overflow(
     return lengths, keep & ~over, counts
 
 
+def open_lengths(source: str | os.PathLike[str] | np.ndarray | Iterable[float]) -> np.ndarray:
+    """Lengths for planning at scale: ``.npy`` files memory-mapped, arrays not copied.
+
+    Unlike :func:`load_lengths` nothing is converted or scanned: the ranks of a
+    node share the file's pages in the page cache, and a windowed plan checks
+    each window's values when it reads them. Other sources are read (and
+    checked) by :func:`load_lengths`.
+
+    Example::
+
+        >>> import tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "lens.npy")
+        >>> np.save(path, np.array([3, 1, 2], dtype=np.int32))
+        >>> lens = open_lengths(path)
+        >>> type(lens).__name__, lens.dtype.name, lens.tolist()
+        ('memmap', 'int32', [3, 1, 2])
+    """
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        if not path.lower().endswith(".npy") or not os.path.exists(path):
+            return load_lengths(source)
+        arr = np.load(path, mmap_mode="r")
+        what = f"lengths from {path}"
+    elif isinstance(source, np.ndarray):
+        arr, what = source, "lengths"
+    else:
+        return load_lengths(source)
+    if arr.ndim != 1:
+        raise LengthError(f"{what} must be one-dimensional, got shape {arr.shape}")
+    if arr.size == 0:
+        raise LengthError(f"{what} are empty: there is nothing to plan")
+    if arr.dtype == object or arr.dtype.kind not in "iuf":
+        raise LengthError(f"{what} must be numbers, got dtype {arr.dtype}")
+    return arr
+
+
 def load_lengths(
     source: str | os.PathLike[str] | np.ndarray | Iterable[float],
     *,

@@ -2,11 +2,12 @@
 
 The epoch's samples are put in the order of a ``(seed, epoch)`` shuffle
 (:func:`lengthwise.shuffle.permuted`, no permutation array is held) and cut into
-windows of ``window`` samples. Each window is planned like a whole epoch (same
-bucket edges, same batch rule, its micro-batch count evened out over the ranks)
-only when training reaches it, so memory and time to the first micro-batch depend
-on the window, not on the data set. Every sample is planned exactly once per
-epoch and every rank gets the same number of micro-batches in every window.
+windows of at most ``window`` samples (sizes differ by one at most). Each window
+is planned like a whole epoch (same bucket edges, same batch rule, its
+micro-batch count evened out over the ranks) only when training reaches it, so
+memory and time to the first micro-batch depend on the window, not on the data
+set. Every sample is planned exactly once per epoch and every rank gets the same
+number of micro-batches in every window.
 
 Example::
 
@@ -130,6 +131,9 @@ class WindowedPlan:
         if self.num_samples == 0:
             raise LengthError("lengths are empty: there is nothing to plan")
         size = resolve_window(int(window), self.num_samples)
+        if size is not None and size < 2 * config.world_size:
+            raise ValueError(f"window={size} is too small for {config.world_size} ranks: a window "
+                             f"needs at least 2 x world_size = {2 * config.world_size} samples")
         self.window = size or self.num_samples
         self.config = config
         self.seed, self.epoch = int(seed), int(epoch)
@@ -149,14 +153,19 @@ class WindowedPlan:
 
     @property
     def num_windows(self) -> int:
+        """Windows of the epoch: ``ceil(num_samples / window)``, sizes differing by one at most."""
         return -(-self.num_samples // self.window)
+
+    def window_bounds(self, w: int) -> tuple[int, int]:
+        """Positions ``[start, stop)`` of window ``w`` in the epoch's shuffle."""
+        k = self.num_windows
+        return w * self.num_samples // k, (w + 1) * self.num_samples // k
 
     def window_ids(self, w: int, epoch: int | None = None) -> np.ndarray:
         """Sample ids of window ``w`` (sorted, so that reading their lengths goes forward)."""
         if not 0 <= w < self.num_windows:
             raise ValueError(f"window {w} out of range: the epoch has {self.num_windows}")
-        start = w * self.window
-        stop = min(start + self.window, self.num_samples)
+        start, stop = self.window_bounds(w)
         ids = permuted(np.arange(start, stop), self.num_samples, self.seed,
                        self.epoch if epoch is None else epoch)
         ids.sort()
@@ -197,10 +206,10 @@ class WindowedPlan:
         Example::
 
             >>> from lengthwise.plan import PlanConfig
-            >>> wp = WindowedPlan(np.arange(1, 101), PlanConfig(batch_size=4), window=40)
-            >>> win = wp.plan_window(2)
+            >>> wp = WindowedPlan(np.arange(1, 101), PlanConfig(batch_size=4), window=50)
+            >>> win = wp.plan_window(1)
             >>> win.ids.size, win.num_batches
-            (20, 5)
+            (50, 13)
         """
         default = world_size is None and grad_accum is None and exclude is None
         if default and self._cache is not None and self._cache.index == w:
