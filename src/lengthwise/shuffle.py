@@ -2,10 +2,11 @@
 
 ``permuted(positions, n, seed, epoch)`` is the sample id at each position of the
 epoch's global shuffle, computed without materialising the permutation: a
-balanced Feistel network on the smallest even number of bits that holds ``n``,
-with cycle walking back into ``[0, n)``. A window of ``N`` positions costs
-``O(N)`` time and memory whatever ``n`` is, so a billion-sample epoch shuffles
-one window at a time.
+Feistel network over ``Z_a x Z_b`` (``a = ceil(sqrt(n))``, ``b = ceil(n / a)``,
+additions modulo the half's size, an even number of rounds), with cycle walking
+back into ``[0, n)`` for the fewer than ``a`` values above it. A window of ``N``
+positions costs ``O(N)`` time and memory whatever ``n`` is, so a billion-sample
+epoch shuffles one window at a time.
 
 Example::
 
@@ -18,14 +19,17 @@ Example::
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 __all__ = ["permuted"]
 
-_ROUNDS = 6
+_ROUNDS = 6  # even: the halves end in their own ranges again
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _GOLD = np.uint64(0x9E3779B97F4A7C15)
+_SHIFT = np.uint64(32)
 
 
 def _round_keys(seed: int, epoch: int) -> np.ndarray:
@@ -34,7 +38,7 @@ def _round_keys(seed: int, epoch: int) -> np.ndarray:
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser: a cheap bijective 64-bit hash (wrapping arithmetic)."""
+    """SplitMix64's finaliser: a cheap 64-bit hash (wrapping arithmetic)."""
     x = (x + _GOLD) * _M1
     x ^= x >> np.uint64(31)
     x *= _M2
@@ -42,13 +46,18 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def _encrypt(x: np.ndarray, half: int, keys: np.ndarray) -> np.ndarray:
-    mask = np.uint64((1 << half) - 1)
-    shift = np.uint64(half)
-    left, right = x >> shift, x & mask
+def _encrypt(x: np.ndarray, a: int, b: int, keys: np.ndarray) -> np.ndarray:
+    """A bijection of ``[0, a*b)``: ``x = A*b + B``, rounds ``(A, B) -> (B, (A + F(B)) mod |A|)``."""
+    left, right = np.divmod(x, np.uint64(b))
+    mod_left, mod_right = np.uint64(a), np.uint64(b)
     for key in keys:
-        left, right = right, left ^ (_mix(right ^ key) & mask)
-    return (left << shift) | right
+        # F(B) in [0, |A|) by a multiply-shift of its top 32 bits, not a division
+        f = ((_mix(right ^ key) >> _SHIFT) * mod_left) >> _SHIFT
+        f += left
+        f -= mod_left * (f >= mod_left)
+        left, right = right, f
+        mod_left, mod_right = mod_right, mod_left
+    return left * np.uint64(b) + right
 
 
 def permuted(positions: np.ndarray, n: int, seed: int = 0, epoch: int = 0) -> np.ndarray:
@@ -64,20 +73,17 @@ def permuted(positions: np.ndarray, n: int, seed: int = 0, epoch: int = 0) -> np
     """
     n = int(n)
     pos = np.asarray(positions, dtype=np.int64)
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
+    if not 1 <= n < 2**62:
+        raise ValueError(f"n must lie in [1, 2**62), got {n}")
     if pos.size and (pos.min() < 0 or pos.max() >= n):
         raise ValueError(f"positions must lie in [0, {n}), got {pos.min()}..{pos.max()}")
-    if n <= 2:
-        flip = n == 2 and bool(np.random.default_rng([int(seed), int(epoch)]).integers(2))
-        return (pos ^ 1) if flip else pos.copy()
-    bits = max(2, int(n - 1).bit_length())
-    bits += bits % 2
+    a = max(2, math.isqrt(n - 1) + 1)
+    b = max(2, -(-n // a))
     keys = _round_keys(seed, epoch)
     with np.errstate(over="ignore"):
-        out = _encrypt(pos.astype(np.uint64), bits // 2, keys)
+        out = _encrypt(pos.astype(np.uint64), a, b, keys)
         outside = np.flatnonzero(out >= np.uint64(n))
-        while outside.size:  # cycle walking: at most a few rounds, the domain is < 4n
-            out[outside] = _encrypt(out[outside], bits // 2, keys)
+        while outside.size:  # cycle walking: a*b - n < a values lie outside
+            out[outside] = _encrypt(out[outside], a, b, keys)
             outside = outside[out[outside] >= np.uint64(n)]
     return out.astype(np.int64)

@@ -31,13 +31,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from lengthwise.lengths import LengthError
-from lengthwise.plan import EpochPlan, PlanConfig, plan_epoch
+from lengthwise.plan import EpochPlan, PlanConfig, _resolve_edges, plan_epoch, prepare_lengths
 from lengthwise.shuffle import permuted
 
 __all__ = ["AUTO_WINDOW", "AUTO_WINDOW_ABOVE", "Window", "WindowedPlan", "resolve_window"]
 
 #: ``window="auto"`` plans windows of this many samples ...
-AUTO_WINDOW = 1 << 22
+AUTO_WINDOW = 1 << 21
 #: ... for data sets of more than this many samples (smaller ones: the whole epoch at once)
 AUTO_WINDOW_ABOVE = 1 << 24
 
@@ -52,7 +52,7 @@ def resolve_window(window: int | str | None, num_samples: int) -> int | None:
     Example::
 
         >>> resolve_window("auto", 1_000_000) is None, resolve_window("auto", 10**9)
-        (True, 4194304)
+        (True, 2097152)
         >>> resolve_window(500, 400) is None
         True
     """
@@ -182,8 +182,9 @@ class WindowedPlan:
             else:
                 ids = self.window_ids(0, epoch=0)
                 values = _check_window(np.asarray(self.lengths[ids]), ids)
-                self._edges = list(plan_epoch(values, config=dataclasses.replace(
-                    self.config, world_size=1, grad_accum=1), seed=self.seed).edges)
+                lens, kept, _ = prepare_lengths(values, self.config)
+                self._edges = list(_resolve_edges(lens, kept, self.config,
+                                                  self.config.row_limit()))
         return self._edges
 
     def _window_config(self, values: np.ndarray, config: PlanConfig) -> PlanConfig:
