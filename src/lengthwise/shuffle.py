@@ -47,7 +47,7 @@ def _mix(x: np.ndarray) -> np.ndarray:
 
 
 def _encrypt(x: np.ndarray, a: int, b: int, keys: np.ndarray) -> np.ndarray:
-    """A bijection of ``[0, a*b)``: ``x = A*b + B``, rounds ``(A, B) -> (B, (A + F(B)) mod |A|)``."""
+    """A bijection of ``[0, a*b)``: ``x = A*b + B``; rounds ``(A, B) -> (B, A + F(B) mod |A|)``."""
     left, right = np.divmod(x, np.uint64(b))
     mod_left, mod_right = np.uint64(a), np.uint64(b)
     for key in keys:
