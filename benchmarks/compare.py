@@ -1,8 +1,8 @@
 """lengthwise side by side with the batching libraries users would pick instead.
 
 One command measures every installed method on the same lengths, with the same
-seed, in the same run, using the figures of METRICS.md computed by one function
-(:func:`lengthwise.metrics.batch_stats`), and writes ``benchmarks/RESULTS.md``
+seed, in the same run, using the figures of docs/metrics.md computed by one function
+(:func:`lengthwise.planning.metrics.batch_stats`), and writes ``benchmarks/RESULTS.md``
 and ``benchmarks/results.png``::
 
     python benchmarks/compare.py            # the published run (~10-15 minutes on 2 cores)
@@ -35,7 +35,7 @@ if str(HERE) not in sys.path:
 
 import competitors as comp  # noqa: E402
 
-#: where the figures of the reference run come from (METRICS.md)
+#: where the figures of the reference run come from (docs/metrics.md)
 REFERENCE = {"median": 1050.0, "sigma": 0.5, "low": 16, "high": 8192, "n": 902_087}
 WORLDS = (8, 64)
 MIB = 1024 * 1024
@@ -80,7 +80,7 @@ class Settings:
 
 
 def settings(quick: bool, only: list[str]) -> Settings:
-    from lengthwise.lengths import bundled_names
+    from lengthwise.planning.lengths import bundled_names
 
     if quick:
         return Settings(quick=True, datasets=["coqa", "writingbench", "linuxdoc", "reference"],
@@ -108,7 +108,7 @@ def reference_lengths(n: int, seed: int = 0) -> np.ndarray:
 def load(name: str, s: Settings) -> np.ndarray:
     if name == "reference":
         return reference_lengths(s.reference_n, s.seed)
-    from lengthwise.lengths import load_lengths
+    from lengthwise.planning.lengths import load_lengths
 
     return load_lengths(name, max_len=s.max_len)
 
@@ -143,7 +143,7 @@ def _edges_of(run_adapter) -> list[int] | None:
 def measure_method(adapter, lengths: np.ndarray, rule: str, s: Settings, buckets,
                    edges: list[int] | None) -> dict:
     """Run one method at every world size (and a second epoch) and compute its figures."""
-    from lengthwise.metrics import batch_stats, recomposition_of
+    from lengthwise.planning.metrics import batch_stats, recomposition_of
 
     kw = rule_kwargs(rule, s)
     row: dict = {"key": adapter.key, "name": adapter.name, "version": adapter.version,
@@ -775,7 +775,7 @@ def write_results(data, scale, s: Settings, path: Path, plot: Path | None, meta:
         f"minutes. This file is written by that command; do not edit it by hand.{rendered}",
         "",
         "Every method gets the same lengths and seed in the same run, and every figure comes "
-        "from the same function, `lengthwise.metrics.batch_stats`, applied to the "
+        "from the same function, `lengthwise.planning.metrics.batch_stats`, applied to the "
         "micro-batches each method produces in schedule order (micro-batch k -> rank "
         "k % W). Definitions: [docs/metrics.md](../docs/metrics.md). Rank cost is padded tokens "
         "(cost model a=1, b=c=0; packed layout: real tokens). `step_cv_ratio` and "

@@ -3,7 +3,7 @@
 Every adapter turns per-sample token lengths into one epoch of micro-batches for
 ``world_size`` ranks, in the schedule order of lengthwise's plans: micro-batch
 ``k`` runs on rank ``k % world_size`` at local position ``k // world_size``. So
-the same code (:func:`lengthwise.metrics.batch_stats`) measures every method.
+the same code (:func:`lengthwise.planning.metrics.batch_stats`) measures every method.
 
 Each adapter reproduces how a training run really calls the library, including
 how its trainer shards batches over ranks, and says so in ``call``. Micro-batches
@@ -733,8 +733,8 @@ class LengthwisePlan(Adapter):
     def unavailable_reason(self) -> str | None:
         if self.version is None:
             return "lengthwise is not installed"
-        if self.layout == "pack" and importlib.util.find_spec("lengthwise.pack") is None:
-            return "this lengthwise has no packed layout (lengthwise.pack)"
+        if self.layout == "pack" and importlib.util.find_spec("lengthwise.planning.packed") is None:
+            return "this lengthwise has no packed layout (lengthwise.planning.packed)"
         return None
 
     def make_batches(self, lengths, *, world_size, seed, epoch=0, batch_size=None,

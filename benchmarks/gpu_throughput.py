@@ -7,7 +7,7 @@ tokens, once per order, and prints real (non-pad) tokens per second for each.
 Only throughput is measured here; the token ids are random, so the loss means
 nothing. The lengths come from a distribution: by default the log-normal with
 median 1,050 and sigma 0.5 clipped to [16, 8192] that stands in for the
-reference run in METRICS.md, or a bundled real one (``--lengths sft_mix``).
+reference run in docs/metrics.md, or a bundled real one (``--lengths sft_mix``).
 
 The training set is sized so that the timed steps are about one epoch of the
 ``sorted`` order: sorted batches go from short to long over an epoch, so only a

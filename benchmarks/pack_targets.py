@@ -26,10 +26,10 @@ import numpy as np
 
 import lengthwise
 from lengthwise import load_lengths, plan_epoch, recomposition
-from lengthwise.cost import CostModel
-from lengthwise.lengths import bundled_names
-from lengthwise.metrics import batch_hashes
-from lengthwise.pack import pack_rows
+from lengthwise.planning.cost import CostModel
+from lengthwise.planning.lengths import bundled_names
+from lengthwise.planning.metrics import batch_hashes
+from lengthwise.planning.packed import pack_rows
 
 HERE = Path(__file__).resolve().parent
 CAPACITY = 8192

@@ -24,7 +24,7 @@ import numpy as np
 
 import lengthwise
 from lengthwise import load_lengths, optimal_edges, plan_epoch, recomposition
-from lengthwise.plan import ORDERS
+from lengthwise.planning.vocabulary import ORDERS
 
 HERE = Path(__file__).resolve().parent
 REFERENCE_EDGES = [770, 1216, 1728, 2432, 3296, 8192]  # the reference run's six buckets

@@ -19,7 +19,7 @@ sys.path.insert(0, str(BENCH))
 
 import competitors as comp  # noqa: E402
 
-from lengthwise.metrics import batch_stats  # noqa: E402
+from lengthwise.planning.metrics import batch_stats  # noqa: E402
 
 N = 2000
 W = 8

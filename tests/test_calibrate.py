@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lengthwise.calibrate import DEFAULT_SHAPES, Calibration, calibrate, fit_cost
-from lengthwise.cost import CostModel
+from lengthwise.planning.cost import CostModel
+from lengthwise.pytorch.calibrate import DEFAULT_SHAPES, Calibration, calibrate, fit_cost
 
 
 class FakeStep:

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lengthwise.collate import (
+from lengthwise.pytorch.collate import (
     METADATA_KEYS,
     PackCollator,
     PadCollator,

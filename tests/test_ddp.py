@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from lengthwise.plan import plan_epoch
+from lengthwise.planning.plan import plan_epoch
 
 VOCAB = 64
 SEED = 11
@@ -47,8 +47,8 @@ def _worker(rank: int, world: int, port: int, out_dir: str, stop_after: int | No
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils.data import DataLoader, Dataset
 
-    from lengthwise.collate import PadCollator, model_inputs
-    from lengthwise.sampler import BucketBatchSampler
+    from lengthwise.pytorch.collate import PadCollator, model_inputs
+    from lengthwise.pytorch.sampler import BucketBatchSampler
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lengthwise import optimal_edges
-from lengthwise.cost import CostModel, round_up
-from lengthwise.edges import MIN_BATCHES_PER_BUCKET, Histogram, bucket_counts, solve
+from lengthwise.planning.cost import CostModel, round_up
+from lengthwise.planning.edges import MIN_BATCHES_PER_BUCKET, Histogram, bucket_counts, solve
 
 
 def padded_cost(lengths, edges, multiple=1, cost=None):
@@ -46,7 +46,8 @@ def test_dp_equals_brute_force(lengths, k, multiple, coeffs):
 
 
 def test_reference_lognormal_edges():
-    # METRICS.md: six optimal edges for this shape come out near [833, 1210, 1661, 2323, 3592, 8192]
+    # docs/metrics.md: six optimal edges for this shape come out near
+    # [833, 1210, 1661, 2323, 3592, 8192]
     rng = np.random.default_rng(0)
     lengths = np.clip(np.round(np.exp(rng.normal(np.log(1050), 0.5, 902_087))), 16, 8192)
     edges = optimal_edges(lengths.astype(np.int64), 6, batch_size=4)

@@ -13,8 +13,8 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from lengthwise.hf_lengths import compute_lengths
-from lengthwise.lengths import LengthError
+from lengthwise.hf.lengths import compute_lengths
+from lengthwise.planning.lengths import LengthError
 
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
@@ -194,7 +194,7 @@ def test_errors(tokenizer, raw_tokenizer):
 
 
 def test_module_import_stays_light():
-    code = ("import sys, lengthwise.hf_lengths, lengthwise.calibrate; "
+    code = ("import sys, lengthwise.hf.lengths, lengthwise.pytorch.calibrate; "
             "bad = {'torch', 'datasets', 'transformers'} & set(sys.modules); "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)

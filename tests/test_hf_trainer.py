@@ -24,14 +24,14 @@ from transformers import (  # noqa: E402
     TrainingArguments,
 )
 
-from lengthwise.collate import PadCollator  # noqa: E402
-from lengthwise.hf_trainer import (  # noqa: E402
+from lengthwise.hf.trainer import (  # noqa: E402
     STATE_FILE,
     LengthwiseTrainer,
     use_lengthwise,
 )
-from lengthwise.plan import plan_epoch  # noqa: E402
-from lengthwise.sampler import ResumeError  # noqa: E402
+from lengthwise.planning.plan import plan_epoch  # noqa: E402
+from lengthwise.pytorch.collate import PadCollator  # noqa: E402
+from lengthwise.pytorch.sampler import ResumeError  # noqa: E402
 
 VOCAB = 64
 ACCUM = 2

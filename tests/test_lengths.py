@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from lengthwise import bundled_names, load_lengths
-from lengthwise.lengths import LengthError, apply_overflow
+from lengthwise.planning.lengths import LengthError, apply_overflow
 
 
 def test_arrays_and_lists():

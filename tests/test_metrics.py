@@ -1,10 +1,10 @@
-"""The figures of METRICS.md, checked on schedules whose answer is known by hand."""
+"""The figures of docs/metrics.md, checked on schedules whose answer is known by hand."""
 
 import numpy as np
 import pytest
 
-from lengthwise.cost import CostModel
-from lengthwise.metrics import batch_stats, longest_runs, random_step_cv, recomposition_of
+from lengthwise.planning.cost import CostModel
+from lengthwise.planning.metrics import batch_stats, longest_runs, random_step_cv, recomposition_of
 
 
 def test_padding_and_imbalance_by_hand():

@@ -9,11 +9,18 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from lengthwise.cost import CostModel
-from lengthwise.lengths import LengthError, load_lengths
-from lengthwise.metrics import batch_hashes, recomposition
-from lengthwise.pack import PackedEpochPlan, pack_rows, plan_packed_epoch, schedule_groups
-from lengthwise.plan import EpochPlan, PlanConfig, plan_epoch
+from lengthwise.planning.config import PlanConfig
+from lengthwise.planning.cost import CostModel
+from lengthwise.planning.lengths import LengthError, load_lengths
+from lengthwise.planning.metrics import batch_hashes, recomposition
+from lengthwise.planning.packed import (
+    PackedEpochPlan,
+    pack_rows,
+    plan_packed_epoch,
+    schedule_groups,
+)
+from lengthwise.planning.plan import plan_epoch
+from lengthwise.planning.schedule import EpochPlan
 
 
 def _rows(plan):
@@ -284,7 +291,7 @@ def _tiny_llama(impl):
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
 def test_packed_micro_batch_loss_equals_samples_one_by_one(impl):
     torch = pytest.importorskip("torch")
-    from lengthwise.collate import PackCollator, model_inputs
+    from lengthwise.pytorch.collate import PackCollator, model_inputs
 
     rng = np.random.default_rng(4)
     lengths = rng.integers(2, 40, 30)

@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 import lengthwise
 from lengthwise import load_lengths, plan_epoch
-from lengthwise.cost import CostModel, round_up
-from lengthwise.lengths import LengthError
-from lengthwise.plan import ORDERS
+from lengthwise.planning.cost import CostModel, round_up
+from lengthwise.planning.lengths import LengthError
+from lengthwise.planning.vocabulary import ORDERS
 
 configs = st.fixed_dictionaries({
     "order": st.sampled_from(ORDERS),

@@ -20,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from lengthwise.plan import plan_epoch
-from lengthwise.sampler import BucketBatchSampler, loader_sampler_state
+from lengthwise.planning.plan import plan_epoch
+from lengthwise.pytorch.sampler import BucketBatchSampler, loader_sampler_state
 
 KW = dict(max_tokens=4096, grad_accum=2, seed=7)
 FAST = dict(KW, buckets=6)  # fixed bucket count: no edge search, for the many-example tests

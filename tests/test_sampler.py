@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 import lengthwise
-from lengthwise.lengths import LengthError
-from lengthwise.plan import plan_epoch
-from lengthwise.sampler import BucketBatchSampler, ResumeError
+from lengthwise.planning.lengths import LengthError
+from lengthwise.planning.plan import plan_epoch
+from lengthwise.pytorch.sampler import BucketBatchSampler, ResumeError
 
 
 def _lengths(n=2000, seed=0, top=600):

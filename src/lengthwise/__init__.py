@@ -13,39 +13,41 @@ Example::
 
 from __future__ import annotations
 
+from lengthwise import _moved
 from lengthwise._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
 # public name -> module that defines it (imported lazily on first access)
 _EXPORTS: dict[str, str] = {
-    "load_lengths": "lengthwise.lengths",
-    "bundled_names": "lengthwise.lengths",
-    "optimal_edges": "lengthwise.edges",
-    "plan_epoch": "lengthwise.plan",
-    "EpochPlan": "lengthwise.plan",
-    "PlanConfig": "lengthwise.plan",
-    "PackedEpochPlan": "lengthwise.pack",
-    "pack_rows": "lengthwise.pack",
-    "CostModel": "lengthwise.cost",
-    "recomposition": "lengthwise.metrics",
+    "load_lengths": "lengthwise.planning.lengths",
+    "bundled_names": "lengthwise.planning.lengths",
+    "optimal_edges": "lengthwise.planning.edges",
+    "plan_epoch": "lengthwise.planning.plan",
+    "EpochPlan": "lengthwise.planning.schedule",
+    "PaddedEpochPlan": "lengthwise.planning.padded",
+    "PlanConfig": "lengthwise.planning.config",
+    "PackedEpochPlan": "lengthwise.planning.packed",
+    "pack_rows": "lengthwise.planning.packed",
+    "CostModel": "lengthwise.planning.cost",
+    "recomposition": "lengthwise.planning.metrics",
     "diagnose": "lengthwise.doctor",
     "one_line_verdict": "lengthwise.doctor",
-    "BucketBatchSampler": "lengthwise.sampler",
-    "ResumeError": "lengthwise.sampler",
-    "loader_sampler_state": "lengthwise.sampler",
-    "LengthwiseTrainer": "lengthwise.hf_trainer",
-    "use_lengthwise": "lengthwise.hf_trainer",
-    "PadCollator": "lengthwise.collate",
-    "PackCollator": "lengthwise.collate",
-    "model_inputs": "lengthwise.collate",
-    "batch_metadata": "lengthwise.collate",
-    "packed_attention_mask": "lengthwise.collate",
-    "RowsDataset": "lengthwise.collate",
-    "Calibration": "lengthwise.calibrate",
-    "fit_cost": "lengthwise.calibrate",
-    "compute_lengths": "lengthwise.hf_lengths",
-    "calibrate": "lengthwise.calibrate",
+    "BucketBatchSampler": "lengthwise.pytorch.sampler",
+    "ResumeError": "lengthwise.pytorch.sampler",
+    "loader_sampler_state": "lengthwise.pytorch.sampler",
+    "LengthwiseTrainer": "lengthwise.hf.trainer",
+    "use_lengthwise": "lengthwise.hf.trainer",
+    "PadCollator": "lengthwise.pytorch.collate",
+    "PackCollator": "lengthwise.pytorch.collate",
+    "model_inputs": "lengthwise.pytorch.collate",
+    "batch_metadata": "lengthwise.pytorch.collate",
+    "packed_attention_mask": "lengthwise.pytorch.collate",
+    "RowsDataset": "lengthwise.pytorch.collate",
+    "Calibration": "lengthwise.pytorch.calibrate",
+    "fit_cost": "lengthwise.pytorch.calibrate",
+    "compute_lengths": "lengthwise.hf.lengths",
+    "calibrate": "lengthwise.pytorch.calibrate",
     "StepLogger": "lengthwise.train.step_logger",
     "bucket_token_shares": "lengthwise.train.step_logger",
     "SpikeGuard": "lengthwise.train.spike_guard",
@@ -59,3 +61,4 @@ __all__ = ["__version__", *_EXPORTS]
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+_moved.install()

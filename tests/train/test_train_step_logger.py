@@ -27,7 +27,7 @@ def read_log(path):
 
 
 def roughness(x, width=51):
-    """METRICS.md loss_roughness: std of x minus its centred rolling mean."""
+    """docs/metrics.md loss_roughness: std of x minus its centred rolling mean."""
     x = np.asarray(x, dtype=float)
     mean = np.convolve(x, np.ones(width) / width, mode="valid")
     half = width // 2

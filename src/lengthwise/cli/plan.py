@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 
-from lengthwise.batching import batch_padded_lengths
+from lengthwise.planning.batching import batch_padded_lengths
 from lengthwise.progress import progress
 
 COMPARE_ORDERS = ("sorted", "random", "bucket-random", "interleave", "stratified")
@@ -45,7 +45,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "plan", help="plan an epoch of length-aware batches and report its figures",
         description="Plan one epoch of micro-batches from per-sample lengths and report "
-                    "the figures of METRICS.md (padding efficiency, step composition, ...).")
+                    "the figures of docs/metrics.md (padding efficiency, step composition, ...).")
     p.add_argument("lengths", help="a bundled name (sft_mix, ...), .npy, .txt, "
                    "FILE.jsonl:FIELD, FILE.parquet:COLUMN or FILE.arrow:COLUMN")
     p.add_argument("--max-len", type=int, default=None, help="longest sample kept (tokens)")
@@ -74,8 +74,8 @@ def register(subparsers) -> None:
 
 
 def _plan_with_recomposition(lengths: np.ndarray, kwargs: dict) -> dict:
-    from lengthwise.metrics import recomposition
-    from lengthwise.plan import plan_epoch
+    from lengthwise.planning.metrics import recomposition
+    from lengthwise.planning.plan import plan_epoch
 
     plan = plan_epoch(lengths, **kwargs)
     stats = dict(plan.stats)
@@ -112,7 +112,7 @@ def _edge_table(plan) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lengthwise.lengths import load_lengths
+    from lengthwise.planning.lengths import load_lengths
 
     lengths = load_lengths(args.lengths)
     if args.batch_size is None and args.max_tokens is None:

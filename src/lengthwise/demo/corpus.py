@@ -29,7 +29,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from lengthwise.jsonl import jsonl_field
+from lengthwise.planning.jsonl import jsonl_field
 
 __all__ = ["corpus_fingerprint", "load_corpus", "load_texts", "stdlib_docstrings"]
 

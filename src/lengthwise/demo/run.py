@@ -55,7 +55,7 @@ PACKED = "packed"
 def available_orders() -> tuple[str, ...]:
     """The orders the demo can train here: the planner's orders, plus ``packed`` if supported."""
     try:
-        import lengthwise.pack  # noqa: F401
+        import lengthwise.planning.packed  # noqa: F401
     except ImportError:
         return DEFAULT_ORDERS
     return (*DEFAULT_ORDERS, PACKED)
@@ -234,7 +234,7 @@ def evaluate(model: Any, samples: list[np.ndarray], *, max_tokens: int, device: 
     """Mean next-token loss per predicted token over ``samples`` (length-sorted batches)."""
     import torch
 
-    from lengthwise.collate import PadCollator, model_inputs
+    from lengthwise.pytorch.collate import PadCollator, model_inputs
 
     collate = PadCollator(pad_token_id=0, pad_multiple=pad_multiple, metadata=False)
     order = sorted(range(len(samples)), key=lambda i: samples[i].size)
@@ -275,7 +275,7 @@ def read_log(path: str | Path) -> list[dict[str, Any]]:
 
 
 def _make_sampler(order: str, data: DemoData, cfg: DemoConfig, dist: Dist) -> Any:
-    from lengthwise.sampler import BucketBatchSampler
+    from lengthwise.pytorch.sampler import BucketBatchSampler
 
     budget: dict[str, Any] = {"max_tokens": cfg.max_tokens}
     layout, name = "pad", order
@@ -329,8 +329,8 @@ class OrderRun:
                  dist: Dist | None = None) -> None:
         import torch
 
-        from lengthwise.collate import PackCollator, PadCollator
         from lengthwise.demo.model import build_model
+        from lengthwise.pytorch.collate import PackCollator, PadCollator
         from lengthwise.train import Checkpointer, StepLogger, bucket_token_shares, load_checkpoint
 
         self.order, self.data, self.cfg = order, data, cfg
@@ -384,7 +384,8 @@ class OrderRun:
         elif dist.is_main and self.log_path.exists():
             self.log_path.unlink()  # a fresh run starts a fresh log
         shares = bucket_token_shares(self.sampler.plan)
-        self.logger = StepLogger(self.log_path, bucket_shares=shares, num_buckets=len(edges),
+        self.logger = StepLogger(self.log_path, bucket_shares=shares,
+                                 num_buckets=len(edges or [0]),
                                  rank=dist.rank, world_size=dist.world_size)
         if self.resumed_from is not None:
             self.logger.event("resume", step=self.step_count, path=self.resumed_from)
@@ -416,7 +417,7 @@ class OrderRun:
 
     def _forward(self, mb: dict[str, Any]) -> tuple[Any, int]:
         if not self.packed:
-            from lengthwise.collate import model_inputs
+            from lengthwise.pytorch.collate import model_inputs
 
             return _micro_loss(self.net, model_inputs(mb), self.device, self.amp)
         rows = -(-mb["input_ids"].shape[1] // self.cfg.max_len)

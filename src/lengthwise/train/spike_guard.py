@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.train._dist import all_reduce_sum, group_info
+from lengthwise.pytorch.dist import all_reduce_sum, group_info
 
 __all__ = ["SpikeGuard"]
 

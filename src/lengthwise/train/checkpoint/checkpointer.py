@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lengthwise.train._dist import GroupInfo, group_info
+from lengthwise.pytorch.dist import GroupInfo, group_info
 from lengthwise.train.checkpoint.atomic import prune, publish
 from lengthwise.train.checkpoint.dcp_backend import save_dcp
 from lengthwise.train.checkpoint.errors import CheckpointError

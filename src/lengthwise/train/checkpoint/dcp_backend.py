@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from lengthwise.train._dist import GroupInfo, group_info
+from lengthwise.pytorch.dist import GroupInfo, group_info
 from lengthwise.train.checkpoint.errors import CheckpointError
 from lengthwise.train.checkpoint.layout import new_manifest
 from lengthwise.train.checkpoint.state import TrainingState

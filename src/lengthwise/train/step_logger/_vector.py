@@ -5,7 +5,7 @@ four per bucket: ``loss * weight``, ``weight``, micro-batches, observed weight
 (real tokens, or 1 per micro-batch without them). Summing the vectors of all
 ranks gives the step's totals; under ``torch.distributed`` the per-bucket part
 has a fixed size, :func:`vector_capacity`, so that every rank's vector matches
-(the sum is :func:`lengthwise.train._dist.all_reduce_sum`).
+(the sum is :func:`lengthwise.pytorch.dist.all_reduce_sum`).
 
 Example::
 

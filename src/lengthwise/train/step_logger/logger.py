@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.train._dist import all_reduce_sum, group_info
+from lengthwise.pytorch.dist import all_reduce_sum, group_info
 from lengthwise.train.step_logger._bucket_losses import BucketLosses
 from lengthwise.train.step_logger._record import RESERVED_FIELDS, step_record
 from lengthwise.train.step_logger._sinks import open_sinks

@@ -63,8 +63,10 @@ def bucket_token_shares(plan: Any, *, by: str = "tokens") -> dict[int, float]:
         >>> bucket_token_shares(plan, by="samples")[0]
         0.6666666666666666
     """
-    bucket = np.asarray(plan.bucket, dtype=np.int64)
     offsets = np.asarray(plan.offsets, dtype=np.int64)
+    # packed rows have no buckets: they all count as bucket 0
+    bucket = np.asarray(getattr(plan, "bucket", np.zeros(max(offsets.size - 1, 0))),
+                        dtype=np.int64)
     if offsets.shape != (bucket.size + 1,):
         raise ValueError(
             f"plan.offsets must have one more entry than plan.bucket ({bucket.size + 1}), "

@@ -5,9 +5,9 @@
 ``DataLoader(dataset, batch_sampler=sampler)``. Every rank builds the same plan
 from the same lengths, seed and epoch, so ranks agree without talking.
 
-Its state is a few plain numbers (seed, epoch, micro-batches yielded, world
-size, a fingerprint), so a restart rebuilds the epoch's plan and continues at
-the next micro-batch without replaying data. With a different world size (or
+Its state is plain data (seed, epoch, micro-batches yielded, world size, a
+fingerprint, and the plan's options as text), so a restart rebuilds the epoch's
+plan and continues at the next micro-batch without replaying data. With a different world size (or
 gradient accumulation), the samples that the interrupted epoch had not trained
 yet are planned again over the new ranks: every sample still exactly once.
 
@@ -26,17 +26,19 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 from torch.utils.data import Sampler
 
-from lengthwise.cost import CostModel
-from lengthwise.lengths import LengthError, load_lengths
-from lengthwise.plan import EpochPlan, PlanConfig, plan_epoch
-from lengthwise.train._dist import group_info
+from lengthwise.planning.config import PlanConfig, lengths_checksum
+from lengthwise.planning.cost import CostModel
+from lengthwise.planning.lengths import LengthError, load_lengths
+from lengthwise.planning.padded import PaddedEpochPlan
+from lengthwise.planning.plan import plan_epoch
+from lengthwise.planning.schedule import EpochPlan
+from lengthwise.pytorch.dist import group_info
 
 __all__ = ["STATE_VERSION", "BucketBatchSampler", "ResumeError", "loader_sampler_state"]
 
@@ -49,10 +51,6 @@ _STATE_KEYS = ("version", "seed", "epoch", "yielded", "world_size", "grad_accum"
 
 class ResumeError(ValueError):
     """A saved sampler state that does not fit this sampler (other data or settings)."""
-
-
-def _lengths_crc(lengths: np.ndarray) -> int:
-    return zlib.crc32(np.ascontiguousarray(lengths, dtype=np.int64).tobytes())
 
 
 def _options(config: PlanConfig) -> dict[str, str]:
@@ -120,7 +118,7 @@ class BucketBatchSampler(Sampler[list[int]]):
     ) -> None:
         super().__init__()
         #: yield each micro-batch as a list of packed rows (lists of indices); wrap the data
-        #: set in ``lengthwise.collate.RowsDataset`` so the collator receives the rows
+        #: set in ``lengthwise.pytorch.collate.RowsDataset`` so the collator receives the rows
         self.yield_rows = bool(yield_rows)
         self.lengths = load_lengths(lengths)
         self.num_replicas, self.rank = _resolve_ranks(num_replicas, rank)
@@ -224,7 +222,7 @@ class BucketBatchSampler(Sampler[list[int]]):
                 break
             plan = plan_epoch(self.lengths, config=self._config(world_size, grad_accum, edges),
                               seed=self.seed, epoch=self.epoch, indices=ids)
-            edges = self._edges = edges or plan.edges
+            edges = self._edges = edges or _edges_of(plan)
             if yielded > plan.num_batches:
                 raise ResumeError(
                     f"the state says {yielded} micro-batches were yielded, but epoch "
@@ -237,8 +235,8 @@ class BucketBatchSampler(Sampler[list[int]]):
         plan = plan_epoch(self.lengths, config=self._config(self.num_replicas, self.grad_accum,
                                                             edges),
                           seed=self.seed, epoch=self.epoch, indices=ids)
-        self._edges = self._edges or plan.edges
-        if plan.token_spans is not None:
+        self._edges = self._edges or _edges_of(plan)
+        if plan.splits_samples:
             raise ValueError("this packed plan splits long samples into pieces "
                              "(on_overflow='split'), which lists of sample indices cannot "
                              "express; use on_overflow='truncate' or 'drop' with the sampler")
@@ -254,12 +252,15 @@ class BucketBatchSampler(Sampler[list[int]]):
         return self._plan
 
     @property
-    def edges(self) -> list[int]:
-        """Bucket edges of the current epoch's plan (for the collator's bucket ids)."""
+    def edges(self) -> list[int] | None:
+        """Bucket edges of the current epoch's plan (for the collator's bucket ids).
+
+        ``None`` for the packed layout, whose rows have no buckets.
+        """
         plan = self.plan
         if plan is None:
             raise ValueError("the current epoch has no micro-batches left")
-        return list(plan.edges)
+        return _edges_of(plan)
 
     # ------------------------------------------------------------------ iteration
 
@@ -299,8 +300,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         for pos in range(start, plan.num_batches):
             k = rank + pos * world
             if self.yield_rows:
-                rows = plan.batch_rows(k) if hasattr(plan, "batch_rows") else [plan.batch(k)]
-                batch = [row.tolist() for row in rows]
+                batch = [row.tolist() for row in plan.batch_rows(k)]
             else:
                 batch = indices[offsets[k] : offsets[k + 1]].tolist()
             self._yielded = pos + 1  # before the yield: a state taken now includes this batch
@@ -324,7 +324,7 @@ class BucketBatchSampler(Sampler[list[int]]):
             "grad_accum": self.grad_accum,
             "fingerprint": self.fingerprint(),
             "num_samples": int(self.lengths.size),
-            "lengths_crc": _lengths_crc(self.lengths),
+            "lengths_crc": lengths_checksum(self.lengths),
             "resumed": [list(seg) for seg in self._resumed],
             "options": _options(self.config),
         }
@@ -376,7 +376,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         if int(state["num_samples"]) != self.lengths.size:
             problems.append(f"the lengths have {self.lengths.size} samples, the saved state "
                             f"{state['num_samples']}")
-        elif int(state["lengths_crc"]) != _lengths_crc(self.lengths):
+        elif int(state["lengths_crc"]) != lengths_checksum(self.lengths):
             problems.append("the lengths differ from the saved ones (same number of samples)")
         if int(state["seed"]) != self.seed:
             problems.append(f"seed is {self.seed}, the saved state has {state['seed']}")
@@ -417,6 +417,10 @@ def loader_sampler_state(loader_state: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(state, dict) or "yielded" not in state:
         raise ResumeError("the loader's batch sampler was not a BucketBatchSampler")
     return dict(state, yielded=int(state["yielded"]) + extra)
+
+
+def _edges_of(plan: EpochPlan) -> list[int] | None:
+    return list(plan.edges) if isinstance(plan, PaddedEpochPlan) else None
 
 
 def _resolve_ranks(num_replicas: int | None, rank: int | None) -> tuple[int, int]:

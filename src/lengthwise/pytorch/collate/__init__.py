@@ -1,7 +1,7 @@
 """Collators that turn samples of token ids into model inputs, padded or packed.
 
 Both collators return a dict of torch tensors plus four plain ``int`` entries the
-training loop can log (see METRICS.md):
+training loop can log (see docs/metrics.md):
 
 * ``real_tokens``: tokens that belong to samples;
 * ``padded_tokens``: tokens the micro-batch occupies (``rows * P`` padded,
@@ -13,11 +13,11 @@ Strip them with :func:`model_inputs` before calling the model (and read them wit
 :func:`batch_metadata`), or build the collator with ``metadata=False`` (for
 ``transformers.Trainer``, which passes the whole batch to the model).
 
-Modules: :mod:`~lengthwise.collate.pad` (:class:`PadCollator`),
-:mod:`~lengthwise.collate.pack` (:class:`PackCollator`),
-:mod:`~lengthwise.collate.mask` (:func:`packed_attention_mask`),
-:mod:`~lengthwise.collate.metadata` (:func:`model_inputs`, :func:`batch_metadata`) and
-:mod:`~lengthwise.collate.buckets` (:func:`bucket_of`).
+Modules: :mod:`~lengthwise.pytorch.collate.padded` (:class:`PadCollator`),
+:mod:`~lengthwise.pytorch.collate.packed` (:class:`PackCollator`),
+:mod:`~lengthwise.pytorch.collate.mask` (:func:`packed_attention_mask`),
+:mod:`~lengthwise.pytorch.collate.metadata` (:func:`model_inputs`, :func:`batch_metadata`) and
+:mod:`~lengthwise.pytorch.collate.buckets` (:func:`bucket_of`).
 
 Example::
 
@@ -36,12 +36,12 @@ Example::
 
 from __future__ import annotations
 
-from lengthwise.collate.buckets import bucket_of
-from lengthwise.collate.mask import packed_attention_mask
-from lengthwise.collate.metadata import METADATA_KEYS, batch_metadata, model_inputs
-from lengthwise.collate.pack import PackCollator
-from lengthwise.collate.pad import PadCollator
-from lengthwise.collate.rows_dataset import RowsDataset
+from lengthwise.pytorch.collate.buckets import bucket_of
+from lengthwise.pytorch.collate.mask import packed_attention_mask
+from lengthwise.pytorch.collate.metadata import METADATA_KEYS, batch_metadata, model_inputs
+from lengthwise.pytorch.collate.packed import PackCollator
+from lengthwise.pytorch.collate.padded import PadCollator
+from lengthwise.pytorch.collate.rows_dataset import RowsDataset
 
 __all__ = [
     "METADATA_KEYS",

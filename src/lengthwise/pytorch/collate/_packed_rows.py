@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.collate._samples import sample_fields
+from lengthwise.pytorch.collate._samples import sample_fields
 
 Row = list[dict[str, np.ndarray]]
 

@@ -2,7 +2,7 @@
 
 Example::
 
-    >>> from lengthwise.plan import PlanConfig
+    >>> from lengthwise.planning.config import PlanConfig
     >>> plan = plan_packed_epoch([9, 7, 12], PlanConfig(max_tokens=16, layout="pack"))
     >>> sorted(int(plan.lengths[plan.batch(k)].sum()) for k in range(plan.total_batches))
     [12, 16]
@@ -14,21 +14,18 @@ import time
 
 import numpy as np
 
-from lengthwise import batching
-from lengthwise.cost import CostModel
-from lengthwise.pack._pieces import split_pieces, token_spans
-from lengthwise.pack.packed_plan import PackedEpochPlan
-from lengthwise.pack.rows import pack_rows
-from lengthwise.pack.schedule import row_prices, rows_to_micro_batches, schedule_groups
-from lengthwise.plan import PlanConfig, index_dtype, prepare_lengths
+from lengthwise.planning import batching, streams
+from lengthwise.planning.config import PlanConfig
+from lengthwise.planning.cost import CostModel
+from lengthwise.planning.packed._pieces import split_pieces, token_spans
+from lengthwise.planning.packed.balance import row_prices, rows_to_micro_batches, schedule_groups
+from lengthwise.planning.packed.plan import PackedEpochPlan
+from lengthwise.planning.packed.rows import pack_rows
+from lengthwise.planning.prepare import index_dtype, prepare_lengths
+from lengthwise.planning.schedule import even_out_counts
+from lengthwise.planning.vocabulary import PACK_ORDERS, PACK_OVERFLOW_POLICIES
 
 __all__ = ["plan_packed_epoch"]
-
-PACK_ORDERS = ("stratified", "random")
-PACK_OVERFLOW = ("split", "truncate", "drop", "error")
-
-# random streams of one (seed, epoch), apart from those of the padded planner
-_STREAM_DEAL, _STREAM_EVEN, _STREAM_ORDER = 11, 12, 13
 
 
 def _check(config: PlanConfig) -> int:
@@ -36,8 +33,8 @@ def _check(config: PlanConfig) -> int:
         raise ValueError("layout='pack' needs max_tokens: the tokens of one packed row")
     if config.order not in PACK_ORDERS:
         raise ValueError(f"layout='pack' supports order in {PACK_ORDERS}, got {config.order!r}")
-    if config.on_overflow not in PACK_OVERFLOW:
-        raise ValueError(f"on_overflow must be one of {PACK_OVERFLOW}, "
+    if config.on_overflow not in PACK_OVERFLOW_POLICIES:
+        raise ValueError(f"on_overflow must be one of {PACK_OVERFLOW_POLICIES}, "
                          f"got {config.on_overflow!r}")
     if not isinstance(config.rows_per_batch, (int, np.integer)) or config.rows_per_batch < 1:
         raise ValueError(f"rows_per_batch must be a positive integer, "
@@ -47,7 +44,7 @@ def _check(config: PlanConfig) -> int:
 
 def plan_packed_epoch(lengths, config: PlanConfig, *, seed: int = 0, epoch: int = 0,
                       indices: np.ndarray | None = None) -> PackedEpochPlan:
-    """Plan one epoch of packed rows (``layout="pack"``; see :mod:`lengthwise.pack`).
+    """Plan one epoch of packed rows (``layout="pack"``; see :mod:`lengthwise.planning.packed`).
 
     ``config.max_tokens`` is the row capacity ``C``; a micro-batch is
     ``config.rows_per_batch`` rows. The plan is a pure function of the lengths, the
@@ -71,10 +68,7 @@ def plan_packed_epoch(lengths, config: PlanConfig, *, seed: int = 0, epoch: int 
     counts = dict(counts, split_samples=n_split,
                   split_pieces=int(piece_id.size - ids.size + n_split))
 
-    def rng(stream: int) -> np.random.Generator:
-        return np.random.default_rng([seed, epoch, stream])
-
-    order, row_off = pack_rows(piece_len, capacity, rng(_STREAM_DEAL))
+    order, row_off = pack_rows(piece_len, capacity, streams.rng(seed, epoch, streams.PACK_DEAL))
     w, rows_per = config.world_size, config.rows_per_batch
     multiple = w * rows_per
     short = (-(row_off.size - 1)) % multiple
@@ -85,8 +79,9 @@ def plan_packed_epoch(lengths, config: PlanConfig, *, seed: int = 0, epoch: int 
             "or even_out='repeat'")
     tags = np.zeros(row_off.size - 1, dtype=np.int64)
     order, row_off, _, even = batching.even_out(order, row_off, tags, multiple,
-                                                config.even_out, rng(_STREAM_EVEN))
-    o = rng(_STREAM_ORDER)
+                                                config.even_out,
+                                                streams.rng(seed, epoch, streams.PACK_EVEN))
+    o = streams.rng(seed, epoch, streams.PACK_ORDER)
     price, weight = row_prices(piece_len[order], row_off, config.cost or CostModel())
     if rows_per > 1:  # rows to micro-batches
         row_perm, price, weight = rows_to_micro_batches(price, weight, rows_per, o)
@@ -107,12 +102,8 @@ def plan_packed_epoch(lengths, config: PlanConfig, *, seed: int = 0, epoch: int 
         sample_ids = piece_id[order].astype(itype, copy=False)
     spans = token_spans(order, lens, sample_ids, piece_start, piece_len) if split else None
     offsets = row_off[::rows_per].copy()
-    changed = even.repeated or even.dropped
-    counts.update(planned=int(np.unique(sample_ids).size) if changed else int(ids.size),
-                  split_batches=even.split_batches, dropped_to_even_out=even.dropped,
-                  repeated=even.repeated)
     return PackedEpochPlan(
-        indices=sample_ids, offsets=offsets, bucket=np.zeros(offsets.size - 1, dtype=np.int32),
-        edges=[capacity], lengths=lens, config=config, seed=seed, epoch=epoch,
-        plan_seconds=time.perf_counter() - started, counts=counts,
+        indices=sample_ids, offsets=offsets, lengths=lens, config=config, seed=seed,
+        epoch=epoch, plan_seconds=time.perf_counter() - started,
+        counts=even_out_counts(counts, sample_ids, ids.size, even),
         row_offsets=row_off if rows_per > 1 else None, token_spans=spans)

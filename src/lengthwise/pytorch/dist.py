@@ -6,7 +6,7 @@ stays free of it.
 
 Example::
 
-    >>> from lengthwise.train._dist import group_info
+    >>> from lengthwise.pytorch.dist import group_info
     >>> group_info() is None or group_info().world_size >= 1
     True
 """

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from lengthwise.pack._best_fit import best_fit_decreasing
-from lengthwise.pack._lanes import deal, lockstep
+from lengthwise.planning.packed._best_fit import best_fit_decreasing
+from lengthwise.planning.packed._lanes import deal, lockstep
 
 __all__ = ["pack_rows"]
 

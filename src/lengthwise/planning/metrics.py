@@ -1,4 +1,4 @@
-"""The batching figures of METRICS.md, computed for any schedule of micro-batches.
+"""The batching figures of docs/metrics.md, computed for any schedule of micro-batches.
 
 A schedule is ``indices``/``offsets`` (micro-batches concatenated) in the order
 that sends micro-batch ``k`` to rank ``k % world_size``, local position
@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from lengthwise.batching import batch_longest
-from lengthwise.cost import CostModel, round_up
+from lengthwise.planning.batching import batch_longest
+from lengthwise.planning.cost import CostModel, round_up
 
 #: repetitions of the random-shuffle reference for ``step_cv_ratio``
 RANDOM_REFERENCE_REPEATS = 5
@@ -108,7 +108,7 @@ def recomposition_of(offsets_a: np.ndarray, indices_a: np.ndarray,
 
 
 def recomposition(previous, current) -> float:
-    """``recomposition`` between two epoch plans (METRICS.md).
+    """``recomposition`` between two epoch plans (docs/metrics.md).
 
     Example::
 
@@ -134,7 +134,7 @@ def batch_stats(
     capacity: int | None = None,
     seed: int = 0,
 ) -> dict:
-    """METRICS.md figures for a schedule of micro-batches.
+    """docs/metrics.md figures for a schedule of micro-batches.
 
     ``capacity`` switches to the packed layout: each micro-batch is one row of
     ``capacity`` tokens, and ``padding_efficiency`` is the fill. ``cost`` (default:
@@ -157,8 +157,8 @@ def batch_stats(
         cost_of = cost.batch_cost(rows, padded_len)
     else:
         padded = float(m) * capacity
-        seq_cost = cost.a * lens + cost.b * lens.astype(np.float64) ** 2 + cost.c
-        cost_of = np.add.reduceat(seq_cost, offsets[:-1])
+        # a packed sample costs what a row of its own length would
+        cost_of = np.add.reduceat(cost.row_cost(lens), offsets[:-1])
     steps = step_ids(m, world_size, grad_accum)
     tw_len, mean_len = _per_step_lengths(lengths, indices, offsets, steps)
     n_steps = tw_len.size
@@ -193,5 +193,6 @@ def batch_stats(
                           if step_length_cv is not None and ref_cv else None),
         "rank_imbalance_p50": float(np.percentile(ratio, 50)) if ratio.size else None,
         "rank_imbalance_p99": float(np.percentile(ratio, 99)) if ratio.size else None,
-        "max_same_bucket_run": longest_runs(tags, world_size),
+        # packed rows have no buckets
+        "max_same_bucket_run": longest_runs(tags, world_size) if capacity is None else None,
     }

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.lengths import validate_lengths
+from lengthwise.planning.lengths import validate_lengths
 
 __all__ = ["LENGTH_COLUMNS", "cache_dir", "compute_lengths"]
 

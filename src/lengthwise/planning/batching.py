@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lengthwise.cost import CostModel, round_up
+from lengthwise.planning.cost import CostModel, round_up
 
 
 @dataclass(frozen=True)

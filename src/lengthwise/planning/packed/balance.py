@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from lengthwise.cost import CostModel
+from lengthwise.planning.cost import CostModel
 
 __all__ = ["row_prices", "rows_to_micro_batches", "schedule_groups"]
 

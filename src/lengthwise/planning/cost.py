@@ -1,7 +1,7 @@
 """The compute cost of a micro-batch: ``rows * (a*P + b*P**2 + c)``.
 
 ``a=1, b=c=0`` counts padded tokens. ``b`` covers attention and ``c`` a fixed
-per-sample cost. See METRICS.md ("cost model").
+per-sample cost. See ``docs/metrics.md`` ("cost model").
 
 Example::
 
@@ -29,11 +29,6 @@ class CostModel:
     def __post_init__(self) -> None:
         if min(self.a, self.b, self.c) < 0 or self.a + self.b + self.c <= 0:
             raise ValueError(f"cost coefficients must be >= 0 and not all zero, got {self}")
-
-    @property
-    def is_tokens(self) -> bool:
-        """True when the cost is plain padded tokens (``a=1, b=c=0``)."""
-        return self.a == 1.0 and self.b == 0.0 and self.c == 0.0
 
     def row_cost(self, padded_len: np.ndarray | float) -> np.ndarray | float:
         """Cost of one row padded to ``padded_len`` tokens."""

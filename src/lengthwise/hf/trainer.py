@@ -36,7 +36,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 from transformers import Trainer, TrainerCallback
 
-from lengthwise.sampler import BucketBatchSampler, ResumeError
+from lengthwise.pytorch.sampler import BucketBatchSampler, ResumeError
 
 __all__ = ["STATE_FILE", "LengthwiseTrainer", "lengthwise_dataloader", "make_sampler",
            "use_lengthwise"]

@@ -5,7 +5,7 @@ on a grid of micro-batch shapes and fits the coefficients by non-negative least
 squares on relative residuals (every shape counts alike, short or long). A
 constant per-call ``overhead`` (optimizer, launch) is fitted beside them; it is
 the same for every micro-batch, so it is reported but not part of the
-:class:`~lengthwise.cost.CostModel`. :func:`fit_cost` fits times you measured
+:class:`~lengthwise.planning.cost.CostModel`. :func:`fit_cost` fits times you measured
 yourself.
 
 Example (a fake clock stands in for a real step)::
@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from lengthwise.cost import CostModel
+from lengthwise.planning.cost import CostModel
 
 __all__ = ["DEFAULT_SHAPES", "Calibration", "calibrate", "fit_cost"]
 

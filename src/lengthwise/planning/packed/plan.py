@@ -2,8 +2,8 @@
 
 Example::
 
-    >>> from lengthwise.plan import PlanConfig
-    >>> from lengthwise.pack import plan_packed_epoch
+    >>> from lengthwise.planning.config import PlanConfig
+    >>> from lengthwise.planning.packed import plan_packed_epoch
     >>> plan = plan_packed_epoch([5, 3, 4, 2], PlanConfig(max_tokens=7, layout="pack"))
     >>> plan.capacity, plan.total_batches
     (7, 2)
@@ -16,14 +16,14 @@ from functools import cached_property
 
 import numpy as np
 
-from lengthwise import metrics
-from lengthwise.cost import CostModel
-from lengthwise.plan import EpochPlan
+from lengthwise.planning import metrics
+from lengthwise.planning.cost import CostModel
+from lengthwise.planning.schedule import EpochPlan
 
 __all__ = ["PackedEpochPlan"]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PackedEpochPlan(EpochPlan):
     """An :class:`EpochPlan` of packed rows, with per-row and per-piece helpers.
 
@@ -31,6 +31,16 @@ class PackedEpochPlan(EpochPlan):
     bounds the rows inside them. With ``on_overflow="split"``, ``token_spans[i]``
     is the ``(start, length)`` of entry ``i`` of ``indices`` within its sample.
     """
+
+    #: boundaries of the rows inside ``indices`` (``None``: one row per micro-batch)
+    row_offsets: np.ndarray | None = None
+    #: ``(start, length)`` token span of each entry of ``indices`` (``None``: nothing split)
+    token_spans: np.ndarray | None = None
+
+    @property
+    def splits_samples(self) -> bool:
+        """Whether entries of ``indices`` are pieces of samples (``on_overflow="split"``)."""
+        return self.token_spans is not None
 
     @property
     def capacity(self) -> int:
@@ -59,7 +69,7 @@ class PackedEpochPlan(EpochPlan):
 
     @cached_property
     def stats(self) -> dict:
-        """METRICS.md figures (fill as ``padding_efficiency``) plus packing counts."""
+        """The figures of ``docs/metrics.md`` (fill as ``padding_efficiency``), packing counts."""
         cfg = self.config
         rows_per = cfg.rows_per_batch
         pieces = self.piece_lengths()
@@ -77,12 +87,11 @@ class PackedEpochPlan(EpochPlan):
         out.update(
             pieces=int(pieces.size), unique_samples=int(np.unique(self.indices).size),
             repeated_in_schedule=int(key.size - np.unique(key).size),
-            max_same_bucket_run=None, layout="pack", capacity=self.capacity, rows=int(rows),
+            layout="pack", capacity=self.capacity, rows=int(rows),
             rows_per_batch=rows_per,
             fill=out["padding_efficiency"], best_rows=int(best_rows),
             efficiency_vs_sorted=best_rows / rows if rows else None,
-            order=cfg.order, num_buckets=1, edges=list(self.edges),
-            num_batches=self.num_batches, plan_seconds=self.plan_seconds)
+            order=cfg.order, num_batches=self.num_batches, plan_seconds=self.plan_seconds)
         cost = cfg.cost or CostModel()
         out["cost_model"] = {"a": cost.a, "b": cost.b, "c": cost.c}
         out.update(self.counts)

@@ -18,14 +18,11 @@ import os
 from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 
-from lengthwise.jsonl import jsonl_field
-
-OverflowPolicy = Literal["truncate", "drop", "error"]
-OVERFLOW_POLICIES = ("truncate", "drop", "error")
+from lengthwise.planning.jsonl import jsonl_field
+from lengthwise.planning.vocabulary import OVERFLOW_POLICIES, OverflowPolicy
 
 _BUNDLED_SUFFIX = ".qwen3.npy"
 

@@ -30,16 +30,16 @@ consecutive pieces of at most ``C`` tokens (``plan.token_spans`` holds the
 ``"drop"`` or ``"error"`` as for the padded layout. With ``split``, ``max_len``
 (if given) first truncates samples to that many tokens.
 
-Modules: :mod:`~lengthwise.pack.rows` (:func:`pack_rows`, steps 1 and 2, with
-``_lanes`` and ``_best_fit``), :mod:`~lengthwise.pack.schedule` (step 3,
-:func:`schedule_groups`), :mod:`~lengthwise.pack.planner` (:func:`plan_packed_epoch`,
-splitting long samples with ``_pieces``) and :mod:`~lengthwise.pack.packed_plan`
+Modules: :mod:`~lengthwise.planning.packed.rows` (:func:`pack_rows`, steps 1 and 2, with
+``_lanes`` and ``_best_fit``), :mod:`~lengthwise.planning.packed.balance` (step 3,
+:func:`schedule_groups`), :mod:`~lengthwise.planning.packed.planner` (:func:`plan_packed_epoch`,
+splitting long samples with ``_pieces``) and :mod:`~lengthwise.planning.packed.plan`
 (:class:`PackedEpochPlan`).
 
 Example::
 
     >>> import numpy as np
-    >>> from lengthwise.plan import plan_epoch
+    >>> from lengthwise.planning.plan import plan_epoch
     >>> lens = np.random.default_rng(0).integers(1, 3000, 5000)
     >>> plan = plan_epoch(lens, max_tokens=8192, layout="pack", world_size=2)
     >>> bool(all(lens[plan.batch(k)].sum() <= 8192 for k in range(plan.total_batches)))
@@ -51,17 +51,17 @@ Example::
 from __future__ import annotations
 
 # ``X as X``: the tuning constants stay importable from here
-from lengthwise.pack._best_fit import JITTER as JITTER
-from lengthwise.pack.packed_plan import PackedEpochPlan
-from lengthwise.pack.planner import PACK_ORDERS as PACK_ORDERS
-from lengthwise.pack.planner import PACK_OVERFLOW as PACK_OVERFLOW
-from lengthwise.pack.planner import plan_packed_epoch
-from lengthwise.pack.rows import POOL as POOL
-from lengthwise.pack.rows import REPACK_BUDGET as REPACK_BUDGET
-from lengthwise.pack.rows import REPACK_TRY as REPACK_TRY
-from lengthwise.pack.rows import ROWS_PER_CHUNK as ROWS_PER_CHUNK
-from lengthwise.pack.rows import pack_rows
-from lengthwise.pack.schedule import COST_CLASS as COST_CLASS
-from lengthwise.pack.schedule import schedule_groups
+from lengthwise.planning.packed._best_fit import JITTER as JITTER
+from lengthwise.planning.packed.balance import COST_CLASS as COST_CLASS
+from lengthwise.planning.packed.balance import schedule_groups
+from lengthwise.planning.packed.plan import PackedEpochPlan
+from lengthwise.planning.packed.planner import plan_packed_epoch
+from lengthwise.planning.packed.rows import POOL as POOL
+from lengthwise.planning.packed.rows import REPACK_BUDGET as REPACK_BUDGET
+from lengthwise.planning.packed.rows import REPACK_TRY as REPACK_TRY
+from lengthwise.planning.packed.rows import ROWS_PER_CHUNK as ROWS_PER_CHUNK
+from lengthwise.planning.packed.rows import pack_rows
+from lengthwise.planning.vocabulary import PACK_ORDERS as PACK_ORDERS
+from lengthwise.planning.vocabulary import PACK_OVERFLOW_POLICIES as PACK_OVERFLOW_POLICIES
 
 __all__ = ["PackedEpochPlan", "pack_rows", "plan_packed_epoch", "schedule_groups"]

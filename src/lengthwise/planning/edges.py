@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lengthwise.cost import CostModel, round_up
+from lengthwise.planning.cost import CostModel, round_up
 
 #: with ``num_buckets="auto"``, every bucket must hold at least this many micro-batches,
 #: so that its batches can be re-formed from different samples every epoch.

@@ -14,9 +14,9 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from lengthwise.collate._options import check_edges, check_fields, check_positive
-from lengthwise.collate._samples import check_batch, pad_value, result_dtype, sample_fields
-from lengthwise.collate.buckets import bucket_of
+from lengthwise.pytorch.collate._options import check_edges, check_fields, check_positive
+from lengthwise.pytorch.collate._samples import check_batch, pad_value, result_dtype, sample_fields
+from lengthwise.pytorch.collate.buckets import bucket_of
 
 __all__ = ["PadCollator"]
 

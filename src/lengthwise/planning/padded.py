@@ -1,0 +1,157 @@
+"""The padded layout planned: bucket edges, batches re-formed inside buckets, then ordered.
+
+Each micro-batch is ``rows x P`` tokens, ``P`` its longest sample rounded up to
+``pad_multiple``. Buckets come from exact padding-optimal edges
+(:mod:`~lengthwise.planning.edges`), batches are cut at random inside each bucket
+every epoch (:mod:`~lengthwise.planning.batching`), ranks are evened out, and the
+micro-batches are put in the configured order (:mod:`~lengthwise.planning.orders`).
+
+Example::
+
+    >>> import numpy as np
+    >>> from lengthwise.planning.config import PlanConfig
+    >>> lens = np.random.default_rng(0).integers(1, 2000, 5000)
+    >>> plan = plan_padded_epoch(lens, PlanConfig(max_tokens=8192, world_size=2))
+    >>> bool(np.all(plan.bucket < len(plan.edges)))
+    True
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from lengthwise.planning import batching, metrics, orders, streams
+from lengthwise.planning.config import PlanConfig
+from lengthwise.planning.cost import CostModel
+from lengthwise.planning.edges import Histogram, auto_edges, solve
+from lengthwise.planning.prepare import prepare_lengths
+from lengthwise.planning.schedule import EpochPlan, even_out_counts
+
+__all__ = ["PaddedEpochPlan", "plan_padded_epoch", "resolve_edges", "sorted_reference"]
+
+
+@dataclass(kw_only=True)
+class PaddedEpochPlan(EpochPlan):
+    """An :class:`EpochPlan` of padded micro-batches, each drawn from one length bucket.
+
+    ``bucket[k]`` is the bucket of micro-batch ``k``; bucket ``b`` holds lengths in
+    ``(edges[b-1], edges[b]]``.
+    """
+
+    bucket: np.ndarray
+    edges: list[int]
+
+    @cached_property
+    def stats(self) -> dict:
+        """The figures of ``docs/metrics.md`` (computed on first use)."""
+        cfg = self.config
+        out = metrics.batch_stats(
+            self.lengths, self.indices, self.offsets, world_size=cfg.world_size,
+            grad_accum=cfg.grad_accum, edges=self.edges, pad_multiple=cfg.pad_multiple,
+            cost=cfg.cost, seed=self.seed)
+        if cfg.order == "sorted":
+            out["efficiency_vs_sorted"] = 1.0
+        else:
+            ref = sorted_reference(self.lengths, np.unique(self.indices), cfg)
+            out["efficiency_vs_sorted"] = out["padding_efficiency"] / ref
+        out.update(order=cfg.order, layout="pad", num_buckets=len(self.edges),
+                   edges=list(self.edges), num_batches=self.num_batches,
+                   plan_seconds=self.plan_seconds)
+        out.update(self.counts)
+        return out
+
+
+def sorted_reference(lengths: np.ndarray, ids: np.ndarray, config: PlanConfig) -> float:
+    """``padding_efficiency`` of globally length-sorted batches under the same rule."""
+    order = ids[np.argsort(lengths[ids], kind="stable")]
+    idx, off = batching.greedy_batches(order, lengths, config.row_limit())
+    padded = np.sum(np.diff(off) * batching.batch_padded_lengths(lengths, idx, off,
+                                                                 config.pad_multiple))
+    return float(lengths[idx].sum() / padded)
+
+
+def resolve_edges(lengths: np.ndarray, ids: np.ndarray, config: PlanConfig) -> list[int]:
+    """The bucket edges ``config.buckets`` asks for: given, a count solved exactly, or auto."""
+    planned = lengths if ids.size == lengths.size else lengths[ids]
+    top = int(planned.max())
+    buckets = config.buckets
+    if isinstance(buckets, (tuple, list)):
+        edges = sorted({int(e) for e in buckets if int(e) > 0})
+        if not edges:
+            raise ValueError("bucket edges must contain a positive upper edge")
+        if edges[-1] < top:
+            raise ValueError(f"the last bucket edge {edges[-1]} is below the longest sample "
+                             f"({top}); add an edge >= {top} or set max_len")
+        return edges
+    hist = Histogram.of(planned)
+    cost = config.cost or CostModel()
+    if buckets == "auto":
+        return auto_edges(hist, batch_size=config.batch_size,
+                          max_tokens=config.max_tokens if config.max_cost is None else None,
+                          pad_multiple=config.pad_multiple, cost=cost)
+    if isinstance(buckets, (int, np.integer)) and not isinstance(buckets, bool) and buckets >= 1:
+        return solve(hist, int(buckets), pad_multiple=config.pad_multiple, cost=cost).edges(
+            int(buckets))
+    raise ValueError(f"buckets must be a count, 'auto' or a list of edges, got {buckets!r}")
+
+
+def _batches(lens: np.ndarray, ids: np.ndarray, edges: list[int], config: PlanConfig,
+             seed: int, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Micro-batches with their bucket tags: greedy over one sequence, or inside buckets."""
+    limit = config.row_limit()
+    edge_arr = np.asarray(edges, dtype=np.int64)
+    if config.order in ("sorted", "random"):
+        if config.order == "sorted":
+            seq = ids[np.argsort(lens[ids], kind="stable")]
+        else:
+            seq = ids[streams.rng(seed, epoch, streams.BATCHES).permutation(ids.size)]
+        idx, off = batching.greedy_batches(seq, lens, limit)
+        longest = batching.batch_longest(lens, idx, off)
+        return idx, off, np.searchsorted(edge_arr, longest, side="left")
+    lut = np.searchsorted(edge_arr, np.arange(edges[-1] + 1), side="left").astype(np.int16)
+    bucket_of_sample = lut[lens] if ids.size == lens.size else lut[lens[ids]]
+    return batching.bucket_batches(ids, bucket_of_sample, limit.rows(edge_arr),
+                                   streams.rng(seed, epoch, streams.BATCHES))
+
+
+def _order(idx: np.ndarray, off: np.ndarray, tag: np.ndarray, lens: np.ndarray,
+           config: PlanConfig, o: np.random.Generator) -> np.ndarray:
+    """The permutation of the micro-batches that ``config.order`` asks for."""
+    m = off.size - 1
+    if config.order in ("sorted", "random"):
+        return np.arange(m)
+    if config.order == "bucket-random":
+        return orders.random_order(m, o)
+    if config.order == "interleave":
+        perm = orders.interleave(tag, o, config.world_size)
+        return orders.limit_runs(perm, tag, config.world_size, config.max_run)
+    batch_cost = (config.cost or CostModel()).batch_cost(
+        np.diff(off), batching.batch_padded_lengths(lens, idx, off, config.pad_multiple))
+    return orders.stratified(tag, batch_cost, config.world_size, config.grad_accum, o)
+
+
+def plan_padded_epoch(lengths, config: PlanConfig, *, seed: int = 0, epoch: int = 0,
+                      indices: np.ndarray | None = None) -> PaddedEpochPlan:
+    """Plan one epoch of padded micro-batches (``layout="pad"``).
+
+    A pure function of the lengths, the configuration, ``seed`` and ``epoch``;
+    ``indices`` restricts it to those samples.
+    """
+    started = time.perf_counter()
+    lens, ids, counts = prepare_lengths(lengths, config, indices)
+    edges = resolve_edges(lens, ids, config)
+    idx, off, tag = _batches(lens, ids, edges, config, seed, epoch)
+    idx, off, tag, even = batching.even_out(idx, off, tag, config.world_size, config.even_out,
+                                            streams.rng(seed, epoch, streams.EVEN))
+    perm = _order(idx, off, tag, lens, config, streams.rng(seed, epoch, streams.ORDER))
+    if not np.array_equal(perm, np.arange(off.size - 1)):
+        idx, off = batching.take_batches(idx, off, perm)
+        tag = tag[perm]
+    return PaddedEpochPlan(
+        indices=idx, offsets=off, bucket=tag.astype(np.int32), edges=edges, lengths=lens,
+        config=config, seed=seed, epoch=epoch, plan_seconds=time.perf_counter() - started,
+        counts=even_out_counts(counts, idx, idx.size, even))

@@ -1,0 +1,34 @@
+"""The PyTorch adapters: the batch sampler, the collators, cost calibration, process groups.
+
+* :mod:`~lengthwise.pytorch.sampler`: :class:`BucketBatchSampler`, a plan fed to a ``DataLoader``;
+* :mod:`~lengthwise.pytorch.collate`: :class:`PadCollator` and :class:`PackCollator`;
+* :mod:`~lengthwise.pytorch.calibrate`: fitting the cost model to measured step times;
+* :mod:`~lengthwise.pytorch.dist`: the ``torch.distributed`` group this process is in.
+
+Example::
+
+    >>> from lengthwise.pytorch import BucketBatchSampler
+    >>> list(BucketBatchSampler([5, 3, 8, 2], batch_size=2, order="sorted"))
+    [[3, 1], [0, 2]]
+"""
+
+from __future__ import annotations
+
+from lengthwise._lazy import lazy_exports
+
+_EXPORTS: dict[str, str] = {
+    "BucketBatchSampler": "lengthwise.pytorch.sampler",
+    "ResumeError": "lengthwise.pytorch.sampler",
+    "loader_sampler_state": "lengthwise.pytorch.sampler",
+    "PadCollator": "lengthwise.pytorch.collate",
+    "PackCollator": "lengthwise.pytorch.collate",
+    "RowsDataset": "lengthwise.pytorch.collate",
+    "calibrate": "lengthwise.pytorch.calibrate",
+    "fit_cost": "lengthwise.pytorch.calibrate",
+    "Calibration": "lengthwise.pytorch.calibrate",
+    "group_info": "lengthwise.pytorch.dist",
+}
+
+__all__ = list(_EXPORTS)
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
