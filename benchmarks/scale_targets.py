@@ -30,9 +30,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from planner_targets import fmt, lognormal, machine, table  # noqa: E402
 
-from lengthwise.metrics import recomposition  # noqa: E402
-from lengthwise.plan import PlanConfig, plan_epoch  # noqa: E402
-from lengthwise.windowed import WindowedPlan, resolve_window  # noqa: E402
+from lengthwise.planning.config import PlanConfig  # noqa: E402
+from lengthwise.planning.metrics import recomposition  # noqa: E402
+from lengthwise.planning.plan import plan_epoch  # noqa: E402
+from lengthwise.planning.windowed import WindowedPlan, resolve_window  # noqa: E402
 
 WORLD, BUDGET = 64, 16384
 
@@ -87,7 +88,7 @@ def worker(kind: str, path: str, n: int) -> dict:
     if kind == "hf":
         import torch  # noqa: F401  (imported before the baseline)
         from transformers.trainer_pt_utils import LengthGroupedSampler
-    from lengthwise.lengths import open_lengths
+    from lengthwise.planning.lengths import open_lengths
 
     gc.collect()
     mem = AnonPeak()

@@ -1,7 +1,7 @@
 """Windowed epoch plans: a global shuffle cut into windows, each planned when reached.
 
 The epoch's samples are put in the order of a ``(seed, epoch)`` shuffle
-(:func:`lengthwise.shuffle.permuted`, no permutation array is held) and cut into
+(:func:`lengthwise.planning.shuffle.permuted`, no permutation array is held) and cut into
 windows of at most ``window`` samples (sizes differ by one at most). Each window
 is planned like a whole epoch (same bucket edges, same batch rule, its
 micro-batch count evened out over the ranks) only when training reaches it, so
@@ -12,7 +12,7 @@ number of micro-batches in every window.
 Example::
 
     >>> import numpy as np
-    >>> from lengthwise.plan import PlanConfig
+    >>> from lengthwise.planning.config import PlanConfig
     >>> lens = np.random.default_rng(0).integers(1, 2000, 50_000)
     >>> wp = WindowedPlan(lens, PlanConfig(max_tokens=8192, world_size=4), window=20_000)
     >>> wp.num_windows
@@ -30,9 +30,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lengthwise.lengths import LengthError
-from lengthwise.plan import EpochPlan, PlanConfig, _resolve_edges, plan_epoch, prepare_lengths
-from lengthwise.shuffle import permuted
+from lengthwise.planning.config import PlanConfig
+from lengthwise.planning.lengths import LengthError
+from lengthwise.planning.padded import PaddedEpochPlan, resolve_edges
+from lengthwise.planning.plan import plan_epoch
+from lengthwise.planning.prepare import prepare_lengths
+from lengthwise.planning.schedule import EpochPlan
+from lengthwise.planning.shuffle import permuted
 
 __all__ = ["AUTO_WINDOW", "AUTO_WINDOW_ABOVE", "Window", "WindowedPlan", "resolve_window"]
 
@@ -93,9 +97,7 @@ class Window:
 
     def batch_rows(self, k: int) -> list[np.ndarray]:
         """Sample ids of micro-batch ``k``, one array per packed row (one row when padded)."""
-        rows = self.plan.batch_rows(k) if hasattr(self.plan, "batch_rows") else [
-            self.plan.batch(k)]
-        return [self.ids[r] for r in rows]
+        return [self.ids[r] for r in self.plan.batch_rows(k)]
 
 
 def _check_window(values: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -183,8 +185,7 @@ class WindowedPlan:
                 ids = self.window_ids(0, epoch=0)
                 values = _check_window(np.asarray(self.lengths[ids]), ids)
                 lens, kept, _ = prepare_lengths(values, self.config)
-                self._edges = list(_resolve_edges(lens, kept, self.config,
-                                                  self.config.row_limit()))
+                self._edges = list(resolve_edges(lens, kept, self.config))
         return self._edges
 
     def _window_config(self, values: np.ndarray, config: PlanConfig) -> PlanConfig:
@@ -206,7 +207,7 @@ class WindowedPlan:
 
         Example::
 
-            >>> from lengthwise.plan import PlanConfig
+            >>> from lengthwise.planning.config import PlanConfig
             >>> wp = WindowedPlan(np.arange(1, 101), PlanConfig(batch_size=4), window=50)
             >>> win = wp.plan_window(1)
             >>> win.ids.size, win.num_batches
@@ -287,18 +288,21 @@ class WindowedPlan:
 
     # ------------------------------------------------------------------ whole-epoch view
 
-    def materialize(self, windows: Sequence[int] | None = None) -> EpochPlan:
-        """The windows (all by default) as one :class:`EpochPlan` over the sample ids.
+    def materialize(self, windows: Sequence[int] | None = None) -> PaddedEpochPlan:
+        """The windows (all by default) as one padded plan over the sample ids.
 
         Its schedule is the windows' schedules one after the other; ``stats`` then
         measures the windowed epoch with the whole-epoch figures. Holds every
         planned window in memory: for measuring, not for training at scale.
         """
+        if self.config.layout != "pad":
+            raise ValueError("materialize() measures padded plans; layout is "
+                             f"{self.config.layout!r}")
         chosen = range(self.num_windows) if windows is None else windows
         lengths = np.zeros(self.num_samples, dtype=np.int64)
         idx, off, tag, seconds = [], [np.zeros(1, dtype=np.int64)], [], 0.0
         counts: dict[str, int] = {}
-        edges = list(self.edges) if self.config.layout == "pad" else []
+        edges = list(self.edges)
         for w in chosen:
             win = self.plan_window(w)
             plan = win.plan
@@ -309,9 +313,8 @@ class WindowedPlan:
             seconds += plan.plan_seconds
             for key, value in plan.counts.items():
                 counts[key] = counts.get(key, 0) + value
-            if edges:
-                edges[-1] = max(edges[-1], plan.edges[-1])
-        return EpochPlan(indices=np.concatenate(idx), offsets=np.concatenate(off),
-                         bucket=np.concatenate(tag), edges=edges or [int(lengths.max())],
-                         lengths=lengths, config=self.config, seed=self.seed, epoch=self.epoch,
-                         plan_seconds=seconds, counts=counts)
+            edges[-1] = max(edges[-1], plan.edges[-1])
+        return PaddedEpochPlan(indices=np.concatenate(idx), offsets=np.concatenate(off),
+                               bucket=np.concatenate(tag), edges=edges, lengths=lengths,
+                               config=self.config, seed=self.seed, epoch=self.epoch,
+                               plan_seconds=seconds, counts=counts)
