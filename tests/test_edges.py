@@ -9,7 +9,13 @@ from hypothesis import strategies as st
 
 from lengthwise import optimal_edges
 from lengthwise.planning.cost import CostModel, round_up
-from lengthwise.planning.edges import MIN_BATCHES_PER_BUCKET, Histogram, bucket_counts, solve
+from lengthwise.planning.edges import (
+    FILL_WEIGHT,
+    MIN_BATCHES_PER_BUCKET,
+    Histogram,
+    bucket_counts,
+    solve,
+)
 
 
 def padded_cost(lengths, edges, multiple=1, cost=None):
@@ -71,14 +77,33 @@ def test_auto_keeps_buckets_large_enough_and_near_best():
         rows = np.floor(16384 / np.asarray(e))
         return np.all(bucket_counts(lengths, e) >= MIN_BATCHES_PER_BUCKET * rows)
 
+    def priced(e):  # padded row plus FILL_WEIGHT of the budget whole rows leave unfilled
+        e = np.asarray(e, dtype=np.float64)
+        share = 16384 / np.floor(16384 / e)
+        return float(np.sum(bucket_counts(lengths, e) * (e + FILL_WEIGHT * (share - e))))
+
     assert feasible(edges)
-    sol = solve(Histogram.of(lengths), 128)  # each layer is the exact optimum for that k
-    eff = {k: lengths.sum() / padded_cost(lengths, sol.edges(k))
+    # each layer is the exact optimum for that k
+    sol = solve(Histogram.of(lengths), 128, budget=16384, fill_weight=FILL_WEIGHT)
+    eff = {k: lengths.sum() / priced(sol.edges(k))
            for k in range(1, 129) if feasible(sol.edges(k))}
     best = max(eff.values())
-    assert lengths.sum() / padded_cost(lengths, edges) >= 0.99 * best
+    assert lengths.sum() / priced(edges) >= 0.99 * best
     assert all(v < 0.99 * best for k, v in eff.items() if k < len(edges))
     assert len(edges) >= 10  # many narrow buckets on a wide distribution
+    # without the budget's share the rule is the padding-optimal one
+    pad_only = optimal_edges(lengths, 8)
+    assert solve(Histogram.of(lengths), 8, budget=16384, fill_weight=0.0).edges(8) == pad_only
+
+
+def test_priced_by_budget_share_edges_sit_at_budget_over_rows():
+    lengths = np.random.default_rng(3).integers(600, 3000, 20_000)
+    edges = solve(Histogram.of(lengths), 6, budget=16384).edges(6)
+    # a bucket's edge is the longest sample that still lets its rows fill the budget
+    longest_for_rows = [16384 // (16384 // e) for e in edges[:-1]]
+    assert all(e >= r - 40 for e, r in zip(edges[:-1], longest_for_rows, strict=True))
+    with pytest.raises(ValueError, match="fill_weight"):
+        solve(Histogram.of(lengths), 2, budget=16384, fill_weight=2.0)
 
 
 def test_single_distinct_length_and_bad_counts():

@@ -33,6 +33,10 @@ MIN_BATCHES_PER_BUCKET = 4
 AUTO_TOLERANCE = 0.01
 #: ``"auto"`` considers at most this many buckets.
 AUTO_MAX_BUCKETS = 128
+#: under a token budget, ``"auto"`` prices a sample at its padded row plus this share of
+#: the budget that whole rows cannot fill (see :func:`solve`): edges lean towards
+#: ``budget / rows``, so micro-batches of one step cost alike, at a little padding
+FILL_WEIGHT = 0.3
 
 
 @dataclass(frozen=True)
@@ -118,20 +122,26 @@ class EdgeSolution:
 
 
 def solve(hist: Histogram, max_k: int, *, pad_multiple: int = 1,
-          cost: CostModel | None = None, budget: float | None = None) -> EdgeSolution:
+          cost: CostModel | None = None, budget: float | None = None,
+          fill_weight: float = 1.0) -> EdgeSolution:
     """Run the DP for 1..max_k buckets over a histogram.
 
     Without ``budget`` a sample costs its padded row; with a per-micro-batch
     ``budget`` it costs its share of the batch, ``budget / floor(budget / row)``,
-    which also counts the budget that whole rows cannot fill.
+    which also counts the budget that whole rows cannot fill (the time a rank
+    with a less full micro-batch waits for the others). ``fill_weight`` in [0, 1]
+    blends the two: ``row + fill_weight * (share - row)``. Both are non-decreasing
+    in the edge, so the DP stays exact.
     """
+    if not 0.0 <= fill_weight <= 1.0:
+        raise ValueError(f"fill_weight must lie in [0, 1], got {fill_weight}")
     cost = cost or CostModel()
     u = hist.values.size
     max_k = max(1, min(max_k, u))
     cum = np.concatenate(([0], np.cumsum(hist.counts))).astype(np.float64)
     row = np.asarray(cost.row_cost(round_up(hist.values, pad_multiple)), dtype=np.float64)
     if budget is not None:
-        row = budget / np.maximum(1, np.floor(budget / row))
+        row = row + fill_weight * (budget / np.maximum(1, np.floor(budget / row)) - row)
     w = np.concatenate(([0.0], row))
     prev = np.full(u + 1, np.inf)
     prev[0] = 0.0
@@ -206,10 +216,16 @@ def optimal_edges(
 
 def auto_edges(hist: Histogram, *, batch_size: int | None, max_tokens: int | None,
                pad_multiple: int = 1, cost: CostModel | None = None,
-               max_buckets: int = AUTO_MAX_BUCKETS) -> list[int]:
-    """The ``"auto"`` rule of :func:`optimal_edges` over a histogram."""
+               max_buckets: int = AUTO_MAX_BUCKETS,
+               fill_weight: float = FILL_WEIGHT) -> list[int]:
+    """The ``"auto"`` rule of :func:`optimal_edges` over a histogram.
+
+    Under a token budget (``max_tokens``) samples are priced with ``fill_weight``
+    of their share of the budget (:func:`solve`).
+    """
     cost = cost or CostModel()
-    sol = solve(hist, max_buckets, pad_multiple=pad_multiple, cost=cost)
+    sol = solve(hist, max_buckets, pad_multiple=pad_multiple, cost=cost,
+                budget=max_tokens if batch_size is None else None, fill_weight=fill_weight)
     ideal = float(np.sum(hist.counts * cost.row_cost(hist.values)))
     candidates = [(k, ideal / float(sol.totals[k - 1]), sol.edges(k))
                   for k in range(1, len(sol.args) + 1)]

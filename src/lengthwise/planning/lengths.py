@@ -134,6 +134,14 @@ def _read_source(source: str | os.PathLike[str]) -> np.ndarray:
     lower = path.lower()
     if lower.endswith(".npy"):
         return np.load(path, mmap_mode="r")
+    if lower.endswith(".idx") or os.path.isdir(path):  # Megatron index, Parquet folder
+        from lengthwise.planning import readers
+
+        if lower.endswith(".idx"):
+            return readers.megatron_lengths(path)
+        if column is None:
+            raise LengthError(f"name the column that holds the length: {path}:COLUMN")
+        return readers.parquet_folder_lengths(path, column)
     if lower.endswith((".txt", ".csv")) and column is None:
         return _read_text(path)
     if lower.endswith((".jsonl", ".jsonl.gz", ".json")):
@@ -145,7 +153,8 @@ def _read_source(source: str | os.PathLike[str]) -> np.ndarray:
     if lower.endswith((".arrow", ".feather", ".ipc")):
         return _read_arrow_like(path, column, "arrow")
     raise LengthError(f"cannot read lengths from {path!r}: use .npy, .txt, .jsonl:FIELD, "
-                      ".parquet:COLUMN, .arrow:COLUMN, or a bundled name")
+                      ".parquet:COLUMN, .arrow:COLUMN, a Megatron .idx, FOLDER:COLUMN (Parquet "
+                      "shards), or a bundled name")
 
 
 def validate_lengths(values: np.ndarray | Iterable[float], *, what: str = "lengths") -> np.ndarray:
@@ -225,6 +234,7 @@ def apply_overflow(
 def open_lengths(source: str | os.PathLike[str] | np.ndarray | Iterable[float]) -> np.ndarray:
     """Lengths for planning at scale: ``.npy`` files memory-mapped, arrays not copied.
 
+    Megatron ``.idx`` files are mapped too (:mod:`~lengthwise.planning.readers`).
     Unlike :func:`load_lengths` nothing is converted or scanned: the ranks of a
     node share the file's pages in the page cache, and a windowed plan checks
     each window's values when it reads them. Other sources are read (and
@@ -241,9 +251,9 @@ def open_lengths(source: str | os.PathLike[str] | np.ndarray | Iterable[float]) 
     """
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
-        if not path.lower().endswith(".npy") or not os.path.exists(path):
+        if not path.lower().endswith((".npy", ".idx")) or not os.path.exists(path):
             return load_lengths(source)
-        arr = np.load(path, mmap_mode="r")
+        arr = _read_source(path)
         what = f"lengths from {path}"
     elif isinstance(source, np.ndarray):
         arr, what = source, "lengths"
@@ -268,7 +278,8 @@ def load_lengths(
 
     ``source`` is an array or list, a path (``.npy``, ``.txt`` one integer a line,
     ``FILE.jsonl:FIELD``, ``FILE.parquet:COLUMN``, ``FILE.arrow:COLUMN``; a list
-    column counts its items), or a bundled name (see :func:`bundled_names`).
+    column counts its items; a Megatron ``PREFIX.idx``; ``FOLDER:COLUMN`` for a
+    folder of Parquet shards), or a bundled name (see :func:`bundled_names`).
     With ``max_len``, longer samples are truncated to it, or raise with
     ``on_overflow="error"``. ``"drop"`` cannot remove rows without misaligning
     them from the data set, so here it is validated only: pass ``max_len`` and
