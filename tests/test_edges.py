@@ -83,10 +83,13 @@ def test_auto_keeps_buckets_large_enough_and_near_best():
         return float(np.sum(bucket_counts(lengths, e) * (e + FILL_WEIGHT * (share - e))))
 
     assert feasible(edges)
-    # each layer is the exact optimum for that k
-    sol = solve(Histogram.of(lengths), 128, budget=16384, fill_weight=FILL_WEIGHT)
+    # each layer is the exact optimum for that k among edges whose buckets are large enough
+    hist = Histogram.of(lengths)
+    least = MIN_BATCHES_PER_BUCKET * np.floor(16384 / hist.values)
+    sol = solve(hist, 128, budget=16384, fill_weight=FILL_WEIGHT, least=least)
     eff = {k: lengths.sum() / priced(sol.edges(k))
-           for k in range(1, 129) if feasible(sol.edges(k))}
+           for k in range(1, 129) if np.isfinite(sol.totals[k - 1])}
+    assert all(feasible(sol.edges(k)) for k in eff)
     best = max(eff.values())
     assert lengths.sum() / priced(edges) >= 0.99 * best
     assert all(v < 0.99 * best for k, v in eff.items() if k < len(edges))
@@ -94,6 +97,28 @@ def test_auto_keeps_buckets_large_enough_and_near_best():
     # without the budget's share the rule is the padding-optimal one
     pad_only = optimal_edges(lengths, 8)
     assert solve(Histogram.of(lengths), 8, budget=16384, fill_weight=0.0).edges(8) == pad_only
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(1, 30), min_size=1, max_size=40), k=st.integers(1, 4),
+       least=st.integers(0, 6))
+def test_dp_with_a_least_count_per_bucket_matches_brute_force(lengths, k, least):
+    lengths = np.asarray(lengths)
+    hist = Histogram.of(lengths)
+    # the fewest samples grows with the rows a short edge allows: cum - least non-decreasing
+    need = least * np.maximum(1, 40 // hist.values)
+    sol = solve(hist, k, least=need)
+    best = np.inf
+    values = hist.values.tolist()
+    for kk in range(1, min(k, len(values)) + 1):
+        for cut in itertools.combinations(values[:-1], kk - 1):
+            edges = [*cut, values[-1]]
+            counts = bucket_counts(hist, edges)
+            idx = np.searchsorted(hist.values, edges)
+            if np.all(counts >= need[idx]):
+                best = min(best, float(np.sum(counts * np.asarray(edges))))
+    got = float(sol.totals[min(k, len(values)) - 1])
+    assert (np.isinf(best) and np.isinf(got)) or abs(got - best) < 1e-6
 
 
 def test_priced_by_budget_share_edges_sit_at_budget_over_rows():

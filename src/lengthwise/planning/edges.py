@@ -28,7 +28,7 @@ from lengthwise.planning.cost import CostModel, round_up
 
 #: with ``num_buckets="auto"``, every bucket must hold at least this many micro-batches,
 #: so that its batches can be re-formed from different samples every epoch.
-MIN_BATCHES_PER_BUCKET = 4
+MIN_BATCHES_PER_BUCKET = 2
 #: ``"auto"`` chooses the smallest K within this fraction of the best efficiency.
 AUTO_TOLERANCE = 0.01
 #: ``"auto"`` considers at most this many buckets.
@@ -59,11 +59,14 @@ class Histogram:
         return cls(values.astype(np.int64), counts.astype(np.int64))
 
 
-def _layer(prev: np.ndarray, cum: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _layer(prev: np.ndarray, cum: np.ndarray, w: np.ndarray,
+           least: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """One DP layer: ``out[j] = min_{i<j} prev[i] + (cum[j]-cum[i]) * w[j]`` for j=1..U.
 
     ``prev`` and ``cum`` have length U+1 (index 0 = nothing covered); ``w[j]`` is the
     per-sample cost of a bucket whose last distinct length is the j-th (1-based).
+    With ``least``, a bucket ending at ``j`` must hold at least ``least[j]`` samples
+    (``cum[j] - least[j]`` non-decreasing keeps the arg-min monotone).
     Returns ``(out, arg)`` with ``out[0] = inf``.
     """
     u = cum.size - 1
@@ -83,6 +86,8 @@ def _layer(prev: np.ndarray, cum: np.ndarray, w: np.ndarray) -> tuple[np.ndarray
         cand = olo[seg] + (np.arange(seg.size) - starts[seg])
         jm = mid[seg]
         vals = prev[cand] + (cum[jm] - cum[cand]) * w[jm]
+        if least is not None:
+            vals[cum[jm] - cum[cand] < least[jm]] = np.inf
         mins = np.minimum.reduceat(vals, starts)
         hit = np.flatnonzero(vals == mins[seg])
         first = hit[np.unique(seg[hit], return_index=True)[1]]
@@ -123,7 +128,7 @@ class EdgeSolution:
 
 def solve(hist: Histogram, max_k: int, *, pad_multiple: int = 1,
           cost: CostModel | None = None, budget: float | None = None,
-          fill_weight: float = 1.0) -> EdgeSolution:
+          fill_weight: float = 1.0, least: np.ndarray | None = None) -> EdgeSolution:
     """Run the DP for 1..max_k buckets over a histogram.
 
     Without ``budget`` a sample costs its padded row; with a per-micro-batch
@@ -131,7 +136,8 @@ def solve(hist: Histogram, max_k: int, *, pad_multiple: int = 1,
     which also counts the budget that whole rows cannot fill (the time a rank
     with a less full micro-batch waits for the others). ``fill_weight`` in [0, 1]
     blends the two: ``row + fill_weight * (share - row)``. Both are non-decreasing
-    in the edge, so the DP stays exact.
+    in the edge, so the DP stays exact. ``least[j]`` (one per distinct length) is the
+    fewest samples a bucket whose edge is the ``j``-th distinct length may hold.
     """
     if not 0.0 <= fill_weight <= 1.0:
         raise ValueError(f"fill_weight must lie in [0, 1], got {fill_weight}")
@@ -143,11 +149,12 @@ def solve(hist: Histogram, max_k: int, *, pad_multiple: int = 1,
     if budget is not None:
         row = row + fill_weight * (budget / np.maximum(1, np.floor(budget / row)) - row)
     w = np.concatenate(([0.0], row))
+    lw = None if least is None else np.concatenate(([0.0], np.asarray(least, dtype=np.float64)))
     prev = np.full(u + 1, np.inf)
     prev[0] = 0.0
     totals, args = [], []
     for _ in range(max_k):
-        cur, arg = _layer(prev, cum, w)
+        cur, arg = _layer(prev, cum, w, lw)
         cur[0] = 0.0  # fewer buckets than layers: an empty prefix stays free
         totals.append(cur[u])
         args.append(arg)
@@ -224,18 +231,18 @@ def auto_edges(hist: Histogram, *, batch_size: int | None, max_tokens: int | Non
     of their share of the budget (:func:`solve`).
     """
     cost = cost or CostModel()
-    sol = solve(hist, max_buckets, pad_multiple=pad_multiple, cost=cost,
-                budget=max_tokens if batch_size is None else None, fill_weight=fill_weight)
+    budget = max_tokens if batch_size is None else None
     ideal = float(np.sum(hist.counts * cost.row_cost(hist.values)))
-    candidates = [(k, ideal / float(sol.totals[k - 1]), sol.edges(k))
-                  for k in range(1, len(sol.args) + 1)]
-    # every bucket large enough to re-form its batches each epoch; on data too small for
+    rows = _rows_for(hist.values, batch_size, max_tokens, pad_multiple, cost)
+    # every bucket large enough to re-form its batches each epoch (a constraint of the
+    # DP itself, so narrow buckets go where samples are dense); on data too small for
     # that, at least one full batch per bucket; failing that, no constraint
     for min_batches in (MIN_BATCHES_PER_BUCKET, 1, 0):
-        feasible = [(k, eff, edges) for k, eff, edges in candidates
-                    if k == 1 or np.all(bucket_counts(hist, edges) >= min_batches * _rows_for(
-                        edges, batch_size, max_tokens, pad_multiple, cost))]
-        if len(feasible) > 1:
+        sol = solve(hist, max_buckets, pad_multiple=pad_multiple, cost=cost, budget=budget,
+                    fill_weight=fill_weight, least=min_batches * rows if min_batches else None)
+        feasible = [(k, ideal / float(sol.totals[k - 1]), sol.edges(k))
+                    for k in range(1, len(sol.args) + 1) if np.isfinite(sol.totals[k - 1])]
+        if feasible:
             break
     best = max(eff for _, eff, _ in feasible)
     for _, eff, edges in feasible:
