@@ -106,16 +106,19 @@ def measure(name: str, lens: np.ndarray, world: int, cost: CostModel) -> list[di
     ref = plan_epoch(lens, order="sorted", **kw)
     s = p0.stats
     base = {"shape": name, "samples": int(lens.size), "world": world}
-    rows.append({**base, "edges": "auto", **s, "recomposition": recomposition(p0, p1),
-                 "step_time_vs_sorted": step_time(p0, cost) / step_time(ref, cost)})
+    tokens = CostModel()
+    rows.append({**base, "edge_rule": "auto", **s, "recomposition": recomposition(p0, p1),
+                 "step_time_vs_sorted": step_time(p0, tokens) / step_time(ref, tokens),
+                 "calibrated_step_time_vs_sorted": step_time(p0, cost) / step_time(ref, cost)})
     if world == 64:  # the same plan with padding-optimal edges (no budget share)
         edges = auto_edges(Histogram.of(p0.lengths[p0.indices]), batch_size=None,
                            max_tokens=BUDGET, fill_weight=0.0)
         q0 = plan_epoch(lens, buckets=tuple(edges), **kw)
         q1 = plan_epoch(lens, buckets=tuple(edges), epoch=1, **kw)
-        rows.append({**base, "edges": "padding-only", **q0.stats,
+        rows.append({**base, "edge_rule": "padding-only", **q0.stats,
                      "recomposition": recomposition(q0, q1),
-                     "step_time_vs_sorted": step_time(q0, cost) / step_time(ref, cost)})
+                     "step_time_vs_sorted": step_time(q0, tokens) / step_time(ref, tokens),
+                     "calibrated_step_time_vs_sorted": step_time(q0, cost) / step_time(ref, cost)})
     return rows
 
 
@@ -134,7 +137,10 @@ def main() -> int:
             print(name, world, fmt(rows[-1]["padding_efficiency"]),
                   fmt(rows[-1]["rank_imbalance_p99"]), flush=True)
     auto8 = [r for r in rows if r["world"] == 8]
-    auto64 = [r for r in rows if r["world"] == 64 and r["edges"] == "auto"]
+    # at 64 ranks a data set of a few thousand samples is a handful of steps: the balance
+    # target counts the shapes with at least 20 optimizer steps
+    auto64 = [r for r in rows if r["world"] == 64 and r["edge_rule"] == "auto"
+              and r["optimizer_steps"] >= 20]
     small = [r for r in auto8 if r["micro_batches_per_rank"] * 8 <= 1500]
 
     def share(pred, group):
@@ -147,14 +153,15 @@ def main() -> int:
         ("8 ranks: recomposition <= 0.01", share(lambda r: r["recomposition"] <= 0.01, auto8)),
         ("small sets (<= 1,500 micro-batches): padding_efficiency >= 0.97",
          share(lambda r: r["padding_efficiency"] >= 0.97, small)),
-        ("64 ranks: rank_imbalance p99 <= 1.05",
+        ("64 ranks (>= 20 steps): rank_imbalance p99 <= 1.05",
          share(lambda r: r["rank_imbalance_p99"] <= 1.05, auto64)),
-        ("64 ranks: padding_efficiency >= 0.97",
+        ("64 ranks (>= 20 steps): padding_efficiency >= 0.97",
          share(lambda r: r["padding_efficiency"] >= 0.97, auto64)),
     ]
-    keys = ["shape", "samples", "world", "edges", "padding_efficiency", "efficiency_vs_sorted",
-            "step_cv_ratio", "recomposition", "rank_imbalance_p50", "rank_imbalance_p99",
-            "step_time_vs_sorted", "num_buckets", "micro_batches_per_rank"]
+    keys = ["shape", "samples", "world", "edge_rule", "padding_efficiency",
+            "efficiency_vs_sorted", "step_cv_ratio", "recomposition", "rank_imbalance_p50",
+            "rank_imbalance_p99", "step_time_vs_sorted", "calibrated_step_time_vs_sorted",
+            "num_buckets", "optimizer_steps"]
     cmd = "python benchmarks/shape_targets.py" + (" --quick" if args.quick else "")
     text = f"""# Many length distributions: efficiency, composition, balance
 
@@ -163,11 +170,16 @@ do not edit by hand. Machine: {machine()}.
 
 Every shape is planned with the defaults (stratified, `buckets="auto"`), `max_tokens={BUDGET}`,
 `grad_accum=1`, seed 0; `recomposition` compares epochs 0 and 1. `rank_imbalance` prices
-micro-batches in padded tokens. `step_time_vs_sorted` is the epoch's time through the calibrated
-cost model, the sum over steps of the slowest rank's cost, over that of globally sorted batches
-at the same ranks (lower is better; below 1 when sorted batches leave ranks waiting). Calibrated
-cost model: {cost_text}. At 64 ranks a second row plans the same lengths with padding-optimal
-edges (`fill_weight=0`), the rule before edges were priced by their share of the budget.
+micro-batches in padded tokens. `step_time_vs_sorted` is the epoch's time, the sum over steps
+of the slowest rank's cost, over that of globally sorted batches at the same ranks (lower is
+better), with micro-batches priced in padded tokens; `calibrated_step_time_vs_sorted` prices
+them with the calibrated cost model: {cost_text}. That small model's attention outweighs its
+other work from about {1 / cost.b:.0f} tokens on, far earlier than a large model's, so under a
+token budget its long-sample micro-batches cost several times the short ones, and every step
+that mixes lengths waits for its long batch (sorted batches do not mix); with such a model, plan
+with a cost budget (`max_cost` and the fitted `cost`). At 64 ranks a second row plans the same
+lengths with padding-optimal edges (`fill_weight=0`), the rule before edges were priced by their
+share of the budget.
 
 ## Targets (how many shapes meet them)
 

@@ -12,6 +12,7 @@ from lengthwise.planning.cost import CostModel, round_up
 from lengthwise.planning.edges import (
     FILL_WEIGHT,
     MIN_BATCHES_PER_BUCKET,
+    MIN_SAMPLES_PER_BUCKET,
     Histogram,
     bucket_counts,
     solve,
@@ -75,7 +76,8 @@ def test_auto_keeps_buckets_large_enough_and_near_best():
 
     def feasible(e):
         rows = np.floor(16384 / np.asarray(e))
-        return np.all(bucket_counts(lengths, e) >= MIN_BATCHES_PER_BUCKET * rows)
+        need = np.maximum(MIN_BATCHES_PER_BUCKET * rows, MIN_SAMPLES_PER_BUCKET)
+        return np.all(bucket_counts(lengths, e) >= need)
 
     def priced(e):  # padded row plus FILL_WEIGHT of the budget whole rows leave unfilled
         e = np.asarray(e, dtype=np.float64)
@@ -85,7 +87,8 @@ def test_auto_keeps_buckets_large_enough_and_near_best():
     assert feasible(edges)
     # each layer is the exact optimum for that k among edges whose buckets are large enough
     hist = Histogram.of(lengths)
-    least = MIN_BATCHES_PER_BUCKET * np.floor(16384 / hist.values)
+    least = np.maximum(MIN_BATCHES_PER_BUCKET * np.floor(16384 / hist.values),
+                       MIN_SAMPLES_PER_BUCKET)
     sol = solve(hist, 128, budget=16384, fill_weight=FILL_WEIGHT, least=least)
     eff = {k: lengths.sum() / priced(sol.edges(k))
            for k in range(1, 129) if np.isfinite(sol.totals[k - 1])}

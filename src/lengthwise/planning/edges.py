@@ -29,6 +29,9 @@ from lengthwise.planning.cost import CostModel, round_up
 #: with ``num_buckets="auto"``, every bucket must hold at least this many micro-batches,
 #: so that its batches can be re-formed from different samples every epoch.
 MIN_BATCHES_PER_BUCKET = 2
+#: ... and at least this many samples, so that batches of a few long rows are not drawn
+#: from so few samples that the same ones meet again next epoch
+MIN_SAMPLES_PER_BUCKET = 16
 #: ``"auto"`` chooses the smallest K within this fraction of the best efficiency.
 AUTO_TOLERANCE = 0.01
 #: ``"auto"`` considers at most this many buckets.
@@ -200,7 +203,9 @@ def optimal_edges(
     ``num_buckets="auto"`` picks the smallest K whose efficiency is within 1% of
     the best reachable while every bucket holds at least
     ``MIN_BATCHES_PER_BUCKET`` micro-batches (rows per batch from ``batch_size``
-    or ``max_tokens``), so batches can be re-formed every epoch.
+    or ``max_tokens``) and ``MIN_SAMPLES_PER_BUCKET`` samples, so batches can be
+    re-formed every epoch; under ``max_tokens`` a sample is also priced with
+    ``FILL_WEIGHT`` of the budget its batch's whole rows leave unfilled.
 
     Example::
 
@@ -234,12 +239,13 @@ def auto_edges(hist: Histogram, *, batch_size: int | None, max_tokens: int | Non
     budget = max_tokens if batch_size is None else None
     ideal = float(np.sum(hist.counts * cost.row_cost(hist.values)))
     rows = _rows_for(hist.values, batch_size, max_tokens, pad_multiple, cost)
+    least = np.maximum(MIN_BATCHES_PER_BUCKET * rows, MIN_SAMPLES_PER_BUCKET)
     # every bucket large enough to re-form its batches each epoch (a constraint of the
     # DP itself, so narrow buckets go where samples are dense); on data too small for
     # that, at least one full batch per bucket; failing that, no constraint
-    for min_batches in (MIN_BATCHES_PER_BUCKET, 1, 0):
+    for need in (least, rows, None):
         sol = solve(hist, max_buckets, pad_multiple=pad_multiple, cost=cost, budget=budget,
-                    fill_weight=fill_weight, least=min_batches * rows if min_batches else None)
+                    fill_weight=fill_weight, least=need)
         feasible = [(k, ideal / float(sol.totals[k - 1]), sol.edges(k))
                     for k in range(1, len(sol.args) + 1) if np.isfinite(sol.totals[k - 1])]
         if feasible:
