@@ -143,3 +143,13 @@ def test_windowed_sampler_reads_a_memory_mapped_file(tmp_path):
     s = BucketBatchSampler(str(path), **KW)
     assert isinstance(s.lengths, np.memmap)
     assert list(s) == list(BucketBatchSampler(lens, **KW))
+
+
+def test_windowed_packed_rows_cover_every_sample_once():
+    lens = _lengths(3000)
+    runs = [list(BucketBatchSampler(lens, max_tokens=4096, layout="pack", window=1000,
+                                    num_replicas=2, rank=r, yield_rows=True)) for r in range(2)]
+    assert len(runs[0]) == len(runs[1])
+    rows = [row for run in runs for batch in run for row in batch]
+    assert all(sum(lens[row]) <= 4096 for row in rows)
+    _assert_exactly_once([np.asarray(row) for row in rows], lens.size)
