@@ -113,14 +113,39 @@ def test_trainer_trains_a_tiny_llama_on_the_planned_batches(tmp_path):
     assert trainer.lengthwise_sampler.seed == 3  # TrainingArguments.seed
 
 
+def _counts(batches):
+    lengths = _lengths()
+    return sum(len(b) for b in batches), int(sum(lengths[i] for b in batches for i in b))
+
+
+def test_final_metrics_count_the_planned_samples_and_tokens(tmp_path):
+    # Trainer alone would count max_steps * per_device_train_batch_size * accum = 3 * 8 * 2
+    trainer, rec = _trainer(tmp_path, max_steps=3, per_device_train_batch_size=8,
+                            logging_steps=1000)
+    out = trainer.train()
+    want, _ = _plan_batches()
+    samples, tokens = _counts(want[: 3 * ACCUM])
+    # the loader collates one micro-batch ahead; only the trained ones count
+    assert rec.seen[: 3 * ACCUM] == want[: 3 * ACCUM] and samples != 3 * 8 * ACCUM
+    m = out.metrics
+    assert (m["train_samples"], m["train_tokens"]) == (samples, tokens)
+    assert m["train_samples_per_second"] == round(samples / m["train_runtime"], 3)
+    assert m["train_tokens_per_second"] == round(tokens / m["train_runtime"], 3)
+    assert out.training_loss == m["train_loss"]
+    final = trainer.state.log_history[-1]  # what the callbacks printed
+    assert final["train_samples"] == samples and final["train_loss"] == m["train_loss"]
+
+
 def test_use_lengthwise_on_an_existing_trainer(tmp_path):
     rec = Recorder()
     trainer = Trainer(model=_model(), args=_args(tmp_path, data_seed=5),
                       train_dataset=Tokens(_lengths()), data_collator=rec)
     sampler = use_lengthwise(trainer, _lengths(), **OPTIONS)
     assert sampler.seed == 5  # data_seed wins over seed
-    trainer.train()
+    out = trainer.train()
     assert rec.seen == _plan_batches(seed=5)[0]
+    assert out.metrics["train_samples"] == len(_lengths())  # one whole epoch
+    assert out.metrics["train_tokens"] == int(_lengths().sum())
 
 
 def test_trainer_resume_continues_with_the_plan(tmp_path):
@@ -139,8 +164,11 @@ def test_trainer_resume_continues_with_the_plan(tmp_path):
     assert (saved["epoch"], saved["yielded"]) == (1, done)
 
     second, rec2 = _trainer(tmp_path / "a", num_train_epochs=2, save_strategy="no")
-    second.train(resume_from_checkpoint=str(checkpoint))
+    resumed = second.train(resume_from_checkpoint=str(checkpoint))
     assert rec2.seen == e1[done:]
+    # the resumed call counts what it trained, not the steps before the checkpoint
+    assert (resumed.metrics["train_samples"], resumed.metrics["train_tokens"]) == _counts(
+        e1[done:])
     for a, b in zip(first.model.parameters(), second.model.parameters(), strict=True):
         torch.testing.assert_close(a, b)
 
@@ -173,19 +201,98 @@ def test_trainer_settings_that_would_shard_again_are_refused(tmp_path):
         _trainer(tmp_path, options={**OPTIONS, "grad_accum": 4})
 
 
+# ---------------------------------------------------------------- TRL's SFTTrainer
+
+
+def _sft_trainer(out, **kw):
+    """TRL's SFTTrainer on 64 texts, with a word-level tokenizer built here (no downloads)."""
+    import datasets
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from trl import SFTConfig, SFTTrainer
+
+    words = {"<pad>": 0, "</s>": 1, **{f"w{i}": i + 2 for i in range(VOCAB - 2)}}
+    tok = Tokenizer(models.WordLevel(words, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>")
+    rng = np.random.default_rng(1)
+    texts = [f"w{i} " + " ".join(f"w{j}" for j in rng.integers(0, VOCAB - 2, n))
+             for i, n in enumerate(_lengths())]  # the first word makes every row unique
+    args = SFTConfig(output_dir=str(out), use_cpu=True, report_to=[], num_train_epochs=1,
+                     gradient_accumulation_steps=ACCUM, learning_rate=1e-3, logging_steps=1000,
+                     save_strategy="no", disable_tqdm=True, seed=3, max_length=None, **kw)
+    trainer = SFTTrainer(model=_model(), args=args,
+                         train_dataset=datasets.Dataset.from_dict({"text": texts}),
+                         processing_class=tokenizer)
+    rows = {tuple(ids): i for i, ids in enumerate(trainer.train_dataset["input_ids"])}
+    seen: list[list[int]] = []
+    collate = trainer.data_collator
+
+    def record(examples):
+        seen.append([rows[tuple(e["input_ids"])] for e in examples])
+        return collate(examples)
+
+    trainer.data_collator = record
+    return trainer, seen
+
+
+def _sft_lengths(trainer):
+    from lengthwise.hf.lengths import compute_lengths
+
+    return compute_lengths(trainer.train_dataset, cache=False)
+
+
+def test_trl_sft_trainer_trains_on_the_planned_batches(tmp_path):
+    pytest.importorskip("trl")
+    trainer, seen = _sft_trainer(tmp_path)
+    lengths = _sft_lengths(trainer)
+    sampler = use_lengthwise(trainer, lengths, **OPTIONS)
+    out = trainer.train()
+    plan = plan_epoch(lengths, grad_accum=ACCUM, seed=3, epoch=0, **OPTIONS)
+    assert seen == [b.tolist() for b in plan.rank_batches(0)]
+    assert sorted(i for b in seen for i in b) == list(range(len(lengths)))
+    assert out.global_step == -(-plan.num_batches // ACCUM) and sampler.seed == 3
+    assert (out.metrics["train_samples"], out.metrics["train_tokens"]) == (
+        len(lengths), int(lengths.sum()))
+
+
 # ---------------------------------------------------------------- two processes
+
+
+class _RawLoss(LengthwiseTrainer):
+    """Keeps the final train_loss as this rank computed it, before the ranks agree on one."""
+
+    raw_loss = None
+
+    def log(self, logs, *args, **kwargs):
+        if "train_runtime" in logs:
+            self.raw_loss = logs["train_loss"]
+        super().log(logs, *args, **kwargs)
 
 
 def _rank_main(out_dir: str) -> None:
     rec = Recorder()
-    args = _args(out_dir, ddp_backend="gloo")
-    trainer = LengthwiseTrainer(model=_model(), args=args, train_dataset=Tokens(_lengths()),
-                                data_collator=rec, lengths=_lengths(), sampler_options=OPTIONS)
+    # no logging step before the end: each rank's final loss is its own until reduced
+    args = _args(out_dir, ddp_backend="gloo", logging_steps=1000)
+    trainer = _RawLoss(model=_model(), args=args, train_dataset=Tokens(_lengths()),
+                       data_collator=rec, lengths=_lengths(), sampler_options=OPTIONS)
     out = trainer.train()
     checksum = float(sum(p.double().sum() for p in trainer.model.parameters()))
+    result = {"seen": rec.seen, "steps": out.global_step, "world": args.world_size,
+              "checksum": checksum, "loss": out.training_loss, "raw_loss": trainer.raw_loss,
+              "samples": out.metrics["train_samples"], "tokens": out.metrics["train_tokens"]}
+    try:
+        import trl  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        sft, seen = _sft_trainer(os.path.join(out_dir, "sft"), ddp_backend="gloo")
+        use_lengthwise(sft, _sft_lengths(sft), **OPTIONS)
+        sft_out = sft.train()
+        result.update(sft_seen=seen, sft_loss=sft_out.training_loss,
+                      sft_samples=sft_out.metrics["train_samples"])
     with open(os.path.join(out_dir, f"rank{args.process_index}.json"), "w") as fh:
-        json.dump({"seen": rec.seen, "steps": out.global_step, "world": args.world_size,
-                   "checksum": checksum}, fh)
+        json.dump(result, fh)
 
 
 @pytest.mark.slow
@@ -216,6 +323,49 @@ def test_trainer_two_processes_gloo(tmp_path):
         assert res[rank]["seen"] == _plan_batches(world=2, rank=rank)[0]  # not sharded again
     ids = [i for r in res for b in r["seen"] for i in b]
     assert sorted(ids) == list(range(len(_lengths())))
+    # one train_loss on both ranks: the mean of what each rank had on its own
+    assert res[0]["raw_loss"] != res[1]["raw_loss"]
+    assert res[0]["loss"] == res[1]["loss"] == pytest.approx(
+        (res[0]["raw_loss"] + res[1]["raw_loss"]) / 2)
+    assert [r["samples"] for r in res] == [len(_lengths())] * 2  # over both ranks
+    assert [r["tokens"] for r in res] == [int(_lengths().sum())] * 2
+    if "sft_seen" not in res[0]:
+        pytest.skip("trl is not installed: the SFTTrainer part did not run")
+    # TRL's SFTTrainer through use_lengthwise: every sample exactly once over the 2 ranks
+    sft_ids = sorted(i for r in res for b in r["sft_seen"] for i in b)
+    assert sft_ids == list(range(len(_lengths())))
+    assert res[0]["sft_loss"] == res[1]["sft_loss"]
+    assert [r["sft_samples"] for r in res] == [len(_lengths())] * 2
+
+
+_WHO = """
+import json, os, sys
+from accelerate import Accelerator
+acc = Accelerator(cpu=True)
+path = os.path.join(sys.argv[1], f"p{acc.process_index}.json")
+with open(path, "w") as fh:
+    json.dump([acc.process_index, acc.num_processes, str(acc.distributed_type)], fh)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("flags", "processes"),
+                         [(["--cpu"], 1), (["--multi_gpu"], 2)], ids=["cpu", "multi_gpu"])
+def test_accelerate_launch_on_cpu_starts_what_the_docs_say(tmp_path, flags, processes):
+    """docs/pytorch.md: --cpu starts one process whatever --num_processes says."""
+    if torch.cuda.is_available():
+        pytest.skip("--multi_gpu means GPUs on a machine that has them")
+    script = tmp_path / "who.py"
+    script.write_text(_WHO)
+    env = dict(os.environ, HF_HOME=str(tmp_path / "hf"))  # no accelerate config file
+    cmd = [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", *flags,
+           "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+           "--dynamo_backend", "no", str(script), str(tmp_path)]
+    subprocess.run(cmd, env=env, check=True, timeout=240, capture_output=True)
+    found = sorted(json.loads(p.read_text()) for p in tmp_path.glob("p*.json"))
+    assert [f[:2] for f in found] == [[r, processes] for r in range(processes)]
+    if processes == 2:
+        assert found[0][2].endswith("MULTI_CPU")
 
 
 if __name__ == "__main__":

@@ -22,8 +22,9 @@ from lengthwise.train import (  # noqa: E402
     load_checkpoint,
     save_checkpoint,
 )
-from lengthwise.train.checkpoint import CheckpointError  # noqa: E402
+from lengthwise.train.checkpoint import CheckpointError, CorruptCheckpointError  # noqa: E402
 from lengthwise.train.checkpoint import torch_backend as ckpt_module  # noqa: E402
+from lengthwise.train.checkpoint.checkpointer import SharedCheckpointers  # noqa: E402
 
 CRASH_WORKER = Path(__file__).with_name("_crash_worker.py")
 BACKENDS = [pytest.param(False, id="torch-save"), pytest.param(True, id="dcp")]
@@ -293,4 +294,159 @@ def test_incomplete_folders_are_never_listed(tmp_path):
     (tmp_path / "step_8.tmp").mkdir()
     (tmp_path / "step_7").mkdir()
     (tmp_path / "step_7" / "COMPLETE").write_text("{not json")
-    assert list_checkpoints(tmp_path) == [] and latest_checkpoint(tmp_path) is None
+    assert list_checkpoints(tmp_path) == []
+    with pytest.warns(UserWarning, match=r"skipping a corrupt checkpoint: .*step_7.COMPLETE"):
+        assert latest_checkpoint(tmp_path) is None
+
+
+# ------------------------------------------------------------------ integrity
+
+
+def _two_checkpoints(root, use_dcp):
+    """Checkpoints of steps 1 and 2 with different weights; returns the models saved."""
+    models = []
+    with Checkpointer(root, keep=None, use_dcp=use_dcp) as ckpt:
+        for step in (1, 2):
+            torch.manual_seed(step)
+            model = torch.nn.Linear(64, 64)
+            ckpt.save(step, model=model).wait()
+            models.append(model)
+    return models
+
+
+def _biggest_file(folder):
+    return max((p for p in folder.rglob("*") if p.is_file() and p.name != "COMPLETE"),
+               key=lambda p: p.stat().st_size)
+
+
+def _flip(path, count=40):
+    data = bytearray(path.read_bytes())
+    start = len(data) // 2
+    for i in range(start, start + count):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("use_dcp", BACKENDS)
+def test_flipped_bytes_fail_the_checksum_and_the_previous_step_is_named(tmp_path, use_dcp):
+    models = _two_checkpoints(tmp_path, use_dcp)
+    manifest = json.loads((tmp_path / "step_2" / "COMPLETE").read_text())
+    bad = _biggest_file(tmp_path / "step_2")
+    name = bad.relative_to(tmp_path / "step_2").as_posix()
+    assert manifest["files"][name]["bytes"] == bad.stat().st_size
+    assert len(manifest["files"][name]["sha256"]) == 64
+    _flip(bad)
+    model = torch.nn.Linear(64, 64)
+    with pytest.raises(CorruptCheckpointError,
+                       match=rf"{name} does not match its checksum.*previous good checkpoint "
+                             r"is step 1"):
+        load_checkpoint(tmp_path / "step_2", model=model)
+    # the latest good one is found, with a warning naming the corrupt file
+    with pytest.warns(UserWarning, match=rf"skipping a corrupt checkpoint: .*step_2.*{name}"):
+        assert latest_checkpoint(tmp_path) == tmp_path / "step_1"
+    with pytest.warns(UserWarning, match="skipping a corrupt checkpoint"):
+        assert load_checkpoint(tmp_path, model=model)["step"] == 1
+    torch.testing.assert_close(model.weight, models[0].weight)
+
+
+@pytest.mark.parametrize("use_dcp", BACKENDS)
+@pytest.mark.parametrize("damage", ["truncate", "delete", "empty"])
+def test_a_damaged_file_is_named(tmp_path, use_dcp, damage):
+    _two_checkpoints(tmp_path, use_dcp)
+    for folder in ("step_1", "step_2"):
+        bad = _biggest_file(tmp_path / folder)
+        if damage == "truncate":
+            bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])
+        elif damage == "delete":
+            bad.unlink()
+        else:
+            bad.write_bytes(b"")
+    what = "is missing" if damage == "delete" else r"is \d+ bytes, the manifest says"
+    with pytest.raises(CorruptCheckpointError,
+                       match=rf"{bad.name} {what}.*no earlier checkpoint .* verifies"):
+        load_checkpoint(tmp_path / "step_2", model=torch.nn.Linear(64, 64))
+    with pytest.warns(UserWarning), pytest.raises(FileNotFoundError, match="verify"):
+        load_checkpoint(tmp_path, model=torch.nn.Linear(64, 64))
+
+
+@pytest.mark.parametrize("use_dcp", BACKENDS)
+@pytest.mark.parametrize("damage", ["flip", "truncate", "garbage"])
+def test_unreadable_files_without_checksums_name_the_path(tmp_path, use_dcp, damage):
+    """Checkpoints written before checksums: a broken file still gets a clear error."""
+    _two_checkpoints(tmp_path, use_dcp)
+    folder = tmp_path / "step_2"
+    manifest = json.loads((folder / "COMPLETE").read_text())
+    del manifest["files"]
+    manifest["version"] = 1
+    (folder / "COMPLETE").write_text(json.dumps(manifest))
+    bad = _biggest_file(folder) if not use_dcp else folder / ".metadata"
+    if damage == "flip":
+        _flip(bad, count=min(40, bad.stat().st_size // 4))
+    elif damage == "truncate":
+        bad.write_bytes(bad.read_bytes()[:20])
+    else:
+        bad.write_bytes(bytes(range(256)) * 4)
+    model = torch.nn.Linear(64, 64)
+    try:
+        load_checkpoint(folder, model=model)
+    except CorruptCheckpointError as exc:
+        assert str(folder) in str(exc) and "previous good checkpoint is step 1" in str(exc)
+    else:  # flipped bytes inside a tensor: exactly what checksums are for
+        assert damage == "flip"
+
+
+def test_a_damaged_manifest_is_named(tmp_path):
+    _two_checkpoints(tmp_path, False)
+    (tmp_path / "step_2" / "COMPLETE").write_bytes(b"\xff\xfe{garbage")
+    with pytest.raises(CorruptCheckpointError,
+                       match=r"step_2.COMPLETE is not a valid checkpoint manifest.*step 1"):
+        load_checkpoint(tmp_path / "step_2", model=torch.nn.Linear(64, 64))
+    with pytest.warns(UserWarning, match="step_2.COMPLETE is damaged"):
+        assert latest_checkpoint(tmp_path) == tmp_path / "step_1"
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_checkpoint(tmp_path / "step_5", model=torch.nn.Linear(64, 64))
+
+
+# ------------------------------------------------------------ save_checkpoint's cache
+
+
+def test_save_checkpoint_reuses_replaces_and_closes_its_checkpointers(tmp_path):
+    shared = SharedCheckpointers(size=2)
+    model = torch.nn.Linear(2, 2)
+    first = shared.get(tmp_path / "a", keep=3, async_=True, logger=None)
+    first.save(1, model=model)
+    assert shared.get(tmp_path / "a", keep=3, async_=True, logger=None) is first
+    # other settings: the old one is closed (its save finished), not changed under its save
+    second = shared.get(tmp_path / "a", keep=1, async_=True, logger=None)
+    assert second is not first and first.closed and first.keep == 3
+    assert latest_checkpoint(tmp_path / "a") == tmp_path / "a" / "step_1"
+    second.save(2, model=model)
+    shared.get(tmp_path / "b", keep=1, async_=True, logger=None)
+    shared.get(tmp_path / "c", keep=1, async_=True, logger=None)  # evicts "a"
+    assert len(shared) == 2 and second.closed and second._executor is None
+    assert [p.name for p in list_checkpoints(tmp_path / "a")] == ["step_2"]
+    survivors = [shared.get(tmp_path / d, keep=1, async_=True, logger=None) for d in "bc"]
+    shared.close()
+    assert len(shared) == 0 and all(c.closed for c in survivors)
+
+
+def test_save_checkpoint_threads_stop_at_exit(tmp_path):
+    code = (
+        "import threading, torch\n"
+        "from lengthwise.train import save_checkpoint\n"
+        f"p = save_checkpoint({str(tmp_path)!r}, 1, model=torch.nn.Linear(300, 300))\n"
+        "print(any(t.name.startswith('lengthwise-checkpoint') for t in threading.enumerate()))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert out.stdout.strip() == "True"  # the write was in flight at exit...
+    assert latest_checkpoint(tmp_path) == tmp_path / "step_1"  # ...and finished, verified
+
+
+@pytest.mark.parametrize("use_dcp", BACKENDS)
+def test_a_model_that_does_not_fit_is_not_called_corrupt(tmp_path, use_dcp):
+    _two_checkpoints(tmp_path, use_dcp)
+    with pytest.raises((CheckpointError, RuntimeError), match="size mismatch|could not be loaded"
+                       ) as info:
+        load_checkpoint(tmp_path / "step_2", model=torch.nn.Linear(3, 64))
+    assert not isinstance(info.value, CorruptCheckpointError)

@@ -243,17 +243,19 @@ def test_step_does_not_wait_for_the_disk(tmp_path):
     log = StepLogger(path, max_queue=3)
     blocked = _BlockedFile(log._writer.file)
     log._writer.file = blocked
-    for step in range(3):  # the writer holds one record, the queue the others
-        log.step(step, loss=1.0)
-    stepped = threading.Event()
+    first, stepped = threading.Event(), threading.Event()
 
-    def one_more():
+    def loop():
+        for step in range(3):  # the writer holds one record, the queue the others
+            log.step(step, loss=1.0)
+        first.set()
         for step in range(3, 6):
             log.step(step, loss=1.0)
         stepped.set()
 
-    thread = threading.Thread(target=one_more, daemon=True)
+    thread = threading.Thread(target=loop, daemon=True)
     thread.start()
+    assert first.wait(30)
     assert not stepped.wait(0.3)  # a full queue is the only thing a step ever waits for
     blocked.release.set()
     thread.join(30)
@@ -274,11 +276,159 @@ def test_flush_makes_records_visible_before_close(tmp_path):
         log.step(1, loss=1.0)
 
 
+class _FullDisk(_BlockedFile):
+    def write(self, text):
+        raise OSError(28, "No space left on device")
+
+
 def test_a_failed_write_is_reported_on_the_next_call(tmp_path):
     log = StepLogger(tmp_path / "log.jsonl")
-    log.step(0, loss=1.0, bad=object())
-    with pytest.raises(RuntimeError, match="writing the training log failed"):
+    log._writer.file = _FullDisk(log._writer.file)
+    log.step(0, loss=1.0)
+    with pytest.raises(RuntimeError, match="writing the training log .* failed: .*No space"):
         log.flush()
+
+
+@pytest.mark.parametrize(
+    ("value", "kind"),
+    [({"a", "b"}, "builtins.set"), (json, "module"),
+     (__import__("datetime").datetime(2024, 1, 1), "datetime.datetime"),
+     ({"nested": [1, {2}]}, "builtins.set")],
+)
+def test_a_field_json_cannot_hold_fails_at_its_call_and_loses_nothing(tmp_path, value, kind):
+    path = tmp_path / "log.jsonl"
+    log = StepLogger(path)
+    log.step(0, loss=1.0)
+    log.record_micro(loss=2.0, real_tokens=10, samples=1)
+    with pytest.raises(TypeError, match=rf"step\(tags=\.\.\.\): JSON cannot hold a .*{kind}"):
+        log.step(1, tags=value)
+    rec = log.step(1, tags=["ok"])  # the same step again: its micro-batch was kept
+    assert (rec["loss"], rec["real_tokens"], rec["micro_batches"]) == (2.0, 10, 1)
+    with pytest.raises(TypeError, match=r"event\(where=\.\.\.\)"):
+        log.event("note", where=value)
+    for step in range(2, 5):
+        log.step(step, loss=float(step))
+    log.close()
+    assert [r.get("step") for r in read_log(path)] == [0, 1, 2, 3, 4]
+    assert read_log(path)[1]["tags"] == ["ok"]
+
+
+def test_a_failed_log_step_can_be_repeated():
+    log = StepLogger(None)
+    with pytest.raises(TypeError, match=r"step\(when=\.\.\.\)"):
+        log.log_step(0, losses=[1.0, 3.0], real_tokens=[1, 1], when={1})
+    with pytest.raises(ValueError, match="non-negative integer"):
+        log.log_step(0, losses=[1.0, 3.0], real_tokens=[1, -1])
+    rec = log.log_step(0, losses=[1.0, 3.0], real_tokens=[1, 1], when=[1])
+    assert (rec["micro_batches"], rec["loss"], rec["real_tokens"]) == (2, 2.0, 2)
+    log.close()
+
+
+def test_bad_step_arguments_keep_the_recorded_micro_batches():
+    log = StepLogger(None)
+    log.record_micro(loss=3.0, real_tokens=4)
+    for bad in ({"lr": "fast"}, {"epoch": -1}, {"grad_norm": [1, 2]}, {"loss": "x"}):
+        with pytest.raises((TypeError, ValueError)):
+            log.step(0, **bad)
+    assert log.step(0)["loss"] == 3.0
+    log.close()
+
+
+def test_a_second_thread_is_refused_and_the_first_loop_is_intact(tmp_path):
+    path = tmp_path / "log.jsonl"
+    log = StepLogger(path)
+    errors, go = [], threading.Event()
+
+    def loop(n):
+        go.wait()
+        try:
+            for _ in range(n):
+                log.record_micro(loss=1.0, real_tokens=2, samples=1)
+                log.record_micro(loss=1.0, real_tokens=2, samples=1)
+                log.step()
+        except RuntimeError as exc:
+            errors.append(str(exc))
+
+    log.step(0, loss=1.0)  # the main thread owns the logger now
+    threads = [threading.Thread(target=loop, args=(50,), name=f"loop-{i}") for i in range(2)]
+    for t in threads:
+        t.start()
+    go.set()
+    for t in threads:
+        t.join(30)
+    assert len(errors) == 2 and all("is logging with this logger" in e for e in errors)
+    assert "'MainThread'" in errors[0]
+    # events may come from any thread (a checkpoint writer, for instance)
+    t = threading.Thread(target=log.event, args=("checkpoint_written",), kwargs={"step": 1})
+    t.start()
+    t.join()
+    for _ in range(3):
+        log.record_micro(loss=1.0, real_tokens=2, samples=1)
+        log.record_micro(loss=1.0, real_tokens=2, samples=1)
+        log.step()
+    log.close()
+    steps = [r["step"] for r in read_log(path) if "step" in r and "event" not in r]
+    assert steps == [0, 1, 2, 3]
+    assert all(r["micro_batches"] == 2 for r in read_log(path)[1:] if "event" not in r)
+
+
+def test_a_finished_thread_hands_the_logger_on():
+    log = StepLogger(None)
+    worker = threading.Thread(target=log.step, args=(0,), kwargs={"loss": 1.0})
+    worker.start()
+    worker.join()
+    assert log.step(1, loss=1.0)["step"] == 1  # the first thread has ended
+    log.close()
+
+
+@pytest.mark.parametrize("how", ["delete", "move", "replace"])
+def test_a_log_file_that_vanishes_is_reopened_and_nothing_is_lost(tmp_path, how):
+    path = tmp_path / "logs" / "log.jsonl"
+    log = StepLogger(path, flush_every_s=3600)
+    for step in range(3):
+        log.step(step, loss=1.0)
+    log.flush()
+    if how == "delete":
+        path.unlink()
+    elif how == "move":
+        path.rename(tmp_path / "moved.jsonl")
+    else:
+        path.unlink()
+        path.write_text("")
+    for step in range(3, 6):
+        log.step(step, loss=1.0)
+    with pytest.warns(UserWarning, match=r"was (deleted or moved|replaced).* 3 line\(s\)"):
+        log.flush()
+    log.step(6, loss=1.0)
+    log.close()
+    assert log.reopened == 1
+    lines = read_log(path)
+    assert lines[0]["event"] == "log_reopened" and lines[0]["rewritten_lines"] == 3
+    assert [r["step"] for r in lines[1:]] == [3, 4, 5, 6]
+    if how == "move":
+        assert [r["step"] for r in read_log(tmp_path / "moved.jsonl")] == [0, 1, 2, 3, 4, 5]
+
+
+def test_a_log_whose_folder_vanishes_is_recreated(tmp_path):
+    import shutil
+
+    path = tmp_path / "logs" / "log.jsonl"
+    with StepLogger(path, flush_every_s=3600) as log:
+        log.step(0, loss=1.0)
+        log.flush()
+        shutil.rmtree(tmp_path / "logs")
+        log.step(1, loss=1.0)
+        with pytest.warns(UserWarning, match="reopened"):
+            log.flush()
+    assert [r.get("step") for r in read_log(path)] == [None, 1]
+
+
+def test_a_log_path_under_a_file_or_at_a_folder_says_so(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(NotADirectoryError, match=r"afile is a file, not a folder"):
+        StepLogger(tmp_path / "afile" / "sub" / "log.jsonl")
+    with pytest.raises(IsADirectoryError, match=r"is a folder; give a file path"):
+        StepLogger(tmp_path)
 
 
 @pytest.mark.parametrize(

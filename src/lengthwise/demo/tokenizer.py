@@ -20,6 +20,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lengthwise.cache import cache_dir
+
 if TYPE_CHECKING:  # pragma: no cover
     from tokenizers import Tokenizer
 
@@ -32,9 +34,8 @@ SPECIAL_TOKENS = [EOS]
 
 
 def default_cache_dir() -> Path:
-    """``$LENGTHWISE_CACHE`` or ``~/.cache/lengthwise``."""
-    env = os.environ.get("LENGTHWISE_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "lengthwise"
+    """The package's cache folder (:func:`lengthwise.cache.cache_dir`)."""
+    return cache_dir()
 
 
 def train_tokenizer(texts: list[str], *, vocab_size: int = 4096) -> Tokenizer:

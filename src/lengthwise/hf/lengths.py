@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from lengthwise.cache import cache_dir
 from lengthwise.planning.lengths import validate_lengths
 
 __all__ = ["LENGTH_COLUMNS", "cache_dir", "compute_lengths"]
@@ -37,21 +38,6 @@ LENGTH_COLUMNS = ("length", "lengths", "num_tokens", "n_tokens", "token_count",
                   "seq_len", "seq_length", "input_length")
 _CACHE_VERSION = "1"
 _OUT = "__lengthwise_length__"
-
-
-def cache_dir() -> Path:
-    """Folder of the length cache (``$LENGTHWISE_CACHE`` overrides the default).
-
-    Example::
-
-        >>> cache_dir().name != ""
-        True
-    """
-    env = os.environ.get("LENGTHWISE_CACHE")
-    if env:
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "lengthwise"
 
 
 def _column_kind(dataset: Any, column: str) -> str:

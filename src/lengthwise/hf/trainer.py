@@ -14,6 +14,13 @@ rank waits for, or pads out to, another. This holds on one device, under
 micro-batch. ``gradient_accumulation_steps`` is the sampler's ``grad_accum``, and
 the seed is ``data_seed`` (else ``seed``) unless ``seed`` is given.
 
+The final metrics tell the truth about planned micro-batches: ``train_samples`` and
+``train_tokens`` (real tokens) count what the optimizer steps of this ``train()``
+call consumed over all ranks, ``train_samples_per_second`` and
+``train_tokens_per_second`` divide them by ``train_runtime`` (Trainer's own figure
+assumes ``per_device_train_batch_size`` rows per micro-batch), and ``train_loss`` is
+averaged over the ranks, so every rank reports the same.
+
 Example::
 
     trainer = LengthwiseTrainer(
@@ -25,18 +32,22 @@ Example::
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
 import types
 import warnings
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import DataLoader
 from transformers import Trainer, TrainerCallback
 
 from lengthwise.pytorch.sampler import BucketBatchSampler, ResumeError
+
+if TYPE_CHECKING:
+    from transformers.trainer_utils import TrainOutput
 
 __all__ = ["STATE_FILE", "LengthwiseTrainer", "lengthwise_dataloader", "make_sampler",
            "use_lengthwise"]
@@ -236,6 +247,12 @@ class LengthwiseTrainer(Trainer):
         super().__init__(*args, **kwargs)
         self.lengthwise_sampler = make_sampler(self, lengths, **(sampler_options or {}))
         self.add_callback(_SaveSamplerState(self.lengthwise_sampler))
+        self._lengthwise_start = _StartStep()
+        self.add_callback(self._lengthwise_start)
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        true_final_metrics(self, self.lengthwise_sampler, self._lengthwise_start.step, logs)
+        super().log(logs, *args, **kwargs)
 
     def get_train_dataloader(self) -> DataLoader:
         return lengthwise_dataloader(self, self.lengthwise_sampler)
@@ -243,7 +260,7 @@ class LengthwiseTrainer(Trainer):
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any,
               **kwargs: Any):
         check_resume(self.lengthwise_sampler, _resolve_checkpoint(self, resume_from_checkpoint))
-        return super().train(resume_from_checkpoint, *args, **kwargs)
+        return _with_final_loss(super().train(resume_from_checkpoint, *args, **kwargs))
 
 
 def use_lengthwise(trainer: Trainer, lengths: Any, **options: Any) -> BucketBatchSampler:
@@ -251,7 +268,9 @@ def use_lengthwise(trainer: Trainer, lengths: Any, **options: Any) -> BucketBatc
 
     For trainers built elsewhere (a ``Trainer`` subclass from another library):
     replaces the instance's training loader, saves the sampler state in
-    checkpoints and checks it on resume, like :class:`LengthwiseTrainer`.
+    checkpoints and checks it on resume, and corrects the final metrics (true
+    samples and tokens per second, one ``train_loss`` over the ranks), like
+    :class:`LengthwiseTrainer`. Works on TRL's ``SFTTrainer``.
 
     Example::
 
@@ -264,11 +283,96 @@ def use_lengthwise(trainer: Trainer, lengths: Any, **options: Any) -> BucketBatc
     trainer.get_train_dataloader = types.MethodType(
         lambda self: lengthwise_dataloader(self, sampler), trainer)
     trainer.add_callback(_SaveSamplerState(sampler))
-    plain_train = trainer.train
+    start = _StartStep()
+    trainer.add_callback(start)
+    plain_train, plain_log = trainer.train, trainer.log
 
     def train(resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
         check_resume(sampler, _resolve_checkpoint(trainer, resume_from_checkpoint))
-        return plain_train(resume_from_checkpoint, *args, **kwargs)
+        return _with_final_loss(plain_train(resume_from_checkpoint, *args, **kwargs))
+
+    def log(logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        true_final_metrics(trainer, sampler, start.step, logs)
+        plain_log(logs, *args, **kwargs)
 
     trainer.train = train
+    trainer.log = log
     return sampler
+
+
+# ------------------------------------------------------------------ final metrics
+
+
+class _StartStep(TrainerCallback):
+    """Remembers the optimizer step a ``train()`` call starts from (after a resume)."""
+
+    step = 0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.step = state.global_step
+        return control
+
+
+def trained_counts(sampler: BucketBatchSampler, start_step: int,
+                   end_step: int) -> tuple[int, int]:
+    """Samples and real tokens of the micro-batches of optimizer steps ``[start, end)``, all ranks.
+
+    Trainer takes ``gradient_accumulation_steps`` micro-batches per step (fewer for an
+    epoch's last step) and counts the steps of an epoch once, from the sampler's length.
+
+    Example::
+
+        >>> s = BucketBatchSampler([5, 6, 7, 8], batch_size=1, grad_accum=2, num_replicas=2,
+        ...                        rank=0)
+        >>> trained_counts(s, 0, 1)  # one step per epoch: 2 micro-batches x 2 ranks
+        (4, 26)
+        >>> trained_counts(s, 1, 3)  # epochs 1 and 2
+        (8, 52)
+    """
+    accum = sampler.grad_accum
+    steps_per_epoch = max(1, math.ceil(len(sampler) / accum))
+    samples = tokens = 0
+    for epoch in range(start_step // steps_per_epoch, end_step // steps_per_epoch + 1):
+        first = max(start_step - epoch * steps_per_epoch, 0)
+        last = min(end_step - epoch * steps_per_epoch, steps_per_epoch)
+        if last <= first:
+            continue
+        probe = copy.copy(sampler)  # another epoch's plan, leaving the sampler as it is
+        probe.set_epoch(epoch)
+        plan = probe.plan
+        if plan is None:
+            continue
+        world, n = sampler.num_replicas, plan.num_batches
+        lo, hi = plan.offsets[min(n, first * accum) * world], plan.offsets[
+            min(n, last * accum) * world]
+        samples += int(hi - lo)
+        tokens += int(plan.lengths[plan.indices[lo:hi]].sum())
+    return samples, tokens
+
+
+def true_final_metrics(trainer: Trainer, sampler: BucketBatchSampler, start_step: int,
+                       logs: dict[str, float]) -> None:
+    """Correct Trainer's final metrics in ``logs`` (in place): true throughput, one loss.
+
+    Other logs pass unchanged. Runs on every rank (Trainer logs its final metrics on all).
+    """
+    if "train_runtime" not in logs or "train_loss" not in logs:
+        return
+    samples, tokens = trained_counts(sampler, start_step, trainer.state.global_step)
+    runtime = float(logs["train_runtime"])
+    logs["train_samples"] = samples
+    logs["train_tokens"] = tokens
+    logs["train_samples_per_second"] = round(samples / runtime, 3) if runtime > 0 else 0.0
+    logs["train_tokens_per_second"] = round(tokens / runtime, 3) if runtime > 0 else 0.0
+    acc = trainer.accelerator
+    if acc.num_processes > 1:  # the leftover loss since the last logging step is per rank
+        import torch
+
+        loss = torch.tensor(float(logs["train_loss"]), dtype=torch.float64, device=acc.device)
+        logs["train_loss"] = float(acc.reduce(loss, reduction="mean"))
+
+
+def _with_final_loss(out: TrainOutput) -> TrainOutput:
+    """``train()``'s result with the loss of its (corrected) final metrics."""
+    loss = out.metrics.get("train_loss") if out.metrics else None
+    return out if loss is None else out._replace(training_loss=loss)

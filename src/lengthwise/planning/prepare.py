@@ -4,7 +4,7 @@ Example::
 
     >>> from lengthwise.planning.config import PlanConfig
     >>> lens, ids, counts = prepare_lengths([4, 0, 9], PlanConfig(batch_size=2, max_len=8))
-    >>> lens.tolist(), ids.tolist(), counts["truncated"], counts["empty"]
+    >>> lens.tolist(), ids.tolist(), counts["truncated"], counts["dropped_empty"]
     ([4, 0, 8], [0, 2], 1, 1)
 """
 

@@ -9,7 +9,7 @@ Example::
 
     >>> a = rng(0, 1, BATCHES).integers(1 << 30)
     >>> b = rng(0, 1, BATCHES).integers(1 << 30)
-    >>> a == b and a != rng(1, 0, BATCHES).integers(1 << 30)
+    >>> bool(a == b and a != rng(1, 0, BATCHES).integers(1 << 30))
     True
 """
 

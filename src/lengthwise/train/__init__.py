@@ -26,6 +26,8 @@ _EXPORTS = {
     "SpikeGuard": "lengthwise.train.spike_guard",
     "Checkpointer": "lengthwise.train.checkpoint",
     "PendingSave": "lengthwise.train.checkpoint",
+    "CheckpointError": "lengthwise.train.checkpoint",
+    "CorruptCheckpointError": "lengthwise.train.checkpoint",
     "save_checkpoint": "lengthwise.train.checkpoint",
     "load_checkpoint": "lengthwise.train.checkpoint",
     "latest_checkpoint": "lengthwise.train.checkpoint",

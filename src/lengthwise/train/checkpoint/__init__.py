@@ -17,10 +17,13 @@ How it is written:
 - **In a single process** (no process group) it copies the state to CPU memory and
   a background thread writes it with ``torch.save`` to ``state.pt``.
 
-Either way the files go to ``step_N.tmp/`` first; once all are written a
-``COMPLETE`` manifest is added and the folder is renamed to ``step_N/``, so a
-crash in the middle of a save leaves the previous checkpoint as the latest
-complete one. Only the newest ``keep`` complete checkpoints are kept.
+Either way the files go to ``step_N.tmp/`` first; once all are written the writer
+thread hashes them and a ``COMPLETE`` manifest listing every file's size and SHA-256
+is added, then the folder is renamed to ``step_N/``, so a crash in the middle of a
+save leaves the previous checkpoint as the latest complete one. Loading checks the
+files against the manifest (:class:`CorruptCheckpointError` names the bad file and
+the previous good checkpoint); :func:`latest_checkpoint` skips corrupt ones with a
+warning. Only the newest ``keep`` complete checkpoints are kept.
 
 Checkpoints are pickles: load only files you wrote.
 
@@ -29,6 +32,7 @@ Modules: :mod:`~lengthwise.train.checkpoint.checkpointer` (:class:`Checkpointer`
 (:func:`load_checkpoint`), :mod:`~lengthwise.train.checkpoint.layout` (folders,
 manifest, :func:`list_checkpoints`, :func:`latest_checkpoint`),
 :mod:`~lengthwise.train.checkpoint.atomic` (publishing and pruning folders),
+:mod:`~lengthwise.train.checkpoint.integrity` (per-file checksums),
 :mod:`~lengthwise.train.checkpoint.state` (RNG, scheduler and sampler states), the
 backends :mod:`~lengthwise.train.checkpoint.torch_backend` and
 :mod:`~lengthwise.train.checkpoint.dcp_backend`, and
@@ -53,7 +57,7 @@ Example::
 from __future__ import annotations
 
 from lengthwise.train.checkpoint.checkpointer import Checkpointer, save_checkpoint
-from lengthwise.train.checkpoint.errors import CheckpointError
+from lengthwise.train.checkpoint.errors import CheckpointError, CorruptCheckpointError
 from lengthwise.train.checkpoint.layout import FORMAT as FORMAT
 from lengthwise.train.checkpoint.layout import MANIFEST as MANIFEST
 from lengthwise.train.checkpoint.layout import latest_checkpoint, list_checkpoints
@@ -63,6 +67,7 @@ from lengthwise.train.checkpoint.pending import PendingSave
 __all__ = [
     "Checkpointer",
     "CheckpointError",
+    "CorruptCheckpointError",
     "PendingSave",
     "save_checkpoint",
     "load_checkpoint",

@@ -20,9 +20,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from lengthwise.train.checkpoint.integrity import file_digests
 from lengthwise.train.checkpoint.layout import MANIFEST, TMP_DIR, list_checkpoints
 
 __all__ = ["prune", "publish", "remove_tree"]
+
 
 def _fsync_dir(path: Path) -> None:
     try:
@@ -52,7 +54,12 @@ def remove_tree(path: Path) -> None:
 
 
 def publish(tmp: Path, final: Path, manifest: dict[str, Any]) -> None:
-    """Mark ``tmp`` complete and rename it to ``final`` (replacing an older ``final``)."""
+    """Mark ``tmp`` complete and rename it to ``final`` (replacing an older ``final``).
+
+    The manifest gets the size and SHA-256 of every file in ``tmp``. Call it from the
+    writer thread: hashing reads every file back.
+    """
+    manifest = {**manifest, "files": file_digests(tmp, skip=(MANIFEST,))}
     _write_manifest(tmp, manifest)
     _fsync_dir(tmp)
     old = None

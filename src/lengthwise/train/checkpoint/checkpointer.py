@@ -10,10 +10,12 @@ Example::
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 import time
 import warnings
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -30,7 +32,7 @@ from lengthwise.train.checkpoint.pending import PendingSave
 from lengthwise.train.checkpoint.state import TrainingState, check_stateful
 from lengthwise.train.checkpoint.torch_backend import save_torch
 
-__all__ = ["Checkpointer", "save_checkpoint"]
+__all__ = ["Checkpointer", "SharedCheckpointers", "save_checkpoint"]
 
 
 class Checkpointer:
@@ -86,6 +88,7 @@ class Checkpointer:
         self._cpu_group: Any = None
         self._pending: PendingSave | None = None
         self._executor: ThreadPoolExecutor | None = None
+        self.closed = False
 
     # public API
     def save(
@@ -111,6 +114,7 @@ class Checkpointer:
         for name, obj in (("optimizer", optimizer), ("scheduler", scheduler),
                           ("sampler", sampler)):
             check_stateful(name, obj)
+        self.closed = False
         info = group_info(self.process_group)
         use_dcp = self.use_dcp if self.use_dcp is not None else info is not None
         if not use_dcp and info is not None and info.world_size > 1:
@@ -173,13 +177,14 @@ class Checkpointer:
         return latest_checkpoint(self.directory)
 
     def close(self) -> None:
-        """Wait for the last save and release the writer thread."""
+        """Wait for the last save and stop the writer thread (a later save starts it again)."""
         try:
             self.wait()
         finally:
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
                 self._executor = None
+            self.closed = True
 
     def __enter__(self) -> Checkpointer:
         return self
@@ -229,8 +234,74 @@ class Checkpointer:
         return self._cpu_group
 
 
-_SHARED: dict[Path, Checkpointer] = {}
-_SHARED_LOCK = threading.Lock()
+class SharedCheckpointers:
+    """The checkpointers :func:`save_checkpoint` reuses: one per directory, at most ``size``.
+
+    A call with other settings (``keep``, ``async_``, ``logger``) than the directory's
+    checkpointer closes it (waiting for its save) and starts a new one, so settings
+    never change under a save in flight. Beyond ``size`` directories the least
+    recently used one is closed. :meth:`close` (run at interpreter exit) waits for
+    every save and stops the writer threads.
+
+    Example::
+
+        >>> import tempfile, torch
+        >>> shared = SharedCheckpointers(size=1)
+        >>> a = shared.get(tempfile.mkdtemp(), keep=3, async_=True, logger=None)
+        >>> b = shared.get(tempfile.mkdtemp(), keep=3, async_=True, logger=None)
+        >>> len(shared), a.closed, b.closed
+        (1, True, False)
+        >>> shared.close(); b.closed
+        True
+    """
+
+    def __init__(self, size: int = 4) -> None:
+        self.size = size
+        self._items: OrderedDict[Path, Checkpointer] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, directory: str | os.PathLike, *, keep: int | None, async_: bool,
+            logger: Any) -> Checkpointer:
+        """The checkpointer of ``directory`` with these settings (closing a stale one)."""
+        key = Path(directory).resolve()
+        evicted: list[Checkpointer] = []
+        with self._lock:
+            found = self._items.pop(key, None)
+            stale = None
+            if found is not None and (found.keep != keep or found.async_ != async_
+                                      or found.logger is not logger):
+                stale, found = found, None
+            if found is None:
+                found = Checkpointer(directory, keep=keep, async_=async_, logger=logger)
+            self._items[key] = found
+            while len(self._items) > self.size:
+                evicted.append(self._items.popitem(last=False)[1])
+        for other in evicted:  # another directory: its failure is not this call's
+            try:
+                other.close()
+            except CheckpointError as exc:
+                warnings.warn(f"a background checkpoint save failed: {exc}", stacklevel=3)
+        if stale is not None:
+            stale.close()  # same directory: a failure of its last save is raised here
+        return found
+
+    def close(self) -> None:
+        """Wait for every save in flight and stop the writer threads (warns on failures)."""
+        with self._lock:
+            items = list(self._items.values())
+            self._items.clear()
+        for checkpointer in items:
+            try:
+                checkpointer.close()
+            except CheckpointError as exc:
+                warnings.warn(f"a background checkpoint save failed: {exc}", stacklevel=2)
+
+
+_SHARED = SharedCheckpointers()
+atexit.register(_SHARED.close)
 
 
 def save_checkpoint(
@@ -248,8 +319,10 @@ def save_checkpoint(
 ) -> PendingSave:
     """Save a checkpoint of ``step`` into ``directory`` (see :class:`Checkpointer`).
 
-    Calls with the same ``directory`` share one :class:`Checkpointer`, so a save
-    waits for the previous one. Returns a :class:`PendingSave`; ``.wait()`` for the path.
+    Calls with the same ``directory`` and settings share one :class:`Checkpointer`, so
+    a save waits for the previous one (see :class:`SharedCheckpointers`: a few recent
+    directories are kept, and their threads stop at exit). Returns a
+    :class:`PendingSave`; ``.wait()`` for the path.
 
     Example::
 
@@ -258,13 +331,6 @@ def save_checkpoint(
         >>> save_checkpoint(root, 5, model=torch.nn.Linear(1, 1), async_=False).path.name
         'step_5'
     """
-    key = Path(directory).resolve()
-    with _SHARED_LOCK:
-        checkpointer = _SHARED.get(key)
-        if checkpointer is None:
-            checkpointer = _SHARED[key] = Checkpointer(directory)
-    checkpointer.keep = keep
-    checkpointer.async_ = async_
-    checkpointer.logger = logger
+    checkpointer = _SHARED.get(directory, keep=keep, async_=async_, logger=logger)
     return checkpointer.save(step, model=model, optimizer=optimizer, scheduler=scheduler,
                              sampler=sampler, extra=extra)

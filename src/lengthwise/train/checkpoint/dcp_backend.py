@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from lengthwise.pytorch.dist import GroupInfo, group_info
-from lengthwise.train.checkpoint.errors import CheckpointError
+from lengthwise.train.checkpoint.errors import CheckpointError, CorruptCheckpointError
 from lengthwise.train.checkpoint.layout import new_manifest
 from lengthwise.train.checkpoint.state import TrainingState
 
@@ -130,12 +130,25 @@ def load_dcp(path: Path, manifest: dict[str, Any], model: torch.nn.Module, optim
     load_optimizer_state = optimizer is not None and manifest.get("has_optimizer_state", False)
     if load_optimizer_state:
         state["optimizer"] = get_optimizer_state_dict(model, optimizer)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=_NO_DIST_NOTICE, category=UserWarning)
-        dcp.load(state, **_target(path, info, process_group))
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_NO_DIST_NOTICE, category=UserWarning)
+            dcp.load(state, **_target(path, info, process_group))
+        aux = pickle.loads(state[aux_key])
+    except BaseException as exc:  # dcp wraps readers' errors in a BaseException subclass
+        if isinstance(exc, CheckpointError | KeyboardInterrupt | SystemExit):
+            raise
+        if "files" in manifest:  # the files passed their checksums: the objects do not fit
+            raise CheckpointError(
+                f"{path} (its files are intact) could not be loaded into the given model or "
+                f"optimizer: {type(exc).__name__}: {exc}"
+            ) from exc
+        raise CorruptCheckpointError(
+            f"{path} cannot be read as a distributed checkpoint (a damaged file, or a model "
+            f"that does not match it): {type(exc).__name__}: {exc}"
+        ) from exc
     options = StateDictOptions(strict=strict)
     set_model_state_dict(model, state["model"], options=options)
-    aux = pickle.loads(state[aux_key])
     if load_optimizer_state:
         set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)
     elif optimizer is not None and aux.get("optimizer_param_groups") is not None:

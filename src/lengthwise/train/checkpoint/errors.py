@@ -1,15 +1,21 @@
-"""The error of a checkpoint that could not be written or read.
+"""The errors of a checkpoint that could not be written or read.
 
 Example::
 
     >>> isinstance(CheckpointError("step 3"), RuntimeError)
     True
+    >>> issubclass(CorruptCheckpointError, CheckpointError)
+    True
 """
 
 from __future__ import annotations
 
-__all__ = ["CheckpointError"]
+__all__ = ["CheckpointError", "CorruptCheckpointError"]
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint could not be written or read."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A checkpoint's files are missing, cut short, fail their checksum or cannot be parsed."""

@@ -17,8 +17,12 @@ import json
 import os
 import re
 import time
+import warnings
 from pathlib import Path
 from typing import Any
+
+from lengthwise.train.checkpoint.errors import CorruptCheckpointError
+from lengthwise.train.checkpoint.integrity import verify_files
 
 __all__ = ["latest_checkpoint", "list_checkpoints"]
 
@@ -49,7 +53,7 @@ def new_manifest(step: int, backend: str, world_size: int, has_optimizer_state: 
         'lengthwise-checkpoint'
     """
     return {
-        "format": FORMAT, "version": 1, "step": step, "backend": backend,
+        "format": FORMAT, "version": 2, "step": step, "backend": backend,
         "world_size": world_size, "time": time.time(),
         "has_optimizer_state": has_optimizer_state, "contents": contents,
     }
@@ -93,7 +97,10 @@ def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
 
 
 def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
-    """The complete checkpoint with the highest step under ``directory``, or ``None``.
+    """The newest complete checkpoint under ``directory`` whose files verify, or ``None``.
+
+    A checkpoint whose files fail their checksums is skipped with a ``UserWarning``
+    naming the file, and the next older one is tried.
 
     Example::
 
@@ -101,12 +108,66 @@ def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
         >>> latest_checkpoint(tempfile.mkdtemp()) is None
         True
     """
-    found = list_checkpoints(directory)
-    return found[-1] if found else None
+    root = Path(directory)
+    if not root.is_dir():
+        return None
+    marked = []  # step folders with a manifest file, valid or not
+    for child in root.iterdir():
+        match = STEP_DIR.match(child.name)
+        if match and (child / MANIFEST).is_file():
+            marked.append((int(match.group(1)), child))
+    for _, path in sorted(marked, reverse=True):
+        manifest = read_manifest(path)
+        try:
+            if manifest is None:
+                raise CorruptCheckpointError(f"{path / MANIFEST} is damaged")
+            verify_files(path, manifest)
+        except CorruptCheckpointError as exc:
+            warnings.warn(f"skipping a corrupt checkpoint: {exc}", UserWarning, stacklevel=2)
+            continue
+        return path
+    return None
+
+
+def previous_good(path: Path) -> str:
+    """Where to resume instead of the broken checkpoint ``path``: a sentence for an error.
+
+    Example::
+
+        >>> import tempfile
+        >>> previous_good(Path(tempfile.mkdtemp()) / "step_4")
+        'no earlier checkpoint in the same folder verifies'
+    """
+    match = STEP_DIR.match(path.name)
+    step = int(match.group(1)) if match else None
+    for older in reversed(list_checkpoints(path.parent)):
+        older_step = int(STEP_DIR.match(older.name).group(1))  # type: ignore[union-attr]
+        if older == path or (step is not None and older_step >= step):
+            continue
+        try:
+            verify_files(older, read_manifest(older) or {})
+        except CorruptCheckpointError:
+            continue
+        return f"the previous good checkpoint is step {older_step} ({older})"
+    return "no earlier checkpoint in the same folder verifies"
+
+
+def check_files(path: Path, manifest: dict[str, Any]) -> None:
+    """Verify the files of checkpoint ``path``; the error names the file and the previous good.
+
+    Example::
+
+        >>> import tempfile
+        >>> check_files(Path(tempfile.mkdtemp()), {"files": {}})
+    """
+    try:
+        verify_files(path, manifest)
+    except CorruptCheckpointError as exc:
+        raise CorruptCheckpointError(f"{exc}; {previous_good(path)}") from None
 
 
 def resolve_checkpoint(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
-    """A checkpoint folder and its manifest: ``path`` itself, or the latest one under it.
+    """A verified checkpoint folder and its manifest: ``path``, or the latest good one under it.
 
     Example::
 
@@ -118,13 +179,23 @@ def resolve_checkpoint(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
         none
     """
     path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"checkpoint path {path} does not exist")
     manifest = read_manifest(path)
     if manifest is None:
+        if (path / MANIFEST).is_file():
+            raise CorruptCheckpointError(
+                f"{path / MANIFEST} is not a valid checkpoint manifest (the file is damaged); "
+                f"{previous_good(path)}"
+            )
         latest = latest_checkpoint(path)
         if latest is None:
             raise FileNotFoundError(
-                f"{path} is neither a complete checkpoint nor a folder holding one"
+                f"{path} is neither a complete checkpoint nor a folder holding one "
+                "whose files verify"
             )
         path, manifest = latest, read_manifest(latest)
-    assert manifest is not None
+        assert manifest is not None
+        return path, manifest
+    check_files(path, manifest)
     return path, manifest

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 
 from lengthwise.train.checkpoint.dcp_backend import load_dcp
-from lengthwise.train.checkpoint.errors import CheckpointError
-from lengthwise.train.checkpoint.layout import resolve_checkpoint
+from lengthwise.train.checkpoint.errors import CheckpointError, CorruptCheckpointError
+from lengthwise.train.checkpoint.layout import previous_good, resolve_checkpoint
 from lengthwise.train.checkpoint.state import check_stateful, set_rng_state
 from lengthwise.train.checkpoint.torch_backend import load_torch
 
@@ -34,7 +34,10 @@ def load_checkpoint(
     """Restore a checkpoint into the given objects; return ``{"step", "extra", "path"}``.
 
     ``path`` is a ``step_N`` folder or a root folder (its latest complete checkpoint
-    is used). Objects passed in must have been saved; objects left out are not
+    that verifies is used, skipping corrupt ones with a warning). The files are checked
+    against the checksums of the manifest first: a file missing, cut short or changed
+    raises :class:`CorruptCheckpointError` naming it and the previous good checkpoint.
+    Objects passed in must have been saved; objects left out are not
     touched. RNG states are restored unless ``restore_rng=False``. Under
     ``torch.distributed`` every rank calls this and gets its own RNG and sampler state.
 
@@ -53,12 +56,19 @@ def load_checkpoint(
         check_stateful(name, obj)
         if obj is not None and name not in contents:
             raise CheckpointError(f"{path} holds no {name} state (it has {sorted(contents)})")
-    if manifest["backend"] == "torch":
-        aux = load_torch(path, model, optimizer, strict, map_location)
-    elif manifest["backend"] == "dcp":
-        aux = load_dcp(path, manifest, model, optimizer, strict, process_group)
-    else:
-        raise CheckpointError(f"{path}: unknown checkpoint backend {manifest['backend']!r}")
+    backend = manifest.get("backend")
+    try:
+        if backend == "torch":
+            aux = load_torch(path, model, optimizer, strict, map_location)
+        elif backend == "dcp":
+            aux = load_dcp(path, manifest, model, optimizer, strict, process_group)
+        else:
+            raise CheckpointError(f"{path}: unknown checkpoint backend {backend!r}")
+    except CorruptCheckpointError as exc:
+        raise CorruptCheckpointError(f"{exc}; {previous_good(path)}") from exc.__cause__
+    if not isinstance(aux, dict) or not {"step", "extra", "rng"} <= set(aux):
+        raise CorruptCheckpointError(f"{path}: the saved training state is incomplete; "
+                                     f"{previous_good(path)}")
     if scheduler is not None:
         scheduler.load_state_dict(aux["scheduler"])
     if sampler is not None:

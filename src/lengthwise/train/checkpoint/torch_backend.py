@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from lengthwise.train.checkpoint.errors import CorruptCheckpointError
 from lengthwise.train.checkpoint.layout import new_manifest
 from lengthwise.train.checkpoint.state import TrainingState, cpu_copy
 
@@ -73,8 +74,16 @@ def save_torch(state: TrainingState, tmp: Path, executor: ThreadPoolExecutor,
 def load_torch(path: Path, model: torch.nn.Module, optimizer: Any, strict: bool,
                map_location: Any) -> dict[str, Any]:
     """Load the model (and optimizer) from ``path``; return the unpickled aux state."""
-    state = torch.load(path / TORCH_FILE, map_location=map_location, weights_only=False)
+    file = path / TORCH_FILE
+    try:
+        state = torch.load(file, map_location=map_location, weights_only=False)
+        aux = pickle.loads(state["aux_rank0"])
+    except (OSError, EOFError, ValueError, RuntimeError, KeyError, TypeError,
+            pickle.UnpicklingError, AttributeError, ImportError) as exc:
+        raise CorruptCheckpointError(
+            f"{file} cannot be read as a checkpoint: {type(exc).__name__}: {exc}"
+        ) from exc
     model.load_state_dict(state["model"], strict=strict)
     if optimizer is not None:
         optimizer.load_state_dict(state["optimizer"])
-    return pickle.loads(state["aux_rank0"])
+    return aux

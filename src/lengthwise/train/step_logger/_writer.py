@@ -1,11 +1,18 @@
 """The background thread that appends records to the log file and feeds the sinks.
 
+Records are serialised on the caller's thread (:func:`json_line`), so a value JSON
+cannot hold fails at the call that passed it; the thread only writes lines. After
+every flush it checks that the path still names the file it writes to: a log file
+deleted, moved or replaced while the run goes on is reopened at its path and the
+lines written since the previous check are written again, so no record is lost.
+
 Example::
 
     >>> import tempfile
     >>> path = Path(tempfile.mkdtemp()) / "log.jsonl"
     >>> writer = LogWriter(path, [], flush_every_s=1.0, max_queue=10, mode="a")
-    >>> writer.put("record", {"step": 1}); writer.close()
+    >>> rec = {"step": 1}
+    >>> writer.put("record", (json_line(rec, "step"), rec)); writer.close()
     >>> path.read_text()
     '{"step": 1}\\n'
 """
@@ -13,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import json
+import os
 import queue
 import threading
 import time
@@ -36,29 +44,107 @@ def json_default(x: Any) -> Any:
         return int(x)
     if isinstance(x, np.floating):
         return float(x)
+    if isinstance(x, np.bool_):
+        return bool(x)
     if isinstance(x, np.ndarray):
         return x.tolist()
     if is_tensor(x):
         return x.detach().cpu().tolist()
     if isinstance(x, Path):
         return str(x)
-    raise TypeError(f"cannot write {type(x).__name__} to the training log")
+    raise TypeError(f"JSON cannot hold a {type(x).__module__}.{type(x).__qualname__}")
+
+
+def json_line(rec: dict[str, Any], call: str) -> str:
+    """``rec`` as one JSON line; a value JSON cannot hold raises ``TypeError`` naming its field.
+
+    ``call`` names the method the value came through, for the message.
+
+    Example::
+
+        >>> json_line({"step": 1, "tags": ["a"]}, "step")
+        '{"step": 1, "tags": ["a"]}'
+        >>> try:
+        ...     json_line({"step": 1, "tags": {"a"}}, "step")
+        ... except TypeError as exc:
+        ...     print(str(exc).split(";")[0])
+        step(tags=...): JSON cannot hold a builtins.set
+    """
+    try:
+        return json.dumps(rec, default=json_default)
+    except (TypeError, ValueError):
+        pass
+    for key, value in rec.items():
+        try:
+            json.dumps({key: value}, default=json_default)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(
+                f"{call}({key}=...): {exc}; pass numbers, strings, lists or dicts of them "
+                "(nothing was logged by this call)"
+            ) from exc
+    raise TypeError(f"{call}: the record cannot be written as JSON")  # pragma: no cover
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    """``(device, inode)`` of the file at ``path``, ``None`` when there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def open_log(path: Path, mode: str) -> Any:
+    """Open the log file for writing, creating its folders; clear errors for a bad path.
+
+    Example::
+
+        >>> import tempfile
+        >>> folder = Path(tempfile.mkdtemp())
+        >>> (folder / "afile").write_text("x")
+        1
+        >>> try:
+        ...     open_log(folder / "afile" / "log.jsonl", "a")
+        ... except NotADirectoryError as exc:
+        ...     print(str(exc).endswith("afile is a file, not a folder"))
+        True
+    """
+    for parent in [path.parent, *path.parent.parents]:
+        if parent.exists():
+            if not parent.is_dir():
+                raise NotADirectoryError(
+                    f"cannot create the training log {path}: {parent} is a file, not a folder"
+                )
+            break
+    if path.is_dir():
+        raise IsADirectoryError(
+            f"the training log {path} is a folder; give a file path such as "
+            f"{path / 'train_log.jsonl'}"
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return open(path, mode, encoding="utf-8")  # noqa: SIM115 - closed by the writer thread
 
 
 class LogWriter:
     """Background thread that appends records to the file and feeds the sinks.
 
-    :meth:`put` queues ``("record" | "event", dict)``; the file is flushed at least
-    every ``flush_every_s`` while records arrive. An error on the thread is kept in
-    ``error`` for the training thread to raise.
+    :meth:`put` queues ``("record" | "event", (line, record))``; the file is flushed
+    at least every ``flush_every_s`` while records arrive. An error on the thread is
+    kept in ``error`` for the training thread to raise; each reopening of a vanished
+    log file is counted in ``reopened`` and described in ``notices``.
     """
 
     def __init__(self, path: Path | None, sinks: list[Any], flush_every_s: float,
                  max_queue: int, mode: str) -> None:
+        self.path = None if path is None else path.absolute()
         self.file = None
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self.file = open(path, mode, encoding="utf-8")  # noqa: SIM115 - closed by the thread
+        self._file_id: tuple[int, int] | None = None
+        if self.path is not None:
+            self.file = open_log(self.path, mode)
+            self._file_id = _file_id(self.path)
+        self._unchecked: list[str] = []  # lines written since the file was last seen in place
+        self.reopened = 0
+        self.notices: queue.SimpleQueue[str] = queue.SimpleQueue()
         self.sinks = sinks
         self.flush_every_s = flush_every_s
         self.queue: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=max_queue)
@@ -72,11 +158,48 @@ class LogWriter:
         """Queue one item; blocks only while ``max_queue`` items wait."""
         self.queue.put((kind, payload))
 
+    def _write(self, kind: str, line: str, rec: dict[str, Any]) -> None:
+        if self.file is not None:
+            self.file.write(line + "\n")
+            self._unchecked.append(line)
+        for sink in self.sinks:
+            getattr(sink, kind)(rec)
+
     def _flush(self) -> None:
         if self.file is not None:
             self.file.flush()
+            self._check_in_place()
         for sink in self.sinks:
             sink.flush()
+
+    def _check_in_place(self) -> None:
+        """Reopen the log if its path no longer names the open file; rewrite unchecked lines."""
+        assert self.path is not None and self.file is not None
+        now = _file_id(self.path)
+        if now is not None and now == self._file_id:
+            self._unchecked.clear()
+            return
+        lines, self._unchecked = self._unchecked, []
+        old = self.file
+        self.file = None
+        try:
+            old.close()
+        except OSError:
+            pass
+        self.file = open_log(self.path, "a")
+        self._file_id = _file_id(self.path)
+        self.reopened += 1
+        what = "was deleted or moved" if now is None else "was replaced by another file"
+        note = {"event": "log_reopened", "time": time.time(), "reason": what,
+                "rewritten_lines": len(lines)}
+        for line in [json.dumps(note), *lines]:
+            self.file.write(line + "\n")
+        self.file.flush()
+        self._file_id = _file_id(self.path)
+        self.notices.put(
+            f"the training log {self.path} {what} while the run was writing it; it was "
+            f"reopened and the {len(lines)} line(s) since the last flush were written again"
+        )
 
     def _run(self) -> None:
         dirty = False
@@ -88,10 +211,7 @@ class LogWriter:
                 kind, payload = "tick", None
             try:
                 if kind in ("record", "event"):
-                    if self.file is not None:
-                        self.file.write(json.dumps(payload, default=json_default) + "\n")
-                    for sink in self.sinks:
-                        getattr(sink, kind)(payload)
+                    self._write(kind, *payload)
                     dirty = True
                 elif kind in ("flush", "stop"):
                     self._flush()
@@ -105,18 +225,22 @@ class LogWriter:
                 if self.error is None:
                     self.error = exc
             if kind == "stop":
-                for closer in [s.close for s in self.sinks] + (
-                    [self.file.close] if self.file is not None else []
-                ):
-                    try:
-                        closer()
-                    except BaseException as exc:
-                        if self.error is None:
-                            self.error = exc
+                self._close_all()
             if kind in ("flush", "stop"):
                 payload.set()
             if kind == "stop":
                 return
+
+    def _close_all(self) -> None:
+        closers = [s.close for s in self.sinks]
+        if self.file is not None:
+            closers.append(self.file.close)
+        for closer in closers:
+            try:
+                closer()
+            except BaseException as exc:
+                if self.error is None:
+                    self.error = exc
 
     def flush(self) -> None:
         """Block until everything queued so far is written and flushed."""

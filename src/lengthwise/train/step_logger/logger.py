@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import atexit
 import os
+import threading
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,7 +39,7 @@ from lengthwise.train.step_logger._vector import (
     local_vector,
     vector_capacity,
 )
-from lengthwise.train.step_logger._writer import LogWriter
+from lengthwise.train.step_logger._writer import LogWriter, json_line
 from lengthwise.train.step_logger.shares import normalise_shares
 
 __all__ = ["StepLogger"]
@@ -73,6 +75,19 @@ class StepLogger:
         max_queue: records waiting for the disk; :meth:`step` only waits when this many
             are pending, i.e. when the disk cannot keep up at all.
         mode: ``"a"`` appends (resumed runs continue the same file), ``"w"`` truncates.
+
+    One training loop, one thread: :meth:`record_micro`, :meth:`step` and
+    :meth:`log_step` collect the micro-batches of one loop, so they must come from one
+    thread at a time. The first thread that calls them owns the logger (until it ends);
+    a call from another thread raises ``RuntimeError`` instead of mixing two loops'
+    micro-batches and step numbers. :meth:`event`, :meth:`flush` and :meth:`close` may
+    be called from any thread.
+
+    A value JSON cannot hold (a set, a module, a datetime...) raises ``TypeError``
+    naming its field at the call that passed it; nothing of that call is logged and the
+    logger stays usable. A log file deleted or moved during the run is reopened at
+    ``path`` (the lines since the last flush are written again), counted in
+    :attr:`reopened` and reported with a ``UserWarning`` on the next call.
 
     Example::
 
@@ -126,6 +141,8 @@ class StepLogger:
         self.skipped_total = 0
         self.steps_logged = 0
         self.path = None if path is None else Path(path)
+        self._owner: threading.Thread | None = None
+        self._owner_lock = threading.Lock()
         self._writer: LogWriter | None = None
         if self.rank == 0:
             sinks = open_sinks(tensorboard_dir, wandb)
@@ -140,6 +157,11 @@ class StepLogger:
     @window.setter
     def window(self, value: int) -> None:
         self._bucket_losses.window = value
+
+    @property
+    def reopened(self) -> int:
+        """How many times the log file vanished (deleted, moved, replaced) and was reopened."""
+        return 0 if self._writer is None else self._writer.reopened
 
     # -- recording -------------------------------------------------------------------------
     def record_micro(
@@ -237,14 +259,20 @@ class StepLogger:
             value = columns[name]
             return value[i] if name in lengths else value
 
-        for i in range(n):
-            self.record_micro(
-                loss=pick("losses", i), real_tokens=pick("real_tokens", i),
-                padded_tokens=pick("padded_tokens", i), samples=pick("samples", i),
-                bucket=pick("buckets", i),
-            )
-        return self.step(step, epoch=epoch, loss=loss, lr=lr, grad_norm=grad_norm,
-                         skipped=skipped, **fields)
+        self._check_open()
+        pending = len(self._micro)
+        try:
+            for i in range(n):
+                self.record_micro(
+                    loss=pick("losses", i), real_tokens=pick("real_tokens", i),
+                    padded_tokens=pick("padded_tokens", i), samples=pick("samples", i),
+                    bucket=pick("buckets", i),
+                )
+            return self.step(step, epoch=epoch, loss=loss, lr=lr, grad_norm=grad_norm,
+                             skipped=skipped, **fields)
+        except BaseException:  # a failed call leaves nothing behind: it can be repeated
+            del self._micro[pending:]
+            raise
 
     def step(
         self,
@@ -276,11 +304,15 @@ class StepLogger:
         clash = RESERVED_FIELDS.intersection(fields)
         if clash:
             raise ValueError(f"extra fields must not reuse record keys: {sorted(clash)}")
+        # every argument is checked before anything changes: a bad one loses nothing
+        json_line(fields, "step")
         if step is None:
             step = 0 if self._last_step is None else self._last_step + 1
         step = to_count(step, "step")
-        micro, self._micro = self._micro, []
         user_loss = to_float(loss, "loss")
+        epoch = to_count(epoch, "epoch")
+        lr, grad_norm = to_float(lr, "lr"), to_float(grad_norm, "grad_norm")
+        micro, self._micro = self._micro, []
         info = group_info(self._process_group)
         distributed = info is not None and info.world_size > 1
         vec = local_vector(micro, user_loss, num_buckets=self.num_buckets,
@@ -295,8 +327,9 @@ class StepLogger:
         self._last_step = step
         self.steps_logged += 1
         if self._writer is not None:  # a copy: the caller may change the returned record
-            self._writer.put("record", {**rec, "buckets": list(rec["buckets"]),
-                                        "bucket_loss": dict(rec["bucket_loss"])})
+            copy = {**rec, "buckets": list(rec["buckets"]),
+                    "bucket_loss": dict(rec["bucket_loss"])}
+            self._writer.put("record", (json_line(copy, "step"), copy))
         return rec
 
     def event(self, name: str, **fields: Any) -> dict[str, Any]:
@@ -309,14 +342,15 @@ class StepLogger:
             'checkpoint_begin'
             >>> log.close()
         """
-        self._check_open()
+        self._check_open(any_thread=True)
         if not isinstance(name, str) or not name:
             raise ValueError(f"event name must be a non-empty string, got {name!r}")
         if "event" in fields or "time" in fields:
             raise ValueError("event fields must not be named 'event' or 'time'")
         rec = {"event": name, "time": time.time(), **fields}
+        line = json_line(rec, "event")
         if self._writer is not None:
-            self._writer.put("event", dict(rec))
+            self._writer.put("event", (line, dict(rec)))
         return rec
 
     def reset_timer(self) -> None:
@@ -347,14 +381,41 @@ class StepLogger:
     # -- internals ---------------------------------------------------------------------------
     _closed = False
 
-    def _check_open(self) -> None:
+    def _check_open(self, any_thread: bool = False) -> None:
         if self._closed:
             raise RuntimeError("this StepLogger is closed")
+        if not any_thread:
+            self._check_thread()
         self._raise_writer_error()
 
+    def _check_thread(self) -> None:
+        """Let one thread at a time record micro-batches and steps."""
+        me = threading.current_thread()
+        owner = self._owner
+        if owner is me:
+            return
+        with self._owner_lock:
+            owner = self._owner
+            if owner is None or not owner.is_alive():
+                self._owner = me
+                return
+        raise RuntimeError(
+            f"StepLogger: thread {me.name!r} called record_micro/step while thread "
+            f"{owner.name!r} is logging with this logger; a StepLogger collects the "
+            "micro-batches of one training loop, so record and step from one thread (use one "
+            "logger per loop; event() may be called from any thread)"
+        )
+
     def _raise_writer_error(self) -> None:
-        if self._writer is not None and self._writer.error is not None:
-            raise RuntimeError("writing the training log failed") from self._writer.error
+        """Raise the writer's error; warn about each reopening of the log file."""
+        if self._writer is None:
+            return
+        while not self._writer.notices.empty():
+            warnings.warn(self._writer.notices.get(), UserWarning, stacklevel=4)
+        if self._writer.error is not None:
+            raise RuntimeError(
+                f"writing the training log {self.path} failed: {self._writer.error}"
+            ) from self._writer.error
 
     def _build_record(self, vec: np.ndarray, step: int, epoch: Any, lr: Any, grad_norm: Any,
                       skipped: bool, seconds: float) -> dict[str, Any]:

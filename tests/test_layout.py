@@ -1,0 +1,160 @@
+"""The package's layout: no import cycles, a torch-free core, old module paths still working."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+import lengthwise
+import lengthwise.hf
+import lengthwise.planning
+import lengthwise.pytorch
+from lengthwise import _moved
+
+SRC = Path(lengthwise.__file__).resolve().parent
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(tree: ast.AST, module: str, is_package: bool) -> set[str]:
+    """Every ``lengthwise`` module imported anywhere in ``tree`` (functions included),
+    except under ``if TYPE_CHECKING:``."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("lengthwise"))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")
+                base = base if is_package else base[:-1]
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.startswith("lengthwise"):
+                found.add(target)
+                found.update(f"{target}.{a.name}" for a in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the package's modules it imports (names that are not modules dropped)."""
+    files = {_module_name(p): p for p in SRC.rglob("*.py")}
+    graph = {}
+    for name, path in files.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        deps = _imports(tree, name, path.name == "__init__.py")
+        graph[name] = {d for d in deps if d in files and d != name}
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def dfs(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1:
+                return stack[stack.index(dep):] + [dep]
+            if dep not in state:
+                found = dfs(dep)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = dfs(node)
+            if found:
+                return found
+    return None
+
+
+def test_the_import_graph_has_no_cycle():
+    graph = import_graph()
+    assert len(graph) > 50
+    cycle = _cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_function_level_and_relative_imports_count():
+    tree = ast.parse("def f():\n    from lengthwise.planning import edges\n"
+                     "from typing import TYPE_CHECKING\n"
+                     "if TYPE_CHECKING:\n    import lengthwise.doctor\n")
+    assert _imports(tree, "lengthwise.x", False) == {"lengthwise.planning",
+                                                      "lengthwise.planning.edges"}
+
+
+def test_planning_imports_nothing_outside_itself():
+    graph = import_graph()
+    for name, deps in graph.items():
+        if name.startswith("lengthwise.planning"):
+            outside = {d for d in deps if not d.startswith("lengthwise.planning")}
+            assert outside <= {"lengthwise", "lengthwise._lazy"}, (name, outside)
+
+
+def test_the_core_plans_without_importing_torch():
+    code = ("import sys, lengthwise.planning as p; p.plan_epoch([3, 1, 2], batch_size=2); "
+            "p.plan_epoch([3, 1, 2], max_tokens=4, layout='pack'); "
+            "p.optimal_edges([3, 1, 2], 2); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("old", sorted(_moved.MOVED))
+def test_an_old_module_path_is_the_new_module_with_a_warning(old):
+    new = importlib.import_module(_moved.MOVED[old])
+    sys.modules.pop(old, None)
+    with pytest.warns(DeprecationWarning, match=_moved.MOVED[old].replace(".", r"\.")):
+        module = importlib.import_module(old)
+    assert module is new
+    assert module.__spec__.name == _moved.MOVED[old]  # the module keeps its own identity
+
+
+def test_a_submodule_of_a_moved_package_is_not_loaded_twice():
+    import lengthwise.planning.packed._lanes as lanes
+
+    sys.modules.pop("lengthwise.pack._lanes", None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        old = importlib.import_module("lengthwise.pack._lanes")
+    assert old is lanes
+
+
+@pytest.mark.parametrize("package", [lengthwise.planning, lengthwise.pytorch, lengthwise.hf])
+def test_every_subpackage_export_resolves(package):
+    for name in package._EXPORTS:
+        assert getattr(package, name) is not None, name
