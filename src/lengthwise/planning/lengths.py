@@ -21,14 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
+from lengthwise.planning.errors import LengthError
 from lengthwise.planning.jsonl import jsonl_field
 from lengthwise.planning.vocabulary import OVERFLOW_POLICIES, OverflowPolicy
 
 _BUNDLED_SUFFIX = ".qwen3.npy"
-
-
-class LengthError(ValueError):
-    """Raised for lengths that cannot be planned (negative, fractional, NaN, empty...)."""
 
 
 def bundled_names() -> list[str]:

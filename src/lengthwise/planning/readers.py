@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lengthwise.planning.lengths import LengthError
+from lengthwise.planning.errors import LengthError
 
 __all__ = ["megatron_lengths", "parquet_folder_lengths"]
 

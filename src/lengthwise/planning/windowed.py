@@ -31,9 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from lengthwise.planning.config import PlanConfig
-from lengthwise.planning.lengths import LengthError
-from lengthwise.planning.padded import PaddedEpochPlan, resolve_edges
-from lengthwise.planning.plan import plan_epoch
+from lengthwise.planning.errors import LengthError
+from lengthwise.planning.packed import plan_packed_epoch
+from lengthwise.planning.padded import PaddedEpochPlan, plan_padded_epoch, resolve_edges
 from lengthwise.planning.prepare import prepare_lengths
 from lengthwise.planning.schedule import EpochPlan
 from lengthwise.planning.shuffle import permuted
@@ -224,9 +224,10 @@ class WindowedPlan:
         local = None
         if exclude is not None and exclude.size:
             local = np.flatnonzero(~np.isin(ids, exclude, assume_unique=True))
-        plan = plan_epoch(values, config=self._window_config(values, config),
-                          seed=window_seed(self.seed, self.epoch, w), epoch=self.epoch,
-                          indices=local)
+        planner = plan_packed_epoch if config.layout == "pack" else plan_padded_epoch
+        plan = planner(values, self._window_config(values, config),
+                       seed=window_seed(self.seed, self.epoch, w), epoch=self.epoch,
+                       indices=local)
         out = Window(index=w, ids=ids, plan=plan)
         if default:
             self._cache = out
