@@ -77,13 +77,13 @@ def calibrated_cost() -> tuple[CostModel, str]:
         ids = torch.randint(0, 512, (rows, padded_len))
         model(input_ids=ids, labels=ids).loss.backward()
 
-    cal = calibrate(step, shapes=[(r, p) for r in (1, 2, 4) for p in (64, 128, 256, 512)],
-                    repeats=3)
-    a = max(cal.a, 1e-12)
-    model_ = CostModel(a=1.0, b=cal.b / a, c=cal.c / a)
-    text = (f"Llama-style, 2 layers, hidden 128, eager attention, fp32 on this CPU; fitted "
-            f"a={cal.a:.3g} s/token, b={cal.b:.3g} s/token^2, c={cal.c:.3g} s/row, used "
-            f"relative to a: CostModel(a=1, b={model_.b:.3g}, c={model_.c:.3g})")
+    cal = calibrate(step, shapes=[(r, p) for r in (1, 2, 4) for p in (128, 256, 512, 1024)],
+                    repeats=5)
+    # in microseconds: the figures below are ratios, so the unit does not matter
+    model_ = CostModel(a=cal.a * 1e6, b=cal.b * 1e6, c=cal.c * 1e6)
+    text = (f"Llama-style, 2 layers, hidden 128, eager attention, fp32 on this CPU, timed by "
+            f"`lengthwise.calibrate` on rows 1-4 x lengths 128-1024: CostModel(a={model_.a:.3g}, "
+            f"b={model_.b:.3g}, c={model_.c:.3g}) in microseconds")
     return model_, text
 
 
@@ -173,8 +173,9 @@ Every shape is planned with the defaults (stratified, `buckets="auto"`), `max_to
 micro-batches in padded tokens. `step_time_vs_sorted` is the epoch's time, the sum over steps
 of the slowest rank's cost, over that of globally sorted batches at the same ranks (lower is
 better), with micro-batches priced in padded tokens; `calibrated_step_time_vs_sorted` prices
-them with the calibrated cost model: {cost_text}. That small model's attention outweighs its
-other work from about {1 / cost.b:.0f} tokens on, far earlier than a large model's, so under a
+them with the calibrated cost model: {cost_text}. In that small model the quadratic term
+(`b*P`) is {cost.b * 1024 / max(cost.a + cost.b * 1024, 1e-12):.0%} of a token's cost at 1,024
+tokens, far more than in a large model, so under a
 token budget its long-sample micro-batches cost several times the short ones, and every step
 that mixes lengths waits for its long batch (sorted batches do not mix); with such a model, plan
 with a cost budget (`max_cost` and the fitted `cost`). At 64 ranks a second row plans the same

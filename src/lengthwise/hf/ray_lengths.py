@@ -61,6 +61,10 @@ def ray_lengths(dataset: Any, tokenizer: Any, *, column: str = "text",
                 add_special_tokens: bool = True, concurrency: int | None = None) -> np.ndarray:
     """Token length of every row of a Ray data set, aligned with its rows (``int64``).
 
+    Rows are counted in the order the data set yields them with Ray's
+    ``preserve_order`` (a data set materialized without it may hold its blocks in
+    the order they were produced).
+
     ``column`` holds the text; ``out`` (``.npy`` or ``.parquet``) also writes the
     lengths there, one row per data-set row, for :func:`lengthwise.load_lengths`.
     ``concurrency`` caps the parallel tasks (default: Ray's choice, every CPU).
