@@ -15,8 +15,11 @@ def test_plan_json_compare(capsys):
     out = json.loads(capsys.readouterr().out)
     for key in ("padding_efficiency", "efficiency_vs_sorted", "step_length_cv", "step_cv_ratio",
                 "rank_imbalance_p50", "rank_imbalance_p99", "max_same_bucket_run",
-                "recomposition", "plan_seconds", "edges", "num_batches", "truncated"):
+                "recomposition", "plan_seconds", "edges", "micro_batches_per_rank",
+                "micro_batches", "truncated", "truncated_share", "notes"):
         assert key in out
+    assert "num_batches" not in out  # per rank or all ranks: named so
+    assert out["micro_batches"] == 2 * out["micro_batches_per_rank"]
     assert set(out["strategies"]) == {"sorted", "random", "bucket-random", "interleave",
                                       "stratified"}
     assert out["strategies"]["random"]["padding_efficiency"] < out["padding_efficiency"]
@@ -52,3 +55,99 @@ def test_more_ranks_than_batches_needs_a_counted_policy(capsys):
                  "repeat", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["repeated"] == 300 and out["unique_samples"] == 700
+
+
+def _run(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "lengthwise", *args], capture_output=True,
+                          text=True, **kw)
+
+
+def _one_line_error(proc, match):
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert match in lines[0], lines[0]
+
+
+def test_out_that_cannot_be_written_is_one_line(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "adir").mkdir()
+    _one_line_error(_run("plan", "coqa", "--out", "afile/p.npz", cwd=tmp_path),
+                    "--out afile/p.npz: afile is not a folder")
+    _one_line_error(_run("plan", "coqa", "--out", "adir", cwd=tmp_path),
+                    "--out adir is a folder; give a file name")
+    _one_line_error(_run("plan", "coqa", "--out", "nowhere/p.npz", cwd=tmp_path),
+                    "nowhere does not exist")
+    assert _run("plan", "coqa", "--out", "p.plan", cwd=tmp_path).returncode == 0
+    assert (tmp_path / "p.plan").is_file()  # exactly the name given, no ".npz" added
+
+
+def test_user_errors_are_one_line(tmp_path):
+    _one_line_error(_run("plan", "coqa", "--max-tokens", "0"), "max_tokens must be a positive")
+    _one_line_error(_run("plan", "coqa", "--buckets", "0,900"), "bucket edges must be >= 1")
+    _one_line_error(_run("plan", "coqa", "--layout", "pack", "--order", "sorted"),
+                    "layout='pack' supports order in")
+    _one_line_error(_run("plan", "coqa", "--on-overflow", "split"), "needs --layout pack")
+    (tmp_path / "bin.txt").write_bytes(b"\xff\xfe\x00")
+    _one_line_error(_run("plan", str(tmp_path / "bin.txt")), "not UTF-8 text")
+
+
+def test_edges_above_a_row_of_the_budget(capsys):
+    assert main(["plan", "sft_mix", "--buckets", "1024,2048,4096,8192", "--max-tokens", "4096",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["edges"] == [1024, 2048, 4096, 8192] and out["truncated"] > 0
+
+
+def test_json_into_a_closed_pipe_is_not_an_error():
+    proc = subprocess.Popen([sys.executable, "-m", "lengthwise", "plan", "coqa", "--compare",
+                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # as `| head` does, before anything was written
+    err = proc.stderr.read().decode()
+    assert proc.wait() == 0 and "BrokenPipeError" not in err and "Traceback" not in err
+
+
+def test_help_gives_every_option_a_text_and_its_default():
+    from lengthwise.cli import build_parser
+
+    parser = build_parser()
+    plan = next(a for a in parser._subparsers._group_actions[0].choices.items()
+                if a[0] == "plan")[1]
+    options = [a for a in plan._actions if a.option_strings and a.dest != "help"]
+    assert len(options) >= 17
+    for action in options:
+        assert action.help and "(default: " in action.help, action.option_strings
+    order = next(a for a in options if a.dest == "order")
+    assert "(default: stratified)" in order.help
+
+
+def test_compare_with_one_micro_batch_per_step_says_why(capsys):
+    assert main(["plan", "coqa", "--max-tokens", "4096", "--compare"]) == 0
+    text = capsys.readouterr().out
+    assert "every optimizer step is one micro-batch" in text
+    assert main(["plan", "coqa", "--max-tokens", "4096", "--compare", "--world-size", "2",
+                 "--grad-accum", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["notes"] == []
+    assert out["strategies"]["stratified"]["step_cv_ratio"] < (
+        out["strategies"]["sorted"]["step_cv_ratio"])
+
+
+def test_cut_tokens_are_a_line_of_the_output(capsys):
+    assert main(["plan", "sft_mix", "--max-len", "8192"]) == 0
+    text = capsys.readouterr().out
+    assert "warning: 7.1% of the tokens are cut: 254 samples truncated to 8192 tokens" in text
+    assert "truncated=254" in text
+
+
+def test_packed_layout(tmp_path, capsys):
+    out_file = tmp_path / "pack.npz"
+    assert main(["plan", "coqa", "--layout", "pack", "--max-tokens", "4096", "--world-size", "2",
+                 "--out", str(out_file), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["layout"] == "pack" and out["capacity"] == 4096 and out["fill"] > 0.95
+    saved = np.load(out_file)
+    assert np.array_equal(np.sort(saved["indices"]), np.arange(700))
+    assert main(["plan", "coqa", "--layout", "pack", "--max-tokens", "4096", "--compare"]) == 0
+    text = capsys.readouterr().out
+    assert "packed rows of 4096 tokens" in text and "bucket-random" not in text

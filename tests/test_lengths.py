@@ -90,7 +90,8 @@ def test_overflow_policies_are_counted():
     lens = np.array([5, 0, 12, 30])
     out, keep, counts = apply_overflow(lens, 10, "truncate")
     assert out.tolist() == [5, 0, 10, 10] and keep.tolist() == [True, False, True, True]
-    assert counts == {"samples": 4, "dropped_empty": 1, "truncated": 2, "dropped_overflow": 0}
+    assert counts == {"samples": 4, "dropped_empty": 1, "truncated": 2, "dropped_overflow": 0,
+                      "truncated_tokens": 22, "truncated_share": 22 / 47}
     out, keep, counts = apply_overflow(lens, 10, "drop")
     assert keep.tolist() == [True, False, False, False] and counts["dropped_overflow"] == 2
     with pytest.raises(LengthError, match="row 2: length 12 is over max_len=10"):
@@ -100,3 +101,76 @@ def test_overflow_policies_are_counted():
     assert load_lengths([5, 12], max_len=10).tolist() == [5, 10]
     with pytest.raises(LengthError):
         load_lengths([5, 12], max_len=10, on_overflow="error")
+
+
+@pytest.mark.parametrize("values, match", [
+    ([1, 1e19], "row 1: 1e\\+19 is too large for a length"),
+    (np.array([1, 2**63], dtype=np.uint64), "row 1: 9223372036854775808 is too large"),
+    ([3, 2**70], "row 1: 1180591620717411303424 is too large"),
+    ([3, -2**70], "row 1: -1180591620717411303424 is negative"),
+    (np.array(["2020-01-01"], dtype="datetime64[D]"), "dtype datetime64"),
+    (np.array([5], dtype="timedelta64[s]"), "dtype timedelta64"),
+    ((n for n in [1, 2]), "got a generator; pass list"),
+    ({1, 2}, "got a set, which has no row order"),
+    ({1: 2}, "got a dict, which has no row order"),
+    (5, "got the single value 5"),
+    ([1, "a"], "must be numbers"),
+    (np.array([1, None], dtype=object), "row 1: None is not a number"),
+])
+def test_lengths_that_do_not_fit_int64_or_are_not_lengths(values, match):
+    with pytest.raises(LengthError, match=match):
+        load_lengths(values)
+
+
+def test_huge_values_in_files_name_the_row(tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"n": 3}\n{"n": 1.2e29}\n')
+    (tmp_path / "b.jsonl").write_text('{"n": 123456789012345678901234567890}\n')
+    (tmp_path / "c.jsonl").write_text('{"n": 3}\n{"n": {"tokens": 5}}\n')
+    (tmp_path / "d.txt").write_text("3\n99999999999999999999\n")
+    with pytest.raises(LengthError, match="row 1: 1.2e\\+29 is too large"):
+        load_lengths(f"{tmp_path}/a.jsonl:n")
+    with pytest.raises(LengthError, match="b.jsonl, line 1: field 'n' is 1234.* too large"):
+        load_lengths(f"{tmp_path}/b.jsonl:n")
+    with pytest.raises(LengthError, match="c.jsonl, line 2: field 'n' is {'tokens': 5}, not a"):
+        load_lengths(f"{tmp_path}/c.jsonl:n")
+    with pytest.raises(LengthError, match="row 1: 99999999999999999999 is too large"):
+        load_lengths(tmp_path / "d.txt")
+
+
+def test_binary_txt_and_folders_name_the_path(tmp_path):
+    (tmp_path / "bin.txt").write_bytes(b"1\n\xff\xfe\x00\x01")
+    with pytest.raises(LengthError, match="bin.txt: not UTF-8 text"):
+        load_lengths(tmp_path / "bin.txt")
+    with pytest.raises(LengthError, match="is a folder"):
+        load_lengths(tmp_path)
+
+
+def test_a_file_here_named_like_a_bundled_set_wins(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "coqa").write_text("3\n4\n")
+    with pytest.raises(LengthError, match="also the name of a bundled distribution"):
+        load_lengths("coqa")  # read as the user's file (no extension: unreadable)
+    (tmp_path / "coqa").unlink()
+    assert load_lengths("coqa").size == 700  # no file here: the bundled set
+
+
+def test_load_lengths_records_what_max_len_cut():
+    lens = load_lengths([10, 70000, 3, 9000], max_len=8192)
+    assert lens.tolist() == [10, 8192, 3, 8192] and lens.cut.tolist() == [0, 61808, 0, 808]
+    again = load_lengths(lens, max_len=100)  # a second cut adds up
+    assert again.cut.tolist() == [0, 61808 + 8092, 0, 808 + 8092]
+    assert load_lengths(lens).cut is lens.cut  # reading it again keeps the record
+    import pickle
+
+    assert pickle.loads(pickle.dumps(lens)).cut.tolist() == lens.cut.tolist()
+    assert getattr(lens[:2], "cut", None) is None  # a slice is plain lengths
+    out, keep, counts = apply_overflow(np.asarray(lens), 9000, cut=lens.cut)
+    assert counts["truncated"] == 2 and counts["truncated_tokens"] == 61808 + 808
+    assert counts["truncated_share"] == pytest.approx((61808 + 808) / 79013)
+
+
+@pytest.mark.parametrize("max_len, exc", [(2.5, TypeError), (True, TypeError), (0, ValueError),
+                                          ("8", TypeError)])
+def test_max_len_is_a_whole_number(max_len, exc):
+    with pytest.raises(exc, match="max_len"):
+        load_lengths([5, 12], max_len=max_len)

@@ -180,3 +180,35 @@ def test_cost_budget_and_cost_balance():
 def test_bad_configuration(kwargs, message):
     with pytest.raises(ValueError, match=message):
         plan_epoch(np.arange(1, 100), **kwargs)
+
+
+@pytest.mark.parametrize("options, exc, match", [
+    (dict(max_tokens=float("nan")), TypeError, "max_tokens must be a whole number, got nan"),
+    (dict(max_tokens=float("inf")), TypeError, "max_tokens must be a whole number, got inf"),
+    (dict(max_tokens=4096.0), TypeError, "max_tokens must be a whole number"),
+    (dict(batch_size=2.5), TypeError, "batch_size must be a whole number, got 2.5"),
+    (dict(batch_size=True), TypeError, "batch_size must be a whole number, got True"),
+    (dict(batch_size=0), ValueError, "batch_size must be a positive whole number"),
+    (dict(max_tokens=64, pad_multiple=2.0), TypeError, "pad_multiple must be a whole number"),
+    (dict(max_tokens=8, pad_multiple=16), ValueError,
+     "max_tokens=8 cannot hold a single row of pad_multiple=16 tokens"),
+    (dict(max_cost=float("nan"), cost=CostModel()), ValueError, "max_cost must be a finite"),
+    (dict(max_cost=0.5, cost=CostModel(a=1, c=1)), ValueError,
+     "max_cost=0.5 .* cannot hold a single row"),
+    (dict(max_cost=10, cost=(1, 0, 0)), TypeError, "cost must be a lengthwise.CostModel"),
+])
+def test_batch_rule_values_are_never_converted_quietly(options, exc, match):
+    with pytest.raises(exc, match=match):
+        plan_epoch(np.arange(1, 100), **options)
+
+
+def test_bucket_edges_longer_than_a_row_of_the_budget():
+    lens = np.random.default_rng(0).integers(1, 9000, 2000)
+    plan = plan_epoch(lens, buckets=[1024, 2048, 4096, 8192], max_tokens=4096)
+    assert plan.lengths.max() <= 4096  # truncated to one row of the budget, none in 8192
+    assert plan.stats["truncated"] == int((lens > 4096).sum())
+    with pytest.raises(ValueError, match="bucket 1 holds 3 samples, but not even one row"):
+        from lengthwise.planning.batching import bucket_batches
+
+        bucket_batches(np.arange(4), np.array([0, 1, 1, 1]), np.array([2, 0]),
+                       np.random.default_rng(0))

@@ -317,5 +317,97 @@ def test_resume_after_the_process_is_killed(tmp_path):
     _assert_exactly_once(head[0] + head[1] + [b for x in rest for b in x], lens)
 
 
+
+# ---------------------------------------------------------------- bad states
+
+BAD_STATES = [
+    ("yielded", "abc", "yielded must be a whole number, got 'abc'"),
+    ("yielded", None, "yielded must be a whole number, got None"),
+    ("yielded", 2.7, "yielded must be a whole number, got 2.7"),
+    ("yielded", True, "yielded must be a whole number, got True"),
+    ("yielded", -1, "yielded must be >= 0, got -1"),
+    ("epoch", 2.9, "epoch must be a whole number, got 2.9"),
+    ("epoch", -1, "epoch must be >= 0, got -1"),
+    ("seed", "7", "seed must be a whole number"),
+    ("world_size", 0, "world_size must be >= 1"),
+    ("grad_accum", 1.5, "grad_accum must be a whole number"),
+    ("num_samples", -4, "num_samples must be >= 1"),
+    ("fingerprint", -3, r"fingerprint must be in \[0, 4294967296\)"),
+    ("lengths_crc", 2**40, "lengths_crc must be in"),
+    ("options", "x", "options must map option names"),
+    ("options", {"max_tokens": 4096}, "options must map option names"),
+    ("resumed", None, "resumed must be a list of"),
+    ("resumed", [[2, 2]], r"resumed\[0\] must be a \[world_size, grad_accum, yielded\] triple"),
+    ("resumed", [[2, 2, -5]], r"resumed\[0\] yielded must be >= 0, got -5"),
+    ("resumed", [[0, 2, 5]], r"resumed\[0\] world_size must be >= 1"),
+    ("resumed", [[2, 2, "5"]], r"resumed\[0\] yielded must be a whole number"),
+    ("version", 2, "version 2 is not supported"),
+    ("version", True, "version True is not supported"),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "match"), BAD_STATES)
+def test_every_key_of_a_state_is_checked(key, value, match):
+    from lengthwise.pytorch.sampler import ResumeError
+
+    lens = _lengths(600)
+    a = BucketBatchSampler(lens, num_replicas=2, rank=0, **FAST)
+    _take(a, 3)
+    state = dict(a.state_dict(), **{key: value})
+    fresh = BucketBatchSampler(lens, num_replicas=2, rank=0, **FAST)
+    with pytest.raises(ResumeError, match=match):
+        fresh.load_state_dict(state)
+    assert fresh.epoch == 0 and fresh.remaining() == len(fresh)  # left as it was
+
+
+def test_counts_that_do_not_fit_the_epoch_name_their_key():
+    from lengthwise.pytorch.sampler import ResumeError
+
+    lens = _lengths(600)
+    a = BucketBatchSampler(lens, num_replicas=2, rank=0, **FAST)
+    _take(a, 3)
+    state = a.state_dict()
+    n = len(a)
+    with pytest.raises(ResumeError, match=rf"the state's yielded says 999 .* only {n} per rank "
+                                          "with world_size 2 and grad_accum 2"):
+        BucketBatchSampler(lens, num_replicas=2, rank=0, **FAST).load_state_dict(
+            dict(state, yielded=999))
+    with pytest.raises(ResumeError, match=r"the state's yielded says 999 .* world_size 2"):
+        BucketBatchSampler(lens, num_replicas=3, rank=0, **FAST).load_state_dict(
+            dict(state, yielded=999))
+    with pytest.raises(ResumeError, match=r"resumed\[0\] = \[4, 1, 500\] says 500"):
+        BucketBatchSampler(lens, num_replicas=2, rank=0, **FAST).load_state_dict(
+            dict(state, resumed=[[4, 1, 500]]))
+    # a negative count is refused rather than re-planning a part of the epoch
+    with pytest.raises(ResumeError, match="must be >= 0"):
+        BucketBatchSampler(lens, num_replicas=3, rank=0, **FAST).load_state_dict(
+            dict(state, resumed=[[4, 1, -1]]))
+
+
+def test_garbled_loader_states():
+    from lengthwise.pytorch.sampler import ResumeError
+
+    with pytest.raises(ResumeError, match="a StatefulDataLoader state is a dict"):
+        loader_sampler_state(None)
+    with pytest.raises(ResumeError, match="not a StatefulDataLoader state"):
+        loader_sampler_state({"_snapshot": {}})
+    with pytest.raises(ResumeError, match="yielded must be a whole number"):
+        loader_sampler_state({"_index_sampler_state": {"yielded": "abc"}})
+
+
+def test_seed_and_epoch_are_named():
+    with pytest.raises(ValueError, match="seed must be a non-negative whole number"):
+        BucketBatchSampler(_lengths(100), batch_size=4, seed=-1)
+    s = BucketBatchSampler(_lengths(100), batch_size=4)
+    with pytest.raises(ValueError, match="epoch must be a non-negative whole number"):
+        s.set_epoch(-1)
+    with pytest.raises(TypeError, match="epoch must be a whole number, got 2.9"):
+        s.set_epoch(2.9)
+    with pytest.raises(ValueError, match="seed must be a non-negative"):
+        plan_epoch(_lengths(100), batch_size=4, seed=-1)
+    with pytest.raises(ValueError, match="epoch must be a non-negative"):
+        plan_epoch(_lengths(100), batch_size=4, epoch=-1)
+
+
 if __name__ == "__main__":
     _child(sys.argv[1], sys.argv[2], int(sys.argv[3]))

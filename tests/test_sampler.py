@@ -144,8 +144,12 @@ def test_ranks_default_to_single_process_and_are_checked():
     assert (s.num_replicas, s.rank) == (1, 0)
     with pytest.raises(ValueError, match="rank 2 is out of range for num_replicas=2"):
         BucketBatchSampler(_lengths(100), batch_size=4, num_replicas=2, rank=2)
-    with pytest.raises(ValueError, match="num_replicas must be >= 1"):
+    with pytest.raises(ValueError, match="num_replicas must be a positive whole number"):
         BucketBatchSampler(_lengths(100), batch_size=4, num_replicas=0, rank=0)
+    with pytest.raises(TypeError, match="num_replicas must be a whole number, got 2.5"):
+        BucketBatchSampler(_lengths(100), batch_size=4, num_replicas=2.5, rank=0)
+    with pytest.raises(ValueError, match="rank must be a non-negative"):
+        BucketBatchSampler(_lengths(100), batch_size=4, num_replicas=2, rank=-1)
 
 
 def test_ranks_default_to_the_process_group(tmp_path):
@@ -206,7 +210,8 @@ def test_budget_below_the_longest_sample_follows_the_policy():
 
 
 def test_budget_that_cannot_hold_one_row():
-    with pytest.raises(ValueError, match="max_tokens=4 cannot hold a single row of 8 tokens"):
+    with pytest.raises(ValueError,
+                       match="max_tokens=4 cannot hold a single row of pad_multiple=8 tokens"):
         BucketBatchSampler([3, 4], max_tokens=4, pad_multiple=8)
 
 

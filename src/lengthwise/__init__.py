@@ -46,6 +46,7 @@ _EXPORTS: dict[str, str] = {
     "batch_metadata": "lengthwise.pytorch.collate",
     "packed_attention_mask": "lengthwise.pytorch.collate",
     "RowsDataset": "lengthwise.pytorch.collate",
+    "BudgetError": "lengthwise.pytorch.collate",
     "Calibration": "lengthwise.pytorch.calibrate",
     "fit_cost": "lengthwise.pytorch.calibrate",
     "compute_lengths": "lengthwise.hf.lengths",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 
@@ -44,10 +45,43 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, KeyError) as exc:
-        print(f"lengthwise {args.command}: error: {exc}", file=sys.stderr)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler
+        return code
+    except BrokenPipeError:  # the reader stopped early (``| head``): not an error
+        _silence_stdout()
+        return 0
+    except (ValueError, OSError, KeyError) as exc:  # user input: files, values, options
+        print(f"lengthwise {args.command}: error: {error_line(exc)}", file=sys.stderr)
         return 2
+
+
+def error_line(exc: BaseException) -> str:
+    """An exception as one line of text (an ``OSError`` with its file name).
+
+    Example::
+
+        >>> error_line(KeyError("no column 'loss'  in   log"))
+        "no column 'loss' in log"
+        >>> error_line(FileNotFoundError(2, "No such file or directory", "x.npy"))
+        'x.npy: No such file or directory'
+    """
+    if isinstance(exc, KeyError) and exc.args:
+        text = str(exc.args[0])
+    elif isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        text = f"{exc.filename}: {exc.strerror}"
+    else:
+        text = str(exc) or type(exc).__name__
+    return " ".join(text.split())
+
+
+def _silence_stdout() -> None:
+    """Point stdout at the null device so the interpreter's final flush cannot fail."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # pragma: no cover - stdout without a file descriptor
+        pass
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -9,21 +9,40 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import warnings
 
 import numpy as np
 
 from lengthwise.planning.batching import batch_padded_lengths
+from lengthwise.planning.vocabulary import (
+    EVEN_OUT,
+    LAYOUTS,
+    ORDERS,
+    OVERFLOW_POLICIES,
+    PACK_ORDERS,
+    PACK_OVERFLOW_POLICIES,
+)
 from lengthwise.progress import progress
 
-COMPARE_ORDERS = ("sorted", "random", "bucket-random", "interleave", "stratified")
+COMPARE_ORDERS = ORDERS
+DEFAULT_MAX_TOKENS = 16384
+#: figures printed per order; micro-batch counts are named per rank or over all ranks
 SUMMARY_KEYS = (
     "padding_efficiency", "efficiency_vs_sorted", "step_length_cv", "step_sample_cv",
     "step_cv_ratio", "rank_imbalance_p50", "rank_imbalance_p99", "max_same_bucket_run",
-    "recomposition", "num_batches", "plan_seconds",
+    "recomposition", "micro_batches_per_rank", "micro_batches", "optimizer_steps",
+    "plan_seconds",
 )
-COUNT_KEYS = ("samples", "planned", "truncated", "dropped_empty", "dropped_overflow",
-              "split_batches", "dropped_to_even_out", "repeated")
+COUNT_KEYS = ("samples", "planned", "truncated", "truncated_tokens", "dropped_empty",
+              "dropped_overflow", "split_batches", "dropped_to_even_out", "repeated")
+#: why the step figures cannot separate orders with one micro-batch per step
+ONE_STEP_NOTE = (
+    "note: with 1 rank and no gradient accumulation every optimizer step is one micro-batch, "
+    "so no order can mix lengths inside a step and step_length_cv / step_cv_ratio cannot tell "
+    "the orders apart; give the run's --world-size and --grad-accum (e.g. --world-size 8 "
+    "--grad-accum 4) to compare them")
 
 
 def _buckets(text: str) -> int | str | list[int]:
@@ -46,30 +65,46 @@ def register(subparsers) -> None:
         "plan", help="plan an epoch of length-aware batches and report its figures",
         description="Plan one epoch of micro-batches from per-sample lengths and report "
                     "the figures of docs/metrics.md (padding efficiency, step composition, ...).")
-    p.add_argument("lengths", help="a bundled name (sft_mix, ...), .npy, .txt, "
-                   "FILE.jsonl:FIELD, FILE.parquet:COLUMN or FILE.arrow:COLUMN")
-    p.add_argument("--max-len", type=int, default=None, help="longest sample kept (tokens)")
-    p.add_argument("--on-overflow", choices=("truncate", "drop", "error"), default="truncate",
-                   help="what to do with samples over --max-len or the budget (default truncate)")
+    p.add_argument("lengths", help="a bundled name (sft_mix, ...; a file of that name in the "
+                   "working folder wins), .npy, .txt, FILE.jsonl:FIELD, FILE.parquet:COLUMN or "
+                   "FILE.arrow:COLUMN")
+    p.add_argument("--max-len", type=int, default=None, metavar="N",
+                   help="longest sample kept, in tokens (default: no limit but the budget)")
+    p.add_argument("--on-overflow", choices=PACK_OVERFLOW_POLICIES, default="truncate",
+                   help="what happens to samples over --max-len or one row of the budget; "
+                        "'split' (packed layout only) cuts them into rows (default: truncate)")
     rule = p.add_mutually_exclusive_group()
-    rule.add_argument("--batch-size", type=int, help="rows per micro-batch")
-    rule.add_argument("--max-tokens", type=int, help="padded tokens per micro-batch "
-                      "(rows x padded length); the default is 16384")
-    p.add_argument("--buckets", type=_buckets, default="auto",
-                   help="number of buckets, 'auto' (default) or upper edges E1,E2,...")
-    p.add_argument("--order", choices=COMPARE_ORDERS, default="stratified")
-    p.add_argument("--world-size", type=int, default=1)
-    p.add_argument("--grad-accum", type=int, default=1)
-    p.add_argument("--max-run", type=int, default=3)
-    p.add_argument("--pad-multiple", type=int, default=1)
-    p.add_argument("--even-out", choices=("split", "drop", "repeat"), default="split",
-                   help="how ranks get equal micro-batch counts: split batches (default, every "
-                        "sample once), drop or repeat whole batches (counted)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--epoch", type=int, default=0)
-    p.add_argument("--compare", action="store_true", help="one row per order on the same lengths")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--out", metavar="PLAN.npz", help="save the plan (indices, offsets, ...)")
+    rule.add_argument("--batch-size", type=int, metavar="B",
+                      help="rows per micro-batch (default: the token budget is used instead)")
+    rule.add_argument("--max-tokens", type=int, metavar="T",
+                      help="padded tokens per micro-batch, rows x padded length; with --layout "
+                           f"pack the tokens of a packed row (default: {DEFAULT_MAX_TOKENS})")
+    p.add_argument("--layout", choices=LAYOUTS, default="pad",
+                   help="pad: each sample one padded row; pack: samples concatenated into rows "
+                        "of --max-tokens without padding (default: pad)")
+    p.add_argument("--buckets", type=_buckets, default="auto", metavar="K|auto|E1,E2,...",
+                   help="number of buckets, 'auto', or upper edges E1,E2,... (default: auto)")
+    p.add_argument("--order", choices=COMPARE_ORDERS, default="stratified",
+                   help="order of the micro-batches; the packed layout takes "
+                        f"{' or '.join(PACK_ORDERS)} (default: stratified)")
+    p.add_argument("--world-size", type=int, default=1, metavar="W",
+                   help="data-parallel ranks (default: 1)")
+    p.add_argument("--grad-accum", type=int, default=1, metavar="G",
+                   help="micro-batches accumulated per optimizer step on each rank (default: 1)")
+    p.add_argument("--max-run", type=int, default=3, metavar="R",
+                   help="interleave: longest run of one bucket on a rank (default: 3)")
+    p.add_argument("--pad-multiple", type=int, default=1, metavar="M",
+                   help="round padded lengths up to a multiple of M (default: 1)")
+    p.add_argument("--even-out", choices=EVEN_OUT, default="split",
+                   help="how ranks get equal micro-batch counts: split batches (every sample "
+                        "once), drop or repeat whole batches, counted (default: split)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    p.add_argument("--epoch", type=int, default=0, help="epoch to plan (default: 0)")
+    p.add_argument("--compare", action="store_true",
+                   help="one row per order on the same lengths (default: off)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (default: off)")
+    p.add_argument("--out", metavar="PLAN.npz", default=None,
+                   help="save the plan (indices, offsets, ...) to this file (default: not saved)")
     p.set_defaults(func=run)
 
 
@@ -103,7 +138,7 @@ def _edge_table(plan) -> str:
     real = np.bincount(plan.bucket, weights=np.add.reduceat(lens, plan.offsets[:-1]),
                        minlength=edges.size)
     padded = np.bincount(plan.bucket, weights=rows * padded_len, minlength=edges.size)
-    out = ["bucket  upper_edge  samples   share  efficiency"]
+    out = [f"{edges.size} buckets", "bucket  upper_edge  samples   share  efficiency"]
     total = counts.sum()
     for k in range(edges.size):
         eff = f"{real[k] / padded[k]:10.3f}" if padded[k] else "         -"
@@ -111,45 +146,102 @@ def _edge_table(plan) -> str:
     return "\n".join(out)
 
 
+def _rows_table(stats: dict) -> str:
+    """The packed layout's rows: capacity, count, fill."""
+    return (f"packed rows of {stats['capacity']} tokens: {stats['rows']} rows "
+            f"({stats['rows_per_batch']} per micro-batch), fill {stats['fill']:.4f}, "
+            f"fewest possible {stats['best_rows']}")
+
+
+def _check_out(path: str | None) -> None:
+    """Fail before planning when ``--out`` cannot be written."""
+    if path is None:
+        return
+    if os.path.isdir(path):
+        raise ValueError(f"--out {path} is a folder; give a file name, e.g. "
+                         f"{os.path.join(path, 'plan.npz')}")
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(folder):
+        what = "is not a folder" if os.path.exists(folder) else "does not exist"
+        raise ValueError(f"--out {path}: {folder} {what}")
+
+
+def _save(path: str, plan) -> None:
+    arrays = dict(indices=plan.indices, offsets=plan.offsets, world_size=plan.world_size,
+                  grad_accum=plan.grad_accum)
+    if hasattr(plan, "edges"):
+        arrays.update(bucket=plan.bucket, edges=np.asarray(plan.edges))
+    if getattr(plan, "row_offsets", None) is not None:
+        arrays["row_offsets"] = plan.row_offsets
+    with open(path, "wb") as fh:  # exactly this name (np.savez would add ".npz")
+        np.savez(fh, **arrays)
+
+
+def _warnings(main: dict) -> list[str]:
+    """Lines about figures a reader could misread: cut tokens, one micro-batch per step."""
+    from lengthwise.planning.prepare import cut_message
+
+    plan = main["plan"]
+    out = []
+    cut = cut_message(main["stats"], plan.config.sample_limit(), plan.config)
+    if cut is not None:
+        out.append(f"warning: {cut}")
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from lengthwise.planning.lengths import load_lengths
 
+    _check_out(args.out)
     lengths = load_lengths(args.lengths)
     if args.batch_size is None and args.max_tokens is None:
-        args.max_tokens = 16384
+        args.max_tokens = DEFAULT_MAX_TOKENS
+    if args.on_overflow not in OVERFLOW_POLICIES and args.layout != "pack":
+        raise ValueError("--on-overflow split needs --layout pack")
     base = dict(
         epoch=args.epoch, seed=args.seed, max_tokens=args.max_tokens, batch_size=args.batch_size,
         buckets=args.buckets, world_size=args.world_size, grad_accum=args.grad_accum,
         max_run=args.max_run, max_len=args.max_len, pad_multiple=args.pad_multiple,
-        on_overflow=args.on_overflow, even_out=args.even_out)
-    orders = COMPARE_ORDERS if args.compare else (args.order,)
+        on_overflow=args.on_overflow, even_out=args.even_out, layout=args.layout)
+    orders = COMPARE_ORDERS if args.layout == "pad" else PACK_ORDERS
+    orders = orders if args.compare else (args.order,)
     results = {}
     show = len(lengths) >= 1_000_000 or args.compare
-    for order in progress(orders, desc="planning", unit="order", enable=show):
-        results[order] = _plan_with_recomposition(lengths, {**base, "order": order})
+    with warnings.catch_warnings():  # the cut share is reported below, once
+        warnings.simplefilter("ignore", UserWarning)
+        for order in progress(orders, desc="planning", unit="order", enable=show):
+            results[order] = _plan_with_recomposition(lengths, {**base, "order": order})
     main = results[args.order if args.order in results else orders[-1]]
+    notes = _warnings(main)
+    if args.compare and args.world_size * args.grad_accum == 1:
+        notes.append(ONE_STEP_NOTE)
     if args.out:
-        plan = main["plan"]
-        np.savez(args.out, indices=plan.indices, offsets=plan.offsets, bucket=plan.bucket,
-                 edges=np.asarray(plan.edges), world_size=plan.world_size,
-                 grad_accum=plan.grad_accum)
+        _save(args.out, main["plan"])
     if args.json:
-        out = _clean({k: v for k, v in main["stats"].items()})
+        out = _clean(main["stats"])
+        out["notes"] = notes
         if args.compare:
             out["strategies"] = {o: _clean(r["stats"]) for o, r in results.items()}
         json.dump(out, sys.stdout, indent=2)
         print()
         return 0
+    _print_text(args, results, main, notes)
+    return 0
+
+
+def _print_text(args: argparse.Namespace, results: dict, main: dict, notes: list[str]) -> None:
     stats = main["stats"]
     rule = (f"batch_size={args.batch_size}" if args.batch_size is not None
             else f"max_tokens={args.max_tokens}")
     print(f"lengths: {args.lengths}  samples: {stats['samples']:,}  rule: {rule}  "
-          f"world_size={args.world_size}  grad_accum={args.grad_accum}")
-    print(f"{len(main['plan'].edges)} buckets")
-    print(_edge_table(main["plan"]))
+          f"layout: {args.layout}  world_size={args.world_size}  grad_accum={args.grad_accum}")
+    print(_rows_table(stats) if args.layout == "pack" else _edge_table(main["plan"]))
     print()
     counts = "  ".join(f"{k}={stats.get(k, 0)}" for k in COUNT_KEYS)
     print(f"counts: {counts}")
+    for line in notes:
+        print(line)
+    print("micro_batches_per_rank: on each rank; micro_batches: over all ranks")
     if args.compare:
         header = ["order", *SUMMARY_KEYS]
         table = [header] + [[o, *(_fmt(r["stats"].get(k)) for k in SUMMARY_KEYS)]
@@ -160,13 +252,15 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"order: {args.order}")
         for key in SUMMARY_KEYS:
-            print(f"  {key:<22} {_fmt(stats.get(key))}")
-    return 0
+            print(f"  {key:<24} {_fmt(stats.get(key))}")
 
 
 def _clean(stats: dict) -> dict:
+    """JSON-ready figures; the per-rank count is named ``micro_batches_per_rank`` only."""
     out = {}
     for k, v in stats.items():
+        if k == "num_batches":  # the same as micro_batches_per_rank, named ambiguously
+            continue
         if isinstance(v, np.generic):
             v = v.item()
         out[k] = v

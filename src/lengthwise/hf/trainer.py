@@ -24,9 +24,8 @@ averaged over the ranks, so every rank reports the same.
 Example::
 
     trainer = LengthwiseTrainer(
-        model=model, args=args, train_dataset=dataset,
-        data_collator=lengthwise.PadCollator(tokenizer.pad_token_id, metadata=False),
-        lengths=lengths, sampler_options={"max_tokens": 16384})
+        model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+        lengths=lengths, sampler_options={"max_tokens": 16384})  # collates with the sampler's
     trainer.train()
 """
 
@@ -232,23 +231,36 @@ class LengthwiseTrainer(Trainer):
     ``trainer.lengthwise_sampler``; its state goes into every checkpoint
     (``lengthwise_sampler.json``) and resuming checks it.
 
+    Without a ``data_collator`` the trainer collates with the sampler's own,
+    ``sampler.collator(pad_token_id, metadata=False)``: truncated, padded and
+    checked against the budget exactly as the plan counted. The pad id is
+    ``pad_token_id``, else the ``processing_class``'s, else the model config's.
+
     Example::
 
         trainer = LengthwiseTrainer(model=model, args=args, train_dataset=ds,
-                                    data_collator=PadCollator(0, metadata=False),
-                                    lengths=lengths, sampler_options={"max_tokens": 8192})
+                                    processing_class=tokenizer, lengths=lengths,
+                                    sampler_options={"max_tokens": 8192})
     """
 
     def __init__(self, *args: Any, lengths: Any = None,
-                 sampler_options: dict[str, Any] | None = None, **kwargs: Any) -> None:
+                 sampler_options: dict[str, Any] | None = None,
+                 pad_token_id: int | None = None, **kwargs: Any) -> None:
         if lengths is None:
             raise ValueError("LengthwiseTrainer needs lengths=... (one token length per row "
                              "of train_dataset; see lengthwise.compute_lengths)")
+        # Trainer(model, args, data_collator, ...): the collator may come by position
+        given = kwargs.get("data_collator") is not None or (len(args) > 2 and args[2] is not None)
         super().__init__(*args, **kwargs)
         self.lengthwise_sampler = make_sampler(self, lengths, **(sampler_options or {}))
         self.add_callback(_SaveSamplerState(self.lengthwise_sampler))
         self._lengthwise_start = _StartStep()
         self.add_callback(self._lengthwise_start)
+        if not given:
+            self.data_collator = self.lengthwise_sampler.collator(
+                pad_token_id=_pad_token_id(self, pad_token_id), metadata=False)
+        else:
+            self.data_collator = hold_to_plan(self.data_collator, self.lengthwise_sampler)
 
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
         true_final_metrics(self, self.lengthwise_sampler, self._lengthwise_start.step, logs)
@@ -263,6 +275,35 @@ class LengthwiseTrainer(Trainer):
         return _with_final_loss(super().train(resume_from_checkpoint, *args, **kwargs))
 
 
+def hold_to_plan(collator: Any, sampler: BucketBatchSampler) -> Any:
+    """``collator`` truncating and checking micro-batches as ``sampler``'s plan counted them.
+
+    The sampler's own collators already do; any other (Hugging Face's, TRL's) is
+    wrapped in :class:`~lengthwise.pytorch.collate.HeldCollator`.
+    """
+    from lengthwise.pytorch.collate import HeldCollator, PackCollator, PadCollator
+
+    if isinstance(collator, (PadCollator, PackCollator)) and collator.budget is not None:
+        return collator
+    if isinstance(collator, HeldCollator):
+        collator = collator.inner
+    return HeldCollator(collator, sampler.config)
+
+
+def _pad_token_id(trainer: Trainer, given: int | None) -> int | None:
+    """The pad id for the sampler's collator: given, the tokenizer's, or the model config's."""
+    if given is not None or trainer.lengthwise_sampler.config.layout == "pack":
+        return given
+    for owner in (getattr(trainer, "processing_class", None),
+                  getattr(getattr(trainer, "model", None), "config", None)):
+        pad = getattr(owner, "pad_token_id", None)
+        if pad is not None:
+            return int(pad)
+    raise ValueError("LengthwiseTrainer builds its collator from the sampler's plan and needs a "
+                     "pad token id: pass pad_token_id=..., or a processing_class (tokenizer) "
+                     "with a pad_token_id, or a data_collator")
+
+
 def use_lengthwise(trainer: Trainer, lengths: Any, **options: Any) -> BucketBatchSampler:
     """Make an existing ``trainer`` train on planned micro-batches; return the sampler.
 
@@ -270,7 +311,9 @@ def use_lengthwise(trainer: Trainer, lengths: Any, **options: Any) -> BucketBatc
     replaces the instance's training loader, saves the sampler state in
     checkpoints and checks it on resume, and corrects the final metrics (true
     samples and tokens per second, one ``train_loss`` over the ranks), like
-    :class:`LengthwiseTrainer`. Works on TRL's ``SFTTrainer``.
+    :class:`LengthwiseTrainer`. Works on TRL's ``SFTTrainer``. The trainer's
+    collator is kept, held to the plan (:func:`hold_to_plan`): samples truncated
+    as the plan counted them, every micro-batch checked against the budget.
 
     Example::
 
@@ -280,6 +323,7 @@ def use_lengthwise(trainer: Trainer, lengths: Any, **options: Any) -> BucketBatc
     """
     sampler = make_sampler(trainer, lengths, **options)
     trainer.lengthwise_sampler = sampler
+    trainer.data_collator = hold_to_plan(trainer.data_collator, sampler)
     trainer.get_train_dataloader = types.MethodType(
         lambda self: lengthwise_dataloader(self, sampler), trainer)
     trainer.add_callback(_SaveSamplerState(sampler))

@@ -55,28 +55,62 @@ class RowLimit:
         return p
 
 
+def whole_number(name: str, value, *, minimum: int = 1) -> int:
+    """``value`` as an int: a whole number (never a bool or a float) of at least ``minimum``.
+
+    Example::
+
+        >>> whole_number("batch_size", 8)
+        8
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be a whole number, got {value!r}")
+    if value < minimum:
+        kind = {0: "a non-negative", 1: "a positive"}.get(minimum, f"a >= {minimum}")
+        raise ValueError(f"{name} must be {kind} whole number (>= {minimum}), got {value}")
+    return int(value)
+
+
 def row_limit(*, batch_size: int | None = None, max_tokens: int | None = None,
               cost: CostModel | None = None, max_cost: float | None = None,
               pad_multiple: int = 1) -> RowLimit:
-    """Build the batch rule from exactly one of ``batch_size``, ``max_tokens``, ``max_cost``."""
+    """Build the batch rule from exactly one of ``batch_size``, ``max_tokens``, ``max_cost``.
+
+    Example::
+
+        >>> row_limit(max_tokens=8, pad_multiple=16)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: max_tokens=8 cannot hold a single row of pad_multiple=16 tokens; ...
+    """
     given = [x is not None for x in (batch_size, max_tokens, max_cost)]
     if sum(given) != 1:
         raise ValueError("give exactly one of batch_size, max_tokens or max_cost")
-    if pad_multiple < 1:
-        raise ValueError(f"pad_multiple must be >= 1, got {pad_multiple}")
+    pad_multiple = whole_number("pad_multiple", pad_multiple)
     if batch_size is not None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        return RowLimit(batch_size=int(batch_size), pad_multiple=pad_multiple)
+        return RowLimit(batch_size=whole_number("batch_size", batch_size),
+                        pad_multiple=pad_multiple)
     if max_tokens is not None:
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        max_tokens = whole_number("max_tokens", max_tokens)
+        if max_tokens < pad_multiple:
+            raise ValueError(f"max_tokens={max_tokens} cannot hold a single row of "
+                             f"pad_multiple={pad_multiple} tokens; raise max_tokens or lower "
+                             "pad_multiple")
         return RowLimit(budget=float(max_tokens), pad_multiple=pad_multiple)
     if cost is None:
         raise ValueError("max_cost needs a cost model: cost=CostModel(a, b, c)")
-    if max_cost <= 0:
-        raise ValueError(f"max_cost must be > 0, got {max_cost}")
-    return RowLimit(budget=float(max_cost), cost=cost, pad_multiple=pad_multiple)
+    if not isinstance(cost, CostModel):
+        raise TypeError(f"cost must be a lengthwise.CostModel, got {cost!r}")
+    if isinstance(max_cost, bool) or not isinstance(max_cost, (int, float, np.integer,
+                                                               np.floating)):
+        raise TypeError(f"max_cost must be a number, got {max_cost!r}")
+    if not np.isfinite(max_cost) or max_cost <= 0:
+        raise ValueError(f"max_cost must be a finite number > 0, got {max_cost}")
+    limit = RowLimit(budget=float(max_cost), cost=cost, pad_multiple=pad_multiple)
+    if limit.max_length() < 1:
+        raise ValueError(f"max_cost={max_cost} with {cost} cannot hold a single row of "
+                         f"pad_multiple={pad_multiple} tokens; raise max_cost")
+    return limit
 
 
 def bucket_batches(ids: np.ndarray, bucket: np.ndarray, rows: np.ndarray,
@@ -98,8 +132,16 @@ def bucket_batches(ids: np.ndarray, bucket: np.ndarray, rows: np.ndarray,
     ends = np.cumsum(np.bincount(small, minlength=rows.size))
     starts, tags = [], []
     pos = 0
+    begin = 0
     for k, end in enumerate(ends.tolist()):
         r = int(rows[k])
+        if r < 1:  # not even one row of this bucket's edge fits the budget
+            if end > begin:
+                raise ValueError(f"bucket {k} holds {end - begin} samples, but not even one row "
+                                 "of its upper edge fits the budget; lower the edge to what one "
+                                 "row of the budget holds")
+            continue
+        begin = end
         full = (end - pos) // r
         if full > 0:
             starts.append(np.arange(pos, pos + full * r, r))

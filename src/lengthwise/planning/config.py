@@ -17,7 +17,8 @@ import numpy as np
 
 from lengthwise.planning import batching
 from lengthwise.planning.cost import CostModel
-from lengthwise.planning.vocabulary import EVEN_OUT, LAYOUTS, ORDERS
+from lengthwise.planning.lengths import check_max_len
+from lengthwise.planning.vocabulary import EVEN_OUT, LAYOUTS, ORDERS, PACK_OVERFLOW_POLICIES
 
 __all__ = ["PlanConfig", "lengths_checksum"]
 
@@ -56,17 +57,22 @@ class PlanConfig:
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.on_overflow not in PACK_OVERFLOW_POLICIES:
+            raise ValueError(f"on_overflow must be one of {PACK_OVERFLOW_POLICIES}, "
+                             f"got {self.on_overflow!r}")
         if self.on_overflow == "split" and self.layout != "pack":
             raise ValueError("on_overflow='split' cuts long samples into packed rows: it needs "
                              "layout='pack'; padded batches use 'truncate', 'drop' or 'error'")
         if self.order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {self.order!r}")
-        if self.world_size < 1 or self.grad_accum < 1:
-            raise ValueError("world_size and grad_accum must be >= 1")
+        for name in ("world_size", "grad_accum", "max_run", "rows_per_batch"):
+            object.__setattr__(self, name, batching.whole_number(name, getattr(self, name)))
         if self.even_out not in EVEN_OUT:
             raise ValueError(f"even_out must be one of {EVEN_OUT}, got {self.even_out!r}")
-        if isinstance(self.buckets, list):
-            object.__setattr__(self, "buckets", tuple(int(e) for e in self.buckets))
+        object.__setattr__(self, "max_len", check_max_len(self.max_len))
+        object.__setattr__(self, "buckets", check_buckets(self.buckets))
+        if self.cost is not None and not isinstance(self.cost, CostModel):
+            raise TypeError(f"cost must be a lengthwise.CostModel, got {self.cost!r}")
         self.row_limit()  # validates the batch rule
 
     def row_limit(self) -> batching.RowLimit:
@@ -74,6 +80,26 @@ class PlanConfig:
         return batching.row_limit(batch_size=self.batch_size, max_tokens=self.max_tokens,
                                   cost=self.cost, max_cost=self.max_cost,
                                   pad_multiple=self.pad_multiple)
+
+    def sample_limit(self) -> int | None:
+        """The longest a sample is planned at (``None``: no limit); longer ones follow
+        ``on_overflow``.
+
+        ``max_len``, and the longest row one micro-batch of the budget holds (the packed
+        layout with ``on_overflow="split"`` cuts long samples into rows instead, so there
+        only ``max_len`` applies). The collators truncate to exactly this.
+
+        Example::
+
+            >>> PlanConfig(max_tokens=100, max_len=200, pad_multiple=8).sample_limit()
+            96
+        """
+        split = self.layout == "pack" and self.on_overflow == "split"
+        cap = None if split else self.row_limit().max_length()
+        limit = self.max_len
+        if cap is not None and (limit is None or cap < limit):
+            limit = cap
+        return limit
 
     def fingerprint(self, lengths: np.ndarray | None = None) -> int:
         """A 32-bit checksum of the configuration (and lengths), to detect a changed plan.
@@ -87,3 +113,39 @@ class PlanConfig:
         fields.pop("world_size")  # an elastic restart may change it
         crc = zlib.crc32(repr(sorted(fields.items())).encode())
         return crc if lengths is None else lengths_checksum(lengths, crc)
+
+
+def check_buckets(buckets) -> int | str | tuple[int, ...]:
+    """``buckets`` checked: a count (>= 1), ``"auto"``, or upper edges (positive whole numbers).
+
+    Edges come back sorted, as a tuple.
+
+    Example::
+
+        >>> check_buckets([2048, 512]), check_buckets(np.int64(3)), check_buckets("auto")
+        ((512, 2048), 3, 'auto')
+    """
+    if isinstance(buckets, str):
+        if buckets != "auto":
+            raise ValueError(f"buckets must be a count, 'auto' or a list of edges, "
+                             f"got {buckets!r}")
+        return buckets
+    if isinstance(buckets, (int, np.integer)) and not isinstance(buckets, bool):
+        return batching.whole_number("buckets", buckets)
+    if isinstance(buckets, np.ndarray) and buckets.ndim == 1 or isinstance(buckets,
+                                                                          (list, tuple)):
+        edges = []
+        for e in (buckets.tolist() if isinstance(buckets, np.ndarray) else buckets):
+            if isinstance(e, bool) or not isinstance(e, (int, np.integer)):
+                raise TypeError(f"bucket edges must be whole numbers of tokens, got {e!r} in "
+                                f"buckets={list(buckets)!r}")
+            if e < 1:
+                raise ValueError(f"bucket edges must be >= 1, got {e} in buckets="
+                                 f"{list(buckets)!r}")
+            edges.append(int(e))
+        if not edges:
+            raise ValueError("buckets is an empty list: give at least one upper edge")
+        if len(set(edges)) != len(edges):
+            raise ValueError(f"bucket edges must differ, got {edges}")
+        return tuple(sorted(edges))
+    raise TypeError(f"buckets must be a count, 'auto' or a list of edges, got {buckets!r}")

@@ -28,6 +28,54 @@ from lengthwise.planning.vocabulary import OVERFLOW_POLICIES, OverflowPolicy
 _BUNDLED_SUFFIX = ".qwen3.npy"
 
 
+#: lengths must stay below this to be held as int64 (2**63 would wrap to a negative number)
+_MAX_LENGTH = 2**63
+
+
+class LoadedLengths(np.ndarray):
+    """Lengths that :func:`load_lengths` truncated at ``max_len``, with what it cut.
+
+    ``cut[i]`` is the number of tokens it removed from row ``i``, so a plan of
+    these lengths counts those rows in ``truncated``. Derived arrays (slices,
+    arithmetic) are plain lengths without that record.
+
+    Example::
+
+        >>> lens = load_lengths([10, 70000, 3], max_len=8192)
+        >>> lens.cut.tolist()
+        [0, 61808, 0]
+    """
+
+    cut: np.ndarray | None
+
+    @classmethod
+    def of(cls, lengths: np.ndarray, cut: np.ndarray | None) -> LoadedLengths:
+        """``lengths`` carrying the tokens cut from each row."""
+        out = np.asarray(lengths).view(cls)
+        out.cut = cut
+        return out
+
+    def __array_finalize__(self, obj) -> None:
+        self.cut = None
+
+    def __reduce__(self):
+        # pickled (e.g. to DataLoader workers) as plain lengths plus the record
+        return (LoadedLengths.of, (np.asarray(self), self.cut))
+
+
+def load_record(lengths) -> np.ndarray | None:
+    """Tokens :func:`load_lengths` cut from each row (``None``: nothing recorded).
+
+    Example::
+
+        >>> load_record(np.array([3])) is None
+        True
+    """
+    if isinstance(lengths, LoadedLengths) and lengths.cut is not None:
+        return lengths.cut
+    return None
+
+
 def bundled_names() -> list[str]:
     """Names of the real length distributions shipped with the package.
 
@@ -56,18 +104,31 @@ def _split_column(source: str) -> tuple[str, str | None]:
 def _read_text(path: str) -> np.ndarray:
     values = []
     with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            text = line.strip()
-            if not text:
-                continue
-            try:
-                values.append(int(text))
-            except ValueError:
+        try:
+            for lineno, line in enumerate(fh, start=1):
+                text = line.strip()
+                if not text:
+                    continue
                 try:
-                    values.append(float(text))
+                    values.append(int(text))
                 except ValueError:
-                    raise LengthError(f"{path}, line {lineno}: {text!r} is not a number") from None
-    return np.asarray(values)
+                    try:
+                        values.append(float(text))
+                    except ValueError:
+                        raise LengthError(
+                            f"{path}, line {lineno}: {text!r} is not a number") from None
+        except UnicodeDecodeError:
+            raise LengthError(f"{path}: not UTF-8 text (a binary file?); a .txt of lengths "
+                              "holds one integer a line") from None
+    return _as_numbers(values)
+
+
+def _as_numbers(values: list) -> np.ndarray:
+    """Python numbers as an array; integers too large for int64 stay exact (as objects)."""
+    try:
+        return np.asarray(values)
+    except OverflowError:  # an int beyond uint64: validate_lengths names it
+        return np.asarray(values, dtype=object)
 
 
 def _read_jsonl(path: str, field: str) -> np.ndarray:
@@ -75,10 +136,15 @@ def _read_jsonl(path: str, field: str) -> np.ndarray:
     for lineno, value in jsonl_field(path, field, error=LengthError):
         if isinstance(value, list):  # a token-id list: its length is the sample length
             value = len(value)
-        if value is None or isinstance(value, (bool, str)):
-            raise LengthError(f"{path}, line {lineno}: field {field!r} is {value!r}")
-        values.append(float(value))
-    return np.asarray(values, dtype=np.float64)
+        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+            raise LengthError(f"{path}, line {lineno}: field {field!r} is {shown}, "
+                              "not a number of tokens (or a list of token ids)")
+        if isinstance(value, int) and not -_MAX_LENGTH < value < _MAX_LENGTH:
+            raise LengthError(f"{path}, line {lineno}: field {field!r} is {value}, too large "
+                              f"for a length (must be below 2**63)")
+        values.append(value)
+    return _as_numbers(values)
 
 
 def _read_arrow_like(path: str, column: str | None, kind: str) -> np.ndarray:
@@ -121,9 +187,13 @@ def _read_arrow_like(path: str, column: str | None, kind: str) -> np.ndarray:
 
 def _read_source(source: str | os.PathLike[str]) -> np.ndarray:
     text = os.fspath(source)
-    if os.sep not in text and "." not in text and _bundled_path(text).exists():
+    # a bundled name, unless a file of that name exists here: the user's file wins
+    if (os.sep not in text and "." not in text and not os.path.exists(text)
+            and _bundled_path(text).exists()):
         return np.load(_bundled_path(text))
     path, column = _split_column(text)
+    if os.path.isdir(path):
+        raise LengthError(f"{path!r} is a folder, not a file of lengths")
     if not os.path.exists(path):
         known = ", ".join(bundled_names())
         raise FileNotFoundError(f"no file {path!r} and no bundled distribution of that name "
@@ -149,9 +219,13 @@ def _read_source(source: str | os.PathLike[str]) -> np.ndarray:
         return _read_arrow_like(path, column, "parquet")
     if lower.endswith((".arrow", ".feather", ".ipc")):
         return _read_arrow_like(path, column, "arrow")
+    hint = ""
+    if _bundled_path(text).exists():
+        hint = (f"; {text!r} is also the name of a bundled distribution, but a file of that "
+                "name here takes precedence: rename or move it to use the bundled one")
     raise LengthError(f"cannot read lengths from {path!r}: use .npy, .txt, .jsonl:FIELD, "
                       ".parquet:COLUMN, .arrow:COLUMN, a Megatron .idx, FOLDER:COLUMN (Parquet "
-                      "shards), or a bundled name")
+                      f"shards), or a bundled name{hint}")
 
 
 def validate_lengths(values: np.ndarray | Iterable[float], *, what: str = "lengths") -> np.ndarray:
@@ -162,13 +236,35 @@ def validate_lengths(values: np.ndarray | Iterable[float], *, what: str = "lengt
         >>> validate_lengths([1, 2.0]).dtype
         dtype('int64')
     """
+    if isinstance(values, (set, frozenset, dict)) or (
+            isinstance(values, Iterable) and not isinstance(values, (np.ndarray, list, tuple))
+            and not hasattr(values, "__len__")):
+        kind = type(values).__name__
+        unordered = kind in ("set", "frozenset", "dict")
+        raise LengthError(f"{what} must be a sequence in row order (a list or an array), got a "
+                          f"{kind}" + (", which has no row order" if unordered
+                                       else "; pass list(...) of it"))
     arr = np.asarray(values)
+    if arr.ndim == 0:
+        raise LengthError(f"{what} must be a sequence of lengths, one per row; got the single "
+                          f"value {arr.item()!r}")
     if arr.ndim != 1:
         raise LengthError(f"{what} must be one-dimensional, got shape {arr.shape}")
     if arr.size == 0:
         raise LengthError(f"{what} are empty: there is nothing to plan")
-    if arr.dtype == object or arr.dtype.kind in "USb":
+    if arr.dtype == object:
+        arr = _object_lengths(arr, what)
+    if arr.dtype.kind in "mM":
+        raise LengthError(f"{what} must be numbers of tokens, got dtype {arr.dtype} "
+                          "(dates or durations)")
+    if arr.dtype.kind not in "iuf":
         raise LengthError(f"{what} must be numbers, got dtype {arr.dtype}")
+    if arr.dtype.kind in "uf":
+        big = arr >= _MAX_LENGTH
+        if big.any():
+            row = int(np.flatnonzero(big)[0])
+            raise LengthError(f"{what}, row {row}: {arr[row].item()!r} is too large for a "
+                              "length (must be below 2**63)")
     if arr.dtype.kind == "f":
         bad = ~np.isfinite(arr)
         if bad.any():
@@ -187,45 +283,93 @@ def validate_lengths(values: np.ndarray | Iterable[float], *, what: str = "lengt
     return np.asarray(arr, dtype=np.int64)
 
 
+def _object_lengths(arr: np.ndarray, what: str) -> np.ndarray:
+    """An object array of Python numbers as int64/float64, naming the first bad value."""
+    for row, value in enumerate(arr.tolist()):
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer,
+                                                              np.floating)):
+            raise LengthError(f"{what}, row {row}: {value!r} is not a number of tokens")
+        if value >= _MAX_LENGTH:
+            raise LengthError(f"{what}, row {row}: {value!r} is too large for a length "
+                              "(must be below 2**63)")
+        if value < 0:
+            raise LengthError(f"{what}, row {row}: {value!r} is negative")
+    return arr.astype(np.float64 if any(isinstance(v, (float, np.floating))
+                                        for v in arr.tolist()) else np.int64)
+
+
+def check_max_len(max_len, name: str = "max_len") -> int | None:
+    """``max_len`` as an int (``None`` stays): a positive whole number, never a bool or float.
+
+    Example::
+
+        >>> check_max_len(8192), check_max_len(None)
+        (8192, None)
+    """
+    if max_len is None:
+        return None
+    if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)):
+        raise TypeError(f"{name} must be a whole number of tokens, got {max_len!r}")
+    if max_len < 1:
+        raise ValueError(f"{name} must be at least 1, got {max_len}")
+    return int(max_len)
+
+
 def apply_overflow(
     lengths: np.ndarray, max_len: int | None, on_overflow: OverflowPolicy = "truncate",
-    *, limit_name: str | None = None,
+    *, limit_name: str | None = None, cut: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
     """Apply the over-length policy; return ``(lengths, keep_mask, counts)``.
 
     Nothing is removed from the array: dropped rows are ``False`` in the mask, so
     indices keep pointing at the source rows. Zero-length rows are always dropped
-    and counted (there is nothing to train on).
+    and counted (there is nothing to train on). ``cut`` holds tokens already cut
+    from each row (by :func:`load_lengths`): those rows count as ``truncated`` too.
+    ``truncated_tokens`` counts every token cut, ``truncated_share`` their share
+    of all the tokens.
 
     Example::
 
         >>> lens, keep, counts = apply_overflow(np.array([5, 0, 12]), 10, "truncate")
         >>> lens.tolist(), keep.tolist(), counts["truncated"], counts["dropped_empty"]
         ([5, 0, 10], [True, False, True], 1, 1)
+        >>> counts["truncated_tokens"], round(counts["truncated_share"], 3)
+        (2, 0.118)
     """
     if on_overflow not in OVERFLOW_POLICIES:
         raise ValueError(f"on_overflow must be one of {OVERFLOW_POLICIES}, got {on_overflow!r}")
+    max_len = check_max_len(max_len, limit_name or "max_len")
     keep = lengths > 0
     counts = {"samples": int(lengths.size), "dropped_empty": int(lengths.size - keep.sum()),
-              "truncated": 0, "dropped_overflow": 0}
-    if max_len is None:
-        return lengths, keep, counts
-    if max_len < 1:
-        raise ValueError(f"max_len must be at least 1, got {max_len}")
-    over = lengths > max_len
+              "truncated": 0, "dropped_overflow": 0, "truncated_tokens": 0,
+              "truncated_share": 0.0}
+    total = float(lengths.sum(dtype=np.float64))
+    if cut is not None:
+        total += float(cut.sum(dtype=np.float64))
+    over = (lengths > max_len) if max_len is not None else np.zeros(lengths.size, dtype=bool)
     n_over = int(over.sum())
-    if n_over == 0:
-        return lengths, keep, counts
-    if on_overflow == "error":
+    if n_over and on_overflow == "error":
         row = int(np.flatnonzero(over)[0])
         limit = limit_name or f"max_len={max_len}"
         raise LengthError(f"row {row}: length {int(lengths[row])} is over {limit} "
                           f"({n_over} rows are; use on_overflow='truncate' or 'drop')")
-    if on_overflow == "truncate":
-        counts["truncated"] = n_over
-        return np.minimum(lengths, max_len), keep, counts
-    counts["dropped_overflow"] = n_over
-    return lengths, keep & ~over, counts
+    if n_over and on_overflow == "drop":
+        counts["dropped_overflow"] = n_over
+        keep = keep & ~over
+        over[:] = False
+    truncated = over.copy()
+    removed = 0
+    if n_over and on_overflow == "truncate":
+        removed = int((lengths[over] - max_len).sum())
+        lengths = np.minimum(lengths, max_len)
+    if cut is not None:  # rows cut before, still planned
+        earlier = (cut > 0) & keep
+        truncated |= earlier
+        removed += int(cut[earlier].sum())
+    counts["truncated"] = int(truncated.sum())
+    counts["truncated_tokens"] = removed
+    counts["truncated_share"] = removed / total if total else 0.0
+    return lengths, keep, counts
 
 
 def open_lengths(source: str | os.PathLike[str] | np.ndarray | Iterable[float]) -> np.ndarray:
@@ -276,8 +420,10 @@ def load_lengths(
     ``source`` is an array or list, a path (``.npy``, ``.txt`` one integer a line,
     ``FILE.jsonl:FIELD``, ``FILE.parquet:COLUMN``, ``FILE.arrow:COLUMN``; a list
     column counts its items; a Megatron ``PREFIX.idx``; ``FOLDER:COLUMN`` for a
-    folder of Parquet shards), or a bundled name (see :func:`bundled_names`).
-    With ``max_len``, longer samples are truncated to it, or raise with
+    folder of Parquet shards), or a bundled name (see :func:`bundled_names`; a file
+    of the same name in the working folder is read instead). With ``max_len``,
+    longer samples are truncated to it (the result remembers what it cut, and a
+    plan of it counts those samples in ``truncated``), or raise with
     ``on_overflow="error"``. ``"drop"`` cannot remove rows without misaligning
     them from the data set, so here it is validated only: pass ``max_len`` and
     ``on_overflow`` to :func:`lengthwise.plan_epoch`, which drops and counts.
@@ -287,15 +433,23 @@ def load_lengths(
         >>> load_lengths([10, 70000, 3], max_len=8192).tolist()
         [10, 8192, 3]
     """
+    earlier = load_record(source)
     if isinstance(source, (str, os.PathLike)):
         raw = _read_source(source)
         what = f"lengths from {os.fspath(source)}"
     else:
         raw = source
         what = "lengths"
-    lengths = validate_lengths(raw, what=what)
-    if max_len is not None and on_overflow != "drop":
-        lengths, _, _ = apply_overflow(lengths, max_len, on_overflow)
-    elif on_overflow not in OVERFLOW_POLICIES:
+    if on_overflow not in OVERFLOW_POLICIES:
         raise ValueError(f"on_overflow must be one of {OVERFLOW_POLICIES}, got {on_overflow!r}")
-    return lengths
+    lengths = validate_lengths(raw, what=what)
+    max_len = check_max_len(max_len)
+    if max_len is not None and on_overflow != "drop":
+        over = lengths > max_len
+        if over.any():
+            if on_overflow == "error":
+                apply_overflow(lengths, max_len, "error")
+            cut = np.where(over, lengths - max_len, 0)
+            earlier = cut if earlier is None else earlier + cut
+            lengths = np.minimum(lengths, max_len)
+    return lengths if earlier is None else LoadedLengths.of(lengths, earlier)

@@ -78,11 +78,9 @@ def resolve_edges(lengths: np.ndarray, ids: np.ndarray, config: PlanConfig) -> l
     """The bucket edges ``config.buckets`` asks for: given, a count solved exactly, or auto."""
     planned = lengths if ids.size == lengths.size else lengths[ids]
     top = int(planned.max())
-    buckets = config.buckets
+    buckets = config.buckets  # checked by PlanConfig: a count, "auto" or sorted edges
     if isinstance(buckets, (tuple, list)):
-        edges = sorted({int(e) for e in buckets if int(e) > 0})
-        if not edges:
-            raise ValueError("bucket edges must contain a positive upper edge")
+        edges = list(buckets)
         if edges[-1] < top:
             raise ValueError(f"the last bucket edge {edges[-1]} is below the longest sample "
                              f"({top}); add an edge >= {top} or set max_len")
@@ -112,8 +110,12 @@ def _batches(lens: np.ndarray, ids: np.ndarray, edges: list[int], config: PlanCo
         idx, off = batching.greedy_batches(seq, lens, limit)
         longest = batching.batch_longest(lens, idx, off)
         return idx, off, np.searchsorted(edge_arr, longest, side="left")
-    lut = np.searchsorted(edge_arr, np.arange(edges[-1] + 1), side="left").astype(np.int16)
-    bucket_of_sample = lut[lens] if ids.size == lens.size else lut[lens[ids]]
+    planned = lens if ids.size == lens.size else lens[ids]
+    if edges[-1] <= 4 * lens.size + 1_000_000:  # a lookup table, as small as the lengths
+        lut = np.searchsorted(edge_arr, np.arange(edges[-1] + 1), side="left").astype(np.int16)
+        bucket_of_sample = lut[planned]
+    else:  # memory must not grow with the longest length
+        bucket_of_sample = np.searchsorted(edge_arr, planned, side="left").astype(np.int16)
     return batching.bucket_batches(ids, bucket_of_sample, limit.rows(edge_arr),
                                    streams.rng(seed, epoch, streams.BATCHES))
 

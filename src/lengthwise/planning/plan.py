@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from lengthwise.planning.batching import whole_number
 from lengthwise.planning.config import PlanConfig
 from lengthwise.planning.cost import CostModel
 from lengthwise.planning.packed import plan_packed_epoch
@@ -83,10 +84,11 @@ def plan_epoch(
         >>> [b.tolist() for b in plan.rank_batches(0)]
         [[5, 3], [1, 0], [4, 2]]
     """
+    seed = whole_number("seed", seed, minimum=0)
+    epoch = whole_number("epoch", epoch, minimum=0)
     if config is None:
         config = PlanConfig(
-            max_tokens=max_tokens, batch_size=batch_size,
-            buckets=buckets if isinstance(buckets, (int, str)) else tuple(buckets),
+            max_tokens=max_tokens, batch_size=batch_size, buckets=buckets,
             order=order, world_size=world_size, grad_accum=grad_accum, max_run=max_run,
             max_len=max_len, pad_multiple=pad_multiple, on_overflow=on_overflow,
             even_out=even_out, cost=cost, max_cost=max_cost, layout=layout,

@@ -10,10 +10,22 @@ Example::
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
+
 import numpy as np
 
 from lengthwise.planning.config import PlanConfig
-from lengthwise.planning.lengths import apply_overflow, load_lengths, validate_lengths
+from lengthwise.planning.lengths import (
+    apply_overflow,
+    load_lengths,
+    load_record,
+    validate_lengths,
+)
+
+#: a plan that cuts more than this share of the tokens warns
+CUT_WARNING_SHARE = 0.01
 
 __all__ = ["index_dtype", "prepare_lengths"]
 
@@ -39,19 +51,17 @@ def prepare_lengths(lengths, config: PlanConfig, indices: np.ndarray | None = No
     split such samples itself (``on_overflow="split"`` truncates only at ``max_len``).
     """
     raw = lengths if isinstance(lengths, np.ndarray) else load_lengths(lengths)
+    cut = load_record(raw)  # what load_lengths(max_len=...) cut: counted as truncated too
     raw = validate_lengths(raw)
-    cap = config.row_limit().max_length() if cap_to_budget else None
-    max_len, limit_name = config.max_len, None
-    if cap is not None and (max_len is None or cap < max_len):
-        max_len, limit_name = cap, f"the {cap} tokens one row of the budget holds"
+    max_len = config.sample_limit() if cap_to_budget else config.max_len
+    limit_name = None
+    if max_len is not None and max_len != config.max_len:
+        limit_name = f"the {max_len} tokens one row of the budget holds"
     policy = "truncate" if config.on_overflow == "split" else config.on_overflow
-    lens, keep, counts = apply_overflow(raw, max_len, policy, limit_name=limit_name)
+    lens, keep, counts = apply_overflow(raw, max_len, policy, limit_name=limit_name, cut=cut)
+    warn_if_cut(counts, max_len, config, at_load=cut is not None and bool(cut.any()))
     if indices is not None:
-        ids = np.asarray(indices, dtype=np.int64)
-        if ids.size and (ids.min() < 0 or ids.max() >= raw.size):
-            raise ValueError(f"indices must lie in [0, {raw.size}), got {ids.min()}..{ids.max()}")
-        if np.unique(ids).size != ids.size:
-            raise ValueError("indices must not repeat a sample id")
+        ids = check_indices(indices, raw.size)
         ids = ids[keep[ids]]
     else:
         ids = np.flatnonzero(keep)
@@ -60,3 +70,70 @@ def prepare_lengths(lengths, config: PlanConfig, indices: np.ndarray | None = No
         raise ValueError("no samples left to plan after dropping empty and over-long ones "
                          f"({counts})")
     return lens, ids, counts
+
+
+def cut_message(counts: dict, max_len: int | None, config: PlanConfig, *,
+                at_load: bool = False) -> str | None:
+    """One line saying how much truncation cut, when it is over 1% of the tokens.
+
+    ``at_load``: some of it was cut by ``load_lengths(max_len=...)``.
+
+    Example::
+
+        >>> cut_message({"truncated": 2, "truncated_share": 0.75}, 8, PlanConfig(max_tokens=8))
+        '75.0% of the tokens are cut: 2 samples truncated to 8 tokens (max_tokens=8)'
+    """
+    share = counts.get("truncated_share", 0.0)
+    if share <= CUT_WARNING_SHARE:
+        return None
+    if config.max_len is not None and max_len == config.max_len:
+        why = f"max_len={config.max_len}"
+    elif config.max_tokens is not None:
+        why = f"max_tokens={config.max_tokens}"
+    else:
+        why = f"max_cost={config.max_cost}"
+    parts = [] if max_len is None else [f"to {max_len} tokens ({why})"]
+    if at_load:
+        parts.append("at the max_len given to load_lengths")
+    return (f"{share:.1%} of the tokens are cut: {counts['truncated']} samples truncated "
+            + " or ".join(parts))
+
+
+def warn_if_cut(counts: dict, max_len: int | None, config: PlanConfig, *,
+                at_load: bool = False) -> None:
+    """Warn (``UserWarning``, at the caller's line) when truncation cuts over 1% of the tokens."""
+    message = cut_message(counts, max_len, config, at_load=at_load)
+    if message is None:
+        return
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    level, frame = 1, sys._getframe(0)
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message + "; raise the limit, or use on_overflow='drop' or 'error' to keep "
+                  "whole samples only", UserWarning, stacklevel=level)
+
+
+def check_indices(indices, size: int) -> np.ndarray:
+    """Sample ids to plan: whole numbers in ``[0, size)``, each at most once.
+
+    Example::
+
+        >>> check_indices([3, 0], 5).tolist()
+        [3, 0]
+    """
+    arr = np.asarray(indices)
+    if arr.dtype == bool:
+        raise TypeError("indices must be sample ids, got a boolean mask; pass "
+                        "np.flatnonzero(mask) to plan the samples it marks")
+    if arr.size == 0:
+        arr = arr.astype(np.int64)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"indices must be sample ids (whole numbers), got dtype {arr.dtype}")
+    if arr.ndim != 1:
+        raise ValueError(f"indices must be one-dimensional, got shape {arr.shape}")
+    ids = arr.astype(np.int64)
+    if ids.size and (ids.min() < 0 or ids.max() >= size):
+        raise ValueError(f"indices must lie in [0, {size}), got {ids.min()}..{ids.max()}")
+    if np.unique(ids).size != ids.size:
+        raise ValueError("indices must not repeat a sample id")
+    return ids

@@ -1,7 +1,9 @@
 """The PyTorch adapters: the batch sampler, the collators, cost calibration, process groups.
 
-* :mod:`~lengthwise.pytorch.sampler`: :class:`BucketBatchSampler`, a plan fed to a ``DataLoader``;
-* :mod:`~lengthwise.pytorch.collate`: :class:`PadCollator` and :class:`PackCollator`;
+* :mod:`~lengthwise.pytorch.sampler`: :class:`BucketBatchSampler`, a plan fed to a ``DataLoader``
+  (its saved state read and checked by :mod:`~lengthwise.pytorch.sampler_state`);
+* :mod:`~lengthwise.pytorch.collate`: :class:`PadCollator` and :class:`PackCollator`, and the
+  plan's budget every micro-batch is checked against (:class:`BudgetError`);
 * :mod:`~lengthwise.pytorch.calibrate`: fitting the cost model to measured step times;
 * :mod:`~lengthwise.pytorch.dist`: the ``torch.distributed`` group this process is in.
 
@@ -23,6 +25,7 @@ _EXPORTS: dict[str, str] = {
     "PadCollator": "lengthwise.pytorch.collate",
     "PackCollator": "lengthwise.pytorch.collate",
     "RowsDataset": "lengthwise.pytorch.collate",
+    "BudgetError": "lengthwise.pytorch.collate",
     "calibrate": "lengthwise.pytorch.calibrate",
     "fit_cost": "lengthwise.pytorch.calibrate",
     "Calibration": "lengthwise.pytorch.calibrate",

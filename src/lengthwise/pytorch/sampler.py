@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
+from lengthwise.planning.batching import whole_number
 from lengthwise.planning.config import PlanConfig, lengths_checksum
 from lengthwise.planning.cost import CostModel
 from lengthwise.planning.lengths import LengthError, load_lengths, open_lengths
@@ -41,18 +42,15 @@ from lengthwise.planning.schedule import EpochPlan
 from lengthwise.planning.window_cursor import CursorError, WindowCursor
 from lengthwise.planning.windowed import WindowedPlan, resolve_window
 from lengthwise.pytorch.dist import group_info
+from lengthwise.pytorch.sampler_state import (
+    STATE_VERSION,
+    ResumeError,
+    SavedState,
+    count,
+    read_state,
+)
 
 __all__ = ["STATE_VERSION", "BucketBatchSampler", "ResumeError", "loader_sampler_state"]
-
-#: version of the :meth:`BucketBatchSampler.state_dict` layout
-STATE_VERSION = 1
-
-_STATE_KEYS = ("version", "seed", "epoch", "yielded", "world_size", "grad_accum",
-               "fingerprint", "num_samples", "lengths_crc", "resumed", "options")
-
-
-class ResumeError(ValueError):
-    """A saved sampler state that does not fit this sampler (other data or settings)."""
 
 
 def _options(config: PlanConfig, window: int | None = None) -> dict[str, str]:
@@ -148,7 +146,10 @@ class BucketBatchSampler(Sampler[list[int]]):
         raw = load_lengths(lengths) if window is None else open_lengths(lengths)
         #: samples per window of a windowed epoch; ``None``: the whole epoch is planned at once
         self.window = None if window is None else resolve_window(window, int(raw.shape[0]))
-        self.lengths = raw if self.window is not None else load_lengths(raw)
+        if self.window is not None or not (isinstance(raw, np.memmap) or raw is lengths):
+            self.lengths = raw  # mapped for windows, or already read and checked
+        else:
+            self.lengths = load_lengths(lengths)
         self.num_replicas, self.rank = _resolve_ranks(num_replicas, rank)
         if drop_last and even_out not in (None, "drop"):
             raise ValueError(f"drop_last=True means even_out='drop', got even_out={even_out!r}")
@@ -161,7 +162,7 @@ class BucketBatchSampler(Sampler[list[int]]):
             max_len=max_len, pad_multiple=pad_multiple, on_overflow=on_overflow,
             even_out="drop" if drop_last else (even_out or "split"), cost=cost,
             max_cost=max_cost, layout=layout, rows_per_batch=rows_per_batch)
-        self.seed = int(seed)
+        self.seed = whole_number("seed", seed, minimum=0)
         self.epoch = 0
         self._check_budget()
         # resume state of the current epoch
@@ -171,6 +172,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         self._plan: EpochPlan | None = None
         self._plan_key: tuple | None = None
         self._edges: list[int] | None = None
+        self._resumed_from_state = False  # the last resumed segment is the loaded state's
         self._cursor: WindowCursor | None = None
         self._cursor_pending = False
 
@@ -181,23 +183,16 @@ class BucketBatchSampler(Sampler[list[int]]):
         return self.config.grad_accum
 
     def _check_budget(self) -> None:
-        """Fail early when the budget cannot hold a row, or a sample with on_overflow='error'."""
+        """Fail early for a sample over the limit with on_overflow='error'."""
         cfg = self.config
-        cap = cfg.row_limit().max_length()
-        if cap is not None and cap < 1:
+        limit = cfg.sample_limit()
+        if cfg.on_overflow != "error" or limit is None or self.window is not None:
+            return  # a windowed plan checks each window's samples when it reads them
+        if limit == cfg.max_len:
+            rule = f"max_len={cfg.max_len}"
+        else:
             rule = (f"max_tokens={cfg.max_tokens}" if cfg.max_tokens is not None
                     else f"max_cost={cfg.max_cost} with {cfg.cost}")
-            raise ValueError(f"{rule} cannot hold a single row of {cfg.pad_multiple} tokens "
-                             f"(pad_multiple={cfg.pad_multiple}); raise the budget")
-        if cfg.on_overflow != "error":
-            return
-        limit, rule = cfg.max_len, f"max_len={cfg.max_len}"
-        if cap is not None and (limit is None or cap < limit):
-            limit = cap
-            rule = (f"max_tokens={cfg.max_tokens}" if cfg.max_tokens is not None
-                    else f"max_cost={cfg.max_cost} with {cfg.cost}")
-        if limit is None or self.window is not None:  # windows check their samples when read
-            return
         over = np.flatnonzero(self.lengths > limit)
         if over.size:
             row = int(over[0])
@@ -205,6 +200,37 @@ class BucketBatchSampler(Sampler[list[int]]):
                 f"sample {row} has {int(self.lengths[row])} tokens, but one row holds at most "
                 f"{limit} under {rule} ({over.size} samples are longer); raise the budget, or "
                 "use on_overflow='truncate' or 'drop'")
+
+    def collator(self, pad_token_id: int | None = None, **options: Any):
+        """The collator of this sampler's plan, for ``DataLoader(collate_fn=...)``.
+
+        A :class:`~lengthwise.pytorch.collate.PadCollator` (padded layout; needs
+        ``pad_token_id``) or :class:`~lengthwise.pytorch.collate.PackCollator`
+        (packed) that truncates samples to exactly the length the plan counted
+        (``max_len``, and the longest row the budget holds), pads to the plan's
+        ``pad_multiple``, tags buckets with the plan's edges, and checks every
+        micro-batch against the budget (a
+        :class:`~lengthwise.pytorch.collate.BudgetError` if the data set's samples are
+        longer than the lengths said). ``options`` go to the collator (``metadata``,
+        ``label_pad_id``, ``fields``, ``padding_side``, ``mask_dtype``...).
+
+        Example::
+
+            >>> s = BucketBatchSampler([5, 30, 12], max_tokens=16, order="sorted")
+            >>> c = s.collator(pad_token_id=0)
+            >>> [c([{"input_ids": [1] * [5, 30, 12][i]} for i in b])["input_ids"].shape
+            ...  for b in s]
+            [torch.Size([1, 5]), torch.Size([1, 12]), torch.Size([1, 16])]
+        """
+        from lengthwise.pytorch.collate.from_plan import collator_for
+
+        edges = None
+        if self.config.layout == "pad":
+            if self._edges is None:
+                _ = self.plan  # solves the bucket edges (once, for every epoch)
+            edges = self._edges
+        return collator_for(self.config, edges, pad_token_id=pad_token_id,
+                            yield_rows=self.yield_rows, **options)
 
     def check_dataset(self, dataset: Any) -> None:
         """Raise if ``dataset`` does not have one row per length.
@@ -267,17 +293,21 @@ class BucketBatchSampler(Sampler[list[int]]):
         # the bucket edges depend on the lengths and options only: solved once, kept for
         # every epoch and every re-plan of a resumed epoch
         edges = self._edges
-        for world_size, grad_accum, yielded in self._resumed:
+        for i, (world_size, grad_accum, yielded) in enumerate(self._resumed):
             if ids is not None and ids.size == 0:
                 break
             plan = plan_epoch(self.lengths, config=self._config(world_size, grad_accum, edges),
                               seed=self.seed, epoch=self.epoch, indices=ids)
             edges = self._edges = edges or _edges_of(plan)
             if yielded > plan.num_batches:
+                last = i == len(self._resumed) - 1 and self._resumed_from_state
+                what = ("the state's yielded" if last
+                        else f"the state's resumed[{i}] = [{world_size}, {grad_accum}, "
+                             f"{yielded}]")
                 raise ResumeError(
-                    f"the state says {yielded} micro-batches were yielded, but epoch "
+                    f"{what} says {yielded} micro-batches were yielded on each rank, but epoch "
                     f"{self.epoch} has only {plan.num_batches} per rank with world_size "
-                    f"{world_size}")
+                    f"{world_size} and grad_accum {grad_accum}")
             cut = int(plan.offsets[yielded * world_size])
             ids = np.setdiff1d(plan.indices[cut:], plan.indices[:cut])
         if ids is not None and ids.size == 0:
@@ -327,12 +357,11 @@ class BucketBatchSampler(Sampler[list[int]]):
         Setting the current epoch again changes nothing, so a loaded resume point
         survives the usual ``set_epoch(epoch)`` at the top of the epoch loop.
         """
-        epoch = int(epoch)
-        if epoch < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        epoch = whole_number("epoch", epoch, minimum=0)
         if epoch != self.epoch:
             self.epoch = epoch
             self._resumed = []
+            self._resumed_from_state = False
             self._pending = None
             self._yielded = 0
             self._cursor = None
@@ -415,71 +444,67 @@ class BucketBatchSampler(Sampler[list[int]]):
         ranks yield the same count) are planned again over this sampler's ranks,
         with the same seed and epoch.
         """
-        if not isinstance(state, dict):
-            raise ResumeError(f"a sampler state is a dict, got {type(state).__name__}")
-        missing = [k for k in _STATE_KEYS if k not in state]
-        if missing:
-            raise ResumeError(f"not a BucketBatchSampler state: missing {missing}")
-        if state["version"] != STATE_VERSION:
-            raise ResumeError(f"sampler state version {state['version']} is not supported "
-                              f"(this version reads {STATE_VERSION})")
-        self._check_same_plan(state)
+        saved = read_state(state)
+        self._check_same_plan(saved)
         if self.window is not None:
-            self._load_windowed(state)
+            self._load_windowed(state, saved)
             return
-        world, accum, yielded = int(state["world_size"]), int(state["grad_accum"]), \
-            int(state["yielded"])
-        if yielded < 0 or world < 1 or accum < 1:
-            raise ResumeError(f"invalid sampler state: yielded={yielded}, world_size={world}, "
-                              f"grad_accum={accum}")
-        resumed = [tuple(int(x) for x in seg) for seg in state["resumed"]]
-        if any(len(seg) != 3 for seg in resumed):
-            raise ResumeError("invalid sampler state: 'resumed' holds [world_size, grad_accum, "
-                              "yielded] triples")
-        if (world, accum) == (self.num_replicas, self.grad_accum):
-            start = yielded
+        resumed = list(saved.resumed)
+        same = (saved.world_size, saved.grad_accum) == (self.num_replicas, self.grad_accum)
+        if same:
+            start = saved.yielded
         else:
-            resumed.append((world, accum, yielded))
+            resumed.append((saved.world_size, saved.grad_accum, saved.yielded))
             start = 0
-        self.epoch = int(state["epoch"])
+        old = (self.epoch, self._resumed, self._plan_key, self._pending, self._yielded)
+        self.epoch = saved.epoch
         self._resumed = resumed
+        self._resumed_from_state = not same
         self._plan_key = None
-        n = len(self)  # rebuilds the plan, and validates the chain of earlier segments
-        if start > n:
-            raise ResumeError(f"the state says {start} micro-batches were yielded, but epoch "
-                              f"{self.epoch} has only {n} per rank")
+        try:
+            n = len(self)  # rebuilds the plan, and validates the chain of earlier segments
+            if start > n:
+                raise ResumeError(f"the state's yielded says {start} micro-batches were yielded, "
+                                  f"but epoch {self.epoch} has only {n} per rank with "
+                                  f"world_size {self.num_replicas} and grad_accum "
+                                  f"{self.grad_accum}")
+        except Exception:  # leave the sampler as it was
+            self.epoch, self._resumed, self._plan_key, self._pending, self._yielded = old
+            self._resumed_from_state = False
+            raise
         self._pending = start
         self._yielded = start
 
-    def _load_windowed(self, state: dict[str, Any]) -> None:
-        world, accum = int(state["world_size"]), int(state["grad_accum"])
-        if world < 1 or accum < 1:
-            raise ResumeError(f"invalid sampler state: world_size={world}, grad_accum={accum}")
-        self.epoch = int(state["epoch"])
+    def _load_windowed(self, state: dict[str, Any], saved: SavedState) -> None:
+        old_epoch, old_cursor = self.epoch, self._cursor
+        self.epoch = saved.epoch
         self._cursor = None
-        cur = self._windowed()
         try:
-            cur.load(state, world_size=world, grad_accum=accum)
+            self._windowed().load(state, world_size=saved.world_size,
+                                  grad_accum=saved.grad_accum)
         except CursorError as exc:
+            self.epoch, self._cursor = old_epoch, old_cursor  # leave the sampler as it was
             raise ResumeError(str(exc)) from None
         self._cursor_pending = True
 
-    def _check_same_plan(self, state: dict[str, Any]) -> None:
+    def _check_same_plan(self, state: dict[str, Any] | SavedState) -> None:
+        if not isinstance(state, SavedState):
+            state = read_state(state)
         problems = []
-        if int(state["num_samples"]) != self.lengths.size:
+        if state.num_samples != self.lengths.size:
             problems.append(f"the lengths have {self.lengths.size} samples, the saved state "
-                            f"{state['num_samples']}")
-        elif int(state["lengths_crc"]) != self._lengths_crc():
+                            f"{state.num_samples}")
+        elif state.lengths_crc != self._lengths_crc():
             problems.append("the lengths differ from the saved ones (same number of samples)")
-        if int(state["seed"]) != self.seed:
-            problems.append(f"seed is {self.seed}, the saved state has {state['seed']}")
+        if state.seed != self.seed:
+            problems.append(f"seed is {self.seed}, the saved state has {state.seed}")
         mine = _options(self.config, self.window)
-        saved = state["options"]
+        saved = state.options
         for name in sorted(set(mine) | set(saved)):
             if mine.get(name) != saved.get(name):
                 problems.append(f"{name} is {mine.get(name)}, the saved state has "
                                 f"{saved.get(name)}")
-        if not problems and int(state["fingerprint"]) != self.fingerprint():
+        if not problems and state.fingerprint != self.fingerprint():
             problems.append("the plan fingerprint differs (another lengthwise version?)")
         if problems:
             raise ResumeError(
@@ -499,19 +524,25 @@ def loader_sampler_state(loader_state: dict[str, Any]) -> dict[str, Any]:
         state = loader_sampler_state(loader.state_dict())
         new_sampler.load_state_dict(state)   # new_sampler: another num_replicas
     """
-    if "_index_sampler_state" in loader_state:  # num_workers=0: nothing prefetched
-        state = loader_state["_index_sampler_state"]
-        extra = 0
-    elif "_snapshot" in loader_state:  # workers: the last snapshot, then the steps since
-        state = loader_state["_snapshot"]["_main_snapshot"]["_index_sampler_state"]
-        extra = int(loader_state["_steps_since_snapshot"])
-    else:
-        raise ResumeError("not a StatefulDataLoader state (no sampler state in it)")
+    if not isinstance(loader_state, dict):
+        raise ResumeError(f"a StatefulDataLoader state is a dict, got "
+                          f"{type(loader_state).__name__}")
+    try:
+        if "_index_sampler_state" in loader_state:  # num_workers=0: nothing prefetched
+            state = loader_state["_index_sampler_state"]
+            extra = 0
+        elif "_snapshot" in loader_state:  # workers: the last snapshot, then the steps since
+            state = loader_state["_snapshot"]["_main_snapshot"]["_index_sampler_state"]
+            extra = count("_steps_since_snapshot", loader_state["_steps_since_snapshot"])
+        else:
+            raise ResumeError("not a StatefulDataLoader state (no sampler state in it)")
+    except (KeyError, TypeError) as exc:
+        raise ResumeError(f"not a StatefulDataLoader state (no {exc} in its snapshot)") from None
     if not isinstance(state, dict) or "yielded" not in state:
         raise ResumeError("the loader's batch sampler was not a BucketBatchSampler")
-    out = dict(state, yielded=int(state["yielded"]) + extra)
+    out = dict(state, yielded=count("yielded", state["yielded"]) + extra)
     if "window_yielded" in state:  # a windowed sampler: the place inside the window moves too
-        out["window_yielded"] = int(state["window_yielded"]) + extra
+        out["window_yielded"] = count("window_yielded", state["window_yielded"]) + extra
     return out
 
 
@@ -525,9 +556,8 @@ def _resolve_ranks(num_replicas: int | None, rank: int | None) -> tuple[int, int
         num_replicas = group.world_size if group is not None else 1
     if rank is None:
         rank = group.rank if group is not None else 0
-    num_replicas, rank = int(num_replicas), int(rank)
-    if num_replicas < 1:
-        raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
-    if not 0 <= rank < num_replicas:
+    num_replicas = whole_number("num_replicas", num_replicas)
+    rank = whole_number("rank", rank, minimum=0)
+    if rank >= num_replicas:
         raise ValueError(f"rank {rank} is out of range for num_replicas={num_replicas}")
     return num_replicas, rank

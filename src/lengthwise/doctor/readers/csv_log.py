@@ -84,10 +84,13 @@ def read_csv(
         names = [_clean(h) if not h.strip().endswith(("__MIN", "__MAX")) else "" for h in header]
         cols = _columns(names, step_key, loss_key)
         if "loss" not in cols:
-            what = repr(loss_key) if loss_key else "a loss column"
+            shown = ", ".join(h for h in header[:12])
+            if loss_key:
+                raise EmptyLogError(f"{path}: no column {loss_key!r} among the CSV columns: "
+                                    f"{shown}")
             raise EmptyLogError(
-                f"{path}: no {what} among the CSV columns: {', '.join(h for h in header[:12])}"
-            )
+                f"{path}: no loss column found among the CSV columns: {shown}; name the one "
+                "that holds the loss with --loss-key COLUMN (loss_key= in Python)")
         width = len(header)
         builder.loss_label = header[cols["loss"]].strip()
         li = cols["loss"]

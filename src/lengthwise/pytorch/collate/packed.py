@@ -17,6 +17,7 @@ import torch
 from lengthwise.pytorch.collate._options import check_fields, check_positive
 from lengthwise.pytorch.collate._packed_rows import sample_rows
 from lengthwise.pytorch.collate._samples import check_batch, pad_value, result_dtype
+from lengthwise.pytorch.collate.budget import Budget
 from lengthwise.pytorch.collate.mask import packed_attention_mask
 
 __all__ = ["PackCollator"]
@@ -47,6 +48,12 @@ class PackCollator:
     ``Trainer`` sets). Otherwise pass ``mask_dtype`` to add an explicit
     block-diagonal 4-D ``attention_mask`` (see :func:`packed_attention_mask`).
 
+    With a packed ``budget`` every micro-batch is checked against it (each row
+    within the capacity, at most ``budget.rows`` rows; a flat list without
+    ``row_capacity``: at most ``rows x capacity`` tokens), raising
+    :class:`~lengthwise.collate.budget.BudgetError`. ``sampler.collator()`` builds
+    this collator from a packed plan (``max_length``, ``row_capacity``, budget).
+
     Example::
 
         >>> b = PackCollator(metadata=False)([{"input_ids": [5, 6, 7]}, {"input_ids": [8, 9]}])
@@ -68,6 +75,7 @@ class PackCollator:
         max_length: int | None = None,
         mask_dtype: torch.dtype | None = None,
         metadata: bool = True,
+        budget: Budget | None = None,
     ) -> None:
         check_positive("row_capacity", row_capacity)
         check_positive("max_length", max_length)
@@ -87,6 +95,12 @@ class PackCollator:
         self.max_length = max_length
         self.mask_dtype = mask_dtype
         self.metadata = metadata
+        if budget is not None and not isinstance(budget, Budget):
+            raise TypeError(f"budget must be a lengthwise.collate.Budget, got {budget!r}")
+        if budget is not None and budget.layout != "pack":
+            raise ValueError("PackCollator needs a budget of the packed layout, got a padded one")
+        self.budget = budget
+        self._calls = 0  # micro-batches collated so far (names the batch in a BudgetError)
 
     def _filler(self, n: int, like: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """A sample of ``n`` padding tokens with the fields and dtypes of ``like``."""
@@ -97,6 +111,11 @@ class PackCollator:
     def __call__(self, samples: Sequence[Any]) -> dict[str, Any]:
         samples = check_batch(samples, "PackCollator")
         rows = sample_rows(samples, self.fields, self.max_length, self.row_capacity)
+        self._calls += 1
+        if self.budget is not None:
+            flat = self.row_capacity is None and not isinstance(samples[0], (list, tuple))
+            self.budget.check_packed([sum(s["input_ids"].size for s in row) for row in rows],
+                                     batch=self._calls - 1, rows_known=not flat)
         real = sum(s["input_ids"].size for row in rows for s in row)
         segments: list[dict[str, np.ndarray]] = []
         for row in rows:

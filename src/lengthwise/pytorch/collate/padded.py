@@ -17,6 +17,7 @@ import torch
 from lengthwise.pytorch.collate._options import check_edges, check_fields, check_positive
 from lengthwise.pytorch.collate._samples import check_batch, pad_value, result_dtype, sample_fields
 from lengthwise.pytorch.collate.buckets import bucket_of
+from lengthwise.pytorch.collate.budget import Budget
 
 __all__ = ["PadCollator"]
 
@@ -29,9 +30,14 @@ class PadCollator:
     which are padded with 0. Returns ``input_ids``, ``attention_mask``, ``labels``,
     the other fields, and the metadata ``real_tokens``, ``padded_tokens``,
     ``samples`` and ``bucket`` (bucket id of the longest sample in ``edges``; ``-1``
-    without edges). Pass the planner's ``pad_multiple`` and ``edges`` so the counts
-    match its plan.
-    ``max_length`` truncates samples first, as the planner's ``max_len`` does.
+    without edges). ``max_length`` truncates samples first, as the planner's
+    ``max_len`` does. With a ``budget`` (a :class:`~lengthwise.collate.budget.Budget`)
+    every micro-batch is checked against it and an over-sized one raises
+    :class:`~lengthwise.collate.budget.BudgetError`.
+
+    ``sampler.collator(pad_token_id)`` builds this collator from the sampler's plan:
+    the same ``pad_multiple`` (default 1, as the planner's), ``max_length``,
+    ``edges`` and budget, so every micro-batch is exactly what the plan counted.
 
     Example::
 
@@ -45,13 +51,14 @@ class PadCollator:
         self,
         pad_token_id: int,
         *,
-        pad_multiple: int = 8,
+        pad_multiple: int = 1,
         label_pad_id: int = -100,
         fields: Sequence[str] = ("input_ids", "labels"),
         padding_side: Literal["right", "left"] = "right",
         edges: Sequence[int] | None = None,
         max_length: int | None = None,
         metadata: bool = True,
+        budget: Budget | None = None,
     ) -> None:
         if not isinstance(pad_token_id, (int, np.integer)) or isinstance(pad_token_id, bool):
             raise TypeError(f"pad_token_id must be an integer token id, got {pad_token_id!r}")
@@ -67,6 +74,12 @@ class PadCollator:
         self.edges = check_edges(edges)
         self.max_length = max_length
         self.metadata = metadata
+        if budget is not None and not isinstance(budget, Budget):
+            raise TypeError(f"budget must be a lengthwise.collate.Budget, got {budget!r}")
+        if budget is not None and budget.layout != "pad":
+            raise ValueError("PadCollator needs a budget of the padded layout, got a packed one")
+        self.budget = budget
+        self._calls = 0  # micro-batches collated so far (names the batch in a BudgetError)
 
     def __call__(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         samples = check_batch(samples, "PadCollator")
@@ -75,6 +88,9 @@ class PadCollator:
         longest = max(lengths)
         padded_len = -(-longest // self.pad_multiple) * self.pad_multiple
         n = len(rows)
+        self._calls += 1
+        if self.budget is not None:
+            self.budget.check_padded(rows=n, padded_len=padded_len, batch=self._calls - 1)
         batch: dict[str, Any] = {}
         for field in self.fields:
             dtype = result_dtype([r[field] for r in rows], field)

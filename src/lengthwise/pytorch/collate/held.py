@@ -1,0 +1,86 @@
+"""A collator of your own (Hugging Face's, TRL's...) held to a plan: truncated, then checked.
+
+:class:`HeldCollator` truncates every sample to the length the plan counted it at
+(``PlanConfig.sample_limit()``: ``max_len`` and the longest row the budget holds),
+calls the wrapped collator, and checks the micro-batch it returns against the
+plan's budget, raising :class:`~lengthwise.pytorch.collate.budget.BudgetError`
+instead of handing the GPU more than the plan allowed.
+
+Example::
+
+    >>> import torch
+    >>> from lengthwise.planning.config import PlanConfig
+    >>> def pad(samples):
+    ...     n = max(len(s["input_ids"]) for s in samples)
+    ...     return {"input_ids": torch.tensor([s["input_ids"] + [0] * (n - len(s["input_ids"]))
+    ...                                        for s in samples])}
+    >>> held = HeldCollator(pad, PlanConfig(max_tokens=8))
+    >>> held([{"input_ids": [1] * 20}])["input_ids"].shape
+    torch.Size([1, 8])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from lengthwise.pytorch.collate.budget import Budget
+from lengthwise.pytorch.collate.from_plan import budget_of
+
+__all__ = ["HeldCollator"]
+
+
+def _truncate(sample: Any, limit: int) -> Any:
+    """``sample`` with every field as long as its ``input_ids`` cut to ``limit`` items."""
+    if not isinstance(sample, Mapping) or "input_ids" not in sample:
+        return sample
+    try:
+        n = len(sample["input_ids"])
+    except TypeError:
+        return sample
+    if n <= limit:
+        return sample
+    out = dict(sample)
+    for key, value in sample.items():
+        try:
+            same = not isinstance(value, (str, bytes)) and len(value) == n
+        except TypeError:  # a scalar field
+            same = False
+        if same:
+            out[key] = value[:limit]
+    return out
+
+
+class HeldCollator:
+    """Wrap ``collator`` so its micro-batches are truncated and budgeted as the plan counted.
+
+    ``config`` is the plan's :class:`~lengthwise.planning.config.PlanConfig`
+    (``sampler.config``). Samples that are mappings with ``input_ids`` are cut to
+    ``config.sample_limit()`` tokens (with every field of the same length); the
+    result's ``input_ids`` is checked: ``rows x padded length`` (or rows, or cost)
+    for the padded layout, its tokens for the packed one.
+    """
+
+    def __init__(self, collator: Callable[[list[Any]], Any], config: Any) -> None:
+        if not callable(collator):
+            raise TypeError(f"collator must be callable, got {collator!r}")
+        self.inner = collator
+        self.limit = config.sample_limit()
+        self.budget: Budget = budget_of(config)
+        self._calls = 0
+
+    def __call__(self, samples: list[Any]) -> Any:
+        if self.limit is not None:
+            samples = [_truncate(s, self.limit) for s in samples]
+        batch = self.inner(samples)
+        self._calls += 1
+        ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
+        shape = tuple(getattr(ids, "shape", ()))
+        if len(shape) == 2:
+            if self.budget.layout == "pad":
+                self.budget.check_padded(rows=int(shape[0]), padded_len=int(shape[1]),
+                                         batch=self._calls - 1)
+            else:
+                self.budget.check_packed([int(shape[0]) * int(shape[1])],
+                                         batch=self._calls - 1, rows_known=False)
+        return batch
