@@ -192,8 +192,13 @@ def _read_source(source: str | os.PathLike[str]) -> np.ndarray:
             and _bundled_path(text).exists()):
         return np.load(_bundled_path(text))
     path, column = _split_column(text)
-    if os.path.isdir(path):
-        raise LengthError(f"{path!r} is a folder, not a file of lengths")
+    if os.path.isdir(path):  # a folder of Parquet shards
+        from lengthwise.planning import readers
+
+        if column is None:
+            raise LengthError(f"{path!r} is a folder, not a file of lengths; for a folder of "
+                              f"Parquet shards name the column: {path}:COLUMN")
+        return readers.parquet_folder_lengths(path, column)
     if not os.path.exists(path):
         known = ", ".join(bundled_names())
         raise FileNotFoundError(f"no file {path!r} and no bundled distribution of that name "
@@ -201,14 +206,10 @@ def _read_source(source: str | os.PathLike[str]) -> np.ndarray:
     lower = path.lower()
     if lower.endswith(".npy"):
         return np.load(path, mmap_mode="r")
-    if lower.endswith(".idx") or os.path.isdir(path):  # Megatron index, Parquet folder
+    if lower.endswith(".idx"):  # a Megatron index
         from lengthwise.planning import readers
 
-        if lower.endswith(".idx"):
-            return readers.megatron_lengths(path)
-        if column is None:
-            raise LengthError(f"name the column that holds the length: {path}:COLUMN")
-        return readers.parquet_folder_lengths(path, column)
+        return readers.megatron_lengths(path)
     if lower.endswith((".txt", ".csv")) and column is None:
         return _read_text(path)
     if lower.endswith((".jsonl", ".jsonl.gz", ".json")):
