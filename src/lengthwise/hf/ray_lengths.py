@@ -69,22 +69,21 @@ def ray_lengths(dataset: Any, tokenizer: Any, *, column: str = "text",
     lengths there, one row per data-set row, for :func:`lengthwise.load_lengths`.
     ``concurrency`` caps the parallel tasks (default: Ray's choice, every CPU).
     """
-    import ray
-
     if column not in dataset.schema().names:
         raise ValueError(f"the Ray data set has no column {column!r} "
                          f"(columns: {dataset.schema().names})")
-    ctx = ray.data.DataContext.get_current()
-    keep = ctx.execution_options.preserve_order
-    ctx.execution_options.preserve_order = True  # lengths must line up with the rows
+    counted = dataset.select_columns([column]).map_batches(
+        _count, batch_size=batch_size, batch_format="numpy", concurrency=concurrency,
+        fn_kwargs={"tokenizer": tokenizer, "column": column,
+                   "add_special_tokens": add_special_tokens})
+    # lengths must line up with the rows: a data set runs with the context it was made with
+    # (shared with the data set it came from), so set the order there and put it back after
+    options = counted.context.execution_options
+    keep, options.preserve_order = options.preserve_order, True
     try:
-        counted = dataset.select_columns([column]).map_batches(
-            _count, batch_size=batch_size, batch_format="numpy", concurrency=concurrency,
-            fn_kwargs={"tokenizer": tokenizer, "column": column,
-                       "add_special_tokens": add_special_tokens})
         parts = [b[_OUT] for b in counted.iter_batches(batch_size=None, batch_format="numpy")]
     finally:
-        ctx.execution_options.preserve_order = keep
+        options.preserve_order = keep
     lengths = validate_lengths(np.concatenate(parts) if parts else np.zeros(0, np.int64),
                                what=f"lengths of column {column!r}")
     if out is not None:
