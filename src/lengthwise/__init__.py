@@ -21,6 +21,8 @@ __version__ = "0.1.0"
 # public name -> module that defines it (imported lazily on first access)
 _EXPORTS: dict[str, str] = {
     "load_lengths": "lengthwise.planning.lengths",
+    "open_lengths": "lengthwise.planning.lengths",
+    "WindowedPlan": "lengthwise.planning.windowed",
     "bundled_names": "lengthwise.planning.lengths",
     "optimal_edges": "lengthwise.planning.edges",
     "plan_epoch": "lengthwise.planning.plan",

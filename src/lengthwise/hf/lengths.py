@@ -174,7 +174,8 @@ def compute_lengths(
     chat messages go through ``tokenizer.apply_chat_template(..., tokenize=True)``
     with ``chat_template_kwargs``. Tokenizing runs through ``Dataset.map`` with
     ``num_proc`` processes and a progress bar; its result is cached (``cache=False``
-    turns this off, a path puts the cache there).
+    turns this off, a path puts the cache there). A ``ray.data.Dataset`` is tokenized
+    on its Ray cluster instead (:func:`lengthwise.hf.ray_lengths.ray_lengths`).
 
     Example::
 
@@ -182,6 +183,11 @@ def compute_lengths(
         >>> compute_lengths(datasets.Dataset.from_dict({"num_tokens": [7, 2]})).tolist()
         [7, 2]
     """
+    from lengthwise.hf.ray_lengths import is_ray_dataset, ray_lengths
+
+    if is_ray_dataset(dataset):  # tokenized on the Ray cluster, not cached here
+        return ray_lengths(dataset, tokenizer, column=column or "text", batch_size=batch_size,
+                           add_special_tokens=add_special_tokens)
     _check_dataset(dataset)
     name, kind = _choose(dataset, tokenizer, column, messages_column)
     if kind == "length":
