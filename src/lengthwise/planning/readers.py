@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from lengthwise.planning.errors import LengthError
+from lengthwise.planning.errors import LengthError, first_bad_length
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
@@ -105,11 +105,8 @@ def _batch_lengths(col: pa.Array, name: str, column: str, row0: int) -> np.ndarr
     values = col.to_numpy(zero_copy_only=False)
     if values.dtype.kind not in "iuf":
         raise LengthError(f"{name}: column {column!r} holds {col.type}, not lengths")
-    bad = values < 0
-    if values.dtype.kind == "f":
-        bad |= ~np.isfinite(values) | (values != np.floor(values))
-    if bad.any():
-        row = int(np.flatnonzero(bad)[0])
+    row = first_bad_length(values)
+    if row is not None:
         raise LengthError(f"{name}, row {row0 + row}: {values[row].item()!r} is not "
                           "a length")
     return values
