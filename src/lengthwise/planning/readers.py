@@ -25,10 +25,14 @@ from __future__ import annotations
 import os
 import struct
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from lengthwise.planning.errors import LengthError
+from lengthwise.planning.errors import LengthError, first_bad_length
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pyarrow as pa
 
 __all__ = ["megatron_lengths", "parquet_folder_lengths"]
 
@@ -80,6 +84,34 @@ def megatron_lengths(path: str | os.PathLike[str]) -> np.ndarray:
     return lengths
 
 
+def _length_array(total: int, out: str | os.PathLike[str] | None) -> np.ndarray:
+    """An int64 array of ``total`` lengths: in memory, or a new memory-mapped ``.npy``."""
+    if out is not None:
+        return np.lib.format.open_memmap(os.fspath(out), mode="w+", dtype=np.int64,
+                                         shape=(total,))
+    return np.empty(total, dtype=np.int64)
+
+
+def _batch_lengths(col: pa.Array, name: str, column: str, row0: int) -> np.ndarray:
+    """The lengths of one Parquet record-batch column, checked (``row0``: its first row)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
+        col = pc.list_value_length(col)
+    if col.null_count:
+        row = row0 + int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+        raise LengthError(f"{name}, row {row}: {column!r} is missing (null)")
+    values = col.to_numpy(zero_copy_only=False)
+    if values.dtype.kind not in "iuf":
+        raise LengthError(f"{name}: column {column!r} holds {col.type}, not lengths")
+    row = first_bad_length(values)
+    if row is not None:
+        raise LengthError(f"{name}, row {row0 + row}: {values[row].item()!r} is not "
+                          "a length")
+    return values
+
+
 def parquet_folder_lengths(folder: str | os.PathLike[str], column: str, *,
                            out: str | os.PathLike[str] | None = None,
                            batch_rows: int = 1 << 20) -> np.ndarray:
@@ -101,8 +133,6 @@ def parquet_folder_lengths(folder: str | os.PathLike[str], column: str, *,
         [4, 2, 7]
     """
     try:
-        import pyarrow as pa
-        import pyarrow.compute as pc
         import pyarrow.dataset as ds
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError("reading Parquet folders needs pyarrow: pip install "
@@ -117,33 +147,13 @@ def parquet_folder_lengths(folder: str | os.PathLike[str], column: str, *,
     total = int(sum(per_file))
     if total == 0:
         raise LengthError(f"the Parquet files under {os.fspath(folder)!r} hold no rows")
-    if out is not None:
-        lengths = np.lib.format.open_memmap(os.fspath(out), mode="w+", dtype=np.int64,
-                                            shape=(total,))
-    else:
-        lengths = np.empty(total, dtype=np.int64)
+    lengths = _length_array(total, out)
     pos = 0
     for name, rows in zip(files, per_file, strict=True):
         first = pos
         for batch in ds.dataset(name, format="parquet").to_batches(columns=[column],
                                                                     batch_size=batch_rows):
-            col = batch.column(0)
-            if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
-                col = pc.list_value_length(col)
-            if col.null_count:
-                row = pos - first + int(np.flatnonzero(
-                    col.is_null().to_numpy(zero_copy_only=False))[0])
-                raise LengthError(f"{name}, row {row}: {column!r} is missing (null)")
-            values = col.to_numpy(zero_copy_only=False)
-            if values.dtype.kind not in "iuf":
-                raise LengthError(f"{name}: column {column!r} holds {col.type}, not lengths")
-            bad = values < 0
-            if values.dtype.kind == "f":
-                bad |= ~np.isfinite(values) | (values != np.floor(values))
-            if bad.any():
-                row = int(np.flatnonzero(bad)[0])
-                raise LengthError(f"{name}, row {pos - first + row}: {values[row].item()!r} is not "
-                                  "a length")
+            values = _batch_lengths(batch.column(0), name, column, pos - first)
             lengths[pos : pos + values.size] = values
             pos += values.size
         if pos - first != rows:  # pragma: no cover - a shard changed while it was read

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lengthwise.planning.config import PlanConfig
-from lengthwise.planning.errors import LengthError
+from lengthwise.planning.errors import LengthError, first_bad_length
 from lengthwise.planning.packed import plan_packed_epoch
 from lengthwise.planning.padded import PaddedEpochPlan, plan_padded_epoch, resolve_edges
 from lengthwise.planning.prepare import prepare_lengths
@@ -104,11 +104,8 @@ def _check_window(values: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """Validate one window's lengths; errors name the sample id, as whole-epoch errors do."""
     if values.dtype == object or values.dtype.kind not in "iuf":
         raise LengthError(f"lengths must be numbers, got dtype {values.dtype}")
-    bad = values < 0
-    if values.dtype.kind == "f":
-        bad |= ~np.isfinite(values) | (values != np.floor(values))
-    if bad.any():
-        row = int(np.flatnonzero(bad)[0])
+    row = first_bad_length(values)
+    if row is not None:
         raise LengthError(f"lengths, row {int(ids[row])}: {values[row].item()!r} is not a "
                           "length (negative, fractional or not finite)")
     return values.astype(np.int64)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lengthwise.pytorch.collate._options import check_fields, check_positive
+from lengthwise.pytorch.collate._options import check_budget, check_fields, check_positive
 from lengthwise.pytorch.collate._packed_rows import sample_rows
 from lengthwise.pytorch.collate._samples import check_batch, pad_value, result_dtype
 from lengthwise.pytorch.collate.budget import Budget
@@ -95,11 +95,7 @@ class PackCollator:
         self.max_length = max_length
         self.mask_dtype = mask_dtype
         self.metadata = metadata
-        if budget is not None and not isinstance(budget, Budget):
-            raise TypeError(f"budget must be a lengthwise.collate.Budget, got {budget!r}")
-        if budget is not None and budget.layout != "pack":
-            raise ValueError("PackCollator needs a budget of the packed layout, got a padded one")
-        self.budget = budget
+        self.budget = check_budget(budget, "pack", "PackCollator")
         self._calls = 0  # micro-batches collated so far (names the batch in a BudgetError)
 
     def _filler(self, n: int, like: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

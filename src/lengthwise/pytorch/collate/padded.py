@@ -14,7 +14,12 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from lengthwise.pytorch.collate._options import check_edges, check_fields, check_positive
+from lengthwise.pytorch.collate._options import (
+    check_budget,
+    check_edges,
+    check_fields,
+    check_positive,
+)
 from lengthwise.pytorch.collate._samples import check_batch, pad_value, result_dtype, sample_fields
 from lengthwise.pytorch.collate.buckets import bucket_of
 from lengthwise.pytorch.collate.budget import Budget
@@ -74,11 +79,7 @@ class PadCollator:
         self.edges = check_edges(edges)
         self.max_length = max_length
         self.metadata = metadata
-        if budget is not None and not isinstance(budget, Budget):
-            raise TypeError(f"budget must be a lengthwise.collate.Budget, got {budget!r}")
-        if budget is not None and budget.layout != "pad":
-            raise ValueError("PadCollator needs a budget of the padded layout, got a packed one")
-        self.budget = budget
+        self.budget = check_budget(budget, "pad", "PadCollator")
         self._calls = 0  # micro-batches collated so far (names the batch in a BudgetError)
 
     def __call__(self, samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

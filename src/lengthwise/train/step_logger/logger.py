@@ -205,32 +205,24 @@ class StepLogger:
             >>> log.close()
         """
         self._check_open()
-        weights = None
-        if real_tokens is not None and is_column(real_tokens):
-            weights = [to_count(v, "real_tokens") for v in _items(real_tokens)]
-            real_tokens = sum(weights)
-        if sample_weights is not None:
-            if sample_losses is None or not is_column(sample_weights):
-                raise ValueError("sample_weights must be a 1-D sequence of per-sample weights, "
-                                 "given with sample_losses")
-            weights = [to_float(v, "sample_weights") for v in _items(sample_weights)]
-            if any(w < 0 for w in weights):
-                raise ValueError("sample_weights must not be negative")
-        if sample_losses is not None:
-            if not is_column(sample_losses):
-                raise ValueError("sample_losses must be a 1-D sequence, array or tensor of "
-                                 "per-sample losses")
-            if is_tensor(sample_losses):
-                sample_losses = sample_losses.detach()
-            if weights is not None and len(weights) != len(sample_losses):
-                raise ValueError(f"sample_losses has {len(sample_losses)} entries but the "
-                                 f"weights have {len(weights)}: one per sample each")
-        if loss is not None and is_tensor(loss):
-            if loss.numel() != 1:
-                raise ValueError(f"loss must be a scalar, got shape {tuple(loss.shape)}")
-            loss = loss.detach()
-        elif loss is not None:
-            loss = to_float(loss, "loss")
+        weights, real_tokens = _micro_weights(real_tokens, sample_weights, sample_losses)
+        sample_losses = _checked_sample_losses(sample_losses, weights)
+        loss = _scalar_loss(loss)
+        b = self._checked_bucket(bucket)
+        self._micro.append(
+            (
+                loss,
+                to_count(real_tokens, "real_tokens"),
+                to_count(padded_tokens, "padded_tokens"),
+                to_count(samples, "samples"),
+                b,
+                sample_losses,
+                weights if sample_losses is not None else None,
+            )
+        )
+
+    def _checked_bucket(self, bucket: Any) -> int | None:
+        """``bucket`` as an int, checked against bucket_shares, num_buckets and the group."""
         b = to_bucket(bucket)
         if b is not None:
             if self.shares is not None and b not in self.shares:
@@ -244,17 +236,7 @@ class StepLogger:
                 if info is not None and info.world_size > 1:
                     # raises: per-bucket sums travel in a fixed-size vector
                     vector_capacity(self.num_buckets, [b])
-        self._micro.append(
-            (
-                loss,
-                to_count(real_tokens, "real_tokens"),
-                to_count(padded_tokens, "padded_tokens"),
-                to_count(samples, "samples"),
-                b,
-                sample_losses,
-                weights if sample_losses is not None else None,
-            )
-        )
+        return b
 
     def log_step(
         self,
@@ -482,3 +464,45 @@ def _items(column: Any) -> list[Any]:
     if isinstance(column, np.ndarray):
         return column.tolist()
     return list(column)
+
+
+def _micro_weights(real_tokens: Any, sample_weights: Any, sample_losses: Any,
+                   ) -> tuple[list[float] | None, Any]:
+    """Per-sample loss weights of a micro-batch, and its real token count."""
+    weights = None
+    if real_tokens is not None and is_column(real_tokens):
+        weights = [to_count(v, "real_tokens") for v in _items(real_tokens)]
+        real_tokens = sum(weights)
+    if sample_weights is not None:
+        if sample_losses is None or not is_column(sample_weights):
+            raise ValueError("sample_weights must be a 1-D sequence of per-sample weights, "
+                             "given with sample_losses")
+        weights = [to_float(v, "sample_weights") for v in _items(sample_weights)]
+        if any(w < 0 for w in weights):
+            raise ValueError("sample_weights must not be negative")
+    return weights, real_tokens
+
+
+def _checked_sample_losses(sample_losses: Any, weights: list[float] | None) -> Any:
+    """``sample_losses`` checked to be a column matching ``weights`` (tensors detached)."""
+    if sample_losses is not None:
+        if not is_column(sample_losses):
+            raise ValueError("sample_losses must be a 1-D sequence, array or tensor of "
+                             "per-sample losses")
+        if is_tensor(sample_losses):
+            sample_losses = sample_losses.detach()
+        if weights is not None and len(weights) != len(sample_losses):
+            raise ValueError(f"sample_losses has {len(sample_losses)} entries but the "
+                             f"weights have {len(weights)}: one per sample each")
+    return sample_losses
+
+
+def _scalar_loss(loss: Any) -> Any:
+    """A micro-batch loss: a detached scalar tensor (read later), a float, or ``None``."""
+    if loss is not None and is_tensor(loss):
+        if loss.numel() != 1:
+            raise ValueError(f"loss must be a scalar, got shape {tuple(loss.shape)}")
+        return loss.detach()
+    if loss is not None:
+        return to_float(loss, "loss")
+    return loss
