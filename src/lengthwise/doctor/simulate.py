@@ -117,22 +117,13 @@ def simulate_run(
     comp = _composition_effect(lengths, length_effect, median_length)
     t = np.arange(1, steps + 1, dtype=np.float64)
     base = 2.0 + 2.5 * np.exp(-t / (steps / 8.0))
-    loss = base + comp + noise * rng.standard_normal(steps)
-    corrected = base + noise * rng.standard_normal(steps) + float(np.mean(comp))
-    sample_sd = None
-    if sample_std is not None:
-        n = lengths.shape[1]
-        loss = loss + sample_std / math.sqrt(n) * rng.standard_normal(steps)
-        sample_sd = sample_std * np.sqrt(rng.chisquare(n - 1, steps) / (n - 1))
+    loss, corrected, sample_sd = _noisy_losses(base, comp, noise, sample_std, lengths.shape[1],
+                                               rng)
 
     checkpoints = (
         list(range(checkpoint_every, steps + 1, checkpoint_every)) if checkpoint_every else []
     )
-    spikes: list[int] = []
-    if checkpoint_spikes:
-        spikes += [c + 1 for c in checkpoints if c + 1 <= steps]
-    spikes += _random_spike_steps(random_spikes, steps, checkpoints, rng)
-    spikes = sorted(set(spikes))
+    spikes = _spike_steps(checkpoints, checkpoint_spikes, random_spikes, steps, rng)
     bump = _spike_bump(spikes, steps, spike_height, spike_recovery, rng)
     loss = loss + bump
     for s in nan_steps:
@@ -183,6 +174,40 @@ def _composition_effect(
     """Each step's loss shift from its lengths: the token-weighted mean of the sample effects."""
     effect = -length_effect * np.log(lengths / median_length)
     return (lengths * effect).sum(axis=1) / lengths.sum(axis=1)
+
+
+def _noisy_losses(
+    base: np.ndarray,
+    comp: np.ndarray,
+    noise: float,
+    sample_std: float | None,
+    n: int,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The logged loss, the composition-free loss and (with ``sample_std``) per-step sample sds."""
+    steps = base.size
+    loss = base + comp + noise * rng.standard_normal(steps)
+    corrected = base + noise * rng.standard_normal(steps) + float(np.mean(comp))
+    sample_sd = None
+    if sample_std is not None:
+        loss = loss + sample_std / math.sqrt(n) * rng.standard_normal(steps)
+        sample_sd = sample_std * np.sqrt(rng.chisquare(n - 1, steps) / (n - 1))
+    return loss, corrected, sample_sd
+
+
+def _spike_steps(
+    checkpoints: list[int],
+    checkpoint_spikes: bool,
+    random_spikes: int,
+    steps: int,
+    rng: np.random.Generator,
+) -> list[int]:
+    """The steps that spike: right after each save (with ``checkpoint_spikes``) and at random."""
+    spikes: list[int] = []
+    if checkpoint_spikes:
+        spikes += [c + 1 for c in checkpoints if c + 1 <= steps]
+    spikes += _random_spike_steps(random_spikes, steps, checkpoints, rng)
+    return sorted(set(spikes))
 
 
 def _spike_bump(
