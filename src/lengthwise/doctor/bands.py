@@ -319,21 +319,7 @@ def find_bands(
     spectrum = kde.binned(x)
     count, h_count, p_values = _silverman_count(x, kde, spectrum, span, alpha, rng)
     count, starts, note = _valley_check(x, kde, spectrum, count, h_count, p_values)
-    if starts.size != count:
-        starts = np.quantile(x, (np.arange(count) + 0.5) / count)
-    w, mu, sd, _ = fit_mixture(x, starts, h_count)
-    big = w * x.size >= MIN_BAND_POINTS
-    if count > 1 and not big.all():
-        note = (f"{int((~big).sum())} mode(s) of fewer than {MIN_BAND_POINTS} points left out: "
-                "outliers, not bands")
-        count = max(1, int(big.sum()))
-        w, mu, sd, _ = fit_mixture(x, mu[big] if big.any() else np.array([float(np.median(x))]),
-                                   h_count)
-    if count > 1 and not interleaved(ordered, mu, w):
-        note = (f"{count} modes, but each holds one stretch of the run rather than steps spread "
-                "over it: a level shift, not bands")
-        count = 1
-        w, mu, sd, _ = fit_mixture(x, np.array([float(np.median(x))]), float(np.std(x)))
+    count, (w, mu, sd), note = _fit_bands(x, ordered, count, starts, h_count, note)
     sep = None
     if count > 1:
         pooled = np.sqrt((sd[1:] ** 2 + sd[:-1] ** 2) / 2.0)
@@ -353,6 +339,29 @@ def find_bands(
         points=int(x.size),
         note=note,
     )
+
+
+def _fit_bands(
+    x: np.ndarray, ordered: np.ndarray, count: int, starts: np.ndarray, h_count: float,
+    note: str,
+) -> tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray], str]:
+    """Fit the mixture, dropping outlier modes and level shifts: count, (w, mu, sd), note."""
+    if starts.size != count:
+        starts = np.quantile(x, (np.arange(count) + 0.5) / count)
+    w, mu, sd, _ = fit_mixture(x, starts, h_count)
+    big = w * x.size >= MIN_BAND_POINTS
+    if count > 1 and not big.all():
+        note = (f"{int((~big).sum())} mode(s) of fewer than {MIN_BAND_POINTS} points left out: "
+                "outliers, not bands")
+        count = max(1, int(big.sum()))
+        w, mu, sd, _ = fit_mixture(x, mu[big] if big.any() else np.array([float(np.median(x))]),
+                                   h_count)
+    if count > 1 and not interleaved(ordered, mu, w):
+        note = (f"{count} modes, but each holds one stretch of the run rather than steps spread "
+                "over it: a level shift, not bands")
+        count = 1
+        w, mu, sd, _ = fit_mixture(x, np.array([float(np.median(x))]), float(np.std(x)))
+    return count, (w, mu, sd), note
 
 
 def _test_sample(
