@@ -30,6 +30,7 @@ from typing import Any
 
 from lengthwise.doctor.attribution import ALPHA as LENGTH_ALPHA
 from lengthwise.doctor.attribution import REPORT_ALPHA
+from lengthwise.doctor.cliffs import Cliff
 from lengthwise.doctor.mechanisms import match_period
 from lengthwise.doctor.report import Cause, Findings, Verdict
 
@@ -304,23 +305,7 @@ def _cliff_causes(f: Findings) -> list[Cause]:
     rec_txt = f", recovering in {_fmt(sorted(rec)[len(rec) // 2])} steps (median)" if rec else ""
     base_ev = f"{len(cliffs)} cliff(s) at steps {_steps(steps)} (heights {heights}){rec_txt}"
     if ck.associated:
-        ev = [base_ev, f"{ck.aligned} of {ck.cliffs} start right after one of {ck.checkpoints} "
-              f"checkpoints (expected {ck.expected_aligned:.2g} by chance; "
-              f"permutation p={_fmt(ck.p_value)})"]
-        if ck.throughput_ratio is not None and ck.throughput_ratio < 0.9:
-            ev.append(f"throughput right after saves is {ck.throughput_ratio:.0%} of normal")
-        out.append(Cause(
-            name="checkpoint_disruption",
-            title="loss spikes at checkpoint saves",
-            score=min(1.0, 0.4 + 0.6 * ck.aligned / max(ck.cliffs, 1)),
-            where=_phase_text([c for c in cliffs if c.at_checkpoint], f)[0],
-            evidence=ev,
-            prescription=[
-                "move checkpoint saves off the training thread (asynchronous save)",
-                "check that saving does not reset the data loader, RNG or optimizer state "
-                "(a save that restarts workers re-reads the start of the epoch)",
-            ],
-        ))
+        out.append(_checkpoint_cause(f, cliffs, base_ev))
         rest = [c for c in cliffs if not c.at_checkpoint]
         if len(rest) < 2:
             return out
@@ -329,20 +314,7 @@ def _cliff_causes(f: Findings) -> list[Cause]:
         base_ev = f"{len(cliffs)} other cliff(s) at steps {_steps(steps)}"
     never = [c for c in cliffs if c.recovery_steps is None]
     if never:
-        c0 = never[0]
-        out.append(Cause(
-            name="divergence",
-            title=f"loss jumped at step {_fmt(c0.step)} and never came back to its level",
-            score=0.9,
-            where=f"from step {_fmt(c0.step)} ({PHASE_WORDS[c0.phase]})",
-            evidence=[f"+{c0.height:.3g} above the level {c0.level:.4g} before it, still "
-                      "above it at the end of the log"],
-            prescription=[
-                "lower the learning rate (or lengthen warm-up) and clip gradients",
-                "with fp16, use bf16 or a dynamic loss scaler; resume from the last good "
-                "checkpoint with a lower learning rate",
-            ],
-        ))
+        out.append(_divergence_cause(never[0]))
         cliffs = [c for c in cliffs if c.recovery_steps is not None]
         if not cliffs:
             return out
@@ -351,6 +323,45 @@ def _cliff_causes(f: Findings) -> list[Cause]:
         base_ev = f"{len(cliffs)} cliff(s) at steps {_steps(steps)} (heights {heights})"
     out.append(_spike_cause(f, cliffs, base_ev))
     return out
+
+
+def _checkpoint_cause(f: Findings, cliffs: list[Any], base_ev: str) -> Cause:
+    """Cliffs that start right after checkpoint saves (the association test passed)."""
+    ck = f.checkpoint_association
+    ev = [base_ev, f"{ck.aligned} of {ck.cliffs} start right after one of {ck.checkpoints} "
+          f"checkpoints (expected {ck.expected_aligned:.2g} by chance; "
+          f"permutation p={_fmt(ck.p_value)})"]
+    if ck.throughput_ratio is not None and ck.throughput_ratio < 0.9:
+        ev.append(f"throughput right after saves is {ck.throughput_ratio:.0%} of normal")
+    return Cause(
+        name="checkpoint_disruption",
+        title="loss spikes at checkpoint saves",
+        score=min(1.0, 0.4 + 0.6 * ck.aligned / max(ck.cliffs, 1)),
+        where=_phase_text([c for c in cliffs if c.at_checkpoint], f)[0],
+        evidence=ev,
+        prescription=[
+            "move checkpoint saves off the training thread (asynchronous save)",
+            "check that saving does not reset the data loader, RNG or optimizer state "
+            "(a save that restarts workers re-reads the start of the epoch)",
+        ],
+    )
+
+
+def _divergence_cause(c0: Cliff) -> Cause:
+    """The first cliff that never recovered: the run diverged there."""
+    return Cause(
+        name="divergence",
+        title=f"loss jumped at step {_fmt(c0.step)} and never came back to its level",
+        score=0.9,
+        where=f"from step {_fmt(c0.step)} ({PHASE_WORDS[c0.phase]})",
+        evidence=[f"+{c0.height:.3g} above the level {c0.level:.4g} before it, still "
+                  "above it at the end of the log"],
+        prescription=[
+            "lower the learning rate (or lengthen warm-up) and clip gradients",
+            "with fp16, use bf16 or a dynamic loss scaler; resume from the last good "
+            "checkpoint with a lower learning rate",
+        ],
+    )
 
 
 def _spike_cause(f: Findings, cliffs: list[Any], base_ev: str) -> Cause:
