@@ -136,36 +136,41 @@ def _composition_causes(f: Findings) -> list[Cause]:
     logged = attr.bucket_r2 is not None or attr.length_r2 is not None
     attr_ev = _attr_evidence(f)
     confirm = [] if logged else ["log `bucket` (and `real_tokens`, `samples`) per step to confirm"]
-    where = _region(f)
     if banded:
-        centres = ", ".join(f"{c:.4g} ({s:.0%})" for c, s in zip(bands.centres, bands.shares,
-                                                                   strict=True))
-        score = bands.between_share or 0.0
-        if attr.bucket_r2 is not None:
-            score = max(score, attr.bucket_r2)
-        explained = attr.explains or not logged
-        title = (f"{bands.count} loss bands: each step's batch comes from one length bucket"
-                 if explained else f"{bands.count} loss bands (not explained by the logged bucket)")
-        if explained and not logged:
-            title = f"{bands.count} loss bands: likely one length bucket per step (not logged)"
-        out.append(Cause(
-            name="single_bucket_batches" if explained else "bands_unexplained",
-            title=title,
-            score=score if explained else 0.5 * score,
-            where=where,
-            evidence=[f"per-step loss is multimodal: {bands.count} bands at {centres}; "
-                      f"Silverman test p={_fmt(bands.p_value or 0.0)} against "
-                      f"{bands.count - 1} band(s)", *attr_ev],
-            prescription=[STRATIFY, "log per-bucket loss (`bucket_loss`) to follow each "
-                          "length range", *confirm] if explained else
-            ["find the step feature that splits the bands (data source, task, "
-             "packing) and log it"],
-        ))
+        out.append(_bands_cause(f, attr_ev, confirm, logged))
     if periodic:
         out.append(_period_cause(f, [] if banded else attr_ev, [] if banded else confirm))
     if not banded and not periodic:
         out.extend(_attribution_cause(f, attr_ev))
     return out
+
+
+def _bands_cause(f: Findings, attr_ev: list[str], confirm: list[str], logged: bool) -> Cause:
+    """Loss bands: one length bucket per step when the logged bucket explains them (or none is)."""
+    bands, attr = f.bands, f.attribution
+    centres = ", ".join(f"{c:.4g} ({s:.0%})" for c, s in zip(bands.centres, bands.shares,
+                                                               strict=True))
+    score = bands.between_share or 0.0
+    if attr.bucket_r2 is not None:
+        score = max(score, attr.bucket_r2)
+    explained = attr.explains or not logged
+    title = (f"{bands.count} loss bands: each step's batch comes from one length bucket"
+             if explained else f"{bands.count} loss bands (not explained by the logged bucket)")
+    if explained and not logged:
+        title = f"{bands.count} loss bands: likely one length bucket per step (not logged)"
+    return Cause(
+        name="single_bucket_batches" if explained else "bands_unexplained",
+        title=title,
+        score=score if explained else 0.5 * score,
+        where=_region(f),
+        evidence=[f"per-step loss is multimodal: {bands.count} bands at {centres}; "
+                  f"Silverman test p={_fmt(bands.p_value or 0.0)} against "
+                  f"{bands.count - 1} band(s)", *attr_ev],
+        prescription=[STRATIFY, "log per-bucket loss (`bucket_loss`) to follow each "
+                      "length range", *confirm] if explained else
+        ["find the step feature that splits the bands (data source, task, "
+         "packing) and log it"],
+    )
 
 
 def _period_cause(f: Findings, attr_ev: list[str], confirm: list[str]) -> Cause:
