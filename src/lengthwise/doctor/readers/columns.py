@@ -153,22 +153,16 @@ class ColumnBuilder:
         return key
 
     def _resolve_loss(self, objs: list[dict[str, Any]]) -> str | None:
-        if self._loss_key is not None:
-            return self._loss_key
-        for cand in LOSS_ALIASES:
-            if any(cand in o for o in objs):
-                self._loss_key = cand
-                return cand
-        return None
+        """The loss field: the one named, else the first alias some row holds (kept once found)."""
+        if self._loss_key is None:
+            self._loss_key = _first_alias(objs, LOSS_ALIASES)
+        return self._loss_key
 
     def _resolve_step(self, objs: list[dict[str, Any]]) -> str | None:
-        if self._step_key is not None:
-            return self._step_key
-        for cand in STEP_ALIASES:
-            if any(cand in o for o in objs):
-                self._step_key = cand
-                return cand
-        return None
+        """The step field: the one named, else the first alias some row holds (kept once found)."""
+        if self._step_key is None:
+            self._step_key = _first_alias(objs, STEP_ALIASES)
+        return self._step_key
 
     def _split_rows(
         self,
@@ -301,6 +295,14 @@ class ColumnBuilder:
         """Checkpoint steps: begin events (else end events) plus plain checkpoint events."""
         marks = self._ckpt["begin"] or self._ckpt["end"]
         return np.unique(np.asarray(marks + self._ckpt["plain"], dtype=np.float64))
+
+
+def _first_alias(objs: list[dict[str, Any]], aliases: Sequence[str]) -> str | None:
+    """The first of ``aliases`` that some row in ``objs`` holds (None: none does)."""
+    for cand in aliases:
+        if any(cand in o for o in objs):
+            return cand
+    return None
 
 
 def _note_malformed(s: InputSummary, bad_lines: np.ndarray) -> None:
