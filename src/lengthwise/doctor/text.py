@@ -13,14 +13,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from lengthwise.doctor.numbers import fmt_num as _g
+
 if TYPE_CHECKING:
     from lengthwise.doctor.report import Report
-
-
-def _g(x: float | None, digits: int = 4) -> str:
-    if x is None:
-        return "-"
-    return f"{x:.{digits}g}"
 
 
 def _steps(values: list[float], limit: int = 5) -> str:
