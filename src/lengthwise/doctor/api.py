@@ -25,8 +25,13 @@ import numpy as np
 
 from lengthwise.doctor.attribution import Attribution, attribute, composition
 from lengthwise.doctor.bands import band_residual, find_bands
-from lengthwise.doctor.checkpoints import associate, checkpoint_window, throughput_ratio
-from lengthwise.doctor.cliffs import CliffContext, find_cliffs
+from lengthwise.doctor.checkpoints import (
+    CheckpointAssociation,
+    associate,
+    checkpoint_window,
+    throughput_ratio,
+)
+from lengthwise.doctor.cliffs import Cliff, CliffContext, find_cliffs
 from lengthwise.doctor.context import RunContext, run_context
 from lengthwise.doctor.epochs import EpochBoundaries, epoch_boundaries, staircase_starts
 from lengthwise.doctor.errors import EmptyLogError
@@ -101,14 +106,7 @@ def diagnose(
     log = load(source, step_key=step_key, loss_key=loss_key)
     rng = np.random.default_rng(seed)
     nonfinite = nonfinite_losses(log.step, log.loss)
-    fin = np.isfinite(log.loss)
-    if not fin.any():
-        raise EmptyLogError(f"{log.source}: all {log.loss.size} loss values are NaN or inf")
-    s, y = log.step[fin], log.loss[fin]
-    cols = {k: v[fin] for k, v in log.columns.items()}
-    buckets = None
-    if log.buckets is not None:
-        buckets = [b for b, f in zip(log.buckets, fin.tolist(), strict=True) if f]
+    s, y, cols, buckets = _finite_rows(log)
     phases = find_phases(s, y, lr=cols.get("lr"), start=start, end=end)
     region = (s >= phases.start) & (s <= phases.end)
     search = (s >= _cliff_start(s, phases)) & (s <= phases.end)
@@ -131,20 +129,9 @@ def diagnose(
     bands = find_bands(band_residual(y, cmask, int(use.sum()))[use], level=stats.mean, rng=rng)
     periodicity = _periodicity(s, y, region, cmask, log.step_interval)
     analysed = search | region
-    tput = None
-    if ck.size and "tokens_per_second" in cols:
-        tput = throughput_ratio(s, cols["tokens_per_second"], ck, log.step_interval)
-    assoc = associate(s[analysed], [c.step for c in cliffs], ck, interval=log.step_interval,
-                      source=ck_source, every=checkpoint_every, throughput_ratio=tput,
-                      save_seconds_mean=float(np.mean(log.checkpoint_seconds))
-                      if ck.size and log.checkpoint_seconds.size else None)
+    assoc = _association(log, s, cols, analysed, cliffs, (ck, ck_source), checkpoint_every)
     keep = ~cmask & (s >= _cliff_start(s, phases))
-    epochs = epoch_boundaries(s[keep], y[keep], ctx.epoch_starts,
-                              source=ctx.steps_per_epoch_source, rng=rng)
-    if ctx.steps_per_epoch is None and periodicity.period is not None and match_period(
-        periodicity.period, ctx
-    ).mechanism is None:
-        ctx, epochs = _staircase(s[keep], y[keep], periodicity, ctx, epochs, rng)
+    ctx, epochs = _epochs(s[keep], y[keep], periodicity, ctx, rng)
     structure = (bands.count or 0) > 1 or periodicity.period is not None
     attribution = _attribution(resid, y, use, buckets, cols, rng, structure,
                                log.bucket_loss)
@@ -157,6 +144,53 @@ def diagnose(
     return Report(**{k: getattr(findings, k) for k in Findings.__dataclass_fields__},
                   verdict=build_verdict(findings),
                   series=_series(s, y, region, cmask, buckets, ck))
+
+
+def _finite_rows(
+    log: RunLog,
+) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], list[Any] | None]:
+    """Steps, losses, columns and buckets of the rows whose loss is finite."""
+    fin = np.isfinite(log.loss)
+    if not fin.any():
+        raise EmptyLogError(f"{log.source}: all {log.loss.size} loss values are NaN or inf")
+    s, y = log.step[fin], log.loss[fin]
+    cols = {k: v[fin] for k, v in log.columns.items()}
+    buckets = None
+    if log.buckets is not None:
+        buckets = [b for b, f in zip(log.buckets, fin.tolist(), strict=True) if f]
+    return s, y, cols, buckets
+
+
+def _association(
+    log: RunLog,
+    s: np.ndarray,
+    cols: dict[str, np.ndarray],
+    analysed: np.ndarray,
+    cliffs: list[Cliff],
+    checkpoints: tuple[np.ndarray, str | None],
+    checkpoint_every: int | None,
+) -> CheckpointAssociation:
+    """Whether the cliffs start at checkpoints, with the throughput dip and save time."""
+    ck, ck_source = checkpoints
+    tput = None
+    if ck.size and "tokens_per_second" in cols:
+        tput = throughput_ratio(s, cols["tokens_per_second"], ck, log.step_interval)
+    return associate(s[analysed], [c.step for c in cliffs], ck, interval=log.step_interval,
+                     source=ck_source, every=checkpoint_every, throughput_ratio=tput,
+                     save_seconds_mean=float(np.mean(log.checkpoint_seconds))
+                     if ck.size and log.checkpoint_seconds.size else None)
+
+
+def _epochs(
+    s: np.ndarray, y: np.ndarray, per: Periodicity, ctx: RunContext, rng: np.random.Generator,
+) -> tuple[RunContext, EpochBoundaries]:
+    """Epoch boundaries from the context, else from an unexplained period's staircase."""
+    epochs = epoch_boundaries(s, y, ctx.epoch_starts, source=ctx.steps_per_epoch_source, rng=rng)
+    if ctx.steps_per_epoch is None and per.period is not None and match_period(
+        per.period, ctx
+    ).mechanism is None:
+        ctx, epochs = _staircase(s, y, per, ctx, epochs, rng)
+    return ctx, epochs
 
 
 def _staircase(

@@ -306,71 +306,20 @@ def find_bands(
 ) -> Bands:
     """Count the modes of detrended losses ``resid``; ``level`` turns offsets into centres."""
     rng = np.random.default_rng(0) if rng is None else rng
-    x = np.asarray(resid, dtype=np.float64)
-    x = x[np.isfinite(x)]
-    if x.size < MIN_POINTS:
-        return Bands(count=None, p_value=None, points=int(x.size),
-                     note=f"not tested: {x.size} points in the stable region (need {MIN_POINTS})")
-    stride = decorrelating_stride(x)
-    if stride > 1:
-        x = x[rng.integers(0, stride) :: stride]
-        if x.size < MIN_POINTS:
-            return Bands(count=None, p_value=None, points=int(x.size),
-                         note=f"not tested: {x.size} effectively independent points in the "
-                         f"stable region (autocorrelated; need {MIN_POINTS})")
-    ordered = x
-    if x.size > MAX_POINTS:
-        x = rng.choice(x, MAX_POINTS, replace=False)
-    lo_q, hi_q = np.quantile(x, [TRIM, 1.0 - TRIM])
-    x = x[(x >= lo_q) & (x <= hi_q)]
+    sample = _test_sample(resid, rng)
+    if isinstance(sample, Bands):
+        return sample
+    x, ordered, lo_q, hi_q = sample
     span = float(hi_q - lo_q)
     if span <= 0:
         return Bands(count=1, p_value=1.0, points=int(x.size), offsets=[float(x.mean())],
                      centres=[level + float(x.mean())], widths=[0.0], shares=[1.0],
                      note="the detrended loss is constant")
-    kde = _Kde(float(lo_q), float(hi_q))
+    kde = _Kde(lo_q, hi_q)
     spectrum = kde.binned(x)
-    p_values: list[float] = []
-    count, h_count = MAX_BANDS, None
-    for k in range(1, MAX_BANDS + 1):
-        h = critical_bandwidth(kde, spectrum, k, span)
-        p = silverman_p(x, kde, h, k, rng)
-        p_values.append(p)
-        if p >= alpha:
-            count, h_count = k, h
-            break
-    if h_count is None:
-        h_count = critical_bandwidth(kde, spectrum, count, span)
-    note = ""
-    starts = kde.g0 + kde.dx * kde.modes(spectrum, h_count)
-    if count > 1:
-        if starts.size != count:
-            starts = np.quantile(x, (np.arange(count) + 0.5) / count)
-        _, _, sd0, _ = fit_mixture(x, starts, h_count)
-        h_ref = REF_WIDTH * float(np.median(sd0))
-        f = kde.density(spectrum, max(h_ref, kde.dx))
-        peaks = merge_peaks(f, VALLEY, MODE_FLOOR)
-        if len(peaks) < count:
-            note = (f"the test rejects {count - 1} mode(s) (p={p_values[count - 2]:.3g}), but at "
-                    f"half the bands' width only {len(peaks)} mode(s) have a valley "
-                    f"{1 - VALLEY:.0%} deep: a flat-topped or skewed, not a banded, distribution")
-            count = max(1, len(peaks))
-            starts = kde.g0 + kde.dx * np.asarray(peaks, dtype=np.float64)
-    if starts.size != count:
-        starts = np.quantile(x, (np.arange(count) + 0.5) / count)
-    w, mu, sd, _ = fit_mixture(x, starts, h_count)
-    big = w * x.size >= MIN_BAND_POINTS
-    if count > 1 and not big.all():
-        note = (f"{int((~big).sum())} mode(s) of fewer than {MIN_BAND_POINTS} points left out: "
-                "outliers, not bands")
-        count = max(1, int(big.sum()))
-        w, mu, sd, _ = fit_mixture(x, mu[big] if big.any() else np.array([float(np.median(x))]),
-                                   h_count)
-    if count > 1 and not interleaved(ordered, mu, w):
-        note = (f"{count} modes, but each holds one stretch of the run rather than steps spread "
-                "over it: a level shift, not bands")
-        count = 1
-        w, mu, sd, _ = fit_mixture(x, np.array([float(np.median(x))]), float(np.std(x)))
+    count, h_count, p_values = _silverman_count(x, kde, spectrum, span, alpha, rng)
+    count, starts, note = _valley_check(x, kde, spectrum, count, h_count, p_values)
+    count, (w, mu, sd), note = _fit_bands(x, ordered, count, starts, h_count, note)
     sep = None
     if count > 1:
         pooled = np.sqrt((sd[1:] ** 2 + sd[:-1] ** 2) / 2.0)
@@ -390,3 +339,95 @@ def find_bands(
         points=int(x.size),
         note=note,
     )
+
+
+def _fit_bands(
+    x: np.ndarray, ordered: np.ndarray, count: int, starts: np.ndarray, h_count: float,
+    note: str,
+) -> tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray], str]:
+    """Fit the mixture, dropping outlier modes and level shifts: count, (w, mu, sd), note."""
+    if starts.size != count:
+        starts = np.quantile(x, (np.arange(count) + 0.5) / count)
+    w, mu, sd, _ = fit_mixture(x, starts, h_count)
+    big = w * x.size >= MIN_BAND_POINTS
+    if count > 1 and not big.all():
+        note = (f"{int((~big).sum())} mode(s) of fewer than {MIN_BAND_POINTS} points left out: "
+                "outliers, not bands")
+        count = max(1, int(big.sum()))
+        w, mu, sd, _ = fit_mixture(x, mu[big] if big.any() else np.array([float(np.median(x))]),
+                                   h_count)
+    if count > 1 and not interleaved(ordered, mu, w):
+        note = (f"{count} modes, but each holds one stretch of the run rather than steps spread "
+                "over it: a level shift, not bands")
+        count = 1
+        w, mu, sd, _ = fit_mixture(x, np.array([float(np.median(x))]), float(np.std(x)))
+    return count, (w, mu, sd), note
+
+
+def _test_sample(
+    resid: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, float, float] | Bands:
+    """The points tested, thinned and trimmed, with the thinned run order and trim bounds.
+
+    Returns an untested :class:`Bands` when too few (independent) points are left.
+    """
+    x = np.asarray(resid, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    if x.size < MIN_POINTS:
+        return Bands(count=None, p_value=None, points=int(x.size),
+                     note=f"not tested: {x.size} points in the stable region (need {MIN_POINTS})")
+    stride = decorrelating_stride(x)
+    if stride > 1:
+        x = x[rng.integers(0, stride) :: stride]
+        if x.size < MIN_POINTS:
+            return Bands(count=None, p_value=None, points=int(x.size),
+                         note=f"not tested: {x.size} effectively independent points in the "
+                         f"stable region (autocorrelated; need {MIN_POINTS})")
+    ordered = x
+    if x.size > MAX_POINTS:
+        x = rng.choice(x, MAX_POINTS, replace=False)
+    lo_q, hi_q = np.quantile(x, [TRIM, 1.0 - TRIM])
+    x = x[(x >= lo_q) & (x <= hi_q)]
+    return x, ordered, float(lo_q), float(hi_q)
+
+
+def _silverman_count(
+    x: np.ndarray, kde: _Kde, spectrum: np.ndarray, span: float, alpha: float,
+    rng: np.random.Generator,
+) -> tuple[int, float, list[float]]:
+    """The first mode count not rejected, its critical bandwidth, and the p-values tested."""
+    p_values: list[float] = []
+    count, h_count = MAX_BANDS, None
+    for k in range(1, MAX_BANDS + 1):
+        h = critical_bandwidth(kde, spectrum, k, span)
+        p = silverman_p(x, kde, h, k, rng)
+        p_values.append(p)
+        if p >= alpha:
+            count, h_count = k, h
+            break
+    if h_count is None:
+        h_count = critical_bandwidth(kde, spectrum, count, span)
+    return count, h_count, p_values
+
+
+def _valley_check(
+    x: np.ndarray, kde: _Kde, spectrum: np.ndarray, count: int, h_count: float,
+    p_values: list[float],
+) -> tuple[int, np.ndarray, str]:
+    """Merge modes without a clear valley between them: the count, the modes and a note."""
+    note = ""
+    starts = kde.g0 + kde.dx * kde.modes(spectrum, h_count)
+    if count > 1:
+        if starts.size != count:
+            starts = np.quantile(x, (np.arange(count) + 0.5) / count)
+        _, _, sd0, _ = fit_mixture(x, starts, h_count)
+        h_ref = REF_WIDTH * float(np.median(sd0))
+        f = kde.density(spectrum, max(h_ref, kde.dx))
+        peaks = merge_peaks(f, VALLEY, MODE_FLOOR)
+        if len(peaks) < count:
+            note = (f"the test rejects {count - 1} mode(s) (p={p_values[count - 2]:.3g}), but at "
+                    f"half the bands' width only {len(peaks)} mode(s) have a valley "
+                    f"{1 - VALLEY:.0%} deep: a flat-topped or skewed, not a banded, distribution")
+            count = max(1, len(peaks))
+            starts = kde.g0 + kde.dx * np.asarray(peaks, dtype=np.float64)
+    return count, starts, note

@@ -188,15 +188,10 @@ def find_cliffs(
     if n < 10 or region.sum() < 10:
         return [], mask, float("nan")
     window = min(window, odd(max(11, n // 6)))
-    centred = rolling_median(loss, window)
-    shift = window // 2 + 1
-    trailing = np.concatenate([centred[:shift], centred[:-shift]]) if n > shift else centred
-    level = np.minimum(centred, trailing)
+    level = _baseline(loss, window)
     resid = loss - level
     threshold, recover = local_thresholds(resid, z)
-    noise = robust_std(resid[region])
-    if not np.isfinite(noise) or noise <= 0:
-        noise = float(np.std(resid[region])) or 1e-12
+    noise = _noise_scale(resid[region])
     hits = np.flatnonzero(search & (resid > threshold))
     cliffs: list[Cliff] = []
     if hits.size == 0:
@@ -208,20 +203,12 @@ def find_cliffs(
             continue
         if a < MIN_BEFORE:
             continue
-        before = np.arange(max(0, a - window), a)
-        before = before[~mask[before]]
-        base = float(np.median(loss[before])) if before.size >= 5 else float(level[a])
+        base = _level_before(loss, level, mask, a, window)
         peak = a + int(np.argmax(loss[a : b + 1]))
         height = float(loss[peak] - base)
         if height <= threshold[a]:
             continue
-        after = np.flatnonzero(loss[peak + 1 :] - base < recover[a])
-        if after.size:
-            j = peak + 1 + int(after[0])
-            recovery: float | None = float(steps[j] - steps[peak])
-        else:
-            j = n
-            recovery = None
+        j, recovery = _recovery(steps, loss, peak, base, recover[a])
         mask[a : min(j, a + MAX_EXCLUDED)] = True
         cliffs.append(
             Cliff(
@@ -238,6 +225,46 @@ def find_cliffs(
             )
         )
     return cliffs, mask, noise
+
+
+def _baseline(loss: np.ndarray, window: int) -> np.ndarray:
+    """The loss level a spike rises from: the lower of the centred and trailing medians."""
+    n = loss.size
+    centred = rolling_median(loss, window)
+    shift = window // 2 + 1
+    trailing = np.concatenate([centred[:shift], centred[:-shift]]) if n > shift else centred
+    return np.minimum(centred, trailing)
+
+
+def _noise_scale(resid: np.ndarray) -> float:
+    """The robust standard deviation of the residuals (their plain one if that is zero)."""
+    noise = robust_std(resid)
+    if not np.isfinite(noise) or noise <= 0:
+        noise = float(np.std(resid)) or 1e-12
+    return noise
+
+
+def _level_before(
+    loss: np.ndarray, level: np.ndarray, mask: np.ndarray, a: int, window: int
+) -> float:
+    """The median loss of the window before point ``a``, outside earlier cliffs."""
+    before = np.arange(max(0, a - window), a)
+    before = before[~mask[before]]
+    return float(np.median(loss[before])) if before.size >= 5 else float(level[a])
+
+
+def _recovery(
+    steps: np.ndarray, loss: np.ndarray, peak: int, base: float, recover: float
+) -> tuple[int, float | None]:
+    """The first point after ``peak`` back within ``recover`` of ``base``, and the steps taken.
+
+    Without recovery the point is the end of the series and the steps are None.
+    """
+    after = np.flatnonzero(loss[peak + 1 :] - base < recover)
+    if after.size:
+        j = peak + 1 + int(after[0])
+        return j, float(steps[j] - steps[peak])
+    return loss.size, None
 
 
 def _near(step: float, ctx: CliffContext) -> bool | None:

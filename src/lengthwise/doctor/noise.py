@@ -137,14 +137,7 @@ def noise_budget(
     if n < MIN_POINTS:
         return None
     var = float(np.nanvar(resid))
-    floor2 = None
-    spp = None
-    if loss_sample_std is not None and samples is not None:
-        ok = np.isfinite(loss_sample_std) & np.isfinite(samples) & (samples > 0)
-        if ok.sum() >= MIN_POINTS:
-            f2 = loss_sample_std[ok] ** 2 / samples[ok]
-            floor2 = float(np.mean(f2)) * (1.0 - 1.0 / ROUGHNESS_WINDOW)
-            spp = float(np.median(samples[ok]))
+    floor2, spp = _sampling_floor2(loss_sample_std, samples)
     comp = _adjusted(composition_r2, composition_groups, n)
     if comp is None:
         comp = length_r2(resid, length)
@@ -158,16 +151,7 @@ def noise_budget(
         return Noise(sampling_floor=None, excess=None, shares=None, summary=what,
                      composition_source=composition_source, points=n)
     floor = float(np.sqrt(floor2))
-    parts = {
-        "sampling": min(1.0, floor2 / var) if var > 0 else 1.0,
-        "composition": comp or 0.0,
-        "schedule": sched or 0.0,
-    }
-    total = sum(parts.values())
-    if total > 1.0:
-        parts = {k: v / total for k, v in parts.items()}
-        total = 1.0
-    shares = {**parts, "unexplained": 1.0 - total}
+    shares = _shares(floor2, var, comp, sched)
     summary = _sentence(shares, spp, comp is not None, sched is not None, composition_source)
     return Noise(
         sampling_floor=floor,
@@ -178,6 +162,35 @@ def noise_budget(
         composition_source=composition_source,
         points=n,
     )
+
+
+def _sampling_floor2(
+    loss_sample_std: np.ndarray | None, samples: np.ndarray | None
+) -> tuple[float | None, float | None]:
+    """The sampling variance of the detrended loss and the median samples per step."""
+    if loss_sample_std is None or samples is None:
+        return None, None
+    ok = np.isfinite(loss_sample_std) & np.isfinite(samples) & (samples > 0)
+    if ok.sum() < MIN_POINTS:
+        return None, None
+    f2 = loss_sample_std[ok] ** 2 / samples[ok]
+    return float(np.mean(f2)) * (1.0 - 1.0 / ROUGHNESS_WINDOW), float(np.median(samples[ok]))
+
+
+def _shares(
+    floor2: float, var: float, comp: float | None, sched: float | None
+) -> dict[str, float]:
+    """Variance shares of sampling, composition and schedule (scaled to fit), and the rest."""
+    parts = {
+        "sampling": min(1.0, floor2 / var) if var > 0 else 1.0,
+        "composition": comp or 0.0,
+        "schedule": sched or 0.0,
+    }
+    total = sum(parts.values())
+    if total > 1.0:
+        parts = {k: v / total for k, v in parts.items()}
+        total = 1.0
+    return {**parts, "unexplained": 1.0 - total}
 
 
 def _sentence(

@@ -6,6 +6,8 @@ Example::
     (3, 2.5, None)
     >>> json_ready({"a": float("nan"), "b": [1.0, float("inf")]})
     {'a': None, 'b': [1.0, None]}
+    >>> fmt_num(0.123456), fmt_num(2.0, 3), fmt_num(None)
+    ('0.1235', '2', '-')
 """
 
 from __future__ import annotations
@@ -25,6 +27,13 @@ def num(x: float | None, digits: int | None = None) -> int | float | None:
     if digits is not None:
         x = round(x, digits)
     return int(x) if x.is_integer() else x
+
+
+def fmt_num(x: float | None, digits: int = 4) -> str:
+    """``x`` as text with ``digits`` significant digits (``g`` format); None is ``-``."""
+    if x is None:
+        return "-"
+    return f"{x:.{digits}g}"
 
 
 def json_ready(obj: Any) -> Any:

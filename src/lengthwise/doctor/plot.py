@@ -34,7 +34,7 @@ from lengthwise.doctor.errors import PlotUnavailableError
 from lengthwise.doctor.stats import roughness_residual
 
 if TYPE_CHECKING:
-    from lengthwise.doctor.report import Report
+    from lengthwise.doctor.report import Report, Series
 
 _PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf",
             "#bcbd22", "#7f7f7f", "#d62728"]
@@ -73,20 +73,7 @@ def _loss_panel(ax: Any, name: str, r: Report) -> None:
         return
     reg = s.region
     keep = reg & ~s.cliff_mask
-    if s.bucket_codes is not None:
-        mixed = s.bucket_codes < 0
-        if mixed.any():
-            ax.scatter(s.step[mixed], s.loss[mixed], s=3, color="#7f7f7f", alpha=0.5,
-                       linewidths=0, label="mixed buckets", rasterized=True)
-        for code, label in enumerate(s.bucket_names):
-            sel = s.bucket_codes == code
-            if not sel.any():
-                continue
-            ax.scatter(s.step[sel], s.loss[sel], s=3, color=_PALETTE[code % len(_PALETTE)],
-                       alpha=0.6, linewidths=0, rasterized=True,
-                       label=f"bucket {label}" if len(s.bucket_names) <= 8 else None)
-    else:
-        ax.plot(s.step, s.loss, color="#4c72b0", linewidth=0.5, alpha=0.8, label="loss")
+    _loss_points(ax, s)
     ax.plot(s.step, s.trend, color="black", linewidth=1.0, label="running mean (51)")
     ax.axvspan(r.phases.start, r.phases.end, color="#2ca02c", alpha=0.07,
                label="stable region (analysed)")
@@ -105,12 +92,7 @@ def _loss_panel(ax: Any, name: str, r: Report) -> None:
         ax.scatter(peaks, s.loss[np.clip(idx, 0, s.loss.size - 1)], marker="v", s=40,
                    color="#d62728", zorder=5, label="cliff")
     if keep.any() and s.loss.size:
-        lo, hi = float(np.min(s.loss)), float(np.max(s.loss))
-        if lo > 0 and hi / lo > 5:
-            ax.set_yscale("log")  # every step on the chart, the stable region still readable
-        else:
-            pad = 0.08 * (hi - lo if hi > lo else 1.0)
-            ax.set_ylim(lo - pad, hi + pad)
+        _loss_scale(ax, s.loss)
     coloured = s.bucket_codes is not None and len(s.bucket_names) <= 8
     ax.legend(loc="upper right", fontsize=7, markerscale=2 if coloured else 1,
               ncol=2 if coloured else 1)
@@ -118,6 +100,34 @@ def _loss_panel(ax: Any, name: str, r: Report) -> None:
     ax.set_ylabel("loss")
     title = f"{_short(name)}\n{r.one_line()}"
     ax.set_title(_wrap(title, 95), fontsize=8.5, loc="left")
+
+
+def _loss_points(ax: Any, s: Series) -> None:
+    """The per-step losses: one colour per bucket when steps hold one bucket, else a line."""
+    if s.bucket_codes is None:
+        ax.plot(s.step, s.loss, color="#4c72b0", linewidth=0.5, alpha=0.8, label="loss")
+        return
+    mixed = s.bucket_codes < 0
+    if mixed.any():
+        ax.scatter(s.step[mixed], s.loss[mixed], s=3, color="#7f7f7f", alpha=0.5,
+                   linewidths=0, label="mixed buckets", rasterized=True)
+    for code, label in enumerate(s.bucket_names):
+        sel = s.bucket_codes == code
+        if not sel.any():
+            continue
+        ax.scatter(s.step[sel], s.loss[sel], s=3, color=_PALETTE[code % len(_PALETTE)],
+                   alpha=0.6, linewidths=0, rasterized=True,
+                   label=f"bucket {label}" if len(s.bucket_names) <= 8 else None)
+
+
+def _loss_scale(ax: Any, loss: np.ndarray) -> None:
+    """A log y-axis when the loss spans more than 5x, else limits padded by 8 %."""
+    lo, hi = float(np.min(loss)), float(np.max(loss))
+    if lo > 0 and hi / lo > 5:
+        ax.set_yscale("log")  # every step on the chart, the stable region still readable
+    else:
+        pad = 0.08 * (hi - lo if hi > lo else 1.0)
+        ax.set_ylim(lo - pad, hi + pad)
 
 
 def _histogram_panel(ax: Any, r: Report) -> None:

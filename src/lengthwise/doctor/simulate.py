@@ -109,77 +109,33 @@ def simulate_run(
     if steps < 100:
         raise ValueError(f"steps must be at least 100, got {steps}")
     rng = np.random.default_rng(seed)
-    pool = np.clip(rng.lognormal(math.log(median_length), sigma, 200_000), 16, max_len)
-    pool = np.round(pool).astype(np.int64)
-    edges = np.quantile(pool, np.linspace(0, 1, num_buckets + 1)[1:-1])
-    bucket_of = np.searchsorted(edges, pool, side="right")
-    members = [pool[bucket_of == b] for b in range(num_buckets)]
+    pool, edges, members = _length_pool(rng, median_length, sigma, max_len, num_buckets)
     warmup = max(1, steps // 20) if warmup is None else warmup
 
     lengths, step_buckets = _compose(order, steps, batch_size, num_buckets, megabatch, members,
                                      pool, edges, rng)
-    effect = -length_effect * np.log(lengths / median_length)
-    comp = (lengths * effect).sum(axis=1) / lengths.sum(axis=1)
+    comp = _composition_effect(lengths, length_effect, median_length)
     t = np.arange(1, steps + 1, dtype=np.float64)
     base = 2.0 + 2.5 * np.exp(-t / (steps / 8.0))
-    loss = base + comp + noise * rng.standard_normal(steps)
-    corrected = base + noise * rng.standard_normal(steps) + float(np.mean(comp))
-    sample_sd = None
-    if sample_std is not None:
-        n = lengths.shape[1]
-        loss = loss + sample_std / math.sqrt(n) * rng.standard_normal(steps)
-        sample_sd = sample_std * np.sqrt(rng.chisquare(n - 1, steps) / (n - 1))
+    loss, corrected, sample_sd = _noisy_losses(base, comp, noise, sample_std, lengths.shape[1],
+                                               rng)
 
     checkpoints = (
         list(range(checkpoint_every, steps + 1, checkpoint_every)) if checkpoint_every else []
     )
-    spikes: list[int] = []
-    if checkpoint_spikes:
-        spikes += [c + 1 for c in checkpoints if c + 1 <= steps]
-    spikes += _random_spike_steps(random_spikes, steps, checkpoints, rng)
-    spikes = sorted(set(spikes))
-    bump = np.zeros(steps)
-    for s0 in spikes:
-        k = np.arange(s0, steps + 1)
-        height = spike_height * (0.8 + 0.4 * rng.random())
-        bump[s0 - 1 :] += height * np.exp(-(k - s0) / spike_recovery)
+    spikes = _spike_steps(checkpoints, checkpoint_spikes, random_spikes, steps, rng)
+    bump = _spike_bump(spikes, steps, spike_height, spike_recovery, rng)
     loss = loss + bump
     for s in nan_steps:
         if 1 <= s <= steps:
             loss[s - 1] = math.nan
 
-    peak_lr = 3e-4
-    decay = 0.5 * (1 + np.cos(np.pi * (t - warmup) / (steps - warmup)))
-    lr = np.where(t <= warmup, peak_lr * t / warmup, peak_lr * (0.1 + 0.9 * decay))
-    padded = lengths.shape[1] * (np.ceil(lengths.max(axis=1) / 8) * 8)
-    seconds = padded / 60_000.0 + 0.05
     stall = set(c + 1 for c in checkpoints) if checkpoint_spikes else set()
-    records: list[dict[str, Any]] = []
-    ck = set(checkpoints)
-    for i in range(steps):
-        step = i + 1
-        sec = seconds[i] + (2.0 if step in stall else 0.0)
-        row: dict[str, Any] = {
-            "step": step,
-            "epoch": round(step / steps * 2, 4),
-            "loss": float(loss[i]) if math.isfinite(loss[i]) else math.nan,
-            "lr": float(lr[i]),
-            "grad_norm": round(float(0.5 + 0.1 * rng.random() + 3 * bump[i]), 5),
-            "real_tokens": int(lengths[i].sum()),
-            "padded_tokens": int(padded[i]),
-            "tokens_per_second": round(float(lengths[i].sum() / sec), 2),
-            "samples": int(lengths.shape[1]),
-            "corrected_loss": float(corrected[i]),
-        }
-        if sample_sd is not None:
-            row["loss_sample_std"] = float(sample_sd[i])
-        if log_bucket and step_buckets[i] is not None:
-            key = "buckets" if isinstance(step_buckets[i], list) else "bucket"
-            row[key] = step_buckets[i]
-        records.append(row)
-        if step in ck:
-            records.append({"event": "checkpoint_begin", "step": step})
-            records.append({"event": "checkpoint_end", "step": step, "seconds": 2.0})
+    records = _step_records(
+        lengths, step_buckets if log_bucket else None, loss=loss,
+        lr=_learning_rate(t, steps, warmup), bump=bump, corrected=corrected,
+        sample_sd=sample_sd, checkpoints=set(checkpoints), stall=stall, rng=rng,
+    )
 
     big, _ = _compose(order, 20_000, batch_size, num_buckets, megabatch, members, pool, edges,
                       np.random.default_rng(seed + 7919))
@@ -198,6 +154,124 @@ def simulate_run(
         "sample_std": sample_std,
     }
     return SimulatedRun(records=records, labels=labels, config=config)
+
+
+def _length_pool(
+    rng: np.random.Generator, median_length: float, sigma: float, max_len: int, num_buckets: int
+) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """A large log-normal pool of lengths, its bucket edges and each bucket's members."""
+    pool = np.clip(rng.lognormal(math.log(median_length), sigma, 200_000), 16, max_len)
+    pool = np.round(pool).astype(np.int64)
+    edges = np.quantile(pool, np.linspace(0, 1, num_buckets + 1)[1:-1])
+    bucket_of = np.searchsorted(edges, pool, side="right")
+    members = [pool[bucket_of == b] for b in range(num_buckets)]
+    return pool, edges, members
+
+
+def _composition_effect(
+    lengths: np.ndarray, length_effect: float, median_length: float
+) -> np.ndarray:
+    """Each step's loss shift from its lengths: the token-weighted mean of the sample effects."""
+    effect = -length_effect * np.log(lengths / median_length)
+    return (lengths * effect).sum(axis=1) / lengths.sum(axis=1)
+
+
+def _noisy_losses(
+    base: np.ndarray,
+    comp: np.ndarray,
+    noise: float,
+    sample_std: float | None,
+    n: int,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """The logged loss, the composition-free loss and (with ``sample_std``) per-step sample sds."""
+    steps = base.size
+    loss = base + comp + noise * rng.standard_normal(steps)
+    corrected = base + noise * rng.standard_normal(steps) + float(np.mean(comp))
+    sample_sd = None
+    if sample_std is not None:
+        loss = loss + sample_std / math.sqrt(n) * rng.standard_normal(steps)
+        sample_sd = sample_std * np.sqrt(rng.chisquare(n - 1, steps) / (n - 1))
+    return loss, corrected, sample_sd
+
+
+def _spike_steps(
+    checkpoints: list[int],
+    checkpoint_spikes: bool,
+    random_spikes: int,
+    steps: int,
+    rng: np.random.Generator,
+) -> list[int]:
+    """The steps that spike: right after each save (with ``checkpoint_spikes``) and at random."""
+    spikes: list[int] = []
+    if checkpoint_spikes:
+        spikes += [c + 1 for c in checkpoints if c + 1 <= steps]
+    spikes += _random_spike_steps(random_spikes, steps, checkpoints, rng)
+    return sorted(set(spikes))
+
+
+def _spike_bump(
+    spikes: list[int], steps: int, height: float, recovery: float, rng: np.random.Generator
+) -> np.ndarray:
+    """The loss added by the spikes: a jump of about ``height`` decaying over ``recovery``."""
+    bump = np.zeros(steps)
+    for s0 in spikes:
+        k = np.arange(s0, steps + 1)
+        h = height * (0.8 + 0.4 * rng.random())
+        bump[s0 - 1 :] += h * np.exp(-(k - s0) / recovery)
+    return bump
+
+
+def _learning_rate(t: np.ndarray, steps: int, warmup: int) -> np.ndarray:
+    """Linear warmup to 3e-4, then a cosine down to a tenth of it."""
+    peak_lr = 3e-4
+    decay = 0.5 * (1 + np.cos(np.pi * (t - warmup) / (steps - warmup)))
+    return np.where(t <= warmup, peak_lr * t / warmup, peak_lr * (0.1 + 0.9 * decay))
+
+
+def _step_records(
+    lengths: np.ndarray,
+    step_buckets: list[Any] | None,
+    *,
+    loss: np.ndarray,
+    lr: np.ndarray,
+    bump: np.ndarray,
+    corrected: np.ndarray,
+    sample_sd: np.ndarray | None,
+    checkpoints: set[int],
+    stall: set[int],
+    rng: np.random.Generator,
+) -> list[dict[str, Any]]:
+    """The log rows: one per step in the step logger's fields, checkpoint events after saves."""
+    steps = lengths.shape[0]
+    padded = lengths.shape[1] * (np.ceil(lengths.max(axis=1) / 8) * 8)
+    seconds = padded / 60_000.0 + 0.05
+    records: list[dict[str, Any]] = []
+    for i in range(steps):
+        step = i + 1
+        sec = seconds[i] + (2.0 if step in stall else 0.0)
+        row: dict[str, Any] = {
+            "step": step,
+            "epoch": round(step / steps * 2, 4),
+            "loss": float(loss[i]) if math.isfinite(loss[i]) else math.nan,
+            "lr": float(lr[i]),
+            "grad_norm": round(float(0.5 + 0.1 * rng.random() + 3 * bump[i]), 5),
+            "real_tokens": int(lengths[i].sum()),
+            "padded_tokens": int(padded[i]),
+            "tokens_per_second": round(float(lengths[i].sum() / sec), 2),
+            "samples": int(lengths.shape[1]),
+            "corrected_loss": float(corrected[i]),
+        }
+        if sample_sd is not None:
+            row["loss_sample_std"] = float(sample_sd[i])
+        if step_buckets is not None and step_buckets[i] is not None:
+            key = "buckets" if isinstance(step_buckets[i], list) else "bucket"
+            row[key] = step_buckets[i]
+        records.append(row)
+        if step in checkpoints:
+            records.append({"event": "checkpoint_begin", "step": step})
+            records.append({"event": "checkpoint_end", "step": step, "seconds": 2.0})
+    return records
 
 
 def noise_shares(

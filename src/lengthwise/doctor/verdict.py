@@ -30,7 +30,9 @@ from typing import Any
 
 from lengthwise.doctor.attribution import ALPHA as LENGTH_ALPHA
 from lengthwise.doctor.attribution import REPORT_ALPHA
+from lengthwise.doctor.cliffs import Cliff
 from lengthwise.doctor.mechanisms import match_period
+from lengthwise.doctor.numbers import fmt_num
 from lengthwise.doctor.report import Cause, Findings, Verdict
 
 #: cliffs whose median recovery takes at most this many logged points are one-step spikes
@@ -40,12 +42,8 @@ PHASE_WORDS = {"warm-up": "in the lr warm-up", "early": "in early training",
                "stable": "in the stable region"}
 
 
-def _fmt(x: float | None) -> str:
-    return "-" if x is None else f"{x:.4g}"
-
-
 def _steps(values: list[float], limit: int = 5) -> str:
-    shown = ", ".join(_fmt(v) for v in values[:limit])
+    shown = ", ".join(fmt_num(v) for v in values[:limit])
     return shown + (f" (+{len(values) - limit} more)" if len(values) > limit else "")
 
 
@@ -91,7 +89,7 @@ def _summary(f: Findings, causes: list[Cause], untested: list[str]) -> str:
 
 
 def _region(f: Findings) -> str:
-    return f"stable region {_fmt(f.phases.start)}..{_fmt(f.phases.end)}"
+    return f"stable region {fmt_num(f.phases.start)}..{fmt_num(f.phases.end)}"
 
 
 def _nonfinite_causes(f: Findings) -> list[Cause]:
@@ -101,10 +99,10 @@ def _nonfinite_causes(f: Findings) -> list[Cause]:
     diverged = nf.diverged_at is not None
     return [Cause(
         name="nonfinite_loss",
-        title=(f"loss diverged to NaN/inf at step {_fmt(nf.diverged_at)}" if diverged
+        title=(f"loss diverged to NaN/inf at step {fmt_num(nf.diverged_at)}" if diverged
                else f"{nf.count} NaN/inf loss value(s)"),
         score=1.0 if diverged else 0.6,
-        where=f"from step {_fmt(nf.first_steps[0])}" if nf.first_steps else "",
+        where=f"from step {fmt_num(nf.first_steps[0])}" if nf.first_steps else "",
         evidence=[f"{nf.count} non-finite losses ({nf.nan} NaN, {nf.inf} inf), first at "
                   f"steps {_steps(nf.first_steps)}"],
         prescription=[
@@ -120,10 +118,10 @@ def _attr_evidence(f: Findings) -> list[str]:
     ev = []
     if a.bucket_r2 is not None:
         ev.append(f"the bucket explains {a.bucket_r2:.0%} of the step-to-step variance "
-                  f"(R^2, permutation p={_fmt(a.bucket_p_value or 1.0)})")
+                  f"(R^2, permutation p={fmt_num(a.bucket_p_value or 1.0)})")
     if a.length_r2 is not None:
         ev.append(f"sequence length explains {a.length_r2:.0%} of it "
-                  f"(eta^2 over deciles, p={_fmt(a.length_p_value or 1.0)})")
+                  f"(eta^2 over deciles, p={fmt_num(a.length_p_value or 1.0)})")
     return ev
 
 
@@ -135,31 +133,8 @@ def _composition_causes(f: Findings) -> list[Cause]:
     logged = attr.bucket_r2 is not None or attr.length_r2 is not None
     attr_ev = _attr_evidence(f)
     confirm = [] if logged else ["log `bucket` (and `real_tokens`, `samples`) per step to confirm"]
-    where = _region(f)
     if banded:
-        centres = ", ".join(f"{c:.4g} ({s:.0%})" for c, s in zip(bands.centres, bands.shares,
-                                                                   strict=True))
-        score = bands.between_share or 0.0
-        if attr.bucket_r2 is not None:
-            score = max(score, attr.bucket_r2)
-        explained = attr.explains or not logged
-        title = (f"{bands.count} loss bands: each step's batch comes from one length bucket"
-                 if explained else f"{bands.count} loss bands (not explained by the logged bucket)")
-        if explained and not logged:
-            title = f"{bands.count} loss bands: likely one length bucket per step (not logged)"
-        out.append(Cause(
-            name="single_bucket_batches" if explained else "bands_unexplained",
-            title=title,
-            score=score if explained else 0.5 * score,
-            where=where,
-            evidence=[f"per-step loss is multimodal: {bands.count} bands at {centres}; "
-                      f"Silverman test p={_fmt(bands.p_value or 0.0)} against "
-                      f"{bands.count - 1} band(s)", *attr_ev],
-            prescription=[STRATIFY, "log per-bucket loss (`bucket_loss`) to follow each "
-                          "length range", *confirm] if explained else
-            ["find the step feature that splits the bands (data source, task, "
-             "packing) and log it"],
-        ))
+        out.append(_bands_cause(f, attr_ev, confirm, logged))
     if periodic:
         out.append(_period_cause(f, [] if banded else attr_ev, [] if banded else confirm))
     if not banded and not periodic:
@@ -167,13 +142,41 @@ def _composition_causes(f: Findings) -> list[Cause]:
     return out
 
 
+def _bands_cause(f: Findings, attr_ev: list[str], confirm: list[str], logged: bool) -> Cause:
+    """Loss bands: one length bucket per step when the logged bucket explains them (or none is)."""
+    bands, attr = f.bands, f.attribution
+    centres = ", ".join(f"{c:.4g} ({s:.0%})" for c, s in zip(bands.centres, bands.shares,
+                                                               strict=True))
+    score = bands.between_share or 0.0
+    if attr.bucket_r2 is not None:
+        score = max(score, attr.bucket_r2)
+    explained = attr.explains or not logged
+    title = (f"{bands.count} loss bands: each step's batch comes from one length bucket"
+             if explained else f"{bands.count} loss bands (not explained by the logged bucket)")
+    if explained and not logged:
+        title = f"{bands.count} loss bands: likely one length bucket per step (not logged)"
+    return Cause(
+        name="single_bucket_batches" if explained else "bands_unexplained",
+        title=title,
+        score=score if explained else 0.5 * score,
+        where=_region(f),
+        evidence=[f"per-step loss is multimodal: {bands.count} bands at {centres}; "
+                  f"Silverman test p={fmt_num(bands.p_value or 0.0)} against "
+                  f"{bands.count - 1} band(s)", *attr_ev],
+        prescription=[STRATIFY, "log per-bucket loss (`bucket_loss`) to follow each "
+                      "length range", *confirm] if explained else
+        ["find the step feature that splits the bands (data source, task, "
+         "packing) and log it"],
+    )
+
+
 def _period_cause(f: Findings, attr_ev: list[str], confirm: list[str]) -> Cause:
     per = f.periodicity
     period = float(per.period or 0.0)
     share = per.power_share or 0.0
     match = match_period(period, f.context)
-    ev = [f"the detrended loss repeats every {_fmt(period)} steps (p={_fmt(per.p_value)}, "
-          f"{share:.0%} of its variance, autocorrelation {_fmt(per.acf_at_period)} at that lag)",
+    ev = [f"the detrended loss repeats every {fmt_num(period)} steps (p={fmt_num(per.p_value)}, "
+          f"{share:.0%} of its variance, autocorrelation {fmt_num(per.acf_at_period)} at that lag)",
           f"its length {match.arithmetic}"]
     runs = per.runs
     if runs is not None and runs.z < 0 and runs.p_value < 0.01:
@@ -184,7 +187,7 @@ def _period_cause(f: Findings, attr_ev: list[str], confirm: list[str]) -> Cause:
     if match.mechanism == "megabatch":
         return Cause(
             name="sorted_batches_cycle",
-            title=f"loss cycles every {_fmt(period)} steps: the mega-batch cycle of "
+            title=f"loss cycles every {fmt_num(period)} steps: the mega-batch cycle of "
             "length-grouped batches (e.g. group_by_length)",
             score=score, where=where, evidence=ev + attr_ev,
             prescription=["draw batches in random or stratified order instead of sorted runs: "
@@ -192,7 +195,7 @@ def _period_cause(f: Findings, attr_ev: list[str], confirm: list[str]) -> Cause:
     if match.mechanism == "epoch":
         return Cause(
             name="epoch_cycle",
-            title=f"loss cycles once per epoch ({_fmt(period)} steps)",
+            title=f"loss cycles once per epoch ({fmt_num(period)} steps)",
             score=score, where=where, evidence=ev,
             prescription=["shuffle the data anew every epoch; a cycle that repeats each epoch "
                           "follows the data order (or memorisation when it steps down)"])
@@ -200,21 +203,21 @@ def _period_cause(f: Findings, attr_ev: list[str], confirm: list[str]) -> Cause:
         what = match.mechanism
         return Cause(
             name=f"{what}_cycle",
-            title=f"loss cycles every {_fmt(period)} steps, the {what} interval",
+            title=f"loss cycles every {fmt_num(period)} steps, the {what} interval",
             score=score, where=where, evidence=ev,
             prescription=[f"check that the {what} does not reset the data loader, RNG or "
                           "optimizer state, or leave the model in eval mode"])
     if match.mechanism == "lr_restarts":
         return Cause(
             name="schedule_restarts",
-            title=f"loss cycles every {_fmt(period)} steps with the learning-rate restarts",
+            title=f"loss cycles every {fmt_num(period)} steps with the learning-rate restarts",
             score=0.5 * score, where=where, evidence=ev,
             prescription=["expected with a restarting schedule; use a schedule without "
                           "restarts if the jumps hurt"])
     fixes = [match.missing] if match.missing else []
     return Cause(
         name="periodic_unknown",
-        title=f"a periodic component of unknown cause every {_fmt(period)} steps "
+        title=f"a periodic component of unknown cause every {fmt_num(period)} steps "
         f"({share:.0%} of the detrended variance)",
         score=0.5 * score, where=where, evidence=ev + attr_ev,
         prescription=[*fixes, "log `bucket`, `real_tokens` and `samples` per step to test "
@@ -241,11 +244,11 @@ def _attribution_cause(f: Findings, attr_ev: list[str]) -> list[Cause]:
     if kind == "bucket":
         return [Cause(
             name="composition_weak",
-            title=f"`{name}` explains {r2:.0%} of the step-to-step variance (p={_fmt(p)})",
+            title=f"`{name}` explains {r2:.0%} of the step-to-step variance (p={fmt_num(p)})",
             score=min(0.5, r2), where=_region(f), evidence=attr_ev, prescription=[STRATIFY])]
     return [Cause(
         name="length_mix",
-        title=f"`{name}` explains {r2:.0%} of the step-to-step variance (p={_fmt(p)}): "
+        title=f"`{name}` explains {r2:.0%} of the step-to-step variance (p={fmt_num(p)}): "
         "each step's length mix moves its loss per token",
         score=min(0.4, r2), where=_region(f), evidence=attr_ev,
         prescription=["part of the sampling noise of any length mix: batches with the same "
@@ -257,7 +260,7 @@ def _epoch_causes(f: Findings) -> list[Cause]:
     e = f.epochs
     if not e.found:
         return []
-    drops = ", ".join(f"{d:+.3g} ({r:+.1%}) at step {_fmt(s)}"
+    drops = ", ".join(f"{d:+.3g} ({r:+.1%}) at step {fmt_num(s)}"
                       for d, r, s in zip(e.drops[:6], e.relative_drops[:6], e.starts[:6],
                                          strict=True))
     mean_rel = sum(e.relative_drops) / len(e.relative_drops)
@@ -268,7 +271,7 @@ def _epoch_causes(f: Findings) -> list[Cause]:
         score=min(0.9, 0.3 + 5 * abs(mean_rel)),
         where=f"epoch starts ({e.source}) at steps {_steps(e.starts)}",
         evidence=[f"level drops {drops}", f"placebo test against every other step: "
-                  f"p={_fmt(e.p_value)}",
+                  f"p={fmt_num(e.p_value)}",
                   "usual reading: multi-epoch memorisation (the model has seen these samples "
                   "before), not noise and not cliffs"],
         prescription=["watch the evaluation loss: if it rises after an epoch start, train "
@@ -289,7 +292,7 @@ def _phase_text(cliffs: list[Any], f: Findings) -> tuple[str, str]:
     note = ""
     if top != "stable" and counts[top] >= 0.75 * n:
         note = (f" ({counts[top]} of {n} {PHASE_WORDS[top]}, before step "
-                f"{_fmt(f.phases.start)})")
+                f"{fmt_num(f.phases.start)})")
     return where, note
 
 
@@ -301,26 +304,10 @@ def _cliff_causes(f: Findings) -> list[Cause]:
     steps = [c.step for c in cliffs]
     heights = ", ".join(f"+{c.height:.3g}" for c in cliffs[:5])
     rec = [c.recovery_steps for c in cliffs if c.recovery_steps is not None]
-    rec_txt = f", recovering in {_fmt(sorted(rec)[len(rec) // 2])} steps (median)" if rec else ""
+    rec_txt = f", recovering in {fmt_num(sorted(rec)[len(rec) // 2])} steps (median)" if rec else ""
     base_ev = f"{len(cliffs)} cliff(s) at steps {_steps(steps)} (heights {heights}){rec_txt}"
     if ck.associated:
-        ev = [base_ev, f"{ck.aligned} of {ck.cliffs} start right after one of {ck.checkpoints} "
-              f"checkpoints (expected {ck.expected_aligned:.2g} by chance; "
-              f"permutation p={_fmt(ck.p_value)})"]
-        if ck.throughput_ratio is not None and ck.throughput_ratio < 0.9:
-            ev.append(f"throughput right after saves is {ck.throughput_ratio:.0%} of normal")
-        out.append(Cause(
-            name="checkpoint_disruption",
-            title="loss spikes at checkpoint saves",
-            score=min(1.0, 0.4 + 0.6 * ck.aligned / max(ck.cliffs, 1)),
-            where=_phase_text([c for c in cliffs if c.at_checkpoint], f)[0],
-            evidence=ev,
-            prescription=[
-                "move checkpoint saves off the training thread (asynchronous save)",
-                "check that saving does not reset the data loader, RNG or optimizer state "
-                "(a save that restarts workers re-reads the start of the epoch)",
-            ],
-        ))
+        out.append(_checkpoint_cause(f, cliffs, base_ev))
         rest = [c for c in cliffs if not c.at_checkpoint]
         if len(rest) < 2:
             return out
@@ -329,20 +316,7 @@ def _cliff_causes(f: Findings) -> list[Cause]:
         base_ev = f"{len(cliffs)} other cliff(s) at steps {_steps(steps)}"
     never = [c for c in cliffs if c.recovery_steps is None]
     if never:
-        c0 = never[0]
-        out.append(Cause(
-            name="divergence",
-            title=f"loss jumped at step {_fmt(c0.step)} and never came back to its level",
-            score=0.9,
-            where=f"from step {_fmt(c0.step)} ({PHASE_WORDS[c0.phase]})",
-            evidence=[f"+{c0.height:.3g} above the level {c0.level:.4g} before it, still "
-                      "above it at the end of the log"],
-            prescription=[
-                "lower the learning rate (or lengthen warm-up) and clip gradients",
-                "with fp16, use bf16 or a dynamic loss scaler; resume from the last good "
-                "checkpoint with a lower learning rate",
-            ],
-        ))
+        out.append(_divergence_cause(never[0]))
         cliffs = [c for c in cliffs if c.recovery_steps is not None]
         if not cliffs:
             return out
@@ -353,6 +327,45 @@ def _cliff_causes(f: Findings) -> list[Cause]:
     return out
 
 
+def _checkpoint_cause(f: Findings, cliffs: list[Any], base_ev: str) -> Cause:
+    """Cliffs that start right after checkpoint saves (the association test passed)."""
+    ck = f.checkpoint_association
+    ev = [base_ev, f"{ck.aligned} of {ck.cliffs} start right after one of {ck.checkpoints} "
+          f"checkpoints (expected {ck.expected_aligned:.2g} by chance; "
+          f"permutation p={fmt_num(ck.p_value)})"]
+    if ck.throughput_ratio is not None and ck.throughput_ratio < 0.9:
+        ev.append(f"throughput right after saves is {ck.throughput_ratio:.0%} of normal")
+    return Cause(
+        name="checkpoint_disruption",
+        title="loss spikes at checkpoint saves",
+        score=min(1.0, 0.4 + 0.6 * ck.aligned / max(ck.cliffs, 1)),
+        where=_phase_text([c for c in cliffs if c.at_checkpoint], f)[0],
+        evidence=ev,
+        prescription=[
+            "move checkpoint saves off the training thread (asynchronous save)",
+            "check that saving does not reset the data loader, RNG or optimizer state "
+            "(a save that restarts workers re-reads the start of the epoch)",
+        ],
+    )
+
+
+def _divergence_cause(c0: Cliff) -> Cause:
+    """The first cliff that never recovered: the run diverged there."""
+    return Cause(
+        name="divergence",
+        title=f"loss jumped at step {fmt_num(c0.step)} and never came back to its level",
+        score=0.9,
+        where=f"from step {fmt_num(c0.step)} ({PHASE_WORDS[c0.phase]})",
+        evidence=[f"+{c0.height:.3g} above the level {c0.level:.4g} before it, still "
+                  "above it at the end of the log"],
+        prescription=[
+            "lower the learning rate (or lengthen warm-up) and clip gradients",
+            "with fp16, use bf16 or a dynamic loss scaler; resume from the last good "
+            "checkpoint with a lower learning rate",
+        ],
+    )
+
+
 def _spike_cause(f: Findings, cliffs: list[Any], base_ev: str) -> Cause:
     ck = f.checkpoint_association
     ev = [base_ev]
@@ -360,7 +373,7 @@ def _spike_cause(f: Findings, cliffs: list[Any], base_ev: str) -> Cause:
     if ck.associated is False:
         ev.append(f"they do not line up with the {ck.checkpoints} checkpoints: {ck.aligned} of "
                   f"{ck.cliffs} near one, {ck.expected_aligned:.2g} expected by chance "
-                  f"(permutation p={_fmt(ck.p_value)})")
+                  f"(permutation p={fmt_num(ck.p_value)})")
     elif ck.associated is None and ck.note:
         ev.append(f"checkpoints not tested: {ck.note}")
     buckets = [str(c.bucket) for c in cliffs if c.bucket is not None]
@@ -371,7 +384,7 @@ def _spike_cause(f: Findings, cliffs: list[Any], base_ev: str) -> Cause:
             ev.append(f"{share:.0%} of the cliffs are in bucket {common}")
     points = sorted(c.recovery_points or 0 for c in cliffs)
     quick = points[len(points) // 2] <= QUICK_RECOVERY
-    unexplained = (f" not explained by checkpoints (p={_fmt(ck.p_value)})"
+    unexplained = (f" not explained by checkpoints (p={fmt_num(ck.p_value)})"
                    if ck.associated is False else "")
     if quick:
         ev.append("they recover at the next logged step or the one after: single batches "
