@@ -162,6 +162,9 @@ def test_sampler_collator_never_exceeds_the_budget(lengths, max_tokens, max_len,
         if len(widest) * padded > max_tokens:
             with pytest.raises(BudgetError, match="over the plan's budget"):
                 collate(too_long)
+        elif limit > sampler.edges[-1]:  # longer than any length the plan saw: named
+            with pytest.raises(ValueError, match="longer than the last bucket edge"):
+                collate(too_long)
         else:
             assert collate(too_long)["input_ids"].numel() <= max_tokens
 

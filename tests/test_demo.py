@@ -434,6 +434,7 @@ def test_lm_sample_losses_follow_packed_sample_boundaries():
     assert len(out.sample_losses) == 3
     total = sum(x * n for x, n in zip(out.sample_losses, counts, strict=True))
     assert total == pytest.approx(float(out.loss), rel=1e-5) and out.norm == sum(counts)
+    assert out.sample_weights == counts
 
 
 def test_data_folder_that_is_not_a_saved_dataset_is_named(tmp_path):

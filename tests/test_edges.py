@@ -9,7 +9,14 @@ from hypothesis import strategies as st
 
 from lengthwise import optimal_edges
 from lengthwise.planning.cost import CostModel, round_up
-from lengthwise.planning.edges import MIN_BATCHES_PER_BUCKET, Histogram, bucket_counts, solve
+from lengthwise.planning.edges import (
+    FILL_WEIGHT,
+    MIN_BATCHES_PER_BUCKET,
+    MIN_SAMPLES_PER_BUCKET,
+    Histogram,
+    bucket_counts,
+    solve,
+)
 
 
 def padded_cost(lengths, edges, multiple=1, cost=None):
@@ -69,16 +76,62 @@ def test_auto_keeps_buckets_large_enough_and_near_best():
 
     def feasible(e):
         rows = np.floor(16384 / np.asarray(e))
-        return np.all(bucket_counts(lengths, e) >= MIN_BATCHES_PER_BUCKET * rows)
+        need = np.maximum(MIN_BATCHES_PER_BUCKET * rows, MIN_SAMPLES_PER_BUCKET)
+        return np.all(bucket_counts(lengths, e) >= need)
+
+    def priced(e):  # padded row plus FILL_WEIGHT of the budget whole rows leave unfilled
+        e = np.asarray(e, dtype=np.float64)
+        share = 16384 / np.floor(16384 / e)
+        return float(np.sum(bucket_counts(lengths, e) * (e + FILL_WEIGHT * (share - e))))
 
     assert feasible(edges)
-    sol = solve(Histogram.of(lengths), 128)  # each layer is the exact optimum for that k
-    eff = {k: lengths.sum() / padded_cost(lengths, sol.edges(k))
-           for k in range(1, 129) if feasible(sol.edges(k))}
+    # each layer is the exact optimum for that k among edges whose buckets are large enough
+    hist = Histogram.of(lengths)
+    least = np.maximum(MIN_BATCHES_PER_BUCKET * np.floor(16384 / hist.values),
+                       MIN_SAMPLES_PER_BUCKET)
+    sol = solve(hist, 128, budget=16384, fill_weight=FILL_WEIGHT, least=least)
+    eff = {k: lengths.sum() / priced(sol.edges(k))
+           for k in range(1, 129) if np.isfinite(sol.totals[k - 1])}
+    assert all(feasible(sol.edges(k)) for k in eff)
     best = max(eff.values())
-    assert lengths.sum() / padded_cost(lengths, edges) >= 0.99 * best
+    assert lengths.sum() / priced(edges) >= 0.99 * best
     assert all(v < 0.99 * best for k, v in eff.items() if k < len(edges))
     assert len(edges) >= 10  # many narrow buckets on a wide distribution
+    # without the budget's share the rule is the padding-optimal one
+    pad_only = optimal_edges(lengths, 8)
+    assert solve(Histogram.of(lengths), 8, budget=16384, fill_weight=0.0).edges(8) == pad_only
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(1, 30), min_size=1, max_size=40), k=st.integers(1, 4),
+       least=st.integers(0, 6))
+def test_dp_with_a_least_count_per_bucket_matches_brute_force(lengths, k, least):
+    lengths = np.asarray(lengths)
+    hist = Histogram.of(lengths)
+    # the fewest samples grows with the rows a short edge allows: cum - least non-decreasing
+    need = least * np.maximum(1, 40 // hist.values)
+    sol = solve(hist, k, least=need)
+    best = np.inf
+    values = hist.values.tolist()
+    for kk in range(1, min(k, len(values)) + 1):
+        for cut in itertools.combinations(values[:-1], kk - 1):
+            edges = [*cut, values[-1]]
+            counts = bucket_counts(hist, edges)
+            idx = np.searchsorted(hist.values, edges)
+            if np.all(counts >= need[idx]):
+                best = min(best, float(np.sum(counts * np.asarray(edges))))
+    got = float(sol.totals[min(k, len(values)) - 1])
+    assert (np.isinf(best) and np.isinf(got)) or abs(got - best) < 1e-6
+
+
+def test_priced_by_budget_share_edges_sit_at_budget_over_rows():
+    lengths = np.random.default_rng(3).integers(600, 3000, 20_000)
+    edges = solve(Histogram.of(lengths), 6, budget=16384).edges(6)
+    # a bucket's edge is the longest sample that still lets its rows fill the budget
+    longest_for_rows = [16384 // (16384 // e) for e in edges[:-1]]
+    assert all(e >= r - 40 for e, r in zip(edges[:-1], longest_for_rows, strict=True))
+    with pytest.raises(ValueError, match="fill_weight"):
+        solve(Histogram.of(lengths), 2, budget=16384, fill_weight=2.0)
 
 
 def test_single_distinct_length_and_bad_counts():

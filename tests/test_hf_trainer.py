@@ -119,14 +119,14 @@ def _counts(batches):
 
 
 def test_final_metrics_count_the_planned_samples_and_tokens(tmp_path):
-    # Trainer alone would count max_steps * per_device_train_batch_size * accum = 3 * 8 * 2
-    trainer, rec = _trainer(tmp_path, max_steps=3, per_device_train_batch_size=8,
+    # Trainer alone would count max_steps * per_device_train_batch_size * accum = 3 * 7 * 2
+    trainer, rec = _trainer(tmp_path, max_steps=3, per_device_train_batch_size=7,
                             logging_steps=1000)
     out = trainer.train()
     want, _ = _plan_batches()
     samples, tokens = _counts(want[: 3 * ACCUM])
     # the loader collates one micro-batch ahead; only the trained ones count
-    assert rec.seen[: 3 * ACCUM] == want[: 3 * ACCUM] and samples != 3 * 8 * ACCUM
+    assert rec.seen[: 3 * ACCUM] == want[: 3 * ACCUM] and samples != 3 * 7 * ACCUM
     m = out.metrics
     assert (m["train_samples"], m["train_tokens"]) == (samples, tokens)
     assert m["train_samples_per_second"] == round(samples / m["train_runtime"], 3)

@@ -24,6 +24,8 @@ __version__ = "0.1.0"
 # public name -> module that defines it (imported lazily on first access)
 _EXPORTS: dict[str, str] = {
     "load_lengths": "lengthwise.planning.lengths",
+    "open_lengths": "lengthwise.planning.lengths",
+    "WindowedPlan": "lengthwise.planning.windowed",
     "bundled_names": "lengthwise.planning.lengths",
     "optimal_edges": "lengthwise.planning.edges",
     "plan_epoch": "lengthwise.planning.plan",
@@ -37,6 +39,7 @@ _EXPORTS: dict[str, str] = {
     "batch_stats": "lengthwise.planning.metrics",
     "diagnose": "lengthwise.doctor",
     "one_line_verdict": "lengthwise.doctor",
+    "verdict_for": "lengthwise.doctor",
     "BucketBatchSampler": "lengthwise.pytorch.sampler",
     "ResumeError": "lengthwise.pytorch.sampler",
     "loader_sampler_state": "lengthwise.pytorch.sampler",

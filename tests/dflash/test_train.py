@@ -94,7 +94,6 @@ def test_per_sample_losses_average_back_to_the_micro_batch_loss(tmp_path):
         rows = loop.batches.next()[0]
         batch = loop.collate([[loop.sample(i) for i in row] for row in rows])
         blocks = loop.task.prepare(batch, rows, 0)
-        loop.task.want_sample_losses = True
         with torch.no_grad():
             out = loop.task.forward(loop.task.model, blocks)
         ids = blocks.sample_ids.reshape(-1)
@@ -104,6 +103,7 @@ def test_per_sample_losses_average_back_to_the_micro_batch_loss(tmp_path):
         assert len(out.sample_losses) == len(per_sample) > 1
         total = sum(x * y for x, y in zip(out.sample_losses, per_sample, strict=True))
         assert total == pytest.approx(float(out.loss), rel=1e-5)
+        assert out.sample_weights == pytest.approx(per_sample, rel=1e-5)
     finally:
         loop.close()
 

@@ -94,6 +94,7 @@ def test_bands_found_with_centres_and_shares(k: int) -> None:
     rng = RNG(10 + k)
     centres = 0.25 * np.arange(k)
     x = np.concatenate([rng.normal(c, 0.03, 500 + 100 * i) for i, c in enumerate(centres)])
+    x = rng.permutation(x)  # steps from the bands interleave in time
     b = find_bands(x, level=2.0, rng=RNG(0))
     assert b.count == k
     assert np.allclose(b.offsets, centres, atol=0.01)
@@ -114,7 +115,7 @@ def test_unimodal_noise_is_not_banded(draw) -> None:
 
 
 def test_too_few_points_are_not_tested() -> None:
-    b = find_bands(np.arange(50.0))
+    b = find_bands(np.arange(20.0))
     assert b.count is None and "not tested" in b.note
 
 
@@ -247,3 +248,28 @@ def test_attribution_finds_nothing_in_unrelated_buckets() -> None:
     a = attribute(rng.normal(size=2000), loss=np.zeros(2000),
                   buckets=rng.integers(0, 5, 2000).tolist())
     assert a.bucket_r2 < 0.01 and not a.bucket_explains
+
+
+def test_autocorrelated_noise_is_thinned_before_the_band_test() -> None:
+    rng = RNG(5)
+    x = np.zeros(3000)
+    e = rng.standard_normal(3000)
+    for i in range(1, 3000):
+        x[i] = 0.9 * x[i - 1] + e[i]
+    b = find_bands(x, rng=RNG(0))
+    assert b.count == 1 and b.points < 400  # about 3000 / 19 independent points
+
+
+def test_a_level_shift_is_not_bands() -> None:
+    rng = RNG(8)
+    x = np.concatenate([rng.normal(0.0, 0.02, 400), rng.normal(0.5, 0.02, 400)])
+    b = find_bands(x, rng=RNG(0))
+    assert (b.count or 1) == 1  # thinned as autocorrelated, or tested and found not interleaved
+    y = rng.permutation(x)  # the same values interleaved in time are two bands
+    assert find_bands(y, rng=RNG(0)).count == 2
+
+
+def test_a_single_outlier_is_not_a_band() -> None:
+    x = np.append(RNG(9).normal(0.0, 0.05, 60), 0.9)
+    b = find_bands(x, rng=RNG(0))
+    assert b.count == 1

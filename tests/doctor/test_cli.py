@@ -100,3 +100,43 @@ def test_missing_file_exits_2(tmp_path: Path, capsys) -> None:
 def test_bad_range_exits_2(logs, capsys) -> None:
     assert main(["doctor", str(logs["bands"]), "--from", "900", "--to", "100"]) == 2
     assert "after --to" in capsys.readouterr().err
+
+
+def test_user_errors_exit_2_with_one_line_and_no_traceback(tmp_path, capsys) -> None:
+    csv = tmp_path / "metrics.csv"
+    csv.write_text("step,accuracy\n1,0.5\n2,0.6\n")
+    for argv in (["doctor", str(csv)], ["doctor", str(tmp_path / "missing.jsonl")],
+                 ["doctor", str(csv), "--steps-per-epoch", "-1"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("lengthwise doctor: error: ") and err.count("\n") == 1
+        assert "Traceback" not in err
+    main(["doctor", str(csv)])
+    assert "--loss-key" in capsys.readouterr().err
+
+
+def test_steps_per_epoch_names_the_mega_batch_cycle(logs, capsys) -> None:
+    # a 25-step cycle is min(N // (4 * batch), 50) = 25 for 100 steps per epoch, and nothing else
+    assert main(["doctor", str(logs["saw"]), "--json"]) == 0
+    unknown = json.loads(capsys.readouterr().out)["verdict"]["causes"]
+    assert any(c["cause"] == "periodic_unknown" for c in unknown)
+    assert main(["doctor", str(logs["saw"]), "--json", "--steps-per-epoch", "100",
+                 "--batch-size", "16"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["context"]["steps_per_epoch"] == 100 and d["context"]["batch_size"] == 16
+    cause = next(c for c in d["verdict"]["causes"] if c["cause"] == "sorted_batches_cycle")
+    assert any("min(100 // 4, 50) = 25" in e for e in cause["evidence"])
+
+
+def test_checkpoint_interval_longer_than_the_run(logs, capsys) -> None:
+    assert main(["doctor", str(logs["bands"]), "--checkpoint-every", "3000", "--json"]) == 0
+    note = json.loads(capsys.readouterr().out)["checkpoint_association"]["note"]
+    assert "exceeds the" in note and "pass --checkpoint-every" not in note
+
+
+def test_comparison_table_says_what_the_sections_say(logs, capsys) -> None:
+    assert main(["doctor", str(logs["bands"]), str(logs["saw"])]) == 0
+    out = capsys.readouterr().out
+    table = out[out.index("comparison"):]
+    bands_row = next(line for line in table.splitlines() if line.startswith("bands"))
+    assert bands_row.split()[1:] == ["3", "none"]

@@ -17,6 +17,7 @@ from lengthwise.doctor import (
     LogError,
     LogNotFoundError,
     UnreadableLogError,
+    diagnose,
     read_log,
     read_records,
 )
@@ -41,6 +42,15 @@ def test_jsonl_reads_steps_losses_and_columns(tmp_path: Path) -> None:
     assert np.allclose(log.columns["lr"], 1e-4)
     assert log.input.malformed == 0 and log.input.restart_count == 0
     assert log.input.format == "jsonl"
+
+
+def test_event_lines_carrying_a_loss_are_not_step_records(tmp_path: Path) -> None:
+    lines = rows(100)
+    lines.insert(50, json.dumps({"event": "spike_skip", "step": 50, "loss": 9.0}))
+    lines.insert(20, json.dumps({"event": "checkpoint_end", "step": 20, "seconds": 0.1}))
+    log = read_log(write_lines(tmp_path / "a.jsonl", lines))
+    assert log.step.tolist() == list(range(1, 101))
+    assert log.input.restart_count == 0 and float(np.max(log.loss)) < 3.0
 
 
 def test_gzip_is_detected_by_content(tmp_path: Path) -> None:
@@ -96,7 +106,49 @@ def test_repeated_step_keeps_last_value(tmp_path: Path) -> None:
     lines = rows(10) + [json.dumps({"step": 10, "loss": 9.0})] + rows(5, start=11)
     log = read_log(write_lines(tmp_path / "rep.jsonl", lines))
     assert log.loss[log.step == 10].tolist() == [9.0]
+    assert log.input.restart_count == 0 and log.input.duplicate_rows == 1
+
+
+def test_duplicate_writer_is_told_from_a_restart(tmp_path: Path) -> None:
+    """Every step written twice (two writers) plus one real resume from 240 back to 10."""
+    steps = list(range(1, 25)) + list(range(10, 40))
+    lines = []
+    for s in steps:
+        lines += [json.dumps({"step": s, "loss": 2.0 + 0.001 * s}),
+                  json.dumps({"step": s, "loss": 2.0 + 0.001 * s + 0.01})]
+    log = read_log(write_lines(tmp_path / "twice.jsonl", lines))
+    assert log.input.duplicate_rows == len(steps)
     assert log.input.restart_count == 1
+    assert log.input.restarts[0].step_before == 24 and log.input.restarts[0].step_after == 10
+    assert log.step.tolist() == list(range(1, 40))
+    names = [c.name for c in diagnose(log).verdict.causes]
+    assert "duplicate_writer" in names and "restarts" in names
+
+
+def test_writers_interleaving_in_blocks_are_duplicates_not_restarts(tmp_path: Path) -> None:
+    steps = []
+    for a in range(10, 400, 20):  # writer A logs two steps, then writer B the same two
+        steps += [a, a + 10, a, a + 10]
+    steps += list(range(200, 260, 10))  # and one real resume from step 200
+    lines = [json.dumps({"step": s, "loss": 2.0 + 0.0001 * i}) for i, s in enumerate(steps)]
+    log = read_log(write_lines(tmp_path / "blocks.jsonl", lines))
+    assert log.input.restart_count == 1 and log.input.restarts[0].step_after == 200
+    assert log.input.duplicate_rows == 40
+    assert log.step.tolist() == list(range(10, 260, 10))
+
+
+def test_json_true_loss_is_malformed_not_one(tmp_path: Path) -> None:
+    lines = rows(5) + [json.dumps({"step": 6, "loss": True})] + rows(5, start=7)
+    log = read_log(write_lines(tmp_path / "bool.jsonl", lines))
+    assert 6 not in log.step.tolist() and log.input.malformed == 1
+    assert not np.any(log.loss == 1.0)
+
+
+def test_csv_without_a_loss_column_says_so_and_suggests_loss_key(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.csv"
+    path.write_text("step,accuracy\n1,0.5\n2,0.6\n")
+    with pytest.raises(EmptyLogError, match="no loss column.*--loss-key"):
+        read_log(path)
 
 
 @settings(max_examples=60, deadline=None)

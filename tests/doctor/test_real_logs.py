@@ -13,6 +13,14 @@ import pytest
 
 from lengthwise.doctor import diagnose, one_line_verdict
 
+#: runs whose own configuration (README) says group_by_length is off or not used
+NOT_LENGTH_GROUPED = (
+    "hf_baize_tcm_qwen3_lora_9ep.jsonl",            # training_args: group_by_length=False
+    "hf_stanford_alpaca_llama7b_fullft_3ep.jsonl",  # no GBL
+    "hf_luojiu_llama2_7b_qlora_cpt_3ep.jsonl",      # GBL False
+    "mng_llmc_gpt2_124m_10B.jsonl",                 # no length grouping
+)
+
 REAL = Path(__file__).resolve().parents[3] / "shared" / "data" / "real_logs"
 pytestmark = pytest.mark.skipif(not REAL.is_dir(), reason="../shared/data/real_logs not present")
 LOGS = sorted(REAL.glob("*.jsonl")) if REAL.is_dir() else []
@@ -29,6 +37,7 @@ def test_every_real_log_is_diagnosed(reports) -> None:
         d = json.loads(r.to_json())
         assert d["stable_region"]["start"] <= d["stable_region"]["end"], name
         assert r.input.malformed == 0 and r.input.restart_count == 0, name
+        assert r.input.duplicate_rows == 0, name  # README: steps strictly increase
         assert r.stats.loss_roughness > 0, name
         assert one_line_verdict(r), name
 
@@ -65,3 +74,23 @@ def test_same_data_order_gives_the_same_spikes(reports) -> None:
 def test_runs_without_length_grouping_are_not_banded(reports) -> None:
     for name, r in reports.items():
         assert r.bands.count in (None, 1), name
+
+
+def test_runs_without_length_grouping_are_not_blamed_on_it(reports) -> None:
+    for name in NOT_LENGTH_GROUPED:
+        causes = {c.name for c in reports[name].verdict.causes}
+        assert "sorted_batches_cycle" not in causes, name
+
+
+def test_every_cause_names_its_mechanism_or_says_unknown(reports) -> None:
+    for name, r in reports.items():
+        for c in r.verdict.causes:
+            if c.name == "sorted_batches_cycle":
+                assert any("matches Hugging Face" in e for e in c.evidence), name
+            if c.name == "periodic_unknown":
+                assert "unknown cause" in c.title, name
+
+
+def test_a_short_snippet_is_not_called_clean() -> None:
+    r = diagnose(REAL / "issue_snippets" / "qlora_issue228_bqcao_snippet.jsonl")
+    assert r.verdict.clean is None and r.verdict.summary.startswith("not tested")

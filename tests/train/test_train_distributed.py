@@ -65,7 +65,14 @@ def test_step_logger_sums_counts_and_token_weights_losses(two_ranks):
         # running per-bucket means over steps 0..step
         b0 = sum(1.0 + s for s in range(step + 1)) / (step + 1)
         assert rec["bucket_loss"] == pytest.approx({"0": b0, "1": 2.0, "2": 3.0})
-        assert rec["corrected_loss"] == pytest.approx(0.5 * b0 + 0.3 * 2.0 + 0.2 * 3.0)
+        # corrected: the loss minus the mix's offset from the earlier steps' bucket means
+        if step == 0:
+            assert rec["corrected_loss"] == pytest.approx(expected)
+        else:
+            m0 = sum(1.0 + s for s in range(step)) / step
+            ref = 0.5 * m0 + 0.3 * 2.0 + 0.2 * 3.0
+            offset = (100 * (m0 - ref) + 150 * (2.0 - ref) + 50 * (3.0 - ref)) / 300
+            assert rec["corrected_loss"] == pytest.approx(expected - offset)
     # every rank returns the same reduced record
     for r0, r1 in zip(results[0]["records"], results[1]["records"], strict=True):
         assert r0["loss"] == r1["loss"] and r0["bucket_loss"] == r1["bucket_loss"]

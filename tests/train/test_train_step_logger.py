@@ -54,7 +54,9 @@ def test_writes_one_record_per_step_with_the_documented_fields(tmp_path):
     assert (a["epoch"], a["lr"], a["grad_norm"], a["micro_batches"]) == (1, 1e-3, 0.25, 2)
     assert a["buckets"] == [0, 1] and b["buckets"] == [0]
     assert a["bucket_loss"] == {"0": 2.0, "1": 4.0}
-    assert a["corrected_loss"] == pytest.approx(0.75 * 2.0 + 0.25 * 4.0)
+    assert a["corrected_loss"] == pytest.approx(a["loss"])  # no earlier step to correct with
+    # step 8 is all bucket 0, whose earlier mean 2.0 sits 0.5 below the share-weighted 2.5
+    assert b["corrected_loss"] == pytest.approx(1.0 + 0.5)
     # bucket 0's running loss is now the token-weighted mean of both of its steps
     assert b["bucket_loss"]["0"] == pytest.approx((2.0 * 30 + 1.0 * 20) / 50)
     assert b["eval_note"] == "x" and b["skipped"] is False
@@ -108,40 +110,53 @@ def test_step_figures_match_direct_computation(micro):
         )
     )
 )
-def test_corrected_loss_is_the_share_weighted_mean_over_buckets_seen(case):
+def test_corrected_loss_of_constant_buckets_is_their_share_weighted_mean(case):
     shares, level, order = case
     log = StepLogger(None, bucket_shares=shares)
     for step, b in enumerate(order):
         rec = log.log_step(step, losses=[level[b]], real_tokens=[7], buckets=[b])
     log.close()
-    seen = sorted(set(order))
-    expected = sum(shares[b] * level[b] for b in seen) / sum(shares[b] for b in seen)
+    seen = sorted(set(order[:-1]))
+    if order[-1] in seen:  # the last step's bucket is known from earlier steps
+        expected = sum(shares[b] * level[b] for b in seen) / sum(shares[b] for b in seen)
+    else:  # a bucket never seen before has no known offset
+        expected = level[order[-1]]
     assert rec["corrected_loss"] == pytest.approx(expected)
 
 
-def test_corrected_loss_is_smooth_when_single_bucket_steps_make_raw_loss_jump():
-    rng = np.random.default_rng(0)
+def _single_bucket_run(band: np.ndarray, seed: int, steps: int = 1200):
+    """Steps of one random bucket each; returns raw, corrected and per-step sampling noise."""
+    rng = np.random.default_rng(seed)
     shares = np.array([0.5, 0.3, 0.2])
-    band = np.array([0.0, 1.0, 2.0])  # longer buckets sit in higher loss bands
-    log = StepLogger(None, bucket_shares=shares, window=20)
-    raw, corrected, truth = [], [], []
-    for t in range(800):
+    log = StepLogger(None, bucket_shares=shares, window=50)
+    raw, corrected, noise = [], [], []
+    for t in range(steps):
         trend = 2.0 + 3.0 * np.exp(-t / 300)
-        b = int(rng.choice(3, p=shares))  # every micro-batch of the step from one bucket
+        b = int(rng.choice(3, p=shares))
         tokens = rng.integers(50, 200, size=4)
-        losses = trend + band[b] + rng.normal(0.0, 0.05, size=4)
-        rec = log.log_step(t, losses=list(losses), real_tokens=list(tokens), buckets=[b] * 4)
+        draw = rng.normal(0.0, 0.05, size=4)
+        rec = log.log_step(t, losses=list(trend + band[b] + draw), real_tokens=list(tokens),
+                           buckets=[b] * 4)
         raw.append(rec["loss"])
         corrected.append(rec["corrected_loss"])
-        truth.append(trend + shares @ band)
+        noise.append(float(np.average(draw, weights=tokens)))
     log.close()
-    stable = slice(150, None)
-    raw_r = roughness(raw[stable])
-    corrected_r = roughness(corrected[stable])
-    assert raw_r > 0.5  # the raw loss really jumps between bands
-    assert corrected_r < raw_r / 20
-    error = np.abs(np.array(corrected) - np.array(truth))[stable]
-    assert error.mean() < 0.1 < np.abs(np.array(raw) - np.array(truth))[stable].mean()
+    return np.array(raw), np.array(corrected), np.array(noise)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_corrected_loss_keeps_the_noise_when_buckets_do_not_differ(seed):
+    raw, corrected, _ = _single_bucket_run(np.zeros(3), seed)
+    stable = slice(200, None)
+    assert roughness(corrected[stable]) == pytest.approx(roughness(raw[stable]), rel=0.15)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_corrected_loss_falls_to_the_sampling_noise_when_buckets_differ(seed):
+    raw, corrected, noise = _single_bucket_run(np.array([0.0, 1.0, 2.0]), seed)
+    stable = slice(200, None)
+    assert roughness(raw[stable]) > 0.5  # the raw loss really jumps between bands
+    assert roughness(corrected[stable]) == pytest.approx(roughness(noise[stable]), rel=0.15)
 
 
 def test_without_shares_the_observed_token_shares_stand_in():
@@ -150,8 +165,9 @@ def test_without_shares_the_observed_token_shares_stand_in():
         b = step % 2
         log.log_step(step, losses=[1.0 if b == 0 else 3.0], real_tokens=[300 if b == 0 else 100],
                      buckets=[b])
-    rec = log.step(40)
+    rec = log.log_step(40, losses=[1.0], real_tokens=[300], buckets=[0])
     log.close()
+    # bucket 0 sits 0.5 below the observed-token-share mean 0.75 * 1 + 0.25 * 3
     assert rec["corrected_loss"] == pytest.approx(0.75 * 1.0 + 0.25 * 3.0)
 
 
@@ -523,3 +539,23 @@ def test_bucket_token_shares_of_a_real_epoch_plan():
         totals[b] = totals.get(b, 0.0) + float(plan.lengths[plan.batch(k)].sum())
     expected = {b: t / sum(totals.values()) for b, t in totals.items()}
     assert bucket_token_shares(plan) == pytest.approx(expected)
+
+
+def test_sample_weights_weight_the_per_sample_losses_without_changing_real_tokens():
+    from lengthwise.train import StepLogger
+
+    log = StepLogger(None)
+    losses = [1.0, 2.0, 4.0]
+    log.record_micro(loss=2.0, real_tokens=10, sample_losses=losses, sample_weights=[1, 1, 4])
+    weighted = log.step(0)
+    log.record_micro(loss=2.0, real_tokens=[1, 1, 4], sample_losses=losses)
+    by_tokens = log.step(1)
+    assert weighted["real_tokens"] == 10 and by_tokens["real_tokens"] == 6
+    assert weighted["loss_sample_std"] == pytest.approx(by_tokens["loss_sample_std"])
+    log.record_micro(loss=2.0, sample_losses=losses)
+    assert log.step(2)["loss_sample_std"] != pytest.approx(weighted["loss_sample_std"])
+    with pytest.raises(ValueError, match="sample_weights"):
+        log.record_micro(loss=1.0, sample_weights=[1.0])
+    with pytest.raises(ValueError, match="one per sample"):
+        log.record_micro(loss=1.0, sample_losses=[1.0, 2.0], sample_weights=[1.0])
+    log.close()

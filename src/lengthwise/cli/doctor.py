@@ -35,6 +35,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="last step of the stable region (default: the last finite loss)")
     p.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
                    help="checkpoint saves every N steps (when the log has no checkpoint events)")
+    p.add_argument("--steps-per-epoch", type=float, default=None, metavar="N",
+                   help="optimizer steps per epoch (default: from the logged `epoch` field); "
+                   "tests epoch boundaries and matches periods to epochs and mega-batches")
+    p.add_argument("--batch-size", type=int, default=None, metavar="B",
+                   help="samples per optimizer step (per device batch x gradient accumulation), "
+                   "for the mega-batch arithmetic of length-grouped sampling")
+    p.add_argument("--eval-every", type=float, default=None, metavar="N",
+                   help="evaluation every N steps (a period of that length is named)")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap/permutation tests")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--plot", default=None, metavar="OUT.png",
@@ -45,21 +53,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Diagnose each log and print the reports (text, or JSON with --json)."""
-    from lengthwise.doctor import PlotUnavailableError, diagnose
-    from lengthwise.doctor.report import _finite
+    from lengthwise.doctor import LogError, LogNotFoundError, PlotUnavailableError, diagnose
+    from lengthwise.doctor.numbers import json_ready
     from lengthwise.doctor.text import render_comparison, render_text
 
     reports = {}
     for log in args.logs:
-        reports[log] = diagnose(
-            log,
-            step_key=args.step_key,
-            loss_key=args.loss_key,
-            start=args.start,
-            end=args.end,
-            checkpoint_every=args.checkpoint_every,
-            seed=args.seed,
-        )
+        try:
+            reports[log] = diagnose(
+                log,
+                step_key=args.step_key,
+                loss_key=args.loss_key,
+                start=args.start,
+                end=args.end,
+                checkpoint_every=args.checkpoint_every,
+                steps_per_epoch=args.steps_per_epoch,
+                batch_size=args.batch_size,
+                eval_every=args.eval_every,
+                seed=args.seed,
+            )
+        except (LogError, LogNotFoundError, ValueError, OSError) as exc:
+            print(f"lengthwise doctor: error: {_one_line(exc)}", file=sys.stderr)
+            return 2
     if args.plot:
         from lengthwise.doctor.plot import plot_reports
 
@@ -73,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
             payload = next(iter(reports.values())).to_dict()
         else:
             payload = {"runs": {name: r.to_dict() for name, r in reports.items()}}
-        print(json.dumps(_finite(payload), indent=2))
+        print(json.dumps(json_ready(payload), indent=2))
     else:
         texts = [render_text(r) for r in reports.values()]
         if len(reports) > 1:
@@ -83,3 +98,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         print(f"plot written to {args.plot}", file=sys.stderr)
     return 0
+
+
+def _one_line(exc: BaseException) -> str:
+    """The error message on one line (user errors print no traceback)."""
+    return " ".join(str(exc).split()) or type(exc).__name__

@@ -182,8 +182,11 @@ def load_corpus(data: str | Path | None = None, *, cache_dir: str | Path | None 
 
     Example::
 
-        >>> len(load_corpus()) > 10_000
-        True
+        >>> import tempfile, pathlib
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "mine.jsonl"
+        >>> _ = p.write_text('{"text": "one"}\\n{"text": "two"}\\n')
+        >>> load_corpus(p)
+        ['one', 'two']
     """
     if data is not None:
         return load_texts(data)

@@ -57,7 +57,6 @@ class LMTask:
         self.device = torch.device(device)
         self.amp = amp
         self.max_len = max_len
-        self.want_sample_losses = True
 
     def prepare(self, batch: dict[str, Any], rows: list[list[int]], step: int) -> dict[str, Any]:
         if "attention_mask" in batch:
@@ -71,16 +70,18 @@ class LMTask:
 
     def forward(self, net: Any, prepared: dict[str, Any]) -> MicroOut:
         ce, predicted = token_losses(net, prepared, self.device, self.amp)
-        samples = (_sample_means(ce.detach(), predicted, prepared)
-                   if self.want_sample_losses else None)
-        return MicroOut(loss=ce.sum(), norm=self.normaliser(prepared), sample_losses=samples)
+        means, counts = _sample_means(ce.detach(), predicted, prepared)
+        return MicroOut(loss=ce.sum(), norm=self.normaliser(prepared), sample_losses=means,
+                        sample_weights=counts)
 
     def step_fields(self, stats: dict[str, float]) -> dict[str, Any]:
         return {}
 
 
-def _sample_means(ce: Any, predicted: Any, prepared: dict[str, Any]) -> list[float]:
-    """Mean loss of each sample of the micro-batch (samples with no predicted token left out)."""
+def _sample_means(ce: Any, predicted: Any, prepared: dict[str, Any],
+                  ) -> tuple[list[float], list[float]]:
+    """Mean loss and predicted tokens of each sample of the micro-batch (samples with no
+    predicted token left out)."""
     loss = ce.cpu().numpy()
     mask = predicted.cpu().numpy()
     if "position_ids" not in prepared:
@@ -90,10 +91,11 @@ def _sample_means(ce: Any, predicted: Any, prepared: dict[str, Any]) -> list[flo
         seg = np.cumsum(starts.reshape(-1)).reshape(starts.shape)[:, 1:] - 1
     seg = seg[mask]
     if seg.size == 0:
-        return []
+        return [], []
     sums = np.bincount(seg, weights=loss[mask])
     counts = np.bincount(seg)
-    return [float(s / c) for s, c in zip(sums, counts, strict=True) if c > 0]
+    kept = counts > 0
+    return (sums[kept] / counts[kept]).tolist(), counts[kept].astype(float).tolist()
 
 
 def evaluate(model: Any, samples: list[np.ndarray], *, max_tokens: int, device: Any,

@@ -20,7 +20,6 @@ gradients over ranks.
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +43,7 @@ class MicroOut:
     norm: float  # this micro-batch's share of the step's normaliser
     stats: dict[str, float] = field(default_factory=dict)  # sums reduced over the step
     sample_losses: list[float] | None = None  # mean loss of each sample
+    sample_weights: list[float] | None = None  # each sample's share of the loss normaliser
 
 
 class Task(Protocol):
@@ -117,12 +117,6 @@ class StepBatches:
             self._it = iter(self.sampler)
         raise ValueError(f"an epoch has fewer than grad_accum={self.grad_accum} micro-batches "
                            "per rank; use more data, a smaller max_tokens or a smaller grad_accum")
-
-
-def _passes_sample_losses() -> bool:
-    from lengthwise.train import StepLogger
-
-    return "sample_losses" in inspect.signature(StepLogger.record_micro).parameters
 
 
 class TrainLoop:
@@ -199,8 +193,6 @@ class TrainLoop:
         self.checkpointer = (Checkpointer(ckpt_dir, keep=cfg.keep_checkpoints, logger=self.logger)
                              if cfg.checkpoint_every else None)
         self.batches = StepBatches(self.sampler, cfg.grad_accum)
-        self._sample_losses = _passes_sample_losses()
-        task.want_sample_losses = self._sample_losses  # skip computing what is not logged
 
     @property
     def done(self) -> bool:
@@ -234,8 +226,8 @@ class TrainLoop:
             loss_sum += value.double()
             for key, v in out.stats.items():
                 stats[key] = stats.get(key, 0.0) + float(v)
-            extra = ({"sample_losses": out.sample_losses}
-                     if self._sample_losses and out.sample_losses is not None else {})
+            extra = ({} if out.sample_losses is None else
+                     {"sample_losses": out.sample_losses, "sample_weights": out.sample_weights})
             bucket = batch.get("bucket", -1)
             self.logger.record_micro(loss=value / out.norm if out.norm > 0 else None,
                                      real_tokens=batch["real_tokens"],

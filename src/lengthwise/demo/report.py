@@ -79,11 +79,16 @@ def common_region(logs: dict[str, str | Path]) -> tuple[int, int]:
     return start, end
 
 
-def verdict_of(report: Any) -> str:
-    """The doctor's one-line verdict of a report (the one place the demo takes it from)."""
-    from lengthwise.doctor import one_line_verdict
+def verdict_of(path: str | Path) -> str:
+    """The doctor's verdict of a log, as ``lengthwise doctor LOG`` prints it.
 
-    return one_line_verdict(report)
+    The demo measures roughness over one region shared by every order; the verdict
+    (over the doctor's own stable region) comes from the doctor's one verdict
+    function, so it reads the same as the CLI's.
+    """
+    from lengthwise.doctor import verdict_for
+
+    return verdict_for(str(path)).summary
 
 
 def diagnose_runs(logs: dict[str, str | Path], *, region: tuple[int, int] | None = None,
@@ -99,13 +104,13 @@ def diagnose_runs(logs: dict[str, str | Path], *, region: tuple[int, int] | None
     out = {}
     for name, path in logs.items():
         report = diagnose(str(path), start=start, end=end)
-        noise = getattr(report, "noise", None)
+        noise = report.noise
         out[name] = {
             "loss_roughness": float(report.stats.loss_roughness),
             "corrected_roughness": report.stats.corrected_roughness,
-            "excess": getattr(noise, "excess", None),
-            "sampling_floor": getattr(noise, "sampling_floor", None),
-            "verdict": verdict_of(report),
+            "excess": noise.excess if noise is not None else None,
+            "sampling_floor": noise.sampling_floor if noise is not None else None,
+            "verdict": verdict_of(path),
             "stable_region": [start, end],
             "bands": getattr(report.bands, "count", None),
         }

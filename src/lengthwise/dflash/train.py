@@ -76,7 +76,6 @@ class DFlashTask:
         self.cfg = cfg
         self.amp = amp
         self.capacity = cfg.max_len if order == PACKED else None
-        self.want_sample_losses = True
 
     def prepare(self, batch: dict[str, Any], rows: list[list[int]], step: int) -> Any:
         from lengthwise.dflash.blocks import make_blocks
@@ -99,8 +98,9 @@ class DFlashTask:
         for k in range(1, self.model.config.block_size):
             stats[f"slot{k:02d}_correct"] = int(s.slot_correct[k])
             stats[f"slot{k:02d}_count"] = int(s.slot_count[k])
-        samples = _sample_losses(s.block_ce, b) if self.want_sample_losses else None
-        return MicroOut(loss=s.weighted, norm=s.weight, stats=stats, sample_losses=samples)
+        means, weights = _sample_losses(s.block_ce, b)
+        return MicroOut(loss=s.weighted, norm=s.weight, stats=stats, sample_losses=means,
+                        sample_weights=weights)
 
     def step_fields(self, stats: dict[str, float]) -> dict[str, Any]:
         count = stats.get("count", 0.0)
@@ -111,15 +111,15 @@ class DFlashTask:
         return out
 
 
-def _sample_losses(block_ce: Any, blocks: Any) -> list[float]:
-    """Weighted mean loss of each sample's blocks."""
+def _sample_losses(block_ce: Any, blocks: Any) -> tuple[list[float], list[float]]:
+    """Weighted mean loss of each sample's blocks, and each sample's total weight."""
     ids = blocks.sample_ids.cpu().numpy().reshape(-1)
     ce = block_ce.float().cpu().numpy().reshape(-1)
     w = blocks.weights.sum(dim=-1).float().cpu().numpy().reshape(-1)
     keep = (ids >= 0) & (w > 0)
     if not keep.any():
-        return []
+        return [], []
     uniq, inv = np.unique(ids[keep], return_inverse=True)
     sums = np.bincount(inv, weights=ce[keep])
     weights = np.bincount(inv, weights=w[keep])
-    return [float(s / x) for s, x in zip(sums, weights, strict=True)]
+    return (sums / weights).tolist(), weights.tolist()

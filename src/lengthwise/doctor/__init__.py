@@ -4,22 +4,27 @@ Reads a training log (JSON lines, ``.gz``, CSV, TensorBoard), finds the stable
 region, and tests for bands (multimodal per-step loss), periodicity, cliffs
 and their alignment with checkpoints; it attributes the noise to batch
 composition when a bucket or length field is logged, and ranks likely causes
-with a prescription for each. NumPy only; matplotlib is imported for plots.
+with a prescription for each, and splits the step-to-step variance into
+sampling noise, composition, schedule and the rest (``noise``). NumPy only;
+matplotlib is imported for plots.
 
 Example::
 
-    >>> from lengthwise.doctor import diagnose, one_line_verdict
+    >>> from lengthwise.doctor import diagnose, verdict_for
     >>> from lengthwise.doctor.simulate import simulate_run
-    >>> report = diagnose(simulate_run("bucketed", steps=2000, seed=0).records)
+    >>> records = simulate_run("bucketed", steps=2000, seed=0).records
+    >>> report = diagnose(records)
     >>> report.bands.count, report.attribution.bucket_r2 > 0.5
     (3, True)
-    >>> one_line_verdict(report).startswith("3 loss bands")
+    >>> report.verdict.summary.startswith("3 loss bands")
+    True
+    >>> verdict_for(records) == report.verdict
     True
 """
 
 from __future__ import annotations
 
-from lengthwise.doctor.api import diagnose, load
+from lengthwise.doctor.api import diagnose, load, verdict_for
 from lengthwise.doctor.errors import (
     EmptyLogError,
     LogError,
@@ -27,18 +32,23 @@ from lengthwise.doctor.errors import (
     PlotUnavailableError,
     UnreadableLogError,
 )
+from lengthwise.doctor.noise import Noise
 from lengthwise.doctor.readers import read_log, read_records
-from lengthwise.doctor.report import REPORT_KEYS, Report
+from lengthwise.doctor.report import REPORT_KEYS, Cause, Report, Verdict
 from lengthwise.doctor.runlog import RunLog
 from lengthwise.doctor.verdict import one_line_verdict
 
 __all__ = [
     "diagnose",
+    "verdict_for",
     "load",
     "one_line_verdict",
     "read_log",
     "read_records",
     "Report",
+    "Verdict",
+    "Cause",
+    "Noise",
     "REPORT_KEYS",
     "RunLog",
     "LogError",

@@ -1,11 +1,15 @@
 """``diagnose``: read a log and run every analysis, returning a :class:`Report`.
 
+Each finding is built once, complete, in the order the analyses need each other:
+phases -> cliffs -> statistics, bands, periodicity, checkpoints, epoch
+boundaries -> attribution -> noise budget -> verdict.
+
 Example::
 
-    >>> from lengthwise.doctor import diagnose, one_line_verdict
+    >>> from lengthwise.doctor import diagnose
     >>> from lengthwise.doctor.simulate import simulate_run
-    >>> run = simulate_run("stratified", steps=1500, seed=0)
-    >>> one_line_verdict(diagnose(run.records)).startswith("clean")
+    >>> run = simulate_run("stratified", steps=1500, seed=0, length_effect=0.0)
+    >>> diagnose(run.records).verdict.clean
     True
 """
 
@@ -14,23 +18,33 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from lengthwise.doctor.attribution import TO_LOG, Attribution, attribute, composition
-from lengthwise.doctor.bands import find_bands
-from lengthwise.doctor.checkpoints import associate, near_checkpoint, throughput_ratio
-from lengthwise.doctor.cliffs import find_cliffs
+from lengthwise.doctor.attribution import Attribution, attribute, composition
+from lengthwise.doctor.bands import band_residual, find_bands
+from lengthwise.doctor.checkpoints import (
+    CheckpointAssociation,
+    associate,
+    checkpoint_window,
+    throughput_ratio,
+)
+from lengthwise.doctor.cliffs import Cliff, CliffContext, find_cliffs
+from lengthwise.doctor.context import RunContext, run_context
+from lengthwise.doctor.epochs import EpochBoundaries, epoch_boundaries, staircase_starts
 from lengthwise.doctor.errors import EmptyLogError
-from lengthwise.doctor.periodicity import MIN_POINTS, detrend_window, find_periodicity
-from lengthwise.doctor.phases import find_phases
+from lengthwise.doctor.mechanisms import match_period
+from lengthwise.doctor.noise import noise_budget
+from lengthwise.doctor.periodicity import Periodicity, periodicity_of
+from lengthwise.doctor.phases import Phases, find_phases
 from lengthwise.doctor.readers import read_log, read_records
-from lengthwise.doctor.report import Report, Series
+from lengthwise.doctor.report import Findings, Report, Series
 from lengthwise.doctor.runlog import RunLog
 from lengthwise.doctor.smoothing import rolling_mean
 from lengthwise.doctor.stats import nonfinite_losses, roughness_residual, stable_stats
-from lengthwise.doctor.verdict import build_verdict
+from lengthwise.doctor.verdict import Verdict, build_verdict
 
 Source = str | os.PathLike[str] | Iterable[Mapping[str, Any]] | RunLog
 
@@ -74,6 +88,9 @@ def diagnose(
     end: float | None = None,
     checkpoint_every: int | None = None,
     checkpoints: Sequence[float] | None = None,
+    steps_per_epoch: float | None = None,
+    batch_size: int | None = None,
+    eval_every: float | None = None,
     seed: int = 0,
 ) -> Report:
     """Diagnose one training log.
@@ -81,12 +98,58 @@ def diagnose(
     ``source`` is a log path (JSONL, ``.gz``, CSV, TensorBoard file or directory),
     an in-memory list of row dicts, or a :class:`RunLog`. ``start``/``end`` fix
     the stable region (steps, inclusive); ``checkpoint_every`` or ``checkpoints``
-    give checkpoint steps when the log has no checkpoint events. ``seed`` makes
+    give checkpoint steps when the log has no checkpoint events;
+    ``steps_per_epoch``, ``batch_size`` (samples per optimizer step) and
+    ``eval_every`` are the lengths a period is matched against. ``seed`` makes
     the bootstrap and permutation tests reproducible.
     """
     log = load(source, step_key=step_key, loss_key=loss_key)
     rng = np.random.default_rng(seed)
     nonfinite = nonfinite_losses(log.step, log.loss)
+    s, y, cols, buckets = _finite_rows(log)
+    phases = find_phases(s, y, lr=cols.get("lr"), start=start, end=end)
+    region = (s >= phases.start) & (s <= phases.end)
+    search = (s >= _cliff_start(s, phases)) & (s <= phases.end)
+    ck, ck_source = checkpoint_steps(log, every=checkpoint_every, steps=checkpoints)
+    ctx = run_context(s, cols, interval=log.step_interval, steps_per_epoch=steps_per_epoch,
+                      batch_size=batch_size, checkpoint_every=checkpoint_every,
+                      checkpoint_steps=ck, checkpoint_source=ck_source, eval_every=eval_every)
+    window = checkpoint_window(log.step_interval)
+    warm = phases.warmup_end if phases.warmup_source == "lr" else None
+    cliff_ctx = CliffContext(checkpoints=ck, window=window, buckets=buckets,
+                             phase_bounds=(warm, phases.start))
+    cliffs, cmask, noise_scale = find_cliffs(s, y, region, search=search | region,
+                                             context=cliff_ctx)
+    use = region & ~cmask
+    if not use.any():
+        raise EmptyLogError(f"{log.source}: the stable region holds only cliff steps")
+    stats = stable_stats(y, region, cmask, corrected=cols.get("corrected_loss"),
+                         noise_scale=noise_scale, nonfinite=nonfinite)
+    resid = roughness_residual(y, cmask)
+    bands = find_bands(band_residual(y, cmask, int(use.sum()))[use], level=stats.mean, rng=rng)
+    periodicity = _periodicity(s, y, region, cmask, log.step_interval)
+    analysed = search | region
+    assoc = _association(log, s, cols, analysed, cliffs, (ck, ck_source), checkpoint_every)
+    keep = ~cmask & (s >= _cliff_start(s, phases))
+    ctx, epochs = _epochs(s[keep], y[keep], periodicity, ctx, rng)
+    structure = (bands.count or 0) > 1 or periodicity.period is not None
+    attribution = _attribution(resid, y, use, buckets, cols, rng, structure,
+                               log.bucket_loss)
+    noise = _noise(resid, use, cols, attribution)
+    findings = Findings(
+        source=log.source, input=log.input, context=ctx, phases=phases, stats=stats,
+        bands=bands, periodicity=periodicity, cliffs=cliffs, checkpoint_association=assoc,
+        epochs=epochs, attribution=attribution, noise=noise,
+    )
+    return Report(**{k: getattr(findings, k) for k in Findings.__dataclass_fields__},
+                  verdict=build_verdict(findings),
+                  series=_series(s, y, region, cmask, buckets, ck))
+
+
+def _finite_rows(
+    log: RunLog,
+) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], list[Any] | None]:
+    """Steps, losses, columns and buckets of the rows whose loss is finite."""
     fin = np.isfinite(log.loss)
     if not fin.any():
         raise EmptyLogError(f"{log.source}: all {log.loss.size} loss values are NaN or inf")
@@ -95,68 +158,70 @@ def diagnose(
     buckets = None
     if log.buckets is not None:
         buckets = [b for b, f in zip(log.buckets, fin.tolist(), strict=True) if f]
-    phases = find_phases(s, y, lr=cols.get("lr"), start=start, end=end)
-    region = (s >= phases.start) & (s <= phases.end)
-    search = (s >= _cliff_start(s, phases)) & (s <= phases.end)
-    cliffs, cmask, noise = find_cliffs(s, y, region, search=search | region)
-    use = region & ~cmask
-    if not use.any():
-        raise EmptyLogError(f"{log.source}: the stable region holds only cliff steps")
-    phases.points = int(use.sum())
-    phases.cliff_points = int((cmask & region).sum())
-    stats = stable_stats(y, region, cmask, corrected=cols.get("corrected_loss"),
-                         noise_scale=noise)
-    stats.nonfinite = nonfinite
-    resid = roughness_residual(y, cmask)
-    bands = find_bands(resid[use], level=stats.mean, rng=rng)
-    periodicity = _periodicity(s, y, region, cmask, log.step_interval)
-    ck, ck_source = checkpoint_steps(log, every=checkpoint_every, steps=checkpoints)
-    log.input.checkpoint_source = ck_source
-    assoc = associate(s[search | region], [c.step for c in cliffs], ck,
-                      interval=log.step_interval, source=ck_source)
-    if ck.size:
-        near = near_checkpoint(np.array([c.step for c in cliffs]), ck,
-                               float(-assoc.window[0]), float(assoc.window[1]))
-        for c, flag in zip(cliffs, near.tolist(), strict=True):
-            c.at_checkpoint = bool(flag)
-        if log.checkpoint_seconds.size:
-            assoc.save_seconds_mean = float(np.mean(log.checkpoint_seconds))
-        if "tokens_per_second" in cols:
-            assoc.throughput_ratio = throughput_ratio(s, cols["tokens_per_second"], ck,
-                                                      log.step_interval)
-    attribution = _attribution(resid, y, use, buckets, cols, rng)
-    if buckets is not None:
-        index = {float(v): i for i, v in enumerate(s)}
-        for c in cliffs:
-            label = buckets[index[c.step]]
-            c.bucket = list(label) if isinstance(label, tuple) else label
-    if attribution.bucket_field is None and attribution.length_field is None and (
-        (bands.count or 0) > 1 or periodicity.period is not None
-    ):
-        attribution.likely_cause = (
-            "batch composition: which length bucket each step's batch came from, "
-            "or how long its sequences were"
-        )
-        attribution.to_log = list(TO_LOG)
-    attribution.logged_bucket_loss = log.bucket_loss
-    report = Report(
-        source=log.source,
-        input=log.input,
-        phases=phases,
-        stats=stats,
-        bands=bands,
-        periodicity=periodicity,
-        cliffs=cliffs,
-        checkpoint_association=assoc,
-        attribution=attribution,
-    )
-    report.verdict = build_verdict(report)
-    report.series = _series(s, y, region, cmask, buckets)
-    report.series.checkpoints = ck
-    return report
+    return s, y, cols, buckets
 
 
-def _cliff_start(s: np.ndarray, phases: Any) -> float:
+def _association(
+    log: RunLog,
+    s: np.ndarray,
+    cols: dict[str, np.ndarray],
+    analysed: np.ndarray,
+    cliffs: list[Cliff],
+    checkpoints: tuple[np.ndarray, str | None],
+    checkpoint_every: int | None,
+) -> CheckpointAssociation:
+    """Whether the cliffs start at checkpoints, with the throughput dip and save time."""
+    ck, ck_source = checkpoints
+    tput = None
+    if ck.size and "tokens_per_second" in cols:
+        tput = throughput_ratio(s, cols["tokens_per_second"], ck, log.step_interval)
+    return associate(s[analysed], [c.step for c in cliffs], ck, interval=log.step_interval,
+                     source=ck_source, every=checkpoint_every, throughput_ratio=tput,
+                     save_seconds_mean=float(np.mean(log.checkpoint_seconds))
+                     if ck.size and log.checkpoint_seconds.size else None)
+
+
+def _epochs(
+    s: np.ndarray, y: np.ndarray, per: Periodicity, ctx: RunContext, rng: np.random.Generator,
+) -> tuple[RunContext, EpochBoundaries]:
+    """Epoch boundaries from the context, else from an unexplained period's staircase."""
+    epochs = epoch_boundaries(s, y, ctx.epoch_starts, source=ctx.steps_per_epoch_source, rng=rng)
+    if ctx.steps_per_epoch is None and per.period is not None and match_period(
+        per.period, ctx
+    ).mechanism is None:
+        ctx, epochs = _staircase(s, y, per, ctx, epochs, rng)
+    return ctx, epochs
+
+
+def _staircase(
+    s: np.ndarray, y: np.ndarray, per: Periodicity, ctx: RunContext, epochs: EpochBoundaries,
+    rng: np.random.Generator,
+) -> tuple[RunContext, EpochBoundaries]:
+    """An unexplained period that is a regular staircase: epochs of that length, if it tests so."""
+    starts = staircase_starts(s, y, int(round(per.period_points or 0)))
+    if not starts:
+        return ctx, epochs
+    source = f"a regular staircase every {per.period:g} steps"
+    found = epoch_boundaries(s, y, starts, source=source, rng=rng)
+    if not found.found:
+        return ctx, epochs
+    return replace(ctx, steps_per_epoch=float(per.period or 0), steps_per_epoch_source=source,
+                   epoch_starts=starts), found
+
+
+def verdict_for(source: Source, **options: Any) -> Verdict:
+    """The verdict of one log: ``diagnose(source, **options).verdict``.
+
+    The one verdict the command line, the demo and the API show.
+
+    >>> from lengthwise.doctor.simulate import simulate_run
+    >>> verdict_for(simulate_run("bucketed", steps=1500).records).clean
+    False
+    """
+    return diagnose(source, **options).verdict
+
+
+def _cliff_start(s: np.ndarray, phases: Phases) -> float:
     """Cliffs are looked for from the end of the lr warm-up (else after the first window)."""
     if phases.chosen_by == "user":
         return phases.start
@@ -167,23 +232,17 @@ def _cliff_start(s: np.ndarray, phases: Any) -> float:
 
 def _periodicity(
     s: np.ndarray, y: np.ndarray, region: np.ndarray, cmask: np.ndarray, interval: float
-) -> Any:
+) -> Periodicity:
     idx = np.flatnonzero(region)
-    window = detrend_window(idx.size)
-    trend = rolling_mean(y, window, valid=~cmask)
-    rw = (y - trend)[idx]
-    rw[cmask[idx] | ~np.isfinite(rw)] = 0.0
-    if int((region & ~cmask).sum()) < MIN_POINTS:
-        rw = rw[: (region & ~cmask).sum()]
-    result = find_periodicity(rw, interval=interval, max_period=window // 2, window=window)
     steps = s[idx]
+    note = ""
     if steps.size > 2:
         gaps = np.diff(steps)
         irregular = float(np.mean(np.abs(gaps - np.median(gaps)) > 1e-9))
         if irregular > 0.05:
-            result.note = (f"{irregular:.0%} of the step gaps differ from the median gap "
-                           f"{np.median(gaps):g}; periods assume even logging")
-    return result
+            note = (f"{irregular:.0%} of the step gaps differ from the median gap "
+                    f"{np.median(gaps):g}; periods assume even logging")
+    return periodicity_of(y[idx], cmask[idx], interval=interval, note=note)
 
 
 def _attribution(
@@ -193,16 +252,10 @@ def _attribution(
     buckets: list[Any] | None,
     cols: dict[str, np.ndarray],
     rng: np.random.Generator,
+    structure: bool,
+    bucket_loss: dict[str, float] | None,
 ) -> Attribution:
-    length, length_field = None, None
-    if "seq_len" in cols:
-        length, length_field = cols["seq_len"], "seq_len"
-    elif "real_tokens" in cols and "samples" in cols:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            length = cols["real_tokens"] / cols["samples"]
-        length_field = "real_tokens / samples"
-    elif "real_tokens" in cols:
-        length, length_field = cols["real_tokens"], "real_tokens"
+    length, length_field = _length(cols)
     sel_b = None
     if buckets is not None:
         sel_b = [b for b, u in zip(buckets, use.tolist(), strict=True) if u]
@@ -213,11 +266,46 @@ def _attribution(
         length=None if length is None else length[use],
         length_field=length_field,
         rng=rng,
+        structure_found=structure,
+        logged_bucket_loss=bucket_loss,
     )
 
 
+def _noise(resid: np.ndarray, use: np.ndarray, cols: dict[str, np.ndarray],
+           a: Attribution) -> Any:
+    # the bucket when it separates steps at all (else, e.g. stratified steps that all hold
+    # the same mix, the steps' mean length)
+    if a.bucket_r2 is not None and a.bucket_r2 > 0:
+        r2, groups, src = a.bucket_r2, a.bucket_groups, f"length bucket (`{a.bucket_field}`)"
+    else:
+        r2, groups, src = None, 1, None
+    length, length_src = _length(cols)
+    pick = {k: (cols[k][use] if k in cols else None)
+            for k in ("loss_sample_std", "loss_sample_neff", "samples", "lr")}
+    count = pick["loss_sample_neff"] if pick["loss_sample_neff"] is not None else pick["samples"]
+    return noise_budget(resid[use], loss_sample_std=pick["loss_sample_std"],
+                        samples=count, composition_r2=r2, composition_groups=groups,
+                        composition_source=src, lr=pick["lr"],
+                        length=None if length is None else length[use],
+                        length_source=None if length_src is None
+                        else f"sequence length (`{length_src}`)")
+
+
+def _length(cols: dict[str, np.ndarray]) -> tuple[np.ndarray | None, str | None]:
+    """Each step's mean sequence length and the field it came from (None: not logged)."""
+    if "seq_len" in cols:
+        return cols["seq_len"], "seq_len"
+    if "real_tokens" in cols and "samples" in cols:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return cols["real_tokens"] / cols["samples"], "real_tokens / samples"
+    if "real_tokens" in cols:
+        return cols["real_tokens"], "real_tokens"
+    return None, None
+
+
 def _series(
-    s: np.ndarray, y: np.ndarray, region: np.ndarray, cmask: np.ndarray, buckets: list[Any] | None
+    s: np.ndarray, y: np.ndarray, region: np.ndarray, cmask: np.ndarray,
+    buckets: list[Any] | None, checkpoints: np.ndarray,
 ) -> Series:
     trend = rolling_mean(y, 51, valid=~cmask)
     codes, names = None, []
@@ -227,4 +315,4 @@ def _series(
         if len(names) >= 2 and single.any():
             codes = np.where(single, np.argmax(shares, axis=1), -1)
     return Series(step=s, loss=y, trend=trend, region=region, cliff_mask=cmask,
-                  bucket_codes=codes, bucket_names=list(names))
+                  bucket_codes=codes, bucket_names=list(names), checkpoints=checkpoints)

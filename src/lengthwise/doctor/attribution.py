@@ -34,6 +34,8 @@ LENGTH_BINS = 10
 #: R-squared at or above which composition counts as a cause
 STRONG_R2 = 0.2
 ALPHA = 0.01
+#: a permutation p-value below this is reported in the verdict (as a weak cause when small)
+REPORT_ALPHA = 0.05
 
 TO_LOG = [
     "bucket: the length-bucket id of each step's batch (buckets: the ids of all its micro-batches)",
@@ -42,7 +44,7 @@ TO_LOG = [
 ]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Attribution:
     """How well bucket or length explains the detrended per-step loss."""
 
@@ -53,6 +55,8 @@ class Attribution:
     length_field: str | None = None
     length_r2: float | None = None
     length_p_value: float | None = None
+    bucket_groups: int = 0
+    length_groups: int = 0
     logged_bucket_loss: dict[str, float] | None = None
     likely_cause: str | None = None
     to_log: list[str] = field(default_factory=list)
@@ -182,46 +186,70 @@ def attribute(
     bucket_field: str = "bucket",
     length_field: str | None = None,
     rng: np.random.Generator | None = None,
+    structure_found: bool = False,
+    logged_bucket_loss: dict[str, float] | None = None,
 ) -> Attribution:
-    """Explain detrended per-step losses ``resid`` by bucket shares and/or length."""
+    """Explain detrended per-step losses ``resid`` by bucket shares and/or length.
+
+    ``structure_found`` (bands or a period) with neither field logged makes the
+    attribution name batch composition as the likely cause and list what to log.
+    """
     rng = np.random.default_rng(0) if rng is None else rng
-    out = Attribution()
+    fields: dict[str, Any] = {"logged_bucket_loss": logged_bucket_loss}
     if buckets is not None:
-        shares, ids, has = composition(buckets)
-        if has.sum() >= 10 and len(ids) >= 2:
-            y, s = resid[has], shares[has]
-            single = bool(np.all(s.max(axis=1) == 1.0))
-            sub = _subsample(y.size, rng)
-            ys, ss = y[sub], s[sub]
-            if single:
-                codes = np.argmax(s, axis=1)
-                r2 = eta_squared(y, codes)
-                cs = codes[sub]
-                p = _perm_p(eta_squared(ys, cs), ys, lambda v: eta_squared(v, cs), rng)
-            else:
-                r2 = r_squared(y, s)
-                p = _perm_p(r_squared(ys, ss), ys, lambda v: r_squared(v, ss), rng)
-            out.bucket_field = bucket_field
-            out.bucket_r2 = r2
-            out.bucket_p_value = p
-            out.per_bucket = _per_bucket(ids, s, y, loss[has])
-        elif has.sum():
-            out.bucket_field = bucket_field
-            out.note = "every step holds the same bucket: nothing to attribute"
+        fields.update(_bucket_fields(resid, loss, buckets, bucket_field, rng))
     if length is not None:
-        ok = np.isfinite(length) & (length > 0)
-        if ok.sum() >= 20 and np.unique(length[ok]).size >= 2:
-            y, v = resid[ok], length[ok]
-            edges = np.unique(np.quantile(v, np.linspace(0, 1, LENGTH_BINS + 1)[1:-1]))
-            codes = np.searchsorted(edges, v, side="right")
+        fields.update(_length_fields(resid, length, length_field, rng))
+    if structure_found and "bucket_r2" not in fields and "length_r2" not in fields:
+        fields.update(likely_cause=("batch composition: which length bucket each step's batch "
+                                    "came from, or how long its sequences were"),
+                      to_log=list(TO_LOG))
+    return Attribution(**fields)
+
+
+def _bucket_fields(
+    resid: np.ndarray, loss: np.ndarray, buckets: list[Any], bucket_field: str,
+    rng: np.random.Generator,
+) -> dict[str, Any]:
+    """The bucket part of an attribution: R^2 of the bucket shares, its p-value, per bucket."""
+    shares, ids, has = composition(buckets)
+    if has.sum() >= 10 and len(ids) >= 2:
+        y, s = resid[has], shares[has]
+        single = bool(np.all(s.max(axis=1) == 1.0))
+        sub = _subsample(y.size, rng)
+        ys, ss = y[sub], s[sub]
+        if single:
+            codes = np.argmax(s, axis=1)
             r2 = eta_squared(y, codes)
-            out.length_field = length_field
-            out.length_r2 = r2
-            sub = _subsample(y.size, rng)
-            ys, cs = y[sub], codes[sub]
-            out.length_p_value = _perm_p(eta_squared(ys, cs), ys,
-                                         lambda w: eta_squared(w, cs), rng)
-    return out
+            cs = codes[sub]
+            p = _perm_p(eta_squared(ys, cs), ys, lambda v: eta_squared(v, cs), rng)
+        else:
+            r2 = r_squared(y, s)
+            p = _perm_p(r_squared(ys, ss), ys, lambda v: r_squared(v, ss), rng)
+        return dict(bucket_field=bucket_field, bucket_r2=r2, bucket_p_value=p,
+                    bucket_groups=len(ids), per_bucket=_per_bucket(ids, s, y, loss[has]))
+    if has.sum():
+        return dict(bucket_field=bucket_field,
+                    note="every step holds the same bucket: nothing to attribute")
+    return {}
+
+
+def _length_fields(
+    resid: np.ndarray, length: np.ndarray, length_field: str | None, rng: np.random.Generator
+) -> dict[str, Any]:
+    """The length part of an attribution: eta^2 of length deciles and its p-value."""
+    ok = np.isfinite(length) & (length > 0)
+    if ok.sum() < 20 or np.unique(length[ok]).size < 2:
+        return {}
+    y, v = resid[ok], length[ok]
+    edges = np.unique(np.quantile(v, np.linspace(0, 1, LENGTH_BINS + 1)[1:-1]))
+    codes = np.searchsorted(edges, v, side="right")
+    sub = _subsample(y.size, rng)
+    ys, cs = y[sub], codes[sub]
+    return dict(length_field=length_field, length_r2=eta_squared(y, codes),
+                length_groups=int(edges.size + 1),
+                length_p_value=_perm_p(eta_squared(ys, cs), ys,
+                                       lambda w: eta_squared(w, cs), rng))
 
 
 def _per_bucket(

@@ -2,16 +2,17 @@
 
 The test is Silverman's critical-bandwidth test on the detrended loss (loss minus its
 centred rolling mean of 51 points, cliffs left out, the extreme 0.5 % on each side
-trimmed). For ``k = 1, 2, ...``: ``h_k`` is the smallest Gaussian kernel bandwidth whose
-density estimate has at most ``k`` modes; a smoothed bootstrap from that estimate
-(variance-corrected, ``B`` = 199 resamples) gives the p-value of "at most ``k`` modes"
-as the share of resamples that still show more than ``k`` modes at ``h_k``. The number
-of bands is the first ``k`` that is not rejected at ``alpha`` = 0.05 (the test is
-conservative: on unimodal normal, Student-t and log-normal noise it rejected in none of
-90 trials). Modes whose density is below 2 % of the highest are not counted, in the data
-and in the resamples alike, so single stray points do not make modes. Densities are
-computed on a 2,048-point grid by FFT convolution of linearly binned data, which makes
-the test fast.
+trimmed; thinned to about independent points when it is autocorrelated,
+:func:`decorrelating_stride`). For ``k = 1, 2, ...``: ``h_k`` is the smallest Gaussian
+kernel bandwidth whose density estimate has at most ``k`` modes; a smoothed bootstrap
+from that estimate (variance-corrected, ``B`` = 199 resamples) gives the p-value of "at
+most ``k`` modes" as the share of resamples that still show more than ``k`` modes at
+``h_k``. The number of bands is the first ``k`` that is not rejected at ``alpha`` = 0.05
+(the test is conservative: on unimodal normal, Student-t and log-normal noise it
+rejected in none of 90 trials). Modes whose density is below 2 % of the highest are not
+counted, in the data and in the resamples alike, so single stray points do not make
+modes. Densities are computed on a 2,048-point grid by FFT convolution of linearly
+binned data, which makes the test fast.
 
 As an effect-size check, bands must be separated by a clear valley (at most 80 % of the
 lower peak; two equal bands need about 3.1 widths between them) in the density estimate
@@ -27,7 +28,7 @@ Example::
 
     >>> import numpy as np
     >>> rng = np.random.default_rng(1)
-    >>> x = np.concatenate([rng.normal(m, 0.02, 600) for m in (-0.2, 0.0, 0.2)])
+    >>> x = rng.permutation(np.concatenate([rng.normal(m, 0.02, 600) for m in (-0.2, 0, 0.2)]))
     >>> b = find_bands(x, rng=np.random.default_rng(0))
     >>> b.count, [round(c, 2) + 0.0 for c in b.offsets]
     (3, [-0.2, 0.0, 0.2])
@@ -39,11 +40,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from lengthwise.doctor.detrend import local_linear, log_scale
+from lengthwise.doctor.smoothing import ROUGHNESS_WINDOW, odd
+
 ALPHA = 0.05
 BOOTSTRAP = 199
 GRID = 2048
 MAX_BANDS = 6
-MIN_POINTS = 100
+MIN_POINTS = 30
+#: a band holds at least this many points (fewer are outliers)
+MIN_BAND_POINTS = 5
 MAX_POINTS = 20_000
 TRIM = 0.005
 MODE_FLOOR = 0.02
@@ -239,6 +245,58 @@ def merge_peaks(f: np.ndarray, valley: float = 0.8, floor: float = 0.0) -> list[
     return peaks
 
 
+def band_residual(loss: np.ndarray, cliff_mask: np.ndarray, points: int) -> np.ndarray:
+    """The loss minus its trend: a local line on the log of the loss over 51 points.
+
+    Fewer points in short regions (half of them, at least 9). The line follows a fast
+    decay without lag, so the residual holds the bands, not the decay, in loss units.
+
+    >>> t = np.arange(300.0)
+    >>> float(np.abs(band_residual(3 * np.exp(-t / 30), np.zeros(300, bool), 300)).max()) < 1e-9
+    True
+    """
+    z, logscale = log_scale(loss)
+    window = min(ROUGHNESS_WINDOW, odd(max(points // 2, 9)))
+    trend = local_linear(z, window, valid=~cliff_mask)
+    return loss - np.exp(trend) if logscale else loss - trend
+
+
+def interleaved(x: np.ndarray, centres: np.ndarray, shares: np.ndarray) -> bool:
+    """Whether points of different modes alternate in time, as bands do.
+
+    Each point (in time order) goes to its nearest centre; bands switch between
+    modes about ``(n - 1)(1 - sum w^2)`` times, a level shift only a few times. True
+    when the switches reach a quarter of that.
+
+    >>> interleaved(np.tile([0.0, 1.0], 50), np.array([0.0, 1.0]), np.array([0.5, 0.5]))
+    True
+    >>> interleaved(np.repeat([0.0, 1.0], 50), np.array([0.0, 1.0]), np.array([0.5, 0.5]))
+    False
+    """
+    labels = np.argmin(np.abs(x[:, None] - centres[None, :]), axis=1)
+    switches = int(np.count_nonzero(np.diff(labels)))
+    expected = (x.size - 1) * (1.0 - float(np.sum(shares**2)))
+    return switches >= 0.25 * expected
+
+
+def decorrelating_stride(x: np.ndarray) -> int:
+    """Every how many points the detrended loss is about independent: ``(1 + r) / (1 - r)``.
+
+    ``r`` is the lag-1 autocorrelation (0 when negative or below 0.1). The
+    bootstrap of the test assumes independent points; autocorrelated ones are
+    thinned to this stride first, so that slow wander is not read as modes.
+
+    >>> decorrelating_stride(np.tile([1.0, -1.0], 50))
+    1
+    """
+    xc = x - x.mean()
+    den = float(xc @ xc)
+    r = float(xc[1:] @ xc[:-1]) / den if den > 0 else 0.0
+    if r < 0.1:
+        return 1
+    return int(round((1 + min(r, 0.95)) / (1 - min(r, 0.95))))
+
+
 def find_bands(
     resid: np.ndarray,
     *,
@@ -248,51 +306,20 @@ def find_bands(
 ) -> Bands:
     """Count the modes of detrended losses ``resid``; ``level`` turns offsets into centres."""
     rng = np.random.default_rng(0) if rng is None else rng
-    x = np.asarray(resid, dtype=np.float64)
-    x = x[np.isfinite(x)]
-    if x.size < MIN_POINTS:
-        return Bands(count=None, p_value=None, points=int(x.size),
-                     note=f"not tested: {x.size} points in the stable region (need {MIN_POINTS})")
-    if x.size > MAX_POINTS:
-        x = rng.choice(x, MAX_POINTS, replace=False)
-    lo_q, hi_q = np.quantile(x, [TRIM, 1.0 - TRIM])
-    x = x[(x >= lo_q) & (x <= hi_q)]
+    sample = _test_sample(resid, rng)
+    if isinstance(sample, Bands):
+        return sample
+    x, ordered, lo_q, hi_q = sample
     span = float(hi_q - lo_q)
     if span <= 0:
         return Bands(count=1, p_value=1.0, points=int(x.size), offsets=[float(x.mean())],
                      centres=[level + float(x.mean())], widths=[0.0], shares=[1.0],
                      note="the detrended loss is constant")
-    kde = _Kde(float(lo_q), float(hi_q))
+    kde = _Kde(lo_q, hi_q)
     spectrum = kde.binned(x)
-    p_values: list[float] = []
-    count, h_count = MAX_BANDS, None
-    for k in range(1, MAX_BANDS + 1):
-        h = critical_bandwidth(kde, spectrum, k, span)
-        p = silverman_p(x, kde, h, k, rng)
-        p_values.append(p)
-        if p >= alpha:
-            count, h_count = k, h
-            break
-    if h_count is None:
-        h_count = critical_bandwidth(kde, spectrum, count, span)
-    note = ""
-    starts = kde.g0 + kde.dx * kde.modes(spectrum, h_count)
-    if count > 1:
-        if starts.size != count:
-            starts = np.quantile(x, (np.arange(count) + 0.5) / count)
-        _, _, sd0, _ = fit_mixture(x, starts, h_count)
-        h_ref = REF_WIDTH * float(np.median(sd0))
-        f = kde.density(spectrum, max(h_ref, kde.dx))
-        peaks = merge_peaks(f, VALLEY, MODE_FLOOR)
-        if len(peaks) < count:
-            note = (f"the test rejects {count - 1} mode(s) (p={p_values[count - 2]:.3g}), but at "
-                    f"half the bands' width only {len(peaks)} mode(s) have a valley "
-                    f"{1 - VALLEY:.0%} deep: a flat-topped or skewed, not a banded, distribution")
-            count = max(1, len(peaks))
-            starts = kde.g0 + kde.dx * np.asarray(peaks, dtype=np.float64)
-    if starts.size != count:
-        starts = np.quantile(x, (np.arange(count) + 0.5) / count)
-    w, mu, sd, _ = fit_mixture(x, starts, h_count)
+    count, h_count, p_values = _silverman_count(x, kde, spectrum, span, alpha, rng)
+    count, starts, note = _valley_check(x, kde, spectrum, count, h_count, p_values)
+    count, (w, mu, sd), note = _fit_bands(x, ordered, count, starts, h_count, note)
     sep = None
     if count > 1:
         pooled = np.sqrt((sd[1:] ** 2 + sd[:-1] ** 2) / 2.0)
@@ -312,3 +339,95 @@ def find_bands(
         points=int(x.size),
         note=note,
     )
+
+
+def _fit_bands(
+    x: np.ndarray, ordered: np.ndarray, count: int, starts: np.ndarray, h_count: float,
+    note: str,
+) -> tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray], str]:
+    """Fit the mixture, dropping outlier modes and level shifts: count, (w, mu, sd), note."""
+    if starts.size != count:
+        starts = np.quantile(x, (np.arange(count) + 0.5) / count)
+    w, mu, sd, _ = fit_mixture(x, starts, h_count)
+    big = w * x.size >= MIN_BAND_POINTS
+    if count > 1 and not big.all():
+        note = (f"{int((~big).sum())} mode(s) of fewer than {MIN_BAND_POINTS} points left out: "
+                "outliers, not bands")
+        count = max(1, int(big.sum()))
+        w, mu, sd, _ = fit_mixture(x, mu[big] if big.any() else np.array([float(np.median(x))]),
+                                   h_count)
+    if count > 1 and not interleaved(ordered, mu, w):
+        note = (f"{count} modes, but each holds one stretch of the run rather than steps spread "
+                "over it: a level shift, not bands")
+        count = 1
+        w, mu, sd, _ = fit_mixture(x, np.array([float(np.median(x))]), float(np.std(x)))
+    return count, (w, mu, sd), note
+
+
+def _test_sample(
+    resid: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, float, float] | Bands:
+    """The points tested, thinned and trimmed, with the thinned run order and trim bounds.
+
+    Returns an untested :class:`Bands` when too few (independent) points are left.
+    """
+    x = np.asarray(resid, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    if x.size < MIN_POINTS:
+        return Bands(count=None, p_value=None, points=int(x.size),
+                     note=f"not tested: {x.size} points in the stable region (need {MIN_POINTS})")
+    stride = decorrelating_stride(x)
+    if stride > 1:
+        x = x[rng.integers(0, stride) :: stride]
+        if x.size < MIN_POINTS:
+            return Bands(count=None, p_value=None, points=int(x.size),
+                         note=f"not tested: {x.size} effectively independent points in the "
+                         f"stable region (autocorrelated; need {MIN_POINTS})")
+    ordered = x
+    if x.size > MAX_POINTS:
+        x = rng.choice(x, MAX_POINTS, replace=False)
+    lo_q, hi_q = np.quantile(x, [TRIM, 1.0 - TRIM])
+    x = x[(x >= lo_q) & (x <= hi_q)]
+    return x, ordered, float(lo_q), float(hi_q)
+
+
+def _silverman_count(
+    x: np.ndarray, kde: _Kde, spectrum: np.ndarray, span: float, alpha: float,
+    rng: np.random.Generator,
+) -> tuple[int, float, list[float]]:
+    """The first mode count not rejected, its critical bandwidth, and the p-values tested."""
+    p_values: list[float] = []
+    count, h_count = MAX_BANDS, None
+    for k in range(1, MAX_BANDS + 1):
+        h = critical_bandwidth(kde, spectrum, k, span)
+        p = silverman_p(x, kde, h, k, rng)
+        p_values.append(p)
+        if p >= alpha:
+            count, h_count = k, h
+            break
+    if h_count is None:
+        h_count = critical_bandwidth(kde, spectrum, count, span)
+    return count, h_count, p_values
+
+
+def _valley_check(
+    x: np.ndarray, kde: _Kde, spectrum: np.ndarray, count: int, h_count: float,
+    p_values: list[float],
+) -> tuple[int, np.ndarray, str]:
+    """Merge modes without a clear valley between them: the count, the modes and a note."""
+    note = ""
+    starts = kde.g0 + kde.dx * kde.modes(spectrum, h_count)
+    if count > 1:
+        if starts.size != count:
+            starts = np.quantile(x, (np.arange(count) + 0.5) / count)
+        _, _, sd0, _ = fit_mixture(x, starts, h_count)
+        h_ref = REF_WIDTH * float(np.median(sd0))
+        f = kde.density(spectrum, max(h_ref, kde.dx))
+        peaks = merge_peaks(f, VALLEY, MODE_FLOOR)
+        if len(peaks) < count:
+            note = (f"the test rejects {count - 1} mode(s) (p={p_values[count - 2]:.3g}), but at "
+                    f"half the bands' width only {len(peaks)} mode(s) have a valley "
+                    f"{1 - VALLEY:.0%} deep: a flat-topped or skewed, not a banded, distribution")
+            count = max(1, len(peaks))
+            starts = kde.g0 + kde.dx * np.asarray(peaks, dtype=np.float64)
+    return count, starts, note

@@ -30,7 +30,7 @@ import numpy as np
 ALPHA = 0.05
 
 
-@dataclass
+@dataclass(frozen=True)
 class CheckpointAssociation:
     """Result of testing whether cliffs start at checkpoint steps."""
 
@@ -87,6 +87,15 @@ def _lcomb(n: int, k: int) -> float:
     return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
 
 
+def checkpoint_window(interval: float) -> tuple[float, float]:
+    """``(before, after)``: a cliff within this many steps of a save is aligned with it.
+
+    >>> checkpoint_window(1.0), checkpoint_window(10.0)
+    ((1.0, 3.0), (10.0, 30.0))
+    """
+    return float(interval), float(max(3.0, 3.0 * interval))
+
+
 def near_checkpoint(
     steps: np.ndarray, checkpoints: np.ndarray, before: float, after: float
 ) -> np.ndarray:
@@ -107,10 +116,16 @@ def associate(
     interval: float,
     source: str | None = "events",
     alpha: float = ALPHA,
+    save_seconds_mean: float | None = None,
+    throughput_ratio: float | None = None,
+    every: float | None = None,
 ) -> CheckpointAssociation:
-    """Test cliff starts against checkpoint steps over the analysed ``region_steps``."""
-    before = float(interval)
-    after = float(max(3.0, 3.0 * interval))
+    """Test cliff starts against checkpoint steps over the analysed ``region_steps``.
+
+    ``every`` (a ``--checkpoint-every`` interval) only shapes the note when no save
+    falls inside the log.
+    """
+    before, after = checkpoint_window(interval)
     ck = np.asarray(checkpoints, dtype=np.float64)
     lo, hi = (float(region_steps[0]), float(region_steps[-1])) if region_steps.size else (0, 0)
     ck_in = ck[(ck >= lo - after) & (ck <= hi + before)]
@@ -119,12 +134,19 @@ def associate(
         "checkpoints": int(ck_in.size),
         "cliffs": int(cliffs.size),
         "window": (-before, after),
-        "source": source if ck.size else None,
+        "source": source if ck.size or every else None,
+        "save_seconds_mean": save_seconds_mean,
+        "throughput_ratio": throughput_ratio,
     }
     if ck.size == 0:
-        return CheckpointAssociation(None, None, aligned=0, expected_aligned=None,
-                                     note="no checkpoint steps known (log checkpoint events "
-                                     "or pass --checkpoint-every N)", **base)
+        if every is not None:
+            span = hi - lo
+            note = (f"--checkpoint-every {every:g} exceeds the {span:g} steps of the log: "
+                    "no save falls inside it, so spikes cannot be tested against saves")
+        else:
+            note = "no checkpoint steps known (log checkpoint events or pass --checkpoint-every N)"
+        return CheckpointAssociation(None, None, aligned=0, expected_aligned=None, note=note,
+                                     **base)
     if cliffs.size == 0:
         return CheckpointAssociation(None, None, aligned=0, expected_aligned=None,
                                      note="no cliffs to test", **base)

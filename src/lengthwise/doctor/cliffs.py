@@ -5,9 +5,12 @@ The running level is the lower of a centred and a trailing rolling median of 51 
 shift) stand out too. Thresholds are local, from blocks of at least 500 points, because
 the noise of a run changes as the loss falls: in each block a point is a cliff candidate
 when it exceeds the level by the smaller of 8 robust noise scales (1.4826 x MAD) and the
-upper fence ``q95 + 4 (q95 - q75)`` of the residuals (:func:`cliff_threshold`).
-Candidates within 2 points merge into one cliff, and the first 10 points of a log never
-start one.
+upper fence ``q95 + 4 (q95 - q75)`` of the residuals (:func:`cliff_threshold`). In
+stretches under 200 points the threshold is at least 6 scales (their quantiles are too
+uncertain for the fence alone). Residuals of exactly 0 are left out of these scales:
+where the loss falls steadily the running median is the loss itself, and those zeros
+would shrink them. Candidates within 2 points merge into one cliff, and the first 10
+points of a log never start one.
 
 A cliff's height is its peak loss minus the median of the 51 points before it. It has
 recovered at the first point after the peak that is back below that level plus the
@@ -28,14 +31,18 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from lengthwise.doctor.numbers import num
 from lengthwise.doctor.smoothing import ROUGHNESS_WINDOW, odd, robust_std, rolling_median
 
 #: a cliff rises this many noise scales above the running level
 CLIFF_Z = 8.0
+#: a stretch of fewer points than this has its threshold floored at SHORT_FLOOR_Z scales
+SHORT, SHORT_FLOOR_Z = 200, 6.0
 #: exceedances this many points apart or closer belong to one cliff
 MERGE_GAP = 2
 #: the upper fence: q95 + FENCE x (q95 - q75)
@@ -50,7 +57,31 @@ MIN_BEFORE = 10
 MAX_EXCLUDED = 500
 
 
-@dataclass
+@dataclass(frozen=True)
+class CliffContext:
+    """What a cliff is labelled with: nearby saves, its bucket, the phase of the run.
+
+    ``phase_bounds`` are ``(warm-up end, stable-region start)`` steps: a cliff before
+    the first is in ``"warm-up"``, before the second in ``"early"`` training, else
+    ``"stable"``.
+    """
+
+    checkpoints: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    window: tuple[float, float] = (0.0, 0.0)
+    buckets: list[Any] | None = None
+    phase_bounds: tuple[float | None, float | None] = (None, None)
+
+    def phase(self, step: float) -> str:
+        """``"warm-up"``, ``"early"`` or ``"stable"`` for a cliff starting at ``step``."""
+        warm, stable = self.phase_bounds
+        if warm is not None and step < warm:
+            return "warm-up"
+        if stable is not None and step < stable:
+            return "early"
+        return "stable"
+
+
+@dataclass(frozen=True)
 class Cliff:
     """One spike: where it started, how high it rose, how many steps it took to recover."""
 
@@ -63,17 +94,19 @@ class Cliff:
     z: float
     bucket: object = None
     at_checkpoint: bool | None = None
+    phase: str = "stable"
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready form: ``step``, ``height``, ``recovery_steps`` (null: never recovered)."""
         out: dict[str, object] = {
-            "step": _num(self.step),
+            "step": num(self.step),
             "height": round(float(self.height), 6),
-            "recovery_steps": _num(self.recovery_steps),
-            "peak_step": _num(self.peak_step),
+            "recovery_steps": num(self.recovery_steps),
+            "peak_step": num(self.peak_step),
             "recovery_points": self.recovery_points,
             "level": round(float(self.level), 6),
             "z": round(float(self.z), 2),
+            "phase": self.phase,
         }
         if self.at_checkpoint is not None:
             out["at_checkpoint"] = self.at_checkpoint
@@ -82,13 +115,10 @@ class Cliff:
         return out
 
 
-def _num(x: float | None) -> int | float | None:
-    if x is None:
-        return None
-    return int(x) if float(x).is_integer() else float(x)
 
-
-def cliff_threshold(resid: np.ndarray, noise: float, z: float = CLIFF_Z) -> float:
+def cliff_threshold(
+    resid: np.ndarray, noise: float, z: float = CLIFF_Z, floor: float = 0.0
+) -> float:
     """Height above the running level that makes a cliff, for one stretch of residuals.
 
     The upper fence ``q95 + FENCE x (q95 - q75)`` of the residuals, capped at
@@ -96,10 +126,12 @@ def cliff_threshold(resid: np.ndarray, noise: float, z: float = CLIFF_Z) -> floa
     5.5 scales; for banded losses (whose MAD the bands inflate) it sits just
     above the top band; for heavy-tailed noise it grows with the tail up to the
     cap, and the cap keeps a long excursion (which inflates the quantiles) a cliff.
+    It never falls below ``floor`` noise scales (used for short stretches, whose
+    quantiles are too uncertain to set the fence on their own).
     """
     q75, q95 = np.quantile(resid, [0.75, 0.95])
     fence = float(q95 + FENCE * (q95 - q75))
-    return float(min(z * noise, fence))
+    return float(max(min(z * noise, fence), floor * noise))
 
 
 def local_thresholds(
@@ -120,11 +152,13 @@ def local_thresholds(
     centres, values, upper = [], [], []
     for a, b in zip(bounds[:-1], bounds[1:], strict=True):
         r = resid[a:b]
+        if np.count_nonzero(r) >= 10:
+            r = r[r != 0]
         sigma = robust_std(r)
         if not np.isfinite(sigma) or sigma <= 0:
             sigma = float(np.std(r)) or 1e-12
         centres.append(0.5 * (a + b - 1))
-        values.append(cliff_threshold(r, sigma, z))
+        values.append(cliff_threshold(r, sigma, z, floor=SHORT_FLOOR_Z if r.size < SHORT else 0))
         upper.append(min(float(np.quantile(r, 0.9)), RECOVERY_Z * sigma))
     x = np.arange(n)
     return np.interp(x, centres, values), np.interp(x, centres, upper)
@@ -138,28 +172,26 @@ def find_cliffs(
     search: np.ndarray | None = None,
     z: float = CLIFF_Z,
     window: int = ROUGHNESS_WINDOW,
+    context: CliffContext | None = None,
 ) -> tuple[list[Cliff], np.ndarray, float]:
     """Cliffs of a finite loss series, with the noise scale measured over ``region``.
 
     Cliffs may start anywhere in ``search`` (default: ``region``), e.g. from the
     end of the learning-rate warm-up on. Returns the cliffs, a mask of the
-    points they cover (start to recovery) and the noise scale used.
+    points they cover (start to recovery) and the noise scale used. ``context``
+    labels each cliff (near a checkpoint, its bucket, its phase).
     """
+    ctx = CliffContext() if context is None else context
     search = region if search is None else search
     n = loss.size
     mask = np.zeros(n, dtype=bool)
     if n < 10 or region.sum() < 10:
         return [], mask, float("nan")
     window = min(window, odd(max(11, n // 6)))
-    centred = rolling_median(loss, window)
-    shift = window // 2 + 1
-    trailing = np.concatenate([centred[:shift], centred[:-shift]]) if n > shift else centred
-    level = np.minimum(centred, trailing)
+    level = _baseline(loss, window)
     resid = loss - level
     threshold, recover = local_thresholds(resid, z)
-    noise = robust_std(resid[region])
-    if not np.isfinite(noise) or noise <= 0:
-        noise = float(np.std(resid[region])) or 1e-12
+    noise = _noise_scale(resid[region])
     hits = np.flatnonzero(search & (resid > threshold))
     cliffs: list[Cliff] = []
     if hits.size == 0:
@@ -171,23 +203,18 @@ def find_cliffs(
             continue
         if a < MIN_BEFORE:
             continue
-        before = np.arange(max(0, a - window), a)
-        before = before[~mask[before]]
-        base = float(np.median(loss[before])) if before.size >= 5 else float(level[a])
+        base = _level_before(loss, level, mask, a, window)
         peak = a + int(np.argmax(loss[a : b + 1]))
         height = float(loss[peak] - base)
         if height <= threshold[a]:
             continue
-        after = np.flatnonzero(loss[peak + 1 :] - base < recover[a])
-        if after.size:
-            j = peak + 1 + int(after[0])
-            recovery: float | None = float(steps[j] - steps[peak])
-        else:
-            j = n
-            recovery = None
+        j, recovery = _recovery(steps, loss, peak, base, recover[a])
         mask[a : min(j, a + MAX_EXCLUDED)] = True
         cliffs.append(
             Cliff(
+                at_checkpoint=_near(float(steps[a]), ctx),
+                bucket=_bucket(ctx.buckets, a),
+                phase=ctx.phase(float(steps[a])),
                 step=float(steps[a]),
                 peak_step=float(steps[peak]),
                 height=height,
@@ -198,3 +225,59 @@ def find_cliffs(
             )
         )
     return cliffs, mask, noise
+
+
+def _baseline(loss: np.ndarray, window: int) -> np.ndarray:
+    """The loss level a spike rises from: the lower of the centred and trailing medians."""
+    n = loss.size
+    centred = rolling_median(loss, window)
+    shift = window // 2 + 1
+    trailing = np.concatenate([centred[:shift], centred[:-shift]]) if n > shift else centred
+    return np.minimum(centred, trailing)
+
+
+def _noise_scale(resid: np.ndarray) -> float:
+    """The robust standard deviation of the residuals (their plain one if that is zero)."""
+    noise = robust_std(resid)
+    if not np.isfinite(noise) or noise <= 0:
+        noise = float(np.std(resid)) or 1e-12
+    return noise
+
+
+def _level_before(
+    loss: np.ndarray, level: np.ndarray, mask: np.ndarray, a: int, window: int
+) -> float:
+    """The median loss of the window before point ``a``, outside earlier cliffs."""
+    before = np.arange(max(0, a - window), a)
+    before = before[~mask[before]]
+    return float(np.median(loss[before])) if before.size >= 5 else float(level[a])
+
+
+def _recovery(
+    steps: np.ndarray, loss: np.ndarray, peak: int, base: float, recover: float
+) -> tuple[int, float | None]:
+    """The first point after ``peak`` back within ``recover`` of ``base``, and the steps taken.
+
+    Without recovery the point is the end of the series and the steps are None.
+    """
+    after = np.flatnonzero(loss[peak + 1 :] - base < recover)
+    if after.size:
+        j = peak + 1 + int(after[0])
+        return j, float(steps[j] - steps[peak])
+    return loss.size, None
+
+
+def _near(step: float, ctx: CliffContext) -> bool | None:
+    """True when ``step`` lies within the checkpoint window of a save (None: no saves known)."""
+    if ctx.checkpoints.size == 0:
+        return None
+    before, after = ctx.window
+    ck = ctx.checkpoints
+    return bool(np.any((ck >= step - after) & (ck <= step + before)))
+
+
+def _bucket(buckets: list[Any] | None, i: int) -> object:
+    if buckets is None:
+        return None
+    label = buckets[i]
+    return list(label) if isinstance(label, tuple) else label

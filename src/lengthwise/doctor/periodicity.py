@@ -1,8 +1,10 @@
 """Periodicity of the detrended loss, and the run-length structure of low and high steps.
 
-The stable-region loss is detrended by a wide centred rolling mean (a quarter
-of the region, 101 to 2,001 points; cliff points are left out and read as 0).
-Its periodogram ``I_k`` is compared with a local noise floor (the running
+The stable-region loss is detrended by a local straight line on its log
+(:mod:`lengthwise.doctor.detrend`; a quarter of the region, 101 to 2,001
+points, half of it in short logs; cliff points are left out and read as 0).
+Logs of 30 to 511 points go to the fold test (:mod:`lengthwise.doctor.folding`).
+In longer ones the periodogram ``I_k`` is compared with a local noise floor (the running
 median of ``I`` over nearby frequencies, divided by ln 2, which is the median of
 an exponential): under noise ``I_k / floor_k`` is exponential with mean 1, so
 the largest ratio ``r`` over the ``q`` candidate frequencies has the p-value
@@ -10,7 +12,8 @@ the largest ratio ``r`` over the ``q`` candidate frequencies has the p-value
 follows the spectrum. A sawtooth puts power in harmonics; the fundamental is
 the lowest significant frequency of which the strongest peak is a multiple
 (up to the 12th harmonic).
-The period is refined at the highest autocorrelation within 20 % of ``n/k``.
+The period is refined at the highest autocorrelation within 20 % of ``n/k``,
+and it counts only when that autocorrelation clears its noise band ``2/sqrt(n)``.
 
 Runs: the signs of the detrended loss around its median form runs of high and
 low steps; the Wald-Wolfowitz runs test says whether they are longer (sorted
@@ -30,19 +33,28 @@ Example::
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from lengthwise.doctor.smoothing import odd
+from lengthwise.doctor.detrend import detrend_window, detrended
+from lengthwise.doctor.folding import fold_test
+from lengthwise.doctor.numbers import num
 
 ALPHA = 0.01
-MIN_POINTS = 128
+#: fewest points for any period test (a period of 4-7 points seen 4+ times)
+MIN_POINTS = 30
+#: below this many points the fold test (AR(1) surrogates) runs instead of the periodogram
+FOLD_BELOW = 512
 MIN_CYCLES = 4
 FLOOR_HALF_WIDTH = 25
 MAX_HARMONIC = 12
 FLOOR_NEIGHBOURS = 2 * FLOOR_HALF_WIDTH
 FLOOR_RANK = FLOOR_HALF_WIDTH
+
+
+def _num3(x: float | None) -> int | float | None:
+    return num(x, 3)
 
 
 @dataclass
@@ -72,7 +84,7 @@ class Runs:
         }
 
 
-@dataclass
+@dataclass(frozen=True)
 class Periodicity:
     """Dominant period of the detrended loss (``period`` in steps, None when none)."""
 
@@ -87,36 +99,26 @@ class Periodicity:
     window: int = 0
     points: int = 0
     acf: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
+    test: str = f"periodogram peak vs local noise floor, alpha={ALPHA}"
     note: str = ""
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready form (the ``periodicity`` key of the report)."""
         return {
-            "period": _num(self.period),
+            "period": _num3(self.period),
             "p_value": None if self.p_value is None else float(f"{self.p_value:.4g}"),
-            "period_points": _num(self.period_points),
+            "period_points": _num3(self.period_points),
             "power_share": None if self.power_share is None else round(self.power_share, 4),
             "acf_at_period": None if self.acf_at_period is None else round(self.acf_at_period, 4),
-            "best_period": _num(self.best_period),
+            "best_period": _num3(self.best_period),
             "candidates": self.candidates,
             "runs": None if self.runs is None else self.runs.to_dict(),
             "detrend_window": self.window,
             "points": self.points,
-            "test": f"periodogram peak vs local noise floor, alpha={ALPHA}",
+            "test": self.test,
             "note": self.note,
         }
 
-
-def _num(x: float | None) -> int | float | None:
-    if x is None:
-        return None
-    x = round(float(x), 3)
-    return int(x) if x.is_integer() else x
-
-
-def detrend_window(points: int) -> int:
-    """Rolling-mean window used to detrend for periodicity (odd, 101..2001)."""
-    return odd(min(max(101, points // 4), 2001))
 
 
 def autocorrelation(x: np.ndarray, max_lag: int) -> np.ndarray:
@@ -213,7 +215,7 @@ def find_periodicity(
     period_pts, acf_at = _refine(acf, n / fundamental)
     share = _harmonic_share(power, fundamental, k_lo, k_hi)
     candidates = _candidates(power, floor, ks, ratio, q, alpha, interval, n)
-    found = p_best < alpha
+    found = p_best < alpha and acf_holds(acf_at, n)
     return Periodicity(
         period=period_pts * interval if found else None,
         p_value=p_best,
@@ -226,6 +228,67 @@ def find_periodicity(
         window=window,
         points=n,
         acf=acf,
+    )
+
+
+def acf_holds(acf_at: float | None, n: int) -> bool:
+    """True when the autocorrelation at the period clears its 95 % noise band ``2 / sqrt(n)``."""
+    return acf_at is not None and acf_at > 2.0 / math.sqrt(max(n, 1))
+
+
+def periodicity_of(
+    loss: np.ndarray,
+    cliff_mask: np.ndarray,
+    *,
+    interval: float,
+    note: str = "",
+    rng: np.random.Generator | None = None,
+) -> Periodicity:
+    """Periodicity of a stable-region loss series (cliff points left out of the trend).
+
+    The loss is detrended by :func:`lengthwise.doctor.detrend.detrended` (a local
+    line on its log); up to ``FOLD_BELOW`` points the fold test with AR(1)
+    surrogates runs, above it the periodogram test. Either way a period counts
+    only when the autocorrelation at it clears ``2 / sqrt(n)`` too.
+    """
+    n = int((~cliff_mask).sum())
+    if n < MIN_POINTS:
+        why = f"not tested: {n} points in the stable region (need {MIN_POINTS})"
+        return Periodicity(period=None, p_value=None, points=n, note=why)
+    window = detrend_window(n)
+    rw = detrended(loss, window, valid=~cliff_mask)
+    if n >= FOLD_BELOW:
+        res = find_periodicity(rw, interval=interval, max_period=window // 2, window=window)
+        if note:
+            res = replace(res, note=note)
+        return res
+    return _fold_periodicity(rw, window, interval, note, rng)
+
+
+def _fold_periodicity(
+    rw: np.ndarray, window: int, interval: float, note: str, rng: np.random.Generator | None
+) -> Periodicity:
+    rng = np.random.default_rng(0) if rng is None else rng
+    n = rw.size
+    x = rw - rw.mean()
+    acf = autocorrelation(x, max(1, n // 2))
+    fold = fold_test(x, window=window, rng=rng, max_period=max(2, window // 2))
+    per = float(fold.period or 0)
+    acf_at = float(acf[int(per)]) if fold.period and int(per) < acf.size else None
+    found = fold.p_value < ALPHA and acf_holds(acf_at, n)
+    return Periodicity(
+        period=per * interval if found else None,
+        p_value=fold.p_value,
+        period_points=per if found else None,
+        power_share=fold.share if found else None,
+        acf_at_period=acf_at if found else None,
+        best_period=per * interval,
+        runs=runs_test(x),
+        window=window,
+        points=n,
+        acf=acf,
+        test=f"fold test vs AR(1) surrogates (max-T), alpha={ALPHA}",
+        note=note,
     )
 
 

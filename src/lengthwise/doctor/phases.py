@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lengthwise.doctor.numbers import num
 from lengthwise.doctor.smoothing import odd, robust_std, rolling_median
 
 #: the learning rate counts as warmed up at this fraction of its peak
@@ -41,7 +42,7 @@ KNEE_MIN_DROP_SIGMAS = 5.0
 MAX_KNEE_POINTS = 2000
 
 
-@dataclass
+@dataclass(frozen=True)
 class Phases:
     """Where warm-up ends and which steps form the stable region (inclusive)."""
 
@@ -52,28 +53,21 @@ class Phases:
     end: float
     chosen_by: str = "auto"
     points: int = 0
-    cliff_points: int = 0
     note: str = ""
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready form (the ``stable_region`` key of the report)."""
         return {
-            "start": _num(self.start),
-            "end": _num(self.end),
+            "start": num(self.start),
+            "end": num(self.end),
             "points": self.points,
-            "cliff_points_excluded": self.cliff_points,
             "chosen_by": self.chosen_by,
-            "warmup_end": _num(self.warmup_end),
+            "warmup_end": num(self.warmup_end),
             "warmup_source": self.warmup_source,
-            "settle_step": _num(self.settle_step),
+            "settle_step": num(self.settle_step),
             "note": self.note,
         }
 
-
-def _num(x: float | None) -> int | float | None:
-    if x is None:
-        return None
-    return int(x) if float(x).is_integer() else float(x)
 
 
 def warmup_from_lr(steps: np.ndarray, lr: np.ndarray) -> tuple[float | None, str]:
@@ -146,12 +140,12 @@ def find_phases(
         s0 = float(start) if start is not None else float(steps[0])
         s1 = float(end) if end is not None else float(steps[-1])
         if start is not None and end is not None and s1 < s0:
-            raise ValueError(f"--from {_num(s0)} is after --to {_num(s1)}")
+            raise ValueError(f"--from {num(s0)} is after --to {num(s1)}")
         inside = (steps >= s0) & (steps <= s1)
         if not inside.any():
             raise ValueError(
-                f"no logged step in the stable region {_num(s0)}..{_num(s1)} (--from/--to) "
-                f"(the log covers {_num(float(steps[0]))}..{_num(float(steps[-1]))})"
+                f"no logged step in the stable region {num(s0)}..{num(s1)} (--from/--to) "
+                f"(the log covers {num(float(steps[0]))}..{num(float(steps[-1]))})"
             )
     return Phases(
         warmup_end=warm,

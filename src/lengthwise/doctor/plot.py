@@ -3,8 +3,13 @@
 One row per run. The loss panel shades the stable region, colours the steps
 by bucket when the log has one, draws the running mean and the band centres
 along it, marks cliffs (red triangles) and checkpoint steps (dotted lines).
+The loss axis is logarithmic when the loss spans more than a factor of 5, so
+no step is off the chart; a legend names the shaded region, lines and bands.
 The histogram shows the detrended stable-region loss with the fitted bands;
-the autocorrelation panel marks the period. matplotlib is imported here only,
+the autocorrelation panel marks the period, and says so when the
+autocorrelation at short lags leaves its noise band without a periodic cycle.
+The title of each row is the verdict's one-line summary (it says what was not
+tested). matplotlib is imported here only,
 through its object-oriented API (no pyplot, no global backend change).
 
 Example::
@@ -29,7 +34,7 @@ from lengthwise.doctor.errors import PlotUnavailableError
 from lengthwise.doctor.stats import roughness_residual
 
 if TYPE_CHECKING:
-    from lengthwise.doctor.report import Report
+    from lengthwise.doctor.report import Report, Series
 
 _PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf",
             "#bcbd22", "#7f7f7f", "#d62728"]
@@ -68,47 +73,61 @@ def _loss_panel(ax: Any, name: str, r: Report) -> None:
         return
     reg = s.region
     keep = reg & ~s.cliff_mask
-    if s.bucket_codes is not None:
-        mixed = s.bucket_codes < 0
-        if mixed.any():
-            ax.scatter(s.step[mixed], s.loss[mixed], s=3, color="#7f7f7f", alpha=0.5,
-                       linewidths=0, label="mixed buckets", rasterized=True)
-        for code, label in enumerate(s.bucket_names):
-            sel = s.bucket_codes == code
-            if not sel.any():
-                continue
-            ax.scatter(s.step[sel], s.loss[sel], s=3, color=_PALETTE[code % len(_PALETTE)],
-                       alpha=0.6, linewidths=0, label=f"bucket {label}", rasterized=True)
-        if len(s.bucket_names) <= 8:
-            ax.legend(loc="lower left", fontsize=7, markerscale=3, ncol=2)
-    else:
-        ax.plot(s.step, s.loss, color="#4c72b0", linewidth=0.5, alpha=0.8, label="loss")
+    _loss_points(ax, s)
     ax.plot(s.step, s.trend, color="black", linewidth=1.0, label="running mean (51)")
-    ax.axvspan(r.phases.start, r.phases.end, color="#2ca02c", alpha=0.07)
+    ax.axvspan(r.phases.start, r.phases.end, color="#2ca02c", alpha=0.07,
+               label="stable region (analysed)")
     b = r.bands
     if b.count and b.count > 1:
-        for off in b.offsets:
+        for i, off in enumerate(b.offsets):
             ax.plot(s.step[reg], s.trend[reg] + off, color="#d62728", linewidth=0.8,
-                    linestyle="--", alpha=0.8)
+                    linestyle="--", alpha=0.8, label="band centres" if i == 0 else None)
     if 0 < s.checkpoints.size <= 200:
-        for c in s.checkpoints:
-            ax.axvline(c, color="grey", linewidth=0.6, linestyle=":", alpha=0.7)
+        for i, c in enumerate(s.checkpoints):
+            ax.axvline(c, color="grey", linewidth=0.6, linestyle=":", alpha=0.7,
+                       label="checkpoint" if i == 0 else None)
     if r.cliffs:
         peaks = np.array([c.peak_step for c in r.cliffs])
         idx = np.searchsorted(s.step, peaks)
         ax.scatter(peaks, s.loss[np.clip(idx, 0, s.loss.size - 1)], marker="v", s=40,
                    color="#d62728", zorder=5, label="cliff")
-    if keep.any():
-        lo = float(np.quantile(s.loss[keep], 0.001))
-        hi = float(np.quantile(s.loss[keep], 0.999))
-        if r.cliffs:
-            hi = max(hi, max(c.level + c.height for c in r.cliffs))
-        pad = 0.08 * (hi - lo if hi > lo else 1.0)
-        ax.set_ylim(lo - pad, hi + pad)
+    if keep.any() and s.loss.size:
+        _loss_scale(ax, s.loss)
+    coloured = s.bucket_codes is not None and len(s.bucket_names) <= 8
+    ax.legend(loc="upper right", fontsize=7, markerscale=2 if coloured else 1,
+              ncol=2 if coloured else 1)
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     title = f"{_short(name)}\n{r.one_line()}"
     ax.set_title(_wrap(title, 95), fontsize=8.5, loc="left")
+
+
+def _loss_points(ax: Any, s: Series) -> None:
+    """The per-step losses: one colour per bucket when steps hold one bucket, else a line."""
+    if s.bucket_codes is None:
+        ax.plot(s.step, s.loss, color="#4c72b0", linewidth=0.5, alpha=0.8, label="loss")
+        return
+    mixed = s.bucket_codes < 0
+    if mixed.any():
+        ax.scatter(s.step[mixed], s.loss[mixed], s=3, color="#7f7f7f", alpha=0.5,
+                   linewidths=0, label="mixed buckets", rasterized=True)
+    for code, label in enumerate(s.bucket_names):
+        sel = s.bucket_codes == code
+        if not sel.any():
+            continue
+        ax.scatter(s.step[sel], s.loss[sel], s=3, color=_PALETTE[code % len(_PALETTE)],
+                   alpha=0.6, linewidths=0, rasterized=True,
+                   label=f"bucket {label}" if len(s.bucket_names) <= 8 else None)
+
+
+def _loss_scale(ax: Any, loss: np.ndarray) -> None:
+    """A log y-axis when the loss spans more than 5x, else limits padded by 8 %."""
+    lo, hi = float(np.min(loss)), float(np.max(loss))
+    if lo > 0 and hi / lo > 5:
+        ax.set_yscale("log")  # every step on the chart, the stable region still readable
+    else:
+        pad = 0.08 * (hi - lo if hi > lo else 1.0)
+        ax.set_ylim(lo - pad, hi + pad)
 
 
 def _histogram_panel(ax: Any, r: Report) -> None:
@@ -149,15 +168,21 @@ def _acf_panel(ax: Any, r: Report) -> None:
     scale = r.series.step[1] - r.series.step[0] if r.series and r.series.step.size > 1 else 1.0
     ax.plot(lags[1:] * scale, acf[1:], color="#4c72b0", linewidth=0.8)
     bound = 2.0 / np.sqrt(max(per.points, 1))
-    ax.axhspan(-bound, bound, color="grey", alpha=0.2)
+    ax.axhspan(-bound, bound, color="grey", alpha=0.2, label="95% band of white noise")
     ax.axhline(0, color="black", linewidth=0.5)
+    short = acf[1 : min(11, acf.size)]
+    above = int(np.sum(np.abs(short) > bound))
     if per.period is not None:
         ax.axvline(per.period, color="#d62728", linewidth=1.0, linestyle="--")
         title = f"autocorrelation (detrended)\nperiod {per.period:.4g} steps, p={per.p_value:.2g}"
+    elif above:
+        title = (f"autocorrelation (detrended)\nno periodic cycle (p={per.p_value:.2g}); "
+                 f"correlated at {above} of lags 1-{short.size}")
     else:
-        title = "autocorrelation (detrended)\nno significant period"
+        title = "autocorrelation (detrended)\nno significant period or correlation"
     ax.set_title(title, fontsize=9)
     ax.set_xlabel("lag (steps)")
+    ax.legend(loc="upper right", fontsize=7)
 
 
 def _short(name: str, limit: int = 80) -> str:

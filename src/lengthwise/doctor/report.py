@@ -1,16 +1,16 @@
-"""The doctor's report: every finding of one run, and its JSON form.
+"""The doctor's report: the types of its findings and verdict, and their JSON form.
 
-``Report.to_dict()`` has the keys ``stable_region``, ``stats``, ``bands``,
-``periodicity``, ``cliffs``, ``checkpoint_association``, ``attribution``,
-``verdict`` and ``input`` (what reading the log found); docs/doctor.md
+Types only: :class:`Cause`, :class:`Verdict`, :class:`Findings` (every analysis
+of one run) and :class:`Report` (the findings, the verdict built from them by
+:func:`lengthwise.doctor.verdict.build_verdict`, and the arrays for plotting).
+``Report.to_dict()`` has the keys of :data:`REPORT_KEYS`; docs/doctor.md
 documents each field.
 
 Example::
 
-    >>> from lengthwise.doctor import diagnose
-    >>> rows = [{"step": i, "loss": 2.0 + (i % 2) * 0.01} for i in range(300)]
-    >>> sorted(diagnose(rows).to_dict())[:3]
-    ['attribution', 'bands', 'checkpoint_association']
+    >>> v = Verdict(causes=[], clean=None, summary="not tested", untested=["bands"])
+    >>> v.to_dict()["clean"] is None
+    True
 """
 
 from __future__ import annotations
@@ -25,11 +25,14 @@ from lengthwise.doctor.attribution import Attribution
 from lengthwise.doctor.bands import Bands
 from lengthwise.doctor.checkpoints import CheckpointAssociation
 from lengthwise.doctor.cliffs import Cliff
+from lengthwise.doctor.context import RunContext
+from lengthwise.doctor.epochs import EpochBoundaries
+from lengthwise.doctor.noise import Noise
+from lengthwise.doctor.numbers import json_ready
 from lengthwise.doctor.periodicity import Periodicity
 from lengthwise.doctor.phases import Phases
 from lengthwise.doctor.runlog import InputSummary
 from lengthwise.doctor.stats import StableStats
-from lengthwise.doctor.verdict import Verdict
 
 #: top-level keys of ``Report.to_dict()``, in order
 REPORT_KEYS: tuple[str, ...] = (
@@ -39,10 +42,55 @@ REPORT_KEYS: tuple[str, ...] = (
     "periodicity",
     "cliffs",
     "checkpoint_association",
+    "epoch_boundaries",
     "attribution",
+    "noise",
+    "context",
     "verdict",
     "input",
 )
+
+
+@dataclass(frozen=True)
+class Cause:
+    """One likely cause: what was found, where in the run, the evidence and the fix."""
+
+    name: str
+    title: str
+    score: float
+    evidence: list[str] = field(default_factory=list)
+    prescription: list[str] = field(default_factory=list)
+    where: str = ""
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready form."""
+        return {
+            "cause": self.name,
+            "title": self.title,
+            "score": round(self.score, 3),
+            "where": self.where,
+            "evidence": list(self.evidence),
+            "prescription": list(self.prescription),
+        }
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Causes, most likely first; ``clean`` is None when a core test could not run."""
+
+    causes: list[Cause]
+    clean: bool | None
+    summary: str
+    untested: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready form (the ``verdict`` key of the report)."""
+        return {
+            "summary": self.summary,
+            "clean": self.clean,
+            "untested": list(self.untested),
+            "causes": [c.to_dict() for c in self.causes],
+        }
 
 
 @dataclass
@@ -59,26 +107,30 @@ class Series:
     checkpoints: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
 
-@dataclass
-class Report:
-    """All findings for one log."""
+@dataclass(frozen=True)
+class Findings:
+    """Every analysis of one run, each built once and complete."""
 
     source: str
     input: InputSummary
+    context: RunContext
     phases: Phases
     stats: StableStats
     bands: Bands
     periodicity: Periodicity
     cliffs: list[Cliff]
     checkpoint_association: CheckpointAssociation
+    epochs: EpochBoundaries
     attribution: Attribution
-    verdict: Verdict | None = None
-    series: Series | None = field(default=None, repr=False)
+    noise: Noise | None
 
-    @property
-    def stable_region(self) -> Phases:
-        """Alias of ``phases``: the stable region and warm-up."""
-        return self.phases
+
+@dataclass(frozen=True)
+class Report(Findings):
+    """The findings of one log, their verdict, and the series for plots."""
+
+    verdict: Verdict = field(default_factory=lambda: Verdict([], None, ""))
+    series: Series | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict with the documented keys."""
@@ -89,30 +141,18 @@ class Report:
             "periodicity": self.periodicity.to_dict(),
             "cliffs": [c.to_dict() for c in self.cliffs],
             "checkpoint_association": self.checkpoint_association.to_dict(),
+            "epoch_boundaries": self.epochs.to_dict(),
             "attribution": self.attribution.to_dict(),
-            "verdict": None if self.verdict is None else self.verdict.to_dict(),
+            "noise": None if self.noise is None else self.noise.to_dict(),
+            "context": self.context.to_dict(),
+            "verdict": self.verdict.to_dict(),
             "input": self.input.to_dict(),
         }
 
     def to_json(self, indent: int | None = 2) -> str:
         """The report as JSON text (no NaN: non-finite numbers become null)."""
-        return json.dumps(_finite(self.to_dict()), indent=indent)
+        return json.dumps(json_ready(self.to_dict()), indent=indent)
 
     def one_line(self) -> str:
-        """Same as :func:`lengthwise.doctor.one_line_verdict`."""
-        from lengthwise.doctor.verdict import one_line_verdict
-
-        return one_line_verdict(self)
-
-
-def _finite(obj: Any) -> Any:
-    """Replace NaN/inf floats by None and numpy scalars by Python numbers, recursively."""
-    if isinstance(obj, dict):
-        return {str(k): _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_finite(v) for v in obj]
-    if isinstance(obj, np.generic):
-        obj = obj.item()
-    if isinstance(obj, float) and not np.isfinite(obj):
-        return None
-    return obj
+        """The verdict's one-line summary (the same line everywhere)."""
+        return self.verdict.summary

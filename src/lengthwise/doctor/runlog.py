@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from lengthwise.doctor.numbers import num
+
 #: numeric per-step fields the doctor uses when a log has them
 NUMERIC_FIELDS: tuple[str, ...] = (
     "lr",
@@ -30,6 +32,9 @@ NUMERIC_FIELDS: tuple[str, ...] = (
     "seq_len",
     "tokens_per_second",
     "corrected_loss",
+    "loss_sample_std",
+    "loss_sample_neff",
+    "epoch",
 )
 #: per-step bucket fields: ``bucket`` (one id) or ``buckets`` (the ids of the step's batches)
 BUCKET_FIELDS: tuple[str, ...] = ("bucket", "buckets")
@@ -61,6 +66,7 @@ class InputSummary:
     restarts: list[Restart] = field(default_factory=list)
     restart_count: int = 0
     superseded_rows: int = 0
+    duplicate_rows: int = 0
     step_key: str = "step"
     loss_key: str = "loss"
     truncated: bool = False
@@ -86,11 +92,12 @@ class InputSummary:
             "malformed_lines": list(self.malformed_lines),
             "restarts": self.restart_count,
             "restart_points": [
-                {"line": r.line, "step_before": _num(r.step_before),
-                 "step_after": _num(r.step_after)}
+                {"line": r.line, "step_before": num(r.step_before),
+                 "step_after": num(r.step_after)}
                 for r in self.restarts[:20]
             ],
             "superseded_rows": self.superseded_rows,
+            "duplicate_rows": self.duplicate_rows,
             "step_key": self.step_key,
             "loss_key": self.loss_key,
             "truncated": self.truncated,
@@ -124,7 +131,3 @@ class RunLog:
             return 1.0
         return float(np.median(np.diff(self.step)))
 
-
-def _num(x: float) -> int | float:
-    """An integral float as int, for readable JSON."""
-    return int(x) if float(x).is_integer() else float(x)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-#: the window of ``loss_roughness`` (METRICS.md): a centred rolling mean of 51 points
+#: the window of ``loss_roughness`` (docs/metrics.md): a centred rolling mean of 51 points
 ROUGHNESS_WINDOW = 51
 _MEDIAN_CHUNK = 1 << 16
 

@@ -1,6 +1,6 @@
 """Statistics of the stable region, ``loss_roughness`` among them, and non-finite losses.
 
-``loss_roughness`` (METRICS.md) is the standard deviation of
+``loss_roughness`` (docs/metrics.md) is the standard deviation of
 ``loss_t - rolling_mean_51(loss)_t`` over the stable region, the rolling mean
 being centred over 51 logged points with cliff points left out of it (and the
 cliff points themselves left out of every statistic here).
@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from lengthwise.doctor.numbers import num
 from lengthwise.doctor.smoothing import ROUGHNESS_WINDOW, rolling_mean
 
 
-@dataclass
+@dataclass(frozen=True)
 class NonFinite:
     """Losses logged as NaN or +-inf (or null)."""
 
@@ -39,12 +40,12 @@ class NonFinite:
             "count": self.count,
             "nan": self.nan,
             "inf": self.inf,
-            "first_steps": [_num(s) for s in self.first_steps],
-            "diverged_at": _num(self.diverged_at),
+            "first_steps": [num(s) for s in self.first_steps],
+            "diverged_at": num(self.diverged_at),
         }
 
 
-@dataclass
+@dataclass(frozen=True)
 class StableStats:
     """Mean, spread and roughness of the loss over the stable region."""
 
@@ -59,6 +60,7 @@ class StableStats:
     corrected_roughness: float | None = None
     noise_scale: float | None = None
     nonfinite: NonFinite = field(default_factory=NonFinite)
+    cliff_points: int = 0
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready form (the ``stats`` key of the report)."""
@@ -68,6 +70,7 @@ class StableStats:
 
         return {
             "points": self.points,
+            "cliff_points_excluded": self.cliff_points,
             "mean": r(self.mean),
             "median": r(self.median),
             "std": r(self.std),
@@ -80,11 +83,6 @@ class StableStats:
             "nonfinite": self.nonfinite.to_dict(),
         }
 
-
-def _num(x: float | None) -> int | float | None:
-    if x is None:
-        return None
-    return int(x) if float(x).is_integer() else float(x)
 
 
 def roughness_residual(loss: np.ndarray, cliff_mask: np.ndarray) -> np.ndarray:
@@ -99,6 +97,7 @@ def stable_stats(
     *,
     corrected: np.ndarray | None = None,
     noise_scale: float | None = None,
+    nonfinite: NonFinite | None = None,
 ) -> StableStats:
     """Statistics over ``region & ~cliff_mask`` of a finite loss series."""
     use = region & ~cliff_mask
@@ -124,6 +123,8 @@ def stable_stats(
         roughness_ratio_to_mean=rough / abs(mean) if mean else float("nan"),
         corrected_roughness=corr,
         noise_scale=noise_scale,
+        nonfinite=NonFinite() if nonfinite is None else nonfinite,
+        cliff_points=int((region & cliff_mask).sum()),
     )
 
 

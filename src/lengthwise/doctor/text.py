@@ -13,14 +13,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from lengthwise.doctor.numbers import fmt_num as _g
+
 if TYPE_CHECKING:
     from lengthwise.doctor.report import Report
-
-
-def _g(x: float | None, digits: int = 4) -> str:
-    if x is None:
-        return "-"
-    return f"{x:.{digits}g}"
 
 
 def _steps(values: list[float], limit: int = 5) -> str:
@@ -41,6 +37,9 @@ def _input_line(r: Report) -> str:
                         for p in i.restarts[:3])
         parts.append(f"{i.restart_count} restart(s) ({pts}"
                      f"{', ...' if i.restart_count > 3 else ''}), latest segment kept")
+    if i.duplicate_rows:
+        parts.append(f"{i.duplicate_rows} duplicate row(s) (a step written again on the next "
+                     "row: a second writer), last kept")
     if i.truncated:
         parts.append("file ends in a truncated record")
     if i.step_key == "row index":
@@ -50,72 +49,155 @@ def _input_line(r: Report) -> str:
 
 def render_text(r: Report) -> str:
     """The full report of one run as text."""
-    p, st, b, per, ck = r.phases, r.stats, r.bands, r.periodicity, r.checkpoint_association
     lines = [f"lengthwise doctor: {r.source}", f"  input        {_input_line(r)}"]
+    lines.append(f"  phases       {_phases_line(r)}")
+    lines.append(f"  context      {_context_line(r)}")
+    lines.extend(_stats_lines(r))
+    lines.append(f"  bands        {_bands_line(r)}")
+    lines.extend(_periodicity_lines(r))
+    lines.append(f"  cliffs       {_cliffs_line(r)}")
+    lines.append(f"  checkpoints  {_checkpoints_line(r)}")
+    lines.append(f"  epochs       {_epoch_line(r)}")
+    lines.extend(_attribution_lines(r))
+    lines.extend(_noise_lines(r))
+    lines.extend(_verdict_lines(r))
+    return "\n".join(lines)
+
+
+def _phases_line(r: Report) -> str:
+    """The warm-up end and the stable region."""
+    p, st = r.phases, r.stats
     warm = ("no warm-up found" if p.warmup_end is None
             else f"warm-up ends at step {_g(p.warmup_end, 8)} (from {p.warmup_source})")
-    lines.append(f"  phases       {warm}; stable region {_g(p.start, 8)}..{_g(p.end, 8)} "
-                 f"({p.chosen_by}; {p.points:,} points, {p.cliff_points} cliff points left out)")
-    lines.append(f"  stats        mean {_g(st.mean)}  median {_g(st.median)}  std {_g(st.std)}  "
-                 f"min {_g(st.min)}  max {_g(st.max)}  loss_roughness {_g(st.loss_roughness)}"
-                 + (f"  (corrected_loss: {_g(st.corrected_roughness)})"
-                    if st.corrected_roughness is not None else ""))
+    return (f"{warm}; stable region {_g(p.start, 8)}..{_g(p.end, 8)} "
+            f"({p.chosen_by}; {p.points:,} points, {st.cliff_points} cliff points left out)")
+
+
+def _stats_lines(r: Report) -> list[str]:
+    """The stable region's statistics, and the non-finite losses if any."""
+    st = r.stats
+    lines = [f"  stats        mean {_g(st.mean)}  median {_g(st.median)}  std {_g(st.std)}  "
+             f"min {_g(st.min)}  max {_g(st.max)}  loss_roughness {_g(st.loss_roughness)}"
+             + (f"  (corrected_loss: {_g(st.corrected_roughness)})"
+                if st.corrected_roughness is not None else "")]
     nf = st.nonfinite
     if nf.count:
         lines.append(f"  non-finite   {nf.count} NaN/inf loss(es) at steps {_steps(nf.first_steps)}"
                      + (f"; diverged at step {_g(nf.diverged_at, 8)}" if nf.diverged_at else ""))
+    return lines
+
+
+def _bands_line(r: Report) -> str:
+    """The bands found, or why there are none."""
+    b = r.bands
     if b.count is None:
-        lines.append(f"  bands        {b.note}")
-    elif b.count > 1:
+        return f"{b.note}"
+    if b.count > 1:
         centres = ", ".join(f"{_g(c)} ({s:.0%})" for c, s in zip(b.centres, b.shares, strict=True))
-        lines.append(f"  bands        {b.count} bands at {centres}; Silverman test "
-                     f"p={_g(b.p_value, 3)} against {b.count - 1}; separation "
-                     f"{_g(b.separation, 3)} widths")
-    else:
-        lines.append(f"  bands        none: unimodal (Silverman test p={_g(b.p_value, 3)})"
-                     + (f"; {b.note}" if b.note else ""))
+        return (f"{b.count} bands at {centres}; Silverman test "
+                f"p={_g(b.p_value, 3)} against {b.count - 1}; separation "
+                f"{_g(b.separation, 3)} widths")
+    return (f"none: unimodal (Silverman test p={_g(b.p_value, 3)})"
+            + (f"; {b.note}" if b.note else ""))
+
+
+def _periodicity_lines(r: Report) -> list[str]:
+    """The period found (or the strongest candidate), and the runs test if computed."""
+    per = r.periodicity
     if per.p_value is None:
-        lines.append(f"  periodicity  {per.note}")
+        lines = [f"  periodicity  {per.note}"]
     elif per.period is not None:
-        lines.append(f"  periodicity  period {_g(per.period)} steps (p={_g(per.p_value, 3)}, "
-                     f"{_g((per.power_share or 0) * 100, 3)}% of detrended variance, "
-                     f"autocorrelation {_g(per.acf_at_period, 3)})")
+        lines = [f"  periodicity  period {_g(per.period)} steps (p={_g(per.p_value, 3)}, "
+                 f"{_g((per.power_share or 0) * 100, 3)}% of detrended variance, "
+                 f"autocorrelation {_g(per.acf_at_period, 3)})"]
     else:
-        lines.append(f"  periodicity  none (strongest candidate {_g(per.best_period)} steps, "
-                     f"p={_g(per.p_value, 3)})")
+        lines = [f"  periodicity  none (strongest candidate {_g(per.best_period)} steps, "
+                 f"p={_g(per.p_value, 3)})"]
     if per.runs is not None:
         ru = per.runs
         lines.append(f"  runs         {ru.runs:,} runs of high/low steps vs {_g(ru.expected, 6)} "
                      f"expected (z={_g(ru.z, 3)}); mean run {_g(ru.mean_low, 3)} low, "
                      f"{_g(ru.mean_high, 3)} high; longest {ru.max_low} low, {ru.max_high} high")
-    if r.cliffs:
-        shown = "; ".join(
-            f"step {_g(c.step, 8)} +{_g(c.height, 3)}"
-            + (f" (recovered in {_g(c.recovery_steps, 6)})" if c.recovery_steps is not None
-               else " (no recovery)")
-            for c in r.cliffs[:6])
-        more = f"; ... ({len(r.cliffs)} in all)" if len(r.cliffs) > 6 else ""
-        lines.append(f"  cliffs       {len(r.cliffs)}: {shown}{more}")
-    else:
-        lines.append("  cliffs       none")
+    return lines
+
+
+def _cliffs_line(r: Report) -> str:
+    """The first six cliffs with their heights and recoveries."""
+    if not r.cliffs:
+        return "none"
+    shown = "; ".join(
+        f"step {_g(c.step, 8)} +{_g(c.height, 3)}"
+        + (f" (recovered in {_g(c.recovery_steps, 6)})" if c.recovery_steps is not None
+           else " (no recovery)")
+        for c in r.cliffs[:6])
+    more = f"; ... ({len(r.cliffs)} in all)" if len(r.cliffs) > 6 else ""
+    return f"{len(r.cliffs)}: {shown}{more}"
+
+
+def _checkpoints_line(r: Report) -> str:
+    """The checkpoint association test, or why it was not run."""
+    ck = r.checkpoint_association
     if ck.associated is None:
-        lines.append(f"  checkpoints  {ck.checkpoints} known; not tested: {ck.note}")
+        return f"{ck.checkpoints} known; not tested: {ck.note}"
+    verdict = "associated" if ck.associated else "not associated"
+    return (f"{ck.checkpoints} ({ck.source}); {ck.aligned} of {ck.cliffs} "
+            f"cliffs start within {_g(ck.window[0])}..+{_g(ck.window[1])} steps of one "
+            f"({_g(ck.expected_aligned, 3)} expected); permutation p={_g(ck.p_value, 3)}"
+            f" -> {verdict}")
+
+
+def _noise_lines(r: Report) -> list[str]:
+    """The noise budget summary and the sampling floor."""
+    noise = r.noise.summary if r.noise is not None else "not computed: too few points"
+    lines = [f"  noise        {noise}"]
+    if r.noise is not None and r.noise.excess is not None:
+        lines.append(f"               sampling floor {_g(r.noise.sampling_floor, 3)}; "
+                     f"loss_roughness is {_g(r.noise.excess, 3)}x it")
+    return lines
+
+
+def _verdict_lines(r: Report) -> list[str]:
+    """The verdict: each cause with its evidence and fixes, or the clean summary."""
+    v = r.verdict
+    lines = ["verdict"]
+    if not v.causes:
+        lines.append(f"  {v.summary}")
+        return lines
+    for n, c in enumerate(v.causes, 1):
+        lines.append(f"  {n}. {c.title}  [score {c.score:.2f}]")
+        if c.where:
+            lines.append(f"     where: {c.where}")
+        lines.extend(f"     evidence: {e}" for e in c.evidence)
+        lines.extend(f"     fix: {f}" for f in c.prescription)
+    if v.untested:
+        lines.append(f"  not tested: {'; '.join(v.untested)}")
+    return lines
+
+
+def _context_line(r: Report) -> str:
+    c = r.context
+    parts = []
+    if c.steps_per_epoch is not None:
+        parts.append(f"{_g(c.steps_per_epoch, 5)} steps per epoch ({c.steps_per_epoch_source})")
     else:
-        verdict = "associated" if ck.associated else "not associated"
-        lines.append(f"  checkpoints  {ck.checkpoints} ({ck.source}); {ck.aligned} of {ck.cliffs} "
-                     f"cliffs start within {_g(ck.window[0])}..+{_g(ck.window[1])} steps of one "
-                     f"({_g(ck.expected_aligned, 3)} expected); permutation p={_g(ck.p_value, 3)}"
-                     f" -> {verdict}")
-    lines.extend(_attribution_lines(r))
-    lines.append("verdict")
-    if r.verdict is None or r.verdict.clean:
-        lines.append("  clean: no bands, no period, no cliffs")
-    else:
-        for n, c in enumerate(r.verdict.causes, 1):
-            lines.append(f"  {n}. {c.title}  [score {c.score:.2f}]")
-            lines.extend(f"     evidence: {e}" for e in c.evidence)
-            lines.extend(f"     fix: {f}" for f in c.prescription)
-    return "\n".join(lines)
+        parts.append("steps per epoch unknown (log `epoch` or pass --steps-per-epoch)")
+    if c.batch_size:
+        parts.append(f"batch {c.batch_size}")
+    if c.checkpoint_every:
+        parts.append(f"checkpoint every {_g(c.checkpoint_every, 6)}")
+    if c.lr_restarts:
+        parts.append(f"{len(c.lr_restarts)} lr restart(s)")
+    return "; ".join(parts)
+
+
+def _epoch_line(r: Report) -> str:
+    e = r.epochs
+    if e.found is None:
+        return f"not tested: {e.note}"
+    drops = ", ".join(f"{d:+.3g} at {_g(s, 8)}" for d, s in zip(e.drops[:4], e.starts[:4],
+                                                                  strict=True))
+    word = "step-down at epoch starts" if e.found else "no significant step at epoch starts"
+    return f"{word} (placebo p={_g(e.p_value, 3)}; {drops})"
 
 
 def _attribution_lines(r: Report) -> list[str]:
@@ -152,8 +234,10 @@ def render_comparison(reports: dict[str, Report]) -> str:
     add("stable region", lambda r: f"{_g(r.phases.start, 8)}..{_g(r.phases.end, 8)}")
     add("mean loss", lambda r: _g(r.stats.mean))
     add("loss_roughness", lambda r: _g(r.stats.loss_roughness))
-    add("bands", lambda r: "-" if r.bands.count is None else str(r.bands.count))
-    add("period (steps)", lambda r: _g(r.periodicity.period) if r.periodicity.period else "none")
+    add("bands", lambda r: "not tested" if r.bands.count is None
+        else "none" if r.bands.count <= 1 else str(r.bands.count))
+    add("period (steps)", lambda r: "not tested" if r.periodicity.p_value is None
+        else _g(r.periodicity.period) if r.periodicity.period else "none")
     add("cliffs", lambda r: str(len(r.cliffs)))
     add("at checkpoints", lambda r: {True: "yes", False: "no", None: "-"}[
         r.checkpoint_association.associated] + (
@@ -161,8 +245,10 @@ def render_comparison(reports: dict[str, Report]) -> str:
         if r.checkpoint_association.p_value is not None else ""))
     add("bucket R^2", lambda r: _g(r.attribution.bucket_r2, 3))
     add("non-finite", lambda r: str(r.stats.nonfinite.count))
-    add("top cause", lambda r: r.verdict.causes[0].name if r.verdict and r.verdict.causes
-        else "clean")
+    add("epoch step-down", lambda r: {True: "yes", False: "no", None: "-"}[r.epochs.found])
+    add("noise excess", lambda r: _g(r.noise.excess, 3) if r.noise is not None else "-")
+    add("top cause", lambda r: r.verdict.causes[0].name if r.verdict.causes
+        else {True: "clean", None: "not tested", False: "-"}[r.verdict.clean])
     short = [n if len(n) <= 36 else "..." + n[-33:] for n in names]
     widths = [max(len(s), *(len(v[i]) for _, v in rows)) for i, s in enumerate(short)]
     label_w = max(len(lbl) for lbl, _ in rows)

@@ -1,232 +1,313 @@
-"""Verdict: the likely causes of what the analyses found, ranked, with evidence and a fix.
+"""The verdict rules: the likely causes of what the analyses found, ranked, with a fix each.
 
-Each cause gets a score in [0, 1] from the size of its effect (share of
-variance explained, share of cliffs at checkpoints, ...), and the causes are
-listed by score. :func:`one_line_verdict` condenses a report into one line.
+One function, :func:`build_verdict`, turns the :class:`~lengthwise.doctor.report.Findings`
+of a run into its :class:`~lengthwise.doctor.report.Verdict`; the command line, the
+demo and the API all read that verdict (:func:`lengthwise.doctor.verdict_for`
+diagnoses a log and returns it). The rules:
+
+* every significant finding (p < 0.05, or a test's own stricter level: 0.01 for
+  periods and for length deciles) is a cause;
+* a period names a mechanism only when its length matches one
+  (:mod:`lengthwise.doctor.mechanisms`), else it is "a periodic component of
+  unknown cause" with its strength;
+* every cause says where in the run it lies (warm-up, early training, stable region);
+* ``clean`` is True only when bands and periodicity were tested and nothing was
+  found, False when a cause was found, and None when a core test could not run
+  (the summary then says what was not tested and why).
 
 Example::
 
-    >>> v = Verdict(causes=[])
-    >>> v.summary
-    'clean: no bands, no period, no cliffs'
+    >>> from lengthwise.doctor import diagnose
+    >>> rows = [{"step": i, "loss": 2.0} for i in range(10)]
+    >>> v = diagnose(rows).verdict
+    >>> v.clean is None, v.summary.startswith("not tested")
+    (True, True)
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:
-    from lengthwise.doctor.report import Report
+from lengthwise.doctor.attribution import ALPHA as LENGTH_ALPHA
+from lengthwise.doctor.attribution import REPORT_ALPHA
+from lengthwise.doctor.cliffs import Cliff
+from lengthwise.doctor.mechanisms import match_period
+from lengthwise.doctor.numbers import fmt_num
+from lengthwise.doctor.report import Cause, Findings, Verdict
 
 #: cliffs whose median recovery takes at most this many logged points are one-step spikes
 QUICK_RECOVERY = 2
 STRATIFY = "interleave or stratify length buckets: `lengthwise plan --order stratified`"
-
-
-@dataclass
-class Cause:
-    """One likely cause with its evidence and prescriptions."""
-
-    name: str
-    title: str
-    score: float
-    evidence: list[str] = field(default_factory=list)
-    prescription: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, object]:
-        """JSON-ready form."""
-        return {
-            "cause": self.name,
-            "title": self.title,
-            "score": round(self.score, 3),
-            "evidence": self.evidence,
-            "prescription": self.prescription,
-        }
-
-
-@dataclass
-class Verdict:
-    """Causes, most likely first, and a one-line summary."""
-
-    causes: list[Cause]
-    summary: str = ""
-
-    def __post_init__(self) -> None:
-        self.causes.sort(key=lambda c: -c.score)
-        if not self.summary:
-            self.summary = (
-                "; ".join(c.title for c in self.causes[:3])
-                if self.causes
-                else "clean: no bands, no period, no cliffs"
-            )
-
-    @property
-    def clean(self) -> bool:
-        """True when nothing was found."""
-        return not self.causes
-
-    def to_dict(self) -> dict[str, object]:
-        """JSON-ready form (the ``verdict`` key of the report)."""
-        return {
-            "summary": self.summary,
-            "clean": self.clean,
-            "causes": [c.to_dict() for c in self.causes],
-        }
-
-
-def _fmt(x: float) -> str:
-    return f"{x:.4g}"
+PHASE_WORDS = {"warm-up": "in the lr warm-up", "early": "in early training",
+               "stable": "in the stable region"}
 
 
 def _steps(values: list[float], limit: int = 5) -> str:
-    shown = ", ".join(_fmt(v) for v in values[:limit])
+    shown = ", ".join(fmt_num(v) for v in values[:limit])
     return shown + (f" (+{len(values) - limit} more)" if len(values) > limit else "")
 
 
-def build_verdict(report: Report) -> Verdict:
-    """Rank the causes behind the findings of ``report``."""
-    causes: list[Cause] = []
-    nf = report.stats.nonfinite if report.stats is not None else None
-    if nf is not None and nf.count:
-        diverged = nf.diverged_at is not None
-        causes.append(
-            Cause(
-                name="nonfinite_loss",
-                title=(f"loss diverged to NaN/inf at step {_fmt(nf.diverged_at)}" if diverged
-                       else f"{nf.count} NaN/inf loss value(s)"),
-                score=1.0 if diverged else 0.6,
-                evidence=[f"{nf.count} non-finite losses ({nf.nan} NaN, {nf.inf} inf), first at "
-                          f"steps {_steps(nf.first_steps)}"],
-                prescription=[
-                    "lower the learning rate after warm-up and clip gradients (e.g. max norm 1.0)",
-                    "with fp16, use bf16 or a dynamic loss scaler; check the batches at those "
-                    "steps for empty or corrupt samples",
-                ],
-            )
-        )
-    causes.extend(_composition_causes(report))
-    causes.extend(_cliff_causes(report))
-    if report.input.restart_count:
-        pts = [r.step_after for r in report.input.restarts]
-        causes.append(
-            Cause(
-                name="restarts",
-                title=f"{report.input.restart_count} restart(s) in the log",
-                score=0.1,
-                evidence=[f"steps went back at line(s) "
-                          f"{_steps([float(r.line) for r in report.input.restarts])} "
-                          f"(to steps {_steps(pts)}); the latest segment was kept, "
-                          f"{report.input.superseded_rows} superseded row(s) dropped"],
-                prescription=["check that resuming restores the optimizer, scheduler and "
-                              "data-loader position (the batch order)"],
-            )
-        )
-    return Verdict(causes=causes)
+def build_verdict(f: Findings) -> Verdict:
+    """Rank the causes behind the findings ``f`` and write the one-line summary."""
+    causes = [*_nonfinite_causes(f), *_composition_causes(f), *_epoch_causes(f),
+              *_cliff_causes(f), *_input_causes(f)]
+    causes.sort(key=lambda c: -c.score)
+    untested = _untested(f)
+    clean = False if causes else (None if untested else True)
+    return Verdict(causes=causes, clean=clean, summary=_summary(f, causes, untested),
+                   untested=untested)
 
 
-def _composition_causes(report: Report) -> list[Cause]:
-    out: list[Cause] = []
-    bands, per, attr = report.bands, report.periodicity, report.attribution
-    banded = bands is not None and bands.count is not None and bands.count > 1
-    periodic = per is not None and per.period is not None
-    logged = attr.bucket_r2 is not None or attr.length_r2 is not None
-    attr_ev = []
-    if attr.bucket_r2 is not None:
-        attr_ev.append(f"the bucket explains {attr.bucket_r2:.0%} of the step-to-step variance "
-                       f"(R^2, permutation p={_fmt(attr.bucket_p_value or 1.0)})")
-    if attr.length_r2 is not None:
-        attr_ev.append(f"sequence length explains {attr.length_r2:.0%} of it "
-                       f"(eta^2 over deciles, p={_fmt(attr.length_p_value or 1.0)})")
-    confirm = [] if logged else ["log `bucket` (and `real_tokens`, `samples`) per step to confirm"]
-    if banded:
-        assert bands is not None
-        centres = ", ".join(f"{c:.4g} ({s:.0%})" for c, s in zip(bands.centres, bands.shares,
-                                                                   strict=True))
-        score = bands.between_share or 0.0
-        if attr.bucket_r2 is not None:
-            score = max(score, attr.bucket_r2)
-        explained = attr.explains or not logged
-        title = (f"{bands.count} loss bands: each step's batch comes from one length bucket"
-                 if explained else f"{bands.count} loss bands (not explained by the logged bucket)")
-        out.append(
-            Cause(
-                name="single_bucket_batches" if explained else "bands_unexplained",
-                title=title,
-                score=score if explained else 0.5 * score,
-                evidence=[f"per-step loss is multimodal: {bands.count} bands at {centres}; "
-                          f"Silverman test p={_fmt(bands.p_value or 0.0)} against "
-                          f"{bands.count - 1} band(s)", *attr_ev],
-                prescription=[STRATIFY, "log per-bucket loss (`bucket_loss`) to follow each "
-                              "length range", *confirm] if explained else
-                ["find the step feature that splits the bands (data source, task, "
-                 "packing) and log it"],
-            )
-        )
-    if periodic:
-        assert per is not None
-        runs = per.runs
-        ev = [f"the detrended loss repeats every {_fmt(per.period or 0)} steps "
-              f"(p={_fmt(per.p_value or 0)}, {(per.power_share or 0):.0%} of its variance)"]
-        if runs is not None and runs.z < 0 and runs.p_value < 0.01:
-            ev.append(f"low/high steps come in runs (mean {runs.mean_low:.3g}/{runs.mean_high:.3g}"
-                      f" steps, runs test z={runs.z:.3g})")
-        out.append(
-            Cause(
-                name="sorted_batches_cycle",
-                title=f"loss cycles every {_fmt(per.period or 0)} steps: batches sorted by length "
-                "within mega-batches (e.g. group_by_length)",
-                score=min(1.0, 2.0 * (per.power_share or 0.0)),
-                evidence=ev + ([] if banded else attr_ev),
-                prescription=[
-                    "draw batches in random or stratified order instead of sorted runs: "
-                    "`lengthwise plan --order stratified`",
-                    *([] if banded else confirm),
-                ],
-            )
-        )
-    if not banded and not periodic and attr.bucket_explains:
-        out.append(
-            Cause(
-                name="composition_noise",
-                title="the length bucket of each step drives its loss (no distinct bands)",
-                score=attr.bucket_r2 or 0.0,
-                evidence=attr_ev,
-                prescription=[STRATIFY],
-            )
-        )
+def one_line_verdict(report: Findings) -> str:
+    """The verdict's one-line summary (``report.verdict.summary``)."""
+    return report.verdict.summary  # type: ignore[attr-defined]
+
+
+def _untested(f: Findings) -> list[str]:
+    out = []
+    if f.bands.count is None:
+        out.append(f"bands, {f.bands.note.removeprefix('not tested: ')}")
+    if f.periodicity.p_value is None:
+        out.append(f"periodicity, {f.periodicity.note.removeprefix('not tested: ')}")
     return out
 
 
-def _cliff_causes(report: Report) -> list[Cause]:
-    cliffs, ck = report.cliffs, report.checkpoint_association
+def _summary(f: Findings, causes: list[Cause], untested: list[str]) -> str:
+    if causes:
+        parts = []
+        for i, c in enumerate(causes[:3]):
+            text = c.title
+            if i == 0 and c.prescription:
+                text += f" -> {c.prescription[0]}"
+            parts.append(text)
+        line = "; ".join(parts)
+        return line + (f" (not tested: {'; '.join(untested)})" if untested else "")
+    if untested:
+        return f"not tested: {'; '.join(untested)}; no cliffs"
+    return (f"clean: no bands, no period, no cliffs (loss_roughness "
+            f"{f.stats.loss_roughness:.3g})")
+
+
+def _region(f: Findings) -> str:
+    return f"stable region {fmt_num(f.phases.start)}..{fmt_num(f.phases.end)}"
+
+
+def _nonfinite_causes(f: Findings) -> list[Cause]:
+    nf = f.stats.nonfinite
+    if not nf.count:
+        return []
+    diverged = nf.diverged_at is not None
+    return [Cause(
+        name="nonfinite_loss",
+        title=(f"loss diverged to NaN/inf at step {fmt_num(nf.diverged_at)}" if diverged
+               else f"{nf.count} NaN/inf loss value(s)"),
+        score=1.0 if diverged else 0.6,
+        where=f"from step {fmt_num(nf.first_steps[0])}" if nf.first_steps else "",
+        evidence=[f"{nf.count} non-finite losses ({nf.nan} NaN, {nf.inf} inf), first at "
+                  f"steps {_steps(nf.first_steps)}"],
+        prescription=[
+            "lower the learning rate after warm-up and clip gradients (e.g. max norm 1.0)",
+            "with fp16, use bf16 or a dynamic loss scaler; check the batches at those "
+            "steps for empty or corrupt samples",
+        ],
+    )]
+
+
+def _attr_evidence(f: Findings) -> list[str]:
+    a = f.attribution
+    ev = []
+    if a.bucket_r2 is not None:
+        ev.append(f"the bucket explains {a.bucket_r2:.0%} of the step-to-step variance "
+                  f"(R^2, permutation p={fmt_num(a.bucket_p_value or 1.0)})")
+    if a.length_r2 is not None:
+        ev.append(f"sequence length explains {a.length_r2:.0%} of it "
+                  f"(eta^2 over deciles, p={fmt_num(a.length_p_value or 1.0)})")
+    return ev
+
+
+def _composition_causes(f: Findings) -> list[Cause]:
+    out: list[Cause] = []
+    bands, per, attr = f.bands, f.periodicity, f.attribution
+    banded = bands.count is not None and bands.count > 1
+    periodic = per.period is not None
+    logged = attr.bucket_r2 is not None or attr.length_r2 is not None
+    attr_ev = _attr_evidence(f)
+    confirm = [] if logged else ["log `bucket` (and `real_tokens`, `samples`) per step to confirm"]
+    if banded:
+        out.append(_bands_cause(f, attr_ev, confirm, logged))
+    if periodic:
+        out.append(_period_cause(f, [] if banded else attr_ev, [] if banded else confirm))
+    if not banded and not periodic:
+        out.extend(_attribution_cause(f, attr_ev))
+    return out
+
+
+def _bands_cause(f: Findings, attr_ev: list[str], confirm: list[str], logged: bool) -> Cause:
+    """Loss bands: one length bucket per step when the logged bucket explains them (or none is)."""
+    bands, attr = f.bands, f.attribution
+    centres = ", ".join(f"{c:.4g} ({s:.0%})" for c, s in zip(bands.centres, bands.shares,
+                                                               strict=True))
+    score = bands.between_share or 0.0
+    if attr.bucket_r2 is not None:
+        score = max(score, attr.bucket_r2)
+    explained = attr.explains or not logged
+    title = (f"{bands.count} loss bands: each step's batch comes from one length bucket"
+             if explained else f"{bands.count} loss bands (not explained by the logged bucket)")
+    if explained and not logged:
+        title = f"{bands.count} loss bands: likely one length bucket per step (not logged)"
+    return Cause(
+        name="single_bucket_batches" if explained else "bands_unexplained",
+        title=title,
+        score=score if explained else 0.5 * score,
+        where=_region(f),
+        evidence=[f"per-step loss is multimodal: {bands.count} bands at {centres}; "
+                  f"Silverman test p={fmt_num(bands.p_value or 0.0)} against "
+                  f"{bands.count - 1} band(s)", *attr_ev],
+        prescription=[STRATIFY, "log per-bucket loss (`bucket_loss`) to follow each "
+                      "length range", *confirm] if explained else
+        ["find the step feature that splits the bands (data source, task, "
+         "packing) and log it"],
+    )
+
+
+def _period_cause(f: Findings, attr_ev: list[str], confirm: list[str]) -> Cause:
+    per = f.periodicity
+    period = float(per.period or 0.0)
+    share = per.power_share or 0.0
+    match = match_period(period, f.context)
+    ev = [f"the detrended loss repeats every {fmt_num(period)} steps (p={fmt_num(per.p_value)}, "
+          f"{share:.0%} of its variance, autocorrelation {fmt_num(per.acf_at_period)} at that lag)",
+          f"its length {match.arithmetic}"]
+    runs = per.runs
+    if runs is not None and runs.z < 0 and runs.p_value < 0.01:
+        ev.append(f"low/high steps come in runs (mean {runs.mean_low:.3g}/{runs.mean_high:.3g}"
+                  f" steps, runs test z={runs.z:.3g})")
+    score = min(1.0, 2.0 * share)
+    where = _region(f)
+    if match.mechanism == "megabatch":
+        return Cause(
+            name="sorted_batches_cycle",
+            title=f"loss cycles every {fmt_num(period)} steps: the mega-batch cycle of "
+            "length-grouped batches (e.g. group_by_length)",
+            score=score, where=where, evidence=ev + attr_ev,
+            prescription=["draw batches in random or stratified order instead of sorted runs: "
+                          "`lengthwise plan --order stratified`", *confirm])
+    if match.mechanism == "epoch":
+        return Cause(
+            name="epoch_cycle",
+            title=f"loss cycles once per epoch ({fmt_num(period)} steps)",
+            score=score, where=where, evidence=ev,
+            prescription=["shuffle the data anew every epoch; a cycle that repeats each epoch "
+                          "follows the data order (or memorisation when it steps down)"])
+    if match.mechanism in ("checkpoint", "evaluation"):
+        what = match.mechanism
+        return Cause(
+            name=f"{what}_cycle",
+            title=f"loss cycles every {fmt_num(period)} steps, the {what} interval",
+            score=score, where=where, evidence=ev,
+            prescription=[f"check that the {what} does not reset the data loader, RNG or "
+                          "optimizer state, or leave the model in eval mode"])
+    if match.mechanism == "lr_restarts":
+        return Cause(
+            name="schedule_restarts",
+            title=f"loss cycles every {fmt_num(period)} steps with the learning-rate restarts",
+            score=0.5 * score, where=where, evidence=ev,
+            prescription=["expected with a restarting schedule; use a schedule without "
+                          "restarts if the jumps hurt"])
+    fixes = [match.missing] if match.missing else []
+    return Cause(
+        name="periodic_unknown",
+        title=f"a periodic component of unknown cause every {fmt_num(period)} steps "
+        f"({share:.0%} of the detrended variance)",
+        score=0.5 * score, where=where, evidence=ev + attr_ev,
+        prescription=[*fixes, "log `bucket`, `real_tokens` and `samples` per step to test "
+                      "batch composition", "look for anything that repeats with this period "
+                      "(data order, evaluation, logging, schedule)"])
+
+
+def _attribution_cause(f: Findings, attr_ev: list[str]) -> list[Cause]:
+    a = f.attribution
+    if a.bucket_explains:
+        return [Cause(
+            name="composition_noise",
+            title="the length bucket of each step drives its loss (no distinct bands)",
+            score=a.bucket_r2 or 0.0, where=_region(f), evidence=attr_ev,
+            prescription=[STRATIFY])]
+    weak = []
+    if a.bucket_p_value is not None and a.bucket_p_value < REPORT_ALPHA:
+        weak.append(("bucket", a.bucket_field or "bucket", a.bucket_r2 or 0.0, a.bucket_p_value))
+    if a.length_p_value is not None and a.length_p_value < LENGTH_ALPHA:
+        weak.append(("length", a.length_field or "length", a.length_r2 or 0.0, a.length_p_value))
+    if not weak:
+        return []
+    kind, name, r2, p = max(weak, key=lambda w: w[2])
+    if kind == "bucket":
+        return [Cause(
+            name="composition_weak",
+            title=f"`{name}` explains {r2:.0%} of the step-to-step variance (p={fmt_num(p)})",
+            score=min(0.5, r2), where=_region(f), evidence=attr_ev, prescription=[STRATIFY])]
+    return [Cause(
+        name="length_mix",
+        title=f"`{name}` explains {r2:.0%} of the step-to-step variance (p={fmt_num(p)}): "
+        "each step's length mix moves its loss per token",
+        score=min(0.4, r2), where=_region(f), evidence=attr_ev,
+        prescription=["part of the sampling noise of any length mix: batches with the same "
+                      "share of every length bucket (`lengthwise plan --order stratified`) or "
+                      "more samples per step shrink it; `noise` gives its share"])]
+
+
+def _epoch_causes(f: Findings) -> list[Cause]:
+    e = f.epochs
+    if not e.found:
+        return []
+    drops = ", ".join(f"{d:+.3g} ({r:+.1%}) at step {fmt_num(s)}"
+                      for d, r, s in zip(e.drops[:6], e.relative_drops[:6], e.starts[:6],
+                                         strict=True))
+    mean_rel = sum(e.relative_drops) / len(e.relative_drops)
+    return [Cause(
+        name="epoch_boundaries",
+        title=f"loss steps down at each epoch start ({len(e.starts)} boundaries, "
+        f"{mean_rel:+.1%} on average)",
+        score=min(0.9, 0.3 + 5 * abs(mean_rel)),
+        where=f"epoch starts ({e.source}) at steps {_steps(e.starts)}",
+        evidence=[f"level drops {drops}", f"placebo test against every other step: "
+                  f"p={fmt_num(e.p_value)}",
+                  "usual reading: multi-epoch memorisation (the model has seen these samples "
+                  "before), not noise and not cliffs"],
+        prescription=["watch the evaluation loss: if it rises after an epoch start, train "
+                      "fewer epochs or on more (deduplicated) data",
+                      "expected and harmless when the evaluation loss keeps falling",
+                      *(["found from the loss alone: pass --steps-per-epoch N to confirm the "
+                         "epoch length"] if (e.source or "").startswith("a regular") else [])])]
+
+
+def _phase_text(cliffs: list[Any], f: Findings) -> tuple[str, str]:
+    counts = {p: sum(c.phase == p for c in cliffs) for p in PHASE_WORDS}
+    n = len(cliffs)
+    top = max(counts, key=lambda p: counts[p])
+    if counts[top] == n:
+        where = PHASE_WORDS[top]
+    else:
+        where = ", ".join(f"{k} {PHASE_WORDS[p]}" for p, k in counts.items() if k)
+    note = ""
+    if top != "stable" and counts[top] >= 0.75 * n:
+        note = (f" ({counts[top]} of {n} {PHASE_WORDS[top]}, before step "
+                f"{fmt_num(f.phases.start)})")
+    return where, note
+
+
+def _cliff_causes(f: Findings) -> list[Cause]:
+    cliffs, ck = list(f.cliffs), f.checkpoint_association
     if not cliffs:
         return []
     out: list[Cause] = []
     steps = [c.step for c in cliffs]
     heights = ", ".join(f"+{c.height:.3g}" for c in cliffs[:5])
     rec = [c.recovery_steps for c in cliffs if c.recovery_steps is not None]
-    rec_txt = f", recovering in {_fmt(sorted(rec)[len(rec) // 2])} steps (median)" if rec else ""
+    rec_txt = f", recovering in {fmt_num(sorted(rec)[len(rec) // 2])} steps (median)" if rec else ""
     base_ev = f"{len(cliffs)} cliff(s) at steps {_steps(steps)} (heights {heights}){rec_txt}"
     if ck.associated:
-        ev = [base_ev, f"{ck.aligned} of {ck.cliffs} start right after one of {ck.checkpoints} "
-              f"checkpoints (expected {ck.expected_aligned:.2g} by chance; "
-              f"permutation p={_fmt(ck.p_value or 0)})"]
-        if ck.throughput_ratio is not None and ck.throughput_ratio < 0.9:
-            ev.append(f"throughput right after saves is {ck.throughput_ratio:.0%} of normal")
-        out.append(
-            Cause(
-                name="checkpoint_disruption",
-                title="loss spikes at checkpoint saves",
-                score=min(1.0, 0.4 + 0.6 * ck.aligned / max(ck.cliffs, 1)),
-                evidence=ev,
-                prescription=[
-                    "move checkpoint saves off the training thread (asynchronous save)",
-                    "check that saving does not reset the data loader, RNG or optimizer state "
-                    "(a save that restarts workers re-reads the start of the epoch)",
-                ],
-            )
-        )
+        out.append(_checkpoint_cause(f, cliffs, base_ev))
         rest = [c for c in cliffs if not c.at_checkpoint]
         if len(rest) < 2:
             return out
@@ -235,35 +316,66 @@ def _cliff_causes(report: Report) -> list[Cause]:
         base_ev = f"{len(cliffs)} other cliff(s) at steps {_steps(steps)}"
     never = [c for c in cliffs if c.recovery_steps is None]
     if never:
-        c0 = never[0]
-        out.append(
-            Cause(
-                name="divergence",
-                title=f"loss jumped at step {_fmt(c0.step)} and never came back to its level",
-                score=0.9,
-                evidence=[f"+{c0.height:.3g} above the level {c0.level:.4g} before it, still "
-                          "above it at the end of the log"],
-                prescription=[
-                    "lower the learning rate (or lengthen warm-up) and clip gradients",
-                    "with fp16, use bf16 or a dynamic loss scaler; resume from the last good "
-                    "checkpoint with a lower learning rate",
-                ],
-            )
-        )
+        out.append(_divergence_cause(never[0]))
         cliffs = [c for c in cliffs if c.recovery_steps is not None]
         if not cliffs:
             return out
         steps = [c.step for c in cliffs]
         heights = ", ".join(f"+{c.height:.3g}" for c in cliffs[:5])
         base_ev = f"{len(cliffs)} cliff(s) at steps {_steps(steps)} (heights {heights})"
+    out.append(_spike_cause(f, cliffs, base_ev))
+    return out
+
+
+def _checkpoint_cause(f: Findings, cliffs: list[Any], base_ev: str) -> Cause:
+    """Cliffs that start right after checkpoint saves (the association test passed)."""
+    ck = f.checkpoint_association
+    ev = [base_ev, f"{ck.aligned} of {ck.cliffs} start right after one of {ck.checkpoints} "
+          f"checkpoints (expected {ck.expected_aligned:.2g} by chance; "
+          f"permutation p={fmt_num(ck.p_value)})"]
+    if ck.throughput_ratio is not None and ck.throughput_ratio < 0.9:
+        ev.append(f"throughput right after saves is {ck.throughput_ratio:.0%} of normal")
+    return Cause(
+        name="checkpoint_disruption",
+        title="loss spikes at checkpoint saves",
+        score=min(1.0, 0.4 + 0.6 * ck.aligned / max(ck.cliffs, 1)),
+        where=_phase_text([c for c in cliffs if c.at_checkpoint], f)[0],
+        evidence=ev,
+        prescription=[
+            "move checkpoint saves off the training thread (asynchronous save)",
+            "check that saving does not reset the data loader, RNG or optimizer state "
+            "(a save that restarts workers re-reads the start of the epoch)",
+        ],
+    )
+
+
+def _divergence_cause(c0: Cliff) -> Cause:
+    """The first cliff that never recovered: the run diverged there."""
+    return Cause(
+        name="divergence",
+        title=f"loss jumped at step {fmt_num(c0.step)} and never came back to its level",
+        score=0.9,
+        where=f"from step {fmt_num(c0.step)} ({PHASE_WORDS[c0.phase]})",
+        evidence=[f"+{c0.height:.3g} above the level {c0.level:.4g} before it, still "
+                  "above it at the end of the log"],
+        prescription=[
+            "lower the learning rate (or lengthen warm-up) and clip gradients",
+            "with fp16, use bf16 or a dynamic loss scaler; resume from the last good "
+            "checkpoint with a lower learning rate",
+        ],
+    )
+
+
+def _spike_cause(f: Findings, cliffs: list[Any], base_ev: str) -> Cause:
+    ck = f.checkpoint_association
     ev = [base_ev]
+    where, phase_note = _phase_text(cliffs, f)
     if ck.associated is False:
         ev.append(f"they do not line up with the {ck.checkpoints} checkpoints: {ck.aligned} of "
                   f"{ck.cliffs} near one, {ck.expected_aligned:.2g} expected by chance "
-                  f"(permutation p={_fmt(ck.p_value or 1)})")
-    elif ck.associated is None and ck.checkpoints == 0:
-        ev.append("no checkpoint steps known: log checkpoint events or pass --checkpoint-every N "
-                  "to test them against saves")
+                  f"(permutation p={fmt_num(ck.p_value)})")
+    elif ck.associated is None and ck.note:
+        ev.append(f"checkpoints not tested: {ck.note}")
     buckets = [str(c.bucket) for c in cliffs if c.bucket is not None]
     if len(buckets) >= 3:
         common = max(set(buckets), key=buckets.count)
@@ -272,11 +384,13 @@ def _cliff_causes(report: Report) -> list[Cause]:
             ev.append(f"{share:.0%} of the cliffs are in bucket {common}")
     points = sorted(c.recovery_points or 0 for c in cliffs)
     quick = points[len(points) // 2] <= QUICK_RECOVERY
-    unexplained = " not explained by checkpoints" if ck.associated is False else ""
+    unexplained = (f" not explained by checkpoints (p={fmt_num(ck.p_value)})"
+                   if ck.associated is False else "")
     if quick:
         ev.append("they recover at the next logged step or the one after: single batches "
                   "that are hard for the model, not an unstable optimizer")
-        title = f"{len(cliffs)} one-step loss spike(s){unexplained}: hard or unusual batches"
+        title = (f"{len(cliffs)} one-step loss spike(s){phase_note}{unexplained}: "
+                 "hard or unusual batches")
         fixes = [
             "log sample ids per step and inspect the batches at the spike steps (very long, "
             "repeated, truncated or corrupt samples); the same steps spiking in another run "
@@ -285,35 +399,47 @@ def _cliff_causes(report: Report) -> list[Cause]:
         ]
         score = min(0.6, 0.2 + 0.02 * len(cliffs))
     else:
-        title = (f"{len(cliffs)} loss spike(s){unexplained} with slow recovery: "
+        title = (f"{len(cliffs)} loss spike(s){phase_note}{unexplained} with slow recovery: "
                  "unstable optimization")
         fixes = [
             "lower the learning rate after warm-up or clip gradients harder",
             "log sample ids per step and inspect the batches at the cliff steps",
         ]
         score = min(0.9, 0.35 + 0.05 * len(cliffs))
-    out.append(Cause(name="loss_spikes", title=title, score=score, evidence=ev,
-                     prescription=fixes))
+    if phase_note:
+        fixes.insert(0, "spikes confined to early training usually settle by themselves; a "
+                     "longer warm-up or gradient clipping removes most of them")
+    return Cause(name="loss_spikes", title=title, score=score, where=where, evidence=ev,
+                 prescription=fixes)
+
+
+def _input_causes(f: Findings) -> list[Cause]:
+    i = f.input
+    out = []
+    if i.duplicate_rows:
+        out.append(Cause(
+            name="duplicate_writer",
+            title=f"{i.duplicate_rows} step(s) written twice in a row: more than one writer",
+            score=0.1,
+            where="the whole log",
+            evidence=[f"{i.duplicate_rows} of {i.loss_rows + i.duplicate_rows} loss rows repeat "
+                      "the step of the row before; the last row of each step was kept (these "
+                      "are not restarts)"],
+            prescription=["log from one process only (rank 0), or give each writer its own "
+                          "file"],
+        ))
+    if i.restart_count:
+        pts = [r.step_after for r in i.restarts]
+        out.append(Cause(
+            name="restarts",
+            title=f"{i.restart_count} restart(s) in the log",
+            score=0.1,
+            where=f"at steps {_steps(pts)}",
+            evidence=[f"steps went back at line(s) "
+                      f"{_steps([float(r.line) for r in i.restarts])} "
+                      f"(to steps {_steps(pts)}); the latest segment was kept, "
+                      f"{i.superseded_rows} superseded row(s) dropped"],
+            prescription=["check that resuming restores the optimizer, scheduler and "
+                          "data-loader position (the batch order)"],
+        ))
     return out
-
-
-def one_line_verdict(report: Report) -> str:
-    """One line saying what the loss curve shows and what to do first.
-
-    Example: ``"3 loss bands: each step's batch comes from one length bucket -> interleave or
-    stratify length buckets: `lengthwise plan --order stratified`; 4 loss spike(s) not
-    explained by checkpoints (p=0.62)"``.
-    """
-    v = report.verdict
-    if v is None or v.clean:
-        r = report.stats.loss_roughness if report.stats is not None else float("nan")
-        return f"clean: no bands, no period, no cliffs (loss_roughness {r:.3g})"
-    parts = []
-    for i, c in enumerate(v.causes[:3]):
-        text = c.title
-        if c.name == "loss_spikes" and report.checkpoint_association.p_value is not None:
-            text += f" (p={report.checkpoint_association.p_value:.2g})"
-        if i == 0 and c.prescription:
-            text += f" -> {c.prescription[0]}"
-        parts.append(text)
-    return "; ".join(parts)

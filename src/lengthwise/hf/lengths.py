@@ -153,6 +153,69 @@ def _check_dataset(dataset: Any):
         raise TypeError(f"expected a datasets.Dataset, got {type(dataset).__name__}")
 
 
+def _stored_lengths(dataset: Any, name: str, kind: str) -> np.ndarray:
+    """Lengths read from a length column or counted from a token-ids column."""
+    if kind == "length":
+        values = _arrow_column(dataset, name).to_numpy()
+        if values.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        return validate_lengths(values, what=f"lengths in column {name!r}")
+    import pyarrow.compute as pc
+
+    counts = pc.list_value_length(_arrow_column(dataset, name)).to_numpy(zero_copy_only=False)
+    if np.isnan(counts.astype(np.float64)).any():
+        row = int(np.flatnonzero(np.isnan(counts.astype(np.float64)))[0])
+        raise ValueError(f"column {name!r}, row {row}: no token ids (null)")
+    return counts.astype(np.int64)
+
+
+def _check_tokenizer(tokenizer: Any, kind: str) -> None:
+    """Raise unless ``tokenizer`` can count ``kind`` (text, or messages through a template)."""
+    if kind == "messages":
+        if not hasattr(tokenizer, "apply_chat_template"):
+            raise TypeError(f"{type(tokenizer).__name__} has no apply_chat_template; use a "
+                            "transformers tokenizer for chat messages")
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError("the tokenizer has no chat template: set tokenizer.chat_template")
+    elif not (callable(tokenizer) or hasattr(tokenizer, "encode_batch")):
+        raise TypeError(f"{type(tokenizer).__name__} is not a tokenizer")
+
+
+def _cache_key(dataset: Any, name: str, kind: str, tokenizer: Any, add_special_tokens: bool,
+               template_kwargs: dict[str, Any]) -> str:
+    """Hex digest naming the cached lengths of one column under one tokenizer and settings."""
+    return hashlib.sha256("\0".join([
+        _CACHE_VERSION, dataset._fingerprint, str(len(dataset)), name, kind,
+        _tokenizer_hash(tokenizer), str(add_special_tokens),
+        json.dumps(template_kwargs, sort_keys=True, default=repr),
+    ]).encode()).hexdigest()
+
+
+def _tokenized_lengths(dataset: Any, name: str, kind: str, tokenizer: Any,
+                       add_special_tokens: bool, template_kwargs: dict[str, Any],
+                       batch_size: int, num_proc: int | None, fingerprint: str) -> np.ndarray:
+    """Token counts of a text or messages column, tokenized through ``Dataset.map``."""
+    if kind == "text":
+        fn, fn_kwargs, what = _count_text, {"tokenizer": tokenizer, "column": name,
+                                            "add_special_tokens": add_special_tokens}, "text"
+    else:
+        fn, fn_kwargs, what = _count_messages, {"tokenizer": tokenizer, "column": name,
+                                                "template_kwargs": template_kwargs}, "chats"
+    mapped = dataset.select_columns([name]).map(
+        fn, batched=True, batch_size=batch_size, num_proc=num_proc, fn_kwargs=fn_kwargs,
+        remove_columns=[name], keep_in_memory=True, load_from_cache_file=False,
+        new_fingerprint=fingerprint, desc=f"lengthwise: tokenizing {what} in {name!r}")
+    return _arrow_column(mapped, _OUT).to_numpy().astype(np.int64)
+
+
+def _save_atomically(path: Path, lengths: np.ndarray) -> None:
+    """Write ``lengths`` to ``path`` as ``.npy`` through a temporary file and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".npy", delete=False) as f:
+        np.save(f, lengths)
+    os.replace(f.name, path)
+
+
 def compute_lengths(
     dataset: Any,
     tokenizer: Any = None,
@@ -174,7 +237,8 @@ def compute_lengths(
     chat messages go through ``tokenizer.apply_chat_template(..., tokenize=True)``
     with ``chat_template_kwargs``. Tokenizing runs through ``Dataset.map`` with
     ``num_proc`` processes and a progress bar; its result is cached (``cache=False``
-    turns this off, a path puts the cache there).
+    turns this off, a path puts the cache there). A ``ray.data.Dataset`` is tokenized
+    on its Ray cluster instead (:func:`lengthwise.hf.ray_lengths.ray_lengths`).
 
     Example::
 
@@ -182,64 +246,31 @@ def compute_lengths(
         >>> compute_lengths(datasets.Dataset.from_dict({"num_tokens": [7, 2]})).tolist()
         [7, 2]
     """
+    from lengthwise.hf.ray_lengths import is_ray_dataset, ray_lengths
+
+    if is_ray_dataset(dataset):  # tokenized on the Ray cluster, not cached here
+        return ray_lengths(dataset, tokenizer, column=column or "text", batch_size=batch_size,
+                           add_special_tokens=add_special_tokens)
     _check_dataset(dataset)
     name, kind = _choose(dataset, tokenizer, column, messages_column)
-    if kind == "length":
-        values = _arrow_column(dataset, name).to_numpy()
-        if values.size == 0:
-            return np.zeros(0, dtype=np.int64)
-        return validate_lengths(values, what=f"lengths in column {name!r}")
-    if kind == "ids":
-        import pyarrow.compute as pc
-
-        counts = pc.list_value_length(_arrow_column(dataset, name)).to_numpy(zero_copy_only=False)
-        if np.isnan(counts.astype(np.float64)).any():
-            row = int(np.flatnonzero(np.isnan(counts.astype(np.float64)))[0])
-            raise ValueError(f"column {name!r}, row {row}: no token ids (null)")
-        return counts.astype(np.int64)
-
+    if kind in ("length", "ids"):
+        return _stored_lengths(dataset, name, kind)
     if tokenizer is None:
         raise ValueError(f"column {name!r} holds {kind}: pass a tokenizer to count its tokens")
     template_kwargs = dict(chat_template_kwargs or {})
-    if kind == "messages":
-        if not hasattr(tokenizer, "apply_chat_template"):
-            raise TypeError(f"{type(tokenizer).__name__} has no apply_chat_template; use a "
-                            "transformers tokenizer for chat messages")
-        if getattr(tokenizer, "chat_template", None) is None:
-            raise ValueError("the tokenizer has no chat template: set tokenizer.chat_template")
-    elif not (callable(tokenizer) or hasattr(tokenizer, "encode_batch")):
-        raise TypeError(f"{type(tokenizer).__name__} is not a tokenizer")
-
-    path = None
-    key = None
+    _check_tokenizer(tokenizer, kind)
+    key = path = None
     if cache is not False and getattr(dataset, "_fingerprint", None):
-        key = hashlib.sha256("\0".join([
-            _CACHE_VERSION, dataset._fingerprint, str(len(dataset)), name, kind,
-            _tokenizer_hash(tokenizer), str(add_special_tokens),
-            json.dumps(template_kwargs, sort_keys=True, default=repr),
-        ]).encode()).hexdigest()
+        key = _cache_key(dataset, name, kind, tokenizer, add_special_tokens, template_kwargs)
         folder = cache_dir() if cache is True else Path(cache).expanduser()
         path = folder / f"lengths-{key[:40]}.npy"
         if path.exists():
             cached = np.load(path)
             if cached.shape == (len(dataset),):
                 return cached.astype(np.int64, copy=False)
-
-    if kind == "text":
-        fn, fn_kwargs, what = _count_text, {"tokenizer": tokenizer, "column": name,
-                                            "add_special_tokens": add_special_tokens}, "text"
-    else:
-        fn, fn_kwargs, what = _count_messages, {"tokenizer": tokenizer, "column": name,
-                                                "template_kwargs": template_kwargs}, "chats"
-    mapped = dataset.select_columns([name]).map(
-        fn, batched=True, batch_size=batch_size, num_proc=num_proc, fn_kwargs=fn_kwargs,
-        remove_columns=[name], keep_in_memory=True, load_from_cache_file=False,
-        new_fingerprint=os.urandom(16).hex() if key is None else key[:32],
-        desc=f"lengthwise: tokenizing {what} in {name!r}")
-    lengths = _arrow_column(mapped, _OUT).to_numpy().astype(np.int64)
+    lengths = _tokenized_lengths(dataset, name, kind, tokenizer, add_special_tokens,
+                                 template_kwargs, batch_size, num_proc,
+                                 os.urandom(16).hex() if key is None else key[:32])
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".npy", delete=False) as f:
-            np.save(f, lengths)
-        os.replace(f.name, path)
+        _save_atomically(path, lengths)
     return lengths

@@ -15,6 +15,9 @@ Modules, in the order a plan is built:
 * :mod:`~lengthwise.planning.schedule`: :class:`EpochPlan`, the plan type both layouts fill;
 * :mod:`~lengthwise.planning.padded` and :mod:`~lengthwise.planning.packed`: the two planners;
 * :mod:`~lengthwise.planning.plan`: :func:`plan_epoch`, which calls the planner of the layout;
+* :mod:`~lengthwise.planning.shuffle`: a seeded permutation evaluated anywhere in O(1) memory;
+* :mod:`~lengthwise.planning.windowed`: an epoch as a shuffle cut into windows, each planned
+  when reached; :mod:`~lengthwise.planning.window_cursor`: one rank's resumable place in it;
 * :mod:`~lengthwise.planning.metrics`: the figures of ``docs/metrics.md`` for any schedule.
 
 Example::
@@ -38,6 +41,8 @@ _EXPORTS: dict[str, str] = {
     "PackedEpochPlan": "lengthwise.planning.packed",
     "CostModel": "lengthwise.planning.cost",
     "load_lengths": "lengthwise.planning.lengths",
+    "open_lengths": "lengthwise.planning.lengths",
+    "WindowedPlan": "lengthwise.planning.windowed",
     "optimal_edges": "lengthwise.planning.edges",
     "batch_stats": "lengthwise.planning.metrics",
     "recomposition": "lengthwise.planning.metrics",

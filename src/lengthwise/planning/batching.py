@@ -231,15 +231,17 @@ def even_out(indices: np.ndarray, offsets: np.ndarray, tags: np.ndarray, multipl
                 f"{indices.size} samples cannot give each of {multiple} ranks the same number "
                 f"of micro-batches ({m} batches, {m + short} needed); use fewer ranks, or "
                 "even_out='drop' or 'repeat'")
-        new_sizes, new_tags = sizes.tolist(), tags.tolist()
+        # halve the largest batch, `short` times (arrays, not lists: m may be 100,000s)
+        new_sizes, new_tags = sizes.astype(np.int64), np.asarray(tags)
         for _ in range(short):
             i = int(np.argmax(new_sizes))
             half = new_sizes[i] // 2
-            new_sizes[i : i + 1] = [new_sizes[i] - half, half]
-            new_tags[i : i + 1] = [new_tags[i], new_tags[i]]
+            new_sizes = np.concatenate((new_sizes[:i], [new_sizes[i] - half, half],
+                                        new_sizes[i + 1:]))
+            new_tags = np.concatenate((new_tags[:i], new_tags[i : i + 1], new_tags[i:]))
         report.split_batches = short
         off = np.concatenate(([0], np.cumsum(new_sizes))).astype(np.int64)
-        return indices, off, np.asarray(new_tags, dtype=tags.dtype), report
+        return indices, off, new_tags.astype(tags.dtype), report
     if policy == "drop":
         keep = m - (m % multiple)
         if keep == 0:

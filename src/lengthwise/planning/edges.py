@@ -28,11 +28,18 @@ from lengthwise.planning.cost import CostModel, round_up
 
 #: with ``num_buckets="auto"``, every bucket must hold at least this many micro-batches,
 #: so that its batches can be re-formed from different samples every epoch.
-MIN_BATCHES_PER_BUCKET = 4
+MIN_BATCHES_PER_BUCKET = 2
+#: ... and at least this many samples, so that batches of a few long rows are not drawn
+#: from so few samples that the same ones meet again next epoch
+MIN_SAMPLES_PER_BUCKET = 16
 #: ``"auto"`` chooses the smallest K within this fraction of the best efficiency.
 AUTO_TOLERANCE = 0.01
 #: ``"auto"`` considers at most this many buckets.
 AUTO_MAX_BUCKETS = 128
+#: under a token budget, ``"auto"`` prices a sample at its padded row plus this share of
+#: the budget that whole rows cannot fill (see :func:`solve`): edges lean towards
+#: ``budget / rows``, so micro-batches of one step cost alike, at a little padding
+FILL_WEIGHT = 0.3
 
 
 @dataclass(frozen=True)
@@ -55,11 +62,14 @@ class Histogram:
         return cls(values.astype(np.int64), counts.astype(np.int64))
 
 
-def _layer(prev: np.ndarray, cum: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _layer(prev: np.ndarray, cum: np.ndarray, w: np.ndarray,
+           least: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """One DP layer: ``out[j] = min_{i<j} prev[i] + (cum[j]-cum[i]) * w[j]`` for j=1..U.
 
     ``prev`` and ``cum`` have length U+1 (index 0 = nothing covered); ``w[j]`` is the
     per-sample cost of a bucket whose last distinct length is the j-th (1-based).
+    With ``least``, a bucket ending at ``j`` must hold at least ``least[j]`` samples
+    (``cum[j] - least[j]`` non-decreasing keeps the arg-min monotone).
     Returns ``(out, arg)`` with ``out[0] = inf``.
     """
     u = cum.size - 1
@@ -79,6 +89,8 @@ def _layer(prev: np.ndarray, cum: np.ndarray, w: np.ndarray) -> tuple[np.ndarray
         cand = olo[seg] + (np.arange(seg.size) - starts[seg])
         jm = mid[seg]
         vals = prev[cand] + (cum[jm] - cum[cand]) * w[jm]
+        if least is not None:
+            vals[cum[jm] - cum[cand] < least[jm]] = np.inf
         mins = np.minimum.reduceat(vals, starts)
         hit = np.flatnonzero(vals == mins[seg])
         first = hit[np.unique(seg[hit], return_index=True)[1]]
@@ -118,26 +130,34 @@ class EdgeSolution:
 
 
 def solve(hist: Histogram, max_k: int, *, pad_multiple: int = 1,
-          cost: CostModel | None = None, budget: float | None = None) -> EdgeSolution:
+          cost: CostModel | None = None, budget: float | None = None,
+          fill_weight: float = 1.0, least: np.ndarray | None = None) -> EdgeSolution:
     """Run the DP for 1..max_k buckets over a histogram.
 
     Without ``budget`` a sample costs its padded row; with a per-micro-batch
     ``budget`` it costs its share of the batch, ``budget / floor(budget / row)``,
-    which also counts the budget that whole rows cannot fill.
+    which also counts the budget that whole rows cannot fill (the time a rank
+    with a less full micro-batch waits for the others). ``fill_weight`` in [0, 1]
+    blends the two: ``row + fill_weight * (share - row)``. Both are non-decreasing
+    in the edge, so the DP stays exact. ``least[j]`` (one per distinct length) is the
+    fewest samples a bucket whose edge is the ``j``-th distinct length may hold.
     """
+    if not 0.0 <= fill_weight <= 1.0:
+        raise ValueError(f"fill_weight must lie in [0, 1], got {fill_weight}")
     cost = cost or CostModel()
     u = hist.values.size
     max_k = max(1, min(max_k, u))
     cum = np.concatenate(([0], np.cumsum(hist.counts))).astype(np.float64)
     row = np.asarray(cost.row_cost(round_up(hist.values, pad_multiple)), dtype=np.float64)
     if budget is not None:
-        row = budget / np.maximum(1, np.floor(budget / row))
+        row = row + fill_weight * (budget / np.maximum(1, np.floor(budget / row)) - row)
     w = np.concatenate(([0.0], row))
+    lw = None if least is None else np.concatenate(([0.0], np.asarray(least, dtype=np.float64)))
     prev = np.full(u + 1, np.inf)
     prev[0] = 0.0
     totals, args = [], []
     for _ in range(max_k):
-        cur, arg = _layer(prev, cum, w)
+        cur, arg = _layer(prev, cum, w, lw)
         cur[0] = 0.0  # fewer buckets than layers: an empty prefix stays free
         totals.append(cur[u])
         args.append(arg)
@@ -183,7 +203,9 @@ def optimal_edges(
     ``num_buckets="auto"`` picks the smallest K whose efficiency is within 1% of
     the best reachable while every bucket holds at least
     ``MIN_BATCHES_PER_BUCKET`` micro-batches (rows per batch from ``batch_size``
-    or ``max_tokens``), so batches can be re-formed every epoch.
+    or ``max_tokens``) and ``MIN_SAMPLES_PER_BUCKET`` samples, so batches can be
+    re-formed every epoch; under ``max_tokens`` a sample is also priced with
+    ``FILL_WEIGHT`` of the budget its batch's whole rows leave unfilled.
 
     Example::
 
@@ -206,20 +228,27 @@ def optimal_edges(
 
 def auto_edges(hist: Histogram, *, batch_size: int | None, max_tokens: int | None,
                pad_multiple: int = 1, cost: CostModel | None = None,
-               max_buckets: int = AUTO_MAX_BUCKETS) -> list[int]:
-    """The ``"auto"`` rule of :func:`optimal_edges` over a histogram."""
+               max_buckets: int = AUTO_MAX_BUCKETS,
+               fill_weight: float = FILL_WEIGHT) -> list[int]:
+    """The ``"auto"`` rule of :func:`optimal_edges` over a histogram.
+
+    Under a token budget (``max_tokens``) samples are priced with ``fill_weight``
+    of their share of the budget (:func:`solve`).
+    """
     cost = cost or CostModel()
-    sol = solve(hist, max_buckets, pad_multiple=pad_multiple, cost=cost)
+    budget = max_tokens if batch_size is None else None
     ideal = float(np.sum(hist.counts * cost.row_cost(hist.values)))
-    candidates = [(k, ideal / float(sol.totals[k - 1]), sol.edges(k))
-                  for k in range(1, len(sol.args) + 1)]
-    # every bucket large enough to re-form its batches each epoch; on data too small for
+    rows = _rows_for(hist.values, batch_size, max_tokens, pad_multiple, cost)
+    least = np.maximum(MIN_BATCHES_PER_BUCKET * rows, MIN_SAMPLES_PER_BUCKET)
+    # every bucket large enough to re-form its batches each epoch (a constraint of the
+    # DP itself, so narrow buckets go where samples are dense); on data too small for
     # that, at least one full batch per bucket; failing that, no constraint
-    for min_batches in (MIN_BATCHES_PER_BUCKET, 1, 0):
-        feasible = [(k, eff, edges) for k, eff, edges in candidates
-                    if k == 1 or np.all(bucket_counts(hist, edges) >= min_batches * _rows_for(
-                        edges, batch_size, max_tokens, pad_multiple, cost))]
-        if len(feasible) > 1:
+    for need in (least, rows, None):
+        sol = solve(hist, max_buckets, pad_multiple=pad_multiple, cost=cost, budget=budget,
+                    fill_weight=fill_weight, least=need)
+        feasible = [(k, ideal / float(sol.totals[k - 1]), sol.edges(k))
+                    for k in range(1, len(sol.args) + 1) if np.isfinite(sol.totals[k - 1])]
+        if feasible:
             break
     best = max(eff for _, eff, _ in feasible)
     for _, eff, edges in feasible:

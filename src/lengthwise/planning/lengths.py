@@ -21,14 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
+from lengthwise.planning.errors import LengthError
 from lengthwise.planning.jsonl import jsonl_field
 from lengthwise.planning.vocabulary import OVERFLOW_POLICIES, OverflowPolicy
 
 _BUNDLED_SUFFIX = ".qwen3.npy"
-
-
-class LengthError(ValueError):
-    """Raised for lengths that cannot be planned (negative, fractional, NaN, empty...)."""
 
 
 #: lengths must stay below this to be held as int64 (2**63 would wrap to a negative number)
@@ -195,8 +192,13 @@ def _read_source(source: str | os.PathLike[str]) -> np.ndarray:
             and _bundled_path(text).exists()):
         return np.load(_bundled_path(text))
     path, column = _split_column(text)
-    if os.path.isdir(path):
-        raise LengthError(f"{path!r} is a folder, not a file of lengths")
+    if os.path.isdir(path):  # a folder of Parquet shards
+        from lengthwise.planning import readers
+
+        if column is None:
+            raise LengthError(f"{path!r} is a folder, not a file of lengths; for a folder of "
+                              f"Parquet shards name the column: {path}:COLUMN")
+        return readers.parquet_folder_lengths(path, column)
     if not os.path.exists(path):
         known = ", ".join(bundled_names())
         raise FileNotFoundError(f"no file {path!r} and no bundled distribution of that name "
@@ -204,6 +206,10 @@ def _read_source(source: str | os.PathLike[str]) -> np.ndarray:
     lower = path.lower()
     if lower.endswith(".npy"):
         return np.load(path, mmap_mode="r")
+    if lower.endswith(".idx"):  # a Megatron index
+        from lengthwise.planning import readers
+
+        return readers.megatron_lengths(path)
     if lower.endswith((".txt", ".csv")) and column is None:
         return _read_text(path)
     if lower.endswith((".jsonl", ".jsonl.gz", ".json")):
@@ -219,7 +225,8 @@ def _read_source(source: str | os.PathLike[str]) -> np.ndarray:
         hint = (f"; {text!r} is also the name of a bundled distribution, but a file of that "
                 "name here takes precedence: rename or move it to use the bundled one")
     raise LengthError(f"cannot read lengths from {path!r}: use .npy, .txt, .jsonl:FIELD, "
-                      f".parquet:COLUMN, .arrow:COLUMN, or a bundled name{hint}")
+                      ".parquet:COLUMN, .arrow:COLUMN, a Megatron .idx, FOLDER:COLUMN (Parquet "
+                      f"shards), or a bundled name{hint}")
 
 
 def validate_lengths(values: np.ndarray | Iterable[float], *, what: str = "lengths") -> np.ndarray:
@@ -366,6 +373,43 @@ def apply_overflow(
     return lengths, keep, counts
 
 
+def open_lengths(source: str | os.PathLike[str] | np.ndarray | Iterable[float]) -> np.ndarray:
+    """Lengths for planning at scale: ``.npy`` files memory-mapped, arrays not copied.
+
+    Megatron ``.idx`` files are mapped too (:mod:`~lengthwise.planning.readers`).
+    Unlike :func:`load_lengths` nothing is converted or scanned: the ranks of a
+    node share the file's pages in the page cache, and a windowed plan checks
+    each window's values when it reads them. Other sources are read (and
+    checked) by :func:`load_lengths`.
+
+    Example::
+
+        >>> import tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "lens.npy")
+        >>> np.save(path, np.array([3, 1, 2], dtype=np.int32))
+        >>> lens = open_lengths(path)
+        >>> type(lens).__name__, lens.dtype.name, lens.tolist()
+        ('memmap', 'int32', [3, 1, 2])
+    """
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        if not path.lower().endswith((".npy", ".idx")) or not os.path.exists(path):
+            return load_lengths(source)
+        arr = _read_source(path)
+        what = f"lengths from {path}"
+    elif isinstance(source, np.ndarray):
+        arr, what = source, "lengths"
+    else:
+        return load_lengths(source)
+    if arr.ndim != 1:
+        raise LengthError(f"{what} must be one-dimensional, got shape {arr.shape}")
+    if arr.size == 0:
+        raise LengthError(f"{what} are empty: there is nothing to plan")
+    if arr.dtype == object or arr.dtype.kind not in "iuf":
+        raise LengthError(f"{what} must be numbers, got dtype {arr.dtype}")
+    return arr
+
+
 def load_lengths(
     source: str | os.PathLike[str] | np.ndarray | Iterable[float],
     *,
@@ -376,7 +420,8 @@ def load_lengths(
 
     ``source`` is an array or list, a path (``.npy``, ``.txt`` one integer a line,
     ``FILE.jsonl:FIELD``, ``FILE.parquet:COLUMN``, ``FILE.arrow:COLUMN``; a list
-    column counts its items), or a bundled name (see :func:`bundled_names`; a file
+    column counts its items; a Megatron ``PREFIX.idx``; ``FOLDER:COLUMN`` for a
+    folder of Parquet shards), or a bundled name (see :func:`bundled_names`; a file
     of the same name in the working folder is read instead). With ``max_len``,
     longer samples are truncated to it (the result remembers what it cut, and a
     plan of it counts those samples in ``truncated``), or raise with

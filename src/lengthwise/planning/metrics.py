@@ -121,6 +121,77 @@ def recomposition(previous, current) -> float:
     return recomposition_of(previous.offsets, previous.indices, current.offsets, current.indices)
 
 
+def batch_token_mean(lengths: np.ndarray, indices: np.ndarray, offsets: np.ndarray,
+                     ) -> np.ndarray:
+    """Token-weighted mean length of each micro-batch, ``sum(L^2) / sum(L)``.
+
+    Example::
+
+        >>> batch_token_mean(np.array([1, 3, 4]), np.arange(3), np.array([0, 2, 3])).tolist()
+        [2.5, 4.0]
+    """
+    x = lengths[indices].astype(np.float64)
+    starts = offsets[:-1]
+    return np.add.reduceat(x * x, starts) / np.maximum(np.add.reduceat(x, starts), 1e-12)
+
+
+def _token_totals(lengths: np.ndarray, indices: np.ndarray, offsets: np.ndarray,
+                  longest: np.ndarray, pad_multiple: int, cost: CostModel,
+                  capacity: int | None) -> tuple[float, float, np.ndarray]:
+    """Real tokens, padded (or packed) tokens and the cost of each micro-batch."""
+    lens = lengths[indices]
+    real = float(lens.sum())
+    if capacity is None:
+        rows = np.diff(offsets)
+        padded_len = np.asarray(round_up(longest, pad_multiple))
+        return real, float(np.sum(rows * padded_len)), cost.batch_cost(rows, padded_len)
+    padded = float(offsets.size - 1) * capacity
+    # a packed sample costs what a row of its own length would
+    return real, padded, np.add.reduceat(cost.row_cost(lens), offsets[:-1])
+
+
+def _step_composition(lengths: np.ndarray, indices: np.ndarray, offsets: np.ndarray,
+                      world_size: int, grad_accum: int, seed: int) -> dict:
+    """Step count and step-to-step length spread, against a random-shuffle reference."""
+    m = offsets.size - 1
+    steps = step_ids(m, world_size, grad_accum)
+    tw_len, mean_len = _per_step_lengths(lengths, indices, offsets, steps)
+    n_steps = tw_len.size
+    full = n_steps if m % (world_size * grad_accum) == 0 or n_steps == 1 else n_steps - 1
+    step_length_cv = _cv(tw_len[:full])
+    step_sample_cv = _cv(mean_len[:full])
+    ref_cv, ref_scv = random_step_cv(lengths, indices, full, seed=seed)
+    return {
+        "optimizer_steps": int(n_steps),
+        "step_length_cv": step_length_cv,
+        "step_sample_cv": step_sample_cv,
+        "random_step_length_cv": ref_cv,
+        "random_step_sample_cv": ref_scv,
+        "step_cv_ratio": (step_length_cv / ref_cv
+                          if step_length_cv is not None and ref_cv else None),
+    }
+
+
+def _rank_imbalance(cost_of: np.ndarray, world_size: int) -> dict:
+    """p50 and p99 over (step, slot) of max-over-ranks / mean-over-ranks cost."""
+    usable = cost_of.size - cost_of.size % world_size
+    groups = cost_of[:usable].reshape(-1, world_size)
+    ratio = groups.max(axis=1) / np.maximum(groups.mean(axis=1), 1e-12)
+    return {
+        "rank_imbalance_p50": float(np.percentile(ratio, 50)) if ratio.size else None,
+        "rank_imbalance_p99": float(np.percentile(ratio, 99)) if ratio.size else None,
+    }
+
+
+def _same_bucket_run(longest: np.ndarray, edges: Sequence[int] | None, world_size: int) -> int:
+    """Longest run of micro-batches from one bucket (one longest length without edges)."""
+    if edges is not None:
+        tags = np.searchsorted(np.asarray(edges), longest, side="left")
+    else:
+        tags = longest
+    return longest_runs(tags, world_size)
+
+
 def batch_stats(
     lengths: np.ndarray,
     indices: np.ndarray,
@@ -147,33 +218,10 @@ def batch_stats(
     m = offsets.size - 1
     if m < 1:
         raise ValueError("no micro-batches to measure")
-    rows = np.diff(offsets)
-    lens = lengths[indices]
     longest = batch_longest(lengths, indices, offsets)
-    real = float(lens.sum())
-    if capacity is None:
-        padded_len = np.asarray(round_up(longest, pad_multiple))
-        padded = float(np.sum(rows * padded_len))
-        cost_of = cost.batch_cost(rows, padded_len)
-    else:
-        padded = float(m) * capacity
-        # a packed sample costs what a row of its own length would
-        cost_of = np.add.reduceat(cost.row_cost(lens), offsets[:-1])
-    steps = step_ids(m, world_size, grad_accum)
-    tw_len, mean_len = _per_step_lengths(lengths, indices, offsets, steps)
-    n_steps = tw_len.size
-    full = n_steps if m % (world_size * grad_accum) == 0 or n_steps == 1 else n_steps - 1
-    step_length_cv = _cv(tw_len[:full])
-    step_sample_cv = _cv(mean_len[:full])
-    ref_cv, ref_scv = random_step_cv(lengths, indices, full, seed=seed)
-    # rank imbalance: per (step, slot), max over ranks / mean over ranks
-    usable = m - m % world_size
-    groups = cost_of[:usable].reshape(-1, world_size)
-    ratio = groups.max(axis=1) / np.maximum(groups.mean(axis=1), 1e-12)
-    if edges is not None:
-        tags = np.searchsorted(np.asarray(edges), longest, side="left")
-    else:
-        tags = longest
+    real, padded, cost_of = _token_totals(lengths, indices, offsets, longest, pad_multiple,
+                                          cost, capacity)
+    composition = _step_composition(lengths, indices, offsets, world_size, grad_accum, seed)
     unique, counts = np.unique(indices, return_counts=True)
     return {
         "samples": int(indices.size),
@@ -181,18 +229,13 @@ def batch_stats(
         "repeated_in_schedule": int((counts - 1).sum()),
         "micro_batches": int(m),
         "micro_batches_per_rank": int(m // world_size),
-        "optimizer_steps": int(n_steps),
+        "optimizer_steps": composition.pop("optimizer_steps"),
         "real_tokens": int(real),
         "padded_tokens": int(padded),
         "padding_efficiency": real / padded if padded else None,
-        "step_length_cv": step_length_cv,
-        "step_sample_cv": step_sample_cv,
-        "random_step_length_cv": ref_cv,
-        "random_step_sample_cv": ref_scv,
-        "step_cv_ratio": (step_length_cv / ref_cv
-                          if step_length_cv is not None and ref_cv else None),
-        "rank_imbalance_p50": float(np.percentile(ratio, 50)) if ratio.size else None,
-        "rank_imbalance_p99": float(np.percentile(ratio, 99)) if ratio.size else None,
+        **composition,
+        **_rank_imbalance(cost_of, world_size),
         # packed rows have no buckets
-        "max_same_bucket_run": longest_runs(tags, world_size) if capacity is None else None,
+        "max_same_bucket_run": (_same_bucket_run(longest, edges, world_size)
+                                if capacity is None else None),
     }

@@ -113,8 +113,29 @@ def _sort_by_group_then_cost(group: np.ndarray, cost: np.ndarray,
     return np.argsort(key, kind="stable")
 
 
+def _balanced_steps(value: np.ndarray, stratum: np.ndarray, steps: int,
+                    rng: np.random.Generator) -> np.ndarray:
+    """Deal each stratum's batches over ``steps`` steps so that every step's sum of
+    ``value`` comes out alike: strata with the widest spread first, each one's largest
+    values to the steps with the smallest sums so far (a greedy number partition)."""
+    out = np.empty(value.size, dtype=np.int64)
+    total = np.zeros(steps)
+    order = np.argsort(stratum, kind="stable")
+    bounds = np.flatnonzero(np.diff(stratum[order])) + 1
+    groups = np.split(order, bounds)
+    spread = [float(np.ptp(value[g])) for g in groups]
+    for k in np.argsort(spread, kind="stable")[::-1]:
+        g = groups[k]
+        big_first = g[np.argsort(-value[g] + 1e-9 * rng.random(g.size), kind="stable")]
+        small_first = np.argsort(total + 1e-9 * rng.random(steps), kind="stable")[:g.size]
+        out[big_first] = small_first
+        total[small_first] += value[big_first]
+    return out
+
+
 def stratified(batch_bucket: np.ndarray, batch_cost: np.ndarray, world_size: int,
-               grad_accum: int, rng: np.random.Generator) -> np.ndarray:
+               grad_accum: int, rng: np.random.Generator,
+               batch_length: np.ndarray | None = None) -> np.ndarray:
     """Every optimizer step takes one micro-batch from each of ``W*G`` length strata.
 
     Batches sorted by bucket are cut into ``S = world_size * grad_accum`` contiguous
@@ -125,6 +146,12 @@ def stratified(batch_bucket: np.ndarray, batch_cost: np.ndarray, world_size: int
     left-over batches go to the last step, and inside a step batches of similar
     cost share an accumulation slot, dealt to ranks in a rotation that changes
     every step.
+
+    With ``batch_length`` (each batch's token-weighted mean length), batches are
+    dealt to steps by :func:`_balanced_steps` instead of by cost rank, so that the
+    steps' mean lengths come out alike: each stratum spans a range of lengths, and
+    when steps hold few batches (short samples, few ranks) that range would make
+    the steps differ more than a shuffle's.
     """
     m = batch_bucket.size
     s = world_size * grad_accum
@@ -146,6 +173,10 @@ def stratified(batch_bucket: np.ndarray, batch_cost: np.ndarray, world_size: int
     step_of_rank = rng.permutation(max(last, 1))
     rank = np.clip(j - runs_last, 0, max(last - 1, 0))
     t = np.where(goes_last, last, step_of_rank[rank])
+    if batch_length is not None and last > 1:
+        rest = np.flatnonzero(~goes_last)
+        dealt = _balanced_steps(batch_length[grouped[rest]], stratum[rest], last, rng)
+        t[rest] = step_of_rank[dealt]
     order = np.empty(m, dtype=np.int64)
     if grad_accum == 1 and rem == 0:  # one slot per step, every step full: no sort needed
         order[t * s + (stratum + t) % world_size] = grouped

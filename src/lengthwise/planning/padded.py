@@ -133,7 +133,8 @@ def _order(idx: np.ndarray, off: np.ndarray, tag: np.ndarray, lens: np.ndarray,
         return orders.limit_runs(perm, tag, config.world_size, config.max_run)
     batch_cost = (config.cost or CostModel()).batch_cost(
         np.diff(off), batching.batch_padded_lengths(lens, idx, off, config.pad_multiple))
-    return orders.stratified(tag, batch_cost, config.world_size, config.grad_accum, o)
+    return orders.stratified(tag, batch_cost, config.world_size, config.grad_accum, o,
+                             batch_length=metrics.batch_token_mean(lens, idx, off))
 
 
 def plan_padded_epoch(lengths, config: PlanConfig, *, seed: int = 0, epoch: int = 0,

@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,6 +31,9 @@ from lengthwise.planning.packed import plan_packed_epoch
 from lengthwise.planning.padded import plan_padded_epoch
 from lengthwise.planning.schedule import EpochPlan
 from lengthwise.planning.vocabulary import Order
+
+if TYPE_CHECKING:
+    from lengthwise.planning.windowed import WindowedPlan
 
 __all__ = ["plan_epoch"]
 
@@ -56,7 +60,8 @@ def plan_epoch(
     layout: str = "pad",
     rows_per_batch: int = 1,
     config: PlanConfig | None = None,
-) -> EpochPlan:
+    window: int | str | None = None,
+) -> EpochPlan | WindowedPlan:
     """Plan one epoch of micro-batches for ``world_size`` ranks.
 
     Exactly one of ``max_tokens`` (padded tokens per micro-batch, rows x padded
@@ -66,6 +71,12 @@ def plan_epoch(
     ``max_len`` follow ``on_overflow``; every sample is planned exactly once
     unless ``even_out`` says otherwise, and ``stats`` counts what happened.
     ``config`` replaces all the keyword options at once.
+
+    ``window=N`` plans the epoch as a ``(seed, epoch)`` shuffle cut into windows of
+    ``N`` samples, each planned when reached, and returns a
+    :class:`~lengthwise.planning.windowed.WindowedPlan` (``.npy`` lengths are then
+    memory-mapped, not loaded); ``window="auto"`` does so above 16,777,216 samples.
+    A window that holds every sample plans the whole epoch as without it.
 
     Example::
 
@@ -82,5 +93,16 @@ def plan_epoch(
             max_len=max_len, pad_multiple=pad_multiple, on_overflow=on_overflow,
             even_out=even_out, cost=cost, max_cost=max_cost, layout=layout,
             rows_per_batch=rows_per_batch)
+    if window is not None:
+        from lengthwise.planning.lengths import open_lengths
+        from lengthwise.planning.windowed import WindowedPlan, resolve_window
+
+        if indices is not None:
+            raise ValueError("indices and window cannot be combined: a windowed plan covers the "
+                             "whole data set (resume inside a window with the sampler's state)")
+        lengths = open_lengths(lengths)
+        size = resolve_window(window, int(lengths.shape[0]))
+        if size is not None:
+            return WindowedPlan(lengths, config, window=size, seed=seed, epoch=epoch)
     planner = plan_packed_epoch if config.layout == "pack" else plan_padded_epoch
     return planner(lengths, config, seed=seed, epoch=epoch, indices=indices)

@@ -35,10 +35,12 @@ from torch.utils.data import Sampler
 from lengthwise.planning.batching import whole_number
 from lengthwise.planning.config import PlanConfig, lengths_checksum
 from lengthwise.planning.cost import CostModel
-from lengthwise.planning.lengths import LengthError, load_lengths
+from lengthwise.planning.lengths import LengthError, load_lengths, open_lengths
 from lengthwise.planning.padded import PaddedEpochPlan
 from lengthwise.planning.plan import plan_epoch
 from lengthwise.planning.schedule import EpochPlan
+from lengthwise.planning.window_cursor import CursorError, WindowCursor
+from lengthwise.planning.windowed import WindowedPlan, resolve_window
 from lengthwise.pytorch.dist import group_info
 from lengthwise.pytorch.sampler_state import (
     STATE_VERSION,
@@ -51,12 +53,26 @@ from lengthwise.pytorch.sampler_state import (
 __all__ = ["STATE_VERSION", "BucketBatchSampler", "ResumeError", "loader_sampler_state"]
 
 
-def _options(config: PlanConfig) -> dict[str, str]:
+def _options(config: PlanConfig, window: int | None = None) -> dict[str, str]:
     """The plan options that must not change across a resume, as printable text."""
     out = {k: repr(v) for k, v in dataclasses.asdict(config).items()
            if k not in ("world_size", "grad_accum")}
     out["cost"] = repr(config.cost)  # asdict turns the CostModel into a dict
+    if window is not None:
+        out["window"] = repr(window)
     return out
+
+
+def _sampled_checksum(lengths: np.ndarray, blocks: int = 64, block: int = 16384) -> int:
+    """CRC of the lengths, or for large ones of 64 evenly spaced blocks of them (1 M values)."""
+    n = int(lengths.shape[0])
+    if n <= blocks * block:
+        return lengths_checksum(np.asarray(lengths))
+    starts = np.linspace(0, n - block, blocks).astype(np.int64)
+    crc = lengths_checksum(np.array([n]))
+    for a in starts.tolist():
+        crc = lengths_checksum(np.asarray(lengths[a : a + block]), crc)
+    return crc
 
 
 class BucketBatchSampler(Sampler[list[int]]):
@@ -73,6 +89,14 @@ class BucketBatchSampler(Sampler[list[int]]):
     count out by leaving whole micro-batches out (``even_out="drop"``, counted in
     ``plan.stats``); by default the largest ones are split instead, so every sample
     is trained exactly once per epoch.
+
+    ``window`` plans the epoch window by window (see
+    :class:`~lengthwise.planning.windowed.WindowedPlan`): ``"auto"`` (default)
+    does so above 16,777,216 samples with 2,097,152-sample windows, memory-mapping
+    ``.npy`` lengths; ``None`` always plans the whole epoch. A windowed sampler
+    resumes (also on other ranks) by planning only the window it stopped in; its
+    ``len()`` plans every window once to count, and its checksum of the lengths
+    reads 64 evenly spaced blocks of them.
 
     Call :meth:`set_epoch` before each epoch, as with ``DistributedSampler``.
     ``len(sampler)`` is the number of micro-batches this rank has in the current
@@ -113,12 +137,19 @@ class BucketBatchSampler(Sampler[list[int]]):
         layout: str = "pad",
         rows_per_batch: int = 1,
         yield_rows: bool = False,
+        window: int | str | None = "auto",
     ) -> None:
         super().__init__()
         #: yield each micro-batch as a list of packed rows (lists of indices); wrap the data
         #: set in ``lengthwise.pytorch.collate.RowsDataset`` so the collator receives the rows
         self.yield_rows = bool(yield_rows)
-        self.lengths = load_lengths(lengths)
+        raw = load_lengths(lengths) if window is None else open_lengths(lengths)
+        #: samples per window of a windowed epoch; ``None``: the whole epoch is planned at once
+        self.window = None if window is None else resolve_window(window, int(raw.shape[0]))
+        if self.window is not None or not (isinstance(raw, np.memmap) or raw is lengths):
+            self.lengths = raw  # mapped for windows, or already read and checked
+        else:
+            self.lengths = load_lengths(lengths)
         self.num_replicas, self.rank = _resolve_ranks(num_replicas, rank)
         if drop_last and even_out not in (None, "drop"):
             raise ValueError(f"drop_last=True means even_out='drop', got even_out={even_out!r}")
@@ -142,6 +173,8 @@ class BucketBatchSampler(Sampler[list[int]]):
         self._plan_key: tuple | None = None
         self._edges: list[int] | None = None
         self._resumed_from_state = False  # the last resumed segment is the loaded state's
+        self._cursor: WindowCursor | None = None
+        self._cursor_pending = False
 
     # ------------------------------------------------------------------ setup
 
@@ -153,8 +186,8 @@ class BucketBatchSampler(Sampler[list[int]]):
         """Fail early for a sample over the limit with on_overflow='error'."""
         cfg = self.config
         limit = cfg.sample_limit()
-        if cfg.on_overflow != "error" or limit is None:
-            return
+        if cfg.on_overflow != "error" or limit is None or self.window is not None:
+            return  # a windowed plan checks each window's samples when it reads them
         if limit == cfg.max_len:
             rule = f"max_len={cfg.max_len}"
         else:
@@ -223,7 +256,27 @@ class BucketBatchSampler(Sampler[list[int]]):
 
     def fingerprint(self) -> int:
         """Checksum of the lengths and the plan options (not world size or grad_accum)."""
-        return dataclasses.replace(self.config, grad_accum=1).fingerprint(self.lengths)
+        cfg = dataclasses.replace(self.config, grad_accum=1)
+        if self.window is None:
+            return cfg.fingerprint(self.lengths)
+        return _sampled_checksum(self.lengths) ^ cfg.fingerprint()
+
+    def _lengths_crc(self) -> int:
+        if self.window is None:
+            return lengths_checksum(self.lengths)
+        return _sampled_checksum(self.lengths)
+
+    def _windowed(self) -> WindowCursor:
+        """The cursor over the current epoch's windows (a windowed sampler only)."""
+        cur = self._cursor
+        if cur is None or cur.plan.epoch != self.epoch:
+            plan = WindowedPlan(self.lengths, self.config, window=self.window, seed=self.seed,
+                                epoch=self.epoch, edges=self._edges)
+            if self.config.layout == "pad":
+                self._edges = plan.edges
+            cur = self._cursor = WindowCursor(plan)
+            self._cursor_pending = False
+        return cur
 
     # ------------------------------------------------------------------ plans
 
@@ -270,8 +323,13 @@ class BucketBatchSampler(Sampler[list[int]]):
         return plan
 
     @property
-    def plan(self) -> EpochPlan | None:
-        """The plan of the current epoch (built once, then cached); ``None`` if nothing is left."""
+    def plan(self) -> EpochPlan | WindowedPlan | None:
+        """The plan of the current epoch (built once, then cached); ``None`` if nothing is left.
+
+        A windowed sampler's plan is the epoch's :class:`WindowedPlan`.
+        """
+        if self.window is not None:
+            return self._windowed().plan
         key = (self.epoch, tuple(self._resumed))
         if self._plan_key != key:
             self._plan = self._build_plan()
@@ -284,6 +342,8 @@ class BucketBatchSampler(Sampler[list[int]]):
 
         ``None`` for the packed layout, whose rows have no buckets.
         """
+        if self.window is not None:
+            return list(self._windowed().plan.edges) if self.config.layout == "pad" else None
         plan = self.plan
         if plan is None:
             raise ValueError("the current epoch has no micro-batches left")
@@ -304,17 +364,26 @@ class BucketBatchSampler(Sampler[list[int]]):
             self._resumed_from_state = False
             self._pending = None
             self._yielded = 0
+            self._cursor = None
 
     def __len__(self) -> int:
+        if self.window is not None:
+            return len(self._windowed())
         plan = self.plan
         return 0 if plan is None else plan.num_batches
 
     def remaining(self) -> int:
         """Micro-batches the next (or current) pass still yields on this rank."""
+        if self.window is not None:
+            cur = self._windowed()
+            return len(cur) - cur.yielded
         done = self._pending if self._pending is not None else self._yielded
         return max(0, len(self) - done)
 
     def __iter__(self) -> Iterator[list[int] | list[list[int]]]:
+        if self.window is not None:
+            yield from self._iter_windows()
+            return
         plan = self.plan
         start = self._pending if self._pending is not None else 0
         self._pending = None
@@ -332,6 +401,14 @@ class BucketBatchSampler(Sampler[list[int]]):
             self._yielded = pos + 1  # before the yield: a state taken now includes this batch
             yield batch
 
+    def _iter_windows(self) -> Iterator[list[int] | list[list[int]]]:
+        cur = self._windowed()
+        if not self._cursor_pending:  # a new pass starts the epoch again
+            cur = self._cursor = WindowCursor(cur.plan)
+        self._cursor_pending = False
+        for batch in cur.batches(self.rank, rows=self.yield_rows):
+            yield [row.tolist() for row in batch] if self.yield_rows else batch.tolist()
+
     # ------------------------------------------------------------------ state
 
     def state_dict(self) -> dict[str, Any]:
@@ -341,7 +418,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         ``resumed`` lists earlier ``[world_size, grad_accum, yielded]`` segments of
         an epoch that was resumed with other settings.
         """
-        return {
+        state = {
             "version": STATE_VERSION,
             "seed": self.seed,
             "epoch": self.epoch,
@@ -350,10 +427,13 @@ class BucketBatchSampler(Sampler[list[int]]):
             "grad_accum": self.grad_accum,
             "fingerprint": self.fingerprint(),
             "num_samples": int(self.lengths.size),
-            "lengths_crc": lengths_checksum(self.lengths),
+            "lengths_crc": self._lengths_crc(),
             "resumed": [list(seg) for seg in self._resumed],
-            "options": _options(self.config),
+            "options": _options(self.config, self.window),
         }
+        if self.window is not None:  # the place in the windows; "yielded" counts the epoch
+            state.update(self._windowed().state())
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a saved state: the next pass starts after its last micro-batch.
@@ -366,6 +446,9 @@ class BucketBatchSampler(Sampler[list[int]]):
         """
         saved = read_state(state)
         self._check_same_plan(saved)
+        if self.window is not None:
+            self._load_windowed(state, saved)
+            return
         resumed = list(saved.resumed)
         same = (saved.world_size, saved.grad_accum) == (self.num_replicas, self.grad_accum)
         if same:
@@ -392,6 +475,18 @@ class BucketBatchSampler(Sampler[list[int]]):
         self._pending = start
         self._yielded = start
 
+    def _load_windowed(self, state: dict[str, Any], saved: SavedState) -> None:
+        old_epoch, old_cursor = self.epoch, self._cursor
+        self.epoch = saved.epoch
+        self._cursor = None
+        try:
+            self._windowed().load(state, world_size=saved.world_size,
+                                  grad_accum=saved.grad_accum)
+        except CursorError as exc:
+            self.epoch, self._cursor = old_epoch, old_cursor  # leave the sampler as it was
+            raise ResumeError(str(exc)) from None
+        self._cursor_pending = True
+
     def _check_same_plan(self, state: dict[str, Any] | SavedState) -> None:
         if not isinstance(state, SavedState):
             state = read_state(state)
@@ -399,11 +494,11 @@ class BucketBatchSampler(Sampler[list[int]]):
         if state.num_samples != self.lengths.size:
             problems.append(f"the lengths have {self.lengths.size} samples, the saved state "
                             f"{state.num_samples}")
-        elif state.lengths_crc != lengths_checksum(self.lengths):
+        elif state.lengths_crc != self._lengths_crc():
             problems.append("the lengths differ from the saved ones (same number of samples)")
         if state.seed != self.seed:
             problems.append(f"seed is {self.seed}, the saved state has {state.seed}")
-        mine = _options(self.config)
+        mine = _options(self.config, self.window)
         saved = state.options
         for name in sorted(set(mine) | set(saved)):
             if mine.get(name) != saved.get(name):
@@ -445,7 +540,10 @@ def loader_sampler_state(loader_state: dict[str, Any]) -> dict[str, Any]:
         raise ResumeError(f"not a StatefulDataLoader state (no {exc} in its snapshot)") from None
     if not isinstance(state, dict) or "yielded" not in state:
         raise ResumeError("the loader's batch sampler was not a BucketBatchSampler")
-    return dict(state, yielded=count("yielded", state["yielded"]) + extra)
+    out = dict(state, yielded=count("yielded", state["yielded"]) + extra)
+    if "window_yielded" in state:  # a windowed sampler: the place inside the window moves too
+        out["window_yielded"] = count("window_yielded", state["window_yielded"]) + extra
+    return out
 
 
 def _edges_of(plan: EpochPlan) -> list[int] | None:

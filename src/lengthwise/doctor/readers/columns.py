@@ -153,22 +153,16 @@ class ColumnBuilder:
         return key
 
     def _resolve_loss(self, objs: list[dict[str, Any]]) -> str | None:
-        if self._loss_key is not None:
-            return self._loss_key
-        for cand in LOSS_ALIASES:
-            if any(cand in o for o in objs):
-                self._loss_key = cand
-                return cand
-        return None
+        """The loss field: the one named, else the first alias some row holds (kept once found)."""
+        if self._loss_key is None:
+            self._loss_key = _first_alias(objs, LOSS_ALIASES)
+        return self._loss_key
 
     def _resolve_step(self, objs: list[dict[str, Any]]) -> str | None:
-        if self._step_key is not None:
-            return self._step_key
-        for cand in STEP_ALIASES:
-            if any(cand in o for o in objs):
-                self._step_key = cand
-                return cand
-        return None
+        """The step field: the one named, else the first alias some row holds (kept once found)."""
+        if self._step_key is None:
+            self._step_key = _first_alias(objs, STEP_ALIASES)
+        return self._step_key
 
     def _split_rows(
         self,
@@ -181,16 +175,19 @@ class ColumnBuilder:
         """Separate loss rows from events and other rows; a null loss is kept as NaN."""
         keep: list[int] = []
         for i, value in enumerate(losses):
-            if value is not None:
-                keep.append(i)
-                continue
             o = objs[i]
-            if lk is not None and lk in o:
-                losses[i] = math.nan
-                keep.append(i)
-                continue
+            # an event line (a checkpoint, a skipped spike, ...) is never a step record,
+            # even when it carries the step's loss
+            event = o.get("event") if isinstance(o, dict) else None
+            if not isinstance(event, str):
+                if value is not None:
+                    keep.append(i)
+                    continue
+                if lk is not None and lk in o:
+                    losses[i] = math.nan
+                    keep.append(i)
+                    continue
             self.summary.other_rows += 1
-            event = o.get("event")
             if isinstance(event, str) and event in CHECKPOINT_EVENTS:
                 self._add_checkpoint(event, o, sk)
         return [objs[i] for i in keep], [losses[i] for i in keep], [lines[i] for i in keep]
@@ -215,51 +212,19 @@ class ColumnBuilder:
         s = self.summary
         s.loss_key = self.loss_label or self._loss_key or "loss"
         if not self._sizes:
-            seen = ", ".join(sorted(self._keys_seen)[:12]) or "none"
-            what = f"a {self._loss_key!r} field" if self._loss_explicit else "a loss field"
-            raise EmptyLogError(
-                f"{self.source}: no row with {what} ({s.lines} lines read, "
-                f"{s.malformed} malformed; fields seen: {seen})"
-            )
+            raise self._no_loss_error()
         lines = np.concatenate(self._lines)
         loss, bad_loss = _to_float(_flatten(self._losses))
-        steps_given = self._step_key is not None
-        if steps_given:
-            step, bad_step = _to_float(_flatten(self._steps))
-            bad_step |= ~np.isfinite(step)
-            if self._step_explicit and bad_step.all():
-                seen = ", ".join(sorted(self._keys_seen)[:12])
-                raise EmptyLogError(f"{self.source}: no row has a numeric {self._step_key!r} "
-                                    f"step field (fields seen: {seen})")
-        else:
-            step = np.arange(1, loss.size + 1, dtype=np.float64)
-            bad_step = np.zeros(loss.size, dtype=bool)
-        s.step_key = self._step_key if steps_given else "row index"
+        step, bad_step = self._step_column(loss.size)
+        s.step_key = self._step_key if self._step_key is not None else "row index"
         bad = bad_loss | bad_step
-        for ln in lines[bad][: InputSummary.MAX_LINES_SHOWN]:
-            if len(s.malformed_lines) < InputSummary.MAX_LINES_SHOWN:
-                s.malformed_lines.append(int(ln))
+        _note_malformed(s, lines[bad])
         s.malformed += int(bad.sum())
         s.malformed_lines.sort()
         good = ~bad
-        columns: dict[str, np.ndarray] = {}
-        buckets: list[Any] | None = None
-        offsets = np.concatenate([[0], np.cumsum(self._sizes)])
-        for name, chunks in self._optional.items():
-            if name in BUCKET_FIELDS:
-                raw: list[Any] = [None] * int(offsets[-1])
-                for c, col in chunks.items():
-                    raw[offsets[c] : offsets[c + 1]] = col
-                buckets = _merge_buckets(buckets, raw)
-                continue
-            arr = np.full(int(offsets[-1]), np.nan)
-            for c, col in chunks.items():
-                arr[offsets[c] : offsets[c + 1]] = _to_float(col)[0]
-            columns[name] = arr
+        columns, buckets = self._optional_columns()
         step, loss, lines = step[good], loss[good], lines[good]
-        columns = {k: v[good] for k, v in columns.items()}
-        if buckets is not None:
-            buckets = [b for b, g in zip(buckets, good.tolist(), strict=True) if g]
+        columns, buckets = _take(good, columns, buckets)
         if step.size == 0:
             raise EmptyLogError(
                 f"{self.source}: no usable loss rows "
@@ -268,9 +233,7 @@ class ColumnBuilder:
         keep = _resolve_restarts(step, lines, s)
         if not keep.all():
             step, loss = step[keep], loss[keep]
-            columns = {k: v[keep] for k, v in columns.items()}
-            if buckets is not None:
-                buckets = [b for b, g in zip(buckets, keep.tolist(), strict=True) if g]
+            columns, buckets = _take(keep, columns, buckets)
         s.loss_rows = int(step.size)
         checkpoints = self._checkpoint_steps()
         if checkpoints.size:
@@ -287,10 +250,76 @@ class ColumnBuilder:
             input=s,
         )
 
+    def _no_loss_error(self) -> EmptyLogError:
+        """The error for a log where no row holds the loss field, naming the fields seen."""
+        s = self.summary
+        seen = ", ".join(sorted(self._keys_seen)[:12]) or "none"
+        what = f"a {self._loss_key!r} field" if self._loss_explicit else "a loss field"
+        hint = "" if self._loss_explicit else "; name it with --loss-key NAME"
+        return EmptyLogError(
+            f"{self.source}: no row with {what} ({s.lines} lines read, "
+            f"{s.malformed} malformed; fields seen: {seen}){hint}"
+        )
+
+    def _step_column(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """The step of each row (the row number when no step field) and rows without one."""
+        if self._step_key is None:
+            return np.arange(1, rows + 1, dtype=np.float64), np.zeros(rows, dtype=bool)
+        step, bad_step = _to_float(_flatten(self._steps))
+        bad_step |= ~np.isfinite(step)
+        if self._step_explicit and bad_step.all():
+            seen = ", ".join(sorted(self._keys_seen)[:12])
+            raise EmptyLogError(f"{self.source}: no row has a numeric {self._step_key!r} "
+                                f"step field (fields seen: {seen})")
+        return step, bad_step
+
+    def _optional_columns(self) -> tuple[dict[str, np.ndarray], list[Any] | None]:
+        """The optional numeric columns (NaN where a row lacks one) and the bucket labels."""
+        columns: dict[str, np.ndarray] = {}
+        buckets: list[Any] | None = None
+        offsets = np.concatenate([[0], np.cumsum(self._sizes)])
+        for name, chunks in self._optional.items():
+            if name in BUCKET_FIELDS:
+                raw: list[Any] = [None] * int(offsets[-1])
+                for c, col in chunks.items():
+                    raw[offsets[c] : offsets[c + 1]] = col
+                buckets = _merge_buckets(buckets, raw)
+                continue
+            arr = np.full(int(offsets[-1]), np.nan)
+            for c, col in chunks.items():
+                arr[offsets[c] : offsets[c + 1]] = _to_float(col)[0]
+            columns[name] = arr
+        return columns, buckets
+
     def _checkpoint_steps(self) -> np.ndarray:
         """Checkpoint steps: begin events (else end events) plus plain checkpoint events."""
         marks = self._ckpt["begin"] or self._ckpt["end"]
         return np.unique(np.asarray(marks + self._ckpt["plain"], dtype=np.float64))
+
+
+def _first_alias(objs: list[dict[str, Any]], aliases: Sequence[str]) -> str | None:
+    """The first of ``aliases`` that some row in ``objs`` holds (None: none does)."""
+    for cand in aliases:
+        if any(cand in o for o in objs):
+            return cand
+    return None
+
+
+def _note_malformed(s: InputSummary, bad_lines: np.ndarray) -> None:
+    """Record the first malformed line numbers in the summary, up to its limit."""
+    for ln in bad_lines[: InputSummary.MAX_LINES_SHOWN]:
+        if len(s.malformed_lines) < InputSummary.MAX_LINES_SHOWN:
+            s.malformed_lines.append(int(ln))
+
+
+def _take(
+    mask: np.ndarray, columns: dict[str, np.ndarray], buckets: list[Any] | None
+) -> tuple[dict[str, np.ndarray], list[Any] | None]:
+    """The optional columns and bucket labels of the rows ``mask`` keeps."""
+    columns = {k: v[mask] for k, v in columns.items()}
+    if buckets is not None:
+        buckets = [b for b, g in zip(buckets, mask.tolist(), strict=True) if g]
+    return columns, buckets
 
 
 def _flatten(chunks: list[list[Any]]) -> list[Any]:
@@ -303,16 +332,24 @@ def _flatten(chunks: list[list[Any]]) -> list[Any]:
 
 
 def _to_float(col: list[Any]) -> tuple[np.ndarray, np.ndarray]:
-    """Convert to float64 (None -> NaN); second array flags values that are not numbers."""
-    try:
-        return np.array(col, dtype=np.float64), np.zeros(len(col), dtype=bool)
-    except (TypeError, ValueError):
-        pass
+    """Convert to float64 (None -> NaN); second array flags values that are not numbers.
+
+    Booleans are not numbers here: a JSON ``true`` loss is malformed, not 1.0.
+    """
+    if not any(type(v) is bool for v in col):
+        try:
+            return np.array(col, dtype=np.float64), np.zeros(len(col), dtype=bool)
+        except (TypeError, ValueError):
+            pass
     out = np.empty(len(col), dtype=np.float64)
     bad = np.zeros(len(col), dtype=bool)
     for i, value in enumerate(col):
         if value is None:
             out[i] = math.nan
+            continue
+        if type(value) is bool:
+            out[i] = math.nan
+            bad[i] = True
             continue
         try:
             out[i] = float(value)
@@ -330,24 +367,63 @@ def _merge_buckets(current: list[Any] | None, raw: list[Any]) -> list[Any]:
             for c, b in zip(current, raw, strict=True)]
 
 
-def _resolve_restarts(step: np.ndarray, lines: np.ndarray, summary: InputSummary) -> np.ndarray:
-    """Mask of rows to keep: a row survives only if every later row has a larger step.
+#: a step going back at most this many rows, again and again, is a second writer
+WRITER_REWIND = 4
 
-    So a step logged twice keeps its last value, and a run resumed from step
-    ``s`` supersedes what the earlier run logged from ``s`` on.
+
+def _short_rewinds(s: np.ndarray, back: np.ndarray) -> np.ndarray:
+    """Mask over ``back``: the step went back by at most ``WRITER_REWIND`` rows."""
+    short = np.zeros(back.size, dtype=bool)
+    for n, i in enumerate(back.tolist()):
+        j = i - 1
+        while j >= 0 and i - j <= WRITER_REWIND + 1 and s[j] >= s[i]:
+            j -= 1
+        short[n] = i - j - 1 <= WRITER_REWIND
+    return short
+
+
+def _resolve_restarts(step: np.ndarray, lines: np.ndarray, summary: InputSummary) -> np.ndarray:
+    """Mask of rows to keep: duplicate writes collapse, then later rows supersede earlier ones.
+
+    A step written again on the next row (a second writer, e.g. every rank
+    logging) is a duplicate, not a restart: the last of the run of equal steps
+    is kept and counted in ``duplicate_rows``. Two writers that interleave in
+    short blocks make the step go back by a few rows again and again: when at
+    least 3 such short rewinds (and 10 % of the rows) occur, they are duplicates
+    too. Any other step that goes back is a restart (a resumed run): a row
+    survives only if every later row has a larger step, so a resumed run
+    supersedes what the earlier run logged from its resume point on.
     """
     if step.size < 2:
         return np.ones(step.size, dtype=bool)
-    back = np.flatnonzero(step[1:] <= step[:-1]) + 1
-    summary.restarts = [
-        Restart(line=int(lines[i]), step_before=float(step[i - 1]), step_after=float(step[i]))
-        for i in back[:1000]
-    ]
-    summary.restart_count = int(back.size)
-    if back.size == 0:
-        return np.ones(step.size, dtype=bool)
-    later_min = np.minimum.accumulate(step[::-1])[::-1]
+    dup = np.zeros(step.size, dtype=bool)
+    dup[:-1] = step[:-1] == step[1:]
+    rest = np.flatnonzero(~dup)
+    s = step[rest]
+    back = np.flatnonzero(s[1:] < s[:-1]) + 1
+    short = _short_rewinds(s, back)
+    writers = int(short.sum()) >= max(3, 0.1 * s.size)
+    real = back[~short] if writers else back
+    keep = ~dup
+    later_min = np.minimum.accumulate(s[::-1])[::-1]
     next_min = np.append(later_min[1:], np.inf)
-    keep = step < next_min
-    summary.superseded_rows = int((~keep).sum())
+    survive = s < next_min
+    keep[rest[~survive]] = False
+    superseded = ~survive
+    if writers:  # rows rewritten by the second writer are duplicates, not superseded by a resume
+        rewritten = np.zeros(s.size, dtype=bool)
+        for i in back[short].tolist():
+            j = i - 1
+            while j >= 0 and s[j] >= s[i] and i - j <= WRITER_REWIND + 1:
+                rewritten[j] = True
+                j -= 1
+        superseded &= ~rewritten
+        dup[rest[~survive & rewritten]] = True
+    summary.duplicate_rows = int(dup.sum())
+    summary.restarts = [
+        Restart(line=int(lines[rest[i]]), step_before=float(s[i - 1]), step_after=float(s[i]))
+        for i in real[:1000]
+    ]
+    summary.restart_count = int(real.size)
+    summary.superseded_rows = int(superseded.sum())
     return keep

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 from lengthwise.doctor.errors import EmptyLogError, UnreadableLogError
 from lengthwise.doctor.readers.columns import (
@@ -67,60 +69,77 @@ def read_csv(
 ) -> None:
     """Read a CSV log into ``builder`` (its rows become dicts with canonical field names)."""
     with open_log(path) as raw:
-        text = io.TextIOWrapper(raw, encoding="utf-8-sig", errors="replace", newline="")
-        sample = text.read(1 << 16)
-        if not sample.strip():
-            raise EmptyLogError(f"{path}: is empty")
-        try:
-            dialect = csv.Sniffer().sniff(sample.splitlines()[0], delimiters=",\t;")
-        except csv.Error:
-            dialect = csv.excel
-        text.seek(0)
-        reader = csv.reader(text, dialect)
-        try:
-            header = next(reader)
-        except (csv.Error, StopIteration) as exc:
-            raise UnreadableLogError(f"{path}: no CSV header ({exc})") from exc
+        reader, header = _csv_reader(path, raw)
         names = [_clean(h) if not h.strip().endswith(("__MIN", "__MAX")) else "" for h in header]
         cols = _columns(names, step_key, loss_key)
         if "loss" not in cols:
-            shown = ", ".join(h for h in header[:12])
-            if loss_key:
-                raise EmptyLogError(f"{path}: no column {loss_key!r} among the CSV columns: "
-                                    f"{shown}")
-            raise EmptyLogError(
-                f"{path}: no loss column found among the CSV columns: {shown}; name the one "
-                "that holds the loss with --loss-key COLUMN (loss_key= in Python)")
-        width = len(header)
+            raise _no_loss_column(path, header, loss_key)
         builder.loss_label = header[cols["loss"]].strip()
-        li = cols["loss"]
-        rows: list[dict[str, str]] = []
-        numbers: list[int] = []
-        line = 1
-        try:
-            for row in reader:
-                line += 1
-                if not row:
-                    continue
-                if len(row) != width:
-                    builder.summary.add_malformed(line)
-                    continue
-                if not row[li].strip():
-                    builder.summary.other_rows += 1
-                    continue
-                rows.append({k: row[i] for k, i in cols.items() if row[i] != ""})
-                numbers.append(line)
-                if len(rows) >= ROWS_PER_CHUNK:
-                    builder.summary.lines = line
-                    builder.add(rows, numbers)
-                    rows, numbers = [], []
-        except csv.Error:
-            builder.summary.add_malformed(line)
-            builder.summary.truncated = True
-        except (EOFError, OSError):
-            builder.summary.truncated = True
-        builder.summary.lines = line
-        builder.add(rows, numbers)
+        _read_rows(reader, cols, len(header), builder)
+
+
+def _csv_reader(path: Path, raw: IO[bytes]) -> tuple[Iterator[list[str]], list[str]]:
+    """A CSV reader of the decoded file in its sniffed dialect, past the header, and the header."""
+    text = io.TextIOWrapper(raw, encoding="utf-8-sig", errors="replace", newline="")
+    sample = text.read(1 << 16)
+    if not sample.strip():
+        raise EmptyLogError(f"{path}: is empty")
+    try:
+        dialect = csv.Sniffer().sniff(sample.splitlines()[0], delimiters=",\t;")
+    except csv.Error:
+        dialect = csv.excel
+    text.seek(0)
+    reader = csv.reader(text, dialect)
+    try:
+        header = next(reader)
+    except (csv.Error, StopIteration) as exc:
+        raise UnreadableLogError(f"{path}: no CSV header ({exc})") from exc
+    return reader, header
+
+
+def _no_loss_column(path: Path, header: list[str], loss_key: str | None) -> EmptyLogError:
+    """The error for a CSV without the loss column, listing its first columns."""
+    shown = ", ".join(h for h in header[:12])
+    if loss_key:
+        return EmptyLogError(f"{path}: no column {loss_key!r} among the CSV columns: "
+                             f"{shown}")
+    return EmptyLogError(
+        f"{path}: no loss column found among the CSV columns: {shown}; name the one "
+        "that holds the loss with --loss-key COLUMN (loss_key= in Python)")
+
+
+def _read_rows(
+    reader: Iterator[list[str]], cols: dict[str, int], width: int, builder: ColumnBuilder
+) -> None:
+    """Feed the data rows to ``builder`` in chunks, counting short, long and loss-less rows."""
+    li = cols["loss"]
+    rows: list[dict[str, str]] = []
+    numbers: list[int] = []
+    line = 1
+    try:
+        for row in reader:
+            line += 1
+            if not row:
+                continue
+            if len(row) != width:
+                builder.summary.add_malformed(line)
+                continue
+            if not row[li].strip():
+                builder.summary.other_rows += 1
+                continue
+            rows.append({k: row[i] for k, i in cols.items() if row[i] != ""})
+            numbers.append(line)
+            if len(rows) >= ROWS_PER_CHUNK:
+                builder.summary.lines = line
+                builder.add(rows, numbers)
+                rows, numbers = [], []
+    except csv.Error:
+        builder.summary.add_malformed(line)
+        builder.summary.truncated = True
+    except (EOFError, OSError):
+        builder.summary.truncated = True
+    builder.summary.lines = line
+    builder.add(rows, numbers)
 
 
 def _columns(names: list[str], step_key: str | None, loss_key: str | None) -> dict[str, int]:

@@ -42,6 +42,44 @@ def _check(config: PlanConfig) -> int:
     return int(config.max_tokens)
 
 
+def _even_out_rows(order: np.ndarray, row_off: np.ndarray, n_pieces: int, config: PlanConfig,
+                   seed: int, epoch: int) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Rows evened out to a multiple of ranks x rows per micro-batch (``config.even_out``)."""
+    w, rows_per = config.world_size, config.rows_per_batch
+    multiple = w * rows_per
+    short = (-(row_off.size - 1)) % multiple
+    if config.even_out == "split" and short and row_off.size - 1 + short > n_pieces:
+        raise ValueError(
+            f"{n_pieces} samples cannot fill {row_off.size - 1 + short} rows "
+            f"({w} ranks x {rows_per} rows per micro-batch); use fewer ranks or rows, "
+            "or even_out='repeat'")
+    tags = np.zeros(row_off.size - 1, dtype=np.int64)
+    order, row_off, _, even = batching.even_out(order, row_off, tags, multiple,
+                                                config.even_out,
+                                                streams.rng(seed, epoch, streams.PACK_EVEN))
+    return order, row_off, even
+
+
+def _order_micro_batches(order: np.ndarray, row_off: np.ndarray, row_piece_len: np.ndarray,
+                         config: PlanConfig, o: np.random.Generator,
+                         ) -> tuple[np.ndarray, np.ndarray]:
+    """Rows grouped into micro-batches and put in schedule order (``config.order``)."""
+    rows_per = config.rows_per_batch
+    price, weight = row_prices(row_piece_len, row_off, config.cost or CostModel())
+    if rows_per > 1:  # rows to micro-batches
+        row_perm, price, weight = rows_to_micro_batches(price, weight, rows_per, o)
+        order, row_off = batching.take_batches(order, row_off, row_perm)
+    if config.order == "stratified":
+        mb_perm = schedule_groups(price, weight, config.world_size, config.grad_accum, o)
+    else:
+        mb_perm = o.permutation(price.size)
+    if rows_per > 1:
+        row_perm = (mb_perm[:, None] * rows_per + np.arange(rows_per)).reshape(-1)
+    else:
+        row_perm = mb_perm
+    return batching.take_batches(order, row_off, row_perm)
+
+
 def plan_packed_epoch(lengths, config: PlanConfig, *, seed: int = 0, epoch: int = 0,
                       indices: np.ndarray | None = None) -> PackedEpochPlan:
     """Plan one epoch of packed rows (``layout="pack"``; see :mod:`lengthwise.planning.packed`).
@@ -69,32 +107,10 @@ def plan_packed_epoch(lengths, config: PlanConfig, *, seed: int = 0, epoch: int 
                   split_pieces=int(piece_id.size - ids.size + n_split))
 
     order, row_off = pack_rows(piece_len, capacity, streams.rng(seed, epoch, streams.PACK_DEAL))
-    w, rows_per = config.world_size, config.rows_per_batch
-    multiple = w * rows_per
-    short = (-(row_off.size - 1)) % multiple
-    if config.even_out == "split" and short and row_off.size - 1 + short > piece_id.size:
-        raise ValueError(
-            f"{piece_id.size} samples cannot fill {row_off.size - 1 + short} rows "
-            f"({w} ranks x {rows_per} rows per micro-batch); use fewer ranks or rows, "
-            "or even_out='repeat'")
-    tags = np.zeros(row_off.size - 1, dtype=np.int64)
-    order, row_off, _, even = batching.even_out(order, row_off, tags, multiple,
-                                                config.even_out,
-                                                streams.rng(seed, epoch, streams.PACK_EVEN))
-    o = streams.rng(seed, epoch, streams.PACK_ORDER)
-    price, weight = row_prices(piece_len[order], row_off, config.cost or CostModel())
-    if rows_per > 1:  # rows to micro-batches
-        row_perm, price, weight = rows_to_micro_batches(price, weight, rows_per, o)
-        order, row_off = batching.take_batches(order, row_off, row_perm)
-    if config.order == "stratified":
-        mb_perm = schedule_groups(price, weight, w, config.grad_accum, o)
-    else:
-        mb_perm = o.permutation(price.size)
-    if rows_per > 1:
-        row_perm = (mb_perm[:, None] * rows_per + np.arange(rows_per)).reshape(-1)
-    else:
-        row_perm = mb_perm
-    order, row_off = batching.take_batches(order, row_off, row_perm)
+    order, row_off, even = _even_out_rows(order, row_off, piece_id.size, config, seed, epoch)
+    order, row_off = _order_micro_batches(order, row_off, piece_len[order], config,
+                                          streams.rng(seed, epoch, streams.PACK_ORDER))
+    rows_per = config.rows_per_batch
     itype = index_dtype(lens.size)
     if every and n_split == 0:  # pieces are the sample ids
         sample_ids = order.astype(itype, copy=False)

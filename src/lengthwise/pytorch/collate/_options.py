@@ -12,6 +12,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from lengthwise.pytorch.collate.budget import Budget
+
+_LAYOUT_WORDS = {"pad": ("padded", "packed"), "pack": ("packed", "padded")}
+
 
 def check_positive(name: str, value: int | None, *, allow_none: bool = True) -> None:
     """Raise ``ValueError`` unless ``value`` is a positive integer (or ``None``, if allowed).
@@ -61,3 +65,19 @@ def check_edges(edges: Sequence[int] | None) -> list[int] | None:
     if any(b <= a for a, b in zip(out, out[1:], strict=False)) or out[0] < 1:
         raise ValueError(f"edges must be positive and strictly increasing, got {out}")
     return out
+
+
+def check_budget(budget: Budget | None, layout: str, collator: str) -> Budget | None:
+    """``budget`` (or ``None``), checked to be a :class:`Budget` of ``layout``.
+
+    Example::
+
+        >>> check_budget(Budget(max_tokens=8, rows=2, layout="pack"), "pack", "PackCollator").rows
+        2
+    """
+    if budget is not None and not isinstance(budget, Budget):
+        raise TypeError(f"budget must be a lengthwise.pytorch.collate.Budget, got {budget!r}")
+    if budget is not None and budget.layout != layout:
+        want, got = _LAYOUT_WORDS[layout]
+        raise ValueError(f"{collator} needs a budget of the {want} layout, got a {got} one")
+    return budget

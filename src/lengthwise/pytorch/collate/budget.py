@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["Budget", "BudgetError", "check_budget"]
+__all__ = ["Budget", "BudgetError"]
 
 _HINT = ("(the samples are longer than the lengths the plan was built from, or the collator "
          "truncates or pads differently from the plan: use sampler.collator(), which truncates "
@@ -114,25 +114,3 @@ class Budget:
             if used > cap:
                 raise BudgetError(f"{where}: row {r} holds {used} tokens > max_tokens={cap} "
                                   f"(the row capacity) {_HINT}")
-
-
-def check_budget(budget: Budget | None, layout: str, collator: str) -> Budget | None:
-    """``budget`` if it is a :class:`Budget` of ``layout`` (or ``None``), else a clear error.
-
-    Example::
-
-        >>> check_budget(Budget(max_tokens=8), "pad", "PadCollator").max_tokens
-        8
-        >>> check_budget(Budget(max_tokens=8), "pack", "PackCollator")
-        Traceback (most recent call last):
-        ...
-        ValueError: PackCollator needs a budget of the packed layout, got a padded one
-    """
-    if budget is None:
-        return None
-    if not isinstance(budget, Budget):
-        raise TypeError(f"budget must be a lengthwise.pytorch.collate.Budget, got {budget!r}")
-    if budget.layout != layout:
-        want, got = (("padded", "packed") if layout == "pad" else ("packed", "padded"))
-        raise ValueError(f"{collator} needs a budget of the {want} layout, got a {got} one")
-    return budget

@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from lengthwise.pytorch.collate._options import check_fields, check_positive
+from lengthwise.pytorch.collate._options import check_budget, check_fields, check_positive
 from lengthwise.pytorch.collate._packed_rows import sample_rows
 from lengthwise.pytorch.collate._samples import check_batch, pad_value, result_dtype
-from lengthwise.pytorch.collate.budget import Budget, check_budget
+from lengthwise.pytorch.collate.budget import Budget
 from lengthwise.pytorch.collate.mask import packed_attention_mask
 
 __all__ = ["PackCollator"]

@@ -14,10 +14,15 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from lengthwise.pytorch.collate._options import check_edges, check_fields, check_positive
+from lengthwise.pytorch.collate._options import (
+    check_budget,
+    check_edges,
+    check_fields,
+    check_positive,
+)
 from lengthwise.pytorch.collate._samples import check_batch, pad_value, result_dtype, sample_fields
 from lengthwise.pytorch.collate.buckets import bucket_of
-from lengthwise.pytorch.collate.budget import Budget, check_budget
+from lengthwise.pytorch.collate.budget import Budget
 
 __all__ = ["PadCollator"]
 

@@ -16,7 +16,7 @@ import threading
 import time
 import warnings
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -106,45 +106,16 @@ class Checkpointer:
         Call it between optimizer steps, after the sampler has handed out the
         batches of the steps done so far, so that a resumed run continues exactly.
         """
-        if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
-            raise ValueError(f"step must be a non-negative integer, got {step!r}")
-        step = int(step)
-        if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        for name, obj in (("optimizer", optimizer), ("scheduler", scheduler),
-                          ("sampler", sampler)):
-            check_stateful(name, obj)
+        step = _checked_save_args(step, model, optimizer, scheduler, sampler)
         self.closed = False
-        info = group_info(self.process_group)
-        use_dcp = self.use_dcp if self.use_dcp is not None else info is not None
-        if not use_dcp and info is not None and info.world_size > 1:
-            raise ValueError(
-                "use_dcp=False only works in a single process; under torch.distributed "
-                "checkpoints go through torch.distributed.checkpoint"
-            )
+        info, use_dcp = self._backend()
         rank = info.rank if info is not None else 0
         tmp, final = step_dirs(self.directory, step)
         start = time.perf_counter()
         self._event(rank, "checkpoint_begin", step=step, path=str(final))
         self.wait()  # one save at a time; raises if the previous one failed
         state = TrainingState(step, model, optimizer, scheduler, sampler, extra)
-
-        def finish(manifest: dict[str, Any]) -> Path:
-            return self._finish(rank, step, tmp, final, manifest, start)
-
-        def failed(exc: BaseException) -> None:
-            self._event(rank, "checkpoint_failed", step=step,
-                        error=f"{type(exc).__name__}: {exc}")
-
-        if use_dcp:
-            future = save_dcp(state, tmp, info, self._checkpoint_group, finish, failed)
-        else:
-            future = save_torch(state, tmp, self._writer_thread(), finish, failed)
-        if not self.async_:
-            try:
-                future.result()
-            except BaseException:
-                pass  # raised by pending.wait() below
+        future = self._write(state, tmp, final, info, use_dcp, rank, start)
         blocking = time.perf_counter() - start
         pending = PendingSave(step, final, future, blocking)
         self._event(rank, "checkpoint_end", step=step, path=str(final),
@@ -193,6 +164,40 @@ class Checkpointer:
         self.close()
 
     # internals
+    def _backend(self) -> tuple[GroupInfo | None, bool]:
+        """The process group's info and whether saves go through DCP (checked for the group)."""
+        info = group_info(self.process_group)
+        use_dcp = self.use_dcp if self.use_dcp is not None else info is not None
+        if not use_dcp and info is not None and info.world_size > 1:
+            raise ValueError(
+                "use_dcp=False only works in a single process; under torch.distributed "
+                "checkpoints go through torch.distributed.checkpoint"
+            )
+        return info, use_dcp
+
+    def _write(self, state: TrainingState, tmp: Path, final: Path, info: GroupInfo | None,
+               use_dcp: bool, rank: int, start: float) -> Future:
+        """Start writing ``state`` with the chosen backend (and wait for it unless async)."""
+        step = state.step
+
+        def finish(manifest: dict[str, Any]) -> Path:
+            return self._finish(rank, step, tmp, final, manifest, start)
+
+        def failed(exc: BaseException) -> None:
+            self._event(rank, "checkpoint_failed", step=step,
+                        error=f"{type(exc).__name__}: {exc}")
+
+        if use_dcp:
+            future = save_dcp(state, tmp, info, self._checkpoint_group, finish, failed)
+        else:
+            future = save_torch(state, tmp, self._writer_thread(), finish, failed)
+        if not self.async_:
+            try:
+                future.result()
+            except BaseException:
+                pass  # raised by pending.wait() in save
+        return future
+
     def _event(self, rank: int, name: str, **fields: Any) -> None:
         if self.logger is None or rank != 0:
             return
@@ -232,6 +237,19 @@ class Checkpointer:
         if self._cpu_group is None:
             self._cpu_group = info.dist.new_group(backend="gloo")
         return self._cpu_group
+
+
+def _checked_save_args(step: Any, model: Any, optimizer: Any, scheduler: Any,
+                       sampler: Any) -> int:
+    """``step`` as an int, once it, ``model`` and the stateful objects are checked."""
+    if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
+        raise ValueError(f"step must be a non-negative integer, got {step!r}")
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    for name, obj in (("optimizer", optimizer), ("scheduler", scheduler),
+                      ("sampler", sampler)):
+        check_stateful(name, obj)
+    return int(step)
 
 
 class SharedCheckpointers:

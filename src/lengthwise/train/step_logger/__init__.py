@@ -4,9 +4,12 @@
 padded tokens, samples, bucket), and at every optimizer step appends one line
 to a JSON-lines file: the step's token-weighted loss, throughput, padding, the
 buckets it drew from, a running loss per bucket and a *composition-corrected*
-loss (the per-bucket running losses weighted by the data set's bucket shares).
-When each step draws from one bucket, the raw loss jumps between the bands of
-the buckets; the corrected loss follows the trend instead.
+loss: the step's loss minus the offset its bucket mix is expected to have (from
+the earlier steps' bucket means, against their data-share-weighted mean). When
+each step draws from one bucket, the raw loss jumps between the bands of the
+buckets; the corrected loss keeps only the step's own noise. With
+``record_micro(sample_losses=...)`` the record also gets ``loss_sample_std``,
+the spread of the step's per-sample losses (the sampling-noise floor).
 
 Under ``torch.distributed`` it sums the counts and averages the losses over
 ranks (token-weighted) and writes on rank 0 only. Disk writes, and the optional
@@ -14,9 +17,10 @@ forwarding to TensorBoard or Weights & Biases, run on a background thread.
 
 Modules: :mod:`~lengthwise.train.step_logger.logger` (:class:`StepLogger`) and
 :mod:`~lengthwise.train.step_logger.shares` (:func:`bucket_token_shares`); inside,
-``_vector`` (a step's sums, all-reduced over ranks), ``_bucket_losses`` (running
-per-bucket and corrected losses), ``_record`` (the record's fields), ``_writer``
-(the background thread), ``_sinks`` (TensorBoard, W&B) and ``_values`` (input checks).
+``_vector`` (a step's sums, all-reduced over ranks), ``_bucket_losses`` (running per-
+bucket losses, the mix offset of the corrected loss), ``_record`` (the record's fields),
+``_writer`` (the background thread), ``_sinks`` (TensorBoard, W&B) and ``_values``
+(input checks).
 
 Example::
 
@@ -27,8 +31,12 @@ Example::
     ...     log.record_micro(loss=2.0, real_tokens=30, padded_tokens=32, samples=2, bucket=0)
     ...     log.record_micro(loss=4.0, real_tokens=10, padded_tokens=16, samples=1, bucket=1)
     ...     rec = log.step(step=1, epoch=0, lr=1e-3, grad_norm=0.5)
-    >>> rec["loss"], rec["real_tokens"], rec["buckets"], rec["corrected_loss"]
-    (2.5, 40, [0, 1], 3.0)
+    ...     log.record_micro(loss=1.0, real_tokens=20, padded_tokens=24, samples=1, bucket=0)
+    ...     nxt = log.step(step=2)
+    >>> rec["loss"], rec["real_tokens"], rec["buckets"], rec["bucket_loss"]
+    (2.5, 40, [0, 1], {'0': 2.0, '1': 4.0})
+    >>> nxt["corrected_loss"]  # bucket 0 runs 1.0 below the half-and-half mean 3.0
+    2.0
 """
 
 from __future__ import annotations

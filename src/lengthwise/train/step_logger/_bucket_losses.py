@@ -1,12 +1,24 @@
-"""The running loss of every bucket, and the composition-corrected loss they add up to.
+"""The running loss of every bucket, and the offset of a step's bucket mix from the average.
+
+The composition-corrected loss of a step is its loss minus the offset its bucket
+mix is expected to have: ``sum_b w_b (m_b - M)``, with ``w_b`` the step's token
+share in bucket ``b``, ``m_b`` the bucket's running loss over the *previous*
+steps (the step itself left out) and ``M`` the data-share-weighted mean of the
+``m_b``. It removes what the buckets are known to add and keeps each step's own
+noise: with buckets that do not differ the corrected loss is as rough as the
+raw one, with buckets that do it falls to the sampling noise. (It is not a
+running mean: a smoothed curve would look calm whatever the batching.)
 
 Example::
 
     >>> losses = BucketLosses(window=50)
     >>> losses.add(np.array([[2.0, 1.0, 1.0, 1.0], [12.0, 3.0, 1.0, 3.0]]), False, 0)
     [0, 1]
-    >>> means = losses.means(); means, losses.corrected(means, None)
-    ({0: 2.0, 1: 4.0}, 3.5)
+    >>> losses.means()
+    {0: 2.0, 1: 4.0}
+    >>> step = np.array([[2.2, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]])  # next step: bucket 0
+    >>> round(2.2 - losses.expected_offset(step, None), 6)  # offset 2.0 - 3.5
+    3.7
 """
 
 from __future__ import annotations
@@ -72,12 +84,25 @@ class BucketLosses:
         """The running loss of every bucket seen so far, by bucket id."""
         return {b: window_mean(w) for b, w in sorted(self.windows.items())}
 
-    def corrected(self, bucket_loss: dict[int, float],
-                  shares: dict[int, float] | None) -> float | None:
-        """``bucket_loss`` weighted by ``shares`` (default: the observed ones); ``None`` if none."""
-        shares = shares if shares is not None else self.observed
-        weights = {b: shares.get(b, 0.0) for b in bucket_loss}
-        total = sum(weights.values())
+    def expected_offset(self, columns: np.ndarray,
+                        shares: dict[int, float] | None) -> float | None:
+        """The offset a step with per-bucket sums ``columns`` is expected to have.
+
+        Call it before :meth:`add` adds the step, so that the step is left out of
+        the bucket means it is corrected with. ``shares`` weight the reference mean
+        (default: the token shares observed so far). ``None`` when the step has no
+        bucket; 0 for buckets not seen before.
+        """
+        weight = columns[:, B_WEIGHT] if columns.size else np.zeros(0)
+        total = float(weight.sum())
         if total <= 0:
             return None
-        return sum(weights[b] * loss for b, loss in bucket_loss.items()) / total
+        means = self.means()
+        shares = shares if shares is not None else self.observed
+        ref_w = {b: shares.get(b, 0.0) for b in means}
+        ref_total = sum(ref_w.values())
+        if not means or ref_total <= 0:
+            return 0.0
+        ref = sum(ref_w[b] * m for b, m in means.items()) / ref_total
+        return sum(float(weight[b]) / total * (means[b] - ref)
+                   for b in np.flatnonzero(weight > 0) if int(b) in means)

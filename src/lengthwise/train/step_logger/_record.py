@@ -4,7 +4,8 @@ Example::
 
     >>> import numpy as np
     >>> from lengthwise.train.step_logger._vector import local_vector
-    >>> vec = local_vector([(2.0, 30, 32, 2, None)], None, num_buckets=None, distributed=False)
+    >>> vec = local_vector([(2.0, 30, 32, 2, None, None, None)], None, num_buckets=None,
+    ...                    distributed=False)
     >>> rec = step_record(vec, step=1, epoch=None, lr=None, grad_norm=None, seconds=1.0,
     ...                   buckets=[], bucket_loss={}, corrected=None, skipped=False,
     ...                   skipped_total=0)
@@ -31,6 +32,7 @@ from lengthwise.train.step_logger._vector import (
     SAMP,
     SAMP_N,
     count,
+    sample_spread,
 )
 
 #: Keys of a step record; extra fields passed to ``step`` must not reuse them.
@@ -39,6 +41,7 @@ RESERVED_FIELDS = frozenset(
         "step", "epoch", "loss", "lr", "grad_norm", "real_tokens", "padded_tokens",
         "padding_efficiency", "tokens_per_second", "seconds", "samples", "micro_batches",
         "buckets", "bucket_loss", "corrected_loss", "skipped", "skipped_total", "time", "event",
+        "loss_sample_std", "loss_sample_neff",
     }
 )
 
@@ -49,7 +52,7 @@ def step_record(vec: np.ndarray, *, step: int, epoch: Any, lr: Any, grad_norm: A
     """The record of a step whose summed vector is ``vec`` (fields in the documented order)."""
     real = count(vec, REAL, REAL_N)
     padded = count(vec, PAD, PAD_N)
-    return {
+    rec = {
         "step": step,
         "epoch": None if epoch is None else to_count(epoch, "epoch"),
         "loss": float(vec[LOSS_SUM] / vec[LOSS_WEIGHT]) if vec[LOSS_WEIGHT] > 0 else None,
@@ -69,3 +72,8 @@ def step_record(vec: np.ndarray, *, step: int, epoch: Any, lr: Any, grad_norm: A
         "skipped_total": skipped_total,
         "time": time.time(),
     }
+    std, neff = sample_spread(vec)
+    if neff is not None:
+        rec["loss_sample_std"] = std
+        rec["loss_sample_neff"] = neff
+    return rec

@@ -1,7 +1,9 @@
 """One optimizer step's sums in one float vector, the vector that is all-reduced over ranks.
 
-Layout: nine fixed entries (sums and how many micro-batches gave them), then
-four per bucket: ``loss * weight``, ``weight``, micro-batches, observed weight
+Layout: fourteen fixed entries (sums and how many micro-batches gave them, and
+the token-weighted sums of the per-sample losses: ``sum w``, ``sum w x``,
+``sum w x^2``, ``sum w^2``, and how many micro-batches gave them), then four
+per bucket: ``loss * weight``, ``weight``, micro-batches, observed weight
 (real tokens, or 1 per micro-batch without them). Summing the vectors of all
 ranks gives the step's totals; under ``torch.distributed`` the per-bucket part
 has a fixed size, :func:`vector_capacity`, so that every rank's vector matches
@@ -9,7 +11,8 @@ has a fixed size, :func:`vector_capacity`, so that every rank's vector matches
 
 Example::
 
-    >>> vec = local_vector([(2.0, 30, 32, 2, 1)], None, num_buckets=None, distributed=False)
+    >>> vec = local_vector([(2.0, 30, 32, 2, 1, None, None)], None, num_buckets=None,
+    ...                    distributed=False)
     >>> count(vec, REAL, REAL_N), bucket_columns(vec)[1].tolist()
     (30, [60.0, 30.0, 1.0, 30.0])
 """
@@ -23,12 +26,15 @@ import numpy as np
 
 from lengthwise.train.step_logger._values import read_losses
 
-#: one recorded micro-batch: (loss, real tokens, padded tokens, samples, bucket)
-Micro = tuple[Any, int | None, int | None, int | None, int | None]
+#: one recorded micro-batch: (loss, real tokens, padded tokens, samples, bucket,
+#: per-sample losses or None, per-sample token weights or None)
+Micro = tuple[Any, int | None, int | None, int | None, int | None, Any, Any]
 
-# the fixed entries: sums and their counts, micro-batches, the loss sum and its weight
+# the fixed entries: sums and their counts, micro-batches, the loss sum and its weight,
+# then the per-sample loss sums (weights, weighted losses, weighted squares, squared weights)
 REAL, REAL_N, PAD, PAD_N, SAMP, SAMP_N, MICRO, LOSS_SUM, LOSS_WEIGHT = range(9)
-FIXED = 9
+S_W, S_WX, S_WX2, S_WW, S_N = range(9, 14)
+FIXED = 14
 # the columns of every bucket's entries
 B_LOSS_SUM, B_WEIGHT, B_MICRO, B_OBSERVED = range(4)
 PER_BUCKET = 4
@@ -69,7 +75,11 @@ def local_vector(micro: list[Micro], user_loss: float | None, *, num_buckets: in
     size = (vector_capacity(num_buckets, buckets) if distributed
             else max(buckets, default=-1) + 1)
     vec = np.zeros(FIXED + PER_BUCKET * size, dtype=np.float64)
-    for loss, (_, real, padded, samples, bucket) in zip(losses, micro, strict=True):
+    for loss, (_, real, padded, samples, bucket, per_sample, weights) in zip(
+        losses, micro, strict=True
+    ):
+        if per_sample is not None:
+            add_sample_losses(vec, per_sample, weights)
         weight = 1.0 if real is None else float(real)
         vec[MICRO] += 1
         for value, total, n in ((real, REAL, REAL_N), (padded, PAD, PAD_N),
@@ -114,3 +124,66 @@ def bucket_columns(vec: np.ndarray) -> np.ndarray:
         (2, 4)
     """
     return vec[FIXED:].reshape(-1, PER_BUCKET)
+
+
+def sample_values(x: Any) -> np.ndarray:
+    """Per-sample values (sequence, array or tensor) as a 1-D float array.
+
+    Example::
+
+        >>> sample_values([1, 2.5]).tolist()
+        [1.0, 2.5]
+    """
+    if hasattr(x, "detach"):
+        x = x.detach().float().cpu().numpy()
+    return np.asarray(x, dtype=np.float64).reshape(-1)
+
+
+def add_sample_losses(vec: np.ndarray, losses: Any, weights: Any) -> None:
+    """Add one micro-batch's per-sample losses (token ``weights`` or equal) to ``vec``.
+
+    Non-finite per-sample losses are left out (the step's ``loss`` shows them).
+
+    Example::
+
+        >>> v = np.zeros(FIXED)
+        >>> add_sample_losses(v, [1.0, 3.0], [1, 3])
+        >>> v[S_W].item(), v[S_WX].item(), v[S_N].item()
+        (4.0, 10.0, 1.0)
+    """
+    x = sample_values(losses)
+    w = np.ones_like(x) if weights is None else sample_values(weights)
+    ok = np.isfinite(x) & np.isfinite(w)
+    x, w = x[ok], w[ok]
+    vec[S_W] += w.sum()
+    vec[S_WX] += (w * x).sum()
+    vec[S_WX2] += (w * x * x).sum()
+    vec[S_WW] += (w * w).sum()
+    vec[S_N] += 1
+
+
+def sample_spread(vec: np.ndarray) -> tuple[float | None, float | None]:
+    """Token-weighted std of the per-sample losses and their effective number.
+
+    The std is the unbiased one for reliability weights,
+    ``var = (sum w x^2 / W - mean^2) / (1 - sum w^2 / W^2)``, and the effective
+    number is ``W^2 / sum w^2`` (the sample count when weights are equal), so that
+    ``std / sqrt(effective number)`` is the standard error of the step's loss.
+    ``(None, None)`` when no micro-batch gave per-sample losses or fewer than 2 samples.
+
+    Example::
+
+        >>> v = np.zeros(FIXED)
+        >>> add_sample_losses(v, [1.0, 3.0], None)
+        >>> sample_spread(v)
+        (1.4142135623730951, 2.0)
+    """
+    if vec[S_N] <= 0 or vec[S_W] <= 0:
+        return None, None
+    total = float(vec[S_W])
+    neff = total * total / float(vec[S_WW])
+    if neff <= 1.0 + 1e-12:
+        return None, neff
+    mean = float(vec[S_WX]) / total
+    var = max(0.0, float(vec[S_WX2]) / total - mean * mean) / (1.0 - 1.0 / neff)
+    return math.sqrt(var), neff

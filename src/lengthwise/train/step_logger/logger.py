@@ -11,6 +11,7 @@ Example::
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import threading
 import time
@@ -34,6 +35,8 @@ from lengthwise.train.step_logger._values import (
 )
 from lengthwise.train.step_logger._vector import (
     DEFAULT_NUM_BUCKETS,
+    LOSS_SUM,
+    LOSS_WEIGHT,
     Micro,
     bucket_columns,
     local_vector,
@@ -172,6 +175,8 @@ class StepLogger:
         padded_tokens: Any = None,
         samples: Any = None,
         bucket: Any = None,
+        sample_losses: Any = None,
+        sample_weights: Any = None,
     ) -> None:
         """Record one micro-batch of the current optimizer step.
 
@@ -179,21 +184,45 @@ class StepLogger:
         tensor; tensors are read at :meth:`step`, so recording does not synchronise
         the device). Everything is optional; missing counts are left out of the record.
 
+        ``sample_losses`` is the mean loss of each sample of the micro-batch (a
+        sequence, array or 1-D tensor, in sample order); ``real_tokens`` may then be
+        the per-sample token counts (same length), which weight them, or
+        ``sample_weights`` gives the weights outright when the loss is not a plain
+        per-token mean (else equal weights). The step record gets ``loss_sample_std``,
+        the weighted standard deviation of the step's per-sample losses, and
+        ``loss_sample_neff``, their effective number: the doctor's sampling-noise floor is
+        ``loss_sample_std / sqrt(loss_sample_neff)``.
+
         Example::
 
             >>> log = StepLogger(None)
             >>> log.record_micro(loss=2.0, real_tokens=100, padded_tokens=128, samples=4, bucket=3)
             >>> log.step(0)["padding_efficiency"]
             0.78125
+            >>> log.record_micro(loss=2.0, real_tokens=[1, 3], sample_losses=[1.0, 2.0])
+            >>> round(log.step(1)["loss_sample_std"], 3)
+            0.707
             >>> log.close()
         """
         self._check_open()
-        if loss is not None and is_tensor(loss):
-            if loss.numel() != 1:
-                raise ValueError(f"loss must be a scalar, got shape {tuple(loss.shape)}")
-            loss = loss.detach()
-        elif loss is not None:
-            loss = to_float(loss, "loss")
+        weights, real_tokens = _micro_weights(real_tokens, sample_weights, sample_losses)
+        sample_losses = _checked_sample_losses(sample_losses, weights)
+        loss = _scalar_loss(loss)
+        b = self._checked_bucket(bucket)
+        self._micro.append(
+            (
+                loss,
+                to_count(real_tokens, "real_tokens"),
+                to_count(padded_tokens, "padded_tokens"),
+                to_count(samples, "samples"),
+                b,
+                sample_losses,
+                weights if sample_losses is not None else None,
+            )
+        )
+
+    def _checked_bucket(self, bucket: Any) -> int | None:
+        """``bucket`` as an int, checked against bucket_shares, num_buckets and the group."""
         b = to_bucket(bucket)
         if b is not None:
             if self.shares is not None and b not in self.shares:
@@ -207,15 +236,7 @@ class StepLogger:
                 if info is not None and info.world_size > 1:
                     # raises: per-bucket sums travel in a fixed-size vector
                     vector_capacity(self.num_buckets, [b])
-        self._micro.append(
-            (
-                loss,
-                to_count(real_tokens, "real_tokens"),
-                to_count(padded_tokens, "padded_tokens"),
-                to_count(samples, "samples"),
-                b,
-            )
-        )
+        return b
 
     def log_step(
         self,
@@ -419,13 +440,69 @@ class StepLogger:
 
     def _build_record(self, vec: np.ndarray, step: int, epoch: Any, lr: Any, grad_norm: Any,
                       skipped: bool, seconds: float) -> dict[str, Any]:
-        buckets = self._bucket_losses.add(bucket_columns(vec), skipped, self.steps_logged)
+        columns = bucket_columns(vec)
+        offset = self._bucket_losses.expected_offset(columns, self.shares)
+        buckets = self._bucket_losses.add(columns, skipped, self.steps_logged)
         if skipped:
             self.skipped_total += 1
         bucket_loss = self._bucket_losses.means()
+        loss = float(vec[LOSS_SUM] / vec[LOSS_WEIGHT]) if vec[LOSS_WEIGHT] > 0 else None
+        corrected = None
+        if offset is not None and loss is not None and math.isfinite(loss):
+            corrected = loss - offset
         return step_record(
             vec, step=step, epoch=epoch, lr=lr, grad_norm=grad_norm, seconds=seconds,
-            buckets=buckets, bucket_loss=bucket_loss,
-            corrected=self._bucket_losses.corrected(bucket_loss, self.shares),
+            buckets=buckets, bucket_loss=bucket_loss, corrected=corrected,
             skipped=skipped, skipped_total=self.skipped_total,
         )
+
+
+def _items(column: Any) -> list[Any]:
+    """The entries of a 1-D sequence, array or tensor as Python values."""
+    if is_tensor(column):
+        return column.detach().cpu().tolist()
+    if isinstance(column, np.ndarray):
+        return column.tolist()
+    return list(column)
+
+
+def _micro_weights(real_tokens: Any, sample_weights: Any, sample_losses: Any,
+                   ) -> tuple[list[float] | None, Any]:
+    """Per-sample loss weights of a micro-batch, and its real token count."""
+    weights = None
+    if real_tokens is not None and is_column(real_tokens):
+        weights = [to_count(v, "real_tokens") for v in _items(real_tokens)]
+        real_tokens = sum(weights)
+    if sample_weights is not None:
+        if sample_losses is None or not is_column(sample_weights):
+            raise ValueError("sample_weights must be a 1-D sequence of per-sample weights, "
+                             "given with sample_losses")
+        weights = [to_float(v, "sample_weights") for v in _items(sample_weights)]
+        if any(w < 0 for w in weights):
+            raise ValueError("sample_weights must not be negative")
+    return weights, real_tokens
+
+
+def _checked_sample_losses(sample_losses: Any, weights: list[float] | None) -> Any:
+    """``sample_losses`` checked to be a column matching ``weights`` (tensors detached)."""
+    if sample_losses is not None:
+        if not is_column(sample_losses):
+            raise ValueError("sample_losses must be a 1-D sequence, array or tensor of "
+                             "per-sample losses")
+        if is_tensor(sample_losses):
+            sample_losses = sample_losses.detach()
+        if weights is not None and len(weights) != len(sample_losses):
+            raise ValueError(f"sample_losses has {len(sample_losses)} entries but the "
+                             f"weights have {len(weights)}: one per sample each")
+    return sample_losses
+
+
+def _scalar_loss(loss: Any) -> Any:
+    """A micro-batch loss: a detached scalar tensor (read later), a float, or ``None``."""
+    if loss is not None and is_tensor(loss):
+        if loss.numel() != 1:
+            raise ValueError(f"loss must be a scalar, got shape {tuple(loss.shape)}")
+        return loss.detach()
+    if loss is not None:
+        return to_float(loss, "loss")
+    return loss

@@ -1,0 +1,186 @@
+"""Epoch boundaries: does the loss step down when a new epoch starts?
+
+At each epoch start the level of the loss just after it is compared with the
+level just before it: a straight line is fitted to the ``m`` logged points on
+each side (``m`` = a third of an epoch, 3 to 50 points) and both lines are read
+at the boundary; the jump is their difference. The loss is read on a log scale
+when it is positive, so a curve that falls by orders of magnitude does not bias
+the lines. The jump at an epoch start is judged against the same jump measured
+at every other point of the run (a placebo test): the p-value is the chance
+that as many random points have a mean jump at least as negative. So decay,
+autocorrelated noise and schedule changes, which are present at the other
+points too, do not make boundaries significant.
+
+The usual reading of a step-down at each epoch start is memorisation: the model
+sees the same samples again and their loss is lower the second time.
+
+Example::
+
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> s = np.arange(1.0, 1201.0)
+    >>> loss = 2.0 - 0.3 * np.floor((s - 1) / 400) + 0.02 * rng.standard_normal(1200)
+    >>> e = epoch_boundaries(s, loss, [401.0, 801.0], source="epoch field")
+    >>> e.found, [round(d, 1) for d in e.drops]
+    (True, [-0.3, -0.3])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from lengthwise.doctor.numbers import num
+
+ALPHA = 0.01
+#: points fitted on each side of a boundary
+MIN_SIDE, MAX_SIDE = 3, 50
+DRAWS = 2000
+
+
+@dataclass(frozen=True)
+class EpochBoundaries:
+    """Level changes of the loss at epoch starts (``found``: a significant step-down)."""
+
+    found: bool | None
+    p_value: float | None = None
+    source: str | None = None
+    starts: list[float] = field(default_factory=list)
+    drops: list[float] = field(default_factory=list)
+    relative_drops: list[float] = field(default_factory=list)
+    side_points: int = 0
+    note: str = ""
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready form (the ``epoch_boundaries`` key of the report)."""
+        return {
+            "found": self.found,
+            "p_value": None if self.p_value is None else float(f"{self.p_value:.4g}"),
+            "source": self.source,
+            "starts": [num(s) for s in self.starts],
+            "drops": [num(d, 6) for d in self.drops],
+            "relative_drops": [num(d, 4) for d in self.relative_drops],
+            "side_points": self.side_points,
+            "test": "jump of local lines at epoch starts vs at every other point (placebo test)",
+            "note": self.note,
+        }
+
+
+def _side_fits(z: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """For each index i: the line through z[i-m:i] read at i, and through z[i:i+m] read at i.
+
+    Invalid (NaN) where a side has fewer than ``m`` points.
+    """
+    n = z.size
+    t = np.arange(n, dtype=np.float64)
+    c0 = np.concatenate([[0.0], np.cumsum(np.ones(n))])
+    c1 = np.concatenate([[0.0], np.cumsum(t)])
+    c2 = np.concatenate([[0.0], np.cumsum(t * t)])
+    cy = np.concatenate([[0.0], np.cumsum(z)])
+    cty = np.concatenate([[0.0], np.cumsum(t * z)])
+
+    def fit(lo: np.ndarray, hi: np.ndarray, at: np.ndarray) -> np.ndarray:
+        k = c0[hi] - c0[lo]
+        st, stt = c1[hi] - c1[lo], c2[hi] - c2[lo]
+        sy, sty = cy[hi] - cy[lo], cty[hi] - cty[lo]
+        den = k * stt - st * st
+        with np.errstate(invalid="ignore", divide="ignore"):
+            b = (k * sty - st * sy) / den
+            a = (sy - b * st) / k
+        return a + b * at
+
+    i = np.arange(n)
+    before = np.full(n, np.nan)
+    after = np.full(n, np.nan)
+    ok = (i >= m) & (i + m <= n)
+    idx = i[ok]
+    before[ok] = fit(idx - m, idx, idx - 0.5)
+    after[ok] = fit(idx, idx + m, idx - 0.5)
+    return before, after
+
+
+def epoch_boundaries(
+    steps: np.ndarray,
+    loss: np.ndarray,
+    starts: Sequence[float],
+    *,
+    source: str | None,
+    rng: np.random.Generator | None = None,
+    alpha: float = ALPHA,
+) -> EpochBoundaries:
+    """Test the loss for a step at each epoch start in ``starts`` (finite ``loss`` only)."""
+    rng = np.random.default_rng(0) if rng is None else rng
+    if not len(starts):
+        why = ("no epoch boundary inside the log" if source else
+               "epochs unknown: log an `epoch` field or pass --steps-per-epoch N")
+        return EpochBoundaries(found=None, source=source, note=why)
+    idx = np.searchsorted(steps, np.asarray(starts, dtype=np.float64), side="left")
+    inside = (idx > 0) & (idx < steps.size)
+    idx = idx[inside]
+    if idx.size == 0:
+        return EpochBoundaries(found=None, source=source, note="no epoch boundary inside the log")
+    inner = int(np.diff(idx).min()) if idx.size > 1 else steps.size // 2
+    m = int(np.clip(inner // 3, MIN_SIDE, MAX_SIDE))
+    logscale = bool(np.all(loss > 0))
+    z = np.log(loss) if logscale else loss
+    before, after = _side_fits(z, m)
+    jump = after - before
+    valid = np.isfinite(jump)
+    at = idx[valid[idx]]
+    if at.size == 0:
+        return EpochBoundaries(found=None, source=source, side_points=m,
+                               note=f"the epoch starts lie within {m} points of the log's ends")
+    resid_sd = float(np.std(np.diff(z))) / np.sqrt(2.0) or 1e-12
+    far = valid.copy()
+    for i in at:
+        far[max(0, i - m) : i + m] = False
+    placebo = jump[far] / resid_sd
+    observed = float(np.mean(jump[at] / resid_sd))
+    if placebo.size < 20:
+        return EpochBoundaries(found=None, source=source, side_points=m,
+                               note=f"too few points away from the epoch starts ({placebo.size})")
+    draws = rng.choice(placebo, size=(DRAWS, at.size), replace=True).mean(axis=1)
+    p = float((1 + np.sum(draws <= observed)) / (1 + DRAWS))
+    level_b = np.exp(before[at]) if logscale else before[at]
+    level_a = np.exp(after[at]) if logscale else after[at]
+    drops = (level_a - level_b).tolist()
+    rel = ((level_a - level_b) / np.abs(level_b)).tolist()
+    return EpochBoundaries(
+        found=bool(p < alpha and observed < 0),
+        p_value=p,
+        source=source,
+        starts=[float(steps[i]) for i in at],
+        drops=[float(d) for d in drops],
+        relative_drops=[float(r) for r in rel],
+        side_points=m,
+    )
+
+
+def staircase_starts(steps: np.ndarray, loss: np.ndarray, period_points: int) -> list[float]:
+    """Step starts of a regular staircase of ``period_points`` points, or ``[]`` when none.
+
+    Folds the first differences of the (log) loss by phase: a staircase falls at one
+    phase and does not climb back at the others (the mean change over the other
+    phases is at most 0), unlike a saw-tooth, which rises between its drops.
+
+    >>> s = np.arange(1.0, 401.0)
+    >>> loss = 2.0 * 0.9 ** np.floor((s - 1) / 40)
+    >>> staircase_starts(s, loss, 40)[:3]
+    [41.0, 81.0, 121.0]
+    """
+    p = int(period_points)
+    if p < 4 or loss.size < 3 * p:
+        return []
+    z = np.log(loss) if np.all(loss > 0) else loss
+    d = np.diff(z)
+    phase = (np.arange(1, z.size)) % p
+    means = np.bincount(phase, weights=d, minlength=p) / np.maximum(
+        np.bincount(phase, minlength=p), 1)
+    drop = int(np.argmin(means))
+    rest = np.delete(means, drop)
+    spread = float(np.std(d)) / np.sqrt(max(d.size / p, 1.0))
+    if means[drop] >= -2.0 * spread or float(rest.mean()) > 0.0:
+        return []
+    return [float(steps[i]) for i in range(drop, steps.size, p) if i > 0]

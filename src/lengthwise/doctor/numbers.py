@@ -1,0 +1,49 @@
+"""Numbers as the report writes them: integral floats as ints, NaN/inf as null.
+
+Example::
+
+    >>> num(3.0), num(2.5), num(None)
+    (3, 2.5, None)
+    >>> json_ready({"a": float("nan"), "b": [1.0, float("inf")]})
+    {'a': None, 'b': [1.0, None]}
+    >>> fmt_num(0.123456), fmt_num(2.0, 3), fmt_num(None)
+    ('0.1235', '2', '-')
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def num(x: float | None, digits: int | None = None) -> int | float | None:
+    """``x`` as an int when integral, else a float (rounded to ``digits``); None stays None."""
+    if x is None:
+        return None
+    x = float(x)
+    if not np.isfinite(x):
+        return None
+    if digits is not None:
+        x = round(x, digits)
+    return int(x) if x.is_integer() else x
+
+
+def fmt_num(x: float | None, digits: int = 4) -> str:
+    """``x`` as text with ``digits`` significant digits (``g`` format); None is ``-``."""
+    if x is None:
+        return "-"
+    return f"{x:.{digits}g}"
+
+
+def json_ready(obj: Any) -> Any:
+    """Replace NaN/inf floats by None and numpy scalars by Python numbers, recursively."""
+    if isinstance(obj, dict):
+        return {str(k): json_ready(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [json_ready(v) for v in obj]
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and not np.isfinite(obj):
+        return None
+    return obj

@@ -1,0 +1,31 @@
+"""The error raised for lengths that cannot be planned, and the check shared by every reader.
+
+Example::
+
+    >>> issubclass(LengthError, ValueError)
+    True
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["LengthError", "first_bad_length"]
+
+
+class LengthError(ValueError):
+    """Raised for lengths that cannot be planned (negative, fractional, NaN, empty...)."""
+
+
+def first_bad_length(values: np.ndarray) -> int | None:
+    """Row of the first value of a numeric array that is negative, fractional or not finite.
+
+    Example::
+
+        >>> first_bad_length(np.array([3.0, 2.5, -1.0])), first_bad_length(np.array([0, 7]))
+        (1, None)
+    """
+    bad = values < 0
+    if values.dtype.kind == "f":
+        bad |= ~np.isfinite(values) | (values != np.floor(values))
+    return int(np.flatnonzero(bad)[0]) if bad.any() else None

@@ -1,0 +1,163 @@
+"""Lengths from where large runs keep them: Megatron ``.idx`` files and Parquet folders.
+
+* :func:`megatron_lengths` maps the sequence lengths of a Megatron-style indexed
+  data set (``PREFIX.idx`` beside ``PREFIX.bin``) without reading any token: the
+  index stores them as one int32 array after a 34-byte header.
+* :func:`parquet_folder_lengths` reads one column of a folder of Parquet shards in
+  file-name order with ``pyarrow.dataset``, a record batch at a time, into one
+  array (or straight into a ``.npy`` file), so memory stays bounded by the output.
+
+Example::
+
+    >>> import os, struct, tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "corpus.idx")
+    >>> lens = np.array([3, 5, 1], dtype=np.int32)
+    >>> with open(path, "wb") as fh:  # the index layout, as Megatron's builder writes it
+    ...     _ = fh.write(b"MMIDIDX\\x00\\x00" + struct.pack("<QBQQ", 1, 4, 3, 2))
+    ...     _ = fh.write(lens.tobytes() + np.array([0, 12, 32]).tobytes())
+    ...     _ = fh.write(np.array([0, 3]).tobytes())
+    >>> megatron_lengths(path).tolist()
+    [3, 5, 1]
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from lengthwise.planning.errors import LengthError, first_bad_length
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pyarrow as pa
+
+__all__ = ["megatron_lengths", "parquet_folder_lengths"]
+
+_IDX_MAGIC = b"MMIDIDX\x00\x00"
+_IDX_HEAD = struct.Struct("<QBQQ")  # version, token dtype code, sequences, documents
+# Megatron's DType codes -> bytes per token (uint8, int8, int16, int32, int64, float64,
+# float32, uint16)
+_TOKEN_BYTES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 8, 7: 4, 8: 2}
+
+
+def megatron_lengths(path: str | os.PathLike[str]) -> np.ndarray:
+    """Token count of every sequence of a Megatron indexed data set, memory-mapped (int32).
+
+    ``path`` is the ``.idx`` file or the prefix shared with the ``.bin``. When the
+    ``.bin`` file is there, its size must match the lengths (else the pair is not
+    one data set).
+    """
+    text = os.fspath(path)
+    idx = text if text.endswith(".idx") else text + ".idx"
+    if not os.path.exists(idx):
+        raise FileNotFoundError(f"no Megatron index file {idx!r}")
+    size = os.path.getsize(idx)
+    with open(idx, "rb") as fh:
+        head = fh.read(len(_IDX_MAGIC) + _IDX_HEAD.size)
+    if len(head) < len(_IDX_MAGIC) + _IDX_HEAD.size or not head.startswith(_IDX_MAGIC):
+        raise LengthError(f"{idx} is not a Megatron index: it does not start with "
+                          f"{_IDX_MAGIC!r}")
+    version, code, sequences, documents = _IDX_HEAD.unpack(head[len(_IDX_MAGIC):])
+    if version != 1:
+        raise LengthError(f"{idx}: index version {version} is not supported (reads 1)")
+    if code not in _TOKEN_BYTES:
+        raise LengthError(f"{idx}: unknown token dtype code {code}")
+    start = len(head)
+    need = start + 4 * sequences + 8 * sequences + 8 * documents
+    if size < need:
+        raise LengthError(f"{idx} is truncated: {sequences} sequences and {documents} documents "
+                          f"need {need} bytes, the file has {size}")
+    if sequences == 0:
+        raise LengthError(f"{idx} holds no sequences: there is nothing to plan")
+    lengths = np.memmap(idx, dtype="<i4", mode="r", offset=start, shape=(sequences,))
+    bin_path = idx[:-4] + ".bin"
+    if os.path.exists(bin_path):
+        pointers = np.memmap(idx, dtype="<i8", mode="r", offset=start + 4 * sequences,
+                             shape=(sequences,))
+        end = int(pointers[-1]) + int(lengths[-1]) * _TOKEN_BYTES[code]
+        if end != os.path.getsize(bin_path):
+            raise LengthError(f"{bin_path} has {os.path.getsize(bin_path)} bytes but its index "
+                              f"{idx} describes {end}: they are not one data set")
+    return lengths
+
+
+def _length_array(total: int, out: str | os.PathLike[str] | None) -> np.ndarray:
+    """An int64 array of ``total`` lengths: in memory, or a new memory-mapped ``.npy``."""
+    if out is not None:
+        return np.lib.format.open_memmap(os.fspath(out), mode="w+", dtype=np.int64,
+                                         shape=(total,))
+    return np.empty(total, dtype=np.int64)
+
+
+def _batch_lengths(col: pa.Array, name: str, column: str, row0: int) -> np.ndarray:
+    """The lengths of one Parquet record-batch column, checked (``row0``: its first row)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
+        col = pc.list_value_length(col)
+    if col.null_count:
+        row = row0 + int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+        raise LengthError(f"{name}, row {row}: {column!r} is missing (null)")
+    values = col.to_numpy(zero_copy_only=False)
+    if values.dtype.kind not in "iuf":
+        raise LengthError(f"{name}: column {column!r} holds {col.type}, not lengths")
+    row = first_bad_length(values)
+    if row is not None:
+        raise LengthError(f"{name}, row {row0 + row}: {values[row].item()!r} is not "
+                          "a length")
+    return values
+
+
+def parquet_folder_lengths(folder: str | os.PathLike[str], column: str, *,
+                           out: str | os.PathLike[str] | None = None,
+                           batch_rows: int = 1 << 20) -> np.ndarray:
+    """One length per row of a folder of Parquet shards, in file-name order.
+
+    ``column`` holds lengths, or token-id lists (their lengths are taken). Shards
+    are read a record batch (``batch_rows`` rows) at a time with
+    ``pyarrow.dataset``; with ``out`` the lengths go straight into that ``.npy``
+    file (memory-mapped), so a billion rows never sit in memory. Errors name the
+    shard and the row.
+
+    Example::
+
+        >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
+        >>> folder = tempfile.mkdtemp()
+        >>> pq.write_table(pa.table({"n": [4, 2]}), f"{folder}/part-0.parquet")
+        >>> pq.write_table(pa.table({"n": [7]}), f"{folder}/part-1.parquet")
+        >>> parquet_folder_lengths(folder, "n").tolist()
+        [4, 2, 7]
+    """
+    try:
+        import pyarrow.dataset as ds
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError("reading Parquet folders needs pyarrow: pip install "
+                          "'lengthwise[io]'") from exc
+    files = sorted(str(p) for p in Path(folder).rglob("*.parquet"))
+    if not files:
+        raise FileNotFoundError(f"no .parquet files under {os.fspath(folder)!r}")
+    dataset = ds.dataset(files, format="parquet")
+    if column not in dataset.schema.names:
+        raise LengthError(f"{folder} has no column {column!r} (columns: {dataset.schema.names})")
+    per_file = [ds.dataset(f, format="parquet").count_rows() for f in files]
+    total = int(sum(per_file))
+    if total == 0:
+        raise LengthError(f"the Parquet files under {os.fspath(folder)!r} hold no rows")
+    lengths = _length_array(total, out)
+    pos = 0
+    for name, rows in zip(files, per_file, strict=True):
+        first = pos
+        for batch in ds.dataset(name, format="parquet").to_batches(columns=[column],
+                                                                    batch_size=batch_rows):
+            values = _batch_lengths(batch.column(0), name, column, pos - first)
+            lengths[pos : pos + values.size] = values
+            pos += values.size
+        if pos - first != rows:  # pragma: no cover - a shard changed while it was read
+            raise LengthError(f"{name} had {rows} rows in its metadata, {pos - first} read")
+    if out is not None:
+        lengths.flush()
+    return lengths

@@ -1,0 +1,318 @@
+"""Windowed epoch plans: a global shuffle cut into windows, each planned when reached.
+
+The epoch's samples are put in the order of a ``(seed, epoch)`` shuffle
+(:func:`lengthwise.planning.shuffle.permuted`, no permutation array is held) and cut into
+windows of at most ``window`` samples (sizes differ by one at most). Each window
+is planned like a whole epoch (same bucket edges, same batch rule, its
+micro-batch count evened out over the ranks) only when training reaches it, so
+memory and time to the first micro-batch depend on the window, not on the data
+set. Every sample is planned exactly once per epoch and every rank gets the same
+number of micro-batches in every window.
+
+Example::
+
+    >>> import numpy as np
+    >>> from lengthwise.planning.config import PlanConfig
+    >>> lens = np.random.default_rng(0).integers(1, 2000, 50_000)
+    >>> wp = WindowedPlan(lens, PlanConfig(max_tokens=8192, world_size=4), window=20_000)
+    >>> wp.num_windows
+    3
+    >>> ids = np.concatenate([b for r in range(4) for b in wp.rank_batches(r)])
+    >>> np.array_equal(np.sort(ids), np.arange(50_000))
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from lengthwise.planning.config import PlanConfig
+from lengthwise.planning.errors import LengthError, first_bad_length
+from lengthwise.planning.packed import plan_packed_epoch
+from lengthwise.planning.padded import PaddedEpochPlan, plan_padded_epoch, resolve_edges
+from lengthwise.planning.prepare import prepare_lengths
+from lengthwise.planning.schedule import EpochPlan
+from lengthwise.planning.shuffle import permuted
+
+__all__ = ["AUTO_WINDOW", "AUTO_WINDOW_ABOVE", "Window", "WindowedPlan", "resolve_window"]
+
+#: ``window="auto"`` plans windows of this many samples ...
+AUTO_WINDOW = 1 << 21
+#: ... for data sets of more than this many samples (smaller ones: the whole epoch at once)
+AUTO_WINDOW_ABOVE = 1 << 24
+
+
+def resolve_window(window: int | str | None, num_samples: int) -> int | None:
+    """The window size in samples, or ``None`` for whole-epoch planning.
+
+    ``"auto"`` windows data sets above :data:`AUTO_WINDOW_ABOVE` samples with
+    :data:`AUTO_WINDOW`-sample windows; a window that holds the whole data set
+    means whole-epoch planning.
+
+    Example::
+
+        >>> resolve_window("auto", 1_000_000) is None, resolve_window("auto", 10**9)
+        (True, 2097152)
+        >>> resolve_window(500, 400) is None
+        True
+    """
+    if window is None:
+        return None
+    if isinstance(window, str):
+        if window != "auto":
+            raise ValueError(f"window must be a number of samples, 'auto' or None, got {window!r}")
+        return AUTO_WINDOW if num_samples > AUTO_WINDOW_ABOVE else None
+    if isinstance(window, bool) or not isinstance(window, (int, np.integer)):
+        raise ValueError(f"window must be a number of samples, 'auto' or None, got {window!r}")
+    if window < 1:
+        raise ValueError(f"window must be >= 1 sample, got {window}")
+    return None if window >= num_samples else int(window)
+
+
+def window_seed(seed: int, epoch: int, w: int) -> int:
+    """The seed that plans window ``w`` of ``(seed, epoch)`` (independent streams per window)."""
+    return int(np.random.SeedSequence([int(seed), int(epoch), int(w), 0x3D]).generate_state(1)[0])
+
+
+@dataclass
+class Window:
+    """One planned window: ``plan`` in window-local ids, ``ids`` maps them to sample ids."""
+
+    index: int
+    ids: np.ndarray
+    plan: EpochPlan
+
+    @property
+    def num_batches(self) -> int:
+        """Micro-batches per rank in this window."""
+        return self.plan.num_batches
+
+    def batch(self, k: int) -> np.ndarray:
+        """Sample ids of micro-batch ``k`` of this window's schedule."""
+        return self.ids[self.plan.batch(k)]
+
+    def batch_rows(self, k: int) -> list[np.ndarray]:
+        """Sample ids of micro-batch ``k``, one array per packed row (one row when padded)."""
+        return [self.ids[r] for r in self.plan.batch_rows(k)]
+
+
+def _check_window(values: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Validate one window's lengths; errors name the sample id, as whole-epoch errors do."""
+    if values.dtype == object or values.dtype.kind not in "iuf":
+        raise LengthError(f"lengths must be numbers, got dtype {values.dtype}")
+    row = first_bad_length(values)
+    if row is not None:
+        raise LengthError(f"lengths, row {int(ids[row])}: {values[row].item()!r} is not a "
+                          "length (negative, fractional or not finite)")
+    return values.astype(np.int64)
+
+
+class WindowedPlan:
+    """An epoch planned window by window (see the module docstring).
+
+    ``lengths`` may be a memory-mapped array (``np.load(path, mmap_mode="r")``):
+    only the current window's lengths are read. Bucket edges come from the first
+    window of epoch 0 and serve every window and epoch (a window holding a longer
+    sample raises its last edge to that length). ``rank_batches`` and ``windows``
+    plan lazily; ``num_batches`` plans every window once, to count.
+    """
+
+    def __init__(self, lengths: np.ndarray, config: PlanConfig, *, window: int, seed: int = 0,
+                 epoch: int = 0, edges: Sequence[int] | None = None) -> None:
+        if np.ndim(lengths) != 1:
+            raise LengthError(f"lengths must be one-dimensional, got shape {np.shape(lengths)}")
+        self.lengths = lengths
+        self.num_samples = int(lengths.shape[0])
+        if self.num_samples == 0:
+            raise LengthError("lengths are empty: there is nothing to plan")
+        size = resolve_window(int(window), self.num_samples)
+        if size is not None and size < 2 * config.world_size:
+            raise ValueError(f"window={size} is too small for {config.world_size} ranks: a window "
+                             f"needs at least 2 x world_size = {2 * config.world_size} samples")
+        self.window = size or self.num_samples
+        self.config = config
+        self.seed, self.epoch = int(seed), int(epoch)
+        self._edges = list(edges) if edges is not None else None
+        self._cache: Window | None = None
+        self._counts: dict[int, int] = {}
+
+    # ------------------------------------------------------------------ shape
+
+    @property
+    def world_size(self) -> int:
+        return self.config.world_size
+
+    @property
+    def grad_accum(self) -> int:
+        return self.config.grad_accum
+
+    @property
+    def num_windows(self) -> int:
+        """Windows of the epoch: ``ceil(num_samples / window)``, sizes differing by one at most."""
+        return -(-self.num_samples // self.window)
+
+    def window_bounds(self, w: int) -> tuple[int, int]:
+        """Positions ``[start, stop)`` of window ``w`` in the epoch's shuffle."""
+        k = self.num_windows
+        return w * self.num_samples // k, (w + 1) * self.num_samples // k
+
+    def window_ids(self, w: int, epoch: int | None = None) -> np.ndarray:
+        """Sample ids of window ``w`` (sorted, so that reading their lengths goes forward)."""
+        if not 0 <= w < self.num_windows:
+            raise ValueError(f"window {w} out of range: the epoch has {self.num_windows}")
+        start, stop = self.window_bounds(w)
+        ids = permuted(np.arange(start, stop), self.num_samples, self.seed,
+                       self.epoch if epoch is None else epoch)
+        ids.sort()
+        return ids.astype(np.int32 if self.num_samples < 2**31 else np.int64)
+
+    # ------------------------------------------------------------------ planning
+
+    @property
+    def edges(self) -> list[int]:
+        """Bucket edges shared by all windows (solved on the first window of epoch 0)."""
+        if self._edges is None:
+            if isinstance(self.config.buckets, tuple):
+                self._edges = list(self.config.buckets)
+            else:
+                ids = self.window_ids(0, epoch=0)
+                values = _check_window(np.asarray(self.lengths[ids]), ids)
+                lens, kept, _ = prepare_lengths(values, self.config)
+                self._edges = list(resolve_edges(lens, kept, self.config))
+        return self._edges
+
+    def _window_config(self, values: np.ndarray, config: PlanConfig) -> PlanConfig:
+        if config.layout != "pad":
+            return config
+        edges = list(self.edges)
+        if not isinstance(self.config.buckets, tuple):
+            top = int(values.max())
+            cap = config.row_limit().max_length()
+            for limit in (cap, config.max_len):
+                if limit is not None:
+                    top = min(top, limit)
+            edges[-1] = max(edges[-1], top)
+        return dataclasses.replace(config, buckets=tuple(edges))
+
+    def plan_window(self, w: int, *, world_size: int | None = None, grad_accum: int | None = None,
+                    exclude: np.ndarray | None = None) -> Window:
+        """Plan window ``w`` (for other ranks, or without the sample ids in ``exclude``).
+
+        Example::
+
+            >>> from lengthwise.planning.config import PlanConfig
+            >>> wp = WindowedPlan(np.arange(1, 101), PlanConfig(batch_size=4), window=50)
+            >>> win = wp.plan_window(1)
+            >>> win.ids.size, win.num_batches
+            (50, 13)
+        """
+        default = world_size is None and grad_accum is None and exclude is None
+        if default and self._cache is not None and self._cache.index == w:
+            return self._cache
+        config = dataclasses.replace(self.config, world_size=world_size or self.world_size,
+                                     grad_accum=grad_accum or self.grad_accum)
+        ids = self.window_ids(w)
+        values = _check_window(np.asarray(self.lengths[ids]), ids)
+        self._check_overflow(values, ids, config)
+        local = None
+        if exclude is not None and exclude.size:
+            local = np.flatnonzero(~np.isin(ids, exclude, assume_unique=True))
+        planner = plan_packed_epoch if config.layout == "pack" else plan_padded_epoch
+        plan = planner(values, self._window_config(values, config),
+                       seed=window_seed(self.seed, self.epoch, w), epoch=self.epoch,
+                       indices=local)
+        out = Window(index=w, ids=ids, plan=plan)
+        if default:
+            self._cache = out
+            self._counts[w] = plan.num_batches
+        return out
+
+    def _check_overflow(self, values: np.ndarray, ids: np.ndarray, config: PlanConfig) -> None:
+        if config.on_overflow != "error":
+            return
+        limits = [x for x in (config.row_limit().max_length(), config.max_len) if x is not None]
+        if not limits:
+            return
+        over = np.flatnonzero(values > min(limits))
+        if over.size:
+            row = int(over[0])
+            raise LengthError(f"row {int(ids[row])}: length {int(values[row])} is over the "
+                              f"{min(limits)} tokens one row may hold ({over.size} rows of this "
+                              "window are; use on_overflow='truncate' or 'drop')")
+
+    def windows(self, start: int = 0) -> Iterator[Window]:
+        """The planned windows from ``start`` on, one at a time."""
+        for w in range(start, self.num_windows):
+            yield self.plan_window(w)
+
+    def window_batches(self, w: int) -> int:
+        """Micro-batches per rank in window ``w`` (plans it if not counted yet)."""
+        if w not in self._counts:
+            self._counts[w] = self.plan_window(w).num_batches
+        return self._counts[w]
+
+    @property
+    def num_batches(self) -> int:
+        """Micro-batches per rank over the epoch (plans every window not counted yet)."""
+        return sum(self.window_batches(w) for w in range(self.num_windows))
+
+    def rank_batches(self, rank: int, start: int = 0) -> Iterator[np.ndarray]:
+        """Micro-batches of ``rank`` in order over the epoch, from its local position ``start``."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} out of range for world_size {self.world_size}")
+        w, pos = self.locate(start)
+        world = self.world_size
+        while w < self.num_windows:
+            win = self.plan_window(w)
+            for p in range(pos, win.num_batches):
+                yield win.batch(rank + p * world)
+            w, pos = w + 1, 0
+
+    def locate(self, position: int) -> tuple[int, int]:
+        """(window, position inside it) of a rank's local position in the epoch."""
+        if position < 0:
+            raise ValueError(f"position must be >= 0, got {position}")
+        w = 0
+        while w < self.num_windows and position >= self.window_batches(w):
+            position -= self.window_batches(w)
+            w += 1
+        if w == self.num_windows and position > 0:
+            raise ValueError("position is past the end of the epoch")
+        return w, position
+
+    # ------------------------------------------------------------------ whole-epoch view
+
+    def materialize(self, windows: Sequence[int] | None = None) -> PaddedEpochPlan:
+        """The windows (all by default) as one padded plan over the sample ids.
+
+        Its schedule is the windows' schedules one after the other; ``stats`` then
+        measures the windowed epoch with the whole-epoch figures. Holds every
+        planned window in memory: for measuring, not for training at scale.
+        """
+        if self.config.layout != "pad":
+            raise ValueError("materialize() measures padded plans; layout is "
+                             f"{self.config.layout!r}")
+        chosen = range(self.num_windows) if windows is None else windows
+        lengths = np.zeros(self.num_samples, dtype=np.int64)
+        idx, off, tag, seconds = [], [np.zeros(1, dtype=np.int64)], [], 0.0
+        counts: dict[str, int] = {}
+        edges = list(self.edges)
+        for w in chosen:
+            win = self.plan_window(w)
+            plan = win.plan
+            lengths[win.ids] = plan.lengths
+            idx.append(win.ids[plan.indices])
+            off.append(plan.offsets[1:] + off[-1][-1])
+            tag.append(plan.bucket)
+            seconds += plan.plan_seconds
+            for key, value in plan.counts.items():
+                counts[key] = counts.get(key, 0) + value
+            edges[-1] = max(edges[-1], plan.edges[-1])
+        return PaddedEpochPlan(indices=np.concatenate(idx), offsets=np.concatenate(off),
+                               bucket=np.concatenate(tag), edges=edges, lengths=lengths,
+                               config=self.config, seed=self.seed, epoch=self.epoch,
+                               plan_seconds=seconds, counts=counts)
