@@ -235,19 +235,3 @@ def test_a_collator_names_a_budget_it_cannot_use():
                                          "got a padded one"):
         PackCollator(pad_token_id=0, budget=Budget(max_tokens=8))
     assert PadCollator(pad_token_id=0, budget=Budget(max_tokens=8)).budget == Budget(max_tokens=8)
-
-
-def test_a_sample_longer_than_its_length_but_inside_the_budget_is_collated():
-    """The plan's last edge is the longest length (17); the data hold a longer sample."""
-    import warnings
-
-    lengths = np.array([1] * 15 + [17])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        sampler = lengthwise.BucketBatchSampler(lengths, max_tokens=32, seed=0)
-    collate = sampler.collator(pad_token_id=0, metadata=True)
-    out = collate([{"input_ids": torch.ones(37, dtype=torch.long)}])  # cut to the limit, 32
-    assert out["input_ids"].shape == (1, 32)
-    assert out["bucket"] == len(sampler.plan.edges) - 1  # the last bucket
-    with pytest.raises(BudgetError, match="over the plan's budget"):
-        collate(_samples([20, 20]))

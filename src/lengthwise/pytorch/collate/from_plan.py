@@ -80,10 +80,6 @@ def collator_for(config: Any, edges: Sequence[int] | None, *, pad_token_id: int 
                             "pad_token_id=tokenizer.pad_token_id)")
         _fixed(options, "pad_multiple", config.pad_multiple, why)
         _fixed(options, "edges", None if edges is None else list(edges), why)
-        if edges is not None and len(edges) and limit is not None and limit > edges[-1]:
-            # the last bucket holds every length the plan keeps: a sample longer than the
-            # lengths said (cut to ``limit``) is tagged with it; the budget check guards the rest
-            edges = [*edges[:-1], limit]
         return PadCollator(pad_token_id, pad_multiple=config.pad_multiple, max_length=limit,
                            edges=edges, budget=budget, **options)
     capacity = int(config.max_tokens)
