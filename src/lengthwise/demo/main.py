@@ -160,7 +160,27 @@ def run_demo(cfg: DemoConfig, *, orders: list[str] | str | None = None,
         return {}
     logs = {name: r.log_path for name, r in results.items()}
     region = common_region(logs)
-    doctor = diagnose_runs(logs, region=region)
+    rows = _order_rows(results, diagnose_runs(logs, region=region))
+    meta = {
+        "stable_region": list(region),
+        "checks": check_targets(rows),
+        "config": _config_dict(cfg),
+        "data": info,
+        "wall_seconds": None,  # set last
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    if plot:
+        _plot(results, rows, out, region, _title(cfg, info), meta, group)
+    meta["wall_seconds"] = time.perf_counter() - started
+    text = summary_json(rows, **meta)
+    (out / "summary.json").write_text(text + "\n", encoding="utf-8")
+    (out / "summary.md").write_text(format_markdown(rows) + "\n", encoding="utf-8")
+    return json.loads(text)
+
+
+def _order_rows(results: dict[str, Any], doctor: dict[str, dict[str, Any]],
+                ) -> dict[str, dict[str, Any]]:
+    """One row of figures per order: the run's own, the doctor's, and the ratios between orders."""
     rows: dict[str, dict[str, Any]] = {}
     for name, r in results.items():
         rows[name] = {
@@ -183,29 +203,19 @@ def run_demo(cfg: DemoConfig, *, orders: list[str] | str | None = None,
             "log": r.log_path,
         }
     add_ratios(rows)
-    rows = {n: {**{k: row[k] for k in JSON_KEYS}, **row} for n, row in rows.items()}
-    meta = {
-        "stable_region": list(region),
-        "checks": check_targets(rows),
-        "config": _config_dict(cfg),
-        "data": info,
-        "wall_seconds": time.perf_counter() - started,
-    }
-    out.mkdir(parents=True, exist_ok=True)
-    if plot:
-        try:
-            meta["plot"] = str(plot_curves({n: r.loss for n, r in results.items()},
-                                           out / "loss_curves.png", region=region,
-                                           roughness={n: rows[n]["loss_roughness"]
-                                                      for n in rows},
-                                           title=_title(cfg, info)))
-        except ImportError as exc:  # matplotlib missing: the figures still come out
-            say(group, f"lengthwise demo: no plot ({exc})")
-    meta["wall_seconds"] = time.perf_counter() - started
-    text = summary_json(rows, **meta)
-    (out / "summary.json").write_text(text + "\n", encoding="utf-8")
-    (out / "summary.md").write_text(format_markdown(rows) + "\n", encoding="utf-8")
-    return json.loads(text)
+    return {n: {**{k: row[k] for k in JSON_KEYS}, **row} for n, row in rows.items()}
+
+
+def _plot(results: dict[str, Any], rows: dict[str, dict[str, Any]], out: Path,
+          region: tuple[int, int], title: str, meta: dict[str, Any], group: Any) -> None:
+    """Write ``out/loss_curves.png`` and note it in ``meta`` (a line instead without matplotlib)."""
+    try:
+        meta["plot"] = str(plot_curves({n: r.loss for n, r in results.items()},
+                                       out / "loss_curves.png", region=region,
+                                       roughness={n: rows[n]["loss_roughness"] for n in rows},
+                                       title=title))
+    except ImportError as exc:  # matplotlib missing: the figures still come out
+        say(group, f"lengthwise demo: no plot ({exc})")
 
 
 def _config_dict(cfg: DemoConfig) -> dict[str, Any]:
