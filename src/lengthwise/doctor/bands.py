@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lengthwise.doctor.detrend import local_linear, log_scale
+from lengthwise.doctor.numbers import significant
 from lengthwise.doctor.smoothing import ROUGHNESS_WINDOW, odd
 
 ALPHA = 0.05
@@ -82,8 +83,8 @@ class Bands:
         return {
             "count": self.count,
             "multimodal": None if self.count is None else self.count > 1,
-            "p_value": None if self.p_value is None else float(f"{self.p_value:.4g}"),
-            "p_values_at_most_k": [float(f"{p:.4g}") for p in self.p_values],
+            "p_value": significant(self.p_value),
+            "p_values_at_most_k": [significant(p) for p in self.p_values],
             "centres": r(self.centres),
             "offsets": r(self.offsets),
             "widths": r(self.widths),

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lengthwise.doctor.numbers import significant
+
 #: significance level for ``associated``
 ALPHA = 0.05
 
@@ -50,7 +52,7 @@ class CheckpointAssociation:
         """JSON-ready form (the ``checkpoint_association`` key of the report)."""
         return {
             "associated": self.associated,
-            "p_value": None if self.p_value is None else float(f"{self.p_value:.4g}"),
+            "p_value": significant(self.p_value),
             "checkpoints": self.checkpoints,
             "cliffs": self.cliffs,
             "aligned": self.aligned,

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lengthwise.doctor.numbers import num
+from lengthwise.doctor.numbers import num, significant
 
 ALPHA = 0.01
 #: points fitted on each side of a boundary
@@ -57,7 +57,7 @@ class EpochBoundaries:
         """JSON-ready form (the ``epoch_boundaries`` key of the report)."""
         return {
             "found": self.found,
-            "p_value": None if self.p_value is None else float(f"{self.p_value:.4g}"),
+            "p_value": significant(self.p_value),
             "source": self.source,
             "starts": [num(s) for s in self.starts],
             "drops": [num(d, 6) for d in self.drops],

@@ -8,6 +8,8 @@ Example::
     {'a': None, 'b': [1.0, None]}
     >>> fmt_num(0.123456), fmt_num(2.0, 3), fmt_num(None)
     ('0.1235', '2', '-')
+    >>> significant(0.000123456), significant(None)
+    (0.0001235, None)
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ def num(x: float | None, digits: int | None = None) -> int | float | None:
     if digits is not None:
         x = round(x, digits)
     return int(x) if x.is_integer() else x
+
+
+def significant(x: float | None, digits: int = 4) -> float | None:
+    """``x`` to ``digits`` significant digits (how p-values are reported); None stays None."""
+    return None if x is None else float(f"{x:.{digits}g}")
 
 
 def fmt_num(x: float | None, digits: int = 4) -> str:

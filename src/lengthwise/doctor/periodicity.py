@@ -39,7 +39,7 @@ import numpy as np
 
 from lengthwise.doctor.detrend import detrend_window, detrended
 from lengthwise.doctor.folding import fold_test
-from lengthwise.doctor.numbers import num
+from lengthwise.doctor.numbers import num, significant
 
 ALPHA = 0.01
 #: fewest points for any period test (a period of 4-7 points seen 4+ times)
@@ -76,7 +76,7 @@ class Runs:
             "runs": self.runs,
             "expected_runs": round(self.expected, 2),
             "z": round(self.z, 3),
-            "p_value": float(f"{self.p_value:.4g}"),
+            "p_value": significant(self.p_value),
             "mean_high_run": round(self.mean_high, 3),
             "mean_low_run": round(self.mean_low, 3),
             "max_high_run": self.max_high,
@@ -106,7 +106,7 @@ class Periodicity:
         """JSON-ready form (the ``periodicity`` key of the report)."""
         return {
             "period": _num3(self.period),
-            "p_value": None if self.p_value is None else float(f"{self.p_value:.4g}"),
+            "p_value": significant(self.p_value),
             "period_points": _num3(self.period_points),
             "power_share": None if self.power_share is None else round(self.power_share, 4),
             "acf_at_period": None if self.acf_at_period is None else round(self.acf_at_period, 4),
@@ -376,5 +376,5 @@ def _candidates(
             break
         if any(abs(k - c["_k"]) <= 1 for c in out):
             continue
-        out.append({"_k": k, "period": round(n / k * interval, 3), "p_value": float(f"{p:.4g}")})
+        out.append({"_k": k, "period": round(n / k * interval, 3), "p_value": significant(p)})
     return [{"period": c["period"], "p_value": c["p_value"]} for c in out]
