@@ -215,7 +215,7 @@ def run_dflash_demo(cfg: DFlashDemoConfig, *, orders: list[str], out: str | Path
 
 def _summarise(results: dict[str, dict[str, Any]], cfg: DFlashDemoConfig,
                meta: dict[str, Any], out: Path, plot: bool) -> dict[str, Any]:
-    from lengthwise.demo.report import add_ratios, common_region, diagnose_runs, plot_curves
+    from lengthwise.demo.report import add_ratios, common_region, diagnose_runs, plot_runs
 
     logs = {name: r["log_path"] for name, r in results.items()}
     region = common_region(logs)
@@ -245,14 +245,12 @@ def _summarise(results: dict[str, dict[str, Any]], cfg: DFlashDemoConfig,
                                "config": {**asdict(cfg), "warmup": cfg.warmup_steps},
                                "data": meta}
     if plot:
-        try:
-            summary["plot"] = str(plot_curves(
-                {n: r["loss"] for n, r in results.items()}, out / "loss_curves.png",
-                region=region, roughness={n: rows[n]["loss_roughness"] for n in rows},
-                title=f"DFlash draft (block {cfg.block_size}), {cfg.steps} steps x "
-                      f"{cfg.grad_accum} micro-batches of <= {cfg.max_tokens} tokens"))
-        except ImportError as exc:
-            say(None, f"lengthwise demo: no plot ({exc})")
+        path = plot_runs({n: r["loss"] for n, r in results.items()}, out, region=region,
+                         roughness={n: rows[n]["loss_roughness"] for n in rows},
+                         title=f"DFlash draft (block {cfg.block_size}), {cfg.steps} steps x "
+                               f"{cfg.grad_accum} micro-batches of <= {cfg.max_tokens} tokens")
+        if path is not None:
+            summary["plot"] = path
     return summary
 
 

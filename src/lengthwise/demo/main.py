@@ -31,7 +31,7 @@ from lengthwise.demo.report import (
     diagnose_runs,
     format_markdown,
     format_table,
-    plot_curves,
+    plot_runs,
     summary_json,
 )
 from lengthwise.demo.runner import train_orders
@@ -170,7 +170,11 @@ def run_demo(cfg: DemoConfig, *, orders: list[str] | str | None = None,
     }
     out.mkdir(parents=True, exist_ok=True)
     if plot:
-        _plot(results, rows, out, region, _title(cfg, info), meta, group)
+        path = plot_runs({n: r.loss for n, r in results.items()}, out, region=region,
+                         roughness={n: rows[n]["loss_roughness"] for n in rows},
+                         title=_title(cfg, info), group=group)
+        if path is not None:
+            meta["plot"] = path
     meta["wall_seconds"] = time.perf_counter() - started
     text = summary_json(rows, **meta)
     (out / "summary.json").write_text(text + "\n", encoding="utf-8")
@@ -204,18 +208,6 @@ def _order_rows(results: dict[str, Any], doctor: dict[str, dict[str, Any]],
         }
     add_ratios(rows)
     return {n: {**{k: row[k] for k in JSON_KEYS}, **row} for n, row in rows.items()}
-
-
-def _plot(results: dict[str, Any], rows: dict[str, dict[str, Any]], out: Path,
-          region: tuple[int, int], title: str, meta: dict[str, Any], group: Any) -> None:
-    """Write ``out/loss_curves.png`` and note it in ``meta`` (a line instead without matplotlib)."""
-    try:
-        meta["plot"] = str(plot_curves({n: r.loss for n, r in results.items()},
-                                       out / "loss_curves.png", region=region,
-                                       roughness={n: rows[n]["loss_roughness"] for n in rows},
-                                       title=title))
-    except ImportError as exc:  # matplotlib missing: the figures still come out
-        say(group, f"lengthwise demo: no plot ({exc})")
 
 
 def _config_dict(cfg: DemoConfig) -> dict[str, Any]:

@@ -209,6 +209,20 @@ def summary_json(rows: dict[str, dict[str, Any]], **meta: Any) -> str:
     return json.dumps(clean({"strategies": rows, **meta}), indent=2)
 
 
+def plot_runs(curves: dict[str, list[float]], out: str | Path, *, region: tuple[int, int],
+              roughness: dict[str, float], title: str, group: Any = None) -> str | None:
+    """Write ``out/loss_curves.png`` and return its path; without matplotlib, say so and
+    return ``None`` (the figures still come out)."""
+    from lengthwise.demo.device import say
+
+    try:
+        return str(plot_curves(curves, Path(out) / "loss_curves.png", region=region,
+                               roughness=roughness, title=title))
+    except ImportError as exc:
+        say(group, f"lengthwise demo: no plot ({exc})")
+        return None
+
+
 def plot_curves(curves: dict[str, list[float]], path: str | Path, *,
                 region: tuple[int, int] | None = None,
                 roughness: dict[str, float] | None = None, title: str = "") -> Path:
