@@ -186,3 +186,15 @@ def test_packed_layout(tmp_path, capsys):
     assert main(["plan", "coqa", "--layout", "pack", "--max-tokens", "4096", "--compare"]) == 0
     text = capsys.readouterr().out
     assert "packed rows of 4096 tokens" in text and "bucket-random" not in text
+
+
+def test_json_figures_hold_no_nan_and_no_numpy_scalars():
+    import json
+
+    import numpy as np
+
+    from lengthwise.cli.plan import _clean
+
+    out = _clean({"a": float("nan"), "b": np.int64(2), "c": [1.0, float("inf")], "num_batches": 3})
+    assert out == {"a": None, "b": 2, "c": [1.0, None]}
+    json.dumps(out, allow_nan=False)  # strict JSON

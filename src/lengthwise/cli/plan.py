@@ -256,12 +256,9 @@ def _print_text(args: argparse.Namespace, results: dict, main: dict, notes: list
 
 
 def _clean(stats: dict) -> dict:
-    """JSON-ready figures; the per-rank count is named ``micro_batches_per_rank`` only."""
-    out = {}
-    for k, v in stats.items():
-        if k == "num_batches":  # the same as micro_batches_per_rank, named ambiguously
-            continue
-        if isinstance(v, np.generic):
-            v = v.item()
-        out[k] = v
-    return out
+    """JSON-ready figures (NaN and inf as null); the per-rank count is named
+    ``micro_batches_per_rank`` only."""
+    from lengthwise.doctor.numbers import json_ready
+
+    # num_batches is the same as micro_batches_per_rank, named ambiguously
+    return json_ready({k: v for k, v in stats.items() if k != "num_batches"})
