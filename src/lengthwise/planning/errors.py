@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["LengthError", "first_bad_length"]
+__all__ = ["MAX_LENGTH", "LengthError", "first_bad_length"]
+
+#: lengths must stay below this to be held as int64 (2**63 would wrap to a negative number)
+MAX_LENGTH = 2**63
 
 
 class LengthError(ValueError):

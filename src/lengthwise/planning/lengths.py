@@ -1,5 +1,9 @@
-"""Reading per-sample token lengths from arrays, files and bundled distributions.
+"""Per-sample token lengths, checked: the entry points and the overflow policy.
 
+:func:`load_lengths` reads an array, a file or a bundled distribution (the file
+formats are in :mod:`~lengthwise.planning.readers`), :func:`validate_lengths`
+checks values, :func:`apply_overflow` truncates, drops or refuses long samples and
+counts what it did, and :func:`open_lengths` maps large files for windowed plans.
 Every loader returns a one-dimensional ``int64`` array aligned with the rows of
 its source: row ``i`` of the data set has length ``out[i]``. Bad values raise a
 :class:`LengthError` that names the row and the value.
@@ -16,20 +20,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from importlib import resources
-from pathlib import Path
 
 import numpy as np
 
-from lengthwise.planning.errors import LengthError
-from lengthwise.planning.jsonl import jsonl_field
+from lengthwise.planning.errors import MAX_LENGTH, LengthError
+from lengthwise.planning.readers import bundled_names as bundled_names
+from lengthwise.planning.readers import read_source
 from lengthwise.planning.vocabulary import OVERFLOW_POLICIES, OverflowPolicy
-
-_BUNDLED_SUFFIX = ".qwen3.npy"
-
-
-#: lengths must stay below this to be held as int64 (2**63 would wrap to a negative number)
-_MAX_LENGTH = 2**63
 
 
 class LoadedLengths(np.ndarray):
@@ -76,159 +73,6 @@ def load_record(lengths) -> np.ndarray | None:
     return None
 
 
-def bundled_names() -> list[str]:
-    """Names of the real length distributions shipped with the package.
-
-    Example::
-
-        >>> "sft_mix" in bundled_names()
-        True
-    """
-    folder = resources.files("lengthwise") / "data"
-    return sorted(p.name[: -len(_BUNDLED_SUFFIX)] for p in folder.iterdir()
-                  if p.name.endswith(_BUNDLED_SUFFIX))
-
-
-def _bundled_path(name: str) -> Path:
-    return Path(str(resources.files("lengthwise") / "data" / f"{name}{_BUNDLED_SUFFIX}"))
-
-
-def _split_column(source: str) -> tuple[str, str | None]:
-    """Split ``FILE.parquet:COLUMN`` into path and column (Windows drive letters kept)."""
-    head, sep, tail = source.rpartition(":")
-    if sep and head and not os.path.exists(source) and "/" not in tail and "\\" not in tail:
-        return head, tail
-    return source, None
-
-
-def _read_text(path: str) -> np.ndarray:
-    values = []
-    with open(path, encoding="utf-8") as fh:
-        try:
-            for lineno, line in enumerate(fh, start=1):
-                text = line.strip()
-                if not text:
-                    continue
-                try:
-                    values.append(int(text))
-                except ValueError:
-                    try:
-                        values.append(float(text))
-                    except ValueError:
-                        raise LengthError(
-                            f"{path}, line {lineno}: {text!r} is not a number") from None
-        except UnicodeDecodeError:
-            raise LengthError(f"{path}: not UTF-8 text (a binary file?); a .txt of lengths "
-                              "holds one integer a line") from None
-    return _as_numbers(values)
-
-
-def _as_numbers(values: list) -> np.ndarray:
-    """Python numbers as an array; integers too large for int64 stay exact (as objects)."""
-    try:
-        return np.asarray(values)
-    except OverflowError:  # an int beyond uint64: validate_lengths names it
-        return np.asarray(values, dtype=object)
-
-
-def _read_jsonl(path: str, field: str) -> np.ndarray:
-    values = []
-    for lineno, value in jsonl_field(path, field, error=LengthError):
-        if isinstance(value, list):  # a token-id list: its length is the sample length
-            value = len(value)
-        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
-            shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-            raise LengthError(f"{path}, line {lineno}: field {field!r} is {shown}, "
-                              "not a number of tokens (or a list of token ids)")
-        if isinstance(value, int) and not -_MAX_LENGTH < value < _MAX_LENGTH:
-            raise LengthError(f"{path}, line {lineno}: field {field!r} is {value}, too large "
-                              f"for a length (must be below 2**63)")
-        values.append(value)
-    return _as_numbers(values)
-
-
-def _read_arrow_like(path: str, column: str | None, kind: str) -> np.ndarray:
-    try:
-        import pyarrow as pa
-        import pyarrow.compute as pc
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            f"reading {kind} files needs pyarrow: pip install 'lengthwise[io]'") from exc
-    if kind == "parquet":
-        import pyarrow.parquet as pq
-
-        names = pq.read_schema(path).names
-        if column is not None and column not in names:
-            raise LengthError(f"{path} has no column {column!r} (columns: {names})")
-        table = pq.read_table(path, columns=[column] if column else None, memory_map=True)
-    else:
-        with pa.memory_map(path, "r") as source:
-            try:
-                table = pa.ipc.open_file(source).read_all()
-            except pa.ArrowInvalid:
-                source.seek(0)
-                table = pa.ipc.open_stream(source).read_all()
-    if column is None:
-        if table.num_columns != 1:
-            raise LengthError(
-                f"{path} has columns {table.column_names}; name one as {path}:COLUMN"
-            )
-        column = table.column_names[0]
-    if column not in table.column_names:
-        raise LengthError(f"{path} has no column {column!r} (columns: {table.column_names})")
-    col = table.column(column)
-    if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
-        col = pc.list_value_length(col)
-    if col.null_count:
-        first = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
-        raise LengthError(f"{path}:{column}, row {first}: missing value (null)")
-    return col.to_numpy(zero_copy_only=False)
-
-
-def _read_source(source: str | os.PathLike[str]) -> np.ndarray:
-    text = os.fspath(source)
-    # a bundled name, unless a file of that name exists here: the user's file wins
-    if (os.sep not in text and "." not in text and not os.path.exists(text)
-            and _bundled_path(text).exists()):
-        return np.load(_bundled_path(text))
-    path, column = _split_column(text)
-    if os.path.isdir(path):  # a folder of Parquet shards
-        from lengthwise.planning import readers
-
-        if column is None:
-            raise LengthError(f"{path!r} is a folder, not a file of lengths; for a folder of "
-                              f"Parquet shards name the column: {path}:COLUMN")
-        return readers.parquet_folder_lengths(path, column)
-    if not os.path.exists(path):
-        known = ", ".join(bundled_names())
-        raise FileNotFoundError(f"no file {path!r} and no bundled distribution of that name "
-                                f"(bundled: {known})")
-    lower = path.lower()
-    if lower.endswith(".npy"):
-        return np.load(path, mmap_mode="r")
-    if lower.endswith(".idx"):  # a Megatron index
-        from lengthwise.planning import readers
-
-        return readers.megatron_lengths(path)
-    if lower.endswith((".txt", ".csv")) and column is None:
-        return _read_text(path)
-    if lower.endswith((".jsonl", ".jsonl.gz", ".json")):
-        if column is None:
-            raise LengthError(f"name the field that holds the length: {path}:FIELD")
-        return _read_jsonl(path, column)
-    if lower.endswith(".parquet"):
-        return _read_arrow_like(path, column, "parquet")
-    if lower.endswith((".arrow", ".feather", ".ipc")):
-        return _read_arrow_like(path, column, "arrow")
-    hint = ""
-    if _bundled_path(text).exists():
-        hint = (f"; {text!r} is also the name of a bundled distribution, but a file of that "
-                "name here takes precedence: rename or move it to use the bundled one")
-    raise LengthError(f"cannot read lengths from {path!r}: use .npy, .txt, .jsonl:FIELD, "
-                      ".parquet:COLUMN, .arrow:COLUMN, a Megatron .idx, FOLDER:COLUMN (Parquet "
-                      f"shards), or a bundled name{hint}")
-
-
 def validate_lengths(values: np.ndarray | Iterable[float], *, what: str = "lengths") -> np.ndarray:
     """Check lengths and return them as ``int64``; errors name the first bad row.
 
@@ -261,7 +105,7 @@ def validate_lengths(values: np.ndarray | Iterable[float], *, what: str = "lengt
     if arr.dtype.kind not in "iuf":
         raise LengthError(f"{what} must be numbers, got dtype {arr.dtype}")
     if arr.dtype.kind in "uf":
-        big = arr >= _MAX_LENGTH
+        big = arr >= MAX_LENGTH
         if big.any():
             row = int(np.flatnonzero(big)[0])
             raise LengthError(f"{what}, row {row}: {arr[row].item()!r} is too large for a "
@@ -290,7 +134,7 @@ def _object_lengths(arr: np.ndarray, what: str) -> np.ndarray:
         if isinstance(value, bool) or not isinstance(value, (int, float, np.integer,
                                                               np.floating)):
             raise LengthError(f"{what}, row {row}: {value!r} is not a number of tokens")
-        if value >= _MAX_LENGTH:
+        if value >= MAX_LENGTH:
             raise LengthError(f"{what}, row {row}: {value!r} is too large for a length "
                               "(must be below 2**63)")
         if value < 0:
@@ -395,7 +239,7 @@ def open_lengths(source: str | os.PathLike[str] | np.ndarray | Iterable[float]) 
         path = os.fspath(source)
         if not path.lower().endswith((".npy", ".idx")) or not os.path.exists(path):
             return load_lengths(source)
-        arr = _read_source(path)
+        arr = read_source(path)
         what = f"lengths from {path}"
     elif isinstance(source, np.ndarray):
         arr, what = source, "lengths"
@@ -436,7 +280,7 @@ def load_lengths(
     """
     earlier = load_record(source)
     if isinstance(source, (str, os.PathLike)):
-        raw = _read_source(source)
+        raw = read_source(source)
         what = f"lengths from {os.fspath(source)}"
     else:
         raw = source

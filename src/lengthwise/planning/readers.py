@@ -1,4 +1,9 @@
-"""Lengths from where large runs keep them: Megatron ``.idx`` files and Parquet folders.
+"""Lengths from where they are kept: files of every format, bundled sets, large-run layouts.
+
+* :func:`read_source` reads a path or a bundled name (see :func:`bundled_names`):
+  ``.npy`` (memory-mapped), ``.txt``, ``FILE.jsonl:FIELD``, ``FILE.parquet:COLUMN``,
+  ``FILE.arrow:COLUMN``, and the two formats below; the values are checked by
+  :func:`lengthwise.planning.lengths.validate_lengths`.
 
 * :func:`megatron_lengths` maps the sequence lengths of a Megatron-style indexed
   data set (``PREFIX.idx`` beside ``PREFIX.bin``) without reading any token: the
@@ -24,17 +29,21 @@ from __future__ import annotations
 
 import os
 import struct
+from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from lengthwise.planning.errors import LengthError, first_bad_length
+from lengthwise.planning.errors import MAX_LENGTH, LengthError, first_bad_length
+from lengthwise.planning.jsonl import jsonl_field
+
+_BUNDLED_SUFFIX = ".qwen3.npy"
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
 
-__all__ = ["megatron_lengths", "parquet_folder_lengths"]
+__all__ = ["bundled_names", "megatron_lengths", "parquet_folder_lengths", "read_source"]
 
 _IDX_MAGIC = b"MMIDIDX\x00\x00"
 _IDX_HEAD = struct.Struct("<QBQQ")  # version, token dtype code, sequences, documents
@@ -161,3 +170,153 @@ def parquet_folder_lengths(folder: str | os.PathLike[str], column: str, *,
     if out is not None:
         lengths.flush()
     return lengths
+
+
+def bundled_names() -> list[str]:
+    """Names of the real length distributions shipped with the package.
+
+    Example::
+
+        >>> "sft_mix" in bundled_names()
+        True
+    """
+    folder = resources.files("lengthwise") / "data"
+    return sorted(p.name[: -len(_BUNDLED_SUFFIX)] for p in folder.iterdir()
+                  if p.name.endswith(_BUNDLED_SUFFIX))
+
+
+def _bundled_path(name: str) -> Path:
+    return Path(str(resources.files("lengthwise") / "data" / f"{name}{_BUNDLED_SUFFIX}"))
+
+
+def _split_column(source: str) -> tuple[str, str | None]:
+    """Split ``FILE.parquet:COLUMN`` into path and column (Windows drive letters kept)."""
+    head, sep, tail = source.rpartition(":")
+    if sep and head and not os.path.exists(source) and "/" not in tail and "\\" not in tail:
+        return head, tail
+    return source, None
+
+
+def _read_text(path: str) -> np.ndarray:
+    values = []
+    with open(path, encoding="utf-8") as fh:
+        try:
+            for lineno, line in enumerate(fh, start=1):
+                text = line.strip()
+                if not text:
+                    continue
+                try:
+                    values.append(int(text))
+                except ValueError:
+                    try:
+                        values.append(float(text))
+                    except ValueError:
+                        raise LengthError(
+                            f"{path}, line {lineno}: {text!r} is not a number") from None
+        except UnicodeDecodeError:
+            raise LengthError(f"{path}: not UTF-8 text (a binary file?); a .txt of lengths "
+                              "holds one integer a line") from None
+    return _as_numbers(values)
+
+
+def _as_numbers(values: list) -> np.ndarray:
+    """Python numbers as an array; integers too large for int64 stay exact (as objects)."""
+    try:
+        return np.asarray(values)
+    except OverflowError:  # an int beyond uint64: validate_lengths names it
+        return np.asarray(values, dtype=object)
+
+
+def _read_jsonl(path: str, field: str) -> np.ndarray:
+    values = []
+    for lineno, value in jsonl_field(path, field, error=LengthError):
+        if isinstance(value, list):  # a token-id list: its length is the sample length
+            value = len(value)
+        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+            raise LengthError(f"{path}, line {lineno}: field {field!r} is {shown}, "
+                              "not a number of tokens (or a list of token ids)")
+        if isinstance(value, int) and not -MAX_LENGTH < value < MAX_LENGTH:
+            raise LengthError(f"{path}, line {lineno}: field {field!r} is {value}, too large "
+                              f"for a length (must be below 2**63)")
+        values.append(value)
+    return _as_numbers(values)
+
+
+def _read_arrow_like(path: str, column: str | None, kind: str) -> np.ndarray:
+    try:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            f"reading {kind} files needs pyarrow: pip install 'lengthwise[io]'") from exc
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        names = pq.read_schema(path).names
+        if column is not None and column not in names:
+            raise LengthError(f"{path} has no column {column!r} (columns: {names})")
+        table = pq.read_table(path, columns=[column] if column else None, memory_map=True)
+    else:
+        with pa.memory_map(path, "r") as source:
+            try:
+                table = pa.ipc.open_file(source).read_all()
+            except pa.ArrowInvalid:
+                source.seek(0)
+                table = pa.ipc.open_stream(source).read_all()
+    if column is None:
+        if table.num_columns != 1:
+            raise LengthError(
+                f"{path} has columns {table.column_names}; name one as {path}:COLUMN"
+            )
+        column = table.column_names[0]
+    if column not in table.column_names:
+        raise LengthError(f"{path} has no column {column!r} (columns: {table.column_names})")
+    col = table.column(column)
+    if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
+        col = pc.list_value_length(col)
+    if col.null_count:
+        first = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+        raise LengthError(f"{path}:{column}, row {first}: missing value (null)")
+    return col.to_numpy(zero_copy_only=False)
+
+
+def read_source(source: str | os.PathLike[str]) -> np.ndarray:
+    """The raw values of a path or bundled name, unchecked (see ``load_lengths``)."""
+    text = os.fspath(source)
+    # a bundled name, unless a file of that name exists here: the user's file wins
+    if (os.sep not in text and "." not in text and not os.path.exists(text)
+            and _bundled_path(text).exists()):
+        return np.load(_bundled_path(text))
+    path, column = _split_column(text)
+    if os.path.isdir(path):  # a folder of Parquet shards
+        if column is None:
+            raise LengthError(f"{path!r} is a folder, not a file of lengths; for a folder of "
+                              f"Parquet shards name the column: {path}:COLUMN")
+        return parquet_folder_lengths(path, column)
+    if not os.path.exists(path):
+        known = ", ".join(bundled_names())
+        raise FileNotFoundError(f"no file {path!r} and no bundled distribution of that name "
+                                f"(bundled: {known})")
+    lower = path.lower()
+    if lower.endswith(".npy"):
+        return np.load(path, mmap_mode="r")
+    if lower.endswith(".idx"):  # a Megatron index
+        return megatron_lengths(path)
+    if lower.endswith((".txt", ".csv")) and column is None:
+        return _read_text(path)
+    if lower.endswith((".jsonl", ".jsonl.gz", ".json")):
+        if column is None:
+            raise LengthError(f"name the field that holds the length: {path}:FIELD")
+        return _read_jsonl(path, column)
+    if lower.endswith(".parquet"):
+        return _read_arrow_like(path, column, "parquet")
+    if lower.endswith((".arrow", ".feather", ".ipc")):
+        return _read_arrow_like(path, column, "arrow")
+    hint = ""
+    if _bundled_path(text).exists():
+        hint = (f"; {text!r} is also the name of a bundled distribution, but a file of that "
+                "name here takes precedence: rename or move it to use the bundled one")
+    raise LengthError(f"cannot read lengths from {path!r}: use .npy, .txt, .jsonl:FIELD, "
+                      ".parquet:COLUMN, .arrow:COLUMN, a Megatron .idx, FOLDER:COLUMN (Parquet "
+                      f"shards), or a bundled name{hint}")
