@@ -6,11 +6,13 @@ Example::
     True
     >>> issubclass(CorruptCheckpointError, CheckpointError)
     True
+    >>> issubclass(CheckpointLockedError, CheckpointError)
+    True
 """
 
 from __future__ import annotations
 
-__all__ = ["CheckpointError", "CorruptCheckpointError"]
+__all__ = ["CheckpointError", "CheckpointLockedError", "CorruptCheckpointError"]
 
 
 class CheckpointError(RuntimeError):
@@ -19,3 +21,7 @@ class CheckpointError(RuntimeError):
 
 class CorruptCheckpointError(CheckpointError):
     """A checkpoint's files are missing, cut short, fail their checksum or cannot be parsed."""
+
+
+class CheckpointLockedError(CheckpointError):
+    """Another checkpointer is writing into the same checkpoint folder."""
