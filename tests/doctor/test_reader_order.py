@@ -131,6 +131,9 @@ def test_a_cut_gzipped_csv_keeps_the_whole_rows_before_the_cut(tmp_path) -> None
     ("list.jsonl", "".join(json.dumps({"step": s, "loss": [2.5]}) + "\n" for s in range(9)),
      "line 1: 'loss' is [2.5] (a list), not a number"),
     ("corrupt.csv.gz", None, "corrupt or unreadable: the gzip stream breaks off"),
+    ("lengths.npy", b"\x93NUMPY\x01\x00v\x00{'descr': '<i8'}\n" + bytes(range(256)),
+     "not a log the doctor reads: no line is a JSON object"),
+    ("events.out.tfevents.1", bytes(range(7, 200)), "corrupt or not TensorBoard event files"),
     ("garbage.csv.gz", b"\x1f\x8b" + b"\x00" * 40, "corrupt or unreadable"),
 ])
 def test_a_file_the_doctor_cannot_read_is_one_line_naming_it(tmp_path, capsys, name, content,
@@ -147,3 +150,11 @@ def test_a_file_the_doctor_cannot_read_is_one_line_naming_it(tmp_path, capsys, n
     err = capsys.readouterr().err
     assert err.startswith(f"lengthwise doctor: error: {path}: ") and err.count("\n") == 1, err
     assert reason in err and "Traceback" not in err
+
+
+def test_a_gzipped_log_with_junk_after_its_stream_keeps_its_rows(tmp_path) -> None:
+    rows = "".join(json.dumps({"step": s, "loss": loss_at(s)}) + "\n" for s in range(1, 51))
+    path = tmp_path / "log.jsonl.gz"
+    path.write_bytes(gzip.compress(rows.encode()) + b"junk after the gzip stream")
+    log = read_log(path)
+    assert log.step.tolist() == list(range(1, 51)) and log.input.truncated

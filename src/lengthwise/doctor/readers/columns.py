@@ -273,6 +273,11 @@ class ColumnBuilder:
     def _no_loss_error(self) -> EmptyLogError:
         """The error for a log where no row holds the loss field, naming the fields seen."""
         s = self.summary
+        if s.lines and s.malformed >= s.lines and not self._keys_seen:
+            return EmptyLogError(
+                f"{self.source}: not a log the doctor reads: no line is a JSON object "
+                f"({s.lines} lines read, {s.malformed} malformed; a binary file? logs are JSON "
+                "lines, JSON, CSV or TensorBoard)")
         seen = ", ".join(sorted(self._keys_seen)[:12]) or "none"
         what = f"a {self._loss_key!r} field" if self._loss_explicit else "a loss field"
         hint = "" if self._loss_explicit else "; name it with --loss-key NAME"

@@ -77,8 +77,8 @@ def _line_blocks(handle: IO[bytes], summary: InputSummary) -> Iterator[list[byte
             yield lines
     rest = b""
     while True:
-        try:
-            chunk = handle.read(GZIP_CHUNK)
+        try:  # read1: one block, so the rows before a break are kept
+            chunk = handle.read1(GZIP_CHUNK)
         except (EOFError, zlib.error, OSError):
             summary.truncated = True
             chunk = b""
