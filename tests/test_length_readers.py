@@ -138,3 +138,20 @@ def test_a_failed_out_leaves_no_complete_looking_file(tmp_path):
     _shards(tmp_path / "ds", [{"n": [1, 2]}, {"n": [3, 4]}, {"n": [5, 6]}])
     got = parquet_folder_lengths(tmp_path / "ds", "n", out=out)
     assert np.load(out).tolist() == got.tolist() == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_bad_shard_is_named_with_the_reason(tmp_path):
+    _shards(tmp_path / "drift", [{"n": [1, 2]}, {"m": [3]}])
+    with pytest.raises(LengthError, match=r"part-00001.parquet has no column 'n' \(columns: "
+                                          r"\['m'\]\); every shard"):
+        parquet_folder_lengths(tmp_path / "drift", "n")
+    _shards(tmp_path / "cut", [{"n": [1, 2]}, {"n": [3, 4]}])
+    shard = tmp_path / "cut" / "part-00001.parquet"
+    shard.write_bytes(shard.read_bytes()[:40])
+    with pytest.raises(LengthError, match="part-00001.parquet is not a readable Parquet file"):
+        parquet_folder_lengths(tmp_path / "cut", "n")
+    _shards(tmp_path / "good", [{"n": [1, 2]}])
+    with pytest.raises(FileNotFoundError, match="there is no folder"):
+        parquet_folder_lengths(tmp_path / "good", "n", out=tmp_path / "no" / "lengths.npy")
+    with pytest.raises(IsADirectoryError, match="it is a folder"):
+        parquet_folder_lengths(tmp_path / "good", "n", out=tmp_path / "drift")

@@ -95,6 +95,10 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         [3, 5]
     """
     final = Path(path)
+    if final.is_dir():
+        raise IsADirectoryError(f"cannot write {final}: it is a folder; give a file name")
+    if not final.parent.is_dir():
+        raise FileNotFoundError(f"cannot write {final}: there is no folder {final.parent}")
     tmp = temporary_name(final)
     try:
         yield tmp

@@ -156,3 +156,10 @@ def test_under_torch_distributed_every_rank_is_told_the_folder_is_taken(tmp_path
     for out in outs:  # rank 1 raises too instead of waiting in the save's collectives
         assert out.startswith(f"LOCKED checkpoint folder {tmp_path} is being written"), outs
     assert list_checkpoints(tmp_path) == []
+
+
+def test_a_checkpoint_folder_that_is_a_file_is_named(tmp_path):
+    path = tmp_path / "ckpt"
+    path.write_text("not a folder")
+    with pytest.raises(NotADirectoryError, match=f"checkpoint folder {path} is a file"):
+        Checkpointer(path).save(1, model=torch.nn.Linear(1, 1))

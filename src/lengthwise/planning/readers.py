@@ -141,15 +141,12 @@ def parquet_folder_lengths(folder: str | os.PathLike[str], column: str, *,
         [4, 2, 7]
     """
     try:
-        import pyarrow.dataset as ds
+        import pyarrow.dataset  # noqa: F401 - the readers below import it
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError("reading Parquet folders needs pyarrow: pip install "
                           "'lengthwise[io]'") from exc
     files = parquet_shards(folder)
-    dataset = ds.dataset(files, format="parquet")
-    if column not in dataset.schema.names:
-        raise LengthError(f"{folder} has no column {column!r} (columns: {dataset.schema.names})")
-    per_file = [ds.dataset(f, format="parquet").count_rows() for f in files]
+    per_file = [_shard_rows(f, column, folder) for f in files]
     total = int(sum(per_file))
     if total == 0:
         raise LengthError(f"the Parquet files under {os.fspath(folder)!r} hold no rows")
@@ -162,6 +159,24 @@ def parquet_folder_lengths(folder: str | os.PathLike[str], column: str, *,
         lengths.flush()
         del lengths
     return np.load(os.fspath(out), mmap_mode="r")
+
+
+def _shard_rows(name: str, column: str, folder: str | os.PathLike[str]) -> int:
+    """The row count of one shard, once it is read as Parquet and holds ``column``."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    try:
+        shard = ds.dataset(name, format="parquet")
+        names = shard.schema.names
+        rows = shard.count_rows()
+    except (pa.ArrowException, OSError) as exc:
+        reason = str(exc).split(". ")[-1].strip() or type(exc).__name__
+        raise LengthError(f"{name} is not a readable Parquet file ({reason[:200]})") from None
+    if column not in names:
+        raise LengthError(f"{name} has no column {column!r} (columns: {names}); every shard "
+                          f"under {os.fspath(folder)} needs it")
+    return int(rows)
 
 
 def _fill_lengths(lengths: np.ndarray, files: list[str], per_file: list[int], column: str,

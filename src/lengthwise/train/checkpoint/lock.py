@@ -138,6 +138,8 @@ class WriterLock:
         """Take the lock (a no-op if held), or raise :class:`CheckpointLockedError`."""
         if self._handle is not None:
             return
+        if self.directory.exists() and not self.directory.is_dir():
+            raise NotADirectoryError(f"checkpoint folder {self.directory} is a file, not a folder")
         self.directory.mkdir(parents=True, exist_ok=True)
         for _ in range(100):  # the file may be removed by its holder between open and lock
             handle = open(self.path, "a+b")  # noqa: SIM115 - kept open while the lock is held
