@@ -51,7 +51,8 @@ def test_a_second_checkpointer_is_told_the_folder_and_the_holder(tmp_path):
     second = Checkpointer(tmp_path)
     with pytest.raises(CheckpointLockedError,
                        match=rf"{tmp_path} is being written by another checkpointer "
-                             rf"\(pid {os.getpid()} on host {socket.gethostname()}"):
+                             rf"\(this process, pid {os.getpid()} on host "
+                             rf"{socket.gethostname()}, since "):
         second.save(2, model=model)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_1"]  # nothing written
     first.close()

@@ -105,7 +105,9 @@ def _describe(holder: dict[str, Any] | None) -> str:
     if not holder:
         return "another process"
     since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(holder.get("since", 0)))
-    return f"pid {holder.get('pid')} on host {holder.get('host')}, since {since}"
+    here = holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname()
+    return (f"{'this process, ' if here else ''}pid {holder.get('pid')} on host "
+            f"{holder.get('host')}, since {since}")
 
 
 def _try_flock(handle: IO[bytes]) -> bool | None:
