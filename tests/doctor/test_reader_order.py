@@ -158,3 +158,13 @@ def test_a_gzipped_log_with_junk_after_its_stream_keeps_its_rows(tmp_path) -> No
     path.write_bytes(gzip.compress(rows.encode()) + b"junk after the gzip stream")
     log = read_log(path)
     assert log.step.tolist() == list(range(1, 51)) and log.input.truncated
+
+
+def test_integer_steps_above_2_pow_53_are_refused_not_merged(tmp_path, capsys) -> None:
+    rows = [{"step": 2**53 + s, "loss": loss_at(s)} for s in range(200)]
+    path = write_rows(tmp_path / "huge.jsonl", rows)
+    assert main(["doctor", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"step {2**53 + 1} is above 2**53" in err
+    exact = [{"step": 2.0**53 + 2 * s, "loss": loss_at(s)} for s in range(200)]  # floats: as given
+    assert read_log(write_rows(tmp_path / "floats.jsonl", exact)).num_steps == 200

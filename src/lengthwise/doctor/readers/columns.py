@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.doctor.errors import EmptyLogError
+from lengthwise.doctor.errors import EmptyLogError, UnreadableLogError
 from lengthwise.doctor.runlog import (
     BUCKET_FIELDS,
     CHECKPOINT_EVENTS,
@@ -290,13 +290,28 @@ class ColumnBuilder:
         """The step of each row (the row number when no step field) and rows without one."""
         if self._step_key is None:
             return np.arange(1, rows + 1, dtype=np.float64), np.zeros(rows, dtype=bool)
-        step, bad_step = _to_float(_flatten(self._steps))
+        raw = _flatten(self._steps)
+        step, bad_step = _to_float(raw)
         bad_step |= ~np.isfinite(step)
+        self._check_exact_steps(raw, step, bad_step)
         if self._step_explicit and bad_step.all():
             seen = ", ".join(sorted(self._keys_seen)[:12])
             raise EmptyLogError(f"{self.source}: no row has a numeric {self._step_key!r} "
                                 f"step field (fields seen: {seen})")
         return step, bad_step
+
+    def _check_exact_steps(self, raw: list[Any], step: np.ndarray, bad: np.ndarray) -> None:
+        """Refuse integer steps that float64 cannot hold (above 2**53): they would merge."""
+        good = step[~bad]
+        if good.size == 0 or np.abs(good).max() < 2.0**53:
+            return
+        for i in np.flatnonzero(~bad & (np.abs(step) >= 2.0**53)).tolist():
+            value = raw[i]
+            if isinstance(value, int) and int(step[i]) != value:
+                raise UnreadableLogError(
+                    f"{self.source}: step {value} is above 2**53, where float64 steps "
+                    "cannot be told apart (neighbouring steps would read as one); log "
+                    "steps below 2**53, or subtract an offset")
 
     def _optional_columns(self) -> tuple[dict[str, np.ndarray], list[Any] | None]:
         """The optional numeric columns (NaN where a row lacks one) and the bucket labels."""
