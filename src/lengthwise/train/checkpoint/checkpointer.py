@@ -54,7 +54,10 @@ class Checkpointer:
 
     Saves are serialised: a new :meth:`save` first waits for the previous one, and
     re-raises its error if it failed. Under ``torch.distributed`` every rank calls
-    :meth:`save` with the same step; rank 0 publishes the folder.
+    :meth:`save` with the same step; rank 0 publishes the folder. The folder has one
+    writer: the first save takes its writer lock (see
+    :mod:`~lengthwise.train.checkpoint.lock`) until :meth:`close`, and a second
+    checkpointer saving there gets :class:`CheckpointLockedError` naming the holder.
 
     Example::
 
@@ -152,7 +155,10 @@ class Checkpointer:
         return latest_checkpoint(self.directory)
 
     def close(self) -> None:
-        """Wait for the last save and stop the writer thread (a later save starts it again)."""
+        """Wait for the last save, stop the writer thread and release the folder's lock.
+
+        A later save starts the thread and takes the lock again.
+        """
         try:
             self.wait()
         finally:
