@@ -126,6 +126,17 @@ def test_planning_imports_nothing_outside_itself():
             assert outside <= {"lengthwise", "lengthwise._lazy"}, (name, outside)
 
 
+
+def test_the_library_does_not_import_its_demo():
+    """Only the demo and its command import ``lengthwise.demo``; the loop is a library part."""
+    graph = import_graph()
+    allowed = ("lengthwise.demo", "lengthwise.cli.demo")
+    for name, deps in graph.items():
+        if name == allowed[0] or name.startswith(allowed[0] + ".") or name == allowed[1]:
+            continue
+        demo = {d for d in deps if d == "lengthwise.demo" or d.startswith("lengthwise.demo.")}
+        assert not demo, (name, demo)
+
 def test_the_core_plans_without_importing_torch():
     code = ("import sys, lengthwise.planning as p; p.plan_epoch([3, 1, 2], batch_size=2); "
             "p.plan_epoch([3, 1, 2], max_tokens=4, layout='pack'); "
