@@ -24,7 +24,6 @@ from typing import Any
 from lengthwise.atomic import atomic_open
 from lengthwise.demo.config import DemoConfig, available_orders
 from lengthwise.demo.data import DemoData
-from lengthwise.demo.device import barrier, rank_world, say, setup_distributed
 from lengthwise.demo.report import (
     JSON_KEYS,
     add_ratios,
@@ -37,6 +36,7 @@ from lengthwise.demo.report import (
 )
 from lengthwise.demo.runner import train_orders
 from lengthwise.pytorch.dist import GroupInfo
+from lengthwise.train.device import barrier, rank_world, say, setup_distributed
 
 __all__ = ["check_targets", "parse_orders", "prepare_data", "run_demo"]
 
