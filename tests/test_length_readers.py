@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from lengthwise.errors import ConfigError
 from lengthwise.planning.lengths import LengthError, load_lengths, open_lengths
 from lengthwise.planning.readers import megatron_lengths, parquet_folder_lengths
 
@@ -151,7 +152,7 @@ def test_a_bad_shard_is_named_with_the_reason(tmp_path):
     with pytest.raises(LengthError, match="part-00001.parquet is not a readable Parquet file"):
         parquet_folder_lengths(tmp_path / "cut", "n")
     _shards(tmp_path / "good", [{"n": [1, 2]}])
-    with pytest.raises(FileNotFoundError, match="there is no folder"):
+    with pytest.raises(ConfigError, match="there is no folder"):
         parquet_folder_lengths(tmp_path / "good", "n", out=tmp_path / "no" / "lengths.npy")
-    with pytest.raises(IsADirectoryError, match="it is a folder"):
+    with pytest.raises(ConfigError, match="it is a folder"):
         parquet_folder_lengths(tmp_path / "good", "n", out=tmp_path / "drift")

@@ -36,6 +36,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+from lengthwise.errors import ConfigError
+
 __all__ = ["atomic_open", "atomic_path", "fsync_dir", "temporary_name"]
 
 
@@ -83,7 +85,9 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """A temporary path to write ``path``'s content to; it becomes ``path`` if the block succeeds.
 
     For writers that take a file name (``np.lib.format.open_memmap``, ``savefig``,
-    ``pyarrow.parquet.write_table``). The block must create the file.
+    ``pyarrow.parquet.write_table``). The block must create the file. A ``path`` that
+    is a folder, or in a folder that does not exist, is a
+    :class:`~lengthwise.errors.ConfigError` before anything is written.
 
     Example::
 
@@ -96,9 +100,9 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """
     final = Path(path)
     if final.is_dir():
-        raise IsADirectoryError(f"cannot write {final}: it is a folder; give a file name")
+        raise ConfigError(f"cannot write {final}: it is a folder; give a file name")
     if not final.parent.is_dir():
-        raise FileNotFoundError(f"cannot write {final}: there is no folder {final.parent}")
+        raise ConfigError(f"cannot write {final}: there is no folder {final.parent}")
     tmp = temporary_name(final)
     try:
         yield tmp

@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from lengthwise.errors import ConfigError
 from lengthwise.train import (
     Checkpointer,
+    CheckpointError,
     CheckpointLockedError,
     latest_checkpoint,
     list_checkpoints,
@@ -133,7 +135,7 @@ def test_without_file_locks_the_holder_record_decides(tmp_path, monkeypatch):
 def test_an_unpicklable_extra_fails_at_the_call_naming_the_part(tmp_path, use_dcp):
     model = torch.nn.Linear(2, 2)
     with Checkpointer(tmp_path, use_dcp=use_dcp) as ckpt:
-        with pytest.raises(TypeError, match=r"extra\['hooks'\]\[1\] cannot be saved in a "
+        with pytest.raises(ConfigError, match=r"extra\['hooks'\]\[1\] cannot be saved in a "
                                             r"checkpoint: TypeError: cannot pickle"):
             ckpt.save(1, model=model, extra={"note": "x", "hooks": [1, threading.Lock()]})
         assert list_checkpoints(tmp_path) == []
@@ -162,5 +164,5 @@ def test_under_torch_distributed_every_rank_is_told_the_folder_is_taken(tmp_path
 def test_a_checkpoint_folder_that_is_a_file_is_named(tmp_path):
     path = tmp_path / "ckpt"
     path.write_text("not a folder")
-    with pytest.raises(NotADirectoryError, match=f"checkpoint folder {path} is a file"):
+    with pytest.raises(CheckpointError, match=f"checkpoint folder {path} is a file"):
         Checkpointer(path).save(1, model=torch.nn.Linear(1, 1))

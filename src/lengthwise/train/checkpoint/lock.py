@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from lengthwise.train.checkpoint.errors import CheckpointLockedError
+from lengthwise.train.checkpoint.errors import CheckpointError, CheckpointLockedError
 
 try:  # POSIX advisory locks; elsewhere the holder record alone decides
     import fcntl
@@ -141,7 +141,7 @@ class WriterLock:
         if self._handle is not None:
             return
         if self.directory.exists() and not self.directory.is_dir():
-            raise NotADirectoryError(f"checkpoint folder {self.directory} is a file, not a folder")
+            raise CheckpointError(f"checkpoint folder {self.directory} is a file, not a folder")
         self.directory.mkdir(parents=True, exist_ok=True)
         for _ in range(100):  # the file may be removed by its holder between open and lock
             handle = open(self.path, "a+b")  # noqa: SIM115 - kept open while the lock is held

@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from lengthwise.errors import ConfigError
+
 
 def rng_state() -> dict[str, Any]:
     """The RNG states of Python, NumPy, torch and (when initialised) CUDA.
@@ -151,5 +153,5 @@ class TrainingState:
             return pickle.dumps(aux, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:  # name what cannot be saved, at the save() call
             where = unpicklable_part(aux) or "the checkpoint state"
-            raise TypeError(f"{where} cannot be saved in a checkpoint: {type(exc).__name__}: "
+            raise ConfigError(f"{where} cannot be saved in a checkpoint: {type(exc).__name__}: "
                             f"{exc} (checkpoints are pickles; keep extra to plain data)") from exc
