@@ -31,7 +31,8 @@ from lengthwise.planning.edges import Histogram, auto_edges, solve
 from lengthwise.planning.prepare import prepare_lengths
 from lengthwise.planning.schedule import EpochPlan, even_out_counts
 
-__all__ = ["PaddedEpochPlan", "plan_padded_epoch", "resolve_edges", "sorted_reference"]
+__all__ = ["PaddedEpochPlan", "check_given_edges", "plan_padded_epoch", "resolve_edges",
+           "sorted_reference"]
 
 
 @dataclass(kw_only=True)
@@ -74,17 +75,28 @@ def sorted_reference(lengths: np.ndarray, ids: np.ndarray, config: PlanConfig) -
     return float(lengths[idx].sum() / padded)
 
 
+def check_given_edges(edges, top: int) -> list[int]:
+    """The edges a user gave, checked to hold the longest planned sample ``top``.
+
+    Example::
+
+        >>> check_given_edges((8, 32), 30)
+        [8, 32]
+    """
+    edges = list(edges)
+    if edges[-1] < top:
+        raise ValueError(f"the last bucket edge {edges[-1]} is below the longest sample "
+                         f"({top}); add an edge >= {top} or set max_len")
+    return edges
+
+
 def resolve_edges(lengths: np.ndarray, ids: np.ndarray, config: PlanConfig) -> list[int]:
     """The bucket edges ``config.buckets`` asks for: given, a count solved exactly, or auto."""
     planned = lengths if ids.size == lengths.size else lengths[ids]
     top = int(planned.max())
     buckets = config.buckets  # checked by PlanConfig: a count, "auto" or sorted edges
     if isinstance(buckets, (tuple, list)):
-        edges = list(buckets)
-        if edges[-1] < top:
-            raise ValueError(f"the last bucket edge {edges[-1]} is below the longest sample "
-                             f"({top}); add an edge >= {top} or set max_len")
-        return edges
+        return check_given_edges(buckets, top)
     hist = Histogram.of(planned)
     cost = config.cost or CostModel()
     if buckets == "auto":

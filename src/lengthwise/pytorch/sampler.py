@@ -172,6 +172,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         self._plan: EpochPlan | None = None
         self._plan_key: tuple | None = None
         self._edges: list[int] | None = None
+        self._wide_edges: list[int] | None = None  # a windowed plan's plan-wide edges
         self._resumed_from_state = False  # the last resumed segment is the loaded state's
         self._cursor: WindowCursor | None = None
         self._cursor_pending = False
@@ -225,7 +226,9 @@ class BucketBatchSampler(Sampler[list[int]]):
         from lengthwise.pytorch.collate.from_plan import collator_for
 
         edges = None
-        if self.config.layout == "pad":
+        if self.config.layout == "pad" and self.window is not None:
+            edges = self.edges  # the plan-wide edges: those of every window's buckets
+        elif self.config.layout == "pad":
             if self._edges is None:
                 _ = self.plan  # solves the bucket edges (once, for every epoch)
             edges = self._edges
@@ -273,7 +276,7 @@ class BucketBatchSampler(Sampler[list[int]]):
             plan = WindowedPlan(self.lengths, self.config, window=self.window, seed=self.seed,
                                 epoch=self.epoch, edges=self._edges)
             if self.config.layout == "pad":
-                self._edges = plan.edges
+                self._edges = plan.solved_edges
             cur = self._cursor = WindowCursor(plan)
             self._cursor_pending = False
         return cur
@@ -340,10 +343,16 @@ class BucketBatchSampler(Sampler[list[int]]):
     def edges(self) -> list[int] | None:
         """Bucket edges of the current epoch's plan (for the collator's bucket ids).
 
-        ``None`` for the packed layout, whose rows have no buckets.
+        ``None`` for the packed layout, whose rows have no buckets. A windowed plan's
+        are its plan-wide edges (:attr:`WindowedPlan.edges`): bucket ``k`` of every
+        window is bucket ``k`` here, up to the longest sample of the data set.
         """
         if self.window is not None:
-            return list(self._windowed().plan.edges) if self.config.layout == "pad" else None
+            if self.config.layout != "pad":
+                return None
+            if self._wide_edges is None:  # the same for every epoch: read the lengths once
+                self._wide_edges = self._windowed().plan.edges
+            return list(self._wide_edges)
         plan = self.plan
         if plan is None:
             raise ValueError("the current epoch has no micro-batches left")
