@@ -30,10 +30,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lengthwise.planning.batching import whole_number
 from lengthwise.planning.config import PlanConfig
 from lengthwise.planning.errors import LengthError, first_bad_length
 from lengthwise.planning.packed import plan_packed_epoch
-from lengthwise.planning.batching import whole_number
 from lengthwise.planning.padded import (
     PaddedEpochPlan,
     check_given_edges,
