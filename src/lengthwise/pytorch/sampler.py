@@ -39,7 +39,8 @@ from lengthwise.planning.lengths import LengthError, load_lengths, open_lengths
 from lengthwise.planning.padded import PaddedEpochPlan
 from lengthwise.planning.plan import plan_epoch
 from lengthwise.planning.schedule import EpochPlan
-from lengthwise.planning.window_cursor import CursorError, WindowCursor
+from lengthwise.planning.state_checks import StateError
+from lengthwise.planning.window_cursor import WindowCursor
 from lengthwise.planning.windowed import WindowedPlan, resolve_window
 from lengthwise.pytorch.dist import group_info
 from lengthwise.pytorch.sampler_state import (
@@ -491,7 +492,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         try:
             self._windowed().load(state, world_size=saved.world_size,
                                   grad_accum=saved.grad_accum)
-        except CursorError as exc:
+        except StateError as exc:
             self.epoch, self._cursor = old_epoch, old_cursor  # leave the sampler as it was
             raise ResumeError(str(exc)) from None
         self._cursor_pending = True
