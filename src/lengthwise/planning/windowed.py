@@ -40,7 +40,7 @@ from lengthwise.planning.padded import (
     plan_padded_epoch,
     resolve_edges,
 )
-from lengthwise.planning.prepare import prepare_lengths
+from lengthwise.planning.prepare import overflow_error, prepare_lengths
 from lengthwise.planning.schedule import EpochPlan
 from lengthwise.planning.shuffle import permuted
 
@@ -120,6 +120,14 @@ def _check_window(values: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return values.astype(np.int64)
 
 
+def _over(values: np.ndarray, config: PlanConfig) -> np.ndarray:
+    """Rows of ``values`` that ``on_overflow="error"`` refuses (none under other policies)."""
+    limit = config.sample_limit()
+    if config.on_overflow != "error" or limit is None:
+        return np.zeros(0, dtype=np.int64)
+    return np.flatnonzero(values > limit)
+
+
 def _top(values: np.ndarray, config: PlanConfig) -> int:
     """The longest length a plan of ``config`` holds among ``values`` (0: none).
 
@@ -165,6 +173,7 @@ class WindowedPlan:
         self.seed, self.epoch = int(seed), int(epoch)
         self._edges = list(edges) if edges is not None else None
         self._wide: list[int] | None = None
+        self._longest: int | None = None
         self._cache: Window | None = None
         self._counts: dict[int, int] = {}
 
@@ -235,14 +244,35 @@ class WindowedPlan:
             500
         """
         if self._wide is None:
-            top = 0
+            self._wide = self._with_top(self.longest())
+        return list(self._wide)
+
+    def longest(self) -> int:
+        """The longest length the plan holds, reading every length once (in chunks).
+
+        Checks the lengths as a whole-epoch plan does: a bad length, or one over the
+        budget under ``on_overflow="error"``, raises naming its row.
+
+        Example::
+
+            >>> from lengthwise.planning.config import PlanConfig
+            >>> WindowedPlan(np.arange(1, 101), PlanConfig(max_tokens=64), window=10).longest()
+            64
+        """
+        if self._longest is None:
+            top, first, longer = 0, None, 0
             for start in range(0, self.num_samples, SCAN_CHUNK):
                 ids = np.arange(start, min(start + SCAN_CHUNK, self.num_samples))
                 values = _check_window(np.asarray(self.lengths[start : ids[-1] + 1]), ids)
-                self._check_overflow(values, ids, self.config)
+                over = _over(values, self.config)
+                if over.size:
+                    first = first or (int(ids[over[0]]), int(values[over[0]]))
+                    longer += over.size
                 top = max(top, _top(values, self.config))
-            self._wide = self._with_top(top)
-        return list(self._wide)
+            if first is not None:
+                raise overflow_error(self.config, *first, longer)
+            self._longest = top
+        return self._longest
 
     def _with_top(self, top: int) -> list[int]:
         """The solved edges for samples up to ``top``: one more edge when it is longer."""
@@ -295,17 +325,9 @@ class WindowedPlan:
         return out
 
     def _check_overflow(self, values: np.ndarray, ids: np.ndarray, config: PlanConfig) -> None:
-        if config.on_overflow != "error":
-            return
-        limits = [x for x in (config.row_limit().max_length(), config.max_len) if x is not None]
-        if not limits:
-            return
-        over = np.flatnonzero(values > min(limits))
+        over = _over(values, config)
         if over.size:
-            row = int(over[0])
-            raise LengthError(f"row {int(ids[row])}: length {int(values[row])} is over the "
-                              f"{min(limits)} tokens one row may hold ({over.size} rows of this "
-                              "window are; use on_overflow='truncate' or 'drop')")
+            raise overflow_error(config, int(ids[over[0]]), int(values[over[0]]), over.size)
 
     def windows(self, start: int = 0) -> Iterator[Window]:
         """The planned windows from ``start`` on, one at a time."""

@@ -35,9 +35,10 @@ from torch.utils.data import Sampler
 from lengthwise.planning.batching import whole_number
 from lengthwise.planning.config import PlanConfig, lengths_checksum
 from lengthwise.planning.cost import CostModel
-from lengthwise.planning.lengths import LengthError, load_lengths, open_lengths
+from lengthwise.planning.lengths import load_lengths, open_lengths
 from lengthwise.planning.padded import PaddedEpochPlan
 from lengthwise.planning.plan import plan_epoch
+from lengthwise.planning.prepare import overflow_error
 from lengthwise.planning.schedule import EpochPlan
 from lengthwise.planning.state_checks import StateError
 from lengthwise.planning.window_cursor import WindowCursor
@@ -163,9 +164,12 @@ class BucketBatchSampler(Sampler[list[int]]):
             max_len=max_len, pad_multiple=pad_multiple, on_overflow=on_overflow,
             even_out="drop" if drop_last else (even_out or "split"), cost=cost,
             max_cost=max_cost, layout=layout, rows_per_batch=rows_per_batch)
+        if self.config.on_overflow == "split":
+            raise ValueError("on_overflow='split' cuts long samples into pieces, which lists of "
+                             "sample indices cannot express; use on_overflow='truncate' or "
+                             "'drop' with the sampler (plan_epoch plans the pieces)")
         self.seed = whole_number("seed", seed, minimum=0)
         self.epoch = 0
-        self._check_budget()
         # resume state of the current epoch
         self._resumed: list[tuple[int, int, int]] = []  # (world_size, grad_accum, yielded)
         self._pending: int | None = None  # local position the next pass starts at
@@ -177,6 +181,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         self._resumed_from_state = False  # the last resumed segment is the loaded state's
         self._cursor: WindowCursor | None = None
         self._cursor_pending = False
+        self._check_budget()
 
     # ------------------------------------------------------------------ setup
 
@@ -188,20 +193,15 @@ class BucketBatchSampler(Sampler[list[int]]):
         """Fail early for a sample over the limit with on_overflow='error'."""
         cfg = self.config
         limit = cfg.sample_limit()
-        if cfg.on_overflow != "error" or limit is None or self.window is not None:
-            return  # a windowed plan checks each window's samples when it reads them
-        if limit == cfg.max_len:
-            rule = f"max_len={cfg.max_len}"
-        else:
-            rule = (f"max_tokens={cfg.max_tokens}" if cfg.max_tokens is not None
-                    else f"max_cost={cfg.max_cost} with {cfg.cost}")
+        if cfg.on_overflow != "error" or limit is None:
+            return
+        if self.window is not None:  # reads the lengths once, in chunks
+            self._windowed().plan.longest()
+            return
         over = np.flatnonzero(self.lengths > limit)
         if over.size:
             row = int(over[0])
-            raise LengthError(
-                f"sample {row} has {int(self.lengths[row])} tokens, but one row holds at most "
-                f"{limit} under {rule} ({over.size} samples are longer); raise the budget, or "
-                "use on_overflow='truncate' or 'drop'")
+            raise overflow_error(cfg, row, int(self.lengths[row]), over.size)
 
     def collator(self, pad_token_id: int | None = None, **options: Any):
         """The collator of this sampler's plan, for ``DataLoader(collate_fn=...)``.
@@ -320,10 +320,6 @@ class BucketBatchSampler(Sampler[list[int]]):
                                                             edges),
                           seed=self.seed, epoch=self.epoch, indices=ids)
         self._edges = self._edges or _edges_of(plan)
-        if plan.splits_samples:
-            raise ValueError("this packed plan splits long samples into pieces "
-                             "(on_overflow='split'), which lists of sample indices cannot "
-                             "express; use on_overflow='truncate' or 'drop' with the sampler")
         return plan
 
     @property
