@@ -19,13 +19,15 @@ from typing import Any
 
 import numpy as np
 
+from lengthwise.errors import ConfigError
+
 __all__ = ["WINDOW_KEYS", "StateError", "WindowPlace", "count", "segments", "window_place"]
 
 #: the keys a windowed sampler adds to its state
 WINDOW_KEYS = ("window_index", "window_yielded", "window_resumed")
 
 
-class StateError(ValueError):
+class StateError(ConfigError):
     """A saved place (sampler or cursor state) with a value that cannot be a place."""
 
 
