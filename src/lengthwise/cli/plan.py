@@ -199,6 +199,9 @@ def run(args: argparse.Namespace) -> int:
         args.max_tokens = DEFAULT_MAX_TOKENS
     if args.on_overflow not in OVERFLOW_POLICIES and args.layout != "pack":
         raise ValueError("--on-overflow split needs --layout pack")
+    if args.layout == "pack" and args.buckets != "auto":
+        raise ValueError(f"--buckets {args.buckets} sets the buckets of padded rows, but "
+                         "--layout pack has no buckets; leave --buckets out, or use --layout pad")
     if args.layout == "pack" and args.pad_multiple != 1:
         raise ValueError(f"--pad-multiple {args.pad_multiple} rounds padded rows up, but "
                          "--layout pack has no padded rows (its rows are --max-tokens long); "

@@ -32,7 +32,8 @@ import numpy as np
 
 from lengthwise.planning.batching import whole_number
 from lengthwise.planning.config import PlanConfig
-from lengthwise.planning.errors import LengthError, first_bad_length
+from lengthwise.planning.errors import LengthError
+from lengthwise.planning.lengths import validate_lengths
 from lengthwise.planning.packed import plan_packed_epoch
 from lengthwise.planning.padded import (
     PaddedEpochPlan,
@@ -111,13 +112,7 @@ class Window:
 
 def _check_window(values: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """Validate one window's lengths; errors name the sample id, as whole-epoch errors do."""
-    if values.dtype == object or values.dtype.kind not in "iuf":
-        raise LengthError(f"lengths must be numbers, got dtype {values.dtype}")
-    row = first_bad_length(values)
-    if row is not None:
-        raise LengthError(f"lengths, row {int(ids[row])}: {values[row].item()!r} is not a "
-                          "length (negative, fractional or not finite)")
-    return values.astype(np.int64)
+    return validate_lengths(values, rows=ids)
 
 
 def _over(values: np.ndarray, config: PlanConfig) -> np.ndarray:
@@ -221,6 +216,7 @@ class WindowedPlan:
             else:
                 ids = self.window_ids(0, epoch=0)
                 values = _check_window(np.asarray(self.lengths[ids]), ids)
+                self._check_overflow(values, ids, self.config)
                 lens, kept, _ = prepare_lengths(values, self.config)
                 self._edges = list(resolve_edges(lens, kept, self.config))
         return self._edges

@@ -274,10 +274,10 @@ class BucketBatchSampler(Sampler[list[int]]):
         """The cursor over the current epoch's windows (a windowed sampler only)."""
         cur = self._cursor
         if cur is None or cur.plan.epoch != self.epoch:
+            if cur is not None and self.config.layout == "pad":  # solved once, for every epoch
+                self._edges = cur.plan.solved_edges
             plan = WindowedPlan(self.lengths, self.config, window=self.window, seed=self.seed,
                                 epoch=self.epoch, edges=self._edges)
-            if self.config.layout == "pad":
-                self._edges = plan.solved_edges
             cur = self._cursor = WindowCursor(plan)
             self._cursor_pending = False
         return cur
