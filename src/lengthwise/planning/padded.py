@@ -39,7 +39,8 @@ __all__ = ["PaddedEpochPlan", "check_given_edges", "plan_padded_epoch", "resolve
 class PaddedEpochPlan(EpochPlan):
     """An :class:`EpochPlan` of padded micro-batches, each drawn from one length bucket.
 
-    ``bucket[k]`` is the bucket of micro-batch ``k``; bucket ``b`` holds lengths in
+    ``bucket[k]`` is the bucket of micro-batch ``k``, the bucket of its longest sample
+    (what the collator tags it with); bucket ``b`` holds lengths in
     ``(edges[b-1], edges[b]]``.
     """
 
@@ -165,7 +166,10 @@ def plan_padded_epoch(lengths, config: PlanConfig, *, seed: int = 0, epoch: int 
     perm = _order(idx, off, tag, lens, config, streams.rng(seed, epoch, streams.ORDER))
     if not np.array_equal(perm, np.arange(off.size - 1)):
         idx, off = batching.take_batches(idx, off, perm)
-        tag = tag[perm]
+    # each micro-batch is tagged with the bucket of its longest sample, as the collator
+    # tags it: a piece split off a batch to even out the ranks may hold shorter ones only
+    tag = np.searchsorted(np.asarray(edges, dtype=np.int64),
+                          batching.batch_longest(lens, idx, off), side="left")
     return PaddedEpochPlan(
         indices=idx, offsets=off, bucket=tag.astype(np.int32), edges=edges, lengths=lens,
         config=config, seed=seed, epoch=epoch, plan_seconds=time.perf_counter() - started,
