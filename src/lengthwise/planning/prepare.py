@@ -78,9 +78,9 @@ def overflow_error(config: PlanConfig, row: int, length: int, longer: int) -> Le
 
     Example::
 
-        >>> str(overflow_error(PlanConfig(max_tokens=8, on_overflow="error"), 3, 9, 1))
-        ... # doctest: +ELLIPSIS
-        'sample 3 has 9 tokens, but one row holds at most 8 under max_tokens=8 (1 samples ...'
+        >>> err = overflow_error(PlanConfig(max_tokens=8, on_overflow="error"), 3, 9, 1)
+        >>> print(err)  # doctest: +ELLIPSIS
+        sample 3 has 9 tokens, but one row holds at most 8 under max_tokens=8 (1 samples ...
     """
     limit = config.sample_limit()
     if limit == config.max_len:
