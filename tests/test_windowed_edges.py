@@ -79,6 +79,19 @@ def test_bucket_shares_of_a_windowed_plan_are_what_the_collator_tags():
     assert list(shares.values()) == pytest.approx((tokens / tokens.sum()).tolist())
 
 
+def test_the_step_logger_takes_every_bucket_the_collator_tags():
+    lens = _outlier_lengths()
+    sampler = BucketBatchSampler(lens, max_tokens=4096, window=300)
+    log = lengthwise.StepLogger(None, bucket_shares=lengthwise.bucket_token_shares(sampler.plan))
+    tagged = set()
+    for step, (_, batch) in enumerate(_collate_epoch(sampler, lens)):
+        log.record_micro(loss=1.0, real_tokens=batch["real_tokens"], bucket=batch["bucket"])
+        tagged.add(batch["bucket"])
+        assert log.step(step)["loss"] == 1.0
+    log.close()
+    assert tagged == set(range(len(sampler.edges)))
+
+
 def test_given_edges_below_a_later_sample_fail_before_training():
     lens = _outlier_lengths()
     sampler = BucketBatchSampler(lens, max_tokens=4096, window=300, buckets=[50, 100])
@@ -129,3 +142,8 @@ def test_random_windowed_configs_collate_within_the_budget(n, world, layout, win
                     assert batch["bucket"] < len(sampler.edges)
                 seen.extend(ids)
     assert sorted(seen) == list(range(n))
+
+
+def test_bucket_shares_of_no_plan_is_a_clear_error():
+    with pytest.raises(TypeError, match="plan must be an epoch plan or a windowed plan"):
+        lengthwise.bucket_token_shares(None)

@@ -67,7 +67,11 @@ def bucket_token_shares(plan: Any, *, by: str = "tokens") -> dict[int, float]:
     """
     if by not in ("tokens", "samples"):
         raise ValueError(f"by must be 'tokens' or 'samples', got {by!r}")
-    if callable(getattr(plan, "windows", None)):  # a windowed plan: its windows' plans
+    windowed = callable(getattr(plan, "windows", None))
+    if not windowed and not hasattr(plan, "offsets"):
+        raise TypeError("plan must be an epoch plan or a windowed plan (sampler.plan), got "
+                        f"{type(plan).__name__}")
+    if windowed:  # a windowed plan: its windows' plans
         parts = [_bucket_totals(win.plan, by) for win in plan.windows()]
         totals = np.zeros(max((p.size for p in parts), default=0))
         for part in parts:
