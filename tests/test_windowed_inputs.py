@@ -105,3 +105,20 @@ def test_rows_per_batch_needs_the_packed_layout():
     with pytest.raises(ValueError, match="rows_per_batch=2 sets the packed rows of a "
                                          "micro-batch: it needs layout='pack'"):
         BucketBatchSampler(LENS, max_tokens=4096, rows_per_batch=2)
+
+
+def test_windowed_errors_name_the_mapped_file_as_whole_epoch_ones(tmp_path):
+    path = tmp_path / "lens.npy"
+    lens = LENS.astype(float)
+    lens[1111] = np.nan
+    np.save(path, lens)
+    messages = set()
+    for window in (None, 300):
+        with pytest.raises(LengthError) as err:
+            list(BucketBatchSampler(str(path), max_tokens=4096, window=window))
+        messages.add(str(err.value))
+    assert messages == {f"lengths from {path}, row 1111: nan is not a finite length"}
+    np.save(path, np.array(["2020-01-01"] * 10, dtype="datetime64[D]"))
+    for window in (None, 3):
+        with pytest.raises(LengthError, match=r"must be numbers of tokens, got dtype datetime64"):
+            BucketBatchSampler(str(path), batch_size=2, window=window)

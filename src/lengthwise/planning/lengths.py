@@ -103,11 +103,7 @@ def validate_lengths(values: np.ndarray | Iterable[float], *, what: str = "lengt
         raise LengthError(f"{what} are empty: there is nothing to plan")
     if arr.dtype == object:
         arr = _object_lengths(arr, what, rows)
-    if arr.dtype.kind in "mM":
-        raise LengthError(f"{what} must be numbers of tokens, got dtype {arr.dtype} "
-                          "(dates or durations)")
-    if arr.dtype.kind not in "iuf":
-        raise LengthError(f"{what} must be numbers, got dtype {arr.dtype}")
+    check_dtype(arr, what)
     if arr.dtype.kind in "uf":
         big = arr >= MAX_LENGTH
         if big.any():
@@ -132,6 +128,23 @@ def validate_lengths(values: np.ndarray | Iterable[float], *, what: str = "lengt
             row = int(np.flatnonzero(neg)[0])
             raise LengthError(f"{what}, row {_named(row, rows)}: {arr[row].item()!r} is negative")
     return np.asarray(arr, dtype=np.int64)
+
+
+def check_dtype(arr: np.ndarray, what: str = "lengths") -> None:
+    """Raise unless ``arr`` holds numbers (integers or floats; not bools, dates or text).
+
+    Example::
+
+        >>> check_dtype(np.array([True]))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        lengthwise.planning.errors.LengthError: lengths must be numbers, got dtype bool
+    """
+    if arr.dtype.kind in "mM":
+        raise LengthError(f"{what} must be numbers of tokens, got dtype {arr.dtype} "
+                          "(dates or durations)")
+    if arr.dtype == object or arr.dtype.kind not in "iuf":
+        raise LengthError(f"{what} must be numbers, got dtype {arr.dtype}")
 
 
 def _named(row: int, rows: np.ndarray | None) -> int:
@@ -261,8 +274,7 @@ def open_lengths(source: str | os.PathLike[str] | np.ndarray | Iterable[float]) 
         raise LengthError(f"{what} must be one-dimensional, got shape {arr.shape}")
     if arr.size == 0:
         raise LengthError(f"{what} are empty: there is nothing to plan")
-    if arr.dtype == object or arr.dtype.kind not in "iuf":
-        raise LengthError(f"{what} must be numbers, got dtype {arr.dtype}")
+    check_dtype(arr, what)
     return arr
 
 

@@ -110,9 +110,9 @@ class Window:
         return [self.ids[r] for r in self.plan.batch_rows(k)]
 
 
-def _check_window(values: np.ndarray, ids: np.ndarray) -> np.ndarray:
+def _check_window(values: np.ndarray, ids: np.ndarray, what: str = "lengths") -> np.ndarray:
     """Validate one window's lengths; errors name the sample id, as whole-epoch errors do."""
-    return validate_lengths(values, rows=ids)
+    return validate_lengths(values, what=what, rows=ids)
 
 
 def _over(values: np.ndarray, config: PlanConfig) -> np.ndarray:
@@ -156,6 +156,8 @@ class WindowedPlan:
         if np.ndim(lengths) != 1:
             raise LengthError(f"lengths must be one-dimensional, got shape {np.shape(lengths)}")
         self.lengths = lengths
+        name = getattr(lengths, "filename", None)  # a memory-mapped file: errors name it
+        self._what = f"lengths from {name}" if name else "lengths"
         self.num_samples = int(lengths.shape[0])
         if self.num_samples == 0:
             raise LengthError("lengths are empty: there is nothing to plan")
@@ -215,7 +217,7 @@ class WindowedPlan:
                 self._edges = list(self.config.buckets)
             else:
                 ids = self.window_ids(0, epoch=0)
-                values = _check_window(np.asarray(self.lengths[ids]), ids)
+                values = _check_window(np.asarray(self.lengths[ids]), ids, self._what)
                 self._check_overflow(values, ids, self.config)
                 lens, kept, _ = prepare_lengths(values, self.config)
                 self._edges = list(resolve_edges(lens, kept, self.config))
@@ -259,7 +261,8 @@ class WindowedPlan:
             top, first, longer = 0, None, 0
             for start in range(0, self.num_samples, SCAN_CHUNK):
                 ids = np.arange(start, min(start + SCAN_CHUNK, self.num_samples))
-                values = _check_window(np.asarray(self.lengths[start : ids[-1] + 1]), ids)
+                values = _check_window(np.asarray(self.lengths[start : ids[-1] + 1]), ids,
+                                       self._what)
                 over = _over(values, self.config)
                 if over.size:
                     first = first or (int(ids[over[0]]), int(values[over[0]]))
@@ -305,7 +308,7 @@ class WindowedPlan:
             grad_accum=self.grad_accum if grad_accum is None else whole_number(
                 "grad_accum", grad_accum))
         ids = self.window_ids(w)
-        values = _check_window(np.asarray(self.lengths[ids]), ids)
+        values = _check_window(np.asarray(self.lengths[ids]), ids, self._what)
         self._check_overflow(values, ids, config)
         local = None
         if exclude is not None and exclude.size:
