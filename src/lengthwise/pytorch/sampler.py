@@ -274,13 +274,17 @@ class BucketBatchSampler(Sampler[list[int]]):
         """The cursor over the current epoch's windows (a windowed sampler only)."""
         cur = self._cursor
         if cur is None or cur.plan.epoch != self.epoch:
-            if cur is not None and self.config.layout == "pad":  # solved once, for every epoch
-                self._edges = cur.plan.solved_edges
+            self._keep_solved_edges()
             plan = WindowedPlan(self.lengths, self.config, window=self.window, seed=self.seed,
                                 epoch=self.epoch, edges=self._edges)
             cur = self._cursor = WindowCursor(plan)
             self._cursor_pending = False
         return cur
+
+    def _keep_solved_edges(self) -> None:
+        """Keep the windowed plan's solved edges for the next epoch's plan (solved once)."""
+        if self._cursor is not None and self._edges is None and self.config.layout == "pad":
+            self._edges = self._cursor.plan.solved_edges
 
     # ------------------------------------------------------------------ plans
 
@@ -370,6 +374,7 @@ class BucketBatchSampler(Sampler[list[int]]):
             self._resumed_from_state = False
             self._pending = None
             self._yielded = 0
+            self._keep_solved_edges()
             self._cursor = None
 
     def __len__(self) -> int:
