@@ -218,7 +218,7 @@ class WindowedPlan:
             else:
                 ids = self.window_ids(0, epoch=0)
                 values = _check_window(np.asarray(self.lengths[ids]), ids, self._what)
-                self._check_overflow(values, ids, self.config)
+                self._check_overflow()
                 lens, kept, _ = prepare_lengths(values, self.config)
                 self._edges = list(resolve_edges(lens, kept, self.config))
         return self._edges
@@ -309,7 +309,7 @@ class WindowedPlan:
                 "grad_accum", grad_accum))
         ids = self.window_ids(w)
         values = _check_window(np.asarray(self.lengths[ids]), ids, self._what)
-        self._check_overflow(values, ids, config)
+        self._check_overflow()
         local = None
         if exclude is not None and exclude.size:
             local = np.flatnonzero(~np.isin(ids, exclude, assume_unique=True))
@@ -323,10 +323,10 @@ class WindowedPlan:
             self._counts[w] = plan.num_batches
         return out
 
-    def _check_overflow(self, values: np.ndarray, ids: np.ndarray, config: PlanConfig) -> None:
-        over = _over(values, config)
-        if over.size:
-            raise overflow_error(config, int(ids[over[0]]), int(values[over[0]]), over.size)
+    def _check_overflow(self) -> None:
+        """Under ``on_overflow="error"``, refuse a sample over the budget before planning."""
+        if self.config.on_overflow == "error":
+            self.longest()  # reads every length once: the error counts them all
 
     def windows(self, start: int = 0) -> Iterator[Window]:
         """The planned windows from ``start`` on, one at a time."""
