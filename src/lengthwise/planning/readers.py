@@ -350,6 +350,26 @@ def _read_arrow_like(path: str, column: str | None, kind: str) -> np.ndarray:
     return col.to_numpy(zero_copy_only=False)
 
 
+def _read_npy(path: str) -> np.ndarray:
+    """A ``.npy`` file memory-mapped; one that is not a whole ``.npy`` raises naming it."""
+    try:
+        return np.load(path, mmap_mode="r")
+    except (ValueError, EOFError, OSError) as exc:
+        with open(path, "rb") as fh:
+            start = fh.read(6)
+        if not start:
+            why = "the file is empty (0 bytes)"
+        elif start != b"\x93NUMPY":
+            why = "not a .npy file (it does not start with the .npy magic bytes)"
+        elif "pickle" in str(exc) or "Python objects" in str(exc):
+            why = "the array holds Python objects, not numbers"
+        elif "mmap length" in str(exc):
+            why = "the file is cut short: its header promises more data than it holds"
+        else:
+            why = f"a cut or corrupt .npy header ({' '.join(str(exc).split())})"
+        raise LengthError(f"cannot read lengths from {path}: {why}") from None
+
+
 def read_source(source: str | os.PathLike[str]) -> np.ndarray:
     """The raw values of a path or bundled name, unchecked (see ``load_lengths``)."""
     text = os.fspath(source)
@@ -369,7 +389,7 @@ def read_source(source: str | os.PathLike[str]) -> np.ndarray:
                                 f"(bundled: {known})")
     lower = path.lower()
     if lower.endswith(".npy"):
-        return np.load(path, mmap_mode="r")
+        return _read_npy(path)
     if lower.endswith(".idx"):  # a Megatron index
         return megatron_lengths(path)
     if lower.endswith((".txt", ".csv")) and column is None:
