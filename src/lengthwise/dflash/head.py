@@ -63,11 +63,12 @@ class _ChunkedCE(torch.autograd.Function):
                 labels: torch.Tensor, weights: torch.Tensor, chunk: int, dtype: torch.dtype,
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         n = hidden.shape[0]
-        ce = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        acc = torch.promote_types(dtype, torch.float32)  # fp32 at least, as the dense path
+        ce = torch.empty(n, dtype=acc, device=hidden.device)
         hit = torch.empty(n, dtype=torch.bool, device=hidden.device)
         with torch.autocast(hidden.device.type, enabled=False):
             for s in range(0, n, chunk):
-                logits = _logits(hidden[s:s + chunk], weight, bias, dtype).float()
+                logits = _logits(hidden[s:s + chunk], weight, bias, dtype).to(acc)
                 lab = labels[s:s + chunk]
                 ce[s:s + chunk] = F.cross_entropy(logits, lab, reduction="none")
                 hit[s:s + chunk] = logits.argmax(dim=-1) == lab
@@ -75,7 +76,7 @@ class _ChunkedCE(torch.autograd.Function):
         ctx.save_for_backward(hidden, weight, bias, labels, weights)
         ctx.chunk, ctx.dtype = chunk, dtype
         ctx.mark_non_differentiable(ce, hit)
-        return (ce * weights.float()).sum(), ce, hit
+        return (ce * weights.to(acc)).sum(), ce, hit
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor, *_: Any) -> tuple[Any, ...]:
@@ -84,23 +85,24 @@ class _ChunkedCE(torch.autograd.Function):
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         need_b = bias is not None and ctx.needs_input_grad[2]
         grad_h = torch.empty_like(hidden) if need_h else None
-        grad_w = torch.zeros_like(weight, dtype=torch.float32) if need_w else None
-        grad_b = torch.zeros_like(bias, dtype=torch.float32) if need_b else None
-        scale = weights.float() * grad.float()
+        acc = torch.promote_types(dtype, torch.float32)
+        grad_w = torch.zeros_like(weight, dtype=acc) if need_w else None
+        grad_b = torch.zeros_like(bias, dtype=acc) if need_b else None
+        scale = weights.to(acc) * grad.to(acc)
         w = weight.to(dtype)
         with torch.autocast(hidden.device.type, enabled=False):
             for s in range(0, hidden.shape[0], chunk):
                 h = hidden[s:s + chunk]
-                g = torch.softmax(_logits(h, weight, bias, dtype).float(), dim=-1)
+                g = torch.softmax(_logits(h, weight, bias, dtype).to(acc), dim=-1)
                 rows = torch.arange(g.shape[0], device=g.device)
                 g[rows, labels[s:s + chunk]] -= 1.0
                 g = (g.mul_(scale[s:s + chunk, None])).to(dtype)
                 if need_h:
                     grad_h[s:s + chunk] = (g @ w).to(hidden.dtype)
                 if need_w:
-                    grad_w += (g.t() @ h.to(dtype)).float()
+                    grad_w += (g.t() @ h.to(dtype)).to(acc)
                 if need_b:
-                    grad_b += g.float().sum(dim=0)
+                    grad_b += g.to(acc).sum(dim=0)
                 del g
         return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
                 None if grad_b is None else grad_b.to(bias.dtype), None, None, None, None)
@@ -114,9 +116,9 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torc
 
     ``hidden``: ``(N, H)`` supervised slots only; ``labels``: ``(N,)`` token ids;
     ``weights``: ``(N,)``; ``chunk``: slots per LM-head chunk; ``dtype``: the
-    logits' compute dtype (default: the head's). The sum is differentiable
-    (hidden states, and the head when it requires grad); the per-slot CE (fp32)
-    and hits are not.
+    logits' compute dtype (default: the head's); the softmax runs in fp32 (or
+    fp64 for fp64 logits). The sum is differentiable (hidden states, and the head
+    when it requires grad); the per-slot CE and the hits are not.
     """
     if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
         raise ConfigError(f"chunk (slots per LM-head chunk) must be a positive integer, "

@@ -118,7 +118,7 @@ def head_loss(hidden: torch.Tensor, lm_head: Any, labels: torch.Tensor, weights:
     weighted, ce, hit = chunked_cross_entropy(
         flat.index_select(0, idx).to(head_w.dtype), head_w, getattr(lm_head, "bias", None),
         lab.index_select(0, idx), w.index_select(0, idx), chunk=chunk, dtype=dtype)
-    per_slot = torch.zeros(r * a * b, dtype=torch.float32, device=hidden.device)
+    per_slot = torch.zeros(r * a * b, dtype=ce.dtype, device=hidden.device)
     per_slot.index_copy_(0, idx, ce * w.index_select(0, idx))
     hits = torch.zeros(r * a * b, dtype=torch.bool, device=hidden.device)
     hits.index_copy_(0, idx, hit)
