@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from lengthwise.dflash.attention import block_flex_mask, use_flex
 from lengthwise.dflash.blocks import Blocks, block_attention_mask
 from lengthwise.dflash.head import chunked_cross_entropy
 from lengthwise.dflash.objective import IGNORE
@@ -76,8 +77,12 @@ def block_inputs(draft: Any, target: Any, input_ids: torch.Tensor, anchors: torc
 
 
 def block_hidden(draft: Any, target: Any, blocks: Blocks, *, net: Any = None,
-                 amp: Any = None) -> torch.Tensor:
-    """Draft hidden states ``(R, A*B, H)`` of every block slot (``net``: ``draft`` in DDP)."""
+                 amp: Any = None, flex: bool | None = None) -> torch.Tensor:
+    """Draft hidden states ``(R, A*B, H)`` of every block slot (``net``: ``draft`` in DDP).
+
+    ``flex``: attend under the block-sparse flex-attention mask instead of the dense one
+    (default: on CUDA, see :mod:`~lengthwise.dflash.attention`).
+    """
     b = draft.config.block_size
     feats = target.features(blocks.input_ids, attention_mask=blocks.attention_mask,
                             position_ids=blocks.position_ids)
@@ -85,7 +90,11 @@ def block_hidden(draft: Any, target: Any, blocks: Blocks, *, net: Any = None,
     base = blocks.position_ids.gather(1, anchors.clamp(min=0))
     slot_pos = (base.unsqueeze(-1) + torch.arange(b, device=base.device)).flatten(1)
     positions = torch.cat([blocks.position_ids, slot_pos], dim=1)
-    mask = block_attention_mask(anchors, blocks.starts, blocks.input_ids.shape[1], b)
+    context_len = blocks.input_ids.shape[1]
+    if use_flex(anchors.device) if flex is None else flex:
+        mask = block_flex_mask(anchors, blocks.starts, context_len, b)
+    else:
+        mask = block_attention_mask(anchors, blocks.starts, context_len, b)
     embeds = block_inputs(draft, target, blocks.input_ids, anchors, b)
     device_type = embeds.device.type
     with torch.autocast(device_type, dtype=amp, enabled=amp is not None):

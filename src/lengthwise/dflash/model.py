@@ -214,8 +214,13 @@ class _Attention(nn.Module):
         q, _ = apply_rotary_pos_emb(q, q, cos[:, -q_len:], sin[:, -q_len:])
         k, _ = apply_rotary_pos_emb(k, k, cos, sin)
         groups = self.heads // self.kv_heads
-        out = F.scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups),
-                                             attn_mask=bias)
+        if isinstance(bias, torch.Tensor):
+            out = F.scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups),
+                                                 attn_mask=bias)
+        else:  # a flex-attention BlockMask (lengthwise.dflash.attention)
+            from lengthwise.dflash.attention import flex_attend
+
+            out = flex_attend(q, k, v, bias)
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
 
 
@@ -239,7 +244,8 @@ class DFlashDraft(nn.Module):
     ``features``: ``(b, L, num_features * H)`` target hidden states of the context;
     ``block_embeds``: ``(b, Q, H)`` embedded block tokens (anchor + mask tokens);
     ``positions``: ``(b, L + Q)`` RoPE positions of context then block slots;
-    ``mask``: ``(b, Q, L + Q)`` boolean, which key each block slot may attend to.
+    ``mask``: ``(b, Q, L + Q)`` boolean, which key each block slot may attend to, or the
+    same as a flex-attention ``BlockMask`` (:func:`lengthwise.dflash.attention.block_flex_mask`).
     Returns normalised hidden states ``(b, Q, H)`` for the target's LM head. A slot
     whose mask row is all false attends to nothing (its attention output is zero).
     """
@@ -266,10 +272,13 @@ class DFlashDraft(nn.Module):
         context = self.context_norm(self.fc(features.to(self.fc.weight.dtype)))
         h = block_embeds.to(context.dtype)
         rope = self.rotary(h, positions)
-        neg = torch.finfo(h.dtype).min / 2
-        bias = torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill_(~mask, neg)
-        bias = bias.unsqueeze(1)
-        sees = mask.any(dim=-1, keepdim=True).to(h.dtype)  # rows that see nothing get no attention
+        if isinstance(mask, torch.Tensor):
+            neg = torch.finfo(h.dtype).min / 2
+            bias = torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill_(~mask, neg)
+            bias = bias.unsqueeze(1)
+            sees = mask.any(dim=-1, keepdim=True).to(h.dtype)  # rows seeing nothing: no attention
+        else:  # a BlockMask: flex attention gives rows that see nothing a zero output
+            bias, sees = mask, torch.ones((), dtype=h.dtype, device=h.device)
         for layer in self.layers:
             h = layer(h, context, rope, bias, sees)
         return self.norm(h)
