@@ -32,7 +32,6 @@ BASE = dict(hidden_size=32, num_heads=4, num_kv_heads=2, num_target_layers=4)
     ("target_layers", [], "target_layers is empty"),
     ("target_layers", [1, 4], r"target_layers \[1, 4\]: \[4\] not in \[0, 4\)"),
     ("target_layers", [-1, 2], r"\[-1\] not in"),
-    ("target_layers", [1, 1], "repeats a layer"),
     ("gamma", 0.0, "gamma must be a finite number > 0"),
     ("gamma", math.nan, "gamma must be a finite number > 0"),
     ("mask_token_id", -1, "mask_token_id must be a token id >= 0"),

@@ -139,8 +139,6 @@ class DFlashConfig:
         if bad:
             where = f"[0, {n})" if n is not None else "non-negative integers"
             raise ConfigError(f"target_layers {layers}: {bad} not in {where}")
-        if len(set(layers)) != len(layers):
-            raise ConfigError(f"target_layers {layers} repeats a layer")
 
     @classmethod
     def from_target(cls, target_config: Any, **overrides: Any) -> DFlashConfig:
