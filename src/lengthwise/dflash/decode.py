@@ -176,8 +176,13 @@ class BlockEval:
 @torch.no_grad()
 def evaluate_blocks(draft: Any, target: Any, batches: list[tuple[dict[str, Any], list[list[int]]]],
                     *, num_anchors: int, seed: int = 0, amp: Any = None,
-                    head_chunk: int = HEAD_CHUNK) -> BlockEval:
-    """Loss, accuracy and per-slot accuracy over collated ``(batch, rows)`` pairs."""
+                    head_chunk: int = HEAD_CHUNK, max_slots: int | None = None,
+                    max_tokens: int | None = None) -> BlockEval:
+    """Loss, accuracy and per-slot accuracy over collated ``(batch, rows)`` pairs.
+
+    ``max_slots``/``max_tokens``: the draft slots budget of training (see
+    :func:`~lengthwise.dflash.blocks.make_blocks`); ``head_chunk``: slots per LM-head chunk.
+    """
     cfg = draft.config
     check_target(cfg, target)
     weighted, weight, correct, count = 0.0, 0.0, 0, 0
@@ -188,7 +193,8 @@ def evaluate_blocks(draft: Any, target: Any, batches: list[tuple[dict[str, Any],
     try:
         for batch, rows in batches:
             blocks = make_blocks(batch, rows, step=0, seed=seed, num_anchors=num_anchors,
-                                 block_size=cfg.block_size, gamma=cfg.gamma).to(target.device)
+                                 block_size=cfg.block_size, gamma=cfg.gamma,
+                                 max_slots=max_slots, max_tokens=max_tokens).to(target.device)
             s = head_loss(block_hidden(draft, target, blocks, amp=amp), target.lm_head,
                           blocks.labels, blocks.weights, chunk=head_chunk, amp=amp)
             weighted += float(s.weighted)

@@ -59,6 +59,7 @@ class DFlashTrainConfig(LoopConfig):
     gamma: float | None = None  # default: 7 for blocks of 16, 5 for 10, 4 for 8
     max_slots: int | None = None  # draft slots per micro-batch (None: block_size * max_tokens)
     head_chunk: int = 1024  # supervised slots per LM-head + cross-entropy chunk
+    flex_attention: bool | None = None  # block-sparse flex mask (None: on CUDA), else dense
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -147,7 +148,8 @@ class DFlashTask:
         from lengthwise.dflash.loss import block_hidden, head_loss
 
         b = blocks.to(self.target.device)
-        hidden = block_hidden(self.model, self.target, b, net=net, amp=self.amp)
+        hidden = block_hidden(self.model, self.target, b, net=net, amp=self.amp,
+                              flex=self.cfg.flex_attention)
         s = head_loss(hidden, self.target.lm_head, b.labels, b.weights,
                       chunk=self.cfg.head_chunk, amp=self.amp)
         stats = {"correct": s.correct, "count": s.count, "slots": blocks.slots,
