@@ -1,8 +1,11 @@
 """Peak extra memory of the chunked LM head + cross-entropy at a 151,936-token vocabulary.
 
-Run as a script (Linux): prints one JSON line with the measured peak extra bytes of
-``head_loss`` (forward and backward) over a micro-batch, the stated chunk bound, the
-dense logits' size, and what the meter saw of a known allocation. The peak is the
+Run as a script (Linux): ``head ROWS ANCHORS BLOCK CHUNK VOCAB HIDDEN`` prints one JSON
+line with the measured peak extra bytes of ``head_loss`` (forward and backward) over
+a micro-batch and what the meter saw of a known allocation; ``objective CHUNK VOCAB``
+prints the peak extra bytes of a whole DFlash micro-batch (``DFlashTask.forward`` and
+its backward: the frozen target's features, the draft, the LM head and the loss) with
+a target of that vocabulary. The peak is the
 process's high-water resident set (``VmHWM``, reset through ``/proc/self/clear_refs``)
 minus the resident set before the call; run it with ``MALLOC_MMAP_THRESHOLD_=65536``
 so every large buffer is fresh mapped memory that the resident set counts.
@@ -59,5 +62,44 @@ def main(rows: int, anchors: int, block: int, chunk: int, vocab: int, hidden: in
                       "grad_finite": bool(torch.isfinite(h.grad).all())}))
 
 
+def objective(chunk: int, vocab: int) -> None:
+    import torch
+    import transformers
+
+    from lengthwise.dflash.model import DFlashConfig, DFlashDraft
+    from lengthwise.dflash.target import Target
+    from lengthwise.dflash.train import DFlashTask, DFlashTrainConfig
+    from lengthwise.pytorch.collate import PadCollator
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    tcfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=64, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2,
+                                    intermediate_size=128, max_position_embeddings=512,
+                                    use_cache=False)
+    target = Target(transformers.LlamaForCausalLM(tcfg), layers=[0, 1])
+    draft = DFlashDraft(DFlashConfig.from_target(tcfg, num_layers=1, block_size=16,
+                                                 target_layers=[0, 1]))
+    cfg = DFlashTrainConfig(steps=1, grad_accum=1, max_tokens=512, max_len=256, block_size=16,
+                            num_anchors=32, head_chunk=chunk, warmup=0, progress=False)
+    task = DFlashTask(draft, target, cfg, order="stratified")
+    gen = torch.Generator().manual_seed(1)
+    samples = []
+    for _ in range(2):
+        ids = torch.randint(0, vocab, (256,), generator=gen).tolist()
+        samples.append({"input_ids": ids, "labels": [-100] * 8 + ids[8:]})
+    blocks = task.prepare(PadCollator(pad_token_id=0)(samples), [[0], [1]], 0)
+    task.forward(draft, blocks).loss.backward()  # the first call's one-time allocations
+    base = _reset()
+    out = task.forward(draft, blocks)
+    out.loss.backward()
+    peak = _status("VmHWM:") - base
+    print(json.dumps({"peak": peak, "slots": blocks.slots, "supervised": blocks.supervised,
+                      "loss_finite": bool(torch.isfinite(out.loss))}))
+
+
 if __name__ == "__main__":
-    main(*(int(x) for x in sys.argv[1:]))
+    if sys.argv[1] == "objective":
+        objective(*(int(x) for x in sys.argv[2:]))
+    else:
+        main(*(int(x) for x in sys.argv[2:]))

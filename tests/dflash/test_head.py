@@ -100,19 +100,22 @@ def _can_measure() -> bool:
     return sys.platform.startswith("linux") and os.access("/proc/self/clear_refs", os.W_OK)
 
 
+def _measure(*args: object) -> dict:
+    src = str(HERE.parents[1] / "src")
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(HERE / "_head_memory.py"), *map(str, args)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
 @pytest.mark.skipif(not _can_measure(), reason="needs Linux /proc/self/clear_refs")
 def test_peak_memory_at_a_151936_token_vocabulary_stays_within_the_chunk_bound():
     """Forward and backward of 1,024 slots hold a few chunks' logits, never slots x vocab."""
     rows, anchors, block, chunk, vocab, hidden = 4, 16, 16, 64, 151_936, 64
-    src = str(HERE.parents[1] / "src")
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "_head_memory.py"),
-         *map(str, (rows, anchors, block, chunk, vocab, hidden))],
-        env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    got = _measure("head", rows, anchors, block, chunk, vocab, hidden)
     assert got["grad_finite"] and got["supervised"] > 0
     # the meter sees a known allocation of one chunk's fp32 logits
     assert got["probe_seen"] >= 0.95 * got["probe"]
@@ -124,3 +127,21 @@ def test_peak_memory_at_a_151936_token_vocabulary_stays_within_the_chunk_bound()
     assert BUFFERS * chunk * vocab * 4 == chunk_bound_bytes(chunk, vocab)
     assert got["peak"] <= bound, (got, bound)
     assert bound < dense / 5
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _can_measure(), reason="needs Linux /proc/self/clear_refs")
+def test_a_micro_batchs_memory_grows_with_the_vocabulary_by_at_most_the_chunk_bound():
+    """A whole DFlash micro-batch (target features, draft, head, loss, backward) of 1,024 slots.
+
+    Everything but the vocabulary is the same in both runs, so the difference of their peaks
+    is what the vocabulary costs per micro-batch: at most the chunk bound, where the dense
+    logits alone would take ``slots x vocabulary x 4`` bytes.
+    """
+    chunk, vocab = 64, 151_936
+    small, big = _measure("objective", chunk, 512), _measure("objective", chunk, vocab)
+    assert small["loss_finite"] and big["loss_finite"]
+    assert small["slots"] == big["slots"] == 1024 and big["supervised"] > 0
+    extra = big["peak"] - small["peak"]
+    assert extra <= chunk_bound_bytes(chunk, vocab), (small, big)
+    assert chunk_bound_bytes(chunk, vocab) < big["slots"] * vocab * 4 / 5
