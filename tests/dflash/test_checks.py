@@ -143,3 +143,33 @@ def test_decoding_with_a_draft_of_another_target_is_refused(pair):
     other = tiny_draft(tiny_target(layers=6))
     with pytest.raises(ConfigError, match="built for a target of 6 layers"):
         speculative_generate(other, target, [1, 2], max_new_tokens=4)
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step()`")  # a skipped step 1
+def test_a_step_with_nothing_supervised_makes_no_update(pair, tmp_path):
+    """Only sample 0 can be trained on: every other step is skipped and leaves the draft as is."""
+    from lengthwise.demo.dflash_data import DFlashData
+
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(6, 20, 24)
+    ids = [rng.integers(1, 40, int(n)) for n in lengths]
+    plens = lengths - 1
+    plens[0] = 1
+    data = DFlashData(ids=ids, prompt_lens=plens, held=np.zeros(0, dtype=np.int64))
+    target, draft = pair
+    cfg = config(steps=6, grad_accum=1, max_tokens=24, spike_guard=False)
+    loop = TrainLoop(DFlashTask(draft, target, cfg, order="random"), "random", data.lengths,
+                     data.sample, cfg, run_dir=tmp_path, device=torch.device("cpu"))
+    try:
+        recs = []
+        for _ in range(cfg.steps):
+            before = [p.detach().clone() for p in draft.parameters()]
+            rec = loop.step()
+            same = all(torch.equal(a, b) for a, b in zip(before, draft.parameters(),
+                                                         strict=True))
+            recs.append((rec["skipped"], same, rec["slots"]))
+    finally:
+        loop.close()
+    assert any(slots == 0 for _, _, slots in recs)
+    for skipped, same, slots in recs:
+        assert skipped == (slots == 0) and same == skipped
