@@ -129,9 +129,9 @@ def make_blocks(batch: dict[str, Any], rows: list[list[int]], *, step: int, seed
             raise TypeError("max_slots needs max_tokens (the micro-batch token budget)")
         tokens = sum(e - s for row in segs for s, e, i in row if i >= 0)
         if tokens > max_tokens:
-            raise DataError(f"a micro-batch of {tokens} tokens is over max_tokens={max_tokens},"
-                            " the budget max_slots is shared by; plan micro-batches with "
-                            "max_tokens (BucketBatchSampler) before making blocks")
+            raise DataError(f"a micro-batch holds {tokens} tokens, more than max_tokens="
+                            f"{max_tokens} (the token budget the anchor quotas of max_slots "
+                            "assume); plan micro-batches with BucketBatchSampler(max_tokens=...)")
     per_row: list[list[tuple[int, int, np.ndarray, np.ndarray]]] = []
     for r, row_segs in enumerate(segs):
         out = []
