@@ -41,7 +41,7 @@ from lengthwise.planning.plan import plan_epoch
 from lengthwise.planning.schedule import EpochPlan
 from lengthwise.planning.window_cursor import CursorError, WindowCursor
 from lengthwise.planning.windowed import WindowedPlan, resolve_window
-from lengthwise.pytorch.dist import group_info
+from lengthwise.pytorch.dist import check_replicas, group_info
 from lengthwise.pytorch.sampler_state import (
     STATE_VERSION,
     ResumeError,
@@ -98,6 +98,12 @@ class BucketBatchSampler(Sampler[list[int]]):
     ``len()`` plans every window once to count, and its checksum of the lengths
     reads 64 evenly spaced blocks of them.
 
+    Under a launcher of several processes (``WORLD_SIZE``, ``LOCAL_WORLD_SIZE`` or an
+    initialised group), ``num_replicas`` must be their number: a sampler built before
+    ``init_process_group`` raises ``ValueError`` naming both numbers instead of planning
+    the whole epoch on every process. ``check_world_size=False`` allows fewer replicas
+    where processes share batches (tensor or context parallel).
+
     Call :meth:`set_epoch` before each epoch, as with ``DistributedSampler``.
     ``len(sampler)`` is the number of micro-batches this rank has in the current
     epoch's plan, including those already yielded before a resume;
@@ -138,6 +144,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         rows_per_batch: int = 1,
         yield_rows: bool = False,
         window: int | str | None = "auto",
+        check_world_size: bool = True,
     ) -> None:
         super().__init__()
         #: yield each micro-batch as a list of packed rows (lists of indices); wrap the data
@@ -151,6 +158,8 @@ class BucketBatchSampler(Sampler[list[int]]):
         else:
             self.lengths = load_lengths(lengths)
         self.num_replicas, self.rank = _resolve_ranks(num_replicas, rank)
+        if check_world_size:
+            check_replicas(self.num_replicas)
         if drop_last and even_out not in (None, "drop"):
             raise ValueError(f"drop_last=True means even_out='drop', got even_out={even_out!r}")
         self.drop_last = bool(drop_last)
