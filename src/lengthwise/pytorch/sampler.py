@@ -147,6 +147,12 @@ class BucketBatchSampler(Sampler[list[int]]):
         check_world_size: bool = True,
     ) -> None:
         super().__init__()
+        if isinstance(lengths, Sampler):  # Lightning rebuilding it around its DistributedSampler
+            raise TypeError(
+                f"BucketBatchSampler got a {type(lengths).__name__} as its lengths: PyTorch "
+                "Lightning's Trainer rebuilds batch samplers around its own sampler; use "
+                "lengthwise.lightning.LightningBatchSampler, or Trainer(use_distributed_sampler="
+                "False) with lengthwise.lightning.LengthwiseCallback")
         #: yield each micro-batch as a list of packed rows (lists of indices); wrap the data
         #: set in ``lengthwise.pytorch.collate.RowsDataset`` so the collator receives the rows
         self.yield_rows = bool(yield_rows)
@@ -158,7 +164,9 @@ class BucketBatchSampler(Sampler[list[int]]):
         else:
             self.lengths = load_lengths(lengths)
         self.num_replicas, self.rank = _resolve_ranks(num_replicas, rank)
-        if check_world_size:
+        #: compare num_replicas with the processes the launcher started
+        self.check_world_size = bool(check_world_size)
+        if self.check_world_size:
             check_replicas(self.num_replicas)
         if drop_last and even_out not in (None, "drop"):
             raise ValueError(f"drop_last=True means even_out='drop', got even_out={even_out!r}")
