@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,16 +18,15 @@ SCRIPT = Path(__file__).with_name("_accelerate_loop.py")
 
 @pytest.mark.slow
 def test_own_loop_trains_every_sample_once_over_two_processes(tmp_path):
-    launcher = shutil.which("accelerate")
-    if launcher is None:
-        pytest.skip("no accelerate launcher on PATH")
     env = {k: v for k, v in os.environ.items()
            if k not in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "RANK", "LOCAL_RANK")}
     src = str(Path(__file__).parents[1] / "src")
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([src, env.get("PYTHONPATH", "")]))
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([src, env.get("PYTHONPATH", "")]),
+               HF_HOME=str(tmp_path / "hf"))  # no accelerate config file
     # on a machine with GPUs the same command runs on them; here it starts 2 CPU processes
     proc = subprocess.run(
-        [launcher, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+        [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--multi_gpu",
+         "--num_processes", "2", "--num_machines", "1",
          "--mixed_precision", "no", "--dynamo_backend", "no", str(SCRIPT), str(tmp_path)],
         env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import multiprocessing
+
 import numpy as np
 import pytest
 
@@ -10,6 +12,15 @@ loader_module = pytest.importorskip("nemo_automodel.components.datasets.loader")
 from nemo_automodel.components.training.step_scheduler import StepScheduler  # noqa: E402
 
 from lengthwise.nemo import EpochBatchSampler, LengthwiseSamplerConfig  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def keep_start_method():
+    """NeMo's loader sets the process-wide start method to spawn; the other tests keep theirs."""
+    before = multiprocessing.get_start_method(allow_none=True)
+    yield
+    multiprocessing.set_start_method(before, force=True)
+
 
 LENGTHS = np.random.default_rng(4).integers(2, 80, 200)
 OPTIONS = {"max_tokens": 320, "grad_accum": 2, "seed": 9}
