@@ -21,7 +21,9 @@ from typing import Any
 import numpy as np
 
 from lengthwise.demo.config import check_positive
-from lengthwise.demo.device import (
+from lengthwise.dflash.train import DFlashTrainConfig
+from lengthwise.pytorch.dist import GroupInfo
+from lengthwise.train.device import (
     autocast_dtype,
     configure_torch,
     pick_device,
@@ -29,8 +31,6 @@ from lengthwise.demo.device import (
     say,
     setup_distributed,
 )
-from lengthwise.dflash.train import DFlashTrainConfig
-from lengthwise.pytorch.dist import GroupInfo
 
 __all__ = ["DFLASH_KEYS", "DFlashDemoConfig", "DFlashOrderRun", "render_dflash",
            "run_dflash_demo"]
@@ -88,9 +88,9 @@ class DFlashOrderRun:
                  out: str | Path, info: GroupInfo | None, meta: dict[str, Any]) -> None:
         import torch
 
-        from lengthwise.demo.loop import TrainLoop
         from lengthwise.dflash.model import DFlashConfig, DFlashDraft
         from lengthwise.dflash.train import DFlashTask
+        from lengthwise.train.loop import TrainLoop
 
         self.order, self.data, self.target, self.cfg, self.info = order, data, target, cfg, info
         self.meta = meta

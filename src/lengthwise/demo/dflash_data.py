@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lengthwise.demo.device import barrier, rank_world
 from lengthwise.pytorch.dist import GroupInfo
+from lengthwise.train.device import barrier, rank_world
 
 if TYPE_CHECKING:  # pragma: no cover
     from lengthwise.demo.dflash import DFlashDemoConfig

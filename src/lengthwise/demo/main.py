@@ -23,7 +23,6 @@ from typing import Any
 
 from lengthwise.demo.config import DemoConfig, available_orders
 from lengthwise.demo.data import DemoData
-from lengthwise.demo.device import barrier, rank_world, say, setup_distributed
 from lengthwise.demo.report import (
     JSON_KEYS,
     add_ratios,
@@ -36,6 +35,7 @@ from lengthwise.demo.report import (
 )
 from lengthwise.demo.runner import train_orders
 from lengthwise.pytorch.dist import GroupInfo
+from lengthwise.train.device import barrier, rank_world, say, setup_distributed
 
 __all__ = ["check_targets", "parse_orders", "prepare_data", "run_demo"]
 

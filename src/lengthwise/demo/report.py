@@ -213,7 +213,7 @@ def plot_runs(curves: dict[str, list[float]], out: str | Path, *, region: tuple[
               roughness: dict[str, float], title: str, group: Any = None) -> str | None:
     """Write ``out/loss_curves.png`` and return its path; without matplotlib, say so and
     return ``None`` (the figures still come out)."""
-    from lengthwise.demo.device import say
+    from lengthwise.train.device import say
 
     try:
         return str(plot_curves(curves, Path(out) / "loss_curves.png", region=region,

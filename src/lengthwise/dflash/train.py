@@ -1,7 +1,7 @@
 """Train a DFlash draft on lengthwise's loop: planned micro-batches, target features on the fly.
 
 :class:`DFlashTask` plugs the DFlash objective into
-:class:`~lengthwise.demo.loop.TrainLoop`, the loop the causal-LM demo uses too
+:class:`~lengthwise.train.loop.TrainLoop`, the loop the causal-LM demo uses too
 (``BucketBatchSampler`` with its collator, ``StepLogger``, warm-up then cosine,
 asynchronous checkpoints with exact resume, ``SpikeGuard``, DDP under
 ``torchrun``). Per micro-batch it draws each sample's anchors for the step,
@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.demo.config import PACKED, LoopConfig, check_positive
-from lengthwise.demo.loop import MicroOut
+from lengthwise.train.config import PACKED, LoopConfig, check_positive
+from lengthwise.train.loop import MicroOut
 
 __all__ = ["DFlashTask", "DFlashTrainConfig"]
 
@@ -67,7 +67,7 @@ class DFlashTrainConfig(LoopConfig):
 
 
 class DFlashTask:
-    """The DFlash objective for :class:`~lengthwise.demo.loop.TrainLoop` (``model`` = the draft)."""
+    """The DFlash objective for :class:`~lengthwise.train.loop.TrainLoop` (model = the draft)."""
 
     def __init__(self, draft: Any, target: Any, cfg: DFlashTrainConfig, *, order: str,
                  amp: Any = None) -> None:

@@ -32,12 +32,13 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from lengthwise.errors import ConfigError
 from lengthwise.planning.windowed import Window, WindowedPlan
 
 __all__ = ["CursorError", "WindowCursor", "resume_window"]
 
 
-class CursorError(ValueError):
+class CursorError(ConfigError):
     """A saved position that does not fit this windowed epoch."""
 
 

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from lengthwise.errors import ConfigError
+
 __all__ = ["STATE_KEYS", "STATE_VERSION", "ResumeError", "SavedState", "read_state"]
 
 #: version of the :meth:`BucketBatchSampler.state_dict` layout
@@ -28,7 +30,7 @@ STATE_KEYS = ("version", "seed", "epoch", "yielded", "world_size", "grad_accum",
               "fingerprint", "num_samples", "lengths_crc", "resumed", "options")
 
 
-class ResumeError(ValueError):
+class ResumeError(ConfigError):
     """A saved sampler state that does not fit this sampler (other data or settings)."""
 
 

@@ -10,10 +10,12 @@ Example::
 
 from __future__ import annotations
 
+from lengthwise.errors import LengthwiseError
+
 __all__ = ["CheckpointError", "CorruptCheckpointError"]
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(LengthwiseError, RuntimeError):
     """A checkpoint could not be written or read."""
 
 

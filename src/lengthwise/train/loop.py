@@ -1,13 +1,13 @@
-"""The training loop every demo task shares, built from lengthwise's parts.
+"""A training loop for any task, built from lengthwise's parts.
 
 A :class:`TrainLoop` owns the :class:`~lengthwise.pytorch.sampler.BucketBatchSampler`
 (with ``yield_rows=True``) and its collator, AdamW, the warm-up schedule
-(:func:`~lengthwise.demo.schedule.lr_factor`), the
+(:func:`~lengthwise.train.schedule.lr_factor`), the
 :class:`~lengthwise.train.StepLogger`, asynchronous checkpoints with exact
 resume (:class:`~lengthwise.train.Checkpointer`), an optional
 :class:`~lengthwise.train.SpikeGuard`, and DDP under ``torchrun``. What is
 trained and how its loss is computed is a *task* (:class:`Task`): the causal
-LM of :mod:`lengthwise.demo.lm`, or the DFlash draft of
+LM of the demo (``lengthwise.demo.lm``), or the DFlash draft of
 :mod:`lengthwise.dflash.train`.
 
 The step loss is a sum divided by a normaliser summed over *every* micro-batch
@@ -27,10 +27,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from lengthwise.demo.config import PACKED, LoopConfig
-from lengthwise.demo.device import rank_world, say
-from lengthwise.demo.schedule import lr_factor
 from lengthwise.pytorch.dist import GroupInfo, all_reduce_sum
+from lengthwise.train.config import PACKED, LoopConfig
+from lengthwise.train.device import rank_world, say
+from lengthwise.train.schedule import lr_factor
 
 __all__ = ["MicroOut", "StepBatches", "Task", "TrainLoop", "make_collator", "make_sampler"]
 
@@ -178,7 +178,7 @@ class TrainLoop:
                 self.guard.load_state_dict(extra["spike_guard"])
         else:
             if cfg.resume:
-                say(info, f"lengthwise demo: --resume: no checkpoint under {ckpt_dir}; "
+                say(info, f"lengthwise: resume: no checkpoint under {ckpt_dir}; "
                           f"{order} starts from step 0 with a fresh log")
             if self.rank == 0 and self.log_path.exists():
                 self.log_path.unlink()  # a fresh run starts a fresh log
