@@ -23,6 +23,7 @@ from lightning.fabric.utilities.data import (  # noqa: E402
 )
 from torch.utils.data import DataLoader, DistributedSampler  # noqa: E402
 
+from lengthwise.errors import ConfigError  # noqa: E402
 from lengthwise.lightning import LengthwiseCallback, LightningBatchSampler  # noqa: E402
 from lengthwise.pytorch.sampler import BucketBatchSampler  # noqa: E402
 
@@ -52,13 +53,13 @@ def test_lightning_rebuilds_the_sampler_with_its_options_and_the_ranks():
 
 
 def test_given_ranks_must_agree_with_lightnings():
-    with pytest.raises(ValueError, match="num_replicas=4 was given, but Lightning's "
+    with pytest.raises(ConfigError, match="num_replicas=4 was given, but Lightning's "
                                          "DistributedSampler has num_replicas=2"):
         _rebuilt(LightningBatchSampler(LENGTHS, batch_size=4, num_replicas=4, rank=0))
 
 
 def test_a_plain_sampler_names_the_fix():
-    with pytest.raises(TypeError, match="use_distributed_sampler=False") as err:
+    with pytest.raises(ConfigError, match="use_distributed_sampler=False") as err:
         _rebuilt(BucketBatchSampler(LENGTHS, batch_size=4))
     assert "LightningBatchSampler" in str(err.value) and "\n" not in str(err.value)
 

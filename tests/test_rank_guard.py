@@ -16,6 +16,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from lengthwise.errors import ConfigError  # noqa: E402
 from lengthwise.pytorch.sampler import BucketBatchSampler  # noqa: E402
 
 LENGTHS = [5, 3, 8, 2, 7, 1, 4, 6]
@@ -31,7 +32,7 @@ def clean_env(monkeypatch):
 @pytest.mark.parametrize("name", ["WORLD_SIZE", "LOCAL_WORLD_SIZE"])
 def test_one_replica_under_two_processes_raises(clean_env, name):
     clean_env.setenv(name, "2")
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(ConfigError) as err:
         BucketBatchSampler(LENGTHS, batch_size=2)
     msg = str(err.value)
     assert "num_replicas=1" in msg and f"{name}=2" in msg and "init_process_group" in msg
@@ -47,7 +48,7 @@ def test_matching_or_opted_out_samplers_build(clean_env):
     shared = BucketBatchSampler(LENGTHS, batch_size=2, num_replicas=2, rank=1,
                                 check_world_size=False)
     assert shared.num_replicas == 2
-    with pytest.raises(ValueError, match="num_replicas=2, but WORLD_SIZE=4"):
+    with pytest.raises(ConfigError, match="num_replicas=2, but WORLD_SIZE=4"):
         BucketBatchSampler(LENGTHS, batch_size=2, num_replicas=2, rank=1)
 
 

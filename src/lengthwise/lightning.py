@@ -31,6 +31,7 @@ try:
 except ImportError:  # the standalone package
     from pytorch_lightning.callbacks import Callback
 
+from lengthwise.errors import ConfigError
 from lengthwise.pytorch.dist import check_replicas
 from lengthwise.pytorch.sampler import BucketBatchSampler
 from lengthwise.pytorch.sampler_state import ResumeError
@@ -64,10 +65,10 @@ class LightningBatchSampler(BucketBatchSampler):
             for name in ("num_replicas", "rank"):
                 value = getattr(sampler, name, None)
                 if not isinstance(value, int):
-                    raise TypeError(f"sampler={type(sampler).__name__} has no {name}: only a "
+                    raise ConfigError(f"sampler={type(sampler).__name__} has no {name}: only a "
                                     "DistributedSampler's ranks can be taken over")
                 if options.get(name, value) != value:
-                    raise ValueError(f"{name}={options[name]} was given, but Lightning's "
+                    raise ConfigError(f"{name}={options[name]} was given, but Lightning's "
                                      f"DistributedSampler has {name}={value}")
                 options[name] = value
         super().__init__(lengths, **options)

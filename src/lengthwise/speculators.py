@@ -24,6 +24,7 @@ from typing import Any
 from speculators.train import dataloader as _loaders
 from speculators.train.data import CollateFn
 
+from lengthwise.errors import ConfigError
 from lengthwise.pytorch.collate.budget import BudgetError
 from lengthwise.pytorch.sampler import BucketBatchSampler
 from lengthwise.pytorch.sampler_state import ResumeError
@@ -51,7 +52,7 @@ class SpeculatorsBatchSampler(BucketBatchSampler):
                  truncate_long_samples: bool = True, seed: int = 0,
                  max_batches: int | None = None, **options: Any) -> None:
         if max_batches is not None:
-            raise ValueError(f"max_batches={max_batches} would cut the epoch short; the "
+            raise ConfigError(f"max_batches={max_batches} would cut the epoch short; the "
                              "lengthwise sampler trains every sample once per epoch")
         options.setdefault("check_world_size", _sequence_parallel() == 1)
         super().__init__(lengths, max_tokens=batch_max_length, layout="pack",

@@ -18,6 +18,8 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from lengthwise.errors import ConfigError
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -92,14 +94,14 @@ def check_replicas(num_replicas: int, what: str = "the sampler") -> None:
         >>> check_replicas(1)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        ValueError: the sampler plans for num_replicas=1, but WORLD_SIZE=2 says ...
+        lengthwise.errors.ConfigError: the sampler plans for num_replicas=1, but WORLD_SIZE=2 ...
         >>> del os.environ["WORLD_SIZE"]
     """
     world = launched_world()
     if world is None or world[0] == num_replicas:
         return
     size, source = world
-    raise ValueError(
+    raise ConfigError(
         f"{what} plans for num_replicas={num_replicas}, but {source} says this process is one "
         f"of {size}: the processes would not split the epoch (samples trained more than once, "
         f"or not at all). Build the sampler after torch.distributed.init_process_group, or "

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
+from lengthwise.errors import ConfigError
 from lengthwise.planning.batching import whole_number
 from lengthwise.planning.config import PlanConfig, lengths_checksum
 from lengthwise.planning.cost import CostModel
@@ -100,9 +101,9 @@ class BucketBatchSampler(Sampler[list[int]]):
 
     Under a launcher of several processes (``WORLD_SIZE``, ``LOCAL_WORLD_SIZE`` or an
     initialised group), ``num_replicas`` must be their number: a sampler built before
-    ``init_process_group`` raises ``ValueError`` naming both numbers instead of planning
-    the whole epoch on every process. ``check_world_size=False`` allows fewer replicas
-    where processes share batches (tensor or context parallel).
+    ``init_process_group`` raises ``ConfigError`` (a ``ValueError``) naming both numbers
+    instead of planning the whole epoch on every process. ``check_world_size=False``
+    allows fewer replicas where processes share batches (tensor or context parallel).
 
     Call :meth:`set_epoch` before each epoch, as with ``DistributedSampler``.
     ``len(sampler)`` is the number of micro-batches this rank has in the current
@@ -148,7 +149,7 @@ class BucketBatchSampler(Sampler[list[int]]):
     ) -> None:
         super().__init__()
         if isinstance(lengths, Sampler):  # Lightning rebuilding it around its DistributedSampler
-            raise TypeError(
+            raise ConfigError(
                 f"BucketBatchSampler got a {type(lengths).__name__} as its lengths: PyTorch "
                 "Lightning's Trainer rebuilds batch samplers around its own sampler; use "
                 "lengthwise.lightning.LightningBatchSampler, or Trainer(use_distributed_sampler="
