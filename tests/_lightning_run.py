@@ -4,8 +4,9 @@ Usage: python _lightning_run.py OUT_DIR MODE [CKPT]. ``MODE`` is ``default`` (a
 ``LightningBatchSampler`` under Lightning's default settings, built before ``fit``,
 checkpoints every 3 steps), ``resume`` (the same, continued from ``CKPT``) or
 ``nodist`` (a plain ``BucketBatchSampler`` built in the data module's hook, with
-``use_distributed_sampler=False`` and ``LengthwiseCallback``). Each rank writes what it
-trained to ``OUT_DIR/MODE_rankR.json``.
+``use_distributed_sampler=False`` and ``LengthwiseCallback``); ``workers`` and
+``workers-resume`` are ``default`` and ``resume`` in one process with 2 loader workers.
+Each rank writes what it trained to ``OUT_DIR/MODE_rankR.json``.
 """
 
 from __future__ import annotations
@@ -63,7 +64,9 @@ class Data(L.LightningDataModule):
 
 
 def main(out_dir: str, mode: str, ckpt: str | None = None) -> None:
-    trainer_options = dict(accelerator="cpu", devices=2, strategy="ddp", max_epochs=EPOCHS,
+    workers = 2 if mode.startswith("workers") else 0
+    trainer_options = dict(accelerator="cpu", devices=1 if workers else 2,
+                           strategy="auto" if workers else "ddp", max_epochs=EPOCHS,
                            logger=False, enable_progress_bar=False, enable_model_summary=False)
     model = Model(os.path.join(out_dir, mode))
     if mode == "nodist":
@@ -72,10 +75,11 @@ def main(out_dir: str, mode: str, ckpt: str | None = None) -> None:
         trainer.fit(model, datamodule=Data())
         return
     sampler = LightningBatchSampler(LENGTHS, **OPTIONS)  # before fit: no process group yet
-    loader = DataLoader(range(LENGTHS.size), batch_sampler=sampler, collate_fn=collate)
+    loader = DataLoader(range(LENGTHS.size), batch_sampler=sampler, collate_fn=collate,
+                        num_workers=workers)
     every = L.pytorch.callbacks.ModelCheckpoint(
-        dirpath=os.path.join(out_dir, "ckpt"), filename="{step}", every_n_train_steps=3,
-        save_top_k=-1)
+        dirpath=os.path.join(out_dir, "ckpt-workers" if workers else "ckpt"), filename="{step}",
+        every_n_train_steps=3, save_top_k=-1)
     trainer = L.Trainer(callbacks=[LengthwiseCallback(), every], **trainer_options)
     trainer.fit(model, loader, ckpt_path=ckpt)
 

@@ -82,7 +82,8 @@ def test_callback_state_counts_trained_batches_not_fetched_ones():
     assert next(iter(again)) == fetched[2]
 
 
-def _launch(out: Path, *args: str) -> list[dict]:
+def _launch(out: Path, *args: str, ranks: int = 2) -> list[dict]:
+    """Run ``_lightning_run.py`` with ``args``; what each rank trained."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "RANK", "LOCAL_RANK")}
     src = str(Path(__file__).parents[1] / "src")
@@ -90,7 +91,7 @@ def _launch(out: Path, *args: str) -> list[dict]:
     proc = subprocess.run([sys.executable, str(RUN), str(out), *args], env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return [json.loads((out / f"{args[0]}_rank{r}.json").read_text()) for r in range(2)]
+    return [json.loads((out / f"{args[0]}_rank{r}.json").read_text()) for r in range(ranks)]
 
 
 def _check_epochs(ranks: list[dict]) -> None:
@@ -123,3 +124,14 @@ def test_ddp_with_default_settings_then_resume_mid_epoch(tmp_path):
 @pytest.mark.slow
 def test_ddp_without_distributed_sampler_changes_epochs(tmp_path):
     _check_epochs(_launch(tmp_path, "nodist"))
+
+
+@pytest.mark.slow
+def test_resume_mid_epoch_with_loader_workers(tmp_path):
+    """Workers fetch ahead of the checkpoint; the resumed run still trains exactly the rest."""
+    [full] = _launch(tmp_path, "workers", ranks=1)
+    [resumed] = _launch(tmp_path, "workers-resume", str(tmp_path / "ckpt-workers" / "step=3.ckpt"),
+                        ranks=1)
+    assert resumed["seen"] == full["seen"][3:]
+    assert resumed["weights"] == full["weights"]
+
