@@ -120,3 +120,88 @@ def test_options_and_refusals():
         SpeculatorsBatchSampler(SEQ, LENGTHS, 1, 0, max_batches=4)
     dropped = SpeculatorsBatchSampler(32, LENGTHS, 1, 0, truncate_long_samples=False)
     assert dropped.plan.stats["dropped_overflow"] == int((LENGTHS > 32).sum())
+
+
+def _draft():
+    """A tiny EAGLE-3 draft of speculators on the CPU, and its training call's options."""
+    transformers = pytest.importorskip("transformers")
+    from speculators.config import SpeculatorsConfig, VerifierConfig
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+    from speculators.proposals.greedy import GreedyTokenProposalConfig
+
+    layer = transformers.LlamaConfig(vocab_size=64, hidden_size=HIDDEN * 8, intermediate_size=64,
+                                     num_hidden_layers=1, num_attention_heads=4,
+                                     num_key_value_heads=2, max_position_embeddings=256)
+    layer._attn_implementation = "eager"
+    spec = SpeculatorsConfig(algorithm="eagle3", proposal_methods=[GreedyTokenProposalConfig()],
+                             default_proposal_method="greedy",
+                             verifier=VerifierConfig.from_config(layer, name_or_path=None))
+    torch.manual_seed(0)
+    model = Eagle3DraftModel(Eagle3SpeculatorConfig(transformer_layer_config=layer,
+                                                    draft_vocab_size=64,
+                                                    speculators_config=spec))
+    with torch.no_grad():  # the embeddings and heads a real run loads from the verifier
+        for name in ("embed_tokens", "lm_head", "verifier_lm_head"):
+            getattr(model, name).weight.normal_(0, 0.02)
+    kwargs, _ = Eagle3DraftModel.get_trainer_kwargs(
+        loss_fn="kl_div", loss_implementation="eager", ttt_steps=2, ttt_step_loss_decay=1.0)
+    return model, kwargs
+
+
+class DraftSamples(Samples):
+    """Samples a draft model of hidden size ``8 * HIDDEN`` can train on."""
+
+    def __getitem__(self, i):
+        n = min(self.approx_lengths[i], SEQ)
+        g = torch.Generator().manual_seed(int(i))
+        return {"hidden_states": torch.randn(n, 24 * HIDDEN, generator=g),
+                "input_ids": torch.randint(0, 64, (n,), generator=g),
+                "verifier_last_hidden_states": torch.randn(n, 8 * HIDDEN, generator=g),
+                "loss_mask": torch.ones(n, dtype=torch.bool), "lengths": torch.tensor([n]),
+                "position_ids": torch.arange(n)}
+
+
+def _train(model, kwargs, loader, steps, state=None):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+    losses = []
+    for batch in loader:
+        batch = {k: v for k, v in batch.items() if k != "error_records"}
+        _, loss, _ = model(**batch, **kwargs)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(loss))
+        if len(losses) == steps:
+            break
+    return losses, {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+
+
+@pytest.mark.slow
+def test_a_tiny_eagle3_draft_trains_on_cpu_and_resumes_bit_identically(patched):
+    lengths = LENGTHS[:40]
+    data = DraftSamples(lengths)
+    patched.setattr(loaders, "get_dp_size", lambda: 1)
+    patched.setattr(loaders, "get_dp_rank", lambda: 0)
+
+    def loader():
+        out = loaders._setup_dataloader(data, SEQ, 8 * HIDDEN, num_workers=0, seed=5)
+        out.batch_sampler.set_epoch(0)
+        return out
+
+    model, kwargs = _draft()
+    whole, end = _train(model, kwargs, loader(), steps=-1)
+    assert len(whole) == len(loader()) and all(np.isfinite(whole))
+    model, kwargs = _draft()
+    first, middle = _train(model, kwargs, loader(), steps=4)
+    resumed = loader()
+    owner = SimpleNamespace(train_loader=resumed, current_epoch=0, _resume_local_step=4,
+                            global_step=4)
+    Trainer._prepare_resume_skip(owner, 0)  # speculators' own mid-epoch resume
+    model, kwargs = _draft()
+    rest, after = _train(model, kwargs, resumed, steps=-1, state=middle)
+    assert first + rest == whole
+    for name, value in end["model"].items():
+        assert torch.equal(after["model"][name], value), name
