@@ -1,4 +1,4 @@
-"""Train a DFlash draft for a local target on prepared chat data: what ``lengthwise dflash train`` runs.
+"""Train a DFlash draft for a local target on prepared chat data (``lengthwise dflash train``).
 
 :func:`train_draft` loads the frozen target (bf16 on CUDA, fp32 on CPU), builds
 the draft from the target's config, holds out ``eval_samples`` prepared samples,
@@ -63,10 +63,11 @@ def check_causal_lm(path: str | Path) -> dict[str, Any]:
 
     Example::
 
-        >>> check_causal_lm("/nonexistent")
-        Traceback (most recent call last):
-        ...
-        lengthwise.errors.ConfigError: --target /nonexistent: not a local Hugging Face model folder (no config.json there)
+        >>> try:
+        ...     check_causal_lm("/nonexistent")
+        ... except ConfigError as exc:
+        ...     print(exc)
+        --target /nonexistent: not a local Hugging Face model folder (no config.json there)
     """
     path = Path(path)
     file = path / "config.json"
