@@ -47,8 +47,10 @@ class TurnGenerator:
     def __init__(self, target: str | Path, renderer: Any, cfg: Any) -> None:
         import torch
 
+        from lengthwise.dflash.recipe import check_causal_lm
         from lengthwise.dflash.target import load_target
 
+        check_causal_lm(target)
         self.renderer, self.cfg = renderer, cfg
         device = torch.device(cfg.device)
         dtype = torch.bfloat16 if device.type == "cuda" else None
