@@ -144,7 +144,7 @@ BAD = [
     ({"messages": [{"content": "x"}]}, r"field 'messages'\[0\]: no 'role'"),
     ({"conversations": [{"from": "wizard", "value": "x"}]},
      r"field 'conversations'\[0\]: unknown role 'wizard'"),
-    ({"messages": [{"role": "user", "content": "  "}]}, r"\[0\]: empty content \(role 'user'\)"),
+    ({"messages": [{"role": "user", "content": ""}]}, r"\[0\]: empty content \(role 'user'\)"),
     ({"messages": [{"role": "user"}]}, r"\[0\]: no 'content'"),
     ({"text": "hello"}, "line 1: no 'messages' or 'conversations' field"),
 ]

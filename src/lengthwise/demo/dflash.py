@@ -111,6 +111,7 @@ class DFlashOrderRun:
         """Evaluate (rank 0), close the log, return the order's figures."""
         from lengthwise.demo.results import read_log, summarise
         from lengthwise.dflash.decode import acceptance, evaluate_blocks
+        from lengthwise.dflash.recipe import held_out_batches
 
         loop, cfg = self.loop, self.cfg
         main = rank_world(self.info)[0] == 0
@@ -118,7 +119,8 @@ class DFlashOrderRun:
         try:
             if main:
                 started = time.perf_counter()
-                ev = evaluate_blocks(self.task.model, self.target, _held_batches(self.data, cfg),
+                ev = evaluate_blocks(self.task.model, self.target,
+                                     held_out_batches(self.data.held_samples()),
                                      num_anchors=cfg.eval_anchors or cfg.num_anchors,
                                      seed=cfg.seed,
                                      amp=self.task.amp)
@@ -152,19 +154,6 @@ class DFlashOrderRun:
 def _mean(values: list[Any]) -> float | None:
     vals = [float(v) for v in values if v is not None]
     return float(np.mean(vals)) if vals else None
-
-
-def _held_batches(data: Any, cfg: DFlashDemoConfig) -> list[tuple[dict[str, Any], Any]]:
-    from lengthwise.pytorch.collate import PadCollator
-
-    collate = PadCollator(pad_token_id=0, pad_multiple=1)
-    samples = data.held_samples()
-    order = sorted(range(len(samples)), key=lambda i: samples[i]["input_ids"].size)
-    out = []
-    for lo in range(0, len(order), 8):
-        idx = order[lo:lo + 8]
-        out.append((collate([samples[i] for i in idx]), [[10**9 + i] for i in idx]))
-    return out
 
 
 def run_dflash_demo(cfg: DFlashDemoConfig, *, orders: list[str], out: str | Path,

@@ -204,15 +204,19 @@ def prepare(cfg: DFlashDemoConfig, *, target: str | Path | None, data: str | Pat
                          prompt_lens=np.array([p.size for p in prompts]),
                          seconds=np.array(time.perf_counter() - started))
                 tmp.replace(path)
+            prepared = cache / f"dflash-prepared-{key}"
+            if not (prepared / "prepare.json").is_file():
+                _prepare_chats(path, tok, prepared, target, max_len=cfg.max_len)
         barrier(info)
-    z = np.load(path)
-    flat, offsets = z["flat"], z["offsets"]
-    seqs = [flat[offsets[i]:offsets[i + 1]] for i in range(offsets.size - 1)]
-    plens = z["prompt_lens"]
-    keep = [i for i, s in enumerate(seqs) if s.size - plens[i] >= 2]  # a response to learn
-    meta["dropped_short_responses"] = len(seqs) - len(keep)
+    from lengthwise.dflash.prepared import open_prepared
+
+    chats = open_prepared(prepared)
+    seqs = [np.asarray(chats[i]["input_ids"], dtype=np.int64) for i in range(len(chats))]
+    plens = np.array([chats[i]["loss_mask"].index(1) for i in range(len(chats))])
+    counts, z = chats.info["counts"], np.load(path)
+    meta["dropped_short_responses"] = (z["offsets"].size - 1 - counts["rows"]
+                                       + counts["dropped_few_supervised"])
     meta["regenerate_seconds"] = float(z["seconds"])
-    seqs, plens = [seqs[i] for i in keep], plens[keep]
     rng = np.random.default_rng([cfg.seed, 7919])
     perm = rng.permutation(len(seqs))
     held = np.sort(perm[: cfg.eval_samples])
@@ -226,6 +230,45 @@ def prepare(cfg: DFlashDemoConfig, *, target: str | Path | None, data: str | Pat
     meta.update(ds.describe())
     meta["eos"] = eos
     return model, ds, meta
+
+
+#: the demo's chat template: the prompt, then the response (marked as the assistant's), no roles
+CHAT_TEMPLATE = ("{%- for m in messages -%}{%- if m['role'] == 'assistant' -%}"
+                 "{% generation %}{{- m['content'] -}}{% endgeneration %}"
+                 "{%- else -%}{{- m['content'] -}}{%- endif -%}{%- endfor -%}")
+
+
+def _prepare_chats(path: Path, tok: Any, out: Path, target: str | Path | None, *,
+                   max_len: int) -> None:
+    """Prompts and regenerated responses as chats (user, assistant), through ``dflash prepare``.
+
+    Responses need 2 tokens or more (a block label); the others are dropped
+    (counted by :func:`prepare`).
+    """
+    import transformers
+
+    from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
+
+    z = np.load(path)
+    flat, offsets, plens = z["flat"], z["offsets"], z["prompt_lens"]
+    chats = out.with_name(out.name + ".chats.jsonl")
+    rows = []
+    for i in range(offsets.size - 1):
+        seq = flat[offsets[i]:offsets[i + 1]].tolist()
+        text = [tok.decode(part, skip_special_tokens=False)
+                for part in (seq[: int(plens[i])], seq[int(plens[i]):])]
+        if not (text[0] and text[1]):
+            continue  # no text: nothing to learn (counted as dropped when read)
+        rows.append(json.dumps({"messages": [{"role": "user", "content": text[0]},
+                                             {"role": "assistant", "content": text[1]}]}))
+    tmp = chats.with_suffix(".tmp")
+    tmp.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    tmp.replace(chats)
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=tok)
+    hf.chat_template = CHAT_TEMPLATE
+    cfg = PrepareConfig(min_supervised=2, max_len=max_len, progress=False)
+    prepare_chats(chats, Path(str(target)) if target is not None else out, out, cfg,
+                  tokenizer=hf)
 
 
 def _target(cfg: DFlashDemoConfig, target: str | Path | None, texts: list[str],

@@ -66,7 +66,7 @@ def normalise(messages: Any, *, where: str, allow_empty_assistant: bool = False,
 
     Example::
 
-        >>> normalise([{"role": "user", "content": ""}], where="row 3")
+        >>> normalise([{"role": "user", "content": ""}], where="row 3")  # whitespace is text
         Traceback (most recent call last):
         ...
         lengthwise.errors.DataError: row 3[0]: empty content (role 'user')
@@ -92,7 +92,7 @@ def normalise(messages: Any, *, where: str, allow_empty_assistant: bool = False,
             text = _content(msg["value"], at)
         else:
             raise DataError(f"{at}: no 'content' (or ShareGPT 'value') field")
-        if not text.strip() and not (allow_empty_assistant and role == "assistant"):
+        if not text and not (allow_empty_assistant and role == "assistant"):
             raise DataError(f"{at}: empty content (role {role!r})")
         out.append({"role": role, "content": text})
     return out

@@ -215,8 +215,11 @@ class _Shard:
 
 
 def prepare_chats(source: str | Path, target: str | Path, out: str | Path,
-                  cfg: PrepareConfig | None = None) -> dict[str, Any]:
+                  cfg: PrepareConfig | None = None, *, tokenizer: Any = None) -> dict[str, Any]:
     """Prepare ``source`` for DFlash training with ``target``'s chat template into ``out``.
+
+    ``tokenizer`` (a fast Hugging Face tokenizer with a chat template) replaces the
+    one in the ``target`` folder.
 
     Returns what ``prepare.json`` records. Raises :class:`DataError` when no sample
     is kept (never an empty data set) and for malformed conversations (row and
@@ -228,7 +231,7 @@ def prepare_chats(source: str | Path, target: str | Path, out: str | Path,
     source, target, out = Path(source), Path(target), Path(out)
     if not source.exists():
         raise DataError(f"{source}: no such file or folder")
-    tok = _load_tokenizer(target)
+    tok = tokenizer if tokenizer is not None else _load_tokenizer(target)
     renderer = ChatRenderer(tok, enable_thinking=cfg.enable_thinking, name=f"--target {target}")
     generator = None
     if cfg.regenerate:
