@@ -120,3 +120,31 @@ def test_torchrun_two_gloo_processes_train_and_resume_exactly(prepared, tmp_path
     a = torch.load(tmp_path / "full" / "final" / "draft.pt")
     b = torch.load(tmp_path / "resumed" / "final" / "draft.pt")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_one_process_truncates_long_samples_and_logs_eval_to_tensorboard(prepared, tmp_path,
+                                                                        capsys):
+    pytest.importorskip("tensorboard")
+    from lengthwise.cli import main
+    from lengthwise.dflash.prepared import open_prepared
+
+    target, data = prepared
+    longest = int(open_prepared(data).lengths.max())
+    args = ["dflash", "train", "--target", str(target), "--data", str(data), "--out",
+            str(tmp_path / "run"), "--steps", "2", "--max-tokens", "256", "--max-len", "48",
+            "--draft-layers", "1", "--block-size", "4", "--num-anchors", "4", "--eval-samples",
+            "3", "--eval-every", "2", "--checkpoint-every", "0", "--tensorboard",
+            str(tmp_path / "tb"), "--no-progress"]
+    assert longest > 48 and main(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["truncated_samples"] > 0 and summary["eval"]["step"] == 2
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    assert "train/eval_accuracy" in tags and "train/loss" in tags
+    assert main(["dflash", "train", "--target", str(target), "--data", str(tmp_path),
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no prepare.json there" in err[0]

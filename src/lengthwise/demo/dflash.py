@@ -86,22 +86,14 @@ class DFlashOrderRun:
 
     def __init__(self, order: str, data: Any, target: Any, cfg: DFlashDemoConfig, *,
                  out: str | Path, info: GroupInfo | None, meta: dict[str, Any]) -> None:
-        import torch
-
-        from lengthwise.dflash.model import DFlashConfig, DFlashDraft
+        from lengthwise.dflash.recipe import new_draft
         from lengthwise.dflash.train import DFlashTask
         from lengthwise.train.loop import TrainLoop
 
         self.order, self.data, self.target, self.cfg, self.info = order, data, target, cfg, info
         self.meta = meta
         device = target.device
-        dcfg = DFlashConfig.from_target(target.model.config, num_layers=cfg.draft_layers,
-                                        block_size=cfg.block_size, gamma=cfg.gamma,
-                                        target_layers=target.layers)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(cfg.seed)
-            draft = DFlashDraft(dcfg)
-        draft.to(device).train()
+        draft = new_draft(target, cfg)
         self.task = DFlashTask(draft, target, cfg, order=order,
                                amp=autocast_dtype(cfg.dtype, device))
         self.loop = TrainLoop(self.task, order, data.lengths, data.sample, cfg,

@@ -29,7 +29,8 @@ import numpy as np
 from lengthwise.dflash.train import DFlashTask, DFlashTrainConfig
 from lengthwise.errors import ConfigError
 
-__all__ = ["EvalTask", "RunSettings", "check_causal_lm", "held_out_batches", "train_draft"]
+__all__ = ["EvalTask", "RunSettings", "check_causal_lm", "held_out_batches", "new_draft",
+           "train_draft"]
 
 
 @dataclass
@@ -109,6 +110,35 @@ def held_out_batches(samples: list[dict[str, Any]], *, batch_size: int = 8,
     return out
 
 
+def new_draft(target: Any, cfg: DFlashTrainConfig) -> Any:
+    """A draft sized from the target's config, initialised from ``cfg.seed``, on its device.
+
+    The global random state is left as it was.
+
+    Example::
+
+        >>> import transformers
+        >>> from lengthwise.dflash.target import Target
+        >>> t = transformers.LlamaConfig(vocab_size=40, hidden_size=16, num_hidden_layers=4,
+        ...                              num_attention_heads=2, intermediate_size=32)
+        >>> target = Target(transformers.LlamaForCausalLM(t), layers=[1, 2])
+        >>> d = new_draft(target, DFlashTrainConfig(block_size=4, steps=2))
+        >>> d.config.block_size, d.config.target_layers, d.training
+        (4, [1, 2], True)
+    """
+    import torch
+
+    from lengthwise.dflash.model import DFlashConfig, DFlashDraft
+
+    dcfg = DFlashConfig.from_target(target.model.config, num_layers=cfg.draft_layers,
+                                    block_size=cfg.block_size, gamma=cfg.gamma,
+                                    target_layers=target.layers)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        draft = DFlashDraft(dcfg)
+    return draft.to(target.device).train()
+
+
 class EvalTask(DFlashTask):
     """:class:`DFlashTask` whose step record gets held-out figures every ``every`` steps.
 
@@ -151,7 +181,6 @@ def train_draft(cfg: DFlashTrainConfig, run: RunSettings, *, progress: bool = Tr
     """Train (or resume) a draft; return rank 0's summary (``{}`` on the other ranks)."""
     import torch
 
-    from lengthwise.dflash.model import DFlashConfig, DFlashDraft
     from lengthwise.dflash.objective import target_layer_ids
     from lengthwise.dflash.prepared import open_prepared
     from lengthwise.dflash.target import Target, load_target
@@ -188,13 +217,8 @@ def train_draft(cfg: DFlashTrainConfig, run: RunSettings, *, progress: bool = Tr
     model = load_target(run.target, dtype=dtype, device=device)
     n_layers = model.config.num_hidden_layers
     target = Target(model, layers=target_layer_ids(n_layers, cfg.num_features or cfg.draft_layers))
-    dcfg = DFlashConfig.from_target(model.config, num_layers=cfg.draft_layers,
-                                    block_size=cfg.block_size, gamma=cfg.gamma,
-                                    target_layers=target.layers)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.seed)
-        draft = DFlashDraft(dcfg)
-    draft.to(device).train()
+    draft = new_draft(target, cfg)
+    dcfg = draft.config
     out = Path(run.out)
     held = held_out_batches([{k: v[: cfg.max_len] for k, v in data.sample(int(j)).items()}
                              for j in held_idx])
