@@ -70,6 +70,24 @@ def test_a_target_that_is_not_a_causal_lm_is_refused(prepared, tmp_path):
         train_draft(cfg, RunSettings(target=str(bare), data=str(data)))
 
 
+def test_data_from_another_tokenizer_is_refused(prepared, tmp_path):
+    from lengthwise.dflash.prepared import open_prepared
+    from lengthwise.dflash.recipe import RunSettings, train_draft
+    from lengthwise.errors import DataError
+
+    _, data = prepared
+    top = open_prepared(data).max_token_id()
+    small = tmp_path / "small"
+    save_target(small)
+    cfg_file = small / "config.json"
+    config = json.loads(cfg_file.read_text())
+    config["vocab_size"] = top  # one short of holding the largest id
+    cfg_file.write_text(json.dumps(config))
+    cfg, _, _ = settings({"target": str(small), "data": str(data), "steps": 2})
+    with pytest.raises(DataError, match=f"token id {top} is outside the vocabulary"):
+        train_draft(cfg, RunSettings(target=str(small), data=str(data)))
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

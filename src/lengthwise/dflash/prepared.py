@@ -54,6 +54,17 @@ class PreparedChats:
         ids, mask = self._locate(int(i))
         return {"input_ids": ids.tolist(), "loss_mask": mask.tolist()}
 
+    def max_token_id(self) -> int:
+        """The largest token id in the data (``-1`` when empty); checks the target's vocabulary.
+
+        Example::
+
+            >>> chats.max_token_id() < 151_936                          # doctest: +SKIP
+            True
+        """
+        return max((int(c[0][c[1][0]:c[1][-1]].max()) for c in self._chunks
+                    if c[1][-1] > c[1][0]), default=-1)
+
     def sample(self, i: int) -> dict[str, np.ndarray]:
         """Sample ``i`` as the collators take it: ``input_ids``, ``labels`` (-100: not learned).
 

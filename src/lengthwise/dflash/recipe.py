@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from lengthwise.dflash.train import DFlashTask, DFlashTrainConfig
-from lengthwise.errors import ConfigError
+from lengthwise.errors import ConfigError, DataError
 
 __all__ = ["EvalTask", "RunSettings", "check_causal_lm", "held_out_batches", "new_draft",
            "train_draft"]
@@ -194,9 +194,15 @@ def train_draft(cfg: DFlashTrainConfig, run: RunSettings, *, progress: bool = Tr
     )
     from lengthwise.train.loop import TrainLoop
 
-    check_causal_lm(run.target)
+    config = check_causal_lm(run.target)
     data = open_prepared(run.data)
     n = len(data)
+    vocab = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    top = data.max_token_id()
+    if vocab is not None and top >= int(vocab):
+        raise DataError(f"--data {run.data}: token id {top} is outside the vocabulary of "
+                        f"--target {run.target} ({vocab} tokens); prepare the data with this "
+                        "target's tokenizer")
     if run.eval_samples >= n:
         raise ConfigError(f"eval_samples ({run.eval_samples}) must be fewer than the "
                           f"{n} prepared samples in {run.data}")
