@@ -46,6 +46,25 @@ def test_flags_override_yaml_over_the_reference_defaults(prepared, tmp_path):
     assert run.target == str(target) and progress
 
 
+def test_epochs_set_the_steps_from_the_plan(prepared):
+    import numpy as np
+
+    from lengthwise.dflash.prepared import open_prepared
+    from lengthwise.dflash.recipe import RunSettings, _with_epochs
+    from lengthwise.train.loop import make_sampler
+
+    target, data = prepared
+    cfg, run, _ = settings({"target": str(target), "data": str(data), "epochs": 2.0,
+                            "max_tokens": 256, "grad_accum": 2})
+    lengths = np.minimum(open_prepared(data).lengths, cfg.max_len)
+    batches = sum(1 for _ in make_sampler("stratified", lengths, cfg))
+    assert _with_epochs(cfg, run, lengths, 0, 1).steps == 2 * (batches // 2)
+    with pytest.raises(ConfigError, match="not both"):
+        settings({"target": str(target), "data": str(data), "epochs": 2.0, "steps": 3})
+    with pytest.raises(ConfigError, match="epochs must be > 0"):
+        RunSettings(target="t", data="d", epochs=0)
+
+
 def test_bad_settings_are_named(prepared, tmp_path):
     target, data = prepared
     (tmp_path / "bad.yaml").write_text(f"target: {target}\ndata: {data}\nblok_size: 8\n")

@@ -41,6 +41,7 @@ class RunSettings:
     data: str
     out: str = "dflash_run"
     order: str = "stratified"
+    epochs: float | None = None  # passes over the training samples; sets cfg.steps
     eval_samples: int = 64
     eval_every: int | None = None  # steps; None: a tenth of the run; 0: never
     eval_anchors: int | None = None  # anchors per held-out sample (default: num_anchors)
@@ -53,6 +54,9 @@ class RunSettings:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
+        if self.epochs is not None and not (isinstance(self.epochs, (int, float))
+                                            and self.epochs > 0):
+            raise ConfigError(f"epochs must be > 0, got {self.epochs!r}")
         if self.eval_anchors is not None and (not isinstance(self.eval_anchors, int)
                                               or self.eval_anchors < 1):
             raise ConfigError(f"eval_anchors must be a positive integer, got "
@@ -172,6 +176,21 @@ class EvalTask(DFlashTask):
         return out
 
 
+def _with_epochs(cfg: DFlashTrainConfig, run: RunSettings, lengths: np.ndarray, rank: int,
+                 world: int) -> DFlashTrainConfig:
+    """``cfg`` with ``steps`` = ``run.epochs`` passes of the planned optimizer steps."""
+    import dataclasses
+
+    from lengthwise.train.loop import make_sampler
+
+    per_epoch = len(make_sampler(run.order, lengths, cfg, rank=rank, world=world)
+                    ) // cfg.grad_accum
+    if per_epoch < 1:
+        raise ConfigError(f"an epoch has fewer than grad_accum={cfg.grad_accum} micro-batches "
+                          "per rank; use more data, a smaller max_tokens or grad_accum")
+    return dataclasses.replace(cfg, steps=max(1, round(run.epochs * per_epoch)))
+
+
 def _finite(x: float) -> float | None:
     return float(x) if np.isfinite(x) else None
 
@@ -214,6 +233,9 @@ def train_draft(cfg: DFlashTrainConfig, run: RunSettings, *, progress: bool = Tr
     held_idx, train_idx = np.sort(perm[: run.eval_samples]), np.sort(perm[run.eval_samples:])
     lengths = np.minimum(data.lengths[train_idx], cfg.max_len)
     cut = int((data.lengths[train_idx] > cfg.max_len).sum())
+
+    if run.epochs is not None:
+        cfg = _with_epochs(cfg, run, lengths, rank, world)
 
     def sample(i: int) -> dict[str, np.ndarray]:
         s = data.sample(int(train_idx[i]))

@@ -26,7 +26,8 @@ DEFAULTS: dict[str, Any] = {
 }
 
 _FLAGS: list[tuple[str, type, str]] = [
-    ("steps", int, "optimizer steps"),
+    ("steps", int, "optimizer steps (or --epochs)"),
+    ("epochs", float, "passes over the training samples (sets --steps from the plan)"),
     ("grad_accum", int, "micro-batches per optimizer step and rank (default 1)"),
     ("max_tokens", int, "token budget of a micro-batch (default 16384)"),
     ("max_len", int, "longest sample; longer ones are truncated (default: the data's longest, "
@@ -126,6 +127,8 @@ def settings(given: dict[str, Any]) -> tuple[Any, Any, bool]:
     if unknown:
         where = f"--config {source}" if source else "settings"
         raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}")
+    if "epochs" in merged and "steps" in merged:
+        raise ConfigError("give --steps or --epochs, not both")
     for key in ("target", "data"):
         if not merged.get(key):
             raise ConfigError(f"--{key} is required (on the command line or in --config)")
