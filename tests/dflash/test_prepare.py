@@ -15,6 +15,8 @@ from _chat_tiny import (
     save_target,
     write_jsonl,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lengthwise.dflash.chat import ChatRenderer, normalise
 from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
@@ -55,6 +57,30 @@ def test_generation_marks_and_prefix_rendering_give_the_same_mask():
         learned = tok.decode([t for t, m in zip(b.input_ids, b.loss_mask, strict=True) if m])
         expect = "".join(m["content"] + "<|im_end|>" for m in conv if m["role"] == "assistant")
         assert learned == expect
+
+
+@pytest.fixture(scope="module")
+def renderers():
+    return ChatRenderer(chat_tokenizer(TEMPLATE_MARKED)), ChatRenderer(chat_tokenizer(TEMPLATE))
+
+
+TEXT = st.text(alphabet=st.sampled_from(list("ab cat\n\t.,é漢😀")), min_size=1, max_size=30)
+
+
+@settings(max_examples=40, deadline=None)
+@given(turns=st.lists(st.tuples(TEXT, TEXT), min_size=1, max_size=3), system=st.booleans())
+def test_any_conversation_gets_the_same_mask_both_ways(renderers, turns, system):
+    marked, diffed = renderers
+    conv = [{"role": "system", "content": "be brief"}] if system else []
+    for user, reply in turns:
+        conv += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
+    a, b = marked.render(conv), diffed.render(conv)
+    assert a.input_ids == b.input_ids and a.loss_mask == b.loss_mask
+    # every assistant turn's end-of-turn token is learned, and no user token is
+    tok = diffed.tokenizer
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    learned_ends = sum(1 for t, m in zip(b.input_ids, b.loss_mask, strict=True) if t == end and m)
+    assert learned_ends == len(turns)
 
 
 def test_thinking_switch_is_passed_and_refused_without_one():

@@ -318,10 +318,12 @@ class ChatRenderer:
         ids, offsets = self._encode(text)
         mask = [0] * len(ids)
         k = 0
-        for i, (start, end) in enumerate(offsets):
+        for i, (start, end) in enumerate(offsets):  # a token overlapping a span is learned
             while k < len(spans) and spans[k][1] <= start:
                 k += 1
-            if k < len(spans) and end > start and spans[k][0] <= start < spans[k][1]:
+            if k == len(spans):
+                break
+            if end > spans[k][0]:
                 mask[i] = 1
         return Rendered(ids, mask)
 
