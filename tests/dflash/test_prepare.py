@@ -242,3 +242,32 @@ def test_cli_prints_counts_and_one_line_errors(target, chats, tmp_path, capsys):
                  str(tmp_path / "q"), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unknown role 'wizard'" in err[0]
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_prepare_the_same_folder(target, chats, tmp_path):
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    one = prepare_chats(chats, target, tmp_path / "one", _cfg(shard_rows=7))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+           "--master-addr", "127.0.0.1", "--master-port", str(port), "-m", "lengthwise",
+           "dflash", "prepare", str(chats), "--target", str(target), "--out",
+           str(tmp_path / "two"), "--min-supervised", "8", "--shard-rows", "7", "--no-progress"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("conversations kept") == 1  # rank 0 reports
+    two = json.loads((tmp_path / "two" / "prepare.json").read_text())
+    assert two["processes"] == 2 and two["counts"] == one["counts"]
+    assert _rows(tmp_path / "two") == _rows(tmp_path / "one")
+    assert np.array_equal(np.load(tmp_path / "two" / "lengths.npy"),
+                          np.load(tmp_path / "one" / "lengths.npy"))

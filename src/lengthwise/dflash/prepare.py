@@ -215,59 +215,61 @@ class _Shard:
 
 
 def prepare_chats(source: str | Path, target: str | Path, out: str | Path,
-                  cfg: PrepareConfig | None = None, *, tokenizer: Any = None) -> dict[str, Any]:
+                  cfg: PrepareConfig | None = None, *, tokenizer: Any = None,
+                  info: Any = None) -> dict[str, Any]:
     """Prepare ``source`` for DFlash training with ``target``'s chat template into ``out``.
 
     ``tokenizer`` (a fast Hugging Face tokenizer with a chat template) replaces the
-    one in the ``target`` folder.
+    one in the ``target`` folder. Under ``torchrun`` (``info``: the process group),
+    rank ``r`` prepares shards ``r, r + world, ...`` and rank 0 writes the lengths and
+    the record once every shard is there.
 
     Returns what ``prepare.json`` records. Raises :class:`DataError` when no sample
     is kept (never an empty data set) and for malformed conversations (row and
     field named); :class:`ConfigError` for a target without a usable chat template.
     """
     from lengthwise.progress import progress
+    from lengthwise.train.device import barrier, rank_world
 
     cfg = cfg or PrepareConfig()
     source, target, out = Path(source), Path(target), Path(out)
+    rank, world = rank_world(info)
     if not source.exists():
         raise DataError(f"{source}: no such file or folder")
     tok = tokenizer if tokenizer is not None else _load_tokenizer(target)
     renderer = ChatRenderer(tok, enable_thinking=cfg.enable_thinking, name=f"--target {target}")
-    generator = None
-    if cfg.regenerate:
-        from lengthwise.dflash.regenerate import TurnGenerator
-
-        generator = TurnGenerator(target, renderer, cfg)
     fp = _fingerprint(source, target, renderer, cfg)
     total = count_rows(source, split=cfg.split)
     if total == 0:
         raise DataError(f"{source}: no conversations")
-    out.mkdir(parents=True, exist_ok=True)
     nshards = -(-total // cfg.shard_rows)
-    counts, skipped = PrepareCounts(), 0
-    shard = _Shard(renderer, cfg, generator)
-    for k in progress(range(nshards), desc="dflash prepare", unit="shard", total=nshards,
-                      enable=cfg.progress):
-        path = out / shard_name(k)
-        lo, hi = k * cfg.shard_rows, min(total, (k + 1) * cfg.shard_rows)
-        meta = _shard_meta(path) if path.exists() else None
-        if meta is not None:
-            if meta.get("fingerprint") != fp:
-                raise ConfigError(f"--out {out}: {path.name} was prepared from other data or "
-                                  "settings; use an empty folder (or the same settings to resume)")
-            counts.add(PrepareCounts(**meta["counts"]))
-            skipped += 1
-            continue
-        items = list(read_conversations(source, field=cfg.field, start=lo, stop=hi,
-                                        split=cfg.split))
-        ids, masks, rows, c = shard.run(items, k)
-        _write_shard(path, ids, masks, rows, {"fingerprint": fp, "rows": [lo, hi],
-                                              "counts": asdict(c)})
-        counts.add(c)
-    for stale in sorted(out.glob("data-*.parquet")):
-        if stale.name not in {shard_name(k) for k in range(nshards)}:
-            raise ConfigError(f"--out {out}: {stale.name} is not one of this run's shards; "
-                              "use an empty folder")
+    done = _finished_shards(out, nshards, fp)
+    barrier(info)  # every rank has seen what an earlier run finished before any writes
+    todo = [k for k in range(rank, nshards, world) if k not in done]
+    if todo:
+        generator = None
+        if cfg.regenerate:
+            from lengthwise.dflash.regenerate import TurnGenerator
+
+            generator = TurnGenerator(target, renderer, cfg, info=info)
+        shard = _Shard(renderer, cfg, generator)
+        out.mkdir(parents=True, exist_ok=True)
+        for k in progress(todo, desc="dflash prepare", unit="shard", total=len(todo),
+                          enable=cfg.progress and rank == 0):
+            lo, hi = k * cfg.shard_rows, min(total, (k + 1) * cfg.shard_rows)
+            items = list(read_conversations(source, field=cfg.field, start=lo, stop=hi,
+                                            split=cfg.split))
+            ids, masks, rows, c = shard.run(items, k)
+            _write_shard(out / shard_name(k), ids, masks, rows,
+                         {"fingerprint": fp, "rows": [lo, hi], "counts": asdict(c)})
+    barrier(info)
+    counts = PrepareCounts()
+    for k in range(nshards):
+        meta = _shard_meta(out / shard_name(k))
+        if meta is None:
+            raise DataError(f"--out {out}: {shard_name(k)} is missing or unreadable after "
+                            "preparing; run again to prepare it")
+        counts.add(PrepareCounts(**meta["counts"]))
     if counts.kept == 0:
         why = (f"every one of the {counts.rows} samples was dropped: "
                f"{counts.dropped_few_supervised} have fewer than --min-supervised "
@@ -276,10 +278,6 @@ def prepare_chats(source: str | Path, target: str | Path, out: str | Path,
         if counts.dropped_too_long:
             why += f", {counts.dropped_too_long} are longer than --max-len {cfg.max_len}"
         raise DataError(f"{source}: {why}; lower --min-supervised or check the data")
-    lengths = _gather_lengths(out, nshards)
-    tmp = out / f".lengths.npy.tmp{os.getpid()}.npy"
-    np.save(tmp, lengths)
-    os.replace(tmp, out / "lengths.npy")
     record = {
         "format": FORMAT, "source": str(source), "target": str(target),
         "chat_template_sha256": renderer.template_sha256,
@@ -289,12 +287,37 @@ def prepare_chats(source: str | Path, target: str | Path, out: str | Path,
         "mask_token_id": getattr(tok, "mask_token_id", None),
         "vocab_size": len(tok),
         "settings": {k: v for k, v in asdict(cfg).items() if k != "progress"},
-        "shards": [shard_name(k) for k in range(nshards)], "shards_reused": skipped,
+        "shards": [shard_name(k) for k in range(nshards)], "shards_reused": len(done),
+        "processes": world,
         "counts": {k: v for k, v in asdict(counts).items() if k != "extra"},
         "fingerprint": fp,
     }
-    _atomic_text(out / "prepare.json", json.dumps(record, indent=2) + "\n")
+    if rank == 0:
+        lengths = _gather_lengths(out, nshards)
+        tmp = out / f".lengths.npy.tmp{os.getpid()}.npy"
+        np.save(tmp, lengths)
+        os.replace(tmp, out / "lengths.npy")
+        _atomic_text(out / "prepare.json", json.dumps(record, indent=2) + "\n")
+    barrier(info)
     return record
+
+
+def _finished_shards(out: Path, nshards: int, fp: str) -> set[int]:
+    """Shards an earlier run with the same settings finished; other files there are refused."""
+    names = {shard_name(k): k for k in range(nshards)}
+    done = set()
+    for path in sorted(out.glob("data-*.parquet")) if out.is_dir() else []:
+        if path.name not in names:
+            raise ConfigError(f"--out {out}: {path.name} is not one of this run's shards; "
+                              "use an empty folder")
+        meta = _shard_meta(path)
+        if meta is None:
+            continue  # unreadable: prepared again
+        if meta.get("fingerprint") != fp:
+            raise ConfigError(f"--out {out}: {path.name} was prepared from other data or "
+                              "settings; use an empty folder (or the same settings to resume)")
+        done.add(names[path.name])
+    return done
 
 
 def _gather_lengths(out: Path, nshards: int) -> np.ndarray:

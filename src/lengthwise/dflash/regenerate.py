@@ -44,15 +44,17 @@ def stop_ids(tokenizer: Any, model_config: Any, generation_config: Any = None) -
 class TurnGenerator:
     """The target (loaded once) answering conversation prefixes, as text for the template."""
 
-    def __init__(self, target: str | Path, renderer: Any, cfg: Any) -> None:
+    def __init__(self, target: str | Path, renderer: Any, cfg: Any, *, info: Any = None,
+                 ) -> None:
         import torch
 
         from lengthwise.dflash.recipe import check_causal_lm
         from lengthwise.dflash.target import load_target
+        from lengthwise.train.device import pick_device
 
         check_causal_lm(target)
         self.renderer, self.cfg = renderer, cfg
-        device = torch.device(cfg.device)
+        device = pick_device(cfg.device, info)
         dtype = torch.bfloat16 if device.type == "cuda" else None
         self.model = load_target(target, dtype=dtype, device=device).eval()
         self.device = device

@@ -3,8 +3,8 @@
 Example::
 
     $ lengthwise dflash prepare chats.jsonl --target ./Qwen3-8B --out prepared/ --max-len 8192
-    $ lengthwise dflash prepare sharegpt.parquet --target ./Qwen3-8B --out prepared/ \\
-          --regenerate --device cuda --no-enable-thinking
+    $ torchrun --nproc-per-node 8 -m lengthwise dflash prepare sharegpt.parquet \\
+          --target ./Qwen3-8B --out prepared/ --regenerate --device cuda --no-enable-thinking
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ def register(stages: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Prepare the data and print what was kept and dropped."""
     from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
+    from lengthwise.train.device import rank_world, setup_distributed
 
     cfg = PrepareConfig(
         min_supervised=args.min_supervised, max_len=args.max_len, overlong=args.overlong,
@@ -69,7 +70,10 @@ def run(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens, temperature=args.temperature,
         batch_size=args.batch_size, seed=args.seed, device=args.device,
         progress=args.progress)
-    rec = prepare_chats(args.source, args.target, args.out, cfg)
+    group = setup_distributed(cfg.device)  # under torchrun: the shards split over the ranks
+    rec = prepare_chats(args.source, args.target, args.out, cfg, info=group)
+    if rank_world(group)[0] != 0:
+        return 0
     c = rec["counts"]
     lines = [f"{args.out}: {c['kept']} of {c['rows']} conversations kept, {c['tokens']} tokens "
              f"({c['supervised_tokens']} supervised) in {len(rec['shards'])} shard(s)"
