@@ -271,3 +271,41 @@ def test_torchrun_two_processes_prepare_the_same_folder(target, chats, tmp_path)
     assert _rows(tmp_path / "two") == _rows(tmp_path / "one")
     assert np.array_equal(np.load(tmp_path / "two" / "lengths.npy"),
                           np.load(tmp_path / "one" / "lengths.npy"))
+
+
+def test_regeneration_backend_is_chosen_and_named():
+    import importlib.util
+
+    from lengthwise.dflash.regenerate import pick_backend
+    from lengthwise.errors import MissingDependencyError
+
+    assert pick_backend("auto", "cpu", 1) == "hf" and pick_backend("hf", "cuda", 1) == "hf"
+    if importlib.util.find_spec("vllm") is None:
+        assert pick_backend("auto", "cuda", 1) == "hf"
+        with pytest.raises(MissingDependencyError, match="vllm package is not installed"):
+            pick_backend("vllm", "cuda", 1)
+    else:
+        with pytest.raises(ConfigError, match="one process"):
+            pick_backend("vllm", "cuda", 2)
+    with pytest.raises(ConfigError, match="backend must be"):
+        PrepareConfig(backend="tgi")
+
+
+def test_regeneration_with_vllm_writes_every_turn(target, tmp_path):
+    pytest.importorskip("vllm")
+    if not torch_cuda():
+        pytest.skip("vLLM regeneration needs a CUDA device")
+    rows = conversations(6)
+    src = write_jsonl(tmp_path / "c.jsonl", rows)
+    cfg = _cfg(regenerate=True, max_new_tokens=5, min_supervised=2, backend="vllm",
+               device="cuda")
+    rec = prepare_chats(src, target, tmp_path / "p", cfg)
+    turns = sum(m["role"] == "assistant" for r in rows for m in r["messages"])
+    assert rec["regenerated_with"] == "vllm"
+    assert rec["counts"]["regenerated_turns"] == turns
+
+
+def torch_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

@@ -64,6 +64,7 @@ class PrepareConfig:
     max_new_tokens: int = 512
     temperature: float = 0.0
     batch_size: int = 32
+    backend: str = "auto"  # of regeneration: "hf", "vllm", or vLLM when installed (CUDA)
     seed: int = 0
     device: str = "cpu"
     progress: bool = True
@@ -75,6 +76,8 @@ class PrepareConfig:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if self.max_len is not None and (not isinstance(self.max_len, int) or self.max_len < 2):
             raise ConfigError(f"max_len must be an integer >= 2, got {self.max_len!r}")
+        if self.backend not in ("auto", "hf", "vllm"):
+            raise ConfigError(f"backend must be auto, hf or vllm, got {self.backend!r}")
         if self.overlong not in OVERLONG:
             raise ConfigError(f"overlong must be 'truncate' or 'drop', got {self.overlong!r}")
         if not (isinstance(self.temperature, (int, float)) and self.temperature >= 0):
@@ -246,8 +249,8 @@ def prepare_chats(source: str | Path, target: str | Path, out: str | Path,
     done = _finished_shards(out, nshards, fp)
     barrier(info)  # every rank has seen what an earlier run finished before any writes
     todo = [k for k in range(rank, nshards, world) if k not in done]
+    generator = None
     if todo:
-        generator = None
         if cfg.regenerate:
             from lengthwise.dflash.regenerate import TurnGenerator
 
@@ -289,6 +292,7 @@ def prepare_chats(source: str | Path, target: str | Path, out: str | Path,
         "settings": {k: v for k, v in asdict(cfg).items() if k != "progress"},
         "shards": [shard_name(k) for k in range(nshards)], "shards_reused": len(done),
         "processes": world,
+        "regenerated_with": generator.backend if generator is not None else None,
         "counts": {k: v for k, v in asdict(counts).items() if k != "extra"},
         "fingerprint": fp,
     }

@@ -6,7 +6,8 @@ own response to the conversation before it (with the regenerated earlier
 turns), rendered with the chat template's generation prompt. A conversation
 that ends with a user turn gets a new assistant turn. Generation is Hugging
 Face ``generate`` (:func:`~lengthwise.dflash.generate.generate_responses`),
-greedy at temperature 0, sampled above.
+or vLLM when it is installed (one process on CUDA; ``backend``), greedy at
+temperature 0, sampled above.
 
 Example::
 
@@ -20,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["TurnGenerator", "stop_ids"]
+__all__ = ["BACKENDS", "TurnGenerator", "pick_backend", "stop_ids"]
 
 
 def stop_ids(tokenizer: Any, model_config: Any, generation_config: Any = None) -> list[int]:
@@ -41,36 +42,98 @@ def stop_ids(tokenizer: Any, model_config: Any, generation_config: Any = None) -
     return out
 
 
+def pick_backend(name: str, device: str, world: int) -> str:
+    """``hf`` or ``vllm``: ``auto`` is vLLM when it is installed, on CUDA, in one process.
+
+    Example::
+
+        >>> pick_backend("auto", "cpu", 1)
+        'hf'
+    """
+    import importlib.util
+
+    from lengthwise.errors import ConfigError, MissingDependencyError
+
+    if name not in BACKENDS:
+        raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {name!r}")
+    has_vllm = importlib.util.find_spec("vllm") is not None
+    if name == "vllm":
+        if not has_vllm:
+            raise MissingDependencyError("--backend vllm: the vllm package is not installed "
+                                         "(pip install vllm)")
+        if not device.startswith("cuda") or world > 1:
+            raise ConfigError("--backend vllm needs --device cuda and one process (vLLM "
+                              "batches the prompts itself)")
+        return "vllm"
+    if name == "auto" and has_vllm and device.startswith("cuda") and world == 1:
+        return "vllm"
+    return "hf"
+
+
+#: generation backends ``--backend`` names
+BACKENDS = ("auto", "hf", "vllm")
+
+
 class TurnGenerator:
     """The target (loaded once) answering conversation prefixes, as text for the template."""
 
     def __init__(self, target: str | Path, renderer: Any, cfg: Any, *, info: Any = None,
                  ) -> None:
-        import torch
+        import transformers
 
         from lengthwise.dflash.recipe import check_causal_lm
-        from lengthwise.dflash.target import load_target
-        from lengthwise.train.device import pick_device
+        from lengthwise.train.device import rank_world
 
         check_causal_lm(target)
         self.renderer, self.cfg = renderer, cfg
-        device = pick_device(cfg.device, info)
-        dtype = torch.bfloat16 if device.type == "cuda" else None
-        self.model = load_target(target, dtype=dtype, device=device).eval()
-        self.device = device
-        tok = renderer.tokenizer
-        self.stops = stop_ids(tok, self.model.config, getattr(self.model, "generation_config",
-                                                              None))
+        self.backend = pick_backend(cfg.backend, cfg.device, rank_world(info)[1])
+        config = transformers.AutoConfig.from_pretrained(str(target), local_files_only=True)
+        try:
+            gen_config = transformers.GenerationConfig.from_pretrained(str(target),
+                                                                       local_files_only=True)
+        except OSError:  # no generation_config.json
+            gen_config = None
+        self.stops = stop_ids(renderer.tokenizer, config, gen_config)
         if not self.stops:
             from lengthwise.errors import ConfigError
 
             raise ConfigError(f"--target {target}: neither the tokenizer nor the model names "
                               "an end-of-turn (eos) token, so responses cannot end")
+        if self.backend == "vllm":
+            from vllm import LLM
+
+            self.engine = LLM(model=str(target), seed=cfg.seed)
+        else:
+            import torch
+
+            from lengthwise.dflash.target import load_target
+            from lengthwise.train.device import pick_device
+
+            self.device = pick_device(cfg.device, info)
+            dtype = torch.bfloat16 if self.device.type == "cuda" else None
+            self.model = load_target(target, dtype=dtype, device=self.device).eval()
+
+    def _generate(self, prompts: list[np.ndarray], seed: int) -> list[list[int]]:
+        """Each prompt's continuation, up to and including its first stop token."""
+        if self.backend == "vllm":
+            from vllm import SamplingParams
+            from vllm.inputs import TokensPrompt
+
+            params = SamplingParams(temperature=self.cfg.temperature,
+                                    max_tokens=self.cfg.max_new_tokens,
+                                    stop_token_ids=self.stops, seed=seed)
+            outs = self.engine.generate([TokensPrompt(prompt_token_ids=p.tolist())
+                                         for p in prompts], params, use_tqdm=False)
+            return [list(o.outputs[0].token_ids) for o in outs]
+        from lengthwise.dflash.generate import generate_responses
+
+        outs = generate_responses(self.model, prompts, max_new_tokens=self.cfg.max_new_tokens,
+                                  eos=self.stops, temperature=self.cfg.temperature, seed=seed,
+                                  batch_size=self.cfg.batch_size, device=self.device)
+        return [o.tolist() for o in outs]
 
     def rewrite(self, convs: list[list[dict[str, str]]], *, seed: int) -> tuple[int, int]:
         """Replace every assistant turn of ``convs`` in place; (turns written, turns cut short)."""
-        from lengthwise.dflash.generate import generate_responses
-
         for conv in convs:
             if conv[-1]["role"] != "assistant":
                 conv.append({"role": "assistant", "content": ""})
@@ -80,12 +143,7 @@ class TurnGenerator:
             todo = [(i, t[r]) for i, t in enumerate(turns) if len(t) > r]
             prompts = [np.asarray(self.renderer.prompt_ids(convs[i][:j]), dtype=np.int64)
                        for i, j in todo]
-            outs = generate_responses(self.model, prompts, max_new_tokens=self.cfg.max_new_tokens,
-                                      eos=self.stops, temperature=self.cfg.temperature,
-                                      seed=seed * 1009 + r, batch_size=self.cfg.batch_size,
-                                      device=self.device)
-            for (i, j), toks in zip(todo, outs, strict=True):
-                toks = toks.tolist()
+            for (i, j), toks in zip(todo, self._generate(prompts, seed * 1009 + r), strict=True):
                 if toks and toks[-1] in self.stops:
                     toks = toks[:-1]
                 else:

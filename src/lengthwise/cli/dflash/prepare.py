@@ -51,6 +51,9 @@ def register(stages: argparse._SubParsersAction) -> None:
                    help="regeneration temperature (0: greedy, the default)")
     p.add_argument("--batch-size", type=int, default=32, metavar="N",
                    help="prompts per generate call (default 32)")
+    p.add_argument("--backend", choices=("auto", "hf", "vllm"), default="auto",
+                   help="regeneration engine: Hugging Face generate, vLLM, or auto (vLLM when "
+                        "installed, on CUDA, in one process; else hf)")
     p.add_argument("--seed", type=int, default=0, help="seed of sampled regeneration")
     p.add_argument("--device", default="cpu", help="device of the regenerating target")
     p.add_argument("--no-progress", dest="progress", action="store_false",
@@ -68,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         enable_thinking=args.enable_thinking, field=args.field, split=args.split,
         shard_rows=args.shard_rows, regenerate=args.regenerate,
         max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-        batch_size=args.batch_size, seed=args.seed, device=args.device,
+        batch_size=args.batch_size, backend=args.backend, seed=args.seed, device=args.device,
         progress=args.progress)
     group = setup_distributed(cfg.device)  # under torchrun: the shards split over the ranks
     rec = prepare_chats(args.source, args.target, args.out, cfg, info=group)
@@ -86,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
                 else f"; enable_thinking={rec['enable_thinking']}")]
     if cfg.regenerate:
         lines.append(f"regenerated {c['regenerated_turns']} assistant turns "
-                     f"({c['unfinished_turns']} cut at --max-new-tokens {cfg.max_new_tokens})")
+                     f"(this run: {rec['regenerated_with'] or 'none, all shards reused'}; "
+                     f"{c['unfinished_turns']} cut at --max-new-tokens {cfg.max_new_tokens})")
     print("\n".join(lines))
     return 0
