@@ -75,6 +75,8 @@ def test_bad_settings_are_named(prepared, tmp_path):
     (tmp_path / "list.yaml").write_text("- 1\n")
     with pytest.raises(ConfigError, match="must be a mapping"):
         settings({"config": str(tmp_path / "list.yaml")})
+    with pytest.raises(ConfigError, match="order must be one of"):
+        settings({"target": str(target), "data": str(data), "order": "shuffled"})
     with pytest.raises(ConfigError, match="lr must be a number"):
         settings({"target": str(target), "data": str(data), "lr": "fast"})
 

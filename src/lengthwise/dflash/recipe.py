@@ -50,6 +50,12 @@ class RunSettings:
     tensorboard: str | None = None
 
     def __post_init__(self) -> None:
+        from lengthwise.planning.vocabulary import ORDERS
+        from lengthwise.train.config import PACKED
+
+        if self.order not in (*ORDERS, PACKED):
+            raise ConfigError(f"order must be one of {', '.join((*ORDERS, PACKED))}, "
+                              f"got {self.order!r}")
         for name in ("eval_samples", "eval_every"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 0):
