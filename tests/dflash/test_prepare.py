@@ -183,6 +183,19 @@ def test_malformed_conversations_name_row_and_field(target, tmp_path, row, messa
         prepare_chats(src, target, tmp_path / "out", _cfg())
 
 
+def test_a_conversation_the_template_refuses_is_named(tmp_path):
+    strict = ("{%- for m in messages -%}{%- if not loop.first and m['role'] == "
+              "messages[loop.index0 - 1]['role'] -%}{{ raise_exception('roles must alternate') }}"
+              "{%- endif -%}{%- endfor -%}" + TEMPLATE)
+    target = save_target(tmp_path / "strict", template=strict)
+    rows = [conversations(1)[0], {"messages": [{"role": "user", "content": "a"},
+                                               {"role": "user", "content": "b"}]}]
+    src = write_jsonl(tmp_path / "c.jsonl", rows)
+    with pytest.raises(DataError, match=r"row 1 \(line 2\) field 'messages': the chat template "
+                                        r"cannot render it \(roles must alternate\)"):
+        prepare_chats(src, target, tmp_path / "out", _cfg())
+
+
 def test_every_sample_below_the_minimum_is_an_error(target, chats, tmp_path):
     with pytest.raises(DataError, match="every one of the 30 samples was dropped"):
         prepare_chats(chats, target, tmp_path / "out", _cfg(min_supervised=500))

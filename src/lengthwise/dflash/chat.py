@@ -38,6 +38,12 @@ FIELDS = ("messages", "conversations")
 ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant",
          "gpt": "assistant", "chatgpt": "assistant", "model": "assistant", "tool": "tool",
          "function": "tool", "observation": "tool"}
+try:  # what a chat template raises for a conversation it refuses
+    from jinja2 import TemplateError as _TemplateError
+
+    TEMPLATE_ERRORS: tuple[type[Exception], ...] = (_TemplateError, ValueError)
+except ImportError:  # pragma: no cover - transformers needs jinja2 for chat templates
+    TEMPLATE_ERRORS = (ValueError,)
 _GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 _PROBE = "LENGTHWISE_PROBE_7f3a"
 
@@ -277,7 +283,7 @@ class ChatRenderer:
         conv = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": _PROBE}]
         try:
             text = self.text(conv)
-        except Exception as exc:  # a template raising on the role is the user's template
+        except TEMPLATE_ERRORS as exc:  # a template raising on the role is the user's template
             raise ConfigError(f"the chat template of {self.name} cannot render an assistant "
                               f"turn ({' '.join(str(exc).split())})") from None
         if _PROBE not in text:

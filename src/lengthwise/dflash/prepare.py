@@ -25,13 +25,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from lengthwise.dflash.chat import ChatRenderer, count_rows, normalise, read_conversations
+from lengthwise.dflash.chat import (
+    TEMPLATE_ERRORS,
+    ChatRenderer,
+    count_rows,
+    normalise,
+    read_conversations,
+)
 from lengthwise.errors import ConfigError, DataError
 
 __all__ = ["PrepareConfig", "PrepareCounts", "prepare_chats", "shard_name"]
@@ -98,13 +104,12 @@ class PrepareCounts:
     most_supervised: int = 0  # the largest supervised count seen (for the all-dropped error)
     regenerated_turns: int = 0
     unfinished_turns: int = 0  # regenerated turns cut at max_new_tokens
-    extra: dict[str, int] = field(default_factory=dict)
 
     def add(self, other: PrepareCounts) -> None:
         for name, value in asdict(other).items():
             if name == "most_supervised":
                 self.most_supervised = max(self.most_supervised, value)
-            elif name != "extra":
+            else:
                 setattr(self, name, getattr(self, name) + value)
 
 
@@ -193,7 +198,7 @@ class _Shard:
         for (row, where, _), conv in zip(items, convs, strict=True):
             try:
                 r = self.renderer.render(conv)
-            except Exception as exc:  # the template refused this conversation
+            except TEMPLATE_ERRORS as exc:  # the template refused this conversation
                 raise DataError(f"{where}: the chat template cannot render it "
                                 f"({' '.join(str(exc).split())[:200]})") from None
             ids, mask = r.input_ids, r.loss_mask
@@ -293,7 +298,7 @@ def prepare_chats(source: str | Path, target: str | Path, out: str | Path,
         "shards": [shard_name(k) for k in range(nshards)], "shards_reused": len(done),
         "processes": world,
         "regenerated_with": generator.backend if generator is not None else None,
-        "counts": {k: v for k, v in asdict(counts).items() if k != "extra"},
+        "counts": asdict(counts),
         "fingerprint": fp,
     }
     if rank == 0:
