@@ -31,13 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.dflash.chat import (
-    TEMPLATE_ERRORS,
-    ChatRenderer,
-    count_rows,
-    normalise,
-    read_conversations,
-)
+from lengthwise.dflash.chat import TEMPLATE_ERRORS, ChatRenderer, normalise
+from lengthwise.dflash.chat_files import count_rows, read_conversations
 from lengthwise.errors import ConfigError, DataError
 
 __all__ = ["PrepareConfig", "PrepareCounts", "prepare_chats", "shard_name"]
