@@ -214,12 +214,12 @@ def test_regeneration_writes_the_targets_greedy_turns(target, tmp_path):
     import torch
     import transformers
 
-    rows = conversations(4)
+    rows = [*conversations(4), {"messages": [{"role": "user", "content": "the cat"}]}]
     src = write_jsonl(tmp_path / "c.jsonl", rows)
     cfg = _cfg(regenerate=True, max_new_tokens=5, min_supervised=2, batch_size=3)
     rec = prepare_chats(src, target, tmp_path / "p", cfg)
     turns = sum(m["role"] == "assistant" for r in rows for m in r["messages"])
-    assert rec["counts"]["regenerated_turns"] == turns
+    assert rec["counts"]["regenerated_turns"] == turns + 1  # the last chat gets its answer
     # the first turn of a conversation is what the target writes greedily, one prompt alone
     tok = transformers.AutoTokenizer.from_pretrained(str(target))
     model = transformers.AutoModelForCausalLM.from_pretrained(str(target)).eval()
@@ -227,7 +227,7 @@ def test_regeneration_writes_the_targets_greedy_turns(target, tmp_path):
     data = open_prepared(tmp_path / "p")
     for i in range(len(data)):
         conv = normalise(rows[i]["messages"], where="row")
-        first = next(j for j, m in enumerate(conv) if m["role"] == "assistant")
+        first = next((j for j, m in enumerate(conv) if m["role"] == "assistant"), len(conv))
         prompt = render.prompt_ids(conv[:first])
         with torch.no_grad():
             out = model.generate(torch.tensor([prompt]), max_new_tokens=5, do_sample=False,
