@@ -322,3 +322,32 @@ def torch_cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def test_chat_sources_read_any_row_range_the_same_way(tmp_path):
+    import gzip
+
+    import pyarrow as pa
+
+    from lengthwise.dflash.chat_files import ChatSource
+
+    rows = conversations(23)
+    lines = [json.dumps(r) for r in rows]
+    text = "\n\n".join(lines[:5]) + "\n   \n" + "\n".join(lines[5:]) + "\n"  # blank lines
+    (tmp_path / "c.jsonl").write_text(text)
+    with gzip.open(tmp_path / "c.jsonl.gz", "wt") as f:
+        f.write(text)
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "c.parquet", row_group_size=7)
+    sources = [tmp_path / "c.jsonl", tmp_path / "c.jsonl.gz", tmp_path / "c.parquet"]
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "ds"))
+    sources.append(tmp_path / "ds")
+    for path in sources:
+        src = ChatSource(path)
+        assert len(src) == 23
+        for lo, hi in [(0, 23), (0, 1), (4, 9), (6, 7), (7, 14), (20, 40), (23, 30)]:
+            got = [(row, raw) for row, _, raw in src.rows(lo, hi)]
+            assert got == [(i, rows[i]["messages"]) for i in range(lo, min(hi, 23))], path
+    where = [w for _, w, _ in ChatSource(tmp_path / "c.jsonl").rows(4, 6)]
+    assert where[0].endswith("row 4 (line 9) field 'messages'")
+    assert where[1].endswith("row 5 (line 11) field 'messages'")

@@ -22,9 +22,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from lengthwise.errors import DataError, MissingDependencyError
 
-__all__ = ["FIELDS", "count_rows", "read_conversations"]
+__all__ = ["FIELDS", "ChatSource", "count_rows", "read_conversations"]
 
 #: row fields that may hold the conversation, in the order they are looked for
 FIELDS = ("messages", "conversations")
@@ -62,17 +64,104 @@ def _load_datasets_folder(path: Path, split: str) -> Any:
     return ds
 
 
-def count_rows(path: str | Path, *, split: str = "train") -> int:
-    """Number of rows (conversations) in a JSONL/Parquet file or a ``datasets`` folder."""
-    path = Path(path)
-    if _is_datasets_folder(path):
-        return len(_load_datasets_folder(path, split))
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
+class ChatSource:
+    """A chat data set opened once: ``len()`` rows, and ``rows(start, stop)`` read directly.
 
-        return pq.ParquetFile(path).metadata.num_rows
-    with path.open("rb") as f:
-        return sum(1 for line in f if line.strip())
+    JSONL rows are found by a byte-offset index built in one pass (plain or ``.gz``);
+    Parquet reads only the row groups that hold the rows; a ``datasets`` folder is
+    memory-mapped.
+    """
+
+    def __init__(self, path: str | Path, *, field: str | None = None,
+                 split: str = "train") -> None:
+        self.path, self.field = Path(path), field
+        path = self.path
+        if not path.exists():
+            raise DataError(f"{path}: no such file or folder")
+        self._ds = self._pf = None
+        if _is_datasets_folder(path):
+            self._ds = _load_datasets_folder(path, split)
+            self._name = _pick_field(list(self._ds.column_names), str(path), field)
+            self._len = len(self._ds)
+        elif path.is_dir():
+            raise DataError(f"{path}: a folder that is not a Hugging Face datasets folder "
+                            "(save_to_disk); give a .jsonl or .parquet file")
+        elif path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            self._pf = pq.ParquetFile(path)
+            self._name = _pick_field(list(self._pf.schema_arrow.names), str(path), field)
+            sizes = [self._pf.metadata.row_group(g).num_rows
+                     for g in range(self._pf.num_row_groups)]
+            self._groups = np.cumsum([0, *sizes])
+            self._len = int(self._groups[-1])
+        else:
+            self._offsets, self._lines = _line_index(path)
+            self._len = int(self._offsets.size)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def rows(self, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, str, Any]]:
+        """Rows ``start..stop`` as ``(row, where, raw_messages)``; ``where`` names row and field."""
+        stop = self._len if stop is None else min(stop, self._len)
+        if start >= stop:
+            return
+        if self._ds is not None:
+            values = self._ds.select(range(start, stop))[self._name]
+            for i, value in enumerate(values, start=start):
+                yield i, f"{self.path} row {i} field {self._name!r}", value
+        elif self._pf is not None:
+            first = int(np.searchsorted(self._groups, start, side="right")) - 1
+            last = int(np.searchsorted(self._groups, stop, side="left"))
+            table = self._pf.read_row_groups(list(range(first, last)), columns=[self._name])
+            lo = start - int(self._groups[first])
+            values = table.column(0).slice(lo, stop - start).to_pylist()
+            for i, value in enumerate(values, start=start):
+                yield i, f"{self.path} row {i} field {self._name!r}", value
+        else:
+            yield from self._jsonl_rows(start, stop)
+
+    def _jsonl_rows(self, start: int, stop: int) -> Iterator[tuple[int, str, Any]]:
+        with _open(self.path) as f:
+            f.seek(int(self._offsets[start]))
+            for i in range(start, stop):
+                lineno = int(self._lines[i])
+                line = f.readline()
+                while not line.strip():  # blank lines are not rows
+                    line = f.readline()
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise DataError(f"{self.path} line {lineno}: not JSON ({exc.msg})") from None
+                if not isinstance(obj, dict):
+                    raise DataError(f"{self.path} line {lineno}: a row must be a JSON object")
+                name = _pick_field(list(obj), f"{self.path} line {lineno}", self.field)
+                yield i, f"{self.path} row {i} (line {lineno}) field {name!r}", obj[name]
+
+
+def _open(path: Path) -> Any:
+    import gzip
+
+    return gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")
+
+
+def _line_index(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Byte offset and line number (from 1) of every non-blank line."""
+    offsets, lines = [], []
+    pos = 0
+    with _open(path) as f:
+        for lineno, line in enumerate(f, start=1):
+            if line.strip():
+                offsets.append(pos)
+                lines.append(lineno)
+            pos += len(line)
+    return np.asarray(offsets, dtype=np.int64), np.asarray(lines, dtype=np.int64)
+
+
+def count_rows(path: str | Path, *, field: str | None = None, split: str = "train") -> int:
+    """Number of rows (conversations) in a JSONL/Parquet file or a ``datasets`` folder."""
+    return len(ChatSource(path, field=field, split=split))
 
 
 def read_conversations(path: str | Path, *, field: str | None = None, start: int = 0,
@@ -90,61 +179,4 @@ def read_conversations(path: str | Path, *, field: str | None = None, start: int
         >>> [(row, raw[0]["content"]) for row, _, raw in read_conversations(p)]
         [(0, 'x')]
     """
-    path = Path(path)
-    if not path.exists():
-        raise DataError(f"{path}: no such file or folder")
-    if _is_datasets_folder(path):
-        ds = _load_datasets_folder(path, split)
-        name = _pick_field(list(ds.column_names), str(path), field)
-        end = len(ds) if stop is None else min(stop, len(ds))
-        for i in range(start, end):
-            yield i, f"{path} row {i} field {name!r}", ds[i][name]
-        return
-    if path.is_dir():
-        raise DataError(f"{path}: a folder that is not a Hugging Face datasets folder "
-                        "(save_to_disk); give a .jsonl or .parquet file")
-    if path.suffix == ".parquet":
-        yield from _read_parquet(path, field, start, stop)
-        return
-    yield from _read_jsonl(path, field, start, stop)
-
-
-def _read_parquet(path: Path, field: str | None, start: int, stop: int | None,
-                  ) -> Iterator[tuple[int, str, Any]]:
-    import pyarrow.parquet as pq
-
-    pf = pq.ParquetFile(path)
-    name = _pick_field(list(pf.schema_arrow.names), str(path), field)
-    row = 0
-    for batch in pf.iter_batches(columns=[name], batch_size=1024):
-        n = batch.num_rows
-        if row + n <= start:
-            row += n
-            continue
-        for value in batch.column(0).to_pylist():
-            if stop is not None and row >= stop:
-                return
-            if row >= start:
-                yield row, f"{path} row {row} field {name!r}", value
-            row += 1
-
-
-def _read_jsonl(path: Path, field: str | None, start: int, stop: int | None,
-                ) -> Iterator[tuple[int, str, Any]]:
-    row = 0
-    with path.open("r", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            if stop is not None and row >= stop:
-                return
-            if row >= start:
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise DataError(f"{path} line {lineno}: not JSON ({exc.msg})") from None
-                if not isinstance(obj, dict):
-                    raise DataError(f"{path} line {lineno}: a row must be a JSON object")
-                name = _pick_field(list(obj), f"{path} line {lineno}", field)
-                yield row, f"{path} row {row} (line {lineno}) field {name!r}", obj[name]
-            row += 1
+    yield from ChatSource(path, field=field, split=split).rows(start, stop)

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from lengthwise.dflash.chat import TEMPLATE_ERRORS, ChatRenderer, normalise
-from lengthwise.dflash.chat_files import count_rows, read_conversations
+from lengthwise.dflash.chat_files import ChatSource
 from lengthwise.errors import ConfigError, DataError
 
 __all__ = ["PrepareConfig", "PrepareCounts", "prepare_chats", "shard_name"]
@@ -242,7 +242,8 @@ def prepare_chats(source: str | Path, target: str | Path, out: str | Path,
     tok = tokenizer if tokenizer is not None else _load_tokenizer(target)
     renderer = ChatRenderer(tok, enable_thinking=cfg.enable_thinking, name=f"--target {target}")
     fp = _fingerprint(source, target, renderer, cfg)
-    total = count_rows(source, split=cfg.split)
+    chats = ChatSource(source, field=cfg.field, split=cfg.split)
+    total = len(chats)
     if total == 0:
         raise DataError(f"{source}: no conversations")
     nshards = -(-total // cfg.shard_rows)
@@ -260,8 +261,7 @@ def prepare_chats(source: str | Path, target: str | Path, out: str | Path,
         for k in progress(todo, desc="dflash prepare", unit="shard", total=len(todo),
                           enable=cfg.progress and rank == 0):
             lo, hi = k * cfg.shard_rows, min(total, (k + 1) * cfg.shard_rows)
-            items = list(read_conversations(source, field=cfg.field, start=lo, stop=hi,
-                                            split=cfg.split))
+            items = list(chats.rows(lo, hi))
             ids, masks, rows, c = shard.run(items, k)
             _write_shard(out / shard_name(k), ids, masks, rows,
                          {"fingerprint": fp, "rows": [lo, hi], "counts": asdict(c)})
