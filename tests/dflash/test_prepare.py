@@ -205,6 +205,9 @@ def test_every_sample_below_the_minimum_is_an_error(target, chats, tmp_path):
 def test_target_without_model_or_template_is_refused(tmp_path, chats):
     with pytest.raises(ConfigError, match="no config.json"):
         prepare_chats(chats, tmp_path, tmp_path / "out", _cfg())
+    bare = save_target(tmp_path / "bare", causal_lm=False)
+    with pytest.raises(ConfigError, match="not a causal language model"):
+        prepare_chats(chats, bare, tmp_path / "out", _cfg())
     bad = save_target(tmp_path / "t", template=TEMPLATE_NO_ASSISTANT)
     with pytest.raises(ConfigError, match="no assistant role"):
         prepare_chats(chats, bad, tmp_path / "out", _cfg())

@@ -122,9 +122,9 @@ def shard_name(k: int) -> str:
 def _load_tokenizer(target: Path) -> Any:
     import transformers
 
-    if not (target / "config.json").is_file():
-        raise ConfigError(f"--target {target}: not a local Hugging Face model folder "
-                          "(no config.json there)")
+    from lengthwise.dflash.recipe import check_causal_lm
+
+    check_causal_lm(target)
     try:
         return transformers.AutoTokenizer.from_pretrained(str(target), local_files_only=True)
     except (OSError, ValueError, KeyError) as exc:
