@@ -76,7 +76,8 @@ def register(stages: argparse._SubParsersAction) -> None:
     p.add_argument("--data", metavar="FOLDER", help="folder written by `dflash prepare`")
     p.add_argument("--out", metavar="FOLDER", help="run folder (default dflash_run)")
     for name, kind, text in _FLAGS:
-        p.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, help=text)
+        p.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, help=text,
+                       metavar={int: "N", float: "X"}.get(kind, "NAME"))
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     p.add_argument("--wandb", action="store_true", help="also log to Weights & Biases")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
