@@ -196,6 +196,16 @@ def test_a_conversation_the_template_refuses_is_named(tmp_path):
         prepare_chats(src, target, tmp_path / "out", _cfg())
 
 
+def test_a_line_that_is_not_a_json_object_is_named(target, tmp_path):
+    src = tmp_path / "c.jsonl"
+    src.write_text(json.dumps(conversations(1)[0]) + "\n\n{broken\n")
+    with pytest.raises(DataError, match=r"c.jsonl, line 3: not valid JSON"):
+        prepare_chats(src, target, tmp_path / "out", _cfg())
+    src.write_text("[1, 2]\n")
+    with pytest.raises(DataError, match=r"c.jsonl, line 1: not a JSON object"):
+        prepare_chats(src, target, tmp_path / "out2", _cfg())
+
+
 def test_every_sample_below_the_minimum_is_an_error(target, chats, tmp_path):
     with pytest.raises(DataError, match="every one of the 30 samples was dropped"):
         prepare_chats(chats, target, tmp_path / "out", _cfg(min_supervised=500))

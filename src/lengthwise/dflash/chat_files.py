@@ -17,7 +17,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from lengthwise.errors import DataError, MissingDependencyError
+from lengthwise.planning.jsonl import json_record
 
 __all__ = ["FIELDS", "ChatSource", "count_rows", "read_conversations"]
 
@@ -130,12 +130,7 @@ class ChatSource:
                 line = f.readline()
                 while not line.strip():  # blank lines are not rows
                     line = f.readline()
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise DataError(f"{self.path} line {lineno}: not JSON ({exc.msg})") from None
-                if not isinstance(obj, dict):
-                    raise DataError(f"{self.path} line {lineno}: a row must be a JSON object")
+                obj = json_record(line, self.path, lineno, error=DataError)
                 name = _pick_field(list(obj), f"{self.path} line {lineno}", self.field)
                 yield i, f"{self.path} row {i} (line {lineno}) field {name!r}", obj[name]
 
