@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from lengthwise.atomic import atomic_open
 from lengthwise.dflash.generate import generate_responses as regenerate
 from lengthwise.pytorch.dist import GroupInfo
 from lengthwise.train.device import barrier, rank_world
@@ -161,7 +162,8 @@ def train_target(texts: list[str], tokenizer: Any, *, cache_dir: Path, size: str
     model = run.task.model
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(folder))
-    (folder / "lengthwise.json").write_text(json.dumps(info), encoding="utf-8")
+    with atomic_open(folder / "lengthwise.json", "w", encoding="utf-8") as fh:
+        json.dump(info, fh)
     return model, info
 
 
@@ -199,11 +201,10 @@ def prepare(cfg: DFlashDemoConfig, *, target: str | Path | None, data: str | Pat
                 seqs = [np.concatenate([p, r]) for p, r in zip(prompts, resp, strict=True)]
                 flat = np.concatenate(seqs)
                 offsets = np.cumsum([0] + [s.size for s in seqs])
-                tmp = path.with_suffix(".tmp.npz")
-                np.savez(tmp, flat=flat, offsets=offsets,
-                         prompt_lens=np.array([p.size for p in prompts]),
-                         seconds=np.array(time.perf_counter() - started))
-                tmp.replace(path)
+                with atomic_open(path) as fh:
+                    np.savez(fh, flat=flat, offsets=offsets,
+                             prompt_lens=np.array([p.size for p in prompts]),
+                             seconds=np.array(time.perf_counter() - started))
             prepared = cache / f"dflash-prepared-{key}"
             if not (prepared / "prepare.json").is_file():
                 _prepare_chats(path, tok, prepared, target, max_len=cfg.max_len)
@@ -261,9 +262,8 @@ def _prepare_chats(path: Path, tok: Any, out: Path, target: str | Path | None, *
             continue  # no text: nothing to learn (counted as dropped when read)
         rows.append(json.dumps({"messages": [{"role": "user", "content": text[0]},
                                              {"role": "assistant", "content": text[1]}]}))
-    tmp = chats.with_suffix(".tmp")
-    tmp.write_text("\n".join(rows) + "\n", encoding="utf-8")
-    tmp.replace(chats)
+    with atomic_open(chats, "w", encoding="utf-8") as fh:
+        fh.write("\n".join(rows) + "\n")
     hf = transformers.PreTrainedTokenizerFast(tokenizer_object=tok)
     hf.chat_template = CHAT_TEMPLATE
     cfg = PrepareConfig(min_supervised=2, max_len=max_len, progress=False)

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from lengthwise.atomic import atomic_open, atomic_path
 from lengthwise.dflash.chat import TEMPLATE_ERRORS, ChatRenderer, normalise
 from lengthwise.dflash.chat_files import ChatSource
 from lengthwise.errors import ConfigError, DataError
@@ -163,15 +163,8 @@ def _write_shard(path: Path, ids: list[list[int]], masks: list[list[int]], rows:
         "length": pa.array([len(x) for x in ids], type=pa.int32()),
         "source_row": pa.array(rows, type=pa.int64()),
     }).replace_schema_metadata({_META_KEY: json.dumps(meta).encode()})
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
-
-
-def _atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
 
 
 class _Shard:
@@ -297,11 +290,10 @@ def prepare_chats(source: str | Path, target: str | Path, out: str | Path,
         "fingerprint": fp,
     }
     if rank == 0:
-        lengths = _gather_lengths(out, nshards)
-        tmp = out / f".lengths.npy.tmp{os.getpid()}.npy"
-        np.save(tmp, lengths)
-        os.replace(tmp, out / "lengths.npy")
-        _atomic_text(out / "prepare.json", json.dumps(record, indent=2) + "\n")
+        with atomic_open(out / "lengths.npy") as fh:
+            np.save(fh, _gather_lengths(out, nshards))
+        with atomic_open(out / "prepare.json", "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(record, indent=2) + "\n")
     barrier(info)
     return record
 

@@ -97,27 +97,37 @@ def check_causal_lm(path: str | Path) -> dict[str, Any]:
 
 
 def held_out_batches(samples: list[dict[str, Any]], *, batch_size: int = 8,
-                     first_id: int = 10**9) -> list[tuple[dict[str, Any], list[list[int]]]]:
+                     max_tokens: int | None = None, first_id: int = 10**9,
+                     ) -> list[tuple[dict[str, Any], list[list[int]]]]:
     """Held-out samples collated by similar length into ``(batch, rows)`` pairs.
 
-    ``rows`` gives each sample an id from ``first_id`` on (anchors are drawn per id).
+    A batch holds at most ``batch_size`` samples and, with ``max_tokens``, at most that
+    many padded tokens (the training budget, which the slots budget assumes). ``rows``
+    gives each sample an id from ``first_id`` on (anchors are drawn per id).
 
     Example::
 
         >>> import numpy as np
         >>> s = [{"input_ids": np.arange(n), "labels": np.arange(n)} for n in (5, 3, 4)]
-        >>> [b["input_ids"].shape[1] for b, _ in held_out_batches(s, batch_size=2)]
-        [4, 5]
+        >>> [b["input_ids"].shape for b, _ in held_out_batches(s, batch_size=2)]
+        [torch.Size([2, 4]), torch.Size([1, 5])]
+        >>> [b["input_ids"].shape for b, _ in held_out_batches(s, max_tokens=8)]
+        [torch.Size([2, 4]), torch.Size([1, 5])]
     """
     from lengthwise.pytorch.collate import PadCollator
 
     collate = PadCollator(pad_token_id=0, pad_multiple=1)
     order = sorted(range(len(samples)), key=lambda i: len(samples[i]["input_ids"]))
-    out = []
-    for lo in range(0, len(order), batch_size):
-        idx = order[lo:lo + batch_size]
-        out.append((collate([samples[i] for i in idx]), [[first_id + i] for i in idx]))
-    return out
+    groups: list[list[int]] = []
+    for i in order:
+        n = len(samples[i]["input_ids"])
+        last = groups[-1] if groups else None
+        if (last is not None and len(last) < batch_size
+                and (max_tokens is None or (len(last) + 1) * n <= max_tokens)):
+            last.append(i)
+        else:
+            groups.append([i])
+    return [(collate([samples[i] for i in g]), [[first_id + i] for i in g]) for g in groups]
 
 
 def new_draft(target: Any, cfg: DFlashTrainConfig) -> Any:
@@ -170,8 +180,10 @@ class EvalTask(DFlashTask):
         """Held-out loss, accuracy and simulated acceptance length of the draft as it is."""
         from lengthwise.dflash.decode import evaluate_blocks
 
+        cfg = self.cfg
         ev = evaluate_blocks(self.model, self.target, self.held, num_anchors=self.anchors,
-                             seed=self.cfg.seed, amp=self.amp)
+                             seed=cfg.seed, amp=self.amp, head_chunk=cfg.head_chunk,
+                             max_slots=cfg.slot_budget, max_tokens=cfg.max_tokens)
         return {"eval_loss": _finite(ev.loss), "eval_accuracy": _finite(ev.accuracy),
                 "eval_simulated_acceptance_length": _finite(ev.simulated_acceptance_length)}
 
@@ -255,7 +267,7 @@ def train_draft(cfg: DFlashTrainConfig, run: RunSettings, *, progress: bool = Tr
     dcfg = draft.config
     out = Path(run.out)
     held = held_out_batches([{k: v[: cfg.max_len] for k, v in data.sample(int(j)).items()}
-                             for j in held_idx])
+                             for j in held_idx], max_tokens=cfg.max_tokens)
     every = run.eval_every if run.eval_every is not None else max(1, cfg.steps // 10)
     task = EvalTask(draft, target, cfg, order=run.order, amp=autocast_dtype(cfg.dtype, device),
                     held=held, every=every, anchors=run.eval_anchors or cfg.num_anchors,
