@@ -38,8 +38,8 @@ def test_flags_override_yaml_over_the_reference_defaults(prepared, tmp_path):
         f"target: {target}\ndata: {data}\nlr: 6e-4\nblock-size: 8\nsteps: 50\n")
     cfg, run, progress = settings({"config": str(tmp_path / "run.yaml"), "steps": 20})
     assert (cfg.lr, cfg.block_size, cfg.steps) == (6e-4, 8, 20)
-    assert (cfg.draft_layers, cfg.num_anchors, cfg.warmup_ratio, cfg.schedule) == (
-        5, 512, 0.04, "cosine")
+    assert (cfg.draft_layers, cfg.num_anchors, cfg.warmup_ratio, cfg.schedule, cfg.max_slots,
+            cfg.max_tokens) == (5, 512, 0.04, "cosine", 32768, 16384)
     from lengthwise.dflash.prepared import open_prepared
 
     assert cfg.max_len == int(open_prepared(data).lengths.max())

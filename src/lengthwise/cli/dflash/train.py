@@ -22,7 +22,7 @@ from typing import Any
 DEFAULTS: dict[str, Any] = {
     "draft_layers": 5, "num_anchors": 512, "block_size": 16, "max_tokens": 16384,
     "grad_accum": 1, "checkpoint_every": 2000, "lr": 6e-4, "warmup_ratio": 0.04,
-    "schedule": "cosine",
+    "schedule": "cosine", "max_slots": 32768,
 }
 
 _FLAGS: list[tuple[str, type, str]] = [
@@ -40,6 +40,8 @@ _FLAGS: list[tuple[str, type, str]] = [
     ("draft_layers", int, "draft decoder layers (default 5)"),
     ("num_features", int, "target layers feeding the draft (default: draft_layers)"),
     ("num_anchors", int, "anchors drawn per sample and step (default 512)"),
+    ("max_slots", int, "draft slots (anchors x block size) per micro-batch (default 32768)"),
+    ("head_chunk", int, "supervised slots per LM-head and cross-entropy chunk (default 1024)"),
     ("gamma", float, "loss decay over block slots (default: 7 for block 16, 5 for 10, 4 for 8)"),
     ("seed", int, "seed of the draft's initialisation, the sampler and the anchors"),
     ("device", str, "cpu, cuda or cuda:N (default cpu)"),
