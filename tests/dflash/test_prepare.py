@@ -96,6 +96,20 @@ def test_thinking_switch_is_passed_and_refused_without_one():
         ChatRenderer(plain, enable_thinking=True)
 
 
+def test_reasoning_reaches_a_template_that_renders_it():
+    tpl = TEMPLATE.replace("{{- m['content'] + '<|im_end|>' -}}",
+                           "{{- (m.get('reasoning_content') or '') + m['content'] + "
+                           "'<|im_end|>' -}}")
+    render = ChatRenderer(chat_tokenizer(tpl))
+    conv = normalise([{"role": "user", "content": "hi"},
+                      {"role": "assistant", "content": "yes", "reasoning_content": "think "}],
+                     where="row")
+    out = render.render(conv)
+    learned = render.tokenizer.decode([t for t, m in zip(out.input_ids, out.loss_mask,
+                                                           strict=True) if m])
+    assert learned == "think yes<|im_end|>"
+
+
 def test_template_without_assistant_role_is_refused():
     with pytest.raises(ConfigError, match="no assistant role"):
         ChatRenderer(chat_tokenizer(TEMPLATE_NO_ASSISTANT), name="--target t")

@@ -94,7 +94,10 @@ def normalise(messages: Any, *, where: str, allow_empty_assistant: bool = False,
             raise DataError(f"{at}: no 'content' (or ShareGPT 'value') field")
         if not text and not (allow_empty_assistant and role == "assistant"):
             raise DataError(f"{at}: empty content (role {role!r})")
-        out.append({"role": role, "content": text})
+        item = {"role": role, "content": text}
+        if isinstance(msg.get("reasoning_content"), str) and role == "assistant":
+            item["reasoning_content"] = msg["reasoning_content"]  # thinking templates render it
+        out.append(item)
     return out
 
 
