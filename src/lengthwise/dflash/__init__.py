@@ -12,6 +12,12 @@
 - :mod:`~lengthwise.dflash.decode`: speculative decoding and its acceptance length.
 - :mod:`~lengthwise.dflash.train`: the training loop on lengthwise's sampler, collators,
   ``StepLogger``, checkpoints and ``SpikeGuard``.
+- :mod:`~lengthwise.dflash.chat_files`, :mod:`~lengthwise.dflash.chat`,
+  :mod:`~lengthwise.dflash.regenerate`, :mod:`~lengthwise.dflash.prepare`,
+  :mod:`~lengthwise.dflash.prepared`: chat data rendered with the target's chat template
+  into token ids and an assistant-only loss mask (``lengthwise dflash prepare``), and read back.
+- :mod:`~lengthwise.dflash.recipe`: a draft trained for a local target on prepared data
+  (``lengthwise dflash train``).
 
 Needs the optional extra ``dflash`` (torch and transformers). Importing this package loads
 nothing heavy.
@@ -46,6 +52,9 @@ _EXPORTS = {
     "head_loss": "lengthwise.dflash.loss",
     "chunked_cross_entropy": "lengthwise.dflash.head",
     "block_flex_mask": "lengthwise.dflash.attention",
+    "prepare_chats": "lengthwise.dflash.prepare",
+    "open_prepared": "lengthwise.dflash.prepared",
+    "train_draft": "lengthwise.dflash.recipe",
 }
 
 __all__ = list(_EXPORTS)

@@ -130,11 +130,14 @@ class TrainLoop:
     ``run_dir/checkpoints``; with ``cfg.resume`` it continues from the newest one.
     A task with a ``check_data(sample, size)`` method checks the data set before the
     first step. A step with nothing to learn on any rank (normaliser 0) makes no update.
+    ``log_sinks`` go to the :class:`~lengthwise.train.StepLogger` (``wandb``,
+    ``tensorboard_dir``).
     """
 
     def __init__(self, task: Task, order: str, lengths: np.ndarray,
                  sample: Callable[[int], Any], cfg: LoopConfig, *, run_dir: str | Path,
-                 device: Any, info: GroupInfo | None = None) -> None:
+                 device: Any, info: GroupInfo | None = None,
+                 log_sinks: dict[str, Any] | None = None) -> None:
         import torch
 
         from lengthwise.train import (
@@ -192,7 +195,7 @@ class TrainLoop:
                 self.log_path.unlink()  # a fresh run starts a fresh log
         self.logger = StepLogger(self.log_path, bucket_shares=bucket_token_shares(
             self.sampler.plan), num_buckets=len(self.sampler.edges or [0]),
-            rank=self.rank, world_size=self.world)
+            rank=self.rank, world_size=self.world, **(log_sinks or {}))
         # the guard writes no events of its own: a skipped step is marked in its step record
         # (``skipped``), and an event line carrying ``step`` and ``loss`` would read as a
         # second record of that step to log readers
