@@ -22,9 +22,12 @@ def tiny_target(seed: int = 0, vocab: int = 40, layers: int = 4):
 
 
 def tiny_draft(target, seed: int = 1, block_size: int = 4, mask_token_id=None):
+    """A 1-layer draft for ``target`` (mask token: the last vocabulary id unless given)."""
     from lengthwise.dflash.model import DFlashConfig, DFlashDraft
 
     cfg = DFlashConfig.from_target(target.model.config, num_layers=1, block_size=block_size,
-                                   target_layers=target.layers, mask_token_id=mask_token_id)
+                                   target_layers=target.layers,
+                                   mask_token_id=(target.vocab_size - 1 if mask_token_id is None
+                                                  else mask_token_id))
     torch.manual_seed(seed)
     return DFlashDraft(cfg)

@@ -97,7 +97,8 @@ class DFlashOrderRun:
         device = target.device
         dcfg = DFlashConfig.from_target(target.model.config, num_layers=cfg.draft_layers,
                                         block_size=cfg.block_size, gamma=cfg.gamma,
-                                        target_layers=target.layers)
+                                        target_layers=target.layers,
+                                        mask_token_id=meta["mask_token_id"])
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.seed)
             draft = DFlashDraft(dcfg)
@@ -176,6 +177,7 @@ def run_dflash_demo(cfg: DFlashDemoConfig, *, orders: list[str], out: str | Path
     from lengthwise.demo.dflash_data import prepare
     from lengthwise.demo.runner import run_lockstep
     from lengthwise.dflash.objective import target_layer_ids
+    from lengthwise.dflash.mask_token import grow_vocabulary
     from lengthwise.dflash.target import Target
 
     started = time.perf_counter()
@@ -188,6 +190,11 @@ def run_dflash_demo(cfg: DFlashDemoConfig, *, orders: list[str], out: str | Path
                               cache_dir=cache_dir, vocab_size=vocab_size, info=group,
                               device=device)
     n_layers = model.config.num_hidden_layers
+    # the mask token: the id after the tokenizer's vocabulary (what adding <|MASK|> gives it),
+    # one more row of the target's embedding
+    mask_id = int(model.get_input_embeddings().weight.shape[0])
+    grow_vocabulary(model, mask_id + 1)
+    meta["mask_token_id"] = mask_id
     tgt = Target(model.to(device),
                  layers=target_layer_ids(n_layers, cfg.num_features or cfg.draft_layers))
     meta.update(target_layers=tgt.layers, world_size=world)

@@ -76,6 +76,15 @@ class DFlashTask:
         self.cfg = cfg
         self.amp = amp
         self.capacity = cfg.max_len if order == PACKED else None
+        from lengthwise.dflash.mask_token import check_mask_token
+
+        check_mask_token(draft.config.mask_token_id, int(target.embed.weight.shape[0]))
+
+    def checkpoint_files(self) -> dict[str, str]:
+        """``draft_config.json`` in every checkpoint: what export and serving need."""
+        from lengthwise.dflash.config import DRAFT_CONFIG, draft_config_json
+
+        return {DRAFT_CONFIG: draft_config_json(self.model.config)}
 
     def prepare(self, batch: dict[str, Any], rows: list[list[int]], step: int) -> Any:
         from lengthwise.dflash.blocks import make_blocks
