@@ -176,8 +176,8 @@ def run_dflash_demo(cfg: DFlashDemoConfig, *, orders: list[str], out: str | Path
     """Train and evaluate a draft per order; write ``out/summary.json``; the summary (rank 0)."""
     from lengthwise.demo.dflash_data import prepare
     from lengthwise.demo.runner import run_lockstep
-    from lengthwise.dflash.objective import target_layer_ids
     from lengthwise.dflash.mask_token import grow_vocabulary
+    from lengthwise.dflash.objective import target_layer_ids
     from lengthwise.dflash.target import Target
 
     started = time.perf_counter()
