@@ -57,7 +57,8 @@ class DFlashConfig:
     slots 1..B-1, embedded by the target's frozen embedding (what serving engines
     do; :func:`lengthwise.dflash.mask_token.ensure_mask_token` adds one to a
     tokenizer that has none); a draft cannot be built without it. ``rope_theta``
-    and ``rope_scaling`` are the target's rotary settings (``from_target`` reads them).
+    and ``rope_scaling`` are the target's rotary settings, ``target_vocab_size`` the
+    rows of its embedding (``from_target`` reads them).
     """
 
     hidden_size: int
@@ -76,6 +77,7 @@ class DFlashConfig:
     target_layers: list[int] | None = None
     num_target_layers: int | None = None
     mask_token_id: int | None = None
+    target_vocab_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.head_dim is None:
@@ -127,6 +129,7 @@ class DFlashConfig:
             **rope_settings(target_config),
             max_position_embeddings=getattr(target_config, "max_position_embeddings", 32768),
             num_target_layers=target_config.num_hidden_layers,
+            target_vocab_size=getattr(target_config, "vocab_size", None),
         )
         base.update(overrides)
         return cls(**base)

@@ -78,7 +78,9 @@ class DFlashTask:
         self.capacity = cfg.max_len if order == PACKED else None
         from lengthwise.dflash.mask_token import check_mask_token
 
-        check_mask_token(draft.config.mask_token_id, int(target.embed.weight.shape[0]))
+        rows = int(target.embed.weight.shape[0])
+        check_mask_token(draft.config.mask_token_id, rows)
+        draft.config.target_vocab_size = rows  # the embedding that embeds the mask token
 
     def checkpoint_files(self) -> dict[str, str]:
         """``draft_config.json`` in every checkpoint: what export and serving need."""

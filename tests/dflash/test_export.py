@@ -1,0 +1,114 @@
+"""The exported draft loads in the reference ``dflash`` package and behaves exactly like ours."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from lengthwise.errors import ConfigError
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+
+def qwen3_pair(vocab: int = 64, seed: int = 0, block_size: int = 4, draft_layers: int = 2):
+    """A tiny random Qwen3 target (rope_theta 1e6) and a draft for it; mask = the last id."""
+    from lengthwise.dflash import DFlashConfig, DFlashDraft, Target
+
+    cfg = transformers.Qwen3Config(vocab_size=vocab, hidden_size=32, num_hidden_layers=4,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                   intermediate_size=64, max_position_embeddings=256,
+                                   rope_theta=1e6)
+    torch.manual_seed(seed)
+    model = transformers.Qwen3ForCausalLM(cfg).eval()
+    target = Target(model, layers=[1, 2])
+    dcfg = DFlashConfig.from_target(cfg, num_layers=draft_layers, block_size=block_size,
+                                    target_layers=[1, 2], mask_token_id=vocab - 1)
+    torch.manual_seed(seed + 1)
+    return target, DFlashDraft(dcfg).eval()
+
+
+def reference(folder):
+    dflash = pytest.importorskip("dflash")
+    model, info = dflash.DFlashDraftModel.from_pretrained(str(folder), output_loading_info=True,
+                                                          dtype=torch.float32)
+    return model.eval(), info
+
+
+def test_reference_loads_every_weight_and_reproduces_the_logits(tmp_path):
+    from lengthwise.dflash.export import export_draft
+    from lengthwise.dflash.loss import block_inputs
+
+    target, draft = qwen3_pair()
+    export_draft(draft, tmp_path)
+    ref, info = reference(tmp_path)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    assert not info["mismatched_keys"]
+    assert ref.block_size == 4 and ref.mask_token_id == 63 and ref.target_layer_ids == [1, 2]
+    assert ref.rotary_emb.inv_freq.tolist() == draft.rotary.inv_freq.tolist()
+
+    ids = torch.randint(0, 63, (2, 11), generator=torch.Generator().manual_seed(3))
+    _, feats = target.forward(ids)
+    a, b = 7, 4  # the anchor: context is positions 0..6, the block 7..10
+    anchors = torch.full((2, 1), a)
+    embeds = block_inputs(draft, target, ids, anchors, b)
+    positions = torch.arange(a + b).expand(2, -1)
+    with torch.no_grad():
+        ours = draft(feats[:, :a], embeds, positions, torch.ones(2, b, a + b, dtype=torch.bool))
+        theirs = ref(position_ids=positions, noise_embedding=embeds, target_hidden=feats[:, :a])
+    ours_logits = target.lm_head(ours)
+    theirs_logits = ref.compute_logits(theirs, target.lm_head)
+    torch.testing.assert_close(theirs, ours, rtol=0, atol=1e-6)
+    torch.testing.assert_close(theirs_logits, ours_logits, rtol=0, atol=1e-6)
+
+
+def test_reference_decoding_gives_our_tokens_and_acceptance(tmp_path, monkeypatch):
+    from lengthwise.dflash.decode import speculative_generate
+    from lengthwise.dflash.export import export_draft
+
+    dmodel = pytest.importorskip("dflash.model")
+    monkeypatch.setattr(dmodel, "_cuda_time", time.perf_counter)  # its stats time CUDA only
+    target, draft = qwen3_pair(vocab=6, seed=2, block_size=5)
+    export_draft(draft, tmp_path)
+    ref, _ = reference(tmp_path)
+    accepted = []
+    for prompt in ([1, 2, 3], [4, 0, 2, 2, 1, 3, 0]):
+        ours = speculative_generate(draft, target, prompt, max_new_tokens=24)
+        theirs = ref.spec_generate(target.model, torch.tensor([prompt]), max_new_tokens=24,
+                                   stop_token_ids=None)
+        stats = dmodel.dflash_generate(ref, target.model, torch.tensor([prompt]), 24, None,
+                                       return_stats=True)
+        assert theirs[0, len(prompt):].tolist() == ours.tokens
+        assert stats.acceptance_lengths == ours.accepted
+        accepted += ours.accepted
+    assert max(accepted) > 1  # the check covers accepted draft tokens, not only rejections
+
+
+def test_export_config_and_bad_drafts(tmp_path):
+    from lengthwise.dflash.export import export_draft, exported_config
+
+    target, draft = qwen3_pair()
+    out = export_draft(draft, tmp_path / "bf16", dtype="bfloat16")
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["model_type"] == "qwen3"
+    assert cfg["dflash_config"] == {"mask_token_id": 63, "target_layer_ids": [1, 2],
+                                    "block_size": 4}
+    assert (cfg["block_size"], cfg["num_target_layers"], cfg["num_hidden_layers"]) == (4, 4, 2)
+    assert cfg["rope_theta"] == 1e6 and cfg["vocab_size"] == 64 and cfg["dtype"] == "bfloat16"
+    ref, info = reference(out)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+
+    draft.config.mask_token_id = 64
+    with pytest.raises(ConfigError, match="mask_token_id 64 is outside the target's vocab"):
+        exported_config(draft.config)
+    draft.config.mask_token_id = 63
+    draft.config.block_size = 2.5
+    with pytest.raises(ConfigError, match="block_size 2.5"):
+        exported_config(draft.config)
+    draft.config.block_size = 1000
+    with pytest.raises(ConfigError, match="exceeds max_position_embeddings"):
+        exported_config(draft.config)
+    with pytest.raises(ConfigError, match="dtype"):
+        export_draft(draft, tmp_path / "x", dtype="int8")
