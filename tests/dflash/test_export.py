@@ -69,6 +69,8 @@ def test_reference_decoding_gives_our_tokens_and_acceptance(tmp_path, monkeypatc
     from lengthwise.dflash.export import export_draft
 
     dmodel = pytest.importorskip("dflash.model")
+    if not hasattr(transformers.DynamicCache, "activate_past_recording"):
+        pytest.skip("the reference decoder needs transformers >= 5 (activate_past_recording)")
     monkeypatch.setattr(dmodel, "_cuda_time", time.perf_counter)  # its stats time CUDA only
     target, draft = qwen3_pair(vocab=6, seed=2, block_size=5)
     export_draft(draft, tmp_path)
@@ -112,3 +114,41 @@ def test_export_config_and_bad_drafts(tmp_path):
         exported_config(draft.config)
     with pytest.raises(ConfigError, match="dtype"):
         export_draft(draft, tmp_path / "x", dtype="int8")
+
+
+def test_every_checkpoint_carries_the_draft_config_and_exports(tmp_path):
+    from _dflash_run import config, train
+
+    from lengthwise.dflash.config import read_draft_config
+    from lengthwise.dflash.export import export_checkpoint, load_draft_checkpoint
+
+    train(config(steps=2, checkpoint_every=1, keep_checkpoints=3), tmp_path / "run")
+    for step in (1, 2):
+        cfg = read_draft_config(tmp_path / "run" / "checkpoints" / f"step_{step}")
+        assert (cfg.block_size, cfg.mask_token_id, cfg.target_layers) == (4, 39, [1, 2])
+        assert cfg.target_vocab_size == 40
+    out = export_checkpoint(tmp_path / "run", tmp_path / "out")  # the newest checkpoint
+    ref, info = reference(out)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    draft = load_draft_checkpoint(tmp_path / "run" / "checkpoints" / "step_2")
+    assert ref.fc.weight.equal(draft.fc.weight)
+    assert ref.layers[0].mlp.down_proj.weight.equal(draft.layers[0].mlp.down_proj.weight)
+
+
+def test_checkpoints_without_a_servable_config_are_refused(tmp_path):
+    from lengthwise.dflash.config import read_draft_config
+    from lengthwise.dflash.export import load_draft_checkpoint
+
+    with pytest.raises(ConfigError, match="no draft_config.json"):
+        read_draft_config(tmp_path)
+    with pytest.raises(ConfigError, match="no such run"):
+        load_draft_checkpoint(tmp_path / "missing")
+    with pytest.raises(ConfigError, match="neither a complete checkpoint"):
+        load_draft_checkpoint(tmp_path)
+    (tmp_path / "draft_config.json").write_text('{"format": "other"}')
+    with pytest.raises(ConfigError, match="not a lengthwise-dflash-draft file"):
+        read_draft_config(tmp_path)
+    _, draft = qwen3_pair()
+    old = {**draft.state_dict(), "mask_embedding": torch.zeros(32)}  # a learned mask vector
+    with pytest.raises(ConfigError, match="learned mask vector"):
+        draft.load_state_dict(old)
