@@ -32,7 +32,7 @@ from lengthwise.dflash.mask_token import check_mask_token
 from lengthwise.errors import ConfigError
 
 __all__ = ["ARCHITECTURE", "export_checkpoint", "export_draft", "exported_config",
-           "exported_weights", "load_draft_checkpoint"]
+           "exported_weights", "load_draft", "load_draft_checkpoint", "load_exported"]
 
 #: the draft class the reference package and SGLang instantiate
 ARCHITECTURE = "DFlashDraftModel"
@@ -175,3 +175,67 @@ def check_target(cfg: Any, target_config: Any) -> None:
         if ours is not None and int(ours) != int(theirs):
             raise ConfigError(f"--target: the draft was trained with {name} {ours}, the "
                               f"target has {theirs}")
+
+
+def load_exported(folder: str | os.PathLike) -> Any:
+    """A :class:`~lengthwise.dflash.model.DFlashDraft` from a folder in the reference layout.
+
+    Reads what :func:`export_draft` writes, and drafts published in that layout
+    (``block_size`` and ``mask_token_id`` in ``dflash_config`` or at the top level).
+    """
+    from types import SimpleNamespace
+
+    from safetensors.torch import load_file
+
+    from lengthwise.dflash.config import rope_settings
+    from lengthwise.dflash.model import DFlashConfig, DFlashDraft
+
+    folder = Path(folder)
+    try:
+        c = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{folder}: no readable config.json ({exc})") from exc
+    if ARCHITECTURE not in (c.get("architectures") or []):
+        raise ConfigError(f"{folder}/config.json: architectures {c.get('architectures')} do "
+                          f"not name {ARCHITECTURE}")
+    d = c.get("dflash_config") or {}
+
+    def value(key: str) -> Any:
+        return d.get(key, c.get(key))
+
+    try:
+        cfg = DFlashConfig(
+            hidden_size=c["hidden_size"], num_layers=c["num_hidden_layers"],
+            num_heads=c["num_attention_heads"], num_kv_heads=c["num_key_value_heads"],
+            head_dim=c.get("head_dim"), intermediate_size=c["intermediate_size"],
+            rms_norm_eps=c.get("rms_norm_eps", 1e-6),
+            max_position_embeddings=c.get("max_position_embeddings", 32768),
+            **rope_settings(SimpleNamespace(**{k: c.get(k) for k in (
+                "rope_parameters", "rope_theta", "rope_scaling")})),
+            block_size=value("block_size"), target_layers=value("target_layer_ids"),
+            num_target_layers=value("num_target_layers"), mask_token_id=value("mask_token_id"),
+            target_vocab_size=c.get("vocab_size"))
+    except KeyError as exc:
+        raise ConfigError(f"{folder}/config.json: no {exc.args[0]!r}") from exc
+    draft = DFlashDraft(cfg)
+    ours = {v: k for k, v in _RENAME.items()}
+    state = {}
+    for name, tensor in load_file(str(folder / "model.safetensors")).items():
+        for theirs, mine in ours.items():
+            if name.startswith(theirs):
+                name = mine + name[len(theirs):]
+        state[name] = tensor
+    missing, unexpected = draft.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.startswith(_DERIVED)]
+    if missing or unexpected:
+        raise ConfigError(f"{folder}/model.safetensors: missing {missing[:4]}, unexpected "
+                          f"{unexpected[:4]} weights for a DFlash draft")
+    return draft.to(next(iter(state.values())).dtype).eval()
+
+
+def load_draft(path: str | os.PathLike) -> Any:
+    """A draft from an exported folder (``config.json``) or a training run or checkpoint."""
+    path = Path(path)
+    if (path / "config.json").is_file() and (path / "model.safetensors").is_file():
+        return load_exported(path)
+    return load_draft_checkpoint(path)
