@@ -106,3 +106,33 @@ def test_eval_and_export_refuse_bad_input_in_one_line(local, tmp_path, capsys):
     assert "no config.json" in capsys.readouterr().err
     assert main(["dflash", "export", str(tmp_path / "nothing"), str(tmp_path / "out")]) == 2
     assert "no such run or checkpoint folder" in capsys.readouterr().err
+
+
+def test_export_command_writes_the_reference_layout(local, tmp_path, capsys):
+    from _dflash_run import config, train
+
+    from lengthwise.dflash.export import load_exported
+
+    train(config(steps=2, checkpoint_every=2), tmp_path / "run")
+    assert main(["dflash", "export", str(tmp_path / "run"), str(tmp_path / "out"),
+                 "--dtype", "bfloat16"]) == 0
+    said = capsys.readouterr().out
+    assert "block 4, mask token 39, target layers [1, 2] of 4" in said and "bfloat16" in said
+    draft = load_exported(tmp_path / "out")
+    assert draft.fc.weight.dtype == torch.bfloat16 and draft.config.target_vocab_size == 40
+    # the run's target is a 40-token Llama; the local Qwen3 target is another model
+    assert main(["dflash", "export", str(tmp_path / "run"), str(tmp_path / "x"), "--target",
+                 str(local / "target")]) == 2
+    assert "the draft was trained with target_vocab_size 40, the target has" in (
+        capsys.readouterr().err)
+
+
+def test_speculators_format_from_its_own_converter(local, tmp_path):
+    pytest.importorskip("speculators.convert.dflash.converter")
+    from lengthwise.dflash.export import to_speculators
+
+    out = to_speculators(local / "draft", tmp_path / "spec", local / "target")
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["speculators_model_type"] == "dflash" and cfg["block_size"] == 4
+    assert cfg["mask_token_id"] == json.loads(
+        (local / "draft" / "config.json").read_text())["dflash_config"]["mask_token_id"]

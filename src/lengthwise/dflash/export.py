@@ -32,7 +32,8 @@ from lengthwise.dflash.mask_token import check_mask_token
 from lengthwise.errors import ConfigError
 
 __all__ = ["ARCHITECTURE", "export_checkpoint", "export_draft", "exported_config",
-           "exported_weights", "load_draft", "load_draft_checkpoint", "load_exported"]
+           "exported_weights", "load_draft", "load_draft_checkpoint", "load_exported",
+           "to_speculators"]
 
 #: the draft class the reference package and SGLang instantiate
 ARCHITECTURE = "DFlashDraftModel"
@@ -239,3 +240,26 @@ def load_draft(path: str | os.PathLike) -> Any:
     if (path / "config.json").is_file() and (path / "model.safetensors").is_file():
         return load_exported(path)
     return load_draft_checkpoint(path)
+
+
+def to_speculators(folder: str | os.PathLike, out: str | os.PathLike,
+                   target: str | os.PathLike) -> Path:
+    """Convert an exported draft ``folder`` to the speculators (vLLM) format in ``out``.
+
+    Runs the ``speculators`` package's own DFlash converter (``pip install --no-deps
+    speculators`` is enough on CPU); ``target`` is the target's local folder (the
+    converter copies its embedding, LM head and final norm into the checkpoint).
+    """
+    try:
+        from speculators.convert.dflash.converter import DFlashConverter
+    except ImportError as exc:
+        from lengthwise.errors import MissingDependencyError
+
+        raise MissingDependencyError(
+            "the speculators format needs the speculators package "
+            "(pip install --no-deps speculators, plus loguru and pydantic-settings)") from exc
+    target = Path(target)
+    if not (target / "config.json").is_file():
+        raise ConfigError(f"--target {target}: not a local Hugging Face model (no config.json)")
+    DFlashConverter().convert(str(folder), str(out), base_model=str(target), validate=True)
+    return Path(out)

@@ -32,6 +32,9 @@ def register(stages: argparse._SubParsersAction) -> None:
     p.add_argument("--target", default=None, metavar="PATH",
                    help="the target's local Hugging Face folder: checked against the draft "
                         "(width, layers, vocabulary)")
+    p.add_argument("--speculators", default=None, metavar="DIR",
+                   help="also convert the export to the speculators (vLLM) format in DIR with "
+                        "the speculators package's converter (needs --target)")
     p.set_defaults(func=run)
 
 
@@ -40,6 +43,10 @@ def run(args: argparse.Namespace) -> int:
     from lengthwise.dflash.export import export_checkpoint
 
     target_config = None
+    if args.speculators is not None and args.target is None:
+        from lengthwise.errors import ConfigError
+
+        raise ConfigError("--speculators needs --target (the converter reads the target)")
     if args.target is not None:
         target_config = _target_config(args.target)
     out = export_checkpoint(args.checkpoint, args.out, dtype=args.dtype,
@@ -50,6 +57,11 @@ def run(args: argparse.Namespace) -> int:
           f"{cfg['hidden_size']}, block {d['block_size']}, mask token {d['mask_token_id']}, "
           f"target layers {d['target_layer_ids']} of {cfg['num_target_layers']}, "
           f"rope_theta {cfg['rope_theta']:g}, {cfg['dtype']}")
+    if args.speculators is not None:
+        from lengthwise.dflash.export import to_speculators
+
+        print(f"lengthwise dflash export: speculators format: "
+              f"{to_speculators(out, args.speculators, args.target)}")
     return 0
 
 
