@@ -9,6 +9,12 @@
 - :mod:`~lengthwise.dflash.decode`: speculative decoding and its acceptance length.
 - :mod:`~lengthwise.dflash.train`: the training loop on lengthwise's sampler, collators,
   ``StepLogger``, checkpoints and ``SpikeGuard``.
+- :mod:`~lengthwise.dflash.mask_token`: the vocabulary mask token (added when a tokenizer has none).
+- :mod:`~lengthwise.dflash.config`: rotary settings read from a target, ``draft_config.json``.
+- :mod:`~lengthwise.dflash.export`: the served layout (reference ``dflash``, speculators).
+- :mod:`~lengthwise.dflash.speculative`: batched speculative decoding with the KV cache.
+- :mod:`~lengthwise.dflash.prompts`, :mod:`~lengthwise.dflash.evaluate`: prompt sets and the
+  figures of ``lengthwise dflash eval``.
 
 Needs the optional extra ``dflash`` (torch and transformers). Importing this package loads
 nothing heavy.
@@ -37,6 +43,13 @@ _EXPORTS = {
     "block_attention_mask": "lengthwise.dflash.blocks",
     "block_logits": "lengthwise.dflash.loss",
     "block_loss": "lengthwise.dflash.loss",
+    "ensure_mask_token": "lengthwise.dflash.mask_token",
+    "read_draft_config": "lengthwise.dflash.config",
+    "export_draft": "lengthwise.dflash.export",
+    "export_checkpoint": "lengthwise.dflash.export",
+    "load_draft": "lengthwise.dflash.export",
+    "speculative_batch": "lengthwise.dflash.speculative",
+    "evaluate_set": "lengthwise.dflash.evaluate",
 }
 
 __all__ = list(_EXPORTS)
