@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lengthwise.errors import ConfigError
 from lengthwise.pytorch.dist import GroupInfo, group_info
 from lengthwise.train.checkpoint.atomic import prune, publish
 from lengthwise.train.checkpoint.dcp_backend import save_dcp
@@ -336,10 +337,11 @@ def _checked_files(files: Mapping[str, str] | None) -> dict[str, str] | None:
         if (not isinstance(name, str) or not name or Path(name).name != name
                 or name.startswith(".") or name == MANIFEST or name.endswith(".distcp")
                 or name in (TORCH_FILE, ".metadata")):
-            raise ValueError(f"checkpoint file name {name!r} must be a plain file name that "
-                             "is not one of the checkpoint's own")
+            raise ConfigError(f"files: checkpoint file name {name!r} must be a plain file name "
+                              "that is not one of the checkpoint's own")
         if not isinstance(text, str):
-            raise TypeError(f"checkpoint file {name!r} must be text, got {type(text).__name__}")
+            raise ConfigError(f"files: checkpoint file {name!r} must be text, got "
+                              f"{type(text).__name__}")
         out[name] = text
     return out
 
