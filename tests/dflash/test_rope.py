@@ -57,7 +57,7 @@ def test_draft_rotary_equals_the_targets(kind, theta, scaling, tmp_path):
 def test_a_config_without_a_rotary_base_is_named():
     from types import SimpleNamespace
 
-    from lengthwise.dflash.config import rope_settings
+    from lengthwise.dflash.rope import rope_settings
     from lengthwise.errors import ConfigError
 
     with pytest.raises(ConfigError, match="neither rope_theta nor rope_parameters"):

@@ -10,7 +10,8 @@
 - :mod:`~lengthwise.dflash.train`: the training loop on lengthwise's sampler, collators,
   ``StepLogger``, checkpoints and ``SpikeGuard``.
 - :mod:`~lengthwise.dflash.mask_token`: the vocabulary mask token (added when a tokenizer has none).
-- :mod:`~lengthwise.dflash.config`: rotary settings read from a target, ``draft_config.json``.
+- :mod:`~lengthwise.dflash.rope`: the target's rotary settings on transformers 4.x and 5.x.
+- :mod:`~lengthwise.dflash.config`: ``draft_config.json``, saved with every checkpoint.
 - :mod:`~lengthwise.dflash.export`: the served layout (reference ``dflash``, speculators).
 - :mod:`~lengthwise.dflash.speculative`: batched speculative decoding with the KV cache.
 - :mod:`~lengthwise.dflash.prompts`, :mod:`~lengthwise.dflash.evaluate`: prompt sets and the

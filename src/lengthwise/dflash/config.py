@@ -1,117 +1,37 @@
-"""The draft's config as data: rotary settings read from a target, ``draft_config.json`` on disk.
+"""The draft's config on disk: ``draft_config.json``, saved with every checkpoint.
 
-A draft must use the target's rotary settings (Qwen3: ``rope_theta`` 1,000,000).
-``transformers`` 4.x keeps them as ``rope_theta`` + ``rope_scaling``, 5.x as one
-``rope_parameters`` dict; :func:`rope_settings` reads either, and
-:func:`qwen3_config` writes them the way the installed version reads them and
-checks that it did (a config that silently fell back to 10,000 is refused).
-
-Every checkpoint of a draft carries ``draft_config.json`` (:func:`draft_config_json`);
-:func:`read_draft_config` turns it back into a :class:`~lengthwise.dflash.model.DFlashConfig`.
+:func:`draft_config_json` writes a :class:`~lengthwise.dflash.model.DFlashConfig`
+(block size, target layer ids, mask token id, rotary settings, sizes);
+:func:`read_draft_config` reads it back, refusing files it cannot trust.
 
 Example::
 
-    >>> import transformers
-    >>> t = transformers.Qwen3Config(hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
-    ...                              num_key_value_heads=2, intermediate_size=128, head_dim=16,
-    ...                              rope_theta=1e6)
-    >>> rope_settings(t)
-    {'rope_theta': 1000000.0, 'rope_scaling': None}
+    >>> from lengthwise.dflash.model import DFlashConfig
+    >>> c = DFlashConfig(hidden_size=32, num_heads=4, num_kv_heads=2, block_size=4,
+    ...                  target_layers=[1], mask_token_id=7)
+    >>> json.loads(draft_config_json(c))["draft"]["mask_token_id"]
+    7
 """
 
 from __future__ import annotations
 
 import inspect
 import json
-import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
+from lengthwise.dflash.model import DFlashConfig
 from lengthwise.errors import ConfigError
 
-if TYPE_CHECKING:  # pragma: no cover
-    from lengthwise.dflash.model import DFlashConfig
-
-__all__ = ["DRAFT_CONFIG", "FORMAT", "draft_config_json", "qwen3_config", "read_draft_config",
-           "rope_settings"]
+__all__ = ["DRAFT_CONFIG", "FORMAT", "draft_config_json", "read_draft_config"]
 
 #: file name of the draft's config inside every checkpoint folder
 DRAFT_CONFIG = "draft_config.json"
 FORMAT = "lengthwise-dflash-draft"
 _VERSION = 1
-#: keys of a ``rope_parameters`` dict that are not scaling settings
-_BASE_KEYS = ("rope_theta", "rope_type", "type")
-
-
-def rope_settings(config: Any) -> dict[str, Any]:
-    """``{"rope_theta", "rope_scaling"}`` of a Hugging Face config, on transformers 4.x or 5.x.
-
-    ``rope_scaling`` is ``None`` for plain RoPE, else the scaling dict with its
-    ``rope_type`` (e.g. ``yarn`` and its factors). A config with no rotary base at
-    all raises :class:`~lengthwise.errors.ConfigError`.
-    """
-    params = getattr(config, "rope_parameters", None)
-    if isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()):
-        kinds = sorted(params)  # per layer type (full/sliding attention): the full one
-        params = params.get("full_attention", params[kinds[0]])
-    theta = None
-    scaling: dict[str, Any] | None = None
-    if isinstance(params, dict) and params.get("rope_theta") is not None:
-        theta = params["rope_theta"]
-        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
-    if theta is None:
-        theta = getattr(config, "rope_theta", None)
-        old = getattr(config, "rope_scaling", None)
-        scaling = dict(old) if isinstance(old, dict) else None
-    if theta is None:
-        raise ConfigError(f"target config ({type(config).__name__}) has neither rope_theta nor "
-                          "rope_parameters: a DFlash draft needs the target's rotary base")
-    if scaling is not None:
-        kind = scaling.get("rope_type", scaling.get("type", "default"))
-        scaling = None if kind == "default" and set(scaling) <= set(_BASE_KEYS) else scaling
-    return {"rope_theta": float(theta), "rope_scaling": scaling}
-
-
-def qwen3_config(*, rope_theta: float, rope_scaling: dict[str, Any] | None = None,
-                 **sizes: Any) -> Any:
-    """A ``Qwen3Config`` with these sizes and rotary settings, on any supported ``transformers``.
-
-    Raises ``RuntimeError`` if the installed version did not keep the rotary base.
-
-    Example::
-
-        >>> c = qwen3_config(rope_theta=5e5, hidden_size=32, num_attention_heads=4,
-        ...                  num_key_value_heads=2, head_dim=8, intermediate_size=64,
-        ...                  num_hidden_layers=1, vocab_size=1)
-        >>> rope_settings(c)["rope_theta"]
-        500000.0
-    """
-    from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
-
-    accepted = inspect.signature(Qwen3Config.__init__).parameters
-    if "rope_parameters" in accepted:  # transformers >= 5
-        params = {"rope_type": "default", **(rope_scaling or {}), "rope_theta": float(rope_theta)}
-        cfg = Qwen3Config(rope_parameters=params, **sizes)
-    else:
-        cfg = Qwen3Config(rope_theta=float(rope_theta), rope_scaling=rope_scaling, **sizes)
-    kept = rope_settings(cfg)
-    if not math.isclose(kept["rope_theta"], float(rope_theta), rel_tol=1e-12):
-        raise RuntimeError(f"transformers {_version()} kept rope_theta {kept['rope_theta']} "
-                           f"instead of {rope_theta}")
-    return cfg
 
 
 def draft_config_json(cfg: DFlashConfig) -> str:
-    """The text of ``draft_config.json``: the format, its version and every field of ``cfg``.
-
-    Example::
-
-        >>> from lengthwise.dflash.model import DFlashConfig
-        >>> c = DFlashConfig(hidden_size=32, num_heads=4, num_kv_heads=2, block_size=4,
-        ...                  target_layers=[1], mask_token_id=7)
-        >>> json.loads(draft_config_json(c))["draft"]["mask_token_id"]
-        7
-    """
+    """The text of ``draft_config.json``: the format, its version and every field of ``cfg``."""
     return json.dumps({"format": FORMAT, "version": _VERSION, "draft": cfg.to_dict()},
                       indent=2, sort_keys=True) + "\n"
 
@@ -123,8 +43,6 @@ def read_draft_config(path: str | Path) -> DFlashConfig:
     A folder without one (a checkpoint saved before drafts carried their config)
     or a file in another format raises :class:`~lengthwise.errors.ConfigError`.
     """
-    from lengthwise.dflash.model import DFlashConfig
-
     path = Path(path)
     file = path / DRAFT_CONFIG if path.is_dir() else path
     if not file.is_file():
@@ -146,9 +64,3 @@ def read_draft_config(path: str | Path) -> DFlashConfig:
         raise ConfigError(f"{file}: unknown draft fields {unknown} (written by a newer "
                           "lengthwise?)")
     return DFlashConfig(**fields)
-
-
-def _version() -> str:
-    import transformers
-
-    return str(transformers.__version__)

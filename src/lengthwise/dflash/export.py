@@ -188,8 +188,8 @@ def load_exported(folder: str | os.PathLike) -> Any:
 
     from safetensors.torch import load_file
 
-    from lengthwise.dflash.config import rope_settings
     from lengthwise.dflash.model import DFlashConfig, DFlashDraft
+    from lengthwise.dflash.rope import rope_settings
 
     folder = Path(folder)
     try:

@@ -39,8 +39,8 @@ from transformers.models.qwen3.modeling_qwen3 import (
     repeat_kv,
 )
 
-from lengthwise.dflash.config import qwen3_config, rope_settings
 from lengthwise.dflash.objective import default_gamma, target_layer_ids
+from lengthwise.dflash.rope import qwen3_config, rope_settings
 from lengthwise.errors import ConfigError
 
 __all__ = ["DFlashConfig", "DFlashDraft"]
