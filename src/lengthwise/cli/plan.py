@@ -15,6 +15,7 @@ import warnings
 
 import numpy as np
 
+from lengthwise.atomic import atomic_open
 from lengthwise.planning.batching import batch_padded_lengths
 from lengthwise.planning.vocabulary import (
     EVEN_OUT,
@@ -173,7 +174,7 @@ def _save(path: str, plan) -> None:
         arrays.update(bucket=plan.bucket, edges=np.asarray(plan.edges))
     if getattr(plan, "row_offsets", None) is not None:
         arrays["row_offsets"] = plan.row_offsets
-    with open(path, "wb") as fh:  # exactly this name (np.savez would add ".npz")
+    with atomic_open(path) as fh:  # exactly this name (np.savez would add ".npz"), all or none
         np.savez(fh, **arrays)
 
 
