@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 
 def register(stages: argparse._SubParsersAction) -> None:
@@ -59,9 +60,14 @@ def run(args: argparse.Namespace) -> int:
           f"rope_theta {cfg['rope_theta']:g}, {cfg['dtype']}")
     if args.speculators is not None:
         from lengthwise.dflash.export import to_speculators
+        from lengthwise.errors import MissingDependencyError
 
-        print(f"lengthwise dflash export: speculators format: "
-              f"{to_speculators(out, args.speculators, args.target)}")
+        try:
+            converted = to_speculators(out, args.speculators, args.target)
+        except MissingDependencyError as exc:
+            print(f"lengthwise dflash export: error: {exc}", file=sys.stderr)
+            return 2
+        print(f"lengthwise dflash export: speculators format: {converted}")
     return 0
 
 
