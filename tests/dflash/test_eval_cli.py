@@ -111,7 +111,7 @@ def test_eval_and_export_refuse_bad_input_in_one_line(local, tmp_path, capsys):
 def test_export_command_writes_the_reference_layout(local, tmp_path, capsys):
     from _dflash_run import config, train
 
-    from lengthwise.dflash.export import load_exported
+    from lengthwise.dflash.load import load_exported
 
     train(config(steps=2, checkpoint_every=2), tmp_path / "run")
     assert main(["dflash", "export", str(tmp_path / "run"), str(tmp_path / "out"),

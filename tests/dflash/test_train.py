@@ -76,7 +76,8 @@ def test_ddp_loss_equals_one_process_and_resume_is_exact(tmp_path):
     assert [s for s, _, _ in resumed] == [3, 4]
     assert resumed == full[2:]  # bit-identical after resuming from the step-2 checkpoint
     # a checkpoint written by 2 ranks (torch.distributed.checkpoint) exports in one process
-    from lengthwise.dflash.export import export_checkpoint, load_draft_checkpoint
+    from lengthwise.dflash.export import export_checkpoint
+    from lengthwise.dflash.load import load_draft_checkpoint
 
     step = tmp_path / "full" / "checkpoints" / "step_4"
     assert json.loads((step / "draft_config.json").read_text())["draft"]["block_size"] == 4

@@ -12,7 +12,8 @@
 - :mod:`~lengthwise.dflash.mask_token`: the vocabulary mask token (added when a tokenizer has none).
 - :mod:`~lengthwise.dflash.rope`: the target's rotary settings on transformers 4.x and 5.x.
 - :mod:`~lengthwise.dflash.config`: ``draft_config.json``, saved with every checkpoint.
-- :mod:`~lengthwise.dflash.export`: the served layout (reference ``dflash``, speculators).
+- :mod:`~lengthwise.dflash.export`, :mod:`~lengthwise.dflash.load`: the served layout (reference
+  ``dflash``, speculators), and drafts back from it or from a training checkpoint.
 - :mod:`~lengthwise.dflash.speculative`: batched speculative decoding with the KV cache.
 - :mod:`~lengthwise.dflash.prompts`, :mod:`~lengthwise.dflash.evaluate`: prompt sets and the
   figures of ``lengthwise dflash eval``.
@@ -48,7 +49,7 @@ _EXPORTS = {
     "read_draft_config": "lengthwise.dflash.config",
     "export_draft": "lengthwise.dflash.export",
     "export_checkpoint": "lengthwise.dflash.export",
-    "load_draft": "lengthwise.dflash.export",
+    "load_draft": "lengthwise.dflash.load",
     "speculative_batch": "lengthwise.dflash.speculative",
     "evaluate_set": "lengthwise.dflash.evaluate",
 }

@@ -28,19 +28,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+from lengthwise.dflash.load import ARCHITECTURE, DERIVED, RENAME, check_target
 from lengthwise.dflash.mask_token import check_mask_token
 from lengthwise.errors import ConfigError
 
-__all__ = ["ARCHITECTURE", "export_checkpoint", "export_draft", "exported_config",
-           "exported_weights", "load_draft", "load_draft_checkpoint", "load_exported",
+__all__ = ["export_checkpoint", "export_draft", "exported_config", "exported_weights",
            "to_speculators"]
 
-#: the draft class the reference package and SGLang instantiate
-ARCHITECTURE = "DFlashDraftModel"
-#: our module names -> the reference's (the rest are the same)
-_RENAME = {"context_norm.": "hidden_norm."}
-#: buffers recomputed from the config, never stored
-_DERIVED = ("rotary.",)
 #: noise of ``PretrainedConfig.to_dict`` that says nothing about the draft
 _NOISE = ("id2label", "label2id", "problem_type", "chunk_size_feed_forward", "return_dict",
           "output_hidden_states", "output_attentions", "is_encoder_decoder", "_name_or_path",
@@ -90,9 +84,9 @@ def exported_weights(draft: Any, *, dtype: str | None = None) -> dict[str, Any]:
         raise ConfigError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
     out = {}
     for name, tensor in draft.state_dict().items():
-        if name.startswith(_DERIVED):
+        if name.startswith(DERIVED):
             continue
-        for ours, theirs in _RENAME.items():
+        for ours, theirs in RENAME.items():
             if name.startswith(ours):
                 name = theirs + name[len(ours):]
         t = tensor.detach().to("cpu")
@@ -120,126 +114,20 @@ def export_draft(draft: Any, out: str | os.PathLike, *, dtype: str | None = None
     return out
 
 
-def load_draft_checkpoint(path: str | os.PathLike) -> Any:
-    """A :class:`~lengthwise.dflash.model.DFlashDraft` from a training checkpoint.
-
-    ``path``: a run folder (holding ``checkpoints/``), a checkpoints folder (its
-    newest complete checkpoint) or one ``step_N`` folder.
-    """
-    from lengthwise.dflash.config import read_draft_config
-    from lengthwise.dflash.model import DFlashDraft
-    from lengthwise.train.checkpoint import load_checkpoint
-    from lengthwise.train.checkpoint.errors import CheckpointError
-    from lengthwise.train.checkpoint.layout import resolve_checkpoint
-
-    path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"{path}: no such run or checkpoint folder")
-    if (path / "checkpoints").is_dir():
-        path = path / "checkpoints"
-    try:
-        step, _ = resolve_checkpoint(path)
-    except (FileNotFoundError, CheckpointError) as exc:
-        raise ConfigError(f"{path}: {exc}") from exc
-    draft = DFlashDraft(read_draft_config(step))
-    try:
-        load_checkpoint(step, model=draft, restore_rng=False)
-    except CheckpointError as exc:
-        raise ConfigError(f"{step}: {exc}") from exc
-    return draft.eval()
-
-
 def export_checkpoint(path: str | os.PathLike, out: str | os.PathLike, *,
                       dtype: str | None = None, target_config: Any = None) -> Path:
-    """Export the draft of a run or checkpoint (see :func:`load_draft_checkpoint`) into ``out``.
+    """Export the draft of a run or checkpoint (``load.load_draft_checkpoint``) into ``out``.
 
     ``target_config``: the target's Hugging Face config, checked against the draft
     (layers, width, vocabulary) and supplying the vocabulary size when the draft
     config lacks it.
     """
+    from lengthwise.dflash.load import load_draft_checkpoint
+
     draft = load_draft_checkpoint(path)
     if target_config is not None:
         check_target(draft.config, target_config)
     return export_draft(draft, out, dtype=dtype)
-
-
-def check_target(cfg: Any, target_config: Any) -> None:
-    """Refuse a target whose width, layer count or vocabulary differ from the draft's."""
-    text = getattr(target_config, "get_text_config", lambda: target_config)()
-    vocab = int(text.vocab_size)
-    if cfg.target_vocab_size is None:
-        cfg.target_vocab_size = vocab
-    pairs = (("hidden_size", cfg.hidden_size, text.hidden_size),
-             ("num_target_layers", cfg.num_target_layers, text.num_hidden_layers),
-             ("target_vocab_size", cfg.target_vocab_size, vocab))
-    for name, ours, theirs in pairs:
-        if ours is not None and int(ours) != int(theirs):
-            raise ConfigError(f"--target: the draft was trained with {name} {ours}, the "
-                              f"target has {theirs}")
-
-
-def load_exported(folder: str | os.PathLike) -> Any:
-    """A :class:`~lengthwise.dflash.model.DFlashDraft` from a folder in the reference layout.
-
-    Reads what :func:`export_draft` writes, and drafts published in that layout
-    (``block_size`` and ``mask_token_id`` in ``dflash_config`` or at the top level).
-    """
-    from types import SimpleNamespace
-
-    from safetensors.torch import load_file
-
-    from lengthwise.dflash.model import DFlashConfig, DFlashDraft
-    from lengthwise.dflash.rope import rope_settings
-
-    folder = Path(folder)
-    try:
-        c = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{folder}: no readable config.json ({exc})") from exc
-    if ARCHITECTURE not in (c.get("architectures") or []):
-        raise ConfigError(f"{folder}/config.json: architectures {c.get('architectures')} do "
-                          f"not name {ARCHITECTURE}")
-    d = c.get("dflash_config") or {}
-
-    def value(key: str) -> Any:
-        return d.get(key, c.get(key))
-
-    try:
-        cfg = DFlashConfig(
-            hidden_size=c["hidden_size"], num_layers=c["num_hidden_layers"],
-            num_heads=c["num_attention_heads"], num_kv_heads=c["num_key_value_heads"],
-            head_dim=c.get("head_dim"), intermediate_size=c["intermediate_size"],
-            rms_norm_eps=c.get("rms_norm_eps", 1e-6),
-            max_position_embeddings=c.get("max_position_embeddings", 32768),
-            **rope_settings(SimpleNamespace(**{k: c.get(k) for k in (
-                "rope_parameters", "rope_theta", "rope_scaling")})),
-            block_size=value("block_size"), target_layers=value("target_layer_ids"),
-            num_target_layers=value("num_target_layers"), mask_token_id=value("mask_token_id"),
-            target_vocab_size=c.get("vocab_size"))
-    except KeyError as exc:
-        raise ConfigError(f"{folder}/config.json: no {exc.args[0]!r}") from exc
-    draft = DFlashDraft(cfg)
-    ours = {v: k for k, v in _RENAME.items()}
-    state = {}
-    for name, tensor in load_file(str(folder / "model.safetensors")).items():
-        for theirs, mine in ours.items():
-            if name.startswith(theirs):
-                name = mine + name[len(theirs):]
-        state[name] = tensor
-    missing, unexpected = draft.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not k.startswith(_DERIVED)]
-    if missing or unexpected:
-        raise ConfigError(f"{folder}/model.safetensors: missing {missing[:4]}, unexpected "
-                          f"{unexpected[:4]} weights for a DFlash draft")
-    return draft.to(next(iter(state.values())).dtype).eval()
-
-
-def load_draft(path: str | os.PathLike) -> Any:
-    """A draft from an exported folder (``config.json``) or a training run or checkpoint."""
-    path = Path(path)
-    if (path / "config.json").is_file() and (path / "model.safetensors").is_file():
-        return load_exported(path)
-    return load_draft_checkpoint(path)
 
 
 def to_speculators(folder: str | os.PathLike, out: str | os.PathLike,

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from lengthwise.dflash.evaluate import evaluate_set
-    from lengthwise.dflash.export import check_target, load_draft
+    from lengthwise.dflash.load import check_target, load_draft
     from lengthwise.dflash.mask_token import check_mask_token
     from lengthwise.dflash.prompts import bundled_prompts, read_prompt_file, render_prompts
     from lengthwise.dflash.target import Target, load_target
