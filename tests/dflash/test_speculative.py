@@ -112,3 +112,22 @@ def test_bad_decoding_parameters_are_named():
         speculative_batch(draft, target, [[1]], max_new_tokens=0)
     with pytest.raises(ConfigError, match="temperature"):
         speculative_batch(draft, target, [[1]], max_new_tokens=2, temperature=-1.0)
+
+
+@pytest.mark.parametrize("seed", [8, 18, 25])
+def test_the_greedy_reference_stops_only_where_told(seed):
+    """The model's own eos id (2 for Llama configs) does not cut the reference short."""
+    transformers = pytest.importorskip("transformers")
+    from lengthwise.dflash import Target
+    from lengthwise.dflash.evaluate import greedy_reference
+
+    cfg = transformers.LlamaConfig(vocab_size=30, hidden_size=16, num_hidden_layers=2,
+                                   num_attention_heads=2, intermediate_size=32)
+    torch.manual_seed(seed)
+    target = Target(transformers.LlamaForCausalLM(cfg), layers=[0, 1])
+    for prompt in ([1, 2, 3], [4, 5]):
+        free = target.greedy(prompt, 8)
+        assert greedy_reference(target, prompt, 8) == free
+        assert greedy_reference(target, prompt, 8, eos=free[2]) == target.greedy(prompt, 8,
+                                                                                 free[2])
+    assert target.model.generation_config.eos_token_id == 2  # left as it was

@@ -19,6 +19,7 @@ Example::
     >>> from lengthwise.dflash import DFlashConfig, DFlashDraft, Target
     >>> cfg = transformers.LlamaConfig(vocab_size=30, hidden_size=16, num_hidden_layers=2,
     ...                                num_attention_heads=2, intermediate_size=32)
+    >>> _ = torch.manual_seed(18)  # a target whose greedy output holds its eos id, 2
     >>> target = Target(transformers.LlamaForCausalLM(cfg), layers=[0, 1])
     >>> draft = DFlashDraft(DFlashConfig.from_target(cfg, block_size=4, target_layers=[0, 1],
     ...                                                   mask_token_id=29))
@@ -53,9 +54,15 @@ def greedy_reference(target: Any, prompt: list[int], max_new_tokens: int,
         do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=stops or None,
         pad_token_id=stops[0] if stops else 0)
     ids = torch.tensor([prompt], device=target.device)
-    with torch.no_grad():
-        out = target.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                                    generation_config=config)
+    model = target.model
+    # generate fills what a config leaves unset (the stop ids) from the model's own
+    saved, model.generation_config = model.generation_config, config
+    try:
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                 generation_config=config)
+    finally:
+        model.generation_config = saved
     return out[0, len(prompt):].tolist()
 
 
