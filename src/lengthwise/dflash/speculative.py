@@ -27,6 +27,7 @@ Example::
     >>> from lengthwise.dflash import DFlashConfig, DFlashDraft, Target
     >>> cfg = transformers.LlamaConfig(vocab_size=30, hidden_size=16, num_hidden_layers=2,
     ...                                num_attention_heads=2, intermediate_size=32)
+    >>> _ = torch.manual_seed(0)
     >>> target = Target(transformers.LlamaForCausalLM(cfg), layers=[0, 1])
     >>> draft = DFlashDraft(DFlashConfig.from_target(cfg, block_size=4, target_layers=[0, 1],
     ...                                                   mask_token_id=29))
