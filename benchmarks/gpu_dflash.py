@@ -179,7 +179,9 @@ def main(argv: list[str] | None = None) -> dict:
         lengths = size_training_set(draw_lengths(args.lengths, args.max_len, args.seed),
                                     tokens)
         data = synthetic_data(lengths, model.config.vocab_size, held, args.seed)
-        meta = {"eos": None}
+        # random weights: the last row stands for the mask token (Qwen3 drafts use the
+        # padding row 151669 of the 151,936-row embedding)
+        meta = {"eos": None, "mask_token_id": model.config.vocab_size - 1}
         device_name = (torch.cuda.get_device_name() if args.device.startswith("cuda")
                        else "cpu")
         params = sum(p.numel() for p in model.parameters())

@@ -7,9 +7,9 @@ blocks take as given are real objects: ``train.parquet`` / ``data.parquet`` with
 ``tok``/``tokenizer`` (a word-level tokenizer with a pad token), ``model`` (a small
 torch language model that records the largest micro-batch it was given),
 ``training_args``, ``accelerator`` and ``optimizer``. docs/training.md's loop needs
-nothing given; docs/dflash.md's takes ``PATH`` (a tiny Llama saved with
-``save_pretrained``), ``lengths`` and ``sample`` as given, and runs on the CPU at
-toy size through the replacements of :data:`ON_CPU`. A block whose optional
+nothing given; docs/dflash.md's takes ``PATH`` (a tiny Llama and a word-level
+tokenizer saved with ``save_pretrained``), ``lengths`` and ``sample`` as given, and runs
+on the CPU at toy size through the replacements of :data:`ON_CPU`. A block whose optional
 dependency is missing skips the rest of its file; a block right after a
 ``<!-- docs-test: skip (reason) -->`` line is not run (the reason says why).
 """
@@ -91,6 +91,11 @@ def _dflash_namespace(tmp_path: Path) -> dict:
                                    num_key_value_heads=2, max_position_embeddings=256)
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "target")
+    from tokenizers import Tokenizer, models
+
+    words = Tokenizer(models.WordLevel({f"w{i}": i for i in range(64)}, unk_token="w0"))
+    transformers.PreTrainedTokenizerFast(tokenizer_object=words).save_pretrained(
+        tmp_path / "target")  # no mask token: the docs add one
     lengths = np.random.default_rng(0).integers(8, 60, 120)
 
     def sample(i):
@@ -117,6 +122,7 @@ def _check(name: str, ns: dict, tmp_path: Path) -> None:
         assert ns["loop"].done
         log = (tmp_path / "runs/draft/train_log.jsonl").read_text().splitlines()
         assert sum('"event"' not in line for line in log) == 3
+        assert ns["mask"].id == 64 and ns["served"].config.mask_token_id == 64
 
 
 def _namespace(tmp_path: Path) -> dict:

@@ -94,7 +94,7 @@ class DFlashOrderRun:
         self.order, self.data, self.target, self.cfg, self.info = order, data, target, cfg, info
         self.meta = meta
         device = target.device
-        draft = new_draft(target, cfg)
+        draft = new_draft(target, cfg, mask_token_id=meta["mask_token_id"])
         self.task = DFlashTask(draft, target, cfg, order=order,
                                amp=autocast_dtype(cfg.dtype, device))
         self.loop = TrainLoop(self.task, order, data.lengths, data.sample, cfg,
@@ -157,6 +157,7 @@ def run_dflash_demo(cfg: DFlashDemoConfig, *, orders: list[str], out: str | Path
     """Train and evaluate a draft per order; write ``out/summary.json``; the summary (rank 0)."""
     from lengthwise.demo.dflash_data import prepare
     from lengthwise.demo.runner import run_lockstep
+    from lengthwise.dflash.mask_token import grow_vocabulary
     from lengthwise.dflash.objective import target_layer_ids
     from lengthwise.dflash.target import Target
 
@@ -170,6 +171,11 @@ def run_dflash_demo(cfg: DFlashDemoConfig, *, orders: list[str], out: str | Path
                               cache_dir=cache_dir, vocab_size=vocab_size, info=group,
                               device=device)
     n_layers = model.config.num_hidden_layers
+    # the mask token: the id after the tokenizer's vocabulary (what adding <|MASK|> gives it),
+    # one more row of the target's embedding
+    mask_id = int(model.get_input_embeddings().weight.shape[0])
+    grow_vocabulary(model, mask_id + 1)
+    meta["mask_token_id"] = mask_id
     tgt = Target(model.to(device),
                  layers=target_layer_ids(n_layers, cfg.num_features or cfg.draft_layers))
     meta.update(target_layers=tgt.layers, world_size=world)

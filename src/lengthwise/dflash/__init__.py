@@ -18,6 +18,14 @@
   into token ids and an assistant-only loss mask (``lengthwise dflash prepare``), and read back.
 - :mod:`~lengthwise.dflash.recipe`: a draft trained for a local target on prepared data
   (``lengthwise dflash train``).
+- :mod:`~lengthwise.dflash.mask_token`: the vocabulary mask token (added when a tokenizer has none).
+- :mod:`~lengthwise.dflash.rope`: the target's rotary settings on transformers 4.x and 5.x.
+- :mod:`~lengthwise.dflash.config`: ``draft_config.json``, saved with every checkpoint.
+- :mod:`~lengthwise.dflash.export`, :mod:`~lengthwise.dflash.load`: the served layout (reference
+  ``dflash``, speculators), and drafts back from it or from a training checkpoint.
+- :mod:`~lengthwise.dflash.speculative`: batched speculative decoding with the KV cache.
+- :mod:`~lengthwise.dflash.prompts`, :mod:`~lengthwise.dflash.evaluate`: prompt sets and the
+  figures of ``lengthwise dflash eval``.
 
 Needs the optional extra ``dflash`` (torch and transformers). Importing this package loads
 nothing heavy.
@@ -55,6 +63,13 @@ _EXPORTS = {
     "prepare_chats": "lengthwise.dflash.prepare",
     "open_prepared": "lengthwise.dflash.prepared",
     "train_draft": "lengthwise.dflash.recipe",
+    "ensure_mask_token": "lengthwise.dflash.mask_token",
+    "read_draft_config": "lengthwise.dflash.config",
+    "export_draft": "lengthwise.dflash.export",
+    "export_checkpoint": "lengthwise.dflash.export",
+    "load_draft": "lengthwise.dflash.load",
+    "speculative_batch": "lengthwise.dflash.speculative",
+    "evaluate_set": "lengthwise.dflash.evaluate",
 }
 
 __all__ = list(_EXPORTS)

@@ -21,7 +21,8 @@ Example::
     >>> cfg = transformers.LlamaConfig(vocab_size=30, hidden_size=16, num_hidden_layers=2,
     ...                                num_attention_heads=2, intermediate_size=32)
     >>> target = Target(transformers.LlamaForCausalLM(cfg), layers=[0, 1])
-    >>> draft = DFlashDraft(DFlashConfig.from_target(cfg, block_size=4, target_layers=[0, 1]))
+    >>> draft = DFlashDraft(DFlashConfig.from_target(cfg, block_size=4, target_layers=[0, 1],
+    ...                                                   mask_token_id=29))
     >>> out = speculative_generate(draft, target, [1, 2, 3], max_new_tokens=12)
     >>> out.tokens == target.greedy([1, 2, 3], 12), 1.0 <= out.acceptance_length <= 4
     (True, True)

@@ -66,11 +66,7 @@ def block_inputs(draft: Any, target: Any, input_ids: torch.Tensor, anchors: torc
     """Embedded blocks ``(R, A*B, H)``: the anchor token, then ``B - 1`` mask tokens."""
     emb = target.embed
     first = emb(input_ids.gather(1, anchors.clamp(min=0)))  # (R, A, H)
-    mask_id = draft.config.mask_token_id
-    if mask_id is None:
-        fill = draft.mask_embedding.to(first.dtype)
-    else:
-        fill = emb.weight[mask_id].to(first.dtype)
+    fill = emb.weight[draft.config.mask_token_id].to(first.dtype)  # the mask token's row
     r, a, h = first.shape
     rest = fill.expand(r, a, block_size - 1, h)
     return torch.cat([first.unsqueeze(2), rest], dim=2).reshape(r, a * block_size, h)

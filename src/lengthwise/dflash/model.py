@@ -14,7 +14,7 @@ Example::
 
     >>> import torch
     >>> cfg = DFlashConfig(hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
-    ...                    intermediate_size=64, num_features=2, block_size=4)
+    ...                    intermediate_size=64, num_features=2, block_size=4, mask_token_id=3)
     >>> draft = DFlashDraft(cfg)
     >>> feats, block = torch.randn(1, 6, 64), torch.randn(1, 4, 32)
     >>> pos = torch.arange(10).unsqueeze(0)
@@ -32,7 +32,6 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn import functional as F
-from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import (
     Qwen3MLP,
     Qwen3RMSNorm,
@@ -42,6 +41,7 @@ from transformers.models.qwen3.modeling_qwen3 import (
 )
 
 from lengthwise.dflash.objective import default_gamma, target_layer_ids
+from lengthwise.dflash.rope import qwen3_config, rope_settings
 from lengthwise.errors import ConfigError
 from lengthwise.train.config import check_positive
 
@@ -65,8 +65,12 @@ class DFlashConfig:
     ``hidden_size`` must equal the target's (the draft uses its embedding and
     LM head). ``target_layers`` lists the target layers feeding the context
     (default: ``num_features`` spread by :func:`target_layer_ids`, which needs
-    ``num_target_layers``). ``mask_token_id`` fills block slots 1..B-1; ``None``
-    gives the draft a learned mask embedding instead.
+    ``num_target_layers``). ``mask_token_id`` is the vocabulary id that fills block
+    slots 1..B-1, embedded by the target's frozen embedding (what serving engines
+    do; :func:`lengthwise.dflash.mask_token.ensure_mask_token` adds one to a
+    tokenizer that has none); a draft cannot be built without it. ``rope_theta``
+    and ``rope_scaling`` are the target's rotary settings, ``target_vocab_size`` the
+    rows of its embedding (``from_target`` reads them).
     """
 
     hidden_size: int
@@ -77,6 +81,7 @@ class DFlashConfig:
     intermediate_size: int | None = None
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
     max_position_embeddings: int = 32768
     block_size: int = 16
     gamma: float | None = None
@@ -84,6 +89,7 @@ class DFlashConfig:
     target_layers: list[int] | None = None
     num_target_layers: int | None = None
     mask_token_id: int | None = None
+    target_vocab_size: int | None = None
 
     def __post_init__(self) -> None:
         self._check()
@@ -152,8 +158,6 @@ class DFlashConfig:
             >>> DFlashConfig.from_target(t, num_layers=2, block_size=8).target_layers
             [1, 3]
         """
-        rope = getattr(target_config, "rope_parameters", None) or {}
-        theta = rope.get("rope_theta", getattr(target_config, "rope_theta", 10000.0))
         base = dict(
             hidden_size=target_config.hidden_size,
             num_heads=target_config.num_attention_heads,
@@ -162,9 +166,10 @@ class DFlashConfig:
             head_dim=getattr(target_config, "head_dim", None),
             intermediate_size=target_config.intermediate_size,
             rms_norm_eps=getattr(target_config, "rms_norm_eps", 1e-6),
-            rope_theta=float(theta),
+            **rope_settings(target_config),
             max_position_embeddings=getattr(target_config, "max_position_embeddings", 32768),
             num_target_layers=target_config.num_hidden_layers,
+            target_vocab_size=getattr(target_config, "vocab_size", None),
         )
         base.update(overrides)
         return cls(**base)
@@ -173,21 +178,22 @@ class DFlashConfig:
         """Plain data (saved beside a draft checkpoint)."""
         return asdict(self)
 
-    def qwen3_config(self) -> Qwen3Config:
-        """The ``transformers`` config the draft's building blocks are made from."""
-        return Qwen3Config(
-            vocab_size=1, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
-            num_hidden_layers=self.num_layers, num_attention_heads=self.num_heads,
-            num_key_value_heads=self.num_kv_heads, head_dim=self.head_dim,
-            rms_norm_eps=self.rms_norm_eps, max_position_embeddings=self.max_position_embeddings,
-            rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
-            hidden_act="silu", attention_bias=False)
+    def qwen3_config(self, vocab_size: int = 1) -> Any:
+        """The ``transformers`` ``Qwen3Config`` the draft's building blocks are made from."""
+        return qwen3_config(
+            rope_theta=self.rope_theta, rope_scaling=self.rope_scaling,
+            vocab_size=vocab_size, hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size, num_hidden_layers=self.num_layers,
+            num_attention_heads=self.num_heads, num_key_value_heads=self.num_kv_heads,
+            head_dim=self.head_dim, rms_norm_eps=self.rms_norm_eps,
+            max_position_embeddings=self.max_position_embeddings, hidden_act="silu",
+            attention_bias=False)
 
 
 class _Attention(nn.Module):
     """Block queries over ``[context | block]`` keys and values, no causal mask."""
 
-    def __init__(self, cfg: Qwen3Config) -> None:
+    def __init__(self, cfg: Any) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = (cfg.num_attention_heads,
                                                     cfg.num_key_value_heads, cfg.head_dim)
@@ -223,7 +229,7 @@ class _Attention(nn.Module):
 
 
 class _Layer(nn.Module):
-    def __init__(self, cfg: Qwen3Config) -> None:
+    def __init__(self, cfg: Any) -> None:
         super().__init__()
         self.input_layernorm = Qwen3RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.self_attn = _Attention(cfg)
@@ -253,6 +259,10 @@ class DFlashDraft(nn.Module):
         if cfg.num_features is None:
             raise ConfigError("DFlashConfig needs target_layers, num_features or "
                               "num_target_layers")
+        if cfg.mask_token_id is None:
+            raise ConfigError("mask_token_id: a draft fills its blocks with a vocabulary mask "
+                              "token embedded by the target (give DFlashConfig(mask_token_id=...);"
+                              " lengthwise.dflash.mask_token.ensure_mask_token adds one)")
         self.config = cfg
         qcfg = cfg.qwen3_config()
         h = cfg.hidden_size
@@ -261,9 +271,7 @@ class DFlashDraft(nn.Module):
         self.layers = nn.ModuleList(_Layer(qcfg) for _ in range(cfg.num_layers))
         self.norm = Qwen3RMSNorm(h, eps=cfg.rms_norm_eps)
         self.rotary = Qwen3RotaryEmbedding(qcfg)
-        # small random values: a zero vector would sit where RMSNorm's gradient is 1/sqrt(eps)
-        self.mask_embedding = (nn.Parameter(0.02 * torch.randn(h)) if cfg.mask_token_id is None
-                               else None)
+        self._register_load_state_dict_pre_hook(_refuse_learned_mask)
 
     def forward(self, features: torch.Tensor, block_embeds: torch.Tensor,
                 positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -318,3 +326,11 @@ draft reads the target's embedding and LM head)
     if cfg.mask_token_id is not None and cfg.mask_token_id >= target.vocab_size:
         raise ConfigError(f"mask_token_id {cfg.mask_token_id} is outside the target's "
                           f"vocabulary of {target.vocab_size} tokens")
+
+
+def _refuse_learned_mask(state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+    """Refuse weights of a draft that learned its own mask vector (no engine can serve it)."""
+    if f"{prefix}mask_embedding" in state_dict:
+        raise ConfigError("these draft weights hold a learned mask vector (mask_embedding), "
+                          "which serving engines cannot load; drafts now fill blocks with a "
+                          "vocabulary mask token id: train the draft again")

@@ -130,8 +130,12 @@ def held_out_batches(samples: list[dict[str, Any]], *, batch_size: int = 8,
     return [(collate([samples[i] for i in g]), [[first_id + i] for i in g]) for g in groups]
 
 
-def new_draft(target: Any, cfg: DFlashTrainConfig) -> Any:
+def new_draft(target: Any, cfg: DFlashTrainConfig, *, mask_token_id: int) -> Any:
     """A draft sized from the target's config, initialised from ``cfg.seed``, on its device.
+
+    Its blocks are filled with ``mask_token_id``, a row of the target's vocabulary
+    (:func:`~lengthwise.dflash.mask_token.ensure_mask_token` adds one when the
+    tokenizer has none).
 
     The global random state is left as it was.
 
@@ -142,7 +146,7 @@ def new_draft(target: Any, cfg: DFlashTrainConfig) -> Any:
         >>> t = transformers.LlamaConfig(vocab_size=40, hidden_size=16, num_hidden_layers=4,
         ...                              num_attention_heads=2, intermediate_size=32)
         >>> target = Target(transformers.LlamaForCausalLM(t), layers=[1, 2])
-        >>> d = new_draft(target, DFlashTrainConfig(block_size=4, steps=2))
+        >>> d = new_draft(target, DFlashTrainConfig(block_size=4, steps=2), mask_token_id=39)
         >>> d.config.block_size, d.config.target_layers, d.training
         (4, [1, 2], True)
     """
@@ -152,7 +156,7 @@ def new_draft(target: Any, cfg: DFlashTrainConfig) -> Any:
 
     dcfg = DFlashConfig.from_target(target.model.config, num_layers=cfg.draft_layers,
                                     block_size=cfg.block_size, gamma=cfg.gamma,
-                                    target_layers=target.layers)
+                                    target_layers=target.layers, mask_token_id=mask_token_id)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         draft = DFlashDraft(dcfg)
@@ -217,7 +221,9 @@ def train_draft(cfg: DFlashTrainConfig, run: RunSettings, *, progress: bool = Tr
                 ) -> dict[str, Any]:
     """Train (or resume) a draft; return rank 0's summary (``{}`` on the other ranks)."""
     import torch
+    from transformers import AutoTokenizer
 
+    from lengthwise.dflash.mask_token import ensure_mask_token
     from lengthwise.dflash.objective import target_layer_ids
     from lengthwise.dflash.prepared import open_prepared
     from lengthwise.dflash.target import Target, load_target
@@ -261,9 +267,11 @@ def train_draft(cfg: DFlashTrainConfig, run: RunSettings, *, progress: bool = Tr
 
     dtype = torch.bfloat16 if device.type == "cuda" else None
     model = load_target(run.target, dtype=dtype, device=device)
+    # the blocks' mask token: the tokenizer's own, else <|MASK|> added (the target embeds it)
+    mask = ensure_mask_token(AutoTokenizer.from_pretrained(run.target), model)
     n_layers = model.config.num_hidden_layers
     target = Target(model, layers=target_layer_ids(n_layers, cfg.num_features or cfg.draft_layers))
-    draft = new_draft(target, cfg)
+    draft = new_draft(target, cfg, mask_token_id=mask.id)
     dcfg = draft.config
     out = Path(run.out)
     held = held_out_batches([{k: v[: cfg.max_len] for k, v in data.sample(int(j)).items()}

@@ -128,6 +128,17 @@ class DFlashTask:
         self.amp = amp
         self.gamma = float(cfg.gamma if cfg.gamma is not None else d.gamma)
         self.capacity = cfg.max_len if order == PACKED else None
+        from lengthwise.dflash.mask_token import check_mask_token
+
+        rows = int(target.embed.weight.shape[0])
+        check_mask_token(draft.config.mask_token_id, rows)
+        draft.config.target_vocab_size = rows  # the embedding that embeds the mask token
+
+    def checkpoint_files(self) -> dict[str, str]:
+        """``draft_config.json`` in every checkpoint: what export and serving need."""
+        from lengthwise.dflash.config import DRAFT_CONFIG, draft_config_json
+
+        return {DRAFT_CONFIG: draft_config_json(self.model.config)}
 
     def check_data(self, sample: Callable[[int], Any], size: int) -> None:
         """Refuse a data set that trains nothing (see :func:`check_supervised`)."""

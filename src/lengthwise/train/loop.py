@@ -47,7 +47,11 @@ class MicroOut:
 
 
 class Task(Protocol):
-    """What a :class:`TrainLoop` trains."""
+    """What a :class:`TrainLoop` trains.
+
+    A task may also define ``checkpoint_files() -> dict[str, str]``: small text
+    files saved into every checkpoint folder (e.g. the model's config).
+    """
 
     model: Any
 
@@ -267,7 +271,8 @@ class TrainLoop:
             extra_state = {"spike_guard": self.guard.state_dict()} if self.guard else None
             self.checkpointer.save(self.step_count, model=self.task.model,
                                    optimizer=self.optimizer, scheduler=self.scheduler,
-                                   sampler=self.sampler, extra=extra_state)
+                                   sampler=self.sampler, extra=extra_state,
+                                   files=_checkpoint_files(self.task))
         return rec
 
     def close(self) -> None:
@@ -277,3 +282,9 @@ class TrainLoop:
                 self.checkpointer.close()
         finally:
             self.logger.close()
+
+
+def _checkpoint_files(task: Any) -> dict[str, str] | None:
+    """Files a task saves with every checkpoint (its optional ``checkpoint_files()``)."""
+    make = getattr(task, "checkpoint_files", None)
+    return make() if make is not None else None
