@@ -33,6 +33,7 @@ from lengthwise.doctor.checkpoints import (
 )
 from lengthwise.doctor.cliffs import Cliff, CliffContext, find_cliffs
 from lengthwise.doctor.context import RunContext, run_context
+from lengthwise.doctor.cycles import checked_periodicity
 from lengthwise.doctor.epochs import EpochBoundaries, epoch_boundaries, staircase_starts
 from lengthwise.doctor.errors import EmptyLogError
 from lengthwise.doctor.mechanisms import match_period
@@ -128,6 +129,8 @@ def diagnose(
     resid = roughness_residual(y, cmask)
     bands = find_bands(band_residual(y, cmask, int(use.sum()))[use], level=stats.mean, rng=rng)
     periodicity = _periodicity(s, y, region, cmask, log.step_interval)
+    periodicity = checked_periodicity(periodicity, s[region], y[region], cmask[region], ctx,
+                                      np.random.default_rng([seed, 1]))
     analysed = search | region
     assoc = _association(log, s, cols, analysed, cliffs, (ck, ck_source), checkpoint_every)
     keep = ~cmask & (s >= _cliff_start(s, phases))
