@@ -5,7 +5,8 @@ from the run's own configuration, what the doctor should find: a period (and the
 period in steps a log shows), a clean verdict, checkpoint-associated cliffs,
 restarts and epoch step-downs, ``null`` where the configuration does not settle
 it. A log agrees when every label that is not ``null`` agrees; a step-down at
-3 or more epoch starts counts as a period of one epoch. "Config options"
+3 or more epoch starts is accepted for a labelled period of one epoch
+(a label of no period is judged by the period finding alone). "Config options"
 are the options its configuration justifies: ``--steps-per-epoch`` (the
 recorded epoch length), ``--batch-size`` (per-device batch x gradient
 accumulation), ``--world-size`` and ``--checkpoint-every`` (``save_steps``).
@@ -61,12 +62,13 @@ def config_options(label: dict[str, Any]) -> dict[str, Any]:
 def findings(report: Any) -> dict[str, Any]:
     """What the doctor said, in the labels' terms."""
     causes = {c.name for c in report.verdict.causes}
-    period = report.periodicity.period
-    if period is None and report.epochs.found and len(report.epochs.starts) >= 3:
-        period = report.context.steps_per_epoch  # a staircase at 3+ epoch starts is a period
+    staircase = None
+    if report.epochs.found and len(report.epochs.starts) >= 3:
+        staircase = report.context.steps_per_epoch
     return {
-        "periodic": period is not None,
-        "period": period,
+        "periodic": report.periodicity.period is not None,
+        "period": report.periodicity.period,
+        "staircase": staircase,
         "clean": report.verdict.clean,
         "checkpoint_associated_cliffs": bool(report.checkpoint_association.associated),
         "restart": bool(report.input.restart_count) or "resumes" in causes,
@@ -77,6 +79,8 @@ def findings(report: Any) -> dict[str, Any]:
 def disagreements(expected: dict[str, Any], found: dict[str, Any]) -> list[str]:
     """The labels (not null) the doctor's findings contradict."""
     out = []
+    if expected.get("periodic") and not found["periodic"] and found["staircase"]:
+        found = {**found, "periodic": True, "period": found["staircase"]}
     for key in ("periodic", "clean", "checkpoint_associated_cliffs", "restart",
                 "epoch_boundaries"):
         want = expected.get(key)

@@ -41,6 +41,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=None, metavar="B",
                    help="samples per optimizer step (per device batch x gradient accumulation), "
                    "for the mega-batch arithmetic of length-grouped sampling")
+    p.add_argument("--world-size", type=int, default=None, metavar="W",
+                   help="data-parallel processes (default: a training_args.json or config "
+                   "file beside the log, else 1, 2, 4 and 8 are tried) for the mega-batch "
+                   "arithmetic")
     p.add_argument("--eval-every", type=float, default=None, metavar="N",
                    help="evaluation every N steps (a period of that length is named)")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap/permutation tests")
@@ -70,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
                 steps_per_epoch=args.steps_per_epoch,
                 batch_size=args.batch_size,
                 eval_every=args.eval_every,
+                world_size=args.world_size,
                 seed=args.seed,
             )
         except (LogError, LogNotFoundError, ValueError, OSError) as exc:

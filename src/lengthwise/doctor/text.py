@@ -183,6 +183,10 @@ def _context_line(r: Report) -> str:
         parts.append("steps per epoch unknown (log `epoch` or pass --steps-per-epoch)")
     if c.batch_size:
         parts.append(f"batch {c.batch_size}")
+    if c.world_size:
+        parts.append(f"world size {c.world_size} ({c.world_size_source})")
+    if c.epoch_resets:
+        parts.append(f"{len(c.epoch_resets)} resume(s) (epoch field fell back)")
     if c.checkpoint_every:
         parts.append(f"checkpoint every {_g(c.checkpoint_every, 6)}")
     if c.lr_restarts:
