@@ -119,7 +119,7 @@ def epochs_from_field(steps: np.ndarray, epoch: np.ndarray) -> tuple[float | Non
                 gap = float(seg_e[b] - seg_e[a])
                 frac = (k - seg_e[a]) / gap if gap > 0 else 1.0
                 cross = float(seg_s[a] + frac * (seg_s[b] - seg_s[a]))
-            starts.append(float(np.floor(cross + 1e-6) + 1))
+            starts.append(float(np.round(cross) + 1))  # epochs end on a whole step
     if not rates:
         return None, []
     weight = sum(w for _, w in rates)

@@ -69,14 +69,14 @@ def cycle_groups(
     into ``round(length / interval)`` equal parts.
 
     >>> cycle_groups(np.arange(10.0, 110.0, 10.0), 12.5, []).tolist()
-    [4, 3, 2, 1, 0, 4, 3, 2, 1, 0]
+    [3, 2, 1, 0, 4, 3, 2, 1, 0, 4]
     """
     steps = np.asarray(steps, dtype=np.float64)
     starts = np.sort(np.asarray(epoch_starts, dtype=np.float64))
-    origin = np.zeros(steps.size)
+    origin = np.ones(steps.size)  # steps count from 1: the first epoch starts at step 1
     if starts.size:
         at = np.searchsorted(starts, steps, side="right") - 1
-        origin = np.where(at >= 0, starts[np.clip(at, 0, None)], 0.0)
+        origin = np.where(at >= 0, starts[np.clip(at, 0, None)], 1.0)
     interval = float(np.median(np.diff(steps))) if steps.size > 1 else 1.0
     ratio = Fraction(interval / length).limit_denominator(max_groups)
     exact = abs(float(ratio) - interval / length) < 1e-9

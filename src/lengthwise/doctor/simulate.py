@@ -472,5 +472,6 @@ def simulate_clean(
     if epochs > 1:
         level = level * (1.0 - epoch_drop) ** np.floor(epoch)
     loss = level * np.exp(ar)
+    done = (t + 1) / n * max(epochs, 1)  # progress after each step, as trainers log it
     return [{"step": int((i + 1) * interval), "loss": float(loss[i]), "lr": float(lr[i]),
-             "epoch": round(float(epoch[i]), 4)} for i in range(n)]
+             "epoch": round(float(done[i]), 4)} for i in range(n)]
