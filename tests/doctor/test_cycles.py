@@ -128,3 +128,22 @@ def test_drift_is_not_a_periodic_component_of_unknown_cause() -> None:
             for i, v in enumerate(loss)]
     r = diagnose(rows, world_size=1)
     assert all(c.name != "periodic_unknown" for c in r.verdict.causes)
+
+
+def test_world_size_is_read_beside_the_log_and_the_option_wins(tmp_path, capsys) -> None:
+    from lengthwise.cli import main
+
+    rows = simulate_hf_log(steps=1210, steps_per_epoch=403, world_size=4, interval=10,
+                           amplitude=0.4, seed=0)
+    log = tmp_path / "trainer_log.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "training_args.json").write_text(json.dumps({"args": {"world_size": 4}}))
+    r = diagnose(log)
+    assert (r.context.world_size, r.context.world_size_source) == (4, "training_args.json")
+    assert diagnose(log, world_size=2).context.world_size_source == "--world-size"
+    assert main(["doctor", str(log), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["context"]["world_size"] == 4 and d["periodicity"]["period"] == 50
+    assert main(["doctor", str(log), "--world-size", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--world-size must be positive" in err and err.count("\n") == 1
