@@ -19,12 +19,12 @@ Example::
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 
 from lengthwise.doctor.mechanisms import megabatch_steps
+from lengthwise.doctor.simulate import ar1_noise
 
 
 def simulate_hf_log(
@@ -49,11 +49,7 @@ def simulate_hf_log(
     """
     rng = np.random.default_rng(seed)
     t = np.arange(1, steps + 1, dtype=np.float64)
-    e = rng.standard_normal(steps) * noise * math.sqrt(1 - phi * phi)
-    ar = np.empty(steps)
-    ar[0] = rng.standard_normal() * noise
-    for i in range(1, steps):
-        ar[i] = phi * ar[i - 1] + e[i]
+    ar = ar1_noise(steps, noise, phi, rng)
     epoch_index = np.floor((t - 1) / steps_per_epoch)
     log_loss = np.log(0.8 + 1.5 * np.exp(-3.0 * t / steps)) + ar
     log_loss += np.log1p(-epoch_drop) * epoch_index
