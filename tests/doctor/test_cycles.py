@@ -108,12 +108,14 @@ def test_phase_test_is_calibrated_on_ar1_noise() -> None:
     rng = np.random.default_rng(5)
     steps = np.arange(10.0, 1210.0, 10.0)
     groups = cycle_groups(steps, 12.5, [404.0, 807.0])
+    groups0 = cycle_groups(steps, 25.0, [404.0, 807.0])
     hits = 0
     for _ in range(60):
         x = np.zeros(120)
         for i in range(1, 120):
             x[i] = 0.6 * x[i - 1] + rng.standard_normal()
-        hits += phase_test(x - x.mean(), groups, window=59, rng=rng, surrogates=199).p_value < 0.05
+        t, _ = phase_test(x - x.mean(), [groups, groups0], window=59, rng=rng, surrogates=199)
+        hits += t.p_value < 0.05
     assert hits <= 8  # 5 % of 60 is 3; binomial tail allows a few more
 
 
@@ -147,3 +149,13 @@ def test_world_size_is_read_beside_the_log_and_the_option_wins(tmp_path, capsys)
     assert main(["doctor", str(log), "--world-size", "0"]) == 2
     err = capsys.readouterr().err
     assert "--world-size must be positive" in err and err.count("\n") == 1
+
+
+def test_steps_per_epoch_close_to_the_epoch_field_takes_its_starts() -> None:
+    steps = np.arange(10.0, 1211.0, 10.0)
+    epoch = np.round(steps / 406.3, 2)  # the trainer's own record: 406.3 steps per epoch
+    near = run_context(steps, {"epoch": epoch}, steps_per_epoch=403)
+    assert near.steps_per_epoch == 403 and near.epoch_starts == epochs_from_field(steps, epoch)[1]
+    assert near.steps_per_epoch_source == "--steps-per-epoch, starts from the epoch field"
+    far = run_context(steps, {"epoch": epoch}, steps_per_epoch=300)
+    assert far.epoch_starts == [301.0, 601.0, 901.0, 1201.0]

@@ -3,7 +3,10 @@
 A period in the loss is evidence of a mechanism only when its length matches
 one (:mod:`lengthwise.doctor.mechanisms`); these are the lengths it is matched
 against. Steps per epoch come from ``--steps-per-epoch``, else from the logged
-``epoch`` field (the inverse of its slope over steps); learning-rate restarts
+``epoch`` field (the inverse of its slope over steps); epoch starts from the
+field where it has them (also with ``--steps-per-epoch`` when the two lengths
+agree within 2 %: the trainer's record places them exactly), else every
+``--steps-per-epoch`` steps from step 1; learning-rate restarts
 are jumps of the logged ``lr`` by at least a fifth of its peak.
 
 Example::
@@ -25,6 +28,8 @@ from lengthwise.doctor.numbers import num
 
 #: an lr rise of at least this fraction of the peak between two logged steps is a restart
 RESTART_FRACTION = 0.2
+#: --steps-per-epoch within this fraction of the epoch field's length: the field places the starts
+SAME_EPOCHS = 0.02
 
 
 @dataclass(frozen=True)
@@ -212,6 +217,11 @@ def run_context(
         per, source = float(steps_per_epoch), "--steps-per-epoch"
         k0 = int(np.floor((first - 1) / per)) + 1
         starts = [1 + k * per for k in range(max(k0, 1), int((last - 1) // per) + 1)]
+        logged, logged_starts = (epochs_from_field(steps, columns["epoch"])
+                                 if "epoch" in columns else (None, []))
+        if logged_starts and logged and abs(logged - per) <= SAME_EPOCHS * per:
+            # the same epochs: the trainer's own record places their starts exactly
+            starts, source = logged_starts, "--steps-per-epoch, starts from the epoch field"
     elif "epoch" in columns:
         per, starts = epochs_from_field(steps, columns["epoch"])
         source = "epoch field" if per is not None else None

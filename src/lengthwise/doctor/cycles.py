@@ -11,8 +11,12 @@ the phases ``j * k / L mod 1``: every aliasing of the cycle by the logging
 interval is a grouping of the rows by those phases. The share of the detrended
 residual's variance the grouping explains (``eta^2``) is compared with the same
 share in AR(1) surrogates of the residual, detrended the same way
-(:func:`lengthwise.doctor.folding.ar1_surrogates`); the p-value is the rank
-among them, times the number of distinct groupings tried (Bonferroni).
+(:func:`lengthwise.doctor.folding.ar1_surrogates`; 499 of them, fewer but at
+least 199 on logs of 10,000+ rows); when several groupings are tried (one per
+world size), the largest standardised ``eta^2`` is ranked among the
+surrogates' own largest (max-T). Predicted cycles are tested in logs of up to
+2,047 rows: a longer log holds enough cycles for the periodogram to resolve
+them, and the surrogates would cost more than every other analysis together.
 
 A period the blind search found but no mechanism explains must pass the same
 surrogate test at its length (one phase through the log), so slow drift or
@@ -25,7 +29,7 @@ Example::
     >>> rng = np.random.default_rng(0)
     >>> steps = np.arange(10.0, 1210.0, 10.0)
     >>> x = 0.1 * np.cos(2 * np.pi * steps / 12.5) + 0.05 * rng.standard_normal(120)
-    >>> t = phase_test(x, cycle_groups(steps, 12.5, []), window=59, rng=rng)
+    >>> t, best = phase_test(x, [cycle_groups(steps, 12.5, [])], window=59, rng=rng)
     >>> t.p_value < 0.01, t.groups
     (True, 5)
 """
@@ -45,8 +49,12 @@ from lengthwise.doctor.periodicity import ALPHA, MIN_POINTS, Periodicity
 
 #: fewest rows per phase group for a grouping to be tested
 MIN_PER_GROUP = 4
-#: surrogates of the predicted-cycle test (its p-value is multiplied by the groupings tried)
-PREDICTED_SURROGATES = 999
+#: surrogate values held at once (surrogates x rows), to bound memory on long logs
+SURROGATE_CELLS = 2_000_000
+#: surrogate values per test (surrogates x rows): long logs get fewer surrogates, at least 199
+SURROGATE_BUDGET = 5_000_000
+#: predicted cycles are tested in logs of fewer rows (longer ones resolve them in the periodogram)
+PREDICTED_MAX_ROWS = 2048
 
 
 @dataclass(frozen=True)
@@ -86,40 +94,61 @@ def cycle_groups(
 
 
 def _eta2(x: np.ndarray, groups: np.ndarray, count: int) -> np.ndarray:
-    """eta^2 of the grouping for each row of ``x`` (2-D)."""
+    """eta^2 of the grouping (labels ``0..count-1``, each used) for each row of ``x`` (2-D)."""
+    order = np.argsort(groups, kind="stable")
+    starts = np.searchsorted(groups[order], np.arange(count))
+    sizes = np.bincount(groups, minlength=count).astype(np.float64)
     xc = x - x.mean(axis=1, keepdims=True)
-    sums = np.zeros((x.shape[0], count))
-    for g in range(count):
-        sel = groups == g
-        if sel.any():
-            sums[:, g] = xc[:, sel].sum(axis=1)
-    sizes = np.maximum(np.bincount(groups, minlength=count), 1).astype(np.float64)
+    sums = np.add.reduceat(xc[:, order], starts, axis=1)
     ssb = (sums * sums / sizes).sum(axis=1)
     return ssb / np.maximum((xc * xc).sum(axis=1), 1e-300)
 
 
 def phase_test(
     x: np.ndarray,
-    groups: np.ndarray,
+    groupings: list[np.ndarray],
     *,
     window: int,
     rng: np.random.Generator,
     surrogates: int = SURROGATES,
-) -> PhaseTest:
-    """Surrogate test of how much of the detrended residual ``x`` the phase ``groups`` explain."""
+) -> tuple[PhaseTest, int]:
+    """Surrogate test of how much of the detrended residual ``x`` the best phase grouping explains.
+
+    All ``groupings`` are scored on the same AR(1) surrogates; each one's
+    ``eta^2`` is standardised by the surrogates' mean and spread for it, and
+    the largest standardised value is ranked among the surrogates' own largest
+    (max-T), so trying several groupings does not inflate the false-positive
+    rate. Returns the test of the best grouping and its index (p-value 1 and
+    index 0 when no grouping has 2+ phases of ``MIN_PER_GROUP`` rows).
+    """
     x = np.asarray(x, dtype=np.float64)
-    groups = np.asarray(groups, dtype=np.int64)
-    _, groups = np.unique(groups, return_inverse=True)
-    count = int(groups.max()) + 1 if groups.size else 0
-    if count < 2 or x.size < MIN_PER_GROUP * count:
-        return PhaseTest(p_value=1.0, eta2=0.0, share=0.0, groups=count)
-    obs = float(_eta2(x[None, :], groups, count)[0])
-    sur = ar1_surrogates(x, surrogates, rng)
-    sur = sur - local_linear(sur, window)
-    null = _eta2(sur, groups, count)
-    p = float((1 + np.sum(null >= obs)) / (surrogates + 1))
+    labelled = []
+    for g in groupings:
+        _, inv = np.unique(np.asarray(g, dtype=np.int64), return_inverse=True)
+        count = int(inv.max()) + 1 if inv.size else 0
+        labelled.append((inv, count))
+    usable = [i for i, (_, c) in enumerate(labelled) if c >= 2 and x.size >= MIN_PER_GROUP * c]
+    if not usable:
+        return PhaseTest(p_value=1.0, eta2=0.0, share=0.0,
+                         groups=labelled[0][1] if labelled else 0), 0
+    obs = np.array([_eta2(x[None, :], *labelled[i])[0] for i in usable])
+    chunk = max(1, min(surrogates, SURROGATE_CELLS // x.size))
+    null = np.empty((surrogates, len(usable)))
+    for done in range(0, surrogates, chunk):
+        size = min(chunk, surrogates - done)
+        sur = ar1_surrogates(x, size, rng)
+        sur = sur - local_linear(sur, window)
+        for j, i in enumerate(usable):
+            null[done : done + size, j] = _eta2(sur, *labelled[i])
+    mu, sd = null.mean(axis=0), np.maximum(null.std(axis=0), 1e-300)
+    z_obs = (obs - mu) / sd
+    top = int(np.argmax(z_obs))
+    z_null = ((null - mu) / sd).max(axis=1)
+    p = float((1 + np.sum(z_null >= z_obs[top])) / (surrogates + 1))
+    count = labelled[usable[top]][1]
     chance = (count - 1) / max(x.size - 1, 1)
-    return PhaseTest(p_value=p, eta2=obs, share=max(0.0, obs - chance), groups=count)
+    return PhaseTest(p_value=p, eta2=float(obs[top]), share=max(0.0, float(obs[top]) - chance),
+                     groups=count), usable[top]
 
 
 def distinct_groupings(groupings: list[np.ndarray]) -> list[int]:
@@ -163,7 +192,8 @@ def checked_periodicity(
             "periodogram"
         ):
             return per
-        t = phase_test(rw, cycle_groups(steps, per.period, []), window=window, rng=rng)
+        t, _ = phase_test(rw, [cycle_groups(steps, per.period, [])], window=window, rng=rng,
+                          surrogates=_surrogates(n))
         if t.p_value < alpha:
             return replace(per, note=_join(per.note, f"the period passes the AR(1) surrogate "
                                                     f"test too (p={t.p_value:.3g})"))
@@ -180,6 +210,8 @@ def _predicted(
     per: Periodicity, steps: np.ndarray, rw: np.ndarray, ctx: RunContext, window: int,
     rng: np.random.Generator, alpha: float,
 ) -> Periodicity:
+    if rw.size >= PREDICTED_MAX_ROWS:
+        return per
     tries = []
     for name, length, how in candidates(ctx):
         seen = apparent_period(length, ctx.interval)
@@ -189,10 +221,10 @@ def _predicted(
         return per
     groupings = [cycle_groups(steps, length, ctx.epoch_starts) for length, _, _ in tries]
     keep = distinct_groupings(groupings)
-    tests = [(phase_test(rw, groupings[i], window=window, rng=rng,
-                         surrogates=PREDICTED_SURROGATES), i) for i in keep]
-    best, i = min(tests, key=lambda ti: (ti[0].p_value, -ti[0].eta2))  # ties: the best fit
-    p = min(1.0, best.p_value * len(keep))
+    best, j = phase_test(rw, [groupings[i] for i in keep], window=window, rng=rng,
+                         surrogates=_surrogates(rw.size))
+    i = keep[j]
+    p = best.p_value
     if p >= alpha:
         return replace(per, note=_join(per.note, f"predicted cycle ({tries[i][0]:g} steps) "
                                                  f"not found (p={p:.3g})"))
@@ -205,9 +237,14 @@ def _predicted(
         acf_at_period=float(per.acf[lag]) if 0 < lag < per.acf.size else None,
         best_period=seen,
         test=(f"predicted cycle of {length:g} steps ({best.groups} phases, {reset}) vs AR(1) "
-              f"surrogates, x{len(keep)} groupings, alpha={alpha}"),
+              f"surrogates, max-T over {len(keep)} grouping(s), alpha={alpha}"),
         note=_join(per.note, f"tested because {how}"),
     )
+
+
+def _surrogates(rows: int) -> int:
+    """Surrogates for a log of ``rows``: ``SURROGATES``, fewer (not under 199) on very long logs."""
+    return int(max(199, min(SURROGATES, SURROGATE_BUDGET // max(rows, 1))))
 
 
 def _join(a: str, b: str) -> str:
