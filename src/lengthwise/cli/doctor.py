@@ -5,6 +5,7 @@ Example::
     $ lengthwise doctor train_log.jsonl
     $ lengthwise doctor run_a.jsonl run_b.jsonl --json
     $ lengthwise doctor runs/ --plot doctor.png --checkpoint-every 500
+    $ lengthwise doctor wandb/run-20240101_120000-abc123 --world-size 4
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="diagnose training loss curves: bands, periods, cliffs, and their causes",
         description=(
             "Read training logs (JSON lines, .gz, CSV exports, TensorBoard event files or "
-            "directories) and report the stable region, loss statistics, bands, periodicity, "
+            "directories, W&B run files or folders) and report the stable region, loss statistics, bands, periodicity, "
             "cliffs and their alignment with checkpoints, attribution to batch composition, "
             "and a ranked verdict with prescriptions."
         ),
     )
-    p.add_argument("logs", nargs="+", metavar="LOG", help="log file(s) or TensorBoard dir(s)")
+    p.add_argument("logs", nargs="+", metavar="LOG",
+                   help="log file(s), TensorBoard dir(s) or W&B run folder(s)")
     p.add_argument("--step-key", default=None, help="step field (default: step or an alias)")
     p.add_argument("--loss-key", default=None, help="loss field (default: loss or an alias)")
     p.add_argument("--from", dest="start", type=float, default=None, metavar="STEP",
