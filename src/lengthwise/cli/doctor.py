@@ -22,7 +22,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="diagnose training loss curves: bands, periods, cliffs, and their causes",
         description=(
             "Read training logs (JSON lines, .gz, CSV exports, TensorBoard event files or "
-            "directories, W&B run files or folders) and report the stable region, loss statistics, bands, periodicity, "
+            "directories, W&B run files or folders) and report the stable region, loss "
+            "statistics, bands, periodicity, "
             "cliffs and their alignment with checkpoints, attribution to batch composition, "
             "and a ranked verdict with prescriptions."
         ),
