@@ -4,14 +4,30 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from lengthwise.cli import main
 from lengthwise.doctor import diagnose
 from lengthwise.doctor.readers import read_log
 from lengthwise.doctor.simulate import simulate_run
+
+
+def _settled(folder: Path) -> Path:
+    """The run folder once W&B's writer has flushed its file (finish() returns before it does)."""
+    (file,) = folder.glob("*.wandb")
+    last, still = -1, 0
+    for _ in range(600):  # up to a minute
+        size = file.stat().st_size
+        still = still + 1 if size == last else 0
+        if still >= 10:
+            break
+        last = size
+        time.sleep(0.1)
+    return folder
 
 
 def _offline_run(root: Path, rows: list[dict], monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -27,7 +43,7 @@ def _offline_run(root: Path, rows: list[dict], monkeypatch: pytest.MonkeyPatch) 
             run.log({"eval/loss": r["loss"] + 0.1, "train/global_step": r["step"]})
     run.finish()
     (folder,) = (root / "wandb").glob("offline-run-*")
-    return folder
+    return _settled(folder)
 
 
 @pytest.fixture(scope="module")
@@ -87,3 +103,46 @@ def test_a_file_that_is_not_a_wandb_run_is_a_one_line_error(tmp_path: Path, caps
     path.write_bytes(b"not a wandb file at all")
     assert main(["doctor", str(path)]) == 2
     assert "not a W&B run file" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_hugging_face_trainer_run_logged_to_wandb_reads_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real Trainer with ``report_to="wandb"`` (offline): steps, epochs and epoch starts."""
+    wandb = pytest.importorskip("wandb")
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    wandb.teardown()  # W&B set up earlier in this process would keep its settings (its dir)
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=64,
+                                     n_positions=64, bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(config)
+    samples = [torch.randint(0, 64, (8 + i % 24,), generator=torch.Generator().manual_seed(i))
+               for i in range(64)]
+
+    def collate(batch: list) -> dict:
+        width = max(len(s) for s in batch)
+        ids = torch.stack([torch.nn.functional.pad(s, (0, width - len(s))) for s in batch])
+        labels = torch.stack([torch.nn.functional.pad(s, (0, width - len(s)), value=-100)
+                              for s in batch])
+        return {"input_ids": ids, "labels": labels}
+
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_train_epochs=4,
+        logging_steps=1, report_to=["wandb"], save_strategy="no", use_cpu=True,
+        disable_tqdm=True)
+    transformers.Trainer(model=model, args=args, train_dataset=samples,
+                         data_collator=collate).train()
+    wandb.finish()  # the run stays open after train(); finishing flushes the file
+    (folder,) = tmp_path.rglob("offline-run-*")
+    log = read_log(_settled(folder))
+    assert log.step.tolist() == list(range(1, 65)) and np.isfinite(log.loss).all()
+    report = diagnose(folder)
+    # 64 samples / 4 per step = 16 steps per epoch; the trainer writes 1.0 at step 16
+    assert report.context.steps_per_epoch == pytest.approx(16)
+    assert report.context.epoch_starts == [17.0, 33.0, 49.0]

@@ -127,6 +127,7 @@ def epochs_from_field(steps: np.ndarray, epoch: np.ndarray) -> tuple[float | Non
             starts.append(float(np.round(cross) + 1))  # epochs end on a whole step
     if not rates:
         return None, []
+    starts = [x for x in starts if x <= float(s[-1])]  # an epoch that ends the log starts none
     weight = sum(w for _, w in rates)
     slope = sum(r * w for r, w in rates) / weight if weight > 0 else rates[0][0]
     return round(1.0 / slope, 6), starts
