@@ -113,6 +113,11 @@ def _periodicity_lines(r: Report) -> list[str]:
     else:
         lines = [f"  periodicity  none (strongest candidate {_g(per.best_period)} steps, "
                  f"p={_g(per.p_value, 3)})"]
+    if per.period is not None and per.test.startswith("predicted"):
+        lines.append(f"               {per.test}")
+    gated = [part for part in per.note.split("; ") if "fails the AR(1) surrogate" in part]
+    if per.period is None and gated:
+        lines.append(f"               {gated[0]}")
     if per.runs is not None:
         ru = per.runs
         lines.append(f"  runs         {ru.runs:,} runs of high/low steps vs {_g(ru.expected, 6)} "
