@@ -35,13 +35,13 @@ from lengthwise.demo.corpus import (  # noqa: E402
 )
 from lengthwise.demo.data import DemoData  # noqa: E402
 from lengthwise.demo.lm import token_losses  # noqa: E402
-from lengthwise.demo.loop import make_sampler  # noqa: E402
 from lengthwise.demo.main import check_targets, parse_orders  # noqa: E402
 from lengthwise.demo.report import JSON_KEYS, add_ratios, format_table  # noqa: E402
 from lengthwise.demo.results import read_log  # noqa: E402
 from lengthwise.demo.runner import OrderRun, train_order  # noqa: E402
-from lengthwise.demo.schedule import lr_factor  # noqa: E402
 from lengthwise.demo.tokenizer import EOS, encode_texts, get_tokenizer  # noqa: E402
+from lengthwise.train.loop import make_sampler  # noqa: E402
+from lengthwise.train.schedule import lr_factor  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 LOG_FIELDS = {"step", "epoch", "loss", "lr", "grad_norm", "real_tokens", "padded_tokens",
@@ -232,7 +232,7 @@ def test_resume_without_a_checkpoint_says_so(data, tmp_path, capsys):
     cfg = DemoConfig(steps=2, resume=True, **SMALL)
     train_order("stratified", data, cfg, out=tmp_path)
     err = capsys.readouterr().err
-    assert "--resume: no checkpoint under" in err and "stratified starts from step 0" in err
+    assert "resume: no checkpoint under" in err and "stratified starts from step 0" in err
 
 
 def test_packed_strategy_fills_rows_without_padding(data, tmp_path):
@@ -459,7 +459,7 @@ def test_code_layout_names_every_module_of_the_demo():
 def test_progress_lines_come_from_rank_0_only(capsys):
     from types import SimpleNamespace
 
-    from lengthwise.demo.device import say
+    from lengthwise.train.device import say
 
     say(SimpleNamespace(rank=1, world_size=2), "from rank 1")
     say(SimpleNamespace(rank=0, world_size=2), "from rank 0")

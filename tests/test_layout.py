@@ -123,8 +123,21 @@ def test_planning_imports_nothing_outside_itself():
     for name, deps in graph.items():
         if name.startswith("lengthwise.planning"):
             outside = {d for d in deps if not d.startswith("lengthwise.planning")}
-            assert outside <= {"lengthwise", "lengthwise._lazy"}, (name, outside)
+            # lengthwise.errors (the error family) and lengthwise.atomic (atomic file writes)
+            # are standard-library modules with no dependency of their own
+            assert outside <= {"lengthwise", "lengthwise._lazy", "lengthwise.errors",
+                               "lengthwise.atomic"}, (name, outside)
 
+
+def test_the_library_does_not_import_its_demo():
+    """Only the demo and its command import ``lengthwise.demo``; the loop is a library part."""
+    graph = import_graph()
+    allowed = ("lengthwise.demo", "lengthwise.cli.demo")
+    for name, deps in graph.items():
+        if name == allowed[0] or name.startswith(allowed[0] + ".") or name == allowed[1]:
+            continue
+        demo = {d for d in deps if d == "lengthwise.demo" or d.startswith("lengthwise.demo.")}
+        assert not demo, (name, demo)
 
 def test_the_core_plans_without_importing_torch():
     code = ("import sys, lengthwise.planning as p; p.plan_epoch([3, 1, 2], batch_size=2); "

@@ -67,7 +67,18 @@ _EXPORTS: dict[str, str] = {
     "PendingSave": "lengthwise.train.checkpoint",
     "CheckpointError": "lengthwise.train.checkpoint",
     "CorruptCheckpointError": "lengthwise.train.checkpoint",
+    "CheckpointLockedError": "lengthwise.train.checkpoint",
     "group_info": "lengthwise.pytorch.dist",
+    "LengthwiseError": "lengthwise.errors",
+    "ConfigError": "lengthwise.errors",
+    "DataError": "lengthwise.errors",
+    "MissingDependencyError": "lengthwise.errors",
+    "LoopConfig": "lengthwise.train.config",
+    "TrainLoop": "lengthwise.train.loop",
+    "Task": "lengthwise.train.loop",
+    "MicroOut": "lengthwise.train.loop",
+    "lr_factor": "lengthwise.train.schedule",
+    "setup_distributed": "lengthwise.train.device",
 }
 
 __all__ = ["__version__", *_EXPORTS]

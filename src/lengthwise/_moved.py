@@ -1,6 +1,6 @@
 """Old module paths kept importable: ``import lengthwise.sampler`` still works, with a warning.
 
-The modules moved into the ``planning``, ``pytorch`` and ``hf`` sub-packages; an
+The modules moved into the ``planning``, ``pytorch``, ``hf`` and ``train`` sub-packages; an
 import of an old path returns the module at its new path (the same object) and
 emits a :class:`DeprecationWarning` naming the new one.
 
@@ -46,6 +46,9 @@ MOVED: dict[str, str] = {
     "lengthwise.train._dist": "lengthwise.pytorch.dist",
     "lengthwise.hf_lengths": "lengthwise.hf.lengths",
     "lengthwise.hf_trainer": "lengthwise.hf.trainer",
+    "lengthwise.demo.loop": "lengthwise.train.loop",
+    "lengthwise.demo.schedule": "lengthwise.train.schedule",
+    "lengthwise.demo.device": "lengthwise.train.device",
 }
 
 

@@ -39,8 +39,8 @@ def build_loop(cfg, out, info=None, order="stratified"):
     import torch
     from _dflash_tiny import tiny_draft, tiny_target
 
-    from lengthwise.demo.loop import TrainLoop
     from lengthwise.dflash.train import DFlashTask
+    from lengthwise.train.loop import TrainLoop
 
     target = tiny_target(seed=0)
     draft = tiny_draft(target, seed=1, block_size=cfg.block_size)

@@ -29,7 +29,7 @@ class _BothRanks:
         import numpy as np
         from _dflash_run import data
 
-        from lengthwise.demo.loop import StepBatches, make_sampler
+        from lengthwise.train.loop import StepBatches, make_sampler
 
         lengths = data().lengths
         half = type(cfg)(**{**cfg.__dict__, "grad_accum": cfg.grad_accum // 2})

@@ -29,9 +29,14 @@ def test_epoch_starts_are_one_step_after_progress_reaches_k(spe: int, every: int
     assert per == pytest.approx(spe, rel=0.01)
     true = [k * spe + 1.0 for k in range(1, int(steps[-1] // spe) + 1) if k * spe < steps[-1]]
     assert len(starts) >= len(true)
-    # the first row of each epoch is the first row at or after its true start
+    # the first row of each epoch is the first row at or after its true start; where a row
+    # straddles the start and the values are rounded, the next row is as good
     rows = np.searchsorted(steps, starts[: len(true)])
-    assert rows.tolist() == np.searchsorted(steps, true).tolist()
+    want = np.searchsorted(steps, true)
+    if spe % every == 0 or decimals is None:  # rows end on epoch ends: they read exactly k.0
+        assert rows.tolist() == want.tolist()
+    else:
+        assert np.abs(rows - want).max() <= 1
 
 
 def test_a_log_that_writes_k0_exactly_has_its_staircase_found() -> None:

@@ -182,8 +182,8 @@ def _check_task_options(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo and print the comparison; returns the exit code."""
-    from lengthwise.demo.device import is_main
     from lengthwise.demo.main import parse_orders
+    from lengthwise.train.device import is_main
 
     buckets: int | str = args.buckets
     if isinstance(buckets, str) and buckets != "auto":

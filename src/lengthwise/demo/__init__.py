@@ -4,10 +4,6 @@
 - :mod:`~lengthwise.demo.tokenizer`: a BPE tokenizer trained locally and cached.
 - :mod:`~lengthwise.demo.model`: small randomly initialised Llama-style models.
 - :mod:`~lengthwise.demo.config`: the settings (the command line reads its defaults here).
-- :mod:`~lengthwise.demo.schedule`: warm-up, then constant or cosine learning rate.
-- :mod:`~lengthwise.demo.device`: ``torchrun`` rank, device and autocast dtype.
-- :mod:`~lengthwise.demo.loop`: the training loop every task shares (sampler, collator,
-  ``StepLogger``, checkpoints, ``SpikeGuard``, DDP).
 - :mod:`~lengthwise.demo.lm`: the causal-LM task and its held-out evaluation.
 - :mod:`~lengthwise.demo.runner`: one run per order, in lock-step.
 - :mod:`~lengthwise.demo.results`: a run's figures, read back from its log.
@@ -15,6 +11,8 @@
   DFlash draft per order against a frozen target, on responses the target regenerated.
 - :mod:`~lengthwise.demo.report`: roughness and verdicts from the doctor, table, plot.
 - :mod:`~lengthwise.demo.main`: :func:`run_demo`, all of it together.
+
+The training loop itself is a library part, :mod:`lengthwise.train.loop`.
 
 Importing this package loads nothing heavy; torch and transformers load on use.
 

@@ -20,8 +20,11 @@ from typing import Any
 
 import numpy as np
 
+from lengthwise.atomic import atomic_open
 from lengthwise.demo.config import check_positive
-from lengthwise.demo.device import (
+from lengthwise.dflash.train import DFlashTrainConfig
+from lengthwise.pytorch.dist import GroupInfo
+from lengthwise.train.device import (
     autocast_dtype,
     configure_torch,
     pick_device,
@@ -29,8 +32,6 @@ from lengthwise.demo.device import (
     say,
     setup_distributed,
 )
-from lengthwise.dflash.train import DFlashTrainConfig
-from lengthwise.pytorch.dist import GroupInfo
 
 __all__ = ["DFLASH_KEYS", "DFlashDemoConfig", "DFlashOrderRun", "render_dflash",
            "run_dflash_demo"]
@@ -88,9 +89,9 @@ class DFlashOrderRun:
                  out: str | Path, info: GroupInfo | None, meta: dict[str, Any]) -> None:
         import torch
 
-        from lengthwise.demo.loop import TrainLoop
         from lengthwise.dflash.model import DFlashConfig, DFlashDraft
         from lengthwise.dflash.train import DFlashTask
+        from lengthwise.train.loop import TrainLoop
 
         self.order, self.data, self.target, self.cfg, self.info = order, data, target, cfg, info
         self.meta = meta
@@ -209,7 +210,8 @@ def run_dflash_demo(cfg: DFlashDemoConfig, *, orders: list[str], out: str | Path
 
     text = summary_json(summary.pop("strategies"), **summary)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(text + "\n", encoding="utf-8")
+    with atomic_open(out / "summary.json", "w", encoding="utf-8") as fh:
+        fh.write(text + "\n")
     return json.loads(text)
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.demo.loop import MicroOut
+from lengthwise.train.loop import MicroOut
 
 __all__ = ["LMTask", "evaluate", "token_losses"]
 

@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lengthwise.atomic import atomic_open
 from lengthwise.demo.config import DemoConfig, available_orders
 from lengthwise.demo.data import DemoData
-from lengthwise.demo.device import barrier, rank_world, say, setup_distributed
 from lengthwise.demo.report import (
     JSON_KEYS,
     add_ratios,
@@ -36,6 +36,7 @@ from lengthwise.demo.report import (
 )
 from lengthwise.demo.runner import train_orders
 from lengthwise.pytorch.dist import GroupInfo
+from lengthwise.train.device import barrier, rank_world, say, setup_distributed
 
 __all__ = ["check_targets", "parse_orders", "prepare_data", "run_demo"]
 
@@ -177,8 +178,9 @@ def run_demo(cfg: DemoConfig, *, orders: list[str] | str | None = None,
             meta["plot"] = path
     meta["wall_seconds"] = time.perf_counter() - started
     text = summary_json(rows, **meta)
-    (out / "summary.json").write_text(text + "\n", encoding="utf-8")
-    (out / "summary.md").write_text(format_markdown(rows) + "\n", encoding="utf-8")
+    for name, content in (("summary.json", text), ("summary.md", format_markdown(rows))):
+        with atomic_open(out / name, "w", encoding="utf-8") as fh:
+            fh.write(content + "\n")
     return json.loads(text)
 
 

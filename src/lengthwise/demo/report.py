@@ -25,6 +25,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from lengthwise.atomic import atomic_path
+
 __all__ = ["JSON_KEYS", "TABLE_COLUMNS", "add_ratios", "common_region", "diagnose_runs",
            "format_columns", "format_markdown", "format_table", "format_verdicts", "plot_curves",
            "summary_json", "verdict_of"]
@@ -213,7 +215,7 @@ def plot_runs(curves: dict[str, list[float]], out: str | Path, *, region: tuple[
               roughness: dict[str, float], title: str, group: Any = None) -> str | None:
     """Write ``out/loss_curves.png`` and return its path; without matplotlib, say so and
     return ``None`` (the figures still come out)."""
-    from lengthwise.demo.device import say
+    from lengthwise.train.device import say
 
     try:
         return str(plot_curves(curves, Path(out) / "loss_curves.png", region=region,
@@ -283,6 +285,7 @@ def plot_curves(curves: dict[str, list[float]], path: str | Path, *,
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
     return path

@@ -30,10 +30,10 @@ from typing import Any, Protocol
 
 from lengthwise.demo.config import PACKED, DemoConfig
 from lengthwise.demo.data import DemoData
-from lengthwise.demo.device import autocast_dtype, configure_torch, pick_device, rank_world
-from lengthwise.demo.loop import TrainLoop
 from lengthwise.demo.results import OrderResult, read_log, summarise
 from lengthwise.pytorch.dist import GroupInfo
+from lengthwise.train.device import autocast_dtype, configure_torch, pick_device, rank_world
+from lengthwise.train.loop import TrainLoop
 
 __all__ = ["OrderRun", "run_lockstep", "train_order", "train_orders"]
 

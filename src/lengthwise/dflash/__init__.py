@@ -5,7 +5,10 @@
 - :mod:`~lengthwise.dflash.model`: the draft network (:class:`DFlashDraft`).
 - :mod:`~lengthwise.dflash.target`: the frozen target (embedding, LM head, context features).
 - :mod:`~lengthwise.dflash.blocks`: a collated micro-batch turned into blocks and their mask.
-- :mod:`~lengthwise.dflash.loss`: draft logits, weighted cross-entropy and accuracy sums.
+- :mod:`~lengthwise.dflash.loss`: draft hidden states, weighted cross-entropy and accuracy sums.
+- :mod:`~lengthwise.dflash.head`: the LM head and cross-entropy in chunks, recomputed in the
+  backward (never slots x vocabulary logits).
+- :mod:`~lengthwise.dflash.attention`: the flex-attention block-sparse mask (CUDA).
 - :mod:`~lengthwise.dflash.decode`: speculative decoding and its acceptance length.
 - :mod:`~lengthwise.dflash.train`: the training loop on lengthwise's sampler, collators,
   ``StepLogger``, checkpoints and ``SpikeGuard``.
@@ -29,14 +32,20 @@ _EXPORTS = {
     "sample_anchors": "lengthwise.dflash.objective",
     "block_targets": "lengthwise.dflash.objective",
     "simulated_acceptance_length": "lengthwise.dflash.objective",
+    "anchor_quota": "lengthwise.dflash.objective",
     "DFlashConfig": "lengthwise.dflash.model",
     "DFlashDraft": "lengthwise.dflash.model",
+    "check_target": "lengthwise.dflash.model",
     "Target": "lengthwise.dflash.target",
     "load_target": "lengthwise.dflash.target",
     "make_blocks": "lengthwise.dflash.blocks",
     "block_attention_mask": "lengthwise.dflash.blocks",
     "block_logits": "lengthwise.dflash.loss",
     "block_loss": "lengthwise.dflash.loss",
+    "block_hidden": "lengthwise.dflash.loss",
+    "head_loss": "lengthwise.dflash.loss",
+    "chunked_cross_entropy": "lengthwise.dflash.head",
+    "block_flex_mask": "lengthwise.dflash.attention",
 }
 
 __all__ = list(_EXPORTS)

@@ -25,6 +25,7 @@ Example::
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -41,8 +42,20 @@ from transformers.models.qwen3.modeling_qwen3 import (
 )
 
 from lengthwise.dflash.objective import default_gamma, target_layer_ids
+from lengthwise.errors import ConfigError
+from lengthwise.train.config import check_positive
 
-__all__ = ["DFlashConfig", "DFlashDraft"]
+__all__ = ["DFlashConfig", "DFlashDraft", "check_target"]
+
+
+def _optional_positive(cfg: object, *names: str) -> None:
+    check_positive(cfg, *(n for n in names if getattr(cfg, n) is not None))
+
+
+def _positive_number(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float(
+            "inf"):
+        raise ConfigError(f"{name} must be a finite number > 0, got {value!r}")
 
 
 @dataclass
@@ -73,18 +86,17 @@ class DFlashConfig:
     mask_token_id: int | None = None
 
     def __post_init__(self) -> None:
+        self._check()
         if self.head_dim is None:
             if self.hidden_size % self.num_heads:
-                raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of "
-                                 f"num_heads {self.num_heads}; give head_dim")
+                raise ConfigError(f"hidden_size {self.hidden_size} is not a multiple of "
+                                  f"num_heads {self.num_heads}; give head_dim")
             self.head_dim = self.hidden_size // self.num_heads
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads {self.num_heads} must be a multiple of num_kv_heads "
-                             f"{self.num_kv_heads}")
+            raise ConfigError(f"num_heads {self.num_heads} must be a multiple of num_kv_heads "
+                              f"{self.num_kv_heads}")
         if self.intermediate_size is None:
             self.intermediate_size = 3 * self.hidden_size
-        if self.block_size < 2:
-            raise ValueError(f"block_size must be >= 2, got {self.block_size}")
         if self.gamma is None:
             self.gamma = default_gamma(self.block_size)
         if self.target_layers is None:
@@ -98,6 +110,35 @@ class DFlashConfig:
             self.num_features = len(self.target_layers)
         if self.target_layers is not None:
             self.num_features = len(self.target_layers)
+
+    def _check(self) -> None:
+        """Refuse a value that cannot build a draft, naming the field (a :class:`ConfigError`)."""
+        check_positive(self, "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                       "max_position_embeddings", "block_size")
+        _optional_positive(self, "head_dim", "intermediate_size", "num_features",
+                           "num_target_layers")
+        if self.block_size < 2:
+            raise ConfigError(f"block_size must be >= 2, got {self.block_size}")
+        for name in ("rms_norm_eps", "rope_theta"):
+            _positive_number(name, getattr(self, name))
+        if self.gamma is not None:
+            _positive_number("gamma", self.gamma)
+        m = self.mask_token_id
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 0):
+            raise ConfigError(f"mask_token_id must be a token id >= 0 or None, got {m!r}")
+        if self.target_layers is None:
+            return
+        layers = list(self.target_layers)
+        if not layers:
+            raise ConfigError("target_layers is empty: give at least one target layer")
+        bad = [i for i in layers
+               if isinstance(i, bool) or not isinstance(i, numbers.Integral) or i < 0]
+        n = self.num_target_layers
+        if n is not None:
+            bad += [i for i in layers if i not in bad and i >= n]
+        if bad:
+            where = f"[0, {n})" if n is not None else "non-negative integers"
+            raise ConfigError(f"target_layers {layers}: {bad} not in {where}")
 
     @classmethod
     def from_target(cls, target_config: Any, **overrides: Any) -> DFlashConfig:
@@ -171,8 +212,13 @@ class _Attention(nn.Module):
         q, _ = apply_rotary_pos_emb(q, q, cos[:, -q_len:], sin[:, -q_len:])
         k, _ = apply_rotary_pos_emb(k, k, cos, sin)
         groups = self.heads // self.kv_heads
-        out = F.scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups),
-                                             attn_mask=bias)
+        if isinstance(bias, torch.Tensor):
+            out = F.scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups),
+                                                 attn_mask=bias)
+        else:  # a flex-attention BlockMask (lengthwise.dflash.attention)
+            from lengthwise.dflash.attention import flex_attend
+
+            out = flex_attend(q, k, v, bias)
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
 
 
@@ -196,7 +242,8 @@ class DFlashDraft(nn.Module):
     ``features``: ``(b, L, num_features * H)`` target hidden states of the context;
     ``block_embeds``: ``(b, Q, H)`` embedded block tokens (anchor + mask tokens);
     ``positions``: ``(b, L + Q)`` RoPE positions of context then block slots;
-    ``mask``: ``(b, Q, L + Q)`` boolean, which key each block slot may attend to.
+    ``mask``: ``(b, Q, L + Q)`` boolean, which key each block slot may attend to, or the
+    same as a flex-attention ``BlockMask`` (:func:`lengthwise.dflash.attention.block_flex_mask`).
     Returns normalised hidden states ``(b, Q, H)`` for the target's LM head. A slot
     whose mask row is all false attends to nothing (its attention output is zero).
     """
@@ -204,8 +251,8 @@ class DFlashDraft(nn.Module):
     def __init__(self, cfg: DFlashConfig) -> None:
         super().__init__()
         if cfg.num_features is None:
-            raise ValueError("DFlashConfig needs target_layers, num_features or "
-                             "num_target_layers")
+            raise ConfigError("DFlashConfig needs target_layers, num_features or "
+                              "num_target_layers")
         self.config = cfg
         qcfg = cfg.qwen3_config()
         h = cfg.hidden_size
@@ -223,10 +270,51 @@ class DFlashDraft(nn.Module):
         context = self.context_norm(self.fc(features.to(self.fc.weight.dtype)))
         h = block_embeds.to(context.dtype)
         rope = self.rotary(h, positions)
-        neg = torch.finfo(h.dtype).min / 2
-        bias = torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill_(~mask, neg)
-        bias = bias.unsqueeze(1)
-        sees = mask.any(dim=-1, keepdim=True).to(h.dtype)  # rows that see nothing get no attention
+        if isinstance(mask, torch.Tensor):
+            neg = torch.finfo(h.dtype).min / 2
+            bias = torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill_(~mask, neg)
+            bias = bias.unsqueeze(1)
+            sees = mask.any(dim=-1, keepdim=True).to(h.dtype)  # rows seeing nothing: no attention
+        else:  # a BlockMask: flex attention gives rows that see nothing a zero output
+            bias, sees = mask, torch.ones((), dtype=h.dtype, device=h.device)
         for layer in self.layers:
             h = layer(h, context, rope, bias, sees)
         return self.norm(h)
+
+
+def check_target(cfg: DFlashConfig, target: Any) -> None:
+    """Refuse a draft config that does not fit ``target`` (a :class:`ConfigError` naming why).
+
+    The draft reads the target's embedding and LM head (same width), its features
+    (the same layers), and fills blocks with ``mask_token_id`` (inside the vocabulary).
+
+    Example::
+
+        >>> import transformers
+        >>> from lengthwise.dflash.target import Target
+        >>> t = transformers.LlamaConfig(vocab_size=30, hidden_size=16, num_hidden_layers=2,
+        ...                              num_attention_heads=2, intermediate_size=32)
+        >>> target = Target(transformers.LlamaForCausalLM(t), layers=[0, 1])
+        >>> check_target(DFlashConfig(hidden_size=32, target_layers=[0, 1]), target)
+        Traceback (most recent call last):
+        ...
+        lengthwise.errors.ConfigError: draft hidden_size 32 differs from the target's 16 (the \
+draft reads the target's embedding and LM head)
+    """
+    width = int(target.embed.weight.shape[1])
+    if cfg.hidden_size != width:
+        raise ConfigError(f"draft hidden_size {cfg.hidden_size} differs from the target's "
+                          f"{width} (the draft reads the target's embedding and LM head)")
+    n = int(target.model.config.num_hidden_layers)
+    if cfg.num_target_layers is not None and cfg.num_target_layers != n:
+        raise ConfigError(f"the draft was built for a target of {cfg.num_target_layers} layers;"
+                          f" this target has {n}")
+    if cfg.target_layers is not None and list(cfg.target_layers) != list(target.layers):
+        raise ConfigError(f"the draft reads target layers {cfg.target_layers} but the target "
+                          f"gives layers {target.layers}")
+    if cfg.num_features != len(target.layers):
+        raise ConfigError(f"the draft takes {cfg.num_features} target features but the target "
+                          f"gives {len(target.layers)} (layers {target.layers})")
+    if cfg.mask_token_id is not None and cfg.mask_token_id >= target.vocab_size:
+        raise ConfigError(f"mask_token_id {cfg.mask_token_id} is outside the target's "
+                          f"vocabulary of {target.vocab_size} tokens")

@@ -1,6 +1,7 @@
 """Errors raised by the doctor, each with a message that names the log and the problem.
 
-They subclass the built-in ``ValueError`` / ``FileNotFoundError`` / ``ImportError``
+They belong to :class:`~lengthwise.errors.LengthwiseError` and subclass the
+built-in ``ValueError`` / ``FileNotFoundError`` / ``ImportError``
 so that callers can catch them broadly, and the command line prints
 ``lengthwise doctor: error: <message>`` and exits with status 2.
 
@@ -15,8 +16,10 @@ Example::
 
 from __future__ import annotations
 
+from lengthwise.errors import DataError, LengthwiseError, MissingDependencyError
 
-class LogError(ValueError):
+
+class LogError(DataError):
     """A log could not be turned into a loss curve."""
 
 
@@ -28,9 +31,9 @@ class UnreadableLogError(LogError):
     """The log exists but cannot be read or decoded (permissions, corrupt file)."""
 
 
-class LogNotFoundError(FileNotFoundError):
+class LogNotFoundError(LengthwiseError, FileNotFoundError):
     """The log path does not exist (or a directory holds no log the doctor reads)."""
 
 
-class PlotUnavailableError(ImportError):
+class PlotUnavailableError(MissingDependencyError):
     """``--plot`` was asked for but matplotlib is not installed."""

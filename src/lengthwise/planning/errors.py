@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from lengthwise.errors import DataError
+
 __all__ = ["MAX_LENGTH", "LengthError", "first_bad_length"]
 
 #: lengths must stay below this to be held as int64 (2**63 would wrap to a negative number)
 MAX_LENGTH = 2**63
 
 
-class LengthError(ValueError):
+class LengthError(DataError):
     """Raised for lengths that cannot be planned (negative, fractional, NaN, empty...)."""
 
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from lengthwise.errors import ConfigError
+
 __all__ = ["Budget", "BudgetError"]
 
 _HINT = ("(the samples are longer than the lengths the plan was built from, or the collator "
@@ -27,7 +29,7 @@ _HINT = ("(the samples are longer than the lengths the plan was built from, or t
          "to the plan's limit and pads to its pad_multiple)")
 
 
-class BudgetError(ValueError):
+class BudgetError(ConfigError):
     """A collated micro-batch holds more than the plan's budget allows."""
 
 

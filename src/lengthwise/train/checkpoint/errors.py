@@ -6,16 +6,24 @@ Example::
     True
     >>> issubclass(CorruptCheckpointError, CheckpointError)
     True
+    >>> issubclass(CheckpointLockedError, CheckpointError)
+    True
 """
 
 from __future__ import annotations
 
-__all__ = ["CheckpointError", "CorruptCheckpointError"]
+from lengthwise.errors import LengthwiseError
+
+__all__ = ["CheckpointError", "CheckpointLockedError", "CorruptCheckpointError"]
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(LengthwiseError, RuntimeError):
     """A checkpoint could not be written or read."""
 
 
 class CorruptCheckpointError(CheckpointError):
     """A checkpoint's files are missing, cut short, fail their checksum or cannot be parsed."""
+
+
+class CheckpointLockedError(CheckpointError):
+    """Another checkpointer is writing into the same checkpoint folder."""

@@ -1,13 +1,13 @@
-"""The training loop every demo task shares, built from lengthwise's parts.
+"""A training loop for any task, built from lengthwise's parts.
 
 A :class:`TrainLoop` owns the :class:`~lengthwise.pytorch.sampler.BucketBatchSampler`
 (with ``yield_rows=True``) and its collator, AdamW, the warm-up schedule
-(:func:`~lengthwise.demo.schedule.lr_factor`), the
+(:func:`~lengthwise.train.schedule.lr_factor`), the
 :class:`~lengthwise.train.StepLogger`, asynchronous checkpoints with exact
 resume (:class:`~lengthwise.train.Checkpointer`), an optional
 :class:`~lengthwise.train.SpikeGuard`, and DDP under ``torchrun``. What is
 trained and how its loss is computed is a *task* (:class:`Task`): the causal
-LM of :mod:`lengthwise.demo.lm`, or the DFlash draft of
+LM of the demo (``lengthwise.demo.lm``), or the DFlash draft of
 :mod:`lengthwise.dflash.train`.
 
 The step loss is a sum divided by a normaliser summed over *every* micro-batch
@@ -27,10 +27,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from lengthwise.demo.config import PACKED, LoopConfig
-from lengthwise.demo.device import rank_world, say
-from lengthwise.demo.schedule import lr_factor
 from lengthwise.pytorch.dist import GroupInfo, all_reduce_sum
+from lengthwise.train.config import PACKED, LoopConfig
+from lengthwise.train.device import rank_world, say
+from lengthwise.train.schedule import lr_factor
 
 __all__ = ["MicroOut", "StepBatches", "Task", "TrainLoop", "make_collator", "make_sampler"]
 
@@ -85,14 +85,17 @@ def make_sampler(order: str, lengths: np.ndarray, cfg: LoopConfig, *, rank: int 
         pad_multiple=cfg.pad_multiple, layout=layout, yield_rows=True, **budget)
 
 
-def make_collator(order: str, cfg: LoopConfig, edges: list[int] | None) -> Callable[..., Any]:
-    """The collator matching :func:`make_sampler`: padded rows, or packed rows of ``max_len``."""
-    from lengthwise.pytorch.collate import PackCollator, PadCollator
+def make_collator(order: str, cfg: LoopConfig, sampler: Any) -> Callable[..., Any]:
+    """The collator of ``sampler``'s plan (:func:`make_sampler`): padded rows, or packed rows.
 
+    It truncates every sample to the length the plan counted (``max_len``), pads to
+    the plan's ``pad_multiple`` and checks each micro-batch against the budget;
+    packed rows are closed to ``max_len`` with a filler sample.
+    """
     if order == PACKED:
-        return PackCollator(row_capacity=cfg.max_len, pad_to_capacity=True, pad_token_id=0,
-                            return_flash_attn_kwargs=False)
-    pad = PadCollator(pad_token_id=0, pad_multiple=cfg.pad_multiple, edges=edges)
+        return sampler.collator(pad_token_id=0, pad_to_capacity=True,
+                                return_flash_attn_kwargs=False)
+    pad = sampler.collator(pad_token_id=0)
     return lambda rows: pad([s for row in rows for s in row])
 
 
@@ -125,6 +128,8 @@ class TrainLoop:
     ``sample(i)`` returns dataset sample ``i`` as the collator takes it. Writes
     ``run_dir/train_log.jsonl`` and, with ``cfg.checkpoint_every``,
     ``run_dir/checkpoints``; with ``cfg.resume`` it continues from the newest one.
+    A task with a ``check_data(sample, size)`` method checks the data set before the
+    first step. A step with nothing to learn on any rank (normaliser 0) makes no update.
     """
 
     def __init__(self, task: Task, order: str, lengths: np.ndarray,
@@ -163,7 +168,10 @@ class TrainLoop:
             self.optimizer, lambda s: lr_factor(s, steps=cfg.steps, warmup=warm,
                                                 schedule=cfg.schedule))
         self.sampler = make_sampler(order, lengths, cfg, rank=self.rank, world=self.world)
-        self.collate = make_collator(order, cfg, self.sampler.edges)
+        self.collate = make_collator(order, cfg, self.sampler)
+        check_data = getattr(task, "check_data", None)
+        if check_data is not None:  # a task may refuse data it cannot train on, before step 1
+            check_data(sample, int(len(lengths)))
         self.guard = (SpikeGuard(window=50, warmup=min(20, max(3, cfg.steps // 10)), sync=False)
                       if cfg.spike_guard else None)
         self.step_count = 0
@@ -178,7 +186,7 @@ class TrainLoop:
                 self.guard.load_state_dict(extra["spike_guard"])
         else:
             if cfg.resume:
-                say(info, f"lengthwise demo: --resume: no checkpoint under {ckpt_dir}; "
+                say(info, f"lengthwise: resume: no checkpoint under {ckpt_dir}; "
                           f"{order} starts from step 0 with a fresh log")
             if self.rank == 0 and self.log_path.exists():
                 self.log_path.unlink()  # a fresh run starts a fresh log
@@ -238,7 +246,11 @@ class TrainLoop:
         keys = sorted(stats)
         reduced = self._sum([float(loss_sum), *(stats[k] for k in keys)])
         loss = reduced[0] / total if total > 0 else float("nan")
-        skipped = bool(self.guard.check(loss, step=self.step_count + 1)) if self.guard else False
+        skipped = True
+        if total > 0:
+            skipped = bool(self.guard.check(loss, step=self.step_count + 1) if self.guard
+                           else False)
+        # else: nothing supervised in the whole step, no update (the record says skipped)
         lr = self.optimizer.param_groups[0]["lr"]
         if not skipped:
             self.optimizer.step()

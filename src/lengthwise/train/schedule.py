@@ -1,4 +1,4 @@
-"""Learning-rate schedule of the demo's runs: linear warm-up, then constant or cosine.
+"""Learning-rate schedule of a training run: linear warm-up, then constant or cosine.
 
 Example::
 

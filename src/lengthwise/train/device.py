@@ -1,4 +1,4 @@
-"""Where a demo process runs: its ``torchrun`` rank, its device and its autocast dtype.
+"""Where a training process runs: its ``torchrun`` rank, its device and its autocast dtype.
 
 Ranks come from :func:`lengthwise.pytorch.dist.group_info` once
 :func:`setup_distributed` has joined the process group that ``torchrun``
@@ -50,7 +50,7 @@ def say(info: GroupInfo | None, text: str) -> None:
 
     Example::
 
-        >>> say(None, "lengthwise demo: starting")  # prints to stderr
+        >>> say(None, "lengthwise: starting")  # prints to stderr
     """
     if rank_world(info)[0] == 0:
         print(text, file=sys.stderr, flush=True)

@@ -1,0 +1,109 @@
+"""Settings of a training loop: steps, micro-batches, budget, optimizer, schedule, checkpoints.
+
+:class:`LoopConfig` holds what every :class:`~lengthwise.train.loop.TrainLoop`
+needs, whatever it trains; a recipe's config (the causal-LM demo's, DFlash's)
+adds its own fields.
+
+Example::
+
+    >>> cfg = LoopConfig(steps=10)
+    >>> cfg.warmup_steps, cfg.max_tokens, cfg.max_len
+    (1, 512, 256)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from lengthwise.errors import ConfigError
+
+__all__ = ["DTYPES", "PACKED", "LoopConfig", "check_positive"]
+
+#: the autocast dtypes a run may name (``None``: bf16 on CUDA, fp32 on CPU)
+DTYPES = ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16")
+#: name of the padding-free strategy (the planner's ``layout="pack"``)
+PACKED = "packed"
+
+
+@dataclass
+class LoopConfig:
+    """What one training loop needs, whatever it trains."""
+
+    steps: int = 200
+    grad_accum: int = 8
+    max_tokens: int = 512
+    max_len: int = 256
+    lr: float = 3e-3
+    warmup: int | None = None  # steps; default 10 % of steps
+    schedule: str = "constant"  # or "cosine"
+    weight_decay: float = 0.1
+    clip: float = 1.0
+    seed: int = 0
+    buckets: int | str = "auto"
+    pad_multiple: int | None = None  # 8 on CUDA, 1 on CPU
+    device: str = "cpu"
+    dtype: str | None = None  # "bf16" on CUDA by default
+    checkpoint_every: int = 0
+    keep_checkpoints: int = 2
+    resume: bool = False
+    spike_guard: bool = False  # skip updates whose loss is an outlier (SpikeGuard)
+    timing_warmup: int = 3  # first steps left out of tokens_per_second
+    progress: bool = True
+    deterministic: bool = True
+    threads: int | None = 1  # torch intra-op threads on CPU (None: torch's default)
+
+    def __post_init__(self) -> None:
+        if self.pad_multiple is None:
+            self.pad_multiple = 8 if self.device.startswith("cuda") else 1
+        check_positive(self, "steps", "grad_accum", "max_tokens", "max_len", "pad_multiple",
+                       "keep_checkpoints")
+        if self.max_len > self.max_tokens:
+            raise ConfigError(f"max_len ({self.max_len}) must not exceed max_tokens "
+                              f"({self.max_tokens}): one row must fit the micro-batch budget")
+        if self.schedule not in ("constant", "cosine"):
+            raise ConfigError(f"schedule must be 'constant' or 'cosine', got {self.schedule!r}")
+        if not self.lr > 0:
+            raise ConfigError(f"lr must be > 0, got {self.lr}")
+        if self.warmup is not None and not 0 <= self.warmup < self.steps:
+            raise ConfigError(f"warmup must lie in [0, steps={self.steps}), got {self.warmup}")
+        if self.checkpoint_every < 0:
+            raise ConfigError(f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
+        self._check_runtime()
+
+    def _check_runtime(self) -> None:
+        """Seed, device, dtype, threads and buckets, checked before any data is read."""
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
+            raise ConfigError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ConfigError(f"dtype must be one of fp32, bf16, fp16, got {self.dtype!r}")
+        if self.threads is not None:
+            check_positive(self, "threads")
+        if self.buckets != "auto":
+            if isinstance(self.buckets, str):
+                raise ConfigError(f"buckets must be a count or 'auto', got {self.buckets!r}")
+            check_positive(self, "buckets")
+
+    @property
+    def warmup_steps(self) -> int:
+        """Learning-rate warm-up length in optimizer steps."""
+        return self.warmup if self.warmup is not None else max(1, self.steps // 10)
+
+
+def check_positive(cfg: object, *names: str) -> None:
+    """Raise a ``ConfigError`` naming the first field of ``cfg`` that is not an integer >= 1.
+
+    Example::
+
+        >>> check_positive(LoopConfig(), "steps", "grad_accum")
+        >>> check_positive(LoopConfig(steps=3), "timing_warmup", "clip")
+        Traceback (most recent call last):
+        ...
+        lengthwise.errors.ConfigError: clip must be a positive integer, got 1.0
+    """
+    for name in names:
+        value = getattr(cfg, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
