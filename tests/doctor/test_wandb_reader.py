@@ -57,7 +57,7 @@ def sawtooth_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[d
 def test_an_offline_run_folder_reads_back_every_logged_row(sawtooth_run) -> None:
     folder, rows = sawtooth_run
     log = read_log(folder)
-    assert log.input.format == "wandb"
+    assert log.input.format == "wandb" and not log.input.truncated
     assert log.step.tolist() == [float(r["step"]) for r in rows]  # the trainer's global step
     assert log.loss.tolist() == pytest.approx([r["loss"] for r in rows])
     assert log.input.other_rows == len([r for r in rows if r["step"] % 500 == 0])  # eval rows
@@ -146,3 +146,14 @@ def test_a_hugging_face_trainer_run_logged_to_wandb_reads_back(
     # 64 samples / 4 per step = 16 steps per epoch; the trainer writes 1.0 at step 16
     assert report.context.steps_per_epoch == pytest.approx(16)
     assert report.context.epoch_starts == [17.0, 33.0, 49.0]
+
+
+def test_a_run_still_writing_reads_up_to_its_last_whole_record(sawtooth_run,
+                                                                tmp_path: Path) -> None:
+    folder, rows = sawtooth_run
+    data = next(folder.glob("*.wandb")).read_bytes()
+    cut = tmp_path / "run-live.wandb"
+    cut.write_bytes(data[: int(len(data) * 0.6)])  # as a live run's file looks mid-write
+    log = read_log(cut)
+    assert log.input.truncated and 0 < log.loss.size < len(rows)
+    assert log.loss.tolist() == pytest.approx([r["loss"] for r in rows][: log.loss.size])

@@ -71,10 +71,12 @@ def wandb_file(path: Path) -> Path:
     )
 
 
-def records(data: bytes, source: str) -> Iterator[bytes]:
-    """The whole records of a ``.wandb`` file's bytes (fragments joined)."""
+def records(data: bytes, source: str) -> tuple[list[bytes], bool]:
+    """The whole records of a ``.wandb`` file's bytes (fragments joined), and whether it ends
+    cut short (a run still writing): the cut record is left out."""
     if data[:4] != MAGIC:
         raise UnreadableLogError(f"{source}: not a W&B run file (no :W&B header)")
+    out: list[bytes] = []
     pos, parts = HEADER, []
     while pos + HEADER <= len(data):
         left = BLOCK - pos % BLOCK
@@ -85,20 +87,23 @@ def records(data: bytes, source: str) -> Iterator[bytes]:
         if kind == 0 and length == 0:
             pos += left  # zero padding to the end of the block
             continue
+        if pos + HEADER + length > len(data):
+            return out, True
         body = data[pos + HEADER : pos + HEADER + length]
         pos += HEADER + length
         if kind == FULL:
-            yield body
+            out.append(body)
         elif kind == FIRST:
             parts = [body]
         elif kind == MIDDLE:
             parts.append(body)
         elif kind == LAST:
             parts.append(body)
-            yield b"".join(parts)
+            out.append(b"".join(parts))
             parts = []
         else:
             raise UnreadableLogError(f"{source}: damaged W&B record framing at byte {pos}")
+    return out, bool(parts) or any(data[pos:])  # a fragment or header left unfinished
 
 
 def _record_class() -> Any:
@@ -109,11 +114,22 @@ def _record_class() -> Any:
     return wandb_internal_pb2.Record
 
 
-def history_rows(path: Path) -> Iterator[dict[str, Any]]:
-    """One dict per history record of the ``.wandb`` file at ``path``."""
+def history_rows(path: Path, cut: list[bool] | None = None) -> Iterator[dict[str, Any]]:
+    """One dict per history record of the ``.wandb`` file at ``path``.
+
+    ``cut``, when given, gets ``True`` appended if the file ends in a partial
+    record (a run still writing).
+    """
     record_class = _record_class()
     source = str(path)
-    for raw in records(path.read_bytes(), source):
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise UnreadableLogError(f"{source}: cannot be read ({exc})") from exc
+    raws, truncated = records(data, source)
+    if cut is not None and truncated:
+        cut.append(True)
+    for raw in raws:
         rec = record_class()
         try:
             rec.ParseFromString(raw)
@@ -145,7 +161,8 @@ def read_wandb(path: Path, builder: ColumnBuilder, *, step_key: str | None) -> N
     builder.summary.format = "wandb"
     chunk: list[dict[str, Any]] = []
     line = 0
-    for row in history_rows(file):
+    cut: list[bool] = []
+    for row in history_rows(file, cut):
         line += 1
         chunk.append(row)
         if len(chunk) == 50_000:
@@ -154,3 +171,4 @@ def read_wandb(path: Path, builder: ColumnBuilder, *, step_key: str | None) -> N
     if chunk:
         builder.add(chunk, range(line - len(chunk) + 1, line + 1))
     builder.summary.lines = line
+    builder.summary.truncated = bool(cut)
