@@ -11,8 +11,14 @@ from hypothesis import strategies as st
 
 from lengthwise.doctor import diagnose
 from lengthwise.doctor.context import epoch_resets, epochs_from_field, run_context
-from lengthwise.doctor.cycles import cycle_groups, distinct_groupings, phase_test
+from lengthwise.doctor.cycles import (
+    checked_periodicity,
+    cycle_groups,
+    distinct_groupings,
+    phase_test,
+)
 from lengthwise.doctor.mechanisms import apparent_period, match_period, megabatch_steps
+from lengthwise.doctor.periodicity import Periodicity
 from lengthwise.doctor.simulate import simulate_clean
 from lengthwise.doctor.simulate_hf import simulate_hf_log
 
@@ -124,17 +130,22 @@ def test_phase_test_is_calibrated_on_ar1_noise() -> None:
     assert hits <= 8  # 5 % of 60 is 3; binomial tail allows a few more
 
 
-def test_drift_is_not_a_periodic_component_of_unknown_cause() -> None:
-    # long-memory drift (a random walk smoothed) read through a periodogram peak
+def test_an_unexplained_periodogram_peak_must_pass_the_surrogate_test() -> None:
+    # the same claimed 100-step peak: kept over a real 100-step cycle, dropped over drift
     rng = np.random.default_rng(11)
     n = 3000
-    drift = np.cumsum(rng.standard_normal(n)) * 0.002
-    walk = np.convolve(drift, np.ones(25) / 25, mode="same")
-    loss = np.exp(0.5 + walk + 0.01 * rng.standard_normal(n))
-    rows = [{"step": i + 1, "loss": float(v), "epoch": round((i + 1) / 1000, 4)}
-            for i, v in enumerate(loss)]
-    r = diagnose(rows, world_size=1)
-    assert all(c.name != "periodic_unknown" for c in r.verdict.causes)
+    steps = np.arange(1.0, n + 1)
+    walk = np.convolve(np.cumsum(rng.standard_normal(n)) * 0.002, np.ones(25) / 25, "same")
+    drift = np.exp(0.5 + walk + 0.01 * rng.standard_normal(n))
+    cycle = drift * np.exp(0.02 * (0.5 - (steps % 100) / 100))
+    claim = Periodicity(period=100.0, p_value=1e-4, period_points=100.0, best_period=100.0,
+                        acf=np.zeros(300))
+    ctx = run_context(steps, {})
+    none = np.zeros(n, dtype=bool)
+    kept = checked_periodicity(claim, steps, cycle, none, ctx, np.random.default_rng(0))
+    assert kept.period == 100.0 and "passes the AR(1) surrogate test" in kept.note
+    dropped = checked_periodicity(claim, steps, drift, none, ctx, np.random.default_rng(0))
+    assert dropped.period is None and "fails the AR(1) surrogate test" in dropped.note
 
 
 def test_world_size_is_read_beside_the_log_and_the_option_wins(tmp_path, capsys) -> None:
