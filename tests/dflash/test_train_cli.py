@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from _chat_tiny import conversations, save_target, write_jsonl
+from _cli import lengthwise
 
 from lengthwise.cli.dflash.train import settings
 from lengthwise.errors import ConfigError
 
 torch = pytest.importorskip("torch")
-SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 @pytest.fixture(scope="module")
@@ -109,20 +105,8 @@ def test_data_from_another_tokenizer_is_refused(prepared, tmp_path):
         train_draft(cfg, RunSettings(target=str(small), data=str(data)))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _torchrun(args: list[str]) -> None:
-    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
-           "-m", "lengthwise", "dflash", "train", *args]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    lengthwise("dflash", "train", *args, nproc=2)
 
 
 def _steps(log: Path) -> dict[int, dict]:
@@ -177,6 +161,10 @@ def test_one_process_truncates_long_samples_and_logs_eval_to_tensorboard(prepare
     assert longest > 48 and main(args) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["truncated_samples"] > 0 and summary["eval"]["step"] == 2
+    # the tokenizer had no mask token and the embedding no spare row: the grown target is saved
+    grown = json.loads((tmp_path / "run" / "target" / "config.json").read_text())
+    assert summary["target"] == str(tmp_path / "run" / "target")
+    assert grown["vocab_size"] == summary["mask_token_id"] + 1
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(tmp_path / "tb"))
