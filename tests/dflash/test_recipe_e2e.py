@@ -10,12 +10,12 @@ reproduces the trained draft's logits and our speculative decoding exactly.
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pytest
 from _chat_tiny import conversations, save_target, write_jsonl
 from _cli import lengthwise
+from _reference import reference, reference_decode, reference_decoder
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -36,10 +36,7 @@ def _table(stdout: str) -> list[dict[str, str]]:
 
 @pytest.mark.slow
 def test_prepare_train_export_eval_and_the_reference_package_agrees(tmp_path, monkeypatch):
-    dflash = pytest.importorskip("dflash")
-    dmodel = pytest.importorskip("dflash.model")
-    if not hasattr(transformers.DynamicCache, "activate_past_recording"):
-        pytest.skip("the reference decoder needs transformers >= 5 (activate_past_recording)")
+    dmodel = reference_decoder(monkeypatch)
     from lengthwise.dflash.decode import speculative_generate
     from lengthwise.dflash.load import load_draft
     from lengthwise.dflash.loss import block_inputs
@@ -77,9 +74,7 @@ def test_prepare_train_export_eval_and_the_reference_package_agrees(tmp_path, mo
     assert config["vocab_size"] == mask + 1 and config["num_target_layers"] == 4
 
     # the reference package loads every exported weight ...
-    ref, info = dflash.DFlashDraftModel.from_pretrained(str(exported), dtype=torch.float32,
-                                                        output_loading_info=True)
-    ref.eval()
+    ref, info = reference(exported)
     assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
     ours = load_draft(run)  # the newest checkpoint: step 4, the final draft
     final = torch.load(run / "final" / "draft.pt")
@@ -101,17 +96,12 @@ def test_prepare_train_export_eval_and_the_reference_package_agrees(tmp_path, mo
                                target.model.lm_head(mine), rtol=0, atol=1e-5)
 
     # ... and decodes the shipped prompts to our tokens with our acceptance lengths
-    monkeypatch.setattr(dmodel, "_cuda_time", time.perf_counter)  # its stats time CUDA only
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(serve))
     prompts = render_prompts(read_prompt_file(bundled_prompts())[:2], tokenizer, thinking=False)
     for prompt in prompts:
         spec = speculative_generate(ours, target, prompt, max_new_tokens=16)
-        out = ref.spec_generate(target.model, torch.tensor([prompt]), max_new_tokens=16,
-                                stop_token_ids=None)
-        stats = dmodel.dflash_generate(ref, target.model, torch.tensor([prompt]), 16, None,
-                                       return_stats=True)
-        assert out[0, len(prompt):].tolist() == spec.tokens
-        assert stats.acceptance_lengths == spec.accepted
+        assert reference_decode(dmodel, ref, target.model, prompt, 16) == (spec.tokens,
+                                                                            spec.accepted)
 
     rows = _table(lengthwise("dflash", "eval", "--target", str(serve), "--draft",
                              str(exported), "--max-new-tokens", "16"))
