@@ -38,8 +38,16 @@ def test_dflash_demo_trains_decodes_and_reports(tmp_path):
         assert 1.0 <= row["simulated_acceptance_length"] <= cfg.block_size
         assert 0 <= row["accuracy_final"] <= 1 and row["padding_efficiency"] <= 1
         assert Path(row["log"]).is_file()
+        # the exported draft, loaded back, through the eval stage at T 0 and 1
+        assert (Path(row["export"]) / "model.safetensors").is_file()
+        stage = row["eval_stage"]
+        assert [(r["set"], r["temperature"], r["prompts"]) for r in stage] == [
+            (name, 0.0, cfg.eval_prompts), (name, 1.0, cfg.eval_prompts)]
+        assert stage[0]["mismatches"] == 0 and "mismatches" not in stage[1]
+        assert all(1.0 <= r["acceptance_length"] <= cfg.block_size for r in stage)
     text = render_dflash(summary)
     assert "acceptance_length" in text and "doctor:" in text
+    assert "eval stage" in text and "random | 1 | 2 |" in text
     # the target and its regenerated data are cached: a second run builds nothing
     cached = sorted(p.name for p in (tmp_path / "cache").iterdir() if "dflash" in p.name)
     assert any(n.startswith("dflash-target-") for n in cached)

@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 from _dflash_tiny import qwen3_pair
+from _reference import reference, reference_decode, reference_decoder
 
 from lengthwise.errors import ConfigError
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-
-
-def reference(folder):
-    dflash = pytest.importorskip("dflash")
-    model, info = dflash.DFlashDraftModel.from_pretrained(str(folder), output_loading_info=True,
-                                                          dtype=torch.float32)
-    return model.eval(), info
 
 
 def test_reference_loads_every_weight_and_reproduces_the_logits(tmp_path):
@@ -52,22 +45,15 @@ def test_reference_decoding_gives_our_tokens_and_acceptance(tmp_path, monkeypatc
     from lengthwise.dflash.decode import speculative_generate
     from lengthwise.dflash.export import export_draft
 
-    dmodel = pytest.importorskip("dflash.model")
-    if not hasattr(transformers.DynamicCache, "activate_past_recording"):
-        pytest.skip("the reference decoder needs transformers >= 5 (activate_past_recording)")
-    monkeypatch.setattr(dmodel, "_cuda_time", time.perf_counter)  # its stats time CUDA only
+    dmodel = reference_decoder(monkeypatch)
     target, draft = qwen3_pair(vocab=6, seed=2, block_size=5)
     export_draft(draft, tmp_path)
     ref, _ = reference(tmp_path)
     accepted = []
     for prompt in ([1, 2, 3], [4, 0, 2, 2, 1, 3, 0]):
         ours = speculative_generate(draft, target, prompt, max_new_tokens=24)
-        theirs = ref.spec_generate(target.model, torch.tensor([prompt]), max_new_tokens=24,
-                                   stop_token_ids=None)
-        stats = dmodel.dflash_generate(ref, target.model, torch.tensor([prompt]), 24, None,
-                                       return_stats=True)
-        assert theirs[0, len(prompt):].tolist() == ours.tokens
-        assert stats.acceptance_lengths == ours.accepted
+        assert reference_decode(dmodel, ref, target.model, prompt, 24) == (ours.tokens,
+                                                                            ours.accepted)
         accepted += ours.accepted
     assert max(accepted) > 1  # the check covers accepted draft tokens, not only rejections
 

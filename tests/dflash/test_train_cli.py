@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from _chat_tiny import conversations, save_target, write_jsonl
+from _cli import lengthwise
 
 from lengthwise.cli.dflash.train import settings
 from lengthwise.errors import ConfigError
 
 torch = pytest.importorskip("torch")
-SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 @pytest.fixture(scope="module")
@@ -109,20 +105,8 @@ def test_data_from_another_tokenizer_is_refused(prepared, tmp_path):
         train_draft(cfg, RunSettings(target=str(small), data=str(data)))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _torchrun(args: list[str]) -> None:
-    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
-           "-m", "lengthwise", "dflash", "train", *args]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    lengthwise("dflash", "train", *args, nproc=2)
 
 
 def _steps(log: Path) -> dict[int, dict]:
@@ -175,8 +159,16 @@ def test_one_process_truncates_long_samples_and_logs_eval_to_tensorboard(prepare
             "3", "--eval-every", "2", "--checkpoint-every", "0", "--tensorboard",
             str(tmp_path / "tb"), "--no-progress"]
     assert longest > 48 and main(args) == 0
-    summary = json.loads(capsys.readouterr().out)
+    said = capsys.readouterr()
+    summary = json.loads(said.out)
     assert summary["truncated_samples"] > 0 and summary["eval"]["step"] == 2
+    # the tokenizer had no mask token and the embedding no spare row: the grown target is saved
+    grown = json.loads((tmp_path / "run" / "target" / "config.json").read_text())
+    mask = summary["mask_token_id"]
+    assert summary["target"] == str(tmp_path / "run" / "target")
+    assert grown["vocab_size"] == mask + 1
+    assert (f"mask token <|MASK|> id {mask} (added to the tokenizer); the target's embedding "
+            f"and LM head grew from {mask} to {mask + 1} rows") in said.err
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(str(tmp_path / "tb"))
@@ -187,3 +179,26 @@ def test_one_process_truncates_long_samples_and_logs_eval_to_tensorboard(prepare
                  "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no prepare.json there" in err[0]
+
+
+def test_a_target_with_spare_rows_keeps_its_size_and_serves_as_it_is(prepared, tmp_path, capsys):
+    import transformers
+
+    from lengthwise.cli import main
+
+    _, data = prepared
+    padded = save_target(tmp_path / "padded")  # then 8 spare rows, as Qwen3's 151,936 has
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(padded))
+    rows = model.get_input_embeddings().weight.shape[0]
+    model.resize_token_embeddings(rows + 8, mean_resizing=False)
+    model.save_pretrained(str(padded))
+    assert main(["dflash", "train", "--target", str(padded), "--data", str(data), "--out",
+                 str(tmp_path / "run"), "--steps", "1", "--max-tokens", "256",
+                 "--draft-layers", "1", "--block-size", "4", "--num-anchors", "4",
+                 "--eval-samples", "2", "--checkpoint-every", "0", "--no-progress"]) == 0
+    said = capsys.readouterr()
+    summary = json.loads(said.out)
+    assert summary["mask_token_id"] == rows and summary["target"] == str(padded)
+    assert not (tmp_path / "run" / "target").exists() and "grew" not in said.err
+    config = json.loads((tmp_path / "run" / "draft_config.json").read_text())
+    assert config["mask_token_id"] == rows and config["target_vocab_size"] == rows + 8

@@ -8,6 +8,10 @@ draft trained from the same seed on the same data with lengthwise's loop
 held-out samples (``simulated_acceptance_length``), and real speculative
 decoding of held-out prompts (``acceptance_length``: tokens per verifying
 target forward; ``lossless``: the output equals the target's greedy output).
+Each order's draft is then exported (``OUT/ORDER/export``, the reference
+``dflash`` layout) and the export, loaded back, goes through the recipe's eval
+stage (:func:`~lengthwise.dflash.evaluate.evaluate_set` on the held-out prompts
+at temperatures 0 and 1): its rows are the summary's ``eval_stage``.
 """
 
 from __future__ import annotations
@@ -92,13 +96,13 @@ class DFlashOrderRun:
         from lengthwise.train.loop import TrainLoop
 
         self.order, self.data, self.target, self.cfg, self.info = order, data, target, cfg, info
-        self.meta = meta
+        self.meta, self.run_dir = meta, Path(out) / order
         device = target.device
         draft = new_draft(target, cfg, mask_token_id=meta["mask_token_id"])
         self.task = DFlashTask(draft, target, cfg, order=order,
                                amp=autocast_dtype(cfg.dtype, device))
         self.loop = TrainLoop(self.task, order, data.lengths, data.sample, cfg,
-                              run_dir=Path(out) / order, device=device, info=info)
+                              run_dir=self.run_dir, device=device, info=info)
 
     def finish(self) -> dict[str, Any]:
         """Evaluate (rank 0), close the log, return the order's figures."""
@@ -123,9 +127,11 @@ class DFlashOrderRun:
                 figures = {"eval_loss": ev.loss, "eval_accuracy": ev.accuracy,
                            "slot_accuracy": ev.slot_accuracy,
                            "simulated_acceptance_length": ev.simulated_acceptance_length,
-                           **dec, "eval_seconds": time.perf_counter() - started}
+                           **dec, **self.eval_stage(),
+                           "eval_seconds": time.perf_counter() - started}
                 loop.logger.event("eval", step=loop.step_count,
-                                  **{k: v for k, v in figures.items() if k != "slot_accuracy"})
+                                  **{k: v for k, v in figures.items()
+                                     if k not in ("slot_accuracy", "eval_stage")})
         finally:
             loop.close()
         if not main:
@@ -139,6 +145,21 @@ class DFlashOrderRun:
         return {**res.to_dict(curves=True), **figures,
                 "accuracy_first": _mean(acc[:tenth]), "accuracy_final": _mean(acc[-tenth:]),
                 "accuracy": acc, "skipped_steps": sum(bool(r.get("skipped")) for r in records)}
+
+    def eval_stage(self) -> dict[str, Any]:
+        """Export the draft, load the export back and run the recipe's eval stage on it."""
+        from lengthwise.dflash.evaluate import evaluate_set
+        from lengthwise.dflash.export import export_draft
+        from lengthwise.dflash.load import load_exported
+
+        cfg = self.cfg
+        folder = export_draft(self.task.model, self.run_dir / "export")
+        served = load_exported(folder).to(self.target.device)
+        rows = evaluate_set(served, self.target, self.data.held_prompts(cfg.eval_prompts),
+                            name=self.order, temperatures=(0.0, 1.0),
+                            max_new_tokens=cfg.max_new_tokens, eos=self.meta["eos"],
+                            seed=cfg.seed)
+        return {"export": str(folder), "eval_stage": rows}
 
     def close(self) -> None:
         self.loop.close()
@@ -225,7 +246,7 @@ def _summarise(results: dict[str, dict[str, Any]], cfg: DFlashDemoConfig,
             "real_tokens": r["real_tokens"], "padded_tokens": r["padded_tokens"],
             "train_seconds": r["train_seconds"], "eval_seconds": r["eval_seconds"],
             "skipped_steps": r["skipped_steps"], "verify_forwards": r["verify_forwards"],
-            "log": r["log_path"],
+            "log": r["log_path"], "export": r["export"], "eval_stage": r["eval_stage"],
         }
     add_ratios(rows)
     rows = {n: {**{k: row.get(k) for k in DFLASH_KEYS}, **row} for n, row in rows.items()}
@@ -245,6 +266,7 @@ def _summarise(results: dict[str, dict[str, Any]], cfg: DFlashDemoConfig,
 
 def render_dflash(summary: dict[str, Any]) -> str:
     """The DFlash demo's tables, as the command prints them."""
+    from lengthwise.cli.dflash.eval import render
     from lengthwise.demo.report import format_columns, format_verdicts
 
     rows = summary["strategies"]
@@ -260,6 +282,10 @@ def render_dflash(summary: dict[str, Any]) -> str:
              "sampling floor; acceptance_length: tokens per verifying target forward "
              "(speculative decoding of held-out prompts); lossless: the output equals the "
              "target's greedy output; skipped_steps: updates SpikeGuard skipped."]
+    stage = [r for row in rows.values() for r in row.get("eval_stage") or []]
+    if stage:
+        lines += ["", "eval stage (each order's exported draft, held-out prompts; set: the "
+                      "order):", render(stage)]
     if summary.get("plot"):
         lines.append(f"loss curves: {summary['plot']}")
     lines.append(f"wall time {summary.get('wall_seconds', 0.0):.0f} s")

@@ -9,7 +9,9 @@ rank 0 evaluates the draft teacher-forced on the held-out samples and the step
 record gets ``eval_loss``, ``eval_accuracy`` and ``eval_simulated_acceptance_length``
 (:func:`~lengthwise.dflash.decode.evaluate_blocks`). The run folder holds
 ``train_log.jsonl``, ``checkpoints/`` (exact resume with ``resume=True``),
-``draft_config.json`` and, at the end, ``final/draft.pt``.
+``draft_config.json``, at the end ``final/draft.pt`` and, when the mask token needed a
+row the target lacked, ``target/``: the target grown by that row, with its tokenizer
+(export, evaluate and serve the draft with it).
 
 Example::
 
@@ -268,12 +270,16 @@ def train_draft(cfg: DFlashTrainConfig, run: RunSettings, *, progress: bool = Tr
     dtype = torch.bfloat16 if device.type == "cuda" else None
     model = load_target(run.target, dtype=dtype, device=device)
     # the blocks' mask token: the tokenizer's own, else <|MASK|> added (the target embeds it)
-    mask = ensure_mask_token(AutoTokenizer.from_pretrained(run.target), model)
+    tokenizer = AutoTokenizer.from_pretrained(run.target)
+    rows = int(model.get_input_embeddings().weight.shape[0])
+    mask = ensure_mask_token(tokenizer, model)
+    out = Path(run.out)
+    serve = (_save_grown_target(model, tokenizer, out / "target", main=rank == 0)
+             if mask.resized else Path(run.target))
     n_layers = model.config.num_hidden_layers
     target = Target(model, layers=target_layer_ids(n_layers, cfg.num_features or cfg.draft_layers))
     draft = new_draft(target, cfg, mask_token_id=mask.id)
     dcfg = draft.config
-    out = Path(run.out)
     held = held_out_batches([{k: v[: cfg.max_len] for k, v in data.sample(int(j)).items()}
                              for j in held_idx], max_tokens=cfg.max_tokens)
     every = run.eval_every if run.eval_every is not None else max(1, cfg.steps // 10)
@@ -298,6 +304,11 @@ def train_draft(cfg: DFlashTrainConfig, run: RunSettings, *, progress: bool = Tr
                + f"), {held_idx.size} held out; {cfg.steps} steps x {cfg.grad_accum} "
                f"micro-batches of <= {cfg.max_tokens} tokens x {world} rank(s)"
                + (f"; resumed at step {loop.step_count}" if loop.resumed_from else ""))
+    say(group, f"lengthwise dflash train: mask token {mask.token} id {mask.id}"
+               + (" (added to the tokenizer)" if mask.added else "")
+               + (f"; the target's embedding and LM head grew from {rows} to {mask.id + 1} "
+                  f"rows: export, evaluate and serve the draft with the target saved to {serve}"
+                  if mask.resized else ""))
     records = []
     try:
         from lengthwise.progress import progress as bar
@@ -323,4 +334,17 @@ def train_draft(cfg: DFlashTrainConfig, run: RunSettings, *, progress: bool = Tr
             "eval": ({k: evals[-1][k] for k in ("step", "eval_loss", "eval_accuracy",
                                                 "eval_simulated_acceptance_length")}
                      if evals else None),
-            "log": str(loop.log_path), "final": str(out / "final")}
+            "log": str(loop.log_path), "final": str(out / "final"),
+            "mask_token_id": mask.id, "target": str(serve)}
+
+
+def _save_grown_target(model: Any, tokenizer: Any, folder: Path, *, main: bool) -> Path:
+    """Save (rank 0) the target grown by the mask token's row, with its tokenizer, to ``folder``.
+
+    The draft's blocks embed the mask token with the target's embedding, so the
+    target the draft is served with must hold that row.
+    """
+    if main:
+        model.save_pretrained(str(folder))
+        tokenizer.save_pretrained(str(folder))
+    return folder

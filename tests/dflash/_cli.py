@@ -1,0 +1,35 @@
+"""Run ``lengthwise`` commands as a user does: in a subprocess, optionally under torchrun."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now (the torchrun rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def lengthwise(*args: str, nproc: int | None = None, timeout: float = 600) -> str:
+    """``lengthwise ARGS`` (under ``torchrun --nproc-per-node NPROC`` with ``nproc``); its stdout.
+
+    Fails the test with the command's stderr tail when it exits non-zero.
+    """
+    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "OMP_NUM_THREADS": "1"}
+    launch = [sys.executable]
+    if nproc is not None:
+        launch += ["-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+                   "--master-addr", "127.0.0.1", "--master-port", str(free_port())]
+    cmd = [*launch, "-m", "lengthwise", *args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{' '.join(args[:2])}: {proc.stderr[-3000:]}"
+    return proc.stdout

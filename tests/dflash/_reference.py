@@ -1,0 +1,36 @@
+"""The reference ``dflash`` package (``pip install --no-deps dflash==0.1.0``) on our exports."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+
+def reference(folder):
+    """The reference package's draft loaded from an exported folder (fp32), and its load info."""
+    dflash = pytest.importorskip("dflash")
+    model, info = dflash.DFlashDraftModel.from_pretrained(str(folder), output_loading_info=True,
+                                                          dtype=torch.float32)
+    return model.eval(), info
+
+
+def reference_decoder(monkeypatch):
+    """The reference decoding module, its CUDA-only timing made to run on the CPU."""
+    dmodel = pytest.importorskip("dflash.model")
+    if not hasattr(transformers.DynamicCache, "activate_past_recording"):
+        pytest.skip("the reference decoder needs transformers >= 5 (activate_past_recording)")
+    monkeypatch.setattr(dmodel, "_cuda_time", time.perf_counter)  # its stats time CUDA only
+    return dmodel
+
+
+def reference_decode(dmodel, ref, target_model, prompt, max_new_tokens):
+    """Reference greedy speculative decoding of ``prompt``: (new tokens, acceptance lengths)."""
+    ids = torch.tensor([list(prompt)])
+    out = ref.spec_generate(target_model, ids, max_new_tokens=max_new_tokens, stop_token_ids=None)
+    stats = dmodel.dflash_generate(ref, target_model, ids, max_new_tokens, None,
+                                   return_stats=True)
+    return out[0, len(prompt):].tolist(), stats.acceptance_lengths
