@@ -182,6 +182,7 @@ class TrainLoop:
                           f"{order} starts from step 0 with a fresh log")
             if self.rank == 0 and self.log_path.exists():
                 self.log_path.unlink()  # a fresh run starts a fresh log
+        self._shares_epoch = self.sampler.epoch  # the epoch whose plan gave the logger's shares
         self.logger = StepLogger(self.log_path, bucket_shares=bucket_token_shares(
             self.sampler.plan), num_buckets=len(self.sampler.edges or [0]),
             rank=self.rank, world_size=self.world)
@@ -210,7 +211,10 @@ class TrainLoop:
 
         self.logger.reset_timer()
         micro = []
-        for rows in self.batches.next():
+        steps = self.batches.next()
+        if self.sampler.epoch != self._shares_epoch:
+            self._follow_epoch()
+        for rows in steps:
             batch = self.collate([[self.sample(i) for i in row] for row in rows])
             micro.append((batch, self.task.prepare(batch, rows, self.step_count)))
         (total,) = self._sum([float(sum(self.task.normaliser(p) for _, p in micro))])
@@ -254,6 +258,17 @@ class TrainLoop:
                                    optimizer=self.optimizer, scheduler=self.scheduler,
                                    sampler=self.sampler, extra=extra_state)
         return rec
+
+    def _follow_epoch(self) -> None:
+        """Give the logger the bucket shares of the sampler's current epoch.
+
+        Each epoch has its own plan, and ``random`` labels a micro-batch by its
+        longest sample, so each epoch holds its own set of buckets.
+        """
+        from lengthwise.train import bucket_token_shares
+
+        self.logger.set_bucket_shares(bucket_token_shares(self.sampler.plan))
+        self._shares_epoch = self.sampler.epoch
 
     def close(self) -> None:
         """Wait for the last checkpoint and close the log. Idempotent."""

@@ -221,6 +221,26 @@ class StepLogger:
             )
         )
 
+    def set_bucket_shares(self, bucket_shares: Mapping[int, float] | Sequence[float]) -> None:
+        """Use new bucket shares from the next micro-batch on, e.g. each epoch's plan's.
+
+        An order that labels micro-batches by their longest sample (``random``) puts
+        a different set of buckets in each epoch, so a loop gives each epoch's shares.
+
+        Example::
+
+            >>> log = StepLogger(None, bucket_shares={4: 1.0}, num_buckets=8)
+            >>> log.set_bucket_shares({2: 1.0, 4: 3.0})
+            >>> log.shares
+            {2: 0.25, 4: 0.75}
+            >>> log.close()
+        """
+        shares = normalise_shares(bucket_shares)
+        if self.num_buckets is not None and max(shares) >= self.num_buckets:
+            raise ValueError(f"bucket {max(shares)} of bucket_shares is not below "
+                             f"num_buckets={self.num_buckets}")
+        self.shares = shares
+
     def _checked_bucket(self, bucket: Any) -> int | None:
         """``bucket`` as an int, checked against bucket_shares, num_buckets and the group."""
         b = to_bucket(bucket)
