@@ -25,6 +25,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from lengthwise.errors import ConfigError
+
 
 def _defaults() -> dict[str, dict[str, Any]]:
     from lengthwise.demo.config import DemoConfig
@@ -162,22 +164,22 @@ def _check_folder(option: str, path: str | None) -> None:
         return
     out = Path(path)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"{option} {path}: exists and is not a folder")
+        raise ConfigError(f"{option} {path}: exists and is not a folder")
     for parent in out.parents:
         if parent.exists() and not parent.is_dir():
-            raise ValueError(f"{option} {path}: {parent} is not a folder")
+            raise ConfigError(f"{option} {path}: {parent} is not a folder")
 
 
 def _check_task_options(args: argparse.Namespace) -> None:
     """An option of the other task is an error, not silently ignored."""
     if args.task == "dflash":
         if args.model_size is not None:
-            raise ValueError("--model-size is for --task lm; the dflash task's target is "
-                             "--target PATH or a small one trained here")
+            raise ConfigError("--model-size is for --task lm; the dflash task's target is "
+                              "--target PATH or a small one trained here")
         return
     for name in ("target", *_DFLASH):
         if getattr(args, name) is not None:
-            raise ValueError(f"--{name.replace('_', '-')} needs --task dflash")
+            raise ConfigError(f"--{name.replace('_', '-')} needs --task dflash")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -190,7 +192,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             buckets = int(buckets)
         except ValueError:
-            raise ValueError(f"--buckets must be a count or 'auto', got {args.buckets!r}") from None
+            raise ConfigError(
+                f"--buckets must be a count or 'auto', got {args.buckets!r}") from None
     _check_folder("--out", args.out)
     _check_folder("--cache-dir", args.cache_dir)
     orders = parse_orders(args.orders)

@@ -15,6 +15,7 @@ import warnings
 
 import numpy as np
 
+from lengthwise.errors import ConfigError
 from lengthwise.planning.batching import batch_padded_lengths
 from lengthwise.planning.vocabulary import (
     EVEN_OUT,
@@ -158,12 +159,12 @@ def _check_out(path: str | None) -> None:
     if path is None:
         return
     if os.path.isdir(path):
-        raise ValueError(f"--out {path} is a folder; give a file name, e.g. "
-                         f"{os.path.join(path, 'plan.npz')}")
+        raise ConfigError(f"--out {path} is a folder; give a file name, e.g. "
+                          f"{os.path.join(path, 'plan.npz')}")
     folder = os.path.dirname(path) or "."
     if not os.path.isdir(folder):
         what = "is not a folder" if os.path.exists(folder) else "does not exist"
-        raise ValueError(f"--out {path}: {folder} {what}")
+        raise ConfigError(f"--out {path}: {folder} {what}")
 
 
 def _save(path: str, plan) -> None:
@@ -197,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size is None and args.max_tokens is None:
         args.max_tokens = DEFAULT_MAX_TOKENS
     if args.on_overflow not in OVERFLOW_POLICIES and args.layout != "pack":
-        raise ValueError("--on-overflow split needs --layout pack")
+        raise ConfigError("--on-overflow split needs --layout pack")
     base = dict(
         epoch=args.epoch, seed=args.seed, max_tokens=args.max_tokens, batch_size=args.batch_size,
         buckets=args.buckets, world_size=args.world_size, grad_accum=args.grad_accum,
@@ -213,8 +214,8 @@ def run(args: argparse.Namespace) -> int:
             results[order] = _plan_with_recomposition(lengths, {**base, "order": order})
     main = results[args.order if args.order in results else orders[-1]]
     notes = _warnings(main)
-    if args.compare and args.world_size * args.grad_accum == 1:
-        notes.append(ONE_STEP_NOTE)
+    if args.world_size * args.grad_accum == 1:
+        notes.append(ONE_STEP_NOTE)  # step_cv_ratio is printed with or without --compare
     if args.out:
         _save(args.out, main["plan"])
     if args.json:

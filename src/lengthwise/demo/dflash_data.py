@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from lengthwise.errors import DataError
 from lengthwise.pytorch.dist import GroupInfo
 from lengthwise.train.device import barrier, rank_world
 
@@ -293,7 +294,7 @@ def _target(cfg: DFlashDemoConfig, target: str | Path | None, texts: list[str],
     path = Path(target)
     tok_path = Path(tokenizer) if tokenizer is not None else path / "tokenizer.json"
     if not tok_path.is_file():
-        raise ValueError(f"--target {path}: no tokenizer.json there; give --tokenizer")
+        raise DataError(f"--target {path}: no tokenizer.json there; give --tokenizer")
     dtype = torch.bfloat16 if str(device).startswith("cuda") else None
     model = load_target(path, dtype=dtype)
     eos = model.config.eos_token_id

@@ -34,6 +34,7 @@ from lengthwise.demo.report import (
     summary_json,
 )
 from lengthwise.demo.runner import train_orders
+from lengthwise.errors import ConfigError
 from lengthwise.pytorch.dist import GroupInfo
 from lengthwise.train.device import barrier, rank_world, say, setup_distributed
 
@@ -55,9 +56,9 @@ def parse_orders(text: str | list[str] | tuple[str, ...] | None) -> list[str]:
     items = [t for t in items if t]
     bad = [t for t in items if t not in known]
     if bad:
-        raise ValueError(f"unknown order(s) {bad}; choose from {', '.join(known)}")
+        raise ConfigError(f"unknown order(s) {bad}; choose from {', '.join(known)}")
     if not items:
-        raise ValueError("no orders given")
+        raise ConfigError("no orders given")
     return list(dict.fromkeys(items))
 
 
@@ -137,7 +138,7 @@ def run_demo(cfg: DemoConfig, *, orders: list[str] | str | None = None,
         import torch
 
         if not torch.cuda.is_available():
-            raise ValueError(f"--device {cfg.device}: torch sees no CUDA device here")
+            raise ConfigError(f"--device {cfg.device}: torch sees no CUDA device here")
     out = Path(out)
     group = setup_distributed(cfg.device)
     rank, world = rank_world(group)

@@ -40,6 +40,7 @@ from lengthwise.dflash.blocks import block_attention_mask, make_blocks
 from lengthwise.dflash.loss import block_inputs, block_logits, block_loss
 from lengthwise.dflash.objective import simulated_acceptance_length
 from lengthwise.dflash.target import stop_set
+from lengthwise.errors import ConfigError, DataError
 
 __all__ = ["BlockEval", "Generation", "acceptance", "evaluate_blocks", "speculative_generate"]
 
@@ -81,9 +82,9 @@ def speculative_generate(draft: Any, target: Any, prompt: list[int], *, max_new_
     ``eos``: a stop token id, or several; generation ends after the first one.
     """
     if not prompt:
-        raise ValueError("the prompt must hold at least one token")
+        raise DataError("the prompt must hold at least one token")
     if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     stops = stop_set(eos)
     device = target.device
     logits, feats = target.forward(torch.tensor([list(prompt)], device=device))

@@ -41,6 +41,7 @@ from transformers.models.qwen3.modeling_qwen3 import (
 )
 
 from lengthwise.dflash.objective import default_gamma, target_layer_ids
+from lengthwise.errors import ConfigError
 
 __all__ = ["DFlashConfig", "DFlashDraft"]
 
@@ -75,16 +76,16 @@ class DFlashConfig:
     def __post_init__(self) -> None:
         if self.head_dim is None:
             if self.hidden_size % self.num_heads:
-                raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of "
-                                 f"num_heads {self.num_heads}; give head_dim")
+                raise ConfigError(f"hidden_size {self.hidden_size} is not a multiple of "
+                                  f"num_heads {self.num_heads}; give head_dim")
             self.head_dim = self.hidden_size // self.num_heads
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads {self.num_heads} must be a multiple of num_kv_heads "
-                             f"{self.num_kv_heads}")
+            raise ConfigError(f"num_heads {self.num_heads} must be a multiple of num_kv_heads "
+                              f"{self.num_kv_heads}")
         if self.intermediate_size is None:
             self.intermediate_size = 3 * self.hidden_size
         if self.block_size < 2:
-            raise ValueError(f"block_size must be >= 2, got {self.block_size}")
+            raise ConfigError(f"block_size must be >= 2, got {self.block_size}")
         if self.gamma is None:
             self.gamma = default_gamma(self.block_size)
         if self.target_layers is None:
@@ -204,8 +205,8 @@ class DFlashDraft(nn.Module):
     def __init__(self, cfg: DFlashConfig) -> None:
         super().__init__()
         if cfg.num_features is None:
-            raise ValueError("DFlashConfig needs target_layers, num_features or "
-                             "num_target_layers")
+            raise ConfigError("DFlashConfig needs target_layers, num_features or "
+                              "num_target_layers")
         self.config = cfg
         qcfg = cfg.qwen3_config()
         h = cfg.hidden_size

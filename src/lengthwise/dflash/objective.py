@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from lengthwise.errors import ConfigError, DataError
+
 __all__ = ["IGNORE", "anchor_candidates", "block_targets", "default_gamma", "sample_anchors",
            "simulated_acceptance_length", "slot_weights", "target_layer_ids"]
 
@@ -50,8 +52,8 @@ def target_layer_ids(num_target_layers: int, num_features: int) -> list[int]:
         ([2], [1, 2])
     """
     if num_target_layers < 1 or num_features < 1:
-        raise ValueError(f"need num_target_layers >= 1 and num_features >= 1, got "
-                         f"{num_target_layers}, {num_features}")
+        raise ConfigError(f"need num_target_layers >= 1 and num_features >= 1, got "
+                          f"{num_target_layers}, {num_features}")
     if num_features == 1:
         return [num_target_layers // 2]
     start = min(1, num_target_layers - 1)
@@ -71,7 +73,7 @@ def default_gamma(block_size: int) -> float:
         (7.0, 1.8)
     """
     if block_size < 2:
-        raise ValueError(f"block_size must be >= 2, got {block_size}")
+        raise ConfigError(f"block_size must be >= 2, got {block_size}")
     return _GAMMA.get(int(block_size), round(0.45 * block_size, 2))
 
 
@@ -84,7 +86,7 @@ def slot_weights(block_size: int, gamma: float) -> np.ndarray:
         [0.0, 1.0, 0.3679]
     """
     if not gamma > 0:
-        raise ValueError(f"gamma must be > 0, got {gamma}")
+        raise ConfigError(f"gamma must be > 0, got {gamma}")
     k = np.arange(block_size, dtype=np.float64)
     w = np.exp(-(k - 1.0) / float(gamma))
     w[0] = 0.0
@@ -123,7 +125,7 @@ def sample_anchors(loss_mask: np.ndarray, *, num_anchors: int, seed: int, step: 
         np.True_
     """
     if num_anchors < 1:
-        raise ValueError(f"num_anchors must be >= 1, got {num_anchors}")
+        raise ConfigError(f"num_anchors must be >= 1, got {num_anchors}")
     cand = anchor_candidates(loss_mask)
     if cand.size <= num_anchors:
         return cand
@@ -149,8 +151,8 @@ def block_targets(input_ids: np.ndarray, loss_mask: np.ndarray, anchors: np.ndar
     ids = np.asarray(input_ids)
     mask = np.asarray(loss_mask, dtype=bool)
     if ids.shape != mask.shape or ids.ndim != 1:
-        raise ValueError(f"input_ids and loss_mask must be 1-D of one shape, got {ids.shape} "
-                         f"and {mask.shape}")
+        raise DataError(f"input_ids and loss_mask must be 1-D of one shape, got {ids.shape} "
+                        f"and {mask.shape}")
     a = np.asarray(anchors, dtype=np.int64).reshape(-1, 1)
     pos = a + np.arange(block_size, dtype=np.int64)
     inside = pos < ids.size
@@ -176,7 +178,7 @@ def simulated_acceptance_length(accuracy: np.ndarray) -> float:
     """
     acc = np.asarray(accuracy, dtype=np.float64)
     if acc.size and (np.nanmin(acc) < 0 or np.nanmax(acc) > 1):
-        raise ValueError("accuracies must lie in [0, 1]")
+        raise DataError("accuracies must lie in [0, 1]")
     acc = np.nan_to_num(acc, nan=0.0)
     return float(1.0 + np.cumprod(acc).sum())
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from lengthwise.errors import ConfigError
 from lengthwise.train.config import PACKED, LoopConfig, check_positive
 from lengthwise.train.loop import MicroOut
 
@@ -53,10 +54,10 @@ class DFlashTrainConfig(LoopConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not 0 <= self.warmup_ratio < 1:
-            raise ValueError(f"warmup_ratio must lie in [0, 1), got {self.warmup_ratio}")
+            raise ConfigError(f"warmup_ratio must lie in [0, 1), got {self.warmup_ratio}")
         check_positive(self, "block_size", "draft_layers", "num_anchors")
         if self.block_size < 2:
-            raise ValueError(f"block_size must be >= 2, got {self.block_size}")
+            raise ConfigError(f"block_size must be >= 2, got {self.block_size}")
 
     @property
     def warmup_steps(self) -> int:

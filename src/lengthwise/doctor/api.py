@@ -45,6 +45,7 @@ from lengthwise.doctor.runlog import RunLog
 from lengthwise.doctor.smoothing import rolling_mean
 from lengthwise.doctor.stats import nonfinite_losses, roughness_residual, stable_stats
 from lengthwise.doctor.verdict import Verdict, build_verdict
+from lengthwise.errors import ConfigError
 
 Source = str | os.PathLike[str] | Iterable[Mapping[str, Any]] | RunLog
 
@@ -69,7 +70,7 @@ def checkpoint_steps(
         return np.asarray(sorted(steps), dtype=np.float64), "given"
     if every is not None:
         if every <= 0:
-            raise ValueError(f"--checkpoint-every must be positive, got {every}")
+            raise ConfigError(f"--checkpoint-every must be positive, got {every}")
         first = math.ceil(float(log.step[0]) / every) * every
         return np.arange(first, float(log.step[-1]) + 1, every, dtype=np.float64), (
             f"--checkpoint-every {every}"

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lengthwise.doctor.numbers import num
+from lengthwise.errors import ConfigError
 
 #: an lr rise of at least this fraction of the peak between two logged steps is a restart
 RESTART_FRACTION = 0.2
@@ -117,11 +118,11 @@ def run_context(
 ) -> RunContext:
     """Collect the mechanism lengths known for a run logged at ``steps``."""
     if steps_per_epoch is not None and not steps_per_epoch > 0:
-        raise ValueError(f"--steps-per-epoch must be positive, got {steps_per_epoch}")
+        raise ConfigError(f"--steps-per-epoch must be positive, got {steps_per_epoch}")
     if batch_size is not None and batch_size < 1:
-        raise ValueError(f"--batch-size must be positive, got {batch_size}")
+        raise ConfigError(f"--batch-size must be positive, got {batch_size}")
     if eval_every is not None and not eval_every > 0:
-        raise ValueError(f"--eval-every must be positive, got {eval_every}")
+        raise ConfigError(f"--eval-every must be positive, got {eval_every}")
     first, last = float(steps[0]), float(steps[-1])
     if interval is None:
         interval = float(np.median(np.diff(steps))) if steps.size > 1 else 1.0

@@ -16,6 +16,7 @@ import warnings
 
 import numpy as np
 
+from lengthwise.errors import ConfigError, DataError
 from lengthwise.planning.config import PlanConfig
 from lengthwise.planning.lengths import (
     apply_overflow,
@@ -67,8 +68,8 @@ def prepare_lengths(lengths, config: PlanConfig, indices: np.ndarray | None = No
         ids = np.flatnonzero(keep)
     ids = ids.astype(index_dtype(raw.size), copy=False)
     if ids.size == 0:
-        raise ValueError("no samples left to plan after dropping empty and over-long ones "
-                         f"({counts})")
+        raise DataError("no samples left to plan after dropping empty and over-long ones "
+                        f"({counts})")
     return lens, ids, counts
 
 
@@ -130,10 +131,10 @@ def check_indices(indices, size: int) -> np.ndarray:
     if arr.dtype.kind not in "iu":
         raise TypeError(f"indices must be sample ids (whole numbers), got dtype {arr.dtype}")
     if arr.ndim != 1:
-        raise ValueError(f"indices must be one-dimensional, got shape {arr.shape}")
+        raise ConfigError(f"indices must be one-dimensional, got shape {arr.shape}")
     ids = arr.astype(np.int64)
     if ids.size and (ids.min() < 0 or ids.max() >= size):
-        raise ValueError(f"indices must lie in [0, {size}), got {ids.min()}..{ids.max()}")
+        raise ConfigError(f"indices must lie in [0, {size}), got {ids.min()}..{ids.max()}")
     if np.unique(ids).size != ids.size:
-        raise ValueError("indices must not repeat a sample id")
+        raise ConfigError("indices must not repeat a sample id")
     return ids

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
+from lengthwise.errors import ConfigError
 from lengthwise.planning.batching import whole_number
 from lengthwise.planning.config import PlanConfig, lengths_checksum
 from lengthwise.planning.cost import CostModel
@@ -152,7 +153,7 @@ class BucketBatchSampler(Sampler[list[int]]):
             self.lengths = load_lengths(lengths)
         self.num_replicas, self.rank = _resolve_ranks(num_replicas, rank)
         if drop_last and even_out not in (None, "drop"):
-            raise ValueError(f"drop_last=True means even_out='drop', got even_out={even_out!r}")
+            raise ConfigError(f"drop_last=True means even_out='drop', got even_out={even_out!r}")
         self.drop_last = bool(drop_last)
         if isinstance(buckets, list):
             buckets = tuple(buckets)
@@ -249,7 +250,7 @@ class BucketBatchSampler(Sampler[list[int]]):
             raise TypeError("the dataset has no len(): a batch sampler needs a map-style "
                             "dataset with one row per length") from None
         if size != self.lengths.size:
-            raise ValueError(
+            raise ConfigError(
                 f"the sampler has lengths for {self.lengths.size} samples but the dataset has "
                 f"{size} rows; compute the lengths from this dataset "
                 "(lengthwise.compute_lengths) so that row i has length lengths[i]")
@@ -317,9 +318,9 @@ class BucketBatchSampler(Sampler[list[int]]):
                           seed=self.seed, epoch=self.epoch, indices=ids)
         self._edges = self._edges or _edges_of(plan)
         if plan.splits_samples:
-            raise ValueError("this packed plan splits long samples into pieces "
-                             "(on_overflow='split'), which lists of sample indices cannot "
-                             "express; use on_overflow='truncate' or 'drop' with the sampler")
+            raise ConfigError("this packed plan splits long samples into pieces "
+                              "(on_overflow='split'), which lists of sample indices cannot "
+                              "express; use on_overflow='truncate' or 'drop' with the sampler")
         return plan
 
     @property
@@ -346,7 +347,7 @@ class BucketBatchSampler(Sampler[list[int]]):
             return list(self._windowed().plan.edges) if self.config.layout == "pad" else None
         plan = self.plan
         if plan is None:
-            raise ValueError("the current epoch has no micro-batches left")
+            raise ConfigError("the current epoch has no micro-batches left")
         return _edges_of(plan)
 
     # ------------------------------------------------------------------ iteration
@@ -559,5 +560,5 @@ def _resolve_ranks(num_replicas: int | None, rank: int | None) -> tuple[int, int
     num_replicas = whole_number("num_replicas", num_replicas)
     rank = whole_number("rank", rank, minimum=0)
     if rank >= num_replicas:
-        raise ValueError(f"rank {rank} is out of range for num_replicas={num_replicas}")
+        raise ConfigError(f"rank {rank} is out of range for num_replicas={num_replicas}")
     return num_replicas, rank

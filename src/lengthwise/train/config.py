@@ -16,6 +16,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from lengthwise.errors import ConfigError
+
 __all__ = ["DTYPES", "PACKED", "LoopConfig", "check_positive"]
 
 #: the autocast dtypes a run may name (``None``: bf16 on CUDA, fp32 on CPU)
@@ -57,31 +59,31 @@ class LoopConfig:
         check_positive(self, "steps", "grad_accum", "max_tokens", "max_len", "pad_multiple",
                        "keep_checkpoints")
         if self.max_len > self.max_tokens:
-            raise ValueError(f"max_len ({self.max_len}) must not exceed max_tokens "
-                             f"({self.max_tokens}): one row must fit the micro-batch budget")
+            raise ConfigError(f"max_len ({self.max_len}) must not exceed max_tokens "
+                              f"({self.max_tokens}): one row must fit the micro-batch budget")
         if self.schedule not in ("constant", "cosine"):
-            raise ValueError(f"schedule must be 'constant' or 'cosine', got {self.schedule!r}")
+            raise ConfigError(f"schedule must be 'constant' or 'cosine', got {self.schedule!r}")
         if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
+            raise ConfigError(f"lr must be > 0, got {self.lr}")
         if self.warmup is not None and not 0 <= self.warmup < self.steps:
-            raise ValueError(f"warmup must lie in [0, steps={self.steps}), got {self.warmup}")
+            raise ConfigError(f"warmup must lie in [0, steps={self.steps}), got {self.warmup}")
         if self.checkpoint_every < 0:
-            raise ValueError(f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
+            raise ConfigError(f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
         self._check_runtime()
 
     def _check_runtime(self) -> None:
         """Seed, device, dtype, threads and buckets, checked before any data is read."""
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+            raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
         if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
-            raise ValueError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
+            raise ConfigError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
         if self.dtype is not None and self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of fp32, bf16, fp16, got {self.dtype!r}")
+            raise ConfigError(f"dtype must be one of fp32, bf16, fp16, got {self.dtype!r}")
         if self.threads is not None:
             check_positive(self, "threads")
         if self.buckets != "auto":
             if isinstance(self.buckets, str):
-                raise ValueError(f"buckets must be a count or 'auto', got {self.buckets!r}")
+                raise ConfigError(f"buckets must be a count or 'auto', got {self.buckets!r}")
             check_positive(self, "buckets")
 
     @property
@@ -104,4 +106,4 @@ def check_positive(cfg: object, *names: str) -> None:
     for name in names:
         value = getattr(cfg, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            raise ConfigError(f"{name} must be a positive integer, got {value!r}")

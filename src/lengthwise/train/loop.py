@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from lengthwise.errors import ConfigError
 from lengthwise.pytorch.dist import GroupInfo, all_reduce_sum
 from lengthwise.train.config import PACKED, LoopConfig
 from lengthwise.train.device import rank_world, say
@@ -115,7 +116,7 @@ class StepBatches:
                     return batches
             self.sampler.set_epoch(self.sampler.epoch + 1)
             self._it = iter(self.sampler)
-        raise ValueError(f"an epoch has fewer than grad_accum={self.grad_accum} micro-batches "
+        raise ConfigError(f"an epoch has fewer than grad_accum={self.grad_accum} micro-batches "
                            "per rank; use more data, a smaller max_tokens or a smaller grad_accum")
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lengthwise.errors import ConfigError
 from lengthwise.pytorch.collate._options import check_budget, check_fields, check_positive
 from lengthwise.pytorch.collate._packed_rows import sample_rows
 from lengthwise.pytorch.collate._samples import check_batch, pad_value, result_dtype
@@ -80,7 +81,7 @@ class PackCollator:
         check_positive("row_capacity", row_capacity)
         check_positive("max_length", max_length)
         if pad_to_capacity and (row_capacity is None or pad_token_id is None):
-            raise ValueError("pad_to_capacity needs row_capacity and pad_token_id")
+            raise ConfigError("pad_to_capacity needs row_capacity and pad_token_id")
         if mask_dtype is not None and not (mask_dtype == torch.bool
                                            or mask_dtype.is_floating_point):
             raise TypeError(f"mask_dtype must be torch.bool or a floating dtype, got {mask_dtype}")
