@@ -342,6 +342,28 @@ def test_demo_command_reports_bad_options(capsys, jsonl):
         assert "no CUDA device" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("task, folder", [("lm", "lengthwise-demo/lm"),
+                                          ("dflash", "lengthwise-demo/dflash")])
+def test_each_task_writes_under_its_own_folder_by_default(task, folder, monkeypatch,
+                                                          tmp_path, capsys):
+    import lengthwise.demo.dflash as dflash_demo
+    import lengthwise.demo.main as demo_main
+    from lengthwise.errors import ConfigError
+
+    seen = []
+
+    def record(cfg, *, out, **kwargs):
+        seen.append(str(out))
+        raise ConfigError("stopped before training")
+
+    monkeypatch.setattr(demo_main, "run_demo", record)
+    monkeypatch.setattr(dflash_demo, "run_dflash_demo", record)
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(["demo", "--task", task, "--no-progress"]) == 2
+    assert seen == [folder]
+    assert "stopped before training" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("task", ["lm", "dflash"])
 @pytest.mark.parametrize("option, match", [
     (["--device", "tpu"], "device must be cpu, cuda or cuda:N, got 'tpu'"),

@@ -7,7 +7,8 @@ trains a DFlash draft per order against a frozen target (a small target trained
 locally and cached, or ``--target PATH``), on responses the target
 regenerated, and measures its acceptance length with real speculative
 decoding. Prints one row per order and writes every run's
-``train_log.jsonl``, ``summary.json`` and ``loss_curves.png`` under ``--out``.
+``train_log.jsonl``, ``summary.json`` and ``loss_curves.png`` under ``--out``
+(``lengthwise-demo/lm`` or ``lengthwise-demo/dflash`` by default).
 
 Example::
 
@@ -75,9 +76,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="model width and depth (lm task; tiny trains quickly on CPU) "
                         "(default: tiny)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
-    p.add_argument("--out", default="lengthwise-demo",
+    p.add_argument("--out", default=None,
                    help="folder for the logs, summary.json and loss_curves.png "
-                        "(default: lengthwise-demo)")
+                        f"(default: {default_out('lm')}; with --task dflash: "
+                        f"{default_out('dflash')})")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the model, data split, plans (default: 0)")
     p.add_argument("--grad-accum", type=_positive,
@@ -158,6 +160,17 @@ def _config_kwargs(args: argparse.Namespace, table: dict[str, str]) -> dict[str,
             if getattr(args, arg) is not None}
 
 
+def default_out(task: str) -> str:
+    """The folder a task writes under when ``--out`` is not given: one per task.
+
+    Example::
+
+        >>> default_out("dflash")
+        'lengthwise-demo/dflash'
+    """
+    return f"lengthwise-demo/{task}"
+
+
 def _check_folder(option: str, path: str | None) -> None:
     """A folder the demo writes into: it may not exist yet, but nothing on its path is a file."""
     if path is None:
@@ -194,6 +207,8 @@ def run(args: argparse.Namespace) -> int:
         except ValueError:
             raise ConfigError(
                 f"--buckets must be a count or 'auto', got {args.buckets!r}") from None
+    if args.out is None:
+        args.out = default_out(args.task)  # each task its own folder: neither overwrites the other
     _check_folder("--out", args.out)
     _check_folder("--cache-dir", args.cache_dir)
     orders = parse_orders(args.orders)

@@ -123,7 +123,7 @@ def check_targets(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_demo(cfg: DemoConfig, *, orders: list[str] | str | None = None,
-             out: str | Path = "lengthwise-demo", data: str | Path | None = None,
+             out: str | Path = "lengthwise-demo/lm", data: str | Path | None = None,
              tokenizer: str | Path | None = None, cache_dir: str | Path | None = None,
              vocab_size: int = 2048, lockstep: bool = True, plot: bool = True,
              texts: list[str] | None = None) -> dict[str, Any]:
