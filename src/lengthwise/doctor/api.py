@@ -37,6 +37,7 @@ from lengthwise.doctor.epochs import EpochBoundaries, epoch_boundaries, staircas
 from lengthwise.doctor.errors import EmptyLogError
 from lengthwise.doctor.mechanisms import match_period
 from lengthwise.doctor.noise import noise_budget
+from lengthwise.doctor.order import logged_order
 from lengthwise.doctor.periodicity import Periodicity, periodicity_of
 from lengthwise.doctor.phases import Phases, find_phases
 from lengthwise.doctor.readers import read_log, read_records
@@ -93,6 +94,7 @@ def diagnose(
     batch_size: int | None = None,
     eval_every: float | None = None,
     seed: int = 0,
+    order: str | None = None,
 ) -> Report:
     """Diagnose one training log.
 
@@ -102,7 +104,9 @@ def diagnose(
     give checkpoint steps when the log has no checkpoint events;
     ``steps_per_epoch``, ``batch_size`` (samples per optimizer step) and
     ``eval_every`` are the lengths a period is matched against. ``seed`` makes
-    the bootstrap and permutation tests reproducible.
+    the bootstrap and permutation tests reproducible. ``order`` is the batch order
+    the run used (default: the log's ``plan`` event, see
+    :func:`~lengthwise.doctor.order.logged_order`); the doctor does not prescribe it.
     """
     log = load(source, step_key=step_key, loss_key=loss_key)
     rng = np.random.default_rng(seed)
@@ -114,7 +118,8 @@ def diagnose(
     ck, ck_source = checkpoint_steps(log, every=checkpoint_every, steps=checkpoints)
     ctx = run_context(s, cols, interval=log.step_interval, steps_per_epoch=steps_per_epoch,
                       batch_size=batch_size, checkpoint_every=checkpoint_every,
-                      checkpoint_steps=ck, checkpoint_source=ck_source, eval_every=eval_every)
+                      checkpoint_steps=ck, checkpoint_source=ck_source, eval_every=eval_every,
+                      order=order or logged_order(source))
     window = checkpoint_window(log.step_interval)
     warm = phases.warmup_end if phases.warmup_source == "lr" else None
     cliff_ctx = CliffContext(checkpoints=ck, window=window, buckets=buckets,

@@ -43,6 +43,7 @@ class RunContext:
     checkpoint_source: str | None = None
     eval_every: float | None = None
     lr_restarts: list[float] = field(default_factory=list)
+    order: str | None = None  # the batch order the run uses (its log's ``plan`` event)
 
     @property
     def run_steps(self) -> float:
@@ -61,6 +62,7 @@ class RunContext:
             "checkpoint_source": self.checkpoint_source,
             "eval_every": num(self.eval_every),
             "lr_restarts": [num(s) for s in self.lr_restarts[:50]],
+            "order": self.order,
         }
 
 
@@ -115,6 +117,7 @@ def run_context(
     checkpoint_steps: np.ndarray | None = None,
     checkpoint_source: str | None = None,
     eval_every: float | None = None,
+    order: str | None = None,
 ) -> RunContext:
     """Collect the mechanism lengths known for a run logged at ``steps``."""
     if steps_per_epoch is not None and not steps_per_epoch > 0:
@@ -149,4 +152,5 @@ def run_context(
         checkpoint_source=checkpoint_source,
         eval_every=eval_every,
         lr_restarts=lr_restarts(steps, columns.get("lr")),
+        order=order,
     )

@@ -93,7 +93,7 @@ class LoopConfig:
 
 
 def check_positive(cfg: object, *names: str) -> None:
-    """Raise ``ValueError`` naming the first field of ``cfg`` that is not an integer >= 1.
+    """Raise ``ConfigError`` naming the first field of ``cfg`` that is not an integer >= 1.
 
     Example::
 
@@ -101,7 +101,7 @@ def check_positive(cfg: object, *names: str) -> None:
         >>> check_positive(LoopConfig(steps=3), "timing_warmup", "clip")
         Traceback (most recent call last):
         ...
-        ValueError: clip must be a positive integer, got 1.0
+        lengthwise.errors.ConfigError: clip must be a positive integer, got 1.0
     """
     for name in names:
         value = getattr(cfg, name)

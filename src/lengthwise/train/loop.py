@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from lengthwise.doctor.order import PLAN_EVENT
 from lengthwise.errors import ConfigError
 from lengthwise.pytorch.dist import GroupInfo, all_reduce_sum
 from lengthwise.train.config import PACKED, LoopConfig
@@ -192,6 +193,9 @@ class TrainLoop:
         # second record of that step to log readers
         if self.resumed_from is not None:
             self.logger.event("resume", step=self.step_count, path=self.resumed_from)
+        else:  # a fresh log names its order first: the doctor does not prescribe it again
+            self.logger.event(PLAN_EVENT, order=self.sampler.config.order,
+                              layout=self.sampler.config.layout, strategy=order)
         self.checkpointer = (Checkpointer(ckpt_dir, keep=cfg.keep_checkpoints, logger=self.logger)
                              if cfg.checkpoint_every else None)
         self.batches = StepBatches(self.sampler, cfg.grad_accum)
