@@ -60,7 +60,10 @@ def prepare_lengths(lengths, config: PlanConfig, indices: np.ndarray | None = No
         limit_name = f"the {max_len} tokens one row of the budget holds"
     policy = "truncate" if config.on_overflow == "split" else config.on_overflow
     lens, keep, counts = apply_overflow(raw, max_len, policy, limit_name=limit_name, cut=cut)
-    warn_if_cut(counts, max_len, config, at_load=cut is not None and bool(cut.any()))
+    at_load = cut is not None and bool(cut.any())
+    warn_if_cut(counts, max_len, config, at_load=at_load,
+                cut_now=0 if max_len is None else int((raw > max_len).sum()),
+                load_limit=int(raw[cut > 0].max()) if at_load else None)
     if indices is not None:
         ids = check_indices(indices, raw.size)
         ids = ids[keep[ids]]
@@ -74,15 +77,22 @@ def prepare_lengths(lengths, config: PlanConfig, indices: np.ndarray | None = No
 
 
 def cut_message(counts: dict, max_len: int | None, config: PlanConfig, *,
-                at_load: bool = False) -> str | None:
+                at_load: bool = False, cut_now: int | None = None,
+                load_limit: int | None = None) -> str | None:
     """One line saying how much truncation cut, when it is over 1% of the tokens.
 
-    ``at_load``: some of it was cut by ``load_lengths(max_len=...)``.
+    ``at_load``: some of it was cut by ``load_lengths(max_len=...)`` (to
+    ``load_limit`` tokens, when known); ``cut_now``: how many samples the plan's
+    own limit cut (``None``: unknown), so a limit that cut nothing is not named.
 
     Example::
 
         >>> cut_message({"truncated": 2, "truncated_share": 0.75}, 8, PlanConfig(max_tokens=8))
         '75.0% of the tokens are cut: 2 samples truncated to 8 tokens (max_tokens=8)'
+        >>> cut_message({"truncated": 2, "truncated_share": 0.75}, 16, PlanConfig(max_tokens=16),
+        ...             at_load=True, cut_now=0, load_limit=8)
+        ... # doctest: +ELLIPSIS
+        '75.0% of the tokens are cut: 2 samples truncated to 8 tokens (the max_len given to ...)'
     """
     share = counts.get("truncated_share", 0.0)
     if share <= CUT_WARNING_SHARE:
@@ -93,17 +103,20 @@ def cut_message(counts: dict, max_len: int | None, config: PlanConfig, *,
         why = f"max_tokens={config.max_tokens}"
     else:
         why = f"max_cost={config.max_cost}"
-    parts = [] if max_len is None else [f"to {max_len} tokens ({why})"]
+    parts = [] if max_len is None or cut_now == 0 else [f"to {max_len} tokens ({why})"]
     if at_load:
-        parts.append("at the max_len given to load_lengths")
+        parts.append("at the max_len given to load_lengths" if load_limit is None else
+                     f"to {load_limit} tokens (the max_len given to load_lengths)")
     return (f"{share:.1%} of the tokens are cut: {counts['truncated']} samples truncated "
             + " or ".join(parts))
 
 
 def warn_if_cut(counts: dict, max_len: int | None, config: PlanConfig, *,
-                at_load: bool = False) -> None:
+                at_load: bool = False, cut_now: int | None = None,
+                load_limit: int | None = None) -> None:
     """Warn (``UserWarning``, at the caller's line) when truncation cuts over 1% of the tokens."""
-    message = cut_message(counts, max_len, config, at_load=at_load)
+    message = cut_message(counts, max_len, config, at_load=at_load, cut_now=cut_now,
+                          load_limit=load_limit)
     if message is None:
         return
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
