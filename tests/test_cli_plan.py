@@ -206,3 +206,12 @@ def test_json_figures_hold_no_nan_and_no_numpy_scalars():
     out = _clean({"a": float("nan"), "b": np.int64(2), "c": [1.0, float("inf")], "num_batches": 3})
     assert out == {"a": None, "b": 2, "c": [1.0, None]}
     json.dumps(out, allow_nan=False)  # strict JSON
+
+
+def test_help_names_every_lengths_source(capsys):
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for source in ("FILE.jsonl:FIELD", "FILE.parquet:COLUMN", "FILE.arrow:COLUMN", "PREFIX.idx",
+                   "FOLDER:COLUMN"):
+        assert source in text

@@ -67,8 +67,9 @@ def register(subparsers) -> None:
         description="Plan one epoch of micro-batches from per-sample lengths and report "
                     "the figures of docs/metrics.md (padding efficiency, step composition, ...).")
     p.add_argument("lengths", help="a bundled name (sft_mix, ...; a file of that name in the "
-                   "working folder wins), .npy, .txt, FILE.jsonl:FIELD, FILE.parquet:COLUMN or "
-                   "FILE.arrow:COLUMN")
+                   "working folder wins), .npy, .txt, FILE.jsonl:FIELD, FILE.parquet:COLUMN, "
+                   "FILE.arrow:COLUMN, a Megatron index PREFIX.idx, or FOLDER:COLUMN (a folder "
+                   "of Parquet shards)")
     p.add_argument("--max-len", type=int, default=None, metavar="N",
                    help="longest sample kept, in tokens (default: no limit but the budget)")
     p.add_argument("--on-overflow", choices=PACK_OVERFLOW_POLICIES, default="truncate",
