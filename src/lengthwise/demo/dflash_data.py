@@ -29,7 +29,7 @@ import numpy as np
 
 from lengthwise.errors import DataError
 from lengthwise.pytorch.dist import GroupInfo
-from lengthwise.train.device import barrier, rank_world
+from lengthwise.train.device import barrier, rank_world, say
 
 if TYPE_CHECKING:  # pragma: no cover
     from lengthwise.demo.dflash import DFlashDemoConfig
@@ -116,13 +116,15 @@ def stop_tokens(tokenizer: Any, eos: int) -> list[int]:
 def regenerate(model: Any, prompts: list[np.ndarray], *, max_new_tokens: int,
                eos: int | list[int],
                temperature: float, seed: int, batch_size: int = 64,
-               device: Any = "cpu") -> list[np.ndarray]:
+               device: Any = "cpu", show: bool = False) -> list[np.ndarray]:
     """The target's own continuation of every prompt (ends at a stop token ``eos`` or the cap).
 
     ``temperature`` 0 is greedy decoding (the continuation speculative decoding must
-    reproduce); above 0 the target samples.
+    reproduce); above 0 the target samples. ``show``: a progress bar over the prompts.
     """
     import torch
+
+    from lengthwise.progress import progress
 
     stops = [eos] if isinstance(eos, int) else list(eos)
     pad = stops[0]
@@ -135,7 +137,9 @@ def regenerate(model: Any, prompts: list[np.ndarray], *, max_new_tokens: int,
     was = model.training
     model.eval()
     try:
-        for lo in range(0, len(order), batch_size):
+        starts = range(0, len(order), batch_size)
+        for lo in progress(starts, desc=f"the target writes {len(prompts)} responses",
+                           unit="batch", total=len(starts), enable=show):
             idx = order[lo:lo + batch_size]
             width = max(prompts[i].size for i in idx)
             ids = torch.full((idx.size, width), pad, dtype=torch.long)
@@ -179,6 +183,7 @@ def train_target(texts: list[str], tokenizer: Any, *, cache_dir: Path, size: str
     folder = Path(cache_dir) / f"dflash-target-{key}"
     if (folder / "config.json").is_file():
         info = json.loads((folder / "lengthwise.json").read_text(encoding="utf-8"))
+        info["target_cache"] = str(folder)
         return transformers.AutoModelForCausalLM.from_pretrained(str(folder)), info
     cfg = DemoConfig(steps=steps, grad_accum=4, max_tokens=1024, max_len=max_len,
                      model_size=size, lr=3e-3, schedule="cosine", eval_samples=128, seed=seed,
@@ -238,8 +243,11 @@ def prepare(cfg: DFlashDemoConfig, *, target: str | Path | None, data: str | Pat
                                        seed=cfg.seed)
                 started = time.perf_counter()
                 model.to(device)
+                say(info, f"lengthwise demo --task dflash: the target writes its responses to "
+                          f"{len(prompts)} prompts (once; cached in {path})")
                 resp = regenerate(model, prompts, max_new_tokens=cfg.response_len, eos=eos,
-                                  temperature=cfg.temperature, seed=cfg.seed, device=device)
+                                  temperature=cfg.temperature, seed=cfg.seed, device=device,
+                                  show=cfg.progress)
                 seqs = [np.concatenate([p, r]) for p, r in zip(prompts, resp, strict=True)]
                 flat = np.concatenate(seqs)
                 offsets = np.cumsum([0] + [s.size for s in seqs])
@@ -283,7 +291,9 @@ def _target(cfg: DFlashDemoConfig, target: str | Path | None, texts: list[str],
         model, meta = train_target(texts, tok, cache_dir=cache, size=cfg.target_size,
                                    steps=cfg.target_steps, max_len=cfg.max_len, seed=cfg.seed,
                                    fingerprint=fp, progress=cfg.progress)
-        meta.update(target=f"{cfg.target_size} Llama-style model trained here",
+        where = (f"trained earlier, loaded from {meta['target_cache']}"
+                 if meta.get("target_cache") else "trained here")
+        meta.update(target=f"{cfg.target_size} Llama-style model {where}",
                     target_key=f"{fp}-{vocab_size}-{cfg.target_size}-{cfg.target_steps}")
         return model, tok, 0, meta
     import torch
