@@ -150,6 +150,14 @@ def _same(a: Any, b: Any) -> bool:
 
 
 # -- rendering -----------------------------------------------------------------------------
+def _wrap(text: str, bullet: bool = False) -> str:
+    """A paragraph (or a ``- `` bullet) wrapped at 100 columns, as the docs are written."""
+    import textwrap
+
+    return textwrap.fill(text, width=100, subsequent_indent="  " if bullet else "",
+                         break_long_words=False, break_on_hyphens=False)
+
+
 def _f(value: Any, spec: str) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"
@@ -186,12 +194,12 @@ def _caption(fig: dict[str, Any]) -> str:
     c, region = fig["config"], fig.get("stable_region") or ["-", "-"]
     wall = fig.get("wall_seconds")
     took = f"{wall:.0f} s wall time on {fig['machine']}" if wall else fig["machine"]
-    return (f"`{fig['command']}` ({c.get('steps')} steps x {c.get('grad_accum')} micro-batches "
-            f"of at most {c.get('max_tokens')} tokens, seed {c.get('seed')}; {took}). "
-            f"`loss_roughness` and the verdicts are over steps {region[0]}-{region[1]}, the "
-            "same for every order; throughput depends on the machine and its load, every other "
-            "figure is the same on every run and is checked against a fresh run by "
-            "`tests/test_docs_figures.py`.")
+    return _wrap(
+        f"`{fig['command']}` ({c.get('steps')} steps x {c.get('grad_accum')} micro-batches of at "
+        f"most {c.get('max_tokens')} tokens, seed {c.get('seed')}; {took}). `loss_roughness` and "
+        f"the verdicts are over steps {region[0]}-{region[1]}, the same for every order; "
+        "throughput depends on the machine and its load, every other figure is the same on "
+        "every run and is checked against a fresh run by `tests/test_docs_figures.py`.")
 
 
 def _lm_reading(fig: dict[str, Any]) -> str:
@@ -212,22 +220,23 @@ def _lm_reading(fig: dict[str, Any]) -> str:
         f"{_f(r.get('padding_efficiency'), '.3f')}).",
         f"The smoothest loss is {smoothest}'s ({_f(rough.get(smoothest), '.4f')}), the roughest "
         f"{roughest}'s ({_f(rough.get(roughest), '.4f')}); the lowest held-out loss is "
-        f"{best}'s ({_f(evals.get(best), '.4f')}; stratified {_f(st.get('eval_loss'), '.4f')}, "
-        f"sorted {_f(s.get('eval_loss'), '.4f')}, random {_f(r.get('eval_loss'), '.4f')}).",
+        f"{best}'s ({_f(evals.get(best), '.4f')}), against "
+        + ", ".join(f"{n}'s {_f(evals.get(n), '.4f')}" for n in ("sorted", "random", "stratified")
+                    if n != best and n in evals) + ".",
     ]
-    return " ".join(text)
+    return _wrap(" ".join(text))
 
 
 def _lm_bullets(fig: dict[str, Any]) -> str:
     rows = fig["strategies"]
     out = []
     for name, row in rows.items():
-        out.append(
+        out.append(_wrap(
             f"- `{name}`: {_f(row.get('throughput_vs_sorted'), '.2f')} x sorted's throughput, "
             f"{_f(row.get('real_tokens_per_step'), ',.0f')} real tokens per step, "
             f"`loss_roughness` {_f(row.get('loss_roughness'), '.4f')} (`excess` "
             f"{_f(row.get('excess'), '.2f')}), held-out loss {_f(row.get('eval_loss'), '.4f')}; "
-            f"the doctor: {row.get('verdict') or '-'}.")
+            f"the doctor: {row.get('verdict') or '-'}.", bullet=True))
     return "\n".join(out)
 
 
@@ -244,29 +253,31 @@ def _dflash_text(fig: dict[str, Any]) -> str:
     lines = [
         _caption(fig),
         "",
-        f"Target: {target}"
-        + (f" (held-out loss {d['target_eval_loss']:.2f})" if d.get("target_eval_loss") else "")
-        + f"; {_f(d.get('train_samples'), ',d')} training samples (median "
-        f"{d.get('length_p50', '-')} tokens, longest {d.get('length_max', '-')}).",
+        _wrap(f"Target: {target}"
+              + (f" (held-out loss {d['target_eval_loss']:.2f})" if d.get("target_eval_loss")
+                 else "")
+              + f"; {_f(d.get('train_samples'), ',d')} training samples (median "
+              f"{d.get('length_p50', '-')} tokens, longest {d.get('length_max', '-')})."),
         "",
         _table(rows, DFLASH_SPEED),
         "",
         _table(rows, DFLASH_DRAFT),
         "",
-        "- Every speculative decoding is "
-        + ("lossless" if lossless else "NOT lossless for some order")
-        + " (the output equals the target's greedy output).",
+        _wrap("- Every speculative decoding is "
+              + ("lossless" if lossless else "NOT lossless for some order")
+              + " (the output equals the target's greedy output).", bullet=True),
     ]
     if sims and reals:
-        lines.append(
+        lines.append(_wrap(
             f"- `acceptance_length` (tokens per verifying target forward, measured by decoding) "
             f"is {min(reals):.2f}-{max(reals):.2f}; `simulated_acceptance_length` (the "
             f"teacher-forced estimate from the per-slot accuracies on held-out samples, which "
-            f"treats the slots as independent) is {min(sims):.2f}-{max(sims):.2f}.")
-    lines.append("- Updates SpikeGuard skipped: " + (
-        ", ".join(f"{n} {k}" for n, k in skipped.items()) if skipped else "none") + ".")
-    lines.append("- The doctor: " + "; ".join(
-        f"`{n}` {r.get('verdict') or '-'}" for n, r in rows.items()) + ".")
+            f"treats the slots as independent) is {min(sims):.2f}-{max(sims):.2f}.", bullet=True))
+    lines.append(_wrap("- Updates SpikeGuard skipped: " + (
+        ", ".join(f"{n} {k}" for n, k in skipped.items()) if skipped else "none") + ".",
+        bullet=True))
+    lines.append(_wrap("- The doctor: " + "; ".join(
+        f"`{n}` {r.get('verdict') or '-'}" for n, r in rows.items()) + ".", bullet=True))
     return "\n".join(lines)
 
 
@@ -307,6 +318,10 @@ def rewrite(saved: dict[str, Any], root: Path = ROOT) -> list[str]:
         text = path.read_text(encoding="utf-8")
         new = text
         for name in names:
+            if name.split("-")[0] not in saved:  # that task was never run: leave its region
+                print(f"docs_figures: no saved figures for region {name} of {rel}; run "
+                      f"its task first", file=sys.stderr)
+                continue
             i, j = region_text(new, name, rel)
             new = new[:i] + "\n" + render(name, saved) + "\n" + new[j:]
         if new != text:

@@ -73,12 +73,12 @@ def test_drift_in_a_deterministic_figure_is_reported_and_throughput_is_not(scrip
     assert "orders" in script.compare(saved["lm"], fresh, "lm")[0]
 
 
-def test_a_region_without_its_markers_is_named(script, tmp_path):
+def test_a_region_without_its_markers_is_named(script, saved, tmp_path):
     (tmp_path / "docs").mkdir()
     for rel in script.REGIONS:
         (tmp_path / rel).write_text("no markers here\n", encoding="utf-8")
     with pytest.raises(SystemExit, match="README.md has no region lm-table"):
-        script.rewrite({}, root=tmp_path)
+        script.rewrite(saved, root=tmp_path)
 
 
 @pytest.mark.slow
