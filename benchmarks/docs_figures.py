@@ -56,7 +56,7 @@ DETERMINISTIC: dict[str, tuple[str, ...]] = {
 #: per-order figures that depend on the machine (shown, not compared)
 MACHINE: tuple[str, ...] = ("tokens_per_second", "throughput_vs_sorted", "train_seconds")
 #: relative tolerance of a float figure (CPU kernels may round differently across machines)
-REL_TOL = 2e-3
+REL_TOL = 1e-4
 #: the files and the regions of each that this script writes
 REGIONS: dict[str, tuple[str, ...]] = {
     "README.md": ("lm-table", "lm-reading"),

@@ -12,8 +12,8 @@ decoding. Prints one row per order and writes every run's
 
 Example::
 
-    $ lengthwise demo                       # about 5 minutes on two CPU cores
-    $ lengthwise demo --task dflash         # about 10 minutes on two CPU cores
+    $ lengthwise demo                       # every order, writes under lengthwise-demo/lm
+    $ lengthwise demo --task dflash         # every order, writes under lengthwise-demo/dflash
     $ lengthwise demo --steps 600 --model-size small --json
     $ torchrun --nproc_per_node 2 -m lengthwise demo --orders random,stratified
 """
