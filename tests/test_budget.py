@@ -139,7 +139,8 @@ def test_sampler_collator_never_exceeds_the_budget(lengths, max_tokens, max_len,
         try:
             sampler = lengthwise.BucketBatchSampler(
                 lengths, max_tokens=max_tokens, max_len=max_len, pad_multiple=pad_multiple,
-                layout=layout, rows_per_batch=rows, yield_rows=yield_rows,
+                layout=layout, rows_per_batch=rows if layout == "pack" else 1,
+                yield_rows=yield_rows,
                 grad_accum=grad_accum, seed=seed)
             collate = sampler.collator(pad_token_id=0)
             batches = list(sampler)

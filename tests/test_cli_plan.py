@@ -208,6 +208,39 @@ def test_json_figures_hold_no_nan_and_no_numpy_scalars():
     json.dumps(out, allow_nan=False)  # strict JSON
 
 
+@pytest.mark.parametrize("argv, match", [
+    (["--layout", "pack", "--pad-multiple", "8"],
+     "--pad-multiple 8 rounds padded rows up, but --layout pack has no padded rows"),
+    (["--layout", "pack", "--buckets", "4"], "--buckets 4 sets the buckets of padded rows"),
+])
+def test_padded_options_with_the_packed_layout_are_errors(argv, match, capsys):
+    assert main(["plan", "coqa", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and match in err, err
+
+
+@pytest.mark.parametrize("content, match", [
+    (b"", "the file is empty (0 bytes)"),
+    (b"hello world", "not a .npy file"),
+    ("cut data", "the file is cut short: its header promises more data than it holds"),
+    ("cut header", "a cut or corrupt .npy header"),
+    ("objects", "the array holds Python objects, not numbers"),
+])
+def test_a_broken_npy_is_one_line_naming_the_file(tmp_path, content, match, capsys):
+    path = tmp_path / "lens.npy"
+    if content == "objects":
+        np.save(path, np.array([3, "a"], dtype=object))
+    elif isinstance(content, str):
+        np.save(path, np.arange(1, 1000))
+        whole = path.read_bytes()
+        path.write_bytes(whole[:500] if content == "cut data" else whole[:60])
+    else:
+        path.write_bytes(content)
+    assert main(["plan", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"cannot read lengths from {path}: {match}" in err, err
+
+
 def test_help_names_every_lengths_source(capsys):
     with pytest.raises(SystemExit):
         main(["plan", "--help"])

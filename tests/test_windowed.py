@@ -83,7 +83,7 @@ def test_window_errors_name_the_sample(tmp_path):
         list(wp.rank_batches(0))
     lens[737] = 9000
     wp = WindowedPlan(lens, PlanConfig(max_tokens=4096, on_overflow="error"), window=100)
-    with pytest.raises(LengthError, match="row 737: length 9000"):
+    with pytest.raises(LengthError, match="sample 737 has 9000 tokens, but one row holds"):
         list(wp.rank_batches(0))
     with pytest.raises(ValueError, match="window must be"):
         resolve_window("big", 10)

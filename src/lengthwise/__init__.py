@@ -67,6 +67,7 @@ _EXPORTS: dict[str, str] = {
     "PendingSave": "lengthwise.train.checkpoint",
     "CheckpointError": "lengthwise.train.checkpoint",
     "CorruptCheckpointError": "lengthwise.train.checkpoint",
+    "CheckpointLockedError": "lengthwise.train.checkpoint",
     "group_info": "lengthwise.pytorch.dist",
     "LengthwiseError": "lengthwise.errors",
     "ConfigError": "lengthwise.errors",

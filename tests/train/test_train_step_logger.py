@@ -559,3 +559,28 @@ def test_sample_weights_weight_the_per_sample_losses_without_changing_real_token
     with pytest.raises(ValueError, match="one per sample"):
         log.record_micro(loss=1.0, sample_losses=[1.0, 2.0], sample_weights=[1.0])
     log.close()
+
+
+@pytest.mark.parametrize("kind", ["int", "numpy", "tensor", "default"])
+def test_step_numbers_above_2_pow_53_are_logged_exactly(tmp_path, kind):
+    import torch
+
+    first = 2**53 + 1  # the first integer a float64 cannot hold
+    path = tmp_path / "log.jsonl"
+    with StepLogger(path) as log:
+        for offset in range(3):
+            step = {"int": first + offset, "numpy": np.uint64(first + offset),
+                    "tensor": torch.tensor(first + offset), "default": None}[kind]
+            if kind == "default" and offset == 0:
+                step = first
+            log.step(step, loss=1.0, epoch=np.int64(first))
+    records = read_log(path)
+    assert [r["step"] for r in records] == [first, first + 1, first + 2]
+    assert all(type(r["step"]) is int and r["epoch"] == first for r in records)
+
+
+def test_a_negative_integer_step_is_refused():
+    log = StepLogger(None)
+    with pytest.raises(ValueError, match="step must be a non-negative integer"):
+        log.step(-(2**60), loss=1.0)
+    log.close()

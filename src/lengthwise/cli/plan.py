@@ -15,6 +15,7 @@ import warnings
 
 import numpy as np
 
+from lengthwise.atomic import atomic_open
 from lengthwise.errors import ConfigError
 from lengthwise.planning.batching import batch_padded_lengths
 from lengthwise.planning.vocabulary import (
@@ -96,7 +97,8 @@ def register(subparsers) -> None:
     p.add_argument("--max-run", type=int, default=3, metavar="R",
                    help="interleave: longest run of one bucket on a rank (default: 3)")
     p.add_argument("--pad-multiple", type=int, default=1, metavar="M",
-                   help="round padded lengths up to a multiple of M (default: 1)")
+                   help="round padded lengths up to a multiple of M; padded layout only "
+                        "(default: 1)")
     p.add_argument("--even-out", choices=EVEN_OUT, default="split",
                    help="how ranks get equal micro-batch counts: split batches (every sample "
                         "once), drop or repeat whole batches, counted (default: split)")
@@ -175,7 +177,7 @@ def _save(path: str, plan) -> None:
         arrays.update(bucket=plan.bucket, edges=np.asarray(plan.edges))
     if getattr(plan, "row_offsets", None) is not None:
         arrays["row_offsets"] = plan.row_offsets
-    with open(path, "wb") as fh:  # exactly this name (np.savez would add ".npz")
+    with atomic_open(path) as fh:  # exactly this name (np.savez would add ".npz"), all or none
         np.savez(fh, **arrays)
 
 
@@ -200,6 +202,13 @@ def run(args: argparse.Namespace) -> int:
         args.max_tokens = DEFAULT_MAX_TOKENS
     if args.on_overflow not in OVERFLOW_POLICIES and args.layout != "pack":
         raise ConfigError("--on-overflow split needs --layout pack")
+    if args.layout == "pack" and args.buckets != "auto":
+        raise ConfigError(f"--buckets {args.buckets} sets the buckets of padded rows, but "
+                          "--layout pack has no buckets; leave --buckets out, or use --layout pad")
+    if args.layout == "pack" and args.pad_multiple != 1:
+        raise ConfigError(f"--pad-multiple {args.pad_multiple} rounds padded rows up, but "
+                          "--layout pack has no padded rows (its rows are --max-tokens long); "
+                          "leave --pad-multiple out, or use --layout pad")
     base = dict(
         epoch=args.epoch, seed=args.seed, max_tokens=args.max_tokens, batch_size=args.batch_size,
         buckets=args.buckets, world_size=args.world_size, grad_accum=args.grad_accum,

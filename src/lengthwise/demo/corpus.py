@@ -29,6 +29,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
+from lengthwise.atomic import atomic_open
 from lengthwise.errors import DataError, MissingDependencyError
 from lengthwise.planning.jsonl import jsonl_field
 
@@ -207,7 +208,6 @@ def load_corpus(data: str | Path | None = None, *, cache_dir: str | Path | None 
             pass  # rebuilt below
     texts = stdlib_docstrings(root)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{id(texts)}")
-    tmp.write_text(json.dumps(texts), encoding="utf-8")
-    tmp.replace(path)
+    with atomic_open(path, "w", encoding="utf-8") as fh:
+        json.dump(texts, fh)
     return texts

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from lengthwise.atomic import atomic_open
 from lengthwise.demo.config import check_positive
 from lengthwise.dflash.train import DFlashTrainConfig
 from lengthwise.errors import ConfigError
@@ -210,7 +211,8 @@ def run_dflash_demo(cfg: DFlashDemoConfig, *, orders: list[str], out: str | Path
 
     text = summary_json(summary.pop("strategies"), **summary)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(text + "\n", encoding="utf-8")
+    with atomic_open(out / "summary.json", "w", encoding="utf-8") as fh:
+        fh.write(text + "\n")
     return json.loads(text)
 
 

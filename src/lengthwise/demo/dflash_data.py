@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from lengthwise.atomic import atomic_open
 from lengthwise.errors import DataError
 from lengthwise.pytorch.dist import GroupInfo
 from lengthwise.train.device import barrier, rank_world, say
@@ -210,7 +211,8 @@ def train_target(texts: list[str], tokenizer: Any, *, cache_dir: Path, size: str
     model = run.task.model
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(folder))
-    (folder / "lengthwise.json").write_text(json.dumps(info), encoding="utf-8")
+    with atomic_open(folder / "lengthwise.json", "w", encoding="utf-8") as fh:
+        json.dump(info, fh)
     return model, info
 
 
@@ -251,11 +253,10 @@ def prepare(cfg: DFlashDemoConfig, *, target: str | Path | None, data: str | Pat
                 seqs = [np.concatenate([p, r]) for p, r in zip(prompts, resp, strict=True)]
                 flat = np.concatenate(seqs)
                 offsets = np.cumsum([0] + [s.size for s in seqs])
-                tmp = path.with_suffix(".tmp.npz")
-                np.savez(tmp, flat=flat, offsets=offsets,
-                         prompt_lens=np.array([p.size for p in prompts]),
-                         seconds=np.array(time.perf_counter() - started))
-                tmp.replace(path)
+                with atomic_open(path) as fh:
+                    np.savez(fh, flat=flat, offsets=offsets,
+                             prompt_lens=np.array([p.size for p in prompts]),
+                             seconds=np.array(time.perf_counter() - started))
         barrier(info)
     z = np.load(path)
     flat, offsets = z["flat"], z["offsets"]

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lengthwise.atomic import atomic_open
 from lengthwise.demo.config import DemoConfig, available_orders
 from lengthwise.demo.data import DemoData
 from lengthwise.demo.report import (
@@ -178,8 +179,9 @@ def run_demo(cfg: DemoConfig, *, orders: list[str] | str | None = None,
             meta["plot"] = path
     meta["wall_seconds"] = time.perf_counter() - started
     text = summary_json(rows, **meta)
-    (out / "summary.json").write_text(text + "\n", encoding="utf-8")
-    (out / "summary.md").write_text(format_markdown(rows) + "\n", encoding="utf-8")
+    for name, content in (("summary.json", text), ("summary.md", format_markdown(rows))):
+        with atomic_open(out / name, "w", encoding="utf-8") as fh:
+            fh.write(content + "\n")
     return json.loads(text)
 
 

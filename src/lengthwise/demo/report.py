@@ -25,6 +25,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from lengthwise.atomic import atomic_path
+
 __all__ = ["JSON_KEYS", "ORDER_COLORS", "TABLE_COLUMNS", "add_ratios", "common_region",
            "diagnose_runs", "format_columns", "format_markdown", "format_table",
            "format_verdicts", "order_color", "plot_curves", "residual_ticks", "summary_json"]
@@ -311,6 +313,7 @@ def plot_curves(curves: dict[str, list[float]], path: str | Path, *,
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
     return path

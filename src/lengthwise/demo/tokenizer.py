@@ -16,10 +16,10 @@ Example::
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lengthwise.atomic import atomic_path
 from lengthwise.cache import cache_dir
 from lengthwise.errors import ConfigError, DataError
 
@@ -106,9 +106,8 @@ def get_tokenizer(texts: list[str], *, path: str | Path | None = None,
         raise DataError("no texts to train a tokenizer on")
     tok = train_tokenizer(texts, vocab_size=vocab_size)
     cache.mkdir(parents=True, exist_ok=True)
-    tmp = file.with_suffix(f".tmp{os.getpid()}")
-    tok.save(str(tmp))
-    tmp.replace(file)
+    with atomic_path(file) as tmp:
+        tok.save(str(tmp))
     return tok
 
 

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from lengthwise.atomic import atomic_path
 from lengthwise.doctor.errors import PlotUnavailableError
 from lengthwise.doctor.stats import roughness_residual
 
@@ -63,7 +64,8 @@ def plot_reports(reports: dict[str, Report], path: str | os.PathLike[str]) -> Pa
         _histogram_panel(fig.add_subplot(grid[row, 1]), report)
         _acf_panel(fig.add_subplot(grid[row, 2]), report)
     out = Path(path)
-    fig.savefig(out, format="png", bbox_inches="tight")
+    with atomic_path(out) as tmp:
+        fig.savefig(tmp, format="png", bbox_inches="tight")
     return out
 
 

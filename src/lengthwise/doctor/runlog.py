@@ -1,10 +1,11 @@
 """The loss curve of one run as the readers hand it to the analyses.
 
 A :class:`RunLog` holds one value per logged optimizer step, in increasing step
-order, after restarts were resolved (later writes of a step win, and a resumed
-run supersedes what the earlier run logged from its resume point on). It also
-says what was odd about the input: malformed lines, restart points, rows that
-carried no loss.
+order: rows out of step order (a log sorted by descending step, files merged in
+the wrong order) are read in step order, and restarts are resolved (later writes
+of a step win, and a resumed run supersedes what the earlier run logged from its
+resume point on). It also says what was odd about the input: malformed lines,
+restart points, reordered rows, rows that carried no loss.
 
 Example::
 
@@ -67,6 +68,10 @@ class InputSummary:
     restart_count: int = 0
     superseded_rows: int = 0
     duplicate_rows: int = 0
+    #: points where the step went back to a step not logged before (disorder, not a restart)
+    out_of_order_points: int = 0
+    #: rows read at another place than their place in the file, to be in step order
+    reordered_rows: int = 0
     step_key: str = "step"
     loss_key: str = "loss"
     truncated: bool = False
@@ -98,6 +103,8 @@ class InputSummary:
             ],
             "superseded_rows": self.superseded_rows,
             "duplicate_rows": self.duplicate_rows,
+            "out_of_order_points": self.out_of_order_points,
+            "reordered_rows": self.reordered_rows,
             "step_key": self.step_key,
             "loss_key": self.loss_key,
             "truncated": self.truncated,

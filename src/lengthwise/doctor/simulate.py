@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from lengthwise.atomic import atomic_open
 from lengthwise.doctor.bands import MODE_FLOOR, VALLEY, merge_peaks
 from lengthwise.errors import ConfigError
 
@@ -57,10 +58,9 @@ class SimulatedRun:
         """Write the rows as JSON lines (gzip when the name ends in ``.gz``)."""
         path = Path(path)
         text = "".join(json.dumps(r) + "\n" for r in self.records)
-        if path.name.endswith(".gz"):
-            path.write_bytes(gzip.compress(text.encode()))
-        else:
-            path.write_text(text)
+        data = text.encode()
+        with atomic_open(path) as fh:
+            fh.write(gzip.compress(data) if path.name.endswith(".gz") else data)
         return path
 
 

@@ -37,6 +37,10 @@ def _input_line(r: Report) -> str:
                         for p in i.restarts[:3])
         parts.append(f"{i.restart_count} restart(s) ({pts}"
                      f"{', ...' if i.restart_count > 3 else ''}), latest segment kept")
+    if i.reordered_rows:
+        parts.append(f"rows out of step order (the step went back {i.out_of_order_points} "
+                     "time(s) to steps not logged before: not restarts), read in step order "
+                     f"({i.reordered_rows} row(s) moved)")
     if i.duplicate_rows:
         parts.append(f"{i.duplicate_rows} duplicate row(s) (a step written again on the next "
                      "row: a second writer), last kept")

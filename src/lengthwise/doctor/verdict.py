@@ -449,6 +449,18 @@ def _input_causes(f: Findings) -> list[Cause]:
             prescription=["log from one process only (rank 0), or give each writer its own "
                           "file"],
         ))
+    if i.reordered_rows:
+        out.append(Cause(
+            name="out_of_order",
+            title=f"rows out of step order: {i.reordered_rows} row(s) read in step order",
+            score=0.1,
+            where="the whole log",
+            evidence=[f"the step went back {i.out_of_order_points} time(s) to a step not "
+                      "logged before (a log sorted another way, or rows merged from several "
+                      "files): disorder, not restarts, which log a step again"],
+            prescription=["nothing to fix in training; keep the log in the order it was "
+                          "written, or merge files by step"],
+        ))
     if i.restart_count:
         pts = [r.step_after for r in i.restarts]
         out.append(Cause(

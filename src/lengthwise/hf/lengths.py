@@ -21,13 +21,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from lengthwise.atomic import atomic_open
 from lengthwise.cache import cache_dir
 from lengthwise.errors import ConfigError, DataError
 from lengthwise.planning.lengths import validate_lengths
@@ -209,14 +209,6 @@ def _tokenized_lengths(dataset: Any, name: str, kind: str, tokenizer: Any,
     return _arrow_column(mapped, _OUT).to_numpy().astype(np.int64)
 
 
-def _save_atomically(path: Path, lengths: np.ndarray) -> None:
-    """Write ``lengths`` to ``path`` as ``.npy`` through a temporary file and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".npy", delete=False) as f:
-        np.save(f, lengths)
-    os.replace(f.name, path)
-
-
 def compute_lengths(
     dataset: Any,
     tokenizer: Any = None,
@@ -273,5 +265,7 @@ def compute_lengths(
                                  template_kwargs, batch_size, num_proc,
                                  os.urandom(16).hex() if key is None else key[:32])
     if path is not None:
-        _save_atomically(path, lengths)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_open(path) as fh:  # a crash never leaves a cut cache file
+            np.save(fh, lengths)
     return lengths

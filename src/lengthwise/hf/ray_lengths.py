@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from lengthwise.atomic import atomic_open, atomic_path
 from lengthwise.errors import ConfigError, DataError
 from lengthwise.planning.lengths import validate_lengths
 
@@ -90,12 +91,14 @@ def ray_lengths(dataset: Any, tokenizer: Any, *, column: str = "text",
     if out is not None:
         path = os.fspath(out)
         if path.endswith(".npy"):
-            np.save(path, lengths)
+            with atomic_open(path) as fh:
+                np.save(fh, lengths)
         elif path.endswith(".parquet"):
             import pyarrow as pa
             import pyarrow.parquet as pq
 
-            pq.write_table(pa.table({"length": lengths}), path)
+            with atomic_path(path) as tmp:
+                pq.write_table(pa.table({"length": lengths}), tmp)
         else:
             raise ConfigError(f"out must end in .npy or .parquet, got {path!r}")
     return lengths

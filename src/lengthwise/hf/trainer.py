@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.data import DataLoader
 from transformers import Trainer, TrainerCallback
 
+from lengthwise.atomic import atomic_open
 from lengthwise.errors import ConfigError
 from lengthwise.pytorch.sampler import BucketBatchSampler, ResumeError
 
@@ -185,7 +186,7 @@ class _SaveSamplerState(TrainerCallback):
         if state.is_world_process_zero:
             folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
             if os.path.isdir(folder):
-                with open(os.path.join(folder, STATE_FILE), "w", encoding="utf-8") as fh:
+                with atomic_open(os.path.join(folder, STATE_FILE), "w", encoding="utf-8") as fh:
                     json.dump(_checkpoint_state(self.sampler, state.global_step), fh)
         return control
 

@@ -68,6 +68,10 @@ class PlanConfig:
             raise ConfigError(f"order must be one of {ORDERS}, got {self.order!r}")
         for name in ("world_size", "grad_accum", "max_run", "rows_per_batch"):
             object.__setattr__(self, name, batching.whole_number(name, getattr(self, name)))
+        if self.rows_per_batch != 1 and self.layout != "pack":
+            raise ConfigError(f"rows_per_batch={self.rows_per_batch} sets the packed rows of a "
+                              "micro-batch: it needs layout='pack'; a padded micro-batch's rows "
+                              "follow from max_tokens, batch_size or max_cost")
         if self.even_out not in EVEN_OUT:
             raise ConfigError(f"even_out must be one of {EVEN_OUT}, got {self.even_out!r}")
         object.__setattr__(self, "max_len", check_max_len(self.max_len))

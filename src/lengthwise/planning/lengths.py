@@ -74,8 +74,12 @@ def load_record(lengths) -> np.ndarray | None:
     return None
 
 
-def validate_lengths(values: np.ndarray | Iterable[float], *, what: str = "lengths") -> np.ndarray:
+def validate_lengths(values: np.ndarray | Iterable[float], *, what: str = "lengths",
+                     rows: np.ndarray | None = None) -> np.ndarray:
     """Check lengths and return them as ``int64``; errors name the first bad row.
+
+    ``rows`` are the rows ``values`` hold (a window of a larger array): errors name
+    ``rows[i]`` for ``values[i]``.
 
     Example::
 
@@ -99,39 +103,60 @@ def validate_lengths(values: np.ndarray | Iterable[float], *, what: str = "lengt
     if arr.size == 0:
         raise LengthError(f"{what} are empty: there is nothing to plan")
     if arr.dtype == object:
-        arr = _object_lengths(arr, what)
-    if arr.dtype.kind in "mM":
-        raise LengthError(f"{what} must be numbers of tokens, got dtype {arr.dtype} "
-                          "(dates or durations)")
-    if arr.dtype.kind not in "iuf":
-        raise LengthError(f"{what} must be numbers, got dtype {arr.dtype}")
+        arr = _object_lengths(arr, what, rows)
+    check_dtype(arr, what)
     if arr.dtype.kind in "uf":
         big = arr >= MAX_LENGTH
         if big.any():
             row = int(np.flatnonzero(big)[0])
-            raise LengthError(f"{what}, row {row}: {arr[row].item()!r} is too large for a "
-                              "length (must be below 2**63)")
+            raise LengthError(f"{what}, row {_named(row, rows)}: {arr[row].item()!r} is too "
+                              "large for a length (must be below 2**63)")
     if arr.dtype.kind == "f":
         bad = ~np.isfinite(arr)
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
-            raise LengthError(f"{what}, row {row}: {arr[row].item()!r} is not a finite length")
+            raise LengthError(f"{what}, row {_named(row, rows)}: {arr[row].item()!r} is not a "
+                              "finite length")
         frac = arr != np.floor(arr)
         if frac.any():
             row = int(np.flatnonzero(frac)[0])
             raise LengthError(
-                f"{what}, row {row}: {arr[row].item()!r} is not a whole number of tokens")
+                f"{what}, row {_named(row, rows)}: {arr[row].item()!r} is not a whole number "
+                "of tokens")
     if arr.dtype.kind in "fi":
         neg = arr < 0
         if neg.any():
             row = int(np.flatnonzero(neg)[0])
-            raise LengthError(f"{what}, row {row}: {arr[row].item()!r} is negative")
+            raise LengthError(f"{what}, row {_named(row, rows)}: {arr[row].item()!r} is negative")
     return np.asarray(arr, dtype=np.int64)
 
 
-def _object_lengths(arr: np.ndarray, what: str) -> np.ndarray:
+def check_dtype(arr: np.ndarray, what: str = "lengths") -> None:
+    """Raise unless ``arr`` holds numbers (integers or floats; not bools, dates or text).
+
+    Example::
+
+        >>> check_dtype(np.array([True]))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        lengthwise.planning.errors.LengthError: lengths must be numbers, got dtype bool
+    """
+    if arr.dtype.kind in "mM":
+        raise LengthError(f"{what} must be numbers of tokens, got dtype {arr.dtype} "
+                          "(dates or durations)")
+    if arr.dtype == object or arr.dtype.kind not in "iuf":
+        raise LengthError(f"{what} must be numbers, got dtype {arr.dtype}")
+
+
+def _named(row: int, rows: np.ndarray | None) -> int:
+    """The row to name for position ``row`` of checked values (``rows[row]`` when given)."""
+    return row if rows is None else int(rows[row])
+
+
+def _object_lengths(arr: np.ndarray, what: str, rows: np.ndarray | None = None) -> np.ndarray:
     """An object array of Python numbers as int64/float64, naming the first bad value."""
-    for row, value in enumerate(arr.tolist()):
+    for i, value in enumerate(arr.tolist()):
+        row = _named(i, rows)
         if isinstance(value, bool) or not isinstance(value, (int, float, np.integer,
                                                               np.floating)):
             raise LengthError(f"{what}, row {row}: {value!r} is not a number of tokens")
@@ -242,7 +267,7 @@ def open_lengths(source: str | os.PathLike[str] | np.ndarray | Iterable[float]) 
             return load_lengths(source)
         arr = read_source(path)
         what = f"lengths from {path}"
-    elif isinstance(source, np.ndarray):
+    elif isinstance(source, np.ndarray) and source.dtype != object:
         arr, what = source, "lengths"
     else:
         return load_lengths(source)
@@ -250,8 +275,7 @@ def open_lengths(source: str | os.PathLike[str] | np.ndarray | Iterable[float]) 
         raise LengthError(f"{what} must be one-dimensional, got shape {arr.shape}")
     if arr.size == 0:
         raise LengthError(f"{what} are empty: there is nothing to plan")
-    if arr.dtype == object or arr.dtype.kind not in "iuf":
-        raise LengthError(f"{what} must be numbers, got dtype {arr.dtype}")
+    check_dtype(arr, what)
     return arr
 
 

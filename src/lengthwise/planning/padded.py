@@ -32,14 +32,16 @@ from lengthwise.planning.edges import Histogram, auto_edges, solve
 from lengthwise.planning.prepare import prepare_lengths
 from lengthwise.planning.schedule import EpochPlan, even_out_counts
 
-__all__ = ["PaddedEpochPlan", "plan_padded_epoch", "resolve_edges", "sorted_reference"]
+__all__ = ["PaddedEpochPlan", "check_given_edges", "plan_padded_epoch", "resolve_edges",
+           "sorted_reference"]
 
 
 @dataclass(kw_only=True)
 class PaddedEpochPlan(EpochPlan):
     """An :class:`EpochPlan` of padded micro-batches, each drawn from one length bucket.
 
-    ``bucket[k]`` is the bucket of micro-batch ``k``; bucket ``b`` holds lengths in
+    ``bucket[k]`` is the bucket of micro-batch ``k``, the bucket of its longest sample
+    (what the collator tags it with); bucket ``b`` holds lengths in
     ``(edges[b-1], edges[b]]``.
     """
 
@@ -75,17 +77,28 @@ def sorted_reference(lengths: np.ndarray, ids: np.ndarray, config: PlanConfig) -
     return float(lengths[idx].sum() / padded)
 
 
+def check_given_edges(edges, top: int) -> list[int]:
+    """The edges a user gave, checked to hold the longest planned sample ``top``.
+
+    Example::
+
+        >>> check_given_edges((8, 32), 30)
+        [8, 32]
+    """
+    edges = list(edges)
+    if edges[-1] < top:
+        raise ConfigError(f"the last bucket edge {edges[-1]} is below the longest sample "
+                          f"({top}); add an edge >= {top} or set max_len")
+    return edges
+
+
 def resolve_edges(lengths: np.ndarray, ids: np.ndarray, config: PlanConfig) -> list[int]:
     """The bucket edges ``config.buckets`` asks for: given, a count solved exactly, or auto."""
     planned = lengths if ids.size == lengths.size else lengths[ids]
     top = int(planned.max())
     buckets = config.buckets  # checked by PlanConfig: a count, "auto" or sorted edges
     if isinstance(buckets, (tuple, list)):
-        edges = list(buckets)
-        if edges[-1] < top:
-            raise ConfigError(f"the last bucket edge {edges[-1]} is below the longest sample "
-                              f"({top}); add an edge >= {top} or set max_len")
-        return edges
+        return check_given_edges(buckets, top)
     hist = Histogram.of(planned)
     cost = config.cost or CostModel()
     if buckets == "auto":
@@ -154,7 +167,10 @@ def plan_padded_epoch(lengths, config: PlanConfig, *, seed: int = 0, epoch: int 
     perm = _order(idx, off, tag, lens, config, streams.rng(seed, epoch, streams.ORDER))
     if not np.array_equal(perm, np.arange(off.size - 1)):
         idx, off = batching.take_batches(idx, off, perm)
-        tag = tag[perm]
+    # each micro-batch is tagged with the bucket of its longest sample, as the collator
+    # tags it: a piece split off a batch to even out the ranks may hold shorter ones only
+    tag = np.searchsorted(np.asarray(edges, dtype=np.int64),
+                          batching.batch_longest(lens, idx, off), side="left")
     return PaddedEpochPlan(
         indices=idx, offsets=off, bucket=tag.astype(np.int32), edges=edges, lengths=lens,
         config=config, seed=seed, epoch=epoch, plan_seconds=time.perf_counter() - started,

@@ -18,6 +18,7 @@ import numpy as np
 
 from lengthwise.errors import ConfigError, DataError
 from lengthwise.planning.config import PlanConfig
+from lengthwise.planning.errors import LengthError
 from lengthwise.planning.lengths import (
     apply_overflow,
     load_lengths,
@@ -28,7 +29,7 @@ from lengthwise.planning.lengths import (
 #: a plan that cuts more than this share of the tokens warns
 CUT_WARNING_SHARE = 0.01
 
-__all__ = ["index_dtype", "prepare_lengths"]
+__all__ = ["index_dtype", "overflow_error", "prepare_lengths"]
 
 
 def index_dtype(n: int) -> type:
@@ -74,6 +75,27 @@ def prepare_lengths(lengths, config: PlanConfig, indices: np.ndarray | None = No
         raise DataError("no samples left to plan after dropping empty and over-long ones "
                         f"({counts})")
     return lens, ids, counts
+
+
+def overflow_error(config: PlanConfig, row: int, length: int, longer: int) -> LengthError:
+    """The error of ``on_overflow="error"``: sample ``row`` (of ``longer`` such) is too long.
+
+    Example::
+
+        >>> err = overflow_error(PlanConfig(max_tokens=8, on_overflow="error"), 3, 9, 1)
+        >>> print(err)  # doctest: +ELLIPSIS
+        sample 3 has 9 tokens, but one row holds at most 8 under max_tokens=8 (1 samples ...
+    """
+    limit = config.sample_limit()
+    if limit == config.max_len:
+        rule = f"max_len={config.max_len}"
+    else:
+        rule = (f"max_tokens={config.max_tokens}" if config.max_tokens is not None
+                else f"max_cost={config.max_cost} with {config.cost}")
+    return LengthError(
+        f"sample {row} has {length} tokens, but one row holds at most {limit} under {rule} "
+        f"({longer} samples are longer); raise the budget, or use on_overflow='truncate' or "
+        "'drop'")
 
 
 def cut_message(counts: dict, max_len: int | None, config: PlanConfig, *,

@@ -8,9 +8,10 @@
 * :func:`megatron_lengths` maps the sequence lengths of a Megatron-style indexed
   data set (``PREFIX.idx`` beside ``PREFIX.bin``) without reading any token: the
   index stores them as one int32 array after a 34-byte header.
-* :func:`parquet_folder_lengths` reads one column of a folder of Parquet shards in
-  file-name order with ``pyarrow.dataset``, a record batch at a time, into one
-  array (or straight into a ``.npy`` file), so memory stays bounded by the output.
+* :func:`parquet_folder_lengths` reads one column of a folder of Parquet shards, the
+  files ``pyarrow.dataset`` reads in its order (see :func:`parquet_shards`), a record
+  batch at a time, into one array (or straight into a ``.npy`` file written
+  atomically), so memory stays bounded by the output.
 
 Example::
 
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from lengthwise.atomic import atomic_path
 from lengthwise.errors import MissingDependencyError
 from lengthwise.planning.errors import MAX_LENGTH, LengthError, first_bad_length
 from lengthwise.planning.jsonl import jsonl_field
@@ -44,7 +46,9 @@ _BUNDLED_SUFFIX = ".qwen3.npy"
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
 
-__all__ = ["bundled_names", "megatron_lengths", "parquet_folder_lengths", "read_source"]
+__all__ = [
+    "bundled_names", "megatron_lengths", "parquet_folder_lengths", "parquet_shards", "read_source",
+]
 
 _IDX_MAGIC = b"MMIDIDX\x00\x00"
 _IDX_HEAD = struct.Struct("<QBQQ")  # version, token dtype code, sequences, documents
@@ -94,14 +98,6 @@ def megatron_lengths(path: str | os.PathLike[str]) -> np.ndarray:
     return lengths
 
 
-def _length_array(total: int, out: str | os.PathLike[str] | None) -> np.ndarray:
-    """An int64 array of ``total`` lengths: in memory, or a new memory-mapped ``.npy``."""
-    if out is not None:
-        return np.lib.format.open_memmap(os.fspath(out), mode="w+", dtype=np.int64,
-                                         shape=(total,))
-    return np.empty(total, dtype=np.int64)
-
-
 def _batch_lengths(col: pa.Array, name: str, column: str, row0: int) -> np.ndarray:
     """The lengths of one Parquet record-batch column, checked (``row0``: its first row)."""
     import pyarrow as pa
@@ -125,13 +121,16 @@ def _batch_lengths(col: pa.Array, name: str, column: str, row0: int) -> np.ndarr
 def parquet_folder_lengths(folder: str | os.PathLike[str], column: str, *,
                            out: str | os.PathLike[str] | None = None,
                            batch_rows: int = 1 << 20) -> np.ndarray:
-    """One length per row of a folder of Parquet shards, in file-name order.
+    """One length per row of a folder of Parquet shards, in the order ``pyarrow.dataset`` reads.
 
-    ``column`` holds lengths, or token-id lists (their lengths are taken). Shards
-    are read a record batch (``batch_rows`` rows) at a time with
-    ``pyarrow.dataset``; with ``out`` the lengths go straight into that ``.npy``
-    file (memory-mapped), so a billion rows never sit in memory. Errors name the
-    shard and the row.
+    The shards are those :func:`parquet_shards` lists (names starting with ``_`` or
+    ``.`` are skipped, as ``pyarrow.dataset`` skips them), so the lengths line up with
+    the rows of ``pyarrow.dataset.dataset(folder)``. ``column`` holds lengths, or
+    token-id lists (their lengths are taken). Shards are read a record batch
+    (``batch_rows`` rows) at a time; with ``out`` the lengths go straight into that
+    ``.npy`` file (memory-mapped, written to a hidden temporary file renamed on success,
+    so a failure never leaves a complete-looking file), and the result is that file
+    mapped read-only: a billion rows never sit in memory. Errors name the shard and the row.
 
     Example::
 
@@ -143,21 +142,49 @@ def parquet_folder_lengths(folder: str | os.PathLike[str], column: str, *,
         [4, 2, 7]
     """
     try:
-        import pyarrow.dataset as ds
+        import pyarrow.dataset  # noqa: F401 - the readers below import it
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise MissingDependencyError("reading Parquet folders needs pyarrow: pip install "
                                      "'lengthwise[io]'") from exc
-    files = sorted(str(p) for p in Path(folder).rglob("*.parquet"))
-    if not files:
-        raise FileNotFoundError(f"no .parquet files under {os.fspath(folder)!r}")
-    dataset = ds.dataset(files, format="parquet")
-    if column not in dataset.schema.names:
-        raise LengthError(f"{folder} has no column {column!r} (columns: {dataset.schema.names})")
-    per_file = [ds.dataset(f, format="parquet").count_rows() for f in files]
+    files = parquet_shards(folder)
+    per_file = [_shard_rows(f, column, folder) for f in files]
     total = int(sum(per_file))
     if total == 0:
         raise LengthError(f"the Parquet files under {os.fspath(folder)!r} hold no rows")
-    lengths = _length_array(total, out)
+    if out is None:
+        return _fill_lengths(np.empty(total, dtype=np.int64), files, per_file, column,
+                             batch_rows)
+    with atomic_path(out) as tmp:  # a failure leaves no complete-looking .npy
+        lengths = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.int64, shape=(total,))
+        _fill_lengths(lengths, files, per_file, column, batch_rows)
+        lengths.flush()
+        del lengths
+    return np.load(os.fspath(out), mmap_mode="r")
+
+
+def _shard_rows(name: str, column: str, folder: str | os.PathLike[str]) -> int:
+    """The row count of one shard, once it is read as Parquet and holds ``column``."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    try:
+        shard = ds.dataset(name, format="parquet")
+        names = shard.schema.names
+        rows = shard.count_rows()
+    except (pa.ArrowException, OSError) as exc:
+        reason = str(exc).split(". ")[-1].strip() or type(exc).__name__
+        raise LengthError(f"{name} is not a readable Parquet file ({reason[:200]})") from None
+    if column not in names:
+        raise LengthError(f"{name} has no column {column!r} (columns: {names}); every shard "
+                          f"under {os.fspath(folder)} needs it")
+    return int(rows)
+
+
+def _fill_lengths(lengths: np.ndarray, files: list[str], per_file: list[int], column: str,
+                  batch_rows: int) -> np.ndarray:
+    """Write the checked lengths of ``column`` of every shard, in order, into ``lengths``."""
+    import pyarrow.dataset as ds
+
     pos = 0
     for name, rows in zip(files, per_file, strict=True):
         first = pos
@@ -168,9 +195,51 @@ def parquet_folder_lengths(folder: str | os.PathLike[str], column: str, *,
             pos += values.size
         if pos - first != rows:  # pragma: no cover - a shard changed while it was read
             raise LengthError(f"{name} had {rows} rows in its metadata, {pos - first} read")
-    if out is not None:
-        lengths.flush()
     return lengths
+
+
+def parquet_shards(folder: str | os.PathLike[str]) -> list[str]:
+    """The Parquet files of ``folder`` as ``pyarrow.dataset.dataset(folder)`` lists them.
+
+    With ``pyarrow.dataset``'s own discovery it skips every file or folder whose name
+    starts with ``_`` or ``.`` (``_SUCCESS``, ``_temporary/``, ``.ipynb_checkpoints/``,
+    ``.crc`` files) at any depth, and orders the files by path. Of the rest it takes
+    the ``.parquet`` files and those that are Parquet under another name (they start
+    with ``PAR1``): ``pyarrow.dataset`` reads both; other files (a ``README.md``) are
+    not data and are passed over.
+
+    Example::
+
+        >>> import os, tempfile, pyarrow as pa, pyarrow.parquet as pq
+        >>> folder = tempfile.mkdtemp()
+        >>> for name in ("part-1.parquet", "_temporary/part-9.parquet", "part-0.parquet"):
+        ...     os.makedirs(os.path.dirname(f"{folder}/{name}"), exist_ok=True)
+        ...     pq.write_table(pa.table({"n": [1]}), f"{folder}/{name}")
+        >>> [os.path.relpath(f, folder) for f in parquet_shards(folder)]
+        ['part-0.parquet', 'part-1.parquet']
+    """
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    text = os.fspath(folder)
+    if not os.path.isdir(text):
+        raise FileNotFoundError(f"no .parquet files under {text!r}: there is no such folder")
+    # discovery only: with a schema given, no file is opened to infer one
+    listed = ds.dataset(text, format="parquet", schema=pa.schema([])).files
+    files = [f for f in listed if f.lower().endswith(".parquet") or _is_parquet(f)]
+    if not files:
+        raise FileNotFoundError(f"no .parquet files under {text!r} (names starting with '_' "
+                                "or '.' are skipped, as pyarrow.dataset skips them)")
+    return files
+
+
+def _is_parquet(path: str) -> bool:
+    """Whether ``path`` starts with the Parquet magic bytes."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(4) == b"PAR1"
+    except OSError:
+        return False
 
 
 def bundled_names() -> list[str]:
@@ -282,6 +351,26 @@ def _read_arrow_like(path: str, column: str | None, kind: str) -> np.ndarray:
     return col.to_numpy(zero_copy_only=False)
 
 
+def _read_npy(path: str) -> np.ndarray:
+    """A ``.npy`` file memory-mapped; one that is not a whole ``.npy`` raises naming it."""
+    try:
+        return np.load(path, mmap_mode="r")
+    except (ValueError, EOFError, OSError) as exc:
+        with open(path, "rb") as fh:
+            start = fh.read(6)
+        if not start:
+            why = "the file is empty (0 bytes)"
+        elif start != b"\x93NUMPY":
+            why = "not a .npy file (it does not start with the .npy magic bytes)"
+        elif "pickle" in str(exc) or "Python objects" in str(exc):
+            why = "the array holds Python objects, not numbers"
+        elif "mmap length" in str(exc):
+            why = "the file is cut short: its header promises more data than it holds"
+        else:
+            why = f"a cut or corrupt .npy header ({' '.join(str(exc).split())})"
+        raise LengthError(f"cannot read lengths from {path}: {why}") from None
+
+
 def read_source(source: str | os.PathLike[str]) -> np.ndarray:
     """The raw values of a path or bundled name, unchecked (see ``load_lengths``)."""
     text = os.fspath(source)
@@ -301,7 +390,7 @@ def read_source(source: str | os.PathLike[str]) -> np.ndarray:
                                 f"(bundled: {known})")
     lower = path.lower()
     if lower.endswith(".npy"):
-        return np.load(path, mmap_mode="r")
+        return _read_npy(path)
     if lower.endswith(".idx"):  # a Megatron index
         return megatron_lengths(path)
     if lower.endswith((".txt", ".csv")) and column is None:

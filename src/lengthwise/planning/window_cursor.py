@@ -33,12 +33,13 @@ from collections.abc import Iterator
 import numpy as np
 
 from lengthwise.errors import ConfigError
+from lengthwise.planning.state_checks import StateError, count, window_place
 from lengthwise.planning.windowed import Window, WindowedPlan
 
 __all__ = ["CursorError", "WindowCursor", "resume_window"]
 
 
-class CursorError(ConfigError):
+class CursorError(StateError):
     """A saved position that does not fit this windowed epoch."""
 
 
@@ -143,18 +144,18 @@ class WindowCursor:
 
         ``window_yielded`` may run past the end of its window (a loader that counted
         micro-batches handed out since a snapshot): the place then moves on through
-        the following windows.
+        the following windows. The keys are checked as the sampler's whole-epoch
+        state is (:func:`~lengthwise.planning.state_checks.window_place`); a bad one
+        raises :class:`~lengthwise.planning.state_checks.StateError` naming it.
         """
-        try:
-            w, pos = int(state["window_index"]), int(state["window_yielded"])
-            segments = [tuple(int(x) for x in s) for s in state["window_resumed"]]
-            yielded = int(state["yielded"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CursorError(f"not a windowed sampler state ({exc})") from None
-        if (not 0 <= w <= self.plan.num_windows or pos < 0 or yielded < pos
-                or any(len(s) != 3 for s in segments)):
-            raise CursorError(f"invalid windowed state: window {w} of {self.plan.num_windows}, "
-                              f"window_yielded={pos}, yielded={yielded}")
+        place = window_place(state)
+        world_size = count("world_size", world_size, 1)
+        grad_accum = count("grad_accum", grad_accum, 1)
+        w, pos, yielded = place.window_index, place.window_yielded, place.yielded
+        segments = list(place.window_resumed)
+        if w > self.plan.num_windows:
+            raise CursorError(f"invalid sampler state: window_index={w}, but epoch "
+                              f"{self.plan.epoch} has {self.plan.num_windows} windows")
         prior = yielded - pos
         while True:  # move on through whole windows the saved settings had finished
             if w >= self.plan.num_windows:
@@ -163,10 +164,10 @@ class WindowCursor:
                                       f"{self.plan.epoch}")
                 break
             win = resume_window(self.plan, w, segments, world_size, grad_accum)
-            count = 0 if win is None else win.num_batches
-            if pos < count:
+            size = 0 if win is None else win.num_batches
+            if pos < size:
                 break
-            pos, prior, w, segments = pos - count, prior + count, w + 1, []
+            pos, prior, w, segments = pos - size, prior + size, w + 1, []
         if (world_size, grad_accum) != (self.world_size, self.plan.grad_accum) and pos > 0:
             segments = [*segments, (world_size, grad_accum, pos)]
             prior, pos = prior + pos, 0

@@ -3,7 +3,7 @@
 The epoch's samples are put in the order of a ``(seed, epoch)`` shuffle
 (:func:`lengthwise.planning.shuffle.permuted`, no permutation array is held) and cut into
 windows of at most ``window`` samples (sizes differ by one at most). Each window
-is planned like a whole epoch (same bucket edges, same batch rule, its
+is planned like a whole epoch (the same bucket edges, the same batch rule, its
 micro-batch count evened out over the ranks) only when training reaches it, so
 memory and time to the first micro-batch depend on the window, not on the data
 set. Every sample is planned exactly once per epoch and every rank gets the same
@@ -31,15 +31,25 @@ from dataclasses import dataclass
 import numpy as np
 
 from lengthwise.errors import ConfigError
+from lengthwise.planning.batching import whole_number
 from lengthwise.planning.config import PlanConfig
-from lengthwise.planning.errors import LengthError, first_bad_length
+from lengthwise.planning.errors import LengthError
+from lengthwise.planning.lengths import validate_lengths
 from lengthwise.planning.packed import plan_packed_epoch
-from lengthwise.planning.padded import PaddedEpochPlan, plan_padded_epoch, resolve_edges
-from lengthwise.planning.prepare import prepare_lengths
+from lengthwise.planning.padded import (
+    PaddedEpochPlan,
+    check_given_edges,
+    plan_padded_epoch,
+    resolve_edges,
+)
+from lengthwise.planning.prepare import overflow_error, prepare_lengths
 from lengthwise.planning.schedule import EpochPlan
 from lengthwise.planning.shuffle import permuted
 
 __all__ = ["AUTO_WINDOW", "AUTO_WINDOW_ABOVE", "Window", "WindowedPlan", "resolve_window"]
+
+#: samples read at a time when a windowed plan scans all lengths for its longest one
+SCAN_CHUNK = 1 << 22
 
 #: ``window="auto"`` plans windows of this many samples ...
 AUTO_WINDOW = 1 << 21
@@ -101,25 +111,45 @@ class Window:
         return [self.ids[r] for r in self.plan.batch_rows(k)]
 
 
-def _check_window(values: np.ndarray, ids: np.ndarray) -> np.ndarray:
+def _check_window(values: np.ndarray, ids: np.ndarray, what: str = "lengths") -> np.ndarray:
     """Validate one window's lengths; errors name the sample id, as whole-epoch errors do."""
-    if values.dtype == object or values.dtype.kind not in "iuf":
-        raise LengthError(f"lengths must be numbers, got dtype {values.dtype}")
-    row = first_bad_length(values)
-    if row is not None:
-        raise LengthError(f"lengths, row {int(ids[row])}: {values[row].item()!r} is not a "
-                          "length (negative, fractional or not finite)")
-    return values.astype(np.int64)
+    return validate_lengths(values, what=what, rows=ids)
+
+
+def _over(values: np.ndarray, config: PlanConfig) -> np.ndarray:
+    """Rows of ``values`` that ``on_overflow="error"`` refuses (none under other policies)."""
+    limit = config.sample_limit()
+    if config.on_overflow != "error" or limit is None:
+        return np.zeros(0, dtype=np.int64)
+    return np.flatnonzero(values > limit)
+
+
+def _top(values: np.ndarray, config: PlanConfig) -> int:
+    """The longest length a plan of ``config`` holds among ``values`` (0: none).
+
+    Longer samples are cut to ``config.sample_limit()``, or dropped under
+    ``on_overflow="drop"``.
+    """
+    limit = config.sample_limit()
+    if limit is not None and config.on_overflow == "drop":
+        values = values[values <= limit]
+    top = int(values.max()) if values.size else 0
+    return top if limit is None else min(top, limit)
 
 
 class WindowedPlan:
     """An epoch planned window by window (see the module docstring).
 
     ``lengths`` may be a memory-mapped array (``np.load(path, mmap_mode="r")``):
-    only the current window's lengths are read. Bucket edges come from the first
-    window of epoch 0 and serve every window and epoch (a window holding a longer
-    sample raises its last edge to that length). ``rank_batches`` and ``windows``
-    plan lazily; ``num_batches`` plans every window once, to count.
+    only the current window's lengths are read. Bucket edges are solved on the
+    first window of epoch 0 (:attr:`solved_edges`) and serve every window and epoch.
+    A window holding samples longer than the last solved edge plans them in one
+    more bucket, up to its longest sample, so the shorter buckets keep their rows;
+    :attr:`edges` are the plan-wide edges, whose last bucket reaches the longest
+    sample of the whole data set: bucket ``k`` of every window is bucket ``k`` of
+    :attr:`edges`, which the collator, the bucket shares and the logger read.
+    ``rank_batches`` and ``windows`` plan lazily; ``num_batches`` plans every window
+    once, to count.
     """
 
     def __init__(self, lengths: np.ndarray, config: PlanConfig, *, window: int, seed: int = 0,
@@ -127,6 +157,8 @@ class WindowedPlan:
         if np.ndim(lengths) != 1:
             raise LengthError(f"lengths must be one-dimensional, got shape {np.shape(lengths)}")
         self.lengths = lengths
+        name = getattr(lengths, "filename", None)  # a memory-mapped file: errors name it
+        self._what = f"lengths from {name}" if name else "lengths"
         self.num_samples = int(lengths.shape[0])
         if self.num_samples == 0:
             raise LengthError("lengths are empty: there is nothing to plan")
@@ -138,6 +170,8 @@ class WindowedPlan:
         self.config = config
         self.seed, self.epoch = int(seed), int(epoch)
         self._edges = list(edges) if edges is not None else None
+        self._wide: list[int] | None = None
+        self._longest: int | None = None
         self._cache: Window | None = None
         self._counts: dict[int, int] = {}
 
@@ -174,29 +208,83 @@ class WindowedPlan:
     # ------------------------------------------------------------------ planning
 
     @property
-    def edges(self) -> list[int]:
-        """Bucket edges shared by all windows (solved on the first window of epoch 0)."""
+    def solved_edges(self) -> list[int]:
+        """Bucket edges solved on the first window of epoch 0 (or given), kept for every epoch.
+
+        Pass them as ``edges=`` to the plan of another epoch of the same lengths.
+        """
         if self._edges is None:
             if isinstance(self.config.buckets, tuple):
                 self._edges = list(self.config.buckets)
             else:
                 ids = self.window_ids(0, epoch=0)
-                values = _check_window(np.asarray(self.lengths[ids]), ids)
+                values = _check_window(np.asarray(self.lengths[ids]), ids, self._what)
+                self._check_overflow()
                 lens, kept, _ = prepare_lengths(values, self.config)
                 self._edges = list(resolve_edges(lens, kept, self.config))
         return self._edges
 
+    @property
+    def edges(self) -> list[int]:
+        """The plan-wide bucket edges, the one set every consumer of the plan reads.
+
+        :attr:`solved_edges`, and one more edge at the longest sample of the data set
+        when it is longer than their last. Reading them the first time reads all the
+        lengths once (in chunks of :data:`SCAN_CHUNK`) and checks them as a whole-epoch
+        plan does: a bad length, one over the budget under ``on_overflow="error"``, or
+        given edges below the longest sample raise here, not in the window that holds it.
+
+        Example::
+
+            >>> from lengthwise.planning.config import PlanConfig
+            >>> lens = np.r_[np.full(99, 10), 500]
+            >>> wp = WindowedPlan(lens, PlanConfig(max_tokens=1000), window=50, seed=1)
+            >>> wp.edges[-1]
+            500
+        """
+        if self._wide is None:
+            self._wide = self._with_top(self.longest())
+        return list(self._wide)
+
+    def longest(self) -> int:
+        """The longest length the plan holds, reading every length once (in chunks).
+
+        Checks the lengths as a whole-epoch plan does: a bad length, or one over the
+        budget under ``on_overflow="error"``, raises naming its row.
+
+        Example::
+
+            >>> from lengthwise.planning.config import PlanConfig
+            >>> WindowedPlan(np.arange(1, 101), PlanConfig(max_tokens=64), window=10).longest()
+            64
+        """
+        if self._longest is None:
+            top, first, longer = 0, None, 0
+            for start in range(0, self.num_samples, SCAN_CHUNK):
+                ids = np.arange(start, min(start + SCAN_CHUNK, self.num_samples))
+                values = _check_window(np.asarray(self.lengths[start : ids[-1] + 1]), ids,
+                                       self._what)
+                over = _over(values, self.config)
+                if over.size:
+                    first = first or (int(ids[over[0]]), int(values[over[0]]))
+                    longer += over.size
+                top = max(top, _top(values, self.config))
+            if first is not None:
+                raise overflow_error(self.config, *first, longer)
+            self._longest = top
+        return self._longest
+
+    def _with_top(self, top: int) -> list[int]:
+        """The solved edges for samples up to ``top``: one more edge when it is longer."""
+        edges = list(self.solved_edges)
+        if isinstance(self.config.buckets, tuple):
+            return check_given_edges(edges, top)
+        return edges + [top] if top > edges[-1] else edges
+
     def _window_config(self, values: np.ndarray, config: PlanConfig) -> PlanConfig:
         if config.layout != "pad":
             return config
-        edges = list(self.edges)
-        if not isinstance(self.config.buckets, tuple):
-            top = int(values.max())
-            cap = config.row_limit().max_length()
-            for limit in (cap, config.max_len):
-                if limit is not None:
-                    top = min(top, limit)
-            edges[-1] = max(edges[-1], top)
+        edges = self._with_top(_top(values, config))
         return dataclasses.replace(config, buckets=tuple(edges))
 
     def plan_window(self, w: int, *, world_size: int | None = None, grad_accum: int | None = None,
@@ -214,11 +302,15 @@ class WindowedPlan:
         default = world_size is None and grad_accum is None and exclude is None
         if default and self._cache is not None and self._cache.index == w:
             return self._cache
-        config = dataclasses.replace(self.config, world_size=world_size or self.world_size,
-                                     grad_accum=grad_accum or self.grad_accum)
+        config = dataclasses.replace(
+            self.config,
+            world_size=self.world_size if world_size is None else whole_number(
+                "world_size", world_size),
+            grad_accum=self.grad_accum if grad_accum is None else whole_number(
+                "grad_accum", grad_accum))
         ids = self.window_ids(w)
-        values = _check_window(np.asarray(self.lengths[ids]), ids)
-        self._check_overflow(values, ids, config)
+        values = _check_window(np.asarray(self.lengths[ids]), ids, self._what)
+        self._check_overflow()
         local = None
         if exclude is not None and exclude.size:
             local = np.flatnonzero(~np.isin(ids, exclude, assume_unique=True))
@@ -232,18 +324,10 @@ class WindowedPlan:
             self._counts[w] = plan.num_batches
         return out
 
-    def _check_overflow(self, values: np.ndarray, ids: np.ndarray, config: PlanConfig) -> None:
-        if config.on_overflow != "error":
-            return
-        limits = [x for x in (config.row_limit().max_length(), config.max_len) if x is not None]
-        if not limits:
-            return
-        over = np.flatnonzero(values > min(limits))
-        if over.size:
-            row = int(over[0])
-            raise LengthError(f"row {int(ids[row])}: length {int(values[row])} is over the "
-                              f"{min(limits)} tokens one row may hold ({over.size} rows of this "
-                              "window are; use on_overflow='truncate' or 'drop')")
+    def _check_overflow(self) -> None:
+        """Under ``on_overflow="error"``, refuse a sample over the budget before planning."""
+        if self.config.on_overflow == "error":
+            self.longest()  # reads every length once: the error counts them all
 
     def windows(self, start: int = 0) -> Iterator[Window]:
         """The planned windows from ``start`` on, one at a time."""
@@ -301,7 +385,6 @@ class WindowedPlan:
         lengths = np.zeros(self.num_samples, dtype=np.int64)
         idx, off, tag, seconds = [], [np.zeros(1, dtype=np.int64)], [], 0.0
         counts: dict[str, int] = {}
-        edges = list(self.edges)
         for w in chosen:
             win = self.plan_window(w)
             plan = win.plan
@@ -312,8 +395,7 @@ class WindowedPlan:
             seconds += plan.plan_seconds
             for key, value in plan.counts.items():
                 counts[key] = counts.get(key, 0) + value
-            edges[-1] = max(edges[-1], plan.edges[-1])
         return PaddedEpochPlan(indices=np.concatenate(idx), offsets=np.concatenate(off),
-                               bucket=np.concatenate(tag), edges=edges, lengths=lengths,
+                               bucket=np.concatenate(tag), edges=self.edges, lengths=lengths,
                                config=self.config, seed=self.seed, epoch=self.epoch,
                                plan_seconds=seconds, counts=counts)

@@ -36,11 +36,13 @@ from lengthwise.errors import ConfigError
 from lengthwise.planning.batching import whole_number
 from lengthwise.planning.config import PlanConfig, lengths_checksum
 from lengthwise.planning.cost import CostModel
-from lengthwise.planning.lengths import LengthError, load_lengths, open_lengths
+from lengthwise.planning.lengths import load_lengths, open_lengths
 from lengthwise.planning.padded import PaddedEpochPlan
 from lengthwise.planning.plan import plan_epoch
+from lengthwise.planning.prepare import overflow_error
 from lengthwise.planning.schedule import EpochPlan
-from lengthwise.planning.window_cursor import CursorError, WindowCursor
+from lengthwise.planning.state_checks import StateError
+from lengthwise.planning.window_cursor import WindowCursor
 from lengthwise.planning.windowed import WindowedPlan, resolve_window
 from lengthwise.pytorch.dist import group_info
 from lengthwise.pytorch.sampler_state import (
@@ -163,9 +165,12 @@ class BucketBatchSampler(Sampler[list[int]]):
             max_len=max_len, pad_multiple=pad_multiple, on_overflow=on_overflow,
             even_out="drop" if drop_last else (even_out or "split"), cost=cost,
             max_cost=max_cost, layout=layout, rows_per_batch=rows_per_batch)
+        if self.config.on_overflow == "split":
+            raise ConfigError("on_overflow='split' cuts long samples into pieces, which lists of "
+                              "sample indices cannot express; use on_overflow='truncate' or "
+                              "'drop' with the sampler (plan_epoch plans the pieces)")
         self.seed = whole_number("seed", seed, minimum=0)
         self.epoch = 0
-        self._check_budget()
         # resume state of the current epoch
         self._resumed: list[tuple[int, int, int]] = []  # (world_size, grad_accum, yielded)
         self._pending: int | None = None  # local position the next pass starts at
@@ -173,9 +178,11 @@ class BucketBatchSampler(Sampler[list[int]]):
         self._plan: EpochPlan | None = None
         self._plan_key: tuple | None = None
         self._edges: list[int] | None = None
+        self._wide_edges: list[int] | None = None  # a windowed plan's plan-wide edges
         self._resumed_from_state = False  # the last resumed segment is the loaded state's
         self._cursor: WindowCursor | None = None
         self._cursor_pending = False
+        self._check_budget()
 
     # ------------------------------------------------------------------ setup
 
@@ -187,20 +194,15 @@ class BucketBatchSampler(Sampler[list[int]]):
         """Fail early for a sample over the limit with on_overflow='error'."""
         cfg = self.config
         limit = cfg.sample_limit()
-        if cfg.on_overflow != "error" or limit is None or self.window is not None:
-            return  # a windowed plan checks each window's samples when it reads them
-        if limit == cfg.max_len:
-            rule = f"max_len={cfg.max_len}"
-        else:
-            rule = (f"max_tokens={cfg.max_tokens}" if cfg.max_tokens is not None
-                    else f"max_cost={cfg.max_cost} with {cfg.cost}")
+        if cfg.on_overflow != "error" or limit is None:
+            return
+        if self.window is not None:  # reads the lengths once, in chunks
+            self._windowed().plan.longest()
+            return
         over = np.flatnonzero(self.lengths > limit)
         if over.size:
             row = int(over[0])
-            raise LengthError(
-                f"sample {row} has {int(self.lengths[row])} tokens, but one row holds at most "
-                f"{limit} under {rule} ({over.size} samples are longer); raise the budget, or "
-                "use on_overflow='truncate' or 'drop'")
+            raise overflow_error(cfg, row, int(self.lengths[row]), over.size)
 
     def collator(self, pad_token_id: int | None = None, **options: Any):
         """The collator of this sampler's plan, for ``DataLoader(collate_fn=...)``.
@@ -226,7 +228,9 @@ class BucketBatchSampler(Sampler[list[int]]):
         from lengthwise.pytorch.collate.from_plan import collator_for
 
         edges = None
-        if self.config.layout == "pad":
+        if self.config.layout == "pad" and self.window is not None:
+            edges = self.edges  # the plan-wide edges: those of every window's buckets
+        elif self.config.layout == "pad":
             if self._edges is None:
                 _ = self.plan  # solves the bucket edges (once, for every epoch)
             edges = self._edges
@@ -271,13 +275,17 @@ class BucketBatchSampler(Sampler[list[int]]):
         """The cursor over the current epoch's windows (a windowed sampler only)."""
         cur = self._cursor
         if cur is None or cur.plan.epoch != self.epoch:
+            self._keep_solved_edges()
             plan = WindowedPlan(self.lengths, self.config, window=self.window, seed=self.seed,
                                 epoch=self.epoch, edges=self._edges)
-            if self.config.layout == "pad":
-                self._edges = plan.edges
             cur = self._cursor = WindowCursor(plan)
             self._cursor_pending = False
         return cur
+
+    def _keep_solved_edges(self) -> None:
+        """Keep the windowed plan's solved edges for the next epoch's plan (solved once)."""
+        if self._cursor is not None and self._edges is None and self.config.layout == "pad":
+            self._edges = self._cursor.plan.solved_edges
 
     # ------------------------------------------------------------------ plans
 
@@ -317,10 +325,6 @@ class BucketBatchSampler(Sampler[list[int]]):
                                                             edges),
                           seed=self.seed, epoch=self.epoch, indices=ids)
         self._edges = self._edges or _edges_of(plan)
-        if plan.splits_samples:
-            raise ConfigError("this packed plan splits long samples into pieces "
-                              "(on_overflow='split'), which lists of sample indices cannot "
-                              "express; use on_overflow='truncate' or 'drop' with the sampler")
         return plan
 
     @property
@@ -341,10 +345,16 @@ class BucketBatchSampler(Sampler[list[int]]):
     def edges(self) -> list[int] | None:
         """Bucket edges of the current epoch's plan (for the collator's bucket ids).
 
-        ``None`` for the packed layout, whose rows have no buckets.
+        ``None`` for the packed layout, whose rows have no buckets. A windowed plan's
+        are its plan-wide edges (:attr:`WindowedPlan.edges`): bucket ``k`` of every
+        window is bucket ``k`` here, up to the longest sample of the data set.
         """
         if self.window is not None:
-            return list(self._windowed().plan.edges) if self.config.layout == "pad" else None
+            if self.config.layout != "pad":
+                return None
+            if self._wide_edges is None:  # the same for every epoch: read the lengths once
+                self._wide_edges = self._windowed().plan.edges
+            return list(self._wide_edges)
         plan = self.plan
         if plan is None:
             raise ConfigError("the current epoch has no micro-batches left")
@@ -365,6 +375,7 @@ class BucketBatchSampler(Sampler[list[int]]):
             self._resumed_from_state = False
             self._pending = None
             self._yielded = 0
+            self._keep_solved_edges()
             self._cursor = None
 
     def __len__(self) -> int:
@@ -483,7 +494,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         try:
             self._windowed().load(state, world_size=saved.world_size,
                                   grad_accum=saved.grad_accum)
-        except CursorError as exc:
+        except StateError as exc:
             self.epoch, self._cursor = old_epoch, old_cursor  # leave the sampler as it was
             raise ResumeError(str(exc)) from None
         self._cursor_pending = True

@@ -1,7 +1,9 @@
 """A saved :class:`~lengthwise.pytorch.sampler.BucketBatchSampler` state, read and checked.
 
 Every key of a state is checked for its type, range and consistency before a
-sampler resumes from it; a bad one raises :class:`ResumeError` naming the key.
+sampler resumes from it; a bad one raises :class:`ResumeError` naming the key. The
+windowed keys are checked by the same code
+(:func:`lengthwise.planning.state_checks.window_place`).
 
 Example::
 
@@ -13,13 +15,14 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-import numpy as np
+from lengthwise.planning import state_checks as checks
+from lengthwise.planning.state_checks import WINDOW_KEYS, StateError, WindowPlace
 
-from lengthwise.errors import ConfigError
+T = TypeVar("T")
 
 __all__ = ["STATE_KEYS", "STATE_VERSION", "ResumeError", "SavedState", "read_state"]
 
@@ -30,7 +33,7 @@ STATE_KEYS = ("version", "seed", "epoch", "yielded", "world_size", "grad_accum",
               "fingerprint", "num_samples", "lengths_crc", "resumed", "options")
 
 
-class ResumeError(ConfigError):
+class ResumeError(StateError):
     """A saved sampler state that does not fit this sampler (other data or settings)."""
 
 
@@ -49,6 +52,8 @@ class SavedState:
     #: earlier ``(world_size, grad_accum, yielded)`` segments of the epoch
     resumed: tuple[tuple[int, int, int], ...]
     options: dict[str, str]
+    #: a windowed sampler's place in its window (``None`` in a whole-epoch state)
+    window: WindowPlace | None = None
 
 
 def count(name: str, value: Any, minimum: int = 0, below: int | None = None) -> int:
@@ -59,28 +64,17 @@ def count(name: str, value: Any, minimum: int = 0, below: int | None = None) -> 
         >>> count("yielded", 3)
         3
     """
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ResumeError(f"invalid sampler state: {name} must be a whole number, "
-                          f"got {value!r}")
-    if value < minimum or (below is not None and value >= below):
-        bounds = f">= {minimum}" if below is None else f"in [{minimum}, {below})"
-        raise ResumeError(f"invalid sampler state: {name} must be {bounds}, got {value}")
-    return int(value)
+    return _checked(checks.count, name, value, minimum, below)
 
 
-def _segments(value: Any) -> tuple[tuple[int, int, int], ...]:
-    if not isinstance(value, (list, tuple)):
-        raise ResumeError("invalid sampler state: resumed must be a list of [world_size, "
-                          f"grad_accum, yielded] triples, got {value!r}")
-    out = []
-    for i, seg in enumerate(value):
-        if not isinstance(seg, (list, tuple)) or len(seg) != 3:
-            raise ResumeError(f"invalid sampler state: resumed[{i}] must be a [world_size, "
-                              f"grad_accum, yielded] triple, got {seg!r}")
-        out.append((count(f"resumed[{i}] world_size", seg[0], 1),
-                    count(f"resumed[{i}] grad_accum", seg[1], 1),
-                    count(f"resumed[{i}] yielded", seg[2], 0)))
-    return tuple(out)
+def _checked(check: Callable[..., T], *args: Any) -> T:
+    """``check(*args)``, its :class:`StateError` raised as a :class:`ResumeError`."""
+    try:
+        return check(*args)
+    except ResumeError:
+        raise
+    except StateError as exc:
+        raise ResumeError(str(exc)) from None
 
 
 def _options(value: Any) -> dict[str, str]:
@@ -112,6 +106,9 @@ def read_state(state: Any) -> SavedState:
     if isinstance(version, bool) or version != STATE_VERSION:
         raise ResumeError(f"sampler state version {version!r} is not supported "
                           f"(this version reads {STATE_VERSION})")
+    window = None
+    if any(k in state for k in WINDOW_KEYS):
+        window = _checked(checks.window_place, state)
     return SavedState(
         seed=count("seed", state["seed"]), epoch=count("epoch", state["epoch"]),
         yielded=count("yielded", state["yielded"]),
@@ -120,4 +117,5 @@ def read_state(state: Any) -> SavedState:
         fingerprint=count("fingerprint", state["fingerprint"], 0, 2**32),
         num_samples=count("num_samples", state["num_samples"], 1),
         lengths_crc=count("lengths_crc", state["lengths_crc"], 0, 2**32),
-        resumed=_segments(state["resumed"]), options=_options(state["options"]))
+        resumed=_checked(checks.segments, "resumed", state["resumed"]),
+        options=_options(state["options"]), window=window)

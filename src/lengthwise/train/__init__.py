@@ -32,6 +32,7 @@ _EXPORTS = {
     "PendingSave": "lengthwise.train.checkpoint",
     "CheckpointError": "lengthwise.train.checkpoint",
     "CorruptCheckpointError": "lengthwise.train.checkpoint",
+    "CheckpointLockedError": "lengthwise.train.checkpoint",
     "save_checkpoint": "lengthwise.train.checkpoint",
     "load_checkpoint": "lengthwise.train.checkpoint",
     "latest_checkpoint": "lengthwise.train.checkpoint",

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.doctor.errors import EmptyLogError
+from lengthwise.doctor.errors import EmptyLogError, UnreadableLogError
 from lengthwise.doctor.runlog import (
     BUCKET_FIELDS,
     CHECKPOINT_EVENTS,
@@ -228,8 +228,12 @@ class ColumnBuilder:
         if step.size == 0:
             raise EmptyLogError(
                 f"{self.source}: no usable loss rows "
-                f"({s.lines} lines read, {s.malformed} malformed)"
+                f"({s.lines} lines read, {s.malformed} malformed{self._why_bad(bad_loss)})"
             )
+        order = step_order(step, s)
+        if order is not None:  # rows out of step order: read them in step order
+            step, loss, lines = step[order], loss[order], lines[order]
+            columns, buckets = _take(order, columns, buckets)
         keep = _resolve_restarts(step, lines, s)
         if not keep.all():
             step, loss = step[keep], loss[keep]
@@ -250,9 +254,30 @@ class ColumnBuilder:
             input=s,
         )
 
+    def _why_bad(self, bad_loss: np.ndarray) -> str:
+        """``; line N: 'loss' is [2.5] (a list), not a number``: the first bad value shown."""
+        lines = np.concatenate(self._lines)
+        for key, values, bad in ((self._loss_key, self._losses, bad_loss),
+                                 (self._step_key, self._steps, None)):
+            flat = _flatten(values)
+            if bad is None:
+                bad = _to_float(flat)[1]
+            rows = np.flatnonzero(bad)
+            if rows.size:
+                value = flat[int(rows[0])]
+                shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+                return (f"; line {int(lines[rows[0]])}: {key!r} is {shown} "
+                        f"(a {type(value).__name__}), not a number")
+        return ""
+
     def _no_loss_error(self) -> EmptyLogError:
         """The error for a log where no row holds the loss field, naming the fields seen."""
         s = self.summary
+        if s.lines and s.malformed >= s.lines and not self._keys_seen:
+            return EmptyLogError(
+                f"{self.source}: not a log the doctor reads: no line is a JSON object "
+                f"({s.lines} lines read, {s.malformed} malformed; a binary file? logs are JSON "
+                "lines, JSON, CSV or TensorBoard)")
         seen = ", ".join(sorted(self._keys_seen)[:12]) or "none"
         what = f"a {self._loss_key!r} field" if self._loss_explicit else "a loss field"
         hint = "" if self._loss_explicit else "; name it with --loss-key NAME"
@@ -265,13 +290,28 @@ class ColumnBuilder:
         """The step of each row (the row number when no step field) and rows without one."""
         if self._step_key is None:
             return np.arange(1, rows + 1, dtype=np.float64), np.zeros(rows, dtype=bool)
-        step, bad_step = _to_float(_flatten(self._steps))
+        raw = _flatten(self._steps)
+        step, bad_step = _to_float(raw)
         bad_step |= ~np.isfinite(step)
+        self._check_exact_steps(raw, step, bad_step)
         if self._step_explicit and bad_step.all():
             seen = ", ".join(sorted(self._keys_seen)[:12])
             raise EmptyLogError(f"{self.source}: no row has a numeric {self._step_key!r} "
                                 f"step field (fields seen: {seen})")
         return step, bad_step
+
+    def _check_exact_steps(self, raw: list[Any], step: np.ndarray, bad: np.ndarray) -> None:
+        """Refuse integer steps that float64 cannot hold (above 2**53): they would merge."""
+        good = step[~bad]
+        if good.size == 0 or np.abs(good).max() < 2.0**53:
+            return
+        for i in np.flatnonzero(~bad & (np.abs(step) >= 2.0**53)).tolist():
+            value = raw[i]
+            if isinstance(value, int) and int(step[i]) != value:
+                raise UnreadableLogError(
+                    f"{self.source}: step {value} is above 2**53, where float64 steps "
+                    "cannot be told apart (neighbouring steps would read as one); log "
+                    "steps below 2**53, or subtract an offset")
 
     def _optional_columns(self) -> tuple[dict[str, np.ndarray], list[Any] | None]:
         """The optional numeric columns (NaN where a row lacks one) and the bucket labels."""
@@ -313,12 +353,15 @@ def _note_malformed(s: InputSummary, bad_lines: np.ndarray) -> None:
 
 
 def _take(
-    mask: np.ndarray, columns: dict[str, np.ndarray], buckets: list[Any] | None
+    rows: np.ndarray, columns: dict[str, np.ndarray], buckets: list[Any] | None
 ) -> tuple[dict[str, np.ndarray], list[Any] | None]:
-    """The optional columns and bucket labels of the rows ``mask`` keeps."""
-    columns = {k: v[mask] for k, v in columns.items()}
+    """The optional columns and bucket labels of ``rows`` (a mask, or indices in a new order)."""
+    columns = {k: v[rows] for k, v in columns.items()}
     if buckets is not None:
-        buckets = [b for b, g in zip(buckets, mask.tolist(), strict=True) if g]
+        if rows.dtype == bool:
+            buckets = [b for b, g in zip(buckets, rows.tolist(), strict=True) if g]
+        else:
+            buckets = [buckets[i] for i in rows.tolist()]
     return columns, buckets
 
 
@@ -338,9 +381,11 @@ def _to_float(col: list[Any]) -> tuple[np.ndarray, np.ndarray]:
     """
     if not any(type(v) is bool for v in col):
         try:
-            return np.array(col, dtype=np.float64), np.zeros(len(col), dtype=bool)
+            arr = np.array(col, dtype=np.float64)
         except (TypeError, ValueError):
-            pass
+            arr = None
+        if arr is not None and arr.ndim == 1:  # lists of one number each would pass as 2-D
+            return arr, np.zeros(len(col), dtype=bool)
     out = np.empty(len(col), dtype=np.float64)
     bad = np.zeros(len(col), dtype=bool)
     for i, value in enumerate(col):
@@ -365,6 +410,47 @@ def _merge_buckets(current: list[Any] | None, raw: list[Any]) -> list[Any]:
         return [tuple(b) if isinstance(b, list) else b for b in raw]
     return [c if c is not None else (tuple(b) if isinstance(b, list) else b)
             for c, b in zip(current, raw, strict=True)]
+
+
+def step_order(step: np.ndarray, summary: InputSummary) -> np.ndarray | None:
+    """The order that reads rows out of step order in step order, or ``None`` if none are.
+
+    A step that goes back is a restart when the rows from there on log a step
+    already logged (a resumed run writes its steps again); it is disorder when they
+    log only new steps: a log sorted by descending step, or rows merged from several
+    files in the wrong order. Rows between two restarts are sorted by step (stably,
+    so a step written twice keeps its file order); restarts stay where they are for
+    :func:`_resolve_restarts`. ``summary`` counts the disorder points and moved rows.
+
+    Example::
+
+        >>> s = InputSummary()
+        >>> step_order(np.array([3.0, 2.0, 1.0]), s).tolist(), s.out_of_order_points
+        ([2, 1, 0], 2)
+        >>> step_order(np.array([1.0, 2.0, 3.0, 2.0, 3.0]), InputSummary()) is None  # a resume
+        True
+    """
+    if step.size < 2:
+        return None
+    starts = np.flatnonzero(step[1:] < step[:-1]) + 1  # where an increasing run begins
+    if starts.size == 0:
+        return None
+    _, first, inverse = np.unique(step, return_index=True, return_inverse=True)
+    segment = np.zeros(step.size, dtype=np.int64)
+    segment[starts] = 1
+    segment = np.cumsum(segment)
+    bounds = np.concatenate([[0], starts])
+    # a row repeats a step logged before its run began
+    repeats = first[inverse] < bounds[segment]
+    restart = np.logical_or.reduceat(repeats, bounds)[1:]
+    disorder = int((~restart).sum())
+    if disorder == 0:
+        return None
+    run = np.cumsum(np.concatenate([[0], restart.astype(np.int64)]))[segment]
+    order = np.lexsort((step, run))
+    summary.out_of_order_points = disorder
+    summary.reordered_rows = int((order != np.arange(step.size)).sum())
+    return order
 
 
 #: a step going back at most this many rows, again and again, is a second writer

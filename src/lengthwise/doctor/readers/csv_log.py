@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import Any
 
 from lengthwise.doctor.errors import EmptyLogError, UnreadableLogError
 from lengthwise.doctor.readers.columns import (
@@ -60,6 +62,59 @@ def _find(names: list[str], wanted: tuple[str, ...]) -> int | None:
     return None
 
 
+class WholeLines(io.RawIOBase):
+    """A byte stream that ends cleanly where its source breaks off (a cut or corrupt gzip).
+
+    Only whole lines are passed on: when the source breaks off, the partial line at
+    the break is dropped (``dropped_tail``) rather than read as a shorter number,
+    and ``broken`` says why the stream ended early.
+
+    Example::
+
+        >>> import gzip
+        >>> data = gzip.compress(b"step,loss\\n1,2.5\\n2,2.4\\n3,2.3")
+        >>> stream = WholeLines(gzip.GzipFile(fileobj=io.BytesIO(data[:-4])))
+        >>> stream.read(), stream.broken is not None, stream.dropped_tail
+        (b'step,loss\\n1,2.5\\n2,2.4\\n', True, True)
+    """
+
+    def __init__(self, source: Any) -> None:
+        super().__init__()
+        self.source = source
+        self.broken: str | None = None
+        self.dropped_tail = False
+        self._held = b""  # bytes after the last newline, passed on once the line is whole
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        while True:
+            held = self._held
+            cut = held.rfind(b"\n") + 1
+            if cut:
+                n = min(len(buffer), cut)
+                buffer[:n] = held[:n]
+                self._held = held[n:]
+                return n
+            if self.broken is not None:
+                return 0
+            try:
+                # read1: one decompressed block, so what came before a break is kept
+                chunk = self.source.read1(1 << 16)
+            except (EOFError, zlib.error, OSError) as exc:
+                self.broken = str(exc) or type(exc).__name__
+                self.dropped_tail = bool(self._held.strip())
+                self._held = b""
+                return 0
+            if not chunk:  # a clean end: the last line needs no newline
+                n = min(len(buffer), len(held))
+                buffer[:n] = held[:n]
+                self._held = held[n:]
+                return n
+            self._held = held + chunk
+
+
 def read_csv(
     path: Path,
     builder: ColumnBuilder,
@@ -69,32 +124,67 @@ def read_csv(
 ) -> None:
     """Read a CSV log into ``builder`` (its rows become dicts with canonical field names)."""
     with open_log(path) as raw:
-        reader, header = _csv_reader(path, raw)
+        stream = WholeLines(raw)
+        reader, header = _csv_reader(path, stream)
         names = [_clean(h) if not h.strip().endswith(("__MIN", "__MAX")) else "" for h in header]
         cols = _columns(names, step_key, loss_key)
         if "loss" not in cols:
             raise _no_loss_column(path, header, loss_key)
         builder.loss_label = header[cols["loss"]].strip()
         _read_rows(reader, cols, len(header), builder)
+        if stream.broken is not None:
+            builder.summary.truncated = True
+            if stream.dropped_tail:  # the cut line at the break
+                builder.summary.add_malformed(builder.summary.lines + 1)
 
 
-def _csv_reader(path: Path, raw: IO[bytes]) -> tuple[Iterator[list[str]], list[str]]:
+def _csv_reader(path: Path, stream: WholeLines) -> tuple[Iterator[list[str]], list[str]]:
     """A CSV reader of the decoded file in its sniffed dialect, past the header, and the header."""
-    text = io.TextIOWrapper(raw, encoding="utf-8-sig", errors="replace", newline="")
+    text = io.TextIOWrapper(io.BufferedReader(stream), encoding="utf-8-sig", errors="replace",
+                            newline="")
     sample = text.read(1 << 16)
+    sample += text.readline()  # up to a line end: the reader goes on from there
     if not sample.strip():
+        if stream.broken is not None:
+            raise UnreadableLogError(f"{path}: corrupt or unreadable: the gzip stream breaks "
+                                     f"off before the first whole line ({stream.broken})")
         raise EmptyLogError(f"{path}: is empty")
-    try:
-        dialect = csv.Sniffer().sniff(sample.splitlines()[0], delimiters=",\t;")
-    except csv.Error:
-        dialect = csv.excel
-    text.seek(0)
-    reader = csv.reader(text, dialect)
+    first = sample.splitlines()[0]
+    dialect = _dialect(first)
+    reader = csv.reader(itertools.chain(io.StringIO(sample), text), dialect)
     try:
         header = next(reader)
     except (csv.Error, StopIteration) as exc:
         raise UnreadableLogError(f"{path}: no CSV header ({exc})") from exc
     return reader, header
+
+
+class _Whitespace(csv.Dialect):
+    """Columns apart by runs of spaces (``step loss``, as ``column -t`` or Fortran write them)."""
+
+    delimiter = " "
+    skipinitialspace = True
+    quotechar = '"'
+    doublequote = True
+    lineterminator = "\n"
+    quoting = csv.QUOTE_MINIMAL
+
+
+def _dialect(header: str) -> type[csv.Dialect] | csv.Dialect:
+    """The dialect of a header line: comma, tab, semicolon or pipe, else runs of spaces.
+
+    Example::
+
+        >>> [_dialect(h).delimiter for h in ("step,loss", "step|loss", "step   loss")]
+        [',', '|', ' ']
+    """
+    try:
+        return csv.Sniffer().sniff(header, delimiters=",\t;|")
+    except csv.Error:
+        pass
+    if len(header.split()) > 1 and " - " not in header:  # not a W&B "run - loss" name
+        return _Whitespace
+    return csv.excel
 
 
 def _no_loss_column(path: Path, header: list[str], loss_key: str | None) -> EmptyLogError:
@@ -136,7 +226,7 @@ def _read_rows(
     except csv.Error:
         builder.summary.add_malformed(line)
         builder.summary.truncated = True
-    except (EOFError, OSError):
+    except (EOFError, zlib.error, OSError):
         builder.summary.truncated = True
     builder.summary.lines = line
     builder.add(rows, numbers)

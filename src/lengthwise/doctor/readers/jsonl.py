@@ -77,8 +77,8 @@ def _line_blocks(handle: IO[bytes], summary: InputSummary) -> Iterator[list[byte
             yield lines
     rest = b""
     while True:
-        try:
-            chunk = handle.read(GZIP_CHUNK)
+        try:  # read1: one block, so the rows before a break are kept
+            chunk = handle.read1(GZIP_CHUNK)
         except (EOFError, zlib.error, OSError):
             summary.truncated = True
             chunk = b""
@@ -174,6 +174,12 @@ def read_document(path: Path, builder: ColumnBuilder) -> bool:
     elif isinstance(doc, list):
         rows = doc
         builder.summary.format = "json"
+    elif isinstance(doc, dict):
+        keys = ", ".join(map(str, list(doc)[:8])) + (", ..." if len(doc) > 8 else "")
+        raise UnreadableLogError(
+            f"{path}: one JSON object (keys: {keys or 'none'}) that is not a trainer_state.json "
+            "(no 'log_history' list of rows); the doctor reads JSON lines (one row a line), a "
+            "trainer_state.json or a JSON array of rows")
     else:
         return False
     builder.summary.lines = len(rows)

@@ -182,9 +182,13 @@ def read_tensorboard(path: Path, builder: ColumnBuilder, *, loss_key: str | None
     builder.summary.truncated = bool(broken)
     tags = list(merged)
     loss_tag = _pick_tag(tags, (loss_key,) if loss_key else ("loss", "train_loss"), bool(loss_key))
+    if not tags:
+        raise UnreadableLogError(
+            f"{path}: no scalar could be read from the event files: they are corrupt or not "
+            f"TensorBoard event files ({len(broken)} broken record(s))")
     if loss_tag is None:
-        shown = ", ".join(sorted(tags)[:12]) or "none"
-        what = repr(loss_key) if loss_key else "a loss"
+        shown = ", ".join(sorted(tags)[:12])
+        what = repr(loss_key) if loss_key else "loss"
         raise UnreadableLogError(f"{path}: no {what} scalar tag in the event files (tags: {shown})")
     extra = {
         "lr": _pick_tag(tags, ("lr", "learning_rate"), False),

@@ -31,6 +31,28 @@ def check_positive(name: str, value: int | None, *, allow_none: bool = True) -> 
         raise ConfigError(f"{name} must be a positive integer, got {value!r}")
 
 
+def check_token_id(name: str, value: int | None, *, allow_none: bool = False,
+                   minimum: int | None = 0) -> int | None:
+    """``value`` as an int: an integer (not a bool) of at least ``minimum``, else an error.
+
+    Token ids (``pad_token_id``) are >= 0: an embedding has no row -1. Label fill
+    values (``label_pad_id``, usually -100) pass ``minimum=None``.
+
+    Example::
+
+        >>> check_token_id("pad_token_id", 0), check_token_id("label_pad_id", -100, minimum=None)
+        (0, -100)
+    """
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {value} (an embedding has no row "
+                          f"{value})")
+    return int(value)
+
+
 def check_fields(fields: Sequence[str]) -> tuple[str, ...]:
     """The fields to collate: must hold ``input_ids``; ``attention_mask`` is dropped.
 

@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
+
 from lengthwise.pytorch.collate.budget import Budget
 from lengthwise.pytorch.collate.from_plan import budget_of
 
@@ -58,12 +60,18 @@ class HeldCollator:
     (``sampler.config``). Samples that are mappings with ``input_ids`` are cut to
     ``config.sample_limit()`` tokens (with every field of the same length); the
     result's ``input_ids`` is checked: ``rows x padded length`` (or rows, or cost)
-    for the padded layout, its tokens for the packed one.
+    for the padded layout, its tokens for the packed one. A result that cannot be
+    checked (not a mapping with an ``input_ids`` tensor or array, 2-D for the padded
+    layout, 1-D or 2-D for the packed one) raises ``TypeError``: nothing leaves
+    unchecked.
     """
 
     def __init__(self, collator: Callable[[list[Any]], Any], config: Any) -> None:
         if not callable(collator):
             raise TypeError(f"collator must be callable, got {collator!r}")
+        if not callable(getattr(config, "sample_limit", None)):
+            raise TypeError(f"config must be the plan's PlanConfig (sampler.config), got "
+                            f"{type(config).__name__}")
         self.inner = collator
         self.limit = config.sample_limit()
         self.budget: Budget = budget_of(config)
@@ -74,13 +82,29 @@ class HeldCollator:
             samples = [_truncate(s, self.limit) for s in samples]
         batch = self.inner(samples)
         self._calls += 1
-        ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
-        shape = tuple(getattr(ids, "shape", ()))
-        if len(shape) == 2:
-            if self.budget.layout == "pad":
-                self.budget.check_padded(rows=int(shape[0]), padded_len=int(shape[1]),
-                                         batch=self._calls - 1)
-            else:
-                self.budget.check_packed([int(shape[0]) * int(shape[1])],
-                                         batch=self._calls - 1, rows_known=False)
+        shape = self._shape(batch)
+        if self.budget.layout == "pad":
+            self.budget.check_padded(rows=shape[0], padded_len=shape[1], batch=self._calls - 1)
+        else:
+            self.budget.check_packed([int(np.prod(shape))], batch=self._calls - 1,
+                                     rows_known=False)
         return batch
+
+    def _shape(self, batch: Any) -> tuple[int, ...]:
+        """The shape of ``batch["input_ids"]``, or a TypeError saying what the budget needs."""
+        want = ("2-D (rows x length)" if self.budget.layout == "pad"
+                else "1-D or 2-D (the packed tokens)")
+        where = f"HeldCollator: micro-batch {self._calls - 1}"
+        if not isinstance(batch, Mapping) or "input_ids" not in batch:
+            got = (f"a mapping with keys {sorted(map(str, batch))[:8]}"
+                   if isinstance(batch, Mapping) else f"a {type(batch).__name__}")
+            raise TypeError(f"{where}: the wrapped collator returned {got}; it must return a "
+                            f"mapping with an input_ids tensor, {want}, so that the plan's "
+                            "budget can be checked")
+        shape = getattr(batch["input_ids"], "shape", None)
+        if shape is None or len(shape) not in ((2,) if self.budget.layout == "pad" else (1, 2)):
+            got = (f"has shape {tuple(shape)}" if shape is not None
+                   else f"is a {type(batch['input_ids']).__name__}")
+            raise TypeError(f"{where}: input_ids {got}; the plan's budget needs a tensor, "
+                            f"{want}")
+        return tuple(int(x) for x in shape)

@@ -15,7 +15,12 @@ import numpy as np
 import torch
 
 from lengthwise.errors import ConfigError
-from lengthwise.pytorch.collate._options import check_budget, check_fields, check_positive
+from lengthwise.pytorch.collate._options import (
+    check_budget,
+    check_fields,
+    check_positive,
+    check_token_id,
+)
 from lengthwise.pytorch.collate._packed_rows import sample_rows
 from lengthwise.pytorch.collate._samples import check_batch, pad_value, result_dtype
 from lengthwise.pytorch.collate.budget import Budget
@@ -80,10 +85,13 @@ class PackCollator:
     ) -> None:
         check_positive("row_capacity", row_capacity)
         check_positive("max_length", max_length)
+        check_token_id("pad_token_id", pad_token_id, allow_none=True)
+        check_token_id("label_pad_id", label_pad_id, minimum=None)
+        check_token_id("position_ids_start", position_ids_start)
         if pad_to_capacity and (row_capacity is None or pad_token_id is None):
             raise ConfigError("pad_to_capacity needs row_capacity and pad_token_id")
-        if mask_dtype is not None and not (mask_dtype == torch.bool
-                                           or mask_dtype.is_floating_point):
+        if mask_dtype is not None and not (isinstance(mask_dtype, torch.dtype) and (
+                mask_dtype == torch.bool or mask_dtype.is_floating_point)):
             raise TypeError(f"mask_dtype must be torch.bool or a floating dtype, got {mask_dtype}")
         self.label_pad_id = int(label_pad_id)
         self.fields = check_fields(fields)

@@ -20,6 +20,7 @@ from lengthwise.pytorch.collate._options import (
     check_edges,
     check_fields,
     check_positive,
+    check_token_id,
 )
 from lengthwise.pytorch.collate._samples import check_batch, pad_value, result_dtype, sample_fields
 from lengthwise.pytorch.collate.buckets import bucket_of
@@ -66,15 +67,14 @@ class PadCollator:
         metadata: bool = True,
         budget: Budget | None = None,
     ) -> None:
-        if not isinstance(pad_token_id, (int, np.integer)) or isinstance(pad_token_id, bool):
-            raise TypeError(f"pad_token_id must be an integer token id, got {pad_token_id!r}")
+        check_token_id("pad_token_id", pad_token_id)
         check_positive("pad_multiple", pad_multiple, allow_none=False)
         check_positive("max_length", max_length)
         if padding_side not in ("right", "left"):
             raise ConfigError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
         self.pad_token_id = int(pad_token_id)
         self.pad_multiple = int(pad_multiple)
-        self.label_pad_id = int(label_pad_id)
+        self.label_pad_id = check_token_id("label_pad_id", label_pad_id, minimum=None)
         self.fields = check_fields(fields)
         self.padding_side = padding_side
         self.edges = check_edges(edges)

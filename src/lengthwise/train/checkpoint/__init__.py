@@ -25,6 +25,12 @@ files against the manifest (:class:`CorruptCheckpointError` names the bad file a
 the previous good checkpoint); :func:`latest_checkpoint` skips corrupt ones with a
 warning. Only the newest ``keep`` complete checkpoints are kept.
 
+A folder has one writer at a time: a checkpointer takes the advisory lock
+``writer.lock`` on its first save and gives it up on ``close()`` (the operating system
+drops it when the process dies); a second writer meets :class:`CheckpointLockedError`
+naming the folder and the holder, so two runs never overwrite or prune each other's
+steps.
+
 Checkpoints are pickles: load only files you wrote.
 
 Modules: :mod:`~lengthwise.train.checkpoint.checkpointer` (:class:`Checkpointer`,
@@ -33,6 +39,7 @@ Modules: :mod:`~lengthwise.train.checkpoint.checkpointer` (:class:`Checkpointer`
 manifest, :func:`list_checkpoints`, :func:`latest_checkpoint`),
 :mod:`~lengthwise.train.checkpoint.atomic` (publishing and pruning folders),
 :mod:`~lengthwise.train.checkpoint.integrity` (per-file checksums),
+:mod:`~lengthwise.train.checkpoint.lock` (one writer per folder),
 :mod:`~lengthwise.train.checkpoint.state` (RNG, scheduler and sampler states), the
 backends :mod:`~lengthwise.train.checkpoint.torch_backend` and
 :mod:`~lengthwise.train.checkpoint.dcp_backend`, and
@@ -57,7 +64,11 @@ Example::
 from __future__ import annotations
 
 from lengthwise.train.checkpoint.checkpointer import Checkpointer, save_checkpoint
-from lengthwise.train.checkpoint.errors import CheckpointError, CorruptCheckpointError
+from lengthwise.train.checkpoint.errors import (
+    CheckpointError,
+    CheckpointLockedError,
+    CorruptCheckpointError,
+)
 from lengthwise.train.checkpoint.layout import FORMAT as FORMAT
 from lengthwise.train.checkpoint.layout import MANIFEST as MANIFEST
 from lengthwise.train.checkpoint.layout import latest_checkpoint, list_checkpoints
@@ -67,6 +78,7 @@ from lengthwise.train.checkpoint.pending import PendingSave
 __all__ = [
     "Checkpointer",
     "CheckpointError",
+    "CheckpointLockedError",
     "CorruptCheckpointError",
     "PendingSave",
     "save_checkpoint",

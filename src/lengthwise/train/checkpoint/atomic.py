@@ -20,23 +20,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from lengthwise.atomic import fsync_dir
 from lengthwise.train.checkpoint.integrity import file_digests
 from lengthwise.train.checkpoint.layout import MANIFEST, TMP_DIR, list_checkpoints
 
 __all__ = ["prune", "publish", "remove_tree"]
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory handles
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
 
 
 def _write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
@@ -61,13 +49,13 @@ def publish(tmp: Path, final: Path, manifest: dict[str, Any]) -> None:
     """
     manifest = {**manifest, "files": file_digests(tmp, skip=(MANIFEST,))}
     _write_manifest(tmp, manifest)
-    _fsync_dir(tmp)
+    fsync_dir(tmp)
     old = None
     if final.exists():
         old = final.with_name(f"{final.name}.old-{os.getpid()}")
         os.replace(final, old)
     os.replace(tmp, final)
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
     if old is not None:
         remove_tree(old)
 

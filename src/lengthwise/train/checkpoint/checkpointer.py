@@ -27,8 +27,9 @@ from lengthwise.errors import ConfigError
 from lengthwise.pytorch.dist import GroupInfo, group_info
 from lengthwise.train.checkpoint.atomic import prune, publish
 from lengthwise.train.checkpoint.dcp_backend import save_dcp
-from lengthwise.train.checkpoint.errors import CheckpointError
+from lengthwise.train.checkpoint.errors import CheckpointError, CheckpointLockedError
 from lengthwise.train.checkpoint.layout import latest_checkpoint, step_dirs
+from lengthwise.train.checkpoint.lock import WriterLock
 from lengthwise.train.checkpoint.pending import PendingSave
 from lengthwise.train.checkpoint.state import TrainingState, check_stateful
 from lengthwise.train.checkpoint.torch_backend import save_torch
@@ -54,7 +55,10 @@ class Checkpointer:
 
     Saves are serialised: a new :meth:`save` first waits for the previous one, and
     re-raises its error if it failed. Under ``torch.distributed`` every rank calls
-    :meth:`save` with the same step; rank 0 publishes the folder.
+    :meth:`save` with the same step; rank 0 publishes the folder. The folder has one
+    writer: the first save takes its writer lock (see
+    :mod:`~lengthwise.train.checkpoint.lock`) until :meth:`close`, and a second
+    checkpointer saving there gets :class:`CheckpointLockedError` naming the holder.
 
     Example::
 
@@ -89,6 +93,8 @@ class Checkpointer:
         self._cpu_group: Any = None
         self._pending: PendingSave | None = None
         self._executor: ThreadPoolExecutor | None = None
+        self._lock = WriterLock(self.directory)
+        self._lock_settled = False  # whether this save session took the writer lock
         self.closed = False
 
     # public API
@@ -112,6 +118,7 @@ class Checkpointer:
         info, use_dcp = self._backend()
         rank = info.rank if info is not None else 0
         tmp, final = step_dirs(self.directory, step)
+        self._take_lock(info, rank)  # before anything is written or logged
         start = time.perf_counter()
         self._event(rank, "checkpoint_begin", step=step, path=str(final))
         self.wait()  # one save at a time; raises if the previous one failed
@@ -149,13 +156,18 @@ class Checkpointer:
         return latest_checkpoint(self.directory)
 
     def close(self) -> None:
-        """Wait for the last save and stop the writer thread (a later save starts it again)."""
+        """Wait for the last save, stop the writer thread and release the folder's lock.
+
+        A later save starts the thread and takes the lock again.
+        """
         try:
             self.wait()
         finally:
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
                 self._executor = None
+            self._lock.release()
+            self._lock_settled = False
             self.closed = True
 
     def __enter__(self) -> Checkpointer:
@@ -165,6 +177,29 @@ class Checkpointer:
         self.close()
 
     # internals
+    def _take_lock(self, info: GroupInfo | None, rank: int) -> None:
+        """Hold the folder's writer lock from the first save to :meth:`close` (rank 0 takes it).
+
+        Under ``torch.distributed`` rank 0's outcome is broadcast, so every rank raises
+        the same :class:`CheckpointLockedError` instead of waiting in the save's collectives.
+        """
+        if self._lock_settled:
+            return
+        error = None
+        if rank == 0:
+            try:
+                self._lock.acquire()
+            except CheckpointLockedError as exc:
+                error = str(exc)
+        if info is not None and info.world_size > 1:
+            message = [error]
+            info.dist.broadcast_object_list(message, group=self._checkpoint_group(info),
+                                            group_src=0)
+            error = message[0]
+        if error is not None:
+            raise CheckpointLockedError(error)
+        self._lock_settled = True
+
     def _backend(self) -> tuple[GroupInfo | None, bool]:
         """The process group's info and whether saves go through DCP (checked for the group)."""
         info = group_info(self.process_group)

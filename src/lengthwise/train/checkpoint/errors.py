@@ -6,13 +6,15 @@ Example::
     True
     >>> issubclass(CorruptCheckpointError, CheckpointError)
     True
+    >>> issubclass(CheckpointLockedError, CheckpointError)
+    True
 """
 
 from __future__ import annotations
 
 from lengthwise.errors import LengthwiseError
 
-__all__ = ["CheckpointError", "CorruptCheckpointError"]
+__all__ = ["CheckpointError", "CheckpointLockedError", "CorruptCheckpointError"]
 
 
 class CheckpointError(LengthwiseError, RuntimeError):
@@ -21,3 +23,7 @@ class CheckpointError(LengthwiseError, RuntimeError):
 
 class CorruptCheckpointError(CheckpointError):
     """A checkpoint's files are missing, cut short, fail their checksum or cannot be parsed."""
+
+
+class CheckpointLockedError(CheckpointError):
+    """Another checkpointer is writing into the same checkpoint folder."""

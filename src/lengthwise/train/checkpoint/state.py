@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from lengthwise.errors import ConfigError
+
 
 def rng_state() -> dict[str, Any]:
     """The RNG states of Python, NumPy, torch and (when initialised) CUDA.
@@ -86,6 +88,32 @@ def check_stateful(name: str, obj: Any) -> None:
         raise TypeError(f"{name} must have state_dict() and load_state_dict(), got {type(obj)}")
 
 
+def unpicklable_part(obj: Any, where: str = "") -> str | None:
+    """The path (``extra['cb']``) of the first part of ``obj`` that pickle cannot save, or None.
+
+    Example::
+
+        >>> import threading
+        >>> unpicklable_part({"extra": {"ok": 1, "lock": threading.Lock()}})
+        "extra['lock']"
+    """
+    if isinstance(obj, dict):
+        items = [(f"{where}[{k!r}]" if where else str(k), v) for k, v in obj.items()]
+    elif isinstance(obj, list | tuple):
+        items = [(f"{where}[{i}]", v) for i, v in enumerate(obj)]
+    else:
+        items = []
+    for path, value in items:
+        found = unpicklable_part(value, path)
+        if found is not None:
+            return found
+    try:
+        pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        return where or None
+    return None
+
+
 @dataclass(frozen=True)
 class TrainingState:
     """The objects one checkpoint saves: the step, the model and the optional stateful ones."""
@@ -120,4 +148,10 @@ class TrainingState:
                 self.optimizer.state_dict()["param_groups"] if param_groups_only else None
             ),
         }
-        return pickle.dumps(cpu_copy(aux), protocol=pickle.HIGHEST_PROTOCOL)
+        aux = cpu_copy(aux)
+        try:
+            return pickle.dumps(aux, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # name what cannot be saved, at the save() call
+            where = unpicklable_part(aux) or "the checkpoint state"
+            raise ConfigError(f"{where} cannot be saved in a checkpoint: {type(exc).__name__}: "
+                            f"{exc} (checkpoints are pickles; keep extra to plain data)") from exc

@@ -60,15 +60,35 @@ def to_count(x: Any, name: str) -> int | None:
 
     Example::
 
-        >>> to_count(np.int32(7), "real_tokens")
-        7
+        >>> to_count(np.int32(7), "real_tokens"), to_count(2**53 + 1, "step")
+        (7, 9007199254740993)
     """
+    exact = _integral(x)
+    if exact is not None:  # integers stay exact, also above 2**53
+        if exact < 0:
+            raise ConfigError(f"{name} must be a non-negative integer, got {x!r}")
+        return exact
     value = to_float(x, name)
     if value is None:
         return None
     if not math.isfinite(value) or value < 0 or value != int(value):
         raise ConfigError(f"{name} must be a non-negative integer, got {x!r}")
     return int(value)
+
+
+def _integral(x: Any) -> int | None:
+    """``x`` as an exact int if it is an integer scalar (int, NumPy, torch), else ``None``."""
+    if is_tensor(x):
+        if x.numel() != 1 or x.dtype.is_floating_point or x.dtype.is_complex:
+            return None
+        x = x.detach().reshape(()).item()
+    elif isinstance(x, np.ndarray):
+        if x.size != 1 or x.dtype.kind not in "iu":
+            return None
+        x = x.reshape(()).item()
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+        return None
+    return int(x)
 
 
 def to_bucket(x: Any) -> int | None:

@@ -50,7 +50,9 @@ def bucket_token_shares(plan: Any, *, by: str = "tokens") -> dict[int, float]:
     """Share of each bucket in an epoch plan, for ``StepLogger(bucket_shares=...)``.
 
     ``plan`` needs ``bucket``, ``offsets``, ``indices`` and ``lengths`` (as in
-    ``lengthwise.EpochPlan``). ``by="tokens"`` (for token-averaged losses) weights
+    ``lengthwise.EpochPlan``), or is a windowed plan (``sampler.plan`` of a windowed
+    sampler), whose windows are summed (planning each once): their bucket ids are
+    those of the plan-wide edges. ``by="tokens"`` (for token-averaged losses) weights
     by real tokens, ``by="samples"`` (for per-sample-averaged losses) by samples.
 
     Example::
@@ -64,6 +66,26 @@ def bucket_token_shares(plan: Any, *, by: str = "tokens") -> dict[int, float]:
         >>> bucket_token_shares(plan, by="samples")[0]
         0.6666666666666666
     """
+    if by not in ("tokens", "samples"):
+        raise ConfigError(f"by must be 'tokens' or 'samples', got {by!r}")
+    windowed = callable(getattr(plan, "windows", None))
+    if not windowed and not hasattr(plan, "offsets"):
+        raise TypeError("plan must be an epoch plan or a windowed plan (sampler.plan), got "
+                        f"{type(plan).__name__}")
+    if windowed:  # a windowed plan: its windows' plans
+        parts = [_bucket_totals(win.plan, by) for win in plan.windows()]
+        totals = np.zeros(max((p.size for p in parts), default=0))
+        for part in parts:
+            totals[: part.size] += part
+    else:
+        totals = _bucket_totals(plan, by)
+    if totals.size == 0 or totals.sum() <= 0:
+        raise ConfigError("the plan has no tokens to take shares from")
+    return {int(b): float(t / totals.sum()) for b, t in enumerate(totals) if t > 0}
+
+
+def _bucket_totals(plan: Any, by: str) -> np.ndarray:
+    """Real tokens (or samples) of each bucket of one plan, indexed by bucket."""
     offsets = np.asarray(plan.offsets, dtype=np.int64)
     # packed rows have no buckets: they all count as bucket 0
     bucket = np.asarray(getattr(plan, "bucket", np.zeros(max(offsets.size - 1, 0))),
@@ -77,11 +99,6 @@ def bucket_token_shares(plan: Any, *, by: str = "tokens") -> dict[int, float]:
         lengths = np.asarray(plan.lengths, dtype=np.float64)
         cum = np.concatenate([[0.0], np.cumsum(lengths[np.asarray(plan.indices, dtype=np.int64)])])
         weights = cum[offsets[1:]] - cum[offsets[:-1]]
-    elif by == "samples":
-        weights = np.diff(offsets).astype(np.float64)
     else:
-        raise ConfigError(f"by must be 'tokens' or 'samples', got {by!r}")
-    if bucket.size == 0 or weights.sum() <= 0:
-        raise ConfigError("the plan has no tokens to take shares from")
-    totals = np.bincount(bucket, weights=weights)
-    return {int(b): float(t / totals.sum()) for b, t in enumerate(totals) if t > 0}
+        weights = np.diff(offsets).astype(np.float64)
+    return np.bincount(bucket, weights=weights) if bucket.size else np.zeros(0)
