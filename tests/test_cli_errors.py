@@ -86,3 +86,25 @@ def test_the_console_entry_point_exits_with_the_same_status(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2
     assert "x.npy" in _one_line(run.stderr)
+
+
+@pytest.mark.parametrize("module, extra", [("torch", "torch"), ("matplotlib.pyplot", "plots")])
+def test_an_optional_package_that_is_missing_is_one_line_naming_the_extra(
+        module, extra, monkeypatch, capsys):
+    def needs(*args, **kwargs):
+        raise ModuleNotFoundError(f"No module named {module!r}", name=module)
+
+    monkeypatch.setattr(plan_cli, "_plan_with_recomposition", needs)
+    assert main(["plan", "coqa"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.endswith(f'{module.split(".")[0]} is not installed: pip install -e ".[{extra}]" '
+                         "(from a checkout of lengthwise)")
+
+
+def test_a_missing_module_of_lengthwise_itself_is_a_bug(monkeypatch, capsys):
+    def broken(*args, **kwargs):
+        raise ModuleNotFoundError("No module named 'lengthwise.gone'", name="lengthwise.gone")
+
+    monkeypatch.setattr(plan_cli, "_plan_with_recomposition", broken)
+    assert main(["plan", "coqa"]) == 1
+    assert "bug in lengthwise" in capsys.readouterr().err

@@ -61,7 +61,8 @@ def is_user_error(exc: BaseException) -> bool:
     errors of :data:`USER_OS_ERRORS` (a missing file, no permission, a folder
     where a file was expected or the other way round, a file already there),
     whether the system raised them or a check of lengthwise did; and any other
-    ``OSError`` that names its file (a full disk, a failing drive). Anything
+    ``OSError`` that names its file (a full disk, a failing drive). An optional
+    package that is not installed is one line too (:func:`missing_extra`). Anything
     else, a plain ``ValueError``, ``KeyError`` or ``TypeError`` or an ``OSError``
     naming no file included, is a bug of lengthwise.
 
@@ -78,6 +79,33 @@ def is_user_error(exc: BaseException) -> bool:
     if isinstance(exc, (LengthwiseError, *USER_OS_ERRORS)):
         return True
     return isinstance(exc, OSError) and exc.filename is not None
+
+
+#: optional packages a command imports when it runs, and the extra that installs each
+EXTRAS: dict[str, str] = {
+    "torch": "torch", "torchdata": "torch", "transformers": "hf", "tokenizers": "hf",
+    "datasets": "hf", "accelerate": "hf", "matplotlib": "plots", "pyarrow": "io",
+    "tqdm": "progress", "ray": "ray", "wandb": "wandb", "orjson": "fast",
+}
+
+
+def missing_extra(exc: BaseException, command: str | None = None) -> str | None:
+    """The one-line message for an optional package that is not installed, else ``None``.
+
+    Example::
+
+        >>> missing_extra(ModuleNotFoundError("No module named 'torch'", name="torch"), "demo")
+        'torch is not installed: pip install -e ".[demo]" (from a checkout of lengthwise)'
+        >>> missing_extra(ModuleNotFoundError("x", name="lengthwise.nothing")) is None
+        True
+    """
+    if not isinstance(exc, ModuleNotFoundError) or not exc.name:
+        return None
+    top = exc.name.split(".")[0]
+    if top not in EXTRAS:
+        return None  # a module of lengthwise itself, or of a required package: a bug
+    extra = command if command in ("demo", "dflash") else EXTRAS[top]
+    return f'{top} is not installed: pip install -e ".[{extra}]" (from a checkout of lengthwise)'
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,8 +128,11 @@ def main(argv: list[str] | None = None) -> int:
         _silence_stdout()
         return 0
     except Exception as exc:
-        if is_user_error(exc):
-            print(f"lengthwise {args.command}: error: {error_line(exc)}", file=sys.stderr)
+        missing = missing_extra(exc, "dflash" if getattr(args, "task", None) == "dflash"
+                                else args.command)
+        if is_user_error(exc) or missing:
+            print(f"lengthwise {args.command}: error: {missing or error_line(exc)}",
+                  file=sys.stderr)
             return 2
         traceback.print_exc()
         print(f"lengthwise {args.command}: internal error: {type(exc).__name__} above is a bug "
