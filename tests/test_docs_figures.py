@@ -4,7 +4,9 @@ The fast tests check that every marked region holds exactly what the script rend
 from ``benchmarks/DOCS_FIGURES.json`` (nobody typed a figure) at the settings the
 script runs. The slow one reruns every order of both demos at those settings and
 fails when a deterministic figure (a loss, padding, step composition, roughness, a
-verdict, a decoding result) differs from the docs.
+verdict, a decoding result) differs from the docs: with an empty cache (corpus,
+tokenizer, DFlash target and its responses all built) it took 217 s for the
+causal-LM task and 285 s for the DFlash task on two shared CPU cores.
 """
 
 from __future__ import annotations
