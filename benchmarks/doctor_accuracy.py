@@ -10,7 +10,11 @@ length, the error of its noise budget, and what it says about real logs.
 * False positives: :func:`lengthwise.doctor.simulate.simulate_clean` logs of 30 to
   100,000 points with nothing wrong (AR(1) noise, a schedule change, epoch steps).
 * Noise budget: simulated runs with a known per-sample spread.
-* Reading speed of a large log, and the real logs of ``../shared/data/real_logs``.
+* Multi-process, per-epoch and aliased cycles: :func:`lengthwise.doctor.simulate_hf.simulate_hf_log`
+  runs of Hugging Face's length-grouped sampler over 1 to 10 processes, with and
+  without ``--world-size``.
+* Reading speed of a large log, the real logs of ``../shared/data/real_logs`` and
+  the agreement with the labels of ``real_logs2..4`` (``benchmarks/doctor_labels.py``).
 
 It writes ``benchmarks/DOCTOR_RESULTS.md``::
 
@@ -36,13 +40,17 @@ import numpy as np
 
 from lengthwise import __version__
 from lengthwise.doctor import diagnose
-from lengthwise.doctor.mechanisms import apparent_period
+from lengthwise.doctor.mechanisms import apparent_period, megabatch_steps
 from lengthwise.doctor.readers import jsonl as jsonl_reader
 from lengthwise.doctor.readers import read_log
 from lengthwise.doctor.simulate import SimulatedRun, labelled_set, simulate_clean, simulate_run
+from lengthwise.doctor.simulate_hf import simulate_hf_log
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import doctor_labels  # noqa: E402  (the labelled real logs, a sibling script)
 
 HERE = Path(__file__).resolve().parent
-REAL_LOGS = HERE.parent.parent / "shared" / "data" / "real_logs"
+SHARED_DATA = HERE.parent.parent / "shared" / "data"
 #: a detected cliff matches a true spike starting within this many steps
 CLIFF_TOLERANCE = 3
 #: a period is right within this relative error
@@ -315,14 +323,71 @@ def time_reading(lines: int, workdir: Path) -> list[str]:
     ]
 
 
-def real_log_rows() -> list[str]:
+#: (name, simulate_hf_log arguments): multi-process, per-epoch-phase and aliased cycles
+HF_CASES: list[tuple[str, dict[str, Any]]] = [
+    ("ddp4_every10", dict(steps=1210, steps_per_epoch=403, world_size=4, interval=10,
+                          amplitude=0.3)),
+    ("ddp2_every1", dict(steps=3000, steps_per_epoch=500, world_size=2, interval=1)),
+    ("ddp8_every5", dict(steps=1500, steps_per_epoch=300, world_size=8, interval=5,
+                         amplitude=0.3)),
+    ("ddp10_every10_cancels", dict(steps=2600, steps_per_epoch=276, world_size=10,
+                                   interval=10)),
+    ("epoch_phase_every10", dict(steps=630, steps_per_epoch=210, world_size=1, interval=10)),
+    ("epoch_phase_every1", dict(steps=2100, steps_per_epoch=210, world_size=1, interval=1)),
+    ("ungrouped_ddp4_every10", dict(steps=1210, steps_per_epoch=403, world_size=4,
+                                    interval=10, grouped=False)),
+    ("ungrouped_every1", dict(steps=3000, steps_per_epoch=500, world_size=1, interval=1,
+                              grouped=False, phi=0.6)),
+]
+
+
+def hf_cycle_rows(seeds: int) -> tuple[dict[str, Tally], list[str]]:
+    """Each HF case and seed diagnosed with no option and with ``--world-size``."""
+    t = {k: Tally() for k in ("periodic (no option)", "period within 5% (no option)",
+                              "periodic (--world-size)", "period within 5% (--world-size)",
+                              "cause is the mega-batch cycle (--world-size)")}
+    rows = ["| run | true cycle (steps) | seen in the log (steps) | found, no option | "
+            "found, --world-size | cause with --world-size |", "|---|---|---|---|---|---|"]
+    for name, kw in HF_CASES:
+        for seed in range(seeds):
+            records = simulate_hf_log(seed=seed, **kw)
+            cycle = megabatch_steps(kw["steps_per_epoch"], kw["world_size"])
+            seen = (apparent_period(cycle, float(kw["interval"]))
+                    if kw.get("grouped", True) else None)
+            found = []
+            for label, opts in (("no option", {}), ("--world-size", {
+                    "world_size": kw["world_size"]})):
+                r = diagnose(records, **opts)
+                period = r.periodicity.period
+                t[f"periodic ({label})"].add(seen is not None, period is not None)
+                if seen is not None:
+                    t[f"period within 5% ({label})"].add(
+                        True, period is not None and abs(period - seen) <= PERIOD_TOLERANCE * seen)
+                found.append((period, r))
+            names = [c.name for c in found[1][1].verdict.causes]
+            t["cause is the mega-batch cycle (--world-size)"].add(
+                seen is not None, "sorted_batches_cycle" in names)
+            rows.append(f"| {name}_{seed} | {cycle:g}{'' if kw.get('grouped', True) else ' (off)'}"
+                        f" | {_g(seen)} | {_g(found[0][0])} | {_g(found[1][0])} | "
+                        f"{', '.join(names) or 'clean'} |")
+    return t, rows
+
+
+def label_rows(data: Path) -> list[str]:
+    """Agreement with the labels of real_logs2..4 (``benchmarks/doctor_labels.py``)."""
+    if not any((data / s / "labels.json").is_file() for s in doctor_labels.SETS):
+        return [f"`{data}/real_logs2..4` are not present: skipped."]
+    return doctor_labels.table(doctor_labels.rows(data)).splitlines()
+
+
+def real_log_rows(real_logs: Path) -> list[str]:
     """One row per real log: what the doctor says about it."""
-    if not REAL_LOGS.is_dir():
-        return [f"`{REAL_LOGS}` is not present: skipped."]
+    if not real_logs.is_dir():
+        return [f"`{real_logs}` is not present: skipped."]
     rows = ["| log | points (every) | stable region (points) | bands | period (steps) | "
             "epoch step-down | cliffs (phase) | clean | verdict |",
             "|---|---|---|---|---|---|---|---|---|"]
-    for path in sorted(REAL_LOGS.glob("*.jsonl")):
+    for path in sorted(real_logs.glob("*.jsonl")):
         r = diagnose(path)
         per = r.periodicity
         period = ("not tested" if per.p_value is None else _g(per.period) if per.period
@@ -343,6 +408,10 @@ def real_log_rows() -> list[str]:
     return rows
 
 
+def seeds_text(quick: bool) -> str:
+    return "One seed per case." if quick else "Three seeds per case."
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer, shorter runs")
@@ -350,6 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lines", type=int, default=None, help="lines of the timing log")
     parser.add_argument("--out", default=None, help="output markdown path")
     parser.add_argument("--no-real", action="store_true", help="skip the real logs")
+    parser.add_argument("--data", default=str(SHARED_DATA),
+                        help="folder holding real_logs and real_logs2..4 (default ../shared/data)")
     args = parser.parse_args(argv)
     steps = args.steps or (1500 if args.quick else 3000)
     lines = args.lines or (100_000 if args.quick else 500_000)
@@ -373,7 +444,12 @@ def main(argv: list[str] | None = None) -> int:
     fpr = false_positive_rows(fpr_lengths)
     fpr_seconds = time.perf_counter() - start
     budget = noise_budget_rows(1 if args.quick else 3, 1500 if args.quick else 3000)
-    real = [] if args.no_real else real_log_rows()
+    start = time.perf_counter()
+    hf_tallies, hf_rows = hf_cycle_rows(1 if args.quick else 3)
+    hf_seconds = time.perf_counter() - start
+    data = Path(args.data)
+    real = [] if args.no_real else real_log_rows(data / "real_logs")
+    labelled = [] if args.no_real else label_rows(data)
     head = [
         "# Doctor accuracy",
         "",
@@ -429,6 +505,23 @@ def main(argv: list[str] | None = None) -> int:
         "",
         *fpr,
         "",
+        "## Multi-process, per-epoch and aliased cycles",
+        "",
+        "Runs simulated by `lengthwise.doctor.simulate_hf.simulate_hf_log` as Hugging Face's "
+        "Trainer logs them: the length-grouped sampler's saw-tooth of "
+        "`min(N // (4 * batch), 50) / W` steps over `W` processes, its phase reset at each "
+        "epoch start, AR(1) step noise, each row the mean of the `logging_steps` it covers and "
+        "`epoch` written as progress rounded to 2 decimals (so the last row of an epoch reads "
+        "k.0). The true period is the cycle as the rows see it (`mechanisms.apparent_period`); "
+        "a 5-step cycle logged every 10 steps cancels (label: none). Ungrouped runs are the "
+        f"false-positive check. {seeds_text(args.quick)} {hf_seconds:.0f} s.",
+        "",
+        "| finding | positives | TP | FP | FN | TN | precision | recall |",
+        "|---|---|---|---|---|---|---|---|",
+        *(tally.row(name) for name, tally in hf_tallies.items()),
+        "",
+        *hf_rows,
+        "",
         "## Noise budget against known shares",
         "",
         "Simulated runs whose rows carry `loss_sample_std` (the per-sample spread of a batch of "
@@ -461,6 +554,15 @@ def main(argv: list[str] | None = None) -> int:
         "schedule, epochs, saves) to judge the verdicts by.",
         "",
         *real,
+        "",
+        "## Labelled real logs (`../shared/data/real_logs2..4`)",
+        "",
+        "Agreement with each log's labels (`labels.json`, taken from the run's own "
+        "configuration), with no option and with the options that configuration justifies; "
+        "`python benchmarks/doctor_labels.py` prints the same table. A log agrees when every "
+        "label that is not null agrees.",
+        "",
+        *labelled,
         "",
     ]
     out.write_text("\n".join(head))

@@ -203,3 +203,27 @@ def test_compare_tables_render(lengths):
     table = compare.quality_table([row])
     assert table[2].startswith("| lengthwise stratified") and table[2].count("|") == 13
     assert row["recomposition"] < 0.5
+
+
+@pytest.mark.slow
+def test_gpu_dflash_runs_at_a_tiny_shape_on_cpu(tmp_path):
+    """The GPU script's code path on CPU: every figure of its table, per order."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import json
+
+    import gpu_dflash
+
+    out = tmp_path / "gpu_dflash"
+    summary = gpu_dflash.main(["--device", "cpu", "--smoke", "--orders", "sorted,packed",
+                               "--out", str(out)])
+    assert json.loads(out.with_suffix(".json").read_text())["max_slots"] == 256
+    assert set(summary["strategies"]) == {"sorted", "packed"}
+    for row in summary["strategies"].values():
+        assert row["tokens_per_second"] > 0
+        assert 0 < row["padding_efficiency"] <= 1
+        assert 0 < row["slot_efficiency"] <= 1
+        assert 0 < row["slots_per_micro_batch"] <= summary["max_slots"]
+        assert row["peak_memory_gib"] is None  # measured on CUDA only
+        assert row["lossless"] is True
+    assert "slot_efficiency" in out.with_suffix(".md").read_text()

@@ -5,7 +5,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import lengthwise
@@ -136,11 +136,18 @@ def test_random_windowed_configs_collate_within_the_budget(n, world, layout, win
                                          layout=layout, order=order, num_replicas=world,
                                          rank=rank, window=window, seed=seed,
                                          yield_rows=yield_rows)
-            for ids, batch in _collate_epoch(sampler, lens):
-                assert batch["input_ids"].numel() <= max_tokens
-                if layout == "pad":
-                    assert batch["bucket"] < len(sampler.edges)
-                seen.extend(ids)
+            try:
+                for ids, batch in _collate_epoch(sampler, lens):
+                    assert batch["input_ids"].numel() <= max_tokens
+                    if layout == "pad":
+                        assert batch["bucket"] < len(sampler.edges)
+                    seen.extend(ids)
+            except ValueError as exc:
+                # a window too small to give every rank the same number of micro-batches
+                # is refused by name (even_out='split' cannot cut single samples); such
+                # a config is not one the invariant covers
+                assume("cannot give each of" not in str(exc))
+                raise
     assert sorted(seen) == list(range(n))
 
 

@@ -22,9 +22,29 @@ def tiny_target(seed: int = 0, vocab: int = 40, layers: int = 4):
 
 
 def tiny_draft(target, seed: int = 1, block_size: int = 4, mask_token_id=None):
+    """A 1-layer draft for ``target`` (mask token: the last vocabulary id unless given)."""
     from lengthwise.dflash.model import DFlashConfig, DFlashDraft
 
     cfg = DFlashConfig.from_target(target.model.config, num_layers=1, block_size=block_size,
-                                   target_layers=target.layers, mask_token_id=mask_token_id)
+                                   target_layers=target.layers,
+                                   mask_token_id=(target.vocab_size - 1 if mask_token_id is None
+                                                  else mask_token_id))
     torch.manual_seed(seed)
     return DFlashDraft(cfg)
+
+
+def qwen3_pair(vocab: int = 64, seed: int = 0, block_size: int = 4, draft_layers: int = 2):
+    """A tiny random Qwen3 target (rope_theta 1e6) and a draft for it; mask = the last id."""
+    from lengthwise.dflash import DFlashConfig, DFlashDraft, Target
+
+    cfg = transformers.Qwen3Config(vocab_size=vocab, hidden_size=32, num_hidden_layers=4,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                   intermediate_size=64, max_position_embeddings=256,
+                                   rope_theta=1e6)
+    torch.manual_seed(seed)
+    model = transformers.Qwen3ForCausalLM(cfg).eval()
+    target = Target(model, layers=[1, 2])
+    dcfg = DFlashConfig.from_target(cfg, num_layers=draft_layers, block_size=block_size,
+                                    target_layers=[1, 2], mask_token_id=vocab - 1)
+    torch.manual_seed(seed + 1)
+    return target, DFlashDraft(dcfg).eval()

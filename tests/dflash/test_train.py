@@ -75,6 +75,19 @@ def test_ddp_loss_equals_one_process_and_resume_is_exact(tmp_path):
         assert acc_a == pytest.approx(acc_b, abs=1e-9)
     assert [s for s, _, _ in resumed] == [3, 4]
     assert resumed == full[2:]  # bit-identical after resuming from the step-2 checkpoint
+    # a checkpoint written by 2 ranks (torch.distributed.checkpoint) exports in one process
+    from lengthwise.dflash.export import export_checkpoint
+    from lengthwise.dflash.load import load_draft_checkpoint
+
+    step = tmp_path / "full" / "checkpoints" / "step_4"
+    assert json.loads((step / "draft_config.json").read_text())["draft"]["block_size"] == 4
+    exported = export_checkpoint(tmp_path / "full", tmp_path / "exported")
+    from safetensors.torch import load_file
+
+    weights = load_file(str(exported / "model.safetensors"))
+    draft = load_draft_checkpoint(step)
+    assert weights["hidden_norm.weight"].equal(draft.context_norm.weight)
+    assert weights["fc.weight"].equal(draft.fc.weight)
 
 
 def test_single_process_resume_and_packed_order(tmp_path):

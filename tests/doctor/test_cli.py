@@ -116,16 +116,22 @@ def test_user_errors_exit_2_with_one_line_and_no_traceback(tmp_path, capsys) -> 
 
 
 def test_steps_per_epoch_names_the_mega_batch_cycle(logs, capsys) -> None:
-    # a 25-step cycle is min(N // (4 * batch), 50) = 25 for 100 steps per epoch, and nothing else
+    # a 25-step cycle is min(N // (4 * batch), 50) = 25 for 100 steps per epoch, and nothing else;
+    # the log's epoch field says 750 steps per epoch: 25 steps only with 2 processes (assumed)
     assert main(["doctor", str(logs["saw"]), "--json"]) == 0
-    unknown = json.loads(capsys.readouterr().out)["verdict"]["causes"]
-    assert any(c["cause"] == "periodic_unknown" for c in unknown)
+    causes = json.loads(capsys.readouterr().out)["verdict"]["causes"]
+    cause = next(c for c in causes if c["cause"] == "sorted_batches_cycle")
+    assert any("/ 2 = 25 steps" in e and "world size 2 assumed" in e for e in cause["evidence"])
+    assert main(["doctor", str(logs["saw"]), "--json", "--world-size", "1"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["context"]["world_size"] == 1
+    assert any(c["cause"] == "periodic_unknown" for c in d["verdict"]["causes"])
     assert main(["doctor", str(logs["saw"]), "--json", "--steps-per-epoch", "100",
-                 "--batch-size", "16"]) == 0
+                 "--batch-size", "16", "--world-size", "1"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["context"]["steps_per_epoch"] == 100 and d["context"]["batch_size"] == 16
     cause = next(c for c in d["verdict"]["causes"] if c["cause"] == "sorted_batches_cycle")
-    assert any("min(100 // 4, 50) = 25" in e for e in cause["evidence"])
+    assert any("min(1 x 100 // 4, 50) / 1 = 25 steps" in e for e in cause["evidence"])
 
 
 def test_checkpoint_interval_longer_than_the_run(logs, capsys) -> None:

@@ -77,10 +77,11 @@ def test_same_spikes_without_checkpoint_info_and_with_checkpoint_every() -> None
 @pytest.mark.parametrize("megabatch", [12, 50])
 def test_sorted_megabatches_give_the_period(megabatch: int) -> None:
     run = simulate_run("sorted_megabatch", steps=STEPS, seed=5, megabatch=megabatch)
-    r = diagnose(run.records)
+    r = diagnose(run.records, world_size=1)
     assert r.periodicity.period == megabatch and r.periodicity.p_value < 1e-6
     assert r.periodicity.runs.z < -5  # long runs of low and of high steps
     # 50 steps is Hugging Face's mega-batch cycle for an epoch of 200+ steps; 12 matches nothing
+    # on one process (on 4 it would be 50 / 4 = 12.5 steps, within 5 %)
     names = {c.name for c in r.verdict.causes}
     assert ("sorted_batches_cycle" if megabatch == 50 else "periodic_unknown") in names
     if megabatch == 12:

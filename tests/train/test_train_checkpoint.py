@@ -450,3 +450,22 @@ def test_a_model_that_does_not_fit_is_not_called_corrupt(tmp_path, use_dcp):
                        ) as info:
         load_checkpoint(tmp_path / "step_2", model=torch.nn.Linear(3, 64))
     assert not isinstance(info.value, CorruptCheckpointError)
+
+
+@pytest.mark.parametrize("use_dcp", BACKENDS)
+def test_text_files_ride_with_a_checkpoint_under_its_checksums(tmp_path, use_dcp):
+    model = torch.nn.Linear(2, 2)
+    with Checkpointer(tmp_path, use_dcp=use_dcp) as ckpt:
+        path = ckpt.save(1, model=model, files={"model_config.json": '{"width": 2}\n'}).wait()
+    assert (path / "model_config.json").read_text() == '{"width": 2}\n'
+    manifest = json.loads((path / "COMPLETE").read_text())
+    assert manifest["files"]["model_config.json"]["bytes"] == len(b'{"width": 2}\n')
+    (path / "model_config.json").write_text('{"width": 3}\n')  # changed after the save
+    with pytest.raises(CorruptCheckpointError, match="model_config.json"):
+        load_checkpoint(path, model=model)
+
+
+@pytest.mark.parametrize("name", ["COMPLETE", "state.pt", "../x.json", "a/b.json", ".hidden", ""])
+def test_file_names_that_are_not_plain_or_clash_are_refused(tmp_path, name):
+    with Checkpointer(tmp_path) as ckpt, pytest.raises(ValueError, match="plain file name"):
+        ckpt.save(1, model=torch.nn.Linear(1, 1), files={name: "x"})

@@ -5,6 +5,7 @@ Example::
     $ lengthwise doctor train_log.jsonl
     $ lengthwise doctor run_a.jsonl run_b.jsonl --json
     $ lengthwise doctor runs/ --plot doctor.png --checkpoint-every 500
+    $ lengthwise doctor wandb/run-20240101_120000-abc123 --world-size 4
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="diagnose training loss curves: bands, periods, cliffs, and their causes",
         description=(
             "Read training logs (JSON lines, .gz, CSV exports, TensorBoard event files or "
-            "directories) and report the stable region, loss statistics, bands, periodicity, "
+            "directories, W&B run files or folders) and report the stable region, loss "
+            "statistics, bands, periodicity, "
             "cliffs and their alignment with checkpoints, attribution to batch composition, "
             "and a ranked verdict with prescriptions."
         ),
     )
-    p.add_argument("logs", nargs="+", metavar="LOG", help="log file(s) or TensorBoard dir(s)")
+    p.add_argument("logs", nargs="+", metavar="LOG",
+                   help="log file(s), TensorBoard dir(s) or W&B run folder(s)")
     p.add_argument("--step-key", default=None, help="step field (default: step or an alias)")
     p.add_argument("--loss-key", default=None, help="loss field (default: loss or an alias)")
     p.add_argument("--from", dest="start", type=float, default=None, metavar="STEP",
@@ -41,6 +44,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=None, metavar="B",
                    help="samples per optimizer step (per device batch x gradient accumulation), "
                    "for the mega-batch arithmetic of length-grouped sampling")
+    p.add_argument("--world-size", type=int, default=None, metavar="W",
+                   help="data-parallel processes (default: a training_args.json or config "
+                   "file beside the log, else 1, 2, 4 and 8 are tried) for the mega-batch "
+                   "arithmetic")
     p.add_argument("--eval-every", type=float, default=None, metavar="N",
                    help="evaluation every N steps (a period of that length is named)")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap/permutation tests")
@@ -70,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
                 steps_per_epoch=args.steps_per_epoch,
                 batch_size=args.batch_size,
                 eval_every=args.eval_every,
+                world_size=args.world_size,
                 seed=args.seed,
             )
         except (LogError, LogNotFoundError, ValueError, OSError) as exc:

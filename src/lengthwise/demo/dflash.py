@@ -88,22 +88,14 @@ class DFlashOrderRun:
 
     def __init__(self, order: str, data: Any, target: Any, cfg: DFlashDemoConfig, *,
                  out: str | Path, info: GroupInfo | None, meta: dict[str, Any]) -> None:
-        import torch
-
-        from lengthwise.dflash.model import DFlashConfig, DFlashDraft
+        from lengthwise.dflash.recipe import new_draft
         from lengthwise.dflash.train import DFlashTask
         from lengthwise.train.loop import TrainLoop
 
         self.order, self.data, self.target, self.cfg, self.info = order, data, target, cfg, info
         self.meta = meta
         device = target.device
-        dcfg = DFlashConfig.from_target(target.model.config, num_layers=cfg.draft_layers,
-                                        block_size=cfg.block_size, gamma=cfg.gamma,
-                                        target_layers=target.layers)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(cfg.seed)
-            draft = DFlashDraft(dcfg)
-        draft.to(device).train()
+        draft = new_draft(target, cfg, mask_token_id=meta["mask_token_id"])
         self.task = DFlashTask(draft, target, cfg, order=order,
                                amp=autocast_dtype(cfg.dtype, device))
         self.loop = TrainLoop(self.task, order, data.lengths, data.sample, cfg,
@@ -113,6 +105,7 @@ class DFlashOrderRun:
         """Evaluate (rank 0), close the log, return the order's figures."""
         from lengthwise.demo.results import read_log, summarise
         from lengthwise.dflash.decode import acceptance, evaluate_blocks
+        from lengthwise.dflash.recipe import held_out_batches
 
         loop, cfg = self.loop, self.cfg
         main = rank_world(self.info)[0] == 0
@@ -120,7 +113,8 @@ class DFlashOrderRun:
         try:
             if main:
                 started = time.perf_counter()
-                ev = evaluate_blocks(self.task.model, self.target, _held_batches(self.data, cfg),
+                ev = evaluate_blocks(self.task.model, self.target,
+                                     held_out_batches(self.data.held_samples()),
                                      num_anchors=cfg.eval_anchors or cfg.num_anchors,
                                      seed=cfg.seed,
                                      amp=self.task.amp)
@@ -156,19 +150,6 @@ def _mean(values: list[Any]) -> float | None:
     return float(np.mean(vals)) if vals else None
 
 
-def _held_batches(data: Any, cfg: DFlashDemoConfig) -> list[tuple[dict[str, Any], Any]]:
-    from lengthwise.pytorch.collate import PadCollator
-
-    collate = PadCollator(pad_token_id=0, pad_multiple=1)
-    samples = data.held_samples()
-    order = sorted(range(len(samples)), key=lambda i: samples[i]["input_ids"].size)
-    out = []
-    for lo in range(0, len(order), 8):
-        idx = order[lo:lo + 8]
-        out.append((collate([samples[i] for i in idx]), [[10**9 + i] for i in idx]))
-    return out
-
-
 def run_dflash_demo(cfg: DFlashDemoConfig, *, orders: list[str], out: str | Path,
                     target: str | Path | None = None, data: str | Path | None = None,
                     tokenizer: str | Path | None = None, cache_dir: str | Path | None = None,
@@ -177,6 +158,7 @@ def run_dflash_demo(cfg: DFlashDemoConfig, *, orders: list[str], out: str | Path
     """Train and evaluate a draft per order; write ``out/summary.json``; the summary (rank 0)."""
     from lengthwise.demo.dflash_data import prepare
     from lengthwise.demo.runner import run_lockstep
+    from lengthwise.dflash.mask_token import grow_vocabulary
     from lengthwise.dflash.objective import target_layer_ids
     from lengthwise.dflash.target import Target
 
@@ -190,6 +172,11 @@ def run_dflash_demo(cfg: DFlashDemoConfig, *, orders: list[str], out: str | Path
                               cache_dir=cache_dir, vocab_size=vocab_size, info=group,
                               device=device)
     n_layers = model.config.num_hidden_layers
+    # the mask token: the id after the tokenizer's vocabulary (what adding <|MASK|> gives it),
+    # one more row of the target's embedding
+    mask_id = int(model.get_input_embeddings().weight.shape[0])
+    grow_vocabulary(model, mask_id + 1)
+    meta["mask_token_id"] = mask_id
     tgt = Target(model.to(device),
                  layers=target_layer_ids(n_layers, cfg.num_features or cfg.draft_layers))
     meta.update(target_layers=tgt.layers, world_size=world)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lengthwise.atomic import atomic_open
+from lengthwise.dflash.generate import generate_responses as regenerate
 from lengthwise.errors import DataError
 from lengthwise.pytorch.dist import GroupInfo
 from lengthwise.train.device import barrier, rank_world, say
@@ -112,54 +113,6 @@ def stop_tokens(tokenizer: Any, eos: int) -> list[int]:
     vocab = tokenizer.get_vocab_size()
     ends = [i for i in range(vocab) if i != eos and "\n" in tokenizer.decode([i])]
     return [eos, *ends]
-
-
-def regenerate(model: Any, prompts: list[np.ndarray], *, max_new_tokens: int,
-               eos: int | list[int],
-               temperature: float, seed: int, batch_size: int = 64,
-               device: Any = "cpu", show: bool = False) -> list[np.ndarray]:
-    """The target's own continuation of every prompt (ends at a stop token ``eos`` or the cap).
-
-    ``temperature`` 0 is greedy decoding (the continuation speculative decoding must
-    reproduce); above 0 the target samples. ``show``: a progress bar over the prompts.
-    """
-    import torch
-
-    from lengthwise.progress import progress
-
-    stops = [eos] if isinstance(eos, int) else list(eos)
-    pad = stops[0]
-    order = np.argsort([p.size for p in prompts], kind="stable")
-    sampling: dict[str, Any] = ({"do_sample": False} if temperature == 0 else
-                                {"do_sample": True, "temperature": temperature, "top_k": 0,
-                                 "top_p": 1.0})
-    out: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * len(prompts)
-    gen = torch.Generator().manual_seed(seed)
-    was = model.training
-    model.eval()
-    try:
-        starts = range(0, len(order), batch_size)
-        for lo in progress(starts, desc=f"the target writes {len(prompts)} responses",
-                           unit="batch", total=len(starts), enable=show):
-            idx = order[lo:lo + batch_size]
-            width = max(prompts[i].size for i in idx)
-            ids = torch.full((idx.size, width), pad, dtype=torch.long)
-            mask = torch.zeros((idx.size, width), dtype=torch.long)
-            for r, i in enumerate(idx):  # left padding
-                ids[r, width - prompts[i].size:] = torch.from_numpy(prompts[i])
-                mask[r, width - prompts[i].size:] = 1
-            torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
-            with torch.no_grad():
-                seq = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                                     max_new_tokens=max_new_tokens, pad_token_id=pad,
-                                     eos_token_id=stops, use_cache=True, **sampling)
-            for r, i in enumerate(idx):
-                resp = seq[r, width:].cpu().numpy()
-                stop = np.flatnonzero(np.isin(resp, stops))
-                out[i] = resp[: int(stop[0]) + 1] if stop.size else resp
-    finally:
-        model.train(was)
-    return out
 
 
 def _key(**parts: Any) -> str:
@@ -257,15 +210,19 @@ def prepare(cfg: DFlashDemoConfig, *, target: str | Path | None, data: str | Pat
                     np.savez(fh, flat=flat, offsets=offsets,
                              prompt_lens=np.array([p.size for p in prompts]),
                              seconds=np.array(time.perf_counter() - started))
+            prepared = cache / f"dflash-prepared-{key}"
+            if not (prepared / "prepare.json").is_file():
+                _prepare_chats(path, tok, prepared, target, max_len=cfg.max_len)
         barrier(info)
-    z = np.load(path)
-    flat, offsets = z["flat"], z["offsets"]
-    seqs = [flat[offsets[i]:offsets[i + 1]] for i in range(offsets.size - 1)]
-    plens = z["prompt_lens"]
-    keep = [i for i, s in enumerate(seqs) if s.size - plens[i] >= 2]  # a response to learn
-    meta["dropped_short_responses"] = len(seqs) - len(keep)
+    from lengthwise.dflash.prepared import open_prepared
+
+    chats = open_prepared(prepared)
+    seqs = [np.asarray(chats[i]["input_ids"], dtype=np.int64) for i in range(len(chats))]
+    plens = np.array([chats[i]["loss_mask"].index(1) for i in range(len(chats))])
+    counts, z = chats.info["counts"], np.load(path)
+    meta["dropped_short_responses"] = (z["offsets"].size - 1 - counts["rows"]
+                                       + counts["dropped_few_supervised"])
     meta["regenerate_seconds"] = float(z["seconds"])
-    seqs, plens = [seqs[i] for i in keep], plens[keep]
     rng = np.random.default_rng([cfg.seed, 7919])
     perm = rng.permutation(len(seqs))
     held = np.sort(perm[: cfg.eval_samples])
@@ -279,6 +236,44 @@ def prepare(cfg: DFlashDemoConfig, *, target: str | Path | None, data: str | Pat
     meta.update(ds.describe())
     meta["eos"] = eos
     return model, ds, meta
+
+
+#: the demo's chat template: the prompt, then the response (marked as the assistant's), no roles
+CHAT_TEMPLATE = ("{%- for m in messages -%}{%- if m['role'] == 'assistant' -%}"
+                 "{% generation %}{{- m['content'] -}}{% endgeneration %}"
+                 "{%- else -%}{{- m['content'] -}}{%- endif -%}{%- endfor -%}")
+
+
+def _prepare_chats(path: Path, tok: Any, out: Path, target: str | Path | None, *,
+                   max_len: int) -> None:
+    """Prompts and regenerated responses as chats (user, assistant), through ``dflash prepare``.
+
+    Responses need 2 tokens or more (a block label); the others are dropped
+    (counted by :func:`prepare`).
+    """
+    import transformers
+
+    from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
+
+    z = np.load(path)
+    flat, offsets, plens = z["flat"], z["offsets"], z["prompt_lens"]
+    chats = out.with_name(out.name + ".chats.jsonl")
+    rows = []
+    for i in range(offsets.size - 1):
+        seq = flat[offsets[i]:offsets[i + 1]].tolist()
+        text = [tok.decode(part, skip_special_tokens=False)
+                for part in (seq[: int(plens[i])], seq[int(plens[i]):])]
+        if not (text[0] and text[1]):
+            continue  # no text: nothing to learn (counted as dropped when read)
+        rows.append(json.dumps({"messages": [{"role": "user", "content": text[0]},
+                                             {"role": "assistant", "content": text[1]}]}))
+    with atomic_open(chats, "w", encoding="utf-8") as fh:
+        fh.write("\n".join(rows) + "\n")
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_object=tok)
+    hf.chat_template = CHAT_TEMPLATE
+    cfg = PrepareConfig(min_supervised=2, max_len=max_len, progress=False)
+    prepare_chats(chats, Path(str(target)) if target is not None else out, out, cfg,
+                  tokenizer=hf)
 
 
 def _target(cfg: DFlashDemoConfig, target: str | Path | None, texts: list[str],

@@ -5,10 +5,27 @@
 - :mod:`~lengthwise.dflash.model`: the draft network (:class:`DFlashDraft`).
 - :mod:`~lengthwise.dflash.target`: the frozen target (embedding, LM head, context features).
 - :mod:`~lengthwise.dflash.blocks`: a collated micro-batch turned into blocks and their mask.
-- :mod:`~lengthwise.dflash.loss`: draft logits, weighted cross-entropy and accuracy sums.
+- :mod:`~lengthwise.dflash.loss`: draft hidden states, weighted cross-entropy and accuracy sums.
+- :mod:`~lengthwise.dflash.head`: the LM head and cross-entropy in chunks, recomputed in the
+  backward (never slots x vocabulary logits).
+- :mod:`~lengthwise.dflash.attention`: the flex-attention block-sparse mask (CUDA).
 - :mod:`~lengthwise.dflash.decode`: speculative decoding and its acceptance length.
 - :mod:`~lengthwise.dflash.train`: the training loop on lengthwise's sampler, collators,
   ``StepLogger``, checkpoints and ``SpikeGuard``.
+- :mod:`~lengthwise.dflash.chat_files`, :mod:`~lengthwise.dflash.chat`,
+  :mod:`~lengthwise.dflash.regenerate`, :mod:`~lengthwise.dflash.prepare`,
+  :mod:`~lengthwise.dflash.prepared`: chat data rendered with the target's chat template
+  into token ids and an assistant-only loss mask (``lengthwise dflash prepare``), and read back.
+- :mod:`~lengthwise.dflash.recipe`: a draft trained for a local target on prepared data
+  (``lengthwise dflash train``).
+- :mod:`~lengthwise.dflash.mask_token`: the vocabulary mask token (added when a tokenizer has none).
+- :mod:`~lengthwise.dflash.rope`: the target's rotary settings on transformers 4.x and 5.x.
+- :mod:`~lengthwise.dflash.config`: ``draft_config.json``, saved with every checkpoint.
+- :mod:`~lengthwise.dflash.export`, :mod:`~lengthwise.dflash.load`: the served layout (reference
+  ``dflash``, speculators), and drafts back from it or from a training checkpoint.
+- :mod:`~lengthwise.dflash.speculative`: batched speculative decoding with the KV cache.
+- :mod:`~lengthwise.dflash.prompts`, :mod:`~lengthwise.dflash.evaluate`: prompt sets and the
+  figures of ``lengthwise dflash eval``.
 
 Needs the optional extra ``dflash`` (torch and transformers). Importing this package loads
 nothing heavy.
@@ -29,14 +46,30 @@ _EXPORTS = {
     "sample_anchors": "lengthwise.dflash.objective",
     "block_targets": "lengthwise.dflash.objective",
     "simulated_acceptance_length": "lengthwise.dflash.objective",
+    "anchor_quota": "lengthwise.dflash.objective",
     "DFlashConfig": "lengthwise.dflash.model",
     "DFlashDraft": "lengthwise.dflash.model",
+    "check_target": "lengthwise.dflash.model",
     "Target": "lengthwise.dflash.target",
     "load_target": "lengthwise.dflash.target",
     "make_blocks": "lengthwise.dflash.blocks",
     "block_attention_mask": "lengthwise.dflash.blocks",
     "block_logits": "lengthwise.dflash.loss",
     "block_loss": "lengthwise.dflash.loss",
+    "block_hidden": "lengthwise.dflash.loss",
+    "head_loss": "lengthwise.dflash.loss",
+    "chunked_cross_entropy": "lengthwise.dflash.head",
+    "block_flex_mask": "lengthwise.dflash.attention",
+    "prepare_chats": "lengthwise.dflash.prepare",
+    "open_prepared": "lengthwise.dflash.prepared",
+    "train_draft": "lengthwise.dflash.recipe",
+    "ensure_mask_token": "lengthwise.dflash.mask_token",
+    "read_draft_config": "lengthwise.dflash.config",
+    "export_draft": "lengthwise.dflash.export",
+    "export_checkpoint": "lengthwise.dflash.export",
+    "load_draft": "lengthwise.dflash.load",
+    "speculative_batch": "lengthwise.dflash.speculative",
+    "evaluate_set": "lengthwise.dflash.evaluate",
 }
 
 __all__ = list(_EXPORTS)

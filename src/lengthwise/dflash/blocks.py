@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from lengthwise.dflash.objective import IGNORE, block_targets, sample_anchors
+from lengthwise.dflash.objective import IGNORE, anchor_quota, block_targets, sample_anchors
+from lengthwise.errors import DataError
 
 __all__ = ["Blocks", "block_attention_mask", "make_blocks"]
 
@@ -56,6 +57,16 @@ class Blocks:
     def weight_sum(self) -> float:
         """Total loss weight of the blocks (the loss normaliser's share of this micro-batch)."""
         return float(self.weights.sum())
+
+    @property
+    def slots(self) -> int:
+        """Draft slots of the anchors drawn (``anchors x block size``): what ``max_slots`` caps."""
+        return int((self.anchors >= 0).sum()) * int(self.labels.shape[-1])
+
+    @property
+    def slot_capacity(self) -> int:
+        """Slots the block tensors hold (``rows x widest row's anchors x block size``)."""
+        return int(self.labels.numel())
 
     @property
     def supervised(self) -> int:
@@ -97,25 +108,39 @@ def _segments(batch: dict[str, Any], rows: list[list[int]], packed: bool, capaci
 
 def make_blocks(batch: dict[str, Any], rows: list[list[int]], *, step: int, seed: int,
                 num_anchors: int, block_size: int, gamma: float,
-                capacity: int | None = None) -> Blocks:
+                capacity: int | None = None, max_slots: int | None = None,
+                max_tokens: int | None = None) -> Blocks:
     """Blocks of a collated micro-batch whose samples are the dataset indices in ``rows``.
 
     ``rows`` is what :class:`~lengthwise.pytorch.sampler.BucketBatchSampler` yields with
     ``yield_rows=True``; ``capacity`` is the packed row length (packed batches only).
-    Supervised tokens are those whose label is not ``-100``.
+    Supervised tokens are those whose label is not ``-100``. With ``max_slots``, each
+    sample draws at most its :func:`~lengthwise.dflash.objective.anchor_quota` of
+    anchors for a micro-batch budget of ``max_tokens`` tokens, so the blocks hold at
+    most ``max_slots`` slots.
     """
     packed = "position_ids" in batch and "attention_mask" not in batch
     if packed and capacity is None:
         capacity = int(batch["input_ids"].shape[1])
     ids, labels, segs = _segments(batch, rows, packed, capacity or 0)
     mask = labels != IGNORE
+    if max_slots is not None:
+        if max_tokens is None:
+            raise TypeError("max_slots needs max_tokens (the micro-batch token budget)")
+        tokens = sum(e - s for row in segs for s, e, i in row if i >= 0)
+        if tokens > max_tokens:
+            raise DataError(f"a micro-batch holds {tokens} tokens, more than max_tokens="
+                            f"{max_tokens} (the token budget the anchor quotas of max_slots "
+                            "assume); plan micro-batches with BucketBatchSampler(max_tokens=...)")
     per_row: list[list[tuple[int, int, np.ndarray, np.ndarray]]] = []
     for r, row_segs in enumerate(segs):
         out = []
         for start, end, sample in row_segs:
             if sample < 0:
                 continue
-            anchors = sample_anchors(mask[r, start:end], num_anchors=num_anchors, seed=seed,
+            quota = anchor_quota(end - start, num_anchors=num_anchors, block_size=block_size,
+                                 max_slots=max_slots, max_tokens=max_tokens or 1)
+            anchors = sample_anchors(mask[r, start:end], num_anchors=quota, seed=seed,
                                      step=step, sample_id=sample)
             if anchors.size == 0:
                 continue

@@ -21,7 +21,8 @@ Example::
     >>> cfg = transformers.LlamaConfig(vocab_size=30, hidden_size=16, num_hidden_layers=2,
     ...                                num_attention_heads=2, intermediate_size=32)
     >>> target = Target(transformers.LlamaForCausalLM(cfg), layers=[0, 1])
-    >>> draft = DFlashDraft(DFlashConfig.from_target(cfg, block_size=4, target_layers=[0, 1]))
+    >>> draft = DFlashDraft(DFlashConfig.from_target(cfg, block_size=4, target_layers=[0, 1],
+    ...                                                   mask_token_id=29))
     >>> out = speculative_generate(draft, target, [1, 2, 3], max_new_tokens=12)
     >>> out.tokens == target.greedy([1, 2, 3], 12), 1.0 <= out.acceptance_length <= 4
     (True, True)
@@ -37,12 +38,14 @@ import numpy as np
 import torch
 
 from lengthwise.dflash.blocks import block_attention_mask, make_blocks
-from lengthwise.dflash.loss import block_inputs, block_logits, block_loss
+from lengthwise.dflash.loss import HEAD_CHUNK, block_hidden, block_inputs, head_loss
+from lengthwise.dflash.model import check_target
 from lengthwise.dflash.objective import simulated_acceptance_length
 from lengthwise.dflash.target import stop_set
-from lengthwise.errors import ConfigError, DataError
+from lengthwise.errors import ConfigError
 
-__all__ = ["BlockEval", "Generation", "acceptance", "evaluate_blocks", "speculative_generate"]
+__all__ = ["BlockEval", "Generation", "acceptance", "check_decoding", "evaluate_blocks",
+           "speculative_generate"]
 
 
 @dataclass
@@ -74,6 +77,32 @@ def _propose(draft: Any, target: Any, seq: list[int], feats: torch.Tensor) -> li
     return logits[0, 1:].argmax(dim=-1).tolist()
 
 
+def check_decoding(draft: Any, target: Any, prompt: Any, max_new_tokens: Any) -> None:
+    """Refuse decoding parameters that cannot work, naming them (a ``ConfigError``).
+
+    Example::
+
+        >>> check_decoding(None, None, [], 8)
+        Traceback (most recent call last):
+        ...
+        lengthwise.errors.ConfigError: prompt is empty: give at least one token id
+    """
+    if prompt is None or len(prompt) == 0:
+        raise ConfigError("prompt is empty: give at least one token id")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or (
+            max_new_tokens < 1):
+        raise ConfigError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    if draft is None:
+        return
+    check_target(draft.config, target)
+    vocab = target.vocab_size
+    bad = [t for t in prompt if isinstance(t, bool) or not isinstance(t, (int, np.integer))
+           or not 0 <= t < vocab]
+    if bad:
+        raise ConfigError(f"prompt token {bad[0]!r} is not a token id of the target's "
+                          f"vocabulary [0, {vocab})")
+
+
 @torch.no_grad()
 def speculative_generate(draft: Any, target: Any, prompt: list[int], *, max_new_tokens: int,
                          eos: int | Collection[int] | None = None) -> Generation:
@@ -81,10 +110,7 @@ def speculative_generate(draft: Any, target: Any, prompt: list[int], *, max_new_
 
     ``eos``: a stop token id, or several; generation ends after the first one.
     """
-    if not prompt:
-        raise DataError("the prompt must hold at least one token")
-    if max_new_tokens < 1:
-        raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    check_decoding(draft, target, prompt, max_new_tokens)
     stops = stop_set(eos)
     device = target.device
     logits, feats = target.forward(torch.tensor([list(prompt)], device=device))
@@ -118,6 +144,8 @@ def acceptance(draft: Any, target: Any, prompts: list[list[int]], *, max_new_tok
     ``acceptance_length`` pools the verifying forwards of every prompt (tokens kept
     / forwards); ``lossless`` is ``None`` when ``check`` is off.
     """
+    for prompt in prompts:
+        check_decoding(draft, target, prompt, max_new_tokens)
     kept, forwards, same = 0, 0, True
     was = draft.training
     draft.eval()
@@ -148,9 +176,16 @@ class BlockEval:
 
 @torch.no_grad()
 def evaluate_blocks(draft: Any, target: Any, batches: list[tuple[dict[str, Any], list[list[int]]]],
-                    *, num_anchors: int, seed: int = 0, amp: Any = None) -> BlockEval:
-    """Loss, accuracy and per-slot accuracy over collated ``(batch, rows)`` pairs."""
+                    *, num_anchors: int, seed: int = 0, amp: Any = None,
+                    head_chunk: int = HEAD_CHUNK, max_slots: int | None = None,
+                    max_tokens: int | None = None) -> BlockEval:
+    """Loss, accuracy and per-slot accuracy over collated ``(batch, rows)`` pairs.
+
+    ``max_slots``/``max_tokens``: the draft slots budget of training (see
+    :func:`~lengthwise.dflash.blocks.make_blocks`); ``head_chunk``: slots per LM-head chunk.
+    """
     cfg = draft.config
+    check_target(cfg, target)
     weighted, weight, correct, count = 0.0, 0.0, 0, 0
     slot_c = np.zeros(cfg.block_size, dtype=np.int64)
     slot_n = np.zeros(cfg.block_size, dtype=np.int64)
@@ -159,9 +194,10 @@ def evaluate_blocks(draft: Any, target: Any, batches: list[tuple[dict[str, Any],
     try:
         for batch, rows in batches:
             blocks = make_blocks(batch, rows, step=0, seed=seed, num_anchors=num_anchors,
-                                 block_size=cfg.block_size, gamma=cfg.gamma).to(target.device)
-            s = block_loss(block_logits(draft, target, blocks, amp=amp), blocks.labels,
-                           blocks.weights)
+                                 block_size=cfg.block_size, gamma=cfg.gamma,
+                                 max_slots=max_slots, max_tokens=max_tokens).to(target.device)
+            s = head_loss(block_hidden(draft, target, blocks, amp=amp), target.lm_head,
+                          blocks.labels, blocks.weights, chunk=head_chunk, amp=amp)
             weighted += float(s.weighted)
             weight += s.weight
             correct += s.correct

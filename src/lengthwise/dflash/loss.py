@@ -1,11 +1,15 @@
 """Draft forward over a micro-batch's blocks, weighted cross-entropy and accuracy.
 
-``block_logits`` runs the frozen target once (context features), embeds every
-block (its anchor token, then mask tokens) with the target's embedding, runs
-the draft under :func:`~lengthwise.dflash.blocks.block_attention_mask` and reads
-the draft's output through the target's LM head.
+``block_hidden`` runs the frozen target once (context features), embeds every
+block (its anchor token, then mask tokens) with the target's embedding and runs
+the draft under :func:`~lengthwise.dflash.blocks.block_attention_mask`.
+``head_loss`` reads the supervised slots (only those) through the target's LM
+head in chunks (:mod:`~lengthwise.dflash.head`): slots x vocabulary logits are
+never held, and unused or unsupervised slots cost no LM-head work. ``block_logits``
+and ``block_loss`` are the dense path (every slot's logits at once), kept as the
+reference the chunked one is tested against.
 
-``block_loss`` returns *sums*, not means: the weighted cross-entropy
+``head_loss`` and ``block_loss`` return *sums*, not means: the weighted cross-entropy
 ``sum(w * CE)`` and the weight ``sum(w)``, the number of correct top-1
 predictions and of supervised slots (accuracy is unweighted), and the same per
 slot. The training loop divides the first by the total weight of the whole
@@ -32,10 +36,16 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from lengthwise.dflash.attention import block_flex_mask, use_flex
 from lengthwise.dflash.blocks import Blocks, block_attention_mask
+from lengthwise.dflash.head import chunked_cross_entropy
 from lengthwise.dflash.objective import IGNORE
 
-__all__ = ["BlockLoss", "block_inputs", "block_logits", "block_loss"]
+__all__ = ["BlockLoss", "block_hidden", "block_inputs", "block_logits", "block_loss",
+           "head_loss"]
+
+#: supervised slots per LM-head chunk (about 1.7 GiB of fp32 buffers at vocabulary 151,936)
+HEAD_CHUNK = 1024
 
 
 @dataclass
@@ -56,19 +66,19 @@ def block_inputs(draft: Any, target: Any, input_ids: torch.Tensor, anchors: torc
     """Embedded blocks ``(R, A*B, H)``: the anchor token, then ``B - 1`` mask tokens."""
     emb = target.embed
     first = emb(input_ids.gather(1, anchors.clamp(min=0)))  # (R, A, H)
-    mask_id = draft.config.mask_token_id
-    if mask_id is None:
-        fill = draft.mask_embedding.to(first.dtype)
-    else:
-        fill = emb.weight[mask_id].to(first.dtype)
+    fill = emb.weight[draft.config.mask_token_id].to(first.dtype)  # the mask token's row
     r, a, h = first.shape
     rest = fill.expand(r, a, block_size - 1, h)
     return torch.cat([first.unsqueeze(2), rest], dim=2).reshape(r, a * block_size, h)
 
 
-def block_logits(draft: Any, target: Any, blocks: Blocks, *, net: Any = None,
-                 amp: Any = None) -> torch.Tensor:
-    """Draft logits ``(R, A*B, V)`` of every block slot (``net``: ``draft`` wrapped in DDP)."""
+def block_hidden(draft: Any, target: Any, blocks: Blocks, *, net: Any = None,
+                 amp: Any = None, flex: bool | None = None) -> torch.Tensor:
+    """Draft hidden states ``(R, A*B, H)`` of every block slot (``net``: ``draft`` in DDP).
+
+    ``flex``: attend under the block-sparse flex-attention mask instead of the dense one
+    (default: on CUDA, see :mod:`~lengthwise.dflash.attention`).
+    """
     b = draft.config.block_size
     feats = target.features(blocks.input_ids, attention_mask=blocks.attention_mask,
                             position_ids=blocks.position_ids)
@@ -76,12 +86,53 @@ def block_logits(draft: Any, target: Any, blocks: Blocks, *, net: Any = None,
     base = blocks.position_ids.gather(1, anchors.clamp(min=0))
     slot_pos = (base.unsqueeze(-1) + torch.arange(b, device=base.device)).flatten(1)
     positions = torch.cat([blocks.position_ids, slot_pos], dim=1)
-    mask = block_attention_mask(anchors, blocks.starts, blocks.input_ids.shape[1], b)
+    context_len = blocks.input_ids.shape[1]
+    if use_flex(anchors.device) if flex is None else flex:
+        mask = block_flex_mask(anchors, blocks.starts, context_len, b)
+    else:
+        mask = block_attention_mask(anchors, blocks.starts, context_len, b)
     embeds = block_inputs(draft, target, blocks.input_ids, anchors, b)
     device_type = embeds.device.type
     with torch.autocast(device_type, dtype=amp, enabled=amp is not None):
-        hidden = (net or draft)(feats, embeds, positions, mask)
+        return (net or draft)(feats, embeds, positions, mask)
+
+
+def block_logits(draft: Any, target: Any, blocks: Blocks, *, net: Any = None,
+                 amp: Any = None) -> torch.Tensor:
+    """Dense draft logits ``(R, A*B, V)`` of every block slot (the reference path)."""
+    hidden = block_hidden(draft, target, blocks, net=net, amp=amp)
+    with torch.autocast(hidden.device.type, dtype=amp, enabled=amp is not None):
         return target.lm_head(hidden.to(target.lm_head.weight.dtype))
+
+
+def head_loss(hidden: torch.Tensor, lm_head: Any, labels: torch.Tensor, weights: torch.Tensor,
+              *, chunk: int = HEAD_CHUNK, amp: Any = None) -> BlockLoss:
+    """:func:`block_loss` of ``lm_head(hidden)`` computed on supervised slots in chunks.
+
+    ``hidden``: ``(R, A*B, H)`` from :func:`block_hidden`; ``amp``: the autocast dtype the
+    head runs in (as in :func:`block_logits`). Equal to the dense path to rounding.
+    """
+    r, a, b = labels.shape
+    lab = labels.reshape(-1)
+    w = weights.reshape(-1).float()
+    sup = lab != IGNORE
+    idx = sup.nonzero().squeeze(1)
+    flat = hidden.reshape(r * a * b, -1)
+    head_w = lm_head.weight
+    dtype = amp if amp is not None else head_w.dtype
+    weighted, ce, hit = chunked_cross_entropy(
+        flat.index_select(0, idx).to(head_w.dtype), head_w, getattr(lm_head, "bias", None),
+        lab.index_select(0, idx), w.index_select(0, idx), chunk=chunk, dtype=dtype)
+    per_slot = torch.zeros(r * a * b, dtype=ce.dtype, device=hidden.device)
+    per_slot.index_copy_(0, idx, ce * w.index_select(0, idx))
+    hits = torch.zeros(r * a * b, dtype=torch.bool, device=hidden.device)
+    hits.index_copy_(0, idx, hit)
+    hit3, sup3 = hits.reshape(r, a, b), sup.reshape(r, a, b)
+    return BlockLoss(
+        weighted=weighted, weight=float(w.sum()), correct=int(hits.sum()), count=int(idx.numel()),
+        slot_correct=hit3.sum(dim=(0, 1)).cpu().numpy().astype(np.int64),
+        slot_count=sup3.sum(dim=(0, 1)).cpu().numpy().astype(np.int64),
+        block_ce=per_slot.reshape(r, a, b).sum(dim=-1))
 
 
 def block_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> BlockLoss:

@@ -14,7 +14,7 @@ Example::
 
     >>> import torch
     >>> cfg = DFlashConfig(hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
-    ...                    intermediate_size=64, num_features=2, block_size=4)
+    ...                    intermediate_size=64, num_features=2, block_size=4, mask_token_id=3)
     >>> draft = DFlashDraft(cfg)
     >>> feats, block = torch.randn(1, 6, 64), torch.randn(1, 4, 32)
     >>> pos = torch.arange(10).unsqueeze(0)
@@ -25,13 +25,13 @@ Example::
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
-from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import (
     Qwen3MLP,
     Qwen3RMSNorm,
@@ -41,9 +41,21 @@ from transformers.models.qwen3.modeling_qwen3 import (
 )
 
 from lengthwise.dflash.objective import default_gamma, target_layer_ids
+from lengthwise.dflash.rope import qwen3_config, rope_settings
 from lengthwise.errors import ConfigError
+from lengthwise.train.config import check_positive
 
-__all__ = ["DFlashConfig", "DFlashDraft"]
+__all__ = ["DFlashConfig", "DFlashDraft", "check_target"]
+
+
+def _optional_positive(cfg: object, *names: str) -> None:
+    check_positive(cfg, *(n for n in names if getattr(cfg, n) is not None))
+
+
+def _positive_number(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float(
+            "inf"):
+        raise ConfigError(f"{name} must be a finite number > 0, got {value!r}")
 
 
 @dataclass
@@ -53,8 +65,12 @@ class DFlashConfig:
     ``hidden_size`` must equal the target's (the draft uses its embedding and
     LM head). ``target_layers`` lists the target layers feeding the context
     (default: ``num_features`` spread by :func:`target_layer_ids`, which needs
-    ``num_target_layers``). ``mask_token_id`` fills block slots 1..B-1; ``None``
-    gives the draft a learned mask embedding instead.
+    ``num_target_layers``). ``mask_token_id`` is the vocabulary id that fills block
+    slots 1..B-1, embedded by the target's frozen embedding (what serving engines
+    do; :func:`lengthwise.dflash.mask_token.ensure_mask_token` adds one to a
+    tokenizer that has none); a draft cannot be built without it. ``rope_theta``
+    and ``rope_scaling`` are the target's rotary settings, ``target_vocab_size`` the
+    rows of its embedding (``from_target`` reads them).
     """
 
     hidden_size: int
@@ -65,6 +81,7 @@ class DFlashConfig:
     intermediate_size: int | None = None
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
     max_position_embeddings: int = 32768
     block_size: int = 16
     gamma: float | None = None
@@ -72,8 +89,10 @@ class DFlashConfig:
     target_layers: list[int] | None = None
     num_target_layers: int | None = None
     mask_token_id: int | None = None
+    target_vocab_size: int | None = None
 
     def __post_init__(self) -> None:
+        self._check()
         if self.head_dim is None:
             if self.hidden_size % self.num_heads:
                 raise ConfigError(f"hidden_size {self.hidden_size} is not a multiple of "
@@ -84,8 +103,6 @@ class DFlashConfig:
                               f"{self.num_kv_heads}")
         if self.intermediate_size is None:
             self.intermediate_size = 3 * self.hidden_size
-        if self.block_size < 2:
-            raise ConfigError(f"block_size must be >= 2, got {self.block_size}")
         if self.gamma is None:
             self.gamma = default_gamma(self.block_size)
         if self.target_layers is None:
@@ -100,6 +117,35 @@ class DFlashConfig:
         if self.target_layers is not None:
             self.num_features = len(self.target_layers)
 
+    def _check(self) -> None:
+        """Refuse a value that cannot build a draft, naming the field (a :class:`ConfigError`)."""
+        check_positive(self, "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                       "max_position_embeddings", "block_size")
+        _optional_positive(self, "head_dim", "intermediate_size", "num_features",
+                           "num_target_layers")
+        if self.block_size < 2:
+            raise ConfigError(f"block_size must be >= 2, got {self.block_size}")
+        for name in ("rms_norm_eps", "rope_theta"):
+            _positive_number(name, getattr(self, name))
+        if self.gamma is not None:
+            _positive_number("gamma", self.gamma)
+        m = self.mask_token_id
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 0):
+            raise ConfigError(f"mask_token_id must be a token id >= 0 or None, got {m!r}")
+        if self.target_layers is None:
+            return
+        layers = list(self.target_layers)
+        if not layers:
+            raise ConfigError("target_layers is empty: give at least one target layer")
+        bad = [i for i in layers
+               if isinstance(i, bool) or not isinstance(i, numbers.Integral) or i < 0]
+        n = self.num_target_layers
+        if n is not None:
+            bad += [i for i in layers if i not in bad and i >= n]
+        if bad:
+            where = f"[0, {n})" if n is not None else "non-negative integers"
+            raise ConfigError(f"target_layers {layers}: {bad} not in {where}")
+
     @classmethod
     def from_target(cls, target_config: Any, **overrides: Any) -> DFlashConfig:
         """Draft sizes matching a Hugging Face target config (heads, widths, RoPE).
@@ -112,8 +158,6 @@ class DFlashConfig:
             >>> DFlashConfig.from_target(t, num_layers=2, block_size=8).target_layers
             [1, 3]
         """
-        rope = getattr(target_config, "rope_parameters", None) or {}
-        theta = rope.get("rope_theta", getattr(target_config, "rope_theta", 10000.0))
         base = dict(
             hidden_size=target_config.hidden_size,
             num_heads=target_config.num_attention_heads,
@@ -122,9 +166,10 @@ class DFlashConfig:
             head_dim=getattr(target_config, "head_dim", None),
             intermediate_size=target_config.intermediate_size,
             rms_norm_eps=getattr(target_config, "rms_norm_eps", 1e-6),
-            rope_theta=float(theta),
+            **rope_settings(target_config),
             max_position_embeddings=getattr(target_config, "max_position_embeddings", 32768),
             num_target_layers=target_config.num_hidden_layers,
+            target_vocab_size=getattr(target_config, "vocab_size", None),
         )
         base.update(overrides)
         return cls(**base)
@@ -133,21 +178,22 @@ class DFlashConfig:
         """Plain data (saved beside a draft checkpoint)."""
         return asdict(self)
 
-    def qwen3_config(self) -> Qwen3Config:
-        """The ``transformers`` config the draft's building blocks are made from."""
-        return Qwen3Config(
-            vocab_size=1, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
-            num_hidden_layers=self.num_layers, num_attention_heads=self.num_heads,
-            num_key_value_heads=self.num_kv_heads, head_dim=self.head_dim,
-            rms_norm_eps=self.rms_norm_eps, max_position_embeddings=self.max_position_embeddings,
-            rope_parameters={"rope_type": "default", "rope_theta": self.rope_theta},
-            hidden_act="silu", attention_bias=False)
+    def qwen3_config(self, vocab_size: int = 1) -> Any:
+        """The ``transformers`` ``Qwen3Config`` the draft's building blocks are made from."""
+        return qwen3_config(
+            rope_theta=self.rope_theta, rope_scaling=self.rope_scaling,
+            vocab_size=vocab_size, hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size, num_hidden_layers=self.num_layers,
+            num_attention_heads=self.num_heads, num_key_value_heads=self.num_kv_heads,
+            head_dim=self.head_dim, rms_norm_eps=self.rms_norm_eps,
+            max_position_embeddings=self.max_position_embeddings, hidden_act="silu",
+            attention_bias=False)
 
 
 class _Attention(nn.Module):
     """Block queries over ``[context | block]`` keys and values, no causal mask."""
 
-    def __init__(self, cfg: Qwen3Config) -> None:
+    def __init__(self, cfg: Any) -> None:
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = (cfg.num_attention_heads,
                                                     cfg.num_key_value_heads, cfg.head_dim)
@@ -172,13 +218,18 @@ class _Attention(nn.Module):
         q, _ = apply_rotary_pos_emb(q, q, cos[:, -q_len:], sin[:, -q_len:])
         k, _ = apply_rotary_pos_emb(k, k, cos, sin)
         groups = self.heads // self.kv_heads
-        out = F.scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups),
-                                             attn_mask=bias)
+        if isinstance(bias, torch.Tensor):
+            out = F.scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups),
+                                                 attn_mask=bias)
+        else:  # a flex-attention BlockMask (lengthwise.dflash.attention)
+            from lengthwise.dflash.attention import flex_attend
+
+            out = flex_attend(q, k, v, bias)
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
 
 
 class _Layer(nn.Module):
-    def __init__(self, cfg: Qwen3Config) -> None:
+    def __init__(self, cfg: Any) -> None:
         super().__init__()
         self.input_layernorm = Qwen3RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.self_attn = _Attention(cfg)
@@ -197,7 +248,8 @@ class DFlashDraft(nn.Module):
     ``features``: ``(b, L, num_features * H)`` target hidden states of the context;
     ``block_embeds``: ``(b, Q, H)`` embedded block tokens (anchor + mask tokens);
     ``positions``: ``(b, L + Q)`` RoPE positions of context then block slots;
-    ``mask``: ``(b, Q, L + Q)`` boolean, which key each block slot may attend to.
+    ``mask``: ``(b, Q, L + Q)`` boolean, which key each block slot may attend to, or the
+    same as a flex-attention ``BlockMask`` (:func:`lengthwise.dflash.attention.block_flex_mask`).
     Returns normalised hidden states ``(b, Q, H)`` for the target's LM head. A slot
     whose mask row is all false attends to nothing (its attention output is zero).
     """
@@ -207,6 +259,10 @@ class DFlashDraft(nn.Module):
         if cfg.num_features is None:
             raise ConfigError("DFlashConfig needs target_layers, num_features or "
                               "num_target_layers")
+        if cfg.mask_token_id is None:
+            raise ConfigError("mask_token_id: a draft fills its blocks with a vocabulary mask "
+                              "token embedded by the target (give DFlashConfig(mask_token_id=...);"
+                              " lengthwise.dflash.mask_token.ensure_mask_token adds one)")
         self.config = cfg
         qcfg = cfg.qwen3_config()
         h = cfg.hidden_size
@@ -215,19 +271,66 @@ class DFlashDraft(nn.Module):
         self.layers = nn.ModuleList(_Layer(qcfg) for _ in range(cfg.num_layers))
         self.norm = Qwen3RMSNorm(h, eps=cfg.rms_norm_eps)
         self.rotary = Qwen3RotaryEmbedding(qcfg)
-        # small random values: a zero vector would sit where RMSNorm's gradient is 1/sqrt(eps)
-        self.mask_embedding = (nn.Parameter(0.02 * torch.randn(h)) if cfg.mask_token_id is None
-                               else None)
+        self._register_load_state_dict_pre_hook(_refuse_learned_mask)
 
     def forward(self, features: torch.Tensor, block_embeds: torch.Tensor,
                 positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         context = self.context_norm(self.fc(features.to(self.fc.weight.dtype)))
         h = block_embeds.to(context.dtype)
         rope = self.rotary(h, positions)
-        neg = torch.finfo(h.dtype).min / 2
-        bias = torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill_(~mask, neg)
-        bias = bias.unsqueeze(1)
-        sees = mask.any(dim=-1, keepdim=True).to(h.dtype)  # rows that see nothing get no attention
+        if isinstance(mask, torch.Tensor):
+            neg = torch.finfo(h.dtype).min / 2
+            bias = torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill_(~mask, neg)
+            bias = bias.unsqueeze(1)
+            sees = mask.any(dim=-1, keepdim=True).to(h.dtype)  # rows seeing nothing: no attention
+        else:  # a BlockMask: flex attention gives rows that see nothing a zero output
+            bias, sees = mask, torch.ones((), dtype=h.dtype, device=h.device)
         for layer in self.layers:
             h = layer(h, context, rope, bias, sees)
         return self.norm(h)
+
+
+def check_target(cfg: DFlashConfig, target: Any) -> None:
+    """Refuse a draft config that does not fit ``target`` (a :class:`ConfigError` naming why).
+
+    The draft reads the target's embedding and LM head (same width), its features
+    (the same layers), and fills blocks with ``mask_token_id`` (inside the vocabulary).
+
+    Example::
+
+        >>> import transformers
+        >>> from lengthwise.dflash.target import Target
+        >>> t = transformers.LlamaConfig(vocab_size=30, hidden_size=16, num_hidden_layers=2,
+        ...                              num_attention_heads=2, intermediate_size=32)
+        >>> target = Target(transformers.LlamaForCausalLM(t), layers=[0, 1])
+        >>> check_target(DFlashConfig(hidden_size=32, target_layers=[0, 1]), target)
+        Traceback (most recent call last):
+        ...
+        lengthwise.errors.ConfigError: draft hidden_size 32 differs from the target's 16 (the \
+draft reads the target's embedding and LM head)
+    """
+    width = int(target.embed.weight.shape[1])
+    if cfg.hidden_size != width:
+        raise ConfigError(f"draft hidden_size {cfg.hidden_size} differs from the target's "
+                          f"{width} (the draft reads the target's embedding and LM head)")
+    n = int(target.model.config.num_hidden_layers)
+    if cfg.num_target_layers is not None and cfg.num_target_layers != n:
+        raise ConfigError(f"the draft was built for a target of {cfg.num_target_layers} layers;"
+                          f" this target has {n}")
+    if cfg.target_layers is not None and list(cfg.target_layers) != list(target.layers):
+        raise ConfigError(f"the draft reads target layers {cfg.target_layers} but the target "
+                          f"gives layers {target.layers}")
+    if cfg.num_features != len(target.layers):
+        raise ConfigError(f"the draft takes {cfg.num_features} target features but the target "
+                          f"gives {len(target.layers)} (layers {target.layers})")
+    if cfg.mask_token_id is not None and cfg.mask_token_id >= target.vocab_size:
+        raise ConfigError(f"mask_token_id {cfg.mask_token_id} is outside the target's "
+                          f"vocabulary of {target.vocab_size} tokens")
+
+
+def _refuse_learned_mask(state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+    """Refuse weights of a draft that learned its own mask vector (no engine can serve it)."""
+    if f"{prefix}mask_embedding" in state_dict:
+        raise ConfigError("these draft weights hold a learned mask vector (mask_embedding), "
+                          "which serving engines cannot load; drafts now fill blocks with a "
+                          "vocabulary mask token id: train the draft again")

@@ -11,6 +11,12 @@ Anchors are drawn per sample and per step from a generator seeded by
 ``(seed, step, sample_id)``: the same sample at the same step gets the same
 anchors whichever batch, rank or micro-batch it lands in.
 
+Draft slots are budgeted by ``max_slots`` per micro-batch: a sample of ``n``
+tokens draws at most ``floor(n * max_slots / (block_size * max_tokens))``
+anchors (:func:`anchor_quota`). A planned micro-batch holds at most
+``max_tokens`` tokens, so its blocks hold at most ``max_slots`` slots, by
+construction, and each sample's quota depends on its own length only.
+
 Example::
 
     >>> ids = np.array([5, 6, 7, 8, 9])
@@ -28,8 +34,8 @@ import numpy as np
 
 from lengthwise.errors import ConfigError, DataError
 
-__all__ = ["IGNORE", "anchor_candidates", "block_targets", "default_gamma", "sample_anchors",
-           "simulated_acceptance_length", "slot_weights", "target_layer_ids"]
+__all__ = ["IGNORE", "anchor_candidates", "anchor_quota", "block_targets", "default_gamma",
+           "sample_anchors", "simulated_acceptance_length", "slot_weights", "target_layer_ids"]
 
 #: label of a slot that predicts nothing (slot 0, out of the sample, unsupervised)
 IGNORE = -100
@@ -85,8 +91,8 @@ def slot_weights(block_size: int, gamma: float) -> np.ndarray:
         >>> slot_weights(3, 1.0).round(4).tolist()
         [0.0, 1.0, 0.3679]
     """
-    if not gamma > 0:
-        raise ConfigError(f"gamma must be > 0, got {gamma}")
+    if not 0 < gamma < float("inf"):
+        raise ConfigError(f"gamma must be a finite number > 0, got {gamma}")
     k = np.arange(block_size, dtype=np.float64)
     w = np.exp(-(k - 1.0) / float(gamma))
     w[0] = 0.0
@@ -107,13 +113,35 @@ def anchor_candidates(loss_mask: np.ndarray) -> np.ndarray:
     return np.flatnonzero(m[:-1] & m[1:]).astype(np.int64)
 
 
+def anchor_quota(length: int, *, num_anchors: int, block_size: int, max_slots: int | None,
+                 max_tokens: int) -> int:
+    """Most anchors a sample of ``length`` tokens may draw under a ``max_slots`` budget.
+
+    ``min(num_anchors, floor(length * max_slots / (block_size * max_tokens)))``;
+    ``max_slots=None`` leaves ``num_anchors``. Summed over a micro-batch of at most
+    ``max_tokens`` tokens, the quotas times ``block_size`` stay within ``max_slots``.
+
+    Example::
+
+        >>> anchor_quota(1000, num_anchors=512, block_size=16, max_slots=32768,
+        ...              max_tokens=16384)
+        125
+        >>> anchor_quota(1000, num_anchors=512, block_size=16, max_slots=None, max_tokens=16384)
+        512
+    """
+    if max_slots is None:
+        return int(num_anchors)
+    return int(min(num_anchors, (int(length) * int(max_slots)) // (int(block_size)
+                                                                   * int(max_tokens))))
+
+
 def sample_anchors(loss_mask: np.ndarray, *, num_anchors: int, seed: int, step: int,
                    sample_id: int) -> np.ndarray:
     """Up to ``num_anchors`` sorted anchor positions of one sample for one step.
 
     The draw depends only on ``(seed, step, sample_id)`` and the sample's mask,
     never on its batch-mates. A sample with no two consecutive supervised tokens
-    gets no anchor (it then contributes nothing to the loss).
+    (or ``num_anchors=0``) gets no anchor (it then contributes nothing to the loss).
 
     Example::
 
@@ -124,9 +152,11 @@ def sample_anchors(loss_mask: np.ndarray, *, num_anchors: int, seed: int, step: 
         >>> (a == sample_anchors(m, num_anchors=3, seed=0, step=5, sample_id=2)).all()
         np.True_
     """
-    if num_anchors < 1:
-        raise ConfigError(f"num_anchors must be >= 1, got {num_anchors}")
+    if num_anchors < 0:
+        raise ConfigError(f"num_anchors must be >= 0, got {num_anchors}")
     cand = anchor_candidates(loss_mask)
+    if num_anchors == 0:
+        return cand[:0]
     if cand.size <= num_anchors:
         return cand
     rng = np.random.default_rng([int(seed), int(step), int(sample_id)])

@@ -6,10 +6,15 @@
 asynchronous checkpoints with exact resume, ``SpikeGuard``, DDP under
 ``torchrun``). Per micro-batch it draws each sample's anchors for the step,
 runs the frozen target on the same micro-batch for the context features, and
-returns the weighted cross-entropy *sum*; the loop divides by the slot weight
-of the whole step over every rank and micro-batch. The step record gets
+returns the weighted cross-entropy *sum* (LM head and cross-entropy in chunks
+of ``head_chunk`` supervised slots, never slots x vocabulary); the loop divides
+by the slot weight of the whole step over every rank and micro-batch. With
+``max_slots`` no micro-batch's blocks hold more draft slots than that
+(:func:`~lengthwise.dflash.objective.anchor_quota`). The step record gets
 ``accuracy`` (unweighted teacher-forced top-1 over the supervised slots,
-reduced over ranks) and ``acc_slot_k`` per block slot.
+reduced over ranks), ``acc_slot_k`` per block slot, ``slots`` (draft slots of
+the anchors drawn, over the step) and ``slot_efficiency`` (those slots over
+the slots the block tensors hold).
 
 Example::
 
@@ -20,16 +25,18 @@ Example::
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from lengthwise.errors import ConfigError
+from lengthwise.errors import ConfigError, DataError
 from lengthwise.train.config import PACKED, LoopConfig, check_positive
 from lengthwise.train.loop import MicroOut
 
-__all__ = ["DFlashTask", "DFlashTrainConfig"]
+__all__ = ["DFlashTask", "DFlashTrainConfig", "check_supervised"]
 
 
 @dataclass
@@ -50,14 +57,43 @@ class DFlashTrainConfig(LoopConfig):
     num_features: int | None = None  # target layers feeding the draft (default: draft_layers)
     num_anchors: int = 512
     gamma: float | None = None  # default: 7 for blocks of 16, 5 for 10, 4 for 8
+    max_slots: int | None = None  # draft slots per micro-batch (None: block_size * max_tokens)
+    head_chunk: int = 1024  # supervised slots per LM-head + cross-entropy chunk
+    flex_attention: bool | None = None  # block-sparse flex mask (None: on CUDA), else dense
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not 0 <= self.warmup_ratio < 1:
             raise ConfigError(f"warmup_ratio must lie in [0, 1), got {self.warmup_ratio}")
-        check_positive(self, "block_size", "draft_layers", "num_anchors")
+        check_positive(self, "block_size", "draft_layers", "num_anchors", "head_chunk")
+        if self.num_features is not None:
+            check_positive(self, "num_features")
         if self.block_size < 2:
             raise ConfigError(f"block_size must be >= 2, got {self.block_size}")
+        g = self.gamma
+        if g is not None and (isinstance(g, bool) or not isinstance(g, (int, float))
+                              or not 0 < g < math.inf):
+            raise ConfigError(f"gamma must be a finite number > 0 (or None for the block "
+                              f"size's default), got {g!r}")
+        if self.max_slots is not None:
+            check_positive(self, "max_slots")
+            if self.max_slots < self.block_size:
+                raise ConfigError(f"max_slots={self.max_slots} holds no block of block_size="
+                                  f"{self.block_size}; give max_slots >= block_size")
+
+    @property
+    def slot_budget(self) -> int:
+        """Most draft slots a micro-batch holds: ``max_slots``, else ``block_size * max_tokens``.
+
+        Without ``max_slots`` a sample of ``n`` tokens has at most ``n - 1`` anchors, so a
+        micro-batch of ``max_tokens`` tokens never holds more than the default.
+
+        Example::
+
+            >>> DFlashTrainConfig(max_tokens=16384, max_len=8192, max_slots=32768).slot_budget
+            32768
+        """
+        return self.max_slots or self.block_size * self.max_tokens
 
     @property
     def warmup_steps(self) -> int:
@@ -72,30 +108,63 @@ class DFlashTask:
 
     def __init__(self, draft: Any, target: Any, cfg: DFlashTrainConfig, *, order: str,
                  amp: Any = None) -> None:
+        from lengthwise.dflash.model import check_target
+
+        d = draft.config
+        if cfg.block_size != d.block_size:
+            raise ConfigError(f"block_size={cfg.block_size} but the draft was built for blocks "
+                              f"of {d.block_size}; build the draft with block_size="
+                              f"{cfg.block_size} or train with block_size={d.block_size}")
+        if cfg.draft_layers != d.num_layers:
+            raise ConfigError(f"draft_layers={cfg.draft_layers} but the draft has "
+                              f"{d.num_layers} layers")
+        if cfg.num_features is not None and cfg.num_features != d.num_features:
+            raise ConfigError(f"num_features={cfg.num_features} but the draft reads "
+                              f"{d.num_features} target layers")
+        check_target(d, target)
         self.model = draft
         self.target = target
         self.cfg = cfg
         self.amp = amp
+        self.gamma = float(cfg.gamma if cfg.gamma is not None else d.gamma)
         self.capacity = cfg.max_len if order == PACKED else None
+        from lengthwise.dflash.mask_token import check_mask_token
+
+        rows = int(target.embed.weight.shape[0])
+        check_mask_token(draft.config.mask_token_id, rows)
+        draft.config.target_vocab_size = rows  # the embedding that embeds the mask token
+
+    def checkpoint_files(self) -> dict[str, str]:
+        """``draft_config.json`` in every checkpoint: what export and serving need."""
+        from lengthwise.dflash.config import DRAFT_CONFIG, draft_config_json
+
+        return {DRAFT_CONFIG: draft_config_json(self.model.config)}
+
+    def check_data(self, sample: Callable[[int], Any], size: int) -> None:
+        """Refuse a data set that trains nothing (see :func:`check_supervised`)."""
+        check_supervised(sample, size)
 
     def prepare(self, batch: dict[str, Any], rows: list[list[int]], step: int) -> Any:
         from lengthwise.dflash.blocks import make_blocks
 
-        d = self.model.config
-        return make_blocks(batch, rows, step=step, seed=self.cfg.seed,
-                           num_anchors=self.cfg.num_anchors, block_size=d.block_size,
-                           gamma=d.gamma, capacity=self.capacity)
+        cfg = self.cfg
+        return make_blocks(batch, rows, step=step, seed=cfg.seed, num_anchors=cfg.num_anchors,
+                           block_size=cfg.block_size, gamma=self.gamma, capacity=self.capacity,
+                           max_slots=cfg.slot_budget, max_tokens=cfg.max_tokens)
 
     def normaliser(self, blocks: Any) -> float:
         return blocks.weight_sum
 
     def forward(self, net: Any, blocks: Any) -> MicroOut:
-        from lengthwise.dflash.loss import block_logits, block_loss
+        from lengthwise.dflash.loss import block_hidden, head_loss
 
         b = blocks.to(self.target.device)
-        s = block_loss(block_logits(self.model, self.target, b, net=net, amp=self.amp),
-                       b.labels, b.weights)
-        stats = {"correct": s.correct, "count": s.count}
+        hidden = block_hidden(self.model, self.target, b, net=net, amp=self.amp,
+                              flex=self.cfg.flex_attention)
+        s = head_loss(hidden, self.target.lm_head, b.labels, b.weights,
+                      chunk=self.cfg.head_chunk, amp=self.amp)
+        stats = {"correct": s.correct, "count": s.count, "slots": blocks.slots,
+                 "slot_capacity": blocks.slot_capacity}
         for k in range(1, self.model.config.block_size):
             stats[f"slot{k:02d}_correct"] = int(s.slot_correct[k])
             stats[f"slot{k:02d}_count"] = int(s.slot_count[k])
@@ -106,10 +175,41 @@ class DFlashTask:
     def step_fields(self, stats: dict[str, float]) -> dict[str, Any]:
         count = stats.get("count", 0.0)
         out: dict[str, Any] = {"accuracy": stats["correct"] / count if count else None}
+        held = stats.get("slot_capacity", 0.0)
+        out["slots"] = int(stats.get("slots", 0))
+        out["slot_efficiency"] = stats.get("slots", 0.0) / held if held else None
         for k in range(1, self.model.config.block_size):
             n = stats.get(f"slot{k:02d}_count", 0.0)
             out[f"acc_slot_{k}"] = stats[f"slot{k:02d}_correct"] / n if n else None
         return out
+
+
+def check_supervised(sample: Callable[[int], Any], size: int) -> None:
+    """Raise a :class:`~lengthwise.errors.DataError` unless some sample can be trained on.
+
+    A DFlash block needs an anchor: two consecutive supervised tokens (labels not
+    ``-100``). Samples are read in order until one has them (the first, in usable
+    data); a data set with none would give every step a zero loss weight.
+
+    Example::
+
+        >>> rows = [{"input_ids": [1, 2, 3], "labels": [-100, 2, -100]}]
+        >>> check_supervised(rows.__getitem__, 1)
+        Traceback (most recent call last):
+        ...
+        lengthwise.errors.DataError: none of the 1 samples has two consecutive supervised \
+tokens (labels other than -100): DFlash draws its blocks at such pairs, so nothing would be \
+trained; check the loss mask (assistant tokens) of the data
+    """
+    from lengthwise.dflash.objective import IGNORE, anchor_candidates
+
+    for i in range(size):
+        labels = np.asarray(sample(i)["labels"])
+        if anchor_candidates(labels != IGNORE).size:
+            return
+    raise DataError(f"none of the {size} samples has two consecutive supervised tokens (labels "
+                    "other than -100): DFlash draws its blocks at such pairs, so nothing would "
+                    "be trained; check the loss mask (assistant tokens) of the data")
 
 
 def _sample_losses(block_ce: Any, blocks: Any) -> tuple[list[float], list[float]]:

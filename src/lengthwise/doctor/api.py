@@ -33,6 +33,7 @@ from lengthwise.doctor.checkpoints import (
 )
 from lengthwise.doctor.cliffs import Cliff, CliffContext, find_cliffs
 from lengthwise.doctor.context import RunContext, run_context
+from lengthwise.doctor.cycles import checked_periodicity
 from lengthwise.doctor.epochs import EpochBoundaries, epoch_boundaries, staircase_starts
 from lengthwise.doctor.errors import EmptyLogError
 from lengthwise.doctor.mechanisms import match_period
@@ -42,6 +43,7 @@ from lengthwise.doctor.periodicity import Periodicity, periodicity_of
 from lengthwise.doctor.phases import Phases, find_phases
 from lengthwise.doctor.readers import read_log, read_records
 from lengthwise.doctor.report import Findings, Report, Series
+from lengthwise.doctor.run_config import world_size_beside
 from lengthwise.doctor.runlog import RunLog
 from lengthwise.doctor.smoothing import rolling_mean
 from lengthwise.doctor.stats import nonfinite_losses, roughness_residual, stable_stats
@@ -93,6 +95,7 @@ def diagnose(
     steps_per_epoch: float | None = None,
     batch_size: int | None = None,
     eval_every: float | None = None,
+    world_size: int | None = None,
     seed: int = 0,
     order: str | None = None,
 ) -> Report:
@@ -103,9 +106,12 @@ def diagnose(
     the stable region (steps, inclusive); ``checkpoint_every`` or ``checkpoints``
     give checkpoint steps when the log has no checkpoint events;
     ``steps_per_epoch``, ``batch_size`` (samples per optimizer step) and
-    ``eval_every`` are the lengths a period is matched against. ``seed`` makes
-    the bootstrap and permutation tests reproducible. ``order`` is the batch order
-    the run used (default: the log's ``plan`` event, see
+    ``eval_every`` are the lengths a period is matched against; ``world_size``
+    (data-parallel processes; default: a ``training_args.json`` or config file
+    beside the log, see :mod:`lengthwise.doctor.run_config`) enters the
+    mega-batch arithmetic. ``seed`` makes
+    the bootstrap and permutation tests reproducible.
+    ``order`` is the batch order the run used (default: the log's ``plan`` event, see
     :func:`~lengthwise.doctor.order.logged_order`); the doctor does not prescribe it.
     """
     log = load(source, step_key=step_key, loss_key=loss_key)
@@ -116,9 +122,11 @@ def diagnose(
     region = (s >= phases.start) & (s <= phases.end)
     search = (s >= _cliff_start(s, phases)) & (s <= phases.end)
     ck, ck_source = checkpoint_steps(log, every=checkpoint_every, steps=checkpoints)
+    world, world_source = _world_size(source, world_size)
     ctx = run_context(s, cols, interval=log.step_interval, steps_per_epoch=steps_per_epoch,
                       batch_size=batch_size, checkpoint_every=checkpoint_every,
                       checkpoint_steps=ck, checkpoint_source=ck_source, eval_every=eval_every,
+                      world_size=world, world_size_source=world_source,
                       order=order or logged_order(source))
     window = checkpoint_window(log.step_interval)
     warm = phases.warmup_end if phases.warmup_source == "lr" else None
@@ -134,6 +142,8 @@ def diagnose(
     resid = roughness_residual(y, cmask)
     bands = find_bands(band_residual(y, cmask, int(use.sum()))[use], level=stats.mean, rng=rng)
     periodicity = _periodicity(s, y, region, cmask, log.step_interval)
+    periodicity = checked_periodicity(periodicity, s[region], y[region], cmask[region], ctx,
+                                      np.random.default_rng([seed, 1]))
     analysed = search | region
     assoc = _association(log, s, cols, analysed, cliffs, (ck, ck_source), checkpoint_every)
     keep = ~cmask & (s >= _cliff_start(s, phases))
@@ -150,6 +160,15 @@ def diagnose(
     return Report(**{k: getattr(findings, k) for k in Findings.__dataclass_fields__},
                   verdict=build_verdict(findings),
                   series=_series(s, y, region, cmask, buckets, ck))
+
+
+def _world_size(source: Source, given: int | None) -> tuple[int | None, str | None]:
+    """The world size given, else the one recorded beside a log file (else unknown)."""
+    if given is not None:
+        return given, "--world-size"
+    if isinstance(source, str | os.PathLike):
+        return world_size_beside(source)
+    return None, None
 
 
 def _finite_rows(

@@ -3,7 +3,10 @@
 A period in the loss is evidence of a mechanism only when its length matches
 one (:mod:`lengthwise.doctor.mechanisms`); these are the lengths it is matched
 against. Steps per epoch come from ``--steps-per-epoch``, else from the logged
-``epoch`` field (the inverse of its slope over steps); learning-rate restarts
+``epoch`` field (the inverse of its slope over steps); epoch starts from the
+field where it has them (also with ``--steps-per-epoch`` when the two lengths
+agree within 2 %: the trainer's record places them exactly), else every
+``--steps-per-epoch`` steps from step 1; learning-rate restarts
 are jumps of the logged ``lr`` by at least a fifth of its peak.
 
 Example::
@@ -26,6 +29,8 @@ from lengthwise.errors import ConfigError
 
 #: an lr rise of at least this fraction of the peak between two logged steps is a restart
 RESTART_FRACTION = 0.2
+#: --steps-per-epoch within this fraction of the epoch field's length: the field places the starts
+SAME_EPOCHS = 0.02
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,9 @@ class RunContext:
     checkpoint_source: str | None = None
     eval_every: float | None = None
     lr_restarts: list[float] = field(default_factory=list)
+    world_size: int | None = None
+    world_size_source: str | None = None
+    epoch_resets: list[float] = field(default_factory=list)
     order: str | None = None  # the batch order the run uses (its log's ``plan`` event)
 
     @property
@@ -62,16 +70,31 @@ class RunContext:
             "checkpoint_source": self.checkpoint_source,
             "eval_every": num(self.eval_every),
             "lr_restarts": [num(s) for s in self.lr_restarts[:50]],
+            "world_size": self.world_size,
+            "world_size_source": self.world_size_source,
+            "epoch_resets": [num(s) for s in self.epoch_resets[:50]],
             "order": self.order,
         }
 
 
 def epochs_from_field(steps: np.ndarray, epoch: np.ndarray) -> tuple[float | None, list[float]]:
-    """Steps per epoch (from the slope of ``epoch`` over steps) and the first step of each epoch.
+    """Steps per epoch and the first step of each epoch, from a logged ``epoch`` field.
+
+    Whole-number values are epoch indices (an epoch starts at the first row of
+    a new index). Fractional values are progress, as trainers write it after
+    each step (``step / steps_per_epoch``, rounded): epoch ``k`` starts one
+    step after progress reaches ``k``, so a row that reads exactly ``k.0``
+    still ends epoch ``k - 1``. Where progress rises in a straight line the
+    crossing is read from that line (rounding averages out), else between
+    the rows around it. A fall of the field (a resume) starts a new segment;
+    see :func:`epoch_resets`.
 
     >>> s = np.arange(1.0, 11.0)
     >>> epochs_from_field(s, np.floor((s - 1) / 4))
     (4.0, [5.0, 9.0])
+    >>> s = np.arange(10.0, 101.0, 10.0)
+    >>> epochs_from_field(s, s / 30.0)           # 30.0 reads 1.0: epoch 1 starts at 31
+    (30.0, [31.0, 61.0, 91.0])
     """
     ok = np.isfinite(epoch) & np.isfinite(steps)
     if ok.sum() < 3:
@@ -79,16 +102,74 @@ def epochs_from_field(steps: np.ndarray, epoch: np.ndarray) -> tuple[float | Non
     s, e = steps[ok], epoch[ok]
     if float(e.max() - e.min()) <= 0:
         return None, []
-    slope = float(np.polyfit(s, e, 1)[0])
-    if slope <= 0:
+    half = _rounding(e)
+    if np.all(np.abs(e - np.round(e)) < 1e-9):
+        return _indexed_epochs(s, e)
+    starts: list[float] = []
+    rates: list[tuple[float, float]] = []
+    cuts = [0, *(np.flatnonzero(np.diff(e) < -2 * half - 1e-9) + 1).tolist(), s.size]
+    for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
+        seg_s, seg_e = s[lo:hi], e[lo:hi]
+        if seg_s.size < 2 or float(seg_e[-1] - seg_e[0]) <= 0:
+            continue
+        slope, icpt = np.polyfit(seg_s, seg_e, 1)
+        if slope <= 0:
+            continue
+        rates.append((float(slope), float(seg_s[-1] - seg_s[0])))
+        linear = float(np.max(np.abs(seg_e - (slope * seg_s + icpt)))) <= 2 * half + 1e-6
+        first = int(np.floor(seg_e[0] + half + 1e-9)) + 1
+        for k in range(first, int(np.floor(seg_e[-1] + 1e-9)) + 1):
+            if linear:
+                cross = (k - icpt) / slope
+            else:
+                b = int(np.argmax(seg_e >= k - 1e-9))
+                a = max(b - 1, 0)
+                gap = float(seg_e[b] - seg_e[a])
+                frac = (k - seg_e[a]) / gap if gap > 0 else 1.0
+                cross = float(seg_s[a] + frac * (seg_s[b] - seg_s[a]))
+            starts.append(float(np.round(cross) + 1))  # epochs end on a whole step
+    if not rates:
         return None, []
-    whole = np.floor(e + 1e-9)
-    starts = [float(s[i]) for i in np.flatnonzero(np.diff(whole) > 0) + 1]
-    if whole.size and (e == whole).all() and len(starts) >= 1:
-        gaps = np.diff([float(s[0]), *starts])
-        per = float(np.median(gaps)) if gaps.size else 1.0 / slope
-        return per, starts
-    return 1.0 / slope, starts
+    starts = [x for x in starts if x <= float(s[-1])]  # an epoch that ends the log starts none
+    weight = sum(w for _, w in rates)
+    slope = sum(r * w for r, w in rates) / weight if weight > 0 else rates[0][0]
+    return round(1.0 / slope, 6), starts
+
+
+def _rounding(epoch: np.ndarray) -> float:
+    """Half the last decimal place the values are written to (0 for full precision)."""
+    for d in range(7):
+        if np.all(np.abs(epoch * 10**d - np.round(epoch * 10**d)) < 1e-6):
+            return 0.5 * 10.0**-d
+    return 0.0
+
+
+def _indexed_epochs(s: np.ndarray, e: np.ndarray) -> tuple[float | None, list[float]]:
+    """Epoch starts of whole-number epoch indices: the first row of each new index."""
+    starts = [float(s[i]) for i in np.flatnonzero(np.diff(e) > 0) + 1]
+    if not starts:
+        return None, []
+    gaps = np.diff([float(s[0]), *starts])
+    return float(np.median(gaps)), starts
+
+
+def epoch_resets(steps: np.ndarray, epoch: np.ndarray | None) -> list[float]:
+    """Steps where the logged ``epoch`` falls back (beyond its rounding): resumed runs.
+
+    A run resumed from a checkpoint whose data loader starts over logs an
+    ``epoch`` (or ``global_step``) that falls back while its step goes on.
+
+    >>> epoch_resets(np.arange(1.0, 7.0), np.array([0.1, 0.2, 0.3, 0.0, 0.1, 0.2]))
+    [4.0]
+    """
+    if epoch is None:
+        return []
+    ok = np.isfinite(epoch) & np.isfinite(steps)
+    s, e = steps[ok], epoch[ok]
+    if e.size < 2:
+        return []
+    fall = np.flatnonzero(np.diff(e) < -2 * _rounding(e) - 1e-9) + 1
+    return [float(s[i]) for i in fall]
 
 
 def lr_restarts(steps: np.ndarray, lr: np.ndarray | None) -> list[float]:
@@ -117,13 +198,20 @@ def run_context(
     checkpoint_steps: np.ndarray | None = None,
     checkpoint_source: str | None = None,
     eval_every: float | None = None,
+    world_size: int | None = None,
+    world_size_source: str | None = None,
     order: str | None = None,
 ) -> RunContext:
-    """Collect the mechanism lengths known for a run logged at ``steps``."""
+    """Collect the mechanism lengths known for a run logged at ``steps``.
+
+    ``world_size`` is the number of data-parallel processes (None: unknown).
+    """
     if steps_per_epoch is not None and not steps_per_epoch > 0:
         raise ConfigError(f"--steps-per-epoch must be positive, got {steps_per_epoch}")
     if batch_size is not None and batch_size < 1:
         raise ConfigError(f"--batch-size must be positive, got {batch_size}")
+    if world_size is not None and world_size < 1:
+        raise ConfigError(f"--world-size must be positive, got {world_size}")
     if eval_every is not None and not eval_every > 0:
         raise ConfigError(f"--eval-every must be positive, got {eval_every}")
     first, last = float(steps[0]), float(steps[-1])
@@ -134,6 +222,11 @@ def run_context(
         per, source = float(steps_per_epoch), "--steps-per-epoch"
         k0 = int(np.floor((first - 1) / per)) + 1
         starts = [1 + k * per for k in range(max(k0, 1), int((last - 1) // per) + 1)]
+        logged, logged_starts = (epochs_from_field(steps, columns["epoch"])
+                                 if "epoch" in columns else (None, []))
+        if logged_starts and logged and abs(logged - per) <= SAME_EPOCHS * per:
+            # the same epochs: the trainer's own record places their starts exactly
+            starts, source = logged_starts, "--steps-per-epoch, starts from the epoch field"
     elif "epoch" in columns:
         per, starts = epochs_from_field(steps, columns["epoch"])
         source = "epoch field" if per is not None else None
@@ -152,5 +245,8 @@ def run_context(
         checkpoint_source=checkpoint_source,
         eval_every=eval_every,
         lr_restarts=lr_restarts(steps, columns.get("lr")),
+        world_size=world_size,
+        world_size_source=world_size_source if world_size is not None else None,
+        epoch_resets=epoch_resets(steps, columns.get("epoch")),
         order=order,
     )

@@ -71,10 +71,33 @@ def ar1_surrogates(x: np.ndarray, count: int, rng: np.random.Generator) -> np.nd
     phi = float(xc[1:] @ xc[:-1]) / max(float(xc @ xc), 1e-300)
     phi = float(np.clip(phi, -MAX_PHI, MAX_PHI))
     e = rng.standard_normal((count, n)) * np.sqrt(var * (1 - phi * phi))
-    out = np.empty((count, n))
-    out[:, 0] = rng.standard_normal(count) * np.sqrt(var)
-    for i in range(1, n):
-        out[:, i] = phi * out[:, i - 1] + e[:, i]
+    e[:, 0] = rng.standard_normal(count) * np.sqrt(var)
+    return ar1_filter(e, phi)
+
+
+def ar1_filter(e: np.ndarray, phi: float) -> np.ndarray:
+    """``out[:, i] = phi * out[:, i - 1] + e[:, i]`` (``out[:, 0] = e[:, 0]``), a block at a time.
+
+    Within a block of ``B`` points the recursion is a cumulative sum of
+    ``e * phi^-j`` scaled by ``phi^j``; ``B`` keeps ``|phi|^-B`` below 1e100.
+
+    >>> ar1_filter(np.ones((1, 4)), 0.5).tolist()
+    [[1.0, 1.5, 1.75, 1.875]]
+    """
+    out = np.array(e, dtype=np.float64)
+    n = out.shape[1]
+    if abs(phi) < 1e-9 or n < 2:
+        return out
+    block = int(max(1, min(256, 100 * np.log(10) // -np.log(abs(phi)))))
+    carry = out[:, 0].copy()
+    j = np.arange(1, block + 1, dtype=np.float64)
+    up, down = phi**j, phi**-j
+    for a in range(1, n, block):
+        b = min(n, a + block)
+        m = b - a
+        part = np.cumsum(out[:, a:b] * down[:m], axis=1) * up[:m]
+        out[:, a:b] = part + carry[:, None] * up[:m]
+        carry = out[:, b - 1].copy()
     return out
 
 

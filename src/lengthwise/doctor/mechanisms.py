@@ -4,9 +4,12 @@ A period is evidence of a mechanism only when the numbers fit. The lengths tried
 
 * ``epoch``: the steps per epoch (a staircase or saw-tooth at each epoch start);
 * ``megabatch``: Hugging Face's length-grouped sampler sorts each mega-batch of
-  ``min(N // (4 * batch), 50)`` batches by length, ``N`` the data set size and
-  ``batch`` the samples of one optimizer step, so the loss cycles every that
-  many steps (``N // batch`` is the steps per epoch);
+  ``m = min(N // (4 * batch), 50)`` batches by length, ``N`` the data set size and
+  ``batch`` the samples of one process's optimizer step (per-device batch x
+  gradient accumulation). With ``W`` data-parallel processes an optimizer step
+  takes ``W`` such batches, so the loss cycles every ``m / W`` steps, with
+  ``N // batch = W x`` the steps per epoch; the cycle restarts at each epoch.
+  When the world size is unknown, 1, 2, 4 and 8 processes are tried;
 * ``checkpoint`` and ``evaluation`` intervals, and the spacing of learning-rate
   restarts.
 
@@ -39,6 +42,8 @@ from lengthwise.doctor.context import RunContext
 HF_MEGABATCH = 50
 #: relative tolerance of a match
 TOLERANCE = 0.05
+#: world sizes tried when the log does not say
+COMMON_WORLD_SIZES = (1, 2, 4, 8)
 
 
 @dataclass(frozen=True)
@@ -71,9 +76,23 @@ def _fits(found: float, length: float, interval: float) -> bool:
     return abs(found - seen) <= max(TOLERANCE * seen, 0.5 * interval)
 
 
-def megabatch_steps(steps_per_epoch: float) -> int:
-    """Optimizer steps per Hugging Face mega-batch: ``min(N // (4 * batch), 50)``, at least 1."""
-    return max(1, min(int(steps_per_epoch) // 4, HF_MEGABATCH))
+def megabatch_steps(steps_per_epoch: float, world_size: int = 1) -> float:
+    """Optimizer steps per Hugging Face mega-batch cycle: ``min(W * spe // 4, 50) / W``.
+
+    ``W * spe`` is the epoch in one process's batches (``N // batch``), so the
+    mega-batch holds ``min(W * spe // 4, 50)`` of them (at least 1) and ``W``
+    are used per optimizer step.
+
+    >>> megabatch_steps(412), megabatch_steps(403, world_size=4), megabatch_steps(276, 10)
+    (50.0, 12.5, 5.0)
+    """
+    batches = max(1, min(int(steps_per_epoch * world_size) // 4, HF_MEGABATCH))
+    return batches / world_size
+
+
+def world_sizes(ctx: RunContext) -> tuple[int, ...]:
+    """The world sizes the arithmetic uses: the known one, else the common ones."""
+    return (ctx.world_size,) if ctx.world_size else COMMON_WORLD_SIZES
 
 
 def candidates(ctx: RunContext) -> list[tuple[str, float, str]]:
@@ -82,12 +101,17 @@ def candidates(ctx: RunContext) -> list[tuple[str, float, str]]:
     spe = ctx.steps_per_epoch
     if spe is not None:
         out.append(("epoch", spe, f"{spe:.4g} steps per epoch ({ctx.steps_per_epoch_source})"))
-        mb = megabatch_steps(spe)
-        batch = f"batch {ctx.batch_size}, " if ctx.batch_size else ""
-        out.append(("megabatch", float(mb),
-                    f"Hugging Face length-grouped mega-batch: min(N // (4 * batch), 50) = "
-                    f"min({int(spe)} // 4, 50) = {mb} steps ({batch}N // batch = "
-                    f"{int(spe)} steps per epoch)"))
+        batch = f"batch {ctx.batch_size} per process, " if ctx.batch_size else ""
+        for w in world_sizes(ctx):
+            mb = megabatch_steps(spe, w)
+            if any(name == "megabatch" and length == mb for name, length, _ in out):
+                continue
+            world = (f"world size {w} ({ctx.world_size_source})" if ctx.world_size
+                     else f"world size {w} assumed")
+            out.append(("megabatch", mb,
+                        f"Hugging Face length-grouped mega-batch: min(N // (4 * batch), 50) / W"
+                        f" = min({w} x {int(spe)} // 4, 50) / {w} = {mb:g} steps ({batch}"
+                        f"{world}, {spe:.4g} steps per epoch)"))
     if ctx.checkpoint_every:
         out.append(("checkpoint", ctx.checkpoint_every,
                     f"checkpoint every {ctx.checkpoint_every:.4g} steps ({ctx.checkpoint_source})"))
@@ -113,6 +137,8 @@ def match_period(period: float, ctx: RunContext) -> PeriodMatch:
         missing.append("--steps-per-epoch N (or log `epoch`)")
     if ctx.batch_size is None and ctx.steps_per_epoch is None:
         missing.append("--batch-size B")
+    if ctx.world_size is None:
+        missing.append("--world-size W")
     if ctx.checkpoint_every is None:
         missing.append("--checkpoint-every N")
     tried = ", ".join(f"{n} {v:.4g}" for n, v, _ in candidates(ctx)) or "none known"

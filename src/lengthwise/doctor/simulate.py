@@ -427,6 +427,20 @@ def labelled_set(seed: int = 0, steps: int = 3000) -> list[tuple[str, SimulatedR
     return runs
 
 
+def ar1_noise(n: int, noise: float, phi: float, rng: np.random.Generator) -> np.ndarray:
+    """``n`` points of stationary AR(1) noise of spread ``noise`` and lag-1 correlation ``phi``.
+
+    >>> ar1_noise(3, 0.1, 0.5, np.random.default_rng(0)).shape
+    (3,)
+    """
+    e = rng.standard_normal(n) * noise * math.sqrt(1 - phi * phi)
+    ar = np.empty(n)
+    ar[0] = rng.standard_normal() * noise
+    for i in range(1, n):
+        ar[i] = phi * ar[i - 1] + e[i]
+    return ar
+
+
 def simulate_clean(
     points: int,
     *,
@@ -457,11 +471,7 @@ def simulate_clean(
     rng = np.random.default_rng(seed)
     n = points
     t = np.arange(n, dtype=np.float64)
-    e = rng.standard_normal(n) * noise * math.sqrt(1 - phi * phi)
-    ar = np.empty(n)
-    ar[0] = rng.standard_normal() * noise
-    for i in range(1, n):
-        ar[i] = phi * ar[i - 1] + e[i]
+    ar = ar1_noise(n, noise, phi, rng)
     level = 1.0 + (fall - 1.0) * np.exp(-5.0 * t / max(n, 1))
     warm = max(1, n // 20)
     lr = 3e-4 * np.minimum(1.0, (t + 1) / warm) * (0.55 + 0.45 * np.cos(np.pi * t / n))
@@ -473,5 +483,6 @@ def simulate_clean(
     if epochs > 1:
         level = level * (1.0 - epoch_drop) ** np.floor(epoch)
     loss = level * np.exp(ar)
+    done = (t + 1) / n * max(epochs, 1)  # progress after each step, as trainers log it
     return [{"step": int((i + 1) * interval), "loss": float(loss[i]), "lr": float(lr[i]),
-             "epoch": round(float(epoch[i]), 4)} for i in range(n)]
+             "epoch": round(float(done[i]), 4)} for i in range(n)]

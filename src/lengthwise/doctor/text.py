@@ -117,6 +117,11 @@ def _periodicity_lines(r: Report) -> list[str]:
     else:
         lines = [f"  periodicity  none (strongest candidate {_g(per.best_period)} steps, "
                  f"p={_g(per.p_value, 3)})"]
+    if per.period is not None and per.test.startswith("predicted"):
+        lines.append(f"               {per.test}")
+    gated = [part for part in per.note.split("; ") if "fails the AR(1) surrogate" in part]
+    if per.period is None and gated:
+        lines.append(f"               {gated[0]}")
     if per.runs is not None:
         ru = per.runs
         lines.append(f"  runs         {ru.runs:,} runs of high/low steps vs {_g(ru.expected, 6)} "
@@ -187,6 +192,10 @@ def _context_line(r: Report) -> str:
         parts.append("steps per epoch unknown (log `epoch` or pass --steps-per-epoch)")
     if c.batch_size:
         parts.append(f"batch {c.batch_size}")
+    if c.world_size:
+        parts.append(f"world size {c.world_size} ({c.world_size_source})")
+    if c.epoch_resets:
+        parts.append(f"{len(c.epoch_resets)} resume(s) (epoch field fell back)")
     if c.checkpoint_every:
         parts.append(f"checkpoint every {_g(c.checkpoint_every, 6)}")
     if c.lr_restarts:

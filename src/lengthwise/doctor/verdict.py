@@ -63,7 +63,7 @@ def _steps(values: list[float], limit: int = 5) -> str:
 def build_verdict(f: Findings) -> Verdict:
     """Rank the causes behind the findings ``f`` and write the one-line summary."""
     causes = [*_nonfinite_causes(f), *_composition_causes(f), *_epoch_causes(f),
-              *_cliff_causes(f), *_input_causes(f)]
+              *_cliff_causes(f), *_input_causes(f), *_resume_causes(f)]
     causes.sort(key=lambda c: -c.score)
     untested = _untested(f)
     clean = False if causes else (None if untested else True)
@@ -476,3 +476,21 @@ def _input_causes(f: Findings) -> list[Cause]:
                           "data-loader position (the batch order)"],
         ))
     return out
+
+
+def _resume_causes(f: Findings) -> list[Cause]:
+    """Resumes the steps do not show: the logged ``epoch`` falls back while the step goes on."""
+    resets = f.context.epoch_resets
+    if not resets:
+        return []
+    return [Cause(
+        name="resumes",
+        title=f"{len(resets)} resume(s) in the log (the epoch field falls back)",
+        score=0.1,
+        where=f"at steps {_steps(resets)}",
+        evidence=[f"the logged `epoch` falls back at step(s) {_steps(resets)} while the step "
+                  "keeps rising: a run resumed from a checkpoint whose data pass started over"],
+        prescription=["check that resuming restores the optimizer, scheduler and "
+                      "data-loader position (the batch order); a restarted data pass repeats "
+                      "samples already seen"],
+    )]

@@ -100,6 +100,8 @@ def make_sampler(trainer: Trainer, lengths: Any, **options: Any) -> BucketBatchS
     if "seed" not in options:
         options["seed"] = args.data_seed if args.data_seed is not None else args.seed
     world, rank = data_parallel_ranks(trainer)
+    # fewer data-parallel ranks than processes only where a device mesh shares batches
+    options.setdefault("check_world_size", world == acc.num_processes)
     sampler = BucketBatchSampler(lengths, num_replicas=world, rank=rank,
                                  grad_accum=args.gradient_accumulation_steps, **options)
     if trainer.train_dataset is not None:
@@ -207,11 +209,16 @@ def check_resume(sampler: BucketBatchSampler, checkpoint: str | None) -> None:
     sampler._check_same_plan(saved)
     if (saved["world_size"], saved["grad_accum"]) != (sampler.num_replicas, sampler.grad_accum):
         raise ResumeError(
-            f"{checkpoint} was trained on {saved['world_size']} data-parallel ranks with "
+            f"{checkpoint} was trained on {_ranks(saved['world_size'])} with "
             f"gradient_accumulation_steps={saved['grad_accum']}; this run has "
-            f"{sampler.num_replicas} and {sampler.grad_accum}. Trainer resumes by counting "
+            f"{_ranks(sampler.num_replicas)} and gradient_accumulation_steps="
+            f"{sampler.grad_accum}. Trainer resumes by counting "
             "steps, which cannot re-plan the rest of the epoch: resume with the saved values, "
             f"or load {STATE_FILE} into a BucketBatchSampler in your own loop")
+
+
+def _ranks(n: int) -> str:
+    return f"{n} data-parallel rank{'' if n == 1 else 's'}"
 
 
 def _resolve_checkpoint(trainer: Trainer, resume_from_checkpoint: Any) -> str | None:

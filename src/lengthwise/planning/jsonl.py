@@ -29,13 +29,29 @@ def jsonl_records(path: str | os.PathLike[str], *,
         for lineno, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise error(f"{path}, line {lineno}: not valid JSON ({exc.msg})") from None
-            if not isinstance(record, dict):
-                raise error(f"{path}, line {lineno}: not a JSON object")
-            yield lineno, record
+            yield lineno, json_record(line, path, lineno, error=error)
+
+
+def json_record(line: str | bytes, path: str | os.PathLike[str], lineno: int, *,
+                error: type[ValueError] = ValueError) -> dict[str, Any]:
+    """One JSON-lines record, which must be an object; ``error`` names the file and the line.
+
+    Example::
+
+        >>> json_record('{"n": 1}', "a.jsonl", 3)
+        {'n': 1}
+        >>> json_record("[1]", "a.jsonl", 3)
+        Traceback (most recent call last):
+        ...
+        ValueError: a.jsonl, line 3: not a JSON object
+    """
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise error(f"{path}, line {lineno}: not valid JSON ({exc.msg})") from None
+    if not isinstance(record, dict):
+        raise error(f"{path}, line {lineno}: not a JSON object")
+    return record
 
 
 def jsonl_field(path: str | os.PathLike[str], field: str, *,

@@ -13,9 +13,12 @@ Example::
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from lengthwise.errors import ConfigError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -48,6 +51,63 @@ def group_info(process_group: Any = None) -> GroupInfo | None:
     rank = dist.get_rank(process_group)
     world_size = dist.get_world_size(process_group)
     return GroupInfo(dist=dist, group=process_group, rank=rank, world_size=world_size)
+
+
+def launched_world() -> tuple[int, str] | None:
+    """How many processes this one runs among, and what says so; ``None`` for one process.
+
+    The initialised ``torch.distributed`` group answers first, then the launcher's
+    ``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE`` (set by ``torchrun``, ``accelerate launch``,
+    Lightning and others before any process group exists).
+
+    Example::
+
+        >>> import os
+        >>> os.environ["WORLD_SIZE"] = "2"
+        >>> launched_world()
+        (2, 'WORLD_SIZE=2')
+        >>> del os.environ["WORLD_SIZE"]
+    """
+    group = group_info()
+    if group is not None:
+        return (group.world_size, "the initialised torch.distributed group") \
+            if group.world_size > 1 else None
+    for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        raw = os.environ.get(name, "").strip()
+        if raw.isdigit() and int(raw) > 1:
+            return int(raw), f"{name}={raw}"
+    return None
+
+
+def check_replicas(num_replicas: int, what: str = "the sampler") -> None:
+    """Raise if ``num_replicas`` is not the number of processes this one runs among.
+
+    A sampler built before ``init_process_group`` (or with ``num_replicas=1``) under a
+    launcher of 2 processes plans the whole epoch on each: every sample twice. Pass
+    ``check_world_size=False`` to the sampler where ranks share batches on purpose
+    (tensor- or context-parallel groups), so fewer data-parallel ranks than processes.
+
+    Example::
+
+        >>> import os
+        >>> os.environ["WORLD_SIZE"] = "2"
+        >>> check_replicas(1)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        lengthwise.errors.ConfigError: the sampler plans for num_replicas=1, but WORLD_SIZE=2 ...
+        >>> del os.environ["WORLD_SIZE"]
+    """
+    world = launched_world()
+    if world is None or world[0] == num_replicas:
+        return
+    size, source = world
+    raise ConfigError(
+        f"{what} plans for num_replicas={num_replicas}, but {source} says this process is one "
+        f"of {size}: the processes would not split the epoch (samples trained more than once, "
+        f"or not at all). Build the sampler after torch.distributed.init_process_group, or "
+        f"pass num_replicas={size} and this process's rank (with Accelerate on CPU: "
+        "Accelerator(cpu=True)); pass check_world_size=False if ranks share batches on "
+        "purpose (tensor or context parallel)")
 
 
 def all_reduce_sum(values: np.ndarray, info: GroupInfo) -> np.ndarray:

@@ -44,7 +44,7 @@ from lengthwise.planning.schedule import EpochPlan
 from lengthwise.planning.state_checks import StateError
 from lengthwise.planning.window_cursor import WindowCursor
 from lengthwise.planning.windowed import WindowedPlan, resolve_window
-from lengthwise.pytorch.dist import group_info
+from lengthwise.pytorch.dist import check_replicas, group_info
 from lengthwise.pytorch.sampler_state import (
     STATE_VERSION,
     ResumeError,
@@ -101,6 +101,12 @@ class BucketBatchSampler(Sampler[list[int]]):
     ``len()`` plans every window once to count, and its checksum of the lengths
     reads 64 evenly spaced blocks of them.
 
+    Under a launcher of several processes (``WORLD_SIZE``, ``LOCAL_WORLD_SIZE`` or an
+    initialised group), ``num_replicas`` must be their number: a sampler built before
+    ``init_process_group`` raises ``ConfigError`` (a ``ValueError``) naming both numbers
+    instead of planning the whole epoch on every process. ``check_world_size=False``
+    allows fewer replicas where processes share batches (tensor or context parallel).
+
     Call :meth:`set_epoch` before each epoch, as with ``DistributedSampler``.
     ``len(sampler)`` is the number of micro-batches this rank has in the current
     epoch's plan, including those already yielded before a resume;
@@ -141,8 +147,15 @@ class BucketBatchSampler(Sampler[list[int]]):
         rows_per_batch: int = 1,
         yield_rows: bool = False,
         window: int | str | None = "auto",
+        check_world_size: bool = True,
     ) -> None:
         super().__init__()
+        if isinstance(lengths, Sampler):  # Lightning rebuilding it around its DistributedSampler
+            raise ConfigError(
+                f"BucketBatchSampler got a {type(lengths).__name__} as its lengths: PyTorch "
+                "Lightning's Trainer rebuilds batch samplers around its own sampler; use "
+                "lengthwise.lightning.LightningBatchSampler, or Trainer(use_distributed_sampler="
+                "False) with lengthwise.lightning.LengthwiseCallback")
         #: yield each micro-batch as a list of packed rows (lists of indices); wrap the data
         #: set in ``lengthwise.pytorch.collate.RowsDataset`` so the collator receives the rows
         self.yield_rows = bool(yield_rows)
@@ -154,6 +167,10 @@ class BucketBatchSampler(Sampler[list[int]]):
         else:
             self.lengths = load_lengths(lengths)
         self.num_replicas, self.rank = _resolve_ranks(num_replicas, rank)
+        #: compare num_replicas with the processes the launcher started
+        self.check_world_size = bool(check_world_size)
+        if self.check_world_size:
+            check_replicas(self.num_replicas)
         if drop_last and even_out not in (None, "drop"):
             raise ConfigError(f"drop_last=True means even_out='drop', got even_out={even_out!r}")
         self.drop_last = bool(drop_last)

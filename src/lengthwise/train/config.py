@@ -93,7 +93,7 @@ class LoopConfig:
 
 
 def check_positive(cfg: object, *names: str) -> None:
-    """Raise ``ConfigError`` naming the first field of ``cfg`` that is not an integer >= 1.
+    """Raise a ``ConfigError`` naming the first field of ``cfg`` that is not an integer >= 1.
 
     Example::
 

@@ -49,7 +49,11 @@ class MicroOut:
 
 
 class Task(Protocol):
-    """What a :class:`TrainLoop` trains."""
+    """What a :class:`TrainLoop` trains.
+
+    A task may also define ``checkpoint_files() -> dict[str, str]``: small text
+    files saved into every checkpoint folder (e.g. the model's config).
+    """
 
     model: Any
 
@@ -87,14 +91,17 @@ def make_sampler(order: str, lengths: np.ndarray, cfg: LoopConfig, *, rank: int 
         pad_multiple=cfg.pad_multiple, layout=layout, yield_rows=True, **budget)
 
 
-def make_collator(order: str, cfg: LoopConfig, edges: list[int] | None) -> Callable[..., Any]:
-    """The collator matching :func:`make_sampler`: padded rows, or packed rows of ``max_len``."""
-    from lengthwise.pytorch.collate import PackCollator, PadCollator
+def make_collator(order: str, cfg: LoopConfig, sampler: Any) -> Callable[..., Any]:
+    """The collator of ``sampler``'s plan (:func:`make_sampler`): padded rows, or packed rows.
 
+    It truncates every sample to the length the plan counted (``max_len``), pads to
+    the plan's ``pad_multiple`` and checks each micro-batch against the budget;
+    packed rows are closed to ``max_len`` with a filler sample.
+    """
     if order == PACKED:
-        return PackCollator(row_capacity=cfg.max_len, pad_to_capacity=True, pad_token_id=0,
-                            return_flash_attn_kwargs=False)
-    pad = PadCollator(pad_token_id=0, pad_multiple=cfg.pad_multiple, edges=edges)
+        return sampler.collator(pad_token_id=0, pad_to_capacity=True,
+                                return_flash_attn_kwargs=False)
+    pad = sampler.collator(pad_token_id=0)
     return lambda rows: pad([s for row in rows for s in row])
 
 
@@ -127,11 +134,16 @@ class TrainLoop:
     ``sample(i)`` returns dataset sample ``i`` as the collator takes it. Writes
     ``run_dir/train_log.jsonl`` and, with ``cfg.checkpoint_every``,
     ``run_dir/checkpoints``; with ``cfg.resume`` it continues from the newest one.
+    A task with a ``check_data(sample, size)`` method checks the data set before the
+    first step. A step with nothing to learn on any rank (normaliser 0) makes no update.
+    ``log_sinks`` go to the :class:`~lengthwise.train.StepLogger` (``wandb``,
+    ``tensorboard_dir``).
     """
 
     def __init__(self, task: Task, order: str, lengths: np.ndarray,
                  sample: Callable[[int], Any], cfg: LoopConfig, *, run_dir: str | Path,
-                 device: Any, info: GroupInfo | None = None) -> None:
+                 device: Any, info: GroupInfo | None = None,
+                 log_sinks: dict[str, Any] | None = None) -> None:
         import torch
 
         from lengthwise.train import (
@@ -165,7 +177,10 @@ class TrainLoop:
             self.optimizer, lambda s: lr_factor(s, steps=cfg.steps, warmup=warm,
                                                 schedule=cfg.schedule))
         self.sampler = make_sampler(order, lengths, cfg, rank=self.rank, world=self.world)
-        self.collate = make_collator(order, cfg, self.sampler.edges)
+        self.collate = make_collator(order, cfg, self.sampler)
+        check_data = getattr(task, "check_data", None)
+        if check_data is not None:  # a task may refuse data it cannot train on, before step 1
+            check_data(sample, int(len(lengths)))
         self.guard = (SpikeGuard(window=50, warmup=min(20, max(3, cfg.steps // 10)), sync=False)
                       if cfg.spike_guard else None)
         self.step_count = 0
@@ -187,7 +202,7 @@ class TrainLoop:
         self._shares_epoch = self.sampler.epoch  # the epoch whose plan gave the logger's shares
         self.logger = StepLogger(self.log_path, bucket_shares=bucket_token_shares(
             self.sampler.plan), num_buckets=len(self.sampler.edges or [0]),
-            rank=self.rank, world_size=self.world)
+            rank=self.rank, world_size=self.world, **(log_sinks or {}))
         # the guard writes no events of its own: a skipped step is marked in its step record
         # (``skipped``), and an event line carrying ``step`` and ``loss`` would read as a
         # second record of that step to log readers
@@ -247,7 +262,11 @@ class TrainLoop:
         keys = sorted(stats)
         reduced = self._sum([float(loss_sum), *(stats[k] for k in keys)])
         loss = reduced[0] / total if total > 0 else float("nan")
-        skipped = bool(self.guard.check(loss, step=self.step_count + 1)) if self.guard else False
+        skipped = True
+        if total > 0:
+            skipped = bool(self.guard.check(loss, step=self.step_count + 1) if self.guard
+                           else False)
+        # else: nothing supervised in the whole step, no update (the record says skipped)
         lr = self.optimizer.param_groups[0]["lr"]
         if not skipped:
             self.optimizer.step()
@@ -261,7 +280,8 @@ class TrainLoop:
             extra_state = {"spike_guard": self.guard.state_dict()} if self.guard else None
             self.checkpointer.save(self.step_count, model=self.task.model,
                                    optimizer=self.optimizer, scheduler=self.scheduler,
-                                   sampler=self.sampler, extra=extra_state)
+                                   sampler=self.sampler, extra=extra_state,
+                                   files=_checkpoint_files(self.task))
         return rec
 
     def _follow_epoch(self) -> None:
@@ -282,3 +302,9 @@ class TrainLoop:
                 self.checkpointer.close()
         finally:
             self.logger.close()
+
+
+def _checkpoint_files(task: Any) -> dict[str, str] | None:
+    """Files a task saves with every checkpoint (its optional ``checkpoint_files()``)."""
+    make = getattr(task, "checkpoint_files", None)
+    return make() if make is not None else None

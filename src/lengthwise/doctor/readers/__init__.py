@@ -2,7 +2,8 @@
 
 Formats: JSON lines (``.jsonl``, ``.log``, any name; gzip detected by content),
 a single JSON document (``trainer_state.json`` or an array of rows), CSV
-(``.csv``/``.tsv``, W&B exports) and TensorBoard event files or directories.
+(``.csv``/``.tsv``, W&B exports), TensorBoard event files or directories and
+W&B run files or run folders (``wandb/run-*``; needs the ``wandb`` extra).
 
 Example::
 
@@ -28,10 +29,13 @@ _CSV_SUFFIXES = (".csv", ".tsv", ".csv.gz", ".tsv.gz")
 
 
 def detect_format(path: Path) -> str:
-    """``"tensorboard"``, ``"csv"``, ``"document"`` or ``"jsonl"`` for an existing path."""
+    """``"wandb"``, ``"tensorboard"``, ``"csv"``, ``"document"`` or ``"jsonl"`` for a path."""
     from lengthwise.doctor.readers.jsonl import looks_like_document
+    from lengthwise.doctor.readers.wandb_log import is_wandb_path
 
     name = path.name.lower()
+    if is_wandb_path(path):
+        return "wandb"
     if path.is_dir() or "tfevents" in name:
         return "tensorboard"
     if name.endswith(_CSV_SUFFIXES):
@@ -64,7 +68,11 @@ def read_log(
         raise EmptyLogError(f"{path}: is empty")
     fmt = detect_format(path)
     builder = ColumnBuilder(str(path), step_key=step_key, loss_key=loss_key, fmt=fmt)
-    if fmt == "tensorboard":
+    if fmt == "wandb":
+        from lengthwise.doctor.readers.wandb_log import read_wandb
+
+        read_wandb(path, builder, step_key=step_key)
+    elif fmt == "tensorboard":
         builder.use_keys(step_key="step", loss_key="loss")
         read_tensorboard(path, builder, loss_key=loss_key)
     elif fmt == "csv":

@@ -16,6 +16,7 @@ import threading
 import time
 import warnings
 from collections import OrderedDict
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -28,11 +29,11 @@ from lengthwise.pytorch.dist import GroupInfo, group_info
 from lengthwise.train.checkpoint.atomic import prune, publish
 from lengthwise.train.checkpoint.dcp_backend import save_dcp
 from lengthwise.train.checkpoint.errors import CheckpointError, CheckpointLockedError
-from lengthwise.train.checkpoint.layout import latest_checkpoint, step_dirs
+from lengthwise.train.checkpoint.layout import MANIFEST, latest_checkpoint, step_dirs
 from lengthwise.train.checkpoint.lock import WriterLock
 from lengthwise.train.checkpoint.pending import PendingSave
 from lengthwise.train.checkpoint.state import TrainingState, check_stateful
-from lengthwise.train.checkpoint.torch_backend import save_torch
+from lengthwise.train.checkpoint.torch_backend import TORCH_FILE, save_torch
 
 __all__ = ["Checkpointer", "SharedCheckpointers", "save_checkpoint"]
 
@@ -107,13 +108,17 @@ class Checkpointer:
         scheduler: Any = None,
         sampler: Any = None,
         extra: Any = None,
+        files: Mapping[str, str] | None = None,
     ) -> PendingSave:
         """Start saving ``step``; returns once the state is copied (or written, if not async).
 
         Call it between optimizer steps, after the sampler has handed out the
         batches of the steps done so far, so that a resumed run continues exactly.
+        ``files``: small text files (name -> text) written into the checkpoint folder
+        by rank 0 and covered by its manifest (e.g. a model's config).
         """
         step = _checked_save_args(step, model, optimizer, scheduler, sampler)
+        files = _checked_files(files)
         self.closed = False
         info, use_dcp = self._backend()
         rank = info.rank if info is not None else 0
@@ -123,7 +128,7 @@ class Checkpointer:
         self._event(rank, "checkpoint_begin", step=step, path=str(final))
         self.wait()  # one save at a time; raises if the previous one failed
         state = TrainingState(step, model, optimizer, scheduler, sampler, extra)
-        future = self._write(state, tmp, final, info, use_dcp, rank, start)
+        future = self._write(state, tmp, final, info, use_dcp, rank, start, files)
         blocking = time.perf_counter() - start
         pending = PendingSave(step, final, future, blocking)
         self._event(rank, "checkpoint_end", step=step, path=str(final),
@@ -212,11 +217,15 @@ class Checkpointer:
         return info, use_dcp
 
     def _write(self, state: TrainingState, tmp: Path, final: Path, info: GroupInfo | None,
-               use_dcp: bool, rank: int, start: float) -> Future:
+               use_dcp: bool, rank: int, start: float,
+               files: dict[str, str] | None = None) -> Future:
         """Start writing ``state`` with the chosen backend (and wait for it unless async)."""
         step = state.step
 
         def finish(manifest: dict[str, Any]) -> Path:
+            if rank == 0:
+                for name, text in (files or {}).items():
+                    (tmp / name).write_text(text, encoding="utf-8")
             return self._finish(rank, step, tmp, final, manifest, start)
 
         def failed(exc: BaseException) -> None:
@@ -352,6 +361,24 @@ class SharedCheckpointers:
                 checkpointer.close()
             except CheckpointError as exc:
                 warnings.warn(f"a background checkpoint save failed: {exc}", stacklevel=2)
+
+
+def _checked_files(files: Mapping[str, str] | None) -> dict[str, str] | None:
+    """``files`` as a dict, refusing names that are not plain file names or clash with ours."""
+    if files is None:
+        return None
+    out = {}
+    for name, text in files.items():
+        if (not isinstance(name, str) or not name or Path(name).name != name
+                or name.startswith(".") or name == MANIFEST or name.endswith(".distcp")
+                or name in (TORCH_FILE, ".metadata")):
+            raise ConfigError(f"files: checkpoint file name {name!r} must be a plain file name "
+                              "that is not one of the checkpoint's own")
+        if not isinstance(text, str):
+            raise ConfigError(f"files: checkpoint file {name!r} must be text, got "
+                              f"{type(text).__name__}")
+        out[name] = text
+    return out
 
 
 _SHARED = SharedCheckpointers()

@@ -1,0 +1,136 @@
+"""``lengthwise dflash eval``: acceptance length and draft accuracy per prompt set.
+
+Example::
+
+    $ lengthwise dflash eval --target models/Qwen3-8B --draft exported/ \\
+          --prompts mt_bench.jsonl gsm8k.jsonl --max-new-tokens 256 --device cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+
+def register(stages: argparse._SubParsersAction) -> None:
+    """Add the ``eval`` stage."""
+    p = stages.add_parser(
+        "eval",
+        help="acceptance length and draft accuracy per prompt set (greedy and sampled)",
+        description="Decode prompt sets with the draft proposing and the target verifying "
+                    "(batched, with the target's KV cache) and report, per set and "
+                    "temperature, the acceptance length (tokens per verifying target "
+                    "forward); at temperature 0 also the draft's teacher-forced accuracy on "
+                    "the target's outputs and the lossless check (every output equal to the "
+                    "target's own greedy generate). Sampling above 0 keeps the target's "
+                    "distribution (speculative sampling).",
+    )
+    p.add_argument("--target", required=True, metavar="PATH",
+                   help="the target: a local Hugging Face causal LM folder with its tokenizer")
+    p.add_argument("--draft", required=True, metavar="PATH",
+                   help="an exported draft folder, a training run or a checkpoint")
+    p.add_argument("--prompts", nargs="+", default=None, metavar="FILE.jsonl",
+                   help='prompt sets, one JSON object a line: {"prompt": ...} or '
+                        '{"messages": [...]} (default: the small set shipped with lengthwise)')
+    p.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0], metavar="T",
+                   help="sampling temperatures (default: 0 1)")
+    p.add_argument("--max-new-tokens", type=int, default=256, metavar="N")
+    p.add_argument("--batch-size", type=int, default=16, metavar="N",
+                   help="prompts decoded together (default: 16)")
+    p.add_argument("--limit", type=int, default=None, metavar="N",
+                   help="at most N prompts of each set")
+    p.add_argument("--thinking", choices=["on", "off"], default="off",
+                   help="the chat template's thinking switch, where it has one (default: off)")
+    p.add_argument("--no-check", action="store_true",
+                   help="skip the lossless check against the target's greedy generate")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ... (default: cpu)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                   help="the target's and draft's dtype (default: float32)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampled runs")
+    p.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Evaluate the draft on every prompt set and print the figures."""
+    import torch
+
+    from lengthwise.dflash.evaluate import evaluate_set
+    from lengthwise.dflash.load import check_target, load_draft
+    from lengthwise.dflash.mask_token import check_mask_token
+    from lengthwise.dflash.prompts import bundled_prompts, read_prompt_file, render_prompts
+    from lengthwise.dflash.target import Target, load_target
+    from lengthwise.errors import ConfigError
+
+    for name in ("max_new_tokens", "batch_size", "limit"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if any(not (t >= 0 and math.isfinite(t)) for t in args.temperatures):
+        raise ConfigError(f"--temperatures must be finite and >= 0, got {args.temperatures}")
+    files = args.prompts or [str(bundled_prompts())]
+    sets = {Path(f).stem: read_prompt_file(f) for f in files}  # bad files fail before loading
+    dtype = getattr(torch, args.dtype)
+    device = torch.device(args.device)
+    draft = load_draft(args.draft)
+    model = load_target(args.target, dtype=dtype, device=device)
+    check_target(draft.config, model.config)
+    check_mask_token(draft.config.mask_token_id, int(model.get_input_embeddings().weight.shape[0]))
+    target = Target(model, layers=draft.config.target_layers)
+    draft = draft.to(device=device, dtype=dtype)
+    tokenizer = _tokenizer(args.target)
+    eos = _stops(model, tokenizer)
+    rows: list[dict[str, Any]] = []
+    for name, convs in sets.items():
+        convs = convs[: args.limit] if args.limit else convs
+        prompts = render_prompts(convs, tokenizer, thinking=args.thinking == "on")
+        rows += evaluate_set(draft, target, prompts, name=name, temperatures=args.temperatures,
+                             max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                             eos=eos, seed=args.seed, check=not args.no_check)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print(render(rows))
+    return 0
+
+
+def render(rows: list[dict[str, Any]]) -> str:
+    """The rows as a table (one line per set and temperature)."""
+    head = ("set", "T", "prompts", "new tokens", "acceptance length", "draft accuracy",
+            "lossless")
+    lines = [" | ".join(head)]
+    for r in rows:
+        acc = r.get("draft_accuracy")
+        if "mismatches" in r:
+            lossless = "yes" if r["mismatches"] == 0 else f"no ({r['mismatches']} differ)"
+        else:
+            lossless = "-"
+        lines.append(" | ".join([
+            r["set"], f"{r['temperature']:g}", str(r["prompts"]), str(r["new_tokens"]),
+            f"{r['acceptance_length']:.2f}", "-" if acc is None else f"{acc:.3f}", lossless]))
+    return "\n".join(lines)
+
+
+def _tokenizer(path: str) -> Any:
+    import transformers
+
+    from lengthwise.errors import ConfigError
+
+    try:
+        return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--target {path}: no tokenizer there ({exc})") from exc
+
+
+def _stops(model: Any, tokenizer: Any) -> list[int] | None:
+    """Stop ids: the generation config's end-of-sequence ids, else the tokenizer's."""
+    gen = getattr(model, "generation_config", None)
+    eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    if eos is None:
+        return None
+    return [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]

@@ -1,0 +1,83 @@
+"""``lengthwise dflash export``: a trained draft in the format serving engines load.
+
+Example::
+
+    $ lengthwise dflash export runs/draft exported/ --dtype bfloat16 --target models/Qwen3-8B
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(stages: argparse._SubParsersAction) -> None:
+    """Add the ``export`` stage."""
+    p = stages.add_parser(
+        "export",
+        help="write a trained draft as config.json + model.safetensors (reference dflash layout)",
+        description="Write the draft of a training run or checkpoint in the layout the reference "
+                    "dflash package and SGLang's DFLASH algorithm load: config.json (a Qwen3 "
+                    "config with the DFlashDraftModel architecture, block_size, "
+                    "num_target_layers and dflash_config with mask_token_id and "
+                    "target_layer_ids) and model.safetensors under the reference names. The "
+                    "engine uses the target's embedding and LM head.",
+    )
+    p.add_argument("checkpoint", metavar="RUN_OR_CHECKPOINT",
+                   help="a training run folder, its checkpoints/ folder (newest checkpoint) "
+                        "or one step_N folder")
+    p.add_argument("out", metavar="OUT", help="folder to write (created)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                   help="weights' dtype (default: as trained)")
+    p.add_argument("--target", default=None, metavar="PATH",
+                   help="the target's local Hugging Face folder: checked against the draft "
+                        "(width, layers, vocabulary)")
+    p.add_argument("--speculators", default=None, metavar="DIR",
+                   help="also convert the export to the speculators (vLLM) format in DIR with "
+                        "the speculators package's converter (needs --target)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Export and print what was written."""
+    from lengthwise.dflash.export import export_checkpoint
+
+    target_config = None
+    if args.speculators is not None and args.target is None:
+        from lengthwise.errors import ConfigError
+
+        raise ConfigError("--speculators needs --target (the converter reads the target)")
+    if args.target is not None:
+        target_config = _target_config(args.target)
+    out = export_checkpoint(args.checkpoint, args.out, dtype=args.dtype,
+                            target_config=target_config)
+    cfg = json.loads((out / "config.json").read_text())
+    d = cfg["dflash_config"]
+    print(f"lengthwise dflash export: {out}: {cfg['num_hidden_layers']} layers, hidden "
+          f"{cfg['hidden_size']}, block {d['block_size']}, mask token {d['mask_token_id']}, "
+          f"target layers {d['target_layer_ids']} of {cfg['num_target_layers']}, "
+          f"rope_theta {cfg['rope_theta']:g}, {cfg['dtype']}")
+    if args.speculators is not None:
+        from lengthwise.dflash.export import to_speculators
+        from lengthwise.errors import MissingDependencyError
+
+        try:
+            converted = to_speculators(out, args.speculators, args.target)
+        except MissingDependencyError as exc:
+            print(f"lengthwise dflash export: error: {exc}", file=sys.stderr)
+            return 2
+        print(f"lengthwise dflash export: speculators format: {converted}")
+    return 0
+
+
+def _target_config(path: str) -> object:
+    from pathlib import Path
+
+    from lengthwise.errors import ConfigError
+
+    if not (Path(path) / "config.json").is_file():
+        raise ConfigError(f"--target {path}: not a local Hugging Face model (no config.json)")
+    import transformers
+
+    return transformers.AutoConfig.from_pretrained(path, local_files_only=True)

@@ -1,0 +1,225 @@
+"""Chat conversations: check them, and render them with a target's chat template.
+
+Conversations come in OpenAI form (``role``/``content``) or ShareGPT form
+(``from``/``value``; :mod:`lengthwise.dflash.chat_files` reads them from files).
+:func:`normalise` turns one row's list into ``[{"role", "content"}]`` and names
+the row and field of anything malformed. :class:`ChatRenderer` renders a
+conversation with the tokenizer's chat template (with its ``enable_thinking``
+switch where the template has one) into token ids and an assistant-only loss
+mask: from the template's ``{% generation %}`` marks when it has them, else by
+rendering the conversation prefix by prefix and keeping the text each assistant
+turn adds.
+
+Example::
+
+    >>> chat = [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]
+    >>> normalise(chat, where="row 0")
+    [{'role': 'user', 'content': 'hi'}, {'role': 'assistant', 'content': 'hello'}]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from lengthwise.errors import ConfigError, DataError
+
+__all__ = ["TEMPLATE_ERRORS", "ChatRenderer", "Rendered", "normalise"]
+
+#: ShareGPT and OpenAI speaker names and the chat-template role each becomes
+ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant",
+         "gpt": "assistant", "chatgpt": "assistant", "model": "assistant", "tool": "tool",
+         "function": "tool", "observation": "tool"}
+try:  # what a chat template raises for a conversation it refuses
+    from jinja2 import TemplateError as _TemplateError
+
+    TEMPLATE_ERRORS: tuple[type[Exception], ...] = (_TemplateError, ValueError)
+except ImportError:  # pragma: no cover - transformers needs jinja2 for chat templates
+    TEMPLATE_ERRORS = (ValueError,)
+_GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
+_PROBE = "LENGTHWISE_PROBE_7f3a"
+
+
+def _content(value: Any, where: str) -> str:
+    """Text of a message's content: a string, or OpenAI's list of ``{"type": "text"}`` parts."""
+    if isinstance(value, list):
+        parts = []
+        for k, part in enumerate(value):
+            if not (isinstance(part, dict) and part.get("type", "text") == "text"
+                    and isinstance(part.get("text"), str)):
+                raise DataError(f"{where}.content[{k}]: only text parts are supported, "
+                                f"got {str(part)[:60]!r}")
+            parts.append(part["text"])
+        value = "".join(parts)
+    if not isinstance(value, str):
+        raise DataError(f"{where}: content must be text, got {type(value).__name__}")
+    return value
+
+
+def normalise(messages: Any, *, where: str, allow_empty_assistant: bool = False,
+              ) -> list[dict[str, str]]:
+    """One row's messages as ``[{"role", "content"}]``; a :class:`DataError` names what is wrong.
+
+    ``where`` names the row (e.g. ``"chats.jsonl row 12 field 'messages'"``).
+
+    Example::
+
+        >>> normalise([{"role": "user", "content": ""}], where="row 3")  # whitespace is text
+        Traceback (most recent call last):
+        ...
+        lengthwise.errors.DataError: row 3[0]: empty content (role 'user')
+    """
+    if not isinstance(messages, (list, tuple)):
+        raise DataError(f"{where}: must be a list of messages, got {type(messages).__name__}")
+    if not messages:
+        raise DataError(f"{where}: no messages")
+    out = []
+    for j, msg in enumerate(messages):
+        at = f"{where}[{j}]"
+        if not isinstance(msg, dict):
+            raise DataError(f"{at}: a message must be an object, got {type(msg).__name__}")
+        speaker = msg.get("role", msg.get("from"))
+        if speaker is None:
+            raise DataError(f"{at}: no 'role' (or ShareGPT 'from') field")
+        role = ROLES.get(str(speaker).lower()) if isinstance(speaker, str) else None
+        if role is None:
+            raise DataError(f"{at}: unknown role {speaker!r} (known: {', '.join(ROLES)})")
+        if "content" in msg:
+            text = _content(msg["content"], at)
+        elif "value" in msg:
+            text = _content(msg["value"], at)
+        else:
+            raise DataError(f"{at}: no 'content' (or ShareGPT 'value') field")
+        if not text and not (allow_empty_assistant and role == "assistant"):
+            raise DataError(f"{at}: empty content (role {role!r})")
+        item = {"role": role, "content": text}
+        if isinstance(msg.get("reasoning_content"), str) and role == "assistant":
+            item["reasoning_content"] = msg["reasoning_content"]  # thinking templates render it
+        out.append(item)
+    return out
+
+
+@dataclass
+class Rendered:
+    """Token ids of one rendered conversation and its loss mask (1 = assistant token)."""
+
+    input_ids: list[int]
+    loss_mask: list[int]
+
+
+class ChatRenderer:
+    """A tokenizer's chat template, rendered to token ids and an assistant-only loss mask.
+
+    ``enable_thinking`` (``None``: the template's default) is passed to the template;
+    it is refused when the template has no such switch.
+    """
+
+    def __init__(self, tokenizer: Any, *, enable_thinking: bool | None = None,
+                 name: str = "the tokenizer") -> None:
+        template = getattr(tokenizer, "chat_template", None)
+        if isinstance(template, dict):  # several named templates: the default one
+            template = template.get("default")
+        if not template:
+            raise ConfigError(f"{name} has no chat template")
+        if not getattr(tokenizer, "is_fast", False):
+            raise ConfigError(f"{name} is not a fast tokenizer (tokenizer.json): the loss "
+                              "mask needs its character offsets")
+        self.tokenizer, self.template, self.name = tokenizer, template, name
+        self.has_thinking = "enable_thinking" in template
+        if enable_thinking is not None and not self.has_thinking:
+            raise ConfigError(f"--enable-thinking/--no-enable-thinking: the chat template of "
+                              f"{name} has no enable_thinking switch")
+        self.enable_thinking = enable_thinking
+        self.uses_generation_marks = bool(_GENERATION.search(template))
+        self._check_assistant_role()
+
+    @property
+    def template_sha256(self) -> str:
+        """Hash of the chat template text (recorded with prepared data)."""
+        return hashlib.sha256(self.template.encode("utf-8")).hexdigest()
+
+    def text(self, messages: list[dict[str, str]], *, generation_prompt: bool = False) -> str:
+        """The conversation rendered as text."""
+        kwargs = {} if self.enable_thinking is None else {"enable_thinking": self.enable_thinking}
+        return self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                  add_generation_prompt=generation_prompt,
+                                                  **kwargs)
+
+    def prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        """Token ids of ``messages`` followed by the template's assistant generation prompt."""
+        return self._encode(self.text(messages, generation_prompt=True))[0]
+
+    def _encode(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
+
+    def _check_assistant_role(self) -> None:
+        conv = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": _PROBE}]
+        try:
+            text = self.text(conv)
+        except TEMPLATE_ERRORS as exc:  # a template raising on the role is the user's template
+            raise ConfigError(f"the chat template of {self.name} cannot render an assistant "
+                              f"turn ({' '.join(str(exc).split())})") from None
+        if _PROBE not in text:
+            raise ConfigError(f"the chat template of {self.name} has no assistant role: an "
+                              "assistant message's content does not appear in its output")
+
+    def spans(self, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
+        """The rendered text and the character span of each assistant turn in it.
+
+        Each span runs from where the conversation before the turn (with the generation
+        prompt) stops matching the full rendering to where the conversation up to the turn
+        does, without trailing whitespace: the tokens the target would generate.
+        """
+        full = self.text(messages)
+        out = []
+        for k, msg in enumerate(messages):
+            if msg["role"] != "assistant":
+                continue
+            lo = _common_prefix(self.text(messages[:k], generation_prompt=True), full) if k else 0
+            hi = _common_prefix(self.text(messages[: k + 1]), full)
+            while hi > lo and full[hi - 1].isspace():
+                hi -= 1
+            if hi > lo:
+                out.append((lo, hi))
+        return full, out
+
+    def render(self, messages: list[dict[str, str]]) -> Rendered:
+        """Token ids and the assistant-only loss mask of one conversation."""
+        if self.uses_generation_marks:
+            kwargs = ({} if self.enable_thinking is None
+                      else {"enable_thinking": self.enable_thinking})
+            out = self.tokenizer.apply_chat_template(
+                messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True,
+                **kwargs)
+            ids = list(out["input_ids"])
+            return Rendered(ids, [int(m) for m in out["assistant_masks"]])
+        text, spans = self.spans(messages)
+        ids, offsets = self._encode(text)
+        mask = [0] * len(ids)
+        k = 0
+        for i, (start, end) in enumerate(offsets):  # a token overlapping a span is learned
+            while k < len(spans) and spans[k][1] <= start:
+                k += 1
+            if k == len(spans):
+                break
+            if end > spans[k][0]:
+                mask[i] = 1
+        return Rendered(ids, mask)
+
+
+def _common_prefix(a: str, b: str) -> int:
+    """Length of the longest common prefix of two strings."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo

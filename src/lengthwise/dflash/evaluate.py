@@ -1,0 +1,133 @@
+"""A draft's figures per prompt set: acceptance length, draft accuracy, the lossless check.
+
+For every prompt set and temperature, :func:`evaluate_set` decodes the prompts
+with :func:`~lengthwise.dflash.speculative.speculative_batch` (batched, the
+target's KV cache) and reports:
+
+- ``acceptance_length``: tokens kept per verifying target forward, pooled over
+  the set (the prefill's first token is not counted);
+- ``mismatches`` (temperature 0, with ``check``): the number of prompts whose output
+  differs from the target's own greedy ``generate`` (0: the decoding is lossless);
+- ``draft_accuracy`` and ``slot_accuracy`` (temperature 0 only): the draft's
+  teacher-forced top-1 accuracy on the target's own greedy outputs, overall and
+  per block slot (:func:`~lengthwise.dflash.decode.evaluate_blocks`, every
+  position an anchor), with the acceptance length those accuracies imply.
+
+Example::
+
+    >>> import torch, transformers
+    >>> from lengthwise.dflash import DFlashConfig, DFlashDraft, Target
+    >>> cfg = transformers.LlamaConfig(vocab_size=30, hidden_size=16, num_hidden_layers=2,
+    ...                                num_attention_heads=2, intermediate_size=32)
+    >>> _ = torch.manual_seed(18)  # a target whose greedy output holds its eos id, 2
+    >>> target = Target(transformers.LlamaForCausalLM(cfg), layers=[0, 1])
+    >>> draft = DFlashDraft(DFlashConfig.from_target(cfg, block_size=4, target_layers=[0, 1],
+    ...                                                   mask_token_id=29))
+    >>> rows = evaluate_set(draft, target, [[1, 2, 3], [4, 5]], name="tiny",
+    ...                     temperatures=[0.0], max_new_tokens=8)
+    >>> rows[0]["set"], rows[0]["mismatches"], 1.0 <= rows[0]["acceptance_length"] <= 4.0
+    ('tiny', 0, True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from lengthwise.errors import ConfigError
+
+__all__ = ["evaluate_set", "greedy_reference", "teacher_forced"]
+
+
+def greedy_reference(target: Any, prompt: list[int], max_new_tokens: int,
+                     eos: int | Collection[int] | None = None) -> list[int]:
+    """The target's own greedy continuation by Hugging Face ``generate`` (KV cache)."""
+    import transformers
+
+    from lengthwise.dflash.target import stop_set
+
+    stops = sorted(stop_set(eos))
+    config = transformers.GenerationConfig(
+        do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=stops or None,
+        pad_token_id=stops[0] if stops else 0)
+    ids = torch.tensor([prompt], device=target.device)
+    model = target.model
+    # generate fills what a config leaves unset (the stop ids) from the model's own
+    saved, model.generation_config = model.generation_config, config
+    try:
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                 generation_config=config)
+    finally:
+        model.generation_config = saved
+    return out[0, len(prompt):].tolist()
+
+
+def teacher_forced(draft: Any, target: Any, prompts: Sequence[list[int]],
+                   outputs: Sequence[list[int]], *, batch_size: int = 8) -> Any:
+    """:class:`~lengthwise.dflash.decode.BlockEval` of the draft on ``prompt + output`` texts.
+
+    The outputs are supervised, the prompts are not; every possible anchor is used.
+    """
+    from lengthwise.dflash.decode import evaluate_blocks
+    from lengthwise.pytorch.collate import PadCollator
+
+    collate = PadCollator(pad_token_id=0, pad_multiple=1)
+    samples = []
+    for p, o in zip(prompts, outputs, strict=True):
+        ids = np.asarray(list(p) + list(o), dtype=np.int64)
+        labels = ids.copy()
+        labels[: len(p)] = -100
+        samples.append({"input_ids": ids, "labels": labels})
+    order = sorted(range(len(samples)), key=lambda i: samples[i]["input_ids"].size)
+    batches = [(collate([samples[i] for i in order[lo:lo + batch_size]]),
+                [[i] for i in order[lo:lo + batch_size]])
+               for lo in range(0, len(order), batch_size)]
+    longest = max(s["input_ids"].size for s in samples)
+    return evaluate_blocks(draft, target, batches, num_anchors=longest)
+
+
+def evaluate_set(draft: Any, target: Any, prompts: list[list[int]], *, name: str,
+                 temperatures: Sequence[float] = (0.0, 1.0), max_new_tokens: int = 256,
+                 batch_size: int = 16, eos: int | Collection[int] | None = None,
+                 seed: int = 0, check: bool = True) -> list[dict[str, Any]]:
+    """One row of figures per temperature for the prompt set ``name`` (see the module doc)."""
+    from lengthwise.dflash.speculative import speculative_batch
+
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+    if not prompts:
+        raise ConfigError(f"prompt set {name}: no prompts")
+    was = draft.training
+    draft.eval()
+    rows = []
+    try:
+        for temp in temperatures:
+            gens = []
+            for lo in range(0, len(prompts), batch_size):
+                gens += speculative_batch(draft, target, prompts[lo:lo + batch_size],
+                                          max_new_tokens=max_new_tokens, temperature=temp,
+                                          eos=eos, seed=seed + lo)
+            kept = [k for g in gens for k in g.accepted]
+            row: dict[str, Any] = {
+                "set": name, "temperature": float(temp), "prompts": len(prompts),
+                "new_tokens": sum(len(g.tokens) for g in gens),
+                "verify_forwards": len(kept),
+                "acceptance_length": float(np.mean(kept)) if kept else float("nan"),
+            }
+            if temp == 0:
+                outs = [g.tokens for g in gens]
+                if check:
+                    row["mismatches"] = sum(
+                        o != greedy_reference(target, p, max_new_tokens, eos)
+                        for p, o in zip(prompts, outs, strict=True))
+                ev = teacher_forced(draft, target, prompts, outs)
+                row.update(draft_accuracy=ev.accuracy, slot_accuracy=ev.slot_accuracy,
+                           simulated_acceptance_length=ev.simulated_acceptance_length)
+            rows.append(row)
+    finally:
+        draft.train(was)
+    return rows

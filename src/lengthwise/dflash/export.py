@@ -1,0 +1,153 @@
+"""Export a trained draft in the format serving engines load (the reference ``dflash`` layout).
+
+The folder holds ``config.json`` (a Qwen3 config whose ``architectures`` is
+``DFlashDraftModel``, with ``block_size``, ``num_target_layers`` and a
+``dflash_config`` holding ``mask_token_id``, ``target_layer_ids`` and
+``block_size``) and ``model.safetensors`` under the reference module names
+(``fc``, ``hidden_norm``, ``layers.N...``, ``norm``): what
+``dflash.DFlashDraftModel.from_pretrained`` and SGLang's ``DFLASH`` algorithm read.
+The draft keeps no embedding and no LM head: the engine uses the target's.
+
+Example::
+
+    >>> import tempfile, json
+    >>> from lengthwise.dflash.model import DFlashConfig, DFlashDraft
+    >>> cfg = DFlashConfig(hidden_size=32, num_heads=4, num_kv_heads=2, block_size=4,
+    ...                    target_layers=[1, 2], num_target_layers=4, mask_token_id=49,
+    ...                    target_vocab_size=50)
+    >>> out = export_draft(DFlashDraft(cfg), tempfile.mkdtemp())
+    >>> c = json.loads((out / "config.json").read_text())
+    >>> c["architectures"], c["dflash_config"]["mask_token_id"], c["block_size"]
+    (['DFlashDraftModel'], 49, 4)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from lengthwise.dflash.load import ARCHITECTURE, DERIVED, RENAME, check_target
+from lengthwise.dflash.mask_token import check_mask_token
+from lengthwise.errors import ConfigError
+
+__all__ = ["export_checkpoint", "export_draft", "exported_config", "exported_weights",
+           "to_speculators"]
+
+#: noise of ``PretrainedConfig.to_dict`` that says nothing about the draft
+_NOISE = ("id2label", "label2id", "problem_type", "chunk_size_feed_forward", "return_dict",
+          "output_hidden_states", "output_attentions", "is_encoder_decoder", "_name_or_path",
+          "architectures", "dtype", "torch_dtype", "transformers_version")
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def exported_config(cfg: Any, *, dtype: str = "float32") -> dict[str, Any]:
+    """The ``config.json`` of a draft with config ``cfg`` (a ``DFlashConfig``)."""
+    vocab = cfg.target_vocab_size
+    if vocab is None:
+        raise ConfigError("target_vocab_size: the draft config does not know the target's "
+                          "vocabulary size (give the target)")
+    mask = check_mask_token(cfg.mask_token_id, int(vocab))
+    block = cfg.block_size
+    if isinstance(block, bool) or not isinstance(block, int) or not 2 <= block:
+        raise ConfigError(f"block_size {block!r}: the dflash format holds an integer block "
+                          "size >= 2 (the anchor and at least one drafted token)")
+    if block > cfg.max_position_embeddings:
+        raise ConfigError(f"block_size {block} exceeds max_position_embeddings "
+                          f"{cfg.max_position_embeddings}")
+    if cfg.target_layers is None or cfg.num_target_layers is None:
+        raise ConfigError("target_layers and num_target_layers must be known to export a draft")
+    bad = [i for i in cfg.target_layers if not 0 <= i < cfg.num_target_layers]
+    if bad:
+        raise ConfigError(f"target_layers {cfg.target_layers} must lie in "
+                          f"[0, {cfg.num_target_layers})")
+    base = {k: v for k, v in cfg.qwen3_config(vocab_size=int(vocab)).to_dict().items()
+            if k not in _NOISE}
+    base["rope_theta"] = float(cfg.rope_theta)  # read by transformers 4.x and engines alike
+    if cfg.rope_scaling is not None:
+        base["rope_scaling"] = dict(cfg.rope_scaling)
+    layers = [int(i) for i in cfg.target_layers]
+    return {
+        "architectures": [ARCHITECTURE], **base, "dtype": dtype,
+        "block_size": int(block), "num_target_layers": int(cfg.num_target_layers),
+        "dflash_config": {"mask_token_id": mask, "target_layer_ids": layers,
+                          "block_size": int(block)},
+    }
+
+
+def exported_weights(draft: Any, *, dtype: str | None = None) -> dict[str, Any]:
+    """The draft's tensors under the reference names (contiguous CPU copies)."""
+    import torch
+
+    if dtype is not None and dtype not in _DTYPES:
+        raise ConfigError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+    out = {}
+    for name, tensor in draft.state_dict().items():
+        if name.startswith(DERIVED):
+            continue
+        for ours, theirs in RENAME.items():
+            if name.startswith(ours):
+                name = theirs + name[len(ours):]
+        t = tensor.detach().to("cpu")
+        if dtype is not None:
+            t = t.to(getattr(torch, dtype))
+        out[name] = t.contiguous()
+    return out
+
+
+def export_draft(draft: Any, out: str | os.PathLike, *, dtype: str | None = None) -> Path:
+    """Write ``draft`` into the folder ``out`` (created; files in it are replaced); return it.
+
+    ``dtype``: ``float32``, ``bfloat16`` or ``float16`` (default: the draft's own).
+    """
+    from safetensors.torch import save_file
+
+    weights = exported_weights(draft, dtype=dtype)
+    kept = str(next(iter(weights.values())).dtype).removeprefix("torch.")
+    config = exported_config(draft.config, dtype=kept)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n",
+                                     encoding="utf-8")
+    return out
+
+
+def export_checkpoint(path: str | os.PathLike, out: str | os.PathLike, *,
+                      dtype: str | None = None, target_config: Any = None) -> Path:
+    """Export the draft of a run or checkpoint (``load.load_draft_checkpoint``) into ``out``.
+
+    ``target_config``: the target's Hugging Face config, checked against the draft
+    (layers, width, vocabulary) and supplying the vocabulary size when the draft
+    config lacks it.
+    """
+    from lengthwise.dflash.load import load_draft_checkpoint
+
+    draft = load_draft_checkpoint(path)
+    if target_config is not None:
+        check_target(draft.config, target_config)
+    return export_draft(draft, out, dtype=dtype)
+
+
+def to_speculators(folder: str | os.PathLike, out: str | os.PathLike,
+                   target: str | os.PathLike) -> Path:
+    """Convert an exported draft ``folder`` to the speculators (vLLM) format in ``out``.
+
+    Runs the ``speculators`` package's own DFlash converter (``pip install --no-deps
+    speculators`` is enough on CPU); ``target`` is the target's local folder (the
+    converter copies its embedding, LM head and final norm into the checkpoint).
+    """
+    try:
+        from speculators.convert.dflash.converter import DFlashConverter
+    except ImportError as exc:
+        from lengthwise.errors import MissingDependencyError
+
+        raise MissingDependencyError(
+            "the speculators format needs the speculators package "
+            "(pip install --no-deps speculators, plus loguru and pydantic-settings)") from exc
+    target = Path(target)
+    if not (target / "config.json").is_file():
+        raise ConfigError(f"--target {target}: not a local Hugging Face model (no config.json)")
+    DFlashConverter().convert(str(folder), str(out), base_model=str(target), validate=True)
+    return Path(out)

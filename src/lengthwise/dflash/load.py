@@ -1,0 +1,147 @@
+"""Drafts back from disk: a training run or checkpoint, or a folder in the served layout.
+
+:func:`load_draft` takes either; :func:`load_draft_checkpoint` reads a run's
+checkpoint with its ``draft_config.json``; :func:`load_exported` reads the
+reference ``dflash`` layout that :mod:`~lengthwise.dflash.export` writes (and
+drafts published in it). :func:`check_target` refuses a target the draft was
+not trained for.
+
+Example::
+
+    >>> import tempfile
+    >>> from lengthwise.dflash.export import export_draft
+    >>> from lengthwise.dflash.model import DFlashConfig, DFlashDraft
+    >>> cfg = DFlashConfig(hidden_size=32, num_heads=4, num_kv_heads=2, block_size=4,
+    ...                    target_layers=[1, 2], num_target_layers=4, mask_token_id=49,
+    ...                    target_vocab_size=50)
+    >>> draft = load_draft(export_draft(DFlashDraft(cfg), tempfile.mkdtemp()))
+    >>> draft.config.mask_token_id, draft.config.target_layers
+    (49, [1, 2])
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from lengthwise.errors import ConfigError
+
+__all__ = ["ARCHITECTURE", "RENAME", "check_target", "load_draft", "load_draft_checkpoint",
+           "load_exported"]
+
+#: the draft class the reference package and SGLang instantiate
+ARCHITECTURE = "DFlashDraftModel"
+#: our module names -> the reference's (the rest are the same)
+RENAME = {"context_norm.": "hidden_norm."}
+#: buffers recomputed from the config, never stored
+DERIVED = ("rotary.",)
+
+
+def load_draft_checkpoint(path: str | os.PathLike) -> Any:
+    """A :class:`~lengthwise.dflash.model.DFlashDraft` from a training checkpoint.
+
+    ``path``: a run folder (holding ``checkpoints/``), a checkpoints folder (its
+    newest complete checkpoint) or one ``step_N`` folder.
+    """
+    from lengthwise.dflash.config import read_draft_config
+    from lengthwise.dflash.model import DFlashDraft
+    from lengthwise.train.checkpoint import load_checkpoint
+    from lengthwise.train.checkpoint.errors import CheckpointError
+    from lengthwise.train.checkpoint.layout import resolve_checkpoint
+
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"{path}: no such run or checkpoint folder")
+    if (path / "checkpoints").is_dir():
+        path = path / "checkpoints"
+    try:
+        step, _ = resolve_checkpoint(path)
+    except (FileNotFoundError, CheckpointError) as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    draft = DFlashDraft(read_draft_config(step))
+    try:
+        load_checkpoint(step, model=draft, restore_rng=False)
+    except CheckpointError as exc:
+        raise ConfigError(f"{step}: {exc}") from exc
+    return draft.eval()
+
+
+def check_target(cfg: Any, target_config: Any) -> None:
+    """Refuse a target whose width, layer count or vocabulary differ from the draft's."""
+    text = getattr(target_config, "get_text_config", lambda: target_config)()
+    vocab = int(text.vocab_size)
+    if cfg.target_vocab_size is None:
+        cfg.target_vocab_size = vocab
+    pairs = (("hidden_size", cfg.hidden_size, text.hidden_size),
+             ("num_target_layers", cfg.num_target_layers, text.num_hidden_layers),
+             ("target_vocab_size", cfg.target_vocab_size, vocab))
+    for name, ours, theirs in pairs:
+        if ours is not None and int(ours) != int(theirs):
+            raise ConfigError(f"--target: the draft was trained with {name} {ours}, the "
+                              f"target has {theirs}")
+
+
+def load_exported(folder: str | os.PathLike) -> Any:
+    """A :class:`~lengthwise.dflash.model.DFlashDraft` from a folder in the reference layout.
+
+    Reads what :func:`export_draft` writes, and drafts published in that layout
+    (``block_size`` and ``mask_token_id`` in ``dflash_config`` or at the top level).
+    """
+    from types import SimpleNamespace
+
+    from safetensors.torch import load_file
+
+    from lengthwise.dflash.model import DFlashConfig, DFlashDraft
+    from lengthwise.dflash.rope import rope_settings
+
+    folder = Path(folder)
+    try:
+        c = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{folder}: no readable config.json ({exc})") from exc
+    if ARCHITECTURE not in (c.get("architectures") or []):
+        raise ConfigError(f"{folder}/config.json: architectures {c.get('architectures')} do "
+                          f"not name {ARCHITECTURE}")
+    d = c.get("dflash_config") or {}
+
+    def value(key: str) -> Any:
+        return d.get(key, c.get(key))
+
+    try:
+        cfg = DFlashConfig(
+            hidden_size=c["hidden_size"], num_layers=c["num_hidden_layers"],
+            num_heads=c["num_attention_heads"], num_kv_heads=c["num_key_value_heads"],
+            head_dim=c.get("head_dim"), intermediate_size=c["intermediate_size"],
+            rms_norm_eps=c.get("rms_norm_eps", 1e-6),
+            max_position_embeddings=c.get("max_position_embeddings", 32768),
+            **rope_settings(SimpleNamespace(**{k: c.get(k) for k in (
+                "rope_parameters", "rope_theta", "rope_scaling")})),
+            block_size=value("block_size"), target_layers=value("target_layer_ids"),
+            num_target_layers=value("num_target_layers"), mask_token_id=value("mask_token_id"),
+            target_vocab_size=c.get("vocab_size"))
+    except KeyError as exc:
+        raise ConfigError(f"{folder}/config.json: no {exc.args[0]!r}") from exc
+    draft = DFlashDraft(cfg)
+    ours = {v: k for k, v in RENAME.items()}
+    state = {}
+    for name, tensor in load_file(str(folder / "model.safetensors")).items():
+        for theirs, mine in ours.items():
+            if name.startswith(theirs):
+                name = mine + name[len(theirs):]
+        state[name] = tensor
+    missing, unexpected = draft.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.startswith(DERIVED)]
+    if missing or unexpected:
+        raise ConfigError(f"{folder}/model.safetensors: missing {missing[:4]}, unexpected "
+                          f"{unexpected[:4]} weights for a DFlash draft")
+    return draft.to(next(iter(state.values())).dtype).eval()
+
+
+def load_draft(path: str | os.PathLike) -> Any:
+    """A draft from an exported folder (``config.json``) or a training run or checkpoint."""
+    path = Path(path)
+    if (path / "config.json").is_file() and (path / "model.safetensors").is_file():
+        return load_exported(path)
+    return load_draft_checkpoint(path)

@@ -1,0 +1,324 @@
+"""Chat data to DFlash training data: token ids, an assistant-only loss mask, lengths.
+
+:func:`prepare_chats` reads conversations (:mod:`lengthwise.dflash.chat`),
+optionally has the target regenerate every assistant turn, renders each
+conversation with the target's chat template, truncates or drops samples over
+``max_len`` and drops samples with fewer than ``min_supervised`` assistant
+tokens; every drop is counted. It writes a folder (read back by
+:func:`lengthwise.dflash.prepared.open_prepared`):
+
+- ``data-00000.parquet``, ...: columns ``input_ids`` (list<int32>), ``loss_mask``
+  (list<int8>, 1 = assistant token to learn), ``length`` (int32) and
+  ``source_row`` (int64, the input row); shard ``k`` holds input rows
+  ``k * shard_rows ..``; each is written atomically, and a rerun with the same
+  settings skips the shards already there;
+- ``lengths.npy`` (int64, in row order, for ``lengthwise.load_lengths`` and the planner);
+- ``prepare.json``: target, chat-template hash, thinking switch, counts kept and dropped.
+
+Example::
+
+    $ lengthwise dflash prepare chats.jsonl --target ./Qwen3-8B --out prepared/
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lengthwise.atomic import atomic_open, atomic_path
+from lengthwise.dflash.chat import TEMPLATE_ERRORS, ChatRenderer, normalise
+from lengthwise.dflash.chat_files import ChatSource
+from lengthwise.errors import ConfigError, DataError
+
+__all__ = ["PrepareConfig", "PrepareCounts", "prepare_chats", "shard_name"]
+
+FORMAT = 1
+_META_KEY = b"lengthwise.prepare"
+OVERLONG = ("truncate", "drop")
+
+
+@dataclass
+class PrepareConfig:
+    """Settings of :func:`prepare_chats`.
+
+    Example::
+
+        >>> PrepareConfig(min_supervised=0)
+        Traceback (most recent call last):
+        ...
+        lengthwise.errors.ConfigError: min_supervised must be a positive integer, got 0
+    """
+
+    min_supervised: int = 32
+    max_len: int | None = None
+    overlong: str = "truncate"  # or "drop"
+    enable_thinking: bool | None = None  # None: the template's default
+    field: str | None = None  # "messages" or "conversations" when None
+    split: str = "train"  # of a DatasetDict folder
+    shard_rows: int = 4096
+    regenerate: bool = False
+    max_new_tokens: int = 512
+    temperature: float = 0.0
+    batch_size: int = 32
+    backend: str = "auto"  # of regeneration: "hf", "vllm", or vLLM when installed (CUDA)
+    seed: int = 0
+    device: str = "cpu"
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("min_supervised", "shard_rows", "max_new_tokens", "batch_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.max_len is not None and (not isinstance(self.max_len, int) or self.max_len < 2):
+            raise ConfigError(f"max_len must be an integer >= 2, got {self.max_len!r}")
+        if self.backend not in ("auto", "hf", "vllm"):
+            raise ConfigError(f"backend must be auto, hf or vllm, got {self.backend!r}")
+        if self.overlong not in OVERLONG:
+            raise ConfigError(f"overlong must be 'truncate' or 'drop', got {self.overlong!r}")
+        if not (isinstance(self.temperature, (int, float)) and self.temperature >= 0):
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature!r}")
+
+
+@dataclass
+class PrepareCounts:
+    """What happened to the input rows (summed over shards)."""
+
+    rows: int = 0
+    kept: int = 0
+    dropped_few_supervised: int = 0
+    dropped_too_long: int = 0
+    truncated: int = 0
+    tokens: int = 0
+    supervised_tokens: int = 0
+    most_supervised: int = 0  # the largest supervised count seen (for the all-dropped error)
+    regenerated_turns: int = 0
+    unfinished_turns: int = 0  # regenerated turns cut at max_new_tokens
+
+    def add(self, other: PrepareCounts) -> None:
+        for name, value in asdict(other).items():
+            if name == "most_supervised":
+                self.most_supervised = max(self.most_supervised, value)
+            else:
+                setattr(self, name, getattr(self, name) + value)
+
+
+def shard_name(k: int) -> str:
+    """File name of shard ``k``.
+
+    Example::
+
+        >>> shard_name(3)
+        'data-00003.parquet'
+    """
+    return f"data-{k:05d}.parquet"
+
+
+def _load_tokenizer(target: Path) -> Any:
+    import transformers
+
+    from lengthwise.dflash.recipe import check_causal_lm
+
+    check_causal_lm(target)
+    try:
+        return transformers.AutoTokenizer.from_pretrained(str(target), local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(f"--target {target}: no usable tokenizer there "
+                          f"({' '.join(str(exc).split())[:200]})") from None
+
+
+def _fingerprint(source: Path, target: Path, renderer: ChatRenderer, cfg: PrepareConfig) -> str:
+    st = source.stat()
+    settings = {k: v for k, v in asdict(cfg).items() if k not in ("progress", "device")}
+    parts = {"source": str(source.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+             "target": str(target.resolve()), "template": renderer.template_sha256,
+             "settings": settings, "format": FORMAT}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _shard_meta(path: Path) -> dict[str, Any] | None:
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.read_schema(path).metadata or {}
+    except Exception:  # an unreadable shard (a crash mid-copy) is prepared again
+        return None
+    raw = meta.get(_META_KEY)
+    return json.loads(raw) if raw else None
+
+
+def _write_shard(path: Path, ids: list[list[int]], masks: list[list[int]], rows: list[int],
+                 meta: dict[str, Any]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({
+        "input_ids": pa.array(ids, type=pa.list_(pa.int32())),
+        "loss_mask": pa.array(masks, type=pa.list_(pa.int8())),
+        "length": pa.array([len(x) for x in ids], type=pa.int32()),
+        "source_row": pa.array(rows, type=pa.int64()),
+    }).replace_schema_metadata({_META_KEY: json.dumps(meta).encode()})
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
+
+
+class _Shard:
+    """Render (and optionally regenerate) the conversations of one shard."""
+
+    def __init__(self, renderer: ChatRenderer, cfg: PrepareConfig, generator: Any) -> None:
+        self.renderer, self.cfg, self.generator = renderer, cfg, generator
+
+    def run(self, items: list[tuple[int, str, Any]], k: int,
+            ) -> tuple[list[list[int]], list[list[int]], list[int], PrepareCounts]:
+        cfg = self.cfg
+        convs = [normalise(raw, where=where, allow_empty_assistant=cfg.regenerate)
+                 for _, where, raw in items]
+        counts = PrepareCounts(rows=len(items))
+        if cfg.regenerate:
+            done, unfinished = self.generator.rewrite(convs, seed=cfg.seed + k)
+            counts.regenerated_turns, counts.unfinished_turns = done, unfinished
+        ids_out, masks_out, rows_out = [], [], []
+        for (row, where, _), conv in zip(items, convs, strict=True):
+            try:
+                r = self.renderer.render(conv)
+            except TEMPLATE_ERRORS as exc:  # the template refused this conversation
+                raise DataError(f"{where}: the chat template cannot render it "
+                                f"({' '.join(str(exc).split())[:200]})") from None
+            ids, mask = r.input_ids, r.loss_mask
+            if cfg.max_len is not None and len(ids) > cfg.max_len:
+                if cfg.overlong == "drop":
+                    counts.dropped_too_long += 1
+                    continue
+                ids, mask = ids[: cfg.max_len], mask[: cfg.max_len]
+                counts.truncated += 1
+            supervised = int(sum(mask))
+            counts.most_supervised = max(counts.most_supervised, supervised)
+            if supervised < cfg.min_supervised:
+                counts.dropped_few_supervised += 1
+                continue
+            counts.kept += 1
+            counts.tokens += len(ids)
+            counts.supervised_tokens += supervised
+            ids_out.append(ids)
+            masks_out.append(mask)
+            rows_out.append(row)
+        return ids_out, masks_out, rows_out, counts
+
+
+def prepare_chats(source: str | Path, target: str | Path, out: str | Path,
+                  cfg: PrepareConfig | None = None, *, tokenizer: Any = None,
+                  info: Any = None) -> dict[str, Any]:
+    """Prepare ``source`` for DFlash training with ``target``'s chat template into ``out``.
+
+    ``tokenizer`` (a fast Hugging Face tokenizer with a chat template) replaces the
+    one in the ``target`` folder. Under ``torchrun`` (``info``: the process group),
+    rank ``r`` prepares shards ``r, r + world, ...`` and rank 0 writes the lengths and
+    the record once every shard is there.
+
+    Returns what ``prepare.json`` records. Raises :class:`DataError` when no sample
+    is kept (never an empty data set) and for malformed conversations (row and
+    field named); :class:`ConfigError` for a target without a usable chat template.
+    """
+    from lengthwise.progress import progress
+    from lengthwise.train.device import barrier, rank_world
+
+    cfg = cfg or PrepareConfig()
+    source, target, out = Path(source), Path(target), Path(out)
+    rank, world = rank_world(info)
+    if not source.exists():
+        raise DataError(f"{source}: no such file or folder")
+    tok = tokenizer if tokenizer is not None else _load_tokenizer(target)
+    renderer = ChatRenderer(tok, enable_thinking=cfg.enable_thinking, name=f"--target {target}")
+    fp = _fingerprint(source, target, renderer, cfg)
+    chats = ChatSource(source, field=cfg.field, split=cfg.split)
+    total = len(chats)
+    if total == 0:
+        raise DataError(f"{source}: no conversations")
+    nshards = -(-total // cfg.shard_rows)
+    done = _finished_shards(out, nshards, fp)
+    barrier(info)  # every rank has seen what an earlier run finished before any writes
+    todo = [k for k in range(rank, nshards, world) if k not in done]
+    generator = None
+    if todo:
+        if cfg.regenerate:
+            from lengthwise.dflash.regenerate import TurnGenerator
+
+            generator = TurnGenerator(target, renderer, cfg, info=info)
+        shard = _Shard(renderer, cfg, generator)
+        out.mkdir(parents=True, exist_ok=True)
+        for k in progress(todo, desc="dflash prepare", unit="shard", total=len(todo),
+                          enable=cfg.progress and rank == 0):
+            lo, hi = k * cfg.shard_rows, min(total, (k + 1) * cfg.shard_rows)
+            items = list(chats.rows(lo, hi))
+            ids, masks, rows, c = shard.run(items, k)
+            _write_shard(out / shard_name(k), ids, masks, rows,
+                         {"fingerprint": fp, "rows": [lo, hi], "counts": asdict(c)})
+    barrier(info)
+    counts = PrepareCounts()
+    for k in range(nshards):
+        meta = _shard_meta(out / shard_name(k))
+        if meta is None:
+            raise DataError(f"--out {out}: {shard_name(k)} is missing or unreadable after "
+                            "preparing; run again to prepare it")
+        counts.add(PrepareCounts(**meta["counts"]))
+    if counts.kept == 0:
+        why = (f"every one of the {counts.rows} samples was dropped: "
+               f"{counts.dropped_few_supervised} have fewer than --min-supervised "
+               f"{cfg.min_supervised} assistant tokens (the most any has is "
+               f"{counts.most_supervised})")
+        if counts.dropped_too_long:
+            why += f", {counts.dropped_too_long} are longer than --max-len {cfg.max_len}"
+        raise DataError(f"{source}: {why}; lower --min-supervised or check the data")
+    record = {
+        "format": FORMAT, "source": str(source), "target": str(target),
+        "chat_template_sha256": renderer.template_sha256,
+        "enable_thinking": cfg.enable_thinking, "thinking_switch": renderer.has_thinking,
+        "loss_mask_from": ("generation marks" if renderer.uses_generation_marks
+                           else "prefix rendering"),
+        "mask_token_id": getattr(tok, "mask_token_id", None),
+        "vocab_size": len(tok),
+        "settings": {k: v for k, v in asdict(cfg).items() if k != "progress"},
+        "shards": [shard_name(k) for k in range(nshards)], "shards_reused": len(done),
+        "processes": world,
+        "regenerated_with": generator.backend if generator is not None else None,
+        "counts": asdict(counts),
+        "fingerprint": fp,
+    }
+    if rank == 0:
+        with atomic_open(out / "lengths.npy") as fh:
+            np.save(fh, _gather_lengths(out, nshards))
+        with atomic_open(out / "prepare.json", "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(record, indent=2) + "\n")
+    barrier(info)
+    return record
+
+
+def _finished_shards(out: Path, nshards: int, fp: str) -> set[int]:
+    """Shards an earlier run with the same settings finished; other files there are refused."""
+    names = {shard_name(k): k for k in range(nshards)}
+    done = set()
+    for path in sorted(out.glob("data-*.parquet")) if out.is_dir() else []:
+        if path.name not in names:
+            raise ConfigError(f"--out {out}: {path.name} is not one of this run's shards; "
+                              "use an empty folder")
+        meta = _shard_meta(path)
+        if meta is None:
+            continue  # unreadable: prepared again
+        if meta.get("fingerprint") != fp:
+            raise ConfigError(f"--out {out}: {path.name} was prepared from other data or "
+                              "settings; use an empty folder (or the same settings to resume)")
+        done.add(names[path.name])
+    return done
+
+
+def _gather_lengths(out: Path, nshards: int) -> np.ndarray:
+    import pyarrow.parquet as pq
+
+    parts = [pq.read_table(out / shard_name(k), columns=["length"]).column("length")
+             .to_numpy().astype(np.int64) for k in range(nshards)]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)

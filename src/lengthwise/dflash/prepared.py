@@ -1,0 +1,118 @@
+"""Read a folder written by ``lengthwise dflash prepare``: samples and their lengths.
+
+:func:`open_prepared` checks the folder (``prepare.json``, every shard, and
+``lengths.npy`` agreeing with them) and returns :class:`PreparedChats`, a
+random-access view over the shards (memory-mapped Parquet, nothing copied per
+sample but the sample itself).
+
+Example::
+
+    >>> from lengthwise.dflash.prepared import open_prepared
+    >>> chats = open_prepared("prepared/")                      # doctest: +SKIP
+    >>> len(chats), chats.lengths[:3], chats[0]["loss_mask"][:4]  # doctest: +SKIP
+    (912345, array([412, 1033, 87]), [0, 0, 0, 0])
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lengthwise.errors import DataError
+
+__all__ = ["PreparedChats", "open_prepared"]
+
+IGNORE = -100
+
+
+class PreparedChats:
+    """Prepared conversations: ``len()``, ``.lengths``, ``[i] -> {"input_ids", "loss_mask"}``."""
+
+    def __init__(self, folder: Path, info: dict[str, Any], chunks: list[tuple[Any, ...]],
+                 lengths: np.ndarray) -> None:
+        self.folder, self.info, self.lengths = folder, info, lengths
+        self._chunks = chunks  # (ids values, ids offsets, mask values, mask offsets)
+        self._starts = np.cumsum([0] + [c[1].size - 1 for c in chunks])
+
+    def __len__(self) -> int:
+        return int(self.lengths.size)
+
+    def _locate(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"sample {i} out of range for {n} samples")
+        i %= n
+        c = int(np.searchsorted(self._starts, i, side="right")) - 1
+        ids, off, mask, moff = self._chunks[c]
+        j = i - int(self._starts[c])
+        return ids[off[j]:off[j + 1]], mask[moff[j]:moff[j + 1]]
+
+    def __getitem__(self, i: int) -> dict[str, list[int]]:
+        ids, mask = self._locate(int(i))
+        return {"input_ids": ids.tolist(), "loss_mask": mask.tolist()}
+
+    def max_token_id(self) -> int:
+        """The largest token id in the data (``-1`` when empty); checks the target's vocabulary.
+
+        Example::
+
+            >>> chats.max_token_id() < 151_936                          # doctest: +SKIP
+            True
+        """
+        return max((int(c[0][c[1][0]:c[1][-1]].max()) for c in self._chunks
+                    if c[1][-1] > c[1][0]), default=-1)
+
+    def sample(self, i: int) -> dict[str, np.ndarray]:
+        """Sample ``i`` as the collators take it: ``input_ids``, ``labels`` (-100: not learned).
+
+        Example::
+
+            >>> chats.sample(0)["labels"][:4]                          # doctest: +SKIP
+            array([-100, -100, -100, -100])
+        """
+        ids, mask = self._locate(int(i))
+        ids = ids.astype(np.int64)
+        return {"input_ids": ids, "labels": np.where(mask > 0, ids, IGNORE)}
+
+
+def open_prepared(folder: str | Path) -> PreparedChats:
+    """The prepared data set in ``folder``; a :class:`DataError` names what is missing or off."""
+    import pyarrow.parquet as pq
+
+    folder = Path(folder)
+    meta_path = folder / "prepare.json"
+    if not meta_path.is_file():
+        raise DataError(f"--data {folder}: no prepare.json there (not written by "
+                        "`lengthwise dflash prepare`, or that run did not finish)")
+    try:
+        info = json.loads(meta_path.read_text(encoding="utf-8"))
+        shards = [folder / name for name in info["shards"]]
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise DataError(f"{meta_path}: not a prepare record ({exc})") from None
+    chunks: list[tuple[Any, ...]] = []
+    rows = 0
+    for path in shards:
+        if not path.is_file():
+            raise DataError(f"--data {folder}: shard {path.name} named in prepare.json is missing")
+        table = pq.read_table(path, columns=["input_ids", "loss_mask"], memory_map=True)
+        ids_col, mask_col = table.column("input_ids"), table.column("loss_mask")
+        for a, m in zip(ids_col.chunks, mask_col.chunks, strict=True):
+            if len(a) == 0:
+                continue
+            # ``values`` is the whole child array; ``offsets`` (sliced or not) index into it
+            chunks.append((a.values.to_numpy(zero_copy_only=False),
+                           a.offsets.to_numpy(zero_copy_only=False),
+                           m.values.to_numpy(zero_copy_only=False),
+                           m.offsets.to_numpy(zero_copy_only=False)))
+        rows += table.num_rows
+    lengths_path = folder / "lengths.npy"
+    if not lengths_path.is_file():
+        raise DataError(f"--data {folder}: lengths.npy is missing")
+    lengths = np.load(lengths_path, mmap_mode="r")
+    if lengths.ndim != 1 or lengths.size != rows:
+        raise DataError(f"{lengths_path}: {lengths.size} lengths for {rows} samples in the "
+                        "shards; prepare the folder again")
+    return PreparedChats(folder, info, chunks, np.asarray(lengths, dtype=np.int64))

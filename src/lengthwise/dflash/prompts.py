@@ -1,0 +1,108 @@
+"""Prompt sets for evaluating a draft: JSONL files rendered with the target's chat template.
+
+Each line is ``{"prompt": "..."}`` (one user turn) or ``{"messages": [{"role": ...,
+"content": ...}, ...]}`` (a conversation to continue); MT-bench, GSM8K, HumanEval or
+MATH-500 prompts converted to either form work as they are. Rendering uses the
+tokenizer's chat template with the generation prompt added (and the thinking
+switch, where the template has one); a tokenizer without a chat template takes a
+``prompt`` line's text as it is. :func:`bundled_prompts` is a small set shipped
+with lengthwise for tests and smoke runs.
+
+Example::
+
+    >>> rows = read_prompt_file(bundled_prompts())
+    >>> len(rows) >= 8, rows[0][0]["role"]
+    (True, 'user')
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from lengthwise.errors import ConfigError, DataError
+
+__all__ = ["bundled_prompts", "read_prompt_file", "render_prompts"]
+
+_ROLES = ("system", "user", "assistant", "tool")
+
+
+def bundled_prompts() -> Path:
+    """The path of the small prompt set shipped with lengthwise (written for tests)."""
+    from importlib.resources import files
+
+    return Path(str(files("lengthwise") / "data" / "dflash_prompts.jsonl"))
+
+
+def read_prompt_file(path: str | os.PathLike) -> list[list[dict[str, str]]]:
+    """The conversations of a JSONL prompt file, each a list of ``{"role", "content"}``.
+
+    A malformed line raises :class:`~lengthwise.errors.DataError` naming the file,
+    the line and the field; an empty file too.
+    """
+    path = Path(path)
+    out: list[list[dict[str, str]]] = []
+    with open(path, encoding="utf-8") as handle:
+        for n, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                raise DataError(f"{path}:{n}: not JSON ({exc})") from exc
+            out.append(_conversation(row, f"{path}:{n}"))
+    if not out:
+        raise DataError(f"{path}: no prompts")
+    return out
+
+
+def _conversation(row: Any, where: str) -> list[dict[str, str]]:
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: a line must be an object with 'prompt' or 'messages'")
+    if "prompt" in row:
+        text = row["prompt"]
+        if not isinstance(text, str) or not text.strip():
+            raise DataError(f"{where}: field 'prompt' must be non-empty text")
+        return [{"role": "user", "content": text}]
+    msgs = row.get("messages")
+    if msgs is None:
+        raise DataError(f"{where}: no 'prompt' or 'messages' field (has {sorted(row)})")
+    if not isinstance(msgs, list) or not msgs:
+        raise DataError(f"{where}: field 'messages' must be a non-empty list")
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or not isinstance(m.get("content"), str):
+            raise DataError(f"{where}: messages[{i}] must be an object with text 'content'")
+        if m.get("role") not in _ROLES:
+            raise DataError(f"{where}: messages[{i}].role must be one of {', '.join(_ROLES)}, "
+                            f"got {m.get('role')!r}")
+    if msgs[-1]["role"] == "assistant":
+        raise DataError(f"{where}: the last message is the assistant's; a prompt ends with a "
+                        "turn the target answers")
+    return [{"role": m["role"], "content": m["content"]} for m in msgs]
+
+
+def render_prompts(conversations: list[list[dict[str, str]]], tokenizer: Any, *,
+                   thinking: bool | None = False) -> list[list[int]]:
+    """Token ids of each conversation under the tokenizer's chat template.
+
+    ``thinking`` is passed as ``enable_thinking`` (templates without the switch
+    ignore it; ``None`` passes nothing). Without a chat template, single-turn
+    prompts are encoded as plain text; conversations raise ``ConfigError``.
+    """
+    template = getattr(tokenizer, "chat_template", None)
+    out = []
+    for conv in conversations:
+        if template:
+            extra = {} if thinking is None else {"enable_thinking": bool(thinking)}
+            text = tokenizer.apply_chat_template(conv, tokenize=False,
+                                                 add_generation_prompt=True, **extra)
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        elif len(conv) == 1 and conv[0]["role"] == "user":
+            ids = tokenizer(conv[0]["content"])["input_ids"]
+        else:
+            raise ConfigError("the target's tokenizer has no chat template: only one-turn "
+                              "'prompt' lines can be rendered")
+        out.append([int(t) for t in ids])
+    return out

@@ -1,0 +1,326 @@
+"""Train a DFlash draft for a local target on prepared chat data (``lengthwise dflash train``).
+
+:func:`train_draft` loads the frozen target (bf16 on CUDA, fp32 on CPU), builds
+the draft from the target's config, holds out ``eval_samples`` prepared samples,
+and trains on the rest with :class:`~lengthwise.train.loop.TrainLoop` and
+:class:`~lengthwise.dflash.train.DFlashTask` (DDP for the draft under
+``torchrun``, the target replicated on every rank). Every ``eval_every`` steps,
+rank 0 evaluates the draft teacher-forced on the held-out samples and the step
+record gets ``eval_loss``, ``eval_accuracy`` and ``eval_simulated_acceptance_length``
+(:func:`~lengthwise.dflash.decode.evaluate_blocks`). The run folder holds
+``train_log.jsonl``, ``checkpoints/`` (exact resume with ``resume=True``),
+``draft_config.json`` and, at the end, ``final/draft.pt``.
+
+Example::
+
+    $ torchrun --nproc-per-node 8 -m lengthwise dflash train --target ./Qwen3-8B \\
+          --data prepared/ --out run/ --device cuda --steps 90000
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lengthwise.dflash.train import DFlashTask, DFlashTrainConfig
+from lengthwise.errors import ConfigError, DataError
+
+__all__ = ["EvalTask", "RunSettings", "check_causal_lm", "held_out_batches", "new_draft",
+           "train_draft"]
+
+
+@dataclass
+class RunSettings:
+    """What a training run needs besides :class:`DFlashTrainConfig`."""
+
+    target: str
+    data: str
+    out: str = "dflash_run"
+    order: str = "stratified"
+    epochs: float | None = None  # passes over the training samples; sets cfg.steps
+    eval_samples: int = 64
+    eval_every: int | None = None  # steps; None: a tenth of the run; 0: never
+    eval_anchors: int | None = None  # anchors per held-out sample (default: num_anchors)
+    wandb: bool = False
+    wandb_project: str | None = None
+    tensorboard: str | None = None
+
+    def __post_init__(self) -> None:
+        from lengthwise.planning.vocabulary import ORDERS
+        from lengthwise.train.config import PACKED
+
+        if self.order not in (*ORDERS, PACKED):
+            raise ConfigError(f"order must be one of {', '.join((*ORDERS, PACKED))}, "
+                              f"got {self.order!r}")
+        for name in ("eval_samples", "eval_every"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
+        if self.epochs is not None and not (isinstance(self.epochs, (int, float))
+                                            and self.epochs > 0):
+            raise ConfigError(f"epochs must be > 0, got {self.epochs!r}")
+        if self.eval_anchors is not None and (not isinstance(self.eval_anchors, int)
+                                              or self.eval_anchors < 1):
+            raise ConfigError(f"eval_anchors must be a positive integer, got "
+                              f"{self.eval_anchors!r}")
+
+
+def check_causal_lm(path: str | Path) -> dict[str, Any]:
+    """The ``config.json`` of a local target folder, refused unless it names a causal LM.
+
+    Example::
+
+        >>> try:
+        ...     check_causal_lm("/nonexistent")
+        ... except ConfigError as exc:
+        ...     print(exc)
+        --target /nonexistent: not a local Hugging Face model folder (no config.json there)
+    """
+    path = Path(path)
+    file = path / "config.json"
+    if not file.is_file():
+        raise ConfigError(f"--target {path}: not a local Hugging Face model folder "
+                          "(no config.json there)")
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--target {file}: not JSON ({exc.msg})") from None
+    archs = config.get("architectures") or []
+    if archs and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+        raise ConfigError(f"--target {path}: not a causal language model (architectures "
+                          f"{archs}); DFlash needs the target's LM head")
+    return config
+
+
+def held_out_batches(samples: list[dict[str, Any]], *, batch_size: int = 8,
+                     max_tokens: int | None = None, first_id: int = 10**9,
+                     ) -> list[tuple[dict[str, Any], list[list[int]]]]:
+    """Held-out samples collated by similar length into ``(batch, rows)`` pairs.
+
+    A batch holds at most ``batch_size`` samples and, with ``max_tokens``, at most that
+    many padded tokens (the training budget, which the slots budget assumes). ``rows``
+    gives each sample an id from ``first_id`` on (anchors are drawn per id).
+
+    Example::
+
+        >>> import numpy as np
+        >>> s = [{"input_ids": np.arange(n), "labels": np.arange(n)} for n in (5, 3, 4)]
+        >>> [b["input_ids"].shape for b, _ in held_out_batches(s, batch_size=2)]
+        [torch.Size([2, 4]), torch.Size([1, 5])]
+        >>> [b["input_ids"].shape for b, _ in held_out_batches(s, max_tokens=8)]
+        [torch.Size([2, 4]), torch.Size([1, 5])]
+    """
+    from lengthwise.pytorch.collate import PadCollator
+
+    collate = PadCollator(pad_token_id=0, pad_multiple=1)
+    order = sorted(range(len(samples)), key=lambda i: len(samples[i]["input_ids"]))
+    groups: list[list[int]] = []
+    for i in order:
+        n = len(samples[i]["input_ids"])
+        last = groups[-1] if groups else None
+        if (last is not None and len(last) < batch_size
+                and (max_tokens is None or (len(last) + 1) * n <= max_tokens)):
+            last.append(i)
+        else:
+            groups.append([i])
+    return [(collate([samples[i] for i in g]), [[first_id + i] for i in g]) for g in groups]
+
+
+def new_draft(target: Any, cfg: DFlashTrainConfig, *, mask_token_id: int) -> Any:
+    """A draft sized from the target's config, initialised from ``cfg.seed``, on its device.
+
+    Its blocks are filled with ``mask_token_id``, a row of the target's vocabulary
+    (:func:`~lengthwise.dflash.mask_token.ensure_mask_token` adds one when the
+    tokenizer has none).
+
+    The global random state is left as it was.
+
+    Example::
+
+        >>> import transformers
+        >>> from lengthwise.dflash.target import Target
+        >>> t = transformers.LlamaConfig(vocab_size=40, hidden_size=16, num_hidden_layers=4,
+        ...                              num_attention_heads=2, intermediate_size=32)
+        >>> target = Target(transformers.LlamaForCausalLM(t), layers=[1, 2])
+        >>> d = new_draft(target, DFlashTrainConfig(block_size=4, steps=2), mask_token_id=39)
+        >>> d.config.block_size, d.config.target_layers, d.training
+        (4, [1, 2], True)
+    """
+    import torch
+
+    from lengthwise.dflash.model import DFlashConfig, DFlashDraft
+
+    dcfg = DFlashConfig.from_target(target.model.config, num_layers=cfg.draft_layers,
+                                    block_size=cfg.block_size, gamma=cfg.gamma,
+                                    target_layers=target.layers, mask_token_id=mask_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        draft = DFlashDraft(dcfg)
+    return draft.to(target.device).train()
+
+
+class EvalTask(DFlashTask):
+    """:class:`DFlashTask` whose step record gets held-out figures every ``every`` steps.
+
+    Rank 0 evaluates after the update of every ``every``-th step (the other ranks
+    leave the fields out: only rank 0 writes the log).
+    """
+
+    def __init__(self, *args: Any, held: list[tuple[dict[str, Any], Any]], every: int,
+                 anchors: int, main: bool, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.held, self.every, self.anchors, self.main = held, every, anchors, main
+        self._step = 0
+
+    def prepare(self, batch: dict[str, Any], rows: list[list[int]], step: int) -> Any:
+        self._step = step + 1  # the step this micro-batch's update completes
+        return super().prepare(batch, rows, step)
+
+    def evaluate(self) -> dict[str, Any]:
+        """Held-out loss, accuracy and simulated acceptance length of the draft as it is."""
+        from lengthwise.dflash.decode import evaluate_blocks
+
+        cfg = self.cfg
+        ev = evaluate_blocks(self.model, self.target, self.held, num_anchors=self.anchors,
+                             seed=cfg.seed, amp=self.amp, head_chunk=cfg.head_chunk,
+                             max_slots=cfg.slot_budget, max_tokens=cfg.max_tokens)
+        return {"eval_loss": _finite(ev.loss), "eval_accuracy": _finite(ev.accuracy),
+                "eval_simulated_acceptance_length": _finite(ev.simulated_acceptance_length)}
+
+    def step_fields(self, stats: dict[str, float]) -> dict[str, Any]:
+        out = super().step_fields(stats)
+        if self.main and self.held and self.every and self._step % self.every == 0:
+            out.update(self.evaluate())
+        return out
+
+
+def _with_epochs(cfg: DFlashTrainConfig, run: RunSettings, lengths: np.ndarray, rank: int,
+                 world: int) -> DFlashTrainConfig:
+    """``cfg`` with ``steps`` = ``run.epochs`` passes of the planned optimizer steps."""
+    import dataclasses
+
+    from lengthwise.train.loop import make_sampler
+
+    per_epoch = len(make_sampler(run.order, lengths, cfg, rank=rank, world=world)
+                    ) // cfg.grad_accum
+    if per_epoch < 1:
+        raise ConfigError(f"an epoch has fewer than grad_accum={cfg.grad_accum} micro-batches "
+                          "per rank; use more data, a smaller max_tokens or grad_accum")
+    return dataclasses.replace(cfg, steps=max(1, round(run.epochs * per_epoch)))
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if np.isfinite(x) else None
+
+
+def train_draft(cfg: DFlashTrainConfig, run: RunSettings, *, progress: bool = True,
+                ) -> dict[str, Any]:
+    """Train (or resume) a draft; return rank 0's summary (``{}`` on the other ranks)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from lengthwise.dflash.mask_token import ensure_mask_token
+    from lengthwise.dflash.objective import target_layer_ids
+    from lengthwise.dflash.prepared import open_prepared
+    from lengthwise.dflash.target import Target, load_target
+    from lengthwise.train.device import (
+        autocast_dtype,
+        configure_torch,
+        pick_device,
+        rank_world,
+        say,
+        setup_distributed,
+    )
+    from lengthwise.train.loop import TrainLoop
+
+    config = check_causal_lm(run.target)
+    data = open_prepared(run.data)
+    n = len(data)
+    vocab = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    top = data.max_token_id()
+    if vocab is not None and top >= int(vocab):
+        raise DataError(f"--data {run.data}: token id {top} is outside the vocabulary of "
+                        f"--target {run.target} ({vocab} tokens); prepare the data with this "
+                        "target's tokenizer")
+    if run.eval_samples >= n:
+        raise ConfigError(f"eval_samples ({run.eval_samples}) must be fewer than the "
+                          f"{n} prepared samples in {run.data}")
+    group = setup_distributed(cfg.device)
+    rank, world = rank_world(group)
+    device = pick_device(cfg.device, group)
+    configure_torch(device, threads=cfg.threads, deterministic=cfg.deterministic)
+    perm = np.random.default_rng([cfg.seed, 7919]).permutation(n)
+    held_idx, train_idx = np.sort(perm[: run.eval_samples]), np.sort(perm[run.eval_samples:])
+    lengths = np.minimum(data.lengths[train_idx], cfg.max_len)
+    cut = int((data.lengths[train_idx] > cfg.max_len).sum())
+
+    if run.epochs is not None:
+        cfg = _with_epochs(cfg, run, lengths, rank, world)
+
+    def sample(i: int) -> dict[str, np.ndarray]:
+        s = data.sample(int(train_idx[i]))
+        return {k: v[: cfg.max_len] for k, v in s.items()}
+
+    dtype = torch.bfloat16 if device.type == "cuda" else None
+    model = load_target(run.target, dtype=dtype, device=device)
+    # the blocks' mask token: the tokenizer's own, else <|MASK|> added (the target embeds it)
+    mask = ensure_mask_token(AutoTokenizer.from_pretrained(run.target), model)
+    n_layers = model.config.num_hidden_layers
+    target = Target(model, layers=target_layer_ids(n_layers, cfg.num_features or cfg.draft_layers))
+    draft = new_draft(target, cfg, mask_token_id=mask.id)
+    dcfg = draft.config
+    out = Path(run.out)
+    held = held_out_batches([{k: v[: cfg.max_len] for k, v in data.sample(int(j)).items()}
+                             for j in held_idx], max_tokens=cfg.max_tokens)
+    every = run.eval_every if run.eval_every is not None else max(1, cfg.steps // 10)
+    task = EvalTask(draft, target, cfg, order=run.order, amp=autocast_dtype(cfg.dtype, device),
+                    held=held, every=every, anchors=run.eval_anchors or cfg.num_anchors,
+                    main=rank == 0)
+    sinks: dict[str, Any] = {}
+    if run.tensorboard:
+        sinks["tensorboard_dir"] = run.tensorboard
+    if run.wandb:
+        sinks["wandb"] = {"project": run.wandb_project} if run.wandb_project else True
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "draft_config.json").write_text(json.dumps(dcfg.to_dict(), indent=2) + "\n",
+                                               encoding="utf-8")
+    loop = TrainLoop(task, run.order, lengths, sample, cfg, run_dir=out, device=device,
+                     info=group, log_sinks=sinks)
+    say(group, f"lengthwise dflash train: target {run.target} ({n_layers} layers; layers "
+               f"{target.layers} feed a {cfg.draft_layers}-layer draft, block {cfg.block_size}); "
+               f"{train_idx.size} training samples ({int(lengths.sum())} tokens"
+               + (f", {cut} truncated to max_len {cfg.max_len}" if cut else "")
+               + f"), {held_idx.size} held out; {cfg.steps} steps x {cfg.grad_accum} "
+               f"micro-batches of <= {cfg.max_tokens} tokens x {world} rank(s)"
+               + (f"; resumed at step {loop.step_count}" if loop.resumed_from else ""))
+    records = []
+    try:
+        from lengthwise.progress import progress as bar
+
+        for _ in bar(range(loop.step_count, cfg.steps), desc="dflash train", unit="step",
+                     total=cfg.steps - loop.step_count, enable=progress and rank == 0):
+            records.append(loop.step())
+        if rank == 0:
+            final = out / "final"
+            final.mkdir(parents=True, exist_ok=True)
+            torch.save(draft.state_dict(), final / "draft.pt")
+            (final / "config.json").write_text(json.dumps(dcfg.to_dict(), indent=2) + "\n",
+                                               encoding="utf-8")
+    finally:
+        loop.close()
+    if rank != 0:
+        return {}
+    last = records[-1] if records else {}
+    evals = [r for r in records if r.get("eval_accuracy") is not None]
+    return {"steps": loop.step_count, "resumed_from": loop.resumed_from,
+            "train_samples": int(train_idx.size), "eval_samples": int(held_idx.size),
+            "truncated_samples": cut, "loss": last.get("loss"), "accuracy": last.get("accuracy"),
+            "eval": ({k: evals[-1][k] for k in ("step", "eval_loss", "eval_accuracy",
+                                                "eval_simulated_acceptance_length")}
+                     if evals else None),
+            "log": str(loop.log_path), "final": str(out / "final")}

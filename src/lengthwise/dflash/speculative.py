@@ -1,0 +1,196 @@
+"""Batched speculative decoding with the target's KV cache, greedy or sampled.
+
+:func:`speculative_batch` decodes many prompts at once. The target prefills the
+(left-padded) prompts once into a KV cache; then every cycle the draft proposes
+``B - 1`` tokens per row from the row's last token (the anchor) and the target's
+features of everything before it, and the target verifies anchor + proposal of
+every row in one cached forward. Columns of the cache that hold rejected tokens
+are masked out for the rest of the run (positions stay the rows' own), so rows
+keep different lengths in one cache.
+
+- ``temperature == 0``: the longest prefix of the proposal equal to the target's
+  greedy choices is kept, plus one token of the target's: the output is the
+  target's greedy output.
+- ``temperature > 0``: speculative sampling. Draft token ``d_i ~ q_i`` is kept
+  with probability ``min(1, p_i(d_i) / q_i(d_i))``; at the first rejection a token
+  is drawn from ``max(0, p_i - q_i)`` normalised; when all are kept a token is
+  drawn from the target's next distribution. Each output token is distributed as
+  the target's own sampling at that temperature.
+
+Tokens kept per verifying forward is the *acceptance length*; the same count as
+:func:`lengthwise.dflash.decode.speculative_generate`, which decodes one prompt
+without a cache.
+
+Example::
+
+    >>> import torch, transformers
+    >>> from lengthwise.dflash import DFlashConfig, DFlashDraft, Target
+    >>> cfg = transformers.LlamaConfig(vocab_size=30, hidden_size=16, num_hidden_layers=2,
+    ...                                num_attention_heads=2, intermediate_size=32)
+    >>> _ = torch.manual_seed(0)
+    >>> target = Target(transformers.LlamaForCausalLM(cfg), layers=[0, 1])
+    >>> draft = DFlashDraft(DFlashConfig.from_target(cfg, block_size=4, target_layers=[0, 1],
+    ...                                                   mask_token_id=29))
+    >>> gens = speculative_batch(draft, target, [[1, 2, 3], [4, 5]], max_new_tokens=10)
+    >>> [g.tokens == target.greedy(p, 10) for g, p in zip(gens, [[1, 2, 3], [4, 5]])]
+    [True, True]
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Collection
+from typing import Any
+
+import torch
+
+from lengthwise.dflash.blocks import block_attention_mask
+from lengthwise.dflash.decode import Generation
+from lengthwise.dflash.loss import block_inputs
+from lengthwise.dflash.target import stop_set
+from lengthwise.errors import ConfigError
+
+__all__ = ["speculative_batch"]
+
+
+class _Rows:
+    """Per-row state: tokens so far, context features, done flags."""
+
+    def __init__(self, prompts: list[list[int]], n_new: int) -> None:
+        self.seqs = [list(p) for p in prompts]
+        self.gens = [Generation(tokens=[], target_forwards=1) for _ in prompts]
+        self.feats: list[list[torch.Tensor]] = [[] for _ in prompts]
+        self.done = [False] * len(prompts)
+        self.n_new = n_new
+
+    def add(self, r: int, new: list[int], stops: frozenset[int], *, verify: bool) -> None:
+        new = new[: self.n_new - len(self.gens[r].tokens)]
+        ends = [i for i, t in enumerate(new) if t in stops]
+        if ends:
+            new = new[: ends[0] + 1]
+        if verify:
+            self.gens[r].accepted.append(len(new))
+            self.gens[r].target_forwards += 1
+        self.gens[r].tokens.extend(new)
+        self.seqs[r].extend(new)
+        if len(self.gens[r].tokens) >= self.n_new or (new and new[-1] in stops):
+            self.done[r] = True
+
+
+def _cache_kwarg(model: Any) -> str:
+    """The name under which this ``transformers`` version takes the KV cache."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _cache_of(out: Any) -> Any:
+    """The KV cache a forward returned (``cache`` on transformers >= 5.2x)."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
+
+
+def _pick(logits: torch.Tensor, temperature: float, gen: torch.Generator | None
+          ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Tokens chosen from ``logits (..., V)``: argmax, or a draw and the distribution."""
+    if temperature == 0:
+        return logits.argmax(dim=-1), None
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    flat = probs.reshape(-1, probs.shape[-1])
+    return torch.multinomial(flat, 1, generator=gen).reshape(probs.shape[:-1]), probs
+
+
+@torch.no_grad()
+def speculative_batch(draft: Any, target: Any, prompts: list[list[int]], *,
+                      max_new_tokens: int, temperature: float = 0.0,
+                      eos: int | Collection[int] | None = None,
+                      seed: int = 0) -> list[Generation]:
+    """Decode every prompt with ``draft`` proposing and ``target`` verifying (module doc).
+
+    ``seed`` seeds the draws when ``temperature > 0`` (a generator on the target's device).
+    """
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ConfigError("prompts: every prompt must hold at least one token")
+    if max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if not temperature >= 0:
+        raise ConfigError(f"temperature must be >= 0, got {temperature}")
+    stops = stop_set(eos)
+    model, dev, b = target.model, target.device, draft.config.block_size
+    rows = _Rows(prompts, max_new_tokens)
+    n = len(prompts)
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros(n, width, dtype=torch.long)
+    valid = torch.zeros(n, width, dtype=torch.long)
+    for r, p in enumerate(prompts):  # left padding
+        ids[r, width - len(p):] = torch.tensor(p)
+        valid[r, width - len(p):] = 1
+    ids, valid = ids.to(dev), valid.to(dev)
+    pos = (valid.cumsum(dim=1) - 1).clamp(min=0)
+    cache_name = _cache_kwarg(model)
+    generator = torch.Generator(device=dev).manual_seed(int(seed))
+    out = model(input_ids=ids, attention_mask=valid, position_ids=pos, use_cache=True,
+                output_hidden_states=True)
+    cache = _cache_of(out)
+    feats = torch.cat([out.hidden_states[i + 1] for i in target.layers], dim=-1)
+    first, _ = _pick(out.logits[:, -1], temperature, generator)
+    for r, p in enumerate(prompts):
+        rows.feats[r].append(feats[r, width - len(p):])
+        rows.add(r, [int(first[r])], stops, verify=False)
+    slots = torch.arange(b, device=dev)
+    while not all(rows.done):
+        active = torch.tensor([not d for d in rows.done], device=dev)
+        ctx = [torch.cat(f) for f in rows.feats]
+        lens = torch.tensor([c.shape[0] for c in ctx], device=dev)  # tokens in the cache
+        longest = int(lens.max())
+        padded = torch.zeros(n, longest, ctx[0].shape[1], dtype=ctx[0].dtype, device=dev)
+        for r, c in enumerate(ctx):
+            padded[r, : c.shape[0]] = c
+        anchors = torch.tensor([[s[-1]] for s in rows.seqs], device=dev)
+        embeds = block_inputs(draft, target, anchors, torch.zeros_like(anchors), b)
+        block_pos = lens.unsqueeze(1) + slots
+        positions = torch.cat([torch.arange(longest, device=dev).expand(n, -1), block_pos], 1)
+        mask = block_attention_mask(lens.unsqueeze(1), torch.zeros_like(anchors), longest, b)
+        hidden = draft(padded, embeds, positions, mask)
+        draft_logits = target.lm_head(hidden.to(target.lm_head.weight.dtype))[:, 1:]
+        proposal, q = _pick(draft_logits, temperature, generator)
+        block = torch.cat([anchors, proposal], dim=1)
+        valid = torch.cat([valid, active.long().unsqueeze(1).expand(n, b)], dim=1)
+        out = model(input_ids=block, attention_mask=valid, position_ids=block_pos,
+                    use_cache=True, output_hidden_states=True, **{cache_name: cache})
+        cache = _cache_of(out)
+        feats = torch.cat([out.hidden_states[i + 1] for i in target.layers], dim=-1)
+        kept = _verify(proposal, out.logits, q, temperature, generator)
+        start = valid.shape[1] - b
+        for r in range(n):
+            if rows.done[r]:
+                continue
+            k, bonus = kept[r]
+            valid[r, start + k + 1:] = 0  # rejected proposals leave the cache
+            rows.feats[r].append(feats[r, : k + 1])
+            rows.add(r, proposal[r, :k].tolist() + [bonus], stops, verify=True)
+    return rows.gens
+
+
+def _verify(proposal: torch.Tensor, logits: torch.Tensor, q: torch.Tensor | None,
+            temperature: float, gen: torch.Generator | None) -> list[tuple[int, int]]:
+    """Per row: how many proposed tokens are kept, and the target's own next token."""
+    if temperature == 0:
+        greedy = logits.argmax(dim=-1)
+        same = (proposal == greedy[:, :-1]).long().cumprod(dim=1).sum(dim=1)
+        return [(int(k), int(greedy[r, k])) for r, k in enumerate(same)]
+    assert q is not None
+    p = torch.softmax(logits.float() / temperature, dim=-1)  # (n, B, V)
+    m = proposal.shape[1]
+    p_d = p[:, :m].gather(-1, proposal.unsqueeze(-1)).squeeze(-1)
+    q_d = q.gather(-1, proposal.unsqueeze(-1)).squeeze(-1)
+    u = torch.rand(p_d.shape, generator=gen, device=p_d.device)
+    ok = (u * q_d < p_d).long().cumprod(dim=1).sum(dim=1)
+    out = []
+    for r, k in enumerate(ok.tolist()):
+        if k == m:
+            dist = p[r, m]
+        else:
+            dist = (p[r, k] - q[r, k]).clamp(min=0)
+            total = dist.sum()
+            dist = dist / total if total > 0 else p[r, k]
+        out.append((k, int(torch.multinomial(dist, 1, generator=gen))))
+    return out

@@ -1,0 +1,138 @@
+"""`lengthwise dflash export` and `eval` on a local Qwen3-shaped target with a chat tokenizer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lengthwise.cli import main
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+CHATML = (
+    "{%- for m in messages -%}{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
+    "'<|im_end|>\\n' -}}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if enable_thinking is defined and not enable_thinking -%}"
+    "{{- '<think>\\n\\n</think>\\n\\n' -}}{%- endif -%}{%- endif -%}"
+)
+
+
+def _tokenizer():
+    """A byte-level BPE trained here on the bundled prompts, with ChatML tokens, no mask token."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from lengthwise.dflash.prompts import bundled_prompts
+
+    lines = bundled_prompts().read_text().splitlines()
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(lines * 3, trainer=trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
+                                                pad_token="<|endoftext|>")
+    fast.chat_template = CHATML
+    return fast
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory):
+    """A target folder (the mask token added to its tokenizer and embedding) and a draft."""
+    from lengthwise.dflash import DFlashConfig, DFlashDraft
+    from lengthwise.dflash.export import export_draft
+    from lengthwise.dflash.mask_token import ensure_mask_token
+
+    root = tmp_path_factory.mktemp("local")
+    tok = _tokenizer()
+    cfg = transformers.Qwen3Config(
+        vocab_size=len(tok), hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, intermediate_size=64, max_position_embeddings=512,
+        eos_token_id=tok.eos_token_id, rope_theta=1e6, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = transformers.Qwen3ForCausalLM(cfg)
+    vocab = len(tok)
+    mask = ensure_mask_token(tok, model)
+    assert (mask.id, mask.token, mask.added, mask.resized) == (vocab, "<|MASK|>", True, True)
+    assert model.get_input_embeddings().weight.shape[0] == vocab + 1
+    assert tok.convert_ids_to_tokens(mask.id) == "<|MASK|>"
+    assert ensure_mask_token(tok, model) == mask.__class__(mask.id, "<|MASK|>", False, False)
+    model.save_pretrained(str(root / "target"))
+    tok.save_pretrained(str(root / "target"))
+    dcfg = DFlashConfig.from_target(model.config, num_layers=1, block_size=4, num_features=2,
+                                    mask_token_id=mask.id)
+    torch.manual_seed(1)
+    export_draft(DFlashDraft(dcfg), root / "draft")
+    return root
+
+
+def test_eval_reports_each_set_and_temperature_and_is_lossless(local, tmp_path, capsys):
+    from lengthwise.dflash.prompts import bundled_prompts
+
+    other = tmp_path / "math.jsonl"
+    other.write_text('{"prompt": "What is 7 times 8?"}\n{"prompt": "Is 91 a prime number?"}\n')
+    code = main(["dflash", "eval", "--target", str(local / "target"), "--draft",
+                 str(local / "draft"), "--prompts", str(bundled_prompts()), str(other),
+                 "--max-new-tokens", "10", "--batch-size", "3", "--limit", "4", "--json"])
+    assert code == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["set"], r["temperature"], r["prompts"]) for r in rows] == [
+        ("dflash_prompts", 0.0, 4), ("dflash_prompts", 1.0, 4), ("math", 0.0, 2),
+        ("math", 1.0, 2)]
+    for r in rows:
+        assert 1.0 <= r["acceptance_length"] <= 4.0 and r["verify_forwards"] >= 1
+        if r["temperature"] == 0:
+            assert r["mismatches"] == 0  # every output is the target's greedy generate
+            assert 0.0 <= r["draft_accuracy"] <= 1.0 and len(r["slot_accuracy"]) == 3
+        else:
+            assert "mismatches" not in r
+
+
+def test_eval_and_export_refuse_bad_input_in_one_line(local, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "fine"}\n{"messages": [{"role": "robot", "content": "x"}]}\n')
+    base = ["dflash", "eval", "--target", str(local / "target"), "--draft", str(local / "draft")]
+    assert main([*base, "--prompts", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("bad.jsonl:2: messages[0].role must be one of system, user, "
+                        "assistant, tool, got 'robot'") and "\n" not in err
+    assert main([*base, "--max-new-tokens", "0"]) == 2
+    assert "--max-new-tokens must be >= 1" in capsys.readouterr().err
+    assert main(["dflash", "eval", "--target", str(tmp_path), "--draft",
+                 str(local / "draft")]) == 2
+    assert "no config.json" in capsys.readouterr().err
+    assert main(["dflash", "export", str(tmp_path / "nothing"), str(tmp_path / "out")]) == 2
+    assert "no such run or checkpoint folder" in capsys.readouterr().err
+
+
+def test_export_command_writes_the_reference_layout(local, tmp_path, capsys):
+    from _dflash_run import config, train
+
+    from lengthwise.dflash.load import load_exported
+
+    train(config(steps=2, checkpoint_every=2), tmp_path / "run")
+    assert main(["dflash", "export", str(tmp_path / "run"), str(tmp_path / "out"),
+                 "--dtype", "bfloat16"]) == 0
+    said = capsys.readouterr().out
+    assert "block 4, mask token 39, target layers [1, 2] of 4" in said and "bfloat16" in said
+    draft = load_exported(tmp_path / "out")
+    assert draft.fc.weight.dtype == torch.bfloat16 and draft.config.target_vocab_size == 40
+    # the run's target is a 40-token Llama; the local Qwen3 target is another model
+    assert main(["dflash", "export", str(tmp_path / "run"), str(tmp_path / "x"), "--target",
+                 str(local / "target")]) == 2
+    assert "the draft was trained with target_vocab_size 40, the target has" in (
+        capsys.readouterr().err)
+
+
+def test_speculators_format_from_its_own_converter(local, tmp_path):
+    pytest.importorskip("speculators.convert.dflash.converter")
+    from lengthwise.dflash.export import to_speculators
+
+    out = to_speculators(local / "draft", tmp_path / "spec", local / "target")
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["speculators_model_type"] == "dflash" and cfg["block_size"] == 4
+    assert cfg["mask_token_id"] == json.loads(
+        (local / "draft" / "config.json").read_text())["dflash_config"]["mask_token_id"]

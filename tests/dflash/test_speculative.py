@@ -1,0 +1,133 @@
+"""Batched speculative decoding with a KV cache: lossless greedy, the target's law sampled."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from _dflash_tiny import qwen3_pair, tiny_draft, tiny_target
+
+from lengthwise.errors import ConfigError
+
+torch = pytest.importorskip("torch")
+stats = pytest.importorskip("scipy.stats")
+
+PROMPTS = [[1, 2, 3], [4, 0, 2, 2, 1, 3, 0], [5], [2, 2]]
+
+
+@pytest.mark.parametrize("make", ["qwen3", "llama"])
+def test_batched_greedy_equals_the_targets_greedy_and_the_uncached_decoder(make):
+    from lengthwise.dflash.decode import speculative_generate
+    from lengthwise.dflash.speculative import speculative_batch
+
+    if make == "qwen3":
+        target, draft = qwen3_pair(vocab=6, seed=2, block_size=5)
+    else:
+        target = tiny_target(seed=1)
+        draft = tiny_draft(target, block_size=4)
+    gens = speculative_batch(draft, target, PROMPTS, max_new_tokens=17)
+    accepted = []
+    for prompt, gen in zip(PROMPTS, gens, strict=True):
+        one = speculative_generate(draft, target, prompt, max_new_tokens=17)
+        assert gen.tokens == target.greedy(prompt, 17) == one.tokens
+        assert gen.accepted == one.accepted and gen.target_forwards == one.target_forwards
+        accepted += gen.accepted
+    if make == "qwen3":
+        assert max(accepted) > 1  # drafted tokens were kept, not only the target's own
+
+
+def test_stop_tokens_end_each_row_on_its_own():
+    from lengthwise.dflash.speculative import speculative_batch
+
+    target, draft = qwen3_pair(vocab=6, seed=2, block_size=5)
+    free = target.greedy(PROMPTS[1], 12)
+    eos = free[4]
+    gens = speculative_batch(draft, target, PROMPTS, max_new_tokens=12, eos=eos)
+    for prompt, gen in zip(PROMPTS, gens, strict=True):
+        assert gen.tokens == target.greedy(prompt, 12, eos)
+    assert gens[1].tokens[-1] == eos and len(gens[1].tokens) <= 5
+
+
+def _target_law(target, prompt, n, vocab):
+    """Exact probability of every continuation of ``n`` tokens (sampling at temperature 1)."""
+    law = {}
+    for seq in itertools.product(range(vocab), repeat=n):
+        ids = torch.tensor([prompt + list(seq)])
+        with torch.no_grad():
+            p = torch.softmax(target.model(input_ids=ids).logits[0].double(), dim=-1)
+        prob = 1.0
+        for i, t in enumerate(seq):
+            prob *= float(p[len(prompt) - 1 + i, t])
+        law[seq] = prob
+    return law
+
+
+def _p_value(samples, law):
+    counts = {k: 0 for k in law}
+    for s in samples:
+        counts[tuple(s)] += 1
+    n = len(samples)
+    big = [k for k in law if law[k] * n >= 5]
+    small = [k for k in law if k not in big]
+    obs = [counts[k] for k in big] + ([sum(counts[k] for k in small)] if small else [])
+    exp = [law[k] * n for k in big] + ([sum(law[k] for k in small) * n] if small else [])
+    exp = np.array(exp) * (n / sum(exp))  # the law sums to 1 up to rounding
+    return stats.chisquare(obs, exp).pvalue
+
+
+def test_sampling_keeps_the_targets_distribution(monkeypatch):
+    import lengthwise.dflash.speculative as spec
+
+    target, draft = qwen3_pair(vocab=5, seed=3, block_size=4)
+    for p in target.model.parameters():  # sharpen the target so the draft differs from it
+        p.mul_(1.5)
+    prompt, n = [1, 2], 3
+    law = _target_law(target, prompt, n, 5)
+    gens = spec.speculative_batch(draft, target, [prompt] * 3000, max_new_tokens=n,
+                                  temperature=1.0, seed=0)
+    kept = [k for g in gens for k in g.accepted]
+    assert 1.0 < np.mean(kept) and min(kept) == 1  # proposals both kept and rejected
+    assert _p_value([g.tokens for g in gens], law) > 1e-3
+
+    # the test has power: keeping every proposal gives the draft's law, and it is refused
+    def accept_all(proposal, logits, q, temperature, gen):
+        m = proposal.shape[1]
+        return [(m, int(torch.multinomial(torch.softmax(logits[r, m], -1), 1, generator=gen)))
+                for r in range(proposal.shape[0])]
+
+    monkeypatch.setattr(spec, "_verify", accept_all)
+    wrong = spec.speculative_batch(draft, target, [prompt] * 3000, max_new_tokens=n,
+                                   temperature=1.0, seed=0)
+    assert _p_value([g.tokens for g in wrong], law) < 1e-6
+
+
+def test_bad_decoding_parameters_are_named():
+    from lengthwise.dflash.speculative import speculative_batch
+
+    target, draft = qwen3_pair()
+    with pytest.raises(ConfigError, match="at least one token"):
+        speculative_batch(draft, target, [[1], []], max_new_tokens=3)
+    with pytest.raises(ConfigError, match="max_new_tokens"):
+        speculative_batch(draft, target, [[1]], max_new_tokens=0)
+    with pytest.raises(ConfigError, match="temperature"):
+        speculative_batch(draft, target, [[1]], max_new_tokens=2, temperature=-1.0)
+
+
+@pytest.mark.parametrize("seed", [8, 18, 25])
+def test_the_greedy_reference_stops_only_where_told(seed):
+    """The model's own eos id (2 for Llama configs) does not cut the reference short."""
+    transformers = pytest.importorskip("transformers")
+    from lengthwise.dflash import Target
+    from lengthwise.dflash.evaluate import greedy_reference
+
+    cfg = transformers.LlamaConfig(vocab_size=30, hidden_size=16, num_hidden_layers=2,
+                                   num_attention_heads=2, intermediate_size=32)
+    torch.manual_seed(seed)
+    target = Target(transformers.LlamaForCausalLM(cfg), layers=[0, 1])
+    for prompt in ([1, 2, 3], [4, 5]):
+        free = target.greedy(prompt, 8)
+        assert greedy_reference(target, prompt, 8) == free
+        assert greedy_reference(target, prompt, 8, eos=free[2]) == target.greedy(prompt, 8,
+                                                                                 free[2])
+    assert target.model.generation_config.eos_token_id == 2  # left as it was

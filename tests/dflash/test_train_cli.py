@@ -1,0 +1,189 @@
+"""``lengthwise dflash train``: settings from YAML and flags, and a real 2-process torchrun run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _chat_tiny import conversations, save_target, write_jsonl
+
+from lengthwise.cli.dflash.train import settings
+from lengthwise.errors import ConfigError
+
+torch = pytest.importorskip("torch")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
+
+    root = tmp_path_factory.mktemp("dflash")
+    target = save_target(root / "target")
+    chats = write_jsonl(root / "chats.jsonl", conversations(40))
+    prepare_chats(chats, target, root / "prepared",
+                  PrepareConfig(min_supervised=16, shard_rows=16, progress=False))
+    return target, root / "prepared"
+
+
+def test_flags_override_yaml_over_the_reference_defaults(prepared, tmp_path):
+    target, data = prepared
+    (tmp_path / "run.yaml").write_text(
+        f"target: {target}\ndata: {data}\nlr: 6e-4\nblock-size: 8\nsteps: 50\n")
+    cfg, run, progress = settings({"config": str(tmp_path / "run.yaml"), "steps": 20})
+    assert (cfg.lr, cfg.block_size, cfg.steps) == (6e-4, 8, 20)
+    assert (cfg.draft_layers, cfg.num_anchors, cfg.warmup_ratio, cfg.schedule, cfg.max_slots,
+            cfg.max_tokens) == (5, 512, 0.04, "cosine", 32768, 16384)
+    from lengthwise.dflash.prepared import open_prepared
+
+    assert cfg.max_len == int(open_prepared(data).lengths.max())
+    assert run.target == str(target) and progress
+
+
+def test_epochs_set_the_steps_from_the_plan(prepared):
+    import numpy as np
+
+    from lengthwise.dflash.prepared import open_prepared
+    from lengthwise.dflash.recipe import RunSettings, _with_epochs
+    from lengthwise.train.loop import make_sampler
+
+    target, data = prepared
+    cfg, run, _ = settings({"target": str(target), "data": str(data), "epochs": 2.0,
+                            "max_tokens": 256, "grad_accum": 2})
+    lengths = np.minimum(open_prepared(data).lengths, cfg.max_len)
+    batches = sum(1 for _ in make_sampler("stratified", lengths, cfg))
+    assert _with_epochs(cfg, run, lengths, 0, 1).steps == 2 * (batches // 2)
+    with pytest.raises(ConfigError, match="not both"):
+        settings({"target": str(target), "data": str(data), "epochs": 2.0, "steps": 3})
+    with pytest.raises(ConfigError, match="epochs must be > 0"):
+        RunSettings(target="t", data="d", epochs=0)
+
+
+def test_bad_settings_are_named(prepared, tmp_path):
+    target, data = prepared
+    (tmp_path / "bad.yaml").write_text(f"target: {target}\ndata: {data}\nblok_size: 8\n")
+    with pytest.raises(ConfigError, match="unknown key.*blok_size"):
+        settings({"config": str(tmp_path / "bad.yaml")})
+    with pytest.raises(ConfigError, match="--target is required"):
+        settings({"data": str(data)})
+    (tmp_path / "list.yaml").write_text("- 1\n")
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        settings({"config": str(tmp_path / "list.yaml")})
+    with pytest.raises(ConfigError, match="order must be one of"):
+        settings({"target": str(target), "data": str(data), "order": "shuffled"})
+    with pytest.raises(ConfigError, match="lr must be a number"):
+        settings({"target": str(target), "data": str(data), "lr": "fast"})
+
+
+def test_a_target_that_is_not_a_causal_lm_is_refused(prepared, tmp_path):
+    from lengthwise.dflash.recipe import RunSettings, train_draft
+
+    _, data = prepared
+    bare = save_target(tmp_path / "bare", causal_lm=False)
+    cfg, _, _ = settings({"target": str(bare), "data": str(data), "steps": 2})
+    with pytest.raises(ConfigError, match="not a causal language model"):
+        train_draft(cfg, RunSettings(target=str(bare), data=str(data)))
+
+
+def test_data_from_another_tokenizer_is_refused(prepared, tmp_path):
+    from lengthwise.dflash.prepared import open_prepared
+    from lengthwise.dflash.recipe import RunSettings, train_draft
+    from lengthwise.errors import DataError
+
+    _, data = prepared
+    top = open_prepared(data).max_token_id()
+    small = tmp_path / "small"
+    save_target(small)
+    cfg_file = small / "config.json"
+    config = json.loads(cfg_file.read_text())
+    config["vocab_size"] = top  # one short of holding the largest id
+    cfg_file.write_text(json.dumps(config))
+    cfg, _, _ = settings({"target": str(small), "data": str(data), "steps": 2})
+    with pytest.raises(DataError, match=f"token id {top} is outside the vocabulary"):
+        train_draft(cfg, RunSettings(target=str(small), data=str(data)))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun(args: list[str]) -> None:
+    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+           "-m", "lengthwise", "dflash", "train", *args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def _steps(log: Path) -> dict[int, dict]:
+    recs = [json.loads(line) for line in log.read_text().splitlines()]
+    return {r["step"]: r for r in recs if "event" not in r}
+
+
+@pytest.mark.slow
+def test_torchrun_two_gloo_processes_train_and_resume_exactly(prepared, tmp_path):
+    target, data = prepared
+    common = ["--target", str(target), "--data", str(data), "--steps", "4", "--max-tokens",
+              "256", "--grad-accum", "2", "--draft-layers", "1", "--block-size", "4",
+              "--num-anchors", "6", "--eval-samples", "4", "--eval-every", "2",
+              "--checkpoint-every", "2", "--keep-checkpoints", "3", "--lr", "1e-2",
+              "--no-progress"]
+    _torchrun([*common, "--out", str(tmp_path / "full")])
+    full = _steps(tmp_path / "full" / "train_log.jsonl")
+    assert sorted(full) == [1, 2, 3, 4]
+    assert all(full[s]["eval_accuracy"] is not None for s in (2, 4))
+    assert "eval_accuracy" not in full[1] and "eval_accuracy" not in full[3]
+    assert full[4]["loss"] < full[1]["loss"]
+    assert (tmp_path / "full" / "final" / "draft.pt").is_file()
+    # a run stopped after step 2 (only that checkpoint) and resumed gives the same steps 3-4
+    (tmp_path / "resumed" / "checkpoints").mkdir(parents=True)
+    shutil.copytree(tmp_path / "full" / "checkpoints" / "step_2",
+                    tmp_path / "resumed" / "checkpoints" / "step_2")
+    _torchrun([*common, "--out", str(tmp_path / "resumed"), "--resume"])
+    resumed = _steps(tmp_path / "resumed" / "train_log.jsonl")
+    assert sorted(resumed) == [3, 4]
+    for s in (3, 4):
+        assert resumed[s]["loss"] == full[s]["loss"]
+        assert resumed[s]["accuracy"] == full[s]["accuracy"]
+    assert resumed[4]["eval_loss"] == full[4]["eval_loss"]
+    a = torch.load(tmp_path / "full" / "final" / "draft.pt")
+    b = torch.load(tmp_path / "resumed" / "final" / "draft.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_one_process_truncates_long_samples_and_logs_eval_to_tensorboard(prepared, tmp_path,
+                                                                        capsys):
+    pytest.importorskip("tensorboard")
+    from lengthwise.cli import main
+    from lengthwise.dflash.prepared import open_prepared
+
+    target, data = prepared
+    longest = int(open_prepared(data).lengths.max())
+    args = ["dflash", "train", "--target", str(target), "--data", str(data), "--out",
+            str(tmp_path / "run"), "--steps", "2", "--max-tokens", "256", "--max-len", "48",
+            "--draft-layers", "1", "--block-size", "4", "--num-anchors", "4", "--eval-samples",
+            "3", "--eval-every", "2", "--checkpoint-every", "0", "--tensorboard",
+            str(tmp_path / "tb"), "--no-progress"]
+    assert longest > 48 and main(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["truncated_samples"] > 0 and summary["eval"]["step"] == 2
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    assert "train/eval_accuracy" in tags and "train/loss" in tags
+    assert main(["dflash", "train", "--target", str(target), "--data", str(tmp_path),
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no prepare.json there" in err[0]
