@@ -168,6 +168,14 @@ def test_compare_with_one_micro_batch_per_step_says_why(capsys):
         out["strategies"]["sorted"]["step_cv_ratio"])
 
 
+def test_one_order_at_one_rank_notes_what_step_cv_ratio_cannot_tell(capsys):
+    assert main(["plan", "coqa", "--max-tokens", "4096"]) == 0
+    text = capsys.readouterr().out
+    assert "step_cv_ratio" in text and "every optimizer step is one micro-batch" in text
+    assert main(["plan", "coqa", "--max-tokens", "4096", "--grad-accum", "4"]) == 0
+    assert "every optimizer step is one micro-batch" not in capsys.readouterr().out
+
+
 def test_cut_tokens_are_a_line_of_the_output(capsys):
     assert main(["plan", "sft_mix", "--max-len", "8192"]) == 0
     text = capsys.readouterr().out
@@ -231,3 +239,12 @@ def test_a_broken_npy_is_one_line_naming_the_file(tmp_path, content, match, caps
     assert main(["plan", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"cannot read lengths from {path}: {match}" in err, err
+
+
+def test_help_names_every_lengths_source(capsys):
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for source in ("FILE.jsonl:FIELD", "FILE.parquet:COLUMN", "FILE.arrow:COLUMN", "PREFIX.idx",
+                   "FOLDER:COLUMN"):
+        assert source in text

@@ -265,6 +265,42 @@ def test_ratios_and_checks():
     assert "random" in format_table(rows)
 
 
+def test_the_table_and_the_verdict_quote_one_region(tmp_path):
+    from lengthwise.demo.report import diagnose_runs
+    from lengthwise.doctor import diagnose
+    from lengthwise.doctor.simulate import simulate_run
+
+    logs = {}
+    for order in ("random", "stratified"):
+        path = tmp_path / f"{order}.jsonl"
+        rows = simulate_run(order, steps=600, seed=1).records
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        logs[order] = path
+    region = (300, 600)
+    for name, row in diagnose_runs(logs, region=region).items():
+        own = diagnose(str(logs[name]))  # the doctor's own region differs
+        assert own.phases.start != region[0]
+        report = diagnose(str(logs[name]), start=region[0], end=region[1])
+        assert row["loss_roughness"] == report.stats.loss_roughness
+        assert row["verdict"] == report.verdict.summary
+        assert row["stable_region"] == list(region)
+
+
+def test_each_order_keeps_its_colour_and_the_residual_panel_has_a_scale(tmp_path):
+    from lengthwise.demo.report import order_color, plot_curves, residual_ticks
+
+    orders = available_orders()
+    colours = [order_color(o, i) for i, o in enumerate(orders)]
+    assert len(set(colours)) == len(orders)
+    assert colours == [order_color(o, len(orders) - i) for i, o in enumerate(orders)]
+    ticks, labels = residual_ticks([0.0, -0.2, -0.4], 0.2)
+    assert len(ticks) == len(labels) == 9 and labels.count("0") == 3
+    curves = {o: list(np.linspace(3, 2, 80) + 0.01 * np.sin(np.arange(80))) for o in orders}
+    path = plot_curves(curves, tmp_path / "p.png", region=(20, 80),
+                       roughness=dict.fromkeys(orders, 0.01))
+    assert path.stat().st_size > 10_000
+
+
 def test_every_failed_check_is_explained():
     from lengthwise.demo.main import render
 
@@ -340,6 +376,28 @@ def test_demo_command_reports_bad_options(capsys, jsonl):
     if not torch.cuda.is_available():
         assert cli_main(["demo", "--device", "cuda"]) == 2
         assert "no CUDA device" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("task, folder", [("lm", "lengthwise-demo/lm"),
+                                          ("dflash", "lengthwise-demo/dflash")])
+def test_each_task_writes_under_its_own_folder_by_default(task, folder, monkeypatch,
+                                                          tmp_path, capsys):
+    import lengthwise.demo.dflash as dflash_demo
+    import lengthwise.demo.main as demo_main
+    from lengthwise.errors import ConfigError
+
+    seen = []
+
+    def record(cfg, *, out, **kwargs):
+        seen.append(str(out))
+        raise ConfigError("stopped before training")
+
+    monkeypatch.setattr(demo_main, "run_demo", record)
+    monkeypatch.setattr(dflash_demo, "run_dflash_demo", record)
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(["demo", "--task", task, "--no-progress"]) == 2
+    assert seen == [folder]
+    assert "stopped before training" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("task", ["lm", "dflash"])

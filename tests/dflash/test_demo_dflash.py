@@ -52,6 +52,12 @@ def test_dflash_demo_trains_decodes_and_reports(tmp_path):
     cached = sorted(p.name for p in (tmp_path / "cache").iterdir() if "dflash" in p.name)
     assert any(n.startswith("dflash-target-") for n in cached)
     assert any(n.startswith("dflash-data-") for n in cached)
+    assert summary["data"]["target"] == "tiny Llama-style model trained here"
+    short = DFlashDemoConfig(**{**cfg.__dict__, "steps": 2})
+    reused = run_dflash_demo(short, orders=["sorted"], out=tmp_path / "out4", data=texts,
+                             cache_dir=tmp_path / "cache", vocab_size=300, plot=False)
+    assert reused["data"]["target"].startswith("tiny Llama-style model trained earlier, "
+                                                "loaded from ")
     # --target PATH: a local Hugging Face checkpoint (here the cached target) drafts the same way
     path = next(p for p in (tmp_path / "cache").iterdir()
                 if p.name.startswith("dflash-target-") and not p.name.endswith("-run"))

@@ -17,6 +17,7 @@ import importlib
 import os
 import pkgutil
 import sys
+import traceback
 from typing import NoReturn
 
 from lengthwise import __version__
@@ -46,8 +47,74 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: ``OSError`` types about the files a user names (missing, unreadable, a folder, taken)
+USER_OS_ERRORS: tuple[type[OSError], ...] = (
+    FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError,
+)
+
+
+def is_user_error(exc: BaseException) -> bool:
+    """Whether the command line prints ``exc`` as one line (exit 2) rather than as a bug (exit 1).
+
+    User errors are the :class:`~lengthwise.errors.LengthwiseError` family (a bad
+    option, file content, log or checkpoint, a missing extra); the file-system
+    errors of :data:`USER_OS_ERRORS` (a missing file, no permission, a folder
+    where a file was expected or the other way round, a file already there),
+    whether the system raised them or a check of lengthwise did; and any other
+    ``OSError`` that names its file (a full disk, a failing drive). An optional
+    package that is not installed is one line too (:func:`missing_extra`). Anything
+    else, a plain ``ValueError``, ``KeyError`` or ``TypeError`` or an ``OSError``
+    naming no file included, is a bug of lengthwise.
+
+    Example::
+
+        >>> from lengthwise.errors import ConfigError
+        >>> is_user_error(ConfigError("max_tokens must be positive")), is_user_error(KeyError("x"))
+        (True, False)
+        >>> is_user_error(OSError(28, "No space left on device", "plan.npz"))
+        True
+    """
+    from lengthwise.errors import LengthwiseError
+
+    if isinstance(exc, (LengthwiseError, *USER_OS_ERRORS)):
+        return True
+    return isinstance(exc, OSError) and exc.filename is not None
+
+
+#: optional packages a command imports when it runs, and the extra that installs each
+EXTRAS: dict[str, str] = {
+    "torch": "torch", "torchdata": "torch", "transformers": "hf", "tokenizers": "hf",
+    "datasets": "hf", "accelerate": "hf", "matplotlib": "plots", "pyarrow": "io",
+    "tqdm": "progress", "ray": "ray", "wandb": "wandb", "orjson": "fast",
+}
+
+
+def missing_extra(exc: BaseException, command: str | None = None) -> str | None:
+    """The one-line message for an optional package that is not installed, else ``None``.
+
+    Example::
+
+        >>> missing_extra(ModuleNotFoundError("No module named 'torch'", name="torch"), "demo")
+        'torch is not installed: pip install -e ".[demo]" (from a checkout of lengthwise)'
+        >>> missing_extra(ModuleNotFoundError("x", name="lengthwise.nothing")) is None
+        True
+    """
+    if not isinstance(exc, ModuleNotFoundError) or not exc.name:
+        return None
+    top = exc.name.split(".")[0]
+    if top not in EXTRAS:
+        return None  # a module of lengthwise itself, or of a required package: a bug
+    extra = command if command in ("demo", "dflash") else EXTRAS[top]
+    return f'{top} is not installed: pip install -e ".[{extra}]" (from a checkout of lengthwise)'
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``lengthwise`` console script."""
+    """Entry point of the ``lengthwise`` console script.
+
+    Exit status: 0 done, 2 a user error (one line on stderr, see
+    :func:`is_user_error`; usage errors too), 1 a bug of lengthwise (its
+    traceback, then a line saying it is a bug and how to report it).
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -60,9 +127,18 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader stopped early (``| head``): not an error
         _silence_stdout()
         return 0
-    except (ValueError, OSError, KeyError) as exc:  # user input: files, values, options
-        print(f"lengthwise {args.command}: error: {error_line(exc)}", file=sys.stderr)
-        return 2
+    except Exception as exc:
+        missing = missing_extra(exc, "dflash" if getattr(args, "task", None) == "dflash"
+                                else args.command)
+        if is_user_error(exc) or missing:
+            print(f"lengthwise {args.command}: error: {missing or error_line(exc)}",
+                  file=sys.stderr)
+            return 2
+        traceback.print_exc()
+        print(f"lengthwise {args.command}: internal error: {type(exc).__name__} above is a bug "
+              f"in lengthwise {__version__}, not in your input; please report it with the "
+              "traceback and the command you ran", file=sys.stderr)
+        return 1
 
 
 def error_line(exc: BaseException) -> str:

@@ -7,12 +7,13 @@ trains a DFlash draft per order against a frozen target (a small target trained
 locally and cached, or ``--target PATH``), on responses the target
 regenerated, and measures its acceptance length with real speculative
 decoding. Prints one row per order and writes every run's
-``train_log.jsonl``, ``summary.json`` and ``loss_curves.png`` under ``--out``.
+``train_log.jsonl``, ``summary.json`` and ``loss_curves.png`` under ``--out``
+(``lengthwise-demo/lm`` or ``lengthwise-demo/dflash`` by default).
 
 Example::
 
-    $ lengthwise demo                       # about 5 minutes on two CPU cores
-    $ lengthwise demo --task dflash         # about 10 minutes on two CPU cores
+    $ lengthwise demo                       # every order, writes under lengthwise-demo/lm
+    $ lengthwise demo --task dflash         # every order, writes under lengthwise-demo/dflash
     $ lengthwise demo --steps 600 --model-size small --json
     $ torchrun --nproc_per_node 2 -m lengthwise demo --orders random,stratified
 """
@@ -24,6 +25,8 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
+
+from lengthwise.errors import ConfigError
 
 
 def _defaults() -> dict[str, dict[str, Any]]:
@@ -73,9 +76,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="model width and depth (lm task; tiny trains quickly on CPU) "
                         "(default: tiny)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
-    p.add_argument("--out", default="lengthwise-demo",
+    p.add_argument("--out", default=None,
                    help="folder for the logs, summary.json and loss_curves.png "
-                        "(default: lengthwise-demo)")
+                        f"(default: {default_out('lm')}; with --task dflash: "
+                        f"{default_out('dflash')})")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the model, data split, plans (default: 0)")
     p.add_argument("--grad-accum", type=_positive,
@@ -156,28 +160,39 @@ def _config_kwargs(args: argparse.Namespace, table: dict[str, str]) -> dict[str,
             if getattr(args, arg) is not None}
 
 
+def default_out(task: str) -> str:
+    """The folder a task writes under when ``--out`` is not given: one per task.
+
+    Example::
+
+        >>> default_out("dflash")
+        'lengthwise-demo/dflash'
+    """
+    return f"lengthwise-demo/{task}"
+
+
 def _check_folder(option: str, path: str | None) -> None:
     """A folder the demo writes into: it may not exist yet, but nothing on its path is a file."""
     if path is None:
         return
     out = Path(path)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"{option} {path}: exists and is not a folder")
+        raise ConfigError(f"{option} {path}: exists and is not a folder")
     for parent in out.parents:
         if parent.exists() and not parent.is_dir():
-            raise ValueError(f"{option} {path}: {parent} is not a folder")
+            raise ConfigError(f"{option} {path}: {parent} is not a folder")
 
 
 def _check_task_options(args: argparse.Namespace) -> None:
     """An option of the other task is an error, not silently ignored."""
     if args.task == "dflash":
         if args.model_size is not None:
-            raise ValueError("--model-size is for --task lm; the dflash task's target is "
-                             "--target PATH or a small one trained here")
+            raise ConfigError("--model-size is for --task lm; the dflash task's target is "
+                              "--target PATH or a small one trained here")
         return
     for name in ("target", *_DFLASH):
         if getattr(args, name) is not None:
-            raise ValueError(f"--{name.replace('_', '-')} needs --task dflash")
+            raise ConfigError(f"--{name.replace('_', '-')} needs --task dflash")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -190,7 +205,10 @@ def run(args: argparse.Namespace) -> int:
         try:
             buckets = int(buckets)
         except ValueError:
-            raise ValueError(f"--buckets must be a count or 'auto', got {args.buckets!r}") from None
+            raise ConfigError(
+                f"--buckets must be a count or 'auto', got {args.buckets!r}") from None
+    if args.out is None:
+        args.out = default_out(args.task)  # each task its own folder: neither overwrites the other
     _check_folder("--out", args.out)
     _check_folder("--cache-dir", args.cache_dir)
     orders = parse_orders(args.orders)

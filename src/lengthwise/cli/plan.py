@@ -16,6 +16,7 @@ import warnings
 import numpy as np
 
 from lengthwise.atomic import atomic_open
+from lengthwise.errors import ConfigError
 from lengthwise.planning.batching import batch_padded_lengths
 from lengthwise.planning.vocabulary import (
     EVEN_OUT,
@@ -67,8 +68,9 @@ def register(subparsers) -> None:
         description="Plan one epoch of micro-batches from per-sample lengths and report "
                     "the figures of docs/metrics.md (padding efficiency, step composition, ...).")
     p.add_argument("lengths", help="a bundled name (sft_mix, ...; a file of that name in the "
-                   "working folder wins), .npy, .txt, FILE.jsonl:FIELD, FILE.parquet:COLUMN or "
-                   "FILE.arrow:COLUMN")
+                   "working folder wins), .npy, .txt, FILE.jsonl:FIELD, FILE.parquet:COLUMN, "
+                   "FILE.arrow:COLUMN, a Megatron index PREFIX.idx, or FOLDER:COLUMN (a folder "
+                   "of Parquet shards)")
     p.add_argument("--max-len", type=int, default=None, metavar="N",
                    help="longest sample kept, in tokens (default: no limit but the budget)")
     p.add_argument("--on-overflow", choices=PACK_OVERFLOW_POLICIES, default="truncate",
@@ -160,12 +162,12 @@ def _check_out(path: str | None) -> None:
     if path is None:
         return
     if os.path.isdir(path):
-        raise ValueError(f"--out {path} is a folder; give a file name, e.g. "
-                         f"{os.path.join(path, 'plan.npz')}")
+        raise ConfigError(f"--out {path} is a folder; give a file name, e.g. "
+                          f"{os.path.join(path, 'plan.npz')}")
     folder = os.path.dirname(path) or "."
     if not os.path.isdir(folder):
         what = "is not a folder" if os.path.exists(folder) else "does not exist"
-        raise ValueError(f"--out {path}: {folder} {what}")
+        raise ConfigError(f"--out {path}: {folder} {what}")
 
 
 def _save(path: str, plan) -> None:
@@ -199,14 +201,14 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size is None and args.max_tokens is None:
         args.max_tokens = DEFAULT_MAX_TOKENS
     if args.on_overflow not in OVERFLOW_POLICIES and args.layout != "pack":
-        raise ValueError("--on-overflow split needs --layout pack")
+        raise ConfigError("--on-overflow split needs --layout pack")
     if args.layout == "pack" and args.buckets != "auto":
-        raise ValueError(f"--buckets {args.buckets} sets the buckets of padded rows, but "
-                         "--layout pack has no buckets; leave --buckets out, or use --layout pad")
+        raise ConfigError(f"--buckets {args.buckets} sets the buckets of padded rows, but "
+                          "--layout pack has no buckets; leave --buckets out, or use --layout pad")
     if args.layout == "pack" and args.pad_multiple != 1:
-        raise ValueError(f"--pad-multiple {args.pad_multiple} rounds padded rows up, but "
-                         "--layout pack has no padded rows (its rows are --max-tokens long); "
-                         "leave --pad-multiple out, or use --layout pad")
+        raise ConfigError(f"--pad-multiple {args.pad_multiple} rounds padded rows up, but "
+                          "--layout pack has no padded rows (its rows are --max-tokens long); "
+                          "leave --pad-multiple out, or use --layout pad")
     base = dict(
         epoch=args.epoch, seed=args.seed, max_tokens=args.max_tokens, batch_size=args.batch_size,
         buckets=args.buckets, world_size=args.world_size, grad_accum=args.grad_accum,
@@ -222,8 +224,8 @@ def run(args: argparse.Namespace) -> int:
             results[order] = _plan_with_recomposition(lengths, {**base, "order": order})
     main = results[args.order if args.order in results else orders[-1]]
     notes = _warnings(main)
-    if args.compare and args.world_size * args.grad_accum == 1:
-        notes.append(ONE_STEP_NOTE)
+    if args.world_size * args.grad_accum == 1:
+        notes.append(ONE_STEP_NOTE)  # step_cv_ratio is printed with or without --compare
     if args.out:
         _save(args.out, main["plan"])
     if args.json:

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from lengthwise.atomic import atomic_open
+from lengthwise.errors import DataError, MissingDependencyError
 from lengthwise.planning.jsonl import jsonl_field
 
 __all__ = ["corpus_fingerprint", "load_corpus", "load_texts", "stdlib_docstrings"]
@@ -97,7 +98,7 @@ def stdlib_docstrings(root: str | Path | None = None, *, limit_files: int | None
                 seen.add(doc)
                 out.append(doc)
     if not out:
-        raise ValueError(f"found no docstrings in the .py files below {base}")
+        raise DataError(f"found no docstrings in the .py files below {base}")
     return out
 
 
@@ -105,8 +106,8 @@ def _jsonl_texts(path: Path, field: str) -> list[str]:
     out = []
     for number, value in jsonl_field(path, field):
         if not isinstance(value, str):
-            raise ValueError(f"{path}, line {number}: field {field!r} must be a string, "
-                             f"got {type(value).__name__}")
+            raise DataError(f"{path}, line {number}: field {field!r} must be a string, "
+                            f"got {type(value).__name__}")
         out.append(value)
     return out
 
@@ -115,19 +116,19 @@ def _dataset_texts(path: Path, field: str) -> list[str]:
     try:
         import datasets
     except ImportError as exc:
-        raise ImportError("reading a saved dataset needs the datasets package: "
-                          "pip install datasets") from exc
+        raise MissingDependencyError("reading a saved dataset needs the datasets package: "
+                                     "pip install datasets") from exc
     try:
         data = datasets.load_from_disk(str(path))
     except FileNotFoundError as exc:  # a folder that save_to_disk did not write
-        raise ValueError(f"{path}: not a Hugging Face dataset saved with save_to_disk "
-                         f"({' '.join(str(exc).split())})") from None
+        raise DataError(f"{path}: not a Hugging Face dataset saved with save_to_disk "
+                        f"({' '.join(str(exc).split())})") from None
     if isinstance(data, datasets.DatasetDict):
         split = "train" if "train" in data else next(iter(data))
         data = data[split]
     if field not in data.column_names:
-        raise ValueError(f"{path}: the dataset has no {field!r} column "
-                         f"(columns: {data.column_names})")
+        raise DataError(f"{path}: the dataset has no {field!r} column "
+                        f"(columns: {data.column_names})")
     return [str(t) for t in data[field]]
 
 
@@ -151,7 +152,7 @@ def load_texts(source: str | Path, *, field: str = "text") -> list[str]:
     texts = _dataset_texts(path, field) if path.is_dir() else _jsonl_texts(path, field)
     out = list(dict.fromkeys(t for t in texts if t.strip()))
     if not out:
-        raise ValueError(f"--data {path}: no non-empty {field!r} texts")
+        raise DataError(f"--data {path}: no non-empty {field!r} texts")
     return out
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from lengthwise.demo.tokenizer import encode_texts
+from lengthwise.errors import ConfigError, DataError
 
 __all__ = ["DemoData"]
 
@@ -47,22 +48,22 @@ class DemoData:
         ``max_samples`` keeps a random subset of the training samples (for quick runs).
         """
         if max_len < 2:
-            raise ValueError(f"max_len must be >= 2, got {max_len}")
+            raise ConfigError(f"max_len must be >= 2, got {max_len}")
         if eval_samples < 1:
-            raise ValueError(f"eval_samples must be >= 1, got {eval_samples}")
+            raise ConfigError(f"eval_samples must be >= 1, got {eval_samples}")
         ids = [np.asarray(x, dtype=np.int32) for x in encode_texts(tokenizer, texts,
                                                                     max_len=max_len)]
         ids = [x for x in ids if x.size >= 2]  # a sample needs one token to predict
         if len(ids) <= eval_samples:
-            raise ValueError(f"the corpus has {len(ids)} usable samples, not more than "
-                             f"eval_samples={eval_samples}; use more data or fewer eval samples")
+            raise DataError(f"the corpus has {len(ids)} usable samples, not more than "
+                            f"eval_samples={eval_samples}; use more data or fewer eval samples")
         rng = np.random.default_rng([seed, 7919])
         perm = rng.permutation(len(ids))
         held = np.sort(perm[:eval_samples])
         rest = np.sort(perm[eval_samples:])
         if max_samples is not None:
             if max_samples < 1:
-                raise ValueError(f"max_samples must be >= 1, got {max_samples}")
+                raise ConfigError(f"max_samples must be >= 1, got {max_samples}")
             rest = np.sort(rest[rng.permutation(rest.size)[:max_samples]])
         return cls(train=[ids[i] for i in rest], eval=[ids[i] for i in held],
                    vocab_size=int(tokenizer.get_vocab_size()), max_len=int(max_len))

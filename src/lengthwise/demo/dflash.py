@@ -27,6 +27,7 @@ import numpy as np
 from lengthwise.atomic import atomic_open
 from lengthwise.demo.config import check_positive
 from lengthwise.dflash.train import DFlashTrainConfig
+from lengthwise.errors import ConfigError
 from lengthwise.pytorch.dist import GroupInfo
 from lengthwise.train.device import (
     autocast_dtype,
@@ -77,13 +78,13 @@ class DFlashDemoConfig(DFlashTrainConfig):
         super().__post_init__()
         if self.prompt_len + self.response_len > self.max_len:
             need = self.prompt_len + self.response_len
-            raise ValueError(f"max_len ({self.max_len}) must hold a prompt and the target's "
-                             f"response: prompt_len + response_len = {self.prompt_len} + "
-                             f"{self.response_len} = {need} (use --max-len {need} or more)")
+            raise ConfigError(f"max_len ({self.max_len}) must hold a prompt and the target's "
+                              f"response: prompt_len + response_len = {self.prompt_len} + "
+                              f"{self.response_len} = {need} (use --max-len {need} or more)")
         check_positive(self, "eval_samples", "eval_prompts", "max_new_tokens", "texts")
         if self.eval_prompts > self.eval_samples:
-            raise ValueError(f"eval_prompts ({self.eval_prompts}) must not exceed "
-                             f"eval_samples ({self.eval_samples})")
+            raise ConfigError(f"eval_prompts ({self.eval_prompts}) must not exceed "
+                              f"eval_samples ({self.eval_samples})")
 
 
 class DFlashOrderRun:

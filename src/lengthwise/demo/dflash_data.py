@@ -29,8 +29,9 @@ import numpy as np
 
 from lengthwise.atomic import atomic_open
 from lengthwise.dflash.generate import generate_responses as regenerate
+from lengthwise.errors import DataError
 from lengthwise.pytorch.dist import GroupInfo
-from lengthwise.train.device import barrier, rank_world
+from lengthwise.train.device import barrier, rank_world, say
 
 if TYPE_CHECKING:  # pragma: no cover
     from lengthwise.demo.dflash import DFlashDemoConfig
@@ -136,6 +137,7 @@ def train_target(texts: list[str], tokenizer: Any, *, cache_dir: Path, size: str
     folder = Path(cache_dir) / f"dflash-target-{key}"
     if (folder / "config.json").is_file():
         info = json.loads((folder / "lengthwise.json").read_text(encoding="utf-8"))
+        info["target_cache"] = str(folder)
         return transformers.AutoModelForCausalLM.from_pretrained(str(folder)), info
     cfg = DemoConfig(steps=steps, grad_accum=4, max_tokens=1024, max_len=max_len,
                      model_size=size, lr=3e-3, schedule="cosine", eval_samples=128, seed=seed,
@@ -196,8 +198,11 @@ def prepare(cfg: DFlashDemoConfig, *, target: str | Path | None, data: str | Pat
                                        seed=cfg.seed)
                 started = time.perf_counter()
                 model.to(device)
+                say(info, f"lengthwise demo --task dflash: the target writes its responses to "
+                          f"{len(prompts)} prompts (once; cached in {path})")
                 resp = regenerate(model, prompts, max_new_tokens=cfg.response_len, eos=eos,
-                                  temperature=cfg.temperature, seed=cfg.seed, device=device)
+                                  temperature=cfg.temperature, seed=cfg.seed, device=device,
+                                  show=cfg.progress)
                 seqs = [np.concatenate([p, r]) for p, r in zip(prompts, resp, strict=True)]
                 flat = np.concatenate(seqs)
                 offsets = np.cumsum([0] + [s.size for s in seqs])
@@ -282,7 +287,9 @@ def _target(cfg: DFlashDemoConfig, target: str | Path | None, texts: list[str],
         model, meta = train_target(texts, tok, cache_dir=cache, size=cfg.target_size,
                                    steps=cfg.target_steps, max_len=cfg.max_len, seed=cfg.seed,
                                    fingerprint=fp, progress=cfg.progress)
-        meta.update(target=f"{cfg.target_size} Llama-style model trained here",
+        where = (f"trained earlier, loaded from {meta['target_cache']}"
+                 if meta.get("target_cache") else "trained here")
+        meta.update(target=f"{cfg.target_size} Llama-style model {where}",
                     target_key=f"{fp}-{vocab_size}-{cfg.target_size}-{cfg.target_steps}")
         return model, tok, 0, meta
     import torch
@@ -293,7 +300,7 @@ def _target(cfg: DFlashDemoConfig, target: str | Path | None, texts: list[str],
     path = Path(target)
     tok_path = Path(tokenizer) if tokenizer is not None else path / "tokenizer.json"
     if not tok_path.is_file():
-        raise ValueError(f"--target {path}: no tokenizer.json there; give --tokenizer")
+        raise DataError(f"--target {path}: no tokenizer.json there; give --tokenizer")
     dtype = torch.bfloat16 if str(device).startswith("cuda") else None
     model = load_target(path, dtype=dtype)
     eos = model.config.eos_token_id

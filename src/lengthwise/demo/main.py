@@ -35,6 +35,7 @@ from lengthwise.demo.report import (
     summary_json,
 )
 from lengthwise.demo.runner import train_orders
+from lengthwise.errors import ConfigError
 from lengthwise.pytorch.dist import GroupInfo
 from lengthwise.train.device import barrier, rank_world, say, setup_distributed
 
@@ -56,9 +57,9 @@ def parse_orders(text: str | list[str] | tuple[str, ...] | None) -> list[str]:
     items = [t for t in items if t]
     bad = [t for t in items if t not in known]
     if bad:
-        raise ValueError(f"unknown order(s) {bad}; choose from {', '.join(known)}")
+        raise ConfigError(f"unknown order(s) {bad}; choose from {', '.join(known)}")
     if not items:
-        raise ValueError("no orders given")
+        raise ConfigError("no orders given")
     return list(dict.fromkeys(items))
 
 
@@ -123,7 +124,7 @@ def check_targets(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_demo(cfg: DemoConfig, *, orders: list[str] | str | None = None,
-             out: str | Path = "lengthwise-demo", data: str | Path | None = None,
+             out: str | Path = "lengthwise-demo/lm", data: str | Path | None = None,
              tokenizer: str | Path | None = None, cache_dir: str | Path | None = None,
              vocab_size: int = 2048, lockstep: bool = True, plot: bool = True,
              texts: list[str] | None = None) -> dict[str, Any]:
@@ -138,7 +139,7 @@ def run_demo(cfg: DemoConfig, *, orders: list[str] | str | None = None,
         import torch
 
         if not torch.cuda.is_available():
-            raise ValueError(f"--device {cfg.device}: torch sees no CUDA device here")
+            raise ConfigError(f"--device {cfg.device}: torch sees no CUDA device here")
     out = Path(out)
     group = setup_distributed(cfg.device)
     rank, world = rank_world(group)

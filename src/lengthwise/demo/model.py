@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from lengthwise.errors import ConfigError
+
 __all__ = ["MODEL_SIZES", "ModelSize", "build_model", "count_parameters"]
 
 
@@ -63,10 +65,10 @@ def build_model(size: str | ModelSize, *, vocab_size: int, max_len: int, seed: i
 
     if isinstance(size, str):
         if size not in MODEL_SIZES:
-            raise ValueError(f"model size must be one of {sorted(MODEL_SIZES)}, got {size!r}")
+            raise ConfigError(f"model size must be one of {sorted(MODEL_SIZES)}, got {size!r}")
         size = MODEL_SIZES[size]
     if vocab_size < 2 or max_len < 2:
-        raise ValueError(f"need vocab_size >= 2 and max_len >= 2, got {vocab_size}, {max_len}")
+        raise ConfigError(f"need vocab_size >= 2 and max_len >= 2, got {vocab_size}, {max_len}")
     config = transformers.LlamaConfig(
         vocab_size=vocab_size, hidden_size=size.hidden, intermediate_size=size.intermediate,
         num_hidden_layers=size.layers, num_attention_heads=size.heads,

@@ -1,10 +1,10 @@
 """Compare the orders of one demo run: figures, the doctor's verdicts, a table, a plot.
 
-``loss_roughness`` and the verdict come from :func:`lengthwise.doctor.diagnose`
-over one stable region shared by every order: it starts where the slowest of
-the runs has finished warming up and settling (the doctor's automatic start,
-the latest over the orders) and ends at the last step, so the orders are
-measured over the same steps. ``throughput_vs_sorted`` divides by the
+``loss_roughness`` and the verdict come from one :func:`lengthwise.doctor.diagnose`
+per order over one stable region shared by every order (named in the output):
+it starts where the slowest of the runs has finished warming up and settling
+(the doctor's automatic start, the latest over the orders) and ends at the last
+step, so the orders are measured over the same steps. ``throughput_vs_sorted`` divides by the
 ``sorted`` run and ``roughness_ratio`` by the ``random`` run (``None`` when
 that order was not trained).
 
@@ -27,9 +27,9 @@ from typing import Any
 
 from lengthwise.atomic import atomic_path
 
-__all__ = ["JSON_KEYS", "TABLE_COLUMNS", "add_ratios", "common_region", "diagnose_runs",
-           "format_columns", "format_markdown", "format_table", "format_verdicts", "plot_curves",
-           "summary_json", "verdict_of"]
+__all__ = ["JSON_KEYS", "ORDER_COLORS", "TABLE_COLUMNS", "add_ratios", "common_region",
+           "diagnose_runs", "format_columns", "format_markdown", "format_table",
+           "format_verdicts", "order_color", "plot_curves", "residual_ticks", "summary_json"]
 
 #: keys every strategy has in ``--json`` output
 JSON_KEYS: tuple[str, ...] = (
@@ -81,24 +81,14 @@ def common_region(logs: dict[str, str | Path]) -> tuple[int, int]:
     return start, end
 
 
-def verdict_of(path: str | Path) -> str:
-    """The doctor's verdict of a log, as ``lengthwise doctor LOG`` prints it.
-
-    The demo measures roughness over one region shared by every order; the verdict
-    (over the doctor's own stable region) comes from the doctor's one verdict
-    function, so it reads the same as the CLI's.
-    """
-    from lengthwise.doctor import verdict_for
-
-    return verdict_for(str(path)).summary
-
-
 def diagnose_runs(logs: dict[str, str | Path], *, region: tuple[int, int] | None = None,
                   ) -> dict[str, dict[str, Any]]:
     """The doctor's ``loss_roughness``, ``excess``, verdict and stable region of every log.
 
-    ``excess`` is the roughness above the run's own sampling floor, when the doctor
-    measures it (``None`` otherwise).
+    Every figure of a log, its verdict included, comes from one
+    :func:`lengthwise.doctor.diagnose` over ``region``, so the table and the
+    verdict quote one ``loss_roughness``. ``excess`` is the roughness above the
+    run's own sampling floor, when the doctor measures it (``None`` otherwise).
     """
     from lengthwise.doctor import diagnose
 
@@ -112,7 +102,7 @@ def diagnose_runs(logs: dict[str, str | Path], *, region: tuple[int, int] | None
             "corrected_roughness": report.stats.corrected_roughness,
             "excess": noise.excess if noise is not None else None,
             "sampling_floor": noise.sampling_floor if noise is not None else None,
-            "verdict": verdict_of(path),
+            "verdict": report.verdict.summary,
             "stable_region": [start, end],
             "bands": getattr(report.bands, "count", None),
         }
@@ -225,6 +215,43 @@ def plot_runs(curves: dict[str, list[float]], out: str | Path, *, region: tuple[
         return None
 
 
+#: one colour per order name, the same in every plot whatever orders are drawn
+ORDER_COLORS: dict[str, str] = {
+    "sorted": "#1f77b4", "random": "#ff7f0e", "bucket-random": "#2ca02c",
+    "interleave": "#d62728", "stratified": "#9467bd", "packed": "#8c564b",
+}
+_OTHER_COLORS = ("#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+
+
+def order_color(name: str, position: int = 0) -> str:
+    """The colour of an order's curves: fixed per order name (others by position).
+
+    Example::
+
+        >>> order_color("stratified") == order_color("stratified", 4)
+        True
+    """
+    return ORDER_COLORS.get(name, _OTHER_COLORS[position % len(_OTHER_COLORS)])
+
+
+def residual_ticks(offsets: list[float], spacing: float) -> tuple[list[float], list[str]]:
+    """The residual panel's y scale: each trace's zero and +-``spacing / 4`` around it.
+
+    Example::
+
+        >>> ticks, labels = residual_ticks([0.0, -0.4], 0.4)
+        >>> [round(t, 2) for t in ticks], labels[:3]
+        ([-0.1, 0.0, 0.1, -0.5, -0.4, -0.3], ['-0.1', '0', '+0.1'])
+    """
+    q = spacing / 4
+    ticks: list[float] = []
+    labels: list[str] = []
+    for offset in offsets:
+        ticks.extend([offset - q, offset, offset + q])
+        labels.extend([f"-{q:.2g}", "0", f"+{q:.2g}"])
+    return ticks, labels
+
+
 def plot_curves(curves: dict[str, list[float]], path: str | Path, *,
                 region: tuple[int, int] | None = None,
                 roughness: dict[str, float] | None = None, title: str = "") -> Path:
@@ -245,13 +272,12 @@ def plot_curves(curves: dict[str, list[float]], path: str | Path, *,
 
     fig, (ax, res) = plt.subplots(1, 2, figsize=(14, 5.2),
                                   gridspec_kw={"width_ratios": [1.1, 1.0]})
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     show = 21
     spread = []
     for i, (name, loss) in enumerate(curves.items()):
         y = np.asarray(loss, dtype=np.float64)
         x = np.arange(1, y.size + 1)
-        c = colors[i % len(colors)]
+        c = order_color(name, i)
         smooth = rolling_mean(y, show)
         full = (x > show // 2) & (x <= y.size - show // 2)
         ax.plot(x, y, color=c, alpha=0.3, lw=0.8)
@@ -261,8 +287,8 @@ def plot_curves(curves: dict[str, list[float]], path: str | Path, *,
         keep = (x >= lo) & (x <= hi)
         spread.append((name, c, x[keep], resid[keep]))
     step = 4 * max((float(np.std(r)) for *_, r in spread if r.size), default=0.1) or 0.1
-    for k, (name, c, x, r) in enumerate(spread):
-        offset = -k * step
+    offsets = [-k * step for k in range(len(spread))]
+    for offset, (name, c, x, r) in zip(offsets, spread, strict=True):
         res.plot(x, r + offset, color=c, lw=0.9)
         res.axhline(offset, color=c, lw=0.5, alpha=0.5)
         label = name
@@ -270,7 +296,9 @@ def plot_curves(curves: dict[str, list[float]], path: str | Path, *,
             label += f"  {roughness[name]:.4f}"
         res.text(1.01, offset, label, color=c, transform=res.get_yaxis_transform(),
                  va="center", fontsize=8)
-    res.set_yticks([])
+    ticks, labels = residual_ticks(offsets, step)
+    res.set_yticks(ticks, labels, fontsize=7)
+    res.set_ylabel(f"loss - rolling mean (traces {step:.2g} apart)")
     where = f"steps {region[0]}-{region[1]}" if region else "all steps"
     res.set_title(f"loss - rolling mean of {ROUGHNESS_WINDOW}, {where} (std = loss_roughness)",
                   fontsize=10)

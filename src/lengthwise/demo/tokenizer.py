@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from lengthwise.atomic import atomic_path
 from lengthwise.cache import cache_dir
+from lengthwise.errors import ConfigError, DataError
 
 if TYPE_CHECKING:  # pragma: no cover
     from tokenizers import Tokenizer
@@ -50,8 +51,8 @@ def train_tokenizer(texts: list[str], *, vocab_size: int = 4096) -> Tokenizer:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     if vocab_size < 257 + len(SPECIAL_TOKENS):
-        raise ValueError(f"vocab_size must be at least {257 + len(SPECIAL_TOKENS)} "
-                         f"(256 bytes + special tokens), got {vocab_size}")
+        raise ConfigError(f"vocab_size must be at least {257 + len(SPECIAL_TOKENS)} "
+                          f"(256 bytes + special tokens), got {vocab_size}")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -89,7 +90,7 @@ def get_tokenizer(texts: list[str], *, path: str | Path | None = None,
         try:
             return Tokenizer.from_file(str(file))
         except Exception as exc:  # the Rust side raises plain Exception
-            raise ValueError(f"--tokenizer {file}: not a tokenizers JSON file ({exc})") from exc
+            raise DataError(f"--tokenizer {file}: not a tokenizers JSON file ({exc})") from exc
     if fingerprint is None:
         from lengthwise.demo.corpus import corpus_fingerprint
 
@@ -102,7 +103,7 @@ def get_tokenizer(texts: list[str], *, path: str | Path | None = None,
         except Exception:  # a damaged cache file is rebuilt below
             pass
     if not texts:
-        raise ValueError("no texts to train a tokenizer on")
+        raise DataError("no texts to train a tokenizer on")
     tok = train_tokenizer(texts, vocab_size=vocab_size)
     cache.mkdir(parents=True, exist_ok=True)
     with atomic_path(file) as tmp:

@@ -29,13 +29,15 @@ __all__ = ["generate_responses"]
 def generate_responses(model: Any, prompts: list[np.ndarray], *, max_new_tokens: int,
                eos: int | list[int],
                temperature: float, seed: int, batch_size: int = 64,
-               device: Any = "cpu") -> list[np.ndarray]:
+               device: Any = "cpu", show: bool = False) -> list[np.ndarray]:
     """The target's own continuation of every prompt (ends at a stop token ``eos`` or the cap).
 
     ``temperature`` 0 is greedy decoding (the continuation speculative decoding must
-    reproduce); above 0 the target samples.
+    reproduce); above 0 the target samples. ``show``: a progress bar over the prompts.
     """
     import torch
+
+    from lengthwise.progress import progress
 
     stops = [eos] if isinstance(eos, int) else list(eos)
     pad = stops[0]
@@ -48,7 +50,9 @@ def generate_responses(model: Any, prompts: list[np.ndarray], *, max_new_tokens:
     was = model.training
     model.eval()
     try:
-        for lo in range(0, len(order), batch_size):
+        starts = range(0, len(order), batch_size)
+        for lo in progress(starts, desc=f"the target writes {len(prompts)} responses",
+                           unit="batch", total=len(starts), enable=show):
             idx = order[lo:lo + batch_size]
             width = max(prompts[i].size for i in idx)
             ids = torch.full((idx.size, width), pad, dtype=torch.long)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lengthwise.errors import ConfigError
+from lengthwise.errors import ConfigError, DataError
 
 __all__ = ["IGNORE", "anchor_candidates", "anchor_quota", "block_targets", "default_gamma",
            "sample_anchors", "simulated_acceptance_length", "slot_weights", "target_layer_ids"]
@@ -153,7 +153,7 @@ def sample_anchors(loss_mask: np.ndarray, *, num_anchors: int, seed: int, step: 
         np.True_
     """
     if num_anchors < 0:
-        raise ValueError(f"num_anchors must be >= 0, got {num_anchors}")
+        raise ConfigError(f"num_anchors must be >= 0, got {num_anchors}")
     cand = anchor_candidates(loss_mask)
     if num_anchors == 0:
         return cand[:0]
@@ -181,8 +181,8 @@ def block_targets(input_ids: np.ndarray, loss_mask: np.ndarray, anchors: np.ndar
     ids = np.asarray(input_ids)
     mask = np.asarray(loss_mask, dtype=bool)
     if ids.shape != mask.shape or ids.ndim != 1:
-        raise ValueError(f"input_ids and loss_mask must be 1-D of one shape, got {ids.shape} "
-                         f"and {mask.shape}")
+        raise DataError(f"input_ids and loss_mask must be 1-D of one shape, got {ids.shape} "
+                        f"and {mask.shape}")
     a = np.asarray(anchors, dtype=np.int64).reshape(-1, 1)
     pos = a + np.arange(block_size, dtype=np.int64)
     inside = pos < ids.size
@@ -208,7 +208,7 @@ def simulated_acceptance_length(accuracy: np.ndarray) -> float:
     """
     acc = np.asarray(accuracy, dtype=np.float64)
     if acc.size and (np.nanmin(acc) < 0 or np.nanmax(acc) > 1):
-        raise ValueError("accuracies must lie in [0, 1]")
+        raise DataError("accuracies must lie in [0, 1]")
     acc = np.nan_to_num(acc, nan=0.0)
     return float(1.0 + np.cumprod(acc).sum())
 

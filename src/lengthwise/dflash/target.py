@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from lengthwise.errors import ConfigError, DataError
+
 __all__ = ["Target", "load_target", "stop_set"]
 
 
@@ -51,7 +53,7 @@ class Target:
         n = model.config.num_hidden_layers
         bad = [i for i in layers if not 0 <= i < n]
         if bad or not layers:
-            raise ValueError(f"target layers {list(layers)} must be in [0, {n}) and not empty")
+            raise ConfigError(f"target layers {list(layers)} must be in [0, {n}) and not empty")
         self.model = model.eval()
         for p in model.parameters():
             p.requires_grad_(False)
@@ -120,8 +122,8 @@ def load_target(path: str | Path, *, dtype: Any = None, device: Any = None) -> A
 
     path = Path(path)
     if not (path / "config.json").is_file():
-        raise ValueError(f"--target {path}: not a local Hugging Face checkpoint "
-                         "(no config.json there)")
+        raise DataError(f"--target {path}: not a local Hugging Face checkpoint "
+                        "(no config.json there)")
     model = transformers.AutoModelForCausalLM.from_pretrained(
         str(path), dtype=dtype, local_files_only=True)
     return model.to(device) if device is not None else model

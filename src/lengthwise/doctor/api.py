@@ -38,6 +38,7 @@ from lengthwise.doctor.epochs import EpochBoundaries, epoch_boundaries, staircas
 from lengthwise.doctor.errors import EmptyLogError
 from lengthwise.doctor.mechanisms import match_period
 from lengthwise.doctor.noise import noise_budget
+from lengthwise.doctor.order import logged_order
 from lengthwise.doctor.periodicity import Periodicity, periodicity_of
 from lengthwise.doctor.phases import Phases, find_phases
 from lengthwise.doctor.readers import read_log, read_records
@@ -47,6 +48,7 @@ from lengthwise.doctor.runlog import RunLog
 from lengthwise.doctor.smoothing import rolling_mean
 from lengthwise.doctor.stats import nonfinite_losses, roughness_residual, stable_stats
 from lengthwise.doctor.verdict import Verdict, build_verdict
+from lengthwise.errors import ConfigError
 
 Source = str | os.PathLike[str] | Iterable[Mapping[str, Any]] | RunLog
 
@@ -71,7 +73,7 @@ def checkpoint_steps(
         return np.asarray(sorted(steps), dtype=np.float64), "given"
     if every is not None:
         if every <= 0:
-            raise ValueError(f"--checkpoint-every must be positive, got {every}")
+            raise ConfigError(f"--checkpoint-every must be positive, got {every}")
         first = math.ceil(float(log.step[0]) / every) * every
         return np.arange(first, float(log.step[-1]) + 1, every, dtype=np.float64), (
             f"--checkpoint-every {every}"
@@ -95,6 +97,7 @@ def diagnose(
     eval_every: float | None = None,
     world_size: int | None = None,
     seed: int = 0,
+    order: str | None = None,
 ) -> Report:
     """Diagnose one training log.
 
@@ -108,6 +111,8 @@ def diagnose(
     beside the log, see :mod:`lengthwise.doctor.run_config`) enters the
     mega-batch arithmetic. ``seed`` makes
     the bootstrap and permutation tests reproducible.
+    ``order`` is the batch order the run used (default: the log's ``plan`` event, see
+    :func:`~lengthwise.doctor.order.logged_order`); the doctor does not prescribe it.
     """
     log = load(source, step_key=step_key, loss_key=loss_key)
     rng = np.random.default_rng(seed)
@@ -121,7 +126,8 @@ def diagnose(
     ctx = run_context(s, cols, interval=log.step_interval, steps_per_epoch=steps_per_epoch,
                       batch_size=batch_size, checkpoint_every=checkpoint_every,
                       checkpoint_steps=ck, checkpoint_source=ck_source, eval_every=eval_every,
-                      world_size=world, world_size_source=world_source)
+                      world_size=world, world_size_source=world_source,
+                      order=order or logged_order(source))
     window = checkpoint_window(log.step_interval)
     warm = phases.warmup_end if phases.warmup_source == "lr" else None
     cliff_ctx = CliffContext(checkpoints=ck, window=window, buckets=buckets,

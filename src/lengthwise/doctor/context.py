@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lengthwise.doctor.numbers import num
+from lengthwise.errors import ConfigError
 
 #: an lr rise of at least this fraction of the peak between two logged steps is a restart
 RESTART_FRACTION = 0.2
@@ -50,6 +51,7 @@ class RunContext:
     world_size: int | None = None
     world_size_source: str | None = None
     epoch_resets: list[float] = field(default_factory=list)
+    order: str | None = None  # the batch order the run uses (its log's ``plan`` event)
 
     @property
     def run_steps(self) -> float:
@@ -71,6 +73,7 @@ class RunContext:
             "world_size": self.world_size,
             "world_size_source": self.world_size_source,
             "epoch_resets": [num(s) for s in self.epoch_resets[:50]],
+            "order": self.order,
         }
 
 
@@ -197,19 +200,20 @@ def run_context(
     eval_every: float | None = None,
     world_size: int | None = None,
     world_size_source: str | None = None,
+    order: str | None = None,
 ) -> RunContext:
     """Collect the mechanism lengths known for a run logged at ``steps``.
 
     ``world_size`` is the number of data-parallel processes (None: unknown).
     """
     if steps_per_epoch is not None and not steps_per_epoch > 0:
-        raise ValueError(f"--steps-per-epoch must be positive, got {steps_per_epoch}")
+        raise ConfigError(f"--steps-per-epoch must be positive, got {steps_per_epoch}")
     if batch_size is not None and batch_size < 1:
-        raise ValueError(f"--batch-size must be positive, got {batch_size}")
+        raise ConfigError(f"--batch-size must be positive, got {batch_size}")
     if world_size is not None and world_size < 1:
-        raise ValueError(f"--world-size must be positive, got {world_size}")
+        raise ConfigError(f"--world-size must be positive, got {world_size}")
     if eval_every is not None and not eval_every > 0:
-        raise ValueError(f"--eval-every must be positive, got {eval_every}")
+        raise ConfigError(f"--eval-every must be positive, got {eval_every}")
     first, last = float(steps[0]), float(steps[-1])
     if interval is None:
         interval = float(np.median(np.diff(steps))) if steps.size > 1 else 1.0
@@ -244,4 +248,5 @@ def run_context(
         world_size=world_size,
         world_size_source=world_size_source if world_size is not None else None,
         epoch_resets=epoch_resets(steps, columns.get("epoch")),
+        order=order,
     )

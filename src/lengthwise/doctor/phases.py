@@ -31,6 +31,7 @@ import numpy as np
 
 from lengthwise.doctor.numbers import num
 from lengthwise.doctor.smoothing import odd, robust_std, rolling_median
+from lengthwise.errors import ConfigError, DataError
 
 #: the learning rate counts as warmed up at this fraction of its peak
 LR_PEAK_FRACTION = 0.98
@@ -123,7 +124,7 @@ def find_phases(
 ) -> Phases:
     """Warm-up end and stable region of finite ``loss`` at increasing ``steps``."""
     if steps.size == 0:
-        raise ValueError("no finite loss values to analyse")
+        raise DataError("no finite loss values to analyse")
     warm, why = (None, "lr not logged") if lr is None else warmup_from_lr(steps, lr)
     settle = settle_point(steps, loss)
     source = "lr" if warm is not None else "loss"
@@ -140,10 +141,10 @@ def find_phases(
         s0 = float(start) if start is not None else float(steps[0])
         s1 = float(end) if end is not None else float(steps[-1])
         if start is not None and end is not None and s1 < s0:
-            raise ValueError(f"--from {num(s0)} is after --to {num(s1)}")
+            raise ConfigError(f"--from {num(s0)} is after --to {num(s1)}")
         inside = (steps >= s0) & (steps <= s1)
         if not inside.any():
-            raise ValueError(
+            raise ConfigError(
                 f"no logged step in the stable region {num(s0)}..{num(s1)} (--from/--to) "
                 f"(the log covers {num(float(steps[0]))}..{num(float(steps[-1]))})"
             )

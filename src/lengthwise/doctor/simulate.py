@@ -41,6 +41,7 @@ import numpy as np
 
 from lengthwise.atomic import atomic_open
 from lengthwise.doctor.bands import MODE_FLOOR, VALLEY, merge_peaks
+from lengthwise.errors import ConfigError
 
 ORDERS = ("random", "bucketed", "stratified", "sorted_megabatch")
 
@@ -105,9 +106,9 @@ def simulate_run(
 ) -> SimulatedRun:
     """Simulate one run; see the module docstring for the model."""
     if order not in ORDERS:
-        raise ValueError(f"unknown order {order!r}; choose one of {', '.join(ORDERS)}")
+        raise ConfigError(f"unknown order {order!r}; choose one of {', '.join(ORDERS)}")
     if steps < 100:
-        raise ValueError(f"steps must be at least 100, got {steps}")
+        raise ConfigError(f"steps must be at least 100, got {steps}")
     rng = np.random.default_rng(seed)
     pool, edges, members = _length_pool(rng, median_length, sigma, max_len, num_buckets)
     warmup = max(1, steps // 20) if warmup is None else warmup

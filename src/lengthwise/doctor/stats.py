@@ -22,6 +22,7 @@ import numpy as np
 
 from lengthwise.doctor.numbers import num
 from lengthwise.doctor.smoothing import ROUGHNESS_WINDOW, rolling_mean
+from lengthwise.errors import DataError
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ def stable_stats(
     use = region & ~cliff_mask
     y = loss[use]
     if y.size == 0:
-        raise ValueError("the stable region holds no finite, non-cliff loss values")
+        raise DataError("the stable region holds no finite, non-cliff loss values")
     rough = float(np.std(roughness_residual(loss, cliff_mask)[use]))
     corr = None
     if corrected is not None:

@@ -42,6 +42,19 @@ PHASE_WORDS = {"warm-up": "in the lr warm-up", "early": "in early training",
                "stable": "in the stable region"}
 
 
+def _order_fix(f: Findings) -> str:
+    """The order to prescribe against composition noise: never the one the log already uses."""
+    order = f.context.order
+    if order == "stratified":
+        return ("the run's order is already stratified (each step holds every length "
+                "bucket's share): more samples per step (a larger max_tokens or grad_accum) "
+                "shrink what remains")
+    if order == "interleave":
+        return ("stratify length buckets (the run interleaves them): "
+                "`lengthwise plan --order stratified`")
+    return STRATIFY
+
+
 def _steps(values: list[float], limit: int = 5) -> str:
     shown = ", ".join(fmt_num(v) for v in values[:limit])
     return shown + (f" (+{len(values) - limit} more)" if len(values) > limit else "")
@@ -163,7 +176,7 @@ def _bands_cause(f: Findings, attr_ev: list[str], confirm: list[str], logged: bo
         evidence=[f"per-step loss is multimodal: {bands.count} bands at {centres}; "
                   f"Silverman test p={fmt_num(bands.p_value or 0.0)} against "
                   f"{bands.count - 1} band(s)", *attr_ev],
-        prescription=[STRATIFY, "log per-bucket loss (`bucket_loss`) to follow each "
+        prescription=[_order_fix(f), "log per-bucket loss (`bucket_loss`) to follow each "
                       "length range", *confirm] if explained else
         ["find the step feature that splits the bands (data source, task, "
          "packing) and log it"],
@@ -232,7 +245,7 @@ def _attribution_cause(f: Findings, attr_ev: list[str]) -> list[Cause]:
             name="composition_noise",
             title="the length bucket of each step drives its loss (no distinct bands)",
             score=a.bucket_r2 or 0.0, where=_region(f), evidence=attr_ev,
-            prescription=[STRATIFY])]
+            prescription=[_order_fix(f)])]
     weak = []
     if a.bucket_p_value is not None and a.bucket_p_value < REPORT_ALPHA:
         weak.append(("bucket", a.bucket_field or "bucket", a.bucket_r2 or 0.0, a.bucket_p_value))
@@ -245,15 +258,23 @@ def _attribution_cause(f: Findings, attr_ev: list[str]) -> list[Cause]:
         return [Cause(
             name="composition_weak",
             title=f"`{name}` explains {r2:.0%} of the step-to-step variance (p={fmt_num(p)})",
-            score=min(0.5, r2), where=_region(f), evidence=attr_ev, prescription=[STRATIFY])]
+            score=min(0.5, r2), where=_region(f), evidence=attr_ev,
+            prescription=[_order_fix(f)])]
     return [Cause(
         name="length_mix",
         title=f"`{name}` explains {r2:.0%} of the step-to-step variance (p={fmt_num(p)}): "
         "each step's length mix moves its loss per token",
         score=min(0.4, r2), where=_region(f), evidence=attr_ev,
-        prescription=["part of the sampling noise of any length mix: batches with the same "
-                      "share of every length bucket (`lengthwise plan --order stratified`) or "
-                      "more samples per step shrink it; `noise` gives its share"])]
+        prescription=[_length_mix_fix(f)])]
+
+
+def _length_mix_fix(f: Findings) -> str:
+    if f.context.order == "stratified":
+        return ("part of the sampling noise of any length mix, and the run is already "
+                "stratified: more samples per step shrink it; `noise` gives its share")
+    return ("part of the sampling noise of any length mix: batches with the same share of "
+            "every length bucket (`lengthwise plan --order stratified`) or more samples per "
+            "step shrink it; `noise` gives its share")
 
 
 def _epoch_causes(f: Findings) -> list[Cause]:

@@ -29,6 +29,7 @@ import numpy as np
 
 from lengthwise.atomic import atomic_open
 from lengthwise.cache import cache_dir
+from lengthwise.errors import ConfigError, DataError
 from lengthwise.planning.lengths import validate_lengths
 
 __all__ = ["LENGTH_COLUMNS", "cache_dir", "compute_lengths"]
@@ -68,7 +69,7 @@ def _choose(dataset: Any, tokenizer: Any, column: str | None,
             messages_column: str | None) -> tuple[str, str]:
     """The column to read and how to read it."""
     if column is not None and messages_column is not None:
-        raise ValueError("give column or messages_column, not both")
+        raise ConfigError("give column or messages_column, not both")
     if messages_column is not None:
         kind = _column_kind(dataset, messages_column)
         if kind != "messages":
@@ -87,9 +88,9 @@ def _choose(dataset: Any, tokenizer: Any, column: str | None,
         for name, want in (("messages", "messages"), ("text", "text")):
             if name in names and _column_kind(dataset, name) == want:
                 return name, want
-    raise ValueError(f"cannot tell which column gives the lengths among {names}: pass "
-                     "column= (a length, token-ids or text column) or messages_column= "
-                     "(chat messages), with a tokenizer for text and messages")
+    raise DataError(f"cannot tell which column gives the lengths among {names}: pass "
+                    "column= (a length, token-ids or text column) or messages_column= "
+                    "(chat messages), with a tokenizer for text and messages")
 
 
 def _arrow_column(dataset: Any, column: str):
@@ -134,7 +135,7 @@ def _count_messages(batch: Mapping[str, list], *, tokenizer: Any, column: str,
     conversations = batch[column]
     for i, conv in enumerate(conversations):
         if not conv:
-            raise ValueError(f"column {column!r} has an empty conversation (row {i} of a batch)")
+            raise DataError(f"column {column!r} has an empty conversation (row {i} of a batch)")
     out = tokenizer.apply_chat_template(conversations, tokenize=True, return_dict=True,
                                         **template_kwargs)
     return {_OUT: [len(x) for x in out["input_ids"]]}
@@ -165,7 +166,7 @@ def _stored_lengths(dataset: Any, name: str, kind: str) -> np.ndarray:
     counts = pc.list_value_length(_arrow_column(dataset, name)).to_numpy(zero_copy_only=False)
     if np.isnan(counts.astype(np.float64)).any():
         row = int(np.flatnonzero(np.isnan(counts.astype(np.float64)))[0])
-        raise ValueError(f"column {name!r}, row {row}: no token ids (null)")
+        raise DataError(f"column {name!r}, row {row}: no token ids (null)")
     return counts.astype(np.int64)
 
 
@@ -176,7 +177,7 @@ def _check_tokenizer(tokenizer: Any, kind: str) -> None:
             raise TypeError(f"{type(tokenizer).__name__} has no apply_chat_template; use a "
                             "transformers tokenizer for chat messages")
         if getattr(tokenizer, "chat_template", None) is None:
-            raise ValueError("the tokenizer has no chat template: set tokenizer.chat_template")
+            raise ConfigError("the tokenizer has no chat template: set tokenizer.chat_template")
     elif not (callable(tokenizer) or hasattr(tokenizer, "encode_batch")):
         raise TypeError(f"{type(tokenizer).__name__} is not a tokenizer")
 
@@ -248,7 +249,7 @@ def compute_lengths(
     if kind in ("length", "ids"):
         return _stored_lengths(dataset, name, kind)
     if tokenizer is None:
-        raise ValueError(f"column {name!r} holds {kind}: pass a tokenizer to count its tokens")
+        raise ConfigError(f"column {name!r} holds {kind}: pass a tokenizer to count its tokens")
     template_kwargs = dict(chat_template_kwargs or {})
     _check_tokenizer(tokenizer, kind)
     key = path = None

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from lengthwise.atomic import atomic_open, atomic_path
+from lengthwise.errors import ConfigError, DataError
 from lengthwise.planning.lengths import validate_lengths
 
 __all__ = ["is_ray_dataset", "ray_lengths"]
@@ -71,8 +72,8 @@ def ray_lengths(dataset: Any, tokenizer: Any, *, column: str = "text",
     ``concurrency`` caps the parallel tasks (default: Ray's choice, every CPU).
     """
     if column not in dataset.schema().names:
-        raise ValueError(f"the Ray data set has no column {column!r} "
-                         f"(columns: {dataset.schema().names})")
+        raise DataError(f"the Ray data set has no column {column!r} "
+                        f"(columns: {dataset.schema().names})")
     counted = dataset.select_columns([column]).map_batches(
         _count, batch_size=batch_size, batch_format="numpy", concurrency=concurrency,
         fn_kwargs={"tokenizer": tokenizer, "column": column,
@@ -99,5 +100,5 @@ def ray_lengths(dataset: Any, tokenizer: Any, *, column: str = "text",
             with atomic_path(path) as tmp:
                 pq.write_table(pa.table({"length": lengths}), tmp)
         else:
-            raise ValueError(f"out must end in .npy or .parquet, got {path!r}")
+            raise ConfigError(f"out must end in .npy or .parquet, got {path!r}")
     return lengths

@@ -44,6 +44,7 @@ from torch.utils.data import DataLoader
 from transformers import Trainer, TrainerCallback
 
 from lengthwise.atomic import atomic_open
+from lengthwise.errors import ConfigError
 from lengthwise.pytorch.sampler import BucketBatchSampler, ResumeError
 
 if TYPE_CHECKING:
@@ -85,13 +86,13 @@ def make_sampler(trainer: Trainer, lengths: Any, **options: Any) -> BucketBatchS
     """
     clash = [k for k in _SET_BY_TRAINER if k in options]
     if clash:
-        raise ValueError(f"{clash} come from the trainer (its processes and "
-                         "gradient_accumulation_steps); leave them out of the sampler options")
+        raise ConfigError(f"{clash} come from the trainer (its processes and "
+                          "gradient_accumulation_steps); leave them out of the sampler options")
     args = trainer.args
     acc = trainer.accelerator
     for name in ("split_batches", "dispatch_batches"):
         if getattr(acc, name, None):
-            raise ValueError(
+            raise ConfigError(
                 f"accelerator_config.{name}=True cannot be used with a lengthwise sampler: it "
                 "already gives every process its own micro-batches; turn it off")
     if args.dataloader_drop_last and "drop_last" not in options:
@@ -123,7 +124,7 @@ def lengthwise_dataloader(trainer: Trainer, sampler: BucketBatchSampler) -> Data
     from transformers.trainer_utils import seed_worker
 
     if trainer.train_dataset is None:
-        raise ValueError("Trainer: training requires a train_dataset.")
+        raise ConfigError("Trainer: training requires a train_dataset.")
     args = trainer.args
     dataset = trainer.train_dataset
     sampler.check_dataset(dataset)
@@ -255,8 +256,8 @@ class LengthwiseTrainer(Trainer):
                  sampler_options: dict[str, Any] | None = None,
                  pad_token_id: int | None = None, **kwargs: Any) -> None:
         if lengths is None:
-            raise ValueError("LengthwiseTrainer needs lengths=... (one token length per row "
-                             "of train_dataset; see lengthwise.compute_lengths)")
+            raise ConfigError("LengthwiseTrainer needs lengths=... (one token length per row "
+                              "of train_dataset; see lengthwise.compute_lengths)")
         # Trainer(model, args, data_collator, ...): the collator may come by position
         given = kwargs.get("data_collator") is not None or (len(args) > 2 and args[2] is not None)
         super().__init__(*args, **kwargs)
@@ -307,9 +308,9 @@ def _pad_token_id(trainer: Trainer, given: int | None) -> int | None:
         pad = getattr(owner, "pad_token_id", None)
         if pad is not None:
             return int(pad)
-    raise ValueError("LengthwiseTrainer builds its collator from the sampler's plan and needs a "
-                     "pad token id: pass pad_token_id=..., or a processing_class (tokenizer) "
-                     "with a pad_token_id, or a data_collator")
+    raise ConfigError("LengthwiseTrainer builds its collator from the sampler's plan and needs a "
+                      "pad token id: pass pad_token_id=..., or a processing_class (tokenizer) "
+                      "with a pad_token_id, or a data_collator")
 
 
 def use_lengthwise(trainer: Trainer, lengths: Any, **options: Any) -> BucketBatchSampler:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lengthwise.errors import ConfigError, DataError
 from lengthwise.planning.cost import CostModel, round_up
 
 
@@ -67,7 +68,7 @@ def whole_number(name: str, value, *, minimum: int = 1) -> int:
         raise TypeError(f"{name} must be a whole number, got {value!r}")
     if value < minimum:
         kind = {0: "a non-negative", 1: "a positive"}.get(minimum, f"a >= {minimum}")
-        raise ValueError(f"{name} must be {kind} whole number (>= {minimum}), got {value}")
+        raise ConfigError(f"{name} must be {kind} whole number (>= {minimum}), got {value}")
     return int(value)
 
 
@@ -81,11 +82,11 @@ def row_limit(*, batch_size: int | None = None, max_tokens: int | None = None,
         >>> row_limit(max_tokens=8, pad_multiple=16)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        ValueError: max_tokens=8 cannot hold a single row of pad_multiple=16 tokens; ...
+        lengthwise.errors.ConfigError: max_tokens=8 cannot hold a single row of ...
     """
     given = [x is not None for x in (batch_size, max_tokens, max_cost)]
     if sum(given) != 1:
-        raise ValueError("give exactly one of batch_size, max_tokens or max_cost")
+        raise ConfigError("give exactly one of batch_size, max_tokens or max_cost")
     pad_multiple = whole_number("pad_multiple", pad_multiple)
     if batch_size is not None:
         return RowLimit(batch_size=whole_number("batch_size", batch_size),
@@ -93,23 +94,23 @@ def row_limit(*, batch_size: int | None = None, max_tokens: int | None = None,
     if max_tokens is not None:
         max_tokens = whole_number("max_tokens", max_tokens)
         if max_tokens < pad_multiple:
-            raise ValueError(f"max_tokens={max_tokens} cannot hold a single row of "
-                             f"pad_multiple={pad_multiple} tokens; raise max_tokens or lower "
-                             "pad_multiple")
+            raise ConfigError(f"max_tokens={max_tokens} cannot hold a single row of "
+                              f"pad_multiple={pad_multiple} tokens; raise max_tokens or lower "
+                              "pad_multiple")
         return RowLimit(budget=float(max_tokens), pad_multiple=pad_multiple)
     if cost is None:
-        raise ValueError("max_cost needs a cost model: cost=CostModel(a, b, c)")
+        raise ConfigError("max_cost needs a cost model: cost=CostModel(a, b, c)")
     if not isinstance(cost, CostModel):
         raise TypeError(f"cost must be a lengthwise.CostModel, got {cost!r}")
     if isinstance(max_cost, bool) or not isinstance(max_cost, (int, float, np.integer,
                                                                np.floating)):
         raise TypeError(f"max_cost must be a number, got {max_cost!r}")
     if not np.isfinite(max_cost) or max_cost <= 0:
-        raise ValueError(f"max_cost must be a finite number > 0, got {max_cost}")
+        raise ConfigError(f"max_cost must be a finite number > 0, got {max_cost}")
     limit = RowLimit(budget=float(max_cost), cost=cost, pad_multiple=pad_multiple)
     if limit.max_length() < 1:
-        raise ValueError(f"max_cost={max_cost} with {cost} cannot hold a single row of "
-                         f"pad_multiple={pad_multiple} tokens; raise max_cost")
+        raise ConfigError(f"max_cost={max_cost} with {cost} cannot hold a single row of "
+                          f"pad_multiple={pad_multiple} tokens; raise max_cost")
     return limit
 
 
@@ -137,9 +138,9 @@ def bucket_batches(ids: np.ndarray, bucket: np.ndarray, rows: np.ndarray,
         r = int(rows[k])
         if r < 1:  # not even one row of this bucket's edge fits the budget
             if end > begin:
-                raise ValueError(f"bucket {k} holds {end - begin} samples, but not even one row "
-                                 "of its upper edge fits the budget; lower the edge to what one "
-                                 "row of the budget holds")
+                raise ConfigError(f"bucket {k} holds {end - begin} samples, but not even one row "
+                                  "of its upper edge fits the budget; lower the edge to what one "
+                                  "row of the budget holds")
             continue
         begin = end
         full = (end - pos) // r
@@ -227,7 +228,7 @@ def even_out(indices: np.ndarray, offsets: np.ndarray, tags: np.ndarray, multipl
     sizes = np.diff(offsets)
     if policy == "split":
         if indices.size < m + short:
-            raise ValueError(
+            raise DataError(
                 f"{indices.size} samples cannot give each of {multiple} ranks the same number "
                 f"of micro-batches ({m} batches, {m + short} needed); use fewer ranks, or "
                 "even_out='drop' or 'repeat'")
@@ -245,7 +246,7 @@ def even_out(indices: np.ndarray, offsets: np.ndarray, tags: np.ndarray, multipl
     if policy == "drop":
         keep = m - (m % multiple)
         if keep == 0:
-            raise ValueError(f"even_out='drop' would drop every batch ({m} < {multiple} ranks)")
+            raise ConfigError(f"even_out='drop' would drop every batch ({m} < {multiple} ranks)")
         drop = rng.choice(m, size=m - keep, replace=False)
         mask = np.ones(m, dtype=bool)
         mask[drop] = False
@@ -260,7 +261,7 @@ def even_out(indices: np.ndarray, offsets: np.ndarray, tags: np.ndarray, multipl
         report.repeated = int(more.size)
         off = np.concatenate((offsets, offsets[-1] + np.cumsum(sizes[extra])))
         return np.concatenate((indices, more)), off, np.concatenate((tags, tags[extra])), report
-    raise ValueError(f"even_out must be 'split', 'drop' or 'repeat', got {policy!r}")
+    raise ConfigError(f"even_out must be 'split', 'drop' or 'repeat', got {policy!r}")
 
 
 def take_batches(indices: np.ndarray, offsets: np.ndarray, order: np.ndarray,

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lengthwise.errors import ConfigError
 from lengthwise.planning import batching
 from lengthwise.planning.cost import CostModel
 from lengthwise.planning.lengths import check_max_len
@@ -56,23 +57,23 @@ class PlanConfig:
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
+            raise ConfigError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
         if self.on_overflow not in PACK_OVERFLOW_POLICIES:
-            raise ValueError(f"on_overflow must be one of {PACK_OVERFLOW_POLICIES}, "
-                             f"got {self.on_overflow!r}")
+            raise ConfigError(f"on_overflow must be one of {PACK_OVERFLOW_POLICIES}, "
+                              f"got {self.on_overflow!r}")
         if self.on_overflow == "split" and self.layout != "pack":
-            raise ValueError("on_overflow='split' cuts long samples into packed rows: it needs "
-                             "layout='pack'; padded batches use 'truncate', 'drop' or 'error'")
+            raise ConfigError("on_overflow='split' cuts long samples into packed rows: it needs "
+                              "layout='pack'; padded batches use 'truncate', 'drop' or 'error'")
         if self.order not in ORDERS:
-            raise ValueError(f"order must be one of {ORDERS}, got {self.order!r}")
+            raise ConfigError(f"order must be one of {ORDERS}, got {self.order!r}")
         for name in ("world_size", "grad_accum", "max_run", "rows_per_batch"):
             object.__setattr__(self, name, batching.whole_number(name, getattr(self, name)))
         if self.rows_per_batch != 1 and self.layout != "pack":
-            raise ValueError(f"rows_per_batch={self.rows_per_batch} sets the packed rows of a "
-                             "micro-batch: it needs layout='pack'; a padded micro-batch's rows "
-                             "follow from max_tokens, batch_size or max_cost")
+            raise ConfigError(f"rows_per_batch={self.rows_per_batch} sets the packed rows of a "
+                              "micro-batch: it needs layout='pack'; a padded micro-batch's rows "
+                              "follow from max_tokens, batch_size or max_cost")
         if self.even_out not in EVEN_OUT:
-            raise ValueError(f"even_out must be one of {EVEN_OUT}, got {self.even_out!r}")
+            raise ConfigError(f"even_out must be one of {EVEN_OUT}, got {self.even_out!r}")
         object.__setattr__(self, "max_len", check_max_len(self.max_len))
         object.__setattr__(self, "buckets", check_buckets(self.buckets))
         if self.cost is not None and not isinstance(self.cost, CostModel):
@@ -131,8 +132,8 @@ def check_buckets(buckets) -> int | str | tuple[int, ...]:
     """
     if isinstance(buckets, str):
         if buckets != "auto":
-            raise ValueError(f"buckets must be a count, 'auto' or a list of edges, "
-                             f"got {buckets!r}")
+            raise ConfigError(f"buckets must be a count, 'auto' or a list of edges, "
+                              f"got {buckets!r}")
         return buckets
     if isinstance(buckets, (int, np.integer)) and not isinstance(buckets, bool):
         return batching.whole_number("buckets", buckets)
@@ -144,12 +145,12 @@ def check_buckets(buckets) -> int | str | tuple[int, ...]:
                 raise TypeError(f"bucket edges must be whole numbers of tokens, got {e!r} in "
                                 f"buckets={list(buckets)!r}")
             if e < 1:
-                raise ValueError(f"bucket edges must be >= 1, got {e} in buckets="
-                                 f"{list(buckets)!r}")
+                raise ConfigError(f"bucket edges must be >= 1, got {e} in buckets="
+                                  f"{list(buckets)!r}")
             edges.append(int(e))
         if not edges:
-            raise ValueError("buckets is an empty list: give at least one upper edge")
+            raise ConfigError("buckets is an empty list: give at least one upper edge")
         if len(set(edges)) != len(edges):
-            raise ValueError(f"bucket edges must differ, got {edges}")
+            raise ConfigError(f"bucket edges must differ, got {edges}")
         return tuple(sorted(edges))
     raise TypeError(f"buckets must be a count, 'auto' or a list of edges, got {buckets!r}")

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lengthwise.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class CostModel:
@@ -28,7 +30,7 @@ class CostModel:
 
     def __post_init__(self) -> None:
         if min(self.a, self.b, self.c) < 0 or self.a + self.b + self.c <= 0:
-            raise ValueError(f"cost coefficients must be >= 0 and not all zero, got {self}")
+            raise ConfigError(f"cost coefficients must be >= 0 and not all zero, got {self}")
 
     def row_cost(self, padded_len: np.ndarray | float) -> np.ndarray | float:
         """Cost of one row padded to ``padded_len`` tokens."""

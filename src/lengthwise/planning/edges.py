@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lengthwise.errors import ConfigError, DataError
 from lengthwise.planning.cost import CostModel, round_up
 
 #: with ``num_buckets="auto"``, every bucket must hold at least this many micro-batches,
@@ -53,7 +54,7 @@ class Histogram:
     def of(cls, lengths: np.ndarray) -> Histogram:
         lengths = np.asarray(lengths)
         if lengths.size == 0:
-            raise ValueError("no lengths to bucket")
+            raise DataError("no lengths to bucket")
         if lengths.min() >= 0 and lengths.max() <= 4 * lengths.size + 1_000_000:
             counts = np.bincount(lengths)
             values = np.flatnonzero(counts)
@@ -143,7 +144,7 @@ def solve(hist: Histogram, max_k: int, *, pad_multiple: int = 1,
     fewest samples a bucket whose edge is the ``j``-th distinct length may hold.
     """
     if not 0.0 <= fill_weight <= 1.0:
-        raise ValueError(f"fill_weight must lie in [0, 1], got {fill_weight}")
+        raise ConfigError(f"fill_weight must lie in [0, 1], got {fill_weight}")
     cost = cost or CostModel()
     u = hist.values.size
     max_k = max(1, min(max_k, u))
@@ -214,14 +215,14 @@ def optimal_edges(
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     if batch_size is not None and max_tokens is not None:
-        raise ValueError("give batch_size or max_tokens, not both")
+        raise ConfigError("give batch_size or max_tokens, not both")
     cost = cost or CostModel()
     hist = Histogram.of(lengths)
     if num_buckets == "auto":
         return auto_edges(hist, batch_size=batch_size, max_tokens=max_tokens,
                           pad_multiple=pad_multiple, cost=cost)
     if not isinstance(num_buckets, (int, np.integer)) or num_buckets < 1:
-        raise ValueError(f"num_buckets must be a positive integer or 'auto', got {num_buckets!r}")
+        raise ConfigError(f"num_buckets must be a positive integer or 'auto', got {num_buckets!r}")
     return solve(hist, int(num_buckets), pad_multiple=pad_multiple, cost=cost).edges(
         int(num_buckets))
 

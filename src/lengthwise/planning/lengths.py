@@ -23,6 +23,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from lengthwise.errors import ConfigError
 from lengthwise.planning.errors import MAX_LENGTH, LengthError
 from lengthwise.planning.readers import bundled_names as bundled_names
 from lengthwise.planning.readers import read_source
@@ -181,7 +182,7 @@ def check_max_len(max_len, name: str = "max_len") -> int | None:
     if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)):
         raise TypeError(f"{name} must be a whole number of tokens, got {max_len!r}")
     if max_len < 1:
-        raise ValueError(f"{name} must be at least 1, got {max_len}")
+        raise ConfigError(f"{name} must be at least 1, got {max_len}")
     return int(max_len)
 
 
@@ -207,7 +208,7 @@ def apply_overflow(
         (2, 0.118)
     """
     if on_overflow not in OVERFLOW_POLICIES:
-        raise ValueError(f"on_overflow must be one of {OVERFLOW_POLICIES}, got {on_overflow!r}")
+        raise ConfigError(f"on_overflow must be one of {OVERFLOW_POLICIES}, got {on_overflow!r}")
     max_len = check_max_len(max_len, limit_name or "max_len")
     keep = lengths > 0
     counts = {"samples": int(lengths.size), "dropped_empty": int(lengths.size - keep.sum()),
@@ -310,7 +311,7 @@ def load_lengths(
         raw = source
         what = "lengths"
     if on_overflow not in OVERFLOW_POLICIES:
-        raise ValueError(f"on_overflow must be one of {OVERFLOW_POLICIES}, got {on_overflow!r}")
+        raise ConfigError(f"on_overflow must be one of {OVERFLOW_POLICIES}, got {on_overflow!r}")
     lengths = validate_lengths(raw, what=what)
     max_len = check_max_len(max_len)
     if max_len is not None and on_overflow != "drop":

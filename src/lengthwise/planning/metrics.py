@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from lengthwise.errors import DataError
 from lengthwise.planning.batching import batch_longest
 from lengthwise.planning.cost import CostModel, round_up
 
@@ -217,7 +218,7 @@ def batch_stats(
     cost = cost or CostModel()
     m = offsets.size - 1
     if m < 1:
-        raise ValueError("no micro-batches to measure")
+        raise DataError("no micro-batches to measure")
     longest = batch_longest(lengths, indices, offsets)
     real, padded, cost_of = _token_totals(lengths, indices, offsets, longest, pad_multiple,
                                           cost, capacity)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from lengthwise.errors import ConfigError
+
 
 def random_order(num_batches: int, rng: np.random.Generator) -> np.ndarray:
     """Batches in random order (the bucketed shuffle's batch order)."""
@@ -79,7 +81,7 @@ def limit_runs(order: np.ndarray, batch_bucket: np.ndarray, world_size: int,
     the plan's ``max_same_bucket_run``.
     """
     if max_run < 1:
-        raise ValueError(f"max_run must be >= 1, got {max_run}")
+        raise ConfigError(f"max_run must be >= 1, got {max_run}")
     order = order.copy()
     for rank in range(world_size):
         seq = order[rank::world_size].tolist()

@@ -24,6 +24,7 @@ from functools import cached_property
 
 import numpy as np
 
+from lengthwise.errors import ConfigError
 from lengthwise.planning import batching, metrics, orders, streams
 from lengthwise.planning.config import PlanConfig
 from lengthwise.planning.cost import CostModel
@@ -86,8 +87,8 @@ def check_given_edges(edges, top: int) -> list[int]:
     """
     edges = list(edges)
     if edges[-1] < top:
-        raise ValueError(f"the last bucket edge {edges[-1]} is below the longest sample "
-                         f"({top}); add an edge >= {top} or set max_len")
+        raise ConfigError(f"the last bucket edge {edges[-1]} is below the longest sample "
+                          f"({top}); add an edge >= {top} or set max_len")
     return edges
 
 
@@ -107,7 +108,7 @@ def resolve_edges(lengths: np.ndarray, ids: np.ndarray, config: PlanConfig) -> l
     if isinstance(buckets, (int, np.integer)) and not isinstance(buckets, bool) and buckets >= 1:
         return solve(hist, int(buckets), pad_multiple=config.pad_multiple, cost=cost).edges(
             int(buckets))
-    raise ValueError(f"buckets must be a count, 'auto' or a list of edges, got {buckets!r}")
+    raise ConfigError(f"buckets must be a count, 'auto' or a list of edges, got {buckets!r}")
 
 
 def _batches(lens: np.ndarray, ids: np.ndarray, edges: list[int], config: PlanConfig,

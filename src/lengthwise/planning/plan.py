@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from lengthwise.errors import ConfigError
 from lengthwise.planning.batching import whole_number
 from lengthwise.planning.config import PlanConfig
 from lengthwise.planning.cost import CostModel
@@ -98,8 +99,8 @@ def plan_epoch(
         from lengthwise.planning.windowed import WindowedPlan, resolve_window
 
         if indices is not None:
-            raise ValueError("indices and window cannot be combined: a windowed plan covers the "
-                             "whole data set (resume inside a window with the sampler's state)")
+            raise ConfigError("indices and window cannot be combined: a windowed plan covers the "
+                              "whole data set (resume inside a window with the sampler's state)")
         lengths = open_lengths(lengths)
         size = resolve_window(window, int(lengths.shape[0]))
         if size is not None:

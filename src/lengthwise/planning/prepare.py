@@ -16,6 +16,7 @@ import warnings
 
 import numpy as np
 
+from lengthwise.errors import ConfigError, DataError
 from lengthwise.planning.config import PlanConfig
 from lengthwise.planning.errors import LengthError
 from lengthwise.planning.lengths import (
@@ -60,7 +61,10 @@ def prepare_lengths(lengths, config: PlanConfig, indices: np.ndarray | None = No
         limit_name = f"the {max_len} tokens one row of the budget holds"
     policy = "truncate" if config.on_overflow == "split" else config.on_overflow
     lens, keep, counts = apply_overflow(raw, max_len, policy, limit_name=limit_name, cut=cut)
-    warn_if_cut(counts, max_len, config, at_load=cut is not None and bool(cut.any()))
+    at_load = cut is not None and bool(cut.any())
+    warn_if_cut(counts, max_len, config, at_load=at_load,
+                cut_now=0 if max_len is None else int((raw > max_len).sum()),
+                load_limit=int(raw[cut > 0].max()) if at_load else None)
     if indices is not None:
         ids = check_indices(indices, raw.size)
         ids = ids[keep[ids]]
@@ -68,8 +72,8 @@ def prepare_lengths(lengths, config: PlanConfig, indices: np.ndarray | None = No
         ids = np.flatnonzero(keep)
     ids = ids.astype(index_dtype(raw.size), copy=False)
     if ids.size == 0:
-        raise ValueError("no samples left to plan after dropping empty and over-long ones "
-                         f"({counts})")
+        raise DataError("no samples left to plan after dropping empty and over-long ones "
+                        f"({counts})")
     return lens, ids, counts
 
 
@@ -95,15 +99,22 @@ def overflow_error(config: PlanConfig, row: int, length: int, longer: int) -> Le
 
 
 def cut_message(counts: dict, max_len: int | None, config: PlanConfig, *,
-                at_load: bool = False) -> str | None:
+                at_load: bool = False, cut_now: int | None = None,
+                load_limit: int | None = None) -> str | None:
     """One line saying how much truncation cut, when it is over 1% of the tokens.
 
-    ``at_load``: some of it was cut by ``load_lengths(max_len=...)``.
+    ``at_load``: some of it was cut by ``load_lengths(max_len=...)`` (to
+    ``load_limit`` tokens, when known); ``cut_now``: how many samples the plan's
+    own limit cut (``None``: unknown), so a limit that cut nothing is not named.
 
     Example::
 
         >>> cut_message({"truncated": 2, "truncated_share": 0.75}, 8, PlanConfig(max_tokens=8))
         '75.0% of the tokens are cut: 2 samples truncated to 8 tokens (max_tokens=8)'
+        >>> cut_message({"truncated": 2, "truncated_share": 0.75}, 16, PlanConfig(max_tokens=16),
+        ...             at_load=True, cut_now=0, load_limit=8)
+        ... # doctest: +ELLIPSIS
+        '75.0% of the tokens are cut: 2 samples truncated to 8 tokens (the max_len given to ...)'
     """
     share = counts.get("truncated_share", 0.0)
     if share <= CUT_WARNING_SHARE:
@@ -114,17 +125,20 @@ def cut_message(counts: dict, max_len: int | None, config: PlanConfig, *,
         why = f"max_tokens={config.max_tokens}"
     else:
         why = f"max_cost={config.max_cost}"
-    parts = [] if max_len is None else [f"to {max_len} tokens ({why})"]
+    parts = [] if max_len is None or cut_now == 0 else [f"to {max_len} tokens ({why})"]
     if at_load:
-        parts.append("at the max_len given to load_lengths")
+        parts.append("at the max_len given to load_lengths" if load_limit is None else
+                     f"to {load_limit} tokens (the max_len given to load_lengths)")
     return (f"{share:.1%} of the tokens are cut: {counts['truncated']} samples truncated "
             + " or ".join(parts))
 
 
 def warn_if_cut(counts: dict, max_len: int | None, config: PlanConfig, *,
-                at_load: bool = False) -> None:
+                at_load: bool = False, cut_now: int | None = None,
+                load_limit: int | None = None) -> None:
     """Warn (``UserWarning``, at the caller's line) when truncation cuts over 1% of the tokens."""
-    message = cut_message(counts, max_len, config, at_load=at_load)
+    message = cut_message(counts, max_len, config, at_load=at_load, cut_now=cut_now,
+                          load_limit=load_limit)
     if message is None:
         return
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -152,10 +166,10 @@ def check_indices(indices, size: int) -> np.ndarray:
     if arr.dtype.kind not in "iu":
         raise TypeError(f"indices must be sample ids (whole numbers), got dtype {arr.dtype}")
     if arr.ndim != 1:
-        raise ValueError(f"indices must be one-dimensional, got shape {arr.shape}")
+        raise ConfigError(f"indices must be one-dimensional, got shape {arr.shape}")
     ids = arr.astype(np.int64)
     if ids.size and (ids.min() < 0 or ids.max() >= size):
-        raise ValueError(f"indices must lie in [0, {size}), got {ids.min()}..{ids.max()}")
+        raise ConfigError(f"indices must lie in [0, {size}), got {ids.min()}..{ids.max()}")
     if np.unique(ids).size != ids.size:
-        raise ValueError("indices must not repeat a sample id")
+        raise ConfigError("indices must not repeat a sample id")
     return ids

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from lengthwise.atomic import atomic_path
+from lengthwise.errors import MissingDependencyError
 from lengthwise.planning.errors import MAX_LENGTH, LengthError, first_bad_length
 from lengthwise.planning.jsonl import jsonl_field
 
@@ -143,8 +144,8 @@ def parquet_folder_lengths(folder: str | os.PathLike[str], column: str, *,
     try:
         import pyarrow.dataset  # noqa: F401 - the readers below import it
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("reading Parquet folders needs pyarrow: pip install "
-                          "'lengthwise[io]'") from exc
+        raise MissingDependencyError("reading Parquet folders needs pyarrow: pip install "
+                                     "'lengthwise[io]'") from exc
     files = parquet_shards(folder)
     per_file = [_shard_rows(f, column, folder) for f in files]
     total = int(sum(per_file))
@@ -317,7 +318,7 @@ def _read_arrow_like(path: str, column: str | None, kind: str) -> np.ndarray:
         import pyarrow as pa
         import pyarrow.compute as pc
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError(
+        raise MissingDependencyError(
             f"reading {kind} files needs pyarrow: pip install 'lengthwise[io]'") from exc
     if kind == "parquet":
         import pyarrow.parquet as pq

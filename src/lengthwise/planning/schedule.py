@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from lengthwise.errors import ConfigError
 from lengthwise.planning.batching import EvenOutReport
 from lengthwise.planning.config import PlanConfig
 
@@ -80,7 +81,7 @@ class EpochPlan:
     def rank_batches(self, rank: int, start: int = 0) -> list[np.ndarray]:
         """Micro-batches of ``rank`` in order, from its local position ``start`` on."""
         if not 0 <= rank < self.world_size:
-            raise ValueError(f"rank {rank} out of range for world_size {self.world_size}")
+            raise ConfigError(f"rank {rank} out of range for world_size {self.world_size}")
         first = rank + start * self.world_size
         return [self.batch(k) for k in range(first, self.total_batches, self.world_size)]
 

@@ -32,6 +32,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from lengthwise.errors import ConfigError
 from lengthwise.planning.state_checks import StateError, count, window_place
 from lengthwise.planning.windowed import Window, WindowedPlan
 
@@ -123,7 +124,7 @@ class WindowCursor:
         With ``rows`` each micro-batch comes as the list of its packed rows.
         """
         if not 0 <= rank < self.world_size:
-            raise ValueError(f"rank {rank} out of range for world_size {self.world_size}")
+            raise ConfigError(f"rank {rank} out of range for world_size {self.world_size}")
         while self.window < self.plan.num_windows:
             win = self.current()
             count = 0 if win is None else win.num_batches

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lengthwise.errors import ConfigError
 from lengthwise.planning.batching import whole_number
 from lengthwise.planning.config import PlanConfig
 from lengthwise.planning.errors import LengthError
@@ -74,12 +75,12 @@ def resolve_window(window: int | str | None, num_samples: int) -> int | None:
         return None
     if isinstance(window, str):
         if window != "auto":
-            raise ValueError(f"window must be a number of samples, 'auto' or None, got {window!r}")
+            raise ConfigError(f"window must be a number of samples, 'auto' or None, got {window!r}")
         return AUTO_WINDOW if num_samples > AUTO_WINDOW_ABOVE else None
     if isinstance(window, bool) or not isinstance(window, (int, np.integer)):
-        raise ValueError(f"window must be a number of samples, 'auto' or None, got {window!r}")
+        raise ConfigError(f"window must be a number of samples, 'auto' or None, got {window!r}")
     if window < 1:
-        raise ValueError(f"window must be >= 1 sample, got {window}")
+        raise ConfigError(f"window must be >= 1 sample, got {window}")
     return None if window >= num_samples else int(window)
 
 
@@ -163,8 +164,8 @@ class WindowedPlan:
             raise LengthError("lengths are empty: there is nothing to plan")
         size = resolve_window(int(window), self.num_samples)
         if size is not None and size < 2 * config.world_size:
-            raise ValueError(f"window={size} is too small for {config.world_size} ranks: a window "
-                             f"needs at least 2 x world_size = {2 * config.world_size} samples")
+            raise ConfigError(f"window={size} is too small for {config.world_size} ranks: a window "
+                              f"needs at least 2 x world_size = {2 * config.world_size} samples")
         self.window = size or self.num_samples
         self.config = config
         self.seed, self.epoch = int(seed), int(epoch)
@@ -197,7 +198,7 @@ class WindowedPlan:
     def window_ids(self, w: int, epoch: int | None = None) -> np.ndarray:
         """Sample ids of window ``w`` (sorted, so that reading their lengths goes forward)."""
         if not 0 <= w < self.num_windows:
-            raise ValueError(f"window {w} out of range: the epoch has {self.num_windows}")
+            raise ConfigError(f"window {w} out of range: the epoch has {self.num_windows}")
         start, stop = self.window_bounds(w)
         ids = permuted(np.arange(start, stop), self.num_samples, self.seed,
                        self.epoch if epoch is None else epoch)
@@ -347,7 +348,7 @@ class WindowedPlan:
     def rank_batches(self, rank: int, start: int = 0) -> Iterator[np.ndarray]:
         """Micro-batches of ``rank`` in order over the epoch, from its local position ``start``."""
         if not 0 <= rank < self.world_size:
-            raise ValueError(f"rank {rank} out of range for world_size {self.world_size}")
+            raise ConfigError(f"rank {rank} out of range for world_size {self.world_size}")
         w, pos = self.locate(start)
         world = self.world_size
         while w < self.num_windows:
@@ -359,13 +360,13 @@ class WindowedPlan:
     def locate(self, position: int) -> tuple[int, int]:
         """(window, position inside it) of a rank's local position in the epoch."""
         if position < 0:
-            raise ValueError(f"position must be >= 0, got {position}")
+            raise ConfigError(f"position must be >= 0, got {position}")
         w = 0
         while w < self.num_windows and position >= self.window_batches(w):
             position -= self.window_batches(w)
             w += 1
         if w == self.num_windows and position > 0:
-            raise ValueError("position is past the end of the epoch")
+            raise ConfigError("position is past the end of the epoch")
         return w, position
 
     # ------------------------------------------------------------------ whole-epoch view
@@ -378,8 +379,8 @@ class WindowedPlan:
         planned window in memory: for measuring, not for training at scale.
         """
         if self.config.layout != "pad":
-            raise ValueError("materialize() measures padded plans; layout is "
-                             f"{self.config.layout!r}")
+            raise ConfigError("materialize() measures padded plans; layout is "
+                              f"{self.config.layout!r}")
         chosen = range(self.num_windows) if windows is None else windows
         lengths = np.zeros(self.num_samples, dtype=np.int64)
         idx, off, tag, seconds = [], [np.zeros(1, dtype=np.int64)], [], 0.0

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from lengthwise.errors import ConfigError, DataError
 from lengthwise.planning.cost import CostModel
 
 __all__ = ["DEFAULT_SHAPES", "Calibration", "calibrate", "fit_cost"]
@@ -56,8 +57,8 @@ class Calibration:
     def cost_model(self) -> CostModel:
         """The per-row coefficients as a :class:`CostModel` (cost in seconds)."""
         if self.a + self.b + self.c <= 0:
-            raise ValueError("the fit found no per-row cost (a = b = c = 0): the step time does "
-                             "not grow with the shape; measure larger shapes")
+            raise DataError("the fit found no per-row cost (a = b = c = 0): the step time does "
+                            "not grow with the shape; measure larger shapes")
         return CostModel(a=self.a, b=self.b, c=self.c)
 
     def token_cost_model(self) -> CostModel:
@@ -69,7 +70,7 @@ class Calibration:
             CostModel(a=1.0, b=0.25, c=4.0)
         """
         if self.a <= 0:
-            raise ValueError("a = 0: the step time has no per-token term to scale by")
+            raise DataError("a = 0: the step time has no per-token term to scale by")
         return CostModel(a=1.0, b=self.b / self.a, c=self.c / self.a)
 
     def predict(self, rows: Any, padded_len: Any) -> np.ndarray | float:
@@ -132,19 +133,19 @@ def fit_cost(rows: Iterable[int], padded_len: Iterable[int], seconds: Iterable[f
     t = np.asarray(list(seconds) if not isinstance(seconds, np.ndarray) else seconds,
                    dtype=np.float64)
     if not (r.ndim == p.ndim == t.ndim == 1 and r.size == p.size == t.size):
-        raise ValueError("rows, padded_len and seconds must be 1-D and of one length")
+        raise DataError("rows, padded_len and seconds must be 1-D and of one length")
     if not (np.all(np.isfinite(t)) and np.all(t > 0)):
-        raise ValueError("every measured time must be positive and finite")
+        raise DataError("every measured time must be positive and finite")
     if np.any(r < 1) or np.any(p < 1):
-        raise ValueError("rows and padded lengths must be at least 1")
+        raise ConfigError("rows and padded lengths must be at least 1")
     columns = [r * p, r * p * p, r] + ([np.ones_like(r)] if fit_overhead else [])
     x = np.stack(columns, axis=1)
     if np.linalg.matrix_rank(x / np.linalg.norm(x, axis=0)) < x.shape[1]:
         need = "three padded lengths and two row counts" if fit_overhead else (
             "three padded lengths")
-        raise ValueError(f"the shapes cannot separate the coefficients: measure at least {need} "
-                         f"(got padded lengths {sorted(set(p.astype(int).tolist()))}, row counts "
-                         f"{sorted(set(r.astype(int).tolist()))})")
+        raise DataError(f"the shapes cannot separate the coefficients: measure at least {need} "
+                        f"(got padded lengths {sorted(set(p.astype(int).tolist()))}, row counts "
+                        f"{sorted(set(r.astype(int).tolist()))})")
     w = _nnls(x / t[:, None], np.ones_like(t))
     pred = x @ w
     rel = np.abs(pred - t) / t
@@ -173,14 +174,14 @@ def _check_shapes(shapes: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
         try:
             rows, p = shape
         except (TypeError, ValueError):
-            raise ValueError(
+            raise ConfigError(
                 f"each shape must be a pair (rows, padded_len), got {shape!r}") from None
         if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1
                    for v in (rows, p)):
-            raise ValueError(f"rows and padded_len must be positive integers, got {shape!r}")
+            raise ConfigError(f"rows and padded_len must be positive integers, got {shape!r}")
         out.append((int(rows), int(p)))
     if len(set(out)) != len(out):
-        raise ValueError("shapes has duplicates")
+        raise ConfigError("shapes has duplicates")
     return out
 
 
@@ -218,11 +219,11 @@ def calibrate(
     if not callable(step_fn):
         raise TypeError("step_fn must be callable as step_fn(rows, padded_len)")
     if not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
+        raise ConfigError(f"repeats must be a positive integer, got {repeats!r}")
     if not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be a non-negative integer, got {warmup!r}")
+        raise ConfigError(f"warmup must be a non-negative integer, got {warmup!r}")
     if reduce not in ("min", "median"):
-        raise ValueError(f"reduce must be 'min' or 'median', got {reduce!r}")
+        raise ConfigError(f"reduce must be 'min' or 'median', got {reduce!r}")
     grid = _check_shapes(DEFAULT_SHAPES if shapes is None else shapes)
     sync = sync or _device_sync
     for rows, p in grid:
@@ -240,7 +241,7 @@ def calibrate(
     seconds = times.min(axis=0) if reduce == "min" else np.median(times, axis=0)
     if not np.all(np.isfinite(seconds)) or np.any(seconds <= 0):
         bad = [grid[i] for i in np.flatnonzero(~(seconds > 0))]
-        raise ValueError(f"shapes {bad} took no measurable time; use larger shapes or a finer "
-                         "clock")
+        raise DataError(f"shapes {bad} took no measurable time; use larger shapes or a finer "
+                        "clock")
     return fit_cost([g[0] for g in grid], [g[1] for g in grid], seconds,
                     fit_overhead=fit_overhead)

@@ -172,7 +172,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         if self.check_world_size:
             check_replicas(self.num_replicas)
         if drop_last and even_out not in (None, "drop"):
-            raise ValueError(f"drop_last=True means even_out='drop', got even_out={even_out!r}")
+            raise ConfigError(f"drop_last=True means even_out='drop', got even_out={even_out!r}")
         self.drop_last = bool(drop_last)
         if isinstance(buckets, list):
             buckets = tuple(buckets)
@@ -183,9 +183,9 @@ class BucketBatchSampler(Sampler[list[int]]):
             even_out="drop" if drop_last else (even_out or "split"), cost=cost,
             max_cost=max_cost, layout=layout, rows_per_batch=rows_per_batch)
         if self.config.on_overflow == "split":
-            raise ValueError("on_overflow='split' cuts long samples into pieces, which lists of "
-                             "sample indices cannot express; use on_overflow='truncate' or "
-                             "'drop' with the sampler (plan_epoch plans the pieces)")
+            raise ConfigError("on_overflow='split' cuts long samples into pieces, which lists of "
+                              "sample indices cannot express; use on_overflow='truncate' or "
+                              "'drop' with the sampler (plan_epoch plans the pieces)")
         self.seed = whole_number("seed", seed, minimum=0)
         self.epoch = 0
         # resume state of the current epoch
@@ -263,7 +263,7 @@ class BucketBatchSampler(Sampler[list[int]]):
             >>> sampler.check_dataset([0, 1, 2])  # doctest: +ELLIPSIS
             Traceback (most recent call last):
             ...
-            ValueError: the sampler has lengths for 2 samples but the dataset has 3 rows; ...
+            lengthwise.errors.ConfigError: the sampler has lengths for 2 samples but the dataset ...
         """
         try:
             size = len(dataset)
@@ -271,7 +271,7 @@ class BucketBatchSampler(Sampler[list[int]]):
             raise TypeError("the dataset has no len(): a batch sampler needs a map-style "
                             "dataset with one row per length") from None
         if size != self.lengths.size:
-            raise ValueError(
+            raise ConfigError(
                 f"the sampler has lengths for {self.lengths.size} samples but the dataset has "
                 f"{size} rows; compute the lengths from this dataset "
                 "(lengthwise.compute_lengths) so that row i has length lengths[i]")
@@ -374,7 +374,7 @@ class BucketBatchSampler(Sampler[list[int]]):
             return list(self._wide_edges)
         plan = self.plan
         if plan is None:
-            raise ValueError("the current epoch has no micro-batches left")
+            raise ConfigError("the current epoch has no micro-batches left")
         return _edges_of(plan)
 
     # ------------------------------------------------------------------ iteration
@@ -588,5 +588,5 @@ def _resolve_ranks(num_replicas: int | None, rank: int | None) -> tuple[int, int
     num_replicas = whole_number("num_replicas", num_replicas)
     rank = whole_number("rank", rank, minimum=0)
     if rank >= num_replicas:
-        raise ValueError(f"rank {rank} is out of range for num_replicas={num_replicas}")
+        raise ConfigError(f"rank {rank} is out of range for num_replicas={num_replicas}")
     return num_replicas, rank

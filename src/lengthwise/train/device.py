@@ -19,6 +19,7 @@ import os
 import sys
 from typing import Any
 
+from lengthwise.errors import ConfigError
 from lengthwise.pytorch.dist import GroupInfo, group_info
 
 __all__ = ["autocast_dtype", "barrier", "configure_torch", "is_main", "pick_device", "rank_world",
@@ -73,7 +74,7 @@ def pick_device(device: str, info: GroupInfo | None = None) -> Any:
 
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise ValueError(f"--device {device}: torch sees no CUDA device here")
+            raise ConfigError(f"--device {device}: torch sees no CUDA device here")
         if device == "cuda" or (info is not None and info.world_size > 1):
             local = int(os.environ.get("LOCAL_RANK", "0"))
             torch.cuda.set_device(local)
@@ -92,7 +93,7 @@ def autocast_dtype(name: str | None, device: Any) -> Any:
     table = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
              "float16": torch.float16}
     if name not in table:
-        raise ValueError(f"dtype must be one of fp32, bf16, fp16, got {name!r}")
+        raise ConfigError(f"dtype must be one of fp32, bf16, fp16, got {name!r}")
     return table[name]
 
 

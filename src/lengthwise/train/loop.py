@@ -27,6 +27,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from lengthwise.doctor.order import PLAN_EVENT
+from lengthwise.errors import ConfigError
 from lengthwise.pytorch.dist import GroupInfo, all_reduce_sum
 from lengthwise.train.config import PACKED, LoopConfig
 from lengthwise.train.device import rank_world, say
@@ -122,7 +124,7 @@ class StepBatches:
                     return batches
             self.sampler.set_epoch(self.sampler.epoch + 1)
             self._it = iter(self.sampler)
-        raise ValueError(f"an epoch has fewer than grad_accum={self.grad_accum} micro-batches "
+        raise ConfigError(f"an epoch has fewer than grad_accum={self.grad_accum} micro-batches "
                            "per rank; use more data, a smaller max_tokens or a smaller grad_accum")
 
 
@@ -197,6 +199,7 @@ class TrainLoop:
                           f"{order} starts from step 0 with a fresh log")
             if self.rank == 0 and self.log_path.exists():
                 self.log_path.unlink()  # a fresh run starts a fresh log
+        self._shares_epoch = self.sampler.epoch  # the epoch whose plan gave the logger's shares
         self.logger = StepLogger(self.log_path, bucket_shares=bucket_token_shares(
             self.sampler.plan), num_buckets=len(self.sampler.edges or [0]),
             rank=self.rank, world_size=self.world, **(log_sinks or {}))
@@ -205,6 +208,9 @@ class TrainLoop:
         # second record of that step to log readers
         if self.resumed_from is not None:
             self.logger.event("resume", step=self.step_count, path=self.resumed_from)
+        else:  # a fresh log names its order first: the doctor does not prescribe it again
+            self.logger.event(PLAN_EVENT, order=self.sampler.config.order,
+                              layout=self.sampler.config.layout, strategy=order)
         self.checkpointer = (Checkpointer(ckpt_dir, keep=cfg.keep_checkpoints, logger=self.logger)
                              if cfg.checkpoint_every else None)
         self.batches = StepBatches(self.sampler, cfg.grad_accum)
@@ -225,7 +231,10 @@ class TrainLoop:
 
         self.logger.reset_timer()
         micro = []
-        for rows in self.batches.next():
+        steps = self.batches.next()
+        if self.sampler.epoch != self._shares_epoch:
+            self._follow_epoch()
+        for rows in steps:
             batch = self.collate([[self.sample(i) for i in row] for row in rows])
             micro.append((batch, self.task.prepare(batch, rows, self.step_count)))
         (total,) = self._sum([float(sum(self.task.normaliser(p) for _, p in micro))])
@@ -274,6 +283,17 @@ class TrainLoop:
                                    sampler=self.sampler, extra=extra_state,
                                    files=_checkpoint_files(self.task))
         return rec
+
+    def _follow_epoch(self) -> None:
+        """Give the logger the bucket shares of the sampler's current epoch.
+
+        Each epoch has its own plan, and ``random`` labels a micro-batch by its
+        longest sample, so each epoch holds its own set of buckets.
+        """
+        from lengthwise.train import bucket_token_shares
+
+        self.logger.set_bucket_shares(bucket_token_shares(self.sampler.plan))
+        self._shares_epoch = self.sampler.epoch
 
     def close(self) -> None:
         """Wait for the last checkpoint and close the log. Idempotent."""

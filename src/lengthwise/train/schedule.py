@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import math
 
+from lengthwise.errors import ConfigError
+
 __all__ = ["lr_factor"]
 
 
@@ -29,6 +31,6 @@ def lr_factor(step: int, *, steps: int, warmup: int, schedule: str = "cosine",
     if schedule == "constant":
         return 1.0
     if schedule != "cosine":
-        raise ValueError(f"schedule must be 'constant' or 'cosine', got {schedule!r}")
+        raise ConfigError(f"schedule must be 'constant' or 'cosine', got {schedule!r}")
     progress = min(1.0, (step - warmup) / max(1, steps - warmup))
     return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))

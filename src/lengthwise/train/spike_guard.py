@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from lengthwise.errors import ConfigError
 from lengthwise.pytorch.dist import all_reduce_sum, group_info
 
 __all__ = ["SpikeGuard"]
@@ -70,13 +71,13 @@ class SpikeGuard:
         logger: Any = None,
     ) -> None:
         if not isinstance(window, int) or isinstance(window, bool) or window < 3:
-            raise ValueError(f"window must be an integer >= 3, got {window!r}")
+            raise ConfigError(f"window must be an integer >= 3, got {window!r}")
         if not (isinstance(threshold, int | float) and threshold > 0):
-            raise ValueError(f"threshold must be > 0, got {threshold!r}")
+            raise ConfigError(f"threshold must be > 0, got {threshold!r}")
         if not isinstance(warmup, int) or warmup < 3 or warmup > window:
-            raise ValueError(f"warmup must be an integer in [3, window={window}], got {warmup!r}")
+            raise ConfigError(f"warmup must be an integer in [3, window={window}], got {warmup!r}")
         if not min_scale >= 0:
-            raise ValueError(f"min_scale must be >= 0, got {min_scale!r}")
+            raise ConfigError(f"min_scale must be >= 0, got {min_scale!r}")
         self.window = window
         self.threshold = float(threshold)
         self.warmup = warmup
@@ -148,7 +149,7 @@ class SpikeGuard:
     def _global_value(self, loss: Any) -> float:
         if hasattr(loss, "detach"):
             if loss.numel() != 1:
-                raise ValueError(f"loss must be a scalar, got shape {tuple(loss.shape)}")
+                raise ConfigError(f"loss must be a scalar, got shape {tuple(loss.shape)}")
             value = float(loss.detach().item())
         elif isinstance(loss, int | float | np.number) and not isinstance(loss, bool):
             value = float(loss)

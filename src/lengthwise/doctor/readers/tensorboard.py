@@ -23,6 +23,7 @@ from pathlib import Path
 
 from lengthwise.doctor.errors import LogNotFoundError, UnreadableLogError
 from lengthwise.doctor.readers.columns import ColumnBuilder
+from lengthwise.errors import DataError
 
 # TensorFlow DataType enum values used for scalars
 _DT_FLOAT, _DT_DOUBLE, _DT_INT32, _DT_INT64, _DT_HALF = 1, 2, 3, 9, 19
@@ -68,7 +69,7 @@ def _fields(buf: bytes) -> list[tuple[int, int, object]]:
         elif wire == 5:
             value, pos = buf[pos : pos + 4], pos + 4
         else:
-            raise ValueError(f"unsupported wire type {wire}")
+            raise DataError(f"unsupported wire type {wire}")
         out.append((field, wire, value))
     return out
 

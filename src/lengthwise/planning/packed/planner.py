@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 
+from lengthwise.errors import ConfigError, DataError
 from lengthwise.planning import batching, streams
 from lengthwise.planning.config import PlanConfig
 from lengthwise.planning.cost import CostModel
@@ -30,15 +31,15 @@ __all__ = ["plan_packed_epoch"]
 
 def _check(config: PlanConfig) -> int:
     if config.max_tokens is None:
-        raise ValueError("layout='pack' needs max_tokens: the tokens of one packed row")
+        raise ConfigError("layout='pack' needs max_tokens: the tokens of one packed row")
     if config.order not in PACK_ORDERS:
-        raise ValueError(f"layout='pack' supports order in {PACK_ORDERS}, got {config.order!r}")
+        raise ConfigError(f"layout='pack' supports order in {PACK_ORDERS}, got {config.order!r}")
     if config.on_overflow not in PACK_OVERFLOW_POLICIES:
-        raise ValueError(f"on_overflow must be one of {PACK_OVERFLOW_POLICIES}, "
-                         f"got {config.on_overflow!r}")
+        raise ConfigError(f"on_overflow must be one of {PACK_OVERFLOW_POLICIES}, "
+                          f"got {config.on_overflow!r}")
     if not isinstance(config.rows_per_batch, (int, np.integer)) or config.rows_per_batch < 1:
-        raise ValueError(f"rows_per_batch must be a positive integer, "
-                         f"got {config.rows_per_batch!r}")
+        raise ConfigError(f"rows_per_batch must be a positive integer, "
+                          f"got {config.rows_per_batch!r}")
     return int(config.max_tokens)
 
 
@@ -49,7 +50,7 @@ def _even_out_rows(order: np.ndarray, row_off: np.ndarray, n_pieces: int, config
     multiple = w * rows_per
     short = (-(row_off.size - 1)) % multiple
     if config.even_out == "split" and short and row_off.size - 1 + short > n_pieces:
-        raise ValueError(
+        raise DataError(
             f"{n_pieces} samples cannot fill {row_off.size - 1 + short} rows "
             f"({w} ranks x {rows_per} rows per micro-batch); use fewer ranks or rows, "
             "or even_out='repeat'")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from lengthwise.errors import ConfigError
 from lengthwise.planning.packed._best_fit import best_fit_decreasing
 from lengthwise.planning.packed._lanes import deal, lockstep
 
@@ -65,7 +66,7 @@ def pack_rows(lengths: np.ndarray, capacity: int, rng: np.random.Generator, *,
     if lengths.min() < 1 or lengths.max() > capacity:
         raise ValueError(f"item lengths must lie in [1, {capacity}]")
     if pool < 1:
-        raise ValueError(f"pool must be >= 1, got {pool}")
+        raise ConfigError(f"pool must be >= 1, got {pool}")
     if capacity << max(1, (pool - 1).bit_length()) >= 2**31:
         raise ValueError(f"capacity {capacity} is too large for a pool of {pool} rows")
     if lanes is None:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from lengthwise.errors import ConfigError
 from lengthwise.pytorch.collate.budget import Budget
 
 _LAYOUT_WORDS = {"pad": ("padded", "packed"), "pack": ("packed", "padded")}
@@ -27,7 +28,7 @@ def check_positive(name: str, value: int | None, *, allow_none: bool = True) -> 
     if value is None and allow_none:
         return
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
 
 
 def check_token_id(name: str, value: int | None, *, allow_none: bool = False,
@@ -47,8 +48,8 @@ def check_token_id(name: str, value: int | None, *, allow_none: bool = False,
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
         raise TypeError(f"{name} must be an integer, got {value!r}")
     if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value} (an embedding has no row "
-                         f"{value})")
+        raise ConfigError(f"{name} must be >= {minimum}, got {value} (an embedding has no row "
+                          f"{value})")
     return int(value)
 
 
@@ -64,9 +65,9 @@ def check_fields(fields: Sequence[str]) -> tuple[str, ...]:
         fields = (fields,)
     fields = tuple(fields)
     if "input_ids" not in fields:
-        raise ValueError(f"fields must include 'input_ids', got {fields}")
+        raise ConfigError(f"fields must include 'input_ids', got {fields}")
     if len(set(fields)) != len(fields):
-        raise ValueError(f"fields has duplicates: {fields}")
+        raise ConfigError(f"fields has duplicates: {fields}")
     # the attention mask is always built from the lengths
     return tuple(f for f in fields if f != "attention_mask")
 
@@ -83,9 +84,9 @@ def check_edges(edges: Sequence[int] | None) -> list[int] | None:
         return None
     out = [int(e) for e in edges]
     if not out or any(e != orig for e, orig in zip(out, edges, strict=True)):
-        raise ValueError(f"edges must be a non-empty list of integer upper edges, got {edges!r}")
+        raise ConfigError(f"edges must be a non-empty list of integer upper edges, got {edges!r}")
     if any(b <= a for a, b in zip(out, out[1:], strict=False)) or out[0] < 1:
-        raise ValueError(f"edges must be positive and strictly increasing, got {out}")
+        raise ConfigError(f"edges must be positive and strictly increasing, got {out}")
     return out
 
 
@@ -101,5 +102,5 @@ def check_budget(budget: Budget | None, layout: str, collator: str) -> Budget | 
         raise TypeError(f"budget must be a lengthwise.pytorch.collate.Budget, got {budget!r}")
     if budget is not None and budget.layout != layout:
         want, got = _LAYOUT_WORDS[layout]
-        raise ValueError(f"{collator} needs a budget of the {want} layout, got a {got} one")
+        raise ConfigError(f"{collator} needs a budget of the {want} layout, got a {got} one")
     return budget

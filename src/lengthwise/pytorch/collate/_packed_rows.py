@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from lengthwise.errors import DataError
 from lengthwise.pytorch.collate._samples import sample_fields
 
 Row = list[dict[str, np.ndarray]]
@@ -40,7 +41,7 @@ def sample_rows(samples: list[Any], fields: tuple[str, ...], max_length: int | N
         rows, index = [], 0
         for r, row in enumerate(samples):
             if not row:
-                raise ValueError(f"PackCollator: row {r} is empty")
+                raise DataError(f"PackCollator: row {r} is empty")
             rows.append([sample_fields(s, index + j, fields, max_length)
                          for j, s in enumerate(row)])
             index += len(row)
@@ -51,8 +52,8 @@ def sample_rows(samples: list[Any], fields: tuple[str, ...], max_length: int | N
         for r, row in enumerate(rows):
             used = sum(s["input_ids"].size for s in row)
             if used > capacity:
-                raise ValueError(f"PackCollator: row {r} holds {used} tokens, more than "
-                                 f"row_capacity={capacity}")
+                raise DataError(f"PackCollator: row {r} holds {used} tokens, more than "
+                                f"row_capacity={capacity}")
     return rows
 
 
@@ -70,8 +71,8 @@ def next_fit(flat: Row, capacity: int) -> list[Row]:
     for i, s in enumerate(flat):
         n = s["input_ids"].size
         if n > capacity:
-            raise ValueError(f"sample {i} has {n} tokens, more than row_capacity={capacity}; "
-                             "split or truncate it first (max_length)")
+            raise DataError(f"sample {i} has {n} tokens, more than row_capacity={capacity}; "
+                            "split or truncate it first (max_length)")
         if used + n > capacity:
             rows.append([])
             used = 0

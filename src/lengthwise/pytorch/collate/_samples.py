@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from lengthwise.errors import DataError
+
 #: fields that hold token ids (collated as ``torch.long``)
 TOKEN_FIELDS = ("input_ids", "labels")
 
@@ -31,7 +33,7 @@ def check_batch(samples: Any, who: str) -> list[Any]:
                         "wrap it in a list")
     samples = list(samples)
     if not samples:
-        raise ValueError(f"{who} received an empty batch")
+        raise DataError(f"{who} received an empty batch")
     return samples
 
 
@@ -49,14 +51,14 @@ def as_array(value: Any, field: str, index: int) -> np.ndarray:
         arr = np.asarray(value)
     where = f"sample {index}, field {field!r}"
     if arr.ndim != 1:
-        raise ValueError(f"{where}: expected a 1-D sequence of tokens, got shape {arr.shape}")
+        raise DataError(f"{where}: expected a 1-D sequence of tokens, got shape {arr.shape}")
     if arr.size == 0:
-        raise ValueError(f"{where}: the sample has no tokens")
+        raise DataError(f"{where}: the sample has no tokens")
     if field in TOKEN_FIELDS:
         if arr.dtype.kind not in "iu":
             raise TypeError(f"{where}: token ids must be integers, got dtype {arr.dtype}")
         if field == "input_ids" and arr.min() < 0:
-            raise ValueError(f"{where}: negative token id {int(arr.min())}")
+            raise DataError(f"{where}: negative token id {int(arr.min())}")
     elif arr.dtype.kind not in "iufb":
         raise TypeError(f"{where}: expected numbers, got dtype {arr.dtype}")
     return arr
@@ -88,8 +90,8 @@ def sample_fields(sample: Any, index: int, fields: tuple[str, ...],
             raise KeyError(f"sample {index} has no field {field!r} (it has {sorted(sample)})")
         arr = as_array(sample[field], field, index)
         if arr.size != n:
-            raise ValueError(f"sample {index}: field {field!r} has {arr.size} values but "
-                             f"'input_ids' has {n}")
+            raise DataError(f"sample {index}: field {field!r} has {arr.size} values but "
+                            f"'input_ids' has {n}")
         out[field] = arr
     if max_length is not None and n > max_length:
         out = {k: v[:max_length] for k, v in out.items()}

@@ -11,6 +11,8 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 
+from lengthwise.errors import ConfigError
+
 __all__ = ["bucket_of"]
 
 
@@ -24,7 +26,7 @@ def bucket_of(length: int, edges: Sequence[int]) -> int:
     """
     k = bisect.bisect_left(edges, length)
     if k == len(edges):
-        raise ValueError(
+        raise ConfigError(
             f"a sample of {length} tokens is longer than the last bucket edge {edges[-1]}; "
             "the edges do not match the data (plan with the same max_len, or truncate with "
             "max_length)")

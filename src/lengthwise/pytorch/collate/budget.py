@@ -56,12 +56,12 @@ class Budget:
 
     def __post_init__(self) -> None:
         if self.layout not in ("pad", "pack"):
-            raise ValueError(f"layout must be 'pad' or 'pack', got {self.layout!r}")
+            raise ConfigError(f"layout must be 'pad' or 'pack', got {self.layout!r}")
         given = [x is not None for x in (self.max_tokens, self.batch_size, self.max_cost)]
         if sum(given) != 1:
-            raise ValueError("a budget has exactly one of max_tokens, batch_size or max_cost")
+            raise ConfigError("a budget has exactly one of max_tokens, batch_size or max_cost")
         if self.layout == "pack" and self.max_tokens is None:
-            raise ValueError("a packed budget needs max_tokens (the tokens of one row)")
+            raise ConfigError("a packed budget needs max_tokens (the tokens of one row)")
 
     def check_padded(self, *, rows: int, padded_len: int, batch: int) -> None:
         """Raise :class:`BudgetError` if ``rows`` rows of ``padded_len`` tokens break the rule.

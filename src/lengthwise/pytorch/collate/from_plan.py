@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from lengthwise.errors import ConfigError
 from lengthwise.pytorch.collate.budget import Budget
 from lengthwise.pytorch.collate.packed import PackCollator
 from lengthwise.pytorch.collate.padded import PadCollator
@@ -46,8 +47,8 @@ def budget_of(config: Any) -> Budget:
 def _fixed(options: dict[str, Any], name: str, value: Any, why: str) -> None:
     """Refuse an option that would make the collator disagree with the plan."""
     if name in options and options[name] != value:
-        raise ValueError(f"{name}={options[name]!r} disagrees with the plan ({name}={value!r}, "
-                         f"{why}); leave it out, or build the sampler with the value you want")
+        raise ConfigError(f"{name}={options[name]!r} disagrees with the plan ({name}={value!r}, "
+                          f"{why}); leave it out, or build the sampler with the value you want")
     options.pop(name, None)
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from lengthwise.errors import DataError
+
 __all__ = ["packed_attention_mask"]
 
 
@@ -34,8 +36,8 @@ def packed_attention_mask(position_ids: torch.Tensor,
     if position_ids.ndim == 1:
         position_ids = position_ids[None]
     if position_ids.ndim != 2:
-        raise ValueError("position_ids must be (batch, tokens), "
-                         f"got shape {tuple(position_ids.shape)}")
+        raise DataError("position_ids must be (batch, tokens), "
+                        f"got shape {tuple(position_ids.shape)}")
     starts = torch.ones_like(position_ids, dtype=torch.bool)
     starts[:, 1:] = position_ids[:, 1:] != position_ids[:, :-1] + 1
     segment = starts.long().cumsum(-1)

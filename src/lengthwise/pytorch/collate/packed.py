@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lengthwise.errors import ConfigError
 from lengthwise.pytorch.collate._options import (
     check_budget,
     check_fields,
@@ -88,7 +89,7 @@ class PackCollator:
         check_token_id("label_pad_id", label_pad_id, minimum=None)
         check_token_id("position_ids_start", position_ids_start)
         if pad_to_capacity and (row_capacity is None or pad_token_id is None):
-            raise ValueError("pad_to_capacity needs row_capacity and pad_token_id")
+            raise ConfigError("pad_to_capacity needs row_capacity and pad_token_id")
         if mask_dtype is not None and not (isinstance(mask_dtype, torch.dtype) and (
                 mask_dtype == torch.bool or mask_dtype.is_floating_point)):
             raise TypeError(f"mask_dtype must be torch.bool or a floating dtype, got {mask_dtype}")

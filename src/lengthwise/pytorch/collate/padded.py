@@ -14,6 +14,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from lengthwise.errors import ConfigError
 from lengthwise.pytorch.collate._options import (
     check_budget,
     check_edges,
@@ -70,7 +71,7 @@ class PadCollator:
         check_positive("pad_multiple", pad_multiple, allow_none=False)
         check_positive("max_length", max_length)
         if padding_side not in ("right", "left"):
-            raise ValueError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
+            raise ConfigError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
         self.pad_token_id = int(pad_token_id)
         self.pad_multiple = int(pad_multiple)
         self.label_pad_id = check_token_id("label_pad_id", label_pad_id, minimum=None)

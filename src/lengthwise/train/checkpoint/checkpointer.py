@@ -84,7 +84,7 @@ class Checkpointer:
         use_dcp: bool | None = None,
     ) -> None:
         if keep is not None and (not isinstance(keep, int) or isinstance(keep, bool) or keep < 1):
-            raise ValueError(f"keep must be a positive integer or None, got {keep!r}")
+            raise ConfigError(f"keep must be a positive integer or None, got {keep!r}")
         self.directory = Path(directory)
         self.keep = keep
         self.async_ = async_
@@ -210,7 +210,7 @@ class Checkpointer:
         info = group_info(self.process_group)
         use_dcp = self.use_dcp if self.use_dcp is not None else info is not None
         if not use_dcp and info is not None and info.world_size > 1:
-            raise ValueError(
+            raise ConfigError(
                 "use_dcp=False only works in a single process; under torch.distributed "
                 "checkpoints go through torch.distributed.checkpoint"
             )
@@ -288,7 +288,7 @@ def _checked_save_args(step: Any, model: Any, optimizer: Any, scheduler: Any,
                        sampler: Any) -> int:
     """``step`` as an int, once it, ``model`` and the stateful objects are checked."""
     if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
-        raise ValueError(f"step must be a non-negative integer, got {step!r}")
+        raise ConfigError(f"step must be a non-negative integer, got {step!r}")
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     for name, obj in (("optimizer", optimizer), ("scheduler", scheduler),

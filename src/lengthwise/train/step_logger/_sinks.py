@@ -15,6 +15,8 @@ import numbers
 import os
 from typing import Any
 
+from lengthwise.errors import MissingDependencyError
+
 
 def numeric_items(rec: dict[str, Any]) -> list[tuple[str, float]]:
     """The record's numeric fields as floats, without ``step``, ``time`` and ``event``."""
@@ -30,7 +32,7 @@ class TensorBoardSink:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise ImportError(
+            raise MissingDependencyError(
                 "tensorboard_dir needs torch and tensorboard: pip install torch tensorboard"
             ) from exc
         self.writer = SummaryWriter(log_dir=str(logdir))
@@ -63,7 +65,7 @@ class WandbSink:
         try:
             import wandb
         except ImportError as exc:
-            raise ImportError(
+            raise MissingDependencyError(
                 "wandb=True needs the wandb package: pip install wandb"
             ) from exc
         self.wandb = wandb

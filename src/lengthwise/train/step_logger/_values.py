@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from lengthwise.errors import ConfigError
+
 
 def is_tensor(x: Any) -> bool:
     """Whether ``x`` looks like a torch tensor.
@@ -42,11 +44,11 @@ def to_float(x: Any, name: str) -> float | None:
     if is_tensor(x):
         x = x.detach()
         if x.numel() != 1:
-            raise ValueError(f"{name} must be a scalar, got a tensor of shape {tuple(x.shape)}")
+            raise ConfigError(f"{name} must be a scalar, got a tensor of shape {tuple(x.shape)}")
         return float(x.item())
     if isinstance(x, np.ndarray):
         if x.size != 1:
-            raise ValueError(f"{name} must be a scalar, got an array of shape {x.shape}")
+            raise ConfigError(f"{name} must be a scalar, got an array of shape {x.shape}")
         return float(x.reshape(()))
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(x).__name__}")
@@ -64,13 +66,13 @@ def to_count(x: Any, name: str) -> int | None:
     exact = _integral(x)
     if exact is not None:  # integers stay exact, also above 2**53
         if exact < 0:
-            raise ValueError(f"{name} must be a non-negative integer, got {x!r}")
+            raise ConfigError(f"{name} must be a non-negative integer, got {x!r}")
         return exact
     value = to_float(x, name)
     if value is None:
         return None
     if not math.isfinite(value) or value < 0 or value != int(value):
-        raise ValueError(f"{name} must be a non-negative integer, got {x!r}")
+        raise ConfigError(f"{name} must be a non-negative integer, got {x!r}")
     return int(value)
 
 
@@ -102,7 +104,7 @@ def to_bucket(x: Any) -> int | None:
     if (is_tensor(x) and x.numel() == 1) or (isinstance(x, np.ndarray) and x.size == 1):
         x = x.item()
     if isinstance(x, bool) or not isinstance(x, numbers.Integral) or int(x) < 0:
-        raise ValueError(f"bucket must be a non-negative integer or None, got {x!r}")
+        raise ConfigError(f"bucket must be a non-negative integer or None, got {x!r}")
     return int(x)
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from lengthwise.errors import ConfigError
 from lengthwise.train.step_logger._values import read_losses
 
 #: one recorded micro-batch: (loss, real tokens, padded tokens, samples, bucket,
@@ -54,7 +55,7 @@ def vector_capacity(num_buckets: int | None, buckets: list[int]) -> int:
         return num_buckets
     top = max(buckets, default=-1)
     if top >= DEFAULT_NUM_BUCKETS:
-        raise ValueError(
+        raise ConfigError(
             f"bucket {top} is not below {DEFAULT_NUM_BUCKETS}; pass num_buckets= "
             "(or bucket_shares=) to StepLogger for more buckets under torch.distributed"
         )

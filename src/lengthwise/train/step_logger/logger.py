@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from lengthwise.errors import ConfigError
 from lengthwise.pytorch.dist import all_reduce_sum, group_info
 from lengthwise.train.step_logger._bucket_losses import BucketLosses
 from lengthwise.train.step_logger._record import RESERVED_FIELDS, step_record
@@ -118,16 +119,16 @@ class StepLogger:
         mode: str = "a",
     ) -> None:
         if not isinstance(window, int) or isinstance(window, bool) or window < 1:
-            raise ValueError(f"window must be a positive integer, got {window!r}")
+            raise ConfigError(f"window must be a positive integer, got {window!r}")
         if not flush_every_s > 0:
-            raise ValueError(f"flush_every_s must be > 0, got {flush_every_s!r}")
+            raise ConfigError(f"flush_every_s must be > 0, got {flush_every_s!r}")
         if not isinstance(max_queue, int) or max_queue < 1:
-            raise ValueError(f"max_queue must be a positive integer, got {max_queue!r}")
+            raise ConfigError(f"max_queue must be a positive integer, got {max_queue!r}")
         if mode not in ("a", "w"):
-            raise ValueError(f"mode must be 'a' or 'w', got {mode!r}")
+            raise ConfigError(f"mode must be 'a' or 'w', got {mode!r}")
         self.shares = None if bucket_shares is None else normalise_shares(bucket_shares)
         if num_buckets is not None and (not isinstance(num_buckets, int) or num_buckets < 1):
-            raise ValueError(f"num_buckets must be a positive integer, got {num_buckets!r}")
+            raise ConfigError(f"num_buckets must be a positive integer, got {num_buckets!r}")
         self.num_buckets = num_buckets or (
             max(self.shares) + 1 if self.shares is not None else None
         )
@@ -221,16 +222,36 @@ class StepLogger:
             )
         )
 
+    def set_bucket_shares(self, bucket_shares: Mapping[int, float] | Sequence[float]) -> None:
+        """Use new bucket shares from the next micro-batch on, e.g. each epoch's plan's.
+
+        An order that labels micro-batches by their longest sample (``random``) puts
+        a different set of buckets in each epoch, so a loop gives each epoch's shares.
+
+        Example::
+
+            >>> log = StepLogger(None, bucket_shares={4: 1.0}, num_buckets=8)
+            >>> log.set_bucket_shares({2: 1.0, 4: 3.0})
+            >>> log.shares
+            {2: 0.25, 4: 0.75}
+            >>> log.close()
+        """
+        shares = normalise_shares(bucket_shares)
+        if self.num_buckets is not None and max(shares) >= self.num_buckets:
+            raise ConfigError(f"bucket {max(shares)} of bucket_shares is not below "
+                              f"num_buckets={self.num_buckets}")
+        self.shares = shares
+
     def _checked_bucket(self, bucket: Any) -> int | None:
         """``bucket`` as an int, checked against bucket_shares, num_buckets and the group."""
         b = to_bucket(bucket)
         if b is not None:
             if self.shares is not None and b not in self.shares:
-                raise ValueError(
+                raise ConfigError(
                     f"bucket {b} has no entry in bucket_shares (buckets {sorted(self.shares)})"
                 )
             if self.num_buckets is not None and b >= self.num_buckets:
-                raise ValueError(f"bucket {b} is not below num_buckets={self.num_buckets}")
+                raise ConfigError(f"bucket {b} is not below num_buckets={self.num_buckets}")
             if self.num_buckets is None and b >= DEFAULT_NUM_BUCKETS:
                 info = group_info(self._process_group)
                 if info is not None and info.world_size > 1:
@@ -271,7 +292,7 @@ class StepLogger:
         }
         lengths = {name: len(value) for name, value in columns.items() if is_column(value)}
         if len(set(lengths.values())) > 1:
-            raise ValueError(f"per-micro-batch lists differ in length: {lengths}")
+            raise ConfigError(f"per-micro-batch lists differ in length: {lengths}")
         n = next(iter(lengths.values())) if lengths else int(
             any(v is not None for v in columns.values())
         )
@@ -324,7 +345,7 @@ class StepLogger:
         self._check_open()
         clash = RESERVED_FIELDS.intersection(fields)
         if clash:
-            raise ValueError(f"extra fields must not reuse record keys: {sorted(clash)}")
+            raise ConfigError(f"extra fields must not reuse record keys: {sorted(clash)}")
         # every argument is checked before anything changes: a bad one loses nothing
         json_line(fields, "step")
         if step is None:
@@ -365,9 +386,9 @@ class StepLogger:
         """
         self._check_open(any_thread=True)
         if not isinstance(name, str) or not name:
-            raise ValueError(f"event name must be a non-empty string, got {name!r}")
+            raise ConfigError(f"event name must be a non-empty string, got {name!r}")
         if "event" in fields or "time" in fields:
-            raise ValueError("event fields must not be named 'event' or 'time'")
+            raise ConfigError("event fields must not be named 'event' or 'time'")
         rec = {"event": name, "time": time.time(), **fields}
         line = json_line(rec, "event")
         if self._writer is not None:
@@ -475,11 +496,11 @@ def _micro_weights(real_tokens: Any, sample_weights: Any, sample_losses: Any,
         real_tokens = sum(weights)
     if sample_weights is not None:
         if sample_losses is None or not is_column(sample_weights):
-            raise ValueError("sample_weights must be a 1-D sequence of per-sample weights, "
-                             "given with sample_losses")
+            raise ConfigError("sample_weights must be a 1-D sequence of per-sample weights, "
+                              "given with sample_losses")
         weights = [to_float(v, "sample_weights") for v in _items(sample_weights)]
         if any(w < 0 for w in weights):
-            raise ValueError("sample_weights must not be negative")
+            raise ConfigError("sample_weights must not be negative")
     return weights, real_tokens
 
 
@@ -487,13 +508,13 @@ def _checked_sample_losses(sample_losses: Any, weights: list[float] | None) -> A
     """``sample_losses`` checked to be a column matching ``weights`` (tensors detached)."""
     if sample_losses is not None:
         if not is_column(sample_losses):
-            raise ValueError("sample_losses must be a 1-D sequence, array or tensor of "
-                             "per-sample losses")
+            raise ConfigError("sample_losses must be a 1-D sequence, array or tensor of "
+                              "per-sample losses")
         if is_tensor(sample_losses):
             sample_losses = sample_losses.detach()
         if weights is not None and len(weights) != len(sample_losses):
-            raise ValueError(f"sample_losses has {len(sample_losses)} entries but the "
-                             f"weights have {len(weights)}: one per sample each")
+            raise ConfigError(f"sample_losses has {len(sample_losses)} entries but the "
+                              f"weights have {len(weights)}: one per sample each")
     return sample_losses
 
 
@@ -501,7 +522,7 @@ def _scalar_loss(loss: Any) -> Any:
     """A micro-batch loss: a detached scalar tensor (read later), a float, or ``None``."""
     if loss is not None and is_tensor(loss):
         if loss.numel() != 1:
-            raise ValueError(f"loss must be a scalar, got shape {tuple(loss.shape)}")
+            raise ConfigError(f"loss must be a scalar, got shape {tuple(loss.shape)}")
         return loss.detach()
     if loss is not None:
         return to_float(loss, "loss")

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from lengthwise.errors import ConfigError
 from lengthwise.train.step_logger._values import to_bucket, to_float
 
 __all__ = ["bucket_token_shares", "normalise_shares"]
@@ -32,16 +33,16 @@ def normalise_shares(shares: Any) -> dict[int, float]:
     else:
         values = np.asarray(shares, dtype=np.float64)
         if values.ndim != 1:
-            raise ValueError(f"bucket_shares must be 1-D or a dict, got shape {values.shape}")
+            raise ConfigError(f"bucket_shares must be 1-D or a dict, got shape {values.shape}")
         items = [(i, float(v)) for i, v in enumerate(values)]
     if not items:
-        raise ValueError("bucket_shares is empty")
+        raise ConfigError("bucket_shares is empty")
     for bucket, share in items:
         if share is None or not math.isfinite(share) or share < 0:
-            raise ValueError(f"bucket_shares[{bucket}] must be finite and >= 0, got {share!r}")
+            raise ConfigError(f"bucket_shares[{bucket}] must be finite and >= 0, got {share!r}")
     total = sum(share for _, share in items)
     if total <= 0:
-        raise ValueError("bucket_shares must not all be zero")
+        raise ConfigError("bucket_shares must not all be zero")
     return {int(b): s / total for b, s in items}  # type: ignore[arg-type]
 
 
@@ -66,7 +67,7 @@ def bucket_token_shares(plan: Any, *, by: str = "tokens") -> dict[int, float]:
         0.6666666666666666
     """
     if by not in ("tokens", "samples"):
-        raise ValueError(f"by must be 'tokens' or 'samples', got {by!r}")
+        raise ConfigError(f"by must be 'tokens' or 'samples', got {by!r}")
     windowed = callable(getattr(plan, "windows", None))
     if not windowed and not hasattr(plan, "offsets"):
         raise TypeError("plan must be an epoch plan or a windowed plan (sampler.plan), got "
@@ -79,7 +80,7 @@ def bucket_token_shares(plan: Any, *, by: str = "tokens") -> dict[int, float]:
     else:
         totals = _bucket_totals(plan, by)
     if totals.size == 0 or totals.sum() <= 0:
-        raise ValueError("the plan has no tokens to take shares from")
+        raise ConfigError("the plan has no tokens to take shares from")
     return {int(b): float(t / totals.sum()) for b, t in enumerate(totals) if t > 0}
 
 

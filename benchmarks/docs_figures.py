@@ -1,0 +1,378 @@
+"""Regenerate every demo figure in README.md and docs/ from fresh runs of both demos.
+
+The figures in the docs are never typed: this script runs ``lengthwise demo`` (the
+causal-LM task) and ``lengthwise demo --task dflash`` with every order at the
+settings below, saves what they measured in ``benchmarks/DOCS_FIGURES.json``, and
+rewrites the marked regions of the docs (``<!-- figures:NAME start -->`` ...
+``<!-- figures:NAME end -->``) from that file::
+
+    python benchmarks/docs_figures.py              # run both demos, save, rewrite the docs
+    python benchmarks/docs_figures.py --check      # run both, exit 1 if a checked figure moved
+    python benchmarks/docs_figures.py --render     # rewrite the docs from the saved figures only
+    python benchmarks/docs_figures.py --tasks lm   # one task (the other keeps its saved figures)
+    python benchmarks/docs_figures.py --from DIR   # the figures of an earlier run's --out DIR
+
+Deterministic figures (losses, padding, step composition, roughness, the doctor's
+verdicts, decoding results) must be the same on every run and machine;
+``tests/test_docs_figures.py`` reruns the demos and fails when they drift.
+Throughput and wall time depend on the machine and its load: they are shown,
+never checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from lengthwise.demo.report import TABLE_COLUMNS
+
+ROOT = Path(__file__).resolve().parents[1]
+SAVED = ROOT / "benchmarks" / "DOCS_FIGURES.json"
+
+#: the options each task runs with in the docs (and in the test that checks them);
+#: sized so that the check of every order of both tasks fits in CI on two cores
+SETTINGS: dict[str, list[str]] = {
+    "lm": ["--steps", "100"],
+    "dflash": ["--steps", "50"],
+}
+#: per-order figures that must not move between runs (compared by ``--check``)
+DETERMINISTIC: dict[str, tuple[str, ...]] = {
+    "lm": ("padding_efficiency", "real_tokens", "padded_tokens", "real_tokens_per_step",
+           "step_cv_ratio", "loss_roughness", "excess", "roughness_ratio", "eval_loss",
+           "final_loss", "verdict"),
+    "dflash": ("padding_efficiency", "real_tokens", "padded_tokens", "loss_roughness", "excess",
+               "eval_loss", "final_loss", "accuracy_first", "accuracy_final",
+               "simulated_acceptance_length", "acceptance_length", "lossless", "skipped_steps",
+               "verdict"),
+}
+#: per-order figures that depend on the machine (shown, not compared)
+MACHINE: tuple[str, ...] = ("tokens_per_second", "throughput_vs_sorted", "train_seconds")
+#: relative tolerance of a float figure (CPU kernels may round differently across machines)
+REL_TOL = 1e-4
+#: the files and the regions of each that this script writes
+REGIONS: dict[str, tuple[str, ...]] = {
+    "README.md": ("lm-table", "lm-reading"),
+    "docs/demo.md": ("lm-measured",),
+    "docs/dflash.md": ("dflash-measured",),
+}
+
+
+def command(task: str) -> str:
+    """The command line the docs show for ``task``.
+
+    Example::
+
+        >>> command("dflash")
+        'lengthwise demo --task dflash --steps 50'
+    """
+    task_opt = [] if task == "lm" else ["--task", task]
+    return " ".join(["lengthwise", "demo", *task_opt, *SETTINGS[task]])
+
+
+def run_task(task: str, out: Path, cache_dir: str | None = None) -> dict[str, Any]:
+    """Run one demo task with every order at :data:`SETTINGS`; its ``--json`` summary.
+
+    Progress goes to stderr as the demo prints it.
+    """
+    argv = [sys.executable, "-m", "lengthwise", "demo", "--task", task, *SETTINGS[task],
+            "--orders", "all", "--out", str(out / task), "--json", "--no-plot"]
+    if cache_dir:
+        argv += ["--cache-dir", cache_dir]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    done = subprocess.run(argv, stdout=subprocess.PIPE, text=True, env=env, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"docs_figures: {command(task)} exited with {done.returncode}")
+    return json.loads(done.stdout)
+
+
+def figures(task: str, summary: dict[str, Any]) -> dict[str, Any]:
+    """What the docs quote of one summary: per-order figures and the run's settings."""
+    keys = DETERMINISTIC[task] + MACHINE
+    rows = {name: {k: row.get(k) for k in keys}
+            for name, row in summary["strategies"].items()}
+    data = summary.get("data", {})
+    config = summary.get("config", {})
+    keep = ("parameters", "train_samples", "train_tokens", "length_p50", "length_p99",
+            "length_max", "eval_samples", "target", "target_eval_loss", "target_steps",
+            "dropped_short_responses", "response_mean", "prompt_mean")
+    return {
+        "command": command(task),
+        "strategies": rows,
+        "stable_region": summary.get("stable_region"),
+        "config": {k: config.get(k) for k in ("steps", "grad_accum", "max_tokens", "max_len",
+                                              "seed", "model_size", "block_size")
+                   if k in config},
+        "data": {k: data[k] for k in keep if k in data},
+        "wall_seconds": summary.get("wall_seconds"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores",
+    }
+
+
+def compare(saved: dict[str, Any], fresh: dict[str, Any], task: str) -> list[str]:
+    """The deterministic figures of ``fresh`` that differ from ``saved`` (empty: none).
+
+    Example::
+
+        >>> a = {"strategies": {"random": {"eval_loss": 5.0, "verdict": "clean",
+        ...                                "tokens_per_second": 10.0}}}
+        >>> b = {"strategies": {"random": {"eval_loss": 5.0, "verdict": "clean",
+        ...                                "tokens_per_second": 99.0}}}
+        >>> compare(a, b, "lm")
+        []
+        >>> b["strategies"]["random"]["eval_loss"] = 5.1
+        >>> compare(a, b, "lm")
+        ['lm random eval_loss: 5.0 in the docs, 5.1 now']
+    """
+    out = []
+    old, new = saved["strategies"], fresh["strategies"]
+    if list(old) != list(new):
+        return [f"{task} orders: {list(old)} in the docs, {list(new)} now"]
+    for name in old:
+        for key in DETERMINISTIC[task]:
+            a, b = old[name].get(key), new[name].get(key)
+            if not _same(a, b):
+                out.append(f"{task} {name} {key}: {a} in the docs, {b} now")
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=REL_TOL, abs_tol=1e-6)
+    return a == b
+
+
+# -- rendering -----------------------------------------------------------------------------
+def _wrap(text: str, bullet: bool = False) -> str:
+    """A paragraph (or a ``- `` bullet) wrapped at 100 columns, as the docs are written."""
+    import textwrap
+
+    return textwrap.fill(text, width=100, subsequent_indent="  " if bullet else "",
+                         break_long_words=False, break_on_hyphens=False)
+
+
+def _f(value: Any, spec: str) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return format(value, spec)
+
+
+def _table(rows: dict[str, dict[str, Any]], columns: tuple[tuple[str, str], ...],
+           verdict: bool = False) -> str:
+    head = ["order", *(k for k, _ in columns)] + (["verdict"] if verdict else [])
+    lines = ["| " + " | ".join(head) + " |",
+             "|---|" + "---:|" * len(columns) + ("---|" if verdict else "")]
+    for name, r in rows.items():
+        cells = [name, *(_f(r.get(k), s) for k, s in columns)]
+        if verdict:
+            cells.append(str(r.get("verdict") or "-"))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+#: the columns ``lengthwise demo`` prints, with the real tokens of a step after the padding
+LM_COLUMNS = tuple(c for col in TABLE_COLUMNS for c in (
+    (col, ("real_tokens_per_step", ".0f")) if col[0] == "padding_efficiency" else (col,)))
+DFLASH_SPEED = (("tokens_per_second", ",.0f"), ("throughput_vs_sorted", ".2f"),
+                ("padding_efficiency", ".3f"), ("loss_roughness", ".4f"), ("excess", ".2f"),
+                ("skipped_steps", "d"))
+DFLASH_DRAFT = (("accuracy_first", ".3f"), ("accuracy_final", ".3f"), ("eval_loss", ".4f"),
+                ("simulated_acceptance_length", ".2f"), ("acceptance_length", ".2f"),
+                ("lossless", ""))
+
+
+def _caption(fig: dict[str, Any]) -> str:
+    c, region = fig["config"], fig.get("stable_region") or ["-", "-"]
+    wall = fig.get("wall_seconds")
+    took = f"{wall:.0f} s wall time on {fig['machine']}" if wall else fig["machine"]
+    return _wrap(
+        f"`{fig['command']}` ({c.get('steps')} steps x {c.get('grad_accum')} micro-batches of at "
+        f"most {c.get('max_tokens')} tokens, seed {c.get('seed')}; {took}). `loss_roughness` and "
+        f"the verdicts are over steps {region[0]}-{region[1]}, the same for every order; "
+        "throughput depends on the machine and its load, every other figure is the same on "
+        "every run and is checked against a fresh run by `tests/test_docs_figures.py`.")
+
+
+def _lm_reading(fig: dict[str, Any]) -> str:
+    rows = fig["strategies"]
+    s, r, st = rows.get("sorted", {}), rows.get("random", {}), rows.get("stratified", {})
+    rough = {n: row.get("loss_roughness") for n, row in rows.items()
+             if row.get("loss_roughness") is not None}
+    smoothest = min(rough, key=rough.get) if rough else "-"
+    roughest = max(rough, key=rough.get) if rough else "-"
+    evals = {n: row.get("eval_loss") for n, row in rows.items() if row.get("eval_loss")}
+    best = min(evals, key=evals.get) if evals else "-"
+    text = [
+        f"Stratified batches train at {_f(st.get('throughput_vs_sorted'), '.2f')} of sorted's "
+        f"throughput (`padding_efficiency` {_f(st.get('padding_efficiency'), '.3f')}) with a "
+        f"`step_cv_ratio` of {_f(st.get('step_cv_ratio'), '.2f')} (sorted "
+        f"{_f(s.get('step_cv_ratio'), '.2f')}), while random batches train at "
+        f"{_f(r.get('throughput_vs_sorted'), '.2f')} of it (`padding_efficiency` "
+        f"{_f(r.get('padding_efficiency'), '.3f')}).",
+        f"The smoothest loss is {smoothest}'s ({_f(rough.get(smoothest), '.4f')}), the roughest "
+        f"{roughest}'s ({_f(rough.get(roughest), '.4f')}); the lowest held-out loss is "
+        f"{best}'s ({_f(evals.get(best), '.4f')}), against "
+        + ", ".join(f"{n}'s {_f(evals.get(n), '.4f')}" for n in ("sorted", "random", "stratified")
+                    if n != best and n in evals) + ".",
+    ]
+    return _wrap(" ".join(text))
+
+
+def _lm_bullets(fig: dict[str, Any]) -> str:
+    rows = fig["strategies"]
+    out = []
+    for name, row in rows.items():
+        out.append(_wrap(
+            f"- `{name}`: {_f(row.get('throughput_vs_sorted'), '.2f')} x sorted's throughput, "
+            f"{_f(row.get('real_tokens_per_step'), ',.0f')} real tokens per step, "
+            f"`loss_roughness` {_f(row.get('loss_roughness'), '.4f')} (`excess` "
+            f"{_f(row.get('excess'), '.2f')}), held-out loss {_f(row.get('eval_loss'), '.4f')}; "
+            f"the doctor: {row.get('verdict') or '-'}.", bullet=True))
+    return "\n".join(out)
+
+
+def _dflash_text(fig: dict[str, Any]) -> str:
+    rows = fig["strategies"]
+    d = fig["data"]
+    # where this machine cached the target is no figure of the run
+    target = re.sub(r" (trained here|trained earlier, loaded from .*)$",
+                    " trained by the demo on the corpus", str(d.get("target", "-")))
+    sims = [r["simulated_acceptance_length"] for r in rows.values()
+            if r.get("simulated_acceptance_length") is not None]
+    reals = [r["acceptance_length"] for r in rows.values()
+             if r.get("acceptance_length") is not None]
+    lossless = all(r.get("lossless") is True for r in rows.values())
+    skipped = {n: r.get("skipped_steps") for n, r in rows.items() if r.get("skipped_steps")}
+    lines = [
+        _caption(fig),
+        "",
+        _wrap(f"Target: {target}"
+              + (f" (held-out loss {d['target_eval_loss']:.2f})" if d.get("target_eval_loss")
+                 else "")
+              + f"; {_f(d.get('train_samples'), ',d')} training samples (median "
+              f"{d.get('length_p50', '-')} tokens, longest {d.get('length_max', '-')})."),
+        "",
+        _table(rows, DFLASH_SPEED),
+        "",
+        _table(rows, DFLASH_DRAFT),
+        "",
+        _wrap("- Every speculative decoding is "
+              + ("lossless" if lossless else "NOT lossless for some order")
+              + " (the output equals the target's greedy output).", bullet=True),
+    ]
+    if sims and reals:
+        lines.append(_wrap(
+            f"- `acceptance_length` (tokens per verifying target forward, measured by decoding) "
+            f"is {min(reals):.2f}-{max(reals):.2f}; `simulated_acceptance_length` (the "
+            f"teacher-forced estimate from the per-slot accuracies on held-out samples, which "
+            f"treats the slots as independent) is {min(sims):.2f}-{max(sims):.2f}.", bullet=True))
+    lines.append(_wrap("- Updates SpikeGuard skipped: " + (
+        ", ".join(f"{n} {k}" for n, k in skipped.items()) if skipped else "none") + ".",
+        bullet=True))
+    lines.append(_wrap("- The doctor: " + "; ".join(
+        f"`{n}` {r.get('verdict') or '-'}" for n, r in rows.items()) + ".", bullet=True))
+    return "\n".join(lines)
+
+
+def render(name: str, saved: dict[str, Any]) -> str:
+    """The text of region ``name`` from the saved figures."""
+    lm, df = saved.get("lm"), saved.get("dflash")
+    if name == "lm-table":
+        return _caption(lm) + "\n\n" + _table(lm["strategies"], LM_COLUMNS)
+    if name == "lm-reading":
+        return _lm_reading(lm)
+    if name == "lm-measured":
+        return (_caption(lm) + "\n\n" + _table(lm["strategies"], LM_COLUMNS, verdict=True)
+                + "\n\n" + _lm_reading(lm) + "\n\n" + _lm_bullets(lm))
+    if name == "dflash-measured":
+        return _dflash_text(df)
+    raise KeyError(f"no region {name!r}")
+
+
+def markers(name: str) -> tuple[str, str]:
+    """The comments that open and close region ``name``."""
+    return f"<!-- figures:{name} start -->", f"<!-- figures:{name} end -->"
+
+
+def region_text(text: str, name: str, where: str) -> tuple[int, int]:
+    """Start and end offsets of region ``name``'s body in ``text``."""
+    start, end = markers(name)
+    i, j = text.find(start), text.find(end)
+    if i < 0 or j < i:
+        raise SystemExit(f"docs_figures: {where} has no region {name} ({start} ... {end})")
+    return i + len(start), j
+
+
+def rewrite(saved: dict[str, Any], root: Path = ROOT) -> list[str]:
+    """Rewrite every region of :data:`REGIONS` under ``root``; the files changed."""
+    changed = []
+    for rel, names in REGIONS.items():
+        path = root / rel
+        text = path.read_text(encoding="utf-8")
+        new = text
+        for name in names:
+            if name.split("-")[0] not in saved:  # that task was never run: leave its region
+                print(f"docs_figures: no saved figures for region {name} of {rel}; run "
+                      f"its task first", file=sys.stderr)
+                continue
+            i, j = region_text(new, name, rel)
+            new = new[:i] + "\n" + render(name, saved) + "\n" + new[j:]
+        if new != text:
+            path.write_text(new, encoding="utf-8")
+            changed.append(rel)
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true",
+                    help="run the demos and compare with the saved figures; change nothing")
+    ap.add_argument("--render", action="store_true",
+                    help="rewrite the docs from the saved figures without running anything")
+    ap.add_argument("--tasks", default="lm,dflash", help="tasks to run (default: lm,dflash)")
+    ap.add_argument("--out", default=None, help="folder for the demos' output (default: temp)")
+    ap.add_argument("--cache-dir", default=None, help="the demos' --cache-dir")
+    ap.add_argument("--from", dest="source", default=None, metavar="DIR",
+                    help="take the figures from DIR/<task>/summary.json of an earlier run of "
+                         "this script (--out DIR) instead of running the demos")
+    args = ap.parse_args(argv)
+    saved = json.loads(SAVED.read_text(encoding="utf-8")) if SAVED.exists() else {}
+    if args.render:
+        print("rewrote:", ", ".join(rewrite(saved)) or "nothing (already current)")
+        return 0
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    out = Path(args.out or tempfile.mkdtemp(prefix="docs-figures-"))
+    fresh = {}
+    for task in tasks:
+        if not args.source:
+            print(f"docs_figures: {command(task)} (every order) -> {out / task}",
+                  file=sys.stderr, flush=True)
+        if args.source:
+            summary = json.loads((Path(args.source) / task / "summary.json").read_text())
+        else:
+            summary = run_task(task, out, args.cache_dir)
+        fresh[task] = figures(task, summary)
+    if args.check:
+        drift = [line for t in tasks for line in compare(saved[t], fresh[t], t)]
+        for line in drift:
+            print(line)
+        print(f"docs_figures: {len(drift)} deterministic figure(s) differ from the docs")
+        return 1 if drift else 0
+    saved.update(fresh)
+    SAVED.write_text(json.dumps(saved, indent=2) + "\n", encoding="utf-8")
+    print("rewrote:", ", ".join(rewrite(saved)) or "nothing (already current)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

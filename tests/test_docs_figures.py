@@ -1,0 +1,92 @@
+"""The demo figures in README.md and docs/ are the ones ``benchmarks/docs_figures.py`` measured.
+
+The fast tests check that every marked region holds exactly what the script renders
+from ``benchmarks/DOCS_FIGURES.json`` (nobody typed a figure) at the settings the
+script runs. The slow one reruns every order of both demos at those settings and
+fails when a deterministic figure (a loss, padding, step composition, roughness, a
+verdict, a decoding result) differs from the docs: with an empty cache (corpus,
+tokenizer, DFlash target and its responses all built) it took 217 s for the
+causal-LM task and 285 s for the DFlash task on two shared CPU cores.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("docs_figures",
+                                                  ROOT / "benchmarks" / "docs_figures.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def script():
+    pytest.importorskip("torch")
+    return _script()
+
+
+@pytest.fixture(scope="module")
+def saved(script):
+    return json.loads(script.SAVED.read_text(encoding="utf-8"))
+
+
+def test_every_region_holds_what_the_script_renders(script, saved):
+    for rel, names in script.REGIONS.items():
+        text = (ROOT / rel).read_text(encoding="utf-8")
+        for name in names:
+            i, j = script.region_text(text, name, rel)
+            assert text[i:j] == "\n" + script.render(name, saved) + "\n", (
+                f"{rel}: region {name} differs from benchmarks/DOCS_FIGURES.json; "
+                "run python benchmarks/docs_figures.py --render")
+
+
+def test_the_saved_figures_come_from_the_settings_the_script_runs(script, saved):
+    from lengthwise.demo.config import available_orders
+
+    for task in script.SETTINGS:
+        assert saved[task]["command"] == script.command(task)
+        assert list(saved[task]["strategies"]) == list(available_orders())
+        for row in saved[task]["strategies"].values():
+            assert set(script.DETERMINISTIC[task]) <= set(row)
+
+
+def test_drift_in_a_deterministic_figure_is_reported_and_throughput_is_not(script, saved):
+    fresh = copy.deepcopy(saved["lm"])
+    for row in fresh["strategies"].values():
+        row["tokens_per_second"] = (row["tokens_per_second"] or 1.0) * 1.5
+    assert script.compare(saved["lm"], fresh, "lm") == []
+    fresh["strategies"]["sorted"]["verdict"] = "clean"
+    fresh["strategies"]["random"]["eval_loss"] += 0.01
+    drift = script.compare(saved["lm"], fresh, "lm")
+    assert any(line.startswith("lm random eval_loss") for line in drift)
+    if saved["lm"]["strategies"]["sorted"]["verdict"] != "clean":
+        assert any(line.startswith("lm sorted verdict") for line in drift)
+    del fresh["strategies"]["packed"]
+    assert "orders" in script.compare(saved["lm"], fresh, "lm")[0]
+
+
+def test_a_region_without_its_markers_is_named(script, saved, tmp_path):
+    (tmp_path / "docs").mkdir()
+    for rel in script.REGIONS:
+        (tmp_path / rel).write_text("no markers here\n", encoding="utf-8")
+    with pytest.raises(SystemExit, match="README.md has no region lm-table"):
+        script.rewrite(saved, root=tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["lm", "dflash"])
+def test_a_fresh_run_of_every_order_gives_the_documented_figures(script, saved, task,
+                                                                 tmp_path):
+    fresh = script.figures(task, script.run_task(task, tmp_path))
+    drift = script.compare(saved[task], fresh, task)
+    assert not drift, "\n".join(drift)
