@@ -145,7 +145,8 @@ def test_sampler_collator_never_exceeds_the_budget(lengths, max_tokens, max_len,
             collate = sampler.collator(pad_token_id=0)
             batches = list(sampler)
         except ValueError as exc:  # too few samples for the rows: a clear error
-            assert "cannot fill" in str(exc)
+            # too few samples for the rows, or rows narrower than one pad multiple
+            assert "cannot fill" in str(exc) or "cannot hold a single row" in str(exc)
             return
     fetch = RowsDataset(data) if yield_rows else data
     budget = max_tokens * (rows if layout == "pack" else 1)

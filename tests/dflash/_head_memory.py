@@ -79,7 +79,7 @@ def objective(chunk: int, vocab: int) -> None:
                                     use_cache=False)
     target = Target(transformers.LlamaForCausalLM(tcfg), layers=[0, 1])
     draft = DFlashDraft(DFlashConfig.from_target(tcfg, num_layers=1, block_size=16,
-                                                 target_layers=[0, 1]))
+                                                 target_layers=[0, 1], mask_token_id=vocab - 1))
     cfg = DFlashTrainConfig(steps=1, grad_accum=1, max_tokens=512, max_len=256, block_size=16,
                             num_anchors=32, head_chunk=chunk, warmup=0, progress=False)
     task = DFlashTask(draft, target, cfg, order="stratified")
