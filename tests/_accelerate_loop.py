@@ -66,6 +66,8 @@ def main(out_dir: str) -> None:
     with open(os.path.join(out_dir, f"rank{accelerator.process_index}.json"), "w") as fh:
         json.dump({"seen": seen, "steps": steps, "weights": weights, "refused": refused,
                    "num_processes": accelerator.num_processes}, fh)
+    accelerator.wait_for_everyone()
+    accelerator.end_training()  # leaves the process group before the interpreter exits
 
 
 if __name__ == "__main__":
