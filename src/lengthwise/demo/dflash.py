@@ -267,8 +267,8 @@ def _summarise(results: dict[str, dict[str, Any]], cfg: DFlashDemoConfig,
 
 def render_dflash(summary: dict[str, Any]) -> str:
     """The DFlash demo's tables, as the command prints them."""
-    from lengthwise.cli.dflash.eval import render
     from lengthwise.demo.report import format_columns, format_verdicts
+    from lengthwise.dflash.table import render_eval
 
     rows = summary["strategies"]
     speed = format_columns(rows, ("tokens_per_second", "throughput_vs_sorted",
@@ -286,7 +286,7 @@ def render_dflash(summary: dict[str, Any]) -> str:
     stage = [r for row in rows.values() for r in row.get("eval_stage") or []]
     if stage:
         lines += ["", "eval stage (each order's exported draft, held-out prompts; set: the "
-                      "order):", render(stage)]
+                      "order):", render_eval(stage)]
     if summary.get("plot"):
         lines.append(f"loss curves: {summary['plot']}")
     lines.append(f"wall time {summary.get('wall_seconds', 0.0):.0f} s")

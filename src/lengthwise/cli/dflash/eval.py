@@ -14,6 +14,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from lengthwise.dflash.table import render_eval
+
 
 def register(stages: argparse._SubParsersAction) -> None:
     """Add the ``eval`` stage."""
@@ -93,25 +95,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
-        print(render(rows))
+        print(render_eval(rows))
     return 0
-
-
-def render(rows: list[dict[str, Any]]) -> str:
-    """The rows as a table (one line per set and temperature)."""
-    head = ("set", "T", "prompts", "new tokens", "acceptance length", "draft accuracy",
-            "lossless")
-    lines = [" | ".join(head)]
-    for r in rows:
-        acc = r.get("draft_accuracy")
-        if "mismatches" in r:
-            lossless = "yes" if r["mismatches"] == 0 else f"no ({r['mismatches']} differ)"
-        else:
-            lossless = "-"
-        lines.append(" | ".join([
-            r["set"], f"{r['temperature']:g}", str(r["prompts"]), str(r["new_tokens"]),
-            f"{r['acceptance_length']:.2f}", "-" if acc is None else f"{acc:.3f}", lossless]))
-    return "\n".join(lines)
 
 
 def _tokenizer(path: str) -> Any:
