@@ -4,24 +4,17 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from _ports import free_port
 
 pytest.importorskip("accelerate")
 torch = pytest.importorskip("torch")
 
 SCRIPT = Path(__file__).with_name("_accelerate_loop.py")
-
-
-def _free_port() -> int:
-    """A TCP port free now: the launch must not meet a port an earlier test still holds."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -39,7 +32,7 @@ def test_own_loop_trains_every_sample_once_over_two_processes(tmp_path):
     # on a machine with GPUs the same command runs on them; here it starts 2 CPU processes
     proc = subprocess.run(
         [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--multi_gpu",
-         "--num_processes", "2", "--num_machines", "1", "--main_process_port", str(_free_port()),
+         "--num_processes", "2", "--num_machines", "1", "--main_process_port", str(free_port()),
          "--mixed_precision", "no", "--dynamo_backend", "no", str(SCRIPT), str(tmp_path)],
         env=_env(tmp_path), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -87,7 +80,7 @@ def test_a_plain_accelerator_on_cpu_sees_one_process_and_its_sampler_is_refused(
     script.write_text(_PLAIN)
     proc = subprocess.run(
         [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--multi_gpu",
-         "--num_processes", "2", "--num_machines", "1", "--main_process_port", str(_free_port()),
+         "--num_processes", "2", "--num_machines", "1", "--main_process_port", str(free_port()),
          "--mixed_precision", "no", "--dynamo_backend", "no", str(script), str(tmp_path)],
         env=_env(tmp_path), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -8,12 +8,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from _ports import free_port
 
 from lengthwise.planning.plan import plan_epoch
 
@@ -29,10 +29,6 @@ def _lengths():
     return np.concatenate([rng.integers(2, 16, 150), rng.integers(30, 48, 40)])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, world: int, port: int, out_dir: str, stop_after: int | None,
@@ -122,7 +118,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str, stop_after: int | No
 
 
 def _launch(world: int, out_dir, stop_after=None, state_in=None) -> list[dict]:
-    port = _free_port()
+    port = free_port()
     procs = [subprocess.Popen([sys.executable, __file__, str(r), str(world), str(port),
                                str(out_dir), json.dumps(stop_after), json.dumps(state_in)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 import torch
+from _ports import free_port
 from torch.utils.data import Dataset
 
 pytest.importorskip("transformers")
@@ -297,9 +297,7 @@ def _rank_main(out_dir: str) -> None:
 
 @pytest.mark.slow
 def test_trainer_two_processes_gloo(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     procs = []
     for rank in range(2):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",

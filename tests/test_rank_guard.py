@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from _ports import free_port
 
 pytest.importorskip("torch")
 
@@ -78,12 +78,6 @@ dist.destroy_process_group()
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_guard_fires_under_torchrun(tmp_path):
     script = tmp_path / "worker.py"
@@ -95,7 +89,7 @@ def test_guard_fires_under_torchrun(tmp_path):
                                            env.get("PYTHONPATH", "")]))
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-         "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(script),
+         "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(script),
          str(tmp_path)],
         env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from _ports import free_port
+
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
-def free_port() -> int:
-    """A TCP port free on this machine now (the torchrun rendezvous)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def lengthwise(*args: str, nproc: int | None = None, timeout: float = 600) -> str:

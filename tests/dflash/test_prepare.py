@@ -287,15 +287,14 @@ def test_cli_prints_counts_and_one_line_errors(target, chats, tmp_path, capsys):
 @pytest.mark.slow
 def test_torchrun_two_processes_prepare_the_same_folder(target, chats, tmp_path):
     import os
-    import socket
     import subprocess
     import sys
     from pathlib import Path
 
+    from _ports import free_port
+
     one = prepare_chats(chats, target, tmp_path / "one", _cfg(shard_rows=7))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     src = str(Path(__file__).resolve().parents[2] / "src")
     env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "OMP_NUM_THREADS": "1"}

@@ -4,22 +4,18 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from _dflash_run import build_loop, config, copy_checkpoint, train
+from _ports import free_port
 
 torch = pytest.importorskip("torch")
 HERE = Path(__file__).resolve().parent
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class _BothRanks:
@@ -55,7 +51,7 @@ def _one_process_on_the_global_batch(tmp_path):
 @pytest.mark.slow
 def test_ddp_loss_equals_one_process_and_resume_is_exact(tmp_path):
     out = tmp_path / "ddp.json"
-    port = str(_free_port())
+    port = str(free_port())
     src = str(Path(__file__).resolve().parents[2] / "src")
     procs = []
     for rank in (0, 1):

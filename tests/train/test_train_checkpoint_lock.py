@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _ports import free_port
 
 from lengthwise.errors import ConfigError
 from lengthwise.train import (
@@ -147,9 +148,7 @@ def test_an_unpicklable_extra_fails_at_the_call_naming_the_part(tmp_path, use_dc
 def test_under_torch_distributed_every_rank_is_told_the_folder_is_taken(tmp_path):
     held = WriterLock(tmp_path)
     held.acquire()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = str(sock.getsockname()[1])
+    port = str(free_port())
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "2"}
     try:
         procs = [_worker("dist", tmp_path, RANK=str(r), **env) for r in range(2)]

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from _ports import free_port
 
 torch = pytest.importorskip("torch")
 if not torch.distributed.is_available():  # pragma: no cover
@@ -18,16 +18,12 @@ if not torch.distributed.is_available():  # pragma: no cover
 WORKER = Path(__file__).with_name("_dist_worker.py")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("dist")
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                WORLD_SIZE="2", OMP_NUM_THREADS="1")
     procs = [
         subprocess.Popen([sys.executable, str(WORKER), str(out)], env=dict(env, RANK=str(r)),
