@@ -119,19 +119,6 @@ def shard_name(k: int) -> str:
     return f"data-{k:05d}.parquet"
 
 
-def _load_tokenizer(target: Path) -> Any:
-    import transformers
-
-    from lengthwise.dflash.recipe import check_causal_lm
-
-    check_causal_lm(target)
-    try:
-        return transformers.AutoTokenizer.from_pretrained(str(target), local_files_only=True)
-    except (OSError, ValueError, KeyError) as exc:
-        raise ConfigError(f"--target {target}: no usable tokenizer there "
-                          f"({' '.join(str(exc).split())[:200]})") from None
-
-
 def _fingerprint(source: Path, target: Path, renderer: ChatRenderer, cfg: PrepareConfig) -> str:
     st = source.stat()
     settings = {k: v for k, v in asdict(cfg).items() if k not in ("progress", "device")}
@@ -224,6 +211,7 @@ def prepare_chats(source: str | Path, target: str | Path, out: str | Path,
     is kept (never an empty data set) and for malformed conversations (row and
     field named); :class:`ConfigError` for a target without a usable chat template.
     """
+    from lengthwise.dflash.recipe import load_tokenizer
     from lengthwise.progress import progress
     from lengthwise.train.device import barrier, rank_world
 
@@ -232,7 +220,7 @@ def prepare_chats(source: str | Path, target: str | Path, out: str | Path,
     rank, world = rank_world(info)
     if not source.exists():
         raise DataError(f"{source}: no such file or folder")
-    tok = tokenizer if tokenizer is not None else _load_tokenizer(target)
+    tok = tokenizer if tokenizer is not None else load_tokenizer(target)
     renderer = ChatRenderer(tok, enable_thinking=cfg.enable_thinking, name=f"--target {target}")
     fp = _fingerprint(source, target, renderer, cfg)
     chats = ChatSource(source, field=cfg.field, split=cfg.split)

@@ -31,8 +31,8 @@ import numpy as np
 from lengthwise.dflash.train import DFlashTask, DFlashTrainConfig
 from lengthwise.errors import ConfigError, DataError
 
-__all__ = ["EvalTask", "RunSettings", "check_causal_lm", "held_out_batches", "new_draft",
-           "train_draft"]
+__all__ = ["EvalTask", "RunSettings", "check_causal_lm", "held_out_batches", "load_tokenizer",
+           "new_draft", "train_draft"]
 
 
 @dataclass
@@ -96,6 +96,22 @@ def check_causal_lm(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"--target {path}: not a causal language model (architectures "
                           f"{archs}); DFlash needs the target's LM head")
     return config
+
+
+def load_tokenizer(target: str | Path) -> Any:
+    """The tokenizer saved in the local model folder ``target`` (a causal LM, checked first).
+
+    A folder without a usable tokenizer is a :class:`ConfigError` naming it; nothing is
+    looked up on a hub.
+    """
+    import transformers
+
+    check_causal_lm(target)
+    try:
+        return transformers.AutoTokenizer.from_pretrained(str(target), local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(f"--target {target}: no usable tokenizer there "
+                          f"({' '.join(str(exc).split())[:200]})") from None
 
 
 def held_out_batches(samples: list[dict[str, Any]], *, batch_size: int = 8,
@@ -223,7 +239,6 @@ def train_draft(cfg: DFlashTrainConfig, run: RunSettings, *, progress: bool = Tr
                 ) -> dict[str, Any]:
     """Train (or resume) a draft; return rank 0's summary (``{}`` on the other ranks)."""
     import torch
-    from transformers import AutoTokenizer
 
     from lengthwise.dflash.mask_token import ensure_mask_token
     from lengthwise.dflash.objective import target_layer_ids
@@ -270,7 +285,7 @@ def train_draft(cfg: DFlashTrainConfig, run: RunSettings, *, progress: bool = Tr
     dtype = torch.bfloat16 if device.type == "cuda" else None
     model = load_target(run.target, dtype=dtype, device=device)
     # the blocks' mask token: the tokenizer's own, else <|MASK|> added (the target embeds it)
-    tokenizer = AutoTokenizer.from_pretrained(run.target)
+    tokenizer = load_tokenizer(run.target)
     rows = int(model.get_input_embeddings().weight.shape[0])
     mask = ensure_mask_token(tokenizer, model)
     out = Path(run.out)

@@ -64,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from lengthwise.dflash.load import check_target, load_draft
     from lengthwise.dflash.mask_token import check_mask_token
     from lengthwise.dflash.prompts import bundled_prompts, read_prompt_file, render_prompts
+    from lengthwise.dflash.recipe import load_tokenizer
     from lengthwise.dflash.target import Target, load_target
     from lengthwise.errors import ConfigError
 
@@ -83,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     check_mask_token(draft.config.mask_token_id, int(model.get_input_embeddings().weight.shape[0]))
     target = Target(model, layers=draft.config.target_layers)
     draft = draft.to(device=device, dtype=dtype)
-    tokenizer = _tokenizer(args.target)
+    tokenizer = load_tokenizer(args.target)
     eos = _stops(model, tokenizer)
     rows: list[dict[str, Any]] = []
     for name, convs in sets.items():
@@ -97,17 +98,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(render_eval(rows))
     return 0
-
-
-def _tokenizer(path: str) -> Any:
-    import transformers
-
-    from lengthwise.errors import ConfigError
-
-    try:
-        return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"--target {path}: no tokenizer there ({exc})") from exc
 
 
 def _stops(model: Any, tokenizer: Any) -> list[int] | None:
