@@ -34,6 +34,7 @@ from lengthwise.atomic import atomic_open, atomic_path
 from lengthwise.dflash.chat import TEMPLATE_ERRORS, ChatRenderer, normalise
 from lengthwise.dflash.chat_files import ChatSource
 from lengthwise.errors import ConfigError, DataError
+from lengthwise.train.config import check_positive
 
 __all__ = ["PrepareConfig", "PrepareCounts", "prepare_chats", "shard_name"]
 
@@ -71,10 +72,7 @@ class PrepareConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("min_supervised", "shard_rows", "max_new_tokens", "batch_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        check_positive(self, "min_supervised", "shard_rows", "max_new_tokens", "batch_size")
         if self.max_len is not None and (not isinstance(self.max_len, int) or self.max_len < 2):
             raise ConfigError(f"max_len must be an integer >= 2, got {self.max_len!r}")
         if self.backend not in ("auto", "hf", "vllm"):
