@@ -25,6 +25,7 @@ from lengthwise.train import (  # noqa: E402
 from lengthwise.train.checkpoint import CheckpointError, CorruptCheckpointError  # noqa: E402
 from lengthwise.train.checkpoint import torch_backend as ckpt_module  # noqa: E402
 from lengthwise.train.checkpoint.checkpointer import SharedCheckpointers  # noqa: E402
+from lengthwise.train.checkpoint.integrity import file_digests  # noqa: E402
 
 CRASH_WORKER = Path(__file__).with_name("_crash_worker.py")
 BACKENDS = [pytest.param(False, id="torch-save"), pytest.param(True, id="dcp")]
@@ -371,14 +372,10 @@ def test_a_damaged_file_is_named(tmp_path, use_dcp, damage):
 
 @pytest.mark.parametrize("use_dcp", BACKENDS)
 @pytest.mark.parametrize("damage", ["flip", "truncate", "garbage"])
-def test_unreadable_files_without_checksums_name_the_path(tmp_path, use_dcp, damage):
-    """Checkpoints written before checksums: a broken file still gets a clear error."""
+def test_unreadable_files_with_matching_checksums_name_the_path(tmp_path, use_dcp, damage):
+    """A file damaged before it was hashed (its checksum matches): still a clear error."""
     _two_checkpoints(tmp_path, use_dcp)
     folder = tmp_path / "step_2"
-    manifest = json.loads((folder / "COMPLETE").read_text())
-    del manifest["files"]
-    manifest["version"] = 1
-    (folder / "COMPLETE").write_text(json.dumps(manifest))
     bad = _biggest_file(folder) if not use_dcp else folder / ".metadata"
     if damage == "flip":
         _flip(bad, count=min(40, bad.stat().st_size // 4))
@@ -386,6 +383,9 @@ def test_unreadable_files_without_checksums_name_the_path(tmp_path, use_dcp, dam
         bad.write_bytes(bad.read_bytes()[:20])
     else:
         bad.write_bytes(bytes(range(256)) * 4)
+    manifest = json.loads((folder / "COMPLETE").read_text())
+    manifest["files"] = file_digests(folder, skip=("COMPLETE",))
+    (folder / "COMPLETE").write_text(json.dumps(manifest))
     model = torch.nn.Linear(64, 64)
     try:
         load_checkpoint(folder, model=model)

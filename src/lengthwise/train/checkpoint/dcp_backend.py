@@ -3,13 +3,16 @@
 ``async_save`` stages each rank's shard into CPU memory (the only part that
 blocks the loop) and a background thread writes it. Sharded models (FSDP,
 DTensor) save and load through ``get_model_state_dict``/``get_optimizer_state_dict``.
-Every rank's RNG and sampler state is kept as ``aux_rank<r>``. Without a process
-group it runs in one process (``no_dist``).
+Every rank's RNG and sampler state is kept as ``aux_rank<r>``, JSON text (see
+:mod:`~lengthwise.train.checkpoint.state_json`). Without a process group it runs in
+one process (``no_dist``). Loading reads through
+:mod:`~lengthwise.train.checkpoint.dcp_read`, which runs nothing from the folder.
 
 Example::
 
     >>> import tempfile
     >>> from lengthwise.train.checkpoint.state import TrainingState
+from lengthwise.train.checkpoint.state_json import from_json
     >>> tmp = Path(tempfile.mkdtemp()) / "step_1.tmp"
     >>> future = save_dcp(TrainingState(1, torch.nn.Linear(1, 1)), tmp, None, None,
     ...                   finish=lambda manifest: tmp, failed=print)
@@ -19,7 +22,6 @@ Example::
 
 from __future__ import annotations
 
-import pickle
 import warnings
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -32,6 +34,7 @@ from lengthwise.pytorch.dist import GroupInfo, group_info
 from lengthwise.train.checkpoint.errors import CheckpointError, CorruptCheckpointError
 from lengthwise.train.checkpoint.layout import new_manifest
 from lengthwise.train.checkpoint.state import TrainingState
+from lengthwise.train.checkpoint.state_json import from_json
 
 _NO_DIST_NOTICE = "torch.distributed is disabled, unavailable or uninitialized, assuming"
 
@@ -102,7 +105,7 @@ def save_dcp(state: TrainingState, tmp: Path, info: GroupInfo | None,
 
 def load_dcp(path: Path, manifest: dict[str, Any], model: torch.nn.Module, optimizer: Any,
              strict: bool, process_group: Any) -> dict[str, Any]:
-    """Load the model (and optimizer) from ``path``; return this rank's unpickled aux state.
+    """Load the model (and optimizer) from ``path``; return this rank's aux state (from JSON).
 
     A rank the checkpoint has no state for (saved by fewer ranks) takes rank 0's, with a
     warning. An optimizer saved before its first step gets its hyper-parameters back.
@@ -116,6 +119,19 @@ def load_dcp(path: Path, manifest: dict[str, Any], model: torch.nn.Module, optim
         set_optimizer_state_dict,
     )
 
+    from lengthwise.train.checkpoint.dcp_read import (
+        SafeLoadPlanner,
+        SafeReader,
+        check_metadata,
+        check_torch,
+    )
+
+    check_torch()
+    index = path / ".metadata"
+    try:
+        check_metadata(index.read_bytes(), index)
+    except OSError as exc:
+        raise CorruptCheckpointError(f"{index} cannot be read: {exc}") from exc
     info = group_info(process_group)
     rank = info.rank if info is not None else 0
     saved_world = int(manifest.get("world_size", 1))
@@ -126,18 +142,24 @@ def load_dcp(path: Path, manifest: dict[str, Any], model: torch.nn.Module, optim
             stacklevel=3,
         )
     aux_key = f"aux_rank{rank if rank < saved_world else 0}"
-    state: dict[str, Any] = {"model": get_model_state_dict(model), aux_key: b""}
+    state: dict[str, Any] = {"model": get_model_state_dict(model), aux_key: ""}
     load_optimizer_state = optimizer is not None and manifest.get("has_optimizer_state", False)
     if load_optimizer_state:
         state["optimizer"] = get_optimizer_state_dict(model, optimizer)
+    planner = SafeLoadPlanner()
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=_NO_DIST_NOTICE, category=UserWarning)
-            dcp.load(state, **_target(path, info, process_group))
-        aux = pickle.loads(state[aux_key])
+            dcp.load(state, storage_reader=SafeReader(path), planner=planner,
+                     **_target(path, info, process_group))
     except BaseException as exc:  # dcp wraps readers' errors in a BaseException subclass
         if isinstance(exc, CheckpointError | KeyboardInterrupt | SystemExit):
             raise
+        if planner.refused is not None:
+            raise CorruptCheckpointError(
+                f"{path}: the value {planner.refused} holds objects other than tensors and "
+                "plain data; it is refused, not loaded (loading such objects can run code)"
+            ) from None
         if "files" in manifest:  # the files passed their checksums: the objects do not fit
             raise CheckpointError(
                 f"{path} (its files are intact) could not be loaded into the given model or "
@@ -146,6 +168,14 @@ def load_dcp(path: Path, manifest: dict[str, Any], model: torch.nn.Module, optim
         raise CorruptCheckpointError(
             f"{path} cannot be read as a distributed checkpoint (a damaged file, or a model "
             f"that does not match it): {type(exc).__name__}: {exc}"
+        ) from exc
+    try:
+        if not isinstance(state[aux_key], str):
+            raise TypeError(f"it is a {type(state[aux_key]).__name__}, not JSON text")
+        aux = from_json(state[aux_key])
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        raise CorruptCheckpointError(
+            f"{path}: the training state {aux_key} cannot be read: {type(exc).__name__}: {exc}"
         ) from exc
     options = StateDictOptions(strict=strict)
     set_model_state_dict(model, state["model"], options=options)

@@ -8,13 +8,16 @@ Example::
     True
     >>> issubclass(CheckpointLockedError, CheckpointError)
     True
+    >>> issubclass(LegacyCheckpointError, CheckpointError)
+    True
 """
 
 from __future__ import annotations
 
 from lengthwise.errors import LengthwiseError
 
-__all__ = ["CheckpointError", "CheckpointLockedError", "CorruptCheckpointError"]
+__all__ = ["CheckpointError", "CheckpointLockedError", "CorruptCheckpointError",
+           "LegacyCheckpointError"]
 
 
 class CheckpointError(LengthwiseError, RuntimeError):
@@ -27,3 +30,7 @@ class CorruptCheckpointError(CheckpointError):
 
 class CheckpointLockedError(CheckpointError):
     """Another checkpointer is writing into the same checkpoint folder."""
+
+
+class LegacyCheckpointError(CheckpointError):
+    """A checkpoint in the old format, whose state is a pickle: refused, not loaded."""

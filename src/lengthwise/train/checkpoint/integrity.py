@@ -64,22 +64,29 @@ def file_digests(folder: Path, skip: tuple[str, ...] = ()) -> dict[str, dict[str
     return found
 
 
-def verify_files(folder: Path, manifest: dict[str, Any]) -> None:
-    """Raise :class:`CorruptCheckpointError` unless every file the manifest lists is intact.
+def verify_files(folder: Path, manifest: dict[str, Any], skip: tuple[str, ...] = ()) -> None:
+    """Raise :class:`CorruptCheckpointError` unless every file of ``folder`` is listed and intact.
 
-    A manifest without ``files`` (written before checksums existed) is not checked.
+    The manifest must list files (``{"files": {name: {"bytes", "sha256"}}}``): one
+    without is refused, and so is a file in the folder it does not list (but ``skip``,
+    the manifest itself), a listed name that is not a plain path inside the folder, and
+    a listed file that is missing, of another size or another SHA-256.
     """
     files = manifest.get("files")
-    if files is None:
-        return
-    if not isinstance(files, dict):
-        raise CorruptCheckpointError(f"{folder}: the manifest's file list is damaged")
+    if not isinstance(files, dict) or not files:
+        raise CorruptCheckpointError(
+            f"{folder}: the manifest lists no files with checksums; a checkpoint whose files "
+            "cannot be checked is not loaded")
     for name, expected in files.items():
+        parts = Path(name).parts if isinstance(name, str) else ()
+        if not parts or Path(name).is_absolute() or ".." in parts or "\\" in name:
+            raise CorruptCheckpointError(
+                f"{folder}: the manifest lists {name!r}, which is not a file inside the folder")
         path = folder / name
-        try:
-            size = path.stat().st_size
-        except OSError:
-            raise CorruptCheckpointError(f"{folder}: {name} is missing") from None
+        if (path.is_symlink() or not path.is_file()
+                or not path.resolve().is_relative_to(folder.resolve())):
+            raise CorruptCheckpointError(f"{folder}: {name} is missing or not a plain file")
+        size = path.stat().st_size
         try:
             want_size, want_hash = int(expected["bytes"]), str(expected["sha256"])
         except (KeyError, TypeError, ValueError):
@@ -98,3 +105,8 @@ def verify_files(folder: Path, manifest: dict[str, Any]) -> None:
             raise CorruptCheckpointError(
                 f"{folder}: {name} does not match its checksum (the file is corrupt)"
             )
+    for path in sorted(folder.rglob("*")):
+        name = path.relative_to(folder).as_posix()
+        if name not in files and name not in skip and (path.is_symlink() or not path.is_dir()):
+            raise CorruptCheckpointError(
+                f"{folder}: {name} is not listed in the manifest (a file added after the save)")

@@ -21,13 +21,19 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from lengthwise.train.checkpoint.errors import CorruptCheckpointError
+from lengthwise.train.checkpoint.errors import (
+    CheckpointError,
+    CorruptCheckpointError,
+    LegacyCheckpointError,
+)
 from lengthwise.train.checkpoint.integrity import verify_files
 
 __all__ = ["latest_checkpoint", "list_checkpoints"]
 
 MANIFEST = "COMPLETE"
 FORMAT = "lengthwise-checkpoint"
+#: the format version written: 3 keeps the training state as JSON (versions 1 and 2 pickled it)
+VERSION = 3
 STEP_DIR = re.compile(r"^step_(\d+)$")
 TMP_DIR = re.compile(r"^step_(\d+)\.tmp$")
 
@@ -53,7 +59,7 @@ def new_manifest(step: int, backend: str, world_size: int, has_optimizer_state: 
         'lengthwise-checkpoint'
     """
     return {
-        "format": FORMAT, "version": 2, "step": step, "backend": backend,
+        "format": FORMAT, "version": VERSION, "step": step, "backend": backend,
         "world_size": world_size, "time": time.time(),
         "has_optimizer_state": has_optimizer_state, "contents": contents,
     }
@@ -74,6 +80,41 @@ def read_manifest(path: Path) -> dict[str, Any] | None:
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         return None
     return manifest
+
+
+def is_legacy(manifest: dict[str, Any]) -> bool:
+    """Whether a manifest is of the old format (versions 1 and 2), whose state is a pickle.
+
+    Example::
+
+        >>> is_legacy({"version": 2}), is_legacy({"version": VERSION})
+        (True, False)
+    """
+    version = manifest.get("version", 1)
+    return isinstance(version, int) and not isinstance(version, bool) and version < VERSION
+
+
+def check_format(path: Path, manifest: dict[str, Any]) -> None:
+    """Refuse a checkpoint of another format version; an old one with how to convert it.
+
+    Example::
+
+        >>> try:
+        ...     check_format(Path("step_3"), {"version": 2})
+        ... except LegacyCheckpointError as exc:
+        ...     print(str(exc).split(": ")[-1])
+        lengthwise checkpoint convert step_3 --trust-legacy-checkpoint
+    """
+    version = manifest.get("version", 1)
+    if is_legacy(manifest):
+        raise LegacyCheckpointError(
+            f"{path} is a checkpoint of an older lengthwise (format version {version}) whose "
+            "training state is a Python pickle, which can run code when read; it is not loaded"
+            f"; if you wrote it, convert it once: lengthwise checkpoint convert {path} "
+            "--trust-legacy-checkpoint")
+    if version != VERSION:
+        raise CheckpointError(f"{path}: checkpoint format version {version!r} is not one this "
+                              f"lengthwise reads ({VERSION}); use the version that wrote it")
 
 
 def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
@@ -118,10 +159,12 @@ def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
             marked.append((int(match.group(1)), child))
     for _, path in sorted(marked, reverse=True):
         manifest = read_manifest(path)
+        if manifest is not None and is_legacy(manifest):
+            return path  # complete; loading it says how to convert it
         try:
             if manifest is None:
                 raise CorruptCheckpointError(f"{path / MANIFEST} is damaged")
-            verify_files(path, manifest)
+            verify_files(path, manifest, skip=(MANIFEST,))
         except CorruptCheckpointError as exc:
             warnings.warn(f"skipping a corrupt checkpoint: {exc}", UserWarning, stacklevel=2)
             continue
@@ -145,7 +188,7 @@ def previous_good(path: Path) -> str:
         if older == path or (step is not None and older_step >= step):
             continue
         try:
-            verify_files(older, read_manifest(older) or {})
+            verify_files(older, read_manifest(older) or {}, skip=(MANIFEST,))
         except CorruptCheckpointError:
             continue
         return f"the previous good checkpoint is step {older_step} ({older})"
@@ -161,7 +204,7 @@ def check_files(path: Path, manifest: dict[str, Any]) -> None:
         >>> check_files(Path(tempfile.mkdtemp()), {"files": {}})
     """
     try:
-        verify_files(path, manifest)
+        verify_files(path, manifest, skip=(MANIFEST,))
     except CorruptCheckpointError as exc:
         raise CorruptCheckpointError(f"{exc}; {previous_good(path)}") from None
 
@@ -196,6 +239,8 @@ def resolve_checkpoint(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
             )
         path, manifest = latest, read_manifest(latest)
         assert manifest is not None
+        check_format(path, manifest)
         return path, manifest
+    check_format(path, manifest)
     check_files(path, manifest)
     return path, manifest

@@ -3,14 +3,14 @@
 Example::
 
     >>> import torch
+    >>> from lengthwise.train.checkpoint.state_json import from_json
     >>> saved = TrainingState(3, torch.nn.Linear(1, 1), extra={"note": "hi"})
-    >>> saved.contents(), pickle.loads(saved.aux(param_groups_only=False))["extra"]
+    >>> saved.contents(), from_json(saved.aux(param_groups_only=False))["extra"]
     (['model'], {'note': 'hi'})
 """
 
 from __future__ import annotations
 
-import pickle
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lengthwise.errors import ConfigError
+from lengthwise.train.checkpoint.state_json import to_json
 
 
 def rng_state() -> dict[str, Any]:
@@ -88,32 +88,6 @@ def check_stateful(name: str, obj: Any) -> None:
         raise TypeError(f"{name} must have state_dict() and load_state_dict(), got {type(obj)}")
 
 
-def unpicklable_part(obj: Any, where: str = "") -> str | None:
-    """The path (``extra['cb']``) of the first part of ``obj`` that pickle cannot save, or None.
-
-    Example::
-
-        >>> import threading
-        >>> unpicklable_part({"extra": {"ok": 1, "lock": threading.Lock()}})
-        "extra['lock']"
-    """
-    if isinstance(obj, dict):
-        items = [(f"{where}[{k!r}]" if where else str(k), v) for k, v in obj.items()]
-    elif isinstance(obj, list | tuple):
-        items = [(f"{where}[{i}]", v) for i, v in enumerate(obj)]
-    else:
-        items = []
-    for path, value in items:
-        found = unpicklable_part(value, path)
-        if found is not None:
-            return found
-    try:
-        pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:
-        return where or None
-    return None
-
-
 @dataclass(frozen=True)
 class TrainingState:
     """The objects one checkpoint saves: the step, the model and the optional stateful ones."""
@@ -132,11 +106,13 @@ class TrainingState:
                                                    ("sampler", self.sampler))
                             if obj is not None]
 
-    def aux(self, *, param_groups_only: bool) -> bytes:
-        """Everything but the model's and optimizer's tensors, pickled.
+    def aux(self, *, param_groups_only: bool) -> str:
+        """Everything but the model's and optimizer's tensors, as JSON text.
 
         Step, extra, RNG, scheduler and sampler states; with ``param_groups_only``
         also the optimizer's hyper-parameters (for an optimizer that has no state yet).
+        A part that is not plain data raises :class:`~lengthwise.errors.ConfigError`
+        naming it (see :mod:`~lengthwise.train.checkpoint.state_json`).
         """
         aux = {
             "step": self.step,
@@ -148,10 +124,4 @@ class TrainingState:
                 self.optimizer.state_dict()["param_groups"] if param_groups_only else None
             ),
         }
-        aux = cpu_copy(aux)
-        try:
-            return pickle.dumps(aux, protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as exc:  # name what cannot be saved, at the save() call
-            where = unpicklable_part(aux) or "the checkpoint state"
-            raise ConfigError(f"{where} cannot be saved in a checkpoint: {type(exc).__name__}: "
-                            f"{exc} (checkpoints are pickles; keep extra to plain data)") from exc
+        return to_json(aux)

@@ -1,6 +1,9 @@
 """The single-process backend: state copied to CPU memory, written by a thread with ``torch.save``.
 
-The checkpoint folder holds one file, ``state.pt``.
+The checkpoint folder holds one file, ``state.pt``: the model's and optimizer's state
+dicts and ``aux_rank0``, the rest of the training state as JSON text (see
+:mod:`~lengthwise.train.checkpoint.state_json`). It is read with
+``torch.load(weights_only=True)``, which builds tensors and plain containers only.
 
 Example::
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
+import warnings
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -30,6 +34,7 @@ import torch
 from lengthwise.train.checkpoint.errors import CorruptCheckpointError
 from lengthwise.train.checkpoint.layout import new_manifest
 from lengthwise.train.checkpoint.state import TrainingState, cpu_copy
+from lengthwise.train.checkpoint.state_json import from_json
 
 TORCH_FILE = "state.pt"
 
@@ -73,17 +78,46 @@ def save_torch(state: TrainingState, tmp: Path, executor: ThreadPoolExecutor,
 
 def load_torch(path: Path, model: torch.nn.Module, optimizer: Any, strict: bool,
                map_location: Any) -> dict[str, Any]:
-    """Load the model (and optimizer) from ``path``; return the unpickled aux state."""
+    """Load the model (and optimizer) from ``path``; return the aux state (read from JSON).
+
+    ``state.pt`` is read with ``torch.load(weights_only=True)``: a file holding
+    anything but tensors and plain containers is refused, nothing in it runs.
+    """
     file = path / TORCH_FILE
     try:
-        state = torch.load(file, map_location=map_location, weights_only=False)
-        aux = pickle.loads(state["aux_rank0"])
-    except (OSError, EOFError, ValueError, RuntimeError, KeyError, TypeError,
-            pickle.UnpicklingError, AttributeError, ImportError) as exc:
+        with warnings.catch_warnings():  # a refused file may warn of its pickle protocol
+            warnings.simplefilter("ignore", UserWarning)
+            state = torch.load(file, map_location=map_location, weights_only=True)
+        text = state["aux_rank0"]
+        if not isinstance(text, str):
+            raise TypeError(f"its training state is a {type(text).__name__}, not JSON text")
+        aux = from_json(text)
+        model_state = state["model"]
+        optimizer_state = state["optimizer"] if optimizer is not None else None
+    except pickle.UnpicklingError as exc:
         raise CorruptCheckpointError(
-            f"{file} cannot be read as a checkpoint: {type(exc).__name__}: {exc}"
-        ) from exc
-    model.load_state_dict(state["model"], strict=strict)
+            f"{file} holds objects other than tensors and plain data; it is refused, not "
+            f"loaded (loading such objects can run code){_refusal(exc)}") from None
+    except (OSError, EOFError, ValueError, RuntimeError, KeyError, TypeError,
+            IndexError) as exc:
+        raise CorruptCheckpointError(
+            f"{file} cannot be read as a checkpoint: {type(exc).__name__}: "
+            f"{_first_line(exc)}") from exc
+    model.load_state_dict(model_state, strict=strict)
     if optimizer is not None:
-        optimizer.load_state_dict(state["optimizer"])
+        optimizer.load_state_dict(optimizer_state)
     return aux
+
+
+def _refusal(exc: BaseException) -> str:
+    """What ``torch.load(weights_only=True)`` refused (its own advice left out), or ``""``."""
+    for line in str(exc).splitlines():
+        if "Unsupported" in line or "GLOBAL" in line:
+            return f": {line.strip()}"
+    return ""
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of an error's message (``torch.load``'s refusals run to a page)."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else ""
