@@ -78,6 +78,25 @@ class PreparedChats:
         return {"input_ids": ids, "labels": np.where(mask > 0, ids, IGNORE)}
 
 
+def _shard_path(folder: Path, name: object) -> Path:
+    """The shard ``name`` of ``prepare.json``: a plain file name that stays inside ``folder``.
+
+    Example::
+
+        >>> _shard_path(Path("prep"), "shard_00000.parquet").as_posix()
+        'prep/shard_00000.parquet'
+    """
+    if (not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name
+            or "\\" in name):
+        raise DataError(f"--data {folder}: prepare.json names the shard {name!r}, which is not "
+                        "a file name inside the folder; refused")
+    path = folder / name
+    if path.is_symlink() and not path.resolve().is_relative_to(folder.resolve()):
+        raise DataError(f"--data {folder}: the shard {name} is a link to "
+                        f"{path.resolve()}, outside the folder; refused")
+    return path
+
+
 def open_prepared(folder: str | Path) -> PreparedChats:
     """The prepared data set in ``folder``; a :class:`DataError` names what is missing or off."""
     import pyarrow.parquet as pq
@@ -89,7 +108,7 @@ def open_prepared(folder: str | Path) -> PreparedChats:
                         "`lengthwise dflash prepare`, or that run did not finish)")
     try:
         info = json.loads(meta_path.read_text(encoding="utf-8"))
-        shards = [folder / name for name in info["shards"]]
+        shards = [_shard_path(folder, name) for name in info["shards"]]
     except (json.JSONDecodeError, KeyError, TypeError) as exc:
         raise DataError(f"{meta_path}: not a prepare record ({exc})") from None
     chunks: list[tuple[Any, ...]] = []
@@ -111,7 +130,11 @@ def open_prepared(folder: str | Path) -> PreparedChats:
     lengths_path = folder / "lengths.npy"
     if not lengths_path.is_file():
         raise DataError(f"--data {folder}: lengths.npy is missing")
-    lengths = np.load(lengths_path, mmap_mode="r")
+    try:
+        lengths = np.load(lengths_path, mmap_mode="r")  # never unpickles (allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise DataError(f"{lengths_path}: not an array of lengths ({exc}); prepare the "
+                        "folder again") from None
     if lengths.ndim != 1 or lengths.size != rows:
         raise DataError(f"{lengths_path}: {lengths.size} lengths for {rows} samples in the "
                         "shards; prepare the folder again")

@@ -31,7 +31,13 @@ drops it when the process dies); a second writer meets :class:`CheckpointLockedE
 naming the folder and the holder, so two runs never overwrite or prune each other's
 steps.
 
-Checkpoints are pickles: load only files you wrote.
+Nothing in a checkpoint folder runs when it is loaded: the tensors are read with
+``torch.load(weights_only=True)`` (the index of a distributed checkpoint by an
+unpickler that builds only its own classes), the rest of the training state is JSON
+(:mod:`~lengthwise.train.checkpoint.state_json`), and every file must be listed in
+the manifest with its checksum. Checkpoints of the old format (versions 1 and 2,
+whose state was a pickle) are refused with :class:`LegacyCheckpointError`;
+:func:`convert_legacy_checkpoint` (``lengthwise checkpoint convert``) rewrites them.
 
 Modules: :mod:`~lengthwise.train.checkpoint.checkpointer` (:class:`Checkpointer`,
 :func:`save_checkpoint`), :mod:`~lengthwise.train.checkpoint.load`
@@ -40,9 +46,12 @@ manifest, :func:`list_checkpoints`, :func:`latest_checkpoint`),
 :mod:`~lengthwise.train.checkpoint.atomic` (publishing and pruning folders),
 :mod:`~lengthwise.train.checkpoint.integrity` (per-file checksums),
 :mod:`~lengthwise.train.checkpoint.lock` (one writer per folder),
-:mod:`~lengthwise.train.checkpoint.state` (RNG, scheduler and sampler states), the
-backends :mod:`~lengthwise.train.checkpoint.torch_backend` and
-:mod:`~lengthwise.train.checkpoint.dcp_backend`, and
+:mod:`~lengthwise.train.checkpoint.state` (RNG, scheduler and sampler states),
+:mod:`~lengthwise.train.checkpoint.state_json` (that state as JSON), the backends
+:mod:`~lengthwise.train.checkpoint.torch_backend` and
+:mod:`~lengthwise.train.checkpoint.dcp_backend` (read through
+:mod:`~lengthwise.train.checkpoint.dcp_read`),
+:mod:`~lengthwise.train.checkpoint.legacy` (converting the old format), and
 :mod:`~lengthwise.train.checkpoint.pending` (:class:`PendingSave`).
 
 Example::
@@ -68,10 +77,12 @@ from lengthwise.train.checkpoint.errors import (
     CheckpointError,
     CheckpointLockedError,
     CorruptCheckpointError,
+    LegacyCheckpointError,
 )
 from lengthwise.train.checkpoint.layout import FORMAT as FORMAT
 from lengthwise.train.checkpoint.layout import MANIFEST as MANIFEST
 from lengthwise.train.checkpoint.layout import latest_checkpoint, list_checkpoints
+from lengthwise.train.checkpoint.legacy import convert_legacy_checkpoint
 from lengthwise.train.checkpoint.load import load_checkpoint
 from lengthwise.train.checkpoint.pending import PendingSave
 
@@ -80,9 +91,11 @@ __all__ = [
     "CheckpointError",
     "CheckpointLockedError",
     "CorruptCheckpointError",
+    "LegacyCheckpointError",
     "PendingSave",
     "save_checkpoint",
     "load_checkpoint",
     "latest_checkpoint",
     "list_checkpoints",
+    "convert_legacy_checkpoint",
 ]

@@ -36,7 +36,13 @@ def _write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
 
 
 def remove_tree(path: Path) -> None:
-    """Remove a checkpoint folder, its manifest first so it stops counting as complete."""
+    """Remove a checkpoint folder, its manifest first so it stops counting as complete.
+
+    A link is removed itself: the folder it points to, maybe outside the run, is kept.
+    """
+    if path.is_symlink():
+        path.unlink()
+        return
     (path / MANIFEST).unlink(missing_ok=True)  # first stop it counting as complete
     shutil.rmtree(path, ignore_errors=True)
 

@@ -12,7 +12,6 @@ Example::
 
     >>> import tempfile
     >>> from lengthwise.train.checkpoint.state import TrainingState
-from lengthwise.train.checkpoint.state_json import from_json
     >>> tmp = Path(tempfile.mkdtemp()) / "step_1.tmp"
     >>> future = save_dcp(TrainingState(1, torch.nn.Linear(1, 1)), tmp, None, None,
     ...                   finish=lambda manifest: tmp, failed=print)

@@ -101,11 +101,8 @@ class SafeReader(FileSystemReader):
         return super().read_metadata(*args, **kwargs)
 
 
-class SafeLoadPlanner(DefaultLoadPlanner):
-    """A ``DefaultLoadPlanner`` that reads non-tensor values with ``weights_only=True``.
-
-    ``refused`` names a value that held anything else (then the load fails).
-    """
+class _SafeBytes:
+    """``load_bytes`` with ``weights_only=True``; ``refused`` names a value that held more."""
 
     refused: str | None = None
 
@@ -118,7 +115,15 @@ class SafeLoadPlanner(DefaultLoadPlanner):
         except pickle.UnpicklingError:
             self.refused = fqn
             raise
-        if self.flatten_state_dict:
-            set_element(self.original_state_dict, self.mappings[fqn], obj)
+        if self.flatten_state_dict:  # type: ignore[attr-defined]
+            set_element(self.original_state_dict,  # type: ignore[attr-defined]
+                        self.mappings[fqn], obj)  # type: ignore[attr-defined]
         else:
-            self.state_dict[fqn] = obj
+            self.state_dict[fqn] = obj  # type: ignore[attr-defined]
+
+
+class SafeLoadPlanner(_SafeBytes, DefaultLoadPlanner):
+    """A ``DefaultLoadPlanner`` that reads non-tensor values with ``weights_only=True``.
+
+    ``refused`` names a value that held anything else (then the load fails).
+    """

@@ -201,7 +201,10 @@ def check_files(path: Path, manifest: dict[str, Any]) -> None:
     Example::
 
         >>> import tempfile
-        >>> check_files(Path(tempfile.mkdtemp()), {"files": {}})
+        >>> from lengthwise.train.checkpoint.integrity import file_digests
+        >>> folder = Path(tempfile.mkdtemp())
+        >>> _ = (folder / "state.pt").write_bytes(b"weights")
+        >>> check_files(folder, {"files": file_digests(folder)})
     """
     try:
         verify_files(path, manifest, skip=(MANIFEST,))

@@ -1,0 +1,132 @@
+"""A run folder is data: export, eval and resume never run code from a forged checkpoint."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import shutil
+
+import pytest
+from _chat_tiny import conversations, save_target, write_jsonl
+
+from lengthwise.cli import main
+
+torch = pytest.importorskip("torch")
+
+
+class Payload:
+    """Unpickling this runs ``os.system("touch MARKER")``."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A prepared folder and a real 2-step ``dflash train`` run with a checkpoint per step."""
+    from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
+
+    root = tmp_path_factory.mktemp("secrun")
+    target = save_target(root / "target")
+    chats = write_jsonl(root / "chats.jsonl", conversations(24))
+    prepare_chats(chats, target, root / "prepared",
+                  PrepareConfig(min_supervised=16, shard_rows=16, progress=False))
+    args = _train_args(target, root / "prepared", root / "run", steps=2)
+    assert main(args) == 0
+    return target, root / "prepared", root / "run"
+
+
+def _train_args(target, data, out, *, steps):
+    return ["dflash", "train", "--target", str(target), "--data", str(data), "--out", str(out),
+            "--steps", str(steps), "--max-tokens", "256", "--draft-layers", "1", "--block-size",
+            "4", "--num-anchors", "4", "--eval-samples", "2", "--eval-every", "0",
+            "--checkpoint-every", "1", "--keep-checkpoints", "3", "--lr", "1e-2",
+            "--no-progress"]
+
+
+def _forge(run, dst, marker, *, inner=False, files=True):
+    """A copy of ``run`` whose newest ``state.pt`` unpickles the payload; the manifest matches."""
+    shutil.copytree(run, dst)
+    step = dst / "checkpoints" / "step_2"
+    if inner:  # a real state dict whose training state is a pickle holding the payload
+        state = torch.load(step / "state.pt", weights_only=True)
+        state["aux_rank0"] = pickle.dumps(Payload(marker))
+        torch.save(state, step / "state.pt")
+    else:
+        (step / "state.pt").write_bytes(pickle.dumps(Payload(marker)))
+    manifest = json.loads((step / "COMPLETE").read_text())
+    if files:
+        data = (step / "state.pt").read_bytes()
+        manifest["files"]["state.pt"] = {"bytes": len(data),
+                                         "sha256": hashlib.sha256(data).hexdigest()}
+    else:
+        del manifest["files"]
+    (step / "COMPLETE").write_text(json.dumps(manifest))
+    return dst
+
+
+def _one_line(capsys):
+    """The command's one error line (progress bars of transformers aside), no traceback."""
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("lengthwise dflash")
+             and ": error: " in line]
+    assert len(lines) == 1 and "Traceback" not in err, err[-2000:]
+    return lines[0]
+
+
+@pytest.mark.parametrize("inner", [False, True], ids=["whole-file", "training-state"])
+def test_export_eval_and_resume_refuse_a_forged_state_and_run_nothing(run, tmp_path, capsys,
+                                                                     inner):
+    target, data, good = run
+    marker = tmp_path / "MARKER"
+    forged = _forge(good, tmp_path / "forged", marker, inner=inner)
+    said = ("holds objects other than tensors and plain data" if not inner
+            else "its training state is a bytes, not JSON text")
+
+    assert main(["dflash", "export", str(forged), str(tmp_path / "out")]) == 2
+    line = _one_line(capsys)
+    assert not marker.exists() and said in line
+
+    assert main(["dflash", "eval", "--target", str(forged / "target"), "--draft", str(forged),
+                 "--max-new-tokens", "4", "--limit", "1", "--temperatures", "0"]) == 2
+    line = _one_line(capsys)
+    assert not marker.exists() and said in line
+
+    assert main([*_train_args(target, data, forged, steps=3), "--resume"]) == 2
+    line = _one_line(capsys)
+    assert not marker.exists() and "step_2/state.pt" in line and said in line
+
+
+def test_a_manifest_without_files_is_refused(run, tmp_path, capsys):
+    _, _, good = run
+    marker = tmp_path / "MARKER"
+    forged = _forge(good, tmp_path / "forged", marker, files=False)
+    assert main(["dflash", "export", str(forged / "checkpoints" / "step_2"),
+                 str(tmp_path / "out")]) == 2
+    line = _one_line(capsys)
+    assert not marker.exists() and "the manifest lists no files with checksums" in line
+    # the run's newest checkpoint that verifies is used instead, with a warning naming step 2
+    with pytest.warns(UserWarning, match=r"step_2: the manifest lists no files"):
+        assert main(["dflash", "export", str(forged), str(tmp_path / "out")]) == 0
+    assert json.loads((tmp_path / "out" / "config.json").read_text())
+    assert not marker.exists()
+
+
+def test_a_round_trip_still_exports_and_resumes(run, tmp_path, capsys):
+    target, data, good = run
+    resumed = tmp_path / "resumed"
+    shutil.copytree(good, resumed)
+    shutil.rmtree(resumed / "checkpoints" / "step_2")
+    (resumed / "train_log.jsonl").unlink()
+    assert main([*_train_args(target, data, resumed, steps=2), "--resume"]) == 0
+    capsys.readouterr()
+    full = [json.loads(line) for line in (good / "train_log.jsonl").read_text().splitlines()]
+    again = [json.loads(line) for line in (resumed / "train_log.jsonl").read_text().splitlines()]
+    loss = {r["step"]: r["loss"] for r in full if "event" not in r}
+    assert [(r["step"], r["loss"]) for r in again if "event" not in r] == [(2, loss[2])]
+    assert main(["dflash", "export", str(resumed), str(tmp_path / "out")]) == 0
