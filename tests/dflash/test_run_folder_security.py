@@ -130,3 +130,45 @@ def test_a_round_trip_still_exports_and_resumes(run, tmp_path, capsys):
     loss = {r["step"]: r["loss"] for r in full if "event" not in r}
     assert [(r["step"], r["loss"]) for r in again if "event" not in r] == [(2, loss[2])]
     assert main(["dflash", "export", str(resumed), str(tmp_path / "out")]) == 0
+
+
+@pytest.mark.parametrize("name", ["../x.parquet", "/etc/hostname", "sub/../../x.parquet",
+                                  "link.parquet", 3])
+def test_a_shard_name_that_leaves_the_data_folder_is_refused_by_name(run, tmp_path, name):
+    from lengthwise.dflash.prepared import open_prepared
+    from lengthwise.errors import DataError
+
+    _, data, _ = run
+    copy = tmp_path / "prepared"
+    shutil.copytree(data, copy)
+    info = json.loads((copy / "prepare.json").read_text())
+    first = copy / info["shards"][0]
+    if name == "link.parquet":  # a link to a shard outside the folder
+        outside = tmp_path / "outside.parquet"
+        shutil.copy(first, outside)
+        (copy / name).symlink_to(outside)
+    else:
+        shutil.copy(first, tmp_path / "x.parquet")
+    info["shards"][0] = name
+    (copy / "prepare.json").write_text(json.dumps(info))
+    with pytest.raises(DataError, match=rf"--data {copy}: .*{name}.*refused"):
+        open_prepared(copy)
+
+
+def test_a_lengths_file_of_python_objects_is_refused_not_unpickled(run, tmp_path):
+    import numpy as np
+
+    from lengthwise.dflash.prepared import open_prepared
+    from lengthwise.errors import DataError
+
+    _, data, _ = run
+    copy = tmp_path / "prepared"
+    shutil.copytree(data, copy)
+    marker = tmp_path / "MARKER"
+    n = int(np.load(copy / "lengths.npy").size)
+    lengths = np.empty(n, dtype=object)
+    lengths[0] = Payload(marker)
+    np.save(copy / "lengths.npy", lengths, allow_pickle=True)
+    with pytest.raises(DataError, match="lengths.npy: not an array of lengths"):
+        open_prepared(copy)
+    assert not marker.exists()
