@@ -28,16 +28,14 @@ class Payload:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """A prepared folder and a real 2-step ``dflash train`` run with a checkpoint per step."""
-    from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
-
+    """A target, a ``dflash prepare`` folder and a 2-step ``dflash train`` run, all by the CLI."""
     root = tmp_path_factory.mktemp("secrun")
     target = save_target(root / "target")
     chats = write_jsonl(root / "chats.jsonl", conversations(24))
-    prepare_chats(chats, target, root / "prepared",
-                  PrepareConfig(min_supervised=16, shard_rows=16, progress=False))
-    args = _train_args(target, root / "prepared", root / "run", steps=2)
-    assert main(args) == 0
+    assert main(["dflash", "prepare", str(chats), "--target", str(target), "--out",
+                 str(root / "prepared"), "--min-supervised", "16", "--shard-rows", "16",
+                 "--no-progress"]) == 0
+    assert main(_train_args(target, root / "prepared", root / "run", steps=2)) == 0
     return target, root / "prepared", root / "run"
 
 
@@ -172,3 +170,16 @@ def test_a_lengths_file_of_python_objects_is_refused_not_unpickled(run, tmp_path
     with pytest.raises(DataError, match="lengths.npy: not an array of lengths"):
         open_prepared(copy)
     assert not marker.exists()
+
+
+def test_target_weights_that_are_a_pickle_payload_are_refused_by_name(run, tmp_path, capsys):
+    target, data, _ = run
+    bad = tmp_path / "target"
+    shutil.copytree(target, bad)
+    (bad / "model.safetensors").unlink()
+    marker = tmp_path / "MARKER"
+    (bad / "pytorch_model.bin").write_bytes(pickle.dumps(Payload(marker)))
+    assert main(_train_args(bad, data, tmp_path / "run", steps=1)) == 2
+    line = _one_line(capsys)
+    assert not marker.exists()
+    assert "pytorch_model.bin holds objects other than tensors; refused, not loaded" in line

@@ -124,6 +124,13 @@ def load_target(path: str | Path, *, dtype: Any = None, device: Any = None) -> A
     if not (path / "config.json").is_file():
         raise DataError(f"--target {path}: not a local Hugging Face checkpoint "
                         "(no config.json there)")
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(path), dtype=dtype, local_files_only=True)
+    import pickle
+
+    try:  # transformers reads .bin weights with torch.load(weights_only=True)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(path), dtype=dtype, local_files_only=True)
+    except pickle.UnpicklingError:
+        names = sorted(p.name for p in path.glob("*.bin")) or ["its weights"]
+        raise DataError(f"--target {path}: {', '.join(names)} holds objects other than tensors; "
+                        "refused, not loaded (save the target with safetensors)") from None
     return model.to(device) if device is not None else model
