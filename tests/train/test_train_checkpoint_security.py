@@ -275,3 +275,38 @@ def test_tensors_and_arrays_round_trip_with_their_dtype():
     text = to_json(value)
     assert "NaN" not in text and hashlib.sha256(text.encode()).hexdigest() == hashlib.sha256(
         to_json(from_json(text)).encode()).hexdigest()
+
+
+def test_an_old_distributed_checkpoint_converts_exactly(tmp_path):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    from lengthwise.train.checkpoint.atomic import publish
+    from lengthwise.train.checkpoint.layout import new_manifest
+    from lengthwise.train.checkpoint.state import TrainingState
+
+    model, opt, sched, counter = _run(tmp_path / "scratch", False, steps=(1,))
+    random.seed(5)
+    saved = TrainingState(4, model, opt, sched, counter, extra={"pair": (1, 2)})
+    old_state = pickle.dumps(from_json(saved.aux(param_groups_only=False)))
+    draws = (random.random(), float(np.random.rand()), float(torch.rand(1)))
+    tmp = tmp_path / "run" / "step_4.tmp"
+    dcp.save({"model": get_model_state_dict(model),
+              "optimizer": get_optimizer_state_dict(model, opt), "aux_rank0": old_state},
+             storage_writer=dcp.FileSystemWriter(str(tmp)), no_dist=True)
+    manifest = {**new_manifest(4, "dcp", 1, True, saved.contents()), "version": 2}
+    publish(tmp, tmp_path / "run" / "step_4", manifest)
+    with pytest.raises(LegacyCheckpointError):
+        _load(tmp_path / "run")
+    assert convert_legacy_checkpoint(tmp_path / "run", trust=True) == [tmp_path / "run" /
+                                                                      "step_4"]
+    fresh = _fresh()
+    state = _load(tmp_path / "run", fresh)
+    assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == draws
+    assert state["step"] == 4 and state["extra"] == {"pair": (1, 2)}
+    assert torch.equal(fresh[0].weight, model.weight)
+    assert str(fresh[1].state_dict()) == str(opt.state_dict())
+    assert fresh[2].state_dict() == sched.state_dict() and fresh[3].n == counter.n
