@@ -310,3 +310,20 @@ def test_an_old_distributed_checkpoint_converts_exactly(tmp_path):
     assert torch.equal(fresh[0].weight, model.weight)
     assert str(fresh[1].state_dict()) == str(opt.state_dict())
     assert fresh[2].state_dict() == sched.state_dict() and fresh[3].n == counter.n
+
+
+@pytest.mark.parametrize("aux", ['{"step": 2, "extra": null, "rng": {"python": 5}}',
+                                 '[' * 100_000 + ']' * 100_000,
+                                 '{"step": 2, "extra": {"__lw__": "ndarray", "dtype": "|O", '
+                                 '"shape": [1], "data": [1]}, "rng": {}}'])
+def test_a_training_state_of_the_wrong_shape_is_a_named_error(tmp_path, aux):
+    model = torch.nn.Linear(1, 1)
+    with Checkpointer(tmp_path, async_=False) as ckpt:
+        ckpt.save(1, model=model)
+    step = tmp_path / "step_1"
+    state = torch.load(step / "state.pt", weights_only=True)
+    state["aux_rank0"] = aux
+    torch.save(state, step / "state.pt")
+    _rehash(step)
+    with pytest.raises(CorruptCheckpointError, match=r"step_1"):
+        load_checkpoint(step, model=model)

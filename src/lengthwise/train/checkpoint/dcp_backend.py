@@ -172,7 +172,7 @@ def load_dcp(path: Path, manifest: dict[str, Any], model: torch.nn.Module, optim
         if not isinstance(state[aux_key], str):
             raise TypeError(f"it is a {type(state[aux_key]).__name__}, not JSON text")
         aux = from_json(state[aux_key])
-    except (ValueError, KeyError, TypeError, IndexError) as exc:
+    except (ValueError, KeyError, TypeError, IndexError, RecursionError) as exc:
         raise CorruptCheckpointError(
             f"{path}: the training state {aux_key} cannot be read: {type(exc).__name__}: {exc}"
         ) from exc

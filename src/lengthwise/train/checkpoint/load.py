@@ -74,5 +74,9 @@ def load_checkpoint(
     if sampler is not None:
         sampler.load_state_dict(aux["sampler"])
     if restore_rng:
-        set_rng_state(aux["rng"])
+        try:
+            set_rng_state(aux["rng"])
+        except (TypeError, ValueError, KeyError, IndexError, RuntimeError) as exc:
+            raise CorruptCheckpointError(f"{path}: the saved RNG states cannot be restored: "
+                                         f"{type(exc).__name__}: {exc}") from exc
     return {"step": aux["step"], "extra": aux["extra"], "path": path}
