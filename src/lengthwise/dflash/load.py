@@ -126,7 +126,14 @@ def load_exported(folder: str | os.PathLike) -> Any:
     draft = DFlashDraft(cfg)
     ours = {v: k for k, v in RENAME.items()}
     state = {}
-    for name, tensor in load_file(str(folder / "model.safetensors")).items():
+    from lengthwise.dflash.target import weight_errors
+
+    try:
+        tensors = load_file(str(folder / "model.safetensors"))
+    except weight_errors() as exc:
+        raise ConfigError(f"{folder}/model.safetensors: not a readable safetensors file, "
+                          f"damaged or cut short ({' '.join(str(exc).split())[:200]})") from None
+    for name, tensor in tensors.items():
         for theirs, mine in ours.items():
             if name.startswith(theirs):
                 name = mine + name[len(theirs):]

@@ -1,0 +1,79 @@
+"""Which tokenizer prepared data belongs to: vocabulary size, tokenizer and template hashes.
+
+``dflash prepare`` records :func:`tokenizer_record` in ``prepare.json``; ``dflash
+train`` checks the target's tokenizer against it with :func:`check_tokenizer` before
+loading the model, so ids of one tokenizer never train a draft for another. The
+tokenizer hash covers the ids below the recorded vocabulary size: a target grown by
+the mask token's row (``run/target``) still matches the data it was trained on.
+
+Example::
+
+    >>> import transformers
+    >>> from tokenizers import Tokenizer, models
+    >>> tok = transformers.PreTrainedTokenizerFast(tokenizer_object=Tokenizer(
+    ...     models.WordLevel({"a": 0, "b": 1, "<unk>": 2}, unk_token="<unk>")))
+    >>> rec = tokenizer_record(tok)
+    >>> rec["vocab_size"], len(rec["tokenizer_sha256"])
+    (3, 64)
+    >>> check_tokenizer(rec, tok, data="prepared", target="model")
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from lengthwise.errors import DataError
+
+__all__ = ["check_tokenizer", "template_sha256", "tokenizer_record", "tokenizer_sha256"]
+
+
+def tokenizer_sha256(tokenizer: Any, size: int | None = None) -> str:
+    """Hash of the tokenizer's ``token -> id`` map over the ids below ``size`` (all if None)."""
+    pairs = sorted((int(i), str(t)) for t, i in tokenizer.get_vocab().items()
+                   if size is None or int(i) < size)
+    return hashlib.sha256(json.dumps(pairs, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def template_sha256(tokenizer: Any) -> str | None:
+    """Hash of the tokenizer's (default) chat template text, ``None`` without one."""
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):
+        template = template.get("default")
+    if not template:
+        return None
+    return hashlib.sha256(template.encode("utf-8")).hexdigest()
+
+
+def tokenizer_record(tokenizer: Any) -> dict[str, Any]:
+    """``vocab_size``, ``tokenizer_sha256`` and ``chat_template_sha256`` of a tokenizer."""
+    return {"vocab_size": len(tokenizer), "tokenizer_sha256": tokenizer_sha256(tokenizer),
+            "chat_template_sha256": template_sha256(tokenizer)}
+
+
+def check_tokenizer(record: dict[str, Any], tokenizer: Any, *, data: str, target: str) -> None:
+    """Refuse a tokenizer other than the one ``record`` (from ``prepare.json``) names.
+
+    The target's tokenizer must hold the recorded vocabulary (the same token for every
+    id below ``vocab_size``; tokens added above it, such as the mask token, are fine)
+    and the same chat template. A record without a field (an older ``prepare.json``)
+    is not checked on it.
+    """
+    size = record.get("vocab_size")
+    theirs = len(tokenizer)
+    fix = f"prepare --data again with --target {target}, or train with the target it was made for"
+    if isinstance(size, int):
+        ours = record.get("tokenizer_sha256")
+        if theirs < size or (ours and tokenizer_sha256(tokenizer, size) != ours):
+            raise DataError(
+                f"--data {data} was prepared with another tokenizer than --target {target}'s "
+                f"(prepare.json: vocabulary {size}, tokenizer sha256 {str(ours)[:12]}; --target: "
+                f"vocabulary {theirs}, tokenizer sha256 {tokenizer_sha256(tokenizer, size)[:12]}"
+                f"); {fix}")
+    ours = record.get("chat_template_sha256")
+    mine = template_sha256(tokenizer)
+    if ours and mine != ours:
+        raise DataError(f"--data {data} was rendered with another chat template than --target "
+                        f"{target}'s (prepare.json: template sha256 {ours[:12]}; --target: "
+                        f"{mine[:12] if mine else 'none'}); {fix}")
