@@ -120,7 +120,7 @@ def load_exported(folder: str | os.PathLike) -> Any:
                 "rope_parameters", "rope_theta", "rope_scaling")})),
             block_size=value("block_size"), target_layers=value("target_layer_ids"),
             num_target_layers=value("num_target_layers"), mask_token_id=value("mask_token_id"),
-            target_vocab_size=c.get("vocab_size"))
+            target_vocab_size=c.get("vocab_size"), tokenizer=d.get("tokenizer"))
     except KeyError as exc:
         raise ConfigError(f"{folder}/config.json: no {exc.args[0]!r}") from exc
     draft = DFlashDraft(cfg)

@@ -309,6 +309,7 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
         settings_json,
     )
     from lengthwise.dflash.target import Target, load_target
+    from lengthwise.dflash.tokenizer_id import TOKENIZER_FIELDS
     from lengthwise.train.device import autocast_dtype, configure_torch, rank_world, say
     from lengthwise.train.loop import TrainLoop
 
@@ -339,6 +340,7 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
     n_layers = model.config.num_hidden_layers
     target = Target(model, layers=target_layer_ids(n_layers, cfg.num_features or cfg.draft_layers))
     draft = new_draft(target, cfg, mask_token_id=mask.id)
+    draft.config.tokenizer = {k: data.info.get(k) for k in TOKENIZER_FIELDS}  # export, eval check
     dcfg = draft.config
     held = held_out_batches([{k: v[: cfg.max_len] for k, v in data.sample(int(j)).items()}
                              for j in held_idx], max_tokens=cfg.max_tokens)

@@ -2,7 +2,9 @@
 
 ``dflash prepare`` records :func:`tokenizer_record` in ``prepare.json``; ``dflash
 train`` checks the target's tokenizer against it with :func:`check_tokenizer` before
-loading the model, so ids of one tokenizer never train a draft for another. The
+loading the model, so ids of one tokenizer never train a draft for another, and keeps
+the record in the draft's config, which ``dflash export --target`` and ``dflash eval``
+check the same way (:func:`check_draft_tokenizer`). The
 tokenizer hash covers the ids below the recorded vocabulary size: a target grown by
 the mask token's row (``run/target``) still matches the data it was trained on.
 
@@ -26,7 +28,11 @@ from typing import Any
 
 from lengthwise.errors import DataError
 
-__all__ = ["check_tokenizer", "template_sha256", "tokenizer_record", "tokenizer_sha256"]
+#: the fields of a tokenizer record (``prepare.json`` and ``DFlashConfig.tokenizer``)
+TOKENIZER_FIELDS = ("vocab_size", "tokenizer_sha256", "chat_template_sha256")
+
+__all__ = ["TOKENIZER_FIELDS", "check_draft_tokenizer", "check_tokenizer", "template_sha256",
+           "tokenizer_record", "tokenizer_sha256"]
 
 
 def tokenizer_sha256(tokenizer: Any, size: int | None = None) -> str:
@@ -60,20 +66,40 @@ def check_tokenizer(record: dict[str, Any], tokenizer: Any, *, data: str, target
     and the same chat template. A record without a field (an older ``prepare.json``)
     is not checked on it.
     """
+    _check(record, tokenizer, f"--data {data} was prepared", "prepare.json", target,
+           f"prepare --data again with --target {target}, or train with the target it was "
+           "made for")
+
+
+def check_draft_tokenizer(draft_config: Any, tokenizer: Any, *, draft: str, target: str) -> None:
+    """Refuse a target whose tokenizer is not the one the draft was trained with.
+
+    A draft records its training data's tokenizer (``DFlashConfig.tokenizer``); one
+    without the record (trained before drafts carried it, or published elsewhere) is
+    not checked.
+    """
+    record = getattr(draft_config, "tokenizer", None)
+    if record:
+        _check(record, tokenizer, f"the draft {draft} was trained", "the draft", target,
+               "give the target the draft was trained for (its run's target/ folder when "
+               "training added the mask token)")
+
+
+def _check(record: dict[str, Any], tokenizer: Any, subject: str, source: str, target: str,
+           fix: str) -> None:
     size = record.get("vocab_size")
     theirs = len(tokenizer)
-    fix = f"prepare --data again with --target {target}, or train with the target it was made for"
     if isinstance(size, int):
         ours = record.get("tokenizer_sha256")
-        if theirs < size or (ours and tokenizer_sha256(tokenizer, size) != ours):
+        mine = tokenizer_sha256(tokenizer, size)
+        if theirs < size or (ours and mine != ours):
             raise DataError(
-                f"--data {data} was prepared with another tokenizer than --target {target}'s "
-                f"(prepare.json: vocabulary {size}, tokenizer sha256 {str(ours)[:12]}; --target: "
-                f"vocabulary {theirs}, tokenizer sha256 {tokenizer_sha256(tokenizer, size)[:12]}"
-                f"); {fix}")
+                f"{subject} with another tokenizer than --target {target}'s ({source}: "
+                f"vocabulary {size}, tokenizer sha256 {str(ours)[:12]}; --target: vocabulary "
+                f"{theirs}, tokenizer sha256 {mine[:12]}); {fix}")
     ours = record.get("chat_template_sha256")
     mine = template_sha256(tokenizer)
     if ours and mine != ours:
-        raise DataError(f"--data {data} was rendered with another chat template than --target "
-                        f"{target}'s (prepare.json: template sha256 {ours[:12]}; --target: "
+        raise DataError(f"{subject} with another chat template than --target {target}'s "
+                        f"({source}: template sha256 {ours[:12]}; --target: "
                         f"{mine[:12] if mine else 'none'}); {fix}")
