@@ -1,4 +1,4 @@
-"""``dflash train`` and ``prepare`` into a folder: its lock, an earlier run there, a resume's flags."""
+"""`dflash train` and `prepare` into a folder: its lock, an earlier run there, a resume's flags."""
 
 from __future__ import annotations
 
