@@ -10,7 +10,6 @@ import pytest
 from _cli import TINY_TRAIN
 
 from lengthwise.cli import main
-from lengthwise.dflash.out_lock import hold_out
 from lengthwise.dflash.train import DFlashTrainConfig
 from lengthwise.errors import ConfigError
 
@@ -69,6 +68,8 @@ def test_an_earlier_run_is_refused_without_resume_and_removed_with_overwrite(
 
 def test_a_second_train_or_prepare_into_a_held_folder_stops_before_touching_it(
         tiny_prepared, tmp_path, capsys):
+    from lengthwise.dflash.out_lock import hold_out
+
     target, data = tiny_prepared
     run = tmp_path / "run"
     run.mkdir()
