@@ -119,3 +119,29 @@ def test_export_and_eval_refuse_a_target_other_than_the_drafts(tiny_prepared, tm
     assert main(["dflash", "eval", "--target", str(other), "--draft", str(tmp_path / "x"),
                  "--limit", "1", "--max-new-tokens", "2", "--temperatures", "0"]) == 2
     assert "was trained with another chat template than --target" in _error(capsys)
+
+
+def test_shards_from_before_the_tokenizer_was_recorded_are_prepared_again(tiny_prepared,
+                                                                         tmp_path, capsys):
+    import pyarrow.parquet as pq
+
+    from lengthwise.dflash.chat import ChatRenderer
+    from lengthwise.dflash.prepare import _META_KEY, _fingerprint
+    from lengthwise.dflash.recipe import load_tokenizer
+
+    target, _ = tiny_prepared
+    chats = write_jsonl(tmp_path / "chats.jsonl", conversations(20))
+    cfg = PrepareConfig(min_supervised=16, shard_rows=8, progress=False)
+    out = tmp_path / "out"
+    prepare_chats(chats, target, out, cfg)
+    template = ChatRenderer(load_tokenizer(target)).template_sha256
+    for shard in sorted(out.glob("data-*.parquet")):  # as the earlier format wrote them
+        table = pq.read_table(shard)
+        meta = json.loads(table.schema.metadata[_META_KEY])
+        meta["fingerprint"] = _fingerprint(chats, target, cfg, template)
+        del meta["tokenizer"]
+        pq.write_table(table.replace_schema_metadata({_META_KEY: json.dumps(meta)}), shard)
+    capsys.readouterr()
+    assert prepare_chats(chats, target, out, cfg)["shards_reused"] == 0
+    assert "3 shard(s) in" in capsys.readouterr().err
+    assert prepare_chats(chats, target, out, cfg)["shards_reused"] == 3
