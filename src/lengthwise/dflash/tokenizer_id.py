@@ -37,9 +37,13 @@ __all__ = ["TOKENIZER_FIELDS", "check_draft_tokenizer", "check_tokenizer", "temp
 
 def tokenizer_sha256(tokenizer: Any, size: int | None = None) -> str:
     """Hash of the tokenizer's ``token -> id`` map over the ids below ``size`` (all if None)."""
-    pairs = sorted((int(i), str(t)) for t, i in tokenizer.get_vocab().items()
-                   if size is None or int(i) < size)
-    return hashlib.sha256(json.dumps(pairs, ensure_ascii=False).encode("utf-8")).hexdigest()
+    vocab = tokenizer.get_vocab()
+    n = size if size is not None else max(vocab.values(), default=-1) + 1
+    tokens: list[str | None] = [None] * n  # by id; an id no token has stays null
+    for token, i in vocab.items():
+        if 0 <= i < n:
+            tokens[i] = token
+    return hashlib.sha256(json.dumps(tokens, ensure_ascii=False).encode("utf-8")).hexdigest()
 
 
 def template_sha256(tokenizer: Any) -> str | None:
