@@ -58,8 +58,8 @@ def _load_datasets_folder(path: Path, split: str) -> Any:
     try:
         ds = datasets.load_from_disk(str(path))
     except _READ_ERRORS as exc:
-        raise DataError(f"{path}: the datasets folder cannot be read, a file of it is damaged "
-                        f"or cut short ({_why(exc)})") from None
+        raise _damaged(exc, f"{path}: the datasets folder cannot be read, a file of it is "
+                            "damaged or cut short") from None
     if isinstance(ds, datasets.DatasetDict):
         if split not in ds:
             raise DataError(f"{path}: no split {split!r} (splits: {', '.join(ds)}); "
@@ -96,8 +96,8 @@ class ChatSource:
             try:
                 self._pf = pq.ParquetFile(path)
             except _READ_ERRORS as exc:
-                raise DataError(f"{path}: not a readable Parquet file, damaged or cut short "
-                                f"({_why(exc)})") from None
+                raise _damaged(exc, f"{path}: not a readable Parquet file, damaged or cut "
+                                    "short") from None
             self._name = _pick_field(list(self._pf.schema_arrow.names), str(path), field)
             sizes = [self._pf.metadata.row_group(g).num_rows
                      for g in range(self._pf.num_row_groups)]
@@ -107,8 +107,8 @@ class ChatSource:
             try:
                 self._offsets, self._lines = _line_index(path)
             except _READ_ERRORS as exc:
-                raise DataError(f"{path}: cannot be read to its end, damaged or cut short "
-                                f"({_why(exc)})") from None
+                raise _damaged(exc, f"{path}: cannot be read to its end, damaged or cut "
+                                    "short") from None
             self._len = int(self._offsets.size)
 
     def __len__(self) -> int:
@@ -130,8 +130,8 @@ class ChatSource:
                 table = self._pf.read_row_groups(list(range(first, last)),
                                                  columns=[self._name])
             except _READ_ERRORS as exc:
-                raise DataError(f"{self.path} rows {start}-{stop - 1}: the Parquet data cannot "
-                                f"be decoded, the file is damaged ({_why(exc)})") from None
+                raise _damaged(exc, f"{self.path} rows {start}-{stop - 1}: the Parquet data "
+                                    "cannot be decoded, the file is damaged") from None
             lo = start - int(self._groups[first])
             values = table.column(0).slice(lo, stop - start).to_pylist()
             for i, value in enumerate(values, start=start):
@@ -175,8 +175,12 @@ def _read_errors() -> tuple[type[BaseException], ...]:
 _READ_ERRORS = _read_errors()
 
 
-def _why(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:200] or type(exc).__name__
+def _damaged(exc: BaseException, what: str) -> DataError:
+    """The error for a file that could not be read; one the user named wrong is raised as is."""
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError,
+                        NotADirectoryError)):
+        raise exc
+    return DataError(f"{what} ({' '.join(str(exc).split())[:200] or type(exc).__name__})")
 
 
 def _open(path: Path) -> Any:
