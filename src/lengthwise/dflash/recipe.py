@@ -340,7 +340,9 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
     n_layers = model.config.num_hidden_layers
     target = Target(model, layers=target_layer_ids(n_layers, cfg.num_features or cfg.draft_layers))
     draft = new_draft(target, cfg, mask_token_id=mask.id)
-    draft.config.tokenizer = {k: data.info.get(k) for k in TOKENIZER_FIELDS}  # export, eval check
+    # the data's tokenizer, which export and eval check the target's against
+    draft.config.tokenizer = {k: data.info[k] for k in TOKENIZER_FIELDS
+                              if data.info.get(k) is not None} or None
     dcfg = draft.config
     held = held_out_batches([{k: v[: cfg.max_len] for k, v in data.sample(int(j)).items()}
                              for j in held_idx], max_tokens=cfg.max_tokens)
@@ -419,7 +421,8 @@ def _check_out(out: Path, cfg: DFlashTrainConfig, run: RunSettings, data_info: d
     from lengthwise.train.device import barrier, rank_world, say
 
     ckpts = out / "checkpoints"
-    steps = sorted(p.name for p in ckpts.glob("step_*")) if ckpts.is_dir() else []
+    steps = sorted((p.name for p in ckpts.glob("step_*")), key=lambda name: (len(name), name)
+                   ) if ckpts.is_dir() else []  # step_2 before step_10
     final = out / "final"
     if cfg.resume:
         latest = latest_checkpoint(ckpts) if ckpts.is_dir() else None
