@@ -145,3 +145,21 @@ def test_shards_from_before_the_tokenizer_was_recorded_are_prepared_again(tiny_p
     assert prepare_chats(chats, target, out, cfg)["shards_reused"] == 0
     assert "3 shard(s) in" in capsys.readouterr().err
     assert prepare_chats(chats, target, out, cfg)["shards_reused"] == 3
+
+
+def test_a_resume_on_data_prepared_again_for_another_tokenizer_is_refused(tiny_prepared,
+                                                                         tmp_path, capsys):
+    source, _ = tiny_prepared
+    target, data = tmp_path / "target", tmp_path / "data"
+    shutil.copytree(source, target)
+    chats = write_jsonl(tmp_path / "chats.jsonl", conversations(40))
+    cfg = PrepareConfig(min_supervised=16, shard_rows=16, progress=False)
+    prepare_chats(chats, target, data, cfg)
+    assert _train(target, data, tmp_path / "run") == 0
+    shutil.rmtree(target)
+    _swapped(source, target)  # the target's tokenizer changed in place, the data follows it
+    prepare_chats(chats, target, data, cfg)
+    capsys.readouterr()
+    assert main(["dflash", "train", "--target", str(target), "--data", str(data), "--out",
+                 str(tmp_path / "run"), "--steps", "4", "--resume", *TINY_TRAIN]) == 2
+    assert "--data (other data or tokenizer:" in _error(capsys)

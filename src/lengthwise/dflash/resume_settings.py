@@ -1,8 +1,9 @@
 """Settings of a resumed ``dflash train``: each one either applied and said, or refused by name.
 
 Every checkpoint of a run holds ``train_settings.json`` (:func:`settings_json`): the
-loop's and the run's settings and the prepared data's fingerprint. On ``--resume``,
-:func:`check_resume` compares them with the settings given, before anything is loaded:
+loop's and the run's settings, the prepared data's fingerprint and its tokenizer hash. On
+``--resume``, :func:`check_resume` compares them with the settings given, before anything
+is loaded:
 
 - settings that fix the draft's shape or the data and its order (:data:`REFUSED`: block
   size, layers, token budget, seed, order, held-out split, the prepared data) cannot
@@ -53,7 +54,16 @@ def snapshot(cfg: Any, run: Any, data_info: dict[str, Any]) -> dict[str, Any]:
     """The settings compared on resume: the loop's, the run's and the data's fingerprint."""
     return {"cfg": {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _SKIP},
             "run": {k: v for k, v in dataclasses.asdict(run).items() if k not in _SKIP},
-            "data": data_info.get("fingerprint")}
+            "data": _data_identity(data_info)}
+
+
+def _data_identity(info: dict[str, Any]) -> str | None:
+    """The prepared data's fingerprint (source and settings) and its tokenizer's hash."""
+    fp = info.get("fingerprint")
+    if fp is None:
+        return None
+    tok = info.get("tokenizer_sha256")
+    return f"{fp}:{tok[:16]}" if tok else fp
 
 
 def settings_json(cfg: Any, run: Any, data_info: dict[str, Any]) -> str:
@@ -72,7 +82,7 @@ def changed(new: dict[str, Any], old: dict[str, Any]) -> tuple[list[str], list[s
         line = f"{_flag(name)} {before} -> {now}"
         (refused if name in REFUSED else applied).append(line)
     if old.get("data") is not None and old["data"] != new.get("data"):
-        refused.append(f"--data (prepared from other data: fingerprint {old['data']} -> "
+        refused.append(f"--data (other data or tokenizer: {old['data']} -> "
                        f"{new.get('data')})")
     return applied, refused
 
