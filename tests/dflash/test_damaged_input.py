@@ -100,6 +100,16 @@ def test_prepare_names_a_damaged_source(tiny_prepared, tmp_path, capsys, name, m
     assert not (tmp_path / "out" / "prepare.json").exists()
 
 
+def test_a_byte_order_mark_before_the_first_row_is_no_damage(tiny_prepared, tmp_path):
+    from lengthwise.dflash.chat_files import count_rows, read_conversations
+
+    rows = _rows(3)
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(r) + "\n" for r in rows).encode())
+    assert count_rows(path) == 3
+    assert [raw for _, _, raw in read_conversations(path)] == [r["messages"] for r in rows]
+
+
 def test_a_full_disk_while_writing_a_shard_names_it_and_leaves_no_shard(
         tiny_prepared, tmp_path, capsys, monkeypatch):
     target, _ = tiny_prepared

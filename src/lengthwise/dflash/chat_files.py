@@ -148,7 +148,7 @@ class ChatSource:
                 while not line.strip():  # blank lines are not rows
                     line = f.readline()
                 try:
-                    text = line.decode("utf-8")
+                    text = line.decode("utf-8-sig")  # a BOM before row 0 is no error
                 except UnicodeDecodeError as exc:
                     raise DataError(f"{self.path} row {i} (line {lineno}): not UTF-8 text "
                                     f"(byte 0x{line[exc.start]:02x} at byte {exc.start} of the "
