@@ -10,6 +10,10 @@ from pathlib import Path
 from _ports import free_port
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
+#: ``dflash train`` flags of a tiny run (add --target, --data, --out and --steps)
+TINY_TRAIN = ["--max-tokens", "256", "--grad-accum", "2", "--draft-layers", "1",
+              "--block-size", "4", "--num-anchors", "4", "--eval-samples", "2",
+              "--checkpoint-every", "2", "--lr", "1e-2", "--no-progress"]
 
 
 

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from _chat_tiny import conversations, save_target, write_jsonl
+from _chat_tiny import save_target
 from _cli import lengthwise
 
 from lengthwise.cli.dflash.train import settings
@@ -17,15 +17,8 @@ torch = pytest.importorskip("torch")
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
-
-    root = tmp_path_factory.mktemp("dflash")
-    target = save_target(root / "target")
-    chats = write_jsonl(root / "chats.jsonl", conversations(40))
-    prepare_chats(chats, target, root / "prepared",
-                  PrepareConfig(min_supervised=16, shard_rows=16, progress=False))
-    return target, root / "prepared"
+def prepared(tiny_prepared):
+    return tiny_prepared
 
 
 def test_flags_override_yaml_over_the_reference_defaults(prepared, tmp_path):

@@ -55,7 +55,11 @@ def _load_datasets_folder(path: Path, split: str) -> Any:
         raise MissingDependencyError(f"{path} is a Hugging Face datasets folder: reading it "
                                      "needs the datasets package (pip install "
                                      "'lengthwise[hf]')") from exc
-    ds = datasets.load_from_disk(str(path))
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except _READ_ERRORS as exc:
+        raise _damaged(exc, f"{path}: the datasets folder cannot be read, a file of it is "
+                            "damaged or cut short") from None
     if isinstance(ds, datasets.DatasetDict):
         if split not in ds:
             raise DataError(f"{path}: no split {split!r} (splits: {', '.join(ds)}); "
@@ -89,14 +93,22 @@ class ChatSource:
         elif path.suffix == ".parquet":
             import pyarrow.parquet as pq
 
-            self._pf = pq.ParquetFile(path)
+            try:
+                self._pf = pq.ParquetFile(path)
+            except _READ_ERRORS as exc:
+                raise _damaged(exc, f"{path}: not a readable Parquet file, damaged or cut "
+                                    "short") from None
             self._name = _pick_field(list(self._pf.schema_arrow.names), str(path), field)
             sizes = [self._pf.metadata.row_group(g).num_rows
                      for g in range(self._pf.num_row_groups)]
             self._groups = np.cumsum([0, *sizes])
             self._len = int(self._groups[-1])
         else:
-            self._offsets, self._lines = _line_index(path)
+            try:
+                self._offsets, self._lines = _line_index(path)
+            except _READ_ERRORS as exc:
+                raise _damaged(exc, f"{path}: cannot be read to its end, damaged or cut "
+                                    "short") from None
             self._len = int(self._offsets.size)
 
     def __len__(self) -> int:
@@ -114,7 +126,12 @@ class ChatSource:
         elif self._pf is not None:
             first = int(np.searchsorted(self._groups, start, side="right")) - 1
             last = int(np.searchsorted(self._groups, stop, side="left"))
-            table = self._pf.read_row_groups(list(range(first, last)), columns=[self._name])
+            try:
+                table = self._pf.read_row_groups(list(range(first, last)),
+                                                 columns=[self._name])
+            except _READ_ERRORS as exc:
+                raise _damaged(exc, f"{self.path} rows {start}-{stop - 1}: the Parquet data "
+                                    "cannot be decoded, the file is damaged") from None
             lo = start - int(self._groups[first])
             values = table.column(0).slice(lo, stop - start).to_pylist()
             for i, value in enumerate(values, start=start):
@@ -130,9 +147,40 @@ class ChatSource:
                 line = f.readline()
                 while not line.strip():  # blank lines are not rows
                     line = f.readline()
-                obj = json_record(line, self.path, lineno, error=DataError)
+                try:
+                    text = line.decode("utf-8-sig")  # a BOM before row 0 is no error
+                except UnicodeDecodeError as exc:
+                    raise DataError(f"{self.path} row {i} (line {lineno}): not UTF-8 text "
+                                    f"(byte 0x{line[exc.start]:02x} at byte {exc.start} of the "
+                                    "line)") from None
+                obj = json_record(text, self.path, lineno, error=DataError)
                 name = _pick_field(list(obj), f"{self.path} line {lineno}", self.field)
                 yield i, f"{self.path} row {i} (line {lineno}) field {name!r}", obj[name]
+
+
+def _read_errors() -> tuple[type[BaseException], ...]:
+    """What reading a damaged file raises: gzip/zlib, Arrow (Parquet, datasets) errors."""
+    import zlib
+
+    errors: tuple[type[BaseException], ...] = (OSError, EOFError, zlib.error)
+    try:
+        import pyarrow as pa
+
+        errors += (pa.ArrowException,)
+    except ImportError:  # pragma: no cover - JSONL needs no pyarrow
+        pass
+    return errors
+
+
+_READ_ERRORS = _read_errors()
+
+
+def _damaged(exc: BaseException, what: str) -> DataError:
+    """The error for a file that could not be read; one the user named wrong is raised as is."""
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError,
+                        NotADirectoryError)):
+        raise exc
+    return DataError(f"{what} ({' '.join(str(exc).split())[:200] or type(exc).__name__})")
 
 
 def _open(path: Path) -> Any:

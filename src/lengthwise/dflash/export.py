@@ -72,7 +72,8 @@ def exported_config(cfg: Any, *, dtype: str = "float32") -> dict[str, Any]:
         "architectures": [ARCHITECTURE], **base, "dtype": dtype,
         "block_size": int(block), "num_target_layers": int(cfg.num_target_layers),
         "dflash_config": {"mask_token_id": mask, "target_layer_ids": layers,
-                          "block_size": int(block)},
+                          "block_size": int(block),
+                          **({"tokenizer": cfg.tokenizer} if cfg.tokenizer else {})},
     }
 
 

@@ -120,13 +120,20 @@ def load_exported(folder: str | os.PathLike) -> Any:
                 "rope_parameters", "rope_theta", "rope_scaling")})),
             block_size=value("block_size"), target_layers=value("target_layer_ids"),
             num_target_layers=value("num_target_layers"), mask_token_id=value("mask_token_id"),
-            target_vocab_size=c.get("vocab_size"))
+            target_vocab_size=c.get("vocab_size"), tokenizer=d.get("tokenizer"))
     except KeyError as exc:
         raise ConfigError(f"{folder}/config.json: no {exc.args[0]!r}") from exc
     draft = DFlashDraft(cfg)
     ours = {v: k for k, v in RENAME.items()}
     state = {}
-    for name, tensor in load_file(str(folder / "model.safetensors")).items():
+    from lengthwise.dflash.target import weight_errors
+
+    try:
+        tensors = load_file(str(folder / "model.safetensors"))
+    except weight_errors() as exc:
+        raise ConfigError(f"{folder}/model.safetensors: not a readable safetensors file, "
+                          f"damaged or cut short ({' '.join(str(exc).split())[:200]})") from None
+    for name, tensor in tensors.items():
         for theirs, mine in ours.items():
             if name.startswith(theirs):
                 name = mine + name[len(theirs):]

@@ -70,7 +70,9 @@ class DFlashConfig:
     do; :func:`lengthwise.dflash.mask_token.ensure_mask_token` adds one to a
     tokenizer that has none); a draft cannot be built without it. ``rope_theta``
     and ``rope_scaling`` are the target's rotary settings, ``target_vocab_size`` the
-    rows of its embedding (``from_target`` reads them).
+    rows of its embedding (``from_target`` reads them). ``tokenizer`` records the
+    tokenizer the draft was trained with (vocabulary size, tokenizer and chat-template
+    hashes, from ``prepare.json``), checked against the target's by export and eval.
     """
 
     hidden_size: int
@@ -90,6 +92,7 @@ class DFlashConfig:
     num_target_layers: int | None = None
     mask_token_id: int | None = None
     target_vocab_size: int | None = None
+    tokenizer: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self._check()

@@ -13,7 +13,13 @@ tokens; every drop is counted. It writes a folder (read back by
   ``k * shard_rows ..``; each is written atomically, and a rerun with the same
   settings skips the shards already there;
 - ``lengths.npy`` (int64, in row order, for ``lengthwise.load_lengths`` and the planner);
-- ``prepare.json``: target, chat-template hash, thinking switch, counts kept and dropped.
+- ``prepare.json``: target, vocabulary size, tokenizer and chat-template hashes (checked
+  by ``dflash train``), thinking switch, counts kept and dropped.
+
+A rerun after the target's tokenizer or chat template changed prepares the shards
+again (and says so); shards from other data or settings are refused. The folder's
+lock is held from the start (:func:`~lengthwise.dflash.out_lock.hold_out`): a second
+prepare into the same ``--out`` stops before writing anything.
 
 Example::
 
@@ -24,6 +30,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +41,8 @@ import numpy as np
 from lengthwise.atomic import atomic_open, atomic_path
 from lengthwise.dflash.chat import TEMPLATE_ERRORS, ChatRenderer, normalise
 from lengthwise.dflash.chat_files import ChatSource
+from lengthwise.dflash.out_lock import hold_out
+from lengthwise.dflash.tokenizer_id import tokenizer_record
 from lengthwise.errors import ConfigError, DataError
 from lengthwise.train.config import check_positive
 
@@ -117,13 +127,25 @@ def shard_name(k: int) -> str:
     return f"data-{k:05d}.parquet"
 
 
-def _fingerprint(source: Path, target: Path, renderer: ChatRenderer, cfg: PrepareConfig) -> str:
+def _fingerprint(source: Path, target: Path, cfg: PrepareConfig,
+                 template: str | None = None) -> str:
+    """The data and settings a shard was prepared from (the tokenizer is recorded apart).
+
+    With ``template`` (a chat-template hash): the fingerprint of shards written before the
+    tokenizer was recorded apart, which held the template.
+    """
     st = source.stat()
     settings = {k: v for k, v in asdict(cfg).items() if k not in ("progress", "device")}
     parts = {"source": str(source.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-             "target": str(target.resolve()), "template": renderer.template_sha256,
-             "settings": settings, "format": FORMAT}
+             "target": str(target.resolve()), "settings": settings, "format": FORMAT}
+    if template is not None:
+        parts["template"] = template
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _tokenizer_key(tokens: dict[str, Any]) -> str:
+    """One hash of the tokenizer and template a shard was rendered with."""
+    return hashlib.sha256(json.dumps(tokens, sort_keys=True).encode()).hexdigest()[:24]
 
 
 def _shard_meta(path: Path) -> dict[str, Any] | None:
@@ -148,8 +170,20 @@ def _write_shard(path: Path, ids: list[list[int]], masks: list[list[int]], rows:
         "length": pa.array([len(x) for x in ids], type=pa.int32()),
         "source_row": pa.array(rows, type=pa.int64()),
     }).replace_schema_metadata({_META_KEY: json.dumps(meta).encode()})
-    with atomic_path(path) as tmp:
-        pq.write_table(table, tmp)
+    with _named_os_errors(path), atomic_path(path) as tmp:
+        pq.write_table(table, tmp, write_page_checksum=True)
+
+
+@contextmanager
+def _named_os_errors(path: Path) -> Iterator[None]:
+    """An ``OSError`` naming no file (a full disk inside a writer) re-raised naming ``path``."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is not None:
+            raise
+        raise OSError(exc.errno, f"cannot be written ({' '.join(str(exc).split())})",
+                      str(path)) from None
 
 
 class _Shard:
@@ -210,23 +244,38 @@ def prepare_chats(source: str | Path, target: str | Path, out: str | Path,
     field named); :class:`ConfigError` for a target without a usable chat template.
     """
     from lengthwise.dflash.recipe import load_tokenizer
-    from lengthwise.progress import progress
-    from lengthwise.train.device import barrier, rank_world
 
     cfg = cfg or PrepareConfig()
     source, target, out = Path(source), Path(target), Path(out)
-    rank, world = rank_world(info)
     if not source.exists():
         raise DataError(f"{source}: no such file or folder")
     tok = tokenizer if tokenizer is not None else load_tokenizer(target)
     renderer = ChatRenderer(tok, enable_thinking=cfg.enable_thinking, name=f"--target {target}")
-    fp = _fingerprint(source, target, renderer, cfg)
     chats = ChatSource(source, field=cfg.field, split=cfg.split)
-    total = len(chats)
-    if total == 0:
+    if len(chats) == 0:
         raise DataError(f"{source}: no conversations")
+    with hold_out(out, "dflash prepare", info):
+        return _prepare(chats, target, out, cfg, tok, renderer, info)
+
+
+def _prepare(chats: ChatSource, target: Path, out: Path, cfg: PrepareConfig, tok: Any,
+             renderer: ChatRenderer, info: Any) -> dict[str, Any]:
+    """:func:`prepare_chats` with ``out``'s lock held."""
+    from lengthwise.progress import progress
+    from lengthwise.train.device import barrier, rank_world, say
+
+    source = chats.path
+    rank, world = rank_world(info)
+    fp = _fingerprint(source, target, cfg)
+    tokens = tokenizer_record(tok)
+    key = _tokenizer_key(tokens)
+    total = len(chats)
     nshards = -(-total // cfg.shard_rows)
-    done = _finished_shards(out, nshards, fp)
+    legacy = _fingerprint(source, target, cfg, renderer.template_sha256)
+    done, stale = _finished_shards(out, nshards, (fp, legacy), key)
+    if stale:
+        say(info, f"lengthwise dflash prepare: {stale} shard(s) in {out} were prepared with "
+                  "another tokenizer or chat template of the target: prepared again")
     barrier(info)  # every rank has seen what an earlier run finished before any writes
     todo = [k for k in range(rank, nshards, world) if k not in done]
     generator = None
@@ -243,7 +292,8 @@ def prepare_chats(source: str | Path, target: str | Path, out: str | Path,
             items = list(chats.rows(lo, hi))
             ids, masks, rows, c = shard.run(items, k)
             _write_shard(out / shard_name(k), ids, masks, rows,
-                         {"fingerprint": fp, "rows": [lo, hi], "counts": asdict(c)})
+                         {"fingerprint": fp, "tokenizer": key, "rows": [lo, hi],
+                          "counts": asdict(c)})
     barrier(info)
     counts = PrepareCounts()
     for k in range(nshards):
@@ -263,6 +313,7 @@ def prepare_chats(source: str | Path, target: str | Path, out: str | Path,
     record = {
         "format": FORMAT, "source": str(source), "target": str(target),
         "chat_template_sha256": renderer.template_sha256,
+        "tokenizer_sha256": tokens["tokenizer_sha256"],
         "enable_thinking": cfg.enable_thinking, "thinking_switch": renderer.has_thinking,
         "loss_mask_from": ("generation marks" if renderer.uses_generation_marks
                            else "prefix rendering"),
@@ -276,18 +327,23 @@ def prepare_chats(source: str | Path, target: str | Path, out: str | Path,
         "fingerprint": fp,
     }
     if rank == 0:
-        with atomic_open(out / "lengths.npy") as fh:
+        with _named_os_errors(out / "lengths.npy"), atomic_open(out / "lengths.npy") as fh:
             np.save(fh, _gather_lengths(out, nshards))
-        with atomic_open(out / "prepare.json", "w", encoding="utf-8") as fh:
+        with (_named_os_errors(out / "prepare.json"),
+              atomic_open(out / "prepare.json", "w", encoding="utf-8") as fh):
             fh.write(json.dumps(record, indent=2) + "\n")
     barrier(info)
     return record
 
 
-def _finished_shards(out: Path, nshards: int, fp: str) -> set[int]:
-    """Shards an earlier run with the same settings finished; other files there are refused."""
+def _finished_shards(out: Path, nshards: int, fps: tuple[str, str], key: str,
+                     ) -> tuple[set[int], int]:
+    """Shards an earlier run with the same settings and tokenizer finished, and how many it
+    finished with another tokenizer or an unrecorded one (prepared again); other files there
+    are refused. ``fps``: this run's fingerprint and the one older shards carry."""
     names = {shard_name(k): k for k in range(nshards)}
     done = set()
+    stale = 0
     for path in sorted(out.glob("data-*.parquet")) if out.is_dir() else []:
         if path.name not in names:
             raise ConfigError(f"--out {out}: {path.name} is not one of this run's shards; "
@@ -295,11 +351,14 @@ def _finished_shards(out: Path, nshards: int, fp: str) -> set[int]:
         meta = _shard_meta(path)
         if meta is None:
             continue  # unreadable: prepared again
-        if meta.get("fingerprint") != fp:
+        if meta.get("fingerprint") not in fps:
             raise ConfigError(f"--out {out}: {path.name} was prepared from other data or "
                               "settings; use an empty folder (or the same settings to resume)")
+        if meta.get("tokenizer") != key:
+            stale += 1
+            continue
         done.add(names[path.name])
-    return done
+    return done, stale
 
 
 def _gather_lengths(out: Path, nshards: int) -> np.ndarray:

@@ -1,9 +1,9 @@
 """Read a folder written by ``lengthwise dflash prepare``: samples and their lengths.
 
-:func:`open_prepared` checks the folder (``prepare.json``, every shard, and
-``lengths.npy`` agreeing with them) and returns :class:`PreparedChats`, a
-random-access view over the shards (memory-mapped Parquet, nothing copied per
-sample but the sample itself).
+:func:`open_prepared` checks the folder (``prepare.json``, every shard readable and
+its page checksums, ``lengths.npy`` agreeing with every sample's token count) and
+returns :class:`PreparedChats`, a random-access view over the shards (memory-mapped
+Parquet, nothing copied per sample but the sample itself).
 
 Example::
 
@@ -99,6 +99,7 @@ def _shard_path(folder: Path, name: object) -> Path:
 
 def open_prepared(folder: str | Path) -> PreparedChats:
     """The prepared data set in ``folder``; a :class:`DataError` names what is missing or off."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     folder = Path(folder)
@@ -116,8 +117,14 @@ def open_prepared(folder: str | Path) -> PreparedChats:
     for path in shards:
         if not path.is_file():
             raise DataError(f"--data {folder}: shard {path.name} named in prepare.json is missing")
-        table = pq.read_table(path, columns=["input_ids", "loss_mask"], memory_map=True)
-        ids_col, mask_col = table.column("input_ids"), table.column("loss_mask")
+        try:  # page checksums (written by prepare) are verified: a flipped byte is an error
+            table = pq.read_table(path, columns=["input_ids", "loss_mask"], memory_map=True,
+                                  page_checksum_verification=True)
+            ids_col, mask_col = table.column("input_ids"), table.column("loss_mask")
+        except (OSError, pa.ArrowException, KeyError) as exc:
+            raise DataError(f"--data {folder}: shard {path.name} is damaged or cut short "
+                            f"({' '.join(str(exc).split())[:200]}); prepare the folder "
+                            "again") from None
         for a, m in zip(ids_col.chunks, mask_col.chunks, strict=True):
             if len(a) == 0:
                 continue
@@ -127,15 +134,34 @@ def open_prepared(folder: str | Path) -> PreparedChats:
                            m.values.to_numpy(zero_copy_only=False),
                            m.offsets.to_numpy(zero_copy_only=False)))
         rows += table.num_rows
+    sizes = _sample_sizes(folder, chunks)
     lengths_path = folder / "lengths.npy"
     if not lengths_path.is_file():
         raise DataError(f"--data {folder}: lengths.npy is missing")
     try:
-        lengths = np.load(lengths_path, mmap_mode="r")  # never unpickles (allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
-        raise DataError(f"{lengths_path}: not an array of lengths ({exc}); prepare the "
+        lengths = np.load(lengths_path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        raise DataError(f"{lengths_path}: not a readable .npy file ({exc}); prepare the "
                         "folder again") from None
     if lengths.ndim != 1 or lengths.size != rows:
         raise DataError(f"{lengths_path}: {lengths.size} lengths for {rows} samples in the "
                         "shards; prepare the folder again")
-    return PreparedChats(folder, info, chunks, np.asarray(lengths, dtype=np.int64))
+    lengths = np.asarray(lengths, dtype=np.int64)
+    off = np.flatnonzero(lengths != sizes)
+    if off.size:
+        i = int(off[0])
+        raise DataError(f"{lengths_path}: disagrees with the shards at {off.size} sample(s), "
+                        f"the first sample {i} ({int(lengths[i])} in lengths.npy, "
+                        f"{int(sizes[i])} tokens in the shards); prepare the folder again")
+    return PreparedChats(folder, info, chunks, lengths)
+
+
+def _sample_sizes(folder: Path, chunks: list[tuple[Any, ...]]) -> np.ndarray:
+    """Every sample's token count from the shards' offsets (its loss mask must match)."""
+    sizes = [np.diff(c[1]).astype(np.int64) for c in chunks]
+    masks = [np.diff(c[3]).astype(np.int64) for c in chunks]
+    ids = np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int64)
+    if masks and not np.array_equal(ids, np.concatenate(masks)):
+        raise DataError(f"--data {folder}: a sample's loss_mask and input_ids differ in length "
+                        "in the shards; prepare the folder again")
+    return ids

@@ -13,6 +13,14 @@ record gets ``eval_loss``, ``eval_accuracy`` and ``eval_simulated_acceptance_len
 row the target lacked, ``target/``: the target grown by that row, with its tokenizer
 (export, evaluate and serve the draft with it).
 
+The run folder's lock is held from the start (a second run into it stops before
+touching it). A folder holding an earlier run's checkpoints is refused unless the run
+resumes it (``resume``) or replaces it (``overwrite``: its checkpoints and final draft
+are removed first). The target's tokenizer must be the one the data was prepared with
+(``prepare.json``). A resumed run refuses settings that would change the draft's shape
+or the data and applies, and lists, every other change
+(:mod:`~lengthwise.dflash.resume_settings`).
+
 Example::
 
     $ torchrun --nproc-per-node 8 -m lengthwise dflash train --target ./Qwen3-8B \\
@@ -31,8 +39,12 @@ import numpy as np
 from lengthwise.dflash.train import DFlashTask, DFlashTrainConfig
 from lengthwise.errors import ConfigError, DataError
 
-__all__ = ["EvalTask", "RunSettings", "check_causal_lm", "held_out_batches", "load_tokenizer",
-           "new_draft", "train_draft"]
+__all__ = ["TOKENIZER_FILES", "EvalTask", "RunSettings", "check_causal_lm", "held_out_batches",
+           "load_tokenizer", "new_draft", "train_draft"]
+
+#: files that hold a Hugging Face tokenizer's vocabulary (a folder needs one of them)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "spiece.model", "sentencepiece.bpe.model", "tokenizer.tiktoken")
 
 
 @dataclass
@@ -50,6 +62,7 @@ class RunSettings:
     wandb: bool = False
     wandb_project: str | None = None
     tensorboard: str | None = None
+    overwrite: bool = False  # remove an earlier run's checkpoints and final draft from out
 
     def __post_init__(self) -> None:
         from lengthwise.planning.vocabulary import ORDERS
@@ -107,11 +120,19 @@ def load_tokenizer(target: str | Path) -> Any:
     import transformers
 
     check_causal_lm(target)
+    if not any((Path(target) / name).is_file() for name in TOKENIZER_FILES):
+        raise ConfigError(f"--target {target}: no tokenizer files there (none of "
+                          f"{', '.join(TOKENIZER_FILES)}); save the target's tokenizer "
+                          "into the folder (tokenizer.save_pretrained)")
     try:
-        return transformers.AutoTokenizer.from_pretrained(str(target), local_files_only=True)
+        tok = transformers.AutoTokenizer.from_pretrained(str(target), local_files_only=True)
     except (OSError, ValueError, KeyError) as exc:
         raise ConfigError(f"--target {target}: no usable tokenizer there "
                           f"({' '.join(str(exc).split())[:200]})") from None
+    if len(tok) < 2:
+        raise ConfigError(f"--target {target}: the tokenizer there is empty ({len(tok)} "
+                          "tokens)")
+    return tok
 
 
 def held_out_batches(samples: list[dict[str, Any]], *, batch_size: int = 8,
@@ -189,10 +210,20 @@ class EvalTask(DFlashTask):
     """
 
     def __init__(self, *args: Any, held: list[tuple[dict[str, Any], Any]], every: int,
-                 anchors: int, main: bool, **kwargs: Any) -> None:
+                 anchors: int, main: bool, settings: str | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.held, self.every, self.anchors, self.main = held, every, anchors, main
+        self.settings = settings  # train_settings.json, saved with every checkpoint
         self._step = 0
+
+    def checkpoint_files(self) -> dict[str, str]:
+        """``draft_config.json`` and the run's ``train_settings.json`` (checked on resume)."""
+        from lengthwise.dflash.resume_settings import SETTINGS_FILE
+
+        files = super().checkpoint_files()
+        if self.settings is not None:
+            files[SETTINGS_FILE] = self.settings
+        return files
 
     def prepare(self, batch: dict[str, Any], rows: list[list[int]], step: int) -> Any:
         self._step = step + 1  # the step this micro-batch's update completes
@@ -238,23 +269,15 @@ def _finite(x: float) -> float | None:
 def train_draft(cfg: DFlashTrainConfig, run: RunSettings, *, progress: bool = True,
                 ) -> dict[str, Any]:
     """Train (or resume) a draft; return rank 0's summary (``{}`` on the other ranks)."""
-    import torch
-
-    from lengthwise.dflash.mask_token import ensure_mask_token
-    from lengthwise.dflash.objective import target_layer_ids
+    from lengthwise.dflash.out_lock import hold_out
     from lengthwise.dflash.prepared import open_prepared
-    from lengthwise.dflash.target import Target, load_target
-    from lengthwise.train.device import (
-        autocast_dtype,
-        configure_torch,
-        pick_device,
-        rank_world,
-        say,
-        setup_distributed,
-    )
-    from lengthwise.train.loop import TrainLoop
+    from lengthwise.dflash.tokenizer_id import check_tokenizer
+    from lengthwise.train.device import pick_device, setup_distributed
 
     config = check_causal_lm(run.target)
+    if cfg.resume and run.overwrite:
+        raise ConfigError("give --resume (continue the run in --out) or --overwrite (remove "
+                          "it and start again), not both")
     data = open_prepared(run.data)
     n = len(data)
     vocab = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
@@ -263,12 +286,36 @@ def train_draft(cfg: DFlashTrainConfig, run: RunSettings, *, progress: bool = Tr
         raise DataError(f"--data {run.data}: token id {top} is outside the vocabulary of "
                         f"--target {run.target} ({vocab} tokens); prepare the data with this "
                         "target's tokenizer")
+    tokenizer = load_tokenizer(run.target)
+    check_tokenizer(data.info, tokenizer, data=run.data, target=run.target)
     if run.eval_samples >= n:
         raise ConfigError(f"eval_samples ({run.eval_samples}) must be fewer than the "
                           f"{n} prepared samples in {run.data}")
     group = setup_distributed(cfg.device)
-    rank, world = rank_world(group)
     device = pick_device(cfg.device, group)
+    with hold_out(run.out, "dflash train", group):
+        return _train_locked(cfg, run, data, tokenizer, group, device, progress)
+
+
+def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer: Any,
+                  group: Any, device: Any, progress: bool) -> dict[str, Any]:
+    """:func:`train_draft` with the run folder's lock held."""
+    import torch
+
+    from lengthwise.dflash.mask_token import ensure_mask_token
+    from lengthwise.dflash.objective import target_layer_ids
+    from lengthwise.dflash.resume_settings import (
+        apply_optimizer_settings,
+        settings_json,
+    )
+    from lengthwise.dflash.target import Target, load_target
+    from lengthwise.dflash.tokenizer_id import TOKENIZER_FIELDS
+    from lengthwise.train.device import autocast_dtype, configure_torch, rank_world, say
+    from lengthwise.train.loop import TrainLoop
+
+    n = len(data)
+    rank, world = rank_world(group)
+    out = Path(run.out)
     configure_torch(device, threads=cfg.threads, deterministic=cfg.deterministic)
     perm = np.random.default_rng([cfg.seed, 7919]).permutation(n)
     held_idx, train_idx = np.sort(perm[: run.eval_samples]), np.sort(perm[run.eval_samples:])
@@ -282,25 +329,27 @@ def train_draft(cfg: DFlashTrainConfig, run: RunSettings, *, progress: bool = Tr
         s = data.sample(int(train_idx[i]))
         return {k: v[: cfg.max_len] for k, v in s.items()}
 
+    applied = _check_out(out, cfg, run, data.info, group)
     dtype = torch.bfloat16 if device.type == "cuda" else None
     model = load_target(run.target, dtype=dtype, device=device)
     # the blocks' mask token: the tokenizer's own, else <|MASK|> added (the target embeds it)
-    tokenizer = load_tokenizer(run.target)
     rows = int(model.get_input_embeddings().weight.shape[0])
     mask = ensure_mask_token(tokenizer, model)
-    out = Path(run.out)
     serve = (_save_grown_target(model, tokenizer, out / "target", main=rank == 0)
              if mask.resized else Path(run.target))
     n_layers = model.config.num_hidden_layers
     target = Target(model, layers=target_layer_ids(n_layers, cfg.num_features or cfg.draft_layers))
     draft = new_draft(target, cfg, mask_token_id=mask.id)
+    # the data's tokenizer, which export and eval check the target's against
+    draft.config.tokenizer = {k: data.info[k] for k in TOKENIZER_FIELDS
+                              if data.info.get(k) is not None} or None
     dcfg = draft.config
     held = held_out_batches([{k: v[: cfg.max_len] for k, v in data.sample(int(j)).items()}
                              for j in held_idx], max_tokens=cfg.max_tokens)
     every = run.eval_every if run.eval_every is not None else max(1, cfg.steps // 10)
     task = EvalTask(draft, target, cfg, order=run.order, amp=autocast_dtype(cfg.dtype, device),
                     held=held, every=every, anchors=run.eval_anchors or cfg.num_anchors,
-                    main=rank == 0)
+                    main=rank == 0, settings=settings_json(cfg, run, data.info))
     sinks: dict[str, Any] = {}
     if run.tensorboard:
         sinks["tensorboard_dir"] = run.tensorboard
@@ -312,6 +361,12 @@ def train_draft(cfg: DFlashTrainConfig, run: RunSettings, *, progress: bool = Tr
                                                encoding="utf-8")
     loop = TrainLoop(task, run.order, lengths, sample, cfg, run_dir=out, device=device,
                      info=group, log_sinks=sinks)
+    if loop.resumed_from:
+        applied = list(dict.fromkeys(applied + apply_optimizer_settings(
+            loop.optimizer, loop.scheduler, cfg)))
+        if applied:
+            say(group, f"lengthwise dflash train: resume: applied from step {loop.step_count} "
+                       f"on: {', '.join(applied)}")
     say(group, f"lengthwise dflash train: target {run.target} ({n_layers} layers; layers "
                f"{target.layers} feed a {cfg.draft_layers}-layer draft, block {cfg.block_size}); "
                f"{train_idx.size} training samples ({int(lengths.sum())} tokens"
@@ -351,6 +406,43 @@ def train_draft(cfg: DFlashTrainConfig, run: RunSettings, *, progress: bool = Tr
                      if evals else None),
             "log": str(loop.log_path), "final": str(out / "final"),
             "mask_token_id": mask.id, "target": str(serve)}
+
+
+def _check_out(out: Path, cfg: DFlashTrainConfig, run: RunSettings, data_info: dict[str, Any],
+               group: Any) -> list[str]:
+    """Refuse (or with ``overwrite`` clear) an earlier run in ``out``; check a resume's settings.
+
+    Returns the settings a resume changes (applied); nothing is loaded or written before.
+    """
+    import shutil
+
+    from lengthwise.dflash.resume_settings import check_resume
+    from lengthwise.train.checkpoint import latest_checkpoint
+    from lengthwise.train.device import barrier, rank_world, say
+
+    ckpts = out / "checkpoints"
+    steps = sorted((p.name for p in ckpts.glob("step_*")), key=lambda name: (len(name), name)
+                   ) if ckpts.is_dir() else []  # step_2 before step_10
+    final = out / "final"
+    if cfg.resume:
+        latest = latest_checkpoint(ckpts) if ckpts.is_dir() else None
+        return check_resume(latest, cfg, run, data_info) if latest is not None else []
+    if not steps and not final.exists():
+        return []
+    held = (f"checkpoints {', '.join(steps)}" if steps else "") + (
+        (" and " if steps else "") + "a final draft" if final.exists() else "")
+    if not run.overwrite:
+        raise ConfigError(f"--out {out} holds an earlier run ({held}): give --resume to "
+                          "continue it, --overwrite to remove them and start again, or "
+                          "another --out")
+    barrier(group)  # every rank has looked before rank 0 removes
+    if rank_world(group)[0] == 0:
+        shutil.rmtree(ckpts, ignore_errors=True)
+        shutil.rmtree(final, ignore_errors=True)
+    barrier(group)
+    say(group, f"lengthwise dflash train: --overwrite: removed the earlier run's {held} "
+               f"from {out}")
+    return []
 
 
 def _save_grown_target(model: Any, tokenizer: Any, folder: Path, *, main: bool) -> Path:

@@ -126,6 +126,7 @@ def load_target(path: str | Path, *, dtype: Any = None, device: Any = None) -> A
                         "(no config.json there)")
     import pickle
 
+    _check_device(device)
     try:  # transformers reads .bin weights with torch.load(weights_only=True)
         model = transformers.AutoModelForCausalLM.from_pretrained(
             str(path), dtype=dtype, local_files_only=True)
@@ -133,4 +134,26 @@ def load_target(path: str | Path, *, dtype: Any = None, device: Any = None) -> A
         names = sorted(p.name for p in path.glob("*.bin")) or ["its weights"]
         raise DataError(f"--target {path}: {', '.join(names)} holds objects other than tensors; "
                         "refused, not loaded (save the target with safetensors)") from None
+    except weight_errors() as exc:
+        raise DataError(f"--target {path}: its weights cannot be read, a file is damaged or "
+                        f"cut short ({' '.join(str(exc).split())[:200]})") from None
     return model.to(device) if device is not None else model
+
+
+def weight_errors() -> tuple[type[BaseException], ...]:
+    """What reading a damaged weights file raises (safetensors' own error, a cut file)."""
+    try:
+        from safetensors import SafetensorError
+    except ImportError:  # pragma: no cover - an older safetensors
+        return (EOFError,)
+    return (SafetensorError, EOFError)
+
+
+def _check_device(device: Any) -> None:
+    """Refuse a CUDA device where torch sees none (before any weights are read)."""
+    import torch
+
+    if device is not None and torch.device(device).type == "cuda" and (
+            not torch.cuda.is_available()):
+        raise ConfigError(f"--device {device}: torch sees no CUDA device here (torch "
+                          f"{torch.__version__}, CUDA build {torch.version.cuda or 'none'})")

@@ -65,6 +65,9 @@ class LoopConfig:
             raise ConfigError(f"schedule must be 'constant' or 'cosine', got {self.schedule!r}")
         if not self.lr > 0:
             raise ConfigError(f"lr must be > 0, got {self.lr}")
+        if not self.clip > 0:  # a norm <= 0 flips or zeroes every update; nan compares false
+            raise ConfigError(f"clip must be > 0 (the largest gradient norm kept; inf: no "
+                              f"clipping), got {self.clip}")
         if self.warmup is not None and not 0 <= self.warmup < self.steps:
             raise ConfigError(f"warmup must lie in [0, steps={self.steps}), got {self.warmup}")
         if self.checkpoint_every < 0:

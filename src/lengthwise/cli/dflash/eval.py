@@ -66,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from lengthwise.dflash.prompts import bundled_prompts, read_prompt_file, render_prompts
     from lengthwise.dflash.recipe import load_tokenizer
     from lengthwise.dflash.target import Target, load_target
+    from lengthwise.dflash.tokenizer_id import check_draft_tokenizer
     from lengthwise.errors import ConfigError
 
     for name in ("max_new_tokens", "batch_size", "limit"):
@@ -79,12 +80,13 @@ def run(args: argparse.Namespace) -> int:
     dtype = getattr(torch, args.dtype)
     device = torch.device(args.device)
     draft = load_draft(args.draft)
+    tokenizer = load_tokenizer(args.target)
+    check_draft_tokenizer(draft.config, tokenizer, draft=args.draft, target=args.target)
     model = load_target(args.target, dtype=dtype, device=device)
     check_target(draft.config, model.config)
     check_mask_token(draft.config.mask_token_id, int(model.get_input_embeddings().weight.shape[0]))
     target = Target(model, layers=draft.config.target_layers)
     draft = draft.to(device=device, dtype=dtype)
-    tokenizer = load_tokenizer(args.target)
     eos = _stops(model, tokenizer)
     rows: list[dict[str, Any]] = []
     for name, convs in sets.items():

@@ -50,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--speculators needs --target (the converter reads the target)")
     if args.target is not None:
         target_config = _target_config(args.target)
+        _check_tokenizer(args.checkpoint, args.target)
     out = export_checkpoint(args.checkpoint, args.out, dtype=args.dtype,
                             target_config=target_config)
     cfg = json.loads((out / "config.json").read_text())
@@ -69,6 +70,26 @@ def run(args: argparse.Namespace) -> int:
             return 2
         print(f"lengthwise dflash export: speculators format: {converted}")
     return 0
+
+
+def _check_tokenizer(checkpoint: str, target: str) -> None:
+    """Refuse a ``--target`` whose tokenizer is not the one the draft was trained with."""
+    from pathlib import Path
+
+    from lengthwise.dflash.config import DRAFT_CONFIG, read_draft_config
+    from lengthwise.dflash.recipe import load_tokenizer
+    from lengthwise.dflash.tokenizer_id import check_draft_tokenizer
+    from lengthwise.train.checkpoint import latest_checkpoint
+
+    path = Path(checkpoint)
+    if (path / "checkpoints").is_dir():
+        path = path / "checkpoints"
+    step = path if (path / DRAFT_CONFIG).is_file() else (
+        latest_checkpoint(path) if path.is_dir() else None)
+    if step is None or not (step / DRAFT_CONFIG).is_file():
+        return  # the export names what is missing
+    check_draft_tokenizer(read_draft_config(step), load_tokenizer(target), draft=checkpoint,
+                          target=target)
 
 
 def _target_config(path: str) -> object:

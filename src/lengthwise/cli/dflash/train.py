@@ -48,7 +48,7 @@ _FLAGS: list[tuple[str, type, str]] = [
     ("dtype", str, "autocast dtype: bf16, fp16 or fp32 (default bf16 on CUDA, fp32 on CPU)"),
     ("checkpoint_every", int, "steps between checkpoints (default 2000; 0: none)"),
     ("keep_checkpoints", int, "checkpoints kept (default 2)"),
-    ("clip", float, "gradient-norm clipping (default 1.0)"),
+    ("clip", float, "gradient-norm clipping, > 0 (default 1.0; inf: no clipping)"),
     ("weight_decay", float, "AdamW weight decay (default 0)"),
     ("buckets", int, "length buckets of the sampler (default: chosen automatically)"),
     ("threads", int, "torch threads per process on CPU (default 1)"),
@@ -81,6 +81,9 @@ def register(stages: argparse._SubParsersAction) -> None:
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, help=text,
                        metavar={int: "N", float: "X"}.get(kind, "NAME"))
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    p.add_argument("--overwrite", action="store_true",
+                   help="remove an earlier run's checkpoints and final draft from --out first "
+                        "(without it, or --resume, such a folder is refused)")
     p.add_argument("--wandb", action="store_true", help="also log to Weights & Biases")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     p.set_defaults(func=run)

@@ -126,8 +126,10 @@ def _try_flock(handle: IO[bytes]) -> bool | None:
 class WriterLock:
     """The writer lock of one checkpoint folder (see the module docstring)."""
 
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
+    def __init__(self, directory: str | os.PathLike[str], *, kind: str = "checkpoint folder",
+                 writer: str = "checkpointer") -> None:
         self.directory = Path(directory)
+        self.kind, self.writer = kind, writer  # how the messages name the folder and a holder
         self.path = self.directory / LOCK_FILE
         self._handle: IO[bytes] | None = None
 
@@ -141,7 +143,7 @@ class WriterLock:
         if self._handle is not None:
             return
         if self.directory.exists() and not self.directory.is_dir():
-            raise CheckpointError(f"checkpoint folder {self.directory} is a file, not a folder")
+            raise CheckpointError(f"{self.kind} {self.directory} is a file, not a folder")
         self.directory.mkdir(parents=True, exist_ok=True)
         for _ in range(100):  # the file may be removed by its holder between open and lock
             handle = open(self.path, "a+b")  # noqa: SIM115 - kept open while the lock is held
@@ -155,8 +157,8 @@ class WriterLock:
                 return
             handle.close()
         raise CheckpointLockedError(  # pragma: no cover - the lock file kept being replaced
-            f"checkpoint folder {self.directory}: {self.path} kept being replaced while it "
-            "was locked; another checkpointer is starting and stopping there")
+            f"{self.kind} {self.directory}: {self.path} kept being replaced while it "
+            f"was locked; another {self.writer} is starting and stopping there")
 
     def _lock_open_file(self, handle: IO[bytes]) -> bool:
         """Lock ``handle`` and write this process in it; ``False`` if the path was replaced."""
@@ -175,8 +177,8 @@ class WriterLock:
             if taken is None:
                 hint += f"; if that run is over, delete {self.path}"
             raise CheckpointLockedError(
-                f"checkpoint folder {self.directory} is being written by another "
-                f"checkpointer ({_describe(holder)}): one writer per folder; {hint}")
+                f"{self.kind} {self.directory} is being written by another "
+                f"{self.writer} ({_describe(holder)}): one writer per folder; {hint}")
         handle.seek(0)
         handle.truncate()
         handle.write(json.dumps(this_process()).encode("utf-8"))

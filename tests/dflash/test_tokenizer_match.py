@@ -1,0 +1,165 @@
+"""Prepared data, drafts and targets are matched on their tokenizer and chat template.
+
+``prepare.json`` records the vocabulary size and the tokenizer and template hashes;
+``dflash train`` refuses a target of another tokenizer, ``dflash export --target`` and
+``dflash eval`` a target other than the draft's, and a prepare rerun after the target's
+tokenizer changed prepares its shards again.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from _chat_tiny import conversations, write_jsonl
+from _cli import TINY_TRAIN
+
+from lengthwise.cli import main
+from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
+from lengthwise.dflash.prepared import open_prepared
+
+torch = pytest.importorskip("torch")
+
+
+def _swapped(target, folder):
+    """``target`` whose tokenizer gives two ordinary tokens each other's id (same size)."""
+    shutil.copytree(target, folder)
+    file = folder / "tokenizer.json"
+    tok = json.loads(file.read_text())
+    vocab = tok["model"]["vocab"]
+    by_id = {i: t for t, i in vocab.items()}
+    a, b = by_id[100], by_id[101]
+    vocab[a], vocab[b] = 101, 100
+    file.write_text(json.dumps(tok))
+    return folder
+
+
+def _retemplated(target, folder):
+    """``target`` (copied to ``folder`` unless it is it) with one more comment in its template."""
+    if folder != target:
+        shutil.copytree(target, folder)
+    file = folder / "chat_template.jinja"
+    file.write_text(file.read_text() + "{#- v2 -#}")
+    return folder
+
+
+def _error(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    return err[0]
+
+
+def _train(target, data, out) -> int:
+    return main(["dflash", "train", "--target", str(target), "--data", str(data), "--out",
+                 str(out), "--steps", "2", *TINY_TRAIN])
+
+
+def test_prepare_records_the_tokenizer(tiny_prepared):
+    from lengthwise.dflash.recipe import load_tokenizer
+    from lengthwise.dflash.tokenizer_id import tokenizer_record
+
+    target, data = tiny_prepared
+    info = open_prepared(data).info
+    assert {k: info[k] for k in ("vocab_size", "tokenizer_sha256", "chat_template_sha256")} == (
+        tokenizer_record(load_tokenizer(target)))
+
+
+@pytest.mark.parametrize(("change", "said"), [
+    (_swapped, "was prepared with another tokenizer than --target"),
+    (_retemplated, "was prepared with another chat template than --target"),
+])
+def test_train_refuses_a_target_of_another_tokenizer(tiny_prepared, tmp_path, capsys, change,
+                                                     said):
+    target, data = tiny_prepared
+    other = change(target, tmp_path / "other")
+    assert _train(other, data, tmp_path / "run") == 2
+    line = _error(capsys)
+    assert said in line and str(data) in line and str(other) in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_prepare_rerun_after_the_tokenizer_changed_prepares_again(tiny_prepared, tmp_path,
+                                                                     capsys):
+    source, _ = tiny_prepared
+    target = tmp_path / "target"
+    shutil.copytree(source, target)
+    chats = write_jsonl(tmp_path / "chats.jsonl", conversations(20))
+    cfg = PrepareConfig(min_supervised=16, shard_rows=8, progress=False)
+    first = prepare_chats(chats, target, tmp_path / "out", cfg)
+    shutil.rmtree(target)
+    _swapped(source, target)  # the same folder, another tokenizer
+    again = prepare_chats(chats, target, tmp_path / "out", cfg)
+    assert "3 shard(s) in" in capsys.readouterr().err
+    assert again["shards_reused"] == 0
+    assert again["tokenizer_sha256"] != first["tokenizer_sha256"]
+    fresh = prepare_chats(chats, target, tmp_path / "fresh", cfg)
+    a, b = open_prepared(tmp_path / "out"), open_prepared(tmp_path / "fresh")
+    assert all(a[i] == b[i] for i in range(len(b))) and len(a) == len(b)
+    assert fresh["tokenizer_sha256"] == again["tokenizer_sha256"]
+    assert prepare_chats(chats, target, tmp_path / "out", cfg)["shards_reused"] == 3
+
+
+def test_export_and_eval_refuse_a_target_other_than_the_drafts(tiny_prepared, tmp_path, capsys):
+    target, data = tiny_prepared
+    run = tmp_path / "run"
+    assert _train(target, data, run) == 0
+    serve = run / "target"  # grown by the mask token's row: still the data's tokenizer
+    assert main(["dflash", "export", str(run), str(tmp_path / "x"), "--target",
+                 str(serve)]) == 0
+    other = _swapped(serve, tmp_path / "other")
+    capsys.readouterr()
+    assert main(["dflash", "export", str(run), str(tmp_path / "y"), "--target",
+                 str(other)]) == 2
+    assert f"the draft {run} was trained with another tokenizer than --target" in (
+        _error(capsys))
+    assert not (tmp_path / "y").exists()
+    _retemplated(other, other)
+    shutil.copy(serve / "tokenizer.json", other / "tokenizer.json")  # only the template differs
+    assert main(["dflash", "eval", "--target", str(other), "--draft", str(tmp_path / "x"),
+                 "--limit", "1", "--max-new-tokens", "2", "--temperatures", "0"]) == 2
+    assert "was trained with another chat template than --target" in _error(capsys)
+
+
+def test_shards_from_before_the_tokenizer_was_recorded_are_prepared_again(tiny_prepared,
+                                                                         tmp_path, capsys):
+    import pyarrow.parquet as pq
+
+    from lengthwise.dflash.chat import ChatRenderer
+    from lengthwise.dflash.prepare import _META_KEY, _fingerprint
+    from lengthwise.dflash.recipe import load_tokenizer
+
+    target, _ = tiny_prepared
+    chats = write_jsonl(tmp_path / "chats.jsonl", conversations(20))
+    cfg = PrepareConfig(min_supervised=16, shard_rows=8, progress=False)
+    out = tmp_path / "out"
+    prepare_chats(chats, target, out, cfg)
+    template = ChatRenderer(load_tokenizer(target)).template_sha256
+    for shard in sorted(out.glob("data-*.parquet")):  # as the earlier format wrote them
+        table = pq.read_table(shard)
+        meta = json.loads(table.schema.metadata[_META_KEY])
+        meta["fingerprint"] = _fingerprint(chats, target, cfg, template)
+        del meta["tokenizer"]
+        pq.write_table(table.replace_schema_metadata({_META_KEY: json.dumps(meta)}), shard)
+    capsys.readouterr()
+    assert prepare_chats(chats, target, out, cfg)["shards_reused"] == 0
+    assert "3 shard(s) in" in capsys.readouterr().err
+    assert prepare_chats(chats, target, out, cfg)["shards_reused"] == 3
+
+
+def test_a_resume_on_data_prepared_again_for_another_tokenizer_is_refused(tiny_prepared,
+                                                                         tmp_path, capsys):
+    source, _ = tiny_prepared
+    target, data = tmp_path / "target", tmp_path / "data"
+    shutil.copytree(source, target)
+    chats = write_jsonl(tmp_path / "chats.jsonl", conversations(40))
+    cfg = PrepareConfig(min_supervised=16, shard_rows=16, progress=False)
+    prepare_chats(chats, target, data, cfg)
+    assert _train(target, data, tmp_path / "run") == 0
+    shutil.rmtree(target)
+    _swapped(source, target)  # the target's tokenizer changed in place, the data follows it
+    prepare_chats(chats, target, data, cfg)
+    capsys.readouterr()
+    assert main(["dflash", "train", "--target", str(target), "--data", str(data), "--out",
+                 str(tmp_path / "run"), "--steps", "4", "--resume", *TINY_TRAIN]) == 2
+    assert "--data (other data or tokenizer:" in _error(capsys)
