@@ -141,7 +141,7 @@ def open_prepared(folder: str | Path) -> PreparedChats:
     try:
         lengths = np.load(lengths_path, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError, EOFError) as exc:
-        raise DataError(f"{lengths_path}: not a readable .npy file ({exc}); prepare the "
+        raise DataError(f"{lengths_path}: not an array of lengths ({exc}); prepare the "
                         "folder again") from None
     if lengths.ndim != 1 or lengths.size != rows:
         raise DataError(f"{lengths_path}: {lengths.size} lengths for {rows} samples in the "
