@@ -44,6 +44,7 @@ from lengthwise.planning.schedule import EpochPlan
 from lengthwise.planning.state_checks import StateError
 from lengthwise.planning.window_cursor import WindowCursor
 from lengthwise.planning.windowed import WindowedPlan, resolve_window
+from lengthwise.pytorch.consumer import Consumer, find_consumer
 from lengthwise.pytorch.dist import check_replicas, group_info
 from lengthwise.pytorch.sampler_state import (
     STATE_VERSION,
@@ -170,7 +171,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         #: compare num_replicas with the processes the launcher started
         self.check_world_size = bool(check_world_size)
         if self.check_world_size:
-            check_replicas(self.num_replicas)
+            check_replicas(self.num_replicas, rank=self.rank)
         if drop_last and even_out not in (None, "drop"):
             raise ConfigError(f"drop_last=True means even_out='drop', got even_out={even_out!r}")
         self.drop_last = bool(drop_last)
@@ -199,6 +200,9 @@ class BucketBatchSampler(Sampler[list[int]]):
         self._resumed_from_state = False  # the last resumed segment is the loaded state's
         self._cursor: WindowCursor | None = None
         self._cursor_pending = False
+        # the PyTorch loader iterating the current pass, and the epoch position it started at
+        self._consumer: Consumer | None = None
+        self._consumer_start = 0
         self._check_budget()
 
     # ------------------------------------------------------------------ setup
@@ -394,6 +398,7 @@ class BucketBatchSampler(Sampler[list[int]]):
             self._yielded = 0
             self._keep_solved_edges()
             self._cursor = None
+            self._consumer = None
 
     def __len__(self) -> int:
         if self.window is not None:
@@ -410,9 +415,20 @@ class BucketBatchSampler(Sampler[list[int]]):
         return max(0, len(self) - done)
 
     def __iter__(self) -> Iterator[list[int] | list[list[int]]]:
+        # not a generator: the loader that calls iter() is looked up now, so that the state
+        # counts the micro-batches it handed to the loop, not those its workers fetched ahead
+        consumer = find_consumer(self)
         if self.window is not None:
-            yield from self._iter_windows()
-            return
+            cur = self._windowed()
+            start = cur.yielded if self._cursor_pending else 0
+        else:
+            start = self._pending if self._pending is not None else 0
+        self._consumer, self._consumer_start = consumer, start
+        if self.window is not None:
+            return self._iter_windows()
+        return self._iter_epoch()
+
+    def _iter_epoch(self) -> Iterator[list[int] | list[list[int]]]:
         plan = self.plan
         start = self._pending if self._pending is not None else 0
         self._pending = None
@@ -443,15 +459,29 @@ class BucketBatchSampler(Sampler[list[int]]):
     def state_dict(self) -> dict[str, Any]:
         """Where this epoch stands, as plain numbers (the same on every rank).
 
-        ``yielded`` counts the micro-batches handed out on this rank in this epoch;
-        ``resumed`` lists earlier ``[world_size, grad_accum, yielded]`` segments of
-        an epoch that was resumed with other settings.
+        ``yielded`` counts the micro-batches of this epoch the training loop has
+        received on this rank: while a PyTorch ``DataLoader`` iterates the sampler,
+        those its workers (or Accelerate's ``DataLoaderShard``) fetched ahead are not
+        counted. ``resumed`` lists earlier ``[world_size, grad_accum, yielded]``
+        segments of an epoch that was resumed with other settings. Raises
+        :class:`ResumeError` where the count cannot be known: the loader fetched ahead
+        and was closed before the end of the epoch.
         """
+        return self._state(self._fetched_ahead())
+
+    def _position(self) -> int:
+        """Micro-batches of this epoch yielded to the loader (or to resume from) on this rank."""
+        if self.window is not None:
+            return self._windowed().yielded
+        return self._pending if self._pending is not None else self._yielded
+
+    def _state(self, ahead: int) -> dict[str, Any]:
+        """The state, ``ahead`` micro-batches before the place the sampler has yielded to."""
         state = {
             "version": STATE_VERSION,
             "seed": self.seed,
             "epoch": self.epoch,
-            "yielded": self._pending if self._pending is not None else self._yielded,
+            "yielded": self._position() - ahead,
             "world_size": self.num_replicas,
             "grad_accum": self.grad_accum,
             "fingerprint": self.fingerprint(),
@@ -461,8 +491,38 @@ class BucketBatchSampler(Sampler[list[int]]):
             "options": _options(self.config, self.window),
         }
         if self.window is not None:  # the place in the windows; "yielded" counts the epoch
-            state.update(self._windowed().state())
+            place = self._windowed().state()
+            if place["window_yielded"] < ahead:
+                raise ResumeError(
+                    f"cannot save the sampler state of epoch {self.epoch} now: the loader "
+                    f"fetched {ahead} micro-batches ahead of the training loop, across the start "
+                    f"of window {place['window_index']} (window_yielded="
+                    f"{place['window_yielded']}); save at another step")
+            place["window_yielded"] -= ahead
+            place["yielded"] -= ahead
+            state.update(place)
         return state
+
+    def _fetched_ahead(self) -> int:
+        """Micro-batches yielded to the loader of the current pass but not yet to the loop."""
+        consumer = self._consumer
+        if consumer is None or not consumer.looks_ahead:
+            return 0
+        yielded = self._position()
+        handed = consumer.handed_out()
+        if handed is None:  # the loader is gone: only a finished epoch is known
+            if self.window is not None:
+                done = yielded >= len(self._windowed())
+            else:
+                done = self._pending is None and yielded >= len(self)
+            if done:
+                return 0
+            raise ResumeError(
+                f"cannot tell how many micro-batches of epoch {self.epoch} were trained: the "
+                f"loader fetched ahead ({consumer.workers} workers) and was closed after "
+                f"{yielded} of {len(self)} were fetched; take sampler.state_dict() inside the "
+                "loop over the loader (or use torchdata's StatefulDataLoader and its state)")
+        return max(0, yielded - (self._consumer_start + handed))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a saved state: the next pass starts after its last micro-batch.
@@ -503,6 +563,7 @@ class BucketBatchSampler(Sampler[list[int]]):
             raise
         self._pending = start
         self._yielded = start
+        self._consumer = None
 
     def _load_windowed(self, state: dict[str, Any], saved: SavedState) -> None:
         old_epoch, old_cursor = self.epoch, self._cursor
@@ -515,6 +576,7 @@ class BucketBatchSampler(Sampler[list[int]]):
             self.epoch, self._cursor = old_epoch, old_cursor  # leave the sampler as it was
             raise ResumeError(str(exc)) from None
         self._cursor_pending = True
+        self._consumer = None
 
     def _check_same_plan(self, state: dict[str, Any] | SavedState) -> None:
         if not isinstance(state, SavedState):
