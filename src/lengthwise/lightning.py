@@ -35,7 +35,6 @@ except ImportError:  # the standalone package
 from lengthwise.errors import ConfigError
 from lengthwise.pytorch.dist import check_replicas
 from lengthwise.pytorch.sampler import BucketBatchSampler
-from lengthwise.pytorch.sampler_state import ResumeError
 
 __all__ = ["LengthwiseCallback", "LightningBatchSampler", "lengthwise_samplers"]
 
