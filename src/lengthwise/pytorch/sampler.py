@@ -26,6 +26,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -68,7 +69,11 @@ def _options(config: PlanConfig, window: int | None = None) -> dict[str, str]:
 
 
 def _sampled_checksum(lengths: np.ndarray, blocks: int = 64, block: int = 16384) -> int:
-    """CRC of the lengths, or for large ones of 64 evenly spaced blocks of them (1 M values)."""
+    """CRC of the lengths, or for large ones of 64 evenly spaced blocks of them (1 M values).
+
+    The checksum of states saved by earlier versions of a windowed sampler: such a state
+    still resumes (see :meth:`BucketBatchSampler._check_same_plan`).
+    """
     n = int(lengths.shape[0])
     if n <= blocks * block:
         return lengths_checksum(np.asarray(lengths))
@@ -76,6 +81,15 @@ def _sampled_checksum(lengths: np.ndarray, blocks: int = 64, block: int = 16384)
     crc = lengths_checksum(np.array([n]))
     for a in starts.tolist():
         crc = lengths_checksum(np.asarray(lengths[a : a + block]), crc)
+    return crc
+
+
+def _full_checksum(lengths: np.ndarray, chunk: int = 1 << 22) -> int:
+    """:func:`lengths_checksum` of every length, read in chunks (memory-mapped lengths too)."""
+    crc = 0
+    for a in range(0, int(lengths.shape[0]), chunk):
+        part = np.ascontiguousarray(lengths[a : a + chunk], dtype=np.int64)
+        crc = zlib.crc32(memoryview(part), crc)
     return crc
 
 
@@ -100,7 +114,7 @@ class BucketBatchSampler(Sampler[list[int]]):
     ``.npy`` lengths; ``None`` always plans the whole epoch. A windowed sampler
     resumes (also on other ranks) by planning only the window it stopped in; its
     ``len()`` plans every window once to count, and its checksum of the lengths
-    reads 64 evenly spaced blocks of them.
+    (for the state) reads every length once, in chunks.
 
     Under a launcher of several processes (``WORLD_SIZE``, ``LOCAL_WORLD_SIZE`` or an
     initialised group), ``num_replicas`` must be their number: a sampler built before
@@ -203,6 +217,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         # the PyTorch loader iterating the current pass, and the epoch position it started at
         self._consumer: Consumer | None = None
         self._consumer_start = 0
+        self._crc: int | None = None  # a windowed sampler's checksum of its lengths
         self._check_budget()
 
     # ------------------------------------------------------------------ setup
@@ -255,6 +270,17 @@ class BucketBatchSampler(Sampler[list[int]]):
             if self._edges is None:
                 _ = self.plan  # solves the bucket edges (once, for every epoch)
             edges = self._edges
+        if "edges" in options:  # the plan's own: repeating them is allowed, nothing else
+            given = options.pop("edges")
+            try:
+                same = given is None if edges is None else [int(e) for e in given] == edges
+            except (TypeError, ValueError):
+                same = False
+            if not same:
+                raise ConfigError(
+                    f"edges={given!r} disagrees with the plan (edges={edges!r}, the sampler's "
+                    "plan's bucket edges); leave it out, or build the sampler with "
+                    "buckets=[...] to set them")
         return collator_for(self.config, edges, pad_token_id=pad_token_id,
                             yield_rows=self.yield_rows, **options)
 
@@ -285,12 +311,15 @@ class BucketBatchSampler(Sampler[list[int]]):
         cfg = dataclasses.replace(self.config, grad_accum=1)
         if self.window is None:
             return cfg.fingerprint(self.lengths)
-        return _sampled_checksum(self.lengths) ^ cfg.fingerprint()
+        return self._lengths_crc() ^ cfg.fingerprint()
 
     def _lengths_crc(self) -> int:
+        """CRC of every length (a windowed sampler's: read once, in chunks, then kept)."""
         if self.window is None:
             return lengths_checksum(self.lengths)
-        return _sampled_checksum(self.lengths)
+        if self._crc is None:
+            self._crc = _full_checksum(self.lengths)
+        return self._crc
 
     def _windowed(self) -> WindowCursor:
         """The cursor over the current epoch's windows (a windowed sampler only)."""
@@ -574,7 +603,13 @@ class BucketBatchSampler(Sampler[list[int]]):
                                   grad_accum=saved.grad_accum)
         except StateError as exc:
             self.epoch, self._cursor = old_epoch, old_cursor  # leave the sampler as it was
-            raise ResumeError(str(exc)) from None
+            place = saved.window
+            where = "" if place is None else (
+                f", window_index={place.window_index}, window_yielded={place.window_yielded}, "
+                f"window_resumed={[list(seg) for seg in place.window_resumed]}")
+            raise ResumeError(
+                f"cannot resume from the windowed sampler state (epoch {saved.epoch}, "
+                f"yielded={saved.yielded}{where}; {self.num_replicas} ranks now): {exc}") from None
         self._cursor_pending = True
         self._consumer = None
 
@@ -585,7 +620,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         if state.num_samples != self.lengths.size:
             problems.append(f"the lengths have {self.lengths.size} samples, the saved state "
                             f"{state.num_samples}")
-        elif state.lengths_crc != self._lengths_crc():
+        elif state.lengths_crc != self._lengths_crc() and not self._legacy_crc(state):
             problems.append("the lengths differ from the saved ones (same number of samples)")
         if state.seed != self.seed:
             problems.append(f"seed is {self.seed}, the saved state has {state.seed}")
@@ -595,13 +630,23 @@ class BucketBatchSampler(Sampler[list[int]]):
             if mine.get(name) != saved.get(name):
                 problems.append(f"{name} is {mine.get(name)}, the saved state has "
                                 f"{saved.get(name)}")
-        if not problems and state.fingerprint != self.fingerprint():
+        legacy = self._legacy_crc(state)
+        if not problems and state.fingerprint != self.fingerprint() and not legacy:
             problems.append("the plan fingerprint differs (another lengthwise version?)")
         if problems:
             raise ResumeError(
                 "cannot resume: this sampler would build a different plan than the one "
                 "that was interrupted: " + "; ".join(problems)
                 + ". Build it with the saved settings, or start a fresh epoch with set_epoch().")
+
+
+    def _legacy_crc(self, state: SavedState) -> bool:
+        """A windowed state of an earlier version, whose checksum read 64 blocks of lengths."""
+        if self.window is None or state.lengths_crc == self._lengths_crc():
+            return False
+        sampled = _sampled_checksum(self.lengths)
+        cfg = dataclasses.replace(self.config, grad_accum=1)
+        return (state.lengths_crc, state.fingerprint) == (sampled, sampled ^ cfg.fingerprint())
 
 
 def loader_sampler_state(loader_state: dict[str, Any]) -> dict[str, Any]:
