@@ -389,6 +389,9 @@ def read_source(source: str | os.PathLike[str]) -> np.ndarray:
         raise FileNotFoundError(f"no file {path!r} and no bundled distribution of that name "
                                 f"(bundled: {known})")
     lower = path.lower()
+    if column is not None and lower.endswith((".npy", ".idx", ".txt", ".csv")):
+        raise LengthError(f"{path} holds the lengths themselves, it has no column or field "
+                          f"{column!r}: give {path} without ':{column}'")
     if lower.endswith(".npy"):
         return _read_npy(path)
     if lower.endswith(".idx"):  # a Megatron index
