@@ -7,8 +7,8 @@ import pytest
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
-from lengthwise.planning.lengths import load_lengths  # noqa: E402
 from lengthwise.planning.errors import LengthError  # noqa: E402
+from lengthwise.planning.lengths import load_lengths  # noqa: E402
 from lengthwise.planning.readers import parquet_folder_lengths  # noqa: E402
 
 
