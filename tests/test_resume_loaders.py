@@ -80,7 +80,7 @@ def test_a_loader_closed_mid_epoch_after_fetching_ahead_is_refused():
     it = iter(loader)
     next(it)
     del it  # closed: how many were trained is unknown
-    with pytest.raises(ResumeError, match=r"2 workers.*inside the loop"):
+    with pytest.raises(ResumeError, match=r"2 loader workers fetched ahead.*inside the loop"):
         sampler.state_dict()
     sampler.set_epoch(1)  # a new epoch starts from a known place
     assert sampler.state_dict()["yielded"] == 0

@@ -52,6 +52,13 @@ class Consumer:
         """Whether the sampler is asked for micro-batches before the loop receives them."""
         return self.workers > 0 or self.shard is not None
 
+    def describe(self) -> str:
+        """What fetched ahead, in words: ``2 loader workers``, ``Accelerate's prepared loader``."""
+        parts = [f"{self.workers} loader workers"] if self.workers else []
+        if self.shard is not None:
+            parts.append("Accelerate's prepared loader")
+        return " and ".join(parts) or "the loader"
+
     def alive(self) -> bool:
         """Whether the loader iterator still exists (a loop may still receive batches)."""
         return self.iterator() is not None

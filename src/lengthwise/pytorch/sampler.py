@@ -547,8 +547,8 @@ class BucketBatchSampler(Sampler[list[int]]):
             if done:
                 return 0
             raise ResumeError(
-                f"cannot tell how many micro-batches of epoch {self.epoch} were trained: the "
-                f"loader fetched ahead ({consumer.workers} workers) and was closed after "
+                f"cannot tell how many micro-batches of epoch {self.epoch} were trained: "
+                f"{consumer.describe()} fetched ahead and the loader was closed after "
                 f"{yielded} of {len(self)} were fetched; take sampler.state_dict() inside the "
                 "loop over the loader (or use torchdata's StatefulDataLoader and its state)")
         return max(0, yielded - (self._consumer_start + handed))
