@@ -58,7 +58,7 @@ def _buckets(text: str) -> int | str | list[int]:
         low = [e for e in edges if e < 1]
         if low:
             raise argparse.ArgumentTypeError(
-                f"edges are token lengths >= 1, got {low[0]} in {text!r}")
+                f"bucket edges must be >= 1, got {low[0]} in {text!r}")
         return edges
     try:
         count = int(text)
@@ -66,7 +66,7 @@ def _buckets(text: str) -> int | str | list[int]:
         raise argparse.ArgumentTypeError(
             f"--buckets takes a count, 'auto' or edges E1,E2,...; got {text!r}") from None
     if count < 1:
-        raise argparse.ArgumentTypeError(f"a count of buckets is >= 1, got {count}")
+        raise argparse.ArgumentTypeError(f"a count of buckets must be >= 1, got {count}")
     return count
 
 
