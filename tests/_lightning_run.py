@@ -4,7 +4,9 @@ Usage: python _lightning_run.py OUT_DIR MODE [CKPT]. ``MODE`` is ``default`` (a
 ``LightningBatchSampler`` under Lightning's default settings, built before ``fit``,
 checkpoints every 3 steps), ``resume`` (the same, continued from ``CKPT``) or
 ``nodist`` (a plain ``BucketBatchSampler`` built in the data module's hook, with
-``use_distributed_sampler=False`` and ``LengthwiseCallback``); ``workers`` and
+``use_distributed_sampler=False`` and ``LengthwiseCallback``), ``lbs-nodist`` (a
+``LightningBatchSampler`` built before ``fit`` under ``use_distributed_sampler=False``
+and no callback: refused); ``workers`` and
 ``workers-resume`` are ``default`` and ``resume`` in one process with 2 loader workers.
 Each rank writes what it trained to ``OUT_DIR/MODE_rankR.json``.
 """
@@ -77,6 +79,11 @@ def main(out_dir: str, mode: str, ckpt: str | None = None) -> None:
     sampler = LightningBatchSampler(LENGTHS, **OPTIONS)  # before fit: no process group yet
     loader = DataLoader(range(LENGTHS.size), batch_sampler=sampler, collate_fn=collate,
                         num_workers=workers)
+    if mode == "lbs-nodist":  # Lightning does not rebuild it, no callback checks it
+        trainer = L.Trainer(use_distributed_sampler=False, enable_checkpointing=False,
+                            **trainer_options)
+        trainer.fit(model, loader)
+        return
     every = L.pytorch.callbacks.ModelCheckpoint(
         dirpath=os.path.join(out_dir, "ckpt-workers" if workers else "ckpt"), filename="{step}",
         every_n_train_steps=3, save_top_k=-1)

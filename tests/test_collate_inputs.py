@@ -71,3 +71,23 @@ def test_held_collator_checks_mappings_and_flat_packed_rows():
 def test_held_collator_needs_the_plan_config():
     with pytest.raises(TypeError, match=r"config must be the plan's PlanConfig \(sampler.config\)"):
         HeldCollator(_padded, {"max_tokens": 8})
+
+
+def test_held_collator_cuts_labels_shifted_ahead_of_time_with_their_offset():
+    import torch
+
+    from lengthwise.planning.config import PlanConfig
+    from lengthwise.pytorch.collate import HeldCollator
+
+    def inner(samples):  # pads each field to its own longest, as DataCollatorForSeq2Seq does
+        out = {}
+        for key in ("input_ids", "labels"):
+            n = max(len(s[key]) for s in samples)
+            out[key] = torch.tensor([s[key] + [-100] * (n - len(s[key])) for s in samples])
+        return out
+
+    ids = list(range(1, 21))
+    batch = HeldCollator(inner, PlanConfig(max_tokens=8))(
+        [{"input_ids": ids, "labels": ids[1:]}])
+    assert batch["input_ids"].tolist() == [ids[:8]]
+    assert batch["labels"].tolist() == [ids[1:8]]  # still the next token of each position

@@ -82,14 +82,19 @@ def test_callback_state_counts_trained_batches_not_fetched_ones():
     assert next(iter(again)) == fetched[2]
 
 
-def _launch(out: Path, *args: str, ranks: int = 2) -> list[dict]:
-    """Run ``_lightning_run.py`` with ``args``; what each rank trained."""
+def _run(out: Path, *args: str) -> subprocess.CompletedProcess:
+    """Run ``_lightning_run.py`` with ``args``."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "RANK", "LOCAL_RANK")}
     src = str(Path(__file__).parents[1] / "src")
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([src, env.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, str(RUN), str(out), *args], env=env,
+    return subprocess.run([sys.executable, str(RUN), str(out), *args], env=env,
                           capture_output=True, text=True, timeout=300)
+
+
+def _launch(out: Path, *args: str, ranks: int = 2) -> list[dict]:
+    """Run ``_lightning_run.py`` with ``args``; what each rank trained."""
+    proc = _run(out, *args)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return [json.loads((out / f"{args[0]}_rank{r}.json").read_text()) for r in range(ranks)]
 
@@ -124,6 +129,16 @@ def test_ddp_with_default_settings_then_resume_mid_epoch(tmp_path):
 @pytest.mark.slow
 def test_ddp_without_distributed_sampler_changes_epochs(tmp_path):
     _check_epochs(_launch(tmp_path, "nodist"))
+
+
+@pytest.mark.slow
+def test_sampler_built_before_fit_without_distributed_sampler_is_refused(tmp_path):
+    """Not rebuilt by Lightning, no callback: every rank would train every sample."""
+    proc = _run(tmp_path, "lbs-nodist")
+    assert proc.returncode != 0
+    assert "ConfigError" in proc.stderr and "num_replicas=1" in proc.stderr
+    assert "use_distributed_sampler=False" in proc.stderr
+    assert not list(tmp_path.glob("lbs-nodist_rank*.json"))  # nothing trained
 
 
 @pytest.mark.slow

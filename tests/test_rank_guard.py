@@ -24,7 +24,7 @@ LENGTHS = [5, 3, 8, 2, 7, 1, 4, 6]
 
 @pytest.fixture
 def clean_env(monkeypatch):
-    for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+    for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "RANK", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
 
@@ -57,6 +57,20 @@ def test_single_process_needs_nothing(clean_env):
     assert len(BucketBatchSampler(LENGTHS, batch_size=2)) == 4
 
 
+@pytest.mark.parametrize("world,rank", [("WORLD_SIZE", "RANK"), ("LOCAL_WORLD_SIZE", "LOCAL_RANK")])
+def test_a_rank_another_process_has_is_refused(clean_env, world, rank):
+    clean_env.setenv(world, "2")
+    clean_env.setenv(rank, "1")
+    with pytest.raises(ConfigError) as err:
+        BucketBatchSampler(LENGTHS, batch_size=2, num_replicas=2, rank=0)
+    msg = str(err.value)
+    assert "rank=0" in msg and f"{rank}=1" in msg and "\n" not in msg
+    assert BucketBatchSampler(LENGTHS, batch_size=2, num_replicas=2, rank=1).rank == 1
+    # a data-parallel rank of another group, on purpose
+    assert BucketBatchSampler(LENGTHS, batch_size=2, num_replicas=2, rank=0,
+                              check_world_size=False).rank == 0
+
+
 WORKER = """
 import json, os, sys
 import torch.distributed as dist
@@ -72,6 +86,11 @@ dist.init_process_group("gloo")
 sampler = BucketBatchSampler(lengths, batch_size=4)    # after: the group's size and rank
 out["batches"] = [b for b in sampler]
 out["replicas"] = sampler.num_replicas
+try:
+    BucketBatchSampler(lengths, batch_size=4, num_replicas=2, rank=0)   # rank 0 on both
+    out["rank0"] = None
+except ValueError as exc:
+    out["rank0"] = str(exc)
 with open(os.path.join(sys.argv[1], f"rank{dist.get_rank()}.json"), "w") as fh:
     json.dump(out, fh)
 dist.destroy_process_group()
@@ -97,5 +116,7 @@ def test_guard_fires_under_torchrun(tmp_path):
     for out in ranks:
         assert "num_replicas=1" in out["early"] and "WORLD_SIZE=2" in out["early"]
         assert out["replicas"] == 2
+    assert ranks[0]["rank0"] is None  # rank 0 is rank 0; rank 1 may not say it is
+    assert "rank=0" in ranks[1]["rank0"] and "rank 1 of 2" in ranks[1]["rank0"]
     trained = sorted(i for out in ranks for b in out["batches"] for i in b)
     assert trained == list(range(40))  # built after the group: every sample once

@@ -24,6 +24,7 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 try:
@@ -34,7 +35,6 @@ except ImportError:  # the standalone package
 from lengthwise.errors import ConfigError
 from lengthwise.pytorch.dist import check_replicas
 from lengthwise.pytorch.sampler import BucketBatchSampler
-from lengthwise.pytorch.sampler_state import ResumeError
 
 __all__ = ["LengthwiseCallback", "LightningBatchSampler", "lengthwise_samplers"]
 
@@ -78,6 +78,15 @@ class LightningBatchSampler(BucketBatchSampler):
         setattr(self, "__pl_saved_kwargs", given)
         setattr(self, "__pl_saved_default_kwargs", {"sampler": None})
         setattr(self, "__pl_saved_arg_names", ("lengths",))
+
+    def __iter__(self) -> Iterator[list[int] | list[list[int]]]:
+        if self.check_world_size_later and not self.check_world_size:  # not rebuilt by Lightning
+            check_replicas(
+                self.num_replicas, f"the {type(self).__name__} (built before the process group, "
+                "not rebuilt by Lightning under Trainer(use_distributed_sampler=False): keep "
+                "the default, or build a BucketBatchSampler in the train_dataloader hook)",
+                rank=self.rank)
+        return super().__iter__()
 
 
 def lengthwise_samplers(loaders: Any) -> list[BucketBatchSampler]:
@@ -141,16 +150,11 @@ class LengthwiseCallback(Callback):
         sampler = self._sampler()
         if sampler is None:
             return {} if self._pending is None else {"sampler": self._pending}
-        state = sampler.state_dict()
-        trained = self._trainer.fit_loop.epoch_loop.batch_progress.current.processed
-        if state["epoch"] == self._trainer.current_epoch:
-            ahead = state["yielded"] - int(trained)  # fetched, not trained yet
-            state["yielded"] -= ahead
-            if "window_yielded" in state:
-                if state["window_yielded"] < ahead:
-                    raise ResumeError("the loader fetched across a window boundary ahead of "
-                                      "the checkpoint; save at another step")
-                state["window_yielded"] -= ahead
+        trained = int(self._trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+        ahead = 0
+        if sampler.epoch == self._trainer.current_epoch:
+            ahead = max(0, sampler._position() - trained)  # fetched, not trained yet
+        state = sampler._state(ahead)
         return {"sampler": state}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -161,7 +165,8 @@ class LengthwiseCallback(Callback):
         if sampler is None:
             return
         if getattr(sampler, "check_world_size_later", sampler.check_world_size):
-            check_replicas(sampler.num_replicas, f"the training loader's {type(sampler).__name__}")
+            check_replicas(sampler.num_replicas, f"the training loader's {type(sampler).__name__}",
+                           rank=sampler.rank)
         if self._pending is None:
             return
         sampler.load_state_dict(self._pending)

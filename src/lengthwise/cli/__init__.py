@@ -16,6 +16,7 @@ import argparse
 import importlib
 import os
 import pkgutil
+import re
 import sys
 import traceback
 from typing import NoReturn
@@ -108,6 +109,30 @@ def missing_extra(exc: BaseException, command: str | None = None) -> str | None:
     return f'{top} is not installed: pip install -e ".[{extra}]" (from a checkout of lengthwise)'
 
 
+def join_negative_lists(argv: list[str]) -> list[str]:
+    """``--opt -5,100`` as ``--opt=-5,100``: argparse takes a value that starts with ``-`` and
+    is not a plain number for an option, and says the option "expected one argument".
+
+    Example::
+
+        >>> join_negative_lists(["plan", "x.npy", "--buckets", "-5,100"])
+        ['plan', 'x.npy', '--buckets=-5,100']
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        nxt = argv[i + 1] if i + 1 < len(argv) else ""
+        if (token.startswith("--") and "=" not in token and "," in nxt
+                and re.fullmatch(r"-\d[\d.]*(,\s*-?[\d.]*)+", nxt)):
+            out.append(f"{token}={nxt}")
+            i += 2
+            continue
+        out.append(token)
+        i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``lengthwise`` console script.
 
@@ -116,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     traceback, then a line saying it is a bug and how to report it).
     """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(join_negative_lists(sys.argv[1:] if argv is None else list(argv)))
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -52,14 +52,22 @@ def _buckets(text: str) -> int | str | list[int]:
         return "auto"
     if "," in text:
         try:
-            return [int(x) for x in text.split(",") if x.strip()]
+            edges = [int(x) for x in text.split(",") if x.strip()]
         except ValueError:
             raise argparse.ArgumentTypeError(f"edges must be integers: {text!r}") from None
+        low = [e for e in edges if e < 1]
+        if low:
+            raise argparse.ArgumentTypeError(
+                f"bucket edges must be >= 1, got {low[0]} in {text!r}")
+        return edges
     try:
-        return int(text)
+        count = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"--buckets takes a count, 'auto' or edges E1,E2,...; got {text!r}") from None
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"a count of buckets must be >= 1, got {count}")
+    return count
 
 
 def register(subparsers) -> None:

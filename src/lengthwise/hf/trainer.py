@@ -167,7 +167,7 @@ def lengthwise_dataloader(trainer: Trainer, sampler: BucketBatchSampler) -> Data
 
 def _checkpoint_state(sampler: BucketBatchSampler, global_step: int) -> dict[str, Any]:
     """The sampler state matching ``global_step`` optimizer steps of Trainer's schedule."""
-    state = sampler.state_dict()
+    state = sampler._state(0)  # the place comes from global_step, not from the loader
     n = len(sampler)
     accum = sampler.grad_accum
     steps_per_epoch = max(1, math.ceil(n / accum))

@@ -115,6 +115,12 @@ def _batch_lengths(col: pa.Array, name: str, column: str, row0: int) -> np.ndarr
     if row is not None:
         raise LengthError(f"{name}, row {row0 + row}: {values[row].item()!r} is not "
                           "a length")
+    if values.dtype.kind in "uf" and values.size:  # int64 holds what is below 2**63 only
+        over = np.flatnonzero(values >= 2**63)
+        if over.size:
+            row = int(over[0])
+            raise LengthError(f"{name}, row {row0 + row}: {values[row].item()!r} is too large "
+                              "for a length (must be below 2**63)")
     return values
 
 
@@ -389,6 +395,9 @@ def read_source(source: str | os.PathLike[str]) -> np.ndarray:
         raise FileNotFoundError(f"no file {path!r} and no bundled distribution of that name "
                                 f"(bundled: {known})")
     lower = path.lower()
+    if column is not None and lower.endswith((".npy", ".idx", ".txt", ".csv")):
+        raise LengthError(f"{path} holds the lengths themselves, it has no column or field "
+                          f"{column!r}: give {path} without ':{column}'")
     if lower.endswith(".npy"):
         return _read_npy(path)
     if lower.endswith(".idx"):  # a Megatron index

@@ -79,13 +79,43 @@ def launched_world() -> tuple[int, str] | None:
     return None
 
 
-def check_replicas(num_replicas: int, what: str = "the sampler") -> None:
-    """Raise if ``num_replicas`` is not the number of processes this one runs among.
+def launched_rank() -> tuple[int, str] | None:
+    """This process's rank among the launched processes, and what says so; ``None`` if unknown.
+
+    The initialised ``torch.distributed`` group answers first, then ``RANK`` (with
+    ``WORLD_SIZE``) or ``LOCAL_RANK`` (with ``LOCAL_WORLD_SIZE`` alone), as
+    :func:`launched_world` reads the number of processes.
+
+    Example::
+
+        >>> import os
+        >>> os.environ.update(WORLD_SIZE="2", RANK="1")
+        >>> launched_rank()
+        (1, 'RANK=1')
+        >>> del os.environ["WORLD_SIZE"], os.environ["RANK"]
+    """
+    group = group_info()
+    if group is not None:
+        return group.rank, "the initialised torch.distributed group"
+    world = launched_world()
+    if world is None:
+        return None
+    name = "RANK" if world[1].startswith("WORLD_SIZE") else "LOCAL_RANK"
+    raw = os.environ.get(name, "").strip()
+    return (int(raw), f"{name}={raw}") if raw.isdigit() else None
+
+
+def check_replicas(num_replicas: int, what: str = "the sampler", rank: int | None = None,
+                   ) -> None:
+    """Raise if ``num_replicas`` is not the number of processes this one runs among, or
+    ``rank`` is not this process's rank among them.
 
     A sampler built before ``init_process_group`` (or with ``num_replicas=1``) under a
-    launcher of 2 processes plans the whole epoch on each: every sample twice. Pass
-    ``check_world_size=False`` to the sampler where ranks share batches on purpose
-    (tensor- or context-parallel groups), so fewer data-parallel ranks than processes.
+    launcher of 2 processes plans the whole epoch on each: every sample twice. Two
+    processes given the same ``rank`` both train that rank's share, and the other's
+    samples are never trained. Pass ``check_world_size=False`` to the sampler where
+    ranks share batches on purpose (tensor or context parallel groups), so fewer
+    data-parallel ranks than processes.
 
     Example::
 
@@ -98,16 +128,26 @@ def check_replicas(num_replicas: int, what: str = "the sampler") -> None:
         >>> del os.environ["WORLD_SIZE"]
     """
     world = launched_world()
-    if world is None or world[0] == num_replicas:
+    if world is None:
         return
     size, source = world
+    if size != num_replicas:
+        raise ConfigError(
+            f"{what} plans for num_replicas={num_replicas}, but {source} says this process is "
+            f"one of {size}: the processes would not split the epoch (samples trained more than "
+            f"once, or not at all). Build the sampler after torch.distributed.init_process_group, "
+            f"or pass num_replicas={size} and this process's rank (with Accelerate on CPU: "
+            "Accelerator(cpu=True)); pass check_world_size=False if ranks share batches on "
+            "purpose (tensor or context parallel)")
+    mine = launched_rank()
+    if rank is None or mine is None or mine[0] == rank:
+        return
     raise ConfigError(
-        f"{what} plans for num_replicas={num_replicas}, but {source} says this process is one "
-        f"of {size}: the processes would not split the epoch (samples trained more than once, "
-        f"or not at all). Build the sampler after torch.distributed.init_process_group, or "
-        f"pass num_replicas={size} and this process's rank (with Accelerate on CPU: "
-        "Accelerator(cpu=True)); pass check_world_size=False if ranks share batches on "
-        "purpose (tensor or context parallel)")
+        f"{what} was given rank={rank}, but {mine[1]} says this process is rank {mine[0]} "
+        f"of {size}: two processes with one rank train the same samples and leave another "
+        f"rank's untrained. Leave rank unset (it defaults to the process group's) or pass "
+        f"this process's rank; pass check_world_size=False if the rank is a data-parallel "
+        "rank of another group on purpose")
 
 
 def all_reduce_sum(values: np.ndarray, info: GroupInfo) -> np.ndarray:

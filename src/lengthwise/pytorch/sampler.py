@@ -26,6 +26,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -44,6 +45,7 @@ from lengthwise.planning.schedule import EpochPlan
 from lengthwise.planning.state_checks import StateError
 from lengthwise.planning.window_cursor import WindowCursor
 from lengthwise.planning.windowed import WindowedPlan, resolve_window
+from lengthwise.pytorch.consumer import Consumer, find_consumer
 from lengthwise.pytorch.dist import check_replicas, group_info
 from lengthwise.pytorch.sampler_state import (
     STATE_VERSION,
@@ -67,7 +69,11 @@ def _options(config: PlanConfig, window: int | None = None) -> dict[str, str]:
 
 
 def _sampled_checksum(lengths: np.ndarray, blocks: int = 64, block: int = 16384) -> int:
-    """CRC of the lengths, or for large ones of 64 evenly spaced blocks of them (1 M values)."""
+    """CRC of the lengths, or for large ones of 64 evenly spaced blocks of them (1 M values).
+
+    The checksum of states saved by earlier versions of a windowed sampler: such a state
+    still resumes (see :meth:`BucketBatchSampler._check_same_plan`).
+    """
     n = int(lengths.shape[0])
     if n <= blocks * block:
         return lengths_checksum(np.asarray(lengths))
@@ -75,6 +81,15 @@ def _sampled_checksum(lengths: np.ndarray, blocks: int = 64, block: int = 16384)
     crc = lengths_checksum(np.array([n]))
     for a in starts.tolist():
         crc = lengths_checksum(np.asarray(lengths[a : a + block]), crc)
+    return crc
+
+
+def _full_checksum(lengths: np.ndarray, chunk: int = 1 << 22) -> int:
+    """:func:`lengths_checksum` of every length, read in chunks (memory-mapped lengths too)."""
+    crc = 0
+    for a in range(0, int(lengths.shape[0]), chunk):
+        part = np.ascontiguousarray(lengths[a : a + chunk], dtype=np.int64)
+        crc = zlib.crc32(memoryview(part), crc)
     return crc
 
 
@@ -99,7 +114,7 @@ class BucketBatchSampler(Sampler[list[int]]):
     ``.npy`` lengths; ``None`` always plans the whole epoch. A windowed sampler
     resumes (also on other ranks) by planning only the window it stopped in; its
     ``len()`` plans every window once to count, and its checksum of the lengths
-    reads 64 evenly spaced blocks of them.
+    (for the state) reads every length once, in chunks.
 
     Under a launcher of several processes (``WORLD_SIZE``, ``LOCAL_WORLD_SIZE`` or an
     initialised group), ``num_replicas`` must be their number: a sampler built before
@@ -170,7 +185,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         #: compare num_replicas with the processes the launcher started
         self.check_world_size = bool(check_world_size)
         if self.check_world_size:
-            check_replicas(self.num_replicas)
+            check_replicas(self.num_replicas, rank=self.rank)
         if drop_last and even_out not in (None, "drop"):
             raise ConfigError(f"drop_last=True means even_out='drop', got even_out={even_out!r}")
         self.drop_last = bool(drop_last)
@@ -199,6 +214,10 @@ class BucketBatchSampler(Sampler[list[int]]):
         self._resumed_from_state = False  # the last resumed segment is the loaded state's
         self._cursor: WindowCursor | None = None
         self._cursor_pending = False
+        # the PyTorch loader iterating the current pass, and the epoch position it started at
+        self._consumer: Consumer | None = None
+        self._consumer_start = 0
+        self._crc: int | None = None  # a windowed sampler's checksum of its lengths
         self._check_budget()
 
     # ------------------------------------------------------------------ setup
@@ -251,6 +270,17 @@ class BucketBatchSampler(Sampler[list[int]]):
             if self._edges is None:
                 _ = self.plan  # solves the bucket edges (once, for every epoch)
             edges = self._edges
+        if "edges" in options:  # the plan's own: repeating them is allowed, nothing else
+            given = options.pop("edges")
+            try:
+                same = given is None if edges is None else [int(e) for e in given] == edges
+            except (TypeError, ValueError):
+                same = False
+            if not same:
+                raise ConfigError(
+                    f"edges={given!r} disagrees with the plan (edges={edges!r}, the sampler's "
+                    "plan's bucket edges); leave it out, or build the sampler with "
+                    "buckets=[...] to set them")
         return collator_for(self.config, edges, pad_token_id=pad_token_id,
                             yield_rows=self.yield_rows, **options)
 
@@ -281,12 +311,15 @@ class BucketBatchSampler(Sampler[list[int]]):
         cfg = dataclasses.replace(self.config, grad_accum=1)
         if self.window is None:
             return cfg.fingerprint(self.lengths)
-        return _sampled_checksum(self.lengths) ^ cfg.fingerprint()
+        return self._lengths_crc() ^ cfg.fingerprint()
 
     def _lengths_crc(self) -> int:
+        """CRC of every length (a windowed sampler's: read once, in chunks, then kept)."""
         if self.window is None:
             return lengths_checksum(self.lengths)
-        return _sampled_checksum(self.lengths)
+        if self._crc is None:
+            self._crc = _full_checksum(self.lengths)
+        return self._crc
 
     def _windowed(self) -> WindowCursor:
         """The cursor over the current epoch's windows (a windowed sampler only)."""
@@ -394,6 +427,7 @@ class BucketBatchSampler(Sampler[list[int]]):
             self._yielded = 0
             self._keep_solved_edges()
             self._cursor = None
+            self._consumer = None
 
     def __len__(self) -> int:
         if self.window is not None:
@@ -410,9 +444,20 @@ class BucketBatchSampler(Sampler[list[int]]):
         return max(0, len(self) - done)
 
     def __iter__(self) -> Iterator[list[int] | list[list[int]]]:
+        # not a generator: the loader that calls iter() is looked up now, so that the state
+        # counts the micro-batches it handed to the loop, not those its workers fetched ahead
+        consumer = find_consumer(self)
         if self.window is not None:
-            yield from self._iter_windows()
-            return
+            cur = self._windowed()
+            start = cur.yielded if self._cursor_pending else 0
+        else:
+            start = self._pending if self._pending is not None else 0
+        self._consumer, self._consumer_start = consumer, start
+        if self.window is not None:
+            return self._iter_windows()
+        return self._iter_epoch()
+
+    def _iter_epoch(self) -> Iterator[list[int] | list[list[int]]]:
         plan = self.plan
         start = self._pending if self._pending is not None else 0
         self._pending = None
@@ -443,15 +488,29 @@ class BucketBatchSampler(Sampler[list[int]]):
     def state_dict(self) -> dict[str, Any]:
         """Where this epoch stands, as plain numbers (the same on every rank).
 
-        ``yielded`` counts the micro-batches handed out on this rank in this epoch;
-        ``resumed`` lists earlier ``[world_size, grad_accum, yielded]`` segments of
-        an epoch that was resumed with other settings.
+        ``yielded`` counts the micro-batches of this epoch the training loop has
+        received on this rank: while a PyTorch ``DataLoader`` iterates the sampler,
+        those its workers (or Accelerate's ``DataLoaderShard``) fetched ahead are not
+        counted. ``resumed`` lists earlier ``[world_size, grad_accum, yielded]``
+        segments of an epoch that was resumed with other settings. Raises
+        :class:`ResumeError` where the count cannot be known: the loader fetched ahead
+        and was closed before the end of the epoch.
         """
+        return self._state(self._fetched_ahead())
+
+    def _position(self) -> int:
+        """Micro-batches of this epoch yielded to the loader (or to resume from) on this rank."""
+        if self.window is not None:
+            return self._windowed().yielded
+        return self._pending if self._pending is not None else self._yielded
+
+    def _state(self, ahead: int) -> dict[str, Any]:
+        """The state, ``ahead`` micro-batches before the place the sampler has yielded to."""
         state = {
             "version": STATE_VERSION,
             "seed": self.seed,
             "epoch": self.epoch,
-            "yielded": self._pending if self._pending is not None else self._yielded,
+            "yielded": self._position() - ahead,
             "world_size": self.num_replicas,
             "grad_accum": self.grad_accum,
             "fingerprint": self.fingerprint(),
@@ -461,8 +520,38 @@ class BucketBatchSampler(Sampler[list[int]]):
             "options": _options(self.config, self.window),
         }
         if self.window is not None:  # the place in the windows; "yielded" counts the epoch
-            state.update(self._windowed().state())
+            place = self._windowed().state()
+            if place["window_yielded"] < ahead:
+                raise ResumeError(
+                    f"cannot save the sampler state of epoch {self.epoch} now: the loader "
+                    f"fetched {ahead} micro-batches ahead of the training loop, across the start "
+                    f"of window {place['window_index']} (window_yielded="
+                    f"{place['window_yielded']}); save at another step")
+            place["window_yielded"] -= ahead
+            place["yielded"] -= ahead
+            state.update(place)
         return state
+
+    def _fetched_ahead(self) -> int:
+        """Micro-batches yielded to the loader of the current pass but not yet to the loop."""
+        consumer = self._consumer
+        if consumer is None or not consumer.looks_ahead:
+            return 0
+        yielded = self._position()
+        handed = consumer.handed_out()
+        if handed is None:  # the loader is gone: only a finished epoch is known
+            if self.window is not None:
+                done = yielded >= len(self._windowed())
+            else:
+                done = self._pending is None and yielded >= len(self)
+            if done:
+                return 0
+            raise ResumeError(
+                f"cannot tell how many micro-batches of epoch {self.epoch} were trained: "
+                f"{consumer.describe()} fetched ahead and the loader was closed after "
+                f"{yielded} of {len(self)} were fetched; take sampler.state_dict() inside the "
+                "loop over the loader (or use torchdata's StatefulDataLoader and its state)")
+        return max(0, yielded - (self._consumer_start + handed))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a saved state: the next pass starts after its last micro-batch.
@@ -503,6 +592,7 @@ class BucketBatchSampler(Sampler[list[int]]):
             raise
         self._pending = start
         self._yielded = start
+        self._consumer = None
 
     def _load_windowed(self, state: dict[str, Any], saved: SavedState) -> None:
         old_epoch, old_cursor = self.epoch, self._cursor
@@ -513,8 +603,15 @@ class BucketBatchSampler(Sampler[list[int]]):
                                   grad_accum=saved.grad_accum)
         except StateError as exc:
             self.epoch, self._cursor = old_epoch, old_cursor  # leave the sampler as it was
-            raise ResumeError(str(exc)) from None
+            place = saved.window
+            where = "" if place is None else (
+                f", window_index={place.window_index}, window_yielded={place.window_yielded}, "
+                f"window_resumed={[list(seg) for seg in place.window_resumed]}")
+            raise ResumeError(
+                f"cannot resume from the windowed sampler state (epoch {saved.epoch}, "
+                f"yielded={saved.yielded}{where}; {self.num_replicas} ranks now): {exc}") from None
         self._cursor_pending = True
+        self._consumer = None
 
     def _check_same_plan(self, state: dict[str, Any] | SavedState) -> None:
         if not isinstance(state, SavedState):
@@ -523,7 +620,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         if state.num_samples != self.lengths.size:
             problems.append(f"the lengths have {self.lengths.size} samples, the saved state "
                             f"{state.num_samples}")
-        elif state.lengths_crc != self._lengths_crc():
+        elif state.lengths_crc != self._lengths_crc() and not self._legacy_crc(state):
             problems.append("the lengths differ from the saved ones (same number of samples)")
         if state.seed != self.seed:
             problems.append(f"seed is {self.seed}, the saved state has {state.seed}")
@@ -533,13 +630,23 @@ class BucketBatchSampler(Sampler[list[int]]):
             if mine.get(name) != saved.get(name):
                 problems.append(f"{name} is {mine.get(name)}, the saved state has "
                                 f"{saved.get(name)}")
-        if not problems and state.fingerprint != self.fingerprint():
+        legacy = self._legacy_crc(state)
+        if not problems and state.fingerprint != self.fingerprint() and not legacy:
             problems.append("the plan fingerprint differs (another lengthwise version?)")
         if problems:
             raise ResumeError(
                 "cannot resume: this sampler would build a different plan than the one "
                 "that was interrupted: " + "; ".join(problems)
                 + ". Build it with the saved settings, or start a fresh epoch with set_epoch().")
+
+
+    def _legacy_crc(self, state: SavedState) -> bool:
+        """A windowed state of an earlier version, whose checksum read 64 blocks of lengths."""
+        if self.window is None or state.lengths_crc == self._lengths_crc():
+            return False
+        sampled = _sampled_checksum(self.lengths)
+        cfg = dataclasses.replace(self.config, grad_accum=1)
+        return (state.lengths_crc, state.fingerprint) == (sampled, sampled ^ cfg.fingerprint())
 
 
 def loader_sampler_state(loader_state: dict[str, Any]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -266,8 +267,11 @@ class ColumnBuilder:
             if rows.size:
                 value = flat[int(rows[0])]
                 shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+                comma = isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d*,\d+\s*", value)
+                hint = (": a decimal comma; the doctor reads numbers written with a decimal "
+                        "point (e.g. pandas' to_csv(decimal='.'))") if comma else ""
                 return (f"; line {int(lines[rows[0]])}: {key!r} is {shown} "
-                        f"(a {type(value).__name__}), not a number")
+                        f"(a {type(value).__name__}), not a number{hint}")
         return ""
 
     def _no_loss_error(self) -> EmptyLogError:

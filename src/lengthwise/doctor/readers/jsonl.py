@@ -152,10 +152,12 @@ def looks_like_document(path: Path) -> bool:
     if not head.startswith((b"{", b"[")):
         return False
     try:
-        json.loads(head.decode("utf-8", "replace"))
+        first = json.loads(head.decode("utf-8", "replace"))
     except ValueError:
         return True
-    return head.startswith(b"[")
+    # a whole document on one line: a JSON array, or a trainer_state.json written compactly
+    return head.startswith(b"[") or (isinstance(first, dict)
+                                     and isinstance(first.get("log_history"), list))
 
 
 def read_document(path: Path, builder: ColumnBuilder) -> bool:

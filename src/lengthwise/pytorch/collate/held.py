@@ -33,7 +33,15 @@ __all__ = ["HeldCollator"]
 
 
 def _truncate(sample: Any, limit: int) -> Any:
-    """``sample`` with every field as long as its ``input_ids`` cut to ``limit`` items."""
+    """``sample`` with every field as long as its ``input_ids`` cut to ``limit`` items, and
+    every field one item shorter (labels shifted ahead of time) cut to ``limit - 1``.
+
+    Example::
+
+        >>> cut = _truncate({"input_ids": [1, 2, 3, 4], "labels": [2, 3, 4]}, 2)
+        >>> cut["input_ids"], cut["labels"]
+        ([1, 2], [2])
+    """
     if not isinstance(sample, Mapping) or "input_ids" not in sample:
         return sample
     try:
@@ -44,12 +52,17 @@ def _truncate(sample: Any, limit: int) -> Any:
         return sample
     out = dict(sample)
     for key, value in sample.items():
+        if key == "input_ids" or isinstance(value, (str, bytes)):
+            out[key] = value[:limit] if key == "input_ids" else value
+            continue
         try:
-            same = not isinstance(value, (str, bytes)) and len(value) == n
+            size = len(value)
         except TypeError:  # a scalar field
-            same = False
-        if same:
+            continue
+        if size == n:
             out[key] = value[:limit]
+        elif size == n - 1:  # shifted: item i belongs to position i + 1 of input_ids
+            out[key] = value[: limit - 1]
     return out
 
 
@@ -58,7 +71,8 @@ class HeldCollator:
 
     ``config`` is the plan's :class:`~lengthwise.planning.config.PlanConfig`
     (``sampler.config``). Samples that are mappings with ``input_ids`` are cut to
-    ``config.sample_limit()`` tokens (with every field of the same length); the
+    ``config.sample_limit()`` tokens (with every field of the same length, and a field
+    one item shorter, such as labels shifted ahead of time, to one less); the
     result's ``input_ids`` is checked: ``rows x padded length`` (or rows, or cost)
     for the padded layout, its tokens for the packed one. A result that cannot be
     checked (not a mapping with an ``input_ids`` tensor or array, 2-D for the padded

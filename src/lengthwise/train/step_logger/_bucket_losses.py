@@ -62,17 +62,21 @@ class BucketLosses:
         self.windows: dict[int, deque[tuple[int, float, float]]] = {}
         self.observed: dict[int, float] = {}
 
-    def add(self, columns: np.ndarray, skipped: bool, index: int) -> list[int]:
-        """Add step ``index``'s per-bucket sums (``(buckets, 4)``); return the buckets present.
+    def add(self, columns: np.ndarray, skipped: bool, index: int,
+            ids: np.ndarray | None = None) -> list[int]:
+        """Add step ``index``'s per-bucket sums (``(rows, 4)``, row ``r`` for bucket
+        ``ids[r]``, by default bucket ``r``); return the buckets present.
 
         A skipped step counts towards ``observed`` but not towards the running losses.
         """
-        present = [int(b) for b in np.flatnonzero(columns[:, B_MICRO] > 0)]
-        for b in present:
-            self.observed[b] = self.observed.get(b, 0.0) + float(columns[b, B_OBSERVED])
-            if not skipped and columns[b, B_WEIGHT] > 0:
+        ids = _ids(columns, ids)
+        rows = np.flatnonzero(columns[:, B_MICRO] > 0)
+        present = [int(ids[r]) for r in rows]
+        for r, b in zip(rows.tolist(), present, strict=True):
+            self.observed[b] = self.observed.get(b, 0.0) + float(columns[r, B_OBSERVED])
+            if not skipped and columns[r, B_WEIGHT] > 0:
                 self.windows.setdefault(b, deque()).append(
-                    (index, float(columns[b, B_LOSS_SUM]), float(columns[b, B_WEIGHT]))
+                    (index, float(columns[r, B_LOSS_SUM]), float(columns[r, B_WEIGHT]))
                 )
         oldest = index - self.window  # entries at or before this index expire
         for entries in self.windows.values():
@@ -84,8 +88,8 @@ class BucketLosses:
         """The running loss of every bucket seen so far, by bucket id."""
         return {b: window_mean(w) for b, w in sorted(self.windows.items())}
 
-    def expected_offset(self, columns: np.ndarray,
-                        shares: dict[int, float] | None) -> float | None:
+    def expected_offset(self, columns: np.ndarray, shares: dict[int, float] | None,
+                        ids: np.ndarray | None = None) -> float | None:
         """The offset a step with per-bucket sums ``columns`` is expected to have.
 
         Call it before :meth:`add` adds the step, so that the step is left out of
@@ -104,5 +108,11 @@ class BucketLosses:
         if not means or ref_total <= 0:
             return 0.0
         ref = sum(ref_w[b] * m for b, m in means.items()) / ref_total
-        return sum(float(weight[b]) / total * (means[b] - ref)
-                   for b in np.flatnonzero(weight > 0) if int(b) in means)
+        ids = _ids(columns, ids)
+        return sum(float(weight[r]) / total * (means[int(ids[r])] - ref)
+                   for r in np.flatnonzero(weight > 0) if int(ids[r]) in means)
+
+
+def _ids(columns: np.ndarray, ids: np.ndarray | None) -> np.ndarray:
+    """The bucket id of each row of ``columns`` (its index when ``ids`` is not given)."""
+    return np.arange(columns.shape[0]) if ids is None else np.asarray(ids)

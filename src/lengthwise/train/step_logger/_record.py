@@ -4,8 +4,8 @@ Example::
 
     >>> import numpy as np
     >>> from lengthwise.train.step_logger._vector import local_vector
-    >>> vec = local_vector([(2.0, 30, 32, 2, None, None, None)], None, num_buckets=None,
-    ...                    distributed=False)
+    >>> vec = local_vector([(2.0, 30, 32, 2, None, None, None)], None,
+    ...                    ids=np.zeros(0, dtype=np.int64))
     >>> rec = step_record(vec, step=1, epoch=None, lr=None, grad_norm=None, seconds=1.0,
     ...                   buckets=[], bucket_loss={}, corrected=None, skipped=False,
     ...                   skipped_total=0)

@@ -1,20 +1,24 @@
 """One optimizer step's sums in one float vector, the vector that is all-reduced over ranks.
 
-Layout: fourteen fixed entries (sums and how many micro-batches gave them, and
+Layout: seventeen fixed entries (sums and how many micro-batches gave them, and
 the token-weighted sums of the per-sample losses: ``sum w``, ``sum w x``,
-``sum w x^2``, ``sum w^2``, and how many micro-batches gave them), then four
-per bucket: ``loss * weight``, ``weight``, micro-batches, observed weight
-(real tokens, or 1 per micro-batch without them). Summing the vectors of all
-ranks gives the step's totals; under ``torch.distributed`` the per-bucket part
-has a fixed size, :func:`vector_capacity`, so that every rank's vector matches
-(the sum is :func:`lengthwise.pytorch.dist.all_reduce_sum`).
+``sum w x^2``, ``sum w^2``, and how many micro-batches gave them; the counts of
+tokens and samples are split into their low and high 32 bits, so that their sums
+stay exact integers in float64 far above 2**53), then four per bucket:
+``loss * weight``, ``weight``, micro-batches, observed weight (real tokens, or 1
+per micro-batch without them). Summing the vectors of all ranks gives the step's
+totals; under ``torch.distributed`` the per-bucket part has a fixed size,
+:func:`vector_capacity`, so that every rank's vector matches (the sum is
+:func:`lengthwise.pytorch.dist.all_reduce_sum`); in one process it has a row for
+each bucket id the step had (:func:`bucket_ids`), however large the ids.
 
 Example::
 
-    >>> vec = local_vector([(2.0, 30, 32, 2, 1, None, None)], None, num_buckets=None,
-    ...                    distributed=False)
-    >>> count(vec, REAL, REAL_N), bucket_columns(vec)[1].tolist()
-    (30, [60.0, 30.0, 1.0, 30.0])
+    >>> micro = [(2.0, 30, 32, 2, 7, None, None)]
+    >>> ids = bucket_ids(micro, num_buckets=None, distributed=False)
+    >>> vec = local_vector(micro, None, ids=ids)
+    >>> ids.tolist(), count(vec, REAL, REAL_N), bucket_columns(vec)[0].tolist()
+    ([7], 30, [60.0, 30.0, 1.0, 30.0])
 """
 
 from __future__ import annotations
@@ -35,7 +39,11 @@ Micro = tuple[Any, int | None, int | None, int | None, int | None, Any, Any]
 # then the per-sample loss sums (weights, weighted losses, weighted squares, squared weights)
 REAL, REAL_N, PAD, PAD_N, SAMP, SAMP_N, MICRO, LOSS_SUM, LOSS_WEIGHT = range(9)
 S_W, S_WX, S_WX2, S_WW, S_N = range(9, 14)
-FIXED = 14
+# the high 32 bits of the counts at REAL, PAD and SAMP (those hold the low 32 bits)
+REAL_HI, PAD_HI, SAMP_HI = range(14, 17)
+FIXED = 17
+_HIGH = {REAL: REAL_HI, PAD: PAD_HI, SAMP: SAMP_HI}
+_LOW_BITS = 32
 # the columns of every bucket's entries
 B_LOSS_SUM, B_WEIGHT, B_MICRO, B_OBSERVED = range(4)
 PER_BUCKET = 4
@@ -62,20 +70,54 @@ def vector_capacity(num_buckets: int | None, buckets: list[int]) -> int:
     return DEFAULT_NUM_BUCKETS
 
 
-def local_vector(micro: list[Micro], user_loss: float | None, *, num_buckets: int | None,
-                 distributed: bool) -> np.ndarray:
-    """This rank's sums over its recorded micro-batches (``user_loss`` overrides their losses).
+def bucket_ids(micro: list[Micro], *, num_buckets: int | None, distributed: bool,
+               ) -> np.ndarray:
+    """The bucket id of each per-bucket row of a step's vector.
+
+    Under ``torch.distributed`` the rows are ``0 .. capacity - 1`` on every rank (see
+    :func:`vector_capacity`); in one process, the ids the step's micro-batches had.
 
     Example::
 
-        >>> float(local_vector([], 1.5, num_buckets=None, distributed=False)[LOSS_SUM])
+        >>> bucket_ids([(1.0, 3, 4, 1, 10**9, None, None)], num_buckets=None,
+        ...            distributed=False).tolist()
+        [1000000000]
+    """
+    buckets = [m[4] for m in micro if m[4] is not None]
+    if distributed:
+        return np.arange(vector_capacity(num_buckets, buckets), dtype=np.int64)
+    return np.unique(np.asarray(buckets, dtype=np.int64))
+
+
+def add_count(vec: np.ndarray, total: int, value: int) -> None:
+    """Add a whole ``value`` to the count at ``total`` (its low and high 32 bits apart).
+
+    Example::
+
+        >>> v = np.zeros(FIXED)
+        >>> add_count(v, REAL, 2**53 + 1); add_count(v, REAL, 2**53 + 1)
+        >>> v[REAL_N] = 2
+        >>> count(v, REAL, REAL_N) == 2**54 + 2
+        True
+    """
+    value = int(value)
+    vec[total] += value & ((1 << _LOW_BITS) - 1)
+    vec[_HIGH[total]] += value >> _LOW_BITS
+
+
+def local_vector(micro: list[Micro], user_loss: float | None, *, ids: np.ndarray) -> np.ndarray:
+    """This rank's sums over its recorded micro-batches (``user_loss`` overrides their losses).
+
+    ``ids`` are the bucket ids of the per-bucket rows (:func:`bucket_ids`).
+
+    Example::
+
+        >>> float(local_vector([], 1.5, ids=np.zeros(0, dtype=np.int64))[LOSS_SUM])
         1.5
     """
     losses = read_losses([m[0] for m in micro])
-    buckets = [m[4] for m in micro if m[4] is not None]
-    size = (vector_capacity(num_buckets, buckets) if distributed
-            else max(buckets, default=-1) + 1)
-    vec = np.zeros(FIXED + PER_BUCKET * size, dtype=np.float64)
+    row = {int(b): i for i, b in enumerate(ids.tolist())}
+    vec = np.zeros(FIXED + PER_BUCKET * len(row), dtype=np.float64)
     for loss, (_, real, padded, samples, bucket, per_sample, weights) in zip(
         losses, micro, strict=True
     ):
@@ -86,20 +128,21 @@ def local_vector(micro: list[Micro], user_loss: float | None, *, num_buckets: in
         for value, total, n in ((real, REAL, REAL_N), (padded, PAD, PAD_N),
                                 (samples, SAMP, SAMP_N)):
             if value is not None:
-                vec[total] += value
+                add_count(vec, total, value)
                 vec[n] += 1
         if loss is not None and user_loss is None:
             vec[LOSS_SUM] += loss * weight
             vec[LOSS_WEIGHT] += weight
         if bucket is not None:
-            base = FIXED + PER_BUCKET * bucket
+            base = FIXED + PER_BUCKET * row[int(bucket)]
             vec[base + B_MICRO] += 1
             vec[base + B_OBSERVED] += weight
             if loss is not None and math.isfinite(loss):
                 vec[base + B_LOSS_SUM] += loss * weight
                 vec[base + B_WEIGHT] += weight
     if user_loss is not None:
-        weight = vec[REAL] if vec[REAL_N] and vec[REAL] > 0 else 1.0
+        real = count(vec, REAL, REAL_N)
+        weight = float(real) if real else 1.0
         vec[LOSS_SUM] = user_loss * weight
         vec[LOSS_WEIGHT] = weight
     return vec
@@ -113,7 +156,9 @@ def count(vec: np.ndarray, total: int, n: int) -> int | None:
         >>> count(np.zeros(FIXED), SAMP, SAMP_N) is None
         True
     """
-    return int(round(vec[total])) if vec[n] > 0 else None
+    if vec[n] <= 0:
+        return None
+    return (int(round(vec[_HIGH[total]])) << _LOW_BITS) + int(round(vec[total]))
 
 
 def bucket_columns(vec: np.ndarray) -> np.ndarray:

@@ -40,6 +40,7 @@ from lengthwise.train.step_logger._vector import (
     LOSS_WEIGHT,
     Micro,
     bucket_columns,
+    bucket_ids,
     local_vector,
     vector_capacity,
 )
@@ -357,14 +358,14 @@ class StepLogger:
         micro, self._micro = self._micro, []
         info = group_info(self._process_group)
         distributed = info is not None and info.world_size > 1
-        vec = local_vector(micro, user_loss, num_buckets=self.num_buckets,
-                           distributed=distributed)
+        ids = bucket_ids(micro, num_buckets=self.num_buckets, distributed=distributed)
+        vec = local_vector(micro, user_loss, ids=ids)
         if distributed:
             vec = all_reduce_sum(vec, info)
         now = time.perf_counter()
         seconds = now - self._t_prev
         self._t_prev = now
-        rec = self._build_record(vec, step, epoch, lr, grad_norm, bool(skipped), seconds)
+        rec = self._build_record(vec, ids, step, epoch, lr, grad_norm, bool(skipped), seconds)
         rec.update(fields)
         self._last_step = step
         self.steps_logged += 1
@@ -459,11 +460,11 @@ class StepLogger:
                 f"writing the training log {self.path} failed: {self._writer.error}"
             ) from self._writer.error
 
-    def _build_record(self, vec: np.ndarray, step: int, epoch: Any, lr: Any, grad_norm: Any,
-                      skipped: bool, seconds: float) -> dict[str, Any]:
+    def _build_record(self, vec: np.ndarray, ids: np.ndarray, step: int, epoch: Any, lr: Any,
+                      grad_norm: Any, skipped: bool, seconds: float) -> dict[str, Any]:
         columns = bucket_columns(vec)
-        offset = self._bucket_losses.expected_offset(columns, self.shares)
-        buckets = self._bucket_losses.add(columns, skipped, self.steps_logged)
+        offset = self._bucket_losses.expected_offset(columns, self.shares, ids)
+        buckets = self._bucket_losses.add(columns, skipped, self.steps_logged, ids)
         if skipped:
             self.skipped_total += 1
         bucket_loss = self._bucket_losses.means()

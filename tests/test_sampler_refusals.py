@@ -1,0 +1,70 @@
+"""Sampler states and options that cannot be honoured are refused, naming what and where."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lengthwise.errors import ConfigError
+from lengthwise.pytorch.sampler import BucketBatchSampler, ResumeError
+
+BIG = 64 * 16384 + 4097  # more lengths than the 64 blocks an earlier checksum read
+
+
+def _windowed(lengths):
+    return BucketBatchSampler(lengths, batch_size=64, buckets=4, window=1 << 16, seed=1)
+
+
+def test_windowed_resume_refuses_a_length_changed_anywhere():
+    lengths = np.random.default_rng(0).integers(1, 500, BIG)
+    sampler = _windowed(lengths)
+    it = iter(sampler)
+    for _ in range(3):
+        next(it)
+    state = sampler.state_dict()
+    changed = lengths.copy()
+    block = (BIG - 16384) / 63  # the spacing of the 64 sampled blocks: this row is in none
+    changed[int(block // 2)] += 1
+    with pytest.raises(ResumeError, match="lengths differ"):
+        _windowed(changed).load_state_dict(state)
+    same = _windowed(lengths.copy())
+    same.load_state_dict(state)
+    assert next(iter(same)) == next(it)
+
+
+def test_windowed_state_of_the_earlier_block_checksum_still_resumes():
+    from lengthwise.pytorch import sampler as module
+
+    lengths = np.random.default_rng(0).integers(1, 500, BIG)
+    sampler = _windowed(lengths)
+    state = sampler.state_dict()
+    old = module._sampled_checksum(lengths)
+    cfg_fp = state["fingerprint"] ^ state["lengths_crc"]
+    state.update(lengths_crc=old, fingerprint=old ^ cfg_fp)  # as an earlier version saved it
+    _windowed(lengths).load_state_dict(state)
+
+
+def test_windowed_refusal_names_the_window_and_the_state():
+    lengths = np.random.default_rng(0).integers(1, 200, 3000)
+    sampler = BucketBatchSampler(lengths, max_tokens=512, window=500, num_replicas=2, rank=0)
+    it = iter(sampler)
+    for _ in range(5):
+        next(it)
+    state = dict(sampler.state_dict(), window_yielded=500, yielded=505)
+    fresh = BucketBatchSampler(lengths, max_tokens=512, window=500, num_replicas=2, rank=0)
+    with pytest.raises(ResumeError) as err:
+        fresh.load_state_dict(state)
+    msg = str(err.value)
+    assert "window_index=0" in msg and "window_yielded=500" in msg and "epoch 0" in msg
+    assert "past the end" in msg and "\n" not in msg
+
+
+def test_collator_edges_repeat_the_plans_or_are_refused_by_name():
+    sampler = BucketBatchSampler([5, 30, 12, 7], max_tokens=64, buckets=[8, 16, 32])
+    edges = sampler.edges
+    assert sampler.collator(0, edges=edges) is not None  # the plan's own: allowed
+    with pytest.raises(ConfigError, match=r"edges=\[4, 64\] disagrees with the plan"):
+        sampler.collator(0, edges=[4, 64])
+    packed = BucketBatchSampler([5, 30, 12, 7], max_tokens=64, layout="pack")
+    with pytest.raises(ConfigError, match="edges="):
+        packed.collator(edges=[8])
