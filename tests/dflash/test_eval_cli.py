@@ -91,6 +91,41 @@ def test_eval_reports_each_set_and_temperature_and_is_lossless(local, tmp_path, 
             assert "mismatches" not in r
 
 
+def test_eval_skips_the_check_and_the_accuracy_pass_on_request(local, capsys):
+    base = ["dflash", "eval", "--target", str(local / "target"), "--draft",
+            str(local / "draft"), "--max-new-tokens", "6", "--limit", "3", "--temperatures",
+            "0", "--json"]
+    assert main([*base, "--no-check"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert "mismatches" not in row and 0.0 <= row["draft_accuracy"] <= 1.0
+    assert main([*base, "--no-check", "--no-accuracy", "--no-progress"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert "mismatches" not in row and "draft_accuracy" not in row
+    assert row["acceptance_length"] >= 1.0 and row["prompts"] == 3
+    assert main([*base, "--no-accuracy"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["mismatches"] == 0 and "slot_accuracy" not in row
+
+
+def test_eval_shows_progress_of_each_pass(local, capsys):
+    base = ["dflash", "eval", "--target", str(local / "target"), "--draft",
+            str(local / "draft"), "--max-new-tokens", "4", "--limit", "2", "--temperatures",
+            "0"]
+    assert main(base) == 0
+    err = capsys.readouterr().err
+    assert all(what in err for what in ("decoding", "lossless check", "draft accuracy"))
+    assert main([*base, "--no-progress"]) == 0
+    assert "decoding" not in capsys.readouterr().err
+
+
+def test_eval_help_describes_every_option(capsys):
+    with pytest.raises(SystemExit):
+        main(["dflash", "eval", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--max-new-tokens N tokens generated per prompt at most" in out
+    assert "--no-accuracy skip the draft's teacher-forced accuracy" in out
+
+
 def test_eval_and_export_refuse_bad_input_in_one_line(local, tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "fine"}\n{"messages": [{"role": "robot", "content": "x"}]}\n')
