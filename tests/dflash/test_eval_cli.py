@@ -171,3 +171,61 @@ def test_speculators_format_from_its_own_converter(local, tmp_path):
     assert cfg["speculators_model_type"] == "dflash" and cfg["block_size"] == 4
     assert cfg["mask_token_id"] == json.loads(
         (local / "draft" / "config.json").read_text())["dflash_config"]["mask_token_id"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    from _dflash_run import config, train
+
+    run = tmp_path_factory.mktemp("trained") / "run"
+    train(config(steps=2, checkpoint_every=2), run)
+    return run
+
+
+def test_export_refuses_to_replace_an_export_without_overwrite(trained, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["dflash", "export", str(trained), str(out)]) == 0
+    before = (out / "model.safetensors").stat().st_mtime_ns
+    capsys.readouterr()
+    assert main(["dflash", "export", str(trained), str(out), "--dtype", "bfloat16"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "already exists and is not empty" in err and "--overwrite" in err and "\n" not in err
+    assert (out / "model.safetensors").stat().st_mtime_ns == before
+    assert main(["dflash", "export", str(trained), str(out), "--dtype", "bfloat16",
+                 "--overwrite"]) == 0
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    (tmp_path / "empty").mkdir()  # an empty folder is no export
+    assert main(["dflash", "export", str(trained), str(tmp_path / "empty")]) == 0
+
+
+@pytest.mark.parametrize("absent", [
+    ("speculators", "loguru", "pydantic_settings", "openai", "hs_connectors"),
+    ("openai", "hs_connectors"),
+])
+def test_speculators_export_names_every_missing_package_and_writes_nothing(
+        trained, local, tmp_path, capsys, monkeypatch, absent):
+    import importlib.util
+
+    from lengthwise.dflash.export import SPECULATORS_IMPORTS
+
+    find = importlib.util.find_spec
+    # the converter's imports: those in ``absent`` missing, the others there
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (
+        None if name in absent else object() if name in SPECULATORS_IMPORTS
+        else find(name, *a)))
+    out = tmp_path / "out"
+    assert main(["dflash", "export", str(trained), str(out), "--target", str(local / "target"),
+                 "--speculators", str(tmp_path / "spec")]) == 2
+    err = capsys.readouterr().err.strip()
+    named = ", ".join(SPECULATORS_IMPORTS[m] for m in absent)
+    assert err.startswith("lengthwise dflash: error: the speculators format needs packages "
+                          f"that are not installed: {named} (pip install ") and "\n" not in err
+    assert not out.exists() and not (tmp_path / "spec").exists()
+
+
+def test_dflash_help_lists_the_stages_in_pipeline_order(capsys):
+    with pytest.raises(SystemExit):
+        main(["dflash", "--help"])
+    out = capsys.readouterr().out
+    at = [out.index(f"\n    {stage} ") for stage in ("prepare", "train", "export", "eval")]
+    assert at == sorted(at)
