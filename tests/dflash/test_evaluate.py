@@ -58,7 +58,8 @@ def test_eval_speed_benchmark_writes_its_table(tmp_path):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     out = tmp_path / "EVAL.md"
-    assert bench.main(["--prompts", "2", "--max-new-tokens", "4", "--out", str(out)]) == 0
+    assert bench.main(["--prompts", "2", "--max-new-tokens", "4", "--repeats", "1",
+                       "--out", str(out)]) == 0
     text = " ".join(out.read_text().split())
     assert "| target greedy generate, one prompt at a time |" in text
     assert "dflash eval --no-check --no-accuracy" in text and "same accuracy: True" in text
