@@ -61,5 +61,7 @@ def test_eval_speed_benchmark_writes_its_table(tmp_path):
     assert bench.main(["--prompts", "2", "--max-new-tokens", "4", "--repeats", "1",
                        "--out", str(out)]) == 0
     text = " ".join(out.read_text().split())
+    assert "--max-new-tokens 4 --threads 1 --repeats 1`" in text
+    assert "each time is the fastest of 1 runs" in text
     assert "| target greedy generate, one prompt at a time |" in text
     assert "dflash eval --no-check --no-accuracy" in text and "same accuracy: True" in text
