@@ -333,6 +333,20 @@ def rewrite(saved: dict[str, Any], root: Path = ROOT) -> list[str]:
     return changed
 
 
+def read_json(path: Path, what: str) -> dict[str, Any]:
+    """The JSON object in ``path``; a missing, cut or other file exits with one line naming it."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SystemExit(f"docs_figures: {path}: no such file ({what})") from None
+    except (OSError, ValueError) as exc:  # unreadable, cut short, not JSON, not UTF-8
+        raise SystemExit(f"docs_figures: {path}: not a readable JSON file ({what}): "
+                         f"{' '.join(str(exc).split())}") from None
+    if not isinstance(data, dict):
+        raise SystemExit(f"docs_figures: {path}: not a JSON object ({what})")
+    return data
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true",
@@ -346,11 +360,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="take the figures from DIR/<task>/summary.json of an earlier run of "
                          "this script (--out DIR) instead of running the demos")
     args = ap.parse_args(argv)
-    saved = json.loads(SAVED.read_text(encoding="utf-8")) if SAVED.exists() else {}
+    saved = (read_json(SAVED, "the saved figures; delete it to measure them again")
+             if SAVED.exists() or args.render or args.check else {})
     if args.render:
         print("rewrote:", ", ".join(rewrite(saved)) or "nothing (already current)")
         return 0
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    absent = [t for t in tasks if t not in saved]
+    if args.check and absent:  # before the demos run
+        raise SystemExit(f"docs_figures: {SAVED} holds no figures of task(s) "
+                         f"{', '.join(absent)}: nothing to check against")
     out = Path(args.out or tempfile.mkdtemp(prefix="docs-figures-"))
     fresh = {}
     for task in tasks:
@@ -358,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"docs_figures: {command(task)} (every order) -> {out / task}",
                   file=sys.stderr, flush=True)
         if args.source:
-            summary = json.loads((Path(args.source) / task / "summary.json").read_text())
+            summary = read_json(Path(args.source) / task / "summary.json",
+                                f"the {task} demo's summary from --from")
         else:
             summary = run_task(task, out, args.cache_dir)
         fresh[task] = figures(task, summary)

@@ -108,3 +108,35 @@ def test_a_missing_module_of_lengthwise_itself_is_a_bug(monkeypatch, capsys):
     monkeypatch.setattr(plan_cli, "_plan_with_recomposition", broken)
     assert main(["plan", "coqa"]) == 1
     assert "bug in lengthwise" in capsys.readouterr().err
+
+
+def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(plan_cli, "_plan_with_recomposition", stopped)
+    assert main(["plan", "coqa"]) == 130
+    assert _one_line(capsys.readouterr().err) == "lengthwise plan: interrupted"
+
+
+def test_a_real_sigint_stops_the_command_in_one_line():
+    import signal
+
+    code = ("import sys, time\n"
+            "import lengthwise.cli.plan as p\n"
+            "from lengthwise.cli import main\n"
+            "def slow(*a, **k):\n"
+            "    print('ready', flush=True)\n"
+            "    time.sleep(120)\n"
+            "p._plan_with_recomposition = slow\n"
+            "sys.exit(main(['plan', 'coqa']))\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert _one_line(err) == "lengthwise plan: interrupted"

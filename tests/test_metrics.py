@@ -54,3 +54,19 @@ def test_runs_and_recomposition():
                             np.array([0, 2, 1, 3])) == 0.0
     assert recomposition_of(np.array([0, 2, 4]), idx, np.array([0, 2, 3, 4]),
                             np.array([1, 0, 2, 3])) == pytest.approx(1 / 3)
+
+
+def test_every_figure_the_demo_prints_is_defined_in_metrics_md():
+    import re
+    from pathlib import Path
+
+    from lengthwise.demo.dflash import DFLASH_KEYS
+    from lengthwise.demo.report import TABLE_COLUMNS
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
+    defined = dict(re.findall(r"^\| `(\w+)` \| (.*?) \|", doc, flags=re.M))
+    # the loss, the verdict and the DFlash figures are defined in docs/demo.md and docs/dflash.md
+    elsewhere = {"eval_loss", "verdict", *DFLASH_KEYS[DFLASH_KEYS.index("accuracy_first"):]}
+    printed = {name for name, _ in TABLE_COLUMNS} | set(DFLASH_KEYS) | {"real_tokens_per_step"}
+    assert sorted(printed - elsewhere - set(defined)) == []
+    assert "ratio" in defined["excess"] and "sampling floor" in defined["excess"]

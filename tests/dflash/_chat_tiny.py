@@ -26,7 +26,7 @@ TEMPLATE_MARKED = (
     "{%- if enable_thinking is defined and enable_thinking is false -%}"
     "{{- '<think>\\n\\n</think>\\n\\n' -}}{%- endif -%}{%- endif -%}"
 )
-#: the same template without the generation marks (the prefix-diff path)
+#: the same template without the generation marks (the turns located in the rendering)
 TEMPLATE = TEMPLATE_MARKED.replace("{% generation %}", "").replace("{% endgeneration %}", "")
 #: a template that renders every message as "role: content" but drops assistant turns
 TEMPLATE_NO_ASSISTANT = (

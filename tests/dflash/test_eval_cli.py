@@ -91,6 +91,41 @@ def test_eval_reports_each_set_and_temperature_and_is_lossless(local, tmp_path, 
             assert "mismatches" not in r
 
 
+def test_eval_skips_the_check_and_the_accuracy_pass_on_request(local, capsys):
+    base = ["dflash", "eval", "--target", str(local / "target"), "--draft",
+            str(local / "draft"), "--max-new-tokens", "6", "--limit", "3", "--temperatures",
+            "0", "--json"]
+    assert main([*base, "--no-check"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert "mismatches" not in row and 0.0 <= row["draft_accuracy"] <= 1.0
+    assert main([*base, "--no-check", "--no-accuracy", "--no-progress"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert "mismatches" not in row and "draft_accuracy" not in row
+    assert row["acceptance_length"] >= 1.0 and row["prompts"] == 3
+    assert main([*base, "--no-accuracy"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["mismatches"] == 0 and "slot_accuracy" not in row
+
+
+def test_eval_shows_progress_of_each_pass(local, capsys):
+    base = ["dflash", "eval", "--target", str(local / "target"), "--draft",
+            str(local / "draft"), "--max-new-tokens", "4", "--limit", "2", "--temperatures",
+            "0"]
+    assert main(base) == 0
+    err = capsys.readouterr().err
+    assert all(what in err for what in ("decoding", "lossless check", "draft accuracy"))
+    assert main([*base, "--no-progress"]) == 0
+    assert "decoding" not in capsys.readouterr().err
+
+
+def test_eval_help_describes_every_option(capsys):
+    with pytest.raises(SystemExit):
+        main(["dflash", "eval", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--max-new-tokens N tokens generated per prompt at most" in out
+    assert "--no-accuracy skip the draft's teacher-forced accuracy" in out
+
+
 def test_eval_and_export_refuse_bad_input_in_one_line(local, tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "fine"}\n{"messages": [{"role": "robot", "content": "x"}]}\n')
@@ -136,3 +171,61 @@ def test_speculators_format_from_its_own_converter(local, tmp_path):
     assert cfg["speculators_model_type"] == "dflash" and cfg["block_size"] == 4
     assert cfg["mask_token_id"] == json.loads(
         (local / "draft" / "config.json").read_text())["dflash_config"]["mask_token_id"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    from _dflash_run import config, train
+
+    run = tmp_path_factory.mktemp("trained") / "run"
+    train(config(steps=2, checkpoint_every=2), run)
+    return run
+
+
+def test_export_refuses_to_replace_an_export_without_overwrite(trained, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["dflash", "export", str(trained), str(out)]) == 0
+    before = (out / "model.safetensors").stat().st_mtime_ns
+    capsys.readouterr()
+    assert main(["dflash", "export", str(trained), str(out), "--dtype", "bfloat16"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "already exists and is not empty" in err and "--overwrite" in err and "\n" not in err
+    assert (out / "model.safetensors").stat().st_mtime_ns == before
+    assert main(["dflash", "export", str(trained), str(out), "--dtype", "bfloat16",
+                 "--overwrite"]) == 0
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    (tmp_path / "empty").mkdir()  # an empty folder is no export
+    assert main(["dflash", "export", str(trained), str(tmp_path / "empty")]) == 0
+
+
+@pytest.mark.parametrize("absent", [
+    ("speculators", "loguru", "pydantic_settings", "openai", "hs_connectors"),
+    ("openai", "hs_connectors"),
+])
+def test_speculators_export_names_every_missing_package_and_writes_nothing(
+        trained, local, tmp_path, capsys, monkeypatch, absent):
+    import importlib.util
+
+    from lengthwise.dflash.export import SPECULATORS_IMPORTS
+
+    find = importlib.util.find_spec
+    # the converter's imports: those in ``absent`` missing, the others there
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (
+        None if name in absent else object() if name in SPECULATORS_IMPORTS
+        else find(name, *a)))
+    out = tmp_path / "out"
+    assert main(["dflash", "export", str(trained), str(out), "--target", str(local / "target"),
+                 "--speculators", str(tmp_path / "spec")]) == 2
+    err = capsys.readouterr().err.strip()
+    named = ", ".join(SPECULATORS_IMPORTS[m] for m in absent)
+    assert err.startswith("lengthwise dflash: error: the speculators format needs packages "
+                          f"that are not installed: {named} (pip install ") and "\n" not in err
+    assert not out.exists() and not (tmp_path / "spec").exists()
+
+
+def test_dflash_help_lists_the_stages_in_pipeline_order(capsys):
+    with pytest.raises(SystemExit):
+        main(["dflash", "--help"])
+    out = capsys.readouterr().out
+    at = [out.index(f"\n    {stage} ") for stage in ("prepare", "train", "export", "eval")]
+    assert at == sorted(at)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 from _dflash_tiny import qwen3_pair
@@ -12,6 +14,25 @@ from lengthwise.errors import ConfigError
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+
+
+def test_reference_tests_skip_where_the_reference_package_is_not_installed(tmp_path,
+                                                                           monkeypatch):
+    # hide an installed package: then only this test folder is importable as ``dflash``
+    monkeypatch.setattr(sys, "path", [p for p in sys.path
+                                      if not (Path(p) / "dflash" / "__init__.py").is_file()])
+    before = {k: v for k, v in sys.modules.items() if k.split(".")[0] == "dflash"}
+    for k in before:
+        del sys.modules[k]
+    try:
+        with pytest.raises(pytest.skip.Exception, match="not installed"):
+            reference(tmp_path)
+        with pytest.raises(pytest.skip.Exception, match="not installed"):
+            reference_decoder(monkeypatch)
+    finally:
+        for k in [k for k in sys.modules if k.split(".")[0] == "dflash"]:
+            del sys.modules[k]
+        sys.modules.update(before)
 
 
 def test_reference_loads_every_weight_and_reproduces_the_logits(tmp_path):

@@ -18,6 +18,7 @@ from lengthwise.dflash.objective import (
     slot_weights,
     target_layer_ids,
 )
+from lengthwise.errors import ConfigError
 
 torch = pytest.importorskip("torch")
 
@@ -26,6 +27,24 @@ def test_layer_ids_follow_the_reference_spread():
     assert target_layer_ids(36, 5) == [1, 9, 17, 25, 33]
     assert target_layer_ids(28, 1) == [14]
     assert all(0 <= i < 3 for i in target_layer_ids(3, 3))
+
+
+@given(layers=st.integers(1, 80), features=st.integers(1, 12))
+def test_layer_ids_are_distinct_target_layers_or_refused(layers, features):
+    if features > layers:
+        with pytest.raises(ConfigError, match=f"num_features {features}: a {layers}-layer"):
+            target_layer_ids(layers, features)
+        return
+    ids = target_layer_ids(layers, features)
+    assert len(set(ids)) == len(ids) == features and all(0 <= i < layers for i in ids)
+    assert ids == sorted(ids)
+
+
+def test_the_default_features_of_a_small_target_are_distinct():
+    assert target_layer_ids(4, 4) == [0, 1, 2, 3]  # was [1, 1, 2, 2]
+    assert target_layer_ids(3, 3) == [0, 1, 2]
+    with pytest.raises(ConfigError, match="give num_features <= 4"):
+        target_layer_ids(4, 5)  # was [1, 1, 2, 2, 2]
 
 
 def test_labels_and_weights_by_hand():

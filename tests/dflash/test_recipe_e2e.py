@@ -4,7 +4,8 @@ A tiny Qwen3-shaped target saved to a local folder and a chat JSONL go through
 ``lengthwise dflash prepare``, ``lengthwise dflash train`` under a 2-process
 gloo torchrun, ``lengthwise dflash export`` and ``lengthwise dflash eval``, each
 a subprocess; the reference ``dflash`` package then loads the exported draft and
-reproduces the trained draft's logits and our speculative decoding exactly.
+reproduces the trained draft's logits and our speculative decoding exactly (that
+test alone skips where the package is not installed).
 """
 
 from __future__ import annotations
@@ -34,45 +35,71 @@ def _table(stdout: str) -> list[dict[str, str]]:
             for line in lines[1:]]
 
 
-@pytest.mark.slow
-def test_prepare_train_export_eval_and_the_reference_package_agrees(tmp_path, monkeypatch):
-    dmodel = reference_decoder(monkeypatch)
-    from lengthwise.dflash.decode import speculative_generate
-    from lengthwise.dflash.load import load_draft
-    from lengthwise.dflash.loss import block_inputs
+@pytest.fixture(scope="module")
+def recipe(tmp_path_factory):
+    """A target, its chats prepared, a draft trained under torchrun and exported: the folders."""
     from lengthwise.dflash.prepared import open_prepared
-    from lengthwise.dflash.prompts import bundled_prompts, read_prompt_file, render_prompts
-    from lengthwise.dflash.target import Target, load_target
 
+    tmp_path = tmp_path_factory.mktemp("recipe")
     target_dir = save_target(tmp_path / "target")
     chats = write_jsonl(tmp_path / "chats.jsonl", conversations(40))
     prepared, run, exported = tmp_path / "prepared", tmp_path / "run", tmp_path / "exported"
-
-    said = lengthwise("dflash", "prepare", str(chats), "--target", str(target_dir), "--out",
-                      str(prepared), "--min-supervised", "16", "--no-progress")
-    data = open_prepared(prepared)
-    assert f"{len(data)} of 40 conversations kept" in said and len(data) >= 30
-
-    summary = _summary(lengthwise(
+    said = {"prepare": lengthwise("dflash", "prepare", str(chats), "--target", str(target_dir),
+                                  "--out", str(prepared), "--min-supervised", "16",
+                                  "--no-progress")}
+    said["train"] = lengthwise(
         "dflash", "train", "--target", str(target_dir), "--data", str(prepared), "--out",
         str(run), "--steps", "4", "--max-tokens", "256", "--grad-accum", "2",
         "--draft-layers", "1", "--block-size", "4", "--num-anchors", "6", "--eval-samples",
         "4", "--eval-every", "2", "--checkpoint-every", "2", "--lr", "1e-2", "--no-progress",
-        nproc=2))
+        nproc=2)
+    said["export"] = lengthwise("dflash", "export", str(run), str(exported), "--target",
+                                str(run / "target"))
+    return {"target": target_dir, "data": open_prepared(prepared), "run": run,
+            "exported": exported, "said": said}
+
+
+@pytest.mark.slow
+def test_prepare_train_export_eval(recipe):
+    from lengthwise.dflash.prompts import bundled_prompts, read_prompt_file
+
+    data, run, exported, said = (recipe[k] for k in ("data", "run", "exported", "said"))
+    assert f"{len(data)} of 40 conversations kept" in said["prepare"] and len(data) >= 30
+    summary = _summary(said["train"])
     assert summary["steps"] == 4 and summary["eval"]["step"] == 4
     assert summary["train_samples"] + summary["eval_samples"] == len(data)
     # the tiny tokenizer has no mask token: <|MASK|> is added and the target grown by a row
-    mask = len(transformers.AutoTokenizer.from_pretrained(str(target_dir)))
+    mask = len(transformers.AutoTokenizer.from_pretrained(str(recipe["target"])))
     serve = run / "target"
     assert summary["target"] == str(serve) and summary["mask_token_id"] == mask
 
-    said = lengthwise("dflash", "export", str(run), str(exported), "--target", str(serve))
-    assert f"block 4, mask token {mask}" in said
+    assert f"block 4, mask token {mask}" in said["export"]
     config = json.loads((exported / "config.json").read_text())
     assert config["architectures"] == ["DFlashDraftModel"]
     assert config["dflash_config"]["mask_token_id"] == mask
     assert config["vocab_size"] == mask + 1 and config["num_target_layers"] == 4
 
+    rows = _table(lengthwise("dflash", "eval", "--target", str(serve), "--draft",
+                             str(exported), "--max-new-tokens", "16"))
+    shipped = len(read_prompt_file(bundled_prompts()))
+    assert [(r["set"], r["T"], r["prompts"]) for r in rows] == [
+        ("dflash_prompts", "0", str(shipped)), ("dflash_prompts", "1", str(shipped))]
+    for r in rows:
+        assert 1.0 <= float(r["acceptance length"]) <= 4.0
+    assert rows[0]["lossless"] == "yes" and rows[1]["lossless"] == "-"
+
+
+@pytest.mark.slow
+def test_the_reference_package_agrees_with_the_trained_draft(recipe, monkeypatch):
+    dmodel = reference_decoder(monkeypatch)
+    from lengthwise.dflash.decode import speculative_generate
+    from lengthwise.dflash.load import load_draft
+    from lengthwise.dflash.loss import block_inputs
+    from lengthwise.dflash.prompts import bundled_prompts, read_prompt_file, render_prompts
+    from lengthwise.dflash.target import Target, load_target
+
+    data, run, exported = recipe["data"], recipe["run"], recipe["exported"]
+    serve = run / "target"
     # the reference package loads every exported weight ...
     ref, info = reference(exported)
     assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
@@ -102,12 +129,3 @@ def test_prepare_train_export_eval_and_the_reference_package_agrees(tmp_path, mo
         spec = speculative_generate(ours, target, prompt, max_new_tokens=16)
         assert reference_decode(dmodel, ref, target.model, prompt, 16) == (spec.tokens,
                                                                             spec.accepted)
-
-    rows = _table(lengthwise("dflash", "eval", "--target", str(serve), "--draft",
-                             str(exported), "--max-new-tokens", "16"))
-    shipped = len(read_prompt_file(bundled_prompts()))
-    assert [(r["set"], r["T"], r["prompts"]) for r in rows] == [
-        ("dflash_prompts", "0", str(shipped)), ("dflash_prompts", "1", str(shipped))]
-    for r in rows:
-        assert 1.0 <= float(r["acceptance length"]) <= 4.0
-    assert rows[0]["lossless"] == "yes" and rows[1]["lossless"] == "-"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -68,6 +69,29 @@ def test_bad_settings_are_named(prepared, tmp_path):
         settings({"target": str(target), "data": str(data), "order": "shuffled"})
     with pytest.raises(ConfigError, match="lr must be a number"):
         settings({"target": str(target), "data": str(data), "lr": "fast"})
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ("resume: 'false'", "resume must be true or false, got 'false'"),
+    ("wandb: 1", "wandb must be true or false, got 1"),
+    ("max_tokens: [1, 2]", "max_tokens must be an integer, got [1, 2]"),
+    ("steps: 2.5", "steps must be an integer, got 2.5"),
+    ("lr: [0.1]", "lr must be a number, got [0.1]"),
+    ("order: 3", "order must be text, got 3"),
+])
+def test_a_yaml_value_of_the_wrong_type_is_named(prepared, tmp_path, line, message):
+    target, data = prepared
+    (tmp_path / "run.yaml").write_text(f"target: {target}\ndata: {data}\n{line}\n")
+    with pytest.raises(ConfigError, match=r"--config .*run\.yaml: " + re.escape(message)):
+        settings({"config": str(tmp_path / "run.yaml")})
+
+
+def test_yaml_switches_take_true_or_false(prepared, tmp_path):
+    target, data = prepared
+    (tmp_path / "run.yaml").write_text(f"target: {target}\ndata: {data}\nresume: false\n"
+                                       "progress: false\n")
+    _, _, progress = settings({"config": str(tmp_path / "run.yaml")})
+    assert progress is False
 
 
 def test_a_target_that_is_not_a_causal_lm_is_refused(prepared, tmp_path):

@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
 
     Exit status: 0 done, 2 a user error (one line on stderr, see
     :func:`is_user_error`; usage errors too), 1 a bug of lengthwise (its
-    traceback, then a line saying it is a bug and how to report it).
+    traceback, then a line saying it is a bug and how to report it), 130
+    interrupted (Ctrl-C: one line, no traceback).
     """
     parser = build_parser()
     args = parser.parse_args(join_negative_lists(sys.argv[1:] if argv is None else list(argv)))
@@ -152,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader stopped early (``| head``): not an error
         _silence_stdout()
         return 0
+    except KeyboardInterrupt:  # Ctrl-C: the user stopped it, one line and the shell's 130
+        print(f"\nlengthwise {args.command}: interrupted", file=sys.stderr)
+        return 130
     except Exception as exc:
         missing = missing_extra(exc, "dflash" if getattr(args, "task", None) == "dflash"
                                 else args.command)

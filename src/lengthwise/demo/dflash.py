@@ -279,7 +279,7 @@ def render_dflash(summary: dict[str, Any]) -> str:
                                   "lossless"))
     lo, hi = summary.get("stable_region", [None, None])
     lines = [speed, "", draft, "", format_verdicts(rows), "",
-             f"loss_roughness over steps {lo}-{hi}; excess: roughness above the order's own "
+             f"loss_roughness over steps {lo}-{hi}; excess: roughness / the order's own "
              "sampling floor; acceptance_length: tokens per verifying target forward "
              "(speculative decoding of held-out prompts); lossless: the output equals the "
              "target's greedy output; skipped_steps: updates SpikeGuard skipped."]

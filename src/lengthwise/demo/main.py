@@ -233,7 +233,7 @@ CHECK_NOTES = {
         "bucket make the loss jump with the bucket (banding: bucket-random at least 1.2x as "
         "rough as random). It does not hold when the loss differs little between buckets, "
         "or when every order's roughness is mostly sampling noise; compare the orders' "
-        "excess (roughness above each order's own sampling floor) where shown."),
+        "excess (roughness / each order's own sampling floor) where shown."),
     "stratified_as_smooth_as_random": (
         "stratified_as_smooth_as_random asks whether stratified's roughness is within 1.2x "
         "of random's; short runs measure roughness over few steps, so rerun with more "
@@ -260,7 +260,7 @@ def render(summary: dict[str, Any]) -> str:
     lines = [format_table(rows), ""]
     lo, hi = summary.get("stable_region", [None, None])
     lines.append(f"loss_roughness over steps {lo}-{hi}; roughness_ratio is against random, "
-                 "throughput_vs_sorted against sorted; excess is roughness above the order's "
+                 "throughput_vs_sorted against sorted; excess is roughness / the order's "
                  "own sampling floor.")
     checks = summary.get("checks", {})
     if checks:

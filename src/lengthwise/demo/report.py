@@ -87,8 +87,8 @@ def diagnose_runs(logs: dict[str, str | Path], *, region: tuple[int, int] | None
 
     Every figure of a log, its verdict included, comes from one
     :func:`lengthwise.doctor.diagnose` over ``region``, so the table and the
-    verdict quote one ``loss_roughness``. ``excess`` is the roughness above the
-    run's own sampling floor, when the doctor measures it (``None`` otherwise).
+    verdict quote one ``loss_roughness``. ``excess`` is the roughness over (divided by)
+    the run's own sampling floor, when the doctor measures it (``None`` otherwise).
     """
     from lengthwise.doctor import diagnose
 

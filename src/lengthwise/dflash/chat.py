@@ -7,8 +7,9 @@ the row and field of anything malformed. :class:`ChatRenderer` renders a
 conversation with the tokenizer's chat template (with its ``enable_thinking``
 switch where the template has one) into token ids and an assistant-only loss
 mask: from the template's ``{% generation %}`` marks when it has them, else by
-rendering the conversation prefix by prefix and keeping the text each assistant
-turn adds.
+locating each assistant turn in the rendering of the whole conversation (so that
+a template that renders earlier turns differently, as Qwen3's drops their
+thinking, still has every turn learned).
 
 Example::
 
@@ -169,22 +170,38 @@ class ChatRenderer:
     def spans(self, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
         """The rendered text and the character span of each assistant turn in it.
 
-        Each span runs from where the conversation before the turn (with the generation
-        prompt) stops matching the full rendering to where the conversation up to the turn
-        does, without trailing whitespace: the tokens the target would generate.
+        Each span is located in the rendering of the whole conversation, where earlier
+        turns appear as the template renders history: it starts where the conversation
+        before the turn, with the generation prompt, stops matching; its text runs to the
+        end of the turn's content (found by rendering the conversation with a marker after
+        that content) and on through the end-of-turn text the template writes after a
+        last turn (``<|im_end|>``, ``<|eot_id|>``, ...), without trailing whitespace: the
+        tokens the target would generate.
         """
         full = self.text(messages)
-        out = []
+        out: list[tuple[int, int]] = []
         for k, msg in enumerate(messages):
             if msg["role"] != "assistant":
                 continue
             lo = _common_prefix(self.text(messages[:k], generation_prompt=True), full) if k else 0
-            hi = _common_prefix(self.text(messages[: k + 1]), full)
+            lo = max(lo, out[-1][1] if out else 0)
+            hi = max(self._turn_end(messages, k, full), lo)
             while hi > lo and full[hi - 1].isspace():
                 hi -= 1
             if hi > lo:
                 out.append((lo, hi))
         return full, out
+
+    def _turn_end(self, messages: list[dict[str, str]], k: int, full: str) -> int:
+        """Where assistant turn ``k`` and its end-of-turn text end in ``full``."""
+        marked = [*messages[:k], {**messages[k], "content": messages[k]["content"] + _PROBE},
+                  *messages[k + 1:]]
+        whole, last = self.text(marked), self.text(marked[: k + 1])
+        at, at_last = whole.find(_PROBE), last.find(_PROBE)
+        if at < 0 or at_last < 0:  # the template drops the content's end: the turn rendered last
+            return _common_prefix(self.text(messages[: k + 1]), full)
+        end = _common_prefix(whole[:at], full)
+        return end + _common_prefix(last[at_last + len(_PROBE):].rstrip(), full[end:])
 
     def render(self, messages: list[dict[str, str]]) -> Rendered:
         """Token ids and the assistant-only loss mask of one conversation."""

@@ -30,14 +30,14 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterable, Iterator
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import torch
 
-from lengthwise.dflash.blocks import block_attention_mask, make_blocks
+from lengthwise.dflash.blocks import Blocks, block_attention_mask, make_blocks
 from lengthwise.dflash.loss import HEAD_CHUNK, block_hidden, block_inputs, head_loss
 from lengthwise.dflash.model import check_target
 from lengthwise.dflash.objective import simulated_acceptance_length
@@ -174,15 +174,37 @@ class BlockEval:
     simulated_acceptance_length: float
 
 
+def _anchor_chunks(blocks: Blocks, slots: int | None) -> Iterator[Blocks]:
+    """``blocks`` split along the anchors into parts of at most ``slots`` block slots.
+
+    Blocks never see each other, so each part's hidden states are those of the whole.
+    """
+    r, a, b = blocks.labels.shape
+    per = a if slots is None else max(1, slots // (r * b))
+    if per >= a:
+        yield blocks
+        return
+    for lo in range(0, a, per):
+        part = slice(lo, lo + per)
+        yield replace(blocks, anchors=blocks.anchors[:, part], starts=blocks.starts[:, part],
+                      labels=blocks.labels[:, part], weights=blocks.weights[:, part],
+                      sample_ids=blocks.sample_ids[:, part])
+
+
 @torch.no_grad()
-def evaluate_blocks(draft: Any, target: Any, batches: list[tuple[dict[str, Any], list[list[int]]]],
+def evaluate_blocks(draft: Any, target: Any,
+                    batches: Iterable[tuple[dict[str, Any], list[list[int]]]],
                     *, num_anchors: int, seed: int = 0, amp: Any = None,
                     head_chunk: int = HEAD_CHUNK, max_slots: int | None = None,
-                    max_tokens: int | None = None) -> BlockEval:
+                    max_tokens: int | None = None,
+                    slots_per_forward: int | None = None) -> BlockEval:
     """Loss, accuracy and per-slot accuracy over collated ``(batch, rows)`` pairs.
 
     ``max_slots``/``max_tokens``: the draft slots budget of training (see
-    :func:`~lengthwise.dflash.blocks.make_blocks`); ``head_chunk``: slots per LM-head chunk.
+    :func:`~lengthwise.dflash.blocks.make_blocks`); ``head_chunk``: slots per LM-head chunk;
+    ``slots_per_forward``: at most this many block slots per draft forward (the target's
+    features computed once per batch), which bounds the attention's time and memory when
+    every position is an anchor, and changes no figure.
     """
     cfg = draft.config
     check_target(cfg, target)
@@ -196,14 +218,18 @@ def evaluate_blocks(draft: Any, target: Any, batches: list[tuple[dict[str, Any],
             blocks = make_blocks(batch, rows, step=0, seed=seed, num_anchors=num_anchors,
                                  block_size=cfg.block_size, gamma=cfg.gamma,
                                  max_slots=max_slots, max_tokens=max_tokens).to(target.device)
-            s = head_loss(block_hidden(draft, target, blocks, amp=amp), target.lm_head,
-                          blocks.labels, blocks.weights, chunk=head_chunk, amp=amp)
-            weighted += float(s.weighted)
-            weight += s.weight
-            correct += s.correct
-            count += s.count
-            slot_c += s.slot_correct
-            slot_n += s.slot_count
+            feats = target.features(blocks.input_ids, attention_mask=blocks.attention_mask,
+                                    position_ids=blocks.position_ids)
+            for part in _anchor_chunks(blocks, slots_per_forward):
+                s = head_loss(block_hidden(draft, target, part, amp=amp, feats=feats),
+                              target.lm_head, part.labels, part.weights, chunk=head_chunk,
+                              amp=amp)
+                weighted += float(s.weighted)
+                weight += s.weight
+                correct += s.correct
+                count += s.count
+                slot_c += s.slot_correct
+                slot_n += s.slot_count
     finally:
         draft.train(was)
     acc = np.where(slot_n > 0, slot_c / np.maximum(slot_n, 1), np.nan)[1:]

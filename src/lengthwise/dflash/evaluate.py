@@ -8,10 +8,11 @@ target's KV cache) and reports:
   the set (the prefill's first token is not counted);
 - ``mismatches`` (temperature 0, with ``check``): the number of prompts whose output
   differs from the target's own greedy ``generate`` (0: the decoding is lossless);
-- ``draft_accuracy`` and ``slot_accuracy`` (temperature 0 only): the draft's
-  teacher-forced top-1 accuracy on the target's own greedy outputs, overall and
-  per block slot (:func:`~lengthwise.dflash.decode.evaluate_blocks`, every
-  position an anchor), with the acceptance length those accuracies imply.
+- ``draft_accuracy`` and ``slot_accuracy`` (temperature 0, with ``accuracy``): the
+  draft's teacher-forced top-1 accuracy on the target's own greedy outputs, overall
+  and per block slot (:func:`~lengthwise.dflash.decode.evaluate_blocks`, every
+  position an anchor, in draft forwards of at most :data:`SLOTS_PER_FORWARD` slots),
+  with the acceptance length those accuracies imply.
 
 Example::
 
@@ -39,7 +40,10 @@ import torch
 
 from lengthwise.errors import ConfigError
 
-__all__ = ["evaluate_set", "greedy_reference", "teacher_forced"]
+__all__ = ["SLOTS_PER_FORWARD", "evaluate_set", "greedy_reference", "teacher_forced"]
+
+#: block slots per draft forward of the teacher-forced pass (bounds its attention's size)
+SLOTS_PER_FORWARD = 4096
 
 
 def greedy_reference(target: Any, prompt: list[int], max_new_tokens: int,
@@ -67,12 +71,16 @@ def greedy_reference(target: Any, prompt: list[int], max_new_tokens: int,
 
 
 def teacher_forced(draft: Any, target: Any, prompts: Sequence[list[int]],
-                   outputs: Sequence[list[int]], *, batch_size: int = 8) -> Any:
+                   outputs: Sequence[list[int]], *, batch_size: int = 8,
+                   slots_per_forward: int | None = SLOTS_PER_FORWARD,
+                   progress: bool = False) -> Any:
     """:class:`~lengthwise.dflash.decode.BlockEval` of the draft on ``prompt + output`` texts.
 
-    The outputs are supervised, the prompts are not; every possible anchor is used.
+    The outputs are supervised, the prompts are not; every possible anchor is used, in
+    draft forwards of at most ``slots_per_forward`` block slots.
     """
     from lengthwise.dflash.decode import evaluate_blocks
+    from lengthwise.progress import progress as bar
     from lengthwise.pytorch.collate import PadCollator
 
     collate = PadCollator(pad_token_id=0, pad_multiple=1)
@@ -87,15 +95,23 @@ def teacher_forced(draft: Any, target: Any, prompts: Sequence[list[int]],
                 [[i] for i in order[lo:lo + batch_size]])
                for lo in range(0, len(order), batch_size)]
     longest = max(s["input_ids"].size for s in samples)
-    return evaluate_blocks(draft, target, batches, num_anchors=longest)
+    return evaluate_blocks(draft, target,
+                           bar(batches, desc="draft accuracy", unit="batch", enable=progress),
+                           num_anchors=longest, slots_per_forward=slots_per_forward)
 
 
 def evaluate_set(draft: Any, target: Any, prompts: list[list[int]], *, name: str,
                  temperatures: Sequence[float] = (0.0, 1.0), max_new_tokens: int = 256,
                  batch_size: int = 16, eos: int | Collection[int] | None = None,
-                 seed: int = 0, check: bool = True) -> list[dict[str, Any]]:
-    """One row of figures per temperature for the prompt set ``name`` (see the module doc)."""
+                 seed: int = 0, check: bool = True, accuracy: bool = True,
+                 progress: bool = False) -> list[dict[str, Any]]:
+    """One row of figures per temperature for the prompt set ``name`` (see the module doc).
+
+    ``check``: the lossless check; ``accuracy``: the teacher-forced pass (each costs about
+    as much as the decoding, or more); ``progress``: bars on stderr.
+    """
     from lengthwise.dflash.speculative import speculative_batch
+    from lengthwise.progress import progress as bar
 
     if batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
@@ -107,7 +123,8 @@ def evaluate_set(draft: Any, target: Any, prompts: list[list[int]], *, name: str
     try:
         for temp in temperatures:
             gens = []
-            for lo in range(0, len(prompts), batch_size):
+            for lo in bar(range(0, len(prompts), batch_size), unit="batch", enable=progress,
+                          desc=f"{name} T={temp:g}: decoding"):
                 gens += speculative_batch(draft, target, prompts[lo:lo + batch_size],
                                           max_new_tokens=max_new_tokens, temperature=temp,
                                           eos=eos, seed=seed + lo)
@@ -121,12 +138,14 @@ def evaluate_set(draft: Any, target: Any, prompts: list[list[int]], *, name: str
             if temp == 0:
                 outs = [g.tokens for g in gens]
                 if check:
+                    pairs = bar(zip(prompts, outs, strict=True), total=len(prompts),
+                                desc=f"{name}: lossless check", unit="prompt", enable=progress)
                     row["mismatches"] = sum(
-                        o != greedy_reference(target, p, max_new_tokens, eos)
-                        for p, o in zip(prompts, outs, strict=True))
-                ev = teacher_forced(draft, target, prompts, outs)
-                row.update(draft_accuracy=ev.accuracy, slot_accuracy=ev.slot_accuracy,
-                           simulated_acceptance_length=ev.simulated_acceptance_length)
+                        o != greedy_reference(target, p, max_new_tokens, eos) for p, o in pairs)
+                if accuracy:
+                    ev = teacher_forced(draft, target, prompts, outs, progress=progress)
+                    row.update(draft_accuracy=ev.accuracy, slot_accuracy=ev.slot_accuracy,
+                               simulated_acceptance_length=ev.simulated_acceptance_length)
             rows.append(row)
     finally:
         draft.train(was)

@@ -32,8 +32,8 @@ from lengthwise.dflash.load import ARCHITECTURE, DERIVED, RENAME, check_target
 from lengthwise.dflash.mask_token import check_mask_token
 from lengthwise.errors import ConfigError
 
-__all__ = ["export_checkpoint", "export_draft", "exported_config", "exported_weights",
-           "to_speculators"]
+__all__ = ["SPECULATORS_IMPORTS", "export_checkpoint", "export_draft", "exported_config",
+           "exported_weights", "speculators_converter", "to_speculators"]
 
 #: noise of ``PretrainedConfig.to_dict`` that says nothing about the draft
 _NOISE = ("id2label", "label2id", "problem_type", "chunk_size_feed_forward", "return_dict",
@@ -131,24 +131,50 @@ def export_checkpoint(path: str | os.PathLike, out: str | os.PathLike, *,
     return export_draft(draft, out, dtype=dtype)
 
 
+#: modules the speculators DFlash converter imports, and the package each comes from
+SPECULATORS_IMPORTS = {"speculators": "speculators", "loguru": "loguru",
+                       "pydantic_settings": "pydantic-settings", "openai": "openai",
+                       "hs_connectors": "hs-connectors"}
+
+
+def speculators_converter() -> Any:
+    """The ``speculators`` package's DFlash converter class.
+
+    A :class:`~lengthwise.errors.MissingDependencyError` names every package it needs
+    that is not installed (not only the first one the import trips on).
+    """
+    import importlib.util
+
+    from lengthwise.errors import MissingDependencyError
+
+    missing = [pkg for mod, pkg in SPECULATORS_IMPORTS.items()
+               if importlib.util.find_spec(mod) is None]
+    if not missing:
+        try:
+            from speculators.convert.dflash.converter import DFlashConverter
+
+            return DFlashConverter
+        except ModuleNotFoundError as exc:  # a dependency of a newer speculators
+            missing = [(exc.name or str(exc)).split(".")[0]]
+    extra = [p for p in missing if p != "speculators"]
+    how = "pip install --no-deps speculators" if "speculators" in missing else ""
+    how = " && ".join(x for x in (how, f"pip install {' '.join(extra)}" if extra else "") if x)
+    raise MissingDependencyError(f"the speculators format needs packages that are not "
+                                 f"installed: {', '.join(missing)} ({how})")
+
+
 def to_speculators(folder: str | os.PathLike, out: str | os.PathLike,
                    target: str | os.PathLike) -> Path:
     """Convert an exported draft ``folder`` to the speculators (vLLM) format in ``out``.
 
     Runs the ``speculators`` package's own DFlash converter (``pip install --no-deps
-    speculators`` is enough on CPU); ``target`` is the target's local folder (the
-    converter copies its embedding, LM head and final norm into the checkpoint).
+    speculators`` and the packages :data:`SPECULATORS_IMPORTS` names are enough on CPU);
+    ``target`` is the target's local folder (the converter copies its embedding, LM head
+    and final norm into the checkpoint).
     """
-    try:
-        from speculators.convert.dflash.converter import DFlashConverter
-    except ImportError as exc:
-        from lengthwise.errors import MissingDependencyError
-
-        raise MissingDependencyError(
-            "the speculators format needs the speculators package "
-            "(pip install --no-deps speculators, plus loguru and pydantic-settings)") from exc
+    converter = speculators_converter()
     target = Path(target)
     if not (target / "config.json").is_file():
         raise ConfigError(f"--target {target}: not a local Hugging Face model (no config.json)")
-    DFlashConverter().convert(str(folder), str(out), base_model=str(target), validate=True)
+    converter().convert(str(folder), str(out), base_model=str(target), validate=True)
     return Path(out)

@@ -73,15 +73,18 @@ def block_inputs(draft: Any, target: Any, input_ids: torch.Tensor, anchors: torc
 
 
 def block_hidden(draft: Any, target: Any, blocks: Blocks, *, net: Any = None,
-                 amp: Any = None, flex: bool | None = None) -> torch.Tensor:
+                 amp: Any = None, flex: bool | None = None,
+                 feats: torch.Tensor | None = None) -> torch.Tensor:
     """Draft hidden states ``(R, A*B, H)`` of every block slot (``net``: ``draft`` in DDP).
 
     ``flex``: attend under the block-sparse flex-attention mask instead of the dense one
-    (default: on CUDA, see :mod:`~lengthwise.dflash.attention`).
+    (default: on CUDA, see :mod:`~lengthwise.dflash.attention`); ``feats``: the target's
+    features of ``blocks.input_ids`` when already computed.
     """
     b = draft.config.block_size
-    feats = target.features(blocks.input_ids, attention_mask=blocks.attention_mask,
-                            position_ids=blocks.position_ids)
+    if feats is None:
+        feats = target.features(blocks.input_ids, attention_mask=blocks.attention_mask,
+                                position_ids=blocks.position_ids)
     anchors = blocks.anchors
     base = blocks.position_ids.gather(1, anchors.clamp(min=0))
     slot_pos = (base.unsqueeze(-1) + torch.arange(b, device=base.device)).flatten(1)

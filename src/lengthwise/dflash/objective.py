@@ -48,22 +48,36 @@ def target_layer_ids(num_target_layers: int, num_features: int) -> list[int]:
 
     Ids count decoder layers from 0; the hidden state after layer ``i`` is
     ``hidden_states[i + 1]`` in Hugging Face outputs (index 0 is the embedding).
-    One feature takes the middle layer. Small targets clamp the range to their layers.
+    One feature takes the middle layer. Small targets clamp the range to their layers;
+    where that range holds fewer layers than ``num_features``, the features spread over
+    every layer instead, and a target with fewer layers than features is refused: the
+    ids are always distinct.
 
     Example::
 
         >>> target_layer_ids(36, 5)
         [1, 9, 17, 25, 33]
-        >>> target_layer_ids(4, 1), target_layer_ids(4, 2)
-        ([2], [1, 2])
+        >>> target_layer_ids(4, 1), target_layer_ids(4, 2), target_layer_ids(4, 4)
+        ([2], [1, 2], [0, 1, 2, 3])
+        >>> target_layer_ids(4, 5)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        lengthwise.errors.ConfigError: num_features 5: a 4-layer target has only 4 layers ...
     """
     if num_target_layers < 1 or num_features < 1:
         raise ConfigError(f"need num_target_layers >= 1 and num_features >= 1, got "
                           f"{num_target_layers}, {num_features}")
+    if num_features > num_target_layers:
+        raise ConfigError(f"num_features {num_features}: a {num_target_layers}-layer target "
+                          f"has only {num_target_layers} layers to feed the draft; give "
+                          f"num_features <= {num_target_layers} (--num-features) or the "
+                          "target layers")
     if num_features == 1:
         return [num_target_layers // 2]
     start = min(1, num_target_layers - 1)
     end = max(start, num_target_layers - 3, min(num_target_layers - 1, 2))
+    if end - start + 1 < num_features:  # too few layers in the range: spread over them all
+        start, end = 0, num_target_layers - 1
     return [int(round(start + i * (end - start) / (num_features - 1)))
             for i in range(num_features)]
 

@@ -48,7 +48,7 @@ from lengthwise.train.config import check_positive
 
 __all__ = ["PrepareConfig", "PrepareCounts", "prepare_chats", "shard_name"]
 
-FORMAT = 1
+FORMAT = 2
 _META_KEY = b"lengthwise.prepare"
 OVERLONG = ("truncate", "drop")
 
@@ -316,7 +316,7 @@ def _prepare(chats: ChatSource, target: Path, out: Path, cfg: PrepareConfig, tok
         "tokenizer_sha256": tokens["tokenizer_sha256"],
         "enable_thinking": cfg.enable_thinking, "thinking_switch": renderer.has_thinking,
         "loss_mask_from": ("generation marks" if renderer.uses_generation_marks
-                           else "prefix rendering"),
+                           else "whole-conversation rendering"),
         "mask_token_id": getattr(tok, "mask_token_id", None),
         "vocab_size": len(tok),
         "settings": {k: v for k, v in asdict(cfg).items() if k != "progress"},

@@ -2,7 +2,7 @@
 
 Each stage (``prepare``, ``train``, ``export``, ``eval``) lives in its own module
 of this package and exposes ``register(subparsers) -> None``, as the top-level
-commands do; modules are discovered automatically.
+commands do; modules are discovered automatically and listed in pipeline order.
 
 Example::
 
@@ -25,11 +25,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "that serving engines load out.",
     )
     stages = p.add_subparsers(dest="stage", metavar="STAGE")
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if info.name.startswith("_"):
-            continue
-        importlib.import_module(f"{__name__}.{info.name}").register(stages)
+    for name in stage_names():
+        importlib.import_module(f"{__name__}.{name}").register(stages)
     p.set_defaults(func=lambda args: _no_stage(p))
+
+
+#: the stages in the order a recipe runs them (``--help`` lists them so; others follow)
+PIPELINE = ("prepare", "train", "export", "eval")
+
+
+def stage_names() -> list[str]:
+    """The stage modules of this package, in pipeline order.
+
+    Example::
+
+        >>> stage_names()[:4]
+        ['prepare', 'train', 'export', 'eval']
+    """
+    names = [m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")]
+    return sorted(names, key=lambda n: (PIPELINE.index(n) if n in PIPELINE else len(PIPELINE),
+                                        n))
 
 
 def _no_stage(parser: argparse.ArgumentParser) -> int:

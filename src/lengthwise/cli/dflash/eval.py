@@ -26,9 +26,10 @@ def register(stages: argparse._SubParsersAction) -> None:
                     "(batched, with the target's KV cache) and report, per set and "
                     "temperature, the acceptance length (tokens per verifying target "
                     "forward); at temperature 0 also the draft's teacher-forced accuracy on "
-                    "the target's outputs and the lossless check (every output equal to the "
-                    "target's own greedy generate). Sampling above 0 keeps the target's "
-                    "distribution (speculative sampling).",
+                    "the target's outputs (--no-accuracy skips it) and the lossless check "
+                    "(every output equal to the target's own greedy generate; --no-check "
+                    "skips it). Sampling above 0 keeps the target's distribution "
+                    "(speculative sampling).",
     )
     p.add_argument("--target", required=True, metavar="PATH",
                    help="the target: a local Hugging Face causal LM folder with its tokenizer")
@@ -39,7 +40,9 @@ def register(stages: argparse._SubParsersAction) -> None:
                         '{"messages": [...]} (default: the small set shipped with lengthwise)')
     p.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 1.0], metavar="T",
                    help="sampling temperatures (default: 0 1)")
-    p.add_argument("--max-new-tokens", type=int, default=256, metavar="N")
+    p.add_argument("--max-new-tokens", type=int, default=256, metavar="N",
+                   help="tokens generated per prompt at most; decoding also stops at the "
+                        "target's end-of-sequence ids (default: 256)")
     p.add_argument("--batch-size", type=int, default=16, metavar="N",
                    help="prompts decoded together (default: 16)")
     p.add_argument("--limit", type=int, default=None, metavar="N",
@@ -47,7 +50,12 @@ def register(stages: argparse._SubParsersAction) -> None:
     p.add_argument("--thinking", choices=["on", "off"], default="off",
                    help="the chat template's thinking switch, where it has one (default: off)")
     p.add_argument("--no-check", action="store_true",
-                   help="skip the lossless check against the target's greedy generate")
+                   help="skip the lossless check (each prompt decoded again by the target's "
+                        "own greedy generate)")
+    p.add_argument("--no-accuracy", action="store_true",
+                   help="skip the draft's teacher-forced accuracy on the target's outputs "
+                        "(with --no-check, eval costs the speculative decoding only)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ... (default: cpu)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                    help="the target's and draft's dtype (default: float32)")
@@ -94,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
         prompts = render_prompts(convs, tokenizer, thinking=args.thinking == "on")
         rows += evaluate_set(draft, target, prompts, name=name, temperatures=args.temperatures,
                              max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                             eos=eos, seed=args.seed, check=not args.no_check)
+                             eos=eos, seed=args.seed, check=not args.no_check,
+                             accuracy=not args.no_accuracy, progress=not args.no_progress)
     if args.json:
         print(json.dumps(rows, indent=2))
     else:

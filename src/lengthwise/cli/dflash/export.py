@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+from pathlib import Path
 
 
 def register(stages: argparse._SubParsersAction) -> None:
@@ -36,18 +36,26 @@ def register(stages: argparse._SubParsersAction) -> None:
     p.add_argument("--speculators", default=None, metavar="DIR",
                    help="also convert the export to the speculators (vLLM) format in DIR with "
                         "the speculators package's converter (needs --target)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace what OUT (and the --speculators DIR) already holds "
+                        "(default: refuse a folder that is not empty)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Export and print what was written."""
-    from lengthwise.dflash.export import export_checkpoint
+    from lengthwise.dflash.export import export_checkpoint, speculators_converter, to_speculators
+    from lengthwise.errors import ConfigError
 
     target_config = None
     if args.speculators is not None and args.target is None:
-        from lengthwise.errors import ConfigError
-
         raise ConfigError("--speculators needs --target (the converter reads the target)")
+    for flag, folder in (("OUT", args.out), ("--speculators", args.speculators)):
+        if folder is not None and not args.overwrite and _holds_files(Path(folder)):
+            raise ConfigError(f"{flag} {folder}: already exists and is not empty (an earlier "
+                              "export?); pass --overwrite to replace it")
+    if args.speculators is not None:
+        speculators_converter()  # a missing package is named before anything is written
     if args.target is not None:
         target_config = _target_config(args.target)
         _check_tokenizer(args.checkpoint, args.target)
@@ -60,22 +68,13 @@ def run(args: argparse.Namespace) -> int:
           f"target layers {d['target_layer_ids']} of {cfg['num_target_layers']}, "
           f"rope_theta {cfg['rope_theta']:g}, {cfg['dtype']}")
     if args.speculators is not None:
-        from lengthwise.dflash.export import to_speculators
-        from lengthwise.errors import MissingDependencyError
-
-        try:
-            converted = to_speculators(out, args.speculators, args.target)
-        except MissingDependencyError as exc:
-            print(f"lengthwise dflash export: error: {exc}", file=sys.stderr)
-            return 2
+        converted = to_speculators(out, args.speculators, args.target)
         print(f"lengthwise dflash export: speculators format: {converted}")
     return 0
 
 
 def _check_tokenizer(checkpoint: str, target: str) -> None:
     """Refuse a ``--target`` whose tokenizer is not the one the draft was trained with."""
-    from pathlib import Path
-
     from lengthwise.dflash.config import DRAFT_CONFIG, read_draft_config
     from lengthwise.dflash.recipe import load_tokenizer
     from lengthwise.dflash.tokenizer_id import check_draft_tokenizer
@@ -92,9 +91,12 @@ def _check_tokenizer(checkpoint: str, target: str) -> None:
                           target=target)
 
 
-def _target_config(path: str) -> object:
-    from pathlib import Path
+def _holds_files(folder: Path) -> bool:
+    """Whether ``folder`` exists and is not an empty directory."""
+    return folder.exists() and (not folder.is_dir() or any(folder.iterdir()))
 
+
+def _target_config(path: str) -> object:
     from lengthwise.errors import ConfigError
 
     if not (Path(path) / "config.json").is_file():

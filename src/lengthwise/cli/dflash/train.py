@@ -110,7 +110,42 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"--config {path}: must be a mapping of settings, "
                           f"got {type(data).__name__}")
-    return {str(k).replace("-", "_"): v for k, v in data.items()}
+    out = {str(k).replace("-", "_"): v for k, v in data.items()}
+    for key, value in out.items():
+        wrong = _wrong_type(key, value)
+        if wrong:
+            raise ConfigError(f"--config {path}: {key} must be {wrong}, got {value!r}")
+    return out
+
+
+#: YAML keys that are switches (``--resume``, ``--wandb``, ``--no-progress``)
+_SWITCHES = ("resume", "wandb", "progress")
+
+
+def _wrong_type(key: str, value: Any) -> str | None:
+    """What a YAML setting must be when ``value`` is not that (``None``: fine or unknown key).
+
+    Example::
+
+        >>> _wrong_type("resume", "false"), _wrong_type("max_tokens", [1, 2])
+        ('true or false', 'an integer')
+        >>> _wrong_type("lr", "6e-4") is None  # YAML reads 6e-4 as text: converted later
+        True
+    """
+    kinds = {name: kind for name, kind, _ in _FLAGS}
+    kinds.update(target=str, data=str, out=str)
+    if value is None:
+        return None
+    if key in _SWITCHES:
+        return None if isinstance(value, bool) else "true or false"
+    kind = kinds.get(key)
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        return "an integer"
+    if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float, str))):
+        return "a number"
+    if kind is str and not isinstance(value, str):
+        return "text"
+    return None
 
 
 def settings(given: dict[str, Any]) -> tuple[Any, Any, bool]:
