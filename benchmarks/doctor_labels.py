@@ -1,6 +1,6 @@
 """The doctor against labelled real logs: agreement per log, with no options and with config ones.
 
-Each ``labels.json`` beside the logs (``../shared/data/real_logs2..4``) records,
+Each ``labels.json`` beside the logs (``../shared/data/real_logs..real_logs5``; a folder without one is skipped) records,
 from the run's own configuration, what the doctor should find: a period (and the
 period in steps a log shows), a clean verdict, checkpoint-associated cliffs,
 restarts and epoch step-downs, ``null`` where the configuration does not settle
@@ -28,7 +28,7 @@ from typing import Any
 from lengthwise.doctor import diagnose
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-SETS = ("real_logs2", "real_logs3", "real_logs4")
+SETS = ("real_logs", "real_logs2", "real_logs3", "real_logs4", "real_logs5")
 #: a found period agrees with the labelled one within this fraction
 PERIOD_TOLERANCE = 0.1
 
@@ -142,12 +142,12 @@ def table(result: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default=str(DEFAULT_DATA), help="folder holding real_logs2..4")
+    parser.add_argument("--data", default=str(DEFAULT_DATA), help="folder holding real_logs..real_logs5")
     parser.add_argument("--out", default=None, help="write the table to this markdown file")
     args = parser.parse_args(argv)
     data = Path(args.data)
     if not any((data / s / "labels.json").is_file() for s in SETS):
-        print(f"doctor_labels: no labels.json under {data}/real_logs2..4", file=sys.stderr)
+        print(f"doctor_labels: no labels.json under {data}/real_logs..real_logs5", file=sys.stderr)
         return 2
     text = table(rows(data))
     if args.out:

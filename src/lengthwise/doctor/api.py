@@ -34,7 +34,12 @@ from lengthwise.doctor.checkpoints import (
 from lengthwise.doctor.cliffs import Cliff, CliffContext, find_cliffs
 from lengthwise.doctor.context import RunContext, run_context
 from lengthwise.doctor.cycles import checked_periodicity
-from lengthwise.doctor.epochs import EpochBoundaries, epoch_boundaries, staircase_starts
+from lengthwise.doctor.epochs import (
+    EpochBoundaries,
+    epoch_boundaries,
+    implausible_staircase,
+    staircase_starts,
+)
 from lengthwise.doctor.errors import EmptyLogError
 from lengthwise.doctor.mechanisms import match_period
 from lengthwise.doctor.noise import noise_budget
@@ -222,7 +227,12 @@ def _staircase(
     s: np.ndarray, y: np.ndarray, per: Periodicity, ctx: RunContext, epochs: EpochBoundaries,
     rng: np.random.Generator,
 ) -> tuple[RunContext, EpochBoundaries]:
-    """An unexplained period that is a regular staircase: epochs of that length, if it tests so."""
+    """An unexplained period that is a regular staircase: epochs of that length, if it tests so.
+
+    Only when the implied epochs are plausible (:func:`~lengthwise.doctor.epochs.
+    implausible_staircase`); otherwise the period stays a periodic component and
+    the epochs' note says why it was not read as epochs.
+    """
     starts = staircase_starts(s, y, int(round(per.period_points or 0)))
     if not starts:
         return ctx, epochs
@@ -230,6 +240,11 @@ def _staircase(
     found = epoch_boundaries(s, y, starts, source=source, rng=rng)
     if not found.found:
         return ctx, epochs
+    why = implausible_staircase(found)
+    if why is not None:
+        note = (f"the {per.period:g}-step period falls like a staircase but is not read as "
+                f"epochs: {why}; {epochs.note}")
+        return ctx, replace(epochs, note=note)
     return replace(ctx, steps_per_epoch=float(per.period or 0), steps_per_epoch_source=source,
                    epoch_starts=starts), found
 
