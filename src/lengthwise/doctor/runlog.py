@@ -39,6 +39,8 @@ NUMERIC_FIELDS: tuple[str, ...] = (
 )
 #: per-step bucket fields: ``bucket`` (one id) or ``buckets`` (the ids of the step's batches)
 BUCKET_FIELDS: tuple[str, ...] = ("bucket", "buckets")
+#: record numbers of a directory's n-th TensorBoard event file start at ``n * RECORDS_PER_FILE``
+RECORDS_PER_FILE = 1_000_000
 #: event names that mark a checkpoint save
 CHECKPOINT_EVENTS: frozenset[str] = frozenset(
     {"checkpoint", "checkpoint_begin", "checkpoint_end", "checkpoint_start", "save_checkpoint"}
@@ -79,6 +81,16 @@ class InputSummary:
 
     #: how many malformed line numbers are kept for the report
     MAX_LINES_SHOWN = 5
+
+    def place(self, line: int) -> str:
+        """Where row ``line`` is: ``line N``, or ``event file F, record R`` in TensorBoard input.
+
+        >>> InputSummary(format="tensorboard").place(2_000_004)
+        'event file 3, record 4'
+        """
+        if self.format == "tensorboard":
+            return f"event file {line // RECORDS_PER_FILE + 1}, record {line % RECORDS_PER_FILE}"
+        return f"line {line}"
 
     def add_malformed(self, line: int) -> None:
         """Count one malformed line, remembering the first few line numbers."""

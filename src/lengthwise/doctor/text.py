@@ -30,10 +30,10 @@ def _input_line(r: Report) -> str:
     if r.series is not None and r.series.step.size:
         parts[0] += f" ({_g(float(r.series.step[0]), 8)}..{_g(float(r.series.step[-1]), 8)})"
     if i.malformed:
-        parts.append(f"{i.malformed} malformed (line {', '.join(map(str, i.malformed_lines))}"
+        parts.append(f"{i.malformed} malformed ({', '.join(map(i.place, i.malformed_lines))}"
                      f"{', ...' if i.malformed > len(i.malformed_lines) else ''})")
     if i.restart_count:
-        pts = "; ".join(f"line {p.line}: step {_g(p.step_before, 8)} -> {_g(p.step_after, 8)}"
+        pts = "; ".join(f"{i.place(p.line)}: step {_g(p.step_before, 8)} -> {_g(p.step_after, 8)}"
                         for p in i.restarts[:3])
         parts.append(f"{i.restart_count} restart(s) ({pts}"
                      f"{', ...' if i.restart_count > 3 else ''}), latest segment kept")

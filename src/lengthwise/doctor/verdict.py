@@ -468,8 +468,8 @@ def _input_causes(f: Findings) -> list[Cause]:
             title=f"{i.restart_count} restart(s) in the log",
             score=0.1,
             where=f"at steps {_steps(pts)}",
-            evidence=[f"steps went back at line(s) "
-                      f"{_steps([float(r.line) for r in i.restarts])} "
+            evidence=[f"steps went back at {'; '.join(i.place(r.line) for r in i.restarts[:5])}"
+                      f"{' (+more)' if i.restart_count > 5 else ''} "
                       f"(to steps {_steps(pts)}); the latest segment was kept, "
                       f"{i.superseded_rows} superseded row(s) dropped"],
             prescription=["check that resuming restores the optimizer, scheduler and "
