@@ -1,6 +1,7 @@
 """The doctor against labelled real logs: agreement per log, with no options and with config ones.
 
-Each ``labels.json`` beside the logs (``../shared/data/real_logs..real_logs5``; a folder without one is skipped) records,
+Each ``labels.json`` beside the logs (``../shared/data/real_logs..real_logs5``;
+a folder without one is skipped) records,
 from the run's own configuration, what the doctor should find: a period (and the
 period in steps a log shows), a clean verdict, checkpoint-associated cliffs,
 restarts and epoch step-downs, ``null`` where the configuration does not settle
@@ -147,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     data = Path(args.data)
     if not any((data / s / "labels.json").is_file() for s in SETS):
-        print(f"doctor_labels: no labels.json under {data}/real_logs..real_logs5", file=sys.stderr)
+        print(f"doctor_labels: no labels.json under {data}/real_logs..real_logs5",
+              file=sys.stderr)
         return 2
     text = table(rows(data))
     if args.out:

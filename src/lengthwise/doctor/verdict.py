@@ -291,7 +291,8 @@ def _epoch_causes(f: Findings) -> list[Cause]:
         f"{mean_rel:+.1%} on average)",
         score=min(0.9, 0.3 + 5 * abs(mean_rel)),
         where=f"epoch starts ({e.source}) at steps {_steps(e.starts)}",
-        evidence=[f"level change at the epoch starts: {drops}", f"placebo test against every other step: "
+        evidence=[f"level change at the epoch starts: {drops}",
+                  f"placebo test against every other step: "
                   f"p={fmt_num(e.p_value)}",
                   "usual reading: multi-epoch memorisation (the model has seen these samples "
                   "before), not noise and not cliffs"],

@@ -98,7 +98,7 @@ class ColumnBuilder:
         self._step_key, self._loss_key = step_key, loss_key
 
     def mark_restart(self, line: int) -> None:
-        """The row at ``line`` starts a new run (a new run folder): a repeated step there restarts."""
+        """The row at ``line`` starts a new run (a run folder): a repeated step there restarts."""
         self._restart_lines.append(int(line))
 
     def add(self, objs: list[Any], lines: Sequence[int]) -> None:
