@@ -143,7 +143,8 @@ def table(result: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default=str(DEFAULT_DATA), help="folder holding real_logs..real_logs5")
+    parser.add_argument("--data", default=str(DEFAULT_DATA),
+                        help="folder holding real_logs..real_logs5")
     parser.add_argument("--out", default=None, help="write the table to this markdown file")
     args = parser.parse_args(argv)
     data = Path(args.data)
