@@ -5,7 +5,11 @@ a folder without one is skipped) records,
 from the run's own configuration, what the doctor should find: a period (and the
 period in steps a log shows), a clean verdict, checkpoint-associated cliffs,
 restarts and epoch step-downs, ``null`` where the configuration does not settle
-it. A log agrees when every label that is not ``null`` agrees; a step-down at
+it. Labels record restarts and a loss that does not move apart from ``clean``
+("clean after the restarts"), so ``clean`` is compared with the verdict less
+its input causes (restarts, resumes, a second writer, rows out of order) and
+the ``not_learning`` cause. A log agrees when every label that is not ``null``
+agrees; a step-down at
 3 or more epoch starts is accepted for a labelled period of one epoch
 (a label of no period is judged by the period finding alone). "Config options"
 are the options its configuration justifies: ``--steps-per-epoch`` (the
@@ -60,9 +64,16 @@ def config_options(label: dict[str, Any]) -> dict[str, Any]:
     return opts
 
 
+#: causes the labels record apart from ``clean``
+APART = frozenset({"restarts", "resumes", "duplicate_writer", "out_of_order", "not_learning"})
+
+
 def findings(report: Any) -> dict[str, Any]:
     """What the doctor said, in the labels' terms."""
     causes = {c.name for c in report.verdict.causes}
+    clean = report.verdict.clean
+    if clean is False and causes <= APART:
+        clean = None if report.verdict.untested else True
     staircase = None
     if report.epochs.found and len(report.epochs.starts) >= 3:
         staircase = report.context.steps_per_epoch
@@ -70,7 +81,7 @@ def findings(report: Any) -> dict[str, Any]:
         "periodic": report.periodicity.period is not None,
         "period": report.periodicity.period,
         "staircase": staircase,
-        "clean": report.verdict.clean,
+        "clean": clean,
         "checkpoint_associated_cliffs": bool(report.checkpoint_association.associated),
         "restart": bool(report.input.restart_count) or "resumes" in causes,
         "epoch_boundaries": report.epochs.found,

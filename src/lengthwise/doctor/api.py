@@ -51,6 +51,7 @@ from lengthwise.doctor.report import Findings, Report, Series
 from lengthwise.doctor.run_config import world_size_beside
 from lengthwise.doctor.runlog import RunLog
 from lengthwise.doctor.smoothing import rolling_mean
+from lengthwise.doctor.stall import find_stall
 from lengthwise.doctor.stats import nonfinite_losses, roughness_residual, stable_stats
 from lengthwise.doctor.verdict import Verdict, build_verdict
 from lengthwise.errors import ConfigError
@@ -160,7 +161,7 @@ def diagnose(
     findings = Findings(
         source=log.source, input=log.input, context=ctx, phases=phases, stats=stats,
         bands=bands, periodicity=periodicity, cliffs=cliffs, checkpoint_association=assoc,
-        epochs=epochs, attribution=attribution, noise=noise,
+        epochs=epochs, attribution=attribution, noise=noise, stall=find_stall(s, y),
     )
     return Report(**{k: getattr(findings, k) for k in Findings.__dataclass_fields__},
                   verdict=build_verdict(findings),

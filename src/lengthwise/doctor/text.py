@@ -54,6 +54,9 @@ def _input_line(r: Report) -> str:
 def render_text(r: Report) -> str:
     """The full report of one run as text."""
     lines = [f"lengthwise doctor: {r.source}", f"  input        {_input_line(r)}"]
+    if r.stall.since is not None:
+        lines.append(f"  stall        the loss has not moved since step {_g(r.stall.since, 8)} "
+                     f"({r.stall.level:.4g} +/- {r.stall.spread:.2g} over {r.stall.rows} rows)")
     lines.append(f"  phases       {_phases_line(r)}")
     lines.append(f"  context      {_context_line(r)}")
     lines.extend(_stats_lines(r))

@@ -62,8 +62,8 @@ def _steps(values: list[float], limit: int = 5) -> str:
 
 def build_verdict(f: Findings) -> Verdict:
     """Rank the causes behind the findings ``f`` and write the one-line summary."""
-    causes = [*_nonfinite_causes(f), *_composition_causes(f), *_epoch_causes(f),
-              *_cliff_causes(f), *_input_causes(f), *_resume_causes(f)]
+    causes = [*_nonfinite_causes(f), *_stall_causes(f), *_composition_causes(f),
+              *_epoch_causes(f), *_cliff_causes(f), *_input_causes(f), *_resume_causes(f)]
     causes.sort(key=lambda c: -c.score)
     untested = _untested(f)
     clean = False if causes else (None if untested else True)
@@ -122,6 +122,29 @@ def _nonfinite_causes(f: Findings) -> list[Cause]:
             "lower the learning rate after warm-up and clip gradients (e.g. max norm 1.0)",
             "with fp16, use bf16 or a dynamic loss scaler; check the batches at those "
             "steps for empty or corrupt samples",
+        ],
+    )]
+
+
+def _stall_causes(f: Findings) -> list[Cause]:
+    """A loss that has not moved over most of the log: the run does not learn (first)."""
+    st = f.stall
+    if st.since is None:
+        return []
+    return [Cause(
+        name="not_learning",
+        title=f"the loss has not moved since step {fmt_num(st.since)}: the run is not learning",
+        score=0.95,
+        where=f"from step {fmt_num(st.since)} to the end ({st.share:.0%} of the logged steps)",
+        evidence=[f"over {st.rows} logged steps the loss stays at {st.level:.4g} "
+                  f"+/- {st.spread:.2g}; its smoothed level moves by {st.moved:.2%} "
+                  f"of itself"],
+        prescription=[
+            "check that the optimizer updates the trainable weights: a learning rate of 0 or "
+            "far too small, parameters frozen or not passed to the optimizer, adapters not "
+            "attached, every label masked",
+            "compare the loss at step 0 with ln(vocabulary size): a model that outputs "
+            "uniform predictions sits there",
         ],
     )]
 
