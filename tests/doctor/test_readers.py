@@ -378,3 +378,18 @@ def test_tensorboard_files_whose_steps_interleave_are_not_restarts(tmp_path: Pat
     log = read_log(tmp_path / "runs")
     assert log.input.restart_count == 0 and log.input.duplicate_rows == 0
     assert log.step.tolist() == list(range(10, 410, 10))
+
+
+def test_a_logged_resume_event_makes_a_restart_an_exact_resume() -> None:
+    from lengthwise.doctor import diagnose
+
+    rows = [{"step": s, "loss": 3.0 - 0.01 * s} for s in range(1, 60)]
+    resumed = [{"step": s, "loss": 3.0 - 0.01 * s} for s in range(41, 100)]
+    marked = diagnose([*rows, {"event": "resume", "step": 40, "path": "ckpt/step_40"}, *resumed])
+    plain = diagnose([*rows, *resumed])
+    assert marked.input.restart_count == plain.input.restart_count == 1
+    assert marked.input.logged_resumes == 1 and plain.input.logged_resumes == 0
+    assert "restarts" not in {c.name for c in marked.verdict.causes}
+    assert "restarts" in {c.name for c in plain.verdict.causes}
+    assert marked.series.step.tolist() == plain.series.step.tolist() == list(range(1, 100))
+    assert json.loads(marked.to_json())["input"]["logged_resumes"] == 1

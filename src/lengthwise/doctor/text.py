@@ -32,11 +32,16 @@ def _input_line(r: Report) -> str:
     if i.malformed:
         parts.append(f"{i.malformed} malformed ({', '.join(map(i.place, i.malformed_lines))}"
                      f"{', ...' if i.malformed > len(i.malformed_lines) else ''})")
-    if i.restart_count:
+    for logged in (True, False):
+        shown = [p for p in i.restarts if p.logged is logged]
+        count = i.logged_resumes if logged else i.restart_count - i.logged_resumes
+        if count <= 0:
+            continue
         pts = "; ".join(f"{i.place(p.line)}: step {_g(p.step_before, 8)} -> {_g(p.step_after, 8)}"
-                        for p in i.restarts[:3])
-        parts.append(f"{i.restart_count} restart(s) ({pts}"
-                     f"{', ...' if i.restart_count > 3 else ''}), latest segment kept")
+                        for p in shown[:3])
+        what = "exact resume(s) (a logged `resume` event)" if logged else "restart(s)"
+        parts.append(f"{count} {what} ({pts}{', ...' if count > 3 else ''}), "
+                     "latest segment kept")
     if i.reordered_rows:
         parts.append(f"rows out of step order (the step went back {i.out_of_order_points} "
                      "time(s) to steps not logged before: not restarts), read in step order "

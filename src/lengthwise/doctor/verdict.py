@@ -485,15 +485,17 @@ def _input_causes(f: Findings) -> list[Cause]:
             prescription=["nothing to fix in training; keep the log in the order it was "
                           "written, or merge files by step"],
         ))
-    if i.restart_count:
-        pts = [r.step_after for r in i.restarts]
+    unmarked = [r for r in i.restarts if not r.logged]
+    count = i.restart_count - i.logged_resumes
+    if count > 0:  # a restart after a logged ``resume`` event is an exact resume: no cause
+        pts = [r.step_after for r in unmarked]
         out.append(Cause(
             name="restarts",
-            title=f"{i.restart_count} restart(s) in the log",
+            title=f"{count} restart(s) in the log",
             score=0.1,
             where=f"at steps {_steps(pts)}",
-            evidence=[f"steps went back at {'; '.join(i.place(r.line) for r in i.restarts[:5])}"
-                      f"{' (+more)' if i.restart_count > 5 else ''} "
+            evidence=[f"steps went back at {'; '.join(i.place(r.line) for r in unmarked[:5])}"
+                      f"{' (+more)' if count > 5 else ''} "
                       f"(to steps {_steps(pts)}); the latest segment was kept, "
                       f"{i.superseded_rows} superseded row(s) dropped"],
             prescription=["check that resuming restores the optimizer, scheduler and "

@@ -31,6 +31,7 @@ from lengthwise.doctor.runlog import (
     BUCKET_FIELDS,
     CHECKPOINT_EVENTS,
     NUMERIC_FIELDS,
+    RESUME_EVENT,
     InputSummary,
     Restart,
     RunLog,
@@ -91,6 +92,7 @@ class ColumnBuilder:
         self._bucket_loss: dict[str, float] | None = None
         self._keys_seen: set[str] = set()
         self._restart_lines: list[int] = []
+        self._resume_lines: list[int] = []
 
     # ----------------------------------------------------------------- input
     def use_keys(self, *, step_key: str | None, loss_key: str | None) -> None:
@@ -195,6 +197,8 @@ class ColumnBuilder:
             self.summary.other_rows += 1
             if isinstance(event, str) and event in CHECKPOINT_EVENTS:
                 self._add_checkpoint(event, o, sk)
+            elif event == RESUME_EVENT:
+                self._resume_lines.append(int(lines[i]))
         return [objs[i] for i in keep], [losses[i] for i in keep], [lines[i] for i in keep]
 
     def _add_checkpoint(self, event: str, row: dict[str, Any], sk: str | None) -> None:
@@ -241,6 +245,7 @@ class ColumnBuilder:
             columns, buckets = _take(order, columns, buckets)
         fresh = np.isin(lines, self._restart_lines) if self._restart_lines else None
         keep = _resolve_restarts(step, lines, s, fresh=fresh)
+        _mark_logged_resumes(s, lines, self._resume_lines)
         if not keep.all():
             step, loss = step[keep], loss[keep]
             columns, buckets = _take(keep, columns, buckets)
@@ -472,6 +477,22 @@ def _short_rewinds(s: np.ndarray, back: np.ndarray) -> np.ndarray:
             j -= 1
         short[n] = i - j - 1 <= WRITER_REWIND
     return short
+
+
+def _mark_logged_resumes(summary: InputSummary, lines: np.ndarray, resumes: list[int]) -> None:
+    """Mark the restarts that follow a logged ``resume`` event (between the rows around it)."""
+    if not resumes or not summary.restarts:
+        return
+    marks = np.sort(np.asarray(resumes, dtype=np.int64))
+    ordered = np.sort(lines)
+    out = []
+    for r in summary.restarts:
+        at = int(np.searchsorted(ordered, r.line))
+        before = int(ordered[at - 1]) if at > 0 else 0
+        hit = np.searchsorted(marks, before, side="right") < np.searchsorted(marks, r.line)
+        out.append(Restart(r.line, r.step_before, r.step_after, logged=bool(hit)))
+    summary.restarts = out
+    summary.logged_resumes = sum(r.logged for r in out)
 
 
 def _resolve_restarts(
