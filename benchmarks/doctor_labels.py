@@ -84,6 +84,7 @@ def findings(report: Any) -> dict[str, Any]:
         "clean": clean,
         "checkpoint_associated_cliffs": bool(report.checkpoint_association.associated),
         "restart": bool(report.input.restart_count) or "resumes" in causes,
+        "duplicate_writer": bool(report.input.duplicate_rows),
         "epoch_boundaries": report.epochs.found,
     }
 
@@ -94,7 +95,7 @@ def disagreements(expected: dict[str, Any], found: dict[str, Any]) -> list[str]:
     if expected.get("periodic") and not found["periodic"] and found["staircase"]:
         found = {**found, "periodic": True, "period": found["staircase"]}
     for key in ("periodic", "clean", "checkpoint_associated_cliffs", "restart",
-                "epoch_boundaries"):
+                "epoch_boundaries", "duplicate_writer"):
         want = expected.get(key)
         if isinstance(want, str):  # a described restart/epoch label: present
             want = None if "uncertain" in want else True

@@ -19,9 +19,10 @@ surrogates' own largest (max-T). Predicted cycles are tested in logs of up to
 them, and the surrogates would cost more than every other analysis together.
 
 A period the blind search found but no mechanism explains must pass the same
-surrogate test at its length (one phase through the log), so slow drift or
-long-memory noise that the periodogram reads as a peak is not reported as a
-periodic component of unknown cause.
+surrogate test at its length (one phase through the log, on the last
+``PHASE_TEST_ROWS`` rows of the stable region at most, so its cost does not grow
+with the log), so slow drift or long-memory noise that the periodogram reads as
+a peak is not reported as a periodic component of unknown cause.
 
 Example::
 
@@ -55,6 +56,10 @@ SURROGATE_CELLS = 2_000_000
 SURROGATE_BUDGET = 5_000_000
 #: predicted cycles are tested in logs of fewer rows (longer ones resolve them in the periodogram)
 PREDICTED_MAX_ROWS = 2048
+#: an unexplained period is re-tested on the last this many rows of the stable region at most,
+#: so the surrogate test costs the same on any longer log (a period of up to a thousand rows
+#: repeats 100+ times in them)
+PHASE_TEST_ROWS = 100_000
 
 
 @dataclass(frozen=True)
@@ -93,11 +98,16 @@ def cycle_groups(
     return np.mod(np.floor(phase * groups + 1e-6), groups).astype(np.int64)
 
 
-def _eta2(x: np.ndarray, groups: np.ndarray, count: int) -> np.ndarray:
-    """eta^2 of the grouping (labels ``0..count-1``, each used) for each row of ``x`` (2-D)."""
+def _grouping(groups: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The row order, group starts and group sizes of a grouping (labels ``0..count-1``)."""
     order = np.argsort(groups, kind="stable")
     starts = np.searchsorted(groups[order], np.arange(count))
     sizes = np.bincount(groups, minlength=count).astype(np.float64)
+    return order, starts, sizes
+
+
+def _eta2(x: np.ndarray, order: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """eta^2 of a grouping (from :func:`_grouping`) for each row of ``x`` (2-D)."""
     xc = x - x.mean(axis=1, keepdims=True)
     sums = np.add.reduceat(xc[:, order], starts, axis=1)
     ssb = (sums * sums / sizes).sum(axis=1)
@@ -131,7 +141,8 @@ def phase_test(
     if not usable:
         return PhaseTest(p_value=1.0, eta2=0.0, share=0.0,
                          groups=labelled[0][1] if labelled else 0), 0
-    obs = np.array([_eta2(x[None, :], *labelled[i])[0] for i in usable])
+    prepared = {i: _grouping(*labelled[i]) for i in usable}
+    obs = np.array([_eta2(x[None, :], *prepared[i])[0] for i in usable])
     chunk = max(1, min(surrogates, SURROGATE_CELLS // x.size))
     null = np.empty((surrogates, len(usable)))
     for done in range(0, surrogates, chunk):
@@ -139,7 +150,7 @@ def phase_test(
         sur = ar1_surrogates(x, size, rng)
         sur = sur - local_linear(sur, window)
         for j, i in enumerate(usable):
-            null[done : done + size, j] = _eta2(sur, *labelled[i])
+            null[done : done + size, j] = _eta2(sur, *prepared[i])
     mu, sd = null.mean(axis=0), np.maximum(null.std(axis=0), 1e-300)
     z_obs = (obs - mu) / sd
     top = int(np.argmax(z_obs))
@@ -192,8 +203,9 @@ def checked_periodicity(
             "periodogram"
         ):
             return per
-        t, _ = phase_test(rw, [cycle_groups(steps, per.period, [])], window=window, rng=rng,
-                          surrogates=_surrogates(n))
+        tail = slice(max(0, rw.size - PHASE_TEST_ROWS), rw.size)
+        t, _ = phase_test(rw[tail], [cycle_groups(steps[tail], per.period, [])], window=window,
+                          rng=rng, surrogates=_surrogates(min(n, PHASE_TEST_ROWS)))
         if t.p_value < alpha:
             return replace(per, note=_join(per.note, f"the period passes the AR(1) surrogate "
                                                     f"test too (p={t.p_value:.3g})"))

@@ -298,8 +298,7 @@ def _fundamental(best: int, ks: np.ndarray, ratio: np.ndarray, q: int, alpha: fl
     A sawtooth or any non-sinusoidal cycle puts power at multiples of its
     frequency, and a higher harmonic can stand out more than the fundamental.
     """
-    significant = [int(k) for k, r in zip(ks, ratio, strict=True)
-                   if r > 1.0 and _pvalue(float(r), q) < alpha]
+    significant = ks[ratio > _threshold(q, alpha)].tolist()
     for k in sorted(significant):
         if k >= best:
             break
@@ -307,6 +306,23 @@ def _fundamental(best: int, ks: np.ndarray, ratio: np.ndarray, q: int, alpha: fl
         if 2 <= m <= MAX_HARMONIC and abs(best - m * k) <= max(1.0, 0.01 * best):
             return k
     return best
+
+
+def _threshold(q: int, alpha: float) -> float:
+    """The ratio above which a peak among ``q`` is significant (``_pvalue(r, q) < alpha``).
+
+    The p-value falls as the ratio grows, so one bisection replaces a p-value per frequency.
+    """
+    lo, hi = 1.0, 2.0
+    while _pvalue(hi, q) >= alpha:
+        lo, hi = hi, 2.0 * hi
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if _pvalue(mid, q) < alpha:
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
 
 def _local_floor(power: np.ndarray, k_lo: int, k_hi: int) -> np.ndarray:
