@@ -46,7 +46,15 @@ from lengthwise.doctor.context import RunContext
 from lengthwise.doctor.detrend import detrend_window, detrended, local_linear
 from lengthwise.doctor.folding import SURROGATES, ar1_surrogates
 from lengthwise.doctor.mechanisms import apparent_period, candidates, match_period
-from lengthwise.doctor.periodicity import ALPHA, MIN_POINTS, Periodicity
+from lengthwise.doctor.periodicity import (
+    ALPHA,
+    MIN_POINTS,
+    Periodicity,
+    acf_at,
+    acf_holds,
+    autocorrelation,
+    fine_period,
+)
 
 #: fewest rows per phase group for a grouping to be tested
 MIN_PER_GROUP = 4
@@ -203,19 +211,61 @@ def checked_periodicity(
             "periodogram"
         ):
             return per
-        tail = slice(max(0, rw.size - PHASE_TEST_ROWS), rw.size)
-        t, _ = phase_test(rw[tail], [cycle_groups(steps[tail], per.period, [])], window=window,
-                          rng=rng, surrogates=_surrogates(min(n, PHASE_TEST_ROWS)))
-        if t.p_value < alpha:
-            return replace(per, note=_join(per.note, f"the period passes the AR(1) surrogate "
-                                                    f"test too (p={t.p_value:.3g})"))
-        per = replace(per, period=None, period_points=None, power_share=None,
-                      acf_at_period=None,
-                      note=_join(per.note, f"the periodogram peak at {per.period:g} steps "
-                                           f"(p={per.p_value:.3g}) fails the AR(1) surrogate "
-                                           f"test at its length (p={t.p_value:.3g}): "
-                                           "drift or persistent noise, not a cycle"))
+        return _retest(per, steps, rw, window, rng, alpha)
     return _predicted(per, steps, rw, ctx, window, rng, alpha)
+
+
+def _retest(
+    per: Periodicity, steps: np.ndarray, rw: np.ndarray, window: int,
+    rng: np.random.Generator, alpha: float,
+) -> Periodicity:
+    """An unexplained periodogram period re-tested at its own, fractional frequency.
+
+    The peak the period came from and the other significant peaks (less those that
+    are harmonics of another: a cycle's shape puts power there too) are each read at
+    their own frequency (:func:`~lengthwise.doctor.periodicity.fine_period`: a
+    cycle of 46.6 rows is not folded at 46 or 47, which smears it over a long
+    log) and all are scored on the same AR(1) surrogates (max-T, on the last
+    ``PHASE_TEST_ROWS`` rows at most). The best that passes, and whose
+    autocorrelation at its (fractional) lag clears ``2/sqrt(n)``, is the period,
+    with its standard error (the Cramer-Rao bound, or half the difference of the
+    periods read in each half of the rows when larger: a cycle whose length
+    wanders is less precise than a sinusoid); a period within 3 standard errors of
+    the periodogram's own whole-lag reading, or of a whole number of rows, is
+    that whole number.
+    """
+    interval = float(np.median(np.diff(steps))) if steps.size > 1 else 1.0
+    tail = slice(max(0, rw.size - PHASE_TEST_ROWS), rw.size)
+    x, s = rw[tail], steps[tail]
+    approx = [per.peak_points or (per.period or 0.0) / interval,
+              *(c["period"] / interval for c in per.candidates)]
+    tries: list[tuple[float, float]] = []
+    for a in approx:
+        if a >= 2 and not any(abs(a - b) <= 0.01 * a for b in (t[0] for t in tries)):
+            period, error, _ = fine_period(x, a)
+            tries.append((period, error))
+    tries = [t for t in tries if not any(_harmonic(t[0], u[0]) for u in tries)]
+    t, j = phase_test(x, [cycle_groups(s, p * interval, []) for p, _ in tries], window=window,
+                      rng=rng, surrogates=_surrogates(x.size))
+    points, error = tries[j]
+    error = max(error, _split_error(x, points))
+    own = per.period_points
+    if j == 0 and own is not None and abs(points - own) <= 3 * error:
+        points = float(own)  # the periodogram's own (whole-lag) reading agrees
+    elif abs(points - round(points)) <= 3 * error:
+        points = float(round(points))
+    acf = acf_at(autocorrelation(x, int(points) + 2), points)
+    if t.p_value < alpha and acf_holds(acf, x.size):
+        return replace(per, period=points * interval, period_points=points,
+                       period_error=error * interval, power_share=t.share, acf_at_period=acf,
+                       note=_join(per.note, f"read at its own frequency, {t.groups} phases; it "
+                                            f"passes the AR(1) surrogate test too "
+                                            f"(p={t.p_value:.3g})"))
+    return replace(per, period=None, period_points=None, power_share=None, acf_at_period=None,
+                   note=_join(per.note, f"the periodogram peak at {per.period:g} steps "
+                                        f"(p={per.p_value:.3g}) fails the AR(1) surrogate "
+                                        f"test at its length (p={t.p_value:.3g}): "
+                                        "drift or persistent noise, not a cycle"))
 
 
 def _predicted(
@@ -252,6 +302,22 @@ def _predicted(
               f"surrogates, max-T over {len(keep)} grouping(s), alpha={alpha}"),
         note=_join(per.note, f"tested because {how}"),
     )
+
+
+def _harmonic(short: float, long: float) -> bool:
+    """True when ``short`` is a harmonic of ``long`` (``long / short`` within 0.5 % of 2..50)."""
+    m = round(long / short)
+    return 2 <= m <= 50 and abs(long / short - m) <= 0.005 * m
+
+
+def _split_error(x: np.ndarray, points: float) -> float:
+    """Half the difference of the period read in each half of ``x`` (0 when too short)."""
+    half = x.size // 2
+    if half < 8 * points:
+        return 0.0
+    first, _, _ = fine_period(x[:half], half / round(half / points))
+    second, _, _ = fine_period(x[half:], half / round(half / points))
+    return abs(first - second) / 2
 
 
 def _surrogates(rows: int) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from lengthwise.doctor.numbers import fmt_num as _g
+from lengthwise.doctor.numbers import with_error
 
 if TYPE_CHECKING:
     from lengthwise.doctor.report import Report
@@ -119,7 +120,8 @@ def _periodicity_lines(r: Report) -> list[str]:
     if per.p_value is None:
         lines = [f"  periodicity  {per.note}"]
     elif per.period is not None:
-        lines = [f"  periodicity  period {_g(per.period)} steps (p={_g(per.p_value, 3)}, "
+        lines = [f"  periodicity  period {with_error(per.period, per.period_error)} steps "
+                 f"(p={_g(per.p_value, 3)}, "
                  f"{_g((per.power_share or 0) * 100, 3)}% of detrended variance, "
                  f"autocorrelation {_g(per.acf_at_period, 3)})"]
     else:

@@ -32,7 +32,7 @@ from lengthwise.doctor.attribution import ALPHA as LENGTH_ALPHA
 from lengthwise.doctor.attribution import REPORT_ALPHA
 from lengthwise.doctor.cliffs import Cliff
 from lengthwise.doctor.mechanisms import match_period
-from lengthwise.doctor.numbers import fmt_num
+from lengthwise.doctor.numbers import fmt_num, with_error
 from lengthwise.doctor.report import Cause, Findings, Verdict
 
 #: cliffs whose median recovery takes at most this many logged points are one-step spikes
@@ -211,7 +211,8 @@ def _period_cause(f: Findings, attr_ev: list[str], confirm: list[str]) -> Cause:
     period = float(per.period or 0.0)
     share = per.power_share or 0.0
     match = match_period(period, f.context)
-    ev = [f"the detrended loss repeats every {fmt_num(period)} steps (p={fmt_num(per.p_value)}, "
+    shown = with_error(period, per.period_error)
+    ev = [f"the detrended loss repeats every {shown} steps (p={fmt_num(per.p_value)}, "
           f"{share:.0%} of its variance, autocorrelation {fmt_num(per.acf_at_period)} at that lag)",
           f"its length {match.arithmetic}"]
     runs = per.runs
@@ -253,7 +254,7 @@ def _period_cause(f: Findings, attr_ev: list[str], confirm: list[str]) -> Cause:
     fixes = [match.missing] if match.missing else []
     return Cause(
         name="periodic_unknown",
-        title=f"a periodic component of unknown cause every {fmt_num(period)} steps "
+        title=f"a periodic component of unknown cause every {shown} steps "
         f"({share:.0%} of the detrended variance)",
         score=0.5 * score, where=where, evidence=ev + attr_ev,
         prescription=[*fixes, "log `bucket`, `real_tokens` and `samples` per step to test "
