@@ -68,6 +68,8 @@ PREDICTED_MAX_ROWS = 2048
 #: so the surrogate test costs the same on any longer log (a period of up to a thousand rows
 #: repeats 100+ times in them)
 PHASE_TEST_ROWS = 100_000
+#: peaks of at least this many rows are read at their own, fractional frequency
+FRACTIONAL_MIN_ROWS = 10
 
 
 @dataclass(frozen=True)
@@ -221,41 +223,42 @@ def _retest(
 ) -> Periodicity:
     """An unexplained periodogram period re-tested at its own, fractional frequency.
 
-    The peak the period came from and the other significant peaks (less those that
-    are harmonics of another: a cycle's shape puts power there too) are each read at
-    their own frequency (:func:`~lengthwise.doctor.periodicity.fine_period`: a
-    cycle of 46.6 rows is not folded at 46 or 47, which smears it over a long
-    log) and all are scored on the same AR(1) surrogates (max-T, on the last
-    ``PHASE_TEST_ROWS`` rows at most). The best that passes, and whose
-    autocorrelation at its (fractional) lag clears ``2/sqrt(n)``, is the period,
-    with its standard error (the Cramer-Rao bound, or half the difference of the
-    periods read in each half of the rows when larger: a cycle whose length
-    wanders is less precise than a sinusoid); a period within 3 standard errors of
-    the periodogram's own whole-lag reading, or of a whole number of rows, is
-    that whole number.
+    The period as found (a whole lag) is tried together with the peak it came
+    from and the other significant peaks of ``FRACTIONAL_MIN_ROWS`` rows or more
+    (less those that are harmonics of another: a cycle's shape puts power there
+    too), each read at their own frequency
+    (:func:`~lengthwise.doctor.periodicity.fine_period`: a cycle of 46.6 rows is
+    not folded at 46 or 47, which smears it over a long log); all are scored on
+    the same AR(1) surrogates (max-T, on the last ``PHASE_TEST_ROWS`` rows at
+    most). The best, when it passes and its
+    autocorrelation at its (fractional) lag clears ``2/sqrt(n)``, is the period;
+    one read at its own frequency comes with its standard error (the Cramer-Rao
+    bound, or half the difference of the periods read in each half of the rows
+    when larger: a cycle whose length
+    wanders is less precise than a sinusoid), and within 3 standard errors of a
+    whole number of rows it is that whole number.
     """
     interval = float(np.median(np.diff(steps))) if steps.size > 1 else 1.0
     tail = slice(max(0, rw.size - PHASE_TEST_ROWS), rw.size)
     x, s = rw[tail], steps[tail]
-    approx = [per.peak_points or (per.period or 0.0) / interval,
-              *(c["period"] / interval for c in per.candidates)]
-    tries: list[tuple[float, float]] = []
+    approx = [per.peak_points or 0.0, *(c["period"] / interval for c in per.candidates)]
+    tries: list[tuple[float, float]] = [(float(per.period_points or 0.0), 0.0)]
     for a in approx:
-        if a >= 2 and not any(abs(a - b) <= 0.01 * a for b in (t[0] for t in tries)):
-            period, error, _ = fine_period(x, a)
-            tries.append((period, error))
+        if a >= FRACTIONAL_MIN_ROWS and not any(abs(a - b) <= 0.01 * a for b, _ in tries[1:]):
+            tries.append(fine_period(x, a)[:2])
     tries = [t for t in tries if not any(_harmonic(t[0], u[0]) for u in tries)]
     t, j = phase_test(x, [cycle_groups(s, p * interval, []) for p, _ in tries], window=window,
                       rng=rng, surrogates=_surrogates(x.size))
     points, error = tries[j]
-    error = max(error, _split_error(x, points))
-    own = per.period_points
-    if j == 0 and own is not None and abs(points - own) <= 3 * error:
-        points = float(own)  # the periodogram's own (whole-lag) reading agrees
-    elif abs(points - round(points)) <= 3 * error:
-        points = float(round(points))
+    if error > 0:  # read at its own frequency
+        error = max(error, _split_error(x, points))
+        if abs(points - round(points)) <= 3 * error:
+            points = float(round(points))
     acf = acf_at(autocorrelation(x, int(points) + 2), points)
     if t.p_value < alpha and acf_holds(acf, x.size):
+        if error == 0:
+            return replace(per, note=_join(per.note, f"the period passes the AR(1) surrogate "
+                                                    f"test too (p={t.p_value:.3g})"))
         return replace(per, period=points * interval, period_points=points,
                        period_error=error * interval, power_share=t.share, acf_at_period=acf,
                        note=_join(per.note, f"read at its own frequency, {t.groups} phases; it "
