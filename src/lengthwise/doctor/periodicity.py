@@ -217,9 +217,21 @@ def find_periodicity(
     best = int(ks[np.argmax(ratio)])
     p_best = _pvalue(float(ratio.max()), q)
     fundamental = _fundamental(best, ks, ratio, q, alpha)
+    test = f"periodogram peak vs local noise floor, alpha={alpha}"
+    candidates = _candidates(power, floor, ks, ratio, q, alpha, interval, n)
+    bands = _band_peaks(ratio, q, alpha)
+    for i, p_i in bands:
+        band_period = n / int(ks[i]) * interval
+        if not any(abs(c["period"] - band_period) <= 0.01 * band_period for c in candidates):
+            candidates.append({"period": round(band_period, 3), "p_value": significant(p_i)})
+    at, p_band = bands[0] if bands else (0, 1.0)
+    if p_best >= alpha and p_band < alpha:  # no single frequency stands out, a band does
+        best = fundamental = int(ks[at])
+        p_best = p_band
+        test = (f"periodogram band of {BAND} bins (a cycle whose length wanders) vs local "
+                f"noise floor, alpha={alpha}")
     period_pts, acf_at = _refine(acf, n / fundamental)
     share = _harmonic_share(power, fundamental, k_lo, k_hi)
-    candidates = _candidates(power, floor, ks, ratio, q, alpha, interval, n)
     found = p_best < alpha and acf_holds(acf_at, n)
     return Periodicity(
         period=period_pts * interval if found else None,
@@ -234,7 +246,36 @@ def find_periodicity(
         window=window,
         points=n,
         acf=acf,
+        test=test,
     )
+
+
+#: bins summed by the band test
+BAND = 5
+
+
+def _band_peaks(ratio: np.ndarray, q: int, alpha: float) -> list[tuple[int, float]]:
+    """Up to three significant bands of ``BAND`` adjacent ordinates (centre, p), strongest first.
+
+    A cycle whose length wanders a little (a data order read in shards) spreads its
+    power over a few neighbouring bins, none of which stands out alone. Under noise
+    each ``I_k / floor_k`` is exponential with mean 1, so a band's sum is
+    Gamma(``BAND``, 1); its tail ``e^-r sum_{i<BAND} r^i / i!`` is corrected for all
+    ``q`` bands (overlapping, so the correction is conservative).
+    """
+    if ratio.size < BAND:
+        return []
+    sums = np.convolve(ratio, np.ones(BAND), mode="valid")
+    out: list[tuple[int, float]] = []
+    for at in np.argsort(sums)[::-1][:200].tolist():
+        r = float(sums[at])
+        tail = math.exp(-r) * sum(r**i / math.factorial(i) for i in range(BAND))
+        p = 1.0 if tail >= 1.0 else float(-math.expm1(q * math.log1p(-tail)))
+        if p >= alpha or len(out) >= 3:
+            break
+        if all(abs(at + BAND // 2 - c) > BAND for c, _ in out):
+            out.append((at + BAND // 2, p))
+    return out
 
 
 #: frequency steps (in periodogram bins) of the fine scan around a peak
