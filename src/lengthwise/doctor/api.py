@@ -243,7 +243,7 @@ def _staircase(
         return ctx, epochs
     why = implausible_staircase(found)
     if why is not None:
-        note = (f"the {per.period:g}-step period falls like a staircase but is not read as "
+        note = (f"the {per.period:.4g}-step period falls like a staircase but is not read as "
                 f"epochs: {why}; {epochs.note}")
         return ctx, replace(epochs, note=note)
     return replace(ctx, steps_per_epoch=float(per.period or 0), steps_per_epoch_source=source,
