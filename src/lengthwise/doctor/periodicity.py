@@ -217,19 +217,12 @@ def find_periodicity(
     best = int(ks[np.argmax(ratio)])
     p_best = _pvalue(float(ratio.max()), q)
     fundamental = _fundamental(best, ks, ratio, q, alpha)
-    test = f"periodogram peak vs local noise floor, alpha={alpha}"
     candidates = _candidates(power, floor, ks, ratio, q, alpha, interval, n)
     bands = _band_peaks(ratio, q, alpha)
     for i, p_i in bands:
         band_period = n / int(ks[i]) * interval
         if not any(abs(c["period"] - band_period) <= 0.01 * band_period for c in candidates):
             candidates.append({"period": round(band_period, 3), "p_value": significant(p_i)})
-    at, p_band = bands[0] if bands else (0, 1.0)
-    if p_best >= alpha and p_band < alpha:  # no single frequency stands out, a band does
-        best = fundamental = int(ks[at])
-        p_best = p_band
-        test = (f"periodogram band of {BAND} bins (a cycle whose length wanders) vs local "
-                f"noise floor, alpha={alpha}")
     period_pts, acf_at = _refine(acf, n / fundamental)
     share = _harmonic_share(power, fundamental, k_lo, k_hi)
     found = p_best < alpha and acf_holds(acf_at, n)
@@ -246,7 +239,6 @@ def find_periodicity(
         window=window,
         points=n,
         acf=acf,
-        test=test,
     )
 
 
@@ -258,7 +250,10 @@ def _band_peaks(ratio: np.ndarray, q: int, alpha: float) -> list[tuple[int, floa
     """Up to three significant bands of ``BAND`` adjacent ordinates (centre, p), strongest first.
 
     A cycle whose length wanders a little (a data order read in shards) spreads its
-    power over a few neighbouring bins, none of which stands out alone. Under noise
+    power over a few neighbouring bins, none of which stands out alone. A band only
+    joins the candidates that an unexplained period is re-tested with
+    (:mod:`lengthwise.doctor.cycles`, against AR(1) surrogates): alone it does not
+    make a period, the floor's own noise making its p-value approximate. Under noise
     each ``I_k / floor_k`` is exponential with mean 1, so a band's sum is
     Gamma(``BAND``, 1); its tail ``e^-r sum_{i<BAND} r^i / i!`` is corrected for all
     ``q`` bands (overlapping, so the correction is conservative).
