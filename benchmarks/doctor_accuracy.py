@@ -14,7 +14,7 @@ length, the error of its noise budget, and what it says about real logs.
   runs of Hugging Face's length-grouped sampler over 1 to 10 processes, with and
   without ``--world-size``.
 * Reading speed of a large log, the real logs of ``../shared/data/real_logs`` and
-  the agreement with the labels of ``real_logs2..4`` (``benchmarks/doctor_labels.py``).
+  the agreement with the labels of ``real_logs2..5`` (``benchmarks/doctor_labels.py``).
 
 It writes ``benchmarks/DOCTOR_RESULTS.md``::
 
@@ -374,9 +374,9 @@ def hf_cycle_rows(seeds: int) -> tuple[dict[str, Tally], list[str]]:
 
 
 def label_rows(data: Path) -> list[str]:
-    """Agreement with the labels of real_logs2..4 (``benchmarks/doctor_labels.py``)."""
+    """Agreement with the labels of real_logs2..5 (``benchmarks/doctor_labels.py``)."""
     if not any((data / s / "labels.json").is_file() for s in doctor_labels.SETS):
-        return [f"`{data}/real_logs2..4` are not present: skipped."]
+        return [f"`{data}/real_logs2..5` are not present: skipped."]
     return doctor_labels.table(doctor_labels.rows(data)).splitlines()
 
 
@@ -420,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="output markdown path")
     parser.add_argument("--no-real", action="store_true", help="skip the real logs")
     parser.add_argument("--data", default=str(SHARED_DATA),
-                        help="folder holding real_logs and real_logs2..4 (default ../shared/data)")
+                        help="folder holding real_logs and real_logs2..5 (default ../shared/data)")
     args = parser.parse_args(argv)
     steps = args.steps or (1500 if args.quick else 3000)
     lines = args.lines or (100_000 if args.quick else 500_000)
@@ -555,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         *real,
         "",
-        "## Labelled real logs (`../shared/data/real_logs2..4`)",
+        "## Labelled real logs (`../shared/data/real_logs2..5`)",
         "",
         "Agreement with each log's labels (`labels.json`, taken from the run's own "
         "configuration), with no option and with the options that configuration justifies; "

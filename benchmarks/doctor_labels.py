@@ -1,10 +1,15 @@
 """The doctor against labelled real logs: agreement per log, with no options and with config ones.
 
-Each ``labels.json`` beside the logs (``../shared/data/real_logs2..4``) records,
+Each ``labels.json`` beside the logs (``../shared/data/real_logs..real_logs5``;
+a folder without one is skipped) records,
 from the run's own configuration, what the doctor should find: a period (and the
 period in steps a log shows), a clean verdict, checkpoint-associated cliffs,
 restarts and epoch step-downs, ``null`` where the configuration does not settle
-it. A log agrees when every label that is not ``null`` agrees; a step-down at
+it. Labels record restarts and a loss that does not move apart from ``clean``
+("clean after the restarts"), so ``clean`` is compared with the verdict less
+its input causes (restarts, resumes, a second writer, rows out of order) and
+the ``not_learning`` cause. A log agrees when every label that is not ``null``
+agrees; a step-down at
 3 or more epoch starts is accepted for a labelled period of one epoch
 (a label of no period is judged by the period finding alone). "Config options"
 are the options its configuration justifies: ``--steps-per-epoch`` (the
@@ -28,7 +33,7 @@ from typing import Any
 from lengthwise.doctor import diagnose
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-SETS = ("real_logs2", "real_logs3", "real_logs4")
+SETS = ("real_logs", "real_logs2", "real_logs3", "real_logs4", "real_logs5")
 #: a found period agrees with the labelled one within this fraction
 PERIOD_TOLERANCE = 0.1
 
@@ -59,9 +64,16 @@ def config_options(label: dict[str, Any]) -> dict[str, Any]:
     return opts
 
 
+#: causes the labels record apart from ``clean``
+APART = frozenset({"restarts", "resumes", "duplicate_writer", "out_of_order", "not_learning"})
+
+
 def findings(report: Any) -> dict[str, Any]:
     """What the doctor said, in the labels' terms."""
     causes = {c.name for c in report.verdict.causes}
+    clean = report.verdict.clean
+    if clean is False and causes <= APART:
+        clean = None if report.verdict.untested else True
     staircase = None
     if report.epochs.found and len(report.epochs.starts) >= 3:
         staircase = report.context.steps_per_epoch
@@ -69,9 +81,10 @@ def findings(report: Any) -> dict[str, Any]:
         "periodic": report.periodicity.period is not None,
         "period": report.periodicity.period,
         "staircase": staircase,
-        "clean": report.verdict.clean,
+        "clean": clean,
         "checkpoint_associated_cliffs": bool(report.checkpoint_association.associated),
         "restart": bool(report.input.restart_count) or "resumes" in causes,
+        "duplicate_writer": bool(report.input.duplicate_rows),
         "epoch_boundaries": report.epochs.found,
     }
 
@@ -82,7 +95,7 @@ def disagreements(expected: dict[str, Any], found: dict[str, Any]) -> list[str]:
     if expected.get("periodic") and not found["periodic"] and found["staircase"]:
         found = {**found, "periodic": True, "period": found["staircase"]}
     for key in ("periodic", "clean", "checkpoint_associated_cliffs", "restart",
-                "epoch_boundaries"):
+                "epoch_boundaries", "duplicate_writer"):
         want = expected.get(key)
         if isinstance(want, str):  # a described restart/epoch label: present
             want = None if "uncertain" in want else True
@@ -142,12 +155,14 @@ def table(result: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default=str(DEFAULT_DATA), help="folder holding real_logs2..4")
+    parser.add_argument("--data", default=str(DEFAULT_DATA),
+                        help="folder holding real_logs..real_logs5")
     parser.add_argument("--out", default=None, help="write the table to this markdown file")
     args = parser.parse_args(argv)
     data = Path(args.data)
     if not any((data / s / "labels.json").is_file() for s in SETS):
-        print(f"doctor_labels: no labels.json under {data}/real_logs2..4", file=sys.stderr)
+        print(f"doctor_labels: no labels.json under {data}/real_logs..real_logs5",
+              file=sys.stderr)
         return 2
     text = table(rows(data))
     if args.out:

@@ -524,3 +524,28 @@ def test_progress_lines_come_from_rank_0_only(capsys):
     say(None, "single process")
     captured = capsys.readouterr()
     assert captured.err.splitlines() == ["from rank 0", "single process"] and not captured.out
+
+
+def test_the_doctor_reads_a_resumed_log_as_an_exact_resume(data, tmp_path):
+    """A run stopped after step 5 (checkpoint at 3) and resumed: its log goes back to step 4
+    after the loop's ``resume`` event, which the doctor reads as an exact resume, not a problem."""
+    from lengthwise.doctor import diagnose
+
+    base = dict(steps=6, checkpoint_every=3, keep_checkpoints=2, **SMALL)
+    full = train_order("stratified", data, DemoConfig(**base), out=tmp_path / "a")
+    run = tmp_path / "b" / "stratified"
+    (run / "checkpoints").mkdir(parents=True)
+    shutil.copytree(tmp_path / "a" / "stratified" / "checkpoints" / "step_3",
+                    run / "checkpoints" / "step_3")
+    lines = Path(full.log_path).read_text().splitlines(keepends=True)
+    upto5 = [x for x in lines if json.loads(x).get("step", 0) <= 5 and "event" not in x]
+    log_path = run / Path(full.log_path).name
+    log_path.write_text("".join(upto5))  # the stopped run's rows, steps 1..5
+    resumed = train_order("stratified", data, DemoConfig(resume=True, **base),
+                          out=tmp_path / "b")
+    assert Path(resumed.log_path) == log_path
+    r = diagnose(log_path)
+    assert r.input.restart_count == 1 and r.input.logged_resumes == 1
+    assert r.input.restarts[0].logged and r.input.restarts[0].step_after == 4
+    assert "restarts" not in {c.name for c in r.verdict.causes}
+    assert r.series.step.tolist() == [1, 2, 3, 4, 5, 6]

@@ -21,6 +21,7 @@ from lengthwise.doctor.mechanisms import apparent_period, match_period, megabatc
 from lengthwise.doctor.periodicity import Periodicity
 from lengthwise.doctor.simulate import simulate_clean
 from lengthwise.doctor.simulate_hf import simulate_hf_log
+from lengthwise.doctor.text import render_text
 
 
 @settings(max_examples=60, deadline=None)
@@ -175,3 +176,37 @@ def test_steps_per_epoch_close_to_the_epoch_field_takes_its_starts() -> None:
     assert near.steps_per_epoch_source == "--steps-per-epoch, starts from the epoch field"
     far = run_context(steps, {"epoch": epoch}, steps_per_epoch=300)
     assert far.epoch_starts == [301.0, 601.0, 901.0, 1201.0]
+
+
+def test_a_cycle_of_a_fractional_number_of_steps_is_found_with_its_precision() -> None:
+    """46.6 steps: folded at 46 or 47 it smears over 12,000 steps; at its own frequency it holds."""
+    rng = np.random.default_rng(3)
+    t = np.arange(12000.0)
+    wave = np.sin(2 * np.pi * t / 46.6) + 0.5 * np.sin(4 * np.pi * t / 46.6 + 1.0)
+    loss = (3 + 5 * np.exp(-t / 4000)) * np.exp(0.003 * wave + 0.01 * rng.standard_normal(t.size))
+    r = diagnose([{"step": int(s), "loss": float(v)} for s, v in zip(t, loss, strict=True)])
+    per = r.periodicity
+    assert per.period is not None and per.period_error is not None
+    assert abs(per.period - 46.6) <= 3 * per.period_error and per.period_error < 0.1
+    assert not float(per.period).is_integer()
+    assert "+/-" in render_text(r) and r.verdict.causes[0].name == "periodic_unknown"
+    assert json.loads(r.to_json())["periodicity"]["period_error"] > 0
+
+
+def test_the_surrogate_retest_costs_the_same_on_any_longer_log(monkeypatch) -> None:
+    """An unexplained period is re-tested on the last PHASE_TEST_ROWS rows at most."""
+    import lengthwise.doctor.cycles as cycles
+
+    sizes: list[int] = []
+    real = cycles.phase_test
+
+    def spy(x, groupings, **kw):
+        sizes.append(x.size)
+        return real(x, groupings, **kw)
+
+    monkeypatch.setattr(cycles, "phase_test", spy)
+    monkeypatch.setattr(cycles, "PHASE_TEST_ROWS", 1500)
+    t = np.arange(6000.0)
+    loss = 2.0 + 0.05 * ((t % 37) / 37) + 0.01 * np.random.default_rng(0).standard_normal(t.size)
+    r = diagnose([{"step": int(s), "loss": float(v)} for s, v in zip(t, loss, strict=True)])
+    assert r.periodicity.period == 37 and sizes and max(sizes) == 1500

@@ -348,3 +348,48 @@ def test_tensorboard_without_loss_tag(tmp_path: Path) -> None:
 def test_records_with_non_dicts_are_malformed() -> None:
     log = read_records([{"step": 1, "loss": 1.0}, 5, "x", {"step": 2, "loss": 0.5}])
     assert log.input.malformed == 2 and log.num_steps == 2
+
+
+def _tb_folder(logdir: Path, steps: list[int], wall: float) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(log_dir=str(logdir)) as writer:
+        for i, s in enumerate(steps):
+            writer.add_scalar("train/loss", 4.77 + 0.001 * (i % 3), s, walltime=wall + i)
+
+
+def test_tensorboard_run_folders_that_start_again_are_restarts(tmp_path: Path) -> None:
+    """Two aborted starts in their own run folders, then the whole run: 2 restarts, no writer."""
+    pytest.importorskip("torch.utils.tensorboard")
+    _tb_folder(tmp_path / "runs" / "a", [10], wall=1000.0)
+    _tb_folder(tmp_path / "runs" / "b", [10, 20], wall=2000.0)
+    _tb_folder(tmp_path / "runs" / "c", list(range(10, 410, 10)), wall=3000.0)
+    log = read_log(tmp_path / "runs")
+    assert log.input.restart_count == 2 and log.input.duplicate_rows == 0
+    assert [r.step_after for r in log.input.restarts] == [10.0, 10.0]
+    assert log.step.tolist() == list(range(10, 410, 10))
+    assert log.input.place(log.input.restarts[0].line).startswith("event file 2")
+
+
+def test_tensorboard_files_whose_steps_interleave_are_not_restarts(tmp_path: Path) -> None:
+    pytest.importorskip("torch.utils.tensorboard")
+    _tb_folder(tmp_path / "runs" / "a", list(range(10, 400, 20)), wall=1000.0)
+    _tb_folder(tmp_path / "runs" / "b", list(range(20, 410, 20)), wall=2000.0)
+    log = read_log(tmp_path / "runs")
+    assert log.input.restart_count == 0 and log.input.duplicate_rows == 0
+    assert log.step.tolist() == list(range(10, 410, 10))
+
+
+def test_a_logged_resume_event_makes_a_restart_an_exact_resume() -> None:
+    from lengthwise.doctor import diagnose
+
+    rows = [{"step": s, "loss": 3.0 - 0.01 * s} for s in range(1, 60)]
+    resumed = [{"step": s, "loss": 3.0 - 0.01 * s} for s in range(41, 100)]
+    marked = diagnose([*rows, {"event": "resume", "step": 40, "path": "ckpt/step_40"}, *resumed])
+    plain = diagnose([*rows, *resumed])
+    assert marked.input.restart_count == plain.input.restart_count == 1
+    assert marked.input.logged_resumes == 1 and plain.input.logged_resumes == 0
+    assert "restarts" not in {c.name for c in marked.verdict.causes}
+    assert "restarts" in {c.name for c in plain.verdict.causes}
+    assert marked.series.step.tolist() == plain.series.step.tolist() == list(range(1, 100))
+    assert json.loads(marked.to_json())["input"]["logged_resumes"] == 1

@@ -148,3 +148,28 @@ def test_a_regular_staircase_without_epoch_info_is_read_as_epochs() -> None:
     saw = 2.0 + 0.2 * ((t % 250) / 250) + 0.01 * np.random.default_rng(2).standard_normal(t.size)
     r2 = diagnose([{"step": int(s) + 1, "loss": float(v)} for s, v in zip(t, saw, strict=True)])
     assert r2.periodicity.period is not None and r2.epochs.found is None
+
+
+def test_a_periodic_component_is_not_read_as_hundreds_of_epochs() -> None:
+    """A fixed 46-step data-order pattern under a fast initial descent: a period, not epochs."""
+    rng = np.random.default_rng(0)
+    t = np.arange(12000.0)
+    wave = rng.standard_normal(46)
+    loss = (3 + 40 * np.exp(-t / 600)) * np.exp(
+        0.002 * wave[(t % 46).astype(int)] + 0.003 * rng.standard_normal(t.size))
+    r = diagnose([{"step": int(s), "loss": float(v)} for s, v in zip(t, loss, strict=True)])
+    assert r.periodicity.period is not None and abs(r.periodicity.period - 46) < 0.5
+    assert not r.epochs.found and r.context.steps_per_epoch is None
+    assert "not read as epochs" in r.epochs.note
+    names = [c.name for c in r.verdict.causes]
+    assert "periodic_unknown" in names and "epoch_boundaries" not in names
+
+
+def test_epoch_step_downs_are_shown_with_their_sign() -> None:
+    t = np.arange(4000.0)
+    loss = 5 * np.exp(-t / 870) * 0.8 ** np.floor(t / 250)
+    loss *= np.exp(0.01 * np.random.default_rng(1).standard_normal(t.size))
+    r = diagnose([{"step": int(s) + 1, "loss": float(v)} for s, v in zip(t, loss, strict=True)])
+    cause = next(c for c in r.verdict.causes if c.name == "epoch_boundaries")
+    line = next(e for e in cause.evidence if e.startswith("level change"))
+    assert "drops +" not in line and line.count("-") >= 2 * min(6, len(r.epochs.starts))

@@ -34,7 +34,12 @@ from lengthwise.doctor.checkpoints import (
 from lengthwise.doctor.cliffs import Cliff, CliffContext, find_cliffs
 from lengthwise.doctor.context import RunContext, run_context
 from lengthwise.doctor.cycles import checked_periodicity
-from lengthwise.doctor.epochs import EpochBoundaries, epoch_boundaries, staircase_starts
+from lengthwise.doctor.epochs import (
+    EpochBoundaries,
+    epoch_boundaries,
+    implausible_staircase,
+    staircase_starts,
+)
 from lengthwise.doctor.errors import EmptyLogError
 from lengthwise.doctor.mechanisms import match_period
 from lengthwise.doctor.noise import noise_budget
@@ -46,6 +51,7 @@ from lengthwise.doctor.report import Findings, Report, Series
 from lengthwise.doctor.run_config import world_size_beside
 from lengthwise.doctor.runlog import RunLog
 from lengthwise.doctor.smoothing import rolling_mean
+from lengthwise.doctor.stall import find_stall
 from lengthwise.doctor.stats import nonfinite_losses, roughness_residual, stable_stats
 from lengthwise.doctor.verdict import Verdict, build_verdict
 from lengthwise.errors import ConfigError
@@ -155,7 +161,7 @@ def diagnose(
     findings = Findings(
         source=log.source, input=log.input, context=ctx, phases=phases, stats=stats,
         bands=bands, periodicity=periodicity, cliffs=cliffs, checkpoint_association=assoc,
-        epochs=epochs, attribution=attribution, noise=noise,
+        epochs=epochs, attribution=attribution, noise=noise, stall=find_stall(s, y),
     )
     return Report(**{k: getattr(findings, k) for k in Findings.__dataclass_fields__},
                   verdict=build_verdict(findings),
@@ -222,7 +228,12 @@ def _staircase(
     s: np.ndarray, y: np.ndarray, per: Periodicity, ctx: RunContext, epochs: EpochBoundaries,
     rng: np.random.Generator,
 ) -> tuple[RunContext, EpochBoundaries]:
-    """An unexplained period that is a regular staircase: epochs of that length, if it tests so."""
+    """An unexplained period that is a regular staircase: epochs of that length, if it tests so.
+
+    Only when the implied epochs are plausible (:func:`~lengthwise.doctor.epochs.
+    implausible_staircase`); otherwise the period stays a periodic component and
+    the epochs' note says why it was not read as epochs.
+    """
     starts = staircase_starts(s, y, int(round(per.period_points or 0)))
     if not starts:
         return ctx, epochs
@@ -230,6 +241,11 @@ def _staircase(
     found = epoch_boundaries(s, y, starts, source=source, rng=rng)
     if not found.found:
         return ctx, epochs
+    why = implausible_staircase(found)
+    if why is not None:
+        note = (f"the {per.period:.4g}-step period falls like a staircase but is not read as "
+                f"epochs: {why}; {epochs.note}")
+        return ctx, replace(epochs, note=note)
     return replace(ctx, steps_per_epoch=float(per.period or 0), steps_per_epoch_source=source,
                    epoch_starts=starts), found
 

@@ -19,9 +19,10 @@ surrogates' own largest (max-T). Predicted cycles are tested in logs of up to
 them, and the surrogates would cost more than every other analysis together.
 
 A period the blind search found but no mechanism explains must pass the same
-surrogate test at its length (one phase through the log), so slow drift or
-long-memory noise that the periodogram reads as a peak is not reported as a
-periodic component of unknown cause.
+surrogate test at its length (one phase through the log, on the last
+``PHASE_TEST_ROWS`` rows of the stable region at most, so its cost does not grow
+with the log), so slow drift or long-memory noise that the periodogram reads as
+a peak is not reported as a periodic component of unknown cause.
 
 Example::
 
@@ -45,7 +46,15 @@ from lengthwise.doctor.context import RunContext
 from lengthwise.doctor.detrend import detrend_window, detrended, local_linear
 from lengthwise.doctor.folding import SURROGATES, ar1_surrogates
 from lengthwise.doctor.mechanisms import apparent_period, candidates, match_period
-from lengthwise.doctor.periodicity import ALPHA, MIN_POINTS, Periodicity
+from lengthwise.doctor.periodicity import (
+    ALPHA,
+    MIN_POINTS,
+    Periodicity,
+    acf_at,
+    acf_holds,
+    autocorrelation,
+    fine_period,
+)
 
 #: fewest rows per phase group for a grouping to be tested
 MIN_PER_GROUP = 4
@@ -55,6 +64,12 @@ SURROGATE_CELLS = 2_000_000
 SURROGATE_BUDGET = 5_000_000
 #: predicted cycles are tested in logs of fewer rows (longer ones resolve them in the periodogram)
 PREDICTED_MAX_ROWS = 2048
+#: an unexplained period is re-tested on the last this many rows of the stable region at most,
+#: so the surrogate test costs the same on any longer log (a period of up to a thousand rows
+#: repeats 100+ times in them)
+PHASE_TEST_ROWS = 100_000
+#: peaks of at least this many rows are read at their own, fractional frequency
+FRACTIONAL_MIN_ROWS = 10
 
 
 @dataclass(frozen=True)
@@ -93,11 +108,16 @@ def cycle_groups(
     return np.mod(np.floor(phase * groups + 1e-6), groups).astype(np.int64)
 
 
-def _eta2(x: np.ndarray, groups: np.ndarray, count: int) -> np.ndarray:
-    """eta^2 of the grouping (labels ``0..count-1``, each used) for each row of ``x`` (2-D)."""
+def _grouping(groups: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The row order, group starts and group sizes of a grouping (labels ``0..count-1``)."""
     order = np.argsort(groups, kind="stable")
     starts = np.searchsorted(groups[order], np.arange(count))
     sizes = np.bincount(groups, minlength=count).astype(np.float64)
+    return order, starts, sizes
+
+
+def _eta2(x: np.ndarray, order: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """eta^2 of a grouping (from :func:`_grouping`) for each row of ``x`` (2-D)."""
     xc = x - x.mean(axis=1, keepdims=True)
     sums = np.add.reduceat(xc[:, order], starts, axis=1)
     ssb = (sums * sums / sizes).sum(axis=1)
@@ -131,7 +151,8 @@ def phase_test(
     if not usable:
         return PhaseTest(p_value=1.0, eta2=0.0, share=0.0,
                          groups=labelled[0][1] if labelled else 0), 0
-    obs = np.array([_eta2(x[None, :], *labelled[i])[0] for i in usable])
+    prepared = {i: _grouping(*labelled[i]) for i in usable}
+    obs = np.array([_eta2(x[None, :], *prepared[i])[0] for i in usable])
     chunk = max(1, min(surrogates, SURROGATE_CELLS // x.size))
     null = np.empty((surrogates, len(usable)))
     for done in range(0, surrogates, chunk):
@@ -139,7 +160,7 @@ def phase_test(
         sur = ar1_surrogates(x, size, rng)
         sur = sur - local_linear(sur, window)
         for j, i in enumerate(usable):
-            null[done : done + size, j] = _eta2(sur, *labelled[i])
+            null[done : done + size, j] = _eta2(sur, *prepared[i])
     mu, sd = null.mean(axis=0), np.maximum(null.std(axis=0), 1e-300)
     z_obs = (obs - mu) / sd
     top = int(np.argmax(z_obs))
@@ -192,18 +213,62 @@ def checked_periodicity(
             "periodogram"
         ):
             return per
-        t, _ = phase_test(rw, [cycle_groups(steps, per.period, [])], window=window, rng=rng,
-                          surrogates=_surrogates(n))
-        if t.p_value < alpha:
+        return _retest(per, steps, rw, window, rng, alpha)
+    return _predicted(per, steps, rw, ctx, window, rng, alpha)
+
+
+def _retest(
+    per: Periodicity, steps: np.ndarray, rw: np.ndarray, window: int,
+    rng: np.random.Generator, alpha: float,
+) -> Periodicity:
+    """An unexplained periodogram period re-tested at its own, fractional frequency.
+
+    The period as found (a whole lag) is tried together with the peak it came
+    from and the other significant peaks of ``FRACTIONAL_MIN_ROWS`` rows or more
+    (less those that are harmonics of another: a cycle's shape puts power there
+    too), each read at their own frequency
+    (:func:`~lengthwise.doctor.periodicity.fine_period`: a cycle of 46.6 rows is
+    not folded at 46 or 47, which smears it over a long log); all are scored on
+    the same AR(1) surrogates (max-T, on the last ``PHASE_TEST_ROWS`` rows at
+    most). The best, when it passes and its
+    autocorrelation at its (fractional) lag clears ``2/sqrt(n)``, is the period;
+    one read at its own frequency comes with its standard error (the Cramer-Rao
+    bound, or half the difference of the periods read in each half of the rows
+    when larger: a cycle whose length
+    wanders is less precise than a sinusoid), and within 3 standard errors of a
+    whole number of rows it is that whole number.
+    """
+    interval = float(np.median(np.diff(steps))) if steps.size > 1 else 1.0
+    tail = slice(max(0, rw.size - PHASE_TEST_ROWS), rw.size)
+    x, s = rw[tail], steps[tail]
+    approx = [per.peak_points or 0.0, *(c["period"] / interval for c in per.candidates)]
+    tries: list[tuple[float, float]] = [(float(per.period_points or 0.0), 0.0)]
+    for a in approx:
+        if a >= FRACTIONAL_MIN_ROWS and not any(abs(a - b) <= 0.01 * a for b, _ in tries[1:]):
+            tries.append(fine_period(x, a)[:2])
+    tries = [t for t in tries if not any(_harmonic(t[0], u[0]) for u in tries)]
+    t, j = phase_test(x, [cycle_groups(s, p * interval, []) for p, _ in tries], window=window,
+                      rng=rng, surrogates=_surrogates(x.size))
+    points, error = tries[j]
+    if error > 0:  # read at its own frequency
+        error = max(error, _split_error(x, points))
+        if abs(points - round(points)) <= 3 * error:
+            points = float(round(points))
+    acf = acf_at(autocorrelation(x, int(points) + 2), points)
+    if t.p_value < alpha and acf_holds(acf, x.size):
+        if error == 0:
             return replace(per, note=_join(per.note, f"the period passes the AR(1) surrogate "
                                                     f"test too (p={t.p_value:.3g})"))
-        per = replace(per, period=None, period_points=None, power_share=None,
-                      acf_at_period=None,
-                      note=_join(per.note, f"the periodogram peak at {per.period:g} steps "
-                                           f"(p={per.p_value:.3g}) fails the AR(1) surrogate "
-                                           f"test at its length (p={t.p_value:.3g}): "
-                                           "drift or persistent noise, not a cycle"))
-    return _predicted(per, steps, rw, ctx, window, rng, alpha)
+        return replace(per, period=points * interval, period_points=points,
+                       period_error=error * interval, power_share=t.share, acf_at_period=acf,
+                       note=_join(per.note, f"read at its own frequency, {t.groups} phases; it "
+                                            f"passes the AR(1) surrogate test too "
+                                            f"(p={t.p_value:.3g})"))
+    return replace(per, period=None, period_points=None, power_share=None, acf_at_period=None,
+                   note=_join(per.note, f"the periodogram peak at {per.period:g} steps "
+                                        f"(p={per.p_value:.3g}) fails the AR(1) surrogate "
+                                        f"test at its length (p={t.p_value:.3g}): "
+                                        "drift or persistent noise, not a cycle"))
 
 
 def _predicted(
@@ -240,6 +305,22 @@ def _predicted(
               f"surrogates, max-T over {len(keep)} grouping(s), alpha={alpha}"),
         note=_join(per.note, f"tested because {how}"),
     )
+
+
+def _harmonic(short: float, long: float) -> bool:
+    """True when ``short`` is a harmonic of ``long`` (``long / short`` within 0.5 % of 2..50)."""
+    m = round(long / short)
+    return 2 <= m <= 50 and abs(long / short - m) <= 0.005 * m
+
+
+def _split_error(x: np.ndarray, points: float) -> float:
+    """Half the difference of the period read in each half of ``x`` (0 when too short)."""
+    half = x.size // 2
+    if half < 8 * points:
+        return 0.0
+    first, _, _ = fine_period(x[:half], half / round(half / points))
+    second, _, _ = fine_period(x[half:], half / round(half / points))
+    return abs(first - second) / 2
 
 
 def _surrogates(rows: int) -> int:

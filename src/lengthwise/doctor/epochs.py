@@ -35,6 +35,10 @@ import numpy as np
 from lengthwise.doctor.numbers import num, significant
 
 ALPHA = 0.01
+#: a staircase read from the loss alone is epochs only when at most this many epochs fit the log
+MAX_INFERRED_EPOCHS = 100
+#: ... and the level steps down (a negative jump) at this share of its boundaries at least
+STEP_DOWN_SHARE = 0.75
 #: points fitted on each side of a boundary
 MIN_SIDE, MAX_SIDE = 3, 50
 DRAWS = 2000
@@ -184,3 +188,25 @@ def staircase_starts(steps: np.ndarray, loss: np.ndarray, period_points: int) ->
     if means[drop] >= -2.0 * spread or float(rest.mean()) > 0.0:
         return []
     return [float(steps[i]) for i in range(drop, steps.size, p) if i > 0]
+
+
+def implausible_staircase(found: EpochBoundaries) -> str | None:
+    """Why the step-downs of a staircase read from the loss alone are not epochs (None: they are).
+
+    A period of unknown cause is read as epochs only when the implied epochs are
+    plausible: the level keeps stepping down (a negative jump at ``STEP_DOWN_SHARE``
+    of the boundaries at least, not a cycle that rises as often as it falls) and
+    the count of epochs fits a run (at most ``MAX_INFERRED_EPOCHS``). Otherwise
+    the period is a periodic component, not memorisation at each epoch start.
+
+    >>> implausible_staircase(EpochBoundaries(found=True, drops=[-0.2, -0.1, -0.1]))
+    >>> implausible_staircase(EpochBoundaries(found=True, drops=[-0.2, 0.1, -0.1, 0.2]))
+    'the level steps down at only 2 of its 4 boundaries'
+    """
+    n = len(found.drops)
+    down = sum(d < 0 for d in found.drops)
+    if n > MAX_INFERRED_EPOCHS:
+        return f"{n} epochs in one log (more than {MAX_INFERRED_EPOCHS})"
+    if down < STEP_DOWN_SHARE * n:
+        return f"the level steps down at only {down} of its {n} boundaries"
+    return None

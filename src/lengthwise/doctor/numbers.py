@@ -10,6 +10,8 @@ Example::
     ('0.1235', '2', '-')
     >>> significant(0.000123456), significant(None)
     (0.0001235, None)
+    >>> with_error(46.6162, 0.0731), with_error(50.0, None)
+    ('46.62 +/- 0.07', '50')
 """
 
 from __future__ import annotations
@@ -41,6 +43,19 @@ def fmt_num(x: float | None, digits: int = 4) -> str:
     if x is None:
         return "-"
     return f"{x:.{digits}g}"
+
+
+def with_error(x: float, error: float | None) -> str:
+    """``x +/- error`` with ``x`` to the decimal of the error's first digit.
+
+    ``x`` alone when there is no error or ``x`` is a whole number; an error of 1
+    or more shows as a whole number.
+    """
+    if error is None or not np.isfinite(error) or error <= 0 or float(x).is_integer():
+        return fmt_num(x, 6)
+    decimals = max(0, -int(np.floor(np.log10(error))))
+    return f"{x:.{decimals}f} +/- {error:.{decimals}f}" if decimals else (
+        f"{x:.0f} +/- {max(1, round(error)):.0f}")
 
 
 def json_ready(obj: Any) -> Any:

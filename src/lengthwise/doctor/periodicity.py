@@ -94,6 +94,10 @@ class Periodicity:
     power_share: float | None = None
     acf_at_period: float | None = None
     best_period: float | None = None
+    #: the period (points) of the periodogram bin it was found at, before any refinement
+    peak_points: float | None = None
+    #: standard error of ``period`` (steps) when it was read at its own, fractional frequency
+    period_error: float | None = None
     candidates: list[dict[str, float]] = field(default_factory=list)
     runs: Runs | None = None
     window: int = 0
@@ -106,6 +110,7 @@ class Periodicity:
         """JSON-ready form (the ``periodicity`` key of the report)."""
         return {
             "period": _num3(self.period),
+            "period_error": significant(self.period_error, 2),
             "p_value": significant(self.p_value),
             "period_points": _num3(self.period_points),
             "power_share": None if self.power_share is None else round(self.power_share, 4),
@@ -212,9 +217,14 @@ def find_periodicity(
     best = int(ks[np.argmax(ratio)])
     p_best = _pvalue(float(ratio.max()), q)
     fundamental = _fundamental(best, ks, ratio, q, alpha)
+    candidates = _candidates(power, floor, ks, ratio, q, alpha, interval, n)
+    bands = _band_peaks(ratio, q, alpha)
+    for i, p_i in bands:
+        band_period = n / int(ks[i]) * interval
+        if not any(abs(c["period"] - band_period) <= 0.01 * band_period for c in candidates):
+            candidates.append({"period": round(band_period, 3), "p_value": significant(p_i)})
     period_pts, acf_at = _refine(acf, n / fundamental)
     share = _harmonic_share(power, fundamental, k_lo, k_hi)
-    candidates = _candidates(power, floor, ks, ratio, q, alpha, interval, n)
     found = p_best < alpha and acf_holds(acf_at, n)
     return Periodicity(
         period=period_pts * interval if found else None,
@@ -223,12 +233,104 @@ def find_periodicity(
         power_share=share if found else None,
         acf_at_period=acf_at if found else None,
         best_period=period_pts * interval,
+        peak_points=n / fundamental,
         candidates=candidates,
         runs=runs,
         window=window,
         points=n,
         acf=acf,
     )
+
+
+#: bins summed by the band test
+BAND = 5
+
+
+def _band_peaks(ratio: np.ndarray, q: int, alpha: float) -> list[tuple[int, float]]:
+    """Up to three significant bands of ``BAND`` adjacent ordinates (centre, p), strongest first.
+
+    A cycle whose length wanders a little (a data order read in shards) spreads its
+    power over a few neighbouring bins, none of which stands out alone. A band only
+    joins the candidates that an unexplained period is re-tested with
+    (:mod:`lengthwise.doctor.cycles`, against AR(1) surrogates): alone it does not
+    make a period, the floor's own noise making its p-value approximate. Under noise
+    each ``I_k / floor_k`` is exponential with mean 1, so a band's sum is
+    Gamma(``BAND``, 1); its tail ``e^-r sum_{i<BAND} r^i / i!`` is corrected for all
+    ``q`` bands (overlapping, so the correction is conservative).
+    """
+    if ratio.size < BAND:
+        return []
+    sums = np.convolve(ratio, np.ones(BAND), mode="valid")
+    out: list[tuple[int, float]] = []
+    for at in np.argsort(sums)[::-1][:200].tolist():
+        r = float(sums[at])
+        tail = math.exp(-r) * sum(r**i / math.factorial(i) for i in range(BAND))
+        p = 1.0 if tail >= 1.0 else float(-math.expm1(q * math.log1p(-tail)))
+        if p >= alpha or len(out) >= 3:
+            break
+        if all(abs(at + BAND // 2 - c) > BAND for c, _ in out):
+            out.append((at + BAND // 2, p))
+    return out
+
+
+#: frequency steps (in periodogram bins) of the fine scan around a peak
+FINE_STEP = 0.01
+
+
+def fine_period(x: np.ndarray, approx_points: float) -> tuple[float, float, float]:
+    """A peak's period at its own frequency: ``(period, standard error, peak ratio)`` in points.
+
+    The periodogram of ``x`` (mean removed) is evaluated on a grid of ``FINE_STEP``
+    bins within 1.5 bins of ``n / approx_points`` (a periodogram bin) and read
+    at its highest point, so a cycle of 46.6 points is not rounded to 46 or 47.
+    The standard error is the Cramer-Rao bound of a sinusoid's frequency,
+    ``sqrt(6 / ratio) / n`` radians per point, with ``ratio`` the peak over the
+    local noise floor (the median of the periodogram within ``FLOOR_HALF_WIDTH``
+    bins, leaving the peak's own three out, over ln 2), turned into a period
+    error by ``P^2 / (2 pi)``.
+
+    >>> t = np.arange(20000)
+    >>> x = np.sin(2 * np.pi * t / 46.6) + np.random.default_rng(0).standard_normal(t.size)
+    >>> p, err, _ = fine_period(x, 20000 / 429)  # the periodogram's bin 429 (46.62 points)
+    >>> abs(p - 46.6) < 3 * err < 0.05
+    True
+    """
+    x = np.asarray(x, dtype=np.float64) - np.mean(x)
+    n = x.size
+    k0 = n / approx_points
+    grid = np.arange(max(0.5, k0 - 1.5), k0 + 1.5 + FINE_STEP / 2, FINE_STEP)
+    t = np.arange(n, dtype=np.float64)
+    y = x * np.exp(-2j * np.pi * grid[0] * t / n)
+    turn = np.exp(-2j * np.pi * FINE_STEP * t / n)
+    power = np.empty(grid.size)
+    for i in range(grid.size):  # one frequency step at a time: y holds x at grid[i]
+        power[i] = abs(y.sum()) ** 2
+        y *= turn
+    top = int(np.argmax(power))
+    k = float(grid[top])
+    if 0 < top < grid.size - 1:  # parabola through the top three points
+        a, b, c = power[top - 1], power[top], power[top + 1]
+        den = a - 2 * b + c
+        if den < 0:
+            k += 0.5 * FINE_STEP * (a - c) / den
+    spectrum = np.abs(np.fft.rfft(x)) ** 2
+    centre = int(round(k))
+    lo, hi = max(1, centre - FLOOR_HALF_WIDTH), min(spectrum.size, centre + FLOOR_HALF_WIDTH + 1)
+    near = np.r_[spectrum[lo : max(lo, centre - 1)], spectrum[min(hi, centre + 2) : hi]]
+    floor = float(np.median(near)) / math.log(2.0) if near.size else 0.0
+    ratio = float(power.max()) / floor if floor > 0 else float("inf")
+    period = n / k
+    sigma_omega = math.sqrt(6.0 / max(ratio, 1e-12)) / n
+    return float(period), float(period * period * sigma_omega / (2 * math.pi)), ratio
+
+
+def acf_at(acf: np.ndarray, lag: float) -> float | None:
+    """The autocorrelation at a fractional ``lag`` (linear between whole lags; None: beyond)."""
+    lo = int(math.floor(lag))
+    if lag < 0 or lo + 1 >= acf.size:
+        return None
+    w = lag - lo
+    return float((1 - w) * acf[lo] + w * acf[lo + 1])
 
 
 def acf_holds(acf_at: float | None, n: int) -> bool:
@@ -298,8 +400,7 @@ def _fundamental(best: int, ks: np.ndarray, ratio: np.ndarray, q: int, alpha: fl
     A sawtooth or any non-sinusoidal cycle puts power at multiples of its
     frequency, and a higher harmonic can stand out more than the fundamental.
     """
-    significant = [int(k) for k, r in zip(ks, ratio, strict=True)
-                   if r > 1.0 and _pvalue(float(r), q) < alpha]
+    significant = ks[ratio > _threshold(q, alpha)].tolist()
     for k in sorted(significant):
         if k >= best:
             break
@@ -307,6 +408,23 @@ def _fundamental(best: int, ks: np.ndarray, ratio: np.ndarray, q: int, alpha: fl
         if 2 <= m <= MAX_HARMONIC and abs(best - m * k) <= max(1.0, 0.01 * best):
             return k
     return best
+
+
+def _threshold(q: int, alpha: float) -> float:
+    """The ratio above which a peak among ``q`` is significant (``_pvalue(r, q) < alpha``).
+
+    The p-value falls as the ratio grows, so one bisection replaces a p-value per frequency.
+    """
+    lo, hi = 1.0, 2.0
+    while _pvalue(hi, q) >= alpha:
+        lo, hi = hi, 2.0 * hi
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if _pvalue(mid, q) < alpha:
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
 
 def _local_floor(power: np.ndarray, k_lo: int, k_hi: int) -> np.ndarray:

@@ -32,6 +32,7 @@ from lengthwise.doctor.numbers import json_ready
 from lengthwise.doctor.periodicity import Periodicity
 from lengthwise.doctor.phases import Phases
 from lengthwise.doctor.runlog import InputSummary
+from lengthwise.doctor.stall import Stall
 from lengthwise.doctor.stats import StableStats
 
 #: top-level keys of ``Report.to_dict()``, in order
@@ -45,6 +46,7 @@ REPORT_KEYS: tuple[str, ...] = (
     "epoch_boundaries",
     "attribution",
     "noise",
+    "stall",
     "context",
     "verdict",
     "input",
@@ -123,6 +125,7 @@ class Findings:
     epochs: EpochBoundaries
     attribution: Attribution
     noise: Noise | None
+    stall: Stall = field(default_factory=lambda: Stall(since=None))
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,7 @@ class Report(Findings):
             "epoch_boundaries": self.epochs.to_dict(),
             "attribution": self.attribution.to_dict(),
             "noise": None if self.noise is None else self.noise.to_dict(),
+            "stall": self.stall.to_dict(),
             "context": self.context.to_dict(),
             "verdict": self.verdict.to_dict(),
             "input": self.input.to_dict(),

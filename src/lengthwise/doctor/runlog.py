@@ -39,6 +39,10 @@ NUMERIC_FIELDS: tuple[str, ...] = (
 )
 #: per-step bucket fields: ``bucket`` (one id) or ``buckets`` (the ids of the step's batches)
 BUCKET_FIELDS: tuple[str, ...] = ("bucket", "buckets")
+#: record numbers of a directory's n-th TensorBoard event file start at ``n * RECORDS_PER_FILE``
+RECORDS_PER_FILE = 1_000_000
+#: the event a training loop writes when it resumes from a checkpoint (lengthwise's loop does)
+RESUME_EVENT = "resume"
 #: event names that mark a checkpoint save
 CHECKPOINT_EVENTS: frozenset[str] = frozenset(
     {"checkpoint", "checkpoint_begin", "checkpoint_end", "checkpoint_start", "save_checkpoint"}
@@ -52,6 +56,8 @@ class Restart:
     line: int
     step_before: float
     step_after: float
+    #: the trainer logged a ``resume`` event here (an exact resume from a checkpoint)
+    logged: bool = False
 
 
 @dataclass
@@ -66,6 +72,8 @@ class InputSummary:
     malformed_lines: list[int] = field(default_factory=list)
     restarts: list[Restart] = field(default_factory=list)
     restart_count: int = 0
+    #: restarts the trainer marked with a ``resume`` event (exact resumes, not problems)
+    logged_resumes: int = 0
     superseded_rows: int = 0
     duplicate_rows: int = 0
     #: points where the step went back to a step not logged before (disorder, not a restart)
@@ -79,6 +87,16 @@ class InputSummary:
 
     #: how many malformed line numbers are kept for the report
     MAX_LINES_SHOWN = 5
+
+    def place(self, line: int) -> str:
+        """Where row ``line`` is: ``line N``, or ``event file F, record R`` in TensorBoard input.
+
+        >>> InputSummary(format="tensorboard").place(2_000_004)
+        'event file 3, record 4'
+        """
+        if self.format == "tensorboard":
+            return f"event file {line // RECORDS_PER_FILE + 1}, record {line % RECORDS_PER_FILE}"
+        return f"line {line}"
 
     def add_malformed(self, line: int) -> None:
         """Count one malformed line, remembering the first few line numbers."""
@@ -98,9 +116,10 @@ class InputSummary:
             "restarts": self.restart_count,
             "restart_points": [
                 {"line": r.line, "step_before": num(r.step_before),
-                 "step_after": num(r.step_after)}
+                 "step_after": num(r.step_after), "logged_resume": r.logged}
                 for r in self.restarts[:20]
             ],
+            "logged_resumes": self.logged_resumes,
             "superseded_rows": self.superseded_rows,
             "duplicate_rows": self.duplicate_rows,
             "out_of_order_points": self.out_of_order_points,

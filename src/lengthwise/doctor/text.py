@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from lengthwise.doctor.numbers import fmt_num as _g
+from lengthwise.doctor.numbers import with_error
 
 if TYPE_CHECKING:
     from lengthwise.doctor.report import Report
@@ -30,13 +31,18 @@ def _input_line(r: Report) -> str:
     if r.series is not None and r.series.step.size:
         parts[0] += f" ({_g(float(r.series.step[0]), 8)}..{_g(float(r.series.step[-1]), 8)})"
     if i.malformed:
-        parts.append(f"{i.malformed} malformed (line {', '.join(map(str, i.malformed_lines))}"
+        parts.append(f"{i.malformed} malformed ({', '.join(map(i.place, i.malformed_lines))}"
                      f"{', ...' if i.malformed > len(i.malformed_lines) else ''})")
-    if i.restart_count:
-        pts = "; ".join(f"line {p.line}: step {_g(p.step_before, 8)} -> {_g(p.step_after, 8)}"
-                        for p in i.restarts[:3])
-        parts.append(f"{i.restart_count} restart(s) ({pts}"
-                     f"{', ...' if i.restart_count > 3 else ''}), latest segment kept")
+    for logged in (True, False):
+        shown = [p for p in i.restarts if p.logged is logged]
+        count = i.logged_resumes if logged else i.restart_count - i.logged_resumes
+        if count <= 0:
+            continue
+        pts = "; ".join(f"{i.place(p.line)}: step {_g(p.step_before, 8)} -> {_g(p.step_after, 8)}"
+                        for p in shown[:3])
+        what = "exact resume(s) (a logged `resume` event)" if logged else "restart(s)"
+        parts.append(f"{count} {what} ({pts}{', ...' if count > 3 else ''}), "
+                     "latest segment kept")
     if i.reordered_rows:
         parts.append(f"rows out of step order (the step went back {i.out_of_order_points} "
                      "time(s) to steps not logged before: not restarts), read in step order "
@@ -54,6 +60,9 @@ def _input_line(r: Report) -> str:
 def render_text(r: Report) -> str:
     """The full report of one run as text."""
     lines = [f"lengthwise doctor: {r.source}", f"  input        {_input_line(r)}"]
+    if r.stall.since is not None:
+        lines.append(f"  stall        the loss has not moved since step {_g(r.stall.since, 8)} "
+                     f"({r.stall.level:.4g} +/- {r.stall.spread:.2g} over {r.stall.rows} rows)")
     lines.append(f"  phases       {_phases_line(r)}")
     lines.append(f"  context      {_context_line(r)}")
     lines.extend(_stats_lines(r))
@@ -111,7 +120,8 @@ def _periodicity_lines(r: Report) -> list[str]:
     if per.p_value is None:
         lines = [f"  periodicity  {per.note}"]
     elif per.period is not None:
-        lines = [f"  periodicity  period {_g(per.period)} steps (p={_g(per.p_value, 3)}, "
+        lines = [f"  periodicity  period {with_error(per.period, per.period_error)} steps "
+                 f"(p={_g(per.p_value, 3)}, "
                  f"{_g((per.power_share or 0) * 100, 3)}% of detrended variance, "
                  f"autocorrelation {_g(per.acf_at_period, 3)})"]
     else:

@@ -32,7 +32,7 @@ from lengthwise.doctor.attribution import ALPHA as LENGTH_ALPHA
 from lengthwise.doctor.attribution import REPORT_ALPHA
 from lengthwise.doctor.cliffs import Cliff
 from lengthwise.doctor.mechanisms import match_period
-from lengthwise.doctor.numbers import fmt_num
+from lengthwise.doctor.numbers import fmt_num, with_error
 from lengthwise.doctor.report import Cause, Findings, Verdict
 
 #: cliffs whose median recovery takes at most this many logged points are one-step spikes
@@ -62,8 +62,8 @@ def _steps(values: list[float], limit: int = 5) -> str:
 
 def build_verdict(f: Findings) -> Verdict:
     """Rank the causes behind the findings ``f`` and write the one-line summary."""
-    causes = [*_nonfinite_causes(f), *_composition_causes(f), *_epoch_causes(f),
-              *_cliff_causes(f), *_input_causes(f), *_resume_causes(f)]
+    causes = [*_nonfinite_causes(f), *_stall_causes(f), *_composition_causes(f),
+              *_epoch_causes(f), *_cliff_causes(f), *_input_causes(f), *_resume_causes(f)]
     causes.sort(key=lambda c: -c.score)
     untested = _untested(f)
     clean = False if causes else (None if untested else True)
@@ -122,6 +122,29 @@ def _nonfinite_causes(f: Findings) -> list[Cause]:
             "lower the learning rate after warm-up and clip gradients (e.g. max norm 1.0)",
             "with fp16, use bf16 or a dynamic loss scaler; check the batches at those "
             "steps for empty or corrupt samples",
+        ],
+    )]
+
+
+def _stall_causes(f: Findings) -> list[Cause]:
+    """A loss that has not moved over most of the log: the run does not learn (first)."""
+    st = f.stall
+    if st.since is None:
+        return []
+    return [Cause(
+        name="not_learning",
+        title=f"the loss has not moved since step {fmt_num(st.since)}: the run is not learning",
+        score=0.95,
+        where=f"from step {fmt_num(st.since)} to the end ({st.share:.0%} of the logged steps)",
+        evidence=[f"over {st.rows} logged steps the loss stays at {st.level:.4g} "
+                  f"+/- {st.spread:.2g}; its smoothed level moves by {st.moved:.2%} "
+                  f"of itself"],
+        prescription=[
+            "check that the optimizer updates the trainable weights: a learning rate of 0 or "
+            "far too small, parameters frozen or not passed to the optimizer, adapters not "
+            "attached, every label masked",
+            "compare the loss at step 0 with ln(vocabulary size): a model that outputs "
+            "uniform predictions sits there",
         ],
     )]
 
@@ -188,7 +211,8 @@ def _period_cause(f: Findings, attr_ev: list[str], confirm: list[str]) -> Cause:
     period = float(per.period or 0.0)
     share = per.power_share or 0.0
     match = match_period(period, f.context)
-    ev = [f"the detrended loss repeats every {fmt_num(period)} steps (p={fmt_num(per.p_value)}, "
+    shown = with_error(period, per.period_error)
+    ev = [f"the detrended loss repeats every {shown} steps (p={fmt_num(per.p_value)}, "
           f"{share:.0%} of its variance, autocorrelation {fmt_num(per.acf_at_period)} at that lag)",
           f"its length {match.arithmetic}"]
     runs = per.runs
@@ -230,7 +254,7 @@ def _period_cause(f: Findings, attr_ev: list[str], confirm: list[str]) -> Cause:
     fixes = [match.missing] if match.missing else []
     return Cause(
         name="periodic_unknown",
-        title=f"a periodic component of unknown cause every {fmt_num(period)} steps "
+        title=f"a periodic component of unknown cause every {shown} steps "
         f"({share:.0%} of the detrended variance)",
         score=0.5 * score, where=where, evidence=ev + attr_ev,
         prescription=[*fixes, "log `bucket`, `real_tokens` and `samples` per step to test "
@@ -291,7 +315,8 @@ def _epoch_causes(f: Findings) -> list[Cause]:
         f"{mean_rel:+.1%} on average)",
         score=min(0.9, 0.3 + 5 * abs(mean_rel)),
         where=f"epoch starts ({e.source}) at steps {_steps(e.starts)}",
-        evidence=[f"level drops {drops}", f"placebo test against every other step: "
+        evidence=[f"level change at the epoch starts: {drops}",
+                  f"placebo test against every other step: "
                   f"p={fmt_num(e.p_value)}",
                   "usual reading: multi-epoch memorisation (the model has seen these samples "
                   "before), not noise and not cliffs"],
@@ -461,15 +486,17 @@ def _input_causes(f: Findings) -> list[Cause]:
             prescription=["nothing to fix in training; keep the log in the order it was "
                           "written, or merge files by step"],
         ))
-    if i.restart_count:
-        pts = [r.step_after for r in i.restarts]
+    unmarked = [r for r in i.restarts if not r.logged]
+    count = i.restart_count - i.logged_resumes
+    if count > 0:  # a restart after a logged ``resume`` event is an exact resume: no cause
+        pts = [r.step_after for r in unmarked]
         out.append(Cause(
             name="restarts",
-            title=f"{i.restart_count} restart(s) in the log",
+            title=f"{count} restart(s) in the log",
             score=0.1,
             where=f"at steps {_steps(pts)}",
-            evidence=[f"steps went back at line(s) "
-                      f"{_steps([float(r.line) for r in i.restarts])} "
+            evidence=[f"steps went back at {'; '.join(i.place(r.line) for r in unmarked[:5])}"
+                      f"{' (+more)' if count > 5 else ''} "
                       f"(to steps {_steps(pts)}); the latest segment was kept, "
                       f"{i.superseded_rows} superseded row(s) dropped"],
             prescription=["check that resuming restores the optimizer, scheduler and "

@@ -32,6 +32,7 @@ from lengthwise.doctor.runlog import (
     BUCKET_FIELDS,
     CHECKPOINT_EVENTS,
     NUMERIC_FIELDS,
+    RESUME_EVENT,
     InputSummary,
     Restart,
     RunLog,
@@ -91,11 +92,17 @@ class ColumnBuilder:
         self._ckpt_seconds: list[float] = []
         self._bucket_loss: dict[str, float] | None = None
         self._keys_seen: set[str] = set()
+        self._restart_lines: list[int] = []
+        self._resume_lines: list[int] = []
 
     # ----------------------------------------------------------------- input
     def use_keys(self, *, step_key: str | None, loss_key: str | None) -> None:
         """Fix the field names that rows will carry (readers that rename columns use this)."""
         self._step_key, self._loss_key = step_key, loss_key
+
+    def mark_restart(self, line: int) -> None:
+        """The row at ``line`` starts a new run (a run folder): a repeated step there restarts."""
+        self._restart_lines.append(int(line))
 
     def add(self, objs: list[Any], lines: Sequence[int]) -> None:
         """Add parsed rows with their 1-based line numbers (non-dict rows are malformed)."""
@@ -191,6 +198,8 @@ class ColumnBuilder:
             self.summary.other_rows += 1
             if isinstance(event, str) and event in CHECKPOINT_EVENTS:
                 self._add_checkpoint(event, o, sk)
+            elif event == RESUME_EVENT:
+                self._resume_lines.append(int(lines[i]))
         return [objs[i] for i in keep], [losses[i] for i in keep], [lines[i] for i in keep]
 
     def _add_checkpoint(self, event: str, row: dict[str, Any], sk: str | None) -> None:
@@ -235,7 +244,9 @@ class ColumnBuilder:
         if order is not None:  # rows out of step order: read them in step order
             step, loss, lines = step[order], loss[order], lines[order]
             columns, buckets = _take(order, columns, buckets)
-        keep = _resolve_restarts(step, lines, s)
+        fresh = np.isin(lines, self._restart_lines) if self._restart_lines else None
+        keep = _resolve_restarts(step, lines, s, fresh=fresh)
+        _mark_logged_resumes(s, lines, self._resume_lines)
         if not keep.all():
             step, loss = step[keep], loss[keep]
             columns, buckets = _take(keep, columns, buckets)
@@ -472,7 +483,25 @@ def _short_rewinds(s: np.ndarray, back: np.ndarray) -> np.ndarray:
     return short
 
 
-def _resolve_restarts(step: np.ndarray, lines: np.ndarray, summary: InputSummary) -> np.ndarray:
+def _mark_logged_resumes(summary: InputSummary, lines: np.ndarray, resumes: list[int]) -> None:
+    """Mark the restarts that follow a logged ``resume`` event (between the rows around it)."""
+    if not resumes or not summary.restarts:
+        return
+    marks = np.sort(np.asarray(resumes, dtype=np.int64))
+    ordered = np.sort(lines)
+    out = []
+    for r in summary.restarts:
+        at = int(np.searchsorted(ordered, r.line))
+        before = int(ordered[at - 1]) if at > 0 else 0
+        hit = np.searchsorted(marks, before, side="right") < np.searchsorted(marks, r.line)
+        out.append(Restart(r.line, r.step_before, r.step_after, logged=bool(hit)))
+    summary.restarts = out
+    summary.logged_resumes = sum(r.logged for r in out)
+
+
+def _resolve_restarts(
+    step: np.ndarray, lines: np.ndarray, summary: InputSummary, *, fresh: np.ndarray | None = None,
+) -> np.ndarray:
     """Mask of rows to keep: duplicate writes collapse, then later rows supersede earlier ones.
 
     A step written again on the next row (a second writer, e.g. every rank
@@ -482,16 +511,20 @@ def _resolve_restarts(step: np.ndarray, lines: np.ndarray, summary: InputSummary
     least 3 such short rewinds (and 10 % of the rows) occur, they are duplicates
     too. Any other step that goes back is a restart (a resumed run): a row
     survives only if every later row has a larger step, so a resumed run
-    supersedes what the earlier run logged from its resume point on.
+    supersedes what the earlier run logged from its resume point on. ``fresh``
+    marks rows known to start a new run (a new run folder): a step there that does
+    not exceed the one before is a restart, never a duplicate or a second writer.
     """
     if step.size < 2:
         return np.ones(step.size, dtype=bool)
+    fresh = np.zeros(step.size, dtype=bool) if fresh is None else fresh
     dup = np.zeros(step.size, dtype=bool)
-    dup[:-1] = step[:-1] == step[1:]
+    dup[:-1] = (step[:-1] == step[1:]) & ~fresh[1:]
     rest = np.flatnonzero(~dup)
     s = step[rest]
-    back = np.flatnonzero(s[1:] < s[:-1]) + 1
-    short = _short_rewinds(s, back)
+    new_run = fresh[rest]
+    back = np.flatnonzero((s[1:] < s[:-1]) | (new_run[1:] & (s[1:] <= s[:-1]))) + 1
+    short = _short_rewinds(s, back) & ~new_run[back]
     writers = int(short.sum()) >= max(3, 0.1 * s.size)
     real = back[~short] if writers else back
     keep = ~dup

@@ -10,6 +10,14 @@ killed mid-write) is counted as malformed.
 The loss tag is ``loss`` or ends in ``/loss`` (``train/loss``), skipping eval
 and validation tags; ``lr``/``learning_rate`` and ``grad_norm`` come along.
 
+A directory's event files (run folders of one run, read in name order) are one
+log. A file whose first loss step was already logged by an earlier file, and
+whose events start after the earlier files' last one (by the events' wall
+time), is a restart: a run started again into a new run folder, even at the
+same step as the last one logged. Files whose wall times overlap (written at
+the same time) and files whose steps interleave (no step repeated) are read by
+their steps alone.
+
 Example::
 
     >>> scalar_tags(b"")
@@ -23,6 +31,7 @@ from pathlib import Path
 
 from lengthwise.doctor.errors import LogNotFoundError, UnreadableLogError
 from lengthwise.doctor.readers.columns import ColumnBuilder
+from lengthwise.doctor.runlog import RECORDS_PER_FILE
 from lengthwise.errors import DataError
 
 # TensorFlow DataType enum values used for scalars
@@ -95,10 +104,13 @@ def _tensor_scalar(buf: bytes) -> float | None:
     return None
 
 
-def scalar_tags(data: bytes) -> dict[str, list[tuple[int, float, int]]]:
+def scalar_tags(
+    data: bytes, wall_times: list[float] | None = None,
+) -> dict[str, list[tuple[int, float, int]]]:
     """All scalar series of one event file: tag -> [(step, value, record_number)].
 
     A record cut short at the end of the file is reported under the key ``""``.
+    ``wall_times``, when given, receives the wall time of each event that holds scalars.
     """
     series: dict[str, list[tuple[int, float, int]]] = {}
     pos, n, record = 0, len(data), 0
@@ -115,17 +127,22 @@ def scalar_tags(data: bytes) -> dict[str, list[tuple[int, float, int]]]:
         payload = data[start : start + length]
         pos = start + length + 4
         try:
-            _scalars_of_event(payload, record, series)
+            _scalars_of_event(payload, record, series, wall_times)
         except (ValueError, IndexError, struct.error):
             series.setdefault("", []).append((0, 0.0, record))
     return series
 
 
-def _scalars_of_event(payload: bytes, record: int, series: dict) -> None:
+def _scalars_of_event(
+    payload: bytes, record: int, series: dict, wall_times: list[float] | None = None,
+) -> None:
     step = 0
     summary = None
-    for field, _wire, value in _fields(payload):
-        if field == 2:
+    wall = 0.0
+    for field, wire, value in _fields(payload):
+        if field == 1 and wire == 1:
+            wall = float(struct.unpack("<d", value)[0])  # type: ignore[arg-type]
+        elif field == 2:
             step = int(value)  # type: ignore[arg-type]
             if step >= 1 << 63:
                 step -= 1 << 64
@@ -133,6 +150,8 @@ def _scalars_of_event(payload: bytes, record: int, series: dict) -> None:
             summary = value
     if summary is None:
         return
+    if wall_times is not None:
+        wall_times.append(wall)
     for field, _wire, value in _fields(summary):  # type: ignore[arg-type]
         if field != 1:
             continue
@@ -167,15 +186,18 @@ def read_tensorboard(path: Path, builder: ColumnBuilder, *, loss_key: str | None
     """Read every event file under ``path`` into ``builder`` (files in name order)."""
     files = event_files(path)
     merged: dict[str, list[tuple[int, float, int]]] = {}
+    spans: list[tuple[float, float]] = []
     offset = 0
     for file in files:
         try:
             data = file.read_bytes()
         except OSError as exc:
             raise UnreadableLogError(f"{file}: cannot be read ({exc})") from exc
-        for tag, rows in scalar_tags(data).items():
+        times: list[float] = []
+        for tag, rows in scalar_tags(data, times).items():
             merged.setdefault(tag, []).extend((s, v, r + offset) for s, v, r in rows)
-        offset += 1_000_000
+        spans.append((min(times), max(times)) if times else (0.0, 0.0))
+        offset += RECORDS_PER_FILE
     broken = merged.pop("", [])
     for _, _, record in broken:
         builder.summary.add_malformed(record)
@@ -209,3 +231,31 @@ def read_tensorboard(path: Path, builder: ColumnBuilder, *, loss_key: str | None
     builder.summary.other_rows = builder.summary.lines - len(rows) - len(broken)
     builder.loss_label = loss_tag
     builder.add(rows, numbers)
+    for record in restart_records(merged[loss_tag], spans):
+        builder.mark_restart(record)
+
+
+def restart_records(
+    loss_rows: list[tuple[int, float, int]], spans: list[tuple[float, float]],
+) -> list[int]:
+    """Record numbers of the first loss row of each file that restarts the run.
+
+    ``loss_rows`` are ``(step, value, record)`` in file order (record numbers
+    offset by ``RECORDS_PER_FILE`` per file); ``spans`` each file's first and last
+    event wall time. A file restarts the run when its first loss step was logged
+    by an earlier file and it starts no earlier than the earlier files end.
+    """
+    seen: set[int] = set()
+    out = []
+    end = -float("inf")
+    by_file: dict[int, list[tuple[int, float, int]]] = {}
+    for row in loss_rows:
+        by_file.setdefault(row[2] // RECORDS_PER_FILE, []).append(row)
+    for index in sorted(by_file):
+        rows = by_file[index]
+        first_wall, last_wall = spans[index]
+        if seen and rows[0][0] in seen and first_wall >= end:
+            out.append(rows[0][2])
+        seen.update(s for s, _, _ in rows)
+        end = max(end, last_wall)
+    return out
