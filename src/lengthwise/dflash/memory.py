@@ -122,6 +122,7 @@ class MemoryEstimate:
     supervised: int
     tokens: int
     device: str
+    logits_high: int = 0  # the most bytes of LM-head chunk buffers alive at once in the step
     settings: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -138,7 +139,8 @@ class MemoryEstimate:
         """Plain data (bytes and GiB)."""
         return {"peak_bytes": self.peak, "peak_gib": self.peak / GIB,
                 "parts_gib": {k: v / GIB for k, v in self.parts.items()},
-                "slots": self.slots, "supervised": self.supervised, "tokens": self.tokens,
+                "logits_chunk_high_gib": self.logits_high / GIB, "slots": self.slots,
+                "supervised": self.supervised, "tokens": self.tokens,
                 "device": self.device, "settings": self.settings}
 
     def render(self, device_bytes: int | None = None, *, reserve: int = GIB) -> str:
@@ -150,6 +152,7 @@ class MemoryEstimate:
         for name in PARTS:
             if name in self.parts:
                 lines.append(f"  {name:<13} {self.parts[name] / GIB:8.2f} GiB")
+        lines[-1] += f" at the peak; {self.logits_high / GIB:.2f} GiB at most during the step"
         if device_bytes is not None:
             left = device_bytes - reserve - self.peak
             verdict = "fits" if left >= 0 else "does NOT fit"
@@ -168,12 +171,17 @@ class _Tracker(torch.utils._python_dispatch.TorchDispatchMode):
         self.made = 0
         self.now = 0
         self.peak = 0
+        self.logits_now = 0
+        self.logits_peak = 0
         self.at_peak: dict[int, tuple[int, str]] = {}
 
     def _sweep(self) -> None:
         dead = [k for k, (ref, *_) in self.live.items() if ref.expired()]
         for k in dead:
-            self.now -= self.live.pop(k)[1]
+            _, size, kind, _ = self.live.pop(k)
+            self.now -= size
+            if kind == "logits_chunk":
+                self.logits_now -= size
 
     def serials(self, tensors: Any) -> set[int]:
         """The serials of the live storages of ``tensors``."""
@@ -200,6 +208,9 @@ class _Tracker(torch.utils._python_dispatch.TorchDispatchMode):
             self.made += 1  # a freed storage's key may come back: the serial tells them apart
             self.live[key] = (StorageWeakRef(s), s.nbytes(), kind, self.made)
             self.now += s.nbytes()
+            if kind == "logits_chunk":
+                self.logits_now += s.nbytes()
+                self.logits_peak = max(self.logits_peak, self.logits_now)
             grew = True
         if grew and self.now > self.peak:
             self.peak = self.now
@@ -382,4 +393,5 @@ def estimate_step(target_config: Any, cfg: Any, *, rows: int = 1, world: int = 1
                 "gradient_checkpointing": False}
     return MemoryEstimate(peak=sum(parts.values()), parts=parts, slots=slots,
                           supervised=slots - rows * per_row, tokens=tokens,
-                          device="cuda" if cuda else "cpu", settings=settings)
+                          device="cuda" if cuda else "cpu", logits_high=tracker.logits_peak,
+                          settings=settings)

@@ -1,0 +1,95 @@
+"""``lengthwise dflash estimate``: the peak GPU memory of a training run, before launching it.
+
+Reads the target's ``config.json`` only (no weights) and the run's settings (the
+defaults of ``dflash train``, then ``--config run.yaml``, then flags), traces one
+training step under fake tensors (:func:`lengthwise.dflash.memory.estimate_step`)
+and prints the predicted peak per GPU with its parts; with ``--device-memory`` it
+says whether the run fits and exits with 1 when it does not.
+
+Example::
+
+    $ lengthwise dflash estimate --target ./Qwen3-8B --device-memory h200
+    $ lengthwise dflash estimate --target ./Qwen3-8B/config.json --config run.yaml \\
+          --device-memory 80GiB --world 8 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from typing import Any
+
+_FLAGS: list[tuple[str, type, str]] = [
+    ("max_tokens", int, "token budget of a micro-batch (default 16384)"),
+    ("grad_accum", int, "micro-batches per optimizer step (default 1)"),
+    ("block_size", int, "draft block size (default 16)"),
+    ("draft_layers", int, "draft decoder layers (default 5)"),
+    ("num_features", int, "target layers feeding the draft (default: draft_layers)"),
+    ("num_anchors", int, "anchors drawn per sample and step (default 512)"),
+    ("max_slots", int, "draft slots per micro-batch (default 32768)"),
+    ("head_chunk", int, "supervised slots per LM-head and cross-entropy chunk (default 1024)"),
+    ("dtype", str, "autocast dtype: bf16, fp16 or fp32 (default bf16 on CUDA)"),
+    ("device", str, "kernels of: cuda (default) or cpu"),
+]
+
+
+def register(stages: argparse._SubParsersAction) -> None:
+    """Add the ``estimate`` stage."""
+    p = stages.add_parser(
+        "estimate",
+        help="predict a training run's peak GPU memory from the target's config.json",
+        description="Predict the peak memory per GPU of `dflash train` at the run's settings "
+                    "from the target's config.json alone (one training step traced under fake "
+                    "tensors), its parts, and whether it fits a device. Settings: the defaults "
+                    "of `dflash train`, then --config YAML, then flags.",
+        argument_default=argparse.SUPPRESS,
+    )
+    p.add_argument("--target", metavar="PATH", required=True,
+                   help="target folder or its config.json (weights are not read)")
+    p.add_argument("--config", metavar="YAML", help="run settings of `dflash train`")
+    for name, kind, text in _FLAGS:
+        p.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, help=text,
+                       metavar={int: "N"}.get(kind, "NAME"))
+    p.add_argument("--rows", type=int, metavar="N",
+                   help="rows of the micro-batch (default 1: one packed row, the worst case)")
+    p.add_argument("--world", type=int, metavar="N",
+                   help="data-parallel ranks (default 1; more adds DDP's gradient buckets)")
+    p.add_argument("--device-memory", metavar="SIZE",
+                   help="memory of the GPU: a size (141GiB, 80GB) or a name (h200, h100-80g, "
+                        "a100-80g, a100-40g, l40s)")
+    p.add_argument("--json", action="store_true", help="print the estimate as JSON")
+    p.set_defaults(func=run)
+
+
+def settings(given: dict[str, Any]) -> Any:
+    """The run's ``DFlashTrainConfig``: ``dflash train``'s defaults, ``--config``, flags."""
+    from lengthwise.cli.dflash.train import DEFAULTS, read_yaml
+    from lengthwise.dflash.train import DFlashTrainConfig
+
+    fields = {f.name for f in dataclasses.fields(DFlashTrainConfig)}
+    source = given.get("config")
+    merged = {**DEFAULTS, "device": "cuda", **(read_yaml(source) if source else {}),
+              **{k: v for k, v in given.items() if k in fields}}
+    run = {k: v for k, v in merged.items() if k in fields}
+    run["max_len"] = min(int(run.get("max_len") or run["max_tokens"]), run["max_tokens"])
+    return DFlashTrainConfig(**{**run, "progress": False})
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the estimate; 1 when it does not fit ``--device-memory``."""
+    from lengthwise.dflash.memory import estimate_step, memory_size, read_target_config
+
+    given = vars(args)
+    size = memory_size(given["device_memory"]) if "device_memory" in given else None
+    cfg = settings(given)
+    est = estimate_step(read_target_config(given["target"]), cfg,
+                        rows=given.get("rows", 1), world=given.get("world", 1))
+    if given.get("json"):
+        out = est.to_dict()
+        if size is not None:
+            out.update(device_memory_bytes=size, fits=est.fits(size))
+        print(json.dumps(out, indent=2))
+    else:
+        print(est.render(size))
+    return 0 if size is None or est.fits(size) else 1
