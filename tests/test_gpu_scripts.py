@@ -55,6 +55,7 @@ def _raise(exc):
     return action
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script,module_name,func,argv", [
     (gpu_throughput, "lengthwise.demo.runner", "train_orders", THROUGHPUT),
     (gpu_dflash, "lengthwise.demo.runner", "run_lockstep", DFLASH),
@@ -89,6 +90,7 @@ def test_an_order_that_raises_is_recorded_as_failed_and_the_next_runs(tmp_path, 
         ".md").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script,func,argv", [
     (gpu_throughput, "train_orders", THROUGHPUT),
     (gpu_dflash, "run_lockstep", DFLASH),
@@ -126,6 +128,7 @@ def test_orders_past_the_time_budget_are_skipped_and_recorded(tmp_path, monkeypa
     assert not summary["skipped"] and len(summary["strategies"]) == len(skipped) + 1
 
 
+@pytest.mark.slow
 def test_held_out_evaluation_stays_within_the_training_budgets(tmp_path, monkeypatch):
     """Held-out batches of at most max_tokens tokens and max_slots slots (before: the four
     held-out samples in one batch of 4 x 96 tokens and 4 x 16 anchors x 4 = 256 slots)."""

@@ -191,3 +191,25 @@ def test_estimate_cli_refuses_bad_input_in_one_line(tmp_path, capsys):
     assert main(["dflash", "estimate", "--target", str(tmp_path), "--block-size", "1"]) == 2
     err = capsys.readouterr().err
     assert "device memory 'lots'" in err and "block_size" in err
+
+
+def test_estimate_cli_reads_the_run_yaml_of_dflash_train(tmp_path, capsys):
+    """The settings of `dflash train --config`: its other keys are left alone, 6e-4 is a number,
+    and flags override the file."""
+    pytest.importorskip("yaml")
+    from lengthwise.cli import main
+
+    _tiny_target().save_pretrained(tmp_path)
+    run = tmp_path / "run.yaml"
+    run.write_text("target: ./t\ndata: prepared/\nout: run/\nlr: 6e-4\nmax-tokens: 256\n"
+                   "block_size: 4\nmax_slots: 64\ndraft_layers: 1\nhead_chunk: 32\n")
+    assert main(["dflash", "estimate", "--target", str(tmp_path), "--config", str(run),
+                 "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["slots"] == 64 and data["settings"]["block_size"] == 4
+    assert main(["dflash", "estimate", "--target", str(tmp_path), "--config", str(run),
+                 "--max-slots", "128", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["slots"] == 128
+    run.write_text("lr: fast\n")
+    assert main(["dflash", "estimate", "--target", str(tmp_path), "--config", str(run)]) == 2
+    assert "lr must be a number" in capsys.readouterr().err

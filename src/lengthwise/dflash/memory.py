@@ -55,12 +55,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from lengthwise.errors import ConfigError
 
 __all__ = ["DEVICE_MEMORY", "MemoryEstimate", "estimate_step", "memory_size",
-           "read_target_config"]
+           "read_target_config", "step_blocks", "step_shape"]
 
 GIB = 2**30
 #: memory of named devices as ``nvidia-smi`` reports it (MiB)
@@ -161,7 +162,7 @@ class MemoryEstimate:
         return "\n".join(lines)
 
 
-class _Tracker(torch.utils._python_dispatch.TorchDispatchMode):
+class _Tracker(TorchDispatchMode):
     """Live bytes of the storages operations create, their peak, and what was live then."""
 
     def __init__(self, vocab: int) -> None:
@@ -248,7 +249,10 @@ def _fused_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: A
 
 @contextlib.contextmanager
 def _fused_kernels() -> Iterator[None]:
-    """Fused attention for the target (SDPA) and the draft (flex), as on CUDA."""
+    """Fused attention for the target (SDPA) and the draft (flex), as on CUDA.
+
+    The functions are swapped in their modules for the trace (one thread) and put back.
+    """
     import lengthwise.dflash.attention as attention
     import lengthwise.dflash.loss as loss
 

@@ -66,12 +66,19 @@ def settings(given: dict[str, Any]) -> Any:
     """The run's ``DFlashTrainConfig``: ``dflash train``'s defaults, ``--config``, flags."""
     from lengthwise.cli.dflash.train import DEFAULTS, read_yaml
     from lengthwise.dflash.train import DFlashTrainConfig
+    from lengthwise.errors import ConfigError
 
-    fields = {f.name for f in dataclasses.fields(DFlashTrainConfig)}
+    fields = {f.name: f for f in dataclasses.fields(DFlashTrainConfig)}
     source = given.get("config")
     merged = {**DEFAULTS, "device": "cuda", **(read_yaml(source) if source else {}),
               **{k: v for k, v in given.items() if k in fields}}
     run = {k: v for k, v in merged.items() if k in fields}
+    for name, value in run.items():  # YAML reads 6e-4 as a string
+        if isinstance(value, str) and isinstance(fields[name].default, float):
+            try:
+                run[name] = float(value)
+            except ValueError:
+                raise ConfigError(f"{name} must be a number, got {value!r}") from None
     run["max_len"] = min(int(run.get("max_len") or run["max_tokens"]), run["max_tokens"])
     return DFlashTrainConfig(**{**run, "progress": False})
 
