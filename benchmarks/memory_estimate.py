@@ -48,7 +48,8 @@ SHAPES = [
 ]
 
 
-def _status(key: str) -> int:
+def status_bytes(key: str) -> int:
+    """A size of this process in ``/proc/self/status`` (``VmRSS:``, ``VmHWM:``), in bytes."""
     with open("/proc/self/status", encoding="ascii") as f:
         for line in f:
             if line.startswith(key):
@@ -56,10 +57,11 @@ def _status(key: str) -> int:
     raise KeyError(key)
 
 
-def _reset_high_water() -> int:
+def reset_high_water() -> int:
+    """Reset the resident high-water mark to the resident set now (Linux); that size."""
     with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
         f.write("5")  # resets VmHWM to the current resident set
-    return _status("VmRSS:")
+    return status_bytes("VmRSS:")
 
 
 def measure(shape: dict) -> dict:
@@ -111,9 +113,9 @@ def measure(shape: dict) -> dict:
         opt.zero_grad(set_to_none=True)
 
     step()  # the optimizer's state and torch's one-time allocations
-    base = _reset_high_water()
+    base = reset_high_water()
     step()
-    measured = _status("VmHWM:") - base
+    measured = status_bytes("VmHWM:") - base
     return {"predicted": est.step_peak, "measured": measured, "slots": est.slots,
             "tokens": est.tokens}
 

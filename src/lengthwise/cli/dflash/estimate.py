@@ -20,18 +20,9 @@ import dataclasses
 import json
 from typing import Any
 
-_FLAGS: list[tuple[str, type, str]] = [
-    ("max_tokens", int, "token budget of a micro-batch (default 16384)"),
-    ("grad_accum", int, "micro-batches per optimizer step (default 1)"),
-    ("block_size", int, "draft block size (default 16)"),
-    ("draft_layers", int, "draft decoder layers (default 5)"),
-    ("num_features", int, "target layers feeding the draft (default: draft_layers)"),
-    ("num_anchors", int, "anchors drawn per sample and step (default 512)"),
-    ("max_slots", int, "draft slots per micro-batch (default 32768)"),
-    ("head_chunk", int, "supervised slots per LM-head and cross-entropy chunk (default 1024)"),
-    ("dtype", str, "autocast dtype: bf16, fp16 or fp32 (default bf16 on CUDA)"),
-    ("device", str, "kernels of: cuda (default) or cpu"),
-]
+#: the flags of ``dflash train`` that set the memory of a step
+SHAPE_FLAGS = ("max_tokens", "grad_accum", "block_size", "draft_layers", "num_features",
+               "num_anchors", "max_slots", "head_chunk", "dtype")
 
 
 def register(stages: argparse._SubParsersAction) -> None:
@@ -48,9 +39,13 @@ def register(stages: argparse._SubParsersAction) -> None:
     p.add_argument("--target", metavar="PATH", required=True,
                    help="target folder or its config.json (weights are not read)")
     p.add_argument("--config", metavar="YAML", help="run settings of `dflash train`")
+    from lengthwise.cli.dflash.train import _FLAGS
+
     for name, kind, text in _FLAGS:
-        p.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, help=text,
-                       metavar={int: "N"}.get(kind, "NAME"))
+        if name in SHAPE_FLAGS:
+            p.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, help=text,
+                           metavar={int: "N"}.get(kind, "NAME"))
+    p.add_argument("--device", help="the kernels of: cuda (default) or cpu")
     p.add_argument("--rows", type=int, metavar="N",
                    help="rows of the micro-batch (default 1: one packed row, the worst case)")
     p.add_argument("--world", type=int, metavar="N",
