@@ -171,11 +171,34 @@ def reference() -> list[str]:
     return out
 
 
-def write_docs(table: list[str], ref: list[str]) -> None:
+def context_conversion() -> list[str]:
+    """The reference peak with the draft's ``[context | block]`` converted to bf16 once for the
+    key and value projections (as it is), and once per projection (as autocast alone does)."""
+    import transformers
+
+    import lengthwise.dflash.model as model
+    from lengthwise.cli.dflash.estimate import settings
+    from lengthwise.dflash.memory import estimate_step
+
+    target, cfg = transformers.Qwen3Config(**QWEN3_8B), settings({})
+    once = estimate_step(target, cfg).peak
+    saved, model._autocast_once = model._autocast_once, lambda x: x
+    try:
+        twice = estimate_step(target, cfg).peak
+    finally:
+        model._autocast_once = saved
+    return [f"The draft's key and value projections read one bf16 copy of `[context | block]` "
+            f"(autocast alone makes one per projection and keeps both for the backward): "
+            f"{twice / 2**30:.1f} GiB -> {once / 2**30:.1f} GiB at the first command's shape "
+            f"({(twice - once) / 2**30:.2f} GiB less)."]
+
+
+def write_docs(table: list[str], ref: list[str], kv: list[str]) -> None:
     """Rewrite the ``dflash-estimate`` region of ``docs/dflash.md``."""
-    body = ["```", *ref, "```", "", "Predicted against measured on CPU (the peak one training "
-            "step adds to the weights and optimizer state held before it; measured: resident "
-            "high-water mark, `python benchmarks/memory_estimate.py`):", "", *table]
+    body = ["```", *ref, "```", "", *kv, "",
+            "Predicted against measured on CPU (the peak one training step adds to the weights "
+            "and optimizer state held before it; measured: resident high-water mark, "
+            "`python benchmarks/memory_estimate.py`):", "", *table]
     text = DOCS.read_text(encoding="utf-8")
     pattern = re.compile(r"(<!-- figures:dflash-estimate start -->\n).*?"
                          r"(<!-- figures:dflash-estimate end -->)", re.S)
@@ -195,9 +218,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     table = validation_table()
     ref = reference()
-    print("\n".join([*ref, "", *table]))
+    kv = context_conversion()
+    print("\n".join([*ref, "", *kv, "", *table]))
     if args.docs:
-        write_docs(table, ref)
+        write_docs(table, ref, kv)
 
 
 if __name__ == "__main__":
