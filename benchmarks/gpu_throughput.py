@@ -15,8 +15,12 @@ whole epoch gives its representative throughput. Every order trains
 ``--warmup-steps`` untimed steps first (CUDA kernels, allocator), then
 ``--steps`` timed ones.
 
-Writes ``OUT.json`` and ``OUT.md`` (default ``benchmarks/results/gpu_throughput``)
-and each order's ``train_log.jsonl`` under ``OUT_runs/``.
+Writes ``OUT.json`` and ``OUT.md`` (default ``benchmarks/results/gpu_throughput``),
+rewritten after every order (a crash loses only the order it happened in; an order
+that raises is recorded as failed and the next one runs), and each order's
+``train_log.jsonl`` under ``OUT_runs/``. With ``--time-budget SECONDS`` an order that
+would end past the budget (judged by the longest order so far) is skipped and
+recorded as such.
 
 Usage::
 
@@ -27,13 +31,17 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from order_results import OrderResults  # noqa: E402
 
 ORDERS_DEFAULT = "sorted,random,bucket-random,interleave,stratified,packed"
 
@@ -60,6 +68,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="bf16")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="benchmarks/results/gpu_throughput")
+    p.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                   help="skip (and record as skipped) the orders that would end past this "
+                        "many seconds from the start, judged by the longest order so far")
     args = p.parse_args(argv)
     if args.smoke:
         args.model_size, args.vocab_size, args.max_len, args.max_tokens = "tiny", 512, 128, 256
@@ -104,7 +115,10 @@ def pick_attn(requested: str | None, device: str) -> str:
     return "sdpa"
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None, *, clock: Callable[[], float] = time.perf_counter,
+         ) -> dict:
+    """Run every order; ``OUT.json``/``OUT.md`` are rewritten after each one."""
+    started = clock()
     args = parse_args(argv)
     import torch
 
@@ -112,7 +126,6 @@ def main(argv: list[str] | None = None) -> dict:
     from lengthwise.demo.data import DemoData
     from lengthwise.demo.main import parse_orders
     from lengthwise.demo.model import build_model, count_parameters
-    from lengthwise.demo.report import add_ratios
     from lengthwise.demo.runner import train_orders
 
     orders = parse_orders(args.orders)
@@ -143,50 +156,59 @@ def main(argv: list[str] | None = None) -> dict:
           f"({int(lengths.sum())} tokens, median {int(np.median(lengths))}, max "
           f"{int(lengths.max())}); {args.steps} timed steps x {args.grad_accum} micro-batches "
           f"of <= {args.max_tokens} tokens", file=sys.stderr)
-    out = Path(args.out)
-    started = time.perf_counter()
-    results = train_orders(orders, data, cfg, out=f"{out}_runs", lockstep=False)
-    rows = {}
-    for name, r in results.items():
-        rows[name] = {"tokens_per_second": r.tokens_per_second,
-                      "padding_efficiency": r.padding_efficiency,
-                      "seconds_per_step": r.train_seconds / max(r.steps, 1),
-                      "epochs": r.epochs}
-    add_ratios(rows)
-    for row in rows.values():
-        row.pop("roughness_ratio", None)
-    summary = {
+    header = {
         "device": device_name, "model_size": args.model_size, "parameters": params,
         "attention": attn, "dtype": args.dtype if args.device.startswith("cuda") else "fp32",
         "lengths": args.lengths, "samples": int(lengths.size), "tokens": int(lengths.sum()),
         "max_len": args.max_len, "max_tokens": args.max_tokens, "grad_accum": args.grad_accum,
         "timed_steps": args.steps, "warmup_steps": args.warmup_steps,
-        "wall_seconds": time.perf_counter() - started, "strategies": rows,
         "torch": torch.__version__,
     }
-    if args.device.startswith("cuda"):
-        summary["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    lines = ["| order | tokens_per_second | throughput_vs_sorted | padding_efficiency | "
-             "seconds per step | epochs |", "|---|---:|---:|---:|---:|---:|"]
-    for name, r in rows.items():
-        ratio = r.get("throughput_vs_sorted")
-        lines.append(f"| {name} | {r['tokens_per_second']:.0f} | "
-                     f"{'-' if ratio is None else format(ratio, '.2f')} | "
-                     f"{r['padding_efficiency']:.3f} | {r['seconds_per_step']:.2f} | "
-                     f"{r['epochs']:.2f} |")
     head = (f"{device_name}, {args.model_size} model ({params / 1e6:.1f} M parameters), "
-            f"{attn}, {summary['dtype']}, {args.lengths} lengths to {args.max_len}, "
+            f"{attn}, {header['dtype']}, {args.lengths} lengths to {args.max_len}, "
             f"{args.grad_accum} x {args.max_tokens}-token micro-batches per step, "
             f"{args.steps} timed steps per order.\n\n")
-    out.with_suffix(".md").write_text(head + "\n".join(lines) + "\n", encoding="utf-8")
+
+    def render(summary: dict) -> str:
+        lines = ["| order | tokens_per_second | throughput_vs_sorted | padding_efficiency | "
+                 "seconds per step | epochs |", "|---|---:|---:|---:|---:|---:|"]
+        for name, r in summary["strategies"].items():
+            ratio = r.get("throughput_vs_sorted")
+            lines.append(f"| {name} | {r['tokens_per_second']:.0f} | "
+                         f"{'-' if ratio is None else format(ratio, '.2f')} | "
+                         f"{r['padding_efficiency']:.3f} | {r['seconds_per_step']:.2f} | "
+                         f"{r['epochs']:.2f} |")
+        return head + "\n".join(lines) + "\n"
+
+    def measure(order: str) -> dict:
+        if args.device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
+        r = train_orders([order], data, cfg, out=f"{out}_runs", lockstep=False)[order]
+        row = {"tokens_per_second": r.tokens_per_second,
+               "padding_efficiency": r.padding_efficiency,
+               "seconds_per_step": r.train_seconds / max(r.steps, 1), "epochs": r.epochs}
+        if args.device.startswith("cuda"):
+            row["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            torch.cuda.empty_cache()
+        return row
+
+    out = Path(args.out)
+    results = OrderResults(out, header, render, budget=args.time_budget, clock=clock,
+                           started=started)
+    for order in orders:
+        results.run(order, measure)
+    summary = results.write()
+    if args.device.startswith("cuda"):
+        summary["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    rows = summary["strategies"]
     print(f"{'order':<14} {'tokens/s':>10} {'vs sorted':>9} {'pad eff':>7}")
     for name, r in rows.items():
         ratio = r.get("throughput_vs_sorted")
         print(f"{name:<14} {r['tokens_per_second']:>10.0f} "
               f"{'-' if ratio is None else format(ratio, '.2f'):>9} "
               f"{r['padding_efficiency']:>7.3f}")
+    for name, why in {**summary["skipped"], **summary["failed"]}.items():
+        print(f"{name:<14} {why}")
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}", file=sys.stderr)
     return summary
 

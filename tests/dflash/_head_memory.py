@@ -15,20 +15,12 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-def _status(key: str) -> int:
-    with open("/proc/self/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith(key):
-                return int(line.split()[1]) * 1024
-    raise KeyError(key)
-
-
-def _reset() -> int:
-    with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-        f.write("5")  # resets VmHWM to the current resident set
-    return _status("VmRSS:")
+from memory_estimate import reset_high_water as _reset  # noqa: E402
+from memory_estimate import status_bytes as _status  # noqa: E402
 
 
 def main(rows: int, anchors: int, block: int, chunk: int, vocab: int, hidden: int) -> None:

@@ -117,11 +117,15 @@ class DFlashOrderRun:
         try:
             if main:
                 started = time.perf_counter()
+                # the training budgets: held-out batches of at most max_tokens tokens and
+                # max_slots draft slots, the LM head in chunks of head_chunk
                 ev = evaluate_blocks(self.task.model, self.target,
-                                     held_out_batches(self.data.held_samples()),
+                                     held_out_batches(self.data.held_samples(),
+                                                      max_tokens=cfg.max_tokens),
                                      num_anchors=cfg.eval_anchors or cfg.num_anchors,
-                                     seed=cfg.seed,
-                                     amp=self.task.amp)
+                                     seed=cfg.seed, amp=self.task.amp,
+                                     head_chunk=cfg.head_chunk, max_slots=cfg.slot_budget,
+                                     max_tokens=cfg.max_tokens)
                 dec = acceptance(self.task.model, self.target,
                                  self.data.held_prompts(cfg.eval_prompts),
                                  max_new_tokens=cfg.max_new_tokens, eos=self.meta["eos"])

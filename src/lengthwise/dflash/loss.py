@@ -42,7 +42,7 @@ from lengthwise.dflash.head import chunked_cross_entropy
 from lengthwise.dflash.objective import IGNORE
 
 __all__ = ["BlockLoss", "block_hidden", "block_inputs", "block_logits", "block_loss",
-           "head_loss"]
+           "head_loss", "supervised_cross_entropy"]
 
 #: supervised slots per LM-head chunk (about 1.7 GiB of fp32 buffers at vocabulary 151,936)
 HEAD_CHUNK = 1024
@@ -120,12 +120,8 @@ def head_loss(hidden: torch.Tensor, lm_head: Any, labels: torch.Tensor, weights:
     w = weights.reshape(-1).float()
     sup = lab != IGNORE
     idx = sup.nonzero().squeeze(1)
-    flat = hidden.reshape(r * a * b, -1)
-    head_w = lm_head.weight
-    dtype = amp if amp is not None else head_w.dtype
-    weighted, ce, hit = chunked_cross_entropy(
-        flat.index_select(0, idx).to(head_w.dtype), head_w, getattr(lm_head, "bias", None),
-        lab.index_select(0, idx), w.index_select(0, idx), chunk=chunk, dtype=dtype)
+    weighted, ce, hit = supervised_cross_entropy(hidden, lm_head, lab, w, idx, chunk=chunk,
+                                                 amp=amp)
     per_slot = torch.zeros(r * a * b, dtype=ce.dtype, device=hidden.device)
     per_slot.index_copy_(0, idx, ce * w.index_select(0, idx))
     hits = torch.zeros(r * a * b, dtype=torch.bool, device=hidden.device)
@@ -136,6 +132,23 @@ def head_loss(hidden: torch.Tensor, lm_head: Any, labels: torch.Tensor, weights:
         slot_correct=hit3.sum(dim=(0, 1)).cpu().numpy().astype(np.int64),
         slot_count=sup3.sum(dim=(0, 1)).cpu().numpy().astype(np.int64),
         block_ce=per_slot.reshape(r, a, b).sum(dim=-1))
+
+
+def supervised_cross_entropy(hidden: torch.Tensor, lm_head: Any, labels: torch.Tensor,
+                             weights: torch.Tensor, idx: torch.Tensor, *, chunk: int = HEAD_CHUNK,
+                             amp: Any = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`~lengthwise.dflash.head.chunked_cross_entropy` of the slots ``idx`` of ``hidden``.
+
+    ``hidden``: ``(R, A*B, H)``; ``labels``, ``weights``: flat ``(R*A*B,)``; ``idx``: the
+    flat indices of the supervised slots. Returns the weighted sum, the per-slot CE and
+    the top-1 hits of those slots (what :func:`head_loss` turns into its sums).
+    """
+    head_w = lm_head.weight
+    dtype = amp if amp is not None else head_w.dtype
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    return chunked_cross_entropy(
+        flat.index_select(0, idx).to(head_w.dtype), head_w, getattr(lm_head, "bias", None),
+        labels.index_select(0, idx), weights.index_select(0, idx), chunk=chunk, dtype=dtype)
 
 
 def block_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> BlockLoss:

@@ -193,6 +193,20 @@ class DFlashConfig:
             attention_bias=False)
 
 
+def _autocast_once(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in the autocast dtype when autocast would cast it (else as it is).
+
+    Both the key and the value projection read the concatenated context; autocast
+    would convert it once per projection and keep both copies for the backward.
+    Converting it here gives the same values once.
+    """
+    kind = x.device.type
+    if (torch.is_autocast_enabled(kind) and x.is_floating_point()
+            and x.dtype != torch.float64):
+        return x.to(torch.get_autocast_dtype(kind))
+    return x
+
+
 class _Attention(nn.Module):
     """Block queries over ``[context | block]`` keys and values, no causal mask."""
 
@@ -211,7 +225,7 @@ class _Attention(nn.Module):
     def forward(self, x: torch.Tensor, context: torch.Tensor, rope: tuple[torch.Tensor, ...],
                 bias: torch.Tensor) -> torch.Tensor:
         b, q_len, _ = x.shape
-        kv_in = torch.cat([context, x], dim=1)
+        kv_in = _autocast_once(torch.cat([context, x], dim=1))
         kv_len = kv_in.shape[1]
         q = self.q_norm(self.q_proj(x).view(b, q_len, self.heads, self.head_dim)).transpose(1, 2)
         k = self.k_norm(self.k_proj(kv_in).view(b, kv_len, self.kv_heads, self.head_dim))

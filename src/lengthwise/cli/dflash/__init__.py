@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 #: the stages in the order a recipe runs them (``--help`` lists them so; others follow)
-PIPELINE = ("prepare", "train", "export", "eval")
+PIPELINE = ("prepare", "estimate", "train", "export", "eval")
 
 
 def stage_names() -> list[str]:

@@ -1,0 +1,401 @@
+"""Peak memory of a DFlash training step, predicted before launch from the target's config.
+
+:func:`estimate_step` reads nothing but a target config (``config.json``): it
+builds the target and the draft under fake tensors (shapes and dtypes, no
+storage), then runs one training step of the run's settings through the real
+code (:func:`~lengthwise.dflash.loss.block_hidden`, the chunked LM head and
+cross-entropy, ``backward``, gradient clipping, AdamW, ``zero_grad``) while a
+dispatch mode records every tensor storage an operation creates and when it is
+freed. The peak of the live bytes, plus the weights and optimizer state that
+exist before the step, is the predicted peak of ``torch.cuda.max_memory_allocated``
+on one GPU. A first step runs untraced, so the traced one has the optimizer's
+state (the steady state); with ``grad_accum > 1`` the traced step holds two
+micro-batches, the second running with the first one's gradients alive.
+
+The micro-batch is the worst case of the settings: ``rows`` rows (default 1) of
+``max_tokens`` tokens in all, with the slot budget filled (``max_slots`` slots,
+or ``block_size`` per token), every block slot but the anchor supervised.
+
+What the trace cannot run is stood in for, by kind of device:
+
+- ``cuda``: the target in bf16 with fused attention (the score matrix is never
+  held: a fused kernel keeps its inputs, output and log-sum-exp), the draft in
+  fp32 under bf16 autocast, attending under the block-sparse flex mask (also a
+  fused kernel; the block mask itself is a few MiB and is left out), fused AdamW.
+- ``cpu``: the kernels torch picks on CPU (the draft's dense mask), what
+  :mod:`tests.dflash` compares with the resident memory of a real step.
+
+Outside the trace: the CUDA context and library workspaces, and the caching
+allocator's fragmentation (``torch.cuda.memory_reserved`` minus allocated).
+With ``world > 1`` DDP holds its gradient buckets, a copy of the gradients
+(``ddp_buckets``).
+
+Example::
+
+    >>> import transformers
+    >>> from lengthwise.dflash.train import DFlashTrainConfig
+    >>> t = transformers.Qwen3Config(vocab_size=64, hidden_size=32, num_hidden_layers=4,
+    ...                              num_attention_heads=4, num_key_value_heads=2,
+    ...                              intermediate_size=64, head_dim=8)
+    >>> cfg = DFlashTrainConfig(steps=1, max_tokens=64, max_len=64, block_size=4,
+    ...                         num_anchors=8, draft_layers=1, device="cpu")
+    >>> est = estimate_step(t, cfg)
+    >>> est.slots, est.peak > est.parts["weights"] > 0
+    (240, True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from lengthwise.errors import ConfigError
+
+__all__ = ["DEVICE_MEMORY", "MemoryEstimate", "estimate_step", "memory_size",
+           "read_target_config", "step_blocks", "step_shape"]
+
+GIB = 2**30
+#: memory of named devices as ``nvidia-smi`` reports it (MiB)
+DEVICE_MEMORY: dict[str, int] = {
+    "h200": 143_771 * 2**20, "h100-80g": 81_559 * 2**20, "a100-80g": 81_920 * 2**20,
+    "a100-40g": 40_960 * 2**20, "l40s": 46_068 * 2**20,
+}
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+#: the parts of a peak, in the order they are printed
+PARTS = ("weights", "optimizer", "gradients", "ddp_buckets", "activations", "logits_chunk")
+
+
+def memory_size(text: str) -> int:
+    """Bytes of a size such as ``141GiB``, ``80GB`` or ``h200`` (a :data:`DEVICE_MEMORY` name).
+
+    Example::
+
+        >>> memory_size("141GiB") == 141 * 2**30, memory_size("80 GB"), memory_size("h200")
+        (True, 80000000000, 150754820096)
+    """
+    name = str(text).strip().lower()
+    if name in DEVICE_MEMORY:
+        return DEVICE_MEMORY[name]
+    m = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*([a-z]*)", name)
+    if not m or m.group(2) not in _UNITS or float(m.group(1)) <= 0:
+        raise ConfigError(f"device memory {text!r}: give a size such as 141GiB or 80GB, or one "
+                          f"of {', '.join(DEVICE_MEMORY)}")
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def read_target_config(path: str | Path) -> Any:
+    """The ``transformers`` config of a target: its folder or its ``config.json``, nothing else."""
+    import transformers
+
+    path = Path(path)
+    file = path / "config.json" if path.is_dir() else path
+    if not file.is_file():
+        raise ConfigError(f"--target {path}: no config.json there")
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{file}: not readable as JSON ({exc})") from None
+    if not isinstance(data, dict) or "model_type" not in data:
+        raise ConfigError(f"{file}: not a Hugging Face model config (no model_type)")
+    try:
+        return transformers.AutoConfig.for_model(**data)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{file}: {' '.join(str(exc).split())}") from None
+
+
+@dataclass
+class MemoryEstimate:
+    """The predicted peak of one training step and what it is made of (bytes)."""
+
+    peak: int
+    parts: dict[str, int]
+    slots: int
+    supervised: int
+    tokens: int
+    device: str
+    logits_high: int = 0  # the most bytes of LM-head chunk buffers alive at once in the step
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def step_peak(self) -> int:
+        """What the step adds at its peak to the memory held before it (weights, state)."""
+        return self.peak - self.parts["weights"] - self.parts["optimizer"] - self.parts.get(
+            "ddp_buckets", 0)
+
+    def fits(self, device_bytes: int, *, reserve: int = GIB) -> bool:
+        """Whether the peak plus ``reserve`` (CUDA context, workspaces) fits ``device_bytes``."""
+        return self.peak + reserve <= device_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (bytes and GiB)."""
+        return {"peak_bytes": self.peak, "peak_gib": self.peak / GIB,
+                "parts_gib": {k: v / GIB for k, v in self.parts.items()},
+                "logits_chunk_high_gib": self.logits_high / GIB, "slots": self.slots,
+                "supervised": self.supervised, "tokens": self.tokens,
+                "device": self.device, "settings": self.settings}
+
+    def render(self, device_bytes: int | None = None, *, reserve: int = GIB) -> str:
+        """A few lines: the peak, its parts and, with ``device_bytes``, whether it fits."""
+        s = self.settings
+        lines = [f"predicted peak per GPU: {self.peak / GIB:.1f} GiB ({self.device}; "
+                 f"{self.tokens} tokens, {self.slots} draft slots, {self.supervised} supervised;"
+                 f" head chunk {s.get('head_chunk')}, {s.get('dtype')})"]
+        for name in PARTS:
+            if name in self.parts:
+                lines.append(f"  {name:<13} {self.parts[name] / GIB:8.2f} GiB")
+        lines[-1] += f" at the peak; {self.logits_high / GIB:.2f} GiB at most during the step"
+        if device_bytes is not None:
+            left = device_bytes - reserve - self.peak
+            verdict = "fits" if left >= 0 else "does NOT fit"
+            lines.append(f"{verdict} in {device_bytes / GIB:.1f} GiB (with {reserve / GIB:.1f} "
+                         f"GiB for the CUDA context): {left / GIB:+.1f} GiB to spare")
+        return "\n".join(lines)
+
+
+class _Tracker(TorchDispatchMode):
+    """Live bytes of the storages operations create, their peak, and what was live then."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.vocab = vocab
+        self.live: dict[int, tuple[Any, int, str, int]] = {}
+        self.made = 0
+        self.now = 0
+        self.peak = 0
+        self.logits_now = 0
+        self.logits_peak = 0
+        self.at_peak: dict[int, tuple[int, str]] = {}
+
+    def _sweep(self) -> None:
+        dead = [k for k, (ref, *_) in self.live.items() if ref.expired()]
+        for k in dead:
+            _, size, kind, _ = self.live.pop(k)
+            self.now -= size
+            if kind == "logits_chunk":
+                self.logits_now -= size
+
+    def serials(self, tensors: Any) -> set[int]:
+        """The serials of the live storages of ``tensors``."""
+        keys = {t.untyped_storage()._cdata for t in tensors}
+        return {self.live[k][3] for k in keys if k in self.live}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None,
+                           ) -> Any:
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        out = func(*args, **(kwargs or {}))
+        self._sweep()
+        inputs = {t.untyped_storage()._cdata for t in tree_flatten((args, kwargs))[0]
+                  if isinstance(t, torch.Tensor)}
+        grew = False
+        for t in tree_flatten(out)[0]:
+            if not isinstance(t, torch.Tensor):
+                continue
+            s = t.untyped_storage()
+            key = s._cdata
+            if key in self.live or key in inputs:
+                continue  # a view or an in-place result
+            kind = "logits_chunk" if t.ndim and t.shape[-1] == self.vocab else "activations"
+            self.made += 1  # a freed storage's key may come back: the serial tells them apart
+            self.live[key] = (StorageWeakRef(s), s.nbytes(), kind, self.made)
+            self.now += s.nbytes()
+            if kind == "logits_chunk":
+                self.logits_now += s.nbytes()
+                self.logits_peak = max(self.logits_peak, self.logits_now)
+            grew = True
+        if grew and self.now > self.peak:
+            self.peak = self.now
+            self.at_peak = {n: (b, kind) for _, b, kind, n in self.live.values()}
+        return out
+
+
+class _FusedAttention(torch.autograd.Function):
+    """The memory of a fused attention kernel: inputs, output and log-sum-exp, no scores."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out = q.new_empty(q.shape[:-1] + v.shape[-1:])
+        lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        q, k, v, out, lse = ctx.saved_tensors
+        delta = torch.empty_like(lse)  # rowsum(grad * out), as fused backward kernels keep
+        del delta
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _fused_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                *args: Any, **kwargs: Any) -> torch.Tensor:
+    return _FusedAttention.apply(query, key, value)
+
+
+def _fused_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: Any,
+                ) -> torch.Tensor:
+    return _FusedAttention.apply(q, k, v)
+
+
+@contextlib.contextmanager
+def _fused_kernels() -> Iterator[None]:
+    """Fused attention for the target (SDPA) and the draft (flex), as on CUDA.
+
+    The functions are swapped in their modules for the trace (one thread) and put back.
+    """
+    import lengthwise.dflash.attention as attention
+    import lengthwise.dflash.loss as loss
+
+    saved = (torch.nn.functional.scaled_dot_product_attention, attention.flex_attend,
+             loss.block_flex_mask)
+    torch.nn.functional.scaled_dot_product_attention = _fused_sdpa
+    attention.flex_attend = _fused_flex
+    loss.block_flex_mask = lambda *a, **k: object()  # the block-sparse mask: a few MiB
+    try:
+        yield
+    finally:
+        (torch.nn.functional.scaled_dot_product_attention, attention.flex_attend,
+         loss.block_flex_mask) = saved
+
+
+def step_blocks(rows: int, tokens: int, anchors: int, block_size: int, vocab: int) -> Any:
+    """A micro-batch of ``rows x tokens // rows`` tokens, ``anchors`` blocks per row.
+
+    Anchors are spread evenly over each row (one sample per row); every block slot but
+    the anchor is supervised. Values are arbitrary; the shapes are the run's.
+    """
+    from lengthwise.dflash.blocks import Blocks
+    from lengthwise.dflash.objective import IGNORE
+
+    cols = tokens // rows
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (rows, cols), generator=gen)
+    positions = torch.arange(cols).expand(rows, cols).contiguous()
+    anchor = torch.linspace(1, cols - block_size, anchors).long().expand(rows, anchors)
+    labels = torch.randint(0, vocab, (rows, anchors, block_size), generator=gen)
+    labels[:, :, 0] = IGNORE
+    weights = (labels != IGNORE).float()
+    return Blocks(input_ids=ids, position_ids=positions, attention_mask=None,
+                  anchors=anchor.contiguous(), starts=torch.zeros_like(anchor),
+                  labels=labels, weights=weights,
+                  sample_ids=torch.arange(rows).unsqueeze(1).expand(rows, anchors).contiguous(),
+                  packed=False, meta={})
+
+
+def step_shape(cfg: Any, rows: int = 1) -> tuple[int, int]:
+    """``(tokens, anchors per row)`` of the worst micro-batch of ``cfg`` in ``rows`` rows."""
+    if rows < 1 or cfg.max_tokens < rows * (cfg.block_size + 1):
+        raise ConfigError(f"rows={rows}: a micro-batch of max_tokens={cfg.max_tokens} tokens "
+                          f"cannot hold {rows} rows of a block of {cfg.block_size} each")
+    cols = cfg.max_tokens // rows
+    per_row = min(cfg.slot_budget // cfg.block_size // rows, cols - cfg.block_size)
+    return cols * rows, max(1, per_row)
+
+
+def _train_step(draft: Any, target: Any, optimizer: Any, blocks: list[Any], *, chunk: int,
+                amp: Any, flex: bool, clip: float, tracker: _Tracker) -> set[int]:
+    """One optimizer step over ``blocks`` as the training loop runs it; the gradients' serials."""
+    from lengthwise.dflash.loss import block_hidden, supervised_cross_entropy
+
+    for b in blocks:
+        r, a, k = b.labels.shape
+        idx = torch.arange(r * a * k).view(r * a, k)[:, 1:].reshape(-1)
+        hidden = block_hidden(draft, target, b, amp=amp, flex=flex)
+        weighted, _, _ = supervised_cross_entropy(
+            hidden, target.lm_head, b.labels.reshape(-1), b.weights.reshape(-1).float(), idx,
+            chunk=chunk, amp=amp)
+        (weighted * (1.0 / max(1, idx.numel()))).backward()
+        del hidden, weighted
+    keys = tracker.serials(p.grad for p in draft.parameters() if p.grad is not None)
+    torch.nn.utils.clip_grad_norm_(draft.parameters(), clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return keys
+
+
+def _bytes(tensors: Any) -> int:
+    seen: dict[int, int] = {}
+    for t in tensors:
+        s = t.untyped_storage()
+        seen[s._cdata] = s.nbytes()
+    return sum(seen.values())
+
+
+def estimate_step(target_config: Any, cfg: Any, *, rows: int = 1, world: int = 1,
+                  ) -> MemoryEstimate:
+    """The predicted peak of one training step of ``cfg`` (a ``DFlashTrainConfig``).
+
+    ``target_config``: the target's ``transformers`` config (:func:`read_target_config`);
+    ``cfg.device`` picks the kernels (``cuda``: fused attention, bf16 target; ``cpu``: the
+    CPU ones), ``cfg.dtype`` the autocast dtype (default bf16 on CUDA, none on CPU);
+    ``rows``: rows of the micro-batch; ``world``: data-parallel ranks (DDP buckets).
+    """
+    import transformers
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from lengthwise.dflash.model import DFlashConfig, DFlashDraft
+    from lengthwise.dflash.target import Target
+    from lengthwise.train.device import autocast_dtype
+
+    if world < 1:
+        raise ConfigError(f"world (data-parallel ranks) must be >= 1, got {world}")
+    cuda = str(cfg.device).startswith("cuda")
+    amp = autocast_dtype(cfg.dtype, "cuda" if cuda else "cpu")
+    tokens, per_row = step_shape(cfg, rows)
+    vocab = int(target_config.vocab_size)
+    n_layers = int(target_config.num_hidden_layers)
+    from lengthwise.dflash.objective import target_layer_ids
+
+    layers = target_layer_ids(n_layers, cfg.num_features or cfg.draft_layers)
+    kernels = _fused_kernels() if cuda else contextlib.nullcontext()
+    with FakeTensorMode(), kernels:
+        model = transformers.AutoModelForCausalLM.from_config(
+            target_config, dtype=torch.bfloat16 if cuda else torch.float32)
+        target = Target(model, layers=layers)
+        draft = DFlashDraft(DFlashConfig.from_target(
+            target_config, num_layers=cfg.draft_layers, block_size=cfg.block_size,
+            gamma=cfg.gamma, target_layers=layers, mask_token_id=vocab - 1)).train()
+        params = [p for p in draft.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8,
+                                      fused=True if cuda else None)
+        for p in params:  # the optimizer's state, as after a first step
+            p.grad = torch.zeros_like(p)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        weights = _bytes([*model.parameters(), *model.buffers(), *draft.parameters(),
+                          *draft.buffers()])
+        state = _bytes([v for s in optimizer.state.values() for v in s.values()
+                        if isinstance(v, torch.Tensor)])
+        micro = [step_blocks(rows, tokens, per_row, cfg.block_size, vocab)
+                 for _ in range(min(cfg.grad_accum, 2))]
+        tracker = _Tracker(vocab)
+        with tracker:
+            grads = _train_step(draft, target, optimizer, micro, chunk=cfg.head_chunk,
+                                amp=amp, flex=cuda, clip=cfg.clip, tracker=tracker)
+    parts = {"weights": weights, "optimizer": state, "gradients": 0, "activations": 0,
+             "logits_chunk": 0}
+    for key, (size, kind) in tracker.at_peak.items():
+        parts["gradients" if key in grads else kind] += size
+    if world > 1:
+        parts["ddp_buckets"] = _bytes(params)
+    slots = rows * per_row * cfg.block_size
+    settings = {"max_tokens": cfg.max_tokens, "rows": rows, "block_size": cfg.block_size,
+                "num_anchors": cfg.num_anchors, "max_slots": cfg.max_slots,
+                "head_chunk": cfg.head_chunk, "grad_accum": cfg.grad_accum,
+                "draft_layers": cfg.draft_layers, "target_layers": layers,
+                "dtype": str(amp or "fp32").replace("torch.", ""), "world": world,
+                "gradient_checkpointing": False}
+    return MemoryEstimate(peak=sum(parts.values()), parts=parts, slots=slots,
+                          supervised=slots - rows * per_row, tokens=tokens,
+                          device="cuda" if cuda else "cpu", logits_high=tracker.logits_peak,
+                          settings=settings)

@@ -1,0 +1,215 @@
+"""The memory estimate of a DFlash training step: against measured peaks, its parts, its CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from lengthwise.dflash.memory import (  # noqa: E402
+    DEVICE_MEMORY,
+    estimate_step,
+    memory_size,
+    read_target_config,
+)
+from lengthwise.dflash.train import DFlashTrainConfig  # noqa: E402
+from lengthwise.errors import ConfigError  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+
+def _tiny_target() -> object:
+    return transformers.Qwen3Config(vocab_size=512, hidden_size=32, num_hidden_layers=4,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                    intermediate_size=64, tie_word_embeddings=False)
+
+
+def _cfg(**kw: object) -> DFlashTrainConfig:
+    base = dict(steps=1, max_tokens=256, max_len=256, block_size=4, num_anchors=16,
+                draft_layers=1, grad_accum=1, head_chunk=32, device="cpu", progress=False)
+    return DFlashTrainConfig(**{**base, **kw})
+
+
+def _can_measure() -> bool:
+    return sys.platform.startswith("linux") and os.access("/proc/self/clear_refs", os.W_OK)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _can_measure(), reason="needs Linux /proc/self/clear_refs")
+@pytest.mark.parametrize("index", [0, 1, 2], ids=["b8", "b16-accum2", "b4-rows2-vocab32k"])
+def test_predicted_step_peak_is_within_15_percent_of_the_measured_one(index):
+    """Traced under fake tensors vs the resident memory of the real step, one process each."""
+    sys.path.insert(0, str(HERE.parents[1] / "benchmarks"))
+    import memory_estimate
+
+    assert len(memory_estimate.SHAPES) == 3
+    got = memory_estimate.measure_in_subprocess(memory_estimate.SHAPES[index])
+    assert got["measured"] > 0
+    assert abs(got["predicted"] - got["measured"]) <= 0.15 * got["measured"], got
+
+
+def test_parts_add_up_and_grow_with_the_slot_budget():
+    t = _tiny_target()
+    small = estimate_step(t, _cfg(max_slots=64))
+    large = estimate_step(t, _cfg(max_slots=512))
+    assert small.peak == sum(small.parts.values())
+    assert small.slots == 64 and large.slots == 512
+    assert large.parts["activations"] > small.parts["activations"]
+    assert large.parts["weights"] == small.parts["weights"] > 0
+    # AdamW: two fp32 moments per trainable parameter (and a step count each)
+    assert small.parts["optimizer"] >= 2 * small.parts["gradients"]
+
+
+def test_weights_are_the_target_in_bf16_and_the_draft_in_fp32_on_cuda():
+    t = _tiny_target()
+    est = estimate_step(t, _cfg(device="cuda", grad_accum=2))
+    target = transformers.AutoModelForCausalLM.from_config(t)
+    n_target = sum(p.numel() for p in target.parameters())
+    # with a second micro-batch the first one's gradients are alive at the peak
+    draft_bytes = est.parts["gradients"]
+    assert draft_bytes > 0
+    assert est.parts["weights"] >= 2 * n_target + draft_bytes
+    assert est.settings["dtype"] == "bfloat16" and est.device == "cuda"
+
+
+def test_world_adds_ddp_buckets_the_size_of_the_gradients():
+    t = _tiny_target()
+    one = estimate_step(t, _cfg(grad_accum=2))
+    eight = estimate_step(t, _cfg(grad_accum=2), world=8)
+    assert "ddp_buckets" not in one.parts
+    assert eight.parts["ddp_buckets"] == one.parts["gradients"]
+    assert eight.peak == one.peak + eight.parts["ddp_buckets"]
+
+
+def test_head_chunk_bounds_the_logits_buffers():
+    t = _tiny_target()
+    small = estimate_step(t, _cfg(head_chunk=16, max_slots=256))
+    large = estimate_step(t, _cfg(head_chunk=128, max_slots=256))
+    assert 0 < small.logits_high < large.logits_high
+    assert large.logits_high <= 4 * 128 * 512 * 4  # a few fp32 chunk x vocab buffers
+
+
+def test_memory_size_reads_sizes_and_device_names():
+    assert memory_size("141GiB") == 141 * 2**30
+    assert memory_size("80 GB") == 80 * 10**9
+    assert memory_size("1.5TiB") == int(1.5 * 2**40)
+    assert memory_size("H200") == DEVICE_MEMORY["h200"]
+    for bad in ("", "12zz", "-3GiB", "0GB", "h300"):
+        with pytest.raises(ConfigError, match="device memory"):
+            memory_size(bad)
+
+
+def test_fits_leaves_a_reserve():
+    est = estimate_step(_tiny_target(), _cfg())
+    assert est.fits(est.peak + 2**30)
+    assert not est.fits(est.peak + 2**30 - 1)
+    assert est.fits(est.peak, reserve=0)
+
+
+def test_read_target_config_needs_only_config_json(tmp_path):
+    _tiny_target().save_pretrained(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
+    for path in (tmp_path, tmp_path / "config.json"):
+        cfg = read_target_config(path)
+        assert cfg.model_type == "qwen3" and cfg.hidden_size == 32
+    with pytest.raises(ConfigError, match="no config.json"):
+        read_target_config(tmp_path / "missing")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="bad.json: not readable"):
+        read_target_config(tmp_path / "bad.json")
+    (tmp_path / "other.json").write_text('{"hidden_size": 3}')
+    with pytest.raises(ConfigError, match="no model_type"):
+        read_target_config(tmp_path / "other.json")
+
+
+def test_the_context_is_converted_to_the_autocast_dtype_once_with_unchanged_outputs(
+        monkeypatch):
+    """K and V read one bf16 copy of ``[context | block]``; the outputs are the same bits."""
+    import lengthwise.dflash.model as model_mod
+    from lengthwise.dflash.model import DFlashConfig, DFlashDraft
+
+    cfg = DFlashConfig(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                       intermediate_size=64, num_features=2, block_size=4, mask_token_id=3)
+    torch.manual_seed(0)
+    draft = DFlashDraft(cfg)
+    feats, block = torch.randn(1, 6, 64), torch.randn(1, 4, 32)
+    pos, mask = torch.arange(10).unsqueeze(0), torch.ones(1, 4, 10, dtype=torch.bool)
+
+    def run() -> tuple[torch.Tensor, int]:
+        seen = []
+
+        class Casts(torch.utils._python_dispatch.TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if func is torch.ops.aten._to_copy.default and tuple(args[0].shape) == (
+                        1, 10, 32) and (kwargs or {}).get("dtype") == torch.bfloat16:
+                    seen.append(func)
+                return func(*args, **(kwargs or {}))
+
+        with Casts(), torch.autocast("cpu", dtype=torch.bfloat16):
+            out = draft(feats, block, pos, mask)
+        return out, len(seen)
+
+    once, n_once = run()
+    monkeypatch.setattr(model_mod, "_autocast_once", lambda x: x)  # each projection casts
+    twice, n_twice = run()
+    assert (n_once, n_twice) == (cfg.num_layers, 2 * cfg.num_layers)
+    assert torch.equal(once, twice)
+
+
+def test_estimate_cli_prints_parts_and_exits_1_when_it_does_not_fit(tmp_path, capsys):
+    from lengthwise.cli import main
+
+    _tiny_target().save_pretrained(tmp_path)
+    flags = ["dflash", "estimate", "--target", str(tmp_path), "--max-tokens", "256",
+             "--block-size", "4", "--max-slots", "128", "--draft-layers", "1",
+             "--head-chunk", "32"]
+    assert main([*flags, "--device-memory", "141GiB"]) == 0
+    text = capsys.readouterr().out
+    for part in ("weights", "optimizer", "gradients", "activations", "logits_chunk", "fits in"):
+        assert part in text
+    assert main([*flags, "--device-memory", "1GiB"]) == 1
+    assert "does NOT fit" in capsys.readouterr().out
+    assert main([*flags, "--json", "--world", "2"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["slots"] == 128 and data["settings"]["world"] == 2
+    assert "ddp_buckets" in data["parts_gib"]
+
+
+def test_estimate_cli_refuses_bad_input_in_one_line(tmp_path, capsys):
+    from lengthwise.cli import main
+
+    assert main(["dflash", "estimate", "--target", str(tmp_path)]) == 2
+    assert "no config.json" in capsys.readouterr().err
+    _tiny_target().save_pretrained(tmp_path)
+    assert main(["dflash", "estimate", "--target", str(tmp_path), "--device-memory",
+                 "lots"]) == 2
+    assert main(["dflash", "estimate", "--target", str(tmp_path), "--block-size", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "device memory 'lots'" in err and "block_size" in err
+
+
+def test_estimate_cli_reads_the_run_yaml_of_dflash_train(tmp_path, capsys):
+    """The settings of `dflash train --config`: its other keys are left alone, 6e-4 is a number,
+    and flags override the file."""
+    pytest.importorskip("yaml")
+    from lengthwise.cli import main
+
+    _tiny_target().save_pretrained(tmp_path)
+    run = tmp_path / "run.yaml"
+    run.write_text("target: ./t\ndata: prepared/\nout: run/\nlr: 6e-4\nmax-tokens: 256\n"
+                   "block_size: 4\nmax_slots: 64\ndraft_layers: 1\nhead_chunk: 32\n")
+    assert main(["dflash", "estimate", "--target", str(tmp_path), "--config", str(run),
+                 "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["slots"] == 64 and data["settings"]["block_size"] == 4
+    assert main(["dflash", "estimate", "--target", str(tmp_path), "--config", str(run),
+                 "--max-slots", "128", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["slots"] == 128
+    run.write_text("lr: fast\n")
+    assert main(["dflash", "estimate", "--target", str(tmp_path), "--config", str(run)]) == 2
+    assert "lr must be a number" in capsys.readouterr().err
