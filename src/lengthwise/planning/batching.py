@@ -183,6 +183,48 @@ def greedy_batches(ids: np.ndarray, lengths: np.ndarray, limit: RowLimit,
     return ids, np.asarray(cuts, dtype=np.int64)
 
 
+def sorted_padded_tokens(values: np.ndarray, counts: np.ndarray, limit: RowLimit) -> int:
+    """Padded tokens of :func:`greedy_batches` along the lengths sorted ascending, from their
+    histogram (``counts[k]`` samples of length ``values[k]``, ascending) in one pass over it.
+
+    Example::
+
+        >>> sorted_padded_tokens(np.array([5, 9]), np.array([3, 1]), row_limit(max_tokens=18))
+        24
+    """
+    values = np.asarray(values, dtype=np.int64)
+    counts = np.asarray(counts, dtype=np.int64)
+    padded = np.asarray(round_up(values, limit.pad_multiple), dtype=np.int64).tolist()
+    if limit.batch_size is not None:  # cuts every batch_size samples: each ends at a length
+        ends = np.arange(limit.batch_size, int(counts.sum()) + limit.batch_size,
+                         limit.batch_size)
+        ends[-1] = counts.sum()
+        last = np.searchsorted(np.cumsum(counts), ends, side="left")
+        rows = np.diff(ends, prepend=0)
+        return int(np.sum(rows * np.asarray(padded, dtype=np.int64)[last]))
+    table = limit.cost.row_cost(np.asarray(padded)).tolist()
+    budget = limit.budget
+    total, rows, longest = 0, 0, 0
+    for v, c, t in zip(padded, counts.tolist(), table, strict=True):
+        # rows of length v one batch may hold: q with q * t <= budget, as greedy_batches checks
+        cap = max(1, int(budget // t))
+        while (cap + 1) * t <= budget:
+            cap += 1
+        while cap > 1 and cap * t > budget:
+            cap -= 1
+        if rows and rows >= cap:  # the next sample of length v does not fit: cut
+            total += rows * longest
+            rows = 0
+        take = min(c, cap - rows)
+        rows += take
+        longest = v
+        c -= take
+        if c:
+            total += rows * v + (c // cap) * cap * v
+            rows = c % cap
+    return total + rows * longest
+
+
 def batch_longest(lengths: np.ndarray, indices: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """Longest sample of each micro-batch."""
     if offsets.size <= 1:

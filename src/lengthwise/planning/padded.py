@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from functools import cached_property
@@ -27,10 +28,15 @@ import numpy as np
 from lengthwise.errors import ConfigError
 from lengthwise.planning import batching, metrics, orders, streams
 from lengthwise.planning.config import PlanConfig
-from lengthwise.planning.cost import CostModel
+from lengthwise.planning.cost import CostModel, round_up
 from lengthwise.planning.edges import Histogram, auto_edges, solve
 from lengthwise.planning.prepare import prepare_lengths
 from lengthwise.planning.schedule import EpochPlan, even_out_counts
+
+#: solved edges kept, keyed by the histogram of the planned lengths and the batch rule
+SOLVED_EDGES_KEPT = 8
+_SOLVED: dict[tuple, tuple[int, ...]] = {}
+_SOLVED_LOCK = threading.Lock()
 
 __all__ = ["PaddedEpochPlan", "check_given_edges", "plan_padded_epoch", "resolve_edges",
            "sorted_reference"]
@@ -59,7 +65,7 @@ class PaddedEpochPlan(EpochPlan):
         if cfg.order == "sorted":
             out["efficiency_vs_sorted"] = 1.0
         else:
-            ref = sorted_reference(self.lengths, np.unique(self.indices), cfg)
+            ref = sorted_reference(self.lengths, _distinct(self.indices, self.lengths.size), cfg)
             out["efficiency_vs_sorted"] = out["padding_efficiency"] / ref
         out.update(order=cfg.order, layout="pad", num_buckets=len(self.edges),
                    edges=list(self.edges), num_batches=self.num_batches,
@@ -70,11 +76,15 @@ class PaddedEpochPlan(EpochPlan):
 
 def sorted_reference(lengths: np.ndarray, ids: np.ndarray, config: PlanConfig) -> float:
     """``padding_efficiency`` of globally length-sorted batches under the same rule."""
-    order = ids[np.argsort(lengths[ids], kind="stable")]
-    idx, off = batching.greedy_batches(order, lengths, config.row_limit())
-    padded = np.sum(np.diff(off) * batching.batch_padded_lengths(lengths, idx, off,
-                                                                 config.pad_multiple))
-    return float(lengths[idx].sum() / padded)
+    planned = lengths[ids]
+    hist = Histogram.of(planned)
+    padded = batching.sorted_padded_tokens(hist.values, hist.counts, config.row_limit())
+    return float(planned.sum()) / float(padded)
+
+
+def _distinct(ids: np.ndarray, n: int) -> np.ndarray:
+    """The distinct sample ids of a schedule, ascending (ids below ``n``)."""
+    return np.flatnonzero(np.bincount(ids, minlength=n))
 
 
 def check_given_edges(edges, top: int) -> list[int]:
@@ -93,22 +103,38 @@ def check_given_edges(edges, top: int) -> list[int]:
 
 
 def resolve_edges(lengths: np.ndarray, ids: np.ndarray, config: PlanConfig) -> list[int]:
-    """The bucket edges ``config.buckets`` asks for: given, a count solved exactly, or auto."""
+    """The bucket edges ``config.buckets`` asks for: given, a count solved exactly, or auto.
+
+    Solved edges are kept for the last :data:`SOLVED_EDGES_KEPT` histograms and rules, so
+    the plans of later epochs (and of other orders) of the same lengths skip the search.
+    """
     planned = lengths if ids.size == lengths.size else lengths[ids]
     top = int(planned.max())
     buckets = config.buckets  # checked by PlanConfig: a count, "auto" or sorted edges
     if isinstance(buckets, (tuple, list)):
         return check_given_edges(buckets, top)
+    if buckets != "auto" and not (isinstance(buckets, (int, np.integer))
+                                  and not isinstance(buckets, bool) and buckets >= 1):
+        raise ConfigError(f"buckets must be a count, 'auto' or a list of edges, got {buckets!r}")
     hist = Histogram.of(planned)
     cost = config.cost or CostModel()
+    key = (hist.values.tobytes(), hist.counts.tobytes(), str(buckets), config.batch_size,
+           config.max_tokens, config.max_cost, config.pad_multiple, cost)
+    with _SOLVED_LOCK:
+        if key in _SOLVED:
+            return list(_SOLVED[key])
     if buckets == "auto":
-        return auto_edges(hist, batch_size=config.batch_size,
-                          max_tokens=config.max_tokens if config.max_cost is None else None,
-                          pad_multiple=config.pad_multiple, cost=cost)
-    if isinstance(buckets, (int, np.integer)) and not isinstance(buckets, bool) and buckets >= 1:
-        return solve(hist, int(buckets), pad_multiple=config.pad_multiple, cost=cost).edges(
+        edges = auto_edges(hist, batch_size=config.batch_size,
+                           max_tokens=config.max_tokens if config.max_cost is None else None,
+                           pad_multiple=config.pad_multiple, cost=cost)
+    else:
+        edges = solve(hist, int(buckets), pad_multiple=config.pad_multiple, cost=cost).edges(
             int(buckets))
-    raise ConfigError(f"buckets must be a count, 'auto' or a list of edges, got {buckets!r}")
+    with _SOLVED_LOCK:
+        _SOLVED[key] = tuple(edges)
+        while len(_SOLVED) > SOLVED_EDGES_KEPT:
+            del _SOLVED[next(iter(_SOLVED))]
+    return edges
 
 
 def _batches(lens: np.ndarray, ids: np.ndarray, edges: list[int], config: PlanConfig,
@@ -134,9 +160,13 @@ def _batches(lens: np.ndarray, ids: np.ndarray, edges: list[int], config: PlanCo
                                    streams.rng(seed, epoch, streams.BATCHES))
 
 
-def _order(idx: np.ndarray, off: np.ndarray, tag: np.ndarray, lens: np.ndarray,
+def _order(off: np.ndarray, tag: np.ndarray, longest: np.ndarray, sample_lens: np.ndarray,
            config: PlanConfig, o: np.random.Generator) -> np.ndarray:
-    """The permutation of the micro-batches that ``config.order`` asks for."""
+    """The permutation of the micro-batches that ``config.order`` asks for.
+
+    ``longest`` is each micro-batch's longest sample, ``sample_lens`` the lengths of
+    its samples in schedule order (``lengths[indices]``).
+    """
     m = off.size - 1
     if config.order in ("sorted", "random"):
         return np.arange(m)
@@ -146,9 +176,12 @@ def _order(idx: np.ndarray, off: np.ndarray, tag: np.ndarray, lens: np.ndarray,
         perm = orders.interleave(tag, o, config.world_size)
         return orders.limit_runs(perm, tag, config.world_size, config.max_run)
     batch_cost = (config.cost or CostModel()).batch_cost(
-        np.diff(off), batching.batch_padded_lengths(lens, idx, off, config.pad_multiple))
+        np.diff(off), np.asarray(round_up(longest, config.pad_multiple)))
+    x = sample_lens.astype(np.float64)
+    starts = off[:-1]
+    token_mean = np.add.reduceat(x * x, starts) / np.maximum(np.add.reduceat(x, starts), 1e-12)
     return orders.stratified(tag, batch_cost, config.world_size, config.grad_accum, o,
-                             batch_length=metrics.batch_token_mean(lens, idx, off))
+                             batch_length=token_mean)
 
 
 def plan_padded_epoch(lengths, config: PlanConfig, *, seed: int = 0, epoch: int = 0,
@@ -164,13 +197,17 @@ def plan_padded_epoch(lengths, config: PlanConfig, *, seed: int = 0, epoch: int 
     idx, off, tag = _batches(lens, ids, edges, config, seed, epoch)
     idx, off, tag, even = batching.even_out(idx, off, tag, config.world_size, config.even_out,
                                             streams.rng(seed, epoch, streams.EVEN))
-    perm = _order(idx, off, tag, lens, config, streams.rng(seed, epoch, streams.ORDER))
+    sample_lens = lens[idx]
+    longest = (np.maximum.reduceat(sample_lens, off[:-1]) if off.size > 1
+               else np.zeros(0, dtype=np.int64))
+    perm = _order(off, tag, longest, sample_lens, config,
+                  streams.rng(seed, epoch, streams.ORDER))
     if not np.array_equal(perm, np.arange(off.size - 1)):
         idx, off = batching.take_batches(idx, off, perm)
+        longest = longest[perm]
     # each micro-batch is tagged with the bucket of its longest sample, as the collator
     # tags it: a piece split off a batch to even out the ranks may hold shorter ones only
-    tag = np.searchsorted(np.asarray(edges, dtype=np.int64),
-                          batching.batch_longest(lens, idx, off), side="left")
+    tag = np.searchsorted(np.asarray(edges, dtype=np.int64), longest, side="left")
     return PaddedEpochPlan(
         indices=idx, offsets=off, bucket=tag.astype(np.int32), edges=edges, lengths=lens,
         config=config, seed=seed, epoch=epoch, plan_seconds=time.perf_counter() - started,
