@@ -31,3 +31,49 @@ def test_sorted_padded_tokens_equals_greedy_batches_along_the_sort(lengths, rule
     expected = int(np.sum(np.diff(off) * round_up(longest, limit.pad_multiple)))
     hist = Histogram.of(lens)
     assert sorted_padded_tokens(hist.values, hist.counts, limit) == expected
+
+
+def _random_step_cv_as_it_was(lengths, ids, n_steps, seed=0, repeats=5):
+    rng = np.random.default_rng([seed, 0x5EED])
+    lens = lengths[ids].astype(np.float64)
+    step = np.arange(ids.size) * n_steps // ids.size
+    cvs, scvs = [], []
+    for _ in range(repeats):
+        perm = lens[rng.permutation(ids.size)]
+        s1 = np.bincount(step, weights=perm, minlength=n_steps)
+        s2 = np.bincount(step, weights=perm * perm, minlength=n_steps)
+        cnt = np.bincount(step, minlength=n_steps)
+        cvs.append(float(np.std(s2 / s1) / np.mean(s2 / s1)))
+        scvs.append(float(np.std(s1 / cnt) / np.mean(s1 / cnt)))
+    return float(np.mean(cvs)), float(np.mean(scvs))
+
+
+def _step_lengths_as_it_was(lengths, indices, offsets, steps):
+    per_sample_step = np.repeat(steps, np.diff(offsets))
+    lens = lengths[indices].astype(np.float64)
+    n_steps = int(steps[-1]) + 1
+    s1 = np.bincount(per_sample_step, weights=lens, minlength=n_steps)
+    s2 = np.bincount(per_sample_step, weights=lens * lens, minlength=n_steps)
+    cnt = np.bincount(per_sample_step, minlength=n_steps)
+    return s2 / np.maximum(s1, 1), s1 / np.maximum(cnt, 1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(1, 10_000), min_size=4, max_size=400),
+       huge=st.booleans(), n_steps=st.integers(2, 4), seed=st.integers(0, 3),
+       world=st.integers(1, 3))
+def test_step_figures_equal_the_per_sample_sums(lengths, huge, n_steps, seed, world):
+    """Segment sums of whole lengths (or, past float64's exact range, the sums as before)
+    give the very figures the per-sample bincounts gave."""
+    from lengthwise.planning.metrics import _per_step_lengths, random_step_cv, step_ids
+
+    lens = np.asarray(lengths, dtype=np.int64) * (10**7 if huge else 1)
+    ids = np.arange(lens.size)
+    n_steps = min(n_steps, lens.size)
+    assert random_step_cv(lens, ids, n_steps, seed=seed) == _random_step_cv_as_it_was(
+        lens, ids, n_steps, seed=seed)
+    off = np.unique(np.r_[0, np.arange(0, lens.size, 3), lens.size])
+    steps = step_ids(off.size - 1, world, 1)
+    for new, old in zip(_per_step_lengths(lens, ids, off, steps),
+                        _step_lengths_as_it_was(lens, ids, off, steps), strict=True):
+        assert np.array_equal(new, old)

@@ -86,15 +86,23 @@ def random_step_cv(lengths: np.ndarray, ids: np.ndarray, n_steps: int, seed: int
     step = np.arange(ids.size) * n_steps // ids.size
     starts = np.searchsorted(step, np.arange(n_steps))  # every step holds a sample
     cnt = np.diff(np.append(starts, ids.size))
-    segment = None if _exact_sums(lens) else step
-    squares = lens * lens
+    exact = _exact_sums(lens)
+    # exact sums of whole lengths: gather them narrow, sum them as integers
+    small = lengths[ids].astype(np.int32) if exact else lens
+    squares = None if exact else lens * lens
     order = np.arange(ids.size, dtype=np.int32 if ids.size < 2**31 else np.int64)
     cvs, scvs = [], []
     for _ in range(repeats):
         order[:] = np.arange(ids.size)
         rng.shuffle(order)  # the permutation rng.permutation(ids.size) draws
-        s1 = _segment_sums(lens[order], starts, segment, n_steps)
-        s2 = _segment_sums(squares[order], starts, segment, n_steps)
+        if exact:
+            drawn = small[order].astype(np.int64)
+            s1 = np.add.reduceat(drawn, starts).astype(np.float64)
+            drawn *= drawn
+            s2 = np.add.reduceat(drawn, starts).astype(np.float64)
+        else:
+            s1 = _segment_sums(lens[order], starts, step, n_steps)
+            s2 = _segment_sums(squares[order], starts, step, n_steps)
         cvs.append(_cv(s2 / s1))
         scvs.append(_cv(s1 / cnt))
     return float(np.mean(cvs)), float(np.mean(scvs))

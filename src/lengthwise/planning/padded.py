@@ -38,8 +38,8 @@ SOLVED_EDGES_KEPT = 8
 _SOLVED: dict[tuple, tuple[int, ...]] = {}
 _SOLVED_LOCK = threading.Lock()
 
-__all__ = ["PaddedEpochPlan", "check_given_edges", "plan_padded_epoch", "resolve_edges",
-           "sorted_reference"]
+__all__ = ["PaddedEpochPlan", "check_given_edges", "padded_batch_count", "plan_padded_epoch",
+           "resolve_edges", "sorted_reference"]
 
 
 @dataclass(kw_only=True)
@@ -150,14 +150,35 @@ def _batches(lens: np.ndarray, ids: np.ndarray, edges: list[int], config: PlanCo
         idx, off = batching.greedy_batches(seq, lens, limit)
         longest = batching.batch_longest(lens, idx, off)
         return idx, off, np.searchsorted(edge_arr, longest, side="left")
-    planned = lens if ids.size == lens.size else lens[ids]
-    if edges[-1] <= 4 * lens.size + 1_000_000:  # a lookup table, as small as the lengths
-        lut = np.searchsorted(edge_arr, np.arange(edges[-1] + 1), side="left").astype(np.int16)
-        bucket_of_sample = lut[planned]
-    else:  # memory must not grow with the longest length
-        bucket_of_sample = np.searchsorted(edge_arr, planned, side="left").astype(np.int16)
-    return batching.bucket_batches(ids, bucket_of_sample, limit.rows(edge_arr),
+    return batching.bucket_batches(ids, _sample_buckets(lens, ids, edge_arr),
+                                   limit.rows(edge_arr),
                                    streams.rng(seed, epoch, streams.BATCHES))
+
+
+def _sample_buckets(lens: np.ndarray, ids: np.ndarray, edge_arr: np.ndarray) -> np.ndarray:
+    """The bucket of each planned sample (int16)."""
+    planned = lens if ids.size == lens.size else lens[ids]
+    if edge_arr[-1] <= 4 * lens.size + 1_000_000:  # a lookup table, as small as the lengths
+        lut = np.searchsorted(edge_arr, np.arange(edge_arr[-1] + 1), side="left").astype(np.int16)
+        return lut[planned]
+    # memory must not grow with the longest length
+    return np.searchsorted(edge_arr, planned, side="left").astype(np.int16)
+
+
+def padded_batch_count(lengths, config: PlanConfig) -> int | None:
+    """Micro-batches per rank of :func:`plan_padded_epoch` with these lengths and
+    ``config``, counted from the bucket sizes without shuffling, cutting or ordering a
+    batch; ``None`` for the orders that cut batches along a sequence (``sorted``, ``random``).
+    """
+    if config.order in ("sorted", "random"):
+        return None
+    lens, ids, _ = prepare_lengths(lengths, config)
+    edge_arr = np.asarray(resolve_edges(lens, ids, config), dtype=np.int64)
+    rows = config.row_limit().rows(edge_arr)
+    sizes = np.bincount(_sample_buckets(lens, ids, edge_arr), minlength=edge_arr.size)
+    m = batching.bucket_batch_count(sizes, rows)
+    evened = batching.evened_count(m, ids.size, config.world_size, config.even_out)
+    return evened // config.world_size
 
 
 def _order(off: np.ndarray, tag: np.ndarray, longest: np.ndarray, sample_lens: np.ndarray,
