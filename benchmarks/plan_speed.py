@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import io
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -67,6 +68,8 @@ def one_round(lengths: np.ndarray, path: str) -> dict[str, float]:
     _forget_edges()
     with contextlib.redirect_stdout(io.StringIO()):
         out["lengthwise plan"] = _timed(lambda: cli_main(argv))
+    out["lengthwise plan, own process"] = _timed(lambda: subprocess.run(
+        [sys.executable, "-m", "lengthwise.cli", *argv], check=True, capture_output=True))
     return out
 
 
@@ -89,6 +92,8 @@ def main() -> int:
         "plan_epoch, edges kept / argsort": med["plan_epoch, edges kept"] / base,
         "bucket edges alone / argsort": med["bucket edges alone"] / base,
         "lengthwise plan / plan_epoch": med["lengthwise plan"] / med["plan_epoch"],
+        "lengthwise plan, own process / plan_epoch":
+            med["lengthwise plan, own process"] / med["plan_epoch"],
     }
     checks = [
         (f"plan_epoch <= {PLAN_OVER_ARGSORT}x one stable argsort",
@@ -110,7 +115,8 @@ its bucket edges (the first plan of a process), `plan_epoch` of the next epoch (
 these lengths kept), the edge search alone, and `lengthwise plan LENGTHS.npy --max-tokens 16384
 --world-size 8 --grad-accum 4` run in the same process (no interpreter start-up) with the
 edges still to solve: it reads the file, plans, computes the figures once, and plans the next
-epoch for `recomposition`.
+epoch for `recomposition`; then the same command in a process of its own (`python -m
+lengthwise.cli`), interpreter start-up and imports included.
 
 ## Targets
 

@@ -127,6 +127,15 @@ def measure(name: str, lens: np.ndarray, world: int, cost: CostModel) -> list[di
                      "recomposition": recomposition(q0, q1), "budget_fill": budget_fill(q0),
                      "step_time_vs_sorted": step_time(q0, tokens) / step_time(ref, tokens),
                      "calibrated_step_time_vs_sorted": step_time(q0, cost) / step_time(ref, cost)})
+        # edges priced by their budget share alone (fill_weight=1): they sit at budget / rows
+        edges = auto_edges(Histogram.of(p0.lengths[p0.indices]), batch_size=None,
+                           max_tokens=BUDGET, fill_weight=1.0)
+        f0 = plan_epoch(lens, buckets=tuple(edges), **kw)
+        f1 = plan_epoch(lens, buckets=tuple(edges), epoch=1, **kw)
+        rows.append({**base, "edge_rule": "budget-share", **f0.stats,
+                     "recomposition": recomposition(f0, f1), "budget_fill": budget_fill(f0),
+                     "step_time_vs_sorted": step_time(f0, tokens) / step_time(ref, tokens),
+                     "calibrated_step_time_vs_sorted": step_time(f0, cost) / step_time(ref, cost)})
         # the packed layout: rows of max_tokens filled end to end, so micro-batches cost alike
         k0 = plan_epoch(lens, layout="pack", **kw)
         k1 = plan_epoch(lens, layout="pack", epoch=1, **kw)
@@ -201,8 +210,9 @@ token budget its long-sample micro-batches cost several times the short ones, an
 that mixes lengths waits for its long batch (sorted batches do not mix); with such a model, plan
 with a cost budget (`max_cost` and the fitted `cost`). At 64 ranks a second row plans the same
 lengths with padding-optimal edges (`fill_weight=0`), the rule before edges were priced by their
-share of the budget, and a third one packs them (`layout="pack"`, rows of `max_tokens` filled
-end to end; its `padding_efficiency` is the fill, and step times are not priced).
+share of the budget, a third one with edges priced by that share alone (`fill_weight=1`: they
+lean to `max_tokens / rows`), and a fourth one packs them (`layout="pack"`, rows of `max_tokens`
+filled end to end; its `padding_efficiency` is the fill, and step times are not priced).
 `budget_fill` is the mean over micro-batches of their padded tokens over `max_tokens`: where long
 samples leave a micro-batch two to five rows, whole rows cannot fill the budget (two rows of
 5,700 tokens are 70% of 16,384), each step of a stratified plan holds such batches beside full

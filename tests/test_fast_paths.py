@@ -77,3 +77,24 @@ def test_step_figures_equal_the_per_sample_sums(lengths, huge, n_steps, seed, wo
     for new, old in zip(_per_step_lengths(lens, ids, off, steps),
                         _step_lengths_as_it_was(lens, ids, off, steps), strict=True):
         assert np.array_equal(new, old)
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 5), epoch=st.integers(0, 3), world=st.integers(1, 8),
+       order=st.sampled_from(["sorted", "random", "bucket-random", "interleave", "stratified"]),
+       even_out=st.sampled_from(["split", "drop", "repeat"]))
+def test_batch_sets_before_ordering_are_the_plans_batches(seed, epoch, world, order, even_out):
+    """``padded_batch_sets`` holds the sample sets of the plan's micro-batches, so
+    ``recomposition`` from it equals the one between two whole plans."""
+    from lengthwise.planning.config import PlanConfig
+    from lengthwise.planning.metrics import batch_hashes, recomposition, recomposition_of
+    from lengthwise.planning.padded import padded_batch_sets, plan_padded_epoch
+
+    lens = np.random.default_rng(seed).integers(1, 3000, 4000)
+    cfg = PlanConfig(max_tokens=8192, world_size=world, order=order, even_out=even_out)
+    plan = plan_padded_epoch(lens, cfg, seed=seed, epoch=epoch)
+    nxt = plan_padded_epoch(lens, cfg, seed=seed, epoch=epoch + 1)
+    idx, off = padded_batch_sets(lens, cfg, seed=seed, epoch=epoch + 1)
+    assert sorted(batch_hashes(idx, off).tolist()) == sorted(
+        batch_hashes(nxt.indices, nxt.offsets).tolist())
+    assert recomposition_of(plan.offsets, plan.indices, off, idx) == recomposition(plan, nxt)

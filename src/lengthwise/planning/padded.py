@@ -38,8 +38,8 @@ SOLVED_EDGES_KEPT = 8
 _SOLVED: dict[tuple, tuple[int, ...]] = {}
 _SOLVED_LOCK = threading.Lock()
 
-__all__ = ["PaddedEpochPlan", "check_given_edges", "padded_batch_count", "plan_padded_epoch",
-           "resolve_edges", "sorted_reference"]
+__all__ = ["PaddedEpochPlan", "check_given_edges", "padded_batch_count", "padded_batch_sets",
+           "plan_padded_epoch", "resolve_edges", "sorted_reference"]
 
 
 @dataclass(kw_only=True)
@@ -213,11 +213,7 @@ def plan_padded_epoch(lengths, config: PlanConfig, *, seed: int = 0, epoch: int 
     ``indices`` restricts it to those samples.
     """
     started = time.perf_counter()
-    lens, ids, counts = prepare_lengths(lengths, config, indices)
-    edges = resolve_edges(lens, ids, config)
-    idx, off, tag = _batches(lens, ids, edges, config, seed, epoch)
-    idx, off, tag, even = batching.even_out(idx, off, tag, config.world_size, config.even_out,
-                                            streams.rng(seed, epoch, streams.EVEN))
+    lens, counts, edges, idx, off, tag, even = _formed(lengths, config, seed, epoch, indices)
     sample_lens = lens[idx]
     longest = (np.maximum.reduceat(sample_lens, off[:-1]) if off.size > 1
                else np.zeros(0, dtype=np.int64))
@@ -233,3 +229,31 @@ def plan_padded_epoch(lengths, config: PlanConfig, *, seed: int = 0, epoch: int 
         indices=idx, offsets=off, bucket=tag.astype(np.int32), edges=edges, lengths=lens,
         config=config, seed=seed, epoch=epoch, plan_seconds=time.perf_counter() - started,
         counts=even_out_counts(counts, idx, idx.size, even))
+
+
+def _formed(lengths, config: PlanConfig, seed: int, epoch: int, indices: np.ndarray | None):
+    """The epoch's micro-batches before ordering: lengths, counts, edges, batches, even-out."""
+    lens, ids, counts = prepare_lengths(lengths, config, indices)
+    edges = resolve_edges(lens, ids, config)
+    idx, off, tag = _batches(lens, ids, edges, config, seed, epoch)
+    idx, off, tag, even = batching.even_out(idx, off, tag, config.world_size, config.even_out,
+                                            streams.rng(seed, epoch, streams.EVEN))
+    return lens, counts, edges, idx, off, tag, even
+
+
+def padded_batch_sets(lengths, config: PlanConfig, *, seed: int = 0, epoch: int = 0,
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """``(indices, offsets)`` of the micro-batches :func:`plan_padded_epoch` forms, before it
+    orders them: the same sample sets, for figures that do not depend on the order
+    (``recomposition``), without the cost of ordering.
+
+    Example::
+
+        >>> lens = np.random.default_rng(0).integers(1, 2000, 5000)
+        >>> cfg = PlanConfig(max_tokens=8192, world_size=2)
+        >>> idx, off = padded_batch_sets(lens, cfg, epoch=1)
+        >>> off.size - 1 == plan_padded_epoch(lens, cfg, epoch=1).total_batches
+        True
+    """
+    _, _, _, idx, off, _, _ = _formed(lengths, config, seed, epoch, None)
+    return idx, off
