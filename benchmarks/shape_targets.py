@@ -106,36 +106,31 @@ def budget_fill(plan) -> float:
     return float(np.mean(np.diff(plan.offsets) * padded) / BUDGET)
 
 
-def measure(name: str, lens: np.ndarray, world: int, cost: CostModel) -> list[dict]:
-    rows = []
-    kw = dict(max_tokens=BUDGET, world_size=world)
-    p0, p1 = plan_epoch(lens, **kw), plan_epoch(lens, epoch=1, **kw)
-    ref = plan_epoch(lens, order="sorted", **kw)
-    s = p0.stats
-    base = {"shape": name, "samples": int(lens.size), "world": world}
+def padded_row(base: dict, rule: str, lens: np.ndarray, kw: dict, ref, cost: CostModel,
+               buckets="auto") -> tuple[dict, object]:
+    """One padded plan's figures (epochs 0 and 1), with its step times against ``ref``."""
+    p0 = plan_epoch(lens, buckets=buckets, **kw)
+    p1 = plan_epoch(lens, buckets=buckets, epoch=1, **kw)
     tokens = CostModel()
-    rows.append({**base, "edge_rule": "auto", **s, "recomposition": recomposition(p0, p1),
-                 "budget_fill": budget_fill(p0),
-                 "step_time_vs_sorted": step_time(p0, tokens) / step_time(ref, tokens),
-                 "calibrated_step_time_vs_sorted": step_time(p0, cost) / step_time(ref, cost)})
-    if world == 64:  # the same plan with padding-optimal edges (no budget share)
-        edges = auto_edges(Histogram.of(p0.lengths[p0.indices]), batch_size=None,
-                           max_tokens=BUDGET, fill_weight=0.0)
-        q0 = plan_epoch(lens, buckets=tuple(edges), **kw)
-        q1 = plan_epoch(lens, buckets=tuple(edges), epoch=1, **kw)
-        rows.append({**base, "edge_rule": "padding-only", **q0.stats,
-                     "recomposition": recomposition(q0, q1), "budget_fill": budget_fill(q0),
-                     "step_time_vs_sorted": step_time(q0, tokens) / step_time(ref, tokens),
-                     "calibrated_step_time_vs_sorted": step_time(q0, cost) / step_time(ref, cost)})
-        # edges priced by their budget share alone (fill_weight=1): they sit at budget / rows
-        edges = auto_edges(Histogram.of(p0.lengths[p0.indices]), batch_size=None,
-                           max_tokens=BUDGET, fill_weight=1.0)
-        f0 = plan_epoch(lens, buckets=tuple(edges), **kw)
-        f1 = plan_epoch(lens, buckets=tuple(edges), epoch=1, **kw)
-        rows.append({**base, "edge_rule": "budget-share", **f0.stats,
-                     "recomposition": recomposition(f0, f1), "budget_fill": budget_fill(f0),
-                     "step_time_vs_sorted": step_time(f0, tokens) / step_time(ref, tokens),
-                     "calibrated_step_time_vs_sorted": step_time(f0, cost) / step_time(ref, cost)})
+    return {**base, "edge_rule": rule, **p0.stats, "recomposition": recomposition(p0, p1),
+            "budget_fill": budget_fill(p0),
+            "step_time_vs_sorted": step_time(p0, tokens) / step_time(ref, tokens),
+            "calibrated_step_time_vs_sorted": step_time(p0, cost) / step_time(ref, cost)}, p0
+
+
+def measure(name: str, lens: np.ndarray, world: int, cost: CostModel) -> list[dict]:
+    kw = dict(max_tokens=BUDGET, world_size=world)
+    ref = plan_epoch(lens, order="sorted", **kw)
+    base = {"shape": name, "samples": int(lens.size), "world": world}
+    row, p0 = padded_row(base, "auto", lens, kw, ref, cost)
+    rows = [row]
+    if world == 64:
+        hist = Histogram.of(p0.lengths[p0.indices])
+        # the same lengths with padding-optimal edges (no budget share), and with edges priced
+        # by their budget share alone (fill_weight=1: they sit at budget / rows)
+        for rule, weight in (("padding-only", 0.0), ("budget-share", 1.0)):
+            edges = auto_edges(hist, batch_size=None, max_tokens=BUDGET, fill_weight=weight)
+            rows.append(padded_row(base, rule, lens, kw, ref, cost, buckets=tuple(edges))[0])
         # the packed layout: rows of max_tokens filled end to end, so micro-batches cost alike
         k0 = plan_epoch(lens, layout="pack", **kw)
         k1 = plan_epoch(lens, layout="pack", epoch=1, **kw)
