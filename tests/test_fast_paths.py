@@ -98,3 +98,27 @@ def test_batch_sets_before_ordering_are_the_plans_batches(seed, epoch, world, or
     assert sorted(batch_hashes(idx, off).tolist()) == sorted(
         batch_hashes(nxt.indices, nxt.offsets).tolist())
     assert recomposition_of(plan.offsets, plan.indices, off, idx) == recomposition(plan, nxt)
+
+
+def test_edges_solved_once_per_histogram_and_rule(monkeypatch):
+    """Later epochs and other orders of the same lengths reuse the solved edges; other
+    lengths or another batch rule solve again; at most SOLVED_EDGES_KEPT are kept."""
+    from lengthwise.planning import padded
+    from lengthwise.planning.plan import plan_epoch
+
+    calls = []
+    real = padded.auto_edges
+    monkeypatch.setattr(padded, "auto_edges", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(padded, "_SOLVED", {})
+    lens = np.random.default_rng(11).integers(1, 3000, 3000)
+    first = plan_epoch(lens, max_tokens=8192, world_size=2)
+    again = plan_epoch(lens, max_tokens=8192, world_size=2, epoch=1, order="interleave")
+    assert len(calls) == 1 and again.edges == first.edges
+    again.edges.append(10**6)  # a caller's list is its own
+    assert plan_epoch(lens, max_tokens=8192, world_size=2).edges == first.edges
+    plan_epoch(lens, max_tokens=4096, world_size=2)
+    plan_epoch(lens[:-1], max_tokens=8192, world_size=2)
+    assert len(calls) == 3
+    for n in range(padded.SOLVED_EDGES_KEPT + 2):
+        plan_epoch(lens[: 2000 + n], batch_size=4)
+    assert len(padded._SOLVED) == padded.SOLVED_EDGES_KEPT
