@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 from dataclasses import dataclass
@@ -118,7 +119,9 @@ def resolve_edges(lengths: np.ndarray, ids: np.ndarray, config: PlanConfig) -> l
         raise ConfigError(f"buckets must be a count, 'auto' or a list of edges, got {buckets!r}")
     hist = Histogram.of(planned)
     cost = config.cost or CostModel()
-    key = (hist.values.tobytes(), hist.counts.tobytes(), str(buckets), config.batch_size,
+    digest = hashlib.blake2b(hist.values.tobytes(), digest_size=32)
+    digest.update(hist.counts.tobytes())  # a digest, not the histogram: keys stay small
+    key = (digest.digest(), hist.values.size, str(buckets), config.batch_size,
            config.max_tokens, config.max_cost, config.pad_multiple, cost)
     with _SOLVED_LOCK:
         if key in _SOLVED:
