@@ -163,7 +163,12 @@ def batch_token_mean(lengths: np.ndarray, indices: np.ndarray, offsets: np.ndarr
         >>> batch_token_mean(np.array([1, 3, 4]), np.arange(3), np.array([0, 2, 3])).tolist()
         [2.5, 4.0]
     """
-    x = lengths[indices].astype(np.float64)
+    return token_means(lengths[indices], offsets)
+
+
+def token_means(sample_lengths: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """:func:`batch_token_mean` from the lengths of the samples in schedule order."""
+    x = sample_lengths.astype(np.float64)
     starts = offsets[:-1]
     return np.add.reduceat(x * x, starts) / np.maximum(np.add.reduceat(x, starts), 1e-12)
 

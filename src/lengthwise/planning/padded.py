@@ -201,11 +201,8 @@ def _order(off: np.ndarray, tag: np.ndarray, longest: np.ndarray, sample_lens: n
         return orders.limit_runs(perm, tag, config.world_size, config.max_run)
     batch_cost = (config.cost or CostModel()).batch_cost(
         np.diff(off), np.asarray(round_up(longest, config.pad_multiple)))
-    x = sample_lens.astype(np.float64)
-    starts = off[:-1]
-    token_mean = np.add.reduceat(x * x, starts) / np.maximum(np.add.reduceat(x, starts), 1e-12)
     return orders.stratified(tag, batch_cost, config.world_size, config.grad_accum, o,
-                             batch_length=token_mean)
+                             batch_length=metrics.token_means(sample_lens, off))
 
 
 def plan_padded_epoch(lengths, config: PlanConfig, *, seed: int = 0, epoch: int = 0,
