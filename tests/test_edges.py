@@ -140,3 +140,73 @@ def test_single_distinct_length_and_bad_counts():
         optimal_edges([1, 2], 0)
     with pytest.raises(ValueError, match="not both"):
         optimal_edges([1, 2], 2, batch_size=2, max_tokens=10)
+
+
+def _layer_as_it_was(prev, cum, w, least=None):
+    """The DP layer before it was made faster, kept to check that the new one agrees exactly
+    (masked candidates instead of a window cut at ``reach``; ``np.unique`` for first hits)."""
+    u = cum.size - 1
+    out = np.full(u + 1, np.inf)
+    arg = np.zeros(u + 1, dtype=np.int64)
+    jlo, jhi = np.array([1]), np.array([u])
+    olo, ohi = np.array([0]), np.array([u - 1])
+    while jlo.size:
+        mid = (jlo + jhi) // 2
+        hi = np.minimum(ohi, mid - 1)
+        width = hi - olo + 1
+        seg = np.repeat(np.arange(mid.size), width)
+        starts = np.concatenate(([0], np.cumsum(width)[:-1]))
+        cand = olo[seg] + (np.arange(seg.size) - starts[seg])
+        jm = mid[seg]
+        vals = prev[cand] + (cum[jm] - cum[cand]) * w[jm]
+        if least is not None:
+            vals[cum[jm] - cum[cand] < least[jm]] = np.inf
+        mins = np.minimum.reduceat(vals, starts)
+        hit = np.flatnonzero(vals == mins[seg])
+        best = cand[hit[np.unique(seg[hit], return_index=True)[1]]]
+        out[mid] = mins
+        arg[mid] = best
+        left, right = jlo <= mid - 1, mid + 1 <= jhi
+        jlo, jhi, olo, ohi = (
+            np.concatenate((jlo[left], mid[right] + 1)),
+            np.concatenate((mid[left] - 1, jhi[right])),
+            np.concatenate((olo[left], best[right])),
+            np.concatenate((best[left], ohi[right])))
+    return out, arg
+
+
+def _solve_as_it_was(hist, max_k, budget, least):
+    cum = np.concatenate(([0], np.cumsum(hist.counts))).astype(np.float64)
+    row = hist.values.astype(np.float64)
+    if budget is not None:
+        row = row + FILL_WEIGHT * (budget / np.maximum(1, np.floor(budget / row)) - row)
+    w = np.concatenate(([0.0], row))
+    lw = None if least is None else np.concatenate(([0.0], np.asarray(least, dtype=np.float64)))
+    prev = np.full(cum.size, np.inf)
+    prev[0] = 0.0
+    layers = []
+    for _ in range(max(1, min(max_k, hist.values.size))):
+        cur, arg = _layer_as_it_was(prev, cum, w, lw)
+        cur[0] = 0.0
+        layers.append((cur, arg))
+        prev = cur
+    return layers
+
+
+@settings(max_examples=150, deadline=None)
+@given(values=st.lists(st.integers(1, 60), min_size=1, max_size=40),
+       spread=st.integers(1, 400), k=st.integers(1, 12),
+       budget=st.sampled_from([None, 256, 1000]), least=st.integers(0, 30))
+def test_dp_layers_agree_exactly_with_the_kept_reference(values, spread, k, budget, least):
+    """Every layer's costs and arg-mins, ties and infeasible cells included, are bit for bit
+    those of the DP before it cut its windows at the least count."""
+    lengths = np.repeat(np.asarray(values) * spread // 10 + 1, np.asarray(values) % 5 + 1)
+    hist = Histogram.of(lengths)
+    need = None if least == 0 else np.full(hist.values.size, least) - hist.values % 3
+    sol = solve(hist, k, budget=budget, fill_weight=FILL_WEIGHT if budget else 1.0,
+                least=need)
+    ref = _solve_as_it_was(hist, k, budget, need)
+    assert len(ref) == len(sol.args)
+    for (cur, arg), total, new_arg in zip(ref, sol.totals, sol.args, strict=True):
+        assert np.array_equal(arg, new_arg)
+        assert cur[-1] == total or (np.isinf(cur[-1]) and np.isinf(total))

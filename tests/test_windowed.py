@@ -104,3 +104,33 @@ def test_open_lengths_maps_npy_without_copying(tmp_path):
     np.save(tmp_path / "bad.npy", np.ones((3, 2)))
     with pytest.raises(LengthError, match="one-dimensional"):
         open_lengths(tmp_path / "bad.npy")
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(200, 3000), window=st.integers(50, 1500), world=st.integers(1, 4),
+       order=st.sampled_from(["stratified", "interleave", "bucket-random"]),
+       even_out=st.sampled_from(["split", "drop", "repeat"]),
+       rule=st.sampled_from([dict(max_tokens=4096), dict(batch_size=5),
+                             dict(max_tokens=2048, max_len=900, pad_multiple=8)]),
+       seed=st.integers(0, 3))
+def test_windowed_len_counts_without_planning_a_window(n, window, world, order, even_out,
+                                                       rule, seed):
+    """``num_batches`` (the sampler's ``len()``) of a padded windowed plan comes from the
+    windows' bucket sizes: no window is planned, and every count is the planned one."""
+    assume(window >= 2 * world)
+    lens = np.random.default_rng(seed).integers(1, 2000, n)
+    config = PlanConfig(world_size=world, order=order, even_out=even_out, **rule)
+    counted = WindowedPlan(lens, config, window=window, seed=seed)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(WindowedPlan, "plan_window", lambda *a, **k: pytest.fail("planned a window"))
+        try:
+            total = counted.num_batches
+        except Exception as err:  # the same error the planned windows raise
+            with pytest.raises(type(err)):
+                for w in range(counted.num_windows):
+                    WindowedPlan(lens, config, window=window, seed=seed).plan_window(w)
+            return
+    planned = WindowedPlan(lens, config, window=window, seed=seed)
+    per_window = [planned.plan_window(w).num_batches for w in range(planned.num_windows)]
+    assert total == sum(per_window)
+    assert [counted.window_batches(w) for w in range(counted.num_windows)] == per_window

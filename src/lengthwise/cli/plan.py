@@ -18,6 +18,7 @@ import numpy as np
 from lengthwise.atomic import atomic_open
 from lengthwise.errors import ConfigError
 from lengthwise.planning.batching import batch_padded_lengths
+from lengthwise.planning.edges import bucket_counts
 from lengthwise.planning.vocabulary import (
     EVEN_OUT,
     LAYOUTS,
@@ -121,13 +122,18 @@ def register(subparsers) -> None:
 
 
 def _plan_with_recomposition(lengths: np.ndarray, kwargs: dict) -> dict:
-    from lengthwise.planning.metrics import recomposition
+    from lengthwise.planning.metrics import recomposition, recomposition_of
+    from lengthwise.planning.padded import padded_batch_sets
     from lengthwise.planning.plan import plan_epoch
 
     plan = plan_epoch(lengths, **kwargs)
     stats = dict(plan.stats)
-    nxt = plan_epoch(lengths, **{**kwargs, "epoch": kwargs["epoch"] + 1})
-    stats["recomposition"] = recomposition(plan, nxt)
+    if kwargs.get("layout", "pad") == "pad":  # the next epoch's batches, not their order
+        idx, off = padded_batch_sets(lengths, plan.config, seed=plan.seed, epoch=plan.epoch + 1)
+        stats["recomposition"] = recomposition_of(plan.offsets, plan.indices, off, idx)
+    else:
+        nxt = plan_epoch(lengths, **{**kwargs, "epoch": kwargs["epoch"] + 1})
+        stats["recomposition"] = recomposition(plan, nxt)
     return {"plan": plan, "stats": stats}
 
 
@@ -143,7 +149,7 @@ def _edge_table(plan) -> str:
     """Edges with samples, share and padding efficiency of each bucket's micro-batches."""
     edges = np.asarray(plan.edges)
     lens = plan.lengths[plan.indices]
-    counts = np.bincount(np.searchsorted(edges, lens, side="left"), minlength=edges.size)
+    counts = bucket_counts(lens, edges)  # from the histogram: a pass, not a search per sample
     rows = np.diff(plan.offsets)
     padded_len = batch_padded_lengths(plan.lengths, plan.indices, plan.offsets,
                                       plan.config.pad_multiple)

@@ -130,11 +130,26 @@ def bucket_batches(ids: np.ndarray, bucket: np.ndarray, rows: np.ndarray,
     small = bucket.astype(np.uint8 if rows.size <= 256 else np.uint16)
     grouped = perm[np.argsort(small[perm], kind="stable")]  # radix sort: one pass
     del perm
-    ends = np.cumsum(np.bincount(small, minlength=rows.size))
-    starts, tags = [], []
+    sizes = np.bincount(small, minlength=rows.size)
+    cuts = _bucket_cuts(sizes, rows)
+    starts = [np.arange(pos, pos + full * int(rows[k]), int(rows[k])) for k, pos, full in cuts]
+    tags = [np.full(full, k) for k, _, full in cuts]
+    placed = _placed(cuts, rows)
+    if placed < ids.size:  # what the longest bucket left over
+        starts.append(np.array([placed]))
+        tags.append(np.array([rows.size - 1]))
+    offsets = np.append(np.concatenate(starts), ids.size).astype(np.int64)
+    return ids[grouped], offsets, np.concatenate(tags).astype(np.int64)
+
+
+def _bucket_cuts(sizes: np.ndarray, rows: np.ndarray) -> list[tuple[int, int, int]]:
+    """``(bucket, first position, full batches)`` of the buckets that fill at least one batch,
+    along the samples grouped by bucket (``sizes[k]`` of bucket ``k``): what a bucket leaves
+    over joins the next bucket's first batch."""
+    out = []
     pos = 0
     begin = 0
-    for k, end in enumerate(ends.tolist()):
+    for k, end in enumerate(np.cumsum(sizes).tolist()):
         r = int(rows[k])
         if r < 1:  # not even one row of this bucket's edge fits the budget
             if end > begin:
@@ -145,14 +160,27 @@ def bucket_batches(ids: np.ndarray, bucket: np.ndarray, rows: np.ndarray,
         begin = end
         full = (end - pos) // r
         if full > 0:
-            starts.append(np.arange(pos, pos + full * r, r))
-            tags.append(np.full(full, k))
+            out.append((k, pos, full))
             pos += full * r
-    if pos < ids.size:  # what the longest bucket left over
-        starts.append(np.array([pos]))
-        tags.append(np.array([rows.size - 1]))
-    offsets = np.append(np.concatenate(starts), ids.size).astype(np.int64)
-    return ids[grouped], offsets, np.concatenate(tags).astype(np.int64)
+    return out
+
+
+def bucket_batch_count(sizes: np.ndarray, rows: np.ndarray) -> int:
+    """Micro-batches :func:`bucket_batches` cuts from buckets of ``sizes`` samples, without
+    shuffling or sorting a sample.
+
+    Example::
+
+        >>> bucket_batch_count(np.array([5, 3]), np.array([2, 2]))
+        4
+    """
+    cuts = _bucket_cuts(sizes, rows)
+    return sum(full for _, _, full in cuts) + int(_placed(cuts, rows) < int(np.sum(sizes)))
+
+
+def _placed(cuts: list[tuple[int, int, int]], rows: np.ndarray) -> int:
+    """Samples the full batches of ``cuts`` hold."""
+    return sum(full * int(rows[k]) for k, _, full in cuts)
 
 
 def greedy_batches(ids: np.ndarray, lengths: np.ndarray, limit: RowLimit,
@@ -181,6 +209,48 @@ def greedy_batches(ids: np.ndarray, lengths: np.ndarray, limit: RowLimit,
         longest = m
     cuts.append(n)
     return ids, np.asarray(cuts, dtype=np.int64)
+
+
+def sorted_padded_tokens(values: np.ndarray, counts: np.ndarray, limit: RowLimit) -> int:
+    """Padded tokens of :func:`greedy_batches` along the lengths sorted ascending, from their
+    histogram (``counts[k]`` samples of length ``values[k]``, ascending) in one pass over it.
+
+    Example::
+
+        >>> sorted_padded_tokens(np.array([5, 9]), np.array([3, 1]), row_limit(max_tokens=18))
+        24
+    """
+    values = np.asarray(values, dtype=np.int64)
+    counts = np.asarray(counts, dtype=np.int64)
+    padded = np.asarray(round_up(values, limit.pad_multiple), dtype=np.int64).tolist()
+    if limit.batch_size is not None:  # cuts every batch_size samples: each ends at a length
+        ends = np.arange(limit.batch_size, int(counts.sum()) + limit.batch_size,
+                         limit.batch_size)
+        ends[-1] = counts.sum()
+        last = np.searchsorted(np.cumsum(counts), ends, side="left")
+        rows = np.diff(ends, prepend=0)
+        return int(np.sum(rows * np.asarray(padded, dtype=np.int64)[last]))
+    table = limit.cost.row_cost(np.asarray(padded)).tolist()
+    budget = limit.budget
+    total, rows, longest = 0, 0, 0
+    for v, c, t in zip(padded, counts.tolist(), table, strict=True):
+        # rows of length v one batch may hold: q with q * t <= budget, as greedy_batches checks
+        cap = max(1, int(budget // t))
+        while (cap + 1) * t <= budget:
+            cap += 1
+        while cap > 1 and cap * t > budget:
+            cap -= 1
+        if rows and rows >= cap:  # the next sample of length v does not fit: cut
+            total += rows * longest
+            rows = 0
+        take = min(c, cap - rows)
+        rows += take
+        longest = v
+        c -= take
+        if c:
+            total += rows * v + (c // cap) * cap * v
+            rows = c % cap
+    return total + rows * longest
 
 
 def batch_longest(lengths: np.ndarray, indices: np.ndarray, offsets: np.ndarray) -> np.ndarray:
@@ -226,12 +296,8 @@ def even_out(indices: np.ndarray, offsets: np.ndarray, tags: np.ndarray, multipl
     if short == 0:
         return indices, offsets, tags, report
     sizes = np.diff(offsets)
+    keep = evened_count(m, indices.size, multiple, policy)  # checks what the policy can do
     if policy == "split":
-        if indices.size < m + short:
-            raise DataError(
-                f"{indices.size} samples cannot give each of {multiple} ranks the same number "
-                f"of micro-batches ({m} batches, {m + short} needed); use fewer ranks, or "
-                "even_out='drop' or 'repeat'")
         # halve the largest batch, `short` times (arrays, not lists: m may be 100,000s)
         new_sizes, new_tags = sizes.astype(np.int64), np.asarray(tags)
         for _ in range(short):
@@ -244,9 +310,6 @@ def even_out(indices: np.ndarray, offsets: np.ndarray, tags: np.ndarray, multipl
         off = np.concatenate(([0], np.cumsum(new_sizes))).astype(np.int64)
         return indices, off, new_tags.astype(tags.dtype), report
     if policy == "drop":
-        keep = m - (m % multiple)
-        if keep == 0:
-            raise ConfigError(f"even_out='drop' would drop every batch ({m} < {multiple} ranks)")
         drop = rng.choice(m, size=m - keep, replace=False)
         mask = np.ones(m, dtype=bool)
         mask[drop] = False
@@ -261,6 +324,34 @@ def even_out(indices: np.ndarray, offsets: np.ndarray, tags: np.ndarray, multipl
         report.repeated = int(more.size)
         off = np.concatenate((offsets, offsets[-1] + np.cumsum(sizes[extra])))
         return np.concatenate((indices, more)), off, np.concatenate((tags, tags[extra])), report
+    raise AssertionError(f"unreachable: evened_count accepted even_out={policy!r}")
+
+
+def evened_count(m: int, samples: int, multiple: int, policy: str) -> int:
+    """Micro-batches :func:`even_out` leaves of ``m`` batches holding ``samples`` samples.
+
+    Example::
+
+        >>> evened_count(10, 40, 4, "split"), evened_count(10, 40, 4, "drop")
+        (12, 8)
+    """
+    short = (-m) % multiple
+    if short == 0:
+        return m
+    if policy == "split":
+        if samples < m + short:
+            raise DataError(
+                f"{samples} samples cannot give each of {multiple} ranks the same number "
+                f"of micro-batches ({m} batches, {m + short} needed); use fewer ranks, or "
+                "even_out='drop' or 'repeat'")
+        return m + short
+    if policy == "drop":
+        keep = m - (m % multiple)
+        if keep == 0:
+            raise ConfigError(f"even_out='drop' would drop every batch ({m} < {multiple} ranks)")
+        return keep
+    if policy == "repeat":
+        return m + short
     raise ConfigError(f"even_out must be 'split', 'drop' or 'repeat', got {policy!r}")
 
 

@@ -64,13 +64,14 @@ class Histogram:
 
 
 def _layer(prev: np.ndarray, cum: np.ndarray, w: np.ndarray,
-           least: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+           reach: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """One DP layer: ``out[j] = min_{i<j} prev[i] + (cum[j]-cum[i]) * w[j]`` for j=1..U.
 
     ``prev`` and ``cum`` have length U+1 (index 0 = nothing covered); ``w[j]`` is the
     per-sample cost of a bucket whose last distinct length is the j-th (1-based).
-    With ``least``, a bucket ending at ``j`` must hold at least ``least[j]`` samples
-    (``cum[j] - least[j]`` non-decreasing keeps the arg-min monotone).
+    With ``reach``, a bucket ending at ``j`` may start after ``i <= reach[j]`` only
+    (a non-decreasing ``reach`` keeps the arg-min monotone). Ties go to the smallest
+    ``i``; ``arg[j]`` is the first ``i`` searched when no ``i`` is allowed.
     Returns ``(out, arg)`` with ``out[0] = inf``.
     """
     u = cum.size - 1
@@ -82,24 +83,36 @@ def _layer(prev: np.ndarray, cum: np.ndarray, w: np.ndarray,
     olo = np.array([0], dtype=np.int64)
     ohi = np.array([u - 1], dtype=np.int64)
     while jlo.size:
-        mid = (jlo + jhi) // 2
+        mid = (jlo + jhi) >> 1
         hi = np.minimum(ohi, mid - 1)
-        width = hi - olo + 1  # >= 1 since olo <= mid-1
-        seg = np.repeat(np.arange(mid.size), width)
-        starts = np.concatenate(([0], np.cumsum(width)[:-1]))
-        cand = olo[seg] + (np.arange(seg.size) - starts[seg])
-        jm = mid[seg]
-        vals = prev[cand] + (cum[jm] - cum[cand]) * w[jm]
-        if least is not None:
-            vals[cum[jm] - cum[cand] < least[jm]] = np.inf
-        mins = np.minimum.reduceat(vals, starts)
-        hit = np.flatnonzero(vals == mins[seg])
-        first = hit[np.unique(seg[hit], return_index=True)[1]]
-        best = cand[first]
-        out[mid] = mins
+        if reach is not None:
+            np.minimum(hi, reach[mid], out=hi)
+        width = np.maximum(hi - olo + 1, 0)
+        best = olo.copy()
+        some = np.flatnonzero(width)
+        if some.size:
+            wid = width[some]
+            ends = np.cumsum(wid)
+            starts = ends - wid
+            cand = np.arange(int(ends[-1]), dtype=np.int64)
+            cand -= np.repeat(starts - olo[some], wid)
+            at = mid[some]
+            vals = np.repeat(cum[at], wid)
+            vals -= cum[cand]
+            vals *= np.repeat(w[at], wid)
+            vals += prev[cand]
+            mins = np.minimum.reduceat(vals, starts)
+            hit = np.flatnonzero(vals == np.repeat(mins, wid))
+            # hits ascend and segments are contiguous: keep each segment's first
+            seg = np.searchsorted(ends, hit, side="right")
+            first = np.empty(hit.size, dtype=bool)
+            first[0] = True
+            np.not_equal(seg[1:], seg[:-1], out=first[1:])
+            out[at] = mins
+            best[some] = cand[hit[first]]
         arg[mid] = best
-        left = jlo <= mid - 1
-        right = mid + 1 <= jhi
+        left = jlo < mid
+        right = mid < jhi
         jlo, jhi, olo, ohi = (
             np.concatenate((jlo[left], mid[right] + 1)),
             np.concatenate((mid[left] - 1, jhi[right])),
@@ -153,12 +166,15 @@ def solve(hist: Histogram, max_k: int, *, pad_multiple: int = 1,
     if budget is not None:
         row = row + fill_weight * (budget / np.maximum(1, np.floor(budget / row)) - row)
     w = np.concatenate(([0.0], row))
-    lw = None if least is None else np.concatenate(([0.0], np.asarray(least, dtype=np.float64)))
+    reach = None
+    if least is not None:  # counts are whole: "at least 2.5 samples" is at least 3
+        need = np.concatenate(([0.0], np.ceil(np.asarray(least, dtype=np.float64))))
+        reach = np.searchsorted(cum, cum - need, side="right") - 1
     prev = np.full(u + 1, np.inf)
     prev[0] = 0.0
     totals, args = [], []
     for _ in range(max_k):
-        cur, arg = _layer(prev, cum, w, lw)
+        cur, arg = _layer(prev, cum, w, reach)
         cur[0] = 0.0  # fewer buckets than layers: an empty prefix stays free
         totals.append(cur[u])
         args.append(arg)
@@ -247,12 +263,12 @@ def auto_edges(hist: Histogram, *, batch_size: int | None, max_tokens: int | Non
     for need in (least, rows, None):
         sol = solve(hist, max_buckets, pad_multiple=pad_multiple, cost=cost, budget=budget,
                     fill_weight=fill_weight, least=need)
-        feasible = [(k, ideal / float(sol.totals[k - 1]), sol.edges(k))
+        feasible = [(k, ideal / float(sol.totals[k - 1]))
                     for k in range(1, len(sol.args) + 1) if np.isfinite(sol.totals[k - 1])]
         if feasible:
             break
-    best = max(eff for _, eff, _ in feasible)
-    for _, eff, edges in feasible:
+    best = max(eff for _, eff in feasible)
+    for k, eff in feasible:
         if eff >= (1 - AUTO_TOLERANCE) * best:
-            return edges
+            return sol.edges(k)
     raise AssertionError("unreachable: the best feasible K is within tolerance of itself")

@@ -38,15 +38,34 @@ def step_ids(num_batches: int, world_size: int, grad_accum: int) -> np.ndarray:
     return np.arange(num_batches) // (world_size * grad_accum)
 
 
+def _exact_sums(lens: np.ndarray) -> bool:
+    """Whether sums of these whole lengths and of their squares are exact in float64 in any
+    order (every partial sum below 2**53), so a segment sum may be taken in any order."""
+    return lens.size == 0 or float(lens.max()) ** 2 * lens.size < 2.0**53
+
+
+def _segment_sums(values: np.ndarray, starts: np.ndarray, segment: np.ndarray | None,
+                  n: int) -> np.ndarray:
+    """Sums of ``values`` over contiguous segments beginning at ``starts`` (non-empty and
+    exact: :func:`_exact_sums`), or by ``segment`` id when ``segment`` is given."""
+    if segment is not None:
+        return np.bincount(segment, weights=values, minlength=n)
+    return np.add.reduceat(values, starts)
+
+
 def _per_step_lengths(lengths: np.ndarray, indices: np.ndarray, offsets: np.ndarray,
                       steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Token-weighted and plain mean length of each optimizer step (full steps only)."""
-    per_sample_step = np.repeat(steps, np.diff(offsets))
     lens = lengths[indices].astype(np.float64)
     n_steps = int(steps[-1]) + 1
-    s1 = np.bincount(per_sample_step, weights=lens, minlength=n_steps)
-    s2 = np.bincount(per_sample_step, weights=lens * lens, minlength=n_steps)
-    cnt = np.bincount(per_sample_step, minlength=n_steps)
+    first = np.searchsorted(steps, np.arange(n_steps))  # first micro-batch of each step
+    starts = offsets[first]
+    cnt = np.diff(np.append(starts, offsets[-1]))
+    segment = None
+    if not _exact_sums(lens) or not np.all(cnt > 0):
+        segment = np.repeat(steps, np.diff(offsets))
+    s1 = _segment_sums(lens, starts, segment, n_steps)
+    s2 = _segment_sums(lens * lens, starts, segment, n_steps)
     return s2 / np.maximum(s1, 1), s1 / np.maximum(cnt, 1)
 
 
@@ -65,12 +84,25 @@ def random_step_cv(lengths: np.ndarray, ids: np.ndarray, n_steps: int, seed: int
     rng = np.random.default_rng([seed, 0x5EED])
     lens = lengths[ids].astype(np.float64)
     step = np.arange(ids.size) * n_steps // ids.size
+    starts = np.searchsorted(step, np.arange(n_steps))  # every step holds a sample
+    cnt = np.diff(np.append(starts, ids.size))
+    exact = _exact_sums(lens)
+    # exact sums of whole lengths: gather them narrow, sum them as integers
+    small = lengths[ids].astype(np.int32) if exact else lens
+    squares = None if exact else lens * lens
+    order = np.arange(ids.size, dtype=np.int32 if ids.size < 2**31 else np.int64)
     cvs, scvs = [], []
     for _ in range(repeats):
-        perm = lens[rng.permutation(ids.size)]
-        s1 = np.bincount(step, weights=perm, minlength=n_steps)
-        s2 = np.bincount(step, weights=perm * perm, minlength=n_steps)
-        cnt = np.bincount(step, minlength=n_steps)
+        order[:] = np.arange(ids.size)
+        rng.shuffle(order)  # the permutation rng.permutation(ids.size) draws
+        if exact:
+            drawn = small[order].astype(np.int64)
+            s1 = np.add.reduceat(drawn, starts).astype(np.float64)
+            drawn *= drawn
+            s2 = np.add.reduceat(drawn, starts).astype(np.float64)
+        else:
+            s1 = _segment_sums(lens[order], starts, step, n_steps)
+            s2 = _segment_sums(squares[order], starts, step, n_steps)
         cvs.append(_cv(s2 / s1))
         scvs.append(_cv(s1 / cnt))
     return float(np.mean(cvs)), float(np.mean(scvs))
@@ -131,7 +163,12 @@ def batch_token_mean(lengths: np.ndarray, indices: np.ndarray, offsets: np.ndarr
         >>> batch_token_mean(np.array([1, 3, 4]), np.arange(3), np.array([0, 2, 3])).tolist()
         [2.5, 4.0]
     """
-    x = lengths[indices].astype(np.float64)
+    return token_means(lengths[indices], offsets)
+
+
+def token_means(sample_lengths: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """:func:`batch_token_mean` from the lengths of the samples in schedule order."""
+    x = sample_lengths.astype(np.float64)
     starts = offsets[:-1]
     return np.add.reduceat(x * x, starts) / np.maximum(np.add.reduceat(x, starts), 1e-12)
 
@@ -178,10 +215,10 @@ def _rank_imbalance(cost_of: np.ndarray, world_size: int) -> dict:
     usable = cost_of.size - cost_of.size % world_size
     groups = cost_of[:usable].reshape(-1, world_size)
     ratio = groups.max(axis=1) / np.maximum(groups.mean(axis=1), 1e-12)
-    return {
-        "rank_imbalance_p50": float(np.percentile(ratio, 50)) if ratio.size else None,
-        "rank_imbalance_p99": float(np.percentile(ratio, 99)) if ratio.size else None,
-    }
+    if not ratio.size:
+        return {"rank_imbalance_p50": None, "rank_imbalance_p99": None}
+    p50, p99 = np.percentile(ratio, [50, 99])  # one sort for both
+    return {"rank_imbalance_p50": float(p50), "rank_imbalance_p99": float(p99)}
 
 
 def _same_bucket_run(longest: np.ndarray, edges: Sequence[int] | None, world_size: int) -> int:
@@ -191,6 +228,15 @@ def _same_bucket_run(longest: np.ndarray, edges: Sequence[int] | None, world_siz
     else:
         tags = longest
     return longest_runs(tags, world_size)
+
+
+def _distinct_count(indices: np.ndarray) -> int:
+    """How many distinct sample ids a schedule holds (a count per id, not a sort)."""
+    if indices.size == 0:
+        return 0
+    if indices.min() < 0:
+        return int(np.unique(indices).size)
+    return int(np.count_nonzero(np.bincount(indices)))
 
 
 def batch_stats(
@@ -223,11 +269,11 @@ def batch_stats(
     real, padded, cost_of = _token_totals(lengths, indices, offsets, longest, pad_multiple,
                                           cost, capacity)
     composition = _step_composition(lengths, indices, offsets, world_size, grad_accum, seed)
-    unique, counts = np.unique(indices, return_counts=True)
+    unique = _distinct_count(indices)
     return {
         "samples": int(indices.size),
-        "unique_samples": int(unique.size),
-        "repeated_in_schedule": int((counts - 1).sum()),
+        "unique_samples": unique,
+        "repeated_in_schedule": int(indices.size - unique),
         "micro_batches": int(m),
         "micro_batches_per_rank": int(m // world_size),
         "optimizer_steps": composition.pop("optimizer_steps"),

@@ -18,6 +18,8 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
+import threading
 import time
 from dataclasses import dataclass
 from functools import cached_property
@@ -27,13 +29,18 @@ import numpy as np
 from lengthwise.errors import ConfigError
 from lengthwise.planning import batching, metrics, orders, streams
 from lengthwise.planning.config import PlanConfig
-from lengthwise.planning.cost import CostModel
+from lengthwise.planning.cost import CostModel, round_up
 from lengthwise.planning.edges import Histogram, auto_edges, solve
 from lengthwise.planning.prepare import prepare_lengths
 from lengthwise.planning.schedule import EpochPlan, even_out_counts
 
-__all__ = ["PaddedEpochPlan", "check_given_edges", "plan_padded_epoch", "resolve_edges",
-           "sorted_reference"]
+#: solved edges kept, keyed by the histogram of the planned lengths and the batch rule
+SOLVED_EDGES_KEPT = 8
+_SOLVED: dict[tuple, tuple[int, ...]] = {}
+_SOLVED_LOCK = threading.Lock()
+
+__all__ = ["PaddedEpochPlan", "check_given_edges", "padded_batch_count", "padded_batch_sets",
+           "plan_padded_epoch", "resolve_edges", "sorted_reference"]
 
 
 @dataclass(kw_only=True)
@@ -59,7 +66,7 @@ class PaddedEpochPlan(EpochPlan):
         if cfg.order == "sorted":
             out["efficiency_vs_sorted"] = 1.0
         else:
-            ref = sorted_reference(self.lengths, np.unique(self.indices), cfg)
+            ref = sorted_reference(self.lengths, _distinct(self.indices, self.lengths.size), cfg)
             out["efficiency_vs_sorted"] = out["padding_efficiency"] / ref
         out.update(order=cfg.order, layout="pad", num_buckets=len(self.edges),
                    edges=list(self.edges), num_batches=self.num_batches,
@@ -70,11 +77,15 @@ class PaddedEpochPlan(EpochPlan):
 
 def sorted_reference(lengths: np.ndarray, ids: np.ndarray, config: PlanConfig) -> float:
     """``padding_efficiency`` of globally length-sorted batches under the same rule."""
-    order = ids[np.argsort(lengths[ids], kind="stable")]
-    idx, off = batching.greedy_batches(order, lengths, config.row_limit())
-    padded = np.sum(np.diff(off) * batching.batch_padded_lengths(lengths, idx, off,
-                                                                 config.pad_multiple))
-    return float(lengths[idx].sum() / padded)
+    planned = lengths[ids]
+    hist = Histogram.of(planned)
+    padded = batching.sorted_padded_tokens(hist.values, hist.counts, config.row_limit())
+    return float(planned.sum()) / float(padded)
+
+
+def _distinct(ids: np.ndarray, n: int) -> np.ndarray:
+    """The distinct sample ids of a schedule, ascending (ids below ``n``)."""
+    return np.flatnonzero(np.bincount(ids, minlength=n))
 
 
 def check_given_edges(edges, top: int) -> list[int]:
@@ -93,22 +104,40 @@ def check_given_edges(edges, top: int) -> list[int]:
 
 
 def resolve_edges(lengths: np.ndarray, ids: np.ndarray, config: PlanConfig) -> list[int]:
-    """The bucket edges ``config.buckets`` asks for: given, a count solved exactly, or auto."""
+    """The bucket edges ``config.buckets`` asks for: given, a count solved exactly, or auto.
+
+    Solved edges are kept for the last :data:`SOLVED_EDGES_KEPT` histograms and rules, so
+    the plans of later epochs (and of other orders) of the same lengths skip the search.
+    """
     planned = lengths if ids.size == lengths.size else lengths[ids]
     top = int(planned.max())
     buckets = config.buckets  # checked by PlanConfig: a count, "auto" or sorted edges
     if isinstance(buckets, (tuple, list)):
         return check_given_edges(buckets, top)
+    if buckets != "auto" and not (isinstance(buckets, (int, np.integer))
+                                  and not isinstance(buckets, bool) and buckets >= 1):
+        raise ConfigError(f"buckets must be a count, 'auto' or a list of edges, got {buckets!r}")
     hist = Histogram.of(planned)
     cost = config.cost or CostModel()
+    digest = hashlib.blake2b(hist.values.tobytes(), digest_size=32)
+    digest.update(hist.counts.tobytes())  # a digest, not the histogram: keys stay small
+    key = (digest.digest(), hist.values.size, str(buckets), config.batch_size,
+           config.max_tokens, config.max_cost, config.pad_multiple, cost)
+    with _SOLVED_LOCK:
+        if key in _SOLVED:
+            return list(_SOLVED[key])
     if buckets == "auto":
-        return auto_edges(hist, batch_size=config.batch_size,
-                          max_tokens=config.max_tokens if config.max_cost is None else None,
-                          pad_multiple=config.pad_multiple, cost=cost)
-    if isinstance(buckets, (int, np.integer)) and not isinstance(buckets, bool) and buckets >= 1:
-        return solve(hist, int(buckets), pad_multiple=config.pad_multiple, cost=cost).edges(
+        edges = auto_edges(hist, batch_size=config.batch_size,
+                           max_tokens=config.max_tokens if config.max_cost is None else None,
+                           pad_multiple=config.pad_multiple, cost=cost)
+    else:
+        edges = solve(hist, int(buckets), pad_multiple=config.pad_multiple, cost=cost).edges(
             int(buckets))
-    raise ConfigError(f"buckets must be a count, 'auto' or a list of edges, got {buckets!r}")
+    with _SOLVED_LOCK:
+        _SOLVED[key] = tuple(edges)
+        while len(_SOLVED) > SOLVED_EDGES_KEPT:
+            del _SOLVED[next(iter(_SOLVED))]
+    return edges
 
 
 def _batches(lens: np.ndarray, ids: np.ndarray, edges: list[int], config: PlanConfig,
@@ -124,19 +153,44 @@ def _batches(lens: np.ndarray, ids: np.ndarray, edges: list[int], config: PlanCo
         idx, off = batching.greedy_batches(seq, lens, limit)
         longest = batching.batch_longest(lens, idx, off)
         return idx, off, np.searchsorted(edge_arr, longest, side="left")
-    planned = lens if ids.size == lens.size else lens[ids]
-    if edges[-1] <= 4 * lens.size + 1_000_000:  # a lookup table, as small as the lengths
-        lut = np.searchsorted(edge_arr, np.arange(edges[-1] + 1), side="left").astype(np.int16)
-        bucket_of_sample = lut[planned]
-    else:  # memory must not grow with the longest length
-        bucket_of_sample = np.searchsorted(edge_arr, planned, side="left").astype(np.int16)
-    return batching.bucket_batches(ids, bucket_of_sample, limit.rows(edge_arr),
+    return batching.bucket_batches(ids, _sample_buckets(lens, ids, edge_arr),
+                                   limit.rows(edge_arr),
                                    streams.rng(seed, epoch, streams.BATCHES))
 
 
-def _order(idx: np.ndarray, off: np.ndarray, tag: np.ndarray, lens: np.ndarray,
+def _sample_buckets(lens: np.ndarray, ids: np.ndarray, edge_arr: np.ndarray) -> np.ndarray:
+    """The bucket of each planned sample (int16)."""
+    planned = lens if ids.size == lens.size else lens[ids]
+    if edge_arr[-1] <= 4 * lens.size + 1_000_000:  # a lookup table, as small as the lengths
+        lut = np.searchsorted(edge_arr, np.arange(edge_arr[-1] + 1), side="left").astype(np.int16)
+        return lut[planned]
+    # memory must not grow with the longest length
+    return np.searchsorted(edge_arr, planned, side="left").astype(np.int16)
+
+
+def padded_batch_count(lengths, config: PlanConfig) -> int | None:
+    """Micro-batches per rank of :func:`plan_padded_epoch` with these lengths and
+    ``config``, counted from the bucket sizes without shuffling, cutting or ordering a
+    batch; ``None`` for the orders that cut batches along a sequence (``sorted``, ``random``).
+    """
+    if config.order in ("sorted", "random"):
+        return None
+    lens, ids, _ = prepare_lengths(lengths, config)
+    edge_arr = np.asarray(resolve_edges(lens, ids, config), dtype=np.int64)
+    rows = config.row_limit().rows(edge_arr)
+    sizes = np.bincount(_sample_buckets(lens, ids, edge_arr), minlength=edge_arr.size)
+    m = batching.bucket_batch_count(sizes, rows)
+    evened = batching.evened_count(m, ids.size, config.world_size, config.even_out)
+    return evened // config.world_size
+
+
+def _order(off: np.ndarray, tag: np.ndarray, longest: np.ndarray, sample_lens: np.ndarray,
            config: PlanConfig, o: np.random.Generator) -> np.ndarray:
-    """The permutation of the micro-batches that ``config.order`` asks for."""
+    """The permutation of the micro-batches that ``config.order`` asks for.
+
+    ``longest`` is each micro-batch's longest sample, ``sample_lens`` the lengths of
+    its samples in schedule order (``lengths[indices]``).
+    """
     m = off.size - 1
     if config.order in ("sorted", "random"):
         return np.arange(m)
@@ -146,9 +200,9 @@ def _order(idx: np.ndarray, off: np.ndarray, tag: np.ndarray, lens: np.ndarray,
         perm = orders.interleave(tag, o, config.world_size)
         return orders.limit_runs(perm, tag, config.world_size, config.max_run)
     batch_cost = (config.cost or CostModel()).batch_cost(
-        np.diff(off), batching.batch_padded_lengths(lens, idx, off, config.pad_multiple))
+        np.diff(off), np.asarray(round_up(longest, config.pad_multiple)))
     return orders.stratified(tag, batch_cost, config.world_size, config.grad_accum, o,
-                             batch_length=metrics.batch_token_mean(lens, idx, off))
+                             batch_length=metrics.token_means(sample_lens, off))
 
 
 def plan_padded_epoch(lengths, config: PlanConfig, *, seed: int = 0, epoch: int = 0,
@@ -159,19 +213,47 @@ def plan_padded_epoch(lengths, config: PlanConfig, *, seed: int = 0, epoch: int 
     ``indices`` restricts it to those samples.
     """
     started = time.perf_counter()
+    lens, counts, edges, idx, off, tag, even = _formed(lengths, config, seed, epoch, indices)
+    sample_lens = lens[idx]
+    longest = (np.maximum.reduceat(sample_lens, off[:-1]) if off.size > 1
+               else np.zeros(0, dtype=np.int64))
+    perm = _order(off, tag, longest, sample_lens, config,
+                  streams.rng(seed, epoch, streams.ORDER))
+    if not np.array_equal(perm, np.arange(off.size - 1)):
+        idx, off = batching.take_batches(idx, off, perm)
+        longest = longest[perm]
+    # each micro-batch is tagged with the bucket of its longest sample, as the collator
+    # tags it: a piece split off a batch to even out the ranks may hold shorter ones only
+    tag = np.searchsorted(np.asarray(edges, dtype=np.int64), longest, side="left")
+    return PaddedEpochPlan(
+        indices=idx, offsets=off, bucket=tag.astype(np.int32), edges=edges, lengths=lens,
+        config=config, seed=seed, epoch=epoch, plan_seconds=time.perf_counter() - started,
+        counts=even_out_counts(counts, idx, idx.size, even))
+
+
+def _formed(lengths, config: PlanConfig, seed: int, epoch: int, indices: np.ndarray | None):
+    """The epoch's micro-batches before ordering: lengths, counts, edges, batches, even-out."""
     lens, ids, counts = prepare_lengths(lengths, config, indices)
     edges = resolve_edges(lens, ids, config)
     idx, off, tag = _batches(lens, ids, edges, config, seed, epoch)
     idx, off, tag, even = batching.even_out(idx, off, tag, config.world_size, config.even_out,
                                             streams.rng(seed, epoch, streams.EVEN))
-    perm = _order(idx, off, tag, lens, config, streams.rng(seed, epoch, streams.ORDER))
-    if not np.array_equal(perm, np.arange(off.size - 1)):
-        idx, off = batching.take_batches(idx, off, perm)
-    # each micro-batch is tagged with the bucket of its longest sample, as the collator
-    # tags it: a piece split off a batch to even out the ranks may hold shorter ones only
-    tag = np.searchsorted(np.asarray(edges, dtype=np.int64),
-                          batching.batch_longest(lens, idx, off), side="left")
-    return PaddedEpochPlan(
-        indices=idx, offsets=off, bucket=tag.astype(np.int32), edges=edges, lengths=lens,
-        config=config, seed=seed, epoch=epoch, plan_seconds=time.perf_counter() - started,
-        counts=even_out_counts(counts, idx, idx.size, even))
+    return lens, counts, edges, idx, off, tag, even
+
+
+def padded_batch_sets(lengths, config: PlanConfig, *, seed: int = 0, epoch: int = 0,
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """``(indices, offsets)`` of the micro-batches :func:`plan_padded_epoch` forms, before it
+    orders them: the same sample sets, for figures that do not depend on the order
+    (``recomposition``), without the cost of ordering.
+
+    Example::
+
+        >>> lens = np.random.default_rng(0).integers(1, 2000, 5000)
+        >>> cfg = PlanConfig(max_tokens=8192, world_size=2)
+        >>> idx, off = padded_batch_sets(lens, cfg, epoch=1)
+        >>> off.size - 1 == plan_padded_epoch(lens, cfg, epoch=1).total_batches
+        True
+    """
+    _, _, _, idx, off, _, _ = _formed(lengths, config, seed, epoch, None)
+    return idx, off

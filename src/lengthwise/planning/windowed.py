@@ -25,6 +25,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -39,6 +40,7 @@ from lengthwise.planning.packed import plan_packed_epoch
 from lengthwise.planning.padded import (
     PaddedEpochPlan,
     check_given_edges,
+    padded_batch_count,
     plan_padded_epoch,
     resolve_edges,
 )
@@ -148,8 +150,8 @@ class WindowedPlan:
     :attr:`edges` are the plan-wide edges, whose last bucket reaches the longest
     sample of the whole data set: bucket ``k`` of every window is bucket ``k`` of
     :attr:`edges`, which the collator, the bucket shares and the logger read.
-    ``rank_batches`` and ``windows`` plan lazily; ``num_batches`` plans every window
-    once, to count.
+    ``rank_batches`` and ``windows`` plan lazily; ``num_batches`` counts the micro-batches
+    of every window from its bucket sizes, without planning it (padded layout).
     """
 
     def __init__(self, lengths: np.ndarray, config: PlanConfig, *, window: int, seed: int = 0,
@@ -335,14 +337,28 @@ class WindowedPlan:
             yield self.plan_window(w)
 
     def window_batches(self, w: int) -> int:
-        """Micro-batches per rank in window ``w`` (plans it if not counted yet)."""
+        """Micro-batches per rank in window ``w``: counted from its bucket sizes in the padded
+        layout (orders that cut batches inside buckets), planned otherwise."""
         if w not in self._counts:
-            self._counts[w] = self.plan_window(w).num_batches
+            self._counts[w] = self._count_window(w)
         return self._counts[w]
+
+    def _count_window(self, w: int) -> int:
+        if self.config.layout == "pad" and self.config.order not in ("sorted", "random"):
+            ids = self.window_ids(w)
+            values = _check_window(np.asarray(self.lengths[ids]), ids, self._what)
+            self._check_overflow()
+            with warnings.catch_warnings():  # the window warns about cut tokens when planned
+                warnings.simplefilter("ignore", UserWarning)
+                count = padded_batch_count(values, self._window_config(values, self.config))
+            if count is not None:
+                return count
+        return self.plan_window(w).num_batches
 
     @property
     def num_batches(self) -> int:
-        """Micro-batches per rank over the epoch (plans every window not counted yet)."""
+        """Micro-batches per rank over the epoch (counts every window not counted yet; only
+        the packed layout and the ``sorted`` and ``random`` orders plan them to count)."""
         return sum(self.window_batches(w) for w in range(self.num_windows))
 
     def rank_batches(self, rank: int, start: int = 0) -> Iterator[np.ndarray]:

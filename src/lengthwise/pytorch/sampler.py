@@ -113,7 +113,8 @@ class BucketBatchSampler(Sampler[list[int]]):
     does so above 16,777,216 samples with 2,097,152-sample windows, memory-mapping
     ``.npy`` lengths; ``None`` always plans the whole epoch. A windowed sampler
     resumes (also on other ranks) by planning only the window it stopped in; its
-    ``len()`` plans every window once to count, and its checksum of the lengths
+    ``len()`` counts every window's micro-batches from its bucket sizes (padded
+    layout; the packed one plans each window to count), and its checksum of the lengths
     (for the state) reads every length once, in chunks.
 
     Under a launcher of several processes (``WORLD_SIZE``, ``LOCAL_WORLD_SIZE`` or an
