@@ -60,6 +60,18 @@ def test_the_saved_figures_come_from_the_settings_the_script_runs(script, saved)
             assert set(script.DETERMINISTIC[task]) <= set(row)
 
 
+def test_the_documented_runs_are_the_demos_defaults(script, saved):
+    # the README's table is the one `lengthwise demo` prints: no option changes the run
+    from lengthwise.demo.config import DemoConfig
+    from lengthwise.demo.dflash import DFlashDemoConfig
+
+    assert script.command("lm") == "lengthwise demo"
+    assert script.command("dflash") == "lengthwise demo --task dflash"
+    for task, cfg in (("lm", DemoConfig()), ("dflash", DFlashDemoConfig())):
+        for key, value in saved[task]["config"].items():
+            assert getattr(cfg, key) == value, (task, key)
+
+
 def test_drift_in_a_deterministic_figure_is_reported_and_throughput_is_not(script, saved):
     fresh = copy.deepcopy(saved["lm"])
     for row in fresh["strategies"].values():

@@ -38,7 +38,7 @@ from lengthwise.doctor.epochs import EpochBoundaries, epoch_boundaries, staircas
 from lengthwise.doctor.errors import EmptyLogError
 from lengthwise.doctor.mechanisms import match_period
 from lengthwise.doctor.noise import noise_budget
-from lengthwise.doctor.order import logged_order
+from lengthwise.doctor.order import logged_order, logged_view
 from lengthwise.doctor.periodicity import Periodicity, periodicity_of
 from lengthwise.doctor.phases import Phases, find_phases
 from lengthwise.doctor.readers import read_log, read_records
@@ -127,7 +127,7 @@ def diagnose(
                       batch_size=batch_size, checkpoint_every=checkpoint_every,
                       checkpoint_steps=ck, checkpoint_source=ck_source, eval_every=eval_every,
                       world_size=world, world_size_source=world_source,
-                      order=order or logged_order(source))
+                      order=order or logged_order(source), view=logged_view(source))
     window = checkpoint_window(log.step_interval)
     warm = phases.warmup_end if phases.warmup_source == "lr" else None
     cliff_ctx = CliffContext(checkpoints=ck, window=window, buckets=buckets,

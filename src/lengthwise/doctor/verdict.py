@@ -30,6 +30,7 @@ from typing import Any
 
 from lengthwise.doctor.attribution import ALPHA as LENGTH_ALPHA
 from lengthwise.doctor.attribution import REPORT_ALPHA
+from lengthwise.doctor.bands import band_buckets
 from lengthwise.doctor.cliffs import Cliff
 from lengthwise.doctor.mechanisms import match_period
 from lengthwise.doctor.numbers import fmt_num
@@ -37,6 +38,8 @@ from lengthwise.doctor.report import Cause, Findings, Verdict
 
 #: cliffs whose median recovery takes at most this many logged points are one-step spikes
 QUICK_RECOVERY = 2
+#: the ``view`` of a log whose lines are single micro-batches (its ``plan`` event)
+MICRO_VIEW = "micro-batch"
 STRATIFY = "interleave or stratify length buckets: `lengthwise plan --order stratified`"
 PHASE_WORDS = {"warm-up": "in the lr warm-up", "early": "in early training",
                "stable": "in the stable region"}
@@ -146,6 +149,8 @@ def _composition_causes(f: Findings) -> list[Cause]:
     logged = attr.bucket_r2 is not None or attr.length_r2 is not None
     attr_ev = _attr_evidence(f)
     confirm = [] if logged else ["log `bucket` (and `real_tokens`, `samples`) per step to confirm"]
+    if f.context.view == MICRO_VIEW and (banded or attr.bucket_explains) and attr.per_bucket:
+        return [_micro_batch_cause(f, attr_ev), *([_period_cause(f, [], [])] if periodic else [])]
     if banded:
         out.append(_bands_cause(f, attr_ev, confirm, logged))
     if periodic:
@@ -153,6 +158,41 @@ def _composition_causes(f: Findings) -> list[Cause]:
     if not banded and not periodic:
         out.extend(_attribution_cause(f, attr_ev))
     return out
+
+
+def _micro_batch_cause(f: Findings, attr_ev: list[str]) -> Cause:
+    """A per-micro-batch log whose micro-batches each come from one length bucket: its bands
+    are the buckets' losses, the composition of the logged micro-batch."""
+    bands, attr = f.bands, f.attribution
+    rows = sorted(attr.per_bucket, key=lambda r: r["mean_loss"])
+
+    def bucket_text(r: dict[str, Any]) -> str:
+        return (f"bucket {r['bucket']}: mean loss {r['mean_loss']:.4g} "
+                f"({r['mean_offset']:+.3g} from the trend, {r['steps']} micro-batches)")
+
+    if bands.count is not None and bands.count > 1:
+        groups = band_buckets(bands, attr.per_bucket)
+        found = [f"band at {c:.4g} ({s:.0%}) <- " + (
+                     "; ".join(bucket_text(r) for r in g) if g else "no bucket")
+                 for c, s, g in zip(bands.centres, bands.shares, groups, strict=True)]
+        head = (f"{bands.count} loss bands from {len(rows)} length buckets (Silverman test "
+                f"p={fmt_num(bands.p_value or 0.0)} against {bands.count - 1})")
+    else:
+        found = [bucket_text(r) for r in rows]
+        head = (f"{len(rows)} loss levels, one per length bucket (not separated into distinct "
+                "bands: the buckets' losses differ by less than the spread within one)")
+    return Cause(
+        name="micro_batch_bands",
+        title=(f"{head}: each line is the loss of one micro-batch, drawn from one length "
+               "bucket, so the levels are the composition of the logged micro-batch, not of "
+               "the optimizer step"),
+        score=max(bands.between_share or 0.0, attr.bucket_r2 or 0.0),
+        where=_region(f),
+        evidence=[*found, *attr_ev],
+        prescription=["log the optimizer step's loss instead: the token-weighted mean over "
+                      "every micro-batch of the step on every rank (`StepLogger.step`, with "
+                      "`buckets` listing all of them); judge the order on that log",
+                      _order_fix(f)])
 
 
 def _bands_cause(f: Findings, attr_ev: list[str], confirm: list[str], logged: bool) -> Cause:
