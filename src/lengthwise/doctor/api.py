@@ -301,7 +301,8 @@ def _noise(resid: np.ndarray, use: np.ndarray, cols: dict[str, np.ndarray],
     # the bucket when it separates steps at all (else, e.g. stratified steps that all hold
     # the same mix, the steps' mean length)
     if a.bucket_r2 is not None and a.bucket_r2 > 0:
-        r2, groups, src = a.bucket_r2, a.bucket_groups, f"length bucket (`{a.bucket_field}`)"
+        # the share beyond what the shuffles give by chance (already adjusted: one group)
+        r2, groups, src = a.bucket_r2_adjusted, 1, f"length bucket (`{a.bucket_field}`)"
     else:
         r2, groups, src = None, 1, None
     length, length_src = _length(cols)

@@ -134,7 +134,9 @@ def _attr_evidence(f: Findings) -> list[str]:
     ev = []
     if a.bucket_r2 is not None:
         ev.append(f"the bucket explains {a.bucket_r2:.0%} of the step-to-step variance "
-                  f"(R^2, permutation p={fmt_num(a.bucket_p_value or 1.0)})")
+                  f"(R^2, permutation p={fmt_num(a.bucket_p_value or 1.0)}; "
+                  f"{a.bucket_r2_chance or 0.0:.0%} by chance alone, "
+                  f"{a.bucket_r2_adjusted or 0.0:.0%} beyond it)")
     if a.length_r2 is not None:
         ev.append(f"sequence length explains {a.length_r2:.0%} of it "
                   f"(eta^2 over deciles, p={fmt_num(a.length_p_value or 1.0)})")
@@ -281,14 +283,19 @@ def _period_cause(f: Findings, attr_ev: list[str], confirm: list[str]) -> Cause:
 def _attribution_cause(f: Findings, attr_ev: list[str]) -> list[Cause]:
     a = f.attribution
     if a.bucket_explains:
+        title = ("the length bucket of each step drives its loss (no distinct bands)"
+                 if a.single_bucket is not False else
+                 f"the mix of length buckets in each step explains "
+                 f"{a.bucket_r2_adjusted or 0.0:.0%} of its loss variance beyond chance "
+                 "(no distinct bands)")
         return [Cause(
-            name="composition_noise",
-            title="the length bucket of each step drives its loss (no distinct bands)",
-            score=a.bucket_r2 or 0.0, where=_region(f), evidence=attr_ev,
+            name="composition_noise", title=title,
+            score=a.bucket_r2_adjusted or 0.0, where=_region(f), evidence=attr_ev,
             prescription=[_order_fix(f)])]
     weak = []
     if a.bucket_p_value is not None and a.bucket_p_value < REPORT_ALPHA:
-        weak.append(("bucket", a.bucket_field or "bucket", a.bucket_r2 or 0.0, a.bucket_p_value))
+        weak.append(("bucket", a.bucket_field or "bucket", a.bucket_r2_adjusted or 0.0,
+                     a.bucket_p_value))
     if a.length_p_value is not None and a.length_p_value < LENGTH_ALPHA:
         weak.append(("length", a.length_field or "length", a.length_r2 or 0.0, a.length_p_value))
     if not weak:
