@@ -83,17 +83,23 @@ def run_experiment(cfg: EvidenceConfig, *, out: str | Path, workers: int = 1,
 
 def doctor_figures(log: str | Path, micro_log: str | Path, data: EvidenceData,
                    ) -> dict[str, Any]:
-    """The doctor on a run's step log and on its rank-0 per-micro-batch log."""
+    """The doctor on a run's step log and on its rank-0 per-micro-batch log: verdict, causes,
+    bands (with the buckets behind each), each bucket's mean loss, noise budget."""
     from lengthwise.doctor import diagnose
 
     out: dict[str, Any] = {}
     for view, path in (("step", log), ("micro", micro_log)):
         report = diagnose(str(path))
-        bands = report.bands
-        noise = report.noise
+        noise, attr = report.noise, report.attribution
         out[view] = {
             "verdict": report.verdict.summary,
-            "bands": _bands(bands, data),
+            "causes": [c.name for c in report.verdict.causes],
+            "bands": _bands(report.bands, attr.per_bucket, data),
+            "bucket_r2": attr.bucket_r2, "bucket_r2_adjusted": attr.bucket_r2_adjusted,
+            "bucket_p_value": attr.bucket_p_value,
+            "levels": [{"bucket": r["bucket"], "lengths": _label(r["bucket"], data),
+                        "mean_loss": r["mean_loss"], "lines": r["steps"]}
+                       for r in attr.per_bucket] if attr.single_bucket else [],
             "loss_roughness": float(report.stats.loss_roughness),
             "noise_shares": noise.shares if noise is not None else None,
             "excess": noise.excess if noise is not None else None,
@@ -101,13 +107,23 @@ def doctor_figures(log: str | Path, micro_log: str | Path, data: EvidenceData,
     return out
 
 
-def _bands(bands: Any, data: EvidenceData) -> list[dict[str, Any]]:
-    """The bands the doctor found: each band's offset from the trend, width and share."""
+def _label(bucket: Any, data: EvidenceData) -> str | None:
+    labels = data.strata()
+    return labels[bucket] if isinstance(bucket, int) and 0 <= bucket < len(labels) else None
+
+
+def _bands(bands: Any, per_bucket: list[dict[str, Any]], data: EvidenceData,
+           ) -> list[dict[str, Any]]:
+    """The bands the doctor found: each band's centre and share, and the buckets behind it."""
+    from lengthwise.doctor.bands import band_buckets
+
     if bands is None or not bands.count or bands.count < 2:
         return []
-    return [{"offset": float(o), "centre": float(c), "width": float(w), "share": float(s)}
-            for o, c, w, s in zip(bands.offsets, bands.centres, bands.widths, bands.shares,
-                                  strict=False)]
+    groups = band_buckets(bands, per_bucket)
+    return [{"centre": float(c), "share": float(s),
+             "buckets": [{"bucket": r["bucket"], "lengths": _label(r["bucket"], data),
+                          "mean_loss": r["mean_loss"]} for r in g]}
+            for c, s, g in zip(bands.centres, bands.shares, groups, strict=True)]
 
 
 def time_to_loss(curve: list[dict[str, Any]], target: float) -> dict[str, float | None]:
@@ -197,6 +213,7 @@ def summarise(cfg: EvidenceConfig, data: EvidenceData, runs: list[dict[str, Any]
         "target_loss": target,
         "target_share": TARGET_SHARE,
         "settle_share": SETTLE_SHARE,
+        "runs_wall_seconds": float(sum(r.get("wall_seconds") or 0.0 for r in runs)),
         "equal_tokens": {"budget": budget, "min": min(tokens), "max": max(tokens),
                          "spread": (max(tokens) - min(tokens)) / budget},
         "orders": table,
@@ -248,6 +265,6 @@ def _curve(mine: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
 def _run_row(r: dict[str, Any]) -> dict[str, Any]:
     """A run as committed: its figures and curve, not its log paths."""
     keep = ("order", "seed", "steps", "real_tokens", "padded_tokens", "padding_efficiency",
-            "train_seconds", "tokens_per_second", "eval_loss", "strata", "step_cv_ratio",
-            "time_to_loss", "curve", "doctor")
+            "train_seconds", "wall_seconds", "tokens_per_second", "eval_loss", "strata",
+            "step_cv_ratio", "time_to_loss", "curve", "doctor")
     return {k: r[k] for k in keep if k in r}
