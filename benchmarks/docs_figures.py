@@ -313,28 +313,41 @@ def region_text(text: str, name: str, where: str) -> tuple[int, int]:
     start, end = markers(name)
     i, j = text.find(start), text.find(end)
     if i < 0 or j < i:
-        raise SystemExit(f"docs_figures: {where} has no region {name} ({start} ... {end})")
+        raise SystemExit(f"{where} has no region {name} ({start} ... {end})")
     return i + len(start), j
 
 
-def rewrite(saved: dict[str, Any], root: Path = ROOT) -> list[str]:
-    """Rewrite every region of :data:`REGIONS` under ``root``; the files changed."""
+def rewrite_regions(regions: dict[str, tuple[str, ...]], text_of: Any, root: Path = ROOT,
+                    keep: Any = None) -> list[str]:
+    """Put ``text_of(name)`` into every region ``name`` of ``regions`` (file -> names) under
+    ``root`` (those ``keep(name)`` allows); the files changed."""
     changed = []
-    for rel, names in REGIONS.items():
+    for rel, names in regions.items():
         path = root / rel
         text = path.read_text(encoding="utf-8")
         new = text
         for name in names:
-            if name.split("-")[0] not in saved:  # that task was never run: leave its region
-                print(f"docs_figures: no saved figures for region {name} of {rel}; run "
-                      f"its task first", file=sys.stderr)
+            if keep is not None and not keep(name):
                 continue
             i, j = region_text(new, name, rel)
-            new = new[:i] + "\n" + render(name, saved) + "\n" + new[j:]
+            new = new[:i] + "\n" + text_of(name) + "\n" + new[j:]
         if new != text:
             path.write_text(new, encoding="utf-8")
             changed.append(rel)
     return changed
+
+
+def rewrite(saved: dict[str, Any], root: Path = ROOT) -> list[str]:
+    """Rewrite every region of :data:`REGIONS` under ``root``; the files changed."""
+
+    def keep(name: str) -> bool:
+        if name.split("-")[0] in saved:
+            return True
+        print(f"docs_figures: no saved figures for region {name}; run its task first",
+              file=sys.stderr)  # that task was never run: its region stays as it is
+        return False
+
+    return rewrite_regions(REGIONS, lambda name: render(name, saved), root, keep)
 
 
 def main(argv: list[str] | None = None) -> int:

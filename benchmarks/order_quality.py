@@ -145,18 +145,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def write(saved: dict[str, Any], path: Path = SAVED) -> None:
     """Write the figures as JSON (NaN, e.g. the interval of one seed, as null)."""
-    import math
+    from lengthwise.demo.report import clean_json
 
-    def clean(x: Any) -> Any:
-        if isinstance(x, float) and not math.isfinite(x):
-            return None
-        if isinstance(x, dict):
-            return {k: clean(v) for k, v in x.items()}
-        if isinstance(x, list | tuple):
-            return [clean(v) for v in x]
-        return x
-
-    path.write_text(json.dumps(clean(saved), indent=1) + "\n", encoding="utf-8")
+    path.write_text(json.dumps(clean_json(saved), indent=1) + "\n", encoding="utf-8")
 
 
 def compare(saved: dict[str, Any], fresh: dict[str, Any]) -> list[str]:
@@ -349,33 +340,25 @@ def render(name: str, saved: dict[str, Any]) -> str:
     raise KeyError(f"no region {name!r}")
 
 
-def markers(name: str) -> tuple[str, str]:
-    return f"<!-- figures:{name} start -->", f"<!-- figures:{name} end -->"
+def _docs_figures() -> Any:
+    """``benchmarks/docs_figures.py``, whose marked-region helpers this script shares."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_figures",
+                                                  Path(__file__).with_name("docs_figures.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def region_text(text: str, name: str, where: str) -> tuple[int, int]:
     """Start and end offsets of region ``name``'s body in ``text``."""
-    start, end = markers(name)
-    i, j = text.find(start), text.find(end)
-    if i < 0 or j < i:
-        raise SystemExit(f"order_quality: {where} has no region {name} ({start} ... {end})")
-    return i + len(start), j
+    return _docs_figures().region_text(text, name, where)
 
 
 def rewrite(saved: dict[str, Any], root: Path = ROOT) -> list[str]:
     """Rewrite every region of :data:`REGIONS` under ``root``; the files changed."""
-    changed = []
-    for rel, names in REGIONS.items():
-        path = root / rel
-        text = path.read_text(encoding="utf-8")
-        new = text
-        for name in names:
-            i, j = region_text(new, name, rel)
-            new = new[:i] + "\n" + render(name, saved) + "\n" + new[j:]
-        if new != text:
-            path.write_text(new, encoding="utf-8")
-            changed.append(rel)
-    return changed
+    return _docs_figures().rewrite_regions(REGIONS, lambda name: render(name, saved), root)
 
 
 def plot(full: dict[str, Any]) -> None:

@@ -122,6 +122,17 @@ def test_the_committed_figures_are_what_the_experiment_promises(saved):
             assert "eval_loss" in row["vs_sorted"]
 
 
+def test_the_doctor_agrees_with_each_orders_composition(saved):
+    # an order whose steps each hold the data set's length mix (step_cv_ratio well below a
+    # random shuffle's 1.0) is not one whose step bucket drives its loss
+    for run in saved["full"]["runs"]:
+        name = run["order"]
+        if run["step_cv_ratio"] is not None and run["step_cv_ratio"] < 0.5:
+            assert "composition_noise" not in run["doctor"]["step"]["causes"], name
+        if name in ("stratified", "interleave"):
+            assert not run["doctor"]["step"]["bands"], name
+
+
 def test_every_region_holds_what_the_script_renders(script, saved):
     for rel, names in script.REGIONS.items():
         text = (ROOT / rel).read_text(encoding="utf-8")

@@ -49,6 +49,14 @@ DFLASH_KEYS: tuple[str, ...] = (
 )
 
 
+#: the speed table's columns (the printed table and ``summary.md``)
+SPEED_KEYS: tuple[str, ...] = ("tokens_per_second", "throughput_vs_sorted", "padding_efficiency",
+                               "loss_roughness", "excess", "skipped_steps")
+#: the draft table's columns
+DRAFT_KEYS: tuple[str, ...] = ("accuracy_first", "accuracy_final", "simulated_acceptance_length",
+                               "acceptance_length", "lossless")
+
+
 @dataclass
 class DFlashDemoConfig(DFlashTrainConfig):
     """DFlash training sized for two CPU cores, plus the target and evaluation settings."""
@@ -232,13 +240,9 @@ def dflash_markdown(summary: dict[str, Any]) -> str:
     from lengthwise.demo.report import format_markdown
 
     rows = summary["strategies"]
-    speed = format_markdown(rows, ("tokens_per_second", "throughput_vs_sorted",
-                                   "padding_efficiency", "loss_roughness", "excess",
-                                   "skipped_steps"))
-    draft = format_markdown(rows, ("accuracy_first", "accuracy_final", "eval_loss",
-                                   "simulated_acceptance_length", "acceptance_length",
-                                   "lossless"))
-    return speed + "\n\n" + draft
+    return (format_markdown(rows, SPEED_KEYS) + "\n\n"
+            + format_markdown(rows, ("accuracy_first", "accuracy_final", "eval_loss",
+                                     *DRAFT_KEYS[2:])))
 
 
 def _summarise(results: dict[str, dict[str, Any]], cfg: DFlashDemoConfig,
@@ -288,12 +292,8 @@ def render_dflash(summary: dict[str, Any]) -> str:
     from lengthwise.dflash.table import render_eval
 
     rows = summary["strategies"]
-    speed = format_columns(rows, ("tokens_per_second", "throughput_vs_sorted",
-                                  "padding_efficiency", "loss_roughness", "excess",
-                                  "skipped_steps"))
-    draft = format_columns(rows, ("accuracy_first", "accuracy_final",
-                                  "simulated_acceptance_length", "acceptance_length",
-                                  "lossless"))
+    speed = format_columns(rows, SPEED_KEYS)
+    draft = format_columns(rows, DRAFT_KEYS)
     lo, hi = summary.get("stable_region", [None, None])
     lines = [speed, "", draft, "", format_verdicts(rows), "",
              f"loss_roughness over steps {lo}-{hi}; excess: roughness above the order's own "
