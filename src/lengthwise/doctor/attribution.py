@@ -74,7 +74,7 @@ class Attribution:
 
         Example::
 
-            >>> Attribution(bucket_r2=0.6, bucket_r2_chance=0.2).bucket_r2_adjusted
+            >>> Attribution(bucket_r2=0.625, bucket_r2_chance=0.25).bucket_r2_adjusted
             0.5
         """
         if self.bucket_r2 is None:
