@@ -190,7 +190,7 @@ def _pm(iv: dict[str, Any] | None, spec: str = ".3f") -> str:
     half = iv.get("half")
     if half is None:
         return format(iv["mean"], spec)
-    return f"{format(iv['mean'], spec)} ± {format(half, spec)}"
+    return f"{format(iv['mean'], spec)} ± {format(half, spec.lstrip('+'))}"
 
 
 def _wrap(text: str) -> str:
@@ -205,7 +205,7 @@ def table(full: dict[str, Any]) -> str:
     strata = full["strata"]
     lo, hi = strata[0], strata[-1]
     head = ["order", "held-out loss", f"lengths {lo}", f"lengths {hi}", "vs random",
-            "tokens to target", "seconds to target", "tokens/s", "settled"]
+            "tokens to target", "seconds to target", "tokens/s", "steps", "settled"]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for name, row in full["orders"].items():
         diff = row.get("vs_random", {}).get("eval_loss")
@@ -213,7 +213,7 @@ def table(full: dict[str, Any]) -> str:
             name, _pm(row["eval_loss"]), _pm(row["strata"][lo]), _pm(row["strata"][hi]),
             _pm(diff, "+.3f") if diff else "-", _pm(row["tokens_to_target"], ",.0f"),
             _pm(row["seconds_to_target"], ".0f"), _pm(row["tokens_per_second"], ",.0f"),
-            "yes" if row["settled"] else "no"]) + " |")
+            f"{row['steps']['mean']:.0f}", "yes" if row["settled"] else "no"]) + " |")
     return "\n".join(lines)
 
 
@@ -237,7 +237,7 @@ def _caption(full: dict[str, Any]) -> str:
         f"'vs random' is the paired difference (same seed) from random; the target loss is "
         f"{full['target_loss']:.3f} (the highest any run has at half the budget); 'settled': "
         f"the held-out loss moves less over the last {full['settle_share']:.0%} of the tokens "
-        f"than its interval. {took}.")
+        f"than its interval. Seconds and tokens/s depend on the machine's load. {took}.")
 
 
 def _detected(diff: dict[str, Any] | None) -> bool:
@@ -287,6 +287,13 @@ def reading(full: dict[str, Any]) -> str:
         sentences.append(f"The held-out loss of {', '.join(unsettled)} still moves over the "
                          "last 20 % of the tokens by more than its interval: a longer run could "
                          "change the comparison.")
+    steps = {n: r["steps"]["mean"] for n, r in orders.items()}
+    most, fewest = max(steps, key=steps.get), min(steps, key=steps.get)
+    sentences.append(f"Equal tokens are not equal updates: a micro-batch holds at most "
+                     f"{full['config']['max_tokens']} padded tokens, so the order that pads most "
+                     f"takes the most optimizer steps ({most}, {steps[most]:.0f}, against "
+                     f"{steps[fewest]:.0f} for {fewest}), each on fewer tokens; part of any "
+                     f"difference in held-out loss is that.")
     ttl = {n: r["tokens_to_target"]["mean"] for n, r in orders.items()
            if r["tokens_to_target"].get("mean") is not None}
     if ttl:
