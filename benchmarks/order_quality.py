@@ -220,10 +220,12 @@ def table(full: dict[str, Any]) -> str:
 def _caption(full: dict[str, Any]) -> str:
     c, d, eq = full["config"], full["data"], full["equal_tokens"]
     seeds = len(c["seeds"])
-    wall = full.get("runs_wall_seconds")
+    wall, cpu = full.get("runs_wall_seconds"), full.get("runs_cpu_seconds")
     took = (f"The {len(full['runs'])} runs took {wall / 60:.0f} min of wall time in all "
             f"(training and held-out evaluation, one thread each; {full['machine']}, shared "
-            "with other jobs)" if wall else full["machine"])
+            "with other jobs" + (f"; {cpu / 60:.0f} min of CPU time, about {cpu / 120:.0f} min "
+                                 "on two free cores" if cpu else "") + ")"
+            if wall else full["machine"])
     return _wrap(
         f"`python benchmarks/order_quality.py`: the {c['model_size']} causal LM of the demo "
         f"trained from scratch once per order and seed ({seeds} seeds), every run to "

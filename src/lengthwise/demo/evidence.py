@@ -243,7 +243,7 @@ def run_one(order: str, seed: int, data: EvidenceData, cfg: EvidenceConfig, *,
     curve: list[dict[str, Any]] = []
     tokens = padded = 0
     seconds = 0.0
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     try:
         _set_lr(loop, lr_at(0, cfg, budget))
         while tokens < budget:
@@ -266,6 +266,7 @@ def run_one(order: str, seed: int, data: EvidenceData, cfg: EvidenceConfig, *,
         "order": order, "seed": seed, "steps": loop.step_count, "real_tokens": tokens,
         "padded_tokens": padded, "padding_efficiency": tokens / padded if padded else None,
         "train_seconds": seconds, "wall_seconds": time.perf_counter() - started,
+        "cpu_seconds": time.process_time() - cpu,
         "tokens_per_second": tokens / seconds if seconds > 0 else None,
         "eval_loss": final["eval_loss"], "strata": final["strata"],
         "step_cv_ratio": None if step_cv_ratio is None else float(step_cv_ratio),

@@ -214,6 +214,8 @@ def summarise(cfg: EvidenceConfig, data: EvidenceData, runs: list[dict[str, Any]
         "target_share": TARGET_SHARE,
         "settle_share": SETTLE_SHARE,
         "runs_wall_seconds": float(sum(r.get("wall_seconds") or 0.0 for r in runs)),
+        "runs_cpu_seconds": (float(sum(r["cpu_seconds"] for r in runs))
+                             if all(r.get("cpu_seconds") for r in runs) else None),
         "equal_tokens": {"budget": budget, "min": min(tokens), "max": max(tokens),
                          "spread": (max(tokens) - min(tokens)) / budget},
         "orders": table,
@@ -265,6 +267,7 @@ def _curve(mine: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
 def _run_row(r: dict[str, Any]) -> dict[str, Any]:
     """A run as committed: its figures and curve, not its log paths."""
     keep = ("order", "seed", "steps", "real_tokens", "padded_tokens", "padding_efficiency",
-            "train_seconds", "wall_seconds", "tokens_per_second", "eval_loss", "strata",
+            "train_seconds", "wall_seconds", "cpu_seconds", "tokens_per_second", "eval_loss",
+            "strata",
             "step_cv_ratio", "time_to_loss", "curve", "doctor")
     return {k: r[k] for k in keep if k in r}
