@@ -283,11 +283,16 @@ def _period_cause(f: Findings, attr_ev: list[str], confirm: list[str]) -> Cause:
 def _attribution_cause(f: Findings, attr_ev: list[str]) -> list[Cause]:
     a = f.attribution
     if a.bucket_explains:
-        title = ("the length bucket of each step drives its loss (no distinct bands)"
-                 if a.single_bucket is not False else
-                 f"the mix of length buckets in each step explains "
-                 f"{a.bucket_r2_adjusted or 0.0:.0%} of its loss variance beyond chance "
-                 "(no distinct bands)")
+        share = f"{a.bucket_r2_adjusted or 0.0:.0%}"
+        if a.single_bucket is not False:
+            title = "the length bucket of each step drives its loss (no distinct bands)"
+        elif f.context.order == "stratified":  # every step holds close to the data set's mix
+            title = (f"the small differences between the steps' mixes of length buckets explain "
+                     f"{share} of the step-to-step loss variance beyond chance (the order is "
+                     "stratified: each step holds close to the data set's mix; no distinct bands)")
+        else:
+            title = (f"the mix of length buckets in each step explains {share} of its loss "
+                     "variance beyond chance (no distinct bands)")
         return [Cause(
             name="composition_noise", title=title,
             score=a.bucket_r2_adjusted or 0.0, where=_region(f), evidence=attr_ev,
