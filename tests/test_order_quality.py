@@ -76,7 +76,7 @@ def test_paired_difference_pairs_by_seed_and_says_when_zero_is_outside():
 def _row(mean: float, half: float, diff: tuple[float, float] | None) -> dict:
     iv = {"mean": mean, "half": half, "lo": mean - half, "hi": mean + half, "n": 5}
     out = {"eval_loss": iv, "settled": True, "strata": {"8-20": iv, "170-256": iv},
-           "tokens_to_target": {"mean": 1000.0, "half": 50.0}}
+           "tokens_to_target": {"mean": 1000.0, "half": 50.0}, "steps": {"mean": 50.0}}
     if diff is not None:
         d = {"mean": diff[0], "half": diff[1], "n": 5,
              "detected": abs(diff[0]) > diff[1]}
@@ -86,7 +86,7 @@ def _row(mean: float, half: float, diff: tuple[float, float] | None) -> dict:
 
 
 def test_the_reading_follows_the_intervals(script):
-    full = {"orders": {"random": _row(5.0, 0.02, None),
+    full = {"config": {"max_tokens": 512}, "orders": {"random": _row(5.0, 0.02, None),
                        "stratified": _row(4.9, 0.02, (-0.1, 0.03)),
                        "sorted": _row(5.0, 0.02, (0.01, 0.05))}}
     text = " ".join(script.reading(full).split())
