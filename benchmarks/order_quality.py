@@ -312,6 +312,8 @@ def doctor_text(full: dict[str, Any]) -> str:
     lines = []
     for name, row in full["orders"].items():
         step, micro = row["doctor"]["step"], row["doctor"]["micro"]
+        # quote the per-micro-batch verdict of a seed with bands when there is one
+        k = next((i for i, c in enumerate(micro["band_counts"]) if c), 0)
         noise = row.get("noise") or {}
         budget = ", ".join(f"{k} {_pm(v, '.2f')}" for k, v in noise.items()) or "not measured"
         lines.append(_wrap(
@@ -319,8 +321,8 @@ def doctor_text(full: dict[str, Any]) -> str:
             f"{len(step['band_counts'])} seeds; rank 0's per-micro-batch log, in "
             f"{sum(c > 0 for c in micro['band_counts'])}; noise budget of the step loss "
             f"(shares of its detrended variance): {budget}; the doctor on seed "
-            f"{row['seeds'][0]}'s step log: {step['verdicts'][0]}; on its per-micro-batch log: "
-            f"{micro['verdicts'][0]}").replace("\n", "\n  "))
+            f"{row['seeds'][0]}'s step log: {step['verdicts'][0]}; on seed {row['seeds'][k]}'s "
+            f"per-micro-batch log: {micro['verdicts'][k]}").replace("\n", "\n  "))
     return "\n".join(lines)
 
 

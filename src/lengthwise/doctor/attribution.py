@@ -35,6 +35,8 @@ PERMUTATIONS = 199
 #: permutation tests use a random subset of at most this many steps
 MAX_PERMUTED = 20_000
 LENGTH_BINS = 10
+#: mean share of a step's main bucket from which its steps read as single-bucket steps
+MOSTLY_SINGLE = 0.9
 #: R-squared at or above which composition counts as a cause
 STRONG_R2 = 0.2
 ALPHA = 0.01
@@ -56,7 +58,7 @@ class Attribution:
     bucket_r2: float | None = None
     bucket_p_value: float | None = None
     bucket_r2_chance: float | None = None
-    single_bucket: bool | None = None  # every step holds one bucket
+    single_bucket: bool | None = None  # every step holds one bucket (90 % of it on average)
     per_bucket: list[dict[str, Any]] = field(default_factory=list)
     length_field: str | None = None
     length_r2: float | None = None
@@ -260,8 +262,11 @@ def _bucket_fields(
         else:
             r2 = r_squared(y, s)
             p, chance = _permuted(r_squared(ys, ss), ys, lambda v: r_squared(v, ss), rng)
+        # steps that (almost) all hold one bucket, e.g. sorted steps that straddle an edge now
+        # and then, are single-bucket steps to a reader
+        mostly_single = bool(single or float(s.max(axis=1).mean()) >= MOSTLY_SINGLE)
         return dict(bucket_field=bucket_field, bucket_r2=r2, bucket_p_value=p,
-                    bucket_r2_chance=chance, single_bucket=single,
+                    bucket_r2_chance=chance, single_bucket=mostly_single,
                     bucket_groups=len(ids), per_bucket=_per_bucket(ids, s, y, loss[has]))
     if has.sum():
         return dict(bucket_field=bucket_field,

@@ -151,7 +151,7 @@ def _composition_causes(f: Findings) -> list[Cause]:
     logged = attr.bucket_r2 is not None or attr.length_r2 is not None
     attr_ev = _attr_evidence(f)
     confirm = [] if logged else ["log `bucket` (and `real_tokens`, `samples`) per step to confirm"]
-    if f.context.view == MICRO_VIEW and (banded or attr.bucket_explains) and attr.per_bucket:
+    if f.context.view == MICRO_VIEW and attr.per_bucket and _buckets_behind(f):
         return [_micro_batch_cause(f, attr_ev), *([_period_cause(f, [], [])] if periodic else [])]
     if banded:
         out.append(_bands_cause(f, attr_ev, confirm, logged))
@@ -160,6 +160,19 @@ def _composition_causes(f: Findings) -> list[Cause]:
     if not banded and not periodic:
         out.extend(_attribution_cause(f, attr_ev))
     return out
+
+
+def _buckets_behind(f: Findings) -> bool:
+    """Whether the logged buckets explain the loss's levels: the bucket explains a sizeable
+    share beyond chance, or the bands each have a bucket behind them and the bucket's share
+    is significant."""
+    bands, attr = f.bands, f.attribution
+    if attr.bucket_explains:
+        return True
+    if bands.count is None or bands.count < 2:
+        return False
+    significant = attr.bucket_p_value is not None and attr.bucket_p_value < REPORT_ALPHA
+    return significant and all(band_buckets(bands, attr.per_bucket))
 
 
 def _micro_batch_cause(f: Findings, attr_ev: list[str]) -> Cause:
