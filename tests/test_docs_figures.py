@@ -12,27 +12,19 @@ causal-LM task and 285 s for the DFlash task on two shared CPU cores.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from _scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("docs_figures",
-                                                  ROOT / "benchmarks" / "docs_figures.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def script():
     pytest.importorskip("torch")
-    return _script()
+    return load_script("docs_figures")
 
 
 @pytest.fixture(scope="module")

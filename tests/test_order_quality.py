@@ -11,12 +11,12 @@ committed one.
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import math
 from pathlib import Path
 
 import pytest
+from _scripts import load_script
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -25,17 +25,9 @@ from lengthwise.demo.intervals import paired_difference, t_critical, t_interval
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("order_quality",
-                                                  ROOT / "benchmarks" / "order_quality.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def script():
-    return _script()
+    return load_script("order_quality")
 
 
 @pytest.fixture(scope="module")
