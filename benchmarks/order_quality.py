@@ -352,7 +352,7 @@ def render(name: str, saved: dict[str, Any]) -> str:
 
 
 def _docs_figures() -> Any:
-    """``benchmarks/docs_figures.py``, whose marked-region helpers this script shares."""
+    """``benchmarks/docs_figures.py``, whose marked-region functions this script shares."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("docs_figures",

@@ -15,3 +15,16 @@ def load_script(name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def stale_regions(script: ModuleType, saved: dict) -> list[str]:
+    """The marked regions of ``script.REGIONS`` whose text is not what ``script.render`` makes
+    of ``saved`` (empty: every region is current)."""
+    out = []
+    for rel, names in script.REGIONS.items():
+        text = (ROOT / rel).read_text(encoding="utf-8")
+        for name in names:
+            i, j = script.region_text(text, name, rel)
+            if text[i:j] != "\n" + script.render(name, saved) + "\n":
+                out.append(f"{rel}: region {name}")
+    return out

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 import pytest
-from _scripts import load_script
+from _scripts import load_script, stale_regions
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,13 +33,9 @@ def saved(script):
 
 
 def test_every_region_holds_what_the_script_renders(script, saved):
-    for rel, names in script.REGIONS.items():
-        text = (ROOT / rel).read_text(encoding="utf-8")
-        for name in names:
-            i, j = script.region_text(text, name, rel)
-            assert text[i:j] == "\n" + script.render(name, saved) + "\n", (
-                f"{rel}: region {name} differs from benchmarks/DOCS_FIGURES.json; "
-                "run python benchmarks/docs_figures.py --render")
+    stale = stale_regions(script, saved)
+    assert not stale, (f"{stale} differ from benchmarks/DOCS_FIGURES.json; run python "
+                       "benchmarks/docs_figures.py --render")
 
 
 def test_the_saved_figures_come_from_the_settings_the_script_runs(script, saved):
