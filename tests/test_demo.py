@@ -316,6 +316,17 @@ def test_every_failed_check_is_explained():
     assert [n.split()[1] for n in notes] == list(checks)
 
 
+def test_the_table_points_to_the_experiment_with_seeds_at_equal_tokens():
+    # the demo is one seed after equal steps: it says so, and where the comparison with
+    # several seeds at equal real tokens is
+    from lengthwise.demo.main import render
+
+    text = render({"strategies": {"random": {"eval_loss": 5.0}}})
+    assert "one seed after equal steps" in text
+    assert "benchmarks/order_quality.py" in text and "ORDER_QUALITY.json" in text
+    assert (ROOT / "benchmarks" / "order_quality.py").is_file()
+
+
 @pytest.mark.parametrize("doc, heading", [("README.md", "## The demo"),
                                           ("docs/demo.md", "### Measured")])
 def test_measured_tables_have_the_printed_columns(doc, heading):

@@ -47,6 +47,9 @@ def test_dflash_demo_trains_decodes_and_reports(tmp_path):
         assert all(1.0 <= r["acceptance_length"] <= cfg.block_size for r in stage)
     text = render_dflash(summary)
     assert "acceptance_length" in text and "doctor:" in text
+    markdown = (tmp_path / "out" / "summary.md").read_text()  # as README says it writes
+    assert "| random |" in markdown and "| packed |" in markdown
+    assert "acceptance_length" in markdown and "tokens_per_second" in markdown
     assert "eval stage" in text and "random | 1 | 2 |" in text
     # the target and its regenerated data are cached: a second run builds nothing
     cached = sorted(p.name for p in (tmp_path / "cache").iterdir() if "dflash" in p.name)
@@ -118,7 +121,7 @@ def test_help_states_each_default_once(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "(default: None)" not in text
     assert "(default: 10% of --steps; with --task dflash: --warmup-ratio of them)" in text
-    assert "(default: 200; with --task dflash: 100)" in text
+    assert "(default: 100; with --task dflash: 50)" in text
 
 
 def test_gpu_benchmark_smoke_on_cpu(tmp_path):

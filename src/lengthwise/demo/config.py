@@ -39,8 +39,12 @@ DEFAULT_ORDERS: tuple[str, ...] = available_orders()
 
 @dataclass
 class DemoConfig(LoopConfig):
-    """The causal-LM demo: a small Llama-style model trained from scratch per order."""
+    """The causal-LM demo: a small Llama-style model trained from scratch per order.
 
+    The defaults are the run whose figures README.md and docs/demo.md show.
+    """
+
+    steps: int = 100
     model_size: str = "tiny"
     eval_samples: int = 256
     max_samples: int | None = None

@@ -104,6 +104,12 @@ def make_prompts(token_lists: list[np.ndarray], *, max_prompt: int, seed: int,
     return out
 
 
+#: version of the target's training recipe, part of its cache key: a target cached by an
+#: earlier recipe is trained again instead of being loaded (its responses, and so the
+#: demo's data and figures, would differ from a fresh machine's)
+TARGET_RECIPE = 2
+
+
 def stop_tokens(tokenizer: Any, eos: int) -> list[int]:
     """``eos`` and every token that ends a line (holds a newline), ``eos`` first.
 
@@ -133,7 +139,7 @@ def train_target(texts: list[str], tokenizer: Any, *, cache_dir: Path, size: str
     from lengthwise.demo.runner import OrderRun
 
     key = _key(corpus=fingerprint, vocab=tokenizer.get_vocab_size(), size=size, steps=steps,
-               max_len=max_len, seed=seed)
+               max_len=max_len, seed=seed, recipe=TARGET_RECIPE)
     folder = Path(cache_dir) / f"dflash-target-{key}"
     if (folder / "config.json").is_file():
         info = json.loads((folder / "lengthwise.json").read_text(encoding="utf-8"))

@@ -26,7 +26,7 @@ import numpy as np
 
 from lengthwise.train.loop import MicroOut
 
-__all__ = ["LMTask", "evaluate", "token_losses"]
+__all__ = ["LMTask", "evaluate", "evaluate_samples", "token_losses"]
 
 
 def token_losses(model: Any, batch: dict[str, Any], device: Any,
@@ -98,9 +98,10 @@ def _sample_means(ce: Any, predicted: Any, prepared: dict[str, Any],
     return (sums[kept] / counts[kept]).tolist(), counts[kept].astype(float).tolist()
 
 
-def evaluate(model: Any, samples: list[np.ndarray], *, max_tokens: int, device: Any,
-             amp: Any = None, pad_multiple: int = 8) -> float:
-    """Mean next-token loss per predicted token over ``samples`` (length-sorted batches)."""
+def evaluate_samples(model: Any, samples: list[np.ndarray], *, max_tokens: int, device: Any,
+                     amp: Any = None, pad_multiple: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """Summed next-token loss and predicted tokens of each of ``samples`` (length-sorted
+    batches), in the order of ``samples``."""
     import torch
 
     from lengthwise.planning.batching import greedy_batches, row_limit
@@ -111,16 +112,26 @@ def evaluate(model: Any, samples: list[np.ndarray], *, max_tokens: int, device: 
     order = np.argsort(lengths, kind="stable")
     limit = row_limit(max_tokens=max_tokens, pad_multiple=pad_multiple)
     ids, offsets = greedy_batches(order, lengths, limit)
-    total, count = 0.0, 0
+    sums = np.zeros(len(samples), dtype=np.float64)
+    counts = np.zeros(len(samples), dtype=np.int64)
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
             for lo, hi in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True):
-                batch = collate([{"input_ids": samples[i]} for i in ids[lo:hi]])
+                rows = ids[lo:hi]
+                batch = collate([{"input_ids": samples[i]} for i in rows])
                 ce, predicted = token_losses(model, batch, torch.device(device), amp)
-                total += float(ce.sum())
-                count += int(predicted.sum())
+                sums[rows] = ce.double().sum(dim=1).cpu().numpy()
+                counts[rows] = predicted.sum(dim=1).cpu().numpy()
     finally:
         model.train(was_training)
-    return total / max(count, 1)
+    return sums, counts
+
+
+def evaluate(model: Any, samples: list[np.ndarray], *, max_tokens: int, device: Any,
+             amp: Any = None, pad_multiple: int = 8) -> float:
+    """Mean next-token loss per predicted token over ``samples`` (length-sorted batches)."""
+    sums, counts = evaluate_samples(model, samples, max_tokens=max_tokens, device=device,
+                                    amp=amp, pad_multiple=pad_multiple)
+    return float(sums.sum() / max(int(counts.sum()), 1))

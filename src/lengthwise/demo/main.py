@@ -226,6 +226,13 @@ def _title(cfg: DemoConfig, info: dict[str, Any]) -> str:
             f"{cfg.grad_accum} micro-batches of <= {cfg.max_tokens} tokens, seed {cfg.seed}")
 
 
+#: where the comparison with several seeds at equal real tokens is, printed under the table
+ORDER_QUALITY_NOTE = (
+    "one seed after equal steps (the orders trained different real tokens); whether the order "
+    "changes the model, with several seeds at equal real tokens: benchmarks/order_quality.py "
+    "(committed figures: benchmarks/ORDER_QUALITY.json, README 'Does the order change the "
+    "model?')")
+
 #: what a check that did not hold means, printed under the table
 CHECK_NOTES = {
     "bucket_random_rougher_than_random": (
@@ -271,5 +278,6 @@ def render(summary: dict[str, Any]) -> str:
                 lines.append(f"note: {CHECK_NOTES[key]}")
     if summary.get("plot"):
         lines.append(f"loss curves: {summary['plot']}")
+    lines.append(ORDER_QUALITY_NOTE)
     lines.append(f"wall time {summary.get('wall_seconds', 0.0):.0f} s")
     return "\n".join(lines)

@@ -27,8 +27,8 @@ from typing import Any
 
 from lengthwise.atomic import atomic_path
 
-__all__ = ["JSON_KEYS", "ORDER_COLORS", "TABLE_COLUMNS", "add_ratios", "common_region",
-           "diagnose_runs", "format_columns", "format_markdown", "format_table",
+__all__ = ["JSON_KEYS", "ORDER_COLORS", "TABLE_COLUMNS", "add_ratios", "clean_json",
+           "common_region", "diagnose_runs", "format_columns", "format_markdown", "format_table",
            "format_verdicts", "order_color", "plot_curves", "residual_ticks", "summary_json"]
 
 #: keys every strategy has in ``--json`` output
@@ -186,19 +186,26 @@ def format_markdown(rows: dict[str, dict[str, Any]],
     return "\n".join(out)
 
 
+def clean_json(x: Any) -> Any:
+    """``x`` with every non-finite float (NaN, inf) replaced by ``None``, for strict JSON.
+
+    Example::
+
+        >>> clean_json({"a": [float("nan"), 1.0]})
+        {'a': [None, 1.0]}
+    """
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: clean_json(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [clean_json(v) for v in x]
+    return x
+
+
 def summary_json(rows: dict[str, dict[str, Any]], **meta: Any) -> str:
     """``{"strategies": {name: figures}, ...meta}`` as JSON (NaN written as null)."""
-
-    def clean(x: Any) -> Any:
-        if isinstance(x, float) and not math.isfinite(x):
-            return None
-        if isinstance(x, dict):
-            return {k: clean(v) for k, v in x.items()}
-        if isinstance(x, list | tuple):
-            return [clean(v) for v in x]
-        return x
-
-    return json.dumps(clean({"strategies": rows, **meta}), indent=2)
+    return json.dumps(clean_json({"strategies": rows, **meta}), indent=2)
 
 
 def plot_runs(curves: dict[str, list[float]], out: str | Path, *, region: tuple[int, int],

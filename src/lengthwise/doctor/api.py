@@ -43,7 +43,7 @@ from lengthwise.doctor.epochs import (
 from lengthwise.doctor.errors import EmptyLogError
 from lengthwise.doctor.mechanisms import match_period
 from lengthwise.doctor.noise import noise_budget
-from lengthwise.doctor.order import logged_order
+from lengthwise.doctor.order import logged_order, logged_view
 from lengthwise.doctor.periodicity import Periodicity, periodicity_of
 from lengthwise.doctor.phases import Phases, find_phases
 from lengthwise.doctor.readers import read_log, read_records
@@ -133,7 +133,7 @@ def diagnose(
                       batch_size=batch_size, checkpoint_every=checkpoint_every,
                       checkpoint_steps=ck, checkpoint_source=ck_source, eval_every=eval_every,
                       world_size=world, world_size_source=world_source,
-                      order=order or logged_order(source))
+                      order=order or logged_order(source), view=logged_view(source))
     window = checkpoint_window(log.step_interval)
     warm = phases.warmup_end if phases.warmup_source == "lr" else None
     cliff_ctx = CliffContext(checkpoints=ck, window=window, buckets=buckets,
@@ -317,7 +317,8 @@ def _noise(resid: np.ndarray, use: np.ndarray, cols: dict[str, np.ndarray],
     # the bucket when it separates steps at all (else, e.g. stratified steps that all hold
     # the same mix, the steps' mean length)
     if a.bucket_r2 is not None and a.bucket_r2 > 0:
-        r2, groups, src = a.bucket_r2, a.bucket_groups, f"length bucket (`{a.bucket_field}`)"
+        # the share beyond what the shuffles give by chance (already adjusted: one group)
+        r2, groups, src = a.bucket_r2_adjusted, 1, f"length bucket (`{a.bucket_field}`)"
     else:
         r2, groups, src = None, 1, None
     length, length_src = _length(cols)

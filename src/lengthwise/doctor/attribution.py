@@ -7,7 +7,11 @@ regressed on those shares, which for single-bucket steps is exactly
 eta-squared (between-bucket variance / total). With a length field
 (``seq_len``, or ``real_tokens / samples``), ``length_r2`` is eta-squared over
 ten quantile bins of the length. Both come with a permutation p-value (199
-shuffles of the loss over steps).
+shuffles of the loss over steps). The shuffles also give what the bucket
+"explains" by chance alone (``bucket_r2_chance``, their mean R-squared): with
+many buckets and few steps, e.g. stratified steps that each hold a few of 50
+buckets, chance alone reaches an R-squared near 1, so a cause is judged on
+``bucket_r2_adjusted``, the share beyond chance.
 
 Example::
 
@@ -31,6 +35,8 @@ PERMUTATIONS = 199
 #: permutation tests use a random subset of at most this many steps
 MAX_PERMUTED = 20_000
 LENGTH_BINS = 10
+#: mean share of a step's main bucket from which its steps read as single-bucket steps
+MOSTLY_SINGLE = 0.9
 #: R-squared at or above which composition counts as a cause
 STRONG_R2 = 0.2
 ALPHA = 0.01
@@ -51,6 +57,8 @@ class Attribution:
     bucket_field: str | None = None
     bucket_r2: float | None = None
     bucket_p_value: float | None = None
+    bucket_r2_chance: float | None = None
+    single_bucket: bool | None = None  # every step holds one bucket (90 % of it on average)
     per_bucket: list[dict[str, Any]] = field(default_factory=list)
     length_field: str | None = None
     length_r2: float | None = None
@@ -63,15 +71,34 @@ class Attribution:
     note: str = ""
 
     @property
+    def bucket_r2_adjusted(self) -> float | None:
+        """The share the bucket explains beyond chance: ``(R^2 - chance) / (1 - chance)``, >= 0.
+
+        Example::
+
+            >>> Attribution(bucket_r2=0.625, bucket_r2_chance=0.25).bucket_r2_adjusted
+            0.5
+        """
+        if self.bucket_r2 is None:
+            return None
+        chance = self.bucket_r2_chance or 0.0
+        if chance >= 1.0:
+            return 0.0
+        return max(0.0, (self.bucket_r2 - chance) / (1.0 - chance))
+
+    @property
     def bucket_explains(self) -> bool:
-        """True when the bucket explains a significant share of at least ``STRONG_R2``."""
-        return (self.bucket_r2 is not None and self.bucket_p_value is not None
-                and self.bucket_r2 >= STRONG_R2 and self.bucket_p_value < ALPHA)
+        """True when the bucket explains a significant share of at least ``STRONG_R2`` beyond
+        chance."""
+        adjusted = self.bucket_r2_adjusted
+        return (adjusted is not None and self.bucket_p_value is not None
+                and adjusted >= STRONG_R2 and self.bucket_p_value < ALPHA)
 
     @property
     def explains(self) -> bool:
         """True when the bucket (or length) explains a significant, sizeable share."""
-        for r2, p in ((self.bucket_r2, self.bucket_p_value), (self.length_r2, self.length_p_value)):
+        for r2, p in ((self.bucket_r2_adjusted, self.bucket_p_value),
+                      (self.length_r2, self.length_p_value)):
             if r2 is not None and p is not None and r2 >= STRONG_R2 and p < ALPHA:
                 return True
         return False
@@ -86,6 +113,9 @@ class Attribution:
             "bucket_field": self.bucket_field,
             "bucket_r2": r(self.bucket_r2),
             "bucket_p_value": r(self.bucket_p_value),
+            "bucket_r2_chance": r(self.bucket_r2_chance),
+            "bucket_r2_adjusted": r(self.bucket_r2_adjusted),
+            "single_bucket": self.single_bucket,
             "per_bucket": self.per_bucket,
             "length_field": self.length_field,
             "length_r2": r(self.length_r2),
@@ -166,8 +196,14 @@ def eta_squared(y: np.ndarray, groups: np.ndarray) -> float:
 
 def _perm_p(stat: float, y: np.ndarray, fn: Any, rng: np.random.Generator) -> float:
     """Permutation p-value of ``fn(y) = stat`` (199 shuffles)."""
-    exceed = sum(fn(rng.permutation(y)) >= stat for _ in range(PERMUTATIONS))
-    return (1 + exceed) / (1 + PERMUTATIONS)
+    return _permuted(stat, y, fn, rng)[0]
+
+
+def _permuted(stat: float, y: np.ndarray, fn: Any, rng: np.random.Generator,
+              ) -> tuple[float, float]:
+    """Permutation p-value of ``fn(y) = stat`` (199 shuffles) and the shuffles' mean value."""
+    values = np.array([fn(rng.permutation(y)) for _ in range(PERMUTATIONS)])
+    return (1 + int((values >= stat).sum())) / (1 + PERMUTATIONS), float(values.mean())
 
 
 def _subsample(n: int, rng: np.random.Generator) -> np.ndarray:
@@ -222,11 +258,15 @@ def _bucket_fields(
             codes = np.argmax(s, axis=1)
             r2 = eta_squared(y, codes)
             cs = codes[sub]
-            p = _perm_p(eta_squared(ys, cs), ys, lambda v: eta_squared(v, cs), rng)
+            p, chance = _permuted(eta_squared(ys, cs), ys, lambda v: eta_squared(v, cs), rng)
         else:
             r2 = r_squared(y, s)
-            p = _perm_p(r_squared(ys, ss), ys, lambda v: r_squared(v, ss), rng)
+            p, chance = _permuted(r_squared(ys, ss), ys, lambda v: r_squared(v, ss), rng)
+        # steps that (almost) all hold one bucket, e.g. sorted steps that straddle an edge now
+        # and then, are single-bucket steps to a reader
+        mostly_single = bool(single or float(s.max(axis=1).mean()) >= MOSTLY_SINGLE)
         return dict(bucket_field=bucket_field, bucket_r2=r2, bucket_p_value=p,
+                    bucket_r2_chance=chance, single_bucket=mostly_single,
                     bucket_groups=len(ids), per_bucket=_per_bucket(ids, s, y, loss[has]))
     if has.sum():
         return dict(bucket_field=bucket_field,

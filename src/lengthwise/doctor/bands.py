@@ -37,6 +37,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -97,6 +98,26 @@ class Bands:
             f"alpha={ALPHA}",
             "note": self.note,
         }
+
+
+def band_buckets(bands: Bands, per_bucket: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The buckets behind each band: every bucket (a row of the attribution's ``per_bucket``,
+    with its ``mean_offset`` from the trend) goes to the band whose offset is nearest.
+
+    Example::
+
+        >>> b = Bands(count=2, p_value=0.01, offsets=[-0.1, 0.1])
+        >>> rows = [{"bucket": 0, "mean_offset": 0.09}, {"bucket": 1, "mean_offset": -0.12}]
+        >>> [[r["bucket"] for r in band] for band in band_buckets(b, rows)]
+        [[1], [0]]
+    """
+    out: list[list[dict[str, Any]]] = [[] for _ in bands.offsets]
+    if not out:
+        return out
+    offsets = np.asarray(bands.offsets, dtype=np.float64)
+    for row in per_bucket:
+        out[int(np.argmin(np.abs(offsets - float(row["mean_offset"]))))].append(row)
+    return out
 
 
 def _rounded(values: list[float], digits: int = 6) -> list[float]:

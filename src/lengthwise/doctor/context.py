@@ -52,6 +52,7 @@ class RunContext:
     world_size_source: str | None = None
     epoch_resets: list[float] = field(default_factory=list)
     order: str | None = None  # the batch order the run uses (its log's ``plan`` event)
+    view: str | None = None  # "micro-batch": each line is one micro-batch (``plan`` event)
 
     @property
     def run_steps(self) -> float:
@@ -74,6 +75,7 @@ class RunContext:
             "world_size_source": self.world_size_source,
             "epoch_resets": [num(s) for s in self.epoch_resets[:50]],
             "order": self.order,
+            "view": self.view,
         }
 
 
@@ -201,6 +203,7 @@ def run_context(
     world_size: int | None = None,
     world_size_source: str | None = None,
     order: str | None = None,
+    view: str | None = None,
 ) -> RunContext:
     """Collect the mechanism lengths known for a run logged at ``steps``.
 
@@ -249,4 +252,5 @@ def run_context(
         world_size_source=world_size_source if world_size is not None else None,
         epoch_resets=epoch_resets(steps, columns.get("epoch")),
         order=order,
+        view=view,
     )

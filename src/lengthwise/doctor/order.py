@@ -21,7 +21,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["PLAN_EVENT", "logged_order"]
+__all__ = ["PLAN_EVENT", "logged_order", "logged_plan", "logged_view"]
 
 #: the event that names a log's batch order
 PLAN_EVENT = "plan"
@@ -31,21 +31,39 @@ HEAD_LINES = 64
 
 def logged_order(source: Any) -> str | None:
     """The ``order`` of the first ``plan`` event in a JSONL log (a path or row dicts), or None."""
+    order = logged_plan(source).get("order")
+    return order if isinstance(order, str) and order else None
+
+
+def logged_view(source: Any) -> str | None:
+    """What each line of the log is, from its ``plan`` event's ``view``: ``"micro-batch"``
+    when every line holds one micro-batch's loss (of one rank), else None (optimizer steps).
+
+    Example::
+
+        >>> logged_view([{"event": "plan", "order": "bucket-random", "view": "micro-batch"}])
+        'micro-batch'
+    """
+    view = logged_plan(source).get("view")
+    return view if isinstance(view, str) and view else None
+
+
+def logged_plan(source: Any) -> dict[str, Any]:
+    """The first ``plan`` event of a JSONL log (a path or row dicts); ``{}`` when none."""
     rows: Iterable[Any]
     if isinstance(source, str | os.PathLike):
         path = os.fspath(source)
         if not os.path.isfile(path) or not path.endswith((".jsonl", ".json", ".jsonl.gz")):
-            return None
+            return {}
         rows = _head(path)
     elif isinstance(source, list):
         rows = source[:HEAD_LINES]
     else:
-        return None
+        return {}
     for row in rows:
         if isinstance(row, dict) and row.get("event") == PLAN_EVENT:
-            order = row.get("order")
-            return order if isinstance(order, str) and order else None
-    return None
+            return row
+    return {}
 
 
 def _head(path: str) -> list[Any]:

@@ -30,6 +30,7 @@ from typing import Any
 
 from lengthwise.doctor.attribution import ALPHA as LENGTH_ALPHA
 from lengthwise.doctor.attribution import REPORT_ALPHA
+from lengthwise.doctor.bands import band_buckets
 from lengthwise.doctor.cliffs import Cliff
 from lengthwise.doctor.mechanisms import match_period
 from lengthwise.doctor.numbers import fmt_num, with_error
@@ -37,6 +38,8 @@ from lengthwise.doctor.report import Cause, Findings, Verdict
 
 #: cliffs whose median recovery takes at most this many logged points are one-step spikes
 QUICK_RECOVERY = 2
+#: the ``view`` of a log whose lines are single micro-batches (its ``plan`` event)
+MICRO_VIEW = "micro-batch"
 STRATIFY = "interleave or stratify length buckets: `lengthwise plan --order stratified`"
 PHASE_WORDS = {"warm-up": "in the lr warm-up", "early": "in early training",
                "stable": "in the stable region"}
@@ -154,7 +157,9 @@ def _attr_evidence(f: Findings) -> list[str]:
     ev = []
     if a.bucket_r2 is not None:
         ev.append(f"the bucket explains {a.bucket_r2:.0%} of the step-to-step variance "
-                  f"(R^2, permutation p={fmt_num(a.bucket_p_value or 1.0)})")
+                  f"(R^2, permutation p={fmt_num(a.bucket_p_value or 1.0)}; "
+                  f"{a.bucket_r2_chance or 0.0:.0%} by chance alone, "
+                  f"{a.bucket_r2_adjusted or 0.0:.0%} beyond it)")
     if a.length_r2 is not None:
         ev.append(f"sequence length explains {a.length_r2:.0%} of it "
                   f"(eta^2 over deciles, p={fmt_num(a.length_p_value or 1.0)})")
@@ -169,6 +174,8 @@ def _composition_causes(f: Findings) -> list[Cause]:
     logged = attr.bucket_r2 is not None or attr.length_r2 is not None
     attr_ev = _attr_evidence(f)
     confirm = [] if logged else ["log `bucket` (and `real_tokens`, `samples`) per step to confirm"]
+    if f.context.view == MICRO_VIEW and attr.per_bucket and _buckets_behind(f):
+        return [_micro_batch_cause(f, attr_ev), *([_period_cause(f, [], [])] if periodic else [])]
     if banded:
         out.append(_bands_cause(f, attr_ev, confirm, logged))
     if periodic:
@@ -176,6 +183,54 @@ def _composition_causes(f: Findings) -> list[Cause]:
     if not banded and not periodic:
         out.extend(_attribution_cause(f, attr_ev))
     return out
+
+
+def _buckets_behind(f: Findings) -> bool:
+    """Whether the logged buckets explain the loss's levels: the bucket explains a sizeable
+    share beyond chance, or the bands each have a bucket behind them and the bucket's share
+    is significant."""
+    bands, attr = f.bands, f.attribution
+    if attr.bucket_explains:
+        return True
+    if bands.count is None or bands.count < 2:
+        return False
+    significant = attr.bucket_p_value is not None and attr.bucket_p_value < REPORT_ALPHA
+    return significant and all(band_buckets(bands, attr.per_bucket))
+
+
+def _micro_batch_cause(f: Findings, attr_ev: list[str]) -> Cause:
+    """A per-micro-batch log whose micro-batches each come from one length bucket: its bands
+    are the buckets' losses, the composition of the logged micro-batch."""
+    bands, attr = f.bands, f.attribution
+    rows = sorted(attr.per_bucket, key=lambda r: r["mean_loss"])
+
+    def bucket_text(r: dict[str, Any]) -> str:
+        return (f"bucket {r['bucket']}: mean loss {r['mean_loss']:.4g} "
+                f"({r['mean_offset']:+.3g} from the trend, {r['steps']} micro-batches)")
+
+    if bands.count is not None and bands.count > 1:
+        groups = band_buckets(bands, attr.per_bucket)
+        found = [f"band at {c:.4g} ({s:.0%}) <- " + (
+                     "; ".join(bucket_text(r) for r in g) if g else "no bucket")
+                 for c, s, g in zip(bands.centres, bands.shares, groups, strict=True)]
+        head = (f"{bands.count} loss bands from {len(rows)} length buckets (Silverman test "
+                f"p={fmt_num(bands.p_value or 0.0)} against {bands.count - 1})")
+    else:
+        found = [bucket_text(r) for r in rows]
+        head = (f"{len(rows)} loss levels, one per length bucket (not separated into distinct "
+                "bands: the buckets' losses differ by less than the spread within one)")
+    return Cause(
+        name="micro_batch_bands",
+        title=(f"{head}: each line is the loss of one micro-batch, drawn from one length "
+               "bucket, so the levels are the composition of the logged micro-batch, not of "
+               "the optimizer step"),
+        score=max(bands.between_share or 0.0, attr.bucket_r2 or 0.0),
+        where=_region(f),
+        evidence=[*found, *attr_ev],
+        prescription=["log the optimizer step's loss instead: the token-weighted mean over "
+                      "every micro-batch of the step on every rank (`StepLogger.step`, with "
+                      "`buckets` listing all of them); judge the order on that log",
+                      _order_fix(f)])
 
 
 def _bands_cause(f: Findings, attr_ev: list[str], confirm: list[str], logged: bool) -> Cause:
@@ -265,14 +320,24 @@ def _period_cause(f: Findings, attr_ev: list[str], confirm: list[str]) -> Cause:
 def _attribution_cause(f: Findings, attr_ev: list[str]) -> list[Cause]:
     a = f.attribution
     if a.bucket_explains:
+        share = f"{a.bucket_r2_adjusted or 0.0:.0%}"
+        if a.single_bucket is not False:
+            title = "the length bucket of each step drives its loss (no distinct bands)"
+        elif f.context.order == "stratified":  # every step holds close to the data set's mix
+            title = (f"the small differences between the steps' mixes of length buckets explain "
+                     f"{share} of the step-to-step loss variance beyond chance (the order is "
+                     "stratified: each step holds close to the data set's mix; no distinct bands)")
+        else:
+            title = (f"the mix of length buckets in each step explains {share} of its loss "
+                     "variance beyond chance (no distinct bands)")
         return [Cause(
-            name="composition_noise",
-            title="the length bucket of each step drives its loss (no distinct bands)",
-            score=a.bucket_r2 or 0.0, where=_region(f), evidence=attr_ev,
+            name="composition_noise", title=title,
+            score=a.bucket_r2_adjusted or 0.0, where=_region(f), evidence=attr_ev,
             prescription=[_order_fix(f)])]
     weak = []
     if a.bucket_p_value is not None and a.bucket_p_value < REPORT_ALPHA:
-        weak.append(("bucket", a.bucket_field or "bucket", a.bucket_r2 or 0.0, a.bucket_p_value))
+        weak.append(("bucket", a.bucket_field or "bucket", a.bucket_r2_adjusted or 0.0,
+                     a.bucket_p_value))
     if a.length_p_value is not None and a.length_p_value < LENGTH_ALPHA:
         weak.append(("length", a.length_field or "length", a.length_r2 or 0.0, a.length_p_value))
     if not weak:

@@ -71,11 +71,12 @@ class Task(Protocol):
 
 
 def make_sampler(order: str, lengths: np.ndarray, cfg: LoopConfig, *, rank: int = 0,
-                 world: int = 1) -> Any:
+                 world: int = 1, check_world_size: bool = True) -> Any:
     """The sampler of one order; ``packed`` plans rows of ``max_len`` tokens.
 
     Packed micro-batches hold ``max_tokens // max_len`` rows, the same tokens per
-    micro-batch as the padded orders.
+    micro-batch as the padded orders. ``check_world_size=False`` plans for ``world``
+    ranks in a process that is not one of them (:mod:`lengthwise.train.simulated`).
     """
     from lengthwise.pytorch.sampler import BucketBatchSampler
 
@@ -88,7 +89,8 @@ def make_sampler(order: str, lengths: np.ndarray, cfg: LoopConfig, *, rank: int 
     return BucketBatchSampler(
         lengths, order=name, buckets=cfg.buckets, grad_accum=cfg.grad_accum,
         num_replicas=world, rank=rank, seed=cfg.seed, max_len=cfg.max_len,
-        pad_multiple=cfg.pad_multiple, layout=layout, yield_rows=True, **budget)
+        pad_multiple=cfg.pad_multiple, layout=layout, yield_rows=True,
+        check_world_size=check_world_size, **budget)
 
 
 def make_collator(order: str, cfg: LoopConfig, sampler: Any) -> Callable[..., Any]:
@@ -138,12 +140,21 @@ class TrainLoop:
     first step. A step with nothing to learn on any rank (normaliser 0) makes no update.
     ``log_sinks`` go to the :class:`~lengthwise.train.StepLogger` (``wandb``,
     ``tensorboard_dir``).
+
+    ``sampler`` replaces the order's own sampler, e.g. a
+    :class:`~lengthwise.train.simulated.SimulatedWorld` that trains every rank of a
+    larger job in this process. With ``micro_log`` the loop also writes
+    ``run_dir/micro_log.jsonl``: one line per micro-batch of simulated rank 0 (micro-batch
+    ``k`` of a step is rank ``k % micro_ranks``'s), in the step log's format, its
+    ``loss`` that one micro-batch's: the view of a job that logs each micro-batch's loss
+    on rank 0.
     """
 
     def __init__(self, task: Task, order: str, lengths: np.ndarray,
                  sample: Callable[[int], Any], cfg: LoopConfig, *, run_dir: str | Path,
                  device: Any, info: GroupInfo | None = None,
-                 log_sinks: dict[str, Any] | None = None) -> None:
+                 log_sinks: dict[str, Any] | None = None, sampler: Any = None,
+                 micro_log: bool = False, micro_ranks: int = 1) -> None:
         import torch
 
         from lengthwise.train import (
@@ -176,7 +187,8 @@ class TrainLoop:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, steps=cfg.steps, warmup=warm,
                                                 schedule=cfg.schedule))
-        self.sampler = make_sampler(order, lengths, cfg, rank=self.rank, world=self.world)
+        self.sampler = sampler if sampler is not None else make_sampler(
+            order, lengths, cfg, rank=self.rank, world=self.world)
         self.collate = make_collator(order, cfg, self.sampler)
         check_data = getattr(task, "check_data", None)
         if check_data is not None:  # a task may refuse data it cannot train on, before step 1
@@ -211,6 +223,21 @@ class TrainLoop:
         else:  # a fresh log names its order first: the doctor does not prescribe it again
             self.logger.event(PLAN_EVENT, order=self.sampler.config.order,
                               layout=self.sampler.config.layout, strategy=order)
+        self.micro_ranks = int(micro_ranks)
+        self.micro_logger = None
+        if micro_log:
+            if self.micro_ranks < 1 or cfg.grad_accum % self.micro_ranks:
+                raise ConfigError(f"grad_accum={cfg.grad_accum} must be a multiple of "
+                                  f"micro_ranks={self.micro_ranks}")
+            if self.rank == 0 and (run_dir / "micro_log.jsonl").exists() and not self.resumed_from:
+                (run_dir / "micro_log.jsonl").unlink()
+            self.micro_logger = StepLogger(
+                run_dir / "micro_log.jsonl", bucket_shares=bucket_token_shares(self.sampler.plan),
+                num_buckets=len(self.sampler.edges or [0]), rank=self.rank,
+                world_size=self.world)
+            self.micro_logger.event(PLAN_EVENT, order=self.sampler.config.order,
+                                    layout=self.sampler.config.layout, strategy=order,
+                                    view="micro-batch", rank=0, world_size=self.micro_ranks)
         self.checkpointer = (Checkpointer(ckpt_dir, keep=cfg.keep_checkpoints, logger=self.logger)
                              if cfg.checkpoint_every else None)
         self.batches = StepBatches(self.sampler, cfg.grad_accum)
@@ -241,6 +268,7 @@ class TrainLoop:
         scale = self.world / total if total > 0 else 0.0
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         stats: dict[str, float] = {}
+        micro_rank0: list[dict[str, Any]] = []
         for k, (batch, prepared) in enumerate(micro):
             sync = k == len(micro) - 1 or self.world == 1
             with contextlib.nullcontext() if sync else self.net.no_sync():
@@ -253,11 +281,13 @@ class TrainLoop:
             extra = ({} if out.sample_losses is None else
                      {"sample_losses": out.sample_losses, "sample_weights": out.sample_weights})
             bucket = batch.get("bucket", -1)
-            self.logger.record_micro(loss=value / out.norm if out.norm > 0 else None,
-                                     real_tokens=batch["real_tokens"],
-                                     padded_tokens=batch["padded_tokens"],
-                                     samples=batch["samples"],
-                                     bucket=bucket if bucket >= 0 else None, **extra)
+            record = dict(loss=value / out.norm if out.norm > 0 else None,
+                          real_tokens=batch["real_tokens"], padded_tokens=batch["padded_tokens"],
+                          samples=batch["samples"], bucket=bucket if bucket >= 0 else None,
+                          **extra)
+            self.logger.record_micro(**record)
+            if self.micro_logger is not None and k % self.micro_ranks == 0:
+                micro_rank0.append(record)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.task.model.parameters(), self.cfg.clip)
         keys = sorted(stats)
         reduced = self._sum([float(loss_sum), *(stats[k] for k in keys)])
@@ -276,6 +306,12 @@ class TrainLoop:
         fields = self.task.step_fields(dict(zip(keys, reduced[1:], strict=True)))
         rec = self.logger.step(self.step_count, epoch=self.sampler.epoch, loss=loss, lr=lr,
                                grad_norm=grad_norm, skipped=skipped, **fields)
+        per_rank = len(micro) // self.micro_ranks
+        for g, record in enumerate(micro_rank0):  # one line per micro-batch of rank 0
+            self.micro_logger.record_micro(**record)
+            self.micro_logger.step((self.step_count - 1) * per_rank + g + 1,
+                                   epoch=self.sampler.epoch, lr=lr, skipped=skipped,
+                                   optimizer_step=self.step_count)
         if self.checkpointer is not None and self.step_count % self.cfg.checkpoint_every == 0:
             extra_state = {"spike_guard": self.guard.state_dict()} if self.guard else None
             self.checkpointer.save(self.step_count, model=self.task.model,
@@ -293,6 +329,8 @@ class TrainLoop:
         from lengthwise.train import bucket_token_shares
 
         self.logger.set_bucket_shares(bucket_token_shares(self.sampler.plan))
+        if self.micro_logger is not None:
+            self.micro_logger.set_bucket_shares(bucket_token_shares(self.sampler.plan))
         self._shares_epoch = self.sampler.epoch
 
     def close(self) -> None:
@@ -301,7 +339,11 @@ class TrainLoop:
             if self.checkpointer is not None:
                 self.checkpointer.close()
         finally:
-            self.logger.close()
+            try:
+                if self.micro_logger is not None:
+                    self.micro_logger.close()
+            finally:
+                self.logger.close()
 
 
 def _checkpoint_files(task: Any) -> dict[str, str] | None:

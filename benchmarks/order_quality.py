@@ -1,0 +1,410 @@
+"""What the batch order does to the model, with error bars, at equal real tokens.
+
+Trains the demo's causal LM once per order and seed (every order x ``--seeds``) until
+each run has trained the same number of real tokens, measures the held-out loss
+overall and per length stratum along the way, and writes the figures with 95 %
+intervals over seeds, paired differences against random and sorted, tokens and
+seconds to a fixed held-out loss, and what the doctor says of each run's step log
+and of rank 0's per-micro-batch log (:mod:`lengthwise.demo.evidence_report`)::
+
+    python benchmarks/order_quality.py                  # the committed run -> ORDER_QUALITY.json
+    python benchmarks/order_quality.py --workers 2      # two runs at a time (one thread each)
+    python benchmarks/order_quality.py --check          # rerun the reduced check, compare
+    python benchmarks/order_quality.py --from-runs DIR  # figures from the runs saved in DIR
+
+Each run is saved as ``OUT/runs/ORDER-seedN.json`` as it ends, so an interrupted
+benchmark continues where it stopped when given the same ``--out``. The committed
+JSON also holds a reduced run (:data:`CHECK`: two orders, one seed, a small budget)
+that ``tests/test_order_quality.py`` reruns and compares figure by figure.
+Throughput and wall time depend on the machine and its load: shown, never compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+SAVED = ROOT / "benchmarks" / "ORDER_QUALITY.json"
+PLOTS = {"tokens": ROOT / "docs" / "order_quality_tokens.png",
+         "seconds": ROOT / "docs" / "order_quality_seconds.png"}
+
+#: the committed experiment (change these, rerun, commit the JSON and the docs)
+FULL: dict[str, Any] = {"max_samples": 3200, "epochs": 1.0, "eval_samples": 320,
+                        "eval_points": 10}
+#: the reduced run that CI repeats and compares with the committed one
+CHECK: dict[str, Any] = {"orders": ("random", "bucket-random"), "seeds": (0,),
+                         "token_budget": 24_000, "eval_samples": 96, "eval_points": 3,
+                         "max_samples": 1500}
+#: the files and the regions of each that this script writes from the committed figures
+REGIONS: dict[str, tuple[str, ...]] = {
+    "README.md": ("order-quality",),
+    "docs/demo.md": ("order-quality-detail",),
+    "docs/dflash.md": ("order-quality-dflash",),
+}
+#: relative tolerance of a compared loss: a run repeated on this machine gives the same
+#: figures to the last digit; other CPUs may round the kernels' sums differently
+REL_TOL = 2e-3
+
+
+def _config(settings: dict[str, Any]) -> Any:
+    from lengthwise.demo.evidence import EvidenceConfig
+
+    return EvidenceConfig(**settings)
+
+
+def run(settings: dict[str, Any], out: Path, workers: int, cache_dir: str | None,
+        redoctor: bool = False) -> dict[str, Any]:
+    """Train every run of ``settings`` not yet saved under ``out/runs``; the figures.
+
+    ``redoctor`` reads the saved runs' logs with the doctor again (after a change to it).
+    """
+    from lengthwise.demo.evidence import build_data
+    from lengthwise.demo.evidence_report import doctor_figures, run_experiment, summarise
+
+    cfg = _config(settings)
+    runs_dir = out / "runs"
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    done = {(o, s) for s in cfg.seeds for o in cfg.orders
+            if (runs_dir / f"{o}-seed{s}.json").is_file()}
+
+    def save(r: dict[str, Any]) -> None:
+        (runs_dir / f"{r['order']}-seed{r['seed']}.json").write_text(json.dumps(r),
+                                                                      encoding="utf-8")
+        _say(f"{r['order']} seed {r['seed']}: held-out loss {r['eval_loss']:.4f} after "
+             f"{r['real_tokens']:,} real tokens, {r['train_seconds']:.0f} s")
+
+    if len(done) < len(cfg.orders) * len(cfg.seeds):
+        run_experiment(cfg, out=out / "logs", workers=workers, cache_dir=cache_dir,
+                       skip=done, on_run=save)
+    data = build_data(cfg, cache_dir=cache_dir)
+    runs = [json.loads((runs_dir / f"{o}-seed{s}.json").read_text(encoding="utf-8"))
+            for s in cfg.seeds for o in cfg.orders]
+    if redoctor:
+        for r in runs:
+            r["doctor"] = doctor_figures(r["log"], r["micro_log"], data)
+    summary = summarise(cfg, data, runs)
+    summary["wall_seconds"] = time.perf_counter() - started
+    summary["machine"] = f"{platform.machine()}, {os.cpu_count()} CPU cores"
+    summary["workers"] = workers
+    return summary
+
+
+def _say(text: str) -> None:
+    print(f"order_quality: {text}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true",
+                    help="rerun the reduced check and compare with the committed figures")
+    ap.add_argument("--out", default=None, help="folder for logs and saved runs (default: temp)")
+    ap.add_argument("--workers", type=int, default=1, help="runs trained at a time")
+    ap.add_argument("--cache-dir", default=None, help="the demo's corpus/tokenizer cache")
+    ap.add_argument("--full-only", action="store_true", help="skip the reduced check run")
+    ap.add_argument("--check-only", action="store_true",
+                    help="run the reduced check and save it, keep the saved full run")
+    ap.add_argument("--redoctor", action="store_true",
+                    help="read the saved runs' logs under --out with the doctor again")
+    ap.add_argument("--render", action="store_true",
+                    help="rewrite the docs and plots from the committed figures only")
+    args = ap.parse_args(argv)
+    out = Path(args.out or tempfile.mkdtemp(prefix="order-quality-"))
+    saved = json.loads(SAVED.read_text(encoding="utf-8")) if SAVED.is_file() else {}
+    if args.render:
+        plot(saved["full"])
+        print("rewrote:", ", ".join(rewrite(saved)) or "nothing (already current)")
+        return 0
+    if args.check:
+        fresh = run(CHECK, out / "check", 1, args.cache_dir)
+        drift = compare(saved["check"], fresh)
+        for line in drift:
+            print(line)
+        print(f"order_quality: {len(drift)} figure(s) differ from the committed check run")
+        return 1 if drift else 0
+    if not args.check_only:
+        saved["full"] = run(FULL, out / "full", args.workers, args.cache_dir, args.redoctor)
+        write(saved)
+    if not args.full_only:
+        saved["check"] = run(CHECK, out / "check", 1, args.cache_dir, args.redoctor)
+        write(saved)
+    _say(f"wrote {SAVED}")
+    if "full" in saved:
+        plot(json.loads(SAVED.read_text(encoding="utf-8"))["full"])
+        print("rewrote:", ", ".join(rewrite(saved)) or "nothing (already current)")
+    return 0
+
+
+def write(saved: dict[str, Any], path: Path = SAVED) -> None:
+    """Write the figures as JSON (NaN, e.g. the interval of one seed, as null)."""
+    from lengthwise.demo.report import clean_json
+
+    path.write_text(json.dumps(clean_json(saved), indent=1) + "\n", encoding="utf-8")
+
+
+def compare(saved: dict[str, Any], fresh: dict[str, Any]) -> list[str]:
+    """The figures of the check run that moved (empty: none)."""
+    out = []
+    old = {(r["order"], r["seed"]): r for r in saved["runs"]}
+    new = {(r["order"], r["seed"]): r for r in fresh["runs"]}
+    if set(old) != set(new):
+        return [f"runs: {sorted(old)} committed, {sorted(new)} now"]
+    for key, a in old.items():
+        b = new[key]
+        for name in ("steps", "real_tokens", "padded_tokens"):
+            if a[name] != b[name]:
+                out.append(f"{key} {name}: {a[name]} committed, {b[name]} now")
+        pairs = [("eval_loss", a["eval_loss"], b["eval_loss"])]
+        pairs += [(f"strata[{i}]", x, y) for i, (x, y) in enumerate(zip(a["strata"],
+                                                                          b["strata"],
+                                                                          strict=True))]
+        pairs += [(f"curve[{i}]", p["eval_loss"], q["eval_loss"])
+                  for i, (p, q) in enumerate(zip(a["curve"], b["curve"], strict=True))]
+        for name, x, y in pairs:
+            if not _close(x, y):
+                out.append(f"{key} {name}: {x} committed, {y} now")
+    return out
+
+
+def _close(a: Any, b: Any) -> bool:
+    import math
+
+    if a is None or b is None:
+        return a is b
+    return math.isclose(a, b, rel_tol=REL_TOL)
+
+
+# -- the reading, generated from the figures -------------------------------------------------
+def _pm(iv: dict[str, Any] | None, spec: str = ".3f") -> str:
+    """``mean +- half`` of an interval (``-`` when missing)."""
+    if not iv or iv.get("mean") is None:
+        return "-"
+    half = iv.get("half")
+    if half is None:
+        return format(iv["mean"], spec)
+    return f"{format(iv['mean'], spec)} ± {format(half, spec.lstrip('+'))}"
+
+
+def _wrap(text: str) -> str:
+    import textwrap
+
+    return textwrap.fill(text, width=100, break_long_words=False, break_on_hyphens=False)
+
+
+def table(full: dict[str, Any]) -> str:
+    """Order x held-out loss (overall, shortest and longest stratum), time to the target loss,
+    throughput: mean ± 95 % interval over seeds."""
+    strata = full["strata"]
+    lo, hi = strata[0], strata[-1]
+    head = ["order", "held-out loss", f"lengths {lo}", f"lengths {hi}", "vs random",
+            "tokens to target", "seconds to target", "tokens/s", "steps", "settled"]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for name, row in full["orders"].items():
+        diff = row.get("vs_random", {}).get("eval_loss")
+        lines.append("| " + " | ".join([
+            name, _pm(row["eval_loss"]), _pm(row["strata"][lo]), _pm(row["strata"][hi]),
+            _pm(diff, "+.3f") if diff else "-", _pm(row["tokens_to_target"], ",.0f"),
+            _pm(row["seconds_to_target"], ".0f"), _pm(row["tokens_per_second"], ",.0f"),
+            f"{row['steps']['mean']:.0f}", "yes" if row["settled"] else "no"]) + " |")
+    return "\n".join(lines)
+
+
+def _caption(full: dict[str, Any]) -> str:
+    c, d, eq = full["config"], full["data"], full["equal_tokens"]
+    seeds = len(c["seeds"])
+    wall, cpu = full.get("runs_wall_seconds"), full.get("runs_cpu_seconds")
+    took = (f"The {len(full['runs'])} runs took {wall / 60:.0f} min of wall time in all "
+            f"(training and held-out evaluation, one thread each; {full['machine']}, shared "
+            "with other jobs" + (f"; {cpu / 60:.0f} min of CPU time, about {cpu / 120:.0f} min "
+                                 "on two free cores" if cpu else "") + ")"
+            if wall else full["machine"])
+    return _wrap(
+        f"`python benchmarks/order_quality.py`: the {c['model_size']} causal LM of the demo "
+        f"trained from scratch once per order and seed ({seeds} seeds), every run to "
+        f"{eq['budget']:,} real tokens (one epoch of {d['train_samples']:,} samples of "
+        f"{d['length_min']}-{d['length_max']} tokens, a {d['length_span']:.0f}x span, median "
+        f"{d['length_p50']}; runs end within {eq['spread']:.1%} of one another), learning rate "
+        f"warm-up then cosine to zero over those tokens, steps of {c['grad_accum']} "
+        f"micro-batches of at most {c['max_tokens']} tokens from a simulated world of "
+        f"{c['world']} ranks; held-out loss on {d['eval_samples']} samples, per length stratum "
+        f"(the plan's {len(full['strata'])} buckets). Mean ± 95 % t-interval over seeds; "
+        f"'vs random' is the paired difference (same seed) from random; the target loss is "
+        f"{full['target_loss']:.3f} (the highest any run has at half the budget); 'settled': "
+        f"the held-out loss moves less over the last {full['settle_share']:.0%} of the tokens "
+        f"than its interval. Seconds and tokens/s depend on the machine's load. {took}.")
+
+
+def _detected(diff: dict[str, Any] | None) -> bool:
+    return bool(diff and diff.get("detected"))
+
+
+def reading(full: dict[str, Any]) -> str:
+    """What the figures say, in words: a difference where a paired interval excludes zero,
+    "no difference detected at this size" where it does not."""
+    orders = full["orders"]
+    sentences = []
+    for ref in ("random", "sorted"):
+        if ref not in orders:
+            continue
+        found, none = [], []
+        for name, row in orders.items():
+            if name == ref:
+                continue
+            cmp = row.get(f"vs_{ref}", {})
+            overall = cmp.get("eval_loss")
+            strata = [s for s, d in (cmp.get("strata") or {}).items() if _detected(d)]
+            if _detected(overall):
+                word = "lower" if overall["mean"] < 0 else "higher"
+                found.append(f"{name}'s held-out loss is {word} than {ref}'s by "
+                             f"{abs(overall['mean']):.3f} ± {overall['half']:.3f}"
+                             + (f" (lengths {', '.join(strata)})" if strata else ""))
+            elif strata:
+                parts = [f"{s} ({cmp['strata'][s]['mean']:+.3f} ± {cmp['strata'][s]['half']:.3f})"
+                         for s in strata]
+                found.append(f"{name} differs from {ref} on lengths {', '.join(parts)} only")
+            else:
+                none.append(name)
+        text = f"Against {ref} (paired by seed): " + ("; ".join(found) if found else "")
+        if none:
+            text += ("; " if found else "") + (
+                f"no difference detected at this size for {', '.join(none)}")
+        sentences.append(text + ".")
+    any_found = any(_detected(r.get(f"vs_{ref}", {}).get("eval_loss"))
+                    or any(_detected(d) for d in (r.get(f"vs_{ref}", {}).get("strata") or {})
+                           .values())
+                    for r in orders.values() for ref in ("random", "sorted"))
+    if not any_found:
+        sentences.append("At this size the order does not change the final model beyond seed "
+                         "noise; it changes the curve and the throughput.")
+    unsettled = [n for n, r in orders.items() if not r["settled"]]
+    if unsettled:
+        sentences.append(f"The held-out loss of {', '.join(unsettled)} still moves over the "
+                         "last 20 % of the tokens by more than its interval: a longer run could "
+                         "change the comparison.")
+    steps = {n: r["steps"]["mean"] for n, r in orders.items()}
+    most, fewest = max(steps, key=steps.get), min(steps, key=steps.get)
+    sentences.append(f"Equal tokens are not equal updates: a micro-batch holds at most "
+                     f"{full['config']['max_tokens']} padded tokens, so the order that pads most "
+                     f"takes the most optimizer steps ({most}, {steps[most]:.0f}, against "
+                     f"{steps[fewest]:.0f} for {fewest}), each on fewer tokens; part of any "
+                     f"difference in held-out loss is that.")
+    ttl = {n: r["tokens_to_target"]["mean"] for n, r in orders.items()
+           if r["tokens_to_target"].get("mean") is not None}
+    if ttl:
+        fast = min(ttl, key=ttl.get)
+        slow = max(ttl, key=ttl.get)
+        sentences.append(f"Tokens to the target loss: fewest {fast} "
+                         f"({_pm(orders[fast]['tokens_to_target'], ',.0f')}), most {slow} "
+                         f"({_pm(orders[slow]['tokens_to_target'], ',.0f')}).")
+    return _wrap(" ".join(sentences))
+
+
+def doctor_text(full: dict[str, Any]) -> str:
+    """What the doctor says of each order's logs, and the noise budget with intervals."""
+    lines = []
+    for name, row in full["orders"].items():
+        step, micro = row["doctor"]["step"], row["doctor"]["micro"]
+        # quote the per-micro-batch verdict of a seed with bands when there is one
+        k = next((i for i, c in enumerate(micro["band_counts"]) if c), 0)
+        noise = row.get("noise") or {}
+        budget = ", ".join(f"{k} {_pm(v, '.2f')}" for k, v in noise.items()) or "not measured"
+        lines.append(_wrap(
+            f"- `{name}`: step log, bands found in {sum(c > 0 for c in step['band_counts'])} of "
+            f"{len(step['band_counts'])} seeds; rank 0's per-micro-batch log, in "
+            f"{sum(c > 0 for c in micro['band_counts'])}; noise budget of the step loss "
+            f"(shares of its detrended variance): {budget}; the doctor on seed "
+            f"{row['seeds'][0]}'s step log: {step['verdicts'][0]}; on seed {row['seeds'][k]}'s "
+            f"per-micro-batch log: {micro['verdicts'][k]}").replace("\n", "\n  "))
+    return "\n".join(lines)
+
+
+def render(name: str, saved: dict[str, Any]) -> str:
+    """The text of region ``name`` from the committed figures."""
+    full = saved["full"]
+    if name == "order-quality":
+        return (_caption(full) + "\n\n" + table(full) + "\n\n" + reading(full) + "\n\n"
+                + "![held-out loss vs real tokens](docs/order_quality_tokens.png)")
+    if name == "order-quality-detail":
+        return (_caption(full) + "\n\n" + table(full) + "\n\n" + reading(full) + "\n\n"
+                + doctor_text(full) + "\n\n"
+                + "![held-out loss vs real tokens](order_quality_tokens.png)\n"
+                + "![held-out loss vs training seconds](order_quality_seconds.png)")
+    if name == "order-quality-dflash":
+        dflash = full.get("dflash")
+        if not dflash:
+            return _wrap(
+                "The DFlash part of the order-quality experiment (acceptance length from real "
+                "decoding and teacher-forced accuracy per length stratum, with intervals over "
+                "seeds) has not been run: the figures above are one seed at equal steps, so "
+                "differences between the orders in them are not established. For the causal "
+                "LM, with intervals over seeds at equal real tokens, see the order-quality "
+                "section of [demo.md](demo.md).")
+        raise KeyError("a DFlash part is not rendered yet")
+    raise KeyError(f"no region {name!r}")
+
+
+def _docs_figures() -> Any:
+    """``benchmarks/docs_figures.py``, whose marked-region functions this script shares."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_figures",
+                                                  Path(__file__).with_name("docs_figures.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def region_text(text: str, name: str, where: str) -> tuple[int, int]:
+    """Start and end offsets of region ``name``'s body in ``text``."""
+    return _docs_figures().region_text(text, name, where)
+
+
+def rewrite(saved: dict[str, Any], root: Path = ROOT) -> list[str]:
+    """Rewrite every region of :data:`REGIONS` under ``root``; the files changed."""
+    return _docs_figures().rewrite_regions(REGIONS, lambda name: render(name, saved), root)
+
+
+def plot(full: dict[str, Any]) -> None:
+    """Held-out loss vs real tokens and vs training seconds, one line per order with its
+    95 % band over seeds (docs/order_quality_*.png)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    from lengthwise.demo.report import order_color
+
+    for axis, path in PLOTS.items():
+        fig, ax = plt.subplots(figsize=(8, 5))
+        for i, (name, row) in enumerate(full["orders"].items()):
+            pts = row["curve"]
+            x = [p[axis] for p in pts]
+            y = [p["eval_loss"]["mean"] for p in pts]
+            half = [p["eval_loss"]["half"] or 0.0 for p in pts]
+            c = order_color(name, i)
+            ax.plot(x, y, color=c, lw=1.6, label=name, marker="o", ms=3)
+            ax.fill_between(x, [a - h for a, h in zip(y, half, strict=True)],
+                            [a + h for a, h in zip(y, half, strict=True)], color=c, alpha=0.15)
+        ax.axhline(full["target_loss"], color="grey", lw=0.8, ls="--", label="target loss")
+        ax.set_xlabel("real tokens trained" if axis == "tokens" else
+                      "training seconds (sum of step times; load-dependent)")
+        ax.set_ylabel("held-out loss per token")
+        n = len(full["config"]["seeds"])
+        ax.set_title(f"held-out loss, mean and 95 % interval over {n} seeds", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
