@@ -116,16 +116,22 @@ def export_draft(draft: Any, out: str | os.PathLike, *, dtype: str | None = None
 
 
 def export_checkpoint(path: str | os.PathLike, out: str | os.PathLike, *,
-                      dtype: str | None = None, target_config: Any = None) -> Path:
+                      dtype: str | None = None, target_config: Any = None,
+                      target_tokenizer: Any = None, target: str = "") -> Path:
     """Export the draft of a run or checkpoint (``load.load_draft_checkpoint``) into ``out``.
 
     ``target_config``: the target's Hugging Face config, checked against the draft
     (layers, width, vocabulary) and supplying the vocabulary size when the draft
-    config lacks it.
+    config lacks it. ``target_tokenizer``: the target's tokenizer (``target`` names
+    its folder), refused before anything is written when it is not the one the
+    draft was trained with.
     """
     from lengthwise.dflash.load import load_draft_checkpoint
+    from lengthwise.dflash.tokenizer_id import check_draft_tokenizer
 
     draft = load_draft_checkpoint(path)
+    if target_tokenizer is not None:
+        check_draft_tokenizer(draft.config, target_tokenizer, draft=str(path), target=target)
     if target_config is not None:
         check_target(draft.config, target_config)
     return export_draft(draft, out, dtype=dtype)

@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from lengthwise.dflash.export import export_checkpoint, speculators_converter, to_speculators
     from lengthwise.errors import ConfigError
 
-    target_config = None
+    target_config = tokenizer = None
     if args.speculators is not None and args.target is None:
         raise ConfigError("--speculators needs --target (the converter reads the target)")
     for flag, folder in (("OUT", args.out), ("--speculators", args.speculators)):
@@ -57,10 +57,13 @@ def run(args: argparse.Namespace) -> int:
     if args.speculators is not None:
         speculators_converter()  # a missing package is named before anything is written
     if args.target is not None:
+        from lengthwise.dflash.recipe import load_tokenizer
+
         target_config = _target_config(args.target)
-        _check_tokenizer(args.checkpoint, args.target)
+        tokenizer = load_tokenizer(args.target)
     out = export_checkpoint(args.checkpoint, args.out, dtype=args.dtype,
-                            target_config=target_config)
+                            target_config=target_config, target_tokenizer=tokenizer,
+                            target=args.target or "")
     cfg = json.loads((out / "config.json").read_text())
     d = cfg["dflash_config"]
     print(f"lengthwise dflash export: {out}: {cfg['num_hidden_layers']} layers, hidden "
@@ -71,24 +74,6 @@ def run(args: argparse.Namespace) -> int:
         converted = to_speculators(out, args.speculators, args.target)
         print(f"lengthwise dflash export: speculators format: {converted}")
     return 0
-
-
-def _check_tokenizer(checkpoint: str, target: str) -> None:
-    """Refuse a ``--target`` whose tokenizer is not the one the draft was trained with."""
-    from lengthwise.dflash.config import DRAFT_CONFIG, read_draft_config
-    from lengthwise.dflash.recipe import load_tokenizer
-    from lengthwise.dflash.tokenizer_id import check_draft_tokenizer
-    from lengthwise.train.checkpoint import latest_checkpoint
-
-    path = Path(checkpoint)
-    if (path / "checkpoints").is_dir():
-        path = path / "checkpoints"
-    step = path if (path / DRAFT_CONFIG).is_file() else (
-        latest_checkpoint(path) if path.is_dir() else None)
-    if step is None or not (step / DRAFT_CONFIG).is_file():
-        return  # the export names what is missing
-    check_draft_tokenizer(read_draft_config(step), load_tokenizer(target), draft=checkpoint,
-                          target=target)
 
 
 def _holds_files(folder: Path) -> bool:
