@@ -177,10 +177,11 @@ def context_conversion() -> list[str]:
     import transformers
 
     import lengthwise.dflash.model as model
-    from lengthwise.cli.dflash.estimate import settings
+    from lengthwise.cli.dflash.train import settings
     from lengthwise.dflash.memory import estimate_step
 
-    target, cfg = transformers.Qwen3Config(**QWEN3_8B), settings({})
+    target = transformers.Qwen3Config(**QWEN3_8B)
+    cfg = settings({"target": "Qwen3-8B"}, defaults={"device": "cuda"}, estimate=True)[0]
     once = estimate_step(target, cfg).peak
     saved, model._autocast_once = model._autocast_once, lambda x: x
     try:

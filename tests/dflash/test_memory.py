@@ -213,3 +213,68 @@ def test_estimate_cli_reads_the_run_yaml_of_dflash_train(tmp_path, capsys):
     run.write_text("lr: fast\n")
     assert main(["dflash", "estimate", "--target", str(tmp_path), "--config", str(run)]) == 2
     assert "lr must be a number" in capsys.readouterr().err
+
+
+def _estimate_target(folder: Path) -> Path:
+    """A target folder of config.json, a tokenizer and weights that cannot be read."""
+    from _chat_tiny import chat_tokenizer
+
+    _tiny_target().save_pretrained(folder)
+    chat_tokenizer().save_pretrained(str(folder))
+    (folder / "model.safetensors").write_bytes(b"not a safetensors file")
+    return folder
+
+
+def test_train_estimate_prints_dflash_estimate_and_reads_and_writes_nothing(tmp_path, capsys):
+    """`dflash train --estimate`: the numbers of `dflash estimate` at the same settings, from
+    config.json alone (unreadable weights, no data), and --out neither made nor touched."""
+    pytest.importorskip("yaml")
+    from lengthwise.cli import main
+
+    target = _estimate_target(tmp_path / "target")
+    shape = ["--max-tokens", "256", "--block-size", "4", "--max-slots", "128",
+             "--draft-layers", "1", "--head-chunk", "32", "--grad-accum", "2"]
+    run = tmp_path / "run.yaml"
+    run.write_text(f"target: {target}\ndata: {tmp_path / 'no-data'}\nout: {tmp_path / 'out'}\n"
+                   "device: cuda\nnum_anchors: 8\n")
+    assert main(["dflash", "estimate", "--target", str(target), *shape, "--num-anchors", "8",
+                 "--world", "2", "--json"]) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert main(["dflash", "train", "--config", str(run), *shape, "--world", "2", "--json",
+                 "--estimate"]) == 0
+    assert json.loads(capsys.readouterr().out) == alone
+    assert alone["device"] == "cuda" and alone["settings"]["num_anchors"] == 8
+    assert not (tmp_path / "out").exists()
+    # a folder of an earlier run (training would refuse it) is left exactly as it was
+    out = tmp_path / "earlier"
+    (out / "checkpoints" / "step_2").mkdir(parents=True)
+    before = sorted((p.relative_to(out), p.stat().st_mtime_ns) for p in out.rglob("*"))
+    flags = ["dflash", "train", "--target", str(target), "--out", str(out), "--device", "cpu",
+             *shape, "--estimate"]
+    assert main([*flags, "--device-memory", "1GiB"]) == 1
+    text = capsys.readouterr().out
+    assert "predicted peak per GPU" in text and "does NOT fit in 1.0 GiB" in text
+    assert main(["dflash", "estimate", "--target", str(target), "--device", "cpu", *shape,
+                 "--device-memory", "1GiB"]) == 1
+    assert capsys.readouterr().out == text
+    assert sorted((p.relative_to(out), p.stat().st_mtime_ns) for p in out.rglob("*")) == before
+
+
+def test_train_refuses_the_estimate_flags_without_estimate(tmp_path, capsys):
+    from lengthwise.cli import main
+
+    assert main(["dflash", "train", "--target", str(tmp_path), "--data", str(tmp_path),
+                 "--world", "2", "--device-memory", "h200"]) == 2
+    assert "--world, --device-memory: read with --estimate only" in capsys.readouterr().err
+    assert main(["dflash", "train", "--estimate"]) == 2
+    assert "--target is required" in capsys.readouterr().err
+
+
+def test_train_help_lists_estimate(capsys):
+    from lengthwise.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["dflash", "train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--estimate print the run's predicted peak memory per GPU" in text
+    assert "--device-memory SIZE" in text

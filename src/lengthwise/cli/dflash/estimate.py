@@ -3,26 +3,30 @@
 Reads the target's ``config.json`` only (no weights) and the run's settings (the
 defaults of ``dflash train``, then ``--config run.yaml``, then flags), traces one
 training step under fake tensors (:func:`lengthwise.dflash.memory.estimate_step`)
-and prints the predicted peak per GPU with its parts; with ``--device-memory`` it
-says whether the run fits and exits with 1 when it does not.
+and prints the predicted peak per GPU with its parts; with ``--device-memory`` (or
+on the CUDA device the run selects, where there is one) it says whether the run
+fits and exits with 1 when it does not. ``dflash train --estimate`` prints the same
+for the settings of that command (:func:`report`).
 
 Example::
 
     $ lengthwise dflash estimate --target ./Qwen3-8B --device-memory h200
     $ lengthwise dflash estimate --target ./Qwen3-8B/config.json --config run.yaml \\
           --device-memory 80GiB --world 8 --json
+    $ lengthwise dflash train --config run.yaml --device cuda --estimate
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 from typing import Any
 
 #: the flags of ``dflash train`` that set the memory of a step
 SHAPE_FLAGS = ("max_tokens", "grad_accum", "block_size", "draft_layers", "num_features",
                "num_anchors", "max_slots", "head_chunk", "dtype")
+#: the flags of the estimate itself (``dflash train`` reads them with ``--estimate`` only)
+REPORT_FLAGS = ("rows", "world", "device_memory", "json")
 
 
 def register(stages: argparse._SubParsersAction) -> None:
@@ -46,48 +50,57 @@ def register(stages: argparse._SubParsersAction) -> None:
             p.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, help=text,
                            metavar={int: "N"}.get(kind, "NAME"))
     p.add_argument("--device", help="the kernels of: cuda (default) or cpu")
-    p.add_argument("--rows", type=int, metavar="N",
-                   help="rows of the micro-batch (default 1: one packed row, the worst case)")
-    p.add_argument("--world", type=int, metavar="N",
-                   help="data-parallel ranks (default 1; more adds DDP's gradient buckets)")
-    p.add_argument("--device-memory", metavar="SIZE",
-                   help="memory of the GPU: a size (141GiB, 80GB) or a name (h200, h100-80g, "
-                        "a100-80g, a100-40g, l40s)")
-    p.add_argument("--json", action="store_true", help="print the estimate as JSON")
+    add_report_flags(p)
     p.set_defaults(func=run)
 
 
-def settings(given: dict[str, Any]) -> Any:
-    """The run's ``DFlashTrainConfig``: ``dflash train``'s defaults, ``--config``, flags."""
-    from lengthwise.cli.dflash.train import DEFAULTS, read_yaml
-    from lengthwise.dflash.train import DFlashTrainConfig
-    from lengthwise.errors import ConfigError
-
-    fields = {f.name: f for f in dataclasses.fields(DFlashTrainConfig)}
-    source = given.get("config")
-    merged = {**DEFAULTS, "device": "cuda", **(read_yaml(source) if source else {}),
-              **{k: v for k, v in given.items() if k in fields}}
-    run = {k: v for k, v in merged.items() if k in fields}
-    for name, value in run.items():  # YAML reads 6e-4 as a string
-        if isinstance(value, str) and isinstance(fields[name].default, float):
-            try:
-                run[name] = float(value)
-            except ValueError:
-                raise ConfigError(f"{name} must be a number, got {value!r}") from None
-    run["max_len"] = min(int(run.get("max_len") or run["max_tokens"]), run["max_tokens"])
-    return DFlashTrainConfig(**{**run, "progress": False})
+def add_report_flags(p: argparse.ArgumentParser, *, only: str = "") -> None:
+    """The flags of :data:`REPORT_FLAGS`; ``only``: a note on when they are read."""
+    p.add_argument("--rows", type=int, metavar="N",
+                   help="rows of the micro-batch (default 1: one packed row, the worst case)"
+                        + only)
+    p.add_argument("--world", type=int, metavar="N",
+                   help="data-parallel ranks (default 1; more adds DDP's gradient buckets)"
+                        + only)
+    p.add_argument("--device-memory", metavar="SIZE",
+                   help="memory of the GPU: a size (141GiB, 80GB) or a name (h200, h100-80g, "
+                        "a100-80g, a100-40g, l40s); default: the selected CUDA device's, where "
+                        "there is one" + only)
+    p.add_argument("--json", action="store_true", help="print the estimate as JSON" + only)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Print the estimate; 1 when it does not fit ``--device-memory``."""
-    from lengthwise.dflash.memory import estimate_step, memory_size, read_target_config
+def device_bytes(given: dict[str, Any], device: str) -> int | None:
+    """``--device-memory``, else the memory of the CUDA ``device`` when torch sees it."""
+    from lengthwise.dflash.memory import memory_size
 
-    given = vars(args)
-    size = memory_size(given["device_memory"]) if "device_memory" in given else None
-    cfg = settings(given)
-    est = estimate_step(read_target_config(given["target"]), cfg,
-                        rows=given.get("rows", 1), world=given.get("world", 1))
-    if given.get("json"):
+    if "device_memory" in given:
+        return memory_size(given["device_memory"])
+    if not str(device).startswith("cuda"):
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return int(torch.cuda.get_device_properties(torch.device(device)).total_memory)
+
+
+def report(given: dict[str, Any], *, defaults: dict[str, Any] | None = None) -> int:
+    """Print the estimate of the run ``given`` sets (``dflash train``'s settings); 1: no fit.
+
+    ``given``: parsed flags (``--config``, the run's settings and :data:`REPORT_FLAGS`);
+    ``defaults``: over ``dflash train``'s. Reads the target's ``config.json`` and nothing
+    else: no weights, no data, nothing written.
+    """
+    from lengthwise.cli.dflash.train import settings
+    from lengthwise.dflash.memory import estimate_step, read_target_config
+
+    given = dict(given)
+    opts = {k: given.pop(k) for k in REPORT_FLAGS if k in given}
+    cfg, run_settings, _ = settings(given, defaults=defaults, estimate=True)
+    size = device_bytes(opts, cfg.device)
+    est = estimate_step(read_target_config(run_settings.target), cfg,
+                        rows=opts.get("rows", 1), world=opts.get("world", 1))
+    if opts.get("json"):
         out = est.to_dict()
         if size is not None:
             out.update(device_memory_bytes=size, fits=est.fits(size))
@@ -95,3 +108,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(est.render(size))
     return 0 if size is None or est.fits(size) else 1
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the estimate (the kernels of CUDA unless ``--device``); 1 when it does not fit."""
+    return report(vars(args), defaults={"device": "cuda"})

@@ -8,6 +8,11 @@ Example::
     $ lengthwise dflash train --target ./Qwen3-8B --data prepared/ --out run/
     $ torchrun --nproc-per-node 8 -m lengthwise dflash train --config run.yaml --device cuda
     $ lengthwise dflash train --config run.yaml --resume
+    $ lengthwise dflash train --config run.yaml --device cuda --estimate --device-memory h200
+
+``--estimate`` prints the predicted peak memory per GPU of the run instead of training
+(:func:`lengthwise.cli.dflash.estimate.report`: the target's ``config.json`` only, no
+weights, no data; nothing is written and ``--out`` is not touched).
 """
 
 from __future__ import annotations
@@ -86,6 +91,13 @@ def register(stages: argparse._SubParsersAction) -> None:
                         "(without it, or --resume, such a folder is refused)")
     p.add_argument("--wandb", action="store_true", help="also log to Weights & Biases")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    p.add_argument("--estimate", action="store_true",
+                   help="print the run's predicted peak memory per GPU, its parts and whether "
+                        "it fits the device, from the target's config.json alone (no weights, "
+                        "no data), and exit without training or writing to --out")
+    from lengthwise.cli.dflash.estimate import add_report_flags
+
+    add_report_flags(p, only="; read with --estimate")
     p.set_defaults(func=run)
 
 
@@ -148,8 +160,13 @@ def _wrong_type(key: str, value: Any) -> str | None:
     return None
 
 
-def settings(given: dict[str, Any]) -> tuple[Any, Any, bool]:
-    """``(DFlashTrainConfig, RunSettings, progress)`` from defaults, ``--config`` and flags."""
+def settings(given: dict[str, Any], *, defaults: dict[str, Any] | None = None,
+             estimate: bool = False) -> tuple[Any, Any, bool]:
+    """``(DFlashTrainConfig, RunSettings, progress)`` from defaults, ``--config`` and flags.
+
+    ``defaults``: over :data:`DEFAULTS`; ``estimate``: the settings of a memory estimate,
+    which reads no data (``--data`` may be left out; ``max_len`` defaults to ``max_tokens``).
+    """
     from lengthwise.dflash.prepared import open_prepared
     from lengthwise.dflash.recipe import RunSettings
     from lengthwise.dflash.train import DFlashTrainConfig
@@ -160,7 +177,7 @@ def settings(given: dict[str, Any]) -> tuple[Any, Any, bool]:
     given.pop("command", None)
     given.pop("stage", None)
     source = given.pop("config", None)
-    merged = {**DEFAULTS, **(read_yaml(source) if source else {}), **given}
+    merged = {**DEFAULTS, **(defaults or {}), **(read_yaml(source) if source else {}), **given}
     progress = bool(merged.pop("progress", True))
     cfg_fields = {f.name: f for f in dataclasses.fields(DFlashTrainConfig)}
     run_fields = {f.name for f in dataclasses.fields(RunSettings)}
@@ -170,7 +187,7 @@ def settings(given: dict[str, Any]) -> tuple[Any, Any, bool]:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}")
     if "epochs" in merged and "steps" in merged:
         raise ConfigError("give --steps or --epochs, not both")
-    for key in ("target", "data"):
+    for key in ("target",) if estimate else ("target", "data"):
         if not merged.get(key):
             raise ConfigError(f"--{key} is required (on the command line or in --config)")
     for name, value in merged.items():  # YAML reads 6e-4 as a string
@@ -180,6 +197,9 @@ def settings(given: dict[str, Any]) -> tuple[Any, Any, bool]:
                 merged[name] = float(value)
             except ValueError:
                 raise ConfigError(f"{name} must be a number, got {value!r}") from None
+    if estimate:  # the data is not read: any sample fits a micro-batch of max_tokens
+        merged.setdefault("data", "")
+        merged["max_len"] = merged.get("max_len") or merged["max_tokens"]
     if merged.get("max_len") is None:
         lengths = open_prepared(merged["data"]).lengths
         merged["max_len"] = int(min(int(lengths.max()), merged["max_tokens"]))
@@ -190,10 +210,19 @@ def settings(given: dict[str, Any]) -> tuple[Any, Any, bool]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Train and print the run's summary (rank 0)."""
+    """Train and print the run's summary (rank 0); with ``--estimate``, print its memory."""
+    from lengthwise.cli.dflash.estimate import REPORT_FLAGS, report
     from lengthwise.dflash.recipe import train_draft
+    from lengthwise.errors import ConfigError
 
-    cfg, run_settings, progress = settings(vars(args))
+    given = vars(args)
+    if given.pop("estimate", False):
+        return report(given)
+    stray = [k for k in REPORT_FLAGS if k in given]
+    if stray:
+        raise ConfigError(f"{', '.join('--' + k.replace('_', '-') for k in stray)}: read "
+                          "with --estimate only")
+    cfg, run_settings, progress = settings(given)
     summary = train_draft(cfg, run_settings, progress=progress)
     if summary:
         print(json.dumps(summary, indent=2))
