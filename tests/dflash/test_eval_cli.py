@@ -124,6 +124,8 @@ def test_eval_help_describes_every_option(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "--max-new-tokens N tokens generated per prompt at most" in out
     assert "--no-accuracy skip the draft's teacher-forced accuracy" in out
+    assert "--max-tokens N token budget of a batch of the accuracy pass, as in training" in out
+    assert "--max-slots N draft slots (anchors x block size) per draft forward" in out
 
 
 def test_eval_and_export_refuse_bad_input_in_one_line(local, tmp_path, capsys):
@@ -136,6 +138,8 @@ def test_eval_and_export_refuse_bad_input_in_one_line(local, tmp_path, capsys):
                         "assistant, tool, got 'robot'") and "\n" not in err
     assert main([*base, "--max-new-tokens", "0"]) == 2
     assert "--max-new-tokens must be >= 1" in capsys.readouterr().err
+    assert main([*base, "--max-slots", "3", "--no-progress"]) == 2  # the draft's block is 4
+    assert "max_slots=3 holds no block of block_size=4" in capsys.readouterr().err
     assert main(["dflash", "eval", "--target", str(tmp_path), "--draft",
                  str(local / "draft")]) == 2
     assert "no config.json" in capsys.readouterr().err

@@ -171,7 +171,8 @@ class DFlashOrderRun:
         rows = evaluate_set(served, self.target, self.data.held_prompts(cfg.eval_prompts),
                             name=self.order, temperatures=(0.0, 1.0),
                             max_new_tokens=cfg.max_new_tokens, eos=self.meta["eos"],
-                            seed=cfg.seed)
+                            seed=cfg.seed, max_tokens=cfg.max_tokens, max_slots=cfg.slot_budget,
+                            head_chunk=cfg.head_chunk)
         return {"export": str(folder), "eval_stage": rows}
 
     def close(self) -> None:

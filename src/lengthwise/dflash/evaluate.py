@@ -12,7 +12,9 @@ target's KV cache) and reports:
   draft's teacher-forced top-1 accuracy on the target's own greedy outputs, overall
   and per block slot (:func:`~lengthwise.dflash.decode.evaluate_blocks`, every
   position an anchor, in draft forwards of at most :data:`SLOTS_PER_FORWARD` slots),
-  with the acceptance length those accuracies imply.
+  with the acceptance length those accuracies imply. With training's budgets
+  (``max_tokens``, ``max_slots``) the pass is batched and split as training's held-out
+  evaluation is (:func:`teacher_forced`).
 
 Example::
 
@@ -38,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lengthwise.dflash.loss import HEAD_CHUNK
 from lengthwise.errors import ConfigError
 
 __all__ = ["SLOTS_PER_FORWARD", "evaluate_set", "greedy_reference", "teacher_forced"]
@@ -72,43 +75,64 @@ def greedy_reference(target: Any, prompt: list[int], max_new_tokens: int,
 
 def teacher_forced(draft: Any, target: Any, prompts: Sequence[list[int]],
                    outputs: Sequence[list[int]], *, batch_size: int = 8,
+                   max_tokens: int | None = None, max_slots: int | None = None,
+                   head_chunk: int = HEAD_CHUNK,
                    slots_per_forward: int | None = SLOTS_PER_FORWARD,
                    progress: bool = False) -> Any:
     """:class:`~lengthwise.dflash.decode.BlockEval` of the draft on ``prompt + output`` texts.
 
-    The outputs are supervised, the prompts are not; every possible anchor is used, in
-    draft forwards of at most ``slots_per_forward`` block slots.
+    The outputs are supervised, the prompts are not; every possible anchor is used. The
+    budgets are training's: the texts are batched as its held-out samples are
+    (:func:`~lengthwise.dflash.recipe.held_out_batches`: by similar length, at most
+    ``batch_size`` texts and ``max_tokens`` padded tokens a batch; a longer text is cut to
+    ``max_tokens``, as training cuts samples at ``max_len``), and a draft forward holds at
+    most ``max_slots`` (and ``slots_per_forward``) block slots, at least one block: a
+    batch holds at most that many over ``block_size`` texts, and its anchors are split
+    over forwards. Within the budgets the figures are those of one forward per batch.
     """
     from lengthwise.dflash.decode import evaluate_blocks
+    from lengthwise.dflash.recipe import held_out_batches
     from lengthwise.progress import progress as bar
-    from lengthwise.pytorch.collate import PadCollator
 
-    collate = PadCollator(pad_token_id=0, pad_multiple=1)
+    block = draft.config.block_size
+    slots = _forward_slots(max_slots, slots_per_forward, block)
+    if slots is not None:
+        batch_size = min(batch_size, max(1, slots // block))
     samples = []
     for p, o in zip(prompts, outputs, strict=True):
-        ids = np.asarray(list(p) + list(o), dtype=np.int64)
+        ids = np.asarray(list(p) + list(o), dtype=np.int64)[:max_tokens]
         labels = ids.copy()
         labels[: len(p)] = -100
         samples.append({"input_ids": ids, "labels": labels})
-    order = sorted(range(len(samples)), key=lambda i: samples[i]["input_ids"].size)
-    batches = [(collate([samples[i] for i in order[lo:lo + batch_size]]),
-                [[i] for i in order[lo:lo + batch_size]])
-               for lo in range(0, len(order), batch_size)]
+    batches = held_out_batches(samples, batch_size=batch_size, max_tokens=max_tokens)
     longest = max(s["input_ids"].size for s in samples)
     return evaluate_blocks(draft, target,
                            bar(batches, desc="draft accuracy", unit="batch", enable=progress),
-                           num_anchors=longest, slots_per_forward=slots_per_forward)
+                           num_anchors=longest, head_chunk=head_chunk, slots_per_forward=slots)
+
+
+def _forward_slots(max_slots: int | None, slots_per_forward: int | None, block: int,
+                   ) -> int | None:
+    """Most block slots of a draft forward; ``max_slots`` below one block is refused."""
+    if max_slots is not None and max_slots < block:
+        raise ConfigError(f"max_slots={max_slots} holds no block of block_size={block}; give "
+                          "max_slots >= block_size")
+    bounds = [s for s in (max_slots, slots_per_forward) if s is not None]
+    return min(bounds) if bounds else None
 
 
 def evaluate_set(draft: Any, target: Any, prompts: list[list[int]], *, name: str,
                  temperatures: Sequence[float] = (0.0, 1.0), max_new_tokens: int = 256,
                  batch_size: int = 16, eos: int | Collection[int] | None = None,
                  seed: int = 0, check: bool = True, accuracy: bool = True,
-                 progress: bool = False) -> list[dict[str, Any]]:
+                 max_tokens: int | None = None, max_slots: int | None = None,
+                 head_chunk: int = HEAD_CHUNK, progress: bool = False,
+                 ) -> list[dict[str, Any]]:
     """One row of figures per temperature for the prompt set ``name`` (see the module doc).
 
     ``check``: the lossless check; ``accuracy``: the teacher-forced pass (each costs about
-    as much as the decoding, or more); ``progress``: bars on stderr.
+    as much as the decoding, or more), within training's budgets ``max_tokens``,
+    ``max_slots`` and ``head_chunk`` (:func:`teacher_forced`); ``progress``: bars on stderr.
     """
     from lengthwise.dflash.speculative import speculative_batch
     from lengthwise.progress import progress as bar
@@ -117,6 +141,8 @@ def evaluate_set(draft: Any, target: Any, prompts: list[list[int]], *, name: str
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
     if not prompts:
         raise ConfigError(f"prompt set {name}: no prompts")
+    if accuracy:
+        _forward_slots(max_slots, None, draft.config.block_size)
     was = draft.training
     draft.eval()
     rows = []
@@ -143,7 +169,9 @@ def evaluate_set(draft: Any, target: Any, prompts: list[list[int]], *, name: str
                     row["mismatches"] = sum(
                         o != greedy_reference(target, p, max_new_tokens, eos) for p, o in pairs)
                 if accuracy:
-                    ev = teacher_forced(draft, target, prompts, outs, progress=progress)
+                    ev = teacher_forced(draft, target, prompts, outs, max_tokens=max_tokens,
+                                        max_slots=max_slots, head_chunk=head_chunk,
+                                        progress=progress)
                     row.update(draft_accuracy=ev.accuracy, slot_accuracy=ev.slot_accuracy,
                                simulated_acceptance_length=ev.simulated_acceptance_length)
             rows.append(row)

@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from lengthwise.cli.dflash.train import DEFAULTS
 from lengthwise.dflash.table import render_eval
 
 
@@ -55,6 +56,13 @@ def register(stages: argparse._SubParsersAction) -> None:
     p.add_argument("--no-accuracy", action="store_true",
                    help="skip the draft's teacher-forced accuracy on the target's outputs "
                         "(with --no-check, eval costs the speculative decoding only)")
+    p.add_argument("--max-tokens", type=int, default=DEFAULTS["max_tokens"], metavar="N",
+                   help="token budget of a batch of the accuracy pass, as in training: "
+                        "padded tokens of prompt + output, a longer text cut to it "
+                        f"(default: {DEFAULTS['max_tokens']})")
+    p.add_argument("--max-slots", type=int, default=DEFAULTS["max_slots"], metavar="N",
+                   help="draft slots (anchors x block size) per draft forward of the accuracy "
+                        f"pass, as in training (default: {DEFAULTS['max_slots']})")
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ... (default: cpu)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
@@ -77,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     from lengthwise.dflash.tokenizer_id import check_draft_tokenizer
     from lengthwise.errors import ConfigError
 
-    for name in ("max_new_tokens", "batch_size", "limit"):
+    for name in ("max_new_tokens", "batch_size", "limit", "max_tokens", "max_slots"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
@@ -103,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
         rows += evaluate_set(draft, target, prompts, name=name, temperatures=args.temperatures,
                              max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                              eos=eos, seed=args.seed, check=not args.no_check,
-                             accuracy=not args.no_accuracy, progress=not args.no_progress)
+                             accuracy=not args.no_accuracy, max_tokens=args.max_tokens,
+                             max_slots=args.max_slots, progress=not args.no_progress)
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
