@@ -260,7 +260,7 @@ def test_train_estimate_prints_dflash_estimate_and_reads_and_writes_nothing(tmp_
     assert sorted((p.relative_to(out), p.stat().st_mtime_ns) for p in out.rglob("*")) == before
 
 
-def test_train_refuses_the_estimate_flags_without_estimate(tmp_path, capsys):
+def test_train_lists_estimate_and_refuses_its_flags_without_it(tmp_path, capsys):
     from lengthwise.cli import main
 
     assert main(["dflash", "train", "--target", str(tmp_path), "--data", str(tmp_path),
@@ -268,13 +268,8 @@ def test_train_refuses_the_estimate_flags_without_estimate(tmp_path, capsys):
     assert "--world, --device-memory: read with --estimate only" in capsys.readouterr().err
     assert main(["dflash", "train", "--estimate"]) == 2
     assert "--target is required" in capsys.readouterr().err
-
-
-def test_train_help_lists_estimate(capsys):
-    from lengthwise.cli import main
-
     with pytest.raises(SystemExit):
         main(["dflash", "train", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "--estimate print the run's predicted peak memory per GPU" in text
-    assert "--device-memory SIZE" in text
+    assert "--device-memory SIZE memory of the GPU" in text and "read with --estimate" in text
