@@ -130,26 +130,31 @@ def test_orders_past_the_time_budget_are_skipped_and_recorded(tmp_path, monkeypa
 
 @pytest.mark.slow
 def test_held_out_evaluation_stays_within_the_training_budgets(tmp_path, monkeypatch):
-    """Held-out batches of at most max_tokens tokens and max_slots slots (before: the four
-    held-out samples in one batch of 4 x 96 tokens and 4 x 16 anchors x 4 = 256 slots)."""
+    """Every teacher-forced forward of the evaluation, the held-out samples' and the eval
+    stage's, within max_tokens tokens and max_slots slots (before: the four held-out samples
+    in one batch of 4 x 96 tokens and 4 x 16 anchors x 4 = 256 slots, and the eval stage's
+    every anchor of both prompts' outputs in one draft forward, 56 slots)."""
     import lengthwise.dflash.decode as decode
-    from lengthwise.demo.dflash import DFlashOrderRun
 
-    seen = []
-    real = decode.make_blocks
+    tokens, slots = [], []
+    real_blocks, real_hidden = decode.make_blocks, decode.block_hidden
 
-    def recording(batch, rows, **kwargs):
-        blocks = real(batch, rows, **kwargs)
-        seen.append((int(blocks.input_ids.numel()), blocks.slots))
+    def batch(batch, rows, **kwargs):  # the batch of a target forward
+        blocks = real_blocks(batch, rows, **kwargs)
+        tokens.append(int(blocks.input_ids.numel()))
         return blocks
 
-    monkeypatch.setattr(decode, "make_blocks", recording)
-    monkeypatch.setattr(DFlashOrderRun, "eval_stage", lambda self: {"eval_stage": []})
-    max_tokens, max_slots = 192, 64
+    def draft_forward(draft, target, part, **kwargs):
+        slots.append(int(part.labels.numel()))
+        return real_hidden(draft, target, part, **kwargs)
+
+    monkeypatch.setattr(decode, "make_blocks", batch)
+    monkeypatch.setattr(decode, "block_hidden", draft_forward)
+    max_tokens, max_slots = 192, 32
     summary = gpu_dflash.main(["--device", "cpu", "--smoke", "--orders", "stratified",
                                "--max-tokens", str(max_tokens), "--max-slots", str(max_slots),
                                "--num-anchors", "16", "--out", str(tmp_path / "b")])
     assert summary["max_tokens"] == max_tokens and summary["max_slots"] == max_slots
-    assert len(seen) >= 2  # the held-out samples needed more than one batch
-    assert all(tokens <= max_tokens and slots <= max_slots for tokens, slots in seen), seen
-    assert sum(slots for _, slots in seen) > 0
+    assert summary["strategies"]["stratified"]["accuracy_final"] is not None
+    assert len(tokens) >= 3  # the held-out samples needed more than one batch, then the stage
+    assert max(tokens) <= max_tokens and max(slots) <= max_slots, (tokens, slots)
