@@ -273,3 +273,31 @@ def test_train_lists_estimate_and_refuses_its_flags_without_it(tmp_path, capsys)
     text = " ".join(capsys.readouterr().out.split())
     assert "--estimate print the run's predicted peak memory per GPU" in text
     assert "--device-memory SIZE memory of the GPU" in text and "read with --estimate" in text
+
+
+def test_without_device_memory_the_selected_cuda_device_is_judged(tmp_path, capsys,
+                                                                   monkeypatch):
+    """A run on a CUDA device torch sees is judged against that device's memory; a CPU run,
+    or no GPU, gets no verdict."""
+    from types import SimpleNamespace
+
+    from lengthwise.cli import main
+
+    _tiny_target().save_pretrained(tmp_path)
+    asked = []
+
+    def properties(device):
+        asked.append(str(device))
+        return SimpleNamespace(total_memory=2**30)
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", properties)
+    flags = ["--target", str(tmp_path), "--max-tokens", "256", "--block-size", "4",
+             "--draft-layers", "1", "--head-chunk", "32"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["dflash", "estimate", *flags]) == 0
+    assert "fit" not in capsys.readouterr().out and not asked
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert main(["dflash", "estimate", *flags, "--device", "cuda:1"]) == 1
+    assert "does NOT fit in 1.0 GiB" in capsys.readouterr().out and asked == ["cuda:1"]
+    assert main(["dflash", "train", *flags, "--estimate"]) == 0  # training's default: cpu
+    assert "fit" not in capsys.readouterr().out and asked == ["cuda:1"]
