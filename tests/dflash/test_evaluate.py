@@ -102,7 +102,8 @@ def test_teacher_forced_pass_keeps_the_training_budgets(exact, lengths, max_toke
 
 def test_eval_stage_passes_the_budgets_to_its_accuracy_pass(exact, monkeypatch):
     """evaluate_set's teacher-forced pass within max_tokens and max_slots, the same figures as
-    without them (no text is cut); max_slots below a block is refused before decoding."""
+    without them (no text is cut); budgets that hold no block or token are refused before
+    decoding."""
     import lengthwise.dflash.decode as decode
     from lengthwise.dflash.evaluate import evaluate_set
 
@@ -132,6 +133,8 @@ def test_eval_stage_passes_the_budgets_to_its_accuracy_pass(exact, monkeypatch):
     assert kept == free
     with pytest.raises(ConfigError, match="max_slots=3 holds no block of block_size=4"):
         evaluate_set(draft, target, prompts, max_slots=3, **run)
+    with pytest.raises(ConfigError, match="max_tokens must be >= 1, got 0"):
+        evaluate_set(draft, target, prompts, max_tokens=0, **run)
 
 
 def test_the_check_and_the_accuracy_pass_are_optional(models):

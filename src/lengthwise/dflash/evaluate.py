@@ -95,7 +95,9 @@ def teacher_forced(draft: Any, target: Any, prompts: Sequence[list[int]],
     from lengthwise.progress import progress as bar
 
     block = draft.config.block_size
-    slots = _forward_slots(max_slots, slots_per_forward, block)
+    _check_budgets(max_tokens, max_slots, block)
+    bounds = [s for s in (max_slots, slots_per_forward) if s is not None]
+    slots = min(bounds) if bounds else None
     if slots is not None:
         batch_size = min(batch_size, max(1, slots // block))
     samples = []
@@ -111,14 +113,13 @@ def teacher_forced(draft: Any, target: Any, prompts: Sequence[list[int]],
                            num_anchors=longest, head_chunk=head_chunk, slots_per_forward=slots)
 
 
-def _forward_slots(max_slots: int | None, slots_per_forward: int | None, block: int,
-                   ) -> int | None:
-    """Most block slots of a draft forward; ``max_slots`` below one block is refused."""
+def _check_budgets(max_tokens: int | None, max_slots: int | None, block: int) -> None:
+    """Refuse a token budget below one token and a slot budget below one block."""
+    if max_tokens is not None and max_tokens < 1:
+        raise ConfigError(f"max_tokens must be >= 1, got {max_tokens}")
     if max_slots is not None and max_slots < block:
         raise ConfigError(f"max_slots={max_slots} holds no block of block_size={block}; give "
                           "max_slots >= block_size")
-    bounds = [s for s in (max_slots, slots_per_forward) if s is not None]
-    return min(bounds) if bounds else None
 
 
 def evaluate_set(draft: Any, target: Any, prompts: list[list[int]], *, name: str,
@@ -142,7 +143,7 @@ def evaluate_set(draft: Any, target: Any, prompts: list[list[int]], *, name: str
     if not prompts:
         raise ConfigError(f"prompt set {name}: no prompts")
     if accuracy:
-        _forward_slots(max_slots, None, draft.config.block_size)
+        _check_budgets(max_tokens, max_slots, draft.config.block_size)
     was = draft.training
     draft.eval()
     rows = []
