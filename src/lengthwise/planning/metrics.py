@@ -23,8 +23,23 @@ from lengthwise.errors import DataError
 from lengthwise.planning.batching import batch_longest
 from lengthwise.planning.cost import CostModel, round_up
 
-#: repetitions of the random-shuffle reference for ``step_cv_ratio``
+#: repetitions of the random-shuffle reference for ``step_cv_ratio`` ...
 RANDOM_REFERENCE_REPEATS = 5
+#: ... as many as keep the samples shuffled in all at or below this (one shuffle at least):
+#: above 200,000 samples, fewer shuffles of more samples each (a shuffle is the figures' costliest
+#: step, half a sort of the lengths)
+RANDOM_REFERENCE_SAMPLES = 1_000_000
+
+
+def reference_repeats(samples: int) -> int:
+    """Shuffles averaged by the random-shuffle reference of ``step_cv_ratio`` for ``samples``.
+
+    Example::
+
+        >>> reference_repeats(30_000), reference_repeats(400_000), reference_repeats(902_087)
+        (5, 2, 1)
+    """
+    return max(1, min(RANDOM_REFERENCE_REPEATS, RANDOM_REFERENCE_SAMPLES // max(samples, 1)))
 
 
 def _cv(x: np.ndarray) -> float | None:
@@ -70,8 +85,9 @@ def _per_step_lengths(lengths: np.ndarray, indices: np.ndarray, offsets: np.ndar
 
 
 def random_step_cv(lengths: np.ndarray, ids: np.ndarray, n_steps: int, seed: int = 0,
-                   repeats: int = RANDOM_REFERENCE_REPEATS) -> tuple[float | None, float | None]:
-    """``step_length_cv`` and ``step_sample_cv`` of a random shuffle cut into ``n_steps``.
+                   repeats: int | None = None) -> tuple[float | None, float | None]:
+    """``step_length_cv`` and ``step_sample_cv`` of a random shuffle cut into ``n_steps``,
+    averaged over ``repeats`` shuffles (default: :func:`reference_repeats`).
 
     Example::
 
@@ -81,6 +97,7 @@ def random_step_cv(lengths: np.ndarray, ids: np.ndarray, n_steps: int, seed: int
     """
     if n_steps < 2 or ids.size < n_steps:
         return None, None
+    repeats = reference_repeats(ids.size) if repeats is None else repeats
     rng = np.random.default_rng([seed, 0x5EED])
     lens = lengths[ids].astype(np.float64)
     step = np.arange(ids.size) * n_steps // ids.size
