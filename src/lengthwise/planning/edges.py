@@ -272,6 +272,8 @@ def auto_edges(hist: Histogram, *, batch_size: int | None, max_tokens: int | Non
     # DP itself, so narrow buckets go where samples are dense); on data too small for
     # that, at least one full batch per bucket; failing that, no constraint
     for need in (least, rows, None):
+        if need is not None and hist.counts.sum() < np.ceil(need[-1]):
+            continue  # the last bucket holds too few samples for any K: no layer is finite
         sol = solve(hist, max_buckets, pad_multiple=pad_multiple, cost=cost, budget=budget,
                     fill_weight=fill_weight, least=need)
         feasible = [(k, ideal / float(sol.totals[k - 1]))
