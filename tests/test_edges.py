@@ -252,3 +252,10 @@ def test_auto_edges_equal_the_kept_reference_dp(values, repeat, scale, rule, max
     budget, batch_size = (rule[1], None) if rule[0] == "budget" else (None, rule[1])
     got = auto_edges(hist, batch_size=batch_size, max_tokens=budget, max_buckets=max_buckets)
     assert got == _auto_as_it_was(hist, budget, batch_size, max_buckets)
+
+
+def test_complex_minimum_is_lexicographic_as_the_layers_need():
+    # the DP takes (cost, i) pairs as complex numbers: the least cost, then the smallest i,
+    # infeasible (infinite) costs included
+    pairs = np.array([2 + 5j, 2 + 3j, 1 + 9j, 1 + 4j, np.inf + 7j, np.inf + 6j])
+    assert np.minimum.reduceat(pairs, [0, 2, 4]).tolist() == [2 + 3j, 1 + 4j, complex(np.inf, 6)]

@@ -116,19 +116,21 @@ def _layer(prev: np.ndarray, cum: np.ndarray, levels: list[tuple]
         starts = ends - width
         cand = np.arange(int(ends[-1]), dtype=np.int64)
         cand -= np.repeat(starts - olo, width)
-        vals = np.repeat(cum_j, width)
-        vals -= cum[cand]
+        # each candidate as (cost, i): NumPy orders complex numbers lexicographically, so
+        # one minimum per window gives the least cost and, among ties, the smallest i
+        pair = np.empty(cand.size, dtype=np.complex128)
+        vals = pair.real
+        np.subtract(np.repeat(cum_j, width), cum[cand], out=vals)
         vals *= np.repeat(w_j, width)
         vals += prev[cand]
+        pair.imag = cand
         if not width.all():  # no i allowed: the window's first; reduceat needs non-empty
             arg[mid] = olo
             some = width > 0
-            mid, starts, width = mid[some], starts[some], width[some]
-        mins = np.minimum.reduceat(vals, starts)
-        # the first candidate at its segment's minimum: the smallest i wins a tie
-        first = np.minimum.reduceat(np.where(vals == np.repeat(mins, width), cand, u), starts)
-        out[mid] = mins
-        arg[mid] = first
+            mid, starts = mid[some], starts[some]
+        best = np.minimum.reduceat(pair, starts)
+        out[mid] = best.real
+        arg[mid] = best.imag
     return out, arg[:u + 1]
 
 
