@@ -259,3 +259,19 @@ def test_complex_minimum_is_lexicographic_as_the_layers_need():
     # infeasible (infinite) costs included
     pairs = np.array([2 + 5j, 2 + 3j, 1 + 9j, 1 + 4j, np.inf + 7j, np.inf + 6j])
     assert np.minimum.reduceat(pairs, [0, 2, 4]).tolist() == [2 + 3j, 1 + 4j, complex(np.inf, 6)]
+
+
+def test_layers_stop_once_one_more_bucket_helps_no_prefix(monkeypatch):
+    from lengthwise.planning import edges
+
+    calls = []
+    layer = edges._layer
+    monkeypatch.setattr(edges, "_layer", lambda *a: calls.append(1) or layer(*a))
+    lengths = np.repeat(np.arange(1, 11), 4)  # 40 samples: at most two buckets of 16
+    hist = Histogram.of(lengths)
+    need = np.full(hist.values.size, 16)
+    sol = solve(hist, 10, least=need)
+    assert len(calls) < 10 and len(sol.args) == 10
+    ref = _solve_as_it_was(hist, 10, None, need)
+    for (cur, arg), total, new_arg in zip(ref, sol.totals, sol.args, strict=True):
+        assert np.array_equal(arg, new_arg) and cur[-1] == total

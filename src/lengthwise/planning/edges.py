@@ -186,11 +186,15 @@ def solve(hist: Histogram, max_k: int, *, pad_multiple: int = 1,
     prev = np.full(u + 1, np.inf)
     prev[0] = 0.0
     totals, args = [], []
-    for _ in range(max_k):
+    for k in range(max_k):
         cur, arg = _layer(prev, cum, levels)
         cur[0] = 0.0  # fewer buckets than layers: an empty prefix stays free
         totals.append(cur[u])
         args.append(arg)
+        if np.array_equal(cur, prev):  # one more bucket helped no prefix: every later layer
+            totals.extend([cur[u]] * (max_k - k - 1))  # repeats this one's computation
+            args.extend([arg] * (max_k - k - 1))
+            break
         prev = cur
     return EdgeSolution(hist, np.asarray(totals), args)
 
