@@ -2,8 +2,10 @@
 
 Usage::
 
-    python benchmarks/plan_speed.py            # writes benchmarks/PLAN_SPEED_RESULTS.md
+    python benchmarks/plan_speed.py            # writes benchmarks/PLAN_SPEED_RESULTS.md,
+                                               # PLAN_SPEED.json and docs/planner.md's figures
     python benchmarks/plan_speed.py --quick    # one round instead of five, no file
+    python benchmarks/plan_speed.py --render   # docs/planner.md's figures from PLAN_SPEED.json
 
 The reference run's shape (902,087 log-normal lengths, median 1,050, sigma 0.5, clipped to
 [16, 8192]) planned for 8 ranks with 4 accumulation steps under ``max_tokens=16384``
@@ -20,9 +22,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
+import os
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -34,7 +39,7 @@ from planner_targets import lognormal, machine  # noqa: E402
 
 from lengthwise.cli import main as cli_main  # noqa: E402
 from lengthwise.planning import padded  # noqa: E402
-from lengthwise.planning.metrics import random_step_cv  # noqa: E402
+from lengthwise.planning.metrics import random_step_cv, reference_repeats  # noqa: E402
 from lengthwise.planning.plan import plan_epoch  # noqa: E402
 
 OPTIONS = dict(max_tokens=16384, world_size=8, grad_accum=4)
@@ -43,6 +48,10 @@ PLAN_OVER_ARGSORT = 2.0
 CLI_OVER_PLAN = 1.3
 #: samples per window of the windowed plan whose len() is timed
 WINDOW = 100_000
+SAVED = HERE / "PLAN_SPEED.json"
+#: the marked regions (``<!-- figures:NAME start -->``) this script writes, per file
+REGIONS: dict[str, tuple[str, ...]] = {"docs/planner.md": ("plan-speed",)}
+ROOT = HERE.parent
 
 
 def _forget_edges() -> None:
@@ -83,12 +92,61 @@ def one_round(lengths: np.ndarray, path: str) -> dict[str, float]:
     return out
 
 
+def _times(repeats: int) -> str:
+    return "once" if repeats == 1 else "twice" if repeats == 2 else f"{repeats} times"
+
+
+def render(name: str, saved: dict) -> str:
+    """The text of region ``name`` from the saved figures."""
+    if name != "plan-speed":
+        raise KeyError(f"no region {name!r}")
+    r = saved["ratios"]
+    return textwrap.fill(
+        f"Against a sort, on the reference run's {saved['samples']:,} lengths for "
+        f"{OPTIONS['world_size']} ranks and {OPTIONS['grad_accum']} accumulation steps "
+        f"(`benchmarks/PLAN_SPEED_RESULTS.md`, ratios measured in one run on "
+        f"{saved['cores']} cores shared with other work, best of {saved['rounds']}): a plan "
+        "whose bucket edges are already solved for these lengths, as they are for every later "
+        "epoch and every other order in the process, takes "
+        f"{r['plan_epoch, edges kept / argsort']:.2f} times one stable `np.argsort` of the "
+        f"lengths; the first plan takes {r['plan_epoch / argsort']:.2f} times, because the "
+        f"exact edge search (section 2) alone takes {r['bucket edges alone / argsort']:.2f} "
+        f"times. `lengthwise plan` takes {r['lengthwise plan / plan_epoch']:.2f} times the "
+        f"first plan ({r['lengthwise plan, own process / plan_epoch']:.2f} as a process of "
+        "its own, start-up included): it also computes the figures "
+        f"({r['figures (stats) / plan_epoch']:.2f} of a plan), whose random-shuffle reference "
+        f"for `step_cv_ratio` shuffles the lengths {_times(saved['reference_shuffles'])} at "
+        f"this size ({r['random-shuffle reference / plan_epoch']:.2f} of a plan), and the "
+        "next epoch's batches for `recomposition`.", width=100)
+
+
+def _docs_figures():
+    import docs_figures  # the marked-region functions of benchmarks/docs_figures.py
+
+    return docs_figures
+
+
+def region_text(text: str, name: str, where: str) -> tuple[int, int]:
+    """Start and end offsets of region ``name``'s body in ``text``."""
+    return _docs_figures().region_text(text, name, where)
+
+
+def rewrite(saved: dict, root: Path = ROOT) -> list[str]:
+    """Rewrite every region of :data:`REGIONS` under ``root``; the files changed."""
+    return _docs_figures().rewrite_regions(REGIONS, lambda name: render(name, saved), root)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--render", action="store_true",
+                    help=f"rewrite the docs' figures from {SAVED.name}; measure nothing")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", default=str(HERE / "PLAN_SPEED_RESULTS.md"))
     args = ap.parse_args()
+    if args.render:
+        print("\n".join(rewrite(json.loads(SAVED.read_text())) or ["docs are current"]))
+        return 0
     lengths = lognormal(902_087)
     rounds = 1 if args.quick else args.rounds
     with tempfile.TemporaryDirectory() as tmp:
@@ -130,7 +188,8 @@ Machine: {machine()}.
 {rounds} round(s); each round times, one after the other: one stable `np.argsort` of the
 lengths, `plan_epoch` solving its bucket edges (the first plan of a process), `plan_epoch` of
 the next epoch (the edges of these lengths kept), its figures (`plan.stats`; the random-shuffle
-reference of `step_cv_ratio` in them, five shuffles of the lengths, is also timed alone),
+reference of `step_cv_ratio` in them, the lengths shuffled
+{_times(reference_repeats(lengths.size))}, is also timed alone),
 `len()` of the same epoch planned in windows of {WINDOW:,} samples (its edges solved), the
 edge search alone, and `lengthwise plan LENGTHS.npy --max-tokens 16384 --world-size 8
 --grad-accum 4` run in the same process (no interpreter start-up) with the edges still to
@@ -158,6 +217,11 @@ lengthwise.cli`), interpreter start-up and imports included.
     print(text)
     if not args.quick:
         Path(args.out).write_text(text)
+        saved = {"samples": int(lengths.size), "distinct": distinct, "rounds": rounds,
+                 "cores": os.cpu_count(), "reference_shuffles": reference_repeats(lengths.size),
+                 "ratios": ratios, "seconds": med}
+        SAVED.write_text(json.dumps(saved, indent=1) + "\n")
+        rewrite(saved)
     return 0
 
 

@@ -248,3 +248,24 @@ def test_help_names_every_lengths_source(capsys):
     for source in ("FILE.jsonl:FIELD", "FILE.parquet:COLUMN", "FILE.arrow:COLUMN", "PREFIX.idx",
                    "FOLDER:COLUMN"):
         assert source in text
+
+
+def test_plan_command_imports_neither_torch_nor_the_other_commands(tmp_path):
+    np.save(tmp_path / "l.npy", np.random.default_rng(0).integers(1, 500, 2000))
+    code = ("import sys\nfrom lengthwise.cli import main\n"
+            f"assert main(['plan', {str(tmp_path / 'l.npy')!r}, '--world-size', '2']) == 0\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'\n"
+            "             or m.startswith(('lengthwise.demo', 'lengthwise.dflash',\n"
+            "                              'lengthwise.cli.demo', 'lengthwise.cli.dflash',\n"
+            "                              'lengthwise.doctor', 'lengthwise.train'))))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_command_alone_parses_as_with_every_command():
+    from lengthwise.cli import build_parser, commands
+
+    argv = ["plan", "x.npy", "--buckets", "4", "--world-size", "8"]
+    assert vars(build_parser("plan").parse_args(argv)) == vars(build_parser().parse_args(argv))
+    assert "plan" in commands() and "demo" in commands()

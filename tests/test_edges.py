@@ -210,3 +210,68 @@ def test_dp_layers_agree_exactly_with_the_kept_reference(values, spread, k, budg
     for (cur, arg), total, new_arg in zip(ref, sol.totals, sol.args, strict=True):
         assert np.array_equal(arg, new_arg)
         assert cur[-1] == total or (np.isinf(cur[-1]) and np.isinf(total))
+
+
+def _auto_as_it_was(hist, budget, batch_size, max_buckets):
+    """The "auto" rule over the layers of the kept reference DP: three tries of the least
+    count per bucket, every layer of each, the smallest K within tolerance of the best."""
+    from lengthwise.planning.edges import AUTO_TOLERANCE
+
+    rows = (np.full(hist.values.size, batch_size) if batch_size is not None
+            else np.maximum(1, budget // hist.values))
+    ideal = float(np.sum(hist.counts * hist.values))
+    for need in (np.maximum(MIN_BATCHES_PER_BUCKET * rows, MIN_SAMPLES_PER_BUCKET), rows, None):
+        layers = _solve_as_it_was(hist, max_buckets, budget, need)
+        feasible = [(k, ideal / float(cur[-1])) for k, (cur, _) in enumerate(layers, 1)
+                    if np.isfinite(cur[-1])]
+        if feasible:
+            break
+    best = max(eff for _, eff in feasible)
+    k = next(k for k, eff in feasible if eff >= (1 - AUTO_TOLERANCE) * best)
+    cuts, j = [], hist.values.size
+    for layer in range(k - 1, -1, -1):
+        cuts.append(j)
+        j = int(layers[layer][1][j])
+        if j == 0:
+            break
+    return [int(hist.values[c - 1]) for c in reversed(cuts)]
+
+
+@settings(max_examples=120, deadline=None)
+@given(values=st.lists(st.integers(1, 80), min_size=1, max_size=30),
+       repeat=st.integers(1, 12), scale=st.integers(1, 60),
+       rule=st.sampled_from([("budget", 512), ("budget", 4096), ("rows", 2), ("rows", 8)]),
+       max_buckets=st.integers(1, 10))
+def test_auto_edges_equal_the_kept_reference_dp(values, repeat, scale, rule, max_buckets):
+    """Exact ties (repeated and evenly spaced lengths), data too small for the least count
+    per bucket, and every fallback of the rule: the same edges as the reference DP."""
+    from lengthwise.planning.edges import auto_edges
+
+    lengths = np.repeat(np.asarray(values) * scale, 1 + np.arange(len(values)) % repeat)
+    hist = Histogram.of(lengths)
+    budget, batch_size = (rule[1], None) if rule[0] == "budget" else (None, rule[1])
+    got = auto_edges(hist, batch_size=batch_size, max_tokens=budget, max_buckets=max_buckets)
+    assert got == _auto_as_it_was(hist, budget, batch_size, max_buckets)
+
+
+def test_complex_minimum_is_lexicographic_as_the_layers_need():
+    # the DP takes (cost, i) pairs as complex numbers: the least cost, then the smallest i,
+    # infeasible (infinite) costs included
+    pairs = np.array([2 + 5j, 2 + 3j, 1 + 9j, 1 + 4j, np.inf + 7j, np.inf + 6j])
+    assert np.minimum.reduceat(pairs, [0, 2, 4]).tolist() == [2 + 3j, 1 + 4j, complex(np.inf, 6)]
+
+
+def test_layers_stop_once_one_more_bucket_helps_no_prefix(monkeypatch):
+    from lengthwise.planning import edges
+
+    calls = []
+    layer = edges._layer
+    monkeypatch.setattr(edges, "_layer", lambda *a: calls.append(1) or layer(*a))
+    lengths = np.repeat(np.arange(1, 11), 4)  # 40 samples: at most two buckets of 16
+    hist = Histogram.of(lengths)
+    need = np.full(hist.values.size, 16)
+    sol = solve(hist, 10, least=need)
+    assert len(calls) < 10 and len(sol.args) == 10
+    ref = _solve_as_it_was(hist, 10, None, need)
+    for (cur, arg), total, new_arg in zip(ref, sol.totals, sol.args, strict=True):
+        assert np.array_equal(arg, new_arg) and cur[-1] == total

@@ -70,3 +70,23 @@ def test_every_figure_the_demo_prints_is_defined_in_metrics_md():
     printed = {name for name, _ in TABLE_COLUMNS} | set(DFLASH_KEYS) | {"real_tokens_per_step"}
     assert sorted(printed - elsewhere - set(defined)) == []
     assert "ratio" in defined["excess"] and "sampling floor" in defined["excess"]
+
+
+def test_random_reference_shuffles_fewer_times_above_its_sample_budget():
+    from lengthwise.planning.metrics import (
+        RANDOM_REFERENCE_REPEATS,
+        RANDOM_REFERENCE_SAMPLES,
+        reference_repeats,
+    )
+
+    assert reference_repeats(RANDOM_REFERENCE_SAMPLES // RANDOM_REFERENCE_REPEATS) == 5
+    assert reference_repeats(RANDOM_REFERENCE_SAMPLES // 2) == 2
+    assert reference_repeats(10 * RANDOM_REFERENCE_SAMPLES) == 1
+    lengths = np.random.default_rng(4).integers(1, 3000, 400_000)
+    ids = np.arange(lengths.size)
+    got = random_step_cv(lengths, ids, 300)
+    assert got == random_step_cv(lengths, ids, 300, repeats=2)
+    assert got != random_step_cv(lengths, ids, 300, repeats=5)
+    small = lengths[:1000]
+    assert random_step_cv(small, ids[:1000], 20) == random_step_cv(small, ids[:1000], 20,
+                                                                   repeats=5)

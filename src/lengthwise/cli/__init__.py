@@ -32,20 +32,31 @@ class _Parser(argparse.ArgumentParser):
                      f"(see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Return the top-level parser with every sub-command registered."""
+def commands() -> list[str]:
+    """The sub-commands, one module of this package each."""
+    return sorted(info.name for info in pkgutil.iter_modules(__path__)
+                  if not info.name.startswith("_"))
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """Return the top-level parser with every sub-command registered, or only the command
+    ``only`` (so that ``lengthwise plan`` does not import what ``demo`` or ``dflash`` need
+    to describe their options)."""
     parser = _Parser(
         prog="lengthwise",
         description="Plan length-aware batches, feed training, and diagnose loss curves.",
     )
     parser.add_argument("--version", action="version", version=f"lengthwise {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if info.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        module.register(subparsers)
+    for name in commands() if only is None else [only]:
+        importlib.import_module(f"{__name__}.{name}").register(subparsers)
     return parser
+
+
+def _command_of(argv: list[str]) -> str | None:
+    """The sub-command ``argv`` names when its first word is one, else ``None``."""
+    first = argv[0] if argv else ""
+    return first if first in commands() else None
 
 
 #: ``OSError`` types about the files a user names (missing, unreadable, a folder, taken)
@@ -141,8 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     traceback, then a line saying it is a bug and how to report it), 130
     interrupted (Ctrl-C: one line, no traceback).
     """
-    parser = build_parser()
-    args = parser.parse_args(join_negative_lists(sys.argv[1:] if argv is None else list(argv)))
+    argv = join_negative_lists(sys.argv[1:] if argv is None else list(argv))
+    parser = build_parser(_command_of(argv))
+    args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

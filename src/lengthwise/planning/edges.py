@@ -63,63 +63,75 @@ class Histogram:
         return cls(values.astype(np.int64), counts.astype(np.int64))
 
 
-def _layer(prev: np.ndarray, cum: np.ndarray, w: np.ndarray,
-           reach: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def _levels(cum: np.ndarray, w: np.ndarray, reach: np.ndarray | None) -> list[tuple]:
+    """The recursion of :func:`_layer`, the same in every layer: per depth, the ``j`` solved
+    there (``mid``), the solved neighbours that bound their arg-min window (``jlo - 1`` and
+    ``jhi + 1``; ``0`` and ``U + 1`` are sentinels), the last ``i`` each may use, and
+    ``cum[mid]``, ``w[mid]``."""
+    u = cum.size - 1
+    out = []
+    jlo = np.array([1], dtype=np.int64)
+    jhi = np.array([u], dtype=np.int64)
+    while jlo.size:
+        mid = (jlo + jhi) >> 1
+        cap = mid - 1
+        if reach is not None:
+            cap = np.minimum(cap, reach[mid])
+        out.append((mid, jlo - 1, jhi + 1, cap, cum[mid], w[mid]))
+        left = jlo < mid
+        right = mid < jhi
+        jlo, jhi = (np.concatenate((jlo[left], mid[right] + 1)),
+                    np.concatenate((mid[left] - 1, jhi[right])))
+    return out
+
+
+def _layer(prev: np.ndarray, cum: np.ndarray, levels: list[tuple]
+           ) -> tuple[np.ndarray, np.ndarray]:
     """One DP layer: ``out[j] = min_{i<j} prev[i] + (cum[j]-cum[i]) * w[j]`` for j=1..U.
 
     ``prev`` and ``cum`` have length U+1 (index 0 = nothing covered); ``w[j]`` is the
     per-sample cost of a bucket whose last distinct length is the j-th (1-based).
-    With ``reach``, a bucket ending at ``j`` may start after ``i <= reach[j]`` only
-    (a non-decreasing ``reach`` keeps the arg-min monotone). Ties go to the smallest
+    ``levels`` (:func:`_levels`, built once for all layers) holds ``w`` and the cap of
+    each window: with ``reach``, a bucket ending at ``j`` may start after ``i <= reach[j]``
+    only (a non-decreasing ``reach`` keeps the arg-min monotone). Divide and conquer: the
+    ``j`` of one depth are solved at once, each searching between the arg-mins of its
+    solved neighbours. Ties go to the smallest
     ``i``; ``arg[j]`` is the first ``i`` searched when no ``i`` is allowed.
     Returns ``(out, arg)`` with ``out[0] = inf``.
     """
     u = cum.size - 1
     out = np.full(u + 1, np.inf)
-    arg = np.zeros(u + 1, dtype=np.int64)
-    # segments of j to solve, each with a window [olo, ohi] for its arg-min
-    jlo = np.array([1], dtype=np.int64)
-    jhi = np.array([u], dtype=np.int64)
-    olo = np.array([0], dtype=np.int64)
-    ohi = np.array([u - 1], dtype=np.int64)
-    while jlo.size:
-        mid = (jlo + jhi) >> 1
-        hi = np.minimum(ohi, mid - 1)
-        if reach is not None:
-            np.minimum(hi, reach[mid], out=hi)
-        width = np.maximum(hi - olo + 1, 0)
-        best = olo.copy()
-        some = np.flatnonzero(width)
-        if some.size:
-            wid = width[some]
-            ends = np.cumsum(wid)
-            starts = ends - wid
-            cand = np.arange(int(ends[-1]), dtype=np.int64)
-            cand -= np.repeat(starts - olo[some], wid)
-            at = mid[some]
-            vals = np.repeat(cum[at], wid)
-            vals -= cum[cand]
-            vals *= np.repeat(w[at], wid)
-            vals += prev[cand]
-            mins = np.minimum.reduceat(vals, starts)
-            hit = np.flatnonzero(vals == np.repeat(mins, wid))
-            # hits ascend and segments are contiguous: keep each segment's first
-            seg = np.searchsorted(ends, hit, side="right")
-            first = np.empty(hit.size, dtype=bool)
-            first[0] = True
-            np.not_equal(seg[1:], seg[:-1], out=first[1:])
-            out[at] = mins
-            best[some] = cand[hit[first]]
-        arg[mid] = best
-        left = jlo < mid
-        right = mid < jhi
-        jlo, jhi, olo, ohi = (
-            np.concatenate((jlo[left], mid[right] + 1)),
-            np.concatenate((mid[left] - 1, jhi[right])),
-            np.concatenate((olo[left], best[right])),
-            np.concatenate((best[left], ohi[right])),
-        )
-    return out, arg
+    arg = np.zeros(u + 2, dtype=np.int64)
+    arg[u + 1] = u - 1  # the window of the last j ends there
+    for mid, below, above, cap, cum_j, w_j in levels:
+        olo = arg[below]
+        width = np.minimum(arg[above], cap)
+        width -= olo
+        width += 1
+        np.maximum(width, 0, out=width)
+        ends = np.cumsum(width)
+        if ends[-1] == 0:
+            arg[mid] = olo
+            continue
+        starts = ends - width
+        cand = np.arange(int(ends[-1]), dtype=np.int64)
+        cand -= np.repeat(starts - olo, width)
+        # each candidate as (cost, i): NumPy orders complex numbers lexicographically, so
+        # one minimum per window gives the least cost and, among ties, the smallest i
+        pair = np.empty(cand.size, dtype=np.complex128)
+        vals = pair.real
+        np.subtract(np.repeat(cum_j, width), cum[cand], out=vals)
+        vals *= np.repeat(w_j, width)
+        vals += prev[cand]
+        pair.imag = cand
+        if not width.all():  # no i allowed: the window's first; reduceat needs non-empty
+            arg[mid] = olo
+            some = width > 0
+            mid, starts = mid[some], starts[some]
+        best = np.minimum.reduceat(pair, starts)
+        out[mid] = best.real
+        arg[mid] = best.imag
+    return out, arg[:u + 1]
 
 
 @dataclass(frozen=True)
@@ -170,14 +182,19 @@ def solve(hist: Histogram, max_k: int, *, pad_multiple: int = 1,
     if least is not None:  # counts are whole: "at least 2.5 samples" is at least 3
         need = np.concatenate(([0.0], np.ceil(np.asarray(least, dtype=np.float64))))
         reach = np.searchsorted(cum, cum - need, side="right") - 1
+    levels = _levels(cum, w, reach)
     prev = np.full(u + 1, np.inf)
     prev[0] = 0.0
     totals, args = [], []
-    for _ in range(max_k):
-        cur, arg = _layer(prev, cum, w, reach)
+    for k in range(max_k):
+        cur, arg = _layer(prev, cum, levels)
         cur[0] = 0.0  # fewer buckets than layers: an empty prefix stays free
         totals.append(cur[u])
         args.append(arg)
+        if np.array_equal(cur, prev):  # one more bucket helped no prefix: every later layer
+            totals.extend([cur[u]] * (max_k - k - 1))  # repeats this one's computation
+            args.extend([arg] * (max_k - k - 1))
+            break
         prev = cur
     return EdgeSolution(hist, np.asarray(totals), args)
 
@@ -261,6 +278,8 @@ def auto_edges(hist: Histogram, *, batch_size: int | None, max_tokens: int | Non
     # DP itself, so narrow buckets go where samples are dense); on data too small for
     # that, at least one full batch per bucket; failing that, no constraint
     for need in (least, rows, None):
+        if need is not None and hist.counts.sum() < np.ceil(need[-1]):
+            continue  # the last bucket holds too few samples for any K: no layer is finite
         sol = solve(hist, max_buckets, pad_multiple=pad_multiple, cost=cost, budget=budget,
                     fill_weight=fill_weight, least=need)
         feasible = [(k, ideal / float(sol.totals[k - 1]))

@@ -20,11 +20,25 @@ from collections.abc import Sequence
 import numpy as np
 
 from lengthwise.errors import DataError
-from lengthwise.planning.batching import batch_longest
 from lengthwise.planning.cost import CostModel, round_up
 
-#: repetitions of the random-shuffle reference for ``step_cv_ratio``
+#: repetitions of the random-shuffle reference for ``step_cv_ratio`` ...
 RANDOM_REFERENCE_REPEATS = 5
+#: ... as many as keep the samples shuffled in all at or below this (one shuffle at least):
+#: above 200,000 samples, fewer shuffles of more samples each (a shuffle is the figures' costliest
+#: step, half a sort of the lengths)
+RANDOM_REFERENCE_SAMPLES = 1_000_000
+
+
+def reference_repeats(samples: int) -> int:
+    """Shuffles averaged by the random-shuffle reference of ``step_cv_ratio`` for ``samples``.
+
+    Example::
+
+        >>> reference_repeats(30_000), reference_repeats(400_000), reference_repeats(902_087)
+        (5, 2, 1)
+    """
+    return max(1, min(RANDOM_REFERENCE_REPEATS, RANDOM_REFERENCE_SAMPLES // max(samples, 1)))
 
 
 def _cv(x: np.ndarray) -> float | None:
@@ -56,7 +70,13 @@ def _segment_sums(values: np.ndarray, starts: np.ndarray, segment: np.ndarray | 
 def _per_step_lengths(lengths: np.ndarray, indices: np.ndarray, offsets: np.ndarray,
                       steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Token-weighted and plain mean length of each optimizer step (full steps only)."""
-    lens = lengths[indices].astype(np.float64)
+    return _step_means(lengths[indices], offsets, steps)
+
+
+def _step_means(sample_lens: np.ndarray, offsets: np.ndarray, steps: np.ndarray,
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_per_step_lengths` from the lengths of the samples in schedule order."""
+    lens = sample_lens.astype(np.float64)
     n_steps = int(steps[-1]) + 1
     first = np.searchsorted(steps, np.arange(n_steps))  # first micro-batch of each step
     starts = offsets[first]
@@ -70,8 +90,9 @@ def _per_step_lengths(lengths: np.ndarray, indices: np.ndarray, offsets: np.ndar
 
 
 def random_step_cv(lengths: np.ndarray, ids: np.ndarray, n_steps: int, seed: int = 0,
-                   repeats: int = RANDOM_REFERENCE_REPEATS) -> tuple[float | None, float | None]:
-    """``step_length_cv`` and ``step_sample_cv`` of a random shuffle cut into ``n_steps``.
+                   repeats: int | None = None) -> tuple[float | None, float | None]:
+    """``step_length_cv`` and ``step_sample_cv`` of a random shuffle cut into ``n_steps``,
+    averaged over ``repeats`` shuffles (default: :func:`reference_repeats`).
 
     Example::
 
@@ -79,22 +100,30 @@ def random_step_cv(lengths: np.ndarray, ids: np.ndarray, n_steps: int, seed: int
         >>> 0 < cv < 1
         True
     """
-    if n_steps < 2 or ids.size < n_steps:
+    return _random_cv_of(lengths[ids], n_steps, seed, repeats)
+
+
+def _random_cv_of(sample_lens: np.ndarray, n_steps: int, seed: int,
+                  repeats: int | None) -> tuple[float | None, float | None]:
+    """:func:`random_step_cv` from the lengths of the samples."""
+    n = sample_lens.size
+    if n_steps < 2 or n < n_steps:
         return None, None
+    repeats = reference_repeats(n) if repeats is None else repeats
     rng = np.random.default_rng([seed, 0x5EED])
-    lens = lengths[ids].astype(np.float64)
-    step = np.arange(ids.size) * n_steps // ids.size
+    step = np.arange(n) * n_steps // n
     starts = np.searchsorted(step, np.arange(n_steps))  # every step holds a sample
-    cnt = np.diff(np.append(starts, ids.size))
-    exact = _exact_sums(lens)
+    cnt = np.diff(np.append(starts, n))
+    exact = _exact_sums(sample_lens)
     # exact sums of whole lengths: gather them narrow, sum them as integers
-    small = lengths[ids].astype(np.int32) if exact else lens
+    lens = None if exact else sample_lens.astype(np.float64)
+    small = sample_lens.astype(np.int32) if exact else lens
     squares = None if exact else lens * lens
-    order = np.arange(ids.size, dtype=np.int32 if ids.size < 2**31 else np.int64)
+    order = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)
     cvs, scvs = [], []
     for _ in range(repeats):
-        order[:] = np.arange(ids.size)
-        rng.shuffle(order)  # the permutation rng.permutation(ids.size) draws
+        order[:] = np.arange(n)
+        rng.shuffle(order)  # the permutation rng.permutation(n) draws
         if exact:
             drawn = small[order].astype(np.int64)
             s1 = np.add.reduceat(drawn, starts).astype(np.float64)
@@ -173,11 +202,11 @@ def token_means(sample_lengths: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return np.add.reduceat(x * x, starts) / np.maximum(np.add.reduceat(x, starts), 1e-12)
 
 
-def _token_totals(lengths: np.ndarray, indices: np.ndarray, offsets: np.ndarray,
-                  longest: np.ndarray, pad_multiple: int, cost: CostModel,
+def _token_totals(lens: np.ndarray, offsets: np.ndarray, longest: np.ndarray,
+                  pad_multiple: int, cost: CostModel,
                   capacity: int | None) -> tuple[float, float, np.ndarray]:
-    """Real tokens, padded (or packed) tokens and the cost of each micro-batch."""
-    lens = lengths[indices]
+    """Real tokens, padded (or packed) tokens and the cost of each micro-batch, from the
+    lengths of the samples in schedule order."""
     real = float(lens.sum())
     if capacity is None:
         rows = np.diff(offsets)
@@ -188,17 +217,18 @@ def _token_totals(lengths: np.ndarray, indices: np.ndarray, offsets: np.ndarray,
     return real, padded, np.add.reduceat(cost.row_cost(lens), offsets[:-1])
 
 
-def _step_composition(lengths: np.ndarray, indices: np.ndarray, offsets: np.ndarray,
-                      world_size: int, grad_accum: int, seed: int) -> dict:
-    """Step count and step-to-step length spread, against a random-shuffle reference."""
+def _step_composition(lens: np.ndarray, offsets: np.ndarray, world_size: int,
+                      grad_accum: int, seed: int) -> dict:
+    """Step count and step-to-step length spread, against a random-shuffle reference
+    (``lens``: the lengths of the samples in schedule order)."""
     m = offsets.size - 1
     steps = step_ids(m, world_size, grad_accum)
-    tw_len, mean_len = _per_step_lengths(lengths, indices, offsets, steps)
+    tw_len, mean_len = _step_means(lens, offsets, steps)
     n_steps = tw_len.size
     full = n_steps if m % (world_size * grad_accum) == 0 or n_steps == 1 else n_steps - 1
     step_length_cv = _cv(tw_len[:full])
     step_sample_cv = _cv(mean_len[:full])
-    ref_cv, ref_scv = random_step_cv(lengths, indices, full, seed=seed)
+    ref_cv, ref_scv = _random_cv_of(lens, full, seed, None)
     return {
         "optimizer_steps": int(n_steps),
         "step_length_cv": step_length_cv,
@@ -265,10 +295,10 @@ def batch_stats(
     m = offsets.size - 1
     if m < 1:
         raise DataError("no micro-batches to measure")
-    longest = batch_longest(lengths, indices, offsets)
-    real, padded, cost_of = _token_totals(lengths, indices, offsets, longest, pad_multiple,
-                                          cost, capacity)
-    composition = _step_composition(lengths, indices, offsets, world_size, grad_accum, seed)
+    lens = lengths[indices]  # gathered once for every figure
+    longest = np.maximum.reduceat(lens, offsets[:-1])
+    real, padded, cost_of = _token_totals(lens, offsets, longest, pad_multiple, cost, capacity)
+    composition = _step_composition(lens, offsets, world_size, grad_accum, seed)
     unique = _distinct_count(indices)
     return {
         "samples": int(indices.size),

@@ -66,7 +66,9 @@ class PaddedEpochPlan(EpochPlan):
         if cfg.order == "sorted":
             out["efficiency_vs_sorted"] = 1.0
         else:
-            ref = sorted_reference(self.lengths, _distinct(self.indices, self.lengths.size), cfg)
+            n = self.lengths.size  # every sample planned: no count per id needed
+            ids = np.arange(n) if out["unique_samples"] == n else _distinct(self.indices, n)
+            ref = sorted_reference(self.lengths, ids, cfg)
             out["efficiency_vs_sorted"] = out["padding_efficiency"] / ref
         out.update(order=cfg.order, layout="pad", num_buckets=len(self.edges),
                    edges=list(self.edges), num_batches=self.num_batches,
