@@ -16,8 +16,8 @@ from __future__ import annotations
 from typing import Literal
 
 __all__ = [
-    "EVEN_OUT", "LAYOUTS", "ORDERS", "OVERFLOW_POLICIES", "PACK_ORDERS",
-    "PACK_OVERFLOW_POLICIES", "EvenOut", "Layout", "Order", "OverflowPolicy",
+    "BALANCE", "EVEN_OUT", "LAYOUTS", "ORDERS", "OVERFLOW_POLICIES", "PACK_ORDERS",
+    "PACK_OVERFLOW_POLICIES", "Balance", "EvenOut", "Layout", "Order", "OverflowPolicy",
 ]
 
 #: the order of micro-batches in an epoch (padded layout)
@@ -39,3 +39,8 @@ PACK_OVERFLOW_POLICIES: tuple[str, ...] = (*OVERFLOW_POLICIES, "split")
 #: how micro-batch counts are made equal across ranks
 EvenOut = Literal["split", "drop", "repeat"]
 EVEN_OUT: tuple[str, ...] = ("split", "drop", "repeat")
+
+#: how the padded stratified order balances the ranks of a step: not beyond its order, or
+#: by cutting every micro-batch of a step to one cost level
+Balance = Literal["none", "level"]
+BALANCE: tuple[str, ...] = ("none", "level")
