@@ -15,9 +15,9 @@ sets the step's time. This policy gives each optimizer step one cost level:
   dealt to steps in rounds so each step takes fine batches from every part of
   the fine length range.
 
-Samples that the steps' fine slots do not take are cut at the full budget after
-the last step. Steps then run in random order. Every sample is planned exactly
-once and no micro-batch exceeds its budget.
+Samples that the steps' fine slots do not take are cut into a multiple of the
+world size of micro-batches of equal cost, after the last step. Steps run in random
+order. Every sample is planned exactly once and no micro-batch exceeds its budget.
 
 Example::
 
@@ -67,6 +67,23 @@ def _fine_cuts(edge_of: np.ndarray, targets: np.ndarray, budget: float) -> np.nd
         sizes.append(rows)
         pos += rows
     return np.asarray(sizes, dtype=np.int64)
+
+
+def _even_cuts(edge_of: np.ndarray, world_size: int, budget: float) -> np.ndarray:
+    """Sizes of micro-batches that cut all the samples whose rows cost ``edge_of`` into a
+    multiple of ``world_size`` batches of about equal cost (within the budget), where their
+    rows allow it."""
+    count = world_size * max(1, -(-int(np.ceil(edge_of.sum())) // int(world_size * budget)))
+    target = float(edge_of.sum()) / count
+    while True:
+        cuts = _fine_cuts(edge_of, np.full(count, target), budget)
+        if cuts.sum() == edge_of.size or target >= budget:
+            break
+        target = min(budget, target * 1.01)  # rows rounded down left samples over
+    if cuts.sum() < edge_of.size:  # whole rows of these lengths need more batches
+        more = _fine_cuts(edge_of[int(cuts.sum()):], np.full(edge_of.size, budget), budget)
+        cuts = np.concatenate((cuts, more))
+    return cuts
 
 
 def _slot_steps(fine_slots: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -139,11 +156,12 @@ def level_steps(lengths: np.ndarray, ids: np.ndarray, edges, limit: batching.Row
         else:  # a step the fine samples did not fill runs after the whole ones
             rest += [p[0] for p in by_step[s]]
     head = len(pieces)
-    tail_ids = fine_ids[fine_off[-1]:]
-    if tail_ids.size:
-        t_idx, t_off = batching.greedy_batches(tail_ids, lengths, limit)
-        rest += [t_idx[a:b] for a, b in zip(t_off[:-1].tolist(), t_off[1:].tolist(),
-                                             strict=True)]
+    tail = fine_off[-1]
+    if tail < fine_ids.size:
+        t_off = tail + np.concatenate(([0], np.cumsum(_even_cuts(fine_edge[tail:], world_size,
+                                                                 budget))))
+        rest += [fine_ids[a:b] for a, b in zip(t_off[:-1].tolist(), t_off[1:].tolist(),
+                                               strict=True)]
     pieces += rest
     out_sizes = np.array([p.size for p in pieces], dtype=np.int64)
     out_idx = np.concatenate(pieces).astype(idx.dtype)
