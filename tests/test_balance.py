@@ -107,3 +107,12 @@ def test_sampler_and_command_line_take_the_policy(capsys):
     assert main(["plan", "sft_mix", "--max-tokens", "16384", "--balance", "level",
                  "--order", "interleave"]) == 2
     assert "order='stratified'" in capsys.readouterr().err
+
+
+def test_windowed_level_plan_counts_and_covers_every_sample():
+    lens = _long_shape(6000, seed=2)
+    plan = plan_epoch(lens, max_tokens=16384, world_size=4, balance="level", window=2000)
+    per_rank = [list(plan.rank_batches(r)) for r in range(4)]
+    assert all(len(b) == plan.num_batches for b in per_rank)
+    ids = np.concatenate([np.concatenate(b) for b in per_rank])
+    assert np.array_equal(np.sort(ids), np.arange(lens.size))
