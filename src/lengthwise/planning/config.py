@@ -92,9 +92,6 @@ class PlanConfig:
             raise ConfigError(f"balance={self.balance!r} sets the steps of the padded "
                               f"stratified order: it needs layout='pad' and order='stratified', "
                               f"got layout={self.layout!r}, order={self.order!r}")
-        if self.batch_size is not None:
-            raise ConfigError(f"balance={self.balance!r} cuts micro-batches to a cost level: it "
-                              "needs a budget (max_tokens or max_cost), not batch_size")
 
     def row_limit(self) -> batching.RowLimit:
         """The batch rule of this configuration."""

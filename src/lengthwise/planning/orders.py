@@ -107,6 +107,28 @@ def limit_runs(order: np.ndarray, batch_bucket: np.ndarray, world_size: int,
     return order
 
 
+def cost_levels(batch_cost: np.ndarray, world_size: int, grad_accum: int,
+                rng: np.random.Generator) -> np.ndarray:
+    """Steps of micro-batches of one cost level: batches sorted by cost (ties at random)
+    are cut into steps of ``world_size * grad_accum``, so the ranks of a step wait alike.
+
+    The cheapest batches left over make the last, partial step; the whole steps run in
+    random order, and inside a step batches of similar cost share an accumulation slot.
+    Steps then hold micro-batches of like cost, not the data's length mix.
+
+    Example::
+
+        >>> order = cost_levels(np.array([9., 1., 8., 2.]), 2, 1, np.random.default_rng(0))
+        >>> sorted(order.reshape(-1, 2).tolist())
+        [[1, 3], [2, 0]]
+    """
+    s = world_size * grad_accum
+    by_cost = np.lexsort((rng.random(batch_cost.size), batch_cost))
+    rest = by_cost.size % s
+    steps = by_cost[rest:].reshape(-1, s)[rng.permutation(by_cost.size // s)]
+    return np.concatenate((steps.ravel(), by_cost[:rest]))
+
+
 def _sort_by_group_then_cost(group: np.ndarray, cost: np.ndarray,
                              rng: np.random.Generator) -> np.ndarray:
     """Order by group, then cost, ties at random (one float sort instead of a lexsort)."""

@@ -26,8 +26,8 @@ from functools import cached_property
 
 import numpy as np
 
-from lengthwise.errors import ConfigError, DataError
-from lengthwise.planning import balance, batching, metrics, orders, streams
+from lengthwise.errors import ConfigError
+from lengthwise.planning import batching, metrics, orders, streams
 from lengthwise.planning.config import PlanConfig
 from lengthwise.planning.cost import CostModel, round_up
 from lengthwise.planning.edges import Histogram, auto_edges, solve
@@ -173,7 +173,7 @@ def padded_batch_count(lengths, config: PlanConfig) -> int | None:
     ``config``, counted from the bucket sizes without shuffling, cutting or ordering a
     batch; ``None`` for the orders that cut batches along a sequence (``sorted``, ``random``).
     """
-    if config.order in ("sorted", "random") or config.balance != "none":
+    if config.order in ("sorted", "random"):
         return None
     lens, ids, _ = prepare_lengths(lengths, config)
     edge_arr = np.asarray(resolve_edges(lens, ids, config), dtype=np.int64)
@@ -201,6 +201,8 @@ def _order(off: np.ndarray, tag: np.ndarray, longest: np.ndarray, sample_lens: n
         return orders.limit_runs(perm, tag, config.world_size, config.max_run)
     batch_cost = (config.cost or CostModel()).batch_cost(
         np.diff(off), np.asarray(round_up(longest, config.pad_multiple)))
+    if config.balance == "level":
+        return orders.cost_levels(batch_cost, config.world_size, config.grad_accum, o)
     return orders.stratified(tag, batch_cost, config.world_size, config.grad_accum, o,
                              batch_length=metrics.token_means(sample_lens, off))
 
@@ -213,19 +215,15 @@ def plan_padded_epoch(lengths, config: PlanConfig, *, seed: int = 0, epoch: int 
     ``indices`` restricts it to those samples.
     """
     started = time.perf_counter()
-    if config.balance == "level":
-        lens, counts, edges, idx, off, even = _levelled(lengths, config, seed, epoch, indices)
-        longest = batching.batch_longest(lens, idx, off)
-    else:
-        lens, counts, edges, idx, off, tag, even = _formed(lengths, config, seed, epoch, indices)
-        sample_lens = lens[idx]
-        longest = (np.maximum.reduceat(sample_lens, off[:-1]) if off.size > 1
-                   else np.zeros(0, dtype=np.int64))
-        perm = _order(off, tag, longest, sample_lens, config,
-                      streams.rng(seed, epoch, streams.ORDER))
-        if not np.array_equal(perm, np.arange(off.size - 1)):
-            idx, off = batching.take_batches(idx, off, perm)
-            longest = longest[perm]
+    lens, counts, edges, idx, off, tag, even = _formed(lengths, config, seed, epoch, indices)
+    sample_lens = lens[idx]
+    longest = (np.maximum.reduceat(sample_lens, off[:-1]) if off.size > 1
+               else np.zeros(0, dtype=np.int64))
+    perm = _order(off, tag, longest, sample_lens, config,
+                  streams.rng(seed, epoch, streams.ORDER))
+    if not np.array_equal(perm, np.arange(off.size - 1)):
+        idx, off = batching.take_batches(idx, off, perm)
+        longest = longest[perm]
     # each micro-batch is tagged with the bucket of its longest sample, as the collator
     # tags it: a piece split off a batch to even out the ranks may hold shorter ones only
     tag = np.searchsorted(np.asarray(edges, dtype=np.int64), longest, side="left")
@@ -245,35 +243,6 @@ def _formed(lengths, config: PlanConfig, seed: int, epoch: int, indices: np.ndar
     return lens, counts, edges, idx, off, tag, even
 
 
-def _levelled(lengths, config: PlanConfig, seed: int, epoch: int, indices: np.ndarray | None):
-    """The epoch's micro-batches in steps at one cost level (``balance="level"``), the
-    micro-batches after the last whole step evened out over the ranks."""
-    lens, ids, counts = prepare_lengths(lengths, config, indices)
-    edges = resolve_edges(lens, ids, config)
-    idx, off, head = balance.level_steps(lens, ids, edges, config.row_limit(), config.world_size,
-                                         config.grad_accum, streams.rng(seed, epoch,
-                                                                        streams.BALANCE))
-    try:
-        t_idx, t_off, even = _even_out_after(idx, off, head, config, seed, epoch)
-    except (ConfigError, DataError):  # too little after the whole steps: even out them all
-        head = 0
-        t_idx, t_off, even = _even_out_after(idx, off, head, config, seed, epoch)
-    cut = off[head]
-    idx = np.concatenate((idx[:cut], t_idx))
-    off = np.concatenate((off[:head], t_off + cut)).astype(np.int64)
-    return lens, counts, edges, idx, off, even
-
-
-def _even_out_after(idx: np.ndarray, off: np.ndarray, head: int, config: PlanConfig, seed: int,
-                    epoch: int) -> tuple[np.ndarray, np.ndarray, batching.EvenOutReport]:
-    """The micro-batches after the first ``head`` evened out to a multiple of the world size."""
-    cut = off[head]
-    t_idx, t_off, _, even = batching.even_out(
-        idx[cut:], off[head:] - cut, np.zeros(off.size - 1 - head, dtype=np.int64),
-        config.world_size, config.even_out, streams.rng(seed, epoch, streams.EVEN))
-    return t_idx, t_off, even
-
-
 def padded_batch_sets(lengths, config: PlanConfig, *, seed: int = 0, epoch: int = 0,
                       ) -> tuple[np.ndarray, np.ndarray]:
     """``(indices, offsets)`` of the micro-batches :func:`plan_padded_epoch` forms, before it
@@ -288,8 +257,5 @@ def padded_batch_sets(lengths, config: PlanConfig, *, seed: int = 0, epoch: int 
         >>> off.size - 1 == plan_padded_epoch(lens, cfg, epoch=1).total_batches
         True
     """
-    if config.balance == "level":
-        _, _, _, idx, off, _ = _levelled(lengths, config, seed, epoch, None)
-        return idx, off
     _, _, _, idx, off, _, _ = _formed(lengths, config, seed, epoch, None)
     return idx, off

@@ -72,8 +72,9 @@ def plan_epoch(
     an interrupted epoch has not trained yet). Samples longer than the budget or
     ``max_len`` follow ``on_overflow``; every sample is planned exactly once
     unless ``even_out`` says otherwise, and ``stats`` counts what happened.
-    ``balance="level"`` (padded stratified plans under a budget) gives every optimizer
-    step one cost level, so its ranks wait alike (:mod:`~lengthwise.planning.balance`).
+    ``balance="level"`` (padded, ``order="stratified"``) gives every optimizer step
+    micro-batches of one cost level, so its ranks wait alike, instead of the data's
+    length mix (:func:`~lengthwise.planning.orders.cost_levels`).
     ``config`` replaces all the keyword options at once.
 
     ``window=N`` plans the epoch as a ``(seed, epoch)`` shuffle cut into windows of

@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["BALANCE", "BATCHES", "EVEN", "ORDER", "PACK_DEAL", "PACK_EVEN", "PACK_ORDER", "rng"]
+__all__ = ["BATCHES", "EVEN", "ORDER", "PACK_DEAL", "PACK_EVEN", "PACK_ORDER", "rng"]
 
 # padded layout
 BATCHES, ORDER, EVEN = 1, 2, 3
-#: steps at one cost level (``balance="level"``)
-BALANCE = 4
 # packed layout
 PACK_DEAL, PACK_EVEN, PACK_ORDER = 11, 12, 13
 

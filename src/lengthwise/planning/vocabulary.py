@@ -40,7 +40,7 @@ PACK_OVERFLOW_POLICIES: tuple[str, ...] = (*OVERFLOW_POLICIES, "split")
 EvenOut = Literal["split", "drop", "repeat"]
 EVEN_OUT: tuple[str, ...] = ("split", "drop", "repeat")
 
-#: how the padded stratified order balances the ranks of a step: not beyond its order, or
-#: by cutting every micro-batch of a step to one cost level
+#: what the padded stratified order puts first: every step's length mix (``"none"``), or
+#: ranks that wait alike, every step holding micro-batches of one cost level (``"level"``)
 Balance = Literal["none", "level"]
 BALANCE: tuple[str, ...] = ("none", "level")
