@@ -86,15 +86,8 @@ def measure(name: str, lens: np.ndarray) -> list[dict]:
     out.append({**base, "policy": "strata matched by cost rank",
                 **_figures(plan.lengths, *batching.take_batches(idx, off, perm)),
                 "left_over_tokens": 0.0})
-    by_cost = np.argsort(cost + 1e-3 * rng.random(cost.size), kind="stable")
-    full = by_cost[:by_cost.size - by_cost.size % WORLD].reshape(-1, WORLD)
-    perm = np.concatenate((full[rng.permutation(full.shape[0])].ravel(),
-                           by_cost[full.size:]))
-    out.append({**base, "policy": "steps sorted by cost",
-                **_figures(plan.lengths, *batching.take_batches(idx, off, perm)),
-                "left_over_tokens": 0.0})
     level = plan_epoch(lens, balance="level", **kw)
-    out.append({**base, "policy": "balance='level'",
+    out.append({**base, "policy": "balance='level' (steps sorted by cost)",
                 **_figures(level.lengths, level.indices, level.offsets),
                 "left_over_tokens": 0.0})
     return out
@@ -126,9 +119,8 @@ micro-batch per rank and step, no assignment of a step's micro-batches to ranks 
 the default stratified order (steps balanced by mean length); the same steps with rows dropped
 from each step's micro-batches down to the highest level at which max / mean <= 1.035
 (`left_over_tokens`: the share of tokens that would need steps of their own); the stratified
-order with steps matched by cost rank inside each stratum; steps of micro-batches sorted by
-cost; and `balance="level"` (coarse micro-batches dealt by cost, fine ones cut to the step's
-level, `docs/planner.md`).
+order with steps matched by cost rank inside each stratum; and `balance="level"`, the same
+micro-batches sorted by cost and cut into steps (`docs/planner.md`).
 
 {table(rows, keys)}
 """

@@ -131,7 +131,7 @@ def measure(name: str, lens: np.ndarray, world: int, cost: CostModel) -> list[di
         for rule, weight in (("padding-only", 0.0), ("budget-share", 1.0)):
             edges = auto_edges(hist, batch_size=None, max_tokens=BUDGET, fill_weight=weight)
             rows.append(padded_row(base, rule, lens, kw, ref, cost, buckets=tuple(edges))[0])
-        # steps at one cost level: coarse batches dealt by cost, fine ones cut to the level
+        # steps of one cost level: the same micro-batches, sorted by cost into steps
         rows.append(padded_row(base, "level", lens, {**kw, "balance": "level"}, ref, cost)[0])
         # the packed layout: rows of max_tokens filled end to end, so micro-batches cost alike
         k0 = plan_epoch(lens, layout="pack", **kw)
@@ -216,9 +216,9 @@ that mixes lengths waits for its long batch (sorted batches do not mix); with su
 with a cost budget (`max_cost` and the fitted `cost`). At 64 ranks a second row plans the same
 lengths with padding-optimal edges (`fill_weight=0`), the rule before edges were priced by their
 share of the budget, a third one with edges priced by that share alone (`fill_weight=1`: they
-lean to `max_tokens / rows`), a fourth one plans them with `balance="level"` (auto edges; every
-step at one cost level: micro-batches of fewer than 16 rows dealt to steps by cost, the others cut
-to the step's level, `docs/planner.md`), and a fifth one packs them (`layout="pack"`, rows of
+lean to `max_tokens / rows`), a fourth one plans them with `balance="level"` (auto edges, the
+same micro-batches as the first row, sorted by cost into steps, `docs/planner.md`), and a fifth
+one packs them (`layout="pack"`, rows of
 `max_tokens` filled end to end; its `padding_efficiency` is the fill, and step times are not
 priced).
 `budget_fill` is the mean over micro-batches of their padded tokens over `max_tokens`: where long
