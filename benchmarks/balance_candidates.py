@@ -77,6 +77,10 @@ def measure(name: str, lens: np.ndarray) -> list[dict]:
     # no steps yet, so only the share is measured
     out.append({**base, "policy": "default, then rows dropped per step",
                 "left_over_tokens": _trimmed_share(plan.lengths, plan.indices, plan.offsets)})
+    rows = np.diff(plan.offsets)
+    longest = batching.batch_longest(plan.lengths, plan.indices, plan.offsets)
+    out.append({**base, "policy": "under-full batches: one more row of their length fits",
+                "share_of_batches": float(np.mean((rows + 1) * longest <= BUDGET))})
     idx, off = padded_batch_sets(lens, PlanConfig(**kw))
     longest = batching.batch_longest(plan.lengths, idx, off)
     cost = (np.diff(off) * longest).astype(np.float64)
@@ -106,7 +110,7 @@ def main() -> int:
         print(name, flush=True)
     keys = ["shape", "samples", "policy", "padding_efficiency", "step_cv_ratio",
             "rank_imbalance_p50", "rank_imbalance_p99", "budget_fill", "left_over_tokens",
-            "optimizer_steps"]
+            "share_of_batches", "optimizer_steps"]
     cmd = "python benchmarks/balance_candidates.py" + (" --quick" if args.quick else "")
     text = f"""# Balancing the ranks of padded steps: the candidates
 
@@ -118,7 +122,9 @@ micro-batch per rank and step, no assignment of a step's micro-batches to ranks 
 `rank_imbalance`: only which micro-batches share a step, and their rows, can. The candidates:
 the default stratified order (steps balanced by mean length); the same steps with rows dropped
 from each step's micro-batches down to the highest level at which max / mean <= 1.035
-(`left_over_tokens`: the share of tokens that would need steps of their own); the stratified
+(`left_over_tokens`: the share of tokens that would need steps of their own); how many of the
+default plan's micro-batches could take one more row of their own padded length within the
+budget (`share_of_batches`: filling under-full batches from their bucket); the stratified
 order with steps matched by cost rank inside each stratum; and `balance="level"`, the same
 micro-batches sorted by cost and cut into steps (`docs/planner.md`).
 
