@@ -14,7 +14,6 @@ balances (they would need steps of their own). Every number comes from this run.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from planner_targets import machine, table  # noqa: E402
-from shape_targets import BUDGET, shapes  # noqa: E402
+from shape_targets import BUDGET, publish, shape_args, shapes  # noqa: E402
 
 from lengthwise.planning import batching, metrics, orders  # noqa: E402
 from lengthwise.planning.config import PlanConfig  # noqa: E402
@@ -98,10 +97,7 @@ def measure(name: str, lens: np.ndarray) -> list[dict]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default=str(HERE / "BALANCE_RESULTS.md"))
-    args = ap.parse_args()
+    args = shape_args(__doc__, "BALANCE_RESULTS.md")
     started = time.perf_counter()
     rows = []
     every = shapes(args.quick)
@@ -130,9 +126,7 @@ micro-batches sorted by cost and cut into steps (`docs/planner.md`).
 
 {table(rows, keys)}
 """
-    Path(args.out).write_text(text)
-    print(text)
-    return 0
+    return publish(args.out, text)
 
 
 if __name__ == "__main__":

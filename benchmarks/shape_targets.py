@@ -141,11 +141,23 @@ def measure(name: str, lens: np.ndarray, world: int, cost: CostModel) -> list[di
     return rows
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def shape_args(doc: str, out_name: str) -> argparse.Namespace:
+    """``--quick`` (quarter-size shapes) and ``--out`` (default ``benchmarks/<out_name>``)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default=str(HERE / "SHAPE_RESULTS.md"))
-    args = ap.parse_args()
+    ap.add_argument("--out", default=str(HERE / out_name))
+    return ap.parse_args()
+
+
+def publish(out: str, text: str) -> int:
+    """Write the report to ``out`` and print it; the exit status."""
+    Path(out).write_text(text)
+    print(text)
+    return 0
+
+
+def main() -> int:
+    args = shape_args(__doc__, "SHAPE_RESULTS.md")
     started = time.perf_counter()
     cost, cost_text = calibrated_cost()
     print(cost_text, flush=True)
@@ -236,9 +248,7 @@ ones, and `rank_imbalance_p50` comes out near `1 / budget_fill`.
 
 {table(rows, keys)}
 """
-    Path(args.out).write_text(text)
-    print(text)
-    return 0
+    return publish(args.out, text)
 
 
 if __name__ == "__main__":
