@@ -119,3 +119,20 @@ def test_windowed_level_plan_counts_and_covers_every_sample():
     assert all(len(b) == plan.num_batches for b in per_rank)
     ids = np.concatenate([np.concatenate(b) for b in per_rank])
     assert np.array_equal(np.sort(ids), np.arange(lens.size))
+
+
+def test_a_state_resumes_only_under_the_same_balance():
+    pytest.importorskip("torch")
+    from lengthwise.pytorch.sampler import BucketBatchSampler, ResumeError
+
+    lens = _long_shape(3000)
+    for saved_as, resumed_as in (("none", "level"), ("level", "none")):
+        old = BucketBatchSampler(lens, max_tokens=16384, balance=saved_as)
+        next(iter(old))
+        state = old.state_dict()
+        with pytest.raises(ResumeError, match=f"balance is '{resumed_as}', the saved state has "
+                                              f"'{saved_as}'"):
+            BucketBatchSampler(lens, max_tokens=16384, balance=resumed_as).load_state_dict(state)
+    same = BucketBatchSampler(lens, max_tokens=16384, balance="level")
+    same.load_state_dict(state)
+    assert same.remaining() == old.remaining()

@@ -628,8 +628,9 @@ class BucketBatchSampler(Sampler[list[int]]):
             problems.append("the lengths differ from the saved ones (same number of samples)")
         if state.seed != self.seed:
             problems.append(f"seed is {self.seed}, the saved state has {state.seed}")
-        mine = _options(self.config, self.window)
-        saved = state.options
+        default = {"balance": repr("none")}  # states leave the default out
+        mine = {**default, **_options(self.config, self.window)}
+        saved = {**default, **state.options}
         for name in sorted(set(mine) | set(saved)):
             if mine.get(name) != saved.get(name):
                 problems.append(f"{name} is {mine.get(name)}, the saved state has "
