@@ -153,6 +153,8 @@ def cost_levels(batch_cost: np.ndarray, world_size: int, grad_accum: int,
     # inside a step, batches of similar cost share an accumulation slot
     order = [g[np.argsort(batch_cost[g], kind="stable")] for g in order]
     return np.concatenate([*order, partial]).astype(np.int64)
+
+
 def _sort_by_group_then_cost(group: np.ndarray, cost: np.ndarray,
                              rng: np.random.Generator) -> np.ndarray:
     """Order by group, then cost, ties at random (one float sort instead of a lexsort)."""
