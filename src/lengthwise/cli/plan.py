@@ -20,6 +20,7 @@ from lengthwise.errors import ConfigError
 from lengthwise.planning.cost import round_up
 from lengthwise.planning.edges import bucket_counts
 from lengthwise.planning.vocabulary import (
+    BALANCE,
     EVEN_OUT,
     LAYOUTS,
     ORDERS,
@@ -111,6 +112,10 @@ def register(subparsers) -> None:
     p.add_argument("--even-out", choices=EVEN_OUT, default="split",
                    help="how ranks get equal micro-batch counts: split batches (every sample "
                         "once), drop or repeat whole batches, counted (default: split)")
+    p.add_argument("--balance", choices=BALANCE, default="none",
+                   help="level: every optimizer step of the stratified padded order at one cost "
+                        "level, so its ranks wait alike, at the price of steps that mix "
+                        "lengths less (default: none)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     p.add_argument("--epoch", type=int, default=0, help="epoch to plan (default: 0)")
     p.add_argument("--compare", action="store_true",
@@ -234,7 +239,9 @@ def run(args: argparse.Namespace) -> int:
     with warnings.catch_warnings():  # the cut share is reported below, once
         warnings.simplefilter("ignore", UserWarning)
         for order in progress(orders, desc="planning", unit="order", enable=show):
-            results[order] = _plan_with_recomposition(lengths, {**base, "order": order})
+            balance = args.balance if order == args.order else "none"
+            results[order] = _plan_with_recomposition(lengths, {**base, "order": order,
+                                                                "balance": balance})
     main = results[args.order if args.order in results else orders[-1]]
     notes = _warnings(main)
     if args.world_size * args.grad_accum == 1:

@@ -19,7 +19,8 @@ from lengthwise.errors import ConfigError
 from lengthwise.planning import batching
 from lengthwise.planning.cost import CostModel
 from lengthwise.planning.lengths import check_max_len
-from lengthwise.planning.vocabulary import EVEN_OUT, LAYOUTS, ORDERS, PACK_OVERFLOW_POLICIES
+from lengthwise.planning.vocabulary import BALANCE, EVEN_OUT, LAYOUTS, ORDERS
+from lengthwise.planning.vocabulary import PACK_OVERFLOW_POLICIES as OVERFLOW
 
 __all__ = ["PlanConfig", "lengths_checksum"]
 
@@ -54,12 +55,13 @@ class PlanConfig:
     max_cost: float | None = None
     layout: str = "pad"
     rows_per_batch: int = 1
+    balance: str = "none"
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
             raise ConfigError(f"layout must be one of {LAYOUTS}, got {self.layout!r}")
-        if self.on_overflow not in PACK_OVERFLOW_POLICIES:
-            raise ConfigError(f"on_overflow must be one of {PACK_OVERFLOW_POLICIES}, "
+        if self.on_overflow not in OVERFLOW:
+            raise ConfigError(f"on_overflow must be one of {OVERFLOW}, "
                               f"got {self.on_overflow!r}")
         if self.on_overflow == "split" and self.layout != "pack":
             raise ConfigError("on_overflow='split' cuts long samples into packed rows: it needs "
@@ -74,11 +76,22 @@ class PlanConfig:
                               "follow from max_tokens, batch_size or max_cost")
         if self.even_out not in EVEN_OUT:
             raise ConfigError(f"even_out must be one of {EVEN_OUT}, got {self.even_out!r}")
+        self._check_balance()
         object.__setattr__(self, "max_len", check_max_len(self.max_len))
         object.__setattr__(self, "buckets", check_buckets(self.buckets))
         if self.cost is not None and not isinstance(self.cost, CostModel):
             raise TypeError(f"cost must be a lengthwise.CostModel, got {self.cost!r}")
         self.row_limit()  # validates the batch rule
+
+    def _check_balance(self) -> None:
+        if self.balance not in BALANCE:
+            raise ConfigError(f"balance must be one of {BALANCE}, got {self.balance!r}")
+        if self.balance == "none":
+            return
+        if self.layout != "pad" or self.order != "stratified":
+            raise ConfigError(f"balance={self.balance!r} sets the steps of the padded "
+                              f"stratified order: it needs layout='pad' and order='stratified', "
+                              f"got layout={self.layout!r}, order={self.order!r}")
 
     def row_limit(self) -> batching.RowLimit:
         """The batch rule of this configuration."""
@@ -116,6 +129,8 @@ class PlanConfig:
         """
         fields = dataclasses.asdict(self)
         fields.pop("world_size")  # an elastic restart may change it
+        if fields["balance"] == "none":  # the checksums of plans made before it existed
+            fields.pop("balance")
         crc = zlib.crc32(repr(sorted(fields.items())).encode())
         return crc if lengths is None else lengths_checksum(lengths, crc)
 

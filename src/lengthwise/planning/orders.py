@@ -107,6 +107,54 @@ def limit_runs(order: np.ndarray, batch_bucket: np.ndarray, world_size: int,
     return order
 
 
+#: a micro-batch costing less than this share of the median is dealt to a step of its own
+#: (a half split off to even out the ranks, a bucket's left-over)
+CHEAP_SHARE = 0.6
+
+
+def cost_levels(batch_cost: np.ndarray, world_size: int, grad_accum: int,
+                rng: np.random.Generator) -> np.ndarray:
+    """Steps of micro-batches of one cost level: batches sorted by cost (ties at random)
+    are cut into steps of ``world_size * grad_accum``, so the ranks of a step wait alike.
+
+    Batches far cheaper than the median (below :data:`CHEAP_SHARE` of it: halves split off
+    to even out the ranks, a bucket's left-over) would share a step with dearer ones: they
+    are spread over the steps instead, at most ``S / 16`` to a step of ``S``, where each
+    moves the step's mean by less than ``1 / S``. The
+    cheapest of the rest make the last, partial step; the whole steps run in random order,
+    and inside a step batches of similar cost share an accumulation slot. Steps then hold
+    micro-batches of like cost, not the data's length mix.
+
+    Example::
+
+        >>> cost = np.array([5., 9., 5., 9., 5., 9., 5., 9.])
+        >>> order = cost_levels(cost, 4, 1, np.random.default_rng(0))
+        >>> sorted(sorted(step) for step in order.reshape(-1, 4).tolist())
+        [[0, 2, 4, 6], [1, 3, 5, 7]]
+    """
+    s = world_size * grad_accum
+    m = batch_cost.size
+    by_cost = np.lexsort((rng.random(m), batch_cost))
+    steps = m // s
+    cheap = int(np.count_nonzero(batch_cost < CHEAP_SHARE * np.median(batch_cost))) if m else 0
+    # at most s/16 cheap batches to a step, spread round-robin from the dearest step down
+    k = min(cheap, steps * max(1, s // 16))
+    took = np.full(steps, k // max(steps, 1), dtype=np.int64)
+    took[steps - k % max(steps, 1):] += 1 if k % max(steps, 1) else 0
+    rest = by_cost[k:]
+    partial = rest[:m % s]
+    rest = rest[m % s:]
+    bounds = np.concatenate(([0], np.cumsum(s - took)))
+    groups = [rest[a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)]
+    given = np.repeat(np.arange(steps), took)  # the step of each cheap batch, dearest last
+    for t in range(steps):
+        groups[t] = np.concatenate((by_cost[:k][given == t], groups[t]))
+    order = [groups[t] for t in rng.permutation(steps).tolist()]
+    # inside a step, batches of similar cost share an accumulation slot
+    order = [g[np.argsort(batch_cost[g], kind="stable")] for g in order]
+    return np.concatenate([*order, partial]).astype(np.int64)
+
+
 def _sort_by_group_then_cost(group: np.ndarray, cost: np.ndarray,
                              rng: np.random.Generator) -> np.ndarray:
     """Order by group, then cost, ties at random (one float sort instead of a lexsort)."""

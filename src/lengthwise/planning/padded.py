@@ -203,6 +203,8 @@ def _order(off: np.ndarray, tag: np.ndarray, longest: np.ndarray, sample_lens: n
         return orders.limit_runs(perm, tag, config.world_size, config.max_run)
     batch_cost = (config.cost or CostModel()).batch_cost(
         np.diff(off), np.asarray(round_up(longest, config.pad_multiple)))
+    if config.balance == "level":
+        return orders.cost_levels(batch_cost, config.world_size, config.grad_accum, o)
     return orders.stratified(tag, batch_cost, config.world_size, config.grad_accum, o,
                              batch_length=metrics.token_means(sample_lens, off))
 

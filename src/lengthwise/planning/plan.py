@@ -60,6 +60,7 @@ def plan_epoch(
     indices: np.ndarray | None = None,
     layout: str = "pad",
     rows_per_batch: int = 1,
+    balance: str = "none",
     config: PlanConfig | None = None,
     window: int | str | None = None,
 ) -> EpochPlan | WindowedPlan:
@@ -71,6 +72,9 @@ def plan_epoch(
     an interrupted epoch has not trained yet). Samples longer than the budget or
     ``max_len`` follow ``on_overflow``; every sample is planned exactly once
     unless ``even_out`` says otherwise, and ``stats`` counts what happened.
+    ``balance="level"`` (padded, ``order="stratified"``) gives every optimizer step
+    micro-batches of one cost level, so its ranks wait alike, instead of the data's
+    length mix (:func:`~lengthwise.planning.orders.cost_levels`).
     ``config`` replaces all the keyword options at once.
 
     ``window=N`` plans the epoch as a ``(seed, epoch)`` shuffle cut into windows of
@@ -93,7 +97,7 @@ def plan_epoch(
             order=order, world_size=world_size, grad_accum=grad_accum, max_run=max_run,
             max_len=max_len, pad_multiple=pad_multiple, on_overflow=on_overflow,
             even_out=even_out, cost=cost, max_cost=max_cost, layout=layout,
-            rows_per_batch=rows_per_batch)
+            rows_per_batch=rows_per_batch, balance=balance)
     if window is not None:
         from lengthwise.planning.lengths import open_lengths
         from lengthwise.planning.windowed import WindowedPlan, resolve_window

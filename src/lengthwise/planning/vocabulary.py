@@ -16,8 +16,8 @@ from __future__ import annotations
 from typing import Literal
 
 __all__ = [
-    "EVEN_OUT", "LAYOUTS", "ORDERS", "OVERFLOW_POLICIES", "PACK_ORDERS",
-    "PACK_OVERFLOW_POLICIES", "EvenOut", "Layout", "Order", "OverflowPolicy",
+    "BALANCE", "EVEN_OUT", "LAYOUTS", "ORDERS", "OVERFLOW_POLICIES", "PACK_ORDERS",
+    "PACK_OVERFLOW_POLICIES", "Balance", "EvenOut", "Layout", "Order", "OverflowPolicy",
 ]
 
 #: the order of micro-batches in an epoch (padded layout)
@@ -39,3 +39,8 @@ PACK_OVERFLOW_POLICIES: tuple[str, ...] = (*OVERFLOW_POLICIES, "split")
 #: how micro-batch counts are made equal across ranks
 EvenOut = Literal["split", "drop", "repeat"]
 EVEN_OUT: tuple[str, ...] = ("split", "drop", "repeat")
+
+#: what the padded stratified order puts first: every step's length mix (``"none"``), or
+#: ranks that wait alike, every step holding micro-batches of one cost level (``"level"``)
+Balance = Literal["none", "level"]
+BALANCE: tuple[str, ...] = ("none", "level")

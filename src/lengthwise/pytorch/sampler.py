@@ -63,6 +63,8 @@ def _options(config: PlanConfig, window: int | None = None) -> dict[str, str]:
     out = {k: repr(v) for k, v in dataclasses.asdict(config).items()
            if k not in ("world_size", "grad_accum")}
     out["cost"] = repr(config.cost)  # asdict turns the CostModel into a dict
+    if config.balance == "none":  # as states saved before the option existed
+        del out["balance"]
     if window is not None:
         out["window"] = repr(window)
     return out
@@ -161,6 +163,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         max_cost: float | None = None,
         layout: str = "pad",
         rows_per_batch: int = 1,
+        balance: str = "none",
         yield_rows: bool = False,
         window: int | str | None = "auto",
         check_world_size: bool = True,
@@ -197,7 +200,7 @@ class BucketBatchSampler(Sampler[list[int]]):
             world_size=self.num_replicas, grad_accum=grad_accum, max_run=max_run,
             max_len=max_len, pad_multiple=pad_multiple, on_overflow=on_overflow,
             even_out="drop" if drop_last else (even_out or "split"), cost=cost,
-            max_cost=max_cost, layout=layout, rows_per_batch=rows_per_batch)
+            max_cost=max_cost, layout=layout, rows_per_batch=rows_per_batch, balance=balance)
         if self.config.on_overflow == "split":
             raise ConfigError("on_overflow='split' cuts long samples into pieces, which lists of "
                               "sample indices cannot express; use on_overflow='truncate' or "
@@ -625,8 +628,9 @@ class BucketBatchSampler(Sampler[list[int]]):
             problems.append("the lengths differ from the saved ones (same number of samples)")
         if state.seed != self.seed:
             problems.append(f"seed is {self.seed}, the saved state has {state.seed}")
-        mine = _options(self.config, self.window)
-        saved = state.options
+        default = {"balance": repr("none")}  # states leave the default out
+        mine = {**default, **_options(self.config, self.window)}
+        saved = {**default, **state.options}
         for name in sorted(set(mine) | set(saved)):
             if mine.get(name) != saved.get(name):
                 problems.append(f"{name} is {mine.get(name)}, the saved state has "
