@@ -26,7 +26,7 @@ Example::
     >>> y = 5.0 + np.array([-0.1, 0.0, 0.1])[b] + 0.05 * rng.standard_normal(120)
     >>> lv = bucket_levels(y - 5.0, y, b.tolist(), edges=[20, 60, 256])
     >>> lv.found, [r["lengths"] for r in lv.ranges]
-    (True, ['1-20', '21-60', '61-256'])
+    (True, ['up to 20', '21-60', '61-256'])
 """
 
 from __future__ import annotations
@@ -116,11 +116,11 @@ def range_label(lo: Any, hi: Any, edges: list[int] | None) -> str | None:
     """Token lengths of buckets ``lo..hi`` (bucket ``k``: ``edges[k-1] < length <= edges[k]``).
 
     >>> range_label(1, 2, [10, 20, 40]), range_label(0, 0, [10, 20, 40]), range_label(0, 3, None)
-    ('11-40', '1-10', None)
+    ('11-40', 'up to 10', None)
     """
     if not edges or not all(isinstance(v, int) and 0 <= v < len(edges) for v in (lo, hi)):
         return None
-    return f"{edges[lo - 1] + 1 if lo > 0 else 1}-{edges[hi]}"
+    return f"{edges[lo - 1] + 1}-{edges[hi]}" if lo > 0 else f"up to {edges[hi]}"
 
 
 def alternation(group: np.ndarray) -> float:

@@ -11,7 +11,7 @@ Example::
 
     >>> rows = simulate_micro_log(200, effect=0.3, seed=1)
     >>> rows[0]["view"], len(rows), rows[1]["buckets"]
-    ('micro-batch', 201, [16])
+    ('micro-batch', 201, [25])
 """
 
 from __future__ import annotations
