@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from lengthwise.doctor.simulate import ar1_noise
 from lengthwise.errors import ConfigError
 
 ORDERS = ("random", "sorted")
@@ -48,10 +49,7 @@ def simulate_micro_log(
     else:
         ids = (np.arange(lines) * sweeps * buckets // lines) % buckets
     level = effect * (ids / max(buckets - 1, 1) - 0.5)
-    eps = noise * rng.standard_normal(lines)
-    if ar:
-        for t in range(1, lines):
-            eps[t] = ar * eps[t - 1] + np.sqrt(1.0 - ar * ar) * eps[t]
+    eps = ar1_noise(lines, noise, ar, rng) if ar else noise * rng.standard_normal(lines)
     t = np.arange(lines, dtype=np.float64)
     loss = 6.0 + decay * np.exp(-t / (lines / 4.0)) + level + eps
     edges = [int(8 * 1.1**k) + k for k in range(buckets)]
