@@ -23,6 +23,7 @@ from lengthwise.doctor.levels import (
     length_ranges,
 )
 from lengthwise.doctor.simulate_micro import simulate_micro_log
+from lengthwise.doctor.text import render_text
 
 DEMO_LOGS = Path(__file__).resolve().parents[1] / "data" / "demo_logs"
 ORDERS = ("bucket-random", "stratified", "interleave")
@@ -123,6 +124,10 @@ def test_the_demos_bucket_random_micro_log_has_one_level_per_length_range():
     # the shortest and the longest range sit on different sides of the trend
     offsets = [r["mean_offset"] for r in levels.ranges]
     assert min(offsets) < 0 < max(offsets)
+    # the text report shows the test beside the attribution, as the verdict reads it
+    line = next(ln for ln in render_text(report).splitlines() if ln.startswith("  levels"))
+    assert f"{len(levels.ranges)} length ranges" in line and "levels found" in line
+    assert all(f"{r['lengths']}: " in line for r in levels.ranges)
 
 
 @pytest.mark.parametrize("order", ["stratified", "interleave"])
