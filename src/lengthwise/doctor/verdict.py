@@ -193,10 +193,9 @@ def _micro_batch_cause(f: Findings) -> Cause:
     assert levels is not None
 
     def range_text(r: dict[str, Any]) -> str:
-        where = (f"lengths {r['lengths']} tokens" if r["lengths"] else "buckets")
         ids = r["buckets"]
         ids_text = f"bucket {ids[0]}" if ids[0] == ids[1] else f"buckets {ids[0]}-{ids[1]}"
-        where = f"{where} ({ids_text})" if r["lengths"] else ids_text
+        where = f"lengths {r['lengths']} tokens ({ids_text})" if r["lengths"] else ids_text
         return (f"{where}: mean loss {r['mean_loss']:.4g} ({r['mean_offset']:+.3g} from the "
                 f"trend), {r['lines']} micro-batches")
 
