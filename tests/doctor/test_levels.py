@@ -72,6 +72,17 @@ def test_buckets_in_sorted_runs_are_not_tested_for_levels():
     levels = report.attribution.levels
     assert levels.p_value is None and "come in runs" in levels.note
     assert _micro_cause(report) is None
+    # a log whose levels could not be tested is never called clean
+    assert report.verdict.clean is not True
+    assert "not tested: per-bucket levels, the length ranges come in runs" in (
+        report.verdict.summary)
+
+
+def test_a_micro_log_of_packed_rows_gets_no_levels():
+    rows = simulate_micro_log(150, effect=0.5)
+    rows = [rows[0], *({**r, "buckets": []} for r in rows[1:])]
+    report = diagnose(rows)
+    assert report.attribution.levels is None and report.verdict.clean is True
 
 
 def test_a_step_log_gets_no_levels():

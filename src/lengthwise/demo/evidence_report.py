@@ -251,6 +251,10 @@ def _doctor_view(mine: list[dict[str, Any]], view: str) -> dict[str, Any]:
     return {
         "verdicts": [x["verdict"] for x in rows],
         "band_counts": [len(x["bands"]) for x in rows],
+        # a per-micro-batch log's one-level-per-length-range test: run, and levels found
+        "levels_tested": [(x.get("bucket_levels") or {}).get("p_value") is not None
+                          for x in rows],
+        "levels_found": [bool((x.get("bucket_levels") or {}).get("found")) for x in rows],
         "bands": [x["bands"] for x in rows],
         "loss_roughness": t_interval([x["loss_roughness"] for x in rows]),
     }

@@ -161,10 +161,12 @@ def diagnose(
                                log.bucket_loss)
     if ctx.view == MICRO_VIEW and buckets is not None:
         edges = logged_plan(source).get("edges")
-        attribution = replace(attribution, levels=bucket_levels(
+        levels = bucket_levels(
             detrended, y[use], [b for b, u in zip(buckets, use.tolist(), strict=True) if u],
             edges=edges if isinstance(edges, list) else None,
-            rng=np.random.default_rng([seed, 2])))
+            rng=np.random.default_rng([seed, 2]))
+        if levels.lines:  # lines that each hold one bucket (a packed row holds many lengths)
+            attribution = replace(attribution, levels=levels)
     noise = _noise(resid, use, cols, attribution)
     findings = Findings(
         source=log.source, input=log.input, context=ctx, phases=phases, stats=stats,

@@ -84,6 +84,9 @@ def _untested(f: Findings) -> list[str]:
         out.append(f"bands, {f.bands.note.removeprefix('not tested: ')}")
     if f.periodicity.p_value is None:
         out.append(f"periodicity, {f.periodicity.note.removeprefix('not tested: ')}")
+    levels = f.attribution.levels
+    if f.context.view == MICRO_VIEW and levels is not None and levels.p_value is None:
+        out.append(f"per-bucket levels, {levels.note.removeprefix('not tested: ')}")
     return out
 
 
