@@ -312,14 +312,21 @@ def doctor_text(full: dict[str, Any]) -> str:
     lines = []
     for name, row in full["orders"].items():
         step, micro = row["doctor"]["step"], row["doctor"]["micro"]
-        # quote the per-micro-batch verdict of a seed with bands when there is one
-        k = next((i for i, c in enumerate(micro["band_counts"]) if c), 0)
+        # quote the per-micro-batch verdict of a seed with per-bucket levels when there is
+        # one, else of a seed with bands
+        found = micro.get("levels_found") or []
+        k = next((i for i, f in enumerate(found) if f),
+                 next((i for i, c in enumerate(micro["band_counts"]) if c), 0))
+        tested = sum(micro.get("levels_tested") or [])
+        levels = (f"one loss level per length range in {sum(found)} of the {tested} seeds "
+                  "whose levels could be tested" if tested else
+                  "per-bucket levels tested in no seed")
         noise = row.get("noise") or {}
         budget = ", ".join(f"{k} {_pm(v, '.2f')}" for k, v in noise.items()) or "not measured"
         lines.append(_wrap(
             f"- `{name}`: step log, bands found in {sum(c > 0 for c in step['band_counts'])} of "
             f"{len(step['band_counts'])} seeds; rank 0's per-micro-batch log, in "
-            f"{sum(c > 0 for c in micro['band_counts'])}; noise budget of the step loss "
+            f"{sum(c > 0 for c in micro['band_counts'])} ({levels}); noise budget of the step loss "
             f"(shares of its detrended variance): {budget}; the doctor on seed "
             f"{row['seeds'][0]}'s step log: {step['verdicts'][0]}; on seed {row['seeds'][k]}'s "
             f"per-micro-batch log: {micro['verdicts'][k]}").replace("\n", "\n  "))

@@ -26,6 +26,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 from lengthwise.cli import main as cli_main  # noqa: E402
+from lengthwise.demo import runner  # noqa: E402
 from lengthwise.demo.config import DemoConfig, available_orders  # noqa: E402
 from lengthwise.demo.corpus import (  # noqa: E402
     corpus_fingerprint,
@@ -196,6 +197,31 @@ def test_step_loss_is_the_mean_over_every_token_of_the_step(data, tmp_path):
     assert rec["real_tokens"] == sum(int(data.lengths[b].sum()) for b in batches)
 
 
+def test_the_micro_log_is_rank_0_of_8_simulated_ranks_and_leaves_the_training_alone(
+        data, tmp_path, monkeypatch):
+    cfg = DemoConfig(steps=3, **{**SMALL, "grad_accum": 8})
+    run = OrderRun("bucket-random", data, cfg, out=tmp_path / "with")
+    steps = [run.loop.step() for _ in range(3)]
+    result = run.finish()
+    monkeypatch.setattr(runner, "micro_ranks", lambda grad_accum, world=1: None)
+    bare = OrderRun("bucket-random", data, cfg, out=tmp_path / "without")
+    assert bare.loop.micro_logger is None
+    same = [bare.loop.step() for _ in range(3)]
+    bare.close()
+    assert [r["loss"] for r in steps] == [r["loss"] for r in same]  # the same training
+    assert not (tmp_path / "without" / "bucket-random" / "micro_log.jsonl").exists()
+    path = Path(result.extra["micro_log"])
+    assert path == tmp_path / "with" / "bucket-random" / "micro_log.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    plan, lines = rows[0], [r for r in rows if "event" not in r]
+    assert plan["view"] == "micro-batch" and plan["world_size"] == result.extra["micro_world"] == 8
+    assert plan["edges"] == [int(e) for e in run.loop.sampler.edges]
+    # 8 micro-batches per step over 8 ranks: rank 0 logs one per step, from one bucket
+    assert [r["optimizer_step"] for r in lines] == [1, 2, 3]
+    assert all(r["micro_batches"] == 1 and len(r["buckets"]) == 1 for r in lines)
+    assert all(r["real_tokens"] < s["real_tokens"] for r, s in zip(lines, steps, strict=True))
+
+
 def test_orders_start_from_the_same_model_and_differ_only_in_batches(data, tmp_path):
     cfg = DemoConfig(steps=2, **SMALL)
     runs = [OrderRun(o, data, cfg, out=tmp_path) for o in ("sorted", "stratified")]
@@ -360,6 +386,7 @@ def test_demo_command_end_to_end(jsonl, workdir):
         assert row["tokens_per_second"] > 0 and 0 < row["padding_efficiency"] <= 1
         assert np.isfinite(row["eval_loss"]) and row["loss_roughness"] >= 0
         assert isinstance(row["verdict"], str) and row["verdict"]
+        assert row["micro_log"] == str(out / name / "micro_log.jsonl") and row["micro_verdict"]
         recs = read_log(out / name / "train_log.jsonl")
         assert [r["step"] for r in recs] == [1, 2, 3, 4]
         for rec in recs:
@@ -376,6 +403,13 @@ def test_demo_command_end_to_end(jsonl, workdir):
                          "random,stratified", "--out", str(workdir / "e2e2")]) == 0
     lines = buf.getvalue().splitlines()
     assert "doctor:" in lines
+    # where each order's per-micro-batch log is (--grad-accum 2: rank 0 of 2 simulated ranks),
+    # and what the doctor says of it
+    where = next(ln for ln in lines if ln.startswith("per-micro-batch logs"))
+    assert "over 2 simulated ranks" in where and where.endswith(
+        f"{workdir / 'e2e2'}/<order>/micro_log.jsonl; the doctor on them:")
+    assert [ln.split(":")[0] for ln in lines[lines.index(where) + 1:][:2]] == [
+        "  random", "  stratified"]
     assert [ln.split()[0] for ln in lines[2:4]] == ["random", "stratified"]
 
 

@@ -126,6 +126,20 @@ def test_the_doctor_agrees_with_each_orders_composition(saved):
             assert not run["doctor"]["step"]["bands"], name
 
 
+def test_the_reading_counts_the_per_micro_batch_levels_of_the_runs(script, saved):
+    full = saved["full"]
+    text = script.doctor_text(full)
+    for name, row in full["orders"].items():
+        runs = [r["doctor"]["micro"]["bucket_levels"] for r in full["runs"] if r["order"] == name]
+        tested = sum(lv is not None and lv["p_value"] is not None for lv in runs)
+        found = sum(bool(lv and lv["found"]) for lv in runs)
+        assert row["doctor"]["micro"]["levels_found"].count(True) == found
+        line = next(ln for ln in text.split("\n- ") if ln.lstrip("- ").startswith(f"`{name}`"))
+        expected = (f"one loss level per length range in {found} of the {tested} seeds" if tested
+                    else "per-bucket levels tested in no seed")
+        assert expected in " ".join(line.split()), name
+
+
 def test_every_region_holds_what_the_script_renders(script, saved):
     stale = stale_regions(script, saved)
     assert not stale, (f"{stale} differ from benchmarks/ORDER_QUALITY.json; run python "

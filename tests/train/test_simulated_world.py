@@ -123,11 +123,12 @@ def test_the_doctor_reads_both_views(tmp_path):
     assert cause.name == "micro_batch_bands"
     assert "composition of the logged micro-batch" in cause.title
     assert "log the optimizer step's loss instead" in cause.prescription[0]
-    levels = {r["bucket"]: r["mean_loss"] for r in report.attribution.per_bucket}
-    assert len(levels) == 4  # one level per bucket, rising with the bucket
-    assert [levels[b] for b in sorted(levels)] == sorted(levels.values())
-    for b in levels:
-        assert any(f"bucket {b}: mean loss" in line for line in cause.evidence)
+    ranges = report.attribution.levels.ranges
+    assert [r["buckets"] for r in ranges] == [[b, b] for b in range(4)]  # one level per bucket
+    offsets = [r["mean_offset"] for r in ranges]
+    assert offsets == sorted(offsets)  # rising with the bucket
+    for r in ranges:
+        assert any(f"(bucket {r['buckets'][0]}): mean loss" in line for line in cause.evidence)
     for order in ("stratified", "interleave"):
         _, step_log, _ = _train(order, 240, tmp_path)
         step_report = diagnose(str(step_log))

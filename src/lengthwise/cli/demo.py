@@ -8,7 +8,9 @@ locally and cached, or ``--target PATH``), on responses the target
 regenerated, and measures its acceptance length with real speculative
 decoding. Prints one row per order and writes every run's
 ``train_log.jsonl``, ``summary.json`` and ``loss_curves.png`` under ``--out``
-(``lengthwise-demo/lm`` or ``lengthwise-demo/dflash`` by default).
+(``lengthwise-demo/lm`` or ``lengthwise-demo/dflash`` by default); ``--task lm``
+also writes each order's ``micro_log.jsonl``, one micro-batch's loss per line (rank 0
+of the steps' micro-batches spread over 8 simulated ranks).
 
 Example::
 

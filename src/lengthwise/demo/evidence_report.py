@@ -84,7 +84,8 @@ def run_experiment(cfg: EvidenceConfig, *, out: str | Path, workers: int = 1,
 def doctor_figures(log: str | Path, micro_log: str | Path, data: EvidenceData,
                    ) -> dict[str, Any]:
     """The doctor on a run's step log and on its rank-0 per-micro-batch log: verdict, causes,
-    bands (with the buckets behind each), each bucket's mean loss, noise budget."""
+    bands (with the buckets behind each), each bucket's mean loss, the length ranges' levels
+    (per-micro-batch log), noise budget."""
     from lengthwise.doctor import diagnose
 
     out: dict[str, Any] = {}
@@ -100,6 +101,8 @@ def doctor_figures(log: str | Path, micro_log: str | Path, data: EvidenceData,
             "levels": [{"bucket": r["bucket"], "lengths": _label(r["bucket"], data),
                         "mean_loss": r["mean_loss"], "lines": r["steps"]}
                        for r in attr.per_bucket] if attr.single_bucket else [],
+            # a per-micro-batch log's test of one level per length range
+            "bucket_levels": None if attr.levels is None else attr.levels.to_dict(),
             "loss_roughness": float(report.stats.loss_roughness),
             "noise_shares": noise.shares if noise is not None else None,
             "excess": noise.excess if noise is not None else None,
@@ -248,6 +251,10 @@ def _doctor_view(mine: list[dict[str, Any]], view: str) -> dict[str, Any]:
     return {
         "verdicts": [x["verdict"] for x in rows],
         "band_counts": [len(x["bands"]) for x in rows],
+        # a per-micro-batch log's one-level-per-length-range test: run, and levels found
+        "levels_tested": [(x.get("bucket_levels") or {}).get("p_value") is not None
+                          for x in rows],
+        "levels_found": [bool((x.get("bucket_levels") or {}).get("found")) for x in rows],
         "bands": [x["bands"] for x in rows],
         "loss_roughness": t_interval([x["loss_roughness"] for x in rows]),
     }

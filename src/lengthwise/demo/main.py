@@ -208,9 +208,21 @@ def _order_rows(results: dict[str, Any], doctor: dict[str, dict[str, Any]],
             "train_seconds": r.train_seconds,
             "timed_steps": r.extra.get("timed_steps"),
             "log": r.log_path,
+            **_micro_figures(r.extra.get("micro_log"), r.extra.get("micro_world")),
         }
     add_ratios(rows)
     return {n: {**{k: row[k] for k in JSON_KEYS}, **row} for n, row in rows.items()}
+
+
+def _micro_figures(path: str | None, world: int | None) -> dict[str, Any]:
+    """Where an order's per-micro-batch log is, the simulated ranks it is rank 0 of, and the
+    doctor's verdict on it (no log: ``{}``)."""
+    if path is None:
+        return {}
+    from lengthwise.doctor import verdict_for
+
+    return {"micro_log": path, "micro_world": world,
+            "micro_verdict": verdict_for(path).summary}
 
 
 def _config_dict(cfg: DemoConfig) -> dict[str, Any]:
@@ -278,6 +290,14 @@ def render(summary: dict[str, Any]) -> str:
                 lines.append(f"note: {CHECK_NOTES[key]}")
     if summary.get("plot"):
         lines.append(f"loss curves: {summary['plot']}")
+    micro = {name: row for name, row in rows.items() if row.get("micro_log")}
+    if micro:
+        first = next(iter(micro.values()))
+        lines.append(f"per-micro-batch logs (one micro-batch's loss per line: rank 0 of the "
+                     f"steps' micro-batches spread over {first['micro_world']} simulated ranks): "
+                     f"{Path(first['micro_log']).parent.parent}/<order>/micro_log.jsonl; the "
+                     "doctor on them:")
+        lines.extend(f"  {name}: {row['micro_verdict']}" for name, row in micro.items())
     lines.append(ORDER_QUALITY_NOTE)
     lines.append(f"wall time {summary.get('wall_seconds', 0.0):.0f} s")
     return "\n".join(lines)

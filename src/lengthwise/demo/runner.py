@@ -6,6 +6,11 @@ same token budget per micro-batch, with AdamW and the same learning-rate
 schedule. Only the sampler's ``order`` differs. Each run writes
 ``OUT/<order>/train_log.jsonl`` and ends with the loss on a fixed held-out set.
 
+Beside the step log, a run in one process writes ``OUT/<order>/micro_log.jsonl``: the
+per-micro-batch log of rank 0 of a simulated job of :data:`SIMULATED_WORLD` ranks
+(:func:`micro_ranks`), micro-batch ``k`` of a step being rank ``k % 8``'s. It is the view
+of a job that logs each micro-batch's loss on rank 0; the training is the same.
+
 Example::
 
     >>> from lengthwise.demo.data import DemoData
@@ -23,6 +28,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -35,7 +41,27 @@ from lengthwise.pytorch.dist import GroupInfo
 from lengthwise.train.device import autocast_dtype, configure_torch, pick_device, rank_world
 from lengthwise.train.loop import TrainLoop
 
-__all__ = ["OrderRun", "run_lockstep", "train_order", "train_orders"]
+__all__ = ["SIMULATED_WORLD", "OrderRun", "micro_ranks", "run_lockstep", "train_order",
+           "train_orders"]
+
+#: ranks of the simulated job whose rank 0 writes the per-micro-batch log
+SIMULATED_WORLD = 8
+
+
+def micro_ranks(grad_accum: int, world: int = 1) -> int | None:
+    """Ranks of the simulated job whose rank 0's micro-batches ``micro_log.jsonl`` holds.
+
+    :data:`SIMULATED_WORLD`, or its largest divisor that divides ``grad_accum``; None
+    (no per-micro-batch log) in a job of several real ranks.
+
+    Example::
+
+        >>> micro_ranks(8), micro_ranks(16), micro_ranks(4), micro_ranks(8, world=2)
+        (8, 8, 4, None)
+    """
+    if world != 1:
+        return None
+    return math.gcd(int(grad_accum), SIMULATED_WORLD)
 
 
 class Run(Protocol):
@@ -66,8 +92,10 @@ class OrderRun:
         self.task = LMTask(model, device=device, amp=autocast_dtype(cfg.dtype, device),
                            max_len=cfg.max_len if order == PACKED else None)
         train = data.train
+        ranks = micro_ranks(cfg.grad_accum, rank_world(info)[1])
         self.loop = TrainLoop(self.task, order, data.lengths, lambda i: {"input_ids": train[i]},
-                              cfg, run_dir=Path(out) / order, device=device, info=info)
+                              cfg, run_dir=Path(out) / order, device=device, info=info,
+                              micro_log=ranks is not None, micro_ranks=ranks or 1)
 
     def finish(self) -> OrderResult:
         """Evaluate on the held-out set, close the log; the run's figures (rank 0)."""
@@ -90,6 +118,9 @@ class OrderRun:
         if plan is not None and main:  # how representative the steps are
             result.extra.update({k: plan.stats.get(k) for k in ("step_length_cv",
                                                                  "step_cv_ratio")})
+        if loop.micro_logger is not None and main:
+            result.extra.update(micro_log=str(loop.micro_logger.path),
+                                micro_world=loop.micro_ranks)
         return result
 
     def close(self) -> None:

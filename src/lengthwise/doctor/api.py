@@ -41,9 +41,10 @@ from lengthwise.doctor.epochs import (
     staircase_starts,
 )
 from lengthwise.doctor.errors import EmptyLogError
+from lengthwise.doctor.levels import bucket_levels
 from lengthwise.doctor.mechanisms import match_period
 from lengthwise.doctor.noise import noise_budget
-from lengthwise.doctor.order import logged_order, logged_view
+from lengthwise.doctor.order import logged_order, logged_plan, logged_view
 from lengthwise.doctor.periodicity import Periodicity, periodicity_of
 from lengthwise.doctor.phases import Phases, find_phases
 from lengthwise.doctor.readers import read_log, read_records
@@ -53,7 +54,7 @@ from lengthwise.doctor.runlog import RunLog
 from lengthwise.doctor.smoothing import rolling_mean
 from lengthwise.doctor.stall import find_stall
 from lengthwise.doctor.stats import nonfinite_losses, roughness_residual, stable_stats
-from lengthwise.doctor.verdict import Verdict, build_verdict
+from lengthwise.doctor.verdict import MICRO_VIEW, Verdict, build_verdict
 from lengthwise.errors import ConfigError
 
 Source = str | os.PathLike[str] | Iterable[Mapping[str, Any]] | RunLog
@@ -146,7 +147,8 @@ def diagnose(
     stats = stable_stats(y, region, cmask, corrected=cols.get("corrected_loss"),
                          noise_scale=noise_scale, nonfinite=nonfinite)
     resid = roughness_residual(y, cmask)
-    bands = find_bands(band_residual(y, cmask, int(use.sum()))[use], level=stats.mean, rng=rng)
+    detrended = band_residual(y, cmask, int(use.sum()))[use]
+    bands = find_bands(detrended, level=stats.mean, rng=rng)
     periodicity = _periodicity(s, y, region, cmask, log.step_interval)
     periodicity = checked_periodicity(periodicity, s[region], y[region], cmask[region], ctx,
                                       np.random.default_rng([seed, 1]))
@@ -157,6 +159,14 @@ def diagnose(
     structure = (bands.count or 0) > 1 or periodicity.period is not None
     attribution = _attribution(resid, y, use, buckets, cols, rng, structure,
                                log.bucket_loss)
+    if ctx.view == MICRO_VIEW and buckets is not None:
+        edges = logged_plan(source).get("edges")
+        levels = bucket_levels(
+            detrended, y[use], [b for b, u in zip(buckets, use.tolist(), strict=True) if u],
+            edges=edges if isinstance(edges, list) else None,
+            rng=np.random.default_rng([seed, 2]))
+        if levels.lines:  # lines that each hold one bucket (a packed row holds many lengths)
+            attribution = replace(attribution, levels=levels)
     noise = _noise(resid, use, cols, attribution)
     findings = Findings(
         source=log.source, input=log.input, context=ctx, phases=phases, stats=stats,

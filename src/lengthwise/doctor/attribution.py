@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from lengthwise.doctor.levels import BucketLevels
+
 PERMUTATIONS = 199
 #: permutation tests use a random subset of at most this many steps
 MAX_PERMUTED = 20_000
@@ -69,6 +71,8 @@ class Attribution:
     likely_cause: str | None = None
     to_log: list[str] = field(default_factory=list)
     note: str = ""
+    #: the level of each length range, in a log whose lines each hold one micro-batch
+    levels: BucketLevels | None = None
 
     @property
     def bucket_r2_adjusted(self) -> float | None:
@@ -124,6 +128,7 @@ class Attribution:
             "likely_cause": self.likely_cause,
             "to_log": self.to_log,
             "note": self.note,
+            "levels": None if self.levels is None else self.levels.to_dict(),
         }
 
 

@@ -17,6 +17,7 @@ from lengthwise.doctor.numbers import fmt_num as _g
 from lengthwise.doctor.numbers import with_error
 
 if TYPE_CHECKING:
+    from lengthwise.doctor.levels import BucketLevels
     from lengthwise.doctor.report import Report
 
 
@@ -236,6 +237,7 @@ def _attribution_lines(r: Report) -> list[str]:
     if a.length_r2 is not None:
         out.append(f"  attribution  `{a.length_field}` explains {a.length_r2:.0%} "
                    f"(eta^2 over deciles, p={_g(a.length_p_value, 3)})")
+    out.extend(_levels_lines(a.levels))
     if not out:
         if a.likely_cause:
             out.append(f"  attribution  no bucket or length logged; likely cause: {a.likely_cause}")
@@ -243,6 +245,20 @@ def _attribution_lines(r: Report) -> list[str]:
         else:
             out.append("  attribution  no bucket or length field logged")
     return out
+
+
+def _levels_lines(lv: BucketLevels | None) -> list[str]:
+    """The length ranges' levels of a per-micro-batch log (none for a step log)."""
+    if lv is None:
+        return []
+    if lv.p_value is None:
+        return [f"  levels       {lv.note}"]
+    ranges = ", ".join(f"{r['lengths'] or r['buckets']}: {_g(r['mean_offset'], 3)}"
+                       for r in lv.ranges)
+    found = "levels found" if lv.found else "no levels at 0.01"
+    return [f"  levels       {len(lv.ranges)} length ranges explain {lv.share or 0.0:.0%} of "
+            f"the line-to-line variance ({lv.chance or 0.0:.0%} by chance; shuffles "
+            f"p={_g(lv.p_value, 3)}, {found}); offset from the trend per range: {ranges}"]
 
 
 def render_comparison(reports: dict[str, Report]) -> str:

@@ -30,7 +30,6 @@ from typing import Any
 
 from lengthwise.doctor.attribution import ALPHA as LENGTH_ALPHA
 from lengthwise.doctor.attribution import REPORT_ALPHA
-from lengthwise.doctor.bands import band_buckets
 from lengthwise.doctor.cliffs import Cliff
 from lengthwise.doctor.mechanisms import match_period
 from lengthwise.doctor.numbers import fmt_num, with_error
@@ -85,6 +84,9 @@ def _untested(f: Findings) -> list[str]:
         out.append(f"bands, {f.bands.note.removeprefix('not tested: ')}")
     if f.periodicity.p_value is None:
         out.append(f"periodicity, {f.periodicity.note.removeprefix('not tested: ')}")
+    levels = f.attribution.levels
+    if f.context.view == MICRO_VIEW and levels is not None and levels.p_value is None:
+        out.append(f"per-bucket levels, {levels.note.removeprefix('not tested: ')}")
     return out
 
 
@@ -174,63 +176,60 @@ def _composition_causes(f: Findings) -> list[Cause]:
     logged = attr.bucket_r2 is not None or attr.length_r2 is not None
     attr_ev = _attr_evidence(f)
     confirm = [] if logged else ["log `bucket` (and `real_tokens`, `samples`) per step to confirm"]
-    if f.context.view == MICRO_VIEW and attr.per_bucket and _buckets_behind(f):
-        return [_micro_batch_cause(f, attr_ev), *([_period_cause(f, [], [])] if periodic else [])]
+    levels = attr.levels if f.context.view == MICRO_VIEW else None
+    if levels is not None and levels.found:
+        return [_micro_batch_cause(f), *([_period_cause(f, [], [])] if periodic else [])]
     if banded:
         out.append(_bands_cause(f, attr_ev, confirm, logged))
     if periodic:
         out.append(_period_cause(f, [] if banded else attr_ev, [] if banded else confirm))
     if not banded and not periodic:
-        out.extend(_attribution_cause(f, attr_ev))
+        # in a per-micro-batch log the length ranges' levels are the bucket's test
+        out.extend(_attribution_cause(f, attr_ev, bucket=levels is None))
     return out
 
 
-def _buckets_behind(f: Findings) -> bool:
-    """Whether the logged buckets explain the loss's levels: the bucket explains a sizeable
-    share beyond chance, or the bands each have a bucket behind them and the bucket's share
-    is significant."""
-    bands, attr = f.bands, f.attribution
-    if attr.bucket_explains:
-        return True
-    if bands.count is None or bands.count < 2:
-        return False
-    significant = attr.bucket_p_value is not None and attr.bucket_p_value < REPORT_ALPHA
-    return significant and all(band_buckets(bands, attr.per_bucket))
+def _micro_batch_cause(f: Findings) -> Cause:
+    """A per-micro-batch log whose micro-batches each come from one length bucket, at one
+    loss level per length range: the composition of the logged micro-batch."""
+    bands, levels = f.bands, f.attribution.levels
+    assert levels is not None
 
+    def range_text(r: dict[str, Any]) -> str:
+        ids = r["buckets"]
+        ids_text = f"bucket {ids[0]}" if ids[0] == ids[1] else f"buckets {ids[0]}-{ids[1]}"
+        where = f"lengths {r['lengths']} tokens ({ids_text})" if r["lengths"] else ids_text
+        return (f"{where}: mean loss {r['mean_loss']:.4g} ({r['mean_offset']:+.3g} from the "
+                f"trend), {r['lines']} micro-batches")
 
-def _micro_batch_cause(f: Findings, attr_ev: list[str]) -> Cause:
-    """A per-micro-batch log whose micro-batches each come from one length bucket: its bands
-    are the buckets' losses, the composition of the logged micro-batch."""
-    bands, attr = f.bands, f.attribution
-    rows = sorted(attr.per_bucket, key=lambda r: r["mean_loss"])
-
-    def bucket_text(r: dict[str, Any]) -> str:
-        return (f"bucket {r['bucket']}: mean loss {r['mean_loss']:.4g} "
-                f"({r['mean_offset']:+.3g} from the trend, {r['steps']} micro-batches)")
-
+    n = len(levels.ranges)
+    test = (f"{levels.share or 0.0:.0%} of the line-to-line variance, "
+            f"{levels.beyond_chance or 0.0:.0%} beyond chance; permutation p="
+            f"{fmt_num(levels.p_value or 0.0)}")
     if bands.count is not None and bands.count > 1:
-        groups = band_buckets(bands, attr.per_bucket)
-        found = [f"band at {c:.4g} ({s:.0%}) <- " + (
-                     "; ".join(bucket_text(r) for r in g) if g else "no bucket")
-                 for c, s, g in zip(bands.centres, bands.shares, groups, strict=True)]
-        head = (f"{bands.count} loss bands from {len(rows)} length buckets (Silverman test "
-                f"p={fmt_num(bands.p_value or 0.0)} against {bands.count - 1})")
+        shape = (f"they form {bands.count} distinct bands (Silverman test "
+                 f"p={fmt_num(bands.p_value or 0.0)} against {bands.count - 1})")
     else:
-        found = [bucket_text(r) for r in rows]
-        head = (f"{len(rows)} loss levels, one per length bucket (not separated into distinct "
-                "bands: the buckets' losses differ by less than the spread within one)")
+        shape = ("they overlap: the levels differ by less than the spread within one range, "
+                 "so the lines show no distinct bands, a thick (\"fluffy\") curve")
     return Cause(
         name="micro_batch_bands",
-        title=(f"{head}: each line is the loss of one micro-batch, drawn from one length "
-               "bucket, so the levels are the composition of the logged micro-batch, not of "
-               "the optimizer step"),
-        score=max(bands.between_share or 0.0, attr.bucket_r2 or 0.0),
+        title=(f"one loss level per length bucket: {n} length ranges explain {test}; each "
+               "line is the loss of one micro-batch, drawn from one length bucket, so the "
+               "levels are the composition of the logged micro-batch, not of the optimizer "
+               "step"),
+        score=max(levels.beyond_chance or 0.0, bands.between_share or 0.0),
         where=_region(f),
-        evidence=[*found, *attr_ev],
+        evidence=[*(range_text(r) for r in levels.ranges), shape,
+                  f"the lines of {n} ranges of adjacent buckets of about equal lines were "
+                  f"compared ({levels.lines} lines)"],
         prescription=["log the optimizer step's loss instead: the token-weighted mean over "
                       "every micro-batch of the step on every rank (`StepLogger.step`, with "
                       "`buckets` listing all of them); judge the order on that log",
-                      _order_fix(f)])
+                      "the levels are there whatever the order (each padded micro-batch holds "
+                      "one bucket); the order decides whether they reach the step loss: "
+                      "steps that each hold every bucket's share (`lengthwise plan --order "
+                      "stratified`) average them out"])
 
 
 def _bands_cause(f: Findings, attr_ev: list[str], confirm: list[str], logged: bool) -> Cause:
@@ -317,9 +316,11 @@ def _period_cause(f: Findings, attr_ev: list[str], confirm: list[str]) -> Cause:
                       "(data order, evaluation, logging, schedule)"])
 
 
-def _attribution_cause(f: Findings, attr_ev: list[str]) -> list[Cause]:
+def _attribution_cause(f: Findings, attr_ev: list[str], bucket: bool = True) -> list[Cause]:
+    """The composition cause without bands or period; ``bucket=False`` leaves the bucket's
+    share out (a per-micro-batch log, whose buckets the length ranges' levels test)."""
     a = f.attribution
-    if a.bucket_explains:
+    if bucket and a.bucket_explains:
         share = f"{a.bucket_r2_adjusted or 0.0:.0%}"
         if a.single_bucket is not False:
             title = "the length bucket of each step drives its loss (no distinct bands)"
@@ -335,7 +336,7 @@ def _attribution_cause(f: Findings, attr_ev: list[str]) -> list[Cause]:
             score=a.bucket_r2_adjusted or 0.0, where=_region(f), evidence=attr_ev,
             prescription=[_order_fix(f)])]
     weak = []
-    if a.bucket_p_value is not None and a.bucket_p_value < REPORT_ALPHA:
+    if bucket and a.bucket_p_value is not None and a.bucket_p_value < REPORT_ALPHA:
         weak.append(("bucket", a.bucket_field or "bucket", a.bucket_r2_adjusted or 0.0,
                      a.bucket_p_value))
     if a.length_p_value is not None and a.length_p_value < LENGTH_ALPHA:

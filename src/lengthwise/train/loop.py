@@ -235,9 +235,13 @@ class TrainLoop:
                 run_dir / "micro_log.jsonl", bucket_shares=bucket_token_shares(self.sampler.plan),
                 num_buckets=len(self.sampler.edges or [0]), rank=self.rank,
                 world_size=self.world)
+            # the edges name each bucket's length range (bucket k: edges[k-1] < length <=
+            # edges[k]) for the doctor
+            edges = self.sampler.edges
             self.micro_logger.event(PLAN_EVENT, order=self.sampler.config.order,
                                     layout=self.sampler.config.layout, strategy=order,
-                                    view="micro-batch", rank=0, world_size=self.micro_ranks)
+                                    view="micro-batch", rank=0, world_size=self.micro_ranks,
+                                    edges=None if edges is None else [int(e) for e in edges])
         self.checkpointer = (Checkpointer(ckpt_dir, keep=cfg.keep_checkpoints, logger=self.logger)
                              if cfg.checkpoint_every else None)
         self.batches = StepBatches(self.sampler, cfg.grad_accum)

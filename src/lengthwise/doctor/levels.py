@@ -1,0 +1,217 @@
+"""Levels: the loss of each length range in a log whose every line holds one length bucket.
+
+A per-micro-batch log (its ``plan`` event says ``view: micro-batch``) holds one
+micro-batch's loss per line, and a padded micro-batch is drawn whole from one length
+bucket, so the lines can sit at one level per bucket: the seeds' "fluffy" curve. The
+test, on the lines of the stable region:
+
+* the loss is detrended as for bands (:func:`~lengthwise.doctor.bands.band_residual`);
+* adjacent buckets (in length order) are merged into at most ``MAX_RANGES`` length
+  ranges of about equal line counts, each of at least ``MIN_LINES`` lines: a plan's
+  fine buckets (the demo's has 54) leave too few lines per bucket to estimate its level;
+* the statistic is the share of the variance between the ranges (eta^2, the one-way
+  ANOVA's F in another form); its p-value comes from ``PERMUTATIONS`` shuffles of the
+  lines within consecutive windows of ``BLOCK`` lines, so that what the detrending left of
+  the trend cannot pose as levels;
+* the ranges must alternate at least ``MIN_ALTERNATION`` as often as in random order: when
+  buckets come in runs (sorted batches), levels cannot be told from a drifting loss, and the
+  test is not made;
+* levels are found when p < ``ALPHA`` (0.01, the attribution's level); the share beyond
+  chance is ``(eta^2 - chance) / (1 - chance)``, chance being the shuffles' mean.
+
+Example::
+
+    >>> rng = np.random.default_rng(0)
+    >>> b = rng.integers(0, 3, 120)
+    >>> y = 5.0 + np.array([-0.1, 0.0, 0.1])[b] + 0.05 * rng.standard_normal(120)
+    >>> lv = bucket_levels(y - 5.0, y, b.tolist(), edges=[20, 60, 256])
+    >>> lv.found, [r["lengths"] for r in lv.ranges]
+    (True, ['up to 20', '21-60', '61-256'])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+#: at most this many length ranges
+MAX_RANGES = 6
+#: every range holds at least this many lines
+MIN_LINES = 10
+#: lines are shuffled within windows of this many consecutive lines
+BLOCK = 10
+#: the ranges must alternate at least this share as often as in random order
+MIN_ALTERNATION = 0.5
+PERMUTATIONS = 999
+ALPHA = 0.01
+
+
+@dataclass(frozen=True)
+class BucketLevels:
+    """The loss level of each length range of a log whose lines each hold one bucket."""
+
+    lines: int = 0
+    ranges: list[dict[str, Any]] = field(default_factory=list)
+    share: float | None = None
+    chance: float | None = None
+    p_value: float | None = None
+    note: str = ""
+
+    @property
+    def found(self) -> bool:
+        """Whether the ranges' levels differ beyond chance (p < ``ALPHA``)."""
+        return self.p_value is not None and self.p_value < ALPHA
+
+    @property
+    def beyond_chance(self) -> float | None:
+        """The share the ranges explain beyond chance, ``(share - chance) / (1 - chance)``."""
+        if self.share is None or self.chance is None or self.chance >= 1.0:
+            return None
+        return max(0.0, (self.share - self.chance) / (1.0 - self.chance))
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready form (the ``levels`` key of the attribution)."""
+
+        def r(v: float | None) -> float | None:
+            return None if v is None else round(float(v), 4)
+
+        return {"lines": self.lines, "ranges": self.ranges, "share": r(self.share),
+                "chance": r(self.chance), "beyond_chance": r(self.beyond_chance),
+                "p_value": r(self.p_value), "found": self.found,
+                "test": f"eta^2 of length ranges, {PERMUTATIONS} shuffles within windows of "
+                        f"{BLOCK} lines, alpha={ALPHA}", "note": self.note}
+
+
+def length_ranges(ids: list[Any], counts: list[int], lines: int) -> list[int]:
+    """The range of each bucket (``ids`` in length order, ``counts`` lines each): adjacent
+    buckets merged into at most ``MAX_RANGES`` ranges of about equal lines, each of at least
+    ``MIN_LINES`` (a range short of them joins its smaller neighbour).
+
+    Example::
+
+        >>> length_ranges([0, 1, 2, 3], [30, 30, 5, 30], 95)
+        [0, 1, 1, 2]
+    """
+    k = min(MAX_RANGES, len(ids), lines // MIN_LINES)
+    if k < 2:
+        return [0] * len(ids)
+    starts = np.cumsum([0, *counts[:-1]])
+    group = [min(k - 1, int((s + c / 2) / lines * k)) for s, c in zip(starts, counts,
+                                                                       strict=True)]
+    while True:
+        names = sorted(set(group))
+        sizes = [sum(c for g, c in zip(group, counts, strict=True) if g == n) for n in names]
+        small = [i for i, s in enumerate(sizes) if s < MIN_LINES]
+        if not small or len(names) < 2:
+            return [names.index(g) for g in group]
+        i = small[0]
+        j = i + 1 if i == 0 else i - 1 if i == len(names) - 1 else (
+            i - 1 if sizes[i - 1] <= sizes[i + 1] else i + 1)
+        group = [names[j] if g == names[i] else g for g in group]
+
+
+def range_label(lo: Any, hi: Any, edges: list[int] | None) -> str | None:
+    """Token lengths of buckets ``lo..hi`` (bucket ``k``: ``edges[k-1] < length <= edges[k]``).
+
+    >>> range_label(1, 2, [10, 20, 40]), range_label(0, 0, [10, 20, 40]), range_label(0, 3, None)
+    ('11-40', 'up to 10', None)
+    """
+    if not edges or not all(isinstance(v, int) and 0 <= v < len(edges) for v in (lo, hi)):
+        return None
+    return f"{edges[lo - 1] + 1}-{edges[hi]}" if lo > 0 else f"up to {edges[hi]}"
+
+
+def alternation(group: np.ndarray) -> float:
+    """How often consecutive lines change range, as a share of what random order gives,
+    ``(n - 1)(1 - sum w^2)``.
+
+    >>> alternation(np.tile([0, 1], 20)) > 1.5, alternation(np.repeat([0, 1], 20)) < 0.1
+    (True, True)
+    """
+    w = np.bincount(group) / group.size
+    expected = (group.size - 1) * (1.0 - float(np.sum(w**2)))
+    return int(np.count_nonzero(np.diff(group))) / expected if expected > 0 else 0.0
+
+
+def _one_bucket(b: Any) -> Any:
+    """The line's bucket: an id, or a list of one id (None: none, or several)."""
+    if isinstance(b, list | tuple):
+        return b[0] if len(b) == 1 else None
+    return b
+
+
+def _eta_squared(y: np.ndarray, onehot: np.ndarray) -> np.ndarray:
+    """Between-range share of the variance of each row of ``y`` (ranges: ``onehot`` columns)."""
+    n = onehot.sum(axis=0)
+    centred = y - y.mean(axis=-1, keepdims=True)
+    sst = (centred**2).sum(axis=-1)
+    ssb = ((centred @ onehot) ** 2 / n).sum(axis=-1)
+    return np.where(sst > 0, ssb / np.where(sst > 0, sst, 1.0), 0.0)
+
+
+def block_shuffles(n: int, rng: np.random.Generator, count: int = PERMUTATIONS) -> np.ndarray:
+    """``count`` permutations of ``range(n)`` that move each index only within its window of
+    ``BLOCK`` consecutive indices.
+
+    >>> p = block_shuffles(25, np.random.default_rng(0), 3)
+    >>> bool(np.all(p // BLOCK == np.arange(25) // BLOCK))
+    True
+    """
+    keys = np.arange(n) // BLOCK + rng.random((count, n))
+    return np.argsort(keys, axis=1)
+
+
+def bucket_levels(
+    resid: np.ndarray,
+    loss: np.ndarray,
+    buckets: list[Any],
+    *,
+    edges: list[int] | None = None,
+    rng: np.random.Generator | None = None,
+) -> BucketLevels:
+    """Test whether the lines' length ranges sit at different levels (see the module docstring).
+
+    ``resid`` is the detrended loss of the lines in time order, ``loss`` their loss,
+    ``buckets`` the bucket of each line (one id; lines without one are left out) and
+    ``edges`` the plan's bucket edges, which name each range's token lengths.
+    """
+    rng = np.random.default_rng(0) if rng is None else rng
+    one = [_one_bucket(b) for b in buckets]
+    ok = np.array([b is not None for b in one], dtype=bool)
+    labels = [b for b in one if b is not None]
+    y, v = np.asarray(resid, dtype=np.float64)[ok], np.asarray(loss, dtype=np.float64)[ok]
+    ids = sorted(set(labels), key=lambda x: (0, x) if isinstance(x, int | float) else (1, str(x)))
+    if len(ids) < 2 or y.size < 2 * MIN_LINES:
+        return BucketLevels(lines=int(y.size), note=f"not tested: {y.size} lines with one "
+                            f"bucket each, {len(ids)} bucket(s) (need {2 * MIN_LINES} lines, "
+                            "2 buckets)")
+    pos = {b: i for i, b in enumerate(ids)}
+    codes = np.array([pos[b] for b in labels])
+    counts = np.bincount(codes, minlength=len(ids))
+    group = np.asarray(length_ranges(ids, counts.tolist(), int(y.size)))[codes]
+    k = int(group.max()) + 1
+    if k < 2:
+        return BucketLevels(lines=int(y.size), note="not tested: too few lines for two "
+                            f"length ranges of {MIN_LINES}")
+    switches = alternation(group)
+    if switches < MIN_ALTERNATION:
+        return BucketLevels(lines=int(y.size), note=(
+            f"not tested: the length ranges come in runs (they alternate {switches:.0%} as often "
+            f"as in random order; need {MIN_ALTERNATION:.0%}), so levels cannot be told from "
+            "the loss's drift"))
+    onehot = np.eye(k)[group]
+    share = float(_eta_squared(y, onehot))
+    shuffled = _eta_squared(y[block_shuffles(y.size, rng)], onehot)
+    p = (1 + int((shuffled >= share - 1e-12).sum())) / (1 + PERMUTATIONS)
+    ranges = []
+    for j in range(k):
+        sel = group == j
+        members = sorted({labels[i] for i in np.flatnonzero(sel)}, key=ids.index)
+        ranges.append({"buckets": [members[0], members[-1]],
+                       "lengths": range_label(members[0], members[-1], edges),
+                       "lines": int(sel.sum()), "mean_loss": round(float(v[sel].mean()), 6),
+                       "mean_offset": round(float(y[sel].mean()), 6)})
+    return BucketLevels(lines=int(y.size), ranges=ranges, share=share,
+                        chance=float(shuffled.mean()), p_value=p)
