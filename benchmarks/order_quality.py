@@ -47,7 +47,6 @@ CHECK: dict[str, Any] = {"orders": ("random", "bucket-random"), "seeds": (0,),
 REGIONS: dict[str, tuple[str, ...]] = {
     "README.md": ("order-quality",),
     "docs/demo.md": ("order-quality-detail",),
-    "docs/dflash.md": ("order-quality-dflash",),
 }
 #: relative tolerance of a compared loss: a run repeated on this machine gives the same
 #: figures to the last digit; other CPUs may round the kernels' sums differently
@@ -337,17 +336,6 @@ def render(name: str, saved: dict[str, Any]) -> str:
                 + doctor_text(full) + "\n\n"
                 + "![held-out loss vs real tokens](order_quality_tokens.png)\n"
                 + "![held-out loss vs training seconds](order_quality_seconds.png)")
-    if name == "order-quality-dflash":
-        dflash = full.get("dflash")
-        if not dflash:
-            return _wrap(
-                "The DFlash part of the order-quality experiment (acceptance length from real "
-                "decoding and teacher-forced accuracy per length stratum, with intervals over "
-                "seeds) has not been run: the figures above are one seed at equal steps, so "
-                "differences between the orders in them are not established. For the causal "
-                "LM, with intervals over seeds at equal real tokens, see the order-quality "
-                "section of [demo.md](demo.md).")
-        raise KeyError("a DFlash part is not rendered yet")
     raise KeyError(f"no region {name!r}")
 
 
