@@ -16,7 +16,7 @@ import json
 
 import pytest
 from _scripts import load_script, stale_regions
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lengthwise.errors import ConfigError
@@ -32,6 +32,7 @@ def saved(script):
     return json.loads(script.SAVED.read_text(encoding="utf-8"))
 
 
+@settings(deadline=None)
 @given(n=st.integers(4, 4096), cap=st.integers(1, 512))
 def test_the_response_is_at_most_half_the_sample_and_at_most_the_cap(n, cap):
     from lengthwise.demo.evidence_dflash import response_length
