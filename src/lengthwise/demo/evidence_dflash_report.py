@@ -32,6 +32,7 @@ from lengthwise.demo.evidence_dflash import (
     run_dflash_one,
 )
 from lengthwise.demo.intervals import paired_difference, t_interval
+from lengthwise.demo.pool import map_jobs
 
 __all__ = ["METRICS", "run_dflash_experiment", "summarise_dflash"]
 
@@ -62,25 +63,7 @@ def run_dflash_experiment(cfg: DFlashEvidenceConfig, *, out: str | Path, workers
     ev = build_dflash_data(cfg, texts=texts, cache_dir=cache_dir, target_cache=target_cache)
     jobs = [(o, s, ev, cfg, str(out)) for s in cfg.seeds for o in cfg.orders
             if (o, s) not in (skip or set())]
-    runs: list[dict[str, Any]] = []
-    if workers <= 1 or len(jobs) <= 1:
-        results: Any = map(_one, jobs)
-        pool = None
-    else:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
-
-        pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"))
-        results = pool.map(_one, jobs)
-    try:
-        for run in results:
-            runs.append(run)
-            if on_run is not None:
-                on_run(run)
-    finally:
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
-    return ev, runs
+    return ev, map_jobs(_one, jobs, workers=workers, on_result=on_run)
 
 
 def _iv(runs: list[dict[str, Any]], order: str, get: Any) -> dict[str, Any]:
