@@ -214,6 +214,8 @@ def _runtime(full: dict[str, Any]) -> str:
 def _caption(full: dict[str, Any]) -> str:
     c, d, eq = full["config"], full["data"], full["equal_tokens"]
     per = full["prompt_strata"]
+    span = (f"{c['epochs']:g} epoch(s) of the training samples" if c["token_budget"] is None
+            else "a fixed budget")
     return _wrap(
         f"`python benchmarks/order_quality_dflash.py --workers 2`: a target ({d['target']}, "
         f"{d['target_parameters']:,} parameters, {c['target_epochs']:g} epochs, held-out "
@@ -225,7 +227,7 @@ def _caption(full: dict[str, Any]) -> str:
         f"draft ({c['draft_layers']} layer, "
         f"block {c['block_size']}, {c['num_anchors']} anchors per sample, target layers "
         f"{d['target_layers']} as features) is trained from scratch once per order and seed "
-        f"({len(c['seeds'])} seeds), every run to {eq['budget']:,} real tokens (one epoch; runs "
+        f"({len(c['seeds'])} seeds), every run to {eq['budget']:,} real tokens ({span}; runs "
         f"end within {eq['spread']:.1%} of one another), learning rate warm-up then cosine to "
         f"zero over those tokens, steps of {c['grad_accum']} micro-batches of at most "
         f"{c['max_tokens']} tokens from a simulated world of {c['world']} ranks. Acceptance "
