@@ -205,20 +205,26 @@ def _runtime(full: dict[str, Any]) -> str:
     d = full["data"]
     target = d.get("target_train_seconds", 0.0) + d.get("regenerate_seconds", 0.0)
     return (f"The {len(full['runs'])} runs took {wall / 60:.0f} min of wall time in all "
-            f"({cpu / 60:.0f} min of CPU time; one thread each, {full['workers']} at a time: "
+            f"({cpu / 60:.0f} min of CPU time, about {cpu / 120:.0f} min on two free cores; one "
+            f"thread each, {full['workers']} at a time: "
             f"{full['wall_seconds'] / 60:.0f} min from start to end, on {full['machine']} "
             f"shared with other jobs), after {target / 60:.0f} min to train the target and let "
             "it write the responses (cached)")
 
 
+def _epochs(n: float) -> str:
+    """``1 epoch``, ``3 epochs``, ``1.5 epochs``."""
+    return f"{n:g} epoch" + ("" if n == 1 else "s")
+
+
 def _caption(full: dict[str, Any]) -> str:
     c, d, eq = full["config"], full["data"], full["equal_tokens"]
     per = full["prompt_strata"]
-    span = (f"{c['epochs']:g} epoch(s) of the training samples" if c["token_budget"] is None
+    span = (f"{_epochs(c['epochs'])} of the training samples" if c["token_budget"] is None
             else "a fixed budget")
     return _wrap(
         f"`python benchmarks/order_quality_dflash.py --workers 2`: a target ({d['target']}, "
-        f"{d['target_parameters']:,} parameters, {c['target_epochs']:g} epochs, held-out "
+        f"{d['target_parameters']:,} parameters, {_epochs(c['target_epochs'])}, held-out "
         f"loss {d['target_eval_loss']:.2f}) is trained once; each of "
         f"{d['train_samples']:,} training samples of {d['length_min']}-{d['length_max']} tokens "
         f"(a {d['length_span']:.0f}x span, median {d['length_p50']}) keeps its first tokens as "
@@ -338,7 +344,7 @@ def check_text(check: dict[str, Any]) -> str:
     return _wrap(
         f"CI reruns a reduced version (`CHECK`: {', '.join(c['orders'])}, seed "
         f"{', '.join(map(str, c['seeds']))}, a {c['target_size']} target trained for "
-        f"{c['target_epochs']:g} epoch(s) to a held-out loss of {d['target_eval_loss']:.2f}, "
+        f"{_epochs(c['target_epochs'])} to a held-out loss of {d['target_eval_loss']:.2f}, "
         f"{d['train_samples']:,} samples of {d['length_min']}-{d['length_max']} tokens, "
         f"{check['equal_tokens']['budget']:,} real tokens per run; {check['wall_seconds']:.0f} s "
         f"here) and compares every figure of its runs with the committed ones: {runs}."
