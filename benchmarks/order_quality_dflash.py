@@ -23,12 +23,9 @@ and its load: shown, never compared.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import math
-import os
-import platform
 import sys
 import tempfile
 import time
@@ -70,7 +67,7 @@ def _sibling(name: str) -> Any:
 _LM = _sibling("order_quality")
 REL_TOL = _LM.REL_TOL
 write_json = _LM.write
-_pm, _wrap, _close = _LM._pm, _LM._wrap, _LM._close
+_pm, _wrap = _LM._pm, _LM._wrap
 
 
 def run(settings: dict[str, Any], out: Path, workers: int, cache_dir: str | None,
@@ -84,30 +81,16 @@ def run(settings: dict[str, Any], out: Path, workers: int, cache_dir: str | None
     from lengthwise.demo.evidence_dflash_report import run_dflash_experiment, summarise_dflash
 
     cfg = DFlashEvidenceConfig(**settings)
-    runs_dir = out / "runs"
-    runs_dir.mkdir(parents=True, exist_ok=True)
+    saved = _LM.SavedRuns(out / "runs", cfg, lambda r: (
+        f"acceptance {r['acceptance_length']:.3f}, accuracy {r['accuracy']:.4f} after "
+        f"{r['real_tokens']:,} real tokens, {r['wall_seconds']:.0f} s"))
     started = time.perf_counter()
-    done = {(o, s) for s in cfg.seeds for o in cfg.orders
-            if (runs_dir / f"{o}-seed{s}.json").is_file()}
-
-    def save(r: dict[str, Any]) -> None:
-        (runs_dir / f"{r['order']}-seed{r['seed']}.json").write_text(json.dumps(r),
-                                                                      encoding="utf-8")
-        _say(f"{r['order']} seed {r['seed']}: acceptance {r['acceptance_length']:.3f}, "
-             f"accuracy {r['accuracy']:.4f} after {r['real_tokens']:,} real tokens, "
-             f"{r['wall_seconds']:.0f} s")
-
-    if len(done) < len(cfg.orders) * len(cfg.seeds):
+    if saved.done() != saved.keys:
         run_dflash_experiment(cfg, out=out / "logs", workers=workers, cache_dir=cache_dir,
-                              target_cache=target_cache, skip=done, on_run=save)
+                              target_cache=target_cache, skip=saved.done(), on_run=saved.save)
     ev = build_dflash_data(cfg, cache_dir=cache_dir, target_cache=target_cache)
-    runs = [json.loads((runs_dir / f"{o}-seed{s}.json").read_text(encoding="utf-8"))
-            for s in cfg.seeds for o in cfg.orders]
-    summary = summarise_dflash(cfg, ev, runs)
-    summary["wall_seconds"] = time.perf_counter() - started
-    summary["machine"] = f"{platform.machine()}, {os.cpu_count()} CPU cores"
-    summary["workers"] = workers
-    return summary
+    runs = saved.load()
+    return _LM.stamp(summarise_dflash(cfg, ev, runs), started, workers)
 
 
 def _say(text: str) -> None:
@@ -115,17 +98,7 @@ def _say(text: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--check", action="store_true",
-                    help="rerun the reduced check and compare with the committed figures")
-    ap.add_argument("--out", default=None, help="folder for logs and saved runs (default: temp)")
-    ap.add_argument("--workers", type=int, default=1, help="runs trained at a time")
-    ap.add_argument("--cache-dir", default=None, help="the demo's corpus/tokenizer cache")
-    ap.add_argument("--full-only", action="store_true", help="skip the reduced check run")
-    ap.add_argument("--check-only", action="store_true",
-                    help="run the reduced check and save it, keep the saved full run")
-    ap.add_argument("--render", action="store_true",
-                    help="rewrite the docs and plot from the committed figures only")
+    ap = _LM.arguments(__doc__)
     args = ap.parse_args(argv)
     out = Path(args.out or tempfile.mkdtemp(prefix="order-quality-dflash-"))
     saved = json.loads(SAVED.read_text(encoding="utf-8")) if SAVED.is_file() else {}
@@ -159,23 +132,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def compare(saved: dict[str, Any], fresh: dict[str, Any]) -> list[str]:
     """The figures of the check run that moved (empty: none)."""
-    out = []
-    old = {(r["order"], r["seed"]): r for r in saved["runs"]}
-    new = {(r["order"], r["seed"]): r for r in fresh["runs"]}
-    if set(old) != set(new):
-        return [f"runs: {sorted(old)} committed, {sorted(new)} now"]
-    for key, a in old.items():
-        b = new[key]
-        for name in EXACT:
-            if a[name] != b[name]:
-                out.append(f"{key} {name}: {a[name]} committed, {b[name]} now")
-        pairs = [(name, a[name], b[name]) for name in CLOSE]
-        pairs += [(f"{name}[{i}]", x, y) for name in CLOSE_LISTS
-                  for i, (x, y) in enumerate(zip(a[name], b[name], strict=True))]
-        for name, x, y in pairs:
-            if not _close(x, y):
-                out.append(f"{key} {name}: {x} committed, {y} now")
-    return out
+    def pairs(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+        return [(name, a[name], b[name]) for name in CLOSE] + [
+            (f"{name}[{i}]", x, y) for name in CLOSE_LISTS
+            for i, (x, y) in enumerate(zip(a[name], b[name], strict=True))]
+
+    return _LM.compare_runs(saved, fresh, EXACT, pairs)
 
 
 # -- the reading, generated from the figures -------------------------------------------------
