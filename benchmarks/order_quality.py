@@ -47,7 +47,6 @@ CHECK: dict[str, Any] = {"orders": ("random", "bucket-random"), "seeds": (0,),
 REGIONS: dict[str, tuple[str, ...]] = {
     "README.md": ("order-quality",),
     "docs/demo.md": ("order-quality-detail",),
-    "docs/dflash.md": ("order-quality-dflash",),
 }
 #: relative tolerance of a compared loss: a run repeated on this machine gives the same
 #: figures to the last digit; other CPUs may round the kernels' sums differently
@@ -70,28 +69,52 @@ def run(settings: dict[str, Any], out: Path, workers: int, cache_dir: str | None
     from lengthwise.demo.evidence_report import doctor_figures, run_experiment, summarise
 
     cfg = _config(settings)
-    runs_dir = out / "runs"
-    runs_dir.mkdir(parents=True, exist_ok=True)
+    saved = SavedRuns(out / "runs", cfg, lambda r: (
+        f"held-out loss {r['eval_loss']:.4f} after {r['real_tokens']:,} real tokens, "
+        f"{r['train_seconds']:.0f} s"))
     started = time.perf_counter()
-    done = {(o, s) for s in cfg.seeds for o in cfg.orders
-            if (runs_dir / f"{o}-seed{s}.json").is_file()}
-
-    def save(r: dict[str, Any]) -> None:
-        (runs_dir / f"{r['order']}-seed{r['seed']}.json").write_text(json.dumps(r),
-                                                                      encoding="utf-8")
-        _say(f"{r['order']} seed {r['seed']}: held-out loss {r['eval_loss']:.4f} after "
-             f"{r['real_tokens']:,} real tokens, {r['train_seconds']:.0f} s")
-
-    if len(done) < len(cfg.orders) * len(cfg.seeds):
+    if saved.done() != saved.keys:
         run_experiment(cfg, out=out / "logs", workers=workers, cache_dir=cache_dir,
-                       skip=done, on_run=save)
+                       skip=saved.done(), on_run=saved.save)
     data = build_data(cfg, cache_dir=cache_dir)
-    runs = [json.loads((runs_dir / f"{o}-seed{s}.json").read_text(encoding="utf-8"))
-            for s in cfg.seeds for o in cfg.orders]
+    runs = saved.load()
     if redoctor:
         for r in runs:
             r["doctor"] = doctor_figures(r["log"], r["micro_log"], data)
-    summary = summarise(cfg, data, runs)
+    return stamp(summarise(cfg, data, runs), started, workers)
+
+
+class SavedRuns:
+    """The runs of an experiment, each saved as ``folder/ORDER-seedN.json`` as it ends, so
+    that a benchmark stopped halfway continues where it stopped."""
+
+    def __init__(self, folder: Path, cfg: Any, describe: Any) -> None:
+        self.folder, self.describe = folder, describe
+        self.keys = {(o, s) for s in cfg.seeds for o in cfg.orders}
+        self.order = [(o, s) for s in cfg.seeds for o in cfg.orders]
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, order: str, seed: int) -> Path:
+        return self.folder / f"{order}-seed{seed}.json"
+
+    def done(self) -> set[tuple[str, int]]:
+        """The (order, seed) runs already saved."""
+        return {k for k in self.keys if self._path(*k).is_file()}
+
+    def save(self, r: dict[str, Any]) -> None:
+        """Save run ``r`` and say what it measured (``describe(r)``)."""
+        self._path(r["order"], r["seed"]).write_text(json.dumps(r), encoding="utf-8")
+        print(f"{Path(sys.argv[0]).stem}: {r['order']} seed {r['seed']}: {self.describe(r)}",
+              file=sys.stderr, flush=True)
+
+    def load(self) -> list[dict[str, Any]]:
+        """Every run, seed by seed, in the config's order of orders."""
+        return [json.loads(self._path(*k).read_text(encoding="utf-8")) for k in self.order]
+
+
+def stamp(summary: dict[str, Any], started: float, workers: int) -> dict[str, Any]:
+    """``summary`` with the benchmark's wall time since ``started``, the machine and the
+    workers."""
     summary["wall_seconds"] = time.perf_counter() - started
     summary["machine"] = f"{platform.machine()}, {os.cpu_count()} CPU cores"
     summary["workers"] = workers
@@ -102,8 +125,9 @@ def _say(text: str) -> None:
     print(f"order_quality: {text}", file=sys.stderr, flush=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(doc: str) -> argparse.ArgumentParser:
+    """The options of an order-quality script (``doc``: its module docstring)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--check", action="store_true",
                     help="rerun the reduced check and compare with the committed figures")
     ap.add_argument("--out", default=None, help="folder for logs and saved runs (default: temp)")
@@ -112,10 +136,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--full-only", action="store_true", help="skip the reduced check run")
     ap.add_argument("--check-only", action="store_true",
                     help="run the reduced check and save it, keep the saved full run")
-    ap.add_argument("--redoctor", action="store_true",
-                    help="read the saved runs' logs under --out with the doctor again")
     ap.add_argument("--render", action="store_true",
                     help="rewrite the docs and plots from the committed figures only")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = arguments(__doc__)
+    ap.add_argument("--redoctor", action="store_true",
+                    help="read the saved runs' logs under --out with the doctor again")
     args = ap.parse_args(argv)
     out = Path(args.out or tempfile.mkdtemp(prefix="order-quality-"))
     saved = json.loads(SAVED.read_text(encoding="utf-8")) if SAVED.is_file() else {}
@@ -152,6 +181,21 @@ def write(saved: dict[str, Any], path: Path = SAVED) -> None:
 
 def compare(saved: dict[str, Any], fresh: dict[str, Any]) -> list[str]:
     """The figures of the check run that moved (empty: none)."""
+    def pairs(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+        out = [("eval_loss", a["eval_loss"], b["eval_loss"])]
+        out += [(f"strata[{i}]", x, y)
+                for i, (x, y) in enumerate(zip(a["strata"], b["strata"], strict=True))]
+        return out + [(f"curve[{i}]", p["eval_loss"], q["eval_loss"])
+                      for i, (p, q) in enumerate(zip(a["curve"], b["curve"], strict=True))]
+
+    return compare_runs(saved, fresh, ("steps", "real_tokens", "padded_tokens"), pairs)
+
+
+def compare_runs(saved: dict[str, Any], fresh: dict[str, Any], exact: tuple[str, ...],
+                 pairs: Any) -> list[str]:
+    """The figures of ``saved``'s runs that ``fresh``'s do not repeat: the ``exact`` ones to
+    the last digit, the ``(name, committed, now)`` triples of ``pairs(a, b)`` within
+    :data:`REL_TOL` (empty: none moved)."""
     out = []
     old = {(r["order"], r["seed"]): r for r in saved["runs"]}
     new = {(r["order"], r["seed"]): r for r in fresh["runs"]}
@@ -159,16 +203,10 @@ def compare(saved: dict[str, Any], fresh: dict[str, Any]) -> list[str]:
         return [f"runs: {sorted(old)} committed, {sorted(new)} now"]
     for key, a in old.items():
         b = new[key]
-        for name in ("steps", "real_tokens", "padded_tokens"):
+        for name in exact:
             if a[name] != b[name]:
                 out.append(f"{key} {name}: {a[name]} committed, {b[name]} now")
-        pairs = [("eval_loss", a["eval_loss"], b["eval_loss"])]
-        pairs += [(f"strata[{i}]", x, y) for i, (x, y) in enumerate(zip(a["strata"],
-                                                                          b["strata"],
-                                                                          strict=True))]
-        pairs += [(f"curve[{i}]", p["eval_loss"], q["eval_loss"])
-                  for i, (p, q) in enumerate(zip(a["curve"], b["curve"], strict=True))]
-        for name, x, y in pairs:
+        for name, x, y in pairs(a, b):
             if not _close(x, y):
                 out.append(f"{key} {name}: {x} committed, {y} now")
     return out
@@ -344,17 +382,6 @@ def render(name: str, saved: dict[str, Any]) -> str:
                 + doctor_text(full) + "\n\n"
                 + "![held-out loss vs real tokens](order_quality_tokens.png)\n"
                 + "![held-out loss vs training seconds](order_quality_seconds.png)")
-    if name == "order-quality-dflash":
-        dflash = full.get("dflash")
-        if not dflash:
-            return _wrap(
-                "The DFlash part of the order-quality experiment (acceptance length from real "
-                "decoding and teacher-forced accuracy per length stratum, with intervals over "
-                "seeds) has not been run: the figures above are one seed at equal steps, so "
-                "differences between the orders in them are not established. For the causal "
-                "LM, with intervals over seeds at equal real tokens, see the order-quality "
-                "section of [demo.md](demo.md).")
-        raise KeyError("a DFlash part is not rendered yet")
     raise KeyError(f"no region {name!r}")
 
 

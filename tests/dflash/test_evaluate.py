@@ -162,3 +162,20 @@ def test_eval_speed_benchmark_writes_its_table(tmp_path):
     assert "each time is the fastest of 1 runs" in text
     assert "| target greedy generate, one prompt at a time |" in text
     assert "dflash eval --no-check --no-accuracy" in text and "same accuracy: True" in text
+
+
+def test_counts_pool_the_figures_of_parts_into_those_of_the_whole(models):
+    # accuracy per length stratum and overall from one pass per stratum: the counts weight them
+    from lengthwise.dflash.evaluate import teacher_forced
+
+    target, draft = models
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 39, (3,), generator=g).tolist() for _ in range(6)]
+    outs = [torch.randint(0, 39, (n,), generator=g).tolist() for n in (2, 4, 7, 11, 16, 20)]
+    whole = teacher_forced(draft, target, prompts, outs)
+    parts = [teacher_forced(draft, target, prompts[i:i + 3], outs[i:i + 3]) for i in (0, 3)]
+    assert whole.count == sum(p.count for p in parts) > 0
+    assert math.isclose(sum(p.accuracy * p.count for p in parts) / whole.count, whole.accuracy,
+                        rel_tol=1e-12)
+    assert math.isclose(sum(p.loss * p.weight for p in parts) / whole.weight, whole.loss,
+                        rel_tol=1e-5)

@@ -32,6 +32,7 @@ import numpy as np
 
 from lengthwise.demo.evidence import EvidenceConfig, EvidenceData, build_data, run_one
 from lengthwise.demo.intervals import paired_difference, t_interval
+from lengthwise.demo.pool import map_jobs
 
 __all__ = ["doctor_figures", "run_experiment", "settle_index", "summarise", "time_to_loss"]
 
@@ -60,25 +61,7 @@ def run_experiment(cfg: EvidenceConfig, *, out: str | Path, workers: int = 1,
     data = build_data(cfg, texts=texts, cache_dir=cache_dir)
     jobs = [(o, s, data, cfg, str(out)) for s in cfg.seeds for o in cfg.orders
             if (o, s) not in (skip or set())]
-    runs: list[dict[str, Any]] = []
-    if workers <= 1 or len(jobs) <= 1:
-        results: Any = map(_one, jobs)
-        pool = None
-    else:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
-
-        pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"))
-        results = pool.map(_one, jobs)
-    try:
-        for run in results:
-            runs.append(run)
-            if on_run is not None:
-                on_run(run)
-    finally:
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
-    return data, runs
+    return data, map_jobs(_one, jobs, workers=workers, on_result=on_run)
 
 
 def doctor_figures(log: str | Path, micro_log: str | Path, data: EvidenceData,

@@ -172,6 +172,8 @@ class BlockEval:
     accuracy: float
     slot_accuracy: list[float]
     simulated_acceptance_length: float
+    count: int = 0  # supervised slots scored (the accuracy's denominator)
+    weight: float = 0.0  # their summed weight (the loss's denominator)
 
 
 def _anchor_chunks(blocks: Blocks, slots: int | None) -> Iterator[Blocks]:
@@ -236,4 +238,5 @@ def evaluate_blocks(draft: Any, target: Any,
     return BlockEval(loss=weighted / weight if weight else float("nan"),
                      accuracy=correct / count if count else float("nan"),
                      slot_accuracy=[float(x) for x in acc],
-                     simulated_acceptance_length=simulated_acceptance_length(acc))
+                     simulated_acceptance_length=simulated_acceptance_length(acc),
+                     count=int(count), weight=float(weight))
