@@ -43,9 +43,9 @@ def register(stages: argparse._SubParsersAction) -> None:
     p.add_argument("--target", metavar="PATH", required=True,
                    help="target folder or its config.json (weights are not read)")
     p.add_argument("--config", metavar="YAML", help="run settings of `dflash train`")
-    from lengthwise.cli.dflash.train import _FLAGS
+    from lengthwise.cli.dflash._settings import FLAGS
 
-    for name, kind, text in _FLAGS:
+    for name, kind, text in FLAGS:
         if name in SHAPE_FLAGS:
             p.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, help=text,
                            metavar={int: "N"}.get(kind, "NAME"))
@@ -91,7 +91,7 @@ def report(given: dict[str, Any], *, defaults: dict[str, Any] | None = None) -> 
     ``defaults``: over ``dflash train``'s. Reads the target's ``config.json`` and nothing
     else: no weights, no data, nothing written.
     """
-    from lengthwise.cli.dflash.train import settings
+    from lengthwise.cli.dflash._settings import settings
     from lengthwise.dflash.memory import estimate_step, read_target_config
 
     given = dict(given)

@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from lengthwise.cli.dflash.train import DEFAULTS
+from lengthwise.cli.dflash._settings import DEFAULTS
 from lengthwise.dflash.table import render_eval
 
 
