@@ -31,7 +31,7 @@ from lengthwise.demo.evidence_dflash import (
     build_dflash_data,
     run_dflash_one,
 )
-from lengthwise.demo.intervals import paired_difference, t_interval
+from lengthwise.demo.intervals import equal_tokens, paired_by_seed, t_interval, versus
 from lengthwise.demo.pool import map_jobs
 
 __all__ = ["METRICS", "run_dflash_experiment", "summarise_dflash"]
@@ -70,9 +70,6 @@ def _iv(runs: list[dict[str, Any]], order: str, get: Any) -> dict[str, Any]:
     return t_interval([get(r) for r in runs if r["order"] == order])
 
 
-def _by_seed(runs: list[dict[str, Any]], order: str, get: Any) -> dict[int, Any]:
-    return {r["seed"]: get(r) for r in runs if r["order"] == order}
-
 
 def summarise_dflash(cfg: DFlashEvidenceConfig, ev: DFlashEvidence, runs: list[dict[str, Any]],
                      ) -> dict[str, Any]:
@@ -101,14 +98,7 @@ def summarise_dflash(cfg: DFlashEvidenceConfig, ev: DFlashEvidence, runs: list[d
             "mismatches": sum(r["mismatches"] for r in mine),
         })
         table[order] = row
-    for ref in ("random", "sorted"):
-        if ref not in orders:
-            continue
-        for order in orders:
-            if order != ref:
-                table[order][f"vs_{ref}"] = _paired(runs, order, ref, strata)
-    tokens = [r["real_tokens"] for r in runs]
-    budget = int(ev.info["token_budget"])
+    versus(table, lambda order, ref: _paired(runs, order, ref, strata))
     return {
         "config": cfg.to_dict(),
         "data": ev.info,
@@ -117,8 +107,7 @@ def summarise_dflash(cfg: DFlashEvidenceConfig, ev: DFlashEvidence, runs: list[d
         "prompt_strata": [sum(z == k for z in ev.prompt_stratum) for k in range(len(strata))],
         "runs_wall_seconds": float(sum(r.get("wall_seconds") or 0.0 for r in runs)),
         "runs_cpu_seconds": float(sum(r.get("cpu_seconds") or 0.0 for r in runs)),
-        "equal_tokens": {"budget": budget, "min": min(tokens), "max": max(tokens),
-                         "spread": (max(tokens) - min(tokens)) / budget},
+        "equal_tokens": equal_tokens(runs, int(ev.info["token_budget"])),
         "orders": table,
         "runs": [_run_row(r) for r in runs],
     }
@@ -127,7 +116,7 @@ def summarise_dflash(cfg: DFlashEvidenceConfig, ev: DFlashEvidence, runs: list[d
 def _paired(runs: list[dict[str, Any]], order: str, ref: str, strata: list[str],
             ) -> dict[str, Any]:
     def diff(get: Any) -> dict[str, Any]:
-        return paired_difference(_by_seed(runs, order, get), _by_seed(runs, ref, get))
+        return paired_by_seed(runs, order, ref, get)
 
     out: dict[str, Any] = {}
     for name, (overall, per) in METRICS.items():

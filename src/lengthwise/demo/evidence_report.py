@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from lengthwise.demo.evidence import EvidenceConfig, EvidenceData, build_data, run_one
-from lengthwise.demo.intervals import paired_difference, t_interval
+from lengthwise.demo.intervals import equal_tokens, paired_by_seed, t_interval, versus
 from lengthwise.demo.pool import map_jobs
 
 __all__ = ["doctor_figures", "run_experiment", "settle_index", "summarise", "time_to_loss"]
@@ -139,9 +139,6 @@ def settle_index(points: int, share: float = SETTLE_SHARE) -> int:
     return max(0, int(math.ceil((1 - share) * points)) - 1)
 
 
-def _by_seed(runs: list[dict[str, Any]], order: str, get: Any) -> dict[int, float | None]:
-    return {r["seed"]: get(r) for r in runs if r["order"] == order}
-
 
 def summarise(cfg: EvidenceConfig, data: EvidenceData, runs: list[dict[str, Any]],
               ) -> dict[str, Any]:
@@ -182,15 +179,7 @@ def summarise(cfg: EvidenceConfig, data: EvidenceData, runs: list[dict[str, Any]
             "doctor": {view: _doctor_view(mine, view) for view in ("step", "micro")},
             "curve": _curve(mine, n),
         }
-    for ref in ("random", "sorted"):
-        if ref not in orders:
-            continue
-        for order in orders:
-            if order == ref:
-                continue
-            table[order][f"vs_{ref}"] = _paired(runs, order, ref, strata)
-    tokens = [r["real_tokens"] for r in runs]
-    budget = int(data.info["token_budget"])
+    versus(table, lambda order, ref: _paired(runs, order, ref, strata))
     return {
         "config": cfg.to_dict(),
         "data": data.info,
@@ -202,8 +191,7 @@ def summarise(cfg: EvidenceConfig, data: EvidenceData, runs: list[dict[str, Any]
         "runs_wall_seconds": float(sum(r.get("wall_seconds") or 0.0 for r in runs)),
         "runs_cpu_seconds": (float(sum(r["cpu_seconds"] for r in runs))
                              if all(r.get("cpu_seconds") for r in runs) else None),
-        "equal_tokens": {"budget": budget, "min": min(tokens), "max": max(tokens),
-                         "spread": (max(tokens) - min(tokens)) / budget},
+        "equal_tokens": equal_tokens(runs, int(data.info["token_budget"])),
         "orders": table,
         "runs": [_run_row(r) for r in runs],
     }
@@ -212,7 +200,7 @@ def summarise(cfg: EvidenceConfig, data: EvidenceData, runs: list[dict[str, Any]
 def _paired(runs: list[dict[str, Any]], order: str, ref: str, strata: list[str],
             ) -> dict[str, Any]:
     def diff(get: Any) -> dict[str, Any]:
-        return paired_difference(_by_seed(runs, order, get), _by_seed(runs, ref, get))
+        return paired_by_seed(runs, order, ref, get)
 
     return {
         "eval_loss": diff(lambda r: r["eval_loss"]),

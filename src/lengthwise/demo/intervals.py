@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["T975", "overlap", "paired_difference", "t_critical", "t_interval"]
+__all__ = ["T975", "equal_tokens", "overlap", "paired_by_seed", "paired_difference",
+           "t_critical", "t_interval", "versus"]
 
 #: two-sided 95 % critical values of Student's t, by degrees of freedom 1-30
 T975: tuple[float, ...] = (
@@ -67,6 +68,55 @@ def paired_difference(a: Mapping[Any, float | None], b: Mapping[Any, float | Non
     out["detected"] = bool(half is not None and math.isfinite(half)
                            and abs(out["mean"]) > half)
     return out
+
+
+def paired_by_seed(runs: Sequence[Mapping[str, Any]], order: str, ref: str, get: Any,
+                   ) -> dict[str, Any]:
+    """:func:`paired_difference` of ``get(run)`` between two orders' runs, paired by seed.
+
+    Example::
+
+        >>> runs = [{"order": "a", "seed": 0, "x": 2.0}, {"order": "b", "seed": 0, "x": 1.0},
+        ...         {"order": "a", "seed": 1, "x": 3.0}, {"order": "b", "seed": 1, "x": 2.5}]
+        >>> paired_by_seed(runs, "a", "b", lambda r: r["x"])["mean"]
+        0.75
+    """
+    def by_seed(name: str) -> dict[Any, Any]:
+        return {r["seed"]: get(r) for r in runs if r["order"] == name}
+
+    return paired_difference(by_seed(order), by_seed(ref))
+
+
+def versus(table: dict[str, dict[str, Any]], pair: Any,
+           refs: Sequence[str] = ("random", "sorted")) -> None:
+    """Add ``vs_REF = pair(order, ref)`` to every other order's row of ``table``, per ref there.
+
+    Example::
+
+        >>> table = {"random": {}, "sorted": {}}
+        >>> versus(table, lambda order, ref: f"{order}-{ref}")
+        >>> table
+        {'random': {'vs_sorted': 'random-sorted'}, 'sorted': {'vs_random': 'sorted-random'}}
+    """
+    for ref in refs:
+        if ref not in table:
+            continue
+        for order in table:
+            if order != ref:
+                table[order][f"vs_{ref}"] = pair(order, ref)
+
+
+def equal_tokens(runs: Sequence[Mapping[str, Any]], budget: int) -> dict[str, Any]:
+    """How close the runs' real tokens are to their shared ``budget``.
+
+    Example::
+
+        >>> equal_tokens([{"real_tokens": 99}, {"real_tokens": 100}], 100)["spread"]
+        0.01
+    """
+    tokens = [r["real_tokens"] for r in runs]
+    return {"budget": budget, "min": min(tokens), "max": max(tokens),
+            "spread": (max(tokens) - min(tokens)) / budget}
 
 
 def overlap(x: Mapping[str, Any], y: Mapping[str, Any]) -> bool:
