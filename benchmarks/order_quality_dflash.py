@@ -67,7 +67,7 @@ def _sibling(name: str) -> Any:
 _LM = _sibling("order_quality")
 REL_TOL = _LM.REL_TOL
 write_json = _LM.write
-_pm, _wrap = _LM._pm, _LM._wrap
+_pm, _wrap, _detected = _LM._pm, _LM._wrap, _LM._detected
 
 
 def run(settings: dict[str, Any], out: Path, workers: int, cache_dir: str | None,
@@ -208,10 +208,6 @@ def _caption(full: dict[str, Any]) -> str:
         f"position an anchor. Strata are the plan's {len(full['strata'])} length buckets (of "
         f"the whole sample). Mean ± 95 % t-interval over seeds; 'vs random' is the paired "
         f"difference (same seed) from random. {_runtime(full)}.")
-
-
-def _detected(diff: dict[str, Any] | None) -> bool:
-    return bool(diff and diff.get("detected"))
 
 
 _WORDS = {"acceptance_length": ("acceptance length", ".2f"), "accuracy": ("accuracy", ".3f")}
