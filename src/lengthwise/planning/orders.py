@@ -140,15 +140,16 @@ def cost_levels(batch_cost: np.ndarray, world_size: int, grad_accum: int,
     # at most s/16 cheap batches to a step, spread round-robin from the dearest step down
     k = min(cheap, steps * max(1, s // 16))
     took = np.full(steps, k // max(steps, 1), dtype=np.int64)
-    took[steps - k % max(steps, 1):] += 1 if k % max(steps, 1) else 0
+    extra = k % max(steps, 1)
+    if extra:  # the dearest steps take one more
+        took[steps - extra:] += 1
     rest = by_cost[k:]
     partial = rest[:m % s]
     rest = rest[m % s:]
-    bounds = np.concatenate(([0], np.cumsum(s - took)))
-    groups = [rest[a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)]
-    given = np.repeat(np.arange(steps), took)  # the step of each cheap batch, dearest last
-    for t in range(steps):
-        groups[t] = np.concatenate((by_cost[:k][given == t], groups[t]))
+    # step t: its share of the cheap batches (in cost order), then its run of the rest
+    cheap_of = np.split(by_cost[:k], np.cumsum(took)[:-1]) if steps else []
+    rest_of = np.split(rest, np.cumsum(s - took)[:-1]) if steps else []
+    groups = [np.concatenate(pair) for pair in zip(cheap_of, rest_of, strict=True)]
     order = [groups[t] for t in rng.permutation(steps).tolist()]
     # inside a step, batches of similar cost share an accumulation slot
     order = [g[np.argsort(batch_cost[g], kind="stable")] for g in order]
