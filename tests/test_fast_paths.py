@@ -65,7 +65,7 @@ def _step_lengths_as_it_was(lengths, indices, offsets, steps):
 def test_step_figures_equal_the_per_sample_sums(lengths, huge, n_steps, seed, world):
     """Segment sums of whole lengths (or, past float64's exact range, the sums as before)
     give the very figures the per-sample bincounts gave."""
-    from lengthwise.planning.metrics import _per_step_lengths, random_step_cv, step_ids
+    from lengthwise.planning.metrics import _step_means, random_step_cv, step_ids
 
     lens = np.asarray(lengths, dtype=np.int64) * (10**7 if huge else 1)
     ids = np.arange(lens.size)
@@ -74,7 +74,7 @@ def test_step_figures_equal_the_per_sample_sums(lengths, huge, n_steps, seed, wo
         lens, ids, n_steps, seed=seed)
     off = np.unique(np.r_[0, np.arange(0, lens.size, 3), lens.size])
     steps = step_ids(off.size - 1, world, 1)
-    for new, old in zip(_per_step_lengths(lens, ids, off, steps),
+    for new, old in zip(_step_means(lens[ids], off, steps),
                         _step_lengths_as_it_was(lens, ids, off, steps), strict=True):
         assert np.array_equal(new, old)
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from lengthwise.atomic import atomic_open
 from lengthwise.errors import ConfigError
+from lengthwise.planning.batching import longest_per_batch
 from lengthwise.planning.cost import round_up
 from lengthwise.planning.edges import bucket_counts
 from lengthwise.planning.vocabulary import (
@@ -156,9 +157,10 @@ def _edge_table(plan) -> str:
     lens = plan.lengths[plan.indices]
     counts = bucket_counts(lens, edges)  # from the histogram: a pass, not a search per sample
     rows = np.diff(plan.offsets)
-    starts = plan.offsets[:-1]  # the samples' lengths are gathered once for both sums
-    padded_len = round_up(np.maximum.reduceat(lens, starts), plan.config.pad_multiple)
-    real = np.bincount(plan.bucket, weights=np.add.reduceat(lens, starts), minlength=edges.size)
+    # the samples' lengths are gathered once for both sums
+    padded_len = round_up(longest_per_batch(lens, plan.offsets), plan.config.pad_multiple)
+    real = np.bincount(plan.bucket, weights=np.add.reduceat(lens, plan.offsets[:-1]),
+                       minlength=edges.size)
     padded = np.bincount(plan.bucket, weights=rows * padded_len, minlength=edges.size)
     out = [f"{edges.size} buckets", "bucket  upper_edge  samples   share  efficiency"]
     total = counts.sum()

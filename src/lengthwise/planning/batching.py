@@ -255,9 +255,20 @@ def sorted_padded_tokens(values: np.ndarray, counts: np.ndarray, limit: RowLimit
 
 def batch_longest(lengths: np.ndarray, indices: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """Longest sample of each micro-batch."""
+    return longest_per_batch(lengths[indices], offsets)
+
+
+def longest_per_batch(sample_lens: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Longest sample of each micro-batch, from the samples' lengths in schedule order.
+
+    Example::
+
+        >>> longest_per_batch(np.array([3, 9, 5]), np.array([0, 2, 3])).tolist()
+        [9, 5]
+    """
     if offsets.size <= 1:
         return np.zeros(0, dtype=np.int64)
-    return np.maximum.reduceat(lengths[indices], offsets[:-1])
+    return np.maximum.reduceat(sample_lens, offsets[:-1])
 
 
 def batch_padded_lengths(lengths: np.ndarray, indices: np.ndarray, offsets: np.ndarray,

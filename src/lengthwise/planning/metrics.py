@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from lengthwise.errors import DataError
+from lengthwise.planning.batching import longest_per_batch
 from lengthwise.planning.cost import CostModel, round_up
 
 #: repetitions of the random-shuffle reference for ``step_cv_ratio`` ...
@@ -67,15 +68,10 @@ def _segment_sums(values: np.ndarray, starts: np.ndarray, segment: np.ndarray | 
     return np.add.reduceat(values, starts)
 
 
-def _per_step_lengths(lengths: np.ndarray, indices: np.ndarray, offsets: np.ndarray,
-                      steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Token-weighted and plain mean length of each optimizer step (full steps only)."""
-    return _step_means(lengths[indices], offsets, steps)
-
-
 def _step_means(sample_lens: np.ndarray, offsets: np.ndarray, steps: np.ndarray,
                 ) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`_per_step_lengths` from the lengths of the samples in schedule order."""
+    """Token-weighted and plain mean length of each optimizer step (full steps only), from
+    the lengths of the samples in schedule order."""
     lens = sample_lens.astype(np.float64)
     n_steps = int(steps[-1]) + 1
     first = np.searchsorted(steps, np.arange(n_steps))  # first micro-batch of each step
@@ -296,7 +292,7 @@ def batch_stats(
     if m < 1:
         raise DataError("no micro-batches to measure")
     lens = lengths[indices]  # gathered once for every figure
-    longest = np.maximum.reduceat(lens, offsets[:-1])
+    longest = longest_per_batch(lens, offsets)
     real, padded, cost_of = _token_totals(lens, offsets, longest, pad_multiple, cost, capacity)
     composition = _step_composition(lens, offsets, world_size, grad_accum, seed)
     unique = _distinct_count(indices)

@@ -219,8 +219,7 @@ def plan_padded_epoch(lengths, config: PlanConfig, *, seed: int = 0, epoch: int 
     started = time.perf_counter()
     lens, counts, edges, idx, off, tag, even = _formed(lengths, config, seed, epoch, indices)
     sample_lens = lens[idx]
-    longest = (np.maximum.reduceat(sample_lens, off[:-1]) if off.size > 1
-               else np.zeros(0, dtype=np.int64))
+    longest = batching.longest_per_batch(sample_lens, off)
     perm = _order(off, tag, longest, sample_lens, config,
                   streams.rng(seed, epoch, streams.ORDER))
     if not np.array_equal(perm, np.arange(off.size - 1)):
