@@ -8,8 +8,10 @@ bucket edges chosen from the distinct lengths ``v_1 < ... < v_U`` cost
 and this module minimises that over all choices of ``K`` edges. The cost of a
 bucket ``(v_i, v_j]`` is ``(N_j - N_i) * w_j`` with ``N`` the cumulative counts and
 ``w`` non-decreasing, which is a Monge array: the best split point is monotone
-in ``j``, so each DP layer is solved by divide and conquer in O(U log U), run
-level by level with NumPy (all segments of one recursion depth at once).
+in ``j``, so each DP layer is solved by divide and conquer in O(U log U). The
+layers run compiled (``_layers.c``, built at install when a C compiler is there)
+or, without it, level by level with NumPy (all segments of one recursion depth at
+once); both give the same costs and splits bit for bit.
 
 Example::
 
@@ -26,6 +28,11 @@ import numpy as np
 
 from lengthwise.errors import ConfigError, DataError
 from lengthwise.planning.cost import CostModel, round_up
+
+try:  # the DP's layers, compiled at install when a C compiler is available
+    from lengthwise.planning import _layers as _compiled
+except ImportError:  # pragma: no cover - depends on the install
+    _compiled = None
 
 #: with ``num_buckets="auto"``, every bucket must hold at least this many micro-batches,
 #: so that its batches can be re-formed from different samples every epoch.
@@ -182,6 +189,8 @@ def solve(hist: Histogram, max_k: int, *, pad_multiple: int = 1,
     if least is not None:  # counts are whole: "at least 2.5 samples" is at least 3
         need = np.concatenate(([0.0], np.ceil(np.asarray(least, dtype=np.float64))))
         reach = np.searchsorted(cum, cum - need, side="right") - 1
+    if _compiled is not None and u >= 1:
+        return _solved_compiled(hist, max_k, cum, w, reach)
     levels = _levels(cum, w, reach)
     prev = np.full(u + 1, np.inf)
     prev[0] = 0.0
@@ -197,6 +206,22 @@ def solve(hist: Histogram, max_k: int, *, pad_multiple: int = 1,
             break
         prev = cur
     return EdgeSolution(hist, np.asarray(totals), args)
+
+
+def _solved_compiled(hist: Histogram, max_k: int, cum: np.ndarray, w: np.ndarray,
+                     reach: np.ndarray | None) -> EdgeSolution:
+    """:func:`solve`'s layers by the compiled kernel: the same tables, bit for bit."""
+    n = cum.size
+    totals = np.empty(max_k)
+    table = np.empty((max_k, n), dtype=np.int64)
+    if reach is not None:
+        reach = np.ascontiguousarray(reach, dtype=np.int64)
+    done = _compiled.layers(np.ascontiguousarray(cum, dtype=np.float64),
+                            np.ascontiguousarray(w, dtype=np.float64), reach, max_k,
+                            totals, table)
+    totals[done:] = totals[done - 1]  # the layer that helped no prefix, repeated
+    args = [table[k] for k in range(done)] + [table[done - 1]] * (max_k - done)
+    return EdgeSolution(hist, totals, args)
 
 
 def _rows_for(edges: Sequence[int], batch_size: int | None, max_tokens: int | None,
