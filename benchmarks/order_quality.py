@@ -154,11 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.check:
         fresh = run(CHECK, out / "check", 1, args.cache_dir)
-        drift = compare(saved["check"], fresh)
-        for line in drift:
-            print(line)
-        print(f"order_quality: {len(drift)} figure(s) differ from the committed check run")
-        return 1 if drift else 0
+        return say_drift("order_quality", compare(saved["check"], fresh))
     if not args.check_only:
         saved["full"] = run(FULL, out / "full", args.workers, args.cache_dir, args.redoctor)
         write(saved)
@@ -177,6 +173,14 @@ def write(saved: dict[str, Any], path: Path = SAVED) -> None:
     from lengthwise.demo.report import clean_json
 
     path.write_text(json.dumps(clean_json(saved), indent=1) + "\n", encoding="utf-8")
+
+
+def say_drift(script: str, drift: list[str]) -> int:
+    """Print the figures of a rerun check that moved and how many; the exit status (1: any)."""
+    for line in drift:
+        print(line)
+    print(f"{script}: {len(drift)} figure(s) differ from the committed check run")
+    return 1 if drift else 0
 
 
 def compare(saved: dict[str, Any], fresh: dict[str, Any]) -> list[str]:
@@ -284,37 +288,54 @@ def _detected(diff: dict[str, Any] | None) -> bool:
     return bool(diff and diff.get("detected"))
 
 
+def against(orders: dict[str, Any], ref: str, lead: str, *, metric: str, per: str,
+            overall: str, only: str, spec: str, alone: str = "") -> list[str]:
+    """The sentence on every other order's paired difference from ``ref`` (``[]`` when ``ref``
+    was not run), from ``lead`` on.
+
+    An order whose difference in ``metric`` is detected reads ``overall`` (a template of
+    ``{name}``, ``{ref}`` and ``{word}``: higher or lower), then the difference with its
+    interval, then the strata of ``per`` where one is detected too (``alone`` where none
+    is); an order detected on strata alone reads ``only``, then those strata; the others
+    close the sentence as "no difference detected at this size". Numbers as ``spec``.
+    """
+    if ref not in orders:
+        return []
+    found, none = [], []
+    for name, row in orders.items():
+        if name == ref:
+            continue
+        cmp = row.get(f"vs_{ref}", {})
+        diff = cmp.get(metric)
+        strata = [s for s, d in (cmp.get(per) or {}).items() if _detected(d)]
+        if _detected(diff):  # a detected difference is not 0
+            word = "higher" if diff["mean"] > 0 else "lower"
+            found.append(overall.format(name=name, ref=ref, word=word)
+                         + f" {abs(diff['mean']):{spec}} ± {diff['half']:{spec}}"
+                         + (f" (lengths {', '.join(strata)})" if strata else alone))
+        elif strata:
+            parts = [f"{s} ({cmp[per][s]['mean']:+{spec}} ± {cmp[per][s]['half']:{spec}})"
+                     for s in strata]
+            found.append(only.format(name=name, ref=ref) + f" {', '.join(parts)} only")
+        else:
+            none.append(name)
+    text = lead + "; ".join(found)
+    if none:
+        text += ("; " if found else "") + (
+            f"no difference detected at this size for {', '.join(none)}")
+    return [text + "."]
+
+
 def reading(full: dict[str, Any]) -> str:
     """What the figures say, in words: a difference where a paired interval excludes zero,
     "no difference detected at this size" where it does not."""
     orders = full["orders"]
     sentences = []
     for ref in ("random", "sorted"):
-        if ref not in orders:
-            continue
-        found, none = [], []
-        for name, row in orders.items():
-            if name == ref:
-                continue
-            cmp = row.get(f"vs_{ref}", {})
-            overall = cmp.get("eval_loss")
-            strata = [s for s, d in (cmp.get("strata") or {}).items() if _detected(d)]
-            if _detected(overall):
-                word = "lower" if overall["mean"] < 0 else "higher"
-                found.append(f"{name}'s held-out loss is {word} than {ref}'s by "
-                             f"{abs(overall['mean']):.3f} ± {overall['half']:.3f}"
-                             + (f" (lengths {', '.join(strata)})" if strata else ""))
-            elif strata:
-                parts = [f"{s} ({cmp['strata'][s]['mean']:+.3f} ± {cmp['strata'][s]['half']:.3f})"
-                         for s in strata]
-                found.append(f"{name} differs from {ref} on lengths {', '.join(parts)} only")
-            else:
-                none.append(name)
-        text = f"Against {ref} (paired by seed): " + ("; ".join(found) if found else "")
-        if none:
-            text += ("; " if found else "") + (
-                f"no difference detected at this size for {', '.join(none)}")
-        sentences.append(text + ".")
+        sentences += against(orders, ref, f"Against {ref} (paired by seed): ",
+                             metric="eval_loss", per="strata", spec=".3f",
+                             overall="{name}'s held-out loss is {word} than {ref}'s by",
+                             only="{name} differs from {ref} on lengths")
     any_found = any(_detected(r.get(f"vs_{ref}", {}).get("eval_loss"))
                     or any(_detected(d) for d in (r.get(f"vs_{ref}", {}).get("strata") or {})
                            .values())

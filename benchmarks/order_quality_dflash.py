@@ -110,11 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         # the target trained afresh, as on a fresh machine (the corpus may come from the cache)
         fresh = run(CHECK, out / "check", 1, args.cache_dir, str(out / "check" / "target"))
-        drift = compare(saved["check"], fresh)
-        for line in drift:
-            print(line)
-        print(f"order_quality_dflash: {len(drift)} figure(s) differ from the committed check run")
-        return 1 if drift else 0
+        return _LM.say_drift("order_quality_dflash", compare(saved["check"], fresh))
     if not args.full_only:
         saved["check"] = run(CHECK, out / "check", 1, args.cache_dir,
                              str(out / "check" / "target"))
@@ -222,32 +218,11 @@ def reading(full: dict[str, Any]) -> str:
                         ("accuracy", "strata_accuracy")):
         word, spec = _WORDS[metric]
         for ref in ("random", "sorted"):
-            if ref not in orders:
-                continue
-            found, none = [], []
-            for name, row in orders.items():
-                if name == ref:
-                    continue
-                cmp = row.get(f"vs_{ref}", {})
-                overall = cmp.get(metric)
-                strata = [s for s, d in (cmp.get(per) or {}).items() if _detected(d)]
-                if _detected(overall):
-                    better = "higher" if overall["mean"] > 0 else "lower"
-                    found.append(f"{name}'s is {better} by {abs(overall['mean']):{spec}} ± "
-                                 f"{overall['half']:{spec}}"
-                                 + (f" (lengths {', '.join(strata)})" if strata else
-                                    " (on no single length stratum alone)"))
-                elif strata:
-                    parts = [f"{s} ({cmp[per][s]['mean']:+{spec}} ± {cmp[per][s]['half']:{spec}})"
-                             for s in strata]
-                    found.append(f"{name} differs on lengths {', '.join(parts)} only")
-                else:
-                    none.append(name)
-            text = f"{word.capitalize()} against {ref} (paired by seed): " + "; ".join(found)
-            if none:
-                text += ("; " if found else "") + (
-                    f"no difference detected at this size for {', '.join(none)}")
-            sentences.append(text + ".")
+            sentences += _LM.against(orders, ref, f"{word.capitalize()} against {ref} (paired "
+                                     "by seed): ", metric=metric, per=per, spec=spec,
+                                     overall="{name}'s is {word} by",
+                                     only="{name} differs on lengths",
+                                     alone=" (on no single length stratum alone)")
     any_found = any(_detected(r.get(f"vs_{ref}", {}).get(m))
                     or any(_detected(d) for d in (r.get(f"vs_{ref}", {}).get(p) or {}).values())
                     for r in orders.values() for ref in ("random", "sorted")

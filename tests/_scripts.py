@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 from types import ModuleType
+from typing import Any
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -15,6 +19,20 @@ def load_script(name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def script_fixtures(name: str) -> tuple[Any, Any]:
+    """The module-scoped fixtures ``script`` (``benchmarks/<name>.py``) and ``saved`` (its
+    committed ``SAVED`` JSON) of a test of that script: ``script, saved = script_fixtures(...)``."""
+    @pytest.fixture(scope="module")
+    def script() -> ModuleType:
+        return load_script(name)
+
+    @pytest.fixture(scope="module")
+    def saved(script: ModuleType) -> dict:
+        return json.loads(script.SAVED.read_text(encoding="utf-8"))
+
+    return script, saved
 
 
 def stale_regions(script: ModuleType, saved: dict) -> list[str]:

@@ -11,25 +11,15 @@ figure by figure with the committed one.
 
 from __future__ import annotations
 
-import copy
-import json
-
 import pytest
-from _scripts import load_script, stale_regions
+from _order_quality import check_promises, drift_after
+from _scripts import script_fixtures, stale_regions
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lengthwise.errors import ConfigError
 
-
-@pytest.fixture(scope="module")
-def script():
-    return load_script("order_quality_dflash")
-
-
-@pytest.fixture(scope="module")
-def saved(script):
-    return json.loads(script.SAVED.read_text(encoding="utf-8"))
+script, saved = script_fixtures("order_quality_dflash")
 
 
 @settings(deadline=None)
@@ -94,13 +84,8 @@ def test_the_reading_follows_the_intervals(script):
 
 
 def test_the_committed_figures_are_what_the_experiment_promises(saved):
-    from lengthwise.demo.config import available_orders
-
     full = saved["full"]
-    assert list(full["orders"]) == list(available_orders())
-    assert len(full["config"]["seeds"]) >= 5
-    assert full["data"]["length_span"] >= 30
-    assert full["equal_tokens"]["spread"] <= 0.02
+    check_promises(full)
     lengths = full["data"]["prompt_lengths"]
     assert lengths[1] >= 10 * lengths[0]  # the decoded prompts span the lengths too
     assert all(n > 0 for n in full["prompt_strata"])
@@ -128,15 +113,12 @@ def test_the_plot_is_committed(script):
 
 
 def test_drift_in_the_check_run_is_reported(script, saved):
-    fresh = copy.deepcopy(saved["check"])
-    assert script.compare(saved["check"], fresh) == []
-    run = fresh["runs"][0]
-    run["train_seconds"] *= 2  # machine-dependent: never compared
-    assert script.compare(saved["check"], fresh) == []
-    run["acceptance_length"] *= 1 + 10 * script.REL_TOL
-    run["strata_accuracy"][-1] = (run["strata_accuracy"][-1] or 0.5) * 0.9
-    run["real_tokens"] += 1
-    drift = script.compare(saved["check"], fresh)
+    def change(run):
+        run["acceptance_length"] *= 1 + 10 * script.REL_TOL
+        run["strata_accuracy"][-1] = (run["strata_accuracy"][-1] or 0.5) * 0.9
+        run["real_tokens"] += 1
+
+    drift = drift_after(script, saved["check"], change)
     assert any("acceptance_length" in line for line in drift)
     assert any("strata_accuracy[" in line for line in drift)
     assert any("real_tokens" in line for line in drift)

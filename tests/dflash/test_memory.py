@@ -260,6 +260,58 @@ def test_train_estimate_prints_dflash_estimate_and_reads_and_writes_nothing(tmp_
     assert sorted((p.relative_to(out), p.stat().st_mtime_ns) for p in out.rglob("*")) == before
 
 
+#: each rank runs `dflash train --estimate` three times (a user error, an estimate as JSON, one
+#: that does not fit), records the exit statuses, waits for the other rank's record (torchrun
+#: stops the others at the first rank that exits non-zero) and exits with the last status
+RANK_WORKER = """
+import json, os, sys, time
+from pathlib import Path
+from lengthwise.cli import main
+
+out, flags = Path(sys.argv[1]), ["dflash", "train", *sys.argv[2:], "--estimate"]
+codes = [main([*flags, "--block-size", "1"]), main([*flags, "--json"]),
+         main([*flags, "--device-memory", "1GiB"])]
+import torch
+(out / f"rank{os.environ['RANK']}.json").write_text(json.dumps({
+    "codes": codes, "group": torch.distributed.is_initialized(),
+    "cuda": torch.cuda.is_initialized()}))
+deadline = time.monotonic() + 60
+while len(list(out.glob("rank*.json"))) < 2 and time.monotonic() < deadline:
+    time.sleep(0.05)
+sys.exit(codes[-1])
+"""
+
+
+@pytest.mark.slow
+def test_train_estimate_under_torchrun_prints_once_and_every_rank_exits_alike(tmp_path):
+    """Two real ranks: rank 0 prints the estimate, both exit with its verdict, neither joins a
+    process group or starts CUDA; a user error is its one line on each rank, exit 2 on both."""
+    import subprocess
+
+    from _cli import launcher
+
+    target = _estimate_target(tmp_path / "target")
+    script = tmp_path / "worker.py"
+    script.write_text(RANK_WORKER)
+    launch, env = launcher(nproc=2)
+    proc = subprocess.run(
+        [*launch, str(script), str(tmp_path), "--target", str(target), "--out",
+         str(tmp_path / "out"), "--device", "cpu", "--max-tokens", "256", "--block-size", "4",
+         "--max-slots", "128", "--draft-layers", "1", "--head-chunk", "32"],
+        env=env, capture_output=True, text=True, timeout=180)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks[0] == ranks[1] == {"codes": [2, 0, 1], "group": False, "cuda": False}, \
+        proc.stderr[-3000:]
+    assert proc.returncode != 0  # torchrun reports the ranks' verdict: does not fit
+    assert proc.stdout.count("predicted peak per GPU") == 1
+    assert proc.stdout.count("does NOT fit in 1.0 GiB") == 1
+    assert proc.stdout.count('"parts_gib"') == 1
+    assert len(json.loads(proc.stdout[:proc.stdout.index("predicted peak")])["parts_gib"]) >= 4
+    assert proc.stderr.count("lengthwise dflash: error:") == 2  # the package's errors: each rank
+    assert "block_size" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_train_lists_estimate_and_refuses_its_flags_without_it(tmp_path, capsys):
     from lengthwise.cli import main
 

@@ -6,7 +6,8 @@ training step under fake tensors (:func:`lengthwise.dflash.memory.estimate_step`
 and prints the predicted peak per GPU with its parts; with ``--device-memory`` (or
 on the CUDA device the run selects, where there is one) it says whether the run
 fits and exits with 1 when it does not. ``dflash train --estimate`` prints the same
-for the settings of that command (:func:`report`).
+for the settings of that command (:func:`report`). Under ``torchrun`` rank 0 prints it
+and every rank exits with the same status (:func:`prints_here`).
 
 Example::
 
@@ -100,14 +101,38 @@ def report(given: dict[str, Any], *, defaults: dict[str, Any] | None = None) -> 
     size = device_bytes(opts, cfg.device)
     est = estimate_step(read_target_config(run_settings.target), cfg,
                         rows=opts.get("rows", 1), world=opts.get("world", 1))
-    if opts.get("json"):
-        out = est.to_dict()
-        if size is not None:
-            out.update(device_memory_bytes=size, fits=est.fits(size))
-        print(json.dumps(out, indent=2))
-    else:
-        print(est.render(size))
+    if prints_here():
+        if opts.get("json"):
+            out = est.to_dict()
+            if size is not None:
+                out.update(device_memory_bytes=size, fits=est.fits(size))
+            print(json.dumps(out, indent=2))
+        else:
+            print(est.render(size))
     return 0 if size is None or est.fits(size) else 1
+
+
+def prints_here() -> bool:
+    """Whether this process prints the estimate: rank 0 of a launch (``torchrun``), or alone.
+
+    The rank comes from the launcher's environment (``RANK``, ``LOCAL_RANK``) or an
+    initialised group (:func:`lengthwise.pytorch.dist.launched_rank`); no group is
+    joined for it. Every rank still computes the estimate, so all exit with its verdict.
+
+    Example::
+
+        >>> import os
+        >>> os.environ.update(WORLD_SIZE="2", RANK="1")
+        >>> prints_here()
+        False
+        >>> del os.environ["WORLD_SIZE"], os.environ["RANK"]
+        >>> prints_here()
+        True
+    """
+    from lengthwise.pytorch.dist import launched_rank
+
+    rank = launched_rank()
+    return rank is None or rank[0] == 0
 
 
 def run(args: argparse.Namespace) -> int:

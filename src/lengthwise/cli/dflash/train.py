@@ -12,7 +12,9 @@ Example::
 
 ``--estimate`` prints the predicted peak memory per GPU of the run instead of training
 (:func:`lengthwise.cli.dflash.estimate.report`: the target's ``config.json`` only, no
-weights, no data; nothing is written and ``--out`` is not touched).
+weights, no data; nothing is written and ``--out`` is not touched). Under ``torchrun`` it
+is printed once, by rank 0, and every rank exits with its verdict; no process group is
+joined for it.
 """
 
 from __future__ import annotations
