@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lengthwise.planning.cost import CostModel
 from lengthwise.planning.metrics import batch_stats, longest_runs, random_step_cv, recomposition_of
@@ -90,3 +92,32 @@ def test_random_reference_shuffles_fewer_times_above_its_sample_budget():
     small = lengths[:1000]
     assert random_step_cv(small, ids[:1000], 20) == random_step_cv(small, ids[:1000], 20,
                                                                    repeats=5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(1, 3_000_000), min_size=2, max_size=300),
+       scale=st.sampled_from([1, 10, 1000]), n_steps=st.integers(2, 9), seed=st.integers(0, 9),
+       repeats=st.integers(1, 3))
+def test_random_reference_shuffles_the_lengths_as_the_index_permutation_does(
+        lengths, scale, n_steps, seed, repeats):
+    """Shuffling the (narrowed) lengths draws the very steps that gathering them through
+    ``rng.permutation(n)`` did, whatever the integer width: identical figures."""
+    from lengthwise.planning.metrics import narrow_lengths
+
+    lens = np.maximum(np.asarray(lengths, dtype=np.int64) // scale, 1)
+    narrow = narrow_lengths(lens)
+    assert np.array_equal(narrow, lens)
+    assert narrow.dtype == (np.int16 if lens.max() < 2**15 else np.int32)
+    n_steps = min(n_steps, lens.size)
+    rng = np.random.default_rng([seed, 0x5EED])
+    step = np.arange(lens.size) * n_steps // lens.size
+    cvs, scvs = [], []
+    for _ in range(repeats):
+        drawn = lens[rng.permutation(lens.size)].astype(np.float64)
+        s1 = np.bincount(step, weights=drawn)
+        s2 = np.bincount(step, weights=drawn * drawn)
+        tw, mean = s2 / s1, s1 / np.bincount(step)
+        cvs.append(float(np.std(tw) / np.mean(tw)))
+        scvs.append(float(np.std(mean) / np.mean(mean)))
+    assert random_step_cv(lens, np.arange(lens.size), n_steps, seed=seed, repeats=repeats) == (
+        float(np.mean(cvs)), float(np.mean(scvs)))
