@@ -121,3 +121,37 @@ def test_random_reference_shuffles_the_lengths_as_the_index_permutation_does(
         scvs.append(float(np.std(mean) / np.mean(mean)))
     assert random_step_cv(lens, np.arange(lens.size), n_steps, seed=seed, repeats=repeats) == (
         float(np.mean(cvs)), float(np.mean(scvs)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(1, 3_000_000), min_size=2, max_size=200),
+       scale=st.sampled_from([1, 100, 10_000]), data=st.data(),
+       pad_multiple=st.sampled_from([1, 8, 64]), world=st.integers(1, 3))
+def test_figures_from_narrowed_lengths_equal_the_direct_sums(lengths, scale, data, pad_multiple,
+                                                             world):
+    """Lengths gathered narrow (int16/int32), step sums taken as integers and distinct ids
+    marked give the figures of the wide lengths summed directly, repeated ids included."""
+    from lengthwise.planning.metrics import _step_means, gathered_lengths, step_ids
+
+    lens = np.maximum(np.asarray(lengths, dtype=np.int64) // scale, 1)
+    ids = np.asarray(data.draw(st.lists(st.integers(0, lens.size - 1), min_size=1,
+                                        max_size=3 * lens.size)))
+    cuts = data.draw(st.lists(st.integers(1, ids.size - 1), max_size=ids.size)) if ids.size > 1 \
+        else []
+    off = np.unique(np.r_[0, cuts, ids.size]).astype(np.int64)
+    got = gathered_lengths(lens, ids)
+    assert np.array_equal(got, lens[ids])
+    assert got.dtype.itemsize <= 4 or 4 * ids.size < lens.size  # a few ids: gathered wide
+    s = batch_stats(lens, ids, off, world_size=world, pad_multiple=pad_multiple)
+    wide = lens[ids]
+    longest = np.maximum.reduceat(wide, off[:-1])
+    padded = int(np.sum(np.diff(off) * (-(-longest // pad_multiple) * pad_multiple)))
+    assert (s["real_tokens"], s["padded_tokens"]) == (int(wide.sum()), padded)
+    assert s["unique_samples"] == np.unique(ids).size
+    steps = step_ids(off.size - 1, world, 1)
+    per_sample = np.repeat(steps, np.diff(off))
+    x = wide.astype(np.float64)
+    s1 = np.bincount(per_sample, weights=x)
+    s2 = np.bincount(per_sample, weights=x * x)
+    tw, mean = _step_means(got, off, steps)
+    assert np.array_equal(tw, s2 / s1) and np.array_equal(mean, s1 / np.bincount(per_sample))

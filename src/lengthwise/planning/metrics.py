@@ -78,6 +78,19 @@ def narrow_lengths(lengths: np.ndarray) -> np.ndarray:
     return lengths
 
 
+def gathered_lengths(lengths: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """``lengths[indices]``, gathered from the lengths narrowed by :func:`narrow_lengths` when
+    the schedule holds a quarter of them or more (equal values, a narrower type).
+
+    Example::
+
+        >>> gathered_lengths(np.array([5, 7, 9]), np.array([2, 0])).tolist()
+        [9, 5]
+    """
+    source = narrow_lengths(lengths) if 4 * indices.size >= lengths.size else lengths
+    return source[indices]
+
+
 def _whole_sums(values: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Sums of whole ``values`` and of their squares over the contiguous non-empty segments
     beginning at ``starts``, summed as integers and returned as float64 (exact when
@@ -103,16 +116,18 @@ def _step_means(sample_lens: np.ndarray, offsets: np.ndarray, steps: np.ndarray,
                 ) -> tuple[np.ndarray, np.ndarray]:
     """Token-weighted and plain mean length of each optimizer step (full steps only), from
     the lengths of the samples in schedule order."""
-    lens = sample_lens.astype(np.float64)
     n_steps = int(steps[-1]) + 1
     first = np.searchsorted(steps, np.arange(n_steps))  # first micro-batch of each step
     starts = offsets[first]
     cnt = np.diff(np.append(starts, offsets[-1]))
-    segment = None
-    if not _exact_sums(lens) or not np.all(cnt > 0):
-        segment = np.repeat(steps, np.diff(offsets))
-    s1 = _segment_sums(lens, starts, segment, n_steps)
-    s2 = _segment_sums(lens * lens, starts, segment, n_steps)
+    exact = _exact_sums(sample_lens) and bool(np.all(cnt > 0))
+    if exact and sample_lens.dtype.kind in "iu":
+        s1, s2 = _whole_sums(sample_lens, starts)
+    else:
+        lens = sample_lens.astype(np.float64)
+        segment = None if exact else np.repeat(steps, np.diff(offsets))
+        s1 = _segment_sums(lens, starts, segment, n_steps)
+        s2 = _segment_sums(lens * lens, starts, segment, n_steps)
     return s2 / np.maximum(s1, 1), s1 / np.maximum(cnt, 1)
 
 
@@ -284,12 +299,14 @@ def _same_bucket_run(longest: np.ndarray, edges: Sequence[int] | None, world_siz
 
 
 def _distinct_count(indices: np.ndarray) -> int:
-    """How many distinct sample ids a schedule holds (a count per id, not a sort)."""
+    """How many distinct sample ids a schedule holds (a mark per id, not a sort)."""
     if indices.size == 0:
         return 0
     if indices.min() < 0:
         return int(np.unique(indices).size)
-    return int(np.count_nonzero(np.bincount(indices)))
+    seen = np.zeros(int(indices.max()) + 1, dtype=bool)
+    seen[indices] = True
+    return int(np.count_nonzero(seen))
 
 
 def batch_stats(
@@ -318,8 +335,10 @@ def batch_stats(
     m = offsets.size - 1
     if m < 1:
         raise DataError("no micro-batches to measure")
-    lens = lengths[indices]  # gathered once for every figure
+    lens = gathered_lengths(lengths, indices)  # gathered once for every figure
     longest = longest_per_batch(lens, offsets)
+    if longest.dtype.kind in "iu":  # narrowed: widened again, to be rounded up without overflow
+        longest = longest.astype(np.int64)
     real, padded, cost_of = _token_totals(lens, offsets, longest, pad_multiple, cost, capacity)
     composition = _step_composition(lens, offsets, world_size, grad_accum, seed)
     unique = _distinct_count(indices)
