@@ -155,3 +155,40 @@ def test_figures_from_narrowed_lengths_equal_the_direct_sums(lengths, scale, dat
     s2 = np.bincount(per_sample, weights=x * x)
     tw, mean = _step_means(got, off, steps)
     assert np.array_equal(tw, s2 / s1) and np.array_equal(mean, s1 / np.bincount(per_sample))
+
+
+def _as_batches(data, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """``ids`` cut at drawn places into micro-batches (``indices``, ``offsets``)."""
+    cuts = data.draw(st.lists(st.integers(1, max(len(ids) - 1, 1)), max_size=len(ids)))
+    off = np.unique(np.r_[0, [c for c in cuts if c < len(ids)], len(ids)]).astype(np.int64)
+    return np.asarray(ids, dtype=np.int64), off
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(1, 40), data=st.data(), repeated=st.booleans())
+def test_recomposition_equals_the_share_of_batches_whose_set_was_a_batch(n, data, repeated):
+    """The owner lookup (and, where ids repeat, the hash) counts exactly the batches of ``b``
+    whose sample multiset is a batch of ``a``: batches kept whole in another order, cut
+    differently, or with an id of another batch swapped in."""
+    first = data.draw(st.permutations(range(n)))
+    if repeated:
+        first = first + data.draw(st.lists(st.sampled_from(first), max_size=n))
+    idx_a, off_a = _as_batches(data, first)
+    batches = [idx_a[a:b].tolist() for a, b in zip(off_a[:-1], off_a[1:], strict=True)]
+    kept = [data.draw(st.permutations(b)) for b in batches
+            if data.draw(st.booleans())]  # whole batches of a, their samples reordered
+    rest = data.draw(st.permutations([i for b in batches for i in b]))
+    idx_r, off_r = _as_batches(data, rest)
+    second = [list(x) for x in kept] + [idx_r[a:b].tolist()
+                                        for a, b in zip(off_r[:-1], off_r[1:], strict=True)]
+    second = data.draw(st.permutations(second))
+    if second and data.draw(st.booleans()):  # one id swapped for an id of another batch
+        k = data.draw(st.integers(0, len(second) - 1))
+        second[k] = second[k][:-1] + [data.draw(st.sampled_from(first))]
+    idx_b = np.asarray([i for b in second for i in b], dtype=np.int64)
+    off_b = np.cumsum([0] + [len(b) for b in second]).astype(np.int64)
+    sets_a = {tuple(sorted(b)) for b in batches}
+    expected = (sum(tuple(sorted(b)) in sets_a for b in second) / len(second)) if second else 0.0
+    assert recomposition_of(off_a, idx_a, off_b, idx_b) == expected
+    assert recomposition_of(off_a, idx_a.astype(np.int32), off_b, idx_b.astype(np.int32)) == \
+        expected

@@ -200,11 +200,49 @@ def batch_hashes(indices: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 
 def recomposition_of(offsets_a: np.ndarray, indices_a: np.ndarray,
                      offsets_b: np.ndarray, indices_b: np.ndarray) -> float:
-    """Share of the micro-batches of ``b`` whose sample set equals a micro-batch of ``a``."""
-    hb = batch_hashes(indices_b, offsets_b)
-    if hb.size == 0:
+    """Share of the micro-batches of ``b`` whose sample set equals a micro-batch of ``a``.
+
+    When no sample id repeats in either schedule (ranks evened out by splitting or dropping
+    batches), a batch of ``b`` equals one of ``a`` exactly when all its samples sit in one
+    batch of ``a`` of its size: one owner per sample, looked up. Otherwise the batches are
+    compared by an order-independent hash of their sample multisets (:func:`batch_hashes`).
+    """
+    offsets_b = np.asarray(offsets_b, dtype=np.int64)
+    if offsets_b.size <= 1:
         return 0.0
-    return float(np.isin(hb, batch_hashes(indices_a, offsets_a)).mean())
+    same = _same_as_owner(np.asarray(offsets_a, dtype=np.int64), np.asarray(indices_a),
+                          offsets_b, np.asarray(indices_b))
+    if same is None:
+        hb = batch_hashes(indices_b, offsets_b)
+        ha = np.sort(batch_hashes(indices_a, offsets_a))
+        at = np.minimum(np.searchsorted(ha, hb), max(ha.size - 1, 0))
+        same = ha[at] == hb if ha.size else np.zeros(hb.size, dtype=bool)
+    return float(same.mean())
+
+
+def _same_as_owner(offsets_a: np.ndarray, indices_a: np.ndarray, offsets_b: np.ndarray,
+                   indices_b: np.ndarray) -> np.ndarray | None:
+    """Whether each batch of ``b`` holds exactly the samples of one batch of ``a``, from the
+    batch of ``a`` that owns each sample; ``None`` where that test does not apply (an id
+    repeated or negative, an empty batch)."""
+    sizes_a, sizes_b = np.diff(offsets_a), np.diff(offsets_b)
+    if (indices_a.size == 0 or indices_b.size == 0 or sizes_a.min() < 1 or sizes_b.min() < 1
+            or min(indices_a.min(), indices_b.min()) < 0):
+        return None
+    n = int(max(indices_a.max(), indices_b.max())) + 1
+    owner = np.full(n, -1, dtype=np.int32 if sizes_a.size < 2**31 else np.int64)
+    owner[indices_a] = np.repeat(np.arange(sizes_a.size, dtype=owner.dtype), sizes_a)
+    if np.count_nonzero(owner >= 0) != indices_a.size:  # an id in two places of a
+        return None
+    own = owner[indices_b]
+    first = np.minimum.reduceat(own, offsets_b[:-1])
+    same = (first == np.maximum.reduceat(own, offsets_b[:-1])) & (first >= 0)
+    same[same] = sizes_a[first[same]] == sizes_b[same]
+    # so far each such batch holds only samples of one batch of a, as many as it has: the
+    # same set unless an id repeats inside it
+    if same.any() and _distinct_count(indices_b) != indices_b.size:
+        return None
+    return same
 
 
 def recomposition(previous, current) -> float:
