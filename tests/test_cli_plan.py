@@ -269,3 +269,25 @@ def test_a_command_alone_parses_as_with_every_command():
     argv = ["plan", "x.npy", "--buckets", "4", "--world-size", "8"]
     assert vars(build_parser("plan").parse_args(argv)) == vars(build_parser().parse_args(argv))
     assert "plan" in commands() and "demo" in commands()
+
+
+@pytest.mark.parametrize("low, top", [(1_500, 3_000), (32_000, 32_767), (30_000, 60_000)])
+def test_bucket_table_counts_and_efficiency_equal_the_wide_sums(low, top):
+    """The bucket table's counts and per-bucket padding efficiency, from lengths gathered
+    narrow, equal int64 sums over the plan's micro-batches, whose token sums exceed int16."""
+    from lengthwise.cli.plan import _edge_table
+    from lengthwise.planning.plan import plan_epoch
+
+    lengths = np.random.default_rng(2).integers(low, top + 1, 4000)  # int16 or int32 narrowed
+    plan = plan_epoch(lengths, batch_size=16, buckets=3, pad_multiple=64)
+    lens = plan.lengths.astype(np.int64)[plan.indices]
+    per_batch = np.add.reduceat(lens, plan.offsets[:-1])
+    padded = np.diff(plan.offsets) * (-(-np.maximum.reduceat(lens, plan.offsets[:-1]) // 64) * 64)
+    assert per_batch.max() > 2**15
+    edges = np.asarray(plan.edges)
+    table = _edge_table(plan).splitlines()[2:]
+    for k, line in enumerate(table):
+        fields = line.split()
+        assert int(fields[2]) == np.count_nonzero(np.searchsorted(edges, lens) == k)
+        eff = per_batch[plan.bucket == k].sum() / padded[plan.bucket == k].sum()
+        assert fields[4] == f"{eff:.3f}"

@@ -192,3 +192,9 @@ def test_recomposition_equals_the_share_of_batches_whose_set_was_a_batch(n, data
     assert recomposition_of(off_a, idx_a, off_b, idx_b) == expected
     assert recomposition_of(off_a, idx_a.astype(np.int32), off_b, idx_b.astype(np.int32)) == \
         expected
+
+
+def test_padded_length_of_narrowed_lengths_rounds_up_past_int16():
+    s = batch_stats(np.array([32_767, 32_700, 5]), np.arange(3), np.array([0, 2, 3]),
+                    pad_multiple=64)
+    assert s["padded_tokens"] == 2 * 32_768 + 64

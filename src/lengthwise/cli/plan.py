@@ -20,6 +20,7 @@ from lengthwise.errors import ConfigError
 from lengthwise.planning.batching import longest_per_batch
 from lengthwise.planning.cost import round_up
 from lengthwise.planning.edges import bucket_counts
+from lengthwise.planning.metrics import gathered_lengths
 from lengthwise.planning.vocabulary import (
     BALANCE,
     EVEN_OUT,
@@ -154,13 +155,13 @@ def _fmt(value) -> str:
 def _edge_table(plan) -> str:
     """Edges with samples, share and padding efficiency of each bucket's micro-batches."""
     edges = np.asarray(plan.edges)
-    lens = plan.lengths[plan.indices]
+    lens = gathered_lengths(plan.lengths, plan.indices)  # narrow: once for every sum
     counts = bucket_counts(lens, edges)  # from the histogram: a pass, not a search per sample
     rows = np.diff(plan.offsets)
-    # the samples' lengths are gathered once for both sums
-    padded_len = round_up(longest_per_batch(lens, plan.offsets), plan.config.pad_multiple)
-    real = np.bincount(plan.bucket, weights=np.add.reduceat(lens, plan.offsets[:-1]),
-                       minlength=edges.size)
+    longest = longest_per_batch(lens, plan.offsets).astype(np.int64)
+    padded_len = round_up(longest, plan.config.pad_multiple)
+    real = np.bincount(plan.bucket, minlength=edges.size,
+                       weights=np.add.reduceat(lens, plan.offsets[:-1], dtype=np.int64))
     padded = np.bincount(plan.bucket, weights=rows * padded_len, minlength=edges.size)
     out = [f"{edges.size} buckets", "bucket  upper_edge  samples   share  efficiency"]
     total = counts.sum()
