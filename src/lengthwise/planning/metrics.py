@@ -153,13 +153,15 @@ def _random_cv_of(sample_lens: np.ndarray, n_steps: int, seed: int,
         return None, None
     repeats = reference_repeats(n) if repeats is None else repeats
     rng = np.random.default_rng([seed, 0x5EED])
-    step = np.arange(n) * n_steps // n
-    starts = np.searchsorted(step, np.arange(n_steps))  # every step holds a sample
+    # sample i goes to step i * n_steps // n: step k starts at ceil(k * n / n_steps), and
+    # every step holds a sample
+    starts = -(-np.arange(n_steps, dtype=np.int64) * n // n_steps)
     cnt = np.diff(np.append(starts, n))
     exact = sample_lens.dtype.kind in "iu" and _exact_sums(sample_lens)
     # the lengths themselves are shuffled, narrow: the same swaps that shuffle arange(n) into
     # the permutation rng.permutation(n) draws, without an index array to gather through
     source = narrow_lengths(sample_lens) if exact else sample_lens.astype(np.float64)
+    step = None if exact else np.repeat(np.arange(n_steps), cnt)  # the step of each sample
     drawn = np.empty_like(source)
     cvs, scvs = [], []
     for _ in range(repeats):
