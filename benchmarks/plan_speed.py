@@ -12,8 +12,10 @@ The reference run's shape (902,087 log-normal lengths, median 1,050, sigma 0.5, 
 (stratified, ``buckets="auto"``). In each round, one after the other on the same lengths:
 one stable ``np.argsort`` of the lengths; ``plan_epoch`` with its bucket edges still to
 solve (the first plan of a process); ``plan_epoch`` of the next epoch (the edges solved
-for these lengths are kept); and ``lengthwise plan`` run in this process on the lengths
-saved as ``.npy`` (read, plan, figures, the next epoch's plan for ``recomposition``, print).
+for these lengths are kept), its figures and each further part of ``lengthwise plan`` alone
+(the next epoch's batch sets for ``recomposition``, their comparison, printing); and
+``lengthwise plan`` run in this process on the lengths saved as ``.npy`` (read, plan,
+figures, the next epoch's batch sets for ``recomposition``, print).
 Every figure is the best of the rounds, and every ratio is between timings of this run.
 """
 
@@ -37,15 +39,29 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from planner_targets import lognormal, machine  # noqa: E402
 
+from lengthwise.cli import build_parser  # noqa: E402
 from lengthwise.cli import main as cli_main  # noqa: E402
+from lengthwise.cli import plan as plan_cli  # noqa: E402
 from lengthwise.planning import padded  # noqa: E402
-from lengthwise.planning.metrics import random_step_cv, reference_repeats  # noqa: E402
+from lengthwise.planning.metrics import (  # noqa: E402
+    random_step_cv,
+    recomposition_of,
+    reference_repeats,
+)
 from lengthwise.planning.plan import plan_epoch  # noqa: E402
 
 OPTIONS = dict(max_tokens=16384, world_size=8, grad_accum=4)
 #: targets of the planner's speed, as ratios measured in one run
 PLAN_OVER_ARGSORT = 2.0
 CLI_OVER_PLAN = 1.3
+#: what ``lengthwise plan`` does beyond ``plan_epoch`` and the figures, each timed alone:
+#: (ratio name, step timed)
+PARTS = (
+    ("sorted reference", "sorted reference of the figures"),
+    ("next epoch's batch sets", "next epoch's batch sets"),
+    ("recomposition comparison", "recomposition comparison"),
+    ("printing", "printing"),
+)
 #: samples per window of the windowed plan whose len() is timed
 WINDOW = 100_000
 SAVED = HERE / "PLAN_SPEED.json"
@@ -65,6 +81,14 @@ def _timed(fn) -> float:
     return time.perf_counter() - t
 
 
+def _printed(plan, argv: list[str]) -> None:
+    """``lengthwise plan``'s text output of ``plan`` (its figures computed), thrown away."""
+    args = build_parser("plan").parse_args(argv)
+    main = {"plan": plan, "stats": {**plan.stats, "recomposition": 0.0}}
+    with contextlib.redirect_stdout(io.StringIO()):
+        plan_cli._print_text(args, {args.order: main}, main, [])
+
+
 def one_round(lengths: np.ndarray, path: str) -> dict[str, float]:
     argv = ["plan", path, "--max-tokens", str(OPTIONS["max_tokens"]), "--world-size",
             str(OPTIONS["world_size"]), "--grad-accum", str(OPTIONS["grad_accum"])]
@@ -77,6 +101,14 @@ def one_round(lengths: np.ndarray, path: str) -> dict[str, float]:
     steps = kept.stats["optimizer_steps"]
     out["random-shuffle reference of the figures"] = _timed(
         lambda: random_step_cv(kept.lengths, np.arange(lengths.size), steps))
+    out["sorted reference of the figures"] = _timed(lambda: padded.sorted_reference(
+        kept.lengths, np.arange(lengths.size), kept.config))
+    sets: list = []
+    out["next epoch's batch sets"] = _timed(lambda: sets.extend(padded.padded_batch_sets(
+        lengths, kept.config, seed=kept.seed, epoch=kept.epoch + 1)))
+    out["recomposition comparison"] = _timed(
+        lambda: recomposition_of(kept.offsets, kept.indices, sets[1], sets[0]))
+    out["printing"] = _timed(lambda: _printed(kept, argv))
     windowed = plan_epoch(lengths, window=WINDOW, **OPTIONS)
     _ = windowed.solved_edges  # solved before timing, as in a sampler's first epoch
     out["len() of a windowed plan"] = _timed(lambda: windowed.num_batches)
@@ -117,7 +149,20 @@ def render(name: str, saved: dict) -> str:
         f"({r['figures (stats) / plan_epoch']:.2f} of a plan), whose random-shuffle reference "
         f"for `step_cv_ratio` shuffles the lengths {_times(saved['reference_shuffles'])} at "
         f"this size ({r['random-shuffle reference / plan_epoch']:.2f} of a plan), and the "
-        "next epoch's batches for `recomposition`.", width=100)
+        f"next epoch's batches for `recomposition`{_parts(r)}.", width=100)
+
+
+def _parts(ratios: dict) -> str:
+    """The parts of ``lengthwise plan`` beyond the plan and its figures, where measured."""
+    part = {name: ratios.get(f"{name} / plan_epoch") for name, _ in PARTS}
+    if None in part.values():
+        return ""
+    sets = part["next epoch's batch sets"]
+    return (f" ({sets:.2f} of a plan; comparing them "
+            f"with this epoch's, {part['recomposition comparison']:.2f}); the globally sorted "
+            "batches that `efficiency_vs_sorted` divides by take "
+            f"{part['sorted reference']:.2f} of a plan within the figures, and printing them "
+            f"{part['printing']:.2f}")
 
 
 def _docs_figures():
@@ -163,6 +208,7 @@ def main() -> int:
         "figures (stats) / plan_epoch": med["figures (stats)"] / med["plan_epoch"],
         "random-shuffle reference / plan_epoch":
             med["random-shuffle reference of the figures"] / med["plan_epoch"],
+        **{f"{name} / plan_epoch": med[step] / med["plan_epoch"] for name, step in PARTS},
         "len() of a windowed plan / plan_epoch":
             med["len() of a windowed plan"] / med["plan_epoch"],
         "lengthwise plan / plan_epoch": med["lengthwise plan"] / med["plan_epoch"],
@@ -189,7 +235,9 @@ Machine: {machine()}.
 lengths, `plan_epoch` solving its bucket edges (the first plan of a process), `plan_epoch` of
 the next epoch (the edges of these lengths kept), its figures (`plan.stats`; the random-shuffle
 reference of `step_cv_ratio` in them, the lengths shuffled
-{_times(reference_repeats(lengths.size))}, is also timed alone),
+{_times(reference_repeats(lengths.size))}, and the sorted reference of `efficiency_vs_sorted`
+are also timed alone), the next epoch's batch sets that `recomposition` compares with this
+epoch's, that comparison, the command's text output of the figures,
 `len()` of the same epoch planned in windows of {WINDOW:,} samples (its edges solved), the
 edge search alone, and `lengthwise plan LENGTHS.npy --max-tokens 16384 --world-size 8
 --grad-accum 4` run in the same process (no interpreter start-up) with the edges still to

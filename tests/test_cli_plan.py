@@ -269,3 +269,57 @@ def test_a_command_alone_parses_as_with_every_command():
     argv = ["plan", "x.npy", "--buckets", "4", "--world-size", "8"]
     assert vars(build_parser("plan").parse_args(argv)) == vars(build_parser().parse_args(argv))
     assert "plan" in commands() and "demo" in commands()
+
+
+@pytest.mark.parametrize("low, top", [(1_500, 3_000), (32_000, 32_767), (30_000, 60_000)])
+def test_bucket_table_counts_and_efficiency_equal_the_wide_sums(low, top):
+    """The bucket table's counts and per-bucket padding efficiency, from lengths gathered
+    narrow, equal int64 sums over the plan's micro-batches, whose token sums exceed int16."""
+    from lengthwise.cli.plan import _edge_table
+    from lengthwise.planning.plan import plan_epoch
+
+    lengths = np.random.default_rng(2).integers(low, top + 1, 4000)  # int16 or int32 narrowed
+    plan = plan_epoch(lengths, batch_size=16, buckets=3, pad_multiple=64)
+    lens = plan.lengths.astype(np.int64)[plan.indices]
+    per_batch = np.add.reduceat(lens, plan.offsets[:-1])
+    padded = np.diff(plan.offsets) * (-(-np.maximum.reduceat(lens, plan.offsets[:-1]) // 64) * 64)
+    assert per_batch.max() > 2**15
+    edges = np.asarray(plan.edges)
+    table = _edge_table(plan).splitlines()[2:]
+    for k, line in enumerate(table):
+        fields = line.split()
+        assert int(fields[2]) == np.count_nonzero(np.searchsorted(edges, lens) == k)
+        eff = per_batch[plan.bucket == k].sum() / padded[plan.bucket == k].sum()
+        assert fields[4] == f"{eff:.3f}"
+
+
+def test_compare_forms_the_next_epochs_batches_once_per_formation(monkeypatch, capsys):
+    """The orders that cut batches inside buckets cut the same ones, whatever their order,
+    balance or run limit: a comparison forms the next epoch's batch sets once for them."""
+    from lengthwise.planning import padded
+    from lengthwise.planning.config import PlanConfig
+
+    lengths = np.random.default_rng(1).integers(1, 3000, 5000)
+    sets = {}
+    for order, balance, max_run in (("bucket-random", "none", 3), ("interleave", "none", 1),
+                                    ("stratified", "level", 3), ("stratified", "none", 2)):
+        cfg = PlanConfig(max_tokens=8192, world_size=4, grad_accum=2, order=order,
+                         balance=balance, max_run=max_run)
+        idx, off = padded.padded_batch_sets(lengths, cfg, seed=3, epoch=1)
+        sets[order, balance, max_run] = (idx.tolist(), off.tolist())
+    assert len({str(v) for v in sets.values()}) == 1
+    formed = []
+    real = padded.padded_batch_sets
+    monkeypatch.setattr(padded, "padded_batch_sets",
+                        lambda *a, **k: formed.append(a[1].order) or real(*a, **k))
+    assert main(["plan", "coqa", "--max-tokens", "4096", "--world-size", "2", "--compare",
+                 "--json"]) == 0
+    by_order = json.loads(capsys.readouterr().out)["strategies"]
+    assert sorted(formed) == ["bucket-random", "random", "sorted"]
+    from lengthwise import load_lengths, plan_epoch, recomposition
+
+    coqa = load_lengths("coqa")
+    for order, got in by_order.items():  # as two whole plans of the order measure it
+        plans = [plan_epoch(coqa, max_tokens=4096, world_size=2, order=order, epoch=e)
+                 for e in (0, 1)]
+        assert got["recomposition"] == recomposition(*plans)

@@ -8,6 +8,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -20,6 +21,7 @@ from lengthwise.errors import ConfigError
 from lengthwise.planning.batching import longest_per_batch
 from lengthwise.planning.cost import round_up
 from lengthwise.planning.edges import bucket_counts
+from lengthwise.planning.metrics import gathered_lengths
 from lengthwise.planning.vocabulary import (
     BALANCE,
     EVEN_OUT,
@@ -48,6 +50,10 @@ ONE_STEP_NOTE = (
     "so no order can mix lengths inside a step and step_length_cv / step_cv_ratio cannot tell "
     "the orders apart; give the run's --world-size and --grad-accum (e.g. --world-size 8 "
     "--grad-accum 4) to compare them")
+#: orders that cut batches along one sequence of the samples, and those that cut them
+#: inside buckets (alike, whatever order they then put them in)
+SEQUENCE_ORDERS = ("sorted", "random")
+BUCKET_ORDERS = tuple(o for o in ORDERS if o not in SEQUENCE_ORDERS)
 
 
 def _buckets(text: str) -> int | str | list[int]:
@@ -127,7 +133,13 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _plan_with_recomposition(lengths: np.ndarray, kwargs: dict) -> dict:
+def _plan_with_recomposition(lengths: np.ndarray, kwargs: dict,
+                             formed: dict | None = None) -> dict:
+    """One order's plan and its figures, ``recomposition`` against the next epoch's batches.
+
+    ``formed`` keeps the next epoch's padded batch sets by :func:`_formation`, so that the
+    orders of a comparison that cut the same batches form them once.
+    """
     from lengthwise.planning.metrics import recomposition, recomposition_of
     from lengthwise.planning.padded import padded_batch_sets
     from lengthwise.planning.plan import plan_epoch
@@ -135,12 +147,27 @@ def _plan_with_recomposition(lengths: np.ndarray, kwargs: dict) -> dict:
     plan = plan_epoch(lengths, **kwargs)
     stats = dict(plan.stats)
     if kwargs.get("layout", "pad") == "pad":  # the next epoch's batches, not their order
-        idx, off = padded_batch_sets(lengths, plan.config, seed=plan.seed, epoch=plan.epoch + 1)
+        formed = {} if formed is None else formed
+        key = _formation(plan)
+        if key not in formed:
+            formed[key] = padded_batch_sets(lengths, plan.config, seed=plan.seed,
+                                            epoch=plan.epoch + 1)
+        idx, off = formed[key]
         stats["recomposition"] = recomposition_of(plan.offsets, plan.indices, off, idx)
     else:
         nxt = plan_epoch(lengths, **{**kwargs, "epoch": kwargs["epoch"] + 1})
         stats["recomposition"] = recomposition(plan, nxt)
     return {"plan": plan, "stats": stats}
+
+
+def _formation(plan) -> tuple:
+    """What forms the next epoch's padded batches: the plan's settings but those of the
+    order (the orders that cut batches inside buckets cut the same ones), its seed, the
+    next epoch."""
+    cfg = plan.config
+    order = cfg.order if cfg.order in SEQUENCE_ORDERS else BUCKET_ORDERS[0]
+    return (dataclasses.replace(cfg, order=order, balance="none", max_run=1), plan.seed,
+            plan.epoch + 1)
 
 
 def _fmt(value) -> str:
@@ -154,13 +181,13 @@ def _fmt(value) -> str:
 def _edge_table(plan) -> str:
     """Edges with samples, share and padding efficiency of each bucket's micro-batches."""
     edges = np.asarray(plan.edges)
-    lens = plan.lengths[plan.indices]
+    lens = gathered_lengths(plan.lengths, plan.indices)  # narrow: once for every sum
     counts = bucket_counts(lens, edges)  # from the histogram: a pass, not a search per sample
     rows = np.diff(plan.offsets)
-    # the samples' lengths are gathered once for both sums
-    padded_len = round_up(longest_per_batch(lens, plan.offsets), plan.config.pad_multiple)
-    real = np.bincount(plan.bucket, weights=np.add.reduceat(lens, plan.offsets[:-1]),
-                       minlength=edges.size)
+    longest = longest_per_batch(lens, plan.offsets).astype(np.int64)
+    padded_len = round_up(longest, plan.config.pad_multiple)
+    real = np.bincount(plan.bucket, minlength=edges.size,
+                       weights=np.add.reduceat(lens, plan.offsets[:-1], dtype=np.int64))
     padded = np.bincount(plan.bucket, weights=rows * padded_len, minlength=edges.size)
     out = [f"{edges.size} buckets", "bucket  upper_edge  samples   share  efficiency"]
     total = counts.sum()
@@ -240,10 +267,11 @@ def run(args: argparse.Namespace) -> int:
     show = len(lengths) >= 1_000_000 or args.compare
     with warnings.catch_warnings():  # the cut share is reported below, once
         warnings.simplefilter("ignore", UserWarning)
+        formed: dict = {}  # the next epoch's batch sets, formed once per formation
         for order in progress(orders, desc="planning", unit="order", enable=show):
             balance = args.balance if order == args.order else "none"
             results[order] = _plan_with_recomposition(lengths, {**base, "order": order,
-                                                                "balance": balance})
+                                                                "balance": balance}, formed)
     main = results[args.order if args.order in results else orders[-1]]
     notes = _warnings(main)
     if args.world_size * args.grad_accum == 1:

@@ -59,6 +59,50 @@ def _exact_sums(lens: np.ndarray) -> bool:
     return lens.size == 0 or float(lens.max()) ** 2 * lens.size < 2.0**53
 
 
+def narrow_lengths(lengths: np.ndarray) -> np.ndarray:
+    """Whole ``lengths`` in the narrowest of int16 and int32 that holds them (other arrays as
+    given): gathering or shuffling them then moves a quarter or half of the memory.
+
+    Example::
+
+        >>> narrow_lengths(np.array([3, 40_000])).dtype
+        dtype('int32')
+    """
+    if lengths.dtype.kind not in "iu" or lengths.size == 0:
+        return lengths
+    lo, hi = int(lengths.min()), int(lengths.max())
+    for kind in (np.int16, np.int32):
+        info = np.iinfo(kind)
+        if info.min <= lo and hi <= info.max:
+            return lengths.astype(kind, copy=False)
+    return lengths
+
+
+def gathered_lengths(lengths: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """``lengths[indices]``, gathered from the lengths narrowed by :func:`narrow_lengths` when
+    the schedule holds a quarter of them or more (equal values, a narrower type).
+
+    Example::
+
+        >>> gathered_lengths(np.array([5, 7, 9]), np.array([2, 0])).tolist()
+        [9, 5]
+    """
+    source = narrow_lengths(lengths) if 4 * indices.size >= lengths.size else lengths
+    return source.take(indices)  # the gather of fancy indexing, without its overhead
+
+
+def _whole_sums(values: np.ndarray, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sums of whole ``values`` and of their squares over the contiguous non-empty segments
+    beginning at ``starts``, summed as integers and returned as float64 (exact when
+    :func:`_exact_sums` holds, so equal to the float sums in any order)."""
+    s1 = np.add.reduceat(values, starts, dtype=np.int64)
+    # squares of int16 values fit int32 (below 2**30)
+    squares = values.astype(np.int32 if values.dtype.itemsize <= 2 else np.int64)
+    squares *= squares
+    s2 = np.add.reduceat(squares, starts, dtype=np.int64)
+    return s1.astype(np.float64), s2.astype(np.float64)
+
+
 def _segment_sums(values: np.ndarray, starts: np.ndarray, segment: np.ndarray | None,
                   n: int) -> np.ndarray:
     """Sums of ``values`` over contiguous segments beginning at ``starts`` (non-empty and
@@ -72,16 +116,18 @@ def _step_means(sample_lens: np.ndarray, offsets: np.ndarray, steps: np.ndarray,
                 ) -> tuple[np.ndarray, np.ndarray]:
     """Token-weighted and plain mean length of each optimizer step (full steps only), from
     the lengths of the samples in schedule order."""
-    lens = sample_lens.astype(np.float64)
     n_steps = int(steps[-1]) + 1
     first = np.searchsorted(steps, np.arange(n_steps))  # first micro-batch of each step
     starts = offsets[first]
     cnt = np.diff(np.append(starts, offsets[-1]))
-    segment = None
-    if not _exact_sums(lens) or not np.all(cnt > 0):
-        segment = np.repeat(steps, np.diff(offsets))
-    s1 = _segment_sums(lens, starts, segment, n_steps)
-    s2 = _segment_sums(lens * lens, starts, segment, n_steps)
+    exact = _exact_sums(sample_lens) and bool(np.all(cnt > 0))
+    if exact and sample_lens.dtype.kind in "iu":
+        s1, s2 = _whole_sums(sample_lens, starts)
+    else:
+        lens = sample_lens.astype(np.float64)
+        segment = None if exact else np.repeat(steps, np.diff(offsets))
+        s1 = _segment_sums(lens, starts, segment, n_steps)
+        s2 = _segment_sums(lens * lens, starts, segment, n_steps)
     return s2 / np.maximum(s1, 1), s1 / np.maximum(cnt, 1)
 
 
@@ -107,27 +153,25 @@ def _random_cv_of(sample_lens: np.ndarray, n_steps: int, seed: int,
         return None, None
     repeats = reference_repeats(n) if repeats is None else repeats
     rng = np.random.default_rng([seed, 0x5EED])
-    step = np.arange(n) * n_steps // n
-    starts = np.searchsorted(step, np.arange(n_steps))  # every step holds a sample
+    # sample i goes to step i * n_steps // n: step k starts at ceil(k * n / n_steps), and
+    # every step holds a sample
+    starts = -(-np.arange(n_steps, dtype=np.int64) * n // n_steps)
     cnt = np.diff(np.append(starts, n))
-    exact = _exact_sums(sample_lens)
-    # exact sums of whole lengths: gather them narrow, sum them as integers
-    lens = None if exact else sample_lens.astype(np.float64)
-    small = sample_lens.astype(np.int32) if exact else lens
-    squares = None if exact else lens * lens
-    order = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)
+    exact = sample_lens.dtype.kind in "iu" and _exact_sums(sample_lens)
+    # the lengths themselves are shuffled, narrow: the same swaps that shuffle arange(n) into
+    # the permutation rng.permutation(n) draws, without an index array to gather through
+    source = narrow_lengths(sample_lens) if exact else sample_lens.astype(np.float64)
+    step = None if exact else np.repeat(np.arange(n_steps), cnt)  # the step of each sample
+    drawn = np.empty_like(source)
     cvs, scvs = [], []
     for _ in range(repeats):
-        order[:] = np.arange(n)
-        rng.shuffle(order)  # the permutation rng.permutation(n) draws
+        drawn[:] = source
+        rng.shuffle(drawn)
         if exact:
-            drawn = small[order].astype(np.int64)
-            s1 = np.add.reduceat(drawn, starts).astype(np.float64)
-            drawn *= drawn
-            s2 = np.add.reduceat(drawn, starts).astype(np.float64)
+            s1, s2 = _whole_sums(drawn, starts)
         else:
-            s1 = _segment_sums(lens[order], starts, step, n_steps)
-            s2 = _segment_sums(squares[order], starts, step, n_steps)
+            s1 = _segment_sums(drawn, starts, step, n_steps)
+            s2 = _segment_sums(drawn * drawn, starts, step, n_steps)
         cvs.append(_cv(s2 / s1))
         scvs.append(_cv(s1 / cnt))
     return float(np.mean(cvs)), float(np.mean(scvs))
@@ -158,11 +202,49 @@ def batch_hashes(indices: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 
 def recomposition_of(offsets_a: np.ndarray, indices_a: np.ndarray,
                      offsets_b: np.ndarray, indices_b: np.ndarray) -> float:
-    """Share of the micro-batches of ``b`` whose sample set equals a micro-batch of ``a``."""
-    hb = batch_hashes(indices_b, offsets_b)
-    if hb.size == 0:
+    """Share of the micro-batches of ``b`` whose sample set equals a micro-batch of ``a``.
+
+    When no sample id repeats in either schedule (ranks evened out by splitting or dropping
+    batches), a batch of ``b`` equals one of ``a`` exactly when all its samples sit in one
+    batch of ``a`` of its size: one owner per sample, looked up. Otherwise the batches are
+    compared by an order-independent hash of their sample multisets (:func:`batch_hashes`).
+    """
+    offsets_b = np.asarray(offsets_b, dtype=np.int64)
+    if offsets_b.size <= 1:
         return 0.0
-    return float(np.isin(hb, batch_hashes(indices_a, offsets_a)).mean())
+    same = _same_as_owner(np.asarray(offsets_a, dtype=np.int64), np.asarray(indices_a),
+                          offsets_b, np.asarray(indices_b))
+    if same is None:
+        hb = batch_hashes(indices_b, offsets_b)
+        ha = np.sort(batch_hashes(indices_a, offsets_a))
+        at = np.minimum(np.searchsorted(ha, hb), max(ha.size - 1, 0))
+        same = ha[at] == hb if ha.size else np.zeros(hb.size, dtype=bool)
+    return float(same.mean())
+
+
+def _same_as_owner(offsets_a: np.ndarray, indices_a: np.ndarray, offsets_b: np.ndarray,
+                   indices_b: np.ndarray) -> np.ndarray | None:
+    """Whether each batch of ``b`` holds exactly the samples of one batch of ``a``, from the
+    batch of ``a`` that owns each sample; ``None`` where that test does not apply (an id
+    repeated or negative, an empty batch)."""
+    sizes_a, sizes_b = np.diff(offsets_a), np.diff(offsets_b)
+    if (indices_a.size == 0 or indices_b.size == 0 or sizes_a.min() < 1 or sizes_b.min() < 1
+            or min(indices_a.min(), indices_b.min()) < 0):
+        return None
+    n = int(max(indices_a.max(), indices_b.max())) + 1
+    owner = np.full(n, -1, dtype=np.int32 if sizes_a.size < 2**31 else np.int64)
+    owner[indices_a] = np.repeat(np.arange(sizes_a.size, dtype=owner.dtype), sizes_a)
+    if np.count_nonzero(owner >= 0) != indices_a.size:  # an id in two places of a
+        return None
+    own = owner.take(indices_b)
+    first = np.minimum.reduceat(own, offsets_b[:-1])
+    same = (first == np.maximum.reduceat(own, offsets_b[:-1])) & (first >= 0)
+    same[same] = sizes_a[first[same]] == sizes_b[same]
+    # so far each such batch holds only samples of one batch of a, as many as it has: the
+    # same set unless an id repeats inside it
+    if same.any() and _distinct_count(indices_b) != indices_b.size:
+        return None
+    return same
 
 
 def recomposition(previous, current) -> float:
@@ -257,12 +339,14 @@ def _same_bucket_run(longest: np.ndarray, edges: Sequence[int] | None, world_siz
 
 
 def _distinct_count(indices: np.ndarray) -> int:
-    """How many distinct sample ids a schedule holds (a count per id, not a sort)."""
+    """How many distinct sample ids a schedule holds (a mark per id, not a sort)."""
     if indices.size == 0:
         return 0
     if indices.min() < 0:
         return int(np.unique(indices).size)
-    return int(np.count_nonzero(np.bincount(indices)))
+    seen = np.zeros(int(indices.max()) + 1, dtype=bool)
+    seen[indices] = True
+    return int(np.count_nonzero(seen))
 
 
 def batch_stats(
@@ -291,8 +375,10 @@ def batch_stats(
     m = offsets.size - 1
     if m < 1:
         raise DataError("no micro-batches to measure")
-    lens = lengths[indices]  # gathered once for every figure
+    lens = gathered_lengths(lengths, indices)  # gathered once for every figure
     longest = longest_per_batch(lens, offsets)
+    if longest.dtype.kind in "iu":  # narrowed: widened again, to be rounded up without overflow
+        longest = longest.astype(np.int64)
     real, padded, cost_of = _token_totals(lens, offsets, longest, pad_multiple, cost, capacity)
     composition = _step_composition(lens, offsets, world_size, grad_accum, seed)
     unique = _distinct_count(indices)
