@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from lengthwise.planning.batching import greedy_batches, row_limit, sorted_padded_tokens
 from lengthwise.planning.cost import CostModel, round_up
 from lengthwise.planning.edges import Histogram
+from lengthwise.planning.sorting import stable_argsort
 
 RULES = st.sampled_from([
     dict(batch_size=1), dict(batch_size=3), dict(batch_size=8), dict(max_tokens=64),
@@ -31,6 +32,15 @@ def test_sorted_padded_tokens_equals_greedy_batches_along_the_sort(lengths, rule
     expected = int(np.sum(np.diff(off) * round_up(longest, limit.pad_multiple)))
     hist = Histogram.of(lens)
     assert sorted_padded_tokens(hist.values, hist.counts, limit) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(keys=st.lists(st.sampled_from([-1.5, -0.0, 0.0, 0.25, 1e-9, 3.0, 7.0])
+                     | st.floats(-1e6, 1e6),
+                     max_size=400))
+def test_stable_argsort_is_numpys_stable_argsort(keys):
+    key = np.asarray(keys, dtype=np.float64)  # few distinct values: long runs of ties
+    assert np.array_equal(stable_argsort(key), np.argsort(key, kind="stable"))
 
 
 def _random_step_cv_as_it_was(lengths, ids, n_steps, seed=0, repeats=5):
