@@ -31,7 +31,7 @@ from lengthwise.planning import batching, metrics, orders, streams
 from lengthwise.planning.config import PlanConfig
 from lengthwise.planning.cost import CostModel, round_up
 from lengthwise.planning.edges import Histogram, auto_edges, solve
-from lengthwise.planning.prepare import prepare_lengths
+from lengthwise.planning.prepare import every_sample, prepare_lengths
 from lengthwise.planning.schedule import EpochPlan, even_out_counts
 
 #: solved edges kept, keyed by the histogram of the planned lengths and the batch rule
@@ -143,8 +143,9 @@ def resolve_edges(lengths: np.ndarray, ids: np.ndarray, config: PlanConfig) -> l
 
 
 def _batches(lens: np.ndarray, ids: np.ndarray, edges: list[int], config: PlanConfig,
-             seed: int, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Micro-batches with their bucket tags: greedy over one sequence, or inside buckets."""
+             seed: int, epoch: int, every: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Micro-batches with their bucket tags: greedy over one sequence, or inside buckets
+    (``every``: ``ids`` are every sample in order, see :func:`every_sample`)."""
     limit = config.row_limit()
     edge_arr = np.asarray(edges, dtype=np.int64)
     if config.order in ("sorted", "random"):
@@ -155,14 +156,15 @@ def _batches(lens: np.ndarray, ids: np.ndarray, edges: list[int], config: PlanCo
         idx, off = batching.greedy_batches(seq, lens, limit)
         longest = batching.batch_longest(lens, idx, off)
         return idx, off, np.searchsorted(edge_arr, longest, side="left")
-    return batching.bucket_batches(ids, _sample_buckets(lens, ids, edge_arr),
+    return batching.bucket_batches(ids, _sample_buckets(lens, ids, edge_arr, every),
                                    limit.rows(edge_arr),
                                    streams.rng(seed, epoch, streams.BATCHES))
 
 
-def _sample_buckets(lens: np.ndarray, ids: np.ndarray, edge_arr: np.ndarray) -> np.ndarray:
-    """The bucket of each planned sample (int16)."""
-    planned = lens if ids.size == lens.size else lens[ids]
+def _sample_buckets(lens: np.ndarray, ids: np.ndarray, edge_arr: np.ndarray,
+                    every: bool) -> np.ndarray:
+    """The bucket of each planned sample (int16), in the order of ``ids``."""
+    planned = lens if every else lens[ids]
     if edge_arr[-1] <= 4 * lens.size + 1_000_000:  # a lookup table, as small as the lengths
         lut = np.searchsorted(edge_arr, np.arange(edge_arr[-1] + 1), side="left").astype(np.int16)
         return lut[planned]
@@ -180,7 +182,8 @@ def padded_batch_count(lengths, config: PlanConfig) -> int | None:
     lens, ids, _ = prepare_lengths(lengths, config)
     edge_arr = np.asarray(resolve_edges(lens, ids, config), dtype=np.int64)
     rows = config.row_limit().rows(edge_arr)
-    sizes = np.bincount(_sample_buckets(lens, ids, edge_arr), minlength=edge_arr.size)
+    sizes = np.bincount(_sample_buckets(lens, ids, edge_arr, every=ids.size == lens.size),
+                        minlength=edge_arr.size)
     m = batching.bucket_batch_count(sizes, rows)
     evened = batching.evened_count(m, ids.size, config.world_size, config.even_out)
     return evened // config.world_size
@@ -238,7 +241,8 @@ def _formed(lengths, config: PlanConfig, seed: int, epoch: int, indices: np.ndar
     """The epoch's micro-batches before ordering: lengths, counts, edges, batches, even-out."""
     lens, ids, counts = prepare_lengths(lengths, config, indices)
     edges = resolve_edges(lens, ids, config)
-    idx, off, tag = _batches(lens, ids, edges, config, seed, epoch)
+    idx, off, tag = _batches(lens, ids, edges, config, seed, epoch,
+                             every_sample(ids, lens.size, indices))
     idx, off, tag, even = batching.even_out(idx, off, tag, config.world_size, config.even_out,
                                             streams.rng(seed, epoch, streams.EVEN))
     return lens, counts, edges, idx, off, tag, even

@@ -29,7 +29,7 @@ from lengthwise.planning.lengths import (
 #: a plan that cuts more than this share of the tokens warns
 CUT_WARNING_SHARE = 0.01
 
-__all__ = ["index_dtype", "overflow_error", "prepare_lengths"]
+__all__ = ["every_sample", "index_dtype", "overflow_error", "prepare_lengths"]
 
 
 def index_dtype(n: int) -> type:
@@ -41,6 +41,19 @@ def index_dtype(n: int) -> type:
         True
     """
     return np.int32 if n < 2**31 else np.int64
+
+
+def every_sample(ids: np.ndarray, size: int, indices: np.ndarray | None) -> bool:
+    """Whether the planned ``ids`` (of :func:`prepare_lengths` given ``indices``) are every
+    sample of ``size`` in order, ``ids[i] == i``: arrays indexed by position are then
+    indexed by sample id.
+
+    Example::
+
+        >>> every_sample(np.arange(3), 3, None), every_sample(np.array([2, 1, 0]), 3, [2, 1, 0])
+        (True, False)
+    """
+    return ids.size == size and (indices is None or np.array_equal(ids, np.arange(ids.size)))
 
 
 def prepare_lengths(lengths, config: PlanConfig, indices: np.ndarray | None = None, *,
