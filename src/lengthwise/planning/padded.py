@@ -31,7 +31,7 @@ from lengthwise.planning import batching, metrics, orders, streams
 from lengthwise.planning.config import PlanConfig
 from lengthwise.planning.cost import CostModel, round_up
 from lengthwise.planning.edges import Histogram, auto_edges, solve
-from lengthwise.planning.prepare import every_sample, prepare_lengths
+from lengthwise.planning.prepare import every_sample, index_dtype, prepare_lengths
 from lengthwise.planning.schedule import EpochPlan, even_out_counts
 
 #: solved edges kept, keyed by the histogram of the planned lengths and the batch rule
@@ -156,20 +156,23 @@ def _batches(lens: np.ndarray, ids: np.ndarray, edges: list[int], config: PlanCo
         idx, off = batching.greedy_batches(seq, lens, limit)
         longest = batching.batch_longest(lens, idx, off)
         return idx, off, np.searchsorted(edge_arr, longest, side="left")
-    return batching.bucket_batches(ids, _sample_buckets(lens, ids, edge_arr, every),
+    return batching.bucket_batches(None if every else ids,
+                                   _sample_buckets(lens, ids, edge_arr, every),
                                    limit.rows(edge_arr),
                                    streams.rng(seed, epoch, streams.BATCHES))
 
 
 def _sample_buckets(lens: np.ndarray, ids: np.ndarray, edge_arr: np.ndarray,
                     every: bool) -> np.ndarray:
-    """The bucket of each planned sample (int16), in the order of ``ids``."""
+    """The bucket of each planned sample (:func:`~batching.bucket_dtype`), in the order
+    of ``ids``."""
     planned = lens if every else lens[ids]
+    small = batching.bucket_dtype(edge_arr.size)
     if edge_arr[-1] <= 4 * lens.size + 1_000_000:  # a lookup table, as small as the lengths
-        lut = np.searchsorted(edge_arr, np.arange(edge_arr[-1] + 1), side="left").astype(np.int16)
+        lut = np.searchsorted(edge_arr, np.arange(edge_arr[-1] + 1), side="left").astype(small)
         return lut[planned]
     # memory must not grow with the longest length
-    return np.searchsorted(edge_arr, planned, side="left").astype(np.int16)
+    return np.searchsorted(edge_arr, planned, side="left").astype(small)
 
 
 def padded_batch_count(lengths, config: PlanConfig) -> int | None:
@@ -232,7 +235,8 @@ def plan_padded_epoch(lengths, config: PlanConfig, *, seed: int = 0, epoch: int 
     # tags it: a piece split off a batch to even out the ranks may hold shorter ones only
     tag = np.searchsorted(np.asarray(edges, dtype=np.int64), longest, side="left")
     return PaddedEpochPlan(
-        indices=idx, offsets=off, bucket=tag.astype(np.int32), edges=edges, lengths=lens,
+        indices=idx.astype(index_dtype(lens.size), copy=False), offsets=off,
+        bucket=tag.astype(np.int32), edges=edges, lengths=lens,
         config=config, seed=seed, epoch=epoch, plan_seconds=time.perf_counter() - started,
         counts=even_out_counts(counts, idx, idx.size, even))
 
@@ -262,5 +266,5 @@ def padded_batch_sets(lengths, config: PlanConfig, *, seed: int = 0, epoch: int 
         >>> off.size - 1 == plan_padded_epoch(lens, cfg, epoch=1).total_batches
         True
     """
-    _, _, _, idx, off, _, _ = _formed(lengths, config, seed, epoch, None)
-    return idx, off
+    lens, _, _, idx, off, _, _ = _formed(lengths, config, seed, epoch, None)
+    return idx.astype(index_dtype(lens.size), copy=False), off
