@@ -164,15 +164,19 @@ def _batches(lens: np.ndarray, ids: np.ndarray, edges: list[int], config: PlanCo
 
 def _sample_buckets(lens: np.ndarray, ids: np.ndarray, edge_arr: np.ndarray,
                     every: bool) -> np.ndarray:
-    """The bucket of each planned sample (:func:`~batching.bucket_dtype`), in the order
-    of ``ids``."""
-    planned = lens if every else lens[ids]
+    """The bucket of each planned sample, in the order of ``ids``."""
+    # a lookup table as small as the lengths; memory must not grow with the longest length
+    return _buckets_of(lens if every else lens[ids], edge_arr, 4 * lens.size + 1_000_000)
+
+
+def _buckets_of(values: np.ndarray, edge_arr: np.ndarray, table_limit: int) -> np.ndarray:
+    """The bucket of each length in ``values`` (:func:`~batching.bucket_dtype`): read from a
+    table of every length up to the last edge when that is at most ``table_limit`` long."""
     small = batching.bucket_dtype(edge_arr.size)
-    if edge_arr[-1] <= 4 * lens.size + 1_000_000:  # a lookup table, as small as the lengths
+    if edge_arr[-1] <= table_limit:
         lut = np.searchsorted(edge_arr, np.arange(edge_arr[-1] + 1), side="left").astype(small)
-        return lut[planned]
-    # memory must not grow with the longest length
-    return np.searchsorted(edge_arr, planned, side="left").astype(small)
+        return lut[values]
+    return np.searchsorted(edge_arr, values, side="left").astype(small)
 
 
 def padded_batch_count(lengths, config: PlanConfig) -> int | None:
@@ -233,7 +237,7 @@ def plan_padded_epoch(lengths, config: PlanConfig, *, seed: int = 0, epoch: int 
         longest = longest[perm]
     # each micro-batch is tagged with the bucket of its longest sample, as the collator
     # tags it: a piece split off a batch to even out the ranks may hold shorter ones only
-    tag = np.searchsorted(np.asarray(edges, dtype=np.int64), longest, side="left")
+    tag = _buckets_of(longest, np.asarray(edges, dtype=np.int64), 4 * longest.size)
     return PaddedEpochPlan(
         indices=idx.astype(index_dtype(lens.size), copy=False), offsets=off,
         bucket=tag.astype(np.int32), edges=edges, lengths=lens,
