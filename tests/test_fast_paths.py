@@ -6,7 +6,12 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lengthwise.planning.batching import greedy_batches, row_limit, sorted_padded_tokens
+from lengthwise.planning.batching import (
+    greedy_batches,
+    row_limit,
+    sorted_padded_tokens,
+    take_batches,
+)
 from lengthwise.planning.cost import CostModel, round_up
 from lengthwise.planning.edges import Histogram
 from lengthwise.planning.sorting import stable_argsort
@@ -41,6 +46,19 @@ def test_sorted_padded_tokens_equals_greedy_batches_along_the_sort(lengths, rule
 def test_stable_argsort_is_numpys_stable_argsort(keys):
     key = np.asarray(keys, dtype=np.float64)  # few distinct values: long runs of ties
     assert np.array_equal(stable_argsort(key), np.argsort(key, kind="stable"))
+
+
+@settings(max_examples=200, deadline=None)
+@given(sizes=st.lists(st.integers(0, 5), max_size=40), seed=st.integers(0, 2**32 - 1))
+def test_take_batches_equals_concatenating_the_batches_in_order(sizes, seed):
+    offsets = np.concatenate(([0], np.cumsum(sizes, dtype=np.int64)))
+    indices = np.random.default_rng(seed).permutation(int(offsets[-1])).astype(np.int32)
+    order = np.random.default_rng(seed + 1).permutation(len(sizes))
+    got, new_off = take_batches(indices, offsets, order)
+    batches = [indices[offsets[k]:offsets[k + 1]] for k in order]
+    assert np.array_equal(got, np.concatenate([np.zeros(0, np.int32), *batches]))
+    assert got.dtype == indices.dtype
+    assert np.array_equal(np.diff(new_off), [b.size for b in batches])
 
 
 def _random_step_cv_as_it_was(lengths, ids, n_steps, seed=0, repeats=5):

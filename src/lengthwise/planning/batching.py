@@ -379,12 +379,23 @@ def evened_count(m: int, samples: int, multiple: int, policy: str) -> int:
 
 def take_batches(indices: np.ndarray, offsets: np.ndarray, order: np.ndarray,
                  ) -> tuple[np.ndarray, np.ndarray]:
-    """Reorder micro-batches: batch ``order[k]`` becomes batch ``k``."""
+    """Reorder micro-batches: batch ``order[k]`` becomes batch ``k``.
+
+    Example::
+
+        >>> idx, off = take_batches(np.array([7, 8, 9]), np.array([0, 2, 3]), np.array([1, 0]))
+        >>> idx.tolist(), off.tolist()
+        ([9, 7, 8], [0, 1, 3])
+    """
     sizes = np.diff(offsets)[order]
     new_off = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
     starts = offsets[:-1][order]
-    # position of every output element in the input
-    src = np.repeat((starts - new_off[:-1]).astype(indices.dtype), sizes)
-    src += np.arange(new_off[-1], dtype=indices.dtype)
-    return indices[src], new_off
-
+    # position of every output element in the input: one step on inside a batch, a jump
+    # from the end of the previous (non-empty) batch to the start of the next one
+    held = sizes > 0
+    starts, sizes = starts[held], sizes[held]
+    jump = starts.copy()
+    jump[1:] -= starts[:-1] + sizes[:-1] - 1
+    src = np.ones(new_off[-1], dtype=np.intp)
+    src[new_off[:-1][held]] = jump
+    return indices[np.cumsum(src, out=src)], new_off
