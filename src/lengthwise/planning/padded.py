@@ -189,7 +189,7 @@ def padded_batch_count(lengths, config: PlanConfig) -> int | None:
     lens, ids, _ = prepare_lengths(lengths, config)
     edge_arr = np.asarray(resolve_edges(lens, ids, config), dtype=np.int64)
     rows = config.row_limit().rows(edge_arr)
-    sizes = np.bincount(_sample_buckets(lens, ids, edge_arr, every=ids.size == lens.size),
+    sizes = np.bincount(_sample_buckets(lens, ids, edge_arr, every_sample(ids, lens.size, None)),
                         minlength=edge_arr.size)
     m = batching.bucket_batch_count(sizes, rows)
     evened = batching.evened_count(m, ids.size, config.world_size, config.even_out)
