@@ -112,10 +112,9 @@ def resolve_edges(lengths: np.ndarray, ids: np.ndarray, config: PlanConfig) -> l
     the plans of later epochs (and of other orders) of the same lengths skip the search.
     """
     planned = lengths if ids.size == lengths.size else lengths[ids]
-    top = int(planned.max())
     buckets = config.buckets  # checked by PlanConfig: a count, "auto" or sorted edges
     if isinstance(buckets, (tuple, list)):
-        return check_given_edges(buckets, top)
+        return check_given_edges(buckets, int(planned.max()))
     if buckets != "auto" and not (isinstance(buckets, (int, np.integer))
                                   and not isinstance(buckets, bool) and buckets >= 1):
         raise ConfigError(f"buckets must be a count, 'auto' or a list of edges, got {buckets!r}")
