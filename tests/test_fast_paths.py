@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lengthwise.planning.batching import greedy_batches, row_limit, sorted_padded_tokens
+from lengthwise.planning.batching import (
+    greedy_batches,
+    row_limit,
+    sorted_padded_tokens,
+    take_batches,
+)
 from lengthwise.planning.cost import CostModel, round_up
 from lengthwise.planning.edges import Histogram
+from lengthwise.planning.lengths import LengthError, apply_overflow
+from lengthwise.planning.sorting import stable_argsort
 
 RULES = st.sampled_from([
     dict(batch_size=1), dict(batch_size=3), dict(batch_size=8), dict(max_tokens=64),
@@ -31,6 +39,78 @@ def test_sorted_padded_tokens_equals_greedy_batches_along_the_sort(lengths, rule
     expected = int(np.sum(np.diff(off) * round_up(longest, limit.pad_multiple)))
     hist = Histogram.of(lens)
     assert sorted_padded_tokens(hist.values, hist.counts, limit) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(keys=st.lists(st.sampled_from([-1.5, -0.0, 0.0, 0.25, 1e-9, 3.0, 7.0])
+                     | st.floats(-1e6, 1e6),
+                     max_size=400))
+def test_stable_argsort_is_numpys_stable_argsort(keys):
+    key = np.asarray(keys, dtype=np.float64)  # few distinct values: long runs of ties
+    assert np.array_equal(stable_argsort(key), np.argsort(key, kind="stable"))
+
+
+@settings(max_examples=200, deadline=None)
+@given(sizes=st.lists(st.integers(0, 5), max_size=40), seed=st.integers(0, 2**32 - 1))
+def test_take_batches_equals_concatenating_the_batches_in_order(sizes, seed):
+    offsets = np.concatenate(([0], np.cumsum(sizes, dtype=np.int64)))
+    indices = np.random.default_rng(seed).permutation(int(offsets[-1])).astype(np.int32)
+    order = np.random.default_rng(seed + 1).permutation(len(sizes))
+    got, new_off = take_batches(indices, offsets, order)
+    batches = [indices[offsets[k]:offsets[k + 1]] for k in order]
+    assert np.array_equal(got, np.concatenate([np.zeros(0, np.int32), *batches]))
+    assert got.dtype == indices.dtype
+    assert np.array_equal(np.diff(new_off), [b.size for b in batches])
+
+
+def _apply_overflow_as_it_was(lengths, max_len, on_overflow, cut):
+    keep = lengths > 0
+    counts = {"samples": int(lengths.size), "dropped_empty": int(lengths.size - keep.sum()),
+              "truncated": 0, "dropped_overflow": 0, "truncated_tokens": 0,
+              "truncated_share": 0.0}
+    total = float(lengths.sum(dtype=np.float64))
+    if cut is not None:
+        total += float(cut.sum(dtype=np.float64))
+    over = (lengths > max_len) if max_len is not None else np.zeros(lengths.size, dtype=bool)
+    n_over = int(over.sum())
+    if n_over and on_overflow == "error":
+        raise LengthError("over")
+    if n_over and on_overflow == "drop":
+        counts["dropped_overflow"] = n_over
+        keep = keep & ~over
+        over[:] = False
+    truncated = over.copy()
+    removed = 0
+    if n_over and on_overflow == "truncate":
+        removed = int((lengths[over] - max_len).sum())
+        lengths = np.minimum(lengths, max_len)
+    if cut is not None:
+        earlier = (cut > 0) & keep
+        truncated |= earlier
+        removed += int(cut[earlier].sum())
+    counts["truncated"] = int(truncated.sum())
+    counts["truncated_tokens"] = removed
+    counts["truncated_share"] = removed / total if total else 0.0
+    return lengths, keep, counts
+
+
+@settings(max_examples=300, deadline=None)
+@given(lengths=st.lists(st.integers(0, 40), min_size=1, max_size=60),
+       cut=st.none() | st.lists(st.integers(0, 5), min_size=60, max_size=60),
+       max_len=st.none() | st.integers(1, 45),
+       policy=st.sampled_from(["truncate", "drop", "error"]))
+def test_apply_overflow_counts_what_it_did_before_it_skipped_work(lengths, cut, max_len, policy):
+    lens = np.asarray(lengths, dtype=np.int64)
+    cut = None if cut is None else np.asarray(cut[:lens.size], dtype=np.int64)
+    try:
+        expected = _apply_overflow_as_it_was(lens.copy(), max_len, policy, cut)
+    except LengthError:
+        with pytest.raises(LengthError):
+            apply_overflow(lens.copy(), max_len, policy, cut=cut)
+        return
+    got = apply_overflow(lens.copy(), max_len, policy, cut=cut)
+    assert np.array_equal(got[0], expected[0]) and np.array_equal(got[1], expected[1])
+    assert got[2] == expected[2]
 
 
 def _random_step_cv_as_it_was(lengths, ids, n_steps, seed=0, repeats=5):

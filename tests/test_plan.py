@@ -130,6 +130,17 @@ def test_subset_of_indices():
         plan_epoch(lengths, batch_size=4, indices=[100])
 
 
+def test_indices_in_any_order_keep_every_batch_within_the_budget():
+    lengths = np.random.default_rng(0).integers(1, 4000, 20_000)
+    shuffled = np.random.default_rng(1).permutation(lengths.size)  # every sample, reordered
+    for ids in (shuffled, shuffled[:-1]):
+        plan = plan_epoch(lengths, max_tokens=8192, world_size=2, indices=ids)
+        longest = np.maximum.reduceat(plan.lengths[plan.indices], plan.offsets[:-1])
+        assert np.max(np.diff(plan.offsets) * longest) <= 8192
+        assert np.array_equal(np.sort(plan.indices), np.sort(ids))
+        assert np.array_equal(plan.bucket, np.searchsorted(plan.edges, longest))
+
+
 def test_even_out_policies_are_counted():
     lengths = np.full(22, 10)  # 22 samples, batch_size 4 -> 6 batches over 4 ranks
     split = plan_epoch(lengths, batch_size=4, world_size=4, order="sorted")

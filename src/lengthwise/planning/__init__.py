@@ -9,7 +9,8 @@ Modules, in the order a plan is built:
 * :mod:`~lengthwise.planning.cost`: the compute cost of a micro-batch;
 * :mod:`~lengthwise.planning.edges`: padding-optimal bucket edges, solved exactly;
 * :mod:`~lengthwise.planning.batching`: batch rules, batches cut inside buckets, ranks evened out;
-* :mod:`~lengthwise.planning.orders`: the order of micro-batches (interleave, stratified, ...);
+* :mod:`~lengthwise.planning.orders`: the order of micro-batches (interleave, stratified, ...),
+  sorted by :mod:`~lengthwise.planning.sorting` (stable orders from the fast sort);
 * :mod:`~lengthwise.planning.streams`: the named random streams of one ``(seed, epoch)``;
 * :mod:`~lengthwise.planning.prepare`: lengths made ready for a planner;
 * :mod:`~lengthwise.planning.schedule`: :class:`EpochPlan`, the plan type both layouts fill;

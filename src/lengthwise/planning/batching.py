@@ -114,20 +114,30 @@ def row_limit(*, batch_size: int | None = None, max_tokens: int | None = None,
     return limit
 
 
-def bucket_batches(ids: np.ndarray, bucket: np.ndarray, rows: np.ndarray,
+def bucket_dtype(buckets: int) -> type:
+    """The smallest unsigned type that holds the ids of ``buckets`` buckets (radix-sortable).
+
+    Example::
+
+        >>> bucket_dtype(6) is np.uint8
+        True
+    """
+    return np.uint8 if buckets <= 256 else np.uint16 if buckets <= 65536 else np.int64
+
+
+def bucket_batches(ids: np.ndarray | None, bucket: np.ndarray, rows: np.ndarray,
                    rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Shuffle samples inside each bucket and cut them into full micro-batches.
 
-    ``bucket[i]`` is the bucket of ``ids[i]``; bucket ``k`` allows ``rows[k]`` rows.
-    The few samples left over in a bucket join the next (longer) bucket's first
-    batch, where they fit because they are shorter than its edge, so every batch
-    but the last one is full. Returns ``(indices, offsets, batch_bucket)``; a new
-    ``rng`` re-forms every batch.
+    ``bucket[i]`` is the bucket of ``ids[i]`` (``ids=None``: of sample ``i``); bucket
+    ``k`` allows ``rows[k]`` rows. The few samples left over in a bucket join the next
+    (longer) bucket's first batch, where they fit because they are shorter than its edge,
+    so every batch but the last one is full. Returns ``(indices, offsets, batch_bucket)``,
+    the indices as ``np.intp``; a new ``rng`` re-forms every batch.
     """
-    index_type = np.int32 if ids.size < 2**31 else np.int64
-    perm = np.arange(ids.size, dtype=index_type)
-    rng.shuffle(perm)
-    small = bucket.astype(np.uint8 if rows.size <= 256 else np.uint16)
+    # int64 positions: NumPy's fastest shuffle, the same draws as for any integer type
+    perm = rng.permutation(bucket.size)
+    small = bucket.astype(bucket_dtype(rows.size), copy=False)
     grouped = perm[np.argsort(small[perm], kind="stable")]  # radix sort: one pass
     del perm
     sizes = np.bincount(small, minlength=rows.size)
@@ -135,11 +145,12 @@ def bucket_batches(ids: np.ndarray, bucket: np.ndarray, rows: np.ndarray,
     starts = [np.arange(pos, pos + full * int(rows[k]), int(rows[k])) for k, pos, full in cuts]
     tags = [np.full(full, k) for k, _, full in cuts]
     placed = _placed(cuts, rows)
-    if placed < ids.size:  # what the longest bucket left over
+    if placed < bucket.size:  # what the longest bucket left over
         starts.append(np.array([placed]))
         tags.append(np.array([rows.size - 1]))
-    offsets = np.append(np.concatenate(starts), ids.size).astype(np.int64)
-    return ids[grouped], offsets, np.concatenate(tags).astype(np.int64)
+    offsets = np.append(np.concatenate(starts), bucket.size).astype(np.int64)
+    indices = grouped if ids is None else np.asarray(ids, dtype=np.intp)[grouped]
+    return indices, offsets, np.concatenate(tags).astype(np.int64)
 
 
 def _bucket_cuts(sizes: np.ndarray, rows: np.ndarray) -> list[tuple[int, int, int]]:
@@ -368,12 +379,23 @@ def evened_count(m: int, samples: int, multiple: int, policy: str) -> int:
 
 def take_batches(indices: np.ndarray, offsets: np.ndarray, order: np.ndarray,
                  ) -> tuple[np.ndarray, np.ndarray]:
-    """Reorder micro-batches: batch ``order[k]`` becomes batch ``k``."""
+    """Reorder micro-batches: batch ``order[k]`` becomes batch ``k``.
+
+    Example::
+
+        >>> idx, off = take_batches(np.array([7, 8, 9]), np.array([0, 2, 3]), np.array([1, 0]))
+        >>> idx.tolist(), off.tolist()
+        ([9, 7, 8], [0, 1, 3])
+    """
     sizes = np.diff(offsets)[order]
     new_off = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
     starts = offsets[:-1][order]
-    # position of every output element in the input
-    src = np.repeat((starts - new_off[:-1]).astype(indices.dtype), sizes)
-    src += np.arange(new_off[-1], dtype=indices.dtype)
-    return indices[src], new_off
-
+    # position of every output element in the input: one step on inside a batch, a jump
+    # from the end of the previous (non-empty) batch to the start of the next one
+    held = sizes > 0
+    starts, sizes = starts[held], sizes[held]
+    jump = starts.copy()
+    jump[1:] -= starts[:-1] + sizes[:-1] - 1
+    src = np.ones(new_off[-1], dtype=np.intp)
+    src[new_off[:-1][held]] = jump
+    return indices[np.cumsum(src, out=src)], new_off

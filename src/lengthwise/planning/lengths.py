@@ -123,7 +123,7 @@ def validate_lengths(values: np.ndarray | Iterable[float], *, what: str = "lengt
             raise LengthError(
                 f"{what}, row {_named(row, rows)}: {arr[row].item()!r} is not a whole number "
                 "of tokens")
-    if arr.dtype.kind in "fi":
+    if arr.dtype.kind in "fi" and arr.min() < 0:  # one reduction; the mask only to name a row
         neg = arr < 0
         if neg.any():
             row = int(np.flatnonzero(neg)[0])
@@ -211,14 +211,15 @@ def apply_overflow(
         raise ConfigError(f"on_overflow must be one of {OVERFLOW_POLICIES}, got {on_overflow!r}")
     max_len = check_max_len(max_len, limit_name or "max_len")
     keep = lengths > 0
-    counts = {"samples": int(lengths.size), "dropped_empty": int(lengths.size - keep.sum()),
+    counts = {"samples": int(lengths.size),
+              "dropped_empty": int(lengths.size - np.count_nonzero(keep)),
               "truncated": 0, "dropped_overflow": 0, "truncated_tokens": 0,
               "truncated_share": 0.0}
-    total = float(lengths.sum(dtype=np.float64))
-    if cut is not None:
-        total += float(cut.sum(dtype=np.float64))
-    over = (lengths > max_len) if max_len is not None else np.zeros(lengths.size, dtype=bool)
-    n_over = int(over.sum())
+    raw = lengths
+    n_over = 0
+    if max_len is not None and lengths.size and lengths.max() > max_len:
+        over = lengths > max_len
+        n_over = int(np.count_nonzero(over))
     if n_over and on_overflow == "error":
         row = int(np.flatnonzero(over)[0])
         limit = limit_name or f"max_len={max_len}"
@@ -227,19 +228,24 @@ def apply_overflow(
     if n_over and on_overflow == "drop":
         counts["dropped_overflow"] = n_over
         keep = keep & ~over
-        over[:] = False
-    truncated = over.copy()
+    truncated = None  # the rows cut, when any are
     removed = 0
     if n_over and on_overflow == "truncate":
+        truncated = over
         removed = int((lengths[over] - max_len).sum())
         lengths = np.minimum(lengths, max_len)
     if cut is not None:  # rows cut before, still planned
         earlier = (cut > 0) & keep
-        truncated |= earlier
+        truncated = earlier if truncated is None else truncated | earlier
         removed += int(cut[earlier].sum())
-    counts["truncated"] = int(truncated.sum())
+    if truncated is not None:
+        counts["truncated"] = int(np.count_nonzero(truncated))
     counts["truncated_tokens"] = removed
-    counts["truncated_share"] = removed / total if total else 0.0
+    if removed:  # a share of every token, those cut before included
+        total = float(raw.sum(dtype=np.float64))
+        if cut is not None:
+            total += float(cut.sum(dtype=np.float64))
+        counts["truncated_share"] = removed / total
     return lengths, keep, counts
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from lengthwise.errors import ConfigError
+from lengthwise.planning.sorting import stable_argsort
 
 
 def random_order(num_batches: int, rng: np.random.Generator) -> np.ndarray:
@@ -161,7 +162,7 @@ def _sort_by_group_then_cost(group: np.ndarray, cost: np.ndarray,
     """Order by group, then cost, ties at random (one float sort instead of a lexsort)."""
     span = float(cost.max(initial=0.0)) + 2.0
     key = group * span + cost + rng.random(group.size)
-    return np.argsort(key, kind="stable")
+    return stable_argsort(key)
 
 
 def _balanced_steps(value: np.ndarray, stratum: np.ndarray, steps: int,
@@ -177,8 +178,8 @@ def _balanced_steps(value: np.ndarray, stratum: np.ndarray, steps: int,
     spread = [float(np.ptp(value[g])) for g in groups]
     for k in np.argsort(spread, kind="stable")[::-1]:
         g = groups[k]
-        big_first = g[np.argsort(-value[g] + 1e-9 * rng.random(g.size), kind="stable")]
-        small_first = np.argsort(total + 1e-9 * rng.random(steps), kind="stable")[:g.size]
+        big_first = g[stable_argsort(-value[g] + 1e-9 * rng.random(g.size))]
+        small_first = stable_argsort(total + 1e-9 * rng.random(steps))[:g.size]
         out[big_first] = small_first
         total[small_first] += value[big_first]
     return out

@@ -31,7 +31,7 @@ from lengthwise.planning import batching, metrics, orders, streams
 from lengthwise.planning.config import PlanConfig
 from lengthwise.planning.cost import CostModel, round_up
 from lengthwise.planning.edges import Histogram, auto_edges, solve
-from lengthwise.planning.prepare import prepare_lengths
+from lengthwise.planning.prepare import every_sample, index_dtype, prepare_lengths
 from lengthwise.planning.schedule import EpochPlan, even_out_counts
 
 #: solved edges kept, keyed by the histogram of the planned lengths and the batch rule
@@ -112,10 +112,9 @@ def resolve_edges(lengths: np.ndarray, ids: np.ndarray, config: PlanConfig) -> l
     the plans of later epochs (and of other orders) of the same lengths skip the search.
     """
     planned = lengths if ids.size == lengths.size else lengths[ids]
-    top = int(planned.max())
     buckets = config.buckets  # checked by PlanConfig: a count, "auto" or sorted edges
     if isinstance(buckets, (tuple, list)):
-        return check_given_edges(buckets, top)
+        return check_given_edges(buckets, int(planned.max()))
     if buckets != "auto" and not (isinstance(buckets, (int, np.integer))
                                   and not isinstance(buckets, bool) and buckets >= 1):
         raise ConfigError(f"buckets must be a count, 'auto' or a list of edges, got {buckets!r}")
@@ -143,8 +142,9 @@ def resolve_edges(lengths: np.ndarray, ids: np.ndarray, config: PlanConfig) -> l
 
 
 def _batches(lens: np.ndarray, ids: np.ndarray, edges: list[int], config: PlanConfig,
-             seed: int, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Micro-batches with their bucket tags: greedy over one sequence, or inside buckets."""
+             seed: int, epoch: int, every: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Micro-batches with their bucket tags: greedy over one sequence, or inside buckets
+    (``every``: ``ids`` are every sample in order, see :func:`every_sample`)."""
     limit = config.row_limit()
     edge_arr = np.asarray(edges, dtype=np.int64)
     if config.order in ("sorted", "random"):
@@ -155,19 +155,27 @@ def _batches(lens: np.ndarray, ids: np.ndarray, edges: list[int], config: PlanCo
         idx, off = batching.greedy_batches(seq, lens, limit)
         longest = batching.batch_longest(lens, idx, off)
         return idx, off, np.searchsorted(edge_arr, longest, side="left")
-    return batching.bucket_batches(ids, _sample_buckets(lens, ids, edge_arr),
+    return batching.bucket_batches(None if every else ids,
+                                   _sample_buckets(lens, ids, edge_arr, every),
                                    limit.rows(edge_arr),
                                    streams.rng(seed, epoch, streams.BATCHES))
 
 
-def _sample_buckets(lens: np.ndarray, ids: np.ndarray, edge_arr: np.ndarray) -> np.ndarray:
-    """The bucket of each planned sample (int16)."""
-    planned = lens if ids.size == lens.size else lens[ids]
-    if edge_arr[-1] <= 4 * lens.size + 1_000_000:  # a lookup table, as small as the lengths
-        lut = np.searchsorted(edge_arr, np.arange(edge_arr[-1] + 1), side="left").astype(np.int16)
-        return lut[planned]
-    # memory must not grow with the longest length
-    return np.searchsorted(edge_arr, planned, side="left").astype(np.int16)
+def _sample_buckets(lens: np.ndarray, ids: np.ndarray, edge_arr: np.ndarray,
+                    every: bool) -> np.ndarray:
+    """The bucket of each planned sample, in the order of ``ids``."""
+    # a lookup table as small as the lengths; memory must not grow with the longest length
+    return _buckets_of(lens if every else lens[ids], edge_arr, 4 * lens.size + 1_000_000)
+
+
+def _buckets_of(values: np.ndarray, edge_arr: np.ndarray, table_limit: int) -> np.ndarray:
+    """The bucket of each length in ``values`` (:func:`~batching.bucket_dtype`): read from a
+    table of every length up to the last edge when that is at most ``table_limit`` long."""
+    small = batching.bucket_dtype(edge_arr.size)
+    if edge_arr[-1] <= table_limit:
+        lut = np.searchsorted(edge_arr, np.arange(edge_arr[-1] + 1), side="left").astype(small)
+        return lut[values]
+    return np.searchsorted(edge_arr, values, side="left").astype(small)
 
 
 def padded_batch_count(lengths, config: PlanConfig) -> int | None:
@@ -180,7 +188,8 @@ def padded_batch_count(lengths, config: PlanConfig) -> int | None:
     lens, ids, _ = prepare_lengths(lengths, config)
     edge_arr = np.asarray(resolve_edges(lens, ids, config), dtype=np.int64)
     rows = config.row_limit().rows(edge_arr)
-    sizes = np.bincount(_sample_buckets(lens, ids, edge_arr), minlength=edge_arr.size)
+    sizes = np.bincount(_sample_buckets(lens, ids, edge_arr, every_sample(ids, lens.size, None)),
+                        minlength=edge_arr.size)
     m = batching.bucket_batch_count(sizes, rows)
     evened = batching.evened_count(m, ids.size, config.world_size, config.even_out)
     return evened // config.world_size
@@ -227,9 +236,10 @@ def plan_padded_epoch(lengths, config: PlanConfig, *, seed: int = 0, epoch: int 
         longest = longest[perm]
     # each micro-batch is tagged with the bucket of its longest sample, as the collator
     # tags it: a piece split off a batch to even out the ranks may hold shorter ones only
-    tag = np.searchsorted(np.asarray(edges, dtype=np.int64), longest, side="left")
+    tag = _buckets_of(longest, np.asarray(edges, dtype=np.int64), 4 * longest.size)
     return PaddedEpochPlan(
-        indices=idx, offsets=off, bucket=tag.astype(np.int32), edges=edges, lengths=lens,
+        indices=idx.astype(index_dtype(lens.size), copy=False), offsets=off,
+        bucket=tag.astype(np.int32), edges=edges, lengths=lens,
         config=config, seed=seed, epoch=epoch, plan_seconds=time.perf_counter() - started,
         counts=even_out_counts(counts, idx, idx.size, even))
 
@@ -238,7 +248,8 @@ def _formed(lengths, config: PlanConfig, seed: int, epoch: int, indices: np.ndar
     """The epoch's micro-batches before ordering: lengths, counts, edges, batches, even-out."""
     lens, ids, counts = prepare_lengths(lengths, config, indices)
     edges = resolve_edges(lens, ids, config)
-    idx, off, tag = _batches(lens, ids, edges, config, seed, epoch)
+    idx, off, tag = _batches(lens, ids, edges, config, seed, epoch,
+                             every_sample(ids, lens.size, indices))
     idx, off, tag, even = batching.even_out(idx, off, tag, config.world_size, config.even_out,
                                             streams.rng(seed, epoch, streams.EVEN))
     return lens, counts, edges, idx, off, tag, even
@@ -258,5 +269,5 @@ def padded_batch_sets(lengths, config: PlanConfig, *, seed: int = 0, epoch: int 
         >>> off.size - 1 == plan_padded_epoch(lens, cfg, epoch=1).total_batches
         True
     """
-    _, _, _, idx, off, _, _ = _formed(lengths, config, seed, epoch, None)
-    return idx, off
+    lens, _, _, idx, off, _, _ = _formed(lengths, config, seed, epoch, None)
+    return idx.astype(index_dtype(lens.size), copy=False), off

@@ -29,7 +29,7 @@ from lengthwise.planning.lengths import (
 #: a plan that cuts more than this share of the tokens warns
 CUT_WARNING_SHARE = 0.01
 
-__all__ = ["index_dtype", "overflow_error", "prepare_lengths"]
+__all__ = ["every_sample", "index_dtype", "overflow_error", "prepare_lengths"]
 
 
 def index_dtype(n: int) -> type:
@@ -41,6 +41,19 @@ def index_dtype(n: int) -> type:
         True
     """
     return np.int32 if n < 2**31 else np.int64
+
+
+def every_sample(ids: np.ndarray, size: int, indices: np.ndarray | None) -> bool:
+    """Whether the planned ``ids`` (of :func:`prepare_lengths` given ``indices``) are every
+    sample of ``size`` in order, ``ids[i] == i``: arrays indexed by position are then
+    indexed by sample id.
+
+    Example::
+
+        >>> every_sample(np.arange(3), 3, None), every_sample(np.array([2, 1, 0]), 3, [2, 1, 0])
+        (True, False)
+    """
+    return ids.size == size and (indices is None or np.array_equal(ids, np.arange(ids.size)))
 
 
 def prepare_lengths(lengths, config: PlanConfig, indices: np.ndarray | None = None, *,
@@ -61,13 +74,16 @@ def prepare_lengths(lengths, config: PlanConfig, indices: np.ndarray | None = No
         limit_name = f"the {max_len} tokens one row of the budget holds"
     policy = "truncate" if config.on_overflow == "split" else config.on_overflow
     lens, keep, counts = apply_overflow(raw, max_len, policy, limit_name=limit_name, cut=cut)
-    at_load = cut is not None and bool(cut.any())
-    warn_if_cut(counts, max_len, config, at_load=at_load,
-                cut_now=0 if max_len is None else int((raw > max_len).sum()),
-                load_limit=int(raw[cut > 0].max()) if at_load else None)
+    if counts["truncated_share"] > CUT_WARNING_SHARE:  # what warns: the samples cut now too
+        at_load = cut is not None and bool(cut.any())
+        warn_if_cut(counts, max_len, config, at_load=at_load,
+                    cut_now=0 if max_len is None else int(np.count_nonzero(raw > max_len)),
+                    load_limit=int(raw[cut > 0].max()) if at_load else None)
     if indices is not None:
         ids = check_indices(indices, raw.size)
         ids = ids[keep[ids]]
+    elif counts["dropped_empty"] + counts["dropped_overflow"] == 0:
+        ids = np.arange(raw.size, dtype=index_dtype(raw.size))  # every sample kept
     else:
         ids = np.flatnonzero(keep)
     ids = ids.astype(index_dtype(raw.size), copy=False)

@@ -22,7 +22,7 @@ from lengthwise.planning.packed._pieces import split_pieces, token_spans
 from lengthwise.planning.packed.balance import row_prices, rows_to_micro_batches, schedule_groups
 from lengthwise.planning.packed.plan import PackedEpochPlan
 from lengthwise.planning.packed.rows import pack_rows
-from lengthwise.planning.prepare import index_dtype, prepare_lengths
+from lengthwise.planning.prepare import every_sample, index_dtype, prepare_lengths
 from lengthwise.planning.schedule import even_out_counts
 from lengthwise.planning.vocabulary import PACK_ORDERS, PACK_OVERFLOW_POLICIES
 
@@ -101,8 +101,7 @@ def plan_packed_epoch(lengths, config: PlanConfig, *, seed: int = 0, epoch: int 
     split = config.on_overflow == "split"
     # with "split", over-long samples stay whole here (only max_len truncates); cut below
     lens, ids, counts = prepare_lengths(lengths, config, indices, cap_to_budget=not split)
-    every = ids.size == lens.size and (indices is None
-                                       or np.array_equal(ids, np.arange(ids.size)))
+    every = every_sample(ids, lens.size, indices)
     piece_id, piece_start, piece_len, n_split = split_pieces(lens, ids, capacity, every)
     counts = dict(counts, split_samples=n_split,
                   split_pieces=int(piece_id.size - ids.size + n_split))
