@@ -133,10 +133,12 @@ def bucket_batches(ids: np.ndarray | None, bucket: np.ndarray, rows: np.ndarray,
     ``k`` allows ``rows[k]`` rows. The few samples left over in a bucket join the next
     (longer) bucket's first batch, where they fit because they are shorter than its edge,
     so every batch but the last one is full. Returns ``(indices, offsets, batch_bucket)``,
-    the indices as ``np.intp``; a new ``rng`` re-forms every batch.
+    the indices as int32 below 2**31 samples with ``ids=None`` (``np.intp`` otherwise); a
+    new ``rng`` re-forms every batch.
     """
-    # int64 positions: NumPy's fastest shuffle, the same draws as for any integer type
-    perm = rng.permutation(bucket.size)
+    # narrow positions: half the memory of int64, the same draws as for any integer type
+    perm = np.arange(bucket.size, dtype=np.int32 if bucket.size < 2**31 else np.int64)
+    rng.shuffle(perm)
     small = bucket.astype(bucket_dtype(rows.size), copy=False)
     grouped = perm[np.argsort(small[perm], kind="stable")]  # radix sort: one pass
     del perm
