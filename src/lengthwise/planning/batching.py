@@ -114,6 +114,17 @@ def row_limit(*, batch_size: int | None = None, max_tokens: int | None = None,
     return limit
 
 
+def index_dtype(n: int) -> type:
+    """The smallest integer type that holds sample ids below ``n``.
+
+    Example::
+
+        >>> index_dtype(1000) is np.int32
+        True
+    """
+    return np.int32 if n < 2**31 else np.int64
+
+
 def bucket_dtype(buckets: int) -> type:
     """The smallest unsigned type that holds the ids of ``buckets`` buckets (radix-sortable).
 
@@ -137,7 +148,7 @@ def bucket_batches(ids: np.ndarray | None, bucket: np.ndarray, rows: np.ndarray,
     new ``rng`` re-forms every batch.
     """
     # narrow positions: half the memory of int64, the same draws as for any integer type
-    perm = np.arange(bucket.size, dtype=np.int32 if bucket.size < 2**31 else np.int64)
+    perm = np.arange(bucket.size, dtype=index_dtype(bucket.size))
     rng.shuffle(perm)
     small = bucket.astype(bucket_dtype(rows.size), copy=False)
     grouped = perm[np.argsort(small[perm], kind="stable")]  # radix sort: one pass

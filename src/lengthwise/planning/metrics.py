@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from lengthwise.errors import DataError
-from lengthwise.planning.batching import longest_per_batch
+from lengthwise.planning.batching import index_dtype, longest_per_batch
 from lengthwise.planning.cost import CostModel, round_up
 
 #: repetitions of the random-shuffle reference for ``step_cv_ratio`` ...
@@ -232,7 +232,7 @@ def _same_as_owner(offsets_a: np.ndarray, indices_a: np.ndarray, offsets_b: np.n
             or min(indices_a.min(), indices_b.min()) < 0):
         return None
     n = int(max(indices_a.max(), indices_b.max())) + 1
-    owner = np.full(n, -1, dtype=np.int32 if sizes_a.size < 2**31 else np.int64)
+    owner = np.full(n, -1, dtype=index_dtype(sizes_a.size))
     owner[indices_a] = np.repeat(np.arange(sizes_a.size, dtype=owner.dtype), sizes_a)
     if np.count_nonzero(owner >= 0) != indices_a.size:  # an id in two places of a
         return None

@@ -31,7 +31,7 @@ from lengthwise.planning import batching, metrics, orders, streams
 from lengthwise.planning.config import PlanConfig
 from lengthwise.planning.cost import CostModel, round_up
 from lengthwise.planning.edges import Histogram, auto_edges, solve
-from lengthwise.planning.prepare import every_sample, index_dtype, prepare_lengths
+from lengthwise.planning.prepare import every_sample, prepare_lengths
 from lengthwise.planning.schedule import EpochPlan, even_out_counts
 
 #: solved edges kept, keyed by the histogram of the planned lengths and the batch rule
@@ -238,7 +238,7 @@ def plan_padded_epoch(lengths, config: PlanConfig, *, seed: int = 0, epoch: int 
     # tags it: a piece split off a batch to even out the ranks may hold shorter ones only
     tag = _buckets_of(longest, np.asarray(edges, dtype=np.int64), 4 * longest.size)
     return PaddedEpochPlan(
-        indices=idx.astype(index_dtype(lens.size), copy=False), offsets=off,
+        indices=idx.astype(batching.index_dtype(lens.size), copy=False), offsets=off,
         bucket=tag.astype(np.int32), edges=edges, lengths=lens,
         config=config, seed=seed, epoch=epoch, plan_seconds=time.perf_counter() - started,
         counts=even_out_counts(counts, idx, idx.size, even))
@@ -270,4 +270,4 @@ def padded_batch_sets(lengths, config: PlanConfig, *, seed: int = 0, epoch: int 
         True
     """
     lens, _, _, idx, off, _, _ = _formed(lengths, config, seed, epoch, None)
-    return idx.astype(index_dtype(lens.size), copy=False), off
+    return idx.astype(batching.index_dtype(lens.size), copy=False), off

@@ -17,6 +17,7 @@ import warnings
 import numpy as np
 
 from lengthwise.errors import ConfigError, DataError
+from lengthwise.planning.batching import index_dtype
 from lengthwise.planning.config import PlanConfig
 from lengthwise.planning.errors import LengthError
 from lengthwise.planning.lengths import (
@@ -29,18 +30,7 @@ from lengthwise.planning.lengths import (
 #: a plan that cuts more than this share of the tokens warns
 CUT_WARNING_SHARE = 0.01
 
-__all__ = ["every_sample", "index_dtype", "overflow_error", "prepare_lengths"]
-
-
-def index_dtype(n: int) -> type:
-    """The smallest integer type that holds sample ids below ``n``.
-
-    Example::
-
-        >>> index_dtype(1000) is np.int32
-        True
-    """
-    return np.int32 if n < 2**31 else np.int64
+__all__ = ["every_sample", "overflow_error", "prepare_lengths"]
 
 
 def every_sample(ids: np.ndarray, size: int, indices: np.ndarray | None) -> bool:
@@ -74,11 +64,7 @@ def prepare_lengths(lengths, config: PlanConfig, indices: np.ndarray | None = No
         limit_name = f"the {max_len} tokens one row of the budget holds"
     policy = "truncate" if config.on_overflow == "split" else config.on_overflow
     lens, keep, counts = apply_overflow(raw, max_len, policy, limit_name=limit_name, cut=cut)
-    if counts["truncated_share"] > CUT_WARNING_SHARE:  # what warns: the samples cut now too
-        at_load = cut is not None and bool(cut.any())
-        warn_if_cut(counts, max_len, config, at_load=at_load,
-                    cut_now=0 if max_len is None else int(np.count_nonzero(raw > max_len)),
-                    load_limit=int(raw[cut > 0].max()) if at_load else None)
+    warn_if_cut(counts, max_len, config, raw, cut)
     if indices is not None:
         ids = check_indices(indices, raw.size)
         ids = ids[keep[ids]]
@@ -132,9 +118,9 @@ def cut_message(counts: dict, max_len: int | None, config: PlanConfig, *,
         ... # doctest: +ELLIPSIS
         '75.0% of the tokens are cut: 2 samples truncated to 8 tokens (the max_len given to ...)'
     """
-    share = counts.get("truncated_share", 0.0)
-    if share <= CUT_WARNING_SHARE:
+    if not _cuts_enough_to_say(counts):
         return None
+    share = counts["truncated_share"]
     if config.max_len is not None and max_len == config.max_len:
         why = f"max_len={config.max_len}"
     elif config.max_tokens is not None:
@@ -149,12 +135,24 @@ def cut_message(counts: dict, max_len: int | None, config: PlanConfig, *,
             + " or ".join(parts))
 
 
-def warn_if_cut(counts: dict, max_len: int | None, config: PlanConfig, *,
-                at_load: bool = False, cut_now: int | None = None,
-                load_limit: int | None = None) -> None:
-    """Warn (``UserWarning``, at the caller's line) when truncation cuts over 1% of the tokens."""
-    message = cut_message(counts, max_len, config, at_load=at_load, cut_now=cut_now,
-                          load_limit=load_limit)
+def _cuts_enough_to_say(counts: dict) -> bool:
+    """Whether truncation cut more than :data:`CUT_WARNING_SHARE` of the tokens."""
+    return counts.get("truncated_share", 0.0) > CUT_WARNING_SHARE
+
+
+def warn_if_cut(counts: dict, max_len: int | None, config: PlanConfig, raw: np.ndarray,
+                cut: np.ndarray | None) -> None:
+    """Warn (``UserWarning``, at the caller's line) when truncation cuts over 1% of the tokens.
+
+    ``raw``: the lengths before the plan's limit; ``cut``: the tokens cut from each when
+    they were loaded (``None``: none). Who cut what is counted only when there is a warning.
+    """
+    if not _cuts_enough_to_say(counts):
+        return
+    at_load = cut is not None and bool(cut.any())
+    message = cut_message(counts, max_len, config, at_load=at_load,
+                          cut_now=0 if max_len is None else int(np.count_nonzero(raw > max_len)),
+                          load_limit=int(raw[cut > 0].max()) if at_load else None)
     if message is None:
         return
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lengthwise.errors import ConfigError
-from lengthwise.planning.batching import whole_number
+from lengthwise.planning.batching import index_dtype, whole_number
 from lengthwise.planning.config import PlanConfig
 from lengthwise.planning.errors import LengthError
 from lengthwise.planning.lengths import validate_lengths
@@ -205,7 +205,7 @@ class WindowedPlan:
         ids = permuted(np.arange(start, stop), self.num_samples, self.seed,
                        self.epoch if epoch is None else epoch)
         ids.sort()
-        return ids.astype(np.int32 if self.num_samples < 2**31 else np.int64)
+        return ids.astype(index_dtype(self.num_samples))
 
     # ------------------------------------------------------------------ planning
 

@@ -22,7 +22,7 @@ from lengthwise.planning.packed._pieces import split_pieces, token_spans
 from lengthwise.planning.packed.balance import row_prices, rows_to_micro_batches, schedule_groups
 from lengthwise.planning.packed.plan import PackedEpochPlan
 from lengthwise.planning.packed.rows import pack_rows
-from lengthwise.planning.prepare import every_sample, index_dtype, prepare_lengths
+from lengthwise.planning.prepare import every_sample, prepare_lengths
 from lengthwise.planning.schedule import even_out_counts
 from lengthwise.planning.vocabulary import PACK_ORDERS, PACK_OVERFLOW_POLICIES
 
@@ -111,7 +111,7 @@ def plan_packed_epoch(lengths, config: PlanConfig, *, seed: int = 0, epoch: int 
     order, row_off = _order_micro_batches(order, row_off, piece_len[order], config,
                                           streams.rng(seed, epoch, streams.PACK_ORDER))
     rows_per = config.rows_per_batch
-    itype = index_dtype(lens.size)
+    itype = batching.index_dtype(lens.size)
     if every and n_split == 0:  # pieces are the sample ids
         sample_ids = order.astype(itype, copy=False)
     else:
