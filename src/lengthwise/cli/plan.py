@@ -30,6 +30,7 @@ from lengthwise.planning.vocabulary import (
     OVERFLOW_POLICIES,
     PACK_ORDERS,
     PACK_OVERFLOW_POLICIES,
+    SEQUENCE_ORDERS,
 )
 from lengthwise.progress import progress
 
@@ -50,9 +51,7 @@ ONE_STEP_NOTE = (
     "so no order can mix lengths inside a step and step_length_cv / step_cv_ratio cannot tell "
     "the orders apart; give the run's --world-size and --grad-accum (e.g. --world-size 8 "
     "--grad-accum 4) to compare them")
-#: orders that cut batches along one sequence of the samples, and those that cut them
-#: inside buckets (alike, whatever order they then put them in)
-SEQUENCE_ORDERS = ("sorted", "random")
+#: the orders that cut the same batches inside buckets
 BUCKET_ORDERS = tuple(o for o in ORDERS if o not in SEQUENCE_ORDERS)
 
 

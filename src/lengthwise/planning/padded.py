@@ -33,6 +33,7 @@ from lengthwise.planning.cost import CostModel, round_up
 from lengthwise.planning.edges import Histogram, auto_edges, solve
 from lengthwise.planning.prepare import every_sample, prepare_lengths
 from lengthwise.planning.schedule import EpochPlan, even_out_counts
+from lengthwise.planning.vocabulary import SEQUENCE_ORDERS
 
 #: solved edges kept, keyed by the histogram of the planned lengths and the batch rule
 SOLVED_EDGES_KEPT = 8
@@ -147,7 +148,7 @@ def _batches(lens: np.ndarray, ids: np.ndarray, edges: list[int], config: PlanCo
     (``every``: ``ids`` are every sample in order, see :func:`every_sample`)."""
     limit = config.row_limit()
     edge_arr = np.asarray(edges, dtype=np.int64)
-    if config.order in ("sorted", "random"):
+    if config.order in SEQUENCE_ORDERS:
         if config.order == "sorted":
             seq = ids[np.argsort(lens[ids], kind="stable")]
         else:
@@ -183,7 +184,7 @@ def padded_batch_count(lengths, config: PlanConfig) -> int | None:
     ``config``, counted from the bucket sizes without shuffling, cutting or ordering a
     batch; ``None`` for the orders that cut batches along a sequence (``sorted``, ``random``).
     """
-    if config.order in ("sorted", "random"):
+    if config.order in SEQUENCE_ORDERS:
         return None
     lens, ids, _ = prepare_lengths(lengths, config)
     edge_arr = np.asarray(resolve_edges(lens, ids, config), dtype=np.int64)
@@ -203,7 +204,7 @@ def _order(off: np.ndarray, tag: np.ndarray, longest: np.ndarray, sample_lens: n
     its samples in schedule order (``lengths[indices]``).
     """
     m = off.size - 1
-    if config.order in ("sorted", "random"):
+    if config.order in SEQUENCE_ORDERS:
         return np.arange(m)
     if config.order == "bucket-random":
         return orders.random_order(m, o)

@@ -17,12 +17,16 @@ from typing import Literal
 
 __all__ = [
     "BALANCE", "EVEN_OUT", "LAYOUTS", "ORDERS", "OVERFLOW_POLICIES", "PACK_ORDERS",
-    "PACK_OVERFLOW_POLICIES", "Balance", "EvenOut", "Layout", "Order", "OverflowPolicy",
+    "PACK_OVERFLOW_POLICIES", "SEQUENCE_ORDERS", "Balance", "EvenOut", "Layout", "Order",
+    "OverflowPolicy",
 ]
 
 #: the order of micro-batches in an epoch (padded layout)
 Order = Literal["sorted", "random", "bucket-random", "interleave", "stratified"]
 ORDERS: tuple[str, ...] = ("sorted", "random", "bucket-random", "interleave", "stratified")
+#: the orders that cut micro-batches along one sequence of all the samples; the others cut
+#: them inside buckets (the same batches, whatever order they then put them in)
+SEQUENCE_ORDERS: tuple[str, ...] = ("sorted", "random")
 #: the orders the packed layout supports
 PACK_ORDERS: tuple[str, ...] = ("stratified", "random")
 

@@ -47,6 +47,7 @@ from lengthwise.planning.padded import (
 from lengthwise.planning.prepare import overflow_error, prepare_lengths
 from lengthwise.planning.schedule import EpochPlan
 from lengthwise.planning.shuffle import permuted
+from lengthwise.planning.vocabulary import SEQUENCE_ORDERS
 
 __all__ = ["AUTO_WINDOW", "AUTO_WINDOW_ABOVE", "Window", "WindowedPlan", "resolve_window"]
 
@@ -344,7 +345,7 @@ class WindowedPlan:
         return self._counts[w]
 
     def _count_window(self, w: int) -> int:
-        if self.config.layout == "pad" and self.config.order not in ("sorted", "random"):
+        if self.config.layout == "pad" and self.config.order not in SEQUENCE_ORDERS:
             ids = self.window_ids(w)
             values = _check_window(np.asarray(self.lengths[ids]), ids, self._what)
             self._check_overflow()
