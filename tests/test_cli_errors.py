@@ -140,3 +140,21 @@ def test_a_real_sigint_stops_the_command_in_one_line():
         proc.kill()
     assert proc.returncode == 130
     assert _one_line(err) == "lengthwise plan: interrupted"
+
+
+def test_the_dflash_demo_names_a_missing_package_of_its_extra_before_any_work(
+        tmp_path, monkeypatch, capsys):
+    import importlib
+
+    demo_cli = importlib.import_module("lengthwise.cli.demo")
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # as in an install of the demo extra only
+
+    def started(*args, **kwargs):
+        raise AssertionError("the demo started before its packages were checked")
+
+    monkeypatch.setattr("lengthwise.demo.dflash.run_dflash_demo", started)
+    assert demo_cli.DFLASH_NEEDS == ("pyarrow",)
+    assert main(["demo", "--task", "dflash", "--out", str(tmp_path / "out"),
+                 "--cache-dir", str(tmp_path / "cache")]) == 2
+    assert _one_line(capsys.readouterr().err).endswith(
+        'pyarrow is not installed: pip install -e ".[dflash]" (from a checkout of lengthwise)')

@@ -23,6 +23,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -152,6 +153,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 _COMMON = {"steps": "steps", "grad_accum": "grad_accum", "max_tokens": "max_tokens",
            "max_len": "max_len", "lr": "lr", "lr_schedule": "schedule",
            "eval_samples": "eval_samples"}
+#: packages of the ``dflash`` extra that the dflash task needs beyond the ``demo`` extra: imported
+#: before any work, so that a missing one stops the command at once with its install line
+DFLASH_NEEDS = ("pyarrow",)
 _DFLASH = {"warmup_ratio": "warmup_ratio", "block_size": "block_size",
            "draft_layers": "draft_layers", "num_anchors": "num_anchors",
            "eval_prompts": "eval_prompts", "max_new_tokens": "max_new_tokens"}
@@ -221,6 +225,8 @@ def run(args: argparse.Namespace) -> int:
                   **_config_kwargs(args, _COMMON))
     _check_task_options(args)
     if args.task == "dflash":
+        for module in DFLASH_NEEDS:  # not after the target is trained and its data written
+            importlib.import_module(module)
         from lengthwise.demo.dflash import DFlashDemoConfig, render_dflash, run_dflash_demo
 
         cfg = DFlashDemoConfig(**common, **_config_kwargs(args, _DFLASH))
