@@ -142,6 +142,22 @@ def test_single_distinct_length_and_bad_counts():
         optimal_edges([1, 2], 2, batch_size=2, max_tokens=10)
 
 
+@pytest.mark.parametrize("lengths, says", [
+    (np.array([np.nan, 3.0, 4.0]), "row 0: nan is not a finite length"),
+    (np.array([np.inf, 3.0, 4.0]), "row 0: inf is too large"),
+    (np.array([1, 2**63 + 5], dtype=np.uint64), "row 1: 9223372036854775813 is too large"),
+    (np.array([-5, 3, 4]), "row 0: -5 is negative"),
+    (np.array([2.7, 3.2, 4.9]), "row 0: 2.7 is not a whole number"),
+])
+@pytest.mark.parametrize("k", [2, "auto"])
+def test_optimal_edges_refuses_lengths_a_plan_refuses(lengths, says, k):
+    from lengthwise.planning.errors import LengthError
+
+    with pytest.raises(LengthError, match=says.replace("*", r"\*")):
+        optimal_edges(lengths, k, max_tokens=64)
+    assert optimal_edges(np.array([2.0, 3.0, 9.0]), 2) == [3, 9]  # whole floats are lengths
+
+
 def _layer_as_it_was(prev, cum, w, least=None):
     """The DP layer before it was made faster, kept to check that the new one agrees exactly
     (masked candidates instead of a window cut at ``reach``; ``np.unique`` for first hits)."""

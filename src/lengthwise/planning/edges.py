@@ -28,6 +28,7 @@ import numpy as np
 
 from lengthwise.errors import ConfigError, DataError
 from lengthwise.planning.cost import CostModel, round_up
+from lengthwise.planning.lengths import validate_lengths
 
 try:  # the DP's layers, compiled at install when a C compiler is available
     from lengthwise.planning import _layers as _compiled
@@ -264,14 +265,16 @@ def optimal_edges(
     ``MIN_BATCHES_PER_BUCKET`` micro-batches (rows per batch from ``batch_size``
     or ``max_tokens``) and ``MIN_SAMPLES_PER_BUCKET`` samples, so batches can be
     re-formed every epoch; under ``max_tokens`` a sample is also priced with
-    ``FILL_WEIGHT`` of the budget its batch's whole rows leave unfilled.
+    ``FILL_WEIGHT`` of the budget its batch's whole rows leave unfilled. ``lengths`` are
+    checked as :func:`~lengthwise.plan_epoch` checks them: a negative, fractional, NaN or
+    too large length raises :class:`~lengthwise.planning.errors.LengthError` naming its row.
 
     Example::
 
         >>> optimal_edges([5, 5, 6, 100, 101], 2)
         [6, 101]
     """
-    lengths = np.asarray(lengths, dtype=np.int64)
+    lengths = validate_lengths(lengths)
     if batch_size is not None and max_tokens is not None:
         raise ConfigError("give batch_size or max_tokens, not both")
     cost = cost or CostModel()
