@@ -323,3 +323,37 @@ def test_compare_forms_the_next_epochs_batches_once_per_formation(monkeypatch, c
         plans = [plan_epoch(coqa, max_tokens=4096, world_size=2, order=order, epoch=e)
                  for e in (0, 1)]
         assert got["recomposition"] == recomposition(*plans)
+
+
+def test_auto_edges_keep_a_few_long_samples_apart_and_the_budget_fill_is_printed(tmp_path,
+                                                                                capsys):
+    """100,000 samples of 2,048 tokens and 5 of 8,192: two buckets, every micro-batch of the
+    short ones full (not one bucket of two rows a micro-batch), the budget fill printed and
+    the small bucket named in a note."""
+    np.save(tmp_path / "c.npy", np.array([2048] * 100_000 + [8192] * 5))
+    argv = ["plan", str(tmp_path / "c.npy"), "--max-tokens", "16384", "--world-size", "8"]
+    assert main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["edges"] == [2048, 8192]
+    assert out["micro_batches"] == 12504
+    assert out["budget_fill"] == pytest.approx(out["padded_tokens"] / (16384 * 12504))
+    assert out["budget_fill"] > 0.99
+    assert any("edge 8192: 5 samples" in n and "4.00x" in n for n in out["notes"])
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "budget_fill              0.9999" in text
+    assert "note: auto edges: 1 bucket(s) (edge 8192: 5 samples)" in text
+
+
+def test_budget_fill_shows_what_a_padding_efficiency_near_one_hides(tmp_path, capsys):
+    """One bucket of edge 8,192 for samples of 2,048 tokens: padding is near perfect, but a
+    micro-batch holds two rows of 2,048 tokens out of 16,384."""
+    np.save(tmp_path / "c.npy", np.array([2048] * 1000 + [8192] * 5))
+    assert main(["plan", str(tmp_path / "c.npy"), "--max-tokens", "16384", "--buckets", "8192,",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["padding_efficiency"] > 0.98
+    assert out["budget_fill"] == pytest.approx(
+        out["padded_tokens"] / (16384 * out["micro_batches"]))
+    assert 0.25 < out["budget_fill"] < 0.26
+

@@ -38,7 +38,7 @@ COMPARE_ORDERS = ORDERS
 DEFAULT_MAX_TOKENS = 16384
 #: figures printed per order; micro-batch counts are named per rank or over all ranks
 SUMMARY_KEYS = (
-    "padding_efficiency", "efficiency_vs_sorted", "step_length_cv", "step_sample_cv",
+    "padding_efficiency", "budget_fill", "efficiency_vs_sorted", "step_length_cv", "step_sample_cv",
     "step_cv_ratio", "rank_imbalance_p50", "rank_imbalance_p99", "max_same_bucket_run",
     "recomposition", "micro_batches_per_rank", "micro_batches", "optimizer_steps",
     "plan_seconds",
@@ -236,6 +236,8 @@ def _warnings(main: dict) -> list[str]:
     cut = cut_message(main["stats"], plan.config.sample_limit(), plan.config)
     if cut is not None:
         out.append(f"warning: {cut}")
+    if main["stats"].get("edges_note"):
+        out.append(f"note: {main['stats']['edges_note']}")
     return out
 
 

@@ -338,6 +338,17 @@ def _same_bucket_run(longest: np.ndarray, edges: Sequence[int] | None, world_siz
     return longest_runs(tags, world_size)
 
 
+def _budget_fill(held: float, cost_of: np.ndarray, m: int, max_tokens: int | None,
+                 max_cost: float | None) -> float | None:
+    """``budget_fill``: the ``held`` tokens (or, under ``max_cost``, the summed cost of each
+    micro-batch) over ``m`` budgets; ``None`` without a budget."""
+    if max_tokens is not None:
+        return held / (float(max_tokens) * m)
+    if max_cost is not None:
+        return float(cost_of.sum()) / (float(max_cost) * m)
+    return None
+
+
 def _distinct_count(indices: np.ndarray) -> int:
     """How many distinct sample ids a schedule holds (a mark per id, not a sort)."""
     if indices.size == 0:
@@ -361,12 +372,16 @@ def batch_stats(
     cost: CostModel | None = None,
     capacity: int | None = None,
     seed: int = 0,
+    max_tokens: int | None = None,
+    max_cost: float | None = None,
 ) -> dict:
     """docs/metrics.md figures for a schedule of micro-batches.
 
     ``capacity`` switches to the packed layout: each micro-batch is one row of
     ``capacity`` tokens, and ``padding_efficiency`` is the fill. ``cost`` (default:
-    padded tokens) prices micro-batches for ``rank_imbalance``.
+    padded tokens) prices micro-batches for ``rank_imbalance``. ``max_tokens`` (or
+    ``max_cost``), the budget of a micro-batch, gives ``budget_fill``: the padded (packed)
+    tokens, or the cost, the micro-batches hold over what as many budgets hold.
     """
     lengths = np.asarray(lengths)
     indices = np.asarray(indices)
@@ -392,6 +407,8 @@ def batch_stats(
         "real_tokens": int(real),
         "padded_tokens": int(padded),
         "padding_efficiency": real / padded if padded else None,
+        "budget_fill": _budget_fill(real if capacity else padded, cost_of, m, max_tokens,
+                                    max_cost),
         **composition,
         **_rank_imbalance(cost_of, world_size),
         # packed rows have no buckets
