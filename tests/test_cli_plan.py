@@ -357,3 +357,17 @@ def test_budget_fill_shows_what_a_padding_efficiency_near_one_hides(tmp_path, ca
         out["padded_tokens"] / (16384 * out["micro_batches"]))
     assert 0.25 < out["budget_fill"] < 0.26
 
+
+def test_compare_names_the_balanced_row(tmp_path, capsys):
+    np.save(tmp_path / "l.npy", np.random.default_rng(0).integers(1, 8000, 5000))
+    argv = ["plan", str(tmp_path / "l.npy"), "--max-tokens", "16384", "--world-size", "8",
+            "--balance", "level"]
+    assert main([*argv, "--compare"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert sum("(balance level)" in r for r in rows) == 1
+    assert any(r.strip().startswith("stratified (balance level)") for r in rows)
+    assert main(argv) == 0
+    assert "order: stratified (balance level)" in capsys.readouterr().out
+    assert main([*argv, "--compare", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["balance"] == "level" and out["strategies"]["interleave"]["balance"] == "none"

@@ -73,7 +73,8 @@ class PaddedEpochPlan(EpochPlan):
             ids = np.arange(n) if out["unique_samples"] == n else _distinct(self.indices, n)
             ref = sorted_reference(self.lengths, ids, cfg)
             out["efficiency_vs_sorted"] = out["padding_efficiency"] / ref
-        out.update(order=cfg.order, layout="pad", num_buckets=len(self.edges),
+        out.update(order=cfg.order, balance=cfg.balance, layout="pad",
+                   num_buckets=len(self.edges),
                    edges=list(self.edges), edges_note=self.edges_note,
                    num_batches=self.num_batches, plan_seconds=self.plan_seconds)
         out.update(self.counts)
