@@ -371,3 +371,10 @@ def test_compare_names_the_balanced_row(tmp_path, capsys):
     assert main([*argv, "--compare", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["balance"] == "level" and out["strategies"]["interleave"]["balance"] == "none"
+
+
+def test_lengths_whose_token_sums_would_overflow_are_one_line(tmp_path, capsys):
+    np.save(tmp_path / "big.npy", np.array([2**61] * 8 + [5] * 8, dtype=np.int64))
+    assert main(["plan", str(tmp_path / "big.npy"), "--batch-size", "3", "--buckets", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "must stay below 2**62" in err

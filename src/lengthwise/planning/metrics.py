@@ -284,13 +284,16 @@ def _token_totals(lens: np.ndarray, offsets: np.ndarray, longest: np.ndarray,
                   pad_multiple: int, cost: CostModel,
                   capacity: int | None) -> tuple[float, float, np.ndarray]:
     """Real tokens, padded (or packed) tokens and the cost of each micro-batch, from the
-    lengths of the samples in schedule order."""
-    real = float(lens.sum())
+    lengths of the samples in schedule order; whole lengths give exact integer sums (a plan's
+    lengths keep them below 2**62, ``prepare.check_token_total``)."""
+    real = int(lens.sum()) if lens.dtype.kind in "iu" else float(lens.sum())
     if capacity is None:
         rows = np.diff(offsets)
         padded_len = np.asarray(round_up(longest, pad_multiple))
-        return real, float(np.sum(rows * padded_len)), cost.batch_cost(rows, padded_len)
-    padded = float(offsets.size - 1) * capacity
+        padded = np.sum(rows * padded_len)
+        return (real, int(padded) if padded.dtype.kind in "iu" else float(padded),
+                cost.batch_cost(rows, padded_len))
+    padded = (offsets.size - 1) * capacity
     # a packed sample costs what a row of its own length would
     return real, padded, np.add.reduceat(cost.row_cost(lens), offsets[:-1])
 
