@@ -244,3 +244,14 @@ def test_the_largest_token_sums_allowed_are_exact():
     assert stats["padding_efficiency"] == pytest.approx((6 * 2**59 + 5) / (7 * 2**59))
     # a budget too large to bound the sums alone: the longest length does
     assert plan_epoch(np.full(10, 2**58), max_tokens=2**59).stats["padding_efficiency"] == 1.0
+
+
+def test_one_long_sample_among_a_million_short_ones_plans_on_eight_ranks():
+    """Auto edges give the long sample a bucket of its own: the short ones fill their
+    micro-batches, and eight ranks get equal counts with every sample once."""
+    lengths = np.concatenate([np.full(10**6, 3), [8000]])
+    plan = plan_epoch(lengths, max_tokens=8192, world_size=8, grad_accum=2)
+    assert plan.edges == [3, 8000]
+    assert plan.total_batches < 1200 and plan.total_batches % 8 == 0
+    assert np.array_equal(np.sort(plan.indices), np.arange(lengths.size))
+    assert "edge 8000: 1 samples" in plan.stats["edges_note"]
