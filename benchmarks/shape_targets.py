@@ -99,21 +99,14 @@ def step_time(plan, cost: CostModel) -> float:
     return float(c[:m].reshape(-1, w).max(axis=1).sum() + (c[m:].max() if c.size > m else 0))
 
 
-def budget_fill(plan) -> float:
-    """Mean over micro-batches of padded tokens over the budget, ``rows * P / max_tokens``."""
-    padded = batching.batch_padded_lengths(plan.lengths, plan.indices, plan.offsets,
-                                           plan.config.pad_multiple)
-    return float(np.mean(np.diff(plan.offsets) * padded) / BUDGET)
-
-
 def padded_row(base: dict, rule: str, lens: np.ndarray, kw: dict, ref, cost: CostModel,
                buckets="auto") -> tuple[dict, object]:
     """One padded plan's figures (epochs 0 and 1), with its step times against ``ref``."""
     p0 = plan_epoch(lens, buckets=buckets, **kw)
     p1 = plan_epoch(lens, buckets=buckets, epoch=1, **kw)
     tokens = CostModel()
+    # p0.stats holds budget_fill: padded tokens over max_tokens x micro-batches
     return {**base, "edge_rule": rule, **p0.stats, "recomposition": recomposition(p0, p1),
-            "budget_fill": budget_fill(p0),
             "step_time_vs_sorted": step_time(p0, tokens) / step_time(ref, tokens),
             "calibrated_step_time_vs_sorted": step_time(p0, cost) / step_time(ref, cost)}, p0
 

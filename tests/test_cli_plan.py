@@ -323,3 +323,58 @@ def test_compare_forms_the_next_epochs_batches_once_per_formation(monkeypatch, c
         plans = [plan_epoch(coqa, max_tokens=4096, world_size=2, order=order, epoch=e)
                  for e in (0, 1)]
         assert got["recomposition"] == recomposition(*plans)
+
+
+def test_auto_edges_keep_a_few_long_samples_apart_and_the_budget_fill_is_printed(tmp_path,
+                                                                                capsys):
+    """100,000 samples of 2,048 tokens and 5 of 8,192: two buckets, every micro-batch of the
+    short ones full (not one bucket of two rows a micro-batch), the budget fill printed and
+    the small bucket named in a note."""
+    np.save(tmp_path / "c.npy", np.array([2048] * 100_000 + [8192] * 5))
+    argv = ["plan", str(tmp_path / "c.npy"), "--max-tokens", "16384", "--world-size", "8"]
+    assert main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["edges"] == [2048, 8192]
+    assert out["micro_batches"] == 12504
+    assert out["budget_fill"] == pytest.approx(out["padded_tokens"] / (16384 * 12504))
+    assert out["budget_fill"] > 0.99
+    assert any("edge 8192: 5 samples" in n and "4.00x" in n for n in out["notes"])
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "budget_fill              0.9999" in text
+    assert "note: auto edges: 1 bucket(s) (edge 8192: 5 samples)" in text
+
+
+def test_budget_fill_shows_what_a_padding_efficiency_near_one_hides(tmp_path, capsys):
+    """One bucket of edge 8,192 for samples of 2,048 tokens: padding is near perfect, but a
+    micro-batch holds two rows of 2,048 tokens out of 16,384."""
+    np.save(tmp_path / "c.npy", np.array([2048] * 1000 + [8192] * 5))
+    assert main(["plan", str(tmp_path / "c.npy"), "--max-tokens", "16384", "--buckets", "8192,",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["padding_efficiency"] > 0.98
+    assert out["budget_fill"] == pytest.approx(
+        out["padded_tokens"] / (16384 * out["micro_batches"]))
+    assert 0.25 < out["budget_fill"] < 0.26
+
+
+def test_compare_names_the_balanced_row(tmp_path, capsys):
+    np.save(tmp_path / "l.npy", np.random.default_rng(0).integers(1, 8000, 5000))
+    argv = ["plan", str(tmp_path / "l.npy"), "--max-tokens", "16384", "--world-size", "8",
+            "--balance", "level"]
+    assert main([*argv, "--compare"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert sum("(balance level)" in r for r in rows) == 1
+    assert any(r.strip().startswith("stratified (balance level)") for r in rows)
+    assert main(argv) == 0
+    assert "order: stratified (balance level)" in capsys.readouterr().out
+    assert main([*argv, "--compare", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["balance"] == "level" and out["strategies"]["interleave"]["balance"] == "none"
+
+
+def test_lengths_whose_token_sums_would_overflow_are_one_line(tmp_path, capsys):
+    np.save(tmp_path / "big.npy", np.array([2**61] * 8 + [5] * 8, dtype=np.int64))
+    assert main(["plan", str(tmp_path / "big.npy"), "--batch-size", "3", "--buckets", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "must stay below 2**62" in err

@@ -142,6 +142,22 @@ def test_single_distinct_length_and_bad_counts():
         optimal_edges([1, 2], 2, batch_size=2, max_tokens=10)
 
 
+@pytest.mark.parametrize("lengths, says", [
+    (np.array([np.nan, 3.0, 4.0]), "row 0: nan is not a finite length"),
+    (np.array([np.inf, 3.0, 4.0]), "row 0: inf is too large"),
+    (np.array([1, 2**63 + 5], dtype=np.uint64), "row 1: 9223372036854775813 is too large"),
+    (np.array([-5, 3, 4]), "row 0: -5 is negative"),
+    (np.array([2.7, 3.2, 4.9]), "row 0: 2.7 is not a whole number"),
+])
+@pytest.mark.parametrize("k", [2, "auto"])
+def test_optimal_edges_refuses_lengths_a_plan_refuses(lengths, says, k):
+    from lengthwise.planning.errors import LengthError
+
+    with pytest.raises(LengthError, match=says.replace("*", r"\*")):
+        optimal_edges(lengths, k, max_tokens=64)
+    assert optimal_edges(np.array([2.0, 3.0, 9.0]), 2) == [3, 9]  # whole floats are lengths
+
+
 def _layer_as_it_was(prev, cum, w, least=None):
     """The DP layer before it was made faster, kept to check that the new one agrees exactly
     (masked candidates instead of a window cut at ``reach``; ``np.unique`` for first hits)."""
@@ -214,20 +230,30 @@ def test_dp_layers_agree_exactly_with_the_kept_reference(values, spread, k, budg
 
 def _auto_as_it_was(hist, budget, batch_size, max_buckets):
     """The "auto" rule over the layers of the kept reference DP: three tries of the least
-    count per bucket, every layer of each, the smallest K within tolerance of the best."""
-    from lengthwise.planning.edges import AUTO_TOLERANCE
+    count per bucket, every layer of each, the smallest K within tolerance of the best; the
+    full minimum kept unless its pick costs more than AUTO_MINIMUM_PRICE over the pick of one
+    full batch per bucket (always compared, no floor to skip the comparison)."""
+    from lengthwise.planning.edges import AUTO_MINIMUM_PRICE, AUTO_TOLERANCE
 
     rows = (np.full(hist.values.size, batch_size) if batch_size is not None
             else np.maximum(1, budget // hist.values))
     ideal = float(np.sum(hist.counts * hist.values))
-    for need in (np.maximum(MIN_BATCHES_PER_BUCKET * rows, MIN_SAMPLES_PER_BUCKET), rows, None):
+
+    def pick(need):
         layers = _solve_as_it_was(hist, max_buckets, budget, need)
         feasible = [(k, ideal / float(cur[-1])) for k, (cur, _) in enumerate(layers, 1)
                     if np.isfinite(cur[-1])]
-        if feasible:
-            break
-    best = max(eff for _, eff in feasible)
-    k = next(k for k, eff in feasible if eff >= (1 - AUTO_TOLERANCE) * best)
+        if not feasible:
+            return None
+        best = max(eff for _, eff in feasible)
+        k = next(k for k, eff in feasible if eff >= (1 - AUTO_TOLERANCE) * best)
+        return layers, k, float(layers[k - 1][0][-1])
+
+    full = pick(np.maximum(MIN_BATCHES_PER_BUCKET * rows, MIN_SAMPLES_PER_BUCKET))
+    one = pick(rows)
+    if full is not None and one is not None and full[2] > (1 + AUTO_MINIMUM_PRICE) * one[2]:
+        full = None  # the full minimum costs too much more than one batch per bucket
+    layers, k, _ = full or one or pick(None)
     cuts, j = [], hist.values.size
     for layer in range(k - 1, -1, -1):
         cuts.append(j)
@@ -276,3 +302,74 @@ def test_layers_stop_once_one_more_bucket_helps_no_prefix(monkeypatch):
     ref = _solve_as_it_was(hist, 10, None, need)
     for (cur, arg), total, new_arg in zip(ref, sol.totals, sol.args, strict=True):
         assert np.array_equal(arg, new_arg) and cur[-1] == total
+
+
+@pytest.mark.parametrize("lengths, budget, edges, small", [
+    (np.array([2048] * 100_000 + [8192] * 5), 16384, [2048, 8192], [(8192, 5)]),
+    (np.concatenate([np.full(10**6, 3), [8000]]), 8192, [3, 8000], [(8000, 1)]),
+    (np.array([2048] * 100_000 + [8192] * 16), 16384, [2048, 8192], []),
+])
+def test_auto_keeps_a_tail_of_few_long_samples_out_of_the_short_bucket(lengths, budget, edges,
+                                                                       small):
+    from lengthwise.planning.edges import auto_choice
+
+    chosen = auto_choice(Histogram.of(lengths), batch_size=None, max_tokens=budget)
+    assert chosen.edges == edges == optimal_edges(lengths, "auto", max_tokens=budget)
+    assert chosen.small == small
+    if small:  # one bucket would fit the rows of the long samples only: it is said what it costs
+        assert chosen.minimum == "batch" and chosen.price > 3.9
+        assert f"edge {small[0][0]}: {small[0][1]} samples" in chosen.note()
+        assert f"{chosen.price:.2f}x" in chosen.note()
+    else:
+        assert chosen.minimum == "full" and chosen.note() is None
+
+
+def _priced(hist, edges, budget, batch_size):
+    """What the edges cost as auto prices them: each sample at its bucket edge's price."""
+    from lengthwise.planning.edges import sample_prices
+
+    price = sample_prices(Histogram(np.asarray(edges), np.ones(len(edges), dtype=np.int64)),
+                          budget=None if batch_size else budget,
+                          fill_weight=0.0 if batch_size else FILL_WEIGHT)
+    return float(np.sum(bucket_counts(hist, edges) * price))
+
+
+@settings(max_examples=80, deadline=None)
+@given(body=st.lists(st.tuples(st.integers(1, 3000), st.integers(1, 400)), min_size=1,
+                     max_size=12),
+       tail=st.lists(st.tuples(st.integers(1, 8192), st.integers(1, 20)), max_size=4),
+       rule=st.sampled_from([("budget", 8192), ("budget", 16384), ("rows", 4)]))
+def test_auto_never_costs_much_more_than_one_batch_per_bucket(body, tail, rule):
+    """Over histograms of a body and a tail of a few long samples: the auto edges cost at most
+    AUTO_MINIMUM_PRICE more than its pick of buckets that each fill one micro-batch, and so at
+    most that and AUTO_TOLERANCE more than the best such edges of any count; and a plan of
+    them reports its budget fill."""
+    from lengthwise import plan_epoch
+    from lengthwise.planning.edges import AUTO_MINIMUM_PRICE, AUTO_TOLERANCE, auto_choice
+
+    lengths = np.repeat(*map(np.asarray, zip(*(body + tail), strict=True)))
+    hist = Histogram.of(lengths)
+    budget, batch_size = (rule[1], None) if rule[0] == "budget" else (None, rule[1])
+    chosen = auto_choice(hist, batch_size=batch_size, max_tokens=budget)
+    rows = np.full(hist.values.size, batch_size) if batch_size else budget // hist.values
+    if hist.counts.sum() < rows[-1]:  # too few samples for one batch per bucket
+        assert chosen.minimum == "none"
+        return
+    one = solve(hist, 128, budget=budget, fill_weight=0.0 if batch_size else FILL_WEIGHT,
+                least=rows)
+    paid = _priced(hist, chosen.edges, budget, batch_size)
+    best = float(np.nanmin(one.totals))
+    assert paid <= (1 + AUTO_MINIMUM_PRICE) / (1 - AUTO_TOLERANCE) * best * (1 + 1e-9)
+    ideal = float(np.sum(hist.counts * hist.values))
+    effs = np.where(np.isfinite(one.totals), ideal / one.totals, 0.0)
+    k_one = int(np.argmax(effs >= (1 - AUTO_TOLERANCE) * effs.max())) + 1
+    assert paid <= (1 + AUTO_MINIMUM_PRICE) * float(one.totals[k_one - 1]) * (1 + 1e-9)
+    assert [e for e, _ in chosen.small] == [
+        e for e, n in zip(chosen.edges, bucket_counts(hist, chosen.edges), strict=True)
+        if n < max(MIN_SAMPLES_PER_BUCKET, MIN_BATCHES_PER_BUCKET * (
+            batch_size or max(1, budget // e)))]
+    if budget is not None:
+        stats = plan_epoch(lengths, max_tokens=budget).stats
+        assert stats["budget_fill"] == pytest.approx(
+            stats["padded_tokens"] / (budget * stats["micro_batches"]))
+        assert 0 < stats["budget_fill"] <= 1

@@ -187,8 +187,8 @@ def test_edges_solved_once_per_histogram_and_rule(monkeypatch):
     from lengthwise.planning.plan import plan_epoch
 
     calls = []
-    real = padded.auto_edges
-    monkeypatch.setattr(padded, "auto_edges", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = padded.auto_choice
+    monkeypatch.setattr(padded, "auto_choice", lambda *a, **k: calls.append(1) or real(*a, **k))
     monkeypatch.setattr(padded, "_SOLVED", {})
     lens = np.random.default_rng(11).integers(1, 3000, 3000)
     first = plan_epoch(lens, max_tokens=8192, world_size=2)

@@ -9,6 +9,19 @@ from lengthwise.planning.cost import CostModel
 from lengthwise.planning.metrics import batch_stats, longest_runs, random_step_cv, recomposition_of
 
 
+def test_budget_fill_by_hand():
+    lengths = np.array([4, 2, 3, 3, 8, 1])
+    idx, off = np.arange(6), np.array([0, 2, 4, 6])  # 8 + 6 + 16 padded tokens
+    assert batch_stats(lengths, idx, off)["budget_fill"] is None  # no budget: no fill
+    assert batch_stats(lengths, idx, off, max_tokens=20)["budget_fill"] == pytest.approx(30 / 60)
+    cost = CostModel(a=1, b=1, c=0)  # costs 2*(4+16)=40, 2*(3+9)=24, 2*(8+64)=144
+    assert batch_stats(lengths, idx, off, cost=cost, max_cost=200)[
+        "budget_fill"] == pytest.approx(208 / 600)
+    # packed: the tokens the rows hold over the budget, the fill
+    packed = batch_stats(lengths, idx, off, capacity=10, max_tokens=10)
+    assert packed["budget_fill"] == pytest.approx(21 / 30) == packed["padding_efficiency"]
+
+
 def test_padding_and_imbalance_by_hand():
     lengths = np.array([4, 2, 3, 3, 8, 1])
     # batches: [0,1] pads to 4 -> 8 slots; [2,3] -> 6 slots; [4,5] -> 16 slots

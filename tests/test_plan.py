@@ -223,3 +223,35 @@ def test_bucket_edges_longer_than_a_row_of_the_budget():
 
         bucket_batches(np.arange(4), np.array([0, 1, 1, 1]), np.array([2, 0]),
                        np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("lengths, kw", [
+    (np.full(8, 2**61), dict(batch_size=4, buckets=1)),
+    (np.array([2**61] * 8 + [5] * 8), dict(batch_size=3, buckets=1)),
+    (np.full(8, 2**59), dict(batch_size=2, order="sorted")),
+    (np.array([2**62 - 1, 3]), dict(batch_size=1, pad_multiple=8, layout="pad")),
+    (np.array([2**61] * 3), dict(max_tokens=2**62, layout="pack", on_overflow="split")),
+])
+def test_lengths_whose_token_sums_would_overflow_are_refused(lengths, kw):
+    with pytest.raises(LengthError, match=r"samples x the longest length must stay below 2\*\*62"):
+        plan_epoch(lengths, **kw)
+
+
+def test_the_largest_token_sums_allowed_are_exact():
+    lengths = np.array([2**59] * 6 + [5])  # 7 x 2**59: below 2**62 (8 x would be refused)
+    stats = plan_epoch(lengths, batch_size=3, buckets=1).stats
+    assert stats["real_tokens"] == 6 * 2**59 + 5
+    assert stats["padding_efficiency"] == pytest.approx((6 * 2**59 + 5) / (7 * 2**59))
+    # a budget too large to bound the sums alone: the longest length does
+    assert plan_epoch(np.full(10, 2**58), max_tokens=2**59).stats["padding_efficiency"] == 1.0
+
+
+def test_one_long_sample_among_a_million_short_ones_plans_on_eight_ranks():
+    """Auto edges give the long sample a bucket of its own: the short ones fill their
+    micro-batches, and eight ranks get equal counts with every sample once."""
+    lengths = np.concatenate([np.full(10**6, 3), [8000]])
+    plan = plan_epoch(lengths, max_tokens=8192, world_size=8, grad_accum=2)
+    assert plan.edges == [3, 8000]
+    assert plan.total_batches < 1200 and plan.total_batches % 8 == 0
+    assert np.array_equal(np.sort(plan.indices), np.arange(lengths.size))
+    assert "edge 8000: 1 samples" in plan.stats["edges_note"]

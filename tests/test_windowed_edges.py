@@ -154,3 +154,14 @@ def test_random_windowed_configs_collate_within_the_budget(n, world, layout, win
 def test_bucket_shares_of_no_plan_is_a_clear_error():
     with pytest.raises(TypeError, match="plan must be an epoch plan or a windowed plan"):
         lengthwise.bucket_token_shares(None)
+
+
+def test_a_windowed_plan_says_what_its_auto_edges_left_small():
+    """A tail of a few long samples: the first window's auto edges give it a bucket of its own,
+    and the measured plan carries the note that says so and fills its budget."""
+    lens = np.array([2048] * 20_000 + [8192] * 5)
+    plan = WindowedPlan(lens, PlanConfig(max_tokens=16384, world_size=8), window=10_000)
+    whole = plan.materialize()
+    assert plan.edges == [2048, 8192]
+    assert "hold fewer than 2 micro-batches or 16 samples" in whole.stats["edges_note"]
+    assert whole.stats["budget_fill"] > 0.99

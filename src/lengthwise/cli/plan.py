@@ -38,7 +38,7 @@ COMPARE_ORDERS = ORDERS
 DEFAULT_MAX_TOKENS = 16384
 #: figures printed per order; micro-batch counts are named per rank or over all ranks
 SUMMARY_KEYS = (
-    "padding_efficiency", "efficiency_vs_sorted", "step_length_cv", "step_sample_cv",
+    "padding_efficiency", "budget_fill", "efficiency_vs_sorted", "step_length_cv", "step_sample_cv",
     "step_cv_ratio", "rank_imbalance_p50", "rank_imbalance_p99", "max_same_bucket_run",
     "recomposition", "micro_batches_per_rank", "micro_batches", "optimizer_steps",
     "plan_seconds",
@@ -236,6 +236,8 @@ def _warnings(main: dict) -> list[str]:
     cut = cut_message(main["stats"], plan.config.sample_limit(), plan.config)
     if cut is not None:
         out.append(f"warning: {cut}")
+    if main["stats"].get("edges_note"):
+        out.append(f"note: {main['stats']['edges_note']}")
     return out
 
 
@@ -304,15 +306,22 @@ def _print_text(args: argparse.Namespace, results: dict, main: dict, notes: list
     print("micro_batches_per_rank: on each rank; micro_batches: over all ranks")
     if args.compare:
         header = ["order", *SUMMARY_KEYS]
-        table = [header] + [[o, *(_fmt(r["stats"].get(k)) for k in SUMMARY_KEYS)]
+        table = [header] + [[_order_name(o, r["stats"]),
+                             *(_fmt(r["stats"].get(k)) for k in SUMMARY_KEYS)]
                             for o, r in results.items()]
         widths = [max(len(row[i]) for row in table) for i in range(len(header))]
         for row in table:
             print("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)))
     else:
-        print(f"order: {args.order}")
+        print(f"order: {_order_name(args.order, stats)}")
         for key in SUMMARY_KEYS:
             print(f"  {key:<24} {_fmt(stats.get(key))}")
+
+
+def _order_name(order: str, stats: dict) -> str:
+    """The order as a row of the figures names it, with its balance when it has one."""
+    balance = stats.get("balance", "none")
+    return order if balance == "none" else f"{order} (balance {balance})"
 
 
 def _clean(stats: dict) -> dict:

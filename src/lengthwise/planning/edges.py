@@ -28,6 +28,7 @@ import numpy as np
 
 from lengthwise.errors import ConfigError, DataError
 from lengthwise.planning.cost import CostModel, round_up
+from lengthwise.planning.lengths import validate_lengths
 
 try:  # the DP's layers, compiled at install when a C compiler is available
     from lengthwise.planning import _layers as _compiled
@@ -42,6 +43,11 @@ MIN_BATCHES_PER_BUCKET = 2
 MIN_SAMPLES_PER_BUCKET = 16
 #: ``"auto"`` chooses the smallest K within this fraction of the best efficiency.
 AUTO_TOLERANCE = 0.01
+#: ``"auto"`` keeps the fewest samples per bucket above while that costs at most this share
+#: more than the edges it picks when each bucket need only fill one micro-batch: a tail of a
+#: few long samples is not put in a bucket with many short ones, which would then fit no more
+#: rows than the long ones
+AUTO_MINIMUM_PRICE = 0.05
 #: ``"auto"`` considers at most this many buckets.
 AUTO_MAX_BUCKETS = 128
 #: under a token budget, ``"auto"`` prices a sample at its padded row plus this share of
@@ -162,6 +168,25 @@ class EdgeSolution:
         return [int(self.hist.values[c - 1]) for c in reversed(cuts)]
 
 
+def sample_prices(hist: Histogram, pad_multiple: int = 1, cost: CostModel | None = None,
+                  budget: float | None = None, fill_weight: float = 1.0) -> np.ndarray:
+    """What :func:`solve` prices one sample at in a bucket whose edge is each distinct length:
+    its padded row, plus ``fill_weight`` of its share of the budget whole rows leave unfilled.
+
+    Example::
+
+        >>> sample_prices(Histogram.of([3, 5]), budget=8, fill_weight=1.0).tolist()
+        [4.0, 8.0]
+    """
+    if not 0.0 <= fill_weight <= 1.0:
+        raise ConfigError(f"fill_weight must lie in [0, 1], got {fill_weight}")
+    cost = cost or CostModel()
+    row = np.asarray(cost.row_cost(round_up(hist.values, pad_multiple)), dtype=np.float64)
+    if budget is not None:
+        row = row + fill_weight * (budget / np.maximum(1, np.floor(budget / row)) - row)
+    return row
+
+
 def solve(hist: Histogram, max_k: int, *, pad_multiple: int = 1,
           cost: CostModel | None = None, budget: float | None = None,
           fill_weight: float = 1.0, least: np.ndarray | None = None) -> EdgeSolution:
@@ -175,16 +200,10 @@ def solve(hist: Histogram, max_k: int, *, pad_multiple: int = 1,
     in the edge, so the DP stays exact. ``least[j]`` (one per distinct length) is the
     fewest samples a bucket whose edge is the ``j``-th distinct length may hold.
     """
-    if not 0.0 <= fill_weight <= 1.0:
-        raise ConfigError(f"fill_weight must lie in [0, 1], got {fill_weight}")
-    cost = cost or CostModel()
     u = hist.values.size
     max_k = max(1, min(max_k, u))
     cum = np.concatenate(([0], np.cumsum(hist.counts))).astype(np.float64)
-    row = np.asarray(cost.row_cost(round_up(hist.values, pad_multiple)), dtype=np.float64)
-    if budget is not None:
-        row = row + fill_weight * (budget / np.maximum(1, np.floor(budget / row)) - row)
-    w = np.concatenate(([0.0], row))
+    w = np.concatenate(([0.0], sample_prices(hist, pad_multiple, cost, budget, fill_weight)))
     reach = None
     if least is not None:  # counts are whole: "at least 2.5 samples" is at least 3
         need = np.concatenate(([0.0], np.ceil(np.asarray(least, dtype=np.float64))))
@@ -264,14 +283,16 @@ def optimal_edges(
     ``MIN_BATCHES_PER_BUCKET`` micro-batches (rows per batch from ``batch_size``
     or ``max_tokens``) and ``MIN_SAMPLES_PER_BUCKET`` samples, so batches can be
     re-formed every epoch; under ``max_tokens`` a sample is also priced with
-    ``FILL_WEIGHT`` of the budget its batch's whole rows leave unfilled.
+    ``FILL_WEIGHT`` of the budget its batch's whole rows leave unfilled. ``lengths`` are
+    checked as :func:`~lengthwise.plan_epoch` checks them: a negative, fractional, NaN or
+    too large length raises :class:`~lengthwise.planning.errors.LengthError` naming its row.
 
     Example::
 
         >>> optimal_edges([5, 5, 6, 100, 101], 2)
         [6, 101]
     """
-    lengths = np.asarray(lengths, dtype=np.int64)
+    lengths = validate_lengths(lengths)
     if batch_size is not None and max_tokens is not None:
         raise ConfigError("give batch_size or max_tokens, not both")
     cost = cost or CostModel()
@@ -289,30 +310,104 @@ def auto_edges(hist: Histogram, *, batch_size: int | None, max_tokens: int | Non
                pad_multiple: int = 1, cost: CostModel | None = None,
                max_buckets: int = AUTO_MAX_BUCKETS,
                fill_weight: float = FILL_WEIGHT) -> list[int]:
-    """The ``"auto"`` rule of :func:`optimal_edges` over a histogram.
+    """The ``"auto"`` rule of :func:`optimal_edges` over a histogram (:func:`auto_choice`)."""
+    return auto_choice(hist, batch_size=batch_size, max_tokens=max_tokens,
+                       pad_multiple=pad_multiple, cost=cost, max_buckets=max_buckets,
+                       fill_weight=fill_weight).edges
 
-    Under a token budget (``max_tokens``) samples are priced with ``fill_weight``
-    of their share of the budget (:func:`solve`).
+
+@dataclass(frozen=True)
+class AutoEdges:
+    """The edges ``"auto"`` chose, and how far each bucket's fewest samples were kept.
+
+    ``minimum`` is ``"full"`` (every bucket holds ``MIN_BATCHES_PER_BUCKET`` micro-batches and
+    ``MIN_SAMPLES_PER_BUCKET`` samples), ``"batch"`` (one full micro-batch) or ``"none"``;
+    ``price`` is the cost of the edges ``"auto"`` picks under the full minimum over the cost
+    of ``edges`` (``None``: the full minimum is kept, or no edges can keep it); ``small`` the
+    buckets below the full minimum, as ``(edge, samples)``.
+    """
+
+    edges: list[int]
+    minimum: str
+    price: float | None
+    small: list[tuple[int, int]]
+
+    def note(self) -> str | None:
+        """One line saying which buckets hold fewer samples than the full minimum, and why."""
+        if not self.small:
+            return None
+        listed = ", ".join(f"edge {e}: {n} samples" for e, n in self.small[:3])
+        more = f" and {len(self.small) - 3} more" if len(self.small) > 3 else ""
+        why = ("the samples are too few to make every bucket that large" if self.price is None
+               else f"making every bucket that large would cost {self.price:.2f}x the padded "
+                    "tokens and unfilled budget of these edges")
+        return (f"auto edges: {len(self.small)} bucket(s) ({listed}{more}) hold fewer than "
+                f"{MIN_BATCHES_PER_BUCKET} micro-batches or {MIN_SAMPLES_PER_BUCKET} samples, "
+                f"so their batches are re-formed from few samples each epoch; {why}")
+
+
+def auto_choice(hist: Histogram, *, batch_size: int | None, max_tokens: int | None,
+                pad_multiple: int = 1, cost: CostModel | None = None,
+                max_buckets: int = AUTO_MAX_BUCKETS,
+                fill_weight: float = FILL_WEIGHT) -> AutoEdges:
+    """The ``"auto"`` edges over a histogram, with the minimum per bucket they keep.
+
+    Each minimum is a constraint of the DP, and a pick is the smallest K within
+    :data:`AUTO_TOLERANCE` of the best efficiency under it. The full minimum is kept while its
+    pick costs at most :data:`AUTO_MINIMUM_PRICE` more than the pick of buckets that each
+    fill one micro-batch (the least a bucket holds for its cost to be what the DP counts: a
+    smaller one passes its samples on to the next bucket's batches). Under a token budget
+    (``max_tokens``) samples are priced with ``fill_weight`` of their share of the budget
+    (:func:`solve`), so a bucket whose edge is far above its samples costs the rows it
+    cannot fit.
     """
     cost = cost or CostModel()
     budget = max_tokens if batch_size is None else None
     ideal = float(np.sum(hist.counts * cost.row_cost(hist.values)))
     rows = _rows_for(hist.values, batch_size, max_tokens, pad_multiple, cost)
     least = np.maximum(MIN_BATCHES_PER_BUCKET * rows, MIN_SAMPLES_PER_BUCKET)
-    # every bucket large enough to re-form its batches each epoch (a constraint of the
-    # DP itself, so narrow buckets go where samples are dense); on data too small for
-    # that, at least one full batch per bucket; failing that, no constraint
-    for need in (least, rows, None):
-        if need is not None and hist.counts.sum() < np.ceil(need[-1]):
-            continue  # the last bucket holds too few samples for any K: no layer is finite
+    total = int(hist.counts.sum())
+
+    def pick(need: np.ndarray | None) -> tuple[EdgeSolution, int, float] | None:
+        """The pick under the fewest samples ``need`` per bucket: (solution, K, cost)."""
+        if need is not None and total < np.ceil(need[-1]):
+            return None  # the last bucket holds too few samples for any K: no layer is finite
         sol = solve(hist, max_buckets, pad_multiple=pad_multiple, cost=cost, budget=budget,
                     fill_weight=fill_weight, least=need)
         feasible = [(k, ideal / float(sol.totals[k - 1]))
                     for k in range(1, len(sol.args) + 1) if np.isfinite(sol.totals[k - 1])]
-        if feasible:
-            break
-    best = max(eff for _, eff in feasible)
-    for k, eff in feasible:
-        if eff >= (1 - AUTO_TOLERANCE) * best:
-            return sol.edges(k)
-    raise AssertionError("unreachable: the best feasible K is within tolerance of itself")
+        if not feasible:
+            return None
+        best = max(eff for _, eff in feasible)
+        k = next(k for k, eff in feasible if eff >= (1 - AUTO_TOLERANCE) * best)
+        return sol, k, float(sol.totals[k - 1])
+
+    # every bucket large enough to re-form its batches each epoch (a constraint of the DP
+    # itself, so narrow buckets go where samples are dense), unless that costs too much more
+    # than one full batch per bucket; on data too small for it, one full batch per bucket;
+    # failing that, no constraint
+    full = pick(least)
+    if full is not None:
+        # each distinct length a bucket of its own: a floor under the cost of any edges
+        floor = float(np.sum(hist.counts * sample_prices(hist, pad_multiple, cost, budget,
+                                                         fill_weight)))
+        if full[2] <= (1 + AUTO_MINIMUM_PRICE) * floor:
+            return _chosen(hist, full, "full", least, None)
+        one = pick(rows)  # feasible: it asks for fewer samples
+        if full[2] <= (1 + AUTO_MINIMUM_PRICE) * one[2]:
+            return _chosen(hist, full, "full", least, None)
+        return _chosen(hist, one, "batch", least, full[2])
+    one = pick(rows)
+    return _chosen(hist, one or pick(None), "batch" if one else "none", least, None)
+
+
+def _chosen(hist: Histogram, got: tuple[EdgeSolution, int, float], minimum: str,
+            least: np.ndarray, first: float | None) -> AutoEdges:
+    """The :class:`AutoEdges` of a pick kept under ``minimum``; ``first``: the cost of the
+    pick under the full minimum, when that was passed over for costing too much."""
+    sol, k, paid = got
+    edges = sol.edges(k)
+    counts = bucket_counts(hist, edges)
+    need = least[np.searchsorted(hist.values, edges)]
+    small = [(int(e), int(n)) for e, n, m in zip(edges, counts, need, strict=True) if n < m]
+    return AutoEdges(edges, minimum, None if first is None else first / paid, small)

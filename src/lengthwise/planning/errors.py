@@ -12,10 +12,13 @@ import numpy as np
 
 from lengthwise.errors import DataError
 
-__all__ = ["MAX_LENGTH", "LengthError", "first_bad_length"]
+__all__ = ["MAX_LENGTH", "MAX_PLANNED_TOKENS", "LengthError", "first_bad_length"]
 
 #: lengths must stay below this to be held as int64 (2**63 would wrap to a negative number)
 MAX_LENGTH = 2**63
+#: a plan sums tokens as int64: its samples times its longest padded length must stay below
+#: this, half of 2**63, which leaves room for the batches repeated to even out the ranks
+MAX_PLANNED_TOKENS = 2**62
 
 
 class LengthError(DataError):

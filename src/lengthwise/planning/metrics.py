@@ -284,13 +284,16 @@ def _token_totals(lens: np.ndarray, offsets: np.ndarray, longest: np.ndarray,
                   pad_multiple: int, cost: CostModel,
                   capacity: int | None) -> tuple[float, float, np.ndarray]:
     """Real tokens, padded (or packed) tokens and the cost of each micro-batch, from the
-    lengths of the samples in schedule order."""
-    real = float(lens.sum())
+    lengths of the samples in schedule order; whole lengths give exact integer sums (a plan's
+    lengths keep them below 2**62, ``prepare.check_token_total``)."""
+    real = int(lens.sum()) if lens.dtype.kind in "iu" else float(lens.sum())
     if capacity is None:
         rows = np.diff(offsets)
         padded_len = np.asarray(round_up(longest, pad_multiple))
-        return real, float(np.sum(rows * padded_len)), cost.batch_cost(rows, padded_len)
-    padded = float(offsets.size - 1) * capacity
+        padded = np.sum(rows * padded_len)
+        return (real, int(padded) if padded.dtype.kind in "iu" else float(padded),
+                cost.batch_cost(rows, padded_len))
+    padded = (offsets.size - 1) * capacity
     # a packed sample costs what a row of its own length would
     return real, padded, np.add.reduceat(cost.row_cost(lens), offsets[:-1])
 
@@ -338,6 +341,17 @@ def _same_bucket_run(longest: np.ndarray, edges: Sequence[int] | None, world_siz
     return longest_runs(tags, world_size)
 
 
+def _budget_fill(held: float, cost_of: np.ndarray, m: int, max_tokens: int | None,
+                 max_cost: float | None) -> float | None:
+    """``budget_fill``: the ``held`` tokens (or, under ``max_cost``, the summed cost of each
+    micro-batch) over ``m`` budgets; ``None`` without a budget."""
+    if max_tokens is not None:
+        return held / (float(max_tokens) * m)
+    if max_cost is not None:
+        return float(cost_of.sum()) / (float(max_cost) * m)
+    return None
+
+
 def _distinct_count(indices: np.ndarray) -> int:
     """How many distinct sample ids a schedule holds (a mark per id, not a sort)."""
     if indices.size == 0:
@@ -361,12 +375,16 @@ def batch_stats(
     cost: CostModel | None = None,
     capacity: int | None = None,
     seed: int = 0,
+    max_tokens: int | None = None,
+    max_cost: float | None = None,
 ) -> dict:
     """docs/metrics.md figures for a schedule of micro-batches.
 
     ``capacity`` switches to the packed layout: each micro-batch is one row of
     ``capacity`` tokens, and ``padding_efficiency`` is the fill. ``cost`` (default:
-    padded tokens) prices micro-batches for ``rank_imbalance``.
+    padded tokens) prices micro-batches for ``rank_imbalance``. ``max_tokens`` (or
+    ``max_cost``), the budget of a micro-batch, gives ``budget_fill``: the padded (packed)
+    tokens, or the cost, the micro-batches hold over what as many budgets hold.
     """
     lengths = np.asarray(lengths)
     indices = np.asarray(indices)
@@ -392,6 +410,8 @@ def batch_stats(
         "real_tokens": int(real),
         "padded_tokens": int(padded),
         "padding_efficiency": real / padded if padded else None,
+        "budget_fill": _budget_fill(real if capacity else padded, cost_of, m, max_tokens,
+                                    max_cost),
         **composition,
         **_rank_imbalance(cost_of, world_size),
         # packed rows have no buckets

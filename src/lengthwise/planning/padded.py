@@ -30,18 +30,18 @@ from lengthwise.errors import ConfigError
 from lengthwise.planning import batching, metrics, orders, streams
 from lengthwise.planning.config import PlanConfig
 from lengthwise.planning.cost import CostModel, round_up
-from lengthwise.planning.edges import Histogram, auto_edges, solve
+from lengthwise.planning.edges import Histogram, auto_choice, solve
 from lengthwise.planning.prepare import every_sample, prepare_lengths
 from lengthwise.planning.schedule import EpochPlan, even_out_counts
 from lengthwise.planning.vocabulary import SEQUENCE_ORDERS
 
 #: solved edges kept, keyed by the histogram of the planned lengths and the batch rule
 SOLVED_EDGES_KEPT = 8
-_SOLVED: dict[tuple, tuple[int, ...]] = {}
+_SOLVED: dict[tuple, tuple[tuple[int, ...], str | None]] = {}
 _SOLVED_LOCK = threading.Lock()
 
 __all__ = ["PaddedEpochPlan", "check_given_edges", "padded_batch_count", "padded_batch_sets",
-           "plan_padded_epoch", "resolve_edges", "sorted_reference"]
+           "plan_padded_epoch", "resolve_edges", "resolved_edges", "sorted_reference"]
 
 
 @dataclass(kw_only=True)
@@ -55,6 +55,8 @@ class PaddedEpochPlan(EpochPlan):
 
     bucket: np.ndarray
     edges: list[int]
+    #: why some ``"auto"`` buckets hold fewer samples than a bucket is meant to (``None``: none do)
+    edges_note: str | None = None
 
     @cached_property
     def stats(self) -> dict:
@@ -63,7 +65,7 @@ class PaddedEpochPlan(EpochPlan):
         out = metrics.batch_stats(
             self.lengths, self.indices, self.offsets, world_size=cfg.world_size,
             grad_accum=cfg.grad_accum, edges=self.edges, pad_multiple=cfg.pad_multiple,
-            cost=cfg.cost, seed=self.seed)
+            cost=cfg.cost, seed=self.seed, max_tokens=cfg.max_tokens, max_cost=cfg.max_cost)
         if cfg.order == "sorted":
             out["efficiency_vs_sorted"] = 1.0
         else:
@@ -71,9 +73,10 @@ class PaddedEpochPlan(EpochPlan):
             ids = np.arange(n) if out["unique_samples"] == n else _distinct(self.indices, n)
             ref = sorted_reference(self.lengths, ids, cfg)
             out["efficiency_vs_sorted"] = out["padding_efficiency"] / ref
-        out.update(order=cfg.order, layout="pad", num_buckets=len(self.edges),
-                   edges=list(self.edges), num_batches=self.num_batches,
-                   plan_seconds=self.plan_seconds)
+        out.update(order=cfg.order, balance=cfg.balance, layout="pad",
+                   num_buckets=len(self.edges),
+                   edges=list(self.edges), edges_note=self.edges_note,
+                   num_batches=self.num_batches, plan_seconds=self.plan_seconds)
         out.update(self.counts)
         return out
 
@@ -112,10 +115,18 @@ def resolve_edges(lengths: np.ndarray, ids: np.ndarray, config: PlanConfig) -> l
     Solved edges are kept for the last :data:`SOLVED_EDGES_KEPT` histograms and rules, so
     the plans of later epochs (and of other orders) of the same lengths skip the search.
     """
+    return resolved_edges(lengths, ids, config)[0]
+
+
+def resolved_edges(lengths: np.ndarray, ids: np.ndarray, config: PlanConfig,
+                   ) -> tuple[list[int], str | None]:
+    """:func:`resolve_edges` and the note of ``"auto"`` edges whose buckets fall below the
+    fewest samples a bucket is meant to hold (:meth:`~lengthwise.planning.edges.AutoEdges.note`;
+    ``None`` otherwise)."""
     planned = lengths if ids.size == lengths.size else lengths[ids]
     buckets = config.buckets  # checked by PlanConfig: a count, "auto" or sorted edges
     if isinstance(buckets, (tuple, list)):
-        return check_given_edges(buckets, int(planned.max()))
+        return check_given_edges(buckets, int(planned.max())), None
     if buckets != "auto" and not (isinstance(buckets, (int, np.integer))
                                   and not isinstance(buckets, bool) and buckets >= 1):
         raise ConfigError(f"buckets must be a count, 'auto' or a list of edges, got {buckets!r}")
@@ -127,19 +138,22 @@ def resolve_edges(lengths: np.ndarray, ids: np.ndarray, config: PlanConfig) -> l
            config.max_tokens, config.max_cost, config.pad_multiple, cost)
     with _SOLVED_LOCK:
         if key in _SOLVED:
-            return list(_SOLVED[key])
+            edges, note = _SOLVED[key]
+            return list(edges), note
+    note = None
     if buckets == "auto":
-        edges = auto_edges(hist, batch_size=config.batch_size,
-                           max_tokens=config.max_tokens if config.max_cost is None else None,
-                           pad_multiple=config.pad_multiple, cost=cost)
+        chosen = auto_choice(hist, batch_size=config.batch_size,
+                             max_tokens=config.max_tokens if config.max_cost is None else None,
+                             pad_multiple=config.pad_multiple, cost=cost)
+        edges, note = chosen.edges, chosen.note()
     else:
         edges = solve(hist, int(buckets), pad_multiple=config.pad_multiple, cost=cost).edges(
             int(buckets))
     with _SOLVED_LOCK:
-        _SOLVED[key] = tuple(edges)
+        _SOLVED[key] = (tuple(edges), note)
         while len(_SOLVED) > SOLVED_EDGES_KEPT:
             del _SOLVED[next(iter(_SOLVED))]
-    return edges
+    return edges, note
 
 
 def _batches(lens: np.ndarray, ids: np.ndarray, edges: list[int], config: PlanConfig,
@@ -227,7 +241,8 @@ def plan_padded_epoch(lengths, config: PlanConfig, *, seed: int = 0, epoch: int 
     ``indices`` restricts it to those samples.
     """
     started = time.perf_counter()
-    lens, counts, edges, idx, off, tag, even = _formed(lengths, config, seed, epoch, indices)
+    lens, counts, (edges, note), idx, off, tag, even = _formed(lengths, config, seed, epoch,
+                                                               indices)
     sample_lens = lens[idx]
     longest = batching.longest_per_batch(sample_lens, off)
     perm = _order(off, tag, longest, sample_lens, config,
@@ -240,20 +255,21 @@ def plan_padded_epoch(lengths, config: PlanConfig, *, seed: int = 0, epoch: int 
     tag = _buckets_of(longest, np.asarray(edges, dtype=np.int64), 4 * longest.size)
     return PaddedEpochPlan(
         indices=idx.astype(batching.index_dtype(lens.size), copy=False), offsets=off,
-        bucket=tag.astype(np.int32), edges=edges, lengths=lens,
+        bucket=tag.astype(np.int32), edges=edges, edges_note=note, lengths=lens,
         config=config, seed=seed, epoch=epoch, plan_seconds=time.perf_counter() - started,
         counts=even_out_counts(counts, idx, idx.size, even))
 
 
 def _formed(lengths, config: PlanConfig, seed: int, epoch: int, indices: np.ndarray | None):
-    """The epoch's micro-batches before ordering: lengths, counts, edges, batches, even-out."""
+    """The epoch's micro-batches before ordering: lengths, counts, (edges, their note),
+    batches, even-out."""
     lens, ids, counts = prepare_lengths(lengths, config, indices)
-    edges = resolve_edges(lens, ids, config)
+    edges, note = resolved_edges(lens, ids, config)
     idx, off, tag = _batches(lens, ids, edges, config, seed, epoch,
                              every_sample(ids, lens.size, indices))
     idx, off, tag, even = batching.even_out(idx, off, tag, config.world_size, config.even_out,
                                             streams.rng(seed, epoch, streams.EVEN))
-    return lens, counts, edges, idx, off, tag, even
+    return lens, counts, (edges, note), idx, off, tag, even
 
 
 def padded_batch_sets(lengths, config: PlanConfig, *, seed: int = 0, epoch: int = 0,

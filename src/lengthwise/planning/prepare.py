@@ -19,7 +19,7 @@ import numpy as np
 from lengthwise.errors import ConfigError, DataError
 from lengthwise.planning.batching import index_dtype
 from lengthwise.planning.config import PlanConfig
-from lengthwise.planning.errors import LengthError
+from lengthwise.planning.errors import MAX_PLANNED_TOKENS, LengthError
 from lengthwise.planning.lengths import (
     apply_overflow,
     load_lengths,
@@ -64,6 +64,7 @@ def prepare_lengths(lengths, config: PlanConfig, indices: np.ndarray | None = No
         limit_name = f"the {max_len} tokens one row of the budget holds"
     policy = "truncate" if config.on_overflow == "split" else config.on_overflow
     lens, keep, counts = apply_overflow(raw, max_len, policy, limit_name=limit_name, cut=cut)
+    check_token_total(lens, max_len, config.pad_multiple)
     warn_if_cut(counts, max_len, config, raw, cut)
     if indices is not None:
         ids = check_indices(indices, raw.size)
@@ -77,6 +78,37 @@ def prepare_lengths(lengths, config: PlanConfig, indices: np.ndarray | None = No
         raise DataError("no samples left to plan after dropping empty and over-long ones "
                         f"({counts})")
     return lens, ids, counts
+
+
+def check_token_total(lengths: np.ndarray, limit: int | None, pad_multiple: int = 1) -> None:
+    """Raise unless the samples times their longest padded length stay below
+    :data:`~lengthwise.planning.errors.MAX_PLANNED_TOKENS`, so that no token sum of a plan
+    overflows int64. ``limit`` (the longest a sample is planned at, when known) spares the
+    pass over the lengths that finds the longest.
+
+    Example::
+
+        >>> check_token_total(np.array([2**61] * 8), None)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        lengthwise.planning.errors.LengthError: lengths: 8 samples of up to 2305843009213693952 ...
+    """
+    n = max(int(lengths.size), 1)
+    step = max(int(pad_multiple), 1)  # Python integers: rounded up without wrapping
+
+    def fits(length: int) -> bool:
+        return -(-length // step) * step * n < MAX_PLANNED_TOKENS
+
+    if limit is not None and fits(int(limit)):
+        return
+    top = int(lengths.max()) if lengths.size else 0
+    if fits(top):
+        return
+    raise LengthError(
+        f"lengths: {n} samples of up to {top} tokens (row {int(np.argmax(lengths))}) could "
+        "pad to 2**62 tokens or more, past what a plan sums exactly as int64; samples x the "
+        "longest length must stay below 2**62: set max_len or a token budget, or plan fewer "
+        "samples")
 
 
 def overflow_error(config: PlanConfig, row: int, length: int, longer: int) -> LengthError:

@@ -42,7 +42,7 @@ from lengthwise.planning.padded import (
     check_given_edges,
     padded_batch_count,
     plan_padded_epoch,
-    resolve_edges,
+    resolved_edges,
 )
 from lengthwise.planning.prepare import overflow_error, prepare_lengths
 from lengthwise.planning.schedule import EpochPlan
@@ -173,6 +173,7 @@ class WindowedPlan:
         self.config = config
         self.seed, self.epoch = int(seed), int(epoch)
         self._edges = list(edges) if edges is not None else None
+        self._edges_note: str | None = None  # what "auto" says of the solved edges
         self._wide: list[int] | None = None
         self._longest: int | None = None
         self._cache: Window | None = None
@@ -224,7 +225,8 @@ class WindowedPlan:
                 values = _check_window(np.asarray(self.lengths[ids]), ids, self._what)
                 self._check_overflow()
                 lens, kept, _ = prepare_lengths(values, self.config)
-                self._edges = list(resolve_edges(lens, kept, self.config))
+                edges, self._edges_note = resolved_edges(lens, kept, self.config)
+                self._edges = list(edges)
         return self._edges
 
     @property
@@ -413,6 +415,7 @@ class WindowedPlan:
             for key, value in plan.counts.items():
                 counts[key] = counts.get(key, 0) + value
         return PaddedEpochPlan(indices=np.concatenate(idx), offsets=np.concatenate(off),
-                               bucket=np.concatenate(tag), edges=self.edges, lengths=lengths,
+                               bucket=np.concatenate(tag), edges=self.edges,
+                               edges_note=self._edges_note, lengths=lengths,
                                config=self.config, seed=self.seed, epoch=self.epoch,
                                plan_seconds=seconds, counts=counts)

@@ -76,7 +76,7 @@ class PackedEpochPlan(EpochPlan):
         out = metrics.batch_stats(
             pieces, np.arange(pieces.size), self.offsets, world_size=cfg.world_size,
             grad_accum=cfg.grad_accum, cost=cfg.cost, capacity=self.capacity * rows_per,
-            seed=self.seed)
+            seed=self.seed, max_tokens=self.capacity * rows_per)
         key = self.indices.astype(np.int64)
         if self.token_spans is not None:  # a piece is (sample, start)
             key = key * (int(self.lengths.max()) + 1) + self.token_spans[:, 0]
