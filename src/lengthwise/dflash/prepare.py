@@ -51,6 +51,8 @@ __all__ = ["PrepareConfig", "PrepareCounts", "prepare_chats", "shard_name"]
 FORMAT = 2
 _META_KEY = b"lengthwise.prepare"
 OVERLONG = ("truncate", "drop")
+#: settings of how a run computes, not of what it writes: left out of the shards' fingerprint
+_UNRECORDED = ("progress", "device", "dtype")
 
 
 @dataclass
@@ -79,6 +81,7 @@ class PrepareConfig:
     backend: str = "auto"  # of regeneration: "hf", "vllm", or vLLM when installed (CUDA)
     seed: int = 0
     device: str = "cpu"
+    dtype: str | None = None  # of the regenerating target: None is float32 on CPU
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -89,6 +92,8 @@ class PrepareConfig:
             raise ConfigError(f"backend must be auto, hf or vllm, got {self.backend!r}")
         if self.overlong not in OVERLONG:
             raise ConfigError(f"overlong must be 'truncate' or 'drop', got {self.overlong!r}")
+        if self.dtype is not None and self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if not (isinstance(self.temperature, (int, float)) and self.temperature >= 0):
             raise ConfigError(f"temperature must be >= 0, got {self.temperature!r}")
 
@@ -135,7 +140,7 @@ def _fingerprint(source: Path, target: Path, cfg: PrepareConfig,
     tokenizer was recorded apart, which held the template.
     """
     st = source.stat()
-    settings = {k: v for k, v in asdict(cfg).items() if k not in ("progress", "device")}
+    settings = {k: v for k, v in asdict(cfg).items() if k not in _UNRECORDED}
     parts = {"source": str(source.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
              "target": str(target.resolve()), "settings": settings, "format": FORMAT}
     if template is not None:

@@ -330,8 +330,7 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
         return {k: v[: cfg.max_len] for k, v in s.items()}
 
     applied = _check_out(out, cfg, run, data.info, group)
-    dtype = torch.bfloat16 if device.type == "cuda" else None
-    model = load_target(run.target, dtype=dtype, device=device)
+    model = load_target(run.target, dtype=cfg.dtype, device=device)
     # the blocks' mask token: the tokenizer's own, else <|MASK|> added (the target embeds it)
     rows = int(model.get_input_embeddings().weight.shape[0])
     mask = ensure_mask_token(tokenizer, model)
@@ -367,7 +366,8 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
         if applied:
             say(group, f"lengthwise dflash train: resume: applied from step {loop.step_count} "
                        f"on: {', '.join(applied)}")
-    say(group, f"lengthwise dflash train: target {run.target} ({n_layers} layers; layers "
+    say(group, f"lengthwise dflash train: target {run.target} ({n_layers} layers, "
+               f"{str(model.dtype).removeprefix('torch.')}; layers "
                f"{target.layers} feed a {cfg.draft_layers}-layer draft, block {cfg.block_size}); "
                f"{train_idx.size} training samples ({int(lengths.sum())} tokens"
                + (f", {cut} truncated to max_len {cfg.max_len}" if cut else "")

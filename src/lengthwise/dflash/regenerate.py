@@ -104,14 +104,11 @@ class TurnGenerator:
 
             self.engine = LLM(model=str(target), seed=cfg.seed)
         else:
-            import torch
-
             from lengthwise.dflash.target import load_target
             from lengthwise.train.device import pick_device
 
             self.device = pick_device(cfg.device, info)
-            dtype = torch.bfloat16 if self.device.type == "cuda" else None
-            self.model = load_target(target, dtype=dtype, device=self.device).eval()
+            self.model = load_target(target, dtype=cfg.dtype, device=self.device).eval()
 
     def _generate(self, prompts: list[np.ndarray], seed: int) -> list[list[int]]:
         """Each prompt's continuation, up to and including its first stop token."""
