@@ -56,3 +56,52 @@ def test_an_opening_assistant_turn_learns_its_content_not_the_injected_system_pr
             {"role": "assistant", "content": "sat on a mat"}]
     assert "You are a helpful assistant" in renderer.text(conv)
     assert _learned(renderer, conv) == ["hello there<|im_end|>", "sat on a mat<|im_end|>"]
+
+
+@pytest.fixture(scope="module")
+def long_prompts(instruct, tmp_path_factory):
+    """Prepared chats, a third of them a long user turn before a short reply."""
+    from _chat_tiny import conversations, texts, write_jsonl
+
+    from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
+
+    rows = conversations(24)
+    for i, row in enumerate(rows):
+        if i % 3 == 0:
+            row["messages"] = [{"role": "user", "content": " ".join(texts(8, seed=i))},
+                               {"role": "assistant", "content": "the cat sat on a mat"}]
+    root = tmp_path_factory.mktemp("long_prompts")
+    prepare_chats(write_jsonl(root / "chats.jsonl", rows), instruct, root / "prepared",
+                  PrepareConfig(min_supervised=4, progress=False))
+    return root / "prepared"
+
+
+def test_samples_cut_before_any_supervision_are_dropped_and_counted(instruct, long_prompts,
+                                                                    tmp_path, capsys):
+    import json
+
+    import numpy as np
+
+    from lengthwise.cli import main
+    from lengthwise.dflash.prepared import open_prepared
+
+    data = open_prepared(long_prompts)
+    every = np.arange(len(data))
+    lost = data.unlearnable_when_cut(every, 96)
+    first = [data[int(i)]["loss_mask"].index(1) for i in every]
+    assert lost.tolist() == [f >= 95 for f in first] and 0 < lost.sum() < len(data)
+    args = ["dflash", "train", "--target", str(instruct), "--data", str(long_prompts), "--out",
+            str(tmp_path / "run"), "--steps", "1", "--max-tokens", "256", "--max-len", "96",
+            "--draft-layers", "1", "--block-size", "4", "--num-anchors", "4",
+            "--eval-samples", "2", "--checkpoint-every", "0", "--eval-every", "0",
+            "--no-progress"]
+    assert main(args) == 0
+    said = capsys.readouterr()
+    summary = json.loads(said.out)
+    dropped = summary["dropped_unsupervised_after_truncation"]
+    assert dropped > 0 and summary["train_samples"] == len(data) - 2 - dropped
+    assert (f"{dropped} dropped: no supervised tokens left after truncation to max_len 96"
+            in said.err)
+    assert main([*args[:-1], "--max-len", "8", "--overwrite", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "every training sample is cut before" in err[0]

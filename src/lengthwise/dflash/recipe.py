@@ -319,6 +319,12 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
     configure_torch(device, threads=cfg.threads, deterministic=cfg.deterministic)
     perm = np.random.default_rng([cfg.seed, 7919]).permutation(n)
     held_idx, train_idx = np.sort(perm[: run.eval_samples]), np.sort(perm[run.eval_samples:])
+    unlearnable = data.unlearnable_when_cut(train_idx, cfg.max_len)
+    dropped = int(unlearnable.sum())
+    if dropped == train_idx.size:
+        raise ConfigError(f"max_len {cfg.max_len}: every training sample is cut before two "
+                          "consecutive supervised tokens, so none has any loss; raise max_len")
+    train_idx = train_idx[~unlearnable]
     lengths = np.minimum(data.lengths[train_idx], cfg.max_len)
     cut = int((data.lengths[train_idx] > cfg.max_len).sum())
 
@@ -371,6 +377,8 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
                f"{target.layers} feed a {cfg.draft_layers}-layer draft, block {cfg.block_size}); "
                f"{train_idx.size} training samples ({int(lengths.sum())} tokens"
                + (f", {cut} truncated to max_len {cfg.max_len}" if cut else "")
+               + (f"; {dropped} dropped: no supervised tokens left after truncation to "
+                  f"max_len {cfg.max_len}" if dropped else "")
                + f"), {held_idx.size} held out; {cfg.steps} steps x {cfg.grad_accum} "
                f"micro-batches of <= {cfg.max_tokens} tokens x {world} rank(s)"
                + (f"; resumed at step {loop.step_count}" if loop.resumed_from else ""))
@@ -400,7 +408,8 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
     evals = [r for r in records if r.get("eval_accuracy") is not None]
     return {"steps": loop.step_count, "resumed_from": loop.resumed_from,
             "train_samples": int(train_idx.size), "eval_samples": int(held_idx.size),
-            "truncated_samples": cut, "loss": last.get("loss"), "accuracy": last.get("accuracy"),
+            "truncated_samples": cut, "dropped_unsupervised_after_truncation": dropped,
+            "loss": last.get("loss"), "accuracy": last.get("accuracy"),
             "eval": ({k: evals[-1][k] for k in ("step", "eval_loss", "eval_accuracy",
                                                 "eval_simulated_acceptance_length")}
                      if evals else None),
