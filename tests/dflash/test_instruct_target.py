@@ -105,3 +105,106 @@ def test_samples_cut_before_any_supervision_are_dropped_and_counted(instruct, lo
     assert main([*args[:-1], "--max-len", "8", "--overwrite", "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "every training sample is cut before" in err[0]
+
+
+def test_regenerated_turns_keep_the_targets_ids_and_no_end_of_turn_after_a_cut(
+        instruct, tmp_path, monkeypatch):
+    from _chat_tiny import write_jsonl
+
+    from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
+    from lengthwise.dflash.prepared import open_prepared
+    from lengthwise.dflash.recipe import load_tokenizer
+    from lengthwise.dflash.regenerate import TurnGenerator
+
+    tok = load_tokenizer(instruct)
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    # turn 1 is cut inside "é" (its first byte alone), turn 2 ends with the end-of-turn token
+    first = tok.encode("the cat", add_special_tokens=False) + [tok.convert_tokens_to_ids("Ã")]
+    second = tok.encode("sat on a mat", add_special_tokens=False) + [end]
+    assert "\ufffd" in tok.decode(first) and tok.encode(tok.decode(first)) != first
+    written = iter([[first], [second]])
+    monkeypatch.setattr(TurnGenerator, "_generate", lambda self, prompts, seed: next(written))
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "old"},
+            {"role": "user", "content": "and then"}, {"role": "assistant", "content": "old"}]
+    src = write_jsonl(tmp_path / "c.jsonl", [{"messages": chat}])
+    rec = prepare_chats(src, instruct, tmp_path / "p",
+                        PrepareConfig(regenerate=True, min_supervised=2, progress=False))
+    assert rec["counts"]["regenerated_turns"] == 2 and rec["counts"]["unfinished_turns"] == 1
+    row = open_prepared(tmp_path / "p")[0]
+    ids, mask = row["input_ids"], row["loss_mask"]
+    assert [t for t, m in zip(ids, mask, strict=True) if m] == first + second
+    at = ids.index(first[-1])  # after the cut: the template's end of turn, not learned
+    assert ids[at + 1] == end and mask[at + 1] == 0 and ids[-1] == end and mask[-1] == 1
+    assert not list((tmp_path / "p").glob("regenerated-*"))
+
+
+def _fake_target(monkeypatch, tok, *, stop_after=None):
+    """The target's ``_generate`` replaced: every prompt answered "the cat" and its end of
+    turn; after ``stop_after`` batches a Ctrl-C. Returns the prompts it was asked."""
+    from lengthwise.dflash.regenerate import TurnGenerator
+
+    answer = tok.encode("the cat", add_special_tokens=False) + [
+        tok.convert_tokens_to_ids("<|im_end|>")]
+    asked = []
+
+    def generate(self, prompts, seed):
+        if stop_after is not None and len(asked) == stop_after:
+            raise KeyboardInterrupt
+        asked.append(len(prompts))
+        return [list(answer) for _ in prompts]
+
+    monkeypatch.setattr(TurnGenerator, "_generate", generate)
+    return asked
+
+
+def test_an_interrupted_regeneration_resumes_with_the_turns_it_finished(instruct, tmp_path,
+                                                                          monkeypatch):
+    from _chat_tiny import conversations, write_jsonl
+
+    from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
+    from lengthwise.dflash.prepared import open_prepared
+    from lengthwise.dflash.recipe import load_tokenizer
+
+    tok = load_tokenizer(instruct)
+    rows = [{"messages": [{"role": "user", "content": t["messages"][-2]["content"]}]}
+            for t in conversations(7)]
+    src = write_jsonl(tmp_path / "c.jsonl", rows)
+    cfg = PrepareConfig(regenerate=True, min_supervised=2, batch_size=2, progress=False)
+    asked = _fake_target(monkeypatch, tok)
+    whole = prepare_chats(src, instruct, tmp_path / "whole", cfg)
+    assert asked == [2, 2, 2, 1]
+    asked = _fake_target(monkeypatch, tok, stop_after=2)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_chats(src, instruct, tmp_path / "cut", cfg)
+    assert len((tmp_path / "cut" / "regenerated-00000.jsonl").read_text().splitlines()) == 5
+    asked = _fake_target(monkeypatch, tok)
+    again = prepare_chats(src, instruct, tmp_path / "cut", cfg)
+    assert asked == [2, 1]  # only the 3 turns left
+    assert again["counts"] == whole["counts"]
+    a, b = open_prepared(tmp_path / "whole"), open_prepared(tmp_path / "cut")
+    assert [a[i] for i in range(len(a))] == [b[i] for i in range(len(b))]
+    assert not list((tmp_path / "cut").glob("regenerated-*"))
+
+
+def test_regeneration_progress_counts_turns(instruct, tmp_path, monkeypatch):
+    from _chat_tiny import conversations, write_jsonl
+
+    import lengthwise.progress
+    from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
+    from lengthwise.dflash.recipe import load_tokenizer
+
+    rows = conversations(5)
+    turns = sum(m["role"] == "assistant" for r in rows for m in r["messages"])
+    _fake_target(monkeypatch, load_tokenizer(instruct))
+    seen = []
+
+    def progress(items, *, desc="", unit="it", total=None, enable=True):
+        seen.append((unit, total))
+        for item in items:
+            seen.append(item)
+            yield item
+
+    monkeypatch.setattr(lengthwise.progress, "progress", progress)
+    prepare_chats(write_jsonl(tmp_path / "c.jsonl", rows), instruct, tmp_path / "p",
+                  PrepareConfig(regenerate=True, min_supervised=2, batch_size=2))
+    assert seen[0] == ("turn", turns) and len(seen) == 1 + turns

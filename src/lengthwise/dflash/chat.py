@@ -152,6 +152,21 @@ class ChatRenderer:
         """Token ids of ``messages`` followed by the template's assistant generation prompt."""
         return self._encode(self.text(messages, generation_prompt=True))[0]
 
+    def prompt_after(self, messages: list[dict[str, str]], k: int) -> list[int] | None:
+        """The ids of :meth:`prompt_ids` that follow the content of turn ``k``: the template's
+        end of that turn, the later turns and the generation prompt (``None`` when the
+        template does not write that content whole, or no token starts where it ends)."""
+        marked = [*messages[:k], {**messages[k], "content": messages[k]["content"] + _PROBE},
+                  *messages[k + 1:]]
+        at = self.text(marked, generation_prompt=True).find(_PROBE)
+        if at < 0:
+            return None
+        ids, offsets = self._encode(self.text(messages, generation_prompt=True))
+        first = next((n for n, (start, _) in enumerate(offsets) if start >= at), len(ids))
+        if first and offsets[first - 1][1] > at:  # a token runs across the content's end
+            return None
+        return ids[first:]
+
     def _encode(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
