@@ -3,6 +3,8 @@ bfloat16 and a ChatML template that injects a default system prompt."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from _chat_tiny import save_instruct_target
 
@@ -208,3 +210,120 @@ def test_regeneration_progress_counts_turns(instruct, tmp_path, monkeypatch):
     prepare_chats(write_jsonl(tmp_path / "c.jsonl", rows), instruct, tmp_path / "p",
                   PrepareConfig(regenerate=True, min_supervised=2, batch_size=2))
     assert seen[0] == ("turn", turns) and len(seen) == 1 + turns
+
+
+@pytest.fixture(scope="module")
+def trained_run(instruct, long_prompts, tmp_path_factory):
+    """A 5-step run with checkpoints at steps 2 and 4 (the newest is not the final draft)."""
+    from lengthwise.cli import main
+
+    run = tmp_path_factory.mktemp("trained") / "run"
+    assert main(["dflash", "train", "--target", str(instruct), "--data", str(long_prompts),
+                 "--out", str(run), "--steps", "5", "--max-tokens", "256", "--draft-layers",
+                 "1", "--block-size", "4", "--num-anchors", "4", "--eval-samples", "2",
+                 "--checkpoint-every", "2", "--eval-every", "0", "--lr", "1e-2",
+                 "--no-progress"]) == 0
+    return run
+
+
+def test_export_of_a_run_takes_its_final_draft_and_names_it(trained_run, tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    from lengthwise.cli import main
+
+    final = torch.load(trained_run / "final" / "draft.pt", weights_only=True)
+    capsys.readouterr()
+    for given, out in ((trained_run, tmp_path / "a"), (trained_run / "final", tmp_path / "b")):
+        assert main(["dflash", "export", str(given), str(out)]) == 0
+        assert f"draft {trained_run / 'final'} (step 5)" in capsys.readouterr().out
+        assert load_file(out / "model.safetensors")["fc.weight"].equal(final["fc.weight"])
+    assert main(["dflash", "export", str(trained_run / "checkpoints"), str(tmp_path / "c")]) == 0
+    assert "step_4 (step 4)" in capsys.readouterr().out
+    assert not load_file(tmp_path / "c" / "model.safetensors")["fc.weight"].equal(
+        final["fc.weight"])
+
+
+def test_eval_of_a_run_takes_its_final_draft_and_names_it(trained_run, capsys):
+    from lengthwise.cli import main
+
+    served = trained_run / "target"  # grown by the mask token's row
+    assert main(["dflash", "eval", "--target", str(served), "--draft", str(trained_run),
+                 "--limit", "1", "--max-new-tokens", "3", "--temperatures", "0",
+                 "--no-check", "--no-accuracy", "--no-progress", "--json"]) == 0
+    said = capsys.readouterr()
+    assert f"draft {trained_run / 'final'} (step 5)" in said.err
+
+
+def _cut_save(monkeypatch, error):
+    """``save_file`` writes half the file, then raises ``error`` (``None``: returns)."""
+    import safetensors.torch
+
+    real = safetensors.torch.save_file
+
+    def save_file(tensors, filename, metadata=None):
+        real(tensors, filename, metadata=metadata)
+        with open(filename, "rb+") as fh:
+            fh.truncate(Path(filename).stat().st_size // 2)
+        if error is not None:
+            raise error
+
+    monkeypatch.setattr(safetensors.torch, "save_file", save_file)
+
+
+def test_a_full_disk_during_export_is_one_line_and_leaves_no_folder(trained_run, tmp_path,
+                                                                    monkeypatch, capsys):
+    from safetensors import SafetensorError
+
+    from lengthwise.cli import main
+
+    full = SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, '
+                           'message: "No space left on device" })')
+    for error in (full, None):  # raised, or a cut file without an error
+        monkeypatch.undo()
+        _cut_save(monkeypatch, error)
+        out = tmp_path / "out"
+        capsys.readouterr()
+        assert main(["dflash", "export", str(trained_run), str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and ("the disk is full" if error else "not written whole") in err[0]
+        assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_an_interrupted_export_leaves_the_older_folder_as_it_was(trained_run, tmp_path,
+                                                                 monkeypatch):
+    from lengthwise.cli import main
+
+    out = tmp_path / "out"
+    assert main(["dflash", "export", str(trained_run / "checkpoints"), str(out)]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    _cut_save(monkeypatch, KeyboardInterrupt())
+    assert main(["dflash", "export", str(trained_run), str(out), "--overwrite"]) == 130
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+class _Payload:
+    """Unpickling this creates the file ``marker``."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_a_final_draft_holding_objects_is_refused_and_runs_nothing(trained_run, tmp_path,
+                                                                    capsys):
+    import pickle
+    import shutil
+
+    from lengthwise.cli import main
+
+    forged = tmp_path / "run"
+    shutil.copytree(trained_run / "final", forged / "final")
+    marker = tmp_path / "MARKER"
+    (forged / "final" / "draft.pt").write_bytes(pickle.dumps(_Payload(marker)))
+    capsys.readouterr()
+    assert main(["dflash", "export", str(forged), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert not marker.exists() and len(err) == 1 and "objects other than tensors" in err[0]

@@ -302,6 +302,7 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
     """:func:`train_draft` with the run folder's lock held."""
     import torch
 
+    from lengthwise.dflash.load import FINAL_STEP
     from lengthwise.dflash.mask_token import ensure_mask_token
     from lengthwise.dflash.objective import target_layer_ids
     from lengthwise.dflash.resume_settings import (
@@ -400,6 +401,8 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
             torch.save(draft.state_dict(), final / "draft.pt")
             (final / "config.json").write_text(json.dumps(dcfg.to_dict(), indent=2) + "\n",
                                                encoding="utf-8")
+            (final / FINAL_STEP).write_text(json.dumps({"step": loop.step_count}) + "\n",
+                                            encoding="utf-8")
     finally:
         loop.close()
     if rank != 0:
