@@ -327,3 +327,61 @@ def test_a_final_draft_holding_objects_is_refused_and_runs_nothing(trained_run, 
     assert main(["dflash", "export", str(forged), str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert not marker.exists() and len(err) == 1 and "objects other than tensors" in err[0]
+
+
+def _target_and_tokenizer(folder):
+    import transformers
+
+    from lengthwise.dflash.recipe import load_tokenizer
+
+    return (load_tokenizer(folder),
+            transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32))
+
+
+@pytest.mark.parametrize("extra, chosen", [
+    (("<repo_name>", "<file_sep>"), "<repo_name>"),
+    (("<file_sep>", "<|reserved_special_token_0|>"), "<|reserved_special_token_0|>")])
+def test_a_special_token_the_target_never_writes_is_the_mask_and_nothing_grows(
+        tmp_path, extra, chosen):
+    from lengthwise.dflash.mask_token import ensure_mask_token
+
+    tok, model = _target_and_tokenizer(save_instruct_target(tmp_path / "t",
+                                                            extra_special=extra))
+    rows, size = model.get_input_embeddings().weight.shape[0], len(tok)
+    mask = ensure_mask_token(tok, model)
+    assert (mask.token, mask.id) == (chosen, tok.convert_tokens_to_ids(chosen))
+    assert mask.unused and not mask.added and not mask.resized
+    assert model.get_input_embeddings().weight.shape[0] == rows and len(tok) == size
+
+
+def test_without_a_spare_special_token_the_mask_token_grows_the_tied_target(instruct):
+    from lengthwise.dflash.mask_token import ensure_mask_token
+
+    tok, model = _target_and_tokenizer(instruct)  # its specials: eos, pad and the template's
+    rows = model.get_input_embeddings().weight.shape[0]
+    mask = ensure_mask_token(tok, model)
+    assert (mask.token, mask.id, mask.added, mask.resized) == ("<|MASK|>", rows, True, True)
+    assert model.get_output_embeddings().weight.shape[0] == rows + 1
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+
+
+def test_training_with_a_spare_special_token_serves_the_draft_with_the_target_as_it_is(
+        tmp_path, capsys):
+    import json
+
+    from _chat_tiny import conversations, write_jsonl
+
+    from lengthwise.cli import main
+
+    target = save_instruct_target(tmp_path / "t", extra_special=("<repo_name>",))
+    chats = write_jsonl(tmp_path / "c.jsonl", conversations(12))
+    assert main(["dflash", "prepare", str(chats), "--target", str(target), "--out",
+                 str(tmp_path / "p"), "--min-supervised", "4", "--no-progress"]) == 0
+    assert main(["dflash", "train", "--target", str(target), "--data", str(tmp_path / "p"),
+                 "--out", str(tmp_path / "run"), "--steps", "1", "--max-tokens", "256",
+                 "--draft-layers", "1", "--block-size", "4", "--num-anchors", "4",
+                 "--eval-samples", "2", "--checkpoint-every", "0", "--no-progress"]) == 0
+    said = capsys.readouterr()
+    summary = json.loads(said.out[said.out.index("{"):])
+    assert summary["target"] == str(target) and not (tmp_path / "run" / "target").exists()
+    assert "mask token <repo_name> id" in said.err and "grew" not in said.err

@@ -385,6 +385,8 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
                + (f"; resumed at step {loop.step_count}" if loop.resumed_from else ""))
     say(group, f"lengthwise dflash train: mask token {mask.token} id {mask.id}"
                + (" (added to the tokenizer)" if mask.added else "")
+               + (" (a special token of the tokenizer that the chat template never writes: "
+                  "the target serves the draft as it is)" if mask.unused else "")
                + (f"; the target's embedding and LM head grew from {rows} to {mask.id + 1} "
                   f"rows: export, evaluate and serve the draft with the target saved to {serve}"
                   if mask.resized else ""))
