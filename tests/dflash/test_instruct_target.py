@@ -385,3 +385,25 @@ def test_training_with_a_spare_special_token_serves_the_draft_with_the_target_as
     summary = json.loads(said.out[said.out.index("{"):])
     assert summary["target"] == str(target) and not (tmp_path / "run" / "target").exists()
     assert "mask token <repo_name> id" in said.err and "grew" not in said.err
+
+
+def test_eval_progress_counts_prompts(monkeypatch):
+    from _dflash_tiny import qwen3_pair
+
+    import lengthwise.progress
+    from lengthwise.dflash.evaluate import evaluate_set
+
+    seen = []
+
+    def progress(items, *, desc="", unit="it", total=None, enable=True):
+        seen.append((desc, unit, total))
+        for item in items:
+            seen.append(desc)
+            yield item
+
+    monkeypatch.setattr(lengthwise.progress, "progress", progress)
+    target, draft = qwen3_pair()
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [3, 2], [5]]
+    evaluate_set(draft, target, prompts, name="p", temperatures=[0.0], max_new_tokens=2,
+                 batch_size=2, check=False, accuracy=False, progress=True)
+    assert seen[0] == ("p T=0: decoding", "prompt", 5) and seen.count("p T=0: decoding") == 5
