@@ -209,6 +209,9 @@ def splice(sample: Rendered, prompt: list[int], written: list[int], *,
         >>> s = splice(s, [1, 2, 5, 8, 3, 9, 4], [6], after=lambda: [4], history=None)
         >>> s.input_ids, s.loss_mask
         ([1, 2, 7, 8, 3, 9, 4, 6], [0, 0, 1, 1, 0, 1, 0, 1])
+        >>> s = splice(s, [5, 4], [3], after=lambda: None, history=lambda: Rendered([5], [1]))
+        >>> s.input_ids, s.loss_mask
+        ([5, 4, 3], [1, 0, 1])
     """
     n = len(sample.input_ids)
     tail = None if prompt[:n] == sample.input_ids else after()
