@@ -104,3 +104,34 @@ def conversations(n: int, seed: int = 0, *, sharegpt: bool = False) -> list[dict
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path
+
+
+#: SmolLM2's ChatML template: a default system prompt when the chat opens without one
+TEMPLATE_DEFAULT_SYSTEM = (
+    "{%- for m in messages -%}"
+    "{%- if loop.first and messages[0]['role'] != 'system' -%}"
+    "{{- '<|im_start|>system\\nYou are a helpful assistant<|im_end|>\\n' -}}{%- endif -%}"
+    "{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+
+def save_instruct_target(folder: Path, *, seed: int = 0, dtype: str = "bfloat16",
+                         extra_special: tuple[str, ...] = ()) -> Path:
+    """A random Llama with tied embeddings saved in ``dtype``, and a ChatML tokenizer whose
+    template injects a default system prompt (as SmolLM2-Instruct's); ``extra_special``:
+    more special tokens the chat template never writes."""
+    tok = chat_tokenizer(TEMPLATE_DEFAULT_SYSTEM)
+    if extra_special:
+        tok.add_special_tokens({"additional_special_tokens": [*SPECIAL[1:], *extra_special]})
+    cfg = transformers.LlamaConfig(
+        vocab_size=len(tok), hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=64, max_position_embeddings=512,
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=True)
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(cfg).to(getattr(torch, dtype))
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(folder))
+    tok.save_pretrained(str(folder))
+    return folder

@@ -103,7 +103,7 @@ def test_the_reference_package_agrees_with_the_trained_draft(recipe, monkeypatch
     # the reference package loads every exported weight ...
     ref, info = reference(exported)
     assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
-    ours = load_draft(run)  # the newest checkpoint: step 4, the final draft
+    ours = load_draft(run)  # the run's final draft (step 4)
     final = torch.load(run / "final" / "draft.pt")
     assert all(torch.equal(v, final[k]) for k, v in ours.state_dict().items())
     target = Target(load_target(serve).eval(), layers=ours.config.target_layers)

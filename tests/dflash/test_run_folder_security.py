@@ -86,11 +86,12 @@ def test_export_eval_and_resume_refuse_a_forged_state_and_run_nothing(run, tmp_p
     said = ("holds objects other than tensors and plain data" if not inner
             else "its training state is a bytes, not JSON text")
 
-    assert main(["dflash", "export", str(forged), str(tmp_path / "out")]) == 2
+    ckpts = forged / "checkpoints"  # the run itself gives its final draft
+    assert main(["dflash", "export", str(ckpts), str(tmp_path / "out")]) == 2
     line = _one_line(capsys)
     assert not marker.exists() and said in line
 
-    assert main(["dflash", "eval", "--target", str(forged / "target"), "--draft", str(forged),
+    assert main(["dflash", "eval", "--target", str(forged / "target"), "--draft", str(ckpts),
                  "--max-new-tokens", "4", "--limit", "1", "--temperatures", "0"]) == 2
     line = _one_line(capsys)
     assert not marker.exists() and said in line
@@ -110,7 +111,7 @@ def test_a_manifest_without_files_is_refused(run, tmp_path, capsys):
     assert not marker.exists() and "the manifest lists no files with checksums" in line
     # the run's newest checkpoint that verifies is used instead, with a warning naming step 2
     with pytest.warns(UserWarning, match=r"step_2: the manifest lists no files"):
-        assert main(["dflash", "export", str(forged), str(tmp_path / "out")]) == 0
+        assert main(["dflash", "export", str(forged / "checkpoints"), str(tmp_path / "out")]) == 0
     assert json.loads((tmp_path / "out" / "config.json").read_text())
     assert not marker.exists()
 

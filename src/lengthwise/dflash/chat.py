@@ -152,6 +152,21 @@ class ChatRenderer:
         """Token ids of ``messages`` followed by the template's assistant generation prompt."""
         return self._encode(self.text(messages, generation_prompt=True))[0]
 
+    def prompt_after(self, messages: list[dict[str, str]], k: int) -> list[int] | None:
+        """The ids of :meth:`prompt_ids` that follow the content of turn ``k``: the template's
+        end of that turn, the later turns and the generation prompt (``None`` when the
+        template does not write that content whole, or no token starts where it ends)."""
+        marked = [*messages[:k], {**messages[k], "content": messages[k]["content"] + _PROBE},
+                  *messages[k + 1:]]
+        at = self.text(marked, generation_prompt=True).find(_PROBE)
+        if at < 0:
+            return None
+        ids, offsets = self._encode(self.text(messages, generation_prompt=True))
+        first = next((n for n, (start, _) in enumerate(offsets) if start >= at), len(ids))
+        if first and offsets[first - 1][1] > at:  # a token runs across the content's end
+            return None
+        return ids[first:]
+
     def _encode(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
@@ -172,7 +187,9 @@ class ChatRenderer:
 
         Each span is located in the rendering of the whole conversation, where earlier
         turns appear as the template renders history: it starts where the conversation
-        before the turn, with the generation prompt, stops matching; its text runs to the
+        before the turn, with the generation prompt, stops matching (for a turn that opens
+        the chat: where its content starts, after any system prompt the template injects
+        and the turn's header); its text runs to the
         end of the turn's content (found by rendering the conversation with a marker after
         that content) and on through the end-of-turn text the template writes after a
         last turn (``<|im_end|>``, ``<|eot_id|>``, ...), without trailing whitespace: the
@@ -183,7 +200,8 @@ class ChatRenderer:
         for k, msg in enumerate(messages):
             if msg["role"] != "assistant":
                 continue
-            lo = _common_prefix(self.text(messages[:k], generation_prompt=True), full) if k else 0
+            lo = (_common_prefix(self.text(messages[:k], generation_prompt=True), full) if k
+                  else self._first_turn_start(messages, full))
             lo = max(lo, out[-1][1] if out else 0)
             hi = max(self._turn_end(messages, k, full), lo)
             while hi > lo and full[hi - 1].isspace():
@@ -191,6 +209,14 @@ class ChatRenderer:
             if hi > lo:
                 out.append((lo, hi))
         return full, out
+
+    def _first_turn_start(self, messages: list[dict[str, str]], full: str) -> int:
+        """Where the content of an assistant turn that opens the chat starts in ``full``: after
+        what the template writes before it (a default system prompt, the turn's header)."""
+        marked = [{**messages[0], "content": _PROBE + messages[0]["content"]}, *messages[1:]]
+        text = self.text(marked)
+        at = text.find(_PROBE)
+        return _common_prefix(text[:at], full) if at >= 0 else 0
 
     def _turn_end(self, messages: list[dict[str, str]], k: int, full: str) -> int:
         """Where assistant turn ``k`` and its end-of-turn text end in ``full``."""

@@ -149,12 +149,12 @@ def evaluate_set(draft: Any, target: Any, prompts: list[list[int]], *, name: str
     rows = []
     try:
         for temp in temperatures:
-            gens = []
-            for lo in bar(range(0, len(prompts), batch_size), unit="batch", enable=progress,
-                          desc=f"{name} T={temp:g}: decoding"):
-                gens += speculative_batch(draft, target, prompts[lo:lo + batch_size],
-                                          max_new_tokens=max_new_tokens, temperature=temp,
-                                          eos=eos, seed=seed + lo)
+            decoded = (g for lo in range(0, len(prompts), batch_size)
+                       for g in speculative_batch(draft, target, prompts[lo:lo + batch_size],
+                                                  max_new_tokens=max_new_tokens,
+                                                  temperature=temp, eos=eos, seed=seed + lo))
+            gens = list(bar(decoded, unit="prompt", total=len(prompts), enable=progress,
+                            desc=f"{name} T={temp:g}: decoding"))
             kept = [k for g in gens for k in g.accepted]
             row: dict[str, Any] = {
                 "set": name, "temperature": float(temp), "prompts": len(prompts),

@@ -23,17 +23,22 @@ Example::
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from lengthwise.atomic import fsync_dir, temporary_name
 from lengthwise.dflash.load import ARCHITECTURE, DERIVED, RENAME, check_target
 from lengthwise.dflash.mask_token import check_mask_token
 from lengthwise.errors import ConfigError
 
-__all__ = ["SPECULATORS_IMPORTS", "export_checkpoint", "export_draft", "exported_config",
-           "exported_weights", "speculators_converter", "to_speculators"]
+__all__ = ["SPECULATORS_IMPORTS", "export_checkpoint", "export_draft",
+           "export_full_disk_error", "exported_config", "exported_weights", "is_full_disk",
+           "speculators_converter", "to_speculators"]
 
 #: noise of ``PretrainedConfig.to_dict`` that says nothing about the draft
 _NOISE = ("id2label", "label2id", "problem_type", "chunk_size_feed_forward", "return_dict",
@@ -98,38 +103,120 @@ def exported_weights(draft: Any, *, dtype: str | None = None) -> dict[str, Any]:
 
 
 def export_draft(draft: Any, out: str | os.PathLike, *, dtype: str | None = None) -> Path:
-    """Write ``draft`` into the folder ``out`` (created; files in it are replaced); return it.
+    """Write ``draft`` into the folder ``out`` (created, or replaced whole); return it.
 
-    ``dtype``: ``float32``, ``bfloat16`` or ``float16`` (default: the draft's own).
+    ``dtype``: ``float32``, ``bfloat16`` or ``float16`` (default: the draft's own). The
+    files are written to a hidden folder beside ``out`` and checked, then renamed to
+    ``out``: a failure or a kill leaves no cut ``model.safetensors`` there (an older
+    ``out`` stays as it was), and a full disk is an ``OSError`` naming ``out`` that says so.
     """
-    from safetensors.torch import save_file
-
     weights = exported_weights(draft, dtype=dtype)
     kept = str(next(iter(weights.values())).dtype).removeprefix("torch.")
     config = exported_config(draft.config, dtype=kept)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n",
-                                     encoding="utf-8")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temporary_name(out)
+        try:
+            tmp.mkdir()
+            _write_export(tmp, weights, config)
+            _replace_folder(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException as exc:
+        if is_full_disk(exc):
+            raise export_full_disk_error(out) from None
+        raise
     return out
+
+
+def _write_export(folder: Path, weights: dict[str, Any], config: dict[str, Any]) -> None:
+    """``model.safetensors`` (read back: every tensor there) and ``config.json`` in ``folder``."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    path = folder / "model.safetensors"
+    save_file(weights, str(path), metadata={"format": "pt"})
+    from lengthwise.dflash.target import weight_errors
+
+    try:  # a cut file fails here, not when it is served
+        with safe_open(str(path), framework="pt") as fh:
+            names = set(fh.keys())
+            for name in names:
+                fh.get_slice(name)
+    except weight_errors() as exc:
+        if is_full_disk(exc):
+            raise
+        names = set()
+    if names != set(weights) or path.stat().st_size < sum(
+            w.numel() * w.element_size() for w in weights.values()):
+        raise OSError(errno.EIO, "was not written whole (is the disk full?): the draft was not "
+                      "exported", str(path))
+    with open(folder / "config.json", "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    fsync_dir(folder)
+
+
+def _replace_folder(tmp: Path, out: Path) -> None:
+    """Rename the complete folder ``tmp`` to ``out``, an older ``out`` removed after."""
+    old = None
+    if out.exists() or out.is_symlink():
+        old = temporary_name(out.with_name(out.name + ".old"))
+        os.replace(out, old)
+    os.replace(tmp, out)
+    fsync_dir(out.parent)
+    if old is not None:
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink(missing_ok=True)
+
+
+def is_full_disk(exc: BaseException) -> bool:
+    """Whether ``exc`` says the disk (or the user's quota) is full: an ``OSError`` with
+    ``ENOSPC``/``EDQUOT``, or safetensors' own error wrapping one.
+
+    Example::
+
+        >>> is_full_disk(OSError(28, "No space left on device")), is_full_disk(ValueError("x"))
+        (True, False)
+    """
+    from lengthwise.dflash.target import weight_errors
+
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(exc)
+    return isinstance(exc, weight_errors()) and any(
+        s in text for s in ("No space left", "StorageFull", "os error 28", "Disk quota"))
+
+
+def export_full_disk_error(out: Path) -> OSError:
+    """The one-line error of an export the disk had no room for (nothing left in ``out``)."""
+    return OSError(errno.ENOSPC, "the disk is full (no space left on the device): the draft "
+                   "was not exported; free space and export again", str(out))
 
 
 def export_checkpoint(path: str | os.PathLike, out: str | os.PathLike, *,
                       dtype: str | None = None, target_config: Any = None,
-                      target_tokenizer: Any = None, target: str = "") -> Path:
-    """Export the draft of a run or checkpoint (``load.load_draft_checkpoint``) into ``out``.
+                      target_tokenizer: Any = None, target: str = "",
+                      said: Callable[[str], None] | None = None) -> Path:
+    """Export the draft of a run or checkpoint (``load.trained_draft``) into ``out``.
 
-    ``target_config``: the target's Hugging Face config, checked against the draft
-    (layers, width, vocabulary) and supplying the vocabulary size when the draft
-    config lacks it. ``target_tokenizer``: the target's tokenizer (``target`` names
-    its folder), refused before anything is written when it is not the one the
-    draft was trained with.
+    A run folder gives its final draft when it has one, else its newest checkpoint;
+    ``said`` receives the text naming the draft taken. ``target_config``: the
+    target's Hugging Face config, checked against the draft (layers, width,
+    vocabulary) and supplying the vocabulary size when the draft config lacks it.
+    ``target_tokenizer``: the target's tokenizer (``target`` names its folder),
+    refused before anything is written when it is not the one the draft was trained with.
     """
-    from lengthwise.dflash.load import load_draft_checkpoint
+    from lengthwise.dflash.load import trained_draft
     from lengthwise.dflash.tokenizer_id import check_draft_tokenizer
 
-    draft = load_draft_checkpoint(path)
+    draft, named = trained_draft(path)
+    if said is not None:
+        said(named)
     if target_tokenizer is not None:
         check_draft_tokenizer(draft.config, target_tokenizer, draft=str(path), target=target)
     if target_config is not None:

@@ -1,7 +1,8 @@
 """Drafts back from disk: a training run or checkpoint, or a folder in the served layout.
 
-:func:`load_draft` takes either; :func:`load_draft_checkpoint` reads a run's
-checkpoint with its ``draft_config.json``; :func:`load_exported` reads the
+:func:`load_draft` takes either; :func:`trained_draft` reads a run's final
+draft (``final/``, when the run finished) or a checkpoint with its
+``draft_config.json``, and names the one it took; :func:`load_exported` reads the
 reference ``dflash`` layout that :mod:`~lengthwise.dflash.export` writes (and
 drafts published in it). :func:`check_target` refuses a target the draft was
 not trained for.
@@ -28,8 +29,8 @@ from typing import Any
 
 from lengthwise.errors import ConfigError
 
-__all__ = ["ARCHITECTURE", "RENAME", "check_target", "load_draft", "load_draft_checkpoint",
-           "load_exported"]
+__all__ = ["ARCHITECTURE", "FINAL", "FINAL_STEP", "RENAME", "check_target", "load_draft",
+           "load_draft_checkpoint", "load_exported", "open_draft", "trained_draft"]
 
 #: the draft class the reference package and SGLang instantiate
 ARCHITECTURE = "DFlashDraftModel"
@@ -39,23 +40,49 @@ RENAME = {"context_norm.": "hidden_norm."}
 DERIVED = ("rotary.",)
 
 
-def load_draft_checkpoint(path: str | os.PathLike) -> Any:
-    """A :class:`~lengthwise.dflash.model.DFlashDraft` from a training checkpoint.
+#: the trained draft a finished run leaves in its folder (``draft.pt``, ``config.json``)
+FINAL = "final"
+#: the step a run's final draft was trained for, beside it (``{"step": N}``)
+FINAL_STEP = "step.json"
 
-    ``path``: a run folder (holding ``checkpoints/``), a checkpoints folder (its
-    newest complete checkpoint) or one ``step_N`` folder.
+
+def trained_draft(path: str | os.PathLike) -> tuple[Any, str]:
+    """A :class:`~lengthwise.dflash.model.DFlashDraft` from a training run, and which one it is.
+
+    ``path``: a run folder (its final draft when the run finished, else its newest
+    complete checkpoint), its ``final`` folder, its ``checkpoints`` folder (the newest
+    complete checkpoint) or one ``step_N`` folder. The text names the draft taken, e.g.
+    ``"run/final (step 80)"`` or ``"run/checkpoints/step_60 (step 60; the run has no
+    final draft)"``.
     """
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"{path}: no such run or checkpoint folder")
+    if (path / FINAL / "draft.pt").is_file():
+        path = path / FINAL
+    if (path / "draft.pt").is_file():
+        return _final_draft(path)
+    run = (path / "checkpoints").is_dir()
+    if run:
+        path = path / "checkpoints"
+    draft, step = _checkpoint_draft(path)
+    return draft, f"{step} (step {step.name.removeprefix('step_')}" + (
+        "; the run has no final draft)" if run else ")")
+
+
+def load_draft_checkpoint(path: str | os.PathLike) -> Any:
+    """The draft of a training run or checkpoint (:func:`trained_draft`)."""
+    return trained_draft(path)[0]
+
+
+def _checkpoint_draft(path: Path) -> tuple[Any, Path]:
+    """The draft of one checkpoint (``path``, or the newest complete one under it)."""
     from lengthwise.dflash.config import read_draft_config
     from lengthwise.dflash.model import DFlashDraft
     from lengthwise.train.checkpoint import load_checkpoint
     from lengthwise.train.checkpoint.errors import CheckpointError
     from lengthwise.train.checkpoint.layout import resolve_checkpoint
 
-    path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"{path}: no such run or checkpoint folder")
-    if (path / "checkpoints").is_dir():
-        path = path / "checkpoints"
     try:
         step, _ = resolve_checkpoint(path)
     except (FileNotFoundError, CheckpointError) as exc:
@@ -65,7 +92,42 @@ def load_draft_checkpoint(path: str | os.PathLike) -> Any:
         load_checkpoint(step, model=draft, restore_rng=False)
     except CheckpointError as exc:
         raise ConfigError(f"{step}: {exc}") from exc
-    return draft.eval()
+    return draft.eval(), step
+
+
+def _final_draft(folder: Path) -> tuple[Any, str]:
+    """The final draft a run wrote to ``folder`` (``draft.pt`` read with ``weights_only``)."""
+    import pickle
+
+    import torch
+
+    from lengthwise.dflash.model import DFlashConfig, DFlashDraft
+
+    try:
+        fields = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        draft = DFlashDraft(DFlashConfig(**fields))
+    except (OSError, ValueError, TypeError) as exc:
+        raise ConfigError(f"{folder}/config.json: not a readable draft config "
+                          f"({' '.join(str(exc).split())[:200]})") from None
+    try:
+        state = torch.load(folder / "draft.pt", map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise ConfigError(f"{folder}/draft.pt holds objects other than tensors; refused, not "
+                          "loaded") from None
+    except (OSError, RuntimeError, EOFError) as exc:  # damaged or cut short
+        raise ConfigError(f"{folder}/draft.pt: not readable, damaged or cut short "
+                          f"({' '.join(str(exc).split())[:200]})") from None
+    try:
+        draft.load_state_dict(state)
+    except (RuntimeError, TypeError, AttributeError) as exc:  # other weights or not a dict
+        raise ConfigError(f"{folder}/draft.pt: not the weights of this draft, damaged or cut "
+                          f"short ({' '.join(str(exc).split())[:200]})") from None
+    try:
+        step = int(json.loads((folder / FINAL_STEP).read_text(encoding="utf-8"))["step"])
+        named = f"{folder} (step {step})"
+    except (OSError, ValueError, KeyError, TypeError):  # a run written before it was saved
+        named = f"{folder} (the run's final draft)"
+    return draft.eval(), named
 
 
 def check_target(cfg: Any, target_config: Any) -> None:
@@ -148,7 +210,12 @@ def load_exported(folder: str | os.PathLike) -> Any:
 
 def load_draft(path: str | os.PathLike) -> Any:
     """A draft from an exported folder (``config.json``) or a training run or checkpoint."""
+    return open_draft(path)[0]
+
+
+def open_draft(path: str | os.PathLike) -> tuple[Any, str]:
+    """:func:`load_draft` and the text naming the draft taken (:func:`trained_draft`)."""
     path = Path(path)
     if (path / "config.json").is_file() and (path / "model.safetensors").is_file():
-        return load_exported(path)
-    return load_draft_checkpoint(path)
+        return load_exported(path), f"{path} (exported)"
+    return trained_draft(path)

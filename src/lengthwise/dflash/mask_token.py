@@ -7,26 +7,29 @@ target's frozen embedding, so a servable draft trains the same way.
 (as the reference drafts for Qwen3 do: id 151669, a padding row of the target's
 151,936-row embedding); when the new id lies beyond the target's embedding,
 the target's embedding and LM head grow by the rows needed (save that target
-with the draft: the engine must embed the id).
+with the draft: the engine must embed the id) unless the tokenizer has a special
+token the target never writes, which is taken instead.
 
 Example::
 
     >>> from tokenizers import Tokenizer, models
     >>> tok = Tokenizer(models.WordLevel({"a": 0, "b": 1}, unk_token="a"))
     >>> ensure_mask_token(tok)
-    MaskToken(id=2, token='<|MASK|>', added=True, resized=False)
+    MaskToken(id=2, token='<|MASK|>', added=True, resized=False, unused=False)
     >>> ensure_mask_token(tok).added
     False
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from lengthwise.errors import ConfigError
 
-__all__ = ["MASK_TOKEN", "MaskToken", "check_mask_token", "ensure_mask_token", "grow_vocabulary"]
+__all__ = ["MASK_TOKEN", "MaskToken", "check_mask_token", "ensure_mask_token", "grow_vocabulary",
+           "unused_special_token"]
 
 #: the token the reference drafts add when a tokenizer has no mask token
 MASK_TOKEN = "<|MASK|>"
@@ -34,12 +37,14 @@ MASK_TOKEN = "<|MASK|>"
 
 @dataclass(frozen=True)
 class MaskToken:
-    """The mask token's id and text; whether it was added to the tokenizer and the target grown."""
+    """The mask token's id and text; whether it was added to the tokenizer and the target grown,
+    or is a special token of the tokenizer that the target never writes (``unused``)."""
 
     id: int
     token: str
     added: bool
     resized: bool
+    unused: bool = False
 
 
 def ensure_mask_token(tokenizer: Any, model: Any = None) -> MaskToken:
@@ -47,9 +52,17 @@ def ensure_mask_token(tokenizer: Any, model: Any = None) -> MaskToken:
 
     ``tokenizer``: a ``transformers`` tokenizer or a ``tokenizers.Tokenizer``. With
     ``model`` (the target), an id beyond its embedding grows the embedding and LM
-    head (``resize_token_embeddings``) so that the target can embed it.
+    head (``resize_token_embeddings``) so that the target can embed it; before that,
+    a special token the target never writes (:func:`unused_special_token`) is taken
+    instead, so that the draft is served with the target as it is.
     """
     if hasattr(tokenizer, "add_special_tokens") and hasattr(tokenizer, "convert_tokens_to_ids"):
+        if model is not None and _hf_has_no_mask(tokenizer) and len(tokenizer) >= int(
+                model.get_input_embeddings().weight.shape[0]):
+            spare = unused_special_token(tokenizer, model)
+            if spare is not None:
+                return MaskToken(id=spare[1], token=spare[0], added=False, resized=False,
+                                 unused=True)
         token, tid, added = _hf_mask(tokenizer)
     elif hasattr(tokenizer, "token_to_id"):
         tid = tokenizer.token_to_id(MASK_TOKEN)
@@ -94,6 +107,46 @@ def grow_vocabulary(model: Any, rows: int) -> bool:
             if bias is not None:
                 bias[old:] = bias[:old].mean()
     return True
+
+
+#: names of special tokens that tokenizers keep spare (Llama 3's, Gemma's, BERT's)
+_SPARE = re.compile(r"reserved|unused", re.IGNORECASE)
+
+
+def unused_special_token(tokenizer: Any, model: Any) -> tuple[str, int] | None:
+    """A special token of ``tokenizer`` the target never writes in a chat, within its embedding.
+
+    A candidate is a special added token that is none of the tokenizer's named tokens
+    (bos, eos, pad, unk, ...), none of the model's end-of-sequence, bos or pad ids, and
+    absent from the chat template's text. Names of spare tokens (``reserved``,
+    ``unused``) come first, then the lowest id; ``None`` when there is no candidate.
+    """
+    rows = int(model.get_input_embeddings().weight.shape[0])
+    named = {str(v) for v in getattr(tokenizer, "special_tokens_map", {}).values()
+             if isinstance(v, str)}
+    taken: set[int] = set()
+    for src in (getattr(model, "config", None), getattr(model, "generation_config", None)):
+        for key in ("eos_token_id", "bos_token_id", "pad_token_id"):
+            value = getattr(src, key, None) if src is not None else None
+            taken.update(int(t) for t in (value if isinstance(value, (list, tuple))
+                                          else [value]) if t is not None)
+    template = getattr(tokenizer, "chat_template", None) or ""
+    if isinstance(template, dict):
+        template = " ".join(str(t) for t in template.values())
+    found = [(not _SPARE.search(t.content), int(i), t.content)
+             for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()
+             if getattr(t, "special", False) and int(i) < rows and int(i) not in taken
+             and t.content not in named and t.content not in template]
+    if not found:
+        return None
+    _, tid, token = min(found)
+    return token, tid
+
+
+def _hf_has_no_mask(tokenizer: Any) -> bool:
+    """Whether a transformers tokenizer has neither a mask token nor ``<|MASK|>``."""
+    return (getattr(tokenizer, "mask_token_id", None) is None
+            and MASK_TOKEN not in tokenizer.get_vocab())
 
 
 def _hf_mask(tokenizer: Any) -> tuple[str, int, bool]:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -51,6 +51,8 @@ __all__ = ["PrepareConfig", "PrepareCounts", "prepare_chats", "shard_name"]
 FORMAT = 2
 _META_KEY = b"lengthwise.prepare"
 OVERLONG = ("truncate", "drop")
+#: settings of how a run computes, not of what it writes: left out of the shards' fingerprint
+_UNRECORDED = ("progress", "device", "dtype")
 
 
 @dataclass
@@ -79,6 +81,7 @@ class PrepareConfig:
     backend: str = "auto"  # of regeneration: "hf", "vllm", or vLLM when installed (CUDA)
     seed: int = 0
     device: str = "cpu"
+    dtype: str | None = None  # of the regenerating target: None is float32 on CPU
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -89,6 +92,8 @@ class PrepareConfig:
             raise ConfigError(f"backend must be auto, hf or vllm, got {self.backend!r}")
         if self.overlong not in OVERLONG:
             raise ConfigError(f"overlong must be 'truncate' or 'drop', got {self.overlong!r}")
+        if self.dtype is not None and self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if not (isinstance(self.temperature, (int, float)) and self.temperature >= 0):
             raise ConfigError(f"temperature must be >= 0, got {self.temperature!r}")
 
@@ -116,6 +121,17 @@ class PrepareCounts:
                 setattr(self, name, getattr(self, name) + value)
 
 
+def turn_log_name(k: int) -> str:
+    """File name of the turns regeneration finished in shard ``k`` (removed once it is written).
+
+    Example::
+
+        >>> turn_log_name(3)
+        'regenerated-00003.jsonl'
+    """
+    return f"regenerated-{k:05d}.jsonl"
+
+
 def shard_name(k: int) -> str:
     """File name of shard ``k``.
 
@@ -135,7 +151,7 @@ def _fingerprint(source: Path, target: Path, cfg: PrepareConfig,
     tokenizer was recorded apart, which held the template.
     """
     st = source.stat()
-    settings = {k: v for k, v in asdict(cfg).items() if k not in ("progress", "device")}
+    settings = {k: v for k, v in asdict(cfg).items() if k not in _UNRECORDED}
     parts = {"source": str(source.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
              "target": str(target.resolve()), "settings": settings, "format": FORMAT}
     if template is not None:
@@ -192,22 +208,33 @@ class _Shard:
     def __init__(self, renderer: ChatRenderer, cfg: PrepareConfig, generator: Any) -> None:
         self.renderer, self.cfg, self.generator = renderer, cfg, generator
 
-    def run(self, items: list[tuple[int, str, Any]], k: int,
-            ) -> tuple[list[list[int]], list[list[int]], list[int], PrepareCounts]:
+    def run(self, items: list[tuple[int, str, Any]], k: int, log: Any = None,
+            ) -> Generator[int, None, tuple[list[list[int]], list[list[int]], list[int],
+                                            PrepareCounts]]:
+        """Yields once per regenerated turn; returns the shard's ids, masks, rows and counts.
+
+        ``log``: the shard's :class:`~lengthwise.dflash.regenerate.TurnLog` (turns an
+        interrupted run finished are taken from it, new ones added to it).
+        """
         cfg = self.cfg
         convs = [normalise(raw, where=where, allow_empty_assistant=cfg.regenerate)
                  for _, where, raw in items]
         counts = PrepareCounts(rows=len(items))
+        written: list[Any] = [None] * len(convs)
         if cfg.regenerate:
-            done, unfinished = self.generator.rewrite(convs, seed=cfg.seed + k)
-            counts.regenerated_turns, counts.unfinished_turns = done, unfinished
+            for (_, where, _), conv in zip(items, convs, strict=True):
+                _render_or_name(lambda conv=conv: self.renderer.text(conv), where)
+            done = log.read() if log is not None else {}
+            if log is not None:
+                log.start(done)
+            written, counts.regenerated_turns, counts.unfinished_turns = (
+                yield from self.generator.regenerate(
+                    convs, seed=cfg.seed + k, done=done,
+                    record=log.append if log is not None else None))
         ids_out, masks_out, rows_out = [], [], []
-        for (row, where, _), conv in zip(items, convs, strict=True):
-            try:
-                r = self.renderer.render(conv)
-            except TEMPLATE_ERRORS as exc:  # the template refused this conversation
-                raise DataError(f"{where}: the chat template cannot render it "
-                                f"({' '.join(str(exc).split())[:200]})") from None
+        for (row, where, _), conv, got in zip(items, convs, written, strict=True):
+            r = got if got is not None else _render_or_name(
+                lambda conv=conv: self.renderer.render(conv), where)
             ids, mask = r.input_ids, r.loss_mask
             if cfg.max_len is not None and len(ids) > cfg.max_len:
                 if cfg.overlong == "drop":
@@ -227,6 +254,15 @@ class _Shard:
             masks_out.append(mask)
             rows_out.append(row)
         return ids_out, masks_out, rows_out, counts
+
+
+def _render_or_name(render: Any, where: str) -> Any:
+    """``render()``, a template's refusal of the conversation re-raised naming ``where``."""
+    try:
+        return render()
+    except TEMPLATE_ERRORS as exc:  # the template refused this conversation
+        raise DataError(f"{where}: the chat template cannot render it "
+                        f"({' '.join(str(exc).split())[:200]})") from None
 
 
 def prepare_chats(source: str | Path, target: str | Path, out: str | Path,
@@ -281,19 +317,36 @@ def _prepare(chats: ChatSource, target: Path, out: Path, cfg: PrepareConfig, tok
     generator = None
     if todo:
         if cfg.regenerate:
-            from lengthwise.dflash.regenerate import TurnGenerator
+            from lengthwise.dflash.regenerate import TurnGenerator, TurnLog, turns_to_write
 
             generator = TurnGenerator(target, renderer, cfg, info=info)
         shard = _Shard(renderer, cfg, generator)
         out.mkdir(parents=True, exist_ok=True)
-        for k in progress(todo, desc="dflash prepare", unit="shard", total=len(todo),
-                          enable=cfg.progress and rank == 0):
-            lo, hi = k * cfg.shard_rows, min(total, (k + 1) * cfg.shard_rows)
-            items = list(chats.rows(lo, hi))
-            ids, masks, rows, c = shard.run(items, k)
-            _write_shard(out / shard_name(k), ids, masks, rows,
-                         {"fingerprint": fp, "tokenizer": key, "rows": [lo, hi],
-                          "counts": asdict(c)})
+
+        def work() -> Iterator[int]:
+            """Prepare the shards to do; yields once per shard (per turn, regenerating)."""
+            for k in todo:
+                lo, hi = k * cfg.shard_rows, min(total, (k + 1) * cfg.shard_rows)
+                log = (TurnLog(out / turn_log_name(k), {"fingerprint": fp, "tokenizer": key})
+                       if cfg.regenerate else None)
+                ids, masks, rows, c = yield from shard.run(list(chats.rows(lo, hi)), k, log)
+                _write_shard(out / shard_name(k), ids, masks, rows,
+                             {"fingerprint": fp, "tokenizer": key, "rows": [lo, hi],
+                              "counts": asdict(c)})
+                if log is None:
+                    yield k
+                else:
+                    log.path.unlink(missing_ok=True)
+
+        if cfg.regenerate:
+            turns = sum(turns_to_write(normalise(raw, where=where, allow_empty_assistant=True))
+                        for k in todo for _, where, raw in chats.rows(
+                            k * cfg.shard_rows, min(total, (k + 1) * cfg.shard_rows)))
+            bar = {"desc": "dflash prepare: the target writes", "unit": "turn", "total": turns}
+        else:
+            bar = {"desc": "dflash prepare", "unit": "shard", "total": len(todo)}
+        for _ in progress(work(), enable=cfg.progress and rank == 0, **bar):
+            pass
     barrier(info)
     counts = PrepareCounts()
     for k in range(nshards):

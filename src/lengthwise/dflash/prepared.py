@@ -65,6 +65,17 @@ class PreparedChats:
         return max((int(c[0][c[1][0]:c[1][-1]].max()) for c in self._chunks
                     if c[1][-1] > c[1][0]), default=-1)
 
+    def unlearnable_when_cut(self, idx: np.ndarray, max_len: int) -> np.ndarray:
+        """Whether each sample ``idx`` is longer than ``max_len`` and keeps no two consecutive
+        supervised tokens (no anchor, so no loss) in its first ``max_len`` tokens."""
+        from lengthwise.dflash.objective import anchor_candidates
+
+        idx = np.asarray(idx, dtype=np.int64)
+        out = np.zeros(idx.size, dtype=bool)
+        for k in np.flatnonzero(self.lengths[idx] > max_len):
+            out[k] = anchor_candidates(self._locate(int(idx[k]))[1][:max_len]).size == 0
+        return out
+
     def sample(self, i: int) -> dict[str, np.ndarray]:
         """Sample ``i`` as the collators take it: ``input_ids``, ``labels`` (-100: not learned).
 

@@ -302,6 +302,7 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
     """:func:`train_draft` with the run folder's lock held."""
     import torch
 
+    from lengthwise.dflash.load import FINAL_STEP
     from lengthwise.dflash.mask_token import ensure_mask_token
     from lengthwise.dflash.objective import target_layer_ids
     from lengthwise.dflash.resume_settings import (
@@ -319,6 +320,12 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
     configure_torch(device, threads=cfg.threads, deterministic=cfg.deterministic)
     perm = np.random.default_rng([cfg.seed, 7919]).permutation(n)
     held_idx, train_idx = np.sort(perm[: run.eval_samples]), np.sort(perm[run.eval_samples:])
+    unlearnable = data.unlearnable_when_cut(train_idx, cfg.max_len)
+    dropped = int(unlearnable.sum())
+    if dropped == train_idx.size:
+        raise ConfigError(f"max_len {cfg.max_len}: every training sample is cut before two "
+                          "consecutive supervised tokens, so none has any loss; raise max_len")
+    train_idx = train_idx[~unlearnable]
     lengths = np.minimum(data.lengths[train_idx], cfg.max_len)
     cut = int((data.lengths[train_idx] > cfg.max_len).sum())
 
@@ -330,8 +337,7 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
         return {k: v[: cfg.max_len] for k, v in s.items()}
 
     applied = _check_out(out, cfg, run, data.info, group)
-    dtype = torch.bfloat16 if device.type == "cuda" else None
-    model = load_target(run.target, dtype=dtype, device=device)
+    model = load_target(run.target, dtype=cfg.dtype, device=device)
     # the blocks' mask token: the tokenizer's own, else <|MASK|> added (the target embeds it)
     rows = int(model.get_input_embeddings().weight.shape[0])
     mask = ensure_mask_token(tokenizer, model)
@@ -367,15 +373,20 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
         if applied:
             say(group, f"lengthwise dflash train: resume: applied from step {loop.step_count} "
                        f"on: {', '.join(applied)}")
-    say(group, f"lengthwise dflash train: target {run.target} ({n_layers} layers; layers "
+    say(group, f"lengthwise dflash train: target {run.target} ({n_layers} layers, "
+               f"{str(model.dtype).removeprefix('torch.')}; layers "
                f"{target.layers} feed a {cfg.draft_layers}-layer draft, block {cfg.block_size}); "
                f"{train_idx.size} training samples ({int(lengths.sum())} tokens"
                + (f", {cut} truncated to max_len {cfg.max_len}" if cut else "")
+               + (f"; {dropped} dropped: no supervised tokens left after truncation to "
+                  f"max_len {cfg.max_len}" if dropped else "")
                + f"), {held_idx.size} held out; {cfg.steps} steps x {cfg.grad_accum} "
                f"micro-batches of <= {cfg.max_tokens} tokens x {world} rank(s)"
                + (f"; resumed at step {loop.step_count}" if loop.resumed_from else ""))
     say(group, f"lengthwise dflash train: mask token {mask.token} id {mask.id}"
                + (" (added to the tokenizer)" if mask.added else "")
+               + (" (a special token of the tokenizer that the chat template never writes: "
+                  "the target serves the draft as it is)" if mask.unused else "")
                + (f"; the target's embedding and LM head grew from {rows} to {mask.id + 1} "
                   f"rows: export, evaluate and serve the draft with the target saved to {serve}"
                   if mask.resized else ""))
@@ -392,6 +403,8 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
             torch.save(draft.state_dict(), final / "draft.pt")
             (final / "config.json").write_text(json.dumps(dcfg.to_dict(), indent=2) + "\n",
                                                encoding="utf-8")
+            (final / FINAL_STEP).write_text(json.dumps({"step": loop.step_count}) + "\n",
+                                            encoding="utf-8")
     finally:
         loop.close()
     if rank != 0:
@@ -400,7 +413,8 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
     evals = [r for r in records if r.get("eval_accuracy") is not None]
     return {"steps": loop.step_count, "resumed_from": loop.resumed_from,
             "train_samples": int(train_idx.size), "eval_samples": int(held_idx.size),
-            "truncated_samples": cut, "loss": last.get("loss"), "accuracy": last.get("accuracy"),
+            "truncated_samples": cut, "dropped_unsupervised_after_truncation": dropped,
+            "loss": last.get("loss"), "accuracy": last.get("accuracy"),
             "eval": ({k: evals[-1][k] for k in ("step", "eval_loss", "eval_accuracy",
                                                 "eval_simulated_acceptance_length")}
                      if evals else None),

@@ -7,7 +7,9 @@ turns), rendered with the chat template's generation prompt. A conversation
 that ends with a user turn gets a new assistant turn. Generation is Hugging
 Face ``generate`` (:func:`~lengthwise.dflash.generate.generate_responses`),
 or vLLM when it is installed (one process on CUDA; ``backend``), greedy at
-temperature 0, sampled above.
+temperature 0, sampled above. Each sample keeps the target's own token ids of
+the turns it wrote (:func:`splice`), and each shard's finished turns are logged
+(:class:`TurnLog`) so that an interrupted run resumes with them.
 
 Example::
 
@@ -16,12 +18,16 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["BACKENDS", "TurnGenerator", "pick_backend", "stop_ids"]
+from lengthwise.dflash.chat import Rendered
+
+__all__ = ["BACKENDS", "TurnGenerator", "TurnLog", "pick_backend", "splice", "stop_ids",
+           "turns_to_write"]
 
 
 def stop_ids(tokenizer: Any, model_config: Any, generation_config: Any = None) -> list[int]:
@@ -104,14 +110,11 @@ class TurnGenerator:
 
             self.engine = LLM(model=str(target), seed=cfg.seed)
         else:
-            import torch
-
             from lengthwise.dflash.target import load_target
             from lengthwise.train.device import pick_device
 
             self.device = pick_device(cfg.device, info)
-            dtype = torch.bfloat16 if self.device.type == "cuda" else None
-            self.model = load_target(target, dtype=dtype, device=self.device).eval()
+            self.model = load_target(target, dtype=cfg.dtype, device=self.device).eval()
 
     def _generate(self, prompts: list[np.ndarray], seed: int) -> list[list[int]]:
         """Each prompt's continuation, up to and including its first stop token."""
@@ -132,23 +135,164 @@ class TurnGenerator:
                                   batch_size=self.cfg.batch_size, device=self.device)
         return [o.tolist() for o in outs]
 
-    def rewrite(self, convs: list[list[dict[str, str]]], *, seed: int) -> tuple[int, int]:
-        """Replace every assistant turn of ``convs`` in place; (turns written, turns cut short)."""
+    def regenerate(self, convs: list[list[dict[str, str]]], *, seed: int,
+                   done: dict[tuple[int, int], list[int]] | None = None,
+                   record: Callable[[list[tuple[int, int, list[int]]]], None] | None = None,
+                   ) -> Generator[int, None, tuple[list[Rendered], int, int]]:
+        """Rewrite every assistant turn of ``convs``; yields once per turn written and
+        returns ``(samples, turns written, turns cut at max_new_tokens)``.
+
+        Each sample (a :class:`~lengthwise.dflash.chat.Rendered`) holds the target's own
+        token ids of every turn it wrote (:func:`splice`), its end-of-turn token only
+        where it wrote one. ``done`` maps ``(conversation, turn)`` to the ids written
+        before (a resumed run); ``record`` receives ``(conversation, turn, ids)`` after
+        each batch. ``convs`` get the turns as text (the next turn's prompt).
+        """
+        done = done or {}
         for conv in convs:
             if conv[-1]["role"] != "assistant":
                 conv.append({"role": "assistant", "content": ""})
         turns = [[j for j, m in enumerate(c) if m["role"] == "assistant"] for c in convs]
-        done = unfinished = 0
+        samples = [Rendered([], []) for _ in convs]
+        last: list[int | None] = [None] * len(convs)  # each conversation's turn written last
+        written = cut = 0
+        step = self.cfg.batch_size
         for r in range(max((len(t) for t in turns), default=0)):
             todo = [(i, t[r]) for i, t in enumerate(turns) if len(t) > r]
-            prompts = [np.asarray(self.renderer.prompt_ids(convs[i][:j]), dtype=np.int64)
-                       for i, j in todo]
-            for (i, j), toks in zip(todo, self._generate(prompts, seed * 1009 + r), strict=True):
-                if toks and toks[-1] in self.stops:
-                    toks = toks[:-1]
-                else:
-                    unfinished += 1
+            prompts = {i: self.renderer.prompt_ids(convs[i][:j]) for i, j in todo}
+            new = {i: list(done[(i, r)]) for i, _ in todo if (i, r) in done}
+            yield from range(len(new))
+            rest = sorted((i for i, _ in todo if i not in new), key=lambda i: len(prompts[i]))
+            for lo in range(0, len(rest), step):
+                batch = rest[lo:lo + step]
+                outs = self._generate([np.asarray(prompts[i], dtype=np.int64) for i in batch],
+                                      (seed * 1009 + r) * 7919 + lo // step)
+                new.update(zip(batch, outs, strict=True))
+                if record is not None:
+                    record([(i, r, new[i]) for i in batch])
+                yield from range(len(batch))
+            for i, j in todo:
+                toks = new[i]
+                ended = bool(toks) and toks[-1] in self.stops
+                cut += not ended
+                written += 1
+                samples[i] = splice(
+                    samples[i], prompts[i], toks,
+                    after=lambda i=i, j=j: (None if last[i] is None else
+                                            self.renderer.prompt_after(convs[i][:j], last[i])),
+                    history=lambda i=i, j=j: self.renderer.render(convs[i][:j]))
+                last[i] = j
                 convs[i][j] = {"role": "assistant", "content": self.renderer.tokenizer.decode(
-                    toks, skip_special_tokens=True)}
-                done += 1
-        return done, unfinished
+                    toks[:-1] if ended else toks, skip_special_tokens=True)}
+        return samples, written, cut
+
+
+def splice(sample: Rendered, prompt: list[int], written: list[int], *,
+           after: Callable[[], list[int] | None], history: Callable[[], Rendered]) -> Rendered:
+    """``sample`` (a :class:`~lengthwise.dflash.chat.Rendered`) continued by a turn the target
+    wrote: the prompt's new tokens unlearned, then ``written`` (the target's ids) learned.
+
+    The new tokens are those of ``prompt`` past ``sample`` when ``sample`` begins it;
+    else (the template's text of the earlier turns encodes to other ids than the target
+    wrote) ``after()``, the prompt's ids after the turn written last, without an
+    end-of-turn token the target already wrote. When neither is known the sample restarts
+    from ``prompt``, with the loss mask ``history()`` (the conversation before the turn
+    rendered) gives its tokens.
+
+    Example::
+
+        >>> from lengthwise.dflash.chat import Rendered
+        >>> s = splice(Rendered([], []), [1, 2], [7, 8], after=None, history=None)
+        >>> s = splice(s, [1, 2, 7, 8, 3], [9], after=None, history=None)
+        >>> s.input_ids, s.loss_mask
+        ([1, 2, 7, 8, 3, 9], [0, 0, 1, 1, 0, 1])
+        >>> s = splice(s, [1, 2, 5, 8, 3, 9, 4], [6], after=lambda: [4], history=None)
+        >>> s.input_ids, s.loss_mask
+        ([1, 2, 7, 8, 3, 9, 4, 6], [0, 0, 1, 1, 0, 1, 0, 1])
+        >>> s = splice(s, [5, 4], [3], after=lambda: None, history=lambda: Rendered([5], [1]))
+        >>> s.input_ids, s.loss_mask
+        ([5, 4, 3], [1, 0, 1])
+    """
+    n = len(sample.input_ids)
+    tail = None if prompt[:n] == sample.input_ids else after()
+    if prompt[:n] == sample.input_ids:
+        ids, mask = sample.input_ids + prompt[n:], sample.loss_mask + [0] * (len(prompt) - n)
+    elif tail is not None:
+        if sample.input_ids and tail[:1] == sample.input_ids[-1:] and sample.loss_mask[-1]:
+            tail = tail[1:]  # the target wrote the end-of-turn token the template writes
+        ids, mask = sample.input_ids + tail, sample.loss_mask + [0] * len(tail)
+    else:
+        before = history()
+        m = len(before.input_ids)
+        known = prompt[:m] == before.input_ids
+        ids, mask = list(prompt), (before.loss_mask if known else []) + [0] * (
+            len(prompt) - (m if known else 0))
+    return Rendered(ids + list(written), mask + [1] * len(written))
+
+
+def turns_to_write(conv: list[dict[str, str]]) -> int:
+    """How many turns regeneration writes in ``conv``: each assistant turn, and one more
+    when the conversation ends with another role's turn.
+
+    Example::
+
+        >>> turns_to_write([{"role": "user", "content": "hi"}])
+        1
+    """
+    return sum(m["role"] == "assistant" for m in conv) + (conv[-1]["role"] != "assistant")
+
+
+class TurnLog:
+    """The turns regeneration finished in one shard, as JSON lines beside the shard.
+
+    The first line is ``{"header": ...}`` (the shard's settings and tokenizer); each
+    next line is ``{"row": i, "turn": r, "ids": [...]}``, appended and flushed after
+    every batch, so that a run stopped by Ctrl-C or a kill resumes with them. A log
+    with another header is started again; a line cut by a kill is ignored.
+    """
+
+    def __init__(self, path: Path, header: dict[str, Any]) -> None:
+        self.path, self.header = Path(path), header
+
+    def read(self) -> dict[tuple[int, int], list[int]]:
+        """The turns written before under the same header (none when the log is another's)."""
+        import json
+
+        if not self.path.is_file():
+            return {}
+        lines = self.path.read_text(encoding="utf-8").splitlines()
+        out: dict[tuple[int, int], list[int]] = {}
+        try:
+            if not lines or json.loads(lines[0]) != {"header": self.header}:
+                return {}
+        except ValueError:
+            return {}
+        for line in lines[1:]:
+            try:
+                row = json.loads(line)
+                out[(int(row["row"]), int(row["turn"]))] = [int(t) for t in row["ids"]]
+            except (ValueError, KeyError, TypeError):
+                continue  # the last line, cut by a kill mid-write
+        return out
+
+    def start(self, done: dict[tuple[int, int], list[int]]) -> None:
+        """Write the log afresh: the header and the turns of ``done``."""
+        import json
+
+        from lengthwise.atomic import atomic_open
+
+        with atomic_open(self.path, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps({"header": self.header}) + "\n")
+            fh.writelines(json.dumps({"row": i, "turn": r, "ids": ids}) + "\n"
+                          for (i, r), ids in done.items())
+
+    def append(self, turns: list[tuple[int, int, list[int]]]) -> None:
+        """Add turns ``(row, turn, ids)`` and flush them to the disk."""
+        import json
+        import os
+
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.writelines(json.dumps({"row": i, "turn": r, "ids": [int(t) for t in ids]})
+                          + "\n" for i, r, ids in turns)
+            fh.flush()
+            os.fsync(fh.fileno())

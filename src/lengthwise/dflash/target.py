@@ -28,7 +28,11 @@ import torch
 
 from lengthwise.errors import ConfigError, DataError
 
-__all__ = ["Target", "load_target", "stop_set"]
+__all__ = ["WEIGHT_DTYPES", "Target", "load_target", "stop_set", "weights_dtype"]
+
+#: dtype names ``--dtype`` takes for the target's and draft's weights, and torch's dtype each is
+WEIGHT_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+                 "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
 
 def stop_set(eos: int | Collection[int] | None) -> frozenset[int]:
@@ -113,10 +117,33 @@ class Target:
         return seq[len(prompt):]
 
 
-def load_target(path: str | Path, *, dtype: Any = None, device: Any = None) -> Any:
+def weights_dtype(name: str | torch.dtype | None, device: Any = None) -> torch.dtype | str:
+    """The dtype to load weights in: ``name``, else float32 on CPU and the checkpoint's on CUDA.
+
+    The checkpoint's own dtype (``"auto"``) is often bfloat16, which runs about ten
+    times slower than float32 on CPUs without bfloat16 instructions.
+
+    Example::
+
+        >>> weights_dtype(None, "cpu"), weights_dtype("bf16", "cpu"), weights_dtype(None, "cuda")
+        (torch.float32, torch.bfloat16, 'auto')
+    """
+    if isinstance(name, torch.dtype):
+        return name
+    if name is None:
+        kind = torch.device(device).type if device is not None else "cpu"
+        return "auto" if kind == "cuda" else torch.float32
+    if name not in WEIGHT_DTYPES:
+        raise ConfigError(f"--dtype must be one of float32, bfloat16, float16, got {name!r}")
+    return WEIGHT_DTYPES[name]
+
+
+def load_target(path: str | Path, *, dtype: str | torch.dtype | None = None,
+                device: Any = None) -> Any:
     """A local Hugging Face causal LM checkpoint (``config.json`` + weights), nothing downloaded.
 
-    ``dtype`` is e.g. ``torch.bfloat16`` (the usual choice on a GPU).
+    ``dtype``: a name of :data:`WEIGHT_DTYPES` or a torch dtype; ``None``: float32 on
+    CPU, the checkpoint's own dtype on CUDA (:func:`weights_dtype`).
     """
     import transformers
 
@@ -129,7 +156,7 @@ def load_target(path: str | Path, *, dtype: Any = None, device: Any = None) -> A
     _check_device(device)
     try:  # transformers reads .bin weights with torch.load(weights_only=True)
         model = transformers.AutoModelForCausalLM.from_pretrained(
-            str(path), dtype=dtype, local_files_only=True)
+            str(path), dtype=weights_dtype(dtype, device), local_files_only=True)
     except pickle.UnpicklingError:
         names = sorted(p.name for p in path.glob("*.bin")) or ["its weights"]
         raise DataError(f"--target {path}: {', '.join(names)} holds objects other than tensors; "

@@ -42,7 +42,8 @@ FLAGS: list[tuple[str, type, str]] = [
     ("gamma", float, "loss decay over block slots (default: 7 for block 16, 5 for 10, 4 for 8)"),
     ("seed", int, "seed of the draft's initialisation, the sampler and the anchors"),
     ("device", str, "cpu, cuda or cuda:N (default cpu)"),
-    ("dtype", str, "autocast dtype: bf16, fp16 or fp32 (default bf16 on CUDA, fp32 on CPU)"),
+    ("dtype", str, "dtype of the target's weights and of autocast: bf16, fp16 or fp32 "
+                   "(default fp32 on CPU; on CUDA the checkpoint's weights and bf16 autocast)"),
     ("checkpoint_every", int, "steps between checkpoints (default 2000; 0: none)"),
     ("keep_checkpoints", int, "checkpoints kept (default 2)"),
     ("clip", float, "gradient-norm clipping, > 0 (default 1.0; inf: no clipping)"),

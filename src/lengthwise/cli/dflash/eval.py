@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,8 @@ def register(stages: argparse._SubParsersAction) -> None:
     p.add_argument("--target", required=True, metavar="PATH",
                    help="the target: a local Hugging Face causal LM folder with its tokenizer")
     p.add_argument("--draft", required=True, metavar="PATH",
-                   help="an exported draft folder, a training run or a checkpoint")
+                   help="an exported draft folder, a training run (its final draft, else its "
+                        "newest checkpoint), its final/ folder or a checkpoint")
     p.add_argument("--prompts", nargs="+", default=None, metavar="FILE.jsonl",
                    help='prompt sets, one JSON object a line: {"prompt": ...} or '
                         '{"messages": [...]} (default: the small set shipped with lengthwise)')
@@ -65,8 +67,9 @@ def register(stages: argparse._SubParsersAction) -> None:
                         f"pass, as in training (default: {DEFAULTS['max_slots']})")
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ... (default: cpu)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
-                   help="the target's and draft's dtype (default: float32)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                   help="the target's and draft's dtype (default: float32 on CPU, the "
+                        "target checkpoint's on CUDA)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampled runs")
     p.add_argument("--json", action="store_true", help="print JSON rows instead of a table")
     p.set_defaults(func=run)
@@ -77,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from lengthwise.dflash.evaluate import evaluate_set
-    from lengthwise.dflash.load import check_target, load_draft
+    from lengthwise.dflash.load import check_target, open_draft
     from lengthwise.dflash.mask_token import check_mask_token
     from lengthwise.dflash.prompts import bundled_prompts, read_prompt_file, render_prompts
     from lengthwise.dflash.recipe import load_tokenizer
@@ -93,16 +96,16 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--temperatures must be finite and >= 0, got {args.temperatures}")
     files = args.prompts or [str(bundled_prompts())]
     sets = {Path(f).stem: read_prompt_file(f) for f in files}  # bad files fail before loading
-    dtype = getattr(torch, args.dtype)
     device = torch.device(args.device)
-    draft = load_draft(args.draft)
+    draft, named = open_draft(args.draft)
     tokenizer = load_tokenizer(args.target)
     check_draft_tokenizer(draft.config, tokenizer, draft=args.draft, target=args.target)
-    model = load_target(args.target, dtype=dtype, device=device)
+    model = load_target(args.target, dtype=args.dtype, device=device)
     check_target(draft.config, model.config)
     check_mask_token(draft.config.mask_token_id, int(model.get_input_embeddings().weight.shape[0]))
     target = Target(model, layers=draft.config.target_layers)
-    draft = draft.to(device=device, dtype=dtype)
+    print(f"lengthwise dflash eval: draft {named}", file=sys.stderr)  # once its checks passed
+    draft = draft.to(device=device, dtype=model.dtype)
     eos = _stops(model, tokenizer)
     rows: list[dict[str, Any]] = []
     for name, convs in sets.items():

@@ -25,8 +25,9 @@ def register(stages: argparse._SubParsersAction) -> None:
                     "engine uses the target's embedding and LM head.",
     )
     p.add_argument("checkpoint", metavar="RUN_OR_CHECKPOINT",
-                   help="a training run folder, its checkpoints/ folder (newest checkpoint) "
-                        "or one step_N folder")
+                   help="a training run folder (its final draft, or its newest checkpoint "
+                        "when the run has none), its final/ folder, its checkpoints/ folder "
+                        "(newest checkpoint) or one step_N folder")
     p.add_argument("out", metavar="OUT", help="folder to write (created)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                    help="weights' dtype (default: as trained)")
@@ -63,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
         tokenizer = load_tokenizer(args.target)
     out = export_checkpoint(args.checkpoint, args.out, dtype=args.dtype,
                             target_config=target_config, target_tokenizer=tokenizer,
-                            target=args.target or "")
+                            target=args.target or "",
+                            said=lambda named: print(f"lengthwise dflash export: draft {named}"))
     cfg = json.loads((out / "config.json").read_text())
     d = cfg["dflash_config"]
     print(f"lengthwise dflash export: {out}: {cfg['num_hidden_layers']} layers, hidden "

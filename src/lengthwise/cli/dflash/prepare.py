@@ -56,6 +56,9 @@ def register(stages: argparse._SubParsersAction) -> None:
                         "installed, on CUDA, in one process; else hf)")
     p.add_argument("--seed", type=int, default=0, help="seed of sampled regeneration")
     p.add_argument("--device", default="cpu", help="device of the regenerating target")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                   help="dtype of the regenerating target (default: float32 on CPU, the "
+                        "checkpoint's on CUDA)")
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bar")
     p.set_defaults(func=run)
@@ -72,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         shard_rows=args.shard_rows, regenerate=args.regenerate,
         max_new_tokens=args.max_new_tokens, temperature=args.temperature,
         batch_size=args.batch_size, backend=args.backend, seed=args.seed, device=args.device,
-        progress=args.progress)
+        dtype=args.dtype, progress=args.progress)
     group = setup_distributed(cfg.device)  # under torchrun: the shards split over the ranks
     rec = prepare_chats(args.source, args.target, args.out, cfg, info=group)
     if rank_world(group)[0] != 0:
