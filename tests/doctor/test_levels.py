@@ -85,6 +85,53 @@ def test_a_micro_log_of_packed_rows_gets_no_levels():
     assert report.attribution.levels is None and report.verdict.clean is True
 
 
+def test_a_micro_log_without_bucket_fields_is_not_tested_and_never_clean():
+    rows = [{k: v for k, v in r.items() if k != "buckets"} for r in simulate_micro_log(300)]
+    report = diagnose(rows)
+    levels = report.attribution.levels
+    assert levels is not None and levels.p_value is None
+    assert "no line logs its length bucket" in levels.note
+    assert report.verdict.clean is None
+    assert "not tested: per-bucket levels, no line logs its length bucket" in (
+        report.verdict.summary)
+    assert "levels       not tested: no line logs its length bucket" in render_text(report)
+
+
+@pytest.mark.parametrize("bad", [[999], [54], ["x"], [-4], [2.5], [True], "7"])
+def test_bucket_ids_that_are_not_the_plans_are_left_out_and_counted(bad):
+    rows = simulate_micro_log(300, effect=0.5)
+    clean = diagnose(rows).attribution.levels
+    for i in (200, 250, 290):  # lines of the stable region
+        rows[i] = {**rows[i], "buckets": bad}
+    levels = diagnose(rows).attribution.levels
+    assert levels.invalid == 3 and levels.lines == clean.lines - 3
+    assert f"3 line(s) left out: bucket {bad[0]!r} is not one of the plan's 54 bucket " \
+           "indices (0-53)" in levels.note
+    assert all(0 <= r["buckets"][0] <= r["buckets"][1] <= 53 for r in levels.ranges)
+    assert all(r["lengths"] is not None for r in levels.ranges)
+    assert levels.to_dict()["invalid_bucket_lines"] == 3
+    assert levels.note in render_text(diagnose(rows))
+
+
+def test_a_micro_log_whose_buckets_are_all_invalid_is_not_tested():
+    rows = [{**r, "buckets": ["short"]} if "event" not in r else r
+            for r in simulate_micro_log(300, effect=0.5)]
+    report = diagnose(rows)
+    levels = report.attribution.levels
+    assert levels is not None and levels.p_value is None and levels.lines == 0
+    assert levels.invalid == report.phases.points  # every line of the stable region
+    assert f"{levels.invalid} line(s) left out: bucket 'short' is not one of the plan's 54" in (
+        levels.note)
+    assert report.verdict.clean is None
+
+
+def test_without_edges_a_bucket_index_is_any_whole_number_from_zero():
+    lv = bucket_levels(np.zeros(40), np.zeros(40), [0, 1, 1000, -1] * 10)
+    assert lv.invalid == 10 and "bucket -1 is not a bucket index (a whole number from 0)" in (
+        lv.note)
+    assert lv.lines == 30
+
+
 def test_a_step_log_gets_no_levels():
     rows = [r for r in simulate_micro_log(150, effect=0.5) if "event" not in r]
     report = diagnose(rows)

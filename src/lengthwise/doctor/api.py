@@ -41,7 +41,7 @@ from lengthwise.doctor.epochs import (
     staircase_starts,
 )
 from lengthwise.doctor.errors import EmptyLogError
-from lengthwise.doctor.levels import bucket_levels
+from lengthwise.doctor.levels import NO_BUCKET_FIELD, bucket_levels
 from lengthwise.doctor.mechanisms import match_period
 from lengthwise.doctor.noise import noise_budget
 from lengthwise.doctor.order import logged_order, logged_plan, logged_view
@@ -159,13 +159,16 @@ def diagnose(
     structure = (bands.count or 0) > 1 or periodicity.period is not None
     attribution = _attribution(resid, y, use, buckets, cols, rng, structure,
                                log.bucket_loss)
-    if ctx.view == MICRO_VIEW and buckets is not None:
+    if ctx.view == MICRO_VIEW and buckets is None:
+        attribution = replace(attribution, levels=NO_BUCKET_FIELD)
+    elif ctx.view == MICRO_VIEW and buckets is not None:
         edges = logged_plan(source).get("edges")
         levels = bucket_levels(
             detrended, y[use], [b for b, u in zip(buckets, use.tolist(), strict=True) if u],
             edges=edges if isinstance(edges, list) else None,
             rng=np.random.default_rng([seed, 2]))
-        if levels.lines:  # lines that each hold one bucket (a packed row holds many lengths)
+        # lines that each hold one bucket (a packed row holds many lengths), or bad buckets
+        if levels.lines or levels.invalid:
             attribution = replace(attribution, levels=levels)
     noise = _noise(resid, use, cols, attribution)
     findings = Findings(

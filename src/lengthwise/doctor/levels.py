@@ -19,6 +19,13 @@ test, on the lines of the stable region:
 * levels are found when p < ``ALPHA`` (0.01, the attribution's level); the share beyond
   chance is ``(eta^2 - chance) / (1 - chance)``, chance being the shuffles' mean.
 
+A line's bucket is the plan's bucket index, a whole number from 0 to one less than the
+plan's edges (any non-negative whole number when the plan names no edges). A line whose
+bucket is anything else (a string, a negative or fractional number, an index past the
+plan's edges) belongs to no length range: it is left out of the test and counted
+(``invalid``, the first values shown in the note). A log with no bucket field at all is not
+tested (:data:`NO_BUCKET_FIELD`).
+
 Example::
 
     >>> rng = np.random.default_rng(0)
@@ -31,7 +38,8 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -58,6 +66,8 @@ class BucketLevels:
     chance: float | None = None
     p_value: float | None = None
     note: str = ""
+    #: lines left out because their bucket is not one of the plan's bucket indices
+    invalid: int = 0
 
     @property
     def found(self) -> bool:
@@ -80,6 +90,7 @@ class BucketLevels:
         return {"lines": self.lines, "ranges": self.ranges, "share": r(self.share),
                 "chance": r(self.chance), "beyond_chance": r(self.beyond_chance),
                 "p_value": r(self.p_value), "found": self.found,
+                "invalid_bucket_lines": self.invalid,
                 "test": f"eta^2 of length ranges, {PERMUTATIONS} shuffles within windows of "
                         f"{BLOCK} lines, alpha={ALPHA}", "note": self.note}
 
@@ -135,11 +146,41 @@ def alternation(group: np.ndarray) -> float:
     return int(np.count_nonzero(np.diff(group))) / expected if expected > 0 else 0.0
 
 
+#: the levels of a per-micro-batch log none of whose lines logs its bucket
+NO_BUCKET_FIELD = BucketLevels(note="not tested: no line logs its length bucket (a `bucket` or "
+                               "`buckets` field)")
+#: invalid bucket values shown in the note
+SHOWN_INVALID = 3
+
+
 def _one_bucket(b: Any) -> Any:
     """The line's bucket: an id, or a list of one id (None: none, or several)."""
     if isinstance(b, list | tuple):
         return b[0] if len(b) == 1 else None
     return b
+
+
+def is_bucket_index(b: Any, buckets: int | None) -> bool:
+    """Whether ``b`` is a bucket index of a plan of ``buckets`` buckets (None: unknown count).
+
+    >>> [is_bucket_index(b, 4) for b in (0, 3, 4, -1, "2", 1.0, 1.5, True)]
+    [True, True, False, False, False, True, False, False]
+    """
+    if isinstance(b, bool) or not isinstance(b, int | float | np.integer | np.floating):
+        return False
+    if not (math.isfinite(b) and b == int(b)):
+        return False
+    return 0 <= b and (buckets is None or b < buckets)
+
+
+def _invalid_note(values: list[Any], buckets: int | None) -> str:
+    """``2 line(s) left out: bucket 999, 'x' is not ...``: what the lines' buckets should be."""
+    shown = list(dict.fromkeys(repr(v) for v in values))
+    more = ", ..." if len(shown) > SHOWN_INVALID else ""
+    want = (f"one of the plan's {buckets} bucket indices (0-{buckets - 1})" if buckets
+            else "a bucket index (a whole number from 0)")
+    return (f"{len(values)} line(s) left out: bucket {', '.join(shown[:SHOWN_INVALID])}{more} "
+            f"is not {want}")
 
 
 def _eta_squared(y: np.ndarray, onehot: np.ndarray) -> np.ndarray:
@@ -178,11 +219,26 @@ def bucket_levels(
     ``edges`` the plan's bucket edges, which name each range's token lengths.
     """
     rng = np.random.default_rng(0) if rng is None else rng
+    count = len(edges) if edges else None
     one = [_one_bucket(b) for b in buckets]
-    ok = np.array([b is not None for b in one], dtype=bool)
-    labels = [b for b in one if b is not None]
+    ok = np.array([b is not None and is_bucket_index(b, count) for b in one], dtype=bool)
+    bad = [b for b, k in zip(one, ok.tolist(), strict=True) if b is not None and not k]
+    labels = [int(b) for b, k in zip(one, ok.tolist(), strict=True) if k]
     y, v = np.asarray(resid, dtype=np.float64)[ok], np.asarray(loss, dtype=np.float64)[ok]
-    ids = sorted(set(labels), key=lambda x: (0, x) if isinstance(x, int | float) else (1, str(x)))
+    ids = sorted(set(labels))
+    result = _levels(y, v, labels, ids, edges, rng)
+    if not bad:
+        return result
+    left_out = _invalid_note(bad, count)
+    return replace(result, invalid=len(bad),
+                   note=f"{result.note}; {left_out}" if result.note else left_out)
+
+
+def _levels(
+    y: np.ndarray, v: np.ndarray, labels: list[int], ids: list[int], edges: list[int] | None,
+    rng: np.random.Generator,
+) -> BucketLevels:
+    """The test on the lines with a valid bucket: detrended loss ``y``, loss ``v``, buckets."""
     if len(ids) < 2 or y.size < 2 * MIN_LINES:
         return BucketLevels(lines=int(y.size), note=f"not tested: {y.size} lines with one "
                             f"bucket each, {len(ids)} bucket(s) (need {2 * MIN_LINES} lines, "
