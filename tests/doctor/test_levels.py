@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -14,10 +15,12 @@ from hypothesis import strategies as st
 
 from lengthwise.demo.report import common_region
 from lengthwise.doctor import diagnose
+from lengthwise.doctor import levels as levels_module
 from lengthwise.doctor.levels import (
     BLOCK,
     MAX_RANGES,
     MIN_LINES,
+    PERMUTATIONS,
     block_shuffles,
     bucket_levels,
     length_ranges,
@@ -155,6 +158,45 @@ def test_shuffles_move_lines_only_within_their_window():
     perms = block_shuffles(57, np.random.default_rng(0), 50)
     assert all(sorted(p) == list(range(57)) for p in perms.tolist())
     assert np.all(perms // BLOCK == np.arange(57) // BLOCK)
+
+
+def _random_lines(n: int, seed: int) -> tuple[np.ndarray, list[int]]:
+    rng = np.random.default_rng(seed)
+    buckets = rng.integers(0, 54, n)
+    return 0.02 * buckets + 0.12 * rng.standard_normal(n), buckets.tolist()
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(40, 400), st.integers(1, 5000), st.integers(0, 2**32 - 1))
+def test_shuffles_drawn_in_chunks_give_the_p_value_of_drawing_them_all_at_once(n, chunk, seed):
+    y, buckets = _random_lines(n, seed)
+
+    def run(lines_at_once: int):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(levels_module, "CHUNK_LINES", lines_at_once)
+            return bucket_levels(y, y, buckets, rng=np.random.default_rng(seed))
+
+    at_once, chunked = run(PERMUTATIONS * n), run(chunk)  # one draw of every shuffle, or chunks
+    assert chunked.p_value == at_once.p_value and chunked.share == at_once.share
+    assert chunked.chance == pytest.approx(at_once.chance, rel=1e-12, abs=1e-15)
+    assert chunked.to_dict() == at_once.to_dict()
+
+
+def _peak_bytes(n: int) -> int:
+    y, buckets = _random_lines(n, 0)
+    tracemalloc.start()
+    try:
+        lv = bucket_levels(y, y, buckets)
+        assert lv.p_value is not None
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_the_levels_tests_memory_does_not_grow_with_the_lines():
+    # 999 shuffles of every line at once took 16 KiB a line: 4x the lines, 4x the memory
+    small, large = _peak_bytes(5_000), _peak_bytes(20_000)
+    assert large < 1.5 * small, (small, large)
 
 
 def test_too_few_lines_are_not_tested():

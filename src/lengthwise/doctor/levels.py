@@ -54,6 +54,10 @@ BLOCK = 10
 MIN_ALTERNATION = 0.5
 PERMUTATIONS = 999
 ALPHA = 0.01
+#: the shuffles are drawn and scored a few at a time, at most this many shuffled lines at once,
+#: so that the test's memory does not grow with the log (999 shuffles of every line would
+#: take 16 KiB a line)
+CHUNK_LINES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -204,6 +208,29 @@ def block_shuffles(n: int, rng: np.random.Generator, count: int = PERMUTATIONS) 
     return np.argsort(keys, axis=1)
 
 
+def shuffled_shares(
+    y: np.ndarray, onehot: np.ndarray, rng: np.random.Generator, count: int = PERMUTATIONS,
+) -> np.ndarray:
+    """eta^2 of ``count`` block shuffles of ``y`` (:func:`block_shuffles`), drawn and scored
+    at most ``CHUNK_LINES`` shuffled lines at a time.
+
+    The generator fills the shuffles' keys row after row, so the chunks draw the same numbers
+    in the same order as one call of :func:`block_shuffles` would: the same shuffles, scored
+    the same way, in memory that does not grow with ``count``.
+
+    >>> y, onehot = np.arange(40.0) % 3, np.eye(2)[np.arange(40) % 2]
+    >>> whole = _eta_squared(y[block_shuffles(40, np.random.default_rng(1), 9)], onehot)
+    >>> bool(np.allclose(shuffled_shares(y, onehot, np.random.default_rng(1), 9), whole))
+    True
+    """
+    rows = max(1, CHUNK_LINES // max(y.size, 1))
+    out = np.empty(count, dtype=np.float64)
+    for start in range(0, count, rows):
+        stop = min(count, start + rows)
+        out[start:stop] = _eta_squared(y[block_shuffles(y.size, rng, stop - start)], onehot)
+    return out
+
+
 def bucket_levels(
     resid: np.ndarray,
     loss: np.ndarray,
@@ -259,7 +286,7 @@ def _levels(
             "the loss's drift"))
     onehot = np.eye(k)[group]
     share = float(_eta_squared(y, onehot))
-    shuffled = _eta_squared(y[block_shuffles(y.size, rng)], onehot)
+    shuffled = shuffled_shares(y, onehot, rng)
     p = (1 + int((shuffled >= share - 1e-12).sum())) / (1 + PERMUTATIONS)
     ranges = []
     for j in range(k):
