@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.doctor.attribution import Attribution, attribute, composition
+from lengthwise.doctor.attribution import Attribution, attribute, row_codes
 from lengthwise.doctor.bands import band_residual, find_bands
 from lengthwise.doctor.checkpoints import (
     CheckpointAssociation,
@@ -365,9 +365,8 @@ def _series(
     trend = rolling_mean(y, 51, valid=~cmask)
     codes, names = None, []
     if buckets is not None:
-        shares, names, has = composition(buckets)
-        single = has & (shares.max(axis=1) == 1.0)
-        if len(names) >= 2 and single.any():
-            codes = np.where(single, np.argmax(shares, axis=1), -1)
+        row, names, _ = row_codes(buckets)  # -1: no bucket, or several
+        if len(names) >= 2 and (row >= 0).any():
+            codes = row
     return Series(step=s, loss=y, trend=trend, region=region, cliff_mask=cmask,
                   bucket_codes=codes, bucket_names=list(names), checkpoints=checkpoints)
