@@ -182,6 +182,17 @@ def test_shuffles_drawn_in_chunks_give_the_p_value_of_drawing_them_all_at_once(n
     assert chunked.to_dict() == at_once.to_dict()
 
 
+@pytest.mark.parametrize(("n", "seed", "p", "chance"), [(3000, 1, 0.174, 0.001640969581118696),
+                                                        (30000, 2, 0.4, 0.0001670178315361578)])
+def test_the_p_value_is_the_one_of_drawing_every_shuffle_at_once(monkeypatch, n, seed, p, chance):
+    # p and chance as the test gave them when it drew all 999 shuffles in one array
+    monkeypatch.setattr(levels_module, "CHUNK_LINES", 1000)
+    rng = np.random.default_rng(seed)
+    buckets, y = rng.integers(0, 54, n).tolist(), 0.12 * rng.standard_normal(n)
+    lv = bucket_levels(y, y, buckets, rng=np.random.default_rng(seed))
+    assert lv.p_value == p and lv.chance == pytest.approx(chance, rel=1e-12)
+
+
 def _peak_bytes(n: int) -> int:
     y, buckets = _random_lines(n, 0)
     tracemalloc.start()

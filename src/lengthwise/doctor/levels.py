@@ -187,9 +187,10 @@ def _invalid_note(values: list[Any], buckets: int | None) -> str:
             f"is not {want}")
 
 
-def _eta_squared(y: np.ndarray, onehot: np.ndarray) -> np.ndarray:
-    """Between-range share of the variance of each row of ``y`` (ranges: ``onehot`` columns)."""
-    n = onehot.sum(axis=0)
+def _eta_squared(y: np.ndarray, onehot: np.ndarray, n: np.ndarray | None = None) -> np.ndarray:
+    """Between-range share of the variance of each row of ``y`` (ranges: ``onehot`` columns,
+    of ``n`` lines each, summed from ``onehot`` unless given)."""
+    n = onehot.sum(axis=0) if n is None else n
     centred = y - y.mean(axis=-1, keepdims=True)
     sst = (centred**2).sum(axis=-1)
     ssb = ((centred @ onehot) ** 2 / n).sum(axis=-1)
@@ -204,8 +205,12 @@ def block_shuffles(n: int, rng: np.random.Generator, count: int = PERMUTATIONS) 
     >>> bool(np.all(p // BLOCK == np.arange(25) // BLOCK))
     True
     """
-    keys = np.arange(n) // BLOCK + rng.random((count, n))
-    return np.argsort(keys, axis=1)
+    return _block_shuffles(np.arange(n) // BLOCK, rng, count)
+
+
+def _block_shuffles(windows: np.ndarray, rng: np.random.Generator, count: int) -> np.ndarray:
+    """:func:`block_shuffles` of the lines whose windows are ``windows`` (index // BLOCK)."""
+    return np.argsort(windows + rng.random((count, windows.size)), axis=1)
 
 
 def shuffled_shares(
@@ -225,9 +230,11 @@ def shuffled_shares(
     """
     rows = max(1, CHUNK_LINES // max(y.size, 1))
     out = np.empty(count, dtype=np.float64)
+    windows, sizes = np.arange(y.size) // BLOCK, onehot.sum(axis=0)  # the same for every chunk
     for start in range(0, count, rows):
         stop = min(count, start + rows)
-        out[start:stop] = _eta_squared(y[block_shuffles(y.size, rng, stop - start)], onehot)
+        out[start:stop] = _eta_squared(y[_block_shuffles(windows, rng, stop - start)], onehot,
+                                       sizes)
     return out
 
 
