@@ -178,13 +178,17 @@ def is_bucket_index(b: Any, buckets: int | None) -> bool:
 
 
 def _invalid_note(values: list[Any], buckets: int | None) -> str:
-    """``2 line(s) left out: bucket 999, 'x' is not ...``: what the lines' buckets should be."""
+    """``2 line(s) left out, their bucket not ...: 999, 'x'``: what the buckets should be.
+
+    >>> _invalid_note([999, "x", 999], 54)
+    "3 line(s) left out, their bucket not one of the plan's 54 bucket indices (0-53): 999, 'x'"
+    """
     shown = list(dict.fromkeys(repr(v) for v in values))
     more = ", ..." if len(shown) > SHOWN_INVALID else ""
     want = (f"one of the plan's {buckets} bucket indices (0-{buckets - 1})" if buckets
             else "a bucket index (a whole number from 0)")
-    return (f"{len(values)} line(s) left out: bucket {', '.join(shown[:SHOWN_INVALID])}{more} "
-            f"is not {want}")
+    return (f"{len(values)} line(s) left out, their bucket not {want}: "
+            f"{', '.join(shown[:SHOWN_INVALID])}{more}")
 
 
 def _eta_squared(y: np.ndarray, onehot: np.ndarray, n: np.ndarray | None = None) -> np.ndarray:
