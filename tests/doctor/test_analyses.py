@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import itertools
 import math
+import tracemalloc
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lengthwise.doctor.attribution import attribute, eta_squared, r_squared
+from lengthwise.doctor.attribution import (
+    attribute,
+    composition,
+    eta_squared,
+    r_squared,
+    row_codes,
+)
 from lengthwise.doctor.bands import find_bands, merge_peaks
 from lengthwise.doctor.checkpoints import associate, hypergeom_sf, near_checkpoint
 from lengthwise.doctor.cliffs import find_cliffs
@@ -273,3 +280,36 @@ def test_a_single_outlier_is_not_a_band() -> None:
     x = np.append(RNG(9).normal(0.0, 0.05, 60), 0.9)
     b = find_bands(x, rng=RNG(0))
     assert b.count == 1
+
+
+_BUCKET = st.one_of(st.none(), st.integers(0, 5), st.sampled_from(["a", "b"]),
+                    st.lists(st.integers(0, 5), max_size=3).map(tuple))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_BUCKET, min_size=1, max_size=40))
+def test_row_codes_are_the_single_bucket_rows_of_the_composition(buckets):
+    codes, ids, mixed = row_codes(buckets)
+    shares, names, has = composition(buckets)
+    single = has & np.isclose(shares.max(axis=1), 1.0)
+    assert ids == names
+    assert codes.tolist() == np.where(single, np.argmax(shares, axis=1), -1).tolist()
+    assert mixed == bool((has & ~single).any())
+
+
+def _attribution_peak(buckets: int, steps: int = 20_000) -> int:
+    rng = np.random.default_rng(0)
+    resid = rng.standard_normal(steps)
+    ids = rng.integers(0, buckets, steps).tolist()
+    tracemalloc.start()
+    try:
+        a = attribute(resid, loss=resid + 3.0, buckets=[(b,) for b in ids], rng=rng)
+        assert a.single_bucket and a.bucket_groups == buckets
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_single_bucket_steps_are_attributed_without_a_steps_by_buckets_matrix():
+    # a share matrix of 20,000 steps x 500 buckets would take 80 MB (twice, with its copy)
+    assert _attribution_peak(500) < 1.5 * _attribution_peak(5)

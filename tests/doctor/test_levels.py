@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -14,10 +15,12 @@ from hypothesis import strategies as st
 
 from lengthwise.demo.report import common_region
 from lengthwise.doctor import diagnose
+from lengthwise.doctor import levels as levels_module
 from lengthwise.doctor.levels import (
     BLOCK,
     MAX_RANGES,
     MIN_LINES,
+    PERMUTATIONS,
     block_shuffles,
     bucket_levels,
     length_ranges,
@@ -85,6 +88,54 @@ def test_a_micro_log_of_packed_rows_gets_no_levels():
     assert report.attribution.levels is None and report.verdict.clean is True
 
 
+def test_a_micro_log_without_bucket_fields_is_not_tested_and_never_clean():
+    rows = [{k: v for k, v in r.items() if k != "buckets"} for r in simulate_micro_log(300)]
+    report = diagnose(rows)
+    levels = report.attribution.levels
+    assert levels is not None and levels.p_value is None
+    assert "no line logs its length bucket" in levels.note
+    assert report.verdict.clean is None
+    assert "not tested: per-bucket levels, no line logs its length bucket" in (
+        report.verdict.summary)
+    assert "levels       not tested: no line logs its length bucket" in render_text(report)
+
+
+@pytest.mark.parametrize("bad", [[999], [54], ["x"], [-4], [2.5], [True], "7"])
+def test_bucket_ids_that_are_not_the_plans_are_left_out_and_counted(bad):
+    rows = simulate_micro_log(300, effect=0.5)
+    clean = diagnose(rows).attribution.levels
+    for i in (200, 250, 290):  # lines of the stable region
+        rows[i] = {**rows[i], "buckets": bad}
+    levels = diagnose(rows).attribution.levels
+    assert levels.invalid == 3 and levels.lines == clean.lines - 3
+    assert levels.note == ("3 line(s) left out, their bucket not one of the plan's 54 bucket "
+                           f"indices (0-53): {bad[0]!r}")
+    assert all(0 <= r["buckets"][0] <= r["buckets"][1] <= 53 for r in levels.ranges)
+    assert all(r["lengths"] is not None for r in levels.ranges)
+    assert levels.to_dict()["invalid_bucket_lines"] == 3
+    assert levels.note in render_text(diagnose(rows))
+
+
+def test_a_micro_log_whose_buckets_are_all_invalid_is_not_tested():
+    rows = [{**r, "buckets": ["short"]} if "event" not in r else r
+            for r in simulate_micro_log(300, effect=0.5)]
+    report = diagnose(rows)
+    levels = report.attribution.levels
+    assert levels is not None and levels.p_value is None and levels.lines == 0
+    assert levels.invalid == report.phases.points  # every line of the stable region
+    assert levels.note.endswith(f"; {levels.invalid} line(s) left out, their bucket not one of "
+                                "the plan's 54 bucket indices (0-53): 'short'")
+    assert report.verdict.clean is None
+
+
+def test_without_edges_a_bucket_index_is_any_whole_number_from_zero():
+    lv = bucket_levels(np.zeros(40), np.zeros(40), [0, 1, 1000, -1] * 10)
+    assert lv.invalid == 10
+    assert "10 line(s) left out, their bucket not a bucket index (a whole number from 0): -1" in (
+        lv.note)
+    assert lv.lines == 30
+
+
 def test_a_step_log_gets_no_levels():
     rows = [r for r in simulate_micro_log(150, effect=0.5) if "event" not in r]
     report = diagnose(rows)
@@ -108,6 +159,56 @@ def test_shuffles_move_lines_only_within_their_window():
     perms = block_shuffles(57, np.random.default_rng(0), 50)
     assert all(sorted(p) == list(range(57)) for p in perms.tolist())
     assert np.all(perms // BLOCK == np.arange(57) // BLOCK)
+
+
+def _random_lines(n: int, seed: int) -> tuple[np.ndarray, list[int]]:
+    rng = np.random.default_rng(seed)
+    buckets = rng.integers(0, 54, n)
+    return 0.02 * buckets + 0.12 * rng.standard_normal(n), buckets.tolist()
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(40, 400), st.integers(1, 5000), st.integers(0, 2**32 - 1))
+def test_shuffles_drawn_in_chunks_give_the_p_value_of_drawing_them_all_at_once(n, chunk, seed):
+    y, buckets = _random_lines(n, seed)
+
+    def run(lines_at_once: int):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(levels_module, "CHUNK_LINES", lines_at_once)
+            return bucket_levels(y, y, buckets, rng=np.random.default_rng(seed))
+
+    at_once, chunked = run(PERMUTATIONS * n), run(chunk)  # one draw of every shuffle, or chunks
+    assert chunked.p_value == at_once.p_value and chunked.share == at_once.share
+    assert chunked.chance == pytest.approx(at_once.chance, rel=1e-12, abs=1e-15)
+    assert chunked.to_dict() == at_once.to_dict()
+
+
+@pytest.mark.parametrize(("n", "seed", "p", "chance"), [(3000, 1, 0.174, 0.001640969581118696),
+                                                        (30000, 2, 0.4, 0.0001670178315361578)])
+def test_the_p_value_is_the_one_of_drawing_every_shuffle_at_once(monkeypatch, n, seed, p, chance):
+    # p and chance as the test gave them when it drew all 999 shuffles in one array
+    monkeypatch.setattr(levels_module, "CHUNK_LINES", 1000)
+    rng = np.random.default_rng(seed)
+    buckets, y = rng.integers(0, 54, n).tolist(), 0.12 * rng.standard_normal(n)
+    lv = bucket_levels(y, y, buckets, rng=np.random.default_rng(seed))
+    assert lv.p_value == p and lv.chance == pytest.approx(chance, rel=1e-12)
+
+
+def _peak_bytes(n: int) -> int:
+    y, buckets = _random_lines(n, 0)
+    tracemalloc.start()
+    try:
+        lv = bucket_levels(y, y, buckets)
+        assert lv.p_value is not None
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_the_levels_tests_memory_does_not_grow_with_the_lines():
+    # 999 shuffles of every line at once took 16 KiB a line: 4x the lines, 4x the memory
+    small, large = _peak_bytes(5_000), _peak_bytes(20_000)
+    assert large < 1.5 * small, (small, large)
 
 
 def test_too_few_lines_are_not_tested():

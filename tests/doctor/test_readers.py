@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lengthwise.cli import main
 from lengthwise.doctor import (
     EmptyLogError,
     LogError,
@@ -142,6 +144,31 @@ def test_json_true_loss_is_malformed_not_one(tmp_path: Path) -> None:
     log = read_log(write_lines(tmp_path / "bool.jsonl", lines))
     assert 6 not in log.step.tolist() and log.input.malformed == 1
     assert not np.any(log.loss == 1.0)
+
+
+@pytest.mark.parametrize("huge", ["1.5e200", "-3e101", "1" + "0" * 400],
+                         ids=["1.5e200", "-3e101", "a 401-digit int"])
+def test_a_loss_too_large_to_analyse_is_malformed_and_the_rest_is_read(tmp_path: Path,
+                                                                        huge: str) -> None:
+    lines = rows(50) + [f'{{"step": 51, "loss": {huge}}}'] + rows(50, start=52)
+    log = read_log(write_lines(tmp_path / "huge.jsonl", lines))
+    assert 51 not in log.step.tolist() and log.input.malformed == 1
+    assert log.input.malformed_lines == [51] and np.all(np.abs(log.loss) < 10)
+
+
+def test_losses_too_large_to_analyse_are_one_clear_error_without_warnings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    loss = 1e308 * (1 + 0.1 * np.random.default_rng(0).random(1000))
+    path = write_lines(tmp_path / "e308.jsonl", [json.dumps({"step": i + 1, "loss": float(v)})
+                                                  for i, v in enumerate(loss)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no RuntimeWarning on the way
+        assert main(["doctor", str(path), "--json"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("lengthwise doctor: error: ")
+    assert "1000 malformed; line 1: 'loss' is 1.06" in err
+    assert "beyond 1e+100: too large a loss to analyse" in err
 
 
 def test_csv_without_a_loss_column_says_so_and_suggests_loss_key(tmp_path: Path) -> None:

@@ -157,3 +157,39 @@ def test_a_run_still_writing_reads_up_to_its_last_whole_record(sawtooth_run,
     log = read_log(cut)
     assert log.input.truncated and 0 < log.loss.size < len(rows)
     assert log.loss.tolist() == pytest.approx([r["loss"] for r in rows][: log.loss.size])
+
+
+def _run_folder_without_its_file(root: Path, name: str) -> Path:
+    """What W&B writes into a run folder beside the .wandb file, without that file."""
+    folder = root / name
+    (folder / "files").mkdir(parents=True)
+    (folder / "logs").mkdir()
+    (folder / "files" / "wandb-metadata.json").write_text("{}")
+    (folder / "logs" / "debug.log").write_text("")
+    return folder
+
+
+@pytest.mark.parametrize("name", ["offline-run-20240101_000000-abc", "copied-run"])
+def test_a_wandb_run_folder_without_its_wandb_file_is_told_so(tmp_path: Path, capsys,
+                                                              name: str) -> None:
+    folder = _run_folder_without_its_file(tmp_path / "wandb", name)
+    assert main(["doctor", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"lengthwise doctor: error: {folder}: a W&B run folder without its .wandb "
+                   "file (run-<id>.wandb, the run's history, which the doctor reads): copy the "
+                   "whole run folder, .wandb file included\n")
+    assert main(["doctor", str(folder.parent)]) == 2  # the wandb/ folder that holds it
+    err = capsys.readouterr().err
+    assert f"holds 1 W&B run folder(s) ({name}) but no .wandb file" in err
+    assert "TensorBoard" not in err and err.count("\n") == 1
+
+
+def test_an_empty_run_named_folder_and_a_plain_folder(tmp_path: Path, capsys) -> None:
+    run = tmp_path / "run-20240101_000000-abc"
+    run.mkdir()
+    assert main(["doctor", str(run)]) == 2
+    assert "a W&B run folder without its .wandb file" in capsys.readouterr().err
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert main(["doctor", str(plain)]) == 2
+    assert "holds no TensorBoard event file" in capsys.readouterr().err

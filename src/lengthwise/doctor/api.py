@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.doctor.attribution import Attribution, attribute, composition
+from lengthwise.doctor.attribution import Attribution, attribute, row_codes
 from lengthwise.doctor.bands import band_residual, find_bands
 from lengthwise.doctor.checkpoints import (
     CheckpointAssociation,
@@ -41,7 +41,7 @@ from lengthwise.doctor.epochs import (
     staircase_starts,
 )
 from lengthwise.doctor.errors import EmptyLogError
-from lengthwise.doctor.levels import bucket_levels
+from lengthwise.doctor.levels import NO_BUCKET_FIELD, bucket_levels
 from lengthwise.doctor.mechanisms import match_period
 from lengthwise.doctor.noise import noise_budget
 from lengthwise.doctor.order import logged_order, logged_plan, logged_view
@@ -159,13 +159,16 @@ def diagnose(
     structure = (bands.count or 0) > 1 or periodicity.period is not None
     attribution = _attribution(resid, y, use, buckets, cols, rng, structure,
                                log.bucket_loss)
-    if ctx.view == MICRO_VIEW and buckets is not None:
+    if ctx.view == MICRO_VIEW and buckets is None:
+        attribution = replace(attribution, levels=NO_BUCKET_FIELD)
+    elif ctx.view == MICRO_VIEW and buckets is not None:
         edges = logged_plan(source).get("edges")
         levels = bucket_levels(
             detrended, y[use], [b for b, u in zip(buckets, use.tolist(), strict=True) if u],
             edges=edges if isinstance(edges, list) else None,
             rng=np.random.default_rng([seed, 2]))
-        if levels.lines:  # lines that each hold one bucket (a packed row holds many lengths)
+        # lines that each hold one bucket (a packed row holds many lengths), or bad buckets
+        if levels.lines or levels.invalid:
             attribution = replace(attribution, levels=levels)
     noise = _noise(resid, use, cols, attribution)
     findings = Findings(
@@ -362,9 +365,8 @@ def _series(
     trend = rolling_mean(y, 51, valid=~cmask)
     codes, names = None, []
     if buckets is not None:
-        shares, names, has = composition(buckets)
-        single = has & (shares.max(axis=1) == 1.0)
-        if len(names) >= 2 and single.any():
-            codes = np.where(single, np.argmax(shares, axis=1), -1)
+        row, names, _ = row_codes(buckets)  # -1: no bucket, or several
+        if len(names) >= 2 and (row >= 0).any():
+            codes = row
     return Series(step=s, loss=y, trend=trend, region=region, cliff_mask=cmask,
                   bucket_codes=codes, bucket_names=list(names), checkpoints=checkpoints)

@@ -171,6 +171,37 @@ def composition(buckets: list[Any]) -> tuple[np.ndarray, list[Any], np.ndarray]:
     return shares[:, cols] if ids else shares, order, has
 
 
+def row_codes(buckets: list[Any]) -> tuple[np.ndarray, list[Any], bool]:
+    """Each row's bucket as an index into the sorted bucket ids (-1: none, or several
+    different ones), the ids, and whether some row holds several: the composition of
+    single-bucket rows without its rows x buckets matrix.
+
+    >>> codes, ids, mixed = row_codes([3, (1,), None, (1, 3), [3, 3]])
+    >>> codes.tolist(), ids, mixed
+    ([1, 0, -1, -1, 1], [1, 3], True)
+    """
+    ids: dict[Any, int] = {}
+    raw = np.full(len(buckets), -1, dtype=np.int64)
+    mixed = False
+    for i, b in enumerate(buckets):
+        if type(b) is tuple or type(b) is list:
+            labels = set(b)
+            for label in labels:
+                ids.setdefault(label, len(ids))
+            if len(labels) != 1:
+                mixed = mixed or len(labels) > 1
+                continue
+            (b,) = labels
+        if b is not None:
+            raw[i] = ids.setdefault(b, len(ids))
+    order = sorted(ids, key=_sort_key)
+    remap = np.empty(len(ids) + 1, dtype=np.int64)
+    remap[-1] = -1
+    for new, b in enumerate(order):
+        remap[ids[b]] = new
+    return remap[raw], order, mixed
+
+
 def _sort_key(x: Any) -> tuple[int, Any]:
     return (0, x) if isinstance(x, int | float) else (1, str(x))
 
@@ -253,26 +284,32 @@ def _bucket_fields(
     rng: np.random.Generator,
 ) -> dict[str, Any]:
     """The bucket part of an attribution: R^2 of the bucket shares, its p-value, per bucket."""
-    shares, ids, has = composition(buckets)
+    row, ids, mixed = row_codes(buckets)
+    # single-bucket steps need no rows x buckets share matrix (a million lines of 54 buckets
+    # would take 432 MiB)
+    shares, ids, has = composition(buckets) if mixed else (None, ids, row >= 0)
     if has.sum() >= 10 and len(ids) >= 2:
-        y, s = resid[has], shares[has]
-        single = bool(np.all(s.max(axis=1) == 1.0))
+        y = resid[has]
         sub = _subsample(y.size, rng)
-        ys, ss = y[sub], s[sub]
-        if single:
-            codes = np.argmax(s, axis=1)
+        ys = y[sub]
+        if shares is None:
+            codes = row[has]
             r2 = eta_squared(y, codes)
             cs = codes[sub]
             p, chance = _permuted(eta_squared(ys, cs), ys, lambda v: eta_squared(v, cs), rng)
+            mostly_single = True
         else:
+            s = shares[has]
+            codes = np.argmax(s, axis=1)
+            ss = s[sub]
             r2 = r_squared(y, s)
             p, chance = _permuted(r_squared(ys, ss), ys, lambda v: r_squared(v, ss), rng)
-        # steps that (almost) all hold one bucket, e.g. sorted steps that straddle an edge now
-        # and then, are single-bucket steps to a reader
-        mostly_single = bool(single or float(s.max(axis=1).mean()) >= MOSTLY_SINGLE)
+            # steps that (almost) all hold one bucket, e.g. sorted steps that straddle an edge
+            # now and then, are single-bucket steps to a reader
+            mostly_single = float(s.max(axis=1).mean()) >= MOSTLY_SINGLE
         return dict(bucket_field=bucket_field, bucket_r2=r2, bucket_p_value=p,
-                    bucket_r2_chance=chance, single_bucket=mostly_single,
-                    bucket_groups=len(ids), per_bucket=_per_bucket(ids, s, y, loss[has]))
+                    bucket_r2_chance=chance, single_bucket=bool(mostly_single),
+                    bucket_groups=len(ids), per_bucket=_per_bucket(ids, codes, y, loss[has]))
     if has.sum():
         return dict(bucket_field=bucket_field,
                     note="every step holds the same bucket: nothing to attribute")
@@ -298,10 +335,9 @@ def _length_fields(
 
 
 def _per_bucket(
-    ids: list[Any], shares: np.ndarray, resid: np.ndarray, loss: np.ndarray
+    ids: list[Any], dominant: np.ndarray, resid: np.ndarray, loss: np.ndarray
 ) -> list[dict[str, Any]]:
-    """Steps, mean loss and mean detrended offset per dominant bucket."""
-    dominant = np.argmax(shares, axis=1)
+    """Steps, mean loss and mean detrended offset per dominant bucket (its index in ``ids``)."""
     rows = []
     for j, b in enumerate(ids):
         sel = dominant == j

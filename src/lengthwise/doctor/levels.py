@@ -19,6 +19,13 @@ test, on the lines of the stable region:
 * levels are found when p < ``ALPHA`` (0.01, the attribution's level); the share beyond
   chance is ``(eta^2 - chance) / (1 - chance)``, chance being the shuffles' mean.
 
+A line's bucket is the plan's bucket index, a whole number from 0 to one less than the
+plan's edges (any non-negative whole number when the plan names no edges). A line whose
+bucket is anything else (a string, a negative or fractional number, an index past the
+plan's edges) belongs to no length range: it is left out of the test and counted
+(``invalid``, the first values shown in the note). A log with no bucket field at all is not
+tested (:data:`NO_BUCKET_FIELD`).
+
 Example::
 
     >>> rng = np.random.default_rng(0)
@@ -31,7 +38,8 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -46,6 +54,10 @@ BLOCK = 10
 MIN_ALTERNATION = 0.5
 PERMUTATIONS = 999
 ALPHA = 0.01
+#: the shuffles are drawn and scored a few at a time, at most this many shuffled lines at once,
+#: so that the test's memory does not grow with the log (999 shuffles of every line would
+#: take 16 KiB a line)
+CHUNK_LINES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -58,6 +70,8 @@ class BucketLevels:
     chance: float | None = None
     p_value: float | None = None
     note: str = ""
+    #: lines left out because their bucket is not one of the plan's bucket indices
+    invalid: int = 0
 
     @property
     def found(self) -> bool:
@@ -80,6 +94,7 @@ class BucketLevels:
         return {"lines": self.lines, "ranges": self.ranges, "share": r(self.share),
                 "chance": r(self.chance), "beyond_chance": r(self.beyond_chance),
                 "p_value": r(self.p_value), "found": self.found,
+                "invalid_bucket_lines": self.invalid,
                 "test": f"eta^2 of length ranges, {PERMUTATIONS} shuffles within windows of "
                         f"{BLOCK} lines, alpha={ALPHA}", "note": self.note}
 
@@ -135,6 +150,13 @@ def alternation(group: np.ndarray) -> float:
     return int(np.count_nonzero(np.diff(group))) / expected if expected > 0 else 0.0
 
 
+#: the levels of a per-micro-batch log none of whose lines logs its bucket
+NO_BUCKET_FIELD = BucketLevels(note="not tested: no line logs its length bucket (a `bucket` or "
+                               "`buckets` field)")
+#: invalid bucket values shown in the note
+SHOWN_INVALID = 3
+
+
 def _one_bucket(b: Any) -> Any:
     """The line's bucket: an id, or a list of one id (None: none, or several)."""
     if isinstance(b, list | tuple):
@@ -142,9 +164,37 @@ def _one_bucket(b: Any) -> Any:
     return b
 
 
-def _eta_squared(y: np.ndarray, onehot: np.ndarray) -> np.ndarray:
-    """Between-range share of the variance of each row of ``y`` (ranges: ``onehot`` columns)."""
-    n = onehot.sum(axis=0)
+def is_bucket_index(b: Any, buckets: int | None) -> bool:
+    """Whether ``b`` is a bucket index of a plan of ``buckets`` buckets (None: unknown count).
+
+    >>> [is_bucket_index(b, 4) for b in (0, 3, 4, -1, "2", 1.0, 1.5, True)]
+    [True, True, False, False, False, True, False, False]
+    """
+    if isinstance(b, bool) or not isinstance(b, int | float | np.integer | np.floating):
+        return False
+    if not (math.isfinite(b) and b == int(b)):
+        return False
+    return 0 <= b and (buckets is None or b < buckets)
+
+
+def _invalid_note(values: list[Any], buckets: int | None) -> str:
+    """``2 line(s) left out, their bucket not ...: 999, 'x'``: what the buckets should be.
+
+    >>> _invalid_note([999, "x", 999], 54)
+    "3 line(s) left out, their bucket not one of the plan's 54 bucket indices (0-53): 999, 'x'"
+    """
+    shown = list(dict.fromkeys(repr(v) for v in values))
+    more = ", ..." if len(shown) > SHOWN_INVALID else ""
+    want = (f"one of the plan's {buckets} bucket indices (0-{buckets - 1})" if buckets
+            else "a bucket index (a whole number from 0)")
+    return (f"{len(values)} line(s) left out, their bucket not {want}: "
+            f"{', '.join(shown[:SHOWN_INVALID])}{more}")
+
+
+def _eta_squared(y: np.ndarray, onehot: np.ndarray, n: np.ndarray | None = None) -> np.ndarray:
+    """Between-range share of the variance of each row of ``y`` (ranges: ``onehot`` columns,
+    of ``n`` lines each, summed from ``onehot`` unless given)."""
+    n = onehot.sum(axis=0) if n is None else n
     centred = y - y.mean(axis=-1, keepdims=True)
     sst = (centred**2).sum(axis=-1)
     ssb = ((centred @ onehot) ** 2 / n).sum(axis=-1)
@@ -159,8 +209,37 @@ def block_shuffles(n: int, rng: np.random.Generator, count: int = PERMUTATIONS) 
     >>> bool(np.all(p // BLOCK == np.arange(25) // BLOCK))
     True
     """
-    keys = np.arange(n) // BLOCK + rng.random((count, n))
-    return np.argsort(keys, axis=1)
+    return _block_shuffles(np.arange(n) // BLOCK, rng, count)
+
+
+def _block_shuffles(windows: np.ndarray, rng: np.random.Generator, count: int) -> np.ndarray:
+    """:func:`block_shuffles` of the lines whose windows are ``windows`` (index // BLOCK)."""
+    return np.argsort(windows + rng.random((count, windows.size)), axis=1)
+
+
+def shuffled_shares(
+    y: np.ndarray, onehot: np.ndarray, rng: np.random.Generator, count: int = PERMUTATIONS,
+) -> np.ndarray:
+    """eta^2 of ``count`` block shuffles of ``y`` (:func:`block_shuffles`), drawn and scored
+    at most ``CHUNK_LINES`` shuffled lines at a time.
+
+    The generator fills the shuffles' keys row after row, so the chunks draw the same numbers
+    in the same order as one call of :func:`block_shuffles` would: the same shuffles, scored
+    the same way, in memory that does not grow with ``count``.
+
+    >>> y, onehot = np.arange(40.0) % 3, np.eye(2)[np.arange(40) % 2]
+    >>> whole = _eta_squared(y[block_shuffles(40, np.random.default_rng(1), 9)], onehot)
+    >>> bool(np.allclose(shuffled_shares(y, onehot, np.random.default_rng(1), 9), whole))
+    True
+    """
+    rows = max(1, CHUNK_LINES // max(y.size, 1))
+    out = np.empty(count, dtype=np.float64)
+    windows, sizes = np.arange(y.size) // BLOCK, onehot.sum(axis=0)  # the same for every chunk
+    for start in range(0, count, rows):
+        stop = min(count, start + rows)
+        out[start:stop] = _eta_squared(y[_block_shuffles(windows, rng, stop - start)], onehot,
+                                       sizes)
+    return out
 
 
 def bucket_levels(
@@ -178,11 +257,26 @@ def bucket_levels(
     ``edges`` the plan's bucket edges, which name each range's token lengths.
     """
     rng = np.random.default_rng(0) if rng is None else rng
+    count = len(edges) if edges else None
     one = [_one_bucket(b) for b in buckets]
-    ok = np.array([b is not None for b in one], dtype=bool)
-    labels = [b for b in one if b is not None]
+    ok = np.array([b is not None and is_bucket_index(b, count) for b in one], dtype=bool)
+    bad = [b for b, k in zip(one, ok.tolist(), strict=True) if b is not None and not k]
+    labels = [int(b) for b, k in zip(one, ok.tolist(), strict=True) if k]
     y, v = np.asarray(resid, dtype=np.float64)[ok], np.asarray(loss, dtype=np.float64)[ok]
-    ids = sorted(set(labels), key=lambda x: (0, x) if isinstance(x, int | float) else (1, str(x)))
+    ids = sorted(set(labels))
+    result = _levels(y, v, labels, ids, edges, rng)
+    if not bad:
+        return result
+    left_out = _invalid_note(bad, count)
+    return replace(result, invalid=len(bad),
+                   note=f"{result.note}; {left_out}" if result.note else left_out)
+
+
+def _levels(
+    y: np.ndarray, v: np.ndarray, labels: list[int], ids: list[int], edges: list[int] | None,
+    rng: np.random.Generator,
+) -> BucketLevels:
+    """The test on the lines with a valid bucket: detrended loss ``y``, loss ``v``, buckets."""
     if len(ids) < 2 or y.size < 2 * MIN_LINES:
         return BucketLevels(lines=int(y.size), note=f"not tested: {y.size} lines with one "
                             f"bucket each, {len(ids)} bucket(s) (need {2 * MIN_LINES} lines, "
@@ -203,7 +297,7 @@ def bucket_levels(
             "the loss's drift"))
     onehot = np.eye(k)[group]
     share = float(_eta_squared(y, onehot))
-    shuffled = _eta_squared(y[block_shuffles(y.size, rng)], onehot)
+    shuffled = shuffled_shares(y, onehot, rng)
     p = (1 + int((shuffled >= share - 1e-12).sum())) / (1 + PERMUTATIONS)
     ranges = []
     for j in range(k):

@@ -258,7 +258,8 @@ def _levels_lines(lv: BucketLevels | None) -> list[str]:
     found = "levels found" if lv.found else "no levels at 0.01"
     return [f"  levels       {len(lv.ranges)} length ranges explain {lv.share or 0.0:.0%} of "
             f"the line-to-line variance ({lv.chance or 0.0:.0%} by chance; shuffles "
-            f"p={_g(lv.p_value, 3)}, {found}); offset from the trend per range: {ranges}"]
+            f"p={_g(lv.p_value, 3)}, {found}); offset from the trend per range: {ranges}"
+            + (f"; {lv.note}" if lv.note else "")]
 
 
 def render_comparison(reports: dict[str, Report]) -> str:

@@ -57,6 +57,9 @@ STEP_ALIASES: tuple[str, ...] = (
     "_step",
     "Step",
 )
+#: a finite loss beyond this size is malformed: no float32 or bfloat16 loss reaches 3.4e38,
+#: and the analyses' sums of squares overflow float64 from about 1e154
+MAX_LOSS = 1e100
 NUMERIC_ALIASES: dict[str, tuple[str, ...]] = {
     "lr": ("lr", "learning_rate", "train/learning_rate", "train/lr"),
     "grad_norm": ("grad_norm", "train/grad_norm", "gradient_norm"),
@@ -225,6 +228,7 @@ class ColumnBuilder:
             raise self._no_loss_error()
         lines = np.concatenate(self._lines)
         loss, bad_loss = _to_float(_flatten(self._losses))
+        bad_loss |= np.isfinite(loss) & (np.abs(loss) > MAX_LOSS)  # inf stays non-finite
         step, bad_step = self._step_column(loss.size)
         s.step_key = self._step_key if self._step_key is not None else "row index"
         bad = bad_loss | bad_step
@@ -278,6 +282,10 @@ class ColumnBuilder:
             if rows.size:
                 value = flat[int(rows[0])]
                 shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+                if _too_large(value):
+                    return (f"; line {int(lines[rows[0]])}: {key!r} is {shown}, "
+                            f"beyond {MAX_LOSS:g}: too large a loss to analyse (its squares "
+                            "overflow float64); divide the loss by a constant")
                 comma = isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d*,\d+\s*", value)
                 hint = (": a decimal comma; the doctor reads numbers written with a decimal "
                         "point (e.g. pandas' to_csv(decimal='.'))") if comma else ""
@@ -352,6 +360,13 @@ class ColumnBuilder:
         return np.unique(np.asarray(marks + self._ckpt["plain"], dtype=np.float64))
 
 
+def _too_large(value: Any) -> bool:
+    """Whether ``value`` is a finite number beyond ``MAX_LOSS`` (a malformed loss)."""
+    if type(value) is bool or not isinstance(value, int | float):
+        return False
+    return abs(value) > MAX_LOSS and (isinstance(value, int) or math.isfinite(value))
+
+
 def _first_alias(objs: list[dict[str, Any]], aliases: Sequence[str]) -> str | None:
     """The first of ``aliases`` that some row in ``objs`` holds (None: none does)."""
     for cand in aliases:
@@ -397,7 +412,7 @@ def _to_float(col: list[Any]) -> tuple[np.ndarray, np.ndarray]:
     if not any(type(v) is bool for v in col):
         try:
             arr = np.array(col, dtype=np.float64)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # an int beyond float64: one by one
             arr = None
         if arr is not None and arr.ndim == 1:  # lists of one number each would pass as 2-D
             return arr, np.zeros(len(col), dtype=bool)
@@ -413,7 +428,7 @@ def _to_float(col: list[Any]) -> tuple[np.ndarray, np.ndarray]:
             continue
         try:
             out[i] = float(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             out[i] = math.nan
             bad[i] = True
     return out, bad

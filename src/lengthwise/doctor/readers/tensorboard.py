@@ -31,6 +31,7 @@ from pathlib import Path
 
 from lengthwise.doctor.errors import LogNotFoundError, UnreadableLogError
 from lengthwise.doctor.readers.columns import ColumnBuilder
+from lengthwise.doctor.readers.wandb_log import missing_run_file
 from lengthwise.doctor.runlog import RECORDS_PER_FILE
 from lengthwise.errors import DataError
 
@@ -45,7 +46,8 @@ def event_files(path: Path) -> list[Path]:
         return [path]
     files = sorted(p for p in path.rglob("*tfevents*") if p.is_file())
     if not files:
-        raise LogNotFoundError(f"{path}: directory holds no TensorBoard event file (*tfevents*)")
+        raise LogNotFoundError(missing_run_file(path) or (
+            f"{path}: directory holds no TensorBoard event file (*tfevents*)"))
     return files
 
 

@@ -25,6 +25,7 @@ Example::
 from __future__ import annotations
 
 import json
+import re
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,6 +41,11 @@ FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 INSTALL = 'reading W&B run files needs the wandb package: pip install "lengthwise[wandb]"'
 #: trainer step fields preferred over W&B's own step counter
 TRAINER_STEP_KEYS = ("train/global_step", "global_step", "trainer/global_step")
+#: a W&B run folder's name (``run-20240101_000000-abc``, ``offline-run-...``)
+RUN_FOLDER_NAME = re.compile(r"(offline-)?run-\d{8}_\d{6}-\w+")
+#: files W&B writes into a run folder beside the ``.wandb`` file
+RUN_FOLDER_FILES = ("files/wandb-metadata.json", "files/wandb-summary.json",
+                    "logs/debug-internal.log", "logs/debug.log")
 
 
 def is_wandb_path(path: Path) -> bool:
@@ -49,6 +55,40 @@ def is_wandb_path(path: Path) -> bool:
     if not path.is_dir():
         return False
     return any(path.glob("*.wandb")) or any(path.glob("*run-*/*.wandb"))
+
+
+def run_folders(path: Path) -> list[Path]:
+    """``path`` when it is a W&B run folder, else the run folders it holds (by their name,
+    ``run-*`` / ``offline-run-*``, or the files W&B writes beside the ``.wandb`` file).
+
+    >>> run_folders(Path("no-such-folder"))
+    []
+    """
+    if not path.is_dir():
+        return []
+    if _is_run_folder(path):
+        return [path]
+    return sorted(p for p in path.iterdir() if p.is_dir() and _is_run_folder(p))
+
+
+def _is_run_folder(path: Path) -> bool:
+    return bool(RUN_FOLDER_NAME.fullmatch(path.name)) or any(
+        (path / mark).is_file() for mark in RUN_FOLDER_FILES)
+
+
+def missing_run_file(path: Path) -> str | None:
+    """The error for a W&B run folder (or a folder of them) without its ``.wandb`` file;
+    None when ``path`` holds no W&B run folder."""
+    runs = run_folders(path)
+    if not runs:
+        return None
+    if runs == [path]:
+        return (f"{path}: a W&B run folder without its .wandb file (run-<id>.wandb, the run's "
+                "history, which the doctor reads): copy the whole run folder, .wandb file included")
+    names = ", ".join(p.name for p in runs[:3]) + (", ..." if len(runs) > 3 else "")
+    return (f"{path}: holds {len(runs)} W&B run folder(s) ({names}) but no .wandb file "
+            "(run-<id>.wandb, the run's history, which the doctor reads): copy the whole run "
+            "folder, .wandb file included")
 
 
 def wandb_file(path: Path) -> Path:
