@@ -20,6 +20,7 @@ gradients over ranks.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,11 @@ from lengthwise.train.device import rank_world, say
 from lengthwise.train.schedule import lr_factor
 
 __all__ = ["MicroOut", "StepBatches", "Task", "TrainLoop", "make_collator", "make_sampler"]
+
+#: the step record's field saying why a step made no update, and its values: no token to
+#: learn on any rank (the loss normaliser is 0), a NaN or infinite loss, a loss spike
+SKIP_REASON = "skip_reason"
+NOTHING_TO_LEARN, NON_FINITE_LOSS, LOSS_SPIKE = "nothing_to_learn", "non_finite_loss", "loss_spike"
 
 
 @dataclass
@@ -135,7 +141,9 @@ class TrainLoop:
 
     ``sample(i)`` returns dataset sample ``i`` as the collator takes it. Writes
     ``run_dir/train_log.jsonl`` and, with ``cfg.checkpoint_every``,
-    ``run_dir/checkpoints``; with ``cfg.resume`` it continues from the newest one.
+    ``run_dir/checkpoints``; with ``cfg.resume`` it continues from the newest one. A skipped
+    step's record says why (``skip_reason``: ``nothing_to_learn``, ``non_finite_loss`` or
+    ``loss_spike``).
     A task with a ``check_data(sample, size)`` method checks the data set before the
     first step. A step with nothing to learn on any rank (normaliser 0) makes no update.
     ``log_sinks`` go to the :class:`~lengthwise.train.StepLogger` (``wandb``,
@@ -295,12 +303,12 @@ class TrainLoop:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.task.model.parameters(), self.cfg.clip)
         keys = sorted(stats)
         reduced = self._sum([float(loss_sum), *(stats[k] for k in keys)])
-        loss = reduced[0] / total if total > 0 else float("nan")
-        skipped = True
-        if total > 0:
+        loss = reduced[0] / total if total > 0 else None  # None: there is no loss to take
+        skipped, reason = True, NOTHING_TO_LEARN  # nothing supervised in the whole step
+        if loss is not None:
             skipped = bool(self.guard.check(loss, step=self.step_count + 1) if self.guard
                            else False)
-        # else: nothing supervised in the whole step, no update (the record says skipped)
+            reason = LOSS_SPIKE if math.isfinite(loss) else NON_FINITE_LOSS
         lr = self.optimizer.param_groups[0]["lr"]
         if not skipped:
             self.optimizer.step()
@@ -308,6 +316,8 @@ class TrainLoop:
         self.optimizer.zero_grad(set_to_none=True)
         self.step_count += 1
         fields = self.task.step_fields(dict(zip(keys, reduced[1:], strict=True)))
+        if skipped:
+            fields[SKIP_REASON] = reason
         rec = self.logger.step(self.step_count, epoch=self.sampler.epoch, loss=loss, lr=lr,
                                grad_norm=grad_norm, skipped=skipped, **fields)
         per_rank = len(micro) // self.micro_ranks

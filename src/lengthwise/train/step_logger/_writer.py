@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from lengthwise.finite_json import finite_json_line
 from lengthwise.train.step_logger._values import is_tensor
 
 
@@ -56,14 +57,19 @@ def json_default(x: Any) -> Any:
 
 
 def json_line(rec: dict[str, Any], call: str) -> str:
-    """``rec`` as one JSON line; a value JSON cannot hold raises ``TypeError`` naming its field.
+    """``rec`` as one line of standard JSON; a value JSON cannot hold raises ``TypeError``.
 
-    ``call`` names the method the value came through, for the message.
+    ``call`` names the method the value came through, for the message. A non-finite
+    number (NaN, infinity), which JSON has no literal for, is written as ``null`` and
+    named with its value in the line's ``non_finite`` field
+    (:func:`~lengthwise.finite_json.finite_record`).
 
     Example::
 
         >>> json_line({"step": 1, "tags": ["a"]}, "step")
         '{"step": 1, "tags": ["a"]}'
+        >>> json_line({"step": 2, "loss": float("nan")}, "step")
+        '{"step": 2, "loss": null, "non_finite": {"loss": "nan"}}'
         >>> try:
         ...     json_line({"step": 1, "tags": {"a"}}, "step")
         ... except TypeError as exc:
@@ -71,12 +77,12 @@ def json_line(rec: dict[str, Any], call: str) -> str:
         step(tags=...): JSON cannot hold a builtins.set
     """
     try:
-        return json.dumps(rec, default=json_default)
+        return finite_json_line(rec, json_default)
     except (TypeError, ValueError):
         pass
     for key, value in rec.items():
         try:
-            json.dumps({key: value}, default=json_default)
+            finite_json_line({key: value}, json_default)
         except (TypeError, ValueError) as exc:
             raise TypeError(
                 f"{call}({key}=...): {exc}; pass numbers, strings, lists or dicts of them "
@@ -192,7 +198,7 @@ class LogWriter:
         what = "was deleted or moved" if now is None else "was replaced by another file"
         note = {"event": "log_reopened", "time": time.time(), "reason": what,
                 "rewritten_lines": len(lines)}
-        for line in [json.dumps(note), *lines]:
+        for line in [json.dumps(note, allow_nan=False), *lines]:
             self.file.write(line + "\n")
         self.file.flush()
         self._file_id = _file_id(self.path)

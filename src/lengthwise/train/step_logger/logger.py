@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from lengthwise.errors import ConfigError
+from lengthwise.finite_json import NON_FINITE
 from lengthwise.pytorch.dist import all_reduce_sum, group_info
 from lengthwise.train.step_logger._bucket_losses import BucketLosses
 from lengthwise.train.step_logger._record import RESERVED_FIELDS, step_record
@@ -388,8 +389,9 @@ class StepLogger:
         self._check_open(any_thread=True)
         if not isinstance(name, str) or not name:
             raise ConfigError(f"event name must be a non-empty string, got {name!r}")
-        if "event" in fields or "time" in fields:
-            raise ConfigError("event fields must not be named 'event' or 'time'")
+        if {"event", "time", NON_FINITE}.intersection(fields):
+            raise ConfigError(f"event fields must not be named 'event', 'time' or "
+                              f"'{NON_FINITE}'")
         rec = {"event": name, "time": time.time(), **fields}
         line = json_line(rec, "event")
         if self._writer is not None:
