@@ -24,6 +24,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -207,6 +208,33 @@ class LogWriter:
             f"reopened and the {len(lines)} line(s) since the last flush were written again"
         )
 
+    def rewrite(self, change: Callable[[Path], Any]) -> Any:
+        """Run ``change(path)`` on this thread, with the log file closed, and return its result.
+
+        Everything queued before is written first; the file is opened again (appending)
+        afterwards, also when ``change`` raises (its error is raised here).
+        """
+        done = threading.Event()
+        box: list[Any] = []
+        self.put("rewrite", (change, box, done))
+        done.wait()
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0]
+
+    def _rewrite(self, change: Callable[[Path], Any], box: list[Any]) -> None:
+        assert self.path is not None and self.file is not None
+        self._flush()
+        self.file.close()
+        try:
+            box.append(change(self.path))
+        except BaseException as exc:
+            box.append(exc)
+        finally:
+            self.file = open_log(self.path, "a")
+            self._file_id = _file_id(self.path)
+            self._unchecked.clear()
+
     def _run(self) -> None:
         dirty = False
         last_flush = time.monotonic()
@@ -223,6 +251,12 @@ class LogWriter:
                     self._flush()
                     dirty = False
                     last_flush = time.monotonic()
+                elif kind == "rewrite":
+                    change, box, done = payload
+                    try:
+                        self._rewrite(change, box)
+                    finally:
+                        done.set()
                 if dirty and time.monotonic() - last_flush >= self.flush_every_s:
                     self._flush()
                     dirty = False
