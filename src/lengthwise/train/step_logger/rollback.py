@@ -151,7 +151,7 @@ def _append_side(side: Path, moved: list[bytes], step: int, log: Path) -> None:
     head = {"event": ROLLED_BACK_EVENT, "step": step, "lines": len(moved), "log": log.name,
             "time": time.time()}
     with open(side, "ab") as fh:
-        fh.write(json.dumps(head).encode() + b"\n")
+        fh.write(json.dumps(head, allow_nan=False).encode() + b"\n")
         fh.writelines(line + b"\n" for line in moved)
         fh.flush()
         os.fsync(fh.fileno())
