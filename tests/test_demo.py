@@ -571,9 +571,9 @@ def test_progress_lines_come_from_rank_0_only(capsys):
     assert captured.err.splitlines() == ["from rank 0", "single process"] and not captured.out
 
 
-def test_the_doctor_reads_a_resumed_log_as_an_exact_resume(data, tmp_path):
-    """A run stopped after step 5 (checkpoint at 3) and resumed: its log goes back to step 4
-    after the loop's ``resume`` event, which the doctor reads as an exact resume, not a problem."""
+def test_the_doctor_reads_a_resumed_log_as_one_run(data, tmp_path):
+    """A run stopped after step 5 (checkpoint at 3) and resumed: the loop moves steps 4 and 5
+    out of the log before it trains them again, so the doctor sees each step once, no restart."""
     from lengthwise.doctor import diagnose
 
     base = dict(steps=6, checkpoint_every=3, keep_checkpoints=2, **SMALL)
@@ -590,7 +590,8 @@ def test_the_doctor_reads_a_resumed_log_as_an_exact_resume(data, tmp_path):
                           out=tmp_path / "b")
     assert Path(resumed.log_path) == log_path
     r = diagnose(log_path)
-    assert r.input.restart_count == 1 and r.input.logged_resumes == 1
-    assert r.input.restarts[0].logged and r.input.restarts[0].step_after == 4
+    assert r.input.restart_count == 0 and r.input.superseded_rows == 0
     assert "restarts" not in {c.name for c in r.verdict.causes}
     assert r.series.step.tolist() == [1, 2, 3, 4, 5, 6]
+    side = [json.loads(x) for x in (run / "train_log.rolled_back.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in side] == [3, 4, 5]  # the rolled_back line, then steps 4 and 5

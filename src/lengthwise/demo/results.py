@@ -78,7 +78,8 @@ def summarise(order: str, records: list[dict[str, Any]], log_path: str | Path,
     real = sum(r.get("real_tokens") or 0 for r in records)
     padded = sum(r.get("padded_tokens") or 0 for r in records)
     samples = sum(r.get("samples") or 0 for r in records)
-    losses = [float(r["loss"]) for r in records]
+    # a step without a loss (nothing to learn: the log says null) reads as NaN
+    losses = [math.nan if r.get("loss") is None else float(r["loss"]) for r in records]
     tail = losses[-10:] or [math.nan]
     return OrderResult(
         order=order, steps=len(records), log_path=str(log_path), eval_loss=eval_loss,

@@ -158,7 +158,8 @@ def run_lockstep(orders: Sequence[str], make_run: Callable[[str], Run], *, steps
                         continue
                     rec = loop.step()
                     if bar is not None:
-                        bar.set_postfix_str(f"{order} loss {rec['loss']:.3f}", refresh=False)
+                        loss = "-" if rec["loss"] is None else f"{rec['loss']:.3f}"
+                        bar.set_postfix_str(f"{order} loss {loss}", refresh=False)
                         bar.update(1)
             for order in group:
                 results[order] = runs.pop(order).finish()

@@ -30,7 +30,6 @@ Example::
 from __future__ import annotations
 
 import gzip
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ import numpy as np
 from lengthwise.atomic import atomic_open
 from lengthwise.doctor.bands import MODE_FLOOR, VALLEY, merge_peaks
 from lengthwise.errors import ConfigError
+from lengthwise.finite_json import finite_json_line
 
 ORDERS = ("random", "bucketed", "stratified", "sorted_megabatch")
 
@@ -55,9 +55,9 @@ class SimulatedRun:
     config: dict[str, Any] = field(default_factory=dict)
 
     def write(self, path: str | os.PathLike[str]) -> Path:
-        """Write the rows as JSON lines (gzip when the name ends in ``.gz``)."""
+        """Write the rows as JSON lines (gzip when the name ends in ``.gz``); a NaN loss as null."""
         path = Path(path)
-        text = "".join(json.dumps(r) + "\n" for r in self.records)
+        text = "".join(finite_json_line(r) + "\n" for r in self.records)
         data = text.encode()
         with atomic_open(path) as fh:
             fh.write(gzip.compress(data) if path.name.endswith(".gz") else data)

@@ -20,6 +20,7 @@ gradients over ranks.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,11 +31,20 @@ import numpy as np
 from lengthwise.doctor.order import PLAN_EVENT
 from lengthwise.errors import ConfigError
 from lengthwise.pytorch.dist import GroupInfo, all_reduce_sum
+from lengthwise.train.checkpoint.errors import CorruptCheckpointError
 from lengthwise.train.config import PACKED, LoopConfig
 from lengthwise.train.device import rank_world, say
 from lengthwise.train.schedule import lr_factor
+from lengthwise.train.step_logger.rollback import rolled_back_path
 
 __all__ = ["MicroOut", "StepBatches", "Task", "TrainLoop", "make_collator", "make_sampler"]
+
+#: the keys of a checkpoint's ``extra`` that hold the step logs' running fields
+LOG_STATE, MICRO_LOG_STATE = "step_logger", "micro_logger"
+#: the step record's field saying why a step made no update, and its values: no token to
+#: learn on any rank (the loss normaliser is 0), a NaN or infinite loss, a loss spike
+SKIP_REASON = "skip_reason"
+NOTHING_TO_LEARN, NON_FINITE_LOSS, LOSS_SPIKE = "nothing_to_learn", "non_finite_loss", "loss_spike"
 
 
 @dataclass
@@ -135,7 +145,11 @@ class TrainLoop:
 
     ``sample(i)`` returns dataset sample ``i`` as the collator takes it. Writes
     ``run_dir/train_log.jsonl`` and, with ``cfg.checkpoint_every``,
-    ``run_dir/checkpoints``; with ``cfg.resume`` it continues from the newest one.
+    ``run_dir/checkpoints``; with ``cfg.resume`` it continues from the newest one, its log
+    too: the running fields of the records come back from the checkpoint, and the lines
+    logged after it move to ``run_dir/train_log.rolled_back.jsonl``
+    (:meth:`~lengthwise.train.StepLogger.roll_back`). A skipped step's record says why
+    (``skip_reason``: ``nothing_to_learn``, ``non_finite_loss`` or ``loss_spike``).
     A task with a ``check_data(sample, size)`` method checks the data set before the
     first step. A step with nothing to learn on any rank (normaliser 0) makes no update.
     ``log_sinks`` go to the :class:`~lengthwise.train.StepLogger` (``wandb``,
@@ -197,6 +211,8 @@ class TrainLoop:
                       if cfg.spike_guard else None)
         self.step_count = 0
         self.resumed_from: str | None = None
+        extra: dict[str, Any] = {}
+        micro_path = run_dir / "micro_log.jsonl"
         if cfg.resume and Checkpointer(ckpt_dir).latest() is not None:
             state = load_checkpoint(ckpt_dir, model=model, optimizer=self.optimizer,
                                     scheduler=self.scheduler, sampler=self.sampler)
@@ -209,8 +225,9 @@ class TrainLoop:
             if cfg.resume:
                 say(info, f"lengthwise: resume: no checkpoint under {ckpt_dir}; "
                           f"{order} starts from step 0 with a fresh log")
-            if self.rank == 0 and self.log_path.exists():
-                self.log_path.unlink()  # a fresh run starts a fresh log
+            if self.rank == 0:  # a fresh run starts a fresh log
+                for path in (self.log_path, rolled_back_path(self.log_path)):
+                    path.unlink(missing_ok=True)
         self._shares_epoch = self.sampler.epoch  # the epoch whose plan gave the logger's shares
         self.logger = StepLogger(self.log_path, bucket_shares=bucket_token_shares(
             self.sampler.plan), num_buckets=len(self.sampler.edges or [0]),
@@ -219,7 +236,19 @@ class TrainLoop:
         # (``skipped``), and an event line carrying ``step`` and ``loss`` would read as a
         # second record of that step to log readers
         if self.resumed_from is not None:
-            self.logger.event("resume", step=self.step_count, path=self.resumed_from)
+            restored = _resume_log(self.logger, extra.get(LOG_STATE), self.step_count,
+                                   self.resumed_from)
+            if not restored:
+                say(info, f"lengthwise: resume: {self.resumed_from} holds no step-log state "
+                          f"(saved by an older version): bucket_loss, corrected_loss and "
+                          f"skipped_total of {self.log_path.name} start over at step "
+                          f"{self.step_count}")
+            rolled = self.logger.rolled_back
+            self.logger.event("resume", step=self.step_count, path=self.resumed_from,
+                              running_fields="restored" if restored else "restarted",
+                              rolled_back=rolled.lines,
+                              rolled_back_to=None if rolled.side_file is None
+                              else str(rolled.side_file))
         else:  # a fresh log names its order first: the doctor does not prescribe it again
             self.logger.event(PLAN_EVENT, order=self.sampler.config.order,
                               layout=self.sampler.config.layout, strategy=order)
@@ -229,12 +258,16 @@ class TrainLoop:
             if self.micro_ranks < 1 or cfg.grad_accum % self.micro_ranks:
                 raise ConfigError(f"grad_accum={cfg.grad_accum} must be a multiple of "
                                   f"micro_ranks={self.micro_ranks}")
-            if self.rank == 0 and (run_dir / "micro_log.jsonl").exists() and not self.resumed_from:
-                (run_dir / "micro_log.jsonl").unlink()
+            if self.rank == 0 and not self.resumed_from:
+                for path in (micro_path, rolled_back_path(micro_path)):
+                    path.unlink(missing_ok=True)
             self.micro_logger = StepLogger(
-                run_dir / "micro_log.jsonl", bucket_shares=bucket_token_shares(self.sampler.plan),
+                micro_path, bucket_shares=bucket_token_shares(self.sampler.plan),
                 num_buckets=len(self.sampler.edges or [0]), rank=self.rank,
                 world_size=self.world)
+            if self.resumed_from is not None:
+                _resume_log(self.micro_logger, extra.get(MICRO_LOG_STATE), self.step_count,
+                            self.resumed_from, key="optimizer_step")
             # the edges name each bucket's length range (bucket k: edges[k-1] < length <=
             # edges[k]) for the doctor
             edges = self.sampler.edges
@@ -295,12 +328,12 @@ class TrainLoop:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.task.model.parameters(), self.cfg.clip)
         keys = sorted(stats)
         reduced = self._sum([float(loss_sum), *(stats[k] for k in keys)])
-        loss = reduced[0] / total if total > 0 else float("nan")
-        skipped = True
-        if total > 0:
+        loss = reduced[0] / total if total > 0 else None  # None: there is no loss to take
+        skipped, reason = True, NOTHING_TO_LEARN  # nothing supervised in the whole step
+        if loss is not None:
             skipped = bool(self.guard.check(loss, step=self.step_count + 1) if self.guard
                            else False)
-        # else: nothing supervised in the whole step, no update (the record says skipped)
+            reason = LOSS_SPIKE if math.isfinite(loss) else NON_FINITE_LOSS
         lr = self.optimizer.param_groups[0]["lr"]
         if not skipped:
             self.optimizer.step()
@@ -308,6 +341,8 @@ class TrainLoop:
         self.optimizer.zero_grad(set_to_none=True)
         self.step_count += 1
         fields = self.task.step_fields(dict(zip(keys, reduced[1:], strict=True)))
+        if skipped:
+            fields[SKIP_REASON] = reason
         rec = self.logger.step(self.step_count, epoch=self.sampler.epoch, loss=loss, lr=lr,
                                grad_norm=grad_norm, skipped=skipped, **fields)
         per_rank = len(micro) // self.micro_ranks
@@ -317,7 +352,11 @@ class TrainLoop:
                                    epoch=self.sampler.epoch, lr=lr, skipped=skipped,
                                    optimizer_step=self.step_count)
         if self.checkpointer is not None and self.step_count % self.cfg.checkpoint_every == 0:
-            extra_state = {"spike_guard": self.guard.state_dict()} if self.guard else None
+            extra_state = {LOG_STATE: self.logger.state_dict()}
+            if self.micro_logger is not None:
+                extra_state[MICRO_LOG_STATE] = self.micro_logger.state_dict()
+            if self.guard is not None:
+                extra_state["spike_guard"] = self.guard.state_dict()
             self.checkpointer.save(self.step_count, model=self.task.model,
                                    optimizer=self.optimizer, scheduler=self.scheduler,
                                    sampler=self.sampler, extra=extra_state,
@@ -348,6 +387,20 @@ class TrainLoop:
                     self.micro_logger.close()
             finally:
                 self.logger.close()
+
+
+def _resume_log(logger: Any, state: Any, step: int, checkpoint: str, key: str = "step") -> bool:
+    """Continue ``logger`` from a checkpoint of ``step``: its running fields from ``state``,
+    its file without the lines past the step. False when there is no state to continue."""
+    if state is None:  # a checkpoint of an older version: the log is rolled back all the same
+        logger.roll_back(step, key=key)
+        return False
+    try:
+        logger.load_state_dict(state)
+    except ConfigError as exc:
+        raise CorruptCheckpointError(f"{checkpoint}: its step-log state cannot be read: "
+                                     f"{exc}") from exc
+    return True
 
 
 def _checkpoint_files(task: Any) -> dict[str, str] | None:

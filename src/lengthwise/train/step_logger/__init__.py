@@ -19,8 +19,10 @@ Modules: :mod:`~lengthwise.train.step_logger.logger` (:class:`StepLogger`) and
 :mod:`~lengthwise.train.step_logger.shares` (:func:`bucket_token_shares`); inside,
 ``_vector`` (a step's sums, all-reduced over ranks), ``_bucket_losses`` (running per-
 bucket losses, the mix offset of the corrected loss), ``_record`` (the record's fields),
-``_writer`` (the background thread), ``_sinks`` (TensorBoard, W&B) and ``_values``
-(input checks).
+``_writer`` (the background thread), ``_sinks`` (TensorBoard, W&B), ``_values``
+(input checks) and :mod:`~lengthwise.train.step_logger.rollback` (a resumed run's log
+without the steps past its checkpoint). Every line is standard JSON: a NaN or infinity is
+written ``null`` and named in the line's ``non_finite`` field.
 
 Example::
 

@@ -23,10 +23,13 @@ Example::
 
 from __future__ import annotations
 
+import math
 from collections import deque
+from typing import Any
 
 import numpy as np
 
+from lengthwise.errors import ConfigError
 from lengthwise.train.step_logger._vector import B_LOSS_SUM, B_MICRO, B_OBSERVED, B_WEIGHT
 
 #: a bucket's running loss keeps at least this many of its steps
@@ -84,6 +87,35 @@ class BucketLosses:
                 entries.popleft()
         return present
 
+    def state_dict(self) -> dict[str, Any]:
+        """The windows and observed weights as plain JSON data (lists, ints and floats).
+
+        Example::
+
+            >>> losses = BucketLosses(window=5)
+            >>> _ = losses.add(np.array([[2.0, 1.0, 1.0, 1.0]]), False, 0)
+            >>> losses.state_dict()
+            {'windows': [[0, [[0, 2.0, 1.0]]]], 'observed': [[0, 1.0]]}
+        """
+        return {"windows": [[b, [list(e) for e in w]] for b, w in self.windows.items()],
+                "observed": [[b, v] for b, v in self.observed.items()]}
+
+    def load_state_dict(self, state: Any) -> None:
+        """Restore what :meth:`state_dict` returned; :class:`ConfigError` for anything else.
+
+        Example::
+
+            >>> losses = BucketLosses(window=5)
+            >>> losses.load_state_dict({"windows": [[0, [[0, 2.0, 1.0]]]], "observed": [[0, 1.0]]})
+            >>> losses.means()
+            {0: 2.0}
+        """
+        if not isinstance(state, dict) or set(state) != {"windows", "observed"}:
+            raise ConfigError("bucket losses: expected the keys 'windows' and 'observed'")
+        windows = {_count(b): _entries(w) for b, w in _pairs(state["windows"], "windows")}
+        observed = {_count(b): _real(v) for b, v in _pairs(state["observed"], "observed")}
+        self.windows, self.observed = windows, observed
+
     def means(self) -> dict[int, float]:
         """The running loss of every bucket seen so far, by bucket id."""
         return {b: window_mean(w) for b, w in sorted(self.windows.items())}
@@ -116,3 +148,31 @@ class BucketLosses:
 def _ids(columns: np.ndarray, ids: np.ndarray | None) -> np.ndarray:
     """The bucket id of each row of ``columns`` (its index when ``ids`` is not given)."""
     return np.arange(columns.shape[0]) if ids is None else np.asarray(ids)
+
+
+def _pairs(value: Any, name: str) -> list[list[Any]]:
+    """``value`` checked to be a list of ``[bucket, value]`` pairs."""
+    if not isinstance(value, list) or not all(isinstance(p, list) and len(p) == 2
+                                              for p in value):
+        raise ConfigError(f"bucket losses: {name} must be a list of [bucket, value] pairs")
+    return value
+
+
+def _entries(value: Any) -> deque[tuple[int, float, float]]:
+    """A bucket's window, checked to be ``[index, loss * weight, weight]`` entries."""
+    if not isinstance(value, list) or not all(isinstance(e, list) and len(e) == 3
+                                              for e in value):
+        raise ConfigError("bucket losses: a window must be a list of [index, sum, weight]")
+    return deque((_count(i), _real(s), _real(w)) for i, s, w in value)
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"bucket losses: {value!r} is not a non-negative integer")
+    return value
+
+
+def _real(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigError(f"bucket losses: {value!r} is not a finite number")
+    return float(value)

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from lengthwise.finite_json import NON_FINITE
 from lengthwise.train.step_logger._values import to_count, to_float
 from lengthwise.train.step_logger._vector import (
     LOSS_SUM,
@@ -41,7 +42,7 @@ RESERVED_FIELDS = frozenset(
         "step", "epoch", "loss", "lr", "grad_norm", "real_tokens", "padded_tokens",
         "padding_efficiency", "tokens_per_second", "seconds", "samples", "micro_batches",
         "buckets", "bucket_loss", "corrected_loss", "skipped", "skipped_total", "time", "event",
-        "loss_sample_std", "loss_sample_neff",
+        "loss_sample_std", "loss_sample_neff", NON_FINITE,
     }
 )
 

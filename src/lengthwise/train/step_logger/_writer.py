@@ -24,11 +24,13 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from lengthwise.finite_json import finite_json_line
 from lengthwise.train.step_logger._values import is_tensor
 
 
@@ -56,14 +58,19 @@ def json_default(x: Any) -> Any:
 
 
 def json_line(rec: dict[str, Any], call: str) -> str:
-    """``rec`` as one JSON line; a value JSON cannot hold raises ``TypeError`` naming its field.
+    """``rec`` as one line of standard JSON; a value JSON cannot hold raises ``TypeError``.
 
-    ``call`` names the method the value came through, for the message.
+    ``call`` names the method the value came through, for the message. A non-finite
+    number (NaN, infinity), which JSON has no literal for, is written as ``null`` and
+    named with its value in the line's ``non_finite`` field
+    (:func:`~lengthwise.finite_json.finite_record`).
 
     Example::
 
         >>> json_line({"step": 1, "tags": ["a"]}, "step")
         '{"step": 1, "tags": ["a"]}'
+        >>> json_line({"step": 2, "loss": float("nan")}, "step")
+        '{"step": 2, "loss": null, "non_finite": {"loss": "nan"}}'
         >>> try:
         ...     json_line({"step": 1, "tags": {"a"}}, "step")
         ... except TypeError as exc:
@@ -71,12 +78,12 @@ def json_line(rec: dict[str, Any], call: str) -> str:
         step(tags=...): JSON cannot hold a builtins.set
     """
     try:
-        return json.dumps(rec, default=json_default)
+        return finite_json_line(rec, json_default)
     except (TypeError, ValueError):
         pass
     for key, value in rec.items():
         try:
-            json.dumps({key: value}, default=json_default)
+            finite_json_line({key: value}, json_default)
         except (TypeError, ValueError) as exc:
             raise TypeError(
                 f"{call}({key}=...): {exc}; pass numbers, strings, lists or dicts of them "
@@ -192,7 +199,7 @@ class LogWriter:
         what = "was deleted or moved" if now is None else "was replaced by another file"
         note = {"event": "log_reopened", "time": time.time(), "reason": what,
                 "rewritten_lines": len(lines)}
-        for line in [json.dumps(note), *lines]:
+        for line in [json.dumps(note, allow_nan=False), *lines]:
             self.file.write(line + "\n")
         self.file.flush()
         self._file_id = _file_id(self.path)
@@ -200,6 +207,33 @@ class LogWriter:
             f"the training log {self.path} {what} while the run was writing it; it was "
             f"reopened and the {len(lines)} line(s) since the last flush were written again"
         )
+
+    def rewrite(self, change: Callable[[Path], Any]) -> Any:
+        """Run ``change(path)`` on this thread, with the log file closed, and return its result.
+
+        Everything queued before is written first; the file is opened again (appending)
+        afterwards, also when ``change`` raises (its error is raised here).
+        """
+        done = threading.Event()
+        box: list[Any] = []
+        self.put("rewrite", (change, box, done))
+        done.wait()
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0]
+
+    def _rewrite(self, change: Callable[[Path], Any], box: list[Any]) -> None:
+        assert self.path is not None and self.file is not None
+        self._flush()
+        self.file.close()
+        try:
+            box.append(change(self.path))
+        except BaseException as exc:
+            box.append(exc)
+        finally:
+            self.file = open_log(self.path, "a")
+            self._file_id = _file_id(self.path)
+            self._unchecked.clear()
 
     def _run(self) -> None:
         dirty = False
@@ -217,6 +251,12 @@ class LogWriter:
                     self._flush()
                     dirty = False
                     last_flush = time.monotonic()
+                elif kind == "rewrite":
+                    change, box, done = payload
+                    try:
+                        self._rewrite(change, box)
+                    finally:
+                        done.set()
                 if dirty and time.monotonic() - last_flush >= self.flush_every_s:
                     self._flush()
                     dirty = False

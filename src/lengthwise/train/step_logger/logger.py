@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from lengthwise.errors import ConfigError
+from lengthwise.finite_json import NON_FINITE
 from lengthwise.pytorch.dist import all_reduce_sum, group_info
 from lengthwise.train.step_logger._bucket_losses import BucketLosses
 from lengthwise.train.step_logger._record import RESERVED_FIELDS, step_record
@@ -45,9 +46,13 @@ from lengthwise.train.step_logger._vector import (
     vector_capacity,
 )
 from lengthwise.train.step_logger._writer import LogWriter, json_line
+from lengthwise.train.step_logger.rollback import RolledBack, roll_back
 from lengthwise.train.step_logger.shares import normalise_shares
 
 __all__ = ["StepLogger"]
+
+#: the version of :meth:`StepLogger.state_dict`'s layout
+STATE_VERSION = 1
 
 
 class StepLogger:
@@ -145,6 +150,8 @@ class StepLogger:
         self._t_prev = time.perf_counter()
         self.skipped_total = 0
         self.steps_logged = 0
+        #: the lines the last :meth:`roll_back` moved out of the log
+        self.rolled_back = RolledBack(0, None)
         self.path = None if path is None else Path(path)
         self._owner: threading.Thread | None = None
         self._owner_lock = threading.Lock()
@@ -388,13 +395,71 @@ class StepLogger:
         self._check_open(any_thread=True)
         if not isinstance(name, str) or not name:
             raise ConfigError(f"event name must be a non-empty string, got {name!r}")
-        if "event" in fields or "time" in fields:
-            raise ConfigError("event fields must not be named 'event' or 'time'")
+        if {"event", "time", NON_FINITE}.intersection(fields):
+            raise ConfigError(f"event fields must not be named 'event', 'time' or "
+                              f"'{NON_FINITE}'")
         rec = {"event": name, "time": time.time(), **fields}
         line = json_line(rec, "event")
         if self._writer is not None:
             self._writer.put("event", (line, dict(rec)))
         return rec
+
+    def state_dict(self) -> dict[str, Any]:
+        """The running fields' state as plain JSON data, for a checkpoint's ``extra``.
+
+        A resumed run that loads it (:meth:`load_state_dict`) writes the same
+        ``bucket_loss``, ``corrected_loss`` and ``skipped_total`` as an uninterrupted
+        one, and its log holds each step once (the lines past the state's step move to
+        a side file, see :meth:`roll_back`); the bucket shares are not part of it (give
+        them as before).
+
+        Example::
+
+            >>> log = StepLogger(None)
+            >>> _ = log.log_step(1, losses=[2.0], buckets=[0], skipped=True)
+            >>> state = log.state_dict()
+            >>> again = StepLogger(None)
+            >>> again.load_state_dict(state)
+            >>> again.log_step(2, losses=[3.0], buckets=[0])["skipped_total"]
+            1
+            >>> log.close(); again.close()
+        """
+        return {"version": STATE_VERSION, "last_step": self._last_step,
+                "steps_logged": self.steps_logged, "skipped_total": self.skipped_total,
+                "bucket_losses": self._bucket_losses.state_dict()}
+
+    def load_state_dict(self, state: Any) -> None:
+        """Continue from what :meth:`state_dict` returned; :class:`ConfigError` for other data."""
+        keys = {"version", "last_step", "steps_logged", "skipped_total", "bucket_losses"}
+        if not isinstance(state, dict) or set(state) != keys:
+            got = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise ConfigError(f"not a StepLogger state: expected the keys {sorted(keys)}, "
+                              f"got {got}")
+        if state["version"] != STATE_VERSION:
+            raise ConfigError(f"StepLogger state version {state['version']!r} is not "
+                              f"{STATE_VERSION}")
+        last = None if state["last_step"] is None else _state_count(state, "last_step")
+        logged, skipped = _state_count(state, "steps_logged"), _state_count(state, "skipped_total")
+        self._bucket_losses.load_state_dict(state["bucket_losses"])
+        self._last_step, self.steps_logged, self.skipped_total = last, logged, skipped
+        if last is not None:
+            self.roll_back(last)
+
+    def roll_back(self, step: int, *, key: str = "step") -> RolledBack:
+        """Move the log's lines past ``step`` (by their ``key``) to its side file; return them.
+
+        A run that stopped after its last checkpoint logged steps that the resumed run
+        logs again: without them, readers of the log see each step once. The log is
+        rewritten atomically and the lines moved are appended to
+        ``NAME.rolled_back.jsonl`` (:mod:`~lengthwise.train.step_logger.rollback`);
+        :meth:`load_state_dict` does this for the state's step. The result is kept in
+        :attr:`rolled_back` too. Call it before the steps after ``step`` are logged.
+        """
+        self._check_open(any_thread=True)
+        step = to_count(step, "step")
+        if self._writer is not None and self.path is not None:
+            self.rolled_back = self._writer.rewrite(lambda path: roll_back(path, step, key=key))
+        return self.rolled_back
 
     def reset_timer(self) -> None:
         """Restart the clock for ``tokens_per_second`` (e.g. after an evaluation pause)."""
@@ -477,6 +542,15 @@ class StepLogger:
             buckets=buckets, bucket_loss=bucket_loss, corrected=corrected,
             skipped=skipped, skipped_total=self.skipped_total,
         )
+
+
+def _state_count(state: dict[str, Any], key: str) -> int:
+    """``state[key]``, checked to be a non-negative integer."""
+    value = state[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"StepLogger state: {key} must be a non-negative integer, "
+                          f"got {value!r}")
+    return value
 
 
 def _items(column: Any) -> list[Any]:

@@ -1,0 +1,166 @@
+"""The step log of a resumed run: the same records as the uninterrupted run, each step once."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from lengthwise.train.config import LoopConfig  # noqa: E402
+from lengthwise.train.loop import MicroOut, TrainLoop  # noqa: E402
+
+#: fields that hold wall-clock time, different in every run
+WALL_CLOCK = {"time", "seconds", "tokens_per_second", "blocking_seconds", "path"}
+
+
+class _GappyTask:
+    """A two-weight model; every fifth step has nothing to learn (its normaliser is 0)."""
+
+    def __init__(self) -> None:
+        torch.manual_seed(0)
+        self.model = torch.nn.Linear(2, 1, bias=False)
+
+    def prepare(self, batch, rows, step):
+        return {"tokens": float(batch["real_tokens"]) * (step % 5 != 3),
+                "x": float(batch["real_tokens"]) / 100.0}
+
+    def normaliser(self, prepared) -> float:
+        return prepared["tokens"]
+
+    def forward(self, net, prepared) -> MicroOut:
+        x = torch.tensor([[prepared["x"], 1.0]])
+        loss = (net(x) - 1.0).square().sum() * prepared["tokens"] + 2.0 * prepared["tokens"]
+        return MicroOut(loss=loss, norm=prepared["tokens"])
+
+    def step_fields(self, stats):
+        return {}
+
+
+LENGTHS = np.random.default_rng(0).integers(5, 190, size=300)
+
+
+def _loop(run_dir: Path, **kw) -> TrainLoop:
+    cfg = LoopConfig(steps=24, max_tokens=512, max_len=192, grad_accum=2, progress=False,
+                     checkpoint_every=8, keep_checkpoints=3, **kw)
+    return TrainLoop(_GappyTask(), "bucket-random", LENGTHS,
+                     lambda i: {"input_ids": [1] * int(LENGTHS[i])}, cfg, run_dir=run_dir,
+                     device=torch.device("cpu"), micro_log=True)
+
+
+def _train(loop: TrainLoop, steps: int | None = None) -> None:
+    try:
+        while not loop.done and (steps is None or loop.step_count < steps):
+            loop.step()
+    finally:
+        loop.close()
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def _steady(rows: list[dict]) -> list[dict]:
+    """The rows without their wall-clock fields and without the resume event."""
+    return [{k: v for k, v in r.items() if k not in WALL_CLOCK} for r in rows
+            if r.get("event") != "resume"]
+
+
+def _events(rows: list[dict]) -> list[dict]:
+    return sorted(_steady([r for r in rows if "event" in r]),
+                  key=lambda r: (r.get("step") or 0, r["event"]))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("resume_log")
+    _train(_loop(root / "full"))
+    _train(_loop(root / "cut"), steps=13)  # stopped 5 steps after the checkpoint of step 8
+    with open(root / "cut" / "train_log.jsonl", "a", encoding="utf-8") as fh:
+        fh.write('{"step": 14, "epoch": 0, "lo')  # killed while writing a line
+    resumed = _loop(root / "cut", resume=True)
+    assert resumed.step_count == 8
+    _train(resumed)
+    return root
+
+
+def test_a_resumed_log_equals_the_uninterrupted_log_field_by_field(runs):
+    full = _rows(runs / "full" / "train_log.jsonl")
+    cut = _rows(runs / "cut" / "train_log.jsonl")
+    records = [r for r in cut if "event" not in r]
+    assert [r["step"] for r in records] == list(range(1, 25))  # each step once
+    assert _steady(records) == _steady([r for r in full if "event" not in r])
+    # the same events (checkpoints are written in the background: their order varies)
+    assert _events(cut) == _events(full)
+    last = records[-1]
+    assert last["skipped_total"] == 5 and last["bucket_loss"] and records[-2]["corrected_loss"]
+
+
+def test_the_rows_rolled_back_are_kept_beside_the_log(runs):
+    resume = [r for r in _rows(runs / "cut" / "train_log.jsonl") if r.get("event") == "resume"]
+    assert len(resume) == 1 and resume[0]["step"] == 8
+    side = runs / "cut" / "train_log.rolled_back.jsonl"
+    assert resume[0]["rolled_back"] == 6 and resume[0]["rolled_back_to"] == str(side)
+    lines = side.read_text(encoding="utf-8").splitlines()
+    assert lines[-1] == '{"step": 14, "epoch": 0, "lo'
+    kept = [json.loads(line) for line in lines[:-1]]
+    assert [r["step"] for r in kept if "event" not in r] == [9, 10, 11, 12, 13]
+
+
+def test_the_micro_batch_log_is_rolled_back_and_continued_too(runs):
+    full = _rows(runs / "full" / "micro_log.jsonl")
+    cut = _rows(runs / "cut" / "micro_log.jsonl")
+    records = [r for r in cut if "event" not in r]
+    assert [r["step"] for r in records] == list(range(1, 49))  # 2 micro-batches a step
+    assert _steady(records) == _steady([r for r in full if "event" not in r])
+    side = _rows(runs / "cut" / "micro_log.rolled_back.jsonl")
+    assert [r["optimizer_step"] for r in side if "event" not in r] == [9, 9, 10, 10, 11, 11,
+                                                                     12, 12, 13, 13]
+
+
+def test_a_checkpoint_without_step_log_state_still_rolls_the_log_back(tmp_path, capsys,
+                                                                      monkeypatch):
+    import lengthwise.train.loop as loop_module
+
+    with monkeypatch.context() as patch:  # checkpoints as an older version saved them
+        patch.setattr(loop_module, "LOG_STATE", "unknown")
+        patch.setattr(loop_module, "MICRO_LOG_STATE", "unknown_micro")
+        _train(_loop(tmp_path), steps=11)
+    resumed = _loop(tmp_path, resume=True)
+    _train(resumed)
+    assert "holds no step-log state" in capsys.readouterr().err
+    rows = _rows(tmp_path / "train_log.jsonl")
+    assert [r["step"] for r in rows if "event" not in r] == list(range(1, 25))
+    (resume,) = [r for r in rows if r.get("event") == "resume"]
+    assert resume["running_fields"] == "restarted" and resume["rolled_back"] == 3
+
+
+def test_the_doctor_reads_the_resumed_log_as_the_uninterrupted_one(runs):
+    from lengthwise.doctor import load
+
+    full, cut = (load(str(runs / name / "train_log.jsonl")) for name in ("full", "cut"))
+    assert cut.input.restart_count == 0 and cut.input.malformed == 0  # no step logged twice
+    assert np.array_equal(cut.step, full.step)
+    assert np.array_equal(cut.loss, full.loss, equal_nan=True)  # skipped steps: missing
+    assert cut.bucket_loss == full.bucket_loss
+
+
+@pytest.mark.parametrize(("change", "named"), [
+    ({"version": 2}, "version 2"),
+    ({"skipped_total": -1}, "skipped_total must be a non-negative integer"),
+    ({"bucket_losses": {"windows": [[0, [[0, "x", 1.0]]]], "observed": []}}, "'x'"),
+    ({"extra": 1}, "not a StepLogger state"),
+])
+def test_a_step_log_state_that_is_not_one_is_refused_by_name(change, named):
+    from lengthwise.errors import ConfigError
+    from lengthwise.train import StepLogger
+
+    with StepLogger(None) as log:
+        log.step(1, loss=1.0)
+        state = {**log.state_dict(), **change}
+        with pytest.raises(ConfigError, match=named):
+            log.load_state_dict(state)
+        assert log.skipped_total == 0 and log.steps_logged == 1  # nothing changed
