@@ -13,6 +13,7 @@ from __future__ import annotations
 from concurrent.futures import Future
 from pathlib import Path
 
+from lengthwise.errors import DiskFullError
 from lengthwise.train.checkpoint.errors import CheckpointError
 
 __all__ = ["PendingSave"]
@@ -45,6 +46,8 @@ class PendingSave:
             self.error_seen = True
             if isinstance(exc, CheckpointError):
                 raise
+            if isinstance(exc, DiskFullError):  # it already says which save failed
+                raise CheckpointError(str(exc)) from exc
             raise CheckpointError(f"saving checkpoint step {self.step} failed: {exc}") from exc
 
     def __repr__(self) -> str:

@@ -31,9 +31,10 @@ from typing import Any
 
 import torch
 
+from lengthwise.disk import full_disk_error
 from lengthwise.train.checkpoint.errors import CorruptCheckpointError
 from lengthwise.train.checkpoint.layout import new_manifest
-from lengthwise.train.checkpoint.state import TrainingState, cpu_copy
+from lengthwise.train.checkpoint.state import TrainingState, cpu_copy, state_bytes
 from lengthwise.train.checkpoint.state_json import from_json
 
 TORCH_FILE = "state.pt"
@@ -53,7 +54,9 @@ def save_torch(state: TrainingState, tmp: Path, executor: ThreadPoolExecutor,
     """Copy ``state`` to CPU memory now; on ``executor``'s thread write it into ``tmp``.
 
     Once written, ``finish(manifest)`` publishes the folder and gives the future's
-    result; a failure calls ``failed(exc)`` and is the future's exception.
+    result; a failure calls ``failed(exc)``, removes ``tmp`` and is the future's
+    exception (a full disk as a :class:`~lengthwise.errors.DiskFullError` saying how
+    much the checkpoint needs).
     """
     data = {"model": cpu_copy(state.model.state_dict())}
     if state.optimizer is not None:
@@ -71,6 +74,11 @@ def save_torch(state: TrainingState, tmp: Path, executor: ThreadPoolExecutor,
             return finish(manifest)
         except BaseException as exc:
             failed(exc)
+            shutil.rmtree(tmp, ignore_errors=True)  # a half-written folder only takes room
+            full = full_disk_error(exc, tmp.parent, needed=state_bytes(data),
+                                   what=f"saving checkpoint step {state.step}")
+            if full is not None:
+                raise full from exc
             raise
 
     return executor.submit(write)
