@@ -30,7 +30,7 @@ def _chained(outer: str, inner: OSError) -> RuntimeError:
 
 
 @pytest.mark.parametrize("exc, word", [
-    (OSError(errno.ENOSPC, "No space left on device"), "no space"),
+    (OSError(errno.ENOSPC, "No space left on device"), "the disk is full"),
     (OSError(errno.EFBIG, "File too large"), "file size"),
     (OSError(errno.EDQUOT, "Disk quota exceeded"), "quota"),
     (SafetensorError("Error while serializing: I/O error: No space left on device "
@@ -74,7 +74,7 @@ def test_a_full_disk_inside_the_block_becomes_one_line(tmp_path):
 
 
 def test_a_real_full_disk_is_recognised(small_disk: Path):
-    with pytest.raises(DiskFullError, match="no space left") as info:
+    with pytest.raises(DiskFullError, match="the disk is full") as info:
         with reporting_full_disk(small_disk, needed=1 << 20), \
                 open(small_disk / "big", "wb") as handle:
             handle.write(b"\0" * (1 << 20))

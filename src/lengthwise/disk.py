@@ -39,7 +39,7 @@ from lengthwise.errors import DiskFullError
 __all__ = ["DiskFullError", "format_bytes", "full_disk_error", "full_disk_reason",
            "reporting_full_disk"]
 
-_NO_SPACE = "no space left on the device"
+_NO_SPACE = "the disk is full (no space left on the device)"
 _TOO_LARGE = "a file grew past the largest file size allowed (ulimit -f or the file system)"
 _QUOTA = "the disk quota is used up"
 #: errno -> what it means for a writer
@@ -56,7 +56,7 @@ def full_disk_reason(exc: BaseException) -> str | None:
     Example::
 
         >>> full_disk_reason(OSError(28, "No space left on device"))
-        'no space left on the device'
+        'the disk is full (no space left on the device)'
     """
     seen: set[int] = set()
     current: BaseException | None = exc
@@ -126,11 +126,12 @@ def full_disk_error(exc: BaseException, folder: str | os.PathLike[str], *,
     sizes = []
     if needed is not None:
         sizes.append(f"it needs about {format_bytes(int(needed))}")
-    if free is not None:
+    if free is not None and reason != _TOO_LARGE:
         sizes.append(f"{format_bytes(free)} free there now")
-    advice = ("raise the limit (ulimit -f) or write elsewhere" if reason == _TOO_LARGE
-              else "free space on that disk or write elsewhere, then run again")
-    message = (f"{what} into {folder} failed: the disk is full ({reason})"
+    advice = ("raise the limit (ulimit -f) or write elsewhere, then run again"
+              if reason == _TOO_LARGE else
+              "free space on that disk or write elsewhere, then run again")
+    message = (f"{what} into {folder} failed: {reason}"
                + (f"; {', '.join(sizes)}" if sizes else "") + f"; {advice}")
     return DiskFullError(message, folder=folder, reason=reason, needed=needed)
 

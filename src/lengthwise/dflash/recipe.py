@@ -302,6 +302,7 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
     """:func:`train_draft` with the run folder's lock held."""
     import torch
 
+    from lengthwise.dflash.grown_target import save_grown_target
     from lengthwise.dflash.mask_token import ensure_mask_token
     from lengthwise.dflash.objective import target_layer_ids
     from lengthwise.dflash.resume_settings import (
@@ -335,8 +336,9 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
     # the blocks' mask token: the tokenizer's own, else <|MASK|> added (the target embeds it)
     rows = int(model.get_input_embeddings().weight.shape[0])
     mask = ensure_mask_token(tokenizer, model)
-    serve = (_save_grown_target(model, tokenizer, out / "target", main=rank == 0)
-             if mask.resized else Path(run.target))
+    serve = out / "target" if mask.resized else Path(run.target)
+    if mask.resized and rank == 0:  # whole or not at all; an identical one is kept
+        save_grown_target(model, tokenizer, serve)
     n_layers = model.config.num_hidden_layers
     target = Target(model, layers=target_layer_ids(n_layers, cfg.num_features or cfg.draft_layers))
     draft = new_draft(target, cfg, mask_token_id=mask.id)
@@ -444,14 +446,3 @@ def _check_out(out: Path, cfg: DFlashTrainConfig, run: RunSettings, data_info: d
                f"from {out}")
     return []
 
-
-def _save_grown_target(model: Any, tokenizer: Any, folder: Path, *, main: bool) -> Path:
-    """Save (rank 0) the target grown by the mask token's row, with its tokenizer, to ``folder``.
-
-    The draft's blocks embed the mask token with the target's embedding, so the
-    target the draft is served with must hold that row.
-    """
-    if main:
-        model.save_pretrained(str(folder))
-        tokenizer.save_pretrained(str(folder))
-    return folder
