@@ -63,8 +63,8 @@ def load_draft_checkpoint(path: str | os.PathLike) -> Any:
     draft = DFlashDraft(read_draft_config(step))
     try:
         load_checkpoint(step, model=draft, restore_rng=False)
-    except CheckpointError as exc:
-        raise ConfigError(f"{step}: {exc}") from exc
+    except CheckpointError as exc:  # its message names the file, inside ``step``
+        raise ConfigError(str(exc) if str(step) in str(exc) else f"{step}: {exc}") from exc
     return draft.eval()
 
 

@@ -111,10 +111,42 @@ def load_torch(path: Path, model: torch.nn.Module, optimizer: Any, strict: bool,
         raise CorruptCheckpointError(
             f"{file} cannot be read as a checkpoint: {type(exc).__name__}: "
             f"{_first_line(exc)}") from exc
-    model.load_state_dict(model_state, strict=strict)
+    try:
+        model.load_state_dict(model_state, strict=strict)
+    except (RuntimeError, TypeError, AttributeError) as exc:
+        raise CorruptCheckpointError(f"{file}: {state_mismatch(model, model_state, exc)}"
+                                     ) from exc
     if optimizer is not None:
-        optimizer.load_state_dict(optimizer_state)
+        try:
+            optimizer.load_state_dict(optimizer_state)
+        except (ValueError, KeyError, TypeError, RuntimeError) as exc:
+            raise CorruptCheckpointError(f"{file}: its optimizer state does not fit the "
+                                         f"model's parameters ({_first_line(exc)})") from exc
     return aux
+
+
+def state_mismatch(model: torch.nn.Module, state: Any, exc: BaseException) -> str:
+    """Why ``state`` does not load into ``model``: the tensors missing and unexpected, counted.
+
+    Example::
+
+        >>> why = state_mismatch(torch.nn.Linear(1, 1), {"x": torch.zeros(1)}, RuntimeError())
+        >>> why.split(": ")[1]
+        "2 tensors missing (e.g. 'bias'), 1 unexpected (e.g. 'x')"
+    """
+    if not isinstance(state, dict):
+        return f"its model state is a {type(state).__name__}, not a dict of tensors"
+    wanted, held = set(model.state_dict()), set(state)
+    missing, unexpected = sorted(wanted - held), sorted(held - wanted)
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} tensors missing (e.g. {missing[0]!r})")
+    if unexpected:
+        parts.append(f"{len(unexpected)} unexpected (e.g. {unexpected[0]!r})")
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [""]
+    detail = lines[1] if len(lines) > 1 and lines[0].endswith(":") else lines[0]
+    found = ", ".join(parts) or detail.rstrip(". ")
+    return f"its model state does not fit the model: {found}"
 
 
 def _refusal(exc: BaseException) -> str:
