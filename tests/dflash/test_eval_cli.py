@@ -134,7 +134,7 @@ def test_eval_and_export_refuse_bad_input_in_one_line(local, tmp_path, capsys):
     base = ["dflash", "eval", "--target", str(local / "target"), "--draft", str(local / "draft")]
     assert main([*base, "--prompts", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.endswith("bad.jsonl:2: messages[0].role must be one of system, user, "
+    assert err.endswith("bad.jsonl, line 2: messages[0].role must be one of system, user, "
                         "assistant, tool, got 'robot'") and "\n" not in err
     assert main([*base, "--max-new-tokens", "0"]) == 2
     assert "--max-new-tokens must be >= 1" in capsys.readouterr().err
