@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.dflash.train import DFlashTask, DFlashTrainConfig
+from lengthwise.dflash.train import DFlashTask, DFlashTrainConfig, check_budget
 from lengthwise.errors import ConfigError, DataError
 
 __all__ = ["TOKENIZER_FILES", "EvalTask", "RunSettings", "check_causal_lm", "held_out_batches",
@@ -330,6 +330,7 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
         s = data.sample(int(train_idx[i]))
         return {k: v[: cfg.max_len] for k, v in s.items()}
 
+    check_budget(sample, lambda i: data.sample(int(train_idx[i])), int(train_idx.size), cfg)
     applied = _check_out(out, cfg, run, data.info, group)
     dtype = torch.bfloat16 if device.type == "cuda" else None
     model = load_target(run.target, dtype=dtype, device=device)
