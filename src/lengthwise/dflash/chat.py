@@ -124,7 +124,9 @@ class ChatRenderer:
         if isinstance(template, dict):  # several named templates: the default one
             template = template.get("default")
         if not template:
-            raise ConfigError(f"{name} has no chat template")
+            raise ConfigError(f"{name} has no chat template" + (
+                "" if enable_thinking is None else " (--enable-thinking/--no-enable-thinking "
+                "need one with an enable_thinking switch)"))
         if not getattr(tokenizer, "is_fast", False):
             raise ConfigError(f"{name} is not a fast tokenizer (tokenizer.json): the loss "
                               "mask needs its character offsets")

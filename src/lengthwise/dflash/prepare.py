@@ -327,13 +327,31 @@ def _prepare(chats: ChatSource, target: Path, out: Path, cfg: PrepareConfig, tok
         "fingerprint": fp,
     }
     if rank == 0:
+        lengths = _gather_lengths(out, nshards)
         with _named_os_errors(out / "lengths.npy"), atomic_open(out / "lengths.npy") as fh:
-            np.save(fh, _gather_lengths(out, nshards))
+            np.save(fh, lengths)
         with (_named_os_errors(out / "prepare.json"),
               atomic_open(out / "prepare.json", "w", encoding="utf-8") as fh):
             fh.write(json.dumps(record, indent=2) + "\n")
+        _say_past_positions(lengths, target, info)
     barrier(info)
     return record
+
+
+def _say_past_positions(lengths: np.ndarray, target: Path, info: Any) -> None:
+    """Say how many samples the target's ``max_position_embeddings`` cannot hold whole."""
+    from lengthwise.dflash.positions import max_positions, past_positions
+    from lengthwise.train.device import say
+
+    try:
+        config = json.loads((target / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # a tokenizer given without a model folder: nothing to say
+        return
+    limit = max_positions(config) if isinstance(config, dict) else None
+    note = past_positions(lengths, limit, what="samples", advice=(
+        f"they are kept whole; give --max-len {limit} here, or to dflash train, to cut them"))
+    if note is not None:
+        say(info, f"lengthwise dflash prepare: warning: {note}")
 
 
 def _finished_shards(out: Path, nshards: int, fps: tuple[str, str], key: str,
