@@ -313,6 +313,8 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
     from lengthwise.dflash.tokenizer_id import TOKENIZER_FIELDS
     from lengthwise.train.device import autocast_dtype, configure_torch, rank_world, say
     from lengthwise.train.loop import TrainLoop
+    from lengthwise.train.stop import EXIT_STATUS as STOPPED
+    from lengthwise.train.stop import StopRequest
 
     n = len(data)
     rank, world = rank_world(group)
@@ -386,9 +388,18 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
     try:
         from lengthwise.progress import progress as bar
 
-        for _ in bar(range(loop.step_count, cfg.steps), desc="dflash train", unit="step",
-                     total=cfg.steps - loop.step_count, enable=progress and rank == 0):
-            records.append(loop.step())
+        with StopRequest() as stop:
+            for _ in bar(range(loop.step_count, cfg.steps), desc="dflash train", unit="step",
+                         total=cfg.steps - loop.step_count, enable=progress and rank == 0):
+                records.append(loop.step())
+                if stop.requested(group) and not loop.done:
+                    saved = loop.checkpoint()
+                    say(group, f"lengthwise dflash train: SIGTERM: stopped after step "
+                               f"{loop.step_count} of {cfg.steps}; " + (
+                                   f"checkpoint step_{loop.step_count} saved: continue with "
+                                   "--resume" if saved else "no checkpoint (--checkpoint-every "
+                                   "0): those steps are lost"))
+                    raise SystemExit(STOPPED)
         if rank == 0:
             final = out / "final"
             final.mkdir(parents=True, exist_ok=True)
