@@ -212,6 +212,20 @@ def test_a_full_disk_says_so_in_one_line_with_the_size_needed(tmp_path, monkeypa
     ckpt.close()
 
 
+def test_a_full_disk_under_the_distributed_backend_says_so_too(tmp_path, monkeypatch):
+    def full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch.distributed.checkpoint.FileSystemWriter, "write_data", full)
+    ckpt = Checkpointer(tmp_path / "ckpt", use_dcp=True, async_=False)
+    with pytest.raises(CheckpointError) as info:
+        ckpt.save(1, **save_kwargs(make_run(0)))
+    assert str(info.value).startswith(f"saving checkpoint step 1 into {tmp_path / 'ckpt'} "
+                                      "failed: the disk is full (no space left on the device)")
+    assert latest_checkpoint(tmp_path / "ckpt") is None
+    ckpt.close()
+
+
 def test_a_real_full_disk_during_a_save_keeps_the_previous_checkpoint(small_disk):
     model = torch.nn.Linear(60, 60)  # 14.6 KiB of weights
     ckpt = Checkpointer(small_disk, async_=False)

@@ -121,14 +121,14 @@ def test_a_rehashed_state_that_does_not_fit_the_model_is_one_line(tmp_path, part
     if part == "model":
         state["model"] = {"x": torch.zeros(1)}
         said = ("state.pt: its model state does not fit the model: 2 tensors missing "
-                "(e.g. 'bias'), 1 unexpected (e.g. 'x'); the previous good checkpoint is step 1")
+                "(e.g. 'bias'), 1 unexpected (e.g. 'x')")
     else:
         state["optimizer"]["param_groups"][0]["params"] = [0]
         said = "state.pt: its optimizer state does not fit the model's parameters"
     torch.save(state, step / "state.pt")
     _rehash(step)
     for path in (step, tmp_path / "run"):
-        with pytest.raises(CorruptCheckpointError, match=re.escape(said)) as info:
+        with pytest.raises(CheckpointError, match=re.escape(said)) as info:
             _load(path)
         assert "\n" not in str(info.value)
 

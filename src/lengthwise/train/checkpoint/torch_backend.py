@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from lengthwise.disk import full_disk_error
-from lengthwise.train.checkpoint.errors import CorruptCheckpointError
+from lengthwise.train.checkpoint.errors import CheckpointError, CorruptCheckpointError
 from lengthwise.train.checkpoint.layout import new_manifest
 from lengthwise.train.checkpoint.state import TrainingState, cpu_copy, state_bytes
 from lengthwise.train.checkpoint.state_json import from_json
@@ -111,17 +111,16 @@ def load_torch(path: Path, model: torch.nn.Module, optimizer: Any, strict: bool,
         raise CorruptCheckpointError(
             f"{file} cannot be read as a checkpoint: {type(exc).__name__}: "
             f"{_first_line(exc)}") from exc
-    try:
+    try:  # a state of another model, or one without the model's tensors: not a corrupt file
         model.load_state_dict(model_state, strict=strict)
     except (RuntimeError, TypeError, AttributeError) as exc:
-        raise CorruptCheckpointError(f"{file}: {state_mismatch(model, model_state, exc)}"
-                                     ) from exc
+        raise CheckpointError(f"{file}: {state_mismatch(model, model_state, exc)}") from exc
     if optimizer is not None:
         try:
             optimizer.load_state_dict(optimizer_state)
         except (ValueError, KeyError, TypeError, RuntimeError) as exc:
-            raise CorruptCheckpointError(f"{file}: its optimizer state does not fit the "
-                                         f"model's parameters ({_first_line(exc)})") from exc
+            raise CheckpointError(f"{file}: its optimizer state does not fit the model's "
+                                  f"parameters ({_first_line(exc)})") from exc
     return aux
 
 
