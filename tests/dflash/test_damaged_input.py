@@ -148,7 +148,8 @@ def test_a_full_disk_while_writing_a_shard_names_it_and_leaves_no_shard(
     out = tmp_path / "out"
     assert _prepare(chats, target, out) == 2
     line = _error(capsys)
-    assert "data-00000.parquet: cannot be written" in line and "No space left" in line
+    assert line.startswith(f"lengthwise dflash: error: writing data-00000.parquet into {out} "
+                           "failed: the disk is full (no space left on the device)")
     assert sorted(p.name for p in out.iterdir()) == []  # no shard, no record, no temporary
 
 

@@ -43,6 +43,7 @@ from lengthwise.dflash.chat import TEMPLATE_ERRORS, ChatRenderer, normalise
 from lengthwise.dflash.chat_files import ChatSource
 from lengthwise.dflash.out_lock import hold_out
 from lengthwise.dflash.tokenizer_id import tokenizer_record
+from lengthwise.disk import full_disk_error
 from lengthwise.errors import ConfigError, DataError
 from lengthwise.train.config import check_positive
 
@@ -176,10 +177,14 @@ def _write_shard(path: Path, ids: list[list[int]], masks: list[list[int]], rows:
 
 @contextmanager
 def _named_os_errors(path: Path) -> Iterator[None]:
-    """An ``OSError`` naming no file (a full disk inside a writer) re-raised naming ``path``."""
+    """A full disk as a :class:`~lengthwise.errors.DiskFullError` naming ``path``; any other
+    ``OSError`` that names no file re-raised naming it."""
     try:
         yield
     except OSError as exc:
+        full = full_disk_error(exc, path.parent, what=f"writing {path.name}")
+        if full is not None:
+            raise full from None
         if exc.filename is not None:
             raise
         raise OSError(exc.errno, f"cannot be written ({' '.join(str(exc).split())})",
