@@ -31,13 +31,12 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from lengthwise.atomic import fsync_dir
 from lengthwise.disk import reporting_full_disk
+from lengthwise.progress import no_transformers_bars
 
 __all__ = ["save_grown_target"]
 
@@ -68,26 +67,12 @@ def save_grown_target(model: Any, tokenizer: Any, folder: str | os.PathLike[str]
                 model.generation_config.save_pretrained(str(tmp))
             if _holds(folder, tmp, state):
                 return False
-            with _no_progress_bar():  # the command's own progress is its one output
+            with no_transformers_bars():  # the command's own lines are its stderr
                 model.save_pretrained(str(tmp))
             _replace(tmp, folder)
             return True
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-@contextmanager
-def _no_progress_bar() -> Iterator[None]:
-    """``transformers``' progress bars (its "Writing model shards") off within the block."""
-    from transformers.utils import logging
-
-    was = logging.is_progress_bar_enabled()
-    logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was:
-            logging.enable_progress_bar()
 
 
 def _replace(tmp: Path, folder: Path) -> None:

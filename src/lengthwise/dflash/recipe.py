@@ -311,6 +311,7 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
     )
     from lengthwise.dflash.target import Target, load_target
     from lengthwise.dflash.tokenizer_id import TOKENIZER_FIELDS
+    from lengthwise.progress import no_transformers_bars
     from lengthwise.train.device import autocast_dtype, configure_torch, rank_world, say
     from lengthwise.train.loop import TrainLoop
     from lengthwise.train.stop import EXIT_STATUS as STOPPED
@@ -335,7 +336,8 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
     check_budget(sample, lambda i: data.sample(int(train_idx[i])), int(train_idx.size), cfg)
     applied = _check_out(out, cfg, run, data.info, group)
     dtype = torch.bfloat16 if device.type == "cuda" else None
-    model = load_target(run.target, dtype=dtype, device=device)
+    with no_transformers_bars():
+        model = load_target(run.target, dtype=dtype, device=device)
     # the blocks' mask token: the tokenizer's own, else <|MASK|> added (the target embeds it)
     rows = int(model.get_input_embeddings().weight.shape[0])
     mask = ensure_mask_token(tokenizer, model)
