@@ -120,3 +120,28 @@ def test_a_resume_keeps_the_run_s_target_as_it_is(tiny_prepared, tmp_path, capsy
     assert main(tiny_train_args(target, data, out, "--steps", "3", "--resume")) == 0
     capsys.readouterr()
     assert (weights.stat().st_ino, weights.stat().st_mtime_ns) == stamp
+
+
+def test_a_full_disk_while_saving_the_final_draft_is_one_line(tiny_prepared, tmp_path, capsys,
+                                                              monkeypatch):
+    from _cli import tiny_train_args
+    from _full_disk import zip_writer_full
+
+    from lengthwise.cli import main
+
+    target, data = tiny_prepared
+    out = tmp_path / "run"
+    real_save = torch.save
+
+    def full(obj, where, *args, **kwargs):  # the final draft's file: the disk fills under it
+        if not hasattr(where, "write"):
+            return real_save(obj, where, *args, **kwargs)
+        zip_writer_full(where)
+
+    monkeypatch.setattr(torch, "save", full)
+    assert main(tiny_train_args(target, data, out, "--steps", "1", "--checkpoint-every",
+                                "0")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"lengthwise dflash: error: saving the final draft into "
+                              f"{out / 'final'} failed: the disk is full"), err
+    assert sorted(p.name for p in (out / "final").iterdir()) == []  # no draft.pt that looks whole

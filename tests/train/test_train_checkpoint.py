@@ -15,6 +15,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from _full_disk import zip_writer_full  # noqa: E402
+
 from lengthwise.train import (  # noqa: E402
     Checkpointer,
     StepLogger,
@@ -192,15 +194,7 @@ def test_a_full_disk_says_so_in_one_line_with_the_size_needed(tmp_path, monkeypa
     ckpt = Checkpointer(tmp_path / "ckpt", async_=False)
     ckpt.save(1, **save_kwargs(run))
 
-    def full_disk(obj, path):  # what torch's zip writer raises when the file's write fails
-        path.write_bytes(b"partial")
-        try:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        except OSError:
-            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos "  # noqa: B904
-                               "704 vs 598")
-
-    monkeypatch.setattr(ckpt_module, "_torch_save", full_disk)
+    monkeypatch.setattr(ckpt_module, "_torch_save", lambda obj, path: zip_writer_full(path))
     with pytest.raises(CheckpointError) as info:
         ckpt.save(2, **save_kwargs(run))
     text = str(info.value)
@@ -216,7 +210,9 @@ def test_a_full_disk_under_the_distributed_backend_says_so_too(tmp_path, monkeyp
     def full(self, *args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(torch.distributed.checkpoint.FileSystemWriter, "write_data", full)
+    import torch.distributed.checkpoint as dcp
+
+    monkeypatch.setattr(dcp.FileSystemWriter, "write_data", full)
     ckpt = Checkpointer(tmp_path / "ckpt", use_dcp=True, async_=False)
     with pytest.raises(CheckpointError) as info:
         ckpt.save(1, **save_kwargs(make_run(0)))

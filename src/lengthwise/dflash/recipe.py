@@ -302,6 +302,7 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
     """:func:`train_draft` with the run folder's lock held."""
     import torch
 
+    from lengthwise.atomic import atomic_open
     from lengthwise.dflash.grown_target import save_grown_target
     from lengthwise.dflash.mask_token import ensure_mask_token
     from lengthwise.dflash.objective import target_layer_ids
@@ -311,7 +312,9 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
     )
     from lengthwise.dflash.target import Target, load_target
     from lengthwise.dflash.tokenizer_id import TOKENIZER_FIELDS
+    from lengthwise.disk import reporting_full_disk
     from lengthwise.progress import no_transformers_bars
+    from lengthwise.train.checkpoint.state import state_bytes
     from lengthwise.train.device import autocast_dtype, configure_torch, rank_world, say
     from lengthwise.train.loop import TrainLoop
     from lengthwise.train.stop import EXIT_STATUS as STOPPED
@@ -405,9 +408,13 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
         if rank == 0:
             final = out / "final"
             final.mkdir(parents=True, exist_ok=True)
-            torch.save(draft.state_dict(), final / "draft.pt")
-            (final / "config.json").write_text(json.dumps(dcfg.to_dict(), indent=2) + "\n",
-                                               encoding="utf-8")
+            state = draft.state_dict()
+            with reporting_full_disk(final, needed=state_bytes(state),
+                                     what="saving the final draft"):  # each file whole
+                with atomic_open(final / "draft.pt") as fh:
+                    torch.save(state, fh)
+                with atomic_open(final / "config.json", "w", encoding="utf-8") as fh:
+                    fh.write(json.dumps(dcfg.to_dict(), indent=2) + "\n")
     finally:
         loop.close()
     if rank != 0:
