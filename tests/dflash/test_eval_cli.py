@@ -91,6 +91,24 @@ def test_eval_reports_each_set_and_temperature_and_is_lossless(local, tmp_path, 
             assert "mismatches" not in r
 
 
+def test_prompts_past_the_target_s_positions_are_counted_in_a_warning(local, tmp_path, capsys):
+    prompts = tmp_path / "long.jsonl"
+    prompts.write_text(json.dumps({"prompt": "What is 7 times 8?"}) + "\n"
+                       + json.dumps({"prompt": " ".join(["seven times eight"] * 200)}) + "\n")
+    base = ["dflash", "eval", "--target", str(local / "target"), "--draft",
+            str(local / "draft"), "--prompts", str(prompts), "--temperatures", "0",
+            "--no-check", "--no-accuracy", "--no-progress", "--json"]
+    assert main([*base, "--max-new-tokens", "4"]) == 0
+    said = capsys.readouterr()
+    assert json.loads(said.out)[0]["prompts"] == 2
+    warnings = [line for line in said.err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and warnings[0].startswith(
+        "lengthwise dflash eval: warning: 1 of 2 prompts of long with their --max-new-tokens 4 "
+        "are longer than the target's 512 positions (max_position_embeddings; the longest has ")
+    assert main([*base, "--max-new-tokens", "4", "--limit", "1"]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
 def test_eval_skips_the_check_and_the_accuracy_pass_on_request(local, capsys):
     base = ["dflash", "eval", "--target", str(local / "target"), "--draft",
             str(local / "draft"), "--max-new-tokens", "6", "--limit", "3", "--temperatures",
@@ -134,7 +152,7 @@ def test_eval_and_export_refuse_bad_input_in_one_line(local, tmp_path, capsys):
     base = ["dflash", "eval", "--target", str(local / "target"), "--draft", str(local / "draft")]
     assert main([*base, "--prompts", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.endswith("bad.jsonl:2: messages[0].role must be one of system, user, "
+    assert err.endswith("bad.jsonl, line 2: messages[0].role must be one of system, user, "
                         "assistant, tool, got 'robot'") and "\n" not in err
     assert main([*base, "--max-new-tokens", "0"]) == 2
     assert "--max-new-tokens must be >= 1" in capsys.readouterr().err

@@ -94,6 +94,26 @@ def test_yaml_switches_take_true_or_false(prepared, tmp_path):
     assert progress is False
 
 
+@pytest.mark.parametrize("flags, option", [(["--max-tokens", "2"], "--max-tokens 2"),
+                                           (["--max-len", "3"], "--max-len 3")])
+def test_a_budget_too_small_for_two_supervised_tokens_names_the_option(prepared, tmp_path,
+                                                                       capsys, flags, option):
+    from _cli import tiny_train_args
+
+    from lengthwise.cli import main
+
+    target, data = prepared
+    out = tmp_path / "run"
+    assert main([*tiny_train_args(target, data, out, "--steps", "1"), *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    found = re.search(rf"error: {option} is too small for two supervised tokens: every sample "
+                      r"is cut to \d+ tokens .* needs (\d+) tokens: give " + option.split()[0]
+                      + r" (\d+) or more$", err[0])
+    assert found and found[1] == found[2], err[0]
+    assert not out.exists() or not any(out.iterdir())  # refused before anything is written
+
+
 def test_a_target_that_is_not_a_causal_lm_is_refused(prepared, tmp_path):
     from lengthwise.dflash.recipe import RunSettings, train_draft
 

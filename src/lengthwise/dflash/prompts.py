@@ -17,12 +17,12 @@ Example::
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from lengthwise.errors import ConfigError, DataError
+from lengthwise.planning.jsonl import check_text, json_record
 
 __all__ = ["bundled_prompts", "read_prompt_file", "render_prompts"]
 
@@ -48,11 +48,10 @@ def read_prompt_file(path: str | os.PathLike) -> list[list[dict[str, str]]]:
         for n, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
-            try:
-                row = json.loads(line)
-            except ValueError as exc:
-                raise DataError(f"{path}:{n}: not JSON ({exc})") from exc
-            out.append(_conversation(row, f"{path}:{n}"))
+            where = f"{path}, line {n}"
+            row = json_record(line, path, n, error=DataError)
+            check_text(line, row, where, error=DataError)
+            out.append(_conversation(row, where))
     if not out:
         raise DataError(f"{path}: no prompts")
     return out

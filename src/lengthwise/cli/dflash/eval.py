@@ -82,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from lengthwise.dflash.evaluate import evaluate_set
     from lengthwise.dflash.load import check_target, open_draft
     from lengthwise.dflash.mask_token import check_mask_token
+    from lengthwise.dflash.positions import max_positions, past_positions
     from lengthwise.dflash.prompts import bundled_prompts, read_prompt_file, render_prompts
     from lengthwise.dflash.recipe import load_tokenizer
     from lengthwise.dflash.target import Target, load_target
@@ -111,6 +112,14 @@ def run(args: argparse.Namespace) -> int:
     for name, convs in sets.items():
         convs = convs[: args.limit] if args.limit else convs
         prompts = render_prompts(convs, tokenizer, thinking=args.thinking == "on")
+        note = past_positions([len(p) + args.max_new_tokens for p in prompts],
+                              max_positions(model.config),
+                              what=f"prompts of {name} with their --max-new-tokens "
+                                   f"{args.max_new_tokens}",
+                              advice="the target decodes past the positions it was trained "
+                                     "on; shorten them or lower --max-new-tokens")
+        if note is not None:
+            print(f"lengthwise dflash eval: warning: {note}", file=sys.stderr)
         rows += evaluate_set(draft, target, prompts, name=name, temperatures=args.temperatures,
                              max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                              eos=eos, seed=args.seed, check=not args.no_check,
