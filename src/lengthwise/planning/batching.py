@@ -45,6 +45,8 @@ class RowLimit:
             return None
         m = max(1, self.pad_multiple)
         c = self.cost
+        if not c.linear:  # the capped term: the largest multiple of m found by bisection
+            return _largest_within(c, self.budget, m)
         # largest P with a*P + b*P^2 + c <= budget, then down to a multiple of m
         if c.b > 0:
             p = (-c.a + np.sqrt(c.a * c.a + 4 * c.b * (self.budget - c.c))) / (2 * c.b)
@@ -54,6 +56,18 @@ class RowLimit:
         while p > 0 and c.row_cost(p) > self.budget:
             p -= m
         return p
+
+
+def _largest_within(cost: CostModel, budget: float, multiple: int) -> int:
+    """The largest multiple of ``multiple`` whose row costs at most ``budget`` (0: none);
+    a row's cost grows with its length."""
+    lo, hi = 0, 1
+    while cost.row_cost(hi * multiple) <= budget:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:  # row_cost(lo * multiple) <= budget < row_cost(hi * multiple)
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if cost.row_cost(mid * multiple) <= budget else (lo, mid)
+    return lo * multiple
 
 
 def whole_number(name: str, value, *, minimum: int = 1) -> int:
