@@ -31,6 +31,7 @@ def test_a_cost_without_the_capped_term_reads_and_checksums_as_before():
     assert repr(old) == "CostModel(a=1.0, b=0.5, c=2.0)"  # what saved sampler states hold
     assert old.fields() == {"a": 1.0, "b": 0.5, "c": 2.0}
     cfg = PlanConfig(max_tokens=64, cost=old)
+    assert cfg.fingerprint() == 14215223  # the checksum plans made before the term carry
     capped = PlanConfig(max_tokens=64, cost=CostModel(a=1.0, b=0.5, c=2.0, d=1.0, cap=8))
     assert cfg.fingerprint() != capped.fingerprint()
     assert "d=1.0, cap=8" in repr(capped.cost)
