@@ -59,6 +59,9 @@ def test_the_longest_row_within_a_capped_cost_budget():
     assert row_limit(cost=m, max_cost=39.0).max_length() == 9
     with pytest.raises(ConfigError, match="cannot hold a single row"):
         row_limit(cost=m, max_cost=3.0)
+    flat = CostModel(a=0.0, d=1.0, cap=10)  # no dearer past 10 tokens: no longest row
+    assert row_limit(cost=flat, max_cost=10.0).max_length() is None
+    assert row_limit(cost=flat, max_cost=9.5).max_length() == 9
 
 
 def test_the_collator_checks_a_capped_cost_budget():

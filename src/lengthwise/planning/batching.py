@@ -58,9 +58,11 @@ class RowLimit:
         return p
 
 
-def _largest_within(cost: CostModel, budget: float, multiple: int) -> int:
-    """The largest multiple of ``multiple`` whose row costs at most ``budget`` (0: none);
-    a row's cost grows with its length."""
+def _largest_within(cost: CostModel, budget: float, multiple: int) -> int | None:
+    """The largest multiple of ``multiple`` whose row costs at most ``budget`` (0: none;
+    ``None``: any length, a cost that stops growing at its cap within the budget)."""
+    if cost.a == 0 and cost.b == 0 and cost.row_cost(cost.cap) <= budget:
+        return None
     lo, hi = 0, 1
     while cost.row_cost(hi * multiple) <= budget:
         lo, hi = hi, hi * 2
@@ -122,7 +124,8 @@ def row_limit(*, batch_size: int | None = None, max_tokens: int | None = None,
     if not np.isfinite(max_cost) or max_cost <= 0:
         raise ConfigError(f"max_cost must be a finite number > 0, got {max_cost}")
     limit = RowLimit(budget=float(max_cost), cost=cost, pad_multiple=pad_multiple)
-    if limit.max_length() < 1:
+    longest = limit.max_length()  # None: any length fits one row
+    if longest is not None and longest < 1:
         raise ConfigError(f"max_cost={max_cost} with {cost} cannot hold a single row of "
                           f"pad_multiple={pad_multiple} tokens; raise max_cost")
     return limit
