@@ -131,3 +131,31 @@ def test_the_greedy_reference_stops_only_where_told(seed):
         assert greedy_reference(target, prompt, 8, eos=free[2]) == target.greedy(prompt, 8,
                                                                                  free[2])
     assert target.model.generation_config.eos_token_id == 2  # left as it was
+
+
+def _logit_rows(target, run):
+    """Rows (positions) of every LM-head output of the target while ``run()`` runs."""
+    rows = []
+    hook = target.model.get_output_embeddings().register_forward_hook(
+        lambda module, args, out: rows.append(int(out.numel() // out.shape[-1])))
+    try:
+        run()
+    finally:
+        hook.remove()
+    return rows
+
+
+@pytest.mark.parametrize("width", [4, 120])
+def test_the_target_computes_logits_only_where_tokens_are_chosen(width):
+    """The prefill scores each prompt's last position only, and a verification its block:
+    no forward holds more than rows x block logits, however long the prompts."""
+    from lengthwise.dflash.speculative import speculative_batch
+
+    target, draft = qwen3_pair(vocab=6, seed=2, block_size=5)
+    prompts = [[1 + i % 4] * width for i in range(3)]
+    gens = []
+    rows = _logit_rows(target, lambda: gens.extend(
+        speculative_batch(draft, target, prompts, max_new_tokens=9)))
+    assert rows and max(rows) <= len(prompts) * 5
+    assert rows[0] == len(prompts)  # the prefill: one position a prompt
+    assert [g.tokens for g in gens] == [target.greedy(p, 9) for p in prompts]

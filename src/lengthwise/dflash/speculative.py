@@ -6,7 +6,9 @@
 features of everything before it, and the target verifies anchor + proposal of
 every row in one cached forward. Columns of the cache that hold rejected tokens
 are masked out for the rest of the run (positions stay the rows' own), so rows
-keep different lengths in one cache.
+keep different lengths in one cache. The target computes logits only where a
+token is chosen: the prefill scores each prompt's last position (``logits_to_keep``),
+a verification its block, and the draft's proposal slots go through the LM head.
 
 - ``temperature == 0``: the longest prefix of the proposal equal to the target's
   greedy choices is kept, plus one token of the target's: the output is the
@@ -82,6 +84,19 @@ def _cache_kwarg(model: Any) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+def _last_logits_only(model: Any) -> dict[str, int]:
+    """The keyword that makes a forward score its last position only, where the model has one.
+
+    A prefill needs the next token of each row: full-vocabulary logits over every prompt
+    position would be the largest tensor of the run.
+    """
+    params = inspect.signature(model.forward).parameters
+    for name in ("logits_to_keep", "num_logits_to_keep"):
+        if name in params:
+            return {name: 1}
+    return {}
+
+
 def _cache_of(out: Any) -> Any:
     """The KV cache a forward returned (``cache`` on transformers >= 5.2x)."""
     cache = getattr(out, "cache", None)
@@ -128,10 +143,11 @@ def speculative_batch(draft: Any, target: Any, prompts: list[list[int]], *,
     cache_name = _cache_kwarg(model)
     generator = torch.Generator(device=dev).manual_seed(int(seed))
     out = model(input_ids=ids, attention_mask=valid, position_ids=pos, use_cache=True,
-                output_hidden_states=True)
+                output_hidden_states=True, **_last_logits_only(model))
     cache = _cache_of(out)
     feats = torch.cat([out.hidden_states[i + 1] for i in target.layers], dim=-1)
     first, _ = _pick(out.logits[:, -1], temperature, generator)
+    del out  # every layer's hidden states of the prompts
     for r, p in enumerate(prompts):
         rows.feats[r].append(feats[r, width - len(p):])
         rows.add(r, [int(first[r])], stops, verify=False)
@@ -150,7 +166,7 @@ def speculative_batch(draft: Any, target: Any, prompts: list[list[int]], *,
         positions = torch.cat([torch.arange(longest, device=dev).expand(n, -1), block_pos], 1)
         mask = block_attention_mask(lens.unsqueeze(1), torch.zeros_like(anchors), longest, b)
         hidden = draft(padded, embeds, positions, mask)
-        draft_logits = target.lm_head(hidden.to(target.lm_head.weight.dtype))[:, 1:]
+        draft_logits = target.lm_head(hidden[:, 1:].to(target.lm_head.weight.dtype))
         proposal, q = _pick(draft_logits, temperature, generator)
         block = torch.cat([anchors, proposal], dim=1)
         valid = torch.cat([valid, active.long().unsqueeze(1).expand(n, b)], dim=1)
