@@ -43,7 +43,8 @@ import torch
 from lengthwise.dflash.loss import HEAD_CHUNK
 from lengthwise.errors import ConfigError
 
-__all__ = ["SLOTS_PER_FORWARD", "evaluate_set", "greedy_reference", "teacher_forced"]
+__all__ = ["SLOTS_PER_FORWARD", "decoding_figures", "evaluate_set", "greedy_reference",
+           "teacher_forced"]
 
 #: block slots per draft forward of the teacher-forced pass (bounds its attention's size)
 SLOTS_PER_FORWARD = 4096
@@ -78,7 +79,7 @@ def teacher_forced(draft: Any, target: Any, prompts: Sequence[list[int]],
                    max_tokens: int | None = None, max_slots: int | None = None,
                    head_chunk: int = HEAD_CHUNK,
                    slots_per_forward: int | None = SLOTS_PER_FORWARD,
-                   progress: bool = False) -> Any:
+                   progress: bool = False, temperature: float | None = None) -> Any:
     """:class:`~lengthwise.dflash.decode.BlockEval` of the draft on ``prompt + output`` texts.
 
     The outputs are supervised, the prompts are not; every possible anchor is used. The
@@ -110,7 +111,37 @@ def teacher_forced(draft: Any, target: Any, prompts: Sequence[list[int]],
     longest = max(s["input_ids"].size for s in samples)
     return evaluate_blocks(draft, target,
                            bar(batches, desc="draft accuracy", unit="batch", enable=progress),
-                           num_anchors=longest, head_chunk=head_chunk, slots_per_forward=slots)
+                           num_anchors=longest, head_chunk=head_chunk, slots_per_forward=slots,
+                           temperature=temperature)
+
+
+def decoding_figures(gens: Sequence[Any], *, name: str, temperature: float, block_size: int,
+                     ) -> dict[str, Any]:
+    """The figures of one set's real decoding (:class:`~lengthwise.dflash.decode.Generation`).
+
+    ``acceptance_length`` is the mean over prompts of each prompt's tokens per verifying
+    forward, with its 95 % t-interval over prompts (``acceptance_interval``) and the
+    prompts that had a verification (``acceptance_prompts``); ``acceptance_length_pooled``
+    pools every verification of the set; ``conditional_acceptance[k - 1]`` is the share of
+    verifications that kept proposal ``k`` among those that kept ``k - 1``.
+    """
+    from lengthwise.dflash.acceptance import (
+        INTERVAL,
+        acceptance_interval,
+        conditional_acceptance,
+    )
+
+    kept = [k for g in gens for k in g.accepted]
+    iv = acceptance_interval([g.acceptance_length for g in gens])
+    return {
+        "set": name, "temperature": float(temperature), "prompts": len(gens),
+        "new_tokens": sum(len(g.tokens) for g in gens), "verify_forwards": len(kept),
+        "acceptance_length": iv["mean"], "acceptance_interval": [iv["lo"], iv["hi"]],
+        "interval": INTERVAL, "acceptance_prompts": iv["n"],
+        "acceptance_length_pooled": float(np.mean(kept)) if kept else float("nan"),
+        "conditional_acceptance": conditional_acceptance(
+            [k for g in gens for k in g.drafted], block_size=block_size),
+    }
 
 
 def _check_budgets(max_tokens: int | None, max_slots: int | None, block: int) -> None:
@@ -155,26 +186,22 @@ def evaluate_set(draft: Any, target: Any, prompts: list[list[int]], *, name: str
                 gens += speculative_batch(draft, target, prompts[lo:lo + batch_size],
                                           max_new_tokens=max_new_tokens, temperature=temp,
                                           eos=eos, seed=seed + lo)
-            kept = [k for g in gens for k in g.accepted]
-            row: dict[str, Any] = {
-                "set": name, "temperature": float(temp), "prompts": len(prompts),
-                "new_tokens": sum(len(g.tokens) for g in gens),
-                "verify_forwards": len(kept),
-                "acceptance_length": float(np.mean(kept)) if kept else float("nan"),
-            }
-            if temp == 0:
-                outs = [g.tokens for g in gens]
-                if check:
-                    pairs = bar(zip(prompts, outs, strict=True), total=len(prompts),
-                                desc=f"{name}: lossless check", unit="prompt", enable=progress)
-                    row["mismatches"] = sum(
-                        o != greedy_reference(target, p, max_new_tokens, eos) for p, o in pairs)
-                if accuracy:
-                    ev = teacher_forced(draft, target, prompts, outs, max_tokens=max_tokens,
-                                        max_slots=max_slots, head_chunk=head_chunk,
-                                        progress=progress)
+            row = decoding_figures(gens, name=name, temperature=temp,
+                                   block_size=draft.config.block_size)
+            outs = [g.tokens for g in gens]
+            if temp == 0 and check:
+                pairs = bar(zip(prompts, outs, strict=True), total=len(prompts),
+                            desc=f"{name}: lossless check", unit="prompt", enable=progress)
+                row["mismatches"] = sum(
+                    o != greedy_reference(target, p, max_new_tokens, eos) for p, o in pairs)
+            if accuracy:
+                ev = teacher_forced(draft, target, prompts, outs, max_tokens=max_tokens,
+                                    max_slots=max_slots, head_chunk=head_chunk,
+                                    progress=progress, temperature=temp)
+                if temp == 0:
                     row.update(draft_accuracy=ev.accuracy, slot_accuracy=ev.slot_accuracy,
                                simulated_acceptance_length=ev.simulated_acceptance_length)
+                row.update(alpha=ev.alpha, expected_acceptance=ev.expected_acceptance)
             rows.append(row)
     finally:
         draft.train(was)

@@ -65,12 +65,15 @@ class _Rows:
         self.done = [False] * len(prompts)
         self.n_new = n_new
 
-    def add(self, r: int, new: list[int], stops: frozenset[int], *, verify: bool) -> None:
+    def add(self, r: int, new: list[int], stops: frozenset[int], *,
+            drafted: int | None = None) -> None:
+        """Append ``new`` to row ``r`` (a verification's when ``drafted`` proposals were kept)."""
         new = new[: self.n_new - len(self.gens[r].tokens)]
         ends = [i for i, t in enumerate(new) if t in stops]
         if ends:
             new = new[: ends[0] + 1]
-        if verify:
+        if drafted is not None:
+            self.gens[r].drafted.append(drafted)
             self.gens[r].accepted.append(len(new))
             self.gens[r].target_forwards += 1
         self.gens[r].tokens.extend(new)
@@ -150,7 +153,7 @@ def speculative_batch(draft: Any, target: Any, prompts: list[list[int]], *,
     del out  # every layer's hidden states of the prompts
     for r, p in enumerate(prompts):
         rows.feats[r].append(feats[r, width - len(p):])
-        rows.add(r, [int(first[r])], stops, verify=False)
+        rows.add(r, [int(first[r])], stops)
     slots = torch.arange(b, device=dev)
     while not all(rows.done):
         active = torch.tensor([not d for d in rows.done], device=dev)
@@ -182,7 +185,7 @@ def speculative_batch(draft: Any, target: Any, prompts: list[list[int]], *,
             k, bonus = kept[r]
             valid[r, start + k + 1:] = 0  # rejected proposals leave the cache
             rows.feats[r].append(feats[r, : k + 1])
-            rows.add(r, proposal[r, :k].tolist() + [bonus], stops, verify=True)
+            rows.add(r, proposal[r, :k].tolist() + [bonus], stops, drafted=k)
     return rows.gens
 
 
