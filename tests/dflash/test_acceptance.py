@@ -120,3 +120,54 @@ def test_at_temperature_zero_agreement_on_greedy_outputs_is_the_top1_accuracy():
     ev = teacher_forced(draft, target, prompts, outs, temperature=0.0)
     assert ev.alpha == pytest.approx(ev.slot_accuracy, abs=1e-12)
     assert ev.expected_acceptance == pytest.approx(ev.simulated_acceptance_length, abs=1e-12)
+
+
+def test_prompt_lookup_is_lossless_greedy_and_counts_the_targets_forwards():
+    from lengthwise.dflash.lookup import prompt_lookup, target_generate
+
+    target = tiny_target(seed=3)
+    calls = []
+    hook = target.model.register_forward_pre_hook(lambda *a: calls.append(1))
+    prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [5, 6], [7, 7, 7, 7]]
+    try:
+        for p in prompts:
+            calls.clear()
+            run = prompt_lookup(target, p, max_new_tokens=20, num_tokens=3)
+            assert len(calls) == run.forwards  # every forward, not only the first
+            assert run.tokens == target.greedy(p, 20) == target_generate(target, p, 20)
+            assert run.acceptance_length == len(run.tokens) / run.forwards
+    finally:
+        hook.remove()
+    # this target's greedy text falls into a loop that the lookup finds in it
+    looped = prompt_lookup(target, prompts[0], max_new_tokens=20, num_tokens=3)
+    assert looped.acceptance_length > 1.5
+    sampled = prompt_lookup(target, prompts[0], max_new_tokens=20, num_tokens=3,
+                            temperature=1.0, seed=4)
+    assert len(sampled.tokens) == 20 and sampled.forwards >= 20 / 4
+
+
+def test_the_eval_stage_reports_prompt_lookup_beside_the_draft(models_for_eval):
+    from lengthwise.dflash.evaluate import evaluate_set
+
+    target, draft = models_for_eval
+    prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [5, 6], [7, 7, 7, 7], [4, 5, 6]]
+    rows = evaluate_set(draft, target, prompts, name="p", temperatures=[0.0, 1.0],
+                        max_new_tokens=12, lookup_tokens=3, accuracy=False)
+    for r in rows:
+        assert r["baseline"] == "prompt lookup, 3 tokens from 2-grams (transformers generate)"
+        assert 1.0 <= r["baseline_acceptance_length"] <= 4.0
+        lo, hi = r["baseline_acceptance_interval"]
+        assert lo <= r["baseline_acceptance_length"] <= hi
+        assert r["vs_baseline"]["mean"] == pytest.approx(
+            r["acceptance_length"] - r["baseline_acceptance_length"])
+    assert rows[0]["baseline_mismatches"] == 0 == rows[0]["mismatches"]
+    assert "baseline_mismatches" not in rows[1]
+    bare, = evaluate_set(draft, target, prompts, name="p", temperatures=[0.0],
+                         max_new_tokens=12, accuracy=False, check=False)
+    assert not any(k.startswith("baseline") for k in bare)
+
+
+@pytest.fixture(scope="module")
+def models_for_eval():
+    target = tiny_target(seed=3)
+    return target, tiny_draft(target, block_size=4).eval()

@@ -38,13 +38,12 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
-import torch
 
 from lengthwise.dflash.loss import HEAD_CHUNK
 from lengthwise.errors import ConfigError
 
-__all__ = ["SLOTS_PER_FORWARD", "decoding_figures", "evaluate_set", "greedy_reference",
-           "teacher_forced"]
+__all__ = ["SLOTS_PER_FORWARD", "baseline_figures", "decoding_figures", "evaluate_set",
+           "greedy_reference", "teacher_forced"]
 
 #: block slots per draft forward of the teacher-forced pass (bounds its attention's size)
 SLOTS_PER_FORWARD = 4096
@@ -53,25 +52,9 @@ SLOTS_PER_FORWARD = 4096
 def greedy_reference(target: Any, prompt: list[int], max_new_tokens: int,
                      eos: int | Collection[int] | None = None) -> list[int]:
     """The target's own greedy continuation by Hugging Face ``generate`` (KV cache)."""
-    import transformers
+    from lengthwise.dflash.lookup import target_generate
 
-    from lengthwise.dflash.target import stop_set
-
-    stops = sorted(stop_set(eos))
-    config = transformers.GenerationConfig(
-        do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=stops or None,
-        pad_token_id=stops[0] if stops else 0)
-    ids = torch.tensor([prompt], device=target.device)
-    model = target.model
-    # generate fills what a config leaves unset (the stop ids) from the model's own
-    saved, model.generation_config = model.generation_config, config
-    try:
-        with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                                 generation_config=config)
-    finally:
-        model.generation_config = saved
-    return out[0, len(prompt):].tolist()
+    return target_generate(target, prompt, max_new_tokens, eos)
 
 
 def teacher_forced(draft: Any, target: Any, prompts: Sequence[list[int]],
@@ -144,6 +127,35 @@ def decoding_figures(gens: Sequence[Any], *, name: str, temperature: float, bloc
     }
 
 
+def baseline_figures(gens: Sequence[Any], runs: Sequence[Any], lookup_tokens: int,
+                     refs: Sequence[list[int]] | None = None) -> dict[str, Any]:
+    """Prompt lookup's figures beside the draft's, on the same prompts.
+
+    ``baseline_acceptance_length``: its mean tokens per target forward over prompts, with
+    the 95 % t-interval; ``vs_baseline``: the draft's acceptance length minus the
+    baseline's, paired by prompt, with its t-interval (a draft worth serving has it above
+    0); ``baseline_mismatches`` (with the greedy references ``refs``): prompts whose
+    lookup output differs from the target's greedy output.
+    """
+    from lengthwise.dflash.acceptance import acceptance_interval
+    from lengthwise.dflash.lookup import LOOKUP_NGRAM
+
+    base = acceptance_interval([r.acceptance_length for r in runs])
+    diff = acceptance_interval([g.acceptance_length - r.acceptance_length
+                                for g, r in zip(gens, runs, strict=True)])
+    out: dict[str, Any] = {
+        "baseline": f"prompt lookup, {lookup_tokens} tokens from {LOOKUP_NGRAM}-grams "
+                    "(transformers generate)",
+        "baseline_acceptance_length": base["mean"],
+        "baseline_acceptance_interval": [base["lo"], base["hi"]],
+        "vs_baseline": {"mean": diff["mean"], "lo": diff["lo"], "hi": diff["hi"]},
+    }
+    if refs is not None:
+        out["baseline_mismatches"] = sum(r.tokens != ref
+                                         for r, ref in zip(runs, refs, strict=True))
+    return out
+
+
 def _check_budgets(max_tokens: int | None, max_slots: int | None, block: int) -> None:
     """Refuse a token budget below one token and a slot budget below one block."""
     if max_tokens is not None and max_tokens < 1:
@@ -159,13 +171,16 @@ def evaluate_set(draft: Any, target: Any, prompts: list[list[int]], *, name: str
                  seed: int = 0, check: bool = True, accuracy: bool = True,
                  max_tokens: int | None = None, max_slots: int | None = None,
                  head_chunk: int = HEAD_CHUNK, progress: bool = False,
-                 ) -> list[dict[str, Any]]:
+                 lookup_tokens: int | None = None) -> list[dict[str, Any]]:
     """One row of figures per temperature for the prompt set ``name`` (see the module doc).
 
     ``check``: the lossless check; ``accuracy``: the teacher-forced pass (each costs about
     as much as the decoding, or more), within training's budgets ``max_tokens``,
-    ``max_slots`` and ``head_chunk`` (:func:`teacher_forced`); ``progress``: bars on stderr.
+    ``max_slots`` and ``head_chunk`` (:func:`teacher_forced`); ``progress``: bars on stderr;
+    ``lookup_tokens``: also prompt-lookup decoding of the same prompts at the same
+    temperature, with that many candidate tokens a forward (:func:`baseline_figures`).
     """
+    from lengthwise.dflash.lookup import prompt_lookup
     from lengthwise.dflash.speculative import speculative_batch
     from lengthwise.progress import progress as bar
 
@@ -189,11 +204,19 @@ def evaluate_set(draft: Any, target: Any, prompts: list[list[int]], *, name: str
             row = decoding_figures(gens, name=name, temperature=temp,
                                    block_size=draft.config.block_size)
             outs = [g.tokens for g in gens]
+            refs = None
             if temp == 0 and check:
-                pairs = bar(zip(prompts, outs, strict=True), total=len(prompts),
-                            desc=f"{name}: lossless check", unit="prompt", enable=progress)
-                row["mismatches"] = sum(
-                    o != greedy_reference(target, p, max_new_tokens, eos) for p, o in pairs)
+                refs = [greedy_reference(target, p, max_new_tokens, eos)
+                        for p in bar(prompts, desc=f"{name}: lossless check", unit="prompt",
+                                     enable=progress)]
+                row["mismatches"] = sum(o != r for o, r in zip(outs, refs, strict=True))
+            if lookup_tokens:
+                runs = [prompt_lookup(target, p, max_new_tokens=max_new_tokens,
+                                      num_tokens=lookup_tokens, eos=eos, temperature=temp,
+                                      seed=seed + i)
+                        for i, p in enumerate(bar(prompts, unit="prompt", enable=progress,
+                                                  desc=f"{name} T={temp:g}: prompt lookup"))]
+                row.update(baseline_figures(gens, runs, lookup_tokens, refs))
             if accuracy:
                 ev = teacher_forced(draft, target, prompts, outs, max_tokens=max_tokens,
                                     max_slots=max_slots, head_chunk=head_chunk,
