@@ -128,6 +128,21 @@ def test_eval_shows_progress_of_each_pass(local, capsys):
     assert "decoding" not in capsys.readouterr().err
 
 
+def test_eval_json_is_strict_json_when_a_figure_is_undefined(local, capsys):
+    """One new token a prompt: no verification, so no acceptance length: null, never NaN."""
+    def refuse(name):
+        raise AssertionError(f"{name} in the JSON output")
+
+    assert main(["dflash", "eval", "--target", str(local / "target"), "--draft",
+                 str(local / "draft"), "--max-new-tokens", "1", "--limit", "2", "--json",
+                 "--no-progress"]) == 0
+    rows = json.loads(capsys.readouterr().out, parse_constant=refuse)
+    for r in rows:
+        assert r["acceptance_length"] is None and r["verify_forwards"] == 0
+        assert r["acceptance_prompts"] == 0 and r["conditional_acceptance"] == [None] * 3
+        assert r["expected_acceptance"] == 1.0 and r["alpha"] == [None] * 3
+
+
 def test_eval_table_names_what_the_figures_depend_on(local, capsys):
     assert main(["dflash", "eval", "--target", str(local / "target"), "--draft",
                  str(local / "draft"), "--max-new-tokens", "6", "--limit", "3",

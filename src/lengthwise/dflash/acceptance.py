@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 
 from lengthwise.dflash.objective import simulated_acceptance_length
-from lengthwise.errors import DataError
 
 __all__ = ["INTERVAL", "acceptance_interval", "conditional_acceptance", "expected_acceptance"]
 
@@ -67,7 +66,7 @@ def conditional_acceptance(drafted: Sequence[int], *, block_size: int) -> list[f
     """
     d = np.asarray(drafted, dtype=np.int64)
     if d.size and (d.min() < 0 or d.max() > block_size - 1):
-        raise DataError(f"kept proposals must lie in [0, {block_size - 1}], got "
+        raise ValueError(f"kept proposals must lie in [0, {block_size - 1}], got "
                         f"[{d.min()}, {d.max()}]")
     reached = [int((d >= k).sum()) for k in range(block_size)]
     return [reached[k] / reached[k - 1] if reached[k - 1] else None

@@ -138,10 +138,22 @@ def run(args: argparse.Namespace) -> int:
                              max_slots=args.max_slots, progress=not args.no_progress,
                              lookup_tokens=lookup)
     if args.json:
-        print(json.dumps([{**r, **settings} for r in rows], indent=2))
+        print(json.dumps(_json_ready([{**r, **settings} for r in rows]), indent=2,
+                         allow_nan=False))
     else:
         print(render_eval(rows, settings))
     return 0
+
+
+def _json_ready(value: Any) -> Any:
+    """``value`` with every non-finite float (an undefined figure) as ``None``: strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _json_ready(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_ready(v) for v in value]
+    return value
 
 
 def _engine(device: Any) -> str:
