@@ -1,20 +1,28 @@
-"""A draft's figures per prompt set: acceptance length, draft accuracy, the lossless check.
+"""A draft's figures per prompt set: acceptance, its prediction, a baseline, the lossless check.
 
 For every prompt set and temperature, :func:`evaluate_set` decodes the prompts
 with :func:`~lengthwise.dflash.speculative.speculative_batch` (batched, the
 target's KV cache) and reports:
 
-- ``acceptance_length``: tokens kept per verifying target forward, pooled over
-  the set (the prefill's first token is not counted);
+- ``acceptance_length``: tokens kept per verifying target forward (the prefill's
+  first token is not counted), the mean over prompts with its 95 % Student-t interval
+  over prompts, and ``acceptance_length_pooled`` over every verification of the set;
+  ``conditional_acceptance``: per block position, how often it was kept when the
+  position before it was (:func:`decoding_figures`);
 - ``mismatches`` (temperature 0, with ``check``): the number of prompts whose output
   differs from the target's own greedy ``generate`` (0: the decoding is lossless);
+- ``alpha`` and ``expected_acceptance`` (with ``accuracy``, every temperature): per block
+  slot the mean ``1 - TV(p_draft, p_target)`` at that temperature on the outputs just
+  decoded, and ``1 + sum_k prod_{j<=k} alpha_j``;
 - ``draft_accuracy`` and ``slot_accuracy`` (temperature 0, with ``accuracy``): the
   draft's teacher-forced top-1 accuracy on the target's own greedy outputs, overall
   and per block slot (:func:`~lengthwise.dflash.decode.evaluate_blocks`, every
   position an anchor, in draft forwards of at most :data:`SLOTS_PER_FORWARD` slots),
   with the acceptance length those accuracies imply. With training's budgets
   (``max_tokens``, ``max_slots``) the pass is batched and split as training's held-out
-  evaluation is (:func:`teacher_forced`).
+  evaluation is (:func:`teacher_forced`);
+- with ``lookup_tokens``: prompt-lookup decoding of the same prompts as a training-free
+  baseline (:func:`baseline_figures`, :mod:`~lengthwise.dflash.lookup`).
 
 Example::
 
@@ -73,6 +81,7 @@ def teacher_forced(draft: Any, target: Any, prompts: Sequence[list[int]],
     most ``max_slots`` (and ``slots_per_forward``) block slots, at least one block: a
     batch holds at most that many over ``block_size`` texts, and its anchors are split
     over forwards. Within the budgets the figures are those of one forward per batch.
+    ``temperature``: also ``alpha`` and the expected acceptance at that temperature.
     """
     from lengthwise.dflash.decode import evaluate_blocks
     from lengthwise.dflash.recipe import held_out_batches
