@@ -155,12 +155,17 @@ def chunked_agreement(draft_hidden: torch.Tensor, target_hidden: torch.Tensor,
     out = torch.empty(draft_hidden.shape[0], dtype=acc, device=draft_hidden.device)
     with torch.autocast(draft_hidden.device.type, enabled=False):
         for s in range(0, draft_hidden.shape[0], chunk):
+            # at most BUFFERS chunk x V buffers alive: each is scaled, then turned into its
+            # probabilities and dropped, in place of new copies
             ld = _logits(draft_hidden[s:s + chunk], weight, bias, dtype).to(acc)
             lt = _logits(target_hidden[s:s + chunk], weight, bias, dtype).to(acc)
             if temperature == 0:
                 out[s:s + chunk] = (ld.argmax(dim=-1) == lt.argmax(dim=-1)).to(acc)
-            else:
-                tv = (torch.softmax(ld / temperature, -1) - torch.softmax(lt / temperature, -1))
-                out[s:s + chunk] = 1.0 - 0.5 * tv.abs_().sum(dim=-1)
-            del ld, lt
+                continue
+            p = torch.softmax(lt.div_(temperature), dim=-1)
+            del lt
+            q = torch.softmax(ld.div_(temperature), dim=-1)
+            del ld
+            out[s:s + chunk] = 1.0 - 0.5 * p.sub_(q).abs_().sum(dim=-1)
+            del p, q
     return out.clamp_(0.0, 1.0)
