@@ -6,9 +6,12 @@
 features of everything before it, and the target verifies anchor + proposal of
 every row in one cached forward. Columns of the cache that hold rejected tokens
 are masked out for the rest of the run (positions stay the rows' own), so rows
-keep different lengths in one cache. The target computes logits only where a
-token is chosen: the prefill scores each prompt's last position (``logits_to_keep``),
-a verification its block, and the draft's proposal slots go through the LM head.
+keep different lengths in one cache; once the dead columns are as many as the
+longest row's live ones they are dropped (:func:`_compact`), so the cache holds at
+most about twice the longest row however many proposals are rejected. The target
+computes logits only where a token is chosen: the prefill scores each prompt's last
+position (``logits_to_keep``), a verification its block, and the draft's proposal
+slots go through the LM head.
 
 - ``temperature == 0``: the longest prefix of the proposal equal to the target's
   greedy choices is kept, plus one token of the target's: the output is the
@@ -186,7 +189,38 @@ def speculative_batch(draft: Any, target: Any, prompts: list[list[int]], *,
             valid[r, start + k + 1:] = 0  # rejected proposals leave the cache
             rows.feats[r].append(feats[r, : k + 1])
             rows.add(r, proposal[r, :k].tolist() + [bonus], stops, drafted=k)
+        valid = _compact(cache, valid)
     return rows.gens
+
+
+def _compact(cache: Any, valid: torch.Tensor) -> torch.Tensor:
+    """Drop the cache's masked-out columns once they are as many as the longest row's kept ones.
+
+    Every verification appends a block to every row and masks out its rejected proposals:
+    with a poor draft most columns of the cache are dead. The kept columns of each row
+    move to the right, in order (rows stay left-padded; positions are the rows' own, given
+    explicitly, so nothing else changes), and the cache holds at most about twice the
+    longest row. Returns the mask of the columns kept; a cache whose layers are not plain
+    dynamic key/value tensors is left as it is.
+    """
+    keep = valid.bool()
+    width = int(keep.sum(dim=1).max())
+    if valid.shape[1] - width < max(width, 1):
+        return valid
+    try:
+        from transformers.cache_utils import DynamicLayer
+    except ImportError:  # pragma: no cover - a transformers without cache layers
+        return valid
+    layers = getattr(cache, "layers", None)
+    if not layers or any(type(layer) is not DynamicLayer or layer.keys.ndim != 4
+                         for layer in layers):
+        return valid
+    order = torch.sort(keep.to(torch.int8), dim=1, stable=True).indices[:, -width:]
+    for layer in layers:
+        n, heads, _, dim = layer.keys.shape
+        at = order[:, None, :, None].expand(n, heads, width, dim)
+        layer.keys, layer.values = layer.keys.gather(2, at), layer.values.gather(2, at)
+    return valid.gather(1, order)
 
 
 def _verify(proposal: torch.Tensor, logits: torch.Tensor, q: torch.Tensor | None,
