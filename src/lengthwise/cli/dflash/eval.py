@@ -61,7 +61,9 @@ def register(stages: argparse._SubParsersAction) -> None:
                         "own greedy generate)")
     p.add_argument("--no-accuracy", action="store_true",
                    help="skip the draft's teacher-forced accuracy on the target's outputs "
-                        "(with --no-check, eval costs the speculative decoding only)")
+                        "and the expected acceptance it gives at each temperature (with "
+                        "--no-check and --no-baseline, eval costs the speculative decoding "
+                        "only)")
     p.add_argument("--max-tokens", type=int, default=DEFAULTS["max_tokens"], metavar="N",
                    help="token budget of a batch of the accuracy pass, as in training: "
                         "padded tokens of prompt + output, a longer text cut to it "
