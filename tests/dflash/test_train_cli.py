@@ -199,6 +199,8 @@ def test_one_process_truncates_long_samples_and_logs_eval_to_tensorboard(prepare
     said = capsys.readouterr()
     summary = json.loads(said.out)
     assert summary["truncated_samples"] > 0 and summary["eval"]["step"] == 2
+    # the expected acceptance at T = 1 (1 - TV per block slot) lies in [1, block_size]
+    assert 1.0 <= summary["eval"]["eval_expected_acceptance"] <= 4.0
     # the tokenizer had no mask token and the embedding no spare row: the grown target is saved
     grown = json.loads((tmp_path / "run" / "target" / "config.json").read_text())
     mask = summary["mask_token_id"]

@@ -6,8 +6,9 @@ and trains on the rest with :class:`~lengthwise.train.loop.TrainLoop` and
 :class:`~lengthwise.dflash.train.DFlashTask` (DDP for the draft under
 ``torchrun``, the target replicated on every rank). Every ``eval_every`` steps,
 rank 0 evaluates the draft teacher-forced on the held-out samples and the step
-record gets ``eval_loss``, ``eval_accuracy`` and ``eval_simulated_acceptance_length``
-(:func:`~lengthwise.dflash.decode.evaluate_blocks`). The run folder holds
+record gets ``eval_loss``, ``eval_accuracy``, ``eval_simulated_acceptance_length`` and
+``eval_expected_acceptance`` (at temperature 1, from ``1 - TV(p_draft, p_target)`` per block
+slot; :func:`~lengthwise.dflash.decode.evaluate_blocks`). The run folder holds
 ``train_log.jsonl``, ``checkpoints/`` (exact resume with ``resume=True``),
 ``draft_config.json``, at the end ``final/draft.pt`` and, when the mask token needed a
 row the target lacked, ``target/``: the target grown by that row, with its tokenizer
@@ -230,15 +231,21 @@ class EvalTask(DFlashTask):
         return super().prepare(batch, rows, step)
 
     def evaluate(self) -> dict[str, Any]:
-        """Held-out loss, accuracy and simulated acceptance length of the draft as it is."""
+        """Held-out loss, accuracy, simulated and expected acceptance of the draft as it is.
+
+        ``eval_expected_acceptance``: ``1 + sum_k prod_{j<=k} alpha_j`` with ``alpha_j`` the
+        mean ``1 - TV(p_draft, p_target)`` of block slot ``j`` at temperature 1.
+        """
         from lengthwise.dflash.decode import evaluate_blocks
 
         cfg = self.cfg
         ev = evaluate_blocks(self.model, self.target, self.held, num_anchors=self.anchors,
                              seed=cfg.seed, amp=self.amp, head_chunk=cfg.head_chunk,
-                             max_slots=cfg.slot_budget, max_tokens=cfg.max_tokens)
+                             max_slots=cfg.slot_budget, max_tokens=cfg.max_tokens,
+                             temperature=1.0)
         return {"eval_loss": _finite(ev.loss), "eval_accuracy": _finite(ev.accuracy),
-                "eval_simulated_acceptance_length": _finite(ev.simulated_acceptance_length)}
+                "eval_simulated_acceptance_length": _finite(ev.simulated_acceptance_length),
+                "eval_expected_acceptance": _finite(ev.expected_acceptance)}
 
     def step_fields(self, stats: dict[str, float]) -> dict[str, Any]:
         out = super().step_fields(stats)
@@ -441,7 +448,8 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
             "truncated_samples": cut, "dropped_unsupervised_after_truncation": dropped,
             "loss": last.get("loss"), "accuracy": last.get("accuracy"),
             "eval": ({k: evals[-1][k] for k in ("step", "eval_loss", "eval_accuracy",
-                                                "eval_simulated_acceptance_length")}
+                                                "eval_simulated_acceptance_length",
+                                                "eval_expected_acceptance")}
                      if evals else None),
             "log": str(loop.log_path), "final": str(out / "final"),
             "mask_token_id": mask.id, "target": str(serve)}
