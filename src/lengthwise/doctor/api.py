@@ -51,6 +51,7 @@ from lengthwise.doctor.readers import read_log, read_records
 from lengthwise.doctor.report import Findings, Report, Series
 from lengthwise.doctor.run_config import world_size_beside
 from lengthwise.doctor.runlog import RunLog
+from lengthwise.doctor.skipped import EmptySteps, empty_steps
 from lengthwise.doctor.smoothing import rolling_mean
 from lengthwise.doctor.stall import find_stall
 from lengthwise.doctor.stats import nonfinite_losses, roughness_residual, stable_stats
@@ -123,8 +124,9 @@ def diagnose(
     """
     log = load(source, step_key=step_key, loss_key=loss_key)
     rng = np.random.default_rng(seed)
-    nonfinite = nonfinite_losses(log.step, log.loss)
-    s, y, cols, buckets = _finite_rows(log)
+    skipped, empty = empty_steps(log.step, log.loss, log.columns)
+    nonfinite = nonfinite_losses(log.step[~empty], log.loss[~empty])
+    s, y, cols, buckets = _finite_rows(log, skipped)
     phases = find_phases(s, y, lr=cols.get("lr"), start=start, end=end)
     region = (s >= phases.start) & (s <= phases.end)
     search = (s >= _cliff_start(s, phases)) & (s <= phases.end)
@@ -172,6 +174,7 @@ def diagnose(
         source=log.source, input=log.input, context=ctx, phases=phases, stats=stats,
         bands=bands, periodicity=periodicity, cliffs=cliffs, checkpoint_association=assoc,
         epochs=epochs, attribution=attribution, noise=noise, stall=find_stall(s, y),
+        skipped=skipped,
     )
     return Report(**{k: getattr(findings, k) for k in Findings.__dataclass_fields__},
                   verdict=build_verdict(findings),
@@ -188,10 +191,15 @@ def _world_size(source: Source, given: int | None) -> tuple[int | None, str | No
 
 
 def _finite_rows(
-    log: RunLog,
+    log: RunLog, skipped: EmptySteps,
 ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], list[Any] | None]:
     """Steps, losses, columns and buckets of the rows whose loss is finite."""
     fin = np.isfinite(log.loss)
+    if not fin.any() and skipped.count == log.loss.size:
+        raise EmptyLogError(f"{log.source}: all {log.loss.size} steps were skipped by the "
+                            f"trainer: none held a supervised token (`{skipped.field}` 0); "
+                            "check the loss mask and whether truncation at max_len cut the "
+                            "supervised tokens")
     if not fin.any():
         raise EmptyLogError(f"{log.source}: all {log.loss.size} loss values are NaN or inf")
     s, y = log.step[fin], log.loss[fin]

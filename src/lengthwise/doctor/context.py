@@ -53,6 +53,13 @@ class RunContext:
     epoch_resets: list[float] = field(default_factory=list)
     order: str | None = None  # the batch order the run uses (its log's ``plan`` event)
     view: str | None = None  # "micro-batch": each line is one micro-batch (``plan`` event)
+    #: micro-batches in a logged step (the median of its ``micro_batches`` field; None: unlogged)
+    micro_batches: float | None = None
+
+    @property
+    def one_micro_batch(self) -> bool:
+        """Every step holds one micro-batch (of one length bucket): no order mixes a step."""
+        return self.micro_batches == 1
 
     @property
     def run_steps(self) -> float:
@@ -76,6 +83,7 @@ class RunContext:
             "epoch_resets": [num(s) for s in self.epoch_resets[:50]],
             "order": self.order,
             "view": self.view,
+            "micro_batches": num(self.micro_batches),
         }
 
 
@@ -253,4 +261,12 @@ def run_context(
         epoch_resets=epoch_resets(steps, columns.get("epoch")),
         order=order,
         view=view,
+        micro_batches=_median(columns.get("micro_batches")),
     )
+
+
+def _median(col: np.ndarray | None) -> float | None:
+    """The median of a column's finite values (None: not logged)."""
+    if col is None or not np.isfinite(col).any():
+        return None
+    return float(np.median(col[np.isfinite(col)]))

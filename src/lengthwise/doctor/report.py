@@ -32,6 +32,7 @@ from lengthwise.doctor.numbers import json_ready
 from lengthwise.doctor.periodicity import Periodicity
 from lengthwise.doctor.phases import Phases
 from lengthwise.doctor.runlog import InputSummary
+from lengthwise.doctor.skipped import EmptySteps
 from lengthwise.doctor.stall import Stall
 from lengthwise.doctor.stats import StableStats
 
@@ -47,6 +48,7 @@ REPORT_KEYS: tuple[str, ...] = (
     "attribution",
     "noise",
     "stall",
+    "skipped_steps",
     "context",
     "verdict",
     "input",
@@ -126,6 +128,7 @@ class Findings:
     attribution: Attribution
     noise: Noise | None
     stall: Stall = field(default_factory=lambda: Stall(since=None))
+    skipped: EmptySteps = field(default_factory=EmptySteps)
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,7 @@ class Report(Findings):
             "attribution": self.attribution.to_dict(),
             "noise": None if self.noise is None else self.noise.to_dict(),
             "stall": self.stall.to_dict(),
+            "skipped_steps": self.skipped.to_dict(),
             "context": self.context.to_dict(),
             "verdict": self.verdict.to_dict(),
             "input": self.input.to_dict(),

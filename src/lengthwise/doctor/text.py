@@ -41,7 +41,8 @@ def _input_line(r: Report) -> str:
             continue
         pts = "; ".join(f"{i.place(p.line)}: step {_g(p.step_before, 8)} -> {_g(p.step_after, 8)}"
                         for p in shown[:3])
-        what = "exact resume(s) (a logged `resume` event)" if logged else "restart(s)"
+        what = ("exact resume(s) (a logged `resume` event)" if logged
+                else "resume(s) with rollback")
         parts.append(f"{count} {what} ({pts}{', ...' if count > 3 else ''}), "
                      "latest segment kept")
     if i.reordered_rows:
@@ -53,7 +54,10 @@ def _input_line(r: Report) -> str:
                      "row: a second writer), last kept")
     if i.truncated:
         parts.append("file ends in a truncated record")
-    if i.step_key == "row index":
+    if i.constant_step is not None:
+        parts.append(f"the step field is {_g(i.constant_step, 8)} on every row (no step "
+                     "counter): row index used")
+    elif i.step_key == "row index":
         parts.append("no step field: row index used")
     return "; ".join(parts)
 
@@ -64,6 +68,10 @@ def render_text(r: Report) -> str:
     if r.stall.since is not None:
         lines.append(f"  stall        the loss has not moved since step {_g(r.stall.since, 8)} "
                      f"({r.stall.level:.4g} +/- {r.stall.spread:.2g} over {r.stall.rows} rows)")
+    if r.skipped.count:
+        lines.append(f"  skipped      {r.skipped.count} step(s) skipped by the trainer, no "
+                     f"supervised token (`{r.skipped.field}` 0) at steps "
+                     f"{_steps(r.skipped.first_steps)}{' ...' if r.skipped.count > 5 else ''}")
     lines.append(f"  phases       {_phases_line(r)}")
     lines.append(f"  context      {_context_line(r)}")
     lines.extend(_stats_lines(r))

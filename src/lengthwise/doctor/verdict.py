@@ -34,12 +34,18 @@ from lengthwise.doctor.cliffs import Cliff
 from lengthwise.doctor.mechanisms import match_period
 from lengthwise.doctor.numbers import fmt_num, with_error
 from lengthwise.doctor.report import Cause, Findings, Verdict
+from lengthwise.doctor.runlog import Restart
 
 #: cliffs whose median recovery takes at most this many logged points are one-step spikes
 QUICK_RECOVERY = 2
 #: the ``view`` of a log whose lines are single micro-batches (its ``plan`` event)
 MICRO_VIEW = "micro-batch"
 STRATIFY = "interleave or stratify length buckets: `lengthwise plan --order stratified`"
+#: the fix when each step holds one micro-batch: no order can mix length buckets in a step
+ONE_MICRO_BATCH_FIX = (
+    "each step holds one micro-batch, drawn from one length bucket, whatever the order: "
+    "more micro-batches per step (gradient accumulation, or more ranks) average the buckets' "
+    "levels in the step loss; the order cannot")
 PHASE_WORDS = {"warm-up": "in the lr warm-up", "early": "in early training",
                "stable": "in the stable region"}
 
@@ -47,6 +53,8 @@ PHASE_WORDS = {"warm-up": "in the lr warm-up", "early": "in early training",
 def _order_fix(f: Findings) -> str:
     """The order to prescribe against composition noise: never the one the log already uses."""
     order = f.context.order
+    if f.context.one_micro_batch:
+        return ONE_MICRO_BATCH_FIX
     if order == "stratified":
         return ("the run's order is already stratified (each step holds every length "
                 "bucket's share): more samples per step (a larger max_tokens or grad_accum) "
@@ -64,8 +72,9 @@ def _steps(values: list[float], limit: int = 5) -> str:
 
 def build_verdict(f: Findings) -> Verdict:
     """Rank the causes behind the findings ``f`` and write the one-line summary."""
-    causes = [*_nonfinite_causes(f), *_stall_causes(f), *_composition_causes(f),
-              *_epoch_causes(f), *_cliff_causes(f), *_input_causes(f), *_resume_causes(f)]
+    causes = [*_nonfinite_causes(f), *_skipped_causes(f), *_stall_causes(f),
+              *_composition_causes(f), *_epoch_causes(f), *_cliff_causes(f), *_input_causes(f),
+              *_resume_causes(f)]
     causes.sort(key=lambda c: -c.score)
     untested = _untested(f)
     clean = False if causes else (None if untested else True)
@@ -127,6 +136,29 @@ def _nonfinite_causes(f: Findings) -> list[Cause]:
             "lower the learning rate after warm-up and clip gradients (e.g. max norm 1.0)",
             "with fp16, use bf16 or a dynamic loss scaler; check the batches at those "
             "steps for empty or corrupt samples",
+        ],
+    )]
+
+
+def _skipped_causes(f: Findings) -> list[Cause]:
+    """Steps the trainer skipped because they held no supervised token (not divergence)."""
+    sk = f.skipped
+    if not sk.count:
+        return []
+    return [Cause(
+        name="empty_steps",
+        title=(f"{sk.count} step(s) skipped by the trainer ({sk.share:.1%} of the logged "
+               "steps): they held no supervised token, so no update was applied (not "
+               "divergence)"),
+        score=min(0.5, 0.15 + 2.0 * sk.share),
+        where=f"at steps {_steps(sk.first_steps)}" + (" ..." if sk.count > 5 else ""),
+        evidence=[f"{sk.count} row(s) logged `skipped: true` with `{sk.field}` 0 and no "
+                  "finite loss; they are not counted as NaN/inf losses"],
+        prescription=[
+            "check truncation: samples cut at `max_len` can lose every supervised (assistant) "
+            "token; raise `max_len` or drop samples whose supervised part is cut",
+            "check the loss mask of those samples (a chat template that masks every turn "
+            "leaves nothing to learn)",
         ],
     )]
 
@@ -324,7 +356,8 @@ def _attribution_cause(f: Findings, attr_ev: list[str], bucket: bool = True) -> 
         share = f"{a.bucket_r2_adjusted or 0.0:.0%}"
         if a.single_bucket is not False:
             title = "the length bucket of each step drives its loss (no distinct bands)"
-        elif f.context.order == "stratified":  # every step holds close to the data set's mix
+        elif f.context.order == "stratified" and not f.context.one_micro_batch:
+            # every step holds close to the data set's mix
             title = (f"the small differences between the steps' mixes of length buckets explain "
                      f"{share} of the step-to-step loss variance beyond chance (the order is "
                      "stratified: each step holds close to the data set's mix; no distinct bands)")
@@ -359,6 +392,8 @@ def _attribution_cause(f: Findings, attr_ev: list[str], bucket: bool = True) -> 
 
 
 def _length_mix_fix(f: Findings) -> str:
+    if f.context.one_micro_batch:
+        return ONE_MICRO_BATCH_FIX
     if f.context.order == "stratified":
         return ("part of the sampling noise of any length mix, and the run is already "
                 "stratified: more samples per step shrink it; `noise` gives its share")
@@ -552,23 +587,52 @@ def _input_causes(f: Findings) -> list[Cause]:
             prescription=["nothing to fix in training; keep the log in the order it was "
                           "written, or merge files by step"],
         ))
-    unmarked = [r for r in i.restarts if not r.logged]
-    count = i.restart_count - i.logged_resumes
-    if count > 0:  # a restart after a logged ``resume`` event is an exact resume: no cause
-        pts = [r.step_after for r in unmarked]
-        out.append(Cause(
-            name="restarts",
-            title=f"{count} restart(s) in the log",
-            score=0.1,
-            where=f"at steps {_steps(pts)}",
-            evidence=[f"steps went back at {'; '.join(i.place(r.line) for r in unmarked[:5])}"
-                      f"{' (+more)' if count > 5 else ''} "
-                      f"(to steps {_steps(pts)}); the latest segment was kept, "
-                      f"{i.superseded_rows} superseded row(s) dropped"],
-            prescription=["check that resuming restores the optimizer, scheduler and "
-                          "data-loader position (the batch order)"],
-        ))
+    out.extend(_restart_causes(f))
     return out
+
+
+def _restart_text(r: Restart) -> str:
+    """``step 8310 -> 8001 (steps 8001..8310 run again, after 601 s without rows)``."""
+    a, b = fmt_num(r.step_after, 9), fmt_num(r.step_before, 9)
+    back = f"step {a} logged again" if r.rolled_back == 0 else f"steps {a}..{b} run again"
+    gap = f", after {r.gap_seconds:.3g} s without rows" if r.gap_seconds else ""
+    return f"step {b} -> {a} ({back}{gap})"
+
+
+def _restart_causes(f: Findings) -> list[Cause]:
+    """Resumed runs: the steps went back (the latest run kept); a jump of the learning rate at
+    the re-logged steps is a schedule that restarted with the resume."""
+    i = f.input
+    jumped = [r for r in i.restarts if i.lr_jumped(r)]
+    count = i.restart_count - i.logged_resumes
+    if count <= 0 and not jumped:  # after a logged ``resume`` event: an exact resume, no cause
+        return []
+    shown = [r for r in i.restarts if not r.logged or i.lr_jumped(r)]
+    pts = [r.step_after for r in shown]
+    total = max(count, 0) + sum(r.logged for r in jumped)
+    title = f"{total} resume(s) with rollback: " + "; ".join(_restart_text(r)
+                                                             for r in shown[:3])
+    if total > 3:
+        title += f" (+{total - 3} more)"
+    ev = [f"steps went back at {'; '.join(i.place(r.line) for r in shown[:5])}"
+          f"{' (+more)' if total > 5 else ''}; the latest run was kept, "
+          f"{i.superseded_rows} superseded row(s) dropped"]
+    fixes = ["check that resuming restores the optimizer, scheduler and data-loader position "
+             "(the batch order)"]
+    tested = [r for r in i.restarts if i.lr_jumped(r) is not None]
+    if jumped:
+        title += (f"; the learning rate jumped at {len(jumped)} of them: the schedule "
+                  "restarted")
+        ev.append("learning rate at the step resumed from, earlier run -> resumed run: "
+                  + "; ".join(f"step {fmt_num(r.step_after)}: {r.lr_before:.3g} -> "
+                              f"{r.lr_after:.3g}" for r in jumped[:5]))
+        fixes.insert(0, "load the scheduler's state with the checkpoint (or step it to the "
+                     "resumed step): the resumed run starts its schedule over")
+    elif tested:
+        ev.append(f"the learning rate at the step resumed from matches the earlier run's at "
+                  f"{len(tested)} of them (the schedule resumed)")
+    return [Cause(name="restarts", title=title, score=0.3 if jumped else 0.1,
+                  where=f"at steps {_steps(pts)}", evidence=ev, prescription=fixes)]
 
 
 def _resume_causes(f: Findings) -> list[Cause]:

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from lengthwise.doctor.errors import EmptyLogError, UnreadableLogError
+from lengthwise.doctor.readers.resumes import describe_restarts, pauses
 from lengthwise.doctor.runlog import (
     BUCKET_FIELDS,
     CHECKPOINT_EVENTS,
@@ -57,6 +58,10 @@ STEP_ALIASES: tuple[str, ...] = (
     "_step",
     "Step",
 )
+#: rows that all log one step value: the step field does not count (row index used)
+CONSTANT_STEP_ROWS = 3
+#: numeric fields written as JSON true/false
+FLAG_FIELDS: frozenset[str] = frozenset({"skipped"})
 NUMERIC_ALIASES: dict[str, tuple[str, ...]] = {
     "lr": ("lr", "learning_rate", "train/learning_rate", "train/lr"),
     "grad_norm": ("grad_norm", "train/grad_norm", "gradient_norm"),
@@ -245,8 +250,13 @@ class ColumnBuilder:
             step, loss, lines = step[order], loss[order], lines[order]
             columns, buckets = _take(order, columns, buckets)
         fresh = np.isin(lines, self._restart_lines) if self._restart_lines else None
-        keep = _resolve_restarts(step, lines, s, fresh=fresh)
+        paused = pauses(columns.get("time"))
+        keep = _resolve_restarts(step, lines, s, fresh=fresh, paused=paused)
         _mark_logged_resumes(s, lines, self._resume_lines)
+        s.restarts = describe_restarts(s.restarts, step, lines, columns.get("lr"),
+                                       columns.get("time"))
+        if "lr" in columns and np.isfinite(columns["lr"]).any():
+            s.lr_peak = float(np.nanmax(columns["lr"]))
         if not keep.all():
             step, loss = step[keep], loss[keep]
             columns, buckets = _take(keep, columns, buckets)
@@ -313,6 +323,13 @@ class ColumnBuilder:
             seen = ", ".join(sorted(self._keys_seen)[:12])
             raise EmptyLogError(f"{self.source}: no row has a numeric {self._step_key!r} "
                                 f"step field (fields seen: {seen})")
+        good = step[~bad_step]
+        if good.size >= CONSTANT_STEP_ROWS and good.min() == good.max():
+            # a step field that never counts: no step counter at all (not one step written
+            # again by many writers); the row index is the step
+            self.summary.constant_step = float(good[0])
+            self._step_key = None
+            return np.arange(1, rows + 1, dtype=np.float64), np.zeros(rows, dtype=bool)
         return step, bad_step
 
     def _check_exact_steps(self, raw: list[Any], step: np.ndarray, bad: np.ndarray) -> None:
@@ -342,6 +359,8 @@ class ColumnBuilder:
                 continue
             arr = np.full(int(offsets[-1]), np.nan)
             for c, col in chunks.items():
+                if name in FLAG_FIELDS:  # true/false flags read as 1/0
+                    col = [float(v) if type(v) is bool else v for v in col]
                 arr[offsets[c] : offsets[c + 1]] = _to_float(col)[0]
             columns[name] = arr
         return columns, buckets
@@ -501,6 +520,7 @@ def _mark_logged_resumes(summary: InputSummary, lines: np.ndarray, resumes: list
 
 def _resolve_restarts(
     step: np.ndarray, lines: np.ndarray, summary: InputSummary, *, fresh: np.ndarray | None = None,
+    paused: np.ndarray | None = None,
 ) -> np.ndarray:
     """Mask of rows to keep: duplicate writes collapse, then later rows supersede earlier ones.
 
@@ -513,11 +533,14 @@ def _resolve_restarts(
     survives only if every later row has a larger step, so a resumed run
     supersedes what the earlier run logged from its resume point on. ``fresh``
     marks rows known to start a new run (a new run folder): a step there that does
-    not exceed the one before is a restart, never a duplicate or a second writer.
+    not exceed the one before is a restart, never a duplicate or a second writer; so is a
+    step that goes back right after a pause in wall time (``paused``: a resumed process).
     """
     if step.size < 2:
         return np.ones(step.size, dtype=bool)
     fresh = np.zeros(step.size, dtype=bool) if fresh is None else fresh
+    if paused is not None:
+        fresh = fresh | paused
     dup = np.zeros(step.size, dtype=bool)
     dup[:-1] = (step[:-1] == step[1:]) & ~fresh[1:]
     rest = np.flatnonzero(~dup)

@@ -1,0 +1,90 @@
+"""Simulated events on top of a clean log, for the doctor's tests: resumes with rollback, and
+the step log of lengthwise's DFlash recipe (one micro-batch a step, empty steps skipped).
+
+:func:`dflash_log` is a ``simulate_run("bucketed")`` log as the DFlash recipe
+writes it: a ``plan`` event naming the stratified order, then one micro-batch of
+one length bucket a step (``micro_batches`` 1, ``slots``), and at ``skipped``
+steps a row ``"skipped": true, "slots": 0`` with a null loss (a step that held no
+supervised token).
+
+:func:`with_resumes` takes the rows of a log (``simulate_clean`` or ``simulate_run``)
+and makes it a log that crashed and resumed: at each ``(before, after)`` pair the
+log runs to step ``before``, pauses, and a resumed run logs again from step
+``after`` (the rows of the earlier run from ``after`` on are superseded). The
+resumed run's losses get fresh noise; its learning rate is the logged one at
+each step (a resumed scheduler) or, with ``restart_schedule``, the schedule from
+its start again (a scheduler that was not restored). Rows carry a wall-clock
+``time`` field, one second a logged row, with ``pause`` seconds before a resume.
+
+Example::
+
+    >>> from lengthwise.doctor.simulate import simulate_clean
+    >>> rows = with_resumes(simulate_clean(100), [(60, 41)])
+    >>> [r["step"] for r in rows][58:62]
+    [59, 60, 41, 42]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["dflash_log", "with_resumes"]
+
+
+def with_resumes(
+    rows: Sequence[dict[str, Any]],
+    resumes: Sequence[tuple[int, int]],
+    *,
+    restart_schedule: bool = True,
+    pause: float = 600.0,
+    noise: float = 0.01,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """``rows`` (one per step, increasing) as a log that resumed at each ``(before, after)``."""
+    rng = np.random.default_rng(seed)
+    steps = [r for r in rows if "loss" in r and "event" not in r]
+    at = {int(r["step"]): i for i, r in enumerate(steps)}
+    out: list[dict[str, Any]] = []
+    clock, start, resumed_at = 0.0, 0, None
+    for before, after in [*resumes, (int(steps[-1]["step"]), None)]:
+        for i in range(start, at[before] + 1):
+            row = dict(steps[i])
+            if resumed_at is not None:
+                row["loss"] = float(row["loss"]) * float(np.exp(noise * rng.standard_normal()))
+                if restart_schedule and "lr" in row:
+                    row["lr"] = steps[i - resumed_at]["lr"]
+            clock += 1.0
+            row["time"] = clock
+            out.append(row)
+        if after is None:
+            break
+        clock += pause
+        start = resumed_at = at[after]
+    return out
+
+
+def dflash_log(
+    steps: int = 3000,
+    *,
+    skipped: Sequence[int] = (),
+    seed: int = 0,
+    length_effect: float = 0.3,
+) -> list[dict[str, Any]]:
+    """A DFlash recipe's step log of ``steps`` steps with the ``skipped`` steps empty."""
+    from lengthwise.doctor.simulate import simulate_run
+
+    run = simulate_run("bucketed", steps=steps, seed=seed, length_effect=length_effect)
+    empty = set(skipped)
+    out: list[dict[str, Any]] = [{"event": "plan", "order": "stratified", "layout": "pad"}]
+    for row in run.records:
+        if "event" in row:
+            continue
+        row = {**row, "micro_batches": 1, "slots": int(row["real_tokens"]) // 2,
+               "skipped": False}
+        if row["step"] in empty:
+            row.update(loss=None, slots=0, skipped=True, corrected_loss=None)
+        out.append(row)
+    return out
