@@ -50,6 +50,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "arithmetic")
     p.add_argument("--eval-every", type=float, default=None, metavar="N",
                    help="evaluation every N steps (a period of that length is named)")
+    p.add_argument("--clip", type=float, default=None, metavar="NORM",
+                   help="gradient-clipping norm of the run (default: max_grad_norm or clip in a "
+                   "training_args.json or config file beside the log), for the clip rate")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap/permutation tests")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--plot", default=None, metavar="OUT.png",
@@ -79,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
                 eval_every=args.eval_every,
                 world_size=args.world_size,
                 seed=args.seed,
+                clip=args.clip,
             )
         except (LogError, LogNotFoundError, ValueError, OSError) as exc:
             print(f"lengthwise doctor: error: {_one_line(exc)}", file=sys.stderr)

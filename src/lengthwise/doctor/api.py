@@ -41,6 +41,7 @@ from lengthwise.doctor.epochs import (
     staircase_starts,
 )
 from lengthwise.doctor.errors import EmptyLogError
+from lengthwise.doctor.gradnorm import GradNorm, grad_norm_findings
 from lengthwise.doctor.levels import bucket_levels
 from lengthwise.doctor.mechanisms import match_period
 from lengthwise.doctor.noise import noise_budget
@@ -49,7 +50,7 @@ from lengthwise.doctor.periodicity import Periodicity, periodicity_of
 from lengthwise.doctor.phases import Phases, find_phases
 from lengthwise.doctor.readers import read_log, read_records
 from lengthwise.doctor.report import Findings, Report, Series
-from lengthwise.doctor.run_config import world_size_beside
+from lengthwise.doctor.run_config import clip_beside, world_size_beside
 from lengthwise.doctor.runlog import RunLog
 from lengthwise.doctor.skipped import EmptySteps, empty_steps
 from lengthwise.doctor.smoothing import rolling_mean
@@ -106,6 +107,7 @@ def diagnose(
     world_size: int | None = None,
     seed: int = 0,
     order: str | None = None,
+    clip: float | None = None,
 ) -> Report:
     """Diagnose one training log.
 
@@ -121,6 +123,8 @@ def diagnose(
     the bootstrap and permutation tests reproducible.
     ``order`` is the batch order the run used (default: the log's ``plan`` event, see
     :func:`~lengthwise.doctor.order.logged_order`); the doctor does not prescribe it.
+    ``clip`` is the gradient-clipping norm (default: a config file beside the log, see
+    :func:`~lengthwise.doctor.run_config.clip_beside`), for the clip rate.
     """
     log = load(source, step_key=step_key, loss_key=loss_key)
     rng = np.random.default_rng(seed)
@@ -170,15 +174,31 @@ def diagnose(
         if levels.lines:  # lines that each hold one bucket (a packed row holds many lengths)
             attribution = replace(attribution, levels=levels)
     noise = _noise(resid, use, cols, attribution)
+    gnorm = _grad_norm(source, s, cols, analysed, cliffs, log.step_interval, clip)
     findings = Findings(
         source=log.source, input=log.input, context=ctx, phases=phases, stats=stats,
         bands=bands, periodicity=periodicity, cliffs=cliffs, checkpoint_association=assoc,
         epochs=epochs, attribution=attribution, noise=noise, stall=find_stall(s, y),
-        skipped=skipped,
+        skipped=skipped, grad_norm=gnorm,
     )
     return Report(**{k: getattr(findings, k) for k in Findings.__dataclass_fields__},
                   verdict=build_verdict(findings),
-                  series=_series(s, y, region, cmask, buckets, ck))
+                  series=_series(s, y, region, cmask, buckets, ck, cols.get("grad_norm")))
+
+
+def _grad_norm(source: Source, s: np.ndarray, cols: dict[str, np.ndarray],
+               analysed: np.ndarray, cliffs: list[Cliff], interval: float,
+               clip: float | None) -> GradNorm:
+    """The gradient-norm findings over the analysed steps (clip: given, else beside the log)."""
+    if clip is not None and not clip > 0:
+        raise ConfigError(f"--clip must be positive, got {clip}")
+    clip_source = "--clip" if clip is not None else None
+    if clip is None and isinstance(source, str | os.PathLike):
+        clip, clip_source = clip_beside(source)
+    g = cols.get("grad_norm")
+    return grad_norm_findings(s[analysed], None if g is None else g[analysed],
+                              cliffs=[c.step for c in cliffs], interval=interval, clip=clip,
+                              clip_source=clip_source)
 
 
 def _world_size(source: Source, given: int | None) -> tuple[int | None, str | None]:
@@ -365,7 +385,7 @@ def _length(cols: dict[str, np.ndarray]) -> tuple[np.ndarray | None, str | None]
 
 def _series(
     s: np.ndarray, y: np.ndarray, region: np.ndarray, cmask: np.ndarray,
-    buckets: list[Any] | None, checkpoints: np.ndarray,
+    buckets: list[Any] | None, checkpoints: np.ndarray, grad_norm: np.ndarray | None = None,
 ) -> Series:
     trend = rolling_mean(y, 51, valid=~cmask)
     codes, names = None, []
@@ -375,4 +395,5 @@ def _series(
         if len(names) >= 2 and single.any():
             codes = np.where(single, np.argmax(shares, axis=1), -1)
     return Series(step=s, loss=y, trend=trend, region=region, cliff_mask=cmask,
-                  bucket_codes=codes, bucket_names=list(names), checkpoints=checkpoints)
+                  bucket_codes=codes, bucket_names=list(names), checkpoints=checkpoints,
+                  grad_norm=grad_norm)

@@ -27,6 +27,7 @@ from lengthwise.doctor.checkpoints import CheckpointAssociation
 from lengthwise.doctor.cliffs import Cliff
 from lengthwise.doctor.context import RunContext
 from lengthwise.doctor.epochs import EpochBoundaries
+from lengthwise.doctor.gradnorm import GradNorm
 from lengthwise.doctor.noise import Noise
 from lengthwise.doctor.numbers import json_ready
 from lengthwise.doctor.periodicity import Periodicity
@@ -49,6 +50,7 @@ REPORT_KEYS: tuple[str, ...] = (
     "noise",
     "stall",
     "skipped_steps",
+    "grad_norm",
     "context",
     "verdict",
     "input",
@@ -109,6 +111,7 @@ class Series:
     bucket_codes: np.ndarray | None = None
     bucket_names: list[Any] = field(default_factory=list)
     checkpoints: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    grad_norm: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,7 @@ class Findings:
     noise: Noise | None
     stall: Stall = field(default_factory=lambda: Stall(since=None))
     skipped: EmptySteps = field(default_factory=EmptySteps)
+    grad_norm: GradNorm = field(default_factory=GradNorm)
 
 
 @dataclass(frozen=True)
@@ -152,6 +156,7 @@ class Report(Findings):
             "noise": None if self.noise is None else self.noise.to_dict(),
             "stall": self.stall.to_dict(),
             "skipped_steps": self.skipped.to_dict(),
+            "grad_norm": self.grad_norm.to_dict(),
             "context": self.context.to_dict(),
             "verdict": self.verdict.to_dict(),
             "input": self.input.to_dict(),

@@ -7,6 +7,12 @@ one length bucket a step (``micro_batches`` 1, ``slots``), and at ``skipped``
 steps a row ``"skipped": true, "slots": 0`` with a null loss (a step that held no
 supervised token).
 
+:func:`grad_norm_log` is a ``simulate_run`` log with loss spikes whose
+``grad_norm`` is log-normal noise around a level that grows ``rise``-fold over the
+run, with a spike ``lead`` steps before each loss spike (0: at the same step, None:
+none), and clipped in the log at ``clip`` never (the logged norm is the norm before
+clipping, as trainers log it).
+
 :func:`with_resumes` takes the rows of a log (``simulate_clean`` or ``simulate_run``)
 and makes it a log that crashed and resumed: at each ``(before, after)`` pair the
 log runs to step ``before``, pauses, and a resumed run logs again from step
@@ -31,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["dflash_log", "with_resumes"]
+__all__ = ["dflash_log", "grad_norm_log", "with_resumes"]
 
 
 def with_resumes(
@@ -88,3 +94,34 @@ def dflash_log(
             row.update(loss=None, slots=0, skipped=True, corrected_loss=None)
         out.append(row)
     return out
+
+
+def grad_norm_log(
+    steps: int = 3000,
+    *,
+    spikes: int = 6,
+    lead: int | None = 0,
+    rise: float = 1.0,
+    level: float = 0.5,
+    noise: float = 0.15,
+    seed: int = 0,
+) -> tuple[list[dict[str, Any]], list[int]]:
+    """A log with ``spikes`` loss spikes and a simulated ``grad_norm``; the spike steps."""
+    from lengthwise.doctor.simulate import simulate_run
+
+    run = simulate_run("random", steps=steps, seed=seed, random_spikes=spikes,
+                       length_effect=0.0)
+    rng = np.random.default_rng([seed, 17])
+    t = np.arange(steps) / max(steps - 1, 1)
+    g = level * rise**t * np.exp(noise * rng.standard_normal(steps))
+    loss_spikes = [int(x) for x in run.labels["cliffs"]]
+    if lead is not None:
+        for x in loss_spikes:
+            if x - lead >= 1:
+                g[x - lead - 1] *= 8.0 + 4.0 * rng.random()
+    out = []
+    for row in run.records:
+        if "event" not in row:
+            row = {**row, "grad_norm": float(g[int(row["step"]) - 1])}
+        out.append(row)
+    return out, loss_spikes

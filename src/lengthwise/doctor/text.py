@@ -79,11 +79,31 @@ def render_text(r: Report) -> str:
     lines.extend(_periodicity_lines(r))
     lines.append(f"  cliffs       {_cliffs_line(r)}")
     lines.append(f"  checkpoints  {_checkpoints_line(r)}")
+    lines.append(f"  grad norm    {_grad_norm_line(r)}")
     lines.append(f"  epochs       {_epoch_line(r)}")
     lines.extend(_attribution_lines(r))
     lines.extend(_noise_lines(r))
     lines.extend(_verdict_lines(r))
     return "\n".join(lines)
+
+
+def _grad_norm_line(r: Report) -> str:
+    """The gradient-norm spikes, their alignment with the loss spikes, clip rate and trend."""
+    g = r.grad_norm
+    if g.median is None:
+        return g.note
+    parts = [f"median {_g(g.median)}, {g.spikes} spike(s)"]
+    for name, a in (("with a spike at the same step", g.co_spikes),
+                    ("after a spike 1-5 points earlier", g.lead)):
+        if a.p_value is not None:
+            parts.append(f"{a.aligned} of {a.cliffs} loss spikes {name} (p={_g(a.p_value, 3)})")
+    if g.clip_rate is not None:
+        parts.append(f"clipped at {g.clip_rate:.1%} of steps (clip {g.clip:g}, {g.clip_source})")
+    if g.rise is not None:
+        parts.append(f"trend x{_g(g.rise, 3)} (Kendall p={_g(g.trend_p, 3)})")
+    if g.note:
+        parts.append(g.note)
+    return "; ".join(parts)
 
 
 def _phases_line(r: Report) -> str:

@@ -31,6 +31,7 @@ from typing import Any
 from lengthwise.doctor.attribution import ALPHA as LENGTH_ALPHA
 from lengthwise.doctor.attribution import REPORT_ALPHA
 from lengthwise.doctor.cliffs import Cliff
+from lengthwise.doctor.gradnorm import LEAD_POINTS, TREND_BLOCKS, Alignment
 from lengthwise.doctor.mechanisms import match_period
 from lengthwise.doctor.numbers import fmt_num, with_error
 from lengthwise.doctor.report import Cause, Findings, Verdict
@@ -74,7 +75,7 @@ def build_verdict(f: Findings) -> Verdict:
     """Rank the causes behind the findings ``f`` and write the one-line summary."""
     causes = [*_nonfinite_causes(f), *_skipped_causes(f), *_stall_causes(f),
               *_composition_causes(f), *_epoch_causes(f), *_cliff_causes(f), *_input_causes(f),
-              *_resume_causes(f)]
+              *_resume_causes(f), *_grad_norm_causes(f)]
     causes.sort(key=lambda c: -c.score)
     untested = _untested(f)
     clean = False if causes else (None if untested else True)
@@ -161,6 +162,63 @@ def _skipped_causes(f: Findings) -> list[Cause]:
             "leaves nothing to learn)",
         ],
     )]
+
+
+def _alignment_text(a: Alignment, what: str) -> str:
+    return (f"{a.aligned} of {a.cliffs} loss spikes {what} ({a.expected or 0.0:.2g} expected by "
+            f"chance; exact permutation p={fmt_num(a.p_value)})")
+
+
+def _grad_norm_causes(f: Findings) -> list[Cause]:
+    """Gradient-norm spikes that lead or come with the loss spikes, clipping at most steps,
+    and a gradient norm that keeps rising."""
+    g = f.grad_norm
+    out: list[Cause] = []
+    if g.lead.found:
+        lag = g.lead.to_dict()["median_lag_points"]
+        out.append(Cause(
+            name="grad_norm_leads",
+            title=(f"gradient-norm spikes lead the loss spikes: {g.lead.aligned} of "
+                   f"{g.lead.cliffs} follow one by {lag} logged point(s) (median)"),
+            score=0.5, where=f"gradient-norm spikes at steps {_steps(g.spike_steps)}",
+            evidence=[_alignment_text(g.lead, f"start 1-{LEAD_POINTS} logged points after a "
+                                      "gradient-norm spike, none at the spike itself"),
+                      f"{g.spikes} gradient-norm spike(s) over {g.points} points"],
+            prescription=["an update that blows up comes before the loss rises: clip gradients "
+                          "(or clip harder) and lower the learning rate after warm-up",
+                          "with fp16, use bf16 or a dynamic loss scaler"]))
+    elif g.co_spikes.found:
+        out.append(Cause(
+            name="grad_norm_co_spikes",
+            title=(f"{g.co_spikes.aligned} of {g.co_spikes.cliffs} loss spikes come with a "
+                   "gradient-norm spike at the same step: the batches themselves are hard"),
+            score=0.3, where=f"at the loss spikes (steps {_steps([c.step for c in f.cliffs])})",
+            evidence=[_alignment_text(g.co_spikes, "have a gradient-norm spike at their first "
+                                      "logged point or the next")],
+            prescription=["inspect the batches at those steps (very long, repeated, truncated "
+                          "or corrupt samples); clipping keeps them from moving the weights far"]))
+    if g.clipped_often:
+        out.append(Cause(
+            name="grad_clipped_often",
+            title=(f"the gradient is clipped at {g.clip_rate:.0%} of the steps (norm at or "
+                   f"above the clip {g.clip:g}): the clip sets the step size, not the lr"),
+            score=0.3, where="the analysed steps",
+            evidence=[f"median gradient norm {g.median:.3g} against the clipping norm "
+                      f"{g.clip:g} ({g.clip_source})"],
+            prescription=["clipping should be the exception: lower the learning rate or raise "
+                          "the clipping norm, so that the schedule, not the clip, sets the "
+                          "step size"]))
+    if g.rising:
+        out.append(Cause(
+            name="grad_norm_rising",
+            title=f"the gradient norm keeps rising: {g.rise:.3g} times its level at the start",
+            score=0.25, where=_region(f),
+            evidence=[f"Kendall's tau {g.trend_tau:.2f} of {TREND_BLOCKS} block medians "
+                      f"(p={fmt_num(g.trend_p)})"],
+            prescription=["a steadily rising gradient norm often comes before loss spikes: "
+                          "watch the loss, check the learning rate after warm-up and weight "
+                          "decay, and clip gradients"]))
+    return out
 
 
 def _stall_causes(f: Findings) -> list[Cause]:
