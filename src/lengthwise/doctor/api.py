@@ -41,6 +41,7 @@ from lengthwise.doctor.epochs import (
     staircase_starts,
 )
 from lengthwise.doctor.errors import EmptyLogError
+from lengthwise.doctor.evalgap import eval_gap
 from lengthwise.doctor.gradnorm import GradNorm, grad_norm_findings
 from lengthwise.doctor.levels import bucket_levels
 from lengthwise.doctor.mechanisms import match_period
@@ -179,7 +180,7 @@ def diagnose(
         source=log.source, input=log.input, context=ctx, phases=phases, stats=stats,
         bands=bands, periodicity=periodicity, cliffs=cliffs, checkpoint_association=assoc,
         epochs=epochs, attribution=attribution, noise=noise, stall=find_stall(s, y),
-        skipped=skipped, grad_norm=gnorm,
+        skipped=skipped, grad_norm=gnorm, eval_gap=eval_gap(s, y, log.evals),
     )
     return Report(**{k: getattr(findings, k) for k in Findings.__dataclass_fields__},
                   verdict=build_verdict(findings),

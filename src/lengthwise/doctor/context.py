@@ -183,7 +183,13 @@ def epoch_resets(steps: np.ndarray, epoch: np.ndarray | None) -> list[float]:
 
 
 def lr_restarts(steps: np.ndarray, lr: np.ndarray | None) -> list[float]:
-    """Steps where the learning rate jumps up by at least ``RESTART_FRACTION`` of its peak."""
+    """Steps where the learning rate jumps up by at least ``RESTART_FRACTION`` of its peak
+    after it had fallen by as much: a warm-up's rise (the rate has not fallen yet) is none.
+
+    >>> s = np.arange(10.0, 101.0, 10.0)   # a 30-step warm-up logged every 10 steps
+    >>> lr_restarts(s, np.array([0.33, 0.67, 1.0, 0.9, 0.8, 0.7, 1.0, 0.9, 0.8, 0.7]))
+    [70.0]
+    """
     if lr is None:
         return []
     ok = np.isfinite(lr)
@@ -193,8 +199,13 @@ def lr_restarts(steps: np.ndarray, lr: np.ndarray | None) -> list[float]:
     peak = float(np.max(r))
     if peak <= 0:
         return []
-    jump = np.flatnonzero(np.diff(r) > RESTART_FRACTION * peak) + 1
-    return [float(s[i]) for i in jump]
+    out: list[float] = []
+    last = 0  # the row of the last restart (or the first row)
+    for i in (np.flatnonzero(np.diff(r) > RESTART_FRACTION * peak) + 1).tolist():
+        if float(np.max(r[last:i])) - r[i - 1] >= RESTART_FRACTION * peak:
+            out.append(float(s[i]))
+            last = i
+    return out
 
 
 def run_context(

@@ -27,6 +27,7 @@ from lengthwise.doctor.checkpoints import CheckpointAssociation
 from lengthwise.doctor.cliffs import Cliff
 from lengthwise.doctor.context import RunContext
 from lengthwise.doctor.epochs import EpochBoundaries
+from lengthwise.doctor.evalgap import EvalGap
 from lengthwise.doctor.gradnorm import GradNorm
 from lengthwise.doctor.noise import Noise
 from lengthwise.doctor.numbers import json_ready
@@ -51,6 +52,7 @@ REPORT_KEYS: tuple[str, ...] = (
     "stall",
     "skipped_steps",
     "grad_norm",
+    "eval_gap",
     "context",
     "verdict",
     "input",
@@ -133,6 +135,7 @@ class Findings:
     stall: Stall = field(default_factory=lambda: Stall(since=None))
     skipped: EmptySteps = field(default_factory=EmptySteps)
     grad_norm: GradNorm = field(default_factory=GradNorm)
+    eval_gap: EvalGap = field(default_factory=EvalGap)
 
 
 @dataclass(frozen=True)
@@ -157,6 +160,7 @@ class Report(Findings):
             "stall": self.stall.to_dict(),
             "skipped_steps": self.skipped.to_dict(),
             "grad_norm": self.grad_norm.to_dict(),
+            "eval_gap": self.eval_gap.to_dict(),
             "context": self.context.to_dict(),
             "verdict": self.verdict.to_dict(),
             "input": self.input.to_dict(),

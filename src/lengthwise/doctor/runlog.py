@@ -188,6 +188,8 @@ class RunLog:
     checkpoints: np.ndarray = field(default_factory=lambda: np.zeros(0))
     checkpoint_seconds: np.ndarray = field(default_factory=lambda: np.zeros(0))
     input: InputSummary = field(default_factory=InputSummary)
+    #: ``(step, eval_loss)`` rows of the held-out evaluations, in step order
+    evals: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
 
     @property
     def num_steps(self) -> int:

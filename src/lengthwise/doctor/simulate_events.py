@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["dflash_log", "grad_norm_log", "with_resumes"]
+__all__ = ["dflash_log", "grad_norm_log", "with_evals", "with_resumes", "with_second_writer"]
 
 
 def with_resumes(
@@ -69,6 +69,62 @@ def with_resumes(
             break
         clock += pause
         start = resumed_at = at[after]
+    return out
+
+
+def with_second_writer(rows: Sequence[dict[str, Any]], lag: int = 1,
+                       seed: int = 0) -> list[dict[str, Any]]:
+    """``rows`` as two processes write them into one file: every step twice, the second
+    writer ``lag`` rows behind the first (its loss differs by a little noise)."""
+    rng = np.random.default_rng(seed)
+    steps = [r for r in rows if "loss" in r and "event" not in r]
+    out: list[dict[str, Any]] = []
+    for i, row in enumerate(steps):
+        out.append(dict(row))
+        if i >= lag:
+            late = dict(steps[i - lag])
+            late["loss"] = float(late["loss"]) + 1e-4 * float(rng.standard_normal())
+            out.append(late)
+    for row in steps[len(steps) - lag:]:
+        out.append(dict(row))
+    return out
+
+
+def with_evals(
+    rows: Sequence[dict[str, Any]],
+    every: int,
+    *,
+    offset: float = 0.01,
+    flat_from: int | None = None,
+    rise: float = 0.0,
+    noise: float = 0.002,
+    inline: bool = False,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """``rows`` with an evaluation every ``every`` steps: the training loss's running mean
+    plus ``offset`` and noise, which from step ``flat_from`` stops falling and climbs by
+    ``rise`` over the rest of the run (over-fitting). Evaluations are Hugging Face's own rows
+    (``{"step", "eval_loss"}``), or with ``inline`` an ``eval_loss`` in the step's row."""
+    rng = np.random.default_rng([seed, 23])
+    steps = [r for r in rows if "loss" in r and "event" not in r]
+    at = np.array([float(r["step"]) for r in steps])
+    smooth = np.convolve([float(r["loss"]) for r in steps], np.ones(51) / 51, mode="same")
+    last = float(at[-1])
+    out: list[dict[str, Any]] = []
+    for row in steps:
+        out.append(dict(row))
+        s = float(row["step"])
+        if s % every:
+            continue
+        level = float(np.interp(s, at, smooth))
+        if flat_from is not None and s > flat_from:
+            floor = float(np.interp(flat_from, at, smooth))
+            level = floor + rise * (s - flat_from) / max(last - flat_from, 1.0)
+        value = level + offset + noise * float(rng.standard_normal())
+        if inline:
+            out[-1]["eval_loss"] = value
+        else:
+            out.append({"step": row["step"], "eval_loss": value, "eval_runtime": 3.0})
     return out
 
 

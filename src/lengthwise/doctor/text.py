@@ -80,11 +80,28 @@ def render_text(r: Report) -> str:
     lines.append(f"  cliffs       {_cliffs_line(r)}")
     lines.append(f"  checkpoints  {_checkpoints_line(r)}")
     lines.append(f"  grad norm    {_grad_norm_line(r)}")
+    lines.append(f"  held-out     {_eval_line(r)}")
     lines.append(f"  epochs       {_epoch_line(r)}")
     lines.extend(_attribution_lines(r))
     lines.extend(_noise_lines(r))
     lines.extend(_verdict_lines(r))
     return "\n".join(lines)
+
+
+def _eval_line(r: Report) -> str:
+    """The held-out loss's gap to the training loss and where it widens."""
+    e = r.eval_gap
+    if e.first_gap is None:
+        return e.note
+    line = (f"{e.evals} evaluations; held-out minus training loss {_g(e.first_gap, 3)} -> "
+            f"{_g(e.last_gap, 3)} (smallest {_g(e.min_gap, 3)}; noise {_g(e.noise, 2)})")
+    if e.widening:
+        line += f"; widens from step {_g(e.widens_from, 8)}"
+        if not e.eval_rising:
+            line += " (the held-out loss still falls: not over-fitting)"
+    if e.eval_rising:
+        line += f"; the held-out loss rises from its minimum at step {_g(e.eval_min_step, 8)}"
+    return line
 
 
 def _grad_norm_line(r: Report) -> str:

@@ -75,7 +75,7 @@ def build_verdict(f: Findings) -> Verdict:
     """Rank the causes behind the findings ``f`` and write the one-line summary."""
     causes = [*_nonfinite_causes(f), *_skipped_causes(f), *_stall_causes(f),
               *_composition_causes(f), *_epoch_causes(f), *_cliff_causes(f), *_input_causes(f),
-              *_resume_causes(f), *_grad_norm_causes(f)]
+              *_resume_causes(f), *_grad_norm_causes(f), *_eval_causes(f)]
     causes.sort(key=lambda c: -c.score)
     untested = _untested(f)
     clean = False if causes else (None if untested else True)
@@ -167,6 +167,28 @@ def _skipped_causes(f: Findings) -> list[Cause]:
 def _alignment_text(a: Alignment, what: str) -> str:
     return (f"{a.aligned} of {a.cliffs} loss spikes {what} ({a.expected or 0.0:.2g} expected by "
             f"chance; exact permutation p={fmt_num(a.p_value)})")
+
+
+def _eval_causes(f: Findings) -> list[Cause]:
+    """The held-out loss rises while it pulls away from the training loss: over-fitting. A gap
+    that widens while the held-out loss still falls is reported (``eval_gap``), not a cause."""
+    e = f.eval_gap
+    if not (e.widening and e.eval_rising):
+        return []
+    title = (f"over-fitting: the held-out loss rises from step {fmt_num(e.eval_min_step, 9)} "
+             f"and pulls away from the training loss (the gap grows from step "
+             f"{fmt_num(e.widens_from, 9)}, {e.min_gap:.3g} -> {e.last_gap:.3g})")
+    return [Cause(
+        name="eval_overfitting", title=title, score=0.45,
+        where=f"from step {fmt_num(e.widens_from, 9)}",
+        evidence=[f"{e.evals} evaluations; held-out minus the training loss's running mean: "
+                  f"{e.first_gap:.3g} at the first, {e.min_gap:.3g} at its smallest, "
+                  f"{e.last_gap:.3g} at the last (evaluation-to-evaluation noise "
+                  f"{e.noise:.2g})"],
+        prescription=["the model fits the training data better than it generalises: the "
+                      f"checkpoint near step {fmt_num(e.eval_min_step, 9)} holds the lowest "
+                      "held-out loss; train fewer epochs, on more (deduplicated) data, or "
+                      "with more regularisation"])]
 
 
 def _grad_norm_causes(f: Findings) -> list[Cause]:

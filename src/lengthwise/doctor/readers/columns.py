@@ -60,6 +60,8 @@ STEP_ALIASES: tuple[str, ...] = (
 )
 #: rows that all log one step value: the step field does not count (row index used)
 CONSTANT_STEP_ROWS = 3
+#: the held-out loss of an evaluation (Hugging Face's log_history, lengthwise's step log)
+EVAL_KEY = "eval_loss"
 #: numeric fields written as JSON true/false
 FLAG_FIELDS: frozenset[str] = frozenset({"skipped"})
 NUMERIC_ALIASES: dict[str, tuple[str, ...]] = {
@@ -99,6 +101,7 @@ class ColumnBuilder:
         self._keys_seen: set[str] = set()
         self._restart_lines: list[int] = []
         self._resume_lines: list[int] = []
+        self._evals: list[tuple[float, float]] = []  # (step, eval_loss) of rows without a loss
 
     # ----------------------------------------------------------------- input
     def use_keys(self, *, step_key: str | None, loss_key: str | None) -> None:
@@ -201,11 +204,20 @@ class ColumnBuilder:
                     keep.append(i)
                     continue
             self.summary.other_rows += 1
+            if EVAL_KEY in o:
+                self._add_eval(o, sk)
             if isinstance(event, str) and event in CHECKPOINT_EVENTS:
                 self._add_checkpoint(event, o, sk)
             elif event == RESUME_EVENT:
                 self._resume_lines.append(int(lines[i]))
         return [objs[i] for i in keep], [losses[i] for i in keep], [lines[i] for i in keep]
+
+    def _add_eval(self, row: dict[str, Any], sk: str | None) -> None:
+        """Keep the held-out loss of an evaluation row (Hugging Face's ``log_history``)."""
+        step, value = row.get(sk or "step", row.get("step")), row.get(EVAL_KEY)
+        if type(step) in (int, float) and type(value) in (int, float) \
+                and math.isfinite(step) and math.isfinite(value):
+            self._evals.append((float(step), float(value)))
 
     def _add_checkpoint(self, event: str, row: dict[str, Any], sk: str | None) -> None:
         step = row.get(sk or "step", row.get("step"))
@@ -264,6 +276,7 @@ class ColumnBuilder:
         checkpoints = self._checkpoint_steps()
         if checkpoints.size:
             s.checkpoint_source = "events"
+        evals = _held_out(self._evals, step, columns.get(EVAL_KEY))
         return RunLog(
             source=self.source,
             step=step,
@@ -274,6 +287,7 @@ class ColumnBuilder:
             checkpoints=checkpoints,
             checkpoint_seconds=np.asarray(self._ckpt_seconds, dtype=np.float64),
             input=s,
+            evals=evals,
         )
 
     def _why_bad(self, bad_loss: np.ndarray) -> str:
@@ -369,6 +383,20 @@ class ColumnBuilder:
         """Checkpoint steps: begin events (else end events) plus plain checkpoint events."""
         marks = self._ckpt["begin"] or self._ckpt["end"]
         return np.unique(np.asarray(marks + self._ckpt["plain"], dtype=np.float64))
+
+
+def _held_out(rows: list[tuple[float, float]], step: np.ndarray,
+              column: np.ndarray | None) -> np.ndarray:
+    """``(step, eval_loss)`` pairs in step order, one per step (the last written wins), from
+    evaluation rows and from step rows that carry an ``eval_loss``."""
+    pairs = list(rows)
+    if column is not None:
+        ok = np.isfinite(column)
+        pairs += list(zip(step[ok].tolist(), column[ok].tolist(), strict=True))
+    if not pairs:
+        return np.zeros((0, 2))
+    latest = dict(pairs)
+    return np.array(sorted(latest.items()), dtype=np.float64)
 
 
 def _first_alias(objs: list[dict[str, Any]], aliases: Sequence[str]) -> str | None:
