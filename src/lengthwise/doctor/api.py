@@ -57,6 +57,7 @@ from lengthwise.doctor.skipped import EmptySteps, empty_steps
 from lengthwise.doctor.smoothing import rolling_mean
 from lengthwise.doctor.stall import find_stall
 from lengthwise.doctor.stats import nonfinite_losses, roughness_residual, stable_stats
+from lengthwise.doctor.steptime import step_times
 from lengthwise.doctor.verdict import MICRO_VIEW, Verdict, build_verdict
 from lengthwise.errors import ConfigError
 
@@ -181,6 +182,9 @@ def diagnose(
         bands=bands, periodicity=periodicity, cliffs=cliffs, checkpoint_association=assoc,
         epochs=epochs, attribution=attribution, noise=noise, stall=find_stall(s, y),
         skipped=skipped, grad_norm=gnorm, eval_gap=eval_gap(s, y, log.evals),
+        step_time=step_times(log.step, log.columns, checkpoint_every=ctx.checkpoint_every,
+                             eval_every=ctx.eval_every,
+                             restarts=[r.step_after for r in log.input.restarts]),
     )
     return Report(**{k: getattr(findings, k) for k in Findings.__dataclass_fields__},
                   verdict=build_verdict(findings),

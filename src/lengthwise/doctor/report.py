@@ -37,6 +37,7 @@ from lengthwise.doctor.runlog import InputSummary
 from lengthwise.doctor.skipped import EmptySteps
 from lengthwise.doctor.stall import Stall
 from lengthwise.doctor.stats import StableStats
+from lengthwise.doctor.steptime import StepTimes
 
 #: top-level keys of ``Report.to_dict()``, in order
 REPORT_KEYS: tuple[str, ...] = (
@@ -53,6 +54,7 @@ REPORT_KEYS: tuple[str, ...] = (
     "skipped_steps",
     "grad_norm",
     "eval_gap",
+    "step_time",
     "context",
     "verdict",
     "input",
@@ -136,6 +138,7 @@ class Findings:
     skipped: EmptySteps = field(default_factory=EmptySteps)
     grad_norm: GradNorm = field(default_factory=GradNorm)
     eval_gap: EvalGap = field(default_factory=EvalGap)
+    step_time: StepTimes = field(default_factory=StepTimes)
 
 
 @dataclass(frozen=True)
@@ -161,6 +164,7 @@ class Report(Findings):
             "skipped_steps": self.skipped.to_dict(),
             "grad_norm": self.grad_norm.to_dict(),
             "eval_gap": self.eval_gap.to_dict(),
+            "step_time": self.step_time.to_dict(),
             "context": self.context.to_dict(),
             "verdict": self.verdict.to_dict(),
             "input": self.input.to_dict(),

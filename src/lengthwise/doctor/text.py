@@ -81,11 +81,30 @@ def render_text(r: Report) -> str:
     lines.append(f"  checkpoints  {_checkpoints_line(r)}")
     lines.append(f"  grad norm    {_grad_norm_line(r)}")
     lines.append(f"  held-out     {_eval_line(r)}")
+    lines.append(f"  step time    {_step_time_line(r)}")
     lines.append(f"  epochs       {_epoch_line(r)}")
     lines.extend(_attribution_lines(r))
     lines.extend(_noise_lines(r))
     lines.extend(_verdict_lines(r))
     return "\n".join(lines)
+
+
+def _step_time_line(r: Report) -> str:
+    """Slow steps, their period and cost, and the throughput after each restart."""
+    t = r.step_time
+    parts = []
+    if t.median_seconds is None:
+        parts.append(t.note)
+    else:
+        parts.append(f"median {_g(t.median_seconds, 3)} s ({t.source}); {t.slow} slow step(s)")
+        if t.slow:
+            parts[-1] += f" costing {t.cost_share:.1%} of the time"
+        if t.period is not None:
+            parts.append(f"every {_g(t.period, 8)} steps"
+                         + (f" ({t.matches})" if t.matches else ""))
+    for step, ratio in t.after_restarts:
+        parts.append(f"throughput after the restart at step {_g(step, 8)}: {ratio:.0%} of before")
+    return "; ".join(parts)
 
 
 def _eval_line(r: Report) -> str:

@@ -36,6 +36,7 @@ from lengthwise.doctor.mechanisms import match_period
 from lengthwise.doctor.numbers import fmt_num, with_error
 from lengthwise.doctor.report import Cause, Findings, Verdict
 from lengthwise.doctor.runlog import Restart
+from lengthwise.doctor.steptime import SLOW_FACTOR, SLOW_Z
 
 #: cliffs whose median recovery takes at most this many logged points are one-step spikes
 QUICK_RECOVERY = 2
@@ -75,7 +76,8 @@ def build_verdict(f: Findings) -> Verdict:
     """Rank the causes behind the findings ``f`` and write the one-line summary."""
     causes = [*_nonfinite_causes(f), *_skipped_causes(f), *_stall_causes(f),
               *_composition_causes(f), *_epoch_causes(f), *_cliff_causes(f), *_input_causes(f),
-              *_resume_causes(f), *_grad_norm_causes(f), *_eval_causes(f)]
+              *_resume_causes(f), *_grad_norm_causes(f), *_eval_causes(f),
+              *_step_time_causes(f)]
     causes.sort(key=lambda c: -c.score)
     untested = _untested(f)
     clean = False if causes else (None if untested else True)
@@ -169,6 +171,41 @@ def _alignment_text(a: Alignment, what: str) -> str:
             f"chance; exact permutation p={fmt_num(a.p_value)})")
 
 
+def _step_time_causes(f: Findings) -> list[Cause]:
+    """Slow steps that cost a share of the run's time, and a slower run after a restart."""
+    t = f.step_time
+    out: list[Cause] = []
+    if t.costly:
+        every = (f" every {fmt_num(t.period, 9)} steps" if t.period is not None else "")
+        what = f" ({t.matches})" if t.matches else ""
+        out.append(Cause(
+            name="slow_steps",
+            title=(f"{t.slow} slow step(s){every}{what} cost {t.cost_share:.0%} of the run's "
+                   "time"),
+            score=min(0.4, 0.1 + 2 * (t.cost_share or 0.0)),
+            where=f"at steps {_steps(t.slow_steps)}",
+            evidence=[f"each at least {SLOW_FACTOR:g} times the median step "
+                      f"({t.median_seconds:.3g} s, from {t.source}) and {SLOW_Z:g} robust "
+                      "standard deviations above it"],
+            prescription=["save asynchronously, or less often" if t.matches ==
+                          "the checkpoint interval" else "evaluate less often or on fewer "
+                          "samples" if t.matches else "look at what those steps wait for: "
+                          "data loading, host-device syncs, garbage collection, another job "
+                          "on the machine"]))
+    slower = t.slower_after_restart
+    if slower:
+        out.append(Cause(
+            name="slower_after_restart",
+            title=("the run is slower after a restart: " + "; ".join(
+                f"{r:.0%} of the throughput before at step {fmt_num(s, 9)}"
+                for s, r in slower[:3])),
+            score=0.2, where=f"from step {fmt_num(slower[0][0], 9)}",
+            evidence=["median tokens_per_second after each restart over the median before it"],
+            prescription=["compare the resumed run's settings with the first run's: processes, "
+                          "devices, data-loader workers, compilation, precision"]))
+    return out
+
+
 def _eval_causes(f: Findings) -> list[Cause]:
     """The held-out loss rises while it pulls away from the training loss: over-fitting. A gap
     that widens while the held-out loss still falls is reported (``eval_gap``), not a cause."""
@@ -213,12 +250,14 @@ def _grad_norm_causes(f: Findings) -> list[Cause]:
         out.append(Cause(
             name="grad_norm_co_spikes",
             title=(f"{g.co_spikes.aligned} of {g.co_spikes.cliffs} loss spikes come with a "
-                   "gradient-norm spike at the same step: the batches themselves are hard"),
-            score=0.3, where=f"at the loss spikes (steps {_steps([c.step for c in f.cliffs])})",
+                   "gradient-norm spike at the same step"),
+            score=0.2, where=f"at the loss spikes (steps {_steps([c.step for c in f.cliffs])})",
             evidence=[_alignment_text(g.co_spikes, "have a gradient-norm spike at their first "
                                       "logged point or the next")],
-            prescription=["inspect the batches at those steps (very long, repeated, truncated "
-                          "or corrupt samples); clipping keeps them from moving the weights far"]))
+            prescription=["a spike of both at once lies in that step's batch or weights, not "
+                          "in an earlier update: inspect those batches (very long, repeated, "
+                          "truncated or corrupt samples, or the data after a save or resume); "
+                          "clipping keeps them from moving the weights far"]))
     if g.clipped_often:
         out.append(Cause(
             name="grad_clipped_often",
