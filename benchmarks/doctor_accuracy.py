@@ -247,7 +247,7 @@ EVENT_FINDINGS = (
     "second writer (duplicates, no restart)", "empty steps skipped (not NaN losses)",
     "grad-norm co-spikes", "grad-norm spikes lead loss spikes", "grad clipped often",
     "grad norm rising", "no NaN cause on DFlash logs", "held-out gap widens",
-    "over-fitting (held-out loss rises)")
+    "over-fitting (held-out loss rises)", "slow steps at the save interval")
 
 
 def event_rows(seeds: int, steps: int) -> dict[str, Tally]:
@@ -295,6 +295,12 @@ def event_rows(seeds: int, steps: int) -> dict[str, Tally]:
                                     seed=seed)).eval_gap
             t["held-out gap widens"].add(flat is not None, e.widening)
             t["over-fitting (held-out loss rises)"].add(rise > 0, e.widening and e.eval_rising)
+        for save in (None, steps // 10):
+            timed = [{**row, "seconds": 0.5 * float(np.exp(0.1 * rng.standard_normal()))
+                      + (4.0 if save and row["step"] % save == 0 else 0.0)} for row in clean]
+            st = diagnose(timed, checkpoint_every=steps // 10).step_time
+            t["slow steps at the save interval"].add(
+                save is not None, st.matches == "the checkpoint interval" and st.costly)
     return t
 
 
@@ -595,7 +601,8 @@ def main(argv: list[str] | None = None) -> int:
         "at each (co-spike), 1-5 steps before each (lead) or none (`grad_norm_log`); a gradient "
         "norm flat at 0.5 or rising 3-fold from 1.5 against a clip of 1.0; 15 evaluations "
         "that follow the training loss, stop falling half-way, or climb from there by 0.2 "
-        "(`with_evals`). "
+        "(`with_evals`); log-normal step times (sd 0.1) with or without 4 s more at every "
+        "tenth of the run (a save). "
         f"{event_seconds:.0f} s.",
         "",
         "| finding | positives | TP | FP | FN | TN | precision | recall |",
