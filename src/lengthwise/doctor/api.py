@@ -51,8 +51,9 @@ from lengthwise.doctor.periodicity import Periodicity, periodicity_of
 from lengthwise.doctor.phases import Phases, find_phases
 from lengthwise.doctor.readers import read_log, read_records
 from lengthwise.doctor.report import Findings, Report, Series
-from lengthwise.doctor.run_config import clip_beside, world_size_beside
+from lengthwise.doctor.run_config import clip_beside, settings_beside, world_size_beside
 from lengthwise.doctor.runlog import RunLog
+from lengthwise.doctor.schedule import SCHEDULE_KEYS, Schedule, check_schedule
 from lengthwise.doctor.skipped import EmptySteps, empty_steps
 from lengthwise.doctor.smoothing import rolling_mean
 from lengthwise.doctor.stall import find_stall
@@ -182,6 +183,7 @@ def diagnose(
         bands=bands, periodicity=periodicity, cliffs=cliffs, checkpoint_association=assoc,
         epochs=epochs, attribution=attribution, noise=noise, stall=find_stall(s, y),
         skipped=skipped, grad_norm=gnorm, eval_gap=eval_gap(s, y, log.evals),
+        schedule=_schedule(source, log),
         step_time=step_times(log.step, log.columns, checkpoint_every=ctx.checkpoint_every,
                              eval_every=ctx.eval_every,
                              restarts=[r.step_after for r in log.input.restarts]),
@@ -204,6 +206,14 @@ def _grad_norm(source: Source, s: np.ndarray, cols: dict[str, np.ndarray],
     return grad_norm_findings(s[analysed], None if g is None else g[analysed],
                               cliffs=[c.step for c in cliffs], interval=interval, clip=clip,
                               clip_source=clip_source)
+
+
+def _schedule(source: Source, log: RunLog) -> Schedule:
+    """The logged learning rate against the schedule configured beside a log file."""
+    config, where = ({}, None)
+    if isinstance(source, str | os.PathLike):
+        config, where = settings_beside(source, SCHEDULE_KEYS)
+    return check_schedule(log.step, log.columns.get("lr"), config, where, log.step_interval)
 
 
 def _world_size(source: Source, given: int | None) -> tuple[int | None, str | None]:

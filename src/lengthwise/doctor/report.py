@@ -34,6 +34,7 @@ from lengthwise.doctor.numbers import json_ready
 from lengthwise.doctor.periodicity import Periodicity
 from lengthwise.doctor.phases import Phases
 from lengthwise.doctor.runlog import InputSummary
+from lengthwise.doctor.schedule import Schedule
 from lengthwise.doctor.skipped import EmptySteps
 from lengthwise.doctor.stall import Stall
 from lengthwise.doctor.stats import StableStats
@@ -55,6 +56,7 @@ REPORT_KEYS: tuple[str, ...] = (
     "grad_norm",
     "eval_gap",
     "step_time",
+    "schedule",
     "context",
     "verdict",
     "input",
@@ -139,6 +141,7 @@ class Findings:
     grad_norm: GradNorm = field(default_factory=GradNorm)
     eval_gap: EvalGap = field(default_factory=EvalGap)
     step_time: StepTimes = field(default_factory=StepTimes)
+    schedule: Schedule = field(default_factory=Schedule)
 
 
 @dataclass(frozen=True)
@@ -165,6 +168,7 @@ class Report(Findings):
             "grad_norm": self.grad_norm.to_dict(),
             "eval_gap": self.eval_gap.to_dict(),
             "step_time": self.step_time.to_dict(),
+            "schedule": self.schedule.to_dict(),
             "context": self.context.to_dict(),
             "verdict": self.verdict.to_dict(),
             "input": self.input.to_dict(),

@@ -82,6 +82,20 @@ def world_size_beside(log: str | os.PathLike[str]) -> tuple[int | None, str | No
     return (None, None) if value is None else (int(value), name)
 
 
+def settings_beside(log: str | os.PathLike[str],
+                    keys: dict[str, tuple[str, ...]]) -> tuple[dict[str, float], str | None]:
+    """Each of ``keys`` (a name and its aliases) recorded with the log, and the first file
+    one came from."""
+    found: dict[str, float] = {}
+    source = None
+    for name, aliases in keys.items():
+        value, where = setting_beside(log, aliases)
+        if value is not None:
+            found[name] = float(value)
+            source = source or where
+    return found, source
+
+
 def clip_beside(log: str | os.PathLike[str]) -> tuple[float | None, str | None]:
     """The gradient-clipping norm recorded with the log at ``log`` (``max_grad_norm``, ...)."""
     return setting_beside(log, CLIP_KEYS)

@@ -82,11 +82,23 @@ def render_text(r: Report) -> str:
     lines.append(f"  grad norm    {_grad_norm_line(r)}")
     lines.append(f"  held-out     {_eval_line(r)}")
     lines.append(f"  step time    {_step_time_line(r)}")
+    lines.append(f"  schedule     {_schedule_line(r)}")
     lines.append(f"  epochs       {_epoch_line(r)}")
     lines.extend(_attribution_lines(r))
     lines.extend(_noise_lines(r))
     lines.extend(_verdict_lines(r))
     return "\n".join(lines)
+
+
+def _schedule_line(r: Report) -> str:
+    """The logged learning rate against the configured peak and warm-up."""
+    sc = r.schedule
+    if sc.logged_peak is None or sc.note:
+        return sc.note
+    if sc.mismatches:
+        return "; ".join(sc.mismatches) + f" ({sc.source})"
+    what = " and ".join(w for w, v in (("peak", sc.peak), ("warm-up", sc.warmup)) if v is not None)
+    return f"{what} as configured ({sc.source})"
 
 
 def _step_time_line(r: Report) -> str:

@@ -77,7 +77,7 @@ def build_verdict(f: Findings) -> Verdict:
     causes = [*_nonfinite_causes(f), *_skipped_causes(f), *_stall_causes(f),
               *_composition_causes(f), *_epoch_causes(f), *_cliff_causes(f), *_input_causes(f),
               *_resume_causes(f), *_grad_norm_causes(f), *_eval_causes(f),
-              *_step_time_causes(f)]
+              *_step_time_causes(f), *_schedule_causes(f)]
     causes.sort(key=lambda c: -c.score)
     untested = _untested(f)
     clean = False if causes else (None if untested else True)
@@ -169,6 +169,22 @@ def _skipped_causes(f: Findings) -> list[Cause]:
 def _alignment_text(a: Alignment, what: str) -> str:
     return (f"{a.aligned} of {a.cliffs} loss spikes {what} ({a.expected or 0.0:.2g} expected by "
             f"chance; exact permutation p={fmt_num(a.p_value)})")
+
+
+def _schedule_causes(f: Findings) -> list[Cause]:
+    """A logged learning rate whose peak or warm-up is not the configured one."""
+    sc = f.schedule
+    if not sc.mismatches:
+        return []
+    return [Cause(
+        name="schedule_not_as_configured", title="; ".join(sc.mismatches), score=0.3,
+        where="the learning-rate schedule",
+        evidence=[f"configured in {sc.source}: peak {fmt_num(sc.peak)}, warm-up "
+                  f"{fmt_num(sc.warmup, 9)} steps; logged: peak {fmt_num(sc.logged_peak)}, "
+                  f"warm-up to step {fmt_num(sc.logged_warmup, 9)}"],
+        prescription=["check which settings the run used: a config file from another run, "
+                      "a scheduler built before the optimizer's rate was set, a resumed "
+                      "scheduler state that overrides the new settings"])]
 
 
 def _step_time_causes(f: Findings) -> list[Cause]:
