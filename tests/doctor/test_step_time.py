@@ -68,3 +68,33 @@ def test_log_normal_step_times_have_no_slow_steps(seed: int, sd: float) -> None:
 def test_without_step_times_nothing_is_tested() -> None:
     t = diagnose(simulate_clean(500)).step_time
     assert t.median_seconds is None and t.note.startswith("not tested: no step time")
+
+
+def _ranked(rows: list[dict], *, slow_rank: int | None, factor: float = 1.15,
+            ranks: int = 4, seed: int = 0) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    for row in rows:
+        t = 0.5 * np.exp(0.05 * rng.standard_normal(ranks))
+        if slow_rank is not None:
+            t[slow_rank] *= factor
+        row["rank_seconds"] = t.tolist()
+    return rows
+
+
+def test_a_rank_that_is_the_slowest_at_most_steps_is_a_straggler() -> None:
+    r = diagnose(_ranked(simulate_clean(1000, seed=5), slow_rank=2))
+    late = r.step_time.stragglers
+    assert late.found and late.rank == 2 and late.ranks == 4 and late.slowest_share > 0.8
+    assert r.step_time.source == "slowest rank_seconds"
+    cause = next(c for c in r.verdict.causes if c.name == "straggler")
+    assert cause.title.startswith("rank 2 is a straggler: the slowest of 4 ranks")
+    assert r.to_dict()["step_time"]["stragglers"]["found"] is True
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 10_000), st.integers(2, 16))
+def test_ranks_of_equal_speed_have_no_straggler(seed: int, ranks: int) -> None:
+    r = diagnose(_ranked(simulate_clean(500, seed=seed), slow_rank=None, ranks=ranks,
+                         seed=seed))
+    assert not r.step_time.stragglers.found
+    assert r.step_time.stragglers.p_value <= 1.0

@@ -186,7 +186,8 @@ def diagnose(
         schedule=_schedule(source, log),
         step_time=step_times(log.step, log.columns, checkpoint_every=ctx.checkpoint_every,
                              eval_every=ctx.eval_every,
-                             restarts=[r.step_after for r in log.input.restarts]),
+                             restarts=[r.step_after for r in log.input.restarts],
+                             rank_seconds=log.rank_seconds),
     )
     return Report(**{k: getattr(findings, k) for k in Findings.__dataclass_fields__},
                   verdict=build_verdict(findings),

@@ -43,6 +43,8 @@ NUMERIC_FIELDS: tuple[str, ...] = (
     "eval_loss",
     "seconds",
 )
+#: per-step list fields of one number per data-parallel rank: each rank's step time
+RANK_FIELDS: tuple[str, ...] = ("rank_seconds",)
 #: per-step bucket fields: ``bucket`` (one id) or ``buckets`` (the ids of the step's batches)
 BUCKET_FIELDS: tuple[str, ...] = ("bucket", "buckets")
 #: record numbers of a directory's n-th TensorBoard event file start at ``n * RECORDS_PER_FILE``
@@ -190,6 +192,8 @@ class RunLog:
     input: InputSummary = field(default_factory=InputSummary)
     #: ``(step, eval_loss)`` rows of the held-out evaluations, in step order
     evals: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
+    #: each row's step time on each rank (``rank_seconds``; NaN where not logged), or None
+    rank_seconds: np.ndarray | None = None
 
     @property
     def num_steps(self) -> int:

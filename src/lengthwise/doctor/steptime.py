@@ -31,7 +31,7 @@ import numpy as np
 
 from lengthwise.doctor.numbers import num, significant
 
-__all__ = ["StepTimes", "step_times"]
+__all__ = ["StepTimes", "Stragglers", "step_times", "stragglers"]
 
 #: a slow step takes at least this many median step times ...
 SLOW_FACTOR = 2.0
@@ -65,6 +65,7 @@ class StepTimes:
     matches: str | None = None
     after_restarts: list[tuple[float, float]] = field(default_factory=list)
     note: str = ""
+    stragglers: Stragglers | None = None
 
     @property
     def costly(self) -> bool:
@@ -86,6 +87,7 @@ class StepTimes:
                 "matches": self.matches,
                 "throughput_after_restarts": [{"step": num(s), "ratio": round(r, 4)}
                                               for s, r in self.after_restarts],
+                "stragglers": (self.stragglers or Stragglers()).to_dict(),
                 "note": self.note}
 
 
@@ -96,18 +98,24 @@ def step_times(
     checkpoint_every: float | None = None,
     eval_every: float | None = None,
     restarts: Sequence[float] = (),
+    rank_seconds: np.ndarray | None = None,
 ) -> StepTimes:
     """The :class:`StepTimes` of a log's steps and columns (``seconds``, ``time``,
-    ``tokens_per_second``); ``restarts`` are the steps the log resumed at."""
+    ``tokens_per_second``); ``restarts`` are the steps the log resumed at; ``rank_seconds``
+    each row's step time on each rank (for stragglers)."""
     seconds, source = _seconds(step, columns)
     after = _after_restarts(step, columns.get("tokens_per_second"), restarts)
+    late = stragglers(rank_seconds)
+    if seconds is None and rank_seconds is not None and rank_seconds.ndim == 2:
+        seconds, source = np.nanmax(rank_seconds, axis=1), "slowest rank_seconds"
     if seconds is None:
-        return StepTimes(after_restarts=after,
+        return StepTimes(after_restarts=after, stragglers=late,
                          note="not tested: no step time logged (seconds or time)")
     ok = np.isfinite(seconds) & (seconds > 0)
     s, sec = step[ok], seconds[ok]
     if s.size < MIN_POINTS:
         return StepTimes(points=int(s.size), source=source, after_restarts=after,
+                         stragglers=late,
                          note=f"not tested: {s.size} step times (need {MIN_POINTS})")
     x = np.log(sec)
     med = float(np.median(x))
@@ -119,7 +127,7 @@ def step_times(
                      slow=int(slow.sum()), slow_steps=[float(v) for v in s[slow][:50]],
                      cost_share=cost, period=period,
                      matches=_match(period, checkpoint_every, eval_every),
-                     after_restarts=after)
+                     after_restarts=after, stragglers=late)
 
 
 def _seconds(step: np.ndarray, columns: dict[str, np.ndarray]) -> tuple[np.ndarray | None,
@@ -172,3 +180,68 @@ def _after_restarts(step: np.ndarray, tps: np.ndarray | None,
         if before.size >= MIN_ROWS and after.size >= MIN_ROWS and np.median(before) > 0:
             out.append((bounds[i], float(np.median(after) / np.median(before))))
     return out
+
+
+@dataclass(frozen=True)
+class Stragglers:
+    """Per-rank step times: a rank that is the slowest at most steps (``ranks`` 0: none)."""
+
+    ranks: int = 0
+    steps: int = 0
+    rank: int | None = None
+    slowest_share: float | None = None
+    p_value: float | None = None
+    excess: float | None = None
+    wait_share: float | None = None
+    note: str = ""
+
+    @property
+    def found(self) -> bool:
+        """One rank is the slowest far more often than by chance and by at least
+        :data:`STRAGGLER_EXCESS` of the ranks' median time."""
+        return (self.p_value is not None and self.p_value < STRAGGLER_ALPHA
+                and (self.excess or 0.0) >= STRAGGLER_EXCESS)
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready form (the ``stragglers`` key of ``step_time``)."""
+        return {"ranks": self.ranks, "steps": self.steps, "found": self.found,
+                "rank": self.rank, "slowest_share": significant(self.slowest_share),
+                "p_value": significant(self.p_value), "excess": significant(self.excess),
+                "wait_share": significant(self.wait_share), "note": self.note}
+
+
+#: a straggler is the slowest rank at significantly more steps than 1 / ranks (binomial tail)
+STRAGGLER_ALPHA = 0.01
+#: ... and its median step time is at least this share above the ranks' median
+STRAGGLER_EXCESS = 0.05
+
+
+def stragglers(rank_seconds: np.ndarray | None) -> Stragglers:
+    """The straggler test over a rows x ranks array of step times (NaN: not logged)."""
+    if rank_seconds is None or rank_seconds.ndim != 2 or rank_seconds.shape[1] < 2:
+        return Stragglers(note="not tested: no per-rank step times logged (rank_seconds)")
+    full = rank_seconds[np.all(np.isfinite(rank_seconds), axis=1)]
+    n, w = full.shape
+    if n < MIN_POINTS:
+        return Stragglers(ranks=w, steps=n, note=f"not tested: {n} steps with every rank's "
+                          f"time (need {MIN_POINTS})")
+    slowest = np.bincount(np.argmax(full, axis=1), minlength=w)
+    rank = int(np.argmax(slowest))
+    median = np.median(full, axis=1)
+    excess = float(np.median(full[:, rank] / median) - 1.0)
+    wait = float(np.sum(full.max(axis=1) - median) / np.sum(full.max(axis=1)))
+    return Stragglers(ranks=w, steps=n, rank=rank, slowest_share=float(slowest[rank] / n),
+                      p_value=min(1.0, _binomial_sf(int(slowest[rank]), n, 1.0 / w) * w),
+                      excess=excess, wait_share=wait)
+
+
+def _binomial_sf(k: int, n: int, p: float) -> float:
+    """``P(X >= k)`` for ``X`` ~ binomial(n, p), in logs (exact)."""
+    from math import exp, lgamma, log
+
+    if k <= 0:
+        return 1.0
+    terms = [lgamma(n + 1) - lgamma(i + 1) - lgamma(n - i + 1) + i * log(p)
+             + (n - i) * log(1 - p) for i in range(k, n + 1)]
+    top = max(terms)
+    return float(min(1.0, exp(top) * sum(exp(t - top) for t in terms)))

@@ -114,6 +114,10 @@ def _step_time_line(r: Report) -> str:
         if t.period is not None:
             parts.append(f"every {_g(t.period, 8)} steps"
                          + (f" ({t.matches})" if t.matches else ""))
+    late = t.stragglers
+    if late is not None and late.rank is not None:
+        parts.append(f"slowest rank {late.rank} of {late.ranks} at {late.slowest_share:.0%} of "
+                     f"steps ({late.excess:+.0%} on the median, p={_g(late.p_value, 3)})")
     for step, ratio in t.after_restarts:
         parts.append(f"throughput after the restart at step {_g(step, 8)}: {ratio:.0%} of before")
     return "; ".join(parts)

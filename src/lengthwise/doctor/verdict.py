@@ -208,6 +208,20 @@ def _step_time_causes(f: Findings) -> list[Cause]:
                           "samples" if t.matches else "look at what those steps wait for: "
                           "data loading, host-device syncs, garbage collection, another job "
                           "on the machine"]))
+    late = t.stragglers
+    if late is not None and late.found:
+        out.append(Cause(
+            name="straggler",
+            title=(f"rank {late.rank} is a straggler: the slowest of {late.ranks} ranks at "
+                   f"{late.slowest_share:.0%} of the steps, {late.excess:.0%} slower than the "
+                   "ranks' median"),
+            score=min(0.4, 0.1 + (late.wait_share or 0.0)),
+            where=f"rank {late.rank}",
+            evidence=[f"binomial test against 1/{late.ranks} of the steps: p="
+                      f"{fmt_num(late.p_value)} ({late.steps} steps); the other ranks wait "
+                      f"{late.wait_share:.0%} of the step time for the slowest"],
+            prescription=["look at that rank's device and host: thermal throttling, a slower "
+                          "link, another process on it, or a data shard of longer samples"]))
     slower = t.slower_after_restart
     if slower:
         out.append(Cause(

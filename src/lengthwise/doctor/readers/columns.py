@@ -33,6 +33,7 @@ from lengthwise.doctor.runlog import (
     BUCKET_FIELDS,
     CHECKPOINT_EVENTS,
     NUMERIC_FIELDS,
+    RANK_FIELDS,
     RESUME_EVENT,
     InputSummary,
     Restart,
@@ -142,7 +143,7 @@ class ColumnBuilder:
         self._steps.append(steps)
         self._losses.append(losses)
         probes = (objs[0], objs[len(objs) // 2], objs[-1])
-        for name in (*NUMERIC_FIELDS, *BUCKET_FIELDS):
+        for name in (*NUMERIC_FIELDS, *BUCKET_FIELDS, *RANK_FIELDS):
             key = self._field_key(name, objs[0])
             if not any(key in p for p in probes):
                 continue
@@ -277,6 +278,7 @@ class ColumnBuilder:
         if checkpoints.size:
             s.checkpoint_source = "events"
         evals = _held_out(self._evals, step, columns.get(EVAL_KEY))
+        rank_seconds = columns.pop("rank_seconds", None)  # rows x ranks, not a column
         return RunLog(
             source=self.source,
             step=step,
@@ -288,6 +290,7 @@ class ColumnBuilder:
             checkpoint_seconds=np.asarray(self._ckpt_seconds, dtype=np.float64),
             input=s,
             evals=evals,
+            rank_seconds=rank_seconds,
         )
 
     def _why_bad(self, bad_loss: np.ndarray) -> str:
@@ -365,6 +368,12 @@ class ColumnBuilder:
         buckets: list[Any] | None = None
         offsets = np.concatenate([[0], np.cumsum(self._sizes)])
         for name, chunks in self._optional.items():
+            if name in RANK_FIELDS:
+                raw = [None] * int(offsets[-1])
+                for c, col in chunks.items():
+                    raw[offsets[c] : offsets[c + 1]] = col
+                columns[name] = _per_rank(raw)
+                continue
             if name in BUCKET_FIELDS:
                 raw: list[Any] = [None] * int(offsets[-1])
                 for c, col in chunks.items():
@@ -383,6 +392,18 @@ class ColumnBuilder:
         """Checkpoint steps: begin events (else end events) plus plain checkpoint events."""
         marks = self._ckpt["begin"] or self._ckpt["end"]
         return np.unique(np.asarray(marks + self._ckpt["plain"], dtype=np.float64))
+
+
+def _per_rank(raw: list[Any]) -> np.ndarray:
+    """Rows x ranks of a list field (one number per rank), NaN where a row lacks a number."""
+    width = max((len(v) for v in raw if isinstance(v, list)), default=0)
+    out = np.full((len(raw), width), np.nan)
+    for i, v in enumerate(raw):
+        if isinstance(v, list):
+            for j, x in enumerate(v):
+                if type(x) in (int, float):
+                    out[i, j] = float(x)
+    return out
 
 
 def _held_out(rows: list[tuple[float, float]], step: np.ndarray,
