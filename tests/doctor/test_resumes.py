@@ -84,3 +84,14 @@ def test_any_rollback_keeps_the_resumed_run_in_step_order(before: int, back: int
     assert log.input.superseded_rows == back + 1
     assert np.all(np.diff(log.step) > 0) and log.step.size == 400
     assert log.input.restarts[0].rolled_back == back
+
+
+def test_a_resume_between_logged_rows_compares_the_rate_the_earlier_run_had_there() -> None:
+    rows = [{"step": s, "loss": 2.0, "lr": 1e-3 * (1 - s / 1000)} for s in range(10, 601, 10)]
+    resumed = [{"step": s, "loss": 2.0, "lr": 1e-3 * (1 - s / 1000)}
+               for s in range(501, 1001)]  # now logged every step
+    log = read_records(rows + resumed)
+    r = log.input.restarts[0]
+    assert (r.step_before, r.step_after) == (600, 501)
+    assert abs(r.lr_before - 1e-3 * (1 - 501 / 1000)) < 1e-12
+    assert log.input.lr_jumped(r) is False

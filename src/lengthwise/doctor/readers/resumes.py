@@ -83,12 +83,19 @@ def _value(col: np.ndarray | None, i: int) -> float | None:
 
 
 def _earlier_lr(step: np.ndarray, lr: np.ndarray | None, i: int) -> float | None:
-    """The rate the earlier run logged at row ``i``'s step (else at its last row before ``i``)."""
+    """The rate the earlier run logged at row ``i``'s step: read there, else interpolated
+    between the earlier run's rows around it, else its last row before ``i``."""
     if lr is None:
         return None
     same = np.flatnonzero((step[:i] == step[i]) & np.isfinite(lr[:i]))
     if same.size:
         return float(lr[same[-1]])
+    back = np.flatnonzero(np.diff(step[:i]) <= 0)  # the earlier run's rows start after these
+    lo = int(back[-1]) + 1 if back.size else 0
+    seg_s, seg_lr = step[lo:i], lr[lo:i]
+    ok = np.isfinite(seg_lr)
+    if ok.sum() >= 2 and seg_s[ok][0] <= step[i] <= seg_s[ok][-1]:
+        return float(np.interp(step[i], seg_s[ok], seg_lr[ok]))
     return _value(lr, i - 1)
 
 
