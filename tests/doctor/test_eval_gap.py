@@ -66,3 +66,15 @@ def test_a_warm_up_logged_every_few_steps_is_not_a_learning_rate_restart() -> No
     assert lr_restarts(s, lr) == []
     cyclic = np.concatenate([lr[:50], lr[:50]])  # the schedule starts over at step 510
     assert lr_restarts(s, cyclic) == [520.0]  # its warm-up's first rise, once
+
+
+def test_the_held_out_losses_are_plotted(tmp_path) -> None:
+    import pytest
+
+    pytest.importorskip("matplotlib")
+    from lengthwise.doctor.plot import plot_reports
+
+    r = diagnose(with_evals(simulate_clean(2000, seed=6), 100, flat_from=1000))
+    assert r.series.evals.shape == (20, 2)
+    out = plot_reports({"evals": r}, tmp_path / "e.png")
+    assert out.stat().st_size > 10_000

@@ -191,7 +191,8 @@ def diagnose(
     )
     return Report(**{k: getattr(findings, k) for k in Findings.__dataclass_fields__},
                   verdict=build_verdict(findings),
-                  series=_series(s, y, region, cmask, buckets, ck, cols.get("grad_norm")))
+                  series=replace(_series(s, y, region, cmask, buckets, ck,
+                                         cols.get("grad_norm")), evals=log.evals))
 
 
 def _grad_norm(source: Source, s: np.ndarray, cols: dict[str, np.ndarray],

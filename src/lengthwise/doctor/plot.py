@@ -95,6 +95,12 @@ def _loss_panel(ax: Any, name: str, r: Report) -> None:
                    color="#d62728", zorder=5, label="cliff")
     if keep.any() and s.loss.size:
         _loss_scale(ax, s.loss)
+    if s.evals.shape[0]:
+        ax.plot(s.evals[:, 0], s.evals[:, 1], color="#ff7f0e", marker="o", markersize=3,
+                linewidth=1.0, label="held-out loss", zorder=4)
+        if r.eval_gap.widening and r.eval_gap.widens_from is not None:
+            ax.axvline(r.eval_gap.widens_from, color="#ff7f0e", linewidth=0.8, linestyle="--",
+                       label="gap widens")
     _grad_norm_axis(ax, r)
     coloured = s.bucket_codes is not None and len(s.bucket_names) <= 8
     ax.legend(loc="upper right", fontsize=7, markerscale=2 if coloured else 1,

@@ -118,6 +118,7 @@ class Series:
     bucket_names: list[Any] = field(default_factory=list)
     checkpoints: np.ndarray = field(default_factory=lambda: np.zeros(0))
     grad_norm: np.ndarray | None = None
+    evals: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
 
 
 @dataclass(frozen=True)
