@@ -122,6 +122,9 @@ def test_a_checkpoint_state_of_another_shape_says_what_it_has_and_misses():
         "the checkpoint's LengthwiseCallback state: not a BucketBatchSampler state (what "
         "state_dict() saves): it has ['epoch', 'yielded'], missing ['version', 'seed', ")
     assert "\n" not in str(err.value)
+    with pytest.raises(ResumeError, match="^the checkpoint's LengthwiseCallback state is a dict "
+                                          r"\(what state_dict\(\) saves\), got list$"):
+        callback.load_state_dict(["sampler"])
 
 
 def _run(out: Path, *args: str) -> subprocess.CompletedProcess:

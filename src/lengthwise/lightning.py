@@ -25,7 +25,7 @@ Example::
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 try:
@@ -169,6 +169,9 @@ class LengthwiseCallback(Callback):
         return {"sampler": state}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not isinstance(state_dict, Mapping):
+            raise ResumeError(f"the checkpoint's {type(self).__name__} state is a dict (what "
+                              f"state_dict() saves), got {type(state_dict).__name__}")
         self._pending = state_dict.get("sampler")
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
