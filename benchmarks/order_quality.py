@@ -1,6 +1,6 @@
 """What the batch order does to the model, with error bars, at equal real tokens.
 
-Trains the demo's causal LM once per order and seed (every order x ``--seeds``) until
+Trains the demo's causal LM once per order and seed (every order x the config's ``seeds``) until
 each run has trained the same number of real tokens, measures the held-out loss
 overall and per length stratum along the way, and writes the figures with 95 %
 intervals over seeds, paired differences against random and sorted, tokens and
@@ -10,10 +10,11 @@ and of rank 0's per-micro-batch log (:mod:`lengthwise.demo.evidence_report`)::
     python benchmarks/order_quality.py                  # the committed run -> ORDER_QUALITY.json
     python benchmarks/order_quality.py --workers 2      # two runs at a time (one thread each)
     python benchmarks/order_quality.py --check          # rerun the reduced check, compare
-    python benchmarks/order_quality.py --from-runs DIR  # figures from the runs saved in DIR
+    python benchmarks/order_quality.py --out DIR        # the figures of the runs saved in DIR
 
 Each run is saved as ``OUT/runs/ORDER-seedN.json`` as it ends, so an interrupted
-benchmark continues where it stopped when given the same ``--out``. The committed
+benchmark continues where it stopped when given the same ``--out`` (and one whose runs are
+all saved there trains nothing: its figures come from them). The committed
 JSON also holds a reduced run (:data:`CHECK`: two orders, one seed, a small budget)
 that ``tests/test_order_quality.py`` reruns and compares figure by figure.
 Throughput and wall time depend on the machine and its load: shown, never compared.
@@ -125,13 +126,19 @@ def _say(text: str) -> None:
     print(f"order_quality: {text}", file=sys.stderr, flush=True)
 
 
-def arguments(doc: str) -> argparse.ArgumentParser:
-    """The options of an order-quality script (``doc``: its module docstring)."""
-    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+def arguments(doc: str, script: str = __file__) -> argparse.ArgumentParser:
+    """The options of an order-quality script (``doc``: its module docstring, ``script``: its
+    file, whose name the messages start with); usage errors
+    are one line (exit 2), as the ``lengthwise`` command's, and so are the folders' of
+    :func:`parse`."""
+    from lengthwise.cli import _Parser
+    from lengthwise.cli.demo import _positive
+
+    ap = _Parser(prog=Path(script).name, description=doc.split("\n\n")[0])
     ap.add_argument("--check", action="store_true",
                     help="rerun the reduced check and compare with the committed figures")
     ap.add_argument("--out", default=None, help="folder for logs and saved runs (default: temp)")
-    ap.add_argument("--workers", type=int, default=1, help="runs trained at a time")
+    ap.add_argument("--workers", type=_positive, default=1, help="runs trained at a time")
     ap.add_argument("--cache-dir", default=None, help="the demo's corpus/tokenizer cache")
     ap.add_argument("--full-only", action="store_true", help="skip the reduced check run")
     ap.add_argument("--check-only", action="store_true",
@@ -141,11 +148,31 @@ def arguments(doc: str) -> argparse.ArgumentParser:
     return ap
 
 
+def parse(ap: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The options of ``argv``, with ``--out`` and ``--cache-dir`` made as folders first: a
+    path that cannot be one is a usage error naming the option (not a traceback later)."""
+    from lengthwise.cli.demo import _check_folder
+    from lengthwise.errors import ConfigError
+
+    args = ap.parse_args(argv)
+    for option, path in (("--out", args.out), ("--cache-dir", args.cache_dir)):
+        if path is None:
+            continue
+        try:
+            _check_folder(option, path)
+            Path(path).mkdir(parents=True, exist_ok=True)
+        except ConfigError as exc:
+            ap.error(str(exc))
+        except OSError as exc:
+            ap.error(f"{option} {path}: cannot make this folder ({exc.strerror or exc})")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = arguments(__doc__)
     ap.add_argument("--redoctor", action="store_true",
                     help="read the saved runs' logs under --out with the doctor again")
-    args = ap.parse_args(argv)
+    args = parse(ap, argv)
     out = Path(args.out or tempfile.mkdtemp(prefix="order-quality-"))
     saved = json.loads(SAVED.read_text(encoding="utf-8")) if SAVED.is_file() else {}
     if args.render:

@@ -1,7 +1,7 @@
 """What the batch order does to a DFlash draft, with error bars, at equal real tokens.
 
 Trains a target once on the order-quality corpus (samples of 8-256 tokens), then a
-DFlash draft once per order and seed (every order x ``--seeds``) until each has
+DFlash draft once per order and seed (every order x the config's ``seeds``) until each has
 trained the same number of real tokens, and measures on held-out data the acceptance
 length at temperature 0 from real speculative decoding (checked lossless against the
 target's greedy output) and the teacher-forced accuracy, overall and per length
@@ -98,8 +98,7 @@ def _say(text: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = _LM.arguments(__doc__)
-    args = ap.parse_args(argv)
+    args = _LM.parse(_LM.arguments(__doc__, __file__), argv)
     out = Path(args.out or tempfile.mkdtemp(prefix="order-quality-dflash-"))
     saved = json.loads(SAVED.read_text(encoding="utf-8")) if SAVED.is_file() else {}
     if args.render:

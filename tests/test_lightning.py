@@ -82,6 +82,51 @@ def test_callback_state_counts_trained_batches_not_fetched_ones():
     assert next(iter(again)) == fetched[2]
 
 
+def test_a_positional_size_is_refused_naming_the_options():
+    with pytest.raises(ConfigError) as err:
+        LightningBatchSampler(LENGTHS, 8)
+    assert str(err.value) == (
+        "LightningBatchSampler takes the lengths by position and its options by name, got 1 "
+        "more positional argument (8): give max_tokens=... or batch_size=...")
+
+
+class _Ranks:
+    """A sampler that has ranks, as a DistributedSampler has (of any integer type)."""
+
+    def __init__(self, num_replicas, rank):
+        self.num_replicas, self.rank = num_replicas, rank
+
+
+def test_numpy_integer_ranks_are_taken_over_and_others_named():
+    s = LightningBatchSampler(LENGTHS, max_tokens=256, sampler=_Ranks(np.int64(2), np.int64(1)))
+    assert (s.num_replicas, s.rank) == (2, 1) and type(s.rank) is int
+    with pytest.raises(ConfigError, match=r"^sampler=_Ranks has rank=1\.0 \(float\), not an "
+                                          r"integer$"):
+        LightningBatchSampler(LENGTHS, max_tokens=256, sampler=_Ranks(2, 1.0))
+    with pytest.raises(ConfigError, match="^sampler=object has no num_replicas"):
+        LightningBatchSampler(LENGTHS, max_tokens=256, sampler=object())
+
+
+def test_a_checkpoint_state_of_another_shape_says_what_it_has_and_misses():
+    from lengthwise.pytorch.sampler_state import ResumeError
+
+    sampler = LightningBatchSampler(LENGTHS, max_tokens=256)
+    loader = DataLoader(range(LENGTHS.size), batch_sampler=sampler)
+    trainer = type("T", (), {"train_dataloader": loader, "current_epoch": 0})()
+    callback = LengthwiseCallback()
+    callback.setup(trainer, None, "fit")
+    callback.load_state_dict({"sampler": {"epoch": "x", "yielded": -4}})
+    with pytest.raises(ResumeError) as err:
+        callback.on_train_start(trainer, None)
+    assert str(err.value).startswith(
+        "the checkpoint's LengthwiseCallback state: not a BucketBatchSampler state (what "
+        "state_dict() saves): it has ['epoch', 'yielded'], missing ['version', 'seed', ")
+    assert "\n" not in str(err.value)
+    with pytest.raises(ResumeError, match="^the checkpoint's LengthwiseCallback state is a dict "
+                                          r"\(what state_dict\(\) saves\), got list$"):
+        callback.load_state_dict(["sampler"])
+
+
 def _run(out: Path, *args: str) -> subprocess.CompletedProcess:
     """Run ``_lightning_run.py`` with ``args``."""
     env = {k: v for k, v in os.environ.items()

@@ -159,3 +159,49 @@ def test_a_rerun_of_the_check_gives_the_committed_figures(script, saved, tmp_pat
     fresh = script.run(script.CHECK, tmp_path, 1, None)
     drift = script.compare(saved["check"], fresh)
     assert not drift, "\n".join(drift)
+
+
+SCRIPTS = ("order_quality", "order_quality_dflash")
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+@pytest.mark.parametrize(("args", "message"), [
+    (["--workers", "0"], "argument --workers: must be a positive integer, got '0'"),
+    (["--workers", "-3"], "argument --workers: must be a positive integer, got '-3'"),
+    (["--out", "{file}"], "--out {file}: exists and is not a folder"),
+    (["--out", "{file}/runs"], "--out {file}/runs: {file} is not a folder"),
+    (["--cache-dir", "{file}/cache"], "--cache-dir {file}/cache: {file} is not a folder"),
+    (["--cache-dir", "/proc/1/nope"], "--cache-dir /proc/1/nope: cannot make this folder"),
+], ids=["workers-0", "workers-negative", "out-file", "out-under-file", "cache-under-file",
+        "cache-unmakeable"])
+def test_a_bad_option_is_one_line_and_nothing_runs(name, args, message, tmp_path, capsys,
+                                                    monkeypatch):
+    """Both scripts share their options: a count of workers below one, or a folder that
+    cannot be one, is refused before any run starts (not accepted, not a traceback)."""
+    from _scripts import load_script
+
+    if message.startswith("--cache-dir /proc") and not Path("/proc/1").is_dir():
+        pytest.skip("needs /proc")
+    module = load_script(name)
+    monkeypatch.setattr(module, "run", lambda *a, **k: pytest.fail("a run started"))
+    file = tmp_path / "afile.txt"
+    file.write_text("not a folder\n")
+    with pytest.raises(SystemExit) as exit_:
+        module.main([*(a.format(file=file) for a in args), "--check-only"])
+    lines = capsys.readouterr().err.splitlines()
+    assert exit_.value.code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(f"{name}.py: error: " + message.format(file=file)), lines
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_every_option_a_script_documents_is_one_it_has(name, capsys):
+    import re
+
+    from _scripts import load_script
+
+    module = load_script(name)
+    with pytest.raises(SystemExit):
+        module.main(["--help"])
+    helped = set(re.findall(r"--[a-z][a-z-]*", capsys.readouterr().out))
+    documented = set(re.findall(r"--[a-z][a-z-]*", module.__doc__))
+    assert documented and documented <= helped, documented - helped

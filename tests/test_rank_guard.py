@@ -120,3 +120,25 @@ def test_guard_fires_under_torchrun(tmp_path):
     assert "rank=0" in ranks[1]["rank0"] and "rank 1 of 2" in ranks[1]["rank0"]
     trained = sorted(i for out in ranks for b in out["batches"] for i in b)
     assert trained == list(range(40))  # built after the group: every sample once
+
+
+@pytest.mark.parametrize("name", ["WORLD_SIZE", "LOCAL_WORLD_SIZE"])
+@pytest.mark.parametrize("value", ["abc", "0", "-2", "2.5", "²"])
+def test_a_launcher_count_that_is_not_one_is_refused_naming_it(clean_env, name, value):
+    """Not read as 'one process' (which would plan the whole epoch on every process)."""
+    clean_env.setenv(name, value)
+    with pytest.raises(ConfigError) as err:
+        BucketBatchSampler(LENGTHS, batch_size=2)
+    assert str(err.value).startswith(f"{name}={value!r} is not a count of processes")
+    assert "\n" not in str(err.value)
+    assert len(BucketBatchSampler(LENGTHS, batch_size=2, check_world_size=False)) == 4
+
+
+def test_world_size_is_the_count_of_processes_where_both_are_set(clean_env):
+    """LOCAL_WORLD_SIZE (the processes of one machine) is read only without WORLD_SIZE."""
+    clean_env.setenv("WORLD_SIZE", "1")
+    clean_env.setenv("LOCAL_WORLD_SIZE", "2")
+    assert len(BucketBatchSampler(LENGTHS, batch_size=2)) == 4
+    clean_env.setenv("WORLD_SIZE", "4")
+    with pytest.raises(ConfigError, match="num_replicas=2, but WORLD_SIZE=4 says"):
+        BucketBatchSampler(LENGTHS, batch_size=2, num_replicas=2, rank=0)

@@ -24,7 +24,8 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import numbers
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 try:
@@ -35,6 +36,7 @@ except ImportError:  # the standalone package
 from lengthwise.errors import ConfigError
 from lengthwise.pytorch.dist import check_replicas
 from lengthwise.pytorch.sampler import BucketBatchSampler
+from lengthwise.pytorch.sampler_state import ResumeError
 
 __all__ = ["LengthwiseCallback", "LightningBatchSampler", "lengthwise_samplers"]
 
@@ -55,7 +57,12 @@ class LightningBatchSampler(BucketBatchSampler):
         (True, [[3, 1], [0, 2]])
     """
 
-    def __init__(self, lengths: Any, *, sampler: Any = None, **options: Any) -> None:
+    def __init__(self, lengths: Any, *more: Any, sampler: Any = None, **options: Any) -> None:
+        if more:
+            raise ConfigError(f"{type(self).__name__} takes the lengths by position and its "
+                              f"options by name, got {len(more)} more positional argument"
+                              f"{'s' * (len(more) > 1)} ({', '.join(map(repr, more))[:60]}): "
+                              "give max_tokens=... or batch_size=...")
         given = dict(options)
         #: check the ranks against the processes when training starts (LengthwiseCallback)
         self.check_world_size_later = bool(options.get("check_world_size", True))
@@ -64,9 +71,13 @@ class LightningBatchSampler(BucketBatchSampler):
         else:
             for name in ("num_replicas", "rank"):
                 value = getattr(sampler, name, None)
-                if not isinstance(value, int):
+                if value is None:
                     raise ConfigError(f"sampler={type(sampler).__name__} has no {name}: only a "
-                                    "DistributedSampler's ranks can be taken over")
+                                      "DistributedSampler's ranks can be taken over")
+                if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                    raise ConfigError(f"sampler={type(sampler).__name__} has {name}={value!r} "
+                                      f"({type(value).__name__}), not an integer")
+                value = int(value)  # a NumPy integer, say
                 if options.get(name, value) != value:
                     raise ConfigError(f"{name}={options[name]} was given, but Lightning's "
                                      f"DistributedSampler has {name}={value}")
@@ -158,6 +169,9 @@ class LengthwiseCallback(Callback):
         return {"sampler": state}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not isinstance(state_dict, Mapping):
+            raise ResumeError(f"the checkpoint's {type(self).__name__} state is a dict (what "
+                              f"state_dict() saves), got {type(state_dict).__name__}")
         self._pending = state_dict.get("sampler")
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
@@ -169,7 +183,10 @@ class LengthwiseCallback(Callback):
                            rank=sampler.rank)
         if self._pending is None:
             return
-        sampler.load_state_dict(self._pending)
+        try:
+            sampler.load_state_dict(self._pending)
+        except ResumeError as exc:
+            raise ResumeError(f"the checkpoint's {type(self).__name__} state: {exc}") from None
         self._pending = None
         fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)
         loader = trainer.train_dataloader

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -353,3 +356,124 @@ def test_without_device_memory_the_selected_cuda_device_is_judged(tmp_path, caps
     assert "does NOT fit in 1.0 GiB" in capsys.readouterr().out and asked == ["cuda:1"]
     assert main(["dflash", "train", *flags, "--estimate"]) == 0  # training's default: cpu
     assert "fit" not in capsys.readouterr().out and asked == ["cuda:1"]
+
+
+def _config_json(folder: Path, **changes: object) -> Path:
+    """The tiny target's config.json with ``changes`` (a value of ``...`` drops the key)."""
+    _tiny_target().save_pretrained(folder)
+    file = folder / "config.json"
+    data = json.loads(file.read_text())
+    data.update(changes)
+    file.write_text(json.dumps({k: v for k, v in data.items() if v is not ...}))
+    return file
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"hidden_size": ...}, "no hidden_size: the estimate needs the target's own value"),
+    ({"vocab_size": ...}, "no vocab_size"),
+    ({"hidden_size": "abc"}, "hidden_size must be an integer >= 1, got 'abc'"),
+    ({"hidden_size": 30.5}, "hidden_size must be an integer >= 1, got 30.5"),
+    ({"hidden_size": 0}, "hidden_size must be an integer >= 1, got 0"),
+    ({"hidden_size": -32}, "hidden_size must be an integer >= 1, got -32"),
+    ({"hidden_size": None}, "no hidden_size"),
+    ({"num_hidden_layers": True}, "num_hidden_layers must be an integer >= 1, got True"),
+    ({"vocab_size": 0}, "vocab_size must be an integer >= 1, got 0"),
+    ({"intermediate_size": "64"}, "intermediate_size must be an integer >= 1, got '64'"),
+    ({"num_key_value_heads": -1}, "num_key_value_heads must be an integer >= 1, got -1"),
+    ({"num_key_value_heads": 3},
+     "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
+    ({"head_dim": None}, "Validation error for field 'head_dim'"),
+    ({"model_type": "llama", "head_dim": None, "num_attention_heads": 5,
+      "num_key_value_heads": 5},
+     "The hidden size (32) is not a multiple of the number of attention heads (5)"),
+    ({"num_hidden_layers": 10**6, "layer_types": ...},
+     "num_hidden_layers 1,000,000 is more layers than the estimate traces (at most 256)"),
+], ids=["no-hidden", "no-vocab", "str", "float", "zero", "negative", "null", "bool", "vocab-0",
+        "str-width", "kv-negative", "kv-3", "qwen3-head-dim-null", "llama-heads-uneven",
+        "a-million-layers"])
+def test_estimate_refuses_a_config_json_field_it_reads_naming_the_file_and_key(
+        tmp_path, capsys, changes, message):
+    """Each field the estimate reads, checked before anything is built: one line, exit 2
+    (a missing width is not transformers' default of 4096)."""
+    from lengthwise.cli import main
+
+    file = _config_json(tmp_path, **changes)
+    assert main(["dflash", "estimate", "--target", str(tmp_path), "--device", "cpu",
+                 "--max-tokens", "256", "--block-size", "4", "--draft-layers", "1"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"lengthwise dflash: error: {file}: ")
+    assert message in lines[0]
+
+
+def test_optional_fields_left_out_keep_the_models_own_defaults(tmp_path):
+    """What transformers builds when it loads the target, the estimate traces."""
+    cfg = read_target_config(_config_json(tmp_path, model_type="llama", head_dim=None,
+                                          num_key_value_heads=...))
+    assert cfg.head_dim == 8 and cfg.num_key_value_heads == 4
+
+
+def test_fields_are_read_under_the_models_own_names():
+    from lengthwise.dflash.memory import check_target_fields
+
+    data = {"n_embd": "wide", "n_layer": 2, "n_head": 4, "intermediate_size": 64,
+            "vocab_size": 10}
+    with pytest.raises(ConfigError, match="^c.json: n_embd must be an integer >= 1, got 'wide'"):
+        check_target_fields(data, "c.json", {"hidden_size": "n_embd", "num_hidden_layers":
+                                             "n_layer", "num_attention_heads": "n_head"})
+
+
+def test_the_head_traces_three_of_its_chunks_with_the_peak_of_all_of_them(monkeypatch):
+    """Every LM-head chunk holds the same buffers: the trace runs the first two and the
+    last one, whatever the slots, and predicts what the trace of every chunk predicts."""
+    import lengthwise.dflash.head as head
+    import lengthwise.dflash.memory as memory
+
+    calls = []
+    logits = head._logits
+    monkeypatch.setattr(head, "_logits", lambda *a: calls.append(1) or logits(*a))
+    cfg = _cfg(max_tokens=4096, max_len=4096, max_slots=4096, head_chunk=16)
+    few = estimate_step(_tiny_target(), cfg)
+    assert len(calls) == 2 * 3  # the forward's chunks and the backward's
+    monkeypatch.setattr(memory, "_chunks_kept", lambda n, chunk: range(0, n, chunk))
+    every = estimate_step(_tiny_target(), cfg)
+    assert len(calls) > 2 * 3 * 50
+    assert (few.peak, few.parts, few.logits_high) == (every.peak, every.parts,
+                                                      every.logits_high)
+
+
+@settings(max_examples=4, deadline=None)
+@given(chunk=st.integers(1, 40), slots=st.integers(4, 300), accum=st.integers(1, 2))
+def test_the_peak_does_not_depend_on_how_many_head_chunks_are_traced(chunk, slots, accum):
+    import lengthwise.dflash.memory as memory
+
+    cfg = _cfg(head_chunk=chunk, max_slots=max(4, slots), grad_accum=accum)
+    few = estimate_step(_tiny_target(), cfg)
+    saved = memory._chunks_kept
+    memory._chunks_kept = lambda n, c: range(0, n, c)
+    try:
+        every = estimate_step(_tiny_target(), cfg)
+    finally:
+        memory._chunks_kept = saved
+    assert (few.peak, few.parts, few.logits_high) == (every.peak, every.parts,
+                                                      every.logits_high)
+
+
+def test_a_billion_tokens_is_estimated_and_more_is_refused_by_name():
+    """A million LM-head chunks traced as three: the answer comes; beyond what torch can
+    count (the target's tokens x tokens mask), the limit is named."""
+    big = estimate_step(_tiny_target(), _cfg(max_tokens=10**9, max_slots=10**9))
+    assert big.tokens == 10**9 and big.slots == 10**9 and not big.fits(DEVICE_MEMORY["h200"])
+    for kw, message in (
+            ({"max_tokens": 10**9 + 1}, "max_tokens 1,000,000,001 is more tokens than the "
+                                        "estimate traces (at most 1,000,000,000)"),
+            ({"max_tokens": 10**9, "max_slots": None},
+             "block_size 4 x max_tokens 1,000,000,000 (no max_slots): 3,999,999,984 draft slots "
+             "are more than the estimate traces"),
+            ({"draft_layers": 257, "num_features": 1},
+             "draft_layers 257 is more layers than the estimate traces (at most 256)")):
+        with pytest.raises(ConfigError, match="^" + re.escape(message)):
+            estimate_step(_tiny_target(), _cfg(**kw))
+    deep = transformers.Qwen3Config(**{**_tiny_target().to_dict(), "num_hidden_layers": 257,
+                                       "layer_types": None})
+    with pytest.raises(ConfigError, match="^num_hidden_layers 257 is more layers"):
+        estimate_step(deep, _cfg())

@@ -33,7 +33,9 @@ from torch.nn import functional as F
 
 from lengthwise.errors import ConfigError
 
-__all__ = ["BUFFERS", "chunk_bound_bytes", "chunked_agreement", "chunked_cross_entropy"]
+__all__ = [
+    "BUFFERS", "chunk_bound_bytes", "chunk_starts", "chunked_agreement", "chunked_cross_entropy",
+]
 
 #: fp32 ``chunk x V`` buffers alive at once at most (logits, their fp32 copy and
 #: the log-softmax or softmax made from it)
@@ -49,6 +51,17 @@ def chunk_bound_bytes(chunk: int, vocab: int) -> int:
         1.74
     """
     return BUFFERS * int(chunk) * int(vocab) * 4
+
+
+def chunk_starts(n: int, chunk: int) -> range:
+    """The first slot of each chunk the head runs over ``n`` slots (forward and backward).
+
+    Example::
+
+        >>> list(chunk_starts(5, 2))
+        [0, 2, 4]
+    """
+    return range(0, n, chunk)
 
 
 def _logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -67,7 +80,7 @@ class _ChunkedCE(torch.autograd.Function):
         ce = torch.empty(n, dtype=acc, device=hidden.device)
         hit = torch.empty(n, dtype=torch.bool, device=hidden.device)
         with torch.autocast(hidden.device.type, enabled=False):
-            for s in range(0, n, chunk):
+            for s in chunk_starts(n, chunk):
                 logits = _logits(hidden[s:s + chunk], weight, bias, dtype).to(acc)
                 lab = labels[s:s + chunk]
                 ce[s:s + chunk] = F.cross_entropy(logits, lab, reduction="none")
@@ -91,7 +104,7 @@ class _ChunkedCE(torch.autograd.Function):
         scale = weights.to(acc) * grad.to(acc)
         w = weight.to(dtype)
         with torch.autocast(hidden.device.type, enabled=False):
-            for s in range(0, hidden.shape[0], chunk):
+            for s in chunk_starts(hidden.shape[0], chunk):
                 h = hidden[s:s + chunk]
                 g = torch.softmax(_logits(h, weight, bias, dtype).to(acc), dim=-1)
                 rows = torch.arange(g.shape[0], device=g.device)

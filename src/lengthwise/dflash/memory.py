@@ -60,8 +60,8 @@ from torch.utils._pytree import tree_flatten
 
 from lengthwise.errors import ConfigError
 
-__all__ = ["DEVICE_MEMORY", "MemoryEstimate", "estimate_step", "memory_size",
-           "read_target_config", "step_blocks", "step_shape"]
+__all__ = ["DEVICE_MEMORY", "MAX_LAYERS", "MAX_STEP_SIZE", "MemoryEstimate", "check_target_fields",
+           "estimate_step", "memory_size", "read_target_config", "step_blocks", "step_shape"]
 
 GIB = 2**30
 #: memory of named devices as ``nvidia-smi`` reports it (MiB)
@@ -107,10 +107,82 @@ def read_target_config(path: str | Path) -> Any:
         raise ConfigError(f"{file}: not readable as JSON ({exc})") from None
     if not isinstance(data, dict) or "model_type" not in data:
         raise ConfigError(f"{file}: not a Hugging Face model config (no model_type)")
+    from huggingface_hub.errors import StrictDataclassError
+
+    known = transformers.CONFIG_MAPPING  # a lazy mapping: its get() finds nothing
+    kind = known[str(data["model_type"])] if str(data["model_type"]) in known else None
+    if kind is not None:
+        check_target_fields(data, file, getattr(kind, "attribute_map", {}))
     try:
-        return transformers.AutoConfig.for_model(**data)
-    except (ValueError, KeyError, TypeError) as exc:
+        config = transformers.AutoConfig.for_model(**data)
+    except (ValueError, KeyError, TypeError, StrictDataclassError) as exc:
         raise ConfigError(f"{file}: {' '.join(str(exc).split())}") from None
+    _check_heads(config, file)
+    return config
+
+
+#: the fields of a target config the estimate reads: required, and optional (absent or null)
+TARGET_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                 "vocab_size")
+OPTIONAL_TARGET_FIELDS = ("num_key_value_heads", "head_dim", "max_position_embeddings")
+#: the most decoder layers (the target's, the draft's) the estimate traces: each costs the trace
+#: tens of milliseconds, and the deepest open models have fewer than 128
+MAX_LAYERS = 256
+#: the most tokens, and draft slots, of the micro-batch the estimate traces: the target's
+#: ``tokens x tokens`` causal mask (and on CPU the draft's ``slots x (tokens + slots)`` one)
+#: must have a size torch can count
+MAX_STEP_SIZE = 10**9
+
+
+def check_target_fields(data: dict[str, Any], file: Path | str,
+                        names: dict[str, str] | None = None) -> None:
+    """Refuse a ``config.json`` (``data``) whose fields the estimate reads cannot be used.
+
+    Each of :data:`TARGET_FIELDS` must be there (``transformers``' default would stand in
+    for the target's own size) and, like those of :data:`OPTIONAL_TARGET_FIELDS` that are
+    not null, be an integer >= 1; ``names`` maps a field to the model's own key
+    (``attribute_map``: ``n_embd`` for ``hidden_size``). Raises a :class:`ConfigError`
+    naming ``file`` and the key.
+
+    Example::
+
+        >>> check_target_fields({"hidden_size": 32, "num_hidden_layers": 2,
+        ...     "num_attention_heads": 4, "intermediate_size": 64, "vocab_size": 0}, "c.json")
+        Traceback (most recent call last):
+        ...
+        lengthwise.errors.ConfigError: c.json: vocab_size must be an integer >= 1, got 0
+    """
+    names = names or {}
+    for name in (*TARGET_FIELDS, *OPTIONAL_TARGET_FIELDS):
+        key = names.get(name, name)
+        value = data.get(key)
+        if value is None:
+            if name in TARGET_FIELDS:
+                raise ConfigError(f"{file}: no {key}: the estimate needs the target's own value "
+                                  "(there is no default for it)")
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{file}: {key} must be an integer >= 1, got {value!r}")
+    key = names.get("num_hidden_layers", "num_hidden_layers")
+    _check_layers(f"{file}: {key}", data[key])
+
+
+def _check_heads(config: Any, file: Path | str) -> None:
+    """Refuse heads that do not split the width (no ``head_dim``) or the key-value heads."""
+    heads, width = config.num_attention_heads, config.hidden_size
+    if getattr(config, "head_dim", None) is None and width % heads:
+        raise ConfigError(f"{file}: hidden_size {width} is not a multiple of "
+                          f"num_attention_heads {heads} and there is no head_dim")
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    if heads % kv:
+        raise ConfigError(f"{file}: num_attention_heads {heads} is not a multiple of "
+                          f"num_key_value_heads {kv}")
+
+
+def _check_layers(what: str, layers: int) -> None:
+    if layers > MAX_LAYERS:
+        raise ConfigError(f"{what} {layers:,} is more layers than the estimate traces (at most "
+                          f"{MAX_LAYERS})")
 
 
 @dataclass
@@ -268,6 +340,31 @@ def _fused_kernels() -> Iterator[None]:
          loss.block_flex_mask) = saved
 
 
+def _chunks_kept(n: int, chunk: int) -> list[int]:
+    """The first two and the last of the LM head's chunk starts over ``n`` slots."""
+    starts = range(0, n, chunk)  # head.chunk_starts, which this stands in for
+    return list(starts) if len(starts) <= 3 else [starts[0], starts[1], starts[-1]]
+
+
+@contextlib.contextmanager
+def _few_head_chunks() -> Iterator[None]:
+    """The LM head runs its first two chunks and its last one, for the trace.
+
+    Each chunk allocates the same buffers and frees them before the next one, into
+    outputs made once for all slots, so the chunks in between hold nothing the kept
+    ones do not: the peak is that of every chunk, traced in a time that does not grow
+    with the slots (a million chunks at ``max_tokens`` 10**9).
+    """
+    import lengthwise.dflash.head as head
+
+    saved = head.chunk_starts
+    head.chunk_starts = _chunks_kept
+    try:
+        yield
+    finally:
+        head.chunk_starts = saved
+
+
 def step_blocks(rows: int, tokens: int, anchors: int, block_size: int, vocab: int) -> Any:
     """A micro-batch of ``rows x tokens // rows`` tokens, ``anchors`` blocks per row.
 
@@ -297,9 +394,18 @@ def step_shape(cfg: Any, rows: int = 1) -> tuple[int, int]:
     if rows < 1 or cfg.max_tokens < rows * (cfg.block_size + 1):
         raise ConfigError(f"rows={rows}: a micro-batch of max_tokens={cfg.max_tokens} tokens "
                           f"cannot hold {rows} rows of a block of {cfg.block_size} each")
+    if cfg.max_tokens > MAX_STEP_SIZE:
+        raise ConfigError(f"max_tokens {cfg.max_tokens:,} is more tokens than the estimate "
+                          f"traces (at most {MAX_STEP_SIZE:,})")
     cols = cfg.max_tokens // rows
-    per_row = min(cfg.slot_budget // cfg.block_size // rows, cols - cfg.block_size)
-    return cols * rows, max(1, per_row)
+    per_row = max(1, min(cfg.slot_budget // cfg.block_size // rows, cols - cfg.block_size))
+    if rows * per_row * cfg.block_size > MAX_STEP_SIZE:
+        given = (f"max_slots {cfg.max_slots:,}" if cfg.max_slots else
+                 f"block_size {cfg.block_size} x max_tokens {cfg.max_tokens:,} (no max_slots)")
+        raise ConfigError(f"{given}: {rows * per_row * cfg.block_size:,} draft slots are more "
+                          f"than the estimate traces (at most {MAX_STEP_SIZE:,}; give "
+                          "max_slots)")
+    return cols * rows, per_row
 
 
 def _train_step(draft: Any, target: Any, optimizer: Any, blocks: list[Any], *, chunk: int,
@@ -349,16 +455,18 @@ def estimate_step(target_config: Any, cfg: Any, *, rows: int = 1, world: int = 1
 
     if world < 1:
         raise ConfigError(f"world (data-parallel ranks) must be >= 1, got {world}")
+    _check_layers("draft_layers", cfg.draft_layers)
     cuda = str(cfg.device).startswith("cuda")
     amp = autocast_dtype(cfg.dtype, "cuda" if cuda else "cpu")
     tokens, per_row = step_shape(cfg, rows)
     vocab = int(target_config.vocab_size)
     n_layers = int(target_config.num_hidden_layers)
+    _check_layers("num_hidden_layers", n_layers)
     from lengthwise.dflash.objective import target_layer_ids
 
     layers = target_layer_ids(n_layers, cfg.num_features or cfg.draft_layers)
     kernels = _fused_kernels() if cuda else contextlib.nullcontext()
-    with FakeTensorMode(), kernels:
+    with FakeTensorMode(), kernels, _few_head_chunks():
         model = transformers.AutoModelForCausalLM.from_config(
             target_config, dtype=torch.bfloat16 if cuda else torch.float32)
         target = Target(model, layers=layers)

@@ -57,8 +57,9 @@ def launched_world() -> tuple[int, str] | None:
     """How many processes this one runs among, and what says so; ``None`` for one process.
 
     The initialised ``torch.distributed`` group answers first, then the launcher's
-    ``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE`` (set by ``torchrun``, ``accelerate launch``,
-    Lightning and others before any process group exists).
+    ``WORLD_SIZE`` (set by ``torchrun``, ``accelerate launch``, Lightning and others before
+    any process group exists), then ``LOCAL_WORLD_SIZE`` where ``WORLD_SIZE`` is not set.
+    A value that is not a count of processes is a :class:`ConfigError` naming it.
 
     Example::
 
@@ -74,8 +75,12 @@ def launched_world() -> tuple[int, str] | None:
             if group.world_size > 1 else None
     for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"):
         raw = os.environ.get(name, "").strip()
-        if raw.isdigit() and int(raw) > 1:
-            return int(raw), f"{name}={raw}"
+        if not raw:
+            continue
+        if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
+            raise ConfigError(f"{name}={os.environ[name]!r} is not a count of processes (a "
+                              "launcher sets it to one: unset it to run a single process)")
+        return (int(raw), f"{name}={raw}") if int(raw) > 1 else None
     return None
 
 

@@ -10,7 +10,8 @@ Example::
     >>> read_state({"version": 1, "seed": 0, "epoch": 2, "yielded": -3})  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    lengthwise.pytorch.sampler_state.ResumeError: not a BucketBatchSampler state: missing [...]
+    lengthwise.pytorch.sampler_state.ResumeError: not a BucketBatchSampler state (what \
+state_dict() saves): it has ['epoch', 'seed', 'version', 'yielded'], missing [...]
 """
 
 from __future__ import annotations
@@ -101,7 +102,10 @@ def read_state(state: Any) -> SavedState:
         raise ResumeError(f"a sampler state is a dict, got {type(state).__name__}")
     missing = [k for k in STATE_KEYS if k not in state]
     if missing:
-        raise ResumeError(f"not a BucketBatchSampler state: missing {missing}")
+        has = sorted(map(str, state))
+        shown = repr(has) if len(repr(has)) <= 80 else repr(has)[:77] + "..."
+        raise ResumeError(f"not a BucketBatchSampler state (what state_dict() saves): it has "
+                          f"{shown}, missing {missing}")
     version = state["version"]
     if isinstance(version, bool) or version != STATE_VERSION:
         raise ResumeError(f"sampler state version {version!r} is not supported "
