@@ -52,7 +52,9 @@ def test_loss_spikes_without_gradient_norm_spikes_align_with_nothing() -> None:
 
 
 def test_a_rising_gradient_norm_is_a_trend_a_flat_one_is_not() -> None:
-    rising = diagnose(grad_norm_log(3000, spikes=0, lead=None, rise=3.0)[0])
+    alone = diagnose(grad_norm_log(3000, spikes=0, lead=None, rise=3.0)[0])
+    assert alone.grad_norm.rising and "grad_norm_rising" not in _names(alone)  # reported only
+    rising = diagnose(grad_norm_log(3000, lead=None, rise=3.0)[0])  # with loss spikes
     assert rising.grad_norm.rising and "grad_norm_rising" in _names(rising)
     flat = diagnose(grad_norm_log(3000, spikes=0, lead=None, rise=1.0)[0])
     assert not flat.grad_norm.rising and flat.verdict.clean is True

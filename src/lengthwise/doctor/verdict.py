@@ -299,7 +299,7 @@ def _grad_norm_causes(f: Findings) -> list[Cause]:
             prescription=["clipping should be the exception: lower the learning rate or raise "
                           "the clipping norm, so that the schedule, not the clip, sets the "
                           "step size"]))
-    if g.rising:
+    if g.rising and f.cliffs:  # alone, common in healthy runs as the lr decays: reported only
         out.append(Cause(
             name="grad_norm_rising",
             title=f"the gradient norm keeps rising: {g.rise:.3g} times its level at the start",
