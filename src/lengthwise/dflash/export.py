@@ -34,11 +34,11 @@ from typing import Any
 from lengthwise.atomic import fsync_dir, temporary_name
 from lengthwise.dflash.load import ARCHITECTURE, DERIVED, RENAME, check_target
 from lengthwise.dflash.mask_token import check_mask_token
+from lengthwise.disk import full_disk_error, full_disk_reason
 from lengthwise.errors import ConfigError
 
-__all__ = ["SPECULATORS_IMPORTS", "export_checkpoint", "export_draft",
-           "export_full_disk_error", "exported_config", "exported_weights", "is_full_disk",
-           "speculators_converter", "to_speculators"]
+__all__ = ["SPECULATORS_IMPORTS", "export_checkpoint", "export_draft", "exported_config",
+           "exported_weights", "speculators_converter", "to_speculators"]
 
 #: noise of ``PretrainedConfig.to_dict`` that says nothing about the draft
 _NOISE = ("id2label", "label2id", "problem_type", "chunk_size_feed_forward", "return_dict",
@@ -108,7 +108,8 @@ def export_draft(draft: Any, out: str | os.PathLike, *, dtype: str | None = None
     ``dtype``: ``float32``, ``bfloat16`` or ``float16`` (default: the draft's own). The
     files are written to a hidden folder beside ``out`` and checked, then renamed to
     ``out``: a failure or a kill leaves no cut ``model.safetensors`` there (an older
-    ``out`` stays as it was), and a full disk is an ``OSError`` naming ``out`` that says so.
+    ``out`` stays as it was), and a full disk is a
+    :class:`~lengthwise.errors.DiskFullError` naming the folder.
     """
     weights = exported_weights(draft, dtype=dtype)
     kept = str(next(iter(weights.values())).dtype).removeprefix("torch.")
@@ -124,8 +125,10 @@ def export_draft(draft: Any, out: str | os.PathLike, *, dtype: str | None = None
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     except BaseException as exc:
-        if is_full_disk(exc):
-            raise export_full_disk_error(out) from None
+        full = full_disk_error(exc, out.parent, what="exporting the draft",
+                               needed=sum(w.numel() * w.element_size() for w in weights.values()))
+        if full is not None:
+            raise full from None
         raise
     return out
 
@@ -145,7 +148,7 @@ def _write_export(folder: Path, weights: dict[str, Any], config: dict[str, Any])
             for name in names:
                 fh.get_slice(name)
     except weight_errors() as exc:
-        if is_full_disk(exc):
+        if full_disk_reason(exc) is not None:
             raise
         names = set()
     if names != set(weights) or path.stat().st_size < sum(
@@ -172,30 +175,6 @@ def _replace_folder(tmp: Path, out: Path) -> None:
             shutil.rmtree(old, ignore_errors=True)
         else:
             old.unlink(missing_ok=True)
-
-
-def is_full_disk(exc: BaseException) -> bool:
-    """Whether ``exc`` says the disk (or the user's quota) is full: an ``OSError`` with
-    ``ENOSPC``/``EDQUOT``, or safetensors' own error wrapping one.
-
-    Example::
-
-        >>> is_full_disk(OSError(28, "No space left on device")), is_full_disk(ValueError("x"))
-        (True, False)
-    """
-    from lengthwise.dflash.target import weight_errors
-
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return True
-    text = str(exc)
-    return isinstance(exc, weight_errors()) and any(
-        s in text for s in ("No space left", "StorageFull", "os error 28", "Disk quota"))
-
-
-def export_full_disk_error(out: Path) -> OSError:
-    """The one-line error of an export the disk had no room for (nothing left in ``out``)."""
-    return OSError(errno.ENOSPC, "the disk is full (no space left on the device): the draft "
-                   "was not exported; free space and export again", str(out))
 
 
 def export_checkpoint(path: str | os.PathLike, out: str | os.PathLike, *,
