@@ -38,7 +38,7 @@ from typing import IO, Any
 
 from lengthwise.errors import ConfigError
 
-__all__ = ["atomic_open", "atomic_path", "fsync_dir", "temporary_name"]
+__all__ = ["atomic_open", "atomic_path", "fsync_dir", "replace_folder", "temporary_name"]
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
@@ -133,3 +133,33 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "wb", **kwargs: Any) -
     with atomic_path(path) as tmp, open(tmp, mode, **kwargs) as handle:
         yield handle
         handle.flush()
+
+
+def replace_folder(tmp: str | os.PathLike[str], folder: str | os.PathLike[str]) -> None:
+    """Rename the complete folder ``tmp`` to ``folder``; an older ``folder`` is moved aside
+    first and removed after, so ``folder`` is always either the old one or the new one whole.
+
+    Example::
+
+        >>> import tempfile
+        >>> root = Path(tempfile.mkdtemp())
+        >>> (root / "out").mkdir(); _ = (root / "out" / "old.txt").write_text("old")
+        >>> (root / ".out.tmp").mkdir(); _ = (root / ".out.tmp" / "new.txt").write_text("new")
+        >>> replace_folder(root / ".out.tmp", root / "out")
+        >>> sorted(p.name for p in (root / "out").iterdir()), sorted(p.name for p in root.iterdir())
+        (['new.txt'], ['out'])
+    """
+    import shutil
+
+    tmp, folder = Path(tmp), Path(folder)
+    old = None
+    if folder.exists() or folder.is_symlink():
+        old = temporary_name(folder.with_name(folder.name + ".old"))
+        os.replace(folder, old)
+    os.replace(tmp, folder)
+    fsync_dir(folder.parent)
+    if old is not None:
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink(missing_ok=True)

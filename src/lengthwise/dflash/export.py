@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lengthwise.atomic import fsync_dir, temporary_name
+from lengthwise.atomic import fsync_dir, replace_folder, temporary_name
 from lengthwise.dflash.load import ARCHITECTURE, DERIVED, RENAME, check_target
 from lengthwise.dflash.mask_token import check_mask_token
 from lengthwise.disk import full_disk_error, full_disk_reason
@@ -121,7 +121,7 @@ def export_draft(draft: Any, out: str | os.PathLike, *, dtype: str | None = None
         try:
             tmp.mkdir()
             _write_export(tmp, weights, config)
-            _replace_folder(tmp, out)
+            replace_folder(tmp, out)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     except BaseException as exc:
@@ -160,21 +160,6 @@ def _write_export(folder: Path, weights: dict[str, Any], config: dict[str, Any])
         fh.flush()
         os.fsync(fh.fileno())
     fsync_dir(folder)
-
-
-def _replace_folder(tmp: Path, out: Path) -> None:
-    """Rename the complete folder ``tmp`` to ``out``, an older ``out`` removed after."""
-    old = None
-    if out.exists() or out.is_symlink():
-        old = temporary_name(out.with_name(out.name + ".old"))
-        os.replace(out, old)
-    os.replace(tmp, out)
-    fsync_dir(out.parent)
-    if old is not None:
-        if old.is_dir() and not old.is_symlink():
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            old.unlink(missing_ok=True)
 
 
 def export_checkpoint(path: str | os.PathLike, out: str | os.PathLike, *,

@@ -34,7 +34,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from lengthwise.atomic import fsync_dir
+from lengthwise.atomic import replace_folder
 from lengthwise.disk import reporting_full_disk
 from lengthwise.progress import no_transformers_bars
 
@@ -69,25 +69,10 @@ def save_grown_target(model: Any, tokenizer: Any, folder: str | os.PathLike[str]
                 return False
             with no_transformers_bars():  # the command's own lines are its stderr
                 model.save_pretrained(str(tmp))
-            _replace(tmp, folder)
+            replace_folder(tmp, folder)
             return True
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _replace(tmp: Path, folder: Path) -> None:
-    """Rename ``tmp`` to ``folder``; an older ``folder`` is moved aside first, removed after."""
-    old = None
-    if folder.exists() or folder.is_symlink():
-        old = folder.with_name(f".{folder.name}.old-{os.getpid()}-{secrets.token_hex(4)}")
-        os.replace(folder, old)
-    os.replace(tmp, folder)
-    fsync_dir(folder.parent)
-    if old is not None:
-        if old.is_dir() and not old.is_symlink():
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            old.unlink(missing_ok=True)
 
 
 def _holds(folder: Path, fresh: Path, state: dict[str, Any]) -> bool:
