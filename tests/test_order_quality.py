@@ -20,7 +20,7 @@ from _scripts import script_fixtures, stale_regions
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lengthwise.demo.intervals import paired_difference, t_critical, t_interval
+from lengthwise.intervals import paired_difference, t_critical, t_interval
 
 ROOT = Path(__file__).resolve().parents[1]
 script, saved = script_fixtures("order_quality")

@@ -30,6 +30,7 @@ def _summary(stdout: str) -> dict:
 def _table(stdout: str) -> list[dict[str, str]]:
     """``dflash eval``'s table as rows keyed by its header."""
     lines = [line for line in stdout.splitlines() if " | " in line]
+    lines = lines[next(i for i, line in enumerate(lines) if line.startswith("set | ")):]
     head = [h.strip() for h in lines[0].split(" | ")]
     return [dict(zip(head, (c.strip() for c in line.split(" | ")), strict=True))
             for line in lines[1:]]

@@ -113,7 +113,7 @@ def test_a_rehashed_state_without_the_draft_s_tensors_is_one_line(run, tmp_path,
     (step / "COMPLETE").write_text(json.dumps(manifest))
     said = (f"{step}/state.pt: its model state does not fit the model: 14 tensors missing "
             "(e.g. 'context_norm.weight'), 1 unexpected (e.g. 'x')")
-    assert main(["dflash", "export", str(forged), str(tmp_path / "out")]) == 2
+    assert main(["dflash", "export", str(forged / "checkpoints"), str(tmp_path / "out")]) == 2
     assert said in _one_line(capsys)
     assert main([*_train_args(target, data, forged, steps=3), "--resume"]) == 2
     line = _one_line(capsys)  # it has no optimizer state either: the first thing read

@@ -31,8 +31,8 @@ from lengthwise.demo.evidence_dflash import (
     build_dflash_data,
     run_dflash_one,
 )
-from lengthwise.demo.intervals import equal_tokens, paired_by_seed, t_interval, versus
 from lengthwise.demo.pool import map_jobs
+from lengthwise.intervals import equal_tokens, paired_by_seed, t_interval, versus
 
 __all__ = ["METRICS", "run_dflash_experiment", "summarise_dflash"]
 

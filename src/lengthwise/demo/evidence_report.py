@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 
 from lengthwise.demo.evidence import EvidenceConfig, EvidenceData, build_data, run_one
-from lengthwise.demo.intervals import equal_tokens, paired_by_seed, t_interval, versus
 from lengthwise.demo.pool import map_jobs
+from lengthwise.intervals import equal_tokens, paired_by_seed, t_interval, versus
 
 __all__ = ["doctor_figures", "run_experiment", "settle_index", "summarise", "time_to_loss"]
 
@@ -73,7 +73,7 @@ def doctor_figures(log: str | Path, micro_log: str | Path, data: EvidenceData,
 
     out: dict[str, Any] = {}
     for view, path in (("step", log), ("micro", micro_log)):
-        report = diagnose(str(path))
+        report = diagnose(str(path), timing=False)
         noise, attr = report.noise, report.attribution
         out[view] = {
             "verdict": report.verdict.summary,

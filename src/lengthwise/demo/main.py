@@ -222,7 +222,7 @@ def _micro_figures(path: str | None, world: int | None) -> dict[str, Any]:
     from lengthwise.doctor import verdict_for
 
     return {"micro_log": path, "micro_world": world,
-            "micro_verdict": verdict_for(path).summary}
+            "micro_verdict": verdict_for(path, timing=False).summary}
 
 
 def _config_dict(cfg: DemoConfig) -> dict[str, Any]:

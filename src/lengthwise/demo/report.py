@@ -95,7 +95,7 @@ def diagnose_runs(logs: dict[str, str | Path], *, region: tuple[int, int] | None
     start, end = region or common_region(logs)
     out = {}
     for name, path in logs.items():
-        report = diagnose(str(path), start=start, end=end)
+        report = diagnose(str(path), start=start, end=end, timing=False)
         noise = report.noise
         out[name] = {
             "loss_roughness": float(report.stats.loss_roughness),

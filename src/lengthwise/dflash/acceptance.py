@@ -47,7 +47,7 @@ def acceptance_interval(per_prompt: Sequence[float]) -> dict[str, Any]:
     out of the mean and of ``n``; one prompt gives no interval (``lo``/``hi`` ``None``),
     no prompt no mean (``nan``).
     """
-    from lengthwise.demo.intervals import t_interval
+    from lengthwise.intervals import t_interval
 
     iv = t_interval([float(x) for x in per_prompt])
     if iv["n"] == 0:

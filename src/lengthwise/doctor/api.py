@@ -58,7 +58,7 @@ from lengthwise.doctor.skipped import EmptySteps, empty_steps
 from lengthwise.doctor.smoothing import rolling_mean
 from lengthwise.doctor.stall import find_stall
 from lengthwise.doctor.stats import nonfinite_losses, roughness_residual, stable_stats
-from lengthwise.doctor.steptime import step_times
+from lengthwise.doctor.steptime import StepTimes, step_times
 from lengthwise.doctor.verdict import MICRO_VIEW, Verdict, build_verdict
 from lengthwise.errors import ConfigError
 
@@ -111,6 +111,7 @@ def diagnose(
     seed: int = 0,
     order: str | None = None,
     clip: float | None = None,
+    timing: bool = True,
 ) -> Report:
     """Diagnose one training log.
 
@@ -128,6 +129,10 @@ def diagnose(
     :func:`~lengthwise.doctor.order.logged_order`); the doctor does not prescribe it.
     ``clip`` is the gradient-clipping norm (default: a config file beside the log, see
     :func:`~lengthwise.doctor.run_config.clip_beside`), for the clip rate.
+    ``timing=False`` leaves the logged step times out (no slow-step, straggler or
+    throughput finding): they measure the machine and its load, not the run, so a verdict
+    that must read the same on every machine (the demo's, the order experiments') is
+    made without them.
     """
     log = load(source, step_key=step_key, loss_key=loss_key)
     rng = np.random.default_rng(seed)
@@ -190,7 +195,8 @@ def diagnose(
         step_time=step_times(log.step, log.columns, checkpoint_every=ctx.checkpoint_every,
                              eval_every=ctx.eval_every,
                              restarts=[r.step_after for r in log.input.restarts],
-                             rank_seconds=log.rank_seconds),
+                             rank_seconds=log.rank_seconds) if timing else
+        StepTimes(note="not analysed: step times left out (timing=False)"),
     )
     return Report(**{k: getattr(findings, k) for k in Findings.__dataclass_fields__},
                   verdict=build_verdict(findings),

@@ -1,4 +1,4 @@
-"""Means over seeds with 95 % t-intervals, and differences paired by seed.
+"""Means with 95 % t-intervals (over seeds, or over prompts), and differences paired by seed.
 
 Example::
 
