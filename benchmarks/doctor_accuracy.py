@@ -247,7 +247,7 @@ EVENT_FINDINGS = (
     "second writer (duplicates, no restart)", "empty steps skipped (not NaN losses)",
     "grad-norm co-spikes", "grad-norm spikes lead loss spikes", "grad clipped often",
     "grad norm rising", "no NaN cause on DFlash logs", "held-out gap widens",
-    "over-fitting (held-out loss rises)", "slow steps at the save interval")
+    "over-fitting (held-out loss rises)", "slow steps found at the save interval")
 
 
 def event_rows(seeds: int, steps: int) -> dict[str, Tally]:
@@ -299,8 +299,10 @@ def event_rows(seeds: int, steps: int) -> dict[str, Tally]:
             timed = [{**row, "seconds": 0.5 * float(np.exp(0.1 * rng.standard_normal()))
                       + (4.0 if save and row["step"] % save == 0 else 0.0)} for row in clean]
             st = diagnose(timed, checkpoint_every=steps // 10).step_time
-            t["slow steps at the save interval"].add(
-                save is not None, st.matches == "the checkpoint interval" and st.costly)
+            # found and matched to the saves; a cause only from 5 % of the run's time, which
+            # these saves (4 s at every tenth of the run) reach only in short runs
+            t["slow steps found at the save interval"].add(
+                save is not None, st.matches == "the checkpoint interval")
     return t
 
 
