@@ -120,7 +120,7 @@ def export_draft(draft: Any, out: str | os.PathLike, *, dtype: str | None = None
         try:
             tmp.mkdir()
             _write_export(tmp, weights, config)
-            _replace_folder(tmp, out)
+            replace_folder(tmp, out)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     except BaseException as exc:
@@ -159,7 +159,7 @@ def _write_export(folder: Path, weights: dict[str, Any], config: dict[str, Any])
     fsync_dir(folder)
 
 
-def _replace_folder(tmp: Path, out: Path) -> None:
+def replace_folder(tmp: Path, out: Path) -> None:
     """Rename the complete folder ``tmp`` to ``out``, an older ``out`` removed after."""
     old = None
     if out.exists() or out.is_symlink():
