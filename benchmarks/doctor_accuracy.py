@@ -44,6 +44,13 @@ from lengthwise.doctor.mechanisms import apparent_period, megabatch_steps
 from lengthwise.doctor.readers import jsonl as jsonl_reader
 from lengthwise.doctor.readers import read_log
 from lengthwise.doctor.simulate import SimulatedRun, labelled_set, simulate_clean, simulate_run
+from lengthwise.doctor.simulate_events import (
+    dflash_log,
+    grad_norm_log,
+    with_evals,
+    with_resumes,
+    with_second_writer,
+)
 from lengthwise.doctor.simulate_hf import simulate_hf_log
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -187,6 +194,16 @@ def short_and_coarse_set(seed: int, reps: int) -> list[tuple[str, SimulatedRun]]
     return runs
 
 
+def with_grad_norm(rows: list[dict[str, Any]], *, seed: int, phi: float) -> list[dict[str, Any]]:
+    """``rows`` with a healthy ``grad_norm``: 0.4 times exp of AR(1) noise (sd 0.2)."""
+    rng = np.random.default_rng([seed, 5])
+    a = 0.0
+    for row in rows:
+        a = phi * a + 0.2 * float(rng.standard_normal())
+        row["grad_norm"] = 0.4 * float(np.exp(a))
+    return rows
+
+
 def false_positive_rows(lengths: dict[int, int]) -> list[str]:
     """Clean logs of each length: how often each test fires (none of them should)."""
     rows = ["| log length (points) | logs | period test ran | band test ran | period found | "
@@ -201,8 +218,10 @@ def false_positive_rows(lengths: dict[int, int]) -> list[str]:
         for k in range(reps):
             phi = (0.0, 0.5, 0.8)[k % 3]
             epochs = (0, 0, 3)[k % 3] if n >= 100 else 0
-            r = diagnose(simulate_clean(n, seed=k, phi=phi, epochs=epochs,
-                                        fall=(3.0, 100.0)[k % 2], lr_drop=k % 4 != 3))
+            log = with_grad_norm(simulate_clean(n, seed=k, phi=phi, epochs=epochs,
+                                                fall=(3.0, 100.0)[k % 2], lr_drop=k % 4 != 3),
+                                 seed=k, phi=phi)
+            r = diagnose(log)
             count["ptested"] += r.periodicity.p_value is not None
             count["btested"] += r.bands.count is not None
             count["clean"] += r.verdict.clean is True
@@ -221,6 +240,68 @@ def false_positive_rows(lengths: dict[int, int]) -> list[str]:
                     f"{(ep_fp / ep_runs if ep_runs else 0):.1%} | {rate['any']:.1%} | "
                     f"{rate['clean']:.0%} | {sec:.2f} |")
     return rows
+
+
+EVENT_FINDINGS = (
+    "resume with rollback (restart found)", "schedule restarted at a resume (lr jumped)",
+    "second writer (duplicates, no restart)", "empty steps skipped (not NaN losses)",
+    "grad-norm co-spikes", "grad-norm spikes lead loss spikes", "grad clipped often",
+    "grad norm rising", "no NaN cause on DFlash logs", "held-out gap widens",
+    "over-fitting (held-out loss rises)", "slow steps at the save interval")
+
+
+def event_rows(seeds: int, steps: int) -> dict[str, Tally]:
+    """Resumes, a second writer, empty DFlash steps and the gradient-norm findings on
+    simulated logs whose answer is known by construction."""
+    t = {k: Tally() for k in EVENT_FINDINGS}
+    for seed in range(seeds):
+        rng = np.random.default_rng([seed, 99])
+        clean = simulate_clean(steps, seed=seed, phi=0.5)
+        for restart in (True, False):
+            at = int(rng.integers(steps // 4, steps // 2))
+            back = int(rng.integers(1, steps // 10))
+            r = diagnose(with_resumes(clean, [(at, at - back)], restart_schedule=restart,
+                                      seed=seed))
+            t["resume with rollback (restart found)"].add(True, r.input.restart_count == 1)
+            t["schedule restarted at a resume (lr jumped)"].add(
+                restart, any(r.input.lr_jumped(x) for x in r.input.restarts))
+        for lag in (1, 2):
+            r = diagnose(with_second_writer(clean, lag=lag, seed=seed))
+            t["second writer (duplicates, no restart)"].add(
+                True, r.input.duplicate_rows > 0 and r.input.restart_count == 0)
+        r = diagnose(clean)
+        t["resume with rollback (restart found)"].add(False, r.input.restart_count > 0)
+        t["second writer (duplicates, no restart)"].add(False, r.input.duplicate_rows > 0)
+        for skipped in ((), tuple(int(x) for x in rng.choice(np.arange(50, steps), 8,
+                                                             replace=False))):
+            r = diagnose(dflash_log(steps, skipped=skipped, seed=seed))
+            t["empty steps skipped (not NaN losses)"].add(bool(skipped), r.skipped.count > 0)
+            t["no NaN cause on DFlash logs"].add(
+                False, "nonfinite_loss" in {c.name for c in r.verdict.causes})
+        for lead in (None, 0, int(rng.integers(1, 6))):
+            rows, _ = grad_norm_log(steps, lead=lead, seed=seed)
+            g = diagnose(rows).grad_norm
+            t["grad-norm co-spikes"].add(lead == 0, g.co_spikes.found)
+            t["grad-norm spikes lead loss spikes"].add(lead is not None and lead > 0,
+                                                       g.lead.found)
+        for rise, level in ((1.0, 0.5), (3.0, 1.5)):
+            rows, _ = grad_norm_log(steps, spikes=0, lead=None, rise=rise, level=level,
+                                    seed=seed)
+            g = diagnose(rows, clip=1.0).grad_norm
+            t["grad norm rising"].add(rise > 1, g.rising)
+            t["grad clipped often"].add(level > 1, g.clipped_often)
+        for flat, rise in ((None, 0.0), (steps // 2, 0.0), (steps // 2, 0.2)):
+            e = diagnose(with_evals(clean, steps // 15, flat_from=flat, rise=rise,
+                                    seed=seed)).eval_gap
+            t["held-out gap widens"].add(flat is not None, e.widening)
+            t["over-fitting (held-out loss rises)"].add(rise > 0, e.widening and e.eval_rising)
+        for save in (None, steps // 10):
+            timed = [{**row, "seconds": 0.5 * float(np.exp(0.1 * rng.standard_normal()))
+                      + (4.0 if save and row["step"] % save == 0 else 0.0)} for row in clean]
+            st = diagnose(timed, checkpoint_every=steps // 10).step_time
+            t["slow steps at the save interval"].add(
+                save is not None, st.matches == "the checkpoint interval" and st.costly)
+    return t
 
 
 def noise_budget_rows(seeds: int, steps: int) -> list[str]:
@@ -445,6 +526,9 @@ def main(argv: list[str] | None = None) -> int:
     fpr_seconds = time.perf_counter() - start
     budget = noise_budget_rows(1 if args.quick else 3, 1500 if args.quick else 3000)
     start = time.perf_counter()
+    events = event_rows(2 if args.quick else 6, steps)
+    event_seconds = time.perf_counter() - start
+    start = time.perf_counter()
     hf_tallies, hf_rows = hf_cycle_rows(1 if args.quick else 3)
     hf_seconds = time.perf_counter() - start
     data = Path(args.data)
@@ -495,7 +579,8 @@ def main(argv: list[str] | None = None) -> int:
         "Clean logs from `lengthwise.doctor.simulate.simulate_clean` (nothing wrong by "
         "construction): the loss falls 3x or 100x, AR(1) noise with lag-1 autocorrelation 0, "
         "0.5 or 0.8 in turn, a learning-rate cut at 60 % of the run that lowers the loss 2 % "
-        "(three runs in four), and in every third log of 100+ points three epochs that each "
+        "(three runs in four), a gradient norm of AR(1) log-normal noise (with the loss's "
+        "autocorrelation), and in every third log of 100+ points three epochs that each "
         "start 5 % lower (a step-down the doctor should report as `epoch_boundaries`, not count "
         "here). Period and band tests are calibrated so that each fires on at most 5 % of "
         "them; \"test ran\" says how often the stable region held enough points (for bands: "
@@ -504,6 +589,25 @@ def main(argv: list[str] | None = None) -> int:
         f"never as clean. {fpr_seconds:.0f} s.",
         "",
         *fpr,
+        "",
+        "## Resumes, a second writer, empty steps and the gradient norm",
+        "",
+        f"Per seed ({2 if args.quick else 6} seeds, {steps} steps): a clean log "
+        "(`simulate_clean`) resumed once at a random step with a random rollback, its "
+        "schedule restarted or resumed (`simulate_events.with_resumes`); the same log written "
+        "by two processes 1 or 2 rows apart (`with_second_writer`) and as it is (the "
+        "negatives); a DFlash recipe's step log (`dflash_log`: one micro-batch a step) with "
+        "and without 8 empty steps; a log with 6 loss spikes and a gradient norm with a spike "
+        "at each (co-spike), 1-5 steps before each (lead) or none (`grad_norm_log`); a gradient "
+        "norm flat at 0.5 or rising 3-fold from 1.5 against a clip of 1.0; 15 evaluations "
+        "that follow the training loss, stop falling half-way, or climb from there by 0.2 "
+        "(`with_evals`); log-normal step times (sd 0.1) with or without 4 s more at every "
+        "tenth of the run (a save). "
+        f"{event_seconds:.0f} s.",
+        "",
+        "| finding | positives | TP | FP | FN | TN | precision | recall |",
+        "|---|---|---|---|---|---|---|---|",
+        *(tally.row(name) for name, tally in events.items()),
         "",
         "## Multi-process, per-epoch and aliased cycles",
         "",

@@ -76,6 +76,10 @@ def test_bad_files(tmp_path):
     (tmp_path / "b.jsonl").write_text('{"n": 1}\n{"n": 2\n')
     with pytest.raises(LengthError, match="line 2: not valid JSON"):
         load_lengths(f"{tmp_path}/b.jsonl:n")
+    (tmp_path / "deep.jsonl").write_text('{"n": 1}\n{"n": ' + "[" * 100_000 + "]" * 100_000
+                                         + "}\n")
+    with pytest.raises(LengthError, match="deep.jsonl, line 2: JSON nested too deeply to read"):
+        load_lengths(f"{tmp_path}/deep.jsonl:n")
     (tmp_path / "c.jsonl").write_text('{"n": 1}\n{"m": 2}\n')
     with pytest.raises(LengthError, match="line 2: no field 'n'"):
         load_lengths(f"{tmp_path}/c.jsonl:n")

@@ -18,7 +18,8 @@ Example::
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "DataError", "LengthwiseError", "MissingDependencyError"]
+__all__ = ["ConfigError", "DataError", "DiskFullError", "LengthwiseError",
+           "MissingDependencyError"]
 
 
 class LengthwiseError(Exception):
@@ -35,3 +36,13 @@ class DataError(LengthwiseError, ValueError):
 
 class MissingDependencyError(LengthwiseError, ImportError):
     """An optional package is needed and not installed; the message names the extra to install."""
+
+
+class DiskFullError(LengthwiseError, OSError):
+    """A write failed for want of room (a full disk, a quota, a file-size limit); see
+    :mod:`lengthwise.disk`. The message names the folder and, when known, the size needed."""
+
+    def __init__(self, message: str, *, folder: object = None, reason: str | None = None,
+                 needed: int | None = None) -> None:
+        super().__init__(message)
+        self.folder, self.reason, self.needed = folder, reason, needed

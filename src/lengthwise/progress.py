@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -39,3 +40,27 @@ def progress(items: Iterable[T], *, desc: str = "", unit: str = "it", total: int
         print(f"\r{desc}: {i}{of} {unit} ({time.perf_counter() - start:.1f}s)", end="",
               file=sys.stderr, flush=True)
     print(file=sys.stderr)
+
+
+@contextmanager
+def no_transformers_bars() -> Iterator[None]:
+    """``transformers``' own progress bars ("Loading weights", "Writing model shards") off
+    within the block: a command's stderr keeps its own lines only.
+
+    Example::
+
+        >>> with no_transformers_bars():
+        ...     pass
+    """
+    try:
+        from transformers.utils import logging
+    except ImportError:  # nothing to silence
+        yield
+        return
+    was = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            logging.enable_progress_bar()

@@ -16,6 +16,12 @@ TINY_TRAIN = ["--max-tokens", "256", "--grad-accum", "2", "--draft-layers", "1",
               "--checkpoint-every", "2", "--lr", "1e-2", "--no-progress"]
 
 
+def tiny_train_args(target, data, out, *extra: str) -> list[str]:
+    """``dflash train`` arguments of a tiny run of ``target`` on ``data`` into ``out``."""
+    return ["dflash", "train", "--target", str(target), "--data", str(data), "--out", str(out),
+            *TINY_TRAIN, *extra]
+
+
 
 
 def launcher(nproc: int | None = None) -> tuple[list[str], dict[str, str]]:

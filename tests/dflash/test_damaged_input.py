@@ -72,6 +72,12 @@ def _non_utf8(path, rows):
     return path
 
 
+def _raw_row(path, rows, row: bytes):
+    """Two good rows, then ``row`` as it is."""
+    path.write_bytes(b"".join((json.dumps(r) + "\n").encode() for r in rows[:2]) + row + b"\n")
+    return path
+
+
 def _datasets_folder(path, rows):
     datasets = pytest.importorskip("datasets")
     datasets.Dataset.from_list(rows).save_to_disk(str(path))
@@ -90,6 +96,13 @@ def _datasets_folder(path, rows):
     ("page.parquet", lambda p, r: (_parquet(p, r), _flip(p, 200, 600))[0],
      "page.parquet rows 0-39: the Parquet data cannot be decoded"),
     ("ds", _datasets_folder, "ds: the datasets folder cannot be read"),
+    ("surrogate.jsonl", lambda p, r: _raw_row(p, r, b'{"messages": [{"role": "user", "content": '
+                                                    b'"a\\ud800b"}, {"role": "assistant", '
+                                                    b'"content": "the cat sat"}]}'),
+     "surrogate.jsonl row 2 (line 3): the escape \\ud800 is half of a surrogate pair"),
+    ("deep.jsonl", lambda p, r: _raw_row(p, r, b'{"messages": ' + b"[" * 100_000
+                                         + b"]" * 100_000 + b"}"),
+     "deep.jsonl, line 3: JSON nested too deeply to read"),
 ])
 def test_prepare_names_a_damaged_source(tiny_prepared, tmp_path, capsys, name, make, said):
     target, _ = tiny_prepared
@@ -98,6 +111,17 @@ def test_prepare_names_a_damaged_source(tiny_prepared, tmp_path, capsys, name, m
     assert _prepare(source, target, tmp_path / "out") == 2
     assert said in _error(capsys)
     assert not (tmp_path / "out" / "prepare.json").exists()
+
+
+def test_a_template_past_the_sandbox_s_limits_is_named(tiny_prepared, tmp_path, capsys):
+    target, _ = tiny_prepared
+    looping = shutil.copytree(target, tmp_path / "looping")
+    (looping / "chat_template.jinja").write_text("{% for i in range(10**9) %}x{% endfor %}")
+    chats = write_jsonl(tmp_path / "chats.jsonl", _rows(4))
+    assert _prepare(chats, looping, tmp_path / "out") == 2
+    assert _error(capsys).endswith(f"the chat template of --target {looping} cannot render an "
+                                   "assistant turn (Range too big. The sandbox blocks ranges "
+                                   "larger than MAX_RANGE (100000).)")
 
 
 def test_a_byte_order_mark_before_the_first_row_is_no_damage(tiny_prepared, tmp_path):
@@ -124,7 +148,8 @@ def test_a_full_disk_while_writing_a_shard_names_it_and_leaves_no_shard(
     out = tmp_path / "out"
     assert _prepare(chats, target, out) == 2
     line = _error(capsys)
-    assert "data-00000.parquet: cannot be written" in line and "No space left" in line
+    assert line.startswith(f"lengthwise dflash: error: writing data-00000.parquet into {out} "
+                           "failed: the disk is full (no space left on the device)")
     assert sorted(p.name for p in out.iterdir()) == []  # no shard, no record, no temporary
 
 

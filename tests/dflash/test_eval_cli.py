@@ -84,11 +84,38 @@ def test_eval_reports_each_set_and_temperature_and_is_lossless(local, tmp_path, 
         ("math", 1.0, 2)]
     for r in rows:
         assert 1.0 <= r["acceptance_length"] <= 4.0 and r["verify_forwards"] >= 1
+        lo, hi = r["acceptance_interval"]
+        assert lo <= r["acceptance_length"] <= hi and r["interval"] == "95% Student-t over prompts"
+        assert len(r["conditional_acceptance"]) == 3 and len(r["alpha"]) == 3
+        assert 1.0 <= r["expected_acceptance"] <= 4.0
+        assert r["baseline"] == "prompt lookup, 3 tokens from 2-grams (transformers generate)"
+        assert 1.0 <= r["baseline_acceptance_length"] <= 4.0
+        assert (r["block_size"], r["dtype"], r["thinking"]) == (4, "float32", "off")
+        assert r["template"].startswith(f"chat template of {local / 'target'} (sha256 ")
+        assert r["engine"].startswith("lengthwise speculative_batch (transformers ")
         if r["temperature"] == 0:
-            assert r["mismatches"] == 0  # every output is the target's greedy generate
+            assert r["mismatches"] == 0 == r["baseline_mismatches"]  # the greedy output
             assert 0.0 <= r["draft_accuracy"] <= 1.0 and len(r["slot_accuracy"]) == 3
         else:
-            assert "mismatches" not in r
+            assert "mismatches" not in r and "baseline_mismatches" not in r
+
+
+def test_prompts_past_the_target_s_positions_are_counted_in_a_warning(local, tmp_path, capsys):
+    prompts = tmp_path / "long.jsonl"
+    prompts.write_text(json.dumps({"prompt": "What is 7 times 8?"}) + "\n"
+                       + json.dumps({"prompt": " ".join(["seven times eight"] * 200)}) + "\n")
+    base = ["dflash", "eval", "--target", str(local / "target"), "--draft",
+            str(local / "draft"), "--prompts", str(prompts), "--temperatures", "0",
+            "--no-check", "--no-accuracy", "--no-progress", "--json"]
+    assert main([*base, "--max-new-tokens", "4"]) == 0
+    said = capsys.readouterr()
+    assert json.loads(said.out)[0]["prompts"] == 2
+    warnings = [line for line in said.err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and warnings[0].startswith(
+        "lengthwise dflash eval: warning: 1 of 2 prompts of long with their --max-new-tokens 4 "
+        "are longer than the target's 512 positions (max_position_embeddings; the longest has ")
+    assert main([*base, "--max-new-tokens", "4", "--limit", "1"]) == 0
+    assert "warning" not in capsys.readouterr().err
 
 
 def test_eval_skips_the_check_and_the_accuracy_pass_on_request(local, capsys):
@@ -98,9 +125,10 @@ def test_eval_skips_the_check_and_the_accuracy_pass_on_request(local, capsys):
     assert main([*base, "--no-check"]) == 0
     (row,) = json.loads(capsys.readouterr().out)
     assert "mismatches" not in row and 0.0 <= row["draft_accuracy"] <= 1.0
-    assert main([*base, "--no-check", "--no-accuracy", "--no-progress"]) == 0
+    assert main([*base, "--no-check", "--no-accuracy", "--no-progress", "--no-baseline"]) == 0
     (row,) = json.loads(capsys.readouterr().out)
     assert "mismatches" not in row and "draft_accuracy" not in row
+    assert "expected_acceptance" not in row and "baseline" not in row
     assert row["acceptance_length"] >= 1.0 and row["prompts"] == 3
     assert main([*base, "--no-accuracy"]) == 0
     (row,) = json.loads(capsys.readouterr().out)
@@ -116,6 +144,36 @@ def test_eval_shows_progress_of_each_pass(local, capsys):
     assert all(what in err for what in ("decoding", "lossless check", "draft accuracy"))
     assert main([*base, "--no-progress"]) == 0
     assert "decoding" not in capsys.readouterr().err
+
+
+def test_eval_json_is_strict_json_when_a_figure_is_undefined(local, capsys):
+    """One new token a prompt: no verification, so no acceptance length: null, never NaN."""
+    def refuse(name):
+        raise AssertionError(f"{name} in the JSON output")
+
+    assert main(["dflash", "eval", "--target", str(local / "target"), "--draft",
+                 str(local / "draft"), "--max-new-tokens", "1", "--limit", "2", "--json",
+                 "--no-progress"]) == 0
+    rows = json.loads(capsys.readouterr().out, parse_constant=refuse)
+    for r in rows:
+        assert r["acceptance_length"] is None and r["verify_forwards"] == 0
+        assert r["acceptance_prompts"] == 0 and r["conditional_acceptance"] == [None] * 3
+        assert r["expected_acceptance"] == 1.0 and r["alpha"] == [None] * 3
+
+
+def test_eval_table_names_what_the_figures_depend_on(local, capsys):
+    assert main(["dflash", "eval", "--target", str(local / "target"), "--draft",
+                 str(local / "draft"), "--max-new-tokens", "6", "--limit", "3",
+                 "--temperatures", "0", "--no-progress", "--lookup-tokens", "2",
+                 "--thinking", "on"]) == 0
+    first, head, row = capsys.readouterr().out.strip().splitlines()
+    assert first.startswith(f"template: chat template of {local / 'target'} (sha256 ")
+    assert " | thinking: on | block_size: 4 | engine: lengthwise speculative_batch " in first
+    assert first.endswith(" | dtype: float32")
+    assert head.split(" | ")[4:7] == ["acceptance length", "expected", "prompt lookup"]
+    cells = row.split(" | ")
+    assert cells[4].count("[") == 1 and cells[6].count("[") == 1  # each with its interval
+    assert len(cells[-1].split()) == 3  # conditional acceptance of block positions 1-3
 
 
 def test_eval_help_describes_every_option(capsys):
@@ -134,7 +192,7 @@ def test_eval_and_export_refuse_bad_input_in_one_line(local, tmp_path, capsys):
     base = ["dflash", "eval", "--target", str(local / "target"), "--draft", str(local / "draft")]
     assert main([*base, "--prompts", str(bad)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.endswith("bad.jsonl:2: messages[0].role must be one of system, user, "
+    assert err.endswith("bad.jsonl, line 2: messages[0].role must be one of system, user, "
                         "assistant, tool, got 'robot'") and "\n" not in err
     assert main([*base, "--max-new-tokens", "0"]) == 2
     assert "--max-new-tokens must be >= 1" in capsys.readouterr().err

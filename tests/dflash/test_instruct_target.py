@@ -106,7 +106,8 @@ def test_samples_cut_before_any_supervision_are_dropped_and_counted(instruct, lo
             in said.err)
     assert main([*args[:-1], "--max-len", "8", "--overwrite", "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "every training sample is cut before" in err[0]
+    assert len(err) == 1 and "--max-len 8 is too small for two supervised tokens" in err[0]
+    assert "give --max-len" in err[0]  # with the least value that keeps a sample trainable
 
 
 def test_regenerated_turns_keep_the_targets_ids_and_no_end_of_turn_after_a_cut(

@@ -288,6 +288,58 @@ def test_cli_prints_counts_and_one_line_errors(target, chats, tmp_path, capsys):
     assert len(err) == 1 and "unknown role 'wizard'" in err[0]
 
 
+@pytest.mark.parametrize("flags, said", [
+    (["--min-supervised", "-1"], "--min-supervised must be a positive integer, got -1"),
+    (["--max-len", "0"], "--max-len must be an integer >= 2, got 0"),
+    (["--max-len", "-1"], "--max-len must be an integer >= 2, got -1"),
+    (["--shard-rows", "0"], "--shard-rows must be a positive integer, got 0"),
+])
+def test_cli_names_a_bad_setting_by_its_option(target, chats, tmp_path, capsys, flags, said):
+    from lengthwise.cli import main
+
+    assert main(["dflash", "prepare", str(chats), "--target", str(target), "--out",
+                 str(tmp_path / "p"), "--no-progress", *flags]) == 2
+    assert capsys.readouterr().err.strip() == f"lengthwise dflash: error: {said}"
+
+
+def test_thinking_asked_of_a_target_without_a_template_says_what_it_needs(tmp_path, chats,
+                                                                           capsys):
+    from lengthwise.cli import main
+
+    bare = save_target(tmp_path / "bare")
+    (bare / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((bare / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (bare / "tokenizer_config.json").write_text(json.dumps(config))
+    assert main(["dflash", "prepare", str(chats), "--target", str(bare), "--out",
+                 str(tmp_path / "p"), "--no-progress", "--enable-thinking"]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        f"--target {bare} has no chat template (--enable-thinking/--no-enable-thinking need "
+        "one with an enable_thinking switch)")
+
+
+def test_samples_longer_than_the_target_s_positions_are_kept_and_counted(target, tmp_path,
+                                                                          capsys):
+    from lengthwise.cli import main
+
+    long = " ".join(["the cat sat on a mat"] * 120)  # over the target's 512 positions
+    rows = [*conversations(3), {"messages": [{"role": "user", "content": "tell"},
+                                             {"role": "assistant", "content": long}]}]
+    source = write_jsonl(tmp_path / "long.jsonl", rows)
+    assert main(["dflash", "prepare", str(source), "--target", str(target), "--out",
+                 str(tmp_path / "p"), "--min-supervised", "8", "--no-progress"]) == 0
+    longest = int(open_prepared(tmp_path / "p").lengths.max())
+    assert longest > 512
+    assert capsys.readouterr().err.strip().endswith(
+        "warning: 1 of 4 samples are longer than the target's 512 positions "
+        f"(max_position_embeddings; the longest has {longest:,} tokens): they are kept whole; "
+        "give --max-len 512 here, or to dflash train, to cut them")
+    assert main(["dflash", "prepare", str(source), "--target", str(target), "--out",
+                 str(tmp_path / "q"), "--min-supervised", "8", "--max-len", "512",
+                 "--no-progress"]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_torchrun_two_processes_prepare_the_same_folder(target, chats, tmp_path):
     import os

@@ -101,6 +101,25 @@ def test_export_eval_and_resume_refuse_a_forged_state_and_run_nothing(run, tmp_p
     assert not marker.exists() and "step_2/state.pt" in line and said in line
 
 
+def test_a_rehashed_state_without_the_draft_s_tensors_is_one_line(run, tmp_path, capsys):
+    target, data, good = run
+    forged = shutil.copytree(good, tmp_path / "forged")
+    step = forged / "checkpoints" / "step_2"
+    torch.save({"model": {"x": torch.zeros(1)}, "aux_rank0": "{}"}, step / "state.pt")
+    manifest = json.loads((step / "COMPLETE").read_text())
+    state = (step / "state.pt").read_bytes()
+    manifest["files"]["state.pt"] = {"bytes": len(state),
+                                     "sha256": hashlib.sha256(state).hexdigest()}
+    (step / "COMPLETE").write_text(json.dumps(manifest))
+    said = (f"{step}/state.pt: its model state does not fit the model: 14 tensors missing "
+            "(e.g. 'context_norm.weight'), 1 unexpected (e.g. 'x')")
+    assert main(["dflash", "export", str(forged), str(tmp_path / "out")]) == 2
+    assert said in _one_line(capsys)
+    assert main([*_train_args(target, data, forged, steps=3), "--resume"]) == 2
+    line = _one_line(capsys)  # it has no optimizer state either: the first thing read
+    assert f"{step}/state.pt" in line and "the previous good checkpoint is step 1" in line
+
+
 def test_a_manifest_without_files_is_refused(run, tmp_path, capsys):
     _, _, good = run
     marker = tmp_path / "MARKER"

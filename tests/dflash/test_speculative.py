@@ -131,3 +131,62 @@ def test_the_greedy_reference_stops_only_where_told(seed):
         assert greedy_reference(target, prompt, 8, eos=free[2]) == target.greedy(prompt, 8,
                                                                                  free[2])
     assert target.model.generation_config.eos_token_id == 2  # left as it was
+
+
+def _logit_rows(target, run):
+    """Rows (positions) of every LM-head output of the target while ``run()`` runs."""
+    rows = []
+    hook = target.model.get_output_embeddings().register_forward_hook(
+        lambda module, args, out: rows.append(int(out.numel() // out.shape[-1])))
+    try:
+        run()
+    finally:
+        hook.remove()
+    return rows
+
+
+@pytest.mark.parametrize("width", [4, 120])
+def test_the_target_computes_logits_only_where_tokens_are_chosen(width):
+    """The prefill scores each prompt's last position only, and a verification its block:
+    no forward holds more than rows x block logits, however long the prompts."""
+    from lengthwise.dflash.speculative import speculative_batch
+
+    target, draft = qwen3_pair(vocab=6, seed=2, block_size=5)
+    prompts = [[1 + i % 4] * width for i in range(3)]
+    gens = []
+    rows = _logit_rows(target, lambda: gens.extend(
+        speculative_batch(draft, target, prompts, max_new_tokens=9)))
+    assert rows and max(rows) <= len(prompts) * 5
+    assert rows[0] == len(prompts)  # the prefill: one position a prompt
+    assert [g.tokens for g in gens] == [target.greedy(p, 9) for p in prompts]
+
+
+def test_rejected_proposals_leave_the_cache_and_change_no_token(monkeypatch):
+    """A draft whose proposals are mostly rejected: the cache stays within about twice the
+    longest row instead of growing by a block every verification; greedy output is the
+    target's, and sampled output (float64) the same draws as with every column kept."""
+    import lengthwise.dflash.speculative as spec
+
+    target, draft = qwen3_pair(vocab=64, seed=2, block_size=5)
+    target.model.double()
+    draft.double()
+    prompts = [[1, 2, 3], [4] * 9, [5, 6]]
+    widths = []
+    hook = target.model.register_forward_pre_hook(
+        lambda m, a, kw: widths.append(kw["attention_mask"].shape[1]), with_kwargs=True)
+    try:
+        gens = spec.speculative_batch(draft, target, prompts, max_new_tokens=40)
+    finally:
+        hook.remove()
+    longest = max(len(p) + len(g.tokens) for p, g in zip(prompts, gens, strict=True))
+    verifications = max(len(g.accepted) for g in gens)
+    assert verifications * 5 > 3 * longest  # every column kept would be this much wider
+    assert max(widths) <= 2 * longest + 2 * 5
+    assert [g.tokens for g in gens] == [target.greedy(p, 40) for p in prompts]
+    sampled = spec.speculative_batch(draft, target, prompts, max_new_tokens=40,
+                                     temperature=1.0, seed=3)
+    monkeypatch.setattr(spec, "_compact", lambda cache, valid: valid)
+    kept_all = spec.speculative_batch(draft, target, prompts, max_new_tokens=40,
+                                      temperature=1.0, seed=3)
+    assert [g.tokens for g in sampled] == [g.tokens for g in kept_all]
+    assert [g.accepted for g in sampled] == [g.accepted for g in kept_all]

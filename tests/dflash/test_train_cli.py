@@ -94,6 +94,26 @@ def test_yaml_switches_take_true_or_false(prepared, tmp_path):
     assert progress is False
 
 
+@pytest.mark.parametrize("flags, option", [(["--max-tokens", "2"], "--max-tokens 2"),
+                                           (["--max-len", "3"], "--max-len 3")])
+def test_a_budget_too_small_for_two_supervised_tokens_names_the_option(prepared, tmp_path,
+                                                                       capsys, flags, option):
+    from _cli import tiny_train_args
+
+    from lengthwise.cli import main
+
+    target, data = prepared
+    out = tmp_path / "run"
+    assert main([*tiny_train_args(target, data, out, "--steps", "1"), *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    found = re.search(rf"error: {option} is too small for two supervised tokens: every sample "
+                      r"is cut to \d+ tokens .* needs (\d+) tokens: give " + option.split()[0]
+                      + r" (\d+) or more$", err[0])
+    assert found and found[1] == found[2], err[0]
+    assert not out.exists() or not any(out.iterdir())  # refused before anything is written
+
+
 def test_a_target_that_is_not_a_causal_lm_is_refused(prepared, tmp_path):
     from lengthwise.dflash.recipe import RunSettings, train_draft
 
@@ -179,6 +199,8 @@ def test_one_process_truncates_long_samples_and_logs_eval_to_tensorboard(prepare
     said = capsys.readouterr()
     summary = json.loads(said.out)
     assert summary["truncated_samples"] > 0 and summary["eval"]["step"] == 2
+    # the expected acceptance at T = 1 (1 - TV per block slot) lies in [1, block_size]
+    assert 1.0 <= summary["eval"]["eval_expected_acceptance"] <= 4.0
     # the tokenizer had no mask token and the embedding no spare row: the grown target is saved
     grown = json.loads((tmp_path / "run" / "target" / "config.json").read_text())
     mask = summary["mask_token_id"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import random
 import subprocess
@@ -13,6 +14,8 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+
+from _full_disk import zip_writer_full  # noqa: E402
 
 from lengthwise.train import (  # noqa: E402
     Checkpointer,
@@ -171,7 +174,7 @@ def test_a_failed_write_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
     with pytest.raises(CheckpointError, match="disk full"):
         pending.wait()
     assert latest_checkpoint(tmp_path / "ckpt").name == "step_1"
-    assert (tmp_path / "ckpt" / "step_2.tmp").exists()
+    assert not (tmp_path / "ckpt" / "step_2.tmp").exists()  # the half-written folder is removed
     fresh = make_run(3)
     assert load_checkpoint(tmp_path / "ckpt", **save_kwargs(fresh))["step"] == 1
     for key, value in fresh[0].state_dict().items():
@@ -180,11 +183,55 @@ def test_a_failed_write_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
     monkeypatch.undo()
     ckpt.save(3, **save_kwargs(run)).wait()  # the error was seen: saving goes on
     assert [p.name for p in list_checkpoints(tmp_path / "ckpt")] == ["step_1", "step_3"]
-    assert not (tmp_path / "ckpt" / "step_2.tmp").exists()  # leftovers are swept
     ckpt.close()
     logger.close()
     events = [json.loads(x)["event"] for x in log_path.read_text().splitlines()]
     assert "checkpoint_failed" in events
+
+
+def test_a_full_disk_says_so_in_one_line_with_the_size_needed(tmp_path, monkeypatch):
+    run = make_run(0)
+    ckpt = Checkpointer(tmp_path / "ckpt", async_=False)
+    ckpt.save(1, **save_kwargs(run))
+
+    monkeypatch.setattr(ckpt_module, "_torch_save", lambda obj, path: zip_writer_full(path))
+    with pytest.raises(CheckpointError) as info:
+        ckpt.save(2, **save_kwargs(run))
+    text = str(info.value)
+    assert text.startswith(f"saving checkpoint step 2 into {tmp_path / 'ckpt'} failed: the "
+                           "disk is full (no space left on the device); it needs about ")
+    assert "enforce fail" not in text and "\n" not in text
+    assert not (tmp_path / "ckpt" / "step_2.tmp").exists()
+    assert latest_checkpoint(tmp_path / "ckpt").name == "step_1"
+    ckpt.close()
+
+
+def test_a_full_disk_under_the_distributed_backend_says_so_too(tmp_path, monkeypatch):
+    def full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    import torch.distributed.checkpoint as dcp
+
+    monkeypatch.setattr(dcp.FileSystemWriter, "write_data", full)
+    ckpt = Checkpointer(tmp_path / "ckpt", use_dcp=True, async_=False)
+    with pytest.raises(CheckpointError) as info:
+        ckpt.save(1, **save_kwargs(make_run(0)))
+    assert str(info.value).startswith(f"saving checkpoint step 1 into {tmp_path / 'ckpt'} "
+                                      "failed: the disk is full (no space left on the device)")
+    assert latest_checkpoint(tmp_path / "ckpt") is None
+    ckpt.close()
+
+
+def test_a_real_full_disk_during_a_save_keeps_the_previous_checkpoint(small_disk):
+    model = torch.nn.Linear(60, 60)  # 14.6 KiB of weights
+    ckpt = Checkpointer(small_disk, async_=False)
+    ckpt.save(1, model=model)
+    big = torch.nn.Linear(200, 200)  # 161 KiB: more than the disk holds
+    with pytest.raises(CheckpointError, match=r"the disk is full .* it needs about 1\d\d\.\d KiB"):
+        ckpt.save(2, model=big)
+    assert [p.name for p in small_disk.iterdir() if p.name.startswith("step")] == ["step_1"]
+    assert load_checkpoint(small_disk, model=torch.nn.Linear(60, 60))["step"] == 1
+    ckpt.close()
 
 
 def test_an_unseen_failure_is_raised_by_the_next_save(tmp_path, monkeypatch):

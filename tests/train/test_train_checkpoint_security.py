@@ -7,6 +7,7 @@ import json
 import os
 import pickle
 import random
+import re
 
 import numpy as np
 import pytest
@@ -110,6 +111,26 @@ def test_a_forged_state_pt_with_matching_checksums_is_refused_and_runs_nothing(t
         with pytest.raises(CorruptCheckpointError, match=said):
             _load(path)
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("part", ["model", "optimizer"])
+def test_a_rehashed_state_that_does_not_fit_the_model_is_one_line(tmp_path, part):
+    _run(tmp_path / "run", False)
+    step = tmp_path / "run" / "step_2"
+    state = torch.load(step / "state.pt", weights_only=True)
+    if part == "model":
+        state["model"] = {"x": torch.zeros(1)}
+        said = ("state.pt: its model state does not fit the model: 2 tensors missing "
+                "(e.g. 'bias'), 1 unexpected (e.g. 'x')")
+    else:
+        state["optimizer"]["param_groups"][0]["params"] = [0]
+        said = "state.pt: its optimizer state does not fit the model's parameters"
+    torch.save(state, step / "state.pt")
+    _rehash(step)
+    for path in (step, tmp_path / "run"):
+        with pytest.raises(CheckpointError, match=re.escape(said)) as info:
+            _load(path)
+        assert "\n" not in str(info.value)
 
 
 def test_a_forged_distributed_checkpoint_is_refused_and_runs_nothing(tmp_path):

@@ -6,6 +6,7 @@ Example::
     $ lengthwise doctor run_a.jsonl run_b.jsonl --json
     $ lengthwise doctor runs/ --plot doctor.png --checkpoint-every 500
     $ lengthwise doctor wandb/run-20240101_120000-abc123 --world-size 4
+    $ lengthwise doctor --watch runs/train_log.jsonl --interval 30
 """
 
 from __future__ import annotations
@@ -50,8 +51,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "arithmetic")
     p.add_argument("--eval-every", type=float, default=None, metavar="N",
                    help="evaluation every N steps (a period of that length is named)")
+    p.add_argument("--clip", type=float, default=None, metavar="NORM",
+                   help="gradient-clipping norm of the run (default: max_grad_norm or clip in a "
+                   "training_args.json or config file beside the log), for the clip rate")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap/permutation tests")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument("--watch", action="store_true",
+                   help="follow one growing log: diagnose it again whenever it changes and "
+                   "print each new finding once; a summary at the end (Ctrl-C, exit 130)")
+    p.add_argument("--interval", type=float, default=None, metavar="SECONDS",
+                   help="with --watch: seconds between looks at the log (default 10)")
+    p.add_argument("--max-seconds", type=float, default=None, metavar="SECONDS",
+                   help="with --watch: stop after this long, print the summary, exit 0")
+    p.add_argument("--cooldown", type=float, default=None, metavar="SECONDS",
+                   help="with --watch: a finding that went away is printed again only this "
+                   "long after it was last printed (default 300)")
     p.add_argument("--plot", default=None, metavar="OUT.png",
                    help="write a PNG: loss with stable region, bands and cliffs; histogram; "
                    "autocorrelation (needs matplotlib)")
@@ -64,22 +78,13 @@ def run(args: argparse.Namespace) -> int:
     from lengthwise.doctor.numbers import json_ready
     from lengthwise.doctor.text import render_comparison, render_text
 
+    if args.watch or args.interval is not None or args.max_seconds is not None \
+            or args.cooldown is not None:
+        return _watch(args)
     reports = {}
     for log in args.logs:
         try:
-            reports[log] = diagnose(
-                log,
-                step_key=args.step_key,
-                loss_key=args.loss_key,
-                start=args.start,
-                end=args.end,
-                checkpoint_every=args.checkpoint_every,
-                steps_per_epoch=args.steps_per_epoch,
-                batch_size=args.batch_size,
-                eval_every=args.eval_every,
-                world_size=args.world_size,
-                seed=args.seed,
-            )
+            reports[log] = diagnose(log, **_options(args))
         except (LogError, LogNotFoundError, ValueError, OSError) as exc:
             print(f"lengthwise doctor: error: {_one_line(exc)}", file=sys.stderr)
             return 2
@@ -106,6 +111,35 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         print(f"plot written to {args.plot}", file=sys.stderr)
     return 0
+
+
+def _options(args: argparse.Namespace) -> dict[str, object]:
+    """The diagnosis options of the command line, as ``diagnose`` takes them."""
+    return dict(step_key=args.step_key, loss_key=args.loss_key, start=args.start, end=args.end,
+                checkpoint_every=args.checkpoint_every, steps_per_epoch=args.steps_per_epoch,
+                batch_size=args.batch_size, eval_every=args.eval_every,
+                world_size=args.world_size, seed=args.seed, clip=args.clip)
+
+
+def _watch(args: argparse.Namespace) -> int:
+    """``--watch``: follow one log (see :mod:`lengthwise.doctor.watch`)."""
+    from lengthwise.doctor.watch import DEFAULT_COOLDOWN, DEFAULT_INTERVAL, watch
+    from lengthwise.errors import ConfigError
+
+    if not args.watch:
+        raise ConfigError("--interval, --max-seconds and --cooldown go with --watch")
+    if len(args.logs) != 1:
+        raise ConfigError(f"--watch follows one log, got {len(args.logs)}")
+    if args.json or args.plot:
+        raise ConfigError("--watch prints text lines; drop --json and --plot")
+    for name in ("interval", "max_seconds", "cooldown"):
+        value = getattr(args, name)
+        if value is not None and not value > 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value:g}")
+    return watch(args.logs[0], interval=args.interval or DEFAULT_INTERVAL,
+                 max_seconds=args.max_seconds,
+                 cooldown=DEFAULT_COOLDOWN if args.cooldown is None else args.cooldown,
+                 options=_options(args))
 
 
 def _one_line(exc: BaseException) -> str:

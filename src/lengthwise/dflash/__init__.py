@@ -27,7 +27,9 @@
   ``dflash``, speculators), and drafts back from it or from a training checkpoint.
 - :mod:`~lengthwise.dflash.speculative`: batched speculative decoding with the KV cache.
 - :mod:`~lengthwise.dflash.prompts`, :mod:`~lengthwise.dflash.evaluate`: prompt sets and the
-  figures of ``lengthwise dflash eval``.
+  figures of ``lengthwise dflash eval``; :mod:`~lengthwise.dflash.acceptance`: the acceptance
+  interval over prompts, conditional and expected acceptance (NumPy);
+  :mod:`~lengthwise.dflash.lookup`: the target's own ``generate`` and the prompt-lookup baseline.
 
 Needs the optional extra ``dflash`` (torch and transformers). Importing this package loads
 nothing heavy.

@@ -33,12 +33,13 @@ __all__ = ["TEMPLATE_ERRORS", "ChatRenderer", "Rendered", "normalise"]
 ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant",
          "gpt": "assistant", "chatgpt": "assistant", "model": "assistant", "tool": "tool",
          "function": "tool", "observation": "tool"}
-try:  # what a chat template raises for a conversation it refuses
+try:  # what a chat template raises for a conversation it refuses, or past the sandbox's limits
     from jinja2 import TemplateError as _TemplateError
 
-    TEMPLATE_ERRORS: tuple[type[Exception], ...] = (_TemplateError, ValueError)
+    TEMPLATE_ERRORS: tuple[type[Exception], ...] = (_TemplateError, ValueError, OverflowError,
+                                                    RecursionError)
 except ImportError:  # pragma: no cover - transformers needs jinja2 for chat templates
-    TEMPLATE_ERRORS = (ValueError,)
+    TEMPLATE_ERRORS = (ValueError, OverflowError, RecursionError)
 _GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 _PROBE = "LENGTHWISE_PROBE_7f3a"
 
@@ -123,7 +124,9 @@ class ChatRenderer:
         if isinstance(template, dict):  # several named templates: the default one
             template = template.get("default")
         if not template:
-            raise ConfigError(f"{name} has no chat template")
+            raise ConfigError(f"{name} has no chat template" + (
+                "" if enable_thinking is None else " (--enable-thinking/--no-enable-thinking "
+                "need one with an enable_thinking switch)"))
         if not getattr(tokenizer, "is_fast", False):
             raise ConfigError(f"{name} is not a fast tokenizer (tokenizer.json): the loss "
                               "mask needs its character offsets")

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from lengthwise.errors import DataError, MissingDependencyError
-from lengthwise.planning.jsonl import json_record
+from lengthwise.planning.jsonl import check_text, json_record
 
 __all__ = ["FIELDS", "ChatSource", "count_rows", "read_conversations"]
 
@@ -154,6 +154,7 @@ class ChatSource:
                                     f"(byte 0x{line[exc.start]:02x} at byte {exc.start} of the "
                                     "line)") from None
                 obj = json_record(text, self.path, lineno, error=DataError)
+                check_text(text, obj, f"{self.path} row {i} (line {lineno})", error=DataError)
                 name = _pick_field(list(obj), f"{self.path} line {lineno}", self.field)
                 yield i, f"{self.path} row {i} (line {lineno}) field {name!r}", obj[name]
 

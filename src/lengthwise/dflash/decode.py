@@ -38,14 +38,15 @@ import numpy as np
 import torch
 
 from lengthwise.dflash.blocks import Blocks, block_attention_mask, make_blocks
+from lengthwise.dflash.head import chunked_agreement
 from lengthwise.dflash.loss import HEAD_CHUNK, block_hidden, block_inputs, head_loss
 from lengthwise.dflash.model import check_target
-from lengthwise.dflash.objective import simulated_acceptance_length
+from lengthwise.dflash.objective import IGNORE, simulated_acceptance_length
 from lengthwise.dflash.target import stop_set
 from lengthwise.errors import ConfigError
 
 __all__ = ["BlockEval", "Generation", "acceptance", "check_decoding", "evaluate_blocks",
-           "speculative_generate"]
+           "slot_agreement", "speculative_generate"]
 
 
 @dataclass
@@ -55,6 +56,8 @@ class Generation:
     tokens: list[int]
     target_forwards: int
     accepted: list[int] = field(default_factory=list)  # tokens kept by each verifying forward
+    #: proposed tokens each verification kept, before a stop token or the limit cut them
+    drafted: list[int] = field(default_factory=list)
 
     @property
     def acceptance_length(self) -> float:
@@ -125,6 +128,7 @@ def speculative_generate(draft: Any, target: Any, prompt: list[int], *, max_new_
         n = 0
         while n < len(proposal) and proposal[n] == greedy[n]:
             n += 1
+        out.drafted.append(n)
         new = proposal[:n] + [greedy[n]]
         ends = [i for i, t in enumerate(new) if t in stops]
         if ends:
@@ -174,6 +178,10 @@ class BlockEval:
     simulated_acceptance_length: float
     count: int = 0  # supervised slots scored (the accuracy's denominator)
     weight: float = 0.0  # their summed weight (the loss's denominator)
+    #: per block slot 1..B-1, mean ``1 - TV(p_draft, p_target)`` at ``temperature``
+    alpha: list[float] | None = None
+    expected_acceptance: float | None = None  # 1 + sum_k prod_{j<=k} alpha_j
+    temperature: float | None = None
 
 
 def _anchor_chunks(blocks: Blocks, slots: int | None) -> Iterator[Blocks]:
@@ -199,20 +207,25 @@ def evaluate_blocks(draft: Any, target: Any,
                     *, num_anchors: int, seed: int = 0, amp: Any = None,
                     head_chunk: int = HEAD_CHUNK, max_slots: int | None = None,
                     max_tokens: int | None = None,
-                    slots_per_forward: int | None = None) -> BlockEval:
+                    slots_per_forward: int | None = None,
+                    temperature: float | None = None) -> BlockEval:
     """Loss, accuracy and per-slot accuracy over collated ``(batch, rows)`` pairs.
 
     ``max_slots``/``max_tokens``: the draft slots budget of training (see
     :func:`~lengthwise.dflash.blocks.make_blocks`); ``head_chunk``: slots per LM-head chunk;
     ``slots_per_forward``: at most this many block slots per draft forward (the target's
     features computed once per batch), which bounds the attention's time and memory when
-    every position is an anchor, and changes no figure.
+    every position is an anchor, and changes no figure. ``temperature``: also the expected
+    acceptance at that temperature (:func:`slot_agreement`: ``alpha`` per slot and
+    ``1 + sum_k prod_{j<=k} alpha_j``), from the target's distributions at the same
+    positions, through the LM head in ``head_chunk`` slots at a time.
     """
     cfg = draft.config
     check_target(cfg, target)
     weighted, weight, correct, count = 0.0, 0.0, 0, 0
     slot_c = np.zeros(cfg.block_size, dtype=np.int64)
     slot_n = np.zeros(cfg.block_size, dtype=np.int64)
+    slot_alpha = np.zeros(cfg.block_size, dtype=np.float64)
     was = draft.training
     draft.eval()
     try:
@@ -220,12 +233,17 @@ def evaluate_blocks(draft: Any, target: Any,
             blocks = make_blocks(batch, rows, step=0, seed=seed, num_anchors=num_anchors,
                                  block_size=cfg.block_size, gamma=cfg.gamma,
                                  max_slots=max_slots, max_tokens=max_tokens).to(target.device)
-            feats = target.features(blocks.input_ids, attention_mask=blocks.attention_mask,
-                                    position_ids=blocks.position_ids)
+            feats, last = target.features_and_output(
+                blocks.input_ids, attention_mask=blocks.attention_mask,
+                position_ids=blocks.position_ids)
             for part in _anchor_chunks(blocks, slots_per_forward):
-                s = head_loss(block_hidden(draft, target, part, amp=amp, feats=feats),
-                              target.lm_head, part.labels, part.weights, chunk=head_chunk,
-                              amp=amp)
+                hidden = block_hidden(draft, target, part, amp=amp, feats=feats)
+                s = head_loss(hidden, target.lm_head, part.labels, part.weights,
+                              chunk=head_chunk, amp=amp)
+                if temperature is not None:
+                    slot_alpha += slot_agreement(hidden, last, target.lm_head, part,
+                                                 temperature=temperature, chunk=head_chunk,
+                                                 amp=amp)
                 weighted += float(s.weighted)
                 weight += s.weight
                 correct += s.correct
@@ -235,8 +253,38 @@ def evaluate_blocks(draft: Any, target: Any,
     finally:
         draft.train(was)
     acc = np.where(slot_n > 0, slot_c / np.maximum(slot_n, 1), np.nan)[1:]
-    return BlockEval(loss=weighted / weight if weight else float("nan"),
-                     accuracy=correct / count if count else float("nan"),
-                     slot_accuracy=[float(x) for x in acc],
-                     simulated_acceptance_length=simulated_acceptance_length(acc),
-                     count=int(count), weight=float(weight))
+    out = BlockEval(loss=weighted / weight if weight else float("nan"),
+                    accuracy=correct / count if count else float("nan"),
+                    slot_accuracy=[float(x) for x in acc],
+                    simulated_acceptance_length=simulated_acceptance_length(acc),
+                    count=int(count), weight=float(weight))
+    if temperature is not None:
+        alpha = np.where(slot_n > 0, slot_alpha / np.maximum(slot_n, 1), np.nan)[1:]
+        out.alpha = [float(x) for x in alpha]
+        out.expected_acceptance = simulated_acceptance_length(alpha)
+        out.temperature = float(temperature)
+    return out
+
+
+def slot_agreement(hidden: torch.Tensor, last: torch.Tensor, lm_head: Any, blocks: Blocks, *,
+                   temperature: float, chunk: int = HEAD_CHUNK, amp: Any = None) -> np.ndarray:
+    """Per block slot, the summed ``1 - TV(p_draft, p_target)`` over the supervised slots.
+
+    ``hidden``: ``(R, A*B, H)`` draft hidden states of ``blocks``; ``last``: ``(R, T, H)``
+    the target's final hidden states of ``blocks.input_ids``. Slot ``k`` of the block at
+    anchor ``a`` predicts the token at ``a + k``, which the target predicts from position
+    ``a + k - 1``; only supervised slots go through the head (:func:`chunked_agreement`).
+    """
+    r, a, b = blocks.labels.shape
+    idx = (blocks.labels.reshape(-1) != IGNORE).nonzero().squeeze(1)
+    row, within = idx // (a * b), idx % (a * b)
+    k = within % b
+    pos = blocks.anchors.clamp(min=0)[row, within // b] + k - 1
+    head_w = lm_head.weight
+    agree = chunked_agreement(
+        hidden.reshape(-1, hidden.shape[-1]).index_select(0, idx).to(head_w.dtype),
+        last[row, pos].to(head_w.dtype), head_w, getattr(lm_head, "bias", None),
+        temperature=temperature, chunk=chunk, dtype=amp if amp is not None else head_w.dtype)
+    sums = torch.zeros(b, dtype=torch.float64, device=agree.device)
+    sums.index_add_(0, k, agree.double())
+    return sums.cpu().numpy()

@@ -1,20 +1,28 @@
-"""A draft's figures per prompt set: acceptance length, draft accuracy, the lossless check.
+"""A draft's figures per prompt set: acceptance, its prediction, a baseline, the lossless check.
 
 For every prompt set and temperature, :func:`evaluate_set` decodes the prompts
 with :func:`~lengthwise.dflash.speculative.speculative_batch` (batched, the
 target's KV cache) and reports:
 
-- ``acceptance_length``: tokens kept per verifying target forward, pooled over
-  the set (the prefill's first token is not counted);
+- ``acceptance_length``: tokens kept per verifying target forward (the prefill's
+  first token is not counted), the mean over prompts with its 95 % Student-t interval
+  over prompts, and ``acceptance_length_pooled`` over every verification of the set;
+  ``conditional_acceptance``: per block position, how often it was kept when the
+  position before it was (:func:`decoding_figures`);
 - ``mismatches`` (temperature 0, with ``check``): the number of prompts whose output
   differs from the target's own greedy ``generate`` (0: the decoding is lossless);
+- ``alpha`` and ``expected_acceptance`` (with ``accuracy``, every temperature): per block
+  slot the mean ``1 - TV(p_draft, p_target)`` at that temperature on the outputs just
+  decoded, and ``1 + sum_k prod_{j<=k} alpha_j``;
 - ``draft_accuracy`` and ``slot_accuracy`` (temperature 0, with ``accuracy``): the
   draft's teacher-forced top-1 accuracy on the target's own greedy outputs, overall
   and per block slot (:func:`~lengthwise.dflash.decode.evaluate_blocks`, every
   position an anchor, in draft forwards of at most :data:`SLOTS_PER_FORWARD` slots),
   with the acceptance length those accuracies imply. With training's budgets
   (``max_tokens``, ``max_slots``) the pass is batched and split as training's held-out
-  evaluation is (:func:`teacher_forced`).
+  evaluation is (:func:`teacher_forced`);
+- with ``lookup_tokens``: prompt-lookup decoding of the same prompts as a training-free
+  baseline (:func:`baseline_figures`, :mod:`~lengthwise.dflash.lookup`).
 
 Example::
 
@@ -38,12 +46,12 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
-import torch
 
 from lengthwise.dflash.loss import HEAD_CHUNK
 from lengthwise.errors import ConfigError
 
-__all__ = ["SLOTS_PER_FORWARD", "evaluate_set", "greedy_reference", "teacher_forced"]
+__all__ = ["SLOTS_PER_FORWARD", "baseline_figures", "decoding_figures", "evaluate_set",
+           "greedy_reference", "teacher_forced"]
 
 #: block slots per draft forward of the teacher-forced pass (bounds its attention's size)
 SLOTS_PER_FORWARD = 4096
@@ -52,25 +60,9 @@ SLOTS_PER_FORWARD = 4096
 def greedy_reference(target: Any, prompt: list[int], max_new_tokens: int,
                      eos: int | Collection[int] | None = None) -> list[int]:
     """The target's own greedy continuation by Hugging Face ``generate`` (KV cache)."""
-    import transformers
+    from lengthwise.dflash.lookup import target_generate
 
-    from lengthwise.dflash.target import stop_set
-
-    stops = sorted(stop_set(eos))
-    config = transformers.GenerationConfig(
-        do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=stops or None,
-        pad_token_id=stops[0] if stops else 0)
-    ids = torch.tensor([prompt], device=target.device)
-    model = target.model
-    # generate fills what a config leaves unset (the stop ids) from the model's own
-    saved, model.generation_config = model.generation_config, config
-    try:
-        with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                                 generation_config=config)
-    finally:
-        model.generation_config = saved
-    return out[0, len(prompt):].tolist()
+    return target_generate(target, prompt, max_new_tokens, eos)
 
 
 def teacher_forced(draft: Any, target: Any, prompts: Sequence[list[int]],
@@ -78,7 +70,7 @@ def teacher_forced(draft: Any, target: Any, prompts: Sequence[list[int]],
                    max_tokens: int | None = None, max_slots: int | None = None,
                    head_chunk: int = HEAD_CHUNK,
                    slots_per_forward: int | None = SLOTS_PER_FORWARD,
-                   progress: bool = False) -> Any:
+                   progress: bool = False, temperature: float | None = None) -> Any:
     """:class:`~lengthwise.dflash.decode.BlockEval` of the draft on ``prompt + output`` texts.
 
     The outputs are supervised, the prompts are not; every possible anchor is used. The
@@ -89,6 +81,7 @@ def teacher_forced(draft: Any, target: Any, prompts: Sequence[list[int]],
     most ``max_slots`` (and ``slots_per_forward``) block slots, at least one block: a
     batch holds at most that many over ``block_size`` texts, and its anchors are split
     over forwards. Within the budgets the figures are those of one forward per batch.
+    ``temperature``: also ``alpha`` and the expected acceptance at that temperature.
     """
     from lengthwise.dflash.decode import evaluate_blocks
     from lengthwise.dflash.recipe import held_out_batches
@@ -110,7 +103,66 @@ def teacher_forced(draft: Any, target: Any, prompts: Sequence[list[int]],
     longest = max(s["input_ids"].size for s in samples)
     return evaluate_blocks(draft, target,
                            bar(batches, desc="draft accuracy", unit="batch", enable=progress),
-                           num_anchors=longest, head_chunk=head_chunk, slots_per_forward=slots)
+                           num_anchors=longest, head_chunk=head_chunk, slots_per_forward=slots,
+                           temperature=temperature)
+
+
+def decoding_figures(gens: Sequence[Any], *, name: str, temperature: float, block_size: int,
+                     ) -> dict[str, Any]:
+    """The figures of one set's real decoding (:class:`~lengthwise.dflash.decode.Generation`).
+
+    ``acceptance_length`` is the mean over prompts of each prompt's tokens per verifying
+    forward, with its 95 % t-interval over prompts (``acceptance_interval``) and the
+    prompts that had a verification (``acceptance_prompts``); ``acceptance_length_pooled``
+    pools every verification of the set; ``conditional_acceptance[k - 1]`` is the share of
+    verifications that kept proposal ``k`` among those that kept ``k - 1``.
+    """
+    from lengthwise.dflash.acceptance import (
+        INTERVAL,
+        acceptance_interval,
+        conditional_acceptance,
+    )
+
+    kept = [k for g in gens for k in g.accepted]
+    iv = acceptance_interval([g.acceptance_length for g in gens])
+    return {
+        "set": name, "temperature": float(temperature), "prompts": len(gens),
+        "new_tokens": sum(len(g.tokens) for g in gens), "verify_forwards": len(kept),
+        "acceptance_length": iv["mean"], "acceptance_interval": [iv["lo"], iv["hi"]],
+        "interval": INTERVAL, "acceptance_prompts": iv["n"],
+        "acceptance_length_pooled": float(np.mean(kept)) if kept else float("nan"),
+        "conditional_acceptance": conditional_acceptance(
+            [k for g in gens for k in g.drafted], block_size=block_size),
+    }
+
+
+def baseline_figures(gens: Sequence[Any], runs: Sequence[Any], lookup_tokens: int,
+                     refs: Sequence[list[int]] | None = None) -> dict[str, Any]:
+    """Prompt lookup's figures beside the draft's, on the same prompts.
+
+    ``baseline_acceptance_length``: its mean tokens per target forward over prompts, with
+    the 95 % t-interval; ``vs_baseline``: the draft's acceptance length minus the
+    baseline's, paired by prompt, with its t-interval (a draft worth serving has it above
+    0); ``baseline_mismatches`` (with the greedy references ``refs``): prompts whose
+    lookup output differs from the target's greedy output.
+    """
+    from lengthwise.dflash.acceptance import acceptance_interval
+    from lengthwise.dflash.lookup import LOOKUP_NGRAM
+
+    base = acceptance_interval([r.acceptance_length for r in runs])
+    diff = acceptance_interval([g.acceptance_length - r.acceptance_length
+                                for g, r in zip(gens, runs, strict=True)])
+    out: dict[str, Any] = {
+        "baseline": f"prompt lookup, {lookup_tokens} tokens from {LOOKUP_NGRAM}-grams "
+                    "(transformers generate)",
+        "baseline_acceptance_length": base["mean"],
+        "baseline_acceptance_interval": [base["lo"], base["hi"]],
+        "vs_baseline": {"mean": diff["mean"], "lo": diff["lo"], "hi": diff["hi"]},
+    }
+    if refs is not None:
+        out["baseline_mismatches"] = sum(r.tokens != ref
+                                         for r, ref in zip(runs, refs, strict=True))
+    return out
 
 
 def _check_budgets(max_tokens: int | None, max_slots: int | None, block: int) -> None:
@@ -128,13 +180,16 @@ def evaluate_set(draft: Any, target: Any, prompts: list[list[int]], *, name: str
                  seed: int = 0, check: bool = True, accuracy: bool = True,
                  max_tokens: int | None = None, max_slots: int | None = None,
                  head_chunk: int = HEAD_CHUNK, progress: bool = False,
-                 ) -> list[dict[str, Any]]:
+                 lookup_tokens: int | None = None) -> list[dict[str, Any]]:
     """One row of figures per temperature for the prompt set ``name`` (see the module doc).
 
     ``check``: the lossless check; ``accuracy``: the teacher-forced pass (each costs about
     as much as the decoding, or more), within training's budgets ``max_tokens``,
-    ``max_slots`` and ``head_chunk`` (:func:`teacher_forced`); ``progress``: bars on stderr.
+    ``max_slots`` and ``head_chunk`` (:func:`teacher_forced`); ``progress``: bars on stderr;
+    ``lookup_tokens``: also prompt-lookup decoding of the same prompts at the same
+    temperature, with that many candidate tokens a forward (:func:`baseline_figures`).
     """
+    from lengthwise.dflash.lookup import prompt_lookup
     from lengthwise.dflash.speculative import speculative_batch
     from lengthwise.progress import progress as bar
 
@@ -155,26 +210,30 @@ def evaluate_set(draft: Any, target: Any, prompts: list[list[int]], *, name: str
                                                   temperature=temp, eos=eos, seed=seed + lo))
             gens = list(bar(decoded, unit="prompt", total=len(prompts), enable=progress,
                             desc=f"{name} T={temp:g}: decoding"))
-            kept = [k for g in gens for k in g.accepted]
-            row: dict[str, Any] = {
-                "set": name, "temperature": float(temp), "prompts": len(prompts),
-                "new_tokens": sum(len(g.tokens) for g in gens),
-                "verify_forwards": len(kept),
-                "acceptance_length": float(np.mean(kept)) if kept else float("nan"),
-            }
-            if temp == 0:
-                outs = [g.tokens for g in gens]
-                if check:
-                    pairs = bar(zip(prompts, outs, strict=True), total=len(prompts),
-                                desc=f"{name}: lossless check", unit="prompt", enable=progress)
-                    row["mismatches"] = sum(
-                        o != greedy_reference(target, p, max_new_tokens, eos) for p, o in pairs)
-                if accuracy:
-                    ev = teacher_forced(draft, target, prompts, outs, max_tokens=max_tokens,
-                                        max_slots=max_slots, head_chunk=head_chunk,
-                                        progress=progress)
+            row = decoding_figures(gens, name=name, temperature=temp,
+                                   block_size=draft.config.block_size)
+            outs = [g.tokens for g in gens]
+            refs = None
+            if temp == 0 and check:
+                refs = [greedy_reference(target, p, max_new_tokens, eos)
+                        for p in bar(prompts, desc=f"{name}: lossless check", unit="prompt",
+                                     enable=progress)]
+                row["mismatches"] = sum(o != r for o, r in zip(outs, refs, strict=True))
+            if lookup_tokens:
+                runs = [prompt_lookup(target, p, max_new_tokens=max_new_tokens,
+                                      num_tokens=lookup_tokens, eos=eos, temperature=temp,
+                                      seed=seed + i)
+                        for i, p in enumerate(bar(prompts, unit="prompt", enable=progress,
+                                                  desc=f"{name} T={temp:g}: prompt lookup"))]
+                row.update(baseline_figures(gens, runs, lookup_tokens, refs))
+            if accuracy:
+                ev = teacher_forced(draft, target, prompts, outs, max_tokens=max_tokens,
+                                    max_slots=max_slots, head_chunk=head_chunk,
+                                    progress=progress, temperature=temp)
+                if temp == 0:
                     row.update(draft_accuracy=ev.accuracy, slot_accuracy=ev.slot_accuracy,
                                simulated_acceptance_length=ev.simulated_acceptance_length)
+                row.update(alpha=ev.alpha, expected_acceptance=ev.expected_acceptance)
             rows.append(row)
     finally:
         draft.train(was)

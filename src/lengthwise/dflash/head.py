@@ -33,7 +33,7 @@ from torch.nn import functional as F
 
 from lengthwise.errors import ConfigError
 
-__all__ = ["BUFFERS", "chunk_bound_bytes", "chunked_cross_entropy"]
+__all__ = ["BUFFERS", "chunk_bound_bytes", "chunked_agreement", "chunked_cross_entropy"]
 
 #: fp32 ``chunk x V`` buffers alive at once at most (logits, their fp32 copy and
 #: the log-softmax or softmax made from it)
@@ -128,3 +128,44 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torc
                          f"{tuple(hidden.shape)}, {tuple(labels.shape)}, {tuple(weights.shape)}")
     return _ChunkedCE.apply(hidden, weight, bias, labels, weights, chunk,
                             dtype or weight.dtype)
+
+
+@torch.no_grad()
+def chunked_agreement(draft_hidden: torch.Tensor, target_hidden: torch.Tensor,
+                      weight: torch.Tensor, bias: torch.Tensor | None, *, temperature: float,
+                      chunk: int = 1024, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Per slot ``1 - TV(p_draft, p_target)`` at ``temperature``, ``chunk`` slots at a time.
+
+    ``draft_hidden``, ``target_hidden``: ``(N, H)``, each slot's draft hidden state and the
+    target's final hidden state at the position before the slot's token; both go through
+    the one head (``weight``, ``bias``) in ``dtype`` (default: the head's), the softmax
+    at ``temperature`` in fp32. ``1 - TV`` is the chance that speculative sampling keeps
+    the draft's token; at temperature 0 it is whether the two top-1 tokens agree.
+
+    Example::
+
+        >>> h = torch.randn(4, 8); w = torch.randn(11, 8)
+        >>> chunked_agreement(h, h, w, None, temperature=1.0, chunk=3).tolist()
+        [1.0, 1.0, 1.0, 1.0]
+    """
+    if not temperature >= 0:
+        raise ConfigError(f"temperature must be >= 0, got {temperature}")
+    dtype = dtype or weight.dtype
+    acc = torch.promote_types(dtype, torch.float32)
+    out = torch.empty(draft_hidden.shape[0], dtype=acc, device=draft_hidden.device)
+    with torch.autocast(draft_hidden.device.type, enabled=False):
+        for s in range(0, draft_hidden.shape[0], chunk):
+            # at most BUFFERS chunk x V buffers alive: each is scaled, then turned into its
+            # probabilities and dropped, in place of new copies
+            ld = _logits(draft_hidden[s:s + chunk], weight, bias, dtype).to(acc)
+            lt = _logits(target_hidden[s:s + chunk], weight, bias, dtype).to(acc)
+            if temperature == 0:
+                out[s:s + chunk] = (ld.argmax(dim=-1) == lt.argmax(dim=-1)).to(acc)
+                continue
+            p = torch.softmax(lt.div_(temperature), dim=-1)
+            del lt
+            q = torch.softmax(ld.div_(temperature), dim=-1)
+            del ld
+            out[s:s + chunk] = 1.0 - 0.5 * p.sub_(q).abs_().sum(dim=-1)
+            del p, q
+    return out.clamp_(0.0, 1.0)

@@ -90,8 +90,8 @@ def _checkpoint_draft(path: Path) -> tuple[Any, Path]:
     draft = DFlashDraft(read_draft_config(step))
     try:
         load_checkpoint(step, model=draft, restore_rng=False)
-    except CheckpointError as exc:
-        raise ConfigError(f"{step}: {exc}") from exc
+    except CheckpointError as exc:  # its message names the file, inside ``step``
+        raise ConfigError(str(exc) if str(step) in str(exc) else f"{step}: {exc}") from exc
     return draft.eval(), step
 
 

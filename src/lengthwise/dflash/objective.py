@@ -221,7 +221,8 @@ def simulated_acceptance_length(accuracy: np.ndarray) -> float:
         1.75
     """
     acc = np.asarray(accuracy, dtype=np.float64)
-    if acc.size and (np.nanmin(acc) < 0 or np.nanmax(acc) > 1):
+    known = acc[~np.isnan(acc)]
+    if known.size and (known.min() < 0 or known.max() > 1):
         raise DataError("accuracies must lie in [0, 1]")
     acc = np.nan_to_num(acc, nan=0.0)
     return float(1.0 + np.cumprod(acc).sum())

@@ -43,6 +43,7 @@ from lengthwise.dflash.chat import TEMPLATE_ERRORS, ChatRenderer, normalise
 from lengthwise.dflash.chat_files import ChatSource
 from lengthwise.dflash.out_lock import hold_out
 from lengthwise.dflash.tokenizer_id import tokenizer_record
+from lengthwise.disk import full_disk_error
 from lengthwise.errors import ConfigError, DataError
 from lengthwise.train.config import check_positive
 
@@ -192,10 +193,14 @@ def _write_shard(path: Path, ids: list[list[int]], masks: list[list[int]], rows:
 
 @contextmanager
 def _named_os_errors(path: Path) -> Iterator[None]:
-    """An ``OSError`` naming no file (a full disk inside a writer) re-raised naming ``path``."""
+    """A full disk as a :class:`~lengthwise.errors.DiskFullError` naming ``path``; any other
+    ``OSError`` that names no file re-raised naming it."""
     try:
         yield
     except OSError as exc:
+        full = full_disk_error(exc, path.parent, what=f"writing {path.name}")
+        if full is not None:
+            raise full from None
         if exc.filename is not None:
             raise
         raise OSError(exc.errno, f"cannot be written ({' '.join(str(exc).split())})",
@@ -380,13 +385,31 @@ def _prepare(chats: ChatSource, target: Path, out: Path, cfg: PrepareConfig, tok
         "fingerprint": fp,
     }
     if rank == 0:
+        lengths = _gather_lengths(out, nshards)
         with _named_os_errors(out / "lengths.npy"), atomic_open(out / "lengths.npy") as fh:
-            np.save(fh, _gather_lengths(out, nshards))
+            np.save(fh, lengths)
         with (_named_os_errors(out / "prepare.json"),
               atomic_open(out / "prepare.json", "w", encoding="utf-8") as fh):
             fh.write(json.dumps(record, indent=2) + "\n")
+        _say_past_positions(lengths, target, info)
     barrier(info)
     return record
+
+
+def _say_past_positions(lengths: np.ndarray, target: Path, info: Any) -> None:
+    """Say how many samples the target's ``max_position_embeddings`` cannot hold whole."""
+    from lengthwise.dflash.positions import max_positions, past_positions
+    from lengthwise.train.device import say
+
+    try:
+        config = json.loads((target / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # a tokenizer given without a model folder: nothing to say
+        return
+    limit = max_positions(config) if isinstance(config, dict) else None
+    note = past_positions(lengths, limit, what="samples", advice=(
+        f"they are kept whole; give --max-len {limit} here, or to dflash train, to cut them"))
+    if note is not None:
+        say(info, f"lengthwise dflash prepare: warning: {note}")
 
 
 def _finished_shards(out: Path, nshards: int, fps: tuple[str, str], key: str,

@@ -17,14 +17,14 @@ Example::
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from lengthwise.errors import ConfigError, DataError
+from lengthwise.planning.jsonl import check_text, json_record
 
-__all__ = ["bundled_prompts", "read_prompt_file", "render_prompts"]
+__all__ = ["bundled_prompts", "read_prompt_file", "render_prompts", "template_report"]
 
 _ROLES = ("system", "user", "assistant", "tool")
 
@@ -48,11 +48,10 @@ def read_prompt_file(path: str | os.PathLike) -> list[list[dict[str, str]]]:
         for n, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
-            try:
-                row = json.loads(line)
-            except ValueError as exc:
-                raise DataError(f"{path}:{n}: not JSON ({exc})") from exc
-            out.append(_conversation(row, f"{path}:{n}"))
+            where = f"{path}, line {n}"
+            row = json_record(line, path, n, error=DataError)
+            check_text(line, row, where, error=DataError)
+            out.append(_conversation(row, where))
     if not out:
         raise DataError(f"{path}: no prompts")
     return out
@@ -106,3 +105,33 @@ def render_prompts(conversations: list[list[dict[str, str]]], tokenizer: Any, *,
                               "'prompt' lines can be rendered")
         out.append([int(t) for t in ids])
     return out
+
+
+def template_report(tokenizer: Any, *, thinking: bool | None) -> dict[str, str]:
+    """The chat template prompts are rendered with, and its thinking switch, for a report.
+
+    ``template``: the tokenizer's name or folder and the template's sha256 (first 12 hex
+    digits), or ``none (plain text)``; ``thinking``: ``on``/``off`` where the template
+    reads ``enable_thinking``, else ``n/a (the template has no switch)``.
+
+    Example::
+
+        >>> class Tok:
+        ...     name_or_path, chat_template = "Qwen3-8B", "{{ enable_thinking }}"
+        >>> template_report(Tok(), thinking=False)["thinking"]
+        'off'
+        >>> template_report(object(), thinking=True)
+        {'template': 'none (plain text)', 'thinking': 'n/a (the template has no switch)'}
+    """
+    from lengthwise.dflash.tokenizer_id import template_sha256
+
+    digest = template_sha256(tokenizer)
+    if digest is None:
+        return {"template": "none (plain text)", "thinking": "n/a (the template has no switch)"}
+    text = tokenizer.chat_template
+    text = text.get("default", "") if isinstance(text, dict) else text
+    name = getattr(tokenizer, "name_or_path", "") or "the tokenizer"
+    switch = "n/a (the template has no switch)"
+    if "enable_thinking" in text and thinking is not None:
+        switch = "on" if thinking else "off"
+    return {"template": f"chat template of {name} (sha256 {digest[:12]})", "thinking": switch}

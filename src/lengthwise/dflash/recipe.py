@@ -6,8 +6,9 @@ and trains on the rest with :class:`~lengthwise.train.loop.TrainLoop` and
 :class:`~lengthwise.dflash.train.DFlashTask` (DDP for the draft under
 ``torchrun``, the target replicated on every rank). Every ``eval_every`` steps,
 rank 0 evaluates the draft teacher-forced on the held-out samples and the step
-record gets ``eval_loss``, ``eval_accuracy`` and ``eval_simulated_acceptance_length``
-(:func:`~lengthwise.dflash.decode.evaluate_blocks`). The run folder holds
+record gets ``eval_loss``, ``eval_accuracy``, ``eval_simulated_acceptance_length`` and
+``eval_expected_acceptance`` (at temperature 1, from ``1 - TV(p_draft, p_target)`` per block
+slot; :func:`~lengthwise.dflash.decode.evaluate_blocks`). The run folder holds
 ``train_log.jsonl``, ``checkpoints/`` (exact resume with ``resume=True``),
 ``draft_config.json``, at the end ``final/draft.pt`` and, when the mask token needed a
 row the target lacked, ``target/``: the target grown by that row, with its tokenizer
@@ -36,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.dflash.train import DFlashTask, DFlashTrainConfig
+from lengthwise.dflash.train import DFlashTask, DFlashTrainConfig, check_budget
 from lengthwise.errors import ConfigError, DataError
 
 __all__ = ["TOKENIZER_FILES", "EvalTask", "RunSettings", "check_causal_lm", "held_out_batches",
@@ -230,15 +231,21 @@ class EvalTask(DFlashTask):
         return super().prepare(batch, rows, step)
 
     def evaluate(self) -> dict[str, Any]:
-        """Held-out loss, accuracy and simulated acceptance length of the draft as it is."""
+        """Held-out loss, accuracy, simulated and expected acceptance of the draft as it is.
+
+        ``eval_expected_acceptance``: ``1 + sum_k prod_{j<=k} alpha_j`` with ``alpha_j`` the
+        mean ``1 - TV(p_draft, p_target)`` of block slot ``j`` at temperature 1.
+        """
         from lengthwise.dflash.decode import evaluate_blocks
 
         cfg = self.cfg
         ev = evaluate_blocks(self.model, self.target, self.held, num_anchors=self.anchors,
                              seed=cfg.seed, amp=self.amp, head_chunk=cfg.head_chunk,
-                             max_slots=cfg.slot_budget, max_tokens=cfg.max_tokens)
+                             max_slots=cfg.slot_budget, max_tokens=cfg.max_tokens,
+                             temperature=1.0)
         return {"eval_loss": _finite(ev.loss), "eval_accuracy": _finite(ev.accuracy),
-                "eval_simulated_acceptance_length": _finite(ev.simulated_acceptance_length)}
+                "eval_simulated_acceptance_length": _finite(ev.simulated_acceptance_length),
+                "eval_expected_acceptance": _finite(ev.expected_acceptance)}
 
     def step_fields(self, stats: dict[str, float]) -> dict[str, Any]:
         out = super().step_fields(stats)
@@ -302,6 +309,8 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
     """:func:`train_draft` with the run folder's lock held."""
     import torch
 
+    from lengthwise.atomic import atomic_open
+    from lengthwise.dflash.grown_target import save_grown_target
     from lengthwise.dflash.load import FINAL_STEP
     from lengthwise.dflash.mask_token import ensure_mask_token
     from lengthwise.dflash.objective import target_layer_ids
@@ -311,8 +320,13 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
     )
     from lengthwise.dflash.target import Target, load_target
     from lengthwise.dflash.tokenizer_id import TOKENIZER_FIELDS
+    from lengthwise.disk import reporting_full_disk
+    from lengthwise.progress import no_transformers_bars
+    from lengthwise.train.checkpoint.state import state_bytes
     from lengthwise.train.device import autocast_dtype, configure_torch, rank_world, say
     from lengthwise.train.loop import TrainLoop
+    from lengthwise.train.stop import EXIT_STATUS as STOPPED
+    from lengthwise.train.stop import StopRequest
 
     n = len(data)
     rank, world = rank_world(group)
@@ -322,7 +336,10 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
     held_idx, train_idx = np.sort(perm[: run.eval_samples]), np.sort(perm[run.eval_samples:])
     unlearnable = data.unlearnable_when_cut(train_idx, cfg.max_len)
     dropped = int(unlearnable.sum())
-    if dropped == train_idx.size:
+    if dropped == train_idx.size:  # the budget named with the least value, where it is the cause
+        check_budget(lambda i: {k: v[: cfg.max_len]
+                                for k, v in data.sample(int(train_idx[i])).items()},
+                     lambda i: data.sample(int(train_idx[i])), int(train_idx.size), cfg)
         raise ConfigError(f"max_len {cfg.max_len}: every training sample is cut before two "
                           "consecutive supervised tokens, so none has any loss; raise max_len")
     train_idx = train_idx[~unlearnable]
@@ -337,12 +354,14 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
         return {k: v[: cfg.max_len] for k, v in s.items()}
 
     applied = _check_out(out, cfg, run, data.info, group)
-    model = load_target(run.target, dtype=cfg.dtype, device=device)
+    with no_transformers_bars():
+        model = load_target(run.target, dtype=cfg.dtype, device=device)
     # the blocks' mask token: the tokenizer's own, else <|MASK|> added (the target embeds it)
     rows = int(model.get_input_embeddings().weight.shape[0])
     mask = ensure_mask_token(tokenizer, model)
-    serve = (_save_grown_target(model, tokenizer, out / "target", main=rank == 0)
-             if mask.resized else Path(run.target))
+    serve = out / "target" if mask.resized else Path(run.target)
+    if mask.resized and rank == 0:  # whole or not at all; an identical one is kept
+        save_grown_target(model, tokenizer, serve)
     n_layers = model.config.num_hidden_layers
     target = Target(model, layers=target_layer_ids(n_layers, cfg.num_features or cfg.draft_layers))
     draft = new_draft(target, cfg, mask_token_id=mask.id)
@@ -394,17 +413,30 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
     try:
         from lengthwise.progress import progress as bar
 
-        for _ in bar(range(loop.step_count, cfg.steps), desc="dflash train", unit="step",
-                     total=cfg.steps - loop.step_count, enable=progress and rank == 0):
-            records.append(loop.step())
+        with StopRequest() as stop:
+            for _ in bar(range(loop.step_count, cfg.steps), desc="dflash train", unit="step",
+                         total=cfg.steps - loop.step_count, enable=progress and rank == 0):
+                records.append(loop.step())
+                if stop.requested(group) and not loop.done:
+                    saved = loop.checkpoint()
+                    say(group, f"lengthwise dflash train: SIGTERM: stopped after step "
+                               f"{loop.step_count} of {cfg.steps}; " + (
+                                   f"checkpoint step_{loop.step_count} saved: continue with "
+                                   "--resume" if saved else "no checkpoint (--checkpoint-every "
+                                   "0): those steps are lost"))
+                    raise SystemExit(STOPPED)
         if rank == 0:
             final = out / "final"
             final.mkdir(parents=True, exist_ok=True)
-            torch.save(draft.state_dict(), final / "draft.pt")
-            (final / "config.json").write_text(json.dumps(dcfg.to_dict(), indent=2) + "\n",
-                                               encoding="utf-8")
-            (final / FINAL_STEP).write_text(json.dumps({"step": loop.step_count}) + "\n",
-                                            encoding="utf-8")
+            state = draft.state_dict()
+            with reporting_full_disk(final, needed=state_bytes(state),
+                                     what="saving the final draft"):  # each file whole
+                with atomic_open(final / "draft.pt") as fh:
+                    torch.save(state, fh)
+                with atomic_open(final / "config.json", "w", encoding="utf-8") as fh:
+                    fh.write(json.dumps(dcfg.to_dict(), indent=2) + "\n")
+                with atomic_open(final / FINAL_STEP, "w", encoding="utf-8") as fh:
+                    fh.write(json.dumps({"step": loop.step_count}) + "\n")
     finally:
         loop.close()
     if rank != 0:
@@ -416,7 +448,8 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
             "truncated_samples": cut, "dropped_unsupervised_after_truncation": dropped,
             "loss": last.get("loss"), "accuracy": last.get("accuracy"),
             "eval": ({k: evals[-1][k] for k in ("step", "eval_loss", "eval_accuracy",
-                                                "eval_simulated_acceptance_length")}
+                                                "eval_simulated_acceptance_length",
+                                                "eval_expected_acceptance")}
                      if evals else None),
             "log": str(loop.log_path), "final": str(out / "final"),
             "mask_token_id": mask.id, "target": str(serve)}
@@ -458,14 +491,3 @@ def _check_out(out: Path, cfg: DFlashTrainConfig, run: RunSettings, data_info: d
                f"from {out}")
     return []
 
-
-def _save_grown_target(model: Any, tokenizer: Any, folder: Path, *, main: bool) -> Path:
-    """Save (rank 0) the target grown by the mask token's row, with its tokenizer, to ``folder``.
-
-    The draft's blocks embed the mask token with the target's embedding, so the
-    target the draft is served with must hold that row.
-    """
-    if main:
-        model.save_pretrained(str(folder))
-        tokenizer.save_pretrained(str(folder))
-    return folder

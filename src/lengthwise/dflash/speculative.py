@@ -6,7 +6,12 @@
 features of everything before it, and the target verifies anchor + proposal of
 every row in one cached forward. Columns of the cache that hold rejected tokens
 are masked out for the rest of the run (positions stay the rows' own), so rows
-keep different lengths in one cache.
+keep different lengths in one cache; once the dead columns are as many as the
+longest row's live ones they are dropped (:func:`_compact`), so the cache holds at
+most about twice the longest row however many proposals are rejected. The target
+computes logits only where a token is chosen: the prefill scores each prompt's last
+position (``logits_to_keep``), a verification its block, and the draft's proposal
+slots go through the LM head.
 
 - ``temperature == 0``: the longest prefix of the proposal equal to the target's
   greedy choices is kept, plus one token of the target's: the output is the
@@ -63,12 +68,15 @@ class _Rows:
         self.done = [False] * len(prompts)
         self.n_new = n_new
 
-    def add(self, r: int, new: list[int], stops: frozenset[int], *, verify: bool) -> None:
+    def add(self, r: int, new: list[int], stops: frozenset[int], *,
+            drafted: int | None = None) -> None:
+        """Append ``new`` to row ``r`` (a verification's when ``drafted`` proposals were kept)."""
         new = new[: self.n_new - len(self.gens[r].tokens)]
         ends = [i for i, t in enumerate(new) if t in stops]
         if ends:
             new = new[: ends[0] + 1]
-        if verify:
+        if drafted is not None:
+            self.gens[r].drafted.append(drafted)
             self.gens[r].accepted.append(len(new))
             self.gens[r].target_forwards += 1
         self.gens[r].tokens.extend(new)
@@ -80,6 +88,19 @@ class _Rows:
 def _cache_kwarg(model: Any) -> str:
     """The name under which this ``transformers`` version takes the KV cache."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _last_logits_only(model: Any) -> dict[str, int]:
+    """The keyword that makes a forward score its last position only, where the model has one.
+
+    A prefill needs the next token of each row: full-vocabulary logits over every prompt
+    position would be the largest tensor of the run.
+    """
+    params = inspect.signature(model.forward).parameters
+    for name in ("logits_to_keep", "num_logits_to_keep"):
+        if name in params:
+            return {name: 1}
+    return {}
 
 
 def _cache_of(out: Any) -> Any:
@@ -128,13 +149,14 @@ def speculative_batch(draft: Any, target: Any, prompts: list[list[int]], *,
     cache_name = _cache_kwarg(model)
     generator = torch.Generator(device=dev).manual_seed(int(seed))
     out = model(input_ids=ids, attention_mask=valid, position_ids=pos, use_cache=True,
-                output_hidden_states=True)
+                output_hidden_states=True, **_last_logits_only(model))
     cache = _cache_of(out)
     feats = torch.cat([out.hidden_states[i + 1] for i in target.layers], dim=-1)
     first, _ = _pick(out.logits[:, -1], temperature, generator)
+    del out  # every layer's hidden states of the prompts
     for r, p in enumerate(prompts):
         rows.feats[r].append(feats[r, width - len(p):])
-        rows.add(r, [int(first[r])], stops, verify=False)
+        rows.add(r, [int(first[r])], stops)
     slots = torch.arange(b, device=dev)
     while not all(rows.done):
         active = torch.tensor([not d for d in rows.done], device=dev)
@@ -150,7 +172,7 @@ def speculative_batch(draft: Any, target: Any, prompts: list[list[int]], *,
         positions = torch.cat([torch.arange(longest, device=dev).expand(n, -1), block_pos], 1)
         mask = block_attention_mask(lens.unsqueeze(1), torch.zeros_like(anchors), longest, b)
         hidden = draft(padded, embeds, positions, mask)
-        draft_logits = target.lm_head(hidden.to(target.lm_head.weight.dtype))[:, 1:]
+        draft_logits = target.lm_head(hidden[:, 1:].to(target.lm_head.weight.dtype))
         proposal, q = _pick(draft_logits, temperature, generator)
         block = torch.cat([anchors, proposal], dim=1)
         valid = torch.cat([valid, active.long().unsqueeze(1).expand(n, b)], dim=1)
@@ -166,8 +188,39 @@ def speculative_batch(draft: Any, target: Any, prompts: list[list[int]], *,
             k, bonus = kept[r]
             valid[r, start + k + 1:] = 0  # rejected proposals leave the cache
             rows.feats[r].append(feats[r, : k + 1])
-            rows.add(r, proposal[r, :k].tolist() + [bonus], stops, verify=True)
+            rows.add(r, proposal[r, :k].tolist() + [bonus], stops, drafted=k)
+        valid = _compact(cache, valid)
     return rows.gens
+
+
+def _compact(cache: Any, valid: torch.Tensor) -> torch.Tensor:
+    """Drop the cache's masked-out columns once they are as many as the longest row's kept ones.
+
+    Every verification appends a block to every row and masks out its rejected proposals:
+    with a poor draft most columns of the cache are dead. The kept columns of each row
+    move to the right, in order (rows stay left-padded; positions are the rows' own, given
+    explicitly, so nothing else changes), and the cache holds at most about twice the
+    longest row. Returns the mask of the columns kept; a cache whose layers are not plain
+    dynamic key/value tensors is left as it is.
+    """
+    keep = valid.bool()
+    width = int(keep.sum(dim=1).max())
+    if valid.shape[1] - width < max(width, 1):
+        return valid
+    try:
+        from transformers.cache_utils import DynamicLayer
+    except ImportError:  # pragma: no cover - a transformers without cache layers
+        return valid
+    layers = getattr(cache, "layers", None)
+    if not layers or any(type(layer) is not DynamicLayer or layer.keys.ndim != 4
+                         for layer in layers):
+        return valid
+    order = torch.sort(keep.to(torch.int8), dim=1, stable=True).indices[:, -width:]
+    for layer in layers:
+        n, heads, _, dim = layer.keys.shape
+        at = order[:, None, :, None].expand(n, heads, width, dim)
+        layer.keys, layer.values = layer.keys.gather(2, at), layer.values.gather(2, at)
+    return valid.gather(1, order)
 
 
 def _verify(proposal: torch.Tensor, logits: torch.Tensor, q: torch.Tensor | None,

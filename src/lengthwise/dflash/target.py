@@ -85,12 +85,30 @@ class Target:
     def features(self, input_ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None,
                  position_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Features only: the decoder stack without the LM head (what training needs)."""
+        return self.features_and_output(input_ids, attention_mask=attention_mask,
+                                        position_ids=position_ids)[0]
+
+    @torch.no_grad()
+    def features_and_output(self, input_ids: torch.Tensor, *,
+                            attention_mask: torch.Tensor | None = None,
+                            position_ids: torch.Tensor | None = None,
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Features and the final hidden states ``(b, T, H)`` (what the LM head reads), no logits.
+
+        The LM head applied to the final hidden state at ``t`` gives the target's
+        distribution of the token at ``t + 1``, for the positions that need it only.
+        """
         if self.base is None:
-            return self.forward(input_ids, attention_mask=attention_mask,
-                                position_ids=position_ids)[1]
-        out = self.base(input_ids=input_ids, attention_mask=attention_mask,
-                        position_ids=position_ids, output_hidden_states=True, use_cache=False)
-        return torch.cat([out.hidden_states[i + 1] for i in self.layers], dim=-1)
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                             position_ids=position_ids, output_hidden_states=True,
+                             use_cache=False)
+        else:
+            out = self.base(input_ids=input_ids, attention_mask=attention_mask,
+                            position_ids=position_ids, output_hidden_states=True,
+                            use_cache=False)
+        feats = torch.cat([out.hidden_states[i + 1] for i in self.layers], dim=-1)
+        last = getattr(out, "last_hidden_state", None)
+        return feats, out.hidden_states[-1] if last is None else last
 
     @torch.no_grad()
     def greedy(self, prompt: list[int], max_new_tokens: int,

@@ -36,7 +36,7 @@ from lengthwise.errors import ConfigError, DataError
 from lengthwise.train.config import PACKED, LoopConfig, check_positive
 from lengthwise.train.loop import MicroOut
 
-__all__ = ["DFlashTask", "DFlashTrainConfig", "check_supervised"]
+__all__ = ["DFlashTask", "DFlashTrainConfig", "check_budget", "check_supervised"]
 
 
 @dataclass
@@ -201,15 +201,53 @@ def check_supervised(sample: Callable[[int], Any], size: int) -> None:
 tokens (labels other than -100): DFlash draws its blocks at such pairs, so nothing would be \
 trained; check the loss mask (assistant tokens) of the data
     """
-    from lengthwise.dflash.objective import IGNORE, anchor_candidates
-
     for i in range(size):
-        labels = np.asarray(sample(i)["labels"])
-        if anchor_candidates(labels != IGNORE).size:
+        if _first_anchor(sample(i)) is not None:
             return
     raise DataError(f"none of the {size} samples has two consecutive supervised tokens (labels "
                     "other than -100): DFlash draws its blocks at such pairs, so nothing would "
                     "be trained; check the loss mask (assistant tokens) of the data")
+
+
+def _first_anchor(sample: Any) -> int | None:
+    """Where the first two consecutive supervised tokens of ``sample`` start, or ``None``."""
+    from lengthwise.dflash.objective import IGNORE, anchor_candidates
+
+    found = anchor_candidates(np.asarray(sample["labels"]) != IGNORE)
+    return int(found[0]) if found.size else None
+
+
+def check_budget(cut: Callable[[int], Any], full: Callable[[int], Any], size: int,
+                 cfg: DFlashTrainConfig) -> None:
+    """Refuse a ``max_len`` (``max_tokens`` by default) that cuts every sample before an anchor.
+
+    ``cut(i)`` is sample ``i`` as trained (cut to ``cfg.max_len`` tokens), ``full(i)`` as
+    prepared. When no cut sample keeps two consecutive supervised tokens but some full
+    one does, the budget is the cause: the :class:`~lengthwise.errors.ConfigError` names
+    the option and the least value that keeps one sample trainable.
+
+    Example::
+
+        >>> rows = [{"input_ids": list(range(6)), "labels": [-100] * 3 + [3, 4, 5]}]
+        >>> cfg = DFlashTrainConfig(max_tokens=2, max_len=2, steps=1, block_size=2)
+        >>> check_budget(lambda i: {k: v[:2] for k, v in rows[i].items()}, rows.__getitem__,
+        ...              1, cfg)
+        Traceback (most recent call last):
+        ...
+        lengthwise.errors.ConfigError: --max-tokens 2 is too small for two supervised tokens: ...
+    """
+    if any(_first_anchor(cut(i)) is not None for i in range(size)):
+        return
+    starts = [a for a in (_first_anchor(full(i)) for i in range(size)) if a is not None]
+    if not starts:
+        return  # the data has none at all: check_supervised says so
+    need = min(starts) + 2
+    option, value = (("--max-tokens", cfg.max_tokens) if cfg.max_len == cfg.max_tokens
+                     else ("--max-len", cfg.max_len))
+    raise ConfigError(f"{option} {value} is too small for two supervised tokens: every sample "
+                      f"is cut to {cfg.max_len} tokens before two consecutive supervised "
+                      f"(assistant) tokens, so nothing would be trained; the shortest sample "
+                      f"that keeps two needs {need} tokens: give {option} {need} or more")
 
 
 def _sample_losses(block_ce: Any, blocks: Any) -> tuple[list[float], list[float]]:

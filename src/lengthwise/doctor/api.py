@@ -41,6 +41,8 @@ from lengthwise.doctor.epochs import (
     staircase_starts,
 )
 from lengthwise.doctor.errors import EmptyLogError
+from lengthwise.doctor.evalgap import eval_gap
+from lengthwise.doctor.gradnorm import GradNorm, grad_norm_findings
 from lengthwise.doctor.levels import NO_BUCKET_FIELD, bucket_levels
 from lengthwise.doctor.mechanisms import match_period
 from lengthwise.doctor.noise import noise_budget
@@ -49,11 +51,14 @@ from lengthwise.doctor.periodicity import Periodicity, periodicity_of
 from lengthwise.doctor.phases import Phases, find_phases
 from lengthwise.doctor.readers import read_log, read_records
 from lengthwise.doctor.report import Findings, Report, Series
-from lengthwise.doctor.run_config import world_size_beside
+from lengthwise.doctor.run_config import clip_beside, settings_beside, world_size_beside
 from lengthwise.doctor.runlog import RunLog
+from lengthwise.doctor.schedule import SCHEDULE_KEYS, Schedule, check_schedule
+from lengthwise.doctor.skipped import EmptySteps, empty_steps
 from lengthwise.doctor.smoothing import rolling_mean
 from lengthwise.doctor.stall import find_stall
 from lengthwise.doctor.stats import nonfinite_losses, roughness_residual, stable_stats
+from lengthwise.doctor.steptime import step_times
 from lengthwise.doctor.verdict import MICRO_VIEW, Verdict, build_verdict
 from lengthwise.errors import ConfigError
 
@@ -105,6 +110,7 @@ def diagnose(
     world_size: int | None = None,
     seed: int = 0,
     order: str | None = None,
+    clip: float | None = None,
 ) -> Report:
     """Diagnose one training log.
 
@@ -120,11 +126,14 @@ def diagnose(
     the bootstrap and permutation tests reproducible.
     ``order`` is the batch order the run used (default: the log's ``plan`` event, see
     :func:`~lengthwise.doctor.order.logged_order`); the doctor does not prescribe it.
+    ``clip`` is the gradient-clipping norm (default: a config file beside the log, see
+    :func:`~lengthwise.doctor.run_config.clip_beside`), for the clip rate.
     """
     log = load(source, step_key=step_key, loss_key=loss_key)
     rng = np.random.default_rng(seed)
-    nonfinite = nonfinite_losses(log.step, log.loss)
-    s, y, cols, buckets = _finite_rows(log)
+    skipped, empty = empty_steps(log.step, log.loss, log.columns)
+    nonfinite = nonfinite_losses(log.step[~empty], log.loss[~empty])
+    s, y, cols, buckets = _finite_rows(log, skipped)
     phases = find_phases(s, y, lr=cols.get("lr"), start=start, end=end)
     region = (s >= phases.start) & (s <= phases.end)
     search = (s >= _cliff_start(s, phases)) & (s <= phases.end)
@@ -171,14 +180,45 @@ def diagnose(
         if levels.lines or levels.invalid:
             attribution = replace(attribution, levels=levels)
     noise = _noise(resid, use, cols, attribution)
+    gnorm = _grad_norm(source, s, cols, analysed, cliffs, log.step_interval, clip)
     findings = Findings(
         source=log.source, input=log.input, context=ctx, phases=phases, stats=stats,
         bands=bands, periodicity=periodicity, cliffs=cliffs, checkpoint_association=assoc,
         epochs=epochs, attribution=attribution, noise=noise, stall=find_stall(s, y),
+        skipped=skipped, grad_norm=gnorm, eval_gap=eval_gap(s, y, log.evals),
+        schedule=_schedule(source, log),
+        step_time=step_times(log.step, log.columns, checkpoint_every=ctx.checkpoint_every,
+                             eval_every=ctx.eval_every,
+                             restarts=[r.step_after for r in log.input.restarts],
+                             rank_seconds=log.rank_seconds),
     )
     return Report(**{k: getattr(findings, k) for k in Findings.__dataclass_fields__},
                   verdict=build_verdict(findings),
-                  series=_series(s, y, region, cmask, buckets, ck))
+                  series=replace(_series(s, y, region, cmask, buckets, ck,
+                                         cols.get("grad_norm")), evals=log.evals))
+
+
+def _grad_norm(source: Source, s: np.ndarray, cols: dict[str, np.ndarray],
+               analysed: np.ndarray, cliffs: list[Cliff], interval: float,
+               clip: float | None) -> GradNorm:
+    """The gradient-norm findings over the analysed steps (clip: given, else beside the log)."""
+    if clip is not None and not clip > 0:
+        raise ConfigError(f"--clip must be positive, got {clip}")
+    clip_source = "--clip" if clip is not None else None
+    if clip is None and isinstance(source, str | os.PathLike):
+        clip, clip_source = clip_beside(source)
+    g = cols.get("grad_norm")
+    return grad_norm_findings(s[analysed], None if g is None else g[analysed],
+                              cliffs=[c.step for c in cliffs], interval=interval, clip=clip,
+                              clip_source=clip_source)
+
+
+def _schedule(source: Source, log: RunLog) -> Schedule:
+    """The logged learning rate against the schedule configured beside a log file."""
+    config, where = ({}, None)
+    if isinstance(source, str | os.PathLike):
+        config, where = settings_beside(source, SCHEDULE_KEYS)
+    return check_schedule(log.step, log.columns.get("lr"), config, where, log.step_interval)
 
 
 def _world_size(source: Source, given: int | None) -> tuple[int | None, str | None]:
@@ -191,10 +231,15 @@ def _world_size(source: Source, given: int | None) -> tuple[int | None, str | No
 
 
 def _finite_rows(
-    log: RunLog,
+    log: RunLog, skipped: EmptySteps,
 ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], list[Any] | None]:
     """Steps, losses, columns and buckets of the rows whose loss is finite."""
     fin = np.isfinite(log.loss)
+    if not fin.any() and skipped.count == log.loss.size:
+        raise EmptyLogError(f"{log.source}: all {log.loss.size} steps were skipped by the "
+                            f"trainer: none held a supervised token (`{skipped.field}` 0); "
+                            "check the loss mask and whether truncation at max_len cut the "
+                            "supervised tokens")
     if not fin.any():
         raise EmptyLogError(f"{log.source}: all {log.loss.size} loss values are NaN or inf")
     s, y = log.step[fin], log.loss[fin]
@@ -360,7 +405,7 @@ def _length(cols: dict[str, np.ndarray]) -> tuple[np.ndarray | None, str | None]
 
 def _series(
     s: np.ndarray, y: np.ndarray, region: np.ndarray, cmask: np.ndarray,
-    buckets: list[Any] | None, checkpoints: np.ndarray,
+    buckets: list[Any] | None, checkpoints: np.ndarray, grad_norm: np.ndarray | None = None,
 ) -> Series:
     trend = rolling_mean(y, 51, valid=~cmask)
     codes, names = None, []
@@ -369,4 +414,5 @@ def _series(
         if len(names) >= 2 and (row >= 0).any():
             codes = row
     return Series(step=s, loss=y, trend=trend, region=region, cliff_mask=cmask,
-                  bucket_codes=codes, bucket_names=list(names), checkpoints=checkpoints)
+                  bucket_codes=codes, bucket_names=list(names), checkpoints=checkpoints,
+                  grad_norm=grad_norm)

@@ -53,6 +53,13 @@ class RunContext:
     epoch_resets: list[float] = field(default_factory=list)
     order: str | None = None  # the batch order the run uses (its log's ``plan`` event)
     view: str | None = None  # "micro-batch": each line is one micro-batch (``plan`` event)
+    #: micro-batches in a logged step (the median of its ``micro_batches`` field; None: unlogged)
+    micro_batches: float | None = None
+
+    @property
+    def one_micro_batch(self) -> bool:
+        """Every step holds one micro-batch (of one length bucket): no order mixes a step."""
+        return self.micro_batches == 1
 
     @property
     def run_steps(self) -> float:
@@ -76,6 +83,7 @@ class RunContext:
             "epoch_resets": [num(s) for s in self.epoch_resets[:50]],
             "order": self.order,
             "view": self.view,
+            "micro_batches": num(self.micro_batches),
         }
 
 
@@ -175,7 +183,13 @@ def epoch_resets(steps: np.ndarray, epoch: np.ndarray | None) -> list[float]:
 
 
 def lr_restarts(steps: np.ndarray, lr: np.ndarray | None) -> list[float]:
-    """Steps where the learning rate jumps up by at least ``RESTART_FRACTION`` of its peak."""
+    """Steps where the learning rate jumps up by at least ``RESTART_FRACTION`` of its peak
+    after it had fallen by as much: a warm-up's rise (the rate has not fallen yet) is none.
+
+    >>> s = np.arange(10.0, 101.0, 10.0)   # a 30-step warm-up logged every 10 steps
+    >>> lr_restarts(s, np.array([0.33, 0.67, 1.0, 0.9, 0.8, 0.7, 1.0, 0.9, 0.8, 0.7]))
+    [70.0]
+    """
     if lr is None:
         return []
     ok = np.isfinite(lr)
@@ -185,8 +199,13 @@ def lr_restarts(steps: np.ndarray, lr: np.ndarray | None) -> list[float]:
     peak = float(np.max(r))
     if peak <= 0:
         return []
-    jump = np.flatnonzero(np.diff(r) > RESTART_FRACTION * peak) + 1
-    return [float(s[i]) for i in jump]
+    out: list[float] = []
+    last = 0  # the row of the last restart (or the first row)
+    for i in (np.flatnonzero(np.diff(r) > RESTART_FRACTION * peak) + 1).tolist():
+        if float(np.max(r[last:i])) - r[i - 1] >= RESTART_FRACTION * peak:
+            out.append(float(s[i]))
+            last = i
+    return out
 
 
 def run_context(
@@ -253,4 +272,12 @@ def run_context(
         epoch_resets=epoch_resets(steps, columns.get("epoch")),
         order=order,
         view=view,
+        micro_batches=_median(columns.get("micro_batches")),
     )
+
+
+def _median(col: np.ndarray | None) -> float | None:
+    """The median of a column's finite values (None: not logged)."""
+    if col is None or not np.isfinite(col).any():
+        return None
+    return float(np.median(col[np.isfinite(col)]))

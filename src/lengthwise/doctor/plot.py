@@ -95,6 +95,13 @@ def _loss_panel(ax: Any, name: str, r: Report) -> None:
                    color="#d62728", zorder=5, label="cliff")
     if keep.any() and s.loss.size:
         _loss_scale(ax, s.loss)
+    if s.evals.shape[0]:
+        ax.plot(s.evals[:, 0], s.evals[:, 1], color="#ff7f0e", marker="o", markersize=3,
+                linewidth=1.0, label="held-out loss", zorder=4)
+        if r.eval_gap.widening and r.eval_gap.widens_from is not None:
+            ax.axvline(r.eval_gap.widens_from, color="#ff7f0e", linewidth=0.8, linestyle="--",
+                       label="gap widens")
+    _grad_norm_axis(ax, r)
     coloured = s.bucket_codes is not None and len(s.bucket_names) <= 8
     ax.legend(loc="upper right", fontsize=7, markerscale=2 if coloured else 1,
               ncol=2 if coloured else 1)
@@ -102,6 +109,23 @@ def _loss_panel(ax: Any, name: str, r: Report) -> None:
     ax.set_ylabel("loss")
     title = f"{_short(name)}\n{r.one_line()}"
     ax.set_title(_wrap(title, 95), fontsize=8.5, loc="left")
+
+
+def _grad_norm_axis(ax: Any, r: Report) -> None:
+    """The logged gradient norm on a second (log) axis, its spikes marked, when it was tested."""
+    s, g = r.series, r.grad_norm
+    if s is None or s.grad_norm is None or g.median is None:
+        return
+    ok = np.isfinite(s.grad_norm) & (s.grad_norm > 0)
+    twin = ax.twinx()
+    twin.plot(s.step[ok], s.grad_norm[ok], color="#9467bd", linewidth=0.4, alpha=0.45)
+    if g.spike_steps:
+        at = np.isin(s.step, g.spike_steps) & ok
+        twin.scatter(s.step[at], s.grad_norm[at], marker="^", s=18, color="#9467bd")
+    twin.set_yscale("log")
+    ax.set_zorder(twin.get_zorder() + 1)  # the loss and its legend over the gradient norm
+    ax.patch.set_visible(False)
+    twin.set_ylabel(f"grad norm ({g.spikes} spikes)", color="#9467bd", fontsize=8)
 
 
 def _loss_points(ax: Any, s: Series) -> None:

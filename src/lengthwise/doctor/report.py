@@ -27,13 +27,18 @@ from lengthwise.doctor.checkpoints import CheckpointAssociation
 from lengthwise.doctor.cliffs import Cliff
 from lengthwise.doctor.context import RunContext
 from lengthwise.doctor.epochs import EpochBoundaries
+from lengthwise.doctor.evalgap import EvalGap
+from lengthwise.doctor.gradnorm import GradNorm
 from lengthwise.doctor.noise import Noise
 from lengthwise.doctor.numbers import json_ready
 from lengthwise.doctor.periodicity import Periodicity
 from lengthwise.doctor.phases import Phases
 from lengthwise.doctor.runlog import InputSummary
+from lengthwise.doctor.schedule import Schedule
+from lengthwise.doctor.skipped import EmptySteps
 from lengthwise.doctor.stall import Stall
 from lengthwise.doctor.stats import StableStats
+from lengthwise.doctor.steptime import StepTimes
 
 #: top-level keys of ``Report.to_dict()``, in order
 REPORT_KEYS: tuple[str, ...] = (
@@ -47,6 +52,11 @@ REPORT_KEYS: tuple[str, ...] = (
     "attribution",
     "noise",
     "stall",
+    "skipped_steps",
+    "grad_norm",
+    "eval_gap",
+    "step_time",
+    "schedule",
     "context",
     "verdict",
     "input",
@@ -107,6 +117,8 @@ class Series:
     bucket_codes: np.ndarray | None = None
     bucket_names: list[Any] = field(default_factory=list)
     checkpoints: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    grad_norm: np.ndarray | None = None
+    evals: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
 
 
 @dataclass(frozen=True)
@@ -126,6 +138,11 @@ class Findings:
     attribution: Attribution
     noise: Noise | None
     stall: Stall = field(default_factory=lambda: Stall(since=None))
+    skipped: EmptySteps = field(default_factory=EmptySteps)
+    grad_norm: GradNorm = field(default_factory=GradNorm)
+    eval_gap: EvalGap = field(default_factory=EvalGap)
+    step_time: StepTimes = field(default_factory=StepTimes)
+    schedule: Schedule = field(default_factory=Schedule)
 
 
 @dataclass(frozen=True)
@@ -148,6 +165,11 @@ class Report(Findings):
             "attribution": self.attribution.to_dict(),
             "noise": None if self.noise is None else self.noise.to_dict(),
             "stall": self.stall.to_dict(),
+            "skipped_steps": self.skipped.to_dict(),
+            "grad_norm": self.grad_norm.to_dict(),
+            "eval_gap": self.eval_gap.to_dict(),
+            "step_time": self.step_time.to_dict(),
+            "schedule": self.schedule.to_dict(),
             "context": self.context.to_dict(),
             "verdict": self.verdict.to_dict(),
             "input": self.input.to_dict(),

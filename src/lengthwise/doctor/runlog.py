@@ -36,7 +36,15 @@ NUMERIC_FIELDS: tuple[str, ...] = (
     "loss_sample_std",
     "loss_sample_neff",
     "epoch",
+    "time",
+    "micro_batches",
+    "slots",
+    "skipped",
+    "eval_loss",
+    "seconds",
 )
+#: per-step list fields of one number per data-parallel rank: each rank's step time
+RANK_FIELDS: tuple[str, ...] = ("rank_seconds",)
 #: per-step bucket fields: ``bucket`` (one id) or ``buckets`` (the ids of the step's batches)
 BUCKET_FIELDS: tuple[str, ...] = ("bucket", "buckets")
 #: record numbers of a directory's n-th TensorBoard event file start at ``n * RECORDS_PER_FILE``
@@ -49,6 +57,14 @@ CHECKPOINT_EVENTS: frozenset[str] = frozenset(
 )
 
 
+#: a resumed run whose learning rate differs from the earlier run's by this share of the peak
+#: restarted its schedule (a resumed scheduler logs the same rate, to rounding)
+LR_JUMP = 0.05
+#: a wall-time gap of this many median step times (and at least ``PAUSE_SECONDS``) is a pause
+PAUSE_FACTOR = 20.0
+PAUSE_SECONDS = 30.0
+
+
 @dataclass(frozen=True)
 class Restart:
     """A point where the logged step did not increase: a resumed or restarted run."""
@@ -58,6 +74,24 @@ class Restart:
     step_after: float
     #: the trainer logged a ``resume`` event here (an exact resume from a checkpoint)
     logged: bool = False
+    #: the learning rate the earlier run logged at ``step_after`` (else the row before the restart)
+    lr_before: float | None = None
+    #: the learning rate the resumed run logged at ``step_after``
+    lr_after: float | None = None
+    #: seconds of wall time between the row before the restart and the first row after it
+    gap_seconds: float | None = None
+
+    @property
+    def rolled_back(self) -> float:
+        """Steps the run went back: ``step_before - step_after`` (0: a step logged again)."""
+        return self.step_before - self.step_after
+
+    def lr_jumped(self, peak: float) -> bool | None:
+        """Whether the learning rate differs from the earlier run's at the same step by at least
+        :data:`LR_JUMP` of the run's ``peak`` (None: no learning rate logged)."""
+        if self.lr_before is None or self.lr_after is None or not peak > 0:
+            return None
+        return abs(self.lr_after - self.lr_before) >= LR_JUMP * peak
 
 
 @dataclass
@@ -84,6 +118,10 @@ class InputSummary:
     loss_key: str = "loss"
     truncated: bool = False
     checkpoint_source: str | None = None
+    #: the one value the step field held on every row (then the row index is the step)
+    constant_step: float | None = None
+    #: the peak logged learning rate, the scale of a restart's learning-rate jump
+    lr_peak: float | None = None
 
     #: how many malformed line numbers are kept for the report
     MAX_LINES_SHOWN = 5
@@ -116,7 +154,10 @@ class InputSummary:
             "restarts": self.restart_count,
             "restart_points": [
                 {"line": r.line, "step_before": num(r.step_before),
-                 "step_after": num(r.step_after), "logged_resume": r.logged}
+                 "step_after": num(r.step_after), "logged_resume": r.logged,
+                 "rolled_back": num(r.rolled_back), "lr_before": num(r.lr_before),
+                 "lr_after": num(r.lr_after), "lr_jumped": self.lr_jumped(r),
+                 "gap_seconds": num(r.gap_seconds)}
                 for r in self.restarts[:20]
             ],
             "logged_resumes": self.logged_resumes,
@@ -128,7 +169,12 @@ class InputSummary:
             "loss_key": self.loss_key,
             "truncated": self.truncated,
             "checkpoint_source": self.checkpoint_source,
+            "constant_step": num(self.constant_step),
         }
+
+    def lr_jumped(self, r: Restart) -> bool | None:
+        """Whether the learning rate jumped at restart ``r`` (None: no learning rate logged)."""
+        return r.lr_jumped(self.lr_peak or 0.0)
 
 
 @dataclass
@@ -144,6 +190,10 @@ class RunLog:
     checkpoints: np.ndarray = field(default_factory=lambda: np.zeros(0))
     checkpoint_seconds: np.ndarray = field(default_factory=lambda: np.zeros(0))
     input: InputSummary = field(default_factory=InputSummary)
+    #: ``(step, eval_loss)`` rows of the held-out evaluations, in step order
+    evals: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
+    #: each row's step time on each rank (``rank_seconds``; NaN where not logged), or None
+    rank_seconds: np.ndarray | None = None
 
     @property
     def num_steps(self) -> int:

@@ -41,7 +41,8 @@ def _input_line(r: Report) -> str:
             continue
         pts = "; ".join(f"{i.place(p.line)}: step {_g(p.step_before, 8)} -> {_g(p.step_after, 8)}"
                         for p in shown[:3])
-        what = "exact resume(s) (a logged `resume` event)" if logged else "restart(s)"
+        what = ("exact resume(s) (a logged `resume` event)" if logged
+                else "resume(s) with rollback")
         parts.append(f"{count} {what} ({pts}{', ...' if count > 3 else ''}), "
                      "latest segment kept")
     if i.reordered_rows:
@@ -53,7 +54,10 @@ def _input_line(r: Report) -> str:
                      "row: a second writer), last kept")
     if i.truncated:
         parts.append("file ends in a truncated record")
-    if i.step_key == "row index":
+    if i.constant_step is not None:
+        parts.append(f"the step field is {_g(i.constant_step, 8)} on every row (no step "
+                     "counter): row index used")
+    elif i.step_key == "row index":
         parts.append("no step field: row index used")
     return "; ".join(parts)
 
@@ -64,6 +68,10 @@ def render_text(r: Report) -> str:
     if r.stall.since is not None:
         lines.append(f"  stall        the loss has not moved since step {_g(r.stall.since, 8)} "
                      f"({r.stall.level:.4g} +/- {r.stall.spread:.2g} over {r.stall.rows} rows)")
+    if r.skipped.count:
+        lines.append(f"  skipped      {r.skipped.count} step(s) skipped by the trainer, no "
+                     f"supervised token (`{r.skipped.field}` 0) at steps "
+                     f"{_steps(r.skipped.first_steps)}{' ...' if r.skipped.count > 5 else ''}")
     lines.append(f"  phases       {_phases_line(r)}")
     lines.append(f"  context      {_context_line(r)}")
     lines.extend(_stats_lines(r))
@@ -71,11 +79,83 @@ def render_text(r: Report) -> str:
     lines.extend(_periodicity_lines(r))
     lines.append(f"  cliffs       {_cliffs_line(r)}")
     lines.append(f"  checkpoints  {_checkpoints_line(r)}")
+    lines.append(f"  grad norm    {_grad_norm_line(r)}")
+    lines.append(f"  held-out     {_eval_line(r)}")
+    lines.append(f"  step time    {_step_time_line(r)}")
+    lines.append(f"  schedule     {_schedule_line(r)}")
     lines.append(f"  epochs       {_epoch_line(r)}")
     lines.extend(_attribution_lines(r))
     lines.extend(_noise_lines(r))
     lines.extend(_verdict_lines(r))
     return "\n".join(lines)
+
+
+def _schedule_line(r: Report) -> str:
+    """The logged learning rate against the configured peak and warm-up."""
+    sc = r.schedule
+    if sc.logged_peak is None or sc.note:
+        return sc.note
+    if sc.mismatches:
+        return "; ".join(sc.mismatches) + f" ({sc.source})"
+    what = " and ".join(w for w, v in (("peak", sc.peak), ("warm-up", sc.warmup)) if v is not None)
+    return f"{what} as configured ({sc.source})"
+
+
+def _step_time_line(r: Report) -> str:
+    """Slow steps, their period and cost, and the throughput after each restart."""
+    t = r.step_time
+    parts = []
+    if t.median_seconds is None:
+        parts.append(t.note)
+    else:
+        parts.append(f"median {_g(t.median_seconds, 3)} s ({t.source}); {t.slow} slow step(s)")
+        if t.slow:
+            parts[-1] += f" costing {t.cost_share:.1%} of the time"
+        if t.period is not None:
+            parts.append(f"every {_g(t.period, 8)} steps"
+                         + (f" ({t.matches})" if t.matches else ""))
+    late = t.stragglers
+    if late is not None and late.rank is not None:
+        parts.append(f"slowest rank {late.rank} of {late.ranks} at {late.slowest_share:.0%} of "
+                     f"steps ({late.excess:+.0%} on the median, p={_g(late.p_value, 3)})")
+    for step, ratio in t.after_restarts:
+        parts.append(f"throughput after the restart at step {_g(step, 8)}: {ratio:.0%} of before")
+    return "; ".join(parts)
+
+
+def _eval_line(r: Report) -> str:
+    """The held-out loss's gap to the training loss and where it widens."""
+    e = r.eval_gap
+    if e.first_gap is None:
+        return e.note
+    line = (f"{e.evals} evaluations; held-out minus training loss {_g(e.first_gap, 3)} -> "
+            f"{_g(e.last_gap, 3)} (smallest {_g(e.min_gap, 3)}; noise {_g(e.noise, 2)})")
+    if e.widening:
+        line += f"; widens from step {_g(e.widens_from, 8)}"
+        if not e.eval_rising:
+            line += " (the held-out loss still falls: not over-fitting)"
+    if e.eval_rising:
+        line += f"; the held-out loss rises from its minimum at step {_g(e.eval_min_step, 8)}"
+    return line
+
+
+def _grad_norm_line(r: Report) -> str:
+    """The gradient-norm spikes, their alignment with the loss spikes, clip rate and trend."""
+    g = r.grad_norm
+    if g.median is None:
+        return g.note
+    parts = [f"median {_g(g.median)}, {g.spikes} spike(s)"]
+    for name, a in (("with a spike at the same step", g.co_spikes),
+                    ("after a spike 1-5 points earlier", g.lead)):
+        if a.p_value is not None:
+            parts.append(f"{a.aligned} of {a.cliffs} loss spikes {name} (p={_g(a.p_value, 3)})")
+    if g.clip_rate is not None:
+        parts.append(f"clipped at {g.clip_rate:.1%} of steps (clip {g.clip:g}, {g.clip_source})")
+    if g.rise is not None:
+        parts.append(f"trend x{_g(g.rise, 3)} (Kendall p={_g(g.trend_p, 3)})")
+    if g.note:
+        parts.append(g.note)
+    return "; ".join(parts)
 
 
 def _phases_line(r: Report) -> str:

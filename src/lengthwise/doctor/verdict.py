@@ -31,15 +31,23 @@ from typing import Any
 from lengthwise.doctor.attribution import ALPHA as LENGTH_ALPHA
 from lengthwise.doctor.attribution import REPORT_ALPHA
 from lengthwise.doctor.cliffs import Cliff
+from lengthwise.doctor.gradnorm import LEAD_POINTS, TREND_BLOCKS, Alignment
 from lengthwise.doctor.mechanisms import match_period
 from lengthwise.doctor.numbers import fmt_num, with_error
 from lengthwise.doctor.report import Cause, Findings, Verdict
+from lengthwise.doctor.runlog import Restart
+from lengthwise.doctor.steptime import SLOW_FACTOR, SLOW_Z
 
 #: cliffs whose median recovery takes at most this many logged points are one-step spikes
 QUICK_RECOVERY = 2
 #: the ``view`` of a log whose lines are single micro-batches (its ``plan`` event)
 MICRO_VIEW = "micro-batch"
 STRATIFY = "interleave or stratify length buckets: `lengthwise plan --order stratified`"
+#: the fix when each step holds one micro-batch: no order can mix length buckets in a step
+ONE_MICRO_BATCH_FIX = (
+    "each step holds one micro-batch, drawn from one length bucket, whatever the order: "
+    "more micro-batches per step (gradient accumulation, or more ranks) average the buckets' "
+    "levels in the step loss; the order cannot")
 PHASE_WORDS = {"warm-up": "in the lr warm-up", "early": "in early training",
                "stable": "in the stable region"}
 
@@ -47,6 +55,8 @@ PHASE_WORDS = {"warm-up": "in the lr warm-up", "early": "in early training",
 def _order_fix(f: Findings) -> str:
     """The order to prescribe against composition noise: never the one the log already uses."""
     order = f.context.order
+    if f.context.one_micro_batch:
+        return ONE_MICRO_BATCH_FIX
     if order == "stratified":
         return ("the run's order is already stratified (each step holds every length "
                 "bucket's share): more samples per step (a larger max_tokens or grad_accum) "
@@ -64,8 +74,10 @@ def _steps(values: list[float], limit: int = 5) -> str:
 
 def build_verdict(f: Findings) -> Verdict:
     """Rank the causes behind the findings ``f`` and write the one-line summary."""
-    causes = [*_nonfinite_causes(f), *_stall_causes(f), *_composition_causes(f),
-              *_epoch_causes(f), *_cliff_causes(f), *_input_causes(f), *_resume_causes(f)]
+    causes = [*_nonfinite_causes(f), *_skipped_causes(f), *_stall_causes(f),
+              *_composition_causes(f), *_epoch_causes(f), *_cliff_causes(f), *_input_causes(f),
+              *_resume_causes(f), *_grad_norm_causes(f), *_eval_causes(f),
+              *_step_time_causes(f), *_schedule_causes(f)]
     causes.sort(key=lambda c: -c.score)
     untested = _untested(f)
     clean = False if causes else (None if untested else True)
@@ -129,6 +141,175 @@ def _nonfinite_causes(f: Findings) -> list[Cause]:
             "steps for empty or corrupt samples",
         ],
     )]
+
+
+def _skipped_causes(f: Findings) -> list[Cause]:
+    """Steps the trainer skipped because they held no supervised token (not divergence)."""
+    sk = f.skipped
+    if not sk.count:
+        return []
+    return [Cause(
+        name="empty_steps",
+        title=(f"{sk.count} step(s) skipped by the trainer ({sk.share:.1%} of the logged "
+               "steps): they held no supervised token, so no update was applied (not "
+               "divergence)"),
+        score=min(0.5, 0.15 + 2.0 * sk.share),
+        where=f"at steps {_steps(sk.first_steps)}" + (" ..." if sk.count > 5 else ""),
+        evidence=[f"{sk.count} row(s) logged `skipped: true` with `{sk.field}` 0 and no "
+                  "finite loss; they are not counted as NaN/inf losses"],
+        prescription=[
+            "check truncation: samples cut at `max_len` can lose every supervised (assistant) "
+            "token; raise `max_len` or drop samples whose supervised part is cut",
+            "check the loss mask of those samples (a chat template that masks every turn "
+            "leaves nothing to learn)",
+        ],
+    )]
+
+
+def _alignment_text(a: Alignment, what: str) -> str:
+    return (f"{a.aligned} of {a.cliffs} loss spikes {what} ({a.expected or 0.0:.2g} expected by "
+            f"chance; exact permutation p={fmt_num(a.p_value)})")
+
+
+def _schedule_causes(f: Findings) -> list[Cause]:
+    """A logged learning rate whose peak or warm-up is not the configured one."""
+    sc = f.schedule
+    if not sc.mismatches:
+        return []
+    return [Cause(
+        name="schedule_not_as_configured", title="; ".join(sc.mismatches), score=0.3,
+        where="the learning-rate schedule",
+        evidence=[f"configured in {sc.source}: peak {fmt_num(sc.peak)}, warm-up "
+                  f"{fmt_num(sc.warmup, 9)} steps; logged: peak {fmt_num(sc.logged_peak)}, "
+                  f"warm-up to step {fmt_num(sc.logged_warmup, 9)}"],
+        prescription=["check which settings the run used: a config file from another run, "
+                      "a scheduler built before the optimizer's rate was set, a resumed "
+                      "scheduler state that overrides the new settings"])]
+
+
+def _step_time_causes(f: Findings) -> list[Cause]:
+    """Slow steps that cost a share of the run's time, and a slower run after a restart."""
+    t = f.step_time
+    out: list[Cause] = []
+    if t.costly:
+        every = (f" every {fmt_num(t.period, 9)} steps" if t.period is not None else "")
+        what = f" ({t.matches})" if t.matches else ""
+        out.append(Cause(
+            name="slow_steps",
+            title=(f"{t.slow} slow step(s){every}{what} cost {t.cost_share:.0%} of the run's "
+                   "time"),
+            score=min(0.4, 0.1 + 2 * (t.cost_share or 0.0)),
+            where=f"at steps {_steps(t.slow_steps)}",
+            evidence=[f"each at least {SLOW_FACTOR:g} times the median step "
+                      f"({t.median_seconds:.3g} s, from {t.source}) and {SLOW_Z:g} robust "
+                      "standard deviations above it"],
+            prescription=["save asynchronously, or less often" if t.matches ==
+                          "the checkpoint interval" else "evaluate less often or on fewer "
+                          "samples" if t.matches else "look at what those steps wait for: "
+                          "data loading, host-device syncs, garbage collection, another job "
+                          "on the machine"]))
+    late = t.stragglers
+    if late is not None and late.found:
+        out.append(Cause(
+            name="straggler",
+            title=(f"rank {late.rank} is a straggler: the slowest of {late.ranks} ranks at "
+                   f"{late.slowest_share:.0%} of the steps, {late.excess:.0%} slower than the "
+                   "ranks' median"),
+            score=min(0.4, 0.1 + (late.wait_share or 0.0)),
+            where=f"rank {late.rank}",
+            evidence=[f"binomial test against 1/{late.ranks} of the steps: p="
+                      f"{fmt_num(late.p_value)} ({late.steps} steps); the other ranks wait "
+                      f"{late.wait_share:.0%} of the step time for the slowest"],
+            prescription=["look at that rank's device and host: thermal throttling, a slower "
+                          "link, another process on it, or a data shard of longer samples"]))
+    slower = t.slower_after_restart
+    if slower:
+        out.append(Cause(
+            name="slower_after_restart",
+            title=("the run is slower after a restart: " + "; ".join(
+                f"{r:.0%} of the throughput before at step {fmt_num(s, 9)}"
+                for s, r in slower[:3])),
+            score=0.2, where=f"from step {fmt_num(slower[0][0], 9)}",
+            evidence=["median tokens_per_second after each restart over the median before it"],
+            prescription=["compare the resumed run's settings with the first run's: processes, "
+                          "devices, data-loader workers, compilation, precision"]))
+    return out
+
+
+def _eval_causes(f: Findings) -> list[Cause]:
+    """The held-out loss rises while it pulls away from the training loss: over-fitting. A gap
+    that widens while the held-out loss still falls is reported (``eval_gap``), not a cause."""
+    e = f.eval_gap
+    if not (e.widening and e.eval_rising):
+        return []
+    title = (f"over-fitting: the held-out loss rises from step {fmt_num(e.eval_min_step, 9)} "
+             f"and pulls away from the training loss (the gap grows from step "
+             f"{fmt_num(e.widens_from, 9)}, {e.min_gap:.3g} -> {e.last_gap:.3g})")
+    return [Cause(
+        name="eval_overfitting", title=title, score=0.45,
+        where=f"from step {fmt_num(e.widens_from, 9)}",
+        evidence=[f"{e.evals} evaluations; held-out minus the training loss's running mean: "
+                  f"{e.first_gap:.3g} at the first, {e.min_gap:.3g} at its smallest, "
+                  f"{e.last_gap:.3g} at the last (evaluation-to-evaluation noise "
+                  f"{e.noise:.2g})"],
+        prescription=["the model fits the training data better than it generalises: the "
+                      f"checkpoint near step {fmt_num(e.eval_min_step, 9)} holds the lowest "
+                      "held-out loss; train fewer epochs, on more (deduplicated) data, or "
+                      "with more regularisation"])]
+
+
+def _grad_norm_causes(f: Findings) -> list[Cause]:
+    """Gradient-norm spikes that lead or come with the loss spikes, clipping at most steps,
+    and a gradient norm that keeps rising."""
+    g = f.grad_norm
+    out: list[Cause] = []
+    if g.lead.found:
+        lag = g.lead.to_dict()["median_lag_points"]
+        out.append(Cause(
+            name="grad_norm_leads",
+            title=(f"gradient-norm spikes lead the loss spikes: {g.lead.aligned} of "
+                   f"{g.lead.cliffs} follow one by {lag} logged point(s) (median)"),
+            score=0.5, where=f"gradient-norm spikes at steps {_steps(g.spike_steps)}",
+            evidence=[_alignment_text(g.lead, f"start 1-{LEAD_POINTS} logged points after a "
+                                      "gradient-norm spike, none at the spike itself"),
+                      f"{g.spikes} gradient-norm spike(s) over {g.points} points"],
+            prescription=["an update that blows up comes before the loss rises: clip gradients "
+                          "(or clip harder) and lower the learning rate after warm-up",
+                          "with fp16, use bf16 or a dynamic loss scaler"]))
+    elif g.co_spikes.found:
+        out.append(Cause(
+            name="grad_norm_co_spikes",
+            title=(f"{g.co_spikes.aligned} of {g.co_spikes.cliffs} loss spikes come with a "
+                   "gradient-norm spike at the same step"),
+            score=0.2, where=f"at the loss spikes (steps {_steps([c.step for c in f.cliffs])})",
+            evidence=[_alignment_text(g.co_spikes, "have a gradient-norm spike at their first "
+                                      "logged point or the next")],
+            prescription=["a spike of both at once lies in that step's batch or weights, not "
+                          "in an earlier update: inspect those batches (very long, repeated, "
+                          "truncated or corrupt samples, or the data after a save or resume); "
+                          "clipping keeps them from moving the weights far"]))
+    if g.clipped_often:
+        out.append(Cause(
+            name="grad_clipped_often",
+            title=(f"the gradient is clipped at {g.clip_rate:.0%} of the steps (norm at or "
+                   f"above the clip {g.clip:g}): the clip sets the step size, not the lr"),
+            score=0.3, where="the analysed steps",
+            evidence=[f"median gradient norm {g.median:.3g} against the clipping norm "
+                      f"{g.clip:g} ({g.clip_source})"],
+            prescription=["clipping should be the exception: lower the learning rate or raise "
+                          "the clipping norm, so that the schedule, not the clip, sets the "
+                          "step size"]))
+    if g.rising:
+        out.append(Cause(
+            name="grad_norm_rising",
+            title=f"the gradient norm keeps rising: {g.rise:.3g} times its level at the start",
+            score=0.25, where=_region(f),
+            evidence=[f"Kendall's tau {g.trend_tau:.2f} of {TREND_BLOCKS} block medians "
+                      f"(p={fmt_num(g.trend_p)})"],
+            prescription=["a steadily rising gradient norm often comes before loss spikes: "
+                          "watch the loss, check the learning rate after warm-up and weight "
+                          "decay, and clip gradients"]))
+    return out
 
 
 def _stall_causes(f: Findings) -> list[Cause]:
@@ -324,7 +505,8 @@ def _attribution_cause(f: Findings, attr_ev: list[str], bucket: bool = True) -> 
         share = f"{a.bucket_r2_adjusted or 0.0:.0%}"
         if a.single_bucket is not False:
             title = "the length bucket of each step drives its loss (no distinct bands)"
-        elif f.context.order == "stratified":  # every step holds close to the data set's mix
+        elif f.context.order == "stratified" and not f.context.one_micro_batch:
+            # every step holds close to the data set's mix
             title = (f"the small differences between the steps' mixes of length buckets explain "
                      f"{share} of the step-to-step loss variance beyond chance (the order is "
                      "stratified: each step holds close to the data set's mix; no distinct bands)")
@@ -359,6 +541,8 @@ def _attribution_cause(f: Findings, attr_ev: list[str], bucket: bool = True) -> 
 
 
 def _length_mix_fix(f: Findings) -> str:
+    if f.context.one_micro_batch:
+        return ONE_MICRO_BATCH_FIX
     if f.context.order == "stratified":
         return ("part of the sampling noise of any length mix, and the run is already "
                 "stratified: more samples per step shrink it; `noise` gives its share")
@@ -552,23 +736,52 @@ def _input_causes(f: Findings) -> list[Cause]:
             prescription=["nothing to fix in training; keep the log in the order it was "
                           "written, or merge files by step"],
         ))
-    unmarked = [r for r in i.restarts if not r.logged]
-    count = i.restart_count - i.logged_resumes
-    if count > 0:  # a restart after a logged ``resume`` event is an exact resume: no cause
-        pts = [r.step_after for r in unmarked]
-        out.append(Cause(
-            name="restarts",
-            title=f"{count} restart(s) in the log",
-            score=0.1,
-            where=f"at steps {_steps(pts)}",
-            evidence=[f"steps went back at {'; '.join(i.place(r.line) for r in unmarked[:5])}"
-                      f"{' (+more)' if count > 5 else ''} "
-                      f"(to steps {_steps(pts)}); the latest segment was kept, "
-                      f"{i.superseded_rows} superseded row(s) dropped"],
-            prescription=["check that resuming restores the optimizer, scheduler and "
-                          "data-loader position (the batch order)"],
-        ))
+    out.extend(_restart_causes(f))
     return out
+
+
+def _restart_text(r: Restart) -> str:
+    """``step 8310 -> 8001 (steps 8001..8310 run again, after 601 s without rows)``."""
+    a, b = fmt_num(r.step_after, 9), fmt_num(r.step_before, 9)
+    back = f"step {a} logged again" if r.rolled_back == 0 else f"steps {a}..{b} run again"
+    gap = f", after {r.gap_seconds:.3g} s without rows" if r.gap_seconds else ""
+    return f"step {b} -> {a} ({back}{gap})"
+
+
+def _restart_causes(f: Findings) -> list[Cause]:
+    """Resumed runs: the steps went back (the latest run kept); a jump of the learning rate at
+    the re-logged steps is a schedule that restarted with the resume."""
+    i = f.input
+    jumped = [r for r in i.restarts if i.lr_jumped(r)]
+    count = i.restart_count - i.logged_resumes
+    if count <= 0 and not jumped:  # after a logged ``resume`` event: an exact resume, no cause
+        return []
+    shown = [r for r in i.restarts if not r.logged or i.lr_jumped(r)]
+    pts = [r.step_after for r in shown]
+    total = max(count, 0) + sum(r.logged for r in jumped)
+    title = f"{total} resume(s) with rollback: " + "; ".join(_restart_text(r)
+                                                             for r in shown[:3])
+    if total > 3:
+        title += f" (+{total - 3} more)"
+    ev = [f"steps went back at {'; '.join(i.place(r.line) for r in shown[:5])}"
+          f"{' (+more)' if total > 5 else ''}; the latest run was kept, "
+          f"{i.superseded_rows} superseded row(s) dropped"]
+    fixes = ["check that resuming restores the optimizer, scheduler and data-loader position "
+             "(the batch order)"]
+    tested = [r for r in i.restarts if i.lr_jumped(r) is not None]
+    if jumped:
+        title += (f"; the learning rate jumped at {len(jumped)} of them: the schedule "
+                  "restarted")
+        ev.append("learning rate at the step resumed from, earlier run -> resumed run: "
+                  + "; ".join(f"step {fmt_num(r.step_after)}: {r.lr_before:.3g} -> "
+                              f"{r.lr_after:.3g}" for r in jumped[:5]))
+        fixes.insert(0, "load the scheduler's state with the checkpoint (or step it to the "
+                     "resumed step): the resumed run starts its schedule over")
+    elif tested:
+        ev.append(f"the learning rate at the step resumed from matches the earlier run's at "
+                  f"{len(tested)} of them (the schedule resumed)")
+    return [Cause(name="restarts", title=title, score=0.3 if jumped else 0.1,
+                  where=f"at steps {_steps(pts)}", evidence=ev, prescription=fixes)]
 
 
 def _resume_causes(f: Findings) -> list[Cause]:

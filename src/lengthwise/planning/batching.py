@@ -45,6 +45,8 @@ class RowLimit:
             return None
         m = max(1, self.pad_multiple)
         c = self.cost
+        if not c.linear:  # the capped term: the largest multiple of m found by bisection
+            return _largest_within(c, self.budget, m)
         # largest P with a*P + b*P^2 + c <= budget, then down to a multiple of m
         if c.b > 0:
             p = (-c.a + np.sqrt(c.a * c.a + 4 * c.b * (self.budget - c.c))) / (2 * c.b)
@@ -54,6 +56,20 @@ class RowLimit:
         while p > 0 and c.row_cost(p) > self.budget:
             p -= m
         return p
+
+
+def _largest_within(cost: CostModel, budget: float, multiple: int) -> int | None:
+    """The largest multiple of ``multiple`` whose row costs at most ``budget`` (0: none;
+    ``None``: any length, a cost that stops growing at its cap within the budget)."""
+    if cost.a == 0 and cost.b == 0 and cost.row_cost(cost.cap) <= budget:
+        return None
+    lo, hi = 0, 1
+    while cost.row_cost(hi * multiple) <= budget:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:  # row_cost(lo * multiple) <= budget < row_cost(hi * multiple)
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if cost.row_cost(mid * multiple) <= budget else (lo, mid)
+    return lo * multiple
 
 
 def whole_number(name: str, value, *, minimum: int = 1) -> int:
@@ -108,7 +124,8 @@ def row_limit(*, batch_size: int | None = None, max_tokens: int | None = None,
     if not np.isfinite(max_cost) or max_cost <= 0:
         raise ConfigError(f"max_cost must be a finite number > 0, got {max_cost}")
     limit = RowLimit(budget=float(max_cost), cost=cost, pad_multiple=pad_multiple)
-    if limit.max_length() < 1:
+    longest = limit.max_length()  # None: any length fits one row
+    if longest is not None and longest < 1:
         raise ConfigError(f"max_cost={max_cost} with {cost} cannot hold a single row of "
                           f"pad_multiple={pad_multiple} tokens; raise max_cost")
     return limit

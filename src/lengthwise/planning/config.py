@@ -81,6 +81,9 @@ class PlanConfig:
         object.__setattr__(self, "buckets", check_buckets(self.buckets))
         if self.cost is not None and not isinstance(self.cost, CostModel):
             raise TypeError(f"cost must be a lengthwise.CostModel, got {self.cost!r}")
+        if self.cost is not None and not self.cost.linear and self.layout != "pad":
+            raise ConfigError(f"cost {self.cost} prices padded rows: its capped term "
+                              "d*min(P, cap) needs layout='pad'")
         self.row_limit()  # validates the batch rule
 
     def _check_balance(self) -> None:
@@ -128,6 +131,8 @@ class PlanConfig:
             True
         """
         fields = dataclasses.asdict(self)
+        if self.cost is not None:  # the capped term only where used: earlier checksums hold
+            fields["cost"] = self.cost.fields()
         fields.pop("world_size")  # an elastic restart may change it
         if fields["balance"] == "none":  # the checksums of plans made before it existed
             fields.pop("balance")

@@ -321,8 +321,17 @@ def _step_composition(lens: np.ndarray, offsets: np.ndarray, world_size: int,
     }
 
 
-def _rank_imbalance(cost_of: np.ndarray, world_size: int) -> dict:
-    """p50 and p99 over (step, slot) of max-over-ranks / mean-over-ranks cost."""
+def rank_imbalance(cost_of: np.ndarray, world_size: int) -> dict:
+    """p50 and p99 over (step, slot) of max-over-ranks / mean-over-ranks cost.
+
+    ``cost_of`` is each micro-batch's cost in schedule order (micro-batch ``k`` runs on rank
+    ``k % world_size``); a last group of fewer than ``world_size`` is left out.
+
+    Example::
+
+        >>> rank_imbalance(np.array([1.0, 1.0, 3.0, 1.0]), 2)["rank_imbalance_p50"]
+        1.25
+    """
     usable = cost_of.size - cost_of.size % world_size
     groups = cost_of[:usable].reshape(-1, world_size)
     ratio = groups.max(axis=1) / np.maximum(groups.mean(axis=1), 1e-12)
@@ -413,7 +422,7 @@ def batch_stats(
         "budget_fill": _budget_fill(real if capacity else padded, cost_of, m, max_tokens,
                                     max_cost),
         **composition,
-        **_rank_imbalance(cost_of, world_size),
+        **rank_imbalance(cost_of, world_size),
         # packed rows have no buckets
         "max_same_bucket_run": (_same_bucket_run(longest, edges, world_size)
                                 if capacity is None else None),

@@ -277,6 +277,7 @@ class TrainLoop:
                                     edges=None if edges is None else [int(e) for e in edges])
         self.checkpointer = (Checkpointer(ckpt_dir, keep=cfg.keep_checkpoints, logger=self.logger)
                              if cfg.checkpoint_every else None)
+        self._saved_step = self.step_count if self.resumed_from is not None else None
         self.batches = StepBatches(self.sampler, cfg.grad_accum)
 
     @property
@@ -352,6 +353,17 @@ class TrainLoop:
                                    epoch=self.sampler.epoch, lr=lr, skipped=skipped,
                                    optimizer_step=self.step_count)
         if self.checkpointer is not None and self.step_count % self.cfg.checkpoint_every == 0:
+            self.checkpoint()
+        return rec
+
+    def checkpoint(self) -> bool:
+        """Save (in the background) a checkpoint of the steps done, unless it is saved already.
+
+        Returns whether the run has one of this step (``False`` without ``checkpoint_every``).
+        """
+        if self.checkpointer is None:
+            return False
+        if self._saved_step != self.step_count:
             extra_state = {LOG_STATE: self.logger.state_dict()}
             if self.micro_logger is not None:
                 extra_state[MICRO_LOG_STATE] = self.micro_logger.state_dict()
@@ -361,7 +373,8 @@ class TrainLoop:
                                    optimizer=self.optimizer, scheduler=self.scheduler,
                                    sampler=self.sampler, extra=extra_state,
                                    files=_checkpoint_files(self.task))
-        return rec
+            self._saved_step = self.step_count
+        return True
 
     def _follow_epoch(self) -> None:
         """Give the logger the bucket shares of the sampler's current epoch.

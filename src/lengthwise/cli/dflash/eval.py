@@ -31,7 +31,13 @@ def register(stages: argparse._SubParsersAction) -> None:
                     "the target's outputs (--no-accuracy skips it) and the lossless check "
                     "(every output equal to the target's own greedy generate; --no-check "
                     "skips it). Sampling above 0 keeps the target's distribution "
-                    "(speculative sampling).",
+                    "(speculative sampling). Each row gives the acceptance length as the "
+                    "mean over prompts with a 95 % Student-t interval, the conditional "
+                    "acceptance of every block position, the expected acceptance from "
+                    "1 - TV(p_draft, p_target) of the teacher-forced pass, and the "
+                    "prompt-lookup baseline's acceptance length on the same prompts; the "
+                    "report names the chat template, the thinking switch, the block size, "
+                    "the engine and the dtype.",
     )
     p.add_argument("--target", required=True, metavar="PATH",
                    help="the target: a local Hugging Face causal LM folder with its tokenizer")
@@ -57,7 +63,9 @@ def register(stages: argparse._SubParsersAction) -> None:
                         "own greedy generate)")
     p.add_argument("--no-accuracy", action="store_true",
                    help="skip the draft's teacher-forced accuracy on the target's outputs "
-                        "(with --no-check, eval costs the speculative decoding only)")
+                        "and the expected acceptance it gives at each temperature (with "
+                        "--no-check and --no-baseline, eval costs the speculative decoding "
+                        "only)")
     p.add_argument("--max-tokens", type=int, default=DEFAULTS["max_tokens"], metavar="N",
                    help="token budget of a batch of the accuracy pass, as in training: "
                         "padded tokens of prompt + output, a longer text cut to it "
@@ -65,6 +73,12 @@ def register(stages: argparse._SubParsersAction) -> None:
     p.add_argument("--max-slots", type=int, default=DEFAULTS["max_slots"], metavar="N",
                    help="draft slots (anchors x block size) per draft forward of the accuracy "
                         f"pass, as in training (default: {DEFAULTS['max_slots']})")
+    p.add_argument("--lookup-tokens", type=int, default=None, metavar="N",
+                   help="candidate tokens per forward of the prompt-lookup baseline "
+                        "(default: block size - 1, as many as the draft proposes)")
+    p.add_argument("--no-baseline", action="store_true",
+                   help="skip the prompt-lookup baseline (transformers generate with "
+                        "prompt_lookup_num_tokens on the same prompts)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 ... (default: cpu)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
@@ -82,13 +96,20 @@ def run(args: argparse.Namespace) -> int:
     from lengthwise.dflash.evaluate import evaluate_set
     from lengthwise.dflash.load import check_target, open_draft
     from lengthwise.dflash.mask_token import check_mask_token
-    from lengthwise.dflash.prompts import bundled_prompts, read_prompt_file, render_prompts
+    from lengthwise.dflash.positions import max_positions, past_positions
+    from lengthwise.dflash.prompts import (
+        bundled_prompts,
+        read_prompt_file,
+        render_prompts,
+        template_report,
+    )
     from lengthwise.dflash.recipe import load_tokenizer
     from lengthwise.dflash.target import Target, load_target
     from lengthwise.dflash.tokenizer_id import check_draft_tokenizer
     from lengthwise.errors import ConfigError
 
-    for name in ("max_new_tokens", "batch_size", "limit", "max_tokens", "max_slots"):
+    for name in ("max_new_tokens", "batch_size", "limit", "max_tokens", "max_slots",
+                 "lookup_tokens"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
@@ -107,20 +128,54 @@ def run(args: argparse.Namespace) -> int:
     print(f"lengthwise dflash eval: draft {named}", file=sys.stderr)  # once its checks passed
     draft = draft.to(device=device, dtype=model.dtype)
     eos = _stops(model, tokenizer)
+    block = draft.config.block_size
+    lookup = None if args.no_baseline else (args.lookup_tokens or block - 1)
+    settings = {**template_report(tokenizer, thinking=args.thinking == "on"),
+                "block_size": block, "engine": _engine(device),
+                "dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}
     rows: list[dict[str, Any]] = []
     for name, convs in sets.items():
         convs = convs[: args.limit] if args.limit else convs
         prompts = render_prompts(convs, tokenizer, thinking=args.thinking == "on")
+        note = past_positions([len(p) + args.max_new_tokens for p in prompts],
+                              max_positions(model.config),
+                              what=f"prompts of {name} with their --max-new-tokens "
+                                   f"{args.max_new_tokens}",
+                              advice="the target decodes past the positions it was trained "
+                                     "on; shorten them or lower --max-new-tokens")
+        if note is not None:
+            print(f"lengthwise dflash eval: warning: {note}", file=sys.stderr)
         rows += evaluate_set(draft, target, prompts, name=name, temperatures=args.temperatures,
                              max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                              eos=eos, seed=args.seed, check=not args.no_check,
                              accuracy=not args.no_accuracy, max_tokens=args.max_tokens,
-                             max_slots=args.max_slots, progress=not args.no_progress)
+                             max_slots=args.max_slots, progress=not args.no_progress,
+                             lookup_tokens=lookup)
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps(_json_ready([{**r, **settings} for r in rows]), indent=2,
+                         allow_nan=False))
     else:
-        print(render_eval(rows))
+        print(render_eval(rows, settings))
     return 0
+
+
+def _json_ready(value: Any) -> Any:
+    """``value`` with every non-finite float (an undefined figure) as ``None``: strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _json_ready(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_ready(v) for v in value]
+    return value
+
+
+def _engine(device: Any) -> str:
+    """What decoded: this package's batched speculative decoding on transformers, and where."""
+    import transformers
+
+    return (f"lengthwise speculative_batch (transformers {transformers.__version__}, "
+            f"KV cache, {device})")
 
 
 def _stops(model: Any, tokenizer: Any) -> list[int] | None:

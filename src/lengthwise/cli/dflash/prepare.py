@@ -67,15 +67,19 @@ def register(stages: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Prepare the data and print what was kept and dropped."""
     from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
+    from lengthwise.errors import ConfigError
     from lengthwise.train.device import rank_world, setup_distributed
 
-    cfg = PrepareConfig(
-        min_supervised=args.min_supervised, max_len=args.max_len, overlong=args.overlong,
-        enable_thinking=args.enable_thinking, field=args.field, split=args.split,
-        shard_rows=args.shard_rows, regenerate=args.regenerate,
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-        batch_size=args.batch_size, backend=args.backend, seed=args.seed, device=args.device,
-        dtype=args.dtype, progress=args.progress)
+    try:
+        cfg = PrepareConfig(
+            min_supervised=args.min_supervised, max_len=args.max_len, overlong=args.overlong,
+            enable_thinking=args.enable_thinking, field=args.field, split=args.split,
+            shard_rows=args.shard_rows, regenerate=args.regenerate,
+            max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+            batch_size=args.batch_size, backend=args.backend, seed=args.seed,
+            device=args.device, dtype=args.dtype, progress=args.progress)
+    except ConfigError as exc:  # the setting's name as the option that gives it
+        raise ConfigError(_as_option(str(exc), vars(args))) from None
     group = setup_distributed(cfg.device)  # under torchrun: the shards split over the ranks
     rec = prepare_chats(args.source, args.target, args.out, cfg, info=group)
     if rank_world(group)[0] != 0:
@@ -96,3 +100,17 @@ def run(args: argparse.Namespace) -> int:
                      f"{c['unfinished_turns']} cut at --max-new-tokens {cfg.max_new_tokens})")
     print("\n".join(lines))
     return 0
+
+
+def _as_option(message: str, names: dict[str, object]) -> str:
+    """``message`` with the setting it starts with (one of ``names``) written as its option.
+
+    Example::
+
+        >>> _as_option("max_len must be an integer >= 2, got 0", {"max_len": 0})
+        '--max-len must be an integer >= 2, got 0'
+    """
+    name = message.split(" ", 1)[0]
+    if name not in names:
+        return message
+    return "--" + name.replace("_", "-") + message[len(name):]

@@ -28,10 +28,12 @@ from typing import Any
 import numpy as np
 
 from lengthwise.doctor.errors import EmptyLogError, UnreadableLogError
+from lengthwise.doctor.readers.resumes import describe_restarts, pauses
 from lengthwise.doctor.runlog import (
     BUCKET_FIELDS,
     CHECKPOINT_EVENTS,
     NUMERIC_FIELDS,
+    RANK_FIELDS,
     RESUME_EVENT,
     InputSummary,
     Restart,
@@ -60,6 +62,12 @@ STEP_ALIASES: tuple[str, ...] = (
 #: a finite loss beyond this size is malformed: no float32 or bfloat16 loss reaches 3.4e38,
 #: and the analyses' sums of squares overflow float64 from about 1e154
 MAX_LOSS = 1e100
+#: rows that all log one step value: the step field does not count (row index used)
+CONSTANT_STEP_ROWS = 3
+#: the held-out loss of an evaluation (Hugging Face's log_history, lengthwise's step log)
+EVAL_KEY = "eval_loss"
+#: numeric fields written as JSON true/false
+FLAG_FIELDS: frozenset[str] = frozenset({"skipped"})
 NUMERIC_ALIASES: dict[str, tuple[str, ...]] = {
     "lr": ("lr", "learning_rate", "train/learning_rate", "train/lr"),
     "grad_norm": ("grad_norm", "train/grad_norm", "gradient_norm"),
@@ -97,6 +105,7 @@ class ColumnBuilder:
         self._keys_seen: set[str] = set()
         self._restart_lines: list[int] = []
         self._resume_lines: list[int] = []
+        self._evals: list[tuple[float, float]] = []  # (step, eval_loss) of rows without a loss
 
     # ----------------------------------------------------------------- input
     def use_keys(self, *, step_key: str | None, loss_key: str | None) -> None:
@@ -137,7 +146,7 @@ class ColumnBuilder:
         self._steps.append(steps)
         self._losses.append(losses)
         probes = (objs[0], objs[len(objs) // 2], objs[-1])
-        for name in (*NUMERIC_FIELDS, *BUCKET_FIELDS):
+        for name in (*NUMERIC_FIELDS, *BUCKET_FIELDS, *RANK_FIELDS):
             key = self._field_key(name, objs[0])
             if not any(key in p for p in probes):
                 continue
@@ -199,11 +208,20 @@ class ColumnBuilder:
                     keep.append(i)
                     continue
             self.summary.other_rows += 1
+            if EVAL_KEY in o:
+                self._add_eval(o, sk)
             if isinstance(event, str) and event in CHECKPOINT_EVENTS:
                 self._add_checkpoint(event, o, sk)
             elif event == RESUME_EVENT:
                 self._resume_lines.append(int(lines[i]))
         return [objs[i] for i in keep], [losses[i] for i in keep], [lines[i] for i in keep]
+
+    def _add_eval(self, row: dict[str, Any], sk: str | None) -> None:
+        """Keep the held-out loss of an evaluation row (Hugging Face's ``log_history``)."""
+        step, value = row.get(sk or "step", row.get("step")), row.get(EVAL_KEY)
+        if type(step) in (int, float) and type(value) in (int, float) \
+                and math.isfinite(step) and math.isfinite(value):
+            self._evals.append((float(step), float(value)))
 
     def _add_checkpoint(self, event: str, row: dict[str, Any], sk: str | None) -> None:
         step = row.get(sk or "step", row.get("step"))
@@ -249,8 +267,13 @@ class ColumnBuilder:
             step, loss, lines = step[order], loss[order], lines[order]
             columns, buckets = _take(order, columns, buckets)
         fresh = np.isin(lines, self._restart_lines) if self._restart_lines else None
-        keep = _resolve_restarts(step, lines, s, fresh=fresh)
+        paused = pauses(columns.get("time"))
+        keep = _resolve_restarts(step, lines, s, fresh=fresh, paused=paused)
         _mark_logged_resumes(s, lines, self._resume_lines)
+        s.restarts = describe_restarts(s.restarts, step, lines, columns.get("lr"),
+                                       columns.get("time"))
+        if "lr" in columns and np.isfinite(columns["lr"]).any():
+            s.lr_peak = float(np.nanmax(columns["lr"]))
         if not keep.all():
             step, loss = step[keep], loss[keep]
             columns, buckets = _take(keep, columns, buckets)
@@ -258,6 +281,8 @@ class ColumnBuilder:
         checkpoints = self._checkpoint_steps()
         if checkpoints.size:
             s.checkpoint_source = "events"
+        evals = _held_out(self._evals, step, columns.get(EVAL_KEY))
+        rank_seconds = columns.pop("rank_seconds", None)  # rows x ranks, not a column
         return RunLog(
             source=self.source,
             step=step,
@@ -268,6 +293,8 @@ class ColumnBuilder:
             checkpoints=checkpoints,
             checkpoint_seconds=np.asarray(self._ckpt_seconds, dtype=np.float64),
             input=s,
+            evals=evals,
+            rank_seconds=rank_seconds,
         )
 
     def _why_bad(self, bad_loss: np.ndarray) -> str:
@@ -321,6 +348,13 @@ class ColumnBuilder:
             seen = ", ".join(sorted(self._keys_seen)[:12])
             raise EmptyLogError(f"{self.source}: no row has a numeric {self._step_key!r} "
                                 f"step field (fields seen: {seen})")
+        good = step[~bad_step]
+        if good.size >= CONSTANT_STEP_ROWS and good.min() == good.max():
+            # a step field that never counts: no step counter at all (not one step written
+            # again by many writers); the row index is the step
+            self.summary.constant_step = float(good[0])
+            self._step_key = None
+            return np.arange(1, rows + 1, dtype=np.float64), np.zeros(rows, dtype=bool)
         return step, bad_step
 
     def _check_exact_steps(self, raw: list[Any], step: np.ndarray, bad: np.ndarray) -> None:
@@ -342,6 +376,12 @@ class ColumnBuilder:
         buckets: list[Any] | None = None
         offsets = np.concatenate([[0], np.cumsum(self._sizes)])
         for name, chunks in self._optional.items():
+            if name in RANK_FIELDS:
+                raw = [None] * int(offsets[-1])
+                for c, col in chunks.items():
+                    raw[offsets[c] : offsets[c + 1]] = col
+                columns[name] = _per_rank(raw)
+                continue
             if name in BUCKET_FIELDS:
                 raw: list[Any] = [None] * int(offsets[-1])
                 for c, col in chunks.items():
@@ -350,6 +390,8 @@ class ColumnBuilder:
                 continue
             arr = np.full(int(offsets[-1]), np.nan)
             for c, col in chunks.items():
+                if name in FLAG_FIELDS:  # true/false flags read as 1/0
+                    col = [float(v) if type(v) is bool else v for v in col]
                 arr[offsets[c] : offsets[c + 1]] = _to_float(col)[0]
             columns[name] = arr
         return columns, buckets
@@ -365,6 +407,32 @@ def _too_large(value: Any) -> bool:
     if type(value) is bool or not isinstance(value, int | float):
         return False
     return abs(value) > MAX_LOSS and (isinstance(value, int) or math.isfinite(value))
+
+
+def _per_rank(raw: list[Any]) -> np.ndarray:
+    """Rows x ranks of a list field (one number per rank), NaN where a row lacks a number."""
+    width = max((len(v) for v in raw if isinstance(v, list)), default=0)
+    out = np.full((len(raw), width), np.nan)
+    for i, v in enumerate(raw):
+        if isinstance(v, list):
+            for j, x in enumerate(v):
+                if type(x) in (int, float):
+                    out[i, j] = float(x)
+    return out
+
+
+def _held_out(rows: list[tuple[float, float]], step: np.ndarray,
+              column: np.ndarray | None) -> np.ndarray:
+    """``(step, eval_loss)`` pairs in step order, one per step (the last written wins), from
+    evaluation rows and from step rows that carry an ``eval_loss``."""
+    pairs = list(rows)
+    if column is not None:
+        ok = np.isfinite(column)
+        pairs += list(zip(step[ok].tolist(), column[ok].tolist(), strict=True))
+    if not pairs:
+        return np.zeros((0, 2))
+    latest = dict(pairs)
+    return np.array(sorted(latest.items()), dtype=np.float64)
 
 
 def _first_alias(objs: list[dict[str, Any]], aliases: Sequence[str]) -> str | None:
@@ -516,6 +584,7 @@ def _mark_logged_resumes(summary: InputSummary, lines: np.ndarray, resumes: list
 
 def _resolve_restarts(
     step: np.ndarray, lines: np.ndarray, summary: InputSummary, *, fresh: np.ndarray | None = None,
+    paused: np.ndarray | None = None,
 ) -> np.ndarray:
     """Mask of rows to keep: duplicate writes collapse, then later rows supersede earlier ones.
 
@@ -528,11 +597,14 @@ def _resolve_restarts(
     survives only if every later row has a larger step, so a resumed run
     supersedes what the earlier run logged from its resume point on. ``fresh``
     marks rows known to start a new run (a new run folder): a step there that does
-    not exceed the one before is a restart, never a duplicate or a second writer.
+    not exceed the one before is a restart, never a duplicate or a second writer; so is a
+    step that goes back right after a pause in wall time (``paused``: a resumed process).
     """
     if step.size < 2:
         return np.ones(step.size, dtype=bool)
     fresh = np.zeros(step.size, dtype=bool) if fresh is None else fresh
+    if paused is not None:
+        fresh = fresh | paused
     dup = np.zeros(step.size, dtype=bool)
     dup[:-1] = (step[:-1] == step[1:]) & ~fresh[1:]
     rest = np.flatnonzero(~dup)

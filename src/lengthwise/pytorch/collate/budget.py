@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lengthwise.errors import ConfigError
+from lengthwise.planning.cost import CostModel
 
 __all__ = ["Budget", "BudgetError"]
 
@@ -39,8 +40,9 @@ class Budget:
 
     Padded layout: ``max_tokens`` (rows x padded length), ``batch_size`` (rows), or
     ``max_cost`` with the cost coefficients ``cost = (a, b, c)`` (rows x
-    ``a*P + b*P**2 + c``). Packed layout (``layout="pack"``): ``max_tokens`` is the
-    capacity of a row and ``rows`` the rows of a micro-batch.
+    ``a*P + b*P**2 + c``), or ``(a, b, c, d, cap)`` (plus ``d*min(P, cap)``). Packed
+    layout (``layout="pack"``): ``max_tokens`` is the capacity of a row and ``rows`` the
+    rows of a micro-batch.
 
     Example::
 
@@ -50,7 +52,7 @@ class Budget:
     max_tokens: int | None = None
     batch_size: int | None = None
     max_cost: float | None = None
-    cost: tuple[float, float, float] = (1.0, 0.0, 0.0)
+    cost: tuple[float, ...] = (1.0, 0.0, 0.0)
     rows: int = 1
     layout: str = "pad"
 
@@ -81,12 +83,12 @@ class Budget:
                 raise BudgetError(f"{where}: {rows} rows x {padded_len} padded tokens = {tokens} "
                                   f"> max_tokens={self.max_tokens} {_HINT}")
             return
-        a, b, c = self.cost
-        spent = rows * (a * padded_len + b * padded_len * padded_len + c)
+        model = CostModel(*self.cost)
+        spent = rows * model.row_cost(padded_len)
         if spent > self.max_cost * (1 + 1e-12):
+            coeffs = ", ".join(f"{k}={v}" for k, v in model.fields().items())
             raise BudgetError(f"{where}: {rows} rows x {padded_len} padded tokens cost "
-                              f"{spent:.6g} > max_cost={self.max_cost} (a={a}, b={b}, c={c}) "
-                              f"{_HINT}")
+                              f"{spent:.6g} > max_cost={self.max_cost} ({coeffs}) {_HINT}")
 
     def check_packed(self, row_tokens: Sequence[int], *, batch: int,
                      rows_known: bool = True) -> None:

@@ -38,7 +38,7 @@ def budget_of(config: Any) -> Budget:
         2
     """
     cost = config.cost
-    coeffs = (1.0, 0.0, 0.0) if cost is None else (float(cost.a), float(cost.b), float(cost.c))
+    coeffs = (1.0, 0.0, 0.0) if cost is None else tuple(float(v) for v in cost.fields().values())
     return Budget(max_tokens=config.max_tokens, batch_size=config.batch_size,
                   max_cost=config.max_cost, cost=coeffs, rows=int(config.rows_per_batch),
                   layout=config.layout)

@@ -13,6 +13,8 @@ from __future__ import annotations
 from concurrent.futures import Future
 from pathlib import Path
 
+from lengthwise.disk import full_disk_error
+from lengthwise.errors import DiskFullError
 from lengthwise.train.checkpoint.errors import CheckpointError
 
 __all__ = ["PendingSave"]
@@ -45,6 +47,10 @@ class PendingSave:
             self.error_seen = True
             if isinstance(exc, CheckpointError):
                 raise
+            full = exc if isinstance(exc, DiskFullError) else full_disk_error(
+                exc, self.path.parent, what=f"saving checkpoint step {self.step}")
+            if full is not None:  # a full disk, whichever backend wrote: it says which save
+                raise CheckpointError(str(full)) from exc
             raise CheckpointError(f"saving checkpoint step {self.step} failed: {exc}") from exc
 
     def __repr__(self) -> str:

@@ -31,9 +31,10 @@ from typing import Any
 
 import torch
 
-from lengthwise.train.checkpoint.errors import CorruptCheckpointError
+from lengthwise.disk import full_disk_error
+from lengthwise.train.checkpoint.errors import CheckpointError, CorruptCheckpointError
 from lengthwise.train.checkpoint.layout import new_manifest
-from lengthwise.train.checkpoint.state import TrainingState, cpu_copy
+from lengthwise.train.checkpoint.state import TrainingState, cpu_copy, state_bytes
 from lengthwise.train.checkpoint.state_json import from_json
 
 TORCH_FILE = "state.pt"
@@ -53,7 +54,9 @@ def save_torch(state: TrainingState, tmp: Path, executor: ThreadPoolExecutor,
     """Copy ``state`` to CPU memory now; on ``executor``'s thread write it into ``tmp``.
 
     Once written, ``finish(manifest)`` publishes the folder and gives the future's
-    result; a failure calls ``failed(exc)`` and is the future's exception.
+    result; a failure calls ``failed(exc)``, removes ``tmp`` and is the future's
+    exception (a full disk as a :class:`~lengthwise.errors.DiskFullError` saying how
+    much the checkpoint needs).
     """
     data = {"model": cpu_copy(state.model.state_dict())}
     if state.optimizer is not None:
@@ -71,6 +74,11 @@ def save_torch(state: TrainingState, tmp: Path, executor: ThreadPoolExecutor,
             return finish(manifest)
         except BaseException as exc:
             failed(exc)
+            shutil.rmtree(tmp, ignore_errors=True)  # a half-written folder only takes room
+            full = full_disk_error(exc, tmp.parent, needed=state_bytes(data),
+                                   what=f"saving checkpoint step {state.step}")
+            if full is not None:
+                raise full from exc
             raise
 
     return executor.submit(write)
@@ -103,10 +111,41 @@ def load_torch(path: Path, model: torch.nn.Module, optimizer: Any, strict: bool,
         raise CorruptCheckpointError(
             f"{file} cannot be read as a checkpoint: {type(exc).__name__}: "
             f"{_first_line(exc)}") from exc
-    model.load_state_dict(model_state, strict=strict)
+    try:  # a state of another model, or one without the model's tensors: not a corrupt file
+        model.load_state_dict(model_state, strict=strict)
+    except (RuntimeError, TypeError, AttributeError) as exc:
+        raise CheckpointError(f"{file}: {state_mismatch(model, model_state, exc)}") from exc
     if optimizer is not None:
-        optimizer.load_state_dict(optimizer_state)
+        try:
+            optimizer.load_state_dict(optimizer_state)
+        except (ValueError, KeyError, TypeError, RuntimeError) as exc:
+            raise CheckpointError(f"{file}: its optimizer state does not fit the model's "
+                                  f"parameters ({_first_line(exc)})") from exc
     return aux
+
+
+def state_mismatch(model: torch.nn.Module, state: Any, exc: BaseException) -> str:
+    """Why ``state`` does not load into ``model``: the tensors missing and unexpected, counted.
+
+    Example::
+
+        >>> why = state_mismatch(torch.nn.Linear(1, 1), {"x": torch.zeros(1)}, RuntimeError())
+        >>> why.split(": ")[1]
+        "2 tensors missing (e.g. 'bias'), 1 unexpected (e.g. 'x')"
+    """
+    if not isinstance(state, dict):
+        return f"its model state is a {type(state).__name__}, not a dict of tensors"
+    wanted, held = set(model.state_dict()), set(state)
+    missing, unexpected = sorted(wanted - held), sorted(held - wanted)
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} tensors missing (e.g. {missing[0]!r})")
+    if unexpected:
+        parts.append(f"{len(unexpected)} unexpected (e.g. {unexpected[0]!r})")
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [""]
+    detail = lines[1] if len(lines) > 1 and lines[0].endswith(":") else lines[0]
+    found = ", ".join(parts) or detail.rstrip(". ")
+    return f"its model state does not fit the model: {found}"
 
 
 def _refusal(exc: BaseException) -> str:

@@ -1,0 +1,157 @@
+"""The compute of a DFlash training step per micro-batch, in FLOPs, and its cost model for the plan.
+
+A rank's DFlash micro-batch of ``R`` padded rows of ``P`` tokens, whose sample ``i`` of
+``L_i`` tokens draws ``A_i`` anchors of blocks of ``B`` slots, costs
+
+``F = R*P*(t + x) + R*P*(P+1)/2 * t_att + R*W*B*s + sum_i A_i*B*(L_i/2 + B) * s_att
++ sum_i A_i*(B-1) * h``
+
+- ``t``: the frozen target's forward per token (``2 x`` its decoder parameters);
+  ``t_att``: its causal attention per query-key pair (``4 x`` query width, every layer);
+- ``x``: the draft's context work per token (``fc`` and each layer's key/value
+  projections of the context), forward and backward (``3 x 2 x`` their weights);
+- ``s``: the draft's layers per block slot, forward and backward (``3 x 2 x`` their
+  parameters), over the slots the block tensors hold: ``W = max_i A_i`` per row;
+- ``s_att``: the draft's attention per slot and key it sees (its sample's context before
+  its anchor, half the sample on average, and its own block), forward and backward;
+- ``h``: the frozen LM head per supervised slot (forward, recomputed forward, input
+  gradient: ``3 x 2 x hidden x vocabulary``).
+
+:meth:`StepFlops.reference` holds these for the reference shape (Qwen3-8B target,
+5-layer draft, block 16). ``A_i = min(num_anchors, L_i * max_slots // (B * max_tokens),
+pairs_i)`` with ``pairs_i`` the sample's positions with two consecutive supervised tokens
+(:func:`~lengthwise.dflash.objective.anchor_quota`); lengths alone are read as fully
+supervised, where the quota binds.
+
+:meth:`StepFlops.cost_model` is the same step as a plan's
+:class:`~lengthwise.planning.cost.CostModel` of a row's padded length ``P``: the target
+and context terms, the target's attention, and the draft's slots and LM head as a term in
+proportion to ``P`` up to the length whose quota reaches ``num_anchors``; it leaves out
+the draft's attention (about 5 % of a 4,096-token row's step).
+
+Example::
+
+    >>> f = StepFlops.reference()
+    >>> round(f.target_token / 1e9, 2), round(f.slot / 1e9, 2), round(f.head / 1e9, 2)
+    (13.89, 5.79, 3.73)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from lengthwise.planning.cost import CostModel
+
+__all__ = ["StepFlops", "anchor_counts", "batch_flops"]
+
+
+def _layer_params(hidden: int, q_dim: int, kv_dim: int, intermediate: int) -> int:
+    """Weights of one Qwen3-style decoder layer (attention projections and SwiGLU MLP)."""
+    return hidden * (q_dim + 2 * kv_dim) + q_dim * hidden + 3 * hidden * intermediate
+
+
+@dataclass(frozen=True)
+class StepFlops:
+    """FLOPs per unit of a DFlash step: target token, pair, context token, slot, key, head."""
+
+    target_token: float
+    target_pair: float
+    context_token: float
+    slot: float
+    slot_key: float
+    head: float
+    block_size: int
+
+    @classmethod
+    def of_shape(cls, *, hidden: int, q_dim: int, kv_dim: int, intermediate: int,
+                 vocab: int, target_layers: int, draft_layers: int, num_features: int,
+                 block_size: int) -> StepFlops:
+        """The per-unit FLOPs of a target and draft of these sizes (draft layers sized as
+        the target's)."""
+        layer = _layer_params(hidden, q_dim, kv_dim, intermediate)
+        return cls(target_token=2.0 * target_layers * layer,
+                   target_pair=4.0 * q_dim * target_layers,
+                   context_token=3 * 2.0 * (num_features * hidden * hidden
+                                            + draft_layers * hidden * 2 * kv_dim),
+                   slot=3 * 2.0 * draft_layers * layer,
+                   slot_key=3 * 4.0 * q_dim * draft_layers,
+                   head=3 * 2.0 * hidden * vocab, block_size=int(block_size))
+
+    @classmethod
+    def reference(cls) -> StepFlops:
+        """Qwen3-8B (36 layers, hidden 4,096, 32 x 128 query and 8 x 128 key/value heads,
+        MLP 12,288, vocabulary 151,936), a 5-layer draft of 5 features, blocks of 16."""
+        return cls.of_shape(hidden=4096, q_dim=4096, kv_dim=1024, intermediate=12288,
+                            vocab=151936, target_layers=36, draft_layers=5, num_features=5,
+                            block_size=16)
+
+    def cost_model(self, *, num_anchors: int, max_slots: int | None,
+                   max_tokens: int) -> CostModel:
+        """The step as a row cost ``a*P + b*P**2 + d*min(P, cap)`` of a padded row of ``P``.
+
+        Example::
+
+            >>> m = StepFlops.reference().cost_model(num_anchors=512, max_slots=32768,
+            ...                                      max_tokens=16384)
+            >>> m.cap, round(m.d / m.a, 2)
+            (4096.0, 1.27)
+        """
+        b = self.block_size
+        # slots a token of the row brings below the cap (no max_slots: a whole block each)
+        per_token = (max_slots or b * max_tokens) / max_tokens
+        return CostModel(a=self.target_token + self.context_token + self.target_pair / 2,
+                         b=self.target_pair / 2,
+                         d=per_token * (self.slot + self.head * (b - 1) / b),
+                         cap=b * num_anchors / per_token)
+
+
+def anchor_counts(lengths: np.ndarray, *, num_anchors: int, block_size: int,
+                  max_slots: int | None, max_tokens: int,
+                  pairs: np.ndarray | None = None) -> np.ndarray:
+    """Anchors each sample draws: its quota under ``max_slots``, at most its ``pairs``.
+
+    ``pairs`` (positions with two consecutive supervised tokens) defaults to ``L - 1``:
+    every token supervised.
+
+    Example::
+
+        >>> anchor_counts(np.array([10, 100, 9000]), num_anchors=512, block_size=16,
+        ...               max_slots=32768, max_tokens=16384).tolist()
+        [1, 12, 512]
+    """
+    lens = np.asarray(lengths, dtype=np.int64)
+    quota = (np.minimum(num_anchors, lens * max_slots // (block_size * max_tokens))
+             if max_slots is not None else np.full(lens.shape, num_anchors, dtype=np.int64))
+    have = np.maximum(lens - 1, 0) if pairs is None else np.asarray(pairs, dtype=np.int64)
+    return np.minimum(quota, have)
+
+
+def batch_flops(flops: StepFlops, lengths: np.ndarray, indices: np.ndarray,
+                offsets: np.ndarray, anchors: np.ndarray, pad_multiple: int = 1) -> np.ndarray:
+    """FLOPs of each padded micro-batch (``indices``/``offsets`` as in a plan), the module's
+    formula; ``anchors`` per sample id.
+
+    Example::
+
+        >>> f = StepFlops(1.0, 0.0, 0.0, 10.0, 0.0, 0.0, block_size=2)
+        >>> batch_flops(f, np.array([4, 2]), np.array([0, 1]), np.array([0, 2]),
+        ...             np.array([3, 1])).tolist()
+        [128.0]
+    """
+    from lengthwise.planning.cost import round_up
+
+    ids = np.asarray(indices)
+    starts = np.asarray(offsets, dtype=np.int64)[:-1]
+    lens = np.asarray(lengths, dtype=np.int64)[ids]
+    a = np.asarray(anchors, dtype=np.int64)[ids].astype(np.float64)
+    rows = np.diff(np.asarray(offsets, dtype=np.int64)).astype(np.float64)
+    p = np.asarray(round_up(np.maximum.reduceat(lens, starts), pad_multiple), dtype=np.float64)
+    width = np.maximum.reduceat(a, starts)
+    b = flops.block_size
+    keys = np.add.reduceat(a * b * (lens / 2.0 + b), starts)
+    supervised = np.add.reduceat(a * (b - 1), starts)
+    return (rows * p * (flops.target_token + flops.context_token)
+            + rows * p * (p + 1) / 2 * flops.target_pair
+            + rows * width * b * flops.slot + keys * flops.slot_key + supervised * flops.head)

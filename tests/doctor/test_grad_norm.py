@@ -1,0 +1,108 @@
+"""The gradient norm beside the loss: co-spikes, spikes that lead, the clip rate, a trend."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lengthwise.cli import main
+from lengthwise.doctor import diagnose
+from lengthwise.doctor.gradnorm import SPIKE_Z, grad_norm_findings, spike_mask
+from lengthwise.doctor.simulate import simulate_clean
+from lengthwise.doctor.simulate_events import grad_norm_log
+from lengthwise.doctor.text import render_text
+
+GRAD_CAUSES = {"grad_norm_leads", "grad_norm_co_spikes", "grad_clipped_often",
+               "grad_norm_rising"}
+
+
+def _names(report) -> set[str]:
+    return {c.name for c in report.verdict.causes}
+
+
+def test_gradient_norm_spikes_at_the_loss_spikes_are_co_spikes() -> None:
+    rows, spikes = grad_norm_log(3000, lead=0, seed=1)
+    r = diagnose(rows)
+    g = r.grad_norm
+    assert g.co_spikes.found and g.co_spikes.aligned == len(spikes) == 6
+    assert not g.lead.found and "grad_norm_co_spikes" in _names(r)
+    d = r.to_dict()["grad_norm"]
+    assert d["co_spikes"]["median_lag_points"] == 0 and d["spikes"] == 6
+    assert "6 of 6 loss spikes with a spike at the same step" in render_text(r)
+
+
+def test_gradient_norm_spikes_before_the_loss_spikes_lead_them() -> None:
+    rows, _ = grad_norm_log(3000, lead=3, seed=2)
+    r = diagnose(rows)
+    assert r.grad_norm.lead.found and not r.grad_norm.co_spikes.found
+    assert r.grad_norm.lead.to_dict()["median_lag_points"] == 3
+    cause = next(c for c in r.verdict.causes if c.name == "grad_norm_leads")
+    assert "by 3 logged point(s)" in cause.title
+
+
+def test_loss_spikes_without_gradient_norm_spikes_align_with_nothing() -> None:
+    rows, _ = grad_norm_log(3000, lead=None, seed=3)
+    r = diagnose(rows)
+    assert r.grad_norm.spikes == 0 and not _names(r) & GRAD_CAUSES
+
+
+def test_a_rising_gradient_norm_is_a_trend_a_flat_one_is_not() -> None:
+    rising = diagnose(grad_norm_log(3000, spikes=0, lead=None, rise=3.0)[0])
+    assert rising.grad_norm.rising and "grad_norm_rising" in _names(rising)
+    flat = diagnose(grad_norm_log(3000, spikes=0, lead=None, rise=1.0)[0])
+    assert not flat.grad_norm.rising and flat.verdict.clean is True
+
+
+def test_the_clip_rate_from_the_option_and_from_the_config_beside_the_log(tmp_path: Path,
+                                                                           capsys) -> None:
+    rows, _ = grad_norm_log(2000, spikes=0, lead=None, level=1.2)
+    log = tmp_path / "train_log.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert diagnose(log).grad_norm.clip_rate is None
+    (tmp_path / "training_args.json").write_text(json.dumps({"max_grad_norm": 1.0}))
+    r = diagnose(log)
+    assert r.grad_norm.clip_source == "training_args.json" and r.grad_norm.clip_rate > 0.8
+    assert "grad_clipped_often" in _names(r)
+    assert diagnose(log, clip=100.0).grad_norm.clip_rate == 0.0
+    assert main(["doctor", str(log), "--clip", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "lengthwise doctor: error: --clip must be positive, got 0.0"
+
+
+def test_the_grad_norm_panel_is_plotted(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    rows, _ = grad_norm_log(1500, lead=0, seed=4)
+    log = tmp_path / "g.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "g.png"
+    assert main(["doctor", str(log), "--plot", str(out)]) == 0
+    assert out.stat().st_size > 10_000
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 10_000), st.floats(0.05, 0.5), st.sampled_from([300, 3000]))
+def test_clean_logs_with_a_noisy_gradient_norm_show_no_gradient_finding(
+        seed: int, noise: float, points: int) -> None:
+    rows = simulate_clean(points, seed=seed)
+    rng = np.random.default_rng(seed)
+    ar = np.zeros(points)
+    for i in range(1, points):  # autocorrelated log-normal noise
+        ar[i] = 0.5 * ar[i - 1] + noise * rng.standard_normal()
+    for row, a in zip(rows, ar, strict=True):
+        row["grad_norm"] = float(0.4 * np.exp(a))
+    assert not _names(diagnose(rows)) & GRAD_CAUSES
+
+
+def test_spikes_are_points_far_above_the_rolling_median() -> None:
+    rng = np.random.default_rng(0)
+    x = 0.1 * rng.standard_normal(5000)
+    assert spike_mask(x).sum() == 0  # Gaussian noise: below 3e-7 false spikes a point
+    x[[100, 2000]] += 0.1 * (SPIKE_Z + 3)
+    assert np.flatnonzero(spike_mask(x)).tolist() == [100, 2000]
+    assert grad_norm_findings(np.arange(10.0), np.ones(10), cliffs=[], interval=1.0).note \
+        .startswith("not tested: 10 points")
