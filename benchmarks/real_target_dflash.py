@@ -28,7 +28,7 @@ Stages, each the recipe's own command run in this process:
 ::
 
     python benchmarks/real_target_dflash.py --scale quick    # ~30 min on 2 cores
-    python benchmarks/real_target_dflash.py --scale full     # ~2 h on 2 cores
+    python benchmarks/real_target_dflash.py --scale full     # sized for ~2 h on 2 cores
     python benchmarks/real_target_dflash.py --check          # rerun the reduced check, compare
     python benchmarks/real_target_dflash.py --render         # results and docs from the JSON
 
@@ -75,29 +75,32 @@ DATA_PREFIX = "evals/registry/data/"
 #: the registry's licence file, which names the data sets under licences of their own
 LICENCE_FILE = "evals-3.0.1.post1.dist-info/LICENSE.md"
 
-#: the scales: chats, regeneration, training and evaluation sizes
+#: the scales: chats, regeneration, training and evaluation sizes (``threads``: torch threads,
+#: else the process's)
 SCALES: dict[str, dict[str, Any]] = {
-    "check": {"train_chats": 24, "heldout_chats": 4, "humaneval": 4, "per_file": 1,
-              "max_chars": 1200, "regen_tokens": 24, "min_supervised": 8, "max_len": 512,
-              "steps": 4, "max_tokens": 1024, "block_size": 4, "draft_layers": 1,
-              "num_anchors": 8, "lr": 3e-3, "checkpoint_every": 2, "eval_tokens": 16,
-              "curve_prompts": 4, "eval_samples": 4},
-    "quick": {"train_chats": 480, "heldout_chats": 24, "humaneval": 24, "per_file": 2,
-              "max_chars": 2400, "regen_tokens": 128, "min_supervised": 16, "max_len": 768,
-              "steps": 120, "max_tokens": 2048, "block_size": 8, "draft_layers": 1,
-              "num_anchors": 32, "lr": 3e-3, "checkpoint_every": 40, "eval_tokens": 64,
-              "curve_prompts": 12, "eval_samples": 16},
-    "full": {"train_chats": 2400, "heldout_chats": 48, "humaneval": 48, "per_file": 8,
-             "max_chars": 4000, "regen_tokens": 256, "min_supervised": 16, "max_len": 1024,
-             "steps": 900, "max_tokens": 2048, "block_size": 16, "draft_layers": 2,
-             "num_anchors": 64, "lr": 2e-3, "checkpoint_every": 150, "eval_tokens": 128,
-             "curve_prompts": 24, "eval_samples": 32},
+    "check": {"train_chats": 12, "heldout_chats": 2, "humaneval": 2, "per_file": 1,
+              "max_chars": 800, "regen_tokens": 16, "min_supervised": 8, "max_len": 384,
+              "steps": 2, "max_tokens": 768, "block_size": 4, "draft_layers": 1,
+              "num_anchors": 8, "lr": 3e-3, "checkpoint_every": 1, "eval_tokens": 8,
+              "curve_prompts": 2, "eval_samples": 2, "threads": 1},
+    "quick": {"train_chats": 160, "heldout_chats": 12, "humaneval": 12, "per_file": 1,
+              "max_chars": 1600, "regen_tokens": 64, "min_supervised": 16, "max_len": 768,
+              "steps": 40, "max_tokens": 2048, "block_size": 8, "draft_layers": 1,
+              "num_anchors": 32, "lr": 3e-3, "checkpoint_every": 10, "eval_tokens": 48,
+              "curve_prompts": 8, "eval_samples": 12},
+    "full": {"train_chats": 800, "heldout_chats": 32, "humaneval": 32, "per_file": 3,
+             "max_chars": 2400, "regen_tokens": 192, "min_supervised": 16, "max_len": 1024,
+             "steps": 600, "max_tokens": 2048, "block_size": 16, "draft_layers": 2,
+             "num_anchors": 16, "lr": 2e-3, "checkpoint_every": 150, "eval_tokens": 96,
+             "curve_prompts": 16, "eval_samples": 24},
 }
 SEED = 0
 #: figures of the check run compared exactly (counts) and within REL_TOL (rates)
 EXACT = ("train_chats", "heldout_chats", "humaneval", "kept", "tokens", "supervised_tokens",
          "steps", "mismatches", "new_tokens", "verify_forwards")
 REL_TOL = 0.02
+#: what depends on the machine, its load or the folders used: shown, never compared
+UNCOMPARED = ("times", "machine", "prepare_reused", "template", "engine")
 
 
 def _say(text: str) -> None:
@@ -392,6 +395,8 @@ def run(scale_name: str, work: Path, wheel: Path) -> dict[str, Any]:
     import torch
 
     scale = SCALES[scale_name]
+    if scale.get("threads"):  # the check's figures are compared: one thread, one float order
+        torch.set_num_threads(scale["threads"])
     times: dict[str, float] = {}
     t0 = time.perf_counter()
     target = work.parent / "target"
@@ -457,7 +462,7 @@ def run(scale_name: str, work: Path, wheel: Path) -> dict[str, Any]:
             "data": data, "train": summary, "reference": ref, "final": final,
             "curve": points, "times": {k: round(v, 1) for k, v in times.items()},
             "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, "
-                       f"{torch.get_num_threads()} torch threads"}
+                       f"{torch.get_num_threads()} torch thread(s)"}
 
 
 def _limited(work: Path, n: int) -> Path:
@@ -486,6 +491,14 @@ def _acc(row: dict[str, Any], key: str = "acceptance_length") -> str:
     return text + (f" [{iv[0]:.2f}, {iv[1]:.2f}]" if None not in iv and text != "-" else "")
 
 
+def _diff(d: Any) -> str:
+    """A paired difference with its interval, ``+0.31 [+0.10, +0.52]``."""
+    if not isinstance(d, dict) or d.get("mean") is None:
+        return "-"
+    iv = "" if d.get("lo") is None else f" [{d['lo']:+.2f}, {d['hi']:+.2f}]"
+    return f"{d['mean']:+.2f}{iv}"
+
+
 def final_table(res: dict[str, Any]) -> str:
     """The final draft per prompt set and temperature."""
     head = ("set", "T", "prompts", "new tokens", "acceptance length [95 %]", "expected",
@@ -497,7 +510,7 @@ def final_table(res: dict[str, Any]) -> str:
         lines.append("| " + " | ".join([
             r["set"], _f(r["temperature"], "g"), str(r["prompts"]), str(r["new_tokens"]),
             _acc(r), _f(r.get("expected_acceptance")), _acc(r, "baseline_acceptance_length"),
-            _f(r.get("vs_baseline"), "+.2f"), _f(r.get("draft_accuracy"), ".3f"),
+            _diff(r.get("vs_baseline")), _f(r.get("draft_accuracy"), ".3f"),
             lossless]) + " |")
     return "\n".join(lines)
 
@@ -535,15 +548,19 @@ def verdict(res: dict[str, Any]) -> str:
         return "The prompt-lookup baseline was not measured by this `dflash eval`."
     parts, lose = [], []
     for r in rows:
-        d, b = r["acceptance_length"], r.get("baseline_acceptance_length")
-        if b is None or d is None:
+        d, b, v = r["acceptance_length"], r.get("baseline_acceptance_length"), r.get("vs_baseline")
+        if b is None or d is None or not isinstance(v, dict):
             continue
-        iv = r.get("acceptance_interval") or [None, None]
-        word = "beats" if d > b and (iv[0] is None or iv[0] > b) else (
-            "does not beat")
+        if v.get("lo") is not None and v["lo"] > 0:
+            word = "beats"
+        elif v.get("hi") is not None and v["hi"] < 0:
+            word = "is below"
+        else:
+            word = "is not told apart from"
         if word != "beats":
             lose.append(r["set"])
-        parts.append(f"on {r['set']} the draft ({d:.2f}) {word} prompt lookup ({b:.2f})")
+        parts.append(f"on {r['set']} the draft ({d:.2f}) {word} prompt lookup ({b:.2f}; "
+                     f"paired difference {_diff(v)})")
     text = "At T = 0, " + "; ".join(parts) + "."
     if lose:
         t = res["train"]
@@ -553,7 +570,7 @@ def verdict(res: dict[str, Any]) -> str:
                  "chats, orders of magnitude below the 0.8-2.5 M samples of published drafts; "
                  "its teacher-forced held-out accuracy is "
                  f"{_f((t['eval'] or [{}])[-1].get('eval_accuracy'), '.3f')}, so most blocks "
-                 "stop after the first proposed token, while prompt lookup costs nothing to "
+                 "stop at their first proposed token, while prompt lookup costs nothing to "
                  "train and copies the spans a reply repeats from its prompt (code in "
                  "HumanEval, few-shot formats in the chats).")
     return text
@@ -573,7 +590,7 @@ def caption(res: dict[str, Any], scale_note: bool = True) -> str:
     return (
         (f"Scale `{res['scale']}` (`python benchmarks/real_target_dflash.py --scale "
          f"{res['scale']}`), {res['machine']}, shared with other jobs; "
-         f"{tm['total_s'] / 60:.0f} min in all. " if scale_note else "")
+         f"{_duration(tm['total_s'])} in all. " if scale_note else "")
         + f"Target: {res['target']['name']} ({res['target']['file']}, dequantized to float32 "
         f"by `lengthwise dflash target`; {res['target']['layers']} layers, hidden "
         f"{res['target']['hidden']}, vocabulary {res['target']['vocab']:,}; ChatML template "
@@ -589,12 +606,25 @@ def caption(res: dict[str, Any], scale_note: bool = True) -> str:
         f"{d['supervised_tokens']:,} supervised). Draft: {s['draft_layers']} layer, block "
         f"{s['block_size']}, {s['num_anchors']} anchors per sample, {t['steps']} steps of "
         f"{s['max_tokens']}-token micro-batches at peak LR {s['lr']:g}, "
-        f"{t['real_tokens']:,} real tokens ({tm['train_s'] / 60:.0f} min of training); "
-        f"{ref_text}. Evaluation: `lengthwise dflash eval` (this package's batched "
-        "speculative decoding on transformers, float32, CPU) on "
+        f"{t['real_tokens']:,} real tokens ({_duration(tm['train_s'])} of training); "
+        f"{ref_text}. Evaluation: `lengthwise dflash eval` ({_settings(res)}) on "
         f"{d['heldout_chats']} held-out chats and {d['humaneval']} HumanEval prompts, at "
         f"most {s['eval_tokens']} new tokens each; prompt lookup proposes "
         f"{s['block_size'] - 1} tokens, as many as the draft.")
+
+
+def _settings(res: dict[str, Any]) -> str:
+    """What eval says its figures depend on: template, thinking switch, engine, dtype."""
+    row = res["final"][0] if res["final"] else {}
+    keys = ("template", "thinking", "block_size", "engine", "dtype")
+    said = {k: re.sub(r"chat template of \S+ \(", "the target's chat template (", str(row[k]))
+            for k in keys if k in row}  # the folder it was read from is this machine's
+    return "; ".join(f"{k}: {v}" for k, v in said.items()) or "settings not reported"
+
+
+def _duration(seconds: float) -> str:
+    """``95 s`` or ``12 min``."""
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
 def render_results(res: dict[str, Any]) -> str:
@@ -672,7 +702,7 @@ def compare(saved: dict[str, Any], fresh: dict[str, Any]) -> list[str]:
     def walk(a: Any, b: Any, where: str) -> None:
         if isinstance(a, dict) and isinstance(b, dict):
             for k in a:
-                if k in b and k not in ("times", "machine", "prepare_reused"):
+                if k in b and k not in UNCOMPARED:
                     walk(a[k], b[k], f"{where}.{k}")
         elif isinstance(a, list) and isinstance(b, list):
             if len(a) != len(b):
@@ -726,7 +756,8 @@ def main(argv: list[str] | None = None) -> int:
             print(line)
         print(f"real_target_dflash: {len(drift)} figure(s) differ from the committed check run")
         return 1 if drift else 0
-    saved[scale] = fresh
+    saved = json.loads(SAVED.read_text(encoding="utf-8")) if SAVED.is_file() else {}
+    saved[scale] = fresh  # read again: another scale may have been written meanwhile
     _say(f"wrote {SAVED}")
     print("rewrote:", ", ".join(write_all(saved)) or "nothing (already current)")
     return 0
