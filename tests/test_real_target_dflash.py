@@ -1,0 +1,133 @@
+"""``benchmarks/real_target_dflash.py``: a DFlash draft for SmolLM2-135M-Instruct on real chats.
+
+The fast tests check how the chats are taken from the evals registry (licences, Git LFS
+pointers, few-shot turns), what the drift check compares, and that docs/dflash.md's region
+holds what the script renders from the committed JSON. The slow one reruns the ``check``
+scale (conversion, regeneration, training, export, the reference load, eval) and compares it
+with the committed one; it is skipped with the install command where an input is missing.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from _scripts import script_fixtures, stale_regions
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+script, saved = script_fixtures("real_target_dflash")
+
+LICENCE = """NOTE: This license applies to all parts of this repository except for the datasets
+#### Text Compression
+- **Location**: evals/registry/data/text_compression
+#### Theory of Mind
+- **Location**: evals/registry/data/theory_of_mind
+"""
+
+
+def test_data_sets_under_their_own_licence_are_named_from_the_licence_file(script):
+    assert script.licensed_elsewhere(LICENCE) == {"text_compression", "theory_of_mind"}
+
+
+def test_git_lfs_pointers_are_recognised(script):
+    assert script.is_lfs_pointer(b"version https://git-lfs.github.com/spec/v1\noid sha256:")
+    assert not script.is_lfs_pointer(b'{"input": [{"role": "user"')
+
+
+def _wheel(tmp_path, files):
+    import zipfile
+
+    path = tmp_path / "evals.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("evals-3.0.1.post1.dist-info/LICENSE.md", LICENCE)
+        for name, text in files.items():
+            zf.writestr("evals/registry/data/" + name, text)
+    return path
+
+
+def test_registry_chats_skip_licensed_lfs_and_chatless_files(script, tmp_path):
+    row = json.dumps({"input": [{"role": "user", "content": "Hi"}], "ideal": "Hello"})
+    wheel = _wheel(tmp_path, {
+        "a/samples.jsonl": row + "\n" + row + "\n",
+        "theory_of_mind/x.jsonl": row + "\n",
+        "b/lfs.jsonl": "version https://git-lfs.github.com/spec/v1\n",
+        "c/other.jsonl": json.dumps({"sample": 1}) + "\nnot json\n",
+    })
+    chats, counts = script.registry_chats(wheel, per_file=5, max_chars=100)
+    assert counts == {"files": 4, "files_licensed_elsewhere": 1, "files_lfs_pointer": 1,
+                      "files_no_chat": 1, "files_used": 1}
+    assert [c["source"] for c in chats] == ["a/samples.jsonl"] * 2
+
+
+_turn = st.fixed_dictionaries({
+    "role": st.sampled_from(["system", "user", "assistant", "tool"]),
+    "content": st.text(max_size=20),
+    "name": st.sampled_from([None, "example_user", "example_assistant", "other"])})
+
+
+@settings(deadline=None, max_examples=200)
+@given(turns=st.lists(_turn, max_size=6), limit=st.integers(0, 80))
+def test_a_registry_chat_is_a_chat_the_target_answers_or_none(script, turns, limit):
+    chat = script.registry_chat({"input": turns}, limit)
+    if chat is None:
+        return
+    assert chat[-1]["role"] == "user" and len(chat) == len(turns)
+    assert sum(len(m["content"]) for m in chat) <= limit
+    assert all(m["role"] in ("system", "user", "assistant") for m in chat)
+    assert all(m["role"] != "system" for m in chat[1:])
+    for m, t in zip(chat, turns, strict=True):
+        if t["name"] in ("example_user", "example_assistant"):
+            assert m["role"] == t["name"].removeprefix("example_")
+
+
+def test_the_check_compares_counts_and_figures_but_not_times(script):
+    check = {"data": {"kept": 10}, "final": [{"acceptance_length": 1.5, "mismatches": 0}],
+             "times": {"total_s": 10.0}, "machine": "here"}
+    fresh = copy.deepcopy(check)
+    fresh["times"]["total_s"], fresh["machine"] = 99.0, "there"
+    assert script.compare(check, fresh) == []
+    fresh["data"]["kept"] = 11
+    fresh["final"][0]["acceptance_length"] = 1.6
+    assert script.compare(check, fresh) == ["check.data.kept: 10, now 11",
+                                            "check.final[0].acceptance_length: 1.5, now 1.6"]
+
+
+def test_the_docs_region_is_what_the_committed_figures_render(script, saved):
+    assert stale_regions(script, saved) == []
+    assert script.RESULTS_MD.read_text(encoding="utf-8") == script.render_md(saved)
+
+
+def test_the_committed_run_says_whether_the_draft_beats_prompt_lookup(script, saved):
+    main = saved.get("quick") or saved.get("full")
+    assert main is not None, "no committed run"
+    assert all(r["mismatches"] == 0 for r in main["final"] if "mismatches" in r)
+    text = script.verdict(main)
+    assert "prompt lookup" in text
+    if "is below" in text or "is not told apart" in text:
+        assert "Why:" in text
+
+
+def test_the_check_scale_reruns_as_committed(script, saved):
+    """The whole pipeline at the check scale, compared with the committed check run."""
+    try:
+        script.gguf_file()
+        wheel = script.evals_wheel()
+        script.humaneval_file()
+    except script.Missing as exc:
+        pytest.skip(str(exc))
+    import tempfile
+    from pathlib import Path
+
+    from lengthwise.cache import cache_dir
+
+    work = Path(tempfile.mkdtemp(prefix="real-target-check-"))
+    target = cache_dir() / "real-target" / "target"  # the conversion is tested by test_gguf
+    if target.is_dir():
+        (work / "target").symlink_to(target, target_is_directory=True)
+    fresh = script.run("check", work / "check", wheel)
+    assert fresh["reference"].get("missing_keys", []) == []
+    assert fresh["reference"].get("equal_to_greedy", True)
+    assert all(r["mismatches"] == 0 for r in fresh["final"] if "mismatches" in r)
+    assert script.compare(saved["check"], fresh) == []
