@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 import pytest
-from _ports import free_port
+from _ports import free_port, rank_finished
 
 from lengthwise.planning.plan import plan_epoch
 
@@ -129,8 +129,8 @@ def _launch(world: int, out_dir, stop_after=None, state_in=None) -> list[dict]:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    for p, out in zip(procs, outs, strict=True):
-        assert p.returncode == 0, out
+    for r, (p, out) in enumerate(zip(procs, outs, strict=True)):
+        assert rank_finished(p.returncode, out, os.path.join(out_dir, f"rank{r}.json")), out
     results = []
     for r in range(world):
         with open(os.path.join(out_dir, f"rank{r}.json")) as fh:

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from _ports import free_port
+from _ports import free_port, rank_finished
 from torch.utils.data import Dataset
 
 pytest.importorskip("transformers")
@@ -311,8 +311,8 @@ def test_trainer_two_processes_gloo(tmp_path):
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    for p, out in zip(procs, outs, strict=True):
-        assert p.returncode == 0, out[-3000:]
+    for rank, (p, out) in enumerate(zip(procs, outs, strict=True)):
+        assert rank_finished(p.returncode, out, tmp_path / f"rank{rank}.json"), out[-3000:]
     res = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [r["world"] for r in res] == [2, 2]
     assert res[0]["steps"] == res[1]["steps"] > 0
