@@ -334,12 +334,15 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
     configure_torch(device, threads=cfg.threads, deterministic=cfg.deterministic)
     perm = np.random.default_rng([cfg.seed, 7919]).permutation(n)
     held_idx, train_idx = np.sort(perm[: run.eval_samples]), np.sort(perm[run.eval_samples:])
+
+    def sample(i: int) -> dict[str, np.ndarray]:  # training sample i as trained: cut to max_len
+        s = data.sample(int(train_idx[i]))
+        return {k: v[: cfg.max_len] for k, v in s.items()}
+
     unlearnable = data.unlearnable_when_cut(train_idx, cfg.max_len)
     dropped = int(unlearnable.sum())
     if dropped == train_idx.size:  # the budget named with the least value, where it is the cause
-        check_budget(lambda i: {k: v[: cfg.max_len]
-                                for k, v in data.sample(int(train_idx[i])).items()},
-                     lambda i: data.sample(int(train_idx[i])), int(train_idx.size), cfg)
+        check_budget(sample, lambda i: data.sample(int(train_idx[i])), int(train_idx.size), cfg)
         raise ConfigError(f"max_len {cfg.max_len}: every training sample is cut before two "
                           "consecutive supervised tokens, so none has any loss; raise max_len")
     train_idx = train_idx[~unlearnable]
@@ -348,10 +351,6 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
 
     if run.epochs is not None:
         cfg = _with_epochs(cfg, run, lengths, rank, world)
-
-    def sample(i: int) -> dict[str, np.ndarray]:
-        s = data.sample(int(train_idx[i]))
-        return {k: v[: cfg.max_len] for k, v in s.items()}
 
     applied = _check_out(out, cfg, run, data.info, group)
     with no_transformers_bars():
