@@ -205,3 +205,14 @@ def test_every_option_a_script_documents_is_one_it_has(name, capsys):
     helped = set(re.findall(r"--[a-z][a-z-]*", capsys.readouterr().out))
     documented = set(re.findall(r"--[a-z][a-z-]*", module.__doc__))
     assert documented and documented <= helped, documented - helped
+
+
+def test_the_default_orders_are_the_vocabularys_then_packed(monkeypatch):
+    """The experiment's default order list is read from the planner's vocabulary, not spelled out
+    again: a name added there is trained by the experiment."""
+    from lengthwise.demo.evidence import EvidenceConfig
+    from lengthwise.planning import vocabulary
+
+    assert EvidenceConfig().orders == (*vocabulary.ORDERS, "packed")
+    monkeypatch.setattr(vocabulary, "ORDERS", vocabulary.ORDERS[:2])
+    assert EvidenceConfig().orders == (*vocabulary.ORDERS[:2], "packed")

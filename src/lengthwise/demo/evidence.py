@@ -38,12 +38,18 @@ from lengthwise.errors import ConfigError
 __all__ = ["EvidenceConfig", "EvidenceData", "build_data", "lr_at", "run_one"]
 
 
+def _vocabulary_orders() -> tuple[str, ...]:
+    """Every order the planner's vocabulary names, then ``packed`` (the demo's orders)."""
+    from lengthwise.demo.config import available_orders
+
+    return available_orders()
+
+
 @dataclass
 class EvidenceConfig:
     """Settings of the experiment (sizes are parameters: the defaults are the committed run)."""
 
-    orders: tuple[str, ...] = ("sorted", "random", "bucket-random", "interleave", "stratified",
-                               "packed")
+    orders: tuple[str, ...] = field(default_factory=_vocabulary_orders)
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     token_budget: int | None = None  # real tokens per run; None: epochs x the training tokens
     epochs: float = 1.0
