@@ -27,8 +27,8 @@ Stages, each the recipe's own command run in this process:
 
 ::
 
-    python benchmarks/real_target_dflash.py --scale quick    # ~30 min on 2 cores
-    python benchmarks/real_target_dflash.py --scale full     # sized for ~2 h on 2 cores
+    python benchmarks/real_target_dflash.py --scale quick    # 47 min on 2 shared cores
+    python benchmarks/real_target_dflash.py --scale full     # not run yet: several hours on 2 cores
     python benchmarks/real_target_dflash.py --check          # rerun the reduced check, compare
     python benchmarks/real_target_dflash.py --render         # results and docs from the JSON
 
