@@ -135,9 +135,10 @@ def test_each_stage_predicts_its_process_peak_on_cpu(small):
     _close(pred, measured)
 
     sizes = ["--batch-size", "4", "--max-new-tokens", "32"]
-    pred = _predicted(["--stage", "eval", *common, *sizes, "--max-len", str(longest),
-                       "--block-size", "8", "--draft-layers", "1"])
-    measured = _peak(["dflash", "eval", "--target", str(target), "--draft", str(root / "run"),
+    grown = root / "run" / "target"  # the draft is evaluated with the target it trained on
+    pred = _predicted(["--stage", "eval", "--target", str(grown), "--device", "cpu", *sizes,
+                       "--max-len", str(longest), "--block-size", "8", "--draft-layers", "1"])
+    measured = _peak(["dflash", "eval", "--target", str(grown), "--draft", str(root / "run"),
                       "--prompts", str(chats), "--temperatures", "0", *sizes, "--no-progress",
                       "--json"])
     _close(pred, measured)

@@ -502,15 +502,31 @@ def estimate_train(target_config: Any, cfg: Any, *, rows: int = 1, world: int = 
                           "optimizer": step.parts["optimizer"],
                           **{k: v for k, v in step.parts.items()
                              if k not in ("weights", "optimizer")}}}
+    held = {"weights": weights}
     if rows_after > vocab:
         old = _embedding_bytes(target_config, vocab, 2 if kind == "cuda" else 4)
-        phases["loading and growing the target"] = {"embedding before growing": old}
+        if kind == "cpu" and _checkpoint_dtype(target_config) == torch.float32:
+            # the checkpoint's tensors are views of its mapped file, which stays mapped
+            # (and resident) while any of them lives: the old embedding's pages too
+            held["embedding before growing (file still mapped)"] = old
+        else:
+            phases["loading and growing the target"] = {"embedding before growing": old}
         if kind == "cpu":  # save_pretrained serialises every tensor before writing
             phases["saving the grown target"] = {"serialised weights": weights}
     settings = {**step.settings, "grown_rows": rows_after if rows_after > vocab else None}
-    out = _finish("train", kind, baseline, {"weights": weights}, phases, settings)
+    out = _finish("train", kind, baseline, held, phases, settings)
     out.step = step
     return out
+
+
+def _checkpoint_dtype(config: Any) -> torch.dtype | None:
+    """The dtype ``config.json`` gives the checkpoint's weights (``None``: not given)."""
+    from lengthwise.dflash.target import WEIGHT_DTYPES
+
+    own = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(own, torch.dtype):
+        return own
+    return WEIGHT_DTYPES.get(str(own).removeprefix("torch.")) if own else None
 
 
 def _target_weights(config: Any, step: Any) -> int:

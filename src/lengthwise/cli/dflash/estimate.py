@@ -71,16 +71,22 @@ def register(stages: argparse._SubParsersAction) -> None:
             p.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, help=text,
                            metavar={int: "N"}.get(kind, "NAME"))
     p.add_argument("--device", help="the kernels of: cuda (default) or cpu")
-    p.add_argument("--batch-size", type=int, metavar="N",
-                   help="regenerate, eval: prompts decoded together (defaults 32, 16)")
-    p.add_argument("--max-new-tokens", type=int, metavar="N",
-                   help="regenerate, eval: tokens written per prompt at most (defaults 512, "
-                        "256)")
-    p.add_argument("--max-len", type=int, metavar="N",
-                   help="regenerate, eval: the longest prompt in tokens (required there); "
-                        "train: the longest sample (default max_tokens)")
     add_report_flags(p)
+    add_stage_flags(p)
     p.set_defaults(func=run)
+
+
+def add_stage_flags(p: argparse.ArgumentParser) -> None:
+    """The size flags of the regenerate and eval stages, each added unless ``p`` has it."""
+    flags = {"--batch-size": "regenerate, eval: prompts decoded together (defaults 32 and 16, "
+                             "as `dflash prepare` and `dflash eval`)",
+             "--max-new-tokens": "regenerate, eval: tokens written per prompt at most "
+                                 "(defaults 512 and 256)",
+             "--max-len": "regenerate, eval: the longest prompt in tokens (required there); "
+                          "train: the longest sample (default max_tokens)"}
+    for flag, text in flags.items():
+        if flag not in p._option_string_actions:  # another part of the command has it
+            p.add_argument(flag, type=int, metavar="N", help=text)
 
 
 def add_report_flags(p: argparse.ArgumentParser, *, only: str = "") -> None:
