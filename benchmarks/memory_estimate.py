@@ -11,6 +11,17 @@ With ``--docs`` it rewrites the ``dflash-estimate`` region of ``docs/dflash.md``
 
     python benchmarks/memory_estimate.py --docs     # the table and the reference figures
     python benchmarks/memory_estimate.py --measure '{"target": [...], "run": {...}}'
+
+With ``--real-target PATH`` it checks the whole-process estimate of each stage
+(``dflash estimate --stage train|regenerate|eval``, :mod:`lengthwise.dflash.stage_memory`)
+against the real command on that target, on CPU in float32, at three shapes a stage
+(:data:`STAGE_SHAPES`): each command runs in its own process on a small chat set made
+from the OpenAI evals registry wheel (``--wheel``; its user turns are the texts) and its
+peak resident memory is read from ``wait4``; with ``--docs`` the table goes into the
+``dflash-stage-memory`` region::
+
+    flock /work/notes/cpu.lock python benchmarks/memory_estimate.py --real-target /work/target \\
+        --wheel evals-3.0.1.post1-py3-none-any.whl --docs
 """
 
 from __future__ import annotations
@@ -209,11 +220,216 @@ def write_docs(table: list[str], ref: list[str], kv: list[str]) -> None:
                                 text), encoding="utf-8")
 
 
+#: the real-target shapes of each stage: training (a few steps, the slot budget filled by
+#: samples longer than a micro-batch), regeneration and evaluation (prompts all of
+#: ``max_len`` tokens, the estimate's worst case)
+STAGE_SHAPES: dict[str, list[dict[str, int]]] = {
+    "train": [{"max_tokens": 1024, "block_size": 8, "draft_layers": 2, "num_anchors": 512},
+              {"max_tokens": 2048, "block_size": 16, "draft_layers": 1, "num_anchors": 256},
+              {"max_tokens": 512, "block_size": 4, "draft_layers": 3, "num_anchors": 256}],
+    "regenerate": [{"batch_size": 16, "max_len": 256, "max_new_tokens": 32},
+                   {"batch_size": 4, "max_len": 512, "max_new_tokens": 64},
+                   {"batch_size": 8, "max_len": 128, "max_new_tokens": 32}],
+    "eval": [{"batch_size": 4, "max_len": 256, "max_new_tokens": 32},
+             {"batch_size": 8, "max_len": 128, "max_new_tokens": 32},
+             {"batch_size": 2, "max_len": 512, "max_new_tokens": 16}],
+}
+#: the draft the eval shapes decode with: trained by the first train shape
+EVAL_DRAFT = STAGE_SHAPES["train"][0]
+
+
+def peak_of(argv: list[str], env: dict[str, str]) -> tuple[int, float]:
+    """Run ``argv``; its peak resident bytes (``wait4``'s ``ru_maxrss``) and wall seconds."""
+    import time
+
+    t = time.perf_counter()
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak, not the others'
+        proc.returncode = code = os.waitstatus_to_exitcode(status)
+        if code:
+            err.seek(0)
+            raise RuntimeError(f"{' '.join(argv[:6])}: exit {code}\n"
+                               f"{err.read().decode()[-3000:]}")
+    return int(usage.ru_maxrss) * 1024, time.perf_counter() - t
+
+
+def _lengthwise(*args: object) -> list[str]:
+    return [sys.executable, "-m", "lengthwise", *[str(a) for a in args]]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
+        [str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+
+
+#: what the user asks of each registry text: a copy, so that the target writes
+#: ``max_new_tokens`` tokens (the estimate's worst case) rather than a short answer
+COPY = "Repeat the following text word for word, without a comment:\n\n"
+
+
+def fixed_prompts(tokenizer: object, texts: list[str], n: int, tokens: int) -> list[str]:
+    """``n`` user texts (:data:`COPY` and registry text) whose chat-template prompts are
+    ``tokens`` tokens long (or one less)."""
+    out: list[str] = []
+    pool = iter(texts * 50)
+    while len(out) < n:
+        ids: list[int] = []
+        while len(ids) < 2 * tokens:
+            ids += tokenizer.encode(next(pool) + "\n", add_special_tokens=False)
+        k = tokens
+        for _ in range(8):  # the template adds its own tokens: shorten until it fits
+            text = COPY + tokenizer.decode(ids[:k])
+            got = len(tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], tokenize=True, add_generation_prompt=True,
+                return_dict=True)["input_ids"])
+            if tokens - 1 <= got <= tokens:
+                break
+            k -= got - tokens
+        out.append(text)
+    return out
+
+
+def real_data(target: Path, wheel: Path, work: Path) -> dict[str, Path]:
+    """Training chats (long answers, from the registry's user turns) prepared for the target,
+    and fixed-length prompt sets for regeneration and evaluation, under ``work``."""
+    import transformers
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import real_target_dflash as real
+
+    chats, _ = real.registry_chats(wheel, per_file=1, max_chars=1600)
+    texts = [m["content"] for c in chats for m in c["messages"] if m["role"] == "user"]
+    work.mkdir(parents=True, exist_ok=True)
+    rows, k = [], 0
+    for _ in range(24):  # answers of ~9,000 characters: every sample fills a micro-batch
+        answer = ""
+        while len(answer) < 9000:
+            answer += texts[k % len(texts)] + "\n"
+            k += 1
+        rows.append({"messages": [{"role": "user", "content": texts[(7 * k) % len(texts)]},
+                                  {"role": "assistant", "content": answer}]})
+    real._jsonl(work / "long.jsonl", rows)
+    prepared = work / "prepared"
+    if not (prepared / "prepare.json").is_file():
+        subprocess.run(_lengthwise("dflash", "prepare", work / "long.jsonl", "--target", target,
+                                   "--out", prepared, "--min-supervised", 1, "--max-len", 4096,
+                                   "--no-progress"), env=_env(), check=True,
+                       stdout=subprocess.DEVNULL)
+    tok = transformers.AutoTokenizer.from_pretrained(str(target), local_files_only=True)
+    out = {"prepared": prepared}
+    for stage in ("regenerate", "eval"):
+        for shape in STAGE_SHAPES[stage]:
+            n = shape["batch_size"] if stage == "regenerate" else max(8, shape["batch_size"])
+            name = work / f"{stage}_{shape['max_len']}_{n}.jsonl"
+            users = fixed_prompts(tok, texts, n, shape["max_len"])
+            real._jsonl(name, [{"messages": [{"role": "user", "content": u}]} for u in users])
+            out[f"{stage}_{shape['max_len']}"] = name
+    return out
+
+
+def stage_commands(stage: str, shape: dict[str, int], target: Path, data: dict[str, Path],
+                   work: Path) -> tuple[list[str], list[str]]:
+    """``(estimate, real command)`` argument lists of ``stage`` at ``shape``, CPU float32."""
+    common = ["--target", target, "--device", "cpu"]
+    if stage == "train":
+        run = ["--max-tokens", shape["max_tokens"], "--block-size", shape["block_size"],
+               "--draft-layers", shape["draft_layers"], "--num-anchors", shape["num_anchors"],
+               "--max-slots", shape["num_anchors"] * shape["block_size"]]
+        out = work / ("run_" + "_".join(str(v) for v in shape.values()))
+        return (_lengthwise("dflash", "estimate", *common, *run, "--json"),
+                _lengthwise("dflash", "train", *common, *run, "--data", data["prepared"],
+                            "--out", out, "--steps", 2, "--checkpoint-every", 1,
+                            "--eval-every", 0, "--eval-samples", 1, "--overwrite",
+                            "--no-progress"))
+    sizes = ["--batch-size", shape["batch_size"], "--max-new-tokens", shape["max_new_tokens"]]
+    prompts = data[f"{stage}_{shape['max_len']}"]
+    if stage == "regenerate":
+        return (_lengthwise("dflash", "estimate", "--stage", "regenerate", *common, *sizes,
+                            "--max-len", shape["max_len"], "--json"),
+                _lengthwise("dflash", "prepare", prompts, "--target", target, "--device", "cpu",
+                            "--out", work / f"regen_{shape['max_len']}", "--regenerate",
+                            "--min-supervised", 1, *sizes, "--no-progress"))
+    draft = work / ("run_" + "_".join(str(v) for v in EVAL_DRAFT.values()))
+    return (_lengthwise("dflash", "estimate", "--stage", "eval", *common, *sizes,
+                        "--max-len", shape["max_len"], "--block-size", EVAL_DRAFT["block_size"],
+                        "--draft-layers", EVAL_DRAFT["draft_layers"], "--json"),
+            _lengthwise("dflash", "eval", "--target", target, "--draft", draft,
+                        "--prompts", prompts, "--temperatures", 0, *sizes, "--no-progress",
+                        "--json"))
+
+
+def real_target_table(target: Path, wheel: Path, work: Path) -> list[str]:
+    """Predicted against measured peak resident memory of each stage at :data:`STAGE_SHAPES`."""
+    import shutil
+
+    data = real_data(target, wheel, work)
+    lines = ["| stage | shape | predicted GiB | measured GiB | error | peak phase | "
+             "estimate s | command s |", "|---|---|---:|---:|---:|---|---:|---:|"]
+    for stage in ("train", "regenerate", "eval"):
+        for shape in STAGE_SHAPES[stage]:
+            estimate, command = stage_commands(stage, shape, target, data, work)
+            if stage == "regenerate":
+                shutil.rmtree(work / f"regen_{shape['max_len']}", ignore_errors=True)
+            import time
+
+            t = time.perf_counter()
+            proc = subprocess.run(estimate, env=_env(), capture_output=True, text=True,
+                                  check=True)
+            est_s = time.perf_counter() - t
+            pred = json.loads(proc.stdout)
+            measured, wall = peak_of(command, _env())
+            err = (pred["peak_bytes"] - measured) / measured
+            label = ", ".join(f"{k} {v}" for k, v in shape.items())
+            row = (f"| {stage} | {label} | {pred['peak_bytes'] / 2**30:.2f} | "
+                   f"{measured / 2**30:.2f} | {100 * err:+.1f} % | {pred['phase']} | "
+                   f"{est_s:.1f} | {wall:.0f} |")
+            print(row, flush=True)
+            lines.append(row)
+    return lines
+
+
+def write_stage_docs(table: list[str], target: Path) -> None:
+    """Rewrite the ``dflash-stage-memory`` region of ``docs/dflash.md``."""
+    import platform
+
+    cfg = json.loads((Path(target) / "config.json").read_text(encoding="utf-8"))
+    body = [f"Real target: {cfg.get('_model_name_or_path', Path(target).name)} "
+            f"({cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}, vocabulary "
+            f"{cfg['vocab_size']}), CPU float32, one torch thread, "
+            f"{platform.machine()} with {os.cpu_count()} cores; predicted: `dflash estimate "
+            "--stage ... --device cpu`; measured: the peak resident memory (`wait4`) of the "
+            "real command in its own process (train: 2 steps with a checkpoint each; "
+            "regenerate: `dflash prepare --regenerate` of one batch; eval: `dflash eval` at "
+            "temperature 0 with the lossless check, the baseline and the accuracy pass); "
+            "`python benchmarks/memory_estimate.py --real-target PATH --docs`:", "", *table]
+    text = DOCS.read_text(encoding="utf-8")
+    pattern = re.compile(r"(<!-- figures:dflash-stage-memory start -->\n).*?"
+                         r"(<!-- figures:dflash-stage-memory end -->)", re.S)
+    if not pattern.search(text):
+        raise SystemExit(f"{DOCS}: no dflash-stage-memory region")
+    DOCS.write_text(pattern.sub(lambda m: m.group(1) + "\n".join(body) + "\n" + m.group(2),
+                                text), encoding="utf-8")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--measure", metavar="JSON", help="one shape, in this process")
     p.add_argument("--docs", action="store_true", help="rewrite the region of docs/dflash.md")
+    p.add_argument("--real-target", metavar="PATH",
+                   help="check each stage's whole-process estimate on this target instead")
+    p.add_argument("--wheel", metavar="WHL", default="/work/wheels/"
+                   "evals-3.0.1.post1-py3-none-any.whl", help="the evals registry wheel")
+    p.add_argument("--work", metavar="DIR", help="folder for the runs (default: a temporary one)")
     args = p.parse_args(argv)
+    if args.real_target:
+        with tempfile.TemporaryDirectory() as tmp:
+            table = real_target_table(Path(args.real_target), Path(args.wheel),
+                                      Path(args.work or tmp))
+        print("\n".join(table))
+        if args.docs:
+            write_stage_docs(table, Path(args.real_target))
+        return
     if args.measure:
         print(json.dumps(measure(json.loads(args.measure))))
         return

@@ -29,7 +29,7 @@ from typing import Any
 from lengthwise.errors import ConfigError
 
 __all__ = ["MASK_TOKEN", "MaskToken", "check_mask_token", "ensure_mask_token", "grow_vocabulary",
-           "unused_special_token"]
+           "mask_token_choice", "unused_special_token"]
 
 #: the token the reference drafts add when a tokenizer has no mask token
 MASK_TOKEN = "<|MASK|>"
@@ -56,13 +56,32 @@ def ensure_mask_token(tokenizer: Any, model: Any = None) -> MaskToken:
     a special token the target never writes (:func:`unused_special_token`) is taken
     instead, so that the draft is served with the target as it is.
     """
+    token, tid, added, unused = mask_token_choice(tokenizer, model)
+    if unused:
+        return MaskToken(id=tid, token=token, added=False, resized=False, unused=True)
+    resized = model is not None and grow_vocabulary(model, int(tid) + 1)
+    return MaskToken(id=int(tid), token=token, added=added, resized=resized)
+
+
+def mask_token_choice(tokenizer: Any, model: Any = None) -> tuple[str, int, bool, bool]:
+    """``(token, id, added, unused)``: the mask token :func:`ensure_mask_token` takes, the
+    model left as it is (``<|MASK|>`` is added to ``tokenizer`` when it is the choice).
+
+    ``model`` is read for its embedding's rows, config and generation config only, so a
+    stand-in with those serves (the memory estimate's, which reads no weights).
+
+    Example::
+
+        >>> from tokenizers import Tokenizer, models
+        >>> mask_token_choice(Tokenizer(models.WordLevel({"a": 0}, unk_token="a")))
+        ('<|MASK|>', 1, True, False)
+    """
     if hasattr(tokenizer, "add_special_tokens") and hasattr(tokenizer, "convert_tokens_to_ids"):
         if model is not None and _hf_has_no_mask(tokenizer) and len(tokenizer) >= int(
                 model.get_input_embeddings().weight.shape[0]):
             spare = unused_special_token(tokenizer, model)
             if spare is not None:
-                return MaskToken(id=spare[1], token=spare[0], added=False, resized=False,
-                                 unused=True)
+                return spare[0], int(spare[1]), False, True
         token, tid, added = _hf_mask(tokenizer)
     elif hasattr(tokenizer, "token_to_id"):
         tid = tokenizer.token_to_id(MASK_TOKEN)
@@ -74,8 +93,7 @@ def ensure_mask_token(tokenizer: Any, model: Any = None) -> MaskToken:
     else:
         raise ConfigError(f"tokenizer: {type(tokenizer).__name__} is neither a transformers "
                           "tokenizer nor a tokenizers.Tokenizer")
-    resized = model is not None and grow_vocabulary(model, int(tid) + 1)
-    return MaskToken(id=int(tid), token=token, added=added, resized=resized)
+    return token, int(tid), bool(added), False
 
 
 def grow_vocabulary(model: Any, rows: int) -> bool:

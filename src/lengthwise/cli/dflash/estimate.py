@@ -1,9 +1,13 @@
-"""``lengthwise dflash estimate``: the peak GPU memory of a training run, before launching it.
+"""``lengthwise dflash estimate``: the peak memory of a stage's process, before launching it.
 
-Reads the target's ``config.json`` only (no weights) and the run's settings (the
-defaults of ``dflash train``, then ``--config run.yaml``, then flags), traces one
-training step under fake tensors (:func:`lengthwise.dflash.memory.estimate_step`)
-and prints the predicted peak per GPU with its parts; with ``--device-memory`` (or
+``--stage train`` (the default), ``regenerate`` (``dflash prepare --regenerate``) or
+``eval``: reads the target's ``config.json`` (and its tokenizer, where the folder has
+one; no weights) and the stage's settings, and prints the predicted peak of the whole
+process with its parts (:mod:`lengthwise.dflash.stage_memory`): on CPU the peak resident
+memory of the process, on CUDA the peak allocated memory per GPU. For ``train`` the
+settings are the defaults of ``dflash train``, then ``--config run.yaml``, then flags;
+one training step is traced under fake tensors
+(:func:`lengthwise.dflash.memory.estimate_step`) and its parts follow; with ``--device-memory`` (or
 on the CUDA device the run selects, where there is one) it says whether the run
 fits and exits with 1 when it does not. ``dflash train --estimate`` prints the same
 for the settings of that command (:func:`report`). Under ``torchrun`` rank 0 prints it
@@ -15,6 +19,9 @@ Example::
     $ lengthwise dflash estimate --target ./Qwen3-8B/config.json --config run.yaml \\
           --device-memory 80GiB --world 8 --json
     $ lengthwise dflash train --config run.yaml --device cuda --estimate
+    $ lengthwise dflash estimate --stage regenerate --target ./model --device cpu \\
+          --batch-size 16 --max-len 1024 --max-new-tokens 256
+    $ lengthwise dflash estimate --stage eval --target ./model --device cpu --max-len 512
 """
 
 from __future__ import annotations
@@ -28,19 +35,32 @@ SHAPE_FLAGS = ("max_tokens", "grad_accum", "block_size", "draft_layers", "num_fe
                "num_anchors", "max_slots", "head_chunk", "dtype")
 #: the flags of the estimate itself (``dflash train`` reads them with ``--estimate`` only)
 REPORT_FLAGS = ("rows", "world", "device_memory", "json")
+#: the flags of the regenerate and eval stages (their commands' names and defaults)
+STAGE_FLAGS: dict[str, dict[str, Any]] = {
+    "regenerate": {"batch_size": 32, "max_new_tokens": 512, "max_len": None, "dtype": None},
+    "eval": {"batch_size": 16, "max_new_tokens": 256, "max_len": None, "dtype": None,
+             "max_tokens": 16384, "max_slots": 32768, "head_chunk": 1024, "block_size": 16,
+             "draft_layers": 5, "num_features": None},
+}
 
 
 def register(stages: argparse._SubParsersAction) -> None:
     """Add the ``estimate`` stage."""
     p = stages.add_parser(
         "estimate",
-        help="predict a training run's peak GPU memory from the target's config.json",
-        description="Predict the peak memory per GPU of `dflash train` at the run's settings "
-                    "from the target's config.json alone (one training step traced under fake "
-                    "tensors), its parts, and whether it fits a device. Settings: the defaults "
-                    "of `dflash train`, then --config YAML, then flags.",
+        help="predict a stage's peak memory (train, regenerate, eval) from the target's "
+             "config.json",
+        description="Predict the peak memory of a stage's whole process (--stage train, "
+                    "regenerate or eval) from the target's config.json alone (no weights; "
+                    "the stage's passes traced under fake tensors) and its parts: on CPU the "
+                    "peak resident memory of the process, on CUDA the peak allocated memory "
+                    "per GPU, and whether it fits a device. Train's settings: the defaults of "
+                    "`dflash train`, then --config YAML, then flags.",
         argument_default=argparse.SUPPRESS,
     )
+    p.add_argument("--stage", dest="estimated_stage", choices=("train", "regenerate", "eval"),
+                   help="the stage: train (default), regenerate (dflash prepare --regenerate) "
+                        "or eval")
     p.add_argument("--target", metavar="PATH", required=True,
                    help="target folder or its config.json (weights are not read)")
     p.add_argument("--config", metavar="YAML", help="run settings of `dflash train`")
@@ -52,7 +72,21 @@ def register(stages: argparse._SubParsersAction) -> None:
                            metavar={int: "N"}.get(kind, "NAME"))
     p.add_argument("--device", help="the kernels of: cuda (default) or cpu")
     add_report_flags(p)
+    add_stage_flags(p)
     p.set_defaults(func=run)
+
+
+def add_stage_flags(p: argparse.ArgumentParser) -> None:
+    """The size flags of the regenerate and eval stages, each added unless ``p`` has it."""
+    flags = {"--batch-size": "regenerate, eval: prompts decoded together (defaults 32 and 16, "
+                             "as `dflash prepare` and `dflash eval`)",
+             "--max-new-tokens": "regenerate, eval: tokens written per prompt at most "
+                                 "(defaults 512 and 256)",
+             "--max-len": "regenerate, eval: the longest prompt in tokens (required there); "
+                          "train: the longest sample (default max_tokens)"}
+    for flag, text in flags.items():
+        if flag not in p._option_string_actions:  # another part of the command has it
+            p.add_argument(flag, type=int, metavar="N", help=text)
 
 
 def add_report_flags(p: argparse.ArgumentParser, *, only: str = "") -> None:
@@ -93,23 +127,40 @@ def report(given: dict[str, Any], *, defaults: dict[str, Any] | None = None) -> 
     else: no weights, no data, nothing written.
     """
     from lengthwise.cli.dflash._settings import settings
-    from lengthwise.dflash.memory import estimate_step, read_target_config
+    from lengthwise.dflash.memory import read_target_config
+    from lengthwise.dflash.stage_memory import estimate_train
 
-    given = dict(given)
+    given = {k: v for k, v in given.items() if k not in ("batch_size", "max_new_tokens")}
     opts = {k: given.pop(k) for k in REPORT_FLAGS if k in given}
     cfg, run_settings, _ = settings(given, defaults=defaults, estimate=True)
-    size = device_bytes(opts, cfg.device)
-    est = estimate_step(read_target_config(run_settings.target), cfg,
-                        rows=opts.get("rows", 1), world=opts.get("world", 1))
-    if prints_here():
-        if opts.get("json"):
-            out = est.to_dict()
-            if size is not None:
-                out.update(device_memory_bytes=size, fits=est.fits(size))
-            print(json.dumps(out, indent=2))
-        else:
-            print(est.render(size))
-    return 0 if size is None or est.fits(size) else 1
+    size = device_bytes(opts, cfg.device)  # a bad --device-memory before any tracing
+    config = read_target_config(run_settings.target)
+    grown = _grown(config, run_settings.target)  # loads the tokenizer, as training does
+    baseline = _baseline("train", config, run_settings.target, cfg.device,
+                         tokenizer=grown is None)
+    est = estimate_train(config, cfg, rows=opts.get("rows", 1), world=opts.get("world", 1),
+                         grown=grown, baseline=baseline)
+    return _print(est, opts, size)
+
+
+def _grown(config: Any, target: str) -> int | None:
+    """Rows of the target's embedding with the mask token, from its tokenizer (if it has one)."""
+    from pathlib import Path
+
+    import transformers
+
+    from lengthwise.dflash.recipe import TOKENIZER_FILES
+    from lengthwise.dflash.stage_memory import grown_rows
+
+    folder = Path(target)
+    if not folder.is_dir() or not any((folder / n).is_file() for n in TOKENIZER_FILES):
+        return None
+    tok = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    try:
+        gen = transformers.GenerationConfig.from_pretrained(str(folder), local_files_only=True)
+    except OSError:
+        gen = None
+    return grown_rows(tok, config, gen)
 
 
 def prints_here() -> bool:
@@ -137,4 +188,92 @@ def prints_here() -> bool:
 
 def run(args: argparse.Namespace) -> int:
     """Print the estimate (the kernels of CUDA unless ``--device``); 1 when it does not fit."""
-    return report(vars(args), defaults={"device": "cuda"})
+    given = vars(args)
+    stage = given.pop("estimated_stage", "train")
+    if stage == "train":
+        return report(given, defaults={"device": "cuda"})
+    return stage_report(stage, given)
+
+
+def stage_report(stage: str, given: dict[str, Any]) -> int:
+    """Print the ``regenerate`` or ``eval`` estimate of the flags ``given``; 1: no fit."""
+    from lengthwise.dflash.memory import read_target_config
+    from lengthwise.dflash.stage_memory import estimate_eval, estimate_regenerate
+    from lengthwise.errors import ConfigError
+
+    given = {k: v for k, v in given.items() if k not in ("func", "command", "stage")}
+    opts = {k: given.pop(k) for k in REPORT_FLAGS if k in given}
+    target = given.pop("target")
+    device = str(given.pop("device", "cuda"))
+    known = STAGE_FLAGS[stage]
+    stray = sorted(set(given) - set(known))
+    if stray or opts.get("rows") or opts.get("world"):
+        names = stray + [k for k in ("rows", "world") if opts.get(k)]
+        raise ConfigError(f"{', '.join('--' + k.replace('_', '-') for k in names)}: not a "
+                          f"setting of the {stage} stage's estimate")
+    sizes = {**known, **given}
+    if sizes["max_len"] is None:
+        raise ConfigError(f"--stage {stage}: give --max-len, the longest prompt in tokens "
+                          "(the estimate reads no prompts)")
+    size = device_bytes(opts, device)
+    config = read_target_config(target)
+    baseline = _baseline(stage, config, target, device)
+    if stage == "regenerate":
+        est = estimate_regenerate(config, device=device, baseline=baseline, **sizes)
+    else:
+        est = estimate_eval(config, device=device, baseline=baseline, **sizes)
+    return _print(est, opts, size)
+
+
+def _baseline(stage: str, config: Any, target: str, device: str, *,
+              tokenizer: bool = True) -> int:
+    """The process's own resident bytes on CPU (0 on CUDA: not on the GPU); ``tokenizer``:
+    load the target's tokenizer first (``False``: this process holds it already)."""
+    from pathlib import Path
+
+    from lengthwise.dflash.recipe import TOKENIZER_FILES
+    from lengthwise.dflash.stage_memory import process_baseline
+
+    if str(device).startswith("cuda"):
+        return 0
+    folder = Path(target) if Path(target).is_dir() else None
+    has_tokenizer = tokenizer and folder is not None and any(
+        (folder / n).is_file() for n in TOKENIZER_FILES)
+    return process_baseline(stage, config, folder if has_tokenizer else None)
+
+
+def _print(est: Any, opts: dict[str, Any], size: int | None) -> int:
+    """Print a :class:`~lengthwise.dflash.stage_memory.StageMemory` (JSON with ``--json``)
+    and whether it fits ``size`` bytes (``--device-memory``, or the CUDA device's)."""
+    fits = size is None or est.peak + (GIB if est.device == "cuda" else 0) <= size
+    if est.device == "cuda" and est.step is not None and est.phase == "training step":
+        # the GPU's peak is the step's: its figures, as before (docs/dflash.md shows them)
+        if prints_here():
+            out = est.step.to_dict()
+            if size is not None:
+                out.update(device_memory_bytes=size, fits=fits)
+            print(json.dumps(out, indent=2) if opts.get("json") else est.step.render(size))
+        return 0 if fits else 1
+    if prints_here():
+        if opts.get("json"):
+            out = est.to_dict()
+            if est.step is not None:
+                out["step"] = est.step.to_dict()
+            if size is not None:
+                out.update(device_memory_bytes=size, fits=fits)
+            print(json.dumps(out, indent=2))
+        else:
+            lines = [est.render()]
+            if est.step is not None:
+                lines.append(est.step.render())
+            if size is not None:
+                reserve = GIB if est.device == "cuda" else 0
+                left = size - reserve - est.peak
+                lines.append(f"{'fits' if left >= 0 else 'does NOT fit'} in {size / GIB:.1f} "
+                             f"GiB" + (f" (with {reserve / GIB:.1f} GiB for the CUDA context)"
+                                       if reserve else "") + f": {left / GIB:+.1f} GiB to spare")
+            print("\n".join(lines))
+    return 0 if fits else 1
+
+
+GIB = 2**30

@@ -118,6 +118,10 @@ def run(args: argparse.Namespace) -> int:
     files = args.prompts or [str(bundled_prompts())]
     sets = {Path(f).stem: read_prompt_file(f) for f in files}  # bad files fail before loading
     device = torch.device(args.device)
+    if device.type == "cpu":  # the resident set follows the live tensors
+        from lengthwise.dflash.process import return_freed_memory
+
+        return_freed_memory()
     draft, named = open_draft(args.draft)
     tokenizer = load_tokenizer(args.target)
     check_draft_tokenizer(draft.config, tokenizer, draft=args.draft, target=args.target)
