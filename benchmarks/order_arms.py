@@ -70,7 +70,7 @@ FULL: dict[str, Any] = {"max_samples": 2000, "epochs": 5, "eval_samples": 320,
 CHECK: dict[str, Any] = {"orders": ("sorted", "random", "stratified"),
                          "reduced": ("sorted", "random", "stratified"), "seeds": (0,),
                          "batches": (8,), "full_batches": (8,), "epochs": 2,
-                         "max_samples": 240, "eval_samples": 48, "eval_points": 2}
+                         "max_samples": 200, "eval_samples": 40, "eval_points": 2}
 #: the files and the regions of each that this script writes from the committed figures
 #: (the markers are to be put into the docs with the first committed full run)
 REGIONS: dict[str, tuple[str, ...]] = {
@@ -215,7 +215,7 @@ def invariants(summary: dict[str, Any]) -> list[str]:
     cfg = summary["config"]
     out = []
     tokens = summary["data"]["train_tokens"] * cfg["epochs"]
-    bound = micro_flops_bound(_config(_settings(cfg)), summary["data"]["vocab_size"])
+    bound = micro_flops_bound(_config(_settings(cfg)), summary["vocab_size"])
     for r in summary["runs"]:
         name = f"{r['arm']}/{r['schedule']}/{r['batch']}/{r['order']}/seed{r['seed']}"
         b = r["budget"] if "budget" in r else summary["cells"][

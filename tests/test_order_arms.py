@@ -364,3 +364,42 @@ def test_drift_in_the_check_run_is_reported(script, check):
     drift = drift_after(script, check, change)
     assert any("eval_loss" in line for line in drift)
     assert any("flops" in line for line in drift)
+
+
+# -- the committed figures (once the full run has been made and committed) ----------------
+@pytest.fixture(scope="module")
+def saved(script):
+    if not script.SAVED.is_file():
+        pytest.skip("no benchmarks/ORDER_ARMS.json yet (python benchmarks/order_arms.py "
+                    "--workers 2 makes it)")
+    return json.loads(script.SAVED.read_text(encoding="utf-8"))
+
+
+def test_the_committed_figures_are_what_the_issue_asks(script, saved):
+    full = saved["full"]
+    assert script.invariants(full) == []
+    cells = full["cells"]
+    assert {(c["arm"], c["schedule"], c["batch"]) for c in cells.values()} == {
+        (a, s, b) for a in ("data", "compute") for s in ("cosine", "constant") for b in (8, 64)}
+    assert full["unigram_loss"] > 0
+    for cell in cells.values():
+        for row in cell["orders"].values():
+            assert row["eval_loss"]["n"] >= 5 and row["eval_loss"]["half"] is not None
+            assert set(row["strata"]) == set(full["strata"])
+            assert all("flops" in p for p in row["curve"])
+        for name, row in cell["orders"].items():
+            if name != "random":
+                assert set(row["vs_random"]["strata"]) == set(full["strata"])
+
+
+def test_every_region_holds_what_the_script_renders(script, saved):
+    from _scripts import stale_regions
+
+    stale = stale_regions(script, saved)
+    assert not stale, (f"{stale} differ from benchmarks/ORDER_ARMS.json; run python "
+                       "benchmarks/order_arms.py --render")
+
+
+def test_the_plots_are_committed(script, saved):
+    for path in script.PLOTS.values():
+        assert path.is_file() and path.stat().st_size > 0

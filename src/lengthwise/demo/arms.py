@@ -225,6 +225,20 @@ class EqualData:
     cut there and its rest opens the next step. The last step of an epoch takes what is
     left, so every sample is trained once per epoch. :attr:`last` is the step ``next()`` gave
     last.
+
+    Example::
+
+        >>> from lengthwise.train.config import LoopConfig
+        >>> from lengthwise.train.simulated import simulated_sampler
+        >>> lengths = np.random.default_rng(0).integers(8, 200, 400)
+        >>> cfg = LoopConfig(grad_accum=8, max_tokens=512, max_len=256)
+        >>> steps = EqualData(simulated_sampler("random", lengths, cfg, world=8), lengths, 10,
+        ...                   max_len=256)
+        >>> tokens = [sum(int(lengths[i]) for b in steps.next() for row in b for i in row)
+        ...           for _ in range(10)]
+        >>> per = int(lengths.sum()) / 10
+        >>> sum(tokens) == int(lengths.sum()), bool(max(abs(t - per) for t in tokens) < 200)
+        (True, True)
     """
 
     def __init__(self, sampler: Any, lengths: np.ndarray, per_epoch: int, *,

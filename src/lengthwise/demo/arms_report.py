@@ -77,6 +77,7 @@ def summarise_arms(cfg: ArmsConfig, data: Any, runs: list[dict[str, Any]]) -> di
         "data": data.info,
         "strata": strata,
         "edges": data.edges,
+        "vocab_size": data.vocab_size,
         "unigram_loss": unigram_loss(data.train, data.eval, data.vocab_size),
         "unigram_smoothing": "add-one (Laplace) over the vocabulary, from the training tokens",
         "settle_share": SETTLE_SHARE,
