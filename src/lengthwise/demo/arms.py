@@ -12,13 +12,15 @@ batch) with several paired seeds, in one of two arms:
   in turn, the one at its end cut between samples; whatever an order pads costs it
   compute (more micro-batches per step), never data. ``k`` is the epoch's micro-batches
   of ``random`` over the global batch, so ``random``'s steps are about ``batch``
-  micro-batches.
+  micro-batches. The planner's steps of ``batch`` micro-batches then no longer line up
+  with the arm's: an order that pads less fills a step with fewer micro-batches, so a
+  bucketed order's step may span two of its planned steps.
 * ``compute`` (same compute): steps of ``batch`` planned micro-batches (an epoch's
   incomplete last step skipped, as :class:`~lengthwise.train.loop.StepBatches` does)
-  until the run has spent the compute budget, counted by :func:`~lengthwise.demo.flops.
-  train_flops` (machine-independent); the last step stops at the micro-batch that reaches
-  it. The budget is what ``random``'s planned micro-batches of ``epochs`` epochs cost, so
-  the order that pads more sees less data.
+  until the run has spent the compute budget, counted by
+  :func:`~lengthwise.demo.flops.train_flops` (machine-independent); the last step stops
+  at the micro-batch that reaches it. The budget is what ``random``'s planned
+  micro-batches of ``epochs`` epochs cost, so the order that pads more sees less data.
 
 The learning rate follows each arm's own axis (steps, or FLOPs): a linear warm-up over
 ``warmup_share``, then a cosine to zero at the end (``cosine``) or the peak held
