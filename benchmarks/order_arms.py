@@ -1,0 +1,488 @@
+"""What the batch order buys, free of its confounds: equal steps and data, or equal compute.
+
+Trains the demo's causal LM from scratch once per cell, order and seed
+(:mod:`lengthwise.demo.arms`): arm ``data`` gives every order the same optimizer steps,
+each on the same real tokens (padding costs an order compute, never data); arm
+``compute`` gives every order the same FLOPs (:mod:`lengthwise.demo.flops`), so the order
+that pads more sees less data. Each arm runs under warm-up + cosine and warm-up +
+constant learning rates, at global batches of 8 and 64 micro-batches per step, with
+paired seeds; the figures (:mod:`lengthwise.demo.arms_report`) hold the held-out loss
+overall and per length stratum with 95 % intervals, paired differences from random, the
+curves against steps, real tokens and FLOPs, and the unigram level of the held-out set::
+
+    python benchmarks/order_arms.py --workers 2      # the full run -> ORDER_ARMS.json
+    python benchmarks/order_arms.py --check          # rerun the reduced check, compare
+    python benchmarks/order_arms.py --check-only     # run and save only the check
+    python benchmarks/order_arms.py --full-only      # run and save only the full run
+    python benchmarks/order_arms.py --out DIR        # continue the runs saved in DIR
+    python benchmarks/order_arms.py --render         # docs regions and plots from the JSON
+
+Each run is saved as ``OUT/full/runs/ARM-SCHEDULE-bBATCH/ORDER-seedN.json`` as it ends,
+so an interrupted benchmark continues where it stopped when given the same ``--out``.
+
+The full design (:data:`FULL`): 2 arms x 2 schedules x 2 batch sizes = 8 cells, 5 paired
+seeds in every cell; the cells of batch 8 train every order of the planner's vocabulary
+(sorted, random, bucket-random, interleave, stratified), those of batch 64 the reduced set
+(sorted, random, bucket-random, stratified): 180 runs, each 5 epochs over 1,938 training
+samples (106,837 tokens, 8-256 tokens long; 315 steps at batch 8, 40 at batch 64), the
+held-out loss on 303 samples at 8 points.
+
+Runtime, a measured extrapolation: about 1 h 45 min on two free cores with ``--workers 2``.
+Measured on this machine (2 cores, 2 runs at once, one thread each, 4-epoch runs of the
+same data): arm ``data`` / cosine / batch 8 / random took 67.1 s of CPU for 1.246 TFLOP and
+arm ``compute`` / constant / batch 64 / stratified 64.8 s for 1.274 TFLOP, evaluations
+included: 52.3 CPU seconds per counted TFLOP. The 180 runs of the full design count 241.1
+TFLOP (arm ``compute``: the budget, 1.592 TFLOP a run; arm ``data``: each order's steps,
+from its plans), so 12,600 CPU seconds, 1.75 h on two workers. During the measurement the
+cores were shared with other jobs (each run got about half a core: 125 s of wall time
+each); shared like that the full run takes about twice as long.
+
+:data:`CHECK` is a reduced design (both arms and schedules, batch 8, three orders, one
+seed, 195 training samples, 12 runs: about 40 s on one core) that
+``tests/test_order_arms.py`` reruns: against the committed check once ORDER_ARMS.json
+exists, and for the design's invariants (equal steps and real tokens per step, equal
+FLOPs) always. Until the full run has been made no ORDER_ARMS.json is committed, and
+``--check`` checks the invariants only. Wall seconds depend on the machine and its load:
+shown, never compared.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+SAVED = ROOT / "benchmarks" / "ORDER_ARMS.json"
+PLOTS = {"compute": ROOT / "docs" / "order_arms_compute.png",
+         "data": ROOT / "docs" / "order_arms_data.png"}
+
+#: the committed experiment (change these, rerun, commit the JSON and the docs)
+FULL: dict[str, Any] = {"max_samples": 2000, "epochs": 5, "eval_samples": 320,
+                        "eval_points": 8}
+#: the reduced run that CI repeats and compares with the committed one
+CHECK: dict[str, Any] = {"orders": ("sorted", "random", "stratified"),
+                         "reduced": ("sorted", "random", "stratified"), "seeds": (0,),
+                         "batches": (8,), "full_batches": (8,), "epochs": 2,
+                         "max_samples": 200, "eval_samples": 40, "eval_points": 2}
+#: the files and the regions of each that this script writes from the committed figures
+#: (the markers are to be put into the docs with the first committed full run)
+REGIONS: dict[str, tuple[str, ...]] = {
+    "README.md": ("order-arms",),
+    "docs/demo.md": ("order-arms-detail", "order-arms-demo-note"),
+}
+#: the run figures a rerun of the check repeats to the last digit
+EXACT = ("steps", "micro_batches", "real_tokens", "padded_tokens", "flops")
+
+
+def _sibling(name: str) -> Any:
+    """``benchmarks/<name>.py``, whose helpers this script shares."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_LM = _sibling("order_quality")
+REL_TOL = _LM.REL_TOL
+write = _LM.write
+_pm, _wrap = _LM._pm, _LM._wrap
+
+
+def _say(text: str) -> None:
+    print(f"order_arms: {text}", file=sys.stderr, flush=True)
+
+
+def _config(settings: dict[str, Any]) -> Any:
+    from lengthwise.demo.arms import ArmsConfig
+
+    return ArmsConfig(**settings)
+
+
+class CellRuns:
+    """The saved runs of every cell: one :class:`SavedRuns` of ``benchmarks/order_quality.py``
+    per cell, in ``folder/ARM-SCHEDULE-bBATCH``."""
+
+    def __init__(self, folder: Path, cfg: Any) -> None:
+        def describe(r: dict[str, Any]) -> str:
+            return (f"{r['arm']}/{r['schedule']}/{r['batch']}: held-out loss "
+                    f"{r['eval_loss']:.4f} after {r['steps']} steps, {r['real_tokens']:,} real "
+                    f"tokens, {r['flops'] / 1e9:,.1f} GFLOP, {r['wall_seconds']:.0f} s")
+
+        self.cells = {cell: _LM.SavedRuns(folder / f"{cell[0]}-{cell[1]}-b{cell[2]}",
+                                          SimpleNamespace(orders=orders, seeds=cfg.seeds),
+                                          describe)
+                      for cell, orders in cfg.cells()}
+
+    def done(self) -> set[tuple[Any, ...]]:
+        """The (arm, schedule, batch, order, seed) runs already saved."""
+        return {(*cell, o, s) for cell, saved in self.cells.items() for o, s in saved.done()}
+
+    def save(self, r: dict[str, Any]) -> None:
+        self.cells[(r["arm"], r["schedule"], r["batch"])].save(r)
+
+    def load(self) -> list[dict[str, Any]]:
+        return [r for saved in self.cells.values() for r in saved.load()]
+
+
+def run(settings: dict[str, Any], out: Path, workers: int, cache_dir: str | None,
+        ) -> dict[str, Any]:
+    """Train every run of ``settings`` not yet saved under ``out/runs``; the figures."""
+    from lengthwise.demo.arms_report import run_arms, summarise_arms
+    from lengthwise.demo.evidence import build_data
+
+    cfg = _config(settings)
+    started = time.perf_counter()
+    data = build_data(cfg.evidence(), cache_dir=cache_dir)
+    saved = CellRuns(out / "runs", cfg)
+    if len(saved.done()) != len(cfg.jobs()):
+        run_arms(cfg, data, out=out / "logs", workers=workers, skip=saved.done(),
+                 on_run=saved.save)
+    return _LM.stamp(summarise_arms(cfg, data, saved.load()), started, workers)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _LM.parse(_LM.arguments(__doc__, __file__), argv)
+    out = Path(args.out or tempfile.mkdtemp(prefix="order-arms-"))
+    saved = json.loads(SAVED.read_text(encoding="utf-8")) if SAVED.is_file() else {}
+    if args.render:
+        if "full" not in saved:
+            _LM.arguments(__doc__, __file__).error(f"--render: {SAVED} holds no full run yet")
+        plot(saved["full"])
+        print("rewrote:", ", ".join(rewrite(saved)) or "nothing (already current)")
+        return 0
+    if args.check:
+        fresh = run(CHECK, out / "check", 1, args.cache_dir)
+        broken = invariants(fresh)
+        for line in broken:
+            print(line)
+        if "check" not in saved:
+            print(f"order_arms: {len(broken)} invariant(s) broken; no committed check run in "
+                  f"{SAVED.name} yet to compare with")
+            return 1 if broken else 0
+        return max(1 if broken else 0, _LM.say_drift("order_arms",
+                                                     compare(saved["check"], fresh)))
+    if not args.full_only:
+        saved["check"] = run(CHECK, out / "check", 1, args.cache_dir)
+        write(saved, SAVED)
+    if not args.check_only:
+        saved["full"] = run(FULL, out / "full", args.workers, args.cache_dir)
+        write(saved, SAVED)
+    _say(f"wrote {SAVED}")
+    if "full" in saved:
+        full = json.loads(SAVED.read_text(encoding="utf-8"))["full"]
+        plot(full)
+        print("rewrote:", ", ".join(rewrite(saved)) or "nothing (already current)")
+    return 0
+
+
+def compare(saved: dict[str, Any], fresh: dict[str, Any]) -> list[str]:
+    """The figures of the check run that moved (empty: none)."""
+    def keyed(summary: dict[str, Any]) -> dict[str, Any]:  # a run's key names its cell
+        return {"runs": [dict(r, order=f"{r['arm']}/{r['schedule']}/{r['batch']}/{r['order']}")
+                         for r in summary["runs"]]}
+
+    def pairs(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+        out = [("eval_loss", a["eval_loss"], b["eval_loss"])]
+        out += [(f"strata[{i}]", x, y)
+                for i, (x, y) in enumerate(zip(a["strata"], b["strata"], strict=True))]
+        return out + [(f"curve[{i}]", p["eval_loss"], q["eval_loss"])
+                      for i, (p, q) in enumerate(zip(a["curve"], b["curve"], strict=True))]
+
+    out = _LM.compare_runs(keyed(saved), keyed(fresh), EXACT, pairs)
+    if not _LM._close(saved["unigram_loss"], fresh["unigram_loss"]):
+        out.append(f"unigram_loss: {saved['unigram_loss']} committed, "
+                   f"{fresh['unigram_loss']} now")
+    return out
+
+
+def invariants(summary: dict[str, Any]) -> list[str]:
+    """What the design promises of its runs and does not hold (empty: all hold).
+
+    Arm ``data``: every run of a cell the cell's steps, ``epochs`` x the training tokens,
+    and every step within one sample (``max_len`` tokens) of the per-step budget. Arm
+    ``compute``: every run's FLOPs at least the budget and less than one micro-batch over
+    it. Every held-out loss finite, every curve ``eval_points`` long.
+    """
+    from lengthwise.demo.arms import micro_flops_bound
+
+    cfg = summary["config"]
+    out = []
+    tokens = summary["data"]["train_tokens"] * cfg["epochs"]
+    bound = micro_flops_bound(_config(_settings(cfg)), summary["vocab_size"])
+    for r in summary["runs"]:
+        name = f"{r['arm']}/{r['schedule']}/{r['batch']}/{r['order']}/seed{r['seed']}"
+        b = r["budget"] if "budget" in r else summary["cells"][
+            f"{r['arm']}/{r['schedule']}/{r['batch']}"]["budget"]
+        if r["arm"] == "data":
+            per = b["real_tokens_per_step"]
+            if r["steps"] != b["steps"]:
+                out.append(f"{name}: {r['steps']} steps, the cell's are {b['steps']}")
+            if r["real_tokens"] != tokens:
+                out.append(f"{name}: {r['real_tokens']:,} real tokens, not {tokens:,}")
+            if not (per - cfg["max_len"] <= r["step_tokens_min"]
+                    and r["step_tokens_max"] <= per + cfg["max_len"]):
+                out.append(f"{name}: steps of {r['step_tokens_min']}-{r['step_tokens_max']} real "
+                           f"tokens, more than one sample from {per}")
+        elif not b["flops"] <= r["flops"] < b["flops"] + bound:
+            out.append(f"{name}: {r['flops']:,} FLOPs, budget {b['flops']:,} (+ one "
+                       f"micro-batch, at most {bound:,})")
+        losses = [r["eval_loss"], *(p["eval_loss"] for p in r["curve"])]
+        if not all(isinstance(x, float) and math.isfinite(x) for x in losses):
+            out.append(f"{name}: a held-out loss is not finite")
+        if len(r["curve"]) != cfg["eval_points"]:
+            out.append(f"{name}: {len(r['curve'])} measurements, not {cfg['eval_points']}")
+    if not math.isfinite(summary["unigram_loss"]):
+        out.append("unigram_loss is not finite")
+    return out
+
+
+def _settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The settings of an :class:`~lengthwise.demo.arms.ArmsConfig` from its ``to_dict()``."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
+
+
+# -- the reading, generated from the figures -------------------------------------------------
+def _where(cell: dict[str, Any]) -> str:
+    return f"{cell['schedule']}, batch {cell['batch']}"
+
+
+def _detected(diff: dict[str, Any] | None) -> bool:
+    return bool(diff and diff.get("detected"))
+
+
+def _differing(row: dict[str, Any]) -> str:
+    """The strata whose paired difference from random is detected, with it (``-``: none)."""
+    strata = (row.get("vs_random") or {}).get("strata") or {}
+    found = [f"{s} {_pm(d, '+.3f')}" for s, d in strata.items() if _detected(d)]
+    return ", ".join(found) or "-"
+
+
+def table(full: dict[str, Any]) -> str:
+    """Arm x schedule x batch x order: held-out loss and its paired difference from random
+    (mean ± 95 % interval over seeds), the strata that differ, real tokens, compute, steps,
+    whether it settled, and the (machine-dependent) training seconds."""
+    head = ["arm", "schedule", "batch", "order", "held-out loss", "vs random",
+            "lengths that differ", "real tokens", "GFLOP", "steps", "settled", "train s"]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|---:|---|" + "---:|" * 2 + "---|"
+             + "---:|" * 3 + "---|---:|"]
+    for cell in full["cells"].values():
+        for name, row in cell["orders"].items():
+            diff = (row.get("vs_random") or {}).get("eval_loss")
+            lines.append("| " + " | ".join([
+                "same steps, same data" if cell["arm"] == "data" else "same compute",
+                cell["schedule"], str(cell["batch"]), name, _pm(row["eval_loss"]),
+                _pm(diff, "+.3f") if diff else "-", _differing(row),
+                f"{row['real_tokens']['mean']:,.0f}", f"{row['flops']['mean'] / 1e9:,.0f}",
+                f"{row['steps']['mean']:.0f}", "yes" if row["settled"] else "no",
+                f"{row['train_seconds']['mean']:.0f}"]) + " |")
+    return "\n".join(lines)
+
+
+def _compute_clause(cells: list[dict[str, Any]]) -> str:
+    """Which order to pick at equal compute, from the paired differences from random."""
+    lower: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {}
+    higher: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {}
+    for cell in cells:
+        for name, row in cell["orders"].items():
+            diff = (row.get("vs_random") or {}).get("eval_loss")
+            if _detected(diff):
+                (lower if diff["mean"] < 0 else higher).setdefault(name, []).append((cell, diff))
+    n = len(cells)
+    better = {k: v for k, v in lower.items() if k not in higher}
+    if better:
+        pick = max(better, key=lambda k: (len(better[k]), -min(d["mean"] for _, d in better[k])))
+        cell, d = min(better[pick], key=lambda cd: cd[1]["mean"])
+        gain = _pm({"mean": -d["mean"], "half": d["half"]})
+        text = (f"at equal compute pick {pick}: its held-out loss is below random's in "
+                f"{len(better[pick])} of {n} settings (by up to {gain} at {_where(cell)})")
+    elif higher:
+        text = (f"at equal compute pick random: no order's held-out loss is detected below "
+                f"random's in any of {n} settings")
+    else:
+        return (f"at equal compute no order's held-out loss differs from random's in any of "
+                f"{n} settings (no difference detected at this size)")
+    worse = []
+    for name, found in higher.items():
+        cell, d = max(found, key=lambda cd: cd[1]["mean"])
+        worse.append(f"{name} by up to {_pm(d)} ({_where(cell)})")
+    if worse:
+        text += f"; {', '.join(worse)} {'is' if len(worse) == 1 else 'are'} above it"
+    return text
+
+
+def _data_clause(cells: list[dict[str, Any]]) -> str:
+    """What each order costs (compute) or buys (held-out loss) against random at equal data."""
+    names = [n for n in cells[0]["orders"] if n != "random"] if cells else []
+    parts = []
+    for name in names:
+        rows = [(c, c["orders"][name]) for c in cells if name in c["orders"]]
+        ratio = [row["flops"]["mean"] / c["orders"]["random"]["flops"]["mean"] for c, row in rows]
+        found = [(c, row["vs_random"]["eval_loss"]) for c, row in rows
+                 if _detected(row["vs_random"]["eval_loss"])]
+        cost = (f"{min(ratio):.2f}x" if max(ratio) - min(ratio) < 0.005
+                else f"{min(ratio):.2f}-{max(ratio):.2f}x")
+        if found:
+            c, d = max(found, key=lambda cd: abs(cd[1]["mean"]))
+            word = "higher" if d["mean"] > 0 else "lower"
+            size = _pm({"mean": abs(d["mean"]), "half": d["half"]})
+            effect = (f"its held-out loss is {word} in {len(found)} of {len(rows)} settings "
+                      f"(by up to {size}, {_where(c)})")
+        else:
+            strata = [(c, s, d) for c, row in rows
+                      for s, d in (row["vs_random"].get("strata") or {}).items() if _detected(d)]
+            effect = "no difference detected at this size"
+            if strata:
+                c, s, d = max(strata, key=lambda x: abs(x[2]["mean"]))
+                effect += (f" overall, though lengths {s} differ by {_pm(d, '+.3f')} "
+                           f"({_where(c)})")
+        parts.append(f"{name} costs {cost} random's compute and {effect}")
+    return "at equal data " + ("; ".join(parts) if parts else "no order was compared")
+
+
+def decision(full: dict[str, Any]) -> str:
+    """The one decision sentence: which order to pick at equal compute, and what each order
+    costs or buys at equal data (paired differences from random; a difference only where
+    its 95 % interval excludes zero)."""
+    cells = list(full["cells"].values())
+    compute = [c for c in cells if c["arm"] == "compute"]
+    data = [c for c in cells if c["arm"] == "data"]
+    text = _compute_clause(compute) + "; " + _data_clause(data) + "."
+    return _wrap(text[0].upper() + text[1:])
+
+
+def learned(full: dict[str, Any]) -> str:
+    """Whether the model learned: the held-out loss at the end against the unigram level."""
+    ends = [row["eval_loss"]["mean"] for c in full["cells"].values()
+            for row in c["orders"].values()]
+    uni = full["unigram_loss"]
+    unsettled = sum(not row["settled"] for c in full["cells"].values()
+                    for row in c["orders"].values())
+    return _wrap(
+        f"The held-out loss ends at {min(ends):.3f}-{max(ends):.3f} nats per token across the "
+        f"cells; a model of the training set's token frequencies alone (unigram, "
+        f"{full['unigram_smoothing']}) scores {uni:.3f} on the held-out set. "
+        + (f"{unsettled} of the rows still move over the last {full['settle_share']:.0%} of "
+           f"their run by more than their interval." if unsettled else
+           "Every row has settled: its loss moves less over the last "
+           f"{full['settle_share']:.0%} of the run than its interval."))
+
+
+def _caption(full: dict[str, Any]) -> str:
+    c, d = full["config"], full["data"]
+    cells = list(full["cells"].values())
+    runs = len(full["runs"])
+    wall, cpu = full.get("runs_wall_seconds"), full.get("runs_cpu_seconds")
+    return _wrap(
+        f"`python benchmarks/order_arms.py`: the {c['model_size']} causal LM of the demo "
+        f"trained from scratch {runs} times ({len(cells)} settings x orders x "
+        f"{len(c['seeds'])} paired seeds), {c['epochs']} epochs of {d['train_samples']:,} "
+        f"samples ({d['train_tokens']:,} tokens, {d['length_min']}-{d['length_max']} tokens "
+        f"long, median {d['length_p50']}), micro-batches of at most {c['max_tokens']} padded "
+        f"tokens from a simulated world of {c['world']} ranks, {', '.join(map(str, c['batches']))} "
+        f"micro-batches per step. Same steps, same data: every order the same optimizer steps, "
+        f"each on the same real tokens (within one sample), so padding costs compute, not data. "
+        f"Same compute: every order the FLOPs random spends on the epochs (forward and backward "
+        f"of every padded token, attention included), so the order that pads more sees less "
+        f"data. Learning rate: warm-up over {c['warmup_share']:.0%}, then cosine to zero or "
+        f"constant. Held-out loss on {d['eval_samples']} samples; mean ± 95 % t-interval over "
+        f"seeds; 'vs random': the paired difference (same seed); 'lengths that differ': the "
+        f"length strata whose paired difference excludes zero. Training seconds depend on the "
+        f"machine's load ({full['machine']}; the runs took {(wall or 0) / 3600:.1f} h of wall "
+        f"time and {(cpu or 0) / 3600:.1f} h of CPU time in all, {full['workers']} at a time).")
+
+
+def demo_note(full: dict[str, Any]) -> str:
+    """The sentence the demo's own table carries: equal optimizer steps at one seed is the
+    equal-compute view, with the per-step FLOPs the experiment measured."""
+    per_step = [row["flops"]["mean"] / row["steps"]["mean"]
+                for c in full["cells"].values() if c["arm"] == "compute"
+                for row in c["orders"].values()
+                if c["batch"] == min(full["config"]["batches"])]
+    batch = min(full["config"]["batches"])
+    return _wrap(
+        "The demo's table compares the orders at equal optimizer steps, at one seed: every "
+        "step is the same number of micro-batches of at most the same padded tokens, so this is "
+        "the equal-compute view at one seed (in the order experiment a step of "
+        f"{batch} micro-batches costs {min(per_step) / 1e9:.1f}-{max(per_step) / 1e9:.1f} GFLOP "
+        "across the orders). The order that pads less trains more real tokens in it; the "
+        "equal-data view and the intervals over seeds are in the order experiment's table.")
+
+
+def render(name: str, saved: dict[str, Any]) -> str:
+    """The text of region ``name`` from the committed figures."""
+    full = saved["full"]
+    body = (_caption(full) + "\n\n" + table(full) + "\n\n" + decision(full) + "\n\n"
+            + learned(full))
+    if name == "order-arms":
+        return body + "\n\n![held-out loss vs FLOPs](docs/order_arms_compute.png)"
+    if name == "order-arms-detail":
+        return (body + "\n\n![held-out loss vs FLOPs](order_arms_compute.png)\n"
+                + "![held-out loss vs steps](order_arms_data.png)")
+    if name == "order-arms-demo-note":
+        return demo_note(full)
+    raise KeyError(f"no region {name!r}")
+
+
+def region_text(text: str, name: str, where: str) -> tuple[int, int]:
+    """Start and end offsets of region ``name``'s body in ``text``."""
+    return _LM.region_text(text, name, where)
+
+
+def rewrite(saved: dict[str, Any], root: Path = ROOT) -> list[str]:
+    """Rewrite every region of :data:`REGIONS` under ``root``; the files changed."""
+    return _LM._docs_figures().rewrite_regions(REGIONS, lambda name: render(name, saved), root)
+
+
+def plot(full: dict[str, Any], paths: dict[str, Path] | None = None) -> None:
+    """Held-out loss against FLOPs (arm ``compute``) and against steps (arm ``data``): one
+    panel per schedule and batch, one line per order with its 95 % band over seeds, the
+    unigram level dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    from lengthwise.demo.report import order_color
+
+    axis = {"compute": ("flops", "training FLOPs (forward + backward, counted)"),
+            "data": ("step", "optimizer steps (equal real tokens per step)")}
+    for arm, path in (paths or PLOTS).items():
+        cells = [c for c in full["cells"].values() if c["arm"] == arm]
+        if not cells:
+            continue
+        key, label = axis[arm]
+        fig, axes = plt.subplots(1, len(cells), figsize=(4.2 * len(cells), 4.2), squeeze=False)
+        for ax, cell in zip(axes[0], cells, strict=True):
+            for i, (name, row) in enumerate(cell["orders"].items()):
+                pts = row["curve"]
+                x = [p[key] for p in pts]
+                y = [p["eval_loss"]["mean"] for p in pts]
+                half = [p["eval_loss"]["half"] or 0.0 for p in pts]
+                col = order_color(name, i)
+                ax.plot(x, y, color=col, lw=1.4, label=name, marker="o", ms=2.5)
+                ax.fill_between(x, [a - h for a, h in zip(y, half, strict=True)],
+                                [a + h for a, h in zip(y, half, strict=True)], color=col,
+                                alpha=0.15)
+            ax.axhline(full["unigram_loss"], color="grey", lw=0.8, ls="--", label="unigram")
+            ax.set_title(f"{cell['schedule']}, batch {cell['batch']}", fontsize=9)
+            ax.set_xlabel(label, fontsize=8)
+            ax.grid(alpha=0.3)
+        axes[0][0].set_ylabel("held-out loss per token")
+        axes[0][0].legend(fontsize=7)
+        n = len(full["config"]["seeds"])
+        fig.suptitle(("same compute" if arm == "compute" else "same steps, same data")
+                     + f": mean and 95 % interval over {n} seeds", fontsize=10)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
