@@ -10,7 +10,8 @@ Example::
     $ lengthwise dflash train --config run.yaml --resume
     $ lengthwise dflash train --config run.yaml --device cuda --estimate --device-memory h200
 
-``--estimate`` prints the predicted peak memory per GPU of the run instead of training
+``--estimate`` prints the predicted peak memory of the run (per GPU on CUDA, the process's
+resident memory on CPU) instead of training
 (:func:`lengthwise.cli.dflash.estimate.report`: the target's ``config.json`` only, no
 weights, no data; nothing is written and ``--out`` is not touched). Under ``torchrun`` it
 is printed once, by rank 0, and every rank exits with its verdict; no process group is
@@ -52,7 +53,8 @@ def register(stages: argparse._SubParsersAction) -> None:
     p.add_argument("--wandb", action="store_true", help="also log to Weights & Biases")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     p.add_argument("--estimate", action="store_true",
-                   help="print the run's predicted peak memory per GPU, its parts and whether "
+                   help="print the run's predicted peak memory (per GPU on CUDA, the process's "
+                        "resident memory on CPU), its parts and whether "
                         "it fits the device, from the target's config.json alone (no weights, "
                         "no data), and exit without training or writing to --out")
     from lengthwise.cli.dflash.estimate import add_report_flags
