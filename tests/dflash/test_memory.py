@@ -331,7 +331,8 @@ def test_train_lists_estimate_and_refuses_its_flags_without_it(tmp_path, capsys)
     with pytest.raises(SystemExit):
         main(["dflash", "train", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "--estimate print the run's predicted peak memory per GPU" in text
+    assert ("--estimate print the run's predicted peak memory (per GPU on CUDA, the process's "
+            "resident memory on CPU)") in text
     assert "--device-memory SIZE memory of the GPU" in text and "read with --estimate" in text
 
 
