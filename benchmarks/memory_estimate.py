@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -205,19 +204,26 @@ def context_conversion() -> list[str]:
             f"({(twice - once) / 2**30:.2f} GiB less)."]
 
 
+def write_region(name: str, body: list[str]) -> None:
+    """Put the lines ``body`` into region ``name`` of ``docs/dflash.md`` (the marked-region
+    writer of ``benchmarks/docs_figures.py``)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_figures",
+                                                  Path(__file__).with_name("docs_figures.py"))
+    figures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figures)
+    figures.rewrite_regions({DOCS.relative_to(ROOT).as_posix(): (name,)},
+                            lambda _: "\n".join(body), ROOT)
+
+
 def write_docs(table: list[str], ref: list[str], kv: list[str]) -> None:
     """Rewrite the ``dflash-estimate`` region of ``docs/dflash.md``."""
     body = ["```", *ref, "```", "", *kv, "",
             "Predicted against measured on CPU (the peak one training step adds to the weights "
             "and optimizer state held before it; measured: resident high-water mark, "
             "`python benchmarks/memory_estimate.py`):", "", *table]
-    text = DOCS.read_text(encoding="utf-8")
-    pattern = re.compile(r"(<!-- figures:dflash-estimate start -->\n).*?"
-                         r"(<!-- figures:dflash-estimate end -->)", re.S)
-    if not pattern.search(text):
-        raise SystemExit(f"{DOCS}: no dflash-estimate region")
-    DOCS.write_text(pattern.sub(lambda m: m.group(1) + "\n".join(body) + "\n" + m.group(2),
-                                text), encoding="utf-8")
+    write_region("dflash-estimate", body)
 
 
 #: the real-target shapes of each stage: training (a few steps, the slot budget filled by
@@ -403,13 +409,7 @@ def write_stage_docs(table: list[str], target: Path) -> None:
             "regenerate: `dflash prepare --regenerate` of one batch; eval: `dflash eval` at "
             "temperature 0 with the lossless check, the baseline and the accuracy pass); "
             "`python benchmarks/memory_estimate.py --real-target PATH --docs`:", "", *table]
-    text = DOCS.read_text(encoding="utf-8")
-    pattern = re.compile(r"(<!-- figures:dflash-stage-memory start -->\n).*?"
-                         r"(<!-- figures:dflash-stage-memory end -->)", re.S)
-    if not pattern.search(text):
-        raise SystemExit(f"{DOCS}: no dflash-stage-memory region")
-    DOCS.write_text(pattern.sub(lambda m: m.group(1) + "\n".join(body) + "\n" + m.group(2),
-                                text), encoding="utf-8")
+    write_region("dflash-stage-memory", body)
 
 
 def main(argv: list[str] | None = None) -> None:
