@@ -18,14 +18,13 @@ Example::
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from lengthwise.demo.arms import ArmsConfig, budgets, run_arm, unigram_loss
-from lengthwise.demo.evidence_report import SETTLE_SHARE, settle_index
+from lengthwise.demo.evidence_report import SETTLE_SHARE, settle_index, settled
 from lengthwise.demo.pool import map_jobs
 from lengthwise.intervals import paired_by_seed, t_interval, versus
 
@@ -109,8 +108,7 @@ def _order_row(mine: list[dict[str, Any]], strata: list[str], points: int) -> di
         "flops": iv(lambda r: r["flops"]),
         "train_seconds": iv(lambda r: r["train_seconds"]),
         "tail_move": move,
-        "settled": bool(final["half"] is not None and math.isfinite(final["half"])
-                        and abs(move["mean"]) < final["half"]),
+        "settled": settled(final, move),
         "last": [p["eval_loss"] for p in curve[-LAST_POINTS:]],
         "curve": curve,
     }

@@ -34,7 +34,8 @@ from lengthwise.demo.evidence import EvidenceConfig, EvidenceData, build_data, r
 from lengthwise.demo.pool import map_jobs
 from lengthwise.intervals import equal_tokens, paired_by_seed, t_interval, versus
 
-__all__ = ["doctor_figures", "run_experiment", "settle_index", "summarise", "time_to_loss"]
+__all__ = ["doctor_figures", "run_experiment", "settle_index", "settled", "summarise",
+           "time_to_loss"]
 
 #: share of the budget whose move decides whether the held-out loss has settled
 SETTLE_SHARE = 0.2
@@ -139,6 +140,21 @@ def settle_index(points: int, share: float = SETTLE_SHARE) -> int:
     return max(0, int(math.ceil((1 - share) * points)) - 1)
 
 
+def settled(final: dict[str, Any], move: dict[str, Any]) -> bool:
+    """Whether a held-out loss has settled: its mean move over the tail (``move``, an
+    interval over seeds) is smaller than the half-width of the final loss's interval.
+
+    Example::
+
+        >>> settled({"mean": 5.0, "half": 0.1}, {"mean": 0.05, "half": 0.02})
+        True
+        >>> settled({"mean": 5.0, "half": None}, {"mean": 0.0, "half": None})
+        False
+    """
+    half = final["half"]
+    return bool(half is not None and math.isfinite(half) and abs(move["mean"]) < half)
+
+
 
 def summarise(cfg: EvidenceConfig, data: EvidenceData, runs: list[dict[str, Any]],
               ) -> dict[str, Any]:
@@ -173,8 +189,7 @@ def summarise(cfg: EvidenceConfig, data: EvidenceData, runs: list[dict[str, Any]
             "tokens_to_target": iv(lambda r: r["time_to_loss"]["tokens"]),
             "seconds_to_target": iv(lambda r: r["time_to_loss"]["seconds"]),
             "tail_move": move,
-            "settled": bool(final["half"] is not None and math.isfinite(final["half"])
-                            and abs(move["mean"]) < final["half"]),
+            "settled": settled(final, move),
             "noise": _noise(mine),
             "doctor": {view: _doctor_view(mine, view) for view in ("step", "micro")},
             "curve": _curve(mine, n),
