@@ -291,8 +291,8 @@ class EqualCompute:
     ``compute``).
 
     An epoch's incomplete last step is skipped; the step that reaches the budget stops at
-    the micro-batch that reaches it, and :attr:`done` turns true. :attr:`last_flops` is the
-    count of the step ``next()`` gave last, :attr:`last` that step.
+    the micro-batch that reaches it, and :attr:`done` turns true. :attr:`last` is the step
+    ``next()`` gave last.
     """
 
     def __init__(self, sampler: Any, lengths: np.ndarray, batch: int, budget: int, *,
@@ -301,7 +301,6 @@ class EqualCompute:
         self.lengths = np.asarray(lengths, dtype=np.int64)
         self.flops_of = flops_of  # dataset indices of a micro-batch -> its FLOPs
         self.spent = 0
-        self.last_flops = 0
         self.last: list[list[list[int]]] = []
         self._steps = self._walk()
 
@@ -331,7 +330,6 @@ class EqualCompute:
                     if self.spent + flops >= self.budget:
                         break
                 self.spent += flops
-                self.last_flops = flops
                 yield step
             epoch += 1
 
