@@ -50,7 +50,6 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +57,7 @@ from typing import Any
 
 import torch
 
+from lengthwise.dflash.memory import _bytes
 from lengthwise.errors import ConfigError
 
 __all__ = ["STAGES", "StageMemory", "estimate_eval", "estimate_regenerate", "estimate_train",
@@ -175,11 +175,9 @@ def grown_rows(tokenizer: Any, target_config: Any, generation_config: Any = None
 
 def _shallow(config: Any, layers: int, vocab: int | None = None) -> Any:
     """``config`` with ``layers`` decoder layers (and ``vocab`` rows)."""
-    out = copy.deepcopy(config)
-    out.num_hidden_layers = layers
-    kinds = getattr(out, "layer_types", None)
-    if isinstance(kinds, list) and kinds:
-        out.layer_types = (kinds * layers)[:layers]
+    from lengthwise.dflash.memory import _with_layers
+
+    out = _with_layers(config, layers)
     if vocab is not None:
         out.vocab_size = vocab
     return out
@@ -210,12 +208,6 @@ def _default_dtype(dtype: torch.dtype) -> Any:
         yield
     finally:
         torch.set_default_dtype(saved)
-
-
-def _bytes(tensors: Any) -> int:
-    from lengthwise.dflash.memory import _bytes as storage_bytes
-
-    return storage_bytes(list(tensors))
 
 
 def _per_layer(trace: Callable[[int], dict[str, int]], depth: int, k: int) -> dict[str, int]:
