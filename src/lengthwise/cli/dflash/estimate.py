@@ -35,6 +35,7 @@ SHAPE_FLAGS = ("max_tokens", "grad_accum", "block_size", "draft_layers", "num_fe
                "num_anchors", "max_slots", "head_chunk", "dtype")
 #: the flags of the estimate itself (``dflash train`` reads them with ``--estimate`` only)
 REPORT_FLAGS = ("rows", "world", "device_memory", "json")
+GIB = 2**30
 #: the flags of the regenerate and eval stages (their commands' names and defaults)
 STAGE_FLAGS: dict[str, dict[str, Any]] = {
     "regenerate": {"batch_size": 32, "max_new_tokens": 512, "max_len": None, "dtype": None},
@@ -145,15 +146,12 @@ def report(given: dict[str, Any], *, defaults: dict[str, Any] | None = None) -> 
 
 def _grown(config: Any, target: str) -> int | None:
     """Rows of the target's embedding with the mask token, from its tokenizer (if it has one)."""
-    from pathlib import Path
-
     import transformers
 
-    from lengthwise.dflash.recipe import TOKENIZER_FILES
     from lengthwise.dflash.stage_memory import grown_rows
 
-    folder = Path(target)
-    if not folder.is_dir() or not any((folder / n).is_file() for n in TOKENIZER_FILES):
+    folder = _tokenizer_folder(target)
+    if folder is None:
         return None
     tok = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     try:
@@ -229,17 +227,23 @@ def _baseline(stage: str, config: Any, target: str, device: str, *,
               tokenizer: bool = True) -> int:
     """The process's own resident bytes on CPU (0 on CUDA: not on the GPU); ``tokenizer``:
     load the target's tokenizer first (``False``: this process holds it already)."""
-    from pathlib import Path
-
-    from lengthwise.dflash.recipe import TOKENIZER_FILES
     from lengthwise.dflash.stage_memory import process_baseline
 
     if str(device).startswith("cuda"):
         return 0
-    folder = Path(target) if Path(target).is_dir() else None
-    has_tokenizer = tokenizer and folder is not None and any(
-        (folder / n).is_file() for n in TOKENIZER_FILES)
-    return process_baseline(stage, config, folder if has_tokenizer else None)
+    return process_baseline(stage, config, _tokenizer_folder(target) if tokenizer else None)
+
+
+def _tokenizer_folder(target: str) -> Any:
+    """``target`` as a folder (a :class:`~pathlib.Path`) when it holds a tokenizer, else None."""
+    from pathlib import Path
+
+    from lengthwise.dflash.recipe import TOKENIZER_FILES
+
+    folder = Path(target)
+    if folder.is_dir() and any((folder / n).is_file() for n in TOKENIZER_FILES):
+        return folder
+    return None
 
 
 def _print(est: Any, opts: dict[str, Any], size: int | None) -> int:
@@ -275,5 +279,3 @@ def _print(est: Any, opts: dict[str, Any], size: int | None) -> int:
             print("\n".join(lines))
     return 0 if fits else 1
 
-
-GIB = 2**30
