@@ -16,11 +16,11 @@ With ``--real-target PATH`` it checks the whole-process estimate of each stage
 (``dflash estimate --stage train|regenerate|eval``, :mod:`lengthwise.dflash.stage_memory`)
 against the real command on that target, on CPU in float32, at three shapes a stage
 (:data:`STAGE_SHAPES`): each command runs in its own process on a small chat set made
-from the OpenAI evals registry wheel (``--wheel``; its user turns are the texts) and its
-peak resident memory is read from ``wait4``; with ``--docs`` the table goes into the
-``dflash-stage-memory`` region::
+from the OpenAI evals registry wheel (``--wheel``; its user turns are the texts), and the
+peak resident memory of its own process is read (``command_peak``, not this runner's);
+with ``--docs`` the table goes into the ``dflash-stage-memory`` region::
 
-    flock /work/notes/cpu.lock python benchmarks/memory_estimate.py --real-target /work/target \\
+    python benchmarks/memory_estimate.py --real-target ./SmolLM2-135M-Instruct \\
         --wheel evals-3.0.1.post1-py3-none-any.whl --docs
 """
 
@@ -245,19 +245,19 @@ EVAL_DRAFT = STAGE_SHAPES["train"][0]
 
 
 def peak_of(argv: list[str], env: dict[str, str]) -> tuple[int, float]:
-    """Run ``argv``; its peak resident bytes (``wait4``'s ``ru_maxrss``) and wall seconds."""
+    """Run ``argv``; the peak resident bytes of its own process and its wall seconds."""
     import time
+
+    from lengthwise.dflash.process import command_peak
 
     t = time.perf_counter()
     with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err)
-        _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak, not the others'
-        proc.returncode = code = os.waitstatus_to_exitcode(status)
+        code, peak = command_peak(argv, env=env, stderr=err)
         if code:
             err.seek(0)
             raise RuntimeError(f"{' '.join(argv[:6])}: exit {code}\n"
                                f"{err.read().decode()[-3000:]}")
-    return int(usage.ru_maxrss) * 1024, time.perf_counter() - t
+    return peak, time.perf_counter() - t
 
 
 def _lengthwise(*args: object) -> list[str]:
@@ -404,8 +404,8 @@ def write_stage_docs(table: list[str], target: Path) -> None:
             f"({cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}, vocabulary "
             f"{cfg['vocab_size']}), CPU float32, one torch thread, "
             f"{platform.machine()} with {os.cpu_count()} cores; predicted: `dflash estimate "
-            "--stage ... --device cpu`; measured: the peak resident memory (`wait4`) of the "
-            "real command in its own process (train: 2 steps with a checkpoint each; "
+            "--stage ... --device cpu`; measured: the peak resident memory of the "
+            "real command's own process (train: 2 steps with a checkpoint each; "
             "regenerate: `dflash prepare --regenerate` of one batch; eval: `dflash eval` at "
             "temperature 0 with the lossless check, the baseline and the accuracy pass); "
             "`python benchmarks/memory_estimate.py --real-target PATH --docs`:", "", *table]

@@ -107,3 +107,32 @@ def test_a_fresh_run_of_every_order_gives_the_documented_figures(script, saved, 
     fresh = script.figures(task, script.run_task(task, tmp_path, str(tmp_path / "cache")))
     drift = script.compare(saved[task], fresh, task)
     assert not drift, "\n".join(drift)
+    why = script.other_kernels(saved[task], fresh, task)
+    if why:  # the target's loss was compared (within REL_TOL); what follows it cannot be
+        pytest.skip(why)
+
+
+def test_a_dflash_target_trained_on_other_kernels_is_named_not_taken_for_drift(script, saved):
+    """The DFlash target's loss decides what follows it: the same to the last digit, every
+    figure is compared; within REL_TOL but not the same, only it (the kernels differ);
+    beyond REL_TOL, it is drift."""
+    old = saved["dflash"]
+    loss = old["data"]["target_eval_loss"]
+    same = copy.deepcopy(old)
+    next(iter(same["strategies"].values()))["eval_loss"] += 0.5
+    assert script.other_kernels(old, same, "dflash") is None
+    assert any("eval_loss" in line for line in script.compare(old, same, "dflash"))
+
+    other = copy.deepcopy(same)
+    other["data"]["target_eval_loss"] = loss * (1 + 1e-5)
+    other["cpu"] = "another CPU"
+    why = script.other_kernels(old, other, "dflash")
+    assert why and "another CPU" in why and "round" in why
+    assert script.compare(old, other, "dflash") == []
+
+    drifted = copy.deepcopy(other)
+    drifted["data"]["target_eval_loss"] = loss * 1.01
+    assert script.other_kernels(old, drifted, "dflash") is None
+    assert script.compare(old, drifted, "dflash") == [
+        f"dflash target_eval_loss: {loss} in the docs, {loss * 1.01} now"]
+    assert script.other_kernels(saved["lm"], copy.deepcopy(saved["lm"]), "lm") is None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -17,6 +16,7 @@ transformers = pytest.importorskip("transformers")
 from _chat_tiny import WORDS, chat_tokenizer, write_jsonl  # noqa: E402
 from _cli import launcher  # noqa: E402
 
+from lengthwise.dflash.process import command_peak  # noqa: E402
 from lengthwise.errors import ConfigError  # noqa: E402
 
 #: predicted / measured peak resident memory of a stage's process, at most this far from 1:
@@ -65,16 +65,13 @@ def _prompts(tok: object, n: int, tokens: int) -> tuple[list[str], int]:
 
 
 def _peak(args: list[str]) -> int:
-    """Peak resident bytes of ``lengthwise ARGS`` in its own process (``wait4``)."""
+    """Peak resident bytes of ``lengthwise ARGS`` in its own process, not this runner's."""
     launch, env = launcher()
     with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen([*launch, "-m", "lengthwise", *args], env=env,
-                                stdout=subprocess.DEVNULL, stderr=err)
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
+        code, peak = command_peak([*launch, "-m", "lengthwise", *args], env=env, stderr=err)
         err.seek(0)
-        assert proc.returncode == 0, err.read().decode()[-3000:]
-    return int(usage.ru_maxrss) * 1024
+        assert code == 0, err.read().decode()[-3000:]
+    return peak
 
 
 def _predicted(args: list[str]) -> dict:

@@ -13,6 +13,12 @@ then held about 0.2 GiB more resident memory than it had live. The DFlash stages
 call it on CPU, so the resident set follows the live tensors, as the estimate counts
 them.
 
+:func:`command_peak` runs a command and reads the peak resident memory of its own
+process. A child's ``ru_maxrss`` from ``wait4`` alone would not do: Linux carries the
+high-water mark of the process that started it across ``execve``, so a small command
+started from a large test runner reports the runner's size. The command is therefore
+started from a small intermediate Python process, whose own size is the floor.
+
 Example::
 
     >>> resident_bytes() > 0
@@ -23,13 +29,27 @@ Example::
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+import tempfile
+from collections.abc import Mapping, Sequence
 
-__all__ = ["MMAP_THRESHOLD", "resident_bytes", "return_freed_memory"]
+__all__ = ["MMAP_THRESHOLD", "command_peak", "resident_bytes", "return_freed_memory"]
 
 #: buffers of at least this many bytes get their own mapping, unmapped when freed
 MMAP_THRESHOLD = 64 * 2**10
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+
+#: ``python -c _STARTER OUT ARGV...``: runs ARGV as its child, writes the child's own
+#: ``ru_maxrss`` to OUT and exits with the child's exit code
+_STARTER = """import os, subprocess, sys
+child = subprocess.Popen(sys.argv[2:])
+_, status, usage = os.wait4(child.pid, 0)
+with open(sys.argv[1], "w", encoding="ascii") as out:
+    out.write(str(usage.ru_maxrss))
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
 
 
 def resident_bytes() -> int:
@@ -58,3 +78,29 @@ def return_freed_memory() -> bool:
         return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
     except (OSError, AttributeError):  # musl and others: no mallopt
         return False
+
+
+def command_peak(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+                 stdout: int | None = subprocess.DEVNULL,
+                 stderr: int | None = None) -> tuple[int, int]:
+    """``(exit code, peak resident bytes)`` of ``argv`` run in a process of its own.
+
+    The peak is the command's alone, not that of the process calling this (see the module
+    doc); ``stdout`` and ``stderr`` are passed to :class:`subprocess.Popen`.
+
+    Example::
+
+        >>> code, peak = command_peak([sys.executable, "-c", "pass"])
+        >>> code, 0 < peak < 2**30
+        (0, True)
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "peak")
+        proc = subprocess.run([sys.executable, "-c", _STARTER, out, *argv],
+                              env=None if env is None else dict(env), stdout=stdout,
+                              stderr=stderr, check=False)
+        if not os.path.exists(out):  # the starter itself failed
+            raise RuntimeError(f"could not start {argv[0]!r}: exit {proc.returncode}")
+        with open(out, encoding="ascii") as fh:
+            peak = int(fh.read())
+    return proc.returncode, peak * (1 if sys.platform == "darwin" else 1024)
