@@ -76,6 +76,16 @@ class PreparedChats:
             out[k] = anchor_candidates(self._locate(int(idx[k]))[1][:max_len]).size == 0
         return out
 
+    def anchor_pairs(self, idx: np.ndarray, max_len: int) -> np.ndarray:
+        """Positions with two consecutive supervised tokens (where an anchor may sit) in the
+        first ``max_len`` tokens of each sample ``idx`` (int64)."""
+        idx = np.asarray(idx, dtype=np.int64)
+        out = np.zeros(idx.size, dtype=np.int64)
+        for k, i in enumerate(idx.tolist()):
+            m = self._locate(i)[1][:max_len] > 0
+            out[k] = int(np.count_nonzero(m[:-1] & m[1:]))
+        return out
+
     def sample(self, i: int) -> dict[str, np.ndarray]:
         """Sample ``i`` as the collators take it: ``input_ids``, ``labels`` (-100: not learned).
 

@@ -304,6 +304,28 @@ def train_draft(cfg: DFlashTrainConfig, run: RunSettings, *, progress: bool = Tr
         return _train_locked(cfg, run, data, tokenizer, group, device, progress)
 
 
+def split_samples(data: Any, cfg: DFlashTrainConfig, eval_samples: int,
+                  ) -> tuple[np.ndarray, np.ndarray, int]:
+    """``(held-out ids, training ids, dropped)`` of prepared ``data`` as training takes them.
+
+    The held-out samples are drawn from ``(cfg.seed, 7919)``; training samples left with no
+    two consecutive supervised tokens after the cut to ``cfg.max_len`` are dropped and
+    counted, and a budget that leaves none is refused (a :class:`ConfigError` naming it).
+    """
+    perm = np.random.default_rng([cfg.seed, 7919]).permutation(len(data))
+    held_idx, train_idx = np.sort(perm[:eval_samples]), np.sort(perm[eval_samples:])
+    unlearnable = data.unlearnable_when_cut(train_idx, cfg.max_len)
+    dropped = int(unlearnable.sum())
+    if dropped == train_idx.size:  # the budget named with the least value, where it is the cause
+        def cut(i: int) -> dict[str, np.ndarray]:
+            return {k: v[: cfg.max_len] for k, v in data.sample(int(train_idx[i])).items()}
+
+        check_budget(cut, lambda i: data.sample(int(train_idx[i])), int(train_idx.size), cfg)
+        raise ConfigError(f"max_len {cfg.max_len}: every training sample is cut before two "
+                          "consecutive supervised tokens, so none has any loss; raise max_len")
+    return held_idx, train_idx[~unlearnable], dropped
+
+
 def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer: Any,
                   group: Any, device: Any, progress: bool) -> dict[str, Any]:
     """:func:`train_draft` with the run folder's lock held."""
@@ -328,24 +350,15 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
     from lengthwise.train.stop import EXIT_STATUS as STOPPED
     from lengthwise.train.stop import StopRequest
 
-    n = len(data)
     rank, world = rank_world(group)
     out = Path(run.out)
     configure_torch(device, threads=cfg.threads, deterministic=cfg.deterministic)
-    perm = np.random.default_rng([cfg.seed, 7919]).permutation(n)
-    held_idx, train_idx = np.sort(perm[: run.eval_samples]), np.sort(perm[run.eval_samples:])
+    held_idx, train_idx, dropped = split_samples(data, cfg, run.eval_samples)
 
     def sample(i: int) -> dict[str, np.ndarray]:  # training sample i as trained: cut to max_len
         s = data.sample(int(train_idx[i]))
         return {k: v[: cfg.max_len] for k, v in s.items()}
 
-    unlearnable = data.unlearnable_when_cut(train_idx, cfg.max_len)
-    dropped = int(unlearnable.sum())
-    if dropped == train_idx.size:  # the budget named with the least value, where it is the cause
-        check_budget(sample, lambda i: data.sample(int(train_idx[i])), int(train_idx.size), cfg)
-        raise ConfigError(f"max_len {cfg.max_len}: every training sample is cut before two "
-                          "consecutive supervised tokens, so none has any loss; raise max_len")
-    train_idx = train_idx[~unlearnable]
     lengths = np.minimum(data.lengths[train_idx], cfg.max_len)
     cut = int((data.lengths[train_idx] > cfg.max_len).sum())
 

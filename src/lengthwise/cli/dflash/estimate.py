@@ -13,6 +13,11 @@ fits and exits with 1 when it does not. ``dflash train --estimate`` prints the s
 for the settings of that command (:func:`report`). Under ``torchrun`` rank 0 prints it
 and every rank exits with the same status (:func:`prints_here`).
 
+``--time`` (train stage, with ``--data``) adds the run's predicted time: its plan replayed
+step by step and priced by a device profile timed on the run's first steps
+(:mod:`lengthwise.dflash.time_profile`; it loads the target), or read from
+``--device-profile FILE`` (written by ``--save-profile``) without loading anything.
+
 Example::
 
     $ lengthwise dflash estimate --target ./Qwen3-8B --device-memory h200
@@ -22,6 +27,8 @@ Example::
     $ lengthwise dflash estimate --stage regenerate --target ./model --device cpu \\
           --batch-size 16 --max-len 1024 --max-new-tokens 256
     $ lengthwise dflash estimate --stage eval --target ./model --device cpu --max-len 512
+    $ lengthwise dflash estimate --target ./model --data prepared/ --device cpu --epochs 2 \\
+          --time --save-profile cpu.json
 """
 
 from __future__ import annotations
@@ -34,7 +41,11 @@ from typing import Any
 SHAPE_FLAGS = ("max_tokens", "grad_accum", "block_size", "draft_layers", "num_features",
                "num_anchors", "max_slots", "head_chunk", "dtype")
 #: the flags of the estimate itself (``dflash train`` reads them with ``--estimate`` only)
-REPORT_FLAGS = ("rows", "world", "device_memory", "json")
+REPORT_FLAGS = ("rows", "world", "device_memory", "json", "time", "profile_steps",
+                "device_profile", "save_profile")
+#: the flags of ``dflash train`` that set a run's steps and plan (read with ``--time``)
+RUN_FLAGS = ("steps", "epochs", "order", "eval_every", "eval_samples", "seed", "threads",
+             "buckets", "grad_accum")
 GIB = 2**30
 #: the flags of the regenerate and eval stages (their commands' names and defaults)
 STAGE_FLAGS: dict[str, dict[str, Any]] = {
@@ -55,8 +66,9 @@ def register(stages: argparse._SubParsersAction) -> None:
                     "regenerate or eval) from the target's config.json alone (no weights; "
                     "the stage's passes traced under fake tensors) and its parts: on CPU the "
                     "peak resident memory of the process, on CUDA the peak allocated memory "
-                    "per GPU, and whether it fits a device. Train's settings: the defaults of "
-                    "`dflash train`, then --config YAML, then flags.",
+                    "per GPU, and whether it fits a device; with --time (and --data) also the "
+                    "run's time from its plan and a few timed steps. Train's settings: the "
+                    "defaults of `dflash train`, then --config YAML, then flags.",
         argument_default=argparse.SUPPRESS,
     )
     p.add_argument("--stage", dest="estimated_stage", choices=("train", "regenerate", "eval"),
@@ -67,10 +79,12 @@ def register(stages: argparse._SubParsersAction) -> None:
     p.add_argument("--config", metavar="YAML", help="run settings of `dflash train`")
     from lengthwise.cli.dflash._settings import FLAGS
 
+    p.add_argument("--data", metavar="FOLDER",
+                   help="folder written by `dflash prepare`: the run's plan, read with --time")
     for name, kind, text in FLAGS:
-        if name in SHAPE_FLAGS:
+        if name in SHAPE_FLAGS or name in RUN_FLAGS:
             p.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, help=text,
-                           metavar={int: "N"}.get(kind, "NAME"))
+                           metavar={int: "N", float: "X"}.get(kind, "NAME"))
     p.add_argument("--device", help="the kernels of: cuda (default) or cpu")
     add_report_flags(p)
     add_stage_flags(p)
@@ -103,6 +117,18 @@ def add_report_flags(p: argparse.ArgumentParser, *, only: str = "") -> None:
                         "a100-80g, a100-40g, l40s); default: the selected CUDA device's, where "
                         "there is one" + only)
     p.add_argument("--json", action="store_true", help="print the estimate as JSON" + only)
+    p.add_argument("--time", action="store_true",
+                   help="also predict the run's time (per step, per epoch, in all) from its "
+                        "plan (needs --data), priced by a few training steps timed here "
+                        "(loads the target) or by --device-profile" + only)
+    p.add_argument("--profile-steps", type=int, metavar="N",
+                   help="training steps timed for --time (default 4, plus a warm-up step and "
+                        "one that also evaluates)" + only)
+    p.add_argument("--device-profile", metavar="FILE",
+                   help="price the plan with this profile (written by --save-profile, e.g. "
+                        "on a GPU elsewhere) instead of timing steps here" + only)
+    p.add_argument("--save-profile", metavar="FILE",
+                   help="write the profile --time measured, as JSON" + only)
 
 
 def device_bytes(given: dict[str, Any], device: str) -> int | None:
@@ -141,7 +167,33 @@ def report(given: dict[str, Any], *, defaults: dict[str, Any] | None = None) -> 
                          tokenizer=grown is None)
     est = estimate_train(config, cfg, rows=opts.get("rows", 1), world=opts.get("world", 1),
                          grown=grown, baseline=baseline)
-    return _print(est, opts, size)
+    timing = run_time(given, opts, defaults=defaults) if opts.get("time") else None
+    return _print(est, opts, size, timing)
+
+
+def run_time(given: dict[str, Any], opts: dict[str, Any], *,
+             defaults: dict[str, Any] | None = None) -> Any:
+    """``(RunTime, DeviceProfile)`` of the run ``given`` sets (``--time``): its plan on
+    ``--data`` at ``--world`` ranks, priced by ``--device-profile`` or timed steps."""
+    from lengthwise.cli.dflash._settings import settings
+    from lengthwise.dflash.run_time import DeviceProfile
+    from lengthwise.dflash.time_profile import PROFILE_STEPS, estimate_time
+    from lengthwise.errors import ConfigError
+
+    try:
+        cfg, run_settings, _ = settings(given, defaults=defaults)  # the data's own max_len
+    except ConfigError as e:
+        if "--data is required" in str(e):
+            raise ConfigError("--time needs --data (or data: in --config): the time is the "
+                              "plan's, on the run's own samples") from None
+        raise
+    profile = (DeviceProfile.load(opts["device_profile"]) if opts.get("device_profile")
+               else None)
+    timing = estimate_time(cfg, run_settings, world=opts.get("world", 1), profile=profile,
+                           steps=opts.get("profile_steps", PROFILE_STEPS))
+    if opts.get("save_profile"):
+        timing[1].save(opts["save_profile"])
+    return timing
 
 
 def _grown(config: Any, target: str) -> int | None:
@@ -213,6 +265,8 @@ def stage_report(stage: str, given: dict[str, Any]) -> int:
     if sizes["max_len"] is None:
         raise ConfigError(f"--stage {stage}: give --max-len, the longest prompt in tokens "
                           "(the estimate reads no prompts)")
+    if opts.get("time") or opts.get("device_profile") or opts.get("save_profile"):
+        raise ConfigError(f"--time: the time of the train stage only, not of {stage}")
     size = device_bytes(opts, device)
     config = read_target_config(target)
     baseline = _baseline(stage, config, target, device)
@@ -246,17 +300,35 @@ def _tokenizer_folder(target: str) -> Any:
     return None
 
 
-def _print(est: Any, opts: dict[str, Any], size: int | None) -> int:
+def _time_lines(timing: Any) -> list[str]:
+    """The ``--time`` lines: the run, then what priced it."""
+    if timing is None:
+        return []
+    rt, prof = timing
+    fit = prof.fit or {}
+    how = (f"priced per micro-batch {prof.micro_batch:.3g} s and per GFLOP "
+           f"{prof.per_gflop:.3g} s" + (f", fitted on {fit['steps']} timed steps (median "
+                                        f"error {100 * fit['median_relative_error']:.1f} %)"
+                                        if fit.get("steps") else ""))
+    return [f"predicted time: {rt.render()}", f"  {how}; checkpoints are saved in the "
+            "background and not counted"]
+
+
+def _print(est: Any, opts: dict[str, Any], size: int | None, timing: Any = None) -> int:
     """Print a :class:`~lengthwise.dflash.stage_memory.StageMemory` (JSON with ``--json``)
-    and whether it fits ``size`` bytes (``--device-memory``, or the CUDA device's)."""
+    and whether it fits ``size`` bytes (``--device-memory``, or the CUDA device's); with
+    ``timing`` (``--time``), the run's predicted time after it."""
     fits = size is None or est.peak + (GIB if est.device == "cuda" else 0) <= size
+    times = ({"time": timing[0].to_dict(), "profile": timing[1].to_dict()}
+             if timing is not None else {})
     if est.device == "cuda" and est.step is not None and est.phase == "training step":
         # the GPU's peak is the step's: its figures, as before (docs/dflash.md shows them)
         if prints_here():
-            out = est.step.to_dict()
+            out = {**est.step.to_dict(), **times}
             if size is not None:
                 out.update(device_memory_bytes=size, fits=fits)
-            print(json.dumps(out, indent=2) if opts.get("json") else est.step.render(size))
+            print(json.dumps(out, indent=2) if opts.get("json") else "\n".join(
+                [est.step.render(size), *_time_lines(timing)]))
         return 0 if fits else 1
     if prints_here():
         if opts.get("json"):
@@ -265,6 +337,7 @@ def _print(est: Any, opts: dict[str, Any], size: int | None) -> int:
                 out["step"] = est.step.to_dict()
             if size is not None:
                 out.update(device_memory_bytes=size, fits=fits)
+            out.update(times)
             print(json.dumps(out, indent=2))
         else:
             lines = [est.render()]
@@ -276,6 +349,6 @@ def _print(est: Any, opts: dict[str, Any], size: int | None) -> int:
                 lines.append(f"{'fits' if left >= 0 else 'does NOT fit'} in {size / GIB:.1f} "
                              f"GiB" + (f" (with {reserve / GIB:.1f} GiB for the CUDA context)"
                                        if reserve else "") + f": {left / GIB:+.1f} GiB to spare")
-            print("\n".join(lines))
+            print("\n".join([*lines, *_time_lines(timing)]))
     return 0 if fits else 1
 

@@ -15,7 +15,9 @@ resident memory on CPU) instead of training
 (:func:`lengthwise.cli.dflash.estimate.report`: the target's ``config.json`` only, no
 weights, no data; nothing is written and ``--out`` is not touched). Under ``torchrun`` it
 is printed once, by rank 0, and every rank exits with its verdict; no process group is
-joined for it.
+joined for it. ``--estimate --time`` adds the run's predicted time, from its plan on
+``--data`` and a few training steps timed in a temporary folder
+(:mod:`lengthwise.dflash.time_profile`), or a ``--device-profile`` measured elsewhere.
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ def register(stages: argparse._SubParsersAction) -> None:
                    help="print the run's predicted peak memory (per GPU on CUDA, the process's "
                         "resident memory on CPU), its parts and whether "
                         "it fits the device, from the target's config.json alone (no weights, "
-                        "no data), and exit without training or writing to --out")
+                        "no data), and exit without training or writing to --out; with --time "
+                        "also the run's time (reads --data and times a few steps)")
     from lengthwise.cli.dflash.estimate import add_report_flags
 
     add_report_flags(p, only="; read with --estimate")

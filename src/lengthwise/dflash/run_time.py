@@ -1,0 +1,280 @@
+"""Seconds of a DFlash training run before it runs: the plan's exact work, priced per unit.
+
+A run's step is ``grad_accum`` micro-batches per rank, each a frozen target forward over
+its padded tokens and the draft's forward and backward over its block slots. Their
+compute is counted exactly from the plan (:mod:`lengthwise.dflash.step_cost`, in FLOPs).
+A :class:`DeviceProfile` prices it: seconds per micro-batch (what does not grow with its
+size: collation, kernel launches, the optimizer's share) and seconds per GFLOP, fitted
+on a few timed training steps of the run itself (:func:`fit_profile`), plus one
+held-out evaluation and the run's start (loading the target, building the draft). The
+slowest rank sets each step's time.
+
+:func:`predict` gives every planned step's seconds; :class:`RunTime` sums them per
+epoch and for the run and says it as a user reads it. A profile measured on one machine
+is a JSON file (:meth:`DeviceProfile.save`) that prices a run planned on another
+(``dflash estimate --time --device-profile FILE``).
+
+Example::
+
+    >>> prof = DeviceProfile(device="cpu", micro_batch=0.05, per_gflop=0.02)
+    >>> work = StepWork(micro=np.array([[2], [2]]), gflop=np.array([[100.0], [110.0]]),
+    ...                 epoch=np.array([0, 1]))
+    >>> t = predict(work, prof, evals=0)
+    >>> t.step_seconds.round(2).tolist()
+    [2.1, 2.3]
+    >>> t.render()
+    'about 4 s for 2 epochs (2 steps: 2.2 s a step, 2.1-2.3 s an epoch) on cpu'
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lengthwise.errors import ConfigError, DataError
+
+__all__ = ["DeviceProfile", "RunTime", "StepWork", "duration", "fit_profile", "micro_flops",
+           "predict"]
+
+
+@dataclass(frozen=True)
+class StepWork:
+    """The work of every planned step: ``micro[s, r]`` micro-batches and ``gflop[s, r]``
+    GFLOPs of step ``s`` on rank ``r``, each step's ``epoch`` and, where counted, its
+    padded tokens per rank (``tokens[s, r]``)."""
+
+    micro: np.ndarray
+    gflop: np.ndarray
+    epoch: np.ndarray
+    tokens: np.ndarray | None = None
+
+    @property
+    def steps(self) -> int:
+        return int(self.gflop.shape[0])
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """Seconds per unit of a DFlash step's work on one device, and what it was fitted on.
+
+    ``micro_batch``: seconds per micro-batch whatever its size; ``per_gflop``: seconds per
+    GFLOP of the step (:func:`micro_flops`); ``eval_seconds``: one held-out evaluation;
+    ``start_seconds``: the run's start and end around its steps; ``fit``: the timed steps
+    and how well the fit repeats them.
+    """
+
+    device: str
+    micro_batch: float
+    per_gflop: float
+    eval_seconds: float = 0.0
+    start_seconds: float = 0.0
+    fit: dict[str, Any] = field(default_factory=dict)
+
+    def step_seconds(self, micro: Any, gflop: Any) -> np.ndarray:
+        """Predicted seconds of steps of ``micro`` micro-batches and ``gflop`` GFLOPs."""
+        return (self.micro_batch * np.asarray(micro, dtype=np.float64)
+                + self.per_gflop * np.asarray(gflop, dtype=np.float64))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def save(self, path: str | Path) -> None:
+        """Write the profile as JSON (``--save-profile``)."""
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | Path) -> DeviceProfile:
+        """A profile written by :meth:`save` (``--device-profile``); a clear error otherwise.
+
+        Example::
+
+            >>> import tempfile, os
+            >>> f = os.path.join(tempfile.mkdtemp(), "p.json")
+            >>> DeviceProfile("cpu", 0.1, 0.02).save(f)
+            >>> DeviceProfile.load(f).per_gflop
+            0.02
+        """
+        where = f"--device-profile {path}"
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except OSError as e:
+            raise ConfigError(f"{where}: cannot read it ({e.strerror or e})") from None
+        except json.JSONDecodeError as e:
+            raise DataError(f"{where}: not JSON ({e.msg}, line {e.lineno})") from None
+        if not isinstance(data, dict):
+            raise DataError(f"{where}: a JSON object is expected")
+        missing = [k for k in ("device", "micro_batch", "per_gflop") if k not in data]
+        if missing:
+            raise DataError(f"{where}: no {', '.join(missing)}: write it with --save-profile")
+        known = {k: data[k] for k in ("device", "micro_batch", "per_gflop", "eval_seconds",
+                                      "start_seconds", "fit") if k in data}
+        for k in ("micro_batch", "per_gflop", "eval_seconds", "start_seconds"):
+            v = known.get(k, 0.0)
+            if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise DataError(f"{where}: {k} must be a number >= 0, got {v!r}")
+        return cls(**known)
+
+
+def micro_flops(flops: Any, lengths: np.ndarray, anchors: np.ndarray,
+                rows: list[list[list[int]]], *, pad_multiple: int = 1,
+                capacity: int | None = None) -> float:
+    """FLOPs of one micro-batch of ``rows`` (each a list of sample positions), the formula of
+    :mod:`lengthwise.dflash.step_cost`; ``capacity``: packed rows of that many tokens.
+
+    A packed row is priced as one sample of ``capacity`` tokens holding its samples'
+    anchors (its attention over the whole row: an upper bound where kernels skip across
+    samples).
+
+    Example::
+
+        >>> from lengthwise.dflash.step_cost import StepFlops
+        >>> f = StepFlops(1.0, 0.0, 0.0, 10.0, 0.0, 0.0, block_size=2)
+        >>> micro_flops(f, np.array([4, 2]), np.array([3, 1]), [[0], [1]])
+        128.0
+    """
+    from lengthwise.dflash.step_cost import batch_flops
+
+    if capacity is None:
+        ids = np.array([i for row in rows for i in row], dtype=np.int64)
+        lens, anc = lengths[ids], anchors[ids]
+    else:
+        lens = np.full(len(rows), int(capacity), dtype=np.int64)
+        anc = np.array([int(anchors[list(row)].sum()) for row in rows], dtype=np.int64)
+    return float(batch_flops(flops, lens, np.arange(lens.size), np.array([0, lens.size]),
+                             anc, pad_multiple=pad_multiple)[0])
+
+
+def fit_profile(micro: Any, gflop: Any, seconds: Any, *, device: str,
+                eval_seconds: float = 0.0, start_seconds: float = 0.0) -> DeviceProfile:
+    """Fit ``seconds = micro_batch * micro + per_gflop * gflop`` to timed steps.
+
+    Non-negative least squares on relative residuals (each step counts alike). Where the
+    timed steps' compute hardly varies (less than 5 % apart), the two terms cannot be told
+    apart and the time is read as proportional to the compute alone.
+
+    Example::
+
+        >>> fit_profile([4, 4, 4], [10.0, 20.0, 30.0], [1.2, 2.2, 3.2], device="cpu").per_gflop
+        0.1
+    """
+    m = np.asarray(micro, dtype=np.float64).ravel()
+    g = np.asarray(gflop, dtype=np.float64).ravel()
+    y = np.asarray(seconds, dtype=np.float64).ravel()
+    if not (m.size == g.size == y.size) or y.size == 0:
+        raise DataError("fit_profile: one micro-batch count, GFLOP count and time per step")
+    if not (np.all(np.isfinite(y)) and np.all(y > 0) and np.all(g > 0)):
+        raise DataError("fit_profile: every timed step needs a positive time and compute")
+    w = 1.0 / y  # relative residuals
+    coef = np.zeros(2)
+    if y.size >= 2 and (g.max() - g.min()) > 0.05 * g.mean():
+        from lengthwise.pytorch.calibrate import _nnls
+
+        coef = _nnls(np.stack([m * w, g * w], axis=1), np.ones_like(y))
+    if coef[1] <= 0:  # one time per unit of compute
+        coef = np.array([0.0, float(np.sum(y * g * w * w) / np.sum(g * g * w * w))])
+    pred = coef[0] * m + coef[1] * g
+    err = np.abs(pred - y) / y
+    return DeviceProfile(device=device, micro_batch=float(round(coef[0], 12)),
+                         per_gflop=float(round(coef[1], 12)), eval_seconds=float(eval_seconds),
+                         start_seconds=float(start_seconds),
+                         fit={"steps": int(y.size), "seconds": y.round(4).tolist(),
+                              "gflop": g.round(3).tolist(), "micro_batches": m.tolist(),
+                              "median_relative_error": float(np.median(err)),
+                              "max_relative_error": float(err.max())})
+
+
+@dataclass(frozen=True)
+class RunTime:
+    """Predicted seconds of every step, the evaluations and the start, per epoch and in all."""
+
+    step_seconds: np.ndarray
+    epoch: np.ndarray
+    eval_seconds: float
+    evals: int
+    start_seconds: float
+    device: str
+
+    @property
+    def epochs(self) -> int:
+        return int(np.unique(self.epoch).size)
+
+    def epoch_seconds(self) -> list[float]:
+        """Seconds of each epoch's steps (the evaluations spread by their steps' share)."""
+        per_step = self.evals * self.eval_seconds / max(1, self.step_seconds.size)
+        return [float(self.step_seconds[self.epoch == e].sum()
+                      + per_step * int((self.epoch == e).sum()))
+                for e in np.unique(self.epoch)]
+
+    @property
+    def total_seconds(self) -> float:
+        return float(self.step_seconds.sum() + self.evals * self.eval_seconds
+                     + self.start_seconds)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"device": self.device, "steps": int(self.step_seconds.size),
+                "epochs": self.epochs, "step_seconds_mean": float(self.step_seconds.mean()),
+                "epoch_seconds": self.epoch_seconds(), "evals": self.evals,
+                "eval_seconds": self.eval_seconds, "start_seconds": self.start_seconds,
+                "total_seconds": self.total_seconds}
+
+    def render(self) -> str:
+        """One line: the whole run, then a step and an epoch."""
+        ep = self.epoch_seconds()
+        n = self.epochs
+        if max(ep) - min(ep) <= 0.05 * max(ep):  # one epoch, or epochs alike
+            span = duration(float(np.mean(ep)), exact=True)
+        else:
+            span = (f"{duration(min(ep), exact=True, unit=False)}-"
+                    f"{duration(max(ep), exact=True)}")
+        extra = []
+        if self.evals:
+            extra.append(f"{self.evals} held-out evaluations of "
+                         f"{duration(self.eval_seconds, exact=True)}")
+        if self.start_seconds:
+            extra.append(f"{duration(self.start_seconds, exact=True)} to start")
+        return (f"about {duration(self.total_seconds)} for {n} epoch{'s' * (n != 1)} "
+                f"({self.step_seconds.size:,} steps: "
+                f"{duration(float(self.step_seconds.mean()), exact=True)} a step, {span} "
+                f"an epoch{''.join('; ' + e for e in extra)}) on {self.device}")
+
+
+def predict(work: StepWork, profile: DeviceProfile, *, evals: int) -> RunTime:
+    """Every step's seconds (its slowest rank's), with ``evals`` held-out evaluations."""
+    per_rank = profile.step_seconds(work.micro, work.gflop)
+    return RunTime(step_seconds=per_rank.max(axis=1), epoch=np.asarray(work.epoch),
+                   eval_seconds=profile.eval_seconds, evals=int(evals),
+                   start_seconds=profile.start_seconds, device=profile.device)
+
+
+def duration(seconds: float, *, exact: bool = False, unit: bool = True) -> str:
+    """``seconds`` as a person says it: ``3 h 10 min``, ``12 min``, ``45 s``, ``2.2 s``.
+
+    ``exact``: keep a decimal below 10 s (two digits below 1 s); ``unit=False``: a bare
+    number where the unit is seconds (the first of a range).
+
+    Example::
+
+        >>> duration(11400), duration(725), duration(44.6), duration(2.24, exact=True)
+        ('3 h 10 min', '12 min', '45 s', '2.2 s')
+        >>> duration(0.0412, exact=True)
+        '0.041 s'
+    """
+    s = float(seconds)
+    if s >= 3600:
+        h, m = divmod(round(s / 60), 60)
+        return f"{h} h {m} min" if m else f"{h} h"
+    if s >= 600:
+        return f"{round(s / 60)} min"
+    if s >= 60:
+        m, r = divmod(round(s), 60)
+        return f"{m} min {r} s" if r else f"{m} min"
+    if exact and s < 1:
+        text = f"{s:.2g}"
+    else:
+        text = f"{s:.1f}" if exact and s < 10 else f"{round(s)}"
+    return text + (" s" if unit else "")
