@@ -309,8 +309,8 @@ def _lm_reading(fig: dict[str, Any]) -> str:
         f"({_f(evals.get(best), '.4f')}), after the same steps but not the same real tokens "
         f"(random's steps hold {_f(r.get('real_tokens_per_step'), ',.0f')}, sorted's "
         f"{_f(s.get('real_tokens_per_step'), ',.0f')}), so these held-out losses do not say "
-        "whether the order changes the model: the order-quality experiment (several seeds, "
-        "equal real tokens) does.",
+        "whether the order changes the model: the order experiment (several seeds, the same "
+        "steps and data or the same compute) does.",
     ]
     return _wrap(" ".join(text))
 

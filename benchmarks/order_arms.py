@@ -286,35 +286,48 @@ def table(full: dict[str, Any]) -> str:
 
 
 def _compute_clause(cells: list[dict[str, Any]]) -> str:
-    """Which order to pick at equal compute, from the paired differences from random."""
-    lower: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {}
-    higher: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {}
-    for cell in cells:
-        for name, row in cell["orders"].items():
-            diff = (row.get("vs_random") or {}).get("eval_loss")
-            if _detected(diff):
-                (lower if diff["mean"] < 0 else higher).setdefault(name, []).append((cell, diff))
-    n = len(cells)
-    better = {k: v for k, v in lower.items() if k not in higher}
-    if better:
-        pick = max(better, key=lambda k: (len(better[k]), -min(d["mean"] for _, d in better[k])))
-        cell, d = min(better[pick], key=lambda cd: cd[1]["mean"])
-        gain = _pm({"mean": -d["mean"], "half": d["half"]})
-        text = (f"at equal compute pick {pick}: its held-out loss is below random's in "
-                f"{len(better[pick])} of {n} settings (by up to {gain} at {_where(cell)})")
-    elif higher:
-        text = (f"at equal compute pick random: no order's held-out loss is detected below "
-                f"random's in any of {n} settings")
-    else:
-        return (f"at equal compute no order's held-out loss differs from random's in any of "
-                f"{n} settings (no difference detected at this size)")
-    worse = []
-    for name, found in higher.items():
-        cell, d = max(found, key=lambda cd: cd[1]["mean"])
-        worse.append(f"{name} by up to {_pm(d)} ({_where(cell)})")
-    if worse:
-        text += f"; {', '.join(worse)} {'is' if len(worse) == 1 else 'are'} above it"
-    return text
+    """Which order to pick at equal compute, per global batch: the orders whose held-out loss
+    is below random's under every schedule of that batch size (paired differences), and
+    those above it; an order is judged only where it ran."""
+    def join(names: list[str]) -> str:
+        return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+    def span(ds: list[float]) -> str:
+        lo, hi = min(ds), max(ds)
+        return f"{lo:.3f}" if abs(hi - lo) < 5e-4 else f"{lo:.3f}-{hi:.3f}"
+
+    parts = []
+    for batch in sorted({c["batch"] for c in cells}):
+        group = [c for c in cells if c["batch"] == batch]
+        where = (f"{batch} micro-batches per step ("
+                 + join([c["schedule"] for c in group]) + ")")
+        diffs: dict[str, list[dict[str, Any] | None]] = {}
+        above: dict[str, list[tuple[float, str]]] = {}
+        for c in group:
+            for name, row in c["orders"].items():
+                if name != "random":
+                    d = (row.get("vs_random") or {}).get("eval_loss")
+                    diffs.setdefault(name, []).append(d)
+                    if _detected(d) and d["mean"] > 0:
+                        above.setdefault(name, []).append((d["mean"], c["schedule"]))
+        below = [n for n, ds in diffs.items() if len(ds) == len(group)
+                 and all(_detected(d) and d["mean"] < 0 for d in ds)]
+        if below:
+            gains = [-d["mean"] for n in below for d in diffs[n]]
+            text = (f"at {where} pick {'any of ' * (len(below) > 1)}{join(below)}: the "
+                    f"held-out loss is below random's "
+                    f"under every schedule, by {span(gains)} nats")
+        elif above:
+            text = f"at {where} no order's held-out loss is below random's under every schedule"
+        else:
+            text = f"at {where} no order's held-out loss differs from random's (no difference " \
+                   "detected at this size)"
+        if above:
+            text += ("; above it: " + join([
+                f"{n} by up to {max(v)[0]:.3f} ({join(sorted({w for _, w in v}))})"
+                for n, v in above.items()]))
+        parts.append(text)
+    return "at equal compute, " + "; ".join(parts) if parts else "no order was compared"
 
 
 def _data_clause(cells: list[dict[str, Any]]) -> str:
@@ -361,13 +374,18 @@ def learned(full: dict[str, Any]) -> str:
     """Whether the model learned: the held-out loss at the end against the unigram level."""
     ends = [row["eval_loss"]["mean"] for c in full["cells"].values()
             for row in c["orders"].values()]
+    per_batch = []
+    for batch in sorted({c["batch"] for c in full["cells"].values()}):
+        got = [row["eval_loss"]["mean"] for c in full["cells"].values() if c["batch"] == batch
+               for row in c["orders"].values()]
+        per_batch.append(f"{min(got):.3f}-{max(got):.3f} at {batch} micro-batches per step")
     uni = full["unigram_loss"]
     unsettled = sum(not row["settled"] for c in full["cells"].values()
                     for row in c["orders"].values())
     return _wrap(
         f"The held-out loss ends at {min(ends):.3f}-{max(ends):.3f} nats per token across the "
-        f"cells; a model of the training set's token frequencies alone (unigram, "
-        f"{full['unigram_smoothing']}) scores {uni:.3f} on the held-out set. "
+        f"cells ({', '.join(per_batch)}); a model of the training set's token frequencies "
+        f"alone (unigram, {full['unigram_smoothing']}) scores {uni:.3f} on the held-out set. "
         + (f"{unsettled} of the rows still move over the last {full['settle_share']:.0%} of "
            f"their run by more than their interval." if unsettled else
            "Every row has settled: its loss moves less over the last "

@@ -46,7 +46,6 @@ CHECK: dict[str, Any] = {"orders": ("random", "bucket-random"), "seeds": (0,),
                          "max_samples": 1500}
 #: the files and the regions of each that this script writes from the committed figures
 REGIONS: dict[str, tuple[str, ...]] = {
-    "README.md": ("order-quality",),
     "docs/demo.md": ("order-quality-detail",),
 }
 #: relative tolerance of a compared loss: a run repeated on this machine gives the same
