@@ -160,3 +160,24 @@ def test_watch_follows_a_trainer_state_file_rewritten_whole(tmp_path: Path) -> N
 def test_watch_options_are_checked(tmp_path: Path, capsys, extra, message) -> None:
     assert main(["doctor", str(tmp_path / "log.jsonl"), *extra]) == 2
     assert capsys.readouterr().err.strip() == f"lengthwise doctor: error: {message}"
+
+
+def test_a_diagnosis_cut_short_by_ctrl_c_is_redone_on_the_next_look(tmp_path: Path) -> None:
+    """Ctrl-C during a diagnosis: the summary's look reads the log again, not the one before."""
+    log = tmp_path / "log.jsonl"
+    log.write_text("x")
+    calls = []
+
+    def diagnose(path, **kw):
+        calls.append(path)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return _stub(step=float(len(calls)))
+
+    w = Watcher(log, out=io.StringIO(), diagnose=diagnose)
+    assert w.poll(now=0.0)
+    log.write_text("xx")
+    with pytest.raises(KeyboardInterrupt):
+        w.poll(now=1.0)
+    assert w.poll(now=2.0) and len(calls) == 3  # the same file, diagnosed again
+    assert "at step 3: " in w.summary()

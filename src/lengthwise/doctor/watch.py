@@ -74,12 +74,14 @@ class Watcher:
         signature = _signature(self.path)
         if signature == self._signature:
             return False
-        self._signature = signature
         try:
             report = self._diagnose(self.path, **self.options)
         except (LogError, LogNotFoundError) as exc:  # not yet readable: say so once
+            self._signature = signature
             self._wait(" ".join(str(exc).split()))
             return True
+        # only a finished diagnosis marks the log as read: one cut short (Ctrl-C) is redone
+        self._signature = signature
         self.report, self._waiting = report, None
         self.diagnoses += 1
         self._print_new(report, now)
