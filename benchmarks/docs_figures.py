@@ -134,13 +134,9 @@ def figures(task: str, summary: dict[str, Any]) -> dict[str, Any]:
 
 def cpu_name() -> str:
     """The CPU's model name and the vector instructions torch's kernels use here."""
-    name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            name = next((line.split(":", 1)[1].strip() for line in fh
-                         if line.startswith("model name")), name)
-    except OSError:
-        pass
+    from lengthwise.train.device import cpu_model
+
+    name = cpu_model()
     try:
         import torch
 

@@ -79,12 +79,11 @@ class PreparedChats:
     def anchor_pairs(self, idx: np.ndarray, max_len: int) -> np.ndarray:
         """Positions with two consecutive supervised tokens (where an anchor may sit) in the
         first ``max_len`` tokens of each sample ``idx`` (int64)."""
+        from lengthwise.dflash.objective import anchor_candidates
+
         idx = np.asarray(idx, dtype=np.int64)
-        out = np.zeros(idx.size, dtype=np.int64)
-        for k, i in enumerate(idx.tolist()):
-            m = self._locate(i)[1][:max_len] > 0
-            out[k] = int(np.count_nonzero(m[:-1] & m[1:]))
-        return out
+        return np.array([anchor_candidates(self._locate(i)[1][:max_len]).size
+                         for i in idx.tolist()], dtype=np.int64)
 
     def sample(self, i: int) -> dict[str, np.ndarray]:
         """Sample ``i`` as the collators take it: ``input_ids``, ``labels`` (-100: not learned).

@@ -20,7 +20,6 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -43,7 +42,7 @@ from lengthwise.dflash.run_time import (
 from lengthwise.errors import ConfigError
 
 __all__ = ["PROFILE_STEPS", "device_name", "estimate_time", "evaluations", "measure_profile",
-           "plan_work", "step_flops", "train_command"]
+           "plan_work", "run_samples", "step_flops", "train_command"]
 
 #: timed steps the profile is fitted on (one more before them warms up, one after evaluates)
 PROFILE_STEPS = 4
@@ -68,27 +67,43 @@ def step_flops(config: dict[str, Any], cfg: Any) -> Any:
                               block_size=cfg.block_size)
 
 
-def plan_work(data: Any, cfg: Any, run: Any, *, world: int = 1,
-              config: dict[str, Any] | None = None) -> tuple[StepWork, Any]:
-    """``(work of every step, the config the run trains with)`` of ``dflash train`` on
-    ``data`` (:func:`~lengthwise.dflash.prepared.open_prepared`) at ``world`` ranks.
-
-    ``run.epochs`` sets the steps as training does; ``config``: the target's
-    ``config.json`` (read from ``run.target`` when not given).
-    """
-    from lengthwise.dflash.recipe import _with_epochs, check_causal_lm, split_samples
+def run_samples(data: Any, cfg: Any, run: Any, *,
+                config: dict[str, Any] | None = None) -> tuple[np.ndarray, np.ndarray, Any]:
+    """``(lengths, anchors, FLOPs per unit)`` of the samples ``dflash train`` trains on
+    ``data``: each cut to ``max_len``, its anchors from its own supervised positions, and the
+    :class:`~lengthwise.dflash.step_cost.StepFlops` of the target (``config``: its
+    ``config.json``, read from ``run.target`` when not given). Steps and epochs leave them as
+    they are, so a plan of any length reads them once."""
+    from lengthwise.dflash.recipe import check_causal_lm, split_samples
     from lengthwise.dflash.step_cost import anchor_counts
-    from lengthwise.train.config import PACKED
-    from lengthwise.train.loop import StepBatches, make_sampler
 
     _, train_idx, _ = split_samples(data, cfg, run.eval_samples)
     lengths = np.minimum(data.lengths[train_idx], cfg.max_len)
-    if run.epochs is not None:
-        cfg = _with_epochs(cfg, run, lengths, 0, world)
-    flops = step_flops(config if config is not None else check_causal_lm(run.target), cfg)
     anchors = anchor_counts(lengths, num_anchors=cfg.num_anchors, block_size=cfg.block_size,
                             max_slots=cfg.slot_budget, max_tokens=cfg.max_tokens,
                             pairs=data.anchor_pairs(train_idx, cfg.max_len))
+    flops = step_flops(config if config is not None else check_causal_lm(run.target), cfg)
+    return lengths, anchors, flops
+
+
+def plan_work(data: Any, cfg: Any, run: Any, *, world: int = 1,
+              config: dict[str, Any] | None = None,
+              samples: tuple[np.ndarray, np.ndarray, Any] | None = None,
+              ) -> tuple[StepWork, Any]:
+    """``(work of every step, the config the run trains with)`` of ``dflash train`` on
+    ``data`` (:func:`~lengthwise.dflash.prepared.open_prepared`) at ``world`` ranks.
+
+    ``run.epochs`` sets the steps as training does; ``samples``: :func:`run_samples` of
+    the run, read here when not given (``config`` is then the target's ``config.json``).
+    """
+    from lengthwise.dflash.recipe import _with_epochs
+    from lengthwise.train.config import PACKED
+    from lengthwise.train.loop import StepBatches, make_sampler
+
+    lengths, anchors, flops = (samples if samples is not None
+                               else run_samples(data, cfg, run, config=config))
+    if run.epochs is not None:
+        cfg = _with_epochs(cfg, run, lengths, 0, world)
     capacity = cfg.max_len if run.order == PACKED else None
     ranks = [StepBatches(make_sampler(run.order, lengths, cfg, rank=r, world=world,
                                       check_world_size=False), cfg.grad_accum)
@@ -114,11 +129,12 @@ def _padded(lengths: np.ndarray, rows: list[list[int]], multiple: int,
             capacity: int | None) -> int:
     """Padded tokens of a micro-batch: its samples at the longest, rounded up (padded; the
     sampler's rows then hold the samples), or its packed rows of ``capacity``."""
+    from lengthwise.planning.cost import round_up
+
     if capacity is not None:
         return len(rows) * int(capacity)
     ids = [i for row in rows for i in row]
-    longest = max(int(lengths[i]) for i in ids)
-    return len(ids) * (-(-longest // multiple) * multiple)
+    return len(ids) * int(round_up(max(int(lengths[i]) for i in ids), multiple))
 
 
 def evaluations(cfg: Any, run: Any) -> int:
@@ -134,13 +150,9 @@ def device_name(device: str, threads: int | None) -> str:
         import torch
 
         return f"{torch.cuda.get_device_name(torch.device(device))} (CUDA)"
-    import platform
+    from lengthwise.train.device import cpu_model
 
-    name = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as fh:
-        name = next((ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")),
-                    name)
-    return f"this machine's CPU ({name}, {threads or os.cpu_count()} thread(s))"
+    return f"this machine's CPU ({cpu_model()}, {threads or os.cpu_count()} thread(s))"
 
 
 def train_command(cfg: Any, run: Any, *, out: str | Path, steps: int) -> list[str]:
@@ -171,21 +183,23 @@ def train_command(cfg: Any, run: Any, *, out: str | Path, steps: int) -> list[st
     return argv
 
 
-def measure_profile(cfg: Any, run: Any, *, steps: int = PROFILE_STEPS,
-                    data: Any = None) -> DeviceProfile:
+def measure_profile(cfg: Any, run: Any, *, steps: int = PROFILE_STEPS, data: Any = None,
+                    samples: tuple[np.ndarray, np.ndarray, Any] | None = None,
+                    ) -> DeviceProfile:
     """Run the run's first ``steps + 2`` steps as a ``dflash train`` command of its own in a
     temporary folder and fit a profile to the seconds its log records.
 
     Its start is the command's wall time around its steps (Python, imports, loading the
     target, building the draft). Prints one line to stderr; the command's output is held
     back and shown only if it fails. Refused under a launcher of several processes: the
-    profile is one device's.
+    profile is one device's. ``samples``: :func:`run_samples` of the run, where read already.
     """
     import subprocess
 
     from lengthwise.dflash.prepared import open_prepared
+    from lengthwise.pytorch.dist import launched_world
 
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if launched_world() is not None:
         raise ConfigError("--time measures a profile in one process: run the estimate "
                           "without torchrun, with --world N for the ranks of the run")
     if steps < 2:
@@ -212,7 +226,7 @@ def measure_profile(cfg: Any, run: Any, *, steps: int = PROFILE_STEPS,
     if len(records) < timed:
         raise RuntimeError(f"the timed run logged {len(records)} of {timed} steps")
     r = dataclasses.replace(run, epochs=None, eval_every=timed)
-    work, _ = plan_work(data, dataclasses.replace(cfg, steps=timed), r)
+    work, _ = plan_work(data, dataclasses.replace(cfg, steps=timed), r, samples=samples)
     seconds = np.array([float(rec["seconds"]) for rec in records[:timed]])
     fit = slice(1, timed - 1)
     prof = fit_profile(work.micro[fit, 0], work.gflop[fit, 0], seconds[fit],
@@ -230,7 +244,8 @@ def estimate_time(cfg: Any, run: Any, *, world: int = 1, profile: DeviceProfile 
     from lengthwise.dflash.prepared import open_prepared
 
     data = open_prepared(run.data)
-    work, trained = plan_work(data, cfg, run, world=world)
+    samples = run_samples(data, cfg, run)  # once: the run's plan and the timed steps' share it
+    work, trained = plan_work(data, cfg, run, world=world, samples=samples)
     if profile is None:
-        profile = measure_profile(cfg, run, steps=steps, data=data)
+        profile = measure_profile(cfg, run, steps=steps, data=data, samples=samples)
     return predict(work, profile, evals=evaluations(trained, run)), profile

@@ -22,8 +22,8 @@ from typing import Any
 from lengthwise.errors import ConfigError
 from lengthwise.pytorch.dist import GroupInfo, group_info
 
-__all__ = ["autocast_dtype", "barrier", "configure_torch", "is_main", "pick_device", "rank_world",
-           "say", "setup_distributed"]
+__all__ = ["autocast_dtype", "barrier", "configure_torch", "cpu_model", "is_main", "pick_device",
+           "rank_world", "say", "setup_distributed"]
 
 
 def setup_distributed(device: str = "cpu") -> GroupInfo | None:
@@ -107,3 +107,22 @@ def configure_torch(device: Any, *, threads: int | None, deterministic: bool) ->
         torch.set_num_threads(threads)
     if deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def cpu_model() -> str:
+    """This machine's CPU as the system names it (``/proc/cpuinfo``'s model name on Linux).
+
+    Example::
+
+        >>> isinstance(cpu_model(), str)
+        True
+    """
+    import platform
+
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            return next((line.split(":", 1)[1].strip() for line in fh
+                         if line.startswith("model name")), name)
+    except OSError:
+        return name

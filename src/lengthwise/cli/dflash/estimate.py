@@ -151,15 +151,19 @@ def report(given: dict[str, Any], *, defaults: dict[str, Any] | None = None) -> 
 
     ``given``: parsed flags (``--config``, the run's settings and :data:`REPORT_FLAGS`);
     ``defaults``: over ``dflash train``'s. Reads the target's ``config.json`` and nothing
-    else: no weights, no data, nothing written.
+    else (no weights, no data, nothing written), unless ``--time`` (:func:`run_time`).
     """
     from lengthwise.cli.dflash._settings import settings
     from lengthwise.dflash.memory import read_target_config
     from lengthwise.dflash.stage_memory import estimate_train
+    from lengthwise.errors import ConfigError
 
     given = {k: v for k, v in given.items() if k not in ("batch_size", "max_new_tokens")}
     opts = {k: given.pop(k) for k in REPORT_FLAGS if k in given}
     cfg, run_settings, _ = settings(given, defaults=defaults, estimate=True)
+    if opts.get("time") and not run_settings.data:  # the estimate leaves it empty when not given
+        raise ConfigError("--time needs --data (or data: in --config): the time is the plan's, "
+                          "on the run's own samples")
     size = device_bytes(opts, cfg.device)  # a bad --device-memory before any tracing
     config = read_target_config(run_settings.target)
     grown = _grown(config, run_settings.target)  # loads the tokenizer, as training does
@@ -178,15 +182,8 @@ def run_time(given: dict[str, Any], opts: dict[str, Any], *,
     from lengthwise.cli.dflash._settings import settings
     from lengthwise.dflash.run_time import DeviceProfile
     from lengthwise.dflash.time_profile import PROFILE_STEPS, estimate_time
-    from lengthwise.errors import ConfigError
 
-    try:
-        cfg, run_settings, _ = settings(given, defaults=defaults)  # the data's own max_len
-    except ConfigError as e:
-        if "--data is required" in str(e):
-            raise ConfigError("--time needs --data (or data: in --config): the time is the "
-                              "plan's, on the run's own samples") from None
-        raise
+    cfg, run_settings, _ = settings(given, defaults=defaults)  # the data's own max_len
     profile = (DeviceProfile.load(opts["device_profile"]) if opts.get("device_profile")
                else None)
     timing = estimate_time(cfg, run_settings, world=opts.get("world", 1), profile=profile,
