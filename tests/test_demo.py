@@ -342,15 +342,16 @@ def test_every_failed_check_is_explained():
     assert [n.split()[1] for n in notes] == list(checks)
 
 
-def test_the_table_points_to_the_experiment_with_seeds_at_equal_tokens():
+def test_the_table_points_to_the_order_experiment_with_seeds():
     # the demo is one seed after equal steps: it says so, and where the comparison with
-    # several seeds at equal real tokens is
+    # several seeds (same steps and data, or same compute) is
     from lengthwise.demo.main import render
 
     text = render({"strategies": {"random": {"eval_loss": 5.0}}})
     assert "one seed after equal steps" in text
-    assert "benchmarks/order_quality.py" in text and "ORDER_QUALITY.json" in text
-    assert (ROOT / "benchmarks" / "order_quality.py").is_file()
+    assert "benchmarks/order_arms.py" in text and "ORDER_ARMS.json" in text
+    assert (ROOT / "benchmarks" / "order_arms.py").is_file()
+    assert (ROOT / "benchmarks" / "ORDER_ARMS.json").is_file()
 
 
 @pytest.mark.parametrize("doc, heading", [("README.md", "## The demo"),

@@ -238,12 +238,12 @@ def _title(cfg: DemoConfig, info: dict[str, Any]) -> str:
             f"{cfg.grad_accum} micro-batches of <= {cfg.max_tokens} tokens, seed {cfg.seed}")
 
 
-#: where the comparison with several seeds at equal real tokens is, printed under the table
-ORDER_QUALITY_NOTE = (
+#: where the comparison with several seeds is, printed under the table
+ORDER_EXPERIMENT_NOTE = (
     "one seed after equal steps (the orders trained different real tokens); whether the order "
-    "changes the model, with several seeds at equal real tokens: benchmarks/order_quality.py "
-    "(committed figures: benchmarks/ORDER_QUALITY.json, README 'Does the order change the "
-    "model?')")
+    "changes the model, with 5 paired seeds at the same steps and data or the same compute: "
+    "benchmarks/order_arms.py (committed figures: benchmarks/ORDER_ARMS.json, README 'Does the "
+    "order change the model?')")
 
 #: what a check that did not hold means, printed under the table
 CHECK_NOTES = {
@@ -298,6 +298,6 @@ def render(summary: dict[str, Any]) -> str:
                      f"{Path(first['micro_log']).parent.parent}/<order>/micro_log.jsonl; the "
                      "doctor on them:")
         lines.extend(f"  {name}: {row['micro_verdict']}" for name, row in micro.items())
-    lines.append(ORDER_QUALITY_NOTE)
+    lines.append(ORDER_EXPERIMENT_NOTE)
     lines.append(f"wall time {summary.get('wall_seconds', 0.0):.0f} s")
     return "\n".join(lines)
