@@ -13,8 +13,17 @@ registry user turn answered by another (many samples per micro-batch)::
     python benchmarks/time_estimate.py --real-target ./SmolLM2-135M-Instruct \\
         --wheel evals-3.0.1.post1-py3-none-any.whl --docs
 
-With ``--docs`` the table goes into the ``dflash-run-time`` region of docs/dflash.md.
-Times depend on the machine and its load: run it on an otherwise idle machine.
+Regeneration (``--stage regenerate``, or ``all``): for each shape of :data:`REGEN_SHAPES`,
+``lengthwise dflash estimate --stage regenerate --time`` on chats of registry user turns
+(one or two questions each, the second after another text as the earlier answer), then
+``lengthwise dflash prepare --regenerate`` with the same settings; the predicted seconds of
+its shards (the generate batches and rendering the prompts) against the seconds
+``prepare.json`` records for them (``shard_seconds``), and the predicted whole (loading
+the target included) against the command's wall time.
+
+With ``--docs`` the tables go into the ``dflash-run-time`` and ``dflash-regenerate-time``
+regions of docs/dflash.md. Times depend on the machine and its load: run it on an
+otherwise idle machine.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -48,6 +58,85 @@ SHAPES: list[tuple[str, dict[str, Any]]] = [
 ]
 #: held-out samples of every run (the long set has 24 samples)
 EVAL_SAMPLES = 4
+#: (chats, settings of ``dflash prepare --regenerate``)
+REGEN_SHAPES: list[tuple[int, dict[str, Any]]] = [
+    (96, {"batch_size": 8, "max_new_tokens": 64}),
+    (96, {"batch_size": 16, "max_new_tokens": 96}),
+    (64, {"batch_size": 4, "max_new_tokens": 128}),
+]
+#: generate batches each estimate times
+REGEN_PROFILE = 5
+
+
+def regen_chats(wheel: Path, work: Path, n: int) -> Path:
+    """``n`` chats to regenerate: each asks one registry user turn; every third asks a second
+    one after another registry text as the earlier answer (two rounds)."""
+    import real_target_dflash as real
+
+    path = work / f"regen_{n}.jsonl"
+    if not path.is_file():
+        chats, _ = real.registry_chats(wheel, per_file=1, max_chars=1600)
+        texts = [m["content"] for c in chats for m in c["messages"] if m["role"] == "user"]
+        rows = []
+        for i in range(n):
+            msgs = [{"role": "user", "content": texts[(5 * i) % len(texts)]}]
+            if i % 3 == 0:
+                msgs += [{"role": "assistant", "content": texts[(5 * i + 1) % len(texts)]},
+                         {"role": "user", "content": texts[(5 * i + 2) % len(texts)]}]
+            rows.append({"messages": msgs})
+        real._jsonl(path, rows)
+    return path
+
+
+def compare_regenerate(target: Path, chats: Path, shape: dict[str, Any],
+                       work: Path) -> dict[str, Any]:
+    """Predicted and measured seconds of ``dflash prepare --regenerate`` of ``chats``."""
+    common = ["--target", str(target), "--device", "cpu", *_flags(shape)]
+    started = time.perf_counter()
+    est = subprocess.run(mem._lengthwise("dflash", "estimate", "--stage", "regenerate",
+                                         "--data", chats, *common, "--time", "--json",
+                                         "--profile-steps", REGEN_PROFILE),
+                         env=mem._env(), capture_output=True, text=True, check=False)
+    est_s = time.perf_counter() - started
+    if est.returncode:
+        raise RuntimeError(f"dflash estimate --stage regenerate --time: exit "
+                           f"{est.returncode}\n{est.stderr[-3000:]}")
+    pred = json.loads(est.stdout)
+    out = work / ("regen_" + "_".join(str(v) for v in shape.values()))
+    shutil.rmtree(out, ignore_errors=True)  # a rerun would reuse its shards
+    started = time.perf_counter()
+    subprocess.run(mem._lengthwise("dflash", "prepare", chats, "--out", out, "--regenerate",
+                                   "--min-supervised", 1, "--no-progress", *common),
+                   env=mem._env(), check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+    wall = time.perf_counter() - started
+    rec = json.loads((out / "prepare.json").read_text(encoding="utf-8"))
+    t, prof = pred["time"], pred["profile"]
+    render = prof["fit"]["render_seconds"]
+    return {"responses": t["responses"], "batches": t["batches"],
+            "predicted_work_s": t["generate_seconds"] + render,
+            "measured_work_s": rec["shard_seconds"],
+            "predicted_run_s": t["total_seconds"], "measured_run_s": wall,
+            "estimate_s": est_s, "timed_batches": prof["fit"]["batches"],
+            "fit_error": prof["fit"]["median_relative_error"],
+            "cut_share": t["cut_share"], "written": rec["counts"]["regenerated_turns"],
+            "unfinished": rec["counts"]["unfinished_turns"]}
+
+
+def regen_table(rows: list[tuple[int, dict[str, Any], dict[str, Any]]]) -> list[str]:
+    """The markdown table of :func:`compare_regenerate`'s figures."""
+    lines = ["| chats | shape | responses | batches | predicted s | measured s | error | "
+             "predicted command s | measured command s | error | estimate s |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for n, shape, r in rows:
+        e1 = r["predicted_work_s"] / r["measured_work_s"] - 1
+        e2 = r["predicted_run_s"] / r["measured_run_s"] - 1
+        label = ", ".join(f"{k} {v}" for k, v in shape.items())
+        lines.append(f"| {n} | {label} | {r['responses']} | {r['batches']} | "
+                     f"{r['predicted_work_s']:.0f} | {r['measured_work_s']:.0f} | "
+                     f"{100 * e1:+.1f} % | {r['predicted_run_s']:.0f} | "
+                     f"{r['measured_run_s']:.0f} | {100 * e2:+.1f} % | {r['estimate_s']:.0f} |")
+    return lines
 
 
 def mixed_data(target: Path, wheel: Path, work: Path, n: int = 120) -> Path:
@@ -127,11 +216,37 @@ def main(argv: list[str] | None = None) -> int:
                    help="the evals registry wheel (pip download --no-deps "
                         "evals==3.0.1.post1)")
     p.add_argument("--work", metavar="DIR", help="folder for the runs (default: temporary)")
-    p.add_argument("--docs", action="store_true", help="write the docs/dflash.md region")
+    p.add_argument("--stage", choices=("train", "regenerate", "all"), default="all",
+                   help="the estimates compared (default all)")
+    p.add_argument("--docs", action="store_true", help="write the docs/dflash.md regions")
     args = p.parse_args(argv)
     target, wheel = Path(args.real_target), Path(args.wheel)
+    cfg = json.loads((target / "config.json").read_text(encoding="utf-8"))
+    about = (f"Real target: {cfg.get('_model_name_or_path', target.name)} "
+             f"({cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}), CPU float32, "
+             f"one torch thread, {platform.machine()} with {os.cpu_count()} cores")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.work or tmp)
+        if args.stage in ("regenerate", "all"):
+            regen = []
+            for n, shape in REGEN_SHAPES:
+                regen.append((n, shape, compare_regenerate(target, regen_chats(wheel, work, n),
+                                                           shape, work)))
+                print(regen_table(regen)[-1], flush=True)
+            lines = regen_table(regen)
+            print("\n".join(lines))
+            if args.docs:
+                mem.write_region("dflash-regenerate-time", [
+                    f"{about}; predicted: `dflash estimate --stage regenerate --time` (its "
+                    f"profile timed on {REGEN_PROFILE} of the run's batches after a warm-up); "
+                    "measured: the seconds `dflash prepare --regenerate` spent on its shards "
+                    "(`shard_seconds` in `prepare.json`: the generate batches, rendering and "
+                    "writing) and the command's wall time; chats: registry user turns, every "
+                    "third with a second question (two rounds); `python "
+                    "benchmarks/time_estimate.py --stage "
+                    "regenerate --real-target PATH --wheel WHL --docs`:", "", *lines])
+        if args.stage == "regenerate":
+            return 0
         sets = {"long": mem.real_data(target, wheel, work)["prepared"],
                 "mixed": mixed_data(target, wheel, work)}
         rows = []
@@ -142,12 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     lines = table(rows)
     print("\n".join(lines))
     if args.docs:
-        cfg = json.loads((target / "config.json").read_text(encoding="utf-8"))
         mem.write_region("dflash-run-time", [
-            f"Real target: {cfg.get('_model_name_or_path', target.name)} "
-            f"({cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}), CPU float32, "
-            f"one torch thread, {platform.machine()} with {os.cpu_count()} cores; one epoch "
-            f"each, {EVAL_SAMPLES} held-out samples; predicted: `dflash estimate --time` "
+            f"{about}; one epoch each, {EVAL_SAMPLES} held-out samples; predicted: "
+            "`dflash estimate --time` "
             "(its profile timed on the run's first 6 steps in its own process); measured: the "
             "steps' seconds in the training log (held-out evaluations included) and the wall "
             "time of the `dflash train` command (loading the target included); data `long`: "

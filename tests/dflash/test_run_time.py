@@ -168,4 +168,4 @@ def test_the_estimate_prints_the_time_and_saves_and_reads_a_profile(run, tmp_pat
     assert "--time needs --data" in capsys.readouterr().err
     assert main(["dflash", "estimate", "--stage", "eval", "--target", rs.target, "--device",
                  "cpu", "--max-len", "64", "--draft-layers", "1", "--time"]) == 2
-    assert "the train stage only" in capsys.readouterr().err
+    assert "not of eval" in capsys.readouterr().err

@@ -14,7 +14,9 @@ tokens; every drop is counted. It writes a folder (read back by
   settings skips the shards already there;
 - ``lengths.npy`` (int64, in row order, for ``lengthwise.load_lengths`` and the planner);
 - ``prepare.json``: target, vocabulary size, tokenizer and chat-template hashes (checked
-  by ``dflash train``), thinking switch, counts kept and dropped.
+  by ``dflash train``), thinking switch, counts kept and dropped, and ``shard_seconds``:
+  the seconds this run (its rank 0) spent on the shards it prepared (regenerating them,
+  with ``--regenerate``; 0 when every shard was reused).
 
 A rerun after the target's tokenizer or chat template changed prepares the shards
 again (and says so); shards from other data or settings are refused. The folder's
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -320,6 +323,7 @@ def _prepare(chats: ChatSource, target: Path, out: Path, cfg: PrepareConfig, tok
     barrier(info)  # every rank has seen what an earlier run finished before any writes
     todo = [k for k in range(rank, nshards, world) if k not in done]
     generator = None
+    work_seconds = 0.0  # this process's shards (what the regeneration estimate predicts)
     if todo:
         if cfg.regenerate:
             from lengthwise.dflash.regenerate import TurnGenerator, TurnLog, turns_to_write
@@ -350,8 +354,10 @@ def _prepare(chats: ChatSource, target: Path, out: Path, cfg: PrepareConfig, tok
             bar = {"desc": "dflash prepare: the target writes", "unit": "turn", "total": turns}
         else:
             bar = {"desc": "dflash prepare", "unit": "shard", "total": len(todo)}
+        started = time.perf_counter()
         for _ in progress(work(), enable=cfg.progress and rank == 0, **bar):
             pass
+        work_seconds = time.perf_counter() - started
     barrier(info)
     counts = PrepareCounts()
     for k in range(nshards):
@@ -381,6 +387,7 @@ def _prepare(chats: ChatSource, target: Path, out: Path, cfg: PrepareConfig, tok
         "shards": [shard_name(k) for k in range(nshards)], "shards_reused": len(done),
         "processes": world,
         "regenerated_with": generator.backend if generator is not None else None,
+        "shard_seconds": round(work_seconds, 3),
         "counts": asdict(counts),
         "fingerprint": fp,
     }

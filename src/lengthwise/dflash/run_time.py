@@ -38,8 +38,8 @@ import numpy as np
 
 from lengthwise.errors import ConfigError, DataError
 
-__all__ = ["DeviceProfile", "RunTime", "StepWork", "duration", "fit_profile", "micro_flops",
-           "predict"]
+__all__ = ["DeviceProfile", "RunTime", "StepWork", "check_costs", "duration", "fit_profile",
+           "micro_flops", "predict", "read_profile", "save_profile"]
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ class DeviceProfile:
 
     def save(self, path: str | Path) -> None:
         """Write the profile as JSON (``--save-profile``)."""
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
+        save_profile(self, path)
 
     @classmethod
     def load(cls, path: str | Path) -> DeviceProfile:
@@ -100,24 +100,41 @@ class DeviceProfile:
             0.02
         """
         where = f"--device-profile {path}"
-        try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-        except OSError as e:
-            raise ConfigError(f"{where}: cannot read it ({e.strerror or e})") from None
-        except json.JSONDecodeError as e:
-            raise DataError(f"{where}: not JSON ({e.msg}, line {e.lineno})") from None
-        if not isinstance(data, dict):
-            raise DataError(f"{where}: a JSON object is expected")
+        data = read_profile(path)
         missing = [k for k in ("device", "micro_batch", "per_gflop") if k not in data]
         if missing:
             raise DataError(f"{where}: no {', '.join(missing)}: write it with --save-profile")
         known = {k: data[k] for k in ("device", "micro_batch", "per_gflop", "eval_seconds",
                                       "start_seconds", "fit") if k in data}
-        for k in ("micro_batch", "per_gflop", "eval_seconds", "start_seconds"):
-            v = known.get(k, 0.0)
-            if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise DataError(f"{where}: {k} must be a number >= 0, got {v!r}")
+        check_costs(known, ("micro_batch", "per_gflop", "eval_seconds", "start_seconds"), where)
         return cls(**known)
+
+
+def save_profile(profile: Any, path: str | Path) -> None:
+    """Write a profile dataclass as JSON (``--save-profile``)."""
+    Path(path).write_text(json.dumps(asdict(profile), indent=2) + "\n", encoding="utf-8")
+
+
+def read_profile(path: str | Path) -> dict[str, Any]:
+    """The JSON object of a profile file (``--device-profile``); a one-line error otherwise."""
+    where = f"--device-profile {path}"
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ConfigError(f"{where}: cannot read it ({e.strerror or e})") from None
+    except json.JSONDecodeError as e:
+        raise DataError(f"{where}: not JSON ({e.msg}, line {e.lineno})") from None
+    if not isinstance(data, dict):
+        raise DataError(f"{where}: a JSON object is expected")
+    return data
+
+
+def check_costs(data: dict[str, Any], names: tuple[str, ...], where: str) -> None:
+    """Each of ``names`` in ``data`` (0 when absent) is a finite number >= 0."""
+    for k in names:
+        v = data.get(k, 0.0)
+        if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise DataError(f"{where}: {k} must be a number >= 0, got {v!r}")
 
 
 def micro_flops(flops: Any, lengths: np.ndarray, anchors: np.ndarray,

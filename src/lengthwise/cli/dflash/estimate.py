@@ -16,7 +16,10 @@ and every rank exits with the same status (:func:`prints_here`).
 ``--time`` (train stage, with ``--data``) adds the run's predicted time: its plan replayed
 step by step and priced by a device profile timed on the run's first steps
 (:mod:`lengthwise.dflash.time_profile`; it loads the target), or read from
-``--device-profile FILE`` (written by ``--save-profile``) without loading anything.
+``--device-profile FILE`` (written by ``--save-profile``) without loading anything. With
+``--stage regenerate``, ``--time --data chats.jsonl`` predicts ``dflash prepare
+--regenerate`` of those chats: their prompts batched as regeneration batches them, priced by
+a few of its generate batches timed here (:mod:`lengthwise.dflash.generate_profile`).
 
 Example::
 
@@ -29,6 +32,8 @@ Example::
     $ lengthwise dflash estimate --stage eval --target ./model --device cpu --max-len 512
     $ lengthwise dflash estimate --target ./model --data prepared/ --device cpu --epochs 2 \\
           --time --save-profile cpu.json
+    $ lengthwise dflash estimate --stage regenerate --target ./model --data chats.jsonl \\
+          --device cpu --batch-size 16 --max-new-tokens 256 --time
 """
 
 from __future__ import annotations
@@ -49,7 +54,8 @@ RUN_FLAGS = ("steps", "epochs", "order", "eval_every", "eval_samples", "seed", "
 GIB = 2**30
 #: the flags of the regenerate and eval stages (their commands' names and defaults)
 STAGE_FLAGS: dict[str, dict[str, Any]] = {
-    "regenerate": {"batch_size": 32, "max_new_tokens": 512, "max_len": None, "dtype": None},
+    "regenerate": {"batch_size": 32, "max_new_tokens": 512, "max_len": None, "dtype": None,
+                   "shard_rows": 4096},
     "eval": {"batch_size": 16, "max_new_tokens": 256, "max_len": None, "dtype": None,
              "max_tokens": 16384, "max_slots": 32768, "head_chunk": 1024, "block_size": 16,
              "draft_layers": 5, "num_features": None},
@@ -80,7 +86,8 @@ def register(stages: argparse._SubParsersAction) -> None:
     from lengthwise.cli.dflash._settings import FLAGS
 
     p.add_argument("--data", metavar="FOLDER",
-                   help="folder written by `dflash prepare`: the run's plan, read with --time")
+                   help="with --time: train, the folder written by `dflash prepare` (the run's "
+                        "plan); regenerate, the chats `dflash prepare --regenerate` reads")
     for name, kind, text in FLAGS:
         if name in SHAPE_FLAGS or name in RUN_FLAGS:
             p.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, help=text,
@@ -97,8 +104,11 @@ def add_stage_flags(p: argparse.ArgumentParser) -> None:
                              "as `dflash prepare` and `dflash eval`)",
              "--max-new-tokens": "regenerate, eval: tokens written per prompt at most "
                                  "(defaults 512 and 256)",
-             "--max-len": "regenerate, eval: the longest prompt in tokens (required there); "
-                          "train: the longest sample (default max_tokens)"}
+             "--max-len": "regenerate, eval: the longest prompt in tokens (required there, "
+                          "but for regenerate --time: the longest of --data); train: the "
+                          "longest sample (default max_tokens)",
+             "--shard-rows": "regenerate: conversations per shard (default 4096, as `dflash "
+                             "prepare`); ranks (--world, with --time) take shards in turn"}
     for flag, text in flags.items():
         if flag not in p._option_string_actions:  # another part of the command has it
             p.add_argument(flag, type=int, metavar="N", help=text)
@@ -118,12 +128,14 @@ def add_report_flags(p: argparse.ArgumentParser, *, only: str = "") -> None:
                         "there is one" + only)
     p.add_argument("--json", action="store_true", help="print the estimate as JSON" + only)
     p.add_argument("--time", action="store_true",
-                   help="also predict the run's time (per step, per epoch, in all) from its "
-                        "plan (needs --data), priced by a few training steps timed here "
-                        "(loads the target) or by --device-profile" + only)
+                   help="also predict the run's time from its plan (needs --data): train per "
+                        "step, per epoch and in all, priced by a few training steps timed here; "
+                        "regenerate in all, priced by a few of its generate batches timed "
+                        "here (either loads the target), or by --device-profile" + only)
     p.add_argument("--profile-steps", type=int, metavar="N",
                    help="training steps timed for --time (default 4, plus a warm-up step and "
-                        "one that also evaluates)" + only)
+                        "one that also evaluates); regenerate: generate batches (default 5)"
+                        + only)
     p.add_argument("--device-profile", metavar="FILE",
                    help="price the plan with this profile (written by --save-profile, e.g. "
                         "on a GPU elsewhere) instead of timing steps here" + only)
@@ -158,9 +170,11 @@ def report(given: dict[str, Any], *, defaults: dict[str, Any] | None = None) -> 
     from lengthwise.dflash.stage_memory import estimate_train
     from lengthwise.errors import ConfigError
 
-    given = {k: v for k, v in given.items() if k not in ("batch_size", "max_new_tokens")}
+    given = {k: v for k, v in given.items()
+             if k not in ("batch_size", "max_new_tokens", "shard_rows")}
     opts = {k: given.pop(k) for k in REPORT_FLAGS if k in given}
     cfg, run_settings, _ = settings(given, defaults=defaults, estimate=True)
+    _profile_flags_need_time(opts)
     if opts.get("time") and not run_settings.data:  # the estimate leaves it empty when not given
         raise ConfigError("--time needs --data (or data: in --config): the time is the plan's, "
                           "on the run's own samples")
@@ -252,26 +266,70 @@ def stage_report(stage: str, given: dict[str, Any]) -> int:
     opts = {k: given.pop(k) for k in REPORT_FLAGS if k in given}
     target = given.pop("target")
     device = str(given.pop("device", "cuda"))
+    data = given.pop("data", None) if stage == "regenerate" else None
     known = STAGE_FLAGS[stage]
     stray = sorted(set(given) - set(known))
-    if stray or opts.get("rows") or opts.get("world"):
+    timed = stage == "regenerate" and opts.get("time")
+    if stray or opts.get("rows") or (opts.get("world") and not timed):
         names = stray + [k for k in ("rows", "world") if opts.get(k)]
         raise ConfigError(f"{', '.join('--' + k.replace('_', '-') for k in names)}: not a "
-                          f"setting of the {stage} stage's estimate")
+                          f"setting of the {stage} stage's estimate"
+                          + (" (--world goes with --time)" if names == ["world"] else ""))
     sizes = {**known, **given}
-    if sizes["max_len"] is None:
+    if stage == "eval" and any(opts.get(k) for k in ("time", "device_profile", "save_profile")):
+        raise ConfigError("--time: the time of the train and regenerate stages, not of eval")
+    _profile_flags_need_time(opts)
+    if timed and data is None:
+        raise ConfigError("--stage regenerate --time needs --data, the chats `dflash prepare "
+                          "--regenerate` reads: the time is that of their prompts")
+    if sizes["max_len"] is None and not timed:
         raise ConfigError(f"--stage {stage}: give --max-len, the longest prompt in tokens "
                           "(the estimate reads no prompts)")
-    if opts.get("time") or opts.get("device_profile") or opts.get("save_profile"):
-        raise ConfigError(f"--time: the time of the train stage only, not of {stage}")
     size = device_bytes(opts, device)
     config = read_target_config(target)
+    timing = None
+    if timed:
+        timing, longest = regenerate_time(target, data, sizes, device, opts)
+        if sizes["max_len"] is None:
+            sizes["max_len"] = longest
+    sizes.pop("shard_rows", None)
     baseline = _baseline(stage, config, target, device)
     if stage == "regenerate":
         est = estimate_regenerate(config, device=device, baseline=baseline, **sizes)
     else:
         est = estimate_eval(config, device=device, baseline=baseline, **sizes)
-    return _print(est, opts, size)
+    return _print(est, opts, size, timing)
+
+
+def _profile_flags_need_time(opts: dict[str, Any]) -> None:
+    """``--device-profile`` and ``--save-profile`` price or keep a time: refused without it."""
+    from lengthwise.errors import ConfigError
+
+    stray = [k for k in ("device_profile", "save_profile") if opts.get(k)]
+    if stray and not opts.get("time"):
+        raise ConfigError(f"{', '.join('--' + k.replace('_', '-') for k in stray)}: goes "
+                          "with --time")
+
+
+def regenerate_time(target: str, data: str, sizes: dict[str, Any], device: str,
+                    opts: dict[str, Any]) -> tuple[Any, int]:
+    """``((GenerateTime, GenerateProfile), longest prompt)`` of ``dflash prepare --regenerate``
+    of the chats ``data`` with the stage's ``sizes`` (``--time``)."""
+    from lengthwise.dflash.generate_profile import PROFILE_BATCHES, estimate_regenerate_time
+    from lengthwise.dflash.generate_time import GenerateProfile
+    from lengthwise.dflash.prepare import PrepareConfig
+
+    cfg = PrepareConfig(regenerate=True, max_new_tokens=sizes["max_new_tokens"],
+                        batch_size=sizes["batch_size"], shard_rows=sizes["shard_rows"],
+                        device=device, dtype=sizes["dtype"], backend="hf")
+    profile = (GenerateProfile.load(opts["device_profile"]) if opts.get("device_profile")
+               else None)
+    gen, prof, prompts = estimate_regenerate_time(
+        data, target, cfg, world=opts.get("world", 1), profile=profile,
+        batches=opts.get("profile_steps", PROFILE_BATCHES))
+    if opts.get("save_profile"):
+        prof.save(opts["save_profile"])
+    return (gen, prof), max(int(x.max()) for x in prompts.lengths)
 
 
 def _baseline(stage: str, config: Any, target: str, device: str, *,
@@ -303,9 +361,25 @@ def _time_lines(timing: Any) -> list[str]:
         return []
     rt, prof = timing
     fit = prof.fit or {}
+    err = (f" (median error {100 * fit['median_relative_error']:.1f} %)"
+           if "median_relative_error" in fit else "")
+    if hasattr(prof, "responses"):  # regeneration
+        import numpy as np
+
+        resp = np.asarray(prof.responses)
+        how = (f"priced per decoding step {prof.per_step:.3g} s, per row and step "
+               f"{prof.per_row_step:.3g} s, per prompt token {prof.per_prefill_token:.3g} s "
+               f"and per attended pair {prof.per_pair:.3g} s"
+               + (f", fitted on {fit['batches']} timed batches{err}" if fit.get("batches")
+                  else ""))
+        return [f"predicted time of regeneration: {rt.render()}",
+                f"  {how}; a batch decodes as long as its longest response: the target's "
+                f"{resp.size} timed responses had a median {int(np.median(resp))} tokens (mean "
+                f"answer {prof.mean_answer(prof.max_new_tokens):.0f}), "
+                f"{100 * rt.cut_share:.0f} % cut at --max-new-tokens; later turns' prompts "
+                "count the target's earlier answers at that mean, not the data's"]
     how = (f"priced per micro-batch {prof.micro_batch:.3g} s and per GFLOP "
-           f"{prof.per_gflop:.3g} s" + (f", fitted on {fit['steps']} timed steps (median "
-                                        f"error {100 * fit['median_relative_error']:.1f} %)"
+           f"{prof.per_gflop:.3g} s" + (f", fitted on {fit['steps']} timed steps{err}"
                                         if fit.get("steps") else ""))
     return [f"predicted time: {rt.render()}", f"  {how}; checkpoints are saved in the "
             "background and not counted"]

@@ -1,0 +1,280 @@
+"""Regeneration's planned batches and a profile timed on them (the torch side of generate_time).
+
+:func:`regenerate_prompts` renders every prompt ``dflash prepare --regenerate`` will give
+the target, with the target's tokenizer and chat template: each assistant turn's
+conversation before it with the generation prompt (and one more turn where a
+conversation ends with another role's). Later rounds' prompts will hold the target's
+own earlier answers, not the data's: :meth:`RegeneratePrompts.with_answers` counts each at
+the mean length of the target's timed responses in place of the data's answer.
+:func:`measure_generate_profile` loads the target as regeneration does
+(:class:`~lengthwise.dflash.regenerate.TurnGenerator`), runs a few of the run's own
+batches (spread over their widths, from the narrowest to the widest) after a short
+warm-up, and fits a :class:`~lengthwise.dflash.generate_time.GenerateProfile` on their
+seconds and the responses the target wrote. :func:`estimate_regenerate_time` puts them
+together.
+
+Example::
+
+    >>> from lengthwise.dflash.prepare import PrepareConfig
+    >>> t, prof = estimate_regenerate_time("chats.jsonl", "./model",
+    ...                                    PrepareConfig(regenerate=True))  # doctest: +SKIP
+    >>> t.render()  # doctest: +SKIP
+    'about ... for ... responses in ... batches (... a batch; ... to start) on ...'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lengthwise.dflash.generate_time import (
+    GenerateBatches,
+    GenerateProfile,
+    GenerateTime,
+    fit_generate_profile,
+    plan_batches,
+    predict_generate,
+)
+from lengthwise.errors import ConfigError, DataError
+
+__all__ = ["PROFILE_BATCHES", "RegeneratePrompts", "estimate_regenerate_time",
+           "measure_generate_profile", "regenerate_prompts", "timed_batches"]
+
+#: batches timed for a profile (after a short warm-up): one more than the profile's terms
+PROFILE_BATCHES = 5
+
+
+@dataclass(frozen=True)
+class RegeneratePrompts:
+    """The prompts of regeneration, round by round: ``lengths[r]`` in tokens, of conversations
+    ``conversation[r]`` in shards ``shard[r]``, with ``answered[r]`` tokens of the data's own
+    earlier answers (the ``r`` assistant turns before); ``seconds``: the time rendering them
+    took."""
+
+    lengths: list[np.ndarray]
+    conversation: list[np.ndarray]
+    shard: list[np.ndarray]
+    answered: list[np.ndarray]
+    seconds: float
+
+    def with_answers(self, answer: float) -> RegeneratePrompts:
+        """These prompts with each earlier answer ``answer`` tokens long (the target's mean)
+        in place of the data's.
+
+        Example::
+
+            >>> p = RegeneratePrompts([np.array([9]), np.array([40])], [np.array([0])] * 2,
+            ...                       [np.array([0])] * 2, [np.array([0]), np.array([25])], 0.0)
+            >>> p.with_answers(6.0).lengths[1].tolist()
+            [21]
+        """
+        lengths = [np.maximum(1, np.rint(x - a + r * answer)).astype(np.int64)
+                   for r, (x, a) in enumerate(zip(self.lengths, self.answered, strict=True))]
+        return dataclasses.replace(self, lengths=lengths)
+
+    def batches(self, batch_size: int) -> GenerateBatches:
+        """:func:`~lengthwise.dflash.generate_time.plan_batches` of these prompts."""
+        return plan_batches(self.lengths, batch_size=batch_size, shards=self.shard)
+
+    def members(self, shard: int, rnd: int, index: int, batch_size: int) -> np.ndarray:
+        """Conversations of batch ``index`` of ``shard``'s round ``rnd`` (sorted as run)."""
+        mine = np.flatnonzero(self.shard[rnd] == shard)
+        order = mine[np.argsort(self.lengths[rnd][mine], kind="stable")]
+        return self.conversation[rnd][order[index * batch_size:(index + 1) * batch_size]]
+
+
+def _conversations(source: str | Path, cfg: Any) -> list[list[dict[str, str]]]:
+    """The conversations of ``source``, each ending with an assistant turn to write."""
+    from lengthwise.dflash.chat import normalise
+    from lengthwise.dflash.chat_files import ChatSource
+
+    path = Path(source)
+    if not path.exists():
+        raise DataError(f"{source}: no such file or folder")
+    chats = ChatSource(path, field=cfg.field, split=cfg.split)
+    if len(chats) == 0:
+        raise DataError(f"{source}: no conversations")
+    convs = []
+    for _, where, raw in chats.rows():
+        conv = normalise(raw, where=where, allow_empty_assistant=True)
+        if conv[-1]["role"] != "assistant":
+            conv.append({"role": "assistant", "content": ""})
+        convs.append(conv)
+    return convs
+
+
+def regenerate_prompts(source: str | Path, renderer: Any, cfg: Any, *,
+                       show: bool = True) -> RegeneratePrompts:
+    """The length of every prompt regeneration of ``source`` gives the target (``cfg``: a
+    :class:`~lengthwise.dflash.prepare.PrepareConfig`), rendered with ``renderer``.
+
+    ``show``: a progress bar over the conversations.
+    """
+    from lengthwise.dflash.prepare import _render_or_name
+    from lengthwise.progress import progress
+
+    started = time.perf_counter()
+    convs = _conversations(source, cfg)
+    lengths: list[list[int]] = []
+    conv_of: list[list[int]] = []
+    answered: list[list[int]] = []
+    for i, conv in enumerate(progress(convs, desc="dflash estimate: rendering prompts",
+                                      unit="chat", total=len(convs), enable=show)):
+        turns = [j for j, m in enumerate(conv) if m["role"] == "assistant"]
+        before = 0  # tokens of the data's answers so far
+        for r, j in enumerate(turns):
+            if r == len(lengths):
+                lengths.append([])
+                conv_of.append([])
+                answered.append([])
+            ids = _render_or_name(lambda j=j, conv=conv: renderer.prompt_ids(conv[:j]),
+                                  f"{source} row {i}")
+            lengths[r].append(len(ids))
+            conv_of[r].append(i)
+            answered[r].append(before)
+            before += len(renderer.tokenizer.encode(conv[j]["content"],
+                                                    add_special_tokens=False))
+    conv_arr = [np.asarray(c, dtype=np.int64) for c in conv_of]
+    return RegeneratePrompts(lengths=[np.asarray(x, dtype=np.int64) for x in lengths],
+                             conversation=conv_arr,
+                             shard=[c // cfg.shard_rows for c in conv_arr],
+                             answered=[np.asarray(a, dtype=np.int64) for a in answered],
+                             seconds=time.perf_counter() - started)
+
+
+def timed_batches(plan: GenerateBatches, k: int) -> np.ndarray:
+    """Positions of the ``k`` batches a profile times: spread evenly over the run's batches
+    ordered by width (the narrowest and the widest among them), so that the fit sees what
+    grows with the width.
+
+    Example::
+
+        >>> from lengthwise.dflash.generate_time import plan_batches
+        >>> plan = plan_batches([np.array([5, 90, 7]), np.array([3, 40])], batch_size=1)
+        >>> plan.width.tolist(), timed_batches(plan, 3).tolist()
+        ([5, 7, 90, 3, 40], [1, 2, 3])
+    """
+    if k < 1:
+        raise ConfigError(f"--profile-steps must be at least 1 batch, got {k}")
+    by_width = np.lexsort((plan.rows, plan.width))
+    pick = np.unique(np.linspace(0, plan.batches - 1, min(k, plan.batches)).round()
+                     ).astype(np.int64)
+    return np.sort(by_width[pick])
+
+
+def measure_generate_profile(source: str | Path, target: str | Path, cfg: Any, *,
+                             prompts: RegeneratePrompts, batches: int = PROFILE_BATCHES,
+                             renderer: Any = None) -> GenerateProfile:
+    """Time ``batches`` of the run's own batches of ``prompts`` (after a warm-up of two
+    short prompts) with the target loaded as regeneration loads it, and fit a profile.
+
+    Its start is loading the target plus rendering every prompt (``prompts.seconds``).
+    Prints one line to stderr.
+    """
+    from lengthwise.dflash.regenerate import TurnGenerator
+    from lengthwise.pytorch.dist import launched_world
+
+    if launched_world() is not None:
+        raise ConfigError("--time measures a profile in one process: run the estimate "
+                          "without torchrun, with --world N for the ranks of the run")
+    if renderer is None:
+        renderer = _renderer(target, cfg)
+    plan = prompts.batches(cfg.batch_size)
+    if plan.batches == 0:
+        raise DataError(f"{source}: no assistant turn to write")
+    picked = timed_batches(plan, batches)
+    print(f"lengthwise dflash estimate: timing {picked.size} generate batches of this run on "
+          f"{cfg.device} (of {plan.batches:,}; after a warm-up)", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    gen = TurnGenerator(target, renderer, cfg)
+    if gen.backend != "hf":
+        raise ConfigError("--time prices Hugging Face generate; this machine would regenerate "
+                          f"with {gen.backend}: time it with --backend hf or price it there")
+    loaded = time.perf_counter() - started
+    convs = _conversations(source, cfg)
+    index = _index_in_group(plan)
+    first = _prompts(renderer, convs, prompts.members(int(plan.shard[0]), int(plan.round[0]),
+                                                      0, cfg.batch_size)[:2], 0)
+    from lengthwise.dflash.generate import generate_responses
+
+    generate_responses(gen.model, first, max_new_tokens=2, eos=gen.stops, temperature=0.0,
+                       seed=0, batch_size=2, device=gen.device)  # warm-up
+    rows, width, steps, seconds, responses = [], [], [], [], []
+    for b in picked:
+        k, r = int(plan.shard[b]), int(plan.round[b])
+        batch = _prompts(renderer, convs, prompts.members(k, r, int(index[b]), cfg.batch_size),
+                         r)
+        t0 = time.perf_counter()
+        outs = gen._generate(batch, seed=int(b))
+        seconds.append(time.perf_counter() - t0)
+        lens = [max(1, len(o)) for o in outs]
+        rows.append(len(batch))
+        width.append(max(p.size for p in batch))
+        steps.append(max(lens))
+        responses += lens
+    import torch
+
+    from lengthwise.dflash.time_profile import device_name
+
+    prof = fit_generate_profile(rows, width, steps, seconds,
+                                device=device_name(cfg.device, torch.get_num_threads()),
+                                responses=responses, max_new_tokens=cfg.max_new_tokens,
+                                start_seconds=loaded + prompts.seconds)
+    return dataclasses.replace(prof, fit={**prof.fit, "load_seconds": round(loaded, 3),
+                                          "render_seconds": round(prompts.seconds, 3)})
+
+
+def _index_in_group(plan: GenerateBatches) -> np.ndarray:
+    """Each batch's position within its shard's round."""
+    out = np.zeros(plan.batches, dtype=np.int64)
+    seen: dict[tuple[int, int], int] = {}
+    for b in range(plan.batches):
+        key = (int(plan.shard[b]), int(plan.round[b]))
+        out[b] = seen.get(key, 0)
+        seen[key] = out[b] + 1
+    return out
+
+
+def _prompts(renderer: Any, convs: list[list[dict[str, str]]], members: np.ndarray,
+             rnd: int) -> list[np.ndarray]:
+    """The prompt ids of round ``rnd`` of conversations ``members``."""
+    out = []
+    for i in members:
+        conv = convs[int(i)]
+        j = [t for t, m in enumerate(conv) if m["role"] == "assistant"][rnd]
+        out.append(np.asarray(renderer.prompt_ids(conv[:j]), dtype=np.int64))
+    return out
+
+
+def _renderer(target: str | Path, cfg: Any) -> Any:
+    from lengthwise.dflash.chat import ChatRenderer
+    from lengthwise.dflash.recipe import load_tokenizer
+
+    return ChatRenderer(load_tokenizer(target), enable_thinking=cfg.enable_thinking,
+                        name=f"--target {target}")
+
+
+def estimate_regenerate_time(source: str | Path, target: str | Path, cfg: Any, *,
+                             world: int = 1, profile: GenerateProfile | None = None,
+                             batches: int = PROFILE_BATCHES, show: bool = True,
+                             ) -> tuple[GenerateTime, GenerateProfile, RegeneratePrompts]:
+    """The predicted time of ``dflash prepare --regenerate`` of ``source`` at ``world``
+    ranks: priced by ``profile``, else by one measured here (:func:`measure_generate_profile`).
+    Returns the time, the profile and the prompts priced (later rounds' with the target's
+    answers: :meth:`RegeneratePrompts.with_answers`; their longest sizes the memory
+    estimate)."""
+    renderer = _renderer(target, cfg)
+    prompts = regenerate_prompts(source, renderer, cfg, show=show)
+    if profile is None:
+        profile = measure_generate_profile(source, target, cfg, prompts=prompts,
+                                           batches=batches, renderer=renderer)
+    answered = prompts.with_answers(profile.mean_answer(cfg.max_new_tokens))
+    timing = predict_generate(answered.batches(cfg.batch_size), profile, world=world,
+                              max_new_tokens=cfg.max_new_tokens)
+    return timing, profile, answered
