@@ -92,6 +92,7 @@ def compare_regenerate(target: Path, chats: Path, shape: dict[str, Any],
                        work: Path) -> dict[str, Any]:
     """Predicted and measured seconds of ``dflash prepare --regenerate`` of ``chats``."""
     common = ["--target", str(target), "--device", "cpu", *_flags(shape)]
+    load = [os.getloadavg()[0]]
     started = time.perf_counter()
     est = subprocess.run(mem._lengthwise("dflash", "estimate", "--stage", "regenerate",
                                          "--data", chats, *common, "--time", "--json",
@@ -104,6 +105,7 @@ def compare_regenerate(target: Path, chats: Path, shape: dict[str, Any],
     pred = json.loads(est.stdout)
     out = work / ("regen_" + "_".join(str(v) for v in shape.values()))
     shutil.rmtree(out, ignore_errors=True)  # a rerun would reuse its shards
+    load.append(os.getloadavg()[0])
     started = time.perf_counter()
     subprocess.run(mem._lengthwise("dflash", "prepare", chats, "--out", out, "--regenerate",
                                    "--min-supervised", 1, "--no-progress", *common),
@@ -119,7 +121,8 @@ def compare_regenerate(target: Path, chats: Path, shape: dict[str, Any],
             "predicted_run_s": t["total_seconds"], "measured_run_s": wall,
             "estimate_s": est_s, "timed_batches": prof["fit"]["batches"],
             "fit_error": prof["fit"]["median_relative_error"],
-            "cut_share": t["cut_share"], "written": rec["counts"]["regenerated_turns"],
+            "cut_share": t["cut_share"], "load": max(load),
+            "written": rec["counts"]["regenerated_turns"],
             "unfinished": rec["counts"]["unfinished_turns"]}
 
 
@@ -242,7 +245,10 @@ def main(argv: list[str] | None = None) -> int:
                     "measured: the seconds `dflash prepare --regenerate` spent on its shards "
                     "(`shard_seconds` in `prepare.json`: the generate batches, rendering and "
                     "writing) and the command's wall time; chats: registry user turns, every "
-                    "third with a second question (two rounds); `python "
+                    "third with a second question (two rounds); 1-minute load average "
+                    "before each command at most "
+                    f"{max(r['load'] for _, _, r in regen):.2f} (the benchmark's own "
+                    "previous command included); `python "
                     "benchmarks/time_estimate.py --stage "
                     "regenerate --real-target PATH --wheel WHL --docs`:", "", *lines])
         if args.stage == "regenerate":

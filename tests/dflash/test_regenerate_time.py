@@ -162,6 +162,41 @@ def test_the_estimate_times_batches_and_prints_the_regeneration(chats, tmp_path,
         assert why in capsys.readouterr().err
 
 
+
+def test_a_later_rounds_timed_batch_is_no_wider_than_the_targets_answers_allow(chats, tmp_path,
+                                                                              monkeypatch):
+    """The data's earlier answer (hundreds of tokens) is not what a later round's prompt
+    holds: the target's answer, at most --max-new-tokens. The timed batches hold it cut,
+    and run in a process whose malloc is set as regeneration's."""
+    from lengthwise.dflash import process
+    from lengthwise.dflash.chat import ChatRenderer
+    from lengthwise.dflash.generate_profile import (
+        measure_generate_profile,
+        regenerate_prompts,
+    )
+    from lengthwise.dflash.prepare import PrepareConfig
+    from lengthwise.dflash.recipe import load_tokenizer
+
+    target, _, _ = chats
+    long = " ".join(["the dog ran over the hill and"] * 40)
+    rows = [{"messages": [{"role": "user", "content": f"question {i}"},
+                          {"role": "assistant", "content": long},
+                          {"role": "user", "content": "and then?"}]} for i in range(4)]
+    src = write_jsonl(tmp_path / "long.jsonl", rows)
+    cfg = PrepareConfig(regenerate=True, max_new_tokens=4, batch_size=4, progress=False)
+    renderer = ChatRenderer(load_tokenizer(target))
+    prompts = regenerate_prompts(src, renderer, cfg, show=False)
+    data_width = int(prompts.lengths[1].max())
+    bound = int(prompts.with_answers(cfg.max_new_tokens).lengths[1].max())
+    assert data_width > bound + 100
+    set_as = []
+    monkeypatch.setattr(process, "follow_live_tensors", set_as.append)
+    prof = measure_generate_profile(src, target, cfg, prompts=prompts, batches=2,
+                                    renderer=renderer)
+    assert set_as == ["cpu"]
+    assert max(prof.fit["width"]) <= bound + 1  # + 1: a cut may re-tokenise its last piece
+    assert min(prof.fit["width"]) == int(prompts.lengths[0].max())  # round 0 as it is
+
 @pytest.mark.slow
 def test_the_predicted_regeneration_is_near_its_measured_time(chats, tmp_path):
     """A profile timed on a few of the run's batches predicts ``dflash prepare

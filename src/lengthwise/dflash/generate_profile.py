@@ -8,9 +8,11 @@ own earlier answers, not the data's: :meth:`RegeneratePrompts.with_answers` coun
 the mean length of the target's timed responses in place of the data's answer.
 :func:`measure_generate_profile` loads the target as regeneration does
 (:class:`~lengthwise.dflash.regenerate.TurnGenerator`), runs a few of the run's own
-batches (spread over their widths, from the narrowest to the widest) after a short
-warm-up, and fits a :class:`~lengthwise.dflash.generate_time.GenerateProfile` on their
-seconds and the responses the target wrote. :func:`estimate_regenerate_time` puts them
+batches (spread over their widths, from the narrowest to the widest; a later round's
+with the data's earlier answers cut to ``--max-new-tokens``, as long as the target's can
+be) after a short warm-up, and fits a
+:class:`~lengthwise.dflash.generate_time.GenerateProfile` on their seconds and the
+responses the target wrote. :func:`estimate_regenerate_time` puts them
 together.
 
 Example::
@@ -43,7 +45,7 @@ from lengthwise.dflash.generate_time import (
 )
 from lengthwise.errors import ConfigError, DataError
 
-__all__ = ["PROFILE_BATCHES", "RegeneratePrompts", "estimate_regenerate_time",
+__all__ = ["PROFILE_BATCHES", "RegeneratePrompts", "cut_answers", "estimate_regenerate_time",
            "measure_generate_profile", "regenerate_prompts", "timed_batches"]
 
 #: batches timed for a profile (after a short warm-up): one more than the profile's terms
@@ -116,11 +118,46 @@ def regenerate_prompts(source: str | Path, renderer: Any, cfg: Any, *,
 
     ``show``: a progress bar over the conversations.
     """
+    started = time.perf_counter()
+    prompts = _render_rounds(_conversations(source, cfg), renderer, cfg, where=str(source),
+                             show=show)
+    return dataclasses.replace(prompts, seconds=time.perf_counter() - started)
+
+
+def cut_answers(convs: list[list[dict[str, str]]], tokenizer: Any,
+                cap: int) -> list[list[dict[str, str]]]:
+    """Copies of ``convs`` whose earlier answers (assistant turns a later one follows) hold
+    at most their first ``cap`` tokens: the longest an answer of the target's can be under
+    ``--max-new-tokens cap``, so that a later round's prompt is no longer than the run's can be.
+
+    Example (a tokenizer of words)::
+
+        >>> class Words:
+        ...     def encode(self, text, add_special_tokens=False): return text.split()
+        ...     def decode(self, ids, skip_special_tokens=True): return " ".join(ids)
+        >>> conv = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a b c"},
+        ...         {"role": "user", "content": "more"}, {"role": "assistant", "content": "d e f"}]
+        >>> [m["content"] for m in cut_answers([conv], Words(), 2)[0]]
+        ['hi', 'a b', 'more', 'd e f']
+    """
+    out = []
+    for conv in convs:
+        turns = [j for j, m in enumerate(conv) if m["role"] == "assistant"]
+        copy = [dict(m) for m in conv]
+        for j in turns[:-1]:
+            ids = tokenizer.encode(conv[j]["content"], add_special_tokens=False)
+            if len(ids) > cap:
+                copy[j]["content"] = tokenizer.decode(ids[:cap], skip_special_tokens=True)
+        out.append(copy)
+    return out
+
+
+def _render_rounds(convs: list[list[dict[str, str]]], renderer: Any, cfg: Any, *, where: str,
+                   show: bool) -> RegeneratePrompts:
+    """The prompts of ``convs``, round by round (``seconds`` left at 0)."""
     from lengthwise.dflash.prepare import _render_or_name
     from lengthwise.progress import progress
 
-    started = time.perf_counter()
-    convs = _conversations(source, cfg)
     lengths: list[list[int]] = []
     conv_of: list[list[int]] = []
     answered: list[list[int]] = []
@@ -134,7 +171,7 @@ def regenerate_prompts(source: str | Path, renderer: Any, cfg: Any, *,
                 conv_of.append([])
                 answered.append([])
             ids = _render_or_name(lambda j=j, conv=conv: renderer.prompt_ids(conv[:j]),
-                                  f"{source} row {i}")
+                                  f"{where} row {i}")
             lengths[r].append(len(ids))
             conv_of[r].append(i)
             answered[r].append(before)
@@ -145,7 +182,7 @@ def regenerate_prompts(source: str | Path, renderer: Any, cfg: Any, *,
                              conversation=conv_arr,
                              shard=[c // cfg.shard_rows for c in conv_arr],
                              answered=[np.asarray(a, dtype=np.int64) for a in answered],
-                             seconds=time.perf_counter() - started)
+                             seconds=0.0)
 
 
 def timed_batches(plan: GenerateBatches, k: int) -> np.ndarray:
@@ -171,11 +208,15 @@ def timed_batches(plan: GenerateBatches, k: int) -> np.ndarray:
 def measure_generate_profile(source: str | Path, target: str | Path, cfg: Any, *,
                              prompts: RegeneratePrompts, batches: int = PROFILE_BATCHES,
                              renderer: Any = None) -> GenerateProfile:
-    """Time ``batches`` of the run's own batches of ``prompts`` (after a warm-up of two
-    short prompts) with the target loaded as regeneration loads it, and fit a profile.
+    """Time ``batches`` of the run's own batches (after a warm-up of two short prompts) with
+    the target loaded as regeneration loads it, and fit a profile.
 
-    Its start is loading the target plus rendering every prompt (``prompts.seconds``).
-    Prints one line to stderr.
+    A later round's timed prompts hold the data's earlier answers cut to ``--max-new-tokens``
+    (:func:`cut_answers`): the target's are not written yet, and no longer than that, so no
+    timed batch is wider than the run's can be. On CPU the process first gives large freed
+    buffers back as regeneration's does (:func:`~lengthwise.dflash.process.follow_live_tensors`),
+    which costs time. Its start is loading the target plus rendering every prompt
+    (``prompts.seconds``). Prints one line to stderr.
     """
     from lengthwise.dflash.regenerate import TurnGenerator
     from lengthwise.pytorch.dist import launched_world
@@ -185,21 +226,25 @@ def measure_generate_profile(source: str | Path, target: str | Path, cfg: Any, *
                           "without torchrun, with --world N for the ranks of the run")
     if renderer is None:
         renderer = _renderer(target, cfg)
-    plan = prompts.batches(cfg.batch_size)
+    convs = cut_answers(_conversations(source, cfg), renderer.tokenizer, cfg.max_new_tokens)
+    timed = _render_rounds(convs, renderer, cfg, where=str(source), show=False)
+    plan = timed.batches(cfg.batch_size)
     if plan.batches == 0:
         raise DataError(f"{source}: no assistant turn to write")
     picked = timed_batches(plan, batches)
     print(f"lengthwise dflash estimate: timing {picked.size} generate batches of this run on "
           f"{cfg.device} (of {plan.batches:,}; after a warm-up)", file=sys.stderr, flush=True)
+    from lengthwise.dflash.process import follow_live_tensors
+
+    follow_live_tensors(cfg.device)  # as dflash prepare --regenerate runs: its malloc's cost
     started = time.perf_counter()
     gen = TurnGenerator(target, renderer, cfg)
     if gen.backend != "hf":
         raise ConfigError("--time prices Hugging Face generate; this machine would regenerate "
                           f"with {gen.backend}: time it with --backend hf or price it there")
     loaded = time.perf_counter() - started
-    convs = _conversations(source, cfg)
     index = _index_in_group(plan)
-    first = _prompts(renderer, convs, prompts.members(int(plan.shard[0]), int(plan.round[0]),
+    first = _prompts(renderer, convs, timed.members(int(plan.shard[0]), int(plan.round[0]),
                                                       0, cfg.batch_size)[:2], 0)
     from lengthwise.dflash.generate import generate_responses
 
@@ -208,8 +253,7 @@ def measure_generate_profile(source: str | Path, target: str | Path, cfg: Any, *
     rows, width, steps, seconds, responses = [], [], [], [], []
     for b in picked:
         k, r = int(plan.shard[b]), int(plan.round[b])
-        batch = _prompts(renderer, convs, prompts.members(k, r, int(index[b]), cfg.batch_size),
-                         r)
+        batch = _prompts(renderer, convs, timed.members(k, r, int(index[b]), cfg.batch_size), r)
         t0 = time.perf_counter()
         outs = gen._generate(batch, seed=int(b))
         seconds.append(time.perf_counter() - t0)

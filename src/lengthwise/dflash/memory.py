@@ -67,7 +67,8 @@ from torch.utils._pytree import tree_flatten
 from lengthwise.errors import ConfigError
 
 __all__ = ["DEVICE_MEMORY", "MAX_LAYERS", "MAX_STEP_SIZE", "MemoryEstimate", "check_target_fields",
-           "estimate_step", "memory_size", "read_target_config", "step_blocks", "step_shape"]
+           "estimate_step", "fits_line", "memory_size", "read_target_config", "step_blocks",
+           "step_shape"]
 
 GIB = 2**30
 #: memory of named devices as ``nvidia-smi`` reports it (MiB)
@@ -239,11 +240,25 @@ class MemoryEstimate:
                 lines.append(f"  {name:<13} {self.parts[name] / GIB:8.2f} GiB")
         lines[-1] += f" at the peak; {self.logits_high / GIB:.2f} GiB at most during the step"
         if device_bytes is not None:
-            left = device_bytes - reserve - self.peak
-            verdict = "fits" if left >= 0 else "does NOT fit"
-            lines.append(f"{verdict} in {device_bytes / GIB:.1f} GiB (with {reserve / GIB:.1f} "
-                         f"GiB for the CUDA context): {left / GIB:+.1f} GiB to spare")
+            lines.append(fits_line(self.peak, device_bytes, reserve=reserve))
         return "\n".join(lines)
+
+
+def fits_line(peak: int, device_bytes: int, *, reserve: int = GIB) -> str:
+    """Whether a ``peak`` of bytes fits ``device_bytes`` with ``reserve`` set aside (the CUDA
+    context's; 0 on CPU), in one line.
+
+    Example::
+
+        >>> fits_line(3 * GIB, 8 * GIB)
+        'fits in 8.0 GiB (with 1.0 GiB for the CUDA context): +4.0 GiB to spare'
+        >>> fits_line(3 * GIB, 2 * GIB, reserve=0)
+        'does NOT fit in 2.0 GiB: -1.0 GiB to spare'
+    """
+    left = device_bytes - reserve - peak
+    verdict = "fits" if left >= 0 else "does NOT fit"
+    context = f" (with {reserve / GIB:.1f} GiB for the CUDA context)" if reserve else ""
+    return f"{verdict} in {device_bytes / GIB:.1f} GiB{context}: {left / GIB:+.1f} GiB to spare"
 
 
 class _Tracker(TorchDispatchMode):

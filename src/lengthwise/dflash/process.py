@@ -11,7 +11,7 @@ threshold to the size of the last large buffer freed (up to 32 MiB), after which
 torch's freed activations stay in the heap: a CPU training step on a 135M target
 then held about 0.2 GiB more resident memory than it had live. The DFlash stages
 call it on CPU, so the resident set follows the live tensors, as the estimate counts
-them.
+them (:func:`follow_live_tensors`).
 
 :func:`command_peak` runs a command and reads the peak resident memory of its own
 process. A child's ``ru_maxrss`` from ``wait4`` alone would not do: Linux carries the
@@ -35,7 +35,8 @@ import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 
-__all__ = ["MMAP_THRESHOLD", "command_peak", "resident_bytes", "return_freed_memory"]
+__all__ = ["MMAP_THRESHOLD", "command_peak", "follow_live_tensors", "resident_bytes",
+           "return_freed_memory"]
 
 #: buffers of at least this many bytes get their own mapping, unmapped when freed
 MMAP_THRESHOLD = 64 * 2**10
@@ -78,6 +79,18 @@ def return_freed_memory() -> bool:
         return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
     except (OSError, AttributeError):  # musl and others: no mallopt
         return False
+
+
+def follow_live_tensors(device: object) -> bool:
+    """On CPU, :func:`return_freed_memory` (the stages' resident set then follows their live
+    tensors, as the estimate counts them); on another device nothing. Returns whether set.
+
+    Example::
+
+        >>> follow_live_tensors("cuda:0")
+        False
+    """
+    return str(device).split(":")[0] == "cpu" and return_freed_memory()
 
 
 def command_peak(argv: Sequence[str], *, env: Mapping[str, str] | None = None,

@@ -415,11 +415,10 @@ def _print(est: Any, opts: dict[str, Any], size: int | None, timing: Any = None)
             if est.step is not None:
                 lines.append(est.step.render())
             if size is not None:
-                reserve = GIB if est.device == "cuda" else 0
-                left = size - reserve - est.peak
-                lines.append(f"{'fits' if left >= 0 else 'does NOT fit'} in {size / GIB:.1f} "
-                             f"GiB" + (f" (with {reserve / GIB:.1f} GiB for the CUDA context)"
-                                       if reserve else "") + f": {left / GIB:+.1f} GiB to spare")
+                from lengthwise.dflash.memory import fits_line
+
+                lines.append(fits_line(est.peak, size,
+                                       reserve=GIB if est.device == "cuda" else 0))
             print("\n".join([*lines, *_time_lines(timing)]))
     return 0 if fits else 1
 

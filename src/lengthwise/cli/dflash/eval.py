@@ -118,10 +118,9 @@ def run(args: argparse.Namespace) -> int:
     files = args.prompts or [str(bundled_prompts())]
     sets = {Path(f).stem: read_prompt_file(f) for f in files}  # bad files fail before loading
     device = torch.device(args.device)
-    if device.type == "cpu":  # the resident set follows the live tensors
-        from lengthwise.dflash.process import return_freed_memory
+    from lengthwise.dflash.process import follow_live_tensors
 
-        return_freed_memory()
+    follow_live_tensors(device.type)
     draft, named = open_draft(args.draft)
     tokenizer = load_tokenizer(args.target)
     check_draft_tokenizer(draft.config, tokenizer, draft=args.draft, target=args.target)

@@ -80,10 +80,10 @@ def run(args: argparse.Namespace) -> int:
             device=args.device, dtype=args.dtype, progress=args.progress)
     except ConfigError as exc:  # the setting's name as the option that gives it
         raise ConfigError(_as_option(str(exc), vars(args))) from None
-    if cfg.regenerate and str(cfg.device) == "cpu":  # the resident set follows live tensors
-        from lengthwise.dflash.process import return_freed_memory
+    if cfg.regenerate:
+        from lengthwise.dflash.process import follow_live_tensors
 
-        return_freed_memory()
+        follow_live_tensors(cfg.device)
     group = setup_distributed(cfg.device)  # under torchrun: the shards split over the ranks
     rec = prepare_chats(args.source, args.target, args.out, cfg, info=group)
     if rank_world(group)[0] != 0:

@@ -80,10 +80,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"{', '.join('--' + k.replace('_', '-') for k in stray)}: read "
                           "with --estimate only")
     cfg, run_settings, progress = settings(given)
-    if str(cfg.device) == "cpu":  # the resident set follows the live tensors
-        from lengthwise.dflash.process import return_freed_memory
+    from lengthwise.dflash.process import follow_live_tensors
 
-        return_freed_memory()
+    follow_live_tensors(cfg.device)
     summary = train_draft(cfg, run_settings, progress=progress)
     if summary:
         print(json.dumps(summary, indent=2))
