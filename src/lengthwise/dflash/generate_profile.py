@@ -118,10 +118,36 @@ def regenerate_prompts(source: str | Path, renderer: Any, cfg: Any, *,
 
     ``show``: a progress bar over the conversations.
     """
+    from lengthwise.dflash.prepare import _render_or_name
+    from lengthwise.progress import progress
+
     started = time.perf_counter()
-    prompts = _render_rounds(_conversations(source, cfg), renderer, cfg, where=str(source),
-                             show=show)
-    return dataclasses.replace(prompts, seconds=time.perf_counter() - started)
+    convs = _conversations(source, cfg)
+    lengths: list[list[int]] = []
+    conv_of: list[list[int]] = []
+    answered: list[list[int]] = []
+    for i, conv in enumerate(progress(convs, desc="dflash estimate: rendering prompts",
+                                      unit="chat", total=len(convs), enable=show)):
+        turns = [j for j, m in enumerate(conv) if m["role"] == "assistant"]
+        before = 0  # tokens of the data's answers so far
+        for r, j in enumerate(turns):
+            if r == len(lengths):
+                lengths.append([])
+                conv_of.append([])
+                answered.append([])
+            ids = _render_or_name(lambda j=j, conv=conv: renderer.prompt_ids(conv[:j]),
+                                  f"{source} row {i}")
+            lengths[r].append(len(ids))
+            conv_of[r].append(i)
+            answered[r].append(before)
+            before += len(renderer.tokenizer.encode(conv[j]["content"],
+                                                    add_special_tokens=False))
+    conv_arr = [np.asarray(c, dtype=np.int64) for c in conv_of]
+    return RegeneratePrompts(lengths=[np.asarray(x, dtype=np.int64) for x in lengths],
+                             conversation=conv_arr,
+                             shard=[c // cfg.shard_rows for c in conv_arr],
+                             answered=[np.asarray(a, dtype=np.int64) for a in answered],
+                             seconds=time.perf_counter() - started)
 
 
 def cut_answers(convs: list[list[dict[str, str]]], tokenizer: Any,
@@ -150,39 +176,6 @@ def cut_answers(convs: list[list[dict[str, str]]], tokenizer: Any,
                 copy[j]["content"] = tokenizer.decode(ids[:cap], skip_special_tokens=True)
         out.append(copy)
     return out
-
-
-def _render_rounds(convs: list[list[dict[str, str]]], renderer: Any, cfg: Any, *, where: str,
-                   show: bool) -> RegeneratePrompts:
-    """The prompts of ``convs``, round by round (``seconds`` left at 0)."""
-    from lengthwise.dflash.prepare import _render_or_name
-    from lengthwise.progress import progress
-
-    lengths: list[list[int]] = []
-    conv_of: list[list[int]] = []
-    answered: list[list[int]] = []
-    for i, conv in enumerate(progress(convs, desc="dflash estimate: rendering prompts",
-                                      unit="chat", total=len(convs), enable=show)):
-        turns = [j for j, m in enumerate(conv) if m["role"] == "assistant"]
-        before = 0  # tokens of the data's answers so far
-        for r, j in enumerate(turns):
-            if r == len(lengths):
-                lengths.append([])
-                conv_of.append([])
-                answered.append([])
-            ids = _render_or_name(lambda j=j, conv=conv: renderer.prompt_ids(conv[:j]),
-                                  f"{where} row {i}")
-            lengths[r].append(len(ids))
-            conv_of[r].append(i)
-            answered[r].append(before)
-            before += len(renderer.tokenizer.encode(conv[j]["content"],
-                                                    add_special_tokens=False))
-    conv_arr = [np.asarray(c, dtype=np.int64) for c in conv_of]
-    return RegeneratePrompts(lengths=[np.asarray(x, dtype=np.int64) for x in lengths],
-                             conversation=conv_arr,
-                             shard=[c // cfg.shard_rows for c in conv_arr],
-                             answered=[np.asarray(a, dtype=np.int64) for a in answered],
-                             seconds=0.0)
 
 
 def timed_batches(plan: GenerateBatches, k: int) -> np.ndarray:
@@ -226,8 +219,10 @@ def measure_generate_profile(source: str | Path, target: str | Path, cfg: Any, *
                           "without torchrun, with --world N for the ranks of the run")
     if renderer is None:
         renderer = _renderer(target, cfg)
-    convs = cut_answers(_conversations(source, cfg), renderer.tokenizer, cfg.max_new_tokens)
-    timed = _render_rounds(convs, renderer, cfg, where=str(source), show=False)
+    data = _conversations(source, cfg)
+    convs = cut_answers(data, renderer.tokenizer, cfg.max_new_tokens)
+    timed = _rerendered(prompts, convs, renderer,
+                        [i for i, (a, b) in enumerate(zip(data, convs, strict=True)) if a != b])
     plan = timed.batches(cfg.batch_size)
     if plan.batches == 0:
         raise DataError(f"{source}: no assistant turn to write")
@@ -272,6 +267,19 @@ def measure_generate_profile(source: str | Path, target: str | Path, cfg: Any, *
                                 start_seconds=loaded + prompts.seconds)
     return dataclasses.replace(prof, fit={**prof.fit, "load_seconds": round(loaded, 3),
                                           "render_seconds": round(prompts.seconds, 3)})
+
+
+def _rerendered(prompts: RegeneratePrompts, convs: list[list[dict[str, str]]], renderer: Any,
+                changed: list[int]) -> RegeneratePrompts:
+    """``prompts`` with the later rounds' lengths of conversations ``changed`` rendered again
+    from ``convs`` (the others', and every first round's, are as they were)."""
+    lengths = [x.copy() for x in prompts.lengths]
+    for i in changed:
+        turns = [j for j, m in enumerate(convs[i]) if m["role"] == "assistant"]
+        for r, j in enumerate(turns[1:], start=1):
+            at = int(np.searchsorted(prompts.conversation[r], i))  # conversations ascend
+            lengths[r][at] = len(renderer.prompt_ids(convs[i][:j]))
+    return dataclasses.replace(prompts, lengths=lengths)
 
 
 def _index_in_group(plan: GenerateBatches) -> np.ndarray:
