@@ -431,8 +431,7 @@ def run(scale_name: str, work: Path, wheel: Path) -> dict[str, Any]:
     t = time.perf_counter()
     export = work / "export"
     cli("dflash", "export", runs, export, "--target", target, "--overwrite")
-    ref = reference_check(target, export, work / "heldout_chats.jsonl",
-                          scale.get("reference_tokens", scale["eval_tokens"]))
+    ref = reference_check(target, export, work / "heldout_chats.jsonl", _reference_tokens(scale))
     times["export_s"] = time.perf_counter() - t
     t = time.perf_counter()
     final = evaluate(target, export, [work / "heldout_chats.jsonl", work / "humaneval.jsonl"],
@@ -577,6 +576,11 @@ def verdict(res: dict[str, Any]) -> str:
     return text
 
 
+def _reference_tokens(settings: dict[str, Any]) -> int:
+    """New tokens of the reference package's decoding check (the eval's unless set apart)."""
+    return settings.get("reference_tokens", settings["eval_tokens"])
+
+
 def _layers(settings: dict[str, Any]) -> str:
     """``1 layer`` or ``2 layers``."""
     n = settings["draft_layers"]
@@ -592,7 +596,7 @@ def caption(res: dict[str, Any], scale_note: bool = True) -> str:
                 f"{len(ref['missing_keys'])} missing and {len(ref['unexpected_keys'])} "
                 f"unexpected weights ({ref['parameters']:,} parameters), and its own greedy "
                 f"speculative decoding of {ref['prompts_decoded']} held-out prompts (at most "
-                f"{s.get('reference_tokens', s['eval_tokens'])} new tokens each) "
+                f"{_reference_tokens(s)} new tokens each) "
                 + ("equals" if ref["equal_to_greedy"] else "DIFFERS from")
                 + " the target's greedy output")
     tm = res["times"]
