@@ -80,3 +80,32 @@ def test_a_logger_rolls_its_open_file_back_and_goes_on_appending(tmp_path):
     assert [(r.get("event"), r["step"]) for r in rows] == [
         (None, 1), (None, 2), (None, 3), ("resume", 3), (None, 4), (None, 5)]
     assert [r["loss"] for r in rows if "event" not in r] == [1.0, 1.0, 1.0, 2.0, 2.0]
+
+
+def test_a_log_that_is_a_link_stays_one_and_its_file_is_rolled_back(tmp_path):
+    real = tmp_path / "elsewhere" / "log.jsonl"
+    real.parent.mkdir()
+    real.write_text("".join(_line("record", s) + "\n" for s in range(1, 7)), encoding="utf-8")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "train_log.jsonl").symlink_to(real)
+    with StepLogger(run / "train_log.jsonl") as log:
+        assert log.roll_back(4).lines == 2
+        log.step(5, loss=2.0)
+    assert (run / "train_log.jsonl").is_symlink()
+    assert [json.loads(x)["step"] for x in real.read_text().splitlines()] == [1, 2, 3, 4, 5]
+    side = rolled_back_path(run / "train_log.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in side] == [4, 5, 6]  # the rolled_back line, 5, 6
+
+
+def test_steps_written_as_floats_are_rolled_back_as_the_numbers_they_are(tmp_path):
+    log = tmp_path / "train_log.jsonl"
+    rows = [{"step": 3}, {"step": 4}, {"event": "checkpoint_written", "step": 4},
+            {"step": 5.0}, {"step": 6.0}, {"step": 6.5}]
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    assert roll_back(log, 4).lines == 3
+    assert [json.loads(x)["step"] for x in log.read_text().splitlines()] == [3, 4, 4]
+    rows[1]["step"] = 4.0  # the last record at the step, a float too
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    assert roll_back(log, 5).lines == 2
+    assert [json.loads(x)["step"] for x in log.read_text().splitlines()] == [3, 4.0, 4, 5.0]

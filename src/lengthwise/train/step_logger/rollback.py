@@ -7,9 +7,11 @@ lines to the side file :func:`rolled_back_path` (``NAME.rolled_back.jsonl``)
 after a ``rolled_back`` line naming the step, so that readers of the log (pandas,
 a W&B import, ``lengthwise doctor``) see every step once and nothing is lost. A
 line is past the step when its ``key`` (``step``; ``optimizer_step`` in the
-micro-batch log) is a larger integer; a line that is not JSON (the half-written
-last line of a run that was killed) goes to the side file too. Only the end of
-the log is read: from its last step record at or before the step on.
+micro-batch log) is a larger number (``5.0``, as another tool may write it, is
+step 5); a line that is not JSON (the half-written last line of a run that was
+killed) goes to the side file too. Only the end of the log is read: from its last
+step record at or before the step on. A log that is a symbolic link keeps it: the
+file it points to is rewritten, and the side file is written beside the link.
 
 Example::
 
@@ -25,6 +27,7 @@ Example::
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -34,7 +37,7 @@ from typing import IO, Any
 
 from lengthwise.atomic import atomic_open
 
-__all__ = ["ROLLED_BACK_EVENT", "RolledBack", "roll_back", "rolled_back_path"]
+__all__ = ["ROLLED_BACK_EVENT", "RolledBack", "log_files", "roll_back", "rolled_back_path"]
 
 #: the event that opens each batch of lines in the side file
 ROLLED_BACK_EVENT = "rolled_back"
@@ -62,6 +65,21 @@ def rolled_back_path(path: str | os.PathLike[str]) -> Path:
     return path.with_name(path.name.removesuffix(".jsonl") + ".rolled_back.jsonl")
 
 
+def log_files(path: str | os.PathLike[str]) -> list[Path]:
+    """The log ``path`` and its side file, those of them that exist and hold something.
+
+    Example::
+
+        >>> import tempfile
+        >>> log = Path(tempfile.mkdtemp()) / "train_log.jsonl"
+        >>> _ = log.write_text('{"step": 1}\\n')
+        >>> [p.name for p in log_files(log)]
+        ['train_log.jsonl']
+    """
+    return [p for p in (Path(path), rolled_back_path(path))
+            if p.exists() and (not p.is_file() or p.stat().st_size > 0)]
+
+
 def roll_back(path: str | os.PathLike[str], step: int, *, key: str = "step") -> RolledBack:
     """Move the lines of the log ``path`` past ``step`` (by their ``key``) to the side file.
 
@@ -86,7 +104,7 @@ def roll_back(path: str | os.PathLike[str], step: int, *, key: str = "step") -> 
         if moved:
             _append_side(side, moved, step, path)
         handle.seek(0)
-        with atomic_open(path, "wb") as out:
+        with atomic_open(os.path.realpath(path), "wb") as out:  # a link stays a link
             for block in _blocks(handle, cut):
                 out.write(block)
             out.writelines(line + b"\n" for line, p in zip(tail, past, strict=True) if not p)
@@ -97,8 +115,8 @@ def _tail_start(handle: IO[bytes], size: int, step: int, key: str) -> int:
     """The offset just after the log's last step record at or before ``step`` (0 if none)."""
     for offset, line in _reversed_lines(handle, size):
         row = _row(line)
-        value = None if row is None or "event" in row else row.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value <= step:
+        value = None if row is None or "event" in row else _step(row, key)
+        if value is not None and value <= step:
             return min(size, offset + len(line) + 1)
     return 0
 
@@ -137,8 +155,16 @@ def _past(line: bytes, step: int, key: str) -> bool:
     row = _row(line)
     if row is None:
         return True
+    value = _step(row, key)
+    return value is not None and value > step
+
+
+def _step(row: dict[str, Any], key: str) -> float | None:
+    """The row's ``key`` as a number (an integer, or a float such as ``5.0``), else ``None``."""
     value = row.get(key)
-    return isinstance(value, int) and not isinstance(value, bool) and value > step
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value if math.isfinite(value) else None
 
 
 def _ends_with_newline(handle: IO[bytes], size: int) -> bool:
