@@ -3,9 +3,10 @@
 Python's ``json`` writes ``NaN`` and ``Infinity`` by default, which ``jq``,
 JavaScript and most JSON readers refuse. Every JSON-lines file lengthwise writes
 (the step log and micro-batch log of :class:`~lengthwise.train.StepLogger`,
-simulated logs) goes through :func:`finite_json_line`: such a number becomes
-``null``, and the line gets a ``non_finite`` field naming each one with its value,
-so nothing is lost and the line stays JSON.
+simulated logs) goes through :func:`finite_json_line`, and the JSON summaries the
+commands print (``dflash train``, ``demo --json``) through :func:`finite_json_text`:
+such a number becomes ``null``, and the record gets a ``non_finite`` field naming
+each one with its value, so nothing is lost and the text stays JSON.
 
 Example::
 
@@ -20,7 +21,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["NON_FINITE", "finite_json_line", "finite_record"]
+__all__ = ["NON_FINITE", "finite_json_line", "finite_json_text", "finite_record"]
 
 #: the field that names the numbers written as ``null`` because they were not finite
 NON_FINITE = "non_finite"
@@ -69,7 +70,27 @@ def finite_json_line(rec: dict[str, Any], default: Callable[[Any], Any] | None =
         >>> finite_json_line({"lr": 1e-3, "grad_norm": float("inf")})
         '{"lr": 0.001, "grad_norm": null, "non_finite": {"grad_norm": "inf"}}'
     """
+    return finite_json_text(rec, default)
+
+
+def finite_json_text(rec: dict[str, Any], default: Callable[[Any], Any] | None = None, *,
+                     indent: int | None = None) -> str:
+    """``rec`` as standard JSON text, indented as :func:`json.dumps` indents (``indent``).
+
+    NaN and infinity are written as in :func:`finite_json_line`: ``null``, named in
+    ``non_finite``. For summaries printed by a command.
+
+    Example::
+
+        >>> print(finite_json_text({"loss": float("nan")}, indent=1))
+        {
+         "loss": null,
+         "non_finite": {
+          "loss": "nan"
+         }
+        }
+    """
     try:
-        return json.dumps(rec, default=default, allow_nan=False)
+        return json.dumps(rec, default=default, indent=indent, allow_nan=False)
     except ValueError:  # a NaN or infinity (a circular value fails again below)
-        return json.dumps(finite_record(rec, default), allow_nan=False)
+        return json.dumps(finite_record(rec, default), indent=indent, allow_nan=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 
 import pytest
 from _cli import TINY_TRAIN
@@ -64,6 +65,56 @@ def test_an_earlier_run_is_refused_without_resume_and_removed_with_overwrite(
 
     loaded = load_draft(run).state_dict()
     assert all(torch.equal(loaded[k], new[k]) for k in new)
+
+
+def test_a_resume_with_no_checkpoint_is_refused_and_keeps_the_earlier_run(tiny_prepared,
+                                                                           tmp_path, capsys):
+    target, data = tiny_prepared
+    run = tmp_path / "run"
+    assert _train(target, data, run, "--steps", "2", "--checkpoint-every", "0") == 0
+    (run / "train_log.rolled_back.jsonl").write_text('{"event": "rolled_back", "step": 1}\n')
+
+    def files():
+        return {p.relative_to(run): p.read_bytes() for p in run.rglob("*")
+                if p.is_file() and p.name != "writer.lock"}
+
+    before = files()
+    capsys.readouterr()
+    assert _train(target, data, run, "--steps", "4", "--resume") == 2
+    line = _one_line(capsys)
+    assert f"--resume: no complete checkpoint under {run / 'checkpoints'} to resume from" in line
+    assert ("holds an earlier run (a final draft, train_log.jsonl, "
+            "train_log.rolled_back.jsonl): give --overwrite") in line
+    assert files() == before  # the final draft, the log and its side file as they were
+    shutil.rmtree(run / "final")  # a log alone is an earlier run too
+    (run / "train_log.rolled_back.jsonl").unlink()
+    assert _train(target, data, run, "--steps", "4", "--resume") == 2
+    assert "holds an earlier run (train_log.jsonl)" in _one_line(capsys)
+    fresh = tmp_path / "fresh"  # nothing there: the resume starts the run
+    assert _train(target, data, fresh, "--steps", "2", "--resume") == 0
+    assert "resume: no checkpoint under" in capsys.readouterr().err
+    assert [r["step"] for r in _steps(fresh)] == [1, 2]
+
+
+def test_a_run_whose_loss_turns_nan_says_so_and_prints_standard_json(tiny_prepared, tmp_path,
+                                                                     capsys):
+    target, data = tiny_prepared
+    run = tmp_path / "run"
+    # a learning rate so large that the first update overflows the draft's weights
+    assert _train(target, data, run, "--steps", "3", "--lr", "1e30", "--checkpoint-every",
+                  "0") == 0
+    out, err = capsys.readouterr()
+
+    def refuse(constant):
+        raise AssertionError(f"not standard JSON: {constant}")
+
+    summary = json.loads(out, parse_constant=refuse)
+    assert summary["loss"] is None and summary["non_finite"] == {"loss": "nan"}
+    assert summary["non_finite_loss_steps"] == 2
+    (warning,) = [line for line in err.splitlines() if "warning" in line]
+    assert "the loss was NaN or infinite at 2 of 3 steps (the first: step 2" in warning
+    assert "their updates skipped" in warning and "check --lr" in warning
+    assert [r["skip_reason"] for r in _steps(run)[1:]] == ["non_finite_loss"] * 2
 
 
 def test_a_second_train_or_prepare_into_a_held_folder_stops_before_touching_it(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from _chat_tiny import save_target
-from _cli import lengthwise
+from _cli import TINY_TRAIN, lengthwise
 
 from lengthwise.cli.dflash.train import settings
 from lengthwise.errors import ConfigError
@@ -51,7 +51,7 @@ def test_epochs_set_the_steps_from_the_plan(prepared):
     assert _with_epochs(cfg, run, lengths, 0, 1).steps == 2 * (batches // 2)
     with pytest.raises(ConfigError, match="not both"):
         settings({"target": str(target), "data": str(data), "epochs": 2.0, "steps": 3})
-    with pytest.raises(ConfigError, match="epochs must be > 0"):
+    with pytest.raises(ConfigError, match="epochs must be a finite number > 0"):
         RunSettings(target="t", data="d", epochs=0)
 
 
@@ -84,6 +84,39 @@ def test_a_yaml_value_of_the_wrong_type_is_named(prepared, tmp_path, line, messa
     (tmp_path / "run.yaml").write_text(f"target: {target}\ndata: {data}\n{line}\n")
     with pytest.raises(ConfigError, match=r"--config .*run\.yaml: " + re.escape(message)):
         settings({"config": str(tmp_path / "run.yaml")})
+
+
+@pytest.mark.parametrize(("given", "yaml", "message"), [
+    ({"lr": float("inf")}, "", "lr must be a finite number > 0, got inf"),
+    ({}, "lr: .inf", "lr must be a finite number > 0, got inf"),
+    ({"lr": float("nan")}, "", "lr must be a finite number > 0, got nan"),
+    ({"weight_decay": float("inf")}, "", "weight_decay must be a finite number >= 0, got inf"),
+    ({}, "weight_decay: -.inf", "weight_decay must be a finite number >= 0, got -inf"),
+    ({"weight_decay": -0.1}, "", "weight_decay must be a finite number >= 0, got -0.1"),
+    ({}, "epochs: .inf", "epochs must be a finite number > 0, got inf"),
+    ({"gamma": float("inf")}, "", "gamma must be a finite number > 0"),
+    ({}, "warmup_ratio: .inf", "warmup_ratio must lie in [0, 1), got inf"),
+    ({"clip": float("nan")}, "", "clip must be > 0"),
+])
+def test_a_float_setting_that_is_not_finite_is_named_from_flags_and_yaml(prepared, tmp_path,
+                                                                        given, yaml, message):
+    target, data = prepared
+    (tmp_path / "run.yaml").write_text(f"target: {target}\ndata: {data}\n{yaml}\n")
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        settings({"config": str(tmp_path / "run.yaml"), **given})
+
+
+def test_an_infinite_learning_rate_on_the_command_line_stops_before_training(prepared, tmp_path,
+                                                                             capsys):
+    from lengthwise.cli import main
+
+    target, data = prepared
+    out = tmp_path / "run"
+    assert main(["dflash", "train", "--target", str(target), "--data", str(data), "--out",
+                 str(out), *TINY_TRAIN, "--steps", "2", "--lr", "inf"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "lr must be a finite number > 0, got inf" in line
+    assert not out.exists()
 
 
 def test_yaml_switches_take_true_or_false(prepared, tmp_path):

@@ -164,3 +164,18 @@ def test_a_step_log_state_that_is_not_one_is_refused_by_name(change, named):
         with pytest.raises(ConfigError, match=named):
             log.load_state_dict(state)
         assert log.skipped_total == 0 and log.steps_logged == 1  # nothing changed
+
+
+def test_a_resume_with_no_checkpoint_keeps_an_earlier_log_and_says_what_to_do(tmp_path):
+    from lengthwise.errors import ConfigError
+
+    _train(_loop(tmp_path), steps=5)  # stopped before the first checkpoint (step 8)
+    before = {p.name: p.read_bytes() for p in tmp_path.glob("*.jsonl")}
+    with pytest.raises(ConfigError, match=r"resume: no checkpoint under .*checkpoints to resume "
+                                          r"from, .* train_log\.jsonl, micro_log\.jsonl: "
+                                          r"train without resume to start over"):
+        _loop(tmp_path, resume=True)
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("*.jsonl")} == before
+    fresh = _loop(tmp_path / "new", resume=True)  # an empty folder: nothing to lose, step 0
+    _train(fresh, steps=1)
+    assert fresh.resumed_from is None and fresh.step_count == 1

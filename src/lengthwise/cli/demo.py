@@ -248,9 +248,9 @@ def run(args: argparse.Namespace) -> int:
     if not is_main():
         return 0
     if args.json:
-        import json
+        from lengthwise.finite_json import finite_json_text
 
-        print(json.dumps(summary, indent=2))
+        print(finite_json_text(summary, indent=2))
     else:
         print(text(summary))
     sys.stdout.flush()

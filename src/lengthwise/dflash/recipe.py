@@ -67,7 +67,7 @@ class RunSettings:
 
     def __post_init__(self) -> None:
         from lengthwise.planning.vocabulary import ORDERS
-        from lengthwise.train.config import PACKED
+        from lengthwise.train.config import PACKED, check_finite
 
         if self.order not in (*ORDERS, PACKED):
             raise ConfigError(f"order must be one of {', '.join((*ORDERS, PACKED))}, "
@@ -76,9 +76,8 @@ class RunSettings:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
-        if self.epochs is not None and not (isinstance(self.epochs, (int, float))
-                                            and self.epochs > 0):
-            raise ConfigError(f"epochs must be > 0, got {self.epochs!r}")
+        if self.epochs is not None:
+            check_finite(self, "epochs", positive=True)
         if self.eval_anchors is not None and (not isinstance(self.eval_anchors, int)
                                               or self.eval_anchors < 1):
             raise ConfigError(f"eval_anchors must be a positive integer, got "
@@ -451,6 +450,12 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
                     fh.write(json.dumps({"step": loop.step_count}) + "\n")
     finally:
         loop.close()
+    if loop.non_finite_steps:
+        say(group, f"lengthwise dflash train: warning: the loss was NaN or infinite at "
+                   f"{loop.non_finite_steps} of {len(records)} steps (the first: step "
+                   f"{loop.first_non_finite}; {loop.log_path.name} writes it null)"
+                   + (", their updates skipped" if loop.guard is not None else "")
+                   + ": check --lr, --weight-decay and the data")
     if rank != 0:
         return {}
     last = records[-1] if records else {}
@@ -459,6 +464,7 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
             "train_samples": int(train_idx.size), "eval_samples": int(held_idx.size),
             "truncated_samples": cut, "dropped_unsupervised_after_truncation": dropped,
             "loss": last.get("loss"), "accuracy": last.get("accuracy"),
+            "non_finite_loss_steps": loop.non_finite_steps,
             "eval": ({k: evals[-1][k] for k in ("step", "eval_loss", "eval_accuracy",
                                                 "eval_simulated_acceptance_length",
                                                 "eval_expected_acceptance")}
@@ -478,6 +484,7 @@ def _check_out(out: Path, cfg: DFlashTrainConfig, run: RunSettings, data_info: d
     from lengthwise.dflash.resume_settings import check_resume
     from lengthwise.train.checkpoint import latest_checkpoint
     from lengthwise.train.device import barrier, rank_world, say
+    from lengthwise.train.step_logger.rollback import log_files
 
     ckpts = out / "checkpoints"
     steps = sorted((p.name for p in ckpts.glob("step_*")), key=lambda name: (len(name), name)
@@ -485,7 +492,18 @@ def _check_out(out: Path, cfg: DFlashTrainConfig, run: RunSettings, data_info: d
     final = out / "final"
     if cfg.resume:
         latest = latest_checkpoint(ckpts) if ckpts.is_dir() else None
-        return check_resume(latest, cfg, run, data_info) if latest is not None else []
+        if latest is not None:
+            return check_resume(latest, cfg, run, data_info)
+        earlier = [f"checkpoints {', '.join(steps)}"] if steps else []
+        if final.exists():
+            earlier.append("a final draft")
+        earlier += [p.name for p in log_files(out / "train_log.jsonl")]
+        if earlier:  # starting over would delete or replace them
+            raise ConfigError(f"--resume: no complete checkpoint under {ckpts} to resume from, "
+                              f"and --out {out} holds an earlier run ({', '.join(earlier)}): "
+                              "give --overwrite instead to remove it and start again, or "
+                              "another --out")
+        return []
     if not steps and not final.exists():
         return []
     held = (f"checkpoints {', '.join(steps)}" if steps else "") + (

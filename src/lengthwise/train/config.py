@@ -13,12 +13,13 @@ Example::
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
 from lengthwise.errors import ConfigError
 
-__all__ = ["DTYPES", "PACKED", "LoopConfig", "check_positive"]
+__all__ = ["DTYPES", "PACKED", "LoopConfig", "check_finite", "check_positive"]
 
 #: the autocast dtypes a run may name (``None``: bf16 on CUDA, fp32 on CPU)
 DTYPES = ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16")
@@ -63,8 +64,8 @@ class LoopConfig:
                               f"({self.max_tokens}): one row must fit the micro-batch budget")
         if self.schedule not in ("constant", "cosine"):
             raise ConfigError(f"schedule must be 'constant' or 'cosine', got {self.schedule!r}")
-        if not self.lr > 0:
-            raise ConfigError(f"lr must be > 0, got {self.lr}")
+        check_finite(self, "lr", positive=True)
+        check_finite(self, "weight_decay")
         if not self.clip > 0:  # a norm <= 0 flips or zeroes every update; nan compares false
             raise ConfigError(f"clip must be > 0 (the largest gradient norm kept; inf: no "
                               f"clipping), got {self.clip}")
@@ -110,3 +111,24 @@ def check_positive(cfg: object, *names: str) -> None:
         value = getattr(cfg, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+def check_finite(cfg: object, name: str, *, positive: bool = False) -> None:
+    """Raise a ``ConfigError`` naming field ``name`` of ``cfg`` unless it is a finite number
+    ``>= 0`` (``> 0`` with ``positive``): NaN and infinity are refused like a negative value.
+
+    Example::
+
+        >>> check_finite(LoopConfig(), "weight_decay")
+        >>> cfg = LoopConfig()
+        >>> cfg.lr = float("inf")
+        >>> check_finite(cfg, "lr", positive=True)
+        Traceback (most recent call last):
+        ...
+        lengthwise.errors.ConfigError: lr must be a finite number > 0, got inf
+    """
+    value = getattr(cfg, name)
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (number and math.isfinite(value) and (value > 0 if positive else value >= 0)):
+        raise ConfigError(f"{name} must be a finite number {'>' if positive else '>='} 0, "
+                          f"got {value!r}")

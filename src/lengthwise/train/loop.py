@@ -35,7 +35,7 @@ from lengthwise.train.checkpoint.errors import CorruptCheckpointError
 from lengthwise.train.config import PACKED, LoopConfig
 from lengthwise.train.device import rank_world, say
 from lengthwise.train.schedule import lr_factor
-from lengthwise.train.step_logger.rollback import rolled_back_path
+from lengthwise.train.step_logger.rollback import log_files, rolled_back_path
 
 __all__ = ["MicroOut", "StepBatches", "Task", "TrainLoop", "make_collator", "make_sampler"]
 
@@ -148,7 +148,9 @@ class TrainLoop:
     ``run_dir/checkpoints``; with ``cfg.resume`` it continues from the newest one, its log
     too: the running fields of the records come back from the checkpoint, and the lines
     logged after it move to ``run_dir/train_log.rolled_back.jsonl``
-    (:meth:`~lengthwise.train.StepLogger.roll_back`). A skipped step's record says why
+    (:meth:`~lengthwise.train.StepLogger.roll_back`). A resume with no checkpoint starts
+    from step 0 in a folder without logs, and is refused (a :class:`ConfigError`) where
+    starting over would delete an earlier run's log. A skipped step's record says why
     (``skip_reason``: ``nothing_to_learn``, ``non_finite_loss`` or ``loss_spike``).
     A task with a ``check_data(sample, size)`` method checks the data set before the
     first step. A step with nothing to learn on any rank (normaliser 0) makes no update.
@@ -210,6 +212,9 @@ class TrainLoop:
         self.guard = (SpikeGuard(window=50, warmup=min(20, max(3, cfg.steps // 10)), sync=False)
                       if cfg.spike_guard else None)
         self.step_count = 0
+        #: steps of this process whose loss was NaN or infinite, and the first of them
+        self.non_finite_steps = 0
+        self.first_non_finite: int | None = None
         self.resumed_from: str | None = None
         extra: dict[str, Any] = {}
         micro_path = run_dir / "micro_log.jsonl"
@@ -223,6 +228,8 @@ class TrainLoop:
                 self.guard.load_state_dict(extra["spike_guard"])
         else:
             if cfg.resume:
+                _check_nothing_lost([self.log_path, *([micro_path] if micro_log else [])],
+                                    ckpt_dir)
                 say(info, f"lengthwise: resume: no checkpoint under {ckpt_dir}; "
                           f"{order} starts from step 0 with a fresh log")
             if self.rank == 0:  # a fresh run starts a fresh log
@@ -335,6 +342,9 @@ class TrainLoop:
             skipped = bool(self.guard.check(loss, step=self.step_count + 1) if self.guard
                            else False)
             reason = LOSS_SPIKE if math.isfinite(loss) else NON_FINITE_LOSS
+            if not math.isfinite(loss):
+                self.non_finite_steps += 1
+                self.first_non_finite = self.first_non_finite or self.step_count + 1
         lr = self.optimizer.param_groups[0]["lr"]
         if not skipped:
             self.optimizer.step()
@@ -400,6 +410,16 @@ class TrainLoop:
                     self.micro_logger.close()
             finally:
                 self.logger.close()
+
+
+def _check_nothing_lost(logs: list[Path], ckpt_dir: Path) -> None:
+    """Refuse a resume with no checkpoint where starting over would delete earlier ``logs``."""
+    earlier = [p for log in logs for p in log_files(log)]
+    if earlier:
+        raise ConfigError(f"resume: no checkpoint under {ckpt_dir} to resume from, and "
+                          f"{ckpt_dir.parent} holds an earlier run's "
+                          f"{', '.join(p.name for p in earlier)}: train without resume to "
+                          "start over (it replaces them), or into another folder")
 
 
 def _resume_log(logger: Any, state: Any, step: int, checkpoint: str, key: str = "step") -> bool:

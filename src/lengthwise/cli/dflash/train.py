@@ -23,7 +23,6 @@ joined for it. ``--estimate --time`` adds the run's predicted time, from its pla
 from __future__ import annotations
 
 import argparse
-import json
 
 from lengthwise.cli.dflash._settings import DEFAULTS, FLAGS, read_yaml, settings
 
@@ -71,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from lengthwise.cli.dflash.estimate import REPORT_FLAGS, report
     from lengthwise.dflash.recipe import train_draft
     from lengthwise.errors import ConfigError
+    from lengthwise.finite_json import finite_json_text
 
     given = vars(args)
     if given.pop("estimate", False):
@@ -85,5 +85,5 @@ def run(args: argparse.Namespace) -> int:
     follow_live_tensors(cfg.device)
     summary = train_draft(cfg, run_settings, progress=progress)
     if summary:
-        print(json.dumps(summary, indent=2))
+        print(finite_json_text(summary, indent=2))
     return 0
