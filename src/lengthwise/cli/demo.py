@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -203,6 +204,9 @@ def _check_task_options(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo and print the comparison; returns the exit code."""
+    if os.environ.get("RANK", "0") == "0":  # before the imports and the corpus: a first line now
+        print(f"lengthwise demo: the {args.task} task; loading torch, then the corpus and "
+              "tokenizer (cached after the first run)", file=sys.stderr, flush=True)
     from lengthwise.demo.main import parse_orders
     from lengthwise.train.device import is_main
 
