@@ -146,8 +146,8 @@ def test_readme_synopsis_lists_every_option():
 
     from lengthwise.cli import build_parser
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    synopsis = readme.split("```\nlengthwise plan LENGTHS", 1)[1].split("```", 1)[0]
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "first-ten-minutes.md").read_text()
+    synopsis = guide.split("```\nlengthwise plan LENGTHS", 1)[1].split("```", 1)[0]
     plan = build_parser()._subparsers._group_actions[0].choices["plan"]
     for action in plan._actions:
         if action.option_strings and action.dest != "help":

@@ -27,7 +27,11 @@ pytest.importorskip("tokenizers")
 
 from lengthwise.cli import main as cli_main  # noqa: E402
 from lengthwise.demo import runner  # noqa: E402
-from lengthwise.demo.config import DemoConfig, available_orders  # noqa: E402
+from lengthwise.demo.config import (  # noqa: E402
+    DemoConfig,
+    available_orders,
+    parse_orders,
+)
 from lengthwise.demo.corpus import (  # noqa: E402
     corpus_fingerprint,
     load_corpus,
@@ -36,7 +40,7 @@ from lengthwise.demo.corpus import (  # noqa: E402
 )
 from lengthwise.demo.data import DemoData  # noqa: E402
 from lengthwise.demo.lm import token_losses  # noqa: E402
-from lengthwise.demo.main import check_targets, parse_orders  # noqa: E402
+from lengthwise.demo.main import check_targets  # noqa: E402
 from lengthwise.demo.report import JSON_KEYS, add_ratios, format_table  # noqa: E402
 from lengthwise.demo.results import read_log  # noqa: E402
 from lengthwise.demo.runner import OrderRun, train_order  # noqa: E402
