@@ -276,11 +276,12 @@ def _caption(fig: dict[str, Any]) -> str:
     wall = fig.get("wall_seconds")
     took = f"{wall:.0f} s wall time on {fig['machine']}" if wall else fig["machine"]
     return _wrap(
-        f"`{fig['command']}` ({c.get('steps')} steps x {c.get('grad_accum')} micro-batches of at "
-        f"most {c.get('max_tokens')} tokens, seed {c.get('seed')}; {took}). `loss_roughness` and "
-        f"the verdicts are over steps {region[0]}-{region[1]}, the same for every order; "
-        "throughput depends on the machine and its load, every other figure is the same on "
-        "every run and is checked against a fresh run by `tests/test_docs_figures.py`.")
+        f"`{fig['command']}`: {c.get('steps')} steps x {c.get('grad_accum')} micro-batches of at "
+        f"most {c.get('max_tokens')} tokens, seed {c.get('seed')}; {took}. `loss_roughness` and "
+        f"the verdicts cover steps {region[0]}-{region[1]} for every order. Throughput depends on "
+        "the machine and its load. `tests/test_docs_figures.py` checks every other figure "
+        f"against a fresh run, to within {REL_TOL:.1%} (another CPU's kernels may move a last "
+        "digit).")
 
 
 def _lm_reading(fig: dict[str, Any]) -> str:
@@ -294,19 +295,21 @@ def _lm_reading(fig: dict[str, Any]) -> str:
     best = min(evals, key=evals.get) if evals else "-"
     text = [
         f"Stratified batches train at {_f(st.get('throughput_vs_sorted'), '.2f')} of sorted's "
-        f"throughput (`padding_efficiency` {_f(st.get('padding_efficiency'), '.3f')}) with a "
-        f"`step_cv_ratio` of {_f(st.get('step_cv_ratio'), '.2f')} (sorted "
-        f"{_f(s.get('step_cv_ratio'), '.2f')}), while random batches train at "
-        f"{_f(r.get('throughput_vs_sorted'), '.2f')} of it (`padding_efficiency` "
-        f"{_f(r.get('padding_efficiency'), '.3f')}).",
-        f"In this run (one seed) the smoothest loss is {smoothest}'s "
-        f"({_f(rough.get(smoothest), '.4f')}), the roughest {roughest}'s "
-        f"({_f(rough.get(roughest), '.4f')}); the lowest held-out loss is {best}'s "
-        f"({_f(evals.get(best), '.4f')}), after the same steps but not the same real tokens "
-        f"(random's steps hold {_f(r.get('real_tokens_per_step'), ',.0f')}, sorted's "
-        f"{_f(s.get('real_tokens_per_step'), ',.0f')}), so these held-out losses do not say "
-        "whether the order changes the model: the order experiment (several seeds, the same "
-        "steps and data or the same compute) does.",
+        f"throughput, with `padding_efficiency` {_f(st.get('padding_efficiency'), '.3f')}.",
+        f"Random batches train at {_f(r.get('throughput_vs_sorted'), '.2f')} of it, with "
+        f"`padding_efficiency` {_f(r.get('padding_efficiency'), '.3f')}.",
+        f"Stratified steps carry the length mix: `step_cv_ratio` "
+        f"{_f(st.get('step_cv_ratio'), '.2f')}, against sorted's "
+        f"{_f(s.get('step_cv_ratio'), '.2f')}.",
+        f"In this one-seed run the smoothest loss is {smoothest}'s "
+        f"({_f(rough.get(smoothest), '.4f')}) and the roughest {roughest}'s "
+        f"({_f(rough.get(roughest), '.4f')}).",
+        f"The lowest held-out loss is {best}'s ({_f(evals.get(best), '.4f')}), after equal steps "
+        "but not equal real tokens.",
+        f"Random's steps hold {_f(r.get('real_tokens_per_step'), ',.0f')} real tokens, sorted's "
+        f"{_f(s.get('real_tokens_per_step'), ',.0f')}.",
+        "So these held-out losses do not say whether the order changes the model: the order "
+        "experiment below does.",
     ]
     return _wrap(" ".join(text))
 

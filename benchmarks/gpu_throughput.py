@@ -122,9 +122,8 @@ def main(argv: list[str] | None = None, *, clock: Callable[[], float] = time.per
     args = parse_args(argv)
     import torch
 
-    from lengthwise.demo.config import DemoConfig
+    from lengthwise.demo.config import DemoConfig, parse_orders
     from lengthwise.demo.data import DemoData
-    from lengthwise.demo.main import parse_orders
     from lengthwise.demo.model import build_model, count_parameters
     from lengthwise.demo.runner import train_orders
 

@@ -53,6 +53,7 @@ import json
 import math
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -74,7 +75,7 @@ CHECK: dict[str, Any] = {"orders": ("sorted", "random", "stratified"),
 #: the files and the regions of each that this script writes from the committed figures
 #: (the markers are to be put into the docs with the first committed full run)
 REGIONS: dict[str, tuple[str, ...]] = {
-    "README.md": ("order-arms",),
+    "README.md": ("order-arms-summary",),
     "docs/demo.md": ("order-arms-detail", "order-arms-demo-note"),
 }
 #: the run figures a rerun of the check repeats to the last digit
@@ -285,10 +286,10 @@ def table(full: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _compute_clause(cells: list[dict[str, Any]]) -> str:
-    """Which order to pick at equal compute, per global batch: the orders whose held-out loss
-    is below random's under every schedule of that batch size (paired differences), and
-    those above it; an order is judged only where it ran."""
+def _compute_parts(cells: list[dict[str, Any]]) -> list[str]:
+    """Which order to pick at equal compute, one clause per global batch: the orders whose
+    held-out loss is below random's under every schedule of that batch size (paired
+    differences), and those above it; an order is judged only where it ran."""
     def join(names: list[str]) -> str:
         return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
@@ -327,11 +328,17 @@ def _compute_clause(cells: list[dict[str, Any]]) -> str:
                 f"{n} by up to {max(v)[0]:.3f} ({join(sorted({w for _, w in v}))})"
                 for n, v in above.items()]))
         parts.append(text)
+    return parts
+
+
+def _compute_clause(cells: list[dict[str, Any]]) -> str:
+    parts = _compute_parts(cells)
     return "at equal compute, " + "; ".join(parts) if parts else "no order was compared"
 
 
-def _data_clause(cells: list[dict[str, Any]]) -> str:
-    """What each order costs (compute) or buys (held-out loss) against random at equal data."""
+def _data_parts(cells: list[dict[str, Any]]) -> list[str]:
+    """What each order costs (compute) or buys (held-out loss) against random at equal data,
+    one clause per order."""
     names = [n for n in cells[0]["orders"] if n != "random"] if cells else []
     parts = []
     for name in names:
@@ -356,7 +363,36 @@ def _data_clause(cells: list[dict[str, Any]]) -> str:
                 effect += (f" overall, though lengths {s} differ by {_pm(d, '+.3f')} "
                            f"({_where(c)})")
         parts.append(f"{name} costs {cost} random's compute and {effect}")
+    return parts
+
+
+def _data_clause(cells: list[dict[str, Any]]) -> str:
+    parts = _data_parts(cells)
     return "at equal data " + ("; ".join(parts) if parts else "no order was compared")
+
+
+def summary(full: dict[str, Any]) -> str:
+    """The README's reading of the experiment: one bullet per order at equal data, one per
+    global batch at equal compute."""
+    cells = list(full["cells"].values())
+    c = full["config"]
+
+    def bullets(parts: list[str]) -> str:
+        return "\n".join(textwrap.fill(f"- {p[0].upper()}{p[1:]}.", width=100,
+                                       subsequent_indent="  ", break_long_words=False,
+                                       break_on_hyphens=False) for p in parts)
+
+    head = _wrap(
+        f"`python benchmarks/order_arms.py` trains the demo's model from scratch "
+        f"{len(full['runs'])} times: {len(c['seeds'])} paired seeds, {c['epochs']} epochs, "
+        "two schedules, two global batches. At equal data (the same samples and optimizer "
+        "steps), against random:")
+    data = bullets(_data_parts([x for x in cells if x["arm"] == "data"]))
+    compute = bullets(_compute_parts([x for x in cells if x["arm"] == "compute"]))
+    return (head + "\n\n" + data + "\n\n"
+            + _wrap("At equal compute (the FLOPs random spends on the same epochs):") + "\n\n"
+            + compute + "\n\n" + _wrap("The table, plots and intervals per length are in "
+                                        "[docs/demo.md](docs/demo.md)."))
 
 
 def decision(full: dict[str, Any]) -> str:
@@ -438,8 +474,8 @@ def render(name: str, saved: dict[str, Any]) -> str:
     full = saved["full"]
     body = (_caption(full) + "\n\n" + table(full) + "\n\n" + decision(full) + "\n\n"
             + learned(full))
-    if name == "order-arms":
-        return body + "\n\n![held-out loss vs FLOPs](docs/order_arms_compute.png)"
+    if name == "order-arms-summary":
+        return summary(full)
     if name == "order-arms-detail":
         return (body + "\n\n![held-out loss vs FLOPs](order_arms_compute.png)\n"
                 + "![held-out loss vs steps](order_arms_data.png)")

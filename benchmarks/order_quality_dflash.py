@@ -46,7 +46,6 @@ CHECK: dict[str, Any] = {"orders": ("random", "bucket-random"), "seeds": (0,),
                          "response_len": 16}
 #: the files and the regions of each that this script writes from the committed figures
 REGIONS: dict[str, tuple[str, ...]] = {
-    "README.md": ("order-quality-dflash-summary",),
     "docs/dflash.md": ("order-quality-dflash",),
 }
 #: figures of a run compared exactly: counts
@@ -241,32 +240,6 @@ def reading(full: dict[str, Any]) -> str:
     return _wrap(" ".join(sentences))
 
 
-def summary_line(full: dict[str, Any]) -> str:
-    """The README's sentence: the acceptance lengths' range and what the intervals say."""
-    orders = full["orders"]
-    acc = {n: r["acceptance_length"]["mean"] for n, r in orders.items()}
-    hi, lo = max(acc, key=acc.get), min(acc, key=acc.get)
-    found = []
-    for n, r in orders.items():
-        d = r.get("vs_random", {}).get("acceptance_length")
-        if _detected(d):
-            word = "higher" if d["mean"] > 0 else "lower"
-            found.append(f"{n}'s is {word} than random's by {abs(d['mean']):.2f} ± "
-                         f"{d['half']:.2f}")
-    rest = ("" if len(found) == len(orders) - 1 else
-            "; for the other orders no difference from random was detected at this size")
-    said = ("; ".join(found) + " (paired by seed)" + rest if found else
-            "no order's acceptance length differs from random's beyond seed noise at this size")
-    return _wrap(
-        f"For the DFlash draft the same experiment (`benchmarks/order_quality_dflash.py`, "
-        f"{len(full['config']['seeds'])} seeds, {full['equal_tokens']['budget']:,} real tokens "
-        f"per run, samples of {full['data']['length_min']}-{full['data']['length_max']} tokens) "
-        f"measures acceptance lengths at temperature 0 from "
-        f"{_pm(orders[lo]['acceptance_length'], '.2f')} ({lo}) to "
-        f"{_pm(orders[hi]['acceptance_length'], '.2f')} ({hi}): {said}; "
-        f"[docs/dflash.md](docs/dflash.md) has the table, per length stratum.")
-
-
 def check_text(check: dict[str, Any]) -> str:
     """What the reduced run that CI repeats is, and what it measured."""
     c, d = check["config"], check["data"]
@@ -297,8 +270,6 @@ def render(name: str, saved: dict[str, Any]) -> str:
         return (_caption(full) + "\n\n" + table(full) + "\n\n" + reading(full) + "\n\n"
                 + "![acceptance length and accuracy per order](order_quality_dflash.png)"
                 + ("\n\n" + check_text(saved["check"]) if "check" in saved else ""))
-    if name == "order-quality-dflash-summary":
-        return summary_line(full)
     raise KeyError(f"no region {name!r}")
 
 

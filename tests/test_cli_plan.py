@@ -1,6 +1,7 @@
 """``lengthwise plan`` end to end, through the console entry point."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -145,8 +146,8 @@ def test_readme_synopsis_lists_every_option():
 
     from lengthwise.cli import build_parser
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    synopsis = readme.split("```\nlengthwise plan LENGTHS", 1)[1].split("```", 1)[0]
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "first-ten-minutes.md").read_text()
+    synopsis = guide.split("```\nlengthwise plan LENGTHS", 1)[1].split("```", 1)[0]
     plan = build_parser()._subparsers._group_actions[0].choices["plan"]
     for action in plan._actions:
         if action.option_strings and action.dest != "help":
@@ -362,10 +363,13 @@ def test_compare_names_the_balanced_row(tmp_path, capsys):
     np.save(tmp_path / "l.npy", np.random.default_rng(0).integers(1, 8000, 5000))
     argv = ["plan", str(tmp_path / "l.npy"), "--max-tokens", "16384", "--world-size", "8",
             "--balance", "level"]
-    assert main([*argv, "--compare"]) == 0
+    assert main([*argv, "--compare", "--wide"]) == 0
     rows = capsys.readouterr().out.splitlines()
     assert sum("(balance level)" in r for r in rows) == 1
     assert any(r.strip().startswith("stratified (balance level)") for r in rows)
+    assert main([*argv, "--compare"]) == 0  # one column per order: the header names it
+    header = next(r for r in capsys.readouterr().out.splitlines() if r.startswith("figure"))
+    assert header.split()[-3:] == ["stratified", "(balance", "level)"]
     assert main(argv) == 0
     assert "order: stratified (balance level)" in capsys.readouterr().out
     assert main([*argv, "--compare", "--json"]) == 0
@@ -378,3 +382,26 @@ def test_lengths_whose_token_sums_would_overflow_are_one_line(tmp_path, capsys):
     assert main(["plan", str(tmp_path / "big.npy"), "--batch-size", "3", "--buckets", "1"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "must stay below 2**62" in err
+
+
+def test_text_fits_100_columns_unless_wide(capsys):
+    """80 auto buckets and five orders side by side: the first and last buckets, one column
+    per order and wrapped notes fit 100 columns; ``--wide`` lists every bucket, one row per
+    order."""
+    argv = ["plan", "sft_mix", "--compare", "--world-size", "8", "--grad-accum", "2",
+            "--max-len", "8192"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert max(len(line) for line in text.splitlines()) <= 100
+    buckets = int(re.search(r"^(\d+) buckets$", text, re.M).group(1))
+    assert buckets > 11 and f"({buckets - 10} buckets more: --wide lists every bucket)" in text
+    figures = {line.split()[0]: line.split()[1:] for line in text.splitlines()
+               if line.split() and line.split()[0] in ("figure", "padding_efficiency")}
+    assert figures["figure"] == ["sorted", "random", "bucket-random", "interleave", "stratified"]
+    assert main([*argv, "--wide"]) == 0
+    wide = capsys.readouterr().out
+    rows = [line.split() for line in wide.splitlines()]
+    assert sum(1 for r in rows if len(r) == 5 and r[0].isdigit() and "%" in r[3]) == buckets
+    ordered = [r for r in rows if r and r[0] in ("sorted", "random", "stratified")]
+    assert [r[0] for r in ordered] == ["sorted", "random", "stratified"]
+    assert ordered[1][1] == figures["padding_efficiency"][1]  # the same figure either way

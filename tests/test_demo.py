@@ -27,7 +27,11 @@ pytest.importorskip("tokenizers")
 
 from lengthwise.cli import main as cli_main  # noqa: E402
 from lengthwise.demo import runner  # noqa: E402
-from lengthwise.demo.config import DemoConfig, available_orders  # noqa: E402
+from lengthwise.demo.config import (  # noqa: E402
+    DemoConfig,
+    available_orders,
+    parse_orders,
+)
 from lengthwise.demo.corpus import (  # noqa: E402
     corpus_fingerprint,
     load_corpus,
@@ -36,7 +40,7 @@ from lengthwise.demo.corpus import (  # noqa: E402
 )
 from lengthwise.demo.data import DemoData  # noqa: E402
 from lengthwise.demo.lm import token_losses  # noqa: E402
-from lengthwise.demo.main import check_targets, parse_orders  # noqa: E402
+from lengthwise.demo.main import check_targets  # noqa: E402
 from lengthwise.demo.report import JSON_KEYS, add_ratios, format_table  # noqa: E402
 from lengthwise.demo.results import read_log  # noqa: E402
 from lengthwise.demo.runner import OrderRun, train_order  # noqa: E402
@@ -501,6 +505,9 @@ def test_two_process_run_under_torchrun(jsonl, workdir, tmp_path):
     recs = read_log(out / "stratified" / "train_log.jsonl")
     assert [r["step"] for r in recs] == [1, 2, 3]
     assert all(r["micro_batches"] == 4 for r in recs)  # 2 ranks x 2 accumulation slots
+    # the first line comes before torch and the corpus load, from rank 0 only
+    first = "lengthwise demo: the lm task; loading torch"
+    assert proc.stderr.startswith(first) and proc.stderr.count(first) == 1, proc.stderr[:500]
 
 
 def test_table_columns_are_the_json_keys_and_verdicts_are_never_cut():
@@ -558,6 +565,35 @@ def test_code_layout_names_every_module_of_the_demo():
     text = text.split("\n### ", 1)[0]
     for info in pkgutil.iter_modules(lengthwise.demo.__path__):
         assert f"`{info.name}.py`" in text, info.name
+
+
+def test_the_training_bar_starts_once_for_all_orders(capsys):
+    """Building each order's run draws no bar of its own: one ``0/N`` line, then the steps."""
+    import time
+    from types import SimpleNamespace
+
+    from lengthwise.demo.runner import run_lockstep
+
+    class Run:
+        def __init__(self) -> None:
+            time.sleep(0.15)  # building a run outlasts the bar's redraw interval, as a model does
+            self.loop = SimpleNamespace(step_count=0, done=False, step=self.step)
+
+        def step(self) -> dict:
+            self.loop.step_count += 1
+            self.loop.done = self.loop.step_count == 2
+            return {"loss": 1.0}
+
+        def finish(self) -> int:
+            return self.loop.step_count
+
+        def close(self) -> None:
+            pass
+
+    done = run_lockstep(["a", "b", "c", "d"], lambda order: Run(), steps=2, progress=True)
+    assert done == {"a": 2, "b": 2, "c": 2, "d": 2}
+    frames = capsys.readouterr().err.replace("\r", "\n").splitlines()
+    assert sum(" 0/8 " in f for f in frames) == 1, frames
 
 
 def test_progress_lines_come_from_rank_0_only(capsys):

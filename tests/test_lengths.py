@@ -81,7 +81,7 @@ def test_bad_files(tmp_path):
     with pytest.raises(LengthError, match="deep.jsonl, line 2: JSON nested too deeply to read"):
         load_lengths(f"{tmp_path}/deep.jsonl:n")
     (tmp_path / "c.jsonl").write_text('{"n": 1}\n{"m": 2}\n')
-    with pytest.raises(LengthError, match="line 2: no field 'n'"):
+    with pytest.raises(LengthError, match=r"line 2: no field 'n' \(its fields: 'm'\)"):
         load_lengths(f"{tmp_path}/c.jsonl:n")
     with pytest.raises(LengthError, match="name the field"):
         load_lengths(tmp_path / "c.jsonl")

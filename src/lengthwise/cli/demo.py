@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -201,10 +202,17 @@ def _check_task_options(args: argparse.Namespace) -> None:
             raise ConfigError(f"--{name.replace('_', '-')} needs --task dflash")
 
 
+def _starting(task: str) -> None:
+    """The first line, once the options are checked and before torch and the corpus load
+    (rank 0 of a ``torchrun`` job only: its process group does not exist yet)."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"lengthwise demo: the {task} task; loading torch, then the corpus and tokenizer "
+              "(cached after the first run)", file=sys.stderr, flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the demo and print the comparison; returns the exit code."""
-    from lengthwise.demo.main import parse_orders
-    from lengthwise.train.device import is_main
+    from lengthwise.demo.config import parse_orders
 
     buckets: int | str = args.buckets
     if isinstance(buckets, str) and buckets != "auto":
@@ -230,6 +238,7 @@ def run(args: argparse.Namespace) -> int:
         from lengthwise.demo.dflash import DFlashDemoConfig, render_dflash, run_dflash_demo
 
         cfg = DFlashDemoConfig(**common, **_config_kwargs(args, _DFLASH))
+        _starting(args.task)
         summary = run_dflash_demo(cfg, orders=orders, out=args.out, target=args.target,
                                   data=args.data, tokenizer=args.tokenizer,
                                   cache_dir=args.cache_dir, vocab_size=args.vocab_size,
@@ -237,14 +246,18 @@ def run(args: argparse.Namespace) -> int:
         text = render_dflash
     else:
         from lengthwise.demo.config import DemoConfig
-        from lengthwise.demo.main import render, run_demo
 
         cfg = DemoConfig(model_size=args.model_size or "tiny", **common)
+        _starting(args.task)
+        from lengthwise.demo.main import render, run_demo
+
         summary = run_demo(cfg, orders=orders, out=args.out, data=args.data,
                            tokenizer=args.tokenizer, cache_dir=args.cache_dir,
                            vocab_size=args.vocab_size, lockstep=not args.sequential,
                            plot=not args.no_plot)
         text = render
+    from lengthwise.train.device import is_main
+
     if not is_main():
         return 0
     if args.json:

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import sys
+import textwrap
 import warnings
 
 import numpy as np
@@ -51,6 +52,10 @@ ONE_STEP_NOTE = (
     "so no order can mix lengths inside a step and step_length_cv / step_cv_ratio cannot tell "
     "the orders apart; give the run's --world-size and --grad-accum (e.g. --world-size 8 "
     "--grad-accum 4) to compare them")
+#: the edge table's rows without --wide: the first and last this many buckets
+EDGE_ROWS_SHOWN = 5
+#: the width the text output keeps to without --wide
+TEXT_WIDTH = 100
 #: the orders that cut the same batches inside buckets
 BUCKET_ORDERS = tuple(o for o in ORDERS if o not in SEQUENCE_ORDERS)
 
@@ -127,6 +132,9 @@ def register(subparsers) -> None:
     p.add_argument("--compare", action="store_true",
                    help="one row per order on the same lengths (default: off)")
     p.add_argument("--json", action="store_true", help="print one JSON object (default: off)")
+    p.add_argument("--wide", action="store_true",
+                   help=f"every bucket's row, and --compare as one row per order; without it "
+                        f"the text fits {TEXT_WIDTH} columns (default: off)")
     p.add_argument("--out", metavar="PLAN.npz", default=None,
                    help="save the plan (indices, offsets, ...) to this file (default: not saved)")
     p.set_defaults(func=run)
@@ -177,8 +185,9 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def _edge_table(plan) -> str:
-    """Edges with samples, share and padding efficiency of each bucket's micro-batches."""
+def _edge_table(plan, wide: bool = False) -> str:
+    """Edges with samples, share and padding efficiency of each bucket's micro-batches: the first
+    and last :data:`EDGE_ROWS_SHOWN` buckets unless ``wide``."""
     edges = np.asarray(plan.edges)
     lens = gathered_lengths(plan.lengths, plan.indices)  # narrow: once for every sum
     counts = bucket_counts(lens, edges)  # from the histogram: a pass, not a search per sample
@@ -188,9 +197,15 @@ def _edge_table(plan) -> str:
     real = np.bincount(plan.bucket, minlength=edges.size,
                        weights=np.add.reduceat(lens, plan.offsets[:-1], dtype=np.int64))
     padded = np.bincount(plan.bucket, weights=rows * padded_len, minlength=edges.size)
+    shown = np.arange(edges.size)
+    if not wide and edges.size > 2 * EDGE_ROWS_SHOWN + 1:
+        shown = np.r_[shown[:EDGE_ROWS_SHOWN], shown[-EDGE_ROWS_SHOWN:]]
     out = [f"{edges.size} buckets", "bucket  upper_edge  samples   share  efficiency"]
     total = counts.sum()
-    for k in range(edges.size):
+    for k in shown:
+        if shown.size < edges.size and k == shown[-EDGE_ROWS_SHOWN]:
+            out.append(f"{'...':>6}  ({edges.size - shown.size} buckets more: --wide lists "
+                       "every bucket)")
         eff = f"{real[k] / padded[k]:10.3f}" if padded[k] else "         -"
         out.append(f"{k:>6}  {edges[k]:>10}  {counts[k]:>7}  {counts[k] / total:6.1%}  {eff}")
     return "\n".join(out)
@@ -297,25 +312,42 @@ def _print_text(args: argparse.Namespace, results: dict, main: dict, notes: list
             else f"max_tokens={args.max_tokens}")
     print(f"lengths: {args.lengths}  samples: {stats['samples']:,}  rule: {rule}  "
           f"layout: {args.layout}  world_size={args.world_size}  grad_accum={args.grad_accum}")
-    print(_rows_table(stats) if args.layout == "pack" else _edge_table(main["plan"]))
+    print(_rows_table(stats) if args.layout == "pack"
+          else _edge_table(main["plan"], wide=args.wide))
     print()
     counts = "  ".join(f"{k}={stats.get(k, 0)}" for k in COUNT_KEYS)
-    print(f"counts: {counts}")
-    for line in notes:
-        print(line)
+    for line in [f"counts: {counts}", *notes]:
+        print(line if args.wide else textwrap.fill(line, TEXT_WIDTH, subsequent_indent="  ",
+                                                    break_on_hyphens=False))
     print("micro_batches_per_rank: on each rank; micro_batches: over all ranks")
     if args.compare:
-        header = ["order", *SUMMARY_KEYS]
-        table = [header] + [[_order_name(o, r["stats"]),
-                             *(_fmt(r["stats"].get(k)) for k in SUMMARY_KEYS)]
-                            for o, r in results.items()]
-        widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-        for row in table:
-            print("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)))
+        names = [_order_name(o, r["stats"]) for o, r in results.items()]
+        cells = [[_fmt(r["stats"].get(k)) for k in SUMMARY_KEYS] for r in results.values()]
+        if args.wide:  # one row per order
+            print(_aligned([["order", *SUMMARY_KEYS]]
+                           + [[n, *c] for n, c in zip(names, cells, strict=True)]))
+        else:  # one column per order, so that five orders fit the text width
+            print(_aligned([["figure", *names]]
+                           + [[k, *(c[i] for c in cells)] for i, k in enumerate(SUMMARY_KEYS)]))
     else:
         print(f"order: {_order_name(args.order, stats)}")
         for key in SUMMARY_KEYS:
             print(f"  {key:<24} {_fmt(stats.get(key))}")
+
+
+def _aligned(table: list[list[str]]) -> str:
+    """Rows of cells as text: the first column flush left, the others right-aligned.
+
+    Example::
+
+        >>> print(_aligned([["figure", "random"], ["padding_efficiency", "0.5"]]))
+        figure              random
+        padding_efficiency     0.5
+    """
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    return "\n".join("  ".join([row[0].ljust(widths[0])]
+                               + [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)])
+                     .rstrip() for row in table)
 
 
 def _order_name(order: str, stats: dict) -> str:

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lengthwise.errors import ConfigError
 from lengthwise.train.config import DTYPES, PACKED, LoopConfig, check_positive
 
 __all__ = ["DEFAULT_ORDERS", "DTYPES", "PACKED", "DemoConfig", "LoopConfig", "available_orders",
-           "check_positive"]
+           "check_positive", "parse_orders"]
 
 
 def available_orders() -> tuple[str, ...]:
@@ -31,6 +32,27 @@ def available_orders() -> tuple[str, ...]:
     from lengthwise.planning.vocabulary import ORDERS
 
     return (*ORDERS, PACKED)
+
+
+def parse_orders(text: str | list[str] | tuple[str, ...] | None) -> list[str]:
+    """Validate an order list (``"all"``, a comma-separated string, or a list).
+
+    Example::
+
+        >>> parse_orders("random, stratified")
+        ['random', 'stratified']
+    """
+    known = available_orders()
+    if text is None or text == "all":
+        return list(known)
+    items = [t.strip() for t in text.split(",")] if isinstance(text, str) else list(text)
+    items = [t for t in items if t]
+    bad = [t for t in items if t not in known]
+    if bad:
+        raise ConfigError(f"unknown order(s) {bad}; choose from {', '.join(known)}")
+    if not items:
+        raise ConfigError("no orders given")
+    return list(dict.fromkeys(items))
 
 
 #: orders trained by default, in this sequence

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from lengthwise.atomic import atomic_open
-from lengthwise.demo.config import DemoConfig, available_orders
+from lengthwise.demo.config import DemoConfig, parse_orders
 from lengthwise.demo.data import DemoData
 from lengthwise.demo.report import (
     JSON_KEYS,
@@ -39,28 +39,7 @@ from lengthwise.errors import ConfigError
 from lengthwise.pytorch.dist import GroupInfo
 from lengthwise.train.device import barrier, rank_world, say, setup_distributed
 
-__all__ = ["check_targets", "parse_orders", "prepare_data", "run_demo"]
-
-
-def parse_orders(text: str | list[str] | tuple[str, ...] | None) -> list[str]:
-    """Validate an order list (``"all"``, a comma-separated string, or a list).
-
-    Example::
-
-        >>> parse_orders("random, stratified")
-        ['random', 'stratified']
-    """
-    known = available_orders()
-    if text is None or text == "all":
-        return list(known)
-    items = [t.strip() for t in text.split(",")] if isinstance(text, str) else list(text)
-    items = [t for t in items if t]
-    bad = [t for t in items if t not in known]
-    if bad:
-        raise ConfigError(f"unknown order(s) {bad}; choose from {', '.join(known)}")
-    if not items:
-        raise ConfigError("no orders given")
-    return list(dict.fromkeys(items))
+__all__ = ["check_targets", "prepare_data", "run_demo"]
 
 
 def prepare_data(cfg: DemoConfig, *, data: str | Path | None = None,

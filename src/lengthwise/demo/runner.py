@@ -149,7 +149,7 @@ def run_lockstep(orders: Sequence[str], make_run: Callable[[str], Run], *, steps
         for group in ([list(orders)] if lockstep else [[o] for o in orders]):
             for order in group:
                 runs[order] = make_run(order)
-                if bar is not None:
+                if bar is not None and runs[order].loop.step_count:  # resumed steps
                     bar.update(runs[order].loop.step_count)
             while not all(runs[o].loop.done for o in group):
                 for order in group:

@@ -55,6 +55,8 @@ class RunContext:
     view: str | None = None  # "micro-batch": each line is one micro-batch (``plan`` event)
     #: micro-batches in a logged step (the median of its ``micro_batches`` field; None: unlogged)
     micro_batches: float | None = None
+    #: whether the log has an ``epoch`` field (known steps per epoch or not)
+    epoch_logged: bool = False
 
     @property
     def one_micro_batch(self) -> bool:
@@ -273,6 +275,7 @@ def run_context(
         order=order,
         view=view,
         micro_batches=_median(columns.get("micro_batches")),
+        epoch_logged="epoch" in columns,
     )
 
 

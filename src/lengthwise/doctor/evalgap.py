@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lengthwise.doctor.numbers import num, significant
+from lengthwise.doctor.numbers import counted, num, significant
 from lengthwise.doctor.smoothing import rolling_mean
 
 __all__ = ["EvalGap", "eval_gap"]
@@ -81,8 +81,8 @@ def eval_gap(step: np.ndarray, loss: np.ndarray, evals: np.ndarray) -> EvalGap:
     ev = evals[inside]
     if ev.shape[0] < MIN_EVALS:
         return EvalGap(evals=int(ev.shape[0]),
-                       note=f"not tested: {ev.shape[0]} evaluations inside the training log "
-                       f"(need {MIN_EVALS})")
+                       note=f"not tested: {counted(int(ev.shape[0]), 'evaluation')} inside "
+                            f"the training log (need {MIN_EVALS})")
     trend = rolling_mean(loss, TRAIN_WINDOW)
     at = np.clip(np.searchsorted(step, ev[:, 0]), 0, step.size - 1)
     gap = ev[:, 1] - trend[at]

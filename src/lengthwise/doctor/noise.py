@@ -197,8 +197,9 @@ def _sentence(
     shares: dict[str, float], spp: float | None, comp_known: bool, sched_known: bool,
     comp_source: str | None,
 ) -> str:
+    size = f"{spp:.0f}" if spp >= 10 else f"{spp:.2g}"  # a median over steps: no false digits
     parts = [f"{shares['sampling']:.0%} of the step-to-step variance is the sampling noise of "
-             f"{spp:.4g} samples per step"]
+             f"{size} samples per step"]
     if comp_known:
         parts.append(f"{shares['composition']:.0%} follows the {comp_source or 'length bucket'}")
     if sched_known and shares["schedule"] >= 0.005:

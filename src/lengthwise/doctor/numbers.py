@@ -12,6 +12,8 @@ Example::
     (0.0001235, None)
     >>> with_error(46.6162, 0.0731), with_error(50.0, None)
     ('46.62 +/- 0.07', '50')
+    >>> counted(1, "evaluation"), counted(3, "evaluation")
+    ('1 evaluation', '3 evaluations')
 """
 
 from __future__ import annotations
@@ -56,6 +58,11 @@ def with_error(x: float, error: float | None) -> str:
     decimals = max(0, -int(np.floor(np.log10(error))))
     return f"{x:.{decimals}f} +/- {error:.{decimals}f}" if decimals else (
         f"{x:.0f} +/- {max(1, round(error)):.0f}")
+
+
+def counted(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless ``n`` is 1."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def json_ready(obj: Any) -> Any:

@@ -8,8 +8,9 @@ no step is off the chart; a legend names the shaded region, lines and bands.
 The histogram shows the detrended stable-region loss with the fitted bands;
 the autocorrelation panel marks the period, and says so when the
 autocorrelation at short lags leaves its noise band without a periodic cycle.
-The title of each row is the verdict's one-line summary (it says what was not
-tested). matplotlib is imported here only,
+The title of each row is the start of the verdict's one-line summary (two
+lines at most; the text report has all of it). The running mean is drawn where its
+window is whole. matplotlib is imported here only,
 through its object-oriented API (no pyplot, no global backend change).
 
 Example::
@@ -32,11 +33,16 @@ import numpy as np
 
 from lengthwise.atomic import atomic_path
 from lengthwise.doctor.errors import PlotUnavailableError
+from lengthwise.doctor.smoothing import ROUGHNESS_WINDOW
 from lengthwise.doctor.stats import roughness_residual
 
 if TYPE_CHECKING:
     from lengthwise.doctor.report import Report, Series
 
+#: points of the running mean drawn on the loss (the roughness window)
+TREND_WINDOW = ROUGHNESS_WINDOW
+#: lines of the verdict a row's title holds; the text report has all of it
+VERDICT_LINES = 2
 _PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf",
             "#bcbd22", "#7f7f7f", "#d62728"]
 
@@ -76,7 +82,9 @@ def _loss_panel(ax: Any, name: str, r: Report) -> None:
     reg = s.region
     keep = reg & ~s.cliff_mask
     _loss_points(ax, s)
-    ax.plot(s.step, s.trend, color="black", linewidth=1.0, label="running mean (51)")
+    full = _full_windows(s.trend.size, TREND_WINDOW)  # no mean of a half window at the ends
+    ax.plot(s.step[full], s.trend[full], color="black", linewidth=1.0,
+            label=f"running mean ({TREND_WINDOW})")
     ax.axvspan(r.phases.start, r.phases.end, color="#2ca02c", alpha=0.07,
                label="stable region (analysed)")
     b = r.bands
@@ -107,8 +115,8 @@ def _loss_panel(ax: Any, name: str, r: Report) -> None:
               ncol=2 if coloured else 1)
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
-    title = f"{_short(name)}\n{r.one_line()}"
-    ax.set_title(_wrap(title, 95), fontsize=8.5, loc="left")
+    ax.set_title(f"{_short(name)}\n{_lines(r.one_line(), 95, VERDICT_LINES)}", fontsize=8.5,
+                 loc="left")
 
 
 def _grad_norm_axis(ax: Any, r: Report) -> None:
@@ -177,8 +185,8 @@ def _histogram_panel(ax: Any, r: Report) -> None:
                 ax.plot(x, comp, color="#d62728", linewidth=0.8, linestyle="--")
         ax.plot(x, total, color="black", linewidth=1.0)
     label = "none" if not b.count or b.count < 2 else str(b.count)
-    ax.set_title(f"stable-region loss (detrended)\nbands: {label}", fontsize=9)
-    ax.set_xlabel("loss")
+    ax.set_title(f"stable-region loss, detrended\nbands: {label}", fontsize=9)
+    ax.set_xlabel("loss - running mean + mean")
 
 
 def _acf_panel(ax: Any, r: Report) -> None:
@@ -209,6 +217,32 @@ def _acf_panel(ax: Any, r: Report) -> None:
     ax.set_title(title, fontsize=9)
     ax.set_xlabel("lag (steps)")
     ax.legend(loc="upper right", fontsize=7)
+
+
+def _full_windows(n: int, window: int) -> np.ndarray:
+    """Which of ``n`` points have a whole centred window of ``window`` points.
+
+    >>> _full_windows(7, 3).tolist()
+    [False, True, True, True, True, True, False]
+    """
+    half = window // 2
+    idx = np.arange(n)
+    return (idx >= half) & (idx < n - half)
+
+
+def _lines(text: str, width: int, most: int) -> str:
+    """``text`` wrapped at ``width``, cut to ``most`` lines (the last ending in ...).
+
+    >>> _lines("one two three four five six", 9, 2).splitlines()
+    ['one two', 'three ...']
+    """
+    import textwrap
+
+    lines = textwrap.wrap(text, width)
+    if len(lines) <= most:
+        return "\n".join(lines)
+    return "\n".join([*lines[:most - 1], textwrap.shorten(lines[most - 1] + " " + lines[most],
+                                                           width, placeholder=" ...")])
 
 
 def _short(name: str, limit: int = 80) -> str:

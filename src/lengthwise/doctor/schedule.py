@@ -70,7 +70,9 @@ def check_schedule(step: np.ndarray, lr: np.ndarray | None, config: dict[str, An
                    source: str | None, interval: float = 1.0) -> Schedule:
     """Compare the logged ``lr`` at ``step`` with ``config`` (keys of :data:`SCHEDULE_KEYS`)."""
     if not config:
-        return Schedule(note="not tested: no learning-rate schedule configured beside the log")
+        return Schedule(note="not tested: no learning-rate schedule recorded beside the log "
+                             "(`learning_rate` and `warmup_steps` in a training_args.json, "
+                             "args.json, config.json or run_config.json)")
     if lr is None or np.isfinite(lr).sum() < 3:
         return Schedule(source=source, note="not tested: no learning rate logged")
     ok = np.isfinite(lr)

@@ -279,6 +279,9 @@ def _context_line(r: Report) -> str:
     parts = []
     if c.steps_per_epoch is not None:
         parts.append(f"{_g(c.steps_per_epoch, 5)} steps per epoch ({c.steps_per_epoch_source})")
+    elif c.epoch_logged:
+        parts.append("steps per epoch unknown: the logged `epoch` spans less than one whole "
+                     "epoch (pass --steps-per-epoch N)")
     else:
         parts.append("steps per epoch unknown (log `epoch` or pass --steps-per-epoch)")
     if c.batch_size:

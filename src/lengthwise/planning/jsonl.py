@@ -102,9 +102,12 @@ def jsonl_field(path: str | os.PathLike[str], field: str, *,
     """Yield ``(line number, record[field])`` for every non-blank line.
 
     A line that is not JSON, not an object, or lacks ``field`` raises ``error``
-    naming the file and the line.
+    naming the file, the line and the fields the line has.
     """
     for lineno, record in jsonl_records(path, error=error):
         if field not in record:
-            raise error(f"{path}, line {lineno}: no field {field!r}")
+            there = ", ".join(repr(k) for k in list(record)[:12])
+            more = f" and {len(record) - 12} more" if len(record) > 12 else ""
+            raise error(f"{path}, line {lineno}: no field {field!r} (its fields: "
+                        f"{there or 'none'}{more})")
         yield lineno, record[field]
