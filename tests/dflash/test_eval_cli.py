@@ -142,8 +142,10 @@ def test_eval_shows_progress_of_each_pass(local, capsys):
     assert main(base) == 0
     err = capsys.readouterr().err
     assert all(what in err for what in ("decoding", "lossless check", "draft accuracy"))
+    assert "Loading weights" not in err  # the command's own bars only, not transformers'
     assert main([*base, "--no-progress"]) == 0
-    assert "decoding" not in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "decoding" not in err and "Loading weights" not in err
 
 
 def test_eval_json_is_strict_json_when_a_figure_is_undefined(local, capsys):

@@ -343,7 +343,6 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
     from lengthwise.dflash.target import Target, load_target
     from lengthwise.dflash.tokenizer_id import TOKENIZER_FIELDS
     from lengthwise.disk import reporting_full_disk
-    from lengthwise.progress import no_transformers_bars
     from lengthwise.train.checkpoint.state import state_bytes
     from lengthwise.train.device import autocast_dtype, configure_torch, rank_world, say
     from lengthwise.train.loop import TrainLoop
@@ -366,8 +365,7 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
         cfg = _with_epochs(cfg, run, lengths, rank, world)
 
     applied = _check_out(out, cfg, run, data.info, group)
-    with no_transformers_bars():
-        model = load_target(run.target, dtype=cfg.dtype, device=device)
+    model = load_target(run.target, dtype=cfg.dtype, device=device)
     # the blocks' mask token: the tokenizer's own, else <|MASK|> added (the target embeds it)
     rows = int(model.get_input_embeddings().weight.shape[0])
     mask = ensure_mask_token(tokenizer, model)
