@@ -207,6 +207,21 @@ def test_eval_and_export_refuse_bad_input_in_one_line(local, tmp_path, capsys):
     assert "no such run or checkpoint folder" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("gone", ["model.safetensors", "config.json"])
+def test_eval_names_the_file_a_draft_folder_lacks(local, tmp_path, capsys, gone):
+    import shutil
+
+    draft = tmp_path / "draft"
+    shutil.copytree(local / "draft", draft)
+    (draft / gone).unlink()
+    assert main(["dflash", "eval", "--target", str(local / "target"), "--draft", str(draft),
+                 "--no-progress"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"lengthwise dflash: error: {draft}: not a draft: missing {gone} (a draft folder holds "
+        "config.json and model.safetensors, as `dflash export` writes, or config.json and "
+        "draft.pt, as `dflash train` writes under final/)"]
+
+
 def test_export_command_writes_the_reference_layout(local, tmp_path, capsys):
     from _dflash_run import config, train
 

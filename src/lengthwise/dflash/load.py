@@ -30,7 +30,8 @@ from typing import Any
 from lengthwise.errors import ConfigError
 
 __all__ = ["ARCHITECTURE", "FINAL", "FINAL_STEP", "RENAME", "check_target", "load_draft",
-           "load_draft_checkpoint", "load_exported", "open_draft", "trained_draft"]
+           "load_draft_checkpoint", "load_exported", "missing_draft_files", "open_draft",
+           "trained_draft"]
 
 #: the draft class the reference package and SGLang instantiate
 ARCHITECTURE = "DFlashDraftModel"
@@ -214,8 +215,44 @@ def load_draft(path: str | os.PathLike) -> Any:
 
 
 def open_draft(path: str | os.PathLike) -> tuple[Any, str]:
-    """:func:`load_draft` and the text naming the draft taken (:func:`trained_draft`)."""
+    """:func:`load_draft` and the text naming the draft taken (:func:`trained_draft`).
+
+    A folder holding part of a draft's files is refused naming the ones it lacks.
+    """
     path = Path(path)
     if (path / "config.json").is_file() and (path / "model.safetensors").is_file():
         return load_exported(path), f"{path} (exported)"
+    missing = missing_draft_files(path)
+    if missing:
+        raise ConfigError(f"{path}: not a draft: missing {missing} (a draft folder holds "
+                          "config.json and model.safetensors, as `dflash export` writes, or "
+                          "config.json and draft.pt, as `dflash train` writes under final/)")
     return trained_draft(path)
+
+
+def missing_draft_files(path: Path) -> str | None:
+    """What a folder holding only part of a draft's files lacks; ``None`` for anything else.
+
+    Example::
+
+        >>> import tempfile
+        >>> folder = Path(tempfile.mkdtemp())
+        >>> missing_draft_files(folder) is None
+        True
+        >>> _ = (folder / "model.safetensors").write_bytes(b"")
+        >>> missing_draft_files(folder)
+        'config.json'
+    """
+    if (path / FINAL).is_dir() or (path / "checkpoints").is_dir():
+        return None  # a run folder: trained_draft names what it lacks
+    weights = [f for f in ("model.safetensors", "draft.pt") if (path / f).is_file()]
+    config = (path / "config.json").is_file()
+    if weights and not config:
+        return "config.json"
+    if config and not weights:  # a run's final/ config has no architectures
+        try:
+            final = "architectures" not in json.loads((path / "config.json").read_text())
+        except (OSError, ValueError, TypeError):
+            final = False
+        return "draft.pt" if final else "model.safetensors"
+    return None
