@@ -135,6 +135,23 @@ def test_eval_skips_the_check_and_the_accuracy_pass_on_request(local, capsys):
     assert row["mismatches"] == 0 and "slot_accuracy" not in row
 
 
+def test_prompt_files_of_one_name_are_two_sets_named_by_their_folders(local, tmp_path, capsys):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "p.jsonl").write_text('{"prompt": "hello there"}\n{"prompt": "name a colour"}\n'
+                                      '{"prompt": "what is two plus two"}\n')
+    (tmp_path / "sub" / "p.jsonl").write_text('{"prompt": "and cats"}\n')
+    base = ["dflash", "eval", "--target", str(local / "target"), "--draft",
+            str(local / "draft"), "--temperatures", "0", "--max-new-tokens", "2", "--no-check",
+            "--no-accuracy", "--no-baseline", "--no-progress", "--json", "--prompts"]
+    assert main([*base, str(tmp_path / "p.jsonl"), str(tmp_path / "sub" / "p.jsonl")]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["set"], r["prompts"]) for r in rows] == [(f"{tmp_path.name}/p", 3), ("sub/p", 1)]
+    assert main([*base, str(tmp_path / "p.jsonl"), str(tmp_path / "sub" / ".." / "p.jsonl")]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"lengthwise dflash: error: --prompts: {tmp_path / 'p.jsonl'} and "
+        f"{tmp_path / 'sub' / '..' / 'p.jsonl'} are the same file; give each prompt set once"]
+
+
 def test_eval_shows_progress_of_each_pass(local, capsys):
     base = ["dflash", "eval", "--target", str(local / "target"), "--draft",
             str(local / "draft"), "--max-new-tokens", "4", "--limit", "2", "--temperatures",

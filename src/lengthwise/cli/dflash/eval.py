@@ -12,7 +12,6 @@ import argparse
 import json
 import math
 import sys
-from pathlib import Path
 from typing import Any
 
 from lengthwise.cli.dflash._settings import DEFAULTS
@@ -99,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
     from lengthwise.dflash.positions import max_positions, past_positions
     from lengthwise.dflash.prompts import (
         bundled_prompts,
+        prompt_set_names,
         read_prompt_file,
         render_prompts,
         template_report,
@@ -116,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
     if any(not (t >= 0 and math.isfinite(t)) for t in args.temperatures):
         raise ConfigError(f"--temperatures must be finite and >= 0, got {args.temperatures}")
     files = args.prompts or [str(bundled_prompts())]
-    sets = {Path(f).stem: read_prompt_file(f) for f in files}  # bad files fail before loading
+    sets = {name: read_prompt_file(f)  # bad files fail before loading
+            for name, f in zip(prompt_set_names(files), files, strict=True)}
     device = torch.device(args.device)
     from lengthwise.dflash.process import follow_live_tensors
 
