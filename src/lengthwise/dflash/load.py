@@ -183,7 +183,8 @@ def load_exported(folder: str | os.PathLike) -> Any:
                 "rope_parameters", "rope_theta", "rope_scaling")})),
             block_size=value("block_size"), target_layers=value("target_layer_ids"),
             num_target_layers=value("num_target_layers"), mask_token_id=value("mask_token_id"),
-            target_vocab_size=c.get("vocab_size"), tokenizer=d.get("tokenizer"))
+            target_vocab_size=c.get("vocab_size"), tokenizer=d.get("tokenizer"),
+            target_weights=d.get("target_weights"))
     except KeyError as exc:
         raise ConfigError(f"{folder}/config.json: no {exc.args[0]!r}") from exc
     draft = DFlashDraft(cfg)

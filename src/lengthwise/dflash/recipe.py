@@ -341,6 +341,7 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
         settings_json,
     )
     from lengthwise.dflash.target import Target, load_target
+    from lengthwise.dflash.target_weights import weights_record
     from lengthwise.dflash.tokenizer_id import TOKENIZER_FIELDS
     from lengthwise.disk import reporting_full_disk
     from lengthwise.train.checkpoint.state import state_bytes
@@ -378,6 +379,7 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
     # the data's tokenizer, which export and eval check the target's against
     draft.config.tokenizer = {k: data.info[k] for k in TOKENIZER_FIELDS
                               if data.info.get(k) is not None} or None
+    draft.config.target_weights = weights_record(model)  # the target eval must be given
     dcfg = draft.config
     held = held_out_batches([{k: v[: cfg.max_len] for k, v in data.sample(int(j)).items()}
                              for j in held_idx], max_tokens=cfg.max_tokens)

@@ -105,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
     )
     from lengthwise.dflash.recipe import load_tokenizer
     from lengthwise.dflash.target import Target, load_target
+    from lengthwise.dflash.target_weights import check_draft_target_weights
     from lengthwise.dflash.tokenizer_id import check_draft_tokenizer
     from lengthwise.errors import ConfigError
 
@@ -127,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
     check_draft_tokenizer(draft.config, tokenizer, draft=args.draft, target=args.target)
     model = load_target(args.target, dtype=args.dtype, device=device)
     check_target(draft.config, model.config)
+    check_draft_target_weights(draft.config, model, draft=args.draft, target=args.target)
     check_mask_token(draft.config.mask_token_id, int(model.get_input_embeddings().weight.shape[0]))
     target = Target(model, layers=draft.config.target_layers)
     print(f"lengthwise dflash eval: draft {named}", file=sys.stderr)  # once its checks passed
