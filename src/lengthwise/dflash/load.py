@@ -27,6 +27,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from lengthwise.dflash.tokenizer_id import DRAFT_TARGET_FIX
 from lengthwise.errors import ConfigError
 
 __all__ = ["ARCHITECTURE", "FINAL", "FINAL_STEP", "RENAME", "check_target", "load_draft",
@@ -143,7 +144,7 @@ def check_target(cfg: Any, target_config: Any) -> None:
     for name, ours, theirs in pairs:
         if ours is not None and int(ours) != int(theirs):
             raise ConfigError(f"--target: the draft was trained with {name} {ours}, the "
-                              f"target has {theirs}")
+                              f"target has {theirs}; {DRAFT_TARGET_FIX}")
 
 
 def load_exported(folder: str | os.PathLike) -> Any:
