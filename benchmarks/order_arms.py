@@ -49,7 +49,6 @@ shown, never compared.
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 import sys
 import tempfile
@@ -149,12 +148,13 @@ def run(settings: dict[str, Any], out: Path, workers: int, cache_dir: str | None
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _LM.parse(_LM.arguments(__doc__, __file__), argv)
+    ap = _LM.arguments(__doc__, __file__)
+    args = _LM.parse(ap, argv)
     out = Path(args.out or tempfile.mkdtemp(prefix="order-arms-"))
-    saved = json.loads(SAVED.read_text(encoding="utf-8")) if SAVED.is_file() else {}
+    saved = _LM.committed(SAVED, ap)
     if args.render:
         if "full" not in saved:
-            _LM.arguments(__doc__, __file__).error(f"--render: {SAVED} holds no full run yet")
+            ap.error(f"--render: {SAVED} holds no full run yet")
         plot(saved["full"])
         print("rewrote:", ", ".join(rewrite(saved)) or "nothing (already current)")
         return 0
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         write(saved, SAVED)
     _say(f"wrote {SAVED}")
     if "full" in saved:
-        full = json.loads(SAVED.read_text(encoding="utf-8"))["full"]
+        full = _LM.committed(SAVED, ap)["full"]
         plot(full)
         print("rewrote:", ", ".join(rewrite(saved)) or "nothing (already current)")
     return 0

@@ -134,17 +134,35 @@ def arguments(doc: str, script: str = __file__) -> argparse.ArgumentParser:
     from lengthwise.cli.demo import _positive
 
     ap = _Parser(prog=Path(script).name, description=doc.split("\n\n")[0])
-    ap.add_argument("--check", action="store_true",
-                    help="rerun the reduced check and compare with the committed figures")
     ap.add_argument("--out", default=None, help="folder for logs and saved runs (default: temp)")
     ap.add_argument("--workers", type=_positive, default=1, help="runs trained at a time")
     ap.add_argument("--cache-dir", default=None, help="the demo's corpus/tokenizer cache")
-    ap.add_argument("--full-only", action="store_true", help="skip the reduced check run")
-    ap.add_argument("--check-only", action="store_true",
-                    help="run the reduced check and save it, keep the saved full run")
-    ap.add_argument("--render", action="store_true",
-                    help="rewrite the docs and plots from the committed figures only")
+    mode = ap.add_mutually_exclusive_group()  # each names what the script does: one at most
+    mode.add_argument("--check", action="store_true",
+                      help="rerun the reduced check and compare with the committed figures")
+    mode.add_argument("--full-only", action="store_true", help="skip the reduced check run")
+    mode.add_argument("--check-only", action="store_true",
+                      help="run the reduced check and save it, keep the saved full run")
+    mode.add_argument("--render", action="store_true",
+                      help="rewrite the docs and plots from the committed figures only")
     return ap
+
+
+def committed(path: Path, ap: argparse.ArgumentParser) -> dict[str, Any]:
+    """The figures saved in ``path`` (none before the first run); a file that is not a JSON
+    object (damaged, cut short) is a one-line usage error naming it (exit 2)."""
+    if not path.is_file():
+        return {}
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        ap.error(f"{path}: not readable ({exc})")
+    except ValueError as exc:
+        ap.error(f"{path}: not valid JSON, damaged or cut short ({exc}); restore it (git "
+                 "checkout) or rerun the experiment")
+    if not isinstance(saved, dict):
+        ap.error(f"{path}: holds a JSON {type(saved).__name__}, not the figures' object")
+    return saved
 
 
 def parse(ap: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
@@ -173,12 +191,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="read the saved runs' logs under --out with the doctor again")
     args = parse(ap, argv)
     out = Path(args.out or tempfile.mkdtemp(prefix="order-quality-"))
-    saved = json.loads(SAVED.read_text(encoding="utf-8")) if SAVED.is_file() else {}
+    saved = committed(SAVED, ap)
     if args.render:
+        if "full" not in saved:
+            ap.error(f"--render: {SAVED} holds no full run yet")
         plot(saved["full"])
         print("rewrote:", ", ".join(rewrite(saved)) or "nothing (already current)")
         return 0
     if args.check:
+        if "check" not in saved:
+            ap.error(f"--check: {SAVED} holds no check run yet to compare with")
         fresh = run(CHECK, out / "check", 1, args.cache_dir)
         return say_drift("order_quality", compare(saved["check"], fresh))
     if not args.check_only:
@@ -189,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         write(saved)
     _say(f"wrote {SAVED}")
     if "full" in saved:
-        plot(json.loads(SAVED.read_text(encoding="utf-8"))["full"])
+        plot(committed(SAVED, ap)["full"])
         print("rewrote:", ", ".join(rewrite(saved)) or "nothing (already current)")
     return 0
 

@@ -24,7 +24,6 @@ and its load: shown, never compared.
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 import sys
 import tempfile
@@ -97,15 +96,18 @@ def _say(text: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _LM.parse(_LM.arguments(__doc__, __file__), argv)
+    ap = _LM.arguments(__doc__, __file__)
+    args = _LM.parse(ap, argv)
     out = Path(args.out or tempfile.mkdtemp(prefix="order-quality-dflash-"))
-    saved = json.loads(SAVED.read_text(encoding="utf-8")) if SAVED.is_file() else {}
+    saved = _LM.committed(SAVED, ap)
     if args.render:
         if "full" in saved:
             plot(saved["full"])
         print("rewrote:", ", ".join(rewrite(saved)) or "nothing (already current)")
         return 0
     if args.check:
+        if "check" not in saved:
+            ap.error(f"--check: {SAVED} holds no check run yet to compare with")
         # the target trained afresh, as on a fresh machine (the corpus may come from the cache)
         fresh = run(CHECK, out / "check", 1, args.cache_dir, str(out / "check" / "target"))
         return _LM.say_drift("order_quality_dflash", compare(saved["check"], fresh))
@@ -117,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         saved["full"] = run(FULL, out / "full", args.workers, args.cache_dir)
         write_json(saved, SAVED)
     _say(f"wrote {SAVED}")
-    saved = json.loads(SAVED.read_text(encoding="utf-8"))
+    saved = _LM.committed(SAVED, ap)
     if "full" in saved:
         plot(saved["full"])
     print("rewrote:", ", ".join(rewrite(saved)) or "nothing (already current)")

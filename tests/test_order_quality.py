@@ -193,6 +193,51 @@ def test_a_bad_option_is_one_line_and_nothing_runs(name, args, message, tmp_path
     assert lines[0].startswith(f"{name}.py: error: " + message.format(file=file)), lines
 
 
+def _refused(module, argv: list[str], capsys, monkeypatch) -> str:
+    """The one line a script's ``main(argv)`` is refused with (exit 2), nothing run or written."""
+    for name in ("run", "plot", "rewrite", "write", "write_json"):
+        if hasattr(module, name):
+            monkeypatch.setattr(module, name, lambda *a, **k: pytest.fail("it ran"))
+    with pytest.raises(SystemExit) as exit_:
+        module.main(argv)
+    said = capsys.readouterr()
+    lines = said.err.splitlines()
+    assert exit_.value.code == 2 and len(lines) == 1 and not said.out, lines
+    return lines[0]
+
+
+@pytest.mark.parametrize("name", ("order_arms", *SCRIPTS))
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--check-only", "--full-only"], "argument --full-only: not allowed with argument "
+                                      "--check-only"),
+    (["--render", "--check"], "argument --check: not allowed with argument --render"),
+    (["--check", "--check-only"], "argument --check-only: not allowed with argument --check"),
+], ids=["check-only-full-only", "render-check", "check-check-only"])
+def test_contradictory_modes_are_refused_in_one_line(name, argv, message, capsys, monkeypatch):
+    from _scripts import load_script
+
+    line = _refused(load_script(name), argv, capsys, monkeypatch)
+    assert line.startswith(f"{name}.py: error: {message}"), line
+
+
+@pytest.mark.parametrize("name", ("order_arms", *SCRIPTS))
+def test_a_damaged_committed_json_is_one_line_naming_it(name, tmp_path, capsys, monkeypatch):
+    from _scripts import load_script
+
+    module = load_script(name)
+    text = module.SAVED.read_text(encoding="utf-8")
+    damaged = tmp_path / module.SAVED.name
+    damaged.write_text(text[: len(text) // 2], encoding="utf-8")
+    monkeypatch.setattr(module, "SAVED", damaged)
+    line = _refused(module, ["--render"], capsys, monkeypatch)
+    assert line.startswith(f"{name}.py: error: {damaged}: not valid JSON, damaged or cut short "
+                           "("), line
+    damaged.write_text("[1, 2]\n", encoding="utf-8")
+    line = _refused(module, ["--render"], capsys, monkeypatch)
+    assert line.startswith(f"{name}.py: error: {damaged}: holds a JSON list, not the figures' "
+                           "object"), line
+
+
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_every_option_a_script_documents_is_one_it_has(name, capsys):
     import re

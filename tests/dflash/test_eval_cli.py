@@ -135,6 +135,23 @@ def test_eval_skips_the_check_and_the_accuracy_pass_on_request(local, capsys):
     assert row["mismatches"] == 0 and "slot_accuracy" not in row
 
 
+def test_prompt_files_of_one_name_are_two_sets_named_by_their_folders(local, tmp_path, capsys):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "p.jsonl").write_text('{"prompt": "hello there"}\n{"prompt": "name a colour"}\n'
+                                      '{"prompt": "what is two plus two"}\n')
+    (tmp_path / "sub" / "p.jsonl").write_text('{"prompt": "and cats"}\n')
+    base = ["dflash", "eval", "--target", str(local / "target"), "--draft",
+            str(local / "draft"), "--temperatures", "0", "--max-new-tokens", "2", "--no-check",
+            "--no-accuracy", "--no-baseline", "--no-progress", "--json", "--prompts"]
+    assert main([*base, str(tmp_path / "p.jsonl"), str(tmp_path / "sub" / "p.jsonl")]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["set"], r["prompts"]) for r in rows] == [(f"{tmp_path.name}/p", 3), ("sub/p", 1)]
+    assert main([*base, str(tmp_path / "p.jsonl"), str(tmp_path / "sub" / ".." / "p.jsonl")]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"lengthwise dflash: error: --prompts: {tmp_path / 'p.jsonl'} and "
+        f"{tmp_path / 'sub' / '..' / 'p.jsonl'} are the same file; give each prompt set once"]
+
+
 def test_eval_shows_progress_of_each_pass(local, capsys):
     base = ["dflash", "eval", "--target", str(local / "target"), "--draft",
             str(local / "draft"), "--max-new-tokens", "4", "--limit", "2", "--temperatures",
@@ -142,8 +159,10 @@ def test_eval_shows_progress_of_each_pass(local, capsys):
     assert main(base) == 0
     err = capsys.readouterr().err
     assert all(what in err for what in ("decoding", "lossless check", "draft accuracy"))
+    assert "Loading weights" not in err  # the command's own bars only, not transformers'
     assert main([*base, "--no-progress"]) == 0
-    assert "decoding" not in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "decoding" not in err and "Loading weights" not in err
 
 
 def test_eval_json_is_strict_json_when_a_figure_is_undefined(local, capsys):
@@ -203,6 +222,21 @@ def test_eval_and_export_refuse_bad_input_in_one_line(local, tmp_path, capsys):
     assert "no config.json" in capsys.readouterr().err
     assert main(["dflash", "export", str(tmp_path / "nothing"), str(tmp_path / "out")]) == 2
     assert "no such run or checkpoint folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("gone", ["model.safetensors", "config.json"])
+def test_eval_names_the_file_a_draft_folder_lacks(local, tmp_path, capsys, gone):
+    import shutil
+
+    draft = tmp_path / "draft"
+    shutil.copytree(local / "draft", draft)
+    (draft / gone).unlink()
+    assert main(["dflash", "eval", "--target", str(local / "target"), "--draft", str(draft),
+                 "--no-progress"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"lengthwise dflash: error: {draft}: not a draft: missing {gone} (a draft folder holds "
+        "config.json and model.safetensors, as `dflash export` writes, or config.json and "
+        "draft.pt, as `dflash train` writes under final/)"]
 
 
 def test_export_command_writes_the_reference_layout(local, tmp_path, capsys):

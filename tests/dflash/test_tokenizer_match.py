@@ -2,8 +2,8 @@
 
 ``prepare.json`` records the vocabulary size and the tokenizer and template hashes;
 ``dflash train`` refuses a target of another tokenizer, ``dflash export --target`` and
-``dflash eval`` a target other than the draft's, and a prepare rerun after the target's
-tokenizer changed prepares its shards again.
+``dflash eval`` a target other than the draft's (``dflash eval`` also one of other
+weights), and a prepare rerun after the target's tokenizer changed prepares its shards again.
 """
 
 from __future__ import annotations
@@ -119,6 +119,70 @@ def test_export_and_eval_refuse_a_target_other_than_the_drafts(tiny_prepared, tm
     assert main(["dflash", "eval", "--target", str(other), "--draft", str(tmp_path / "x"),
                  "--limit", "1", "--max-new-tokens", "2", "--temperatures", "0"]) == 2
     assert "was trained with another chat template than --target" in _error(capsys)
+
+
+def _redrawn(target, folder):
+    """``target`` with every weight drawn afresh: the same shapes, tokenizer and template."""
+    import transformers
+
+    shutil.copytree(target, folder)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    torch.manual_seed(123)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.05)
+    model.save_pretrained(str(folder))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def exported_run(tiny_prepared, tmp_path_factory):
+    """``(target, run, exported)``: a tiny run trained on ``target`` and its draft exported."""
+    target, data = tiny_prepared
+    root = tmp_path_factory.mktemp("exported_run")
+    run, exported = root / "run", root / "x"
+    assert _train(target, data, run) == 0
+    assert main(["dflash", "export", str(run), str(exported)]) == 0
+    return target, run, exported
+
+
+#: ``dflash eval`` options of a short run (add --target and --draft)
+EVAL = ["dflash", "eval", "--limit", "1", "--max-new-tokens", "2", "--temperatures", "0",
+        "--no-check", "--no-accuracy", "--no-baseline", "--no-progress", "--json"]
+
+
+def test_eval_refuses_a_target_of_other_weights_than_the_drafts(exported_run, tmp_path, capsys):
+    from lengthwise.dflash.target import load_target
+    from lengthwise.dflash.target_weights import SAMPLES, differs, weights_record
+    from lengthwise.dflash.tokenizer_id import DRAFT_TARGET_FIX
+
+    _, run, exported = exported_run
+    serve = run / "target"  # grown by the mask token's row: the target the draft trained on
+    record = json.loads((exported / "config.json").read_text())["dflash_config"][
+        "target_weights"]
+    assert len(record["sample"]) == SAMPLES
+    assert differs(record, weights_record(load_target(serve))) == 0
+    other = _redrawn(serve, tmp_path / "other")
+    for draft in (exported, run):
+        capsys.readouterr()
+        assert main([*EVAL, "--target", str(other), "--draft", str(draft)]) == 2
+        line = _error(capsys)
+        assert line.startswith(f"lengthwise dflash: error: the draft {draft} was trained on "
+                               f"other weights than --target {other}'s ({SAMPLES} of {SAMPLES} "
+                               "sampled values differ; the draft: "), line
+        assert line.endswith(DRAFT_TARGET_FIX), line
+    assert main([*EVAL, "--target", str(serve), "--draft", str(exported)]) == 0
+
+
+def test_eval_of_the_target_before_it_grew_names_the_grown_one(exported_run, capsys):
+    from lengthwise.dflash.tokenizer_id import DRAFT_TARGET_FIX
+
+    target, _, exported = exported_run
+    capsys.readouterr()
+    assert main([*EVAL, "--target", str(target), "--draft", str(exported)]) == 2
+    line = _error(capsys)  # one line: no loading bars before it
+    assert line == ("lengthwise dflash: error: --target: the draft was trained with "
+                    f"target_vocab_size 323, the target has 322; {DRAFT_TARGET_FIX}"), line
 
 
 def test_shards_from_before_the_tokenizer_was_recorded_are_prepared_again(tiny_prepared,

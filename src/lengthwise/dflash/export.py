@@ -78,7 +78,9 @@ def exported_config(cfg: Any, *, dtype: str = "float32") -> dict[str, Any]:
         "block_size": int(block), "num_target_layers": int(cfg.num_target_layers),
         "dflash_config": {"mask_token_id": mask, "target_layer_ids": layers,
                           "block_size": int(block),
-                          **({"tokenizer": cfg.tokenizer} if cfg.tokenizer else {})},
+                          **({"tokenizer": cfg.tokenizer} if cfg.tokenizer else {}),
+                          **({"target_weights": cfg.target_weights}
+                             if cfg.target_weights else {})},
     }
 
 

@@ -27,10 +27,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+from lengthwise.dflash.tokenizer_id import DRAFT_TARGET_FIX
 from lengthwise.errors import ConfigError
 
 __all__ = ["ARCHITECTURE", "FINAL", "FINAL_STEP", "RENAME", "check_target", "load_draft",
-           "load_draft_checkpoint", "load_exported", "open_draft", "trained_draft"]
+           "load_draft_checkpoint", "load_exported", "missing_draft_files", "open_draft",
+           "trained_draft"]
 
 #: the draft class the reference package and SGLang instantiate
 ARCHITECTURE = "DFlashDraftModel"
@@ -142,7 +144,7 @@ def check_target(cfg: Any, target_config: Any) -> None:
     for name, ours, theirs in pairs:
         if ours is not None and int(ours) != int(theirs):
             raise ConfigError(f"--target: the draft was trained with {name} {ours}, the "
-                              f"target has {theirs}")
+                              f"target has {theirs}; {DRAFT_TARGET_FIX}")
 
 
 def load_exported(folder: str | os.PathLike) -> Any:
@@ -182,7 +184,8 @@ def load_exported(folder: str | os.PathLike) -> Any:
                 "rope_parameters", "rope_theta", "rope_scaling")})),
             block_size=value("block_size"), target_layers=value("target_layer_ids"),
             num_target_layers=value("num_target_layers"), mask_token_id=value("mask_token_id"),
-            target_vocab_size=c.get("vocab_size"), tokenizer=d.get("tokenizer"))
+            target_vocab_size=c.get("vocab_size"), tokenizer=d.get("tokenizer"),
+            target_weights=d.get("target_weights"))
     except KeyError as exc:
         raise ConfigError(f"{folder}/config.json: no {exc.args[0]!r}") from exc
     draft = DFlashDraft(cfg)
@@ -214,8 +217,44 @@ def load_draft(path: str | os.PathLike) -> Any:
 
 
 def open_draft(path: str | os.PathLike) -> tuple[Any, str]:
-    """:func:`load_draft` and the text naming the draft taken (:func:`trained_draft`)."""
+    """:func:`load_draft` and the text naming the draft taken (:func:`trained_draft`).
+
+    A folder holding part of a draft's files is refused naming the ones it lacks.
+    """
     path = Path(path)
     if (path / "config.json").is_file() and (path / "model.safetensors").is_file():
         return load_exported(path), f"{path} (exported)"
+    missing = missing_draft_files(path)
+    if missing:
+        raise ConfigError(f"{path}: not a draft: missing {missing} (a draft folder holds "
+                          "config.json and model.safetensors, as `dflash export` writes, or "
+                          "config.json and draft.pt, as `dflash train` writes under final/)")
     return trained_draft(path)
+
+
+def missing_draft_files(path: Path) -> str | None:
+    """What a folder holding only part of a draft's files lacks; ``None`` for anything else.
+
+    Example::
+
+        >>> import tempfile
+        >>> folder = Path(tempfile.mkdtemp())
+        >>> missing_draft_files(folder) is None
+        True
+        >>> _ = (folder / "model.safetensors").write_bytes(b"")
+        >>> missing_draft_files(folder)
+        'config.json'
+    """
+    if (path / FINAL).is_dir() or (path / "checkpoints").is_dir():
+        return None  # a run folder: trained_draft names what it lacks
+    weights = [f for f in ("model.safetensors", "draft.pt") if (path / f).is_file()]
+    config = (path / "config.json").is_file()
+    if weights and not config:
+        return "config.json"
+    if config and not weights:  # a run's final/ config has no architectures
+        try:
+            final = "architectures" not in json.loads((path / "config.json").read_text())
+        except (OSError, ValueError, TypeError):
+            final = False
+        return "draft.pt" if final else "model.safetensors"
+    return None

@@ -72,7 +72,9 @@ class DFlashConfig:
     and ``rope_scaling`` are the target's rotary settings, ``target_vocab_size`` the
     rows of its embedding (``from_target`` reads them). ``tokenizer`` records the
     tokenizer the draft was trained with (vocabulary size, tokenizer and chat-template
-    hashes, from ``prepare.json``), checked against the target's by export and eval.
+    hashes, from ``prepare.json``), checked against the target's by export and eval;
+    ``target_weights`` a record of the weights of the target it was trained on
+    (:func:`~lengthwise.dflash.target_weights.weights_record`), checked by eval.
     """
 
     hidden_size: int
@@ -93,6 +95,7 @@ class DFlashConfig:
     mask_token_id: int | None = None
     target_vocab_size: int | None = None
     tokenizer: dict[str, Any] | None = None
+    target_weights: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self._check()

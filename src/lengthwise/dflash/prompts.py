@@ -24,7 +24,8 @@ from typing import Any
 from lengthwise.errors import ConfigError, DataError
 from lengthwise.planning.jsonl import check_text, json_record
 
-__all__ = ["bundled_prompts", "read_prompt_file", "render_prompts", "template_report"]
+__all__ = ["bundled_prompts", "prompt_set_names", "read_prompt_file", "render_prompts",
+           "template_report"]
 
 _ROLES = ("system", "user", "assistant", "tool")
 
@@ -55,6 +56,39 @@ def read_prompt_file(path: str | os.PathLike) -> list[list[dict[str, str]]]:
     if not out:
         raise DataError(f"{path}: no prompts")
     return out
+
+
+def prompt_set_names(files: list[str | os.PathLike]) -> list[str]:
+    """The name of each prompt file's set in a report: its stem, or, where stems repeat, as
+    many of its folders before the stem as tell the files apart.
+
+    A file given twice raises :class:`~lengthwise.errors.ConfigError` naming both spellings.
+
+    Example::
+
+        >>> prompt_set_names(["mt_bench.jsonl", "math/test.jsonl", "code/test.jsonl"])
+        ['mt_bench', 'math/test', 'code/test']
+    """
+    paths = [Path(f).resolve() for f in files]
+    seen: dict[Path, str | os.PathLike] = {}
+    for given, path in zip(files, paths, strict=True):
+        if path in seen:
+            raise ConfigError(f"--prompts: {seen[path]} and {given} are the same file; give "
+                              "each prompt set once")
+        seen[path] = given
+
+    def name(path: Path, depth: int) -> str:
+        if depth >= len(path.parts):  # the stems and folders alike: the whole path
+            return str(path)
+        return "/".join([*path.parent.parts[len(path.parent.parts) - depth + 1:], path.stem])
+
+    depth = [1] * len(paths)
+    while True:
+        names = [name(p, d) for p, d in zip(paths, depth, strict=True)]
+        clash = {n for n in names if names.count(n) > 1}
+        if not clash:
+            return names
+        depth = [d + (n in clash) for n, d in zip(names, depth, strict=True)]
 
 
 def _conversation(row: Any, where: str) -> list[dict[str, str]]:

@@ -340,9 +340,9 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
         settings_json,
     )
     from lengthwise.dflash.target import Target, load_target
+    from lengthwise.dflash.target_weights import weights_record
     from lengthwise.dflash.tokenizer_id import TOKENIZER_FIELDS
     from lengthwise.disk import reporting_full_disk
-    from lengthwise.progress import no_transformers_bars
     from lengthwise.train.checkpoint.state import state_bytes
     from lengthwise.train.device import autocast_dtype, configure_torch, rank_world, say
     from lengthwise.train.loop import TrainLoop
@@ -365,8 +365,7 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
         cfg = _with_epochs(cfg, run, lengths, rank, world)
 
     applied = _check_out(out, cfg, run, data.info, group)
-    with no_transformers_bars():
-        model = load_target(run.target, dtype=cfg.dtype, device=device)
+    model = load_target(run.target, dtype=cfg.dtype, device=device)
     # the blocks' mask token: the tokenizer's own, else <|MASK|> added (the target embeds it)
     rows = int(model.get_input_embeddings().weight.shape[0])
     mask = ensure_mask_token(tokenizer, model)
@@ -379,6 +378,7 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
     # the data's tokenizer, which export and eval check the target's against
     draft.config.tokenizer = {k: data.info[k] for k in TOKENIZER_FIELDS
                               if data.info.get(k) is not None} or None
+    draft.config.target_weights = weights_record(model)  # the target eval must be given
     dcfg = draft.config
     held = held_out_batches([{k: v[: cfg.max_len] for k, v in data.sample(int(j)).items()}
                              for j in held_idx], max_tokens=cfg.max_tokens)

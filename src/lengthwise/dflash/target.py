@@ -171,10 +171,13 @@ def load_target(path: str | Path, *, dtype: str | torch.dtype | None = None,
                         "(no config.json there)")
     import pickle
 
+    from lengthwise.progress import no_transformers_bars
+
     _check_device(device)
     try:  # transformers reads .bin weights with torch.load(weights_only=True)
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            str(path), dtype=weights_dtype(dtype, device), local_files_only=True)
+        with no_transformers_bars():  # the command's own lines are its stderr
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                str(path), dtype=weights_dtype(dtype, device), local_files_only=True)
     except pickle.UnpicklingError:
         names = sorted(p.name for p in path.glob("*.bin")) or ["its weights"]
         raise DataError(f"--target {path}: {', '.join(names)} holds objects other than tensors; "

@@ -30,9 +30,12 @@ from lengthwise.errors import DataError
 
 #: the fields of a tokenizer record (``prepare.json`` and ``DFlashConfig.tokenizer``)
 TOKENIZER_FIELDS = ("vocab_size", "tokenizer_sha256", "chat_template_sha256")
+#: what to do when a target is not the one a draft was trained for
+DRAFT_TARGET_FIX = ("give the target the draft was trained for (its run's target/ folder when "
+                    "training added the mask token)")
 
-__all__ = ["TOKENIZER_FIELDS", "check_draft_tokenizer", "check_tokenizer", "template_sha256",
-           "tokenizer_record", "tokenizer_sha256"]
+__all__ = ["DRAFT_TARGET_FIX", "TOKENIZER_FIELDS", "check_draft_tokenizer", "check_tokenizer",
+           "template_sha256", "tokenizer_record", "tokenizer_sha256"]
 
 
 def tokenizer_sha256(tokenizer: Any, size: int | None = None) -> str:
@@ -85,8 +88,7 @@ def check_draft_tokenizer(draft_config: Any, tokenizer: Any, *, draft: str, targ
     record = getattr(draft_config, "tokenizer", None)
     if record:
         _check(record, tokenizer, f"the draft {draft} was trained", "the draft", target,
-               "give the target the draft was trained for (its run's target/ folder when "
-               "training added the mask token)")
+               DRAFT_TARGET_FIX)
 
 
 def _check(record: dict[str, Any], tokenizer: Any, subject: str, source: str, target: str,

@@ -12,7 +12,6 @@ import argparse
 import json
 import math
 import sys
-from pathlib import Path
 from typing import Any
 
 from lengthwise.cli.dflash._settings import DEFAULTS
@@ -99,12 +98,14 @@ def run(args: argparse.Namespace) -> int:
     from lengthwise.dflash.positions import max_positions, past_positions
     from lengthwise.dflash.prompts import (
         bundled_prompts,
+        prompt_set_names,
         read_prompt_file,
         render_prompts,
         template_report,
     )
     from lengthwise.dflash.recipe import load_tokenizer
     from lengthwise.dflash.target import Target, load_target
+    from lengthwise.dflash.target_weights import check_draft_target_weights
     from lengthwise.dflash.tokenizer_id import check_draft_tokenizer
     from lengthwise.errors import ConfigError
 
@@ -116,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
     if any(not (t >= 0 and math.isfinite(t)) for t in args.temperatures):
         raise ConfigError(f"--temperatures must be finite and >= 0, got {args.temperatures}")
     files = args.prompts or [str(bundled_prompts())]
-    sets = {Path(f).stem: read_prompt_file(f) for f in files}  # bad files fail before loading
+    sets = {name: read_prompt_file(f)  # bad files fail before loading
+            for name, f in zip(prompt_set_names(files), files, strict=True)}
     device = torch.device(args.device)
     from lengthwise.dflash.process import follow_live_tensors
 
@@ -126,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
     check_draft_tokenizer(draft.config, tokenizer, draft=args.draft, target=args.target)
     model = load_target(args.target, dtype=args.dtype, device=device)
     check_target(draft.config, model.config)
+    check_draft_target_weights(draft.config, model, draft=args.draft, target=args.target)
     check_mask_token(draft.config.mask_token_id, int(model.get_input_embeddings().weight.shape[0]))
     target = Target(model, layers=draft.config.target_layers)
     print(f"lengthwise dflash eval: draft {named}", file=sys.stderr)  # once its checks passed
