@@ -29,7 +29,7 @@ Example::
 from __future__ import annotations
 
 import json
-import math
+import reprlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,8 +38,8 @@ import numpy as np
 
 from lengthwise.errors import ConfigError, DataError
 
-__all__ = ["DeviceProfile", "RunTime", "StepWork", "check_costs", "duration", "fit_profile",
-           "micro_flops", "predict", "read_profile", "save_profile"]
+__all__ = ["MAX_COST", "DeviceProfile", "RunTime", "StepWork", "check_costs", "duration",
+           "fit_profile", "micro_flops", "predict", "read_profile", "save_profile"]
 
 
 @dataclass(frozen=True)
@@ -99,14 +99,12 @@ class DeviceProfile:
             >>> DeviceProfile.load(f).per_gflop
             0.02
         """
-        where = f"--device-profile {path}"
-        data = read_profile(path)
-        missing = [k for k in ("device", "micro_batch", "per_gflop") if k not in data]
-        if missing:
-            raise DataError(f"{where}: no {', '.join(missing)}: write it with --save-profile")
+        data = read_profile(path, kind="training", write="dflash estimate --time --save-profile",
+                            required=("micro_batch", "per_gflop"),
+                            costs=("micro_batch", "per_gflop", "eval_seconds", "start_seconds"),
+                            priced=("micro_batch", "per_gflop"), timed="steps")
         known = {k: data[k] for k in ("device", "micro_batch", "per_gflop", "eval_seconds",
                                       "start_seconds", "fit") if k in data}
-        check_costs(known, ("micro_batch", "per_gflop", "eval_seconds", "start_seconds"), where)
         return cls(**known)
 
 
@@ -115,26 +113,85 @@ def save_profile(profile: Any, path: str | Path) -> None:
     Path(path).write_text(json.dumps(asdict(profile), indent=2) + "\n", encoding="utf-8")
 
 
-def read_profile(path: str | Path) -> dict[str, Any]:
-    """The JSON object of a profile file (``--device-profile``); a one-line error otherwise."""
+#: the most seconds a profile may price one unit of work at: beyond it a time is no estimate
+MAX_COST = 1e6
+_JSON_KIND = {list: "array", str: "string", int: "number", float: "number", bool: "boolean",
+              type(None): "null"}
+
+
+def read_profile(path: str | Path, *, kind: str, write: str, required: tuple[str, ...],
+                 costs: tuple[str, ...], priced: tuple[str, ...], timed: str,
+                 ) -> dict[str, Any]:
+    """The JSON object of a ``kind`` profile file (``--device-profile``), checked as data
+    before anything is priced by it; a one-line error naming the file and the field otherwise.
+
+    It names its ``device`` and holds each of ``required``; each of ``costs`` (0 when absent)
+    is seconds per unit from 0 to :data:`MAX_COST`, and not all of ``priced`` are 0 (that
+    would price the work at 0 s); its ``fit``, where present, is an object whose count of
+    ``timed`` work and relative errors are numbers. ``write``: the command that writes such
+    a profile.
+
+    Example::
+
+        >>> import tempfile, os
+        >>> f = os.path.join(tempfile.mkdtemp(), "p.json")
+        >>> _ = open(f, "w").write('{"device": "cpu", "per_step": true}')
+        >>> try:
+        ...     read_profile(f, kind="k", write="w", required=("per_step",),
+        ...                  costs=("per_step",), priced=("per_step",), timed="steps")
+        ... except DataError as e:
+        ...     print(str(e).replace(f, "p.json"))
+        --device-profile p.json: per_step must be a number of seconds from 0 to 1e+06, got True
+    """
     where = f"--device-profile {path}"
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = json.loads(Path(path).read_bytes().decode("utf-8"))
     except OSError as e:
         raise ConfigError(f"{where}: cannot read it ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise DataError(f"{where}: not a text file (byte {e.start} is not UTF-8)") from None
     except json.JSONDecodeError as e:
         raise DataError(f"{where}: not JSON ({e.msg}, line {e.lineno})") from None
+    except RecursionError:
+        raise DataError(f"{where}: not a profile (JSON nested too deep)") from None
     if not isinstance(data, dict):
-        raise DataError(f"{where}: a JSON object is expected")
+        raise DataError(f"{where}: a JSON object is expected, got a JSON "
+                        f"{_JSON_KIND.get(type(data), type(data).__name__)}")
+    missing = [k for k in ("device", *required) if k not in data]
+    if missing:
+        raise DataError(f"{where}: not a {kind} profile (no {', '.join(missing)}); write one "
+                        f"with {write}")
+    if not isinstance(data["device"], str) or not data["device"].strip():
+        raise DataError(f"{where}: device must be the name of a device, got "
+                        f"{reprlib.repr(data['device'])}")
+    check_costs(data, costs, where)
+    if not any(data.get(k, 0) for k in priced):
+        names = ", ".join(priced[:-1]) + " and " + priced[-1] if len(priced) > 1 else priced[0]
+        raise DataError(f"{where}: {names} {'are both' if len(priced) == 2 else 'are all'} 0, "
+                        f"which prices the work at 0 s; write a measured profile with {write}")
+    fit = data.get("fit", {})
+    if not isinstance(fit, dict):
+        raise DataError(f"{where}: fit must be a JSON object (the timed work), got "
+                        f"{reprlib.repr(fit)}")
+    v = fit.get(timed, 1)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise DataError(f"{where}: fit.{timed} must be a count >= 1, got {reprlib.repr(v)}")
+    check_costs(fit, ("median_relative_error", "max_relative_error"), where, what="a number",
+                section="fit.")
     return data
 
 
-def check_costs(data: dict[str, Any], names: tuple[str, ...], where: str) -> None:
-    """Each of ``names`` in ``data`` (0 when absent) is a finite number >= 0."""
+def check_costs(data: dict[str, Any], names: tuple[str, ...], where: str, *,
+                what: str = "a number of seconds", section: str = "") -> None:
+    """Each of ``names`` in ``data`` (0 when absent) is a real number from 0 to
+    :data:`MAX_COST` (a JSON ``true`` is not one); ``where`` starts the error, ``section``
+    the field's name."""
     for k in names:
         v = data.get(k, 0.0)
-        if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            raise DataError(f"{where}: {k} must be a number >= 0, got {v!r}")
+        if (isinstance(v, bool) or not isinstance(v, (int, float))
+                or not 0 <= v <= MAX_COST):  # NaN fails both comparisons
+            raise DataError(f"{where}: {section}{k} must be {what} from 0 to {MAX_COST:g}, got "
+                            f"{reprlib.repr(v)}")
 
 
 def micro_flops(flops: Any, lengths: np.ndarray, anchors: np.ndarray,

@@ -41,11 +41,13 @@ from lengthwise.dflash.run_time import (
 )
 from lengthwise.errors import ConfigError
 
-__all__ = ["PROFILE_STEPS", "device_name", "estimate_time", "evaluations", "measure_profile",
-           "plan_work", "run_samples", "step_flops", "train_command"]
+__all__ = ["MAX_PLANNED", "PROFILE_STEPS", "device_name", "estimate_time", "evaluations",
+           "measure_profile", "plan_work", "run_samples", "step_flops", "train_command"]
 
 #: timed steps the profile is fitted on (one more before them warms up, one after evaluates)
 PROFILE_STEPS = 4
+#: the most steps (times ranks) a plan is replayed for: each is counted one by one
+MAX_PLANNED = 1_000_000
 
 
 def step_flops(config: dict[str, Any], cfg: Any) -> Any:
@@ -93,7 +95,8 @@ def plan_work(data: Any, cfg: Any, run: Any, *, world: int = 1,
     """``(work of every step, the config the run trains with)`` of ``dflash train`` on
     ``data`` (:func:`~lengthwise.dflash.prepared.open_prepared`) at ``world`` ranks.
 
-    ``run.epochs`` sets the steps as training does; ``samples``: :func:`run_samples` of
+    ``run.epochs`` sets the steps as training does; more than :data:`MAX_PLANNED` steps
+    times ranks are refused before anything is counted. ``samples``: :func:`run_samples` of
     the run, read here when not given (``config`` is then the target's ``config.json``).
     """
     from lengthwise.dflash.recipe import _with_epochs
@@ -104,6 +107,13 @@ def plan_work(data: Any, cfg: Any, run: Any, *, world: int = 1,
                                else run_samples(data, cfg, run, config=config))
     if run.epochs is not None:
         cfg = _with_epochs(cfg, run, lengths, 0, world)
+    if cfg.steps * world > MAX_PLANNED:
+        given = (f"--epochs {run.epochs:g}" if run.epochs is not None
+                 else f"--steps {cfg.steps}")
+        raise ConfigError(f"{given}: {cfg.steps:,} steps at {world} rank(s); the time estimate "
+                          f"replays every planned step of every rank, at most {MAX_PLANNED:,}: "
+                          "estimate a shorter run (--epochs 1 gives an epoch's time) and "
+                          "scale it")
     capacity = cfg.max_len if run.order == PACKED else None
     ranks = [StepBatches(make_sampler(run.order, lengths, cfg, rank=r, world=world,
                                       check_world_size=False), cfg.grad_accum)
