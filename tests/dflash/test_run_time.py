@@ -15,6 +15,7 @@ from lengthwise.dflash.run_time import (
     StepWork,
     duration,
     fit_profile,
+    micro_work,
     predict,
 )
 from lengthwise.errors import ConfigError, DataError
@@ -33,6 +34,28 @@ def test_the_fit_recovers_the_per_unit_costs_of_exact_times(micro, per, g):
     prof = fit_profile(m, g, micro * m + per * g, device="cpu")
     assert prof.step_seconds(m, g) == pytest.approx(micro * m + per * g, rel=1e-6)
     assert prof.fit["max_relative_error"] < 1e-6
+
+
+@settings(max_examples=40, deadline=None)
+@given(batches=st.lists(st.lists(st.lists(st.integers(0, 7), min_size=1, max_size=3),
+                                 min_size=1, max_size=3), min_size=1, max_size=6),
+       capacity=st.sampled_from([None, 64]), multiple=st.sampled_from([1, 8]))
+def test_micro_batches_counted_together_are_each_counted_as_alone(batches, capacity, multiple):
+    from lengthwise.dflash.step_cost import StepFlops
+
+    f = StepFlops(1.0, 2.0, 0.5, 10.0, 3.0, 7.0, block_size=4)
+    lengths = np.array([5, 17, 3, 40, 9, 12, 1, 30])
+    anchors = np.array([2, 4, 0, 8, 3, 3, 0, 6])
+    work, tokens = micro_work(f, lengths, anchors, batches, pad_multiple=multiple,
+                              capacity=capacity)
+    alone = [micro_work(f, lengths, anchors, [b], pad_multiple=multiple, capacity=capacity)
+             for b in batches]
+    assert work.tolist() == [float(w[0]) for w, _ in alone]
+    assert tokens.tolist() == [int(t[0]) for _, t in alone]
+    for b, t in zip(batches, tokens.tolist(), strict=True):
+        ids = [i for row in b for i in row]
+        longest = -(-max(lengths[ids]) // multiple) * multiple
+        assert t == (len(b) * capacity if capacity else len(ids) * longest)
 
 
 def test_alike_steps_are_priced_by_their_compute_alone():

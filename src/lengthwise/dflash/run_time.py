@@ -39,7 +39,7 @@ import numpy as np
 from lengthwise.errors import ConfigError, DataError
 
 __all__ = ["MAX_COST", "DeviceProfile", "RunTime", "StepWork", "check_costs", "duration",
-           "fit_profile", "micro_flops", "predict", "read_profile", "save_profile"]
+           "fit_profile", "micro_flops", "micro_work", "predict", "read_profile", "save_profile"]
 
 
 @dataclass(frozen=True)
@@ -195,14 +195,11 @@ def check_costs(data: dict[str, Any], names: tuple[str, ...], where: str, *,
 
 
 def micro_flops(flops: Any, lengths: np.ndarray, anchors: np.ndarray,
-                rows: list[list[list[int]]], *, pad_multiple: int = 1,
+                rows: list[list[int]], *, pad_multiple: int = 1,
                 capacity: int | None = None) -> float:
     """FLOPs of one micro-batch of ``rows`` (each a list of sample positions), the formula of
-    :mod:`lengthwise.dflash.step_cost`; ``capacity``: packed rows of that many tokens.
-
-    A packed row is priced as one sample of ``capacity`` tokens holding its samples'
-    anchors (its attention over the whole row: an upper bound where kernels skip across
-    samples).
+    :mod:`lengthwise.dflash.step_cost`; ``capacity``: packed rows of that many tokens
+    (:func:`micro_work`).
 
     Example::
 
@@ -211,16 +208,57 @@ def micro_flops(flops: Any, lengths: np.ndarray, anchors: np.ndarray,
         >>> micro_flops(f, np.array([4, 2]), np.array([3, 1]), [[0], [1]])
         128.0
     """
-    from lengthwise.dflash.step_cost import batch_flops
+    return float(micro_work(flops, lengths, anchors, [rows], pad_multiple=pad_multiple,
+                            capacity=capacity)[0][0])
 
-    if capacity is None:
-        ids = np.array([i for row in rows for i in row], dtype=np.int64)
-        lens, anc = lengths[ids], anchors[ids]
-    else:
+
+def micro_work(flops: Any, lengths: np.ndarray, anchors: np.ndarray,
+               batches: list[list[list[int]]], *, pad_multiple: int = 1,
+               capacity: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(FLOPs, padded tokens)`` of each micro-batch of ``batches`` (each a non-empty list of
+    rows of sample positions), all counted at once.
+
+    A padded micro-batch holds its samples at the longest, rounded up to ``pad_multiple``; a
+    packed row (``capacity``) is priced as one sample of ``capacity`` tokens holding its
+    samples' anchors (its attention over the whole row: an upper bound where kernels skip
+    across samples).
+
+    Example::
+
+        >>> from lengthwise.dflash.step_cost import StepFlops
+        >>> f = StepFlops(1.0, 0.0, 0.0, 10.0, 0.0, 0.0, block_size=2)
+        >>> work, tokens = micro_work(f, np.array([4, 2]), np.array([3, 1]), [[[0], [1]], [[1]]])
+        >>> work.tolist(), tokens.tolist()
+        ([128.0, 22.0], [8, 2])
+    """
+    from lengthwise.dflash.step_cost import batch_flops
+    from lengthwise.planning.cost import round_up
+
+    rows = [row for batch in batches for row in batch]
+    ids = np.fromiter((i for row in rows for i in row), dtype=np.int64)
+    per_row = np.fromiter((len(row) for row in rows), dtype=np.int64, count=len(rows))
+    per_batch = np.fromiter((len(b) for b in batches), dtype=np.int64, count=len(batches))
+    if capacity is None:  # a micro-batch's samples, the longest padded
+        sizes = np.add.reduceat(per_row, _starts(per_batch))
+        lens, index, anc = lengths, ids, anchors
+    else:  # each packed row one sample of capacity tokens
+        sizes = per_batch
         lens = np.full(len(rows), int(capacity), dtype=np.int64)
-        anc = np.array([int(anchors[list(row)].sum()) for row in rows], dtype=np.int64)
-    return float(batch_flops(flops, lens, np.arange(lens.size), np.array([0, lens.size]),
-                             anc, pad_multiple=pad_multiple)[0])
+        index = np.arange(len(rows))
+        anc = np.add.reduceat(np.asarray(anchors, dtype=np.int64)[ids], _starts(per_row))
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    work = batch_flops(flops, lens, index, offsets, anc, pad_multiple=pad_multiple)
+    if capacity is None:
+        longest = np.maximum.reduceat(np.asarray(lengths, dtype=np.int64)[ids], offsets[:-1])
+        tokens = sizes * np.asarray(round_up(longest, pad_multiple), dtype=np.int64)
+    else:
+        tokens = per_batch * int(capacity)
+    return work, tokens
+
+
+def _starts(counts: np.ndarray) -> np.ndarray:
+    """Where each of consecutive groups of ``counts`` (each >= 1) items starts."""
+    return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
 
 
 def fit_profile(micro: Any, gflop: Any, seconds: Any, *, device: str,
