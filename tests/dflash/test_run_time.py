@@ -15,7 +15,6 @@ from lengthwise.dflash.run_time import (
     StepWork,
     duration,
     fit_profile,
-    micro_work,
     predict,
 )
 from lengthwise.errors import ConfigError, DataError
@@ -41,6 +40,7 @@ def test_the_fit_recovers_the_per_unit_costs_of_exact_times(micro, per, g):
                                  min_size=1, max_size=3), min_size=1, max_size=6),
        capacity=st.sampled_from([None, 64]), multiple=st.sampled_from([1, 8]))
 def test_micro_batches_counted_together_are_each_counted_as_alone(batches, capacity, multiple):
+    from lengthwise.dflash.run_time import micro_work
     from lengthwise.dflash.step_cost import StepFlops
 
     f = StepFlops(1.0, 2.0, 0.5, 10.0, 3.0, 7.0, block_size=4)
