@@ -81,7 +81,7 @@ def test_ranks_take_shards_in_turn_and_a_longer_cap_than_timed_is_refused():
         predict_generate(plan, cut, max_new_tokens=16)
 
 
-def test_a_profile_file_round_trips_and_a_training_one_is_named(tmp_path):
+def test_a_profile_file_round_trips_and_a_training_or_bad_one_is_named(tmp_path):
     from lengthwise.dflash.run_time import DeviceProfile
 
     prof = GenerateProfile("NVIDIA H200 (CUDA)", 1e-6, 0.01, 1e-4, 1e-9, [12, 40], 64,
@@ -91,6 +91,20 @@ def test_a_profile_file_round_trips_and_a_training_one_is_named(tmp_path):
     DeviceProfile("cpu", 0.1, 0.02).save(tmp_path / "train.json")
     with pytest.raises(DataError, match="not a regeneration profile"):
         GenerateProfile.load(tmp_path / "train.json")
+    good = prof.to_dict()
+    for change, why in [({"per_step": True}, "per_step must be a number of seconds"),
+                        ({"per_pair": 1e308}, "per_pair must be a number of seconds from 0"),
+                        (dict.fromkeys(("per_prefill_token", "per_step", "per_row_step",
+                                        "per_pair"), 0.0),
+                         "per_prefill_token, per_step, per_row_step and per_pair are all 0"),
+                        ({"responses": [True, 12]}, "responses must be a list of lengths"),
+                        ({"responses": [12, 65]}, r"from 1 to max_new_tokens \(64\)"),
+                        ({"max_new_tokens": True}, "max_new_tokens must be a count"),
+                        ({"fit": ["batches", 4]}, "fit must be a JSON object"),
+                        ({"fit": {"batches": True}}, "fit.batches must be a count")]:
+        (tmp_path / "bad.json").write_text(json.dumps({**good, **change}))
+        with pytest.raises(DataError, match=why):
+            GenerateProfile.load(tmp_path / "bad.json")
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -32,6 +33,29 @@ def test_the_fit_recovers_the_per_unit_costs_of_exact_times(micro, per, g):
     prof = fit_profile(m, g, micro * m + per * g, device="cpu")
     assert prof.step_seconds(m, g) == pytest.approx(micro * m + per * g, rel=1e-6)
     assert prof.fit["max_relative_error"] < 1e-6
+
+
+@settings(max_examples=40, deadline=None)
+@given(batches=st.lists(st.lists(st.lists(st.integers(0, 7), min_size=1, max_size=3),
+                                 min_size=1, max_size=3), min_size=1, max_size=6),
+       capacity=st.sampled_from([None, 64]), multiple=st.sampled_from([1, 8]))
+def test_micro_batches_counted_together_are_each_counted_as_alone(batches, capacity, multiple):
+    from lengthwise.dflash.run_time import micro_work
+    from lengthwise.dflash.step_cost import StepFlops
+
+    f = StepFlops(1.0, 2.0, 0.5, 10.0, 3.0, 7.0, block_size=4)
+    lengths = np.array([5, 17, 3, 40, 9, 12, 1, 30])
+    anchors = np.array([2, 4, 0, 8, 3, 3, 0, 6])
+    work, tokens = micro_work(f, lengths, anchors, batches, pad_multiple=multiple,
+                              capacity=capacity)
+    alone = [micro_work(f, lengths, anchors, [b], pad_multiple=multiple, capacity=capacity)
+             for b in batches]
+    assert work.tolist() == [float(w[0]) for w, _ in alone]
+    assert tokens.tolist() == [int(t[0]) for _, t in alone]
+    for b, t in zip(batches, tokens.tolist(), strict=True):
+        ids = [i for row in b for i in row]
+        longest = -(-max(lengths[ids]) // multiple) * multiple
+        assert t == (len(b) * capacity if capacity else len(ids) * longest)
 
 
 def test_alike_steps_are_priced_by_their_compute_alone():
@@ -69,13 +93,48 @@ def test_a_profile_file_round_trips_and_a_bad_one_is_named(tmp_path):
     assert DeviceProfile.load(f) == prof
     (tmp_path / "bad.json").write_text(json.dumps({"device": "x", "micro_batch": -1,
                                                    "per_gflop": 1}))
-    with pytest.raises(DataError, match="micro_batch must be a number >= 0"):
+    with pytest.raises(DataError, match="micro_batch must be a number of seconds from 0"):
         DeviceProfile.load(tmp_path / "bad.json")
     (tmp_path / "old.json").write_text("{}")
-    with pytest.raises(DataError, match="no device, micro_batch, per_gflop"):
+    with pytest.raises(DataError, match="not a training profile .no device, micro_batch, "
+                                        "per_gflop"):
         DeviceProfile.load(tmp_path / "old.json")
     with pytest.raises(ConfigError, match="cannot read"):
         DeviceProfile.load(tmp_path / "none.json")
+
+
+_GOOD = {"device": "cpu", "micro_batch": 0.01, "per_gflop": 0.5, "eval_seconds": 0.02}
+
+
+@pytest.mark.parametrize("content, why", [
+    (dict(_GOOD, micro_batch=1e308, per_gflop=1e308),
+     r"micro_batch must be a number of seconds from 0 to 1e\+06, got 1e\+308"),
+    (dict(_GOOD, micro_batch=True, per_gflop=True), "micro_batch must be .*, got True"),
+    (dict(_GOOD, eval_seconds=10**400), "eval_seconds must be"),
+    (dict(_GOOD, micro_batch=0, per_gflop=0, eval_seconds=0),
+     "micro_batch and per_gflop are both 0, which prices the work at 0 s"),
+    (dict(_GOOD, fit="garbage"), "fit must be a JSON object .*'garbage'"),
+    (dict(_GOOD, fit={"steps": True}), "fit.steps must be a count >= 1, got True"),
+    (dict(_GOOD, fit={"steps": 4, "median_relative_error": "x"}),
+     "fit.median_relative_error must be a number"),
+    (dict(_GOOD, device=["cpu", 1]), "device must be the name of a device"),
+    ("[" * 100_000 + "]" * 100_000, "JSON nested too deep"),
+    (b"\xff\xfe\x00garbage", "not a text file .byte 0 is not UTF-8"),
+    ('"cpu"', "a JSON object is expected, got a JSON string"),
+], ids=["huge", "true", "huge-int", "zero", "fit-text", "fit-steps", "fit-error", "device",
+        "nested", "binary", "string"])
+def test_a_profile_file_is_checked_as_data_naming_the_field(tmp_path, content, why):
+    """A device profile is refused in one line naming the file and the field: numbers of
+    seconds are real (not JSON true), finite and plausible, not all 0; ``fit`` is an object;
+    nesting and bytes that are not text are named too."""
+    f = tmp_path / "p.json"
+    if isinstance(content, bytes):
+        f.write_bytes(content)
+    else:
+        f.write_text(content if isinstance(content, str) else json.dumps(content))
+    with pytest.raises(DataError, match=why) as got:
+        DeviceProfile.load(f)
+    assert str(got.value).startswith(f"--device-profile {f}: ") and "\n" not in str(got.value)
 
 
 @pytest.fixture(scope="module")
@@ -169,3 +228,45 @@ def test_the_estimate_prints_the_time_and_saves_and_reads_a_profile(run, tmp_pat
     assert main(["dflash", "estimate", "--stage", "eval", "--target", rs.target, "--device",
                  "cpu", "--max-len", "64", "--draft-layers", "1", "--time"]) == 2
     assert "not of eval" in capsys.readouterr().err
+
+
+def test_the_estimate_refuses_a_run_it_cannot_time_before_timing_it(run, tmp_path, capsys):
+    """A folder --save-profile cannot write in, and step counts past what the plan replays
+    (or infinite), are refused in one line before any step is timed or counted."""
+    from lengthwise.cli import main
+    from lengthwise.dflash.time_profile import MAX_PLANNED
+
+    cfg, rs, _ = run
+    common = ["dflash", "estimate", "--target", rs.target, "--data", rs.data, "--device", "cpu",
+              "--max-tokens", "256", "--grad-accum", "2", "--draft-layers", "1",
+              "--block-size", "4", "--num-anchors", "4", "--eval-samples", "4", "--time"]
+    DeviceProfile("cpu", 0.01, 0.5).save(tmp_path / "p.json")
+    priced = ["--device-profile", str(tmp_path / "p.json")]
+    missing = tmp_path / "nope" / "p.json"
+    for argv, why in [
+            (["--steps", "40", "--save-profile", str(missing)],
+             f"--save-profile {missing}: no folder {missing.parent} to write it in"),
+            ([*priced, "--epochs", "1e12"],
+             rf"--epochs 1e\+12: [\d,]+ steps at 1 rank\(s\); .* at most {MAX_PLANNED:,}"),
+            ([*priced, "--steps", "1000000000"], "--steps 1000000000: 1,000,000,000 steps"),
+            ([*priced, "--epochs", "inf"], "epochs must be a finite number > 0, got inf")]:
+        assert main([*common, *argv]) == 2
+        err = capsys.readouterr().err
+        assert re.search(why, err), err
+        assert len(err.strip().splitlines()) == 1 and "timing" not in err
+    assert not missing.parent.exists()
+
+
+def test_the_estimate_names_eval_samples_as_training_does(run, capsys):
+    """Holding out as many samples as the data has is refused by the estimate with the words
+    of dflash train, not as a max_len that leaves no sample."""
+    from lengthwise.cli import main
+    from lengthwise.dflash.prepared import open_prepared
+
+    cfg, rs, _ = run
+    n = len(open_prepared(rs.data))
+    assert main(["dflash", "estimate", "--target", rs.target, "--data", rs.data, "--device",
+                 "cpu", "--max-tokens", "256", "--draft-layers", "1", "--block-size", "4",
+                 "--eval-samples", str(n), "--steps", "10", "--time"]) == 2
+    assert (f"eval_samples ({n}) must be fewer than the {n} prepared samples"
+            in capsys.readouterr().err)

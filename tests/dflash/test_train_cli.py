@@ -37,6 +37,8 @@ def test_flags_override_yaml_over_the_reference_defaults(prepared, tmp_path):
 
 
 def test_epochs_set_the_steps_from_the_plan(prepared):
+    import dataclasses
+
     import numpy as np
 
     from lengthwise.dflash.prepared import open_prepared
@@ -53,6 +55,9 @@ def test_epochs_set_the_steps_from_the_plan(prepared):
         settings({"target": str(target), "data": str(data), "epochs": 2.0, "steps": 3})
     with pytest.raises(ConfigError, match="epochs must be a finite number > 0"):
         RunSettings(target="t", data="d", epochs=0)
+    many = dataclasses.replace(run, epochs=1e308)
+    with pytest.raises(ConfigError, match="more steps than can be counted"):
+        _with_epochs(cfg, many, lengths, 0, 1)
 
 
 def test_bad_settings_are_named(prepared, tmp_path):

@@ -35,13 +35,14 @@ Example::
 
 from __future__ import annotations
 
+import reprlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from lengthwise.dflash.run_time import check_costs, duration, read_profile, save_profile
+from lengthwise.dflash.run_time import duration, read_profile, save_profile
 from lengthwise.errors import ConfigError, DataError
 
 __all__ = ["GenerateBatches", "GenerateProfile", "GenerateTime", "attended_pairs",
@@ -206,18 +207,21 @@ class GenerateProfile:
             [5, 9]
         """
         where = f"--device-profile {path}"
-        data = read_profile(path)
-        names = ("device", "per_prefill_token", "per_step", "per_row_step", "per_pair",
-                 "responses", "max_new_tokens")
-        if any(k not in data for k in names):
-            raise DataError(f"{where}: not a regeneration profile (write one with --stage "
-                            "regenerate --time --save-profile)")
-        check_costs(data, ("per_prefill_token", "per_step", "per_row_step", "per_pair",
-                           "start_seconds"), where)
-        resp = data["responses"]
+        costs = ("per_prefill_token", "per_step", "per_row_step", "per_pair")
+        names = ("device", *costs, "responses", "max_new_tokens")
+        data = read_profile(path, kind="regeneration",
+                            write="dflash estimate --stage regenerate --time --save-profile",
+                            required=names[1:], costs=(*costs, "start_seconds"), priced=costs,
+                            timed="batches")
+        cap, resp = data["max_new_tokens"], data["responses"]
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+            raise DataError(f"{where}: max_new_tokens must be a count >= 1, got "
+                            f"{reprlib.repr(cap)}")
         if (not isinstance(resp, list) or not resp
-                or not all(isinstance(x, int) and x >= 1 for x in resp)):
-            raise DataError(f"{where}: responses must be a list of lengths >= 1")
+                or not all(isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= cap
+                           for x in resp)):
+            raise DataError(f"{where}: responses must be a list of lengths from 1 to "
+                            f"max_new_tokens ({cap})")
         return cls(**{k: data[k] for k in (*names, "start_seconds", "fit") if k in data})
 
 

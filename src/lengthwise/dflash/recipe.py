@@ -265,7 +265,11 @@ def _with_epochs(cfg: DFlashTrainConfig, run: RunSettings, lengths: np.ndarray, 
     if per_epoch < 1:
         raise ConfigError(f"an epoch has fewer than grad_accum={cfg.grad_accum} micro-batches "
                           "per rank; use more data, a smaller max_tokens or grad_accum")
-    return dataclasses.replace(cfg, steps=max(1, round(run.epochs * per_epoch)))
+    steps = run.epochs * per_epoch
+    if not np.isfinite(steps):
+        raise ConfigError(f"epochs {run.epochs!r} of {per_epoch:,} steps each are more steps "
+                          "than can be counted")
+    return dataclasses.replace(cfg, steps=max(1, round(steps)))
 
 
 def _finite(x: float) -> float | None:
@@ -285,7 +289,6 @@ def train_draft(cfg: DFlashTrainConfig, run: RunSettings, *, progress: bool = Tr
         raise ConfigError("give --resume (continue the run in --out) or --overwrite (remove "
                           "it and start again), not both")
     data = open_prepared(run.data)
-    n = len(data)
     vocab = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
     top = data.max_token_id()
     if vocab is not None and top >= int(vocab):
@@ -294,23 +297,31 @@ def train_draft(cfg: DFlashTrainConfig, run: RunSettings, *, progress: bool = Tr
                         "target's tokenizer")
     tokenizer = load_tokenizer(run.target)
     check_tokenizer(data.info, tokenizer, data=run.data, target=run.target)
-    if run.eval_samples >= n:
-        raise ConfigError(f"eval_samples ({run.eval_samples}) must be fewer than the "
-                          f"{n} prepared samples in {run.data}")
+    check_held_out(data, run.eval_samples)
     group = setup_distributed(cfg.device)
     device = pick_device(cfg.device, group)
     with hold_out(run.out, "dflash train", group):
         return _train_locked(cfg, run, data, tokenizer, group, device, progress)
 
 
+def check_held_out(data: Any, eval_samples: int) -> None:
+    """Refuse holding out ``eval_samples`` of prepared ``data`` unless some are left to train
+    on (a :class:`ConfigError` naming ``eval_samples``)."""
+    if eval_samples >= len(data):
+        raise ConfigError(f"eval_samples ({eval_samples}) must be fewer than the "
+                          f"{len(data)} prepared samples in {data.folder}")
+
+
 def split_samples(data: Any, cfg: DFlashTrainConfig, eval_samples: int,
                   ) -> tuple[np.ndarray, np.ndarray, int]:
     """``(held-out ids, training ids, dropped)`` of prepared ``data`` as training takes them.
 
-    The held-out samples are drawn from ``(cfg.seed, 7919)``; training samples left with no
-    two consecutive supervised tokens after the cut to ``cfg.max_len`` are dropped and
-    counted, and a budget that leaves none is refused (a :class:`ConfigError` naming it).
+    The held-out samples are drawn from ``(cfg.seed, 7919)``, fewer than all
+    (:func:`check_held_out`); training samples left with no two consecutive supervised
+    tokens after the cut to ``cfg.max_len`` are dropped and counted, and a budget that
+    leaves none is refused (a :class:`ConfigError` naming it).
     """
+    check_held_out(data, eval_samples)
     perm = np.random.default_rng([cfg.seed, 7919]).permutation(len(data))
     held_idx, train_idx = np.sort(perm[:eval_samples]), np.sort(perm[eval_samples:])
     unlearnable = data.unlearnable_when_cut(train_idx, cfg.max_len)

@@ -29,7 +29,7 @@ Example::
 from __future__ import annotations
 
 import json
-import math
+import reprlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,8 +38,8 @@ import numpy as np
 
 from lengthwise.errors import ConfigError, DataError
 
-__all__ = ["DeviceProfile", "RunTime", "StepWork", "check_costs", "duration", "fit_profile",
-           "micro_flops", "predict", "read_profile", "save_profile"]
+__all__ = ["MAX_COST", "DeviceProfile", "RunTime", "StepWork", "check_costs", "duration",
+           "fit_profile", "micro_flops", "micro_work", "predict", "read_profile", "save_profile"]
 
 
 @dataclass(frozen=True)
@@ -99,14 +99,12 @@ class DeviceProfile:
             >>> DeviceProfile.load(f).per_gflop
             0.02
         """
-        where = f"--device-profile {path}"
-        data = read_profile(path)
-        missing = [k for k in ("device", "micro_batch", "per_gflop") if k not in data]
-        if missing:
-            raise DataError(f"{where}: no {', '.join(missing)}: write it with --save-profile")
+        data = read_profile(path, kind="training", write="dflash estimate --time --save-profile",
+                            required=("micro_batch", "per_gflop"),
+                            costs=("micro_batch", "per_gflop", "eval_seconds", "start_seconds"),
+                            priced=("micro_batch", "per_gflop"), timed="steps")
         known = {k: data[k] for k in ("device", "micro_batch", "per_gflop", "eval_seconds",
                                       "start_seconds", "fit") if k in data}
-        check_costs(known, ("micro_batch", "per_gflop", "eval_seconds", "start_seconds"), where)
         return cls(**known)
 
 
@@ -115,37 +113,93 @@ def save_profile(profile: Any, path: str | Path) -> None:
     Path(path).write_text(json.dumps(asdict(profile), indent=2) + "\n", encoding="utf-8")
 
 
-def read_profile(path: str | Path) -> dict[str, Any]:
-    """The JSON object of a profile file (``--device-profile``); a one-line error otherwise."""
+#: the most seconds a profile may price one unit of work at: beyond it a time is no estimate
+MAX_COST = 1e6
+_JSON_KIND = {list: "array", str: "string", int: "number", float: "number", bool: "boolean",
+              type(None): "null"}
+
+
+def read_profile(path: str | Path, *, kind: str, write: str, required: tuple[str, ...],
+                 costs: tuple[str, ...], priced: tuple[str, ...], timed: str,
+                 ) -> dict[str, Any]:
+    """The JSON object of a ``kind`` profile file (``--device-profile``), checked as data
+    before anything is priced by it; a one-line error naming the file and the field otherwise.
+
+    It names its ``device`` and holds each of ``required``; each of ``costs`` (0 when absent)
+    is seconds per unit from 0 to :data:`MAX_COST`, and not all of ``priced`` are 0 (that
+    would price the work at 0 s); its ``fit``, where present, is an object whose count of
+    ``timed`` work and relative errors are numbers. ``write``: the command that writes such
+    a profile.
+
+    Example::
+
+        >>> import tempfile, os
+        >>> f = os.path.join(tempfile.mkdtemp(), "p.json")
+        >>> _ = open(f, "w").write('{"device": "cpu", "per_step": true}')
+        >>> try:
+        ...     read_profile(f, kind="k", write="w", required=("per_step",),
+        ...                  costs=("per_step",), priced=("per_step",), timed="steps")
+        ... except DataError as e:
+        ...     print(str(e).replace(f, "p.json"))
+        --device-profile p.json: per_step must be a number of seconds from 0 to 1e+06, got True
+    """
     where = f"--device-profile {path}"
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = json.loads(Path(path).read_bytes().decode("utf-8"))
     except OSError as e:
         raise ConfigError(f"{where}: cannot read it ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise DataError(f"{where}: not a text file (byte {e.start} is not UTF-8)") from None
     except json.JSONDecodeError as e:
         raise DataError(f"{where}: not JSON ({e.msg}, line {e.lineno})") from None
+    except RecursionError:
+        raise DataError(f"{where}: not a profile (JSON nested too deep)") from None
     if not isinstance(data, dict):
-        raise DataError(f"{where}: a JSON object is expected")
+        raise DataError(f"{where}: a JSON object is expected, got a JSON "
+                        f"{_JSON_KIND.get(type(data), type(data).__name__)}")
+    missing = [k for k in ("device", *required) if k not in data]
+    if missing:
+        raise DataError(f"{where}: not a {kind} profile (no {', '.join(missing)}); write one "
+                        f"with {write}")
+    if not isinstance(data["device"], str) or not data["device"].strip():
+        raise DataError(f"{where}: device must be the name of a device, got "
+                        f"{reprlib.repr(data['device'])}")
+    check_costs(data, costs, where)
+    if not any(data.get(k, 0) for k in priced):
+        names = ", ".join(priced[:-1]) + " and " + priced[-1] if len(priced) > 1 else priced[0]
+        raise DataError(f"{where}: {names} {'are both' if len(priced) == 2 else 'are all'} 0, "
+                        f"which prices the work at 0 s; write a measured profile with {write}")
+    fit = data.get("fit", {})
+    if not isinstance(fit, dict):
+        raise DataError(f"{where}: fit must be a JSON object (the timed work), got "
+                        f"{reprlib.repr(fit)}")
+    v = fit.get(timed, 1)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise DataError(f"{where}: fit.{timed} must be a count >= 1, got {reprlib.repr(v)}")
+    check_costs(fit, ("median_relative_error", "max_relative_error"), where, what="a number",
+                section="fit.")
     return data
 
 
-def check_costs(data: dict[str, Any], names: tuple[str, ...], where: str) -> None:
-    """Each of ``names`` in ``data`` (0 when absent) is a finite number >= 0."""
+def check_costs(data: dict[str, Any], names: tuple[str, ...], where: str, *,
+                what: str = "a number of seconds", section: str = "") -> None:
+    """Each of ``names`` in ``data`` (0 when absent) is a real number from 0 to
+    :data:`MAX_COST` (a JSON ``true`` is not one); ``where`` starts the error, ``section``
+    the field's name."""
     for k in names:
         v = data.get(k, 0.0)
-        if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            raise DataError(f"{where}: {k} must be a number >= 0, got {v!r}")
+        if (isinstance(v, bool) or not isinstance(v, (int, float))
+                or not 0 <= v <= MAX_COST):  # NaN fails both comparisons
+            raise DataError(f"{where}: {section}{k} must be {what} from 0 to {MAX_COST:g}, got "
+                            f"{reprlib.repr(v)}")
 
 
 def micro_flops(flops: Any, lengths: np.ndarray, anchors: np.ndarray,
-                rows: list[list[list[int]]], *, pad_multiple: int = 1,
+                rows: list[list[int]], *, pad_multiple: int = 1,
                 capacity: int | None = None) -> float:
     """FLOPs of one micro-batch of ``rows`` (each a list of sample positions), the formula of
-    :mod:`lengthwise.dflash.step_cost`; ``capacity``: packed rows of that many tokens.
-
-    A packed row is priced as one sample of ``capacity`` tokens holding its samples'
-    anchors (its attention over the whole row: an upper bound where kernels skip across
-    samples).
+    :mod:`lengthwise.dflash.step_cost`; ``capacity``: packed rows of that many tokens
+    (:func:`micro_work`).
 
     Example::
 
@@ -154,16 +208,57 @@ def micro_flops(flops: Any, lengths: np.ndarray, anchors: np.ndarray,
         >>> micro_flops(f, np.array([4, 2]), np.array([3, 1]), [[0], [1]])
         128.0
     """
-    from lengthwise.dflash.step_cost import batch_flops
+    return float(micro_work(flops, lengths, anchors, [rows], pad_multiple=pad_multiple,
+                            capacity=capacity)[0][0])
 
-    if capacity is None:
-        ids = np.array([i for row in rows for i in row], dtype=np.int64)
-        lens, anc = lengths[ids], anchors[ids]
-    else:
+
+def micro_work(flops: Any, lengths: np.ndarray, anchors: np.ndarray,
+               batches: list[list[list[int]]], *, pad_multiple: int = 1,
+               capacity: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(FLOPs, padded tokens)`` of each micro-batch of ``batches`` (each a non-empty list of
+    rows of sample positions), all counted at once.
+
+    A padded micro-batch holds its samples at the longest, rounded up to ``pad_multiple``; a
+    packed row (``capacity``) is priced as one sample of ``capacity`` tokens holding its
+    samples' anchors (its attention over the whole row: an upper bound where kernels skip
+    across samples).
+
+    Example::
+
+        >>> from lengthwise.dflash.step_cost import StepFlops
+        >>> f = StepFlops(1.0, 0.0, 0.0, 10.0, 0.0, 0.0, block_size=2)
+        >>> work, tokens = micro_work(f, np.array([4, 2]), np.array([3, 1]), [[[0], [1]], [[1]]])
+        >>> work.tolist(), tokens.tolist()
+        ([128.0, 22.0], [8, 2])
+    """
+    from lengthwise.dflash.step_cost import batch_flops
+    from lengthwise.planning.cost import round_up
+
+    rows = [row for batch in batches for row in batch]
+    ids = np.fromiter((i for row in rows for i in row), dtype=np.int64)
+    per_row = np.fromiter((len(row) for row in rows), dtype=np.int64, count=len(rows))
+    per_batch = np.fromiter((len(b) for b in batches), dtype=np.int64, count=len(batches))
+    if capacity is None:  # a micro-batch's samples, the longest padded
+        sizes = np.add.reduceat(per_row, _starts(per_batch))
+        lens, index, anc = lengths, ids, anchors
+    else:  # each packed row one sample of capacity tokens
+        sizes = per_batch
         lens = np.full(len(rows), int(capacity), dtype=np.int64)
-        anc = np.array([int(anchors[list(row)].sum()) for row in rows], dtype=np.int64)
-    return float(batch_flops(flops, lens, np.arange(lens.size), np.array([0, lens.size]),
-                             anc, pad_multiple=pad_multiple)[0])
+        index = np.arange(len(rows))
+        anc = np.add.reduceat(np.asarray(anchors, dtype=np.int64)[ids], _starts(per_row))
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    work = batch_flops(flops, lens, index, offsets, anc, pad_multiple=pad_multiple)
+    if capacity is None:
+        longest = np.maximum.reduceat(np.asarray(lengths, dtype=np.int64)[ids], offsets[:-1])
+        tokens = sizes * np.asarray(round_up(longest, pad_multiple), dtype=np.int64)
+    else:
+        tokens = per_batch * int(capacity)
+    return work, tokens
+
+
+def _starts(counts: np.ndarray) -> np.ndarray:
+    """Where each of consecutive groups of ``counts`` (each >= 1) items starts."""
+    return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
 
 
 def fit_profile(micro: Any, gflop: Any, seconds: Any, *, device: str,

@@ -2,7 +2,7 @@
 
 :func:`plan_work` replays the plan ``dflash train`` makes for a run (its samples, order,
 budgets, epochs and ranks) and counts each step's micro-batches and FLOPs per rank
-(:func:`lengthwise.dflash.run_time.micro_flops`), with anchors from each sample's own
+(:func:`lengthwise.dflash.run_time.micro_work`), with anchors from each sample's own
 supervised positions. :func:`measure_profile` trains the run's first few steps for real,
 as a ``dflash train`` command of its own in a temporary folder (the same target, data,
 draft and settings: :func:`train_command`), reads each step's seconds from its log and
@@ -36,16 +36,19 @@ from lengthwise.dflash.run_time import (
     RunTime,
     StepWork,
     fit_profile,
-    micro_flops,
+    micro_work,
     predict,
 )
 from lengthwise.errors import ConfigError
 
-__all__ = ["PROFILE_STEPS", "device_name", "estimate_time", "evaluations", "measure_profile",
-           "plan_work", "run_samples", "step_flops", "train_command"]
+__all__ = ["MAX_PLANNED", "PROFILE_STEPS", "device_name", "estimate_time", "evaluations",
+           "measure_profile", "plan_work", "run_samples", "step_flops", "train_command"]
 
 #: timed steps the profile is fitted on (one more before them warms up, one after evaluates)
 PROFILE_STEPS = 4
+#: the most steps (times ranks) a plan is replayed for: each is counted one by one
+MAX_PLANNED = 1_000_000
+_CHUNK = 65536  # micro-batches whose work is counted in one pass
 
 
 def step_flops(config: dict[str, Any], cfg: Any) -> Any:
@@ -93,7 +96,8 @@ def plan_work(data: Any, cfg: Any, run: Any, *, world: int = 1,
     """``(work of every step, the config the run trains with)`` of ``dflash train`` on
     ``data`` (:func:`~lengthwise.dflash.prepared.open_prepared`) at ``world`` ranks.
 
-    ``run.epochs`` sets the steps as training does; ``samples``: :func:`run_samples` of
+    ``run.epochs`` sets the steps as training does; more than :data:`MAX_PLANNED` steps
+    times ranks are refused before anything is counted. ``samples``: :func:`run_samples` of
     the run, read here when not given (``config`` is then the target's ``config.json``).
     """
     from lengthwise.dflash.recipe import _with_epochs
@@ -104,6 +108,13 @@ def plan_work(data: Any, cfg: Any, run: Any, *, world: int = 1,
                                else run_samples(data, cfg, run, config=config))
     if run.epochs is not None:
         cfg = _with_epochs(cfg, run, lengths, 0, world)
+    if cfg.steps * world > MAX_PLANNED:
+        given = (f"--epochs {run.epochs:g}" if run.epochs is not None
+                 else f"--steps {cfg.steps}")
+        raise ConfigError(f"{given}: {cfg.steps:,} steps at {world} rank(s); the time estimate "
+                          f"replays every planned step of every rank, at most {MAX_PLANNED:,}: "
+                          "estimate a shorter run (--epochs 1 gives an epoch's time) and "
+                          "scale it")
     capacity = cfg.max_len if run.order == PACKED else None
     ranks = [StepBatches(make_sampler(run.order, lengths, cfg, rank=r, world=world,
                                       check_world_size=False), cfg.grad_accum)
@@ -112,29 +123,22 @@ def plan_work(data: Any, cfg: Any, run: Any, *, world: int = 1,
     gflop = np.zeros((cfg.steps, world), dtype=np.float64)
     tokens = np.zeros((cfg.steps, world), dtype=np.int64)
     epoch = np.zeros(cfg.steps, dtype=np.int64)
-    for s in range(cfg.steps):
-        for r, batches in enumerate(ranks):
-            step = batches.next()
-            micro[s, r] = len(step)
-            gflop[s, r] = sum(micro_flops(flops, lengths, anchors, rows,
-                                          pad_multiple=cfg.pad_multiple, capacity=capacity)
-                              for rows in step) / 1e9
-            tokens[s, r] = sum(_padded(lengths, rows, cfg.pad_multiple, capacity)
-                               for rows in step)
-        epoch[s] = ranks[0].sampler.epoch
+    chunk = max(1, _CHUNK // (world * cfg.grad_accum))  # steps counted together
+    for start in range(0, cfg.steps, chunk):
+        stop = min(cfg.steps, start + chunk)
+        batches: list[list[list[int]]] = []
+        for s in range(start, stop):
+            for r, rank in enumerate(ranks):
+                step = rank.next()
+                micro[s, r] = len(step)
+                batches += step
+            epoch[s] = ranks[0].sampler.epoch
+        work, padded = micro_work(flops, lengths, anchors, batches,
+                                  pad_multiple=cfg.pad_multiple, capacity=capacity)
+        cells = np.concatenate([[0], np.cumsum(micro[start:stop].ravel())[:-1]])
+        gflop[start:stop] = np.add.reduceat(work, cells).reshape(-1, world) / 1e9
+        tokens[start:stop] = np.add.reduceat(padded, cells).reshape(-1, world)
     return StepWork(micro=micro, gflop=gflop, epoch=epoch, tokens=tokens), cfg
-
-
-def _padded(lengths: np.ndarray, rows: list[list[int]], multiple: int,
-            capacity: int | None) -> int:
-    """Padded tokens of a micro-batch: its samples at the longest, rounded up (padded; the
-    sampler's rows then hold the samples), or its packed rows of ``capacity``."""
-    from lengthwise.planning.cost import round_up
-
-    if capacity is not None:
-        return len(rows) * int(capacity)
-    ids = [i for row in rows for i in row]
-    return len(ids) * int(round_up(max(int(lengths[i]) for i in ids), multiple))
 
 
 def evaluations(cfg: Any, run: Any) -> int:

@@ -167,6 +167,7 @@ def report(given: dict[str, Any], *, defaults: dict[str, Any] | None = None) -> 
     """
     from lengthwise.cli.dflash._settings import settings
     from lengthwise.dflash.memory import read_target_config
+    from lengthwise.dflash.run_time import DeviceProfile
     from lengthwise.dflash.stage_memory import estimate_train
     from lengthwise.errors import ConfigError
 
@@ -174,7 +175,9 @@ def report(given: dict[str, Any], *, defaults: dict[str, Any] | None = None) -> 
              if k not in ("batch_size", "max_new_tokens", "shard_rows")}
     opts = {k: given.pop(k) for k in REPORT_FLAGS if k in given}
     cfg, run_settings, _ = settings(given, defaults=defaults, estimate=True)
-    _profile_flags_need_time(opts)
+    _check_profile_flags(opts)
+    profile = (DeviceProfile.load(opts["device_profile"]) if opts.get("device_profile")
+               else None)  # a bad profile before any tracing
     if opts.get("time") and not run_settings.data:  # the estimate leaves it empty when not given
         raise ConfigError("--time needs --data (or data: in --config): the time is the plan's, "
                           "on the run's own samples")
@@ -185,21 +188,20 @@ def report(given: dict[str, Any], *, defaults: dict[str, Any] | None = None) -> 
                          tokenizer=grown is None)
     est = estimate_train(config, cfg, rows=opts.get("rows", 1), world=opts.get("world", 1),
                          grown=grown, baseline=baseline)
-    timing = run_time(given, opts, defaults=defaults) if opts.get("time") else None
+    timing = (run_time(given, opts, profile=profile, defaults=defaults) if opts.get("time")
+              else None)
     return _print(est, opts, size, timing)
 
 
-def run_time(given: dict[str, Any], opts: dict[str, Any], *,
+def run_time(given: dict[str, Any], opts: dict[str, Any], *, profile: Any = None,
              defaults: dict[str, Any] | None = None) -> Any:
     """``(RunTime, DeviceProfile)`` of the run ``given`` sets (``--time``): its plan on
-    ``--data`` at ``--world`` ranks, priced by ``--device-profile`` or timed steps."""
+    ``--data`` at ``--world`` ranks, priced by ``profile`` (``--device-profile``) or timed
+    steps."""
     from lengthwise.cli.dflash._settings import settings
-    from lengthwise.dflash.run_time import DeviceProfile
     from lengthwise.dflash.time_profile import PROFILE_STEPS, estimate_time
 
     cfg, run_settings, _ = settings(given, defaults=defaults)  # the data's own max_len
-    profile = (DeviceProfile.load(opts["device_profile"]) if opts.get("device_profile")
-               else None)
     timing = estimate_time(cfg, run_settings, world=opts.get("world", 1), profile=profile,
                            steps=opts.get("profile_steps", PROFILE_STEPS))
     if opts.get("save_profile"):
@@ -278,7 +280,7 @@ def stage_report(stage: str, given: dict[str, Any]) -> int:
     sizes = {**known, **given}
     if stage == "eval" and any(opts.get(k) for k in ("time", "device_profile", "save_profile")):
         raise ConfigError("--time: the time of the train and regenerate stages, not of eval")
-    _profile_flags_need_time(opts)
+    _check_profile_flags(opts)
     if timed and data is None:
         raise ConfigError("--stage regenerate --time needs --data, the chats `dflash prepare "
                           "--regenerate` reads: the time is that of their prompts")
@@ -301,14 +303,28 @@ def stage_report(stage: str, given: dict[str, Any]) -> int:
     return _print(est, opts, size, timing)
 
 
-def _profile_flags_need_time(opts: dict[str, Any]) -> None:
-    """``--device-profile`` and ``--save-profile`` price or keep a time: refused without it."""
+def _check_profile_flags(opts: dict[str, Any]) -> None:
+    """``--device-profile`` and ``--save-profile`` price or keep a time: refused without it;
+    ``--save-profile`` names a file in a folder that is there, checked before any timing."""
+    import os
+    from pathlib import Path
+
     from lengthwise.errors import ConfigError
 
     stray = [k for k in ("device_profile", "save_profile") if opts.get(k)]
     if stray and not opts.get("time"):
         raise ConfigError(f"{', '.join('--' + k.replace('_', '-') for k in stray)}: goes "
                           "with --time")
+    save = opts.get("save_profile")
+    if not save:
+        return
+    folder = Path(save).parent
+    if Path(save).is_dir():
+        raise ConfigError(f"--save-profile {save}: a folder; give the file to write")
+    if not folder.is_dir():
+        raise ConfigError(f"--save-profile {save}: no folder {folder} to write it in")
+    if not os.access(folder, os.W_OK):
+        raise ConfigError(f"--save-profile {save}: cannot write in {folder}")
 
 
 def regenerate_time(target: str, data: str, sizes: dict[str, Any], device: str,
