@@ -161,8 +161,8 @@ def main(argv: list[str] | None = None, *, clock: Callable[[], float] = time.per
     args = parse_args(argv)
     import torch
 
-    from lengthwise.demo.config import parse_orders
-    from lengthwise.demo.dflash import DFlashDemoConfig, DFlashOrderRun, run_dflash_demo
+    from lengthwise.demo.config import DFlashDemoConfig, parse_orders
+    from lengthwise.demo.dflash import DFlashOrderRun, run_dflash_demo
     from lengthwise.demo.runner import run_lockstep
     from lengthwise.dflash.objective import target_layer_ids
     from lengthwise.dflash.target import Target

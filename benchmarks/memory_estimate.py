@@ -88,7 +88,8 @@ def measure(shape: dict) -> dict:
     from lengthwise.dflash.objective import target_layer_ids
     from lengthwise.dflash.recipe import new_draft
     from lengthwise.dflash.target import Target
-    from lengthwise.dflash.train import DFlashTask, DFlashTrainConfig
+    from lengthwise.dflash.train import DFlashTask
+    from lengthwise.dflash.train_config import DFlashTrainConfig
     from lengthwise.train.device import autocast_dtype
 
     torch.set_num_threads(1)

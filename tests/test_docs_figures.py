@@ -51,8 +51,7 @@ def test_the_saved_figures_come_from_the_settings_the_script_runs(script, saved)
 
 def test_the_documented_runs_are_the_demos_defaults(script, saved):
     # the README's table is the one `lengthwise demo` prints: no option changes the run
-    from lengthwise.demo.config import DemoConfig
-    from lengthwise.demo.dflash import DFlashDemoConfig
+    from lengthwise.demo.config import DemoConfig, DFlashDemoConfig
 
     assert script.command("lm") == "lengthwise demo"
     assert script.command("dflash") == "lengthwise demo --task dflash"

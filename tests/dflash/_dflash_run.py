@@ -27,7 +27,7 @@ def data():
 
 
 def config(**kw):
-    from lengthwise.dflash.train import DFlashTrainConfig
+    from lengthwise.dflash.train_config import DFlashTrainConfig
 
     base = dict(steps=4, grad_accum=2, max_tokens=96, max_len=24, block_size=4, num_anchors=3,
                 lr=1e-2, progress=False, threads=1, keep_checkpoints=3)

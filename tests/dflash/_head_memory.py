@@ -60,7 +60,8 @@ def objective(chunk: int, vocab: int) -> None:
 
     from lengthwise.dflash.model import DFlashConfig, DFlashDraft
     from lengthwise.dflash.target import Target
-    from lengthwise.dflash.train import DFlashTask, DFlashTrainConfig
+    from lengthwise.dflash.train import DFlashTask
+    from lengthwise.dflash.train_config import DFlashTrainConfig
     from lengthwise.pytorch.collate import PadCollator
 
     torch.set_num_threads(1)

@@ -14,7 +14,8 @@ from _dflash_tiny import tiny_draft, tiny_target  # noqa: E402
 
 from lengthwise.dflash.decode import acceptance, speculative_generate  # noqa: E402
 from lengthwise.dflash.model import DFlashConfig, check_target  # noqa: E402
-from lengthwise.dflash.train import DFlashTask, DFlashTrainConfig  # noqa: E402
+from lengthwise.dflash.train import DFlashTask  # noqa: E402
+from lengthwise.dflash.train_config import DFlashTrainConfig  # noqa: E402
 from lengthwise.errors import ConfigError, DataError  # noqa: E402
 from lengthwise.train.loop import TrainLoop  # noqa: E402
 

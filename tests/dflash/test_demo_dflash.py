@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from lengthwise.cli import main as cli_main
-from lengthwise.demo.dflash import DFLASH_KEYS, DFlashDemoConfig, render_dflash, run_dflash_demo
+from lengthwise.demo.config import DFlashDemoConfig
+from lengthwise.demo.dflash import DFLASH_KEYS, render_dflash, run_dflash_demo
 
 torch = pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,7 +21,7 @@ from lengthwise.dflash.memory import (  # noqa: E402
     memory_size,
     read_target_config,
 )
-from lengthwise.dflash.train import DFlashTrainConfig  # noqa: E402
+from lengthwise.dflash.train_config import DFlashTrainConfig  # noqa: E402
 from lengthwise.errors import ConfigError  # noqa: E402
 
 HERE = Path(__file__).resolve().parent

@@ -11,7 +11,7 @@ import pytest
 from _cli import TINY_TRAIN
 
 from lengthwise.cli import main
-from lengthwise.dflash.train import DFlashTrainConfig
+from lengthwise.dflash.train_config import DFlashTrainConfig
 from lengthwise.errors import ConfigError
 
 torch = pytest.importorskip("torch")

@@ -11,7 +11,7 @@ pytest.importorskip("torch")
 
 from lengthwise.dflash.blocks import make_blocks  # noqa: E402
 from lengthwise.dflash.objective import IGNORE, anchor_quota, sample_anchors  # noqa: E402
-from lengthwise.dflash.train import DFlashTrainConfig  # noqa: E402
+from lengthwise.dflash.train_config import DFlashTrainConfig  # noqa: E402
 from lengthwise.errors import ConfigError, DataError  # noqa: E402
 from lengthwise.train.loop import make_collator, make_sampler  # noqa: E402
 

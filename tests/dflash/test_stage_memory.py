@@ -229,7 +229,7 @@ def test_depth_is_extrapolated_exactly_from_two_shallow_traces():
 ], ids=["target-peak", "draft-peak-accum2", "cuda"])
 def test_the_step_traced_on_a_shallow_target_equals_the_full_trace(monkeypatch, kw):
     import lengthwise.dflash.memory as memory
-    from lengthwise.dflash.train import DFlashTrainConfig
+    from lengthwise.dflash.train_config import DFlashTrainConfig
 
     deep = transformers.LlamaConfig(vocab_size=1000, hidden_size=256, num_hidden_layers=24,
                                     num_attention_heads=4, intermediate_size=128)

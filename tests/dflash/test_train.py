@@ -119,7 +119,7 @@ def test_per_sample_losses_average_back_to_the_micro_batch_loss(tmp_path):
 
 @pytest.mark.parametrize("field", ["block_size", "draft_layers", "num_anchors"])
 def test_a_count_that_is_a_bool_is_named(field):
-    from lengthwise.dflash.train import DFlashTrainConfig
+    from lengthwise.dflash.train_config import DFlashTrainConfig
 
     with pytest.raises(ValueError, match=f"{field} must be a positive integer, got True"):
         DFlashTrainConfig(**{field: True})

@@ -34,8 +34,7 @@ from lengthwise.errors import ConfigError
 
 
 def _defaults() -> dict[str, dict[str, Any]]:
-    from lengthwise.demo.config import DemoConfig
-    from lengthwise.demo.dflash import DFlashDemoConfig
+    from lengthwise.demo.config import DemoConfig, DFlashDemoConfig
 
     return {"lm": {f.name: f.default for f in fields(DemoConfig)},
             "dflash": {f.name: f.default for f in fields(DFlashDemoConfig)}}
@@ -235,7 +234,8 @@ def run(args: argparse.Namespace) -> int:
     if args.task == "dflash":
         for module in DFLASH_NEEDS:  # not after the target is trained and its data written
             importlib.import_module(module)
-        from lengthwise.demo.dflash import DFlashDemoConfig, render_dflash, run_dflash_demo
+        from lengthwise.demo.config import DFlashDemoConfig
+        from lengthwise.demo.dflash import render_dflash, run_dflash_demo
 
         cfg = DFlashDemoConfig(**common, **_config_kwargs(args, _DFLASH))
         _starting(args.task)

@@ -1,7 +1,9 @@
 """Settings of the demo's training runs; the command line takes its defaults from here.
 
 :class:`DemoConfig` adds the causal-LM task's model and data settings to the
-training loop's :class:`~lengthwise.train.config.LoopConfig` (re-exported here).
+training loop's :class:`~lengthwise.train.config.LoopConfig` (re-exported here), and
+:class:`DFlashDemoConfig` the DFlash task's target and evaluation settings to a DFlash
+training run's. Nothing here loads torch, so ``lengthwise demo --help`` is quick.
 
 Example::
 
@@ -14,11 +16,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lengthwise.dflash.train_config import DFlashTrainConfig
 from lengthwise.errors import ConfigError
 from lengthwise.train.config import DTYPES, PACKED, LoopConfig, check_positive
 
-__all__ = ["DEFAULT_ORDERS", "DTYPES", "PACKED", "DemoConfig", "LoopConfig", "available_orders",
-           "check_positive", "parse_orders"]
+__all__ = ["DEFAULT_ORDERS", "DTYPES", "PACKED", "DFlashDemoConfig", "DemoConfig", "LoopConfig",
+           "available_orders", "check_positive", "parse_orders"]
 
 
 def available_orders() -> tuple[str, ...]:
@@ -75,3 +78,41 @@ class DemoConfig(LoopConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_positive(self, "eval_samples")
+
+
+@dataclass
+class DFlashDemoConfig(DFlashTrainConfig):
+    """DFlash training sized for two CPU cores, plus the target and evaluation settings."""
+
+    steps: int = 50  # the run whose figures docs/dflash.md shows
+    grad_accum: int = 4
+    max_tokens: int = 512
+    max_len: int = 192
+    lr: float = 3e-3
+    warmup_ratio: float = 0.1
+    block_size: int = 8
+    num_anchors: int = 12
+    num_features: int | None = 2
+    eval_samples: int = 48
+    max_samples: int | None = None
+    target_size: str = "small"
+    target_steps: int = 150
+    texts: int = 2000  # corpus texts turned into prompts (before the held-out split)
+    prompt_len: int = 48
+    response_len: int = 128
+    temperature: float = 0.0  # 0: the target's greedy continuation
+    eval_prompts: int = 12
+    max_new_tokens: int = 48
+    eval_anchors: int | None = None  # anchors per held-out sample (default: num_anchors)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.prompt_len + self.response_len > self.max_len:
+            need = self.prompt_len + self.response_len
+            raise ConfigError(f"max_len ({self.max_len}) must hold a prompt and the target's "
+                              f"response: prompt_len + response_len = {self.prompt_len} + "
+                              f"{self.response_len} = {need} (use --max-len {need} or more)")
+        check_positive(self, "eval_samples", "eval_prompts", "max_new_tokens", "texts")
+        if self.eval_prompts > self.eval_samples:
+            raise ConfigError(f"eval_prompts ({self.eval_prompts}) must not exceed "
+                              f"eval_samples ({self.eval_samples})")

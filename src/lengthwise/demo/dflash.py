@@ -18,16 +18,14 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from lengthwise.atomic import atomic_open
-from lengthwise.demo.config import check_positive
-from lengthwise.dflash.train import DFlashTrainConfig
-from lengthwise.errors import ConfigError
+from lengthwise.demo.config import DFlashDemoConfig
 from lengthwise.pytorch.dist import GroupInfo
 from lengthwise.train.device import (
     autocast_dtype,
@@ -38,7 +36,7 @@ from lengthwise.train.device import (
     setup_distributed,
 )
 
-__all__ = ["DFLASH_KEYS", "DFlashDemoConfig", "DFlashOrderRun", "dflash_markdown",
+__all__ = ["DFLASH_KEYS", "DFlashOrderRun", "dflash_markdown",
            "render_dflash", "run_dflash_demo"]
 
 #: per-order keys of ``--json`` (and the table's columns), in this order
@@ -55,44 +53,6 @@ SPEED_KEYS: tuple[str, ...] = ("tokens_per_second", "throughput_vs_sorted", "pad
 #: the draft table's columns
 DRAFT_KEYS: tuple[str, ...] = ("accuracy_first", "accuracy_final", "simulated_acceptance_length",
                                "acceptance_length", "lossless")
-
-
-@dataclass
-class DFlashDemoConfig(DFlashTrainConfig):
-    """DFlash training sized for two CPU cores, plus the target and evaluation settings."""
-
-    steps: int = 50  # the run whose figures docs/dflash.md shows
-    grad_accum: int = 4
-    max_tokens: int = 512
-    max_len: int = 192
-    lr: float = 3e-3
-    warmup_ratio: float = 0.1
-    block_size: int = 8
-    num_anchors: int = 12
-    num_features: int | None = 2
-    eval_samples: int = 48
-    max_samples: int | None = None
-    target_size: str = "small"
-    target_steps: int = 150
-    texts: int = 2000  # corpus texts turned into prompts (before the held-out split)
-    prompt_len: int = 48
-    response_len: int = 128
-    temperature: float = 0.0  # 0: the target's greedy continuation
-    eval_prompts: int = 12
-    max_new_tokens: int = 48
-    eval_anchors: int | None = None  # anchors per held-out sample (default: num_anchors)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.prompt_len + self.response_len > self.max_len:
-            need = self.prompt_len + self.response_len
-            raise ConfigError(f"max_len ({self.max_len}) must hold a prompt and the target's "
-                              f"response: prompt_len + response_len = {self.prompt_len} + "
-                              f"{self.response_len} = {need} (use --max-len {need} or more)")
-        check_positive(self, "eval_samples", "eval_prompts", "max_new_tokens", "texts")
-        if self.eval_prompts > self.eval_samples:
-            raise ConfigError(f"eval_prompts ({self.eval_prompts}) must not exceed "
-                              f"eval_samples ({self.eval_samples})")
 
 
 class DFlashOrderRun:

@@ -34,7 +34,7 @@ from lengthwise.pytorch.dist import GroupInfo
 from lengthwise.train.device import barrier, rank_world, say
 
 if TYPE_CHECKING:  # pragma: no cover
-    from lengthwise.demo.dflash import DFlashDemoConfig
+    from lengthwise.demo.config import DFlashDemoConfig
 
 __all__ = ["DFlashData", "make_prompts", "prepare", "regenerate", "stop_tokens",
            "train_target"]

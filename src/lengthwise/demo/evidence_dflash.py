@@ -343,7 +343,8 @@ def run_dflash_one(order: str, seed: int, ev: DFlashEvidence, cfg: DFlashEvidenc
     Writes ``out/<order>-seed<seed>/train_log.jsonl`` (the step log).
     """
     from lengthwise.dflash.recipe import new_draft
-    from lengthwise.dflash.train import DFlashTask, DFlashTrainConfig
+    from lengthwise.dflash.train import DFlashTask
+    from lengthwise.dflash.train_config import DFlashTrainConfig
     from lengthwise.train.device import configure_torch, pick_device
     from lengthwise.train.loop import TrainLoop
     from lengthwise.train.simulated import simulated_sampler

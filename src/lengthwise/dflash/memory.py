@@ -39,7 +39,7 @@ With ``world > 1`` DDP holds its gradient buckets, a copy of the gradients
 Example::
 
     >>> import transformers
-    >>> from lengthwise.dflash.train import DFlashTrainConfig
+    >>> from lengthwise.dflash.train_config import DFlashTrainConfig
     >>> t = transformers.Qwen3Config(vocab_size=64, hidden_size=32, num_hidden_layers=4,
     ...                              num_attention_heads=4, num_key_value_heads=2,
     ...                              intermediate_size=64, head_dim=8)

@@ -37,7 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.dflash.train import DFlashTask, DFlashTrainConfig, check_budget
+from lengthwise.dflash.train import DFlashTask, check_budget
+from lengthwise.dflash.train_config import DFlashTrainConfig
 from lengthwise.errors import ConfigError, DataError
 
 __all__ = ["TOKENIZER_FILES", "EvalTask", "RunSettings", "check_causal_lm", "held_out_batches",

@@ -166,7 +166,7 @@ def train_command(cfg: Any, run: Any, *, out: str | Path, steps: int) -> list[st
     Example::
 
         >>> from lengthwise.dflash.recipe import RunSettings
-        >>> from lengthwise.dflash.train import DFlashTrainConfig
+        >>> from lengthwise.dflash.train_config import DFlashTrainConfig
         >>> argv = train_command(DFlashTrainConfig(steps=9, block_size=4),
         ...                      RunSettings(target="t", data="d"), out="o", steps=6)
         >>> argv[3:9], "--block-size" in argv, argv[argv.index("--steps") + 1]

@@ -128,7 +128,7 @@ def settings(given: dict[str, Any], *, defaults: dict[str, Any] | None = None,
     """
     from lengthwise.dflash.prepared import open_prepared
     from lengthwise.dflash.recipe import RunSettings
-    from lengthwise.dflash.train import DFlashTrainConfig
+    from lengthwise.dflash.train_config import DFlashTrainConfig
     from lengthwise.errors import ConfigError
 
     given = dict(given)
