@@ -333,7 +333,13 @@ def test_train_lists_estimate_and_refuses_its_flags_without_it(tmp_path, capsys)
     text = " ".join(capsys.readouterr().out.split())
     assert ("--estimate print the run's predicted peak memory (per GPU on CUDA, the process's "
             "resident memory on CPU)") in text
-    assert "--device-memory SIZE memory of the GPU" in text and "read with --estimate" in text
+    # the estimate's own options are named once, with where their help is
+    assert "(--rows, --world, --device-memory, --json, --time, --profile-steps, " in text
+    assert "--device-profile, --save-profile): see its --help" in text
+    assert "--device-memory SIZE" not in text
+    with pytest.raises(SystemExit):
+        main(["dflash", "--help"])
+    assert "with --time the run's time" in " ".join(capsys.readouterr().out.split())
 
 
 def test_without_device_memory_the_selected_cuda_device_is_judged(tmp_path, capsys,

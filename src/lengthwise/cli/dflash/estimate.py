@@ -66,8 +66,8 @@ def register(stages: argparse._SubParsersAction) -> None:
     """Add the ``estimate`` stage."""
     p = stages.add_parser(
         "estimate",
-        help="predict a stage's peak memory (train, regenerate, eval) from the target's "
-             "config.json",
+        help="before launch: a stage's peak memory (train, regenerate, eval) from the target's "
+             "config.json, and with --time the run's time",
         description="Predict the peak memory of a stage's whole process (--stage train, "
                     "regenerate or eval) from the target's config.json alone (no weights; "
                     "the stage's passes traced under fake tensors) and its parts: on CPU the "
@@ -114,33 +114,38 @@ def add_stage_flags(p: argparse.ArgumentParser) -> None:
             p.add_argument(flag, type=int, metavar="N", help=text)
 
 
-def add_report_flags(p: argparse.ArgumentParser, *, only: str = "") -> None:
-    """The flags of :data:`REPORT_FLAGS`; ``only``: a note on when they are read."""
+def add_report_flags(p: argparse.ArgumentParser, *, listed: bool = True) -> None:
+    """The flags of :data:`REPORT_FLAGS`; ``listed=False`` keeps them out of ``p``'s help
+    (``dflash train`` reads them with ``--estimate`` and points to this command's help)."""
+    def text(words: str) -> str:
+        return words if listed else argparse.SUPPRESS
+
     p.add_argument("--rows", type=int, metavar="N",
-                   help="rows of the micro-batch (default 1: one packed row, the worst case)"
-                        + only)
+                   help=text("rows of the micro-batch (default 1: one packed row, the worst "
+                             "case)"))
     p.add_argument("--world", type=int, metavar="N",
-                   help="data-parallel ranks (default 1; more adds DDP's gradient buckets)"
-                        + only)
+                   help=text("data-parallel ranks (default 1; more adds DDP's gradient "
+                             "buckets)"))
     p.add_argument("--device-memory", metavar="SIZE",
-                   help="memory of the GPU: a size (141GiB, 80GB) or a name (h200, h100-80g, "
-                        "a100-80g, a100-40g, l40s); default: the selected CUDA device's, where "
-                        "there is one" + only)
-    p.add_argument("--json", action="store_true", help="print the estimate as JSON" + only)
+                   help=text("memory of the GPU: a size (141GiB, 80GB) or a name (h200, "
+                             "h100-80g, a100-80g, a100-40g, l40s); default: the selected CUDA "
+                             "device's, where there is one"))
+    p.add_argument("--json", action="store_true", help=text("print the estimate as JSON"))
     p.add_argument("--time", action="store_true",
-                   help="also predict the run's time from its plan (needs --data): train per "
-                        "step, per epoch and in all, priced by a few training steps timed here; "
-                        "regenerate in all, priced by a few of its generate batches timed "
-                        "here (either loads the target), or by --device-profile" + only)
+                   help=text("also predict the run's time from its plan (needs --data): train "
+                             "per step, per epoch and in all, priced by a few training steps "
+                             "timed here; regenerate in all, priced by a few of its generate "
+                             "batches timed here (either loads the target), or by "
+                             "--device-profile"))
     p.add_argument("--profile-steps", type=int, metavar="N",
-                   help="training steps timed for --time (default 4, plus a warm-up step and "
-                        "one that also evaluates); regenerate: generate batches (default 5)"
-                        + only)
+                   help=text("training steps timed for --time (default 4, plus a warm-up step "
+                             "and one that also evaluates); regenerate: generate batches "
+                             "(default 5)"))
     p.add_argument("--device-profile", metavar="FILE",
-                   help="price the plan with this profile (written by --save-profile, e.g. "
-                        "on a GPU elsewhere) instead of timing steps here" + only)
+                   help=text("price the plan with this profile (written by --save-profile, "
+                             "e.g. on a GPU elsewhere) instead of timing steps here"))
     p.add_argument("--save-profile", metavar="FILE",
-                   help="write the profile --time measured, as JSON" + only)
+                   help=text("write the profile --time measured, as JSON"))
 
 
 def device_bytes(given: dict[str, Any], device: str) -> int | None:

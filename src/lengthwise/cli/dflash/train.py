@@ -58,10 +58,13 @@ def register(stages: argparse._SubParsersAction) -> None:
                         "resident memory on CPU), its parts and whether "
                         "it fits the device, from the target's config.json alone (no weights, "
                         "no data), and exit without training or writing to --out; with --time "
-                        "also the run's time (reads --data and times a few steps)")
+                        "also the run's time (reads --data and times a few steps). It takes "
+                        "the options of `lengthwise dflash estimate` (--rows, --world, "
+                        "--device-memory, --json, --time, --profile-steps, --device-profile, "
+                        "--save-profile): see its --help")
     from lengthwise.cli.dflash.estimate import add_report_flags
 
-    add_report_flags(p, only="; read with --estimate")
+    add_report_flags(p, listed=False)
     p.set_defaults(func=run)
 
 
