@@ -298,7 +298,7 @@ def _staircase(
     implausible_staircase`); otherwise the period stays a periodic component and
     the epochs' note says why it was not read as epochs.
     """
-    starts = staircase_starts(s, y, int(round(per.period_points or 0)))
+    starts = staircase_starts(s, y, float(per.period_points or 0))
     if not starts:
         return ctx, epochs
     source = f"a regular staircase every {per.period:g} steps"

@@ -559,10 +559,12 @@ def _epoch_causes(f: Findings) -> list[Cause]:
                       for d, r, s in zip(e.drops[:6], e.relative_drops[:6], e.starts[:6],
                                          strict=True))
     mean_rel = sum(e.relative_drops) / len(e.relative_drops)
+    down = sum(d < 0 for d in e.drops)
+    at = (f"each epoch start ({len(e.starts)} boundaries" if down == len(e.drops) else
+          f"epoch starts ({down} of {len(e.drops)} boundaries")
     return [Cause(
         name="epoch_boundaries",
-        title=f"loss steps down at each epoch start ({len(e.starts)} boundaries, "
-        f"{mean_rel:+.1%} on average)",
+        title=f"loss steps down at {at}, {mean_rel:+.1%} on average)",
         score=min(0.9, 0.3 + 5 * abs(mean_rel)),
         where=f"epoch starts ({e.source}) at steps {_steps(e.starts)}",
         evidence=[f"level change at the epoch starts: {drops}",
