@@ -108,7 +108,9 @@ def test_repeated_step_keeps_last_value(tmp_path: Path) -> None:
     lines = rows(10) + [json.dumps({"step": 10, "loss": 9.0})] + rows(5, start=11)
     log = read_log(write_lines(tmp_path / "rep.jsonl", lines))
     assert log.loss[log.step == 10].tolist() == [9.0]
-    assert log.input.restart_count == 0 and log.input.duplicate_rows == 1
+    # one step logged again, then steps that go on: a resumed run, not a second writer
+    assert log.input.restart_count == 1 and log.input.duplicate_rows == 0
+    assert log.input.restarts[0].rolled_back == 0
 
 
 def test_duplicate_writer_is_told_from_a_restart(tmp_path: Path) -> None:
