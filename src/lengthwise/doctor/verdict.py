@@ -288,17 +288,33 @@ def _grad_norm_causes(f: Findings) -> list[Cause]:
                           "in an earlier update: inspect those batches (very long, repeated, "
                           "truncated or corrupt samples, or the data after a save or resume); "
                           "clipping keeps them from moving the weights far"]))
-    if g.clipped_often:
+    shown = _clip_shown(f)
+    if g.clipped_often and shown:  # else the clip rate is context (the grad-norm line)
         out.append(Cause(
             name="grad_clipped_often",
             title=(f"the gradient is clipped at {g.clip_rate:.0%} of the steps (norm at or "
-                   f"above the clip {g.clip:g}): the clip sets the step size, not the lr"),
+                   f"above the clip {g.clip:g}) and {shown}: the clip sets the step size, "
+                   "not the lr"),
             score=0.3, where="the analysed steps",
             evidence=[f"median gradient norm {g.median:.3g} against the clipping norm "
-                      f"{g.clip:g} ({g.clip_source})"],
+                      f"{g.clip:g} ({g.clip_source}), over {g.logged} logged steps"],
             prescription=["clipping should be the exception: lower the learning rate or raise "
                           "the clipping norm, so that the schedule, not the clip, sets the "
                           "step size"]))
+    if g.no_update_often:
+        out.append(Cause(
+            name="no_update_steps",
+            title=(f"{g.zero_steps} of {g.logged} logged steps ({g.zero_share:.0%}) have a "
+                   "gradient norm of 0: no update at those steps"),
+            score=min(0.6, 0.2 + 0.5 * g.zero_share),
+            where=f"at steps {_steps(g.zero_first)}",
+            evidence=["a gradient norm of exactly 0 means no trainable weight got a gradient; "
+                      "the clip rate counts these steps, the spike and trend tests leave them "
+                      "out"],
+            prescription=["check the loss mask of those steps' samples (labels all masked, "
+                          "e.g. a supervised part cut at max_len: with few samples a step, one "
+                          "such sample empties the step), and that the trainable weights are "
+                          "in the graph (frozen adapters, detached outputs)"]))
     if g.rising and f.cliffs:  # alone, common in healthy runs as the lr decays: reported only
         out.append(Cause(
             name="grad_norm_rising",
@@ -310,6 +326,16 @@ def _grad_norm_causes(f: Findings) -> list[Cause]:
                           "watch the loss, check the learning rate after warm-up and weight "
                           "decay, and clip gradients"]))
     return out
+
+
+def _clip_shown(f: Findings) -> str:
+    """How the loss shows the clipping ("": it does not, the clip rate is context only)."""
+    a = f.grad_norm.clipped_spikes
+    if a.found:
+        return f"{a.aligned} of {a.cliffs} loss spikes start at a clipped step"
+    if f.stall.since is not None:
+        return f"the loss has not moved since step {fmt_num(f.stall.since)}"
+    return ""
 
 
 def _stall_causes(f: Findings) -> list[Cause]:
