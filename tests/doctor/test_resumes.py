@@ -79,6 +79,24 @@ def test_resumes_that_log_a_step_or_a_few_again_without_a_clock_are_not_a_second
     assert w.input.duplicate_rows == 600 and w.input.restart_count == 0
 
 
+def test_a_loss_spike_right_after_a_resume_is_told_with_the_resume_not_as_a_hard_batch() -> None:
+    """A resume whose schedule restarted, the loss +0.9 one step later; three spikes elsewhere."""
+    rows = with_resumes(simulate_clean(6000, seed=4), [(3000, 2501)])
+    i = next(k for k in range(1, len(rows)) if rows[k]["step"] < rows[k - 1]["step"])
+    rows[i + 1]["loss"] += 0.9
+    rows[i + 2]["loss"] += 0.4
+    for k in (1000, 4200, 5100):
+        rows[k]["loss"] += 0.8
+    r = diagnose(rows)
+    assert 2502 in [c.step for c in r.cliffs] and len(r.cliffs) == 4
+    spikes = next(c for c in r.verdict.causes if c.name == "loss_spikes")
+    assert spikes.title.startswith("3 one-step loss spike(s)") and "2502" not in spikes.evidence[0]
+    cause = _restart_cause(r)
+    assert "the schedule restarted; the loss spikes right after 1 of them (+0.92" in cause.title
+    assert any("+0.92" in e and "at step 2502, 1 step(s) after the resume at 2501" in e
+               for e in cause.evidence)
+
+
 def test_the_epoch_test_runs_across_resumes() -> None:
     rows = with_resumes(simulate_clean(6000, seed=5, epochs=3, epoch_drop=0.08, lr_drop=False),
                         [(3500, 3301)])

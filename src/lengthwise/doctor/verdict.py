@@ -40,6 +40,8 @@ from lengthwise.doctor.steptime import SLOW_FACTOR, SLOW_Z
 
 #: cliffs whose median recovery takes at most this many logged points are one-step spikes
 QUICK_RECOVERY = 2
+#: a loss cliff starting at most this many logged points after a resume belongs to the resume
+RESUME_POINTS = 2
 #: the ``view`` of a log whose lines are single micro-batches (its ``plan`` event)
 MICRO_VIEW = "micro-batch"
 STRATIFY = "interleave or stratify length buckets: `lengthwise plan --order stratified`"
@@ -621,7 +623,8 @@ def _phase_text(cliffs: list[Any], f: Findings) -> tuple[str, str]:
 
 
 def _cliff_causes(f: Findings) -> list[Cause]:
-    cliffs, ck = list(f.cliffs), f.checkpoint_association
+    tied = {id(c) for c, _ in _resume_cliffs(f)}  # told with their resume, not as hard batches
+    cliffs, ck = [c for c in f.cliffs if id(c) not in tied], f.checkpoint_association
     if not cliffs:
         return []
     out: list[Cause] = []
@@ -776,15 +779,53 @@ def _restart_text(r: Restart) -> str:
     return f"step {b} -> {a} ({back}{gap})"
 
 
+def _shown_restarts(f: Findings) -> list[Restart]:
+    """The restarts the verdict names: all but exact resumes after a logged ``resume`` event
+    (those too when the learning rate jumped); none when only exact resumes happened."""
+    i = f.input
+    if i.restart_count - i.logged_resumes <= 0 and not any(i.lr_jumped(r) for r in i.restarts):
+        return []
+    return [r for r in i.restarts if not r.logged or i.lr_jumped(r)]
+
+
+def _resume_cliffs(f: Findings) -> list[tuple[Cliff, float]]:
+    """Loss cliffs that start at a resume the verdict names or up to :data:`RESUME_POINTS`
+    logged points after it, each with its resume's step (cliffs that recover only: one that
+    never does is a divergence)."""
+    starts = sorted({r.step_after for r in _shown_restarts(f)} | set(f.context.epoch_resets))
+    reach = RESUME_POINTS * f.context.interval
+    out = []
+    for c in f.cliffs:
+        at = [x for x in starts if 0 <= c.step - x <= reach]
+        if at and c.recovery_steps is not None:
+            out.append((c, at[-1]))
+    return out
+
+
+def _resume_spikes(f: Findings, starts: set[float], ev: list[str]) -> str:
+    """The title's note on the loss spikes right after the resumes at ``starts`` (and their
+    evidence, appended to ``ev``); "" when there are none."""
+    tied = [(c, x) for c, x in _resume_cliffs(f) if x in starts]
+    if not tied:
+        return ""
+    ev.append("loss spike(s) right after a resume: " + "; ".join(
+        f"+{c.height:.3g} at step {fmt_num(c.step, 9)}, {fmt_num(c.step - x, 9)} step(s) after "
+        f"the resume at {fmt_num(x, 9)}, back to its level in {fmt_num(c.recovery_steps, 9)} "
+        "steps" for c, x in tied[:5]) + ": the resumed run's first updates (an optimizer state "
+        "or schedule that was not restored), not hard batches")
+    return (f"; the loss spikes right after {len(tied)} of them (+"
+            + ", +".join(f"{c.height:.3g}" for c, _ in tied[:3]) + ")")
+
+
 def _restart_causes(f: Findings) -> list[Cause]:
     """Resumed runs: the steps went back (the latest run kept); a jump of the learning rate at
     the re-logged steps is a schedule that restarted with the resume."""
     i = f.input
     jumped = [r for r in i.restarts if i.lr_jumped(r)]
     count = i.restart_count - i.logged_resumes
-    if count <= 0 and not jumped:  # after a logged ``resume`` event: an exact resume, no cause
+    shown = _shown_restarts(f)
+    if not shown:
         return []
-    shown = [r for r in i.restarts if not r.logged or i.lr_jumped(r)]
     pts = [r.step_after for r in shown]
     total = max(count, 0) + sum(r.logged for r in jumped)
     title = f"{total} resume(s) with rollback: " + "; ".join(_restart_text(r)
@@ -808,6 +849,7 @@ def _restart_causes(f: Findings) -> list[Cause]:
     elif tested:
         ev.append(f"the learning rate at the step resumed from matches the earlier run's at "
                   f"{len(tested)} of them (the schedule resumed)")
+    title += _resume_spikes(f, set(pts), ev)
     return [Cause(name="restarts", title=title, score=0.3 if jumped else 0.1,
                   where=f"at steps {_steps(pts)}", evidence=ev, prescription=fixes)]
 
@@ -817,13 +859,15 @@ def _resume_causes(f: Findings) -> list[Cause]:
     resets = f.context.epoch_resets
     if not resets:
         return []
+    ev = [f"the logged `epoch` falls back at step(s) {_steps(resets)} while the step keeps "
+          "rising: a run resumed from a checkpoint whose data pass started over"]
     return [Cause(
         name="resumes",
-        title=f"{len(resets)} resume(s) in the log (the epoch field falls back)",
+        title=f"{len(resets)} resume(s) in the log (the epoch field falls back)"
+        + _resume_spikes(f, set(resets), ev),
         score=0.1,
         where=f"at steps {_steps(resets)}",
-        evidence=[f"the logged `epoch` falls back at step(s) {_steps(resets)} while the step "
-                  "keeps rising: a run resumed from a checkpoint whose data pass started over"],
+        evidence=ev,
         prescription=["check that resuming restores the optimizer, scheduler and "
                       "data-loader position (the batch order); a restarted data pass repeats "
                       "samples already seen"],
