@@ -66,6 +66,10 @@ MAX_LOSS = 1e100
 CONSTANT_STEP_ROWS = 3
 #: the held-out loss of an evaluation (Hugging Face's log_history, lengthwise's step log)
 EVAL_KEY = "eval_loss"
+#: names of the held-out loss in an evaluation row or tag, in the order they are looked for
+#: (``eval/loss``: Hugging Face's TensorBoard and W&B callbacks)
+EVAL_KEYS: tuple[str, ...] = (EVAL_KEY, "eval/loss", "val/loss", "val_loss", "validation/loss",
+                              "valid/loss")
 #: numeric fields written as JSON true/false
 FLAG_FIELDS: frozenset[str] = frozenset({"skipped"})
 NUMERIC_ALIASES: dict[str, tuple[str, ...]] = {
@@ -208,17 +212,17 @@ class ColumnBuilder:
                     keep.append(i)
                     continue
             self.summary.other_rows += 1
-            if EVAL_KEY in o:
-                self._add_eval(o, sk)
+            key = next((k for k in EVAL_KEYS if k in o), None) if isinstance(o, dict) else None
+            if key is not None:
+                self.add_eval(o.get(sk or "step", o.get("step")), o[key])
             if isinstance(event, str) and event in CHECKPOINT_EVENTS:
                 self._add_checkpoint(event, o, sk)
             elif event == RESUME_EVENT:
                 self._resume_lines.append(int(lines[i]))
         return [objs[i] for i in keep], [losses[i] for i in keep], [lines[i] for i in keep]
 
-    def _add_eval(self, row: dict[str, Any], sk: str | None) -> None:
-        """Keep the held-out loss of an evaluation row (Hugging Face's ``log_history``)."""
-        step, value = row.get(sk or "step", row.get("step")), row.get(EVAL_KEY)
+    def add_eval(self, step: Any, value: Any) -> None:
+        """Keep one held-out loss at ``step`` (numbers only; anything else is left out)."""
         if type(step) in (int, float) and type(value) in (int, float) \
                 and math.isfinite(step) and math.isfinite(value):
             self._evals.append((float(step), float(value)))
