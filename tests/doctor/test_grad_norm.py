@@ -69,11 +69,53 @@ def test_the_clip_rate_from_the_option_and_from_the_config_beside_the_log(tmp_pa
     (tmp_path / "training_args.json").write_text(json.dumps({"max_grad_norm": 1.0}))
     r = diagnose(log)
     assert r.grad_norm.clip_source == "training_args.json" and r.grad_norm.clip_rate > 0.8
-    assert "grad_clipped_often" in _names(r)
+    assert r.grad_norm.clipped_often and "grad_clipped_often" not in _names(r)  # context
     assert diagnose(log, clip=100.0).grad_norm.clip_rate == 0.0
     assert main(["doctor", str(log), "--clip", "0"]) == 2
     err = capsys.readouterr().err
     assert err.strip() == "lengthwise doctor: error: --clip must be positive, got 0.0"
+
+
+def test_clipping_alone_is_context_and_a_cause_only_when_the_loss_shows_it() -> None:
+    """A clean curve clipped at most steps stays clean; clipped steps at the loss spikes do not."""
+    rows, _ = grad_norm_log(3000, spikes=0, lead=None, level=1.2)
+    r = diagnose(rows, clip=1.0)
+    assert r.grad_norm.clip_rate > 0.8 and r.grad_norm.clipped_often
+    assert r.verdict.clean is True and not _names(r)
+    assert "context, not a cause" in render_text(r)
+    rows, spikes = grad_norm_log(3000, lead=0, level=0.95, seed=1)
+    r = diagnose(rows, clip=1.0)
+    g = r.grad_norm
+    assert 0.25 <= g.clip_rate < 0.5 and g.clipped_spikes.found
+    cause = next(c for c in r.verdict.causes if c.name == "grad_clipped_often")
+    assert f"{g.clipped_spikes.aligned} of {len(spikes)} loss spikes start at a clipped step" \
+        in cause.title
+
+
+def test_steps_with_a_zero_gradient_norm_count_in_the_clip_rate_and_are_a_finding() -> None:
+    """Batch 1: 168 of 300 logged norms are exactly 0 (no update); 117 of the others clip."""
+    rng = np.random.default_rng(0)
+    rows = simulate_clean(300, seed=2)
+    zero = rng.permutation(300)[:168]
+    g = np.where(rng.random(300) < 117 / 132, 1.5, 0.5) * np.exp(0.05 * rng.standard_normal(300))
+    g[zero] = 0.0
+    g[np.setdiff1d(np.arange(300), zero)] = np.r_[np.full(117, 1.5), np.full(15, 0.5)]
+    for row, x in zip(rows, g, strict=True):
+        row["grad_norm"] = float(x)
+    r = diagnose(rows, clip=1.0)
+    gn = r.grad_norm
+    assert gn.logged == 300 and gn.zero_steps == 168
+    assert abs(gn.clip_rate - 117 / 300) < 1e-9  # 39 %, not 117 of the 132 non-zero norms
+    cause = next(c for c in r.verdict.causes if c.name == "no_update_steps")
+    assert cause.title.startswith("168 of 300 logged steps (56%) have a gradient norm of 0")
+    text = render_text(r)
+    assert "clipped at 39.0% of 300 logged steps" in text and "norm 0 (no update) at 168" in text
+    # a few zero norms are reported, not a cause
+    few = simulate_clean(300, seed=2)
+    for i, row in enumerate(few):
+        row["grad_norm"] = 0.0 if i % 50 == 0 else 0.5
+    r = diagnose(few)
+    assert r.grad_norm.zero_steps == 6 and "no_update_steps" not in _names(r)
 
 
 def test_the_grad_norm_panel_is_plotted(tmp_path: Path) -> None:

@@ -108,7 +108,9 @@ def test_repeated_step_keeps_last_value(tmp_path: Path) -> None:
     lines = rows(10) + [json.dumps({"step": 10, "loss": 9.0})] + rows(5, start=11)
     log = read_log(write_lines(tmp_path / "rep.jsonl", lines))
     assert log.loss[log.step == 10].tolist() == [9.0]
-    assert log.input.restart_count == 0 and log.input.duplicate_rows == 1
+    # one step logged again, then steps that go on: a resumed run, not a second writer
+    assert log.input.restart_count == 1 and log.input.duplicate_rows == 0
+    assert log.input.restarts[0].rolled_back == 0
 
 
 def test_duplicate_writer_is_told_from_a_restart(tmp_path: Path) -> None:
@@ -345,6 +347,32 @@ def test_tensorboard_directory_and_file(tmp_path: Path) -> None:
     assert np.allclose(log.columns["lr"], 1e-4)
     (event,) = list((tmp_path / "run").glob("*tfevents*"))
     assert read_log(event).num_steps == 60
+
+
+def test_tensorboard_eval_loss_is_the_held_out_loss(tmp_path: Path) -> None:
+    """Hugging Face's TensorBoard names: `train/loss` for training, `eval/loss` held out."""
+    pytest.importorskip("torch.utils.tensorboard")
+    from torch.utils.tensorboard import SummaryWriter
+
+    rng = np.random.default_rng(0)
+    with SummaryWriter(log_dir=str(tmp_path / "run")) as writer:
+        for s in range(1, 1201):
+            writer.add_scalar("train/loss", 3.0 * np.exp(-s / 300) + 0.5
+                              + 0.02 * rng.standard_normal(), s)
+            if s % 100 == 0:  # the held-out loss falls, then rises: over-fitting
+                writer.add_scalar("eval/loss", 3.0 * np.exp(-s / 300) + 0.7
+                                  + 0.3 * max(0.0, s - 600) / 600, s)
+    log = read_log(tmp_path / "run")
+    assert log.input.loss_key == "train/loss" and log.step.size == 1200
+    assert log.evals[:, 0].tolist() == list(range(100, 1201, 100))
+    assert abs(log.evals[0, 1] - (3.0 * np.exp(-1 / 3) + 0.7)) < 1e-5
+    r = diagnose(log)
+    assert r.eval_gap.evals == 12 and r.eval_gap.eval_rising
+    assert "eval_overfitting" in {c.name for c in r.verdict.causes}
+    # rows with those names (W&B's history of the same callbacks) read alike
+    rows = [{"train/global_step": s, "train/loss": 2.0} for s in range(1, 101)]
+    rows += [{"train/global_step": s, "eval/loss": 2.5} for s in (50, 100)]
+    assert read_records(rows).evals.tolist() == [[50.0, 2.5], [100.0, 2.5]]
 
 
 def test_tensorboard_truncated_file(tmp_path: Path) -> None:

@@ -51,9 +51,50 @@ def test_a_step_logged_again_after_a_pause_is_a_resume_not_a_second_writer() -> 
     log = read_records(rows)
     assert log.input.restart_count == 1 and log.input.duplicate_rows == 0
     assert log.input.restarts[0].rolled_back == 0
-    # without the wall time it reads as a step written twice in a row
+    # without the wall time too: one step logged again, then steps that go on
     plain = read_records([{k: v for k, v in row.items() if k != "time"} for row in rows])
-    assert plain.input.restart_count == 0 and plain.input.duplicate_rows == 1
+    assert plain.input.restart_count == 1 and plain.input.duplicate_rows == 0
+
+
+def test_resumes_that_log_a_step_or_a_few_again_without_a_clock_are_not_a_second_writer() -> None:
+    """No wall-time column: two resumes each log their first step again, a third a few steps."""
+    base = simulate_clean(3000, seed=6)
+    at = {int(r["step"]): i for i, r in enumerate(base)}
+    rows = [{k: v for k, v in r.items() if k != "time"} for r in base]
+    relog = [dict(rows[at[900]]), dict(rows[at[2100]])] + [dict(rows[at[s]])
+                                                            for s in (1498, 1499, 1500)]
+    for r in relog:
+        r["loss"] = float(r["loss"]) * 1.01
+    rows = (rows[: at[900] + 1] + relog[:1] + rows[at[900] + 1 : at[1500] + 1] + relog[2:]
+            + rows[at[1500] + 1 : at[2100] + 1] + relog[1:2] + rows[at[2100] + 1 :])
+    r = diagnose(rows)
+    assert r.input.duplicate_rows == 0 and r.input.restart_count == 3
+    assert [p.step_after for p in r.input.restarts] == [900, 1498, 2100]
+    names = {c.name for c in r.verdict.causes}
+    assert "restarts" in names and "duplicate_writer" not in names
+    assert r.input.loss_rows == len(base) and np.all(np.diff(r.series.step) > 0)
+    # a second writer rewrites steps all through the log
+    twice = [dict(row) for row in rows[:600] for _ in range(2)]
+    w = read_records(twice)
+    assert w.input.duplicate_rows == 600 and w.input.restart_count == 0
+
+
+def test_a_loss_spike_right_after_a_resume_is_told_with_the_resume_not_as_a_hard_batch() -> None:
+    """A resume whose schedule restarted, the loss +0.9 one step later; three spikes elsewhere."""
+    rows = with_resumes(simulate_clean(6000, seed=4), [(3000, 2501)])
+    i = next(k for k in range(1, len(rows)) if rows[k]["step"] < rows[k - 1]["step"])
+    rows[i + 1]["loss"] += 0.9
+    rows[i + 2]["loss"] += 0.4
+    for k in (1000, 4200, 5100):
+        rows[k]["loss"] += 0.8
+    r = diagnose(rows)
+    assert 2502 in [c.step for c in r.cliffs] and len(r.cliffs) == 4
+    spikes = next(c for c in r.verdict.causes if c.name == "loss_spikes")
+    assert spikes.title.startswith("3 one-step loss spike(s)") and "2502" not in spikes.evidence[0]
+    cause = _restart_cause(r)
+    assert "the schedule restarted; the loss spikes right after 1 of them (+0.92" in cause.title
+    assert any("+0.92" in e and "at step 2502, 1 step(s) after the resume at 2501" in e
+               for e in cause.evidence)
 
 
 def test_the_epoch_test_runs_across_resumes() -> None:

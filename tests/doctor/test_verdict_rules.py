@@ -150,6 +150,35 @@ def test_a_regular_staircase_without_epoch_info_is_read_as_epochs() -> None:
     assert r2.periodicity.period is not None and r2.epochs.found is None
 
 
+def test_a_smooth_cycle_without_epoch_info_is_a_periodic_component_not_epochs() -> None:
+    """A sine of period 40 on a falling loss falls over half of each cycle: no staircase."""
+    rng = np.random.default_rng(0)
+    t = np.arange(1, 401)
+    loss = (2.5 + 3 * np.exp(-t / 300) + 0.05 * rng.standard_normal(400)
+            + 0.3 * np.sin(2 * np.pi * t / 40))
+    r = diagnose([{"step": int(s), "loss": float(v), "lr": 3e-4}
+                  for s, v in zip(t, loss, strict=True)])
+    assert r.periodicity.period is not None and abs(r.periodicity.period - 40) <= 1
+    assert r.context.steps_per_epoch is None and r.epochs.found is None
+    names = [c.name for c in r.verdict.causes]
+    assert names[0] == "periodic_unknown" and "epoch_boundaries" not in names
+    assert "epoch" not in r.verdict.causes[0].title
+
+
+def test_epoch_starts_where_the_level_rises_are_not_called_step_downs() -> None:
+    t = np.arange(4000.0)
+    factor = np.cumprod(np.where(np.arange(10) == 4, 1.05, 0.8))[np.floor(t / 400).astype(int)]
+    loss = 5 * np.exp(-t / 870) * factor / 0.8
+    loss *= np.exp(0.01 * np.random.default_rng(1).standard_normal(t.size))
+    r = diagnose([{"step": int(s) + 1, "loss": float(v), "epoch": float(s / 400)}
+                  for s, v in zip(t, loss, strict=True)])
+    assert r.epochs.found and sum(d > 0 for d in r.epochs.drops) == 1
+    cause = next(c for c in r.verdict.causes if c.name == "epoch_boundaries")
+    n = len(r.epochs.drops)
+    assert f"at epoch starts ({n - 1} of {n} boundaries" in cause.title
+    assert "each epoch start" not in cause.title
+
+
 def test_a_periodic_component_is_not_read_as_hundreds_of_epochs() -> None:
     """A fixed 46-step data-order pattern under a fast initial descent: a period, not epochs."""
     rng = np.random.default_rng(0)
@@ -160,7 +189,6 @@ def test_a_periodic_component_is_not_read_as_hundreds_of_epochs() -> None:
     r = diagnose([{"step": int(s), "loss": float(v)} for s, v in zip(t, loss, strict=True)])
     assert r.periodicity.period is not None and abs(r.periodicity.period - 46) < 0.5
     assert not r.epochs.found and r.context.steps_per_epoch is None
-    assert "not read as epochs" in r.epochs.note
     names = [c.name for c in r.verdict.causes]
     assert "periodic_unknown" in names and "epoch_boundaries" not in names
 

@@ -162,6 +162,35 @@ def test_watch_options_are_checked(tmp_path: Path, capsys, extra, message) -> No
     assert capsys.readouterr().err.strip() == f"lengthwise doctor: error: {message}"
 
 
+@pytest.mark.parametrize("flag, value", [
+    ("--interval", "inf"), ("--interval", "1e300"), ("--max-seconds", "nan"),
+    ("--cooldown", "-inf"),
+])
+def test_watch_durations_must_be_finite_seconds(tmp_path: Path, capsys, flag, value) -> None:
+    """A wait the clock cannot hold is refused when the command line is read, before any look."""
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps({"step": s, "loss": 2.0}) + "\n" for s in range(1, 50)))
+    with pytest.raises(SystemExit) as exit_:
+        main(["doctor", str(log), "--watch", f"{flag}={value}"])
+    err = capsys.readouterr()
+    assert exit_.value.code == 2 and err.out == ""
+    assert f"argument {flag}: must be a finite number of seconds" in err.err
+    assert err.err.count("\n") == 1
+
+
+@pytest.mark.parametrize("flag", ["--from", "--to", "--steps-per-epoch", "--eval-every", "--clip"])
+def test_the_doctors_other_number_flags_refuse_inf_and_nan(tmp_path: Path, capsys,
+                                                            flag: str) -> None:
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps({"step": s, "loss": 2.0}) + "\n" for s in range(1, 50)))
+    for value in ("inf", "nan"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["doctor", str(log), f"{flag}={value}"])
+        assert exit_.value.code == 2
+        assert f"argument {flag}: must be a finite number, got '{value}'" in \
+            capsys.readouterr().err
+
+
 def test_a_diagnosis_cut_short_by_ctrl_c_is_redone_on_the_next_look(tmp_path: Path) -> None:
     """Ctrl-C during a diagnosis: the summary's look reads the log again, not the one before."""
     log = tmp_path / "log.jsonl"

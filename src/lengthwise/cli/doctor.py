@@ -13,7 +13,34 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+
+
+def _finite(text: str) -> float:
+    """A float flag's value: a finite number (``inf`` and ``nan`` are refused at parse time)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """A ``--watch`` duration: a finite number of seconds, at most a year (``MAX_SECONDS``)."""
+    from lengthwise.doctor.watch import MAX_SECONDS
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and abs(value) <= MAX_SECONDS):
+        raise argparse.ArgumentTypeError(
+            f"must be a finite number of seconds (at most {MAX_SECONDS:.0f}, a year), "
+            f"got {text!r}")
+    return value
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -33,13 +60,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="log file(s), TensorBoard dir(s) or W&B run folder(s)")
     p.add_argument("--step-key", default=None, help="step field (default: step or an alias)")
     p.add_argument("--loss-key", default=None, help="loss field (default: loss or an alias)")
-    p.add_argument("--from", dest="start", type=float, default=None, metavar="STEP",
+    p.add_argument("--from", dest="start", type=_finite, default=None, metavar="STEP",
                    help="first step of the stable region (default: chosen automatically)")
-    p.add_argument("--to", dest="end", type=float, default=None, metavar="STEP",
+    p.add_argument("--to", dest="end", type=_finite, default=None, metavar="STEP",
                    help="last step of the stable region (default: the last finite loss)")
     p.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
                    help="checkpoint saves every N steps (when the log has no checkpoint events)")
-    p.add_argument("--steps-per-epoch", type=float, default=None, metavar="N",
+    p.add_argument("--steps-per-epoch", type=_finite, default=None, metavar="N",
                    help="optimizer steps per epoch (default: from the logged `epoch` field); "
                    "tests epoch boundaries and matches periods to epochs and mega-batches")
     p.add_argument("--batch-size", type=int, default=None, metavar="B",
@@ -49,9 +76,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="data-parallel processes (default: a training_args.json or config "
                    "file beside the log, else 1, 2, 4 and 8 are tried) for the mega-batch "
                    "arithmetic")
-    p.add_argument("--eval-every", type=float, default=None, metavar="N",
+    p.add_argument("--eval-every", type=_finite, default=None, metavar="N",
                    help="evaluation every N steps (a period of that length is named)")
-    p.add_argument("--clip", type=float, default=None, metavar="NORM",
+    p.add_argument("--clip", type=_finite, default=None, metavar="NORM",
                    help="gradient-clipping norm of the run (default: max_grad_norm or clip in a "
                    "training_args.json or config file beside the log), for the clip rate")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap/permutation tests")
@@ -59,11 +86,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--watch", action="store_true",
                    help="follow one growing log: diagnose it again whenever it changes and "
                    "print each new finding once; a summary at the end (Ctrl-C, exit 130)")
-    p.add_argument("--interval", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--interval", type=_seconds, default=None, metavar="SECONDS",
                    help="with --watch: seconds between looks at the log (default 10)")
-    p.add_argument("--max-seconds", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--max-seconds", type=_seconds, default=None, metavar="SECONDS",
                    help="with --watch: stop after this long, print the summary, exit 0")
-    p.add_argument("--cooldown", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--cooldown", type=_seconds, default=None, metavar="SECONDS",
                    help="with --watch: a finding that went away is printed again only this "
                    "long after it was last printed (default 300)")
     p.add_argument("--plot", default=None, metavar="OUT.png",

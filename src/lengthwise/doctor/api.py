@@ -207,16 +207,16 @@ def diagnose(
 def _grad_norm(source: Source, s: np.ndarray, cols: dict[str, np.ndarray],
                analysed: np.ndarray, cliffs: list[Cliff], interval: float,
                clip: float | None) -> GradNorm:
-    """The gradient-norm findings over the analysed steps (clip: given, else beside the log)."""
+    """The gradient-norm findings: rates over the logged steps, tests over the analysed ones
+    (clip: given, else beside the log)."""
     if clip is not None and not clip > 0:
         raise ConfigError(f"--clip must be positive, got {clip}")
     clip_source = "--clip" if clip is not None else None
     if clip is None and isinstance(source, str | os.PathLike):
         clip, clip_source = clip_beside(source)
-    g = cols.get("grad_norm")
-    return grad_norm_findings(s[analysed], None if g is None else g[analysed],
-                              cliffs=[c.step for c in cliffs], interval=interval, clip=clip,
-                              clip_source=clip_source)
+    return grad_norm_findings(s, cols.get("grad_norm"), cliffs=[c.step for c in cliffs],
+                              interval=interval, clip=clip, clip_source=clip_source,
+                              analysed=analysed)
 
 
 def _schedule(source: Source, log: RunLog) -> Schedule:
@@ -298,7 +298,7 @@ def _staircase(
     implausible_staircase`); otherwise the period stays a periodic component and
     the epochs' note says why it was not read as epochs.
     """
-    starts = staircase_starts(s, y, int(round(per.period_points or 0)))
+    starts = staircase_starts(s, y, float(per.period_points or 0))
     if not starts:
         return ctx, epochs
     source = f"a regular staircase every {per.period:g} steps"

@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -230,14 +231,15 @@ def run_context(
 
     ``world_size`` is the number of data-parallel processes (None: unknown).
     """
-    if steps_per_epoch is not None and not steps_per_epoch > 0:
-        raise ConfigError(f"--steps-per-epoch must be positive, got {steps_per_epoch}")
+    if steps_per_epoch is not None and not 0 < steps_per_epoch < math.inf:
+        raise ConfigError(f"--steps-per-epoch must be a finite positive number, got "
+                          f"{steps_per_epoch}")
     if batch_size is not None and batch_size < 1:
         raise ConfigError(f"--batch-size must be positive, got {batch_size}")
     if world_size is not None and world_size < 1:
         raise ConfigError(f"--world-size must be positive, got {world_size}")
-    if eval_every is not None and not eval_every > 0:
-        raise ConfigError(f"--eval-every must be positive, got {eval_every}")
+    if eval_every is not None and not 0 < eval_every < math.inf:
+        raise ConfigError(f"--eval-every must be a finite positive number, got {eval_every}")
     first, last = float(steps[0]), float(steps[-1])
     if interval is None:
         interval = float(np.median(np.diff(steps))) if steps.size > 1 else 1.0

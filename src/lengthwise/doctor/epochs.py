@@ -39,6 +39,10 @@ ALPHA = 0.01
 MAX_INFERRED_EPOCHS = 100
 #: ... and the level steps down (a negative jump) at this share of its boundaries at least
 STEP_DOWN_SHARE = 0.75
+#: a staircase falls over at most this share of its period's phases ...
+STEP_WIDTH = 0.05
+#: ... and falls there by at least this share of the cycle's range (a sine falls over half)
+STEP_SHARE = 0.5
 #: points fitted on each side of a boundary
 MIN_SIDE, MAX_SIDE = 3, 50
 DRAWS = 2000
@@ -162,24 +166,33 @@ def epoch_boundaries(
     )
 
 
-def staircase_starts(steps: np.ndarray, loss: np.ndarray, period_points: int) -> list[float]:
+def staircase_starts(steps: np.ndarray, loss: np.ndarray, period_points: float) -> list[float]:
     """Step starts of a regular staircase of ``period_points`` points, or ``[]`` when none.
 
-    Folds the first differences of the (log) loss by phase: a staircase falls at one
-    phase and does not climb back at the others (the mean change over the other
-    phases is at most 0), unlike a saw-tooth, which rises between its drops.
+    Folds the first differences of the (log) loss by phase (``round(period_points)``
+    phases; a period that is not a whole number of points is folded by its fraction,
+    so the drop does not drift across the phases). A staircase falls at one phase and
+    does not climb back at the others (the mean change over the other phases is at
+    most 0), unlike a saw-tooth, which rises between its drops; and its fall is
+    sudden: the :data:`STEP_WIDTH` share of the phases around the drop holds at least
+    :data:`STEP_SHARE` of the cycle's range (the folded changes, less their median,
+    summed over the cycle). A smooth cycle, a sine on a falling loss, falls over half
+    of its phases and is not a staircase.
 
     >>> s = np.arange(1.0, 401.0)
     >>> loss = 2.0 * 0.9 ** np.floor((s - 1) / 40)
     >>> staircase_starts(s, loss, 40)[:3]
     [41.0, 81.0, 121.0]
+    >>> staircase_starts(s, 2.0 + np.exp(-s / 300) + 0.3 * np.sin(2 * np.pi * s / 40), 40)
+    []
     """
-    p = int(period_points)
-    if p < 4 or loss.size < 3 * p:
+    period = float(period_points)
+    p = int(round(period))
+    if p < 4 or loss.size < 3 * period:
         return []
     z = np.log(loss) if np.all(loss > 0) else loss
     d = np.diff(z)
-    phase = (np.arange(1, z.size)) % p
+    phase = _phase_bins(np.arange(1, z.size), period, p)
     means = np.bincount(phase, weights=d, minlength=p) / np.maximum(
         np.bincount(phase, minlength=p), 1)
     drop = int(np.argmin(means))
@@ -187,7 +200,28 @@ def staircase_starts(steps: np.ndarray, loss: np.ndarray, period_points: int) ->
     spread = float(np.std(d)) / np.sqrt(max(d.size / p, 1.0))
     if means[drop] >= -2.0 * spread or float(rest.mean()) > 0.0:
         return []
-    return [float(steps[i]) for i in range(drop, steps.size, p) if i > 0]
+    if _step_share(means, drop) < STEP_SHARE:
+        return []
+    first = np.arange(0, z.size / period + 1) * period + drop * period / p
+    at = np.unique(np.ceil(first - 1e-9).astype(np.int64))
+    return [float(steps[i]) for i in at if 0 < i < steps.size]
+
+
+def _phase_bins(index: np.ndarray, period: float, bins: int) -> np.ndarray:
+    """The phase bin (``0 .. bins - 1``) of each point ``index`` in a cycle of ``period``."""
+    frac = np.mod(index / period, 1.0)
+    return np.minimum((frac * bins + 1e-9).astype(np.int64), bins - 1)
+
+
+def _step_share(means: np.ndarray, drop: int) -> float:
+    """The share of the cycle's range that the phases around ``drop`` fall (1: a sudden step)."""
+    p = means.size
+    c = means - float(np.median(means))
+    w = max(1, int(round(STEP_WIDTH * p)))
+    fall = max(-float(sum(c[(drop - o + k) % p] for k in range(w))) for o in range(w))
+    cycle = np.concatenate([[0.0], np.cumsum(np.roll(c, -(drop + 1)))])
+    span = float(cycle.max() - cycle.min())
+    return fall / span if span > 0 else 0.0
 
 
 def implausible_staircase(found: EpochBoundaries) -> str | None:

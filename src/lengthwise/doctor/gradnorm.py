@@ -14,9 +14,16 @@ Each test reads the logged ``grad_norm`` (the norm before clipping, as
   hypergeom_sf`): under the null the cliffs sit at random analysed points, so the
   number that land in the spikes' windows is hypergeometric and ``p`` is exact;
   found when ``p <`` :data:`ALPHA` and at least 2 cliffs align.
-* **clip rate**: the share of steps at or above the clipping norm (from
-  ``--clip`` or a config file beside the log); a cause when it is at least
-  :data:`CLIP_SHARE` (the clip then sets the step size, not the learning rate).
+* **clip rate**: the share of the logged steps (a norm of 0 included) at or above
+  the clipping norm (from ``--clip`` or a config file beside the log); clipping at
+  :data:`CLIP_SHARE` of them at least is ``clipped_often``. It is context, not a
+  cause of the curve's shape, unless the loss shows it: **clipped spikes**, loss
+  cliffs whose first logged point is a clipped step, tested like the co-spikes
+  against the clipped steps, or a loss that does not move (the verdict's stall).
+* **zero norms**: steps that log a gradient norm of exactly 0 took no update (no
+  trainable weight got a gradient); their count and share, a finding of its own
+  from :data:`ZERO_SHARE` of the logged steps. The other tests read the positive
+  norms.
 * **trend**: Kendall's tau of the medians of :data:`TREND_BLOCKS` equal blocks of
   the analysed points against their order (block medians tame the
   autocorrelation of the raw series), and the rise: the median of the last block
@@ -56,8 +63,10 @@ SPIKE_WINDOW = 51
 LEAD_POINTS = 5
 #: significance level of the alignment and trend tests
 ALPHA = 0.01
-#: a clip rate at or above this share is a cause
+#: a clip rate at or above this share is ``clipped_often``
 CLIP_SHARE = 0.25
+#: logged steps with a gradient norm of 0 (no update) from this share on are a finding
+ZERO_SHARE = 0.1
 #: blocks whose medians the trend test ranks
 TREND_BLOCKS = 20
 #: the last block's median over the first block's for a rising trend
@@ -101,6 +110,13 @@ class GradNorm:
     clip: float | None = None
     clip_source: str | None = None
     clip_rate: float | None = None
+    #: loss cliffs whose first logged point is a clipped step
+    clipped_spikes: Alignment = field(default_factory=Alignment)
+    #: logged steps whose gradient norm is exactly 0 (no update), and the first of them
+    zero_steps: int = 0
+    zero_first: list[float] = field(default_factory=list)
+    #: logged steps with a finite gradient norm (0 included): what the rates are shares of
+    logged: int = 0
     trend_tau: float | None = None
     trend_p: float | None = None
     rise: float | None = None
@@ -111,6 +127,16 @@ class GradNorm:
     def clipped_often(self) -> bool:
         """At least :data:`CLIP_SHARE` of the steps are at or above the clipping norm."""
         return self.clip_rate is not None and self.clip_rate >= CLIP_SHARE
+
+    @property
+    def zero_share(self) -> float:
+        """The share of the logged steps whose gradient norm is 0 (0.0: none logged)."""
+        return self.zero_steps / self.logged if self.logged else 0.0
+
+    @property
+    def no_update_often(self) -> bool:
+        """At least :data:`ZERO_SHARE` of the logged steps have a gradient norm of 0."""
+        return self.zero_steps > 0 and self.zero_share >= ZERO_SHARE
 
     @property
     def rising(self) -> bool:
@@ -127,6 +153,9 @@ class GradNorm:
             "clip": self.clip, "clip_source": self.clip_source,
             "clip_rate": None if self.clip_rate is None else round(self.clip_rate, 4),
             "clipped_often": self.clipped_often,
+            "clipped_spikes": self.clipped_spikes.to_dict(),
+            "logged": self.logged, "zero_steps": self.zero_steps,
+            "zero_share": round(self.zero_share, 4), "no_update_often": self.no_update_often,
             "trend": {"rising": self.rising, "kendall_tau": significant(self.trend_tau),
                       "p_value": significant(self.trend_p), "rise": significant(self.rise)},
             "note": self.note,
@@ -141,17 +170,25 @@ def grad_norm_findings(
     interval: float,
     clip: float | None = None,
     clip_source: str | None = None,
+    analysed: np.ndarray | None = None,
 ) -> GradNorm:
-    """Every gradient-norm test over the analysed ``steps`` (``grad_norm`` aligned with them)."""
+    """Every gradient-norm test over the logged ``steps`` (``grad_norm`` aligned with them):
+    the clip rate and the zero norms over all of them, the others over the ``analysed``
+    ones (a mask; None: all)."""
     if grad_norm is None:
         return GradNorm(note="not tested: no grad_norm logged")
-    ok = np.isfinite(grad_norm) & (grad_norm > 0)
-    s, g = steps[ok], grad_norm[ok]
+    logged = np.isfinite(grad_norm) & (grad_norm >= 0)
+    s_all, g_all = steps[logged], grad_norm[logged]
+    zero = g_all == 0
+    zeros = {"logged": int(s_all.size), "zero_steps": int(zero.sum()),
+             "zero_first": [float(x) for x in s_all[zero][:20]]}
+    use = ~zero if analysed is None else ~zero & analysed[logged]
+    s, g = s_all[use], g_all[use]
     if s.size < MIN_POINTS:
-        return GradNorm(points=int(s.size), note=f"not tested: {s.size} points with a positive "
-                        f"grad_norm (need {MIN_POINTS})")
+        return GradNorm(points=int(s.size), **zeros, note=f"not tested: {s.size} points with "
+                        f"a positive grad_norm (need {MIN_POINTS})")
     spikes = spike_mask(np.log(g))
-    rate = None if clip is None else float(np.mean(g >= clip * (1 - 1e-6)))
+    clipped = None if clip is None else g_all >= clip * (1 - 1e-6)
     tau, p, rise = trend(np.log(g))
     near = np.asarray(cliffs, dtype=np.float64)
     near = near[(near >= s[0]) & (near <= s[-1])]
@@ -160,8 +197,10 @@ def grad_norm_findings(
         spike_steps=[float(x) for x in s[spikes][:50]],
         co_spikes=_aligned(s, spikes, near, -1, 0),
         lead=_aligned(s, spikes, near, 1, LEAD_POINTS, exclude=(-1, 0)),
-        clip=clip, clip_source=clip_source if clip is not None else None, clip_rate=rate,
-        trend_tau=tau, trend_p=p, rise=rise, median=float(np.median(g)),
+        clip=clip, clip_source=clip_source if clip is not None else None,
+        clip_rate=None if clipped is None else float(np.mean(clipped)),
+        clipped_spikes=Alignment() if clipped is None else _aligned(s_all, clipped, near, 0, 0),
+        **zeros, trend_tau=tau, trend_p=p, rise=rise, median=float(np.median(g)),
         note="" if clip is not None else "clip rate not tested: clipping norm unknown "
         "(pass --clip, or keep max_grad_norm in a training_args.json beside the log)",
     )

@@ -142,15 +142,22 @@ def _eval_line(r: Report) -> str:
 def _grad_norm_line(r: Report) -> str:
     """The gradient-norm spikes, their alignment with the loss spikes, clip rate and trend."""
     g = r.grad_norm
+    zero = f"norm 0 (no update) at {g.zero_steps} steps ({g.zero_share:.1%})"
     if g.median is None:
-        return g.note
+        return "; ".join([g.note, zero] if g.zero_steps else [g.note])
     parts = [f"median {_g(g.median)}, {g.spikes} spike(s)"]
     for name, a in (("with a spike at the same step", g.co_spikes),
                     ("after a spike 1-5 points earlier", g.lead)):
         if a.p_value is not None:
             parts.append(f"{a.aligned} of {a.cliffs} loss spikes {name} (p={_g(a.p_value, 3)})")
     if g.clip_rate is not None:
-        parts.append(f"clipped at {g.clip_rate:.1%} of steps (clip {g.clip:g}, {g.clip_source})")
+        parts.append(f"clipped at {g.clip_rate:.1%} of {g.logged} logged steps (clip "
+                     f"{g.clip:g}, {g.clip_source})")
+        if g.clipped_often and all(c.name != "grad_clipped_often" for c in r.verdict.causes):
+            parts.append("context, not a cause: no loss spike starts at a clipped step and "
+                         "the loss moves")
+    if g.zero_steps:
+        parts.append(zero)
     if g.rise is not None:
         parts.append(f"trend x{_g(g.rise, 3)} (Kendall p={_g(g.trend_p, 3)})")
     if g.note:

@@ -40,6 +40,8 @@ from lengthwise.doctor.steptime import SLOW_FACTOR, SLOW_Z
 
 #: cliffs whose median recovery takes at most this many logged points are one-step spikes
 QUICK_RECOVERY = 2
+#: a loss cliff starting at most this many logged points after a resume belongs to the resume
+RESUME_POINTS = 2
 #: the ``view`` of a log whose lines are single micro-batches (its ``plan`` event)
 MICRO_VIEW = "micro-batch"
 STRATIFY = "interleave or stratify length buckets: `lengthwise plan --order stratified`"
@@ -288,17 +290,33 @@ def _grad_norm_causes(f: Findings) -> list[Cause]:
                           "in an earlier update: inspect those batches (very long, repeated, "
                           "truncated or corrupt samples, or the data after a save or resume); "
                           "clipping keeps them from moving the weights far"]))
-    if g.clipped_often:
+    shown = _clip_shown(f)
+    if g.clipped_often and shown:  # else the clip rate is context (the grad-norm line)
         out.append(Cause(
             name="grad_clipped_often",
             title=(f"the gradient is clipped at {g.clip_rate:.0%} of the steps (norm at or "
-                   f"above the clip {g.clip:g}): the clip sets the step size, not the lr"),
+                   f"above the clip {g.clip:g}) and {shown}: the clip sets the step size, "
+                   "not the lr"),
             score=0.3, where="the analysed steps",
             evidence=[f"median gradient norm {g.median:.3g} against the clipping norm "
-                      f"{g.clip:g} ({g.clip_source})"],
+                      f"{g.clip:g} ({g.clip_source}), over {g.logged} logged steps"],
             prescription=["clipping should be the exception: lower the learning rate or raise "
                           "the clipping norm, so that the schedule, not the clip, sets the "
                           "step size"]))
+    if g.no_update_often:
+        out.append(Cause(
+            name="no_update_steps",
+            title=(f"{g.zero_steps} of {g.logged} logged steps ({g.zero_share:.0%}) have a "
+                   "gradient norm of 0: no update at those steps"),
+            score=min(0.6, 0.2 + 0.5 * g.zero_share),
+            where=f"at steps {_steps(g.zero_first)}",
+            evidence=["a gradient norm of exactly 0 means no trainable weight got a gradient; "
+                      "the clip rate counts these steps, the spike and trend tests leave them "
+                      "out"],
+            prescription=["check the loss mask of those steps' samples (labels all masked, "
+                          "e.g. a supervised part cut at max_len: with few samples a step, one "
+                          "such sample empties the step), and that the trainable weights are "
+                          "in the graph (frozen adapters, detached outputs)"]))
     if g.rising and f.cliffs:  # alone, common in healthy runs as the lr decays: reported only
         out.append(Cause(
             name="grad_norm_rising",
@@ -310,6 +328,16 @@ def _grad_norm_causes(f: Findings) -> list[Cause]:
                           "watch the loss, check the learning rate after warm-up and weight "
                           "decay, and clip gradients"]))
     return out
+
+
+def _clip_shown(f: Findings) -> str:
+    """How the loss shows the clipping ("": it does not, the clip rate is context only)."""
+    a = f.grad_norm.clipped_spikes
+    if a.found:
+        return f"{a.aligned} of {a.cliffs} loss spikes start at a clipped step"
+    if f.stall.since is not None:
+        return f"the loss has not moved since step {fmt_num(f.stall.since)}"
+    return ""
 
 
 def _stall_causes(f: Findings) -> list[Cause]:
@@ -559,10 +587,12 @@ def _epoch_causes(f: Findings) -> list[Cause]:
                       for d, r, s in zip(e.drops[:6], e.relative_drops[:6], e.starts[:6],
                                          strict=True))
     mean_rel = sum(e.relative_drops) / len(e.relative_drops)
+    down = sum(d < 0 for d in e.drops)
+    at = (f"each epoch start ({len(e.starts)} boundaries" if down == len(e.drops) else
+          f"epoch starts ({down} of {len(e.drops)} boundaries")
     return [Cause(
         name="epoch_boundaries",
-        title=f"loss steps down at each epoch start ({len(e.starts)} boundaries, "
-        f"{mean_rel:+.1%} on average)",
+        title=f"loss steps down at {at}, {mean_rel:+.1%} on average)",
         score=min(0.9, 0.3 + 5 * abs(mean_rel)),
         where=f"epoch starts ({e.source}) at steps {_steps(e.starts)}",
         evidence=[f"level change at the epoch starts: {drops}",
@@ -593,7 +623,8 @@ def _phase_text(cliffs: list[Any], f: Findings) -> tuple[str, str]:
 
 
 def _cliff_causes(f: Findings) -> list[Cause]:
-    cliffs, ck = list(f.cliffs), f.checkpoint_association
+    tied = {id(c) for c, _ in _resume_cliffs(f)}  # told with their resume, not as hard batches
+    cliffs, ck = [c for c in f.cliffs if id(c) not in tied], f.checkpoint_association
     if not cliffs:
         return []
     out: list[Cause] = []
@@ -748,15 +779,53 @@ def _restart_text(r: Restart) -> str:
     return f"step {b} -> {a} ({back}{gap})"
 
 
+def _shown_restarts(f: Findings) -> list[Restart]:
+    """The restarts the verdict names: all but exact resumes after a logged ``resume`` event
+    (those too when the learning rate jumped); none when only exact resumes happened."""
+    i = f.input
+    if i.restart_count - i.logged_resumes <= 0 and not any(i.lr_jumped(r) for r in i.restarts):
+        return []
+    return [r for r in i.restarts if not r.logged or i.lr_jumped(r)]
+
+
+def _resume_cliffs(f: Findings) -> list[tuple[Cliff, float]]:
+    """Loss cliffs that start at a resume the verdict names or up to :data:`RESUME_POINTS`
+    logged points after it, each with its resume's step (cliffs that recover only: one that
+    never does is a divergence)."""
+    starts = sorted({r.step_after for r in _shown_restarts(f)} | set(f.context.epoch_resets))
+    reach = RESUME_POINTS * f.context.interval
+    out = []
+    for c in f.cliffs:
+        at = [x for x in starts if 0 <= c.step - x <= reach]
+        if at and c.recovery_steps is not None:
+            out.append((c, at[-1]))
+    return out
+
+
+def _resume_spikes(f: Findings, starts: set[float], ev: list[str]) -> str:
+    """The title's note on the loss spikes right after the resumes at ``starts`` (and their
+    evidence, appended to ``ev``); "" when there are none."""
+    tied = [(c, x) for c, x in _resume_cliffs(f) if x in starts]
+    if not tied:
+        return ""
+    ev.append("loss spike(s) right after a resume: " + "; ".join(
+        f"+{c.height:.3g} at step {fmt_num(c.step, 9)}, {fmt_num(c.step - x, 9)} step(s) after "
+        f"the resume at {fmt_num(x, 9)}, back to its level in {fmt_num(c.recovery_steps, 9)} "
+        "steps" for c, x in tied[:5]) + ": the resumed run's first updates (an optimizer state "
+        "or schedule that was not restored), not hard batches")
+    return (f"; the loss spikes right after {len(tied)} of them (+"
+            + ", +".join(f"{c.height:.3g}" for c, _ in tied[:3]) + ")")
+
+
 def _restart_causes(f: Findings) -> list[Cause]:
     """Resumed runs: the steps went back (the latest run kept); a jump of the learning rate at
     the re-logged steps is a schedule that restarted with the resume."""
     i = f.input
     jumped = [r for r in i.restarts if i.lr_jumped(r)]
     count = i.restart_count - i.logged_resumes
-    if count <= 0 and not jumped:  # after a logged ``resume`` event: an exact resume, no cause
+    shown = _shown_restarts(f)
+    if not shown:
         return []
-    shown = [r for r in i.restarts if not r.logged or i.lr_jumped(r)]
     pts = [r.step_after for r in shown]
     total = max(count, 0) + sum(r.logged for r in jumped)
     title = f"{total} resume(s) with rollback: " + "; ".join(_restart_text(r)
@@ -780,6 +849,7 @@ def _restart_causes(f: Findings) -> list[Cause]:
     elif tested:
         ev.append(f"the learning rate at the step resumed from matches the earlier run's at "
                   f"{len(tested)} of them (the schedule resumed)")
+    title += _resume_spikes(f, set(pts), ev)
     return [Cause(name="restarts", title=title, score=0.3 if jumped else 0.1,
                   where=f"at steps {_steps(pts)}", evidence=ev, prescription=fixes)]
 
@@ -789,13 +859,15 @@ def _resume_causes(f: Findings) -> list[Cause]:
     resets = f.context.epoch_resets
     if not resets:
         return []
+    ev = [f"the logged `epoch` falls back at step(s) {_steps(resets)} while the step keeps "
+          "rising: a run resumed from a checkpoint whose data pass started over"]
     return [Cause(
         name="resumes",
-        title=f"{len(resets)} resume(s) in the log (the epoch field falls back)",
+        title=f"{len(resets)} resume(s) in the log (the epoch field falls back)"
+        + _resume_spikes(f, set(resets), ev),
         score=0.1,
         where=f"at steps {_steps(resets)}",
-        evidence=[f"the logged `epoch` falls back at step(s) {_steps(resets)} while the step "
-                  "keeps rising: a run resumed from a checkpoint whose data pass started over"],
+        evidence=ev,
         prescription=["check that resuming restores the optimizer, scheduler and "
                       "data-loader position (the batch order); a restarted data pass repeats "
                       "samples already seen"],

@@ -44,6 +44,8 @@ __all__ = ["Watcher", "watch"]
 DEFAULT_INTERVAL = 10.0
 #: seconds before a finding that went away is printed again when it comes back
 DEFAULT_COOLDOWN = 300.0
+#: the longest ``--interval``, ``--max-seconds`` or ``--cooldown`` taken: a year
+MAX_SECONDS = 365 * 24 * 3600.0
 
 
 class Watcher:

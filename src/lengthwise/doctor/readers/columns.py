@@ -66,6 +66,10 @@ MAX_LOSS = 1e100
 CONSTANT_STEP_ROWS = 3
 #: the held-out loss of an evaluation (Hugging Face's log_history, lengthwise's step log)
 EVAL_KEY = "eval_loss"
+#: names of the held-out loss in an evaluation row or tag, in the order they are looked for
+#: (``eval/loss``: Hugging Face's TensorBoard and W&B callbacks)
+EVAL_KEYS: tuple[str, ...] = (EVAL_KEY, "eval/loss", "val/loss", "val_loss", "validation/loss",
+                              "valid/loss")
 #: numeric fields written as JSON true/false
 FLAG_FIELDS: frozenset[str] = frozenset({"skipped"})
 NUMERIC_ALIASES: dict[str, tuple[str, ...]] = {
@@ -208,17 +212,17 @@ class ColumnBuilder:
                     keep.append(i)
                     continue
             self.summary.other_rows += 1
-            if EVAL_KEY in o:
-                self._add_eval(o, sk)
+            key = next((k for k in EVAL_KEYS if k in o), None) if isinstance(o, dict) else None
+            if key is not None:
+                self.add_eval(o.get(sk or "step", o.get("step")), o[key])
             if isinstance(event, str) and event in CHECKPOINT_EVENTS:
                 self._add_checkpoint(event, o, sk)
             elif event == RESUME_EVENT:
                 self._resume_lines.append(int(lines[i]))
         return [objs[i] for i in keep], [losses[i] for i in keep], [lines[i] for i in keep]
 
-    def _add_eval(self, row: dict[str, Any], sk: str | None) -> None:
-        """Keep the held-out loss of an evaluation row (Hugging Face's ``log_history``)."""
-        step, value = row.get(sk or "step", row.get("step")), row.get(EVAL_KEY)
+    def add_eval(self, step: Any, value: Any) -> None:
+        """Keep one held-out loss at ``step`` (numbers only; anything else is left out)."""
         if type(step) in (int, float) and type(value) in (int, float) \
                 and math.isfinite(step) and math.isfinite(value):
             self._evals.append((float(step), float(value)))
@@ -553,6 +557,8 @@ def step_order(step: np.ndarray, summary: InputSummary) -> np.ndarray | None:
 
 #: a step going back at most this many rows, again and again, is a second writer
 WRITER_REWIND = 4
+#: ... when such rewinds and steps written twice in a row reach this share of the rows
+WRITER_SHARE = 0.1
 
 
 def _short_rewinds(s: np.ndarray, back: np.ndarray) -> np.ndarray:
@@ -564,6 +570,22 @@ def _short_rewinds(s: np.ndarray, back: np.ndarray) -> np.ndarray:
             j -= 1
         short[n] = i - j - 1 <= WRITER_REWIND
     return short
+
+
+def _rewritten_throughout(points: int, rows: int) -> bool:
+    """Whether ``points`` rewritten steps among ``rows`` rows are a second writer's (at least 3
+    and :data:`WRITER_SHARE` of the rows), not a few resumes."""
+    return points >= max(3, WRITER_SHARE * rows)
+
+
+def _rewinds(step: np.ndarray, fresh: np.ndarray,
+             dup: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows left once ``dup`` rows are dropped, the places among them where the step goes
+    back (or does not rise at a ``fresh`` row), and which of those are short rewinds."""
+    rest = np.flatnonzero(~dup)
+    s, new_run = step[rest], fresh[rest]
+    back = np.flatnonzero((s[1:] < s[:-1]) | (new_run[1:] & (s[1:] <= s[:-1]))) + 1
+    return rest, back, _short_rewinds(s, back) & ~new_run[back]
 
 
 def _mark_logged_resumes(summary: InputSummary, lines: np.ndarray, resumes: list[int]) -> None:
@@ -586,19 +608,22 @@ def _resolve_restarts(
     step: np.ndarray, lines: np.ndarray, summary: InputSummary, *, fresh: np.ndarray | None = None,
     paused: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Mask of rows to keep: duplicate writes collapse, then later rows supersede earlier ones.
+    """Mask of rows to keep: a second writer's rows collapse, then later rows supersede earlier.
 
-    A step written again on the next row (a second writer, e.g. every rank
-    logging) is a duplicate, not a restart: the last of the run of equal steps
-    is kept and counted in ``duplicate_rows``. Two writers that interleave in
-    short blocks make the step go back by a few rows again and again: when at
-    least 3 such short rewinds (and 10 % of the rows) occur, they are duplicates
-    too. Any other step that goes back is a restart (a resumed run): a row
-    survives only if every later row has a larger step, so a resumed run
-    supersedes what the earlier run logged from its resume point on. ``fresh``
-    marks rows known to start a new run (a new run folder): a step there that does
-    not exceed the one before is a restart, never a duplicate or a second writer; so is a
-    step that goes back right after a pause in wall time (``paused``: a resumed process).
+    A second writer (e.g. every rank logging) rewrites steps all through the log: a
+    step written again on the next row, or a step that goes back by a few rows
+    (two writers interleaving in short blocks). When such points number at least 3
+    and :data:`WRITER_SHARE` of the rows, they are a second writer's: of a run of
+    equal steps the last is kept, the others are counted in ``duplicate_rows``, and
+    so are the rows short rewinds write again (when those alone are that many).
+    Fewer such points are resumes: a
+    resumed run that logs its first step (or a few steps) again and goes on from
+    there. Any other step that goes back is a restart (a resumed run) too: a row
+    survives only if every later row has a larger step, so a resumed run supersedes
+    what the earlier run logged from its resume point on. ``fresh`` marks rows known
+    to start a new run (a new run folder): a step there that does not exceed the
+    one before is a restart, never a duplicate or a second writer; so is a step that
+    goes back right after a pause in wall time (``paused``: a resumed process).
     """
     if step.size < 2:
         return np.ones(step.size, dtype=bool)
@@ -607,12 +632,14 @@ def _resolve_restarts(
         fresh = fresh | paused
     dup = np.zeros(step.size, dtype=bool)
     dup[:-1] = (step[:-1] == step[1:]) & ~fresh[1:]
-    rest = np.flatnonzero(~dup)
+    rest, back, short = _rewinds(step, fresh, dup)
+    if dup.any() and not _rewritten_throughout(int(dup.sum()) + int(short.sum()), step.size):
+        fresh = fresh.copy()  # a step logged again now and then: a resumed run's first
+        fresh[1:] |= dup[:-1]
+        dup[:] = False
+        rest, back, short = _rewinds(step, fresh, dup)
     s = step[rest]
-    new_run = fresh[rest]
-    back = np.flatnonzero((s[1:] < s[:-1]) | (new_run[1:] & (s[1:] <= s[:-1]))) + 1
-    short = _short_rewinds(s, back) & ~new_run[back]
-    writers = int(short.sum()) >= max(3, 0.1 * s.size)
+    writers = _rewritten_throughout(int(short.sum()), s.size)
     real = back[~short] if writers else back
     keep = ~dup
     later_min = np.minimum.accumulate(s[::-1])[::-1]

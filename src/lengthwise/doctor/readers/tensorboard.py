@@ -7,8 +7,12 @@ one-element ``tensor`` (TensorFlow 2 ``tf.summary.scalar``). This module decodes
 just those fields of the protobuf wire format. A truncated last record (a run
 killed mid-write) is counted as malformed.
 
-The loss tag is ``loss`` or ends in ``/loss`` (``train/loss``), skipping eval
-and validation tags; ``lr``/``learning_rate`` and ``grad_norm`` come along.
+The loss tag is ``loss`` or ends in ``/loss`` (``train/loss``, as Hugging Face's
+TensorBoard callback names it), skipping eval and validation tags;
+``lr``/``learning_rate``, ``grad_norm`` and ``epoch`` come along, and the held-out
+loss of the evaluations from the first of the ``EVAL_KEYS`` of
+:mod:`~lengthwise.doctor.readers.columns` the files hold
+(Hugging Face writes ``eval/loss``).
 
 A directory's event files (run folders of one run, read in name order) are one
 log. A file whose first loss step was already logged by an earlier file, and
@@ -30,7 +34,7 @@ import struct
 from pathlib import Path
 
 from lengthwise.doctor.errors import LogNotFoundError, UnreadableLogError
-from lengthwise.doctor.readers.columns import ColumnBuilder
+from lengthwise.doctor.readers.columns import EVAL_KEYS, ColumnBuilder
 from lengthwise.doctor.readers.wandb_log import missing_run_file
 from lengthwise.doctor.runlog import RECORDS_PER_FILE
 from lengthwise.errors import DataError
@@ -233,6 +237,9 @@ def read_tensorboard(path: Path, builder: ColumnBuilder, *, loss_key: str | None
     builder.summary.other_rows = builder.summary.lines - len(rows) - len(broken)
     builder.loss_label = loss_tag
     builder.add(rows, numbers)
+    eval_tag = next((t for t in EVAL_KEYS if t in merged), None)
+    for step, value, _ in merged.get(eval_tag or "", []):
+        builder.add_eval(step, value)
     for record in restart_records(merged[loss_tag], spans):
         builder.mark_restart(record)
 
