@@ -239,6 +239,62 @@ def _wrap(text: str, bullet: bool = False) -> str:
                          break_long_words=False, break_on_hyphens=False)
 
 
+#: the checks a verdict lists after "not tested: ", one after each "; "
+UNTESTED = ("bands, ", "periodicity, ", "per-bucket levels, ")
+
+
+def verdict_parts(verdict: str) -> list[str]:
+    """A doctor's verdict cut into its parts: at every ``; `` and `` -> `` outside brackets;
+    each check of a "not tested: " list keeps those words.
+
+    >>> verdict_parts("bands (a; b) -> stratify; no cliffs")
+    ['bands (a; b)', 'stratify', 'no cliffs']
+    >>> verdict_parts("not tested: bands, 28 points; periodicity, 28 points; no cliffs")
+    ['not tested: bands, 28 points', 'not tested: periodicity, 28 points', 'no cliffs']
+    """
+    parts, depth, start, i = [], 0, 0, 0
+    while i < len(verdict):
+        ch = verdict[i]
+        depth += (ch == "(") - (ch == ")")
+        cut = next((sep for sep in ("; ", " -> ") if verdict.startswith(sep, i)), None)
+        if cut and depth == 0:
+            parts.append(verdict[start:i])
+            start = i = i + len(cut)
+            continue
+        i += 1
+    out = [p for p in (*parts, verdict[start:]) if p]
+    for k in range(1, len(out)):
+        if out[k - 1].startswith("not tested: ") and out[k].startswith(UNTESTED):
+            out[k] = "not tested: " + out[k]
+    return out
+
+
+def verdict_text(lead: str, verdict: str | None, indent: str = "") -> str:
+    """``lead`` then a doctor's verdict: on the same line where it is one part, else as a
+    list under it, one part a bullet (``indent``: the lead's own list indent)."""
+    import textwrap
+
+    parts = verdict_parts(verdict or "-")
+    if len(parts) == 1:
+        return _wrap_at(f"{lead} {parts[0]}.", indent)
+    sub = " " * len(indent)
+    items = [textwrap.fill(p + ("." if k == len(parts) - 1 else ";"), width=100,
+                           initial_indent=sub + "- ", subsequent_indent=sub + "  ",
+                           break_long_words=False, break_on_hyphens=False)
+             for k, p in enumerate(parts)]
+    return "\n".join([_wrap_at(lead, indent), *items])
+
+
+def _wrap_at(text: str, indent: str) -> str:
+    """``text`` wrapped at 100 columns; ``indent``: ``""`` (a paragraph) or a list item's
+    ``"- "`` or ``"  - "``, which the text then opens with."""
+    import textwrap
+
+    return textwrap.fill(text, width=100, initial_indent=indent,
+                         subsequent_indent=" " * len(indent), break_long_words=False,
+                         break_on_hyphens=False)
+
+
 def _f(value: Any, spec: str) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"
@@ -318,12 +374,12 @@ def _lm_bullets(fig: dict[str, Any]) -> str:
     rows = fig["strategies"]
     out = []
     for name, row in rows.items():
-        out.append(_wrap(
-            f"- `{name}`: {_f(row.get('throughput_vs_sorted'), '.2f')} x sorted's throughput, "
+        out.append(verdict_text(
+            f"`{name}`: {_f(row.get('throughput_vs_sorted'), '.2f')} x sorted's throughput, "
             f"{_f(row.get('real_tokens_per_step'), ',.0f')} real tokens per step, "
             f"`loss_roughness` {_f(row.get('loss_roughness'), '.4f')} (`excess` "
-            f"{_f(row.get('excess'), '.2f')}), held-out loss {_f(row.get('eval_loss'), '.4f')}; "
-            f"the doctor: {row.get('verdict') or '-'}.", bullet=True))
+            f"{_f(row.get('excess'), '.2f')}), held-out loss {_f(row.get('eval_loss'), '.4f')}. "
+            "The doctor:", row.get("verdict"), indent="- "))
     return "\n".join(out)
 
 
@@ -365,8 +421,8 @@ def _dflash_text(fig: dict[str, Any]) -> str:
     lines.append(_wrap("- Updates SpikeGuard skipped: " + (
         ", ".join(f"{n} {k}" for n, k in skipped.items()) if skipped else "none") + ".",
         bullet=True))
-    lines.append(_wrap("- The doctor: " + "; ".join(
-        f"`{n}` {r.get('verdict') or '-'}" for n, r in rows.items()) + ".", bullet=True))
+    lines.append("- The doctor, per order:")
+    lines += [verdict_text(f"`{n}`:", r.get("verdict"), indent="  - ") for n, r in rows.items()]
     return "\n".join(lines)
 
 

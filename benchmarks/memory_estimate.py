@@ -18,10 +18,12 @@ against the real command on that target, on CPU in float32, at three shapes a st
 (:data:`STAGE_SHAPES`): each command runs in its own process on a small chat set made
 from the OpenAI evals registry wheel (``--wheel``; its user turns are the texts), and the
 peak resident memory of its own process is read (``command_peak``, not this runner's);
-with ``--docs`` the table goes into the ``dflash-stage-memory`` region::
+with ``--docs`` the table goes into the ``dflash-stage-memory`` region. ``--render`` writes
+that region's text again around the table it holds (the committed figures), running nothing::
 
     python benchmarks/memory_estimate.py --real-target ./SmolLM2-135M-Instruct \\
         --wheel evals-3.0.1.post1-py3-none-any.whl --docs
+    python benchmarks/memory_estimate.py --render
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -205,17 +208,60 @@ def context_conversion() -> list[str]:
             f"({(twice - once) / 2**30:.2f} GiB less)."]
 
 
-def write_region(name: str, body: list[str]) -> None:
-    """Put the lines ``body`` into region ``name`` of ``docs/dflash.md`` (the marked-region
-    writer of ``benchmarks/docs_figures.py``)."""
+def _docs_figures():
+    """The marked-region functions of ``benchmarks/docs_figures.py``."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("docs_figures",
                                                   Path(__file__).with_name("docs_figures.py"))
     figures = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(figures)
-    figures.rewrite_regions({DOCS.relative_to(ROOT).as_posix(): (name,)},
-                            lambda _: "\n".join(body), ROOT)
+    return figures
+
+
+def write_region(name: str, body: list[str]) -> None:
+    """Put the lines ``body`` into region ``name`` of ``docs/dflash.md`` (the marked-region
+    writer of ``benchmarks/docs_figures.py``)."""
+    _docs_figures().rewrite_regions({DOCS.relative_to(ROOT).as_posix(): (name,)},
+                                    lambda _: "\n".join(body), ROOT)
+
+
+#: the first sentence of a real-target region, read back by ``--render``
+ABOUT = re.compile(r"Real target: (?P<name>.+?) \((?P<layers>\d+) layers, hidden (?P<hidden>\d+)"
+                   r"(?:, vocabulary (?P<vocab>\d+))?\), CPU float32, one torch thread, "
+                   r"(?P<machine>\S+) with (?P<cores>\d+) cores")
+
+
+def about_target(name: str, layers: object, hidden: object, vocab: object, machine: str,
+                 cores: object) -> str:
+    """The sentence that names the real target and the machine (``vocab`` None: left out)."""
+    size = f"{layers} layers, hidden {hidden}" + (f", vocabulary {vocab}" if vocab else "")
+    return (f"Real target: {name} ({size}), CPU float32, one torch thread, {machine} with "
+            f"{cores} cores.")
+
+
+def about_config(target: Path, vocabulary: bool = True) -> str:
+    """:func:`about_target` for the target folder ``target`` on this machine."""
+    import platform
+
+    cfg = json.loads((Path(target) / "config.json").read_text(encoding="utf-8"))
+    return about_target(cfg.get("_model_name_or_path", Path(target).name),
+                        cfg["num_hidden_layers"], cfg["hidden_size"],
+                        cfg["vocab_size"] if vocabulary else None, platform.machine(),
+                        os.cpu_count())
+
+
+def saved_region(name: str) -> tuple[str, str, list[str]]:
+    """Region ``name`` of ``docs/dflash.md`` as it stands: its whole text, the
+    :func:`about_target` sentence it opens with (as this script writes it now) and its table."""
+    text = DOCS.read_text(encoding="utf-8")
+    i, j = _docs_figures().region_text(text, name, DOCS.relative_to(ROOT).as_posix())
+    body = text[i:j]
+    found = ABOUT.search(body)
+    if found is None:
+        raise SystemExit(f"docs/dflash.md: region {name} names no real target")
+    about = about_target(*found.group("name", "layers", "hidden", "vocab", "machine", "cores"))
+    return body, about, [line for line in body.splitlines() if line.startswith("|")]
 
 
 def write_docs(table: list[str], ref: list[str], kv: list[str]) -> None:
@@ -396,21 +442,29 @@ def real_target_table(target: Path, wheel: Path, work: Path) -> list[str]:
     return lines
 
 
+def stage_docs(about: str, table: list[str]) -> list[str]:
+    """The lines of the ``dflash-stage-memory`` region: what was run and measured, then
+    ``table``."""
+    return [about, "",
+            "Predicted: `dflash estimate --stage ... --device cpu`. Measured: the peak resident "
+            "memory of the real command's own process, for each stage:", "",
+            "- train: 2 steps with a checkpoint each;",
+            "- regenerate: `dflash prepare --regenerate` of one batch;",
+            "- eval: `dflash eval` at temperature 0 with the lossless check, the baseline and "
+            "the accuracy pass.", "",
+            "Written by `python benchmarks/memory_estimate.py --real-target PATH --docs`:", "",
+            *table]
+
+
 def write_stage_docs(table: list[str], target: Path) -> None:
     """Rewrite the ``dflash-stage-memory`` region of ``docs/dflash.md``."""
-    import platform
+    write_region("dflash-stage-memory", stage_docs(about_config(target), table))
 
-    cfg = json.loads((Path(target) / "config.json").read_text(encoding="utf-8"))
-    body = [f"Real target: {cfg.get('_model_name_or_path', Path(target).name)} "
-            f"({cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}, vocabulary "
-            f"{cfg['vocab_size']}), CPU float32, one torch thread, "
-            f"{platform.machine()} with {os.cpu_count()} cores; predicted: `dflash estimate "
-            "--stage ... --device cpu`; measured: the peak resident memory of the "
-            "real command's own process (train: 2 steps with a checkpoint each; "
-            "regenerate: `dflash prepare --regenerate` of one batch; eval: `dflash eval` at "
-            "temperature 0 with the lossless check, the baseline and the accuracy pass); "
-            "`python benchmarks/memory_estimate.py --real-target PATH --docs`:", "", *table]
-    write_region("dflash-stage-memory", body)
+
+def render_stage_docs() -> None:
+    """Rewrite the ``dflash-stage-memory`` region around the table it holds."""
+    _, about, table = saved_region("dflash-stage-memory")
+    write_region("dflash-stage-memory", stage_docs(about, table))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -422,7 +476,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--wheel", metavar="WHL", default="/work/wheels/"
                    "evals-3.0.1.post1-py3-none-any.whl", help="the evals registry wheel")
     p.add_argument("--work", metavar="DIR", help="folder for the runs (default: a temporary one)")
+    p.add_argument("--render", action="store_true",
+                   help="rewrite the dflash-stage-memory region around its table; run nothing")
     args = p.parse_args(argv)
+    if args.render:
+        render_stage_docs()
+        return
     if args.real_target:
         with tempfile.TemporaryDirectory() as tmp:
             table = real_target_table(Path(args.real_target), Path(args.wheel),

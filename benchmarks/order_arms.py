@@ -331,11 +331,6 @@ def _compute_parts(cells: list[dict[str, Any]]) -> list[str]:
     return parts
 
 
-def _compute_clause(cells: list[dict[str, Any]]) -> str:
-    parts = _compute_parts(cells)
-    return "at equal compute, " + "; ".join(parts) if parts else "no order was compared"
-
-
 def _data_parts(cells: list[dict[str, Any]]) -> list[str]:
     """What each order costs (compute) or buys (held-out loss) against random at equal data,
     one clause per order."""
@@ -366,9 +361,11 @@ def _data_parts(cells: list[dict[str, Any]]) -> list[str]:
     return parts
 
 
-def _data_clause(cells: list[dict[str, Any]]) -> str:
-    parts = _data_parts(cells)
-    return "at equal data " + ("; ".join(parts) if parts else "no order was compared")
+def _bullets(parts: list[str]) -> str:
+    """``parts`` as a Markdown list, each a sentence of its own."""
+    return "\n".join(textwrap.fill(f"- {p[0].upper()}{p[1:]}.", width=100,
+                                   subsequent_indent="  ", break_long_words=False,
+                                   break_on_hyphens=False) for p in parts)
 
 
 def summary(full: dict[str, Any]) -> str:
@@ -376,19 +373,13 @@ def summary(full: dict[str, Any]) -> str:
     global batch at equal compute."""
     cells = list(full["cells"].values())
     c = full["config"]
-
-    def bullets(parts: list[str]) -> str:
-        return "\n".join(textwrap.fill(f"- {p[0].upper()}{p[1:]}.", width=100,
-                                       subsequent_indent="  ", break_long_words=False,
-                                       break_on_hyphens=False) for p in parts)
-
     head = _wrap(
         f"`python benchmarks/order_arms.py` trains the demo's model from scratch "
         f"{len(full['runs'])} times: {len(c['seeds'])} paired seeds, {c['epochs']} epochs, "
         "two schedules, two global batches. At equal data (the same samples and optimizer "
         "steps), against random:")
-    data = bullets(_data_parts([x for x in cells if x["arm"] == "data"]))
-    compute = bullets(_compute_parts([x for x in cells if x["arm"] == "compute"]))
+    data = _bullets(_data_parts([x for x in cells if x["arm"] == "data"]))
+    compute = _bullets(_compute_parts([x for x in cells if x["arm"] == "compute"]))
     return (head + "\n\n" + data + "\n\n"
             + _wrap("At equal compute (the FLOPs random spends on the same epochs):") + "\n\n"
             + compute + "\n\n" + _wrap("The table, plots and intervals per length are in "
@@ -396,14 +387,17 @@ def summary(full: dict[str, Any]) -> str:
 
 
 def decision(full: dict[str, Any]) -> str:
-    """The one decision sentence: which order to pick at equal compute, and what each order
-    costs or buys at equal data (paired differences from random; a difference only where
-    its 95 % interval excludes zero)."""
+    """The decision: which order to pick at equal compute, one bullet per global batch, and
+    what each order costs or buys at equal data, one bullet per order (paired differences
+    from random; a difference only where its 95 % interval excludes zero)."""
     cells = list(full["cells"].values())
-    compute = [c for c in cells if c["arm"] == "compute"]
-    data = [c for c in cells if c["arm"] == "data"]
-    text = _compute_clause(compute) + "; " + _data_clause(data) + "."
-    return _wrap(text[0].upper() + text[1:])
+    compute = _compute_parts([c for c in cells if c["arm"] == "compute"])
+    data = _data_parts([c for c in cells if c["arm"] == "data"])
+    return "\n\n".join([
+        "At equal compute:\n\n" + _bullets(compute) if compute
+        else "At equal compute, no order was compared.",
+        "At equal data, against random:\n\n" + _bullets(data) if data
+        else "At equal data, no order was compared."])
 
 
 def learned(full: dict[str, Any]) -> str:
@@ -420,7 +414,7 @@ def learned(full: dict[str, Any]) -> str:
                     for row in c["orders"].values())
     return _wrap(
         f"The held-out loss ends at {min(ends):.3f}-{max(ends):.3f} nats per token across the "
-        f"cells ({', '.join(per_batch)}); a model of the training set's token frequencies "
+        f"cells ({', '.join(per_batch)}). A model of the training set's token frequencies "
         f"alone (unigram, {full['unigram_smoothing']}) scores {uni:.3f} on the held-out set. "
         + (f"{unsettled} of the rows still move over the last {full['settle_share']:.0%} of "
            f"their run by more than their interval." if unsettled else
@@ -436,11 +430,12 @@ def _caption(full: dict[str, Any]) -> str:
     return _wrap(
         f"`python benchmarks/order_arms.py`: the {c['model_size']} causal LM of the demo "
         f"trained from scratch {runs} times ({len(cells)} settings x orders x "
-        f"{len(c['seeds'])} paired seeds), {c['epochs']} epochs of {d['train_samples']:,} "
-        f"samples ({d['train_tokens']:,} tokens, {d['length_min']}-{d['length_max']} tokens "
-        f"long, median {d['length_p50']}), micro-batches of at most {c['max_tokens']} padded "
-        f"tokens from a simulated world of {c['world']} ranks, {', '.join(map(str, c['batches']))} "
-        f"micro-batches per step. Same steps, same data: every order the same optimizer steps, "
+        f"{len(c['seeds'])} paired seeds). Each run is {c['epochs']} epochs of "
+        f"{d['train_samples']:,} samples ({d['train_tokens']:,} tokens, "
+        f"{d['length_min']}-{d['length_max']} tokens long, median {d['length_p50']}). "
+        f"Micro-batches hold at most {c['max_tokens']} padded tokens, from a simulated world of "
+        f"{c['world']} ranks, {', '.join(map(str, c['batches']))} micro-batches per step. "
+        "Same steps, same data: every order the same optimizer steps, "
         f"each on the same real tokens (within one sample), so padding costs compute, not data. "
         f"Same compute: every order the FLOPs random spends on the epochs (forward and backward "
         f"of every padded token, attention included), so the order that pads more sees less "
@@ -461,11 +456,11 @@ def demo_note(full: dict[str, Any]) -> str:
                 if c["batch"] == min(full["config"]["batches"])]
     batch = min(full["config"]["batches"])
     return _wrap(
-        "The demo's table compares the orders at equal optimizer steps, at one seed: every "
+        "The demo's table compares the orders at equal optimizer steps, at one seed. Every "
         "step is the same number of micro-batches of at most the same padded tokens, so this is "
-        "the equal-compute view at one seed (in the order experiment a step of "
+        "the equal-compute view at one seed. In the order experiment a step of "
         f"{batch} micro-batches costs {min(per_step) / 1e9:.1f}-{max(per_step) / 1e9:.1f} GFLOP "
-        "across the orders). The order that pads less trains more real tokens in it; the "
+        "across the orders. The order that pads less trains more real tokens in it; the "
         "equal-data view and the intervals over seeds are in the order experiment's table.")
 
 

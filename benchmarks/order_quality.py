@@ -289,6 +289,16 @@ def _wrap(text: str) -> str:
     return textwrap.fill(text, width=100, break_long_words=False, break_on_hyphens=False)
 
 
+def _bullets(lead: str, items: list[str]) -> str:
+    """``lead`` on its own line, then ``items`` as a Markdown list (``;`` after each but the
+    last, which ends with ``.``), wrapped at 100 columns."""
+    import textwrap
+
+    return "\n".join([lead, *(textwrap.fill(
+        f"- {item}{'.' if k == len(items) - 1 else ';'}", width=100, subsequent_indent="  ",
+        break_long_words=False, break_on_hyphens=False) for k, item in enumerate(items))])
+
+
 def table(full: dict[str, Any]) -> str:
     """Order x held-out loss (overall, shortest and longest stratum), time to the target loss,
     throughput: mean ± 95 % interval over seeds."""
@@ -313,23 +323,24 @@ def _caption(full: dict[str, Any]) -> str:
     wall, cpu = full.get("runs_wall_seconds"), full.get("runs_cpu_seconds")
     took = (f"The {len(full['runs'])} runs took {wall / 60:.0f} min of wall time in all "
             f"(training and held-out evaluation, one thread each; {full['machine']}, shared "
-            "with other jobs" + (f"; {cpu / 60:.0f} min of CPU time, about {cpu / 120:.0f} min "
-                                 "on two free cores" if cpu else "") + ")"
+            "with other jobs)" + (f". They took {cpu / 60:.0f} min of CPU time, about "
+                                  f"{cpu / 120:.0f} min on two free cores" if cpu else "")
             if wall else full["machine"])
     return _wrap(
         f"`python benchmarks/order_quality.py`: the {c['model_size']} causal LM of the demo "
-        f"trained from scratch once per order and seed ({seeds} seeds), every run to "
-        f"{eq['budget']:,} real tokens (one epoch of {d['train_samples']:,} samples of "
-        f"{d['length_min']}-{d['length_max']} tokens, a {d['length_span']:.0f}x span, median "
-        f"{d['length_p50']}; runs end within {eq['spread']:.1%} of one another), learning rate "
-        f"warm-up then cosine to zero over those tokens, steps of {c['grad_accum']} "
-        f"micro-batches of at most {c['max_tokens']} tokens from a simulated world of "
-        f"{c['world']} ranks; held-out loss on {d['eval_samples']} samples, per length stratum "
-        f"(the plan's {len(full['strata'])} buckets). Mean ± 95 % t-interval over seeds; "
-        f"'vs random' is the paired difference (same seed) from random; the target loss is "
-        f"{full['target_loss']:.3f} (the highest any run has at half the budget); 'settled': "
-        f"the held-out loss moves less over the last {full['settle_share']:.0%} of the tokens "
-        f"than its interval. Seconds and tokens/s depend on the machine's load. {took}.")
+        f"trained from scratch once per order and seed ({seeds} seeds). Every run goes to "
+        f"{eq['budget']:,} real tokens: one epoch of {d['train_samples']:,} samples of "
+        f"{d['length_min']}-{d['length_max']} tokens (a {d['length_span']:.0f}x span, median "
+        f"{d['length_p50']}); runs end within {eq['spread']:.1%} of one another. Learning "
+        "rate: warm-up then cosine to zero over those tokens. Steps are "
+        f"{c['grad_accum']} micro-batches of at most {c['max_tokens']} tokens from a simulated "
+        f"world of {c['world']} ranks. Held-out loss on {d['eval_samples']} samples, per "
+        f"length stratum (the plan's {len(full['strata'])} buckets). Mean ± 95 % t-interval "
+        "over seeds; 'vs random' is the paired difference (same seed) from random. The target "
+        f"loss is {full['target_loss']:.3f} (the highest any run has at half the budget). "
+        f"'settled': the held-out loss moves less over the last {full['settle_share']:.0%} of "
+        "the tokens than its interval. Seconds and tokens/s depend on the machine's load. "
+        f"{took}.")
 
 
 def _detected(diff: dict[str, Any] | None) -> bool:
@@ -338,14 +349,14 @@ def _detected(diff: dict[str, Any] | None) -> bool:
 
 def against(orders: dict[str, Any], ref: str, lead: str, *, metric: str, per: str,
             overall: str, only: str, spec: str, alone: str = "") -> list[str]:
-    """The sentence on every other order's paired difference from ``ref`` (``[]`` when ``ref``
-    was not run), from ``lead`` on.
+    """Every other order's paired difference from ``ref`` (``[]`` when ``ref`` was not run):
+    ``lead``, then a list of one order a bullet (on ``lead``'s line where no order differs).
 
     An order whose difference in ``metric`` is detected reads ``overall`` (a template of
     ``{name}``, ``{ref}`` and ``{word}``: higher or lower), then the difference with its
     interval, then the strata of ``per`` where one is detected too (``alone`` where none
     is); an order detected on strata alone reads ``only``, then those strata; the others
-    close the sentence as "no difference detected at this size". Numbers as ``spec``.
+    close the list as "no difference detected at this size". Numbers as ``spec``.
     """
     if ref not in orders:
         return []
@@ -367,20 +378,20 @@ def against(orders: dict[str, Any], ref: str, lead: str, *, metric: str, per: st
             found.append(only.format(name=name, ref=ref) + f" {', '.join(parts)} only")
         else:
             none.append(name)
-    text = lead + "; ".join(found)
     if none:
-        text += ("; " if found else "") + (
-            f"no difference detected at this size for {', '.join(none)}")
-    return [text + "."]
+        found.append(f"no difference detected at this size for {', '.join(none)}")
+    if len(found) == 1 and none:
+        return [_wrap(f"{lead.rstrip()} {found[0]}.")]
+    return [_bullets(lead.rstrip(), found)]
 
 
 def reading(full: dict[str, Any]) -> str:
     """What the figures say, in words: a difference where a paired interval excludes zero,
     "no difference detected at this size" where it does not."""
     orders = full["orders"]
-    sentences = []
+    lists, sentences = [], []
     for ref in ("random", "sorted"):
-        sentences += against(orders, ref, f"Against {ref} (paired by seed): ",
+        lists += against(orders, ref, f"Against {ref} (paired by seed): ",
                              metric="eval_loss", per="strata", spec=".3f",
                              overall="{name}'s held-out loss is {word} than {ref}'s by",
                              only="{name} differs from {ref} on lengths")
@@ -398,10 +409,10 @@ def reading(full: dict[str, Any]) -> str:
                          "change the comparison.")
     steps = {n: r["steps"]["mean"] for n, r in orders.items()}
     most, fewest = max(steps, key=steps.get), min(steps, key=steps.get)
-    sentences.append(f"Equal tokens are not equal updates: a micro-batch holds at most "
+    sentences.append(f"Equal tokens are not equal updates. A micro-batch holds at most "
                      f"{full['config']['max_tokens']} padded tokens, so the order that pads most "
                      f"takes the most optimizer steps ({most}, {steps[most]:.0f}, against "
-                     f"{steps[fewest]:.0f} for {fewest}), each on fewer tokens; part of any "
+                     f"{steps[fewest]:.0f} for {fewest}), each on fewer tokens. Part of any "
                      f"difference in held-out loss is that.")
     ttl = {n: r["tokens_to_target"]["mean"] for n, r in orders.items()
            if r["tokens_to_target"].get("mean") is not None}
@@ -411,7 +422,7 @@ def reading(full: dict[str, Any]) -> str:
         sentences.append(f"Tokens to the target loss: fewest {fast} "
                          f"({_pm(orders[fast]['tokens_to_target'], ',.0f')}), most {slow} "
                          f"({_pm(orders[slow]['tokens_to_target'], ',.0f')}).")
-    return _wrap(" ".join(sentences))
+    return "\n\n".join([*lists, _wrap(" ".join(sentences))])
 
 
 def doctor_text(full: dict[str, Any]) -> str:
@@ -433,10 +444,13 @@ def doctor_text(full: dict[str, Any]) -> str:
         lines.append(_wrap(
             f"- `{name}`: step log, bands found in {sum(c > 0 for c in step['band_counts'])} of "
             f"{len(step['band_counts'])} seeds; rank 0's per-micro-batch log, in "
-            f"{sum(c > 0 for c in micro['band_counts'])} ({levels}); noise budget of the step loss "
-            f"(shares of its detrended variance): {budget}; the doctor on seed "
-            f"{row['seeds'][0]}'s step log: {step['verdicts'][0]}; on seed {row['seeds'][k]}'s "
-            f"per-micro-batch log: {micro['verdicts'][k]}").replace("\n", "\n  "))
+            f"{sum(c > 0 for c in micro['band_counts'])} ({levels}). Noise budget of the step "
+            f"loss (shares of its detrended variance): {budget}.").replace("\n", "\n  "))
+        verdict = _docs_figures().verdict_text
+        lines.append(verdict(f"The doctor on seed {row['seeds'][0]}'s step log:",
+                             step["verdicts"][0], indent="  - "))
+        lines.append(verdict(f"The doctor on seed {row['seeds'][k]}'s per-micro-batch log:",
+                             micro["verdicts"][k], indent="  - "))
     return "\n".join(lines)
 
 

@@ -163,11 +163,11 @@ def _runtime(full: dict[str, Any]) -> str:
     d = full["data"]
     target = d.get("target_train_seconds", 0.0) + d.get("regenerate_seconds", 0.0)
     return (f"The {len(full['runs'])} runs took {wall / 60:.0f} min of wall time in all "
-            f"({cpu / 60:.0f} min of CPU time, about {cpu / 120:.0f} min on two free cores; one "
-            f"thread each, {full['workers']} at a time: "
+            f"({cpu / 60:.0f} min of CPU time, about {cpu / 120:.0f} min on two free cores). "
+            f"They ran one thread each, {full['workers']} at a time: "
             f"{full['wall_seconds'] / 60:.0f} min from start to end, on {full['machine']} "
-            f"shared with other jobs), after {target / 60:.0f} min to train the target and let "
-            "it write the responses (cached)")
+            f"shared with other jobs. Before them, {target / 60:.0f} min went to train the "
+            "target and let it write the responses (cached)")
 
 
 def _epochs(n: float) -> str:
@@ -183,18 +183,18 @@ def _caption(full: dict[str, Any]) -> str:
     return _wrap(
         f"`python benchmarks/order_quality_dflash.py --workers 2`: a target ({d['target']}, "
         f"{d['target_parameters']:,} parameters, {_epochs(c['target_epochs'])}, held-out "
-        f"loss {d['target_eval_loss']:.2f}) is trained once; each of "
+        f"loss {d['target_eval_loss']:.2f}) is trained once. Each of "
         f"{d['train_samples']:,} training samples of {d['length_min']}-{d['length_max']} tokens "
         f"(a {d['length_span']:.0f}x span, median {d['length_p50']}) keeps its first tokens as "
-        f"the prompt and gets the target's greedy continuation as its last "
+        "the prompt. It gets the target's greedy continuation as its last "
         f"min({c['response_len']}, length / 2) tokens (the supervised response). A DFlash "
         f"draft ({c['draft_layers']} layer, "
         f"block {c['block_size']}, {c['num_anchors']} anchors per sample, target layers "
         f"{d['target_layers']} as features) is trained from scratch once per order and seed "
-        f"({len(c['seeds'])} seeds), every run to {eq['budget']:,} real tokens ({span}; runs "
-        f"end within {eq['spread']:.1%} of one another), learning rate warm-up then cosine to "
-        f"zero over those tokens, steps of {c['grad_accum']} micro-batches of at most "
-        f"{c['max_tokens']} tokens from a simulated world of {c['world']} ranks. Acceptance "
+        f"({len(c['seeds'])} seeds). Every run goes to {eq['budget']:,} real tokens ({span}; "
+        f"runs end within {eq['spread']:.1%} of one another). Learning rate: warm-up then "
+        f"cosine to zero over those tokens. Steps are {c['grad_accum']} micro-batches of at "
+        f"most {c['max_tokens']} tokens from a simulated world of {c['world']} ranks. Acceptance "
         f"length: tokens kept per verifying target forward in real speculative decoding at "
         f"temperature 0 of {sum(per)} held-out prompts ({per[0]} per length stratum, "
         f"{d['prompt_lengths'][0]}-{d['prompt_lengths'][1]} tokens, up to "
@@ -213,12 +213,12 @@ def reading(full: dict[str, Any]) -> str:
     """What the figures say, in words: a difference where a paired interval excludes zero,
     "no difference detected at this size" where it does not (higher is better for both)."""
     orders = full["orders"]
-    sentences = []
+    lists, sentences = [], []
     for metric, per in (("acceptance_length", "strata_acceptance"),
                         ("accuracy", "strata_accuracy")):
         word, spec = _WORDS[metric]
         for ref in ("random", "sorted"):
-            sentences += _LM.against(orders, ref, f"{word.capitalize()} against {ref} (paired "
+            lists += _LM.against(orders, ref, f"{word.capitalize()} against {ref} (paired "
                                      "by seed): ", metric=metric, per=per, spec=spec,
                                      overall="{name}'s is {word} by",
                                      only="{name} differs on lengths",
@@ -239,27 +239,29 @@ def reading(full: dict[str, Any]) -> str:
     sentences.append(f"Equal tokens are not equal updates: the order that pads most takes the "
                      f"most optimizer steps ({most}, {steps[most]:.0f}, against "
                      f"{steps[fewest]:.0f} for {fewest}).")
-    return _wrap(" ".join(sentences))
+    return "\n\n".join([*lists, _wrap(" ".join(sentences))])
 
 
 def check_text(check: dict[str, Any]) -> str:
     """What the reduced run that CI repeats is, and what it measured."""
     c, d = check["config"], check["data"]
-    runs = ", ".join(f"{r['order']} (acceptance {r['acceptance_length']:.2f}, accuracy "
-                     f"{r['accuracy']:.3f}, teacher-forced loss {r['eval_loss']:.4f})"
-                     for r in check["runs"])
-    return _wrap(
-        f"CI reruns a reduced version (`CHECK`: {', '.join(c['orders'])}, seed "
+    runs = [f"{r['order']}: acceptance {r['acceptance_length']:.2f}, accuracy "
+            f"{r['accuracy']:.3f}, teacher-forced loss {r['eval_loss']:.4f}"
+            for r in check["runs"]]
+    text = _LM._bullets(_wrap(
+        f"CI reruns a reduced version (`CHECK`): {', '.join(c['orders'])}, seed "
         f"{', '.join(map(str, c['seeds']))}, a {c['target_size']} target trained for "
-        f"{_epochs(c['target_epochs'])} to a held-out loss of {d['target_eval_loss']:.2f}, "
-        f"{d['train_samples']:,} samples of {d['length_min']}-{d['length_max']} tokens, "
-        f"{check['equal_tokens']['budget']:,} real tokens per run; {check['wall_seconds']:.0f} s "
-        f"here) and compares every figure of its runs with the committed ones: {runs}."
-        + (" A target that small writes one token again and again, so the draft predicts "
-           "every response token and acceptance and accuracy sit at their maximum; the "
-           "teacher-forced loss and the step counts are what move when the training changes."
-           if all(r["accuracy"] is not None and r["accuracy"] > 0.999 for r in check["runs"])
-           else ""))
+        f"{_epochs(c['target_epochs'])} to a held-out loss of {d['target_eval_loss']:.2f}. It "
+        f"trains on {d['train_samples']:,} samples of {d['length_min']}-{d['length_max']} "
+        f"tokens, {check['equal_tokens']['budget']:,} real tokens per run "
+        f"({check['wall_seconds']:.0f} s here). It compares every figure of its runs with the "
+        "committed ones:"), runs)
+    if all(r["accuracy"] is not None and r["accuracy"] > 0.999 for r in check["runs"]):
+        text += "\n\n" + _wrap(
+            "A target that small writes one token again and again, so the draft predicts "
+            "every response token and acceptance and accuracy sit at their maximum. The "
+            "teacher-forced loss and the step counts are what move when the training changes.")
+    return text
 
 
 def render(name: str, saved: dict[str, Any]) -> str:

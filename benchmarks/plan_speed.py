@@ -141,28 +141,29 @@ def render(name: str, saved: dict) -> str:
         raise KeyError(f"no region {name!r}")
     r = saved["ratios"]
     return textwrap.fill(
-        f"Against a sort, on the reference run's {saved['samples']:,} lengths for "
-        f"{OPTIONS['world_size']} ranks and {OPTIONS['grad_accum']} accumulation steps "
-        f"(`benchmarks/PLAN_SPEED_RESULTS.md`, ratios measured in one run on "
-        f"{saved['cores']} cores shared with other work, best of {saved['rounds']}): a plan "
-        "whose bucket edges are already solved for these lengths, as they are for every later "
-        "epoch and every other order in the process, takes "
+        f"These ratios are against a sort, on the reference run's {saved['samples']:,} lengths "
+        f"for {OPTIONS['world_size']} ranks and {OPTIONS['grad_accum']} accumulation steps. "
+        f"They were measured in one run on {saved['cores']} cores shared with other work, best "
+        f"of {saved['rounds']} (`benchmarks/PLAN_SPEED_RESULTS.md`). A plan whose bucket edges "
+        "are already solved for these lengths takes "
         f"{r['plan_epoch, edges kept / argsort']:.2f} times one stable `np.argsort` of the "
-        f"lengths; the first plan takes {r['plan_epoch / argsort']:.2f} times, as it also "
-        f"runs the exact edge search (section 2), {_edge_search(saved)}. `lengthwise plan` "
+        "lengths. The edges are already solved for every later epoch and every other order in "
+        f"the process. The first plan takes {r['plan_epoch / argsort']:.2f} times, as it also "
+        f"runs the exact edge search (section 2). {_edge_search(saved)}. `lengthwise plan` "
         f"takes {r['lengthwise plan / plan_epoch']:.2f} times the "
         f"first plan ({r['lengthwise plan, own process / plan_epoch']:.2f} as a process of "
-        "its own, start-up included): it also computes the figures "
-        f"({r['figures (stats) / plan_epoch']:.2f} of a plan), whose random-shuffle reference "
+        "its own, start-up included). It also computes the figures "
+        f"({r['figures (stats) / plan_epoch']:.2f} of a plan). Their random-shuffle reference "
         f"for `step_cv_ratio` shuffles the lengths {_times(saved['reference_shuffles'])} at "
-        f"this size ({r['random-shuffle reference / plan_epoch']:.2f} of a plan), and the "
-        f"next epoch's batches for `recomposition`{_parts(r)}.", width=100)
+        f"this size ({r['random-shuffle reference / plan_epoch']:.2f} of a plan). It also "
+        f"computes the next epoch's batches for `recomposition`{_parts(r)}.", width=100,
+        break_on_hyphens=False)
 
 
 def _edge_search(saved: dict) -> str:
     """The edge search's time in sorts: its layers compiled, and NumPy's where measured."""
     r = saved["ratios"]
-    alone = f"which alone takes {r['bucket edges alone / argsort']:.2f} times"
+    alone = f"The edge search alone takes {r['bucket edges alone / argsort']:.2f} times"
     numpy_layers = r.get("bucket edges alone, NumPy layers / argsort")
     if numpy_layers is None:
         return alone
@@ -179,7 +180,7 @@ def _parts(ratios: dict) -> str:
         return ""
     sets = part["next epoch's batch sets"]
     return (f" ({sets:.2f} of a plan; comparing them "
-            f"with this epoch's, {part['recomposition comparison']:.2f}); the globally sorted "
+            f"with this epoch's, {part['recomposition comparison']:.2f}). The globally sorted "
             "batches that `efficiency_vs_sorted` divides by take "
             f"{part['sorted reference']:.2f} of a plan within the figures, and printing them "
             f"{part['printing']:.2f}")

@@ -23,7 +23,10 @@ the target included) against the command's wall time.
 
 With ``--docs`` the tables go into the ``dflash-run-time`` and ``dflash-regenerate-time``
 regions of docs/dflash.md. Times depend on the machine and its load: run it on an
-otherwise idle machine.
+otherwise idle machine. ``--render`` writes both regions' text again around the tables they
+hold (the committed figures), running nothing::
+
+    python benchmarks/time_estimate.py --render
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -211,23 +214,72 @@ def table(rows: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> list[str]:
     return lines
 
 
+def regenerate_docs(about: str, load: float, lines: list[str]) -> list[str]:
+    """The lines of the ``dflash-regenerate-time`` region: what was run and measured (the
+    highest load average before a command: ``load``), then the table ``lines``."""
+    return [about, "",
+            "Predicted: `dflash estimate --stage regenerate --time`, its profile timed on "
+            f"{REGEN_PROFILE} of the run's batches after a warm-up. Measured: the seconds "
+            "`dflash prepare --regenerate` spent on its shards, and the command's wall time. "
+            "The shards' seconds are `shard_seconds` in `prepare.json`: the generate batches, "
+            "rendering and writing. Chats: registry user turns, every third with a second "
+            "question (two rounds). The 1-minute load average before each command was at most "
+            f"{load:.2f} (the benchmark's own previous command included).", "",
+            "Written by `python benchmarks/time_estimate.py --stage regenerate --real-target "
+            "PATH --wheel WHL --docs`:", "", *lines]
+
+
+def run_docs(about: str, lines: list[str]) -> list[str]:
+    """The lines of the ``dflash-run-time`` region: what was run and measured, then the table
+    ``lines``."""
+    return [about, "",
+            f"One epoch each, {EVAL_SAMPLES} held-out samples. Predicted: `dflash estimate "
+            "--time`, its profile timed on the run's first 6 steps in its own process. "
+            "Measured: the steps' seconds in the training log (held-out evaluations included) "
+            "and the wall time of the `dflash train` command (loading the target included).", "",
+            "- data `long`: 24 chats that each fill a micro-batch;",
+            "- data `mixed`: 120 chats of a few to a few hundred tokens, registry user turns "
+            "answered by others.", "",
+            "Written by `python benchmarks/time_estimate.py --real-target PATH --wheel WHL "
+            "--docs`:", "", *lines]
+
+
+#: the highest load average a ``dflash-regenerate-time`` region quotes, read back by ``--render``
+LOAD = re.compile(r"load average before each command (?:was )?at most (\d+\.\d+)")
+
+
+def render() -> None:
+    """Rewrite both regions around the tables they hold."""
+    body, about, lines = mem.saved_region("dflash-regenerate-time")
+    load = LOAD.search(body)
+    if load is None:
+        raise SystemExit("docs/dflash.md: region dflash-regenerate-time quotes no load average")
+    mem.write_region("dflash-regenerate-time", regenerate_docs(about, float(load[1]), lines))
+    _, about, lines = mem.saved_region("dflash-run-time")
+    mem.write_region("dflash-run-time", run_docs(about, lines))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--real-target", metavar="PATH", required=True,
+    p.add_argument("--real-target", metavar="PATH",
                    help="a target folder (e.g. from `lengthwise dflash target FILE.gguf`)")
-    p.add_argument("--wheel", metavar="WHL", required=True,
+    p.add_argument("--wheel", metavar="WHL",
                    help="the evals registry wheel (pip download --no-deps "
                         "evals==3.0.1.post1)")
     p.add_argument("--work", metavar="DIR", help="folder for the runs (default: temporary)")
     p.add_argument("--stage", choices=("train", "regenerate", "all"), default="all",
                    help="the estimates compared (default all)")
     p.add_argument("--docs", action="store_true", help="write the docs/dflash.md regions")
+    p.add_argument("--render", action="store_true",
+                   help="rewrite the regions' text around their tables; run nothing")
     args = p.parse_args(argv)
+    if args.render:
+        render()
+        return 0
+    if not (args.real_target and args.wheel):
+        p.error("--real-target and --wheel are required (or --render)")
     target, wheel = Path(args.real_target), Path(args.wheel)
-    cfg = json.loads((target / "config.json").read_text(encoding="utf-8"))
-    about = (f"Real target: {cfg.get('_model_name_or_path', target.name)} "
-             f"({cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}), CPU float32, "
-             f"one torch thread, {platform.machine()} with {os.cpu_count()} cores")
+    about = mem.about_config(target, vocabulary=False)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.work or tmp)
         if args.stage in ("regenerate", "all"):
@@ -239,18 +291,8 @@ def main(argv: list[str] | None = None) -> int:
             lines = regen_table(regen)
             print("\n".join(lines))
             if args.docs:
-                mem.write_region("dflash-regenerate-time", [
-                    f"{about}; predicted: `dflash estimate --stage regenerate --time` (its "
-                    f"profile timed on {REGEN_PROFILE} of the run's batches after a warm-up); "
-                    "measured: the seconds `dflash prepare --regenerate` spent on its shards "
-                    "(`shard_seconds` in `prepare.json`: the generate batches, rendering and "
-                    "writing) and the command's wall time; chats: registry user turns, every "
-                    "third with a second question (two rounds); 1-minute load average "
-                    "before each command at most "
-                    f"{max(r['load'] for _, _, r in regen):.2f} (the benchmark's own "
-                    "previous command included); `python "
-                    "benchmarks/time_estimate.py --stage "
-                    "regenerate --real-target PATH --wheel WHL --docs`:", "", *lines])
+                mem.write_region("dflash-regenerate-time", regenerate_docs(
+                    about, max(r["load"] for _, _, r in regen), lines))
         if args.stage == "regenerate":
             return 0
         sets = {"long": mem.real_data(target, wheel, work)["prepared"],
@@ -263,15 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = table(rows)
     print("\n".join(lines))
     if args.docs:
-        mem.write_region("dflash-run-time", [
-            f"{about}; one epoch each, {EVAL_SAMPLES} held-out samples; predicted: "
-            "`dflash estimate --time` "
-            "(its profile timed on the run's first 6 steps in its own process); measured: the "
-            "steps' seconds in the training log (held-out evaluations included) and the wall "
-            "time of the `dflash train` command (loading the target included); data `long`: "
-            "24 chats that each fill a micro-batch, `mixed`: 120 chats of a few to a few "
-            "hundred tokens, registry user turns answered by others; `python "
-            "benchmarks/time_estimate.py --real-target PATH --wheel WHL --docs`:", "", *lines])
+        mem.write_region("dflash-run-time", run_docs(about, lines))
     return 0
 
 

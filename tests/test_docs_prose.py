@@ -17,7 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 #: the longest sentence a reader takes in one pass
 MAX_WORDS = 40
 #: the files held to :data:`MAX_WORDS`
-SHORT = ["README.md", "docs/first-ten-minutes.md", "docs/benchmarks.md"]
+SHORT = ["README.md", "docs/first-ten-minutes.md", "docs/benchmarks.md", "docs/demo.md",
+         "docs/dflash.md", "docs/doctor.md", "docs/metrics.md", "docs/planner.md",
+         "docs/pytorch.md", "docs/training.md"]
 ABBREVIATIONS = ("e.g.", "i.e.", "etc.", "vs.", "cf.")
 
 

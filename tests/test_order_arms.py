@@ -243,11 +243,11 @@ def _full(compute_diff, data_diff, strata=None) -> dict:
 def test_the_decision_names_a_detected_difference(script):
     full = _full((-0.1, 0.03), (0.05, 0.02))
     text = " ".join(script.decision(full).split())
-    assert text.startswith("At equal compute, at 8 micro-batches per step (cosine) pick "
+    assert text.startswith("At equal compute: - At 8 micro-batches per step (cosine) pick "
                            "stratified: the held-out loss is below random's under every "
-                           "schedule, by 0.100 nats;")
-    assert "stratified costs 0.60x random's compute and its held-out loss is higher" in text
-    assert "sorted costs 0.55x random's compute and no difference detected at this size" in text
+                           "schedule, by 0.100 nats.")
+    assert "Stratified costs 0.60x random's compute and its held-out loss is higher" in text
+    assert "Sorted costs 0.55x random's compute and no difference detected at this size" in text
     assert "8-20" not in text  # no stratum differs: none is named
 
 
@@ -260,19 +260,19 @@ def test_the_decision_is_per_batch_and_judges_an_order_only_where_it_ran(script)
     c8["orders"]["interleave"] = _row(4.85, 2e11, 6e5, (-0.15, 0.05))
     full["cells"]["compute/cosine/64"] = c64
     text = " ".join(script.decision(full).split())
-    assert ("at 8 micro-batches per step (cosine) pick any of stratified and interleave: the "
+    assert ("At 8 micro-batches per step (cosine) pick any of stratified and interleave: the "
             "held-out loss is below random's under every schedule, by 0.100-0.150 nats") in text
-    assert ("at 64 micro-batches per step (cosine) no order's held-out loss is below random's "
+    assert ("At 64 micro-batches per step (cosine) no order's held-out loss is below random's "
             "under every schedule; above it: sorted by up to 0.030 (cosine)") in text
 
 
 def test_the_decision_says_no_difference_where_intervals_overlap(script):
     full = _full((0.01, 0.05), (-0.01, 0.05), strata=(0.2, 0.05))
     text = " ".join(script.decision(full).split())
-    assert text.startswith("At equal compute, at 8 micro-batches per step (cosine) no order's "
+    assert text.startswith("At equal compute: - At 8 micro-batches per step (cosine) no order's "
                            "held-out loss differs from random's (no difference detected at "
                            "this size)")
-    assert ("stratified costs 0.60x random's compute and no difference detected at this size "
+    assert ("Stratified costs 0.60x random's compute and no difference detected at this size "
             "overall, though lengths 8-20 differ by +0.200 ± 0.050") in text
     assert "170-256" not in text
 

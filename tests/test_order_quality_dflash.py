@@ -69,7 +69,7 @@ def test_the_reading_follows_the_intervals(script):
     full = {"orders": {"random": _row(2.0, None), "stratified": _row(2.3, (0.3, 0.1)),
                        "sorted": _row(2.0, (0.02, 0.1))}}
     text = " ".join(script.reading(full).split())
-    assert ("Acceptance length against random (paired by seed): stratified's is higher by "
+    assert ("Acceptance length against random (paired by seed): - stratified's is higher by "
             "0.30 ± 0.10 (lengths 8-20)") in text
     assert "no difference detected at this size for sorted" in text
     assert "Accuracy against random (paired by seed): no difference detected at this size for " \
