@@ -28,6 +28,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from lengthwise.dflash.gguf_file import check_weights, read_layout
 from lengthwise.errors import ConfigError, DataError, MissingDependencyError
 
 __all__ = ["GGUF_PACKAGES", "SOURCE_FILE", "convert_gguf", "gguf_source", "is_converted"]
@@ -36,8 +37,6 @@ __all__ = ["GGUF_PACKAGES", "SOURCE_FILE", "convert_gguf", "gguf_source", "is_co
 GGUF_PACKAGES = ("gguf", "accelerate")
 #: the record of which GGUF file a folder was converted from
 SOURCE_FILE = "gguf_source.json"
-#: the first bytes of every GGUF file
-_MAGIC = b"GGUF"
 
 
 def gguf_source(path: str | os.PathLike) -> dict[str, Any]:
@@ -63,15 +62,11 @@ def is_converted(out: str | os.PathLike, source: dict[str, Any]) -> bool:
 
 
 def _check_file(path: Path) -> None:
-    """Refuse a path that is not a readable GGUF file, by name."""
+    """Refuse a path that is not a file, by name."""
     if not path.exists():
         raise DataError(f"{path}: no such file")
     if not path.is_file():
         raise DataError(f"{path}: not a file (give the .gguf model file)")
-    with open(path, "rb") as fh:
-        head = fh.read(len(_MAGIC))
-    if head != _MAGIC:
-        raise DataError(f"{path}: not a GGUF file (it does not start with the GGUF magic)")
 
 
 def _check_packages() -> None:
@@ -83,20 +78,43 @@ def _check_packages() -> None:
 
 
 def _load(path: Path) -> tuple[Any, Any]:
-    """The dequantized float32 model and the tokenizer of the GGUF file ``path``."""
+    """The dequantized float32 model and the tokenizer of the GGUF file ``path``.
+
+    The tokenizer is built first (it is small); a model weight the file does not hold is
+    refused by name rather than left at its random initialisation.
+    """
     import torch
     import transformers
 
-    kwargs = {"gguf_file": path.name}
+    kwargs = {"gguf_file": path.name, "local_files_only": True}
     try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            str(path.parent), dtype=torch.float32, local_files_only=True, **kwargs)
-        tokenizer = transformers.AutoTokenizer.from_pretrained(
-            str(path.parent), local_files_only=True, **kwargs)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), **kwargs)
+    except Exception as exc:  # noqa: BLE001 - narrowed below
+        # the tokenizers library reports a vocabulary it cannot build as a bare Exception
+        if not isinstance(exc, (ValueError, KeyError, OSError, EOFError)) and (
+                type(exc) is not Exception):
+            raise
+        raise DataError(f"{path}: its tokenizer cannot be built "
+                        f"({' '.join(str(exc).split())[:200]})") from None
+    try:
+        model, info = transformers.AutoModelForCausalLM.from_pretrained(
+            str(path.parent), dtype=torch.float32, output_loading_info=True, **kwargs)
     except (ValueError, KeyError, OSError, EOFError) as exc:
         raise DataError(f"{path}: cannot be read as a GGUF causal LM "
                         f"({' '.join(str(exc).split())[:200]})") from None
+    missing = sorted(_untied(model, info.get("missing_keys", ())))
+    if missing:
+        raise DataError(f"{path}: tensors missing: {len(missing)} of the weights of its "
+                        f"{type(model).__name__} are not in the file ({', '.join(missing[:3])}"
+                        f"{', ...' if len(missing) > 3 else ''}); a missing weight is never made "
+                        "up, so the file is not converted")
     return model, tokenizer
+
+
+def _untied(model: Any, names: Any) -> list[str]:
+    """``names`` less the output head where the model ties it to the input embedding."""
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    return [m for m in names if not (tied and m == "lm_head.weight")]
 
 
 def _plain_copy(model: Any) -> Any:
@@ -109,8 +127,7 @@ def _plain_copy(model: Any) -> Any:
                                                               dtype=torch.float32)
     state = model.state_dict()
     missing, unexpected = plain.load_state_dict(state, strict=False)
-    tied = bool(getattr(model.config, "tie_word_embeddings", False))
-    missing = [m for m in missing if not (tied and m == "lm_head.weight")]
+    missing = _untied(model, missing)
     if missing or unexpected:  # the two builds of one config differ: a bug, not bad input
         raise RuntimeError(f"GGUF conversion: weights missing {missing}, unexpected {unexpected}")
     plain.generation_config = model.generation_config
@@ -135,6 +152,7 @@ def convert_gguf(path: str | os.PathLike, out: str | os.PathLike, *,
     if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"--out {out}: already exists and is not a conversion of {path.name}; "
                           "pass --overwrite to replace it")
+    check_weights(read_layout(path))  # before any model is built
     _check_packages()
     model, tokenizer = _load(path)
     plain = _plain_copy(model)
