@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -96,12 +97,17 @@ def _load(path: Path) -> tuple[Any, Any]:
             raise
         raise DataError(f"{path}: its tokenizer cannot be built "
                         f"({' '.join(str(exc).split())[:200]})") from None
+    report = logging.getLogger("transformers.modeling_utils")  # lists missing weights: named
+    level = report.level  # below instead, in one line
+    report.setLevel(logging.ERROR)
     try:
         model, info = transformers.AutoModelForCausalLM.from_pretrained(
             str(path.parent), dtype=torch.float32, output_loading_info=True, **kwargs)
     except (ValueError, KeyError, OSError, EOFError) as exc:
         raise DataError(f"{path}: cannot be read as a GGUF causal LM "
                         f"({' '.join(str(exc).split())[:200]})") from None
+    finally:
+        report.setLevel(level)
     missing = sorted(_untied(model, info.get("missing_keys", ())))
     if missing:
         raise DataError(f"{path}: tensors missing: {len(missing)} of the weights of its "
