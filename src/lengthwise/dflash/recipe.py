@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from lengthwise.dflash.target import check_builtin_model
 from lengthwise.dflash.train import DFlashTask, check_budget
 from lengthwise.dflash.train_config import DFlashTrainConfig
 from lengthwise.errors import ConfigError, DataError
@@ -105,6 +106,9 @@ def check_causal_lm(path: str | Path) -> dict[str, Any]:
         config = json.loads(file.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ConfigError(f"--target {file}: not JSON ({exc.msg})") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"--target {file}: not a model config (a JSON object)")
+    check_builtin_model(path, config)
     archs = config.get("architectures") or []
     if archs and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
         raise ConfigError(f"--target {path}: not a causal language model (architectures "

@@ -28,7 +28,8 @@ import torch
 
 from lengthwise.errors import ConfigError, DataError
 
-__all__ = ["WEIGHT_DTYPES", "Target", "load_target", "stop_set", "weights_dtype"]
+__all__ = ["WEIGHT_DTYPES", "Target", "check_builtin_model", "load_target", "stop_set",
+           "weights_dtype"]
 
 #: dtype names ``--dtype`` takes for the target's and draft's weights, and torch's dtype each is
 WEIGHT_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -156,6 +157,30 @@ def weights_dtype(name: str | torch.dtype | None, device: Any = None) -> torch.d
     return WEIGHT_DTYPES[name]
 
 
+def check_builtin_model(folder: str | Path, config: dict[str, Any]) -> None:
+    """Refuse a target folder whose ``config.json`` (``config``) only the folder's own code reads.
+
+    A ``model_type`` transformers implements is loaded with transformers' class (an
+    ``auto_map`` beside it is not followed); any other would need ``trust_remote_code``,
+    which lengthwise never passes: refused here, naming the code its ``auto_map`` points to,
+    before anything of the folder is loaded.
+    """
+    import transformers
+
+    kind = config.get("model_type")
+    code = config.get("auto_map")
+    if (isinstance(kind, str) and kind in transformers.CONFIG_MAPPING) or not (kind or code):
+        return
+    said = (f"--target {folder}: config.json's model_type {kind!r} is not one transformers "
+            f"{transformers.__version__} implements")
+    if isinstance(code, dict) and code:
+        names = sorted({str(v if isinstance(v, str) else next(iter(v), None))
+                        for v in code.values()})
+        said += (f", and its auto_map points to code in the folder ({', '.join(names)}); "
+                 "lengthwise never runs a model folder's own code")
+    raise ConfigError(said)
+
+
 def load_target(path: str | Path, *, dtype: str | torch.dtype | None = None,
                 device: Any = None) -> Any:
     """A local Hugging Face causal LM checkpoint (``config.json`` + weights), nothing downloaded.
@@ -171,6 +196,9 @@ def load_target(path: str | Path, *, dtype: str | torch.dtype | None = None,
                         "(no config.json there)")
     import pickle
 
+    from lengthwise.dflash.recipe import check_causal_lm
+
+    check_causal_lm(path)  # no code of the folder's own
     from lengthwise.progress import no_transformers_bars
 
     _check_device(device)
