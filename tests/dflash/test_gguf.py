@@ -191,6 +191,19 @@ def test_a_gguf_whose_layers_hold_no_tensors_is_refused_naming_them(tmp_path, ca
         gguf.convert_gguf(gaps, tmp_path / "out")
 
 
+def test_a_folder_once_made_from_a_file_without_weights_is_not_taken_as_converted(tmp_path,
+                                                                                  capsys):
+    path = write_gguf(tmp_path / "one_tensor.gguf",
+                      {"token_embd.weight": np.zeros((len(TOKENS), 8), np.float32)})
+    out = tmp_path / "made"  # as an earlier conversion with random weights left it
+    out.mkdir()
+    (out / gguf.SOURCE_FILE).write_text(json.dumps(gguf.gguf_source(path)))
+    (out / "model.safetensors").write_bytes(b"random weights")
+    assert gguf.is_converted(out, gguf.gguf_source(path))
+    assert main(["dflash", "target", str(path), "--out", str(out)]) == 2
+    assert "one_tensor.gguf: tensors missing" in capsys.readouterr().err
+
+
 def test_metadata_that_does_not_size_the_model_is_refused(tmp_path):
     no_layers = write_gguf(tmp_path / "a.gguf", llama_tensors(), **{"llama.block_count": None})
     with pytest.raises(DataError, match="a.gguf: its metadata has no llama.block_count"):

@@ -10,6 +10,11 @@ the same architecture from its config, copies the weights in, and writes a plain
 files with the chat template, and ``gguf_source.json`` (the file's name, size and SHA-256).
 A second call on the same file finds that record and converts nothing.
 
+A weight is never made up: before any model is built, the file's header is checked
+(:mod:`lengthwise.dflash.gguf_file`: cut files, no tensors, layers without tensors), and a
+weight the architecture needs that loading did not find is refused by name; nothing is
+written then.
+
 Example::
 
     >>> convert_gguf("missing.gguf", "out")
@@ -38,6 +43,8 @@ __all__ = ["GGUF_PACKAGES", "SOURCE_FILE", "convert_gguf", "gguf_source", "is_co
 GGUF_PACKAGES = ("gguf", "accelerate")
 #: the record of which GGUF file a folder was converted from
 SOURCE_FILE = "gguf_source.json"
+#: what transformers raises on a GGUF file it cannot read
+_READ_ERRORS = (ValueError, KeyError, OSError, EOFError)
 
 
 def gguf_source(path: str | os.PathLike) -> dict[str, Any]:
@@ -92,8 +99,7 @@ def _load(path: Path) -> tuple[Any, Any]:
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), **kwargs)
     except Exception as exc:  # noqa: BLE001 - narrowed below
         # the tokenizers library reports a vocabulary it cannot build as a bare Exception
-        if not isinstance(exc, (ValueError, KeyError, OSError, EOFError)) and (
-                type(exc) is not Exception):
+        if type(exc) is not Exception and not isinstance(exc, _READ_ERRORS):
             raise
         raise DataError(f"{path}: its tokenizer cannot be built "
                         f"({' '.join(str(exc).split())[:200]})") from None
@@ -103,7 +109,7 @@ def _load(path: Path) -> tuple[Any, Any]:
     try:
         model, info = transformers.AutoModelForCausalLM.from_pretrained(
             str(path.parent), dtype=torch.float32, output_loading_info=True, **kwargs)
-    except (ValueError, KeyError, OSError, EOFError) as exc:
+    except _READ_ERRORS as exc:
         raise DataError(f"{path}: cannot be read as a GGUF causal LM "
                         f"({' '.join(str(exc).split())[:200]})") from None
     finally:
@@ -145,20 +151,22 @@ def convert_gguf(path: str | os.PathLike, out: str | os.PathLike, *,
     """Convert the GGUF model file ``path`` into the Hugging Face folder ``out``; return ``out``.
 
     ``out`` already converted from the same file (same SHA-256) is returned as it is; a
-    folder holding anything else is refused unless ``overwrite``. The files are written to
-    a hidden folder beside ``out`` and renamed to it once complete.
+    folder holding anything else is refused unless ``overwrite``. A file that is cut short,
+    holds no tensors, or lacks a weight of its model, or whose tokenizer cannot be built is a
+    :class:`DataError` naming it, and nothing is written. The files are written to a hidden
+    folder beside ``out`` and renamed to it once complete.
     """
     from lengthwise.atomic import replace_folder, temporary_name
 
     path, out = Path(path), Path(out)
     _check_file(path)
+    check_weights(read_layout(path))  # before any model is built, or an earlier one taken
     source = gguf_source(path)
     if is_converted(out, source) and not overwrite:
         return out
     if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"--out {out}: already exists and is not a conversion of {path.name}; "
                           "pass --overwrite to replace it")
-    check_weights(read_layout(path))  # before any model is built
     _check_packages()
     model, tokenizer = _load(path)
     plain = _plain_copy(model)
