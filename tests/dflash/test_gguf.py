@@ -233,10 +233,38 @@ def test_a_weight_the_file_lacks_is_named_not_initialised(tmp_path, capsys):
     path = write_gguf(tmp_path / "no_down.gguf",
                       llama_tensors(leave_out=["blk.0.ffn_down.weight"]))
     err = _refused(path, capsys, loaded=True)
-    assert err.endswith("no_down.gguf: tensors missing: 1 of the weights of its "
-                        "LlamaForCausalLM are not in the file (model.layers.0.mlp.down_proj."
-                        "weight); a missing weight is never made up, so the file is not "
-                        "converted")
+    assert err.endswith("no_down.gguf: tensors missing: 1 of the model's weights are not in "
+                        "the file (model.layers.0.mlp.down_proj.weight); a weight is never made "
+                        "up, so the file is not converted")
+
+
+def test_weights_of_another_shape_than_the_metadata_s_are_named(tmp_path, capsys):
+    _needs_gguf()
+    path = write_gguf(tmp_path / "wide.gguf", llama_tensors(),
+                      **{"llama.feed_forward_length": 32})
+    err = _refused(path, capsys, loaded=True)
+    assert err.endswith("wide.gguf: tensors that do not fit: 3 of the model's weights have "
+                        "another shape in the file (model.layers.0.mlp.down_proj.weight, "
+                        "model.layers.0.mlp.gate_proj.weight, model.layers.0.mlp.up_proj."
+                        "weight); a weight is never made up, so the file is not converted")
+
+
+def test_a_gpt2_gguf_is_summed_up_from_its_own_config_names(tmp_path, capsys):
+    _needs_gguf()
+    rng = np.random.default_rng(0)
+    shapes = {"token_embd.weight": (len(TOKENS), 8), "position_embd.weight": (1024, 8),
+              "output_norm.weight": (8,), "output_norm.bias": (8,),
+              **{f"blk.0.{k}": s for k, s in {
+                  "attn_norm.weight": (8,), "attn_norm.bias": (8,), "attn_qkv.weight": (24, 8),
+                  "attn_qkv.bias": (24,), "attn_output.weight": (8, 8), "attn_output.bias": (8,),
+                  "ffn_norm.weight": (8,), "ffn_norm.bias": (8,), "ffn_up.weight": (32, 8),
+                  "ffn_up.bias": (32,), "ffn_down.weight": (8, 32),
+                  "ffn_down.bias": (8,)}.items()}}
+    path = write_gguf(tmp_path / "gpt2.gguf", {k: rng.standard_normal(s).astype(np.float32)
+                                               for k, s in shapes.items()}, arch="gpt2")
+    assert main(["dflash", "target", str(path), "--out", str(tmp_path / "out")]) == 0
+    assert capsys.readouterr().out.endswith(
+        "GPT2LMHeadModel, 1 layers, hidden 8, vocabulary 32, float32\n")  # n_layer, n_embd
 
 
 def test_a_whole_tiny_gguf_converts_to_its_weights(tmp_path, capsys):

@@ -103,24 +103,52 @@ def _load(path: Path) -> tuple[Any, Any]:
             raise
         raise DataError(f"{path}: its tokenizer cannot be built "
                         f"({' '.join(str(exc).split())[:200]})") from None
-    report = logging.getLogger("transformers.modeling_utils")  # lists missing weights: named
-    level = report.level  # below instead, in one line
-    report.setLevel(logging.ERROR)
+    report = _HeldReport()  # transformers' table of the weights it could not load: named
+    log = logging.getLogger("transformers.modeling_utils")  # below instead, in one line
+    log.addHandler(report)
+    log.propagate, propagate = False, log.propagate
     try:
         model, info = transformers.AutoModelForCausalLM.from_pretrained(
             str(path.parent), dtype=torch.float32, output_loading_info=True, **kwargs)
+    except RuntimeError as exc:  # the weights' shapes are not the config's
+        if "ignore_mismatched_sizes" not in str(exc):
+            raise
+        _refuse_weights(path, "that do not fit", "have another shape in the file",
+                        report.keys("MISMATCH") or ["see transformers' load report"])
     except _READ_ERRORS as exc:
         raise DataError(f"{path}: cannot be read as a GGUF causal LM "
                         f"({' '.join(str(exc).split())[:200]})") from None
     finally:
-        report.setLevel(level)
-    missing = sorted(_untied(model, info.get("missing_keys", ())))
-    if missing:
-        raise DataError(f"{path}: tensors missing: {len(missing)} of the weights of its "
-                        f"{type(model).__name__} are not in the file ({', '.join(missing[:3])}"
-                        f"{', ...' if len(missing) > 3 else ''}); a missing weight is never made "
-                        "up, so the file is not converted")
+        log.removeHandler(report)
+        log.propagate = propagate
+    _refuse_weights(path, "missing", "are not in the file",
+                    _untied(model, info.get("missing_keys", ())))
     return model, tokenizer
+
+
+class _HeldReport(logging.Handler):
+    """The lines transformers logs while loading, held instead of printed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines += record.getMessage().splitlines()
+
+    def keys(self, status: str) -> list[str]:
+        """The weight names of the report's rows with ``status`` (``Key | Status | ...``)."""
+        rows = [line.split("|") for line in self.lines if "|" in line]
+        return [row[0].strip() for row in rows if len(row) > 1 and row[1].strip() == status]
+
+
+def _refuse_weights(path: Path, what: str, how: str, names: list[str]) -> None:
+    """Refuse the file when ``names`` (weights of its model) are not loaded from it."""
+    if names:
+        names = sorted(names)
+        raise DataError(f"{path}: tensors {what}: {len(names)} of the model's weights {how} "
+                        f"({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}); a weight "
+                        "is never made up, so the file is not converted")
 
 
 def _untied(model: Any, names: Any) -> list[str]:
