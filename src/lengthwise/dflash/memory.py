@@ -116,7 +116,7 @@ def read_target_config(path: str | Path) -> Any:
         raise ConfigError(f"{file}: not a Hugging Face model config (no model_type)")
     from lengthwise.dflash.target import check_builtin_model
 
-    check_builtin_model(file.parent, data)
+    check_builtin_model(path, data)
     from huggingface_hub.errors import StrictDataclassError
 
     known = transformers.CONFIG_MAPPING  # a lazy mapping: its get() finds nothing
