@@ -90,11 +90,11 @@ def _fake_gguf(tmp_path: Path) -> Path:
 
 def _refused(path: Path, capsys, *, loaded: bool = False) -> str:
     """The one-line error of ``dflash target path --out out`` (exit 2, nothing written; after
-    ``loaded``: transformers' progress bars of the loading before it)."""
+    ``loaded``: the progress bar of the gguf package's reading before it)."""
     out = path.parent / "out"
     assert main(["dflash", "target", str(path), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
-    assert "Traceback" not in err and (loaded or "\n" not in err)
+    assert "Traceback" not in err and (loaded or "\n" not in err), err
     _nothing_beside(out)
     return err.splitlines()[-1]
 

@@ -94,6 +94,8 @@ def _load(path: Path) -> tuple[Any, Any]:
     import torch
     import transformers
 
+    from lengthwise.progress import no_transformers_bars
+
     kwargs = {"gguf_file": path.name, "local_files_only": True}
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), **kwargs)
@@ -108,8 +110,9 @@ def _load(path: Path) -> tuple[Any, Any]:
     log.addHandler(report)
     log.propagate, propagate = False, log.propagate
     try:
-        model, info = transformers.AutoModelForCausalLM.from_pretrained(
-            str(path.parent), dtype=torch.float32, output_loading_info=True, **kwargs)
+        with no_transformers_bars():
+            model, info = transformers.AutoModelForCausalLM.from_pretrained(
+                str(path.parent), dtype=torch.float32, output_loading_info=True, **kwargs)
     except RuntimeError as exc:  # the weights' shapes are not the config's
         if "ignore_mismatched_sizes" not in str(exc):
             raise
