@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -28,8 +29,8 @@ import torch
 
 from lengthwise.errors import ConfigError, DataError
 
-__all__ = ["WEIGHT_DTYPES", "Target", "check_builtin_model", "load_target", "stop_set",
-           "weights_dtype"]
+__all__ = ["WEIGHT_DTYPES", "Target", "check_builtin_model", "check_causal_lm", "load_target",
+           "stop_set", "weights_dtype"]
 
 #: dtype names ``--dtype`` takes for the target's and draft's weights, and torch's dtype each is
 WEIGHT_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -181,6 +182,36 @@ def check_builtin_model(folder: str | Path, config: dict[str, Any]) -> None:
     raise ConfigError(said)
 
 
+def check_causal_lm(path: str | Path) -> dict[str, Any]:
+    """The ``config.json`` of a local target folder, refused unless it names a causal LM.
+
+    Example::
+
+        >>> try:
+        ...     check_causal_lm("/nonexistent")
+        ... except ConfigError as exc:
+        ...     print(exc)
+        --target /nonexistent: not a local Hugging Face model folder (no config.json there)
+    """
+    path = Path(path)
+    file = path / "config.json"
+    if not file.is_file():
+        raise ConfigError(f"--target {path}: not a local Hugging Face model folder "
+                          "(no config.json there)")
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--target {file}: not JSON ({exc.msg})") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"--target {file}: not a model config (a JSON object)")
+    check_builtin_model(path, config)
+    archs = config.get("architectures") or []
+    if archs and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+        raise ConfigError(f"--target {path}: not a causal language model (architectures "
+                          f"{archs}); DFlash needs the target's LM head")
+    return config
+
+
 def load_target(path: str | Path, *, dtype: str | torch.dtype | None = None,
                 device: Any = None) -> Any:
     """A local Hugging Face causal LM checkpoint (``config.json`` + weights), nothing downloaded.
@@ -195,8 +226,6 @@ def load_target(path: str | Path, *, dtype: str | torch.dtype | None = None,
         raise DataError(f"--target {path}: not a local Hugging Face checkpoint "
                         "(no config.json there)")
     import pickle
-
-    from lengthwise.dflash.recipe import check_causal_lm
 
     check_causal_lm(path)  # no code of the folder's own
     from lengthwise.progress import no_transformers_bars
