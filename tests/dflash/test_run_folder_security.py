@@ -14,6 +14,7 @@ from _chat_tiny import conversations, save_target, write_jsonl
 from lengthwise.cli import main
 
 torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
 
 
 class Payload:
@@ -203,3 +204,34 @@ def test_target_weights_that_are_a_pickle_payload_are_refused_by_name(run, tmp_p
     line = _one_line(capsys)
     assert not marker.exists()
     assert "pytorch_model.bin holds objects other than tensors; refused, not loaded" in line
+
+
+def test_a_target_whose_config_maps_to_its_own_code_is_refused_by_every_command(run, tmp_path,
+                                                                                capsys):
+    target, data, good = run
+    marker = tmp_path / "MARKER"
+    evil = shutil.copytree(target, tmp_path / "evil_target")
+    (evil / "evil.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).touch()\n")
+    config = json.loads((evil / "config.json").read_text())
+    config.update(model_type="evilmodel", auto_map={
+        "AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel",
+        "AutoTokenizer": ["evil.EvilTok", None]})
+    (evil / "config.json").write_text(json.dumps(config))
+    said = (f"--target {evil}: config.json's model_type 'evilmodel' is not one transformers "
+            f"{transformers.__version__} implements, and its auto_map points to code in the "
+            "folder (evil.EvilConfig, evil.EvilModel, evil.EvilTok); lengthwise never runs a "
+            "model folder's own code")
+    commands = {
+        "eval": ["dflash", "eval", "--target", str(evil), "--draft", str(good / "checkpoints"),
+                 "--max-new-tokens", "4", "--limit", "1", "--temperatures", "0"],
+        "train": _train_args(evil, data, tmp_path / "run", steps=1),
+        "prepare": ["dflash", "prepare", str(target.parent / "chats.jsonl"), "--target",
+                    str(evil), "--out", str(tmp_path / "prepared"), "--no-progress"],
+        "estimate": ["dflash", "estimate", "--target", str(evil), "--device", "cpu"],
+        "export": ["dflash", "export", str(good / "checkpoints"), str(tmp_path / "export"),
+                   "--target", str(evil)],
+    }
+    for name, argv in commands.items():
+        assert main(argv) == 2, name
+        assert _one_line(capsys).endswith(said), name
+        assert not marker.exists(), name

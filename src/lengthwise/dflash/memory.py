@@ -114,6 +114,9 @@ def read_target_config(path: str | Path) -> Any:
         raise ConfigError(f"{file}: not readable as JSON ({exc})") from None
     if not isinstance(data, dict) or "model_type" not in data:
         raise ConfigError(f"{file}: not a Hugging Face model config (no model_type)")
+    from lengthwise.dflash.target import check_builtin_model
+
+    check_builtin_model(path, data)
     from huggingface_hub.errors import StrictDataclassError
 
     known = transformers.CONFIG_MAPPING  # a lazy mapping: its get() finds nothing

@@ -37,11 +37,12 @@ from typing import Any
 
 import numpy as np
 
+from lengthwise.dflash.target import check_causal_lm
 from lengthwise.dflash.train import DFlashTask, check_budget
 from lengthwise.dflash.train_config import DFlashTrainConfig
 from lengthwise.errors import ConfigError, DataError
 
-__all__ = ["TOKENIZER_FILES", "EvalTask", "RunSettings", "check_causal_lm", "held_out_batches",
+__all__ = ["TOKENIZER_FILES", "EvalTask", "RunSettings", "held_out_batches",
            "load_tokenizer", "new_draft", "train_draft"]
 
 #: files that hold a Hugging Face tokenizer's vocabulary (a folder needs one of them)
@@ -83,33 +84,6 @@ class RunSettings:
                                               or self.eval_anchors < 1):
             raise ConfigError(f"eval_anchors must be a positive integer, got "
                               f"{self.eval_anchors!r}")
-
-
-def check_causal_lm(path: str | Path) -> dict[str, Any]:
-    """The ``config.json`` of a local target folder, refused unless it names a causal LM.
-
-    Example::
-
-        >>> try:
-        ...     check_causal_lm("/nonexistent")
-        ... except ConfigError as exc:
-        ...     print(exc)
-        --target /nonexistent: not a local Hugging Face model folder (no config.json there)
-    """
-    path = Path(path)
-    file = path / "config.json"
-    if not file.is_file():
-        raise ConfigError(f"--target {path}: not a local Hugging Face model folder "
-                          "(no config.json there)")
-    try:
-        config = json.loads(file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"--target {file}: not JSON ({exc.msg})") from None
-    archs = config.get("architectures") or []
-    if archs and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
-        raise ConfigError(f"--target {path}: not a causal language model (architectures "
-                          f"{archs}); DFlash needs the target's LM head")
-    return config
 
 
 def load_tokenizer(target: str | Path) -> Any:

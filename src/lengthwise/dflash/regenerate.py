@@ -87,7 +87,7 @@ class TurnGenerator:
                  ) -> None:
         import transformers
 
-        from lengthwise.dflash.recipe import check_causal_lm
+        from lengthwise.dflash.target import check_causal_lm
         from lengthwise.train.device import rank_world
 
         check_causal_lm(target)

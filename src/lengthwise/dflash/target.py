@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,8 @@ import torch
 
 from lengthwise.errors import ConfigError, DataError
 
-__all__ = ["WEIGHT_DTYPES", "Target", "load_target", "stop_set", "weights_dtype"]
+__all__ = ["WEIGHT_DTYPES", "Target", "check_builtin_model", "check_causal_lm", "load_target",
+           "stop_set", "weights_dtype"]
 
 #: dtype names ``--dtype`` takes for the target's and draft's weights, and torch's dtype each is
 WEIGHT_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -156,6 +158,60 @@ def weights_dtype(name: str | torch.dtype | None, device: Any = None) -> torch.d
     return WEIGHT_DTYPES[name]
 
 
+def check_builtin_model(folder: str | Path, config: dict[str, Any]) -> None:
+    """Refuse a target folder whose ``config.json`` (``config``) only the folder's own code reads.
+
+    A ``model_type`` transformers implements is loaded with transformers' class (an
+    ``auto_map`` beside it is not followed); any other would need ``trust_remote_code``,
+    which lengthwise never passes: refused here, naming the code its ``auto_map`` points to,
+    before anything of the folder is loaded.
+    """
+    import transformers
+
+    kind = config.get("model_type")
+    code = config.get("auto_map")
+    if (isinstance(kind, str) and kind in transformers.CONFIG_MAPPING) or not (kind or code):
+        return
+    said = (f"--target {folder}: config.json's model_type {kind!r} is not one transformers "
+            f"{transformers.__version__} implements")
+    if isinstance(code, dict) and code:
+        names = sorted({str(v if isinstance(v, str) else next(iter(v), None))
+                        for v in code.values()})
+        said += (f", and its auto_map points to code in the folder ({', '.join(names)}); "
+                 "lengthwise never runs a model folder's own code")
+    raise ConfigError(said)
+
+
+def check_causal_lm(path: str | Path) -> dict[str, Any]:
+    """The ``config.json`` of a local target folder, refused unless it names a causal LM.
+
+    Example::
+
+        >>> try:
+        ...     check_causal_lm("/nonexistent")
+        ... except ConfigError as exc:
+        ...     print(exc)
+        --target /nonexistent: not a local Hugging Face model folder (no config.json there)
+    """
+    path = Path(path)
+    file = path / "config.json"
+    if not file.is_file():
+        raise ConfigError(f"--target {path}: not a local Hugging Face model folder "
+                          "(no config.json there)")
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--target {file}: not JSON ({exc.msg})") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"--target {file}: not a model config (a JSON object)")
+    check_builtin_model(path, config)
+    archs = config.get("architectures") or []
+    if archs and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+        raise ConfigError(f"--target {path}: not a causal language model (architectures "
+                          f"{archs}); DFlash needs the target's LM head")
+    return config
+
+
 def load_target(path: str | Path, *, dtype: str | torch.dtype | None = None,
                 device: Any = None) -> Any:
     """A local Hugging Face causal LM checkpoint (``config.json`` + weights), nothing downloaded.
@@ -171,6 +227,7 @@ def load_target(path: str | Path, *, dtype: str | torch.dtype | None = None,
                         "(no config.json there)")
     import pickle
 
+    check_causal_lm(path)  # no code of the folder's own
     from lengthwise.progress import no_transformers_bars
 
     _check_device(device)

@@ -77,8 +77,9 @@ def run_samples(data: Any, cfg: Any, run: Any, *,
     :class:`~lengthwise.dflash.step_cost.StepFlops` of the target (``config``: its
     ``config.json``, read from ``run.target`` when not given). Steps and epochs leave them as
     they are, so a plan of any length reads them once."""
-    from lengthwise.dflash.recipe import check_causal_lm, split_samples
+    from lengthwise.dflash.recipe import split_samples
     from lengthwise.dflash.step_cost import anchor_counts
+    from lengthwise.dflash.target import check_causal_lm
 
     _, train_idx, _ = split_samples(data, cfg, run.eval_samples)
     lengths = np.minimum(data.lengths[train_idx], cfg.max_len)

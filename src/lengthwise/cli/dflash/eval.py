@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         template_report,
     )
     from lengthwise.dflash.recipe import load_tokenizer
-    from lengthwise.dflash.target import Target, load_target
+    from lengthwise.dflash.target import Target, check_causal_lm, load_target
     from lengthwise.dflash.target_weights import check_draft_target_weights
     from lengthwise.dflash.tokenizer_id import check_draft_tokenizer
     from lengthwise.errors import ConfigError
@@ -119,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
     files = args.prompts or [str(bundled_prompts())]
     sets = {name: read_prompt_file(f)  # bad files fail before loading
             for name, f in zip(prompt_set_names(files), files, strict=True)}
+    check_causal_lm(args.target)
     device = torch.device(args.device)
     from lengthwise.dflash.process import follow_live_tensors
 

@@ -90,4 +90,7 @@ def _target_config(path: str) -> object:
         raise ConfigError(f"--target {path}: not a local Hugging Face model (no config.json)")
     import transformers
 
+    from lengthwise.dflash.target import check_causal_lm
+
+    check_causal_lm(path)  # no code of the folder's own
     return transformers.AutoConfig.from_pretrained(path, local_files_only=True)

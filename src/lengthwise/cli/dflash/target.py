@@ -34,16 +34,19 @@ def register(stages: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Convert (or find the conversion) and print what the folder holds."""
+    import transformers
+
     from lengthwise.dflash.gguf import SOURCE_FILE, convert_gguf, gguf_source, is_converted
 
     out = Path(args.out)
     cached = not args.overwrite and Path(args.gguf).is_file() and is_converted(
         out, gguf_source(args.gguf))
     out = convert_gguf(args.gguf, out, overwrite=args.overwrite)
-    cfg = json.loads((out / "config.json").read_text(encoding="utf-8"))
+    # the config class reads each architecture's own names (GPT-2's n_layer, n_embd)
+    cfg = transformers.AutoConfig.from_pretrained(str(out), local_files_only=True)
     src = json.loads((out / SOURCE_FILE).read_text(encoding="utf-8"))
     print(f"lengthwise dflash target: {out}: {'already converted from' if cached else 'from'} "
-          f"{src['file']} (sha256 {src['sha256'][:12]}): {cfg['architectures'][0]}, "
-          f"{cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}, vocabulary "
-          f"{cfg['vocab_size']}, float32")
+          f"{src['file']} (sha256 {src['sha256'][:12]}): {cfg.architectures[0]}, "
+          f"{cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, vocabulary "
+          f"{cfg.vocab_size}, float32")
     return 0
