@@ -1,4 +1,4 @@
-"""The package's layout: no import cycles, a torch-free core, old module paths still working."""
+"""The package's layout: no import cycles, a torch-free core, one path per module."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import ast
 import importlib
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,6 @@ import lengthwise
 import lengthwise.hf
 import lengthwise.planning
 import lengthwise.pytorch
-from lengthwise import _moved
 
 SRC = Path(lengthwise.__file__).resolve().parent
 
@@ -156,24 +154,22 @@ def test_every_commands_help_builds_without_torch():
     assert out.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("old", sorted(_moved.MOVED))
-def test_an_old_module_path_is_the_new_module_with_a_warning(old):
-    new = importlib.import_module(_moved.MOVED[old])
-    sys.modules.pop(old, None)
-    with pytest.warns(DeprecationWarning, match=_moved.MOVED[old].replace(".", r"\.")):
-        module = importlib.import_module(old)
-    assert module is new
-    assert module.__spec__.name == _moved.MOVED[old]  # the module keeps its own identity
+#: module paths of an earlier layout, which this one does not have
+OLD_PATHS = ("lengthwise.batching", "lengthwise.orders", "lengthwise.edges", "lengthwise.cost",
+             "lengthwise.lengths", "lengthwise.metrics", "lengthwise.jsonl", "lengthwise.plan",
+             "lengthwise.pack", "lengthwise.pack._lanes", "lengthwise.sampler",
+             "lengthwise.collate", "lengthwise.collate.pad", "lengthwise.calibrate",
+             "lengthwise.train._dist", "lengthwise.hf_lengths", "lengthwise.hf_trainer",
+             "lengthwise.demo.loop", "lengthwise.demo.schedule", "lengthwise.demo.device")
 
 
-def test_a_submodule_of_a_moved_package_is_not_loaded_twice():
-    import lengthwise.planning.packed._lanes as lanes
-
-    sys.modules.pop("lengthwise.pack._lanes", None)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        old = importlib.import_module("lengthwise.pack._lanes")
-    assert old is lanes
+@pytest.mark.parametrize("old", OLD_PATHS)
+def test_an_old_module_path_is_not_importable(old):
+    with pytest.raises(ModuleNotFoundError) as err:
+        importlib.import_module(old)
+    gone = err.value.name  # the old path, or the old package that held it
+    assert old.startswith(gone) and str(err.value) == f"No module named '{gone}'"
+    assert old not in sys.modules
 
 
 @pytest.mark.parametrize("package", [lengthwise.planning, lengthwise.pytorch, lengthwise.hf])

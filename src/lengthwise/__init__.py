@@ -13,10 +13,6 @@ Example::
 
 from __future__ import annotations
 
-import sys
-import types
-
-from lengthwise import _moved
 from lengthwise._lazy import lazy_exports
 
 __version__ = "0.1.0"
@@ -85,20 +81,3 @@ __all__ = ["__version__", *_EXPORTS]
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
-
-
-class _Package(types.ModuleType):
-    """This package, keeping its public names when an old module path of the same name loads.
-
-    ``import lengthwise.calibrate`` (the module's old path) would set ``lengthwise.calibrate``
-    to the module and hide the function ``lengthwise.calibrate`` for the whole process.
-    """
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if name in _EXPORTS and isinstance(value, types.ModuleType):
-            return  # the public object stays; the module is in sys.modules under its name
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
-_moved.install()

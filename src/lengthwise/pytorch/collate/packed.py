@@ -57,7 +57,7 @@ class PackCollator:
     With a packed ``budget`` every micro-batch is checked against it (each row
     within the capacity, at most ``budget.rows`` rows; a flat list without
     ``row_capacity``: at most ``rows x capacity`` tokens), raising
-    :class:`~lengthwise.collate.budget.BudgetError`. ``sampler.collator()`` builds
+    :class:`~lengthwise.pytorch.collate.budget.BudgetError`. ``sampler.collator()`` builds
     this collator from a packed plan (``max_length``, ``row_capacity``, budget).
 
     Example::

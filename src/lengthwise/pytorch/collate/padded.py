@@ -38,9 +38,9 @@ class PadCollator:
     the other fields, and the metadata ``real_tokens``, ``padded_tokens``,
     ``samples`` and ``bucket`` (bucket id of the longest sample in ``edges``; ``-1``
     without edges). ``max_length`` truncates samples first, as the planner's
-    ``max_len`` does. With a ``budget`` (a :class:`~lengthwise.collate.budget.Budget`)
+    ``max_len`` does. With a ``budget`` (a :class:`~lengthwise.pytorch.collate.budget.Budget`)
     every micro-batch is checked against it and an over-sized one raises
-    :class:`~lengthwise.collate.budget.BudgetError`.
+    :class:`~lengthwise.pytorch.collate.budget.BudgetError`.
 
     ``sampler.collator(pad_token_id)`` builds this collator from the sampler's plan:
     the same ``pad_multiple`` (default 1, as the planner's), ``max_length``,
