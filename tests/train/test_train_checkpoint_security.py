@@ -23,7 +23,6 @@ from lengthwise.train.checkpoint import (  # noqa: E402
     CheckpointError,
     CorruptCheckpointError,
     LegacyCheckpointError,
-    convert_legacy_checkpoint,
 )
 from lengthwise.train.checkpoint.atomic import prune  # noqa: E402
 from lengthwise.train.checkpoint.integrity import file_digests  # noqa: E402
@@ -224,38 +223,47 @@ def _as_legacy(step, payload=None):
     _rehash(step)
 
 
-def test_an_old_checkpoint_is_refused_with_how_to_convert_it_and_converts_exactly(tmp_path,
-                                                                                 capsys):
-    _run(tmp_path, False)
-    step = tmp_path / "step_2"
-    random.seed(9)
-    reference = _load(step)
-    draws = (random.random(), float(np.random.rand()), float(torch.rand(1)))
-    _as_legacy(step)
-    for path in (step, tmp_path):
-        with pytest.raises(LegacyCheckpointError, match=rf"is a Python pickle, which can run code "
-                           rf".*lengthwise checkpoint convert {step} --trust-legacy-checkpoint"):
+def _older_message(step, version):
+    return (f"{step} is a checkpoint of an older lengthwise (format version {version}), which "
+            "this version does not read (it reads version 3); nothing in it was loaded")
+
+
+@pytest.mark.parametrize("use_dcp", [False, True], ids=["torch-save", "dcp"])
+@pytest.mark.parametrize("version", [2, None], ids=["version-2", "no-version"])
+def test_an_old_checkpoint_is_refused_naming_it_and_nothing_in_it_runs(tmp_path, use_dcp,
+                                                                       version):
+    _run(tmp_path / "run", use_dcp)
+    step, marker = tmp_path / "run" / "step_2", tmp_path / "MARKER"
+    if use_dcp:
+        (step / "state.pt").write_bytes(pickle.dumps(Payload(marker)))
+        _rehash(step)
+    else:
+        _as_legacy(step, payload=Payload(marker))
+    manifest = json.loads((step / "COMPLETE").read_text())
+    if version is None:  # version 1 wrote no version
+        del manifest["version"]
+    else:
+        manifest["version"] = version
+    (step / "COMPLETE").write_text(json.dumps(manifest))
+    for path in (step, tmp_path / "run"):
+        with pytest.raises(LegacyCheckpointError) as err:
             _load(path)
-    assert main(["checkpoint", "convert", str(tmp_path)]) == 2
-    assert "--trust-legacy-checkpoint" in capsys.readouterr().err
-    assert main(["checkpoint", "convert", str(tmp_path), "--trust-legacy-checkpoint"]) == 0
-    assert capsys.readouterr().out.splitlines() == [f"converted {step}"]
-    random.seed(9)
-    again = _load(step)
-    assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == draws
-    assert again["extra"]["pair"] == reference["extra"]["pair"] == (1, 2.5)
-    assert convert_legacy_checkpoint(tmp_path, trust=True) == []  # nothing old is left
-
-
-def test_converting_an_old_checkpoint_runs_nothing_from_it(tmp_path):
-    _run(tmp_path, False)
-    marker = tmp_path / "MARKER"
-    _as_legacy(tmp_path / "step_2", payload=Payload(marker))
-    with pytest.raises(CheckpointError, match="names posix.system"):
-        convert_legacy_checkpoint(tmp_path / "step_2", trust=True)
+        assert str(err.value) == _older_message(step, version or 1)
     assert not marker.exists()
-    with pytest.raises(LegacyCheckpointError):  # left as it was
-        _load(tmp_path / "step_2")
+
+
+def test_the_command_line_refuses_an_old_checkpoint_in_one_line(tmp_path, capsys):
+    _run(tmp_path / "run", False)
+    step = tmp_path / "run" / "step_2"
+    _as_legacy(step)
+    assert main(["dflash", "export", str(tmp_path / "run"), str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == f"lengthwise dflash: error: {_older_message(step, 2)}\n"
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(SystemExit) as done:  # the converting command is gone
+        main(["checkpoint", "convert", str(tmp_path / "run")])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'checkpoint'" in err and err.count("\n") == 1
 
 
 def test_pruning_a_linked_step_folder_removes_the_link_not_its_target(tmp_path):
@@ -296,41 +304,6 @@ def test_tensors_and_arrays_round_trip_with_their_dtype():
     text = to_json(value)
     assert "NaN" not in text and hashlib.sha256(text.encode()).hexdigest() == hashlib.sha256(
         to_json(from_json(text)).encode()).hexdigest()
-
-
-def test_an_old_distributed_checkpoint_converts_exactly(tmp_path):
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict,
-        get_optimizer_state_dict,
-    )
-
-    from lengthwise.train.checkpoint.atomic import publish
-    from lengthwise.train.checkpoint.layout import new_manifest
-    from lengthwise.train.checkpoint.state import TrainingState
-
-    model, opt, sched, counter = _run(tmp_path / "scratch", False, steps=(1,))
-    random.seed(5)
-    saved = TrainingState(4, model, opt, sched, counter, extra={"pair": (1, 2)})
-    old_state = pickle.dumps(from_json(saved.aux(param_groups_only=False)))
-    draws = (random.random(), float(np.random.rand()), float(torch.rand(1)))
-    tmp = tmp_path / "run" / "step_4.tmp"
-    dcp.save({"model": get_model_state_dict(model),
-              "optimizer": get_optimizer_state_dict(model, opt), "aux_rank0": old_state},
-             storage_writer=dcp.FileSystemWriter(str(tmp)), no_dist=True)
-    manifest = {**new_manifest(4, "dcp", 1, True, saved.contents()), "version": 2}
-    publish(tmp, tmp_path / "run" / "step_4", manifest)
-    with pytest.raises(LegacyCheckpointError):
-        _load(tmp_path / "run")
-    assert convert_legacy_checkpoint(tmp_path / "run", trust=True) == [tmp_path / "run" /
-                                                                      "step_4"]
-    fresh = _fresh()
-    state = _load(tmp_path / "run", fresh)
-    assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == draws
-    assert state["step"] == 4 and state["extra"] == {"pair": (1, 2)}
-    assert torch.equal(fresh[0].weight, model.weight)
-    assert str(fresh[1].state_dict()) == str(opt.state_dict())
-    assert fresh[2].state_dict() == sched.state_dict() and fresh[3].n == counter.n
 
 
 @pytest.mark.parametrize("aux", ['{"step": 2, "extra": null, "rng": {"python": 5}}',

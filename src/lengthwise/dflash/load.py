@@ -87,8 +87,9 @@ def _checkpoint_draft(path: Path) -> tuple[Any, Path]:
 
     try:
         step, _ = resolve_checkpoint(path)
-    except (FileNotFoundError, CheckpointError) as exc:
-        raise ConfigError(f"{path}: {exc}") from exc
+    except (FileNotFoundError, CheckpointError) as exc:  # the message may name ``path`` already
+        raise ConfigError(str(exc) if str(exc).startswith(str(path)) else f"{path}: {exc}",
+                          ) from exc
     draft = DFlashDraft(read_draft_config(step))
     try:
         load_checkpoint(step, model=draft, restore_rng=False)

@@ -35,9 +35,9 @@ Nothing in a checkpoint folder runs when it is loaded: the tensors are read with
 ``torch.load(weights_only=True)`` (the index of a distributed checkpoint by an
 unpickler that builds only its own classes), the rest of the training state is JSON
 (:mod:`~lengthwise.train.checkpoint.state_json`), and every file must be listed in
-the manifest with its checksum. Checkpoints of the old format (versions 1 and 2,
-whose state was a pickle) are refused with :class:`LegacyCheckpointError`;
-:func:`convert_legacy_checkpoint` (``lengthwise checkpoint convert``) rewrites them.
+the manifest with its checksum. A checkpoint of an older format (versions 1 and 2,
+whose state was a pickle) is refused with :class:`LegacyCheckpointError` naming it;
+nothing in it is read.
 
 Modules: :mod:`~lengthwise.train.checkpoint.checkpointer` (:class:`Checkpointer`,
 :func:`save_checkpoint`), :mod:`~lengthwise.train.checkpoint.load`
@@ -50,8 +50,7 @@ manifest, :func:`list_checkpoints`, :func:`latest_checkpoint`),
 :mod:`~lengthwise.train.checkpoint.state_json` (that state as JSON), the backends
 :mod:`~lengthwise.train.checkpoint.torch_backend` and
 :mod:`~lengthwise.train.checkpoint.dcp_backend` (read through
-:mod:`~lengthwise.train.checkpoint.dcp_read`),
-:mod:`~lengthwise.train.checkpoint.legacy` (converting the old format), and
+:mod:`~lengthwise.train.checkpoint.dcp_read`), and
 :mod:`~lengthwise.train.checkpoint.pending` (:class:`PendingSave`).
 
 Example::
@@ -82,7 +81,6 @@ from lengthwise.train.checkpoint.errors import (
 from lengthwise.train.checkpoint.layout import FORMAT as FORMAT
 from lengthwise.train.checkpoint.layout import MANIFEST as MANIFEST
 from lengthwise.train.checkpoint.layout import latest_checkpoint, list_checkpoints
-from lengthwise.train.checkpoint.legacy import convert_legacy_checkpoint
 from lengthwise.train.checkpoint.load import load_checkpoint
 from lengthwise.train.checkpoint.pending import PendingSave
 
@@ -97,5 +95,4 @@ __all__ = [
     "load_checkpoint",
     "latest_checkpoint",
     "list_checkpoints",
-    "convert_legacy_checkpoint",
 ]

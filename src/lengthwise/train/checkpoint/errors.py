@@ -33,4 +33,5 @@ class CheckpointLockedError(CheckpointError):
 
 
 class LegacyCheckpointError(CheckpointError):
-    """A checkpoint in the old format, whose state is a pickle: refused, not loaded."""
+    """A checkpoint of an older format (versions 1 and 2, whose state is a pickle), which this
+    version does not read: refused, nothing in it loaded."""

@@ -82,12 +82,13 @@ def read_manifest(path: Path) -> dict[str, Any] | None:
     return manifest
 
 
-def is_legacy(manifest: dict[str, Any]) -> bool:
-    """Whether a manifest is of the old format (versions 1 and 2), whose state is a pickle.
+def is_older_format(manifest: dict[str, Any]) -> bool:
+    """Whether a manifest is of an older format (versions 1 and 2), which this version does
+    not read.
 
     Example::
 
-        >>> is_legacy({"version": 2}), is_legacy({"version": VERSION})
+        >>> is_older_format({"version": 2}), is_older_format({"version": VERSION})
         (True, False)
     """
     version = manifest.get("version", 1)
@@ -95,23 +96,22 @@ def is_legacy(manifest: dict[str, Any]) -> bool:
 
 
 def check_format(path: Path, manifest: dict[str, Any]) -> None:
-    """Refuse a checkpoint of another format version; an old one with how to convert it.
+    """Refuse a checkpoint of another format version, naming it, before any of it is read.
 
     Example::
 
         >>> try:
         ...     check_format(Path("step_3"), {"version": 2})
         ... except LegacyCheckpointError as exc:
-        ...     print(str(exc).split(": ")[-1])
-        lengthwise checkpoint convert step_3 --trust-legacy-checkpoint
+        ...     print(exc)  # doctest: +NORMALIZE_WHITESPACE
+        step_3 is a checkpoint of an older lengthwise (format version 2), which this version
+        does not read (it reads version 3); nothing in it was loaded
     """
     version = manifest.get("version", 1)
-    if is_legacy(manifest):
+    if is_older_format(manifest):
         raise LegacyCheckpointError(
-            f"{path} is a checkpoint of an older lengthwise (format version {version}) whose "
-            "training state is a Python pickle, which can run code when read; it is not loaded"
-            f"; if you wrote it, convert it once: lengthwise checkpoint convert {path} "
-            "--trust-legacy-checkpoint")
+            f"{path} is a checkpoint of an older lengthwise (format version {version}), which "
+            f"this version does not read (it reads version {VERSION}); nothing in it was loaded")
     if version != VERSION:
         raise CheckpointError(f"{path}: checkpoint format version {version!r} is not one this "
                               f"lengthwise reads ({VERSION}); use the version that wrote it")
@@ -159,8 +159,8 @@ def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
             marked.append((int(match.group(1)), child))
     for _, path in sorted(marked, reverse=True):
         manifest = read_manifest(path)
-        if manifest is not None and is_legacy(manifest):
-            return path  # complete; loading it says how to convert it
+        if manifest is not None and is_older_format(manifest):
+            return path  # complete; loading it says that this version does not read it
         try:
             if manifest is None:
                 raise CorruptCheckpointError(f"{path / MANIFEST} is damaged")
