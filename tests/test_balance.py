@@ -77,7 +77,7 @@ def test_level_also_balances_accumulation_slots():
     assert level["rank_imbalance_p99"] < base["rank_imbalance_p99"]
 
 
-def test_default_is_no_balance_and_keeps_the_fingerprint():
+def test_default_is_no_balance_and_the_fingerprint_counts_the_balance():
     assert PlanConfig(max_tokens=4096).balance == "none"
     same = PlanConfig(max_tokens=4096, balance="none").fingerprint()
     assert same == PlanConfig(max_tokens=4096).fingerprint()

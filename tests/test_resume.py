@@ -341,8 +341,11 @@ BAD_STATES = [
     ("resumed", [[2, 2, -5]], r"resumed\[0\] yielded must be >= 0, got -5"),
     ("resumed", [[0, 2, 5]], r"resumed\[0\] world_size must be >= 1"),
     ("resumed", [[2, 2, "5"]], r"resumed\[0\] yielded must be a whole number"),
-    ("version", 2, "version 2 is not supported"),
+    ("version", 3, "version 3 is not supported"),
     ("version", True, "version True is not supported"),
+    ("version", 1, r"^sampler state version 1 is from an older lengthwise, which this version "
+                   r"does not read \(it reads version 2\); start the epoch over with "
+                   r"set_epoch\(\)$"),
 ]
 
 

@@ -8,7 +8,7 @@ import pytest
 from lengthwise.errors import ConfigError
 from lengthwise.pytorch.sampler import BucketBatchSampler, ResumeError
 
-BIG = 64 * 16384 + 4097  # more lengths than the 64 blocks an earlier checksum read
+BIG = 64 * 16384 + 4097  # over a million lengths: a change in any of them is seen
 
 
 def _windowed(lengths):
@@ -23,8 +23,7 @@ def test_windowed_resume_refuses_a_length_changed_anywhere():
         next(it)
     state = sampler.state_dict()
     changed = lengths.copy()
-    block = (BIG - 16384) / 63  # the spacing of the 64 sampled blocks: this row is in none
-    changed[int(block // 2)] += 1
+    changed[(BIG - 16384) // 126] += 1  # a row between two blocks of a sampled checksum
     with pytest.raises(ResumeError, match="lengths differ"):
         _windowed(changed).load_state_dict(state)
     same = _windowed(lengths.copy())
@@ -32,16 +31,20 @@ def test_windowed_resume_refuses_a_length_changed_anywhere():
     assert next(iter(same)) == next(it)
 
 
-def test_windowed_state_of_the_earlier_block_checksum_still_resumes():
-    from lengthwise.pytorch import sampler as module
-
-    lengths = np.random.default_rng(0).integers(1, 500, BIG)
-    sampler = _windowed(lengths)
-    state = sampler.state_dict()
-    old = module._sampled_checksum(lengths)
-    cfg_fp = state["fingerprint"] ^ state["lengths_crc"]
-    state.update(lengths_crc=old, fingerprint=old ^ cfg_fp)  # as an earlier version saved it
-    _windowed(lengths).load_state_dict(state)
+def test_a_windowed_state_of_an_older_version_is_one_line_refusal():
+    lengths = np.random.default_rng(0).integers(1, 500, 5000)
+    state = _windowed(lengths).state_dict()
+    old = dict(state, version=1, options={k: v for k, v in state["options"].items()
+                                          if k != "balance"})  # as version 1 saved it
+    fresh = _windowed(lengths)
+    with pytest.raises(ResumeError) as err:
+        fresh.load_state_dict(old)
+    assert str(err.value) == ("sampler state version 1 is from an older lengthwise, which this "
+                              "version does not read (it reads version 2); start the epoch over "
+                              "with set_epoch()")
+    with pytest.raises(ResumeError, match=r"balance is 'none', the saved state has None"):
+        fresh.load_state_dict(dict(old, version=2))  # every option is in a state now
+    fresh.load_state_dict(state)
 
 
 def test_windowed_refusal_names_the_window_and_the_state():

@@ -121,21 +121,35 @@ def test_the_micro_batch_log_is_rolled_back_and_continued_too(runs):
                                                                      12, 12, 13, 13]
 
 
-def test_a_checkpoint_without_step_log_state_still_rolls_the_log_back(tmp_path, capsys,
-                                                                      monkeypatch):
+def test_a_checkpoint_without_step_log_state_is_refused_naming_it(tmp_path, monkeypatch):
     import lengthwise.train.loop as loop_module
+    from lengthwise.train.checkpoint import CheckpointError
 
     with monkeypatch.context() as patch:  # checkpoints as an older version saved them
         patch.setattr(loop_module, "LOG_STATE", "unknown")
         patch.setattr(loop_module, "MICRO_LOG_STATE", "unknown_micro")
         _train(_loop(tmp_path), steps=11)
+    before = {p.name: p.read_bytes() for p in tmp_path.glob("*.jsonl")}
+    with pytest.raises(CheckpointError) as err:
+        _loop(tmp_path, resume=True)
+    assert str(err.value) == (
+        f"{tmp_path / 'checkpoints' / 'step_8'} holds no step-log state: it was written by an "
+        "older lengthwise, which this version does not resume; train without resume to start "
+        "over, or into another folder")
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("*.jsonl")} == before  # untouched
+
+
+def test_a_resume_that_adds_the_micro_batch_log_starts_it_there(tmp_path):
+    first = _loop(tmp_path)
+    first.micro_logger.close()
+    first.micro_logger = None  # this run keeps no micro-batch log
+    _train(first, steps=11)
+    (tmp_path / "micro_log.jsonl").unlink()
     resumed = _loop(tmp_path, resume=True)
+    assert resumed.step_count == 8
     _train(resumed)
-    assert "holds no step-log state" in capsys.readouterr().err
-    rows = _rows(tmp_path / "train_log.jsonl")
-    assert [r["step"] for r in rows if "event" not in r] == list(range(1, 25))
-    (resume,) = [r for r in rows if r.get("event") == "resume"]
-    assert resume["running_fields"] == "restarted" and resume["rolled_back"] == 3
+    records = [r for r in _rows(tmp_path / "micro_log.jsonl") if "event" not in r]
+    assert records[0]["optimizer_step"] == 9 and records[-1]["optimizer_step"] == 24
 
 
 def test_the_doctor_reads_the_resumed_log_as_the_uninterrupted_one(runs):

@@ -131,11 +131,7 @@ class PlanConfig:
             True
         """
         fields = dataclasses.asdict(self)
-        if self.cost is not None:  # the capped term only where used: earlier checksums hold
-            fields["cost"] = self.cost.fields()
         fields.pop("world_size")  # an elastic restart may change it
-        if fields["balance"] == "none":  # the checksums of plans made before it existed
-            fields.pop("balance")
         crc = zlib.crc32(repr(sorted(fields.items())).encode())
         return crc if lengths is None else lengths_checksum(lengths, crc)
 

@@ -43,7 +43,7 @@ class CostModel:
             raise ConfigError(f"cost cap must be > 0 tokens, got {self.cap}")
 
     def __repr__(self) -> str:
-        # without the capped term, as written before it existed (saved sampler states)
+        # the capped term only where it is used
         extra = f", d={self.d!r}, cap={self.cap!r}" if self.d else ""
         return f"CostModel(a={self.a!r}, b={self.b!r}, c={self.c!r}{extra})"
 
@@ -53,8 +53,7 @@ class CostModel:
         return self.d == 0
 
     def fields(self) -> dict[str, float]:
-        """The coefficients, the capped term's only where it is used (as in checksums made
-        before it existed)."""
+        """The coefficients, the capped term's only where it is used."""
         out = {"a": self.a, "b": self.b, "c": self.c}
         if self.d:
             out.update(d=self.d, cap=self.cap)

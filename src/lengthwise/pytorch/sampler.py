@@ -63,27 +63,9 @@ def _options(config: PlanConfig, window: int | None = None) -> dict[str, str]:
     out = {k: repr(v) for k, v in dataclasses.asdict(config).items()
            if k not in ("world_size", "grad_accum")}
     out["cost"] = repr(config.cost)  # asdict turns the CostModel into a dict
-    if config.balance == "none":  # as states saved before the option existed
-        del out["balance"]
     if window is not None:
         out["window"] = repr(window)
     return out
-
-
-def _sampled_checksum(lengths: np.ndarray, blocks: int = 64, block: int = 16384) -> int:
-    """CRC of the lengths, or for large ones of 64 evenly spaced blocks of them (1 M values).
-
-    The checksum of states saved by earlier versions of a windowed sampler: such a state
-    still resumes (see :meth:`BucketBatchSampler._check_same_plan`).
-    """
-    n = int(lengths.shape[0])
-    if n <= blocks * block:
-        return lengths_checksum(np.asarray(lengths))
-    starts = np.linspace(0, n - block, blocks).astype(np.int64)
-    crc = lengths_checksum(np.array([n]))
-    for a in starts.tolist():
-        crc = lengths_checksum(np.asarray(lengths[a : a + block]), crc)
-    return crc
 
 
 def _full_checksum(lengths: np.ndarray, chunk: int = 1 << 22) -> int:
@@ -624,34 +606,22 @@ class BucketBatchSampler(Sampler[list[int]]):
         if state.num_samples != self.lengths.size:
             problems.append(f"the lengths have {self.lengths.size} samples, the saved state "
                             f"{state.num_samples}")
-        elif state.lengths_crc != self._lengths_crc() and not self._legacy_crc(state):
+        elif state.lengths_crc != self._lengths_crc():
             problems.append("the lengths differ from the saved ones (same number of samples)")
         if state.seed != self.seed:
             problems.append(f"seed is {self.seed}, the saved state has {state.seed}")
-        default = {"balance": repr("none")}  # states leave the default out
-        mine = {**default, **_options(self.config, self.window)}
-        saved = {**default, **state.options}
+        mine, saved = _options(self.config, self.window), state.options
         for name in sorted(set(mine) | set(saved)):
             if mine.get(name) != saved.get(name):
                 problems.append(f"{name} is {mine.get(name)}, the saved state has "
                                 f"{saved.get(name)}")
-        legacy = self._legacy_crc(state)
-        if not problems and state.fingerprint != self.fingerprint() and not legacy:
+        if not problems and state.fingerprint != self.fingerprint():
             problems.append("the plan fingerprint differs (another lengthwise version?)")
         if problems:
             raise ResumeError(
                 "cannot resume: this sampler would build a different plan than the one "
                 "that was interrupted: " + "; ".join(problems)
                 + ". Build it with the saved settings, or start a fresh epoch with set_epoch().")
-
-
-    def _legacy_crc(self, state: SavedState) -> bool:
-        """A windowed state of an earlier version, whose checksum read 64 blocks of lengths."""
-        if self.window is None or state.lengths_crc == self._lengths_crc():
-            return False
-        sampled = _sampled_checksum(self.lengths)
-        cfg = dataclasses.replace(self.config, grad_accum=1)
-        return (state.lengths_crc, state.fingerprint) == (sampled, sampled ^ cfg.fingerprint())
 
 
 def loader_sampler_state(loader_state: dict[str, Any]) -> dict[str, Any]:

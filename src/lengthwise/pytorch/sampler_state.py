@@ -7,7 +7,7 @@ windowed keys are checked by the same code
 
 Example::
 
-    >>> read_state({"version": 1, "seed": 0, "epoch": 2, "yielded": -3})  # doctest: +ELLIPSIS
+    >>> read_state({"version": 2, "seed": 0, "epoch": 2, "yielded": -3})  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
     lengthwise.pytorch.sampler_state.ResumeError: not a BucketBatchSampler state (what \
@@ -27,8 +27,9 @@ T = TypeVar("T")
 
 __all__ = ["STATE_KEYS", "STATE_VERSION", "ResumeError", "SavedState", "read_state"]
 
-#: version of the :meth:`BucketBatchSampler.state_dict` layout
-STATE_VERSION = 1
+#: version of the :meth:`BucketBatchSampler.state_dict` layout (2: ``options`` names every
+#: option, ``balance`` included, and ``lengths_crc`` reads every length)
+STATE_VERSION = 2
 
 STATE_KEYS = ("version", "seed", "epoch", "yielded", "world_size", "grad_accum",
               "fingerprint", "num_samples", "lengths_crc", "resumed", "options")
@@ -92,7 +93,7 @@ def read_state(state: Any) -> SavedState:
 
     Example::
 
-        >>> s = read_state({"version": 1, "seed": 0, "epoch": 2, "yielded": 5, "world_size": 2,
+        >>> s = read_state({"version": 2, "seed": 0, "epoch": 2, "yielded": 5, "world_size": 2,
         ...                 "grad_accum": 1, "fingerprint": 7, "num_samples": 10,
         ...                 "lengths_crc": 9, "resumed": [], "options": {}})
         >>> s.epoch, s.yielded
@@ -107,6 +108,10 @@ def read_state(state: Any) -> SavedState:
         raise ResumeError(f"not a BucketBatchSampler state (what state_dict() saves): it has "
                           f"{shown}, missing {missing}")
     version = state["version"]
+    if isinstance(version, int) and not isinstance(version, bool) and 0 < version < STATE_VERSION:
+        raise ResumeError(f"sampler state version {version} is from an older lengthwise, which "
+                          f"this version does not read (it reads version {STATE_VERSION}); "
+                          "start the epoch over with set_epoch()")
     if isinstance(version, bool) or version != STATE_VERSION:
         raise ResumeError(f"sampler state version {version!r} is not supported "
                           f"(this version reads {STATE_VERSION})")

@@ -31,7 +31,7 @@ import numpy as np
 from lengthwise.doctor.order import PLAN_EVENT
 from lengthwise.errors import ConfigError
 from lengthwise.pytorch.dist import GroupInfo, all_reduce_sum
-from lengthwise.train.checkpoint.errors import CorruptCheckpointError
+from lengthwise.train.checkpoint.errors import CheckpointError, CorruptCheckpointError
 from lengthwise.train.config import PACKED, LoopConfig
 from lengthwise.train.device import rank_world, say
 from lengthwise.train.schedule import lr_factor
@@ -224,6 +224,11 @@ class TrainLoop:
             self.step_count = int(state["step"])
             self.resumed_from = str(state["path"])
             extra = state.get("extra") or {}
+            if not isinstance(extra, dict) or LOG_STATE not in extra:
+                raise CheckpointError(
+                    f"{self.resumed_from} holds no step-log state: it was written by an older "
+                    "lengthwise, which this version does not resume; train without resume to "
+                    "start over, or into another folder")
             if self.guard is not None and extra.get("spike_guard"):
                 self.guard.load_state_dict(extra["spike_guard"])
         else:
@@ -243,16 +248,9 @@ class TrainLoop:
         # (``skipped``), and an event line carrying ``step`` and ``loss`` would read as a
         # second record of that step to log readers
         if self.resumed_from is not None:
-            restored = _resume_log(self.logger, extra.get(LOG_STATE), self.step_count,
-                                   self.resumed_from)
-            if not restored:
-                say(info, f"lengthwise: resume: {self.resumed_from} holds no step-log state "
-                          f"(saved by an older version): bucket_loss, corrected_loss and "
-                          f"skipped_total of {self.log_path.name} start over at step "
-                          f"{self.step_count}")
+            _resume_log(self.logger, extra[LOG_STATE], self.step_count, self.resumed_from)
             rolled = self.logger.rolled_back
             self.logger.event("resume", step=self.step_count, path=self.resumed_from,
-                              running_fields="restored" if restored else "restarted",
                               rolled_back=rolled.lines,
                               rolled_back_to=None if rolled.side_file is None
                               else str(rolled.side_file))
@@ -422,18 +420,18 @@ def _check_nothing_lost(logs: list[Path], ckpt_dir: Path) -> None:
                           "start over (it replaces them), or into another folder")
 
 
-def _resume_log(logger: Any, state: Any, step: int, checkpoint: str, key: str = "step") -> bool:
+def _resume_log(logger: Any, state: Any, step: int, checkpoint: str, key: str = "step") -> None:
     """Continue ``logger`` from a checkpoint of ``step``: its running fields from ``state``,
-    its file without the lines past the step. False when there is no state to continue."""
-    if state is None:  # a checkpoint of an older version: the log is rolled back all the same
+    its file without the lines past the step. With no ``state`` (the micro-batch log of a run
+    that kept none) the file is rolled back and the running fields start here."""
+    if state is None:
         logger.roll_back(step, key=key)
-        return False
+        return
     try:
         logger.load_state_dict(state)
     except ConfigError as exc:
         raise CorruptCheckpointError(f"{checkpoint}: its step-log state cannot be read: "
                                      f"{exc}") from exc
-    return True
 
 
 def _checkpoint_files(task: Any) -> dict[str, str] | None:
