@@ -18,6 +18,7 @@ from _cli import TINY_TRAIN
 from lengthwise.cli import main
 from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
 from lengthwise.dflash.prepared import open_prepared
+from lengthwise.errors import ConfigError
 
 torch = pytest.importorskip("torch")
 
@@ -76,6 +77,22 @@ def test_train_refuses_a_target_of_another_tokenizer(tiny_prepared, tmp_path, ca
     assert _train(other, data, tmp_path / "run") == 2
     line = _error(capsys)
     assert said in line and str(data) in line and str(other) in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_refuses_data_whose_prepare_json_records_no_tokenizer(tiny_prepared, tmp_path,
+                                                                     capsys):
+    target, source = tiny_prepared
+    data = tmp_path / "data"
+    shutil.copytree(source, data)
+    info = json.loads((data / "prepare.json").read_text())
+    del info["tokenizer_sha256"]  # as an older lengthwise wrote it
+    (data / "prepare.json").write_text(json.dumps(info))
+    assert _train(target, data, tmp_path / "run") == 2
+    assert _error(capsys) == (
+        f"lengthwise dflash: error: --data {data}: prepare.json records no tokenizer_sha256: it "
+        "was written by an older lengthwise, which this version does not train on; prepare "
+        f"--data again with --target {target}")
     assert not (tmp_path / "run").exists()
 
 
@@ -185,31 +202,29 @@ def test_eval_of_the_target_before_it_grew_names_the_grown_one(exported_run, cap
                     f"target_vocab_size 323, the target has 322; {DRAFT_TARGET_FIX}"), line
 
 
-def test_shards_from_before_the_tokenizer_was_recorded_are_prepared_again(tiny_prepared,
-                                                                         tmp_path, capsys):
+def test_shards_of_an_older_lengthwise_are_refused_naming_the_first(tiny_prepared, tmp_path):
     import pyarrow.parquet as pq
 
-    from lengthwise.dflash.chat import ChatRenderer
-    from lengthwise.dflash.prepare import _META_KEY, _fingerprint
-    from lengthwise.dflash.recipe import load_tokenizer
+    from lengthwise.dflash.prepare import _META_KEY
 
     target, _ = tiny_prepared
     chats = write_jsonl(tmp_path / "chats.jsonl", conversations(20))
     cfg = PrepareConfig(min_supervised=16, shard_rows=8, progress=False)
     out = tmp_path / "out"
     prepare_chats(chats, target, out, cfg)
-    template = ChatRenderer(load_tokenizer(target)).template_sha256
-    for shard in sorted(out.glob("data-*.parquet")):  # as the earlier format wrote them
+    for shard in sorted(out.glob("data-*.parquet")):  # as an older format wrote them
         table = pq.read_table(shard)
         meta = json.loads(table.schema.metadata[_META_KEY])
-        meta["fingerprint"] = _fingerprint(chats, target, cfg, template)
+        meta["fingerprint"] = "0" * 24
         del meta["tokenizer"]
         pq.write_table(table.replace_schema_metadata({_META_KEY: json.dumps(meta)}), shard)
-    capsys.readouterr()
-    assert prepare_chats(chats, target, out, cfg)["shards_reused"] == 0
-    assert "3 shard(s) in" in capsys.readouterr().err
-    assert prepare_chats(chats, target, out, cfg)["shards_reused"] == 3
-
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    with pytest.raises(ConfigError) as err:
+        prepare_chats(chats, target, out, cfg)
+    assert str(err.value) == (f"--out {out}: data-00000.parquet was prepared by an older "
+                              "lengthwise (it records no tokenizer), which this version does not "
+                              "reuse; use an empty folder")
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
 
 def test_a_resume_on_data_prepared_again_for_another_tokenizer_is_refused(tiny_prepared,
                                                                          tmp_path, capsys):

@@ -147,19 +147,12 @@ def shard_name(k: int) -> str:
     return f"data-{k:05d}.parquet"
 
 
-def _fingerprint(source: Path, target: Path, cfg: PrepareConfig,
-                 template: str | None = None) -> str:
-    """The data and settings a shard was prepared from (the tokenizer is recorded apart).
-
-    With ``template`` (a chat-template hash): the fingerprint of shards written before the
-    tokenizer was recorded apart, which held the template.
-    """
+def _fingerprint(source: Path, target: Path, cfg: PrepareConfig) -> str:
+    """The data and settings a shard was prepared from (the tokenizer is recorded apart)."""
     st = source.stat()
     settings = {k: v for k, v in asdict(cfg).items() if k not in _UNRECORDED}
     parts = {"source": str(source.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
              "target": str(target.resolve()), "settings": settings, "format": FORMAT}
-    if template is not None:
-        parts["template"] = template
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
 
 
@@ -315,8 +308,7 @@ def _prepare(chats: ChatSource, target: Path, out: Path, cfg: PrepareConfig, tok
     key = _tokenizer_key(tokens)
     total = len(chats)
     nshards = -(-total // cfg.shard_rows)
-    legacy = _fingerprint(source, target, cfg, renderer.template_sha256)
-    done, stale = _finished_shards(out, nshards, (fp, legacy), key)
+    done, stale = _finished_shards(out, nshards, fp, key)
     if stale:
         say(info, f"lengthwise dflash prepare: {stale} shard(s) in {out} were prepared with "
                   "another tokenizer or chat template of the target: prepared again")
@@ -419,11 +411,10 @@ def _say_past_positions(lengths: np.ndarray, target: Path, info: Any) -> None:
         say(info, f"lengthwise dflash prepare: warning: {note}")
 
 
-def _finished_shards(out: Path, nshards: int, fps: tuple[str, str], key: str,
-                     ) -> tuple[set[int], int]:
-    """Shards an earlier run with the same settings and tokenizer finished, and how many it
-    finished with another tokenizer or an unrecorded one (prepared again); other files there
-    are refused. ``fps``: this run's fingerprint and the one older shards carry."""
+def _finished_shards(out: Path, nshards: int, fp: str, key: str) -> tuple[set[int], int]:
+    """Shards an earlier run with the same settings (fingerprint ``fp``) and tokenizer (``key``)
+    finished, and how many it finished with another tokenizer (prepared again); other files
+    there, and shards that record no tokenizer (an older lengthwise's), are refused."""
     names = {shard_name(k): k for k in range(nshards)}
     done = set()
     stale = 0
@@ -434,7 +425,11 @@ def _finished_shards(out: Path, nshards: int, fps: tuple[str, str], key: str,
         meta = _shard_meta(path)
         if meta is None:
             continue  # unreadable: prepared again
-        if meta.get("fingerprint") not in fps:
+        if "tokenizer" not in meta:
+            raise ConfigError(f"--out {out}: {path.name} was prepared by an older lengthwise (it "
+                              "records no tokenizer), which this version does not reuse; use an "
+                              "empty folder")
+        if meta.get("fingerprint") != fp:
             raise ConfigError(f"--out {out}: {path.name} was prepared from other data or "
                               "settings; use an empty folder (or the same settings to resume)")
         if meta.get("tokenizer") != key:

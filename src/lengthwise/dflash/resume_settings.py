@@ -12,9 +12,9 @@ is loaded:
 - every other change (learning rate, schedule, steps, clipping, anchors, ...) is applied
   from the resumed step on and listed, so the run says what it does.
 
-A checkpoint written before this file existed is checked on its ``draft_config.json``
-(block size and layers). :func:`apply_optimizer_settings` puts the learning rate and
-weight decay given into the optimizer and schedule a checkpoint restored.
+A checkpoint without this file, written by an older lengthwise, is refused naming it.
+:func:`apply_optimizer_settings` puts the learning rate and weight decay given into the
+optimizer and schedule a checkpoint restored.
 
 Example::
 
@@ -91,36 +91,22 @@ def check_resume(checkpoint: Path, cfg: Any, run: Any, data_info: dict[str, Any]
     """Refuse settings a resume from ``checkpoint`` cannot change; return the changes applied."""
     new = snapshot(cfg, run, data_info)
     file = checkpoint / SETTINGS_FILE
-    if file.is_file():
-        try:
-            old = json.loads(file.read_text(encoding="utf-8"))
-            if not isinstance(old, dict):
-                raise ValueError("not an object")
-        except ValueError as exc:
-            raise ConfigError(f"{file}: not readable ({exc})") from None
-    else:
-        old = {"cfg": _from_draft_config(checkpoint, cfg), "run": {}, "data": None}
+    if not file.is_file():
+        raise ConfigError(f"--resume from {checkpoint}: it holds no {SETTINGS_FILE}: it was "
+                          "written by an older lengthwise, which this version does not resume; "
+                          "start a new run in another --out")
+    try:
+        old = json.loads(file.read_text(encoding="utf-8"))
+        if not isinstance(old, dict):
+            raise ValueError("not an object")
+    except ValueError as exc:
+        raise ConfigError(f"{file}: not readable ({exc})") from None
     applied, refused = changed(new, old)
     if refused:
         raise ConfigError(f"--resume from {checkpoint}: {', '.join(refused)}: a resumed run "
                           "keeps the draft's shape, its data and their order; give the "
                           "checkpoint's values, or start a new run in another --out")
     return applied
-
-
-def _from_draft_config(checkpoint: Path, cfg: Any) -> dict[str, Any]:
-    """The shape settings an older checkpoint's ``draft_config.json`` records."""
-    from lengthwise.dflash.config import DRAFT_CONFIG, read_draft_config
-
-    if not (checkpoint / DRAFT_CONFIG).is_file():
-        return {}
-    d = read_draft_config(checkpoint)
-    out = {"block_size": d.block_size, "draft_layers": d.num_layers}
-    if d.target_layers is not None:
-        features = len(d.target_layers)
-        if cfg.num_features is not None or features != d.num_layers:
-            out["num_features"] = features
-    return out
 
 
 def apply_optimizer_settings(optimizer: Any, scheduler: Any, cfg: Any) -> list[str]:

@@ -70,9 +70,15 @@ def check_tokenizer(record: dict[str, Any], tokenizer: Any, *, data: str, target
 
     The target's tokenizer must hold the recorded vocabulary (the same token for every
     id below ``vocab_size``; tokens added above it, such as the mask token, are fine)
-    and the same chat template. A record without a field (an older ``prepare.json``)
-    is not checked on it.
+    and the same chat template. A record without one of :func:`tokenizer_record`'s
+    fields, written by an older lengthwise, is refused.
     """
+    missing = [k for k in ("vocab_size", "tokenizer_sha256", "chat_template_sha256")
+               if k not in record]
+    if missing:
+        raise DataError(f"--data {data}: prepare.json records no {', '.join(missing)}: it was "
+                        "written by an older lengthwise, which this version does not train on; "
+                        f"prepare --data again with --target {target}")
     _check(record, tokenizer, f"--data {data} was prepared", "prepare.json", target,
            f"prepare --data again with --target {target}, or train with the target it was "
            "made for")
@@ -82,8 +88,7 @@ def check_draft_tokenizer(draft_config: Any, tokenizer: Any, *, draft: str, targ
     """Refuse a target whose tokenizer is not the one the draft was trained with.
 
     A draft records its training data's tokenizer (``DFlashConfig.tokenizer``); one
-    without the record (trained before drafts carried it, or published elsewhere) is
-    not checked.
+    without the record (a draft published elsewhere) is not checked.
     """
     record = getattr(draft_config, "tokenizer", None)
     if record:
