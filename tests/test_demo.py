@@ -349,7 +349,7 @@ def test_ratios_and_checks():
     assert checks["stratified_as_smooth_as_random"] is True
     assert checks["stratified_throughput_near_sorted"] is True
     assert checks["random_throughput_far_below_sorted"] is True
-    assert checks["sorted_eval_worse_than_random"] is None  # sorted has no held-out loss here
+    assert checks["sorted_eval_worse_than_stratified"] is None  # sorted has no held-out loss
     assert checks["same_data_every_order"] is None  # no order counted its tokens
     del rows["sorted"]
     add_ratios(rows)

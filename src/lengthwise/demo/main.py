@@ -102,8 +102,8 @@ def check_targets(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "random_throughput_far_below_sorted": cmp(get("random", "throughput_vs_sorted"), 0.7,
                                                   "<="),
         "stratified_as_smooth_as_random": cmp(get("stratified", "roughness_ratio"), 1.2, "<="),
-        "sorted_eval_worse_than_random": cmp(get("sorted", "eval_loss"),
-                                             get("random", "eval_loss"), ">="),
+        "sorted_eval_worse_than_stratified": cmp(get("sorted", "eval_loss"),
+                                                 get("stratified", "eval_loss"), ">="),
         "stratified_eval_no_worse_than_random": cmp(get("stratified", "eval_loss"),
                                                     get("random", "eval_loss"), "<="),
     }
@@ -259,10 +259,10 @@ CHECK_NOTES = {
         "stratified_as_smooth_as_random asks whether stratified's loss_roughness is at most "
         "1.2x random's. Each order's steps hold different tokens, so their sampling noise "
         "differs; excess in --json divides it out."),
-    "sorted_eval_worse_than_random": (
-        "sorted_eval_worse_than_random asks whether sorted's held-out loss is at least "
-        "random's after the same data. Random takes more optimizer steps for that data (the "
-        "steps column). One seed cannot tell whether a small difference holds over seeds."),
+    "sorted_eval_worse_than_stratified": (
+        "sorted_eval_worse_than_stratified asks whether sorted's held-out loss is at least "
+        "stratified's; both take about the same steps for the same data. One seed cannot tell "
+        "whether a small difference holds; benchmarks/order_arms.py compares 5 paired seeds."),
     "stratified_eval_no_worse_than_random": (
         "stratified_eval_no_worse_than_random asks whether stratified's held-out loss is at "
         "most random's after the same data. Random pads more, so it takes more optimizer steps "
