@@ -55,9 +55,9 @@ SETTINGS: dict[str, list[str]] = {
 }
 #: per-order figures that must not move between runs (compared by ``--check``)
 DETERMINISTIC: dict[str, tuple[str, ...]] = {
-    "lm": ("padding_efficiency", "real_tokens", "padded_tokens", "real_tokens_per_step",
-           "step_cv_ratio", "loss_roughness", "excess", "roughness_ratio", "eval_loss",
-           "final_loss", "verdict"),
+    "lm": ("steps", "padding_efficiency", "real_tokens", "padded_tokens", "real_tokens_per_step",
+           "flops", "step_cv_ratio", "loss_roughness", "excess", "roughness_ratio", "eval_loss",
+           "final_loss", "stable_region", "verdict"),
     "dflash": ("padding_efficiency", "real_tokens", "padded_tokens", "loss_roughness", "excess",
                "eval_loss", "final_loss", "accuracy_first", "accuracy_final",
                "simulated_acceptance_length", "acceptance_length", "lossless", "skipped_steps",
@@ -122,8 +122,9 @@ def figures(task: str, summary: dict[str, Any]) -> dict[str, Any]:
         "command": command(task),
         "strategies": rows,
         "stable_region": summary.get("stable_region"),
-        "config": {k: config.get(k) for k in ("steps", "grad_accum", "max_tokens", "max_len",
-                                              "seed", "model_size", "block_size")
+        "config": {k: config.get(k) for k in (("epochs", "max_samples") if task == "lm"
+                                              else ("steps",))
+                   + ("grad_accum", "max_tokens", "max_len", "seed", "model_size", "block_size")
                    if k in config},
         "data": {k: data[k] for k in keep if k in data},
         "wall_seconds": summary.get("wall_seconds"),
@@ -316,9 +317,8 @@ def _table(rows: dict[str, dict[str, Any]], columns: tuple[tuple[str, str], ...]
     return "\n".join(lines)
 
 
-#: the columns ``lengthwise demo`` prints, with the real tokens of a step after the padding
-LM_COLUMNS = tuple(c for col in TABLE_COLUMNS for c in (
-    (col, ("real_tokens_per_step", ".0f")) if col[0] == "padding_efficiency" else (col,)))
+#: the columns ``lengthwise demo`` prints
+LM_COLUMNS = TABLE_COLUMNS
 DFLASH_SPEED = (("tokens_per_second", ",.0f"), ("throughput_vs_sorted", ".2f"),
                 ("padding_efficiency", ".3f"), ("loss_roughness", ".4f"), ("excess", ".2f"),
                 ("skipped_steps", "d"))
@@ -328,6 +328,7 @@ DFLASH_DRAFT = (("accuracy_first", ".3f"), ("accuracy_final", ".3f"), ("eval_los
 
 
 def _caption(fig: dict[str, Any]) -> str:
+    """The DFlash demo's caption: its steps, and the stable region shared by every order."""
     c, region = fig["config"], fig.get("stable_region") or ["-", "-"]
     wall = fig.get("wall_seconds")
     took = f"{wall:.0f} s wall time on {fig['machine']}" if wall else fig["machine"]
@@ -340,43 +341,93 @@ def _caption(fig: dict[str, Any]) -> str:
         "digit).")
 
 
+def _lm_caption(fig: dict[str, Any]) -> str:
+    c, d = fig["config"], fig.get("data", {})
+    wall = fig.get("wall_seconds")
+    took = f"{wall:.0f} s on {fig['machine']}" if wall else fig["machine"]
+    epochs = c.get("epochs")
+    return _wrap(
+        f"`{fig['command']}`: the same {_f(d.get('train_samples'), ',d')} samples for {epochs} "
+        f"epoch{'' if epochs == 1 else 's'} per order, in steps of {c.get('grad_accum')} "
+        f"micro-batches of at most {c.get('max_tokens')} tokens, seed {c.get('seed')}; {took}. "
+        "The verdicts are the doctor's on each log. `tests/test_docs_figures.py` checks every "
+        f"figure but the seconds and throughput against a fresh run, to within {REL_TOL:.1%}.")
+
+
 def _lm_reading(fig: dict[str, Any]) -> str:
     rows = fig["strategies"]
     s, r, st = rows.get("sorted", {}), rows.get("random", {}), rows.get("stratified", {})
+    tokens = {row.get("real_tokens") for row in rows.values()}
     rough = {n: row.get("loss_roughness") for n, row in rows.items()
              if row.get("loss_roughness") is not None}
     smoothest = min(rough, key=rough.get) if rough else "-"
     roughest = max(rough, key=rough.get) if rough else "-"
     evals = {n: row.get("eval_loss") for n, row in rows.items() if row.get("eval_loss")}
     best = min(evals, key=evals.get) if evals else "-"
+    others = {n: v for n, v in evals.items() if n != best}
+    clean = [n for n, row in rows.items() if str(row.get("verdict", "")).startswith("clean")]
     text = [
-        f"Stratified batches train at {_f(st.get('throughput_vs_sorted'), '.2f')} of sorted's "
-        f"throughput, with `padding_efficiency` {_f(st.get('padding_efficiency'), '.3f')}.",
-        f"Random batches train at {_f(r.get('throughput_vs_sorted'), '.2f')} of it, with "
-        f"`padding_efficiency` {_f(r.get('padding_efficiency'), '.3f')}.",
+        (f"Every order trained the same {_f(min(tokens), ',d')} real tokens." if len(tokens) == 1
+         and None not in tokens else "The orders trained different real tokens."),
+        f"Random pads most (`padding_efficiency` {_f(r.get('padding_efficiency'), '.3f')}), so "
+        f"it takes {_f(r.get('steps'), 'd')} steps to stratified's {_f(st.get('steps'), 'd')}, "
+        f"and stratified costs {_f(_ratio(st.get('flops'), r.get('flops')), '.2f')}x random's "
+        "FLOPs.",
         f"Stratified steps carry the length mix: `step_cv_ratio` "
         f"{_f(st.get('step_cv_ratio'), '.2f')}, against sorted's "
         f"{_f(s.get('step_cv_ratio'), '.2f')}.",
-        f"In this one-seed run the smoothest loss is {smoothest}'s "
-        f"({_f(rough.get(smoothest), '.4f')}) and the roughest {roughest}'s "
-        f"({_f(rough.get(roughest), '.4f')}).",
-        f"The lowest held-out loss is {best}'s ({_f(evals.get(best), '.4f')}), after equal steps "
-        "but not equal real tokens.",
-        f"Random's steps hold {_f(r.get('real_tokens_per_step'), ',.0f')} real tokens, sorted's "
-        f"{_f(s.get('real_tokens_per_step'), ',.0f')}.",
-        "So these held-out losses do not say whether the order changes the model: the order "
-        "experiment below does.",
+        f"The lowest held-out loss is {best}'s ({_f(evals.get(best), '.4f')}).",
+        f"For the same data, random made {_f(_ratio(r.get('steps'), st.get('steps')), '.1f')}x "
+        f"stratified's optimizer updates, at {_f(_ratio(r.get('flops'), st.get('flops')), '.1f')}x "
+        "its FLOPs.",
+        (f"The others lie within {_spread(others)}. One seed cannot tell whether "
+         "differences this small hold over other seeds." if len(others) > 1 else ""),
+        f"The smoothest loss is {smoothest}'s ({_f(rough.get(smoothest), '.4f')}), the roughest "
+        f"{roughest}'s ({_f(rough.get(roughest), '.4f')}).",
+        ("The doctor finds no bands, period or cliffs in " + _series(clean) + "."
+         if clean else ""),
+        "The order experiment below gives every order the same steps too, over 5 paired seeds.",
     ]
-    return _wrap(" ".join(text))
+    return _wrap(" ".join(t for t in text if t))
+
+
+def _spread(values: dict[str, float]) -> str:
+    """How far apart ``values`` lie, and their range.
+
+    Example::
+
+        >>> _spread({"a": 5.3752, "b": 5.4249})
+        '0.05 nats (5.3752-5.4249)'
+    """
+    lo, hi = min(values.values()), max(values.values())
+    return f"{hi - lo:.2f} nats ({lo:.4f}-{hi:.4f})"
+
+
+def _series(names: list[str]) -> str:
+    """``a``, ``a and b`` or ``a, b and c``.
+
+    Example::
+
+        >>> _series(["random", "packed", "sorted"])
+        'random, packed and sorted'
+    """
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _ratio(a: Any, b: Any) -> float | None:
+    return None if a is None or not b else a / b
 
 
 def _lm_bullets(fig: dict[str, Any]) -> str:
     rows = fig["strategies"]
+    ref = rows.get("random", {}).get("flops")
     out = []
     for name, row in rows.items():
         out.append(verdict_text(
-            f"`{name}`: {_f(row.get('throughput_vs_sorted'), '.2f')} x sorted's throughput, "
-            f"{_f(row.get('real_tokens_per_step'), ',.0f')} real tokens per step, "
+            f"`{name}`: {_f(row.get('steps'), 'd')} steps of "
+            f"{_f(row.get('real_tokens_per_step'), ',.0f')} real tokens, "
+            f"{_f(_ratio(row.get('flops'), ref), '.2f')}x random's FLOPs, "
+            f"{_f(row.get('throughput_vs_sorted'), '.2f')}x sorted's throughput, "
             f"`loss_roughness` {_f(row.get('loss_roughness'), '.4f')} (`excess` "
             f"{_f(row.get('excess'), '.2f')}), held-out loss {_f(row.get('eval_loss'), '.4f')}. "
             "The doctor:", row.get("verdict"), indent="- "))
@@ -430,11 +481,11 @@ def render(name: str, saved: dict[str, Any]) -> str:
     """The text of region ``name`` from the saved figures."""
     lm, df = saved.get("lm"), saved.get("dflash")
     if name == "lm-table":
-        return _caption(lm) + "\n\n" + _table(lm["strategies"], LM_COLUMNS)
+        return _lm_caption(lm) + "\n\n" + _table(lm["strategies"], LM_COLUMNS)
     if name == "lm-reading":
         return _lm_reading(lm)
     if name == "lm-measured":
-        return (_caption(lm) + "\n\n" + _table(lm["strategies"], LM_COLUMNS, verdict=True)
+        return (_lm_caption(lm) + "\n\n" + _table(lm["strategies"], LM_COLUMNS, verdict=True)
                 + "\n\n" + _lm_reading(lm) + "\n\n" + _lm_bullets(lm))
     if name == "dflash-measured":
         return _dflash_text(df)

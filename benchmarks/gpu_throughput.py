@@ -182,7 +182,8 @@ def main(argv: list[str] | None = None, *, clock: Callable[[], float] = time.per
     def measure(order: str) -> dict:
         if args.device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
-        r = train_orders([order], data, cfg, out=f"{out}_runs", lockstep=False)[order]
+        r = train_orders([order], data, cfg, out=f"{out}_runs", lockstep=False,
+                         equal_data=False)[order]
         row = {"tokens_per_second": r.tokens_per_second,
                "padding_efficiency": r.padding_efficiency,
                "seconds_per_step": r.train_seconds / max(r.steps, 1), "epochs": r.epochs}

@@ -448,20 +448,14 @@ def _caption(full: dict[str, Any]) -> str:
 
 
 def demo_note(full: dict[str, Any]) -> str:
-    """The sentence the demo's own table carries: equal optimizer steps at one seed is the
-    equal-compute view, with the per-step FLOPs the experiment measured."""
-    per_step = [row["flops"]["mean"] / row["steps"]["mean"]
-                for c in full["cells"].values() if c["arm"] == "compute"
-                for row in c["orders"].values()
-                if c["batch"] == min(full["config"]["batches"])]
-    batch = min(full["config"]["batches"])
+    """What the demo's own table compares, beside this experiment's two arms."""
+    arm = "same steps, same data"
     return _wrap(
-        "The demo's table compares the orders at equal optimizer steps, at one seed. Every "
-        "step is the same number of micro-batches of at most the same padded tokens, so this is "
-        "the equal-compute view at one seed. In the order experiment a step of "
-        f"{batch} micro-batches costs {min(per_step) / 1e9:.1f}-{max(per_step) / 1e9:.1f} GFLOP "
-        "across the orders. The order that pads less trains more real tokens in it; the "
-        "equal-data view and the intervals over seeds are in the order experiment's table.")
+        "The demo's table compares the orders at equal data, at one seed: every order trains "
+        "the same samples once per epoch, each in its own plan's steps. The order that pads "
+        "more takes more steps and more compute for the same data. The order experiment's "
+        f"arm \"{arm}\" also gives every order the same steps and the same real tokens per "
+        f"step, over {len(full['config']['seeds'])} paired seeds.")
 
 
 def render(name: str, saved: dict[str, Any]) -> str:

@@ -81,6 +81,12 @@ def data(texts, tok) -> DemoData:
     return DemoData.build(texts, tok, max_len=128, eval_samples=16, seed=0)
 
 
+@pytest.fixture(scope="module")
+def few(texts, tok) -> DemoData:
+    """40 training samples: an epoch of 6-9 steps at :data:`SMALL`."""
+    return DemoData.build(texts, tok, max_len=128, eval_samples=16, seed=0, max_samples=40)
+
+
 # -- corpus, tokenizer, data ---------------------------------------------------------------
 def test_stdlib_corpus_is_deterministic_unique_and_long_tailed(texts):
     assert texts == stdlib_docstrings(limit_files=60)
@@ -159,6 +165,8 @@ def test_config_rejects_bad_values():
         DemoConfig(max_tokens=128, max_len=256)
     with pytest.raises(ValueError, match="steps"):
         DemoConfig(steps=0)
+    with pytest.raises(ValueError, match="epochs"):
+        DemoConfig(epochs=0)
     with pytest.raises(ValueError, match="schedule"):
         DemoConfig(schedule="linear")
     with pytest.raises(ValueError, match="unknown order"):
@@ -238,19 +246,20 @@ def test_orders_start_from_the_same_model_and_differ_only_in_batches(data, tmp_p
     assert first[0]["real_tokens"] != first[1]["real_tokens"]
 
 
-def test_resume_from_a_checkpoint_continues_the_same_run(data, tmp_path):
-    base = dict(steps=6, checkpoint_every=3, keep_checkpoints=2, **SMALL)
-    full = train_order("stratified", data, DemoConfig(**base), out=tmp_path / "a")
+def test_resume_from_a_checkpoint_continues_the_same_run(few, tmp_path):
+    base = dict(checkpoint_every=3, keep_checkpoints=2, **SMALL)
+    assert runner.order_steps("stratified", few.lengths, DemoConfig(**base)) == 7
+    full = train_order("stratified", few, DemoConfig(**base), out=tmp_path / "a")
     ckpts = tmp_path / "a" / "stratified" / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == ["step_3", "step_6"]
     # a second run that stopped after step 3: only that checkpoint exists
     (tmp_path / "b" / "stratified" / "checkpoints").mkdir(parents=True)
     shutil.copytree(ckpts / "step_3", tmp_path / "b" / "stratified" / "checkpoints" / "step_3")
-    resumed = train_order("stratified", data, DemoConfig(resume=True, **base),
+    resumed = train_order("stratified", few, DemoConfig(resume=True, **base),
                           out=tmp_path / "b")
     a = read_log(full.log_path)
     b = read_log(resumed.log_path)
-    assert [r["step"] for r in b] == [4, 5, 6]
+    assert [r["step"] for r in b] == [4, 5, 6, 7]
     assert [r["loss"] for r in b] == [r["loss"] for r in a[3:]]  # bit-identical
     assert [r["grad_norm"] for r in b] == [r["grad_norm"] for r in a[3:]]
     assert resumed.eval_loss == full.eval_loss
@@ -258,21 +267,73 @@ def test_resume_from_a_checkpoint_continues_the_same_run(data, tmp_path):
     assert {"event": "resume"}.items() <= events[0].items()
 
 
-def test_resume_without_a_checkpoint_says_so(data, tmp_path, capsys):
-    cfg = DemoConfig(steps=2, resume=True, **SMALL)
-    train_order("stratified", data, cfg, out=tmp_path)
+def test_resume_without_a_checkpoint_says_so(few, tmp_path, capsys):
+    cfg = DemoConfig(resume=True, **SMALL)
+    train_order("stratified", few, cfg, out=tmp_path)
     err = capsys.readouterr().err
     assert "resume: no checkpoint under" in err and "stratified starts from step 0" in err
 
 
-def test_packed_strategy_fills_rows_without_padding(data, tmp_path):
+def test_packed_strategy_fills_rows_without_padding(few, tmp_path):
     if "packed" not in available_orders():
         pytest.skip("the packed layout is not installed")
-    res = train_order("packed", data, DemoConfig(steps=2, **SMALL), out=tmp_path)
+    res = train_order("packed", few, DemoConfig(**SMALL), out=tmp_path)
     recs = read_log(res.log_path)
-    assert all(r["padded_tokens"] == SMALL["grad_accum"] * SMALL["max_tokens"] for r in recs)
+    assert all(r["padded_tokens"] == r["micro_batches"] * SMALL["max_tokens"] for r in recs)
     assert res.padding_efficiency > 0.9
     assert np.isfinite(res.eval_loss)
+
+
+@pytest.mark.parametrize("order", available_orders())
+def test_every_order_trains_every_sample_once_per_epoch_in_its_own_steps(few, tmp_path, order):
+    """Two epochs: each sample twice, the plan's micro-batches in steps of grad_accum (an
+    epoch's short last step trained too), the schedule over the order's own steps, and the
+    FLOPs of the micro-batches trained."""
+    from collections import Counter
+
+    from lengthwise.demo.flops import batch_shape, train_flops
+    from lengthwise.demo.model import MODEL_SIZES
+
+    cfg = DemoConfig(epochs=2, **SMALL)
+    run = OrderRun(order, few, cfg, out=tmp_path)
+    seen: list[int] = []
+    sample = run.loop.sample
+    run.loop.sample = lambda i: seen.append(int(i)) or sample(i)
+    while not run.loop.done:
+        run.loop.step()
+    result = run.finish()
+    assert Counter(seen) == dict.fromkeys(range(len(few.train)), 2)
+    assert result.real_tokens == 2 * int(few.lengths.sum()) and result.epochs == 2.0
+    sampler = make_sampler(order, few.lengths, cfg)
+    per_epoch, flops = [], 0
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        batches = list(sampler)
+        per_epoch.append(-(-len(batches) // cfg.grad_accum))
+        for rows in batches:
+            if order == "packed":
+                shape = (cfg.max_tokens // cfg.max_len, cfg.max_len)  # every row, full
+            else:
+                shape = batch_shape(few.lengths[[i for row in rows for i in row]],
+                                    max_len=cfg.max_len, pad_multiple=cfg.pad_multiple)
+            flops += train_flops(*shape, MODEL_SIZES["tiny"], vocab_size=few.vocab_size)
+    assert result.steps == sum(per_epoch) == runner.order_steps(order, few.lengths, cfg)
+    assert result.extra["flops"] == flops
+    recs = read_log(result.log_path)
+    assert [sum(r["epoch"] == e for r in recs) for e in range(2)] == per_epoch
+    assert run.loop.cfg.steps == result.steps and run.loop.cfg.warmup_steps == max(
+        1, result.steps // 10)
+    micro = [json.loads(line) for line in Path(result.extra["micro_log"]).read_text().splitlines()]
+    micro_steps = [r["step"] for r in micro if "event" not in r]
+    assert micro_steps == sorted(set(micro_steps))  # a short step's line keeps its own number
+
+
+def test_orders_that_pad_more_take_more_steps_for_the_same_data(few):
+    steps = {o: runner.order_steps(o, few.lengths, DemoConfig(**SMALL))
+             for o in ("sorted", "random", "stratified")}
+    assert steps["random"] > steps["stratified"] and steps["random"] > steps["sorted"]
+    twice = runner.order_steps("random", few.lengths, DemoConfig(epochs=2, **SMALL))
+    assert steps["random"] < twice <= 2 * steps["random"] + 1
 
 
 # -- the report ----------------------------------------------------------------------------
@@ -288,7 +349,8 @@ def test_ratios_and_checks():
     assert checks["stratified_as_smooth_as_random"] is True
     assert checks["stratified_throughput_near_sorted"] is True
     assert checks["random_throughput_far_below_sorted"] is True
-    assert checks["bucket_random_rougher_than_random"] is None
+    assert checks["sorted_eval_worse_than_stratified"] is None  # sorted has no held-out loss
+    assert checks["same_data_every_order"] is None  # no order counted its tokens
     del rows["sorted"]
     add_ratios(rows)
     assert rows["random"]["throughput_vs_sorted"] is None
@@ -334,10 +396,12 @@ def test_each_order_keeps_its_colour_and_the_residual_panel_has_a_scale(tmp_path
 def test_every_failed_check_is_explained():
     from lengthwise.demo.main import render
 
-    rows = {"sorted": {"tokens_per_second": 100.0, "loss_roughness": 0.1, "eval_loss": 3.0},
-            "random": {"tokens_per_second": 95.0, "loss_roughness": 0.1, "eval_loss": 2.0},
-            "bucket-random": {"loss_roughness": 0.1},
-            "stratified": {"tokens_per_second": 50.0, "loss_roughness": 0.2, "eval_loss": 4.0}}
+    rows = {"sorted": {"tokens_per_second": 100.0, "loss_roughness": 0.1, "eval_loss": 1.0,
+                       "real_tokens": 10, "flops": 5.0},
+            "random": {"tokens_per_second": 95.0, "loss_roughness": 0.1, "eval_loss": 2.0,
+                       "real_tokens": 10, "flops": 6.0},
+            "stratified": {"tokens_per_second": 50.0, "loss_roughness": 0.2, "eval_loss": 4.0,
+                           "real_tokens": 9, "flops": 5.0}}
     add_ratios(rows)
     checks = check_targets(rows)
     assert checks and not any(checks.values())  # every check fails here
@@ -347,12 +411,15 @@ def test_every_failed_check_is_explained():
 
 
 def test_the_table_points_to_the_order_experiment_with_seeds():
-    # the demo is one seed after equal steps: it says so, and where the comparison with
+    # the demo is one seed at equal data: it says so, and where the comparison with
     # several seeds (same steps and data, or same compute) is
     from lengthwise.demo.main import render
 
-    text = render({"strategies": {"random": {"eval_loss": 5.0}}})
-    assert "one seed after equal steps" in text
+    text = render({"strategies": {"random": {"eval_loss": 5.0, "real_tokens": 7},
+                                  "sorted": {"eval_loss": 5.1, "real_tokens": 7}},
+                   "config": {"epochs": 2}})
+    assert "This is one seed. One seed cannot tell" in text
+    assert "Every order trained the same 7 real tokens (2 epochs)" in text
     assert "benchmarks/order_arms.py" in text and "ORDER_ARMS.json" in text
     assert (ROOT / "benchmarks" / "order_arms.py").is_file()
     assert (ROOT / "benchmarks" / "ORDER_ARMS.json").is_file()
@@ -369,15 +436,15 @@ def test_measured_tables_have_the_printed_columns(doc, heading):
     names = [c.strip() for c in header.strip("|").split("|")]
     printed = [k for k, _ in TABLE_COLUMNS]
     assert [n for n in names if n in printed] == printed, names
-    extra = set(names) - set(printed) - {"order", "verdict"}
-    assert extra <= {"real_tokens_per_step"}, extra  # a --json key the table leaves out
+    assert set(names) - set(printed) <= {"order", "verdict"}, names
 
 
 # -- end to end ----------------------------------------------------------------------------
 def test_demo_command_end_to_end(jsonl, workdir):
     out = workdir / "e2e"
-    argv = ["demo", "--steps", "4", "--grad-accum", "2", "--max-tokens", "256", "--max-len",
-            "128", "--eval-samples", "16", "--vocab-size", "384", "--data", str(jsonl),
+    argv = ["demo", "--max-samples", "40", "--epochs", "2", "--grad-accum", "2", "--max-tokens",
+            "256", "--max-len", "128", "--eval-samples", "16", "--vocab-size", "384", "--data",
+            str(jsonl),
             "--cache-dir", str(workdir / "cache"), "--out", str(out), "--json",
             "--no-progress"]
     buf = io.StringIO()
@@ -386,14 +453,25 @@ def test_demo_command_end_to_end(jsonl, workdir):
     summary = json.loads(buf.getvalue())
     orders = list(available_orders())
     assert list(summary["strategies"]) == orders
-    for name, row in summary["strategies"].items():
+    rows = summary["strategies"]
+    assert summary["data"]["train_samples"] == 40 and summary["config"]["epochs"] == 2
+    assert len({row["real_tokens"] for row in rows.values()}) == 1  # the same data
+    assert summary["checks"]["same_data_every_order"] is True
+    assert rows["random"]["steps"] > rows["stratified"]["steps"]  # random pads: more steps
+    for name, row in rows.items():
         assert set(JSON_KEYS) <= set(row), name
         assert row["tokens_per_second"] > 0 and 0 < row["padding_efficiency"] <= 1
         assert np.isfinite(row["eval_loss"]) and row["loss_roughness"] >= 0
         assert isinstance(row["verdict"], str) and row["verdict"]
         assert row["micro_log"] == str(out / name / "micro_log.jsonl") and row["micro_verdict"]
+        assert row["epochs"] == 2.0 and row["flops"] > 0
         recs = read_log(out / name / "train_log.jsonl")
-        assert [r["step"] for r in recs] == [1, 2, 3, 4]
+        assert [r["step"] for r in recs] == list(range(1, row["steps"] + 1))
+        # the verdict is what `lengthwise doctor LOG` says of the same file, with no options
+        doctor = io.StringIO()
+        with redirect_stdout(doctor):
+            assert cli_main(["doctor", "--json", str(out / name / "train_log.jsonl")]) == 0
+        assert row["verdict"] == json.loads(doctor.getvalue())["verdict"]["summary"], name
         for rec in recs:
             assert LOG_FIELDS <= set(rec)
             assert rec["padded_tokens"] >= rec["real_tokens"] > 0
@@ -426,6 +504,19 @@ def test_demo_command_reports_bad_options(capsys, jsonl):
     if not torch.cuda.is_available():
         assert cli_main(["demo", "--device", "cuda"]) == 2
         assert "no CUDA device" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--steps", "5"], "--steps is for --task dflash"),
+    (["--task", "dflash", "--epochs", "2"], "--epochs is for --task lm"),
+])
+def test_each_task_refuses_the_other_tasks_run_length(argv, match, capsys, monkeypatch):
+    import lengthwise.demo.main as demo_main
+
+    monkeypatch.setattr(demo_main, "prepare_data", None)  # never reached
+    assert cli_main(["demo", *argv]) == 2
+    err = capsys.readouterr().err
+    assert match in err and len(err.strip().splitlines()) == 1, err
 
 
 @pytest.mark.parametrize("task, folder", [("lm", "lengthwise-demo/lm"),
@@ -491,7 +582,7 @@ def test_two_process_run_under_torchrun(jsonl, workdir, tmp_path):
     out = tmp_path / "ddp"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--standalone", "-m", "lengthwise", "demo", "--steps", "3",
+           "--standalone", "-m", "lengthwise", "demo", "--max-samples", "40",
            "--grad-accum", "2", "--max-tokens", "256", "--max-len", "128",
            "--eval-samples", "16", "--vocab-size", "384", "--data", str(jsonl),
            "--cache-dir", str(workdir / "cache"), "--out", str(out), "--json",
@@ -502,9 +593,11 @@ def test_two_process_run_under_torchrun(jsonl, workdir, tmp_path):
     summary = json.loads(proc.stdout)
     assert set(summary["strategies"]) == {"random", "stratified"}
     assert summary["data"]["world_size"] == 2
+    row = summary["strategies"]["stratified"]
+    assert row["real_tokens"] == summary["strategies"]["random"]["real_tokens"]
     recs = read_log(out / "stratified" / "train_log.jsonl")
-    assert [r["step"] for r in recs] == [1, 2, 3]
-    assert all(r["micro_batches"] == 4 for r in recs)  # 2 ranks x 2 accumulation slots
+    assert [r["step"] for r in recs] == list(range(1, row["steps"] + 1))
+    assert all(r["micro_batches"] == 4 for r in recs[:-1])  # 2 ranks x 2 accumulation slots
     # the first line comes before torch and the corpus load, from rank 0 only
     first = "lengthwise demo: the lm task; loading torch"
     assert proc.stderr.startswith(first) and proc.stderr.count(first) == 1, proc.stderr[:500]
@@ -518,14 +611,13 @@ def test_table_columns_are_the_json_keys_and_verdicts_are_never_cut():
                "interleave or stratify length buckets: `lengthwise plan --order stratified`")
     rows = {"bucket-random": {"tokens_per_second": 10.0, "loss_roughness": 0.1,
                               "verdict": verdict}}
-    text = render({"strategies": rows, "stable_region": [1, 9],
-                   "checks": {"bucket_random_rougher_than_random": False}})
+    text = render({"strategies": rows, "checks": {"stratified_as_smooth_as_random": False}})
     header = text.splitlines()[0].split()
     assert header == ["order", *(k for k, _ in TABLE_COLUMNS)]
     verdict_lines = text.split("doctor:")[1].split("\n\n")[0]
     assert " ".join(verdict_lines.split()) == f"bucket-random {verdict}"
     assert "..." not in verdict_lines
-    assert "note: bucket_random_rougher_than_random asks" in text
+    assert "note: stratified_as_smooth_as_random asks" in text
 
 
 def test_lm_sample_losses_follow_packed_sample_boundaries():
@@ -608,13 +700,13 @@ def test_progress_lines_come_from_rank_0_only(capsys):
     assert captured.err.splitlines() == ["from rank 0", "single process"] and not captured.out
 
 
-def test_the_doctor_reads_a_resumed_log_as_one_run(data, tmp_path):
+def test_the_doctor_reads_a_resumed_log_as_one_run(few, tmp_path):
     """A run stopped after step 5 (checkpoint at 3) and resumed: the loop moves steps 4 and 5
     out of the log before it trains them again, so the doctor sees each step once, no restart."""
     from lengthwise.doctor import diagnose
 
-    base = dict(steps=6, checkpoint_every=3, keep_checkpoints=2, **SMALL)
-    full = train_order("stratified", data, DemoConfig(**base), out=tmp_path / "a")
+    base = dict(checkpoint_every=3, keep_checkpoints=2, **SMALL)
+    full = train_order("stratified", few, DemoConfig(**base), out=tmp_path / "a")
     run = tmp_path / "b" / "stratified"
     (run / "checkpoints").mkdir(parents=True)
     shutil.copytree(tmp_path / "a" / "stratified" / "checkpoints" / "step_3",
@@ -623,12 +715,12 @@ def test_the_doctor_reads_a_resumed_log_as_one_run(data, tmp_path):
     upto5 = [x for x in lines if json.loads(x).get("step", 0) <= 5 and "event" not in x]
     log_path = run / Path(full.log_path).name
     log_path.write_text("".join(upto5))  # the stopped run's rows, steps 1..5
-    resumed = train_order("stratified", data, DemoConfig(resume=True, **base),
+    resumed = train_order("stratified", few, DemoConfig(resume=True, **base),
                           out=tmp_path / "b")
     assert Path(resumed.log_path) == log_path
     r = diagnose(log_path)
     assert r.input.restart_count == 0 and r.input.superseded_rows == 0
     assert "restarts" not in {c.name for c in r.verdict.causes}
-    assert r.series.step.tolist() == [1, 2, 3, 4, 5, 6]
+    assert r.series.step.tolist() == [1, 2, 3, 4, 5, 6, 7]
     side = [json.loads(x) for x in (run / "train_log.rolled_back.jsonl").read_text().splitlines()]
     assert [x["step"] for x in side] == [3, 4, 5]  # the rolled_back line, then steps 4 and 5

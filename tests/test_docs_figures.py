@@ -6,7 +6,7 @@ script runs. The slow one reruns every order of both demos at those settings and
 fails when a deterministic figure (a loss, padding, step composition, roughness, a
 verdict, a decoding result) differs from the docs. It always starts from an empty
 cache, as a fresh machine does (corpus, tokenizer, DFlash target and its responses
-all built by the run): that took 217 s for the causal-LM task and 285 s for the
+all built by the run): that took 233 s for the causal-LM task and 285 s for the
 DFlash task on two shared CPU cores.
 """
 

@@ -287,10 +287,10 @@ def test_the_table_has_a_row_per_arm_schedule_batch_and_order(script):
     assert "| random |" in lines[2] and "| - | - |" in lines[2]
 
 
-def test_the_demo_note_says_equal_steps_is_the_equal_compute_view_at_one_seed(script):
+def test_the_demo_note_says_the_demo_compares_at_equal_data_in_each_orders_steps(script):
     text = " ".join(script.demo_note(_full((0.0, 0.1), (0.0, 0.1))).split())
-    assert "this is the equal-compute view at one seed" in text
-    assert "a step of 8 micro-batches costs 5.0-5.0 GFLOP" in text
+    assert "compares the orders at equal data, at one seed" in text
+    assert "each in its own plan's steps" in text and "over 5 paired seeds" in text
 
 
 def test_the_plots_are_drawn_from_the_figures(script, tmp_path):

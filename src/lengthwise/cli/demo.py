@@ -16,7 +16,7 @@ Example::
 
     $ lengthwise demo                       # every order, writes under lengthwise-demo/lm
     $ lengthwise demo --task dflash         # every order, writes under lengthwise-demo/dflash
-    $ lengthwise demo --steps 600 --model-size small --json
+    $ lengthwise demo --epochs 2 --model-size small --json
     $ torchrun --nproc_per_node 2 -m lengthwise demo --orders random,stratified
 """
 
@@ -63,6 +63,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     def one(name: str, fmt: str = "{}") -> str:
         return f"(default: {fmt.format(d['dflash'][name])})"
 
+    def lm(name: str, fmt: str = "{}") -> str:
+        return f"(default: {fmt.format(d['lm'][name])})"
+
     p = subparsers.add_parser(
         "demo", help="train a small model once per batch order and compare (offline)",
         description=__doc__.split("\n\n")[1].replace("``", ""),
@@ -70,7 +73,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--task", choices=["lm", "dflash"], default="lm",
                    help="lm: a causal LM from scratch; dflash: a DFlash draft against a frozen "
                         "target (default: lm)")
-    p.add_argument("--steps", type=_positive, help=f"optimizer steps per order {both('steps')}")
+    p.add_argument("--epochs", type=_positive,
+                   help=f"lm: epochs per order over the same samples; each order takes its own "
+                        f"plan's steps {lm('epochs')}")
+    p.add_argument("--steps", type=_positive, help=f"dflash: optimizer steps per order "
+                                                   f"{one('steps')}")
     p.add_argument("--orders", default="all",
                    help="comma-separated orders: sorted, random, bucket-random, interleave, "
                         "stratified, packed, or 'all' (default: all)")
@@ -95,8 +102,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help=f"samples are truncated to this many tokens {both('max_len')}")
     p.add_argument("--lr", type=float, help=f"peak learning rate (AdamW) {both('lr')}")
     p.add_argument("--warmup", type=int, default=None,
-                   help="warm-up steps (default: 10%% of --steps; with --task dflash: "
-                        "--warmup-ratio of them)")
+                   help="warm-up steps (default: 10%% of each order's steps; with --task "
+                        "dflash: --warmup-ratio of --steps)")
     p.add_argument("--warmup-ratio", type=float,
                    help=f"dflash: warm-up as a share of --steps {one('warmup_ratio')}")
     p.add_argument("--lr-schedule", choices=["constant", "cosine"],
@@ -150,13 +157,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-_COMMON = {"steps": "steps", "grad_accum": "grad_accum", "max_tokens": "max_tokens",
+_COMMON = {"grad_accum": "grad_accum", "max_tokens": "max_tokens",
            "max_len": "max_len", "lr": "lr", "lr_schedule": "schedule",
            "eval_samples": "eval_samples"}
 #: packages of the ``dflash`` extra that the dflash task needs beyond the ``demo`` extra: imported
 #: before any work, so that a missing one stops the command at once with its install line
 DFLASH_NEEDS = ("pyarrow",)
-_DFLASH = {"warmup_ratio": "warmup_ratio", "block_size": "block_size",
+#: the run length of each task: epochs of the same samples (lm), optimizer steps (dflash)
+_LM = {"epochs": "epochs"}
+_DFLASH = {"steps": "steps", "warmup_ratio": "warmup_ratio", "block_size": "block_size",
            "draft_layers": "draft_layers", "num_anchors": "num_anchors",
            "eval_prompts": "eval_prompts", "max_new_tokens": "max_new_tokens"}
 
@@ -195,7 +204,12 @@ def _check_task_options(args: argparse.Namespace) -> None:
         if args.model_size is not None:
             raise ConfigError("--model-size is for --task lm; the dflash task's target is "
                               "--target PATH or a small one trained here")
+        if args.epochs is not None:
+            raise ConfigError("--epochs is for --task lm; the dflash task trains --steps steps")
         return
+    if args.steps is not None:
+        raise ConfigError("--steps is for --task dflash; the lm task trains --epochs epochs of "
+                          "the same samples, each order in its own steps")
     for name in ("target", *_DFLASH):
         if getattr(args, name) is not None:
             raise ConfigError(f"--{name.replace('_', '-')} needs --task dflash")
@@ -247,7 +261,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         from lengthwise.demo.config import DemoConfig
 
-        cfg = DemoConfig(model_size=args.model_size or "tiny", **common)
+        cfg = DemoConfig(model_size=args.model_size or "tiny", **common,
+                         **_config_kwargs(args, _LM))
         _starting(args.task)
         from lengthwise.demo.main import render, run_demo
 

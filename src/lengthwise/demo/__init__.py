@@ -5,7 +5,7 @@
 - :mod:`~lengthwise.demo.model`: small randomly initialised Llama-style models.
 - :mod:`~lengthwise.demo.config`: the settings (the command line reads its defaults here).
 - :mod:`~lengthwise.demo.lm`: the causal-LM task and its held-out evaluation.
-- :mod:`~lengthwise.demo.runner`: one run per order, in lock-step.
+- :mod:`~lengthwise.demo.runner`: one run per order, in lock-step, on the same samples.
 - :mod:`~lengthwise.demo.results`: a run's figures, read back from its log.
 - :mod:`~lengthwise.demo.dflash`, :mod:`~lengthwise.demo.dflash_data`: ``--task dflash``, a
   DFlash draft per order against a frozen target, on responses the target regenerated.
@@ -19,7 +19,7 @@ Importing this package loads nothing heavy; torch and transformers load on use.
 Example::
 
     >>> from lengthwise.demo import DemoConfig
-    >>> DemoConfig(steps=10).warmup_steps
+    >>> DemoConfig().epochs
     1
 """
 

@@ -5,10 +5,14 @@ training loop's :class:`~lengthwise.train.config.LoopConfig` (re-exported here),
 :class:`DFlashDemoConfig` the DFlash task's target and evaluation settings to a DFlash
 training run's. Nothing here loads torch, so ``lengthwise demo --help`` is quick.
 
+The demo trains every order on the same samples for ``epochs`` epochs; each order's
+optimizer steps are its own plan's for those epochs (:func:`lengthwise.demo.runner.order_steps`),
+so the loop's ``steps`` is set per order, not by hand.
+
 Example::
 
-    >>> cfg = DemoConfig(steps=10)
-    >>> cfg.warmup_steps, cfg.max_tokens, cfg.max_len
+    >>> cfg = DemoConfig()
+    >>> cfg.epochs, cfg.max_tokens, cfg.max_len
     (1, 512, 256)
 """
 
@@ -66,10 +70,11 @@ DEFAULT_ORDERS: tuple[str, ...] = available_orders()
 class DemoConfig(LoopConfig):
     """The causal-LM demo: a small Llama-style model trained from scratch per order.
 
-    The defaults are the run whose figures README.md and docs/demo.md show.
+    The defaults are the run whose figures README.md and docs/demo.md show. ``epochs`` is
+    the run length: every order trains every sample once per epoch.
     """
 
-    steps: int = 100
+    epochs: int = 1
     model_size: str = "tiny"
     eval_samples: int = 256
     max_samples: int | None = None
@@ -77,7 +82,7 @@ class DemoConfig(LoopConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_positive(self, "eval_samples")
+        check_positive(self, "eval_samples", "epochs")
 
 
 @dataclass

@@ -1,12 +1,13 @@
 """Compare the orders of one demo run: figures, the doctor's verdicts, a table, a plot.
 
-``loss_roughness`` and the verdict come from one :func:`lengthwise.doctor.diagnose`
-per order over one stable region shared by every order (named in the output):
-it starts where the slowest of the runs has finished warming up and settling
-(the doctor's automatic start, the latest over the orders) and ends at the last
-step, so the orders are measured over the same steps. ``throughput_vs_sorted`` divides by the
-``sorted`` run and ``roughness_ratio`` by the ``random`` run (``None`` when
-that order was not trained).
+``loss_roughness`` and the verdict of the causal-LM demo come from one
+:func:`lengthwise.doctor.diagnose` per log with its defaults, exactly what
+``lengthwise doctor OUT/<order>/train_log.jsonl`` says: each log over its own
+automatic stable region (``stable_region`` per order). The DFlash demo passes one
+region shared by every order (:func:`common_region`): it starts where the slowest of
+the runs has finished warming up and settling and ends at the last step.
+``throughput_vs_sorted`` divides by the ``sorted`` run and ``roughness_ratio`` by the
+``random`` run (``None`` when that order was not trained).
 
 Example::
 
@@ -31,11 +32,14 @@ __all__ = ["JSON_KEYS", "ORDER_COLORS", "TABLE_COLUMNS", "add_ratios", "clean_js
            "common_region", "diagnose_runs", "format_columns", "format_markdown", "format_table",
            "format_verdicts", "order_color", "plot_curves", "residual_ticks", "summary_json"]
 
-#: keys every strategy has in ``--json`` output
-JSON_KEYS: tuple[str, ...] = (
-    "tokens_per_second", "throughput_vs_sorted", "padding_efficiency", "loss_roughness",
-    "roughness_ratio", "excess", "eval_loss", "verdict",
+#: columns of the causal-LM table, named as in ``--json``; (key, format)
+TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("steps", "d"), ("real_tokens", "d"), ("padding_efficiency", ".3f"),
+    ("step_cv_ratio", ".2f"), ("flops", ".3g"), ("train_seconds", ".0f"),
+    ("throughput_vs_sorted", ".2f"), ("eval_loss", ".4f"), ("loss_roughness", ".4f"),
 )
+#: keys every strategy has in ``--json`` output: the table's columns, then the verdict
+JSON_KEYS: tuple[str, ...] = (*(k for k, _ in TABLE_COLUMNS), "verdict")
 #: the stable region keeps at least this many steps (when the run has them)
 MIN_REGION = 50
 
@@ -86,16 +90,20 @@ def diagnose_runs(logs: dict[str, str | Path], *, region: tuple[int, int] | None
     """The doctor's ``loss_roughness``, ``excess``, verdict and stable region of every log.
 
     Every figure of a log, its verdict included, comes from one
-    :func:`lengthwise.doctor.diagnose` over ``region``, so the table and the
-    verdict quote one ``loss_roughness``. ``excess`` is the roughness over (divided by)
+    :func:`lengthwise.doctor.diagnose`, so the table and the verdict quote one
+    ``loss_roughness``. Without ``region`` it is the diagnosis ``lengthwise doctor LOG``
+    makes with no options (each log's own stable region); with it, every log is diagnosed
+    over ``region`` without its step times. ``excess`` is the roughness over (divided by)
     the run's own sampling floor, when the doctor measures it (``None`` otherwise).
     """
     from lengthwise.doctor import diagnose
 
-    start, end = region or common_region(logs)
     out = {}
     for name, path in logs.items():
-        report = diagnose(str(path), start=start, end=end, timing=False)
+        if region is None:
+            report = diagnose(str(path))
+        else:
+            report = diagnose(str(path), start=region[0], end=region[1], timing=False)
         noise = report.noise
         out[name] = {
             "loss_roughness": float(report.stats.loss_roughness),
@@ -103,7 +111,7 @@ def diagnose_runs(logs: dict[str, str | Path], *, region: tuple[int, int] | None
             "excess": noise.excess if noise is not None else None,
             "sampling_floor": noise.sampling_floor if noise is not None else None,
             "verdict": report.verdict.summary,
-            "stable_region": [start, end],
+            "stable_region": [int(math.ceil(report.phases.start)), int(report.phases.end)],
             "bands": getattr(report.bands, "count", None),
         }
     return out
@@ -115,13 +123,8 @@ def _fmt(value: Any, spec: str) -> str:
     return format(value, spec)
 
 
-#: columns of the causal-LM table, named as in ``--json``; (key, format)
-TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("tokens_per_second", ".0f"), ("throughput_vs_sorted", ".2f"),
-    ("padding_efficiency", ".3f"), ("step_cv_ratio", ".2f"), ("loss_roughness", ".4f"),
-    ("excess", ".4f"), ("roughness_ratio", ".2f"), ("eval_loss", ".4f"),
-)
 _FORMATS = dict(TABLE_COLUMNS) | {
+    "tokens_per_second": ".0f", "excess": ".4f", "roughness_ratio": ".2f",
     "accuracy_first": ".3f", "accuracy_final": ".3f", "simulated_acceptance_length": ".2f",
     "acceptance_length": ".2f", "lossless": "", "real_tokens_per_step": ".0f",
     "skipped_steps": "d"}
@@ -208,7 +211,8 @@ def summary_json(rows: dict[str, dict[str, Any]], **meta: Any) -> str:
     return json.dumps(clean_json({"strategies": rows, **meta}), indent=2)
 
 
-def plot_runs(curves: dict[str, list[float]], out: str | Path, *, region: tuple[int, int],
+def plot_runs(curves: dict[str, list[float]], out: str | Path, *,
+              region: tuple[int, int] | dict[str, tuple[int, int]],
               roughness: dict[str, float], title: str, group: Any = None) -> str | None:
     """Write ``out/loss_curves.png`` and return its path; without matplotlib, say so and
     return ``None`` (the figures still come out)."""
@@ -260,14 +264,14 @@ def residual_ticks(offsets: list[float], spacing: float) -> tuple[list[float], l
 
 
 def plot_curves(curves: dict[str, list[float]], path: str | Path, *,
-                region: tuple[int, int] | None = None,
+                region: tuple[int, int] | dict[str, tuple[int, int]] | None = None,
                 roughness: dict[str, float] | None = None, title: str = "") -> Path:
     """Two panels: every strategy's loss curve, and what ``loss_roughness`` measures.
 
     Left: per-step loss (faint) and its centred rolling mean (solid, drawn where the
     window is complete). Right: ``loss - rolling_mean_51(loss)`` over the stable
-    region, one trace per strategy, stacked with an offset, labelled with its
-    ``loss_roughness``.
+    region (one for all, or each strategy's own: a dict), one trace per strategy, stacked
+    with an offset, labelled with its ``loss_roughness``.
     """
     import matplotlib
 
@@ -290,7 +294,8 @@ def plot_curves(curves: dict[str, list[float]], path: str | Path, *,
         ax.plot(x, y, color=c, alpha=0.3, lw=0.8)
         ax.plot(x[full], smooth[full], color=c, lw=1.8, label=name)
         resid = y - rolling_mean(y, ROUGHNESS_WINDOW)
-        lo, hi = region or (1, y.size)
+        own = region.get(name) if isinstance(region, dict) else region
+        lo, hi = own or (1, y.size)
         keep = (x >= lo) & (x <= hi)
         spread.append((name, c, x[keep], resid[keep]))
     step = 4 * max((float(np.std(r)) for *_, r in spread if r.size), default=0.1) or 0.1
@@ -306,7 +311,8 @@ def plot_curves(curves: dict[str, list[float]], path: str | Path, *,
     ticks, labels = residual_ticks(offsets, step)
     res.set_yticks(ticks, labels, fontsize=7)
     res.set_ylabel(f"loss - rolling mean (traces {step:.2g} apart)")
-    where = f"steps {region[0]}-{region[1]}" if region else "all steps"
+    where = ("each order's stable region" if isinstance(region, dict)
+             else f"steps {region[0]}-{region[1]}" if region else "all steps")
     res.set_title(f"loss - rolling mean of {ROUGHNESS_WINDOW}, {where} (std = loss_roughness)",
                   fontsize=10)
     ax.set_title(f"loss per optimizer step (faint), rolling mean of {show}", fontsize=10)

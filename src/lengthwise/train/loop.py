@@ -120,11 +120,20 @@ def make_collator(order: str, cfg: LoopConfig, sampler: Any) -> Callable[..., An
 class StepBatches:
     """The next ``grad_accum`` micro-batches (as rows of dataset indices), epoch after epoch.
 
-    An epoch's incomplete last step is skipped.
+    An epoch's incomplete last step is skipped, its samples left out of that epoch; with
+    ``keep_last`` it is trained as a shorter step, so every sample is trained once per epoch.
+
+    Example::
+
+        >>> from lengthwise.pytorch.sampler import BucketBatchSampler
+        >>> sampler = BucketBatchSampler([5, 9, 30, 60, 7, 12], max_tokens=64, yield_rows=True)
+        >>> steps = StepBatches(sampler, 3, keep_last=True)
+        >>> len(sampler), [len(steps.next()) for _ in range(3)], sampler.epoch
+        (4, [3, 1, 3], 1)
     """
 
-    def __init__(self, sampler: Any, grad_accum: int) -> None:
-        self.sampler, self.grad_accum = sampler, grad_accum
+    def __init__(self, sampler: Any, grad_accum: int, *, keep_last: bool = False) -> None:
+        self.sampler, self.grad_accum, self.keep_last = sampler, grad_accum, keep_last
         self._it = iter(sampler)
 
     def next(self) -> list[list[list[int]]]:
@@ -134,6 +143,8 @@ class StepBatches:
                 batches.append(batch)
                 if len(batches) == self.grad_accum:
                     return batches
+            if batches and self.keep_last:  # the epoch moves on at the next call
+                return batches
             self.sampler.set_epoch(self.sampler.epoch + 1)
             self._it = iter(self.sampler)
         raise ConfigError(f"an epoch has fewer than grad_accum={self.grad_accum} micro-batches "
@@ -163,14 +174,16 @@ class TrainLoop:
     ``run_dir/micro_log.jsonl``: one line per micro-batch of simulated rank 0 (micro-batch
     ``k`` of a step is rank ``k % micro_ranks``'s), in the step log's format, its
     ``loss`` that one micro-batch's: the view of a job that logs each micro-batch's loss
-    on rank 0.
+    on rank 0. With ``keep_last_step`` an epoch's incomplete last step is trained as a
+    shorter step (:class:`StepBatches`), so every sample is trained once per epoch.
     """
 
     def __init__(self, task: Task, order: str, lengths: np.ndarray,
                  sample: Callable[[int], Any], cfg: LoopConfig, *, run_dir: str | Path,
                  device: Any, info: GroupInfo | None = None,
                  log_sinks: dict[str, Any] | None = None, sampler: Any = None,
-                 micro_log: bool = False, micro_ranks: int = 1) -> None:
+                 micro_log: bool = False, micro_ranks: int = 1,
+                 keep_last_step: bool = False) -> None:
         import torch
 
         from lengthwise.train import (
@@ -283,7 +296,7 @@ class TrainLoop:
         self.checkpointer = (Checkpointer(ckpt_dir, keep=cfg.keep_checkpoints, logger=self.logger)
                              if cfg.checkpoint_every else None)
         self._saved_step = self.step_count if self.resumed_from is not None else None
-        self.batches = StepBatches(self.sampler, cfg.grad_accum)
+        self.batches = StepBatches(self.sampler, cfg.grad_accum, keep_last=keep_last_step)
 
     @property
     def done(self) -> bool:
@@ -354,7 +367,7 @@ class TrainLoop:
             fields[SKIP_REASON] = reason
         rec = self.logger.step(self.step_count, epoch=self.sampler.epoch, loss=loss, lr=lr,
                                grad_norm=grad_norm, skipped=skipped, **fields)
-        per_rank = len(micro) // self.micro_ranks
+        per_rank = self.cfg.grad_accum // self.micro_ranks  # a short last step too
         for g, record in enumerate(micro_rank0):  # one line per micro-batch of rank 0
             self.micro_logger.record_micro(**record)
             self.micro_logger.step((self.step_count - 1) * per_rank + g + 1,
