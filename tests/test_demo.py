@@ -467,10 +467,11 @@ def test_demo_command_end_to_end(jsonl, workdir):
         assert row["epochs"] == 2.0 and row["flops"] > 0
         recs = read_log(out / name / "train_log.jsonl")
         assert [r["step"] for r in recs] == list(range(1, row["steps"] + 1))
-        # the verdict is what `lengthwise doctor LOG` says of the same file, with no options
+        # the verdict is what `lengthwise doctor --no-timing LOG` says of the same file
         doctor = io.StringIO()
         with redirect_stdout(doctor):
-            assert cli_main(["doctor", "--json", str(out / name / "train_log.jsonl")]) == 0
+            assert cli_main(["doctor", "--json", "--no-timing",
+                             str(out / name / "train_log.jsonl")]) == 0
         assert row["verdict"] == json.loads(doctor.getvalue())["verdict"]["summary"], name
         for rec in recs:
             assert LOG_FIELDS <= set(rec)

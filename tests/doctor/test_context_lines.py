@@ -65,3 +65,25 @@ def test_the_plot_title_holds_two_lines_of_the_verdict_and_the_mean_only_whole_w
     mean = next(line for line in ax.get_lines() if line.get_label() == "running mean (51)")
     steps = mean.get_xdata()
     assert steps[0] == report.series.step[25] and steps[-1] == report.series.step[-26]
+
+
+def test_no_timing_leaves_the_step_times_out(tmp_path, capsys):
+    """``--no-timing`` is the report without the step times a loaded machine moves: a log
+    whose steps slow down is a slow-step finding by default and none with it."""
+    import json
+
+    from lengthwise.cli import main
+
+    rows = _rows(300, epoch=False)
+    for row in rows:
+        if "loss" in row:
+            row["seconds"] = 5.0 if row["step"] % 50 == 0 else 0.5
+    log = tmp_path / "train_log.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["doctor", "--json", str(log)]) == 0
+    timed = json.loads(capsys.readouterr().out)
+    assert main(["doctor", "--json", "--no-timing", str(log)]) == 0
+    untimed = json.loads(capsys.readouterr().out)
+    assert "slow step" in timed["verdict"]["summary"]
+    assert "slow step" not in untimed["verdict"]["summary"]
+    assert untimed["step_time"]["note"].startswith("not analysed")

@@ -83,6 +83,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "training_args.json or config file beside the log), for the clip rate")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap/permutation tests")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument("--no-timing", dest="timing", action="store_false",
+                   help="leave the logged step times out (no slow-step or straggler finding), "
+                        "so the report depends on the loss alone, not on the machine's load")
     p.add_argument("--watch", action="store_true",
                    help="follow one growing log: diagnose it again whenever it changes and "
                    "print each new finding once; a summary at the end (Ctrl-C, exit 130)")
@@ -145,7 +148,7 @@ def _options(args: argparse.Namespace) -> dict[str, object]:
     return dict(step_key=args.step_key, loss_key=args.loss_key, start=args.start, end=args.end,
                 checkpoint_every=args.checkpoint_every, steps_per_epoch=args.steps_per_epoch,
                 batch_size=args.batch_size, eval_every=args.eval_every,
-                world_size=args.world_size, seed=args.seed, clip=args.clip)
+                world_size=args.world_size, seed=args.seed, clip=args.clip, timing=args.timing)
 
 
 def _watch(args: argparse.Namespace) -> int:

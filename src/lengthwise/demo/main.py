@@ -282,9 +282,9 @@ def render(summary: dict[str, Any]) -> str:
                  + (f" ({_epochs(epochs)})" if epochs else "")
                  + ", in its own plan's steps; flops counts the micro-batches trained, padding "
                  "included.")
-    lines.append("loss_roughness and the verdicts are what `lengthwise doctor "
+    lines.append("loss_roughness and the verdicts are what `lengthwise doctor --no-timing "
                  "OUT/<order>/train_log.jsonl` says: each log over its own stable region "
-                 "(stable_region in --json).")
+                 "(stable_region in --json), without the step times a loaded machine moves.")
     checks = summary.get("checks", {})
     if checks:
         lines.append("checks: " + ", ".join(

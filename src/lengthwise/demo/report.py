@@ -1,9 +1,10 @@
 """Compare the orders of one demo run: figures, the doctor's verdicts, a table, a plot.
 
 ``loss_roughness`` and the verdict of the causal-LM demo come from one
-:func:`lengthwise.doctor.diagnose` per log with its defaults, exactly what
-``lengthwise doctor OUT/<order>/train_log.jsonl`` says: each log over its own
-automatic stable region (``stable_region`` per order). The DFlash demo passes one
+:func:`lengthwise.doctor.diagnose` per log without its step times, exactly what
+``lengthwise doctor --no-timing OUT/<order>/train_log.jsonl`` says: each log over its own
+automatic stable region (``stable_region`` per order). Step times depend on the machine's
+load, so a verdict that read them would not repeat from run to run. The DFlash demo passes one
 region shared by every order (:func:`common_region`): it starts where the slowest of
 the runs has finished warming up and settling and ends at the last step.
 ``throughput_vs_sorted`` divides by the ``sorted`` run and ``roughness_ratio`` by the
@@ -91,9 +92,9 @@ def diagnose_runs(logs: dict[str, str | Path], *, region: tuple[int, int] | None
 
     Every figure of a log, its verdict included, comes from one
     :func:`lengthwise.doctor.diagnose`, so the table and the verdict quote one
-    ``loss_roughness``. Without ``region`` it is the diagnosis ``lengthwise doctor LOG``
-    makes with no options (each log's own stable region); with it, every log is diagnosed
-    over ``region`` without its step times. ``excess`` is the roughness over (divided by)
+    ``loss_roughness``. Without ``region`` it is the diagnosis ``lengthwise doctor
+    --no-timing LOG`` makes (each log's own stable region); with it, every log is diagnosed
+    over ``region``. Neither reads the step times. ``excess`` is the roughness over (divided by)
     the run's own sampling floor, when the doctor measures it (``None`` otherwise).
     """
     from lengthwise.doctor import diagnose
@@ -101,7 +102,7 @@ def diagnose_runs(logs: dict[str, str | Path], *, region: tuple[int, int] | None
     out = {}
     for name, path in logs.items():
         if region is None:
-            report = diagnose(str(path))
+            report = diagnose(str(path), timing=False)
         else:
             report = diagnose(str(path), start=region[0], end=region[1], timing=False)
         noise = report.noise
