@@ -121,8 +121,10 @@ def test_help_states_each_default_once(capsys):
         cli_main(["demo", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "(default: None)" not in text
-    assert "(default: 10% of --steps; with --task dflash: --warmup-ratio of them)" in text
-    assert "(default: 100; with --task dflash: 50)" in text
+    assert ("(default: 10% of each order's steps; with --task dflash: --warmup-ratio of "
+            "--steps)") in text
+    assert "--epochs EPOCHS lm: epochs per order over the same samples" in text
+    assert "--steps STEPS dflash: optimizer steps per order (default: 50)" in text
 
 
 def test_gpu_benchmark_smoke_on_cpu(tmp_path):

@@ -150,7 +150,8 @@ def train_target(texts: list[str], tokenizer: Any, *, cache_dir: Path, size: str
                      progress=False)
     data = DemoData.build(texts, tokenizer, max_len=max_len, eval_samples=128, seed=seed)
     started = time.perf_counter()
-    run = OrderRun("stratified", data, cfg, out=folder.with_name(folder.name + "-run"))
+    run = OrderRun("stratified", data, cfg, out=folder.with_name(folder.name + "-run"),
+                   equal_data=False)  # the target trains its `steps` steps, not epochs
     bar = None
     if progress:
         from tqdm.auto import tqdm
