@@ -484,7 +484,7 @@ def test_demo_command_end_to_end(jsonl, workdir):
     buf = io.StringIO()
     with redirect_stdout(buf):
         assert cli_main([*argv[:-2], "--no-progress", "--no-plot", "--orders",
-                         "random,stratified", "--out", str(workdir / "e2e2")]) == 0
+                         "random,stratified", "--out", str(workdir / "e2e2"), "--wide"]) == 0
     lines = buf.getvalue().splitlines()
     assert "doctor:" in lines
     # where each order's per-micro-batch log is (--grad-accum 2: rank 0 of 2 simulated ranks),
@@ -495,6 +495,13 @@ def test_demo_command_end_to_end(jsonl, workdir):
     assert [ln.split(":")[0] for ln in lines[lines.index(where) + 1:][:2]] == [
         "  random", "  stratified"]
     assert [ln.split()[0] for ln in lines[2:4]] == ["random", "stratified"]
+    # without --wide the same figures fit 100 columns: one row per figure, one column per order
+    from lengthwise.demo.main import render
+
+    narrow = render(json.loads((workdir / "e2e2" / "summary.json").read_text())).splitlines()
+    assert max(map(len, narrow)) <= 100 and narrow[0].split() == ["figure", "random", "stratified"]
+    rows = {ln.split()[0]: ln.split()[1:] for ln in narrow[2:narrow.index("")]}
+    assert rows["eval_loss"] == [lines[2].split()[-2], lines[3].split()[-2]]
 
 
 def test_demo_command_reports_bad_options(capsys, jsonl):
@@ -612,9 +619,13 @@ def test_table_columns_are_the_json_keys_and_verdicts_are_never_cut():
                "interleave or stratify length buckets: `lengthwise plan --order stratified`")
     rows = {"bucket-random": {"tokens_per_second": 10.0, "loss_roughness": 0.1,
                               "verdict": verdict}}
-    text = render({"strategies": rows, "checks": {"stratified_as_smooth_as_random": False}})
+    summary = {"strategies": rows, "checks": {"stratified_as_smooth_as_random": False}}
+    text = render(summary, wide=True)
     header = text.splitlines()[0].split()
     assert header == ["order", *(k for k, _ in TABLE_COLUMNS)]
+    narrow = render(summary).splitlines()  # the same figures, one line each, in 100 columns
+    assert [ln.split()[0] for ln in narrow[:2 + len(TABLE_COLUMNS)]] == [
+        "figure", narrow[1].split()[0], *(k for k, _ in TABLE_COLUMNS)]
     verdict_lines = text.split("doctor:")[1].split("\n\n")[0]
     assert " ".join(verdict_lines.split()) == f"bucket-random {verdict}"
     assert "..." not in verdict_lines

@@ -140,6 +140,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help='print {"strategies": {name: figures}} as JSON instead of the table')
     p.add_argument("--no-plot", action="store_true", help="do not write loss_curves.png")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--wide", action="store_true",
+                   help="one row per order however wide, and lines left unwrapped; without it "
+                        "the text fits 100 columns (a wide table turns to one row per figure)")
     g = p.add_argument_group("dflash task")
     g.add_argument("--target", default=None,
                    help="a local Hugging Face causal-LM checkpoint to draft for (e.g. a Qwen3 "
@@ -280,6 +283,6 @@ def run(args: argparse.Namespace) -> int:
 
         print(finite_json_text(summary, indent=2))
     else:
-        print(text(summary))
+        print(text(summary, wide=args.wide))
     sys.stdout.flush()
     return 0

@@ -251,14 +251,16 @@ def _summarise(results: dict[str, dict[str, Any]], cfg: DFlashDemoConfig,
     return summary
 
 
-def render_dflash(summary: dict[str, Any]) -> str:
-    """The DFlash demo's tables, as the command prints them."""
-    from lengthwise.demo.report import format_columns, format_verdicts
+def render_dflash(summary: dict[str, Any], *, wide: bool = False) -> str:
+    """The DFlash demo's tables, as the command prints them: within
+    :data:`~lengthwise.demo.report.TEXT_WIDTH` columns unless ``wide``."""
+    from lengthwise.demo.report import TEXT_WIDTH, fit_lines, format_columns, format_verdicts
     from lengthwise.dflash.table import render_eval
 
     rows = summary["strategies"]
-    speed = format_columns(rows, SPEED_KEYS)
-    draft = format_columns(rows, DRAFT_KEYS)
+    width = None if wide else TEXT_WIDTH
+    speed = format_columns(rows, SPEED_KEYS, width=width)
+    draft = format_columns(rows, DRAFT_KEYS, width=width)
     lo, hi = summary.get("stable_region", [None, None])
     lines = [speed, "", draft, "", format_verdicts(rows), "",
              f"loss_roughness over steps {lo}-{hi}; excess: roughness / the order's own "
@@ -272,5 +274,5 @@ def render_dflash(summary: dict[str, Any]) -> str:
     if summary.get("plot"):
         lines.append(f"loss curves: {summary['plot']}")
     lines.append(f"wall time {summary.get('wall_seconds', 0.0):.0f} s")
-    return "\n".join(lines)
+    return "\n".join(lines) if wide else fit_lines(lines)
 

@@ -26,8 +26,10 @@ from lengthwise.demo.config import DemoConfig, parse_orders
 from lengthwise.demo.data import DemoData
 from lengthwise.demo.report import (
     JSON_KEYS,
+    TEXT_WIDTH,
     add_ratios,
     diagnose_runs,
+    fit_lines,
     format_markdown,
     format_table,
     plot_runs,
@@ -270,10 +272,11 @@ CHECK_NOTES = {
 }
 
 
-def render(summary: dict[str, Any]) -> str:
-    """The table and the checks, as the command prints them."""
+def render(summary: dict[str, Any], *, wide: bool = False) -> str:
+    """The table and the checks, as the command prints them: within
+    :data:`~lengthwise.demo.report.TEXT_WIDTH` columns unless ``wide``."""
     rows = summary["strategies"]
-    lines = [format_table(rows), ""]
+    lines = [format_table(rows, width=None if wide else TEXT_WIDTH), ""]
     tokens = {row.get("real_tokens") for row in rows.values()}
     same = (f"the same {tokens.pop():,} real tokens" if len(tokens) == 1 and None not in tokens
             else "the real tokens shown")
@@ -304,4 +307,4 @@ def render(summary: dict[str, Any]) -> str:
         lines.extend(f"  {name}: {row['micro_verdict']}" for name, row in micro.items())
     lines.append(ORDER_EXPERIMENT_NOTE)
     lines.append(f"wall time {summary.get('wall_seconds', 0.0):.0f} s")
-    return "\n".join(lines)
+    return "\n".join(lines) if wide else fit_lines(lines)

@@ -29,9 +29,10 @@ from typing import Any
 
 from lengthwise.atomic import atomic_path
 
-__all__ = ["JSON_KEYS", "ORDER_COLORS", "TABLE_COLUMNS", "add_ratios", "clean_json",
-           "common_region", "diagnose_runs", "format_columns", "format_markdown", "format_table",
-           "format_verdicts", "order_color", "plot_curves", "residual_ticks", "summary_json"]
+__all__ = ["JSON_KEYS", "ORDER_COLORS", "TABLE_COLUMNS", "TEXT_WIDTH", "add_ratios", "clean_json",
+           "common_region", "diagnose_runs", "fit_lines", "format_columns", "format_markdown",
+           "format_table", "format_verdicts", "order_color", "plot_curves", "residual_ticks",
+           "summary_json"]
 
 #: columns of the causal-LM table, named as in ``--json``; (key, format)
 TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -41,6 +42,8 @@ TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
 )
 #: keys every strategy has in ``--json`` output: the table's columns, then the verdict
 JSON_KEYS: tuple[str, ...] = (*(k for k, _ in TABLE_COLUMNS), "verdict")
+#: the text output's width without ``--wide``
+TEXT_WIDTH = 100
 #: the stable region keeps at least this many steps (when the run has them)
 MIN_REGION = 50
 
@@ -131,8 +134,11 @@ _FORMATS = dict(TABLE_COLUMNS) | {
     "skipped_steps": "d"}
 
 
-def format_columns(rows: dict[str, dict[str, Any]], keys: tuple[str, ...]) -> str:
-    """A plain-text table: one line per order, one column per key (headed by the key).
+def format_columns(rows: dict[str, dict[str, Any]], keys: tuple[str, ...], *,
+                   width: int | None = TEXT_WIDTH) -> str:
+    """A plain-text table: one line per order, one column per key (headed by the key); when
+    that is wider than ``width``, one line per key and one column per order instead (``None``:
+    one line per order whatever its width).
 
     Example::
 
@@ -140,22 +146,58 @@ def format_columns(rows: dict[str, dict[str, Any]], keys: tuple[str, ...]) -> st
         order          eval_loss
         ------------------------
         random            4.5000
+        >>> print(format_columns({"random": {"eval_loss": 4.5}}, ("eval_loss",), width=20))
+        figure     random
+        -----------------
+        eval_loss  4.5000
     """
+    cells = {name: [("yes" if r.get(k) else "no") if isinstance(r.get(k), bool)
+                    else _fmt(r.get(k), _FORMATS.get(k, ".4g")) for k in keys]
+             for name, r in rows.items()}
     widths = [max(len(k), 8) for k in keys]
     head = f"{'order':<14} " + " ".join(f"{k:>{w}}" for k, w in zip(keys, widths, strict=True))
+    if width is None or len(head) <= width:
+        lines = [head, "-" * len(head)]
+        lines += [f"{name:<14} " + " ".join(f"{c:>{w}}" for c, w in zip(row, widths, strict=True))
+                  for name, row in cells.items()]
+        return "\n".join(lines)
+    first = max(len("figure"), *(len(k) for k in keys))
+    cols = [max(len(name), *(len(c) for c in row)) for name, row in cells.items()]
+    head = f"{'figure':<{first}}  " + "  ".join(
+        f"{name:>{w}}" for name, w in zip(cells, cols, strict=True))
     lines = [head, "-" * len(head)]
-    for name, r in rows.items():
-        cells = []
-        for k, w in zip(keys, widths, strict=True):
-            value = r.get(k)
-            text = ("yes" if value else "no") if isinstance(value, bool) else \
-                _fmt(value, _FORMATS.get(k, ".4g"))
-            cells.append(f"{text:>{w}}")
-        lines.append(f"{name:<14} " + " ".join(cells))
+    for i, k in enumerate(keys):
+        lines.append(f"{k:<{first}}  " + "  ".join(
+            f"{row[i]:>{w}}" for row, w in zip(cells.values(), cols, strict=True)))
     return "\n".join(lines)
 
 
-def format_verdicts(rows: dict[str, dict[str, Any]], *, width: int = 100) -> str:
+def fit_lines(lines: list[str], width: int = TEXT_WIDTH) -> str:
+    """``lines`` joined, each line longer than ``width`` wrapped at word boundaries and its
+    continuation indented (tables and lines that fit are kept as they are).
+
+    Example::
+
+        >>> print(fit_lines(["note: " + "word " * 5, "short"], width=16))
+        note: word word
+          word word word
+        short
+    """
+    import textwrap
+
+    out: list[str] = []
+    for line in lines:
+        for part in line.split("\n"):
+            if len(part) <= width:
+                out.append(part)
+                continue
+            lead = len(part) - len(part.lstrip(" "))
+            out.extend(textwrap.wrap(part, width, initial_indent="", subsequent_indent=" " * (
+                lead + 2), break_long_words=False, break_on_hyphens=False))
+    return "\n".join(out)
+
+
+def format_verdicts(rows: dict[str, dict[str, Any]], *, width: int = TEXT_WIDTH) -> str:
     """The doctor's verdict of every order, wrapped at word boundaries (never cut)."""
     import textwrap
 
@@ -168,9 +210,9 @@ def format_verdicts(rows: dict[str, dict[str, Any]], *, width: int = 100) -> str
     return "\n".join(lines)
 
 
-def format_table(rows: dict[str, dict[str, Any]]) -> str:
-    """The causal-LM demo's table (columns named as in ``--json``), then the verdicts."""
-    return format_columns(rows, tuple(k for k, _ in TABLE_COLUMNS)) + "\n\n" + \
+def format_table(rows: dict[str, dict[str, Any]], *, width: int | None = TEXT_WIDTH) -> str:
+    """The causal-LM demo's table (figures named as in ``--json``), then the verdicts."""
+    return format_columns(rows, tuple(k for k, _ in TABLE_COLUMNS), width=width) + "\n\n" + \
         format_verdicts(rows)
 
 
