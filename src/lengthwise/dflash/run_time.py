@@ -39,7 +39,7 @@ import numpy as np
 from lengthwise.errors import ConfigError, DataError
 
 __all__ = ["MAX_COST", "DeviceProfile", "RunTime", "StepWork", "check_costs", "duration",
-           "fit_profile", "micro_flops", "micro_work", "predict", "read_profile", "save_profile"]
+           "fit_profile", "micro_work", "predict", "read_profile", "save_profile"]
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class DeviceProfile:
     """Seconds per unit of a DFlash step's work on one device, and what it was fitted on.
 
     ``micro_batch``: seconds per micro-batch whatever its size; ``per_gflop``: seconds per
-    GFLOP of the step (:func:`micro_flops`); ``eval_seconds``: one held-out evaluation;
+    GFLOP of the step (:func:`micro_work`); ``eval_seconds``: one held-out evaluation;
     ``start_seconds``: the run's start and end around its steps; ``fit``: the timed steps
     and how well the fit repeats them.
     """
@@ -192,24 +192,6 @@ def check_costs(data: dict[str, Any], names: tuple[str, ...], where: str, *,
                 or not 0 <= v <= MAX_COST):  # NaN fails both comparisons
             raise DataError(f"{where}: {section}{k} must be {what} from 0 to {MAX_COST:g}, got "
                             f"{reprlib.repr(v)}")
-
-
-def micro_flops(flops: Any, lengths: np.ndarray, anchors: np.ndarray,
-                rows: list[list[int]], *, pad_multiple: int = 1,
-                capacity: int | None = None) -> float:
-    """FLOPs of one micro-batch of ``rows`` (each a list of sample positions), the formula of
-    :mod:`lengthwise.dflash.step_cost`; ``capacity``: packed rows of that many tokens
-    (:func:`micro_work`).
-
-    Example::
-
-        >>> from lengthwise.dflash.step_cost import StepFlops
-        >>> f = StepFlops(1.0, 0.0, 0.0, 10.0, 0.0, 0.0, block_size=2)
-        >>> micro_flops(f, np.array([4, 2]), np.array([3, 1]), [[0], [1]])
-        128.0
-    """
-    return float(micro_work(flops, lengths, anchors, [rows], pad_multiple=pad_multiple,
-                            capacity=capacity)[0][0])
 
 
 def micro_work(flops: Any, lengths: np.ndarray, anchors: np.ndarray,
