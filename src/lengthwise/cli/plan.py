@@ -12,7 +12,6 @@ import dataclasses
 import json
 import os
 import sys
-import textwrap
 import warnings
 
 import numpy as np
@@ -34,6 +33,7 @@ from lengthwise.planning.vocabulary import (
     SEQUENCE_ORDERS,
 )
 from lengthwise.progress import progress
+from lengthwise.terminal import TEXT_WIDTH, fit_lines
 
 COMPARE_ORDERS = ORDERS
 DEFAULT_MAX_TOKENS = 16384
@@ -54,8 +54,6 @@ ONE_STEP_NOTE = (
     "--grad-accum 4) to compare them")
 #: the edge table's rows without --wide: the first and last this many buckets
 EDGE_ROWS_SHOWN = 5
-#: the width the text output keeps to without --wide
-TEXT_WIDTH = 100
 #: the orders that cut the same batches inside buckets
 BUCKET_ORDERS = tuple(o for o in ORDERS if o not in SEQUENCE_ORDERS)
 
@@ -316,9 +314,8 @@ def _print_text(args: argparse.Namespace, results: dict, main: dict, notes: list
           else _edge_table(main["plan"], wide=args.wide))
     print()
     counts = "  ".join(f"{k}={stats.get(k, 0)}" for k in COUNT_KEYS)
-    for line in [f"counts: {counts}", *notes]:
-        print(line if args.wide else textwrap.fill(line, TEXT_WIDTH, subsequent_indent="  ",
-                                                    break_on_hyphens=False))
+    lines = [f"counts: {counts}", *notes]
+    print("\n".join(lines) if args.wide else fit_lines(lines))
     print("micro_batches_per_rank: on each rank; micro_batches: over all ranks")
     if args.compare:
         names = [_order_name(o, r["stats"]) for o, r in results.items()]

@@ -27,6 +27,7 @@ import numpy as np
 from lengthwise.atomic import atomic_open
 from lengthwise.demo.config import DFlashDemoConfig
 from lengthwise.pytorch.dist import GroupInfo
+from lengthwise.terminal import TEXT_WIDTH, fit_lines
 from lengthwise.train.device import (
     autocast_dtype,
     configure_torch,
@@ -253,8 +254,8 @@ def _summarise(results: dict[str, dict[str, Any]], cfg: DFlashDemoConfig,
 
 def render_dflash(summary: dict[str, Any], *, wide: bool = False) -> str:
     """The DFlash demo's tables, as the command prints them: within
-    :data:`~lengthwise.demo.report.TEXT_WIDTH` columns unless ``wide``."""
-    from lengthwise.demo.report import TEXT_WIDTH, fit_lines, format_columns, format_verdicts
+    :data:`~lengthwise.terminal.TEXT_WIDTH` columns unless ``wide``."""
+    from lengthwise.demo.report import format_columns, format_verdicts
     from lengthwise.dflash.table import render_eval
 
     rows = summary["strategies"]

@@ -26,18 +26,18 @@ from lengthwise.demo.config import DemoConfig, parse_orders
 from lengthwise.demo.data import DemoData
 from lengthwise.demo.report import (
     JSON_KEYS,
-    TEXT_WIDTH,
     add_ratios,
     diagnose_runs,
-    fit_lines,
     format_markdown,
     format_table,
     plot_runs,
     summary_json,
 )
 from lengthwise.demo.runner import train_orders
+from lengthwise.doctor.numbers import counted
 from lengthwise.errors import ConfigError
 from lengthwise.pytorch.dist import GroupInfo
+from lengthwise.terminal import TEXT_WIDTH, fit_lines
 from lengthwise.train.device import barrier, rank_world, say, setup_distributed
 
 __all__ = ["check_targets", "prepare_data", "run_demo"]
@@ -142,7 +142,7 @@ def run_demo(cfg: DemoConfig, *, orders: list[str] | str | None = None,
                f"({info['train_tokens']} tokens, median {info['length_p50']}, "
                f"p99 {info['length_p99']}, max {info['length_max']}), "
                f"{info['eval_samples']} held out; {cfg.model_size} model with {params:,} "
-               f"parameters; {_epochs(cfg.epochs)} per order, each in its own steps of "
+               f"parameters; {counted(cfg.epochs, 'epoch')} per order, each in its own steps of "
                f"{cfg.grad_accum} micro-batches of <= {cfg.max_tokens} tokens x {world} "
                f"rank(s); orders: {', '.join(order_list)}")
     results = train_orders(order_list, demo_data, cfg, out=out, info=group, lockstep=lockstep)
@@ -222,12 +222,9 @@ def _config_dict(cfg: DemoConfig) -> dict[str, Any]:
     return out
 
 
-def _epochs(n: int) -> str:
-    return f"{n} epoch" + ("" if n == 1 else "s")
-
-
 def _title(cfg: DemoConfig, info: dict[str, Any]) -> str:
-    return (f"{cfg.model_size} model ({info['parameters']:,} params), {_epochs(cfg.epochs)} of "
+    return (f"{cfg.model_size} model ({info['parameters']:,} params), "
+            f"{counted(cfg.epochs, 'epoch')} of "
             f"{info['train_samples']:,} samples, steps of {cfg.grad_accum} micro-batches of "
             f"<= {cfg.max_tokens} tokens, seed {cfg.seed}")
 
@@ -274,7 +271,7 @@ CHECK_NOTES = {
 
 def render(summary: dict[str, Any], *, wide: bool = False) -> str:
     """The table and the checks, as the command prints them: within
-    :data:`~lengthwise.demo.report.TEXT_WIDTH` columns unless ``wide``."""
+    :data:`~lengthwise.terminal.TEXT_WIDTH` columns unless ``wide``."""
     rows = summary["strategies"]
     lines = [format_table(rows, width=None if wide else TEXT_WIDTH), ""]
     tokens = {row.get("real_tokens") for row in rows.values()}
@@ -282,7 +279,7 @@ def render(summary: dict[str, Any], *, wide: bool = False) -> str:
             else "the real tokens shown")
     epochs = summary.get("config", {}).get("epochs")
     lines.append(f"Every order trained {same}"
-                 + (f" ({_epochs(epochs)})" if epochs else "")
+                 + (f" ({counted(epochs, 'epoch')})" if epochs else "")
                  + ", in its own plan's steps; flops counts the micro-batches trained, padding "
                  "included.")
     lines.append("loss_roughness and the verdicts are what `lengthwise doctor --no-timing "

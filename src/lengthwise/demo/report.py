@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from lengthwise.atomic import atomic_path
+from lengthwise.terminal import TEXT_WIDTH
 
-__all__ = ["JSON_KEYS", "ORDER_COLORS", "TABLE_COLUMNS", "TEXT_WIDTH", "add_ratios", "clean_json",
-           "common_region", "diagnose_runs", "fit_lines", "format_columns", "format_markdown",
-           "format_table", "format_verdicts", "order_color", "plot_curves", "residual_ticks",
-           "summary_json"]
+__all__ = ["JSON_KEYS", "ORDER_COLORS", "TABLE_COLUMNS", "add_ratios", "clean_json",
+           "common_region", "diagnose_runs", "format_columns", "format_markdown", "format_table",
+           "format_verdicts", "order_color", "plot_curves", "residual_ticks", "summary_json"]
 
 #: columns of the causal-LM table, named as in ``--json``; (key, format)
 TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -42,8 +42,6 @@ TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
 )
 #: keys every strategy has in ``--json`` output: the table's columns, then the verdict
 JSON_KEYS: tuple[str, ...] = (*(k for k, _ in TABLE_COLUMNS), "verdict")
-#: the text output's width without ``--wide``
-TEXT_WIDTH = 100
 #: the stable region keeps at least this many steps (when the run has them)
 MIN_REGION = 50
 
@@ -170,31 +168,6 @@ def format_columns(rows: dict[str, dict[str, Any]], keys: tuple[str, ...], *,
         lines.append(f"{k:<{first}}  " + "  ".join(
             f"{row[i]:>{w}}" for row, w in zip(cells.values(), cols, strict=True)))
     return "\n".join(lines)
-
-
-def fit_lines(lines: list[str], width: int = TEXT_WIDTH) -> str:
-    """``lines`` joined, each line longer than ``width`` wrapped at word boundaries and its
-    continuation indented (tables and lines that fit are kept as they are).
-
-    Example::
-
-        >>> print(fit_lines(["note: " + "word " * 5, "short"], width=16))
-        note: word word
-          word word word
-        short
-    """
-    import textwrap
-
-    out: list[str] = []
-    for line in lines:
-        for part in line.split("\n"):
-            if len(part) <= width:
-                out.append(part)
-                continue
-            lead = len(part) - len(part.lstrip(" "))
-            out.extend(textwrap.wrap(part, width, initial_indent="", subsequent_indent=" " * (
-                lead + 2), break_long_words=False, break_on_hyphens=False))
-    return "\n".join(out)
 
 
 def format_verdicts(rows: dict[str, dict[str, Any]], *, width: int = TEXT_WIDTH) -> str:
