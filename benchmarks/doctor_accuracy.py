@@ -1,16 +1,16 @@
 """Precision and recall of each finding of ``lengthwise doctor``, its false-positive rate by log
 length, the error of its noise budget, and what it says about real logs.
 
-* The labelled set comes from :func:`lengthwise.doctor.simulate.labelled_set`: every
+* The labelled set comes from :func:`simulated_logs.runs.labelled_set`: every
   batching order (random, bucket-random, stratified, sorted mega-batches) with
   checkpoint spikes, random spikes and NaN losses, three seeds each, including
   deliberately hard cases; plus short logs (40-80 points) and coarsely logged
   ones (every 10 steps, each row the mean of its 10 steps, as Hugging Face logs).
   Each run is written as a JSON-lines file and diagnosed from disk.
-* False positives: :func:`lengthwise.doctor.simulate.simulate_clean` logs of 30 to
+* False positives: :func:`simulated_logs.runs.simulate_clean` logs of 30 to
   100,000 points with nothing wrong (AR(1) noise, a schedule change, epoch steps).
 * Noise budget: simulated runs with a known per-sample spread.
-* Multi-process, per-epoch and aliased cycles: :func:`lengthwise.doctor.simulate_hf.simulate_hf_log`
+* Multi-process, per-epoch and aliased cycles: :func:`simulated_logs.hf.simulate_hf_log`
   runs of Hugging Face's length-grouped sampler over 1 to 10 processes, with and
   without ``--world-size``.
 * Reading speed of a large log, the real logs of ``../shared/data/real_logs`` and
@@ -43,15 +43,16 @@ from lengthwise.doctor import diagnose
 from lengthwise.doctor.mechanisms import apparent_period, megabatch_steps
 from lengthwise.doctor.readers import jsonl as jsonl_reader
 from lengthwise.doctor.readers import read_log
-from lengthwise.doctor.simulate import SimulatedRun, labelled_set, simulate_clean, simulate_run
-from lengthwise.doctor.simulate_events import (
+
+from simulated_logs.events import (
     dflash_log,
     grad_norm_log,
     with_evals,
     with_resumes,
     with_second_writer,
 )
-from lengthwise.doctor.simulate_hf import simulate_hf_log
+from simulated_logs.hf import simulate_hf_log
+from simulated_logs.runs import SimulatedRun, labelled_set, simulate_clean, simulate_run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import doctor_labels  # noqa: E402  (the labelled real logs, a sibling script)
@@ -546,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "## Findings over the labelled simulated set",
         "",
-        f"{len(runs)} simulated runs of {steps} steps (`lengthwise.doctor.simulate.labelled_set`, "
+        f"{len(runs)} simulated runs of {steps} steps (`simulated_logs.runs.labelled_set`, "
         f"seed 0), each written as JSONL and diagnosed from disk in {scored:.0f} s. Labels are "
         "known by construction: the number of bands is the number of clear modes (a valley at "
         "least 20 % deep) of the true per-step loss density of the simulated composition plus "
@@ -578,7 +579,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "## False-positive rate by log length",
         "",
-        "Clean logs from `lengthwise.doctor.simulate.simulate_clean` (nothing wrong by "
+        "Clean logs from `simulated_logs.runs.simulate_clean` (nothing wrong by "
         "construction): the loss falls 3x or 100x, AR(1) noise with lag-1 autocorrelation 0, "
         "0.5 or 0.8 in turn, a learning-rate cut at 60 % of the run that lowers the loss 2 % "
         "(three runs in four), a gradient norm of AR(1) log-normal noise (with the loss's "
@@ -596,7 +597,8 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"Per seed ({2 if args.quick else 6} seeds, {steps} steps): a clean log "
         "(`simulate_clean`) resumed once at a random step with a random rollback, its "
-        "schedule restarted or resumed (`simulate_events.with_resumes`); the same log written "
+        "schedule restarted or resumed (`simulated_logs.events.with_resumes`); the same log "
+        "written "
         "by two processes 1 or 2 rows apart (`with_second_writer`) and as it is (the "
         "negatives); a DFlash recipe's step log (`dflash_log`: one micro-batch a step) with "
         "and without 8 empty steps; a log with 6 loss spikes and a gradient norm with a spike "
@@ -613,7 +615,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "## Multi-process, per-epoch and aliased cycles",
         "",
-        "Runs simulated by `lengthwise.doctor.simulate_hf.simulate_hf_log` as Hugging Face's "
+        "Runs simulated by `simulated_logs.hf.simulate_hf_log` as Hugging Face's "
         "Trainer logs them: the length-grouped sampler's saw-tooth of "
         "`min(N // (4 * batch), 50) / W` steps over `W` processes, its phase reset at each "
         "epoch start, AR(1) step noise, each row the mean of the `logging_steps` it covers and "

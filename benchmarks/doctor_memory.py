@@ -1,7 +1,7 @@
 """Peak memory and time of ``lengthwise doctor`` on per-micro-batch logs of growing length.
 
 Each log is a simulated per-micro-batch log (the ``plan`` event of
-:func:`lengthwise.doctor.simulate_micro.simulate_micro_log`, with 54 bucket edges, then one
+:func:`simulated_logs.micro.simulate_micro_log`, with 54 bucket edges, then one
 micro-batch's loss and bucket per line, buckets in random order, no levels) written to a
 temporary JSONL file.
 Each size runs ``lengthwise doctor LOG --json`` in a fresh Python process, which reports
@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.doctor.simulate_micro import simulate_micro_log
+from simulated_logs.micro import simulate_micro_log
 
 HERE = Path(__file__).resolve().parent
 LINES = (10_000, 100_000, 1_000_000)

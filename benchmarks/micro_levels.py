@@ -1,6 +1,6 @@
 """How often ``lengthwise doctor`` finds per-bucket loss levels in a per-micro-batch log.
 
-Simulated logs (:func:`lengthwise.doctor.simulate_micro.simulate_micro_log`): one
+Simulated logs (:func:`simulated_logs.micro.simulate_micro_log`): one
 micro-batch's loss per line, a decaying curve plus noise (independent or AR(1)), buckets
 in random order (bucket-random) or in sorted runs, and per-bucket levels that rise
 linearly with the bucket over ``effect`` nats (``effect = 0``: no levels). Negatives
@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from lengthwise.doctor import diagnose
-from lengthwise.doctor.simulate_micro import simulate_micro_log
+
+from simulated_logs.micro import simulate_micro_log
 
 HERE = Path(__file__).resolve().parent
 TRIALS = 50

@@ -2,9 +2,15 @@
 
 import os
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
+
+# the code the tests share with the benchmarks (simulated training logs, the order experiment)
+# lives in benchmarks/, beside the scripts that import it
+sys.path.append(str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 # CI runs each property test on the same examples every time (a failure there is reproducible
 # from its log); a local run explores fresh examples on each run.

@@ -291,7 +291,7 @@ def test_every_order_trains_every_sample_once_per_epoch_in_its_own_steps(few, tm
     FLOPs of the micro-batches trained."""
     from collections import Counter
 
-    from lengthwise.demo.flops import batch_shape, train_flops
+    from lengthwise.demo.flops import train_flops
     from lengthwise.demo.model import MODEL_SIZES
 
     cfg = DemoConfig(epochs=2, **SMALL)
@@ -313,9 +313,9 @@ def test_every_order_trains_every_sample_once_per_epoch_in_its_own_steps(few, tm
         for rows in batches:
             if order == "packed":
                 shape = (cfg.max_tokens // cfg.max_len, cfg.max_len)  # every row, full
-            else:
-                shape = batch_shape(few.lengths[[i for row in rows for i in row]],
-                                    max_len=cfg.max_len, pad_multiple=cfg.pad_multiple)
+            else:  # a row per sample, padded to the longest (cut to max_len), rounded up
+                longest = min(max(int(few.lengths[i]) for row in rows for i in row), cfg.max_len)
+                shape = (sum(map(len, rows)), -(-longest // cfg.pad_multiple) * cfg.pad_multiple)
             flops += train_flops(*shape, MODEL_SIZES["tiny"], vocab_size=few.vocab_size)
     assert result.steps == sum(per_epoch) == runner.order_steps(order, few.lengths, cfg)
     assert result.extra["flops"] == flops
@@ -360,7 +360,8 @@ def test_ratios_and_checks():
 def test_the_table_and_the_verdict_quote_one_region(tmp_path):
     from lengthwise.demo.report import diagnose_runs
     from lengthwise.doctor import diagnose
-    from lengthwise.doctor.simulate import simulate_run
+
+    from simulated_logs.runs import simulate_run
 
     logs = {}
     for order in ("random", "stratified"):

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from lengthwise.cli import main
-from lengthwise.doctor.simulate import simulate_run
+
+from simulated_logs.runs import simulate_run
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from lengthwise.doctor import REPORT_KEYS, EmptyLogError, diagnose, one_line_verdict
-from lengthwise.doctor.simulate import simulate_run
+
+from simulated_logs.runs import simulate_run
 
 STEPS = 2500
 

@@ -8,9 +8,10 @@ from hypothesis import strategies as st
 
 from lengthwise.doctor import diagnose, read_records
 from lengthwise.doctor.context import lr_restarts
-from lengthwise.doctor.simulate import simulate_clean
-from lengthwise.doctor.simulate_events import with_evals
 from lengthwise.doctor.text import render_text
+
+from simulated_logs.events import with_evals
+from simulated_logs.runs import simulate_clean
 
 
 def test_a_held_out_loss_that_stops_falling_widens_the_gap() -> None:

@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 from lengthwise.cli import main
 from lengthwise.doctor import diagnose
 from lengthwise.doctor.gradnorm import SPIKE_Z, grad_norm_findings, spike_mask
-from lengthwise.doctor.simulate import simulate_clean
-from lengthwise.doctor.simulate_events import grad_norm_log
 from lengthwise.doctor.text import render_text
+
+from simulated_logs.events import grad_norm_log
+from simulated_logs.runs import simulate_clean
 
 GRAD_CAUSES = {"grad_norm_leads", "grad_norm_co_spikes", "grad_clipped_often",
                "grad_norm_rising"}

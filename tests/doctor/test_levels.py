@@ -25,8 +25,9 @@ from lengthwise.doctor.levels import (
     bucket_levels,
     length_ranges,
 )
-from lengthwise.doctor.simulate_micro import simulate_micro_log
 from lengthwise.doctor.text import render_text
+
+from simulated_logs.micro import simulate_micro_log
 
 DEMO_LOGS = Path(__file__).resolve().parents[1] / "data" / "demo_logs"
 ORDERS = ("bucket-random", "stratified", "interleave")

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from lengthwise.doctor import diagnose
-from lengthwise.doctor.simulate import simulate_run
 from lengthwise.train import StepLogger
+
+from simulated_logs.runs import simulate_run
 
 
 def test_sample_losses_give_the_token_weighted_std_over_the_whole_step() -> None:

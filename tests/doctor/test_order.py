@@ -6,7 +6,8 @@ import json
 
 from lengthwise.doctor import diagnose
 from lengthwise.doctor.order import logged_order
-from lengthwise.doctor.simulate import simulate_run
+
+from simulated_logs.runs import simulate_run
 
 PRESCRIBED = "lengthwise plan --order stratified"
 

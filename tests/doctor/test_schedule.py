@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 from lengthwise.doctor import diagnose
-from lengthwise.doctor.simulate import simulate_clean
+
+from simulated_logs.runs import simulate_clean
 
 
 def _log(tmp_path: Path, args: dict) -> Path:

@@ -7,8 +7,9 @@ import math
 import pytest
 
 from lengthwise.doctor import EmptyLogError, diagnose
-from lengthwise.doctor.simulate_events import dflash_log
 from lengthwise.doctor.text import render_text
+
+from simulated_logs.events import dflash_log
 
 SKIPPED = tuple(range(100, 3000, 300))
 

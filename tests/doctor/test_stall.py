@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from lengthwise.doctor import diagnose
-from lengthwise.doctor.simulate import simulate_clean
 from lengthwise.doctor.stall import find_stall
 from lengthwise.doctor.text import render_text
+
+from simulated_logs.runs import simulate_clean
 
 
 def _rows(steps: np.ndarray, loss: np.ndarray) -> list[dict[str, float]]:

@@ -7,9 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lengthwise.doctor import diagnose
-from lengthwise.doctor.simulate import simulate_clean
-from lengthwise.doctor.simulate_events import with_resumes
 from lengthwise.doctor.text import render_text
+
+from simulated_logs.events import with_resumes
+from simulated_logs.runs import simulate_clean
 
 
 def _timed(rows: list[dict], *, every: int | None = None, slow: float = 8.0,

@@ -11,8 +11,9 @@ from lengthwise.doctor.detrend import detrended
 from lengthwise.doctor.epochs import epoch_boundaries
 from lengthwise.doctor.folding import fold_test
 from lengthwise.doctor.mechanisms import apparent_period, match_period, megabatch_steps
-from lengthwise.doctor.simulate import simulate_clean, simulate_run
 from lengthwise.doctor.text import render_text
+
+from simulated_logs.runs import simulate_clean, simulate_run
 
 
 def _ctx(**kw) -> RunContext:

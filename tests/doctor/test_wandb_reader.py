@@ -13,7 +13,8 @@ import pytest
 from lengthwise.cli import main
 from lengthwise.doctor import diagnose
 from lengthwise.doctor.readers import read_log
-from lengthwise.doctor.simulate import simulate_run
+
+from simulated_logs.runs import simulate_run
 
 
 def _settled(folder: Path) -> Path:

@@ -17,8 +17,9 @@ import pytest
 
 from lengthwise.cli import main
 from lengthwise.doctor.report import Cause, Verdict
-from lengthwise.doctor.simulate import simulate_run
 from lengthwise.doctor.watch import Watcher
+
+from simulated_logs.runs import simulate_run
 
 #: appends the lines of a source file to a log in chunks, cutting a line in two at times
 WRITER = r"""

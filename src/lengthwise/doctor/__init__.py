@@ -11,8 +11,11 @@ matplotlib is imported for plots.
 Example::
 
     >>> from lengthwise.doctor import diagnose, verdict_for
-    >>> from lengthwise.doctor.simulate import simulate_run
-    >>> records = simulate_run("bucketed", steps=2000, seed=0).records
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> bucket = rng.integers(0, 3, 2000)  # each step's batch from one of 3 length buckets
+    >>> records = [{"step": s, "loss": 3.0 - 0.4 * b + 0.05 * e, "bucket": int(b)}
+    ...            for s, (b, e) in enumerate(zip(bucket, rng.standard_normal(2000)), 1)]
     >>> report = diagnose(records)
     >>> report.bands.count, report.attribution.bucket_r2 > 0.5
     (3, True)

@@ -7,9 +7,10 @@ boundaries -> attribution -> noise budget -> verdict.
 Example::
 
     >>> from lengthwise.doctor import diagnose
-    >>> from lengthwise.doctor.simulate import simulate_run
-    >>> run = simulate_run("stratified", steps=1500, seed=0, length_effect=0.0)
-    >>> diagnose(run.records).verdict.clean
+    >>> import numpy as np
+    >>> noise = np.random.default_rng(0).standard_normal(1500)
+    >>> diagnose([{"step": s, "loss": 2.0 + 0.05 * e} for s, e in enumerate(noise, 1)]
+    ...          ).verdict.clean
     True
 """
 
@@ -319,8 +320,10 @@ def verdict_for(source: Source, **options: Any) -> Verdict:
 
     The one verdict the command line, the demo and the API show.
 
-    >>> from lengthwise.doctor.simulate import simulate_run
-    >>> verdict_for(simulate_run("bucketed", steps=1500).records).clean
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(1)
+    >>> verdict_for([{"step": s, "loss": 2.0 + 0.5 * (s % 2) + 0.05 * rng.standard_normal()}
+    ...              for s in range(1, 1501)]).clean
     False
     """
     return diagnose(source, **options).verdict

@@ -16,10 +16,13 @@ through its object-oriented API (no pyplot, no global backend change).
 Example::
 
     >>> from lengthwise.doctor import diagnose
-    >>> from lengthwise.doctor.simulate import simulate_run
     >>> import tempfile, pathlib
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> rows = [{"step": s, "loss": 2.0 + 0.3 * b + 0.05 * rng.standard_normal(), "bucket": b}
+    ...         for s, b in enumerate(rng.integers(0, 3, 800).tolist(), 1)]
     >>> out = pathlib.Path(tempfile.mkdtemp()) / "doctor.png"
-    >>> plot_reports({"run": diagnose(simulate_run("bucketed", steps=800).records)}, out).exists()
+    >>> plot_reports({"run": diagnose(rows)}, out).exists()
     True
 """
 

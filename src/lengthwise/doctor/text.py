@@ -3,8 +3,8 @@
 Example::
 
     >>> from lengthwise.doctor import diagnose
-    >>> from lengthwise.doctor.simulate import simulate_run
-    >>> text = render_text(diagnose(simulate_run("stratified", steps=800).records))
+    >>> text = render_text(diagnose([{"step": s, "loss": 2.0 + 0.01 * (s % 7)}
+    ...                              for s in range(1, 801)]))
     >>> text.splitlines()[0]
     'lengthwise doctor: <records>'
 """

@@ -16,9 +16,13 @@ Example::
 
     >>> import io, json, tempfile
     >>> from pathlib import Path
-    >>> from lengthwise.doctor.simulate import simulate_run
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
     >>> log = Path(tempfile.mkdtemp()) / "train_log.jsonl"
-    >>> _ = simulate_run("bucketed", steps=1500).write(log)
+    >>> _ = log.write_text("".join(
+    ...     json.dumps({"step": s, "loss": 3.0 - 0.4 * b + 0.05 * rng.standard_normal(),
+    ...                 "bucket": b}) + "\\n"
+    ...     for s, b in enumerate(rng.integers(0, 3, 1500).tolist(), 1)))
     >>> out = io.StringIO()
     >>> w = Watcher(log, out=out)
     >>> w.poll(now=0.0), w.poll(now=1.0)  # the second look finds nothing new

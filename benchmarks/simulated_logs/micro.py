@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.doctor.simulate import ar1_noise
 from lengthwise.errors import ConfigError
+
+from simulated_logs.runs import ar1_noise
 
 ORDERS = ("random", "sorted")
 

@@ -1,4 +1,4 @@
-"""The simulator's logs carry what they claim to carry."""
+"""The simulated training logs (``benchmarks/simulated_logs``) carry what they claim to carry."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from lengthwise.doctor import read_log
-from lengthwise.doctor.simulate import ORDERS, labelled_set, population_bands, simulate_run
+
+from simulated_logs.runs import ORDERS, labelled_set, population_bands, simulate_run
 
 
 def test_rows_have_the_step_logger_fields() -> None:

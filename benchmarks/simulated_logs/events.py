@@ -24,7 +24,7 @@ its start again (a scheduler that was not restored). Rows carry a wall-clock
 
 Example::
 
-    >>> from lengthwise.doctor.simulate import simulate_clean
+    >>> from simulated_logs.runs import simulate_clean
     >>> rows = with_resumes(simulate_clean(100), [(60, 41)])
     >>> [r["step"] for r in rows][58:62]
     [59, 60, 41, 42]
@@ -136,7 +136,7 @@ def dflash_log(
     length_effect: float = 0.3,
 ) -> list[dict[str, Any]]:
     """A DFlash recipe's step log of ``steps`` steps with the ``skipped`` steps empty."""
-    from lengthwise.doctor.simulate import simulate_run
+    from simulated_logs.runs import simulate_run
 
     run = simulate_run("bucketed", steps=steps, seed=seed, length_effect=length_effect)
     empty = set(skipped)
@@ -163,7 +163,7 @@ def grad_norm_log(
     seed: int = 0,
 ) -> tuple[list[dict[str, Any]], list[int]]:
     """A log with ``spikes`` loss spikes and a simulated ``grad_norm``; the spike steps."""
-    from lengthwise.doctor.simulate import simulate_run
+    from simulated_logs.runs import simulate_run
 
     run = simulate_run("random", steps=steps, seed=seed, random_spikes=spikes,
                        length_effect=0.0)

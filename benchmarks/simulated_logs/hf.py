@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from lengthwise.doctor.mechanisms import megabatch_steps
-from lengthwise.doctor.simulate import ar1_noise
+
+from simulated_logs.runs import ar1_noise
 
 
 def simulate_hf_log(
