@@ -1,12 +1,12 @@
 """What the batch order buys, free of its confounds: equal steps and data, or equal compute.
 
 Trains the demo's causal LM from scratch once per cell, order and seed
-(:mod:`lengthwise.demo.arms`): arm ``data`` gives every order the same optimizer steps,
+(:mod:`experiments.arms`): arm ``data`` gives every order the same optimizer steps,
 each on the same real tokens (padding costs an order compute, never data); arm
 ``compute`` gives every order the same FLOPs (:mod:`lengthwise.demo.flops`), so the order
 that pads more sees less data. Each arm runs under warm-up + cosine and warm-up +
 constant learning rates, at global batches of 8 and 64 micro-batches per step, with
-paired seeds; the figures (:mod:`lengthwise.demo.arms_report`) hold the held-out loss
+paired seeds; the figures (:mod:`experiments.arms_report`) hold the held-out loss
 overall and per length stratum with 95 % intervals, paired differences from random, the
 curves against steps, real tokens and FLOPs, and the unigram level of the held-out set::
 
@@ -48,17 +48,22 @@ shown, never compared.
 
 from __future__ import annotations
 
-import importlib.util
+import argparse
+import json
 import math
+import os
+import platform
 import sys
 import tempfile
 import textwrap
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:  # experiments/ and docs_figures.py lie beside this script
+    sys.path.insert(0, str(HERE))
+ROOT = HERE.parent
 SAVED = ROOT / "benchmarks" / "ORDER_ARMS.json"
 PLOTS = {"compute": ROOT / "docs" / "order_arms_compute.png",
          "data": ROOT / "docs" / "order_arms_data.png"}
@@ -81,18 +86,9 @@ REGIONS: dict[str, tuple[str, ...]] = {
 EXACT = ("steps", "micro_batches", "real_tokens", "padded_tokens", "flops")
 
 
-def _sibling(name: str) -> Any:
-    """``benchmarks/<name>.py``, whose helpers this script shares."""
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_LM = _sibling("order_quality")
-REL_TOL = _LM.REL_TOL
-write = _LM.write
-_pm, _wrap = _LM._pm, _LM._wrap
+#: relative tolerance of a compared loss: a run repeated on this machine gives the same
+#: figures to the last digit; other CPUs may round the kernels' sums differently
+REL_TOL = 2e-3
 
 
 def _say(text: str) -> None:
@@ -100,58 +96,140 @@ def _say(text: str) -> None:
 
 
 def _config(settings: dict[str, Any]) -> Any:
-    from lengthwise.demo.arms import ArmsConfig
+    from experiments.arms import ArmsConfig
 
     return ArmsConfig(**settings)
 
 
 class CellRuns:
-    """The saved runs of every cell: one :class:`SavedRuns` of ``benchmarks/order_quality.py``
-    per cell, in ``folder/ARM-SCHEDULE-bBATCH``."""
+    """The runs of every cell, each saved as ``folder/ARM-SCHEDULE-bBATCH/ORDER-seedN.json``
+    as it ends, so that a benchmark stopped halfway continues where it stopped."""
 
     def __init__(self, folder: Path, cfg: Any) -> None:
-        def describe(r: dict[str, Any]) -> str:
-            return (f"{r['arm']}/{r['schedule']}/{r['batch']}: held-out loss "
-                    f"{r['eval_loss']:.4f} after {r['steps']} steps, {r['real_tokens']:,} real "
-                    f"tokens, {r['flops'] / 1e9:,.1f} GFLOP, {r['wall_seconds']:.0f} s")
+        self.folder = folder
+        self.order = cfg.jobs()  # (arm, schedule, batch, order, seed), seed by seed per cell
+        for arm, schedule, batch in {job[:3] for job in self.order}:
+            (folder / f"{arm}-{schedule}-b{batch}").mkdir(parents=True, exist_ok=True)
 
-        self.cells = {cell: _LM.SavedRuns(folder / f"{cell[0]}-{cell[1]}-b{cell[2]}",
-                                          SimpleNamespace(orders=orders, seeds=cfg.seeds),
-                                          describe)
-                      for cell, orders in cfg.cells()}
+    def _path(self, arm: str, schedule: str, batch: int, order: str, seed: int) -> Path:
+        return self.folder / f"{arm}-{schedule}-b{batch}" / f"{order}-seed{seed}.json"
 
     def done(self) -> set[tuple[Any, ...]]:
         """The (arm, schedule, batch, order, seed) runs already saved."""
-        return {(*cell, o, s) for cell, saved in self.cells.items() for o, s in saved.done()}
+        return {job for job in self.order if self._path(*job).is_file()}
 
     def save(self, r: dict[str, Any]) -> None:
-        self.cells[(r["arm"], r["schedule"], r["batch"])].save(r)
+        """Save run ``r`` and say what it measured."""
+        self._path(r["arm"], r["schedule"], r["batch"], r["order"], r["seed"]).write_text(
+            json.dumps(r), encoding="utf-8")
+        _say(f"{r['arm']}/{r['schedule']}/{r['batch']}: {r['order']} seed {r['seed']}: "
+             f"held-out loss {r['eval_loss']:.4f} after {r['steps']} steps, "
+             f"{r['real_tokens']:,} real tokens, {r['flops'] / 1e9:,.1f} GFLOP, "
+             f"{r['wall_seconds']:.0f} s")
 
     def load(self) -> list[dict[str, Any]]:
-        return [r for saved in self.cells.values() for r in saved.load()]
+        """Every run, cell by cell, seed by seed, in the config's order of orders."""
+        return [json.loads(self._path(*job).read_text(encoding="utf-8")) for job in self.order]
 
 
 def run(settings: dict[str, Any], out: Path, workers: int, cache_dir: str | None,
         ) -> dict[str, Any]:
     """Train every run of ``settings`` not yet saved under ``out/runs``; the figures."""
-    from lengthwise.demo.arms_report import run_arms, summarise_arms
-    from lengthwise.demo.evidence import build_data
+    from experiments.arms_report import run_arms, summarise_arms
+    from experiments.data import build_data
 
     cfg = _config(settings)
     started = time.perf_counter()
-    data = build_data(cfg.evidence(), cache_dir=cache_dir)
+    data = build_data(cfg, cache_dir=cache_dir)
     saved = CellRuns(out / "runs", cfg)
     if len(saved.done()) != len(cfg.jobs()):
         run_arms(cfg, data, out=out / "logs", workers=workers, skip=saved.done(),
                  on_run=saved.save)
-    return _LM.stamp(summarise_arms(cfg, data, saved.load()), started, workers)
+    summary = summarise_arms(cfg, data, saved.load())
+    summary["wall_seconds"] = time.perf_counter() - started
+    summary["machine"] = f"{platform.machine()}, {os.cpu_count()} CPU cores"
+    summary["workers"] = workers
+    return summary
+
+
+def arguments() -> argparse.ArgumentParser:
+    """The script's options; usage errors are one line (exit 2), as the ``lengthwise``
+    command's, and so are the folders' of :func:`parse`."""
+    from lengthwise.cli import _Parser
+    from lengthwise.cli.demo import _positive
+
+    ap = _Parser(prog=Path(__file__).name, description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=None, help="folder for logs and saved runs (default: temp)")
+    ap.add_argument("--workers", type=_positive, default=1, help="runs trained at a time")
+    ap.add_argument("--cache-dir", default=None, help="the demo's corpus/tokenizer cache")
+    mode = ap.add_mutually_exclusive_group()  # each names what the script does: one at most
+    mode.add_argument("--check", action="store_true",
+                      help="rerun the reduced check and compare with the committed figures")
+    mode.add_argument("--full-only", action="store_true", help="skip the reduced check run")
+    mode.add_argument("--check-only", action="store_true",
+                      help="run the reduced check and save it, keep the saved full run")
+    mode.add_argument("--render", action="store_true",
+                      help="rewrite the docs and plots from the committed figures only")
+    return ap
+
+
+def parse(ap: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The options of ``argv``, with ``--out`` and ``--cache-dir`` made as folders first: a
+    path that cannot be one is a usage error naming the option (not a traceback later)."""
+    from lengthwise.cli.demo import _check_folder
+    from lengthwise.errors import ConfigError
+
+    args = ap.parse_args(argv)
+    for option, path in (("--out", args.out), ("--cache-dir", args.cache_dir)):
+        if path is None:
+            continue
+        try:
+            _check_folder(option, path)
+            Path(path).mkdir(parents=True, exist_ok=True)
+        except ConfigError as exc:
+            ap.error(str(exc))
+        except OSError as exc:
+            ap.error(f"{option} {path}: cannot make this folder ({exc.strerror or exc})")
+    return args
+
+
+def committed(path: Path, ap: argparse.ArgumentParser) -> dict[str, Any]:
+    """The figures saved in ``path`` (none before the first run); a file that is not a JSON
+    object (damaged, cut short) is a one-line usage error naming it (exit 2)."""
+    if not path.is_file():
+        return {}
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        ap.error(f"{path}: not readable ({exc})")
+    except ValueError as exc:
+        ap.error(f"{path}: not valid JSON, damaged or cut short ({exc}); restore it (git "
+                 "checkout) or rerun the experiment")
+    if not isinstance(saved, dict):
+        ap.error(f"{path}: holds a JSON {type(saved).__name__}, not the figures' object")
+    return saved
+
+
+def write(saved: dict[str, Any], path: Path = SAVED) -> None:
+    """Write the figures as JSON (NaN, e.g. the interval of one seed, as null)."""
+    from lengthwise.demo.report import clean_json
+
+    path.write_text(json.dumps(clean_json(saved), indent=1) + "\n", encoding="utf-8")
+
+
+def say_drift(drift: list[str]) -> int:
+    """Print the figures of a rerun check that moved and how many; the exit status (1: any)."""
+    for line in drift:
+        print(line)
+    print(f"order_arms: {len(drift)} figure(s) differ from the committed check run")
+    return 1 if drift else 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = _LM.arguments(__doc__, __file__)
-    args = _LM.parse(ap, argv)
+    ap = arguments()
+    args = parse(ap, argv)
     out = Path(args.out or tempfile.mkdtemp(prefix="order-arms-"))
-    saved = _LM.committed(SAVED, ap)
+    saved = committed(SAVED, ap)
     if args.render:
         if "full" not in saved:
             ap.error(f"--render: {SAVED} holds no full run yet")
@@ -167,8 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"order_arms: {len(broken)} invariant(s) broken; no committed check run in "
                   f"{SAVED.name} yet to compare with")
             return 1 if broken else 0
-        return max(1 if broken else 0, _LM.say_drift("order_arms",
-                                                     compare(saved["check"], fresh)))
+        return max(1 if broken else 0, say_drift(compare(saved["check"], fresh)))
     if not args.full_only:
         saved["check"] = run(CHECK, out / "check", 1, args.cache_dir)
         write(saved, SAVED)
@@ -177,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         write(saved, SAVED)
     _say(f"wrote {SAVED}")
     if "full" in saved:
-        full = _LM.committed(SAVED, ap)["full"]
+        full = committed(SAVED, ap)["full"]
         plot(full)
         print("rewrote:", ", ".join(rewrite(saved)) or "nothing (already current)")
     return 0
@@ -185,10 +262,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def compare(saved: dict[str, Any], fresh: dict[str, Any]) -> list[str]:
     """The figures of the check run that moved (empty: none)."""
-    def keyed(summary: dict[str, Any]) -> dict[str, Any]:  # a run's key names its cell
-        return {"runs": [dict(r, order=f"{r['arm']}/{r['schedule']}/{r['batch']}/{r['order']}")
-                         for r in summary["runs"]]}
-
     def pairs(a: dict[str, Any], b: dict[str, Any]) -> list[tuple[str, Any, Any]]:
         out = [("eval_loss", a["eval_loss"], b["eval_loss"])]
         out += [(f"strata[{i}]", x, y)
@@ -196,11 +269,33 @@ def compare(saved: dict[str, Any], fresh: dict[str, Any]) -> list[str]:
         return out + [(f"curve[{i}]", p["eval_loss"], q["eval_loss"])
                       for i, (p, q) in enumerate(zip(a["curve"], b["curve"], strict=True))]
 
-    out = _LM.compare_runs(keyed(saved), keyed(fresh), EXACT, pairs)
-    if not _LM._close(saved["unigram_loss"], fresh["unigram_loss"]):
+    out = []
+    old = {_run_key(r): r for r in saved["runs"]}
+    new = {_run_key(r): r for r in fresh["runs"]}
+    if set(old) != set(new):
+        return [f"runs: {sorted(old)} committed, {sorted(new)} now"]
+    for key, a in old.items():
+        b = new[key]
+        out += [f"{key} {name}: {a[name]} committed, {b[name]} now"
+                for name in EXACT if a[name] != b[name]]
+        out += [f"{key} {name}: {x} committed, {y} now"
+                for name, x, y in pairs(a, b) if not _close(x, y)]
+    if not _close(saved["unigram_loss"], fresh["unigram_loss"]):
         out.append(f"unigram_loss: {saved['unigram_loss']} committed, "
                    f"{fresh['unigram_loss']} now")
     return out
+
+
+def _run_key(r: dict[str, Any]) -> tuple[str, int]:
+    """A run's name in the compared figures: its cell and order, and its seed."""
+    return f"{r['arm']}/{r['schedule']}/{r['batch']}/{r['order']}", r["seed"]
+
+
+def _close(a: Any, b: Any) -> bool:
+    """Whether two compared figures agree within :data:`REL_TOL` (``None`` only with itself)."""
+    if a is None or b is None:
+        return a is b
+    return math.isclose(a, b, rel_tol=REL_TOL)
 
 
 def invariants(summary: dict[str, Any]) -> list[str]:
@@ -211,7 +306,7 @@ def invariants(summary: dict[str, Any]) -> list[str]:
     ``compute``: every run's FLOPs at least the budget and less than one micro-batch over
     it. Every held-out loss finite, every curve ``eval_points`` long.
     """
-    from lengthwise.demo.arms import micro_flops_bound
+    from experiments.arms import micro_flops_bound
 
     cfg = summary["config"]
     out = []
@@ -245,11 +340,25 @@ def invariants(summary: dict[str, Any]) -> list[str]:
 
 
 def _settings(config: dict[str, Any]) -> dict[str, Any]:
-    """The settings of an :class:`~lengthwise.demo.arms.ArmsConfig` from its ``to_dict()``."""
+    """The settings of an :class:`~experiments.arms.ArmsConfig` from its ``to_dict()``."""
     return {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
 
 
 # -- the reading, generated from the figures -------------------------------------------------
+def _pm(iv: dict[str, Any] | None, spec: str = ".3f") -> str:
+    """``mean +- half`` of an interval (``-`` when missing)."""
+    if not iv or iv.get("mean") is None:
+        return "-"
+    half = iv.get("half")
+    if half is None:
+        return format(iv["mean"], spec)
+    return f"{format(iv['mean'], spec)} ± {format(half, spec.lstrip('+'))}"
+
+
+def _wrap(text: str) -> str:
+    return textwrap.fill(text, width=100, break_long_words=False, break_on_hyphens=False)
+
+
 def _where(cell: dict[str, Any]) -> str:
     return f"{cell['schedule']}, batch {cell['batch']}"
 
@@ -475,12 +584,16 @@ def render(name: str, saved: dict[str, Any]) -> str:
 
 def region_text(text: str, name: str, where: str) -> tuple[int, int]:
     """Start and end offsets of region ``name``'s body in ``text``."""
-    return _LM.region_text(text, name, where)
+    import docs_figures
+
+    return docs_figures.region_text(text, name, where)
 
 
 def rewrite(saved: dict[str, Any], root: Path = ROOT) -> list[str]:
     """Rewrite every region of :data:`REGIONS` under ``root``; the files changed."""
-    return _LM._docs_figures().rewrite_regions(REGIONS, lambda name: render(name, saved), root)
+    import docs_figures
+
+    return docs_figures.rewrite_regions(REGIONS, lambda name: render(name, saved), root)
 
 
 def plot(full: dict[str, Any], paths: dict[str, Path] | None = None) -> None:

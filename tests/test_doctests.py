@@ -1,4 +1,5 @@
-"""Every ``>>>`` example in the package runs, module by module.
+"""Every ``>>>`` example in the package runs, module by module, and in the packages the
+benchmarks and tests share (``benchmarks/experiments``, ``benchmarks/simulated_logs``).
 
 A module whose optional dependencies are missing is skipped with the reason.
 """
@@ -14,14 +15,16 @@ import pytest
 import lengthwise
 
 SRC = Path(lengthwise.__file__).resolve().parent
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
-def _modules() -> list[str]:
+def _examples(package: Path) -> list[str]:
+    """The modules of ``package`` whose source holds a ``>>>`` example."""
     names = []
-    for path in sorted(SRC.rglob("*.py")):
+    for path in sorted(package.rglob("*.py")):
         if "__main__" in path.name:
             continue
-        parts = path.relative_to(SRC.parent).with_suffix("").parts
+        parts = path.relative_to(package.parent).with_suffix("").parts
         if parts[-1] == "__init__":
             parts = parts[:-1]
         if ">>>" in path.read_text():
@@ -29,11 +32,13 @@ def _modules() -> list[str]:
     return names
 
 
-MODULES = _modules()
+MODULES = [name for package in (SRC, BENCHMARKS / "experiments", BENCHMARKS / "simulated_logs")
+           for name in _examples(package)]
 
 
 def test_modules_with_examples_were_found():
     assert "lengthwise.planning.plan" in MODULES and len(MODULES) > 40
+    assert "experiments.arms" in MODULES and "simulated_logs.runs" in MODULES
 
 
 @pytest.mark.parametrize("name", MODULES)

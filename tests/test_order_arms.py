@@ -11,13 +11,13 @@ run once ``benchmarks/ORDER_ARMS.json`` exists.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
-from _order_quality import drift_after
 from _scripts import load_script
 
 from lengthwise.errors import ConfigError
@@ -49,8 +49,9 @@ def test_the_flops_of_a_micro_batch_are_the_hand_count():
 
 
 def test_the_counted_shape_is_the_collated_one():
-    from lengthwise.demo.flops import batch_shape
     from lengthwise.pytorch.collate import PadCollator
+
+    from experiments.arms import batch_shape
 
     rng = np.random.default_rng(0)
     for pad in (1, 8):
@@ -68,8 +69,9 @@ LENGTHS = np.random.default_rng(3).choice(
 
 
 def _sampler(order: str, batch: int = 8, seed: int = 0):
-    from lengthwise.demo.arms import ArmsConfig, _loop_config
     from lengthwise.train.simulated import simulated_sampler
+
+    from experiments.arms import ArmsConfig, _loop_config
 
     cfg = ArmsConfig()
     return cfg, simulated_sampler(order, LENGTHS, _loop_config(cfg, batch, seed), world=8)
@@ -82,7 +84,7 @@ def _epoch_steps(former, steps: int) -> list[list[int]]:
 @pytest.mark.parametrize("order", ["sorted", "random", "bucket-random", "interleave",
                                    "stratified"])
 def test_same_data_steps_hold_equal_real_tokens_and_every_sample_once(order):
-    from lengthwise.demo.arms import EqualData, budgets
+    from experiments.arms import EqualData, budgets
 
     cfg, sampler = _sampler(order)
     plan = budgets(cfg, LENGTHS, 2048, 8)
@@ -97,7 +99,7 @@ def test_same_data_steps_hold_equal_real_tokens_and_every_sample_once(order):
 
 
 def test_same_data_costs_the_padding_order_more_micro_batches():
-    from lengthwise.demo.arms import EqualData, budgets
+    from experiments.arms import EqualData, budgets
 
     counts = {}
     for order in ("random", "stratified", "sorted"):
@@ -109,7 +111,7 @@ def test_same_data_costs_the_padding_order_more_micro_batches():
 
 
 def test_same_compute_gives_equal_flops_and_less_data_to_the_order_that_pads_more():
-    from lengthwise.demo.arms import EqualCompute, _flops_counter, budgets, micro_flops_bound
+    from experiments.arms import EqualCompute, _flops_counter, budgets, micro_flops_bound
 
     seen = {}
     for order in ("random", "stratified", "sorted"):
@@ -131,7 +133,7 @@ def test_same_compute_gives_equal_flops_and_less_data_to_the_order_that_pads_mor
 
 
 def test_sorted_keeps_one_set_of_batches_across_epochs_the_bucketed_orders_reform_theirs():
-    from lengthwise.demo.arms import EqualData
+    from experiments.arms import EqualData
 
     for order in ("sorted", "bucket-random", "stratified", "random"):
         _, sampler = _sampler(order)
@@ -154,7 +156,7 @@ def test_sorted_keeps_one_set_of_batches_across_epochs_the_bucketed_orders_refor
 
 # -- schedules, unigram reference, configuration ------------------------------------------
 def test_both_schedules_warm_up_then_decay_or_hold():
-    from lengthwise.demo.arms import lr_share
+    from experiments.arms import lr_share
 
     at = (0.0, 0.05, 0.1, 0.325, 0.55, 1.0)
     cosine = [lr_share(s, "cosine", lr=2.0, warmup_share=0.1) for s in at]
@@ -166,7 +168,7 @@ def test_both_schedules_warm_up_then_decay_or_hold():
 
 
 def test_the_unigram_reference_is_the_smoothed_cross_entropy():
-    from lengthwise.demo.arms import unigram_loss
+    from experiments.arms import unigram_loss
 
     train = [np.array([1, 1, 2, 3]), np.array([1])]
     held = [np.array([3, 1, 0])]  # predicted: 1, then 0 (never seen in training)
@@ -184,7 +186,7 @@ def test_the_unigram_reference_is_the_smoothed_cross_entropy():
     ({"seeds": (1, 1)}, "seeds must be distinct"),
 ])
 def test_bad_settings_are_one_config_error(settings, message):
-    from lengthwise.demo.arms import ArmsConfig
+    from experiments.arms import ArmsConfig
 
     with pytest.raises(ConfigError, match=message):
         ArmsConfig(**settings)
@@ -308,11 +310,19 @@ def test_json_is_written_without_nan(script, tmp_path):
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--workers", "0"], "argument --workers: must be a positive integer, got '0'"),
+    (["--workers", "-3"], "argument --workers: must be a positive integer, got '-3'"),
     (["--out", "{file}"], "--out {file}: exists and is not a folder"),
+    (["--out", "{file}/runs"], "--out {file}/runs: {file} is not a folder"),
     (["--cache-dir", "{file}/cache"], "--cache-dir {file}/cache: {file} is not a folder"),
-], ids=["workers-0", "out-file", "cache-under-file"])
+    (["--cache-dir", "/proc/1/nope"], "--cache-dir /proc/1/nope: cannot make this folder"),
+], ids=["workers-0", "workers-negative", "out-file", "out-under-file", "cache-under-file",
+        "cache-unmakeable"])
 def test_a_bad_option_is_one_line_and_nothing_runs(args, message, tmp_path, capsys,
                                                     monkeypatch):
+    """A count of workers below one, or a folder that cannot be one, is refused before any
+    run starts (not accepted, not a traceback)."""
+    if message.startswith("--cache-dir /proc") and not Path("/proc/1").is_dir():
+        pytest.skip("needs /proc")
     module = load_script("order_arms")
     monkeypatch.setattr(module, "run", lambda *a, **k: pytest.fail("a run started"))
     file = tmp_path / "afile.txt"
@@ -322,6 +332,45 @@ def test_a_bad_option_is_one_line_and_nothing_runs(args, message, tmp_path, caps
     lines = capsys.readouterr().err.splitlines()
     assert exit_.value.code == 2 and len(lines) == 1, lines
     assert lines[0].startswith("order_arms.py: error: " + message.format(file=file)), lines
+
+
+def _refused(module, argv: list[str], capsys, monkeypatch) -> str:
+    """The one line the script's ``main(argv)`` is refused with (exit 2), nothing run or
+    written."""
+    for name in ("run", "plot", "rewrite", "write"):
+        monkeypatch.setattr(module, name, lambda *a, **k: pytest.fail("it ran"))
+    with pytest.raises(SystemExit) as exit_:
+        module.main(argv)
+    said = capsys.readouterr()
+    lines = said.err.splitlines()
+    assert exit_.value.code == 2 and len(lines) == 1 and not said.out, lines
+    return lines[0]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--check-only", "--full-only"], "argument --full-only: not allowed with argument "
+                                      "--check-only"),
+    (["--render", "--check"], "argument --check: not allowed with argument --render"),
+    (["--check", "--check-only"], "argument --check-only: not allowed with argument --check"),
+], ids=["check-only-full-only", "render-check", "check-check-only"])
+def test_contradictory_modes_are_refused_in_one_line(argv, message, capsys, monkeypatch):
+    line = _refused(load_script("order_arms"), argv, capsys, monkeypatch)
+    assert line.startswith(f"order_arms.py: error: {message}"), line
+
+
+def test_a_damaged_committed_json_is_one_line_naming_it(tmp_path, capsys, monkeypatch):
+    module = load_script("order_arms")
+    text = module.SAVED.read_text(encoding="utf-8")
+    damaged = tmp_path / module.SAVED.name
+    damaged.write_text(text[: len(text) // 2], encoding="utf-8")
+    monkeypatch.setattr(module, "SAVED", damaged)
+    line = _refused(module, ["--render"], capsys, monkeypatch)
+    assert line.startswith(f"order_arms.py: error: {damaged}: not valid JSON, damaged or cut "
+                           "short ("), line
+    damaged.write_text("[1, 2]\n", encoding="utf-8")
+    line = _refused(module, ["--render"], capsys, monkeypatch)
+    assert line.startswith(f"order_arms.py: error: {damaged}: holds a JSON list, not the "
+                           "figures' object"), line
 
 
 def test_every_option_the_script_documents_is_one_it_has(script, capsys):
@@ -376,6 +425,19 @@ def test_the_check_run_is_the_committed_one_once_there_is_one(script, check):
     saved = json.loads(script.SAVED.read_text(encoding="utf-8"))
     drift = script.compare(saved["check"], check)
     assert not drift, "\n".join(drift)
+
+
+def drift_after(script, check: dict, change) -> list[str]:
+    """What ``script.compare`` reports of a copy of the committed ``check`` run once ``change``
+    has altered its first run; the copy as it is, and with its training seconds doubled
+    (machine-dependent, never compared), must first report nothing."""
+    fresh = copy.deepcopy(check)
+    assert script.compare(check, fresh) == []
+    run = fresh["runs"][0]
+    run["train_seconds"] *= 2
+    assert script.compare(check, fresh) == []
+    change(run)
+    return script.compare(check, fresh)
 
 
 def test_drift_in_the_check_run_is_reported(script, check):

@@ -2,8 +2,8 @@
 
 Python's ``json`` writes ``NaN`` and ``Infinity`` by default, which ``jq``,
 JavaScript and most JSON readers refuse. Every JSON-lines file lengthwise writes
-(the step log and micro-batch log of :class:`~lengthwise.train.StepLogger`,
-simulated logs) goes through :func:`finite_json_line`, and the JSON summaries the
+(the step log and micro-batch log of :class:`~lengthwise.train.StepLogger`)
+goes through :func:`finite_json_line`, and the JSON summaries the
 commands print (``dflash train``, ``demo --json``) through :func:`finite_json_text`:
 such a number becomes ``null``, and the record gets a ``non_finite`` field naming
 each one with its value, so nothing is lost and the text stays JSON.

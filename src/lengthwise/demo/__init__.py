@@ -6,6 +6,7 @@
 - :mod:`~lengthwise.demo.config`: the settings (the command line reads its defaults here).
 - :mod:`~lengthwise.demo.lm`: the causal-LM task and its held-out evaluation.
 - :mod:`~lengthwise.demo.runner`: one run per order, in lock-step, on the same samples.
+- :mod:`~lengthwise.demo.flops`: the training FLOPs of a micro-batch, counted per run.
 - :mod:`~lengthwise.demo.results`: a run's figures, read back from its log.
 - :mod:`~lengthwise.demo.dflash`, :mod:`~lengthwise.demo.dflash_data`: ``--task dflash``, a
   DFlash draft per order against a frozen target, on responses the target regenerated.

@@ -6,8 +6,8 @@ attention's two ``width x width`` products per row and layer (the dense masked k
 computes the whole square, causal or not). A training step's backward pass costs twice
 its forward (gradients of inputs and of weights), so a micro-batch trains for three
 forwards. Norms, activations, softmax, the embedding lookup and the optimizer are left
-out. The number is the same on every
-machine, so an experiment can give every order the same compute budget with it.
+out. The number is the same on every machine: the demo reports it per order, and the order
+experiment (``benchmarks/order_arms.py``) gives every order the same budget of it.
 
 Example::
 
@@ -21,10 +21,9 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["batch_shape", "token_flops", "train_flops"]
+__all__ = ["token_flops", "train_flops"]
 
 
 def token_flops(size: Any, *, vocab_size: int) -> int:
@@ -59,20 +58,3 @@ def train_flops(rows: int, width: int, size: Any, *, vocab_size: int) -> int:
         raise ValueError(f"rows and width must be >= 0, got {rows}, {width}")
     attention = int(size.layers) * 4 * width * width * int(size.hidden)
     return 3 * rows * (width * token_flops(size, vocab_size=vocab_size) + attention)
-
-
-def batch_shape(lengths: Sequence[int], *, max_len: int, pad_multiple: int = 1,
-                ) -> tuple[int, int]:
-    """Rows and padded width of a padded micro-batch of samples of ``lengths`` (each cut to
-    ``max_len``; the width rounded up to ``pad_multiple``), as the pad collator makes it.
-
-    Example::
-
-        >>> batch_shape([5, 300, 12], max_len=256, pad_multiple=8)
-        (3, 256)
-    """
-    if not len(lengths):
-        return 0, 0
-    longest = min(max(int(n) for n in lengths), int(max_len))
-    width = -(-longest // pad_multiple) * pad_multiple
-    return len(lengths), width

@@ -1,6 +1,6 @@
 """The names a plan is configured with: orders, layouts and policies, defined once.
 
-The planner, the sampler, the command line, the demo and the doctor's simulator
+The planner, the sampler, the command line and the demo
 all read these tuples, so a name means the same thing everywhere.
 
 Example::

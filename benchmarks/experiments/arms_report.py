@@ -1,6 +1,6 @@
 """The two-arm experiment's figures from its runs: per cell, per order, intervals over seeds.
 
-:func:`run_arms` trains every run of an :class:`~lengthwise.demo.arms.ArmsConfig` (in
+:func:`run_arms` trains every run of an :class:`~experiments.arms.ArmsConfig` (in
 worker processes when asked) and :func:`summarise_arms` turns the runs into the figures
 the benchmark commits. Per cell (arm x schedule x batch) and order: the held-out loss
 overall and per length stratum, the steps, micro-batches, real tokens, FLOPs and
@@ -18,26 +18,141 @@ Example::
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from lengthwise.demo.arms import ArmsConfig, budgets, run_arm, unigram_loss
-from lengthwise.demo.evidence_report import SETTLE_SHARE, settle_index, settled
-from lengthwise.demo.pool import map_jobs
-from lengthwise.intervals import paired_by_seed, t_interval, versus
+from lengthwise.intervals import t_interval
 
-__all__ = ["cell_key", "run_arms", "summarise_arms"]
+from experiments.arms import ArmsConfig, budgets, run_arm, unigram_loss
+
+__all__ = ["cell_key", "map_jobs", "paired_by_seed", "paired_difference", "run_arms",
+           "settle_index", "settled", "summarise_arms", "versus"]
 
 #: the measurements whose held-out loss the figures quote as the end of the curve
 LAST_POINTS = 3
+#: a held-out loss has settled when it moves less than its interval over this last share
+SETTLE_SHARE = 0.2
 
 
 def cell_key(cell: tuple[str, str, int]) -> str:
     """The name of a cell in the figures: ``arm/schedule/batch``."""
     arm, schedule, batch = cell
     return f"{arm}/{schedule}/{batch}"
+
+
+def settle_index(points: int, share: float = SETTLE_SHARE) -> int:
+    """Index of the measurement at ``1 - share`` of the run (the start of the tail).
+
+    Example::
+
+        >>> settle_index(10)
+        7
+    """
+    return max(0, int(math.ceil((1 - share) * points)) - 1)
+
+
+def settled(final: dict[str, Any], move: dict[str, Any]) -> bool:
+    """Whether a held-out loss has settled: its mean move over the tail (``move``, an
+    interval over seeds) is smaller than the half-width of the final loss's interval.
+
+    Example::
+
+        >>> settled({"mean": 5.0, "half": 0.1}, {"mean": 0.05, "half": 0.02})
+        True
+        >>> settled({"mean": 5.0, "half": None}, {"mean": 0.0, "half": None})
+        False
+    """
+    half = final["half"]
+    return bool(half is not None and math.isfinite(half) and abs(move["mean"]) < half)
+
+
+def paired_difference(a: Mapping[Any, float | None], b: Mapping[Any, float | None],
+                      ) -> dict[str, Any]:
+    """``a - b`` over the seeds both have a value for, with its 95 % t-interval.
+
+    ``detected`` is whether the interval excludes 0.
+    """
+    keys = [k for k in a if k in b and a[k] is not None and b[k] is not None]
+    out = t_interval([float(a[k]) - float(b[k]) for k in keys])
+    half = out["half"]
+    out["detected"] = bool(half is not None and math.isfinite(half)
+                           and abs(out["mean"]) > half)
+    return out
+
+
+def paired_by_seed(runs: Sequence[Mapping[str, Any]], order: str, ref: str, get: Any,
+                   ) -> dict[str, Any]:
+    """:func:`paired_difference` of ``get(run)`` between two orders' runs, paired by seed.
+
+    Example::
+
+        >>> runs = [{"order": "a", "seed": 0, "x": 2.0}, {"order": "b", "seed": 0, "x": 1.0},
+        ...         {"order": "a", "seed": 1, "x": 3.0}, {"order": "b", "seed": 1, "x": 2.5}]
+        >>> paired_by_seed(runs, "a", "b", lambda r: r["x"])["mean"]
+        0.75
+    """
+    def by_seed(name: str) -> dict[Any, Any]:
+        return {r["seed"]: get(r) for r in runs if r["order"] == name}
+
+    return paired_difference(by_seed(order), by_seed(ref))
+
+
+def versus(table: dict[str, dict[str, Any]], pair: Any,
+           refs: Sequence[str] = ("random", "sorted")) -> None:
+    """Add ``vs_REF = pair(order, ref)`` to every other order's row of ``table``, per ref there.
+
+    Example::
+
+        >>> table = {"random": {}, "sorted": {}}
+        >>> versus(table, lambda order, ref: f"{order}-{ref}")
+        >>> table
+        {'random': {'vs_sorted': 'random-sorted'}, 'sorted': {'vs_random': 'sorted-random'}}
+    """
+    for ref in refs:
+        if ref not in table:
+            continue
+        for order in table:
+            if order != ref:
+                table[order][f"vs_{ref}"] = pair(order, ref)
+
+
+def map_jobs(fn: Callable[[Any], Any], jobs: Sequence[Any], *, workers: int = 1,
+             on_result: Callable[[Any], None] | None = None) -> list[Any]:
+    """``fn`` of every job, in the jobs' order; ``workers`` > 1 runs them in that many spawned
+    processes (``fn`` and the jobs must pickle). ``on_result(result)`` is called as each ends,
+    so a long experiment can save its runs as it goes.
+
+    Example::
+
+        >>> done = []
+        >>> map_jobs(abs, [-1, 2, -3], workers=1, on_result=done.append)
+        [1, 2, 3]
+        >>> done
+        [1, 2, 3]
+    """
+    out: list[Any] = []
+    if workers <= 1 or len(jobs) <= 1:
+        results: Any = map(fn, jobs)
+        pool = None
+    else:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"))
+        results = pool.map(fn, jobs)
+    try:
+        for result in results:
+            out.append(result)
+            if on_result is not None:
+                on_result(result)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    return out
 
 
 def _one(args: tuple[Any, ...]) -> dict[str, Any]:

@@ -1,9 +1,9 @@
 """What the batch order does to the model, free of its confounds: two arms, two schedules.
 
-The order experiment of :mod:`lengthwise.demo.evidence` gives every order the same real
-tokens under a padded-token budget per micro-batch, so the order that pads most also takes
-the most optimizer steps. This one trains every order of a *cell* (arm x schedule x global
-batch) with several paired seeds, in one of two arms:
+Giving every order the same real tokens under a padded-token budget per micro-batch lets
+the order that pads most also take the most optimizer steps. This experiment trains every
+order of a *cell* (arm x schedule x global batch) with several paired seeds, in one of two
+arms:
 
 * ``data`` (same steps, same data): every order trains the same number of optimizer
   steps, ``k`` per epoch, every sample once per epoch, and each step holds the same real
@@ -50,8 +50,10 @@ import numpy as np
 
 from lengthwise.errors import ConfigError
 
-__all__ = ["ARMS", "SCHEDULES", "ArmsConfig", "EqualCompute", "EqualData", "budgets",
-           "lr_share", "micro_flops_bound", "run_arm", "unigram_loss"]
+from experiments.data import held_out, set_lr
+
+__all__ = ["ARMS", "SCHEDULES", "ArmsConfig", "EqualCompute", "EqualData", "batch_shape",
+           "budgets", "lr_share", "micro_flops_bound", "run_arm", "unigram_loss"]
 
 #: the arms: same steps and same real tokens per step, or the same FLOPs
 ARMS: tuple[str, ...] = ("data", "compute")
@@ -150,20 +152,6 @@ class ArmsConfig:
         """Every run: (arm, schedule, batch, order, seed), seed by seed within each cell."""
         return [(*cell, order, seed) for cell, orders in self.cells()
                 for seed in self.seeds for order in orders]
-
-    def evidence(self) -> Any:
-        """The :class:`~lengthwise.demo.evidence.EvidenceConfig` of the same data and model
-        (for :func:`~lengthwise.demo.evidence.build_data` and its held-out loss)."""
-        from lengthwise.demo.evidence import EvidenceConfig
-
-        return EvidenceConfig(
-            orders=("random",), seeds=(0,), epochs=float(self.epochs),
-            model_size=self.model_size, grad_accum=self.world, world=self.world,
-            max_tokens=self.max_tokens, max_len=self.max_len, min_len=self.min_len,
-            buckets=self.buckets, lr=self.lr, warmup_share=self.warmup_share,
-            eval_samples=self.eval_samples, eval_points=self.eval_points,
-            max_samples=self.max_samples, data_seed=self.data_seed,
-            vocab_size=self.vocab_size, threads=self.threads)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -334,8 +322,25 @@ class EqualCompute:
             epoch += 1
 
 
+def batch_shape(lengths: Sequence[int], *, max_len: int, pad_multiple: int = 1,
+                ) -> tuple[int, int]:
+    """Rows and padded width of a padded micro-batch of samples of ``lengths`` (each cut to
+    ``max_len``; the width rounded up to ``pad_multiple``), as the pad collator makes it.
+
+    Example::
+
+        >>> batch_shape([5, 300, 12], max_len=256, pad_multiple=8)
+        (3, 256)
+    """
+    if not len(lengths):
+        return 0, 0
+    longest = min(max(int(n) for n in lengths), int(max_len))
+    width = -(-longest // pad_multiple) * pad_multiple
+    return len(lengths), width
+
+
 def _flops_counter(cfg: ArmsConfig, lengths: np.ndarray, vocab_size: int) -> Any:
-    from lengthwise.demo.flops import batch_shape, train_flops
+    from lengthwise.demo.flops import train_flops
     from lengthwise.demo.model import MODEL_SIZES
 
     size = MODEL_SIZES[cfg.model_size]
@@ -408,7 +413,6 @@ def run_arm(job: tuple[str, str, int, str, int], data: Any, cfg: ArmsConfig, *,
     Writes the step log ``out/ARM-SCHEDULE-bBATCH/ORDER-seedSEED/train_log.jsonl``.
     ``budget`` is the cell's :func:`budgets` (computed when not given).
     """
-    from lengthwise.demo.evidence import _held_out, _set_lr
     from lengthwise.demo.lm import LMTask
     from lengthwise.demo.model import build_model
     from lengthwise.train.device import configure_torch, pick_device
@@ -418,7 +422,6 @@ def run_arm(job: tuple[str, str, int, str, int], data: Any, cfg: ArmsConfig, *,
     arm, schedule, batch, order, seed = job
     lengths = data.lengths
     budget = budget or budgets(cfg, lengths, data.vocab_size, batch)
-    ev = cfg.evidence()
     loop_cfg = _loop_config(cfg, batch, seed)
     device = pick_device("cpu")
     configure_torch(device, threads=cfg.threads, deterministic=True)
@@ -452,7 +455,7 @@ def run_arm(job: tuple[str, str, int, str, int], data: Any, cfg: ArmsConfig, *,
     seconds = 0.0
     started, cpu = time.perf_counter(), time.process_time()
     try:
-        _set_lr(loop, lr_share(0.0, schedule, lr=cfg.lr, warmup_share=cfg.warmup_share))
+        set_lr(loop, lr_share(0.0, schedule, lr=cfg.lr, warmup_share=cfg.warmup_share))
         while True:
             if arm == "compute" and steps.done:
                 break
@@ -464,10 +467,10 @@ def run_arm(job: tuple[str, str, int, str, int], data: Any, cfg: ArmsConfig, *,
             micro += rec["micro_batches"]
             seconds += float(rec["seconds"])
             at = loop.step_count if arm == "data" else flops
-            _set_lr(loop, lr_share(min(1.0, at / total), schedule, lr=cfg.lr,
+            set_lr(loop, lr_share(min(1.0, at / total), schedule, lr=cfg.lr,
                                    warmup_share=cfg.warmup_share))
             while len(curve) < n and at >= grid[len(curve)] - 1e-6:
-                point = _held_out(model, data, ev, device)
+                point = held_out(model, data, max_tokens=cfg.max_tokens, device=device)
                 curve.append({"step": loop.step_count, "tokens": tokens, "flops": flops,
                               "seconds": seconds, **point})
             if arm == "data" and loop.step_count >= total:
