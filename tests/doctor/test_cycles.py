@@ -19,9 +19,9 @@ from lengthwise.doctor.cycles import (
 )
 from lengthwise.doctor.mechanisms import apparent_period, match_period, megabatch_steps
 from lengthwise.doctor.periodicity import Periodicity
+from lengthwise.doctor.render import render_text
 from lengthwise.doctor.simulate import simulate_clean
 from lengthwise.doctor.simulate_hf import simulate_hf_log
-from lengthwise.doctor.text import render_text
 
 
 @settings(max_examples=60, deadline=None)

@@ -12,7 +12,7 @@ PRESCRIBED = "lengthwise plan --order stratified"
 
 
 def _fixes(report) -> str:
-    return " ".join(p for c in report.verdict.causes for p in c.prescription)
+    return " ".join(p for c in report.verdict.causes for p in c.fix)
 
 
 def _banded() -> list[dict]:
