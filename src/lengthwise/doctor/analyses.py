@@ -32,13 +32,15 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+
 from lengthwise.doctor.attribution import ALPHA as LENGTH_ALPHA
 from lengthwise.doctor.attribution import REPORT_ALPHA
 from lengthwise.doctor.cliffs import Cliff
 from lengthwise.doctor.diagnosis import MICRO_VIEW, Diagnosis
 from lengthwise.doctor.gradnorm import LEAD_POINTS, TREND_BLOCKS, Alignment
 from lengthwise.doctor.mechanisms import match_period
-from lengthwise.doctor.numbers import fmt_num, with_error
+from lengthwise.doctor.numbers import fmt_num, num, with_error
 from lengthwise.doctor.report import Finding
 from lengthwise.doctor.runlog import Restart
 from lengthwise.doctor.steptime import SLOW_FACTOR, SLOW_Z
@@ -72,6 +74,22 @@ def _order_fix(d: Diagnosis) -> str:
     return STRATIFY
 
 
+def _figures(**values: Any) -> dict[str, Any]:
+    """A finding's figures as plain data: numbers (and lists of them) as Python ints or
+    floats to 6 decimals, None where a number is not finite or not known."""
+    def plain(v: Any) -> Any:
+        if isinstance(v, list | tuple):
+            return [plain(x) for x in v]
+        return num(v, 6) if isinstance(v, int | float | np.number) and not isinstance(
+            v, bool) else v
+    return {k: plain(v) for k, v in values.items()}
+
+
+def _aligned(a: Alignment) -> dict[str, Any]:
+    """The figures of an alignment test of the loss spikes."""
+    return _figures(aligned=a.aligned, cliffs=a.cliffs, expected=a.expected, p_value=a.p_value)
+
+
 def _steps(values: list[float], limit: int = 5) -> str:
     shown = ", ".join(fmt_num(v) for v in values[:limit])
     return shown + (f" (+{len(values) - limit} more)" if len(values) > limit else "")
@@ -94,6 +112,7 @@ def _nonfinite(d: Diagnosis) -> list[Finding]:
     diverged = nf.diverged_at is not None
     return [Finding(
         name="nonfinite_loss",
+        figures=_figures(count=nf.count, nan=nf.nan, inf=nf.inf, diverged_at=nf.diverged_at),
         claim=(f"loss diverged to NaN/inf at step {fmt_num(nf.diverged_at)}" if diverged
                else f"{nf.count} NaN/inf loss value(s)"),
         score=1.0 if diverged else 0.6,
@@ -115,6 +134,7 @@ def _skipped(d: Diagnosis) -> list[Finding]:
         return []
     return [Finding(
         name="empty_steps",
+        figures=_figures(count=sk.count, share=sk.share, first_steps=sk.first_steps),
         claim=(f"{sk.count} step(s) skipped by the trainer ({sk.share:.1%} of the logged "
                "steps): they held no supervised token, so no update was applied (not "
                "divergence)"),
@@ -142,14 +162,16 @@ def _schedule(d: Diagnosis) -> list[Finding]:
     if not sc.mismatches:
         return []
     return [Finding(
-        name="schedule_not_as_configured", claim="; ".join(sc.mismatches), score=0.3,
+        name="schedule_not_as_configured",
+        figures=_figures(peak=sc.peak, logged_peak=sc.logged_peak, warmup=sc.warmup,
+                         logged_warmup=sc.logged_warmup), claim="; ".join(sc.mismatches), score=0.3,
         where="the learning-rate schedule",
         evidence=[f"configured in {sc.source}: peak {fmt_num(sc.peak)}, warm-up "
                   f"{fmt_num(sc.warmup, 9)} steps; logged: peak {fmt_num(sc.logged_peak)}, "
                   f"warm-up to step {fmt_num(sc.logged_warmup, 9)}"],
         fix=["check which settings the run used: a config file from another run, "
-                      "a scheduler built before the optimizer's rate was set, a resumed "
-                      "scheduler state that overrides the new settings"])]
+             "a scheduler built before the optimizer's rate was set, a resumed "
+             "scheduler state that overrides the new settings"])]
 
 
 def _step_time(d: Diagnosis) -> list[Finding]:
@@ -161,6 +183,8 @@ def _step_time(d: Diagnosis) -> list[Finding]:
         what = f" ({t.matches})" if t.matches else ""
         out.append(Finding(
             name="slow_steps",
+            figures=_figures(slow=t.slow, cost_share=t.cost_share, period=t.period,
+                             median_seconds=t.median_seconds),
             claim=(f"{t.slow} slow step(s){every}{what} cost {t.cost_share:.0%} of the run's "
                    "time"),
             score=min(0.4, 0.1 + 2 * (t.cost_share or 0.0)),
@@ -169,14 +193,16 @@ def _step_time(d: Diagnosis) -> list[Finding]:
                       f"({t.median_seconds:.3g} s, from {t.source}) and {SLOW_Z:g} robust "
                       "standard deviations above it"],
             fix=["save asynchronously, or less often" if t.matches ==
-                          "the checkpoint interval" else "evaluate less often or on fewer "
-                          "samples" if t.matches else "look at what those steps wait for: "
-                          "data loading, host-device syncs, garbage collection, another job "
-                          "on the machine"]))
+                 "the checkpoint interval" else "evaluate less often or on fewer "
+                 "samples" if t.matches else "look at what those steps wait for: "
+                 "data loading, host-device syncs, garbage collection, another job "
+                 "on the machine"]))
     late = t.stragglers
     if late is not None and late.found:
         out.append(Finding(
             name="straggler",
+            figures=_figures(rank=late.rank, ranks=late.ranks, p_value=late.p_value,
+                             excess=late.excess),
             claim=(f"rank {late.rank} is a straggler: the slowest of {late.ranks} ranks at "
                    f"{late.slowest_share:.0%} of the steps, {late.excess:.0%} slower than the "
                    "ranks' median"),
@@ -186,18 +212,19 @@ def _step_time(d: Diagnosis) -> list[Finding]:
                       f"{fmt_num(late.p_value)} ({late.steps} steps); the other ranks wait "
                       f"{late.wait_share:.0%} of the step time for the slowest"],
             fix=["look at that rank's device and host: thermal throttling, a slower "
-                          "link, another process on it, or a data shard of longer samples"]))
+                 "link, another process on it, or a data shard of longer samples"]))
     slower = t.slower_after_restart
     if slower:
         out.append(Finding(
             name="slower_after_restart",
+            figures=_figures(after_restart=[list(x) for x in slower]),
             claim=("the run is slower after a restart: " + "; ".join(
                 f"{r:.0%} of the throughput before at step {fmt_num(s, 9)}"
                 for s, r in slower[:3])),
             score=0.2, where=f"from step {fmt_num(slower[0][0], 9)}",
             evidence=["median tokens_per_second after each restart over the median before it"],
             fix=["compare the resumed run's settings with the first run's: processes, "
-                          "devices, data-loader workers, compilation, precision"]))
+                 "devices, data-loader workers, compilation, precision"]))
     return out
 
 
@@ -211,16 +238,18 @@ def _eval_gap(d: Diagnosis) -> list[Finding]:
              f"and pulls away from the training loss (the gap grows from step "
              f"{fmt_num(e.widens_from, 9)}, {e.min_gap:.3g} -> {e.last_gap:.3g})")
     return [Finding(
-        name="eval_overfitting", claim=title, score=0.45,
+        name="eval_overfitting",
+        figures=_figures(eval_min_step=e.eval_min_step, widens_from=e.widens_from,
+                         min_gap=e.min_gap, last_gap=e.last_gap), claim=title, score=0.45,
         where=f"from step {fmt_num(e.widens_from, 9)}",
         evidence=[f"{e.evals} evaluations; held-out minus the training loss's running mean: "
                   f"{e.first_gap:.3g} at the first, {e.min_gap:.3g} at its smallest, "
                   f"{e.last_gap:.3g} at the last (evaluation-to-evaluation noise "
                   f"{e.noise:.2g})"],
         fix=["the model fits the training data better than it generalises: the "
-                      f"checkpoint near step {fmt_num(e.eval_min_step, 9)} holds the lowest "
-                      "held-out loss; train fewer epochs, on more (deduplicated) data, or "
-                      "with more regularisation"])]
+             f"checkpoint near step {fmt_num(e.eval_min_step, 9)} holds the lowest "
+             "held-out loss; train fewer epochs, on more (deduplicated) data, or "
+             "with more regularisation"])]
 
 
 def _grad_norm(d: Diagnosis) -> list[Finding]:
@@ -232,6 +261,7 @@ def _grad_norm(d: Diagnosis) -> list[Finding]:
         lag = g.lead.to_dict()["median_lag_points"]
         out.append(Finding(
             name="grad_norm_leads",
+            figures=_aligned(g.lead),
             claim=(f"gradient-norm spikes lead the loss spikes: {g.lead.aligned} of "
                    f"{g.lead.cliffs} follow one by {lag} logged point(s) (median)"),
             score=0.5, where=f"gradient-norm spikes at steps {_steps(g.spike_steps)}",
@@ -239,24 +269,26 @@ def _grad_norm(d: Diagnosis) -> list[Finding]:
                                       "gradient-norm spike, none at the spike itself"),
                       f"{g.spikes} gradient-norm spike(s) over {g.points} points"],
             fix=["an update that blows up comes before the loss rises: clip gradients "
-                          "(or clip harder) and lower the learning rate after warm-up",
-                          "with fp16, use bf16 or a dynamic loss scaler"]))
+                 "(or clip harder) and lower the learning rate after warm-up",
+                 "with fp16, use bf16 or a dynamic loss scaler"]))
     elif g.co_spikes.found:
         out.append(Finding(
             name="grad_norm_co_spikes",
+            figures=_aligned(g.co_spikes),
             claim=(f"{g.co_spikes.aligned} of {g.co_spikes.cliffs} loss spikes come with a "
                    "gradient-norm spike at the same step"),
             score=0.2, where=f"at the loss spikes (steps {_steps([c.step for c in d.cliffs])})",
             evidence=[_alignment_text(g.co_spikes, "have a gradient-norm spike at their first "
                                       "logged point or the next")],
             fix=["a spike of both at once lies in that step's batch or weights, not "
-                          "in an earlier update: inspect those batches (very long, repeated, "
-                          "truncated or corrupt samples, or the data after a save or resume); "
-                          "clipping keeps them from moving the weights far"]))
+                 "in an earlier update: inspect those batches (very long, repeated, "
+                 "truncated or corrupt samples, or the data after a save or resume); "
+                 "clipping keeps them from moving the weights far"]))
     shown = _clip_shown(d)
     if g.clipped_often and shown:  # else the clip rate is context (the grad-norm line)
         out.append(Finding(
             name="grad_clipped_often",
+            figures=_figures(clip_rate=g.clip_rate, clip=g.clip, median=g.median),
             claim=(f"the gradient is clipped at {g.clip_rate:.0%} of the steps (norm at or "
                    f"above the clip {g.clip:g}) and {shown}: the clip sets the step size, "
                    "not the lr"),
@@ -264,11 +296,12 @@ def _grad_norm(d: Diagnosis) -> list[Finding]:
             evidence=[f"median gradient norm {g.median:.3g} against the clipping norm "
                       f"{g.clip:g} ({g.clip_source}), over {g.logged} logged steps"],
             fix=["clipping should be the exception: lower the learning rate or raise "
-                          "the clipping norm, so that the schedule, not the clip, sets the "
-                          "step size"]))
+                 "the clipping norm, so that the schedule, not the clip, sets the "
+                 "step size"]))
     if g.no_update_often:
         out.append(Finding(
             name="no_update_steps",
+            figures=_figures(zero_steps=g.zero_steps, logged=g.logged, share=g.zero_share),
             claim=(f"{g.zero_steps} of {g.logged} logged steps ({g.zero_share:.0%}) have a "
                    "gradient norm of 0: no update at those steps"),
             score=min(0.6, 0.2 + 0.5 * g.zero_share),
@@ -277,19 +310,20 @@ def _grad_norm(d: Diagnosis) -> list[Finding]:
                       "the clip rate counts these steps, the spike and trend tests leave them "
                       "out"],
             fix=["check the loss mask of those steps' samples (labels all masked, "
-                          "e.g. a supervised part cut at max_len: with few samples a step, one "
-                          "such sample empties the step), and that the trainable weights are "
-                          "in the graph (frozen adapters, detached outputs)"]))
+                 "e.g. a supervised part cut at max_len: with few samples a step, one "
+                 "such sample empties the step), and that the trainable weights are "
+                 "in the graph (frozen adapters, detached outputs)"]))
     if g.rising and d.cliffs:  # alone, common in healthy runs as the lr decays: reported only
         out.append(Finding(
             name="grad_norm_rising",
+            figures=_figures(rise=g.rise, tau=g.trend_tau, p_value=g.trend_p),
             claim=f"the gradient norm keeps rising: {g.rise:.3g} times its level at the start",
             score=0.25, where=_region(d),
             evidence=[f"Kendall's tau {g.trend_tau:.2f} of {TREND_BLOCKS} block medians "
                       f"(p={fmt_num(g.trend_p)})"],
             fix=["a steadily rising gradient norm often comes before loss spikes: "
-                          "watch the loss, check the learning rate after warm-up and weight "
-                          "decay, and clip gradients"]))
+                 "watch the loss, check the learning rate after warm-up and weight "
+                 "decay, and clip gradients"]))
     return out
 
 
@@ -310,6 +344,7 @@ def _stall(d: Diagnosis) -> list[Finding]:
         return []
     return [Finding(
         name="not_learning",
+        figures=_figures(since=st.since, level=st.level, spread=st.spread, moved=st.moved),
         claim=f"the loss has not moved since step {fmt_num(st.since)}: the run is not learning",
         score=0.95,
         where=f"from step {fmt_num(st.since)} to the end ({st.share:.0%} of the logged steps)",
@@ -417,6 +452,8 @@ def _micro_batch_cause(d: Diagnosis) -> Finding:
                  "so the lines show no distinct bands, a thick (\"fluffy\") curve")
     return Finding(
         name="micro_batch_bands",
+        figures=_figures(ranges=n, share=levels.share, beyond_chance=levels.beyond_chance,
+                         p_value=levels.p_value),
         claim=(f"one loss level per length bucket: {n} length ranges explain {test}; each "
                "line is the loss of one micro-batch, drawn from one length bucket, so the "
                "levels are the composition of the logged micro-batch, not of the optimizer "
@@ -427,12 +464,12 @@ def _micro_batch_cause(d: Diagnosis) -> Finding:
                   f"the lines of {n} ranges of adjacent buckets of about equal lines were "
                   f"compared ({levels.lines} lines)"],
         fix=["log the optimizer step's loss instead: the token-weighted mean over "
-                      "every micro-batch of the step on every rank (`StepLogger.step`, with "
-                      "`buckets` listing all of them); judge the order on that log",
-                      "the levels are there whatever the order (each padded micro-batch holds "
-                      "one bucket); the order decides whether they reach the step loss: "
-                      "steps that each hold every bucket's share (`lengthwise plan --order "
-                      "stratified`) average them out"])
+             "every micro-batch of the step on every rank (`StepLogger.step`, with "
+             "`buckets` listing all of them); judge the order on that log",
+             "the levels are there whatever the order (each padded micro-batch holds "
+             "one bucket); the order decides whether they reach the step loss: "
+             "steps that each hold every bucket's share (`lengthwise plan --order "
+             "stratified`) average them out"])
 
 
 def _bands_cause(d: Diagnosis) -> Finding:
@@ -451,6 +488,8 @@ def _bands_cause(d: Diagnosis) -> Finding:
         title = f"{bands.count} loss bands: likely one length bucket per step (not logged)"
     return Finding(
         name="single_bucket_batches" if explained else "bands_unexplained",
+        figures=_figures(bands=bands.count, p_value=bands.p_value, centres=bands.centres,
+                         shares=bands.shares, bucket_r2=attr.bucket_r2),
         claim=title,
         score=score if explained else 0.5 * score,
         where=_region(d),
@@ -458,7 +497,7 @@ def _bands_cause(d: Diagnosis) -> Finding:
                   f"Silverman test p={fmt_num(bands.p_value or 0.0)} against "
                   f"{bands.count - 1} band(s)", *attr_ev],
         fix=[_order_fix(d), "log per-bucket loss (`bucket_loss`) to follow each "
-                      "length range", *confirm] if explained else
+             "length range", *confirm] if explained else
         ["find the step feature that splits the bands (data source, task, "
          "packing) and log it"],
     )
@@ -478,46 +517,47 @@ def _period_cause(d: Diagnosis, attr_ev: list[str], confirm: list[str]) -> Findi
         ev.append(f"low/high steps come in runs (mean {runs.mean_low:.3g}/{runs.mean_high:.3g}"
                   f" steps, runs test z={runs.z:.3g})")
     score = min(1.0, 2.0 * share)
-    where = _region(d)
+    where, figures = _region(d), _figures(period=period, error=per.period_error,
+                                          p_value=per.p_value, share=share)
     if match.mechanism == "megabatch":
         return Finding(
-            name="sorted_batches_cycle",
+            name="sorted_batches_cycle", figures=figures,
             claim=f"loss cycles every {fmt_num(period)} steps: the mega-batch cycle of "
             "length-grouped batches (e.g. group_by_length)",
             score=score, where=where, evidence=ev + attr_ev,
             fix=["draw batches in random or stratified order instead of sorted runs: "
-                          "`lengthwise plan --order stratified`", *confirm])
+                 "`lengthwise plan --order stratified`", *confirm])
     if match.mechanism == "epoch":
         return Finding(
-            name="epoch_cycle",
+            name="epoch_cycle", figures=figures,
             claim=f"loss cycles once per epoch ({fmt_num(period)} steps)",
             score=score, where=where, evidence=ev,
             fix=["shuffle the data anew every epoch; a cycle that repeats each epoch "
-                          "follows the data order (or memorisation when it steps down)"])
+                 "follows the data order (or memorisation when it steps down)"])
     if match.mechanism in ("checkpoint", "evaluation"):
         what = match.mechanism
         return Finding(
-            name=f"{what}_cycle",
+            name=f"{what}_cycle", figures=figures,
             claim=f"loss cycles every {fmt_num(period)} steps, the {what} interval",
             score=score, where=where, evidence=ev,
             fix=[f"check that the {what} does not reset the data loader, RNG or "
-                          "optimizer state, or leave the model in eval mode"])
+                 "optimizer state, or leave the model in eval mode"])
     if match.mechanism == "lr_restarts":
         return Finding(
-            name="schedule_restarts",
+            name="schedule_restarts", figures=figures,
             claim=f"loss cycles every {fmt_num(period)} steps with the learning-rate restarts",
             score=0.5 * score, where=where, evidence=ev,
             fix=["expected with a restarting schedule; use a schedule without "
-                          "restarts if the jumps hurt"])
+                 "restarts if the jumps hurt"])
     fixes = [match.missing] if match.missing else []
     return Finding(
-        name="periodic_unknown",
+        name="periodic_unknown", figures=figures,
         claim=f"a periodic component of unknown cause every {shown} steps "
         f"({share:.0%} of the detrended variance)",
         score=0.5 * score, where=where, evidence=ev + attr_ev,
         fix=[*fixes, "log `bucket`, `real_tokens` and `samples` per step to test "
-                      "batch composition", "look for anything that repeats with this period "
-                      "(data order, evaluation, logging, schedule)"])
+             "batch composition", "look for anything that repeats with this period "
+             "(data order, evaluation, logging, schedule)"])
 
 
 def _attribution_cause(d: Diagnosis, attr_ev: list[str], bucket: bool = True) -> list[Finding]:
@@ -538,6 +578,8 @@ def _attribution_cause(d: Diagnosis, attr_ev: list[str], bucket: bool = True) ->
                      "variance beyond chance (no distinct bands)")
         return [Finding(
             name="composition_noise", claim=title,
+            figures=_figures(r2=a.bucket_r2, r2_beyond_chance=a.bucket_r2_adjusted,
+                             p_value=a.bucket_p_value),
             score=a.bucket_r2_adjusted or 0.0, where=_region(d), evidence=attr_ev,
             fix=[_order_fix(d)])]
     weak = []
@@ -551,12 +593,12 @@ def _attribution_cause(d: Diagnosis, attr_ev: list[str], bucket: bool = True) ->
     kind, name, r2, p = max(weak, key=lambda w: w[2])
     if kind == "bucket":
         return [Finding(
-            name="composition_weak",
+            name="composition_weak", figures=_figures(field=name, r2=r2, p_value=p),
             claim=f"`{name}` explains {r2:.0%} of the step-to-step variance (p={fmt_num(p)})",
             score=min(0.5, r2), where=_region(d), evidence=attr_ev,
             fix=[_order_fix(d)])]
     return [Finding(
-        name="length_mix",
+        name="length_mix", figures=_figures(field=name, r2=r2, p_value=p),
         claim=f"`{name}` explains {r2:.0%} of the step-to-step variance (p={fmt_num(p)}): "
         "each step's length mix moves its loss per token",
         score=min(0.4, r2), where=_region(d), evidence=attr_ev,
@@ -578,15 +620,17 @@ def _epochs(d: Diagnosis) -> list[Finding]:
     e = d.epochs
     if not e.found:
         return []
-    drops = ", ".join(f"{d:+.3g} ({r:+.1%}) at step {fmt_num(s)}"
-                      for d, r, s in zip(e.drops[:6], e.relative_drops[:6], e.starts[:6],
+    drops = ", ".join(f"{x:+.3g} ({r:+.1%}) at step {fmt_num(s)}"
+                      for x, r, s in zip(e.drops[:6], e.relative_drops[:6], e.starts[:6],
                                          strict=True))
     mean_rel = sum(e.relative_drops) / len(e.relative_drops)
-    down = sum(d < 0 for d in e.drops)
+    down = sum(x < 0 for x in e.drops)
     at = (f"each epoch start ({len(e.starts)} boundaries" if down == len(e.drops) else
           f"epoch starts ({down} of {len(e.drops)} boundaries")
     return [Finding(
         name="epoch_boundaries",
+        figures=_figures(starts=e.starts, drops=e.drops, mean_relative_drop=mean_rel,
+                         p_value=e.p_value),
         claim=f"loss steps down at {at}, {mean_rel:+.1%} on average)",
         score=min(0.9, 0.3 + 5 * abs(mean_rel)),
         where=f"epoch starts ({e.source}) at steps {_steps(e.starts)}",
@@ -596,10 +640,10 @@ def _epochs(d: Diagnosis) -> list[Finding]:
                   "usual reading: multi-epoch memorisation (the model has seen these samples "
                   "before), not noise and not cliffs"],
         fix=["watch the evaluation loss: if it rises after an epoch start, train "
-                      "fewer epochs or on more (deduplicated) data",
-                      "expected and harmless when the evaluation loss keeps falling",
-                      *(["found from the loss alone: pass --steps-per-epoch N to confirm the "
-                         "epoch length"] if (e.source or "").startswith("a regular") else [])])]
+             "fewer epochs or on more (deduplicated) data",
+             "expected and harmless when the evaluation loss keeps falling",
+             *(["found from the loss alone: pass --steps-per-epoch N to confirm the "
+                "epoch length"] if (e.source or "").startswith("a regular") else [])])]
 
 
 def _phase_text(cliffs: list[Any], d: Diagnosis) -> tuple[str, str]:
@@ -659,6 +703,8 @@ def _checkpoint_cause(d: Diagnosis, cliffs: list[Any], base_ev: str) -> Finding:
         ev.append(f"throughput right after saves is {ck.throughput_ratio:.0%} of normal")
     return Finding(
         name="checkpoint_disruption",
+        figures=_figures(aligned=ck.aligned, cliffs=ck.cliffs, p_value=ck.p_value,
+                         throughput_ratio=ck.throughput_ratio),
         claim="loss spikes at checkpoint saves",
         score=min(1.0, 0.4 + 0.6 * ck.aligned / max(ck.cliffs, 1)),
         where=_phase_text([c for c in cliffs if c.at_checkpoint], d)[0],
@@ -675,6 +721,7 @@ def _divergence_cause(c0: Cliff) -> Finding:
     """The first cliff that never recovered: the run diverged there."""
     return Finding(
         name="divergence",
+        figures=_figures(step=c0.step, height=c0.height, level=c0.level),
         claim=f"loss jumped at step {fmt_num(c0.step)} and never came back to its level",
         score=0.9,
         where=f"from step {fmt_num(c0.step)} ({PHASE_WORDS[c0.phase]})",
@@ -732,7 +779,9 @@ def _spike_cause(d: Diagnosis, cliffs: list[Any], base_ev: str) -> Finding:
         fixes.insert(0, "spikes confined to early training usually settle by themselves; a "
                      "longer warm-up or gradient clipping removes most of them")
     return Finding(name="loss_spikes", claim=title, score=score, where=where, evidence=ev,
-                 fix=fixes)
+                   figures=_figures(steps=[c.step for c in cliffs],
+                                    heights=[c.height for c in cliffs], quick=quick),
+                   fix=fixes)
 
 
 def _input(d: Diagnosis) -> list[Finding]:
@@ -741,6 +790,7 @@ def _input(d: Diagnosis) -> list[Finding]:
     if i.duplicate_rows:
         out.append(Finding(
             name="duplicate_writer",
+            figures=_figures(rows=i.duplicate_rows),
             claim=f"{i.duplicate_rows} step(s) written twice in a row: more than one writer",
             score=0.1,
             where="the whole log",
@@ -748,11 +798,12 @@ def _input(d: Diagnosis) -> list[Finding]:
                       "the step of the row before; the last row of each step was kept (these "
                       "are not restarts)"],
             fix=["log from one process only (rank 0), or give each writer its own "
-                          "file"],
+                 "file"],
         ))
     if i.reordered_rows:
         out.append(Finding(
             name="out_of_order",
+            figures=_figures(rows=i.reordered_rows, points=i.out_of_order_points),
             claim=f"rows out of step order: {i.reordered_rows} row(s) read in step order",
             score=0.1,
             where="the whole log",
@@ -760,7 +811,7 @@ def _input(d: Diagnosis) -> list[Finding]:
                       "logged before (a log sorted another way, or rows merged from several "
                       "files): disorder, not restarts, which log a step again"],
             fix=["nothing to fix in training; keep the log in the order it was "
-                          "written, or merge files by step"],
+                 "written, or merge files by step"],
         ))
     out.extend(_restart_causes(d))
     return out
@@ -846,6 +897,7 @@ def _restart_causes(d: Diagnosis) -> list[Finding]:
                   f"{len(tested)} of them (the schedule resumed)")
     title += _resume_spikes(d, set(pts), ev)
     return [Finding(name="restarts", claim=title, score=0.3 if jumped else 0.1,
+                    figures=_figures(resumes=total, steps=pts, lr_jumped=len(jumped)),
                   where=f"at steps {_steps(pts)}", evidence=ev, fix=fixes)]
 
 
@@ -858,14 +910,15 @@ def _resumes(d: Diagnosis) -> list[Finding]:
           "rising: a run resumed from a checkpoint whose data pass started over"]
     return [Finding(
         name="resumes",
+        figures=_figures(steps=resets),
         claim=f"{len(resets)} resume(s) in the log (the epoch field falls back)"
         + _resume_spikes(d, set(resets), ev),
         score=0.1,
         where=f"at steps {_steps(resets)}",
         evidence=ev,
         fix=["check that resuming restores the optimizer, scheduler and "
-                      "data-loader position (the batch order); a restarted data pass repeats "
-                      "samples already seen"],
+             "data-loader position (the batch order); a restarted data pass repeats "
+             "samples already seen"],
     )]
 
 
