@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from lengthwise.doctor import diagnose
-from lengthwise.doctor.order import logged_order
+from lengthwise.doctor.run_config import logged_order
 from lengthwise.doctor.simulate import simulate_run
 
 PRESCRIBED = "lengthwise plan --order stratified"

@@ -22,8 +22,9 @@ Example::
 
     >>> from lengthwise.doctor.diagnosis import DiagnoseOptions, Diagnosis, load
     >>> rows = [{"step": i, "loss": 2.0} for i in range(10)]
-    >>> [f.name for f in ANALYSES["composition"](Diagnosis(load(rows), DiagnoseOptions()))]
-    ['bands_untested', 'periodicity_untested']
+    >>> d = Diagnosis(load(rows), DiagnoseOptions())
+    >>> [(f.name, f.kind) for f in ANALYSES["bands"](d)]
+    [('bands_untested', 'untested')]
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ def diagnose(source: Source, **options: Any) -> Report:
     beside the log, see :mod:`lengthwise.doctor.run_config`) enters the
     mega-batch arithmetic. ``seed`` makes the bootstrap and permutation tests
     reproducible. ``order`` is the batch order the run used (default: the log's
-    ``plan`` event, see :func:`~lengthwise.doctor.order.logged_order`); the
+    ``plan`` event, see :func:`~lengthwise.doctor.run_config.logged_order`); the
     doctor does not prescribe it. ``clip`` is the gradient-clipping norm
     (default: a config file beside the log, see
     :func:`~lengthwise.doctor.run_config.clip_beside`), for the clip rate.

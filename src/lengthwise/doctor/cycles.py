@@ -43,7 +43,6 @@ from fractions import Fraction
 import numpy as np
 
 from lengthwise.doctor.context import RunContext
-from lengthwise.doctor.detrend import detrend_window, detrended, local_linear
 from lengthwise.doctor.folding import SURROGATES, ar1_surrogates
 from lengthwise.doctor.mechanisms import apparent_period, candidates, match_period
 from lengthwise.doctor.periodicity import (
@@ -55,6 +54,7 @@ from lengthwise.doctor.periodicity import (
     autocorrelation,
     fine_period,
 )
+from lengthwise.doctor.smoothing import detrend_window, detrended, local_linear
 
 #: fewest rows per phase group for a grouping to be tested
 MIN_PER_GROUP = 4

@@ -48,19 +48,26 @@ from lengthwise.doctor.gradnorm import GradNorm, grad_norm_findings
 from lengthwise.doctor.levels import NO_BUCKET_FIELD, bucket_levels
 from lengthwise.doctor.mechanisms import match_period
 from lengthwise.doctor.noise import Noise, noise_budget
-from lengthwise.doctor.order import logged_order, logged_plan, logged_view
 from lengthwise.doctor.periodicity import Periodicity, periodicity_of
 from lengthwise.doctor.phases import Phases, find_phases
 from lengthwise.doctor.readers import read_log, read_records
 from lengthwise.doctor.report import Series
-from lengthwise.doctor.run_config import clip_beside, settings_beside, world_size_beside
+from lengthwise.doctor.run_config import (
+    clip_beside,
+    logged_order,
+    logged_plan,
+    logged_view,
+    settings_beside,
+    world_size_beside,
+)
 from lengthwise.doctor.runlog import InputSummary, RunLog
 from lengthwise.doctor.schedule import SCHEDULE_KEYS, Schedule, check_schedule
-from lengthwise.doctor.skipped import EmptySteps, empty_steps
 from lengthwise.doctor.smoothing import rolling_mean
 from lengthwise.doctor.stall import Stall, find_stall
 from lengthwise.doctor.stats import (
+    EmptySteps,
     StableStats,
+    empty_steps,
     nonfinite_losses,
     roughness_residual,
     stable_stats,

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lengthwise.doctor.detrend import local_linear
+from lengthwise.doctor.smoothing import local_linear
 
 SURROGATES = 499
 MIN_CYCLES = 4

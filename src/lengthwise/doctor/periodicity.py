@@ -1,7 +1,7 @@
 """Periodicity of the detrended loss, and the run-length structure of low and high steps.
 
 The stable-region loss is detrended by a local straight line on its log
-(:mod:`lengthwise.doctor.detrend`; a quarter of the region, 101 to 2,001
+(:mod:`lengthwise.doctor.smoothing`; a quarter of the region, 101 to 2,001
 points, half of it in short logs; cliff points are left out and read as 0).
 Logs of 30 to 511 points go to the fold test (:mod:`lengthwise.doctor.folding`).
 In longer ones the periodogram ``I_k`` is compared with a local noise floor (the running
@@ -37,9 +37,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from lengthwise.doctor.detrend import detrend_window, detrended
 from lengthwise.doctor.folding import fold_test
 from lengthwise.doctor.numbers import num, significant
+from lengthwise.doctor.smoothing import detrend_window, detrended
 
 ALPHA = 0.01
 #: fewest points for any period test (a period of 4-7 points seen 4+ times)
@@ -348,7 +348,7 @@ def periodicity_of(
 ) -> Periodicity:
     """Periodicity of a stable-region loss series (cliff points left out of the trend).
 
-    The loss is detrended by :func:`lengthwise.doctor.detrend.detrended` (a local
+    The loss is detrended by :func:`lengthwise.doctor.smoothing.detrended` (a local
     line on its log); up to ``FOLD_BELOW`` points the fold test with AR(1)
     surrogates runs, above it the periodogram test. Either way a period counts
     only when the autocorrelation at it clears ``2 / sqrt(n)`` too.

@@ -35,9 +35,8 @@ from lengthwise.doctor.periodicity import Periodicity
 from lengthwise.doctor.phases import Phases
 from lengthwise.doctor.runlog import InputSummary
 from lengthwise.doctor.schedule import Schedule
-from lengthwise.doctor.skipped import EmptySteps
 from lengthwise.doctor.stall import Stall
-from lengthwise.doctor.stats import StableStats
+from lengthwise.doctor.stats import EmptySteps, StableStats
 from lengthwise.doctor.steptime import StepTimes
 
 
