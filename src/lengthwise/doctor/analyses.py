@@ -107,6 +107,7 @@ def _region(d: Diagnosis) -> str:
 
 
 def _nonfinite(d: Diagnosis) -> list[Finding]:
+    """NaN or inf losses, or a loss that diverged to them."""
     nf = d.stats.nonfinite
     if not nf.count:
         return []
@@ -235,13 +236,13 @@ def _eval_gap(d: Diagnosis) -> list[Finding]:
     e = d.eval_gap
     if not (e.widening and e.eval_rising):
         return []
-    title = (f"over-fitting: the held-out loss rises from step {fmt_num(e.eval_min_step, 9)} "
+    claim = (f"over-fitting: the held-out loss rises from step {fmt_num(e.eval_min_step, 9)} "
              f"and pulls away from the training loss (the gap grows from step "
              f"{fmt_num(e.widens_from, 9)}, {e.min_gap:.3g} -> {e.last_gap:.3g})")
     return [Finding(
         name="eval_overfitting",
         figures=_figures(eval_min_step=e.eval_min_step, widens_from=e.widens_from,
-                         min_gap=e.min_gap, last_gap=e.last_gap), claim=title, score=0.45,
+                         min_gap=e.min_gap, last_gap=e.last_gap), claim=claim, score=0.45,
         where=f"from step {fmt_num(e.widens_from, 9)}",
         evidence=[f"{e.evals} evaluations; held-out minus the training loss's running mean: "
                   f"{e.first_gap:.3g} at the first, {e.min_gap:.3g} at its smallest, "
@@ -483,15 +484,15 @@ def _bands_cause(d: Diagnosis) -> Finding:
     if attr.bucket_r2 is not None:
         score = max(score, attr.bucket_r2)
     explained = attr.explains or not logged
-    title = (f"{bands.count} loss bands: each step's batch comes from one length bucket"
+    claim = (f"{bands.count} loss bands: each step's batch comes from one length bucket"
              if explained else f"{bands.count} loss bands (not explained by the logged bucket)")
     if explained and not logged:
-        title = f"{bands.count} loss bands: likely one length bucket per step (not logged)"
+        claim = f"{bands.count} loss bands: likely one length bucket per step (not logged)"
     return Finding(
         name="single_bucket_batches" if explained else "bands_unexplained",
         figures=_figures(bands=bands.count, p_value=bands.p_value, centres=bands.centres,
                          shares=bands.shares, bucket_r2=attr.bucket_r2),
-        claim=title,
+        claim=claim,
         score=score if explained else 0.5 * score,
         where=_region(d),
         evidence=[f"per-step loss is multimodal: {bands.count} bands at {centres}; "
@@ -568,17 +569,17 @@ def _attribution_cause(d: Diagnosis, attr_ev: list[str], bucket: bool = True) ->
     if bucket and a.bucket_explains:
         share = f"{a.bucket_r2_adjusted or 0.0:.0%}"
         if a.single_bucket is not False:
-            title = "the length bucket of each step drives its loss (no distinct bands)"
+            claim = "the length bucket of each step drives its loss (no distinct bands)"
         elif d.context.order == "stratified" and not d.context.one_micro_batch:
             # every step holds close to the data set's mix
-            title = (f"the small differences between the steps' mixes of length buckets explain "
+            claim = (f"the small differences between the steps' mixes of length buckets explain "
                      f"{share} of the step-to-step loss variance beyond chance (the order is "
                      "stratified: each step holds close to the data set's mix; no distinct bands)")
         else:
-            title = (f"the mix of length buckets in each step explains {share} of its loss "
+            claim = (f"the mix of length buckets in each step explains {share} of its loss "
                      "variance beyond chance (no distinct bands)")
         return [Finding(
-            name="composition_noise", claim=title,
+            name="composition_noise", claim=claim,
             figures=_figures(r2=a.bucket_r2, r2_beyond_chance=a.bucket_r2_adjusted,
                              p_value=a.bucket_p_value),
             score=a.bucket_r2_adjusted or 0.0, where=_region(d), evidence=attr_ev,
@@ -618,6 +619,7 @@ def _length_mix_fix(d: Diagnosis) -> str:
 
 
 def _epochs(d: Diagnosis) -> list[Finding]:
+    """The loss stepping down at epoch starts (multi-epoch memorisation)."""
     e = d.epochs
     if not e.found:
         return []
@@ -663,6 +665,8 @@ def _phase_text(cliffs: list[Any], d: Diagnosis) -> tuple[str, str]:
 
 
 def _cliffs(d: Diagnosis) -> list[Finding]:
+    """Loss cliffs: at checkpoint saves, a divergence, or spikes (those right after a resume
+    are told with the resume)."""
     tied = {id(c) for c, _ in _resume_cliffs(d)}  # told with their resume, not as hard batches
     cliffs, ck = [c for c in d.cliffs if id(c) not in tied], d.checkpoint_association
     if not cliffs:
@@ -759,7 +763,7 @@ def _spike_cause(d: Diagnosis, cliffs: list[Any], base_ev: str) -> Finding:
     if quick:
         ev.append("they recover at the next logged step or the one after: single batches "
                   "that are hard for the model, not an unstable optimizer")
-        title = (f"{len(cliffs)} one-step loss spike(s){phase_note}{unexplained}: "
+        claim = (f"{len(cliffs)} one-step loss spike(s){phase_note}{unexplained}: "
                  "hard or unusual batches")
         fixes = [
             "log sample ids per step and inspect the batches at the spike steps (very long, "
@@ -769,7 +773,7 @@ def _spike_cause(d: Diagnosis, cliffs: list[Any], base_ev: str) -> Finding:
         ]
         score = min(0.6, 0.2 + 0.02 * len(cliffs))
     else:
-        title = (f"{len(cliffs)} loss spike(s){phase_note}{unexplained} with slow recovery: "
+        claim = (f"{len(cliffs)} loss spike(s){phase_note}{unexplained} with slow recovery: "
                  "unstable optimization")
         fixes = [
             "lower the learning rate after warm-up or clip gradients harder",
@@ -779,43 +783,35 @@ def _spike_cause(d: Diagnosis, cliffs: list[Any], base_ev: str) -> Finding:
     if phase_note:
         fixes.insert(0, "spikes confined to early training usually settle by themselves; a "
                      "longer warm-up or gradient clipping removes most of them")
-    return Finding(name="loss_spikes", claim=title, score=score, where=where, evidence=ev,
+    return Finding(name="loss_spikes", claim=claim, score=score, where=where, evidence=ev,
                    figures=_figures(steps=[c.step for c in cliffs],
                                     heights=[c.height for c in cliffs], quick=quick),
                    fix=fixes)
 
 
 def _input(d: Diagnosis) -> list[Finding]:
+    """How the log was written: a second writer, or rows out of step order."""
     i = d.input
-    out = []
-    if i.duplicate_rows:
-        out.append(Finding(
-            name="duplicate_writer",
-            figures=_figures(rows=i.duplicate_rows),
-            claim=f"{i.duplicate_rows} step(s) written twice in a row: more than one writer",
-            score=0.1,
-            where="the whole log",
-            evidence=[f"{i.duplicate_rows} of {i.loss_rows + i.duplicate_rows} loss rows repeat "
-                      "the step of the row before; the last row of each step was kept (these "
-                      "are not restarts)"],
-            fix=["log from one process only (rank 0), or give each writer its own "
-                 "file"],
-        ))
+    found = [Finding(
+        name="duplicate_writer", figures=_figures(rows=i.duplicate_rows),
+        claim=f"{i.duplicate_rows} step(s) written twice in a row: more than one writer",
+        evidence=[f"{i.duplicate_rows} of {i.loss_rows + i.duplicate_rows} loss rows repeat the "
+                  "step of the row before; the last row of each step was kept (these are not "
+                  "restarts)"],
+        fix=["log from one process only (rank 0), or give each writer its own file"],
+        score=0.1, where="the whole log")] if i.duplicate_rows else []
     if i.reordered_rows:
-        out.append(Finding(
+        found.append(Finding(
             name="out_of_order",
             figures=_figures(rows=i.reordered_rows, points=i.out_of_order_points),
             claim=f"rows out of step order: {i.reordered_rows} row(s) read in step order",
-            score=0.1,
-            where="the whole log",
-            evidence=[f"the step went back {i.out_of_order_points} time(s) to a step not "
-                      "logged before (a log sorted another way, or rows merged from several "
-                      "files): disorder, not restarts, which log a step again"],
-            fix=["nothing to fix in training; keep the log in the order it was "
-                 "written, or merge files by step"],
-        ))
-    out.extend(_restart_causes(d))
-    return out
+            evidence=[f"the step went back {i.out_of_order_points} time(s) to a step not logged "
+                      "before (a log sorted another way, or rows merged from several files): "
+                      "disorder, not restarts, which log a step again"],
+            fix=["nothing to fix in training; keep the log in the order it was written, or "
+                 "merge files by step"],
+            score=0.1, where="the whole log"))
+    return found
 
 
 def _restart_text(r: Restart) -> str:
@@ -850,7 +846,7 @@ def _resume_cliffs(d: Diagnosis) -> list[tuple[Cliff, float]]:
 
 
 def _resume_spikes(d: Diagnosis, starts: set[float], ev: list[str]) -> str:
-    """The title's note on the loss spikes right after the resumes at ``starts`` (and their
+    """The claim's note on the loss spikes right after the resumes at ``starts`` (and their
     evidence, appended to ``ev``); "" when there are none."""
     tied = [(c, x) for c, x in _resume_cliffs(d) if x in starts]
     if not tied:
@@ -864,7 +860,7 @@ def _resume_spikes(d: Diagnosis, starts: set[float], ev: list[str]) -> str:
             + ", +".join(f"{c.height:.3g}" for c, _ in tied[:3]) + ")")
 
 
-def _restart_causes(d: Diagnosis) -> list[Finding]:
+def _restarts(d: Diagnosis) -> list[Finding]:
     """Resumed runs: the steps went back (the latest run kept); a jump of the learning rate at
     the re-logged steps is a schedule that restarted with the resume."""
     i = d.input
@@ -875,10 +871,10 @@ def _restart_causes(d: Diagnosis) -> list[Finding]:
         return []
     pts = [r.step_after for r in shown]
     total = max(count, 0) + sum(r.logged for r in jumped)
-    title = f"{total} resume(s) with rollback: " + "; ".join(_restart_text(r)
+    claim = f"{total} resume(s) with rollback: " + "; ".join(_restart_text(r)
                                                              for r in shown[:3])
     if total > 3:
-        title += f" (+{total - 3} more)"
+        claim += f" (+{total - 3} more)"
     ev = [f"steps went back at {'; '.join(i.place(r.line) for r in shown[:5])}"
           f"{' (+more)' if total > 5 else ''}; the latest run was kept, "
           f"{i.superseded_rows} superseded row(s) dropped"]
@@ -886,7 +882,7 @@ def _restart_causes(d: Diagnosis) -> list[Finding]:
              "(the batch order)"]
     tested = [r for r in i.restarts if i.lr_jumped(r) is not None]
     if jumped:
-        title += (f"; the learning rate jumped at {len(jumped)} of them: the schedule "
+        claim += (f"; the learning rate jumped at {len(jumped)} of them: the schedule "
                   "restarted")
         ev.append("learning rate at the step resumed from, earlier run -> resumed run: "
                   + "; ".join(f"step {fmt_num(r.step_after)}: {r.lr_before:.3g} -> "
@@ -896,8 +892,8 @@ def _restart_causes(d: Diagnosis) -> list[Finding]:
     elif tested:
         ev.append(f"the learning rate at the step resumed from matches the earlier run's at "
                   f"{len(tested)} of them (the schedule resumed)")
-    title += _resume_spikes(d, set(pts), ev)
-    return [Finding(name="restarts", claim=title, score=0.3 if jumped else 0.1,
+    claim += _resume_spikes(d, set(pts), ev)
+    return [Finding(name="restarts", claim=claim, score=0.3 if jumped else 0.1,
                     figures=_figures(resumes=total, steps=pts, lr_jumped=len(jumped)),
                   where=f"at steps {_steps(pts)}", evidence=ev, fix=fixes)]
 
@@ -927,9 +923,9 @@ def _resumes(d: Diagnosis) -> list[Finding]:
 ANALYSES: dict[str, Callable[[Diagnosis], list[Finding]]] = {
     "nonfinite": _nonfinite, "skipped": _skipped, "stall": _stall, "bands": _bands,
     "periodicity": _periodicity, "levels": _levels, "attribution": _attribution,
-    "epochs": _epochs, "cliffs": _cliffs, "input": _input, "resumes": _resumes,
-    "grad_norm": _grad_norm, "eval_gap": _eval_gap, "step_time": _step_time,
-    "schedule": _schedule,
+    "epochs": _epochs, "cliffs": _cliffs, "input": _input, "restarts": _restarts,
+    "resumes": _resumes, "grad_norm": _grad_norm, "eval_gap": _eval_gap,
+    "step_time": _step_time, "schedule": _schedule,
 }
 
 
