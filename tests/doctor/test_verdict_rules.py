@@ -8,8 +8,8 @@ import pytest
 from lengthwise.doctor import diagnose, verdict_for
 from lengthwise.doctor.context import RunContext, epochs_from_field, run_context
 from lengthwise.doctor.epochs import epoch_boundaries
-from lengthwise.doctor.folding import fold_test
 from lengthwise.doctor.mechanisms import apparent_period, match_period, megabatch_steps
+from lengthwise.doctor.periodicity import fold_test
 from lengthwise.doctor.render import render_text
 from lengthwise.doctor.simulate import simulate_clean, simulate_run
 from lengthwise.doctor.smoothing import detrended
