@@ -70,6 +70,10 @@ FLOOR_HALF_WIDTH = 25
 MAX_HARMONIC = 12
 FLOOR_NEIGHBOURS = 2 * FLOOR_HALF_WIDTH
 FLOOR_RANK = FLOOR_HALF_WIDTH
+#: AR(1) surrogates of the fold test
+SURROGATES = 499
+#: the lag-1 autocorrelation used for surrogates is capped here (a near-unit root is a trend)
+MAX_PHI = 0.95
 
 
 def _num3(x: float | None) -> int | float | None:
@@ -515,11 +519,6 @@ def _candidates(
             continue
         out.append({"_k": k, "period": round(n / k * interval, 3), "p_value": significant(p)})
     return [{"period": c["period"], "p_value": c["p_value"]} for c in out]
-
-
-SURROGATES = 499
-#: the lag-1 autocorrelation used for surrogates is capped here (a near-unit root is a trend)
-MAX_PHI = 0.95
 
 
 @dataclass(frozen=True)
