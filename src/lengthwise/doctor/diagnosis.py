@@ -134,7 +134,7 @@ class Diagnosis:
     """One log under diagnosis: the log, the options and, computed once each, the shared
     intermediate results and the measurements the report shows."""
 
-    def __init__(self, log: RunLog, options: DiagnoseOptions, source: Source = None) -> None:
+    def __init__(self, log: RunLog, options: DiagnoseOptions, source: Source | None = None) -> None:
         self.log, self.options = log, options
         #: the path the log was read from (None: records or a RunLog): its config files
         self.path = source if isinstance(source, str | os.PathLike) else None
