@@ -38,11 +38,12 @@ import numpy as np
 from lengthwise.doctor.attribution import ALPHA as LENGTH_ALPHA
 from lengthwise.doctor.attribution import REPORT_ALPHA
 from lengthwise.doctor.cliffs import Cliff
-from lengthwise.doctor.diagnosis import MICRO_VIEW, Diagnosis
+from lengthwise.doctor.diagnosis import Diagnosis
 from lengthwise.doctor.gradnorm import LEAD_POINTS, TREND_BLOCKS, Alignment
 from lengthwise.doctor.mechanisms import match_period
 from lengthwise.doctor.numbers import fmt_num, num, with_error
 from lengthwise.doctor.report import Finding
+from lengthwise.doctor.run_config import MICRO_VIEW
 from lengthwise.doctor.runlog import Restart
 from lengthwise.doctor.steptime import SLOW_FACTOR, SLOW_Z
 

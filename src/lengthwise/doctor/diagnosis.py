@@ -53,6 +53,7 @@ from lengthwise.doctor.phases import Phases, find_phases
 from lengthwise.doctor.readers import read_log, read_records
 from lengthwise.doctor.report import Series
 from lengthwise.doctor.run_config import (
+    MICRO_VIEW,
     clip_beside,
     logged_order,
     logged_plan,
@@ -76,8 +77,6 @@ from lengthwise.doctor.steptime import StepTimes, step_times
 from lengthwise.errors import ConfigError
 
 Source = str | os.PathLike[str] | Iterable[Mapping[str, Any]] | RunLog
-#: the ``view`` of a log whose lines are single micro-batches (its ``plan`` event)
-MICRO_VIEW = "micro-batch"
 
 
 @dataclass(frozen=True)

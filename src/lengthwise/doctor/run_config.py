@@ -112,6 +112,8 @@ def clip_beside(log: str | os.PathLike[str]) -> tuple[float | None, str | None]:
 
 #: the event that names a log's batch order
 PLAN_EVENT = "plan"
+#: the ``view`` of a log whose lines are single micro-batches (its ``plan`` event)
+MICRO_VIEW = "micro-batch"
 #: lines read from the top of a log file for the plan event (it is written first)
 HEAD_LINES = 64
 
