@@ -24,7 +24,6 @@ Run::
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import sys
 from pathlib import Path
@@ -56,7 +55,7 @@ def config_options(label: dict[str, Any]) -> dict[str, Any]:
     if per_device:
         opts["batch_size"] = per_device * (accum or 1)
     world = _int(label.get("world_size")) or _int(label.get("n_gpu"))
-    if world and "world_size" in inspect.signature(diagnose).parameters:
+    if world:
         opts["world_size"] = world
     save = _int(label.get("save_steps"))
     if save and save < (_int(label.get("steps")) or 0):

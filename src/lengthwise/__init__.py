@@ -34,7 +34,6 @@ _EXPORTS: dict[str, str] = {
     "recomposition": "lengthwise.planning.metrics",
     "batch_stats": "lengthwise.planning.metrics",
     "diagnose": "lengthwise.doctor",
-    "one_line_verdict": "lengthwise.doctor",
     "verdict_for": "lengthwise.doctor",
     "BucketBatchSampler": "lengthwise.pytorch.sampler",
     "ResumeError": "lengthwise.pytorch.sampler",

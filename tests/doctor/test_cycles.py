@@ -19,7 +19,7 @@ from lengthwise.doctor.cycles import (
 )
 from lengthwise.doctor.mechanisms import apparent_period, match_period, megabatch_steps
 from lengthwise.doctor.periodicity import Periodicity
-from lengthwise.doctor.text import render_text
+from lengthwise.doctor.render import render_text
 
 from simulated_logs.hf import simulate_hf_log
 from simulated_logs.runs import simulate_clean

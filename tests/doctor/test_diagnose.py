@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from lengthwise.doctor import REPORT_KEYS, EmptyLogError, diagnose, one_line_verdict
+from lengthwise.doctor import REPORT_KEYS, EmptyLogError, diagnose
 
 from simulated_logs.runs import simulate_run
 
@@ -34,7 +34,7 @@ def test_reference_run_has_three_bands_from_buckets(reference) -> None:
     assert means == sorted(means, reverse=True)  # longer buckets: lower loss per token
     top = r.verdict.causes[0]
     assert top.name == "single_bucket_batches"
-    assert any("--order stratified" in f for f in top.prescription)
+    assert any("--order stratified" in f for f in top.fix)
     assert r.periodicity.period is None
 
 
@@ -47,7 +47,7 @@ def test_reference_cliffs_are_not_the_checkpoints(reference) -> None:
     for c in r.cliffs:
         assert c.height > 0.7 and c.recovery_steps is not None and c.at_checkpoint is False
     assert any(c.name == "loss_spikes" for c in r.verdict.causes)
-    line = one_line_verdict(r)
+    line = r.verdict.summary
     assert line.startswith("3 loss bands") and "not explained by checkpoints" in line
     assert f"p={ck.p_value:.2g}" in line
 
@@ -61,7 +61,7 @@ def test_checkpoint_aligned_spikes_are_associated() -> None:
     assert ck.aligned == len(r.cliffs) >= 8
     assert ck.throughput_ratio is not None and ck.throughput_ratio < 0.5  # saves stall steps
     assert r.verdict.causes[0].name == "checkpoint_disruption"
-    assert any("off the training thread" in f for f in r.verdict.causes[0].prescription)
+    assert any("off the training thread" in f for f in r.verdict.causes[0].fix)
 
 
 def test_same_spikes_without_checkpoint_info_and_with_checkpoint_every() -> None:
@@ -87,7 +87,7 @@ def test_sorted_megabatches_give_the_period(megabatch: int) -> None:
     assert ("sorted_batches_cycle" if megabatch == 50 else "periodic_unknown") in names
     if megabatch == 12:
         cause = next(c for c in r.verdict.causes if c.name == "periodic_unknown")
-        assert "unknown cause" in cause.title and "no known mechanism" in " ".join(cause.evidence)
+        assert "unknown cause" in cause.claim and "no known mechanism" in " ".join(cause.evidence)
         told = diagnose(run.records, steps_per_epoch=48)  # min(48 // 4, 50) = 12
         assert any(c.name == "sorted_batches_cycle" for c in told.verdict.causes)
 
@@ -99,7 +99,7 @@ def test_clean_runs(order: str) -> None:
     assert r.periodicity.period is None
     assert r.cliffs == []
     assert r.verdict.clean
-    assert one_line_verdict(r).startswith("clean")
+    assert r.verdict.summary.startswith("clean")
 
 
 def test_unlogged_bucket_says_what_to_log() -> None:
@@ -127,7 +127,7 @@ def test_divergence_to_nan_ends_the_stable_region() -> None:
     r = diagnose(run.records)
     assert r.stats.nonfinite.diverged_at == 2000.0
     assert r.phases.end == 1999.0
-    assert "diverged" in r.verdict.causes[0].title
+    assert "diverged" in r.verdict.causes[0].claim
 
 
 def test_all_nan_is_an_error() -> None:
@@ -175,7 +175,7 @@ def test_short_log_is_not_called_clean() -> None:
     assert r.bands.count is None and "not tested" in r.bands.note
     assert r.periodicity.period is None and r.periodicity.p_value is None
     assert r.verdict.clean is None
-    assert one_line_verdict(r).startswith("not tested: bands, 20 points in the stable region")
+    assert r.verdict.summary.startswith("not tested: bands, 20 points in the stable region")
     assert json.loads(r.to_json())["verdict"]["clean"] is None
 
 

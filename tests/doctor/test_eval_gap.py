@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from lengthwise.doctor import diagnose, read_records
 from lengthwise.doctor.context import lr_restarts
-from lengthwise.doctor.text import render_text
+from lengthwise.doctor.render import render_text
 
 from simulated_logs.events import with_evals
 from simulated_logs.runs import simulate_clean
@@ -31,7 +31,7 @@ def test_a_held_out_loss_in_the_step_rows_that_rises_is_over_fitting() -> None:
     assert r.eval_gap.widening and r.eval_gap.eval_rising
     assert 1800 <= r.eval_gap.eval_min_step <= 2200
     cause = next(c for c in r.verdict.causes if c.name == "eval_overfitting")
-    assert cause.title.startswith(f"over-fitting: the held-out loss rises from step "
+    assert cause.claim.startswith(f"over-fitting: the held-out loss rises from step "
                                   f"{r.eval_gap.eval_min_step:g}")
 
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from lengthwise.cli import main
 from lengthwise.doctor import diagnose
 from lengthwise.doctor.gradnorm import SPIKE_Z, grad_norm_findings, spike_mask
-from lengthwise.doctor.text import render_text
+from lengthwise.doctor.render import render_text
 
 from simulated_logs.events import grad_norm_log
 from simulated_logs.runs import simulate_clean
@@ -43,7 +43,7 @@ def test_gradient_norm_spikes_before_the_loss_spikes_lead_them() -> None:
     assert r.grad_norm.lead.found and not r.grad_norm.co_spikes.found
     assert r.grad_norm.lead.to_dict()["median_lag_points"] == 3
     cause = next(c for c in r.verdict.causes if c.name == "grad_norm_leads")
-    assert "by 3 logged point(s)" in cause.title
+    assert "by 3 logged point(s)" in cause.claim
 
 
 def test_loss_spikes_without_gradient_norm_spikes_align_with_nothing() -> None:
@@ -90,7 +90,7 @@ def test_clipping_alone_is_context_and_a_cause_only_when_the_loss_shows_it() -> 
     assert 0.25 <= g.clip_rate < 0.5 and g.clipped_spikes.found
     cause = next(c for c in r.verdict.causes if c.name == "grad_clipped_often")
     assert f"{g.clipped_spikes.aligned} of {len(spikes)} loss spikes start at a clipped step" \
-        in cause.title
+        in cause.claim
 
 
 def test_steps_with_a_zero_gradient_norm_count_in_the_clip_rate_and_are_a_finding() -> None:
@@ -108,7 +108,7 @@ def test_steps_with_a_zero_gradient_norm_count_in_the_clip_rate_and_are_a_findin
     assert gn.logged == 300 and gn.zero_steps == 168
     assert abs(gn.clip_rate - 117 / 300) < 1e-9  # 39 %, not 117 of the 132 non-zero norms
     cause = next(c for c in r.verdict.causes if c.name == "no_update_steps")
-    assert cause.title.startswith("168 of 300 logged steps (56%) have a gradient norm of 0")
+    assert cause.claim.startswith("168 of 300 logged steps (56%) have a gradient norm of 0")
     text = render_text(r)
     assert "clipped at 39.0% of 300 logged steps" in text and "norm 0 (no update) at 168" in text
     # a few zero norms are reported, not a cause

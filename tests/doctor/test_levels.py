@@ -25,7 +25,7 @@ from lengthwise.doctor.levels import (
     bucket_levels,
     length_ranges,
 )
-from lengthwise.doctor.text import render_text
+from lengthwise.doctor.render import render_text
 
 from simulated_logs.micro import simulate_micro_log
 
@@ -49,12 +49,12 @@ def test_known_levels_are_found_one_per_length_range_with_their_means(seed):
     assert sum(r["lines"] for r in levels.ranges) == levels.lines
     cause = _micro_cause(report)
     assert cause is not None and cause is report.verdict.causes[0]
-    assert "composition of the logged micro-batch, not of the optimizer step" in cause.title
+    assert "composition of the logged micro-batch, not of the optimizer step" in cause.claim
     for r in levels.ranges:  # each level: its length range, mean loss and line count
         assert any(f"lengths {r['lengths']} tokens" in e and f"{r['lines']} micro-batches" in e
                    and f"mean loss {r['mean_loss']:.4g}" in e for e in cause.evidence)
-    assert cause.prescription[0].startswith("log the optimizer step's loss instead")
-    assert "token-weighted mean over every micro-batch of the step" in cause.prescription[0]
+    assert cause.fix[0].startswith("log the optimizer step's loss instead")
+    assert "token-weighted mean over every micro-batch of the step" in cause.fix[0]
 
 
 @pytest.mark.parametrize("case", [dict(), dict(ar=0.5), dict(buckets=6, lines=300)])
@@ -259,9 +259,9 @@ def test_the_demos_step_logs_of_orders_that_mix_buckets_have_no_bands(order):
         assert "the length bucket of each step drives its loss" not in report.verdict.summary
         for cause in report.verdict.causes:  # a composition cause quotes what it explains
             if cause.name == "composition_noise":
-                assert "% of" in cause.title and "beyond chance" in cause.title
+                assert "% of" in cause.claim and "beyond chance" in cause.claim
                 if order == "stratified":
-                    assert "each step holds close to the data set's mix" in cause.title
+                    assert "each step holds close to the data set's mix" in cause.claim
     assert diagnose(str(path), start=start, end=end).bands.count == 1  # tested: one band
 
 
@@ -278,7 +278,7 @@ def test_mixed_steps_whose_mix_moves_the_loss_are_told_so_with_the_share(order):
                      "buckets": ids.tolist()})
     report = diagnose(rows)
     assert report.attribution.single_bucket is False and report.attribution.bucket_explains
-    title = report.verdict.causes[0].title
+    title = report.verdict.causes[0].claim
     assert "drives its loss" not in title
     assert f"{report.attribution.bucket_r2_adjusted:.0%}" in title and "beyond chance" in title
     assert ("each step holds close to the data set's mix" in title) == (order == "stratified")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from lengthwise.doctor import diagnose
-from lengthwise.doctor.order import logged_order
+from lengthwise.doctor.run_config import logged_order
 
 from simulated_logs.runs import simulate_run
 
@@ -13,7 +13,7 @@ PRESCRIBED = "lengthwise plan --order stratified"
 
 
 def _fixes(report) -> str:
-    return " ".join(p for c in report.verdict.causes for p in c.prescription)
+    return " ".join(p for c in report.verdict.causes for p in c.fix)
 
 
 def _banded() -> list[dict]:

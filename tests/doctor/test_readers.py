@@ -23,7 +23,7 @@ from lengthwise.doctor import (
     read_log,
     read_records,
 )
-from lengthwise.doctor.readers.columns import _resolve_restarts
+from lengthwise.doctor.readers.restarts import resolve_restarts
 from lengthwise.doctor.runlog import InputSummary
 
 
@@ -184,7 +184,7 @@ def test_csv_without_a_loss_column_says_so_and_suggests_loss_key(tmp_path: Path)
 @given(st.lists(st.integers(0, 30), min_size=1, max_size=60))
 def test_restart_resolution_properties(steps: list[int]) -> None:
     arr = np.asarray(steps, dtype=float)
-    keep = _resolve_restarts(arr, np.arange(1, arr.size + 1), InputSummary())
+    keep = resolve_restarts(arr, np.arange(1, arr.size + 1), InputSummary())
     kept = arr[keep]
     assert keep[-1]  # the last row always survives
     assert np.all(np.diff(kept) > 0)  # strictly increasing

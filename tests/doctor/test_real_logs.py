@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lengthwise.doctor import diagnose, one_line_verdict
+from lengthwise.doctor import diagnose
 
 #: runs whose own configuration (README) says group_by_length is off or not used
 NOT_LENGTH_GROUPED = (
@@ -39,7 +39,7 @@ def test_every_real_log_is_diagnosed(reports) -> None:
         assert r.input.malformed == 0 and r.input.restart_count == 0, name
         assert r.input.duplicate_rows == 0, name  # README: steps strictly increase
         assert r.stats.loss_roughness > 0, name
-        assert one_line_verdict(r), name
+        assert r.verdict.summary, name
 
 
 def test_lr_warmup_is_read_from_the_logged_lr(reports) -> None:
@@ -88,7 +88,7 @@ def test_every_cause_names_its_mechanism_or_says_unknown(reports) -> None:
             if c.name == "sorted_batches_cycle":
                 assert any("matches Hugging Face" in e for e in c.evidence), name
             if c.name == "periodic_unknown":
-                assert "unknown cause" in c.title, name
+                assert "unknown cause" in c.claim, name
 
 
 def test_a_short_snippet_is_not_called_clean() -> None:

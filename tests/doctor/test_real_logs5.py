@@ -31,4 +31,4 @@ def test_restarts_in_separate_run_folders_and_a_loss_that_does_not_move() -> Non
     r = diagnose(REAL / "tb_alpacalora_luganda_restarts_runs")
     assert r.input.restart_count == 2 and r.input.duplicate_rows == 0
     assert r.verdict.causes[0].name == "not_learning"
-    assert r.verdict.causes[0].title.startswith("the loss has not moved since step 10")
+    assert r.verdict.causes[0].claim.startswith("the loss has not moved since step 10")

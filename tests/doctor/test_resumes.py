@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lengthwise.doctor import diagnose, read_records
-from lengthwise.doctor.text import render_text
+from lengthwise.doctor.render import render_text
 
 from simulated_logs.events import with_resumes
 from simulated_logs.runs import simulate_clean
@@ -27,9 +27,9 @@ def test_steps_that_go_back_with_a_restarted_schedule_are_resumes_with_rollback(
     assert (second.step_before, second.step_after) == (16620, 16001)
     assert first.gap_seconds == 601 and r.input.lr_jumped(first) and r.input.lr_jumped(second)
     cause = _restart_cause(r)
-    assert "steps 8001..8310 run again" in cause.title
-    assert "the learning rate jumped at 2 of them: the schedule restarted" in cause.title
-    assert cause.prescription[0].startswith("load the scheduler's state")
+    assert "steps 8001..8310 run again" in cause.claim
+    assert "the learning rate jumped at 2 of them: the schedule restarted" in cause.claim
+    assert cause.fix[0].startswith("load the scheduler's state")
     points = r.to_dict()["input"]["restart_points"]
     assert points[0]["lr_jumped"] is True and points[0]["rolled_back"] == 309
     assert "2 resume(s) with rollback" in render_text(r)
@@ -39,7 +39,7 @@ def test_a_resume_that_restores_the_scheduler_says_the_schedule_resumed() -> Non
     rows = with_resumes(simulate_clean(6000, seed=4), [(3000, 2501)], restart_schedule=False)
     r = diagnose(rows)
     cause = _restart_cause(r)
-    assert "schedule restarted" not in cause.title and cause.score < 0.3
+    assert "schedule restarted" not in cause.claim and cause.score < 0.3
     assert any("matches the earlier run's" in e for e in cause.evidence)
     assert r.input.lr_jumped(r.input.restarts[0]) is False
 
@@ -91,9 +91,9 @@ def test_a_loss_spike_right_after_a_resume_is_told_with_the_resume_not_as_a_hard
     r = diagnose(rows)
     assert 2502 in [c.step for c in r.cliffs] and len(r.cliffs) == 4
     spikes = next(c for c in r.verdict.causes if c.name == "loss_spikes")
-    assert spikes.title.startswith("3 one-step loss spike(s)") and "2502" not in spikes.evidence[0]
+    assert spikes.claim.startswith("3 one-step loss spike(s)") and "2502" not in spikes.evidence[0]
     cause = _restart_cause(r)
-    assert "the schedule restarted; the loss spikes right after 1 of them (+0.92" in cause.title
+    assert "the schedule restarted; the loss spikes right after 1 of them (+0.92" in cause.claim
     assert any("+0.92" in e and "at step 2502, 1 step(s) after the resume at 2501" in e
                for e in cause.evidence)
 

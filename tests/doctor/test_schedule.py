@@ -29,7 +29,7 @@ def test_a_peak_and_a_warm_up_not_as_configured_are_a_cause(tmp_path: Path) -> N
                                  "max_steps": 2000}))
     assert r.schedule.warmup == 500 and r.schedule.logged_warmup < 110
     cause = next(c for c in r.verdict.causes if c.name == "schedule_not_as_configured")
-    assert cause.title == (f"the learning rate peaks at {r.schedule.logged_peak:.3g}, the "
+    assert cause.claim == (f"the learning rate peaks at {r.schedule.logged_peak:.3g}, the "
                            "configuration says 0.001; "
                            f"the warm-up ends at step {r.schedule.logged_warmup:g}, the "
                            "configuration says 500 steps")

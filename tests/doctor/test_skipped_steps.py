@@ -7,7 +7,7 @@ import math
 import pytest
 
 from lengthwise.doctor import EmptyLogError, diagnose
-from lengthwise.doctor.text import render_text
+from lengthwise.doctor.render import render_text
 
 from simulated_logs.events import dflash_log
 
@@ -23,8 +23,8 @@ def test_steps_skipped_empty_are_the_trainers_word_not_divergence(report) -> Non
     names = [c.name for c in report.verdict.causes]
     assert "nonfinite_loss" not in names and report.stats.nonfinite.count == 0
     cause = next(c for c in report.verdict.causes if c.name == "empty_steps")
-    assert cause.title.startswith("10 step(s) skipped by the trainer")
-    assert "max_len" in cause.prescription[0] and "lower the learning rate" not in str(cause)
+    assert cause.claim.startswith("10 step(s) skipped by the trainer")
+    assert "max_len" in cause.fix[0] and "lower the learning rate" not in str(cause)
     assert report.to_dict()["skipped_steps"] == {"count": 10, "share": round(10 / 3000, 6),
                                                  "first_steps": [100, 400, 700, 1000, 1300],
                                                  "field": "slots"}
@@ -34,7 +34,7 @@ def test_a_step_of_one_micro_batch_is_never_called_stratified(report) -> None:
     assert report.context.micro_batches == 1
     text = render_text(report)
     assert "stratified" not in text.split("verdict")[1]
-    assert "each step holds one micro-batch" in report.verdict.causes[0].prescription[0]
+    assert "each step holds one micro-batch" in report.verdict.causes[0].fix[0]
 
 
 def test_a_skipped_step_that_held_tokens_keeps_its_nan_in_the_count() -> None:

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from lengthwise.doctor import diagnose
+from lengthwise.doctor.render import render_text
 from lengthwise.doctor.stall import find_stall
-from lengthwise.doctor.text import render_text
 
 from simulated_logs.runs import simulate_clean
 
@@ -24,7 +24,7 @@ def test_a_flat_loss_is_the_first_cause() -> None:
     r = diagnose(_rows(steps, 4.77 + 0.005 * rng.standard_normal(steps.size)))
     first = r.verdict.causes[0]
     assert first.name == "not_learning" and r.verdict.clean is False
-    assert first.title.startswith("the loss has not moved since step 10")
+    assert first.claim.startswith("the loss has not moved since step 10")
     assert r.verdict.summary.startswith("the loss has not moved since step 10")
     assert "the loss has not moved since step 10" in render_text(r)
     assert json.loads(r.to_json())["stall"]["since"] == 10

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lengthwise.doctor import diagnose
-from lengthwise.doctor.text import render_text
+from lengthwise.doctor.render import render_text
 
 from simulated_logs.events import with_resumes
 from simulated_logs.runs import simulate_clean
@@ -32,8 +32,8 @@ def test_slow_steps_at_the_save_interval_are_named_and_costed() -> None:
     assert t.slow == 12 and t.period == 250 and t.matches == "the checkpoint interval"
     assert 0.05 < t.cost_share < 0.07
     cause = next(c for c in r.verdict.causes if c.name == "slow_steps")
-    assert cause.title.startswith("12 slow step(s) every 250 steps (the checkpoint interval)")
-    assert cause.prescription == ["save asynchronously, or less often"]
+    assert cause.claim.startswith("12 slow step(s) every 250 steps (the checkpoint interval)")
+    assert cause.fix == ["save asynchronously, or less often"]
     assert "every 250 steps (the checkpoint interval)" in render_text(r)
 
 
@@ -55,7 +55,7 @@ def test_a_slower_run_after_a_restart_is_a_cause() -> None:
     r = diagnose(rows)
     assert r.step_time.after_restarts == [(1801.0, 0.6)]
     cause = next(c for c in r.verdict.causes if c.name == "slower_after_restart")
-    assert "60% of the throughput before at step 1801" in cause.title
+    assert "60% of the throughput before at step 1801" in cause.claim
 
 
 @settings(max_examples=20, deadline=None)
@@ -88,7 +88,7 @@ def test_a_rank_that_is_the_slowest_at_most_steps_is_a_straggler() -> None:
     assert late.found and late.rank == 2 and late.ranks == 4 and late.slowest_share > 0.8
     assert r.step_time.source == "slowest rank_seconds"
     cause = next(c for c in r.verdict.causes if c.name == "straggler")
-    assert cause.title.startswith("rank 2 is a straggler: the slowest of 4 ranks")
+    assert cause.claim.startswith("rank 2 is a straggler: the slowest of 4 ranks")
     assert r.to_dict()["step_time"]["stragglers"]["found"] is True
 
 

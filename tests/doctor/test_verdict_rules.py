@@ -7,11 +7,11 @@ import pytest
 
 from lengthwise.doctor import diagnose, verdict_for
 from lengthwise.doctor.context import RunContext, epochs_from_field, run_context
-from lengthwise.doctor.detrend import detrended
 from lengthwise.doctor.epochs import epoch_boundaries
-from lengthwise.doctor.folding import fold_test
 from lengthwise.doctor.mechanisms import apparent_period, match_period, megabatch_steps
-from lengthwise.doctor.text import render_text
+from lengthwise.doctor.periodicity import fold_test
+from lengthwise.doctor.render import render_text
+from lengthwise.doctor.smoothing import detrended
 
 from simulated_logs.runs import simulate_clean, simulate_run
 
@@ -116,8 +116,7 @@ def test_one_verdict_everywhere() -> None:
     records = simulate_run("sorted_megabatch", steps=1500, seed=3, megabatch=50).records
     r = diagnose(records)
     assert verdict_for(records) == r.verdict
-    assert r.one_line() == r.verdict.summary
-    assert r.verdict.causes[0].title in render_text(r)
+    assert r.verdict.causes[0].claim in render_text(r)
     assert all(c.where for c in r.verdict.causes)
 
 
@@ -133,7 +132,7 @@ def test_spikes_in_early_training_are_reported_as_such() -> None:
     early = [c for c in r.cliffs if c.phase == "early"]
     assert len(early) >= 6 and r.phases.start > 290
     cause = next(c for c in r.verdict.causes if c.name == "loss_spikes")
-    assert "in early training" in cause.title
+    assert "in early training" in cause.claim
 
 
 def test_a_regular_staircase_without_epoch_info_is_read_as_epochs() -> None:
@@ -144,7 +143,7 @@ def test_a_regular_staircase_without_epoch_info_is_read_as_epochs() -> None:
     assert r.periodicity.period == 250 and r.epochs.found
     assert r.context.steps_per_epoch_source.startswith("a regular staircase")
     cause = next(c for c in r.verdict.causes if c.name == "epoch_boundaries")
-    assert any("--steps-per-epoch" in f for f in cause.prescription)
+    assert any("--steps-per-epoch" in f for f in cause.fix)
     # a saw-tooth of the same period rises between its drops: not a staircase
     saw = 2.0 + 0.2 * ((t % 250) / 250) + 0.01 * np.random.default_rng(2).standard_normal(t.size)
     r2 = diagnose([{"step": int(s) + 1, "loss": float(v)} for s, v in zip(t, saw, strict=True)])
@@ -163,7 +162,7 @@ def test_a_smooth_cycle_without_epoch_info_is_a_periodic_component_not_epochs() 
     assert r.context.steps_per_epoch is None and r.epochs.found is None
     names = [c.name for c in r.verdict.causes]
     assert names[0] == "periodic_unknown" and "epoch_boundaries" not in names
-    assert "epoch" not in r.verdict.causes[0].title
+    assert "epoch" not in r.verdict.causes[0].claim
 
 
 def test_epoch_starts_where_the_level_rises_are_not_called_step_downs() -> None:
@@ -176,8 +175,8 @@ def test_epoch_starts_where_the_level_rises_are_not_called_step_downs() -> None:
     assert r.epochs.found and sum(d > 0 for d in r.epochs.drops) == 1
     cause = next(c for c in r.verdict.causes if c.name == "epoch_boundaries")
     n = len(r.epochs.drops)
-    assert f"at epoch starts ({n - 1} of {n} boundaries" in cause.title
-    assert "each epoch start" not in cause.title
+    assert f"at epoch starts ({n - 1} of {n} boundaries" in cause.claim
+    assert "each epoch start" not in cause.claim
 
 
 def test_a_periodic_component_is_not_read_as_hundreds_of_epochs() -> None:

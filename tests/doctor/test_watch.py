@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from lengthwise.cli import main
-from lengthwise.doctor.report import Cause, Verdict
+from lengthwise.doctor.report import Finding, Verdict
 from lengthwise.doctor.watch import Watcher
 
 from simulated_logs.runs import simulate_run
@@ -108,7 +108,7 @@ def test_watch_stops_after_max_seconds_with_exit_0(tmp_path: Path) -> None:
 
 
 def _stub(*names: str, clean: bool | None = False, step: float = 10.0) -> SimpleNamespace:
-    causes = [Cause(name=n, title=f"{n} found", score=0.5, prescription=["fix it"])
+    causes = [Finding(name=n, claim=f"{n} found", score=0.5, fix=["fix it"])
               for n in names]
     verdict = Verdict(causes=causes, clean=clean if causes else clean,
                       summary="; ".join(names) or "clean: no bands")

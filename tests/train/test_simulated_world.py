@@ -121,8 +121,8 @@ def test_the_doctor_reads_both_views(tmp_path):
     report = diagnose(str(micro_log))
     cause = report.verdict.causes[0]
     assert cause.name == "micro_batch_bands"
-    assert "composition of the logged micro-batch" in cause.title
-    assert "log the optimizer step's loss instead" in cause.prescription[0]
+    assert "composition of the logged micro-batch" in cause.claim
+    assert "log the optimizer step's loss instead" in cause.fix[0]
     ranges = report.attribution.levels.ranges
     assert [r["buckets"] for r in ranges] == [[b, b] for b in range(4)]  # one level per bucket
     offsets = [r["mean_offset"] for r in ranges]

@@ -37,20 +37,18 @@ from lengthwise.doctor.errors import (
 )
 from lengthwise.doctor.noise import Noise
 from lengthwise.doctor.readers import read_log, read_records
-from lengthwise.doctor.report import REPORT_KEYS, Cause, Report, Verdict
+from lengthwise.doctor.report import REPORT_KEYS, Finding, Report, Verdict
 from lengthwise.doctor.runlog import RunLog
-from lengthwise.doctor.verdict import one_line_verdict
 
 __all__ = [
     "diagnose",
     "verdict_for",
     "load",
-    "one_line_verdict",
     "read_log",
     "read_records",
     "Report",
     "Verdict",
-    "Cause",
+    "Finding",
     "Noise",
     "REPORT_KEYS",
     "RunLog",

@@ -41,9 +41,8 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.doctor.detrend import local_linear, log_scale
 from lengthwise.doctor.numbers import significant
-from lengthwise.doctor.smoothing import ROUGHNESS_WINDOW, odd
+from lengthwise.doctor.smoothing import ROUGHNESS_WINDOW, local_linear, log_scale, odd
 
 ALPHA = 0.05
 BOOTSTRAP = 199

@@ -64,11 +64,6 @@ class RunContext:
         """Every step holds one micro-batch (of one length bucket): no order mixes a step."""
         return self.micro_batches == 1
 
-    @property
-    def run_steps(self) -> float:
-        """Steps the log covers (last minus first logged step)."""
-        return self.last_step - self.first_step
-
     def to_dict(self) -> dict[str, object]:
         """JSON-ready form (the ``context`` key of the report)."""
         return {

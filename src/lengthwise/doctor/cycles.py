@@ -11,7 +11,7 @@ the phases ``j * k / L mod 1``: every aliasing of the cycle by the logging
 interval is a grouping of the rows by those phases. The share of the detrended
 residual's variance the grouping explains (``eta^2``) is compared with the same
 share in AR(1) surrogates of the residual, detrended the same way
-(:func:`lengthwise.doctor.folding.ar1_surrogates`; 499 of them, fewer but at
+(:func:`lengthwise.doctor.periodicity.ar1_surrogates`; 499 of them, fewer but at
 least 199 on logs of 10,000+ rows); when several groupings are tried (one per
 world size), the largest standardised ``eta^2`` is ranked among the
 surrogates' own largest (max-T). Predicted cycles are tested in logs of up to
@@ -43,18 +43,19 @@ from fractions import Fraction
 import numpy as np
 
 from lengthwise.doctor.context import RunContext
-from lengthwise.doctor.detrend import detrend_window, detrended, local_linear
-from lengthwise.doctor.folding import SURROGATES, ar1_surrogates
 from lengthwise.doctor.mechanisms import apparent_period, candidates, match_period
 from lengthwise.doctor.periodicity import (
     ALPHA,
     MIN_POINTS,
+    SURROGATES,
     Periodicity,
     acf_at,
     acf_holds,
+    ar1_surrogates,
     autocorrelation,
     fine_period,
 )
+from lengthwise.doctor.smoothing import detrend_window, detrended, local_linear
 
 #: fewest rows per phase group for a grouping to be tested
 MIN_PER_GROUP = 4

@@ -118,7 +118,7 @@ def _loss_panel(ax: Any, name: str, r: Report) -> None:
               ncol=2 if coloured else 1)
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
-    ax.set_title(f"{_short(name)}\n{_lines(r.one_line(), 95, VERDICT_LINES)}", fontsize=8.5,
+    ax.set_title(f"{_short(name)}\n{_lines(r.verdict.summary, 95, VERDICT_LINES)}", fontsize=8.5,
                  loc="left")
 
 

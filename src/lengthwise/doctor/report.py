@@ -1,8 +1,8 @@
 """The doctor's report: the types of its findings and verdict, and their JSON form.
 
-Types only: :class:`Cause`, :class:`Verdict`, :class:`Findings` (every analysis
-of one run) and :class:`Report` (the findings, the verdict built from them by
-:func:`lengthwise.doctor.verdict.build_verdict`, and the arrays for plotting).
+Types only: :class:`Finding` (what one analysis claims), :class:`Verdict` (the
+findings ranked, see :func:`lengthwise.doctor.render.rank`) and :class:`Report`
+(every measurement of one run, its verdict, and the arrays for plotting).
 ``Report.to_dict()`` has the keys of :data:`REPORT_KEYS`; docs/doctor.md
 documents each field.
 
@@ -35,62 +35,44 @@ from lengthwise.doctor.periodicity import Periodicity
 from lengthwise.doctor.phases import Phases
 from lengthwise.doctor.runlog import InputSummary
 from lengthwise.doctor.schedule import Schedule
-from lengthwise.doctor.skipped import EmptySteps
 from lengthwise.doctor.stall import Stall
-from lengthwise.doctor.stats import StableStats
+from lengthwise.doctor.stats import EmptySteps, StableStats
 from lengthwise.doctor.steptime import StepTimes
-
-#: top-level keys of ``Report.to_dict()``, in order
-REPORT_KEYS: tuple[str, ...] = (
-    "stable_region",
-    "stats",
-    "bands",
-    "periodicity",
-    "cliffs",
-    "checkpoint_association",
-    "epoch_boundaries",
-    "attribution",
-    "noise",
-    "stall",
-    "skipped_steps",
-    "grad_norm",
-    "eval_gap",
-    "step_time",
-    "schedule",
-    "context",
-    "verdict",
-    "input",
-)
 
 
 @dataclass(frozen=True)
-class Cause:
-    """One likely cause: what was found, where in the run, the evidence and the fix."""
+class Finding:
+    """What one analysis claims of a run: a name, a severity, the figures it rests on and a
+    one-line claim, with where in the run, the evidence and the fix.
+
+    ``score`` (0..1) ranks the causes of a run; ``figures`` holds plain data only.
+
+    >>> Finding(name="loss_spikes", claim="3 one-step loss spike(s)", score=0.26).to_dict()["title"]
+    '3 one-step loss spike(s)'
+    """
 
     name: str
-    title: str
+    claim: str
     score: float
-    evidence: list[str] = field(default_factory=list)
-    prescription: list[str] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)
     where: str = ""
+    evidence: list[str] = field(default_factory=list)
+    fix: list[str] = field(default_factory=list)
+    kind: str = "cause"  # or "untested": a core test that could not run, and why
+    analysis: str = ""  # the registry entry that made it
 
     def to_dict(self) -> dict[str, object]:
-        """JSON-ready form."""
-        return {
-            "cause": self.name,
-            "title": self.title,
-            "score": round(self.score, 3),
-            "where": self.where,
-            "evidence": list(self.evidence),
-            "prescription": list(self.prescription),
-        }
+        """JSON-ready form (one entry of the verdict's ``causes``)."""
+        return {"cause": self.name, "analysis": self.analysis, "title": self.claim,
+                "score": round(self.score, 3), "where": self.where, "figures": self.figures,
+                "evidence": list(self.evidence), "prescription": list(self.fix)}
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """Causes, most likely first; ``clean`` is None when a core test could not run."""
+    """Findings, most likely first; ``clean`` is None when a core test could not run."""
 
-    causes: list[Cause]
+    causes: list[Finding]
     clean: bool | None
     summary: str
     untested: list[str] = field(default_factory=list)
@@ -121,9 +103,19 @@ class Series:
     evals: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
 
 
+#: the report's JSON keys and the measurement each holds
+_JSON_FIELDS = {"stable_region": "phases", "stats": "stats", "bands": "bands",
+                "periodicity": "periodicity", "cliffs": "cliffs",
+                "checkpoint_association": "checkpoint_association",
+                "epoch_boundaries": "epochs", "attribution": "attribution", "noise": "noise",
+                "stall": "stall", "skipped_steps": "skipped", "grad_norm": "grad_norm",
+                "eval_gap": "eval_gap", "step_time": "step_time", "schedule": "schedule",
+                "context": "context", "verdict": "verdict", "input": "input"}
+
+
 @dataclass(frozen=True)
-class Findings:
-    """Every analysis of one run, each built once and complete."""
+class Report:
+    """The measurements of one log, the verdict ranked from its findings, and the series."""
 
     source: str
     input: InputSummary
@@ -137,48 +129,28 @@ class Findings:
     epochs: EpochBoundaries
     attribution: Attribution
     noise: Noise | None
-    stall: Stall = field(default_factory=lambda: Stall(since=None))
-    skipped: EmptySteps = field(default_factory=EmptySteps)
-    grad_norm: GradNorm = field(default_factory=GradNorm)
-    eval_gap: EvalGap = field(default_factory=EvalGap)
-    step_time: StepTimes = field(default_factory=StepTimes)
-    schedule: Schedule = field(default_factory=Schedule)
-
-
-@dataclass(frozen=True)
-class Report(Findings):
-    """The findings of one log, their verdict, and the series for plots."""
-
-    verdict: Verdict = field(default_factory=lambda: Verdict([], None, ""))
+    stall: Stall
+    skipped: EmptySteps
+    grad_norm: GradNorm
+    eval_gap: EvalGap
+    step_time: StepTimes
+    schedule: Schedule
+    verdict: Verdict
     series: Series | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict with the documented keys."""
-        return {
-            "stable_region": self.phases.to_dict(),
-            "stats": self.stats.to_dict(),
-            "bands": self.bands.to_dict(),
-            "periodicity": self.periodicity.to_dict(),
-            "cliffs": [c.to_dict() for c in self.cliffs],
-            "checkpoint_association": self.checkpoint_association.to_dict(),
-            "epoch_boundaries": self.epochs.to_dict(),
-            "attribution": self.attribution.to_dict(),
-            "noise": None if self.noise is None else self.noise.to_dict(),
-            "stall": self.stall.to_dict(),
-            "skipped_steps": self.skipped.to_dict(),
-            "grad_norm": self.grad_norm.to_dict(),
-            "eval_gap": self.eval_gap.to_dict(),
-            "step_time": self.step_time.to_dict(),
-            "schedule": self.schedule.to_dict(),
-            "context": self.context.to_dict(),
-            "verdict": self.verdict.to_dict(),
-            "input": self.input.to_dict(),
-        }
+        """JSON-ready dict with the documented keys (:data:`REPORT_KEYS`)."""
+        out: dict[str, Any] = {}
+        for key, name in _JSON_FIELDS.items():
+            value = getattr(self, name)
+            out[key] = (None if value is None else [c.to_dict() for c in value]
+                        if isinstance(value, list) else value.to_dict())
+        return out
 
     def to_json(self, indent: int | None = 2) -> str:
         """The report as JSON text (no NaN: non-finite numbers become null)."""
         return json.dumps(json_ready(self.to_dict()), indent=indent)
 
-    def one_line(self) -> str:
-        """The verdict's one-line summary (the same line everywhere)."""
-        return self.verdict.summary
+
+#: top-level keys of ``Report.to_dict()``, in order
+REPORT_KEYS: tuple[str, ...] = tuple(_JSON_FIELDS)

@@ -1,5 +1,10 @@
-"""Run settings kept beside a log: the world size and the gradient-clipping norm in a
-``training_args``/config JSON file.
+"""Run settings recorded with a log: its ``plan`` event, and the world size and the
+gradient-clipping norm in a ``training_args``/config JSON file beside it.
+
+The batch order a run already uses is read from its log, so the doctor never
+prescribes it: a :class:`~lengthwise.train.TrainLoop` log starts with a ``plan``
+event naming its order (``{"event": "plan", "order": "stratified", "layout":
+"pad"}``); any log can carry one. Without it the order is unknown (``None``).
 
 The mega-batch arithmetic needs the number of data-parallel processes. A log
 rarely holds it, but launchers and trainers often save their arguments next
@@ -18,12 +23,16 @@ Example::
     >>> _ = (d / "training_args.json").write_text(json.dumps({"world_size": 4}))
     >>> world_size_beside(d / "train.jsonl")
     (4, 'training_args.json')
+    >>> logged_order([{"event": "plan", "order": "stratified"}, {"step": 1, "loss": 2.0}])
+    'stratified'
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -99,3 +108,63 @@ def settings_beside(log: str | os.PathLike[str],
 def clip_beside(log: str | os.PathLike[str]) -> tuple[float | None, str | None]:
     """The gradient-clipping norm recorded with the log at ``log`` (``max_grad_norm``, ...)."""
     return setting_beside(log, CLIP_KEYS)
+
+
+#: the event that names a log's batch order
+PLAN_EVENT = "plan"
+#: the ``view`` of a log whose lines are single micro-batches (its ``plan`` event)
+MICRO_VIEW = "micro-batch"
+#: lines read from the top of a log file for the plan event (it is written first)
+HEAD_LINES = 64
+
+
+def logged_order(source: Any) -> str | None:
+    """The ``order`` of the first ``plan`` event in a JSONL log (a path or row dicts), or None."""
+    order = logged_plan(source).get("order")
+    return order if isinstance(order, str) and order else None
+
+
+def logged_view(source: Any) -> str | None:
+    """What each line of the log is, from its ``plan`` event's ``view``: ``"micro-batch"``
+    when every line holds one micro-batch's loss (of one rank), else None (optimizer steps).
+
+    Example::
+
+        >>> logged_view([{"event": "plan", "order": "bucket-random", "view": "micro-batch"}])
+        'micro-batch'
+    """
+    view = logged_plan(source).get("view")
+    return view if isinstance(view, str) and view else None
+
+
+def logged_plan(source: Any) -> dict[str, Any]:
+    """The first ``plan`` event of a JSONL log (a path or row dicts); ``{}`` when none."""
+    rows: Iterable[Any]
+    if isinstance(source, str | os.PathLike):
+        path = os.fspath(source)
+        if not os.path.isfile(path) or not path.endswith((".jsonl", ".json", ".jsonl.gz")):
+            return {}
+        rows = _head(path)
+    elif isinstance(source, list):
+        rows = source[:HEAD_LINES]
+    else:
+        return {}
+    for row in rows:
+        if isinstance(row, dict) and row.get("event") == PLAN_EVENT:
+            return row
+    return {}
+
+
+def _head(path: str) -> list[Any]:
+    opener = gzip.open if path.endswith(".gz") else open
+    out = []
+    try:
+        with opener(path, "rt", encoding="utf-8", errors="replace") as fh:
+            for _, line in zip(range(HEAD_LINES), fh, strict=False):
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue
+    except OSError:
+        return []  # the log reader reports an unreadable file itself
+    return out

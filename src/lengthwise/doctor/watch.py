@@ -115,8 +115,8 @@ class Watcher:
             last = self._shown.get(cause.name)
             back = cause.name not in self._present and last is not None
             if last is None or (back and now - last >= self.cooldown):
-                fix = f" -> {cause.prescription[0]}" if cause.prescription else ""
-                self._emit(f"[step {step}] {cause.title}{fix}")
+                fix = f" -> {cause.fix[0]}" if cause.fix else ""
+                self._emit(f"[step {step}] {cause.claim}{fix}")
                 self._shown[cause.name] = now
                 self.printed += 1
         self._present = names

@@ -28,7 +28,13 @@ from typing import Any
 import numpy as np
 
 from lengthwise.doctor.errors import EmptyLogError, UnreadableLogError
-from lengthwise.doctor.readers.resumes import describe_restarts, pauses
+from lengthwise.doctor.readers.restarts import (
+    describe_restarts,
+    mark_logged_resumes,
+    pauses,
+    resolve_restarts,
+    step_order,
+)
 from lengthwise.doctor.runlog import (
     BUCKET_FIELDS,
     CHECKPOINT_EVENTS,
@@ -36,7 +42,6 @@ from lengthwise.doctor.runlog import (
     RANK_FIELDS,
     RESUME_EVENT,
     InputSummary,
-    Restart,
     RunLog,
 )
 
@@ -272,8 +277,8 @@ class ColumnBuilder:
             columns, buckets = _take(order, columns, buckets)
         fresh = np.isin(lines, self._restart_lines) if self._restart_lines else None
         paused = pauses(columns.get("time"))
-        keep = _resolve_restarts(step, lines, s, fresh=fresh, paused=paused)
-        _mark_logged_resumes(s, lines, self._resume_lines)
+        keep = resolve_restarts(step, lines, s, fresh=fresh, paused=paused)
+        mark_logged_resumes(s, lines, self._resume_lines)
         s.restarts = describe_restarts(s.restarts, step, lines, columns.get("lr"),
                                        columns.get("time"))
         if "lr" in columns and np.isfinite(columns["lr"]).any():
@@ -512,155 +517,3 @@ def _merge_buckets(current: list[Any] | None, raw: list[Any]) -> list[Any]:
         return [tuple(b) if isinstance(b, list) else b for b in raw]
     return [c if c is not None else (tuple(b) if isinstance(b, list) else b)
             for c, b in zip(current, raw, strict=True)]
-
-
-def step_order(step: np.ndarray, summary: InputSummary) -> np.ndarray | None:
-    """The order that reads rows out of step order in step order, or ``None`` if none are.
-
-    A step that goes back is a restart when the rows from there on log a step
-    already logged (a resumed run writes its steps again); it is disorder when they
-    log only new steps: a log sorted by descending step, or rows merged from several
-    files in the wrong order. Rows between two restarts are sorted by step (stably,
-    so a step written twice keeps its file order); restarts stay where they are for
-    :func:`_resolve_restarts`. ``summary`` counts the disorder points and moved rows.
-
-    Example::
-
-        >>> s = InputSummary()
-        >>> step_order(np.array([3.0, 2.0, 1.0]), s).tolist(), s.out_of_order_points
-        ([2, 1, 0], 2)
-        >>> step_order(np.array([1.0, 2.0, 3.0, 2.0, 3.0]), InputSummary()) is None  # a resume
-        True
-    """
-    if step.size < 2:
-        return None
-    starts = np.flatnonzero(step[1:] < step[:-1]) + 1  # where an increasing run begins
-    if starts.size == 0:
-        return None
-    _, first, inverse = np.unique(step, return_index=True, return_inverse=True)
-    segment = np.zeros(step.size, dtype=np.int64)
-    segment[starts] = 1
-    segment = np.cumsum(segment)
-    bounds = np.concatenate([[0], starts])
-    # a row repeats a step logged before its run began
-    repeats = first[inverse] < bounds[segment]
-    restart = np.logical_or.reduceat(repeats, bounds)[1:]
-    disorder = int((~restart).sum())
-    if disorder == 0:
-        return None
-    run = np.cumsum(np.concatenate([[0], restart.astype(np.int64)]))[segment]
-    order = np.lexsort((step, run))
-    summary.out_of_order_points = disorder
-    summary.reordered_rows = int((order != np.arange(step.size)).sum())
-    return order
-
-
-#: a step going back at most this many rows, again and again, is a second writer
-WRITER_REWIND = 4
-#: ... when such rewinds and steps written twice in a row reach this share of the rows
-WRITER_SHARE = 0.1
-
-
-def _short_rewinds(s: np.ndarray, back: np.ndarray) -> np.ndarray:
-    """Mask over ``back``: the step went back by at most ``WRITER_REWIND`` rows."""
-    short = np.zeros(back.size, dtype=bool)
-    for n, i in enumerate(back.tolist()):
-        j = i - 1
-        while j >= 0 and i - j <= WRITER_REWIND + 1 and s[j] >= s[i]:
-            j -= 1
-        short[n] = i - j - 1 <= WRITER_REWIND
-    return short
-
-
-def _rewritten_throughout(points: int, rows: int) -> bool:
-    """Whether ``points`` rewritten steps among ``rows`` rows are a second writer's (at least 3
-    and :data:`WRITER_SHARE` of the rows), not a few resumes."""
-    return points >= max(3, WRITER_SHARE * rows)
-
-
-def _rewinds(step: np.ndarray, fresh: np.ndarray,
-             dup: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The rows left once ``dup`` rows are dropped, the places among them where the step goes
-    back (or does not rise at a ``fresh`` row), and which of those are short rewinds."""
-    rest = np.flatnonzero(~dup)
-    s, new_run = step[rest], fresh[rest]
-    back = np.flatnonzero((s[1:] < s[:-1]) | (new_run[1:] & (s[1:] <= s[:-1]))) + 1
-    return rest, back, _short_rewinds(s, back) & ~new_run[back]
-
-
-def _mark_logged_resumes(summary: InputSummary, lines: np.ndarray, resumes: list[int]) -> None:
-    """Mark the restarts that follow a logged ``resume`` event (between the rows around it)."""
-    if not resumes or not summary.restarts:
-        return
-    marks = np.sort(np.asarray(resumes, dtype=np.int64))
-    ordered = np.sort(lines)
-    out = []
-    for r in summary.restarts:
-        at = int(np.searchsorted(ordered, r.line))
-        before = int(ordered[at - 1]) if at > 0 else 0
-        hit = np.searchsorted(marks, before, side="right") < np.searchsorted(marks, r.line)
-        out.append(Restart(r.line, r.step_before, r.step_after, logged=bool(hit)))
-    summary.restarts = out
-    summary.logged_resumes = sum(r.logged for r in out)
-
-
-def _resolve_restarts(
-    step: np.ndarray, lines: np.ndarray, summary: InputSummary, *, fresh: np.ndarray | None = None,
-    paused: np.ndarray | None = None,
-) -> np.ndarray:
-    """Mask of rows to keep: a second writer's rows collapse, then later rows supersede earlier.
-
-    A second writer (e.g. every rank logging) rewrites steps all through the log: a
-    step written again on the next row, or a step that goes back by a few rows
-    (two writers interleaving in short blocks). When such points number at least 3
-    and :data:`WRITER_SHARE` of the rows, they are a second writer's: of a run of
-    equal steps the last is kept, the others are counted in ``duplicate_rows``, and
-    so are the rows short rewinds write again (when those alone are that many).
-    Fewer such points are resumes: a
-    resumed run that logs its first step (or a few steps) again and goes on from
-    there. Any other step that goes back is a restart (a resumed run) too: a row
-    survives only if every later row has a larger step, so a resumed run supersedes
-    what the earlier run logged from its resume point on. ``fresh`` marks rows known
-    to start a new run (a new run folder): a step there that does not exceed the
-    one before is a restart, never a duplicate or a second writer; so is a step that
-    goes back right after a pause in wall time (``paused``: a resumed process).
-    """
-    if step.size < 2:
-        return np.ones(step.size, dtype=bool)
-    fresh = np.zeros(step.size, dtype=bool) if fresh is None else fresh
-    if paused is not None:
-        fresh = fresh | paused
-    dup = np.zeros(step.size, dtype=bool)
-    dup[:-1] = (step[:-1] == step[1:]) & ~fresh[1:]
-    rest, back, short = _rewinds(step, fresh, dup)
-    if dup.any() and not _rewritten_throughout(int(dup.sum()) + int(short.sum()), step.size):
-        fresh = fresh.copy()  # a step logged again now and then: a resumed run's first
-        fresh[1:] |= dup[:-1]
-        dup[:] = False
-        rest, back, short = _rewinds(step, fresh, dup)
-    s = step[rest]
-    writers = _rewritten_throughout(int(short.sum()), s.size)
-    real = back[~short] if writers else back
-    keep = ~dup
-    later_min = np.minimum.accumulate(s[::-1])[::-1]
-    next_min = np.append(later_min[1:], np.inf)
-    survive = s < next_min
-    keep[rest[~survive]] = False
-    superseded = ~survive
-    if writers:  # rows rewritten by the second writer are duplicates, not superseded by a resume
-        rewritten = np.zeros(s.size, dtype=bool)
-        for i in back[short].tolist():
-            j = i - 1
-            while j >= 0 and s[j] >= s[i] and i - j <= WRITER_REWIND + 1:
-                rewritten[j] = True
-                j -= 1
-        superseded &= ~rewritten
-        dup[rest[~survive & rewritten]] = True
-    summary.duplicate_rows = int(dup.sum())
-    summary.restarts = [
-        Restart(line=int(lines[rest[i]]), step_before=float(s[i - 1]), step_after=float(s[i]))
-        for i in real[:1000]
-    ]
-    summary.restart_count = int(real.size)
-    summary.superseded_rows = int(superseded.sum())
-    return keep

@@ -1,4 +1,9 @@
-"""Readable text for one report, and a side-by-side table for several runs.
+"""The doctor's one renderer: the findings ranked into a verdict, then text or JSON.
+
+:func:`rank` orders the analyses' findings (most likely cause first) and writes
+the one-line summary; :func:`render_text` shows one report, and
+:func:`render_comparison` several side by side; ``Report.to_json`` is the JSON
+form of the same report.
 
 Example::
 
@@ -15,10 +20,33 @@ from typing import TYPE_CHECKING
 
 from lengthwise.doctor.numbers import fmt_num as _g
 from lengthwise.doctor.numbers import with_error
+from lengthwise.doctor.report import Finding, Verdict
 
 if TYPE_CHECKING:
     from lengthwise.doctor.levels import BucketLevels
     from lengthwise.doctor.report import Report
+
+
+def rank(findings: list[Finding], loss_roughness: float) -> Verdict:
+    """The verdict of a run's findings: its causes by score, what was not tested, whether
+    it is clean (None: a core test could not run) and the one-line summary.
+
+    >>> rank([], 0.01).summary
+    'clean: no bands, no period, no cliffs (loss_roughness 0.01)'
+    """
+    causes = sorted((f for f in findings if f.kind == "cause"), key=lambda c: -c.score)
+    untested = [f.claim for f in findings if f.kind == "untested"]
+    not_tested = f"not tested: {'; '.join(untested)}"
+    if causes:
+        top = causes[0].claim + (f" -> {causes[0].fix[0]}" if causes[0].fix else "")
+        summary = "; ".join([top, *(c.claim for c in causes[1:3])]) + (
+            f" ({not_tested})" if untested else "")
+    elif untested:
+        summary = f"{not_tested}; no cliffs"
+    else:
+        summary = f"clean: no bands, no period, no cliffs (loss_roughness {loss_roughness:.3g})"
+    return Verdict(causes=causes, clean=False if causes else (None if untested else True),
+                   summary=summary, untested=untested)
 
 
 def _steps(values: list[float], limit: int = 5) -> str:
@@ -271,11 +299,11 @@ def _verdict_lines(r: Report) -> list[str]:
         lines.append(f"  {v.summary}")
         return lines
     for n, c in enumerate(v.causes, 1):
-        lines.append(f"  {n}. {c.title}  [score {c.score:.2f}]")
+        lines.append(f"  {n}. {c.claim}  [score {c.score:.2f}]")
         if c.where:
             lines.append(f"     where: {c.where}")
         lines.extend(f"     evidence: {e}" for e in c.evidence)
-        lines.extend(f"     fix: {f}" for f in c.prescription)
+        lines.extend(f"     fix: {f}" for f in c.fix)
     if v.untested:
         lines.append(f"  not tested: {'; '.join(v.untested)}")
     return lines
@@ -388,5 +416,5 @@ def render_comparison(reports: dict[str, Report]) -> str:
                               *(v.ljust(w) for v, w in zip(values, widths, strict=True))]))
     out.append("")
     for name, r in reports.items():
-        out.append(f"{name}: {r.one_line()}")
+        out.append(f"{name}: {r.verdict.summary}")
     return "\n".join(line.rstrip() for line in out)

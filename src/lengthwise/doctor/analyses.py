@@ -1,40 +1,49 @@
-"""The verdict rules: the likely causes of what the analyses found, ranked, with a fix each.
+"""The doctor's analyses: a registry of functions, each reading one run, each claiming.
 
-One function, :func:`build_verdict`, turns the :class:`~lengthwise.doctor.report.Findings`
-of a run into its :class:`~lengthwise.doctor.report.Verdict`; the command line, the
-demo and the API all read that verdict (:func:`lengthwise.doctor.verdict_for`
-diagnoses a log and returns it). The rules:
+Every entry of :data:`ANALYSES` takes the :class:`~lengthwise.doctor.diagnosis.Diagnosis`
+of a log (the parsed log and its shared intermediate results, computed once) and
+returns its :class:`~lengthwise.doctor.report.Finding` s: a cause it found, with
+the figures it rests on and a one-line claim, or what it could not test
+(``kind="untested"``). :func:`lengthwise.doctor.render.rank` ranks them into the
+verdict. The rules:
 
-* every significant finding (p < 0.05, or a test's own stricter level: 0.01 for
+* every significant result (p < 0.05, or a test's own stricter level: 0.01 for
   periods and for length deciles) is a cause;
 * a period names a mechanism only when its length matches one
   (:mod:`lengthwise.doctor.mechanisms`), else it is "a periodic component of
   unknown cause" with its strength;
-* every cause says where in the run it lies (warm-up, early training, stable region);
-* ``clean`` is True only when bands and periodicity were tested and nothing was
-  found, False when a cause was found, and None when a core test could not run
-  (the summary then says what was not tested and why).
+* every cause says where in the run it lies (warm-up, early training, stable region).
+
+An analysis is added as one function ``(d: Diagnosis) -> list[Finding]`` and one
+entry in :data:`ANALYSES`; a measurement it needs that others share is a cached
+property of :class:`~lengthwise.doctor.diagnosis.Diagnosis`.
 
 Example::
 
-    >>> from lengthwise.doctor import diagnose
+    >>> from lengthwise.doctor.diagnosis import DiagnoseOptions, Diagnosis, load
     >>> rows = [{"step": i, "loss": 2.0} for i in range(10)]
-    >>> v = diagnose(rows).verdict
-    >>> v.clean is None, v.summary.startswith("not tested")
-    (True, True)
+    >>> d = Diagnosis(load(rows), DiagnoseOptions())
+    >>> [(f.name, f.kind) for f in ANALYSES["bands"](d)]
+    [('bands_untested', 'untested')]
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
+
+import numpy as np
 
 from lengthwise.doctor.attribution import ALPHA as LENGTH_ALPHA
 from lengthwise.doctor.attribution import REPORT_ALPHA
 from lengthwise.doctor.cliffs import Cliff
+from lengthwise.doctor.diagnosis import Diagnosis
 from lengthwise.doctor.gradnorm import LEAD_POINTS, TREND_BLOCKS, Alignment
 from lengthwise.doctor.mechanisms import match_period
-from lengthwise.doctor.numbers import fmt_num, with_error
-from lengthwise.doctor.report import Cause, Findings, Verdict
+from lengthwise.doctor.numbers import fmt_num, num, with_error
+from lengthwise.doctor.report import Finding
+from lengthwise.doctor.run_config import MICRO_VIEW
 from lengthwise.doctor.runlog import Restart
 from lengthwise.doctor.steptime import SLOW_FACTOR, SLOW_Z
 
@@ -42,8 +51,6 @@ from lengthwise.doctor.steptime import SLOW_FACTOR, SLOW_Z
 QUICK_RECOVERY = 2
 #: a loss cliff starting at most this many logged points after a resume belongs to the resume
 RESUME_POINTS = 2
-#: the ``view`` of a log whose lines are single micro-batches (its ``plan`` event)
-MICRO_VIEW = "micro-batch"
 STRATIFY = "interleave or stratify length buckets: `lengthwise plan --order stratified`"
 #: the fix when each step holds one micro-batch: no order can mix length buckets in a step
 ONE_MICRO_BATCH_FIX = (
@@ -54,10 +61,10 @@ PHASE_WORDS = {"warm-up": "in the lr warm-up", "early": "in early training",
                "stable": "in the stable region"}
 
 
-def _order_fix(f: Findings) -> str:
+def _order_fix(d: Diagnosis) -> str:
     """The order to prescribe against composition noise: never the one the log already uses."""
-    order = f.context.order
-    if f.context.one_micro_batch:
+    order = d.context.order
+    if d.context.one_micro_batch:
         return ONE_MICRO_BATCH_FIX
     if order == "stratified":
         return ("the run's order is already stratified (each step holds every length "
@@ -69,75 +76,53 @@ def _order_fix(f: Findings) -> str:
     return STRATIFY
 
 
+def _figures(**values: Any) -> dict[str, Any]:
+    """A finding's figures as plain data: numbers (and lists of them) as Python ints or
+    floats to 6 decimals, None where a number is not finite or not known."""
+    def plain(v: Any) -> Any:
+        if isinstance(v, list | tuple):
+            return [plain(x) for x in v]
+        return num(v, 6) if isinstance(v, int | float | np.number) and not isinstance(
+            v, bool) else v
+    return {k: plain(v) for k, v in values.items()}
+
+
+def _aligned(a: Alignment) -> dict[str, Any]:
+    """The figures of an alignment test of the loss spikes."""
+    return _figures(aligned=a.aligned, cliffs=a.cliffs, expected=a.expected, p_value=a.p_value)
+
+
 def _steps(values: list[float], limit: int = 5) -> str:
     shown = ", ".join(fmt_num(v) for v in values[:limit])
     return shown + (f" (+{len(values) - limit} more)" if len(values) > limit else "")
 
 
-def build_verdict(f: Findings) -> Verdict:
-    """Rank the causes behind the findings ``f`` and write the one-line summary."""
-    causes = [*_nonfinite_causes(f), *_skipped_causes(f), *_stall_causes(f),
-              *_composition_causes(f), *_epoch_causes(f), *_cliff_causes(f), *_input_causes(f),
-              *_resume_causes(f), *_grad_norm_causes(f), *_eval_causes(f),
-              *_step_time_causes(f), *_schedule_causes(f)]
-    causes.sort(key=lambda c: -c.score)
-    untested = _untested(f)
-    clean = False if causes else (None if untested else True)
-    return Verdict(causes=causes, clean=clean, summary=_summary(f, causes, untested),
-                   untested=untested)
+def _untested(name: str, note: str) -> Finding:
+    """A core test (bands, periodicity, per-bucket levels) that could not run, and why."""
+    return Finding(name=f"{name.split()[-1]}_untested", kind="untested", score=0.0,
+                   claim=f"{name}, {note.removeprefix('not tested: ')}")
 
 
-def one_line_verdict(report: Findings) -> str:
-    """The verdict's one-line summary (``report.verdict.summary``)."""
-    return report.verdict.summary  # type: ignore[attr-defined]
+def _region(d: Diagnosis) -> str:
+    return f"stable region {fmt_num(d.phases.start)}..{fmt_num(d.phases.end)}"
 
 
-def _untested(f: Findings) -> list[str]:
-    out = []
-    if f.bands.count is None:
-        out.append(f"bands, {f.bands.note.removeprefix('not tested: ')}")
-    if f.periodicity.p_value is None:
-        out.append(f"periodicity, {f.periodicity.note.removeprefix('not tested: ')}")
-    levels = f.attribution.levels
-    if f.context.view == MICRO_VIEW and levels is not None and levels.p_value is None:
-        out.append(f"per-bucket levels, {levels.note.removeprefix('not tested: ')}")
-    return out
-
-
-def _summary(f: Findings, causes: list[Cause], untested: list[str]) -> str:
-    if causes:
-        parts = []
-        for i, c in enumerate(causes[:3]):
-            text = c.title
-            if i == 0 and c.prescription:
-                text += f" -> {c.prescription[0]}"
-            parts.append(text)
-        line = "; ".join(parts)
-        return line + (f" (not tested: {'; '.join(untested)})" if untested else "")
-    if untested:
-        return f"not tested: {'; '.join(untested)}; no cliffs"
-    return (f"clean: no bands, no period, no cliffs (loss_roughness "
-            f"{f.stats.loss_roughness:.3g})")
-
-
-def _region(f: Findings) -> str:
-    return f"stable region {fmt_num(f.phases.start)}..{fmt_num(f.phases.end)}"
-
-
-def _nonfinite_causes(f: Findings) -> list[Cause]:
-    nf = f.stats.nonfinite
+def _nonfinite(d: Diagnosis) -> list[Finding]:
+    """NaN or inf losses, or a loss that diverged to them."""
+    nf = d.stats.nonfinite
     if not nf.count:
         return []
     diverged = nf.diverged_at is not None
-    return [Cause(
+    return [Finding(
         name="nonfinite_loss",
-        title=(f"loss diverged to NaN/inf at step {fmt_num(nf.diverged_at)}" if diverged
+        figures=_figures(count=nf.count, nan=nf.nan, inf=nf.inf, diverged_at=nf.diverged_at),
+        claim=(f"loss diverged to NaN/inf at step {fmt_num(nf.diverged_at)}" if diverged
                else f"{nf.count} NaN/inf loss value(s)"),
         score=1.0 if diverged else 0.6,
         where=f"from step {fmt_num(nf.first_steps[0])}" if nf.first_steps else "",
         evidence=[f"{nf.count} non-finite losses ({nf.nan} NaN, {nf.inf} inf), first at "
                   f"steps {_steps(nf.first_steps)}"],
-        prescription=[
+        fix=[
             "lower the learning rate after warm-up and clip gradients (e.g. max norm 1.0)",
             "with fp16, use bf16 or a dynamic loss scaler; check the batches at those "
             "steps for empty or corrupt samples",
@@ -145,21 +130,22 @@ def _nonfinite_causes(f: Findings) -> list[Cause]:
     )]
 
 
-def _skipped_causes(f: Findings) -> list[Cause]:
+def _skipped(d: Diagnosis) -> list[Finding]:
     """Steps the trainer skipped because they held no supervised token (not divergence)."""
-    sk = f.skipped
+    sk = d.skipped
     if not sk.count:
         return []
-    return [Cause(
+    return [Finding(
         name="empty_steps",
-        title=(f"{sk.count} step(s) skipped by the trainer ({sk.share:.1%} of the logged "
+        figures=_figures(count=sk.count, share=sk.share, first_steps=sk.first_steps),
+        claim=(f"{sk.count} step(s) skipped by the trainer ({sk.share:.1%} of the logged "
                "steps): they held no supervised token, so no update was applied (not "
                "divergence)"),
         score=min(0.5, 0.15 + 2.0 * sk.share),
         where=f"at steps {_steps(sk.first_steps)}" + (" ..." if sk.count > 5 else ""),
         evidence=[f"{sk.count} row(s) logged `skipped: true` with `{sk.field}` 0 and no "
                   "finite loss; they are not counted as NaN/inf losses"],
-        prescription=[
+        fix=[
             "check truncation: samples cut at `max_len` can lose every supervised (assistant) "
             "token; raise `max_len` or drop samples whose supervised part is cut",
             "check the loss mask of those samples (a chat template that masks every turn "
@@ -173,48 +159,54 @@ def _alignment_text(a: Alignment, what: str) -> str:
             f"chance; exact permutation p={fmt_num(a.p_value)})")
 
 
-def _schedule_causes(f: Findings) -> list[Cause]:
+def _schedule(d: Diagnosis) -> list[Finding]:
     """A logged learning rate whose peak or warm-up is not the configured one."""
-    sc = f.schedule
+    sc = d.schedule
     if not sc.mismatches:
         return []
-    return [Cause(
-        name="schedule_not_as_configured", title="; ".join(sc.mismatches), score=0.3,
+    return [Finding(
+        name="schedule_not_as_configured",
+        figures=_figures(peak=sc.peak, logged_peak=sc.logged_peak, warmup=sc.warmup,
+                         logged_warmup=sc.logged_warmup), claim="; ".join(sc.mismatches), score=0.3,
         where="the learning-rate schedule",
         evidence=[f"configured in {sc.source}: peak {fmt_num(sc.peak)}, warm-up "
                   f"{fmt_num(sc.warmup, 9)} steps; logged: peak {fmt_num(sc.logged_peak)}, "
                   f"warm-up to step {fmt_num(sc.logged_warmup, 9)}"],
-        prescription=["check which settings the run used: a config file from another run, "
-                      "a scheduler built before the optimizer's rate was set, a resumed "
-                      "scheduler state that overrides the new settings"])]
+        fix=["check which settings the run used: a config file from another run, "
+             "a scheduler built before the optimizer's rate was set, a resumed "
+             "scheduler state that overrides the new settings"])]
 
 
-def _step_time_causes(f: Findings) -> list[Cause]:
+def _step_time(d: Diagnosis) -> list[Finding]:
     """Slow steps that cost a share of the run's time, and a slower run after a restart."""
-    t = f.step_time
-    out: list[Cause] = []
+    t = d.step_time
+    out: list[Finding] = []
     if t.costly:
         every = (f" every {fmt_num(t.period, 9)} steps" if t.period is not None else "")
         what = f" ({t.matches})" if t.matches else ""
-        out.append(Cause(
+        out.append(Finding(
             name="slow_steps",
-            title=(f"{t.slow} slow step(s){every}{what} cost {t.cost_share:.0%} of the run's "
+            figures=_figures(slow=t.slow, cost_share=t.cost_share, period=t.period,
+                             median_seconds=t.median_seconds),
+            claim=(f"{t.slow} slow step(s){every}{what} cost {t.cost_share:.0%} of the run's "
                    "time"),
             score=min(0.4, 0.1 + 2 * (t.cost_share or 0.0)),
             where=f"at steps {_steps(t.slow_steps)}",
             evidence=[f"each at least {SLOW_FACTOR:g} times the median step "
                       f"({t.median_seconds:.3g} s, from {t.source}) and {SLOW_Z:g} robust "
                       "standard deviations above it"],
-            prescription=["save asynchronously, or less often" if t.matches ==
-                          "the checkpoint interval" else "evaluate less often or on fewer "
-                          "samples" if t.matches else "look at what those steps wait for: "
-                          "data loading, host-device syncs, garbage collection, another job "
-                          "on the machine"]))
+            fix=["save asynchronously, or less often" if t.matches ==
+                 "the checkpoint interval" else "evaluate less often or on fewer "
+                 "samples" if t.matches else "look at what those steps wait for: "
+                 "data loading, host-device syncs, garbage collection, another job "
+                 "on the machine"]))
     late = t.stragglers
     if late is not None and late.found:
-        out.append(Cause(
+        out.append(Finding(
             name="straggler",
-            title=(f"rank {late.rank} is a straggler: the slowest of {late.ranks} ranks at "
+            figures=_figures(rank=late.rank, ranks=late.ranks, p_value=late.p_value,
+                             excess=late.excess),
+            claim=(f"rank {late.rank} is a straggler: the slowest of {late.ranks} ranks at "
                    f"{late.slowest_share:.0%} of the steps, {late.excess:.0%} slower than the "
                    "ranks' median"),
             score=min(0.4, 0.1 + (late.wait_share or 0.0)),
@@ -222,138 +214,147 @@ def _step_time_causes(f: Findings) -> list[Cause]:
             evidence=[f"binomial test against 1/{late.ranks} of the steps: p="
                       f"{fmt_num(late.p_value)} ({late.steps} steps); the other ranks wait "
                       f"{late.wait_share:.0%} of the step time for the slowest"],
-            prescription=["look at that rank's device and host: thermal throttling, a slower "
-                          "link, another process on it, or a data shard of longer samples"]))
+            fix=["look at that rank's device and host: thermal throttling, a slower "
+                 "link, another process on it, or a data shard of longer samples"]))
     slower = t.slower_after_restart
     if slower:
-        out.append(Cause(
+        out.append(Finding(
             name="slower_after_restart",
-            title=("the run is slower after a restart: " + "; ".join(
+            figures=_figures(after_restart=[list(x) for x in slower]),
+            claim=("the run is slower after a restart: " + "; ".join(
                 f"{r:.0%} of the throughput before at step {fmt_num(s, 9)}"
                 for s, r in slower[:3])),
             score=0.2, where=f"from step {fmt_num(slower[0][0], 9)}",
             evidence=["median tokens_per_second after each restart over the median before it"],
-            prescription=["compare the resumed run's settings with the first run's: processes, "
-                          "devices, data-loader workers, compilation, precision"]))
+            fix=["compare the resumed run's settings with the first run's: processes, "
+                 "devices, data-loader workers, compilation, precision"]))
     return out
 
 
-def _eval_causes(f: Findings) -> list[Cause]:
+def _eval_gap(d: Diagnosis) -> list[Finding]:
     """The held-out loss rises while it pulls away from the training loss: over-fitting. A gap
     that widens while the held-out loss still falls is reported (``eval_gap``), not a cause."""
-    e = f.eval_gap
+    e = d.eval_gap
     if not (e.widening and e.eval_rising):
         return []
-    title = (f"over-fitting: the held-out loss rises from step {fmt_num(e.eval_min_step, 9)} "
+    claim = (f"over-fitting: the held-out loss rises from step {fmt_num(e.eval_min_step, 9)} "
              f"and pulls away from the training loss (the gap grows from step "
              f"{fmt_num(e.widens_from, 9)}, {e.min_gap:.3g} -> {e.last_gap:.3g})")
-    return [Cause(
-        name="eval_overfitting", title=title, score=0.45,
+    return [Finding(
+        name="eval_overfitting",
+        figures=_figures(eval_min_step=e.eval_min_step, widens_from=e.widens_from,
+                         min_gap=e.min_gap, last_gap=e.last_gap), claim=claim, score=0.45,
         where=f"from step {fmt_num(e.widens_from, 9)}",
         evidence=[f"{e.evals} evaluations; held-out minus the training loss's running mean: "
                   f"{e.first_gap:.3g} at the first, {e.min_gap:.3g} at its smallest, "
                   f"{e.last_gap:.3g} at the last (evaluation-to-evaluation noise "
                   f"{e.noise:.2g})"],
-        prescription=["the model fits the training data better than it generalises: the "
-                      f"checkpoint near step {fmt_num(e.eval_min_step, 9)} holds the lowest "
-                      "held-out loss; train fewer epochs, on more (deduplicated) data, or "
-                      "with more regularisation"])]
+        fix=["the model fits the training data better than it generalises: the "
+             f"checkpoint near step {fmt_num(e.eval_min_step, 9)} holds the lowest "
+             "held-out loss; train fewer epochs, on more (deduplicated) data, or "
+             "with more regularisation"])]
 
 
-def _grad_norm_causes(f: Findings) -> list[Cause]:
+def _grad_norm(d: Diagnosis) -> list[Finding]:
     """Gradient-norm spikes that lead or come with the loss spikes, clipping at most steps,
     and a gradient norm that keeps rising."""
-    g = f.grad_norm
-    out: list[Cause] = []
+    g = d.grad_norm
+    out: list[Finding] = []
     if g.lead.found:
         lag = g.lead.to_dict()["median_lag_points"]
-        out.append(Cause(
+        out.append(Finding(
             name="grad_norm_leads",
-            title=(f"gradient-norm spikes lead the loss spikes: {g.lead.aligned} of "
+            figures=_aligned(g.lead),
+            claim=(f"gradient-norm spikes lead the loss spikes: {g.lead.aligned} of "
                    f"{g.lead.cliffs} follow one by {lag} logged point(s) (median)"),
             score=0.5, where=f"gradient-norm spikes at steps {_steps(g.spike_steps)}",
             evidence=[_alignment_text(g.lead, f"start 1-{LEAD_POINTS} logged points after a "
                                       "gradient-norm spike, none at the spike itself"),
                       f"{g.spikes} gradient-norm spike(s) over {g.points} points"],
-            prescription=["an update that blows up comes before the loss rises: clip gradients "
-                          "(or clip harder) and lower the learning rate after warm-up",
-                          "with fp16, use bf16 or a dynamic loss scaler"]))
+            fix=["an update that blows up comes before the loss rises: clip gradients "
+                 "(or clip harder) and lower the learning rate after warm-up",
+                 "with fp16, use bf16 or a dynamic loss scaler"]))
     elif g.co_spikes.found:
-        out.append(Cause(
+        out.append(Finding(
             name="grad_norm_co_spikes",
-            title=(f"{g.co_spikes.aligned} of {g.co_spikes.cliffs} loss spikes come with a "
+            figures=_aligned(g.co_spikes),
+            claim=(f"{g.co_spikes.aligned} of {g.co_spikes.cliffs} loss spikes come with a "
                    "gradient-norm spike at the same step"),
-            score=0.2, where=f"at the loss spikes (steps {_steps([c.step for c in f.cliffs])})",
+            score=0.2, where=f"at the loss spikes (steps {_steps([c.step for c in d.cliffs])})",
             evidence=[_alignment_text(g.co_spikes, "have a gradient-norm spike at their first "
                                       "logged point or the next")],
-            prescription=["a spike of both at once lies in that step's batch or weights, not "
-                          "in an earlier update: inspect those batches (very long, repeated, "
-                          "truncated or corrupt samples, or the data after a save or resume); "
-                          "clipping keeps them from moving the weights far"]))
-    shown = _clip_shown(f)
+            fix=["a spike of both at once lies in that step's batch or weights, not "
+                 "in an earlier update: inspect those batches (very long, repeated, "
+                 "truncated or corrupt samples, or the data after a save or resume); "
+                 "clipping keeps them from moving the weights far"]))
+    shown = _clip_shown(d)
     if g.clipped_often and shown:  # else the clip rate is context (the grad-norm line)
-        out.append(Cause(
+        out.append(Finding(
             name="grad_clipped_often",
-            title=(f"the gradient is clipped at {g.clip_rate:.0%} of the steps (norm at or "
+            figures=_figures(clip_rate=g.clip_rate, clip=g.clip, median=g.median),
+            claim=(f"the gradient is clipped at {g.clip_rate:.0%} of the steps (norm at or "
                    f"above the clip {g.clip:g}) and {shown}: the clip sets the step size, "
                    "not the lr"),
             score=0.3, where="the analysed steps",
             evidence=[f"median gradient norm {g.median:.3g} against the clipping norm "
                       f"{g.clip:g} ({g.clip_source}), over {g.logged} logged steps"],
-            prescription=["clipping should be the exception: lower the learning rate or raise "
-                          "the clipping norm, so that the schedule, not the clip, sets the "
-                          "step size"]))
+            fix=["clipping should be the exception: lower the learning rate or raise "
+                 "the clipping norm, so that the schedule, not the clip, sets the "
+                 "step size"]))
     if g.no_update_often:
-        out.append(Cause(
+        out.append(Finding(
             name="no_update_steps",
-            title=(f"{g.zero_steps} of {g.logged} logged steps ({g.zero_share:.0%}) have a "
+            figures=_figures(zero_steps=g.zero_steps, logged=g.logged, share=g.zero_share),
+            claim=(f"{g.zero_steps} of {g.logged} logged steps ({g.zero_share:.0%}) have a "
                    "gradient norm of 0: no update at those steps"),
             score=min(0.6, 0.2 + 0.5 * g.zero_share),
             where=f"at steps {_steps(g.zero_first)}",
             evidence=["a gradient norm of exactly 0 means no trainable weight got a gradient; "
                       "the clip rate counts these steps, the spike and trend tests leave them "
                       "out"],
-            prescription=["check the loss mask of those steps' samples (labels all masked, "
-                          "e.g. a supervised part cut at max_len: with few samples a step, one "
-                          "such sample empties the step), and that the trainable weights are "
-                          "in the graph (frozen adapters, detached outputs)"]))
-    if g.rising and f.cliffs:  # alone, common in healthy runs as the lr decays: reported only
-        out.append(Cause(
+            fix=["check the loss mask of those steps' samples (labels all masked, "
+                 "e.g. a supervised part cut at max_len: with few samples a step, one "
+                 "such sample empties the step), and that the trainable weights are "
+                 "in the graph (frozen adapters, detached outputs)"]))
+    if g.rising and d.cliffs:  # alone, common in healthy runs as the lr decays: reported only
+        out.append(Finding(
             name="grad_norm_rising",
-            title=f"the gradient norm keeps rising: {g.rise:.3g} times its level at the start",
-            score=0.25, where=_region(f),
+            figures=_figures(rise=g.rise, tau=g.trend_tau, p_value=g.trend_p),
+            claim=f"the gradient norm keeps rising: {g.rise:.3g} times its level at the start",
+            score=0.25, where=_region(d),
             evidence=[f"Kendall's tau {g.trend_tau:.2f} of {TREND_BLOCKS} block medians "
                       f"(p={fmt_num(g.trend_p)})"],
-            prescription=["a steadily rising gradient norm often comes before loss spikes: "
-                          "watch the loss, check the learning rate after warm-up and weight "
-                          "decay, and clip gradients"]))
+            fix=["a steadily rising gradient norm often comes before loss spikes: "
+                 "watch the loss, check the learning rate after warm-up and weight "
+                 "decay, and clip gradients"]))
     return out
 
 
-def _clip_shown(f: Findings) -> str:
+def _clip_shown(d: Diagnosis) -> str:
     """How the loss shows the clipping ("": it does not, the clip rate is context only)."""
-    a = f.grad_norm.clipped_spikes
+    a = d.grad_norm.clipped_spikes
     if a.found:
         return f"{a.aligned} of {a.cliffs} loss spikes start at a clipped step"
-    if f.stall.since is not None:
-        return f"the loss has not moved since step {fmt_num(f.stall.since)}"
+    if d.stall.since is not None:
+        return f"the loss has not moved since step {fmt_num(d.stall.since)}"
     return ""
 
 
-def _stall_causes(f: Findings) -> list[Cause]:
+def _stall(d: Diagnosis) -> list[Finding]:
     """A loss that has not moved over most of the log: the run does not learn (first)."""
-    st = f.stall
+    st = d.stall
     if st.since is None:
         return []
-    return [Cause(
+    return [Finding(
         name="not_learning",
-        title=f"the loss has not moved since step {fmt_num(st.since)}: the run is not learning",
+        figures=_figures(since=st.since, level=st.level, spread=st.spread, moved=st.moved),
+        claim=f"the loss has not moved since step {fmt_num(st.since)}: the run is not learning",
         score=0.95,
         where=f"from step {fmt_num(st.since)} to the end ({st.share:.0%} of the logged steps)",
         evidence=[f"over {st.rows} logged steps the loss stays at {st.level:.4g} "
                   f"+/- {st.spread:.2g}; its smoothed level moves by {st.moved:.2%} "
                   f"of itself"],
-        prescription=[
+        fix=[
             "check that the optimizer updates the trainable weights: a learning rate of 0 or "
             "far too small, parameters frozen or not passed to the optimizer, adapters not "
             "attached, every label masked",
@@ -363,8 +364,8 @@ def _stall_causes(f: Findings) -> list[Cause]:
     )]
 
 
-def _attr_evidence(f: Findings) -> list[str]:
-    a = f.attribution
+def _attr_evidence(d: Diagnosis) -> list[str]:
+    a = d.attribution
     ev = []
     if a.bucket_r2 is not None:
         ev.append(f"the bucket explains {a.bucket_r2:.0%} of the step-to-step variance "
@@ -377,31 +378,62 @@ def _attr_evidence(f: Findings) -> list[str]:
     return ev
 
 
-def _composition_causes(f: Findings) -> list[Cause]:
-    out: list[Cause] = []
-    bands, per, attr = f.bands, f.periodicity, f.attribution
-    banded = bands.count is not None and bands.count > 1
-    periodic = per.period is not None
-    logged = attr.bucket_r2 is not None or attr.length_r2 is not None
-    attr_ev = _attr_evidence(f)
-    confirm = [] if logged else ["log `bucket` (and `real_tokens`, `samples`) per step to confirm"]
-    levels = attr.levels if f.context.view == MICRO_VIEW else None
-    if levels is not None and levels.found:
-        return [_micro_batch_cause(f), *([_period_cause(f, [], [])] if periodic else [])]
-    if banded:
-        out.append(_bands_cause(f, attr_ev, confirm, logged))
-    if periodic:
-        out.append(_period_cause(f, [] if banded else attr_ev, [] if banded else confirm))
-    if not banded and not periodic:
-        # in a per-micro-batch log the length ranges' levels are the bucket's test
-        out.extend(_attribution_cause(f, attr_ev, bucket=levels is None))
-    return out
+def _micro_levels(d: Diagnosis) -> Any:
+    """The per-bucket levels of a per-micro-batch log (None: a step log)."""
+    return d.attribution.levels if d.context.view == MICRO_VIEW else None
 
 
-def _micro_batch_cause(f: Findings) -> Cause:
+def _banded(d: Diagnosis) -> bool:
+    """Bands that are told as bands (not as a per-micro-batch log's levels)."""
+    levels = _micro_levels(d)
+    return (d.bands.count or 0) > 1 and not (levels is not None and levels.found)
+
+
+def _confirm(d: Diagnosis) -> list[str]:
+    a = d.attribution
+    return [] if a.bucket_r2 is not None or a.length_r2 is not None else [
+        "log `bucket` (and `real_tokens`, `samples`) per step to confirm"]
+
+
+def _bands(d: Diagnosis) -> list[Finding]:
+    """Loss bands: one length bucket per step when the logged bucket explains them."""
+    if d.bands.count is None:
+        return [_untested("bands", d.bands.note)]
+    return [_bands_cause(d)] if _banded(d) else []
+
+
+def _periodicity(d: Diagnosis) -> list[Finding]:
+    """A period in the detrended loss, named by the mechanism whose length it matches."""
+    if d.periodicity.p_value is None:
+        return [_untested("periodicity", d.periodicity.note)]
+    if d.periodicity.period is None:
+        return []
+    levels = _micro_levels(d)
+    alone = not (_banded(d) or (levels is not None and levels.found))
+    return [_period_cause(d, _attr_evidence(d) if alone else [], _confirm(d) if alone else [])]
+
+
+def _levels(d: Diagnosis) -> list[Finding]:
+    """A per-micro-batch log at one loss level per length bucket."""
+    levels = _micro_levels(d)
+    if levels is not None and levels.p_value is None:
+        return [_untested("per-bucket levels", levels.note)]
+    return [_micro_batch_cause(d)] if levels is not None and levels.found else []
+
+
+def _attribution(d: Diagnosis) -> list[Finding]:
+    """The bucket or the length mix moving the loss, without bands or a period."""
+    levels = _micro_levels(d)
+    if _banded(d) or d.periodicity.period is not None or (levels is not None and levels.found):
+        return []
+    # in a per-micro-batch log the length ranges' levels are the bucket's test
+    return _attribution_cause(d, _attr_evidence(d), bucket=levels is None)
+
+
+def _micro_batch_cause(d: Diagnosis) -> Finding:
     """A per-micro-batch log whose micro-batches each come from one length bucket, at one
     loss level per length range: the composition of the logged micro-batch."""
-    bands, levels = f.bands, f.attribution.levels
+    bands, levels = d.bands, d.attribution.levels
     assert levels is not None
 
     def range_text(r: dict[str, Any]) -> str:
@@ -421,59 +453,64 @@ def _micro_batch_cause(f: Findings) -> Cause:
     else:
         shape = ("they overlap: the levels differ by less than the spread within one range, "
                  "so the lines show no distinct bands, a thick (\"fluffy\") curve")
-    return Cause(
+    return Finding(
         name="micro_batch_bands",
-        title=(f"one loss level per length bucket: {n} length ranges explain {test}; each "
+        figures=_figures(ranges=n, share=levels.share, beyond_chance=levels.beyond_chance,
+                         p_value=levels.p_value),
+        claim=(f"one loss level per length bucket: {n} length ranges explain {test}; each "
                "line is the loss of one micro-batch, drawn from one length bucket, so the "
                "levels are the composition of the logged micro-batch, not of the optimizer "
                "step"),
         score=max(levels.beyond_chance or 0.0, bands.between_share or 0.0),
-        where=_region(f),
+        where=_region(d),
         evidence=[*(range_text(r) for r in levels.ranges), shape,
                   f"the lines of {n} ranges of adjacent buckets of about equal lines were "
                   f"compared ({levels.lines} lines)"],
-        prescription=["log the optimizer step's loss instead: the token-weighted mean over "
-                      "every micro-batch of the step on every rank (`StepLogger.step`, with "
-                      "`buckets` listing all of them); judge the order on that log",
-                      "the levels are there whatever the order (each padded micro-batch holds "
-                      "one bucket); the order decides whether they reach the step loss: "
-                      "steps that each hold every bucket's share (`lengthwise plan --order "
-                      "stratified`) average them out"])
+        fix=["log the optimizer step's loss instead: the token-weighted mean over "
+             "every micro-batch of the step on every rank (`StepLogger.step`, with "
+             "`buckets` listing all of them); judge the order on that log",
+             "the levels are there whatever the order (each padded micro-batch holds "
+             "one bucket); the order decides whether they reach the step loss: "
+             "steps that each hold every bucket's share (`lengthwise plan --order "
+             "stratified`) average them out"])
 
 
-def _bands_cause(f: Findings, attr_ev: list[str], confirm: list[str], logged: bool) -> Cause:
+def _bands_cause(d: Diagnosis) -> Finding:
     """Loss bands: one length bucket per step when the logged bucket explains them (or none is)."""
-    bands, attr = f.bands, f.attribution
+    bands, attr = d.bands, d.attribution
+    logged, attr_ev, confirm = not _confirm(d), _attr_evidence(d), _confirm(d)
     centres = ", ".join(f"{c:.4g} ({s:.0%})" for c, s in zip(bands.centres, bands.shares,
                                                                strict=True))
     score = bands.between_share or 0.0
     if attr.bucket_r2 is not None:
         score = max(score, attr.bucket_r2)
     explained = attr.explains or not logged
-    title = (f"{bands.count} loss bands: each step's batch comes from one length bucket"
+    claim = (f"{bands.count} loss bands: each step's batch comes from one length bucket"
              if explained else f"{bands.count} loss bands (not explained by the logged bucket)")
     if explained and not logged:
-        title = f"{bands.count} loss bands: likely one length bucket per step (not logged)"
-    return Cause(
+        claim = f"{bands.count} loss bands: likely one length bucket per step (not logged)"
+    return Finding(
         name="single_bucket_batches" if explained else "bands_unexplained",
-        title=title,
+        figures=_figures(bands=bands.count, p_value=bands.p_value, centres=bands.centres,
+                         shares=bands.shares, bucket_r2=attr.bucket_r2),
+        claim=claim,
         score=score if explained else 0.5 * score,
-        where=_region(f),
+        where=_region(d),
         evidence=[f"per-step loss is multimodal: {bands.count} bands at {centres}; "
                   f"Silverman test p={fmt_num(bands.p_value or 0.0)} against "
                   f"{bands.count - 1} band(s)", *attr_ev],
-        prescription=[_order_fix(f), "log per-bucket loss (`bucket_loss`) to follow each "
-                      "length range", *confirm] if explained else
+        fix=[_order_fix(d), "log per-bucket loss (`bucket_loss`) to follow each "
+             "length range", *confirm] if explained else
         ["find the step feature that splits the bands (data source, task, "
          "packing) and log it"],
     )
 
 
-def _period_cause(f: Findings, attr_ev: list[str], confirm: list[str]) -> Cause:
-    per = f.periodicity
+def _period_cause(d: Diagnosis, attr_ev: list[str], confirm: list[str]) -> Finding:
+    per = d.periodicity
     period = float(per.period or 0.0)
     share = per.power_share or 0.0
-    match = match_period(period, f.context)
+    match = match_period(period, d.context)
     shown = with_error(period, per.period_error)
     ev = [f"the detrended loss repeats every {shown} steps (p={fmt_num(per.p_value)}, "
           f"{share:.0%} of its variance, autocorrelation {fmt_num(per.acf_at_period)} at that lag)",
@@ -483,68 +520,71 @@ def _period_cause(f: Findings, attr_ev: list[str], confirm: list[str]) -> Cause:
         ev.append(f"low/high steps come in runs (mean {runs.mean_low:.3g}/{runs.mean_high:.3g}"
                   f" steps, runs test z={runs.z:.3g})")
     score = min(1.0, 2.0 * share)
-    where = _region(f)
+    where, figures = _region(d), _figures(period=period, error=per.period_error,
+                                          p_value=per.p_value, share=share)
     if match.mechanism == "megabatch":
-        return Cause(
-            name="sorted_batches_cycle",
-            title=f"loss cycles every {fmt_num(period)} steps: the mega-batch cycle of "
+        return Finding(
+            name="sorted_batches_cycle", figures=figures,
+            claim=f"loss cycles every {fmt_num(period)} steps: the mega-batch cycle of "
             "length-grouped batches (e.g. group_by_length)",
             score=score, where=where, evidence=ev + attr_ev,
-            prescription=["draw batches in random or stratified order instead of sorted runs: "
-                          "`lengthwise plan --order stratified`", *confirm])
+            fix=["draw batches in random or stratified order instead of sorted runs: "
+                 "`lengthwise plan --order stratified`", *confirm])
     if match.mechanism == "epoch":
-        return Cause(
-            name="epoch_cycle",
-            title=f"loss cycles once per epoch ({fmt_num(period)} steps)",
+        return Finding(
+            name="epoch_cycle", figures=figures,
+            claim=f"loss cycles once per epoch ({fmt_num(period)} steps)",
             score=score, where=where, evidence=ev,
-            prescription=["shuffle the data anew every epoch; a cycle that repeats each epoch "
-                          "follows the data order (or memorisation when it steps down)"])
+            fix=["shuffle the data anew every epoch; a cycle that repeats each epoch "
+                 "follows the data order (or memorisation when it steps down)"])
     if match.mechanism in ("checkpoint", "evaluation"):
         what = match.mechanism
-        return Cause(
-            name=f"{what}_cycle",
-            title=f"loss cycles every {fmt_num(period)} steps, the {what} interval",
+        return Finding(
+            name=f"{what}_cycle", figures=figures,
+            claim=f"loss cycles every {fmt_num(period)} steps, the {what} interval",
             score=score, where=where, evidence=ev,
-            prescription=[f"check that the {what} does not reset the data loader, RNG or "
-                          "optimizer state, or leave the model in eval mode"])
+            fix=[f"check that the {what} does not reset the data loader, RNG or "
+                 "optimizer state, or leave the model in eval mode"])
     if match.mechanism == "lr_restarts":
-        return Cause(
-            name="schedule_restarts",
-            title=f"loss cycles every {fmt_num(period)} steps with the learning-rate restarts",
+        return Finding(
+            name="schedule_restarts", figures=figures,
+            claim=f"loss cycles every {fmt_num(period)} steps with the learning-rate restarts",
             score=0.5 * score, where=where, evidence=ev,
-            prescription=["expected with a restarting schedule; use a schedule without "
-                          "restarts if the jumps hurt"])
+            fix=["expected with a restarting schedule; use a schedule without "
+                 "restarts if the jumps hurt"])
     fixes = [match.missing] if match.missing else []
-    return Cause(
-        name="periodic_unknown",
-        title=f"a periodic component of unknown cause every {shown} steps "
+    return Finding(
+        name="periodic_unknown", figures=figures,
+        claim=f"a periodic component of unknown cause every {shown} steps "
         f"({share:.0%} of the detrended variance)",
         score=0.5 * score, where=where, evidence=ev + attr_ev,
-        prescription=[*fixes, "log `bucket`, `real_tokens` and `samples` per step to test "
-                      "batch composition", "look for anything that repeats with this period "
-                      "(data order, evaluation, logging, schedule)"])
+        fix=[*fixes, "log `bucket`, `real_tokens` and `samples` per step to test "
+             "batch composition", "look for anything that repeats with this period "
+             "(data order, evaluation, logging, schedule)"])
 
 
-def _attribution_cause(f: Findings, attr_ev: list[str], bucket: bool = True) -> list[Cause]:
+def _attribution_cause(d: Diagnosis, attr_ev: list[str], bucket: bool = True) -> list[Finding]:
     """The composition cause without bands or period; ``bucket=False`` leaves the bucket's
     share out (a per-micro-batch log, whose buckets the length ranges' levels test)."""
-    a = f.attribution
+    a = d.attribution
     if bucket and a.bucket_explains:
         share = f"{a.bucket_r2_adjusted or 0.0:.0%}"
         if a.single_bucket is not False:
-            title = "the length bucket of each step drives its loss (no distinct bands)"
-        elif f.context.order == "stratified" and not f.context.one_micro_batch:
+            claim = "the length bucket of each step drives its loss (no distinct bands)"
+        elif d.context.order == "stratified" and not d.context.one_micro_batch:
             # every step holds close to the data set's mix
-            title = (f"the small differences between the steps' mixes of length buckets explain "
+            claim = (f"the small differences between the steps' mixes of length buckets explain "
                      f"{share} of the step-to-step loss variance beyond chance (the order is "
                      "stratified: each step holds close to the data set's mix; no distinct bands)")
         else:
-            title = (f"the mix of length buckets in each step explains {share} of its loss "
+            claim = (f"the mix of length buckets in each step explains {share} of its loss "
                      "variance beyond chance (no distinct bands)")
-        return [Cause(
-            name="composition_noise", title=title,
-            score=a.bucket_r2_adjusted or 0.0, where=_region(f), evidence=attr_ev,
-            prescription=[_order_fix(f)])]
+        return [Finding(
+            name="composition_noise", claim=claim,
+            figures=_figures(r2=a.bucket_r2, r2_beyond_chance=a.bucket_r2_adjusted,
+                             p_value=a.bucket_p_value),
+            score=a.bucket_r2_adjusted or 0.0, where=_region(d), evidence=attr_ev,
+            fix=[_order_fix(d)])]
     weak = []
     if bucket and a.bucket_p_value is not None and a.bucket_p_value < REPORT_ALPHA:
         weak.append(("bucket", a.bucket_field or "bucket", a.bucket_r2_adjusted or 0.0,
@@ -555,23 +595,23 @@ def _attribution_cause(f: Findings, attr_ev: list[str], bucket: bool = True) -> 
         return []
     kind, name, r2, p = max(weak, key=lambda w: w[2])
     if kind == "bucket":
-        return [Cause(
-            name="composition_weak",
-            title=f"`{name}` explains {r2:.0%} of the step-to-step variance (p={fmt_num(p)})",
-            score=min(0.5, r2), where=_region(f), evidence=attr_ev,
-            prescription=[_order_fix(f)])]
-    return [Cause(
-        name="length_mix",
-        title=f"`{name}` explains {r2:.0%} of the step-to-step variance (p={fmt_num(p)}): "
+        return [Finding(
+            name="composition_weak", figures=_figures(field=name, r2=r2, p_value=p),
+            claim=f"`{name}` explains {r2:.0%} of the step-to-step variance (p={fmt_num(p)})",
+            score=min(0.5, r2), where=_region(d), evidence=attr_ev,
+            fix=[_order_fix(d)])]
+    return [Finding(
+        name="length_mix", figures=_figures(field=name, r2=r2, p_value=p),
+        claim=f"`{name}` explains {r2:.0%} of the step-to-step variance (p={fmt_num(p)}): "
         "each step's length mix moves its loss per token",
-        score=min(0.4, r2), where=_region(f), evidence=attr_ev,
-        prescription=[_length_mix_fix(f)])]
+        score=min(0.4, r2), where=_region(d), evidence=attr_ev,
+        fix=[_length_mix_fix(d)])]
 
 
-def _length_mix_fix(f: Findings) -> str:
-    if f.context.one_micro_batch:
+def _length_mix_fix(d: Diagnosis) -> str:
+    if d.context.one_micro_batch:
         return ONE_MICRO_BATCH_FIX
-    if f.context.order == "stratified":
+    if d.context.order == "stratified":
         return ("part of the sampling noise of any length mix, and the run is already "
                 "stratified: more samples per step shrink it; `noise` gives its share")
     return ("part of the sampling noise of any length mix: batches with the same share of "
@@ -579,20 +619,23 @@ def _length_mix_fix(f: Findings) -> str:
             "step shrink it; `noise` gives its share")
 
 
-def _epoch_causes(f: Findings) -> list[Cause]:
-    e = f.epochs
+def _epochs(d: Diagnosis) -> list[Finding]:
+    """The loss stepping down at epoch starts (multi-epoch memorisation)."""
+    e = d.epochs
     if not e.found:
         return []
-    drops = ", ".join(f"{d:+.3g} ({r:+.1%}) at step {fmt_num(s)}"
-                      for d, r, s in zip(e.drops[:6], e.relative_drops[:6], e.starts[:6],
+    drops = ", ".join(f"{x:+.3g} ({r:+.1%}) at step {fmt_num(s)}"
+                      for x, r, s in zip(e.drops[:6], e.relative_drops[:6], e.starts[:6],
                                          strict=True))
     mean_rel = sum(e.relative_drops) / len(e.relative_drops)
-    down = sum(d < 0 for d in e.drops)
+    down = sum(x < 0 for x in e.drops)
     at = (f"each epoch start ({len(e.starts)} boundaries" if down == len(e.drops) else
           f"epoch starts ({down} of {len(e.drops)} boundaries")
-    return [Cause(
+    return [Finding(
         name="epoch_boundaries",
-        title=f"loss steps down at {at}, {mean_rel:+.1%} on average)",
+        figures=_figures(starts=e.starts, drops=e.drops, mean_relative_drop=mean_rel,
+                         p_value=e.p_value),
+        claim=f"loss steps down at {at}, {mean_rel:+.1%} on average)",
         score=min(0.9, 0.3 + 5 * abs(mean_rel)),
         where=f"epoch starts ({e.source}) at steps {_steps(e.starts)}",
         evidence=[f"level change at the epoch starts: {drops}",
@@ -600,14 +643,14 @@ def _epoch_causes(f: Findings) -> list[Cause]:
                   f"p={fmt_num(e.p_value)}",
                   "usual reading: multi-epoch memorisation (the model has seen these samples "
                   "before), not noise and not cliffs"],
-        prescription=["watch the evaluation loss: if it rises after an epoch start, train "
-                      "fewer epochs or on more (deduplicated) data",
-                      "expected and harmless when the evaluation loss keeps falling",
-                      *(["found from the loss alone: pass --steps-per-epoch N to confirm the "
-                         "epoch length"] if (e.source or "").startswith("a regular") else [])])]
+        fix=["watch the evaluation loss: if it rises after an epoch start, train "
+             "fewer epochs or on more (deduplicated) data",
+             "expected and harmless when the evaluation loss keeps falling",
+             *(["found from the loss alone: pass --steps-per-epoch N to confirm the "
+                "epoch length"] if (e.source or "").startswith("a regular") else [])])]
 
 
-def _phase_text(cliffs: list[Any], f: Findings) -> tuple[str, str]:
+def _phase_text(cliffs: list[Any], d: Diagnosis) -> tuple[str, str]:
     counts = {p: sum(c.phase == p for c in cliffs) for p in PHASE_WORDS}
     n = len(cliffs)
     top = max(counts, key=lambda p: counts[p])
@@ -618,23 +661,25 @@ def _phase_text(cliffs: list[Any], f: Findings) -> tuple[str, str]:
     note = ""
     if top != "stable" and counts[top] >= 0.75 * n:
         note = (f" ({counts[top]} of {n} {PHASE_WORDS[top]}, before step "
-                f"{fmt_num(f.phases.start)})")
+                f"{fmt_num(d.phases.start)})")
     return where, note
 
 
-def _cliff_causes(f: Findings) -> list[Cause]:
-    tied = {id(c) for c, _ in _resume_cliffs(f)}  # told with their resume, not as hard batches
-    cliffs, ck = [c for c in f.cliffs if id(c) not in tied], f.checkpoint_association
+def _cliffs(d: Diagnosis) -> list[Finding]:
+    """Loss cliffs: at checkpoint saves, a divergence, or spikes (those right after a resume
+    are told with the resume)."""
+    tied = {id(c) for c, _ in _resume_cliffs(d)}  # told with their resume, not as hard batches
+    cliffs, ck = [c for c in d.cliffs if id(c) not in tied], d.checkpoint_association
     if not cliffs:
         return []
-    out: list[Cause] = []
+    out: list[Finding] = []
     steps = [c.step for c in cliffs]
     heights = ", ".join(f"+{c.height:.3g}" for c in cliffs[:5])
     rec = [c.recovery_steps for c in cliffs if c.recovery_steps is not None]
     rec_txt = f", recovering in {fmt_num(sorted(rec)[len(rec) // 2])} steps (median)" if rec else ""
     base_ev = f"{len(cliffs)} cliff(s) at steps {_steps(steps)} (heights {heights}){rec_txt}"
     if ck.associated:
-        out.append(_checkpoint_cause(f, cliffs, base_ev))
+        out.append(_checkpoint_cause(d, cliffs, base_ev))
         rest = [c for c in cliffs if not c.at_checkpoint]
         if len(rest) < 2:
             return out
@@ -650,25 +695,27 @@ def _cliff_causes(f: Findings) -> list[Cause]:
         steps = [c.step for c in cliffs]
         heights = ", ".join(f"+{c.height:.3g}" for c in cliffs[:5])
         base_ev = f"{len(cliffs)} cliff(s) at steps {_steps(steps)} (heights {heights})"
-    out.append(_spike_cause(f, cliffs, base_ev))
+    out.append(_spike_cause(d, cliffs, base_ev))
     return out
 
 
-def _checkpoint_cause(f: Findings, cliffs: list[Any], base_ev: str) -> Cause:
+def _checkpoint_cause(d: Diagnosis, cliffs: list[Any], base_ev: str) -> Finding:
     """Cliffs that start right after checkpoint saves (the association test passed)."""
-    ck = f.checkpoint_association
+    ck = d.checkpoint_association
     ev = [base_ev, f"{ck.aligned} of {ck.cliffs} start right after one of {ck.checkpoints} "
           f"checkpoints (expected {ck.expected_aligned:.2g} by chance; "
           f"permutation p={fmt_num(ck.p_value)})"]
     if ck.throughput_ratio is not None and ck.throughput_ratio < 0.9:
         ev.append(f"throughput right after saves is {ck.throughput_ratio:.0%} of normal")
-    return Cause(
+    return Finding(
         name="checkpoint_disruption",
-        title="loss spikes at checkpoint saves",
+        figures=_figures(aligned=ck.aligned, cliffs=ck.cliffs, p_value=ck.p_value,
+                         throughput_ratio=ck.throughput_ratio),
+        claim="loss spikes at checkpoint saves",
         score=min(1.0, 0.4 + 0.6 * ck.aligned / max(ck.cliffs, 1)),
-        where=_phase_text([c for c in cliffs if c.at_checkpoint], f)[0],
+        where=_phase_text([c for c in cliffs if c.at_checkpoint], d)[0],
         evidence=ev,
-        prescription=[
+        fix=[
             "move checkpoint saves off the training thread (asynchronous save)",
             "check that saving does not reset the data loader, RNG or optimizer state "
             "(a save that restarts workers re-reads the start of the epoch)",
@@ -676,16 +723,17 @@ def _checkpoint_cause(f: Findings, cliffs: list[Any], base_ev: str) -> Cause:
     )
 
 
-def _divergence_cause(c0: Cliff) -> Cause:
+def _divergence_cause(c0: Cliff) -> Finding:
     """The first cliff that never recovered: the run diverged there."""
-    return Cause(
+    return Finding(
         name="divergence",
-        title=f"loss jumped at step {fmt_num(c0.step)} and never came back to its level",
+        figures=_figures(step=c0.step, height=c0.height, level=c0.level),
+        claim=f"loss jumped at step {fmt_num(c0.step)} and never came back to its level",
         score=0.9,
         where=f"from step {fmt_num(c0.step)} ({PHASE_WORDS[c0.phase]})",
         evidence=[f"+{c0.height:.3g} above the level {c0.level:.4g} before it, still "
                   "above it at the end of the log"],
-        prescription=[
+        fix=[
             "lower the learning rate (or lengthen warm-up) and clip gradients",
             "with fp16, use bf16 or a dynamic loss scaler; resume from the last good "
             "checkpoint with a lower learning rate",
@@ -693,10 +741,10 @@ def _divergence_cause(c0: Cliff) -> Cause:
     )
 
 
-def _spike_cause(f: Findings, cliffs: list[Any], base_ev: str) -> Cause:
-    ck = f.checkpoint_association
+def _spike_cause(d: Diagnosis, cliffs: list[Any], base_ev: str) -> Finding:
+    ck = d.checkpoint_association
     ev = [base_ev]
-    where, phase_note = _phase_text(cliffs, f)
+    where, phase_note = _phase_text(cliffs, d)
     if ck.associated is False:
         ev.append(f"they do not line up with the {ck.checkpoints} checkpoints: {ck.aligned} of "
                   f"{ck.cliffs} near one, {ck.expected_aligned:.2g} expected by chance "
@@ -716,7 +764,7 @@ def _spike_cause(f: Findings, cliffs: list[Any], base_ev: str) -> Cause:
     if quick:
         ev.append("they recover at the next logged step or the one after: single batches "
                   "that are hard for the model, not an unstable optimizer")
-        title = (f"{len(cliffs)} one-step loss spike(s){phase_note}{unexplained}: "
+        claim = (f"{len(cliffs)} one-step loss spike(s){phase_note}{unexplained}: "
                  "hard or unusual batches")
         fixes = [
             "log sample ids per step and inspect the batches at the spike steps (very long, "
@@ -726,7 +774,7 @@ def _spike_cause(f: Findings, cliffs: list[Any], base_ev: str) -> Cause:
         ]
         score = min(0.6, 0.2 + 0.02 * len(cliffs))
     else:
-        title = (f"{len(cliffs)} loss spike(s){phase_note}{unexplained} with slow recovery: "
+        claim = (f"{len(cliffs)} loss spike(s){phase_note}{unexplained} with slow recovery: "
                  "unstable optimization")
         fixes = [
             "lower the learning rate after warm-up or clip gradients harder",
@@ -736,39 +784,35 @@ def _spike_cause(f: Findings, cliffs: list[Any], base_ev: str) -> Cause:
     if phase_note:
         fixes.insert(0, "spikes confined to early training usually settle by themselves; a "
                      "longer warm-up or gradient clipping removes most of them")
-    return Cause(name="loss_spikes", title=title, score=score, where=where, evidence=ev,
-                 prescription=fixes)
+    return Finding(name="loss_spikes", claim=claim, score=score, where=where, evidence=ev,
+                   figures=_figures(steps=[c.step for c in cliffs],
+                                    heights=[c.height for c in cliffs], quick=quick),
+                   fix=fixes)
 
 
-def _input_causes(f: Findings) -> list[Cause]:
-    i = f.input
-    out = []
-    if i.duplicate_rows:
-        out.append(Cause(
-            name="duplicate_writer",
-            title=f"{i.duplicate_rows} step(s) written twice in a row: more than one writer",
-            score=0.1,
-            where="the whole log",
-            evidence=[f"{i.duplicate_rows} of {i.loss_rows + i.duplicate_rows} loss rows repeat "
-                      "the step of the row before; the last row of each step was kept (these "
-                      "are not restarts)"],
-            prescription=["log from one process only (rank 0), or give each writer its own "
-                          "file"],
-        ))
+def _input(d: Diagnosis) -> list[Finding]:
+    """How the log was written: a second writer, or rows out of step order."""
+    i = d.input
+    found = [Finding(
+        name="duplicate_writer", figures=_figures(rows=i.duplicate_rows),
+        claim=f"{i.duplicate_rows} step(s) written twice in a row: more than one writer",
+        evidence=[f"{i.duplicate_rows} of {i.loss_rows + i.duplicate_rows} loss rows repeat the "
+                  "step of the row before; the last row of each step was kept (these are not "
+                  "restarts)"],
+        fix=["log from one process only (rank 0), or give each writer its own file"],
+        score=0.1, where="the whole log")] if i.duplicate_rows else []
     if i.reordered_rows:
-        out.append(Cause(
+        found.append(Finding(
             name="out_of_order",
-            title=f"rows out of step order: {i.reordered_rows} row(s) read in step order",
-            score=0.1,
-            where="the whole log",
-            evidence=[f"the step went back {i.out_of_order_points} time(s) to a step not "
-                      "logged before (a log sorted another way, or rows merged from several "
-                      "files): disorder, not restarts, which log a step again"],
-            prescription=["nothing to fix in training; keep the log in the order it was "
-                          "written, or merge files by step"],
-        ))
-    out.extend(_restart_causes(f))
-    return out
+            figures=_figures(rows=i.reordered_rows, points=i.out_of_order_points),
+            claim=f"rows out of step order: {i.reordered_rows} row(s) read in step order",
+            evidence=[f"the step went back {i.out_of_order_points} time(s) to a step not logged "
+                      "before (a log sorted another way, or rows merged from several files): "
+                      "disorder, not restarts, which log a step again"],
+            fix=["nothing to fix in training; keep the log in the order it was written, or "
+                 "merge files by step"],
+            score=0.1, where="the whole log"))
+    return found
 
 
 def _restart_text(r: Restart) -> str:
@@ -779,33 +823,33 @@ def _restart_text(r: Restart) -> str:
     return f"step {b} -> {a} ({back}{gap})"
 
 
-def _shown_restarts(f: Findings) -> list[Restart]:
+def _shown_restarts(d: Diagnosis) -> list[Restart]:
     """The restarts the verdict names: all but exact resumes after a logged ``resume`` event
     (those too when the learning rate jumped); none when only exact resumes happened."""
-    i = f.input
+    i = d.input
     if i.restart_count - i.logged_resumes <= 0 and not any(i.lr_jumped(r) for r in i.restarts):
         return []
     return [r for r in i.restarts if not r.logged or i.lr_jumped(r)]
 
 
-def _resume_cliffs(f: Findings) -> list[tuple[Cliff, float]]:
+def _resume_cliffs(d: Diagnosis) -> list[tuple[Cliff, float]]:
     """Loss cliffs that start at a resume the verdict names or up to :data:`RESUME_POINTS`
     logged points after it, each with its resume's step (cliffs that recover only: one that
     never does is a divergence)."""
-    starts = sorted({r.step_after for r in _shown_restarts(f)} | set(f.context.epoch_resets))
-    reach = RESUME_POINTS * f.context.interval
+    starts = sorted({r.step_after for r in _shown_restarts(d)} | set(d.context.epoch_resets))
+    reach = RESUME_POINTS * d.context.interval
     out = []
-    for c in f.cliffs:
+    for c in d.cliffs:
         at = [x for x in starts if 0 <= c.step - x <= reach]
         if at and c.recovery_steps is not None:
             out.append((c, at[-1]))
     return out
 
 
-def _resume_spikes(f: Findings, starts: set[float], ev: list[str]) -> str:
-    """The title's note on the loss spikes right after the resumes at ``starts`` (and their
+def _resume_spikes(d: Diagnosis, starts: set[float], ev: list[str]) -> str:
+    """The claim's note on the loss spikes right after the resumes at ``starts`` (and their
     evidence, appended to ``ev``); "" when there are none."""
-    tied = [(c, x) for c, x in _resume_cliffs(f) if x in starts]
+    tied = [(c, x) for c, x in _resume_cliffs(d) if x in starts]
     if not tied:
         return ""
     ev.append("loss spike(s) right after a resume: " + "; ".join(
@@ -817,21 +861,21 @@ def _resume_spikes(f: Findings, starts: set[float], ev: list[str]) -> str:
             + ", +".join(f"{c.height:.3g}" for c, _ in tied[:3]) + ")")
 
 
-def _restart_causes(f: Findings) -> list[Cause]:
+def _restarts(d: Diagnosis) -> list[Finding]:
     """Resumed runs: the steps went back (the latest run kept); a jump of the learning rate at
     the re-logged steps is a schedule that restarted with the resume."""
-    i = f.input
+    i = d.input
     jumped = [r for r in i.restarts if i.lr_jumped(r)]
     count = i.restart_count - i.logged_resumes
-    shown = _shown_restarts(f)
+    shown = _shown_restarts(d)
     if not shown:
         return []
     pts = [r.step_after for r in shown]
     total = max(count, 0) + sum(r.logged for r in jumped)
-    title = f"{total} resume(s) with rollback: " + "; ".join(_restart_text(r)
+    claim = f"{total} resume(s) with rollback: " + "; ".join(_restart_text(r)
                                                              for r in shown[:3])
     if total > 3:
-        title += f" (+{total - 3} more)"
+        claim += f" (+{total - 3} more)"
     ev = [f"steps went back at {'; '.join(i.place(r.line) for r in shown[:5])}"
           f"{' (+more)' if total > 5 else ''}; the latest run was kept, "
           f"{i.superseded_rows} superseded row(s) dropped"]
@@ -839,7 +883,7 @@ def _restart_causes(f: Findings) -> list[Cause]:
              "(the batch order)"]
     tested = [r for r in i.restarts if i.lr_jumped(r) is not None]
     if jumped:
-        title += (f"; the learning rate jumped at {len(jumped)} of them: the schedule "
+        claim += (f"; the learning rate jumped at {len(jumped)} of them: the schedule "
                   "restarted")
         ev.append("learning rate at the step resumed from, earlier run -> resumed run: "
                   + "; ".join(f"step {fmt_num(r.step_after)}: {r.lr_before:.3g} -> "
@@ -849,26 +893,43 @@ def _restart_causes(f: Findings) -> list[Cause]:
     elif tested:
         ev.append(f"the learning rate at the step resumed from matches the earlier run's at "
                   f"{len(tested)} of them (the schedule resumed)")
-    title += _resume_spikes(f, set(pts), ev)
-    return [Cause(name="restarts", title=title, score=0.3 if jumped else 0.1,
-                  where=f"at steps {_steps(pts)}", evidence=ev, prescription=fixes)]
+    claim += _resume_spikes(d, set(pts), ev)
+    return [Finding(name="restarts", claim=claim, score=0.3 if jumped else 0.1,
+                    figures=_figures(resumes=total, steps=pts, lr_jumped=len(jumped)),
+                  where=f"at steps {_steps(pts)}", evidence=ev, fix=fixes)]
 
 
-def _resume_causes(f: Findings) -> list[Cause]:
+def _resumes(d: Diagnosis) -> list[Finding]:
     """Resumes the steps do not show: the logged ``epoch`` falls back while the step goes on."""
-    resets = f.context.epoch_resets
+    resets = d.context.epoch_resets
     if not resets:
         return []
     ev = [f"the logged `epoch` falls back at step(s) {_steps(resets)} while the step keeps "
           "rising: a run resumed from a checkpoint whose data pass started over"]
-    return [Cause(
+    return [Finding(
         name="resumes",
-        title=f"{len(resets)} resume(s) in the log (the epoch field falls back)"
-        + _resume_spikes(f, set(resets), ev),
+        figures=_figures(steps=resets),
+        claim=f"{len(resets)} resume(s) in the log (the epoch field falls back)"
+        + _resume_spikes(d, set(resets), ev),
         score=0.1,
         where=f"at steps {_steps(resets)}",
         evidence=ev,
-        prescription=["check that resuming restores the optimizer, scheduler and "
-                      "data-loader position (the batch order); a restarted data pass repeats "
-                      "samples already seen"],
+        fix=["check that resuming restores the optimizer, scheduler and "
+             "data-loader position (the batch order); a restarted data pass repeats "
+             "samples already seen"],
     )]
+
+
+#: the analyses, in the order their findings are listed before ranking (ties keep it)
+ANALYSES: dict[str, Callable[[Diagnosis], list[Finding]]] = {
+    "nonfinite": _nonfinite, "skipped": _skipped, "stall": _stall, "bands": _bands,
+    "periodicity": _periodicity, "levels": _levels, "attribution": _attribution,
+    "epochs": _epochs, "cliffs": _cliffs, "input": _input, "restarts": _restarts,
+    "resumes": _resumes, "grad_norm": _grad_norm, "eval_gap": _eval_gap,
+    "step_time": _step_time, "schedule": _schedule,
+}
+
+
+def run_analyses(d: Diagnosis) -> list[Finding]:
+    """Every finding of every analysis of ``d``, each marked with its analysis."""
+    return [replace(f, analysis=name) for name, analysis in ANALYSES.items() for f in analysis(d)]
