@@ -37,18 +37,12 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.dflash.target import check_causal_lm
+from lengthwise.dflash.target import check_causal_lm, load_tokenizer
 from lengthwise.dflash.train import DFlashTask, check_budget
 from lengthwise.dflash.train_config import DFlashTrainConfig
 from lengthwise.errors import ConfigError, DataError
 
-__all__ = ["TOKENIZER_FILES", "EvalTask", "RunSettings", "held_out_batches",
-           "load_tokenizer", "new_draft", "train_draft"]
-
-#: files that hold a Hugging Face tokenizer's vocabulary (a folder needs one of them)
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt",
-                   "spiece.model", "sentencepiece.bpe.model", "tokenizer.tiktoken")
-
+__all__ = ["EvalTask", "RunSettings", "held_out_batches", "new_draft", "train_draft"]
 
 @dataclass
 class RunSettings:
@@ -66,6 +60,7 @@ class RunSettings:
     wandb_project: str | None = None
     tensorboard: str | None = None
     overwrite: bool = False  # remove an earlier run's checkpoints and final draft from out
+    features: str | None = None  # a feature cache (`dflash features`): no target forward a step
 
     def __post_init__(self) -> None:
         from lengthwise.planning.vocabulary import ORDERS
@@ -86,32 +81,12 @@ class RunSettings:
                               f"{self.eval_anchors!r}")
 
 
-def load_tokenizer(target: str | Path) -> Any:
-    """The tokenizer saved in the local model folder ``target`` (a causal LM, checked first).
-
-    A folder without a usable tokenizer is a :class:`ConfigError` naming it; nothing is
-    looked up on a hub.
-    """
-    import transformers
-
-    check_causal_lm(target)
-    if not any((Path(target) / name).is_file() for name in TOKENIZER_FILES):
-        raise ConfigError(f"--target {target}: no tokenizer files there (none of "
-                          f"{', '.join(TOKENIZER_FILES)}); save the target's tokenizer "
-                          "into the folder (tokenizer.save_pretrained)")
-    try:
-        tok = transformers.AutoTokenizer.from_pretrained(str(target), local_files_only=True)
-    except (OSError, ValueError, KeyError) as exc:
-        raise ConfigError(f"--target {target}: no usable tokenizer there "
-                          f"({' '.join(str(exc).split())[:200]})") from None
-    if len(tok) < 2:
-        raise ConfigError(f"--target {target}: the tokenizer there is empty ({len(tok)} "
-                          "tokens)")
-    return tok
+#: the sample id of the first held-out sample in its batches (training ids stay below it)
+HELD_OUT_FIRST_ID = 10**9
 
 
 def held_out_batches(samples: list[dict[str, Any]], *, batch_size: int = 8,
-                     max_tokens: int | None = None, first_id: int = 10**9,
+                     max_tokens: int | None = None, first_id: int = HELD_OUT_FIRST_ID,
                      ) -> list[tuple[dict[str, Any], list[list[int]]]]:
     """Held-out samples collated by similar length into ``(batch, rows)`` pairs.
 
@@ -216,7 +191,7 @@ class EvalTask(DFlashTask):
         ev = evaluate_blocks(self.model, self.target, self.held, num_anchors=self.anchors,
                              seed=cfg.seed, amp=self.amp, head_chunk=cfg.head_chunk,
                              max_slots=cfg.slot_budget, max_tokens=cfg.max_tokens,
-                             temperature=1.0)
+                             temperature=1.0, features=self.features)
         return {"eval_loss": _finite(ev.loss), "eval_accuracy": _finite(ev.accuracy),
                 "eval_simulated_acceptance_length": _finite(ev.simulated_acceptance_length),
                 "eval_expected_acceptance": _finite(ev.expected_acceptance)}
@@ -317,6 +292,7 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
     import torch
 
     from lengthwise.atomic import atomic_open
+    from lengthwise.dflash.features import CachedRows, open_features
     from lengthwise.dflash.grown_target import save_grown_target
     from lengthwise.dflash.load import FINAL_STEP
     from lengthwise.dflash.mask_token import ensure_mask_token
@@ -351,15 +327,23 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
         cfg = _with_epochs(cfg, run, lengths, rank, world)
 
     applied = _check_out(out, cfg, run, data.info, group)
+    cache = open_features(run.features) if run.features else None
     model = load_target(run.target, dtype=cfg.dtype, device=device)
+    n_layers = model.config.num_hidden_layers
+    layers = target_layer_ids(n_layers, cfg.num_features or cfg.draft_layers)
+    if cache is not None:
+        cache.check(weights=weights_record(model), layers=layers,
+                    fingerprint=data.fingerprint(),
+                    tokenizer={k: data.info[k] for k in TOKENIZER_FIELDS
+                               if data.info.get(k) is not None},
+                    max_len=cfg.max_len, data=run.data)
     # the blocks' mask token: the tokenizer's own, else <|MASK|> added (the target embeds it)
     rows = int(model.get_input_embeddings().weight.shape[0])
     mask = ensure_mask_token(tokenizer, model)
     serve = out / "target" if mask.resized else Path(run.target)
     if mask.resized and rank == 0:  # whole or not at all; an identical one is kept
         save_grown_target(model, tokenizer, serve)
-    n_layers = model.config.num_hidden_layers
-    target = Target(model, layers=target_layer_ids(n_layers, cfg.num_features or cfg.draft_layers))
+    target = Target(model, layers=layers)
     draft = new_draft(target, cfg, mask_token_id=mask.id)
     # the data's tokenizer, which export and eval check the target's against
     draft.config.tokenizer = {k: data.info[k] for k in TOKENIZER_FIELDS
@@ -369,9 +353,15 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
     held = held_out_batches([{k: v[: cfg.max_len] for k, v in data.sample(int(j)).items()}
                              for j in held_idx], max_tokens=cfg.max_tokens)
     every = run.eval_every if run.eval_every is not None else max(1, cfg.steps // 10)
+
+    def dataset_index(sample_id: int) -> int:  # training ids, then the held-out batches' ids
+        return int(train_idx[sample_id] if sample_id < HELD_OUT_FIRST_ID
+                   else held_idx[sample_id - HELD_OUT_FIRST_ID])
+
     task = EvalTask(draft, target, cfg, order=run.order, amp=autocast_dtype(cfg.dtype, device),
                     held=held, every=every, anchors=run.eval_anchors or cfg.num_anchors,
-                    main=rank == 0, settings=settings_json(cfg, run, data.info))
+                    main=rank == 0, settings=settings_json(cfg, run, data.info),
+                    features=None if cache is None else CachedRows(cache, layers, dataset_index))
     sinks: dict[str, Any] = {}
     if run.tensorboard:
         sinks["tensorboard_dir"] = run.tensorboard
@@ -391,7 +381,9 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
                        f"on: {', '.join(applied)}")
     say(group, f"lengthwise dflash train: target {run.target} ({n_layers} layers, "
                f"{str(model.dtype).removeprefix('torch.')}; layers "
-               f"{target.layers} feed a {cfg.draft_layers}-layer draft, block {cfg.block_size}); "
+               f"{target.layers} feed a {cfg.draft_layers}-layer draft, block {cfg.block_size}"
+               + (f", read from the feature cache {run.features}" if cache is not None else "")
+               + "); "
                f"{train_idx.size} training samples ({int(lengths.sum())} tokens"
                + (f", {cut} truncated to max_len {cfg.max_len}" if cut else "")
                + (f"; {dropped} dropped: no supervised tokens left after truncation to "
