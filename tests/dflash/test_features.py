@@ -129,8 +129,9 @@ def test_interrupted_pass_keeps_finished_shards_and_resumes(made, tmp_path, monk
                         lambda tokens, *a, **k: int(tokens) * 2**17)
     with pytest.raises(KeyboardInterrupt):
         write_features(prepared, target, out, cfg)
-    progress = json.loads((out / "progress.json").read_text())
-    assert sorted(progress["done"]) == ["0"]  # the second shard's record was never written
+    assert (out / "pass.json").is_file()
+    # the second shard's files were renamed, its mark never written: it is not done
+    assert sorted(p.name for p in out.glob("done_*.json")) == ["done_00000.json"]
     assert not (out / "features.json").exists()
     assert not list(out.glob(".*"))  # no half-written file is left
     with pytest.raises(DataError, match="did not finish"):
@@ -246,3 +247,22 @@ def test_cli_one_line_errors_and_help(tmp_path):
     helped = subprocess.run([*launch, "-m", "lengthwise", "dflash", "features", "--help"],
                             env=env, capture_output=True, text=True, timeout=300).stdout
     assert "(default float16)" in helped and "--no-last-hidden" in helped
+
+
+def test_two_ranks_write_the_cache_one_process_writes(made, tmp_path):
+    """Under torchrun (gloo, 2 processes) the ranks share the shards; the same bytes."""
+    from _cli import lengthwise
+
+    target, prepared, cache = made
+    out = tmp_path / "two"
+    lengthwise("dflash", "features", str(prepared), "--target", str(target), "--out", str(out),
+               "--num-features", "2", "--shard-mib", "1", "--dtype", "float32",
+               "--max-tokens", "64", "--no-progress", nproc=2)
+    one = tmp_path / "one"
+    write_features(prepared, target, one, FeaturesConfig(
+        dtype="float32", num_features=2, shard_mib=1, max_tokens=64, progress=False))
+    a = json.loads((out / "features.json").read_text())
+    b = json.loads((one / "features.json").read_text())
+    assert len(a["shards"]) == len(b["shards"]) >= 1
+    assert [s["sha256"] for s in a["shards"]] == [s["sha256"] for s in b["shards"]]
+    assert not list(out.glob("done_*")) and not (out / "pass.json").exists()

@@ -14,8 +14,9 @@ Layout of a cache folder:
 - ``index.npy``: per prepared sample its shard, first row and stored length;
 - ``features.json``: the record, written last: the target's weights record, layers,
   dtype, the prepared data's fingerprint and tokenizer, and every shard's size and
-  SHA-256. A folder without it is a pass still under way: ``progress.json`` lists
-  its finished shards, and running the pass again resumes after them.
+  SHA-256. A folder without it is a pass still under way (``pass.json``, and a
+  ``done_NNNNN.json`` beside each shard written whole): running the pass again
+  resumes after its finished shards.
 
 The pass (:func:`write_features`) sorts the samples by length, longest first (a
 batch that does not fit the memory fails at once), cuts them into batches of at
@@ -49,7 +50,7 @@ __all__ = ["DTYPES", "CachedRows", "FeatureCache", "FeaturesConfig", "PassPlan",
 FORMAT = "lengthwise-dflash-features"
 VERSION = 1
 RECORD = "features.json"
-PROGRESS = "progress.json"
+PASS = "pass.json"
 INDEX = "index.npy"
 #: stored dtypes and the NumPy dtype of their bytes on disk (bfloat16 as its raw bits)
 DTYPES = {"float16": np.float16, "bfloat16": np.uint16, "float32": np.float32}
@@ -218,12 +219,14 @@ def _from_stored(a: np.ndarray, dtype: str) -> Any:
 
 
 def write_features(data: str | Path, target: str | Path, out: str | Path,
-                   cfg: FeaturesConfig) -> dict[str, Any]:
+                   cfg: FeaturesConfig, *, info: Any = None) -> dict[str, Any]:
     """Run the target once over every sample of prepared ``data``; write the cache to ``out``.
 
     Returns the record (``features.json``). A finished cache of the same settings is
     left as it is; a pass under way resumes after its finished shards; another cache in
     ``out`` is refused unless ``cfg.overwrite``. A disk without room is refused first.
+    ``info``: the ``torchrun`` group; rank ``r`` of ``w`` writes the shards ``s`` with
+    ``s % w == r`` into ``out``, a folder every rank sees.
     """
     import shutil
 
@@ -237,12 +240,13 @@ def write_features(data: str | Path, target: str | Path, out: str | Path,
     from lengthwise.dflash.tokenizer_id import TOKENIZER_FIELDS, check_tokenizer
     from lengthwise.disk import format_bytes
     from lengthwise.progress import progress
-    from lengthwise.train.device import configure_torch, pick_device, say
+    from lengthwise.train.device import barrier, configure_torch, pick_device, rank_world, say
 
     out = Path(out)
+    rank, world = rank_world(info)
     prepared = open_prepared(data)
     check_tokenizer(prepared.info, load_tokenizer(target), data=str(data), target=str(target))
-    device = pick_device(cfg.device, None)
+    device = pick_device(cfg.device, info)
     configure_torch(device, threads=cfg.threads, deterministic=False)
     model = load_target(target, dtype=cfg.target_dtype, device=device)
     n_layers = int(model.config.num_hidden_layers)
@@ -268,16 +272,21 @@ def write_features(data: str | Path, target: str | Path, out: str | Path,
                  "tokens": int(stored.sum()), "fingerprint": prepared.fingerprint(),
                  "tokenizer": {k: prepared.info[k] for k in TOKENIZER_FIELDS
                                if prepared.info.get(k) is not None}}}
-    done = _start(out, identity, cfg.overwrite)
-    if done is None:
-        say(None, f"lengthwise dflash features: {out} already holds this cache; nothing to do")
+    state = _start(out, identity, cfg.overwrite)  # every rank checks, then rank 0 acts
+    barrier(info)
+    if state != "complete" and rank == 0:
+        _open_pass(out, identity, state)
+    barrier(info)
+    if state == "complete":
+        say(info, f"lengthwise dflash features: {out} already holds this cache; nothing to do")
         return json.loads((out / RECORD).read_text(encoding="utf-8"))
     n_shards = plan.shards.size - 1
+    done = _finished(out, n_shards)
     total = cache_bytes(int(stored.sum()), len(layers), hidden, cfg.dtype, cfg.last_hidden)
     left = sum(cache_bytes(plan.shard_tokens(s), len(layers), hidden, cfg.dtype,
-                           cfg.last_hidden) for s in range(n_shards) if str(s) not in done)
+                           cfg.last_hidden) for s in range(n_shards) if s not in done)
     free = shutil.disk_usage(out).free
-    say(None, f"lengthwise dflash features: {lengths.size} samples, {int(stored.sum()):,} "
+    say(info, f"lengthwise dflash features: {lengths.size} samples, {int(stored.sum()):,} "
               f"tokens; layers {layers}" + (" and the last hidden state" if cfg.last_hidden
                                             else "")
               + f" of a {hidden}-wide target in {cfg.dtype}: {format_bytes(total)} in "
@@ -288,16 +297,16 @@ def write_features(data: str | Path, target: str | Path, out: str | Path,
         raise ConfigError(f"--out {out}: the cache needs {format_bytes(left)} more and the "
                           f"disk there has {format_bytes(free)} free; free space or give "
                           "--out on another disk")
-    with atomic_path(out / INDEX) as tmp:
-        np.save(tmp, plan.index, allow_pickle=False)
+    if rank == 0:
+        with atomic_path(out / INDEX) as tmp:
+            np.save(tmp, plan.index, allow_pickle=False)
     shard_of = np.repeat(np.arange(n_shards), np.diff(plan.shards))
+    mine = np.flatnonzero((shard_of % world == rank) & ~np.isin(shard_of, list(done)))
     writer: _ShardWriter | None = None
     try:
-        for b in progress(range(shard_of.size), desc="dflash features", unit="batch",
-                          total=int(shard_of.size), enable=cfg.progress):
+        for b in progress(mine.tolist(), desc="dflash features", unit="batch",
+                          total=int(mine.size), enable=cfg.progress and rank == 0):
             s = int(shard_of[b])
-            if str(s) in done:
-                continue
             if writer is None:
                 writer = _ShardWriter(out, s, plan.shard_tokens(s), len(layers), hidden, cfg)
             members = plan.order[plan.batches[b]:plan.batches[b + 1]]
@@ -313,23 +322,47 @@ def write_features(data: str | Path, target: str | Path, out: str | Path,
                 writer.put(int(plan.index[i, 1]), [f[r, :k].reshape(k, len(layers), hidden),
                                                    h[r, :k]], f"sample {i} of --data {data}")
             if b + 1 == plan.shards[s + 1]:
-                done[str(s)] = writer.close()
+                mark = writer.close()
                 writer = None
-                with atomic_open(out / PROGRESS, "w", encoding="utf-8") as fh:
-                    json.dump({**identity, "done": done}, fh)
+                with atomic_open(out / _mark_name(s), "w", encoding="utf-8") as fh:
+                    json.dump(mark, fh)  # after the shard's files: a mark means a whole shard
     except BaseException as exc:
         if writer is not None:  # its files are removed, never renamed
             writer.files.__exit__(type(exc), exc, exc.__traceback__)
         raise
-    record = {**identity, "complete": True, "bytes": total, "width": len(layers) * hidden,
-              "shards": [{"tokens": done[str(s)]["tokens"],
-                          "files": _shard_names(s, cfg.last_hidden),
-                          "sha256": done[str(s)]["sha256"]} for s in range(n_shards)],
-              "index_sha256": _sha256(out / INDEX)}
-    with atomic_open(out / RECORD, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps(record, indent=1) + "\n")
-    (out / PROGRESS).unlink(missing_ok=True)
-    return record
+    barrier(info)
+    done = _finished(out, n_shards)
+    if rank == 0:
+        missing = [s for s in range(n_shards) if s not in done]
+        if missing:
+            raise DataError(f"--out {out}: shards {missing[:5]} were not written by any rank; "
+                            "run the pass again to finish them")
+        record = {**identity, "complete": True, "bytes": total, "width": len(layers) * hidden,
+                  "shards": [{"files": _shard_names(s, cfg.last_hidden), **done[s]}
+                             for s in range(n_shards)],
+                  "index_sha256": _sha256(out / INDEX)}
+        with atomic_open(out / RECORD, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(record, indent=1) + "\n")
+        for s in range(n_shards):
+            (out / _mark_name(s)).unlink(missing_ok=True)
+        (out / PASS).unlink(missing_ok=True)
+    barrier(info)
+    return json.loads((out / RECORD).read_text(encoding="utf-8"))
+
+
+def _mark_name(s: int) -> str:
+    return f"done_{s:05d}.json"
+
+
+def _finished(out: Path, n_shards: int) -> dict[int, dict[str, Any]]:
+    """The shards of the pass under way in ``out`` that are written whole: their marks."""
+    done = {}
+    for s in range(n_shards):
+        try:
+            done[s] = json.loads((out / _mark_name(s)).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+    return done
 
 
 class _ShardWriter:
@@ -368,37 +401,46 @@ class _ShardWriter:
                 "sha256": {name: _sha256(self.out / name) for name in self.names}}
 
 
-def _start(out: Path, identity: dict[str, Any], overwrite: bool) -> dict[str, Any] | None:
-    """The finished shards of a pass of ``identity`` in ``out`` (``{}``: none); ``None`` when
-    ``out`` already holds the finished cache. Anything else there is refused or, with
-    ``overwrite``, removed."""
-    import shutil
-
+def _start(out: Path, identity: dict[str, Any], overwrite: bool) -> str:
+    """What ``out`` holds for a pass of ``identity``: ``"complete"`` (this cache, finished),
+    ``"resume"`` (this pass under way), ``"new"``, or ``"replace"`` (another cache, with
+    ``overwrite``); anything else there is refused. Reads only."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: a file, not a folder")
-    for stale in out.glob(".*.tmp.npy") if out.is_dir() else ():
-        stale.unlink()  # a shard whose writer was killed
     found = None
-    for name in (RECORD, PROGRESS):
+    for name in (RECORD, PASS):
         if (out / name).is_file():
             try:
                 found = json.loads((out / name).read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 found = {}
             break
-    same = found is not None and all(found.get(k) == v for k, v in identity.items())
-    if found is not None and not (same and not overwrite):
-        if not overwrite:
-            raise ConfigError(f"--out {out} holds a feature cache of other settings, target or "
-                              "data: give --overwrite to replace it, or another --out")
+    if found is None:
+        if out.is_dir() and any(out.iterdir()):
+            raise ConfigError(f"--out {out} is a folder with other files in it, not a feature "
+                              "cache: give an empty or new folder")
+        return "new"
+    if not overwrite and all(found.get(k) == v for k, v in identity.items()):
+        return "complete" if found.get("complete") else "resume"
+    if not overwrite:
+        raise ConfigError(f"--out {out} holds a feature cache of other settings, target or "
+                          "data: give --overwrite to replace it, or another --out")
+    return "replace"
+
+
+def _open_pass(out: Path, identity: dict[str, Any], state: str) -> None:
+    """Make ``out`` ready for the pass (``state`` from :func:`_start`); one rank does it."""
+    import shutil
+
+    from lengthwise.atomic import atomic_open
+
+    if state == "replace":
         shutil.rmtree(out)
-    elif found is None and out.is_dir() and any(out.iterdir()):
-        raise ConfigError(f"--out {out} is a folder with other files in it, not a feature "
-                          "cache: give an empty or new folder")
     out.mkdir(parents=True, exist_ok=True)
-    if found is not None and same and found.get("complete"):
-        return None
-    return dict(found.get("done", {})) if found is not None and same else {}
+    for stale in out.glob(".*.tmp.*"):
+        stale.unlink()  # a shard whose writer was killed
+    with atomic_open(out / PASS, "w", encoding="utf-8") as fh:
+        json.dump(identity, fh)
 
 
 class FeatureCache:
@@ -520,7 +562,7 @@ def open_features(folder: str | Path, *, verify: bool = True) -> FeatureCache:
     folder = Path(folder)
     where = f"--features {folder}"
     if not (folder / RECORD).is_file():
-        if (folder / PROGRESS).is_file():
+        if (folder / PASS).is_file():
             raise DataError(f"{where}: its pass did not finish; run `lengthwise dflash "
                             "features` again with the same settings to finish it")
         raise DataError(f"{where}: not a feature cache (no {RECORD}; made by `lengthwise "

@@ -3,6 +3,8 @@
 Example::
 
     $ lengthwise dflash features prepared/ --target ./SmolLM2 --out features/
+    $ torchrun --nproc-per-node 8 -m lengthwise dflash features prepared/ --target ./Qwen3-8B \
+          --out features/ --device cuda
     $ lengthwise dflash train --target ./SmolLM2 --data prepared/ --features features/
 """
 
@@ -34,12 +36,16 @@ def register(stages: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Write the cache and print its summary."""
+    """Write the cache (each ``torchrun`` rank its share of the shards); print its summary."""
     from lengthwise.dflash.features import write_features
     from lengthwise.disk import format_bytes
+    from lengthwise.train.device import rank_world, setup_distributed
 
     cfg = config_from_args(FeaturesConfig, args)
-    rec = write_features(args.data, args.target, args.out, cfg)
+    group = setup_distributed(cfg.device)
+    rec = write_features(args.data, args.target, args.out, cfg, info=group)
+    if rank_world(group)[0] != 0:
+        return 0
     s = rec["settings"]
     print(f"{args.out}: features of {rec['data']['samples']} samples ({rec['data']['tokens']:,} "
           f"tokens) at target layers {s['layers']}"
