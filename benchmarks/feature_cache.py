@@ -56,15 +56,12 @@ def _say(text: str) -> None:
     print(f"feature_cache: {text}", file=sys.stderr, flush=True)
 
 
-def _interval(x: list[float]) -> dict[str, float]:
+def _interval(x: list[float]) -> dict[str, Any]:
     """Mean and 95 % t-interval of ``x``."""
-    from scipy import stats
+    from lengthwise.intervals import t_interval
 
-    a = np.asarray(x, dtype=np.float64)
-    mean = float(a.mean())
-    half = float(stats.t.ppf(0.975, a.size - 1) * a.std(ddof=1) / np.sqrt(a.size)) if (
-        a.size > 1) else float("nan")
-    return {"mean": mean, "low": mean - half, "high": mean + half, "n": int(a.size)}
+    iv = t_interval(x)
+    return {"mean": iv["mean"], "low": iv["lo"], "high": iv["hi"], "n": iv["n"]}
 
 
 def _train_cfg(steps: int) -> Any:
