@@ -420,12 +420,29 @@ def _start(out: Path, identity: dict[str, Any], overwrite: bool) -> str:
             raise ConfigError(f"--out {out} is a folder with other files in it, not a feature "
                               "cache: give an empty or new folder")
         return "new"
-    if not overwrite and all(found.get(k) == v for k, v in identity.items()):
+    if not overwrite and _what(found) == _what(identity):
         return "complete" if found.get("complete") else "resume"
     if not overwrite:
         raise ConfigError(f"--out {out} holds a feature cache of other settings, target or "
                           "data: give --overwrite to replace it, or another --out")
     return "replace"
+
+
+def _what(record: dict[str, Any]) -> dict[str, Any]:
+    """What a pass computes: its identity without the folders it was read from (a moved
+    target or data folder holds the same weights and samples).
+
+    Example::
+
+        >>> _what({"target": {"path": "a", "weights": 1}, "data": {"folder": "b", "n": 2}})
+        {'target': {'weights': 1}, 'data': {'n': 2}}
+    """
+    out = {k: v for k, v in record.items() if k not in ("complete", "shards", "bytes", "width",
+                                                         "index_sha256")}
+    for key, path in (("target", "path"), ("data", "folder")):
+        if isinstance(out.get(key), dict):
+            out[key] = {k: v for k, v in out[key].items() if k != path}
+    return out
 
 
 def _open_pass(out: Path, identity: dict[str, Any], state: str) -> None:
