@@ -16,7 +16,8 @@ Stages, each the recipe's own command run in this process:
 1. ``dflash target``: the GGUF file to a target folder (cached by the file's SHA-256);
 2. ``dflash prepare --regenerate``: the training chats with every assistant turn
    written again by the target (greedy; cached: a rerun finds the shards);
-3. ``dflash train``: a draft on CPU, checkpoints along the way;
+3. ``dflash features``: the target's features of every sample, once (float16);
+   ``dflash train --features``: a draft on CPU from them, checkpoints along the way;
 4. ``dflash export`` of the final draft, loaded by the reference ``dflash`` package
    (``pip install --no-deps dflash==0.1.0``), whose own speculative decoding is checked
    against the target's greedy output;
@@ -338,8 +339,7 @@ def reference_check(target: Path, export: Path, prompts: Path, n_tokens: int) ->
     import torch
 
     from lengthwise.dflash.prompts import read_prompt_file, render_prompts
-    from lengthwise.dflash.recipe import load_tokenizer
-    from lengthwise.dflash.target import load_target
+    from lengthwise.dflash.target import load_target, load_tokenizer
 
     ref, info = dflash.DFlashDraftModel.from_pretrained(str(export), output_loading_info=True,
                                                         dtype=torch.float32)
@@ -416,6 +416,11 @@ def run(scale_name: str, work: Path, wheel: Path) -> dict[str, Any]:
                                         "regenerated_turns", "unfinished_turns") if k in counts})
     data["prepare_reused"] = "all shards reused" in out
     t = time.perf_counter()
+    features = work / "features"  # the target runs once per sample, not once per step
+    cli("dflash", "features", prepared, "--target", target, "--out", features,
+        "--num-features", scale["draft_layers"], "--no-progress")
+    times["features_s"] = time.perf_counter() - t
+    t = time.perf_counter()
     runs = work / "run"
     if not (runs / "final").is_dir():
         cli("dflash", "train", "--target", target, "--data", prepared, "--out", runs,
@@ -425,6 +430,7 @@ def run(scale_name: str, work: Path, wheel: Path) -> dict[str, Any]:
             "--checkpoint-every", scale["checkpoint_every"], "--keep-checkpoints", 1000,
             "--eval-samples", scale["eval_samples"], "--eval-every", scale["checkpoint_every"],
             "--threads", torch.get_num_threads(), "--seed", SEED, "--no-progress",
+            "--features", features,
             *(["--resume"] if (runs / "checkpoints").is_dir() else []))
     times["train_s"] = time.perf_counter() - t
     curve, summary = training_curve(runs)

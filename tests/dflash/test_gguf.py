@@ -295,8 +295,7 @@ def test_the_converted_folder_is_the_gguf_model_and_is_made_once(tmp_path, capsy
     import torch
     import transformers
 
-    from lengthwise.dflash.recipe import load_tokenizer
-    from lengthwise.dflash.target import load_target
+    from lengthwise.dflash.target import load_target, load_tokenizer
 
     path = _smollm2()
     if any(importlib.util.find_spec(p) is None for p in gguf.GGUF_PACKAGES):

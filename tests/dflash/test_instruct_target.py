@@ -26,8 +26,8 @@ def test_a_bfloat16_checkpoint_runs_in_float32_on_cpu_unless_told(instruct):
 def test_regeneration_loads_the_target_in_the_dtype_asked(instruct):
     from lengthwise.dflash.chat import ChatRenderer
     from lengthwise.dflash.prepare import PrepareConfig
-    from lengthwise.dflash.recipe import load_tokenizer
     from lengthwise.dflash.regenerate import TurnGenerator
+    from lengthwise.dflash.target import load_tokenizer
 
     renderer = ChatRenderer(load_tokenizer(instruct))
     for dtype, want in ((None, torch.float32), ("bfloat16", torch.bfloat16)):
@@ -50,7 +50,7 @@ def _learned(renderer, conv):
 
 def test_an_opening_assistant_turn_learns_its_content_not_the_injected_system_prompt(instruct):
     from lengthwise.dflash.chat import ChatRenderer
-    from lengthwise.dflash.recipe import load_tokenizer
+    from lengthwise.dflash.target import load_tokenizer
 
     renderer = ChatRenderer(load_tokenizer(instruct))
     conv = [{"role": "assistant", "content": "hello there"},
@@ -116,8 +116,8 @@ def test_regenerated_turns_keep_the_targets_ids_and_no_end_of_turn_after_a_cut(
 
     from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
     from lengthwise.dflash.prepared import open_prepared
-    from lengthwise.dflash.recipe import load_tokenizer
     from lengthwise.dflash.regenerate import TurnGenerator
+    from lengthwise.dflash.target import load_tokenizer
 
     tok = load_tokenizer(instruct)
     end = tok.convert_tokens_to_ids("<|im_end|>")
@@ -166,7 +166,7 @@ def test_an_interrupted_regeneration_resumes_with_the_turns_it_finished(instruct
 
     from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
     from lengthwise.dflash.prepared import open_prepared
-    from lengthwise.dflash.recipe import load_tokenizer
+    from lengthwise.dflash.target import load_tokenizer
 
     tok = load_tokenizer(instruct)
     rows = [{"messages": [{"role": "user", "content": t["messages"][-2]["content"]}]}
@@ -194,7 +194,7 @@ def test_regeneration_progress_counts_turns(instruct, tmp_path, monkeypatch):
 
     import lengthwise.progress
     from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
-    from lengthwise.dflash.recipe import load_tokenizer
+    from lengthwise.dflash.target import load_tokenizer
 
     rows = conversations(5)
     turns = sum(m["role"] == "assistant" for r in rows for m in r["messages"])
@@ -333,7 +333,7 @@ def test_a_final_draft_holding_objects_is_refused_and_runs_nothing(trained_run, 
 def _target_and_tokenizer(folder):
     import transformers
 
-    from lengthwise.dflash.recipe import load_tokenizer
+    from lengthwise.dflash.target import load_tokenizer
 
     return (load_tokenizer(folder),
             transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32))

@@ -121,8 +121,8 @@ def test_the_planned_batches_are_those_regeneration_runs(chats, tmp_path, monkey
     from lengthwise.dflash.chat import ChatRenderer
     from lengthwise.dflash.generate_profile import regenerate_prompts
     from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
-    from lengthwise.dflash.recipe import load_tokenizer
     from lengthwise.dflash.regenerate import TurnGenerator
+    from lengthwise.dflash.target import load_tokenizer
 
     target, src, rows = chats
     calls = []
@@ -189,7 +189,7 @@ def test_a_later_rounds_timed_batch_is_no_wider_than_the_targets_answers_allow(c
         regenerate_prompts,
     )
     from lengthwise.dflash.prepare import PrepareConfig
-    from lengthwise.dflash.recipe import load_tokenizer
+    from lengthwise.dflash.target import load_tokenizer
 
     target, _, _ = chats
     long = " ".join(["the dog ran over the hill and"] * 40)

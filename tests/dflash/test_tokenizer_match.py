@@ -57,7 +57,7 @@ def _train(target, data, out) -> int:
 
 
 def test_prepare_records_the_tokenizer(tiny_prepared):
-    from lengthwise.dflash.recipe import load_tokenizer
+    from lengthwise.dflash.target import load_tokenizer
     from lengthwise.dflash.tokenizer_id import tokenizer_record
 
     target, data = tiny_prepared

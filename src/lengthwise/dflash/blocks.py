@@ -30,7 +30,7 @@ import torch
 from lengthwise.dflash.objective import IGNORE, anchor_quota, block_targets, sample_anchors
 from lengthwise.errors import DataError
 
-__all__ = ["Blocks", "block_attention_mask", "make_blocks"]
+__all__ = ["Blocks", "block_attention_mask", "make_blocks", "row_segments"]
 
 
 @dataclass
@@ -39,7 +39,9 @@ class Blocks:
 
     ``anchors``/``starts``: ``(R, A)`` anchor position and start of its sample in the
     row (``-1``/``0`` for unused block slots); ``labels``/``weights``: ``(R, A, B)``;
-    ``sample_ids``: ``(R, A)`` dataset index of each block's sample (``-1`` unused).
+    ``sample_ids``: ``(R, A)`` dataset index of each block's sample (``-1`` unused);
+    ``features``: ``(R, C, F)`` the target's features of the rows, read from a cache
+    (``None``: the target computes them).
     """
 
     input_ids: torch.Tensor
@@ -52,6 +54,7 @@ class Blocks:
     sample_ids: torch.Tensor
     packed: bool
     meta: dict[str, Any]
+    features: torch.Tensor | None = None  # the target's features of input_ids, when cached
 
     @property
     def weight_sum(self) -> float:
@@ -82,9 +85,13 @@ class Blocks:
         return Blocks(**moved)
 
 
-def _segments(batch: dict[str, Any], rows: list[list[int]], packed: bool, capacity: int,
+def row_segments(batch: dict[str, Any], rows: list[list[int]], packed: bool, capacity: int,
               ) -> tuple[np.ndarray, np.ndarray, list[list[tuple[int, int, int]]]]:
-    """Token rows, label rows and per row ``(start, end, sample_id)`` of each sample."""
+    """Token rows, label rows and per row ``(start, end, sample_id)`` of each sample.
+
+    ``rows``: the dataset indices of each row's samples; ``packed``: rows of ``capacity``
+    tokens holding several samples each (a row's filler has sample id ``-1``).
+    """
     ids = batch["input_ids"].numpy()
     labels = batch["labels"].numpy()
     if not packed:
@@ -122,7 +129,7 @@ def make_blocks(batch: dict[str, Any], rows: list[list[int]], *, step: int, seed
     packed = "position_ids" in batch and "attention_mask" not in batch
     if packed and capacity is None:
         capacity = int(batch["input_ids"].shape[1])
-    ids, labels, segs = _segments(batch, rows, packed, capacity or 0)
+    ids, labels, segs = row_segments(batch, rows, packed, capacity or 0)
     mask = labels != IGNORE
     if max_slots is not None:
         if max_tokens is None:

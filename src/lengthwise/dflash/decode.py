@@ -208,7 +208,7 @@ def evaluate_blocks(draft: Any, target: Any,
                     head_chunk: int = HEAD_CHUNK, max_slots: int | None = None,
                     max_tokens: int | None = None,
                     slots_per_forward: int | None = None,
-                    temperature: float | None = None) -> BlockEval:
+                    temperature: float | None = None, features: Any = None) -> BlockEval:
     """Loss, accuracy and per-slot accuracy over collated ``(batch, rows)`` pairs.
 
     ``max_slots``/``max_tokens``: the draft slots budget of training (see
@@ -218,7 +218,9 @@ def evaluate_blocks(draft: Any, target: Any,
     every position is an anchor, and changes no figure. ``temperature``: also the expected
     acceptance at that temperature (:func:`slot_agreement`: ``alpha`` per slot and
     ``1 + sum_k prod_{j<=k} alpha_j``), from the target's distributions at the same
-    positions, through the LM head in ``head_chunk`` slots at a time.
+    positions, through the LM head in ``head_chunk`` slots at a time. ``features``: a
+    :class:`~lengthwise.dflash.features.CachedRows` that reads the target's features (and
+    last hidden states, when cached) instead of running the target.
     """
     cfg = draft.config
     check_target(cfg, target)
@@ -233,9 +235,17 @@ def evaluate_blocks(draft: Any, target: Any,
             blocks = make_blocks(batch, rows, step=0, seed=seed, num_anchors=num_anchors,
                                  block_size=cfg.block_size, gamma=cfg.gamma,
                                  max_slots=max_slots, max_tokens=max_tokens).to(target.device)
-            feats, last = target.features_and_output(
-                blocks.input_ids, attention_mask=blocks.attention_mask,
-                position_ids=blocks.position_ids)
+            feats = last = None
+            if features is not None:
+                feats, last = features(batch, rows, last=temperature is not None)
+                dtype = target.embed.weight.dtype
+                feats = feats.to(target.device, dtype)
+                last = None if last is None else last.to(target.device, dtype)
+            if feats is None or (temperature is not None and last is None):
+                computed, last = target.features_and_output(
+                    blocks.input_ids, attention_mask=blocks.attention_mask,
+                    position_ids=blocks.position_ids)
+                feats = computed if feats is None else feats
             for part in _anchor_chunks(blocks, slots_per_forward):
                 hidden = block_hidden(draft, target, part, amp=amp, feats=feats)
                 s = head_loss(hidden, target.lm_head, part.labels, part.weights,

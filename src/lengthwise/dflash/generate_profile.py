@@ -306,7 +306,7 @@ def _prompts(renderer: Any, convs: list[list[dict[str, str]]], members: np.ndarr
 
 def _renderer(target: str | Path, cfg: Any) -> Any:
     from lengthwise.dflash.chat import ChatRenderer
-    from lengthwise.dflash.recipe import load_tokenizer
+    from lengthwise.dflash.target import load_tokenizer
 
     return ChatRenderer(load_tokenizer(target), enable_thinking=cfg.enable_thinking,
                         name=f"--target {target}")

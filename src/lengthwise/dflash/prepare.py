@@ -280,7 +280,7 @@ def prepare_chats(source: str | Path, target: str | Path, out: str | Path,
     is kept (never an empty data set) and for malformed conversations (row and
     field named); :class:`ConfigError` for a target without a usable chat template.
     """
-    from lengthwise.dflash.recipe import load_tokenizer
+    from lengthwise.dflash.target import load_tokenizer
 
     cfg = cfg or PrepareConfig()
     source, target, out = Path(source), Path(target), Path(out)

@@ -85,6 +85,22 @@ class PreparedChats:
         return np.array([anchor_candidates(self._locate(i)[1][:max_len]).size
                          for i in idx.tolist()], dtype=np.int64)
 
+    def fingerprint(self) -> str:
+        """SHA-256 of every sample's token ids and length, in order (what target features
+        depend on; the loss mask does not enter them).
+
+        Example::
+
+            >>> len(chats.fingerprint())                                 # doctest: +SKIP
+            64
+        """
+        import hashlib
+
+        digest = hashlib.sha256(np.ascontiguousarray(self.lengths, dtype=np.int64).tobytes())
+        for ids, off, _, _ in self._chunks:
+            digest.update(np.ascontiguousarray(ids[off[0]:off[-1]], dtype=np.int64).tobytes())
+        return digest.hexdigest()
+
     def sample(self, i: int) -> dict[str, np.ndarray]:
         """Sample ``i`` as the collators take it: ``input_ids``, ``labels`` (-100: not learned).
 

@@ -36,19 +36,30 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
-from lengthwise.dflash.target import check_causal_lm
+from lengthwise.atomic import atomic_open
+from lengthwise.dflash.features import CachedRows, open_features
+from lengthwise.dflash.grown_target import save_grown_target
+from lengthwise.dflash.load import FINAL_STEP
+from lengthwise.dflash.mask_token import ensure_mask_token
+from lengthwise.dflash.objective import target_layer_ids
+from lengthwise.dflash.resume_settings import apply_optimizer_settings, settings_json
+from lengthwise.dflash.target import Target, check_causal_lm, load_target, load_tokenizer
+from lengthwise.dflash.target_weights import weights_record
+from lengthwise.dflash.tokenizer_id import TOKENIZER_FIELDS
 from lengthwise.dflash.train import DFlashTask, check_budget
 from lengthwise.dflash.train_config import DFlashTrainConfig
+from lengthwise.disk import reporting_full_disk
 from lengthwise.errors import ConfigError, DataError
+from lengthwise.progress import progress as bar
+from lengthwise.train.checkpoint.state import state_bytes
+from lengthwise.train.device import autocast_dtype, configure_torch, rank_world, say
+from lengthwise.train.loop import TrainLoop
+from lengthwise.train.stop import EXIT_STATUS as STOPPED
+from lengthwise.train.stop import StopRequest
 
-__all__ = ["TOKENIZER_FILES", "EvalTask", "RunSettings", "held_out_batches",
-           "load_tokenizer", "new_draft", "train_draft"]
-
-#: files that hold a Hugging Face tokenizer's vocabulary (a folder needs one of them)
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt",
-                   "spiece.model", "sentencepiece.bpe.model", "tokenizer.tiktoken")
-
+__all__ = ["EvalTask", "RunSettings", "held_out_batches", "new_draft", "train_draft"]
 
 @dataclass
 class RunSettings:
@@ -66,6 +77,7 @@ class RunSettings:
     wandb_project: str | None = None
     tensorboard: str | None = None
     overwrite: bool = False  # remove an earlier run's checkpoints and final draft from out
+    features: str | None = None  # a feature cache (`dflash features`): no target forward a step
 
     def __post_init__(self) -> None:
         from lengthwise.planning.vocabulary import ORDERS
@@ -86,32 +98,12 @@ class RunSettings:
                               f"{self.eval_anchors!r}")
 
 
-def load_tokenizer(target: str | Path) -> Any:
-    """The tokenizer saved in the local model folder ``target`` (a causal LM, checked first).
-
-    A folder without a usable tokenizer is a :class:`ConfigError` naming it; nothing is
-    looked up on a hub.
-    """
-    import transformers
-
-    check_causal_lm(target)
-    if not any((Path(target) / name).is_file() for name in TOKENIZER_FILES):
-        raise ConfigError(f"--target {target}: no tokenizer files there (none of "
-                          f"{', '.join(TOKENIZER_FILES)}); save the target's tokenizer "
-                          "into the folder (tokenizer.save_pretrained)")
-    try:
-        tok = transformers.AutoTokenizer.from_pretrained(str(target), local_files_only=True)
-    except (OSError, ValueError, KeyError) as exc:
-        raise ConfigError(f"--target {target}: no usable tokenizer there "
-                          f"({' '.join(str(exc).split())[:200]})") from None
-    if len(tok) < 2:
-        raise ConfigError(f"--target {target}: the tokenizer there is empty ({len(tok)} "
-                          "tokens)")
-    return tok
+#: the sample id of the first held-out sample in its batches (training ids stay below it)
+HELD_OUT_FIRST_ID = 10**9
 
 
 def held_out_batches(samples: list[dict[str, Any]], *, batch_size: int = 8,
-                     max_tokens: int | None = None, first_id: int = 10**9,
+                     max_tokens: int | None = None, first_id: int = HELD_OUT_FIRST_ID,
                      ) -> list[tuple[dict[str, Any], list[list[int]]]]:
     """Held-out samples collated by similar length into ``(batch, rows)`` pairs.
 
@@ -216,7 +208,7 @@ class EvalTask(DFlashTask):
         ev = evaluate_blocks(self.model, self.target, self.held, num_anchors=self.anchors,
                              seed=cfg.seed, amp=self.amp, head_chunk=cfg.head_chunk,
                              max_slots=cfg.slot_budget, max_tokens=cfg.max_tokens,
-                             temperature=1.0)
+                             temperature=1.0, features=self.features)
         return {"eval_loss": _finite(ev.loss), "eval_accuracy": _finite(ev.accuracy),
                 "eval_simulated_acceptance_length": _finite(ev.simulated_acceptance_length),
                 "eval_expected_acceptance": _finite(ev.expected_acceptance)}
@@ -311,67 +303,83 @@ def split_samples(data: Any, cfg: DFlashTrainConfig, eval_samples: int,
     return held_idx, train_idx[~unlearnable], dropped
 
 
-def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer: Any,
-                  group: Any, device: Any, progress: bool) -> dict[str, Any]:
-    """:func:`train_draft` with the run folder's lock held."""
-    import torch
+@dataclass
+class _Split:
+    """The data phase: training ids, held-out ids and batches, lengths as trained, counts."""
 
-    from lengthwise.atomic import atomic_open
-    from lengthwise.dflash.grown_target import save_grown_target
-    from lengthwise.dflash.load import FINAL_STEP
-    from lengthwise.dflash.mask_token import ensure_mask_token
-    from lengthwise.dflash.objective import target_layer_ids
-    from lengthwise.dflash.resume_settings import (
-        apply_optimizer_settings,
-        settings_json,
-    )
-    from lengthwise.dflash.target import Target, load_target
-    from lengthwise.dflash.target_weights import weights_record
-    from lengthwise.dflash.tokenizer_id import TOKENIZER_FIELDS
-    from lengthwise.disk import reporting_full_disk
-    from lengthwise.train.checkpoint.state import state_bytes
-    from lengthwise.train.device import autocast_dtype, configure_torch, rank_world, say
-    from lengthwise.train.loop import TrainLoop
-    from lengthwise.train.stop import EXIT_STATUS as STOPPED
-    from lengthwise.train.stop import StopRequest
+    train_idx: np.ndarray
+    held_idx: np.ndarray
+    lengths: np.ndarray
+    held: list[tuple[dict[str, Any], list[list[int]]]]
+    dropped: int
+    cut: int
 
-    rank, world = rank_world(group)
-    out = Path(run.out)
-    configure_torch(device, threads=cfg.threads, deterministic=cfg.deterministic)
+
+def _split(data: Any, cfg: DFlashTrainConfig, run: RunSettings) -> _Split:
+    """Held-out and training samples as training takes them (cut to ``max_len``)."""
     held_idx, train_idx, dropped = split_samples(data, cfg, run.eval_samples)
+    held = held_out_batches([{k: v[: cfg.max_len] for k, v in data.sample(int(j)).items()}
+                             for j in held_idx], max_tokens=cfg.max_tokens)
+    return _Split(train_idx, held_idx, np.minimum(data.lengths[train_idx], cfg.max_len), held,
+                  dropped, int((data.lengths[train_idx] > cfg.max_len).sum()))
 
-    def sample(i: int) -> dict[str, np.ndarray]:  # training sample i as trained: cut to max_len
-        s = data.sample(int(train_idx[i]))
-        return {k: v[: cfg.max_len] for k, v in s.items()}
 
-    lengths = np.minimum(data.lengths[train_idx], cfg.max_len)
-    cut = int((data.lengths[train_idx] > cfg.max_len).sum())
+@dataclass
+class _Models:
+    """The model phase: the frozen target, the draft, the mask token, the feature cache."""
 
-    if run.epochs is not None:
-        cfg = _with_epochs(cfg, run, lengths, rank, world)
+    target: Target
+    draft: Any
+    mask: Any
+    serve: Path  # the target to export, evaluate and serve the draft with
+    rows_before: int  # the target's embedding rows before the mask token
+    cache: Any
 
-    applied = _check_out(out, cfg, run, data.info, group)
+
+def _models(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer: Any, device: Any,
+            rank: int) -> _Models:
+    """Load the target, check the feature cache against it, build the draft."""
+    cache = open_features(run.features) if run.features else None
     model = load_target(run.target, dtype=cfg.dtype, device=device)
+    layers = target_layer_ids(model.config.num_hidden_layers,
+                              cfg.num_features or cfg.draft_layers)
+    data_tokenizer = {k: data.info[k] for k in TOKENIZER_FIELDS if data.info.get(k) is not None}
+    if cache is not None:
+        cache.check(weights=weights_record(model), layers=layers, fingerprint=data.fingerprint(),
+                    tokenizer=data_tokenizer, max_len=cfg.max_len, data=run.data)
     # the blocks' mask token: the tokenizer's own, else <|MASK|> added (the target embeds it)
     rows = int(model.get_input_embeddings().weight.shape[0])
     mask = ensure_mask_token(tokenizer, model)
-    serve = out / "target" if mask.resized else Path(run.target)
+    serve = Path(run.out) / "target" if mask.resized else Path(run.target)
     if mask.resized and rank == 0:  # whole or not at all; an identical one is kept
         save_grown_target(model, tokenizer, serve)
-    n_layers = model.config.num_hidden_layers
-    target = Target(model, layers=target_layer_ids(n_layers, cfg.num_features or cfg.draft_layers))
+    target = Target(model, layers=layers)
     draft = new_draft(target, cfg, mask_token_id=mask.id)
-    # the data's tokenizer, which export and eval check the target's against
-    draft.config.tokenizer = {k: data.info[k] for k in TOKENIZER_FIELDS
-                              if data.info.get(k) is not None} or None
+    draft.config.tokenizer = data_tokenizer or None  # export and eval check the target's
     draft.config.target_weights = weights_record(model)  # the target eval must be given
-    dcfg = draft.config
-    held = held_out_batches([{k: v[: cfg.max_len] for k, v in data.sample(int(j)).items()}
-                             for j in held_idx], max_tokens=cfg.max_tokens)
+    return _Models(target, draft, mask, serve, rows, cache)
+
+
+def _loop(cfg: DFlashTrainConfig, run: RunSettings, data: Any, split: _Split, m: _Models,
+          device: Any, group: Any) -> TrainLoop:
+    """The training loop over the plan, with the held-out evaluation and the log's sinks."""
+    rank = rank_world(group)[0]
+    out = Path(run.out)
+
+    def sample(i: int) -> dict[str, np.ndarray]:  # training sample i as trained: cut to max_len
+        return {k: v[: cfg.max_len] for k, v in data.sample(int(split.train_idx[i])).items()}
+
+    def dataset_index(sample_id: int) -> int:  # training ids, then the held-out batches' ids
+        return int(split.train_idx[sample_id] if sample_id < HELD_OUT_FIRST_ID
+                   else split.held_idx[sample_id - HELD_OUT_FIRST_ID])
+
+    features = (None if m.cache is None
+                else CachedRows(m.cache, m.target.layers, dataset_index))
     every = run.eval_every if run.eval_every is not None else max(1, cfg.steps // 10)
-    task = EvalTask(draft, target, cfg, order=run.order, amp=autocast_dtype(cfg.dtype, device),
-                    held=held, every=every, anchors=run.eval_anchors or cfg.num_anchors,
-                    main=rank == 0, settings=settings_json(cfg, run, data.info))
+    task = EvalTask(m.draft, m.target, cfg, order=run.order,
+                    amp=autocast_dtype(cfg.dtype, device), held=split.held, every=every,
+                    anchors=run.eval_anchors or cfg.num_anchors, main=rank == 0,
+                    settings=settings_json(cfg, run, data.info), features=features)
     sinks: dict[str, Any] = {}
     if run.tensorboard:
         sinks["tensorboard_dir"] = run.tensorboard
@@ -379,63 +387,105 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
         sinks["wandb"] = {"project": run.wandb_project} if run.wandb_project else True
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "draft_config.json").write_text(json.dumps(dcfg.to_dict(), indent=2) + "\n",
-                                               encoding="utf-8")
-    loop = TrainLoop(task, run.order, lengths, sample, cfg, run_dir=out, device=device,
+        (out / "draft_config.json").write_text(
+            json.dumps(m.draft.config.to_dict(), indent=2) + "\n", encoding="utf-8")
+    return TrainLoop(task, run.order, split.lengths, sample, cfg, run_dir=out, device=device,
                      info=group, log_sinks=sinks)
+
+
+def _announce(cfg: DFlashTrainConfig, run: RunSettings, split: _Split, m: _Models,
+              loop: TrainLoop, group: Any) -> None:
+    """The run's two opening lines: what trains on what, and the mask token."""
+    world = rank_world(group)[1]
+    model = m.target.model
+    say(group, f"lengthwise dflash train: target {run.target} "
+               f"({model.config.num_hidden_layers} layers, "
+               f"{str(model.dtype).removeprefix('torch.')}; layers "
+               f"{m.target.layers} feed a {cfg.draft_layers}-layer draft, block {cfg.block_size}"
+               + (f", read from the feature cache {run.features}" if m.cache is not None else "")
+               + "); "
+               f"{split.train_idx.size} training samples ({int(split.lengths.sum())} tokens"
+               + (f", {split.cut} truncated to max_len {cfg.max_len}" if split.cut else "")
+               + (f"; {split.dropped} dropped: no supervised tokens left after truncation to "
+                  f"max_len {cfg.max_len}" if split.dropped else "")
+               + f"), {split.held_idx.size} held out; {cfg.steps} steps x {cfg.grad_accum} "
+               f"micro-batches of <= {cfg.max_tokens} tokens x {world} rank(s)"
+               + (f"; resumed at step {loop.step_count}" if loop.resumed_from else ""))
+    mask = m.mask
+    say(group, f"lengthwise dflash train: mask token {mask.token} id {mask.id}"
+               + (" (added to the tokenizer)" if mask.added else "")
+               + (" (a special token of the tokenizer that the chat template never writes: "
+                  "the target serves the draft as it is)" if mask.unused else "")
+               + (f"; the target's embedding and LM head grew from {m.rows_before} to "
+                  f"{mask.id + 1} rows: export, evaluate and serve the draft with the target "
+                  f"saved to {m.serve}" if mask.resized else ""))
+
+
+def _train(loop: TrainLoop, cfg: DFlashTrainConfig, group: Any, progress: bool,
+           ) -> list[dict[str, Any]]:
+    """Every step left; on SIGTERM a checkpoint and :data:`STOPPED`. The step records."""
+    records = []
+    with StopRequest() as stop:
+        for _ in bar(range(loop.step_count, cfg.steps), desc="dflash train", unit="step",
+                     total=cfg.steps - loop.step_count,
+                     enable=progress and rank_world(group)[0] == 0):
+            records.append(loop.step())
+            if stop.requested(group) and not loop.done:
+                saved = loop.checkpoint()
+                say(group, f"lengthwise dflash train: SIGTERM: stopped after step "
+                           f"{loop.step_count} of {cfg.steps}; " + (
+                               f"checkpoint step_{loop.step_count} saved: continue with "
+                               "--resume" if saved else "no checkpoint (--checkpoint-every "
+                               "0): those steps are lost"))
+                raise SystemExit(STOPPED)
+    return records
+
+
+def _save_final(draft: Any, final: Path, step: int) -> None:
+    """``final/``: the draft's weights, its config and the step, each file whole."""
+    final.mkdir(parents=True, exist_ok=True)
+    state = draft.state_dict()
+    with reporting_full_disk(final, needed=state_bytes(state), what="saving the final draft"):
+        with atomic_open(final / "draft.pt") as fh:
+            torch.save(state, fh)
+        with atomic_open(final / "config.json", "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(draft.config.to_dict(), indent=2) + "\n")
+        with atomic_open(final / FINAL_STEP, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps({"step": step}) + "\n")
+
+
+def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer: Any,
+                  group: Any, device: Any, progress: bool) -> dict[str, Any]:
+    """:func:`train_draft` with the run folder's lock held, in phases: setup, data, model,
+    train, save, summary."""
+    # setup
+    rank, world = rank_world(group)
+    out = Path(run.out)
+    configure_torch(device, threads=cfg.threads, deterministic=cfg.deterministic)
+    # data
+    split = _split(data, cfg, run)
+    if run.epochs is not None:
+        cfg = _with_epochs(cfg, run, split.lengths, rank, world)
+    applied = _check_out(out, cfg, run, data.info, group)
+    # model
+    m = _models(cfg, run, data, tokenizer, device, rank)
+    # train
+    loop = _loop(cfg, run, data, split, m, device, group)
     if loop.resumed_from:
         applied = list(dict.fromkeys(applied + apply_optimizer_settings(
             loop.optimizer, loop.scheduler, cfg)))
         if applied:
             say(group, f"lengthwise dflash train: resume: applied from step {loop.step_count} "
                        f"on: {', '.join(applied)}")
-    say(group, f"lengthwise dflash train: target {run.target} ({n_layers} layers, "
-               f"{str(model.dtype).removeprefix('torch.')}; layers "
-               f"{target.layers} feed a {cfg.draft_layers}-layer draft, block {cfg.block_size}); "
-               f"{train_idx.size} training samples ({int(lengths.sum())} tokens"
-               + (f", {cut} truncated to max_len {cfg.max_len}" if cut else "")
-               + (f"; {dropped} dropped: no supervised tokens left after truncation to "
-                  f"max_len {cfg.max_len}" if dropped else "")
-               + f"), {held_idx.size} held out; {cfg.steps} steps x {cfg.grad_accum} "
-               f"micro-batches of <= {cfg.max_tokens} tokens x {world} rank(s)"
-               + (f"; resumed at step {loop.step_count}" if loop.resumed_from else ""))
-    say(group, f"lengthwise dflash train: mask token {mask.token} id {mask.id}"
-               + (" (added to the tokenizer)" if mask.added else "")
-               + (" (a special token of the tokenizer that the chat template never writes: "
-                  "the target serves the draft as it is)" if mask.unused else "")
-               + (f"; the target's embedding and LM head grew from {rows} to {mask.id + 1} "
-                  f"rows: export, evaluate and serve the draft with the target saved to {serve}"
-                  if mask.resized else ""))
-    records = []
+    _announce(cfg, run, split, m, loop, group)
     try:
-        from lengthwise.progress import progress as bar
-
-        with StopRequest() as stop:
-            for _ in bar(range(loop.step_count, cfg.steps), desc="dflash train", unit="step",
-                         total=cfg.steps - loop.step_count, enable=progress and rank == 0):
-                records.append(loop.step())
-                if stop.requested(group) and not loop.done:
-                    saved = loop.checkpoint()
-                    say(group, f"lengthwise dflash train: SIGTERM: stopped after step "
-                               f"{loop.step_count} of {cfg.steps}; " + (
-                                   f"checkpoint step_{loop.step_count} saved: continue with "
-                                   "--resume" if saved else "no checkpoint (--checkpoint-every "
-                                   "0): those steps are lost"))
-                    raise SystemExit(STOPPED)
+        records = _train(loop, cfg, group, progress)
+        # save
         if rank == 0:
-            final = out / "final"
-            final.mkdir(parents=True, exist_ok=True)
-            state = draft.state_dict()
-            with reporting_full_disk(final, needed=state_bytes(state),
-                                     what="saving the final draft"):  # each file whole
-                with atomic_open(final / "draft.pt") as fh:
-                    torch.save(state, fh)
-                with atomic_open(final / "config.json", "w", encoding="utf-8") as fh:
-                    fh.write(json.dumps(dcfg.to_dict(), indent=2) + "\n")
-                with atomic_open(final / FINAL_STEP, "w", encoding="utf-8") as fh:
-                    fh.write(json.dumps({"step": loop.step_count}) + "\n")
+            _save_final(m.draft, out / "final", loop.step_count)
     finally:
         loop.close()
+    # summary
     if loop.non_finite_steps:
         say(group, f"lengthwise dflash train: warning: the loss was NaN or infinite at "
                    f"{loop.non_finite_steps} of {len(records)} steps (the first: step "
@@ -447,8 +497,8 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
     last = records[-1] if records else {}
     evals = [r for r in records if r.get("eval_accuracy") is not None]
     return {"steps": loop.step_count, "resumed_from": loop.resumed_from,
-            "train_samples": int(train_idx.size), "eval_samples": int(held_idx.size),
-            "truncated_samples": cut, "dropped_unsupervised_after_truncation": dropped,
+            "train_samples": int(split.train_idx.size), "eval_samples": int(split.held_idx.size),
+            "truncated_samples": split.cut, "dropped_unsupervised_after_truncation": split.dropped,
             "loss": last.get("loss"), "accuracy": last.get("accuracy"),
             "non_finite_loss_steps": loop.non_finite_steps,
             "eval": ({k: evals[-1][k] for k in ("step", "eval_loss", "eval_accuracy",
@@ -456,7 +506,7 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
                                                 "eval_expected_acceptance")}
                      if evals else None),
             "log": str(loop.log_path), "final": str(out / "final"),
-            "mask_token_id": mask.id, "target": str(serve)}
+            "mask_token_id": m.mask.id, "target": str(m.serve)}
 
 
 def _check_out(out: Path, cfg: DFlashTrainConfig, run: RunSettings, data_info: dict[str, Any],

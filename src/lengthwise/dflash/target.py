@@ -29,8 +29,8 @@ import torch
 
 from lengthwise.errors import ConfigError, DataError
 
-__all__ = ["WEIGHT_DTYPES", "Target", "check_builtin_model", "check_causal_lm", "load_target",
-           "stop_set", "weights_dtype"]
+__all__ = ["TOKENIZER_FILES", "WEIGHT_DTYPES", "Target", "check_builtin_model", "check_causal_lm",
+           "load_target", "load_tokenizer", "stop_set", "weights_dtype"]
 
 #: dtype names ``--dtype`` takes for the target's and draft's weights, and torch's dtype each is
 WEIGHT_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -210,6 +210,35 @@ def check_causal_lm(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"--target {path}: not a causal language model (architectures "
                           f"{archs}); DFlash needs the target's LM head")
     return config
+
+
+#: files that hold a Hugging Face tokenizer's vocabulary (a folder needs one of them)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "spiece.model", "sentencepiece.bpe.model", "tokenizer.tiktoken")
+
+
+def load_tokenizer(target: str | Path) -> Any:
+    """The tokenizer saved in the local model folder ``target`` (a causal LM, checked first).
+
+    A folder without a usable tokenizer is a :class:`ConfigError` naming it; nothing is
+    looked up on a hub.
+    """
+    import transformers
+
+    check_causal_lm(target)
+    if not any((Path(target) / name).is_file() for name in TOKENIZER_FILES):
+        raise ConfigError(f"--target {target}: no tokenizer files there (none of "
+                          f"{', '.join(TOKENIZER_FILES)}); save the target's tokenizer "
+                          "into the folder (tokenizer.save_pretrained)")
+    try:
+        tok = transformers.AutoTokenizer.from_pretrained(str(target), local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(f"--target {target}: no usable tokenizer there "
+                          f"({' '.join(str(exc).split())[:200]})") from None
+    if len(tok) < 2:
+        raise ConfigError(f"--target {target}: the tokenizer there is empty ({len(tok)} "
+                          "tokens)")
+    return tok
 
 
 def load_target(path: str | Path, *, dtype: str | torch.dtype | None = None,

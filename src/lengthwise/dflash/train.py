@@ -5,7 +5,8 @@
 (``BucketBatchSampler`` with its collator, ``StepLogger``, warm-up then cosine,
 asynchronous checkpoints with exact resume, ``SpikeGuard``, DDP under
 ``torchrun``). Per micro-batch it draws each sample's anchors for the step,
-runs the frozen target on the same micro-batch for the context features, and
+runs the frozen target on the same micro-batch for the context features (or reads
+them from a feature cache: :mod:`~lengthwise.dflash.features`), and
 returns the weighted cross-entropy *sum* (LM head and cross-entropy in chunks
 of ``head_chunk`` supervised slots, never slots x vocabulary); the loop divides
 by the slot weight of the whole step over every rank and micro-batch. With
@@ -38,7 +39,7 @@ class DFlashTask:
     """The DFlash objective for :class:`~lengthwise.train.loop.TrainLoop` (model = the draft)."""
 
     def __init__(self, draft: Any, target: Any, cfg: DFlashTrainConfig, *, order: str,
-                 amp: Any = None) -> None:
+                 amp: Any = None, features: Any = None) -> None:
         from lengthwise.dflash.model import check_target
 
         d = draft.config
@@ -57,6 +58,7 @@ class DFlashTask:
         self.target = target
         self.cfg = cfg
         self.amp = amp
+        self.features = features  # CachedRows: the target's features read, not computed
         self.gamma = float(cfg.gamma if cfg.gamma is not None else d.gamma)
         self.capacity = cfg.max_len if order == PACKED else None
         from lengthwise.dflash.mask_token import check_mask_token
@@ -79,9 +81,14 @@ class DFlashTask:
         from lengthwise.dflash.blocks import make_blocks
 
         cfg = self.cfg
-        return make_blocks(batch, rows, step=step, seed=cfg.seed, num_anchors=cfg.num_anchors,
-                           block_size=cfg.block_size, gamma=self.gamma, capacity=self.capacity,
-                           max_slots=cfg.slot_budget, max_tokens=cfg.max_tokens)
+        blocks = make_blocks(batch, rows, step=step, seed=cfg.seed, num_anchors=cfg.num_anchors,
+                             block_size=cfg.block_size, gamma=self.gamma,
+                             capacity=self.capacity, max_slots=cfg.slot_budget,
+                             max_tokens=cfg.max_tokens)
+        if self.features is not None:
+            feats = self.features(batch, rows, capacity=self.capacity)[0]
+            blocks.features = feats.to(self.target.embed.weight.dtype)
+        return blocks
 
     def normaliser(self, blocks: Any) -> float:
         return blocks.weight_sum
@@ -91,7 +98,7 @@ class DFlashTask:
 
         b = blocks.to(self.target.device)
         hidden = block_hidden(self.model, self.target, b, net=net, amp=self.amp,
-                              flex=self.cfg.flex_attention)
+                              flex=self.cfg.flex_attention, feats=b.features)
         s = head_loss(hidden, self.target.lm_head, b.labels, b.weights,
                       chunk=self.cfg.head_chunk, amp=self.amp)
         stats = {"correct": s.correct, "count": s.count, "slots": blocks.slots,

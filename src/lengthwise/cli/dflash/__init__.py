@@ -1,8 +1,9 @@
 """``lengthwise dflash``: the DFlash draft recipe, one sub-command per stage.
 
-Each stage (``target``, ``prepare``, ``estimate``, ``train``, ``export``, ``eval``) lives in its
-own module of this package and exposes ``register(subparsers) -> None``, as the top-level
-commands do; modules are discovered automatically and listed in pipeline order.
+Each stage (``target``, ``prepare``, ``features``, ``estimate``, ``train``, ``export``,
+``eval``) lives in its own module of this package and exposes ``register(subparsers)``,
+as the top-level commands do; modules are discovered automatically and listed in
+pipeline order.
 
 Example::
 
@@ -20,8 +21,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``dflash`` command and its stages."""
     p = subparsers.add_parser(
         "dflash",
-        help="train a DFlash speculative-decoding draft: target, prepare, estimate, train, export, "
-             "eval",
+        help="train a DFlash speculative-decoding draft: target, prepare, features, estimate, "
+             "train, export, eval",
         description="The DFlash draft recipe: chat data and a local target model in, a draft "
                     "that serving engines load out.",
     )
@@ -32,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 #: the stages in the order a recipe runs them (``--help`` lists them so; others follow)
-PIPELINE = ("target", "prepare", "estimate", "train", "export", "eval")
+PIPELINE = ("target", "prepare", "features", "estimate", "train", "export", "eval")
 
 
 def stage_names() -> list[str]:
@@ -40,8 +41,8 @@ def stage_names() -> list[str]:
 
     Example::
 
-        >>> stage_names()[:6]
-        ['target', 'prepare', 'estimate', 'train', 'export', 'eval']
+        >>> stage_names()[:7]
+        ['target', 'prepare', 'features', 'estimate', 'train', 'export', 'eval']
     """
     names = [m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")]
     return sorted(names, key=lambda n: (PIPELINE.index(n) if n in PIPELINE else len(PIPELINE),

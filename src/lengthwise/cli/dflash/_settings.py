@@ -57,6 +57,8 @@ FLAGS: list[tuple[str, type, str]] = [
     ("order", str, "batching order of the sampler (default stratified) or packed"),
     ("wandb_project", str, "W&B project (with --wandb)"),
     ("tensorboard", str, "also log to TensorBoard event files in this folder"),
+    ("features", str, "a feature cache of --data from `dflash features`: the target's "
+                      "features are read from it, not computed each step"),
 ]
 
 

@@ -368,7 +368,7 @@ def _tokenizer_folder(target: str) -> Any:
     """``target`` as a folder (a :class:`~pathlib.Path`) when it holds a tokenizer, else None."""
     from pathlib import Path
 
-    from lengthwise.dflash.recipe import TOKENIZER_FILES
+    from lengthwise.dflash.target import TOKENIZER_FILES
 
     folder = Path(target)
     if folder.is_dir() and any((folder / n).is_file() for n in TOKENIZER_FILES):

@@ -103,8 +103,7 @@ def run(args: argparse.Namespace) -> int:
         render_prompts,
         template_report,
     )
-    from lengthwise.dflash.recipe import load_tokenizer
-    from lengthwise.dflash.target import Target, check_causal_lm, load_target
+    from lengthwise.dflash.target import Target, check_causal_lm, load_target, load_tokenizer
     from lengthwise.dflash.target_weights import check_draft_target_weights
     from lengthwise.dflash.tokenizer_id import check_draft_tokenizer
     from lengthwise.errors import ConfigError

@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     if args.speculators is not None:
         speculators_converter()  # a missing package is named before anything is written
     if args.target is not None:
-        from lengthwise.dflash.recipe import load_tokenizer
+        from lengthwise.dflash.target import load_tokenizer
 
         target_config = _target_config(args.target)
         tokenizer = load_tokenizer(args.target)

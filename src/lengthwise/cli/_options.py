@@ -1,0 +1,62 @@
+"""Command-line flags generated from a settings dataclass: each option declared once.
+
+A field with ``metadata={"help": ...}`` becomes ``--field-name``; its type comes from
+``metadata["type"]`` or its default's type, and the help ends with the field's default.
+A ``bool`` field becomes a ``--name``/``--no-name`` pair. :func:`config_from_args` builds
+the dataclass back from the parsed flags, so a flag's default is the field's default.
+
+Example::
+
+    >>> import argparse
+    >>> from dataclasses import dataclass, field
+    >>> @dataclass
+    ... class Pass:
+    ...     max_tokens: int = field(default=8192, metadata={"help": "tokens per batch"})
+    ...     last_hidden: bool = field(default=True, metadata={"help": "keep the last state"})
+    >>> p = argparse.ArgumentParser()
+    >>> add_config_flags(p, Pass)
+    >>> config_from_args(Pass, p.parse_args(["--max-tokens", "64", "--no-last-hidden"]))
+    Pass(max_tokens=64, last_hidden=False)
+    >>> p.format_help().count("(default 8192)")
+    1
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+__all__ = ["add_config_flags", "config_from_args"]
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_config_flags(parser: argparse.ArgumentParser, cls: type, *,
+                     skip: tuple[str, ...] = ()) -> None:
+    """Add a flag to ``parser`` for every field of ``cls`` that has help (see the module)."""
+    for f in dataclasses.fields(cls):
+        text = f.metadata.get("help")
+        if text is None or f.name in skip:
+            continue
+        default = f.default
+        shown = "none" if default is None else default
+        if isinstance(default, bool):
+            parser.add_argument(_flag(f.name), dest=f.name, default=default,
+                                action=argparse.BooleanOptionalAction,
+                                help=f"{text} (default {'on' if default else 'off'})")
+            continue
+        kind = f.metadata.get("type") or type(default)
+        choices = f.metadata.get("choices")
+        parser.add_argument(_flag(f.name), dest=f.name, type=kind, default=default,
+                            choices=choices, metavar=f.metadata.get("metavar"),
+                            help=f"{text} (default {shown})")
+
+
+def config_from_args(cls: type, args: argparse.Namespace, **extra: Any) -> Any:
+    """``cls`` built from the parsed flags of its fields (others keep their defaults)."""
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
+             if hasattr(args, f.name)}
+    return cls(**{**given, **extra})
