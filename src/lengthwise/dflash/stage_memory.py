@@ -517,7 +517,8 @@ def estimate_features(target_config: Any, cfg: Any, *, stored: Any = None,
     ``stored``: the tokens stored per sample (the prepared lengths cut to ``max_len``): the
     pass's own batches, its first (the longest row) and its most padded tokens, are traced.
     Without it: rows of ``max_len`` (else ``max_tokens``) tokens, as many as ``max_tokens``
-    holds. ``baseline``: the process's bytes on CPU.
+    holds. On CPU the shard being written counts too: its memory-mapped pages are resident
+    once written (its largest, else ``shard_mib``). ``baseline``: the process's bytes on CPU.
 
     Example::
 
@@ -529,6 +530,7 @@ def estimate_features(target_config: Any, cfg: Any, *, stored: Any = None,
         >>> est.settings["batch"], est.peak > est.parts["weights"] > 0
         ([1, 64], True)
     """
+    from lengthwise.dflash.features import cache_bytes, plan_pass
     from lengthwise.dflash.objective import target_layer_ids
 
     kind = _device(device)
@@ -537,13 +539,15 @@ def estimate_features(target_config: Any, cfg: Any, *, stored: Any = None,
     layers = cfg.layer_list() or target_layer_ids(depth, cfg.num_features)
     if layers[-1] >= depth:
         raise ConfigError(f"--layers {cfg.layers}: the target has layers 0 to {depth - 1}")
+    per = cache_bytes(1, len(layers), int(target_config.hidden_size), cfg.dtype, cfg.last_hidden)
     if stored is None:
         cols = min(cfg.max_len or cfg.max_tokens, cfg.max_tokens)
         shapes = {(max(1, cfg.max_tokens // cols), cols)}
+        shard = cfg.shard_mib * 2**20
     else:
-        from lengthwise.dflash.features import plan_pass
-
-        plan = plan_pass(stored, max_tokens=cfg.max_tokens, shard_tokens=int(stored.sum()))
+        plan = plan_pass(stored, max_tokens=cfg.max_tokens,
+                         shard_tokens=max(1, cfg.shard_mib * 2**20 // per))
+        shard = per * max(plan.shard_tokens(s) for s in range(plan.shards.size - 1))
         rows = np.diff(plan.batches)
         cols = stored[plan.order[plan.batches[:-1]]]  # longest first: a batch's first member
         shapes = {(int(rows[b]), int(cols[b])) for b in (0, int(np.argmax(rows * cols)))}
@@ -556,7 +560,8 @@ def estimate_features(target_config: Any, cfg: Any, *, stored: Any = None,
     settings = {"max_tokens": cfg.max_tokens, "max_len": cfg.max_len, "batch": [rows, cols],
                 "target_layers": layers, "dtype": str(dt).removeprefix("torch."),
                 "stored_dtype": cfg.dtype, "last_hidden": cfg.last_hidden}
-    return _finish("features", kind, baseline, {"weights": fig["weights"]}, phases, settings)
+    held = {"weights": fig["weights"]} | ({"shard being written": shard} if kind == "cpu" else {})
+    return _finish("features", kind, baseline, held, phases, settings)
 
 
 # ---------------------------------------------------------------- train

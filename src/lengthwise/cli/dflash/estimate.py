@@ -66,10 +66,11 @@ STAGE_FLAGS: dict[str, dict[str, Any]] = {
              "draft_layers": 5, "num_features": None},
     # dflash features: its FeaturesConfig's fields (their defaults), and the cache's folder
     "features": {"num_features": None, "layers": None, "dtype": None, "last_hidden": None,
-                 "max_tokens": None, "max_len": None, "target_dtype": None, "out": None},
+                 "max_tokens": None, "max_len": None, "target_dtype": None, "shard_mib": None,
+                 "out": None},
 }
 #: the flags of the features stage only (``dflash features``'s names)
-FEATURES_FLAGS = ("layers", "target_dtype", "last_hidden", "out")
+FEATURES_FLAGS = ("layers", "target_dtype", "last_hidden", "shard_mib", "out")
 
 
 def register(stages: argparse._SubParsersAction) -> None:
@@ -128,12 +129,13 @@ def add_stage_flags(p: argparse.ArgumentParser) -> None:
 
     from lengthwise.dflash.features import FeaturesConfig
 
+    kinds = {"layers": {"metavar": "IDS"}, "target_dtype": {"metavar": "NAME"},
+             "last_hidden": {"action": argparse.BooleanOptionalAction},
+             "shard_mib": {"metavar": "N", "type": int}}
     for f in dataclasses.fields(FeaturesConfig):
-        if f.name in FEATURES_FLAGS:
-            kind = ({"action": argparse.BooleanOptionalAction} if f.type == "bool" else
-                    {"metavar": {"layers": "IDS", "target_dtype": "NAME"}[f.name]})
+        if f.name in kinds:
             p.add_argument("--" + f.name.replace("_", "-"), dest=f.name,
-                           help=f"features: {f.metadata['help']}", **kind)
+                           help=f"features: {f.metadata['help']}", **kinds[f.name])
     p.add_argument("--out", metavar="CACHE",
                    help="features: the cache's folder, whose disk must have room for it "
                         "(default: this folder)")

@@ -36,9 +36,11 @@ def register(stages: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Write the cache and print its summary."""
     from lengthwise.dflash.features import write_features
+    from lengthwise.dflash.process import follow_live_tensors
     from lengthwise.disk import format_bytes
 
     cfg = config_from_args(FeaturesConfig, args)
+    follow_live_tensors(cfg.device)  # freed activations go back: resident memory follows them
     rec = write_features(args.data, args.target, args.out, cfg)
     s = rec["settings"]
     print(f"{args.out}: features of {rec['data']['samples']} samples ({rec['data']['tokens']:,} "
