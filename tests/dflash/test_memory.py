@@ -68,6 +68,22 @@ def test_parts_add_up_and_grow_with_the_slot_budget():
     assert small.parts["optimizer"] >= 2 * small.parts["gradients"]
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_cached_step_peaks_below_the_online_one_by_the_target_forward(device):
+    """With the features read from a cache, the step runs no target forward: the target's
+    weights stay, its activations go, and the micro-batch's features count instead."""
+    t = _tiny_target()
+    cfg = _cfg(max_tokens=1024, max_len=1024, max_slots=64, device=device)
+    online, cached = estimate_step(t, cfg), estimate_step(t, cfg, cached=True)
+    assert cached.parts["weights"] == online.parts["weights"]
+    assert cached.parts["optimizer"] == online.parts["optimizer"]
+    assert cached.peak < online.peak
+    elt = 2 if device == "cuda" else 4  # the target's dtype: bf16 on CUDA, fp32 on CPU
+    assert cached.settings["features_cached"] == 1024 * 32 * elt  # one layer of width 32
+    assert online.settings["features_cached"] == 0
+    assert "no target forward" in cached.render() and "no target" not in online.render()
+
+
 def test_weights_are_the_target_in_bf16_and_the_draft_in_fp32_on_cuda():
     t = _tiny_target()
     est = estimate_step(t, _cfg(device="cuda", grad_accum=2))

@@ -170,6 +170,25 @@ def test_the_planned_work_is_what_training_runs(run, tmp_path):
     assert np.all(work.gflop > 0) and np.all(work.micro == cfg.grad_accum)
 
 
+def test_a_run_on_a_feature_cache_is_priced_and_timed_without_the_target(run):
+    """With --features the planned FLOPs leave out the target's forward, and the timed steps
+    read the same cache."""
+    import dataclasses
+
+    from lengthwise.dflash.prepared import open_prepared
+    from lengthwise.dflash.time_profile import plan_work, run_samples, train_command
+
+    cfg, rs, _ = run
+    cached = dataclasses.replace(rs, features="cache")
+    data = open_prepared(rs.data)
+    flops = run_samples(data, cfg, cached)[2]
+    assert flops.target_token == flops.target_pair == 0 < flops.slot
+    assert run_samples(data, cfg, rs)[2].target_token > 0
+    assert np.all(plan_work(data, cfg, cached)[0].gflop < plan_work(data, cfg, rs)[0].gflop)
+    argv = train_command(cfg, cached, out="o", steps=6)
+    assert argv[argv.index("--features") + 1] == "cache"
+
+
 def test_more_ranks_plan_each_rank_its_share(run):
     from lengthwise.dflash.prepared import open_prepared
     from lengthwise.dflash.time_profile import plan_work

@@ -121,6 +121,12 @@ def test_each_stage_predicts_its_process_peak_on_cpu(small):
     assert (root / "run" / "target").is_dir()  # the grown target was saved into the run
     _close(pred, measured)
 
+    sizes = ["--max-tokens", "2048", "--num-features", "2"]
+    pred = _predicted(["--stage", "features", *common, *sizes, "--data", str(data)])
+    measured = _peak(["dflash", "features", str(data), *common, *sizes, "--out",
+                      str(root / "features"), "--no-progress"])
+    _close(pred, measured)
+
     users, longest = _prompts(tok, 8, 512)
     chats = write_jsonl(root / "prompts.jsonl",
                         [{"messages": [{"role": "user", "content": u}]} for u in users])
@@ -157,7 +163,9 @@ def test_on_cpu_the_figure_is_the_process_not_a_gpu(tmp_path, capsys):
              "--batch-size", "2", "--max-new-tokens", "8"],
             ["dflash", "estimate", "--stage", "eval", *common, "--max-len", "64",
              "--batch-size", "2", "--max-new-tokens", "8", "--block-size", "4",
-             "--draft-layers", "1"]]
+             "--draft-layers", "1"],
+            ["dflash", "estimate", "--stage", "features", *common, "--max-tokens", "64",
+             "--num-features", "2"]]
     for argv in runs:
         assert main(argv) == 0
         text = capsys.readouterr().out
@@ -255,8 +263,20 @@ def test_the_step_traced_on_a_shallow_target_equals_the_full_trace(monkeypatch, 
     (["--stage", "eval", "--max-len", "8", "--device", "mps"],
      "--device mps: the estimate knows cpu and cuda"),
     (["--stage", "eval", "--max-len", "8", "--dtype", "int8"], "--dtype must be one of"),
+    (["--stage", "features", "--time"], "--time: the time of the train and regenerate stages, "
+                                        "not of features"),
+    (["--stage", "features", "--dtype", "int8"], "dtype must be one of float16, bfloat16"),
+    (["--stage", "features", "--layers", "0,9"], "--layers 0,9: the target has layers 0 to 1"),
+    (["--stage", "features", "--block-size", "4"],
+     "--block-size: not a setting of the features stage's estimate"),
+    (["--stage", "eval", "--max-len", "8", "--out", "c"],
+     "--out: not a setting of the eval stage's estimate"),
+    (["--layers", "1", "--no-last-hidden"],
+     "--layers, --last-hidden: not a setting of the train stage's estimate"),
+    (["--features", "nowhere"], "--features nowhere: not a feature cache (no features.json"),
 ], ids=["no-max-len", "max-len-0", "batch-0", "slots", "world", "block-in-regen", "mps",
-        "dtype"])
+        "dtype", "features-time", "features-dtype", "features-layers", "block-in-features",
+        "out-in-eval", "features-flags-in-train", "not-a-cache"])
 def test_bad_stage_settings_are_one_line_errors(tmp_path, capsys, argv, message):
     from lengthwise.cli import main
 
@@ -285,3 +305,73 @@ def test_grown_rows_follow_the_mask_token_choice():
         from lengthwise.dflash.stage_memory import estimate_regenerate
 
         estimate_regenerate(cfg, max_len=0)
+
+
+@pytest.fixture(scope="module")
+def cache(tiny_prepared, tmp_path_factory):
+    """``(target, prepared, cache folder)``: a feature cache of two layers, in one shard."""
+    from lengthwise.dflash.features import FeaturesConfig, write_features
+
+    target, prepared = tiny_prepared
+    out = tmp_path_factory.mktemp("features") / "cache"
+    write_features(prepared, target, out, FeaturesConfig(num_features=2, shard_mib=1,
+                                                         progress=False))
+    return target, prepared, out
+
+
+def test_the_features_stage_predicts_the_bytes_of_the_cache_written(cache, tmp_path, capsys):
+    """The disk figure is the shards' data; the files add only their .npy headers."""
+    import numpy as np
+
+    from lengthwise.cli import main
+
+    target, prepared, folder = cache
+    assert main(["dflash", "estimate", "--stage", "features", "--target", str(target),
+                 "--data", str(prepared), "--num-features", "2", "--device", "cpu",
+                 "--out", str(tmp_path / "new" / "cache"), "--json"]) == 0
+    settings = json.loads(capsys.readouterr().out)["settings"]
+    shards = sorted(folder.glob("*_0*.npy"))
+    data = sum(np.load(f, mmap_mode="r").nbytes for f in shards)
+    written = sum(f.stat().st_size for f in shards)
+    assert settings["cache_bytes"] == data > 0
+    assert 0 < written - settings["cache_bytes"] <= 128 * len(shards)  # one header a file
+    assert settings["disk"] == str(tmp_path) and settings["disk_fits"] is True
+    assert settings["target_layers"] == json.loads(
+        (folder / "features.json").read_text())["settings"]["layers"]
+
+
+def test_the_features_stage_says_when_the_disk_has_no_room(cache, monkeypatch, capsys):
+    import shutil
+    from types import SimpleNamespace
+
+    from lengthwise.cli import main
+
+    target, prepared, _ = cache
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: SimpleNamespace(free=1000))
+    assert main(["dflash", "estimate", "--stage", "features", "--target", str(target),
+                 "--data", str(prepared), "--num-features", "2", "--device", "cpu"]) == 1
+    text = capsys.readouterr().out
+    assert "disk: the cache needs 561.6 KiB (2,995 tokens x 192 bytes: 2 layers + the last " \
+           "hidden state x 32 x 2 bytes);" in text
+    assert text.rstrip().endswith("has 1000 bytes free: does NOT fit")
+
+
+def test_a_cached_train_step_holds_no_target_forward(cache, capsys):
+    """`dflash train --estimate --features` is the step without the target's forward: a
+    lower peak, the same weights, and it says so."""
+    from lengthwise.cli import main
+
+    target, prepared, folder = cache
+    argv = ["dflash", "train", "--target", str(target), "--data", str(prepared), "--device",
+            "cpu", "--max-tokens", "512", "--max-slots", "64", "--block-size", "4",
+            "--draft-layers", "2", "--estimate", "--json"]
+    assert main(argv) == 0
+    online = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--features", str(folder)]) == 0
+    cached = json.loads(capsys.readouterr().out)
+    # the step's peak (the process's own bytes, measured here, vary from call to call)
+    assert cached["step"]["peak_bytes"] < online["step"]["peak_bytes"]
+    assert cached["parts_gib"]["weights"] == online["parts_gib"]["weights"]
+    assert cached["step"]["settings"]["features_cached"] == 512 * 2 * 32 * 4  # fp32 on CPU
+    assert main(argv[:-1] + ["--features", str(folder)]) == 0
+    assert "no target forward: the features are read from the cache" in capsys.readouterr().out

@@ -14,7 +14,10 @@ micro-batches, the second running with the first one's gradients alive.
 
 The micro-batch is the worst case of the settings: ``rows`` rows (default 1) of
 ``max_tokens`` tokens in all, with the slot budget filled (``max_slots`` slots,
-or ``block_size`` per token), every block slot but the anchor supervised.
+or ``block_size`` per token), every block slot but the anchor supervised. With
+``cached=True`` (``dflash train --features``) the step runs no target forward: the
+micro-batch brings the target's features, read from the cache, as ``dflash train``
+moves them to the device; the target's weights, embedding and LM head are still held.
 
 What the trace cannot run is stood in for, by kind of device:
 
@@ -238,6 +241,10 @@ class MemoryEstimate:
         lines = [f"{what}: {self.peak / GIB:.1f} GiB ({self.device}; "
                  f"{self.tokens} tokens, {self.slots} draft slots, {self.supervised} supervised;"
                  f" head chunk {s.get('head_chunk')}, {s.get('dtype')})"]
+        if s.get("features_cached"):
+            lines.append(f"  no target forward: the features are read from the cache (the "
+                         f"micro-batch's, {s['features_cached'] / GIB:.2f} GiB, are in "
+                         "activations; the target's weights stay for its embedding and LM head)")
         for name in PARTS:
             if name in self.parts:
                 lines.append(f"  {name:<13} {self.parts[name] / GIB:8.2f} GiB")
@@ -440,13 +447,17 @@ def step_shape(cfg: Any, rows: int = 1) -> tuple[int, int]:
 
 def _train_step(draft: Any, target: Any, optimizer: Any, blocks: list[Any], *, chunk: int,
                 amp: Any, flex: bool, clip: float, tracker: _Tracker) -> set[int]:
-    """One optimizer step over ``blocks`` as the training loop runs it; the gradients' serials."""
+    """One optimizer step over ``blocks`` as the training loop runs it; the gradients' serials.
+
+    A micro-batch with ``features`` (a feature cache's) brings them to the device: a copy.
+    """
     from lengthwise.dflash.loss import block_hidden, supervised_cross_entropy
 
     for b in blocks:
         r, a, k = b.labels.shape
         idx = torch.arange(r * a * k).view(r * a, k)[:, 1:].reshape(-1)
-        hidden = block_hidden(draft, target, b, amp=amp, flex=flex)
+        hidden = block_hidden(draft, target, b, amp=amp, flex=flex,
+                              feats=None if b.features is None else b.features.clone())
         weighted, _, _ = supervised_cross_entropy(
             hidden, target.lm_head, b.labels.reshape(-1), b.weights.reshape(-1).float(), idx,
             chunk=chunk, amp=amp)
@@ -531,13 +542,14 @@ def _bytes(tensors: Any) -> int:
 
 
 def estimate_step(target_config: Any, cfg: Any, *, rows: int = 1, world: int = 1,
-                  ) -> MemoryEstimate:
+                  cached: bool = False) -> MemoryEstimate:
     """The predicted peak of one training step of ``cfg`` (a ``DFlashTrainConfig``).
 
     ``target_config``: the target's ``transformers`` config (:func:`read_target_config`);
     ``cfg.device`` picks the kernels (``cuda``: fused attention, bf16 target; ``cpu``: the
     CPU ones), ``cfg.dtype`` the autocast dtype (default bf16 on CUDA, none on CPU);
-    ``rows``: rows of the micro-batch; ``world``: data-parallel ranks (DDP buckets).
+    ``rows``: rows of the micro-batch; ``world``: data-parallel ranks (DDP buckets);
+    ``cached``: the features are read from a feature cache (no target forward).
     """
     import transformers
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -585,6 +597,10 @@ def estimate_step(target_config: Any, cfg: Any, *, rows: int = 1, world: int = 1
                         if isinstance(v, torch.Tensor)])
         micro = [step_blocks(rows, tokens, per_row, cfg.block_size, vocab)
                  for _ in range(min(cfg.grad_accum, 2))]
+        for b in micro if cached else ():  # the cache's rows, in the target's dtype
+            b.features = torch.zeros(rows, tokens // rows,
+                                     len(layers) * int(target_config.hidden_size), dtype=dtype)
+        cached_bytes = _bytes([micro[0].features]) if cached else 0
         tracker = _Tracker(vocab)
         calls = _TargetForwards(target, tracker)
         with tracker, calls:
@@ -596,10 +612,11 @@ def estimate_step(target_config: Any, cfg: Any, *, rows: int = 1, world: int = 1
             layer_bytes = _bytes([*deeper.parameters(), *deeper.buffers()]) - _bytes(
                 [*model.parameters(), *model.buffers()])
             weights += (n_layers - small) * layer_bytes
-            grow = (n_layers - small) * (
-                _forward_peak(Target(deeper, layers=target.layers), micro[0])
-                - _forward_peak(target, micro[0]))
-            calls.extend_to(grow)
+            if not cached:
+                grow = (n_layers - small) * (
+                    _forward_peak(Target(deeper, layers=target.layers), micro[0])
+                    - _forward_peak(target, micro[0]))
+                calls.extend_to(grow)
     parts = {"weights": weights, "optimizer": state, "gradients": 0, "activations": 0,
              "logits_chunk": 0}
     for key, (size, kind) in tracker.at_peak.items():
@@ -612,7 +629,8 @@ def estimate_step(target_config: Any, cfg: Any, *, rows: int = 1, world: int = 1
                 "head_chunk": cfg.head_chunk, "grad_accum": cfg.grad_accum,
                 "draft_layers": cfg.draft_layers, "target_layers": layers,
                 "dtype": str(amp or "fp32").replace("torch.", ""), "world": world,
-                "gradient_checkpointing": False}
+                "gradient_checkpointing": False,
+                "features_cached": cached_bytes}
     return MemoryEstimate(peak=sum(parts.values()), parts=parts, slots=slots,
                           supervised=slots - rows * per_row, tokens=tokens,
                           device="cuda" if cuda else "cpu", logits_high=tracker.logits_peak,

@@ -19,7 +19,10 @@ stage runs, with a tracker of every storage created and freed
 - ``train``: loading the target, growing its vocabulary by the mask token's row and
   saving it into the run (where the tokenizer needs the row), then a training step at
   its worst micro-batch (:func:`~lengthwise.dflash.memory.estimate_step`: the draft,
-  AdamW's state, gradients, activations, the LM head's chunk);
+  AdamW's state, gradients, activations, the LM head's chunk; with a feature cache,
+  no target forward);
+- ``features``: ``dflash features``, the target's forward of its largest batch
+  (``max_tokens`` padded tokens, every layer's hidden states kept until it returns);
 - ``regenerate``: Hugging Face ``generate`` of ``batch_size`` prompts of ``max_len``
   tokens: the prefill (KV cache, last-position logits) and the last decoding step
   (the cache of ``max_len + max_new_tokens - 1`` tokens);
@@ -55,17 +58,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from lengthwise.dflash.memory import _bytes
 from lengthwise.errors import ConfigError
 
-__all__ = ["STAGES", "StageMemory", "estimate_eval", "estimate_regenerate", "estimate_train",
-           "grown_rows", "process_baseline"]
+__all__ = ["STAGES", "StageMemory", "estimate_eval", "estimate_features", "estimate_regenerate",
+           "estimate_train", "grown_rows", "process_baseline"]
 
 GIB = 2**30
 #: the stages an estimate covers
-STAGES = ("train", "regenerate", "eval")
+STAGES = ("train", "regenerate", "eval", "features")
 #: what each stage's estimate covers, as printed
 COVERS = {
     "train": "loading the target (and growing and saving it for the mask token), then a "
@@ -74,6 +78,8 @@ COVERS = {
                   "the last of --max-new-tokens decoding steps",
     "eval": "speculative decoding of --batch-size prompts of --max-len tokens (prefill, "
             "verification), and the teacher-forced accuracy pass on their outputs",
+    "features": "the target's forward of the pass's largest batch (--max-tokens padded "
+                "tokens, every layer's hidden states) and the features it returns",
 }
 
 
@@ -137,7 +143,8 @@ def process_baseline(stage: str, target_config: Any, tokenizer_dir: str | Path |
                "regenerate": ("lengthwise.dflash.prepare", "lengthwise.dflash.regenerate",
                               "pyarrow.parquet"),
                "eval": ("lengthwise.dflash.evaluate", "lengthwise.dflash.speculative",
-                        "lengthwise.dflash.lookup")}[stage]
+                        "lengthwise.dflash.lookup"),
+               "features": ("lengthwise.dflash.features", "lengthwise.dflash.prepared")}[stage]
     for name in modules:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
@@ -359,14 +366,28 @@ def _eval_target_trace(config: Any, layers: int, dtype: torch.dtype, rows: int, 
                         **{_cache_kwarg(model): cache})
             del res, cache
         out["verify"] = tracker.peak
-        tracker = _Tracker(vocab)
-        with tracker:  # the accuracy pass: features and final hidden states of a batch
-            ids = torch.zeros(text_rows, text, dtype=torch.long)
-            feats, last = target.features_and_output(ids)
-            tracker._sweep()  # the hidden states of every layer, freed on returning
-            out["features_held"] = tracker.now
-        out["features"] = tracker.peak
+        out["features_held"], out["features"] = _features_peak(target, text_rows, text)
     return out
+
+
+def _features_peak(target: Any, rows: int, cols: int, *, padded: bool = False,
+                   ) -> tuple[int, int]:
+    """``(held after, peak)`` of ``target.features_and_output`` on ``rows x cols`` tokens
+    (``padded``: right padding in all rows but the first, as ``dflash features`` pads)."""
+    from lengthwise.dflash.memory import _Tracker
+
+    tracker = _Tracker(target.vocab_size)
+    with tracker:  # the features and final hidden states of a batch
+        ids = torch.zeros(rows, cols, dtype=torch.long)
+        mask = None
+        if padded:
+            mask = torch.ones(rows, cols, dtype=torch.long)
+            mask[1:, cols // 2:] = 0
+        feats, last = target.features_and_output(ids, attention_mask=mask)
+        tracker._sweep()  # the hidden states of every layer, freed on returning
+        held = tracker.now
+        del feats, last
+    return held, tracker.peak
 
 
 def _eval_draft_trace(config: Any, dtype: torch.dtype, draft_cfg: Any, rows: int, text: int,
@@ -470,16 +491,91 @@ def estimate_eval(target_config: Any, *, block_size: int = 16, draft_layers: int
                    phases, settings)
 
 
+# ---------------------------------------------------------------- features
+
+
+def _pass_trace(config: Any, layers: int, dtype: torch.dtype, rows: int, cols: int,
+                feature_layers: int, kind: str) -> dict[str, int]:
+    """Weights and the peak of one batch of the feature pass (its target forward)."""
+    import transformers
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from lengthwise.dflash.target import Target
+
+    with FakeTensorMode(), _kernels(kind), torch.no_grad():
+        model = transformers.AutoModelForCausalLM.from_config(
+            _shallow(config, layers), dtype=dtype).eval()
+        target = Target(model, layers=list(range(feature_layers)))
+        peak = _features_peak(target, rows, cols, padded=rows > 1)[1]
+        return {"weights": _bytes([*model.parameters(), *model.buffers()]), "peak": peak}
+
+
+def estimate_features(target_config: Any, cfg: Any, *, stored: Any = None,
+                      device: str = "cpu", baseline: int = 0) -> StageMemory:
+    """The peak of ``dflash features`` with ``cfg`` (a ``FeaturesConfig``; see the module doc).
+
+    ``stored``: the tokens stored per sample (the prepared lengths cut to ``max_len``): the
+    pass's own batches, its first (the longest row) and its most padded tokens, are traced.
+    Without it: rows of ``max_len`` (else ``max_tokens``) tokens, as many as ``max_tokens``
+    holds. On CPU the shard being written counts too: its memory-mapped pages are resident
+    once written (its largest, else ``shard_mib``). ``baseline``: the process's bytes on CPU.
+
+    Example::
+
+        >>> import transformers
+        >>> from lengthwise.dflash.features import FeaturesConfig
+        >>> t = transformers.LlamaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=4,
+        ...                              num_attention_heads=4, intermediate_size=64)
+        >>> est = estimate_features(t, FeaturesConfig(num_features=2, max_tokens=64))
+        >>> est.settings["batch"], est.peak > est.parts["weights"] > 0
+        ([1, 64], True)
+    """
+    from lengthwise.dflash.features import cache_bytes, plan_pass
+    from lengthwise.dflash.objective import target_layer_ids
+
+    kind = _device(device)
+    dt = _dtype(cfg.target_dtype, kind, target_config)
+    depth = int(target_config.num_hidden_layers)
+    layers = cfg.layer_list() or target_layer_ids(depth, cfg.num_features)
+    if layers[-1] >= depth:
+        raise ConfigError(f"--layers {cfg.layers}: the target has layers 0 to {depth - 1}")
+    per = cache_bytes(1, len(layers), int(target_config.hidden_size), cfg.dtype, cfg.last_hidden)
+    if stored is None:
+        cols = min(cfg.max_len or cfg.max_tokens, cfg.max_tokens)
+        shapes = {(max(1, cfg.max_tokens // cols), cols)}
+        shard = cfg.shard_mib * 2**20
+    else:
+        plan = plan_pass(stored, max_tokens=cfg.max_tokens,
+                         shard_tokens=max(1, cfg.shard_mib * 2**20 // per))
+        shard = per * max(plan.shard_tokens(s) for s in range(plan.shards.size - 1))
+        rows = np.diff(plan.batches)
+        cols = stored[plan.order[plan.batches[:-1]]]  # longest first: a batch's first member
+        shapes = {(int(rows[b]), int(cols[b])) for b in (0, int(np.argmax(rows * cols)))}
+    figs = [_per_layer(lambda n, r=r, c=c: _pass_trace(target_config, n, dt, r, c, len(layers),
+                                                       kind), depth, len(layers))
+            for r, c in sorted(shapes)]
+    fig = max(figs, key=lambda f: f["peak"])
+    rows, cols = sorted(shapes)[figs.index(fig)]
+    phases = {"target forward": {"forward, hidden states": fig["peak"]}}
+    settings = {"max_tokens": cfg.max_tokens, "max_len": cfg.max_len, "batch": [rows, cols],
+                "target_layers": layers, "dtype": str(dt).removeprefix("torch."),
+                "stored_dtype": cfg.dtype, "last_hidden": cfg.last_hidden}
+    held = {"weights": fig["weights"]} | ({"shard being written": shard} if kind == "cpu" else {})
+    return _finish("features", kind, baseline, held, phases, settings)
+
+
 # ---------------------------------------------------------------- train
 
 
 def estimate_train(target_config: Any, cfg: Any, *, rows: int = 1, world: int = 1,
-                   grown: int | None = None, baseline: int = 0) -> StageMemory:
+                   grown: int | None = None, baseline: int = 0,
+                   cached: bool = False) -> StageMemory:
     """The peak of ``dflash train`` for ``cfg`` (a ``DFlashTrainConfig``; see the module doc).
 
     ``grown``: rows of the target's embedding with the mask token (:func:`grown_rows`;
     ``None``: its ``vocab_size``, not grown); ``baseline``: the process's bytes on CPU.
-    The step's parts are :func:`~lengthwise.dflash.memory.estimate_step`'s.
+    The step's parts are :func:`~lengthwise.dflash.memory.estimate_step`'s; ``cached``:
+    its features read from a feature cache (``dflash train --features``).
     """
     from lengthwise.dflash.memory import estimate_step
 
@@ -487,7 +583,7 @@ def estimate_train(target_config: Any, cfg: Any, *, rows: int = 1, world: int = 
     vocab = int(target_config.vocab_size)
     rows_after = max(vocab, grown or vocab)
     tcfg = _shallow(target_config, int(target_config.num_hidden_layers), rows_after)
-    step = estimate_step(tcfg, cfg, rows=rows, world=world)
+    step = estimate_step(tcfg, cfg, rows=rows, world=world, cached=cached)
     weights = _target_weights(tcfg, step)
     phases: dict[str, dict[str, int]] = {
         "training step": {"draft": step.parts["weights"] - weights,

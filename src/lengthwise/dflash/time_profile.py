@@ -75,7 +75,8 @@ def run_samples(data: Any, cfg: Any, run: Any, *,
     """``(lengths, anchors, FLOPs per unit)`` of the samples ``dflash train`` trains on
     ``data``: each cut to ``max_len``, its anchors from its own supervised positions, and the
     :class:`~lengthwise.dflash.step_cost.StepFlops` of the target (``config``: its
-    ``config.json``, read from ``run.target`` when not given). Steps and epochs leave them as
+    ``config.json``, read from ``run.target`` when not given), without the target's forward
+    when the run reads a feature cache (``run.features``). Steps and epochs leave them as
     they are, so a plan of any length reads them once."""
     from lengthwise.dflash.recipe import split_samples
     from lengthwise.dflash.step_cost import anchor_counts
@@ -87,6 +88,8 @@ def run_samples(data: Any, cfg: Any, run: Any, *,
                             max_slots=cfg.slot_budget, max_tokens=cfg.max_tokens,
                             pairs=data.anchor_pairs(train_idx, cfg.max_len))
     flops = step_flops(config if config is not None else check_causal_lm(run.target), cfg)
+    if run.features:  # the timed steps read the cache too (train_command passes --features)
+        flops = dataclasses.replace(flops, target_token=0.0, target_pair=0.0)
     return lengths, anchors, flops
 
 

@@ -1,15 +1,18 @@
 """``lengthwise dflash estimate``: the peak memory of a stage's process, before launching it.
 
-``--stage train`` (the default), ``regenerate`` (``dflash prepare --regenerate``) or
-``eval``: reads the target's ``config.json`` (and its tokenizer, where the folder has
-one; no weights) and the stage's settings, and prints the predicted peak of the whole
-process with its parts (:mod:`lengthwise.dflash.stage_memory`): on CPU the peak resident
-memory of the process, on CUDA the peak allocated memory per GPU. For ``train`` the
+``--stage train`` (the default), ``regenerate`` (``dflash prepare --regenerate``),
+``eval`` or ``features`` (``dflash features``; with ``--data``, also the cache's size on
+disk and whether the disk of ``--out`` has room): reads the target's ``config.json`` (and
+its tokenizer, where the folder has one; no weights) and the stage's settings, and prints
+the predicted peak of the whole process with its parts
+(:mod:`lengthwise.dflash.stage_memory`): on CPU the peak resident memory of the
+process, on CUDA the peak allocated memory per GPU. For ``train`` the
 settings are the defaults of ``dflash train``, then ``--config run.yaml``, then flags;
 one training step is traced under fake tensors
 (:func:`lengthwise.dflash.memory.estimate_step`) and its parts follow; with ``--device-memory`` (or
 on the CUDA device the run selects, where there is one) it says whether the run
-fits and exits with 1 when it does not. ``dflash train --estimate`` prints the same
+fits and exits with 1 when it does not. With ``--features CACHE`` the train step reads its
+features from the cache: no target forward. ``dflash train --estimate`` prints the same
 for the settings of that command (:func:`report`). Under ``torchrun`` rank 0 prints it
 and every rank exits with the same status (:func:`prints_here`).
 
@@ -30,6 +33,8 @@ Example::
     $ lengthwise dflash estimate --stage regenerate --target ./model --device cpu \\
           --batch-size 16 --max-len 1024 --max-new-tokens 256
     $ lengthwise dflash estimate --stage eval --target ./model --device cpu --max-len 512
+    $ lengthwise dflash estimate --stage features --target ./model --data prepared/ \\
+          --out features/ --device cpu
     $ lengthwise dflash estimate --target ./model --data prepared/ --device cpu --epochs 2 \\
           --time --save-profile cpu.json
     $ lengthwise dflash estimate --stage regenerate --target ./model --data chats.jsonl \\
@@ -44,7 +49,7 @@ from typing import Any
 
 #: the flags of ``dflash train`` that set the memory of a step
 SHAPE_FLAGS = ("max_tokens", "grad_accum", "block_size", "draft_layers", "num_features",
-               "num_anchors", "max_slots", "head_chunk", "dtype")
+               "num_anchors", "max_slots", "head_chunk", "dtype", "features")
 #: the flags of the estimate itself (``dflash train`` reads them with ``--estimate`` only)
 REPORT_FLAGS = ("rows", "world", "device_memory", "json", "time", "profile_steps",
                 "device_profile", "save_profile")
@@ -59,7 +64,13 @@ STAGE_FLAGS: dict[str, dict[str, Any]] = {
     "eval": {"batch_size": 16, "max_new_tokens": 256, "max_len": None, "dtype": None,
              "max_tokens": 16384, "max_slots": 32768, "head_chunk": 1024, "block_size": 16,
              "draft_layers": 5, "num_features": None},
+    # dflash features: its FeaturesConfig's fields (their defaults), and the cache's folder
+    "features": {"num_features": None, "layers": None, "dtype": None, "last_hidden": None,
+                 "max_tokens": None, "max_len": None, "target_dtype": None, "shard_mib": None,
+                 "out": None},
 }
+#: the flags of the features stage only (``dflash features``'s names)
+FEATURES_FLAGS = ("layers", "target_dtype", "last_hidden", "shard_mib", "out")
 
 
 def register(stages: argparse._SubParsersAction) -> None:
@@ -77,9 +88,10 @@ def register(stages: argparse._SubParsersAction) -> None:
                     "defaults of `dflash train`, then --config YAML, then flags.",
         argument_default=argparse.SUPPRESS,
     )
-    p.add_argument("--stage", dest="estimated_stage", choices=("train", "regenerate", "eval"),
-                   help="the stage: train (default), regenerate (dflash prepare --regenerate) "
-                        "or eval")
+    p.add_argument("--stage", dest="estimated_stage",
+                   choices=("train", "regenerate", "eval", "features"),
+                   help="the stage: train (default), regenerate (dflash prepare --regenerate), "
+                        "eval or features (dflash features)")
     p.add_argument("--target", metavar="PATH", required=True,
                    help="target folder or its config.json (weights are not read)")
     p.add_argument("--config", metavar="YAML", help="run settings of `dflash train`")
@@ -87,7 +99,8 @@ def register(stages: argparse._SubParsersAction) -> None:
 
     p.add_argument("--data", metavar="FOLDER",
                    help="with --time: train, the folder written by `dflash prepare` (the run's "
-                        "plan); regenerate, the chats `dflash prepare --regenerate` reads")
+                        "plan); regenerate, the chats `dflash prepare --regenerate` reads; "
+                        "features: the prepared folder (the cache's size on disk)")
     for name, kind, text in FLAGS:
         if name in SHAPE_FLAGS or name in RUN_FLAGS:
             p.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, help=text,
@@ -112,6 +125,20 @@ def add_stage_flags(p: argparse.ArgumentParser) -> None:
     for flag, text in flags.items():
         if flag not in p._option_string_actions:  # another part of the command has it
             p.add_argument(flag, type=int, metavar="N", help=text)
+    import dataclasses
+
+    from lengthwise.dflash.features import FeaturesConfig
+
+    kinds = {"layers": {"metavar": "IDS"}, "target_dtype": {"metavar": "NAME"},
+             "last_hidden": {"action": argparse.BooleanOptionalAction},
+             "shard_mib": {"metavar": "N", "type": int}}
+    for f in dataclasses.fields(FeaturesConfig):
+        if f.name in kinds:
+            p.add_argument("--" + f.name.replace("_", "-"), dest=f.name,
+                           help=f"features: {f.metadata['help']}", **kinds[f.name])
+    p.add_argument("--out", metavar="CACHE",
+                   help="features: the cache's folder, whose disk must have room for it "
+                        "(default: this folder)")
 
 
 def add_report_flags(p: argparse.ArgumentParser, *, listed: bool = True) -> None:
@@ -187,12 +214,16 @@ def report(given: dict[str, Any], *, defaults: dict[str, Any] | None = None) -> 
         raise ConfigError("--time needs --data (or data: in --config): the time is the plan's, "
                           "on the run's own samples")
     size = device_bytes(opts, cfg.device)  # a bad --device-memory before any tracing
+    if run_settings.features:  # its record only: the shards are checked when training starts
+        from lengthwise.dflash.features import open_features
+
+        open_features(run_settings.features, verify=False)
     config = read_target_config(run_settings.target)
     grown = _grown(config, run_settings.target)  # loads the tokenizer, as training does
     baseline = _baseline("train", config, run_settings.target, cfg.device,
                          tokenizer=grown is None)
     est = estimate_train(config, cfg, rows=opts.get("rows", 1), world=opts.get("world", 1),
-                         grown=grown, baseline=baseline)
+                         grown=grown, baseline=baseline, cached=bool(run_settings.features))
     timing = (run_time(given, opts, profile=profile, defaults=defaults) if opts.get("time")
               else None)
     return _print(est, opts, size, timing)
@@ -256,15 +287,22 @@ def prints_here() -> bool:
 
 def run(args: argparse.Namespace) -> int:
     """Print the estimate (the kernels of CUDA unless ``--device``); 1 when it does not fit."""
+    from lengthwise.errors import ConfigError
+
     given = vars(args)
     stage = given.pop("estimated_stage", "train")
     if stage == "train":
+        stray = [k for k in FEATURES_FLAGS if k in given]
+        if stray:
+            raise ConfigError(f"{', '.join('--' + k.replace('_', '-') for k in stray)}: not a "
+                              "setting of the train stage's estimate (of --stage features)")
         return report(given, defaults={"device": "cuda"})
     return stage_report(stage, given)
 
 
 def stage_report(stage: str, given: dict[str, Any]) -> int:
-    """Print the ``regenerate`` or ``eval`` estimate of the flags ``given``; 1: no fit."""
+    """Print the ``regenerate``, ``eval`` or ``features`` estimate of the flags ``given``;
+    1: no fit (of the device, or of the disk for the feature cache)."""
     from lengthwise.dflash.memory import read_target_config
     from lengthwise.dflash.stage_memory import estimate_eval, estimate_regenerate
     from lengthwise.errors import ConfigError
@@ -273,7 +311,7 @@ def stage_report(stage: str, given: dict[str, Any]) -> int:
     opts = {k: given.pop(k) for k in REPORT_FLAGS if k in given}
     target = given.pop("target")
     device = str(given.pop("device", "cuda"))
-    data = given.pop("data", None) if stage == "regenerate" else None
+    data = given.pop("data", None) if stage in ("regenerate", "features") else None
     known = STAGE_FLAGS[stage]
     stray = sorted(set(given) - set(known))
     timed = stage == "regenerate" and opts.get("time")
@@ -283,8 +321,15 @@ def stage_report(stage: str, given: dict[str, Any]) -> int:
                           f"setting of the {stage} stage's estimate"
                           + (" (--world goes with --time)" if names == ["world"] else ""))
     sizes = {**known, **given}
-    if stage == "eval" and any(opts.get(k) for k in ("time", "device_profile", "save_profile")):
-        raise ConfigError("--time: the time of the train and regenerate stages, not of eval")
+    if stage in ("eval", "features") and any(opts.get(k) for k in ("time", "device_profile",
+                                                                    "save_profile")):
+        raise ConfigError(f"--time: the time of the train and regenerate stages, not of {stage}")
+    if stage == "features":
+        from lengthwise.dflash.features import FeaturesConfig
+
+        sizes = {k: v for k, v in sizes.items() if v is not None}
+        out = sizes.pop("out", ".")
+        return _features_report(target, FeaturesConfig(**sizes), data, out, device, opts)
     _check_profile_flags(opts)
     if timed and data is None:
         raise ConfigError("--stage regenerate --time needs --data, the chats `dflash prepare "
@@ -306,6 +351,50 @@ def stage_report(stage: str, given: dict[str, Any]) -> int:
     else:
         est = estimate_eval(config, device=device, baseline=baseline, **sizes)
     return _print(est, opts, size, timing)
+
+
+def _features_report(target: str, cfg: Any, data: str | None, out: str, device: str,
+                     opts: dict[str, Any]) -> int:
+    """Print the ``features`` estimate of ``cfg`` (a ``FeaturesConfig``): the pass's peak and,
+    with the prepared ``data``, the cache's bytes against the free space of ``out``'s disk."""
+    import shutil
+    from pathlib import Path
+
+    import numpy as np
+
+    from lengthwise.dflash.features import cache_bytes
+    from lengthwise.dflash.memory import read_target_config
+    from lengthwise.dflash.prepared import open_prepared
+    from lengthwise.dflash.stage_memory import estimate_features
+    from lengthwise.disk import format_bytes
+
+    size = device_bytes(opts, device)
+    config = read_target_config(target)
+    stored = None
+    if data is not None:
+        lengths = np.asarray(open_prepared(data).lengths, dtype=np.int64)
+        stored = lengths if cfg.max_len is None else np.minimum(lengths, cfg.max_len)
+    est = estimate_features(config, cfg, stored=stored, device=device,
+                            baseline=_baseline("features", config, target, device))
+    layers, hidden = len(est.settings["target_layers"]), int(config.hidden_size)
+    per = cache_bytes(1, layers, hidden, cfg.dtype, cfg.last_hidden)
+    what = (f"{layers} layers" + (" + the last hidden state" if cfg.last_hidden else "")
+            + f" x {hidden} x {per // hidden // (layers + cfg.last_hidden)} bytes")
+    if stored is None:
+        return _print(est, opts, size, disk=(f"disk: {format_bytes(per)} a token ({what}); "
+                                             "give --data PREPARED for the cache's size", True))
+    need = cache_bytes(int(stored.sum()), layers, hidden, cfg.dtype, cfg.last_hidden)
+    where = Path(out).absolute()
+    while not where.is_dir():  # the folder the pass makes is on its nearest parent's disk
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    est.settings.update(tokens=int(stored.sum()), cache_bytes=need, disk=str(where),
+                        disk_free_bytes=free, disk_fits=need <= free)
+    fits = need <= free
+    return _print(est, opts, size, disk=(
+        f"disk: the cache needs {format_bytes(need)} ({int(stored.sum()):,} tokens x "
+        f"{format_bytes(per)}: {what}); {where} has {format_bytes(free)} free: "
+        + ("fits" if fits else "does NOT fit"), fits))
 
 
 def _check_profile_flags(opts: dict[str, Any]) -> None:
@@ -406,11 +495,15 @@ def _time_lines(timing: Any) -> list[str]:
             "background and not counted"]
 
 
-def _print(est: Any, opts: dict[str, Any], size: int | None, timing: Any = None) -> int:
+def _print(est: Any, opts: dict[str, Any], size: int | None, timing: Any = None, *,
+           disk: tuple[str, bool] | None = None) -> int:
     """Print a :class:`~lengthwise.dflash.stage_memory.StageMemory` (JSON with ``--json``)
     and whether it fits ``size`` bytes (``--device-memory``, or the CUDA device's); with
-    ``timing`` (``--time``), the run's predicted time after it."""
+    ``timing`` (``--time``), the run's predicted time after it; ``disk``: a line on the
+    disk a stage writes and whether it fits there."""
     fits = size is None or est.peak + (GIB if est.device == "cuda" else 0) <= size
+    if disk is not None and not disk[1]:
+        fits = False
     times = ({"time": timing[0].to_dict(), "profile": timing[1].to_dict()}
              if timing is not None else {})
     if est.device == "cuda" and est.step is not None and est.phase == "training step":
@@ -440,6 +533,6 @@ def _print(est: Any, opts: dict[str, Any], size: int | None, timing: Any = None)
 
                 lines.append(fits_line(est.peak, size,
                                        reserve=GIB if est.device == "cuda" else 0))
-            print("\n".join([*lines, *_time_lines(timing)]))
+            print("\n".join([*lines, *([disk[0]] if disk else []), *_time_lines(timing)]))
     return 0 if fits else 1
 

@@ -38,10 +38,12 @@ def register(stages: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Write the cache (each ``torchrun`` rank its share of the shards); print its summary."""
     from lengthwise.dflash.features import write_features
+    from lengthwise.dflash.process import follow_live_tensors
     from lengthwise.disk import format_bytes
     from lengthwise.train.device import rank_world, setup_distributed
 
     cfg = config_from_args(FeaturesConfig, args)
+    follow_live_tensors(cfg.device)  # freed activations go back: resident memory follows them
     group = setup_distributed(cfg.device)
     rec = write_features(args.data, args.target, args.out, cfg, info=group)
     if rank_world(group)[0] != 0:
