@@ -190,3 +190,40 @@ def test_rejected_proposals_leave_the_cache_and_change_no_token(monkeypatch):
                                       temperature=1.0, seed=3)
     assert [g.tokens for g in sampled] == [g.tokens for g in kept_all]
     assert [g.accepted for g in sampled] == [g.accepted for g in kept_all]
+
+
+def test_lookup_candidates_follow_transformers_prompt_lookup():
+    from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+
+    from lengthwise.dflash.lookup import lookup_candidates
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        seq = rng.integers(0, 4, int(rng.integers(1, 15))).tolist()
+        k = int(rng.integers(1, 5))
+        ref = PromptLookupCandidateGenerator(num_output_tokens=k, max_matching_ngram_size=2,
+                                             max_length=10**6)
+        ids, _ = ref.get_candidates(torch.tensor([seq]))
+        assert lookup_candidates(seq, k) == ids[0, len(seq):].tolist()
+
+
+def test_the_combined_proposer_is_lossless_and_keeps_the_targets_law():
+    from lengthwise.dflash.speculative import speculative_batch
+
+    target, draft = qwen3_pair(vocab=6, seed=2, block_size=5)
+    prompts = [[1, 2, 1, 2, 1, 2], [4, 0, 2, 2, 1, 3, 0], [5, 5, 5], [2, 2]]
+    both = speculative_batch(draft, target, prompts, max_new_tokens=17, lookup_ngram=2)
+    alone = speculative_batch(draft, target, prompts, max_new_tokens=17)
+    for prompt, b, a in zip(prompts, both, alone, strict=True):
+        assert b.tokens == a.tokens == target.greedy(prompt, 17)
+    # the repetitive text's candidates differ from the draft's: the proposer changed something
+    assert [b.accepted for b in both] != [a.accepted for a in alone]
+
+    target, draft = qwen3_pair(vocab=5, seed=3, block_size=4)
+    for p in target.model.parameters():
+        p.mul_(1.5)
+    prompt, n = [1, 2, 1, 2], 3
+    law = _target_law(target, prompt, n, 5)
+    gens = speculative_batch(draft, target, [prompt] * 3000, max_new_tokens=n,
+                             temperature=1.0, seed=0, lookup_ngram=2)
+    assert _p_value([g.tokens for g in gens], law) > 1e-3

@@ -165,6 +165,25 @@ def baseline_figures(gens: Sequence[Any], runs: Sequence[Any], lookup_tokens: in
     return out
 
 
+def combined_figures(gens: Sequence[Any], refs: Sequence[list[int]] | None = None,
+                     ) -> dict[str, Any]:
+    """The combined proposer's figures (prompt lookup where it finds a match, the draft
+    elsewhere: ``speculative_batch(..., lookup_ngram=...)``) on the same prompts.
+
+    ``combined_acceptance_length`` with its 95 % t-interval over prompts; with the greedy
+    references ``refs``, ``combined_mismatches`` (lossless: 0).
+    """
+    from lengthwise.dflash.acceptance import acceptance_interval
+
+    iv = acceptance_interval([g.acceptance_length for g in gens])
+    out: dict[str, Any] = {"combined_acceptance_length": iv["mean"],
+                           "combined_acceptance_interval": [iv["lo"], iv["hi"]]}
+    if refs is not None:
+        out["combined_mismatches"] = sum(g.tokens != ref for g, ref in zip(gens, refs,
+                                                                         strict=True))
+    return out
+
+
 def _check_budgets(max_tokens: int | None, max_slots: int | None, block: int) -> None:
     """Refuse a token budget below one token and a slot budget below one block."""
     if max_tokens is not None and max_tokens < 1:
@@ -187,9 +206,10 @@ def evaluate_set(draft: Any, target: Any, prompts: list[list[int]], *, name: str
     as much as the decoding, or more), within training's budgets ``max_tokens``,
     ``max_slots`` and ``head_chunk`` (:func:`teacher_forced`); ``progress``: bars on stderr;
     ``lookup_tokens``: also prompt-lookup decoding of the same prompts at the same
-    temperature, with that many candidate tokens a forward (:func:`baseline_figures`).
+    temperature, with that many candidate tokens a forward (:func:`baseline_figures`), and
+    the combined proposer's (:func:`combined_figures`).
     """
-    from lengthwise.dflash.lookup import prompt_lookup
+    from lengthwise.dflash.lookup import LOOKUP_NGRAM, prompt_lookup
     from lengthwise.dflash.speculative import speculative_batch
     from lengthwise.progress import progress as bar
 
@@ -226,6 +246,12 @@ def evaluate_set(draft: Any, target: Any, prompts: list[list[int]], *, name: str
                         for i, p in enumerate(bar(prompts, unit="prompt", enable=progress,
                                                   desc=f"{name} T={temp:g}: prompt lookup"))]
                 row.update(baseline_figures(gens, runs, lookup_tokens, refs))
+                both = [g for lo in range(0, len(prompts), batch_size)
+                        for g in speculative_batch(draft, target, prompts[lo:lo + batch_size],
+                                                   max_new_tokens=max_new_tokens,
+                                                   temperature=temp, eos=eos, seed=seed + lo,
+                                                   lookup_ngram=LOOKUP_NGRAM)]
+                row.update(combined_figures(both, refs))
             if accuracy:
                 ev = teacher_forced(draft, target, prompts, outs, max_tokens=max_tokens,
                                     max_slots=max_slots, head_chunk=head_chunk,

@@ -31,7 +31,8 @@ import torch
 
 from lengthwise.errors import ConfigError
 
-__all__ = ["LOOKUP_NGRAM", "LookupRun", "prompt_lookup", "target_generate"]
+__all__ = ["LOOKUP_NGRAM", "LookupRun", "lookup_candidates", "prompt_lookup",
+           "target_generate"]
 
 #: longest n-gram prompt lookup matches (``max_matching_ngram_size``, transformers' default)
 LOOKUP_NGRAM = 2
@@ -79,6 +80,29 @@ def target_generate(target: Any, prompt: list[int], max_new_tokens: int,
     finally:
         model.generation_config = saved
     return out[0, len(prompt):].tolist()
+
+
+def lookup_candidates(seq: list[int], num_tokens: int, max_ngram: int = LOOKUP_NGRAM,
+                      ) -> list[int]:
+    """Prompt lookup's candidates after ``seq``: up to ``num_tokens`` tokens that followed the
+    first earlier occurrence of its last ``k``-gram, ``k`` from ``max_ngram`` down to 1.
+
+    The rule of transformers' ``PromptLookupCandidateGenerator``; ``[]`` without a match.
+
+    Example::
+
+        >>> lookup_candidates([5, 6, 7, 8, 5, 6], 3)
+        [7, 8, 5]
+        >>> lookup_candidates([1, 2, 3], 3)
+        []
+    """
+    n = len(seq)
+    for k in range(min(max_ngram, n - 1), 0, -1):
+        tail = seq[n - k:]
+        for i in range(n - k):
+            if seq[i:i + k] == tail:
+                return list(seq[i + k:i + k + num_tokens])
+    return []
 
 
 def prompt_lookup(target: Any, prompt: list[int], *, max_new_tokens: int, num_tokens: int,

@@ -123,10 +123,14 @@ def _pick(logits: torch.Tensor, temperature: float, gen: torch.Generator | None
 def speculative_batch(draft: Any, target: Any, prompts: list[list[int]], *,
                       max_new_tokens: int, temperature: float = 0.0,
                       eos: int | Collection[int] | None = None,
-                      seed: int = 0) -> list[Generation]:
+                      seed: int = 0, lookup_ngram: int | None = None) -> list[Generation]:
     """Decode every prompt with ``draft`` proposing and ``target`` verifying (module doc).
 
     ``seed`` seeds the draws when ``temperature > 0`` (a generator on the target's device).
+    ``lookup_ngram``: the combined proposer: a row whose text repeats its last n-gram (up
+    to ``lookup_ngram`` tokens) proposes what followed it, as prompt lookup does
+    (:func:`~lengthwise.dflash.lookup.lookup_candidates`), the draft's tokens after them;
+    a point mass is their proposal distribution, so verification stays lossless.
     """
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ConfigError("prompts: every prompt must hold at least one token")
@@ -174,6 +178,8 @@ def speculative_batch(draft: Any, target: Any, prompts: list[list[int]], *,
         hidden = draft(padded, embeds, positions, mask)
         draft_logits = target.lm_head(hidden[:, 1:].to(target.lm_head.weight.dtype))
         proposal, q = _pick(draft_logits, temperature, generator)
+        if lookup_ngram:
+            _with_lookup(rows, proposal, q, lookup_ngram)
         block = torch.cat([anchors, proposal], dim=1)
         valid = torch.cat([valid, active.long().unsqueeze(1).expand(n, b)], dim=1)
         out = model(input_ids=block, attention_mask=valid, position_ids=block_pos,
@@ -191,6 +197,25 @@ def speculative_batch(draft: Any, target: Any, prompts: list[list[int]], *,
             rows.add(r, proposal[r, :k].tolist() + [bonus], stops, drafted=k)
         valid = _compact(cache, valid)
     return rows.gens
+
+
+def _with_lookup(rows: _Rows, proposal: torch.Tensor, q: torch.Tensor | None,
+                 max_ngram: int) -> None:
+    """Replace, in place, the first proposals of each row that prompt lookup finds a
+    continuation for (their distribution ``q``, when sampling, a point mass)."""
+    from lengthwise.dflash.lookup import lookup_candidates
+
+    for r, seq in enumerate(rows.seqs):
+        if rows.done[r]:
+            continue
+        found = lookup_candidates(seq, proposal.shape[1], max_ngram)
+        if not found:
+            continue
+        k = len(found)
+        proposal[r, :k] = torch.tensor(found, device=proposal.device)
+        if q is not None:
+            q[r, :k] = 0
+            q[r, torch.arange(k, device=q.device), proposal[r, :k]] = 1
 
 
 def _compact(cache: Any, valid: torch.Tensor) -> torch.Tensor:

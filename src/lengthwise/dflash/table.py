@@ -3,7 +3,8 @@
 The command and the demo print the same table from the same rows. A row's
 acceptance length is shown with its 95 % interval over prompts; ``expected`` is the
 expected acceptance from ``1 - TV(p_draft, p_target)``; ``prompt lookup`` the baseline's
-acceptance length; ``conditional acceptance`` the share of verifications that kept block
+acceptance length; ``combined`` the combined proposer's (prompt lookup where it finds a match,
+the draft elsewhere); ``conditional acceptance`` the share of verifications that kept block
 position ``k`` among those that kept ``k - 1``, for ``k = 1 .. B - 1``.
 """
 
@@ -54,16 +55,18 @@ def render_eval(rows: list[dict[str, Any]], settings: dict[str, Any] | None = No
         ...                     "conditional_acceptance": [0.8, 0.5, None],
         ...                     "draft_accuracy": 0.5, "mismatches": 0}]))
         set | T | prompts | new tokens | acceptance length | expected | prompt lookup | \
-draft accuracy | lossless | conditional acceptance
-        chat | 0 | 2 | 9 | 2.25 [2.00, 2.50] | 2.10 | 1.20 | 0.500 | yes | 0.80 0.50 -
+combined | draft accuracy | lossless | conditional acceptance
+        chat | 0 | 2 | 9 | 2.25 [2.00, 2.50] | 2.10 | 1.20 | - | 0.500 | yes | 0.80 0.50 -
     """
     head = ("set", "T", "prompts", "new tokens", "acceptance length", "expected",
-            "prompt lookup", "draft accuracy", "lossless", "conditional acceptance")
+            "prompt lookup", "combined", "draft accuracy", "lossless",
+            "conditional acceptance")
     lines = [render_settings(settings)] if settings else []
     lines.append(" | ".join(head))
     for r in rows:
+        differ = r.get("mismatches", 0) + r.get("combined_mismatches", 0)
         if "mismatches" in r:
-            lossless = "yes" if r["mismatches"] == 0 else f"no ({r['mismatches']} differ)"
+            lossless = "yes" if differ == 0 else f"no ({differ} differ)"
         else:
             lossless = "-"
         cond = " ".join(_num(c, ".2f") for c in r.get("conditional_acceptance") or []) or "-"
@@ -71,5 +74,6 @@ draft accuracy | lossless | conditional acceptance
             r["set"], f"{r['temperature']:g}", str(r["prompts"]), str(r["new_tokens"]),
             _acceptance(r, "acceptance_length"), _num(r.get("expected_acceptance"), ".2f"),
             _acceptance(r, "baseline_acceptance_length"),
+            _acceptance(r, "combined_acceptance_length"),
             _num(r.get("draft_accuracy"), ".3f"), lossless, cond]))
     return "\n".join(lines)
