@@ -155,7 +155,11 @@ def step_times(s: dict[str, Any], n: int) -> dict[str, Any]:
         "online", "cached", "draft_only", "draft_layers", "lm_head")}
     it = iter(s["sampler"])
     for k in range(n):
-        rows = next(it)
+        rows = next(it, None)
+        if rows is None:  # an epoch of fewer micro-batches: the next epoch's
+            s["sampler"].set_epoch(s["sampler"].epoch + 1)
+            it = iter(s["sampler"])
+            rows = next(it)
         batch = s["collate"]([[s["sample"](i) for i in row] for row in rows])
         for name in ("online", "cached"):
             task = s[name]
