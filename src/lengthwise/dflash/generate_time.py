@@ -46,7 +46,7 @@ from lengthwise.dflash.run_time import duration, read_profile, save_profile
 from lengthwise.errors import ConfigError, DataError
 
 __all__ = ["GenerateBatches", "GenerateProfile", "GenerateTime", "attended_pairs",
-           "expected_longest",
+           "batch_offsets", "expected_longest",
            "fit_generate_profile", "plan_batches", "predict_generate"]
 
 
@@ -69,12 +69,38 @@ class GenerateBatches:
         return int(self.rows.sum())
 
 
-def plan_batches(rounds: list[np.ndarray], *, batch_size: int,
-                 shards: list[np.ndarray] | None = None) -> GenerateBatches:
+def batch_offsets(lengths: np.ndarray, *, batch_size: int, max_tokens: int | None,
+                  max_new_tokens: int) -> np.ndarray:
+    """Boundaries of the batches regeneration cuts prompts of ``lengths`` (ascending) into:
+    consecutive runs of at most ``batch_size`` prompts whose rows, each padded to the
+    longest prompt and given ``max_new_tokens`` more, hold at most ``max_tokens`` tokens
+    (None: no limit; a prompt over it alone). The planner's greedy cut
+    (:func:`lengthwise.planning.batching.greedy_batches`).
+
+    Example::
+
+        >>> batch_offsets(np.array([3, 4, 6, 8]), batch_size=3, max_tokens=30,
+        ...               max_new_tokens=4).tolist()
+        [0, 3, 4]
+    """
+    from lengthwise.planning.batching import greedy_batches, row_limit
+
+    n = int(np.asarray(lengths).size)
+    cuts = [0, n]
+    if max_tokens is not None and n:
+        cuts = greedy_batches(np.arange(n), np.asarray(lengths, dtype=np.int64) + max_new_tokens,
+                              row_limit(max_tokens=max_tokens))[1].tolist()
+    starts = [s for a, b in zip(cuts[:-1], cuts[1:], strict=True) for s in range(a, b, batch_size)]
+    return np.asarray(starts + [n], dtype=np.int64)
+
+
+def plan_batches(rounds: list[np.ndarray], *, batch_size: int, max_tokens: int | None = None,
+                 max_new_tokens: int = 0, shards: list[np.ndarray] | None = None,
+                 ) -> GenerateBatches:
     """The batches of regeneration: ``rounds[r]`` holds the prompt lengths of round ``r``
     (the ``r``-th assistant turn of each conversation that has one) and ``shards[r]`` their
     conversations' shards (all one shard when not given). Each shard's rounds run in turn,
-    each round's prompts sorted by length and cut into batches of ``batch_size``.
+    each round's prompts sorted by length and cut by :func:`batch_offsets`.
 
     Example::
 
@@ -98,11 +124,12 @@ def plan_batches(rounds: list[np.ndarray], *, batch_size: int,
             mine = np.sort(x[s == k], kind="stable")
             if mine.size == 0:
                 continue
-            starts = np.arange(0, mine.size, batch_size)
-            rows.append(np.minimum(batch_size, mine.size - starts))
-            width.append(mine[np.minimum(starts + batch_size, mine.size) - 1])
-            shard.append(np.full(starts.size, k))
-            rnd.append(np.full(starts.size, r))
+            cuts = batch_offsets(mine, batch_size=batch_size, max_tokens=max_tokens,
+                                 max_new_tokens=max_new_tokens)
+            rows.append(np.diff(cuts))
+            width.append(mine[cuts[1:] - 1])
+            shard.append(np.full(cuts.size - 1, k))
+            rnd.append(np.full(cuts.size - 1, r))
 
     def cat(parts: list[np.ndarray]) -> np.ndarray:
         return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
