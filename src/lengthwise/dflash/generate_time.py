@@ -1,16 +1,17 @@
 """Seconds of regeneration (``dflash prepare --regenerate``) before it runs.
 
-Regeneration answers every assistant turn of every conversation with the target's own
-Hugging Face ``generate``: shard by shard (``--shard-rows`` conversations, ranks taking
-shards in turn), round by round (the ``r``-th assistant turn of every conversation), in
-batches of ``--batch-size`` prompts sorted by length
-(:class:`~lengthwise.dflash.regenerate.TurnGenerator`). :func:`plan_batches` replays that
-order on the prompts' lengths and gives every batch's rows and width (its longest prompt,
-the others left-padded to it).
+Regeneration answers every assistant turn of every conversation with the target itself:
+shard by shard (``--shard-rows`` conversations, ranks taking shards in turn), round by
+round (the ``r``-th assistant turn of every conversation), in batches of prompts sorted by
+length, at most ``--batch-size`` of them and ``--max-tokens`` padded prompt plus new tokens
+(:func:`batch_offsets`; :class:`~lengthwise.dflash.regenerate.TurnGenerator`).
+:func:`plan_batches` replays that order on the prompts' lengths and gives every batch's
+rows and width (its longest prompt, the others left-padded to it).
 
 A batch's time is its prefill (``rows * width`` padded prompt tokens) and its decoding:
-``generate`` runs until every row has written its stop token or ``--max-new-tokens``, so
-a batch decodes as many steps as its longest response, each step for all its rows, and
+priced as if it ran until every row has written its stop token or ``--max-new-tokens`` (an
+upper bound: a row that stops leaves the batch), a batch decodes as many steps as its
+longest response, each step for all its rows, and
 attends over every pair of its tokens (the prompt's causal pairs in the prefill, the cache
 at each step). The responses' lengths are not known before the target writes them: a
 :class:`GenerateProfile` holds those the target wrote in a few timed batches of the run's
