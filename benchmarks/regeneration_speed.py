@@ -95,7 +95,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="the new path's token budget (default: dflash prepare's)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=HERE / "REGENERATION_SPEED.json")
+    ap.add_argument("--render", action="store_true",
+                    help="only write the results page again from --out")
     args = ap.parse_args(argv)
+    md = args.out.with_name("REGENERATION_SPEED_RESULTS.md")
+    if args.render:
+        md.write_text(render(json.loads(args.out.read_text(encoding="utf-8"))), encoding="utf-8")
+        return 0
 
     import torch
 
@@ -165,7 +171,6 @@ def main(argv: list[str] | None = None) -> int:
         "differing_turns": differ, "groups": groups,
     }
     args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    md = args.out.with_name("REGENERATION_SPEED_RESULTS.md")
     md.write_text(render(result), encoding="utf-8")
     print(f"wrote {args.out} and {md}: speedup {result['regeneration_speedup']}x, "
           f"{result['turns_identical']}/{result['turns']} turns identical")
@@ -174,9 +179,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def render(res: dict) -> str:
     """The results page of ``res`` (written by :func:`main`)."""
-    rows = [{"path": res[w]["path"], "seconds": res[w]["seconds"],
+    rows = [{"path": res[w]["path"], "seconds": f"{res[w]['seconds']:.1f}",
              "new tokens": res[w]["new_tokens"],
-             "new tokens / s": res[w]["new_tokens_per_second"],
+             "new tokens / s": f"{res[w]['new_tokens_per_second']:.2f}",
              "cut at max_new_tokens": res[w]["cut_at_max_new_tokens"]} for w in ("old", "new")]
     diff = "".join(f"- conversation {d['conversation']}, turn {d['turn']}: first differs at "
                    f"token {d['first_difference']}"
@@ -189,7 +194,8 @@ Machine: {res['machine']}; torch {res['torch']} on {res['torch_threads']} thread
 
 Target `{res['target']}`, the first {res['conversations']} conversations of `{res['chats']}`,
 greedy, at most {res['max_new_tokens']} new tokens a turn. Both paths regenerate every turn
-in the same run, group by group of {res['group']} conversations, the first path alternating.
+in the same run, group by group of {res['group']} conversations (the first path alternating
+from group to group), so both see the shared machine's load of the same minutes.
 
 {table(rows, ["path", "seconds", "new tokens", "new tokens / s", "cut at max_new_tokens"])}
 
