@@ -134,11 +134,12 @@ def test_the_planned_batches_are_those_regeneration_runs(chats, tmp_path, monkey
 
     monkeypatch.setattr(TurnGenerator, "_generate", record)
     cfg = PrepareConfig(regenerate=True, max_new_tokens=4, min_supervised=2, batch_size=3,
-                        shard_rows=8, progress=False)
+                        max_tokens=120, shard_rows=8, progress=False)
     rec = prepare_chats(src, target, tmp_path / "p", cfg)
     assert rec["shard_seconds"] > 0
     prompts = regenerate_prompts(src, ChatRenderer(load_tokenizer(target)), cfg, show=False)
-    plan = prompts.batches(cfg.batch_size)
+    plan = prompts.batches(cfg)
+    assert 1 in plan.rows and 3 in plan.rows  # cut by the token budget and by the row cap
     assert plan.round.max() == 1 and plan.shard.max() == 1
     assert [c[0] for c in calls] == plan.rows.tolist()
     first = plan.round == 0

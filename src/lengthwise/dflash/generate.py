@@ -1,9 +1,16 @@
-"""The target's own responses to prompts: batched Hugging Face ``generate``, greedy or sampled.
+"""The target's own responses to prompts: a batched decode loop with a KV cache, greedy or sampled.
 
 DFlash drafts learn the *target's* distribution, so their training responses are
-best written by the target itself. :func:`generate_responses` left-pads prompts
-of similar length into batches and returns each continuation up to and including
-its first stop token (or ``max_new_tokens`` tokens).
+best written by the target itself. :func:`generate_responses` sorts the prompts
+by length and cuts them into batches of at most ``batch_size`` rows whose padded
+prompt and new tokens fit ``max_tokens``
+(:func:`~lengthwise.dflash.generate_time.batch_offsets`). Each batch is
+left-padded, prefilled once, then decoded one token a step from the model's KV
+cache; a row that writes a stop token (or its ``max_new_tokens``-th token)
+leaves the batch and the cache at once, and cache columns that only padding
+still holds are cut, so later steps cost only the rows still writing. Greedy
+responses are those of Hugging Face ``generate`` (up to ties of the argmax:
+other batches round differently).
 
 Example::
 
@@ -23,52 +30,97 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["generate_responses"]
+from lengthwise.dflash.generate_time import batch_offsets
+
+__all__ = ["decode_batch", "generate_responses"]
 
 
 def generate_responses(model: Any, prompts: list[np.ndarray], *, max_new_tokens: int,
-               eos: int | list[int],
-               temperature: float, seed: int, batch_size: int = 64,
-               device: Any = "cpu", show: bool = False) -> list[np.ndarray]:
+                       eos: int | list[int], temperature: float, seed: int,
+                       batch_size: int = 64, max_tokens: int | None = None,
+                       device: Any = "cpu", show: bool = False) -> list[np.ndarray]:
     """The target's own continuation of every prompt (ends at a stop token ``eos`` or the cap).
 
     ``temperature`` 0 is greedy decoding (the continuation speculative decoding must
-    reproduce); above 0 the target samples. ``show``: a progress bar over the prompts.
+    reproduce); above 0 the target samples, seeded by ``seed``. Batches hold at most
+    ``batch_size`` prompts and ``max_tokens`` padded prompt plus new tokens (None: no
+    token limit). ``show``: a progress bar over the batches.
     """
     import torch
 
     from lengthwise.progress import progress
 
     stops = [eos] if isinstance(eos, int) else list(eos)
-    pad = stops[0]
-    order = np.argsort([p.size for p in prompts], kind="stable")
-    sampling: dict[str, Any] = ({"do_sample": False} if temperature == 0 else
-                                {"do_sample": True, "temperature": temperature, "top_k": 0,
-                                 "top_p": 1.0})
+    sizes = np.array([p.size for p in prompts], dtype=np.int64)
+    order = np.argsort(sizes, kind="stable")
+    offsets = batch_offsets(sizes[order], batch_size=batch_size, max_tokens=max_tokens,
+                            max_new_tokens=max_new_tokens)
     out: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * len(prompts)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(int(seed))
+    for lo, hi in progress(zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True),
+                           desc=f"the target writes {len(prompts)} responses", unit="batch",
+                           total=offsets.size - 1, enable=show):
+        idx = order[lo:hi]
+        for i, resp in zip(idx, decode_batch(model, [prompts[i] for i in idx],
+                                             max_new_tokens=max_new_tokens, stops=stops,
+                                             temperature=temperature, generator=gen,
+                                             device=device), strict=True):
+            out[i] = resp
+    return out
+
+
+def decode_batch(model: Any, prompts: list[np.ndarray], *, max_new_tokens: int,
+                 stops: list[int], temperature: float, generator: Any,
+                 device: Any = "cpu") -> list[np.ndarray]:
+    """Each prompt's continuation, decoded together: up to and including its first stop
+    token, else ``max_new_tokens`` tokens. Rows that finish leave the batch.
+
+    ``generator``: the ``torch.Generator`` (on ``device``) of sampled tokens.
+    """
+    import torch
+
+    from lengthwise.dflash.speculative import _cache_kwarg, _cache_of, _last_logits_only, _pick
+
+    rows = len(prompts)
+    width = max(p.size for p in prompts)
+    ids = torch.full((rows, width), stops[0], dtype=torch.long)
+    mask = torch.zeros((rows, width), dtype=torch.long)
+    for r, p in enumerate(prompts):  # left padding
+        ids[r, width - p.size:] = torch.from_numpy(p)
+        mask[r, width - p.size:] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    stop = torch.tensor(stops, device=device)
+    written: list[list[int]] = [[] for _ in prompts]
+    live = list(range(rows))  # the prompt of each row of the batch
+    kw, cache = _cache_kwarg(model), None
     was = model.training
     model.eval()
     try:
-        starts = range(0, len(order), batch_size)
-        for lo in progress(starts, desc=f"the target writes {len(prompts)} responses",
-                           unit="batch", total=len(starts), enable=show):
-            idx = order[lo:lo + batch_size]
-            width = max(prompts[i].size for i in idx)
-            ids = torch.full((idx.size, width), pad, dtype=torch.long)
-            mask = torch.zeros((idx.size, width), dtype=torch.long)
-            for r, i in enumerate(idx):  # left padding
-                ids[r, width - prompts[i].size:] = torch.from_numpy(prompts[i])
-                mask[r, width - prompts[i].size:] = 1
-            torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
-            with torch.no_grad():
-                seq = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                                     max_new_tokens=max_new_tokens, pad_token_id=pad,
-                                     eos_token_id=stops, use_cache=True, **sampling)
-            for r, i in enumerate(idx):
-                resp = seq[r, width:].cpu().numpy()
-                stop = np.flatnonzero(np.isin(resp, stops))
-                out[i] = resp[: int(stop[0]) + 1] if stop.size else resp
+        with torch.no_grad():
+            for step in range(max_new_tokens):
+                out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                            **_last_logits_only(model), **{kw: cache})
+                cache = _cache_of(out)
+                tok, _ = _pick(out.logits[:, -1].float(), temperature, generator)
+                for r, t in zip(live, tok.tolist(), strict=True):
+                    written[r].append(t)
+                going = ~torch.isin(tok, stop)
+                if step + 1 == max_new_tokens or not bool(going.any()):
+                    break
+                if not bool(going.all()):
+                    keep = going.nonzero().squeeze(1)
+                    live = [live[i] for i in keep.tolist()]
+                    tok, mask, pos = tok[keep], mask[keep], pos[keep]
+                    cache.batch_select_indices(keep)
+                    pad = int(mask.argmax(dim=1).min())  # columns only padding holds
+                    if pad:
+                        mask = mask[:, pad:]
+                        for layer in cache.layers:
+                            layer.keys, layer.values = (layer.keys[:, :, pad:],
+                                                        layer.values[:, :, pad:])
+                ids, pos = tok[:, None], pos[:, -1:] + 1
+                mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
     finally:
         model.train(was)
-    return out
+    return [np.asarray(w, dtype=np.int64) for w in written]

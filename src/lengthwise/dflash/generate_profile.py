@@ -39,6 +39,7 @@ from lengthwise.dflash.generate_time import (
     GenerateBatches,
     GenerateProfile,
     GenerateTime,
+    batch_offsets,
     fit_generate_profile,
     plan_batches,
     predict_generate,
@@ -80,15 +81,19 @@ class RegeneratePrompts:
                    for r, (x, a) in enumerate(zip(self.lengths, self.answered, strict=True))]
         return dataclasses.replace(self, lengths=lengths)
 
-    def batches(self, batch_size: int) -> GenerateBatches:
-        """:func:`~lengthwise.dflash.generate_time.plan_batches` of these prompts."""
-        return plan_batches(self.lengths, batch_size=batch_size, shards=self.shard)
+    def batches(self, cfg: Any) -> GenerateBatches:
+        """:func:`~lengthwise.dflash.generate_time.plan_batches` of these prompts under
+        ``cfg``'s (a :class:`~lengthwise.dflash.prepare.PrepareConfig`) batch limits."""
+        return plan_batches(self.lengths, batch_size=cfg.batch_size, max_tokens=cfg.max_tokens,
+                            max_new_tokens=cfg.max_new_tokens, shards=self.shard)
 
-    def members(self, shard: int, rnd: int, index: int, batch_size: int) -> np.ndarray:
+    def members(self, shard: int, rnd: int, index: int, cfg: Any) -> np.ndarray:
         """Conversations of batch ``index`` of ``shard``'s round ``rnd`` (sorted as run)."""
         mine = np.flatnonzero(self.shard[rnd] == shard)
         order = mine[np.argsort(self.lengths[rnd][mine], kind="stable")]
-        return self.conversation[rnd][order[index * batch_size:(index + 1) * batch_size]]
+        cuts = batch_offsets(self.lengths[rnd][order], batch_size=cfg.batch_size,
+                             max_tokens=cfg.max_tokens, max_new_tokens=cfg.max_new_tokens)
+        return self.conversation[rnd][order[cuts[index]:cuts[index + 1]]]
 
 
 def _conversations(source: str | Path, cfg: Any) -> list[list[dict[str, str]]]:
@@ -223,7 +228,7 @@ def measure_generate_profile(source: str | Path, target: str | Path, cfg: Any, *
     convs = cut_answers(data, renderer.tokenizer, cfg.max_new_tokens)
     timed = _rerendered(prompts, convs, renderer,
                         [i for i, (a, b) in enumerate(zip(data, convs, strict=True)) if a != b])
-    plan = timed.batches(cfg.batch_size)
+    plan = timed.batches(cfg)
     if plan.batches == 0:
         raise DataError(f"{source}: no assistant turn to write")
     picked = timed_batches(plan, batches)
@@ -240,7 +245,7 @@ def measure_generate_profile(source: str | Path, target: str | Path, cfg: Any, *
     loaded = time.perf_counter() - started
     index = _index_in_group(plan)
     first = _prompts(renderer, convs, timed.members(int(plan.shard[0]), int(plan.round[0]),
-                                                      0, cfg.batch_size)[:2], 0)
+                                                      0, cfg)[:2], 0)
     from lengthwise.dflash.generate import generate_responses
 
     generate_responses(gen.model, first, max_new_tokens=2, eos=gen.stops, temperature=0.0,
@@ -248,7 +253,7 @@ def measure_generate_profile(source: str | Path, target: str | Path, cfg: Any, *
     rows, width, steps, seconds, responses = [], [], [], [], []
     for b in picked:
         k, r = int(plan.shard[b]), int(plan.round[b])
-        batch = _prompts(renderer, convs, timed.members(k, r, int(index[b]), cfg.batch_size), r)
+        batch = _prompts(renderer, convs, timed.members(k, r, int(index[b]), cfg), r)
         t0 = time.perf_counter()
         outs = gen._generate(batch, seed=int(b))
         seconds.append(time.perf_counter() - t0)
@@ -327,6 +332,6 @@ def estimate_regenerate_time(source: str | Path, target: str | Path, cfg: Any, *
         profile = measure_generate_profile(source, target, cfg, prompts=prompts,
                                            batches=batches, renderer=renderer)
     answered = prompts.with_answers(profile.mean_answer(cfg.max_new_tokens))
-    timing = predict_generate(answered.batches(cfg.batch_size), profile, world=world,
+    timing = predict_generate(answered.batches(cfg), profile, world=world,
                               max_new_tokens=cfg.max_new_tokens)
     return timing, profile, answered

@@ -1,16 +1,17 @@
 """Seconds of regeneration (``dflash prepare --regenerate``) before it runs.
 
-Regeneration answers every assistant turn of every conversation with the target's own
-Hugging Face ``generate``: shard by shard (``--shard-rows`` conversations, ranks taking
-shards in turn), round by round (the ``r``-th assistant turn of every conversation), in
-batches of ``--batch-size`` prompts sorted by length
-(:class:`~lengthwise.dflash.regenerate.TurnGenerator`). :func:`plan_batches` replays that
-order on the prompts' lengths and gives every batch's rows and width (its longest prompt,
-the others left-padded to it).
+Regeneration answers every assistant turn of every conversation with the target itself:
+shard by shard (``--shard-rows`` conversations, ranks taking shards in turn), round by
+round (the ``r``-th assistant turn of every conversation), in batches of prompts sorted by
+length, at most ``--batch-size`` of them and ``--max-tokens`` padded prompt plus new tokens
+(:func:`batch_offsets`; :class:`~lengthwise.dflash.regenerate.TurnGenerator`).
+:func:`plan_batches` replays that order on the prompts' lengths and gives every batch's
+rows and width (its longest prompt, the others left-padded to it).
 
 A batch's time is its prefill (``rows * width`` padded prompt tokens) and its decoding:
-``generate`` runs until every row has written its stop token or ``--max-new-tokens``, so
-a batch decodes as many steps as its longest response, each step for all its rows, and
+priced as if it ran until every row has written its stop token or ``--max-new-tokens`` (an
+upper bound: a row that stops leaves the batch), a batch decodes as many steps as its
+longest response, each step for all its rows, and
 attends over every pair of its tokens (the prompt's causal pairs in the prefill, the cache
 at each step). The responses' lengths are not known before the target writes them: a
 :class:`GenerateProfile` holds those the target wrote in a few timed batches of the run's
@@ -46,7 +47,7 @@ from lengthwise.dflash.run_time import duration, read_profile, save_profile
 from lengthwise.errors import ConfigError, DataError
 
 __all__ = ["GenerateBatches", "GenerateProfile", "GenerateTime", "attended_pairs",
-           "expected_longest",
+           "batch_offsets", "expected_longest",
            "fit_generate_profile", "plan_batches", "predict_generate"]
 
 
@@ -69,12 +70,38 @@ class GenerateBatches:
         return int(self.rows.sum())
 
 
-def plan_batches(rounds: list[np.ndarray], *, batch_size: int,
-                 shards: list[np.ndarray] | None = None) -> GenerateBatches:
+def batch_offsets(lengths: np.ndarray, *, batch_size: int, max_tokens: int | None,
+                  max_new_tokens: int) -> np.ndarray:
+    """Boundaries of the batches regeneration cuts prompts of ``lengths`` (ascending) into:
+    consecutive runs of at most ``batch_size`` prompts whose rows, each padded to the
+    longest prompt and given ``max_new_tokens`` more, hold at most ``max_tokens`` tokens
+    (None: no limit; a prompt over it alone). The planner's greedy cut
+    (:func:`lengthwise.planning.batching.greedy_batches`).
+
+    Example::
+
+        >>> batch_offsets(np.array([3, 4, 6, 8]), batch_size=3, max_tokens=30,
+        ...               max_new_tokens=4).tolist()
+        [0, 3, 4]
+    """
+    from lengthwise.planning.batching import greedy_batches, row_limit
+
+    n = int(np.asarray(lengths).size)
+    cuts = [0, n]
+    if max_tokens is not None and n:
+        cuts = greedy_batches(np.arange(n), np.asarray(lengths, dtype=np.int64) + max_new_tokens,
+                              row_limit(max_tokens=max_tokens))[1].tolist()
+    starts = [s for a, b in zip(cuts[:-1], cuts[1:], strict=True) for s in range(a, b, batch_size)]
+    return np.asarray(starts + [n], dtype=np.int64)
+
+
+def plan_batches(rounds: list[np.ndarray], *, batch_size: int, max_tokens: int | None = None,
+                 max_new_tokens: int = 0, shards: list[np.ndarray] | None = None,
+                 ) -> GenerateBatches:
     """The batches of regeneration: ``rounds[r]`` holds the prompt lengths of round ``r``
     (the ``r``-th assistant turn of each conversation that has one) and ``shards[r]`` their
     conversations' shards (all one shard when not given). Each shard's rounds run in turn,
-    each round's prompts sorted by length and cut into batches of ``batch_size``.
+    each round's prompts sorted by length and cut by :func:`batch_offsets`.
 
     Example::
 
@@ -98,11 +125,12 @@ def plan_batches(rounds: list[np.ndarray], *, batch_size: int,
             mine = np.sort(x[s == k], kind="stable")
             if mine.size == 0:
                 continue
-            starts = np.arange(0, mine.size, batch_size)
-            rows.append(np.minimum(batch_size, mine.size - starts))
-            width.append(mine[np.minimum(starts + batch_size, mine.size) - 1])
-            shard.append(np.full(starts.size, k))
-            rnd.append(np.full(starts.size, r))
+            cuts = batch_offsets(mine, batch_size=batch_size, max_tokens=max_tokens,
+                                 max_new_tokens=max_new_tokens)
+            rows.append(np.diff(cuts))
+            width.append(mine[cuts[1:] - 1])
+            shard.append(np.full(cuts.size - 1, k))
+            rnd.append(np.full(cuts.size - 1, r))
 
     def cat(parts: list[np.ndarray]) -> np.ndarray:
         return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)

@@ -81,7 +81,8 @@ class PrepareConfig:
     regenerate: bool = False
     max_new_tokens: int = 512
     temperature: float = 0.0
-    batch_size: int = 32
+    batch_size: int = 64  # most prompts of a regeneration batch
+    max_tokens: int | None = 16384  # most padded prompt plus new tokens of one (None: no limit)
     backend: str = "auto"  # of regeneration: "hf", "vllm", or vLLM when installed (CUDA)
     seed: int = 0
     device: str = "cpu"
@@ -90,6 +91,8 @@ class PrepareConfig:
 
     def __post_init__(self) -> None:
         check_positive(self, "min_supervised", "shard_rows", "max_new_tokens", "batch_size")
+        if self.max_tokens is not None:
+            check_positive(self, "max_tokens")
         if self.max_len is not None and (not isinstance(self.max_len, int) or self.max_len < 2):
             raise ConfigError(f"max_len must be an integer >= 2, got {self.max_len!r}")
         if self.backend not in ("auto", "hf", "vllm"):

@@ -4,8 +4,11 @@ DFlash drafts learn what the *target* would say, so ``lengthwise dflash prepare
 --regenerate`` replaces every assistant turn of a conversation by the target's
 own response to the conversation before it (with the regenerated earlier
 turns), rendered with the chat template's generation prompt. A conversation
-that ends with a user turn gets a new assistant turn. Generation is Hugging
-Face ``generate`` (:func:`~lengthwise.dflash.generate.generate_responses`),
+that ends with a user turn gets a new assistant turn. Each round's prompts
+(the ``r``-th assistant turn of every conversation) are sorted by length and
+cut into batches of at most ``--batch-size`` prompts and ``--max-tokens``
+padded prompt plus new tokens. Generation is a decode loop over the model's KV
+cache that drops finished rows (:func:`~lengthwise.dflash.generate.decode_batch`),
 or vLLM when it is installed (one process on CUDA; ``backend``), greedy at
 temperature 0, sampled above. Each sample keeps the target's own token ids of
 the turns it wrote (:func:`splice`), and each shard's finished turns are logged
@@ -25,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from lengthwise.dflash.chat import Rendered
+from lengthwise.dflash.generate_time import batch_offsets
 
 __all__ = ["BACKENDS", "TurnGenerator", "TurnLog", "pick_backend", "splice", "stop_ids",
            "turns_to_write"]
@@ -128,11 +132,14 @@ class TurnGenerator:
             outs = self.engine.generate([TokensPrompt(prompt_token_ids=p.tolist())
                                          for p in prompts], params, use_tqdm=False)
             return [list(o.outputs[0].token_ids) for o in outs]
-        from lengthwise.dflash.generate import generate_responses
+        import torch
 
-        outs = generate_responses(self.model, prompts, max_new_tokens=self.cfg.max_new_tokens,
-                                  eos=self.stops, temperature=self.cfg.temperature, seed=seed,
-                                  batch_size=self.cfg.batch_size, device=self.device)
+        from lengthwise.dflash.generate import decode_batch
+
+        outs = decode_batch(self.model, prompts, max_new_tokens=self.cfg.max_new_tokens,
+                            stops=self.stops, temperature=self.cfg.temperature,
+                            generator=torch.Generator(device=self.device).manual_seed(seed),
+                            device=self.device)
         return [o.tolist() for o in outs]
 
     def regenerate(self, convs: list[list[dict[str, str]]], *, seed: int,
@@ -156,17 +163,19 @@ class TurnGenerator:
         samples = [Rendered([], []) for _ in convs]
         last: list[int | None] = [None] * len(convs)  # each conversation's turn written last
         written = cut = 0
-        step = self.cfg.batch_size
         for r in range(max((len(t) for t in turns), default=0)):
             todo = [(i, t[r]) for i, t in enumerate(turns) if len(t) > r]
             prompts = {i: self.renderer.prompt_ids(convs[i][:j]) for i, j in todo}
             new = {i: list(done[(i, r)]) for i, _ in todo if (i, r) in done}
             yield from range(len(new))
             rest = sorted((i for i, _ in todo if i not in new), key=lambda i: len(prompts[i]))
-            for lo in range(0, len(rest), step):
-                batch = rest[lo:lo + step]
+            cuts = batch_offsets(np.array([len(prompts[i]) for i in rest], dtype=np.int64),
+                                 batch_size=self.cfg.batch_size, max_tokens=self.cfg.max_tokens,
+                                 max_new_tokens=self.cfg.max_new_tokens).tolist()
+            for b, (lo, hi) in enumerate(zip(cuts[:-1], cuts[1:], strict=True)):
+                batch = rest[lo:hi]
                 outs = self._generate([np.asarray(prompts[i], dtype=np.int64) for i in batch],
-                                      (seed * 1009 + r) * 7919 + lo // step)
+                                      (seed * 1009 + r) * 7919 + b)
                 new.update(zip(batch, outs, strict=True))
                 if record is not None:
                     record([(i, r, new[i]) for i in batch])

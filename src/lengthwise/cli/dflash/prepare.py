@@ -49,8 +49,11 @@ def register(stages: argparse._SubParsersAction) -> None:
                    help="longest regenerated turn (default 512)")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="regeneration temperature (0: greedy, the default)")
-    p.add_argument("--batch-size", type=int, default=32, metavar="N",
-                   help="prompts per generate call (default 32)")
+    p.add_argument("--batch-size", type=int, default=64, metavar="N",
+                   help="most prompts of a regeneration batch (default 64)")
+    p.add_argument("--max-tokens", type=int, default=16384, metavar="N",
+                   help="most padded prompt plus --max-new-tokens tokens of a regeneration "
+                        "batch; a longer prompt goes alone (default 16384)")
     p.add_argument("--backend", choices=("auto", "hf", "vllm"), default="auto",
                    help="regeneration engine: Hugging Face generate, vLLM, or auto (vLLM when "
                         "installed, on CUDA, in one process; else hf)")
@@ -76,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
             enable_thinking=args.enable_thinking, field=args.field, split=args.split,
             shard_rows=args.shard_rows, regenerate=args.regenerate,
             max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-            batch_size=args.batch_size, backend=args.backend, seed=args.seed,
+            batch_size=args.batch_size, max_tokens=args.max_tokens,
+            backend=args.backend, seed=args.seed,
             device=args.device, dtype=args.dtype, progress=args.progress)
     except ConfigError as exc:  # the setting's name as the option that gives it
         raise ConfigError(_as_option(str(exc), vars(args))) from None
