@@ -107,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from lengthwise.dflash.chat import ChatRenderer, normalise
     from lengthwise.dflash.prepare import PrepareConfig
-    from lengthwise.dflash.recipe import load_tokenizer
     from lengthwise.dflash.regenerate import TurnGenerator
+    from lengthwise.dflash.target import load_tokenizer
 
     torch.set_num_threads(args.threads)
     rows = [json.loads(line) for line in args.chats.read_text(encoding="utf-8").splitlines()
