@@ -72,8 +72,9 @@ class FeaturesConfig:
     last_hidden: bool = field(default=True, metadata={
         "help": "also store the target's last hidden state (its own distribution, for the "
                 "held-out evaluation without a target forward)"})
-    max_tokens: int = field(default=8192, metadata={
-        "help": "padded tokens per batch of the target", "metavar": "N"})
+    max_tokens: int = field(default=2048, metadata={
+        "help": "padded tokens per batch of the target (on a CPU larger batches run slower a "
+                "token; on a GPU raise it)", "metavar": "N"})
     max_len: int | None = field(default=None, metadata={
         "help": "tokens stored per sample (default: all)", "type": int, "metavar": "N"})
     shard_mib: int = field(default=256, metadata={
