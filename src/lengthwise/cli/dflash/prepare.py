@@ -49,8 +49,8 @@ def register(stages: argparse._SubParsersAction) -> None:
                    help="longest regenerated turn (default 512)")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="regeneration temperature (0: greedy, the default)")
-    p.add_argument("--batch-size", type=int, default=64, metavar="N",
-                   help="most prompts of a regeneration batch (default 64)")
+    p.add_argument("--batch-size", type=int, default=16, metavar="N",
+                   help="most prompts of a regeneration batch (default 16; raise it on a GPU)")
     p.add_argument("--max-tokens", type=int, default=16384, metavar="N",
                    help="most padded prompt plus --max-new-tokens tokens of a regeneration "
                         "batch; a longer prompt goes alone (default 16384)")
