@@ -42,7 +42,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -219,15 +219,19 @@ def evaluate_set(draft: Any, target: Any, prompts: list[list[int]], *, name: str
         raise ConfigError(f"prompt set {name}: no prompts")
     if accuracy:
         _check_budgets(max_tokens, max_slots, draft.config.block_size)
+    def decode(temp: float, lookup_ngram: int | None = None) -> Iterator[Any]:
+        """The prompts decoded speculatively in batches (``lookup_ngram``: combined)."""
+        for lo in range(0, len(prompts), batch_size):
+            yield from speculative_batch(draft, target, prompts[lo:lo + batch_size],
+                                         max_new_tokens=max_new_tokens, temperature=temp,
+                                         eos=eos, seed=seed + lo, lookup_ngram=lookup_ngram)
+
     was = draft.training
     draft.eval()
     rows = []
     try:
         for temp in temperatures:
-            decoded = (g for lo in range(0, len(prompts), batch_size)
-                       for g in speculative_batch(draft, target, prompts[lo:lo + batch_size],
-                                                  max_new_tokens=max_new_tokens,
-                                                  temperature=temp, eos=eos, seed=seed + lo))
+            decoded = decode(temp)
             gens = list(bar(decoded, unit="prompt", total=len(prompts), enable=progress,
                             desc=f"{name} T={temp:g}: decoding"))
             row = decoding_figures(gens, name=name, temperature=temp,
@@ -246,12 +250,7 @@ def evaluate_set(draft: Any, target: Any, prompts: list[list[int]], *, name: str
                         for i, p in enumerate(bar(prompts, unit="prompt", enable=progress,
                                                   desc=f"{name} T={temp:g}: prompt lookup"))]
                 row.update(baseline_figures(gens, runs, lookup_tokens, refs))
-                both = [g for lo in range(0, len(prompts), batch_size)
-                        for g in speculative_batch(draft, target, prompts[lo:lo + batch_size],
-                                                   max_new_tokens=max_new_tokens,
-                                                   temperature=temp, eos=eos, seed=seed + lo,
-                                                   lookup_ngram=LOOKUP_NGRAM)]
-                row.update(combined_figures(both, refs))
+                row.update(combined_figures(list(decode(temp, LOOKUP_NGRAM)), refs))
             if accuracy:
                 ev = teacher_forced(draft, target, prompts, outs, max_tokens=max_tokens,
                                     max_slots=max_slots, head_chunk=head_chunk,

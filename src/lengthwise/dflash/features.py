@@ -231,8 +231,6 @@ def write_features(data: str | Path, target: str | Path, out: str | Path,
     """
     import shutil
 
-    import torch
-
     from lengthwise.atomic import atomic_open, atomic_path
     from lengthwise.dflash.objective import target_layer_ids
     from lengthwise.dflash.prepared import open_prepared
@@ -241,6 +239,7 @@ def write_features(data: str | Path, target: str | Path, out: str | Path,
     from lengthwise.dflash.tokenizer_id import TOKENIZER_FIELDS, check_tokenizer
     from lengthwise.disk import format_bytes
     from lengthwise.progress import progress
+    from lengthwise.pytorch.collate import PadCollator
     from lengthwise.train.device import barrier, configure_torch, pick_device, rank_world, say
 
     out = Path(out)
@@ -302,6 +301,7 @@ def write_features(data: str | Path, target: str | Path, out: str | Path,
         with atomic_path(out / INDEX) as tmp:
             np.save(tmp, plan.index, allow_pickle=False)
     shard_of = np.repeat(np.arange(n_shards), np.diff(plan.shards))
+    collate = PadCollator(pad_token_id=0, pad_multiple=1)
     mine = np.flatnonzero((shard_of % world == rank) & ~np.isin(shard_of, list(done)))
     writer: _ShardWriter | None = None
     try:
@@ -312,12 +312,10 @@ def write_features(data: str | Path, target: str | Path, out: str | Path,
                 writer = _ShardWriter(out, s, plan.shard_tokens(s), len(layers), hidden, cfg)
             members = plan.order[plan.batches[b]:plan.batches[b + 1]]
             n = stored[members]
-            ids = torch.zeros((members.size, int(n.max())), dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            for r, i in enumerate(members.tolist()):
-                ids[r, :n[r]] = torch.from_numpy(prepared.sample(i)["input_ids"][:n[r]])
-                mask[r, :n[r]] = 1
-            f, h = tgt.features_and_output(ids.to(device), attention_mask=mask.to(device))
+            batch = collate([{"input_ids": prepared.sample(i)["input_ids"][:k]}
+                             for i, k in zip(members.tolist(), n.tolist(), strict=True)])
+            f, h = tgt.features_and_output(batch["input_ids"].to(device),
+                                           attention_mask=batch["attention_mask"].to(device))
             for r, i in enumerate(members.tolist()):
                 k = int(n[r])
                 writer.put(int(plan.index[i, 1]), [f[r, :k].reshape(k, len(layers), hidden),
@@ -554,9 +552,9 @@ class CachedRows:
         from lengthwise.dflash.blocks import row_segments
 
         packed = "position_ids" in batch and "attention_mask" not in batch
-        ids = batch["input_ids"]
-        _, _, segs = row_segments(batch, rows, packed, capacity or int(ids.shape[-1]))
-        n_rows, width = len(segs), int(ids.numel()) // len(segs)
+        ids, _, segs = row_segments(batch, rows, packed,
+                                    capacity or int(batch["input_ids"].shape[-1]))
+        n_rows, width = ids.shape
         feats = torch.zeros((n_rows, width, len(self.layers) * self.cache.hidden))
         hidden = (torch.zeros((n_rows, width, self.cache.hidden))
                   if last and self.cache.has_last else None)
