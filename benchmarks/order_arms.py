@@ -49,7 +49,6 @@ shown, never compared.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -85,10 +84,15 @@ REGIONS: dict[str, tuple[str, ...]] = {
 #: the run figures a rerun of the check repeats to the last digit
 EXACT = ("steps", "micro_batches", "real_tokens", "padded_tokens", "flops")
 
-
-#: relative tolerance of a compared loss: a run repeated on this machine gives the same
-#: figures to the last digit; other CPUs may round the kernels' sums differently
-REL_TOL = 2e-3
+from experiments.saved import (  # noqa: E402  (experiments/ is on the path from here on)
+    REL_TOL,  # noqa: F401  (the check's tolerance, read by the tests)
+    CellRuns,
+    close,
+    committed,
+    parse,
+    say_drift,
+    write,
+)
 
 
 def _say(text: str) -> None:
@@ -101,37 +105,6 @@ def _config(settings: dict[str, Any]) -> Any:
     return ArmsConfig(**settings)
 
 
-class CellRuns:
-    """The runs of every cell, each saved as ``folder/ARM-SCHEDULE-bBATCH/ORDER-seedN.json``
-    as it ends, so that a benchmark stopped halfway continues where it stopped."""
-
-    def __init__(self, folder: Path, cfg: Any) -> None:
-        self.folder = folder
-        self.order = cfg.jobs()  # (arm, schedule, batch, order, seed), seed by seed per cell
-        for arm, schedule, batch in {job[:3] for job in self.order}:
-            (folder / f"{arm}-{schedule}-b{batch}").mkdir(parents=True, exist_ok=True)
-
-    def _path(self, arm: str, schedule: str, batch: int, order: str, seed: int) -> Path:
-        return self.folder / f"{arm}-{schedule}-b{batch}" / f"{order}-seed{seed}.json"
-
-    def done(self) -> set[tuple[Any, ...]]:
-        """The (arm, schedule, batch, order, seed) runs already saved."""
-        return {job for job in self.order if self._path(*job).is_file()}
-
-    def save(self, r: dict[str, Any]) -> None:
-        """Save run ``r`` and say what it measured."""
-        self._path(r["arm"], r["schedule"], r["batch"], r["order"], r["seed"]).write_text(
-            json.dumps(r), encoding="utf-8")
-        _say(f"{r['arm']}/{r['schedule']}/{r['batch']}: {r['order']} seed {r['seed']}: "
-             f"held-out loss {r['eval_loss']:.4f} after {r['steps']} steps, "
-             f"{r['real_tokens']:,} real tokens, {r['flops'] / 1e9:,.1f} GFLOP, "
-             f"{r['wall_seconds']:.0f} s")
-
-    def load(self) -> list[dict[str, Any]]:
-        """Every run, cell by cell, seed by seed, in the config's order of orders."""
-        return [json.loads(self._path(*job).read_text(encoding="utf-8")) for job in self.order]
-
-
 def run(settings: dict[str, Any], out: Path, workers: int, cache_dir: str | None,
         ) -> dict[str, Any]:
     """Train every run of ``settings`` not yet saved under ``out/runs``; the figures."""
@@ -141,7 +114,7 @@ def run(settings: dict[str, Any], out: Path, workers: int, cache_dir: str | None
     cfg = _config(settings)
     started = time.perf_counter()
     data = build_data(cfg, cache_dir=cache_dir)
-    saved = CellRuns(out / "runs", cfg)
+    saved = CellRuns(out / "runs", cfg, _say)
     if len(saved.done()) != len(cfg.jobs()):
         run_arms(cfg, data, out=out / "logs", workers=workers, skip=saved.done(),
                  on_run=saved.save)
@@ -173,61 +146,9 @@ def arguments() -> argparse.ArgumentParser:
     return ap
 
 
-def parse(ap: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
-    """The options of ``argv``, with ``--out`` and ``--cache-dir`` made as folders first: a
-    path that cannot be one is a usage error naming the option (not a traceback later)."""
-    from lengthwise.cli.demo import _check_folder
-    from lengthwise.errors import ConfigError
-
-    args = ap.parse_args(argv)
-    for option, path in (("--out", args.out), ("--cache-dir", args.cache_dir)):
-        if path is None:
-            continue
-        try:
-            _check_folder(option, path)
-            Path(path).mkdir(parents=True, exist_ok=True)
-        except ConfigError as exc:
-            ap.error(str(exc))
-        except OSError as exc:
-            ap.error(f"{option} {path}: cannot make this folder ({exc.strerror or exc})")
-    return args
-
-
-def committed(path: Path, ap: argparse.ArgumentParser) -> dict[str, Any]:
-    """The figures saved in ``path`` (none before the first run); a file that is not a JSON
-    object (damaged, cut short) is a one-line usage error naming it (exit 2)."""
-    if not path.is_file():
-        return {}
-    try:
-        saved = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        ap.error(f"{path}: not readable ({exc})")
-    except ValueError as exc:
-        ap.error(f"{path}: not valid JSON, damaged or cut short ({exc}); restore it (git "
-                 "checkout) or rerun the experiment")
-    if not isinstance(saved, dict):
-        ap.error(f"{path}: holds a JSON {type(saved).__name__}, not the figures' object")
-    return saved
-
-
-def write(saved: dict[str, Any], path: Path = SAVED) -> None:
-    """Write the figures as JSON (NaN, e.g. the interval of one seed, as null)."""
-    from lengthwise.demo.report import clean_json
-
-    path.write_text(json.dumps(clean_json(saved), indent=1) + "\n", encoding="utf-8")
-
-
-def say_drift(drift: list[str]) -> int:
-    """Print the figures of a rerun check that moved and how many; the exit status (1: any)."""
-    for line in drift:
-        print(line)
-    print(f"order_arms: {len(drift)} figure(s) differ from the committed check run")
-    return 1 if drift else 0
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = arguments()
-    args = parse(ap, argv)
+    args = parse(ap, argv, ("out", "cache_dir"))
     out = Path(args.out or tempfile.mkdtemp(prefix="order-arms-"))
     saved = committed(SAVED, ap)
     if args.render:
@@ -245,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"order_arms: {len(broken)} invariant(s) broken; no committed check run in "
                   f"{SAVED.name} yet to compare with")
             return 1 if broken else 0
-        return max(1 if broken else 0, say_drift(compare(saved["check"], fresh)))
+        return max(1 if broken else 0, say_drift(compare(saved["check"], fresh), "order_arms"))
     if not args.full_only:
         saved["check"] = run(CHECK, out / "check", 1, args.cache_dir)
         write(saved, SAVED)
@@ -279,8 +200,8 @@ def compare(saved: dict[str, Any], fresh: dict[str, Any]) -> list[str]:
         out += [f"{key} {name}: {a[name]} committed, {b[name]} now"
                 for name in EXACT if a[name] != b[name]]
         out += [f"{key} {name}: {x} committed, {y} now"
-                for name, x, y in pairs(a, b) if not _close(x, y)]
-    if not _close(saved["unigram_loss"], fresh["unigram_loss"]):
+                for name, x, y in pairs(a, b) if not close(x, y)]
+    if not close(saved["unigram_loss"], fresh["unigram_loss"]):
         out.append(f"unigram_loss: {saved['unigram_loss']} committed, "
                    f"{fresh['unigram_loss']} now")
     return out
@@ -289,13 +210,6 @@ def compare(saved: dict[str, Any], fresh: dict[str, Any]) -> list[str]:
 def _run_key(r: dict[str, Any]) -> tuple[str, int]:
     """A run's name in the compared figures: its cell and order, and its seed."""
     return f"{r['arm']}/{r['schedule']}/{r['batch']}/{r['order']}", r["seed"]
-
-
-def _close(a: Any, b: Any) -> bool:
-    """Whether two compared figures agree within :data:`REL_TOL` (``None`` only with itself)."""
-    if a is None or b is None:
-        return a is b
-    return math.isclose(a, b, rel_tol=REL_TOL)
 
 
 def invariants(summary: dict[str, Any]) -> list[str]:

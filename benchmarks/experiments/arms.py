@@ -52,8 +52,9 @@ from lengthwise.errors import ConfigError
 
 from experiments.data import held_out, set_lr
 
-__all__ = ["ARMS", "SCHEDULES", "ArmsConfig", "EqualCompute", "EqualData", "batch_shape",
-           "budgets", "lr_share", "micro_flops_bound", "run_arm", "unigram_loss"]
+__all__ = ["ARMS", "SCHEDULES", "ArmsConfig", "ArmsDesign", "EqualCompute", "EqualData",
+           "arm_steps", "batch_shape", "budgets", "drive_arm", "lr_share", "micro_flops_bound",
+           "run_arm", "unigram_loss"]
 
 #: the arms: same steps and same real tokens per step, or the same FLOPs
 ARMS: tuple[str, ...] = ("data", "compute")
@@ -68,8 +69,9 @@ def _orders() -> tuple[str, ...]:
 
 
 @dataclass
-class ArmsConfig:
-    """Settings of the two-arm experiment (the defaults are the planned full run).
+class ArmsDesign:
+    """The design of a two-arm experiment, whatever it trains: orders, seeds, arms, schedules,
+    global batches, epochs, the warm-up and the held-out measurements.
 
     ``batches`` are global batch sizes in micro-batches per optimizer step (over ``world``
     simulated ranks); a cell of a batch size in ``full_batches`` trains every order of
@@ -77,9 +79,8 @@ class ArmsConfig:
 
     Example::
 
-        >>> cfg = ArmsConfig(batches=(8,), arms=("data",), schedules=("cosine",))
-        >>> [cell for cell, _ in cfg.cells()]
-        [('data', 'cosine', 8)]
+        >>> ArmsDesign(batches=(8,), arms=("data",), schedules=("cosine",)).jobs()[:2]
+        [('data', 'cosine', 8, 'sorted', 0), ('data', 'cosine', 8, 'random', 0)]
     """
 
     orders: tuple[str, ...] = field(default_factory=_orders)
@@ -90,20 +91,14 @@ class ArmsConfig:
     batches: tuple[int, ...] = (8, 64)
     full_batches: tuple[int, ...] = (8,)
     epochs: int = 5
-    model_size: str = "tiny"
     world: int = 8
-    max_tokens: int = 512
-    max_len: int = 256
-    min_len: int = 8
-    buckets: int = 6
-    lr: float = 3e-3
     warmup_share: float = 0.05
-    eval_samples: int = 320
     eval_points: int = 8
-    max_samples: int | None = 2000
     data_seed: int = 0
-    vocab_size: int = 2048
     threads: int = 1
+
+    #: the fields that must be positive integers
+    POSITIVE = ("epochs", "world", "eval_points", "threads")
 
     def __post_init__(self) -> None:
         from lengthwise.planning.vocabulary import ORDERS
@@ -128,19 +123,16 @@ class ArmsConfig:
             if not values or any(v not in allowed for v in values):
                 raise ConfigError(f"{name} must be among {', '.join(allowed)}, got "
                                   f"{list(values)}")
+        for name in self.POSITIVE:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if not self.batches or any(not isinstance(b, int) or b < 1 or b % self.world
                                    for b in self.batches):
             raise ConfigError(f"batches must be positive multiples of world ({self.world}), got "
                               f"{list(self.batches)}")
-        for name in ("epochs", "world", "max_tokens", "max_len", "min_len", "buckets",
-                     "eval_samples", "eval_points", "threads"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if not 0 <= self.warmup_share < 1:
             raise ConfigError(f"warmup_share must lie in [0, 1), got {self.warmup_share}")
-        if self.min_len >= self.max_len:
-            raise ConfigError(f"min_len ({self.min_len}) must be below max_len ({self.max_len})")
 
     def cells(self) -> list[tuple[tuple[str, str, int], tuple[str, ...]]]:
         """Every (arm, schedule, batch) cell with the orders it trains."""
@@ -159,6 +151,37 @@ class ArmsConfig:
             if isinstance(value, tuple):
                 out[key] = list(value)
         return out
+
+
+@dataclass
+class ArmsConfig(ArmsDesign):
+    """Settings of the two-arm experiment on the demo's causal LM (the defaults are the
+    planned full run).
+
+    Example::
+
+        >>> cfg = ArmsConfig(batches=(8,), arms=("data",), schedules=("cosine",))
+        >>> [cell for cell, _ in cfg.cells()]
+        [('data', 'cosine', 8)]
+    """
+
+    model_size: str = "tiny"
+    max_tokens: int = 512
+    max_len: int = 256
+    min_len: int = 8
+    buckets: int = 6
+    lr: float = 3e-3
+    eval_samples: int = 320
+    max_samples: int | None = 2000
+    vocab_size: int = 2048
+
+    POSITIVE = (*ArmsDesign.POSITIVE, "max_tokens", "max_len", "min_len", "buckets",
+                "eval_samples")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.min_len >= self.max_len:
+            raise ConfigError(f"min_len ({self.min_len}) must be below max_len ({self.max_len})")
 
 
 def lr_share(share: float, schedule: str, *, lr: float, warmup_share: float = 0.0) -> float:
@@ -206,7 +229,38 @@ def _units(batch: list[list[int]]) -> list[int]:
     return [int(i) for row in batch for i in row]
 
 
-class EqualData:
+class _ArmSteps:
+    """Steps formed from a sampler's micro-batches, epoch after epoch: what both arms share.
+
+    ``next()`` gives the next step as micro-batches (rows of dataset indices); :attr:`last`
+    is the step it gave last and :attr:`steps` how many it gave (the index of the step
+    being formed, as the loop counts it). A subclass forms an epoch's steps from its
+    micro-batches in :meth:`_epoch`.
+    """
+
+    def __init__(self, sampler: Any) -> None:
+        self.sampler = sampler
+        self.last: list[list[list[int]]] = []
+        self.steps = 0
+        self._steps = self._walk()
+
+    def next(self) -> list[list[list[int]]]:
+        self.last = next(self._steps)
+        self.steps += 1
+        return self.last
+
+    def _walk(self) -> Iterator[list[list[list[int]]]]:
+        epoch = self.sampler.epoch
+        while True:
+            self.sampler.set_epoch(epoch)
+            yield from self._epoch(list(self.sampler))
+            epoch += 1
+
+    def _epoch(self, batches: list[Any]) -> Iterator[list[list[list[int]]]]:
+        raise NotImplementedError
+
+
+class EqualData(_ArmSteps):
     """Steps of equal real tokens, ``per_epoch`` of them each epoch (arm ``data``).
 
     ``next()`` gives the next step as micro-batches (rows of dataset indices): the sampler's
@@ -235,28 +289,16 @@ class EqualData:
                  max_len: int) -> None:
         if per_epoch < 1:
             raise ConfigError(f"per_epoch must be a positive integer, got {per_epoch}")
-        self.sampler, self.per_epoch = sampler, int(per_epoch)
+        self.per_epoch = int(per_epoch)
         self.tokens = np.minimum(np.asarray(lengths, dtype=np.int64), max_len)
-        self.last: list[list[list[int]]] = []
-        self._steps = self._walk()
+        super().__init__(sampler)
 
-    def next(self) -> list[list[list[int]]]:
-        self.last = next(self._steps)
-        return self.last
-
-    def _walk(self) -> Iterator[list[list[list[int]]]]:
-        epoch = self.sampler.epoch
-        while True:
-            self.sampler.set_epoch(epoch)
-            batches = [_units(b) for b in self.sampler]
-            total = int(sum(self.tokens[i] for b in batches for i in b))
-            yield from self._cut(batches, total)
-            epoch += 1
-
-    def _cut(self, batches: list[list[int]], total: int) -> Iterator[list[list[list[int]]]]:
+    def _epoch(self, batches: list[Any]) -> Iterator[list[list[list[int]]]]:
+        units = [_units(b) for b in batches]
+        total = int(sum(self.tokens[i] for b in units for i in b))
         done, step = 0, 1
         out: list[list[list[int]]] = []
-        for batch in batches:
+        for batch in units:
             cur: list[int] = []
             for i in batch:
                 n = int(self.tokens[i])
@@ -274,23 +316,23 @@ class EqualData:
             yield out
 
 
-class EqualCompute:
+class EqualCompute(_ArmSteps):
     """Steps of ``batch`` planned micro-batches until ``budget`` FLOPs are spent (arm
     ``compute``).
 
     An epoch's incomplete last step is skipped; the step that reaches the budget stops at
-    the micro-batch that reaches it, and :attr:`done` turns true. :attr:`last` is the step
-    ``next()`` gave last.
+    the micro-batch that reaches it, and :attr:`done` turns true. ``flops_of(ids, step)``
+    counts a micro-batch of dataset indices ``ids`` trained at optimizer step ``step``
+    (from 0). :attr:`last` is the step ``next()`` gave last.
     """
 
     def __init__(self, sampler: Any, lengths: np.ndarray, batch: int, budget: int, *,
                  flops_of: Any) -> None:
-        self.sampler, self.batch, self.budget = sampler, int(batch), int(budget)
+        self.batch, self.budget = int(batch), int(budget)
         self.lengths = np.asarray(lengths, dtype=np.int64)
-        self.flops_of = flops_of  # dataset indices of a micro-batch -> its FLOPs
+        self.flops_of = flops_of
         self.spent = 0
-        self.last: list[list[list[int]]] = []
-        self._steps = self._walk()
+        super().__init__(sampler)
 
     @property
     def done(self) -> bool:
@@ -299,27 +341,21 @@ class EqualCompute:
     def next(self) -> list[list[list[int]]]:
         if self.done:
             raise ConfigError(f"the compute budget of {self.budget:,} FLOPs is spent")
-        self.last = next(self._steps)
-        return self.last
+        return super().next()
 
-    def _walk(self) -> Iterator[list[list[list[int]]]]:
-        epoch = self.sampler.epoch
-        while True:
-            self.sampler.set_epoch(epoch)
-            batches = list(self.sampler)
-            if len(batches) < self.batch:
-                raise ConfigError(f"an epoch has {len(batches)} micro-batches, fewer than one "
-                                  f"step of {self.batch}")
-            for k in range(len(batches) // self.batch):
-                step, flops = [], 0
-                for b in batches[k * self.batch:(k + 1) * self.batch]:
-                    step.append(b)
-                    flops += self.flops_of(_units(b))
-                    if self.spent + flops >= self.budget:
-                        break
-                self.spent += flops
-                yield step
-            epoch += 1
+    def _epoch(self, batches: list[Any]) -> Iterator[list[list[list[int]]]]:
+        if len(batches) < self.batch:
+            raise ConfigError(f"an epoch has {len(batches)} micro-batches, fewer than one "
+                              f"step of {self.batch}")
+        for k in range(len(batches) // self.batch):
+            step, flops = [], 0
+            for b in batches[k * self.batch:(k + 1) * self.batch]:
+                step.append(b)
+                flops += self.flops_of(_units(b), self.steps)
+                if self.spent + flops >= self.budget:
+                    break
+            self.spent += flops
+            yield step
 
 
 def batch_shape(lengths: Sequence[int], *, max_len: int, pad_multiple: int = 1,
@@ -345,7 +381,7 @@ def _flops_counter(cfg: ArmsConfig, lengths: np.ndarray, vocab_size: int) -> Any
 
     size = MODEL_SIZES[cfg.model_size]
 
-    def flops_of(ids: list[int]) -> int:
+    def flops_of(ids: list[int], step: int = 0) -> int:  # the same at every step
         rows, width = batch_shape(lengths[ids], max_len=cfg.max_len)
         return train_flops(rows, width, size, vocab_size=vocab_size)
 
@@ -397,7 +433,7 @@ def budgets(cfg: ArmsConfig, lengths: np.ndarray, vocab_size: int, batch: int,
     for epoch in range(cfg.epochs):
         sampler.set_epoch(epoch)
         for b in sampler:
-            flops += flops_of(_units(b))
+            flops += flops_of(_units(b), micro // batch)
             micro += 1
     per_epoch = max(1, int(round(micro / cfg.epochs / batch)))
     tokens = int(np.minimum(lengths, cfg.max_len).sum())
@@ -435,66 +471,88 @@ def run_arm(job: tuple[str, str, int, str, int], data: Any, cfg: ArmsConfig, *,
     loop = TrainLoop(task, order, lengths, lambda i: {"input_ids": train[i]}, loop_cfg,
                      run_dir=run_dir, device=device, sampler=sampler)
     flops_of = _flops_counter(cfg, lengths, data.vocab_size)
+    try:
+        steps = arm_steps(arm, loop, lengths, budget, batch=batch, max_len=cfg.max_len,
+                          flops_of=flops_of)
+        trained = drive_arm(loop, steps, arm, budget, schedule=schedule, lr=cfg.lr,
+                            warmup_share=cfg.warmup_share, flops_of=flops_of,
+                            points=cfg.eval_points,
+                            evaluate=lambda: held_out(model, data, max_tokens=cfg.max_tokens,
+                                                      device=device))
+    finally:
+        loop.close()
+    trained.pop("records")
+    final = trained["curve"][-1]
+    return {"arm": arm, "schedule": schedule, "batch": batch, "order": order, "seed": seed,
+            **trained, "budget": budget, "eval_loss": final["eval_loss"],
+            "strata": final["strata"], "log": str(run_dir / "train_log.jsonl")}
+
+
+def arm_steps(arm: str, loop: Any, lengths: np.ndarray, budget: dict[str, int], *, batch: int,
+              max_len: int, flops_of: Any) -> EqualData | EqualCompute:
+    """The arm's steps over ``loop``'s sampler, made the steps ``loop`` trains.
+
+    A micro-batch cut at a step's end is labelled by its own longest sample, whose bucket the
+    epoch's plan may give no micro-batch (random's): the step log's shares name every
+    bucket, in every epoch (the figures do not read the step log's corrected loss).
+    """
+    sampler = loop.sampler
+    steps: EqualData | EqualCompute
     if arm == "data":
-        steps = EqualData(sampler, lengths, budget["per_epoch"], max_len=cfg.max_len)
-        total = budget["steps"]
+        steps = EqualData(sampler, lengths, budget["per_epoch"], max_len=max_len)
     else:
         steps = EqualCompute(sampler, lengths, batch, budget["flops"], flops_of=flops_of)
-        total = budget["flops"]
     loop.batches = steps  # the arm forms the steps; the loop trains them
-    # a micro-batch cut at a step's end is labelled by its own longest sample, whose bucket
-    # the epoch's plan may give no micro-batch (random's): the step log's shares name every
-    # bucket, in every epoch (the figures do not read the step log's corrected loss)
-    loop.logger.set_bucket_shares({b: 1.0 for b in range(len(sampler.edges or [0]))})
+    shares = {b: 1.0 for b in range(len(sampler.edges or [0]))}
+    for logger in (loop.logger, loop.micro_logger):
+        if logger is not None:
+            logger.set_bucket_shares(shares)
     loop._follow_epoch = lambda: None
-    n = cfg.eval_points
-    grid = [total * (i + 1) / n for i in range(n)]
+    return steps
+
+
+def drive_arm(loop: Any, steps: EqualData | EqualCompute, arm: str, budget: dict[str, int], *,
+              schedule: str, lr: float, warmup_share: float, flops_of: Any, points: int,
+              evaluate: Any) -> dict[str, Any]:
+    """Train ``loop`` over ``steps`` to the arm's end (``budget``'s steps, or its FLOPs), the
+    learning rate following the arm's axis; ``evaluate()`` (a dict of figures) at ``points``
+    equal shares of it. The run's totals, its step records and its curve."""
+    total = budget["steps"] if arm == "data" else budget["flops"]
+    grid = [total * (i + 1) / points for i in range(points)]
     curve: list[dict[str, Any]] = []
-    step_tokens: list[int] = []
+    records: list[dict[str, Any]] = []
     tokens = padded = flops = micro = 0
     seconds = 0.0
     started, cpu = time.perf_counter(), time.process_time()
-    try:
-        set_lr(loop, lr_share(0.0, schedule, lr=cfg.lr, warmup_share=cfg.warmup_share))
-        while True:
-            if arm == "compute" and steps.done:
-                break
-            rec = _train_step(loop, steps, flops_of)
-            step_tokens.append(int(rec["real_tokens"]))
-            tokens += int(rec["real_tokens"])
-            padded += int(rec["padded_tokens"])
-            flops += rec["flops"]
-            micro += rec["micro_batches"]
-            seconds += float(rec["seconds"])
-            at = loop.step_count if arm == "data" else flops
-            set_lr(loop, lr_share(min(1.0, at / total), schedule, lr=cfg.lr,
-                                   warmup_share=cfg.warmup_share))
-            while len(curve) < n and at >= grid[len(curve)] - 1e-6:
-                point = held_out(model, data, max_tokens=cfg.max_tokens, device=device)
-                curve.append({"step": loop.step_count, "tokens": tokens, "flops": flops,
-                              "seconds": seconds, **point})
-            if arm == "data" and loop.step_count >= total:
-                break
-    finally:
-        loop.close()
-    final = curve[-1]
-    return {
-        "arm": arm, "schedule": schedule, "batch": batch, "order": order, "seed": seed,
-        "steps": loop.step_count, "micro_batches": micro, "real_tokens": tokens,
-        "padded_tokens": padded, "padding_efficiency": tokens / padded if padded else None,
-        "flops": flops, "budget": budget,
-        "step_tokens_min": min(step_tokens), "step_tokens_max": max(step_tokens),
-        "train_seconds": seconds, "wall_seconds": time.perf_counter() - started,
-        "cpu_seconds": time.process_time() - cpu,
-        "eval_loss": final["eval_loss"], "strata": final["strata"], "curve": curve,
-        "log": str(run_dir / "train_log.jsonl"),
-    }
+    set_lr(loop, lr_share(0.0, schedule, lr=lr, warmup_share=warmup_share))
+    while not (arm == "compute" and steps.done):
+        rec = _train_step(loop, steps, flops_of)
+        records.append(rec)
+        tokens += int(rec["real_tokens"])
+        padded += int(rec["padded_tokens"])
+        flops += rec["flops"]
+        micro += rec["micro_batches"]
+        seconds += float(rec["seconds"])
+        at = loop.step_count if arm == "data" else flops
+        set_lr(loop, lr_share(min(1.0, at / total), schedule, lr=lr, warmup_share=warmup_share))
+        while len(curve) < points and at >= grid[len(curve)] - 1e-6:
+            curve.append({"step": loop.step_count, "tokens": tokens, "flops": flops,
+                          "seconds": seconds, **evaluate()})
+        if arm == "data" and loop.step_count >= total:
+            break
+    step_tokens = [int(r["real_tokens"]) for r in records]
+    return {"steps": loop.step_count, "micro_batches": micro, "real_tokens": tokens,
+            "padded_tokens": padded, "padding_efficiency": tokens / padded if padded else None,
+            "flops": flops, "step_tokens_min": min(step_tokens),
+            "step_tokens_max": max(step_tokens), "train_seconds": seconds,
+            "wall_seconds": time.perf_counter() - started,
+            "cpu_seconds": time.process_time() - cpu, "curve": curve, "records": records}
 
 
 def _train_step(loop: Any, steps: Any, flops_of: Any) -> dict[str, Any]:
     """One step of ``loop`` (whose ``batches`` is ``steps``): the loop's record, with the
     step's FLOPs and micro-batches."""
     rec = dict(loop.step())
-    rec["flops"] = sum(flops_of(_units(b)) for b in steps.last)
+    rec["flops"] = sum(flops_of(_units(b), loop.step_count - 1) for b in steps.last)
     rec["micro_batches"] = len(steps.last)
     return rec

@@ -259,13 +259,14 @@ def _equal(arm: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _curve(mine: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
-    """Mean step, real tokens, FLOPs and seconds, and the held-out loss's interval, at each
-    measurement."""
+def _curve(mine: list[dict[str, Any]], n: int, figures: Sequence[str] = ("eval_loss",),
+           ) -> list[dict[str, Any]]:
+    """Mean step, real tokens, FLOPs and seconds, and the interval of each held-out figure
+    of ``figures``, at each measurement."""
     out = []
     for i in range(n):
         pts = [r["curve"][i] for r in mine if len(r["curve"]) > i]
         out.append({k: float(np.mean([p[k] for p in pts]))
                     for k in ("step", "tokens", "flops", "seconds")}
-                   | {"eval_loss": t_interval([p["eval_loss"] for p in pts])})
+                   | {k: t_interval([p[k] for p in pts]) for k in figures})
     return out

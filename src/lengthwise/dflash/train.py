@@ -77,14 +77,18 @@ class DFlashTask:
         """Refuse a data set that trains nothing (see :func:`check_supervised`)."""
         check_supervised(sample, size)
 
-    def prepare(self, batch: dict[str, Any], rows: list[list[int]], step: int) -> Any:
+    def blocks(self, batch: dict[str, Any], rows: list[list[int]], step: int) -> Any:
+        """The draft blocks of a collated micro-batch at ``step``, without the target's
+        features: the anchors it draws and the slots it trains (what its step costs)."""
         from lengthwise.dflash.blocks import make_blocks
 
         cfg = self.cfg
-        blocks = make_blocks(batch, rows, step=step, seed=cfg.seed, num_anchors=cfg.num_anchors,
-                             block_size=cfg.block_size, gamma=self.gamma,
-                             capacity=self.capacity, max_slots=cfg.slot_budget,
-                             max_tokens=cfg.max_tokens)
+        return make_blocks(batch, rows, step=step, seed=cfg.seed, num_anchors=cfg.num_anchors,
+                           block_size=cfg.block_size, gamma=self.gamma, capacity=self.capacity,
+                           max_slots=cfg.slot_budget, max_tokens=cfg.max_tokens)
+
+    def prepare(self, batch: dict[str, Any], rows: list[list[int]], step: int) -> Any:
+        blocks = self.blocks(batch, rows, step)
         if self.features is not None:
             feats = self.features(batch, rows, capacity=self.capacity)[0]
             blocks.features = feats.to(self.target.embed.weight.dtype)

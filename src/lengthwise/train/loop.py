@@ -272,6 +272,7 @@ class TrainLoop:
                               layout=self.sampler.config.layout, strategy=order)
         self.micro_ranks = int(micro_ranks)
         self.micro_logger = None
+        self._micro_lines = 0  # the number of the micro-batch log's last line
         if micro_log:
             if self.micro_ranks < 1 or cfg.grad_accum % self.micro_ranks:
                 raise ConfigError(f"grad_accum={cfg.grad_accum} must be a multiple of "
@@ -286,6 +287,7 @@ class TrainLoop:
             if self.resumed_from is not None:
                 _resume_log(self.micro_logger, extra.get(MICRO_LOG_STATE), self.step_count,
                             self.resumed_from, key="optimizer_step")
+                self._micro_lines = int(self.micro_logger.state_dict()["last_step"] or 0)
             # the edges name each bucket's length range (bucket k: edges[k-1] < length <=
             # edges[k]) for the doctor
             edges = self.sampler.edges
@@ -367,12 +369,15 @@ class TrainLoop:
             fields[SKIP_REASON] = reason
         rec = self.logger.step(self.step_count, epoch=self.sampler.epoch, loss=loss, lr=lr,
                                grad_norm=grad_norm, skipped=skipped, **fields)
-        per_rank = self.cfg.grad_accum // self.micro_ranks  # a short last step too
+        # line numbers as if every step held grad_accum micro-batches per rank (a short last
+        # step leaves a gap); a step given more (by a replaced ``batches``) goes on from there
+        first = max((self.step_count - 1) * (self.cfg.grad_accum // self.micro_ranks),
+                    self._micro_lines)
         for g, record in enumerate(micro_rank0):  # one line per micro-batch of rank 0
             self.micro_logger.record_micro(**record)
-            self.micro_logger.step((self.step_count - 1) * per_rank + g + 1,
-                                   epoch=self.sampler.epoch, lr=lr, skipped=skipped,
-                                   optimizer_step=self.step_count)
+            self.micro_logger.step(first + g + 1, epoch=self.sampler.epoch, lr=lr,
+                                   skipped=skipped, optimizer_step=self.step_count)
+        self._micro_lines = first + len(micro_rank0)
         if self.checkpointer is not None and self.step_count % self.cfg.checkpoint_every == 0:
             self.checkpoint()
         return rec

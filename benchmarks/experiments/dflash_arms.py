@@ -1,0 +1,330 @@
+"""The two-arm order experiment on a DFlash draft trained from cached target features.
+
+The same design as :mod:`experiments.arms` (:class:`~experiments.arms.ArmsDesign`: orders,
+paired seeds, arms ``data`` and ``compute``, schedules), trained through the DFlash recipe
+(:mod:`lengthwise.dflash.recipe`): the prepared chats split as ``dflash train`` splits
+them (at ``data_seed``, the same held-out samples for every run), the target and the draft
+built by the recipe (:func:`~lengthwise.dflash.recipe._models`: the feature cache checked
+against the target and the data), :class:`~lengthwise.dflash.train.DFlashTask` reading the
+target's features from the cache (no target forward in a step) on
+:class:`~lengthwise.train.loop.TrainLoop`, one rank. The draft's settings are
+:class:`~lengthwise.dflash.train_config.DFlashTrainConfig`'s defaults with the overrides
+of :attr:`DFlashArms.train` (the real-target benchmark's shape by default, :data:`SHAPE`).
+
+A micro-batch's compute is counted from its blocks (:func:`draft_flops`): the draft's
+forward and backward over the padded context (``fc`` and the layers' key/value
+projections), over the slots its block tensors hold, its attention over the keys each
+block sees, and the frozen LM head over the supervised slots; the target's forward is
+cached and costs nothing. Anchors are drawn per sample and step, so the count depends on
+the step a micro-batch is trained at.
+
+Every run writes ``train_log.jsonl`` (one line per optimizer step) and ``micro_log.jsonl``
+(one line per micro-batch: the loss log the doctor and the plots read) under
+``out/ARM-SCHEDULE-bBATCH/ORDER-seedSEED/``, and measures the held-out draft at
+``eval_points`` equal shares of its arm's axis: loss, teacher-forced accuracy per block
+position, expected acceptance at temperature 0 (and at 1 at the end), with the held-out
+anchors drawn at ``data_seed`` for every run.
+
+Example::
+
+    >>> DFlashArms(prepared="p", target="t", features="f").cells()[0]
+    (('data', 'cosine', 2), ('sorted', 'random', 'bucket-random', 'interleave', 'stratified'))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lengthwise.errors import ConfigError
+
+from experiments.arms import ArmsDesign, arm_steps, drive_arm
+from experiments.loss_log import loss_log_figures
+
+__all__ = ["SHAPE", "DFlashArms", "draft_flops", "run_dflash_arm"]
+
+#: the draft and micro-batch of the real-target benchmarks (2 layers fed by 2 target layers,
+#: blocks of 8, 32 anchors, micro-batches of 2,048 tokens) and their learning rate
+SHAPE: dict[str, Any] = {"max_tokens": 2048, "max_len": 1024, "block_size": 8,
+                         "draft_layers": 2, "num_features": 2, "num_anchors": 32, "lr": 3e-3}
+
+
+def _recipe_warmup() -> float:
+    from lengthwise.dflash.train_config import DFlashTrainConfig
+
+    return float(DFlashTrainConfig.warmup_ratio)
+
+
+@dataclass
+class DFlashArms(ArmsDesign):
+    """The experiment's design on a DFlash draft: a prepared folder, its target and feature
+    cache, the held-out samples, and overrides of the recipe's training settings.
+
+    ``batches``: micro-batches per optimizer step (one rank). The warm-up share is the
+    recipe's ``warmup_ratio``.
+    """
+
+    prepared: str = ""
+    target: str = ""
+    features: str = ""
+    eval_samples: int = 16
+    train_samples: int | None = None  # the first of the training samples (None: all)
+    train: dict[str, Any] = field(default_factory=lambda: dict(SHAPE))
+    orders: tuple[str, ...] = ("sorted", "random", "bucket-random", "interleave", "stratified")
+    reduced: tuple[str, ...] = ("sorted", "random", "bucket-random", "interleave", "stratified")
+    batches: tuple[int, ...] = (2,)
+    full_batches: tuple[int, ...] = (2,)
+    world: int = 1
+    epochs: int = 3
+    eval_points: int = 4
+    warmup_share: float = field(default_factory=_recipe_warmup)
+
+    POSITIVE = (*ArmsDesign.POSITIVE, "eval_samples")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.train_samples is not None and (not isinstance(self.train_samples, int)
+                                               or self.train_samples < 1):
+            raise ConfigError(f"train_samples must be a positive integer or None, got "
+                              f"{self.train_samples!r}")
+        if self.world != 1:
+            raise ConfigError(f"world must be 1 (one rank trains the draft), got {self.world}")
+        self.train_config(seed=0, batch=self.batches[0], steps=1)  # refuse bad overrides now
+
+    def train_config(self, *, seed: int, batch: int, steps: int) -> Any:
+        """The recipe's settings for a run: :class:`DFlashTrainConfig`'s defaults, then
+        :attr:`train`, then the run's seed, ``batch`` micro-batches per step and ``steps``
+        (the arm sets the learning rate itself: the loop's own schedule is flat)."""
+        from lengthwise.dflash.train_config import DFlashTrainConfig
+
+        fixed = {"steps": steps, "grad_accum": batch, "seed": seed, "warmup": 0,
+                 "schedule": "constant", "threads": self.threads, "progress": False,
+                 "checkpoint_every": 0, "device": "cpu"}
+        clash = sorted(set(self.train) & set(fixed))
+        if clash:
+            raise ConfigError(f"train overrides {clash} are set by the experiment's design")
+        return DFlashTrainConfig(**{**self.train, **fixed})
+
+    @property
+    def lr(self) -> float:
+        """The peak learning rate of the runs."""
+        return float(self.train_config(seed=0, batch=self.batches[0], steps=1).lr)
+
+
+@dataclass
+class _Context:
+    """What every run of a design shares: the prepared data, its split, the tokenizer, and
+    the recipe's target, mask token and feature cache (loaded once per process)."""
+
+    data: Any
+    split: Any
+    tokenizer: Any
+    models: Any = None
+
+
+@lru_cache(maxsize=2)
+def _context(prepared: str, target: str, eval_samples: int, data_seed: int,
+             train_samples: int | None, train: tuple[tuple[str, Any], ...]) -> _Context:
+    from lengthwise.dflash.prepared import open_prepared
+    from lengthwise.dflash.recipe import RunSettings, _split
+    from lengthwise.dflash.target import load_tokenizer
+    from lengthwise.dflash.train_config import DFlashTrainConfig
+
+    data = open_prepared(prepared)
+    cfg = DFlashTrainConfig(**dict(train), seed=data_seed, steps=1)
+    split = _split(data, cfg, RunSettings(target=target, data=prepared,
+                                          eval_samples=eval_samples))
+    if train_samples is not None:
+        split = dataclasses.replace(split, train_idx=split.train_idx[:train_samples],
+                                    lengths=split.lengths[:train_samples])
+    return _Context(data, split, load_tokenizer(target))
+
+
+def context(design: DFlashArms) -> _Context:
+    """The shared data of ``design`` (made once per process)."""
+    return _context(design.prepared, design.target, design.eval_samples, design.data_seed,
+                    design.train_samples, tuple(sorted(design.train.items())))
+
+
+def step_flops(draft_config: Any, vocab: int) -> Any:
+    """Per-unit FLOPs of the draft's step (:class:`~lengthwise.dflash.step_cost.StepFlops`)
+    with the target's terms zero: its features are read from the cache."""
+    from lengthwise.dflash.step_cost import StepFlops
+
+    c = draft_config
+    head_dim = c.head_dim or c.hidden_size // c.num_heads
+    return StepFlops.of_shape(hidden=c.hidden_size, q_dim=c.num_heads * head_dim,
+                              kv_dim=c.num_kv_heads * head_dim,
+                              intermediate=c.intermediate_size, vocab=vocab, target_layers=0,
+                              draft_layers=c.num_layers, num_features=c.num_features,
+                              block_size=c.block_size)
+
+
+def draft_flops(flops: Any, blocks: Any) -> int:
+    """FLOPs of the draft's forward and backward on ``blocks`` (one micro-batch): the padded
+    context, the slots the block tensors hold, the keys each drawn block sees (its sample's
+    tokens before its anchor and its own block) and the LM head over the supervised slots.
+
+    Example::
+
+        >>> import torch
+        >>> from types import SimpleNamespace
+        >>> from lengthwise.dflash.step_cost import StepFlops
+        >>> f = StepFlops(0.0, 0.0, 1.0, 10.0, 100.0, 1000.0, block_size=2)
+        >>> b = SimpleNamespace(input_ids=torch.zeros(2, 5), anchors=torch.tensor([[3], [-1]]),
+        ...                     starts=torch.zeros(2, 1, dtype=torch.long),
+        ...                     labels=torch.tensor([[[-100, 7]], [[-100, -100]]]), supervised=1)
+        >>> draft_flops(f, b)  # 10 context tokens, 4 slots, 3 + 2 keys, 1 head slot
+        1550
+    """
+    rows, width = blocks.input_ids.shape
+    used = blocks.anchors >= 0
+    keys = int(((blocks.anchors - blocks.starts)[used] + flops.block_size).sum())
+    return int(round(rows * width * flops.context_token + blocks.labels.numel() * flops.slot
+                     + keys * flops.slot_key + int(blocks.supervised) * flops.head))
+
+
+def _flops_counter(task: Any, collate: Any, sample: Any, flops: Any) -> Any:
+    """``flops_of(ids, step)``: the FLOPs of the micro-batch of dataset indices ``ids``
+    trained at ``step`` by ``task`` (its blocks drawn as that step draws them)."""
+    def flops_of(ids: list[int], step: int) -> int:
+        batch = collate([[sample(i) for i in ids]])
+        return draft_flops(flops, task.blocks(batch, [list(ids)], step))
+
+    return flops_of
+
+
+_BUDGETS: dict[tuple[Any, ...], dict[str, int]] = {}
+
+
+def budgets(design: DFlashArms, task: Any, sample: Any, flops: Any, batch: int,
+            ) -> dict[str, int]:
+    """A cell's budgets from ``random``'s plan at ``data_seed`` (as
+    :func:`experiments.arms.budgets`): the steps of arm ``data``, their real tokens, and
+    the draft FLOPs of ``epochs`` epochs of random's micro-batches in steps of ``batch``,
+    ``task``'s anchors (a task at ``data_seed``). Made once per process and cell."""
+    from lengthwise.train.loop import make_collator, make_sampler
+
+    from experiments.arms import _units
+
+    key = (design.prepared, design.eval_samples, design.train_samples, design.data_seed,
+           design.epochs, batch, tuple(sorted(design.train.items())))
+    if key in _BUDGETS:
+        return dict(_BUDGETS[key])
+    lengths = context(design).split.lengths
+    sampler = make_sampler("random", lengths, task.cfg)
+    flops_of = _flops_counter(task, make_collator("random", task.cfg, sampler), sample, flops)
+    total = micro = 0
+    for epoch in range(design.epochs):
+        sampler.set_epoch(epoch)
+        for b in sampler:
+            total += flops_of(_units(b), micro // batch)
+            micro += 1
+    per_epoch = max(1, int(round(micro / design.epochs / batch)))
+    tokens = int(lengths.sum())
+    _BUDGETS[key] = {"per_epoch": per_epoch, "steps": per_epoch * design.epochs,
+                     "real_tokens_per_step": int(round(tokens / per_epoch)),
+                     "flops": int(total), "random_micro_batches": micro}
+    return dict(_BUDGETS[key])
+
+
+def held_out(task: Any, held: list[Any], *, seed: int, temperature: float) -> dict[str, Any]:
+    """The draft's held-out figures: loss, accuracy overall and per block position, the
+    acceptance length those imply, and the expected acceptance at ``temperature``."""
+    from lengthwise.dflash.decode import evaluate_blocks
+
+    cfg = task.cfg
+    ev = evaluate_blocks(task.model, task.target, held, num_anchors=cfg.num_anchors, seed=seed,
+                         head_chunk=cfg.head_chunk, max_slots=cfg.slot_budget,
+                         max_tokens=cfg.max_tokens, temperature=temperature,
+                         features=task.features)
+    return {"eval_loss": _finite(ev.loss), "eval_accuracy": _finite(ev.accuracy),
+            "slot_accuracy": [_finite(x) for x in ev.slot_accuracy],
+            "simulated_acceptance": _finite(ev.simulated_acceptance_length),
+            "alpha": [_finite(x) for x in ev.alpha or []],
+            "expected_acceptance": _finite(ev.expected_acceptance)}
+
+
+def _finite(x: Any) -> float | None:
+    return float(x) if x is not None and np.isfinite(x) else None
+
+
+def run_dflash_arm(job: tuple[str, str, int, str, int], design: DFlashArms, *,
+                   out: str | Path) -> dict[str, Any]:
+    """Train one (arm, schedule, batch, order, seed) run of ``design``; its figures, curve,
+    and the paths of its step and micro-batch logs."""
+    from lengthwise.dflash.features import CachedRows
+    from lengthwise.dflash.recipe import HELD_OUT_FIRST_ID, RunSettings, _models, new_draft
+    from lengthwise.dflash.train import DFlashTask
+    from lengthwise.train.device import configure_torch, pick_device
+    from lengthwise.train.loop import TrainLoop, make_sampler
+
+    arm, schedule, batch, order, seed = job
+    ctx = context(design)
+    split, data = ctx.split, ctx.data
+    run_dir = Path(out) / f"{arm}-{schedule}-b{batch}" / f"{order}-seed{seed}"
+    device = pick_device("cpu")
+    configure_torch(device, threads=design.threads, deterministic=True)
+    cfg = design.train_config(seed=seed, batch=batch, steps=1)
+    run = RunSettings(target=design.target, data=design.prepared, out=str(run_dir),
+                      order=order, eval_samples=design.eval_samples, features=design.features)
+    if ctx.models is None:  # the target, checked against the cache and the data, once
+        ctx.models = _models(cfg, run, data, ctx.tokenizer, device, 0)
+    m = ctx.models
+    draft = new_draft(m.target, cfg, mask_token_id=m.mask.id)  # initialised from the seed
+
+    def sample(i: int) -> dict[str, np.ndarray]:  # training sample i as trained
+        return {k: v[: cfg.max_len] for k, v in data.sample(int(split.train_idx[i])).items()}
+
+    def dataset_index(sample_id: int) -> int:  # training ids, then the held-out batches' ids
+        return int(split.train_idx[sample_id] if sample_id < HELD_OUT_FIRST_ID
+                   else split.held_idx[sample_id - HELD_OUT_FIRST_ID])
+
+    features = CachedRows(m.cache, m.target.layers, dataset_index)
+    flops = step_flops(draft.config, int(m.target.embed.weight.shape[0]))
+    counting = DFlashTask(draft, m.target, dataclasses.replace(cfg, seed=design.data_seed),
+                          order="random")
+    budget = budgets(design, counting, sample, flops, batch)
+    cfg = dataclasses.replace(cfg, steps=budget["steps"])
+    task = DFlashTask(draft, m.target, cfg, order=order, features=features)
+    sampler = make_sampler(order, split.lengths, cfg)
+    loop = TrainLoop(task, order, split.lengths, sample, cfg, run_dir=run_dir, device=device,
+                     sampler=sampler, micro_log=True)
+    flops_of = _flops_counter(task, loop.collate, sample, flops)
+    try:
+        steps = arm_steps(arm, loop, split.lengths, budget, batch=batch, max_len=cfg.max_len,
+                          flops_of=flops_of)
+        trained = drive_arm(loop, steps, arm, budget, schedule=schedule, lr=cfg.lr,
+                            warmup_share=design.warmup_share, flops_of=flops_of,
+                            points=design.eval_points,
+                            evaluate=lambda: held_out(task, split.held, seed=design.data_seed,
+                                                      temperature=0.0))
+    finally:
+        loop.close()
+    records = trained.pop("records")
+    final = trained["curve"][-1]
+    micro = [json.loads(line) for line in loop.micro_logger.path.read_text(
+        encoding="utf-8").splitlines() if line.strip()]
+    micro = [x for x in micro if "step" in x and "event" not in x]
+    hot = held_out(task, split.held, seed=design.data_seed, temperature=1.0)
+    return {"arm": arm, "schedule": schedule, "batch": batch, "order": order, "seed": seed,
+            **trained, "budget": budget,
+            **{k: final[k] for k in ("eval_loss", "eval_accuracy", "slot_accuracy",
+                                     "simulated_acceptance", "expected_acceptance")},
+            "expected_acceptance_t1": hot["expected_acceptance"], "alpha_t1": hot["alpha"],
+            "tokens_per_second": (trained["real_tokens"] / trained["train_seconds"]
+                                  if trained["train_seconds"] else None),
+            "skipped_steps": sum(bool(r.get("skipped")) for r in records),
+            "edges": [int(e) for e in sampler.edges or []],
+            "epochs_seen": trained["real_tokens"] / float(split.lengths.sum()),
+            "micro_loss": [None if x.get("loss") is None else round(float(x["loss"]), 5)
+                           for x in micro],
+            "micro_bucket": [(x.get("buckets") or [None])[0] for x in micro],
+            "loss_log": loss_log_figures(loop.micro_logger.path, order=order),
+            "log": str(loop.log_path), "micro_log": str(loop.micro_logger.path)}

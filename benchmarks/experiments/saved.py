@@ -1,0 +1,122 @@
+"""An experiment script's saved runs and committed figures, shared by the order experiments.
+
+:class:`CellRuns` saves each run as it ends (an interrupted benchmark continues where it
+stopped); :func:`parse` makes the folder options as folders first; :func:`committed`
+reads the committed figures (a damaged file is a one-line usage error naming it);
+:func:`write` writes them; :func:`close` and :func:`say_drift` compare a rerun check.
+
+Example::
+
+    >>> close(1.0, 1.001), close(None, None), close(1.0, None)
+    (True, True, False)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["REL_TOL", "CellRuns", "close", "committed", "parse", "say_drift", "write"]
+
+#: relative tolerance of a compared figure: a run repeated on this machine gives the same
+#: figures to the last digit; other CPUs may round the kernels' sums differently
+REL_TOL = 2e-3
+
+
+def close(a: Any, b: Any) -> bool:
+    """Whether two compared figures agree within :data:`REL_TOL` (``None`` only with itself)."""
+    if a is None or b is None:
+        return a is b
+    return math.isclose(a, b, rel_tol=REL_TOL)
+
+
+class CellRuns:
+    """The runs of every cell, each saved as ``folder/ARM-SCHEDULE-bBATCH/ORDER-seedN.json``
+    as it ends, so that a benchmark stopped halfway continues where it stopped. ``say``
+    prints a line (the script's progress)."""
+
+    def __init__(self, folder: Path, cfg: Any, say: Callable[[str], None] = print) -> None:
+        self.folder, self.say = folder, say
+        self.order = cfg.jobs()  # (arm, schedule, batch, order, seed), seed by seed per cell
+        for arm, schedule, batch in {job[:3] for job in self.order}:
+            (folder / f"{arm}-{schedule}-b{batch}").mkdir(parents=True, exist_ok=True)
+
+    def _path(self, arm: str, schedule: str, batch: int, order: str, seed: int) -> Path:
+        return self.folder / f"{arm}-{schedule}-b{batch}" / f"{order}-seed{seed}.json"
+
+    def done(self) -> set[tuple[Any, ...]]:
+        """The (arm, schedule, batch, order, seed) runs already saved."""
+        return {job for job in self.order if self._path(*job).is_file()}
+
+    def save(self, r: dict[str, Any]) -> None:
+        """Save run ``r`` and say what it measured."""
+        self._path(r["arm"], r["schedule"], r["batch"], r["order"], r["seed"]).write_text(
+            json.dumps(r), encoding="utf-8")
+        self.say(f"{r['arm']}/{r['schedule']}/{r['batch']}: {r['order']} seed {r['seed']}: "
+                 f"held-out loss {r['eval_loss']:.4f} after {r['steps']} steps, "
+                 f"{r['real_tokens']:,} real tokens, {r['flops'] / 1e9:,.1f} GFLOP, "
+                 f"{r['wall_seconds']:.0f} s")
+
+    def load(self) -> list[dict[str, Any]]:
+        """Every run, cell by cell, seed by seed, in the config's order of orders."""
+        return [json.loads(self._path(*job).read_text(encoding="utf-8")) for job in self.order]
+
+
+def parse(ap: argparse.ArgumentParser, argv: list[str] | None,
+          folders: Sequence[str] = ("out",)) -> argparse.Namespace:
+    """The options of ``argv``, with the folder options ``folders`` (their ``dest``) made as
+    folders first: a path that cannot be one is a usage error naming the option (not a
+    traceback later)."""
+    from lengthwise.cli.demo import _check_folder
+    from lengthwise.errors import ConfigError
+
+    args = ap.parse_args(argv)
+    for dest in folders:
+        path, option = getattr(args, dest), "--" + dest.replace("_", "-")
+        if path is None:
+            continue
+        try:
+            _check_folder(option, path)
+            Path(path).mkdir(parents=True, exist_ok=True)
+        except ConfigError as exc:
+            ap.error(str(exc))
+        except OSError as exc:
+            ap.error(f"{option} {path}: cannot make this folder ({exc.strerror or exc})")
+    return args
+
+
+def committed(path: Path, ap: argparse.ArgumentParser) -> dict[str, Any]:
+    """The figures saved in ``path`` (none before the first run); a file that is not a JSON
+    object (damaged, cut short) is a one-line usage error naming it (exit 2)."""
+    if not path.is_file():
+        return {}
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        ap.error(f"{path}: not readable ({exc})")
+    except ValueError as exc:
+        ap.error(f"{path}: not valid JSON, damaged or cut short ({exc}); restore it (git "
+                 "checkout) or rerun the experiment")
+    if not isinstance(saved, dict):
+        ap.error(f"{path}: holds a JSON {type(saved).__name__}, not the figures' object")
+    return saved
+
+
+def write(saved: dict[str, Any], path: Path) -> None:
+    """Write the figures as JSON (NaN, e.g. the interval of one seed, as null)."""
+    from lengthwise.demo.report import clean_json
+
+    path.write_text(json.dumps(clean_json(saved), indent=1) + "\n", encoding="utf-8")
+
+
+def say_drift(drift: list[str], name: str) -> int:
+    """Print the figures of a rerun check that moved and how many (``name``: the script);
+    the exit status (1: any)."""
+    for line in drift:
+        print(line)
+    print(f"{name}: {len(drift)} figure(s) differ from the committed check run")
+    return 1 if drift else 0
