@@ -50,8 +50,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import platform
 import sys
 import tempfile
 import textwrap
@@ -89,9 +87,11 @@ from experiments.saved import (  # noqa: E402  (experiments/ is on the path from
     CellRuns,
     close,
     committed,
+    experiment_parser,
     parse,
-    say_drift,
-    write,
+    run_parts,
+    say_check,
+    stamp,
 )
 
 
@@ -119,30 +119,13 @@ def run(settings: dict[str, Any], out: Path, workers: int, cache_dir: str | None
         run_arms(cfg, data, out=out / "logs", workers=workers, skip=saved.done(),
                  on_run=saved.save)
     summary = summarise_arms(cfg, data, saved.load())
-    summary["wall_seconds"] = time.perf_counter() - started
-    summary["machine"] = f"{platform.machine()}, {os.cpu_count()} CPU cores"
-    summary["workers"] = workers
-    return summary
+    return stamp(summary, started, workers)
 
 
 def arguments() -> argparse.ArgumentParser:
-    """The script's options; usage errors are one line (exit 2), as the ``lengthwise``
-    command's, and so are the folders' of :func:`parse`."""
-    from lengthwise.cli import _Parser
-    from lengthwise.cli.demo import _positive
-
-    ap = _Parser(prog=Path(__file__).name, description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=None, help="folder for logs and saved runs (default: temp)")
-    ap.add_argument("--workers", type=_positive, default=1, help="runs trained at a time")
+    """The script's options (:func:`~experiments.saved.experiment_parser`'s and its data's)."""
+    ap = experiment_parser(Path(__file__).name, __doc__.split("\n\n")[0])
     ap.add_argument("--cache-dir", default=None, help="the demo's corpus/tokenizer cache")
-    mode = ap.add_mutually_exclusive_group()  # each names what the script does: one at most
-    mode.add_argument("--check", action="store_true",
-                      help="rerun the reduced check and compare with the committed figures")
-    mode.add_argument("--full-only", action="store_true", help="skip the reduced check run")
-    mode.add_argument("--check-only", action="store_true",
-                      help="run the reduced check and save it, keep the saved full run")
-    mode.add_argument("--render", action="store_true",
-                      help="rewrite the docs and plots from the committed figures only")
     return ap
 
 
@@ -159,20 +142,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.check:
         fresh = run(CHECK, out / "check", 1, args.cache_dir)
-        broken = invariants(fresh)
-        for line in broken:
-            print(line)
-        if "check" not in saved:
-            print(f"order_arms: {len(broken)} invariant(s) broken; no committed check run in "
-                  f"{SAVED.name} yet to compare with")
-            return 1 if broken else 0
-        return max(1 if broken else 0, say_drift(compare(saved["check"], fresh), "order_arms"))
-    if not args.full_only:
-        saved["check"] = run(CHECK, out / "check", 1, args.cache_dir)
-        write(saved, SAVED)
-    if not args.check_only:
-        saved["full"] = run(FULL, out / "full", args.workers, args.cache_dir)
-        write(saved, SAVED)
+        return say_check(saved, fresh, invariants(fresh), compare, "order_arms")
+    run_parts(saved, args, SAVED, lambda: run(CHECK, out / "check", 1, args.cache_dir),
+              lambda: run(FULL, out / "full", args.workers, args.cache_dir))
     _say(f"wrote {SAVED}")
     if "full" in saved:
         full = committed(SAVED, ap)["full"]

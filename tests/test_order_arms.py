@@ -302,9 +302,11 @@ def test_the_plots_are_drawn_from_the_figures(script, tmp_path):
     assert all(p.stat().st_size > 0 for p in paths.values())
 
 
-def test_json_is_written_without_nan(script, tmp_path):
+def test_json_is_written_without_nan(tmp_path):
+    from experiments.saved import write
+
     path = tmp_path / "x.json"
-    script.write({"a": [math.nan, 1.0], "b": {"c": math.inf}}, path)
+    write({"a": [math.nan, 1.0], "b": {"c": math.inf}}, path)
     assert json.loads(path.read_text()) == {"a": [None, 1.0], "b": {"c": None}}
 
 
@@ -337,7 +339,7 @@ def test_a_bad_option_is_one_line_and_nothing_runs(args, message, tmp_path, caps
 def _refused(module, argv: list[str], capsys, monkeypatch) -> str:
     """The one line the script's ``main(argv)`` is refused with (exit 2), nothing run or
     written."""
-    for name in ("run", "plot", "rewrite", "write"):
+    for name in ("run", "plot", "rewrite", "run_parts"):
         monkeypatch.setattr(module, name, lambda *a, **k: pytest.fail("it ran"))
     with pytest.raises(SystemExit) as exit_:
         module.main(argv)

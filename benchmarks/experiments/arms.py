@@ -543,7 +543,8 @@ def drive_arm(loop: Any, steps: EqualData | EqualCompute, arm: str, budget: dict
     step_tokens = [int(r["real_tokens"]) for r in records]
     return {"steps": loop.step_count, "micro_batches": micro, "real_tokens": tokens,
             "padded_tokens": padded, "padding_efficiency": tokens / padded if padded else None,
-            "flops": flops, "step_tokens_min": min(step_tokens),
+            "flops": flops, "max_micro_flops": max(r["max_micro_flops"] for r in records),
+            "step_tokens_min": min(step_tokens),
             "step_tokens_max": max(step_tokens), "train_seconds": seconds,
             "wall_seconds": time.perf_counter() - started,
             "cpu_seconds": time.process_time() - cpu, "curve": curve, "records": records}
@@ -553,6 +554,7 @@ def _train_step(loop: Any, steps: Any, flops_of: Any) -> dict[str, Any]:
     """One step of ``loop`` (whose ``batches`` is ``steps``): the loop's record, with the
     step's FLOPs and micro-batches."""
     rec = dict(loop.step())
-    rec["flops"] = sum(flops_of(_units(b), loop.step_count - 1) for b in steps.last)
+    each = [flops_of(_units(b), loop.step_count - 1) for b in steps.last]
+    rec["flops"], rec["max_micro_flops"] = sum(each), max(each)
     rec["micro_batches"] = len(steps.last)
     return rec

@@ -20,7 +20,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["REL_TOL", "CellRuns", "close", "committed", "parse", "say_drift", "write"]
+__all__ = ["REL_TOL", "CellRuns", "close", "committed", "experiment_parser", "parse",
+           "run_parts", "say_check", "say_drift", "stamp", "write"]
 
 #: relative tolerance of a compared figure: a run repeated on this machine gives the same
 #: figures to the last digit; other CPUs may round the kernels' sums differently
@@ -64,6 +65,41 @@ class CellRuns:
     def load(self) -> list[dict[str, Any]]:
         """Every run, cell by cell, seed by seed, in the config's order of orders."""
         return [json.loads(self._path(*job).read_text(encoding="utf-8")) for job in self.order]
+
+
+def experiment_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """An experiment script's options: ``--out``, ``--workers`` and what it does (at most one
+    of ``--check``, ``--full-only``, ``--check-only``, ``--render``); usage errors are one
+    line (exit 2), as the ``lengthwise`` command's."""
+    from lengthwise.cli import _Parser
+    from lengthwise.cli.demo import _positive
+
+    ap = _Parser(prog=prog, description=description)
+    ap.add_argument("--out", default=None, help="folder for logs and saved runs (default: temp)")
+    ap.add_argument("--workers", type=_positive, default=1, help="runs trained at a time")
+    mode = ap.add_mutually_exclusive_group()  # each names what the script does: one at most
+    mode.add_argument("--check", action="store_true",
+                      help="rerun the reduced check and compare with the committed figures")
+    mode.add_argument("--full-only", action="store_true", help="skip the reduced check run")
+    mode.add_argument("--check-only", action="store_true",
+                      help="run the reduced check and save it, keep the saved full run")
+    mode.add_argument("--render", action="store_true",
+                      help="rewrite the results, docs and plots from the committed figures only")
+    return ap
+
+
+def say_check(saved: dict[str, Any], fresh: dict[str, Any], broken: list[str],
+              compare: Callable[[dict[str, Any], dict[str, Any]], list[str]], name: str,
+              ) -> int:
+    """Print the broken invariants of a rerun check and, against the committed check in
+    ``saved`` (when there is one), the figures that moved; the exit status (1: any)."""
+    for line in broken:
+        print(line)
+    if "check" not in saved:
+        print(f"{name}: {len(broken)} invariant(s) broken; no committed check run yet to "
+              "compare with")
+        return 1 if broken else 0
+    return max(1 if broken else 0, say_drift(compare(saved["check"], fresh), name))
 
 
 def parse(ap: argparse.ArgumentParser, argv: list[str] | None,
@@ -120,3 +156,28 @@ def say_drift(drift: list[str], name: str) -> int:
         print(line)
     print(f"{name}: {len(drift)} figure(s) differ from the committed check run")
     return 1 if drift else 0
+
+
+def stamp(summary: dict[str, Any], started: float, workers: int) -> dict[str, Any]:
+    """``summary`` with the wall seconds since ``started`` (``time.perf_counter``), the
+    machine and the runs trained at a time."""
+    import os
+    import platform
+    import time
+
+    summary["wall_seconds"] = time.perf_counter() - started
+    summary["machine"] = f"{platform.machine()}, {os.cpu_count()} CPU cores"
+    summary["workers"] = workers
+    return summary
+
+
+def run_parts(saved: dict[str, Any], args: argparse.Namespace, path: Path,
+              check: Callable[[], dict[str, Any]], full: Callable[[], dict[str, Any]]) -> None:
+    """Run and save the check (unless ``--full-only``) and the full run (unless
+    ``--check-only``) into ``saved``, written to ``path`` after each."""
+    if not args.full_only:
+        saved["check"] = check()
+        write(saved, path)
+    if not args.check_only:
+        saved["full"] = full()
+        write(saved, path)
