@@ -210,16 +210,16 @@ def _caption(s: dict[str, Any]) -> str:
     c, d = s["config"], s["data"]
     t = c["train"]
     return (f"A {t['draft_layers']}-layer DFlash draft (block {t['block_size']}, "
-            f"{t['num_anchors']} anchors, micro-batches of {t['max_tokens']:,} tokens, "
-            f"{c['batches'][0]} per step, peak learning rate {t['lr']}) trained from the "
-            f"cached features of `{Path(d['target']).name}` on {d['train_samples']} samples "
-            f"({d['train_tokens']:,} tokens, {d['length_min']}-{d['length_max']} long), "
-            f"{c['epochs']} epoch(s), {len(c['seeds'])} paired seed(s); held-out figures on "
-            f"{d['eval_samples']} samples. Mean ± 95 % t-interval over seeds; 'vs random' is "
-            f"the paired difference. {len(s['runs'])} runs took "
-            f"{s['runs_wall_seconds'] / 60:.0f} min of wall time and "
-            f"{s['runs_cpu_seconds'] / 60:.0f} min of CPU time ({s['machine']}, "
-            f"{s['workers']} at a time).")
+            f"{t['num_anchors']} anchors, peak learning rate {t['lr']}) trains from the cached "
+            f"features of the target `{d['target']}`. Micro-batches hold at most "
+            f"{t['max_tokens']:,} tokens, {c['batches'][0]} per optimizer step. The data: "
+            f"{d['train_samples']} training samples ({d['train_tokens']:,} tokens, "
+            f"{d['length_min']}-{d['length_max']} long), {c['epochs']} epoch(s), "
+            f"{len(c['seeds'])} paired seed(s); held-out figures on {d['eval_samples']} "
+            "samples. Mean ± 95 % t-interval over seeds; 'vs random' is the paired "
+            f"difference. The {len(s['runs'])} runs took {s['runs_wall_seconds'] / 60:.0f} "
+            f"min of wall time and {s['runs_cpu_seconds'] / 60:.0f} min of CPU time "
+            f"({s['machine']}, {s['workers']} at a time).")
 
 
 def results_md(saved: dict[str, Any]) -> str:
@@ -262,8 +262,8 @@ def plot(summary: dict[str, Any], path: Path = PLOT) -> None:
                              sharey=True)
     for i, cell in enumerate(cells):
         for ax, (name, loss) in zip(axes[0], micro_losses(summary, cell).items(), strict=True):
-            ax.plot(range(1, len(loss) + 1), loss, lw=0.9, color=order_color(name, i),
-                    alpha=1.0 - 0.2 * i, label=cell)
+            ax.plot(range(1, len(loss) + 1), loss, lw=0.9, color=order_color(name, 0),
+                    ls=("-", "--", ":", "-.")[i % 4], label=cell)
             ax.set_title(name, fontsize=9)
             ax.set_xlabel("micro-batch", fontsize=8)
             ax.grid(alpha=0.3)
