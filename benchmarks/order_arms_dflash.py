@@ -18,6 +18,8 @@ region's figures of each order's loss log (:mod:`experiments.dflash_report`)::
     python benchmarks/order_arms_dflash.py ... --check-only   # run and save only the check
     python benchmarks/order_arms_dflash.py ... --full-only    # run and save only the full run
     python benchmarks/order_arms_dflash.py ... --out DIR      # continue the runs saved in DIR
+    python benchmarks/order_arms_dflash.py ... --set lr=6e-4  # a DFlashTrainConfig setting
+    python benchmarks/order_arms_dflash.py ... --threads 2    # torch threads per run
     python benchmarks/order_arms_dflash.py --render           # results and plot from the JSON
 
 ``P`` is a ``dflash prepare`` folder, ``T`` its target, ``C`` their ``dflash features``
@@ -82,30 +84,24 @@ def _say(text: str) -> None:
 
 def design(settings: dict[str, Any], args: argparse.Namespace) -> Any:
     """The :class:`~experiments.dflash_arms.DFlashArms` of ``settings`` on the script's data."""
-    from experiments.dflash_arms import DFlashArms
+    from experiments.dflash_arms import SHAPE, DFlashArms
 
+    train = {**SHAPE, **settings.get("train", {}), **dict(args.set)}
     return DFlashArms(prepared=args.prepared, target=args.target, features=args.features,
-                      threads=args.threads, **settings)
-
-
-def _one(args: tuple[Any, ...]) -> dict[str, Any]:
-    from experiments.dflash_arms import run_dflash_arm
-
-    job, cfg, out = args
-    return run_dflash_arm(job, cfg, out=out)
+                      threads=args.threads, **{**settings, "train": train})
 
 
 def run(cfg: Any, out: Path, workers: int) -> dict[str, Any]:
     """Train every run of ``cfg`` not yet saved under ``out/runs``; the figures."""
     from experiments.arms_report import map_jobs
-    from experiments.dflash_arms import context
+    from experiments.dflash_arms import context, run_job
     from experiments.dflash_report import summarise_dflash
 
     started = time.perf_counter()
     saved = store.CellRuns(out / "runs", cfg, _say)
     done = saved.done()
     jobs = [(job, cfg, str(out / "logs")) for job in cfg.jobs() if job not in done]
-    map_jobs(_one, jobs, workers=workers, on_result=saved.save)
+    map_jobs(run_job, jobs, workers=workers, on_result=saved.save)
     split = context(cfg).split
     lengths = split.lengths
     info = {"prepared": cfg.prepared, "target": cfg.target, "features": cfg.features,
@@ -125,7 +121,23 @@ def arguments() -> argparse.ArgumentParser:
     ap.add_argument("--target", help="its target (a Hugging Face folder)")
     ap.add_argument("--features", help="their `lengthwise dflash features` cache")
     ap.add_argument("--threads", type=_positive, default=1, help="torch threads per run")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=_setting,
+                    help="a DFlashTrainConfig setting of every run (a JSON value or a string), "
+                         "over the design's; repeatable")
     return ap
+
+
+def _setting(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` as ``(key, value)``: the value read as JSON, else kept as text."""
+    import json
+
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key.replace("-", "_"), json.loads(value)
+    except ValueError:
+        return key.replace("-", "_"), value
 
 
 def main(argv: list[str] | None = None) -> int:

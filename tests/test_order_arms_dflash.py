@@ -160,3 +160,16 @@ def test_the_committed_check_keeps_the_invariants_and_its_results_page(script):
     assert script.invariants(saved["check"]) == []
     assert script.RESULTS.read_text(encoding="utf-8") == script.results_md(saved), (
         "stale: python benchmarks/order_arms_dflash.py --render")
+
+
+def test_recipe_settings_pass_through_and_every_option_is_documented(script, capsys):
+    import re
+
+    args = script.arguments().parse_args(["--set", "lr=0.001", "--set", "init=draft/"])
+    assert args.set == [("lr", 0.001), ("init", "draft/")]
+    with pytest.raises(SystemExit) as exc:
+        script.main(["--set", "lr"])
+    assert exc.value.code == 2 and "expected KEY=VALUE" in capsys.readouterr().err
+    flags = {a for action in script.arguments()._actions for a in action.option_strings
+             if a.startswith("--") and a != "--help"}
+    assert flags <= set(re.findall(r"--[a-z][a-z-]*", script.__doc__))

@@ -3,13 +3,15 @@
 The same design as :mod:`experiments.arms` (:class:`~experiments.arms.ArmsDesign`: orders,
 paired seeds, arms ``data`` and ``compute``, schedules), trained through the DFlash recipe
 (:mod:`lengthwise.dflash.recipe`): the prepared chats split as ``dflash train`` splits
-them (at ``data_seed``, the same held-out samples for every run), the target and the draft
-built by the recipe (:func:`~lengthwise.dflash.recipe._models`: the feature cache checked
-against the target and the data), :class:`~lengthwise.dflash.train.DFlashTask` reading the
-target's features from the cache (no target forward in a step) on
-:class:`~lengthwise.train.loop.TrainLoop`, one rank. The draft's settings are
-:class:`~lengthwise.dflash.train_config.DFlashTrainConfig`'s defaults with the overrides
-of :attr:`DFlashArms.train` (the real-target benchmark's shape by default, :data:`SHAPE`).
+them (at ``data_seed``, the same held-out samples for every run), the target loaded by the
+recipe once per process (:func:`~lengthwise.dflash.recipe._models`: the feature cache
+checked against the target and the data, the mask token), a draft per run from the
+recipe's :func:`~lengthwise.dflash.recipe.new_draft` at the run's seed, and
+:class:`~lengthwise.dflash.train.DFlashTask` reading the target's features from the cache
+(no target forward in a step) on :class:`~lengthwise.train.loop.TrainLoop`, one rank. The
+draft's settings are :class:`~lengthwise.dflash.train_config.DFlashTrainConfig`'s defaults
+with the overrides of :attr:`DFlashArms.train` (the real-target benchmark's shape by
+default, :data:`SHAPE`).
 
 A micro-batch's compute is counted from its blocks (:func:`draft_flops`): the draft's
 forward and backward over the padded context (``fc`` and the layers' key/value
@@ -47,7 +49,7 @@ from lengthwise.errors import ConfigError
 from experiments.arms import ArmsDesign, arm_steps, drive_arm
 from experiments.loss_log import loss_log_figures
 
-__all__ = ["SHAPE", "DFlashArms", "draft_flops", "run_dflash_arm"]
+__all__ = ["SHAPE", "DFlashArms", "draft_flops", "run_dflash_arm", "run_job"]
 
 #: the draft and micro-batch of the real-target benchmarks (2 layers fed by 2 target layers,
 #: blocks of 8, 32 anchors, micro-batches of 2,048 tokens) and their learning rate
@@ -328,3 +330,9 @@ def run_dflash_arm(job: tuple[str, str, int, str, int], design: DFlashArms, *,
             "micro_bucket": [(x.get("buckets") or [None])[0] for x in micro],
             "loss_log": loss_log_figures(loop.micro_logger.path, order=order),
             "log": str(loop.log_path), "micro_log": str(loop.micro_logger.path)}
+
+
+def run_job(args: tuple[Any, ...]) -> dict[str, Any]:
+    """:func:`run_dflash_arm` of ``(job, design, out)``: one job of a worker process."""
+    job, design, out = args
+    return run_dflash_arm(job, design, out=out)

@@ -193,3 +193,15 @@ def test_a_resume_with_no_checkpoint_keeps_an_earlier_log_and_says_what_to_do(tm
     fresh = _loop(tmp_path / "new", resume=True)  # an empty folder: nothing to lose, step 0
     _train(fresh, steps=1)
     assert fresh.resumed_from is None and fresh.step_count == 1
+
+
+def test_a_step_longer_than_grad_accum_numbers_its_micro_batch_lines_on(tmp_path):
+    """Steps formed elsewhere (``loop.batches`` replaced) may hold more micro-batches than
+    ``grad_accum``: the micro-batch log's lines still count up, one number each."""
+    from lengthwise.train.loop import StepBatches
+
+    loop = _loop(tmp_path)
+    loop.batches = StepBatches(loop.sampler, 3)  # 3 micro-batches a step, grad_accum 2
+    _train(loop, steps=4)
+    steps = [r["step"] for r in _rows(tmp_path / "micro_log.jsonl") if "event" not in r]
+    assert steps == list(range(1, 13))
