@@ -31,18 +31,32 @@ interrupted benchmark continues where it stopped when given the same ``--out``.
 The full design (:data:`FULL`): 2 arms x 2 schedules x 5 orders (sorted, random,
 bucket-random, interleave, stratified) x 5 paired seeds = 100 runs of the draft of
 :data:`experiments.dflash_arms.SHAPE` (2 layers, block 8, 32 anchors, micro-batches of
-2,048 tokens, 2 micro-batches per step), 2 epochs over the training samples, the
-held-out figures at 2 points. On SmolLM2-135M-Instruct with 93 regenerated chats (77
-training samples, 19,262 tokens; 16 held out) an epoch of random is 19 micro-batches.
+2,048 tokens, 2 micro-batches per step, peak learning rate 3e-3, the recipe's warm-up
+share 0.04), 2 epochs, the held-out figures at 2 points. On SmolLM2-135M-Instruct with
+its 93 regenerated chats (77 training samples, 19,262 tokens; 16 held out) an epoch of
+random is about 19 micro-batches, 9 steps in arm ``data``::
 
-Runtime, a measured extrapolation: about 100 minutes on two free cores with ``--workers
-2``. See :data:`TIMING` (from the check run on that cache, one thread per run).
+    python benchmarks/order_arms_dflash.py --prepared /work/cache/smol/prepared120 \
+        --target /work/cache/smol/target --features /work/cache/smol/fc/features \
+        --workers 2 --full-only --out /tmp/order-arms-dflash
+
+Runtime, a measured extrapolation: about 95 minutes on two free cores with ``--workers
+2``. One run at the full size (arm ``data``, cosine, random, seed 0; 18 steps, 50
+micro-batches, 7.20 TFLOP of draft compute, 3 held-out passes), one thread, measured on
+this machine: 99.2 s of CPU in its training loop and evaluations (13.8 CPU seconds per
+TFLOP), 112.3 s of CPU in all (target and cache loaded, budget counted). Every run of
+the design counts about 7.2 TFLOP (arm ``compute``: the budget, 7.24 TFLOP; arm
+``data``: each order's steps, within 2 % of random's), so the 100 runs take about
+100 x 112 = 11,200 CPU seconds: 94 min on two workers. The cores were shared with other
+jobs during the measurement (595 s of wall time for 112 s of CPU); shared like that the
+full run takes about five times as long.
 
 :data:`CHECK` is a reduced design (3 orders, 1 seed, the cosine schedule, both arms, 1
-epoch of the first 24 training samples, 8 held out: 6 runs) whose figures are
-committed under ``check``; ``tests/test_order_arms_dflash.py`` runs the same design's
-shape on a tiny random target and checks its invariants. Wall seconds depend on the
-machine and its load: shown, never compared.
+epoch of the first 24 training samples, 8 held out: 6 runs) whose figures on the cache
+above are committed under ``check`` (``--check-only``: 2 min of CPU, 10 min of wall time
+on the shared machine); ``--check`` reruns it and compares. ``tests/test_order_arms_dflash.py``
+runs the same design (2 epochs) on a tiny random target and checks its invariants. Wall
+seconds depend on the machine and its load: shown, never compared.
 """
 
 from __future__ import annotations

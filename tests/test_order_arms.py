@@ -412,8 +412,10 @@ def test_the_check_run_keeps_the_designs_promises(script, check, tmp_path):
             axis = [p["flops"] for p in row["curve"]]
             assert axis == sorted(axis) and axis[0] > 0
     # the figures as written are strict JSON (one seed's NaN intervals as null)
+    from experiments.saved import write
+
     path = tmp_path / "check.json"
-    script.write({"check": check}, path)
+    write({"check": check}, path)
 
     def refuse(name):
         raise ValueError(f"{name} in the written figures")
