@@ -49,7 +49,8 @@ from lengthwise.errors import ConfigError
 from experiments.arms import ArmsDesign, arm_steps, drive_arm
 from experiments.loss_log import loss_log_figures
 
-__all__ = ["SHAPE", "DFlashArms", "draft_flops", "run_dflash_arm", "run_job"]
+__all__ = ["SHAPE", "DFlashArms", "draft_flops", "run_dflash_arm", "run_job",
+           "tokens_per_second"]
 
 #: the draft and micro-batch of the real-target benchmarks (2 layers fed by 2 target layers,
 #: blocks of 8, 32 anchors, micro-batches of 2,048 tokens) and their learning rate
@@ -132,14 +133,14 @@ class _Context:
 
 @lru_cache(maxsize=2)
 def _context(prepared: str, target: str, eval_samples: int, data_seed: int,
-             train_samples: int | None, train: tuple[tuple[str, Any], ...]) -> _Context:
+             train_samples: int | None, train: str) -> _Context:
     from lengthwise.dflash.prepared import open_prepared
     from lengthwise.dflash.recipe import RunSettings, _split
     from lengthwise.dflash.target import load_tokenizer
     from lengthwise.dflash.train_config import DFlashTrainConfig
 
     data = open_prepared(prepared)
-    cfg = DFlashTrainConfig(**dict(train), seed=data_seed, steps=1)
+    cfg = DFlashTrainConfig(**json.loads(train), seed=data_seed, steps=1)
     split = _split(data, cfg, RunSettings(target=target, data=prepared,
                                           eval_samples=eval_samples))
     if train_samples is not None:
@@ -151,7 +152,7 @@ def _context(prepared: str, target: str, eval_samples: int, data_seed: int,
 def context(design: DFlashArms) -> _Context:
     """The shared data of ``design`` (made once per process)."""
     return _context(design.prepared, design.target, design.eval_samples, design.data_seed,
-                    design.train_samples, tuple(sorted(design.train.items())))
+                    design.train_samples, json.dumps(design.train, sort_keys=True))
 
 
 def step_flops(draft_config: Any, vocab: int) -> Any:
@@ -216,7 +217,7 @@ def budgets(design: DFlashArms, task: Any, sample: Any, flops: Any, batch: int,
     from experiments.arms import _units
 
     key = (design.prepared, design.eval_samples, design.train_samples, design.data_seed,
-           design.epochs, batch, tuple(sorted(design.train.items())))
+           design.epochs, batch, json.dumps(design.train, sort_keys=True))
     if key in _BUDGETS:
         return dict(_BUDGETS[key])
     lengths = context(design).split.lengths
@@ -251,6 +252,21 @@ def held_out(task: Any, held: list[Any], *, seed: int, temperature: float) -> di
             "simulated_acceptance": _finite(ev.simulated_acceptance_length),
             "alpha": [_finite(x) for x in ev.alpha or []],
             "expected_acceptance": _finite(ev.expected_acceptance)}
+
+
+def tokens_per_second(records: list[dict[str, Any]], warmup: int) -> float | None:
+    """Real tokens trained per second of the steps after the first ``warmup`` (all of them
+    when the run is no longer), as ``tokens_per_second`` of METRICS.md.
+
+    Example::
+
+        >>> recs = [{"real_tokens": 10, "seconds": 5.0}, {"real_tokens": 30, "seconds": 1.0}]
+        >>> tokens_per_second(recs, 1), round(tokens_per_second(recs, 2), 3)
+        (30.0, 6.667)
+    """
+    timed = records[warmup:] if len(records) > warmup else records
+    seconds = sum(float(r["seconds"]) for r in timed)
+    return sum(int(r["real_tokens"]) for r in timed) / seconds if seconds > 0 else None
 
 
 def _finite(x: Any) -> float | None:
@@ -320,8 +336,7 @@ def run_dflash_arm(job: tuple[str, str, int, str, int], design: DFlashArms, *,
             **{k: final[k] for k in ("eval_loss", "eval_accuracy", "slot_accuracy",
                                      "simulated_acceptance", "expected_acceptance")},
             "expected_acceptance_t1": hot["expected_acceptance"], "alpha_t1": hot["alpha"],
-            "tokens_per_second": (trained["real_tokens"] / trained["train_seconds"]
-                                  if trained["train_seconds"] else None),
+            "tokens_per_second": tokens_per_second(records, cfg.timing_warmup),
             "skipped_steps": sum(bool(r.get("skipped")) for r in records),
             "edges": [int(e) for e in sampler.edges or []],
             "epochs_seen": trained["real_tokens"] / float(split.lengths.sum()),
