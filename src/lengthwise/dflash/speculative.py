@@ -210,13 +210,19 @@ def speculative_batch(draft: Any, target: Any, prompts: list[list[int]], *,
         embeds = block_inputs(draft, target, anchors, torch.zeros_like(anchors), b)
         block_pos = lens.unsqueeze(1) + slots
         mask = block_attention_mask(lens.unsqueeze(1), torch.zeros_like(anchors), longest, b)
-        hidden = draft(None, embeds, block_pos, mask, context_kv=context_kv)
-        # every slot through the head, the anchor's too: B rows a prompt (a multiple of 8
-        # for blocks of 8 or 16) run faster on CPU BLAS than the B - 1 proposals alone
-        draft_logits = target.lm_head(hidden.to(target.lm_head.weight.dtype))[:, 1:]
-        proposal, q = _pick(draft_logits, temperature, generator)
-        if lookup_ngram:
-            _with_lookup(rows, proposal, q, lookup_ngram)
+        found = _lookup(rows, b - 1, lookup_ngram) if lookup_ngram else {}
+        if found and all(rows.done[r] or len(found.get(r, ())) == b - 1 for r in range(n)):
+            # prompt lookup fills every active row's block: the draft is not needed
+            proposal = torch.zeros(n, b - 1, dtype=torch.long, device=dev)
+            q = (None if temperature == 0 else
+                 torch.zeros(n, b - 1, target.lm_head.weight.shape[0], device=dev))
+        else:
+            hidden = draft(None, embeds, block_pos, mask, context_kv=context_kv)
+            # every slot through the head, the anchor's too: B rows a prompt (a multiple of
+            # 8 for blocks of 8 or 16) run faster on CPU BLAS than the B - 1 proposals alone
+            draft_logits = target.lm_head(hidden.to(target.lm_head.weight.dtype))[:, 1:]
+            proposal, q = _pick(draft_logits, temperature, generator)
+        _overlay(found, proposal, q)
         block = torch.cat([anchors, proposal], dim=1)
         valid = torch.cat([valid, active.long().unsqueeze(1).expand(n, b)], dim=1)
         out = model(input_ids=block, attention_mask=valid, position_ids=block_pos,
@@ -238,20 +244,22 @@ def speculative_batch(draft: Any, target: Any, prompts: list[list[int]], *,
     return rows.gens
 
 
-def _with_lookup(rows: _Rows, proposal: torch.Tensor, q: torch.Tensor | None,
-                 max_ngram: int) -> None:
-    """Replace, in place, the first proposals of each row that prompt lookup finds a
-    continuation for (their distribution ``q``, when sampling, a point mass)."""
+def _lookup(rows: _Rows, num_tokens: int, max_ngram: int) -> dict[int, list[int]]:
+    """Prompt lookup's proposal of each active row that finds one (its first tokens)."""
     from lengthwise.dflash.lookup import lookup_candidates
 
-    for r, seq in enumerate(rows.seqs):
-        if rows.done[r]:
-            continue
-        found = lookup_candidates(seq, proposal.shape[1], max_ngram)
-        if not found:
-            continue
-        k = len(found)
-        proposal[r, :k] = torch.tensor(found, device=proposal.device)
+    found = {r: lookup_candidates(seq, num_tokens, max_ngram)
+             for r, seq in enumerate(rows.seqs) if not rows.done[r]}
+    return {r: f for r, f in found.items() if f}
+
+
+def _overlay(found: dict[int, list[int]], proposal: torch.Tensor,
+             q: torch.Tensor | None) -> None:
+    """Replace, in place, the first proposals of each row by prompt lookup's (their
+    distribution ``q``, when sampling, a point mass)."""
+    for r, tokens in found.items():
+        k = len(tokens)
+        proposal[r, :k] = torch.tensor(tokens, device=proposal.device)
         if q is not None:
             q[r, :k] = 0
             q[r, torch.arange(k, device=q.device), proposal[r, :k]] = 1
