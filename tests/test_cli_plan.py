@@ -90,7 +90,7 @@ def test_user_errors_are_one_line(tmp_path):
     _one_line_error(_run("plan", "coqa", "--buckets", "0,900"), "bucket edges must be >= 1")
     _one_line_error(_run("plan", "coqa", "--layout", "pack", "--order", "sorted"),
                     "layout='pack' supports order in")
-    _one_line_error(_run("plan", "coqa", "--on-overflow", "split"), "needs --layout pack")
+    _one_line_error(_run("plan", "coqa", "--on-overflow", "split"), "it needs layout='pack'")
     (tmp_path / "bin.txt").write_bytes(b"\xff\xfe\x00")
     _one_line_error(_run("plan", str(tmp_path / "bin.txt")), "not UTF-8 text")
 

@@ -93,7 +93,7 @@ def test_plan_is_a_pure_function_of_inputs_and_changes_every_epoch():
 
 def test_same_plan_in_another_process():
     code = ("import zlib, lengthwise as lw; p = lw.plan_epoch(lw.load_lengths('sft_mix', "
-            "max_len=8192), max_tokens=16384, world_size=8, seed=7, epoch=1); "
+            "max_len=8192), lw.PlanConfig(max_tokens=16384, world_size=8), seed=7, epoch=1); "
             "print(zlib.crc32(p.indices.tobytes()), zlib.crc32(p.offsets.tobytes()))")
     out = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True).stdout for _ in range(2)]

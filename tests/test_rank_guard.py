@@ -76,20 +76,20 @@ def test_a_rank_another_process_has_is_refused(clean_env, world, rank):
 WORKER = """
 import json, os, sys
 import torch.distributed as dist
-from lengthwise.pytorch.sampler import BucketBatchSampler
+from lengthwise import BucketBatchSampler, PlanConfig
 lengths = list(range(1, 41))
 out = {}
 try:
-    BucketBatchSampler(lengths, batch_size=4)          # before init_process_group
+    BucketBatchSampler(lengths, PlanConfig(batch_size=4))  # before init_process_group
     out["early"] = None
 except ValueError as exc:
     out["early"] = str(exc)
 dist.init_process_group("gloo")
-sampler = BucketBatchSampler(lengths, batch_size=4)    # after: the group's size and rank
+sampler = BucketBatchSampler(lengths, PlanConfig(batch_size=4))  # after: the group's size, rank
 out["batches"] = [b for b in sampler]
 out["replicas"] = sampler.num_replicas
 try:
-    BucketBatchSampler(lengths, batch_size=4, num_replicas=2, rank=0)   # rank 0 on both
+    BucketBatchSampler(lengths, PlanConfig(batch_size=4), num_replicas=2, rank=0)  # rank 0 on both
     out["rank0"] = None
 except ValueError as exc:
     out["rank0"] = str(exc)

@@ -169,7 +169,7 @@ def test_import_lengthwise_works_without_torch():
     code = (
         "import sys; sys.modules['torch'] = None\n"
         "import lengthwise\n"
-        "p = lengthwise.plan_epoch([3, 5, 2, 7], batch_size=2)\n"
+        "p = lengthwise.plan_epoch([3, 5, 2, 7], lengthwise.PlanConfig(batch_size=2))\n"
         "assert p.num_batches == 2\n"
         "try:\n"
         "    lengthwise.BucketBatchSampler\n"

@@ -64,8 +64,8 @@ def check_buckets(buckets) -> int | str | tuple[int, ...]:
         try:
             parts = [int(x) for x in buckets.split(",") if x.strip()]
         except ValueError:
-            raise ConfigError(f"buckets must be a count, 'auto' or edges E1,E2,...: edges must be "
-                              f"integers, got {buckets!r}") from None
+            raise ConfigError(f"buckets must be a count, 'auto' or a list of edges (as text "
+                              f"E1,E2,...: edges must be integers), got {buckets!r}") from None
         buckets = parts if "," in buckets else parts[0] if parts else buckets
     if isinstance(buckets, str):
         if buckets != "auto":

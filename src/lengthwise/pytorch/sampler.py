@@ -122,17 +122,22 @@ class BucketBatchSampler(Sampler[list[int]]):
     #: ``BatchSamplerShard``) not to expect a fixed one
     batch_size = None
 
+    def __new__(cls, lengths: Any = None, *args: Any, **kwargs: Any) -> BucketBatchSampler:
+        # Lightning rebuilds a batch sampler as cls(its DistributedSampler, batch_size=...,
+        # drop_last=...): named before those arguments are refused
+        if isinstance(lengths, Sampler):
+            raise ConfigError(
+                f"{cls.__name__} got a {type(lengths).__name__} as its lengths: PyTorch "
+                "Lightning's Trainer rebuilds batch samplers around its own sampler; use "
+                "lengthwise.lightning.LightningBatchSampler, or Trainer(use_distributed_sampler="
+                "False) with lengthwise.lightning.LengthwiseCallback")
+        return super().__new__(cls)
+
     def __init__(self, lengths: Any, config: PlanConfig, *, seed: int = 0,
                  num_replicas: int | None = None, rank: int | None = None,
                  yield_rows: bool = False, window: int | str | None = "auto",
                  check_world_size: bool = True) -> None:
         super().__init__()
-        if isinstance(lengths, Sampler):  # Lightning rebuilding it around its DistributedSampler
-            raise ConfigError(
-                f"BucketBatchSampler got a {type(lengths).__name__} as its lengths: PyTorch "
-                "Lightning's Trainer rebuilds batch samplers around its own sampler; use "
-                "lengthwise.lightning.LightningBatchSampler, or Trainer(use_distributed_sampler="
-                "False) with lengthwise.lightning.LengthwiseCallback")
         if not isinstance(config, PlanConfig):
             raise TypeError(f"config must be a lengthwise.PlanConfig, got {config!r}")
         #: yield each micro-batch as a list of packed rows (lists of indices); wrap the data
