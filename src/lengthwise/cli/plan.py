@@ -201,7 +201,9 @@ def run(args: argparse.Namespace) -> int:
         args.max_tokens = None
     config = config_from_args(PlanConfig, args)
     if args.layout == "pack" and args.buckets != "auto":
-        raise ConfigError(f"--buckets {args.buckets} sets the buckets of padded rows, but "
+        edges = args.buckets
+        given = ",".join(map(str, edges)) if isinstance(edges, tuple) else edges
+        raise ConfigError(f"--buckets {given} sets the buckets of padded rows, but "
                           "--layout pack has no buckets; leave --buckets out, or use --layout pad")
     if args.layout == "pack" and args.pad_multiple != 1:
         raise ConfigError(f"--pad-multiple {args.pad_multiple} rounds padded rows up, but "
