@@ -198,7 +198,7 @@ def timing_section(base: np.ndarray, n: int, repeats: int) -> dict:
         plan = plan_epoch(lengths,
                           PlanConfig(max_tokens=CAPACITY, layout="pack", world_size=8, grad_accum=8,
                                      cost=ATTENTION),
-                           epoch=r)
+                          epoch=r)
         walls.append(time.perf_counter() - t0)
         cpus.append(time.process_time() - c0)
         if stats is None:

@@ -97,7 +97,7 @@ def test_plan_collator_never_exceeds_the_budget(lengths, max_tokens, max_len, pa
                                      PlanConfig(max_tokens=max_tokens, max_len=max_len,
                                                 pad_multiple=pad_multiple, layout=layout,
                                                 order=order, world_size=world),
-                                      seed=seed)
+                                     seed=seed)
     except ValueError as exc:  # too few samples for the ranks: a clear error, not a batch
         assert "ranks" in str(exc)
         return

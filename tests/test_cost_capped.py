@@ -85,7 +85,7 @@ def test_plans_priced_with_the_capped_term_keep_every_sample_once_and_the_budget
     plan = plan_epoch(lens,
                       PlanConfig(max_tokens=4096, cost=STEP, world_size=world, grad_accum=accum,
                                  balance="level" if level else "none"),
-                       seed=seed)
+                      seed=seed)
     rows = np.diff(plan.offsets)
     longest = np.maximum.reduceat(lens[plan.indices], plan.offsets[:-1])
     assert (rows * longest <= 4096).all()

@@ -71,7 +71,7 @@ def test_interleave_respects_max_run(k, world_size, max_run, seed):
     plan = plan_epoch(lengths,
                       PlanConfig(batch_size=4, buckets=edges, order="interleave",
                                  world_size=world_size, max_run=max_run),
-                       seed=seed)
+                      seed=seed)
     for rank in range(world_size):
         tags = plan.bucket[rank::world_size]
         counts = np.bincount(tags)

@@ -135,7 +135,7 @@ def test_random_windowed_configs_collate_within_the_budget(n, world, layout, win
             sampler = BucketBatchSampler(lens,
                                          PlanConfig(max_tokens=max_tokens, max_len=max_len,
                                                     layout=layout, order=order),
-                                          num_replicas=world, rank=rank, window=window, seed=seed,
+                                         num_replicas=world, rank=rank, window=window, seed=seed,
                                          yield_rows=yield_rows)
             try:
                 for ids, batch in _collate_epoch(sampler, lens):
