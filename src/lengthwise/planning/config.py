@@ -120,8 +120,8 @@ class PlanConfig:
     grad_accum: int = _option(1, "micro-batches accumulated per optimizer step on each rank",
                               metavar="G")
     max_run: int = _option(3, "interleave: longest run of one bucket on a rank", metavar="R")
-    max_len: int | None = _option(None, "longest sample kept, in tokens (none: no limit but the "
-                                  "budget)", type=int, metavar="N")
+    max_len: int | None = _option(None, "longest sample kept, in tokens; none: one row of the "
+                                  "budget is the limit", type=int, metavar="N")
     pad_multiple: int = _option(1, "round padded lengths up to a multiple of M; padded layout "
                                 "only", metavar="M")
     on_overflow: OverflowPolicy = _option(
