@@ -40,7 +40,7 @@ import numpy as np
 
 from lengthwise import __version__
 from lengthwise.doctor import diagnose
-from lengthwise.doctor.mechanisms import apparent_period, megabatch_steps
+from lengthwise.doctor.context import apparent_period, megabatch_steps
 from lengthwise.doctor.readers import jsonl as jsonl_reader
 from lengthwise.doctor.readers import read_log
 

@@ -41,8 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.doctor.numbers import significant
-from lengthwise.doctor.smoothing import ROUGHNESS_WINDOW, local_linear, log_scale, odd
+from lengthwise.doctor.numeric import ROUGHNESS_WINDOW, local_linear, log_scale, odd, significant
 
 ALPHA = 0.05
 BOOTSTRAP = 199

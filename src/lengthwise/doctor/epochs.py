@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lengthwise.doctor.numbers import num, significant
+from lengthwise.doctor.numeric import num, significant
 
 ALPHA = 0.01
 #: a staircase read from the loss alone is epochs only when at most this many epochs fit the log

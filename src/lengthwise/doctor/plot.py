@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lengthwise.atomic import atomic_path
+from lengthwise.doctor.curve import roughness_residual
 from lengthwise.doctor.errors import PlotUnavailableError
-from lengthwise.doctor.smoothing import ROUGHNESS_WINDOW
-from lengthwise.doctor.stats import roughness_residual
+from lengthwise.doctor.numeric import ROUGHNESS_WINDOW
 
 if TYPE_CHECKING:
     from lengthwise.doctor.report import Report, Series

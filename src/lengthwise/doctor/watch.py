@@ -58,7 +58,7 @@ class Watcher:
     def __init__(self, path: str | os.PathLike[str], *, options: Mapping[str, Any] | None = None,
                  cooldown: float = DEFAULT_COOLDOWN, out: TextIO | None = None,
                  diagnose: Callable[..., Any] | None = None) -> None:
-        from lengthwise.doctor.api import diagnose as run
+        from lengthwise.doctor.analyses import diagnose as run
 
         self.path = Path(path)
         self.options = dict(options or {})

@@ -28,13 +28,6 @@ from typing import Any
 import numpy as np
 
 from lengthwise.doctor.errors import EmptyLogError, UnreadableLogError
-from lengthwise.doctor.readers.restarts import (
-    describe_restarts,
-    mark_logged_resumes,
-    pauses,
-    resolve_restarts,
-    step_order,
-)
 from lengthwise.doctor.runlog import (
     BUCKET_FIELDS,
     CHECKPOINT_EVENTS,
@@ -43,6 +36,11 @@ from lengthwise.doctor.runlog import (
     RESUME_EVENT,
     InputSummary,
     RunLog,
+    describe_restarts,
+    mark_logged_resumes,
+    pauses,
+    resolve_restarts,
+    step_order,
 )
 
 LOSS_ALIASES: tuple[str, ...] = (
