@@ -48,6 +48,24 @@ ONE_MICRO_BATCH_FIX = (
     "each step holds one micro-batch, drawn from one length bucket, whatever the order: "
     "more micro-batches per step (gradient accumulation, or more ranks) average the buckets' "
     "levels in the step loss; the order cannot")
+#: a period whose length matches a mechanism: finding, claim, score factor and fixes ({p}: the
+#: period, {what}: the mechanism)
+PERIOD_CAUSES: dict[str, tuple[str, str, float, list[str]]] = {
+    "megabatch": ("sorted_batches_cycle", "loss cycles every {p} steps: the mega-batch cycle of "
+                  "length-grouped batches (e.g. group_by_length)", 1.0,
+                  ["draw batches in random or stratified order instead of sorted runs: "
+                   "`lengthwise plan --order stratified`"]),
+    "epoch": ("epoch_cycle", "loss cycles once per epoch ({p} steps)", 1.0,
+              ["shuffle the data anew every epoch; a cycle that repeats each epoch "
+               "follows the data order (or memorisation when it steps down)"]),
+    **{what: ("{what}_cycle", "loss cycles every {p} steps, the {what} interval", 1.0,
+              ["check that the {what} does not reset the data loader, RNG or "
+               "optimizer state, or leave the model in eval mode"])
+       for what in ("checkpoint", "evaluation")},
+    "lr_restarts": ("schedule_restarts", "loss cycles every {p} steps with the learning-rate "
+                    "restarts", 0.5, ["expected with a restarting schedule; use a schedule "
+                                      "without restarts if the jumps hurt"]),
+}
 PHASE_WORDS = {"warm-up": "in the lr warm-up", "early": "in early training",
                "stable": "in the stable region"}
 
@@ -513,36 +531,14 @@ def _period_cause(d: Diagnosis, attr_ev: list[str], confirm: list[str]) -> Findi
     score = min(1.0, 2.0 * share)
     where, figures = _region(d), _figures(period=period, error=per.period_error,
                                           p_value=per.p_value, share=share)
-    if match.mechanism == "megabatch":
-        return Finding(
-            name="sorted_batches_cycle", figures=figures,
-            claim=f"loss cycles every {fmt_num(period)} steps: the mega-batch cycle of "
-            "length-grouped batches (e.g. group_by_length)",
-            score=score, where=where, evidence=ev + attr_ev,
-            fix=["draw batches in random or stratified order instead of sorted runs: "
-                 "`lengthwise plan --order stratified`", *confirm])
-    if match.mechanism == "epoch":
-        return Finding(
-            name="epoch_cycle", figures=figures,
-            claim=f"loss cycles once per epoch ({fmt_num(period)} steps)",
-            score=score, where=where, evidence=ev,
-            fix=["shuffle the data anew every epoch; a cycle that repeats each epoch "
-                 "follows the data order (or memorisation when it steps down)"])
-    if match.mechanism in ("checkpoint", "evaluation"):
-        what = match.mechanism
-        return Finding(
-            name=f"{what}_cycle", figures=figures,
-            claim=f"loss cycles every {fmt_num(period)} steps, the {what} interval",
-            score=score, where=where, evidence=ev,
-            fix=[f"check that the {what} does not reset the data loader, RNG or "
-                 "optimizer state, or leave the model in eval mode"])
-    if match.mechanism == "lr_restarts":
-        return Finding(
-            name="schedule_restarts", figures=figures,
-            claim=f"loss cycles every {fmt_num(period)} steps with the learning-rate restarts",
-            score=0.5 * score, where=where, evidence=ev,
-            fix=["expected with a restarting schedule; use a schedule without "
-                 "restarts if the jumps hurt"])
+    cause = PERIOD_CAUSES.get(match.mechanism or "")
+    if cause is not None:
+        name, claim, factor, fix = cause
+        cycle = match.mechanism == "megabatch"  # the one the attribution's evidence confirms
+        what = {"p": fmt_num(period), "what": match.mechanism}
+        return Finding(name=name.format(**what), figures=figures, claim=claim.format(**what),
+                       score=factor * score, where=where, evidence=ev + attr_ev if cycle else ev,
+                       fix=[f.format(**what) for f in fix] + (confirm if cycle else []))
     fixes = [match.missing] if match.missing else []
     return Finding(
         name="periodic_unknown", figures=figures,

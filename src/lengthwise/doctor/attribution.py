@@ -260,7 +260,6 @@ def attribute(
     loss: np.ndarray,
     buckets: list[Any] | None = None,
     length: np.ndarray | None = None,
-    bucket_field: str = "bucket",
     length_field: str | None = None,
     rng: np.random.Generator | None = None,
     structure_found: bool = False,
@@ -274,7 +273,7 @@ def attribute(
     rng = np.random.default_rng(0) if rng is None else rng
     fields: dict[str, Any] = {"logged_bucket_loss": logged_bucket_loss}
     if buckets is not None:
-        fields.update(_bucket_fields(resid, loss, buckets, bucket_field, rng))
+        fields.update(_bucket_fields(resid, loss, buckets, rng))
     if length is not None:
         fields.update(_length_fields(resid, length, length_field, rng))
     if structure_found and "bucket_r2" not in fields and "length_r2" not in fields:
@@ -285,7 +284,7 @@ def attribute(
 
 
 def _bucket_fields(
-    resid: np.ndarray, loss: np.ndarray, buckets: list[Any], bucket_field: str,
+    resid: np.ndarray, loss: np.ndarray, buckets: list[Any],
     rng: np.random.Generator,
 ) -> dict[str, Any]:
     """The bucket part of an attribution: R^2 of the bucket shares, its p-value, per bucket."""
@@ -312,11 +311,11 @@ def _bucket_fields(
             # steps that (almost) all hold one bucket, e.g. sorted steps that straddle an edge
             # now and then, are single-bucket steps to a reader
             mostly_single = float(s.max(axis=1).mean()) >= MOSTLY_SINGLE
-        return dict(bucket_field=bucket_field, bucket_r2=r2, bucket_p_value=p,
+        return dict(bucket_field="bucket", bucket_r2=r2, bucket_p_value=p,
                     bucket_r2_chance=chance, single_bucket=bool(mostly_single),
                     bucket_groups=len(ids), per_bucket=_per_bucket(ids, codes, y, loss[has]))
     if has.sum():
-        return dict(bucket_field=bucket_field,
+        return dict(bucket_field="bucket",
                     note="every step holds the same bucket: nothing to attribute")
     return {}
 

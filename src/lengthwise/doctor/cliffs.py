@@ -115,12 +115,12 @@ class Cliff:
 
 
 def cliff_threshold(
-    resid: np.ndarray, noise: float, z: float = CLIFF_Z, floor: float = 0.0
+    resid: np.ndarray, noise: float, floor: float = 0.0
 ) -> float:
     """Height above the running level that makes a cliff, for one stretch of residuals.
 
     The upper fence ``q95 + FENCE x (q95 - q75)`` of the residuals, capped at
-    ``z`` robust noise scales (1.4826 x MAD). For Gaussian noise the fence is
+    ``CLIFF_Z`` robust noise scales (1.4826 x MAD). For Gaussian noise the fence is
     5.5 scales; for banded losses (whose MAD the bands inflate) it sits just
     above the top band; for heavy-tailed noise it grows with the tail up to the
     cap, and the cap keeps a long excursion (which inflates the quantiles) a cliff.
@@ -129,13 +129,14 @@ def cliff_threshold(
     """
     q75, q95 = np.quantile(resid, [0.75, 0.95])
     fence = float(q95 + FENCE * (q95 - q75))
-    return float(max(min(z * noise, fence), floor * noise))
+    return float(max(min(CLIFF_Z * noise, fence), floor * noise))
 
 
 def local_thresholds(
-    resid: np.ndarray, z: float = CLIFF_Z, block: int | None = None
+    resid: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per-point cliff threshold from blocks of ``block`` points (interpolated between them).
+    """Per-point cliff threshold from blocks of a twentieth of the points (at least
+    ``MIN_BLOCK``), interpolated between them.
 
     The noise of a run changes (it shrinks as the loss falls, and again at each
     epoch of a multi-epoch fine-tune), so thresholds are local. Returns the
@@ -143,7 +144,7 @@ def local_thresholds(
     among the ordinary fluctuations has recovered).
     """
     n = resid.size
-    block = max(MIN_BLOCK, n // 20) if block is None else block
+    block = max(MIN_BLOCK, n // 20)
     bounds = list(range(0, n, block)) + [n]
     if len(bounds) > 2 and bounds[-1] - bounds[-2] < block // 2:
         bounds.pop(-2)
@@ -156,7 +157,7 @@ def local_thresholds(
         if not np.isfinite(sigma) or sigma <= 0:
             sigma = float(np.std(r)) or 1e-12
         centres.append(0.5 * (a + b - 1))
-        values.append(cliff_threshold(r, sigma, z, floor=SHORT_FLOOR_Z if r.size < SHORT else 0))
+        values.append(cliff_threshold(r, sigma, floor=SHORT_FLOOR_Z if r.size < SHORT else 0))
         upper.append(min(float(np.quantile(r, 0.9)), RECOVERY_Z * sigma))
     x = np.arange(n)
     return np.interp(x, centres, values), np.interp(x, centres, upper)
@@ -168,8 +169,6 @@ def find_cliffs(
     region: np.ndarray,
     *,
     search: np.ndarray | None = None,
-    z: float = CLIFF_Z,
-    window: int = ROUGHNESS_WINDOW,
     context: CliffContext | None = None,
 ) -> tuple[list[Cliff], np.ndarray, float]:
     """Cliffs of a finite loss series, with the noise scale measured over ``region``.
@@ -185,10 +184,10 @@ def find_cliffs(
     mask = np.zeros(n, dtype=bool)
     if n < 10 or region.sum() < 10:
         return [], mask, float("nan")
-    window = min(window, odd(max(11, n // 6)))
+    window = min(ROUGHNESS_WINDOW, odd(max(11, n // 6)))
     level = _baseline(loss, window)
     resid = loss - level
-    threshold, recover = local_thresholds(resid, z)
+    threshold, recover = local_thresholds(resid)
     noise = _noise_scale(resid[region])
     hits = np.flatnonzero(search & (resid > threshold))
     cliffs: list[Cliff] = []
@@ -370,7 +369,6 @@ def associate(
     *,
     interval: float,
     source: str | None = "events",
-    alpha: float = ALPHA,
     save_seconds_mean: float | None = None,
     throughput_ratio: float | None = None,
     every: float | None = None,
@@ -413,7 +411,7 @@ def associate(
                                      note="no checkpoint inside the analysed steps", **base)
     p = hypergeom_sf(aligned, total, good, min(draws, total))
     return CheckpointAssociation(
-        associated=bool(p < alpha),
+        associated=bool(p < ALPHA),
         p_value=p,
         aligned=aligned,
         expected_aligned=draws * good / total,

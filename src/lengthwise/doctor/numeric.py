@@ -93,10 +93,10 @@ ROUGHNESS_WINDOW = 51
 _MEDIAN_CHUNK = 1 << 16
 
 
-def odd(n: float, lo: int = 1) -> int:
-    """``n`` rounded down to an odd integer, at least ``lo``."""
-    k = max(int(n), lo)
-    return k if k % 2 else k - 1 if k - 1 >= lo else k + 1
+def odd(n: float) -> int:
+    """``n`` rounded down to an odd integer, at least 1."""
+    k = max(int(n), 1)
+    return k if k % 2 else k - 1
 
 
 def rolling_mean(y: np.ndarray, window: int, valid: np.ndarray | None = None) -> np.ndarray:

@@ -192,7 +192,6 @@ def find_periodicity(
     interval: float,
     max_period: float | None = None,
     window: int = 0,
-    alpha: float = ALPHA,
 ) -> Periodicity:
     """Dominant period (in steps, via ``interval``) of an evenly logged detrended series."""
     x = np.asarray(resid, dtype=np.float64)
@@ -216,16 +215,16 @@ def find_periodicity(
     q = ks.size
     best = int(ks[np.argmax(ratio)])
     p_best = _pvalue(float(ratio.max()), q)
-    fundamental = _fundamental(best, ks, ratio, q, alpha)
-    candidates = _candidates(power, floor, ks, ratio, q, alpha, interval, n)
-    bands = _band_peaks(ratio, q, alpha)
+    fundamental = _fundamental(best, ks, ratio, q)
+    candidates = _candidates(power, floor, ks, ratio, q, interval, n)
+    bands = _band_peaks(ratio, q)
     for i, p_i in bands:
         band_period = n / int(ks[i]) * interval
         if not any(abs(c["period"] - band_period) <= 0.01 * band_period for c in candidates):
             candidates.append({"period": round(band_period, 3), "p_value": significant(p_i)})
     period_pts, acf_at = _refine(acf, n / fundamental)
     share = _harmonic_share(power, fundamental, k_lo, k_hi)
-    found = p_best < alpha and acf_holds(acf_at, n)
+    found = p_best < ALPHA and acf_holds(acf_at, n)
     return Periodicity(
         period=period_pts * interval if found else None,
         p_value=p_best,
@@ -246,7 +245,7 @@ def find_periodicity(
 BAND = 5
 
 
-def _band_peaks(ratio: np.ndarray, q: int, alpha: float) -> list[tuple[int, float]]:
+def _band_peaks(ratio: np.ndarray, q: int) -> list[tuple[int, float]]:
     """Up to three significant bands of ``BAND`` adjacent ordinates (centre, p), strongest first.
 
     A cycle whose length wanders a little (a data order read in shards) spreads its
@@ -266,7 +265,7 @@ def _band_peaks(ratio: np.ndarray, q: int, alpha: float) -> list[tuple[int, floa
         r = float(sums[at])
         tail = math.exp(-r) * sum(r**i / math.factorial(i) for i in range(BAND))
         p = 1.0 if tail >= 1.0 else float(-math.expm1(q * math.log1p(-tail)))
-        if p >= alpha or len(out) >= 3:
+        if p >= ALPHA or len(out) >= 3:
             break
         if all(abs(at + BAND // 2 - c) > BAND for c, _ in out):
             out.append((at + BAND // 2, p))
@@ -344,7 +343,6 @@ def periodicity_of(
     *,
     interval: float,
     note: str = "",
-    rng: np.random.Generator | None = None,
 ) -> Periodicity:
     """Periodicity of a stable-region loss series (cliff points left out of the trend).
 
@@ -364,13 +362,13 @@ def periodicity_of(
         if note:
             res = replace(res, note=note)
         return res
-    return _fold_periodicity(rw, window, interval, note, rng)
+    return _fold_periodicity(rw, window, interval, note)
 
 
 def _fold_periodicity(
-    rw: np.ndarray, window: int, interval: float, note: str, rng: np.random.Generator | None
+    rw: np.ndarray, window: int, interval: float, note: str
 ) -> Periodicity:
-    rng = np.random.default_rng(0) if rng is None else rng
+    rng = np.random.default_rng(0)
     n = rw.size
     x = rw - rw.mean()
     acf = autocorrelation(x, max(1, n // 2))
@@ -394,13 +392,13 @@ def _fold_periodicity(
     )
 
 
-def _fundamental(best: int, ks: np.ndarray, ratio: np.ndarray, q: int, alpha: float) -> int:
+def _fundamental(best: int, ks: np.ndarray, ratio: np.ndarray, q: int) -> int:
     """Lowest significant peak frequency of which ``best`` is a harmonic (else ``best``).
 
     A sawtooth or any non-sinusoidal cycle puts power at multiples of its
     frequency, and a higher harmonic can stand out more than the fundamental.
     """
-    significant = ks[ratio > _threshold(q, alpha)].tolist()
+    significant = ks[ratio > _threshold(q)].tolist()
     for k in sorted(significant):
         if k >= best:
             break
@@ -410,17 +408,17 @@ def _fundamental(best: int, ks: np.ndarray, ratio: np.ndarray, q: int, alpha: fl
     return best
 
 
-def _threshold(q: int, alpha: float) -> float:
-    """The ratio above which a peak among ``q`` is significant (``_pvalue(r, q) < alpha``).
+def _threshold(q: int) -> float:
+    """The ratio above which a peak among ``q`` is significant (``_pvalue(r, q) < ALPHA``).
 
     The p-value falls as the ratio grows, so one bisection replaces a p-value per frequency.
     """
     lo, hi = 1.0, 2.0
-    while _pvalue(hi, q) >= alpha:
+    while _pvalue(hi, q) >= ALPHA:
         lo, hi = hi, 2.0 * hi
     for _ in range(60):
         mid = 0.5 * (lo + hi)
-        if _pvalue(mid, q) < alpha:
+        if _pvalue(mid, q) < ALPHA:
             hi = mid
         else:
             lo = mid
@@ -480,7 +478,6 @@ def _candidates(
     ks: np.ndarray,
     ratio: np.ndarray,
     q: int,
-    alpha: float,
     interval: float,
     n: int,
 ) -> list[dict[str, float]]:
@@ -490,7 +487,7 @@ def _candidates(
     for idx in order[:50]:
         k = int(ks[idx])
         p = _pvalue(float(ratio[idx]), q)
-        if p >= alpha or len(out) >= 3:
+        if p >= ALPHA or len(out) >= 3:
             break
         if any(abs(k - c["_k"]) <= 1 for c in out):
             continue
@@ -615,12 +612,12 @@ class PhaseTest:
 
 
 def cycle_groups(
-    steps: np.ndarray, length: float, epoch_starts: list[float], *, max_groups: int = 200,
+    steps: np.ndarray, length: float, epoch_starts: list[float]
 ) -> np.ndarray:
     """Phase group of each row for a cycle of ``length`` steps that restarts at ``epoch_starts``.
 
     The phases a row can have are multiples of ``1 / q`` when ``interval / length``
-    is ``p / q`` in lowest terms (``q <= max_groups``); otherwise the phase is cut
+    is ``p / q`` in lowest terms (``q <= 200``); otherwise the phase is cut
     into ``round(length / interval)`` equal parts.
 
     >>> cycle_groups(np.arange(10.0, 110.0, 10.0), 12.5, []).tolist()
@@ -633,7 +630,7 @@ def cycle_groups(
         at = np.searchsorted(starts, steps, side="right") - 1
         origin = np.where(at >= 0, starts[np.clip(at, 0, None)], 1.0)
     interval = float(np.median(np.diff(steps))) if steps.size > 1 else 1.0
-    ratio = Fraction(interval / length).limit_denominator(max_groups)
+    ratio = Fraction(interval / length).limit_denominator(200)
     exact = abs(float(ratio) - interval / length) < 1e-9
     groups = ratio.denominator if exact else max(2, round(length / interval))
     phase = np.mod(steps - origin, length) / length
@@ -729,7 +726,6 @@ def checked_periodicity(
     cliff_mask: np.ndarray,
     ctx: RunContext,
     rng: np.random.Generator,
-    alpha: float = ALPHA,
 ) -> Periodicity:
     """``per`` with an unexplained periodogram period re-tested, else a predicted cycle tested.
 
@@ -746,13 +742,13 @@ def checked_periodicity(
             "periodogram"
         ):
             return per
-        return _retest(per, steps, rw, window, rng, alpha)
-    return _predicted(per, steps, rw, ctx, window, rng, alpha)
+        return _retest(per, steps, rw, window, rng)
+    return _predicted(per, steps, rw, ctx, window, rng)
 
 
 def _retest(
     per: Periodicity, steps: np.ndarray, rw: np.ndarray, window: int,
-    rng: np.random.Generator, alpha: float,
+    rng: np.random.Generator,
 ) -> Periodicity:
     """An unexplained periodogram period re-tested at its own, fractional frequency.
 
@@ -788,7 +784,7 @@ def _retest(
         if abs(points - round(points)) <= 3 * error:
             points = float(round(points))
     acf = acf_at(autocorrelation(x, int(points) + 2), points)
-    if t.p_value < alpha and acf_holds(acf, x.size):
+    if t.p_value < ALPHA and acf_holds(acf, x.size):
         if error == 0:
             return replace(per, note=_join(per.note, f"the period passes the AR(1) surrogate "
                                                     f"test too (p={t.p_value:.3g})"))
@@ -806,7 +802,7 @@ def _retest(
 
 def _predicted(
     per: Periodicity, steps: np.ndarray, rw: np.ndarray, ctx: RunContext, window: int,
-    rng: np.random.Generator, alpha: float,
+    rng: np.random.Generator,
 ) -> Periodicity:
     if rw.size >= PREDICTED_MAX_ROWS:
         return per
@@ -823,7 +819,7 @@ def _predicted(
                          surrogates=_surrogates(rw.size))
     i = keep[j]
     p = best.p_value
-    if p >= alpha:
+    if p >= ALPHA:
         return replace(per, note=_join(per.note, f"predicted cycle ({tries[i][0]:g} steps) "
                                                  f"not found (p={p:.3g})"))
     length, seen, how = tries[i]
@@ -835,7 +831,7 @@ def _predicted(
         acf_at_period=float(per.acf[lag]) if 0 < lag < per.acf.size else None,
         best_period=seen,
         test=(f"predicted cycle of {length:g} steps ({best.groups} phases, {reset}) vs AR(1) "
-              f"surrogates, max-T over {len(keep)} grouping(s), alpha={alpha}"),
+              f"surrogates, max-T over {len(keep)} grouping(s), alpha={ALPHA}"),
         note=_join(per.note, f"tested because {how}"),
     )
 

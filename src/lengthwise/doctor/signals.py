@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from lengthwise.doctor.cliffs import hypergeom_sf
-from lengthwise.doctor.numeric import counted, num, rolling_mean, significant
+from lengthwise.doctor.numeric import counted, num, robust_std, rolling_mean, significant
 
 #: a point this many robust standard deviations above the rolling median is a spike
 SPIKE_Z = 5.0
@@ -207,7 +207,7 @@ def spike_mask(x: np.ndarray) -> np.ndarray:
     padded = np.pad(x, half, mode="edge")
     windows = np.lib.stride_tricks.sliding_window_view(padded, SPIKE_WINDOW)
     dev = x - np.median(windows, axis=1)
-    scale = 1.4826 * float(np.median(np.abs(dev - np.median(dev))))
+    scale = robust_std(dev)
     if not scale > 0:
         return np.zeros(x.size, dtype=bool)
     return dev > SPIKE_Z * scale
@@ -504,7 +504,7 @@ def step_times(
                          note=f"not tested: {s.size} step times (need {STEP_TIME_POINTS})")
     x = np.log(sec)
     med = float(np.median(x))
-    scale = 1.4826 * float(np.median(np.abs(x - med)))
+    scale = robust_std(x)
     slow = (sec >= SLOW_FACTOR * np.exp(med)) & (x - med > SLOW_Z * max(scale, 1e-12))
     cost = float(np.sum(sec[slow] - np.exp(med)) / np.sum(sec))
     period = _period(s[slow])

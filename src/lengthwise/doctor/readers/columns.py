@@ -1,12 +1,8 @@
 """Turn parsed log rows (dicts) into a :class:`~lengthwise.doctor.runlog.RunLog`.
 
-Every reader that yields dict rows (JSONL, JSON, CSV, TensorBoard, in-memory
-records) feeds them here in chunks; columns are pulled out with one list
-comprehension per field, so a million rows cost about a second.
-
-The loss and step fields are found automatically unless named: ``loss`` (or
-``train/loss``, ``train_loss``, ...) and ``step`` (or ``global_step``, ``iter``,
-...). Without any step field the row index is the step.
+Every reader feeds its rows here in chunks. The loss and step fields are found automatically
+unless named (``loss``, ``train/loss``, ...; ``step``, ``global_step``, ...); without a step
+field the row index is the step.
 
 Example::
 
