@@ -291,7 +291,7 @@ def _order_name(order: str, stats: dict) -> str:
 def _clean(stats: dict) -> dict:
     """JSON-ready figures (NaN and inf as null); the per-rank count is named
     ``micro_batches_per_rank`` only."""
-    from lengthwise.doctor.numbers import json_ready
+    from lengthwise.doctor.numeric import json_ready
 
     # num_batches is the same as micro_batches_per_rank, named ambiguously
     return json_ready({k: v for k, v in stats.items() if k != "num_batches"})

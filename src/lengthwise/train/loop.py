@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from lengthwise.doctor.run_config import PLAN_EVENT
+from lengthwise.doctor.context import PLAN_EVENT
 from lengthwise.errors import ConfigError
 from lengthwise.pytorch.dist import GroupInfo, all_reduce_sum
 from lengthwise.train.checkpoint.errors import CheckpointError, CorruptCheckpointError
