@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -66,9 +67,9 @@ def _trimmed_share(lengths: np.ndarray, idx: np.ndarray, off: np.ndarray,
 
 
 def measure(name: str, lens: np.ndarray) -> list[dict]:
-    kw = dict(max_tokens=BUDGET, world_size=WORLD)
+    kw = PlanConfig(max_tokens=BUDGET, world_size=WORLD)
     base = {"shape": name, "samples": int(lens.size)}
-    plan = plan_epoch(lens, **kw)
+    plan = plan_epoch(lens, kw)
     out = [{**base, "policy": "stratified (default)",
             **_figures(plan.lengths, plan.indices, plan.offsets),
             "left_over_tokens": 0.0}]
@@ -89,7 +90,7 @@ def measure(name: str, lens: np.ndarray) -> list[dict]:
     out.append({**base, "policy": "strata matched by cost rank",
                 **_figures(plan.lengths, *batching.take_batches(idx, off, perm)),
                 "left_over_tokens": 0.0})
-    level = plan_epoch(lens, balance="level", **kw)
+    level = plan_epoch(lens, replace(kw, balance="level"))
     out.append({**base, "policy": "balance='level' (steps sorted by cost)",
                 **_figures(level.lengths, level.indices, level.offsets),
                 "left_over_tokens": 0.0})

@@ -727,8 +727,8 @@ class LengthwisePlan(Adapter):
         shown = "buckets=" if buckets is None else f"buckets={buckets!r}"
         rule = ("max_tokens=capacity" if layout == "pack"
                 else f"batch_size= | max_tokens=, {shown}")
-        self.call = (f"lengthwise.plan_epoch(lengths, {rule}, order='{order}', "
-                     f"layout='{layout}', world_size=W, seed=seed, epoch=epoch)")
+        self.call = (f"lengthwise.plan_epoch(lengths, PlanConfig({rule}, order='{order}', "
+                     f"layout='{layout}', world_size=W), seed=seed, epoch=epoch)")
 
     def unavailable_reason(self) -> str | None:
         if self.version is None:
@@ -749,10 +749,10 @@ class LengthwisePlan(Adapter):
         else:
             kwargs.update(max_tokens=_need(max_tokens, "max_tokens or batch_size", self.name))
         with measure(memory) as m:
-            plan = lengthwise.plan_epoch(np.asarray(lengths), order=self.order,
-                                         buckets=buckets if self.buckets is None
-                                         else self.buckets, world_size=world_size, seed=seed,
-                                         epoch=epoch, **kwargs)
+            config = lengthwise.PlanConfig(
+                order=self.order, buckets=buckets if self.buckets is None else self.buckets,
+                world_size=world_size, **kwargs)
+            plan = lengthwise.plan_epoch(np.asarray(lengths), config, seed=seed, epoch=epoch)
         run = Schedule(np.asarray(plan.indices, dtype=np.int64),
                        np.asarray(plan.offsets, dtype=np.int64), world_size, m.seconds,
                        m.peak_bytes, m.method, capacity=capacity if self.layout == "pack" else None)

@@ -38,6 +38,7 @@ if str(HERE) not in sys.path:
 from planner_targets import lognormal  # noqa: E402
 
 from lengthwise.dflash.step_cost import StepFlops, anchor_counts, batch_flops  # noqa: E402
+from lengthwise.planning.config import PlanConfig  # noqa: E402
 from lengthwise.planning.lengths import load_lengths  # noqa: E402
 from lengthwise.planning.metrics import rank_imbalance  # noqa: E402
 from lengthwise.planning.plan import plan_epoch  # noqa: E402
@@ -85,8 +86,8 @@ def measure(lens: np.ndarray, world: int) -> dict[str, dict[str, float]]:
                "step cost, level": {"cost": model, "balance": "level"}}
     out: dict[str, dict[str, float]] = {}
     for name in PLANS:
-        plan = plan_epoch(lens, max_tokens=RUN["max_tokens"], world_size=world,
-                          max_len=int(lens.max()), **options[name])
+        plan = plan_epoch(lens, PlanConfig(max_tokens=RUN["max_tokens"], world_size=world,
+                                           max_len=int(lens.max()), **options[name]))
         st = plan.stats
         if st["unique_samples"] != lens.size or st["repeated_in_schedule"]:
             raise AssertionError(f"{name}: the plan does not hold every sample once")

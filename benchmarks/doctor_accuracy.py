@@ -40,9 +40,9 @@ import numpy as np
 
 from lengthwise import __version__
 from lengthwise.doctor import diagnose
-from lengthwise.doctor.mechanisms import apparent_period, megabatch_steps
-from lengthwise.doctor.readers import jsonl as jsonl_reader
+from lengthwise.doctor.context import apparent_period, megabatch_steps
 from lengthwise.doctor.readers import read_log
+from lengthwise.doctor.readers import text as jsonl_reader
 
 from simulated_logs.events import (
     dflash_log,
@@ -568,7 +568,7 @@ def main(argv: list[str] | None = None) -> int:
         "clean), and runs logged every 10 "
         "steps with each row the mean of its 10 steps (a 50-step and a 200-step mega-batch "
         "cycle, clean), the way Hugging Face's `logging_steps` logs. The true period of a "
-        "coarse log is the cycle as its rows see it (`mechanisms.apparent_period`); a 50-step "
+        "coarse log is the cycle as its rows see it (`context.apparent_period`); a 50-step "
         "saw-tooth logged every 10 steps shows as 5 distinct levels, which the band test may "
         "count as bands although the label says 1.",
         "",
@@ -620,7 +620,7 @@ def main(argv: list[str] | None = None) -> int:
         "`min(N // (4 * batch), 50) / W` steps over `W` processes, its phase reset at each "
         "epoch start, AR(1) step noise, each row the mean of the `logging_steps` it covers and "
         "`epoch` written as progress rounded to 2 decimals (so the last row of an epoch reads "
-        "k.0). The true period is the cycle as the rows see it (`mechanisms.apparent_period`); "
+        "k.0). The true period is the cycle as the rows see it (`context.apparent_period`); "
         "a 5-step cycle logged every 10 steps cancels (label: none). Ungrouped runs are the "
         f"false-positive check. {seeds_text(args.quick)} {hf_seconds:.0f} s.",
         "",

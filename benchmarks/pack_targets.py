@@ -26,6 +26,7 @@ import numpy as np
 
 import lengthwise
 from lengthwise import load_lengths, plan_epoch, recomposition
+from lengthwise.planning.config import PlanConfig
 from lengthwise.planning.cost import CostModel
 from lengthwise.planning.lengths import bundled_names
 from lengthwise.planning.metrics import batch_hashes
@@ -117,11 +118,12 @@ def fill_section(lengths: np.ndarray) -> tuple[list[dict], dict]:
     lens = np.minimum(lengths, CAPACITY)
     best = -(-int(lens.sum()) // CAPACITY)
     rows = []
-    ours = plan_epoch(lengths, max_tokens=CAPACITY, layout="pack")
+    ours = plan_epoch(lengths, PlanConfig(max_tokens=CAPACITY, layout="pack"))
     rows.append({"packing": "lengthwise layout='pack' (1 rank)", "rows": ours.stats["rows"],
                  "fill": ours.stats["fill"], "rows_over_bound": ours.stats["rows"] - best})
-    w8 = plan_epoch(lengths, max_tokens=CAPACITY, layout="pack", world_size=8, grad_accum=8,
-                    cost=ATTENTION)
+    w8 = plan_epoch(lengths,
+                    PlanConfig(max_tokens=CAPACITY, layout="pack", world_size=8, grad_accum=8,
+                               cost=ATTENTION))
     rows.append({"packing": "lengthwise layout='pack' (8 ranks: rows a multiple of 8)",
                  "rows": w8.stats["rows"], "fill": w8.stats["fill"],
                  "rows_over_bound": w8.stats["rows"] - best})
@@ -133,7 +135,7 @@ def fill_section(lengths: np.ndarray) -> tuple[list[dict], dict]:
                  "fill": fill(lens, ff, CAPACITY), "rows_over_bound": ff - best})
     rows.append({"packing": "bound: ceil(tokens / C)", "rows": best,
                  "fill": fill(lens, best, CAPACITY), "rows_over_bound": 0})
-    p1 = plan_epoch(lengths, max_tokens=CAPACITY, layout="pack", epoch=1)
+    p1 = plan_epoch(lengths, PlanConfig(max_tokens=CAPACITY, layout="pack"), epoch=1)
     several = np.diff(p1.offsets) > 1  # rows of one sample are the same in every epoch
     again = np.isin(batch_hashes(p1.indices, p1.offsets), batch_hashes(ours.indices, ours.offsets))
     extra = {"recomposition": recomposition(ours, p1), "single_rows": int((~several).sum()),
@@ -147,8 +149,9 @@ def grid_section(lengths: np.ndarray, cost: CostModel | None) -> list[dict]:
     rows = []
     for w, g in GRID:
         for order in ("stratified", "random"):
-            s = plan_epoch(lengths, max_tokens=CAPACITY, layout="pack", world_size=w,
-                           grad_accum=g, cost=cost, order=order).stats
+            s = plan_epoch(lengths,
+                           PlanConfig(max_tokens=CAPACITY, layout="pack", world_size=w,
+                                      grad_accum=g, cost=cost, order=order)).stats
             rows.append({"world_size": w, "grad_accum": g, "order": order, **s,
                          "both_targets": (s["step_cv_ratio"] is not None
                                           and s["step_cv_ratio"] <= 1.0
@@ -159,8 +162,9 @@ def grid_section(lengths: np.ndarray, cost: CostModel | None) -> list[dict]:
 def split_section(lengths: np.ndarray) -> list[dict]:
     rows = []
     for policy in ("truncate", "split"):
-        p = plan_epoch(lengths, max_tokens=CAPACITY, layout="pack", world_size=8, grad_accum=8,
-                       cost=ATTENTION, on_overflow=policy)
+        p = plan_epoch(lengths,
+                       PlanConfig(max_tokens=CAPACITY, layout="pack", world_size=8, grad_accum=8,
+                                  cost=ATTENTION, on_overflow=policy))
         s = p.stats
         rows.append({"on_overflow": policy, **s})
     return rows
@@ -191,8 +195,10 @@ def timing_section(base: np.ndarray, n: int, repeats: int) -> dict:
     for r in range(repeats):
         gc.collect()
         t0, c0 = time.perf_counter(), time.process_time()
-        plan = plan_epoch(lengths, max_tokens=CAPACITY, layout="pack", world_size=8,
-                          grad_accum=8, cost=ATTENTION, epoch=r)
+        plan = plan_epoch(lengths,
+                          PlanConfig(max_tokens=CAPACITY, layout="pack", world_size=8, grad_accum=8,
+                                     cost=ATTENTION),
+                          epoch=r)
         walls.append(time.perf_counter() - t0)
         cpus.append(time.process_time() - c0)
         if stats is None:
@@ -214,8 +220,9 @@ def timing_section(base: np.ndarray, n: int, repeats: int) -> dict:
 
 def heavy_note(lengths: np.ndarray) -> str:
     """Why balance and step mix conflict for many ranks and few slots, in this run's numbers."""
-    plan = plan_epoch(lengths, max_tokens=CAPACITY, layout="pack", world_size=8, grad_accum=4,
-                      cost=ATTENTION)
+    plan = plan_epoch(lengths,
+                      PlanConfig(max_tokens=CAPACITY, layout="pack", world_size=8, grad_accum=4,
+                                 cost=ATTENTION))
     pieces = plan.piece_lengths().astype(np.float64)
     row_cost = np.add.reduceat(ATTENTION.a * pieces + ATTENTION.b * pieces**2, plan.offsets[:-1])
     full = ATTENTION.row_cost(CAPACITY)

@@ -43,6 +43,7 @@ from lengthwise.cli import build_parser  # noqa: E402
 from lengthwise.cli import main as cli_main  # noqa: E402
 from lengthwise.cli import plan as plan_cli  # noqa: E402
 from lengthwise.planning import edges, padded  # noqa: E402
+from lengthwise.planning.config import PlanConfig  # noqa: E402
 from lengthwise.planning.metrics import (  # noqa: E402
     random_step_cv,
     recomposition_of,
@@ -50,7 +51,7 @@ from lengthwise.planning.metrics import (  # noqa: E402
 )
 from lengthwise.planning.plan import plan_epoch  # noqa: E402
 
-OPTIONS = dict(max_tokens=16384, world_size=8, grad_accum=4)
+OPTIONS = PlanConfig(max_tokens=16384, world_size=8, grad_accum=4)
 #: targets of the planner's speed, as ratios measured in one run
 PLAN_OVER_ARGSORT = 2.0
 CLI_OVER_PLAN = 1.3
@@ -90,13 +91,13 @@ def _printed(plan, argv: list[str]) -> None:
 
 
 def one_round(lengths: np.ndarray, path: str) -> dict[str, float]:
-    argv = ["plan", path, "--max-tokens", str(OPTIONS["max_tokens"]), "--world-size",
-            str(OPTIONS["world_size"]), "--grad-accum", str(OPTIONS["grad_accum"])]
+    argv = ["plan", path, "--max-tokens", str(OPTIONS.max_tokens), "--world-size",
+            str(OPTIONS.world_size), "--grad-accum", str(OPTIONS.grad_accum)]
     out = {"argsort": _timed(lambda: np.argsort(lengths, kind="stable"))}
     _forget_edges()
-    out["plan_epoch"] = _timed(lambda: plan_epoch(lengths, **OPTIONS))
-    kept = plan_epoch(lengths, epoch=1, **OPTIONS)
-    out["plan_epoch, edges kept"] = _timed(lambda: plan_epoch(lengths, epoch=1, **OPTIONS))
+    out["plan_epoch"] = _timed(lambda: plan_epoch(lengths, OPTIONS))
+    kept = plan_epoch(lengths, OPTIONS, epoch=1)
+    out["plan_epoch, edges kept"] = _timed(lambda: plan_epoch(lengths, OPTIONS, epoch=1))
     out["figures (stats)"] = _timed(lambda: kept.stats)
     steps = kept.stats["optimizer_steps"]
     out["random-shuffle reference of the figures"] = _timed(
@@ -109,18 +110,18 @@ def one_round(lengths: np.ndarray, path: str) -> dict[str, float]:
     out["recomposition comparison"] = _timed(
         lambda: recomposition_of(kept.offsets, kept.indices, sets[1], sets[0]))
     out["printing"] = _timed(lambda: _printed(kept, argv))
-    windowed = plan_epoch(lengths, window=WINDOW, **OPTIONS)
+    windowed = plan_epoch(lengths, OPTIONS, window=WINDOW)
     _ = windowed.solved_edges  # solved before timing, as in a sampler's first epoch
     out["len() of a windowed plan"] = _timed(lambda: windowed.num_batches)
     _forget_edges()
     edges_started = time.perf_counter()
-    padded.resolve_edges(lengths, np.arange(lengths.size), padded.PlanConfig(**OPTIONS))
+    padded.resolve_edges(lengths, np.arange(lengths.size), OPTIONS)
     out["bucket edges alone"] = time.perf_counter() - edges_started
     _forget_edges()
     compiled, edges._compiled = edges._compiled, None  # as installed without a C compiler
     try:
         out["bucket edges alone, NumPy layers"] = _timed(lambda: padded.resolve_edges(
-            lengths, np.arange(lengths.size), padded.PlanConfig(**OPTIONS)))
+            lengths, np.arange(lengths.size), OPTIONS))
     finally:
         edges._compiled = compiled
     _forget_edges()
@@ -142,7 +143,7 @@ def render(name: str, saved: dict) -> str:
     r = saved["ratios"]
     return textwrap.fill(
         f"These ratios are against a sort, on the reference run's {saved['samples']:,} lengths "
-        f"for {OPTIONS['world_size']} ranks and {OPTIONS['grad_accum']} accumulation steps. "
+        f"for {OPTIONS.world_size} ranks and {OPTIONS.grad_accum} accumulation steps. "
         f"They were measured in one run on {saved['cores']} cores shared with other work, best "
         f"of {saved['rounds']} (`benchmarks/PLAN_SPEED_RESULTS.md`). A plan whose bucket edges "
         "are already solved for these lengths takes "

@@ -18,12 +18,14 @@ import subprocess
 import sys
 import time
 import tracemalloc
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 import lengthwise
 from lengthwise import load_lengths, optimal_edges, plan_epoch, recomposition
+from lengthwise.planning.config import PlanConfig
 from lengthwise.planning.vocabulary import ORDERS
 
 HERE = Path(__file__).resolve().parent
@@ -50,11 +52,11 @@ def table(rows: list[dict], keys: list[str]) -> str:
     return "\n".join(out)
 
 
-def orders_on(lengths: np.ndarray, **kw) -> list[dict]:
+def orders_on(lengths: np.ndarray, kw: PlanConfig) -> list[dict]:
     rows = []
     for order in ORDERS:
-        p0 = plan_epoch(lengths, order=order, epoch=0, **kw)
-        p1 = plan_epoch(lengths, order=order, epoch=1, **kw)
+        p0 = plan_epoch(lengths, replace(kw, order=order), epoch=0)
+        p1 = plan_epoch(lengths, replace(kw, order=order), epoch=1)
         s = dict(p0.stats)
         s["recomposition"] = recomposition(p0, p1)
         s["exact_coverage"] = bool(np.array_equal(np.sort(p0.indices),
@@ -84,12 +86,12 @@ def scale(n: int) -> dict:
     runs = []
     for _ in range(3):
         t = time.perf_counter()
-        plan = plan_epoch(lengths, max_tokens=16384, world_size=8)
+        plan = plan_epoch(lengths, PlanConfig(max_tokens=16384, world_size=8))
         runs.append(time.perf_counter() - t)
         del plan
         gc.collect()
     tracemalloc.start()
-    plan = plan_epoch(lengths, max_tokens=16384, world_size=8)
+    plan = plan_epoch(lengths, PlanConfig(max_tokens=16384, world_size=8))
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     return {"samples": n, "edges_plus_plan_seconds": min(runs), "argsort_seconds": argsort_s,
@@ -107,19 +109,21 @@ def main() -> int:
             "max_same_bucket_run", "recomposition", "num_buckets", "num_batches",
             "plan_seconds", "exact_coverage"]
     sft = load_lengths("sft_mix", max_len=8192)
-    sft_rows = orders_on(sft, max_tokens=16384, world_size=8)
+    sft_rows = orders_on(sft, PlanConfig(max_tokens=16384, world_size=8))
     six = {"order": "bucket-random, 6 optimal buckets",
-           **plan_epoch(sft, max_tokens=16384, world_size=8, buckets=6,
-                        order="bucket-random").stats}
+           **plan_epoch(sft, PlanConfig(max_tokens=16384, world_size=8, buckets=6,
+                                        order="bucket-random")).stats}
     ref6 = {"order": "bucket-random, the reference run's edges",
-            **plan_epoch(sft, max_tokens=16384, world_size=8, buckets=REFERENCE_EDGES,
-                         order="bucket-random").stats}
+            **plan_epoch(sft,
+                         PlanConfig(max_tokens=16384, world_size=8, buckets=REFERENCE_EDGES,
+                                    order="bucket-random")).stats}
     strat = next(r for r in sft_rows if r["order"] == "stratified")
     inter = next(r for r in sft_rows if r["order"] == "interleave")
 
     ref_lengths = lognormal(902_087)
     ref_edges = optimal_edges(ref_lengths, 6, batch_size=4)
-    ref_rows = [plan_epoch(ref_lengths, batch_size=4, buckets=6, order=o, world_size=8).stats
+    ref_rows = [plan_epoch(ref_lengths,
+                           PlanConfig(batch_size=4, buckets=6, order=o, world_size=8)).stats
                 for o in ("sorted", "random", "bucket-random", "interleave", "stratified")]
     sizes = [1_000_000] if args.quick else [1_000_000, 10_000_000]
     scaling = [scale(n) for n in sizes]

@@ -100,7 +100,7 @@ def worker(kind: str, path: str, n: int) -> dict:
         out["window"] = window or "whole epoch"
         cfg = PlanConfig(max_tokens=BUDGET, world_size=WORLD)
         if window is None:
-            plan = plan_epoch(lens, config=cfg)
+            plan = plan_epoch(lens, cfg)
             next(iter(plan.rank_batches(0)))
             out["first_batch_s"] = time.perf_counter() - t0
         else:
@@ -115,7 +115,7 @@ def worker(kind: str, path: str, n: int) -> dict:
             out["epoch_plan_s_per_rank_est"] = per_window * wp.num_windows
     elif kind == "whole":
         lens = open_lengths(path)[:n]
-        plan = plan_epoch(lens, max_tokens=BUDGET, world_size=WORLD)
+        plan = plan_epoch(lens, PlanConfig(max_tokens=BUDGET, world_size=WORLD))
         plan.rank_batches(0)[0]
         out["first_batch_s"] = time.perf_counter() - t0
     elif kind == "hf":
@@ -154,7 +154,7 @@ def quality(n: int, windows: list[int], world: int) -> list[dict]:
     lens = lognormal(n, seed=1)
     cfg = PlanConfig(max_tokens=BUDGET, world_size=world)
     rows = []
-    p0, p1 = plan_epoch(lens, config=cfg), plan_epoch(lens, config=cfg, epoch=1)
+    p0, p1 = plan_epoch(lens, cfg), plan_epoch(lens, cfg, epoch=1)
     rows.append({"plan": "whole epoch", "world_size": world, **p0.stats,
                  "recomposition": recomposition(p0, p1)})
     for w in windows:

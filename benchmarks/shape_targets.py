@@ -16,9 +16,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+
+from lengthwise.planning.config import PlanConfig
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -99,11 +102,11 @@ def step_time(plan, cost: CostModel) -> float:
     return float(c[:m].reshape(-1, w).max(axis=1).sum() + (c[m:].max() if c.size > m else 0))
 
 
-def padded_row(base: dict, rule: str, lens: np.ndarray, kw: dict, ref, cost: CostModel,
+def padded_row(base: dict, rule: str, lens: np.ndarray, kw: PlanConfig, ref, cost: CostModel,
                buckets="auto") -> tuple[dict, object]:
     """One padded plan's figures (epochs 0 and 1), with its step times against ``ref``."""
-    p0 = plan_epoch(lens, buckets=buckets, **kw)
-    p1 = plan_epoch(lens, buckets=buckets, epoch=1, **kw)
+    p0 = plan_epoch(lens, replace(kw, buckets=buckets))
+    p1 = plan_epoch(lens, replace(kw, buckets=buckets), epoch=1)
     tokens = CostModel()
     # p0.stats holds budget_fill: padded tokens over max_tokens x micro-batches
     return {**base, "edge_rule": rule, **p0.stats, "recomposition": recomposition(p0, p1),
@@ -112,8 +115,8 @@ def padded_row(base: dict, rule: str, lens: np.ndarray, kw: dict, ref, cost: Cos
 
 
 def measure(name: str, lens: np.ndarray, world: int, cost: CostModel) -> list[dict]:
-    kw = dict(max_tokens=BUDGET, world_size=world)
-    ref = plan_epoch(lens, order="sorted", **kw)
+    kw = PlanConfig(max_tokens=BUDGET, world_size=world)
+    ref = plan_epoch(lens, replace(kw, order="sorted"))
     base = {"shape": name, "samples": int(lens.size), "world": world}
     row, p0 = padded_row(base, "auto", lens, kw, ref, cost)
     rows = [row]
@@ -125,10 +128,10 @@ def measure(name: str, lens: np.ndarray, world: int, cost: CostModel) -> list[di
             edges = auto_edges(hist, batch_size=None, max_tokens=BUDGET, fill_weight=weight)
             rows.append(padded_row(base, rule, lens, kw, ref, cost, buckets=tuple(edges))[0])
         # steps of one cost level: the same micro-batches, sorted by cost into steps
-        rows.append(padded_row(base, "level", lens, {**kw, "balance": "level"}, ref, cost)[0])
+        rows.append(padded_row(base, "level", lens, replace(kw, balance="level"), ref, cost)[0])
         # the packed layout: rows of max_tokens filled end to end, so micro-batches cost alike
-        k0 = plan_epoch(lens, layout="pack", **kw)
-        k1 = plan_epoch(lens, layout="pack", epoch=1, **kw)
+        k0 = plan_epoch(lens, replace(kw, layout="pack"))
+        k1 = plan_epoch(lens, replace(kw, layout="pack"), epoch=1)
         rows.append({**base, "edge_rule": "packed layout", **k0.stats,
                      "recomposition": recomposition(k0, k1)})
     return rows

@@ -17,6 +17,7 @@ from accelerate.data_loader import prepare_data_loader
 from torch.utils.data import DataLoader
 
 import lengthwise
+from lengthwise.planning.config import PlanConfig
 
 VOCAB, ACCUM, MAX_TOKENS = 32, 2, 256
 LENGTHS = np.random.default_rng(7).integers(2, 40, 90)
@@ -24,7 +25,8 @@ LENGTHS = np.random.default_rng(7).integers(2, 40, 90)
 
 def main(out_dir: str) -> None:
     try:  # what a sampler planned for one process does under this launcher
-        lengthwise.BucketBatchSampler(LENGTHS, max_tokens=MAX_TOKENS, num_replicas=1, rank=0)
+        lengthwise.BucketBatchSampler(LENGTHS, PlanConfig(max_tokens=MAX_TOKENS), num_replicas=1,
+                                      rank=0)
         refused = None
     except ValueError as exc:
         refused = str(exc)
@@ -36,7 +38,8 @@ def main(out_dir: str) -> None:
     model = torch.nn.Sequential(torch.nn.Embedding(VOCAB, 8), torch.nn.Linear(8, VOCAB))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     model, optimizer = accelerator.prepare(model, optimizer)
-    sampler = lengthwise.BucketBatchSampler(LENGTHS, max_tokens=MAX_TOKENS, grad_accum=ACCUM,
+    sampler = lengthwise.BucketBatchSampler(LENGTHS,
+                                            PlanConfig(max_tokens=MAX_TOKENS, grad_accum=ACCUM),
                                             num_replicas=accelerator.num_processes,
                                             rank=accelerator.process_index)
     data = [{"input_ids": np.random.default_rng(i).integers(1, VOCAB, n).tolist(), "index": i}

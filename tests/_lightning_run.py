@@ -23,10 +23,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from lengthwise.lightning import LengthwiseCallback, LightningBatchSampler
+from lengthwise.planning.config import PlanConfig
 from lengthwise.pytorch.sampler import BucketBatchSampler
 
 MAX_TOKENS = 256
-OPTIONS = dict(max_tokens=MAX_TOKENS, seed=3)
+PLAN = PlanConfig(max_tokens=MAX_TOKENS)
 LENGTHS = np.random.default_rng(3).integers(2, 40, 120)
 EPOCHS = 2
 
@@ -61,7 +62,7 @@ class Model(L.LightningModule):
 
 class Data(L.LightningDataModule):
     def train_dataloader(self):  # the process group exists here
-        sampler = BucketBatchSampler(LENGTHS, **OPTIONS)
+        sampler = BucketBatchSampler(LENGTHS, PLAN, seed=3)
         return DataLoader(range(LENGTHS.size), batch_sampler=sampler, collate_fn=collate)
 
 
@@ -76,7 +77,7 @@ def main(out_dir: str, mode: str, ckpt: str | None = None) -> None:
                             enable_checkpointing=False, **trainer_options)
         trainer.fit(model, datamodule=Data())
         return
-    sampler = LightningBatchSampler(LENGTHS, **OPTIONS)  # before fit: no process group yet
+    sampler = LightningBatchSampler(LENGTHS, PLAN, seed=3)  # before fit: no process group yet
     loader = DataLoader(range(LENGTHS.size), batch_sampler=sampler, collate_fn=collate,
                         num_workers=workers)
     if mode == "lbs-nodist":  # Lightning does not rebuild it, no callback checks it

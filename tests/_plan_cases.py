@@ -76,14 +76,23 @@ def digest(plan) -> dict:
             "stats": {k: repr(stats.get(k)) for k in STAT_KEYS}}
 
 
-def compute() -> dict:
+def planned(kind: str, seed: int, kw: dict):
+    """The plan of a case: its ``seed`` and ``epoch`` keywords go to ``plan_epoch``, the others
+    to its ``PlanConfig``."""
+    from lengthwise.planning.config import PlanConfig
     from lengthwise.planning.plan import plan_epoch
 
+    own = {k: v for k, v in kw.items() if k in ("seed", "epoch")}
+    config = PlanConfig(**{k: v for k, v in kw.items() if k not in own})
+    return plan_epoch(_lengths(kind, seed), config, **own)
+
+
+def compute() -> dict:
     out = {}
     for name, kind, seed, kw in cases():
         with warnings.catch_warnings():  # max_len cuts some samples on purpose
             warnings.simplefilter("ignore", UserWarning)
-            out[name] = digest(plan_epoch(_lengths(kind, seed), **kw))
+            out[name] = digest(planned(kind, seed, kw))
     return out
 
 

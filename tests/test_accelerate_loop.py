@@ -68,8 +68,8 @@ from accelerate import Accelerator
 import lengthwise
 acc = Accelerator()
 try:
-    lengthwise.BucketBatchSampler([3, 1, 2, 5], batch_size=1, num_replicas=acc.num_processes,
-                                  rank=acc.process_index)
+    lengthwise.BucketBatchSampler([3, 1, 2, 5], lengthwise.PlanConfig(batch_size=1),
+                                  num_replicas=acc.num_processes, rank=acc.process_index)
     refused = None
 except lengthwise.errors.ConfigError as exc:
     refused = str(exc)

@@ -1,6 +1,7 @@
 """``balance="level"``: steps of one cost level, every sample once, every budget kept."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -39,8 +40,8 @@ rule_st = st.sampled_from([dict(max_tokens=4096), dict(max_tokens=4096, pad_mult
 def test_level_plans_every_sample_once_within_budget_equal_counts(lengths, world, accum, rule,
                                                                    seed):
     lens = np.asarray(lengths)
-    kw = dict(world_size=world, grad_accum=accum, seed=seed, balance="level", **rule)
-    plan = plan_epoch(lens, **kw)
+    kw = PlanConfig(world_size=world, grad_accum=accum, balance="level", **rule)
+    plan = plan_epoch(lens, kw, seed=seed)
     limit = plan.config.sample_limit()
     assert np.array_equal(np.sort(plan.indices), np.arange(lens.size))  # exactly once
     assert plan.total_batches % world == 0  # equal counts per rank
@@ -52,16 +53,16 @@ def test_level_plans_every_sample_once_within_budget_equal_counts(lengths, world
     else:
         assert np.all(_batch_costs(plan, rule.get("cost", CostModel())) <= budget + 1e-9)
     assert limit is None or plan.lengths.max() <= limit
-    again = plan_epoch(lens, **kw)  # the same plan on every rank
+    again = plan_epoch(lens, kw, seed=seed)  # the same plan on every rank
     assert np.array_equal(again.indices, plan.indices)
     assert np.array_equal(again.offsets, plan.offsets)
 
 
 def test_level_lowers_rank_imbalance_on_long_samples():
     lens = _long_shape()
-    kw = dict(max_tokens=16384, world_size=64)
-    base = plan_epoch(lens, **kw).stats
-    level = plan_epoch(lens, balance="level", **kw).stats
+    kw = PlanConfig(max_tokens=16384, world_size=64)
+    base = plan_epoch(lens, kw).stats
+    level = plan_epoch(lens, replace(kw, balance="level")).stats
     assert base["rank_imbalance_p99"] > 1.05  # whole long rows leave batches under-full
     assert level["rank_imbalance_p99"] <= 1.05
     assert level["rank_imbalance_p50"] < base["rank_imbalance_p50"]
@@ -71,9 +72,9 @@ def test_level_lowers_rank_imbalance_on_long_samples():
 
 def test_level_also_balances_accumulation_slots():
     lens = _long_shape(20_000, seed=1)
-    kw = dict(max_tokens=16384, world_size=8, grad_accum=4)
-    base = plan_epoch(lens, **kw).stats
-    level = plan_epoch(lens, balance="level", **kw).stats
+    kw = PlanConfig(max_tokens=16384, world_size=8, grad_accum=4)
+    base = plan_epoch(lens, kw).stats
+    level = plan_epoch(lens, replace(kw, balance="level")).stats
     assert level["rank_imbalance_p99"] < base["rank_imbalance_p99"]
 
 
@@ -99,9 +100,9 @@ def test_sampler_and_command_line_take_the_policy(capsys):
     from lengthwise.pytorch.sampler import BucketBatchSampler
 
     lens = _long_shape(4000)
-    plan = plan_epoch(lens, max_tokens=16384, world_size=2, balance="level")
-    sampler = BucketBatchSampler(lens, max_tokens=16384, num_replicas=2, rank=1,
-                                 balance="level")
+    plan = plan_epoch(lens, PlanConfig(max_tokens=16384, world_size=2, balance="level"))
+    sampler = BucketBatchSampler(lens, PlanConfig(max_tokens=16384, balance="level"),
+                                 num_replicas=2, rank=1)
     assert [list(b) for b in sampler] == [b.tolist() for b in plan.rank_batches(1)]
     assert main(["plan", "sft_mix", "--max-tokens", "16384", "--world-size", "8",
                  "--balance", "level", "--json"]) == 0
@@ -114,7 +115,8 @@ def test_sampler_and_command_line_take_the_policy(capsys):
 
 def test_windowed_level_plan_counts_and_covers_every_sample():
     lens = _long_shape(6000, seed=2)
-    plan = plan_epoch(lens, max_tokens=16384, world_size=4, balance="level", window=2000)
+    plan = plan_epoch(lens, PlanConfig(max_tokens=16384, world_size=4, balance="level"),
+                      window=2000)
     per_rank = [list(plan.rank_batches(r)) for r in range(4)]
     assert all(len(b) == plan.num_batches for b in per_rank)
     ids = np.concatenate([np.concatenate(b) for b in per_rank])
@@ -127,12 +129,13 @@ def test_a_state_resumes_only_under_the_same_balance():
 
     lens = _long_shape(3000)
     for saved_as, resumed_as in (("none", "level"), ("level", "none")):
-        old = BucketBatchSampler(lens, max_tokens=16384, balance=saved_as)
+        old = BucketBatchSampler(lens, PlanConfig(max_tokens=16384, balance=saved_as))
         next(iter(old))
         state = old.state_dict()
         with pytest.raises(ResumeError, match=f"balance is '{resumed_as}', the saved state has "
                                               f"'{saved_as}'"):
-            BucketBatchSampler(lens, max_tokens=16384, balance=resumed_as).load_state_dict(state)
-    same = BucketBatchSampler(lens, max_tokens=16384, balance="level")
+            resumed = BucketBatchSampler(lens, PlanConfig(max_tokens=16384, balance=resumed_as))
+            resumed.load_state_dict(state)
+    same = BucketBatchSampler(lens, PlanConfig(max_tokens=16384, balance="level"))
     same.load_state_dict(state)
     assert same.remaining() == old.remaining()

@@ -57,8 +57,6 @@ def test_sampler_and_collator_defaults_agree():
 
     default = inspect.signature(PadCollator).parameters["pad_multiple"].default
     assert default == PlanConfig(batch_size=1).pad_multiple == 1
-    sampler_default = inspect.signature(lengthwise.BucketBatchSampler).parameters["pad_multiple"]
-    assert sampler_default.default == default
 
 
 def test_collator_for_takes_everything_from_the_plan():
@@ -95,9 +93,11 @@ def test_plan_collator_never_exceeds_the_budget(lengths, max_tokens, max_len, pa
         max_tokens = pad_multiple
     lengths = np.asarray(lengths)
     try:
-        plan = lengthwise.plan_epoch(lengths, max_tokens=max_tokens, max_len=max_len,
-                                     pad_multiple=pad_multiple, layout=layout, order=order,
-                                     world_size=world, seed=seed)
+        plan = lengthwise.plan_epoch(lengths,
+                                     PlanConfig(max_tokens=max_tokens, max_len=max_len,
+                                                pad_multiple=pad_multiple, layout=layout,
+                                                order=order, world_size=world),
+                                     seed=seed)
     except ValueError as exc:  # too few samples for the ranks: a clear error, not a batch
         assert "ranks" in str(exc)
         return
@@ -137,11 +137,12 @@ def test_sampler_collator_never_exceeds_the_budget(lengths, max_tokens, max_len,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # truncating over 1% of the tokens warns
         try:
-            sampler = lengthwise.BucketBatchSampler(
-                lengths, max_tokens=max_tokens, max_len=max_len, pad_multiple=pad_multiple,
-                layout=layout, rows_per_batch=rows if layout == "pack" else 1,
-                yield_rows=yield_rows,
-                grad_accum=grad_accum, seed=seed)
+            config = PlanConfig(max_tokens=max_tokens, max_len=max_len,
+                                pad_multiple=pad_multiple, layout=layout,
+                                rows_per_batch=rows if layout == "pack" else 1,
+                                grad_accum=grad_accum)
+            sampler = lengthwise.BucketBatchSampler(lengths, config, yield_rows=yield_rows,
+                                                    seed=seed)
             collate = sampler.collator(pad_token_id=0)
             batches = list(sampler)
         except ValueError as exc:  # too few samples for the rows: a clear error
@@ -179,8 +180,9 @@ def test_readme_path_on_sft_mix_stays_inside_the_budget():
     for layout in ("pad", "pack"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            s = lengthwise.BucketBatchSampler(raw, max_tokens=16384, max_len=8192, grad_accum=4,
-                                              layout=layout)
+            s = lengthwise.BucketBatchSampler(raw,
+                                              PlanConfig(max_tokens=16384, max_len=8192,
+                                                         grad_accum=4, layout=layout))
         c = s.collator(pad_token_id=0)
         sizes = [c([{"input_ids": np.ones(int(raw[i]), dtype=np.int64)} for i in b]
                    )["input_ids"].numel() for b in s]
@@ -206,8 +208,8 @@ def test_row_and_cost_budgets_hold_too(lengths, rule, pad_multiple, max_len, see
     lengths = np.asarray(lengths)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        sampler = lengthwise.BucketBatchSampler(lengths, max_len=max_len, order=order,
-                                                pad_multiple=pad_multiple, seed=seed, **options)
+        config = PlanConfig(max_len=max_len, order=order, pad_multiple=pad_multiple, **options)
+        sampler = lengthwise.BucketBatchSampler(lengths, config, seed=seed)
         batches = list(sampler)
     collate = sampler.collator(pad_token_id=0)
     for batch in batches:

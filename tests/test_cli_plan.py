@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from lengthwise.cli import main
+from lengthwise.planning.config import PlanConfig
 
 
 def test_plan_json_compare(capsys):
@@ -89,7 +90,7 @@ def test_user_errors_are_one_line(tmp_path):
     _one_line_error(_run("plan", "coqa", "--buckets", "0,900"), "bucket edges must be >= 1")
     _one_line_error(_run("plan", "coqa", "--layout", "pack", "--order", "sorted"),
                     "layout='pack' supports order in")
-    _one_line_error(_run("plan", "coqa", "--on-overflow", "split"), "needs --layout pack")
+    _one_line_error(_run("plan", "coqa", "--on-overflow", "split"), "it needs layout='pack'")
     (tmp_path / "bin.txt").write_bytes(b"\xff\xfe\x00")
     _one_line_error(_run("plan", str(tmp_path / "bin.txt")), "not UTF-8 text")
 
@@ -280,7 +281,7 @@ def test_bucket_table_counts_and_efficiency_equal_the_wide_sums(low, top):
     from lengthwise.planning.plan import plan_epoch
 
     lengths = np.random.default_rng(2).integers(low, top + 1, 4000)  # int16 or int32 narrowed
-    plan = plan_epoch(lengths, batch_size=16, buckets=3, pad_multiple=64)
+    plan = plan_epoch(lengths, PlanConfig(batch_size=16, buckets=3, pad_multiple=64))
     lens = plan.lengths.astype(np.int64)[plan.indices]
     per_batch = np.add.reduceat(lens, plan.offsets[:-1])
     padded = np.diff(plan.offsets) * (-(-np.maximum.reduceat(lens, plan.offsets[:-1]) // 64) * 64)
@@ -321,7 +322,7 @@ def test_compare_forms_the_next_epochs_batches_once_per_formation(monkeypatch, c
 
     coqa = load_lengths("coqa")
     for order, got in by_order.items():  # as two whole plans of the order measure it
-        plans = [plan_epoch(coqa, max_tokens=4096, world_size=2, order=order, epoch=e)
+        plans = [plan_epoch(coqa, PlanConfig(max_tokens=4096, world_size=2, order=order), epoch=e)
                  for e in (0, 1)]
         assert got["recomposition"] == recomposition(*plans)
 

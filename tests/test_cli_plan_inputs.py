@@ -26,8 +26,8 @@ def test_a_column_of_a_file_without_columns_is_refused(tmp_path, capsys, suffix)
     assert f"{path}" in line and "'column'" in line and "without ':column'" in line
 
 
-@pytest.mark.parametrize("value,named", [("-5,100", "got -5 in '-5,100'"), ("0,100", "got 0"),
-                                         ("-3", "got -3"), ("0", "got 0")])
+@pytest.mark.parametrize("value,named", [("-5,100", "got -5 in buckets=[-5, 100]"),
+                                         ("0,100", "got 0"), ("-3", "got -3"), ("0", "got 0")])
 def test_buckets_below_one_are_refused_by_name(tmp_path, capsys, value, named):
     path = tmp_path / "lens.npy"
     np.save(path, np.arange(1, 50))

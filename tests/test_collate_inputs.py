@@ -16,7 +16,7 @@ from lengthwise.pytorch.collate import BudgetError, HeldCollator, PackCollator, 
     (True, TypeError, "pad_token_id must be an integer, got True"),
 ])
 def test_pad_token_id_is_a_token_id(layout, value, exc, match):
-    sampler = BucketBatchSampler([5, 3, 8, 2], max_tokens=16, layout=layout)
+    sampler = BucketBatchSampler([5, 3, 8, 2], PlanConfig(max_tokens=16, layout=layout))
     with pytest.raises(exc, match=match):
         sampler.collator(pad_token_id=value)
 

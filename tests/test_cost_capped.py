@@ -82,8 +82,10 @@ def test_the_collator_checks_a_capped_cost_budget():
 def test_plans_priced_with_the_capped_term_keep_every_sample_once_and_the_budget(
         lengths, world, accum, seed, level):
     lens = np.asarray(lengths)
-    plan = plan_epoch(lens, max_tokens=4096, cost=STEP, world_size=world, grad_accum=accum,
-                      seed=seed, balance="level" if level else "none")
+    plan = plan_epoch(lens,
+                      PlanConfig(max_tokens=4096, cost=STEP, world_size=world, grad_accum=accum,
+                                 balance="level" if level else "none"),
+                      seed=seed)
     rows = np.diff(plan.offsets)
     longest = np.maximum.reduceat(lens[plan.indices], plan.offsets[:-1])
     assert (rows * longest <= 4096).all()
@@ -99,7 +101,7 @@ def test_plans_under_a_capped_cost_budget_keep_every_sample_once_and_the_budget(
         lengths, world, seed):
     lens = np.asarray(lengths)
     budget = float(STEP.row_cost(3000)) * 3
-    plan = plan_epoch(lens, max_cost=budget, cost=STEP, world_size=world, seed=seed)
+    plan = plan_epoch(lens, PlanConfig(max_cost=budget, cost=STEP, world_size=world), seed=seed)
     rows = np.diff(plan.offsets)
     longest = np.maximum.reduceat(lens[plan.indices], plan.offsets[:-1])
     assert (STEP.batch_cost(rows, longest) <= budget * (1 + 1e-12)).all()

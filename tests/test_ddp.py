@@ -10,18 +10,20 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
 from _ports import free_port, rank_finished
 
+from lengthwise.planning.config import PlanConfig
 from lengthwise.planning.plan import plan_epoch
 
 VOCAB = 64
 SEED = 11
 ACCUM = 2
 EPOCHS = 2
-OPTIONS = dict(max_tokens=384, grad_accum=ACCUM, seed=SEED, pad_multiple=8)
+PLAN = PlanConfig(max_tokens=384, grad_accum=ACCUM, pad_multiple=8)
 
 
 def _lengths():
@@ -65,7 +67,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str, stop_after: int | No
         batch["index"] = [s["index"] for s in samples]
         return batch
 
-    sampler = BucketBatchSampler(lengths, **OPTIONS)  # ranks from the process group
+    sampler = BucketBatchSampler(lengths, PLAN, seed=SEED)  # ranks from the process group
     assert (sampler.num_replicas, sampler.rank) == (world, rank)
     sampler.check_dataset(Tokens())
     epoch0 = 0
@@ -150,7 +152,7 @@ def test_ddp_two_processes_full_epochs(tmp_path):
         per_rank = [[i for b in r["seen"][epoch] for i in b] for r in results]
         assert not set(per_rank[0]) & set(per_rank[1])  # disjoint
         assert sorted(per_rank[0] + per_rank[1]) == list(range(lengths.size))  # exactly once
-        plan = plan_epoch(lengths, world_size=world, epoch=epoch, **OPTIONS)
+        plan = plan_epoch(lengths, replace(PLAN, world_size=world), seed=SEED, epoch=epoch)
         for r in range(world):
             assert results[r]["seen"][epoch] == [b.tolist() for b in plan.rank_batches(r)]
     steps_per_epoch = -(-plan.num_batches // ACCUM)

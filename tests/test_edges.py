@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lengthwise import optimal_edges
+from lengthwise.planning.config import PlanConfig
 from lengthwise.planning.cost import CostModel, round_up
 from lengthwise.planning.edges import (
     FILL_WEIGHT,
@@ -369,7 +370,7 @@ def test_auto_never_costs_much_more_than_one_batch_per_bucket(body, tail, rule):
         if n < max(MIN_SAMPLES_PER_BUCKET, MIN_BATCHES_PER_BUCKET * (
             batch_size or max(1, budget // e)))]
     if budget is not None:
-        stats = plan_epoch(lengths, max_tokens=budget).stats
+        stats = plan_epoch(lengths, PlanConfig(max_tokens=budget)).stats
         assert stats["budget_fill"] == pytest.approx(
             stats["padded_tokens"] / (budget * stats["micro_batches"]))
         assert 0 < stats["budget_fill"] <= 1

@@ -20,7 +20,8 @@ def test_every_export_resolves(package):
 
 
 def test_core_plans_without_importing_torch():
-    code = ("import sys, lengthwise; lengthwise.plan_epoch([3, 1, 2], batch_size=2); "
+    code = ("import sys, lengthwise; "
+            "lengthwise.plan_epoch([3, 1, 2], lengthwise.PlanConfig(batch_size=2)); "
             "lengthwise.optimal_edges([3, 1, 2], 2); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

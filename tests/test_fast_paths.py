@@ -13,6 +13,7 @@ from lengthwise.planning.batching import (
     sorted_padded_tokens,
     take_batches,
 )
+from lengthwise.planning.config import PlanConfig
 from lengthwise.planning.cost import CostModel, round_up
 from lengthwise.planning.edges import Histogram
 from lengthwise.planning.lengths import LengthError, apply_overflow
@@ -191,14 +192,14 @@ def test_edges_solved_once_per_histogram_and_rule(monkeypatch):
     monkeypatch.setattr(padded, "auto_choice", lambda *a, **k: calls.append(1) or real(*a, **k))
     monkeypatch.setattr(padded, "_SOLVED", {})
     lens = np.random.default_rng(11).integers(1, 3000, 3000)
-    first = plan_epoch(lens, max_tokens=8192, world_size=2)
-    again = plan_epoch(lens, max_tokens=8192, world_size=2, epoch=1, order="interleave")
+    first = plan_epoch(lens, PlanConfig(max_tokens=8192, world_size=2))
+    again = plan_epoch(lens, PlanConfig(max_tokens=8192, world_size=2, order="interleave"), epoch=1)
     assert len(calls) == 1 and again.edges == first.edges
     again.edges.append(10**6)  # a caller's list is its own
-    assert plan_epoch(lens, max_tokens=8192, world_size=2).edges == first.edges
-    plan_epoch(lens, max_tokens=4096, world_size=2)
-    plan_epoch(lens[:-1], max_tokens=8192, world_size=2)
+    assert plan_epoch(lens, PlanConfig(max_tokens=8192, world_size=2)).edges == first.edges
+    plan_epoch(lens, PlanConfig(max_tokens=4096, world_size=2))
+    plan_epoch(lens[:-1], PlanConfig(max_tokens=8192, world_size=2))
     assert len(calls) == 3
     for n in range(padded.SOLVED_EDGES_KEPT + 2):
-        plan_epoch(lens[: 2000 + n], batch_size=4)
+        plan_epoch(lens[: 2000 + n], PlanConfig(batch_size=4))
     assert len(padded._SOLVED) == padded.SOLVED_EDGES_KEPT

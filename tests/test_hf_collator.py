@@ -14,6 +14,7 @@ from transformers import TrainingArguments  # noqa: E402
 from transformers.modeling_outputs import CausalLMOutput  # noqa: E402
 
 from lengthwise.hf.trainer import LengthwiseTrainer  # noqa: E402
+from lengthwise.planning.config import PlanConfig  # noqa: E402
 from lengthwise.pytorch.collate import PackCollator, PadCollator  # noqa: E402
 
 LENGTHS = np.random.default_rng(0).integers(1, 3000, 400)
@@ -53,7 +54,7 @@ def _trainer(tmp_path, model=None, **kw):
 @pytest.mark.parametrize("layout", ["pad", "pack"])
 def test_default_collator_is_the_samplers_and_keeps_the_budget(tmp_path, layout):
     trainer = _trainer(tmp_path, pad_token_id=0,
-                       sampler_options={"max_tokens": 4096, "max_len": 3500, "layout": layout})
+                       plan=PlanConfig(max_tokens=4096, max_len=3500, layout=layout))
     collate = trainer.data_collator
     assert isinstance(collate, PadCollator if layout == "pad" else PackCollator)
     assert collate.budget is not None and collate.metadata is False
@@ -62,10 +63,10 @@ def test_default_collator_is_the_samplers_and_keeps_the_budget(tmp_path, layout)
 
 
 def test_pad_id_from_the_model_config_or_a_clear_error(tmp_path):
-    trainer = _trainer(tmp_path, model=TinyLM(pad=5), sampler_options={"max_tokens": 4096})
+    trainer = _trainer(tmp_path, model=TinyLM(pad=5), plan=PlanConfig(max_tokens=4096))
     assert trainer.data_collator.pad_token_id == 5
     with pytest.raises(ValueError, match="needs a pad token id"):
-        _trainer(tmp_path, sampler_options={"max_tokens": 4096})
+        _trainer(tmp_path, plan=PlanConfig(max_tokens=4096))
 
 
 def _pad_to(multiple):
@@ -84,12 +85,12 @@ def test_a_given_collator_is_held_to_the_plan(tmp_path):
     from lengthwise.pytorch.collate import BudgetError, HeldCollator
 
     mine = PadCollator(0, metadata=False)
-    trainer = _trainer(tmp_path, data_collator=mine, sampler_options={"max_tokens": 4096})
+    trainer = _trainer(tmp_path, data_collator=mine, plan=PlanConfig(max_tokens=4096))
     assert isinstance(trainer.data_collator, HeldCollator) and trainer.data_collator.inner is mine
     sizes = [b["input_ids"].numel() for b in trainer.get_train_dataloader()]
     assert max(sizes) <= 4096  # the long samples were cut as the plan counted them
     # a collator padding to a coarser multiple than the plan's is caught, not passed on
-    coarse = _trainer(tmp_path, data_collator=_pad_to(1024), sampler_options={"max_tokens": 4096})
+    coarse = _trainer(tmp_path, data_collator=_pad_to(1024), plan=PlanConfig(max_tokens=4096))
     with pytest.raises(BudgetError, match="over the plan's budget"):
         for _ in coarse.get_train_dataloader():
             pass
@@ -106,6 +107,6 @@ def test_use_lengthwise_holds_the_trainers_collator(tmp_path):
                       data_collator=_pad_to(1))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        use_lengthwise(trainer, LENGTHS, max_tokens=4096, max_len=3000)
+        use_lengthwise(trainer, LENGTHS, PlanConfig(max_tokens=4096, max_len=3000))
     sizes = [b["input_ids"].numel() for b in trainer.get_train_dataloader()]
     assert len(sizes) == len(trainer.lengthwise_sampler) and max(sizes) <= 4096

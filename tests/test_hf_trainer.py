@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -29,13 +30,14 @@ from lengthwise.hf.trainer import (  # noqa: E402
     LengthwiseTrainer,
     use_lengthwise,
 )
+from lengthwise.planning.config import PlanConfig  # noqa: E402
 from lengthwise.planning.plan import plan_epoch  # noqa: E402
 from lengthwise.pytorch.collate import PadCollator  # noqa: E402
 from lengthwise.pytorch.sampler import ResumeError  # noqa: E402
 
 VOCAB = 64
 ACCUM = 2
-OPTIONS = {"max_tokens": 256, "pad_multiple": 8}
+PLAN = PlanConfig(max_tokens=256, pad_multiple=8)
 
 
 def _lengths(n=64):
@@ -83,18 +85,18 @@ def _args(out, **kw):
     return TrainingArguments(**base)
 
 
-def _trainer(out, lengths=None, options=OPTIONS, **kw):
+def _trainer(out, lengths=None, plan=PLAN, **kw):
     lengths = _lengths() if lengths is None else lengths
     rec = Recorder()
     trainer = LengthwiseTrainer(model=_model(), args=_args(out, **kw),
                                 train_dataset=Tokens(_lengths()), data_collator=rec,
-                                lengths=lengths, sampler_options=options)
+                                lengths=lengths, plan=plan)
     return trainer, rec
 
 
 def _plan_batches(epoch=0, world=1, rank=0, seed=3):
-    plan = plan_epoch(_lengths(), world_size=world, grad_accum=ACCUM, seed=seed, epoch=epoch,
-                      **OPTIONS)
+    plan = plan_epoch(_lengths(), replace(PLAN, world_size=world, grad_accum=ACCUM), seed=seed,
+                      epoch=epoch)
     return [b.tolist() for b in plan.rank_batches(rank)], plan
 
 
@@ -140,7 +142,7 @@ def test_use_lengthwise_on_an_existing_trainer(tmp_path):
     rec = Recorder()
     trainer = Trainer(model=_model(), args=_args(tmp_path, data_seed=5),
                       train_dataset=Tokens(_lengths()), data_collator=rec)
-    sampler = use_lengthwise(trainer, _lengths(), **OPTIONS)
+    sampler = use_lengthwise(trainer, _lengths(), PLAN)
     assert sampler.seed == 5  # data_seed wins over seed
     out = trainer.train()
     assert rec.seen == _plan_batches(seed=5)[0]
@@ -177,7 +179,7 @@ def test_resume_with_another_plan_is_refused(tmp_path):
     first, _ = _trainer(tmp_path, save_strategy="steps", save_steps=2, max_steps=2)
     first.train()
     checkpoint = tmp_path / "checkpoint-2"
-    other, _ = _trainer(tmp_path, options={"max_tokens": 128, "pad_multiple": 8})
+    other, _ = _trainer(tmp_path, plan=PlanConfig(max_tokens=128, pad_multiple=8))
     with pytest.raises(ResumeError, match="max_tokens is 128, the saved state has 256"):
         other.train(resume_from_checkpoint=str(checkpoint))
     # a checkpoint of another world size cannot be placed by Trainer's step count
@@ -198,7 +200,7 @@ def test_trainer_settings_that_would_shard_again_are_refused(tmp_path):
     with pytest.raises(ValueError, match="split_batches=True cannot be used"):
         _trainer(tmp_path, accelerator_config={"split_batches": True})
     with pytest.raises(ValueError, match=r"\['grad_accum'\] come from the trainer"):
-        _trainer(tmp_path, options={**OPTIONS, "grad_accum": 4})
+        _trainer(tmp_path, plan=replace(PLAN, grad_accum=4))
 
 
 # ---------------------------------------------------------------- TRL's SFTTrainer
@@ -246,9 +248,9 @@ def test_trl_sft_trainer_trains_on_the_planned_batches(tmp_path):
     pytest.importorskip("trl")
     trainer, seen = _sft_trainer(tmp_path)
     lengths = _sft_lengths(trainer)
-    sampler = use_lengthwise(trainer, lengths, **OPTIONS)
+    sampler = use_lengthwise(trainer, lengths, PLAN)
     out = trainer.train()
-    plan = plan_epoch(lengths, grad_accum=ACCUM, seed=3, epoch=0, **OPTIONS)
+    plan = plan_epoch(lengths, replace(PLAN, grad_accum=ACCUM), seed=3, epoch=0)
     assert seen == [b.tolist() for b in plan.rank_batches(0)]
     assert sorted(i for b in seen for i in b) == list(range(len(lengths)))
     assert out.global_step == -(-plan.num_batches // ACCUM) and sampler.seed == 3
@@ -275,7 +277,7 @@ def _rank_main(out_dir: str) -> None:
     # no logging step before the end: each rank's final loss is its own until reduced
     args = _args(out_dir, ddp_backend="gloo", logging_steps=1000)
     trainer = _RawLoss(model=_model(), args=args, train_dataset=Tokens(_lengths()),
-                       data_collator=rec, lengths=_lengths(), sampler_options=OPTIONS)
+                       data_collator=rec, lengths=_lengths(), plan=PLAN)
     out = trainer.train()
     checksum = float(sum(p.double().sum() for p in trainer.model.parameters()))
     result = {"seen": rec.seen, "steps": out.global_step, "world": args.world_size,
@@ -287,7 +289,7 @@ def _rank_main(out_dir: str) -> None:
         pass
     else:
         sft, seen = _sft_trainer(os.path.join(out_dir, "sft"), ddp_backend="gloo")
-        use_lengthwise(sft, _sft_lengths(sft), **OPTIONS)
+        use_lengthwise(sft, _sft_lengths(sft), PLAN)
         sft_out = sft.train()
         result.update(sft_seen=seen, sft_loss=sft_out.training_loss,
                       sft_samples=sft_out.metrics["train_samples"])

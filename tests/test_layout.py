@@ -138,8 +138,9 @@ def test_the_library_does_not_import_its_demo():
         assert not demo, (name, demo)
 
 def test_the_core_plans_without_importing_torch():
-    code = ("import sys, lengthwise.planning as p; p.plan_epoch([3, 1, 2], batch_size=2); "
-            "p.plan_epoch([3, 1, 2], max_tokens=4, layout='pack'); "
+    code = ("import sys, lengthwise.planning as p; "
+            "p.plan_epoch([3, 1, 2], p.PlanConfig(batch_size=2)); "
+            "p.plan_epoch([3, 1, 2], p.PlanConfig(max_tokens=4, layout='pack')); "
             "p.optimal_edges([3, 1, 2], 2); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

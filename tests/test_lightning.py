@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, DistributedSampler  # noqa: E402
 
 from lengthwise.errors import ConfigError  # noqa: E402
 from lengthwise.lightning import LengthwiseCallback, LightningBatchSampler  # noqa: E402
+from lengthwise.planning.config import PlanConfig  # noqa: E402
 from lengthwise.pytorch.sampler import BucketBatchSampler  # noqa: E402
 
 LENGTHS = np.random.default_rng(0).integers(1, 50, 64)
@@ -39,13 +40,13 @@ def _rebuilt(sampler, num_replicas=2, rank=1):
 
 
 def test_lightning_rebuilds_the_sampler_with_its_options_and_the_ranks():
-    sampler = LightningBatchSampler(LENGTHS, max_tokens=128, seed=4)
+    sampler = LightningBatchSampler(LENGTHS, PlanConfig(max_tokens=128), seed=4)
     new = _rebuilt(sampler)
     assert type(new) is LightningBatchSampler and new is not sampler
     assert (new.num_replicas, new.rank) == (2, 1)
-    assert new.config == LightningBatchSampler(LENGTHS, max_tokens=128, seed=4,
+    assert new.config == LightningBatchSampler(LENGTHS, PlanConfig(max_tokens=128), seed=4,
                                                num_replicas=2, rank=1).config
-    twin = BucketBatchSampler(LENGTHS, max_tokens=128, seed=4, num_replicas=2, rank=1)
+    twin = BucketBatchSampler(LENGTHS, PlanConfig(max_tokens=128), seed=4, num_replicas=2, rank=1)
     assert list(new) == list(twin)
     # Lightning sets the epoch through loader.batch_sampler.sampler
     _set_sampler_epoch(DataLoader(range(LENGTHS.size), batch_sampler=new), 3)
@@ -55,17 +56,17 @@ def test_lightning_rebuilds_the_sampler_with_its_options_and_the_ranks():
 def test_given_ranks_must_agree_with_lightnings():
     with pytest.raises(ConfigError, match="num_replicas=4 was given, but Lightning's "
                                          "DistributedSampler has num_replicas=2"):
-        _rebuilt(LightningBatchSampler(LENGTHS, batch_size=4, num_replicas=4, rank=0))
+        _rebuilt(LightningBatchSampler(LENGTHS, PlanConfig(batch_size=4), num_replicas=4, rank=0))
 
 
 def test_a_plain_sampler_names_the_fix():
     with pytest.raises(ConfigError, match="use_distributed_sampler=False") as err:
-        _rebuilt(BucketBatchSampler(LENGTHS, batch_size=4))
+        _rebuilt(BucketBatchSampler(LENGTHS, PlanConfig(batch_size=4)))
     assert "LightningBatchSampler" in str(err.value) and "\n" not in str(err.value)
 
 
 def test_callback_state_counts_trained_batches_not_fetched_ones():
-    sampler = BucketBatchSampler(LENGTHS, max_tokens=128)
+    sampler = BucketBatchSampler(LENGTHS, PlanConfig(max_tokens=128))
     loader = DataLoader(range(LENGTHS.size), batch_sampler=sampler)
     progress = type("P", (), {"processed": 2})
     trainer = type("T", (), {"train_dataloader": loader, "current_epoch": 0})()
@@ -77,17 +78,14 @@ def test_callback_state_counts_trained_batches_not_fetched_ones():
     fetched = [next(it) for _ in range(3)]  # the loop trained 2, fetched one ahead
     state = callback.state_dict()["sampler"]
     assert state["yielded"] == 2
-    again = BucketBatchSampler(LENGTHS, max_tokens=128)
+    again = BucketBatchSampler(LENGTHS, PlanConfig(max_tokens=128))
     again.load_state_dict(state)
     assert next(iter(again)) == fetched[2]
 
 
-def test_a_positional_size_is_refused_naming_the_options():
-    with pytest.raises(ConfigError) as err:
+def test_a_positional_size_is_refused_naming_the_config():
+    with pytest.raises(TypeError, match="config must be a lengthwise.PlanConfig, got 8"):
         LightningBatchSampler(LENGTHS, 8)
-    assert str(err.value) == (
-        "LightningBatchSampler takes the lengths by position and its options by name, got 1 "
-        "more positional argument (8): give max_tokens=... or batch_size=...")
 
 
 class _Ranks:
@@ -98,19 +96,20 @@ class _Ranks:
 
 
 def test_numpy_integer_ranks_are_taken_over_and_others_named():
-    s = LightningBatchSampler(LENGTHS, max_tokens=256, sampler=_Ranks(np.int64(2), np.int64(1)))
+    s = LightningBatchSampler(LENGTHS, PlanConfig(max_tokens=256),
+                              sampler=_Ranks(np.int64(2), np.int64(1)))
     assert (s.num_replicas, s.rank) == (2, 1) and type(s.rank) is int
     with pytest.raises(ConfigError, match=r"^sampler=_Ranks has rank=1\.0 \(float\), not an "
                                           r"integer$"):
-        LightningBatchSampler(LENGTHS, max_tokens=256, sampler=_Ranks(2, 1.0))
+        LightningBatchSampler(LENGTHS, PlanConfig(max_tokens=256), sampler=_Ranks(2, 1.0))
     with pytest.raises(ConfigError, match="^sampler=object has no num_replicas"):
-        LightningBatchSampler(LENGTHS, max_tokens=256, sampler=object())
+        LightningBatchSampler(LENGTHS, PlanConfig(max_tokens=256), sampler=object())
 
 
 def test_a_checkpoint_state_of_another_shape_says_what_it_has_and_misses():
     from lengthwise.pytorch.sampler_state import ResumeError
 
-    sampler = LightningBatchSampler(LENGTHS, max_tokens=256)
+    sampler = LightningBatchSampler(LENGTHS, PlanConfig(max_tokens=256))
     loader = DataLoader(range(LENGTHS.size), batch_sampler=sampler)
     trainer = type("T", (), {"train_dataloader": loader, "current_epoch": 0})()
     callback = LengthwiseCallback()

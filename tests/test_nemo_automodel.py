@@ -12,6 +12,7 @@ loader_module = pytest.importorskip("nemo_automodel.components.datasets.loader")
 from nemo_automodel.components.training.step_scheduler import StepScheduler  # noqa: E402
 
 from lengthwise.nemo import EpochBatchSampler, LengthwiseSamplerConfig  # noqa: E402
+from lengthwise.planning.config import PlanConfig  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -23,12 +24,12 @@ def keep_start_method():
 
 
 LENGTHS = np.random.default_rng(4).integers(2, 80, 200)
-OPTIONS = {"max_tokens": 320, "grad_accum": 2, "seed": 9}
+PLAN = PlanConfig(max_tokens=320, grad_accum=2)
 
 
 def _loader(rank, world=2):
     data = [{"index": i} for i in range(LENGTHS.size)]
-    sampler = LengthwiseSamplerConfig(LENGTHS, dict(OPTIONS)).build(
+    sampler = LengthwiseSamplerConfig(LENGTHS, PLAN, {"seed": 9}).build(
         dataset_len=len(data), rank=rank, world_size=world)
     return loader_module.ParallelAwareDataloader(
         data, dp_rank=rank, dp_world_size=world, batch_size=None, batch_sampler=sampler,
@@ -53,7 +54,7 @@ def test_every_sample_once_per_epoch_under_the_step_scheduler():
         assert sorted(ranks[0] + ranks[1]) == list(range(LENGTHS.size))
     assert epochs[0][0] != epochs[1][0] != epochs[2][0]  # each epoch planned anew
     for batch in loaders[0].batch_sampler:
-        assert len(batch) * int(LENGTHS[batch].max()) <= OPTIONS["max_tokens"]
+        assert len(batch) * int(LENGTHS[batch].max()) <= PLAN.max_tokens
 
 
 @pytest.mark.parametrize("stop", [3, "end"])
@@ -77,5 +78,5 @@ def test_stateful_loader_resumes(stop):
 
 def test_the_data_set_size_is_checked():
     with pytest.raises(ValueError, match="lengths for 200 samples but the dataset has 10 rows"):
-        LengthwiseSamplerConfig(LENGTHS, dict(OPTIONS)).build(dataset_len=10, rank=0,
+        LengthwiseSamplerConfig(LENGTHS, PLAN, {"seed": 9}).build(dataset_len=10, rank=0,
                                                               world_size=1)

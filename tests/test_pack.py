@@ -125,20 +125,20 @@ def test_many_lanes_cover_and_fill():
 
 def test_same_seed_same_plan_new_epoch_new_rows():
     lens = np.random.default_rng(3).integers(1, 2000, 4000)
-    kw = dict(max_tokens=4096, layout="pack", world_size=2, grad_accum=2, seed=5)
-    p0, again, p1 = (plan_epoch(lens, epoch=e, **kw) for e in (0, 0, 1))
+    kw = PlanConfig(max_tokens=4096, layout="pack", world_size=2, grad_accum=2)
+    p0, again, p1 = (plan_epoch(lens, kw, seed=5, epoch=e) for e in (0, 0, 1))
     assert np.array_equal(p0.indices, again.indices) and np.array_equal(p0.offsets, again.offsets)
     assert not np.array_equal(p0.indices, p1.indices)
     assert recomposition(p0, p1) < 0.02
-    other_seed = plan_epoch(lens, epoch=0, **{**kw, "seed": 6})
+    other_seed = plan_epoch(lens, kw, seed=6, epoch=0)
     assert recomposition(p0, other_seed) < 0.02
 
 
 def test_rows_mix_lengths_anew_every_epoch():
     """Rows are not cut from a global sort: their length mixes change between epochs."""
     lens = load_lengths("sft_mix")
-    kw = dict(max_tokens=8192, layout="pack", world_size=8, grad_accum=4)
-    p0, p1 = plan_epoch(lens, epoch=0, **kw), plan_epoch(lens, epoch=1, **kw)
+    kw = PlanConfig(max_tokens=8192, layout="pack", world_size=8, grad_accum=4)
+    p0, p1 = plan_epoch(lens, kw, epoch=0), plan_epoch(lens, kw, epoch=1)
 
     def length_sets(plan):
         # hash rows by their multiset of lengths; rows of one sample say nothing
@@ -159,20 +159,21 @@ def test_rows_mix_lengths_anew_every_epoch():
 def test_indices_restrict_the_plan():
     lens = np.random.default_rng(1).integers(1, 900, 3000)
     ids = np.arange(0, 3000, 3)
-    plan = plan_epoch(lens, max_tokens=2048, layout="pack", world_size=3, indices=ids)
+    plan = plan_epoch(lens, PlanConfig(max_tokens=2048, layout="pack", world_size=3), indices=ids)
     assert np.array_equal(np.sort(plan.indices), ids)
     _check_plan(plan, lens, 2048)
     # every id, in another order: rows still hold the right samples
     shuffled = np.random.default_rng(2).permutation(3000)
-    plan = plan_epoch(lens, max_tokens=2048, layout="pack", indices=shuffled)
+    plan = plan_epoch(lens, PlanConfig(max_tokens=2048, layout="pack"), indices=shuffled)
     assert np.array_equal(np.sort(plan.indices), np.arange(3000))
     assert max(lens[plan.batch(k)].sum() for k in range(plan.total_batches)) <= 2048
 
 
 def test_rows_per_batch_groups_rows():
     lens = np.random.default_rng(2).integers(1, 700, 5000)
-    plan = plan_epoch(lens, max_tokens=2048, layout="pack", world_size=2, grad_accum=2,
-                      rows_per_batch=4)
+    plan = plan_epoch(lens,
+                      PlanConfig(max_tokens=2048, layout="pack", world_size=2, grad_accum=2,
+                                 rows_per_batch=4))
     _check_plan(plan, lens, 2048)
     k = plan.total_batches - 1
     rows = plan.batch_rows(k)
@@ -207,13 +208,13 @@ def test_split_respects_max_len_first():
 
 def test_truncate_drop_error():
     lens = [40, 9, 3, 17]
-    plan = plan_epoch(lens, max_tokens=16, layout="pack")
+    plan = plan_epoch(lens, PlanConfig(max_tokens=16, layout="pack"))
     assert plan.lengths.tolist() == [16, 9, 3, 16] and plan.stats["truncated"] == 2
-    dropped = plan_epoch(lens, max_tokens=16, layout="pack", on_overflow="drop")
+    dropped = plan_epoch(lens, PlanConfig(max_tokens=16, layout="pack", on_overflow="drop"))
     assert sorted(dropped.indices.tolist()) == [1, 2]
     assert dropped.stats["dropped_overflow"] == 2
     with pytest.raises(LengthError, match="row 0: length 40"):
-        plan_epoch(lens, max_tokens=16, layout="pack", on_overflow="error")
+        plan_epoch(lens, PlanConfig(max_tokens=16, layout="pack", on_overflow="error"))
 
 
 @pytest.mark.parametrize("kw, match", [
@@ -225,16 +226,17 @@ def test_truncate_drop_error():
 ])
 def test_bad_configuration(kw, match):
     with pytest.raises(ValueError, match=match):
-        plan_epoch([5, 9, 30], layout="pack", **kw)
+        plan_epoch([5, 9, 30], PlanConfig(layout="pack", **kw))
 
 
 def test_even_out_repeat_and_drop_are_counted():
     lens = [5, 9, 30]
-    rep = plan_epoch(lens, max_tokens=64, layout="pack", world_size=4, even_out="repeat")
+    rep = plan_epoch(lens,
+                     PlanConfig(max_tokens=64, layout="pack", world_size=4, even_out="repeat"))
     assert rep.total_batches == 4 and rep.stats["repeated"] >= 1
     assert set(rep.indices.tolist()) == {0, 1, 2}
     lens = np.random.default_rng(0).integers(1, 60, 50)
-    drop = plan_epoch(lens, max_tokens=64, layout="pack", world_size=4, even_out="drop")
+    drop = plan_epoch(lens, PlanConfig(max_tokens=64, layout="pack", world_size=4, even_out="drop"))
     assert drop.total_batches % 4 == 0
     assert drop.stats["dropped_to_even_out"] == 50 - drop.indices.size
 
@@ -258,10 +260,12 @@ def test_schedule_groups_balances_slots_and_spreads_weight():
 def test_bundled_sft_mix_targets():
     lens = load_lengths("sft_mix")
     cost = CostModel(a=1, b=1 / 4096)
-    plan = plan_epoch(lens, max_tokens=8192, layout="pack", world_size=4, grad_accum=8,
-                      cost=cost)
-    shuffled = plan_epoch(lens, max_tokens=8192, layout="pack", world_size=4, grad_accum=8,
-                          cost=cost, order="random")
+    plan = plan_epoch(lens,
+                      PlanConfig(max_tokens=8192, layout="pack", world_size=4, grad_accum=8,
+                                 cost=cost))
+    shuffled = plan_epoch(lens,
+                          PlanConfig(max_tokens=8192, layout="pack", world_size=4, grad_accum=8,
+                                     cost=cost, order="random"))
     s, r = plan.stats, shuffled.stats
     assert isinstance(plan, PackedEpochPlan)
     assert s["padding_efficiency"] >= 0.995 and s["fill"] == s["padding_efficiency"]
@@ -296,7 +300,7 @@ def test_packed_micro_batch_loss_equals_samples_one_by_one(impl):
     rng = np.random.default_rng(4)
     lengths = rng.integers(2, 40, 30)
     tokens = [rng.integers(1, VOCAB, n) for n in lengths]
-    plan = plan_epoch(lengths, max_tokens=64, layout="pack", rows_per_batch=2, seed=1)
+    plan = plan_epoch(lengths, PlanConfig(max_tokens=64, layout="pack", rows_per_batch=2), seed=1)
     k = int(np.argmax([len(plan.batch(i)) for i in range(plan.total_batches)]))
     rows = [[{"input_ids": tokens[i]} for i in row.tolist()] for row in plan.batch_rows(k)]
     assert sum(len(r) for r in rows) >= 3
@@ -327,7 +331,8 @@ def test_sampler_yields_the_plans_rows_to_the_collator():
     rng = np.random.default_rng(5)
     lengths = rng.integers(1, 300, 400)
     data = [{"input_ids": list(range(1, n + 1))} for n in lengths.tolist()]
-    sampler = BucketBatchSampler(lengths, max_tokens=512, layout="pack", rows_per_batch=3,
+    sampler = BucketBatchSampler(lengths,
+                                 PlanConfig(max_tokens=512, layout="pack", rows_per_batch=3),
                                  yield_rows=True, num_replicas=2, rank=1, seed=3)
     loader = DataLoader(RowsDataset(data), batch_sampler=sampler,
                         collate_fn=PackCollator(row_capacity=512, pad_to_capacity=True,

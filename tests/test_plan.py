@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 
 import lengthwise
 from lengthwise import load_lengths, plan_epoch
+from lengthwise.planning.config import PlanConfig
 from lengthwise.planning.cost import CostModel, round_up
 from lengthwise.planning.lengths import LengthError
 from lengthwise.planning.vocabulary import ORDERS
@@ -35,7 +37,9 @@ def batches_of(plan):
 def test_invariants(lengths, cfg, rule):
     lengths = np.asarray(lengths)
     try:
-        plan = plan_epoch(lengths, **{rule[0]: rule[1]}, **cfg)
+        own = {k: cfg[k] for k in ("seed", "epoch")}
+        options = {k: v for k, v in cfg.items() if k not in own}
+        plan = plan_epoch(lengths, PlanConfig(**{rule[0]: rule[1]}, **options), **own)
     except ValueError as exc:  # too few samples for equal counts: a clear error, tested below
         assert "same number of micro-batches" in str(exc) or "no samples left" in str(exc)
         assume(False)
@@ -64,8 +68,10 @@ def test_interleave_respects_max_run(k, world_size, max_run, seed):
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1, 2000, 600)
     edges = np.quantile(lengths, np.linspace(0, 1, k + 1)[1:]).astype(int).tolist()
-    plan = plan_epoch(lengths, batch_size=4, buckets=edges, order="interleave",
-                      world_size=world_size, max_run=max_run, seed=seed)
+    plan = plan_epoch(lengths,
+                      PlanConfig(batch_size=4, buckets=edges, order="interleave",
+                                 world_size=world_size, max_run=max_run),
+                      seed=seed)
     for rank in range(world_size):
         tags = plan.bucket[rank::world_size]
         counts = np.bincount(tags)
@@ -77,9 +83,9 @@ def test_interleave_respects_max_run(k, world_size, max_run, seed):
 
 def test_plan_is_a_pure_function_of_inputs_and_changes_every_epoch():
     lengths = load_lengths("evals_capped", max_len=4096)
-    a = plan_epoch(lengths, max_tokens=8192, world_size=4, seed=3, epoch=2)
-    b = plan_epoch(lengths, max_tokens=8192, world_size=4, seed=3, epoch=2)
-    c = plan_epoch(lengths, max_tokens=8192, world_size=4, seed=3, epoch=3)
+    a = plan_epoch(lengths, PlanConfig(max_tokens=8192, world_size=4), seed=3, epoch=2)
+    b = plan_epoch(lengths, PlanConfig(max_tokens=8192, world_size=4), seed=3, epoch=2)
+    c = plan_epoch(lengths, PlanConfig(max_tokens=8192, world_size=4), seed=3, epoch=3)
     assert np.array_equal(a.indices, b.indices) and np.array_equal(a.offsets, b.offsets)
     assert not np.array_equal(a.indices, c.indices)
     assert lengthwise.recomposition(a, c) <= 0.01
@@ -87,12 +93,12 @@ def test_plan_is_a_pure_function_of_inputs_and_changes_every_epoch():
 
 def test_same_plan_in_another_process():
     code = ("import zlib, lengthwise as lw; p = lw.plan_epoch(lw.load_lengths('sft_mix', "
-            "max_len=8192), max_tokens=16384, world_size=8, seed=7, epoch=1); "
+            "max_len=8192), lw.PlanConfig(max_tokens=16384, world_size=8), seed=7, epoch=1); "
             "print(zlib.crc32(p.indices.tobytes()), zlib.crc32(p.offsets.tobytes()))")
     out = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True).stdout for _ in range(2)]
-    here = plan_epoch(load_lengths("sft_mix", max_len=8192), max_tokens=16384, world_size=8,
-                      seed=7, epoch=1)
+    here = plan_epoch(load_lengths("sft_mix", max_len=8192),
+                      PlanConfig(max_tokens=16384, world_size=8), seed=7, epoch=1)
     import zlib
     expected = f"{zlib.crc32(here.indices.tobytes())} {zlib.crc32(here.offsets.tobytes())}\n"
     assert out == [expected, expected]
@@ -100,10 +106,10 @@ def test_same_plan_in_another_process():
 
 def test_sft_mix_targets():
     lengths = load_lengths("sft_mix", max_len=8192)
-    kw = dict(max_tokens=16384, world_size=8)
-    strat = plan_epoch(lengths, **kw).stats
-    bucket_random = plan_epoch(lengths, order="bucket-random", **kw).stats
-    inter = plan_epoch(lengths, order="interleave", **kw).stats
+    kw = PlanConfig(max_tokens=16384, world_size=8)
+    strat = plan_epoch(lengths, kw).stats
+    bucket_random = plan_epoch(lengths, replace(kw, order="bucket-random")).stats
+    inter = plan_epoch(lengths, replace(kw, order="interleave")).stats
     assert strat["padding_efficiency"] >= 0.97
     assert strat["step_cv_ratio"] <= 1.0 < bucket_random["step_cv_ratio"]
     assert inter["max_same_bucket_run"] <= 3
@@ -112,7 +118,7 @@ def test_sft_mix_targets():
 
 def test_stratified_steps_carry_every_stratum():
     lengths = np.random.default_rng(0).integers(1, 4000, 5000)
-    plan = plan_epoch(lengths, batch_size=4, buckets=16, world_size=2, grad_accum=4)
+    plan = plan_epoch(lengths, PlanConfig(batch_size=4, buckets=16, world_size=2, grad_accum=4))
     longest = np.maximum.reduceat(plan.lengths[plan.indices], plan.offsets[:-1])
     steps = longest[: plan.total_batches // 8 * 8].reshape(-1, 8)
     # each full step holds one micro-batch per length octile: short and long together
@@ -122,19 +128,19 @@ def test_stratified_steps_carry_every_stratum():
 
 def test_subset_of_indices():
     lengths = np.arange(1, 101)
-    plan = plan_epoch(lengths, batch_size=4, indices=np.arange(50, 100), world_size=2)
+    plan = plan_epoch(lengths, PlanConfig(batch_size=4, world_size=2), indices=np.arange(50, 100))
     assert np.array_equal(np.sort(plan.indices), np.arange(50, 100))
     with pytest.raises(ValueError, match="repeat"):
-        plan_epoch(lengths, batch_size=4, indices=[1, 1])
+        plan_epoch(lengths, PlanConfig(batch_size=4), indices=[1, 1])
     with pytest.raises(ValueError, match="must lie in"):
-        plan_epoch(lengths, batch_size=4, indices=[100])
+        plan_epoch(lengths, PlanConfig(batch_size=4), indices=[100])
 
 
 def test_indices_in_any_order_keep_every_batch_within_the_budget():
     lengths = np.random.default_rng(0).integers(1, 4000, 20_000)
     shuffled = np.random.default_rng(1).permutation(lengths.size)  # every sample, reordered
     for ids in (shuffled, shuffled[:-1]):
-        plan = plan_epoch(lengths, max_tokens=8192, world_size=2, indices=ids)
+        plan = plan_epoch(lengths, PlanConfig(max_tokens=8192, world_size=2), indices=ids)
         longest = np.maximum.reduceat(plan.lengths[plan.indices], plan.offsets[:-1])
         assert np.max(np.diff(plan.offsets) * longest) <= 8192
         assert np.array_equal(np.sort(plan.indices), np.sort(ids))
@@ -143,34 +149,36 @@ def test_indices_in_any_order_keep_every_batch_within_the_budget():
 
 def test_even_out_policies_are_counted():
     lengths = np.full(22, 10)  # 22 samples, batch_size 4 -> 6 batches over 4 ranks
-    split = plan_epoch(lengths, batch_size=4, world_size=4, order="sorted")
+    split = plan_epoch(lengths, PlanConfig(batch_size=4, world_size=4, order="sorted"))
     assert split.total_batches == 8 and split.counts["split_batches"] == 2
-    drop = plan_epoch(lengths, batch_size=4, world_size=4, even_out="drop", order="sorted")
+    drop = plan_epoch(lengths,
+                      PlanConfig(batch_size=4, world_size=4, even_out="drop", order="sorted"))
     assert drop.total_batches == 4
     assert drop.counts["dropped_to_even_out"] == 22 - drop.indices.size > 0
-    rep = plan_epoch(lengths, batch_size=4, world_size=4, even_out="repeat", order="sorted")
+    rep = plan_epoch(lengths,
+                     PlanConfig(batch_size=4, world_size=4, even_out="repeat", order="sorted"))
     assert rep.total_batches == 8
     assert rep.counts["repeated"] == rep.indices.size - 22 > 0
     with pytest.raises(ValueError, match="cannot give each of 8 ranks the same number"):
-        plan_epoch(np.full(5, 10), batch_size=1, world_size=8)
+        plan_epoch(np.full(5, 10), PlanConfig(batch_size=1, world_size=8))
 
 
 def test_overflow_over_budget():
     lengths = np.array([100, 5000, 200, 300])
-    plan = plan_epoch(lengths, max_tokens=1024, on_overflow="drop")
+    plan = plan_epoch(lengths, PlanConfig(max_tokens=1024, on_overflow="drop"))
     assert 1 not in plan.indices and plan.counts["dropped_overflow"] == 1
-    plan = plan_epoch(lengths, max_tokens=1024)
+    plan = plan_epoch(lengths, PlanConfig(max_tokens=1024))
     assert plan.lengths[1] == 1024 and plan.counts["truncated"] == 1
     with pytest.raises(LengthError, match="row 1: length 5000"):
-        plan_epoch(lengths, max_tokens=1024, on_overflow="error")
-    plan = plan_epoch(np.array([0, 3, 0, 4]), batch_size=2)
+        plan_epoch(lengths, PlanConfig(max_tokens=1024, on_overflow="error"))
+    plan = plan_epoch(np.array([0, 3, 0, 4]), PlanConfig(batch_size=2))
     assert sorted(plan.indices.tolist()) == [1, 3] and plan.counts["dropped_empty"] == 2
 
 
 def test_cost_budget_and_cost_balance():
     lengths = np.random.default_rng(4).integers(16, 2048, 4000)
     cost = CostModel(a=1.0, b=1 / 512, c=64)
-    plan = plan_epoch(lengths, cost=cost, max_cost=40_000, world_size=4)
+    plan = plan_epoch(lengths, PlanConfig(cost=cost, max_cost=40_000, world_size=4))
     for k in range(plan.total_batches):
         b = plan.batch(k)
         assert cost.batch_cost(b.size, plan.lengths[b].max()) <= 40_000
@@ -190,7 +198,7 @@ def test_cost_budget_and_cost_balance():
 ])
 def test_bad_configuration(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        plan_epoch(np.arange(1, 100), **kwargs)
+        plan_epoch(np.arange(1, 100), PlanConfig(**kwargs))
 
 
 @pytest.mark.parametrize("options, exc, match", [
@@ -210,12 +218,12 @@ def test_bad_configuration(kwargs, message):
 ])
 def test_batch_rule_values_are_never_converted_quietly(options, exc, match):
     with pytest.raises(exc, match=match):
-        plan_epoch(np.arange(1, 100), **options)
+        plan_epoch(np.arange(1, 100), PlanConfig(**options))
 
 
 def test_bucket_edges_longer_than_a_row_of_the_budget():
     lens = np.random.default_rng(0).integers(1, 9000, 2000)
-    plan = plan_epoch(lens, buckets=[1024, 2048, 4096, 8192], max_tokens=4096)
+    plan = plan_epoch(lens, PlanConfig(buckets=[1024, 2048, 4096, 8192], max_tokens=4096))
     assert plan.lengths.max() <= 4096  # truncated to one row of the budget, none in 8192
     assert plan.stats["truncated"] == int((lens > 4096).sum())
     with pytest.raises(ValueError, match="bucket 1 holds 3 samples, but not even one row"):
@@ -234,23 +242,24 @@ def test_bucket_edges_longer_than_a_row_of_the_budget():
 ])
 def test_lengths_whose_token_sums_would_overflow_are_refused(lengths, kw):
     with pytest.raises(LengthError, match=r"samples x the longest length must stay below 2\*\*62"):
-        plan_epoch(lengths, **kw)
+        plan_epoch(lengths, PlanConfig(**kw))
 
 
 def test_the_largest_token_sums_allowed_are_exact():
     lengths = np.array([2**59] * 6 + [5])  # 7 x 2**59: below 2**62 (8 x would be refused)
-    stats = plan_epoch(lengths, batch_size=3, buckets=1).stats
+    stats = plan_epoch(lengths, PlanConfig(batch_size=3, buckets=1)).stats
     assert stats["real_tokens"] == 6 * 2**59 + 5
     assert stats["padding_efficiency"] == pytest.approx((6 * 2**59 + 5) / (7 * 2**59))
     # a budget too large to bound the sums alone: the longest length does
-    assert plan_epoch(np.full(10, 2**58), max_tokens=2**59).stats["padding_efficiency"] == 1.0
+    plan = plan_epoch(np.full(10, 2**58), PlanConfig(max_tokens=2**59))
+    assert plan.stats["padding_efficiency"] == 1.0
 
 
 def test_one_long_sample_among_a_million_short_ones_plans_on_eight_ranks():
     """Auto edges give the long sample a bucket of its own: the short ones fill their
     micro-batches, and eight ranks get equal counts with every sample once."""
     lengths = np.concatenate([np.full(10**6, 3), [8000]])
-    plan = plan_epoch(lengths, max_tokens=8192, world_size=8, grad_accum=2)
+    plan = plan_epoch(lengths, PlanConfig(max_tokens=8192, world_size=8, grad_accum=2))
     assert plan.edges == [3, 8000]
     assert plan.total_batches < 1200 and plan.total_batches % 8 == 0
     assert np.array_equal(np.sort(plan.indices), np.arange(lengths.size))

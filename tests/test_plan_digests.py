@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from tests._plan_cases import FIXTURE, _lengths, cases, digest
+from tests._plan_cases import FIXTURE, cases, digest, planned
 
 SAVED = json.loads(FIXTURE.read_text())
 
@@ -19,10 +19,8 @@ SAVED = json.loads(FIXTURE.read_text())
 @pytest.mark.filterwarnings("ignore:.*of the tokens are cut")
 @pytest.mark.parametrize("case", cases(), ids=lambda c: c[0])
 def test_plan_matches_saved_digest(case):
-    from lengthwise.planning.plan import plan_epoch
-
     name, kind, seed, kw = case
-    got = digest(plan_epoch(_lengths(kind, seed), **kw))
+    got = digest(planned(kind, seed, kw))
     assert got["edges"] == SAVED[name]["edges"]
     assert got["stats"] == SAVED[name]["stats"]
     assert got["plan"] == SAVED[name]["plan"]

@@ -17,6 +17,7 @@ from _ports import free_port
 pytest.importorskip("torch")
 
 from lengthwise.errors import ConfigError  # noqa: E402
+from lengthwise.planning.config import PlanConfig
 from lengthwise.pytorch.sampler import BucketBatchSampler  # noqa: E402
 
 LENGTHS = [5, 3, 8, 2, 7, 1, 4, 6]
@@ -33,7 +34,7 @@ def clean_env(monkeypatch):
 def test_one_replica_under_two_processes_raises(clean_env, name):
     clean_env.setenv(name, "2")
     with pytest.raises(ConfigError) as err:
-        BucketBatchSampler(LENGTHS, batch_size=2)
+        BucketBatchSampler(LENGTHS, PlanConfig(batch_size=2))
     msg = str(err.value)
     assert "num_replicas=1" in msg and f"{name}=2" in msg and "init_process_group" in msg
     assert "check_world_size=False" in msg and "\n" not in msg
@@ -41,20 +42,21 @@ def test_one_replica_under_two_processes_raises(clean_env, name):
 
 def test_matching_or_opted_out_samplers_build(clean_env):
     clean_env.setenv("WORLD_SIZE", "4")
-    both = [BucketBatchSampler(LENGTHS, batch_size=2, num_replicas=4, rank=r) for r in range(4)]
+    both = [BucketBatchSampler(LENGTHS, PlanConfig(batch_size=2), num_replicas=4, rank=r)
+            for r in range(4)]
     seen = sorted(i for s in both for b in s for i in b)
     assert seen == list(range(len(LENGTHS)))
     # two tensor-parallel pairs: 2 data-parallel ranks among 4 processes
-    shared = BucketBatchSampler(LENGTHS, batch_size=2, num_replicas=2, rank=1,
+    shared = BucketBatchSampler(LENGTHS, PlanConfig(batch_size=2), num_replicas=2, rank=1,
                                 check_world_size=False)
     assert shared.num_replicas == 2
     with pytest.raises(ConfigError, match="num_replicas=2, but WORLD_SIZE=4"):
-        BucketBatchSampler(LENGTHS, batch_size=2, num_replicas=2, rank=1)
+        BucketBatchSampler(LENGTHS, PlanConfig(batch_size=2), num_replicas=2, rank=1)
 
 
 def test_single_process_needs_nothing(clean_env):
     clean_env.setenv("WORLD_SIZE", "1")
-    assert len(BucketBatchSampler(LENGTHS, batch_size=2)) == 4
+    assert len(BucketBatchSampler(LENGTHS, PlanConfig(batch_size=2))) == 4
 
 
 @pytest.mark.parametrize("world,rank", [("WORLD_SIZE", "RANK"), ("LOCAL_WORLD_SIZE", "LOCAL_RANK")])
@@ -62,32 +64,32 @@ def test_a_rank_another_process_has_is_refused(clean_env, world, rank):
     clean_env.setenv(world, "2")
     clean_env.setenv(rank, "1")
     with pytest.raises(ConfigError) as err:
-        BucketBatchSampler(LENGTHS, batch_size=2, num_replicas=2, rank=0)
+        BucketBatchSampler(LENGTHS, PlanConfig(batch_size=2), num_replicas=2, rank=0)
     msg = str(err.value)
     assert "rank=0" in msg and f"{rank}=1" in msg and "\n" not in msg
-    assert BucketBatchSampler(LENGTHS, batch_size=2, num_replicas=2, rank=1).rank == 1
+    assert BucketBatchSampler(LENGTHS, PlanConfig(batch_size=2), num_replicas=2, rank=1).rank == 1
     # a data-parallel rank of another group, on purpose
-    assert BucketBatchSampler(LENGTHS, batch_size=2, num_replicas=2, rank=0,
+    assert BucketBatchSampler(LENGTHS, PlanConfig(batch_size=2), num_replicas=2, rank=0,
                               check_world_size=False).rank == 0
 
 
 WORKER = """
 import json, os, sys
 import torch.distributed as dist
-from lengthwise.pytorch.sampler import BucketBatchSampler
+from lengthwise import BucketBatchSampler, PlanConfig
 lengths = list(range(1, 41))
 out = {}
 try:
-    BucketBatchSampler(lengths, batch_size=4)          # before init_process_group
+    BucketBatchSampler(lengths, PlanConfig(batch_size=4))  # before init_process_group
     out["early"] = None
 except ValueError as exc:
     out["early"] = str(exc)
 dist.init_process_group("gloo")
-sampler = BucketBatchSampler(lengths, batch_size=4)    # after: the group's size and rank
+sampler = BucketBatchSampler(lengths, PlanConfig(batch_size=4))  # after: the group's size, rank
 out["batches"] = [b for b in sampler]
 out["replicas"] = sampler.num_replicas
 try:
-    BucketBatchSampler(lengths, batch_size=4, num_replicas=2, rank=0)   # rank 0 on both
+    BucketBatchSampler(lengths, PlanConfig(batch_size=4), num_replicas=2, rank=0)  # rank 0 on both
     out["rank0"] = None
 except ValueError as exc:
     out["rank0"] = str(exc)
@@ -128,17 +130,17 @@ def test_a_launcher_count_that_is_not_one_is_refused_naming_it(clean_env, name, 
     """Not read as 'one process' (which would plan the whole epoch on every process)."""
     clean_env.setenv(name, value)
     with pytest.raises(ConfigError) as err:
-        BucketBatchSampler(LENGTHS, batch_size=2)
+        BucketBatchSampler(LENGTHS, PlanConfig(batch_size=2))
     assert str(err.value).startswith(f"{name}={value!r} is not a count of processes")
     assert "\n" not in str(err.value)
-    assert len(BucketBatchSampler(LENGTHS, batch_size=2, check_world_size=False)) == 4
+    assert len(BucketBatchSampler(LENGTHS, PlanConfig(batch_size=2), check_world_size=False)) == 4
 
 
 def test_world_size_is_the_count_of_processes_where_both_are_set(clean_env):
     """LOCAL_WORLD_SIZE (the processes of one machine) is read only without WORLD_SIZE."""
     clean_env.setenv("WORLD_SIZE", "1")
     clean_env.setenv("LOCAL_WORLD_SIZE", "2")
-    assert len(BucketBatchSampler(LENGTHS, batch_size=2)) == 4
+    assert len(BucketBatchSampler(LENGTHS, PlanConfig(batch_size=2))) == 4
     clean_env.setenv("WORLD_SIZE", "4")
     with pytest.raises(ConfigError, match="num_replicas=2, but WORLD_SIZE=4 says"):
-        BucketBatchSampler(LENGTHS, batch_size=2, num_replicas=2, rank=0)
+        BucketBatchSampler(LENGTHS, PlanConfig(batch_size=2), num_replicas=2, rank=0)

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -20,11 +21,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from lengthwise.planning.config import PlanConfig
 from lengthwise.planning.plan import plan_epoch
 from lengthwise.pytorch.sampler import BucketBatchSampler, loader_sampler_state
 
-KW = dict(max_tokens=4096, grad_accum=2, seed=7)
-FAST = dict(KW, buckets=6)  # fixed bucket count: no edge search, for the many-example tests
+SEED = 7
+KW = PlanConfig(max_tokens=4096, grad_accum=2)
+FAST = replace(KW, buckets=6)  # fixed bucket count: no edge search, for the many-example tests
 
 
 def _lengths(n=3000, seed=0):
@@ -42,8 +45,9 @@ def _loader(sampler, workers=0):
                               num_workers=workers, collate_fn=_collate)
 
 
-def _samplers(lens, world, **kw):
-    return [BucketBatchSampler(lens, num_replicas=world, rank=r, **kw) for r in range(world)]
+def _samplers(lens, world, config, seed=SEED):
+    return [BucketBatchSampler(lens, config, num_replicas=world, rank=r, seed=seed)
+            for r in range(world)]
 
 
 def _take(sampler, n):
@@ -61,11 +65,11 @@ def _take(sampler, n):
 def test_resume_by_hand_equals_uninterrupted(world, epoch, cut, via_json):
     lens = _lengths(1500)
     full = []
-    for s in _samplers(lens, world, **FAST):
+    for s in _samplers(lens, world, FAST):
         s.set_epoch(epoch)
         full.append(list(s))
     y = int(cut * len(full[0]))  # the same on every rank
-    old = _samplers(lens, world, **FAST)
+    old = _samplers(lens, world, FAST)
     heads = []
     for s in old:
         s.set_epoch(epoch)
@@ -75,7 +79,7 @@ def test_resume_by_hand_equals_uninterrupted(world, epoch, cut, via_json):
     assert state["yielded"] == y and state["epoch"] == epoch
     if via_json:
         state = json.loads(json.dumps(state))
-    for r, s in enumerate(_samplers(lens, world, **FAST)):
+    for r, s in enumerate(_samplers(lens, world, FAST)):
         s.load_state_dict(state)
         s.set_epoch(epoch)  # the usual call at the top of the epoch keeps the resume point
         assert s.remaining() == len(full[r]) - y
@@ -83,14 +87,14 @@ def test_resume_by_hand_equals_uninterrupted(world, epoch, cut, via_json):
         assert heads[r] + rest == full[r]
         # the following epoch is the uninterrupted one again
         s.set_epoch(epoch + 1)
-        ref = BucketBatchSampler(lens, num_replicas=world, rank=r, **FAST)
+        ref = BucketBatchSampler(lens, FAST, num_replicas=world, rank=r, seed=SEED)
         ref.set_epoch(epoch + 1)
         assert list(s) == list(ref)
 
 
 def test_state_is_a_few_plain_numbers_and_rank_independent():
     lens = _lengths()
-    a, b = _samplers(lens, 2, **KW)
+    a, b = _samplers(lens, 2, KW)
     _take(a, 3)
     _take(b, 3)
     sa, sb = a.state_dict(), b.state_dict()
@@ -103,7 +107,7 @@ def test_state_is_a_few_plain_numbers_and_rank_independent():
 # ---------------------------------------------------------------- elastic
 
 
-def _elastic(lens, epoch, steps, kw=KW):
+def _elastic(lens, epoch, steps, config=KW, seed=SEED):
     """Train ``epoch`` over a chain of world sizes; ``steps`` = [(world, accum, take), ...].
 
     ``take=None`` runs the last world size to the end. Returns every micro-batch
@@ -111,7 +115,7 @@ def _elastic(lens, epoch, steps, kw=KW):
     """
     trained, state, samplers = [], None, []
     for world, accum, take in steps:
-        samplers = _samplers(lens, world, **{**kw, "grad_accum": accum})
+        samplers = _samplers(lens, world, replace(config, grad_accum=accum), seed)
         counts = []
         for s in samplers:
             if state is not None:
@@ -137,11 +141,11 @@ def test_elastic_resume_trains_the_rest_exactly_once(old, new):
     trained, samplers = _elastic(lens, epoch, [(old, 2, y), (new, 2, None)])
     _assert_exactly_once(trained, lens)
     # the rest is exactly plan_epoch(indices=not yet trained, world_size=new)
-    first = plan_epoch(lens, world_size=old, epoch=epoch, **KW)
+    first = plan_epoch(lens, replace(KW, world_size=old), seed=SEED, epoch=epoch)
     done = np.concatenate([np.concatenate(first.rank_batches(r)[:y]) for r in range(old)])
     rest_ids = np.setdiff1d(np.arange(lens.size), done)
-    rest = plan_epoch(lens, world_size=new, epoch=epoch, indices=rest_ids,
-                      **{**KW, "buckets": tuple(first.edges)})
+    rest = plan_epoch(lens, replace(KW, world_size=new, buckets=tuple(first.edges)),
+                      seed=SEED, epoch=epoch, indices=rest_ids)
     for r, s in enumerate(samplers):
         assert s.state_dict()["resumed"] == [[old, 2, y]]
         assert [b.tolist() for b in rest.rank_batches(r)] == list(s)
@@ -156,8 +160,8 @@ def test_elastic_resume_trains_the_rest_exactly_once(old, new):
 )
 def test_elastic_chains_keep_every_sample_exactly_once(chain, last, epoch):
     lens = _lengths(800, seed=epoch)
-    kw = dict(batch_size=6, buckets=5, seed=3)
-    trained, _ = _elastic(lens, epoch, [*chain, (*last, None)], kw=kw)
+    trained, _ = _elastic(lens, epoch, [*chain, (*last, None)],
+                          config=PlanConfig(batch_size=6, buckets=5), seed=3)
     _assert_exactly_once(trained, lens)
 
 
@@ -179,12 +183,12 @@ def test_stateful_dataloader_resumes_exactly(workers):
     world, epoch = 2, 1
     full = []
     for r in range(world):
-        s = BucketBatchSampler(lens, num_replicas=world, rank=r, **KW)
+        s = BucketBatchSampler(lens, KW, num_replicas=world, rank=r, seed=SEED)
         s.set_epoch(epoch)
         full.append(list(s))
     cut = int(np.random.default_rng(workers).integers(1, len(full[0]) - 1))
     for r in range(world):
-        sampler = BucketBatchSampler(lens, num_replicas=world, rank=r, **KW)
+        sampler = BucketBatchSampler(lens, KW, num_replicas=world, rank=r, seed=SEED)
         sampler.set_epoch(epoch)
         loader = _loader(sampler, workers)
         it = iter(loader)
@@ -193,14 +197,14 @@ def test_stateful_dataloader_resumes_exactly(workers):
             assert sampler.state_dict()["yielded"] > cut  # workers prefetched more
         state = loader.state_dict()
         del it, loader
-        fresh = BucketBatchSampler(lens, num_replicas=world, rank=r, **KW)
+        fresh = BucketBatchSampler(lens, KW, num_replicas=world, rank=r, seed=SEED)
         loader = _loader(fresh, workers)
         loader.load_state_dict(state)
         fresh.set_epoch(epoch)
         rest = list(loader)
         assert head + rest == full[r]
         fresh.set_epoch(epoch + 1)
-        ref = BucketBatchSampler(lens, num_replicas=world, rank=r, **KW)
+        ref = BucketBatchSampler(lens, KW, num_replicas=world, rank=r, seed=SEED)
         ref.set_epoch(epoch + 1)
         assert list(loader) == list(ref)
 
@@ -210,7 +214,7 @@ def test_stateful_dataloader_state_resumes_other_world_sizes(workers, every):
     lens = _lengths(2000)
     trained, states = [], []
     for r in range(2):
-        s = BucketBatchSampler(lens, num_replicas=2, rank=r, **KW)
+        s = BucketBatchSampler(lens, KW, num_replicas=2, rank=r, seed=SEED)
         loader = StatefulDataLoader(IndexDataset(lens.size), batch_sampler=s,
                                     num_workers=workers, collate_fn=_collate,
                                     snapshot_every_n_steps=every)
@@ -219,7 +223,7 @@ def test_stateful_dataloader_state_resumes_other_world_sizes(workers, every):
         states.append(loader_sampler_state(loader.state_dict()))
         del it
     assert states[0] == states[1] and states[0]["yielded"] == 11
-    for s in _samplers(lens, 3, **KW):
+    for s in _samplers(lens, 3, KW):
         s.load_state_dict(states[0])
         trained += list(s)
     _assert_exactly_once(trained, lens)
@@ -229,11 +233,11 @@ def test_stateful_dataloader_state_resumes_other_world_sizes(workers, every):
 
 def test_stateful_dataloader_state_after_a_finished_epoch():
     lens = _lengths(600)
-    sampler = BucketBatchSampler(lens, **KW)
+    sampler = BucketBatchSampler(lens, KW, seed=SEED)
     loader = _loader(sampler)
     first = list(loader)
     state = loader.state_dict()
-    fresh = BucketBatchSampler(lens, **KW)
+    fresh = BucketBatchSampler(lens, KW, seed=SEED)
     loader = _loader(fresh)
     loader.load_state_dict(state)
     assert list(loader) == []  # epoch 0 is done
@@ -254,7 +258,7 @@ def _child(state_path: str, log_path: str, stop_at: int) -> None:
     lens = _lengths()
     loaders, iters = [], []
     for r in range(CHILD_WORLD):
-        s = BucketBatchSampler(lens, num_replicas=CHILD_WORLD, rank=r, **KW)
+        s = BucketBatchSampler(lens, KW, num_replicas=CHILD_WORLD, rank=r, seed=SEED)
         s.set_epoch(CHILD_EPOCH)
         loaders.append(_loader(s))
         iters.append(iter(loaders[-1]))
@@ -278,7 +282,7 @@ def test_resume_after_the_process_is_killed(tmp_path):
     lens = _lengths()
     full = []
     for r in range(CHILD_WORLD):
-        s = BucketBatchSampler(lens, num_replicas=CHILD_WORLD, rank=r, **KW)
+        s = BucketBatchSampler(lens, KW, num_replicas=CHILD_WORLD, rank=r, seed=SEED)
         s.set_epoch(CHILD_EPOCH)
         full.append(list(s))
     stop_at = int(np.random.default_rng().integers(1, len(full[0]) - 3))
@@ -300,7 +304,7 @@ def test_resume_after_the_process_is_killed(tmp_path):
 
     # same world size: exactly the uninterrupted batches
     for r in range(CHILD_WORLD):
-        s = BucketBatchSampler(lens, num_replicas=CHILD_WORLD, rank=r, **KW)
+        s = BucketBatchSampler(lens, KW, num_replicas=CHILD_WORLD, rank=r, seed=SEED)
         loader = _loader(s)
         loader.load_state_dict(states[r])
         s.set_epoch(CHILD_EPOCH)
@@ -309,7 +313,7 @@ def test_resume_after_the_process_is_killed(tmp_path):
     # 2 -> 3 ranks from the same checkpoint: every sample exactly once
     sampler_state = loader_sampler_state(states[0])
     rest = []
-    for s in _samplers(lens, 3, **KW):
+    for s in _samplers(lens, 3, KW):
         s.load_state_dict(sampler_state)
         s.set_epoch(CHILD_EPOCH)
         rest.append(list(s))
@@ -354,10 +358,10 @@ def test_every_key_of_a_state_is_checked(key, value, match):
     from lengthwise.pytorch.sampler import ResumeError
 
     lens = _lengths(600)
-    a = BucketBatchSampler(lens, num_replicas=2, rank=0, **FAST)
+    a = BucketBatchSampler(lens, FAST, num_replicas=2, rank=0, seed=SEED)
     _take(a, 3)
     state = dict(a.state_dict(), **{key: value})
-    fresh = BucketBatchSampler(lens, num_replicas=2, rank=0, **FAST)
+    fresh = BucketBatchSampler(lens, FAST, num_replicas=2, rank=0, seed=SEED)
     with pytest.raises(ResumeError, match=match):
         fresh.load_state_dict(state)
     assert fresh.epoch == 0 and fresh.remaining() == len(fresh)  # left as it was
@@ -367,23 +371,23 @@ def test_counts_that_do_not_fit_the_epoch_name_their_key():
     from lengthwise.pytorch.sampler import ResumeError
 
     lens = _lengths(600)
-    a = BucketBatchSampler(lens, num_replicas=2, rank=0, **FAST)
+    a = BucketBatchSampler(lens, FAST, num_replicas=2, rank=0, seed=SEED)
     _take(a, 3)
     state = a.state_dict()
     n = len(a)
     with pytest.raises(ResumeError, match=rf"the state's yielded says 999 .* only {n} per rank "
                                           "with world_size 2 and grad_accum 2"):
-        BucketBatchSampler(lens, num_replicas=2, rank=0, **FAST).load_state_dict(
+        BucketBatchSampler(lens, FAST, num_replicas=2, rank=0, seed=SEED).load_state_dict(
             dict(state, yielded=999))
     with pytest.raises(ResumeError, match=r"the state's yielded says 999 .* world_size 2"):
-        BucketBatchSampler(lens, num_replicas=3, rank=0, **FAST).load_state_dict(
+        BucketBatchSampler(lens, FAST, num_replicas=3, rank=0, seed=SEED).load_state_dict(
             dict(state, yielded=999))
     with pytest.raises(ResumeError, match=r"resumed\[0\] = \[4, 1, 500\] says 500"):
-        BucketBatchSampler(lens, num_replicas=2, rank=0, **FAST).load_state_dict(
+        BucketBatchSampler(lens, FAST, num_replicas=2, rank=0, seed=SEED).load_state_dict(
             dict(state, resumed=[[4, 1, 500]]))
     # a negative count is refused rather than re-planning a part of the epoch
     with pytest.raises(ResumeError, match="must be >= 0"):
-        BucketBatchSampler(lens, num_replicas=3, rank=0, **FAST).load_state_dict(
+        BucketBatchSampler(lens, FAST, num_replicas=3, rank=0, seed=SEED).load_state_dict(
             dict(state, resumed=[[4, 1, -1]]))
 
 
@@ -400,16 +404,16 @@ def test_garbled_loader_states():
 
 def test_seed_and_epoch_are_named():
     with pytest.raises(ValueError, match="seed must be a non-negative whole number"):
-        BucketBatchSampler(_lengths(100), batch_size=4, seed=-1)
-    s = BucketBatchSampler(_lengths(100), batch_size=4)
+        BucketBatchSampler(_lengths(100), PlanConfig(batch_size=4), seed=-1)
+    s = BucketBatchSampler(_lengths(100), PlanConfig(batch_size=4))
     with pytest.raises(ValueError, match="epoch must be a non-negative whole number"):
         s.set_epoch(-1)
     with pytest.raises(TypeError, match="epoch must be a whole number, got 2.9"):
         s.set_epoch(2.9)
     with pytest.raises(ValueError, match="seed must be a non-negative"):
-        plan_epoch(_lengths(100), batch_size=4, seed=-1)
+        plan_epoch(_lengths(100), PlanConfig(batch_size=4), seed=-1)
     with pytest.raises(ValueError, match="epoch must be a non-negative"):
-        plan_epoch(_lengths(100), batch_size=4, epoch=-1)
+        plan_epoch(_lengths(100), PlanConfig(batch_size=4), epoch=-1)
 
 
 if __name__ == "__main__":

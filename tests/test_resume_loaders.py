@@ -14,9 +14,10 @@ import torch
 from _datasets import IndexDataset
 from torch.utils.data import DataLoader
 
+from lengthwise.planning.config import PlanConfig
 from lengthwise.pytorch.sampler import BucketBatchSampler, ResumeError
 
-KW = dict(max_tokens=512, buckets=4, seed=3)
+KW = PlanConfig(max_tokens=512, buckets=4)
 N = 600
 
 
@@ -29,11 +30,11 @@ def _collate(items):
 
 
 def _all_batches(**kw):
-    return [list(b) for b in BucketBatchSampler(_lengths(), **KW, **kw)]
+    return [list(b) for b in BucketBatchSampler(_lengths(), KW, seed=3, **kw)]
 
 
 def _rest(state, **kw):
-    fresh = BucketBatchSampler(_lengths(), **KW, **kw)
+    fresh = BucketBatchSampler(_lengths(), KW, seed=3, **kw)
     fresh.load_state_dict(state)
     return [list(b) for b in fresh]
 
@@ -43,7 +44,7 @@ def _rest(state, **kw):
 def test_state_inside_a_loader_with_workers_resumes_at_the_next_untrained_batch(
         workers, persistent, window):
     full = _all_batches(window=window)
-    sampler = BucketBatchSampler(_lengths(), **KW, window=window)
+    sampler = BucketBatchSampler(_lengths(), KW, seed=3, window=window)
     loader = DataLoader(IndexDataset(N), batch_sampler=sampler, num_workers=workers,
                         persistent_workers=persistent, collate_fn=_collate)
     cut = 5
@@ -64,7 +65,7 @@ def test_state_inside_a_loader_with_workers_resumes_at_the_next_untrained_batch(
 
 
 def test_a_finished_epoch_with_workers_counts_every_batch():
-    sampler = BucketBatchSampler(_lengths(), **KW)
+    sampler = BucketBatchSampler(_lengths(), KW, seed=3)
     loader = DataLoader(IndexDataset(N), batch_sampler=sampler, num_workers=2,
                         collate_fn=_collate)
     assert sum(1 for _ in loader) == len(sampler)
@@ -74,7 +75,7 @@ def test_a_finished_epoch_with_workers_counts_every_batch():
 
 
 def test_a_loader_closed_mid_epoch_after_fetching_ahead_is_refused():
-    sampler = BucketBatchSampler(_lengths(), **KW)
+    sampler = BucketBatchSampler(_lengths(), KW, seed=3)
     loader = DataLoader(IndexDataset(N), batch_sampler=sampler, num_workers=2,
                         collate_fn=_collate)
     it = iter(loader)
@@ -87,7 +88,7 @@ def test_a_loader_closed_mid_epoch_after_fetching_ahead_is_refused():
 
 
 def test_windowed_state_fetched_across_a_window_start_names_the_window():
-    sampler = BucketBatchSampler(_lengths(), **KW, window=100)
+    sampler = BucketBatchSampler(_lengths(), KW, seed=3, window=100)
     full = _all_batches(window=100)
     loader = DataLoader(IndexDataset(N), batch_sampler=sampler, num_workers=2,
                         prefetch_factor=3, collate_fn=_collate)
@@ -108,7 +109,7 @@ def test_accelerate_shard_looking_one_batch_ahead_is_counted():
     from accelerate.data_loader import prepare_data_loader
 
     full = _all_batches()
-    sampler = BucketBatchSampler(_lengths(), **KW)
+    sampler = BucketBatchSampler(_lengths(), KW, seed=3)
     loader = prepare_data_loader(
         DataLoader(IndexDataset(N), batch_sampler=sampler, collate_fn=_collate),
         torch.device("cpu"), num_processes=1, process_index=0, put_on_device=True)

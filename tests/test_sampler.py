@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 import lengthwise
+from lengthwise.planning.config import PlanConfig
 from lengthwise.planning.lengths import LengthError
 from lengthwise.planning.plan import plan_epoch
 from lengthwise.pytorch.sampler import BucketBatchSampler, ResumeError
@@ -24,8 +26,9 @@ def _lengths(n=2000, seed=0, top=600):
     return np.random.default_rng(seed).integers(1, top, n)
 
 
-def _all_ranks(lengths, world, **kw):
-    return [BucketBatchSampler(lengths, num_replicas=world, rank=r, **kw) for r in range(world)]
+def _all_ranks(lengths, world, config, **own):
+    return [BucketBatchSampler(lengths, config, num_replicas=world, rank=r, **own)
+            for r in range(world)]
 
 
 
@@ -33,9 +36,9 @@ def _all_ranks(lengths, world, **kw):
 def test_export_and_yields_plan_batches_as_python_ints():
     assert lengthwise.BucketBatchSampler is BucketBatchSampler
     lens = _lengths()
-    kw = dict(max_tokens=4096, grad_accum=2, seed=3)
-    plan = plan_epoch(lens, world_size=3, epoch=0, **kw)
-    for r, s in enumerate(_all_ranks(lens, 3, **kw)):
+    kw = PlanConfig(max_tokens=4096, grad_accum=2)
+    plan = plan_epoch(lens, replace(kw, world_size=3), seed=3, epoch=0)
+    for r, s in enumerate(_all_ranks(lens, 3, kw, seed=3)):
         got = list(s)
         assert got == [b.tolist() for b in plan.rank_batches(r)]
         assert len(got) == len(s) == plan.num_batches
@@ -59,8 +62,8 @@ def test_every_sample_exactly_once_and_equal_counts(lengths, world, accum, rule,
     planned = np.flatnonzero(lens > 0)
     if planned.size < world:
         return  # too few samples to give every rank a batch (an error, tested below)
-    samplers = _all_ranks(lens, world, **{rule[0]: rule[1]}, grad_accum=accum, order=order,
-                          seed=seed)
+    samplers = _all_ranks(lens, world, PlanConfig(**{rule[0]: rule[1]}, grad_accum=accum,
+                                                  order=order), seed=seed)
     for s in samplers:
         s.set_epoch(epoch)
     try:
@@ -79,8 +82,8 @@ def test_every_sample_exactly_once_and_equal_counts(lengths, world, accum, rule,
 
 def test_epochs_differ_are_deterministic_and_set_epoch_is_idempotent():
     lens = _lengths()
-    a = BucketBatchSampler(lens, max_tokens=4096, seed=1)
-    b = BucketBatchSampler(lens, max_tokens=4096, seed=1)
+    a = BucketBatchSampler(lens, PlanConfig(max_tokens=4096), seed=1)
+    b = BucketBatchSampler(lens, PlanConfig(max_tokens=4096), seed=1)
     e0 = list(a)
     a.set_epoch(1)
     e1 = list(a)
@@ -91,12 +94,12 @@ def test_epochs_differ_are_deterministic_and_set_epoch_is_idempotent():
     assert list(b) == e0
     # iterating again without set_epoch repeats the epoch, as DistributedSampler does
     assert list(b) == e0
-    c = BucketBatchSampler(lens, max_tokens=4096, seed=2)
+    c = BucketBatchSampler(lens, PlanConfig(max_tokens=4096), seed=2)
     assert list(c) != e0
 
 
 def test_plan_is_built_once_per_epoch():
-    s = BucketBatchSampler(_lengths(), max_tokens=4096)
+    s = BucketBatchSampler(_lengths(), PlanConfig(max_tokens=4096))
     first = s.plan
     assert s.plan is first
     list(s)
@@ -107,25 +110,22 @@ def test_plan_is_built_once_per_epoch():
 
 def test_dataloader_loads_the_planned_rows():
     lens = _lengths(500)
-    s = BucketBatchSampler(lens, batch_size=8, num_replicas=2, rank=1, seed=4)
+    s = BucketBatchSampler(lens, PlanConfig(batch_size=8), num_replicas=2, rank=1, seed=4)
     loader = DataLoader(IndexDataset(lens.size), batch_sampler=s)
     got = [b.tolist() for b in loader]
     assert got == list(s)
     assert len(loader) == len(s)
 
 
-def test_drop_last_drops_whole_batches_and_counts_them():
+def test_even_out_drop_drops_whole_batches_and_counts_them():
     lens = _lengths(1003)
     world = 4
-    kw = dict(batch_size=10, drop_last=True, seed=0)
-    samplers = _all_ranks(lens, world, **kw)
+    samplers = _all_ranks(lens, world, PlanConfig(batch_size=10, even_out="drop"))
     seen = np.concatenate([np.concatenate(list(s)) for s in samplers])
     assert np.unique(seen).size == seen.size
     stats = samplers[0].plan.stats
     assert stats["dropped_to_even_out"] == lens.size - seen.size > 0
-    assert samplers[0].config.even_out == "drop"
-    with pytest.raises(ValueError, match="drop_last=True means even_out='drop'"):
-        BucketBatchSampler(lens, batch_size=10, drop_last=True, even_out="split")
+    assert samplers[0].drop_last  # what loader wrappers read
 
 
 def test_lengths_from_files_match_arrays(tmp_path):
@@ -134,22 +134,23 @@ def test_lengths_from_files_match_arrays(tmp_path):
     with open(tmp_path / "l.jsonl", "w") as fh:
         for n in lens.tolist():
             fh.write(json.dumps({"n": n}) + "\n")
-    want = list(BucketBatchSampler(lens, max_tokens=2048))
-    assert list(BucketBatchSampler(str(tmp_path / "l.npy"), max_tokens=2048)) == want
-    assert list(BucketBatchSampler(f"{tmp_path / 'l.jsonl'}:n", max_tokens=2048)) == want
+    want = list(BucketBatchSampler(lens, PlanConfig(max_tokens=2048)))
+    assert list(BucketBatchSampler(str(tmp_path / "l.npy"), PlanConfig(max_tokens=2048))) == want
+    jsonl = f"{tmp_path / 'l.jsonl'}:n"
+    assert list(BucketBatchSampler(jsonl, PlanConfig(max_tokens=2048))) == want
 
 
 def test_ranks_default_to_single_process_and_are_checked():
-    s = BucketBatchSampler(_lengths(100), batch_size=4)
+    s = BucketBatchSampler(_lengths(100), PlanConfig(batch_size=4))
     assert (s.num_replicas, s.rank) == (1, 0)
     with pytest.raises(ValueError, match="rank 2 is out of range for num_replicas=2"):
-        BucketBatchSampler(_lengths(100), batch_size=4, num_replicas=2, rank=2)
+        BucketBatchSampler(_lengths(100), PlanConfig(batch_size=4), num_replicas=2, rank=2)
     with pytest.raises(ValueError, match="num_replicas must be a positive whole number"):
-        BucketBatchSampler(_lengths(100), batch_size=4, num_replicas=0, rank=0)
+        BucketBatchSampler(_lengths(100), PlanConfig(batch_size=4), num_replicas=0, rank=0)
     with pytest.raises(TypeError, match="num_replicas must be a whole number, got 2.5"):
-        BucketBatchSampler(_lengths(100), batch_size=4, num_replicas=2.5, rank=0)
+        BucketBatchSampler(_lengths(100), PlanConfig(batch_size=4), num_replicas=2.5, rank=0)
     with pytest.raises(ValueError, match="rank must be a non-negative"):
-        BucketBatchSampler(_lengths(100), batch_size=4, num_replicas=2, rank=-1)
+        BucketBatchSampler(_lengths(100), PlanConfig(batch_size=4), num_replicas=2, rank=-1)
 
 
 def test_ranks_default_to_the_process_group(tmp_path):
@@ -158,7 +159,7 @@ def test_ranks_default_to_the_process_group(tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
                             world_size=1)
     try:
-        s = BucketBatchSampler(_lengths(100), batch_size=4)
+        s = BucketBatchSampler(_lengths(100), PlanConfig(batch_size=4))
         assert (s.num_replicas, s.rank) == (dist.get_world_size(), dist.get_rank())
     finally:
         dist.destroy_process_group()
@@ -168,7 +169,7 @@ def test_import_lengthwise_works_without_torch():
     code = (
         "import sys; sys.modules['torch'] = None\n"
         "import lengthwise\n"
-        "p = lengthwise.plan_epoch([3, 5, 2, 7], batch_size=2)\n"
+        "p = lengthwise.plan_epoch([3, 5, 2, 7], lengthwise.PlanConfig(batch_size=2))\n"
         "assert p.num_batches == 2\n"
         "try:\n"
         "    lengthwise.BucketBatchSampler\n"
@@ -181,7 +182,7 @@ def test_import_lengthwise_works_without_torch():
 
 
 def test_remaining_counts_what_is_left():
-    s = BucketBatchSampler(_lengths(400), batch_size=8)
+    s = BucketBatchSampler(_lengths(400), PlanConfig(batch_size=8))
     n = len(s)
     it = iter(s)
     for _ in range(5):
@@ -197,13 +198,13 @@ def test_remaining_counts_what_is_left():
 def test_budget_below_the_longest_sample_follows_the_policy():
     lens = np.array([10, 50, 700, 20, 900, 30] * 20)
     with pytest.raises(LengthError, match=r"sample 2 has 700 tokens.*max_tokens=512.*40 samples"):
-        BucketBatchSampler(lens, max_tokens=512, on_overflow="error")
+        BucketBatchSampler(lens, PlanConfig(max_tokens=512, on_overflow="error"))
     with pytest.raises(LengthError, match=r"max_len=600"):
-        BucketBatchSampler(lens, max_tokens=4096, max_len=600, on_overflow="error")
-    trunc = BucketBatchSampler(lens, max_tokens=512)
+        BucketBatchSampler(lens, PlanConfig(max_tokens=4096, max_len=600, on_overflow="error"))
+    trunc = BucketBatchSampler(lens, PlanConfig(max_tokens=512))
     assert trunc.plan.stats["truncated"] == 40
     assert sorted(np.concatenate(list(trunc)).tolist()) == list(range(lens.size))
-    drop = BucketBatchSampler(lens, max_tokens=512, on_overflow="drop")
+    drop = BucketBatchSampler(lens, PlanConfig(max_tokens=512, on_overflow="drop"))
     kept = np.concatenate(list(drop))
     assert drop.plan.stats["dropped_overflow"] == 40
     assert set(kept.tolist()) == set(np.flatnonzero(lens <= 512).tolist())
@@ -212,18 +213,18 @@ def test_budget_below_the_longest_sample_follows_the_policy():
 def test_budget_that_cannot_hold_one_row():
     with pytest.raises(ValueError,
                        match="max_tokens=4 cannot hold a single row of pad_multiple=8 tokens"):
-        BucketBatchSampler([3, 4], max_tokens=4, pad_multiple=8)
+        BucketBatchSampler([3, 4], PlanConfig(max_tokens=4, pad_multiple=8))
 
 
 def test_batch_rule_must_be_given_once():
     with pytest.raises(ValueError, match="exactly one of batch_size, max_tokens or max_cost"):
-        BucketBatchSampler([3, 4], max_tokens=100, batch_size=2)
-    with pytest.raises(ValueError, match="exactly one"):
-        BucketBatchSampler([3, 4])
+        BucketBatchSampler([3, 4], PlanConfig(max_tokens=100, batch_size=2))
+    with pytest.raises(TypeError, match="config must be a lengthwise.PlanConfig, got 8"):
+        BucketBatchSampler([3, 4], 8)
 
 
 def test_lengths_that_do_not_match_the_dataset():
-    s = BucketBatchSampler(_lengths(100), batch_size=4)
+    s = BucketBatchSampler(_lengths(100), PlanConfig(batch_size=4))
     s.check_dataset(IndexDataset(100))
     with pytest.raises(ValueError, match="lengths for 100 samples but the dataset has 99 rows"):
         s.check_dataset(IndexDataset(99))
@@ -233,7 +234,7 @@ def test_lengths_that_do_not_match_the_dataset():
 
 def test_too_few_samples_for_the_ranks():
     with pytest.raises(ValueError, match="cannot give each of 4 ranks"):
-        len(BucketBatchSampler([5, 6, 7], batch_size=1, num_replicas=4, rank=0))
+        len(BucketBatchSampler([5, 6, 7], PlanConfig(batch_size=1), num_replicas=4, rank=0))
 
 
 @pytest.mark.parametrize(
@@ -243,34 +244,35 @@ def test_too_few_samples_for_the_ranks():
         ({"order": "interleave"}, r"order is 'interleave', the saved state has 'stratified'"),
         ({"seed": 9}, r"seed is 9, the saved state has 0"),
         ({"buckets": 3}, r"buckets is 3, the saved state has 'auto'"),
-        ({"drop_last": True}, r"even_out is 'drop', the saved state has 'split'"),
+        ({"even_out": "drop"}, r"even_out is 'drop', the saved state has 'split'"),
     ],
 )
 def test_state_from_another_config_is_refused(change, expected):
     lens = _lengths()
-    kw = dict(max_tokens=4096)
-    old = BucketBatchSampler(lens, **kw)
+    kw = PlanConfig(max_tokens=4096)
+    old = BucketBatchSampler(lens, kw)
     it = iter(old)
     next(it)
     state = old.state_dict()
-    new = BucketBatchSampler(lens, **{**kw, **change})
+    options = {k: v for k, v in change.items() if k != "seed"}
+    new = BucketBatchSampler(lens, replace(kw, **options), seed=change.get("seed", 0))
     with pytest.raises(ResumeError, match=expected):
         new.load_state_dict(state)
 
 
 def test_state_from_other_lengths_is_refused():
     lens = _lengths()
-    state = BucketBatchSampler(lens, max_tokens=4096).state_dict()
+    state = BucketBatchSampler(lens, PlanConfig(max_tokens=4096)).state_dict()
     other = lens.copy()
     other[7] += 1
     with pytest.raises(ResumeError, match="the lengths differ from the saved ones"):
-        BucketBatchSampler(other, max_tokens=4096).load_state_dict(state)
+        BucketBatchSampler(other, PlanConfig(max_tokens=4096)).load_state_dict(state)
     with pytest.raises(ResumeError, match="the lengths have 1999 samples, the saved state 2000"):
-        BucketBatchSampler(lens[:-1], max_tokens=4096).load_state_dict(state)
+        BucketBatchSampler(lens[:-1], PlanConfig(max_tokens=4096)).load_state_dict(state)
 
 
 def test_malformed_states_are_refused():
-    s = BucketBatchSampler(_lengths(), max_tokens=4096)
+    s = BucketBatchSampler(_lengths(), PlanConfig(max_tokens=4096))
     good = s.state_dict()
     with pytest.raises(ResumeError, match="missing"):
         s.load_state_dict({"epoch": 0})
@@ -286,7 +288,7 @@ def test_malformed_states_are_refused():
 
 def test_sampler_exposes_no_fixed_batch_size():
     # accelerate's BatchSamplerShard treats a batch sampler with batch_size as fixed-size
-    s = BucketBatchSampler(_lengths(100), batch_size=4)
+    s = BucketBatchSampler(_lengths(100), PlanConfig(batch_size=4))
     assert s.batch_size is None
     assert s.config.batch_size == 4
     assert isinstance(s, torch.utils.data.Sampler)

@@ -6,13 +6,14 @@ import numpy as np
 import pytest
 
 from lengthwise.errors import ConfigError
+from lengthwise.planning.config import PlanConfig
 from lengthwise.pytorch.sampler import BucketBatchSampler, ResumeError
 
 BIG = 64 * 16384 + 4097  # over a million lengths: a change in any of them is seen
 
 
 def _windowed(lengths):
-    return BucketBatchSampler(lengths, batch_size=64, buckets=4, window=1 << 16, seed=1)
+    return BucketBatchSampler(lengths, PlanConfig(batch_size=64, buckets=4), window=1 << 16, seed=1)
 
 
 def test_windowed_resume_refuses_a_length_changed_anywhere():
@@ -49,12 +50,14 @@ def test_a_windowed_state_of_an_older_version_is_one_line_refusal():
 
 def test_windowed_refusal_names_the_window_and_the_state():
     lengths = np.random.default_rng(0).integers(1, 200, 3000)
-    sampler = BucketBatchSampler(lengths, max_tokens=512, window=500, num_replicas=2, rank=0)
+    sampler = BucketBatchSampler(lengths, PlanConfig(max_tokens=512), window=500, num_replicas=2,
+                                 rank=0)
     it = iter(sampler)
     for _ in range(5):
         next(it)
     state = dict(sampler.state_dict(), window_yielded=500, yielded=505)
-    fresh = BucketBatchSampler(lengths, max_tokens=512, window=500, num_replicas=2, rank=0)
+    fresh = BucketBatchSampler(lengths, PlanConfig(max_tokens=512), window=500, num_replicas=2,
+                               rank=0)
     with pytest.raises(ResumeError) as err:
         fresh.load_state_dict(state)
     msg = str(err.value)
@@ -63,11 +66,11 @@ def test_windowed_refusal_names_the_window_and_the_state():
 
 
 def test_collator_edges_repeat_the_plans_or_are_refused_by_name():
-    sampler = BucketBatchSampler([5, 30, 12, 7], max_tokens=64, buckets=[8, 16, 32])
+    sampler = BucketBatchSampler([5, 30, 12, 7], PlanConfig(max_tokens=64, buckets=[8, 16, 32]))
     edges = sampler.edges
     assert sampler.collator(0, edges=edges) is not None  # the plan's own: allowed
     with pytest.raises(ConfigError, match=r"edges=\[4, 64\] disagrees with the plan"):
         sampler.collator(0, edges=[4, 64])
-    packed = BucketBatchSampler([5, 30, 12, 7], max_tokens=64, layout="pack")
+    packed = BucketBatchSampler([5, 30, 12, 7], PlanConfig(max_tokens=64, layout="pack"))
     with pytest.raises(ConfigError, match="edges="):
         packed.collator(edges=[8])

@@ -63,7 +63,7 @@ def test_windows_are_random_samples_and_quality_matches_the_whole_epoch():
     rng = np.random.default_rng(0)
     lens = np.clip(np.exp(rng.normal(np.log(1050), 0.5, 400_000)).round(), 16, 8192)
     cfg = PlanConfig(max_tokens=16384, world_size=8)
-    whole = plan_epoch(lens.astype(np.int64), config=cfg).stats
+    whole = plan_epoch(lens.astype(np.int64), cfg).stats
     wp = WindowedPlan(lens, cfg, window=100_000)
     plan = wp.materialize()
     assert np.array_equal(np.sort(plan.indices), np.arange(lens.size))

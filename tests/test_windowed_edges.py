@@ -37,7 +37,7 @@ def _collate_epoch(sampler, lens):
 
 def test_a_long_sample_in_a_later_window_collates():
     lens = _outlier_lengths()
-    sampler = BucketBatchSampler(lens, max_tokens=4096, window=300)
+    sampler = BucketBatchSampler(lens, PlanConfig(max_tokens=4096), window=300)
     edges = sampler.edges
     assert edges[-1] == 1500 and edges == sampler.plan.edges
     seen = []
@@ -62,14 +62,14 @@ def test_window_buckets_are_the_plan_wide_buckets():
 def test_a_long_sample_does_not_shrink_the_short_buckets_batches():
     """The window holding it plans it in one more bucket: its short samples keep full rows."""
     lens = _outlier_lengths()
-    windowed = BucketBatchSampler(lens, max_tokens=4096, window=300)
-    whole = BucketBatchSampler(lens, max_tokens=4096, window=None)
+    windowed = BucketBatchSampler(lens, PlanConfig(max_tokens=4096), window=300)
+    whole = BucketBatchSampler(lens, PlanConfig(max_tokens=4096), window=None)
     assert len(windowed) <= 1.1 * len(whole)
 
 
 def test_bucket_shares_of_a_windowed_plan_are_what_the_collator_tags():
     lens = _outlier_lengths()
-    sampler = BucketBatchSampler(lens, max_tokens=4096, window=300)
+    sampler = BucketBatchSampler(lens, PlanConfig(max_tokens=4096), window=300)
     shares = lengthwise.bucket_token_shares(sampler.plan)
     assert shares == pytest.approx(lengthwise.bucket_token_shares(sampler.plan.materialize()))
     tokens = np.zeros(len(sampler.edges))
@@ -81,7 +81,7 @@ def test_bucket_shares_of_a_windowed_plan_are_what_the_collator_tags():
 
 def test_the_step_logger_takes_every_bucket_the_collator_tags():
     lens = _outlier_lengths()
-    sampler = BucketBatchSampler(lens, max_tokens=4096, window=300)
+    sampler = BucketBatchSampler(lens, PlanConfig(max_tokens=4096), window=300)
     log = lengthwise.StepLogger(None, bucket_shares=lengthwise.bucket_token_shares(sampler.plan))
     tagged = set()
     for step, (_, batch) in enumerate(_collate_epoch(sampler, lens)):
@@ -94,7 +94,7 @@ def test_the_step_logger_takes_every_bucket_the_collator_tags():
 
 def test_given_edges_below_a_later_sample_fail_before_training():
     lens = _outlier_lengths()
-    sampler = BucketBatchSampler(lens, max_tokens=4096, window=300, buckets=[50, 100])
+    sampler = BucketBatchSampler(lens, PlanConfig(max_tokens=4096, buckets=[50, 100]), window=300)
     with pytest.raises(ValueError, match=r"last bucket edge 100 is below the longest sample "
                                          r"\(1500\)"):
         sampler.collator(pad_token_id=0)
@@ -102,11 +102,11 @@ def test_given_edges_below_a_later_sample_fail_before_training():
 
 def test_plan_wide_edges_hold_for_every_epoch():
     lens = _outlier_lengths()
-    sampler = BucketBatchSampler(lens, max_tokens=4096, window=300)
+    sampler = BucketBatchSampler(lens, PlanConfig(max_tokens=4096), window=300)
     first = sampler.edges
     sampler.set_epoch(3)
     assert sampler.edges == first == sampler.plan.edges
-    fresh = BucketBatchSampler(lens, max_tokens=4096, window=300)
+    fresh = BucketBatchSampler(lens, PlanConfig(max_tokens=4096), window=300)
     fresh.set_epoch(3)
     assert [b for b in fresh] == [b for b in sampler]
 
@@ -132,9 +132,10 @@ def test_random_windowed_configs_collate_within_the_budget(n, world, layout, win
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # truncating over 1% of the tokens warns
         for rank in range(world):
-            sampler = BucketBatchSampler(lens, max_tokens=max_tokens, max_len=max_len,
-                                         layout=layout, order=order, num_replicas=world,
-                                         rank=rank, window=window, seed=seed,
+            sampler = BucketBatchSampler(lens,
+                                         PlanConfig(max_tokens=max_tokens, max_len=max_len,
+                                                    layout=layout, order=order),
+                                         num_replicas=world, rank=rank, window=window, seed=seed,
                                          yield_rows=yield_rows)
             try:
                 for ids, batch in _collate_epoch(sampler, lens):

@@ -14,7 +14,8 @@ LENS = np.random.default_rng(0).integers(1, 900, 1200)
 
 
 def _sampler(**kw):
-    return BucketBatchSampler(LENS, max_tokens=4096, num_replicas=2, **{"window": 400, **kw})
+    return BucketBatchSampler(LENS, PlanConfig(max_tokens=4096), num_replicas=2,
+                              **{"window": 400, **kw})
 
 
 def _saved_mid_epoch():
@@ -68,7 +69,7 @@ def test_split_pieces_are_refused_by_every_sampler(window):
     lens = LENS.copy()
     lens[5] = 9000
     with pytest.raises(ValueError, match="on_overflow='split' cuts long samples into pieces"):
-        BucketBatchSampler(lens, max_tokens=4096, layout="pack", on_overflow="split",
+        BucketBatchSampler(lens, PlanConfig(max_tokens=4096, layout="pack", on_overflow="split"),
                            window=window)
 
 
@@ -79,7 +80,8 @@ def test_on_overflow_error_names_the_sample_at_construction_in_both_plans(layout
     messages = set()
     for window in (None, 300):
         with pytest.raises(LengthError) as err:
-            BucketBatchSampler(lens, max_tokens=4096, layout=layout, on_overflow="error",
+            BucketBatchSampler(lens,
+                               PlanConfig(max_tokens=4096, layout=layout, on_overflow="error"),
                                window=window)
         messages.add(str(err.value))
     assert messages == {"sample 1000 has 5000 tokens, but one row holds at most 4096 under "
@@ -98,13 +100,13 @@ def test_bad_lengths_read_the_same_whole_or_windowed(bad, match):
     lens[1111] = bad
     for window in (None, 300):
         with pytest.raises(LengthError, match=match):
-            list(BucketBatchSampler(lens, max_tokens=4096, window=window))
+            list(BucketBatchSampler(lens, PlanConfig(max_tokens=4096), window=window))
 
 
 def test_rows_per_batch_needs_the_packed_layout():
     with pytest.raises(ValueError, match="rows_per_batch=2 sets the packed rows of a "
                                          "micro-batch: it needs layout='pack'"):
-        BucketBatchSampler(LENS, max_tokens=4096, rows_per_batch=2)
+        BucketBatchSampler(LENS, PlanConfig(max_tokens=4096, rows_per_batch=2))
 
 
 def test_windowed_errors_name_the_mapped_file_as_whole_epoch_ones(tmp_path):
@@ -115,10 +117,10 @@ def test_windowed_errors_name_the_mapped_file_as_whole_epoch_ones(tmp_path):
     messages = set()
     for window in (None, 300):
         with pytest.raises(LengthError) as err:
-            list(BucketBatchSampler(str(path), max_tokens=4096, window=window))
+            list(BucketBatchSampler(str(path), PlanConfig(max_tokens=4096), window=window))
         messages.add(str(err.value))
     assert messages == {f"lengths from {path}, row 1111: nan is not a finite length"}
     np.save(path, np.array(["2020-01-01"] * 10, dtype="datetime64[D]"))
     for window in (None, 3):
         with pytest.raises(LengthError, match=r"must be numbers of tokens, got dtype datetime64"):
-            BucketBatchSampler(str(path), batch_size=2, window=window)
+            BucketBatchSampler(str(path), PlanConfig(batch_size=2), window=window)

@@ -4,7 +4,7 @@ The Trainer's length-grouped sampler sorts each mega-batch of
 ``m = min(N // (4 * batch), 50)`` per-process batches by length (longest
 first) and restarts at each epoch; with ``world_size`` processes an optimizer
 step takes ``world_size`` of those batches, so the loss repeats every
-``m / world_size`` steps (:func:`lengthwise.doctor.mechanisms.megabatch_steps`).
+``m / world_size`` steps (:func:`lengthwise.doctor.context.megabatch_steps`).
 Each logged row is the mean of the ``interval`` steps it covers (``logging_steps``)
 and carries ``epoch`` as the Trainer writes it: ``step / steps_per_epoch``
 rounded to 2 decimals, so the last row of an epoch reads exactly ``k.0`` when
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.doctor.mechanisms import megabatch_steps
+from lengthwise.doctor.context import megabatch_steps
 
 from simulated_logs.runs import ar1_noise
 

@@ -16,7 +16,7 @@ Example::
 
     from lengthwise.lightning import LengthwiseCallback, LightningBatchSampler
 
-    sampler = LightningBatchSampler(lengths, max_tokens=16384)
+    sampler = LightningBatchSampler(lengths, PlanConfig(max_tokens=16384))
     loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=sampler.collator(0))
     trainer = L.Trainer(callbacks=[LengthwiseCallback()], ...)
     trainer.fit(model, loader)
@@ -34,6 +34,7 @@ except ImportError:  # the standalone package
     from pytorch_lightning.callbacks import Callback
 
 from lengthwise.errors import ConfigError
+from lengthwise.planning.config import PlanConfig
 from lengthwise.pytorch.dist import check_replicas
 from lengthwise.pytorch.sampler import BucketBatchSampler
 from lengthwise.pytorch.sampler_state import ResumeError
@@ -44,25 +45,21 @@ __all__ = ["LengthwiseCallback", "LightningBatchSampler", "lengthwise_samplers"]
 class LightningBatchSampler(BucketBatchSampler):
     """A :class:`~lengthwise.BucketBatchSampler` that Lightning's ``Trainer`` can rebuild.
 
-    ``options`` are the sampler's. Lightning rebuilds it as
-    ``LightningBatchSampler(lengths, sampler=DistributedSampler(...), **options)``: the
+    ``config`` and ``options`` are the sampler's. Lightning rebuilds it as
+    ``LightningBatchSampler(lengths, config, sampler=DistributedSampler(...), **options)``: the
     ``DistributedSampler`` gives ``num_replicas`` and ``rank`` (which must agree with
     any given) and nothing else. ``self.sampler`` is the sampler itself, so Lightning's
     ``set_epoch`` on ``loader.batch_sampler.sampler`` reaches it.
 
     Example::
 
-        >>> s = LightningBatchSampler([5, 3, 8, 2], batch_size=2, order="sorted")
+        >>> s = LightningBatchSampler([5, 3, 8, 2], PlanConfig(batch_size=2, order="sorted"))
         >>> s.sampler is s, list(s)
         (True, [[3, 1], [0, 2]])
     """
 
-    def __init__(self, lengths: Any, *more: Any, sampler: Any = None, **options: Any) -> None:
-        if more:
-            raise ConfigError(f"{type(self).__name__} takes the lengths by position and its "
-                              f"options by name, got {len(more)} more positional argument"
-                              f"{'s' * (len(more) > 1)} ({', '.join(map(repr, more))[:60]}): "
-                              "give max_tokens=... or batch_size=...")
+    def __init__(self, lengths: Any, config: PlanConfig, *, sampler: Any = None,
+                 **options: Any) -> None:
         given = dict(options)
         #: check the ranks against the processes when training starts (LengthwiseCallback)
         self.check_world_size_later = bool(options.get("check_world_size", True))
@@ -82,13 +79,13 @@ class LightningBatchSampler(BucketBatchSampler):
                     raise ConfigError(f"{name}={options[name]} was given, but Lightning's "
                                      f"DistributedSampler has {name}={value}")
                 options[name] = value
-        super().__init__(lengths, **options)
+        super().__init__(lengths, config, **options)
         self.sampler = self
         # what Lightning re-instantiates the batch sampler from (its saved-arguments protocol)
-        setattr(self, "__pl_saved_args", (self.lengths,))
+        setattr(self, "__pl_saved_args", (self.lengths, config))
         setattr(self, "__pl_saved_kwargs", given)
         setattr(self, "__pl_saved_default_kwargs", {"sampler": None})
-        setattr(self, "__pl_saved_arg_names", ("lengths",))
+        setattr(self, "__pl_saved_arg_names", ("lengths", "config"))
 
     def __iter__(self) -> Iterator[list[int] | list[list[int]]]:
         if self.check_world_size_later and not self.check_world_size:  # not rebuilt by Lightning
@@ -107,7 +104,7 @@ def lengthwise_samplers(loaders: Any) -> list[BucketBatchSampler]:
     Example::
 
         >>> from torch.utils.data import DataLoader
-        >>> s = BucketBatchSampler([3, 1, 2], batch_size=2)
+        >>> s = BucketBatchSampler([3, 1, 2], PlanConfig(batch_size=2))
         >>> lengthwise_samplers({"a": DataLoader(range(3), batch_sampler=s)}) == [s]
         True
     """

@@ -14,7 +14,7 @@ Example::
 
     config = DataloaderConfig(dataset_config=..., batch_size=None,
                               batch_sampler_config=LengthwiseSamplerConfig(
-                                  lengths, {"max_tokens": 16384}))
+                                  lengths, PlanConfig(max_tokens=16384)))
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from lengthwise.planning.config import PlanConfig
 from lengthwise.pytorch.sampler import BucketBatchSampler
 
 __all__ = ["EpochBatchSampler", "LengthwiseSamplerConfig"]
@@ -37,7 +38,7 @@ class EpochBatchSampler(BucketBatchSampler):
 
     Example::
 
-        >>> s = EpochBatchSampler([5, 3, 8, 2, 7, 1], batch_size=2)
+        >>> s = EpochBatchSampler([5, 3, 8, 2, 7, 1], PlanConfig(batch_size=2))
         >>> first, second = list(s), list(s)
         >>> s.epoch, first != second, sorted(sum(second, [])) == list(range(6))
         (1, True, True)
@@ -51,25 +52,27 @@ class EpochBatchSampler(BucketBatchSampler):
 
 @dataclass
 class LengthwiseSamplerConfig:
-    """NeMo Automodel's ``BatchSamplerConfig`` for lengthwise: ``lengths`` and sampler options.
+    """NeMo Automodel's ``BatchSamplerConfig`` for lengthwise: ``lengths``, the plan's
+    configuration and the sampler's own options.
 
-    ``options`` are :class:`~lengthwise.BucketBatchSampler`'s (``max_tokens``,
-    ``grad_accum``, ``seed``...); the ranks come from NeMo (its data-parallel ones).
+    ``options`` are :class:`~lengthwise.BucketBatchSampler`'s own (``seed``,
+    ``window``...); the ranks come from NeMo (its data-parallel ones).
 
     Example::
 
-        >>> config = LengthwiseSamplerConfig([5, 3, 8, 2], {"batch_size": 2})
+        >>> config = LengthwiseSamplerConfig([5, 3, 8, 2], PlanConfig(batch_size=2))
         >>> s = config.build(dataset_len=4, rank=1, world_size=2)
         >>> (s.num_replicas, s.rank, len(s))
         (2, 1, 1)
     """
 
     lengths: Any
+    plan: PlanConfig
     options: dict[str, Any] = field(default_factory=dict)
 
     def build(self, *, dataset_len: int, rank: int, world_size: int) -> EpochBatchSampler:
         """The sampler of data-parallel ``rank`` of ``world_size``; checks the data set's size."""
-        sampler = EpochBatchSampler(self.lengths, num_replicas=world_size, rank=rank,
+        sampler = EpochBatchSampler(self.lengths, self.plan, num_replicas=world_size, rank=rank,
                                     **self.options)
         sampler.check_dataset(range(dataset_len))
         return sampler

@@ -25,6 +25,7 @@ from speculators.train import dataloader as _loaders
 from speculators.train.data import CollateFn
 
 from lengthwise.errors import ConfigError
+from lengthwise.planning.config import PlanConfig
 from lengthwise.pytorch.collate.budget import BudgetError
 from lengthwise.pytorch.sampler import BucketBatchSampler
 from lengthwise.pytorch.sampler_state import ResumeError
@@ -37,9 +38,9 @@ class SpeculatorsBatchSampler(BucketBatchSampler):
 
     ``batch_max_length`` is the row capacity (``total_seq_len``); longer samples are
     truncated (``truncate_long_samples=True``) or dropped, counted in ``plan.stats``.
-    ``options`` are :class:`~lengthwise.BucketBatchSampler`'s (``order``,
-    ``window``...). ``max_batches`` (a benchmark's cut of the epoch) is refused: it
-    would leave samples out.
+    ``plan_options`` are the plan's other :class:`~lengthwise.PlanConfig` fields
+    (``{"order": "random"}``...), ``options`` :class:`~lengthwise.BucketBatchSampler`'s own.
+    ``max_batches`` (a benchmark's cut of the epoch) is refused: it would leave samples out.
 
     Example::
 
@@ -50,15 +51,17 @@ class SpeculatorsBatchSampler(BucketBatchSampler):
 
     def __init__(self, batch_max_length: int, lengths: Any, num_replicas: int, rank: int,
                  truncate_long_samples: bool = True, seed: int = 0,
-                 max_batches: int | None = None, **options: Any) -> None:
+                 max_batches: int | None = None, plan_options: dict[str, Any] | None = None,
+                 **options: Any) -> None:
         if max_batches is not None:
             raise ConfigError(f"max_batches={max_batches} would cut the epoch short; the "
                              "lengthwise sampler trains every sample once per epoch")
         options.setdefault("check_world_size", _sequence_parallel() == 1)
-        super().__init__(lengths, max_tokens=batch_max_length, layout="pack",
-                         num_replicas=num_replicas, rank=rank, seed=seed, window=None,
-                         on_overflow="truncate" if truncate_long_samples else "drop",
-                         **options)
+        config = PlanConfig(max_tokens=batch_max_length, layout="pack",
+                            on_overflow="truncate" if truncate_long_samples else "drop",
+                            **(plan_options or {}))
+        super().__init__(lengths, config, num_replicas=num_replicas, rank=rank, seed=seed,
+                         window=None, **options)
         self._skipped = (-1, 0)  # (epoch, micro-batches) the trainer fast-skipped
 
     def _generate_batches(self, epoch: int) -> list[list[int]]:
@@ -119,12 +122,12 @@ def use_in_speculators(**options: Any) -> None:
     """Make ``speculators``' trainer build its loaders with lengthwise's packed plan.
 
     Sets ``MultipackDistributedBatchSamplerV2`` in ``speculators.train.dataloader`` to
-    :class:`SpeculatorsBatchSampler` (with ``options``, e.g. ``order=...``) and its
+    :class:`SpeculatorsBatchSampler` (with ``options``, e.g. ``plan_options=...``) and its
     ``CollateFn`` to :class:`CheckedCollateFn`. Call it before the loaders are built.
 
     Example::
 
-        use_in_speculators(order="stratified")
+        use_in_speculators(plan_options={"order": "random"})
         train_loader, val_loader = create_train_val_loaders(...)
     """
     def make(*args: Any, **kwargs: Any) -> SpeculatorsBatchSampler:

@@ -246,7 +246,7 @@ def test_cli_one_line_errors_and_help(tmp_path):
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
     helped = subprocess.run([*launch, "-m", "lengthwise", "dflash", "features", "--help"],
                             env=env, capture_output=True, text=True, timeout=300).stdout
-    assert "(default float16)" in helped and "--no-last-hidden" in helped
+    assert "(default: float16)" in helped and "--no-last-hidden" in helped
 
 
 def test_two_ranks_write_the_cache_one_process_writes(made, tmp_path):

@@ -227,3 +227,43 @@ def test_the_combined_proposer_is_lossless_and_keeps_the_targets_law():
     gens = speculative_batch(draft, target, [prompt] * 3000, max_new_tokens=n,
                              temperature=1.0, seed=0, lookup_ngram=2)
     assert _p_value([g.tokens for g in gens], law) > 1e-3
+
+
+def test_the_drafts_cached_context_gives_the_blocks_of_a_full_forward():
+    from lengthwise.dflash.blocks import block_attention_mask
+
+    target, draft = qwen3_pair(vocab=6, seed=2, block_size=5)
+    torch.manual_seed(0)
+    n, length, b = 2, 9, draft.config.block_size
+    feats = torch.randn(n, length, draft.fc.in_features)
+    lens = torch.tensor([[9], [4]])  # the second row's context is its first 4 positions
+    embeds = torch.randn(n, b, draft.config.hidden_size)
+    block_pos = lens + torch.arange(b)
+    mask = block_attention_mask(lens, torch.zeros_like(lens), length, b)
+    positions = torch.cat([torch.arange(length).expand(n, -1), block_pos], dim=1)
+    full = draft(feats, embeds, positions, mask)
+    kv = draft.context_keys_values(feats, torch.arange(length).expand(n, -1))
+    cached = draft(None, embeds, block_pos, mask, context_kv=kv)
+    assert torch.allclose(cached, full, atol=1e-5)
+    half = draft.context_keys_values(feats[:, 4:], torch.arange(4, length).expand(n, -1))
+    first = draft.context_keys_values(feats[:, :4], torch.arange(4).expand(n, -1))
+    joined = [(torch.cat([a[0], c[0]], 2), torch.cat([a[1], c[1]], 2))
+              for a, c in zip(first, half, strict=True)]
+    assert torch.allclose(draft(None, embeds, block_pos, mask, context_kv=joined), full,
+                          atol=1e-5)  # computed in two pieces, as decoding does
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_draft_is_skipped_when_prompt_lookup_fills_every_block(monkeypatch, temperature):
+    from lengthwise.dflash import lookup
+    from lengthwise.dflash.speculative import speculative_batch
+
+    target, draft = qwen3_pair(vocab=6, seed=2, block_size=5)
+    calls = []
+    monkeypatch.setattr(draft, "forward", lambda *a, **k: calls.append(1))
+    monkeypatch.setattr(lookup, "lookup_candidates", lambda seq, k, n=2: [1] * k)
+    gens = speculative_batch(draft, target, PROMPTS, max_new_tokens=9, lookup_ngram=2,
+                             temperature=temperature, seed=0)
+    assert calls == [] and all(len(g.tokens) == 9 for g in gens)
+    if temperature == 0:
+        assert [g.tokens for g in gens] == [target.greedy(p, 9) for p in PROMPTS]

@@ -19,12 +19,10 @@ from lengthwise.doctor.attribution import (
     row_codes,
 )
 from lengthwise.doctor.bands import find_bands, merge_peaks
-from lengthwise.doctor.checkpoints import associate, hypergeom_sf, near_checkpoint
-from lengthwise.doctor.cliffs import find_cliffs
+from lengthwise.doctor.cliffs import associate, find_cliffs, hypergeom_sf, near_checkpoint
+from lengthwise.doctor.curve import find_phases, nonfinite_losses, stable_stats, warmup_from_lr
+from lengthwise.doctor.numeric import rolling_mean, rolling_median
 from lengthwise.doctor.periodicity import find_periodicity, runs_test
-from lengthwise.doctor.phases import find_phases, warmup_from_lr
-from lengthwise.doctor.smoothing import rolling_mean, rolling_median
-from lengthwise.doctor.stats import nonfinite_losses, stable_stats
 
 RNG = np.random.default_rng
 

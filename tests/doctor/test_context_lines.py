@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from lengthwise.doctor import diagnose
-from lengthwise.doctor.render import render_text
+from lengthwise.doctor.report import render_text
 
 
 def _rows(n: int = 120, *, epoch: bool, evals: int = 0) -> list[dict]:

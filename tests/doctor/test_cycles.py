@@ -10,16 +10,22 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from lengthwise.doctor import diagnose
-from lengthwise.doctor.context import epoch_resets, epochs_from_field, run_context
-from lengthwise.doctor.cycles import (
+from lengthwise.doctor.context import (
+    apparent_period,
+    epoch_resets,
+    epochs_from_field,
+    match_period,
+    megabatch_steps,
+    run_context,
+)
+from lengthwise.doctor.periodicity import (
+    Periodicity,
     checked_periodicity,
     cycle_groups,
     distinct_groupings,
     phase_test,
 )
-from lengthwise.doctor.mechanisms import apparent_period, match_period, megabatch_steps
-from lengthwise.doctor.periodicity import Periodicity
-from lengthwise.doctor.render import render_text
+from lengthwise.doctor.report import render_text
 
 from simulated_logs.hf import simulate_hf_log
 from simulated_logs.runs import simulate_clean
@@ -196,17 +202,17 @@ def test_a_cycle_of_a_fractional_number_of_steps_is_found_with_its_precision() -
 
 def test_the_surrogate_retest_costs_the_same_on_any_longer_log(monkeypatch) -> None:
     """An unexplained period is re-tested on the last PHASE_TEST_ROWS rows at most."""
-    import lengthwise.doctor.cycles as cycles
+    import lengthwise.doctor.periodicity as periodicity
 
     sizes: list[int] = []
-    real = cycles.phase_test
+    real = periodicity.phase_test
 
     def spy(x, groupings, **kw):
         sizes.append(x.size)
         return real(x, groupings, **kw)
 
-    monkeypatch.setattr(cycles, "phase_test", spy)
-    monkeypatch.setattr(cycles, "PHASE_TEST_ROWS", 1500)
+    monkeypatch.setattr(periodicity, "phase_test", spy)
+    monkeypatch.setattr(periodicity, "PHASE_TEST_ROWS", 1500)
     t = np.arange(6000.0)
     loss = 2.0 + 0.05 * ((t % 37) / 37) + 0.01 * np.random.default_rng(0).standard_normal(t.size)
     r = diagnose([{"step": int(s), "loss": float(v)} for s, v in zip(t, loss, strict=True)])

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from lengthwise.doctor import diagnose, read_records
 from lengthwise.doctor.context import lr_restarts
-from lengthwise.doctor.render import render_text
+from lengthwise.doctor.report import render_text
 
 from simulated_logs.events import with_evals
 from simulated_logs.runs import simulate_clean

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from lengthwise.cli import main
 from lengthwise.doctor import diagnose
-from lengthwise.doctor.gradnorm import SPIKE_Z, grad_norm_findings, spike_mask
-from lengthwise.doctor.render import render_text
+from lengthwise.doctor.report import render_text
+from lengthwise.doctor.signals import SPIKE_Z, grad_norm_findings, spike_mask
 
 from simulated_logs.events import grad_norm_log
 from simulated_logs.runs import simulate_clean

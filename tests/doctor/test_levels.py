@@ -14,18 +14,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lengthwise.demo.report import common_region
+from lengthwise.doctor import attribution as levels_module
 from lengthwise.doctor import diagnose
-from lengthwise.doctor import levels as levels_module
-from lengthwise.doctor.levels import (
+from lengthwise.doctor.attribution import (
     BLOCK,
+    LEVEL_SHUFFLES,
     MAX_RANGES,
     MIN_LINES,
-    PERMUTATIONS,
     block_shuffles,
     bucket_levels,
     length_ranges,
 )
-from lengthwise.doctor.render import render_text
+from lengthwise.doctor.report import render_text
 
 from simulated_logs.micro import simulate_micro_log
 
@@ -178,7 +178,7 @@ def test_shuffles_drawn_in_chunks_give_the_p_value_of_drawing_them_all_at_once(n
             mp.setattr(levels_module, "CHUNK_LINES", lines_at_once)
             return bucket_levels(y, y, buckets, rng=np.random.default_rng(seed))
 
-    at_once, chunked = run(PERMUTATIONS * n), run(chunk)  # one draw of every shuffle, or chunks
+    at_once, chunked = run(LEVEL_SHUFFLES * n), run(chunk)  # one draw of every shuffle, or chunks
     assert chunked.p_value == at_once.p_value and chunked.share == at_once.share
     assert chunked.chance == pytest.approx(at_once.chance, rel=1e-12, abs=1e-15)
     assert chunked.to_dict() == at_once.to_dict()

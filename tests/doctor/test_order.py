@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from lengthwise.doctor import diagnose
-from lengthwise.doctor.run_config import logged_order
+from lengthwise.doctor.context import logged_order
 
 from simulated_logs.runs import simulate_run
 

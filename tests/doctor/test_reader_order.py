@@ -14,8 +14,7 @@ from hypothesis import strategies as st
 
 from lengthwise.cli import main
 from lengthwise.doctor import read_log, read_records
-from lengthwise.doctor.readers.restarts import step_order
-from lengthwise.doctor.runlog import InputSummary
+from lengthwise.doctor.runlog import InputSummary, step_order
 
 
 def loss_at(step: int, run: float = 0.0) -> float:

@@ -23,8 +23,7 @@ from lengthwise.doctor import (
     read_log,
     read_records,
 )
-from lengthwise.doctor.readers.restarts import resolve_restarts
-from lengthwise.doctor.runlog import InputSummary
+from lengthwise.doctor.runlog import InputSummary, resolve_restarts
 
 
 def write_lines(path: Path, lines: list[str]) -> Path:

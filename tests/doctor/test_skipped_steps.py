@@ -7,7 +7,7 @@ import math
 import pytest
 
 from lengthwise.doctor import EmptyLogError, diagnose
-from lengthwise.doctor.render import render_text
+from lengthwise.doctor.report import render_text
 
 from simulated_logs.events import dflash_log
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from lengthwise.doctor import diagnose
-from lengthwise.doctor.render import render_text
-from lengthwise.doctor.stall import find_stall
+from lengthwise.doctor.curve import find_stall
+from lengthwise.doctor.report import render_text
 
 from simulated_logs.runs import simulate_clean
 

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lengthwise.doctor import diagnose
-from lengthwise.doctor.render import render_text
+from lengthwise.doctor.report import render_text
 
 from simulated_logs.events import with_resumes
 from simulated_logs.runs import simulate_clean

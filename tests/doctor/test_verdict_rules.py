@@ -6,12 +6,18 @@ import numpy as np
 import pytest
 
 from lengthwise.doctor import diagnose, verdict_for
-from lengthwise.doctor.context import RunContext, epochs_from_field, run_context
+from lengthwise.doctor.context import (
+    RunContext,
+    apparent_period,
+    epochs_from_field,
+    match_period,
+    megabatch_steps,
+    run_context,
+)
 from lengthwise.doctor.epochs import epoch_boundaries
-from lengthwise.doctor.mechanisms import apparent_period, match_period, megabatch_steps
+from lengthwise.doctor.numeric import detrended
 from lengthwise.doctor.periodicity import fold_test
-from lengthwise.doctor.render import render_text
-from lengthwise.doctor.smoothing import detrended
+from lengthwise.doctor.report import render_text
 
 from simulated_logs.runs import simulate_clean, simulate_run
 

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lengthwise.planning.config import PlanConfig
 from lengthwise.train import StepLogger, bucket_token_shares
 
 STEP_KEYS = {
@@ -532,7 +533,7 @@ def test_bucket_token_shares_of_a_real_epoch_plan():
     import lengthwise
 
     lengths = np.random.default_rng(0).integers(16, 2000, size=3000)
-    plan = lengthwise.plan_epoch(lengths, max_tokens=8192, buckets=4)
+    plan = lengthwise.plan_epoch(lengths, PlanConfig(max_tokens=8192, buckets=4))
     totals: dict[int, float] = {}
     for k in range(len(plan.bucket)):
         b = int(plan.bucket[k])

@@ -1,7 +1,9 @@
 """Command-line flags generated from a settings dataclass: each option declared once.
 
 A field with ``metadata={"help": ...}`` becomes ``--field-name``; its type comes from
-``metadata["type"]`` or its default's type, and the help ends with the field's default.
+``metadata["type"]`` (a parser whose ``ValueError`` becomes a one-line usage error) or its
+default's type, ``metadata["choices"]`` and ``metadata["metavar"]`` pass on to argparse, and
+the help ends with the field's default.
 A ``bool`` field becomes a ``--name``/``--no-name`` pair. :func:`config_from_args` builds
 the dataclass back from the parsed flags, so a flag's default is the field's default.
 
@@ -17,7 +19,7 @@ Example::
     >>> add_config_flags(p, Pass)
     >>> config_from_args(Pass, p.parse_args(["--max-tokens", "64", "--no-last-hidden"]))
     Pass(max_tokens=64, last_hidden=False)
-    >>> p.format_help().count("(default 8192)")
+    >>> p.format_help().count("(default: 8192)")
     1
 """
 
@@ -34,25 +36,45 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def _parser(kind: Any) -> Any:
+    """``kind`` with its ``ValueError`` (a ``ConfigError``, say) as argparse's usage error."""
+    if kind in (int, float, str):
+        return kind  # argparse's own message: "invalid int value: 'abc'"
+
+    def parse(text: str) -> Any:
+        try:
+            return kind(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
 def add_config_flags(parser: argparse.ArgumentParser, cls: type, *,
-                     skip: tuple[str, ...] = ()) -> None:
-    """Add a flag to ``parser`` for every field of ``cls`` that has help (see the module)."""
+                     skip: tuple[str, ...] = (), exclusive: tuple[str, ...] = (),
+                     defaults: dict[str, Any] | None = None) -> None:
+    """Add a flag to ``parser`` for every field of ``cls`` that has help (see the module).
+
+    The flags of the fields named in ``exclusive`` cannot be given together; ``defaults``
+    replaces the defaults of some fields for this command (its help shows them).
+    """
+    group = parser.add_mutually_exclusive_group() if exclusive else None
     for f in dataclasses.fields(cls):
         text = f.metadata.get("help")
         if text is None or f.name in skip:
             continue
-        default = f.default
+        default = (defaults or {}).get(f.name, f.default)
         shown = "none" if default is None else default
         if isinstance(default, bool):
             parser.add_argument(_flag(f.name), dest=f.name, default=default,
                                 action=argparse.BooleanOptionalAction,
-                                help=f"{text} (default {'on' if default else 'off'})")
+                                help=f"{text} (default: {'on' if default else 'off'})")
             continue
-        kind = f.metadata.get("type") or type(default)
-        choices = f.metadata.get("choices")
-        parser.add_argument(_flag(f.name), dest=f.name, type=kind, default=default,
-                            choices=choices, metavar=f.metadata.get("metavar"),
-                            help=f"{text} (default {shown})")
+        where = group if f.name in exclusive else parser
+        where.add_argument(_flag(f.name), dest=f.name, default=default,
+                           type=_parser(f.metadata.get("type") or type(default)),
+                           choices=f.metadata.get("choices"), metavar=f.metadata.get("metavar"),
+                           help=f"{text} (default: {shown})")
 
 
 def config_from_args(cls: type, args: argparse.Namespace, **extra: Any) -> Any:

@@ -105,8 +105,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Diagnose each log and print the reports (text, or JSON with --json)."""
     from lengthwise.doctor import LogError, LogNotFoundError, PlotUnavailableError, diagnose
-    from lengthwise.doctor.numbers import json_ready
-    from lengthwise.doctor.render import render_comparison, render_text
+    from lengthwise.doctor.numeric import json_ready
+    from lengthwise.doctor.report import render_comparison, render_text
 
     if args.watch or args.interval is not None or args.max_seconds is not None \
             or args.cooldown is not None:

@@ -17,21 +17,14 @@ import warnings
 import numpy as np
 
 from lengthwise.atomic import atomic_open
+from lengthwise.cli._options import add_config_flags, config_from_args
 from lengthwise.errors import ConfigError
 from lengthwise.planning.batching import longest_per_batch
+from lengthwise.planning.config import PlanConfig
 from lengthwise.planning.cost import round_up
 from lengthwise.planning.edges import bucket_counts
 from lengthwise.planning.metrics import gathered_lengths
-from lengthwise.planning.vocabulary import (
-    BALANCE,
-    EVEN_OUT,
-    LAYOUTS,
-    ORDERS,
-    OVERFLOW_POLICIES,
-    PACK_ORDERS,
-    PACK_OVERFLOW_POLICIES,
-    SEQUENCE_ORDERS,
-)
+from lengthwise.planning.vocabulary import ORDERS, PACK_ORDERS, SEQUENCE_ORDERS
 from lengthwise.progress import progress
 from lengthwise.terminal import TEXT_WIDTH, fit_lines
 
@@ -58,29 +51,6 @@ EDGE_ROWS_SHOWN = 5
 BUCKET_ORDERS = tuple(o for o in ORDERS if o not in SEQUENCE_ORDERS)
 
 
-def _buckets(text: str) -> int | str | list[int]:
-    if text == "auto":
-        return "auto"
-    if "," in text:
-        try:
-            edges = [int(x) for x in text.split(",") if x.strip()]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"edges must be integers: {text!r}") from None
-        low = [e for e in edges if e < 1]
-        if low:
-            raise argparse.ArgumentTypeError(
-                f"bucket edges must be >= 1, got {low[0]} in {text!r}")
-        return edges
-    try:
-        count = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--buckets takes a count, 'auto' or edges E1,E2,...; got {text!r}") from None
-    if count < 1:
-        raise argparse.ArgumentTypeError(f"a count of buckets must be >= 1, got {count}")
-    return count
-
-
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "plan", help="plan an epoch of length-aware batches and report its figures",
@@ -90,41 +60,9 @@ def register(subparsers) -> None:
                    "working folder wins), .npy, .txt, FILE.jsonl:FIELD, FILE.parquet:COLUMN, "
                    "FILE.arrow:COLUMN, a Megatron index PREFIX.idx, or FOLDER:COLUMN (a folder "
                    "of Parquet shards)")
-    p.add_argument("--max-len", type=int, default=None, metavar="N",
-                   help="longest sample kept, in tokens (default: no limit but the budget)")
-    p.add_argument("--on-overflow", choices=PACK_OVERFLOW_POLICIES, default="truncate",
-                   help="what happens to samples over --max-len or one row of the budget; "
-                        "'split' (packed layout only) cuts them into rows (default: truncate)")
-    rule = p.add_mutually_exclusive_group()
-    rule.add_argument("--batch-size", type=int, metavar="B",
-                      help="rows per micro-batch (default: the token budget is used instead)")
-    rule.add_argument("--max-tokens", type=int, metavar="T",
-                      help="padded tokens per micro-batch, rows x padded length; with --layout "
-                           f"pack the tokens of a packed row (default: {DEFAULT_MAX_TOKENS})")
-    p.add_argument("--layout", choices=LAYOUTS, default="pad",
-                   help="pad: each sample one padded row; pack: samples concatenated into rows "
-                        "of --max-tokens without padding (default: pad)")
-    p.add_argument("--buckets", type=_buckets, default="auto", metavar="K|auto|E1,E2,...",
-                   help="number of buckets, 'auto', or upper edges E1,E2,... (default: auto)")
-    p.add_argument("--order", choices=COMPARE_ORDERS, default="stratified",
-                   help="order of the micro-batches; the packed layout takes "
-                        f"{' or '.join(PACK_ORDERS)} (default: stratified)")
-    p.add_argument("--world-size", type=int, default=1, metavar="W",
-                   help="data-parallel ranks (default: 1)")
-    p.add_argument("--grad-accum", type=int, default=1, metavar="G",
-                   help="micro-batches accumulated per optimizer step on each rank (default: 1)")
-    p.add_argument("--max-run", type=int, default=3, metavar="R",
-                   help="interleave: longest run of one bucket on a rank (default: 3)")
-    p.add_argument("--pad-multiple", type=int, default=1, metavar="M",
-                   help="round padded lengths up to a multiple of M; padded layout only "
-                        "(default: 1)")
-    p.add_argument("--even-out", choices=EVEN_OUT, default="split",
-                   help="how ranks get equal micro-batch counts: split batches (every sample "
-                        "once), drop or repeat whole batches, counted (default: split)")
-    p.add_argument("--balance", choices=BALANCE, default="none",
-                   help="level: every optimizer step of the stratified padded order at one cost "
-                        "level, so its ranks wait alike, at the price of steps that mix "
-                        "lengths less (default: none)")
+    add_config_flags(p, PlanConfig, skip=("cost", "max_cost"),
+                     exclusive=("batch_size", "max_tokens"),
+                     defaults={"max_tokens": DEFAULT_MAX_TOKENS})
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     p.add_argument("--epoch", type=int, default=0, help="epoch to plan (default: 0)")
     p.add_argument("--compare", action="store_true",
@@ -138,7 +76,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _plan_with_recomposition(lengths: np.ndarray, kwargs: dict,
+def _plan_with_recomposition(lengths: np.ndarray, config: PlanConfig, seed: int, epoch: int,
                              formed: dict | None = None) -> dict:
     """One order's plan and its figures, ``recomposition`` against the next epoch's batches.
 
@@ -149,9 +87,9 @@ def _plan_with_recomposition(lengths: np.ndarray, kwargs: dict,
     from lengthwise.planning.padded import padded_batch_sets
     from lengthwise.planning.plan import plan_epoch
 
-    plan = plan_epoch(lengths, **kwargs)
+    plan = plan_epoch(lengths, config, seed=seed, epoch=epoch)
     stats = dict(plan.stats)
-    if kwargs.get("layout", "pad") == "pad":  # the next epoch's batches, not their order
+    if config.layout == "pad":  # the next epoch's batches, not their order
         formed = {} if formed is None else formed
         key = _formation(plan)
         if key not in formed:
@@ -160,8 +98,8 @@ def _plan_with_recomposition(lengths: np.ndarray, kwargs: dict,
         idx, off = formed[key]
         stats["recomposition"] = recomposition_of(plan.offsets, plan.indices, off, idx)
     else:
-        nxt = plan_epoch(lengths, **{**kwargs, "epoch": kwargs["epoch"] + 1})
-        stats["recomposition"] = recomposition(plan, nxt)
+        stats["recomposition"] = recomposition(plan, plan_epoch(lengths, config, seed=seed,
+                                                                epoch=epoch + 1))
     return {"plan": plan, "stats": stats}
 
 
@@ -259,22 +197,18 @@ def run(args: argparse.Namespace) -> int:
 
     _check_out(args.out)
     lengths = load_lengths(args.lengths)
-    if args.batch_size is None and args.max_tokens is None:
-        args.max_tokens = DEFAULT_MAX_TOKENS
-    if args.on_overflow not in OVERFLOW_POLICIES and args.layout != "pack":
-        raise ConfigError("--on-overflow split needs --layout pack")
+    if args.batch_size is not None:  # the flags exclude each other: the budget is the default
+        args.max_tokens = None
+    config = config_from_args(PlanConfig, args)
     if args.layout == "pack" and args.buckets != "auto":
-        raise ConfigError(f"--buckets {args.buckets} sets the buckets of padded rows, but "
+        edges = args.buckets
+        given = ",".join(map(str, edges)) if isinstance(edges, tuple) else edges
+        raise ConfigError(f"--buckets {given} sets the buckets of padded rows, but "
                           "--layout pack has no buckets; leave --buckets out, or use --layout pad")
     if args.layout == "pack" and args.pad_multiple != 1:
         raise ConfigError(f"--pad-multiple {args.pad_multiple} rounds padded rows up, but "
                           "--layout pack has no padded rows (its rows are --max-tokens long); "
                           "leave --pad-multiple out, or use --layout pad")
-    base = dict(
-        epoch=args.epoch, seed=args.seed, max_tokens=args.max_tokens, batch_size=args.batch_size,
-        buckets=args.buckets, world_size=args.world_size, grad_accum=args.grad_accum,
-        max_run=args.max_run, max_len=args.max_len, pad_multiple=args.pad_multiple,
-        on_overflow=args.on_overflow, even_out=args.even_out, layout=args.layout)
     orders = COMPARE_ORDERS if args.layout == "pad" else PACK_ORDERS
     orders = orders if args.compare else (args.order,)
     results = {}
@@ -284,8 +218,9 @@ def run(args: argparse.Namespace) -> int:
         formed: dict = {}  # the next epoch's batch sets, formed once per formation
         for order in progress(orders, desc="planning", unit="order", enable=show):
             balance = args.balance if order == args.order else "none"
-            results[order] = _plan_with_recomposition(lengths, {**base, "order": order,
-                                                                "balance": balance}, formed)
+            results[order] = _plan_with_recomposition(
+                lengths, dataclasses.replace(config, order=order, balance=balance), args.seed,
+                args.epoch, formed)
     main = results[args.order if args.order in results else orders[-1]]
     notes = _warnings(main)
     if args.world_size * args.grad_accum == 1:
@@ -356,7 +291,7 @@ def _order_name(order: str, stats: dict) -> str:
 def _clean(stats: dict) -> dict:
     """JSON-ready figures (NaN and inf as null); the per-rank count is named
     ``micro_batches_per_rank`` only."""
-    from lengthwise.doctor.numbers import json_ready
+    from lengthwise.doctor.numeric import json_ready
 
     # num_batches is the same as micro_batches_per_rank, named ambiguously
     return json_ready({k: v for k, v in stats.items() if k != "num_batches"})

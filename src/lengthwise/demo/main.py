@@ -34,7 +34,7 @@ from lengthwise.demo.report import (
     summary_json,
 )
 from lengthwise.demo.runner import train_orders
-from lengthwise.doctor.numbers import counted
+from lengthwise.doctor.numeric import counted
 from lengthwise.errors import ConfigError
 from lengthwise.pytorch.dist import GroupInfo
 from lengthwise.terminal import TEXT_WIDTH, fit_lines

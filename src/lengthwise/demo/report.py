@@ -70,7 +70,7 @@ def common_region(logs: dict[str, str | Path]) -> tuple[int, int]:
     import numpy as np
 
     from lengthwise.doctor import load
-    from lengthwise.doctor.phases import find_phases
+    from lengthwise.doctor.curve import find_phases
 
     starts, ends = [], []
     for path in logs.values():
@@ -295,7 +295,7 @@ def plot_curves(curves: dict[str, list[float]], path: str | Path, *,
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from lengthwise.doctor.smoothing import ROUGHNESS_WINDOW, rolling_mean
+    from lengthwise.doctor.numeric import ROUGHNESS_WINDOW, rolling_mean
 
     fig, (ax, res) = plt.subplots(1, 2, figsize=(14, 5.2),
                                   gridspec_kw={"width_ratios": [1.1, 1.0]})

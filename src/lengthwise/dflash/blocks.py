@@ -138,7 +138,7 @@ def make_blocks(batch: dict[str, Any], rows: list[list[int]], *, step: int, seed
         if tokens > max_tokens:
             raise DataError(f"a micro-batch holds {tokens} tokens, more than max_tokens="
                             f"{max_tokens} (the token budget the anchor quotas of max_slots "
-                            "assume); plan micro-batches with BucketBatchSampler(max_tokens=...)")
+                            "assume); plan micro-batches with PlanConfig(max_tokens=...)")
     per_row: list[list[tuple[int, int, np.ndarray, np.ndarray]]] = []
     for r, row_segs in enumerate(segs):
         out = []

@@ -225,18 +225,27 @@ class _Attention(nn.Module):
         self.q_norm = Qwen3RMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
         self.k_norm = Qwen3RMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, context: torch.Tensor, rope: tuple[torch.Tensor, ...],
-                bias: torch.Tensor) -> torch.Tensor:
-        b, q_len, _ = x.shape
-        kv_in = _autocast_once(torch.cat([context, x], dim=1))
-        kv_len = kv_in.shape[1]
-        q = self.q_norm(self.q_proj(x).view(b, q_len, self.heads, self.head_dim)).transpose(1, 2)
-        k = self.k_norm(self.k_proj(kv_in).view(b, kv_len, self.kv_heads, self.head_dim))
-        k = k.transpose(1, 2)
-        v = self.v_proj(kv_in).view(b, kv_len, self.kv_heads, self.head_dim).transpose(1, 2)
-        cos, sin = rope
-        q, _ = apply_rotary_pos_emb(q, q, cos[:, -q_len:], sin[:, -q_len:])
+    def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys (normed, rotated) and values ``(b, kv_heads, n, head_dim)`` of the rows ``x``."""
+        b, n, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(b, n, self.kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
         k, _ = apply_rotary_pos_emb(k, k, cos, sin)
+        return k, v
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor | None,
+                rope: tuple[torch.Tensor, ...], bias: torch.Tensor,
+                context_kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        b, q_len, _ = x.shape
+        cos, sin = rope
+        q = self.q_norm(self.q_proj(x).view(b, q_len, self.heads, self.head_dim)).transpose(1, 2)
+        q, _ = apply_rotary_pos_emb(q, q, cos[:, -q_len:], sin[:, -q_len:])
+        if context_kv is None:
+            k, v = self.keys_values(_autocast_once(torch.cat([context, x], dim=1)), cos, sin)
+        else:  # the context's keys and values computed before (decoding)
+            k, v = self.keys_values(x, cos[:, -q_len:], sin[:, -q_len:])
+            k, v = torch.cat([context_kv[0], k], dim=2), torch.cat([context_kv[1], v], dim=2)
         groups = self.heads // self.kv_heads
         if isinstance(bias, torch.Tensor):
             out = F.scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups),
@@ -256,9 +265,10 @@ class _Layer(nn.Module):
         self.post_attention_layernorm = Qwen3RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.mlp = Qwen3MLP(cfg)
 
-    def forward(self, h: torch.Tensor, context: torch.Tensor, rope: tuple[torch.Tensor, ...],
-                bias: torch.Tensor, sees: torch.Tensor) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), context, rope, bias) * sees
+    def forward(self, h: torch.Tensor, context: torch.Tensor | None,
+                rope: tuple[torch.Tensor, ...], bias: torch.Tensor, sees: torch.Tensor,
+                context_kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), context, rope, bias, context_kv) * sees
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -293,10 +303,22 @@ class DFlashDraft(nn.Module):
         self.rotary = Qwen3RotaryEmbedding(qcfg)
         self._register_load_state_dict_pre_hook(_refuse_learned_mask)
 
-    def forward(self, features: torch.Tensor, block_embeds: torch.Tensor,
-                positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        context = self.context_norm(self.fc(features.to(self.fc.weight.dtype)))
-        h = block_embeds.to(context.dtype)
+    def forward(self, features: torch.Tensor | None, block_embeds: torch.Tensor,
+                positions: torch.Tensor, mask: torch.Tensor, *,
+                context_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+                ) -> torch.Tensor:
+        """Hidden states of the block slots (class doc).
+
+        ``context_kv``: each layer's keys and values of the context from
+        :meth:`context_keys_values` instead of ``features`` (``None``); ``positions`` are
+        then the block slots' only, ``(b, Q)``.
+        """
+        h = block_embeds.to(self.fc.weight.dtype)
+        if context_kv is None:
+            context = self.context_norm(self.fc(features.to(self.fc.weight.dtype)))
+            h = h.to(context.dtype)
+        else:
+            context, context_kv = None, list(context_kv)
         rope = self.rotary(h, positions)
         if isinstance(mask, torch.Tensor):
             neg = torch.finfo(h.dtype).min / 2
@@ -305,9 +327,29 @@ class DFlashDraft(nn.Module):
             sees = mask.any(dim=-1, keepdim=True).to(h.dtype)  # rows seeing nothing: no attention
         else:  # a BlockMask: flex attention gives rows that see nothing a zero output
             bias, sees = mask, torch.ones((), dtype=h.dtype, device=h.device)
-        for layer in self.layers:
-            h = layer(h, context, rope, bias, sees)
+        for i, layer in enumerate(self.layers):
+            h = layer(h, context, rope, bias, sees, None if context_kv is None else context_kv[i])
         return self.norm(h)
+
+    def context_keys_values(self, features: torch.Tensor, positions: torch.Tensor
+                            ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each layer's keys and values ``(b, kv_heads, L, head_dim)`` of context features.
+
+        A context position's keys and values depend on its features and position only,
+        so decoding computes them once per position and passes them to :meth:`forward`.
+
+        Example::
+
+            >>> cfg = DFlashConfig(hidden_size=16, num_heads=2, num_kv_heads=1, num_features=1,
+            ...                    mask_token_id=0)
+            >>> d = DFlashDraft(cfg)
+            >>> kv = d.context_keys_values(torch.randn(1, 5, 16), torch.arange(5)[None])
+            >>> [tuple(k.shape) for k, _ in kv]
+            [(1, 1, 5, 8)]
+        """
+        context = self.context_norm(self.fc(features.to(self.fc.weight.dtype)))
+        cos, sin = self.rotary(context, positions)
+        return [layer.self_attn.keys_values(context, cos, sin) for layer in self.layers]
 
 
 def check_target(cfg: DFlashConfig, target: Any) -> None:

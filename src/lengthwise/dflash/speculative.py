@@ -59,12 +59,11 @@ __all__ = ["speculative_batch"]
 
 
 class _Rows:
-    """Per-row state: tokens so far, context features, done flags."""
+    """Per-row state: tokens so far, done flags."""
 
     def __init__(self, prompts: list[list[int]], n_new: int) -> None:
         self.seqs = [list(p) for p in prompts]
         self.gens = [Generation(tokens=[], target_forwards=1) for _ in prompts]
-        self.feats: list[list[torch.Tensor]] = [[] for _ in prompts]
         self.done = [False] * len(prompts)
         self.n_new = n_new
 
@@ -83,6 +82,46 @@ class _Rows:
         self.seqs[r].extend(new)
         if len(self.gens[r].tokens) >= self.n_new or (new and new[-1] in stops):
             self.done[r] = True
+
+
+class _DraftContext:
+    """Each row's draft keys and values of the positions before its anchor, across cycles.
+
+    A context position's keys and values depend on its target features and position
+    only (:meth:`~lengthwise.dflash.model.DFlashDraft.context_keys_values`), so each is
+    computed once, when the target has verified it, and the draft's cost per cycle
+    does not grow with the context.
+    """
+
+    def __init__(self, draft: Any, n: int, device: Any) -> None:
+        self.draft = draft
+        self.kv: list[list[torch.Tensor]] = []  # per layer: keys, values (n, heads, cap, dim)
+        self.lens = torch.zeros(n, dtype=torch.long, device=device)
+
+    def add(self, feats: torch.Tensor, positions: torch.Tensor, starts: list[int],
+            counts: list[int]) -> None:
+        """Append ``feats[r, starts[r]:starts[r] + counts[r]]`` (at ``positions``) to row ``r``."""
+        new = self.draft.context_keys_values(feats, positions)
+        need = int((self.lens + torch.tensor(counts, device=self.lens.device)).max())
+        if not self.kv:
+            self.kv = [[torch.zeros(*t.shape[:2], need, t.shape[3], dtype=t.dtype,
+                                    device=t.device) for t in pair] for pair in new]
+        cap = self.kv[0][0].shape[2]
+        if need > cap:  # room for about as many positions again
+            grow = max(need - cap, cap)
+            self.kv = [[torch.cat([t, t.new_zeros(*t.shape[:2], grow, t.shape[3])], dim=2)
+                        for t in pair] for pair in self.kv]
+        for r, (start, count) in enumerate(zip(starts, counts, strict=True)):
+            at = int(self.lens[r])
+            for pair, fresh in zip(self.kv, new, strict=True):
+                for t, f in zip(pair, fresh, strict=True):
+                    t[r, :, at:at + count] = f[r, :, start:start + count]
+        self.lens += torch.tensor(counts, device=self.lens.device)
+
+    def view(self) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
+        """Each layer's keys and values up to the longest row, and that length."""
+        longest = int(self.lens.max())
+        return [(k[:, :, :longest], v[:, :, :longest]) for k, v in self.kv], longest
 
 
 def _cache_kwarg(model: Any) -> str:
@@ -158,28 +197,32 @@ def speculative_batch(draft: Any, target: Any, prompts: list[list[int]], *,
     feats = torch.cat([out.hidden_states[i + 1] for i in target.layers], dim=-1)
     first, _ = _pick(out.logits[:, -1], temperature, generator)
     del out  # every layer's hidden states of the prompts
-    for r, p in enumerate(prompts):
-        rows.feats[r].append(feats[r, width - len(p):])
+    context = _DraftContext(draft, n, dev)
+    context.add(feats, pos, [width - len(p) for p in prompts], [len(p) for p in prompts])
+    for r in range(n):
         rows.add(r, [int(first[r])], stops)
     slots = torch.arange(b, device=dev)
     while not all(rows.done):
         active = torch.tensor([not d for d in rows.done], device=dev)
-        ctx = [torch.cat(f) for f in rows.feats]
-        lens = torch.tensor([c.shape[0] for c in ctx], device=dev)  # tokens in the cache
-        longest = int(lens.max())
-        padded = torch.zeros(n, longest, ctx[0].shape[1], dtype=ctx[0].dtype, device=dev)
-        for r, c in enumerate(ctx):
-            padded[r, : c.shape[0]] = c
+        context_kv, longest = context.view()
+        lens = context.lens  # tokens in the target's cache: all but each row's anchor
         anchors = torch.tensor([[s[-1]] for s in rows.seqs], device=dev)
         embeds = block_inputs(draft, target, anchors, torch.zeros_like(anchors), b)
         block_pos = lens.unsqueeze(1) + slots
-        positions = torch.cat([torch.arange(longest, device=dev).expand(n, -1), block_pos], 1)
         mask = block_attention_mask(lens.unsqueeze(1), torch.zeros_like(anchors), longest, b)
-        hidden = draft(padded, embeds, positions, mask)
-        draft_logits = target.lm_head(hidden[:, 1:].to(target.lm_head.weight.dtype))
-        proposal, q = _pick(draft_logits, temperature, generator)
-        if lookup_ngram:
-            _with_lookup(rows, proposal, q, lookup_ngram)
+        found = _lookup(rows, b - 1, lookup_ngram) if lookup_ngram else {}
+        if found and all(rows.done[r] or len(found.get(r, ())) == b - 1 for r in range(n)):
+            # prompt lookup fills every active row's block: the draft is not needed
+            proposal = torch.zeros(n, b - 1, dtype=torch.long, device=dev)
+            q = (None if temperature == 0 else
+                 torch.zeros(n, b - 1, target.lm_head.weight.shape[0], device=dev))
+        else:
+            hidden = draft(None, embeds, block_pos, mask, context_kv=context_kv)
+            # every slot through the head, the anchor's too: B rows a prompt (a multiple of
+            # 8 for blocks of 8 or 16) run faster on CPU BLAS than the B - 1 proposals alone
+            draft_logits = target.lm_head(hidden.to(target.lm_head.weight.dtype))[:, 1:]
+            proposal, q = _pick(draft_logits, temperature, generator)
+        _overlay(found, proposal, q)
         block = torch.cat([anchors, proposal], dim=1)
         valid = torch.cat([valid, active.long().unsqueeze(1).expand(n, b)], dim=1)
         out = model(input_ids=block, attention_mask=valid, position_ids=block_pos,
@@ -188,31 +231,35 @@ def speculative_batch(draft: Any, target: Any, prompts: list[list[int]], *,
         feats = torch.cat([out.hidden_states[i + 1] for i in target.layers], dim=-1)
         kept = _verify(proposal, out.logits, q, temperature, generator)
         start = valid.shape[1] - b
+        counts = [0] * n
         for r in range(n):
             if rows.done[r]:
                 continue
             k, bonus = kept[r]
             valid[r, start + k + 1:] = 0  # rejected proposals leave the cache
-            rows.feats[r].append(feats[r, : k + 1])
+            counts[r] = k + 1
             rows.add(r, proposal[r, :k].tolist() + [bonus], stops, drafted=k)
+        context.add(feats, block_pos, [0] * n, counts)
         valid = _compact(cache, valid)
     return rows.gens
 
 
-def _with_lookup(rows: _Rows, proposal: torch.Tensor, q: torch.Tensor | None,
-                 max_ngram: int) -> None:
-    """Replace, in place, the first proposals of each row that prompt lookup finds a
-    continuation for (their distribution ``q``, when sampling, a point mass)."""
+def _lookup(rows: _Rows, num_tokens: int, max_ngram: int) -> dict[int, list[int]]:
+    """Prompt lookup's proposal of each active row that finds one (its first tokens)."""
     from lengthwise.dflash.lookup import lookup_candidates
 
-    for r, seq in enumerate(rows.seqs):
-        if rows.done[r]:
-            continue
-        found = lookup_candidates(seq, proposal.shape[1], max_ngram)
-        if not found:
-            continue
-        k = len(found)
-        proposal[r, :k] = torch.tensor(found, device=proposal.device)
+    found = {r: lookup_candidates(seq, num_tokens, max_ngram)
+             for r, seq in enumerate(rows.seqs) if not rows.done[r]}
+    return {r: f for r, f in found.items() if f}
+
+
+def _overlay(found: dict[int, list[int]], proposal: torch.Tensor,
+             q: torch.Tensor | None) -> None:
+    """Replace, in place, the first proposals of each row by prompt lookup's (their
+    distribution ``q``, when sampling, a point mass)."""
+    for r, tokens in found.items():
+        k = len(tokens)
+        proposal[r, :k] = torch.tensor(tokens, device=proposal.device)
         if q is not None:
             q[r, :k] = 0
             q[r, torch.arange(k, device=q.device), proposal[r, :k]] = 1

@@ -27,7 +27,8 @@ Example::
 
 from __future__ import annotations
 
-from lengthwise.doctor.api import diagnose, load, verdict_for
+from lengthwise.doctor.analyses import diagnose, load, verdict_for
+from lengthwise.doctor.attribution import Noise
 from lengthwise.doctor.errors import (
     EmptyLogError,
     LogError,
@@ -35,7 +36,6 @@ from lengthwise.doctor.errors import (
     PlotUnavailableError,
     UnreadableLogError,
 )
-from lengthwise.doctor.noise import Noise
 from lengthwise.doctor.readers import read_log, read_records
 from lengthwise.doctor.report import REPORT_KEYS, Finding, Report, Verdict
 from lengthwise.doctor.runlog import RunLog

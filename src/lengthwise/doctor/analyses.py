@@ -1,22 +1,9 @@
-"""The doctor's analyses: a registry of functions, each reading one run, each claiming.
+"""The doctor's analyses: a registry of functions that return a run's findings; ``diagnose``.
 
-Every entry of :data:`ANALYSES` takes the :class:`~lengthwise.doctor.diagnosis.Diagnosis`
-of a log (the parsed log and its shared intermediate results, computed once) and
-returns its :class:`~lengthwise.doctor.report.Finding` s: a cause it found, with
-the figures it rests on and a one-line claim, or what it could not test
-(``kind="untested"``). :func:`lengthwise.doctor.render.rank` ranks them into the
-verdict. The rules:
-
-* every significant result (p < 0.05, or a test's own stricter level: 0.01 for
-  periods and for length deciles) is a cause;
-* a period names a mechanism only when its length matches one
-  (:mod:`lengthwise.doctor.mechanisms`), else it is "a periodic component of
-  unknown cause" with its strength;
-* every cause says where in the run it lies (warm-up, early training, stable region).
-
-An analysis is added as one function ``(d: Diagnosis) -> list[Finding]`` and one
-entry in :data:`ANALYSES`; a measurement it needs that others share is a cached
-property of :class:`~lengthwise.doctor.diagnosis.Diagnosis`.
+Every entry of :data:`ANALYSES` takes the :class:`~lengthwise.doctor.diagnosis.Diagnosis` of
+a log and returns its :class:`~lengthwise.doctor.report.Finding` s: a cause with its figures
+and claim, or a test that could not run (``kind="untested"``). Every significant result is a
+cause; a period names a mechanism only when its length matches one.
 
 Example::
 
@@ -25,12 +12,18 @@ Example::
     >>> d = Diagnosis(load(rows), DiagnoseOptions())
     >>> [(f.name, f.kind) for f in ANALYSES["bands"](d)]
     [('bands_untested', 'untested')]
+    >>> from lengthwise.doctor import diagnose
+    >>> import numpy as np
+    >>> noise = np.random.default_rng(0).standard_normal(1500)
+    >>> diagnose([{"step": s, "loss": 2.0 + 0.05 * e} for s, e in enumerate(noise, 1)]
+    ...          ).verdict.clean
+    True
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any
 
 import numpy as np
@@ -38,14 +31,12 @@ import numpy as np
 from lengthwise.doctor.attribution import ALPHA as LENGTH_ALPHA
 from lengthwise.doctor.attribution import REPORT_ALPHA
 from lengthwise.doctor.cliffs import Cliff
-from lengthwise.doctor.diagnosis import Diagnosis
-from lengthwise.doctor.gradnorm import LEAD_POINTS, TREND_BLOCKS, Alignment
-from lengthwise.doctor.mechanisms import match_period
-from lengthwise.doctor.numbers import fmt_num, num, with_error
-from lengthwise.doctor.report import Finding
-from lengthwise.doctor.run_config import MICRO_VIEW
+from lengthwise.doctor.context import MICRO_VIEW, match_period
+from lengthwise.doctor.diagnosis import DiagnoseOptions, Diagnosis, Source, load
+from lengthwise.doctor.numeric import fmt_num, num, with_error
+from lengthwise.doctor.report import Finding, Report, Verdict, rank
 from lengthwise.doctor.runlog import Restart
-from lengthwise.doctor.steptime import SLOW_FACTOR, SLOW_Z
+from lengthwise.doctor.signals import LEAD_POINTS, SLOW_FACTOR, SLOW_Z, TREND_BLOCKS, Alignment
 
 #: cliffs whose median recovery takes at most this many logged points are one-step spikes
 QUICK_RECOVERY = 2
@@ -57,6 +48,24 @@ ONE_MICRO_BATCH_FIX = (
     "each step holds one micro-batch, drawn from one length bucket, whatever the order: "
     "more micro-batches per step (gradient accumulation, or more ranks) average the buckets' "
     "levels in the step loss; the order cannot")
+#: a period whose length matches a mechanism: finding, claim, score factor and fixes ({p}: the
+#: period, {what}: the mechanism)
+PERIOD_CAUSES: dict[str, tuple[str, str, float, list[str]]] = {
+    "megabatch": ("sorted_batches_cycle", "loss cycles every {p} steps: the mega-batch cycle of "
+                  "length-grouped batches (e.g. group_by_length)", 1.0,
+                  ["draw batches in random or stratified order instead of sorted runs: "
+                   "`lengthwise plan --order stratified`"]),
+    "epoch": ("epoch_cycle", "loss cycles once per epoch ({p} steps)", 1.0,
+              ["shuffle the data anew every epoch; a cycle that repeats each epoch "
+               "follows the data order (or memorisation when it steps down)"]),
+    **{what: ("{what}_cycle", "loss cycles every {p} steps, the {what} interval", 1.0,
+              ["check that the {what} does not reset the data loader, RNG or "
+               "optimizer state, or leave the model in eval mode"])
+       for what in ("checkpoint", "evaluation")},
+    "lr_restarts": ("schedule_restarts", "loss cycles every {p} steps with the learning-rate "
+                    "restarts", 0.5, ["expected with a restarting schedule; use a schedule "
+                                      "without restarts if the jumps hurt"]),
+}
 PHASE_WORDS = {"warm-up": "in the lr warm-up", "early": "in early training",
                "stable": "in the stable region"}
 
@@ -522,36 +531,14 @@ def _period_cause(d: Diagnosis, attr_ev: list[str], confirm: list[str]) -> Findi
     score = min(1.0, 2.0 * share)
     where, figures = _region(d), _figures(period=period, error=per.period_error,
                                           p_value=per.p_value, share=share)
-    if match.mechanism == "megabatch":
-        return Finding(
-            name="sorted_batches_cycle", figures=figures,
-            claim=f"loss cycles every {fmt_num(period)} steps: the mega-batch cycle of "
-            "length-grouped batches (e.g. group_by_length)",
-            score=score, where=where, evidence=ev + attr_ev,
-            fix=["draw batches in random or stratified order instead of sorted runs: "
-                 "`lengthwise plan --order stratified`", *confirm])
-    if match.mechanism == "epoch":
-        return Finding(
-            name="epoch_cycle", figures=figures,
-            claim=f"loss cycles once per epoch ({fmt_num(period)} steps)",
-            score=score, where=where, evidence=ev,
-            fix=["shuffle the data anew every epoch; a cycle that repeats each epoch "
-                 "follows the data order (or memorisation when it steps down)"])
-    if match.mechanism in ("checkpoint", "evaluation"):
-        what = match.mechanism
-        return Finding(
-            name=f"{what}_cycle", figures=figures,
-            claim=f"loss cycles every {fmt_num(period)} steps, the {what} interval",
-            score=score, where=where, evidence=ev,
-            fix=[f"check that the {what} does not reset the data loader, RNG or "
-                 "optimizer state, or leave the model in eval mode"])
-    if match.mechanism == "lr_restarts":
-        return Finding(
-            name="schedule_restarts", figures=figures,
-            claim=f"loss cycles every {fmt_num(period)} steps with the learning-rate restarts",
-            score=0.5 * score, where=where, evidence=ev,
-            fix=["expected with a restarting schedule; use a schedule without "
-                 "restarts if the jumps hurt"])
+    cause = PERIOD_CAUSES.get(match.mechanism or "")
+    if cause is not None:
+        name, claim, factor, fix = cause
+        cycle = match.mechanism == "megabatch"  # the one the attribution's evidence confirms
+        what = {"p": fmt_num(period), "what": match.mechanism}
+        return Finding(name=name.format(**what), figures=figures, claim=claim.format(**what),
+                       score=factor * score, where=where, evidence=ev + attr_ev if cycle else ev,
+                       fix=[f.format(**what) for f in fix] + (confirm if cycle else []))
     fixes = [match.missing] if match.missing else []
     return Finding(
         name="periodic_unknown", figures=figures,
@@ -933,3 +920,48 @@ ANALYSES: dict[str, Callable[[Diagnosis], list[Finding]]] = {
 def run_analyses(d: Diagnosis) -> list[Finding]:
     """Every finding of every analysis of ``d``, each marked with its analysis."""
     return [replace(f, analysis=name) for name, analysis in ANALYSES.items() for f in analysis(d)]
+
+
+def diagnose(source: Source, **options: Any) -> Report:
+    """Diagnose one training log.
+
+    ``source`` is a log path (JSONL, ``.gz``, CSV, TensorBoard file or directory),
+    an in-memory list of row dicts, or a :class:`RunLog`. The options are those of
+    :class:`~lengthwise.doctor.diagnosis.DiagnoseOptions`: ``start``/``end`` fix
+    the stable region (steps, inclusive); ``checkpoint_every`` or ``checkpoints``
+    give checkpoint steps when the log has no checkpoint events;
+    ``steps_per_epoch``, ``batch_size`` (samples per optimizer step) and
+    ``eval_every`` are the lengths a period is matched against; ``world_size``
+    (data-parallel processes; default: a ``training_args.json`` or config file
+    beside the log, see :mod:`lengthwise.doctor.context`) enters the
+    mega-batch arithmetic. ``seed`` makes the bootstrap and permutation tests
+    reproducible. ``order`` is the batch order the run used (default: the log's
+    ``plan`` event, see :func:`~lengthwise.doctor.context.logged_order`); the
+    doctor does not prescribe it. ``clip`` is the gradient-clipping norm
+    (default: a config file beside the log, see
+    :func:`~lengthwise.doctor.context.clip_beside`), for the clip rate.
+    ``timing=False`` leaves the logged step times out (no slow-step, straggler or
+    throughput finding): they measure the machine and its load, not the run, so a
+    verdict that must read the same on every machine (the demo's, the order
+    experiments') is made without them.
+    """
+    opts = DiagnoseOptions(**options)
+    d = Diagnosis(load(source, step_key=opts.step_key, loss_key=opts.loss_key), opts, source)
+    findings = run_analyses(d)
+    shown = {f.name for f in fields(Report)} - {"verdict"}
+    return Report(**{name: getattr(d, name) for name in shown},
+                  verdict=rank(findings, d.stats.loss_roughness))
+
+
+def verdict_for(source: Source, **options: Any) -> Verdict:
+    """The verdict of one log: ``diagnose(source, **options).verdict``.
+
+    The one verdict the command line, the demo and the API show.
+
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(1)
+    >>> verdict_for([{"step": s, "loss": 2.0 + 0.5 * (s % 2) + 0.05 * rng.standard_normal()}
+    ...              for s in range(1, 1501)]).clean
+    False
+    """
+    return diagnose(source, **options).verdict

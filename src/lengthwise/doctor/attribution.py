@@ -1,17 +1,10 @@
-"""Attribution: how much of the step-to-step loss variance the batch composition explains.
+"""What the batch composition explains: attribution, per-bucket levels, the noise budget.
 
-With a bucket field, each step is described by the share of its batches drawn
-from each bucket (``bucket``: one id, a one-hot row; ``buckets``: the ids of the
-step's micro-batches); ``bucket_r2`` is the R-squared of the detrended loss
-regressed on those shares, which for single-bucket steps is exactly
-eta-squared (between-bucket variance / total). With a length field
-(``seq_len``, or ``real_tokens / samples``), ``length_r2`` is eta-squared over
-ten quantile bins of the length. Both come with a permutation p-value (199
-shuffles of the loss over steps). The shuffles also give what the bucket
-"explains" by chance alone (``bucket_r2_chance``, their mean R-squared): with
-many buckets and few steps, e.g. stratified steps that each hold a few of 50
-buckets, chance alone reaches an R-squared near 1, so a cause is judged on
-``bucket_r2_adjusted``, the share beyond chance.
+``bucket_r2`` regresses the detrended loss on each step's bucket shares and ``length_r2`` is
+eta^2 over length deciles, each with a permutation p-value and the share beyond chance. A
+per-micro-batch log is tested for one level per length range. The noise budget splits the
+step-to-step variance into sampling, composition, schedule and the rest. The methods are in
+docs/doctor.md (Attribution, Noise budget).
 
 Example::
 
@@ -22,16 +15,29 @@ Example::
     >>> a = attribute(resid, loss=resid + 2, buckets=b.tolist())
     >>> round(a.bucket_r2, 2), a.bucket_p_value < 0.01
     (0.99, True)
+    >>> rng = np.random.default_rng(0)
+    >>> b = rng.integers(0, 3, 120)
+    >>> y = 5.0 + np.array([-0.1, 0.0, 0.1])[b] + 0.05 * rng.standard_normal(120)
+    >>> lv = bucket_levels(y - 5.0, y, b.tolist(), edges=[20, 60, 256])
+    >>> lv.found, [r["lengths"] for r in lv.ranges]
+    (True, ['up to 20', '21-60', '61-256'])
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> resid = rng.standard_normal(2000) * 0.1
+    >>> nb = noise_budget(resid, loss_sample_std=np.full(2000, 0.8), samples=np.full(2000, 64.0))
+    >>> round(nb.excess, 1), round(nb.shares["sampling"], 1)
+    (1.0, 1.0)
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from lengthwise.doctor.levels import BucketLevels
+from lengthwise.doctor.numeric import ROUGHNESS_WINDOW, num, rolling_mean
 
 PERMUTATIONS = 199
 #: permutation tests use a random subset of at most this many steps
@@ -44,7 +50,6 @@ STRONG_R2 = 0.2
 ALPHA = 0.01
 #: a permutation p-value below this is reported in the verdict (as a weak cause when small)
 REPORT_ALPHA = 0.05
-
 TO_LOG = [
     "bucket: the length-bucket id of each step's batch (buckets: the ids of all its micro-batches)",
     "real_tokens and samples per step (or seq_len), to relate the loss to sequence length",
@@ -255,7 +260,6 @@ def attribute(
     loss: np.ndarray,
     buckets: list[Any] | None = None,
     length: np.ndarray | None = None,
-    bucket_field: str = "bucket",
     length_field: str | None = None,
     rng: np.random.Generator | None = None,
     structure_found: bool = False,
@@ -269,7 +273,7 @@ def attribute(
     rng = np.random.default_rng(0) if rng is None else rng
     fields: dict[str, Any] = {"logged_bucket_loss": logged_bucket_loss}
     if buckets is not None:
-        fields.update(_bucket_fields(resid, loss, buckets, bucket_field, rng))
+        fields.update(_bucket_fields(resid, loss, buckets, rng))
     if length is not None:
         fields.update(_length_fields(resid, length, length_field, rng))
     if structure_found and "bucket_r2" not in fields and "length_r2" not in fields:
@@ -280,7 +284,7 @@ def attribute(
 
 
 def _bucket_fields(
-    resid: np.ndarray, loss: np.ndarray, buckets: list[Any], bucket_field: str,
+    resid: np.ndarray, loss: np.ndarray, buckets: list[Any],
     rng: np.random.Generator,
 ) -> dict[str, Any]:
     """The bucket part of an attribution: R^2 of the bucket shares, its p-value, per bucket."""
@@ -307,11 +311,11 @@ def _bucket_fields(
             # steps that (almost) all hold one bucket, e.g. sorted steps that straddle an edge
             # now and then, are single-bucket steps to a reader
             mostly_single = float(s.max(axis=1).mean()) >= MOSTLY_SINGLE
-        return dict(bucket_field=bucket_field, bucket_r2=r2, bucket_p_value=p,
+        return dict(bucket_field="bucket", bucket_r2=r2, bucket_p_value=p,
                     bucket_r2_chance=chance, single_bucket=bool(mostly_single),
                     bucket_groups=len(ids), per_bucket=_per_bucket(ids, codes, y, loss[has]))
     if has.sum():
-        return dict(bucket_field=bucket_field,
+        return dict(bucket_field="bucket",
                     note="every step holds the same bucket: nothing to attribute")
     return {}
 
@@ -352,3 +356,441 @@ def _per_bucket(
             }
         )
     return rows
+
+
+#: at most this many length ranges
+MAX_RANGES = 6
+#: every range holds at least this many lines
+MIN_LINES = 10
+#: lines are shuffled within windows of this many consecutive lines
+BLOCK = 10
+#: the ranges must alternate at least this share as often as in random order
+MIN_ALTERNATION = 0.5
+LEVEL_SHUFFLES = 999
+#: the shuffles are drawn and scored a few at a time, at most this many shuffled lines at once,
+#: so that the test's memory does not grow with the log (999 shuffles of every line would
+#: take 16 KiB a line)
+CHUNK_LINES = 1 << 20
+
+
+@dataclass(frozen=True)
+class BucketLevels:
+    """The loss level of each length range of a log whose lines each hold one bucket."""
+
+    lines: int = 0
+    ranges: list[dict[str, Any]] = field(default_factory=list)
+    share: float | None = None
+    chance: float | None = None
+    p_value: float | None = None
+    note: str = ""
+    #: lines left out because their bucket is not one of the plan's bucket indices
+    invalid: int = 0
+
+    @property
+    def found(self) -> bool:
+        """Whether the ranges' levels differ beyond chance (p < ``ALPHA``)."""
+        return self.p_value is not None and self.p_value < ALPHA
+
+    @property
+    def beyond_chance(self) -> float | None:
+        """The share the ranges explain beyond chance, ``(share - chance) / (1 - chance)``."""
+        if self.share is None or self.chance is None or self.chance >= 1.0:
+            return None
+        return max(0.0, (self.share - self.chance) / (1.0 - self.chance))
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready form (the ``levels`` key of the attribution)."""
+
+        def r(v: float | None) -> float | None:
+            return None if v is None else round(float(v), 4)
+
+        return {"lines": self.lines, "ranges": self.ranges, "share": r(self.share),
+                "chance": r(self.chance), "beyond_chance": r(self.beyond_chance),
+                "p_value": r(self.p_value), "found": self.found,
+                "invalid_bucket_lines": self.invalid,
+                "test": f"eta^2 of length ranges, {LEVEL_SHUFFLES} shuffles within windows of "
+                        f"{BLOCK} lines, alpha={ALPHA}", "note": self.note}
+
+
+def length_ranges(ids: list[Any], counts: list[int], lines: int) -> list[int]:
+    """The range of each bucket (``ids`` in length order, ``counts`` lines each): adjacent
+    buckets merged into at most ``MAX_RANGES`` ranges of about equal lines, each of at least
+    ``MIN_LINES`` (a range short of them joins its smaller neighbour).
+
+    Example::
+
+        >>> length_ranges([0, 1, 2, 3], [30, 30, 5, 30], 95)
+        [0, 1, 1, 2]
+    """
+    k = min(MAX_RANGES, len(ids), lines // MIN_LINES)
+    if k < 2:
+        return [0] * len(ids)
+    starts = np.cumsum([0, *counts[:-1]])
+    group = [min(k - 1, int((s + c / 2) / lines * k)) for s, c in zip(starts, counts,
+                                                                       strict=True)]
+    while True:
+        names = sorted(set(group))
+        sizes = [sum(c for g, c in zip(group, counts, strict=True) if g == n) for n in names]
+        small = [i for i, s in enumerate(sizes) if s < MIN_LINES]
+        if not small or len(names) < 2:
+            return [names.index(g) for g in group]
+        i = small[0]
+        j = i + 1 if i == 0 else i - 1 if i == len(names) - 1 else (
+            i - 1 if sizes[i - 1] <= sizes[i + 1] else i + 1)
+        group = [names[j] if g == names[i] else g for g in group]
+
+
+def range_label(lo: Any, hi: Any, edges: list[int] | None) -> str | None:
+    """Token lengths of buckets ``lo..hi`` (bucket ``k``: ``edges[k-1] < length <= edges[k]``).
+
+    >>> range_label(1, 2, [10, 20, 40]), range_label(0, 0, [10, 20, 40]), range_label(0, 3, None)
+    ('11-40', 'up to 10', None)
+    """
+    if not edges or not all(isinstance(v, int) and 0 <= v < len(edges) for v in (lo, hi)):
+        return None
+    return f"{edges[lo - 1] + 1}-{edges[hi]}" if lo > 0 else f"up to {edges[hi]}"
+
+
+def alternation(group: np.ndarray) -> float:
+    """How often consecutive lines change range, as a share of what random order gives,
+    ``(n - 1)(1 - sum w^2)``.
+
+    >>> alternation(np.tile([0, 1], 20)) > 1.5, alternation(np.repeat([0, 1], 20)) < 0.1
+    (True, True)
+    """
+    w = np.bincount(group) / group.size
+    expected = (group.size - 1) * (1.0 - float(np.sum(w**2)))
+    return int(np.count_nonzero(np.diff(group))) / expected if expected > 0 else 0.0
+
+
+#: the levels of a per-micro-batch log none of whose lines logs its bucket
+NO_BUCKET_FIELD = BucketLevels(note="not tested: no line logs its length bucket (a `bucket` or "
+                               "`buckets` field)")
+#: invalid bucket values shown in the note
+SHOWN_INVALID = 3
+
+
+def _one_bucket(b: Any) -> Any:
+    """The line's bucket: an id, or a list of one id (None: none, or several)."""
+    if isinstance(b, list | tuple):
+        return b[0] if len(b) == 1 else None
+    return b
+
+
+def is_bucket_index(b: Any, buckets: int | None) -> bool:
+    """Whether ``b`` is a bucket index of a plan of ``buckets`` buckets (None: unknown count).
+
+    >>> [is_bucket_index(b, 4) for b in (0, 3, 4, -1, "2", 1.0, 1.5, True)]
+    [True, True, False, False, False, True, False, False]
+    """
+    if isinstance(b, bool) or not isinstance(b, int | float | np.integer | np.floating):
+        return False
+    if not (math.isfinite(b) and b == int(b)):
+        return False
+    return 0 <= b and (buckets is None or b < buckets)
+
+
+def _invalid_note(values: list[Any], buckets: int | None) -> str:
+    """``2 line(s) left out, their bucket not ...: 999, 'x'``: what the buckets should be.
+
+    >>> _invalid_note([999, "x", 999], 54)
+    "3 line(s) left out, their bucket not one of the plan's 54 bucket indices (0-53): 999, 'x'"
+    """
+    shown = list(dict.fromkeys(repr(v) for v in values))
+    more = ", ..." if len(shown) > SHOWN_INVALID else ""
+    want = (f"one of the plan's {buckets} bucket indices (0-{buckets - 1})" if buckets
+            else "a bucket index (a whole number from 0)")
+    return (f"{len(values)} line(s) left out, their bucket not {want}: "
+            f"{', '.join(shown[:SHOWN_INVALID])}{more}")
+
+
+def _eta_squared(y: np.ndarray, onehot: np.ndarray, n: np.ndarray | None = None) -> np.ndarray:
+    """Between-range share of the variance of each row of ``y`` (ranges: ``onehot`` columns,
+    of ``n`` lines each, summed from ``onehot`` unless given)."""
+    n = onehot.sum(axis=0) if n is None else n
+    centred = y - y.mean(axis=-1, keepdims=True)
+    sst = (centred**2).sum(axis=-1)
+    ssb = ((centred @ onehot) ** 2 / n).sum(axis=-1)
+    return np.where(sst > 0, ssb / np.where(sst > 0, sst, 1.0), 0.0)
+
+
+def block_shuffles(n: int, rng: np.random.Generator, count: int = LEVEL_SHUFFLES) -> np.ndarray:
+    """``count`` permutations of ``range(n)`` that move each index only within its window of
+    ``BLOCK`` consecutive indices.
+
+    >>> p = block_shuffles(25, np.random.default_rng(0), 3)
+    >>> bool(np.all(p // BLOCK == np.arange(25) // BLOCK))
+    True
+    """
+    return _block_shuffles(np.arange(n) // BLOCK, rng, count)
+
+
+def _block_shuffles(windows: np.ndarray, rng: np.random.Generator, count: int) -> np.ndarray:
+    """:func:`block_shuffles` of the lines whose windows are ``windows`` (index // BLOCK)."""
+    return np.argsort(windows + rng.random((count, windows.size)), axis=1)
+
+
+def shuffled_shares(
+    y: np.ndarray, onehot: np.ndarray, rng: np.random.Generator, count: int = LEVEL_SHUFFLES,
+) -> np.ndarray:
+    """eta^2 of ``count`` block shuffles of ``y`` (:func:`block_shuffles`), drawn and scored
+    at most ``CHUNK_LINES`` shuffled lines at a time.
+
+    The generator fills the shuffles' keys row after row, so the chunks draw the same numbers
+    in the same order as one call of :func:`block_shuffles` would: the same shuffles, scored
+    the same way, in memory that does not grow with ``count``.
+
+    >>> y, onehot = np.arange(40.0) % 3, np.eye(2)[np.arange(40) % 2]
+    >>> whole = _eta_squared(y[block_shuffles(40, np.random.default_rng(1), 9)], onehot)
+    >>> bool(np.allclose(shuffled_shares(y, onehot, np.random.default_rng(1), 9), whole))
+    True
+    """
+    rows = max(1, CHUNK_LINES // max(y.size, 1))
+    out = np.empty(count, dtype=np.float64)
+    windows, sizes = np.arange(y.size) // BLOCK, onehot.sum(axis=0)  # the same for every chunk
+    for start in range(0, count, rows):
+        stop = min(count, start + rows)
+        out[start:stop] = _eta_squared(y[_block_shuffles(windows, rng, stop - start)], onehot,
+                                       sizes)
+    return out
+
+
+def bucket_levels(
+    resid: np.ndarray,
+    loss: np.ndarray,
+    buckets: list[Any],
+    *,
+    edges: list[int] | None = None,
+    rng: np.random.Generator | None = None,
+) -> BucketLevels:
+    """Test whether the lines' length ranges sit at different levels (see the module docstring).
+
+    ``resid`` is the detrended loss of the lines in time order, ``loss`` their loss,
+    ``buckets`` the bucket of each line (one id; lines without one are left out) and
+    ``edges`` the plan's bucket edges, which name each range's token lengths.
+    """
+    rng = np.random.default_rng(0) if rng is None else rng
+    count = len(edges) if edges else None
+    one = [_one_bucket(b) for b in buckets]
+    ok = np.array([b is not None and is_bucket_index(b, count) for b in one], dtype=bool)
+    bad = [b for b, k in zip(one, ok.tolist(), strict=True) if b is not None and not k]
+    labels = [int(b) for b, k in zip(one, ok.tolist(), strict=True) if k]
+    y, v = np.asarray(resid, dtype=np.float64)[ok], np.asarray(loss, dtype=np.float64)[ok]
+    ids = sorted(set(labels))
+    result = _levels(y, v, labels, ids, edges, rng)
+    if not bad:
+        return result
+    left_out = _invalid_note(bad, count)
+    return replace(result, invalid=len(bad),
+                   note=f"{result.note}; {left_out}" if result.note else left_out)
+
+
+def _levels(
+    y: np.ndarray, v: np.ndarray, labels: list[int], ids: list[int], edges: list[int] | None,
+    rng: np.random.Generator,
+) -> BucketLevels:
+    """The test on the lines with a valid bucket: detrended loss ``y``, loss ``v``, buckets."""
+    if len(ids) < 2 or y.size < 2 * MIN_LINES:
+        return BucketLevels(lines=int(y.size), note=f"not tested: {y.size} lines with one "
+                            f"bucket each, {len(ids)} bucket(s) (need {2 * MIN_LINES} lines, "
+                            "2 buckets)")
+    pos = {b: i for i, b in enumerate(ids)}
+    codes = np.array([pos[b] for b in labels])
+    counts = np.bincount(codes, minlength=len(ids))
+    group = np.asarray(length_ranges(ids, counts.tolist(), int(y.size)))[codes]
+    k = int(group.max()) + 1
+    if k < 2:
+        return BucketLevels(lines=int(y.size), note="not tested: too few lines for two "
+                            f"length ranges of {MIN_LINES}")
+    switches = alternation(group)
+    if switches < MIN_ALTERNATION:
+        return BucketLevels(lines=int(y.size), note=(
+            f"not tested: the length ranges come in runs (they alternate {switches:.0%} as often "
+            f"as in random order; need {MIN_ALTERNATION:.0%}), so levels cannot be told from "
+            "the loss's drift"))
+    onehot = np.eye(k)[group]
+    share = float(_eta_squared(y, onehot))
+    shuffled = shuffled_shares(y, onehot, rng)
+    p = (1 + int((shuffled >= share - 1e-12).sum())) / (1 + LEVEL_SHUFFLES)
+    ranges = []
+    for j in range(k):
+        sel = group == j
+        members = sorted({labels[i] for i in np.flatnonzero(sel)}, key=ids.index)
+        ranges.append({"buckets": [members[0], members[-1]],
+                       "lengths": range_label(members[0], members[-1], edges),
+                       "lines": int(sel.sum()), "mean_loss": round(float(v[sel].mean()), 6),
+                       "mean_offset": round(float(y[sel].mean()), 6)})
+    return BucketLevels(lines=int(y.size), ranges=ranges, share=share,
+                        chance=float(shuffled.mean()), p_value=p)
+
+
+#: fewest stable-region points with a logged sample std for a budget
+MIN_POINTS = 20
+
+
+@dataclass(frozen=True)
+class Noise:
+    """The sampling floor of the per-step loss and the shares of its variance."""
+
+    sampling_floor: float | None
+    excess: float | None
+    shares: dict[str, float] | None
+    summary: str
+    samples_per_step: float | None = None
+    composition_source: str | None = None
+    points: int = 0
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready form (the ``noise`` key of the report)."""
+        return {
+            "sampling_floor": num(self.sampling_floor, 6),
+            "excess": num(self.excess, 4),
+            "shares": None if self.shares is None else
+            {k: num(v, 4) for k, v in self.shares.items()},
+            "samples_per_step": num(self.samples_per_step, 2),
+            "composition_source": self.composition_source,
+            "points": self.points,
+            "summary": self.summary,
+        }
+
+
+def _adjusted(r2: float | None, groups: int, n: int) -> float | None:
+    """R^2 less its expectation under no effect, ``(groups - 1) / (n - 1)``, at least 0."""
+    if r2 is None:
+        return None
+    return max(0.0, (r2 - (groups - 1) / max(n - 1, 1)) / (1 - (groups - 1) / max(n - 1, 1)))
+
+
+def length_r2(resid: np.ndarray, length: np.ndarray | None) -> float | None:
+    """Adjusted R^2 of ``resid`` on a cubic in ``log(length)`` (a smooth length effect).
+
+    >>> x = np.linspace(1, 3, 200)
+    >>> round(length_r2(-0.3 * x, np.exp(x)), 3)
+    1.0
+    """
+    if length is None:
+        return None
+    ok = np.isfinite(length) & (length > 0) & np.isfinite(resid)
+    if ok.sum() < MIN_POINTS or np.unique(length[ok]).size < 4:
+        return None
+    x = np.log(length[ok])
+    x = (x - x.mean()) / (x.std() or 1.0)
+    a = np.column_stack([np.ones(x.size), x, x * x, x * x * x])
+    y = resid[ok]
+    coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+    sst = float(((y - y.mean()) ** 2).sum())
+    if sst <= 0:
+        return 0.0
+    r2 = max(0.0, 1.0 - float(((y - a @ coef) ** 2).sum()) / sst)
+    return _adjusted(r2, 4, int(ok.sum()))
+
+
+def schedule_r2(resid: np.ndarray, lr: np.ndarray | None) -> float | None:
+    """Adjusted R^2 of ``resid`` on the learning rate's deviation from its running mean."""
+    if lr is None:
+        return None
+    ok = np.isfinite(lr) & np.isfinite(resid)
+    if ok.sum() < MIN_POINTS:
+        return None
+    x = lr[ok] - rolling_mean(lr[ok], ROUGHNESS_WINDOW)
+    y = resid[ok] - resid[ok].mean()
+    sxx = float((x - x.mean()) @ (x - x.mean()))
+    syy = float(y @ y)
+    if sxx <= 0 or syy <= 0:
+        return 0.0
+    r2 = float(((x - x.mean()) @ y) ** 2 / (sxx * syy))
+    return _adjusted(r2, 2, int(ok.sum()))
+
+
+def noise_budget(
+    resid: np.ndarray,
+    *,
+    loss_sample_std: np.ndarray | None = None,
+    samples: np.ndarray | None = None,
+    composition_r2: float | None = None,
+    composition_groups: int = 1,
+    composition_source: str | None = None,
+    length: np.ndarray | None = None,
+    length_source: str | None = None,
+    lr: np.ndarray | None = None,
+) -> Noise | None:
+    """Noise budget of the detrended stable-region loss ``resid`` (None: too few points)."""
+    resid = np.asarray(resid, dtype=np.float64)
+    n = int(np.isfinite(resid).sum())
+    if n < MIN_POINTS:
+        return None
+    var = float(np.nanvar(resid))
+    floor2, spp = _sampling_floor2(loss_sample_std, samples)
+    comp = _adjusted(composition_r2, composition_groups, n)
+    if comp is None:
+        comp = length_r2(resid, length)
+        if comp is not None:
+            composition_source = length_source
+    sched = schedule_r2(resid, lr)
+    rough = float(np.sqrt(var))
+    if floor2 is None:
+        what = ("loss_sample_std not logged: the sampling noise cannot be separated from the "
+                "rest (pass sample_losses= to StepLogger.record_micro)")
+        return Noise(sampling_floor=None, excess=None, shares=None, summary=what,
+                     composition_source=composition_source, points=n)
+    floor = float(np.sqrt(floor2))
+    shares = _shares(floor2, var, comp, sched)
+    summary = _sentence(shares, spp, comp is not None, sched is not None, composition_source)
+    return Noise(
+        sampling_floor=floor,
+        excess=rough / floor if floor > 0 else None,
+        shares=shares,
+        summary=summary,
+        samples_per_step=spp,
+        composition_source=composition_source,
+        points=n,
+    )
+
+
+def _sampling_floor2(
+    loss_sample_std: np.ndarray | None, samples: np.ndarray | None
+) -> tuple[float | None, float | None]:
+    """The sampling variance of the detrended loss and the median samples per step."""
+    if loss_sample_std is None or samples is None:
+        return None, None
+    ok = np.isfinite(loss_sample_std) & np.isfinite(samples) & (samples > 0)
+    if ok.sum() < MIN_POINTS:
+        return None, None
+    f2 = loss_sample_std[ok] ** 2 / samples[ok]
+    return float(np.mean(f2)) * (1.0 - 1.0 / ROUGHNESS_WINDOW), float(np.median(samples[ok]))
+
+
+def _shares(
+    floor2: float, var: float, comp: float | None, sched: float | None
+) -> dict[str, float]:
+    """Variance shares of sampling, composition and schedule (scaled to fit), and the rest."""
+    parts = {
+        "sampling": min(1.0, floor2 / var) if var > 0 else 1.0,
+        "composition": comp or 0.0,
+        "schedule": sched or 0.0,
+    }
+    total = sum(parts.values())
+    if total > 1.0:
+        parts = {k: v / total for k, v in parts.items()}
+        total = 1.0
+    return {**parts, "unexplained": 1.0 - total}
+
+
+def _sentence(
+    shares: dict[str, float], spp: float | None, comp_known: bool, sched_known: bool,
+    comp_source: str | None,
+) -> str:
+    size = f"{spp:.0f}" if spp >= 10 else f"{spp:.2g}"  # a median over steps: no false digits
+    parts = [f"{shares['sampling']:.0%} of the step-to-step variance is the sampling noise of "
+             f"{size} samples per step"]
+    if comp_known:
+        parts.append(f"{shares['composition']:.0%} follows the {comp_source or 'length bucket'}")
+    if sched_known and shares["schedule"] >= 0.005:
+        parts.append(f"{shares['schedule']:.0%} follows the learning rate")
+    parts.append(f"{shares['unexplained']:.0%} unexplained")
+    text = ", ".join(parts)
+    missing = [w for w, known in (("the batch composition (log `bucket`)", comp_known),
+                                  ("the schedule (log `lr`)", sched_known)) if not known]
+    if missing:
+        text += f" (not separable: {' and '.join(missing)})"
+    return text

@@ -1,28 +1,8 @@
 """Bands: is the per-step loss multimodal, and if so where are the modes?
 
-The test is Silverman's critical-bandwidth test on the detrended loss (loss minus its
-centred rolling mean of 51 points, cliffs left out, the extreme 0.5 % on each side
-trimmed; thinned to about independent points when it is autocorrelated,
-:func:`decorrelating_stride`). For ``k = 1, 2, ...``: ``h_k`` is the smallest Gaussian
-kernel bandwidth whose density estimate has at most ``k`` modes; a smoothed bootstrap
-from that estimate (variance-corrected, ``B`` = 199 resamples) gives the p-value of "at
-most ``k`` modes" as the share of resamples that still show more than ``k`` modes at
-``h_k``. The number of bands is the first ``k`` that is not rejected at ``alpha`` = 0.05
-(the test is conservative: on unimodal normal, Student-t and log-normal noise it
-rejected in none of 90 trials). Modes whose density is below 2 % of the highest are not
-counted, in the data and in the resamples alike, so single stray points do not make
-modes. Densities are computed on a 2,048-point grid by FFT convolution of linearly
-binned data, which makes the test fast.
-
-As an effect-size check, bands must be separated by a clear valley (at most 80 % of the
-lower peak; two equal bands need about 3.1 widths between them) in the density estimate
-smoothed with half the median width of a Gaussian mixture fitted with that many bands;
-modes without one are merged, so a flat-topped distribution (a sawtooth seen as a
-histogram, or uniform noise, whose sharp edges fool the test) is not called banded. A
-Gaussian mixture with that many components (EM, started at the modes) then gives the
-centres, widths and shares of the bands; the number of components with the lowest
-Bayesian information criterion (1..5) is reported beside the test, for information only
-(it over-counts skewed noise).
+Silverman's critical-bandwidth test with a smoothed bootstrap on the detrended loss (thinned
+when autocorrelated); bands must be separated by a clear valley, and a Gaussian mixture
+gives their centres, widths and shares. The method is in docs/doctor.md (Bands).
 
 Example::
 
@@ -41,8 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.doctor.numbers import significant
-from lengthwise.doctor.smoothing import ROUGHNESS_WINDOW, local_linear, log_scale, odd
+from lengthwise.doctor.numeric import ROUGHNESS_WINDOW, local_linear, log_scale, odd, significant
 
 ALPHA = 0.05
 BOOTSTRAP = 199
@@ -171,19 +150,19 @@ def critical_bandwidth(kde: _Kde, spectrum: np.ndarray, k: int, span: float) -> 
 
 
 def silverman_p(
-    x: np.ndarray, kde: _Kde, h: float, k: int, rng: np.random.Generator, boot: int = BOOTSTRAP
+    x: np.ndarray, kde: _Kde, h: float, k: int, rng: np.random.Generator
 ) -> float:
     """Smoothed-bootstrap p-value of "at most ``k`` modes" at critical bandwidth ``h``."""
     n = x.size
     mean, var = float(x.mean()), float(x.var())
     scale = 1.0 / np.sqrt(1.0 + h * h / max(var, 1e-300))
     exceed = 0
-    for _ in range(boot):
+    for _ in range(BOOTSTRAP):
         draw = x[rng.integers(0, n, n)]
         y = mean + (draw - mean + h * rng.standard_normal(n)) * scale
         if kde.count(kde.binned(y), h) > k:
             exceed += 1
-    return (1 + exceed) / (1 + boot)
+    return (1 + exceed) / (1 + BOOTSTRAP)
 
 
 def fit_mixture(
@@ -192,7 +171,6 @@ def fit_mixture(
     sd: float,
     *,
     weights: np.ndarray | None = None,
-    iters: int = 200,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
     """EM for a 1-D Gaussian mixture started at ``means``; returns weights, means, sds, loglik.
 
@@ -208,7 +186,7 @@ def fit_mixture(
                 1e-12)
     ll_old = -np.inf
     ll = -np.inf
-    for _ in range(iters):
+    for _ in range(200):
         z = (x[:, None] - mu[None, :]) / s[None, :]
         logp = -0.5 * z * z - np.log(s)[None, :] + np.log(w)[None, :] - 0.5 * np.log(2 * np.pi)
         top = logp.max(axis=1, keepdims=True)
@@ -227,15 +205,15 @@ def fit_mixture(
     return w[order], mu[order], s[order], ll
 
 
-def bic_components(x: np.ndarray, max_k: int = 5, bins: int = 256) -> int:
-    """Number of mixture components (1..max_k) with the lowest BIC (EM on binned data)."""
-    counts, edges = np.histogram(x, bins=bins)
+def bic_components(x: np.ndarray) -> int:
+    """Number of mixture components (1..5) with the lowest BIC (EM on 256 bins)."""
+    counts, edges = np.histogram(x, bins=256)
     centres = 0.5 * (edges[1:] + edges[:-1])
     keep = counts > 0
     centres, counts = centres[keep], counts[keep].astype(np.float64)
     best_k, best = 1, np.inf
     sd = float(np.std(x))
-    for k in range(1, max_k + 1):
+    for k in range(1, 6):
         starts = np.quantile(x, (np.arange(k) + 0.5) / k)
         _, _, _, ll = fit_mixture(centres, starts, sd / k, weights=counts)
         bic = -2.0 * ll + (3 * k - 1) * np.log(x.size)
@@ -323,7 +301,6 @@ def find_bands(
     *,
     level: float = 0.0,
     rng: np.random.Generator | None = None,
-    alpha: float = ALPHA,
 ) -> Bands:
     """Count the modes of detrended losses ``resid``; ``level`` turns offsets into centres."""
     rng = np.random.default_rng(0) if rng is None else rng
@@ -338,7 +315,7 @@ def find_bands(
                      note="the detrended loss is constant")
     kde = _Kde(lo_q, hi_q)
     spectrum = kde.binned(x)
-    count, h_count, p_values = _silverman_count(x, kde, spectrum, span, alpha, rng)
+    count, h_count, p_values = _silverman_count(x, kde, spectrum, span, rng)
     count, starts, note = _valley_check(x, kde, spectrum, count, h_count, p_values)
     count, (w, mu, sd), note = _fit_bands(x, ordered, count, starts, h_count, note)
     sep = None
@@ -413,7 +390,7 @@ def _test_sample(
 
 
 def _silverman_count(
-    x: np.ndarray, kde: _Kde, spectrum: np.ndarray, span: float, alpha: float,
+    x: np.ndarray, kde: _Kde, spectrum: np.ndarray, span: float,
     rng: np.random.Generator,
 ) -> tuple[int, float, list[float]]:
     """The first mode count not rejected, its critical bandwidth, and the p-values tested."""
@@ -423,7 +400,7 @@ def _silverman_count(
         h = critical_bandwidth(kde, spectrum, k, span)
         p = silverman_p(x, kde, h, k, rng)
         p_values.append(p)
-        if p >= alpha:
+        if p >= ALPHA:
             count, h_count = k, h
             break
     if h_count is None:

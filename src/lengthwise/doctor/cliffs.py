@@ -1,22 +1,8 @@
-"""Cliffs: losses far above the running level, how high they rose and how long recovery took.
+"""Cliffs, losses far above the running level, and whether they line up with checkpoints.
 
-The running level is the lower of a centred and a trailing rolling median of 51 points
-(fewer in short logs); the trailing one makes a jump that never comes down (a level
-shift) stand out too. Thresholds are local, from blocks of at least 500 points, because
-the noise of a run changes as the loss falls: in each block a point is a cliff candidate
-when it exceeds the level by the smaller of 8 robust noise scales (1.4826 x MAD) and the
-upper fence ``q95 + 4 (q95 - q75)`` of the residuals (:func:`cliff_threshold`). In
-stretches under 200 points the threshold is at least 6 scales (their quantiles are too
-uncertain for the fence alone). Residuals of exactly 0 are left out of these scales:
-where the loss falls steadily the running median is the loss itself, and those zeros
-would shrink them. Candidates within 2 points merge into one cliff, and the first 10
-points of a log never start one.
-
-A cliff's height is its peak loss minus the median of the 51 points before it. It has
-recovered at the first point after the peak that is back below that level plus the
-block's upper decile of ordinary fluctuations (at most 2 noise scales).
-``recovery_steps`` counts steps from the peak; null means the loss never came back (a
-divergence or a level shift).
+The alignment test is exact: under the null the cliffs sit at random analysed points, so the
+number near a checkpoint is hypergeometric. The methods are in docs/doctor.md (Cliffs,
+Checkpoint association).
 
 Example::
 
@@ -27,17 +13,30 @@ Example::
     >>> found, mask, _ = find_cliffs(np.arange(500.0), loss, np.ones(500, bool))
     >>> [(c.step, c.recovery_steps) for c in found]
     [(300.0, 5.0)]
+    >>> import numpy as np
+    >>> steps = np.arange(1, 1001.0)
+    >>> a = associate(steps, [101.0, 301.0, 501.0], np.arange(100.0, 1001, 100), interval=1)
+    >>> a.associated, a.aligned, a.p_value < 1e-3
+    (True, 3, True)
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from lengthwise.doctor.numbers import num
-from lengthwise.doctor.smoothing import ROUGHNESS_WINDOW, odd, robust_std, rolling_median
+from lengthwise.doctor.numeric import (
+    ROUGHNESS_WINDOW,
+    num,
+    odd,
+    robust_std,
+    rolling_median,
+    significant,
+)
 
 #: a cliff rises this many noise scales above the running level
 CLIFF_Z = 8.0
@@ -115,14 +114,13 @@ class Cliff:
         return out
 
 
-
 def cliff_threshold(
-    resid: np.ndarray, noise: float, z: float = CLIFF_Z, floor: float = 0.0
+    resid: np.ndarray, noise: float, floor: float = 0.0
 ) -> float:
     """Height above the running level that makes a cliff, for one stretch of residuals.
 
     The upper fence ``q95 + FENCE x (q95 - q75)`` of the residuals, capped at
-    ``z`` robust noise scales (1.4826 x MAD). For Gaussian noise the fence is
+    ``CLIFF_Z`` robust noise scales (1.4826 x MAD). For Gaussian noise the fence is
     5.5 scales; for banded losses (whose MAD the bands inflate) it sits just
     above the top band; for heavy-tailed noise it grows with the tail up to the
     cap, and the cap keeps a long excursion (which inflates the quantiles) a cliff.
@@ -131,13 +129,14 @@ def cliff_threshold(
     """
     q75, q95 = np.quantile(resid, [0.75, 0.95])
     fence = float(q95 + FENCE * (q95 - q75))
-    return float(max(min(z * noise, fence), floor * noise))
+    return float(max(min(CLIFF_Z * noise, fence), floor * noise))
 
 
 def local_thresholds(
-    resid: np.ndarray, z: float = CLIFF_Z, block: int | None = None
+    resid: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per-point cliff threshold from blocks of ``block`` points (interpolated between them).
+    """Per-point cliff threshold from blocks of a twentieth of the points (at least
+    ``MIN_BLOCK``), interpolated between them.
 
     The noise of a run changes (it shrinks as the loss falls, and again at each
     epoch of a multi-epoch fine-tune), so thresholds are local. Returns the
@@ -145,7 +144,7 @@ def local_thresholds(
     among the ordinary fluctuations has recovered).
     """
     n = resid.size
-    block = max(MIN_BLOCK, n // 20) if block is None else block
+    block = max(MIN_BLOCK, n // 20)
     bounds = list(range(0, n, block)) + [n]
     if len(bounds) > 2 and bounds[-1] - bounds[-2] < block // 2:
         bounds.pop(-2)
@@ -158,7 +157,7 @@ def local_thresholds(
         if not np.isfinite(sigma) or sigma <= 0:
             sigma = float(np.std(r)) or 1e-12
         centres.append(0.5 * (a + b - 1))
-        values.append(cliff_threshold(r, sigma, z, floor=SHORT_FLOOR_Z if r.size < SHORT else 0))
+        values.append(cliff_threshold(r, sigma, floor=SHORT_FLOOR_Z if r.size < SHORT else 0))
         upper.append(min(float(np.quantile(r, 0.9)), RECOVERY_Z * sigma))
     x = np.arange(n)
     return np.interp(x, centres, values), np.interp(x, centres, upper)
@@ -170,8 +169,6 @@ def find_cliffs(
     region: np.ndarray,
     *,
     search: np.ndarray | None = None,
-    z: float = CLIFF_Z,
-    window: int = ROUGHNESS_WINDOW,
     context: CliffContext | None = None,
 ) -> tuple[list[Cliff], np.ndarray, float]:
     """Cliffs of a finite loss series, with the noise scale measured over ``region``.
@@ -187,10 +184,10 @@ def find_cliffs(
     mask = np.zeros(n, dtype=bool)
     if n < 10 or region.sum() < 10:
         return [], mask, float("nan")
-    window = min(window, odd(max(11, n // 6)))
+    window = min(ROUGHNESS_WINDOW, odd(max(11, n // 6)))
     level = _baseline(loss, window)
     resid = loss - level
-    threshold, recover = local_thresholds(resid, z)
+    threshold, recover = local_thresholds(resid)
     noise = _noise_scale(resid[region])
     hits = np.flatnonzero(search & (resid > threshold))
     cliffs: list[Cliff] = []
@@ -281,3 +278,157 @@ def _bucket(buckets: list[Any] | None, i: int) -> object:
         return None
     label = buckets[i]
     return list(label) if isinstance(label, tuple) else label
+
+
+#: significance level for ``associated``
+ALPHA = 0.05
+
+
+@dataclass(frozen=True)
+class CheckpointAssociation:
+    """Result of testing whether cliffs start at checkpoint steps."""
+
+    associated: bool | None
+    p_value: float | None
+    checkpoints: int
+    cliffs: int
+    aligned: int
+    expected_aligned: float | None
+    window: tuple[float, float]
+    source: str | None
+    save_seconds_mean: float | None = None
+    throughput_ratio: float | None = None
+    note: str = ""
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready form (the ``checkpoint_association`` key of the report)."""
+        return {
+            "associated": self.associated,
+            "p_value": significant(self.p_value),
+            "checkpoints": self.checkpoints,
+            "cliffs": self.cliffs,
+            "aligned": self.aligned,
+            "expected_aligned": (
+                None if self.expected_aligned is None else round(self.expected_aligned, 3)
+            ),
+            "window_steps": [self.window[0], self.window[1]],
+            "source": self.source,
+            "test": "exact permutation test of cliff placements (hypergeometric tail)",
+            "save_seconds_mean": self.save_seconds_mean,
+            "throughput_ratio_after_save": self.throughput_ratio,
+            "note": self.note,
+        }
+
+
+def hypergeom_sf(k: int, total: int, good: int, draws: int) -> float:
+    """``P(X >= k)`` for ``X`` ~ hypergeometric(total, good, draws).
+
+    >>> round(hypergeom_sf(1, 10, 1, 1), 3)
+    0.1
+    """
+    if k <= max(0, draws - (total - good)):
+        return 1.0
+    lo, hi = max(k, 0, draws - (total - good)), min(good, draws)
+    if lo > hi:
+        return 0.0 if k > hi else 1.0
+    denom = _lcomb(total, draws)
+    terms = [_lcomb(good, i) + _lcomb(total - good, draws - i) - denom for i in range(lo, hi + 1)]
+    top = max(terms)
+    return float(min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms)))
+
+
+def _lcomb(n: int, k: int) -> float:
+    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+
+
+def checkpoint_window(interval: float) -> tuple[float, float]:
+    """``(before, after)``: a cliff within this many steps of a save is aligned with it.
+
+    >>> checkpoint_window(1.0), checkpoint_window(10.0)
+    ((1.0, 3.0), (10.0, 30.0))
+    """
+    return float(interval), float(max(3.0, 3.0 * interval))
+
+
+def near_checkpoint(
+    steps: np.ndarray, checkpoints: np.ndarray, before: float, after: float
+) -> np.ndarray:
+    """Mask of ``steps`` lying within ``[c - before, c + after]`` of some checkpoint ``c``."""
+    if checkpoints.size == 0:
+        return np.zeros(steps.size, dtype=bool)
+    ck = np.sort(checkpoints)
+    i = np.searchsorted(ck, steps - after, side="left")
+    i = np.minimum(i, ck.size - 1)
+    return (ck[i] >= steps - after) & (ck[i] <= steps + before)
+
+
+def associate(
+    region_steps: np.ndarray,
+    cliff_steps: Sequence[float],
+    checkpoints: np.ndarray,
+    *,
+    interval: float,
+    source: str | None = "events",
+    save_seconds_mean: float | None = None,
+    throughput_ratio: float | None = None,
+    every: float | None = None,
+) -> CheckpointAssociation:
+    """Test cliff starts against checkpoint steps over the analysed ``region_steps``.
+
+    ``every`` (a ``--checkpoint-every`` interval) only shapes the note when no save
+    falls inside the log.
+    """
+    before, after = checkpoint_window(interval)
+    ck = np.asarray(checkpoints, dtype=np.float64)
+    lo, hi = (float(region_steps[0]), float(region_steps[-1])) if region_steps.size else (0, 0)
+    ck_in = ck[(ck >= lo - after) & (ck <= hi + before)]
+    cliffs = np.asarray(cliff_steps, dtype=np.float64)
+    base = {
+        "checkpoints": int(ck_in.size),
+        "cliffs": int(cliffs.size),
+        "window": (-before, after),
+        "source": source if ck.size or every else None,
+        "save_seconds_mean": save_seconds_mean,
+        "throughput_ratio": throughput_ratio,
+    }
+    if ck.size == 0:
+        if every is not None:
+            span = hi - lo
+            note = (f"--checkpoint-every {every:g} exceeds the {span:g} steps of the log: "
+                    "no save falls inside it, so spikes cannot be tested against saves")
+        else:
+            note = "no checkpoint steps known (log checkpoint events or pass --checkpoint-every N)"
+        return CheckpointAssociation(None, None, aligned=0, expected_aligned=None, note=note,
+                                     **base)
+    if cliffs.size == 0:
+        return CheckpointAssociation(None, None, aligned=0, expected_aligned=None,
+                                     note="no cliffs to test", **base)
+    near = near_checkpoint(region_steps, ck_in, before, after)
+    total, good, draws = int(region_steps.size), int(near.sum()), int(cliffs.size)
+    aligned = int(near_checkpoint(cliffs, ck_in, before, after).sum())
+    if good == 0:
+        return CheckpointAssociation(None, None, aligned=aligned, expected_aligned=0.0,
+                                     note="no checkpoint inside the analysed steps", **base)
+    p = hypergeom_sf(aligned, total, good, min(draws, total))
+    return CheckpointAssociation(
+        associated=bool(p < ALPHA),
+        p_value=p,
+        aligned=aligned,
+        expected_aligned=draws * good / total,
+        **base,
+    )
+
+
+def throughput_ratio(
+    steps: np.ndarray, tokens_per_second: np.ndarray, checkpoints: np.ndarray, interval: float
+) -> float | None:
+    """Median throughput in the steps right after saves / median elsewhere (None: unknown)."""
+    ok = np.isfinite(tokens_per_second)
+    if ok.sum() < 20 or checkpoints.size == 0:
+        return None
+    near = near_checkpoint(steps, checkpoints, 0.0, max(1.0, interval)) & ok
+    far = ~near & ok
+    if near.sum() == 0 or far.sum() == 0:
+        return None
+    rest = float(np.median(tokens_per_second[far]))
+    return float(np.median(tokens_per_second[near]) / rest) if rest > 0 else None

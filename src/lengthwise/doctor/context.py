@@ -1,13 +1,11 @@
-"""What the doctor knows of a run's mechanisms: epoch length, batch, saves, schedule restarts.
+"""The run's context: its log, the config files beside it, the mechanisms a period matches.
 
-A period in the loss is evidence of a mechanism only when its length matches
-one (:mod:`lengthwise.doctor.mechanisms`); these are the lengths it is matched
-against. Steps per epoch come from ``--steps-per-epoch``, else from the logged
-``epoch`` field (the inverse of its slope over steps); epoch starts from the
-field where it has them (also with ``--steps-per-epoch`` when the two lengths
-agree within 2 %: the trainer's record places them exactly), else every
-``--steps-per-epoch`` steps from step 1; learning-rate restarts
-are jumps of the logged ``lr`` by at least a fifth of its peak.
+Steps per epoch, resumes and learning-rate restarts come from the logged columns; world
+size, clip and schedule from a ``training_args.json`` or config file beside the log; the
+batch order from the log's ``plan`` event. A period names a mechanism (epoch, length-grouped
+mega-batch, checkpoint or evaluation interval, lr restarts) only when its length, or its
+alias at the logging interval, lies within 5 % of one (docs/doctor.md, Causes whose
+arithmetic fits).
 
 Example::
 
@@ -16,16 +14,38 @@ Example::
     >>> ctx = run_context(steps, {"epoch": steps / 250.0})
     >>> ctx.steps_per_epoch, ctx.steps_per_epoch_source
     (250.0, 'epoch field')
+    >>> import json, tempfile
+    >>> from pathlib import Path
+    >>> d = Path(tempfile.mkdtemp())
+    >>> _ = (d / "training_args.json").write_text(json.dumps({"world_size": 4}))
+    >>> world_size_beside(d / "train.jsonl")
+    (4, 'training_args.json')
+    >>> logged_order([{"event": "plan", "order": "stratified"}, {"step": 1, "loss": 2.0}])
+    'stratified'
+    >>> from lengthwise.doctor.context import RunContext
+    >>> ctx = RunContext(first_step=10, last_step=10000, interval=10, steps_per_epoch=412.0,
+    ...                  steps_per_epoch_source="epoch field")
+    >>> m = match_period(50.0, ctx)
+    >>> m.mechanism, m.expected
+    ('megabatch', 50.0)
+    >>> match_period(60.0, ctx).mechanism is None
+    True
 """
 
 from __future__ import annotations
 
+import gzip
+import json
 import math
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from lengthwise.doctor.numbers import num
+from lengthwise.doctor.numeric import num
 from lengthwise.errors import ConfigError
 
 #: an lr rise of at least this fraction of the peak between two logged steps is a restart
@@ -281,3 +301,249 @@ def _median(col: np.ndarray | None) -> float | None:
     if col is None or not np.isfinite(col).any():
         return None
     return float(np.median(col[np.isfinite(col)]))
+
+
+CONFIG_FILES = ("training_args.json", "args.json", "config.json", "run_config.json")
+WORLD_KEYS = ("world_size", "num_processes", "n_gpu", "num_gpus")
+#: keys of the gradient-clipping norm (Hugging Face ``max_grad_norm``, lengthwise's ``clip``)
+CLIP_KEYS = ("max_grad_norm", "clip", "grad_clip", "clip_grad_norm", "gradient_clipping")
+NESTED = ("args", "training_args", "config")
+#: files larger than this are not read for settings
+MAX_BYTES = 4 << 20
+
+
+def _setting(doc: Any, keys: tuple[str, ...], whole: bool) -> float | None:
+    """The first of ``keys`` that ``doc`` holds as a positive number (an int when ``whole``)."""
+    if not isinstance(doc, dict):
+        return None
+    for scope in (doc, *(doc.get(k) for k in NESTED)):
+        if not isinstance(scope, dict):
+            continue
+        for key in keys:
+            value = scope.get(key)
+            if isinstance(value, dict):  # W&B config.yaml style {"value": ...}
+                value = value.get("value")
+            kinds = int if whole else int | float
+            if isinstance(value, kinds) and not isinstance(value, bool) and value > 0:
+                return value
+    return None
+
+
+def _read(path: Path) -> Any:
+    try:
+        if not path.is_file() or path.stat().st_size > MAX_BYTES:
+            return None
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def setting_beside(log: str | os.PathLike[str], keys: tuple[str, ...],
+                   whole: bool = False) -> tuple[float | None, str | None]:
+    """The first of ``keys`` recorded with the log at ``log`` and the file it came from."""
+    path = Path(log)
+    folder = path if path.is_dir() else path.parent
+    found = [path] if path.suffix == ".json" else []
+    found += [folder / name for name in CONFIG_FILES if folder / name != path]
+    for f in found:
+        value = _setting(_read(f), keys, whole)
+        if value is not None:
+            return value, f.name
+    return None, None
+
+
+def world_size_beside(log: str | os.PathLike[str]) -> tuple[int | None, str | None]:
+    """The world size recorded with the log at ``log`` and the file it came from."""
+    value, name = setting_beside(log, WORLD_KEYS, whole=True)
+    return (None, None) if value is None else (int(value), name)
+
+
+def settings_beside(log: str | os.PathLike[str],
+                    keys: dict[str, tuple[str, ...]]) -> tuple[dict[str, float], str | None]:
+    """Each of ``keys`` (a name and its aliases) recorded with the log, and the first file
+    one came from."""
+    found: dict[str, float] = {}
+    source = None
+    for name, aliases in keys.items():
+        value, where = setting_beside(log, aliases)
+        if value is not None:
+            found[name] = float(value)
+            source = source or where
+    return found, source
+
+
+def clip_beside(log: str | os.PathLike[str]) -> tuple[float | None, str | None]:
+    """The gradient-clipping norm recorded with the log at ``log`` (``max_grad_norm``, ...)."""
+    return setting_beside(log, CLIP_KEYS)
+
+
+#: the event that names a log's batch order
+PLAN_EVENT = "plan"
+#: the ``view`` of a log whose lines are single micro-batches (its ``plan`` event)
+MICRO_VIEW = "micro-batch"
+#: lines read from the top of a log file for the plan event (it is written first)
+HEAD_LINES = 64
+
+
+def logged_order(source: Any) -> str | None:
+    """The ``order`` of the first ``plan`` event in a JSONL log (a path or row dicts), or None."""
+    order = logged_plan(source).get("order")
+    return order if isinstance(order, str) and order else None
+
+
+def logged_view(source: Any) -> str | None:
+    """What each line of the log is, from its ``plan`` event's ``view``: ``"micro-batch"``
+    when every line holds one micro-batch's loss (of one rank), else None (optimizer steps).
+
+    Example::
+
+        >>> logged_view([{"event": "plan", "order": "bucket-random", "view": "micro-batch"}])
+        'micro-batch'
+    """
+    view = logged_plan(source).get("view")
+    return view if isinstance(view, str) and view else None
+
+
+def logged_plan(source: Any) -> dict[str, Any]:
+    """The first ``plan`` event of a JSONL log (a path or row dicts); ``{}`` when none."""
+    rows: Iterable[Any]
+    if isinstance(source, str | os.PathLike):
+        path = os.fspath(source)
+        if not os.path.isfile(path) or not path.endswith((".jsonl", ".json", ".jsonl.gz")):
+            return {}
+        rows = _head(path)
+    elif isinstance(source, list):
+        rows = source[:HEAD_LINES]
+    else:
+        return {}
+    for row in rows:
+        if isinstance(row, dict) and row.get("event") == PLAN_EVENT:
+            return row
+    return {}
+
+
+def _head(path: str) -> list[Any]:
+    opener = gzip.open if path.endswith(".gz") else open
+    out = []
+    try:
+        with opener(path, "rt", encoding="utf-8", errors="replace") as fh:
+            for _, line in zip(range(HEAD_LINES), fh, strict=False):
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue
+    except OSError:
+        return []  # the log reader reports an unreadable file itself
+    return out
+
+
+#: Hugging Face's largest mega-batch, in batches
+HF_MEGABATCH = 50
+#: relative tolerance of a match
+TOLERANCE = 0.05
+#: world sizes tried when the log does not say
+COMMON_WORLD_SIZES = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class PeriodMatch:
+    """The mechanism a period matched (None: none) and the arithmetic that fits."""
+
+    mechanism: str | None
+    expected: float | None
+    arithmetic: str
+    missing: str = ""
+
+
+def apparent_period(period: float, interval: float) -> float | None:
+    """The period (in steps) a cycle of ``period`` steps shows in a log every ``interval`` steps.
+
+    >>> apparent_period(50.0, 1.0), apparent_period(3.125, 10.0)
+    (50.0, 50.0)
+    """
+    if period >= 2 * interval:
+        return period
+    f = interval / period
+    folded = abs(f - round(f))
+    return None if folded < 1e-9 else round(interval / folded, 6)
+
+
+def _fits(found: float, length: float, interval: float) -> bool:
+    seen = apparent_period(length, interval)
+    if seen is None:
+        return False
+    return abs(found - seen) <= max(TOLERANCE * seen, 0.5 * interval)
+
+
+def megabatch_steps(steps_per_epoch: float, world_size: int = 1) -> float:
+    """Optimizer steps per Hugging Face mega-batch cycle: ``min(W * spe // 4, 50) / W``.
+
+    ``W * spe`` is the epoch in one process's batches (``N // batch``), so the
+    mega-batch holds ``min(W * spe // 4, 50)`` of them (at least 1) and ``W``
+    are used per optimizer step.
+
+    >>> megabatch_steps(412), megabatch_steps(403, world_size=4), megabatch_steps(276, 10)
+    (50.0, 12.5, 5.0)
+    """
+    batches = max(1, min(int(steps_per_epoch * world_size) // 4, HF_MEGABATCH))
+    return batches / world_size
+
+
+def world_sizes(ctx: RunContext) -> tuple[int, ...]:
+    """The world sizes the arithmetic uses: the known one, else the common ones."""
+    return (ctx.world_size,) if ctx.world_size else COMMON_WORLD_SIZES
+
+
+def candidates(ctx: RunContext) -> list[tuple[str, float, str]]:
+    """``(mechanism, length in steps, how it was computed)`` for every known length."""
+    out: list[tuple[str, float, str]] = []
+    spe = ctx.steps_per_epoch
+    if spe is not None:
+        out.append(("epoch", spe, f"{spe:.4g} steps per epoch ({ctx.steps_per_epoch_source})"))
+        batch = f"batch {ctx.batch_size} per process, " if ctx.batch_size else ""
+        for w in world_sizes(ctx):
+            mb = megabatch_steps(spe, w)
+            if any(name == "megabatch" and length == mb for name, length, _ in out):
+                continue
+            world = (f"world size {w} ({ctx.world_size_source})" if ctx.world_size
+                     else f"world size {w} assumed")
+            out.append(("megabatch", mb,
+                        f"Hugging Face length-grouped mega-batch: min(N // (4 * batch), 50) / W"
+                        f" = min({w} x {int(spe)} // 4, 50) / {w} = {mb:g} steps ({batch}"
+                        f"{world}, {spe:.4g} steps per epoch)"))
+    if ctx.checkpoint_every:
+        out.append(("checkpoint", ctx.checkpoint_every,
+                    f"checkpoint every {ctx.checkpoint_every:.4g} steps ({ctx.checkpoint_source})"))
+    if ctx.eval_every:
+        out.append(("evaluation", ctx.eval_every, f"evaluation every {ctx.eval_every:.4g} steps"))
+    if len(ctx.lr_restarts) >= 2:
+        gaps = [b - a for a, b in zip(ctx.lr_restarts[:-1], ctx.lr_restarts[1:], strict=True)]
+        gap = sorted(gaps)[len(gaps) // 2]
+        out.append(("lr_restarts", gap, f"learning-rate restarts every {gap:.4g} steps"))
+    return out
+
+
+def match_period(period: float, ctx: RunContext) -> PeriodMatch:
+    """The first mechanism whose length (or its alias in the log) matches ``period`` steps."""
+    for name, length, how in candidates(ctx):
+        if _fits(period, length, ctx.interval):
+            seen = apparent_period(length, ctx.interval)
+            alias = "" if seen == length else (
+                f", seen as {seen:.4g} steps when logged every {ctx.interval:.4g}")
+            return PeriodMatch(name, length, f"matches {how}{alias}")
+    missing = []
+    if ctx.steps_per_epoch is None:
+        missing.append("--steps-per-epoch N (or log `epoch`)")
+    if ctx.batch_size is None and ctx.steps_per_epoch is None:
+        missing.append("--batch-size B")
+    if ctx.world_size is None:
+        missing.append("--world-size W")
+    if ctx.checkpoint_every is None:
+        missing.append("--checkpoint-every N")
+    tried = ", ".join(f"{n} {v:.4g}" for n, v, _ in candidates(ctx)) or "none known"
+    hint = ("HF length grouping would give a 50-step cycle with 200+ steps per epoch"
+            if ctx.steps_per_epoch is None and math.isclose(period, HF_MEGABATCH, rel_tol=0.05)
+            else "")
+    return PeriodMatch(None, None, f"matches no known mechanism (lengths tried: {tried})"
+                       + (f"; {hint}" if hint else ""),
+                       missing="pass " + ", ".join(missing) if missing else "")

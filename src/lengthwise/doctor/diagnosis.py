@@ -28,17 +28,49 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.doctor.attribution import Attribution, attribute, row_codes
+from lengthwise.doctor.attribution import (
+    NO_BUCKET_FIELD,
+    Attribution,
+    Noise,
+    attribute,
+    bucket_levels,
+    noise_budget,
+    row_codes,
+)
 from lengthwise.doctor.bands import Bands, band_residual, find_bands
-from lengthwise.doctor.checkpoints import (
+from lengthwise.doctor.cliffs import (
     CheckpointAssociation,
+    Cliff,
+    CliffContext,
     associate,
     checkpoint_window,
+    find_cliffs,
     throughput_ratio,
 )
-from lengthwise.doctor.cliffs import Cliff, CliffContext, find_cliffs
-from lengthwise.doctor.context import RunContext, run_context
-from lengthwise.doctor.cycles import checked_periodicity
+from lengthwise.doctor.context import (
+    MICRO_VIEW,
+    RunContext,
+    clip_beside,
+    logged_order,
+    logged_plan,
+    logged_view,
+    match_period,
+    run_context,
+    settings_beside,
+    world_size_beside,
+)
+from lengthwise.doctor.curve import (
+    EmptySteps,
+    Phases,
+    StableStats,
+    Stall,
+    empty_steps,
+    find_phases,
+    find_stall,
+    nonfinite_losses,
+    roughness_residual,
+    stable_stats,
+)
 from lengthwise.doctor.epochs import (
     EpochBoundaries,
     epoch_boundaries,
@@ -46,37 +78,22 @@ from lengthwise.doctor.epochs import (
     staircase_starts,
 )
 from lengthwise.doctor.errors import EmptyLogError
-from lengthwise.doctor.evalgap import EvalGap, eval_gap
-from lengthwise.doctor.gradnorm import GradNorm, grad_norm_findings
-from lengthwise.doctor.levels import NO_BUCKET_FIELD, bucket_levels
-from lengthwise.doctor.mechanisms import match_period
-from lengthwise.doctor.noise import Noise, noise_budget
-from lengthwise.doctor.periodicity import Periodicity, periodicity_of
-from lengthwise.doctor.phases import Phases, find_phases
+from lengthwise.doctor.numeric import rolling_mean
+from lengthwise.doctor.periodicity import Periodicity, checked_periodicity, periodicity_of
 from lengthwise.doctor.readers import read_log, read_records
 from lengthwise.doctor.report import Series
-from lengthwise.doctor.run_config import (
-    MICRO_VIEW,
-    clip_beside,
-    logged_order,
-    logged_plan,
-    logged_view,
-    settings_beside,
-    world_size_beside,
-)
 from lengthwise.doctor.runlog import InputSummary, RunLog
-from lengthwise.doctor.schedule import SCHEDULE_KEYS, Schedule, check_schedule
-from lengthwise.doctor.smoothing import rolling_mean
-from lengthwise.doctor.stall import Stall, find_stall
-from lengthwise.doctor.stats import (
-    EmptySteps,
-    StableStats,
-    empty_steps,
-    nonfinite_losses,
-    roughness_residual,
-    stable_stats,
+from lengthwise.doctor.signals import (
+    SCHEDULE_KEYS,
+    EvalGap,
+    GradNorm,
+    Schedule,
+    StepTimes,
+    check_schedule,
+    eval_gap,
+    grad_norm_findings,
+    step_times,
 )
-from lengthwise.doctor.steptime import StepTimes, step_times
 from lengthwise.errors import ConfigError
 
 Source = str | os.PathLike[str] | Iterable[Mapping[str, Any]] | RunLog

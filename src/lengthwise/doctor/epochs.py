@@ -1,18 +1,9 @@
 """Epoch boundaries: does the loss step down when a new epoch starts?
 
-At each epoch start the level of the loss just after it is compared with the
-level just before it: a straight line is fitted to the ``m`` logged points on
-each side (``m`` = a third of an epoch, 3 to 50 points) and both lines are read
-at the boundary; the jump is their difference. The loss is read on a log scale
-when it is positive, so a curve that falls by orders of magnitude does not bias
-the lines. The jump at an epoch start is judged against the same jump measured
-at every other point of the run (a placebo test): the p-value is the chance
-that as many random points have a mean jump at least as negative. So decay,
-autocorrelated noise and schedule changes, which are present at the other
-points too, do not make boundaries significant.
-
-The usual reading of a step-down at each epoch start is memorisation: the model
-sees the same samples again and their loss is lower the second time.
+The jump between straight lines fitted on each side of each epoch start is judged against
+the same jump at every other point of the run (a placebo test), so decay, autocorrelated
+noise and schedule changes do not make boundaries significant. The method is in
+docs/doctor.md (Epoch boundaries).
 
 Example::
 
@@ -32,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lengthwise.doctor.numbers import num, significant
+from lengthwise.doctor.numeric import num, significant
 
 ALPHA = 0.01
 #: a staircase read from the loss alone is epochs only when at most this many epochs fit the log
@@ -116,7 +107,6 @@ def epoch_boundaries(
     *,
     source: str | None,
     rng: np.random.Generator | None = None,
-    alpha: float = ALPHA,
 ) -> EpochBoundaries:
     """Test the loss for a step at each epoch start in ``starts`` (finite ``loss`` only)."""
     rng = np.random.default_rng(0) if rng is None else rng
@@ -156,7 +146,7 @@ def epoch_boundaries(
     drops = (level_a - level_b).tolist()
     rel = ((level_a - level_b) / np.abs(level_b)).tolist()
     return EpochBoundaries(
-        found=bool(p < alpha and observed < 0),
+        found=bool(p < ALPHA and observed < 0),
         p_value=p,
         source=source,
         starts=[float(steps[i]) for i in at],

@@ -1,39 +1,9 @@
-"""Periodicity of the detrended loss, and the run-length structure of low and high steps.
+"""Periods of the detrended loss: periodogram, fold test, predicted cycles, runs test.
 
-The stable-region loss is detrended by a local straight line on its log
-(:mod:`lengthwise.doctor.smoothing`; a quarter of the region, 101 to 2,001
-points, half of it in short logs; cliff points are left out and read as 0).
-Logs of 30 to 511 points go to the fold test (:func:`fold_test`, below).
-In longer ones the periodogram ``I_k`` is compared with a local noise floor (the running
-median of ``I`` over nearby frequencies, divided by ln 2, which is the median of
-an exponential): under noise ``I_k / floor_k`` is exponential with mean 1, so
-the largest ratio ``r`` over the ``q`` candidate frequencies has the p-value
-``1 - (1 - e^-r)^q``. This holds for coloured noise too, since the floor
-follows the spectrum. A sawtooth puts power in harmonics; the fundamental is
-the lowest significant frequency of which the strongest peak is a multiple
-(up to the 12th harmonic).
-The period is refined at the highest autocorrelation within 20 % of ``n/k``,
-and it counts only when that autocorrelation clears its noise band ``2/sqrt(n)``.
-
-Runs: the signs of the detrended loss around its median form runs of high and
-low steps; the Wald-Wolfowitz runs test says whether they are longer (sorted
-or cyclic composition) or shorter than chance.
-
-The fold test (short logs) folds the residual at each period, against AR(1)
-surrogates. With a few dozen to a few hundred points a periodogram has too few
-frequencies for a local noise floor. Instead the detrended residual is folded at every
-whole period ``P`` from 2 to ``n / 4`` points: ``eta^2(P)`` is the share of its
-variance explained by the phase ``t mod P``. A real cycle puts most of the
-variance into one fold. Chance folds are judged against surrogates that share
-the residual's autocorrelation (AR(1) noise with its lag-1 autocorrelation and
-variance, detrended the same way): for each period the p-value is the rank of
-the observed ``eta^2`` among the surrogates', and the smallest p-value over the
-periods is calibrated against the smallest p-values of the surrogates
-themselves: each period's ``eta^2`` is standardised by the surrogates' mean and
-spread at that period, and the largest standardised value is compared with the
-surrogates' own largest ones (max-T), so testing many periods does not inflate
-the false-positive rate. A divisor of the best period that stands out nearly
-as much is reported instead (the fundamental of a cycle folds at its multiples too).
+Logs of 30 to 511 points are folded at every period against AR(1) surrogates (max-T); longer
+ones compare the periodogram with a local noise floor. A cycle the run's mechanisms predict
+(:mod:`lengthwise.doctor.context`) is tested at its phase, and a period no mechanism
+explains must pass the same surrogate test. The method is in docs/doctor.md (Periodicity).
 
 Example::
 
@@ -48,17 +18,25 @@ Example::
     >>> f = fold_test(short, window=19, rng=rng)
     >>> f.period, f.p_value < 0.01
     (4, True)
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> steps = np.arange(10.0, 1210.0, 10.0)
+    >>> x = 0.1 * np.cos(2 * np.pi * steps / 12.5) + 0.05 * rng.standard_normal(120)
+    >>> t, best = phase_test(x, [cycle_groups(steps, 12.5, [])], window=59, rng=rng)
+    >>> t.p_value < 0.01, t.groups
+    (True, 5)
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 
 import numpy as np
 
-from lengthwise.doctor.numbers import num, significant
-from lengthwise.doctor.smoothing import detrend_window, detrended, local_linear
+from lengthwise.doctor.context import RunContext, apparent_period, candidates, match_period
+from lengthwise.doctor.numeric import detrend_window, detrended, local_linear, num, significant
 
 ALPHA = 0.01
 #: fewest points for any period test (a period of 4-7 points seen 4+ times)
@@ -148,7 +126,6 @@ class Periodicity:
         }
 
 
-
 def autocorrelation(x: np.ndarray, max_lag: int) -> np.ndarray:
     """Sample autocorrelation at lags 0..max_lag (FFT, zero-padded)."""
     x = np.asarray(x, dtype=np.float64) - np.mean(x)
@@ -215,7 +192,6 @@ def find_periodicity(
     interval: float,
     max_period: float | None = None,
     window: int = 0,
-    alpha: float = ALPHA,
 ) -> Periodicity:
     """Dominant period (in steps, via ``interval``) of an evenly logged detrended series."""
     x = np.asarray(resid, dtype=np.float64)
@@ -239,16 +215,16 @@ def find_periodicity(
     q = ks.size
     best = int(ks[np.argmax(ratio)])
     p_best = _pvalue(float(ratio.max()), q)
-    fundamental = _fundamental(best, ks, ratio, q, alpha)
-    candidates = _candidates(power, floor, ks, ratio, q, alpha, interval, n)
-    bands = _band_peaks(ratio, q, alpha)
+    fundamental = _fundamental(best, ks, ratio, q)
+    candidates = _candidates(power, floor, ks, ratio, q, interval, n)
+    bands = _band_peaks(ratio, q)
     for i, p_i in bands:
         band_period = n / int(ks[i]) * interval
         if not any(abs(c["period"] - band_period) <= 0.01 * band_period for c in candidates):
             candidates.append({"period": round(band_period, 3), "p_value": significant(p_i)})
     period_pts, acf_at = _refine(acf, n / fundamental)
     share = _harmonic_share(power, fundamental, k_lo, k_hi)
-    found = p_best < alpha and acf_holds(acf_at, n)
+    found = p_best < ALPHA and acf_holds(acf_at, n)
     return Periodicity(
         period=period_pts * interval if found else None,
         p_value=p_best,
@@ -269,13 +245,13 @@ def find_periodicity(
 BAND = 5
 
 
-def _band_peaks(ratio: np.ndarray, q: int, alpha: float) -> list[tuple[int, float]]:
+def _band_peaks(ratio: np.ndarray, q: int) -> list[tuple[int, float]]:
     """Up to three significant bands of ``BAND`` adjacent ordinates (centre, p), strongest first.
 
     A cycle whose length wanders a little (a data order read in shards) spreads its
     power over a few neighbouring bins, none of which stands out alone. A band only
     joins the candidates that an unexplained period is re-tested with
-    (:mod:`lengthwise.doctor.cycles`, against AR(1) surrogates): alone it does not
+    (:mod:`lengthwise.doctor.periodicity`, against AR(1) surrogates): alone it does not
     make a period, the floor's own noise making its p-value approximate. Under noise
     each ``I_k / floor_k`` is exponential with mean 1, so a band's sum is
     Gamma(``BAND``, 1); its tail ``e^-r sum_{i<BAND} r^i / i!`` is corrected for all
@@ -289,7 +265,7 @@ def _band_peaks(ratio: np.ndarray, q: int, alpha: float) -> list[tuple[int, floa
         r = float(sums[at])
         tail = math.exp(-r) * sum(r**i / math.factorial(i) for i in range(BAND))
         p = 1.0 if tail >= 1.0 else float(-math.expm1(q * math.log1p(-tail)))
-        if p >= alpha or len(out) >= 3:
+        if p >= ALPHA or len(out) >= 3:
             break
         if all(abs(at + BAND // 2 - c) > BAND for c, _ in out):
             out.append((at + BAND // 2, p))
@@ -367,11 +343,10 @@ def periodicity_of(
     *,
     interval: float,
     note: str = "",
-    rng: np.random.Generator | None = None,
 ) -> Periodicity:
     """Periodicity of a stable-region loss series (cliff points left out of the trend).
 
-    The loss is detrended by :func:`lengthwise.doctor.smoothing.detrended` (a local
+    The loss is detrended by :func:`lengthwise.doctor.numeric.detrended` (a local
     line on its log); up to ``FOLD_BELOW`` points the fold test with AR(1)
     surrogates runs, above it the periodogram test. Either way a period counts
     only when the autocorrelation at it clears ``2 / sqrt(n)`` too.
@@ -387,13 +362,13 @@ def periodicity_of(
         if note:
             res = replace(res, note=note)
         return res
-    return _fold_periodicity(rw, window, interval, note, rng)
+    return _fold_periodicity(rw, window, interval, note)
 
 
 def _fold_periodicity(
-    rw: np.ndarray, window: int, interval: float, note: str, rng: np.random.Generator | None
+    rw: np.ndarray, window: int, interval: float, note: str
 ) -> Periodicity:
-    rng = np.random.default_rng(0) if rng is None else rng
+    rng = np.random.default_rng(0)
     n = rw.size
     x = rw - rw.mean()
     acf = autocorrelation(x, max(1, n // 2))
@@ -417,13 +392,13 @@ def _fold_periodicity(
     )
 
 
-def _fundamental(best: int, ks: np.ndarray, ratio: np.ndarray, q: int, alpha: float) -> int:
+def _fundamental(best: int, ks: np.ndarray, ratio: np.ndarray, q: int) -> int:
     """Lowest significant peak frequency of which ``best`` is a harmonic (else ``best``).
 
     A sawtooth or any non-sinusoidal cycle puts power at multiples of its
     frequency, and a higher harmonic can stand out more than the fundamental.
     """
-    significant = ks[ratio > _threshold(q, alpha)].tolist()
+    significant = ks[ratio > _threshold(q)].tolist()
     for k in sorted(significant):
         if k >= best:
             break
@@ -433,17 +408,17 @@ def _fundamental(best: int, ks: np.ndarray, ratio: np.ndarray, q: int, alpha: fl
     return best
 
 
-def _threshold(q: int, alpha: float) -> float:
-    """The ratio above which a peak among ``q`` is significant (``_pvalue(r, q) < alpha``).
+def _threshold(q: int) -> float:
+    """The ratio above which a peak among ``q`` is significant (``_pvalue(r, q) < ALPHA``).
 
     The p-value falls as the ratio grows, so one bisection replaces a p-value per frequency.
     """
     lo, hi = 1.0, 2.0
-    while _pvalue(hi, q) >= alpha:
+    while _pvalue(hi, q) >= ALPHA:
         lo, hi = hi, 2.0 * hi
     for _ in range(60):
         mid = 0.5 * (lo + hi)
-        if _pvalue(mid, q) < alpha:
+        if _pvalue(mid, q) < ALPHA:
             hi = mid
         else:
             lo = mid
@@ -503,7 +478,6 @@ def _candidates(
     ks: np.ndarray,
     ratio: np.ndarray,
     q: int,
-    alpha: float,
     interval: float,
     n: int,
 ) -> list[dict[str, float]]:
@@ -513,7 +487,7 @@ def _candidates(
     for idx in order[:50]:
         k = int(ks[idx])
         p = _pvalue(float(ratio[idx]), q)
-        if p >= alpha or len(out) >= 3:
+        if p >= ALPHA or len(out) >= 3:
             break
         if any(abs(k - c["_k"]) <= 1 for c in out):
             continue
@@ -533,16 +507,7 @@ class FoldResult:
 
 def _eta2(x: np.ndarray, period: int) -> np.ndarray:
     """eta^2 of the phase ``t mod period`` for each row of ``x`` (2-D)."""
-    n = x.shape[1]
-    phase = np.arange(n) % period
-    order = np.argsort(phase, kind="stable")
-    starts = np.searchsorted(phase[order], np.arange(period))
-    counts = np.diff(np.append(starts, n)).astype(np.float64)
-    xc = x - x.mean(axis=1, keepdims=True)
-    sums = np.add.reduceat(xc[:, order], starts, axis=1)
-    ssb = (sums * sums / counts).sum(axis=1)
-    sst = (xc * xc).sum(axis=1)
-    return ssb / np.maximum(sst, 1e-300)
+    return _group_eta2(x, *_grouping(np.arange(x.shape[1]) % period, period))
 
 
 def ar1_surrogates(x: np.ndarray, count: int, rng: np.random.Generator) -> np.ndarray:
@@ -618,3 +583,279 @@ def fold_test(
     chance = (pick - 1) / max(n - 1, 1)
     return FoldResult(period=pick, p_value=p, share=float(max(0.0, obs[i] - chance)),
                       eta2={q: float(obs[j]) for j, q in enumerate(periods)})
+
+
+#: fewest rows per phase group for a grouping to be tested
+MIN_PER_GROUP = 4
+#: surrogate values held at once (surrogates x rows), to bound memory on long logs
+SURROGATE_CELLS = 2_000_000
+#: surrogate values per test (surrogates x rows): long logs get fewer surrogates, at least 199
+SURROGATE_BUDGET = 5_000_000
+#: predicted cycles are tested in logs of fewer rows (longer ones resolve them in the periodogram)
+PREDICTED_MAX_ROWS = 2048
+#: an unexplained period is re-tested on the last this many rows of the stable region at most,
+#: so the surrogate test costs the same on any longer log (a period of up to a thousand rows
+#: repeats 100+ times in them)
+PHASE_TEST_ROWS = 100_000
+#: peaks of at least this many rows are read at their own, fractional frequency
+FRACTIONAL_MIN_ROWS = 10
+
+
+@dataclass(frozen=True)
+class PhaseTest:
+    """``eta^2`` of a phase grouping, its surrogate p-value and the number of groups."""
+
+    p_value: float
+    eta2: float
+    share: float
+    groups: int
+
+
+def cycle_groups(
+    steps: np.ndarray, length: float, epoch_starts: list[float]
+) -> np.ndarray:
+    """Phase group of each row for a cycle of ``length`` steps that restarts at ``epoch_starts``.
+
+    The phases a row can have are multiples of ``1 / q`` when ``interval / length``
+    is ``p / q`` in lowest terms (``q <= 200``); otherwise the phase is cut
+    into ``round(length / interval)`` equal parts.
+
+    >>> cycle_groups(np.arange(10.0, 110.0, 10.0), 12.5, []).tolist()
+    [3, 2, 1, 0, 4, 3, 2, 1, 0, 4]
+    """
+    steps = np.asarray(steps, dtype=np.float64)
+    starts = np.sort(np.asarray(epoch_starts, dtype=np.float64))
+    origin = np.ones(steps.size)  # steps count from 1: the first epoch starts at step 1
+    if starts.size:
+        at = np.searchsorted(starts, steps, side="right") - 1
+        origin = np.where(at >= 0, starts[np.clip(at, 0, None)], 1.0)
+    interval = float(np.median(np.diff(steps))) if steps.size > 1 else 1.0
+    ratio = Fraction(interval / length).limit_denominator(200)
+    exact = abs(float(ratio) - interval / length) < 1e-9
+    groups = ratio.denominator if exact else max(2, round(length / interval))
+    phase = np.mod(steps - origin, length) / length
+    return np.mod(np.floor(phase * groups + 1e-6), groups).astype(np.int64)
+
+
+def _grouping(groups: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The row order, group starts and group sizes of a grouping (labels ``0..count-1``)."""
+    order = np.argsort(groups, kind="stable")
+    starts = np.searchsorted(groups[order], np.arange(count))
+    sizes = np.bincount(groups, minlength=count).astype(np.float64)
+    return order, starts, sizes
+
+
+def _group_eta2(x: np.ndarray, order: np.ndarray, starts: np.ndarray,
+                sizes: np.ndarray) -> np.ndarray:
+    """eta^2 of a grouping (from :func:`_grouping`) for each row of ``x`` (2-D)."""
+    xc = x - x.mean(axis=1, keepdims=True)
+    sums = np.add.reduceat(xc[:, order], starts, axis=1)
+    ssb = (sums * sums / sizes).sum(axis=1)
+    return ssb / np.maximum((xc * xc).sum(axis=1), 1e-300)
+
+
+def phase_test(
+    x: np.ndarray,
+    groupings: list[np.ndarray],
+    *,
+    window: int,
+    rng: np.random.Generator,
+    surrogates: int = SURROGATES,
+) -> tuple[PhaseTest, int]:
+    """Surrogate test of how much of the detrended residual ``x`` the best phase grouping explains.
+
+    All ``groupings`` are scored on the same AR(1) surrogates; each one's
+    ``eta^2`` is standardised by the surrogates' mean and spread for it, and
+    the largest standardised value is ranked among the surrogates' own largest
+    (max-T), so trying several groupings does not inflate the false-positive
+    rate. Returns the test of the best grouping and its index (p-value 1 and
+    index 0 when no grouping has 2+ phases of ``MIN_PER_GROUP`` rows).
+    """
+    x = np.asarray(x, dtype=np.float64)
+    labelled = []
+    for g in groupings:
+        _, inv = np.unique(np.asarray(g, dtype=np.int64), return_inverse=True)
+        count = int(inv.max()) + 1 if inv.size else 0
+        labelled.append((inv, count))
+    usable = [i for i, (_, c) in enumerate(labelled) if c >= 2 and x.size >= MIN_PER_GROUP * c]
+    if not usable:
+        return PhaseTest(p_value=1.0, eta2=0.0, share=0.0,
+                         groups=labelled[0][1] if labelled else 0), 0
+    prepared = {i: _grouping(*labelled[i]) for i in usable}
+    obs = np.array([_group_eta2(x[None, :], *prepared[i])[0] for i in usable])
+    chunk = max(1, min(surrogates, SURROGATE_CELLS // x.size))
+    null = np.empty((surrogates, len(usable)))
+    for done in range(0, surrogates, chunk):
+        size = min(chunk, surrogates - done)
+        sur = ar1_surrogates(x, size, rng)
+        sur = sur - local_linear(sur, window)
+        for j, i in enumerate(usable):
+            null[done : done + size, j] = _group_eta2(sur, *prepared[i])
+    mu, sd = null.mean(axis=0), np.maximum(null.std(axis=0), 1e-300)
+    z_obs = (obs - mu) / sd
+    top = int(np.argmax(z_obs))
+    z_null = ((null - mu) / sd).max(axis=1)
+    p = float((1 + np.sum(z_null >= z_obs[top])) / (surrogates + 1))
+    count = labelled[usable[top]][1]
+    chance = (count - 1) / max(x.size - 1, 1)
+    return PhaseTest(p_value=p, eta2=float(obs[top]), share=max(0.0, float(obs[top]) - chance),
+                     groups=count), usable[top]
+
+
+def distinct_groupings(groupings: list[np.ndarray]) -> list[int]:
+    """Indices of the groupings that split the rows differently (a relabelling is the same)."""
+    seen: list[np.ndarray] = []
+    keep = []
+    for i, g in enumerate(groupings):
+        _, canon = np.unique(g, return_index=False, return_inverse=True)
+        # canonical labels: in order of first appearance
+        first = {}
+        for v in canon.tolist():
+            first.setdefault(v, len(first))
+        canon = np.array([first[v] for v in canon.tolist()])
+        if not any(np.array_equal(canon, s) for s in seen):
+            seen.append(canon)
+            keep.append(i)
+    return keep
+
+
+def checked_periodicity(
+    per: Periodicity,
+    steps: np.ndarray,
+    loss: np.ndarray,
+    cliff_mask: np.ndarray,
+    ctx: RunContext,
+    rng: np.random.Generator,
+) -> Periodicity:
+    """``per`` with an unexplained periodogram period re-tested, else a predicted cycle tested.
+
+    ``steps``/``loss``/``cliff_mask`` are the stable region's rows.
+    """
+    n = int((~cliff_mask).sum())
+    if n < MIN_POINTS:
+        return per
+    window = detrend_window(n)
+    rw = detrended(loss, window, valid=~cliff_mask)
+    rw = np.where(cliff_mask, 0.0, rw - rw[~cliff_mask].mean())
+    if per.period is not None:
+        if match_period(per.period, ctx).mechanism is not None or not per.test.startswith(
+            "periodogram"
+        ):
+            return per
+        return _retest(per, steps, rw, window, rng)
+    return _predicted(per, steps, rw, ctx, window, rng)
+
+
+def _retest(
+    per: Periodicity, steps: np.ndarray, rw: np.ndarray, window: int,
+    rng: np.random.Generator,
+) -> Periodicity:
+    """An unexplained periodogram period re-tested at its own, fractional frequency.
+
+    The period as found (a whole lag) is tried together with the peak it came
+    from and the other significant peaks of ``FRACTIONAL_MIN_ROWS`` rows or more
+    (less those that are harmonics of another: a cycle's shape puts power there
+    too), each read at their own frequency
+    (:func:`~lengthwise.doctor.periodicity.fine_period`: a cycle of 46.6 rows is
+    not folded at 46 or 47, which smears it over a long log); all are scored on
+    the same AR(1) surrogates (max-T, on the last ``PHASE_TEST_ROWS`` rows at
+    most). The best, when it passes and its
+    autocorrelation at its (fractional) lag clears ``2/sqrt(n)``, is the period;
+    one read at its own frequency comes with its standard error (the Cramer-Rao
+    bound, or half the difference of the periods read in each half of the rows
+    when larger: a cycle whose length
+    wanders is less precise than a sinusoid), and within 3 standard errors of a
+    whole number of rows it is that whole number.
+    """
+    interval = float(np.median(np.diff(steps))) if steps.size > 1 else 1.0
+    tail = slice(max(0, rw.size - PHASE_TEST_ROWS), rw.size)
+    x, s = rw[tail], steps[tail]
+    approx = [per.peak_points or 0.0, *(c["period"] / interval for c in per.candidates)]
+    tries: list[tuple[float, float]] = [(float(per.period_points or 0.0), 0.0)]
+    for a in approx:
+        if a >= FRACTIONAL_MIN_ROWS and not any(abs(a - b) <= 0.01 * a for b, _ in tries[1:]):
+            tries.append(fine_period(x, a)[:2])
+    tries = [t for t in tries if not any(_harmonic(t[0], u[0]) for u in tries)]
+    t, j = phase_test(x, [cycle_groups(s, p * interval, []) for p, _ in tries], window=window,
+                      rng=rng, surrogates=_surrogates(x.size))
+    points, error = tries[j]
+    if error > 0:  # read at its own frequency
+        error = max(error, _split_error(x, points))
+        if abs(points - round(points)) <= 3 * error:
+            points = float(round(points))
+    acf = acf_at(autocorrelation(x, int(points) + 2), points)
+    if t.p_value < ALPHA and acf_holds(acf, x.size):
+        if error == 0:
+            return replace(per, note=_join(per.note, f"the period passes the AR(1) surrogate "
+                                                    f"test too (p={t.p_value:.3g})"))
+        return replace(per, period=points * interval, period_points=points,
+                       period_error=error * interval, power_share=t.share, acf_at_period=acf,
+                       note=_join(per.note, f"read at its own frequency, {t.groups} phases; it "
+                                            f"passes the AR(1) surrogate test too "
+                                            f"(p={t.p_value:.3g})"))
+    return replace(per, period=None, period_points=None, power_share=None, acf_at_period=None,
+                   note=_join(per.note, f"the periodogram peak at {per.period:g} steps "
+                                        f"(p={per.p_value:.3g}) fails the AR(1) surrogate "
+                                        f"test at its length (p={t.p_value:.3g}): "
+                                        "drift or persistent noise, not a cycle"))
+
+
+def _predicted(
+    per: Periodicity, steps: np.ndarray, rw: np.ndarray, ctx: RunContext, window: int,
+    rng: np.random.Generator,
+) -> Periodicity:
+    if rw.size >= PREDICTED_MAX_ROWS:
+        return per
+    tries = []
+    for name, length, how in candidates(ctx):
+        seen = apparent_period(length, ctx.interval)
+        if name == "megabatch" and seen is not None and seen <= rw.size * ctx.interval / 4:
+            tries.append((length, seen, how))
+    if not tries:
+        return per
+    groupings = [cycle_groups(steps, length, ctx.epoch_starts) for length, _, _ in tries]
+    keep = distinct_groupings(groupings)
+    best, j = phase_test(rw, [groupings[i] for i in keep], window=window, rng=rng,
+                         surrogates=_surrogates(rw.size))
+    i = keep[j]
+    p = best.p_value
+    if p >= ALPHA:
+        return replace(per, note=_join(per.note, f"predicted cycle ({tries[i][0]:g} steps) "
+                                                 f"not found (p={p:.3g})"))
+    length, seen, how = tries[i]
+    points = seen / ctx.interval
+    lag = int(round(points))
+    reset = "reset at each epoch start" if ctx.epoch_starts else "one phase through the log"
+    return replace(
+        per, period=seen, p_value=p, period_points=points, power_share=best.share,
+        acf_at_period=float(per.acf[lag]) if 0 < lag < per.acf.size else None,
+        best_period=seen,
+        test=(f"predicted cycle of {length:g} steps ({best.groups} phases, {reset}) vs AR(1) "
+              f"surrogates, max-T over {len(keep)} grouping(s), alpha={ALPHA}"),
+        note=_join(per.note, f"tested because {how}"),
+    )
+
+
+def _harmonic(short: float, long: float) -> bool:
+    """True when ``short`` is a harmonic of ``long`` (``long / short`` within 0.5 % of 2..50)."""
+    m = round(long / short)
+    return 2 <= m <= 50 and abs(long / short - m) <= 0.005 * m
+
+
+def _split_error(x: np.ndarray, points: float) -> float:
+    """Half the difference of the period read in each half of ``x`` (0 when too short)."""
+    half = x.size // 2
+    if half < 8 * points:
+        return 0.0
+    first, _, _ = fine_period(x[:half], half / round(half / points))
+    second, _, _ = fine_period(x[half:], half / round(half / points))
+    return abs(first - second) / 2
+
+
+def _surrogates(rows: int) -> int:
+    """Surrogates for a log of ``rows``: ``SURROGATES``, fewer (not under 199) on very long logs."""
+    return int(max(199, min(SURROGATES, SURROGATE_BUDGET // max(rows, 1))))
+
+
+def _join(a: str, b: str) -> str:
+    return f"{a}; {b}" if a else b

@@ -1,16 +1,6 @@
 """PNG of the diagnosis: loss over steps, stable-region histogram, autocorrelation.
 
-One row per run. The loss panel shades the stable region, colours the steps
-by bucket when the log has one, draws the running mean and the band centres
-along it, marks cliffs (red triangles) and checkpoint steps (dotted lines).
-The loss axis is logarithmic when the loss spans more than a factor of 5, so
-no step is off the chart; a legend names the shaded region, lines and bands.
-The histogram shows the detrended stable-region loss with the fitted bands;
-the autocorrelation panel marks the period, and says so when the
-autocorrelation at short lags leaves its noise band without a periodic cycle.
-The title of each row is the start of the verdict's one-line summary (two
-lines at most; the text report has all of it). The running mean is drawn where its
-window is whole. matplotlib is imported here only,
+One row per run, titled by the start of the verdict. matplotlib is imported here only,
 through its object-oriented API (no pyplot, no global backend change).
 
 Example::
@@ -35,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lengthwise.atomic import atomic_path
+from lengthwise.doctor.curve import roughness_residual
 from lengthwise.doctor.errors import PlotUnavailableError
-from lengthwise.doctor.smoothing import ROUGHNESS_WINDOW
-from lengthwise.doctor.stats import roughness_residual
+from lengthwise.doctor.numeric import ROUGHNESS_WINDOW
 
 if TYPE_CHECKING:
     from lengthwise.doctor.report import Report, Series
@@ -248,8 +238,8 @@ def _lines(text: str, width: int, most: int) -> str:
                                                            width, placeholder=" ...")])
 
 
-def _short(name: str, limit: int = 80) -> str:
-    return name if len(name) <= limit else "..." + name[-(limit - 3):]
+def _short(name: str) -> str:
+    return name if len(name) <= 80 else "..." + name[-77:]
 
 
 def _wrap(text: str, width: int) -> str:

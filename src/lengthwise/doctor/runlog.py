@@ -1,11 +1,9 @@
-"""The loss curve of one run as the readers hand it to the analyses.
+"""The loss curve of one run as the readers hand it over, and where its step goes back.
 
-A :class:`RunLog` holds one value per logged optimizer step, in increasing step
-order: rows out of step order (a log sorted by descending step, files merged in
-the wrong order) are read in step order, and restarts are resolved (later writes
-of a step win, and a resumed run supersedes what the earlier run logged from its
-resume point on). It also says what was odd about the input: malformed lines,
-restart points, reordered rows, rows that carried no loss.
+A :class:`RunLog` holds one value per logged step in step order: rows out of order are
+sorted, a second writer's rewrites are dropped, and a resumed run supersedes what the
+earlier run logged from its resume point on. Each restart keeps the wall-time gap before it
+and the learning rates both runs logged at the step it went back to.
 
 Example::
 
@@ -13,16 +11,22 @@ Example::
     >>> log = RunLog(source="demo", step=np.arange(3.0), loss=np.array([3.0, 2.5, 2.4]))
     >>> log.num_steps, log.step_interval
     (3, 1.0)
+    >>> from lengthwise.doctor.runlog import Restart
+    >>> step = np.array([1.0, 2.0, 3.0, 2.0, 3.0])
+    >>> lr = np.array([1.0, 0.9, 0.8, 0.1, 0.2])
+    >>> r = describe_restarts([Restart(4, 3.0, 2.0)], step, np.arange(1, 6), lr, None)[0]
+    >>> r.lr_before, r.lr_after, r.rolled_back
+    (0.9, 0.1, 1.0)
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from lengthwise.doctor.numbers import num
+from lengthwise.doctor.numeric import num
 
 #: numeric per-step fields the doctor uses when a log has them
 NUMERIC_FIELDS: tuple[str, ...] = (
@@ -55,8 +59,6 @@ RESUME_EVENT = "resume"
 CHECKPOINT_EVENTS: frozenset[str] = frozenset(
     {"checkpoint", "checkpoint_begin", "checkpoint_end", "checkpoint_start", "save_checkpoint"}
 )
-
-
 #: a resumed run whose learning rate differs from the earlier run's by this share of the peak
 #: restarted its schedule (a resumed scheduler logs the same rate, to rounding)
 LR_JUMP = 0.05
@@ -207,3 +209,230 @@ class RunLog:
             return 1.0
         return float(np.median(np.diff(self.step)))
 
+
+def pauses(time: np.ndarray | None) -> np.ndarray | None:
+    """Mask of the rows logged after a pause in wall time (None: no ``time`` logged).
+
+    A pause lasts at least ``PAUSE_FACTOR`` median gaps between rows and at least
+    ``PAUSE_SECONDS``: a process that stopped and was started again.
+
+    >>> pauses(np.array([0.0, 1.0, 2.0, 3.0, 400.0, 401.0])).tolist()
+    [False, False, False, False, True, False]
+    """
+    if time is None or time.size < 3:
+        return None
+    gaps = np.diff(time)
+    fine = np.isfinite(gaps) & (gaps > 0)
+    if fine.sum() < 2:
+        return None
+    limit = max(PAUSE_SECONDS, PAUSE_FACTOR * float(np.median(gaps[fine])))
+    out = np.zeros(time.size, dtype=bool)
+    out[1:] = np.isfinite(gaps) & (np.abs(gaps) >= limit)
+    return out
+
+
+def describe_restarts(
+    restarts: list[Restart],
+    step: np.ndarray,
+    lines: np.ndarray,
+    lr: np.ndarray | None,
+    time: np.ndarray | None,
+) -> list[Restart]:
+    """``restarts`` with the learning rates around each and the wall-time gap before it.
+
+    ``step``, ``lines``, ``lr`` and ``time`` are the rows in read order, before the
+    superseded rows are dropped.
+    """
+    if not restarts:
+        return restarts
+    row_of = {int(ln): i for i, ln in enumerate(lines.tolist())}
+    out = []
+    for r in restarts:
+        i = row_of.get(int(r.line))
+        if i is None or i == 0:
+            out.append(r)
+            continue
+        out.append(replace(r, lr_before=_earlier_lr(step, lr, i), lr_after=_value(lr, i),
+                           gap_seconds=_gap(time, i)))
+    return out
+
+
+def _value(col: np.ndarray | None, i: int) -> float | None:
+    if col is None or not np.isfinite(col[i]):
+        return None
+    return float(col[i])
+
+
+def _earlier_lr(step: np.ndarray, lr: np.ndarray | None, i: int) -> float | None:
+    """The rate the earlier run logged at row ``i``'s step: read there, else interpolated
+    between the earlier run's rows around it, else its last row before ``i``."""
+    if lr is None:
+        return None
+    same = np.flatnonzero((step[:i] == step[i]) & np.isfinite(lr[:i]))
+    if same.size:
+        return float(lr[same[-1]])
+    back = np.flatnonzero(np.diff(step[:i]) <= 0)  # the earlier run's rows start after these
+    lo = int(back[-1]) + 1 if back.size else 0
+    seg_s, seg_lr = step[lo:i], lr[lo:i]
+    ok = np.isfinite(seg_lr)
+    if ok.sum() >= 2 and seg_s[ok][0] <= step[i] <= seg_s[ok][-1]:
+        return float(np.interp(step[i], seg_s[ok], seg_lr[ok]))
+    return _value(lr, i - 1)
+
+
+def _gap(time: np.ndarray | None, i: int) -> float | None:
+    if time is None or not (np.isfinite(time[i]) and np.isfinite(time[i - 1])):
+        return None
+    return float(time[i] - time[i - 1])
+
+
+def step_order(step: np.ndarray, summary: InputSummary) -> np.ndarray | None:
+    """The order that reads rows out of step order in step order, or ``None`` if none are.
+
+    A step that goes back is a restart when the rows from there on log a step
+    already logged (a resumed run writes its steps again); it is disorder when they
+    log only new steps: a log sorted by descending step, or rows merged from several
+    files in the wrong order. Rows between two restarts are sorted by step (stably,
+    so a step written twice keeps its file order); restarts stay where they are for
+    :func:`resolve_restarts`. ``summary`` counts the disorder points and moved rows.
+
+    Example::
+
+        >>> s = InputSummary()
+        >>> step_order(np.array([3.0, 2.0, 1.0]), s).tolist(), s.out_of_order_points
+        ([2, 1, 0], 2)
+        >>> step_order(np.array([1.0, 2.0, 3.0, 2.0, 3.0]), InputSummary()) is None  # a resume
+        True
+    """
+    if step.size < 2:
+        return None
+    starts = np.flatnonzero(step[1:] < step[:-1]) + 1  # where an increasing run begins
+    if starts.size == 0:
+        return None
+    _, first, inverse = np.unique(step, return_index=True, return_inverse=True)
+    segment = np.zeros(step.size, dtype=np.int64)
+    segment[starts] = 1
+    segment = np.cumsum(segment)
+    bounds = np.concatenate([[0], starts])
+    # a row repeats a step logged before its run began
+    repeats = first[inverse] < bounds[segment]
+    restart = np.logical_or.reduceat(repeats, bounds)[1:]
+    disorder = int((~restart).sum())
+    if disorder == 0:
+        return None
+    run = np.cumsum(np.concatenate([[0], restart.astype(np.int64)]))[segment]
+    order = np.lexsort((step, run))
+    summary.out_of_order_points = disorder
+    summary.reordered_rows = int((order != np.arange(step.size)).sum())
+    return order
+
+
+#: a step going back at most this many rows, again and again, is a second writer
+WRITER_REWIND = 4
+#: ... when such rewinds and steps written twice in a row reach this share of the rows
+WRITER_SHARE = 0.1
+
+
+def _short_rewinds(s: np.ndarray, back: np.ndarray) -> np.ndarray:
+    """Mask over ``back``: the step went back by at most ``WRITER_REWIND`` rows."""
+    short = np.zeros(back.size, dtype=bool)
+    for n, i in enumerate(back.tolist()):
+        j = i - 1
+        while j >= 0 and i - j <= WRITER_REWIND + 1 and s[j] >= s[i]:
+            j -= 1
+        short[n] = i - j - 1 <= WRITER_REWIND
+    return short
+
+
+def _rewritten_throughout(points: int, rows: int) -> bool:
+    """Whether ``points`` rewritten steps among ``rows`` rows are a second writer's (at least 3
+    and :data:`WRITER_SHARE` of the rows), not a few resumes."""
+    return points >= max(3, WRITER_SHARE * rows)
+
+
+def _rewinds(step: np.ndarray, fresh: np.ndarray,
+             dup: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows left once ``dup`` rows are dropped, the places among them where the step goes
+    back (or does not rise at a ``fresh`` row), and which of those are short rewinds."""
+    rest = np.flatnonzero(~dup)
+    s, new_run = step[rest], fresh[rest]
+    back = np.flatnonzero((s[1:] < s[:-1]) | (new_run[1:] & (s[1:] <= s[:-1]))) + 1
+    return rest, back, _short_rewinds(s, back) & ~new_run[back]
+
+
+def mark_logged_resumes(summary: InputSummary, lines: np.ndarray, resumes: list[int]) -> None:
+    """Mark the restarts that follow a logged ``resume`` event (between the rows around it)."""
+    if not resumes or not summary.restarts:
+        return
+    marks = np.sort(np.asarray(resumes, dtype=np.int64))
+    ordered = np.sort(lines)
+    out = []
+    for r in summary.restarts:
+        at = int(np.searchsorted(ordered, r.line))
+        before = int(ordered[at - 1]) if at > 0 else 0
+        hit = np.searchsorted(marks, before, side="right") < np.searchsorted(marks, r.line)
+        out.append(Restart(r.line, r.step_before, r.step_after, logged=bool(hit)))
+    summary.restarts = out
+    summary.logged_resumes = sum(r.logged for r in out)
+
+
+def resolve_restarts(
+    step: np.ndarray, lines: np.ndarray, summary: InputSummary, *, fresh: np.ndarray | None = None,
+    paused: np.ndarray | None = None,
+) -> np.ndarray:
+    """Mask of rows to keep: a second writer's rows collapse, then later rows supersede earlier.
+
+    A second writer (e.g. every rank logging) rewrites steps all through the log: a
+    step written again on the next row, or a step that goes back by a few rows
+    (two writers interleaving in short blocks). When such points number at least 3
+    and :data:`WRITER_SHARE` of the rows, they are a second writer's: of a run of
+    equal steps the last is kept, the others are counted in ``duplicate_rows``, and
+    so are the rows short rewinds write again (when those alone are that many).
+    Fewer such points are resumes: a
+    resumed run that logs its first step (or a few steps) again and goes on from
+    there. Any other step that goes back is a restart (a resumed run) too: a row
+    survives only if every later row has a larger step, so a resumed run supersedes
+    what the earlier run logged from its resume point on. ``fresh`` marks rows known
+    to start a new run (a new run folder): a step there that does not exceed the
+    one before is a restart, never a duplicate or a second writer; so is a step that
+    goes back right after a pause in wall time (``paused``: a resumed process).
+    """
+    if step.size < 2:
+        return np.ones(step.size, dtype=bool)
+    fresh = np.zeros(step.size, dtype=bool) if fresh is None else fresh
+    if paused is not None:
+        fresh = fresh | paused
+    dup = np.zeros(step.size, dtype=bool)
+    dup[:-1] = (step[:-1] == step[1:]) & ~fresh[1:]
+    rest, back, short = _rewinds(step, fresh, dup)
+    if dup.any() and not _rewritten_throughout(int(dup.sum()) + int(short.sum()), step.size):
+        fresh = fresh.copy()  # a step logged again now and then: a resumed run's first
+        fresh[1:] |= dup[:-1]
+        dup[:] = False
+        rest, back, short = _rewinds(step, fresh, dup)
+    s = step[rest]
+    writers = _rewritten_throughout(int(short.sum()), s.size)
+    real = back[~short] if writers else back
+    keep = ~dup
+    later_min = np.minimum.accumulate(s[::-1])[::-1]
+    next_min = np.append(later_min[1:], np.inf)
+    survive = s < next_min
+    keep[rest[~survive]] = False
+    superseded = ~survive
+    if writers:  # rows rewritten by the second writer are duplicates, not superseded by a resume
+        rewritten = np.zeros(s.size, dtype=bool)
+        for i in back[short].tolist():
+            j = i - 1
+            while j >= 0 and s[j] >= s[i] and i - j <= WRITER_REWIND + 1:
+                rewritten[j] = True
+                j -= 1
+        superseded &= ~rewritten
+        dup[rest[~survive & rewritten]] = True
+    summary.duplicate_rows = int(dup.sum())
+    summary.restarts = [
+        Restart(line=int(lines[rest[i]]), step_before=float(s[i - 1]), step_after=float(s[i]))
+        for i in real[:1000]
+    ]
+    summary.restart_count = int(real.size)
+    summary.superseded_rows = int(superseded.sum())
+    return keep

@@ -1,16 +1,8 @@
 """``lengthwise doctor --watch LOG``: follow a growing log and print each new finding once.
 
-Every ``interval`` seconds the watcher looks at the log (a file's size and
-modification time; a folder's files, for TensorBoard event files and W&B runs)
-and, when it changed, diagnoses it again from the start. Each cause of the
-verdict is a tested finding; it is printed the first time it shows, with the
-last step logged, and again only when it went away and came back after
-``cooldown`` seconds. A log too short to test prints what it waits for, once;
-``clean so far`` is printed only when the verdict is clean (bands and
-periodicity tested, nothing found), never for a log whose core tests could not
-run. At the end (``max_seconds``, or Ctrl-C) it looks at the log once more and
-prints a summary: the findings shown and the verdict of the last diagnosis,
-which names what was not tested.
+When the log changed the watcher diagnoses it again; a cause is printed the first time it
+shows, and again only when it came back after ``cooldown`` seconds. At the end it prints the
+findings shown and the last verdict.
 
 Example::
 
@@ -58,7 +50,7 @@ class Watcher:
     def __init__(self, path: str | os.PathLike[str], *, options: Mapping[str, Any] | None = None,
                  cooldown: float = DEFAULT_COOLDOWN, out: TextIO | None = None,
                  diagnose: Callable[..., Any] | None = None) -> None:
-        from lengthwise.doctor.api import diagnose as run
+        from lengthwise.doctor.analyses import diagnose as run
 
         self.path = Path(path)
         self.options = dict(options or {})
@@ -132,12 +124,12 @@ class Watcher:
 
 def watch(path: str | os.PathLike[str], *, interval: float = DEFAULT_INTERVAL,
           max_seconds: float | None = None, cooldown: float = DEFAULT_COOLDOWN,
-          options: Mapping[str, Any] | None = None, out: TextIO | None = None) -> int:
+          options: Mapping[str, Any] | None = None) -> int:
     """Follow the log at ``path`` until ``max_seconds`` (None: until Ctrl-C); the exit status.
 
     0 when ``max_seconds`` ran out; 130 after Ctrl-C (the summary is printed first).
     """
-    watcher = Watcher(path, options=options, cooldown=cooldown, out=out)
+    watcher = Watcher(path, options=options, cooldown=cooldown)
     start = time.monotonic()
     try:
         while True:

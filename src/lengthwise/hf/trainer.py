@@ -11,8 +11,9 @@ rank waits for, or pads out to, another. This holds on one device, under
 ``torchrun`` and under ``accelerate launch`` (DDP, FSDP, DeepSpeed).
 
 ``per_device_train_batch_size`` is not used: the sampler's budget sets each
-micro-batch. ``gradient_accumulation_steps`` is the sampler's ``grad_accum``, and
-the seed is ``data_seed`` (else ``seed``) unless ``seed`` is given.
+micro-batch. ``gradient_accumulation_steps`` is the plan's ``grad_accum``,
+``dataloader_drop_last`` means ``even_out="drop"``, and the seed is ``data_seed`` (else
+``seed``) unless ``seed`` is given.
 
 The final metrics tell the truth about planned micro-batches: ``train_samples`` and
 ``train_tokens`` (real tokens) count what the optimizer steps of this ``train()``
@@ -25,13 +26,14 @@ Example::
 
     trainer = LengthwiseTrainer(
         model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
-        lengths=lengths, sampler_options={"max_tokens": 16384})  # collates with the sampler's
+        lengths=lengths, plan=PlanConfig(max_tokens=16384))  # collates with the sampler's
     trainer.train()
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -45,6 +47,7 @@ from transformers import Trainer, TrainerCallback
 
 from lengthwise.atomic import atomic_open
 from lengthwise.errors import ConfigError
+from lengthwise.planning.config import PlanConfig
 from lengthwise.pytorch.sampler import BucketBatchSampler, ResumeError
 
 if TYPE_CHECKING:
@@ -56,7 +59,6 @@ __all__ = ["STATE_FILE", "LengthwiseTrainer", "lengthwise_dataloader", "make_sam
 #: file in each checkpoint folder that holds the sampler's state at that step
 STATE_FILE = "lengthwise_sampler.json"
 
-_SET_BY_TRAINER = ("num_replicas", "rank", "grad_accum")
 
 
 def data_parallel_ranks(trainer: Trainer) -> tuple[int, int]:
@@ -78,13 +80,16 @@ def data_parallel_ranks(trainer: Trainer) -> tuple[int, int]:
     return world, rank
 
 
-def make_sampler(trainer: Trainer, lengths: Any, **options: Any) -> BucketBatchSampler:
-    """A sampler for ``trainer``: its ranks, gradient accumulation and data seed.
+def make_sampler(trainer: Trainer, lengths: Any, config: PlanConfig,
+                 **options: Any) -> BucketBatchSampler:
+    """A sampler of ``config``'s plan for ``trainer``: its ranks, gradient accumulation,
+    ``dataloader_drop_last`` and data seed.
 
-    ``options`` are those of :class:`lengthwise.BucketBatchSampler` (``max_tokens``,
-    ``buckets``, ``order``...). Raises if the lengths do not match the training set.
+    ``options`` are :class:`lengthwise.BucketBatchSampler`'s own (``window``...). Raises
+    if the lengths do not match the training set.
     """
-    clash = [k for k in _SET_BY_TRAINER if k in options]
+    clash = [k for k in ("num_replicas", "rank") if k in options]
+    clash += [k for k in ("world_size", "grad_accum") if getattr(config, k) != 1]
     if clash:
         raise ConfigError(f"{clash} come from the trainer (its processes and "
                           "gradient_accumulation_steps); leave them out of the sampler options")
@@ -95,15 +100,16 @@ def make_sampler(trainer: Trainer, lengths: Any, **options: Any) -> BucketBatchS
             raise ConfigError(
                 f"accelerator_config.{name}=True cannot be used with a lengthwise sampler: it "
                 "already gives every process its own micro-batches; turn it off")
-    if args.dataloader_drop_last and "drop_last" not in options:
-        options["drop_last"] = True
+    if args.dataloader_drop_last and config.even_out == "repeat":
+        raise ConfigError("dataloader_drop_last=True means even_out='drop', got even_out='repeat'")
+    config = dataclasses.replace(config, grad_accum=args.gradient_accumulation_steps,
+                                 even_out="drop" if args.dataloader_drop_last else config.even_out)
     if "seed" not in options:
         options["seed"] = args.data_seed if args.data_seed is not None else args.seed
     world, rank = data_parallel_ranks(trainer)
     # fewer data-parallel ranks than processes only where a device mesh shares batches
     options.setdefault("check_world_size", world == acc.num_processes)
-    sampler = BucketBatchSampler(lengths, num_replicas=world, rank=rank,
-                                 grad_accum=args.gradient_accumulation_steps, **options)
+    sampler = BucketBatchSampler(lengths, config, num_replicas=world, rank=rank, **options)
     if trainer.train_dataset is not None:
         sampler.check_dataset(trainer.train_dataset)
     cfg = sampler.config
@@ -235,8 +241,9 @@ class LengthwiseTrainer(Trainer):
     """A ``Trainer`` that trains on the micro-batches of a :class:`BucketBatchSampler`.
 
     ``lengths`` are the training set's token lengths (row ``i`` of ``train_dataset``
-    has ``lengths[i]``; any source :func:`lengthwise.load_lengths` reads), and
-    ``sampler_options`` the sampler's batch rule and plan options. The sampler is
+    has ``lengths[i]``; any source :func:`lengthwise.load_lengths` reads), ``plan`` the
+    :class:`~lengthwise.planning.config.PlanConfig` of its batches, and ``sampler_options``
+    the sampler's own options (``window``...). The sampler is
     ``trainer.lengthwise_sampler``; its state goes into every checkpoint
     (``lengthwise_sampler.json``) and resuming checks it.
 
@@ -249,19 +256,20 @@ class LengthwiseTrainer(Trainer):
 
         trainer = LengthwiseTrainer(model=model, args=args, train_dataset=ds,
                                     processing_class=tokenizer, lengths=lengths,
-                                    sampler_options={"max_tokens": 8192})
+                                    plan=PlanConfig(max_tokens=8192))
     """
 
-    def __init__(self, *args: Any, lengths: Any = None,
+    def __init__(self, *args: Any, lengths: Any = None, plan: PlanConfig | None = None,
                  sampler_options: dict[str, Any] | None = None,
                  pad_token_id: int | None = None, **kwargs: Any) -> None:
-        if lengths is None:
+        if lengths is None or plan is None:
             raise ConfigError("LengthwiseTrainer needs lengths=... (one token length per row "
-                              "of train_dataset; see lengthwise.compute_lengths)")
+                              "of train_dataset; see lengthwise.compute_lengths) and plan="
+                              "PlanConfig(max_tokens=...)")
         # Trainer(model, args, data_collator, ...): the collator may come by position
         given = kwargs.get("data_collator") is not None or (len(args) > 2 and args[2] is not None)
         super().__init__(*args, **kwargs)
-        self.lengthwise_sampler = make_sampler(self, lengths, **(sampler_options or {}))
+        self.lengthwise_sampler = make_sampler(self, lengths, plan, **(sampler_options or {}))
         self.add_callback(_SaveSamplerState(self.lengthwise_sampler))
         self._lengthwise_start = _StartStep()
         self.add_callback(self._lengthwise_start)
@@ -313,7 +321,8 @@ def _pad_token_id(trainer: Trainer, given: int | None) -> int | None:
                       "with a pad_token_id, or a data_collator")
 
 
-def use_lengthwise(trainer: Trainer, lengths: Any, **options: Any) -> BucketBatchSampler:
+def use_lengthwise(trainer: Trainer, lengths: Any, config: PlanConfig,
+                   **options: Any) -> BucketBatchSampler:
     """Make an existing ``trainer`` train on planned micro-batches; return the sampler.
 
     For trainers built elsewhere (a ``Trainer`` subclass from another library):
@@ -327,10 +336,10 @@ def use_lengthwise(trainer: Trainer, lengths: Any, **options: Any) -> BucketBatc
     Example::
 
         trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=collate)
-        sampler = use_lengthwise(trainer, lengths, max_tokens=8192)
+        sampler = use_lengthwise(trainer, lengths, PlanConfig(max_tokens=8192))
         trainer.train()
     """
-    sampler = make_sampler(trainer, lengths, **options)
+    sampler = make_sampler(trainer, lengths, config, **options)
     trainer.lengthwise_sampler = sampler
     trainer.data_collator = hold_to_plan(trainer.data_collator, sampler)
     trainer.get_train_dataloader = types.MethodType(
@@ -375,8 +384,8 @@ def trained_counts(sampler: BucketBatchSampler, start_step: int,
 
     Example::
 
-        >>> s = BucketBatchSampler([5, 6, 7, 8], batch_size=1, grad_accum=2, num_replicas=2,
-        ...                        rank=0)
+        >>> s = BucketBatchSampler([5, 6, 7, 8], PlanConfig(batch_size=1, grad_accum=2),
+        ...                        num_replicas=2, rank=0)
         >>> trained_counts(s, 0, 1)  # one step per epoch: 2 micro-batches x 2 ranks
         (4, 26)
         >>> trained_counts(s, 1, 3)  # epochs 1 and 2

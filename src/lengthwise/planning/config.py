@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -19,7 +19,18 @@ from lengthwise.errors import ConfigError
 from lengthwise.planning import batching
 from lengthwise.planning.cost import CostModel
 from lengthwise.planning.lengths import check_max_len
-from lengthwise.planning.vocabulary import BALANCE, EVEN_OUT, LAYOUTS, ORDERS
+from lengthwise.planning.vocabulary import (
+    BALANCE,
+    EVEN_OUT,
+    LAYOUTS,
+    ORDERS,
+    PACK_ORDERS,
+    Balance,
+    EvenOut,
+    Layout,
+    Order,
+    OverflowPolicy,
+)
 from lengthwise.planning.vocabulary import PACK_OVERFLOW_POLICIES as OVERFLOW
 
 __all__ = ["PlanConfig", "lengths_checksum"]
@@ -36,26 +47,99 @@ def lengths_checksum(lengths: np.ndarray, crc: int = 0) -> int:
     return zlib.crc32(np.ascontiguousarray(lengths, dtype=np.int64).tobytes(), crc)
 
 
+def check_buckets(buckets) -> int | str | tuple[int, ...]:
+    """``buckets`` checked: a count (>= 1), ``"auto"``, or upper edges (positive whole numbers).
+
+    Edges come back sorted, as a tuple; text (``"3"``, ``"512,2048"``) is read as a count or
+    edges.
+
+    Example::
+
+        >>> check_buckets([2048, 512]), check_buckets(np.int64(3)), check_buckets("auto")
+        ((512, 2048), 3, 'auto')
+        >>> check_buckets("2048,512"), check_buckets("3")
+        ((512, 2048), 3)
+    """
+    if isinstance(buckets, str) and buckets != "auto":
+        try:
+            parts = [int(x) for x in buckets.split(",") if x.strip()]
+        except ValueError:
+            raise ConfigError(f"buckets must be a count, 'auto' or a list of edges (as text "
+                              f"E1,E2,...: edges must be integers), got {buckets!r}") from None
+        buckets = parts if "," in buckets else parts[0] if parts else buckets
+    if isinstance(buckets, str):
+        if buckets != "auto":
+            raise ConfigError(f"buckets must be a count, 'auto' or a list of edges, "
+                              f"got {buckets!r}")
+        return buckets
+    if isinstance(buckets, (int, np.integer)) and not isinstance(buckets, bool):
+        return batching.whole_number("buckets", buckets)
+    if isinstance(buckets, np.ndarray) and buckets.ndim == 1 or isinstance(buckets,
+                                                                          (list, tuple)):
+        edges = []
+        for e in (buckets.tolist() if isinstance(buckets, np.ndarray) else buckets):
+            if isinstance(e, bool) or not isinstance(e, (int, np.integer)):
+                raise TypeError(f"bucket edges must be whole numbers of tokens, got {e!r} in "
+                                f"buckets={list(buckets)!r}")
+            if e < 1:
+                raise ConfigError(f"bucket edges must be >= 1, got {e} in buckets="
+                                  f"{list(buckets)!r}")
+            edges.append(int(e))
+        if not edges:
+            raise ConfigError("buckets is an empty list: give at least one upper edge")
+        if len(set(edges)) != len(edges):
+            raise ConfigError(f"bucket edges must differ, got {edges}")
+        return tuple(sorted(edges))
+    raise TypeError(f"buckets must be a count, 'auto' or a list of edges, got {buckets!r}")
+
+
+def _option(default, text: str, **meta):
+    """A field with its default and its one-line help (``lengthwise plan`` makes it a flag)."""
+    return field(default=default, metadata={"help": text, **meta})
+
+
 @dataclass(frozen=True)
 class PlanConfig:
-    """Everything but the lengths, the seed and the epoch that decides a plan."""
+    """Everything but the lengths, the seed and the epoch that decides a plan.
 
-    max_tokens: int | None = None
-    batch_size: int | None = None
-    buckets: int | str | tuple[int, ...] = "auto"
-    order: str = "stratified"
-    world_size: int = 1
-    grad_accum: int = 1
-    max_run: int = 3
-    max_len: int | None = None
-    pad_multiple: int = 1
-    on_overflow: str = "truncate"
-    even_out: str = "split"
-    cost: CostModel | None = None
-    max_cost: float | None = None
-    layout: str = "pad"
-    rows_per_batch: int = 1
-    balance: str = "none"
+    Exactly one of ``max_tokens``, ``batch_size`` or ``max_cost`` (with ``cost``)
+    sets the batch rule.
+    """
+
+    max_tokens: int | None = _option(
+        None, "padded tokens per micro-batch, rows x padded length; with --layout pack the "
+        "tokens of a packed row", type=int, metavar="T")
+    batch_size: int | None = _option(None, "rows per micro-batch, instead of a token budget",
+                                     type=int, metavar="B")
+    buckets: int | str | tuple[int, ...] = _option(
+        "auto", "number of buckets, 'auto', or upper edges E1,E2,...",
+        type=check_buckets, metavar="K|auto|E1,E2,...")
+    order: Order = _option("stratified", "order of the micro-batches; the packed layout takes "
+                           f"{' or '.join(PACK_ORDERS)}", choices=ORDERS)
+    world_size: int = _option(1, "data-parallel ranks", metavar="W")
+    grad_accum: int = _option(1, "micro-batches accumulated per optimizer step on each rank",
+                              metavar="G")
+    max_run: int = _option(3, "interleave: longest run of one bucket on a rank", metavar="R")
+    max_len: int | None = _option(None, "longest sample kept, in tokens; none: one row of the "
+                                  "budget is the limit", type=int, metavar="N")
+    pad_multiple: int = _option(1, "round padded lengths up to a multiple of M; padded layout "
+                                "only", metavar="M")
+    on_overflow: OverflowPolicy = _option(
+        "truncate", "what happens to samples over --max-len or one row of the budget; 'split' "
+        "(packed layout only) cuts them into rows", choices=OVERFLOW)
+    even_out: EvenOut = _option(
+        "split", "how ranks get equal micro-batch counts: split batches (every sample once), "
+        "drop or repeat whole batches, counted", choices=EVEN_OUT)
+    cost: CostModel | None = _option(None, "the model that prices a micro-batch for max_cost")
+    max_cost: float | None = _option(None, "the cost one micro-batch may reach, priced by cost")
+    layout: Layout = _option(
+        "pad", "pad: each sample one padded row; pack: samples concatenated into rows of "
+        "--max-tokens without padding", choices=LAYOUTS)
+    rows_per_batch: int = _option(1, "packed rows per micro-batch; packed layout only",
+                                  metavar="N")
+    balance: Balance = _option(
+        "none", "level: every optimizer step of the stratified padded order at one cost level, "
+        "so its ranks wait alike, at the price of steps that mix lengths less", choices=BALANCE)
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -134,39 +218,3 @@ class PlanConfig:
         fields.pop("world_size")  # an elastic restart may change it
         crc = zlib.crc32(repr(sorted(fields.items())).encode())
         return crc if lengths is None else lengths_checksum(lengths, crc)
-
-
-def check_buckets(buckets) -> int | str | tuple[int, ...]:
-    """``buckets`` checked: a count (>= 1), ``"auto"``, or upper edges (positive whole numbers).
-
-    Edges come back sorted, as a tuple.
-
-    Example::
-
-        >>> check_buckets([2048, 512]), check_buckets(np.int64(3)), check_buckets("auto")
-        ((512, 2048), 3, 'auto')
-    """
-    if isinstance(buckets, str):
-        if buckets != "auto":
-            raise ConfigError(f"buckets must be a count, 'auto' or a list of edges, "
-                              f"got {buckets!r}")
-        return buckets
-    if isinstance(buckets, (int, np.integer)) and not isinstance(buckets, bool):
-        return batching.whole_number("buckets", buckets)
-    if isinstance(buckets, np.ndarray) and buckets.ndim == 1 or isinstance(buckets,
-                                                                          (list, tuple)):
-        edges = []
-        for e in (buckets.tolist() if isinstance(buckets, np.ndarray) else buckets):
-            if isinstance(e, bool) or not isinstance(e, (int, np.integer)):
-                raise TypeError(f"bucket edges must be whole numbers of tokens, got {e!r} in "
-                                f"buckets={list(buckets)!r}")
-            if e < 1:
-                raise ConfigError(f"bucket edges must be >= 1, got {e} in buckets="
-                                  f"{list(buckets)!r}")
-            edges.append(int(e))
-        if not edges:
-            raise ConfigError("buckets is an empty list: give at least one upper edge")
-        if len(set(edges)) != len(edges):
-            raise ConfigError(f"bucket edges must differ, got {edges}")
-        return tuple(sorted(edges))
-    raise TypeError(f"buckets must be a count, 'auto' or a list of edges, got {buckets!r}")

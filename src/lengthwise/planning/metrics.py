@@ -253,8 +253,9 @@ def recomposition(previous, current) -> float:
     Example::
 
         >>> import lengthwise
-        >>> p0 = lengthwise.plan_epoch(np.arange(1, 500), batch_size=4, epoch=0)
-        >>> p1 = lengthwise.plan_epoch(np.arange(1, 500), batch_size=4, epoch=1)
+        >>> config = lengthwise.PlanConfig(batch_size=4)
+        >>> p0 = lengthwise.plan_epoch(np.arange(1, 500), config, epoch=0)
+        >>> p1 = lengthwise.plan_epoch(np.arange(1, 500), config, epoch=1)
         >>> recomposition(p0, p1) < 0.05
         True
     """

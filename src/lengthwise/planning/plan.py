@@ -1,6 +1,6 @@
 """Epoch plans: every rank's micro-batches for one epoch, a pure function of its inputs.
 
-``plan_epoch(lengths, ...)`` returns the same plan on every rank given the same
+``plan_epoch(lengths, config)`` returns the same plan on every rank given the same
 lengths, configuration, seed and epoch, so ranks agree with no communication.
 Random streams come from ``numpy.random.default_rng([seed, epoch, stream])``
 (:mod:`~lengthwise.planning.streams`). The padded layout is planned by
@@ -10,7 +10,7 @@ Example::
 
     >>> import numpy as np
     >>> lens = np.random.default_rng(0).integers(1, 2000, 10_000)
-    >>> plan = plan_epoch(lens, max_tokens=8192, world_size=4, grad_accum=2)
+    >>> plan = plan_epoch(lens, PlanConfig(max_tokens=8192, world_size=4, grad_accum=2))
     >>> [len(plan.rank_batches(r)) for r in range(4)] == [plan.num_batches] * 4
     True
     >>> plan.stats["padding_efficiency"] > 0.9
@@ -19,7 +19,6 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -27,11 +26,9 @@ import numpy as np
 from lengthwise.errors import ConfigError
 from lengthwise.planning.batching import whole_number
 from lengthwise.planning.config import PlanConfig
-from lengthwise.planning.cost import CostModel
 from lengthwise.planning.packed import plan_packed_epoch
 from lengthwise.planning.padded import plan_padded_epoch
 from lengthwise.planning.schedule import EpochPlan
-from lengthwise.planning.vocabulary import Order
 
 if TYPE_CHECKING:
     from lengthwise.planning.windowed import WindowedPlan
@@ -41,41 +38,21 @@ __all__ = ["plan_epoch"]
 
 def plan_epoch(
     lengths,
+    config: PlanConfig,
     *,
-    epoch: int = 0,
     seed: int = 0,
-    max_tokens: int | None = None,
-    batch_size: int | None = None,
-    buckets: int | str | Sequence[int] = "auto",
-    order: Order = "stratified",
-    world_size: int = 1,
-    grad_accum: int = 1,
-    max_run: int = 3,
-    max_len: int | None = None,
-    pad_multiple: int = 1,
-    on_overflow: str = "truncate",
-    even_out: str = "split",
-    cost: CostModel | None = None,
-    max_cost: float | None = None,
+    epoch: int = 0,
     indices: np.ndarray | None = None,
-    layout: str = "pad",
-    rows_per_batch: int = 1,
-    balance: str = "none",
-    config: PlanConfig | None = None,
     window: int | str | None = None,
 ) -> EpochPlan | WindowedPlan:
-    """Plan one epoch of micro-batches for ``world_size`` ranks.
+    """Plan one epoch of micro-batches for ``config.world_size`` ranks.
 
-    Exactly one of ``max_tokens`` (padded tokens per micro-batch, rows x padded
-    length), ``batch_size`` (rows) or ``max_cost`` (with ``cost``) is given.
-    ``indices`` restricts the plan to those sample ids (for example the samples
-    an interrupted epoch has not trained yet). Samples longer than the budget or
-    ``max_len`` follow ``on_overflow``; every sample is planned exactly once
-    unless ``even_out`` says otherwise, and ``stats`` counts what happened.
-    ``balance="level"`` (padded, ``order="stratified"``) gives every optimizer step
-    micro-batches of one cost level, so its ranks wait alike, instead of the data's
-    length mix (:func:`~lengthwise.planning.orders.cost_levels`).
-    ``config`` replaces all the keyword options at once.
+    ``config`` (:class:`~lengthwise.planning.config.PlanConfig`) holds every option:
+    the batch rule, the order, what happens to samples over the budget or
+    ``max_len`` (every sample is planned exactly once unless ``even_out`` says
+    otherwise; ``stats`` counts what happened). ``seed`` and ``epoch`` pick the random
+    streams. ``indices`` restricts the plan to those sample ids (for example the
+    samples an interrupted epoch has not trained yet).
 
     ``window=N`` plans the epoch as a ``(seed, epoch)`` shuffle cut into windows of
     ``N`` samples, each planned when reached, and returns a
@@ -85,19 +62,14 @@ def plan_epoch(
 
     Example::
 
-        >>> plan = plan_epoch([5, 3, 8, 2, 7, 1], batch_size=2, order="sorted")
+        >>> plan = plan_epoch([5, 3, 8, 2, 7, 1], PlanConfig(batch_size=2, order="sorted"))
         >>> [b.tolist() for b in plan.rank_batches(0)]
         [[5, 3], [1, 0], [4, 2]]
     """
     seed = whole_number("seed", seed, minimum=0)
     epoch = whole_number("epoch", epoch, minimum=0)
-    if config is None:
-        config = PlanConfig(
-            max_tokens=max_tokens, batch_size=batch_size, buckets=buckets,
-            order=order, world_size=world_size, grad_accum=grad_accum, max_run=max_run,
-            max_len=max_len, pad_multiple=pad_multiple, on_overflow=on_overflow,
-            even_out=even_out, cost=cost, max_cost=max_cost, layout=layout,
-            rows_per_batch=rows_per_batch, balance=balance)
+    if not isinstance(config, PlanConfig):
+        raise TypeError(f"config must be a lengthwise.PlanConfig, got {config!r}")
     if window is not None:
         from lengthwise.planning.lengths import open_lengths
         from lengthwise.planning.windowed import WindowedPlan, resolve_window

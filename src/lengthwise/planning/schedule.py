@@ -9,8 +9,9 @@ adds packed rows and the token spans of split samples.
 
 Example::
 
-    >>> from lengthwise.planning.plan import plan_epoch
-    >>> plan = plan_epoch([5, 3, 8, 2, 7, 1], batch_size=2, order="sorted", world_size=3)
+    >>> from lengthwise.planning.plan import PlanConfig, plan_epoch
+    >>> config = PlanConfig(batch_size=2, order="sorted", world_size=3)
+    >>> plan = plan_epoch([5, 3, 8, 2, 7, 1], config)
     >>> plan.num_batches, plan.total_batches, plan.batch(0).tolist()
     (1, 3, [5, 3])
     >>> [b.tolist() for b in plan.batch_rows(1)]

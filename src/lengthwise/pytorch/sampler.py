@@ -15,7 +15,7 @@ Example::
 
     >>> import numpy as np
     >>> lengths = np.random.default_rng(0).integers(1, 512, 1000)
-    >>> sampler = BucketBatchSampler(lengths, max_tokens=2048, num_replicas=2, rank=0)
+    >>> sampler = BucketBatchSampler(lengths, PlanConfig(max_tokens=2048), num_replicas=2, rank=0)
     >>> batches = list(sampler)
     >>> len(batches) == len(sampler)
     True
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -36,7 +36,6 @@ from torch.utils.data import Sampler
 from lengthwise.errors import ConfigError
 from lengthwise.planning.batching import whole_number
 from lengthwise.planning.config import PlanConfig, lengths_checksum
-from lengthwise.planning.cost import CostModel
 from lengthwise.planning.lengths import load_lengths, open_lengths
 from lengthwise.planning.padded import PaddedEpochPlan
 from lengthwise.planning.plan import plan_epoch
@@ -82,15 +81,15 @@ class BucketBatchSampler(Sampler[list[int]]):
 
     ``lengths`` are token lengths aligned with the dataset's rows, or any source
     :func:`lengthwise.load_lengths` reads (``"data.parquet:length"``, a ``.npy``
-    path...). Exactly one of ``max_tokens`` (padded tokens per micro-batch),
-    ``batch_size`` (rows) or ``max_cost`` (with ``cost``) sets the batch rule; the
-    other options are those of :func:`lengthwise.plan_epoch`. ``num_replicas`` and
-    ``rank`` default to the initialised ``torch.distributed`` group, else 1 and 0.
+    path...). ``config`` (:class:`~lengthwise.planning.config.PlanConfig`) holds the
+    plan's options, as for :func:`lengthwise.plan_epoch`; ``seed`` and the epoch of
+    :meth:`set_epoch` pick its random streams. ``num_replicas`` and ``rank`` default
+    to the initialised ``torch.distributed`` group, else ``config.world_size`` and 0.
 
-    Every rank gets the same number of micro-batches. ``drop_last=True`` evens the
-    count out by leaving whole micro-batches out (``even_out="drop"``, counted in
-    ``plan.stats``); by default the largest ones are split instead, so every sample
-    is trained exactly once per epoch.
+    Every rank gets the same number of micro-batches: by default the largest ones
+    are split, so every sample is trained exactly once per epoch;
+    ``PlanConfig(even_out="drop")`` leaves whole micro-batches out instead (as a
+    ``drop_last`` would), counted in ``plan.stats``.
 
     ``window`` plans the epoch window by window (see
     :class:`~lengthwise.planning.windowed.WindowedPlan`): ``"auto"`` (default)
@@ -114,7 +113,7 @@ class BucketBatchSampler(Sampler[list[int]]):
 
     Example::
 
-        >>> s = BucketBatchSampler([5, 3, 8, 2, 7, 1], batch_size=2, order="sorted")
+        >>> s = BucketBatchSampler([5, 3, 8, 2, 7, 1], PlanConfig(batch_size=2, order="sorted"))
         >>> list(s)
         [[5, 3], [1, 0], [4, 2]]
     """
@@ -123,66 +122,38 @@ class BucketBatchSampler(Sampler[list[int]]):
     #: ``BatchSamplerShard``) not to expect a fixed one
     batch_size = None
 
-    def __init__(
-        self,
-        lengths: Any,
-        *,
-        max_tokens: int | None = None,
-        batch_size: int | None = None,
-        buckets: int | str | Sequence[int] = "auto",
-        order: str = "stratified",
-        max_run: int = 3,
-        grad_accum: int = 1,
-        num_replicas: int | None = None,
-        rank: int | None = None,
-        seed: int = 0,
-        max_len: int | None = None,
-        pad_multiple: int = 1,
-        drop_last: bool = False,
-        on_overflow: str = "truncate",
-        even_out: str | None = None,
-        cost: CostModel | None = None,
-        max_cost: float | None = None,
-        layout: str = "pad",
-        rows_per_batch: int = 1,
-        balance: str = "none",
-        yield_rows: bool = False,
-        window: int | str | None = "auto",
-        check_world_size: bool = True,
-    ) -> None:
-        super().__init__()
-        if isinstance(lengths, Sampler):  # Lightning rebuilding it around its DistributedSampler
+    def __new__(cls, lengths: Any = None, *args: Any, **kwargs: Any) -> BucketBatchSampler:
+        # Lightning rebuilds a batch sampler as cls(its DistributedSampler, batch_size=...,
+        # drop_last=...): named before those arguments are refused
+        if isinstance(lengths, Sampler):
             raise ConfigError(
-                f"BucketBatchSampler got a {type(lengths).__name__} as its lengths: PyTorch "
+                f"{cls.__name__} got a {type(lengths).__name__} as its lengths: PyTorch "
                 "Lightning's Trainer rebuilds batch samplers around its own sampler; use "
                 "lengthwise.lightning.LightningBatchSampler, or Trainer(use_distributed_sampler="
                 "False) with lengthwise.lightning.LengthwiseCallback")
+        return super().__new__(cls)
+
+    def __init__(self, lengths: Any, config: PlanConfig, *, seed: int = 0,
+                 num_replicas: int | None = None, rank: int | None = None,
+                 yield_rows: bool = False, window: int | str | None = "auto",
+                 check_world_size: bool = True) -> None:
+        super().__init__()
+        if not isinstance(config, PlanConfig):
+            raise TypeError(f"config must be a lengthwise.PlanConfig, got {config!r}")
         #: yield each micro-batch as a list of packed rows (lists of indices); wrap the data
         #: set in ``lengthwise.pytorch.collate.RowsDataset`` so the collator receives the rows
         self.yield_rows = bool(yield_rows)
-        raw = load_lengths(lengths) if window is None else open_lengths(lengths)
         #: samples per window of a windowed epoch; ``None``: the whole epoch is planned at once
-        self.window = None if window is None else resolve_window(window, int(raw.shape[0]))
-        if self.window is not None or not (isinstance(raw, np.memmap) or raw is lengths):
-            self.lengths = raw  # mapped for windows, or already read and checked
-        else:
-            self.lengths = load_lengths(lengths)
-        self.num_replicas, self.rank = _resolve_ranks(num_replicas, rank)
+        self.lengths, self.window = _read_lengths(lengths, window)
+        self.num_replicas, self.rank = _resolve_ranks(num_replicas, rank, config.world_size)
         #: compare num_replicas with the processes the launcher started
         self.check_world_size = bool(check_world_size)
         if self.check_world_size:
             check_replicas(self.num_replicas, rank=self.rank)
-        if drop_last and even_out not in (None, "drop"):
-            raise ConfigError(f"drop_last=True means even_out='drop', got even_out={even_out!r}")
-        self.drop_last = bool(drop_last)
-        if isinstance(buckets, list):
-            buckets = tuple(buckets)
-        self.config = PlanConfig(
-            max_tokens=max_tokens, batch_size=batch_size, buckets=buckets, order=order,
-            world_size=self.num_replicas, grad_accum=grad_accum, max_run=max_run,
-            max_len=max_len, pad_multiple=pad_multiple, on_overflow=on_overflow,
-            even_out="drop" if drop_last else (even_out or "split"), cost=cost,
-            max_cost=max_cost, layout=layout, rows_per_batch=rows_per_batch, balance=balance)
+        if config.world_size not in (1, self.num_replicas):
+            raise ConfigError(f"config.world_size={config.world_size} disagrees with "
+                              f"num_replicas={self.num_replicas}; give one of them")
+        self.config = dataclasses.replace(config, world_size=self.num_replicas)
         if self.config.on_overflow == "split":
             raise ConfigError("on_overflow='split' cuts long samples into pieces, which lists of "
                               "sample indices cannot express; use on_overflow='truncate' or "
@@ -211,6 +182,11 @@ class BucketBatchSampler(Sampler[list[int]]):
     @property
     def grad_accum(self) -> int:
         return self.config.grad_accum
+
+    @property
+    def drop_last(self) -> bool:
+        """Whether ranks even out by leaving micro-batches out (for loader wrappers)."""
+        return self.config.even_out == "drop"
 
     def _check_budget(self) -> None:
         """Fail early for a sample over the limit with on_overflow='error'."""
@@ -241,7 +217,7 @@ class BucketBatchSampler(Sampler[list[int]]):
 
         Example::
 
-            >>> s = BucketBatchSampler([5, 30, 12], max_tokens=16, order="sorted")
+            >>> s = BucketBatchSampler([5, 30, 12], PlanConfig(max_tokens=16, order="sorted"))
             >>> c = s.collator(pad_token_id=0)
             >>> [c([{"input_ids": [1] * [5, 30, 12][i]} for i in b])["input_ids"].shape
             ...  for b in s]
@@ -266,7 +242,7 @@ class BucketBatchSampler(Sampler[list[int]]):
                 raise ConfigError(
                     f"edges={given!r} disagrees with the plan (edges={edges!r}, the sampler's "
                     "plan's bucket edges); leave it out, or build the sampler with "
-                    "buckets=[...] to set them")
+                    "PlanConfig(buckets=[...]) to set them")
         return collator_for(self.config, edges, pad_token_id=pad_token_id,
                             yield_rows=self.yield_rows, **options)
 
@@ -275,7 +251,7 @@ class BucketBatchSampler(Sampler[list[int]]):
 
         Example::
 
-            >>> sampler = BucketBatchSampler([3, 4], batch_size=1)
+            >>> sampler = BucketBatchSampler([3, 4], PlanConfig(batch_size=1))
             >>> sampler.check_dataset([0, 1, 2])  # doctest: +ELLIPSIS
             Traceback (most recent call last):
             ...
@@ -341,7 +317,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         for i, (world_size, grad_accum, yielded) in enumerate(self._resumed):
             if ids is not None and ids.size == 0:
                 break
-            plan = plan_epoch(self.lengths, config=self._config(world_size, grad_accum, edges),
+            plan = plan_epoch(self.lengths, self._config(world_size, grad_accum, edges),
                               seed=self.seed, epoch=self.epoch, indices=ids)
             edges = self._edges = edges or _edges_of(plan)
             if yielded > plan.num_batches:
@@ -357,8 +333,7 @@ class BucketBatchSampler(Sampler[list[int]]):
             ids = np.setdiff1d(plan.indices[cut:], plan.indices[:cut])
         if ids is not None and ids.size == 0:
             return None
-        plan = plan_epoch(self.lengths, config=self._config(self.num_replicas, self.grad_accum,
-                                                            edges),
+        plan = plan_epoch(self.lengths, self._config(self.num_replicas, self.grad_accum, edges),
                           seed=self.seed, epoch=self.epoch, indices=ids)
         self._edges = self._edges or _edges_of(plan)
         return plan
@@ -661,10 +636,21 @@ def _edges_of(plan: EpochPlan) -> list[int] | None:
     return list(plan.edges) if isinstance(plan, PaddedEpochPlan) else None
 
 
-def _resolve_ranks(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
+def _read_lengths(lengths: Any, window: int | str | None) -> tuple[np.ndarray, int | None]:
+    """The lengths (memory-mapped for windows, else read and checked) and the window size."""
+    raw = load_lengths(lengths) if window is None else open_lengths(lengths)
+    size = None if window is None else resolve_window(window, int(raw.shape[0]))
+    if size is not None or not (isinstance(raw, np.memmap) or raw is lengths):
+        return raw, size
+    return load_lengths(lengths), size
+
+
+def _resolve_ranks(num_replicas: int | None, rank: int | None,
+                   world_size: int) -> tuple[int, int]:
+    """The ranks given, else the process group's, else ``world_size`` ranks and rank 0."""
     group = group_info()
     if num_replicas is None:
-        num_replicas = group.world_size if group is not None else 1
+        num_replicas = group.world_size if group is not None else world_size
     if rank is None:
         rank = group.rank if group is not None else 0
     num_replicas = whole_number("num_replicas", num_replicas)

@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 from typing import Any
@@ -38,7 +39,20 @@ def setup_distributed(device: str = "cpu") -> GroupInfo | None:
             if backend == "nccl":
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             tdist.init_process_group(backend=backend)
+            atexit.register(_leave_group)
     return group_info()
+
+
+def _leave_group() -> None:
+    """Destroy the process group while the interpreter is whole.
+
+    A gloo group left to interpreter shutdown can abort the process (its worker
+    threads still hold tensors whose release needs the GIL).
+    """
+    import torch.distributed as tdist
+
+    if tdist.is_initialized():
+        tdist.destroy_process_group()
 
 
 def rank_world(info: GroupInfo | None) -> tuple[int, int]:

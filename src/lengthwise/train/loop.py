@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from lengthwise.doctor.run_config import PLAN_EVENT
+from lengthwise.doctor.context import PLAN_EVENT
 from lengthwise.errors import ConfigError
 from lengthwise.pytorch.dist import GroupInfo, all_reduce_sum
 from lengthwise.train.checkpoint.errors import CheckpointError, CorruptCheckpointError
@@ -88,19 +88,17 @@ def make_sampler(order: str, lengths: np.ndarray, cfg: LoopConfig, *, rank: int 
     micro-batch as the padded orders. ``check_world_size=False`` plans for ``world``
     ranks in a process that is not one of them (:mod:`lengthwise.train.simulated`).
     """
+    from lengthwise.planning.config import PlanConfig
     from lengthwise.pytorch.sampler import BucketBatchSampler
 
-    budget: dict[str, Any] = {"max_tokens": cfg.max_tokens}
-    layout, name = "pad", order
+    budget: dict[str, Any] = {"max_tokens": cfg.max_tokens, "order": order}
     if order == PACKED:
-        layout, name = "pack", "stratified"
-        budget = {"max_tokens": cfg.max_len,
+        budget = {"max_tokens": cfg.max_len, "order": "stratified", "layout": "pack",
                   "rows_per_batch": max(1, cfg.max_tokens // cfg.max_len)}
-    return BucketBatchSampler(
-        lengths, order=name, buckets=cfg.buckets, grad_accum=cfg.grad_accum,
-        num_replicas=world, rank=rank, seed=cfg.seed, max_len=cfg.max_len,
-        pad_multiple=cfg.pad_multiple, layout=layout, yield_rows=True,
-        check_world_size=check_world_size, **budget)
+    plan = PlanConfig(buckets=cfg.buckets, grad_accum=cfg.grad_accum, max_len=cfg.max_len,
+                      pad_multiple=cfg.pad_multiple, **budget)
+    return BucketBatchSampler(lengths, plan, num_replicas=world, rank=rank, seed=cfg.seed,
+                              yield_rows=True, check_world_size=check_world_size)
 
 
 def make_collator(order: str, cfg: LoopConfig, sampler: Any) -> Callable[..., Any]:
@@ -125,8 +123,9 @@ class StepBatches:
 
     Example::
 
-        >>> from lengthwise.pytorch.sampler import BucketBatchSampler
-        >>> sampler = BucketBatchSampler([5, 9, 30, 60, 7, 12], max_tokens=64, yield_rows=True)
+        >>> from lengthwise import BucketBatchSampler, PlanConfig
+        >>> sampler = BucketBatchSampler([5, 9, 30, 60, 7, 12], PlanConfig(max_tokens=64),
+        ...                              yield_rows=True)
         >>> steps = StepBatches(sampler, 3, keep_last=True)
         >>> len(sampler), [len(steps.next()) for _ in range(3)], sampler.epoch
         (4, [3, 1, 3], 1)

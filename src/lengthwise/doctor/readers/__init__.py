@@ -30,8 +30,8 @@ _CSV_SUFFIXES = (".csv", ".tsv", ".csv.gz", ".tsv.gz")
 
 def detect_format(path: Path) -> str:
     """``"wandb"``, ``"tensorboard"``, ``"csv"``, ``"document"`` or ``"jsonl"`` for a path."""
-    from lengthwise.doctor.readers.jsonl import looks_like_document
-    from lengthwise.doctor.readers.wandb_log import is_wandb_path
+    from lengthwise.doctor.readers.binary import is_wandb_path
+    from lengthwise.doctor.readers.text import looks_like_document
 
     name = path.name.lower()
     if is_wandb_path(path):
@@ -57,9 +57,8 @@ def read_log(
     ``loss`` and common aliases). Raises :class:`LogNotFoundError` for a
     missing path and :class:`EmptyLogError` for a log without loss values.
     """
-    from lengthwise.doctor.readers.csv_log import read_csv
-    from lengthwise.doctor.readers.jsonl import read_document, read_jsonl
-    from lengthwise.doctor.readers.tensorboard import read_tensorboard
+    from lengthwise.doctor.readers.binary import read_tensorboard
+    from lengthwise.doctor.readers.text import read_csv, read_document, read_jsonl
 
     path = Path(source)
     if not path.exists():
@@ -69,7 +68,7 @@ def read_log(
     fmt = detect_format(path)
     builder = ColumnBuilder(str(path), step_key=step_key, loss_key=loss_key, fmt=fmt)
     if fmt == "wandb":
-        from lengthwise.doctor.readers.wandb_log import read_wandb
+        from lengthwise.doctor.readers.binary import read_wandb
 
         read_wandb(path, builder, step_key=step_key)
     elif fmt == "tensorboard":

@@ -1,12 +1,8 @@
 """Turn parsed log rows (dicts) into a :class:`~lengthwise.doctor.runlog.RunLog`.
 
-Every reader that yields dict rows (JSONL, JSON, CSV, TensorBoard, in-memory
-records) feeds them here in chunks; columns are pulled out with one list
-comprehension per field, so a million rows cost about a second.
-
-The loss and step fields are found automatically unless named: ``loss`` (or
-``train/loss``, ``train_loss``, ...) and ``step`` (or ``global_step``, ``iter``,
-...). Without any step field the row index is the step.
+Every reader feeds its rows here in chunks. The loss and step fields are found automatically
+unless named (``loss``, ``train/loss``, ...; ``step``, ``global_step``, ...); without a step
+field the row index is the step.
 
 Example::
 
@@ -28,13 +24,6 @@ from typing import Any
 import numpy as np
 
 from lengthwise.doctor.errors import EmptyLogError, UnreadableLogError
-from lengthwise.doctor.readers.restarts import (
-    describe_restarts,
-    mark_logged_resumes,
-    pauses,
-    resolve_restarts,
-    step_order,
-)
 from lengthwise.doctor.runlog import (
     BUCKET_FIELDS,
     CHECKPOINT_EVENTS,
@@ -43,6 +32,11 @@ from lengthwise.doctor.runlog import (
     RESUME_EVENT,
     InputSummary,
     RunLog,
+    describe_restarts,
+    mark_logged_resumes,
+    pauses,
+    resolve_restarts,
+    step_order,
 )
 
 LOSS_ALIASES: tuple[str, ...] = (

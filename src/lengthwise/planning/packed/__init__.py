@@ -1,6 +1,6 @@
 """The packed layout: samples concatenated into rows of ``C`` tokens, no padding.
 
-``plan_epoch(lengths, max_tokens=C, layout="pack")`` calls
+``plan_epoch(lengths, PlanConfig(max_tokens=C, layout="pack"))`` calls
 :func:`plan_packed_epoch`. Every micro-batch is one row (or ``rows_per_batch``
 rows) whose lengths sum to at most ``C``. Rows are not cut from a global sort:
 
@@ -39,9 +39,9 @@ splitting long samples with ``_pieces``) and :mod:`~lengthwise.planning.packed.p
 Example::
 
     >>> import numpy as np
-    >>> from lengthwise.planning.plan import plan_epoch
+    >>> from lengthwise.planning.plan import PlanConfig, plan_epoch
     >>> lens = np.random.default_rng(0).integers(1, 3000, 5000)
-    >>> plan = plan_epoch(lens, max_tokens=8192, layout="pack", world_size=2)
+    >>> plan = plan_epoch(lens, PlanConfig(max_tokens=8192, layout="pack", world_size=2))
     >>> bool(all(lens[plan.batch(k)].sum() <= 8192 for k in range(plan.total_batches)))
     True
     >>> plan.stats["padding_efficiency"] > 0.99

@@ -1,7 +1,7 @@
 """A data set view that fetches whole packed rows, for samplers that yield rows.
 
-``DataLoader(RowsDataset(ds), batch_sampler=BucketBatchSampler(..., layout="pack",
-rows_per_batch=R, yield_rows=True), collate_fn=PackCollator())`` hands the collator
+``DataLoader(RowsDataset(ds), batch_sampler=BucketBatchSampler(..., PlanConfig(...,
+layout="pack", rows_per_batch=R), yield_rows=True), collate_fn=PackCollator())`` hands the collator
 each micro-batch as a list of rows (lists of samples), exactly as the plan packed them.
 
 Example::
