@@ -1,23 +1,13 @@
-"""The resident memory of this process: what it holds now, and large buffers given back on free.
+"""The resident memory of a process: what it holds now, its peak, and large buffers given back.
 
-:func:`resident_bytes` reads the process's resident set (Linux ``/proc/self/status``,
-else the high-water mark of ``getrusage``); the stage estimates
-(:mod:`~lengthwise.dflash.stage_memory`) take it as the process's own baseline
-(Python, torch, transformers, the target's model code and tokenizer).
-
-:func:`return_freed_memory` makes glibc's ``malloc`` serve every buffer of 64 KiB or
-more from its own mapping, unmapped when freed. By default glibc raises that
-threshold to the size of the last large buffer freed (up to 32 MiB), after which
-torch's freed activations stay in the heap: a CPU training step on a 135M target
-then held about 0.2 GiB more resident memory than it had live. The DFlash stages
-call it on CPU, so the resident set follows the live tensors, as the estimate counts
-them (:func:`follow_live_tensors`).
-
-:func:`command_peak` runs a command and reads the peak resident memory of its own
-process. A child's ``ru_maxrss`` from ``wait4`` alone would not do: Linux carries the
-high-water mark of the process that started it across ``execve``, so a small command
-started from a large test runner reports the runner's size. The command is therefore
-started from a small intermediate Python process, whose own size is the floor.
+:func:`resident_bytes` is the process's own baseline in the stage estimates
+(:mod:`~lengthwise.dflash.cost.stage_memory`). :func:`return_freed_memory` makes glibc
+serve every buffer of 64 KiB or more from its own mapping, unmapped when freed (by default
+glibc raises that threshold up to 32 MiB, after which torch's freed activations stay
+resident): the stages call it on CPU so that their resident set follows their live tensors,
+as the estimate counts them (:func:`follow_live_tensors`). :func:`command_peak` reads the
+peak resident memory of a command's own process, started from a small Python process
+(Linux carries a parent's high-water mark across ``execve``).
 
 Example::
 

@@ -15,12 +15,9 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from lengthwise.dflash.memory import (  # noqa: E402
-    DEVICE_MEMORY,
-    estimate_step,
-    memory_size,
-    read_target_config,
-)
+from lengthwise.dflash.cost.device_memory import DEVICE_MEMORY, memory_size  # noqa: E402
+from lengthwise.dflash.cost.step_memory import estimate_step  # noqa: E402
+from lengthwise.dflash.cost.target_config import read_target_config  # noqa: E402
 from lengthwise.dflash.train_config import DFlashTrainConfig  # noqa: E402
 from lengthwise.errors import ConfigError  # noqa: E402
 
@@ -47,7 +44,7 @@ def _can_measure() -> bool:
 @pytest.mark.parametrize("index", [0, 1, 2], ids=["b8", "b16-accum2", "b4-rows2-vocab32k"])
 def test_predicted_step_peak_is_within_15_percent_of_the_measured_one(index):
     """Traced under fake tensors vs the resident memory of the real step, one process each."""
-    sys.path.insert(0, str(HERE.parents[1] / "benchmarks"))
+    sys.path.insert(0, str(HERE.parents[2] / "benchmarks"))
     import memory_estimate
 
     assert len(memory_estimate.SHAPES) == 3
@@ -441,7 +438,7 @@ def test_optional_fields_left_out_keep_the_models_own_defaults(tmp_path):
 
 
 def test_fields_are_read_under_the_models_own_names():
-    from lengthwise.dflash.memory import check_target_fields
+    from lengthwise.dflash.cost.target_config import check_target_fields
 
     data = {"n_embd": "wide", "n_layer": 2, "n_head": 4, "intermediate_size": 64,
             "vocab_size": 10}
@@ -453,8 +450,8 @@ def test_fields_are_read_under_the_models_own_names():
 def test_the_head_traces_three_of_its_chunks_with_the_peak_of_all_of_them(monkeypatch):
     """Every LM-head chunk holds the same buffers: the trace runs the first two and the
     last one, whatever the slots, and predicts what the trace of every chunk predicts."""
+    import lengthwise.dflash.cost.fake as fake
     import lengthwise.dflash.head as head
-    import lengthwise.dflash.memory as memory
 
     calls = []
     logits = head._logits
@@ -462,7 +459,7 @@ def test_the_head_traces_three_of_its_chunks_with_the_peak_of_all_of_them(monkey
     cfg = _cfg(max_tokens=4096, max_len=4096, max_slots=4096, head_chunk=16)
     few = estimate_step(_tiny_target(), cfg)
     assert len(calls) == 2 * 3  # the forward's chunks and the backward's
-    monkeypatch.setattr(memory, "_chunks_kept", lambda n, chunk: range(0, n, chunk))
+    monkeypatch.setattr(fake, "_chunks_kept", lambda n, chunk: range(0, n, chunk))
     every = estimate_step(_tiny_target(), cfg)
     assert len(calls) > 2 * 3 * 50
     assert (few.peak, few.parts, few.logits_high) == (every.peak, every.parts,
@@ -472,16 +469,16 @@ def test_the_head_traces_three_of_its_chunks_with_the_peak_of_all_of_them(monkey
 @settings(max_examples=4, deadline=None)
 @given(chunk=st.integers(1, 40), slots=st.integers(4, 300), accum=st.integers(1, 2))
 def test_the_peak_does_not_depend_on_how_many_head_chunks_are_traced(chunk, slots, accum):
-    import lengthwise.dflash.memory as memory
+    import lengthwise.dflash.cost.fake as fake
 
     cfg = _cfg(head_chunk=chunk, max_slots=max(4, slots), grad_accum=accum)
     few = estimate_step(_tiny_target(), cfg)
-    saved = memory._chunks_kept
-    memory._chunks_kept = lambda n, c: range(0, n, c)
+    saved = fake._chunks_kept
+    fake._chunks_kept = lambda n, c: range(0, n, c)
     try:
         every = estimate_step(_tiny_target(), cfg)
     finally:
-        memory._chunks_kept = saved
+        fake._chunks_kept = saved
     assert (few.peak, few.parts, few.logits_high) == (every.peak, every.parts,
                                                       every.logits_high)
 
