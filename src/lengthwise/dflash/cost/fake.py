@@ -1,15 +1,10 @@
 """The stages' own modules under fake tensors (shapes, no storage) and the bytes they hold.
 
-The estimates run the code a stage runs (``transformers``' target, the draft, the loss,
-the optimizer) on tensors without storage while :class:`LiveBytes` records every storage
-an operation creates and when it is freed. What the trace cannot run on CPU is stood in
-for as on CUDA (:func:`kernels`): fused attention (inputs, output and log-sum-exp, never
-the scores) and the block-sparse flex mask (a few MiB, left out). The LM head runs three
-of its chunks (:func:`few_head_chunks`): the others hold nothing more.
-
-From a target's second layer on every layer adds the same bytes (its weights, its cache,
-its hidden state), so a target is traced at two shallow depths and extrapolated
-(:func:`per_layer`); tests compare it with the trace at full depth.
+The estimates run the stages' code on tensors without storage while :class:`LiveBytes`
+records every storage an operation creates and frees. On CUDA, fused attention stands in
+for its kernels (:func:`kernels`); the LM head runs three of its chunks
+(:func:`few_head_chunks`). From a target's second layer on every layer adds the same bytes,
+so a target is traced at two shallow depths and extrapolated (:func:`per_layer`).
 
 Example::
 

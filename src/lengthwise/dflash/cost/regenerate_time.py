@@ -1,23 +1,13 @@
 """Seconds of regeneration (``dflash prepare --regenerate``) before it runs.
 
-Regeneration answers every assistant turn of every conversation with the target itself:
-shard by shard (``--shard-rows`` conversations, ranks taking shards in turn), round by
-round (the ``r``-th assistant turn of every conversation), in batches of prompts sorted by
-length (:func:`~lengthwise.dflash.prompt_batches.batch_offsets`). :func:`regenerate_prompts`
-renders every prompt with the target's chat template and :func:`plan_batches` replays that
-order on their lengths: every batch's rows and width (its longest prompt).
-
-A batch's time is its prefill (``rows * width`` padded prompt tokens) and its decoding,
-priced as if it ran until every row has written its stop token or ``--max-new-tokens`` (an
-upper bound: a row that stops leaves the batch): as many steps as its longest response,
-each for all its rows, attending over every pair of its tokens (:func:`attended_pairs`).
-The responses' lengths are not known before the target writes them: a
-:class:`GenerateProfile` holds those the target wrote in a few of the run's own batches
-timed here (:func:`measure_generate_profile`, spread over their widths; a later round's
-with the data's earlier answers cut to ``--max-new-tokens``), and a batch of ``rows`` is
-priced at the expected longest of ``rows`` of them (:func:`expected_longest`). Later rounds'
-prompts will hold the target's own answers: :meth:`RegeneratePrompts.with_answers` counts
-each at the mean of its timed responses. :func:`estimate_regenerate_time` puts it together.
+:func:`regenerate_prompts` renders every prompt regeneration gives the target and
+:func:`plan_batches` replays its order (shards, rounds, batches of prompts sorted by length:
+:func:`~lengthwise.dflash.prompt_batches.batch_offsets`). A batch is priced by a
+:class:`GenerateProfile` (per prompt token, decoding step, row and step, attended pair)
+fitted on a few of the run's own batches timed here (:func:`measure_generate_profile`),
+decoding as long as the expected longest of its rows' responses (:func:`expected_longest`,
+over the responses the target wrote there). :func:`estimate_regenerate_time` puts it
+together. See docs/dflash.md, "The time of regeneration".
 
 Example::
 

@@ -1,25 +1,11 @@
 """The peak memory of a whole DFlash stage (train, regenerate, eval, features).
 
-Each estimate reads the target's ``config.json`` (and its tokenizer, where the folder has
-one) and the stage's settings, never its weights, and predicts the peak of the process:
-on CPU its **resident memory** (:func:`process_baseline`: Python, torch, transformers, the
-target's model code and tokenizer; the target's weights; the largest of the stage's
-phases), on CUDA the **allocated memory per GPU** (the weights and the largest phase; the
-CUDA context, workspaces and the allocator's reserve are outside it). Each phase is traced
-under fake tensors through the code the stage runs (:mod:`~lengthwise.dflash.cost.fake`),
-its target at two shallow depths, extrapolated to the target's depth:
-
-- ``train``: loading the target, growing its vocabulary by the mask token's row and saving
-  it (where the tokenizer needs the row), then a training step at its worst micro-batch
-  (:func:`~lengthwise.dflash.cost.step_memory.estimate_step`);
-- ``features``: the target's forward of the pass's largest batch, every layer's hidden
-  states kept until it returns;
-- ``regenerate``: ``generate`` of ``batch_size`` prompts of ``max_len`` tokens: the prefill
-  and the last decoding step (the cache of ``max_len + max_new_tokens - 1`` tokens);
-- ``eval``: speculative decoding of ``batch_size`` prompts (the prefill with every layer's
-  hidden states, a verification with the cache at its most, twice the longest row), and
-  the accuracy pass (the target's features of prompt + output texts, one draft forward of
-  their slots with the LM heads).
+Each estimate reads the target's ``config.json`` (never its weights) and traces the phases
+the stage runs (:data:`COVERS`) under fake tensors (:mod:`~lengthwise.dflash.cost.fake`),
+its target at two shallow depths extrapolated to its own. On CPU the figure is the
+process's resident memory (its own baseline, :func:`process_baseline`, the weights and the
+largest phase); on CUDA the memory allocated per GPU (the weights and the largest phase).
+See docs/dflash.md, "The whole process of each stage".
 
 Example::
 

@@ -1,24 +1,14 @@
 """Peak memory of a DFlash training step, predicted before launch from the target's config.
 
-:func:`estimate_step` builds the target and the draft under fake tensors
-(:mod:`~lengthwise.dflash.cost.fake`) as ``dflash train`` builds them, then runs one
-training step of the run's settings through the training code
-(:func:`~lengthwise.dflash.loss.block_hidden`, the chunked LM head and cross-entropy,
-``backward``, clipping, AdamW, ``zero_grad``). The peak of the live bytes, plus the weights
-and optimizer state held before the step, is the predicted peak of
-``torch.cuda.max_memory_allocated`` on one GPU. A first step runs untraced, so the traced
-one has the optimizer's state; with ``grad_accum > 1`` the traced step holds two
-micro-batches, the second running with the first one's gradients alive.
-
-The micro-batch is the worst case of the settings (:func:`step_shape`): ``rows`` rows of
-``max_tokens`` tokens in all, the slot budget filled, every block slot but the anchor
-supervised. With ``cached=True`` (``dflash train --features``) the step runs no target
-forward: the micro-batch brings the cached features to the device. On ``cuda`` the target
-is in bf16 and the draft in fp32 under bf16 autocast with fused kernels; on ``cpu`` the
-kernels torch picks on CPU. The target is traced at a shallow depth and the bytes of its
-other layers added: their weights, and at each target forward's peak what they add to it
-(:data:`SHALLOW_TARGET`). Outside the trace: the CUDA context and workspaces, the caching
-allocator's reserve; with ``world > 1`` DDP's gradient buckets are added.
+:func:`estimate_step` runs one step of the run's settings through the training code
+(draft forward, chunked LM head and cross-entropy, backward, clipping, AdamW) on the target
+and draft built under fake tensors (:mod:`~lengthwise.dflash.cost.fake`), after a first
+step that made the optimizer's state; with ``grad_accum > 1`` it holds two micro-batches.
+The peak of the live bytes plus the weights and optimizer state is the predicted peak of
+``torch.cuda.max_memory_allocated``. The micro-batch is the worst of the settings
+(:func:`step_shape`); ``cached``: its features come from a feature cache (no target
+forward). The target is traced at a shallow depth, its other layers' bytes added
+(:data:`SHALLOW_TARGET`). See docs/dflash.md, "Memory before launch".
 
 Example::
 

@@ -1,16 +1,11 @@
 """Seconds of a DFlash training run before it runs: the plan's exact work, priced per unit.
 
-A run's step is ``grad_accum`` micro-batches per rank. :func:`plan_work` replays the plan
-``dflash train`` makes for the run (its samples, order, budgets, epochs and ranks) and
-counts each step's micro-batches and FLOPs per rank (:func:`micro_work`, by
-:mod:`~lengthwise.dflash.cost.flops`), with anchors from each sample's own supervised
-positions. A :class:`DeviceProfile` prices it: seconds per micro-batch (what does not grow
-with its size) and per GFLOP, fitted on a few steps of the run itself trained for real
-(:func:`measure_profile`: a ``dflash train`` command of its own in a temporary folder;
-the first step warms up, the last also evaluates, and the command's time around its
-steps is the run's start). The slowest rank sets each step's time. :func:`predict` gives
-every step's seconds and :class:`RunTime` sums them; :func:`estimate_time` puts it all
-together. A profile saved on one machine prices a run planned on another.
+:func:`plan_work` replays the plan ``dflash train`` makes (samples, order, budgets, epochs,
+ranks) and counts each step's micro-batches and FLOPs per rank (:func:`micro_work`, by
+:mod:`~lengthwise.dflash.cost.flops`). A :class:`DeviceProfile` prices them: seconds per
+micro-batch and per GFLOP, fitted on a few of the run's own steps trained here
+(:func:`measure_profile`), plus an evaluation and the start. The slowest rank sets each
+step's time; :func:`estimate_time` puts it together. See docs/dflash.md, "Time before launch".
 
 Example::
 
