@@ -27,7 +27,8 @@ import numpy as np
 
 from lengthwise.errors import ConfigError, DataError
 
-__all__ = ["MAX_COST", "Profile", "device_name", "duration", "fit_costs", "read_profile"]
+__all__ = ["MAX_COST", "Profile", "check_one_process", "device_name", "duration", "fit_costs",
+           "read_profile"]
 
 #: the most seconds a profile may price one unit of work at: beyond it a time is no estimate
 MAX_COST = 1e6
@@ -145,6 +146,15 @@ def fit_costs(x: np.ndarray, seconds: np.ndarray, coef: np.ndarray | None = None
     err = np.abs(x @ coef - seconds) / seconds
     return coef, {"median_relative_error": float(np.median(err)),
                   "max_relative_error": float(err.max())}
+
+
+def check_one_process() -> None:
+    """Refuse timing under a launcher of several processes: a profile is one device's."""
+    from lengthwise.pytorch.dist import launched_world
+
+    if launched_world() is not None:
+        raise ConfigError("--time measures a profile in one process: run the estimate "
+                          "without torchrun, with --world N for the ranks of the run")
 
 
 def device_name(device: str, threads: int | None) -> str:

@@ -36,7 +36,13 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.dflash.cost.profile import Profile, device_name, duration, fit_costs
+from lengthwise.dflash.cost.profile import (
+    Profile,
+    check_one_process,
+    device_name,
+    duration,
+    fit_costs,
+)
 from lengthwise.dflash.prompt_batches import batch_offsets
 from lengthwise.errors import ConfigError, DataError
 
@@ -445,11 +451,10 @@ def measure_generate_profile(source: str | Path, target: str | Path, cfg: Any, *
     import torch
 
     from lengthwise.dflash.cost.resident import follow_live_tensors
-    from lengthwise.dflash.cost.train_time import _one_process
     from lengthwise.dflash.generate import generate_responses
     from lengthwise.dflash.regenerate import TurnGenerator
 
-    _one_process()
+    check_one_process()
     renderer = renderer if renderer is not None else _renderer(target, cfg)
     data = _conversations(source, cfg)
     convs = cut_answers(data, renderer.tokenizer, cfg.max_new_tokens)

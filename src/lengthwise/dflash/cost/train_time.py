@@ -33,7 +33,13 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.dflash.cost.profile import Profile, device_name, duration, fit_costs
+from lengthwise.dflash.cost.profile import (
+    Profile,
+    check_one_process,
+    device_name,
+    duration,
+    fit_costs,
+)
 from lengthwise.errors import ConfigError, DataError
 
 __all__ = ["MAX_PLANNED", "PROFILE_STEPS", "DeviceProfile", "RunTime", "StepWork",
@@ -334,15 +340,6 @@ def train_command(cfg: Any, run: Any, *, out: str | Path, steps: int) -> list[st
     return argv
 
 
-def _one_process() -> None:
-    """Refuse timing under a launcher of several processes: a profile is one device's."""
-    from lengthwise.pytorch.dist import launched_world
-
-    if launched_world() is not None:
-        raise ConfigError("--time measures a profile in one process: run the estimate "
-                          "without torchrun, with --world N for the ranks of the run")
-
-
 def measure_profile(cfg: Any, run: Any, *, steps: int = PROFILE_STEPS, data: Any = None,
                     samples: tuple[np.ndarray, np.ndarray, Any] | None = None,
                     ) -> DeviceProfile:
@@ -354,7 +351,7 @@ def measure_profile(cfg: Any, run: Any, *, steps: int = PROFILE_STEPS, data: Any
 
     from lengthwise.dflash.prepared import open_prepared
 
-    _one_process()
+    check_one_process()
     if steps < 2:
         raise ConfigError(f"--profile-steps must be at least 2, got {steps}")
     data = data if data is not None else open_prepared(run.data)
