@@ -214,7 +214,7 @@ def test_the_phases_grow_with_their_own_settings():
 def test_depth_is_extrapolated_exactly_from_two_shallow_traces():
     """The per-layer extrapolation gives what a trace at full depth gives."""
     from lengthwise.dflash.cost import stage_memory as sm
-    from lengthwise.dflash.cost.fake import per_layer
+    from lengthwise.dflash.cost.trace import per_layer
 
     t = transformers.LlamaConfig(vocab_size=256, hidden_size=64, num_hidden_layers=6,
                                  num_attention_heads=4, intermediate_size=128)

@@ -450,7 +450,7 @@ def test_fields_are_read_under_the_models_own_names():
 def test_the_head_traces_three_of_its_chunks_with_the_peak_of_all_of_them(monkeypatch):
     """Every LM-head chunk holds the same buffers: the trace runs the first two and the
     last one, whatever the slots, and predicts what the trace of every chunk predicts."""
-    import lengthwise.dflash.cost.fake as fake
+    import lengthwise.dflash.cost.trace as trace
     import lengthwise.dflash.head as head
 
     calls = []
@@ -459,7 +459,7 @@ def test_the_head_traces_three_of_its_chunks_with_the_peak_of_all_of_them(monkey
     cfg = _cfg(max_tokens=4096, max_len=4096, max_slots=4096, head_chunk=16)
     few = estimate_step(_tiny_target(), cfg)
     assert len(calls) == 2 * 3  # the forward's chunks and the backward's
-    monkeypatch.setattr(fake, "_chunks_kept", lambda n, chunk: range(0, n, chunk))
+    monkeypatch.setattr(trace, "_chunks_kept", lambda n, chunk: range(0, n, chunk))
     every = estimate_step(_tiny_target(), cfg)
     assert len(calls) > 2 * 3 * 50
     assert (few.peak, few.parts, few.logits_high) == (every.peak, every.parts,
@@ -469,16 +469,16 @@ def test_the_head_traces_three_of_its_chunks_with_the_peak_of_all_of_them(monkey
 @settings(max_examples=4, deadline=None)
 @given(chunk=st.integers(1, 40), slots=st.integers(4, 300), accum=st.integers(1, 2))
 def test_the_peak_does_not_depend_on_how_many_head_chunks_are_traced(chunk, slots, accum):
-    import lengthwise.dflash.cost.fake as fake
+    import lengthwise.dflash.cost.trace as trace
 
     cfg = _cfg(head_chunk=chunk, max_slots=max(4, slots), grad_accum=accum)
     few = estimate_step(_tiny_target(), cfg)
-    saved = fake._chunks_kept
-    fake._chunks_kept = lambda n, c: range(0, n, c)
+    saved = trace._chunks_kept
+    trace._chunks_kept = lambda n, c: range(0, n, c)
     try:
         every = estimate_step(_tiny_target(), cfg)
     finally:
-        fake._chunks_kept = saved
+        trace._chunks_kept = saved
     assert (few.peak, few.parts, few.logits_high) == (every.peak, every.parts,
                                                       every.logits_high)
 

@@ -1,6 +1,6 @@
 """The cost of a DFlash stage before it runs: its peak memory and its time.
 
-One model of a step, built from the stages' own modules (:mod:`.fake`: the target and
+One model of a step, traced through the stages' own modules (:mod:`.trace`: the target and
 draft under fake tensors, their weights and activations as the code allocates them):
 
 - :mod:`.step_memory`, :mod:`.stage_memory`: the peak of a training step, and of each

@@ -164,7 +164,7 @@ def step_flops(target_config: Any, cfg: Any) -> StepFlops:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from lengthwise.dflash.cost.fake import fake_causal_lm, fake_draft
+    from lengthwise.dflash.cost.trace import fake_causal_lm, fake_draft
     from lengthwise.dflash.objective import target_layer_ids
 
     def weights(module: Any) -> int:

@@ -1,7 +1,7 @@
 """The peak memory of a whole DFlash stage (train, regenerate, eval, features).
 
 Each estimate reads the target's ``config.json`` (never its weights) and traces the phases
-the stage runs (:data:`COVERS`) under fake tensors (:mod:`~lengthwise.dflash.cost.fake`),
+the stage runs (:data:`COVERS`) under fake tensors (:mod:`~lengthwise.dflash.cost.trace`),
 its target at two shallow depths extrapolated to its own. On CPU the figure is the
 process's resident memory (its own baseline, :func:`process_baseline`, the weights and the
 largest phase); on CUDA the memory allocated per GPU (the weights and the largest phase).
@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from lengthwise.dflash.cost.device_memory import GIB
-from lengthwise.dflash.cost.fake import (
+from lengthwise.dflash.cost.trace import (
     LiveBytes,
     checkpoint_dtype,
     fake_causal_lm,

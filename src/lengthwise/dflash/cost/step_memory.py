@@ -2,7 +2,7 @@
 
 :func:`estimate_step` runs one step of the run's settings through the training code
 (draft forward, chunked LM head and cross-entropy, backward, clipping, AdamW) on the target
-and draft built under fake tensors (:mod:`~lengthwise.dflash.cost.fake`), after a first
+and draft built under fake tensors (:mod:`~lengthwise.dflash.cost.trace`), after a first
 step that made the optimizer's state; with ``grad_accum > 1`` it holds two micro-batches.
 The peak of the live bytes plus the weights and optimizer state is the predicted peak of
 ``torch.cuda.max_memory_allocated``. The micro-batch is the worst of the settings
@@ -32,7 +32,8 @@ from typing import Any
 import torch
 
 from lengthwise.dflash.cost.device_memory import GIB, fits_line
-from lengthwise.dflash.cost.fake import (
+from lengthwise.dflash.cost.target_config import check_layers
+from lengthwise.dflash.cost.trace import (
     LiveBytes,
     fake_causal_lm,
     fake_draft,
@@ -41,7 +42,6 @@ from lengthwise.dflash.cost.fake import (
     storage_bytes,
     weight_bytes,
 )
-from lengthwise.dflash.cost.target_config import check_layers
 from lengthwise.errors import ConfigError
 
 __all__ = ["MAX_STEP_SIZE", "StepMemory", "estimate_step", "step_blocks", "step_shape"]

@@ -1,4 +1,4 @@
-"""The stages' own modules under fake tensors (shapes, no storage) and the bytes they hold.
+"""Tracing the stages' own modules under fake tensors (shapes, no storage): the bytes they hold.
 
 The estimates run the stages' code on tensors without storage while :class:`LiveBytes`
 records every storage an operation creates and frees. On CUDA, fused attention stands in
