@@ -37,6 +37,7 @@ from lengthwise.dflash.cost.trace import (
     few_head_chunks,
     kernels,
     per_layer,
+    storage_bytes,
     weight_bytes,
     weight_dtype,
     with_layers,
@@ -463,9 +464,11 @@ def estimate_train(target_config: Any, cfg: Any, *, rows: int = 1, world: int = 
                                 **{k: v for k, v in step.parts.items() if k != "weights"}}}
     held = {"weights": weights}
     if rows_after > vocab:  # the embedding (and an untied LM head) before growing
-        tied = bool(getattr(target_config, "tie_word_embeddings", False))
-        old = vocab * int(target_config.hidden_size) * (2 if kind == "cuda" else 4) * (
-            1 if tied else 2)
+        with _fake(kind):
+            model = fake_causal_lm(target_config, 1, torch.bfloat16 if kind == "cuda"
+                                   else torch.float32)
+            old = storage_bytes([model.get_input_embeddings().weight,
+                                 model.get_output_embeddings().weight])
         if kind == "cpu" and checkpoint_dtype(target_config) == torch.float32:
             # the checkpoint's tensors are views of its mapped file, which stays mapped
             # (and resident) while any of them lives: the old embedding's pages too
