@@ -438,7 +438,7 @@ def _baseline(stage: str, config: Any, target: str, device: str, *,
               tokenizer: bool = True) -> int:
     """The process's own resident bytes on CPU (0 on CUDA: not on the GPU); ``tokenizer``:
     load the target's tokenizer first (``False``: this process holds it already)."""
-    from lengthwise.dflash.cost.stage_memory import process_baseline
+    from lengthwise.dflash.cost.resident import process_baseline
 
     if str(device).startswith("cuda"):
         return 0

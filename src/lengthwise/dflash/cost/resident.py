@@ -1,6 +1,7 @@
 """The resident memory of a process: what it holds now, its peak, and large buffers given back.
 
-:func:`resident_bytes` is the process's own baseline in the stage estimates
+:func:`process_baseline` is the process's own resident bytes (:func:`resident_bytes`) once
+it has imported what a stage imports: its baseline in the stage estimates
 (:mod:`~lengthwise.dflash.cost.stage_memory`). :func:`return_freed_memory` makes glibc
 serve every buffer of 64 KiB or more from its own mapping, unmapped when freed (by default
 glibc raises that threshold up to 32 MiB, after which torch's freed activations stay
@@ -19,15 +20,25 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
-__all__ = ["MMAP_THRESHOLD", "command_peak", "follow_live_tensors", "resident_bytes",
-           "return_freed_memory"]
+__all__ = ["MMAP_THRESHOLD", "command_peak", "follow_live_tensors", "process_baseline",
+           "resident_bytes", "return_freed_memory"]
 
+#: the modules each stage's process imports (its baseline on CPU)
+_IMPORTS = {"train": ("lengthwise.dflash.recipe", "pyarrow.parquet"),
+            "regenerate": ("lengthwise.dflash.prepare", "lengthwise.dflash.regenerate",
+                           "pyarrow.parquet"),
+            "eval": ("lengthwise.dflash.evaluate", "lengthwise.dflash.speculative",
+                     "lengthwise.dflash.lookup"),
+            "features": ("lengthwise.dflash.features", "lengthwise.dflash.prepared")}
 #: buffers of at least this many bytes get their own mapping, unmapped when freed
 MMAP_THRESHOLD = 64 * 2**10
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
@@ -56,6 +67,25 @@ def resident_bytes() -> int:
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak) * (1 if sys.platform == "darwin" else 1024)
+
+
+def process_baseline(stage: str, target_config: Any, tokenizer_dir: str | Path | None = None,
+                     ) -> int:
+    """Resident bytes of this process after importing what ``stage`` imports, the target's
+    model code, and its tokenizer from ``tokenizer_dir`` (the CPU baseline): the process
+    holds what the stage's holds before it reads any weights."""
+    import importlib
+
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    for name in _IMPORTS[stage]:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+    MODEL_FOR_CAUSAL_LM_MAPPING[type(target_config)]  # imports the model's module
+    if tokenizer_dir is not None:
+        transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+    return resident_bytes()
 
 
 def return_freed_memory() -> bool:

@@ -3,8 +3,9 @@
 Each estimate reads the target's ``config.json`` (never its weights) and traces the phases
 the stage runs (:data:`COVERS`) under fake tensors (:mod:`~lengthwise.dflash.cost.trace`),
 its target at two shallow depths extrapolated to its own. On CPU the figure is the
-process's resident memory (its own baseline, :func:`process_baseline`, the weights and the
-largest phase); on CUDA the memory allocated per GPU (the weights and the largest phase).
+process's resident memory: its own baseline
+(:func:`~lengthwise.dflash.cost.resident.process_baseline`), the weights and the largest
+phase; on CUDA the memory allocated per GPU: the weights and the largest phase.
 See docs/dflash.md, "The whole process of each stage".
 
 Example::
@@ -23,7 +24,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -45,7 +45,7 @@ from lengthwise.dflash.cost.trace import (
 from lengthwise.errors import ConfigError
 
 __all__ = ["STAGES", "StageMemory", "estimate_eval", "estimate_features", "estimate_regenerate",
-           "estimate_train", "grown_rows", "process_baseline"]
+           "estimate_train", "grown_rows"]
 
 #: what each stage's estimate covers, as printed
 COVERS = {
@@ -59,13 +59,7 @@ COVERS = {
                 "tokens, every layer's hidden states) and the features it returns",
 }
 STAGES = tuple(COVERS)
-#: the modules each stage's process imports (its baseline on CPU)
-_IMPORTS = {"train": ("lengthwise.dflash.recipe", "pyarrow.parquet"),
-            "regenerate": ("lengthwise.dflash.prepare", "lengthwise.dflash.regenerate",
-                           "pyarrow.parquet"),
-            "eval": ("lengthwise.dflash.evaluate", "lengthwise.dflash.speculative",
-                     "lengthwise.dflash.lookup"),
-            "features": ("lengthwise.dflash.features", "lengthwise.dflash.prepared")}
+
 
 
 @dataclass
@@ -105,27 +99,6 @@ class StageMemory:
              f"  the peak falls in: {self.phase}; phases: "
              + ", ".join(f"{k} {v / GIB:.2f}" for k, v in self.phases.items()) + " GiB",
              *(f"  {name:<22} {size / GIB:8.2f} GiB" for name, size in self.parts.items())])
-
-
-def process_baseline(stage: str, target_config: Any, tokenizer_dir: str | Path | None = None,
-                     ) -> int:
-    """Resident bytes of this process after importing what ``stage`` imports, the target's
-    model code, and its tokenizer from ``tokenizer_dir`` (the CPU baseline): the process
-    holds what the stage's holds before it reads any weights."""
-    import importlib
-
-    import transformers
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
-    from lengthwise.dflash.cost.resident import resident_bytes
-
-    for name in _IMPORTS[stage]:
-        with contextlib.suppress(ImportError):
-            importlib.import_module(name)
-    MODEL_FOR_CAUSAL_LM_MAPPING[type(target_config)]  # imports the model's module
-    if tokenizer_dir is not None:
-        transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
-    return resident_bytes()
 
 
 def grown_rows(tokenizer: Any, target_config: Any, generation_config: Any = None) -> int:
