@@ -493,38 +493,23 @@ def _print(est: Any, opts: dict[str, Any], size: int | None, timing: Any = None,
     and whether it fits ``size`` bytes (``--device-memory``, or the CUDA device's); with
     ``timing`` (``--time``), the run's predicted time after it; ``disk``: a line on the
     disk a stage writes and whether it fits there."""
-    fits = size is None or est.peak + (GIB if est.device == "cuda" else 0) <= size
-    if disk is not None and not disk[1]:
-        fits = False
-    times = ({"time": timing[0].to_dict(), "profile": timing[1].to_dict()}
-             if timing is not None else {})
-    if est.device == "cuda" and est.step is not None and est.phase == "training step":
-        # the GPU's peak is the step's: its figures, as before (docs/dflash.md shows them)
-        if prints_here():
-            out = {**est.step.to_dict(), **times}
-            if size is not None:
-                out.update(device_memory_bytes=size, fits=fits)
-            print(json.dumps(out, indent=2) if opts.get("json") else "\n".join(
-                [est.step.render(size), *_time_lines(timing)]))
-        return 0 if fits else 1
-    if prints_here():
-        if opts.get("json"):
-            out = est.to_dict()
-            if est.step is not None:
-                out["step"] = est.step.to_dict()
-            if size is not None:
-                out.update(device_memory_bytes=size, fits=fits)
-            out.update(times)
-            print(json.dumps(out, indent=2))
-        else:
-            lines = [est.render()]
-            if est.step is not None:
-                lines.append(est.step.render())
-            if size is not None:
-                from lengthwise.dflash.cost.device_memory import fits_line
+    from lengthwise.dflash.cost.device_memory import fits_line
 
-                lines.append(fits_line(est.peak, size,
-                                       reserve=GIB if est.device == "cuda" else 0))
-            print("\n".join([*lines, *([disk[0]] if disk else []), *_time_lines(timing)]))
+    reserve = GIB if est.device == "cuda" else 0
+    fits = (size is None or est.peak + reserve <= size) and (disk is None or disk[1])
+    # a GPU whose peak is the training step's: the step's figures (docs/dflash.md shows them)
+    step_only = est.device == "cuda" and est.step is not None and est.phase == "training step"
+    if prints_here() and opts.get("json"):
+        out = est.step.to_dict() if step_only else est.to_dict() | (
+            {"step": est.step.to_dict()} if est.step is not None else {})
+        if size is not None:
+            out.update(device_memory_bytes=size, fits=fits)
+        if timing is not None:
+            out.update(time=timing[0].to_dict(), profile=timing[1].to_dict())
+        print(json.dumps(out, indent=2))
+    elif prints_here():
+        lines = ([est.step.render(size)] if step_only else
+                 [est.render(), *([est.step.render()] if est.step is not None else []),
+                  *([fits_line(est.peak, size, reserve=reserve)] if size is not None else [])])
+        print("\n".join([*lines, *([disk[0]] if disk else []), *_time_lines(timing)]))
     return 0 if fits else 1
-
