@@ -3,9 +3,9 @@
 :class:`Profile` is what the training profile
 (:class:`~lengthwise.dflash.cost.train_time.DeviceProfile`) and the regeneration one
 (:class:`~lengthwise.dflash.cost.regenerate_time.GenerateProfile`) share: their file
-(:meth:`Profile.save`, :meth:`Profile.load`, checked as data by :func:`read_profile`
-before anything is priced by it) and their fit (:func:`fit_costs`: non-negative least
-squares on relative residuals, each timed unit counting alike).
+(:meth:`Profile.save`, :meth:`Profile.load`, checked as data before anything is priced
+by it) and their fit (:func:`fit_costs`: non-negative least squares on relative residuals,
+each timed unit counting alike).
 
 Example::
 
@@ -27,8 +27,7 @@ import numpy as np
 
 from lengthwise.errors import ConfigError, DataError
 
-__all__ = ["MAX_COST", "Profile", "check_one_process", "device_name", "duration", "fit_costs",
-           "read_profile"]
+__all__ = ["MAX_COST", "Profile", "check_one_process", "device_name", "duration", "fit_costs"]
 
 #: the most seconds a profile may price one unit of work at: beyond it a time is no estimate
 MAX_COST = 1e6
@@ -38,8 +37,8 @@ _JSON_KIND = {list: "array", str: "string", int: "number", float: "number", bool
 
 class Profile:
     """The file of a profile dataclass: its kind, the command that writes it, the fields it
-    requires, those that are seconds per unit (``costs``; not all of ``priced`` 0) and what
-    its ``fit`` counts (``timed``)."""
+    requires, those that are seconds per unit (``costs``, from 0 to :data:`MAX_COST`; not all
+    of ``priced`` 0) and what its ``fit`` counts (``timed``)."""
 
     kind: ClassVar[str]
     write: ClassVar[str]
@@ -57,71 +56,63 @@ class Profile:
 
     @classmethod
     def load(cls, path: str | Path) -> Any:
-        """A profile written by :meth:`save` (``--device-profile``); a clear error otherwise."""
-        data = read_profile(path, kind=cls.kind, write=cls.write, required=cls.required,
-                            costs=cls.costs, priced=cls.priced, timed=cls.timed)
-        cls.check(data, f"--device-profile {path}")
+        """A profile written by :meth:`save` (``--device-profile``), checked as data before
+        anything is priced by it; a one-line error naming the file and the field otherwise.
+
+        >>> import tempfile, os
+        >>> from lengthwise.dflash.cost.train_time import DeviceProfile
+        >>> f = os.path.join(tempfile.mkdtemp(), "p.json")
+        >>> _ = open(f, "w").write('{"device": "cpu", "micro_batch": 0, "per_gflop": true}')
+        >>> try:
+        ...     DeviceProfile.load(f)
+        ... except DataError as e:
+        ...     print(str(e).replace(f, "p.json"))
+        --device-profile p.json: per_gflop must be a number of seconds from 0 to 1e+06, got True
+        """
+        where = f"--device-profile {path}"
+        try:
+            data = json.loads(Path(path).read_bytes().decode("utf-8"))
+        except OSError as e:
+            raise ConfigError(f"{where}: cannot read it ({e.strerror or e})") from None
+        except UnicodeDecodeError as e:
+            raise DataError(f"{where}: not a text file (byte {e.start} is not UTF-8)") from None
+        except json.JSONDecodeError as e:
+            raise DataError(f"{where}: not JSON ({e.msg}, line {e.lineno})") from None
+        except RecursionError:
+            raise DataError(f"{where}: not a profile (JSON nested too deep)") from None
+        if not isinstance(data, dict):
+            raise DataError(f"{where}: a JSON object is expected, got a JSON "
+                            f"{_JSON_KIND.get(type(data), type(data).__name__)}")
+        missing = [k for k in ("device", *cls.required) if k not in data]
+        if missing:
+            raise DataError(f"{where}: not a {cls.kind} profile (no {', '.join(missing)}); "
+                            f"write one with {cls.write}")
+        if not isinstance(data["device"], str) or not data["device"].strip():
+            raise DataError(f"{where}: device must be the name of a device, got "
+                            f"{reprlib.repr(data['device'])}")
+        _check_numbers(data, cls.costs, where)
+        priced = cls.priced
+        if not any(data.get(k, 0) for k in priced):
+            names = ", ".join(priced[:-1]) + " and " + priced[-1]
+            raise DataError(f"{where}: {names} {'are both' if len(priced) == 2 else 'are all'} "
+                            f"0, which prices the work at 0 s; write a measured profile with "
+                            f"{cls.write}")
+        fit = data.get("fit", {})
+        if not isinstance(fit, dict):
+            raise DataError(f"{where}: fit must be a JSON object (the timed work), got "
+                            f"{reprlib.repr(fit)}")
+        v = fit.get(cls.timed, 1)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise DataError(f"{where}: fit.{cls.timed} must be a count >= 1, got "
+                            f"{reprlib.repr(v)}")
+        _check_numbers(fit, ("median_relative_error", "max_relative_error"), where,
+                       what="a number", section="fit.")
+        cls.check(data, where)
         return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
     @classmethod
     def check(cls, data: dict[str, Any], where: str) -> None:
-        """What the kind of profile checks beyond :func:`read_profile` (nothing here)."""
-
-
-def read_profile(path: str | Path, *, kind: str, write: str, required: tuple[str, ...],
-                 costs: tuple[str, ...], priced: tuple[str, ...], timed: str,
-                 ) -> dict[str, Any]:
-    """The JSON object of a ``kind`` profile file, checked as data; a one-line error naming
-    the file and the field otherwise (see :class:`Profile` for the arguments).
-
-    Example::
-
-        >>> import tempfile, os
-        >>> f = os.path.join(tempfile.mkdtemp(), "p.json")
-        >>> _ = open(f, "w").write('{"device": "cpu", "per_step": true}')
-        >>> try:
-        ...     read_profile(f, kind="k", write="w", required=("per_step",),
-        ...                  costs=("per_step",), priced=("per_step",), timed="steps")
-        ... except DataError as e:
-        ...     print(str(e).replace(f, "p.json"))
-        --device-profile p.json: per_step must be a number of seconds from 0 to 1e+06, got True
-    """
-    where = f"--device-profile {path}"
-    try:
-        data = json.loads(Path(path).read_bytes().decode("utf-8"))
-    except OSError as e:
-        raise ConfigError(f"{where}: cannot read it ({e.strerror or e})") from None
-    except UnicodeDecodeError as e:
-        raise DataError(f"{where}: not a text file (byte {e.start} is not UTF-8)") from None
-    except json.JSONDecodeError as e:
-        raise DataError(f"{where}: not JSON ({e.msg}, line {e.lineno})") from None
-    except RecursionError:
-        raise DataError(f"{where}: not a profile (JSON nested too deep)") from None
-    if not isinstance(data, dict):
-        raise DataError(f"{where}: a JSON object is expected, got a JSON "
-                        f"{_JSON_KIND.get(type(data), type(data).__name__)}")
-    missing = [k for k in ("device", *required) if k not in data]
-    if missing:
-        raise DataError(f"{where}: not a {kind} profile (no {', '.join(missing)}); write one "
-                        f"with {write}")
-    if not isinstance(data["device"], str) or not data["device"].strip():
-        raise DataError(f"{where}: device must be the name of a device, got "
-                        f"{reprlib.repr(data['device'])}")
-    _check_numbers(data, costs, where)
-    if not any(data.get(k, 0) for k in priced):
-        names = ", ".join(priced[:-1]) + " and " + priced[-1] if len(priced) > 1 else priced[0]
-        raise DataError(f"{where}: {names} {'are both' if len(priced) == 2 else 'are all'} 0, "
-                        f"which prices the work at 0 s; write a measured profile with {write}")
-    fit = data.get("fit", {})
-    if not isinstance(fit, dict):
-        raise DataError(f"{where}: fit must be a JSON object (the timed work), got "
-                        f"{reprlib.repr(fit)}")
-    v = fit.get(timed, 1)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise DataError(f"{where}: fit.{timed} must be a count >= 1, got {reprlib.repr(v)}")
-    _check_numbers(fit, ("median_relative_error", "max_relative_error"), where, what="a number",
-                   section="fit.")
-    return data
+        """What the kind of profile checks beyond :meth:`load`'s checks (nothing here)."""
 
 
 def _check_numbers(data: dict[str, Any], names: tuple[str, ...], where: str, *,
