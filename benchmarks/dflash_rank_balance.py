@@ -2,7 +2,7 @@
 
 A rank's DFlash step is the frozen target's forward over every padded token of its
 micro-batch plus the draft over its block slots, priced in FLOPs at the reference shape
-(Qwen3-8B target, 5-layer draft, block 16: :mod:`lengthwise.dflash.step_cost`, whose
+(Qwen3-8B target, 5-layer draft, block 16: :mod:`lengthwise.dflash.cost.flops`, whose
 docstring states the formula). For the plan of ``lengthwise dflash train`` (stratified,
 ``max_tokens=16384``, ``max_slots=32768``, 512 anchors, one micro-batch per rank and step,
 ``max_len`` the data's longest up to 16,384), on the bundled ``sft_mix`` lengths and the
@@ -37,7 +37,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 from planner_targets import lognormal  # noqa: E402
 
-from lengthwise.dflash.step_cost import StepFlops, anchor_counts, batch_flops  # noqa: E402
+from lengthwise.dflash.cost.flops import StepFlops, anchor_counts, batch_flops  # noqa: E402
 from lengthwise.planning.config import PlanConfig  # noqa: E402
 from lengthwise.planning.lengths import load_lengths  # noqa: E402
 from lengthwise.planning.metrics import rank_imbalance  # noqa: E402
@@ -159,7 +159,7 @@ def render(name: str, saved: dict) -> str:
         f"step) on the bundled `sft_mix` lengths and the reference shape. Each rank's step is "
         "priced in FLOPs at the reference shape: the frozen target over every padded token, "
         "the draft over its block slots, the LM head over the supervised ones "
-        "(`lengthwise.dflash.step_cost`). On padded tokens the ranks of a step are within "
+        "(`lengthwise.dflash.cost.flops`). On padded tokens the ranks of a step are within "
         f"{g('sft_mix', 8, 'tokens', 'tokens_p99'):.3f} / "
         f"{g('sft_mix', 64, 'tokens', 'tokens_p99'):.3f} (`sft_mix`, {worlds} ranks, "
         f"p99 of `rank_imbalance`) and {g('reference', 8, 'tokens', 'tokens_p99'):.3f} / "
@@ -244,7 +244,7 @@ gradient).
 
 Plans: `lengthwise dflash train`'s (stratified, `max_tokens` 16,384, `grad_accum` 1, `max_len`
 the data's longest up to 16,384, `buckets="auto"`) on padded tokens (`tokens`), with the
-step's cost model (`step cost`: `lengthwise.dflash.step_cost.StepFlops.cost_model`, which
+step's cost model (`step cost`: `lengthwise.dflash.cost.flops.StepFlops.cost_model`, which
 leaves out the draft's attention), and the same with `balance="level"`. `sft_mix`:
 {saved['sets']['sft_mix']['samples']:,} samples, the bundled lengths cut at
 {saved['sets']['sft_mix']['max_len']:,}; reference shape: {saved['reference_n']:,} log-normal

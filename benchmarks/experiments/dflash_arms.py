@@ -156,9 +156,9 @@ def context(design: DFlashArms) -> _Context:
 
 
 def step_flops(draft_config: Any, vocab: int) -> Any:
-    """Per-unit FLOPs of the draft's step (:class:`~lengthwise.dflash.step_cost.StepFlops`)
+    """Per-unit FLOPs of the draft's step (:class:`~lengthwise.dflash.cost.flops.StepFlops`)
     with the target's terms zero: its features are read from the cache."""
-    from lengthwise.dflash.step_cost import StepFlops
+    from lengthwise.dflash.cost.flops import StepFlops
 
     c = draft_config
     head_dim = c.head_dim or c.hidden_size // c.num_heads
@@ -178,7 +178,7 @@ def draft_flops(flops: Any, blocks: Any) -> int:
 
         >>> import torch
         >>> from types import SimpleNamespace
-        >>> from lengthwise.dflash.step_cost import StepFlops
+        >>> from lengthwise.dflash.cost.flops import StepFlops
         >>> f = StepFlops(0.0, 0.0, 1.0, 10.0, 100.0, 1000.0, block_size=2)
         >>> b = SimpleNamespace(input_ids=torch.zeros(2, 5), anchors=torch.tensor([[3], [-1]]),
         ...                     starts=torch.zeros(2, 1, dtype=torch.long),

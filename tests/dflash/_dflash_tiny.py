@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -48,3 +51,20 @@ def qwen3_pair(vocab: int = 64, seed: int = 0, block_size: int = 4, draft_layers
                                     target_layers=[1, 2], mask_token_id=vocab - 1)
     torch.manual_seed(seed + 1)
     return target, DFlashDraft(dcfg).eval()
+
+
+def tiny_qwen3_config() -> object:
+    """A Qwen3 config of 4 layers, hidden 32, 512 tokens (untied LM head)."""
+    return transformers.Qwen3Config(vocab_size=512, hidden_size=32, num_hidden_layers=4,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                    intermediate_size=64, tie_word_embeddings=False)
+
+
+def config_json(folder: Path, **changes: object) -> Path:
+    """The config.json of :func:`tiny_qwen3_config` with ``changes`` (``...`` drops a key)."""
+    tiny_qwen3_config().save_pretrained(folder)
+    file = folder / "config.json"
+    data = json.loads(file.read_text())
+    data.update(changes)
+    file.write_text(json.dumps({k: v for k, v in data.items() if v is not ...}))
+    return file

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from lengthwise.dflash.generate import decode_batch, generate_responses
-from lengthwise.dflash.generate_time import batch_offsets
+from lengthwise.dflash.prompt_batches import batch_offsets
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -9,7 +9,7 @@
 - :mod:`~lengthwise.dflash.head`: the LM head and cross-entropy in chunks, recomputed in the
   backward (never slots x vocabulary logits).
 - :mod:`~lengthwise.dflash.attention`: the flex-attention block-sparse mask (CUDA).
-- :mod:`~lengthwise.dflash.memory`: the peak memory of a training step, predicted from the
+- :mod:`~lengthwise.dflash.cost`: the peak memory and time of each stage, predicted from the
   target's ``config.json`` before launch (``lengthwise dflash estimate``).
 - :mod:`~lengthwise.dflash.decode`: speculative decoding and its acceptance length.
 - :mod:`~lengthwise.dflash.train`: the training loop on lengthwise's sampler, collators,
@@ -64,7 +64,7 @@ _EXPORTS = {
     "head_loss": "lengthwise.dflash.loss",
     "chunked_cross_entropy": "lengthwise.dflash.head",
     "block_flex_mask": "lengthwise.dflash.attention",
-    "estimate_step": "lengthwise.dflash.memory",
+    "estimate_step": "lengthwise.dflash.cost.step_memory",
     "prepare_chats": "lengthwise.dflash.prepare",
     "open_prepared": "lengthwise.dflash.prepared",
     "train_draft": "lengthwise.dflash.recipe",

@@ -4,7 +4,7 @@ DFlash drafts learn the *target's* distribution, so their training responses are
 best written by the target itself. :func:`generate_responses` sorts the prompts
 by length and cuts them into batches of at most ``batch_size`` rows whose padded
 prompt and new tokens fit ``max_tokens``
-(:func:`~lengthwise.dflash.generate_time.batch_offsets`). Each batch is
+(:func:`~lengthwise.dflash.prompt_batches.batch_offsets`). Each batch is
 left-padded, prefilled once, then decoded one token a step from the model's KV
 cache; a row that writes a stop token (or its ``max_new_tokens``-th token)
 leaves the batch and the cache at once, and cache columns that only padding
@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.dflash.generate_time import batch_offsets
+from lengthwise.dflash.prompt_batches import batch_offsets
 
 __all__ = ["decode_batch", "generate_responses"]
 

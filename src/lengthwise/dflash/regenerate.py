@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from lengthwise.dflash.chat import Rendered
-from lengthwise.dflash.generate_time import batch_offsets
+from lengthwise.dflash.prompt_batches import batch_offsets
 
 __all__ = ["BACKENDS", "TurnGenerator", "TurnLog", "pick_backend", "splice", "stop_ids",
            "turns_to_write"]

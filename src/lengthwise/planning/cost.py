@@ -3,7 +3,7 @@
 ``a=1, b=c=d=0`` counts padded tokens. ``b`` covers attention, ``c`` a fixed
 per-sample cost and ``d`` a cost per token up to ``cap`` tokens of the row (a
 DFlash draft's slots, in proportion to a sample's length up to its anchor limit:
-:mod:`lengthwise.dflash.step_cost`). See ``docs/metrics.md`` ("cost model").
+:mod:`lengthwise.dflash.cost.flops`). See ``docs/metrics.md`` ("cost model").
 
 Example::
 

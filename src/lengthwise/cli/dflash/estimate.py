@@ -1,28 +1,17 @@
-"""``lengthwise dflash estimate``: the peak memory of a stage's process, before launching it.
+"""``lengthwise dflash estimate``: a stage's peak memory and time, before launching it.
 
-``--stage train`` (the default), ``regenerate`` (``dflash prepare --regenerate``),
-``eval`` or ``features`` (``dflash features``; with ``--data``, also the cache's size on
-disk and whether the disk of ``--out`` has room): reads the target's ``config.json`` (and
-its tokenizer, where the folder has one; no weights) and the stage's settings, and prints
-the predicted peak of the whole process with its parts
-(:mod:`lengthwise.dflash.stage_memory`): on CPU the peak resident memory of the
-process, on CUDA the peak allocated memory per GPU. For ``train`` the
-settings are the defaults of ``dflash train``, then ``--config run.yaml``, then flags;
-one training step is traced under fake tensors
-(:func:`lengthwise.dflash.memory.estimate_step`) and its parts follow; with ``--device-memory`` (or
-on the CUDA device the run selects, where there is one) it says whether the run
-fits and exits with 1 when it does not. With ``--features CACHE`` the train step reads its
-features from the cache: no target forward. ``dflash train --estimate`` prints the same
-for the settings of that command (:func:`report`). Under ``torchrun`` rank 0 prints it
-and every rank exits with the same status (:func:`prints_here`).
-
-``--time`` (train stage, with ``--data``) adds the run's predicted time: its plan replayed
-step by step and priced by a device profile timed on the run's first steps
-(:mod:`lengthwise.dflash.time_profile`; it loads the target), or read from
-``--device-profile FILE`` (written by ``--save-profile``) without loading anything. With
-``--stage regenerate``, ``--time --data chats.jsonl`` predicts ``dflash prepare
---regenerate`` of those chats: their prompts batched as regeneration batches them, priced by
-a few of its generate batches timed here (:mod:`lengthwise.dflash.generate_profile`).
+``--stage train`` (the default), ``regenerate`` (``dflash prepare --regenerate``), ``eval``
+or ``features`` (with ``--data``, also the cache's size against the free disk of
+``--out``): reads the target's ``config.json`` (and tokenizer; no weights) and prints the
+predicted peak of the stage's process (:mod:`lengthwise.dflash.cost.stage_memory`): on CPU
+its resident memory, on CUDA the allocated memory per GPU; with ``--device-memory`` (or on
+the CUDA device the run selects) whether it fits, exit 1 when it does not. Train's
+settings are ``dflash train``'s (defaults, ``--config run.yaml``, flags), which
+``dflash train --estimate`` prints the same for (:func:`report`). Under ``torchrun`` rank 0
+prints and every rank exits alike (:func:`prints_here`). ``--time`` (with ``--data``) adds
+the run's time (:mod:`lengthwise.dflash.cost.train_time`) or the regeneration's
+(:mod:`lengthwise.dflash.cost.regenerate_time`), priced by a few steps or batches timed
+here or by ``--device-profile FILE`` (written by ``--save-profile``).
 
 Example::
 
@@ -177,7 +166,7 @@ def add_report_flags(p: argparse.ArgumentParser, *, listed: bool = True) -> None
 
 def device_bytes(given: dict[str, Any], device: str) -> int | None:
     """``--device-memory``, else the memory of the CUDA ``device`` when torch sees it."""
-    from lengthwise.dflash.memory import memory_size
+    from lengthwise.dflash.cost.device_memory import memory_size
 
     if "device_memory" in given:
         return memory_size(given["device_memory"])
@@ -198,9 +187,9 @@ def report(given: dict[str, Any], *, defaults: dict[str, Any] | None = None) -> 
     else (no weights, no data, nothing written), unless ``--time`` (:func:`run_time`).
     """
     from lengthwise.cli.dflash._settings import settings
-    from lengthwise.dflash.memory import read_target_config
-    from lengthwise.dflash.run_time import DeviceProfile
-    from lengthwise.dflash.stage_memory import estimate_train
+    from lengthwise.dflash.cost.stage_memory import estimate_train
+    from lengthwise.dflash.cost.target_config import read_target_config
+    from lengthwise.dflash.cost.train_time import DeviceProfile
     from lengthwise.errors import ConfigError
 
     given = {k: v for k, v in given.items()
@@ -235,7 +224,7 @@ def run_time(given: dict[str, Any], opts: dict[str, Any], *, profile: Any = None
     ``--data`` at ``--world`` ranks, priced by ``profile`` (``--device-profile``) or timed
     steps."""
     from lengthwise.cli.dflash._settings import settings
-    from lengthwise.dflash.time_profile import PROFILE_STEPS, estimate_time
+    from lengthwise.dflash.cost.train_time import PROFILE_STEPS, estimate_time
 
     cfg, run_settings, _ = settings(given, defaults=defaults)  # the data's own max_len
     timing = estimate_time(cfg, run_settings, world=opts.get("world", 1), profile=profile,
@@ -249,7 +238,7 @@ def _grown(config: Any, target: str) -> int | None:
     """Rows of the target's embedding with the mask token, from its tokenizer (if it has one)."""
     import transformers
 
-    from lengthwise.dflash.stage_memory import grown_rows
+    from lengthwise.dflash.cost.stage_memory import grown_rows
 
     folder = _tokenizer_folder(target)
     if folder is None:
@@ -303,8 +292,8 @@ def run(args: argparse.Namespace) -> int:
 def stage_report(stage: str, given: dict[str, Any]) -> int:
     """Print the ``regenerate``, ``eval`` or ``features`` estimate of the flags ``given``;
     1: no fit (of the device, or of the disk for the feature cache)."""
-    from lengthwise.dflash.memory import read_target_config
-    from lengthwise.dflash.stage_memory import estimate_eval, estimate_regenerate
+    from lengthwise.dflash.cost.stage_memory import estimate_eval, estimate_regenerate
+    from lengthwise.dflash.cost.target_config import read_target_config
     from lengthwise.errors import ConfigError
 
     given = {k: v for k, v in given.items() if k not in ("func", "command", "stage")}
@@ -362,10 +351,10 @@ def _features_report(target: str, cfg: Any, data: str | None, out: str, device: 
 
     import numpy as np
 
+    from lengthwise.dflash.cost.stage_memory import estimate_features
+    from lengthwise.dflash.cost.target_config import read_target_config
     from lengthwise.dflash.features import cache_bytes
-    from lengthwise.dflash.memory import read_target_config
     from lengthwise.dflash.prepared import open_prepared
-    from lengthwise.dflash.stage_memory import estimate_features
     from lengthwise.disk import format_bytes
 
     size = device_bytes(opts, device)
@@ -425,8 +414,11 @@ def regenerate_time(target: str, data: str, sizes: dict[str, Any], device: str,
                     opts: dict[str, Any]) -> tuple[Any, int]:
     """``((GenerateTime, GenerateProfile), longest prompt)`` of ``dflash prepare --regenerate``
     of the chats ``data`` with the stage's ``sizes`` (``--time``)."""
-    from lengthwise.dflash.generate_profile import PROFILE_BATCHES, estimate_regenerate_time
-    from lengthwise.dflash.generate_time import GenerateProfile
+    from lengthwise.dflash.cost.regenerate_time import (
+        PROFILE_BATCHES,
+        GenerateProfile,
+        estimate_regenerate_time,
+    )
     from lengthwise.dflash.prepare import PrepareConfig
 
     cfg = PrepareConfig(regenerate=True, max_new_tokens=sizes["max_new_tokens"],
@@ -446,7 +438,7 @@ def _baseline(stage: str, config: Any, target: str, device: str, *,
               tokenizer: bool = True) -> int:
     """The process's own resident bytes on CPU (0 on CUDA: not on the GPU); ``tokenizer``:
     load the target's tokenizer first (``False``: this process holds it already)."""
-    from lengthwise.dflash.stage_memory import process_baseline
+    from lengthwise.dflash.cost.resident import process_baseline
 
     if str(device).startswith("cuda"):
         return 0
@@ -497,42 +489,27 @@ def _time_lines(timing: Any) -> list[str]:
 
 def _print(est: Any, opts: dict[str, Any], size: int | None, timing: Any = None, *,
            disk: tuple[str, bool] | None = None) -> int:
-    """Print a :class:`~lengthwise.dflash.stage_memory.StageMemory` (JSON with ``--json``)
+    """Print a :class:`~lengthwise.dflash.cost.stage_memory.StageMemory` (JSON with ``--json``)
     and whether it fits ``size`` bytes (``--device-memory``, or the CUDA device's); with
     ``timing`` (``--time``), the run's predicted time after it; ``disk``: a line on the
     disk a stage writes and whether it fits there."""
-    fits = size is None or est.peak + (GIB if est.device == "cuda" else 0) <= size
-    if disk is not None and not disk[1]:
-        fits = False
-    times = ({"time": timing[0].to_dict(), "profile": timing[1].to_dict()}
-             if timing is not None else {})
-    if est.device == "cuda" and est.step is not None and est.phase == "training step":
-        # the GPU's peak is the step's: its figures, as before (docs/dflash.md shows them)
-        if prints_here():
-            out = {**est.step.to_dict(), **times}
-            if size is not None:
-                out.update(device_memory_bytes=size, fits=fits)
-            print(json.dumps(out, indent=2) if opts.get("json") else "\n".join(
-                [est.step.render(size), *_time_lines(timing)]))
-        return 0 if fits else 1
-    if prints_here():
-        if opts.get("json"):
-            out = est.to_dict()
-            if est.step is not None:
-                out["step"] = est.step.to_dict()
-            if size is not None:
-                out.update(device_memory_bytes=size, fits=fits)
-            out.update(times)
-            print(json.dumps(out, indent=2))
-        else:
-            lines = [est.render()]
-            if est.step is not None:
-                lines.append(est.step.render())
-            if size is not None:
-                from lengthwise.dflash.memory import fits_line
+    from lengthwise.dflash.cost.device_memory import fits_line
 
-                lines.append(fits_line(est.peak, size,
-                                       reserve=GIB if est.device == "cuda" else 0))
-            print("\n".join([*lines, *([disk[0]] if disk else []), *_time_lines(timing)]))
+    reserve = GIB if est.device == "cuda" else 0
+    fits = (size is None or est.peak + reserve <= size) and (disk is None or disk[1])
+    # a GPU whose peak is the training step's: the step's figures (docs/dflash.md shows them)
+    step_only = est.device == "cuda" and est.step is not None and est.phase == "training step"
+    if prints_here() and opts.get("json"):
+        out = est.step.to_dict() if step_only else est.to_dict() | (
+            {"step": est.step.to_dict()} if est.step is not None else {})
+        if size is not None:
+            out.update(device_memory_bytes=size, fits=fits)
+        if timing is not None:
+            out.update(time=timing[0].to_dict(), profile=timing[1].to_dict())
+        print(json.dumps(out, indent=2))
+    elif prints_here():
+        lines = ([est.step.render(size)] if step_only else
+                 [est.render(), *([est.step.render()] if est.step is not None else []),
+                  *([fits_line(est.peak, size, reserve=reserve)] if size is not None else [])])
+        print("\n".join([*lines, *([disk[0]] if disk else []), *_time_lines(timing)]))
     return 0 if fits else 1
-

@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
             for name, f in zip(prompt_set_names(files), files, strict=True)}
     check_causal_lm(args.target)
     device = torch.device(args.device)
-    from lengthwise.dflash.process import follow_live_tensors
+    from lengthwise.dflash.cost.resident import follow_live_tensors
 
     follow_live_tensors(device.type)
     draft, named = open_draft(args.draft)

@@ -37,8 +37,8 @@ def register(stages: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Write the cache (each ``torchrun`` rank its share of the shards); print its summary."""
+    from lengthwise.dflash.cost.resident import follow_live_tensors
     from lengthwise.dflash.features import write_features
-    from lengthwise.dflash.process import follow_live_tensors
     from lengthwise.disk import format_bytes
     from lengthwise.train.device import rank_world, setup_distributed
 

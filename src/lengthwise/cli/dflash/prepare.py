@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:  # the setting's name as the option that gives it
         raise ConfigError(_as_option(str(exc), vars(args))) from None
     if cfg.regenerate:
-        from lengthwise.dflash.process import follow_live_tensors
+        from lengthwise.dflash.cost.resident import follow_live_tensors
 
         follow_live_tensors(cfg.device)
     group = setup_distributed(cfg.device)  # under torchrun: the shards split over the ranks

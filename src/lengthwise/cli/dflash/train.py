@@ -17,7 +17,7 @@ weights, no data; nothing is written and ``--out`` is not touched). Under ``torc
 is printed once, by rank 0, and every rank exits with its verdict; no process group is
 joined for it. ``--estimate --time`` adds the run's predicted time, from its plan on
 ``--data`` and a few training steps timed in a temporary folder
-(:mod:`lengthwise.dflash.time_profile`), or a ``--device-profile`` measured elsewhere.
+(:mod:`lengthwise.dflash.cost.train_time`), or a ``--device-profile`` measured elsewhere.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"{', '.join('--' + k.replace('_', '-') for k in stray)}: read "
                           "with --estimate only")
     cfg, run_settings, progress = settings(given)
-    from lengthwise.dflash.process import follow_live_tensors
+    from lengthwise.dflash.cost.resident import follow_live_tensors
 
     follow_live_tensors(cfg.device)
     summary = train_draft(cfg, run_settings, progress=progress)

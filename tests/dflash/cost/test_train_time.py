@@ -10,13 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lengthwise.dflash.run_time import (
-    DeviceProfile,
-    StepWork,
-    duration,
-    fit_profile,
-    predict,
-)
+from lengthwise.dflash.cost.profile import duration
+from lengthwise.dflash.cost.train_time import DeviceProfile, StepWork, fit_profile, predict
 from lengthwise.errors import ConfigError, DataError
 
 torch = pytest.importorskip("torch")
@@ -40,8 +35,8 @@ def test_the_fit_recovers_the_per_unit_costs_of_exact_times(micro, per, g):
                                  min_size=1, max_size=3), min_size=1, max_size=6),
        capacity=st.sampled_from([None, 64]), multiple=st.sampled_from([1, 8]))
 def test_micro_batches_counted_together_are_each_counted_as_alone(batches, capacity, multiple):
-    from lengthwise.dflash.run_time import micro_work
-    from lengthwise.dflash.step_cost import StepFlops
+    from lengthwise.dflash.cost.flops import StepFlops
+    from lengthwise.dflash.cost.train_time import micro_work
 
     f = StepFlops(1.0, 2.0, 0.5, 10.0, 3.0, 7.0, block_size=4)
     lengths = np.array([5, 17, 3, 40, 9, 12, 1, 30])
@@ -153,9 +148,9 @@ def test_the_planned_work_is_what_training_runs(run, tmp_path):
     epochs re-planned; the FLOPs grow with them."""
     import dataclasses
 
+    from lengthwise.dflash.cost.train_time import evaluations, plan_work
     from lengthwise.dflash.prepared import open_prepared
     from lengthwise.dflash.recipe import train_draft
-    from lengthwise.dflash.time_profile import evaluations, plan_work
 
     cfg, rs, _ = run
     rs = dataclasses.replace(rs, out=str(tmp_path / "run"))
@@ -175,8 +170,8 @@ def test_a_run_on_a_feature_cache_is_priced_and_timed_without_the_target(run):
     read the same cache."""
     import dataclasses
 
+    from lengthwise.dflash.cost.train_time import plan_work, run_samples, train_command
     from lengthwise.dflash.prepared import open_prepared
-    from lengthwise.dflash.time_profile import plan_work, run_samples, train_command
 
     cfg, rs, _ = run
     cached = dataclasses.replace(rs, features="cache")
@@ -190,8 +185,8 @@ def test_a_run_on_a_feature_cache_is_priced_and_timed_without_the_target(run):
 
 
 def test_more_ranks_plan_each_rank_its_share(run):
+    from lengthwise.dflash.cost.train_time import plan_work
     from lengthwise.dflash.prepared import open_prepared
-    from lengthwise.dflash.time_profile import plan_work
 
     cfg, rs, _ = run
     one, _ = plan_work(open_prepared(rs.data), cfg, rs)
@@ -208,8 +203,8 @@ def test_the_predicted_time_of_a_run_is_near_its_measured_time(run, tmp_path):
     load (the real target's table in docs/dflash.md holds the tight comparison)."""
     import dataclasses
 
+    from lengthwise.dflash.cost.train_time import estimate_time
     from lengthwise.dflash.recipe import train_draft
-    from lengthwise.dflash.time_profile import estimate_time
 
     cfg, rs, _ = run
     cfg = dataclasses.replace(cfg, steps=40)
@@ -253,7 +248,7 @@ def test_the_estimate_refuses_a_run_it_cannot_time_before_timing_it(run, tmp_pat
     """A folder --save-profile cannot write in, and step counts past what the plan replays
     (or infinite), are refused in one line before any step is timed or counted."""
     from lengthwise.cli import main
-    from lengthwise.dflash.time_profile import MAX_PLANNED
+    from lengthwise.dflash.cost.train_time import MAX_PLANNED
 
     cfg, rs, _ = run
     common = ["dflash", "estimate", "--target", rs.target, "--data", rs.data, "--device", "cpu",

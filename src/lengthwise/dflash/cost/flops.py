@@ -6,7 +6,7 @@ A rank's DFlash micro-batch of ``R`` padded rows of ``P`` tokens, whose sample `
 ``F = R*P*(t + x) + R*P*(P+1)/2 * t_att + R*W*B*s + sum_i A_i*B*(L_i/2 + B) * s_att
 + sum_i A_i*(B-1) * h``
 
-- ``t``: the frozen target's forward per token (``2 x`` its decoder parameters);
+- ``t``: the frozen target's forward per token (``2 x`` its decoder layers' weights);
   ``t_att``: its causal attention per query-key pair (``4 x`` query width, every layer);
 - ``x``: the draft's context work per token (``fc`` and each layer's key/value
   projections of the context), forward and backward (``3 x 2 x`` their weights);
@@ -17,9 +17,12 @@ A rank's DFlash micro-batch of ``R`` padded rows of ``P`` tokens, whose sample `
 - ``h``: the frozen LM head per supervised slot (forward, recomputed forward, input
   gradient: ``3 x 2 x hidden x vocabulary``).
 
-:meth:`StepFlops.reference` holds these for the reference shape (Qwen3-8B target,
-5-layer draft, block 16). ``A_i = min(num_anchors, L_i * max_slots // (B * max_tokens),
-pairs_i)`` with ``pairs_i`` the sample's positions with two consecutive supervised tokens
+:func:`step_flops` reads the weights from the run's own modules, built under fake tensors as
+``dflash train`` builds them (the target's decoder layers, the draft's ``fc``, projections
+and layers, the LM head); :meth:`StepFlops.reference` holds them for the reference shape
+(Qwen3-8B target, 5-layer draft, block 16).
+``A_i = min(num_anchors, L_i * max_slots // (B * max_tokens), pairs_i)``, ``pairs_i`` the
+sample's positions with two consecutive supervised tokens
 (:func:`~lengthwise.dflash.objective.anchor_quota`); lengths alone are read as fully
 supervised, where the quota binds.
 
@@ -39,17 +42,13 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from lengthwise.planning.cost import CostModel
 
-__all__ = ["StepFlops", "anchor_counts", "batch_flops"]
-
-
-def _layer_params(hidden: int, q_dim: int, kv_dim: int, intermediate: int) -> int:
-    """Weights of one Qwen3-style decoder layer (attention projections and SwiGLU MLP)."""
-    return hidden * (q_dim + 2 * kv_dim) + q_dim * hidden + 3 * hidden * intermediate
+__all__ = ["StepFlops", "anchor_counts", "batch_flops", "step_flops"]
 
 
 @dataclass(frozen=True)
@@ -65,27 +64,17 @@ class StepFlops:
     block_size: int
 
     @classmethod
-    def of_shape(cls, *, hidden: int, q_dim: int, kv_dim: int, intermediate: int,
-                 vocab: int, target_layers: int, draft_layers: int, num_features: int,
-                 block_size: int) -> StepFlops:
-        """The per-unit FLOPs of a target and draft of these sizes (draft layers sized as
-        the target's)."""
-        layer = _layer_params(hidden, q_dim, kv_dim, intermediate)
-        return cls(target_token=2.0 * target_layers * layer,
-                   target_pair=4.0 * q_dim * target_layers,
-                   context_token=3 * 2.0 * (num_features * hidden * hidden
-                                            + draft_layers * hidden * 2 * kv_dim),
-                   slot=3 * 2.0 * draft_layers * layer,
-                   slot_key=3 * 4.0 * q_dim * draft_layers,
-                   head=3 * 2.0 * hidden * vocab, block_size=int(block_size))
-
-    @classmethod
     def reference(cls) -> StepFlops:
         """Qwen3-8B (36 layers, hidden 4,096, 32 x 128 query and 8 x 128 key/value heads,
         MLP 12,288, vocabulary 151,936), a 5-layer draft of 5 features, blocks of 16."""
-        return cls.of_shape(hidden=4096, q_dim=4096, kv_dim=1024, intermediate=12288,
-                            vocab=151936, target_layers=36, draft_layers=5, num_features=5,
-                            block_size=16)
+        import transformers
+
+        from lengthwise.dflash.train_config import DFlashTrainConfig
+
+        target = transformers.Qwen3Config(
+            vocab_size=151936, hidden_size=4096, num_hidden_layers=36, num_attention_heads=32,
+            num_key_value_heads=8, head_dim=128, intermediate_size=12288)
+        return step_flops(target, DFlashTrainConfig(draft_layers=5, block_size=16))
 
     def cost_model(self, *, num_anchors: int, max_slots: int | None,
                    max_tokens: int) -> CostModel:
@@ -155,3 +144,45 @@ def batch_flops(flops: StepFlops, lengths: np.ndarray, indices: np.ndarray,
     return (rows * p * (flops.target_token + flops.context_token)
             + rows * p * (p + 1) / 2 * flops.target_pair
             + rows * width * b * flops.slot + keys * flops.slot_key + supervised * flops.head)
+
+
+def step_flops(target_config: Any, cfg: Any) -> StepFlops:
+    """The :class:`StepFlops` of a target (its ``transformers`` config) and a run's draft
+    (``cfg``: a ``DFlashTrainConfig``), read from the weights of the modules themselves.
+
+    Example::
+
+        >>> import transformers
+        >>> from lengthwise.dflash.train_config import DFlashTrainConfig
+        >>> t = transformers.Qwen3Config(vocab_size=100, hidden_size=16, num_hidden_layers=4,
+        ...                              num_attention_heads=2, num_key_value_heads=1,
+        ...                              head_dim=8, intermediate_size=32)
+        >>> f = step_flops(t, DFlashTrainConfig(draft_layers=1, block_size=4))
+        >>> f.target_token == 2 * 4 * (16 * 32 + 16 * 16 + 3 * 16 * 32), f.head == 6 * 16 * 100
+        (True, True)
+    """
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from lengthwise.dflash.cost.trace import fake_causal_lm, fake_draft
+    from lengthwise.dflash.objective import target_layer_ids
+
+    def weights(module: Any) -> int:
+        return sum(m.weight.numel() for m in module.modules()
+                   if isinstance(m, torch.nn.Linear))
+
+    depth = int(target_config.num_hidden_layers)
+    layers = target_layer_ids(depth, cfg.num_features or cfg.draft_layers)
+    k = len(layers)
+    with FakeTensorMode():
+        model = fake_causal_lm(target_config, k, torch.float32)
+        draft = fake_draft(target_config, cfg, layers)
+    head = model.get_output_embeddings().weight.numel()
+    layer = (weights(model) - head) // k  # a target decoder layer's, the draft's alike
+    attn = draft.layers[0].self_attn
+    q_dim, kv = attn.q_proj.out_features, attn.k_proj.weight.numel() + attn.v_proj.weight.numel()
+    n = cfg.draft_layers
+    return StepFlops(target_token=2.0 * depth * layer, target_pair=4.0 * q_dim * depth,
+                     context_token=3 * 2.0 * (draft.fc.weight.numel() + n * kv),
+                     slot=3 * 2.0 * weights(draft.layers), slot_key=3 * 4.0 * q_dim * n,
+                     head=3 * 2.0 * head, block_size=int(cfg.block_size))

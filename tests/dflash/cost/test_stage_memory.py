@@ -16,7 +16,7 @@ transformers = pytest.importorskip("transformers")
 from _chat_tiny import WORDS, chat_tokenizer, write_jsonl  # noqa: E402
 from _cli import launcher  # noqa: E402
 
-from lengthwise.dflash.process import command_peak  # noqa: E402
+from lengthwise.dflash.cost.resident import command_peak  # noqa: E402
 from lengthwise.errors import ConfigError  # noqa: E402
 
 #: predicted / measured peak resident memory of a stage's process, at most this far from 1:
@@ -195,7 +195,7 @@ def test_on_cuda_the_figure_is_allocated_per_gpu_and_says_what_is_outside(tmp_pa
 
 
 def test_the_phases_grow_with_their_own_settings():
-    from lengthwise.dflash.stage_memory import estimate_eval, estimate_regenerate
+    from lengthwise.dflash.cost.stage_memory import estimate_eval, estimate_regenerate
 
     t = transformers.LlamaConfig(vocab_size=256, hidden_size=64, num_hidden_layers=4,
                                  num_attention_heads=4, intermediate_size=128)
@@ -213,7 +213,8 @@ def test_the_phases_grow_with_their_own_settings():
 
 def test_depth_is_extrapolated_exactly_from_two_shallow_traces():
     """The per-layer extrapolation gives what a trace at full depth gives."""
-    from lengthwise.dflash import stage_memory as sm
+    from lengthwise.dflash.cost import stage_memory as sm
+    from lengthwise.dflash.cost.trace import per_layer
 
     t = transformers.LlamaConfig(vocab_size=256, hidden_size=64, num_hidden_layers=6,
                                  num_attention_heads=4, intermediate_size=128)
@@ -221,13 +222,13 @@ def test_depth_is_extrapolated_exactly_from_two_shallow_traces():
     def trace(n: int) -> dict[str, int]:
         return sm._generate_trace(t, n, torch.float32, 3, 40, 8, "cpu")
 
-    assert sm._per_layer(trace, 6, 0) == trace(6)
-    assert sm._per_layer(trace, 9, 0) == trace(9)
+    assert per_layer(trace, 6, 0) == trace(6)
+    assert per_layer(trace, 9, 0) == trace(9)
 
     def trace_eval(n: int) -> dict[str, int]:  # 2 prompts of 30 tokens, 2 features
         return sm._eval_target_trace(t, n, torch.float32, 2, 30, 80, 4, 3, 40, 2, "cpu")
 
-    assert sm._per_layer(trace_eval, 7, 2) == trace_eval(7)
+    assert per_layer(trace_eval, 7, 2) == trace_eval(7)
 
 
 @pytest.mark.parametrize("kw", [
@@ -236,7 +237,7 @@ def test_depth_is_extrapolated_exactly_from_two_shallow_traces():
     {"max_tokens": 1024, "block_size": 4, "max_slots": 16, "device": "cuda"},
 ], ids=["target-peak", "draft-peak-accum2", "cuda"])
 def test_the_step_traced_on_a_shallow_target_equals_the_full_trace(monkeypatch, kw):
-    import lengthwise.dflash.memory as memory
+    import lengthwise.dflash.cost.step_memory as memory
     from lengthwise.dflash.train_config import DFlashTrainConfig
 
     deep = transformers.LlamaConfig(vocab_size=1000, hidden_size=256, num_hidden_layers=24,
@@ -289,7 +290,7 @@ def test_bad_stage_settings_are_one_line_errors(tmp_path, capsys, argv, message)
 
 
 def test_grown_rows_follow_the_mask_token_choice():
-    from lengthwise.dflash.stage_memory import grown_rows
+    from lengthwise.dflash.cost.stage_memory import grown_rows
 
     tok = chat_tokenizer()  # no mask token, no spare special token: <|MASK|> is added
     cfg = transformers.Qwen3Config(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2,
@@ -302,7 +303,7 @@ def test_grown_rows_follow_the_mask_token_choice():
     cfg.vocab_size = rows + 8  # padding rows: the id fits, nothing grows
     assert grown_rows(chat_tokenizer(), cfg) == rows + 8
     with pytest.raises(ConfigError):
-        from lengthwise.dflash.stage_memory import estimate_regenerate
+        from lengthwise.dflash.cost.stage_memory import estimate_regenerate
 
         estimate_regenerate(cfg, max_len=0)
 

@@ -12,7 +12,7 @@ from _chat_tiny import conversations, save_target, write_jsonl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lengthwise.dflash.generate_time import (
+from lengthwise.dflash.cost.regenerate_time import (
     GenerateProfile,
     attended_pairs,
     expected_longest,
@@ -42,7 +42,7 @@ def test_the_batches_hold_every_prompt_once_within_the_batch_size(lens, batch, s
     rounds = [np.array(x, dtype=np.int64) for x in lens]
     shards = [np.arange(x.size) // shard_rows for x in rounds]
     plan = plan_batches(rounds, batch_size=batch, shards=shards)
-    assert plan.prompts == sum(x.size for x in rounds)
+    assert int(plan.rows.sum()) == sum(x.size for x in rounds)
     assert np.all((plan.rows >= 1) & (plan.rows <= batch))
     for r, (x, s) in enumerate(zip(rounds, shards, strict=True)):
         for k in np.unique(s):
@@ -82,7 +82,7 @@ def test_ranks_take_shards_in_turn_and_a_longer_cap_than_timed_is_refused():
 
 
 def test_a_profile_file_round_trips_and_a_training_or_bad_one_is_named(tmp_path):
-    from lengthwise.dflash.run_time import DeviceProfile
+    from lengthwise.dflash.cost.train_time import DeviceProfile
 
     prof = GenerateProfile("NVIDIA H200 (CUDA)", 1e-6, 0.01, 1e-4, 1e-9, [12, 40], 64,
                            start_seconds=30.0, fit={"batches": 4})
@@ -119,7 +119,7 @@ def test_the_planned_batches_are_those_regeneration_runs(chats, tmp_path, monkey
     """Every generate call of ``dflash prepare --regenerate`` (2 shards, 2 rounds) is a planned
     batch: the same rows in the same order, and in the first round the same widths."""
     from lengthwise.dflash.chat import ChatRenderer
-    from lengthwise.dflash.generate_profile import regenerate_prompts
+    from lengthwise.dflash.cost.regenerate_time import regenerate_prompts
     from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
     from lengthwise.dflash.regenerate import TurnGenerator
     from lengthwise.dflash.target import load_tokenizer
@@ -144,7 +144,7 @@ def test_the_planned_batches_are_those_regeneration_runs(chats, tmp_path, monkey
     assert [c[0] for c in calls] == plan.rows.tolist()
     first = plan.round == 0
     assert [c[1] for c, f in zip(calls, first, strict=True) if f] == plan.width[first].tolist()
-    assert plan.prompts == rec["counts"]["regenerated_turns"]
+    assert plan.rows.sum() == rec["counts"]["regenerated_turns"]
 
 
 def test_the_estimate_times_batches_and_prints_the_regeneration(chats, tmp_path, capsys):
@@ -183,9 +183,9 @@ def test_a_later_rounds_timed_batch_is_no_wider_than_the_targets_answers_allow(c
     """The data's earlier answer (hundreds of tokens) is not what a later round's prompt
     holds: the target's answer, at most --max-new-tokens. The timed batches hold it cut,
     and run in a process whose malloc is set as regeneration's."""
-    from lengthwise.dflash import process
     from lengthwise.dflash.chat import ChatRenderer
-    from lengthwise.dflash.generate_profile import (
+    from lengthwise.dflash.cost import resident
+    from lengthwise.dflash.cost.regenerate_time import (
         measure_generate_profile,
         regenerate_prompts,
     )
@@ -205,7 +205,7 @@ def test_a_later_rounds_timed_batch_is_no_wider_than_the_targets_answers_allow(c
     bound = int(prompts.with_answers(cfg.max_new_tokens).lengths[1].max())
     assert data_width > bound + 100
     set_as = []
-    monkeypatch.setattr(process, "follow_live_tensors", set_as.append)
+    monkeypatch.setattr(resident, "follow_live_tensors", set_as.append)
     prof = measure_generate_profile(src, target, cfg, prompts=prompts, batches=2,
                                     renderer=renderer)
     assert set_as == ["cpu"]
@@ -217,7 +217,7 @@ def test_the_predicted_regeneration_is_near_its_measured_time(chats, tmp_path):
     """A profile timed on a few of the run's batches predicts ``dflash prepare
     --regenerate``'s work within a factor 2 on any machine load (the real target's table in
     docs/dflash.md holds the tight comparison)."""
-    from lengthwise.dflash.generate_profile import estimate_regenerate_time
+    from lengthwise.dflash.cost.regenerate_time import estimate_regenerate_time
     from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
 
     target, _, rows = chats

@@ -1,4 +1,4 @@
-"""The DFlash step's FLOPs per micro-batch and its cost model for the plan."""
+"""The DFlash step's FLOPs per micro-batch, read from its modules, and its cost model."""
 
 from __future__ import annotations
 
@@ -7,14 +7,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lengthwise.dflash.cost.flops import StepFlops, anchor_counts, batch_flops
 from lengthwise.dflash.objective import IGNORE, anchor_quota, sample_anchors
-from lengthwise.dflash.step_cost import StepFlops, _layer_params, anchor_counts, batch_flops
 
 REF = StepFlops.reference()
 
 
 def test_the_reference_shape_counts_a_qwen3_8b_target_and_a_five_layer_draft():
-    layer = _layer_params(4096, 4096, 1024, 12288)
+    """The units read from the modules are the weights a Qwen3 layer's formula gives."""
+    layer = 4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 12288  # attention, SwiGLU
     assert layer == 192_937_984
     fc = 5 * 4096 * 4096
     assert 1.04e9 < 5 * layer + fc < 1.06e9  # the draft's ~1.05 B trainable parameters
@@ -70,11 +71,11 @@ def test_the_cost_model_prices_a_row_as_the_formula_does_but_the_draft_attention
     assert no_limit.cap == 512 and no_limit.d == pytest.approx(16 * model.d / 2)
 
 
-def test_step_cost_imports_no_torch():
+def test_the_flops_module_imports_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys, lengthwise.dflash.step_cost; "
+    code = ("import sys, lengthwise.dflash.cost.flops; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)

@@ -1,23 +1,14 @@
-"""The resident memory of this process: what it holds now, and large buffers given back on free.
+"""The resident memory of a process: what it holds now, its peak, and large buffers given back.
 
-:func:`resident_bytes` reads the process's resident set (Linux ``/proc/self/status``,
-else the high-water mark of ``getrusage``); the stage estimates
-(:mod:`~lengthwise.dflash.stage_memory`) take it as the process's own baseline
-(Python, torch, transformers, the target's model code and tokenizer).
-
-:func:`return_freed_memory` makes glibc's ``malloc`` serve every buffer of 64 KiB or
-more from its own mapping, unmapped when freed. By default glibc raises that
-threshold to the size of the last large buffer freed (up to 32 MiB), after which
-torch's freed activations stay in the heap: a CPU training step on a 135M target
-then held about 0.2 GiB more resident memory than it had live. The DFlash stages
-call it on CPU, so the resident set follows the live tensors, as the estimate counts
-them (:func:`follow_live_tensors`).
-
-:func:`command_peak` runs a command and reads the peak resident memory of its own
-process. A child's ``ru_maxrss`` from ``wait4`` alone would not do: Linux carries the
-high-water mark of the process that started it across ``execve``, so a small command
-started from a large test runner reports the runner's size. The command is therefore
-started from a small intermediate Python process, whose own size is the floor.
+:func:`process_baseline` is the process's own resident bytes (:func:`resident_bytes`) once
+it has imported what a stage imports: its baseline in the stage estimates
+(:mod:`~lengthwise.dflash.cost.stage_memory`). :func:`return_freed_memory` makes glibc
+serve every buffer of 64 KiB or more from its own mapping, unmapped when freed (by default
+glibc raises that threshold up to 32 MiB, after which torch's freed activations stay
+resident): the stages call it on CPU so that their resident set follows their live tensors,
+as the estimate counts them (:func:`follow_live_tensors`). :func:`command_peak` reads the
+peak resident memory of a command's own process, started from a small Python process
+(Linux carries a parent's high-water mark across ``execve``).
 
 Example::
 
@@ -29,15 +20,25 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
-__all__ = ["MMAP_THRESHOLD", "command_peak", "follow_live_tensors", "resident_bytes",
-           "return_freed_memory"]
+__all__ = ["MMAP_THRESHOLD", "command_peak", "follow_live_tensors", "process_baseline",
+           "resident_bytes", "return_freed_memory"]
 
+#: the modules each stage's process imports (its baseline on CPU)
+_IMPORTS = {"train": ("lengthwise.dflash.recipe", "pyarrow.parquet"),
+            "regenerate": ("lengthwise.dflash.prepare", "lengthwise.dflash.regenerate",
+                           "pyarrow.parquet"),
+            "eval": ("lengthwise.dflash.evaluate", "lengthwise.dflash.speculative",
+                     "lengthwise.dflash.lookup"),
+            "features": ("lengthwise.dflash.features", "lengthwise.dflash.prepared")}
 #: buffers of at least this many bytes get their own mapping, unmapped when freed
 MMAP_THRESHOLD = 64 * 2**10
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
@@ -66,6 +67,25 @@ def resident_bytes() -> int:
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak) * (1 if sys.platform == "darwin" else 1024)
+
+
+def process_baseline(stage: str, target_config: Any, tokenizer_dir: str | Path | None = None,
+                     ) -> int:
+    """Resident bytes of this process after importing what ``stage`` imports, the target's
+    model code, and its tokenizer from ``tokenizer_dir`` (the CPU baseline): the process
+    holds what the stage's holds before it reads any weights."""
+    import importlib
+
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    for name in _IMPORTS[stage]:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+    MODEL_FOR_CAUSAL_LM_MAPPING[type(target_config)]  # imports the model's module
+    if tokenizer_dir is not None:
+        transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+    return resident_bytes()
 
 
 def return_freed_memory() -> bool:
