@@ -155,18 +155,25 @@ def context(design: DFlashArms) -> _Context:
                     design.train_samples, json.dumps(design.train, sort_keys=True))
 
 
-def step_flops(draft_config: Any, vocab: int) -> Any:
-    """Per-unit FLOPs of the draft's step (:class:`~lengthwise.dflash.cost.flops.StepFlops`)
-    with the target's terms zero: its features are read from the cache."""
+def step_flops(draft: Any, vocab: int) -> Any:
+    """Per-unit FLOPs of the draft's step (:class:`~lengthwise.dflash.cost.flops.StepFlops`),
+    read from the draft's own weights, with the target's terms zero: its features are read
+    from the cache."""
+    import torch
+
     from lengthwise.dflash.cost.flops import StepFlops
 
-    c = draft_config
-    head_dim = c.head_dim or c.hidden_size // c.num_heads
-    return StepFlops.of_shape(hidden=c.hidden_size, q_dim=c.num_heads * head_dim,
-                              kv_dim=c.num_kv_heads * head_dim,
-                              intermediate=c.intermediate_size, vocab=vocab, target_layers=0,
-                              draft_layers=c.num_layers, num_features=c.num_features,
-                              block_size=c.block_size)
+    def weights(module: Any) -> int:
+        return sum(m.weight.numel() for m in module.modules() if isinstance(m, torch.nn.Linear))
+
+    attn, n = draft.layers[0].self_attn, len(draft.layers)
+    kv = attn.k_proj.weight.numel() + attn.v_proj.weight.numel()
+    return StepFlops(target_token=0.0, target_pair=0.0,
+                     context_token=3 * 2.0 * (draft.fc.weight.numel() + n * kv),
+                     slot=3 * 2.0 * weights(draft.layers),
+                     slot_key=3 * 4.0 * attn.q_proj.out_features * n,
+                     head=3 * 2.0 * draft.config.hidden_size * vocab,
+                     block_size=int(draft.config.block_size))
 
 
 def draft_flops(flops: Any, blocks: Any) -> int:
@@ -305,7 +312,7 @@ def run_dflash_arm(job: tuple[str, str, int, str, int], design: DFlashArms, *,
                    else split.held_idx[sample_id - HELD_OUT_FIRST_ID])
 
     features = CachedRows(m.cache, m.target.layers, dataset_index)
-    flops = step_flops(draft.config, int(m.target.embed.weight.shape[0]))
+    flops = step_flops(draft, int(m.target.embed.weight.shape[0]))
     counting = DFlashTask(draft, m.target, dataclasses.replace(cfg, seed=design.data_seed),
                           order="random")
     budget = budgets(design, counting, sample, flops, batch)
