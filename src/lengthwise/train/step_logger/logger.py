@@ -25,29 +25,26 @@ import numpy as np
 from lengthwise.errors import ConfigError
 from lengthwise.finite_json import NON_FINITE
 from lengthwise.pytorch.dist import all_reduce_sum, group_info
-from lengthwise.train.step_logger._bucket_losses import BucketLosses
-from lengthwise.train.step_logger._record import RESERVED_FIELDS, step_record
-from lengthwise.train.step_logger._sinks import open_sinks
-from lengthwise.train.step_logger._values import (
-    is_column,
-    is_tensor,
-    to_bucket,
-    to_count,
-    to_float,
-)
-from lengthwise.train.step_logger._vector import (
+from lengthwise.train.step_logger.buckets import BucketLosses, normalise_shares
+from lengthwise.train.step_logger.record import (
     DEFAULT_NUM_BUCKETS,
     LOSS_SUM,
     LOSS_WEIGHT,
+    RESERVED_FIELDS,
     Micro,
     bucket_columns,
     bucket_ids,
+    is_column,
+    is_tensor,
     local_vector,
+    step_record,
+    to_bucket,
+    to_count,
+    to_float,
     vector_capacity,
 )
-from lengthwise.train.step_logger._writer import LogWriter, json_line
 from lengthwise.train.step_logger.rollback import RolledBack, roll_back
-from lengthwise.train.step_logger.shares import normalise_shares
+from lengthwise.train.step_logger.writer import LogWriter, json_line, open_sinks
 
 __all__ = ["StepLogger"]
 

@@ -1,7 +1,11 @@
-"""One optimizer step's sums in one float vector, the vector that is all-reduced over ranks.
+"""A step's numbers: logged values read into plain numbers, summed into one vector, read back.
 
-Layout: seventeen fixed entries (sums and how many micro-batches gave them, and
-the token-weighted sums of the per-sample losses: ``sum w``, ``sum w x``,
+Logged values (floats, ints, NumPy scalars, torch scalars) are read without
+importing torch: tensors are recognised by their ``detach`` and ``item``.
+
+One optimizer step's sums live in one float vector, the vector that is all-reduced
+over ranks. Layout: seventeen fixed entries (sums and how many micro-batches gave
+them, and the token-weighted sums of the per-sample losses: ``sum w``, ``sum w x``,
 ``sum w x^2``, ``sum w^2``, and how many micro-batches gave them; the counts of
 tokens and samples are split into their low and high 32 bits, so that their sums
 stay exact integers in float64 far above 2**53), then four per bucket:
@@ -11,25 +15,122 @@ totals; under ``torch.distributed`` the per-bucket part has a fixed size,
 :func:`vector_capacity`, so that every rank's vector matches (the sum is
 :func:`lengthwise.pytorch.dist.all_reduce_sum`); in one process it has a row for
 each bucket id the step had (:func:`bucket_ids`), however large the ids.
+:func:`step_record` reads the JSON record of the step from its summed vector.
 
 Example::
 
+    >>> to_float(np.float32(0.5), "lr"), to_count(3.0, "samples"), to_bucket(np.int64(2))
+    (0.5, 3, 2)
     >>> micro = [(2.0, 30, 32, 2, 7, None, None)]
     >>> ids = bucket_ids(micro, num_buckets=None, distributed=False)
     >>> vec = local_vector(micro, None, ids=ids)
     >>> ids.tolist(), count(vec, REAL, REAL_N), bucket_columns(vec)[0].tolist()
     ([7], 30, [60.0, 30.0, 1.0, 30.0])
+    >>> rec = step_record(vec, step=1, epoch=None, lr=None, grad_norm=None, seconds=1.0,
+    ...                   buckets=[7], bucket_loss={}, corrected=None, skipped=False,
+    ...                   skipped_total=0)
+    >>> rec["loss"], rec["padding_efficiency"], rec["tokens_per_second"]
+    (2.0, 0.9375, 30.0)
 """
 
 from __future__ import annotations
 
 import math
+import numbers
+import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from lengthwise.errors import ConfigError
-from lengthwise.train.step_logger._values import read_losses
+from lengthwise.finite_json import NON_FINITE
+
+
+def is_tensor(x: Any) -> bool:
+    """Whether ``x`` looks like a torch tensor."""
+    return hasattr(x, "detach") and hasattr(x, "item")
+
+
+def to_float(x: Any, name: str) -> float | None:
+    """A real scalar (number, 1-element array or tensor) as a float; ``None`` stays ``None``."""
+    if x is None:
+        return None
+    if is_tensor(x):
+        x = x.detach()
+        if x.numel() != 1:
+            raise ConfigError(f"{name} must be a scalar, got a tensor of shape {tuple(x.shape)}")
+        return float(x.item())
+    if isinstance(x, np.ndarray):
+        if x.size != 1:
+            raise ConfigError(f"{name} must be a scalar, got an array of shape {x.shape}")
+        return float(x.reshape(()))
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(x).__name__}")
+    return float(x)
+
+
+def to_count(x: Any, name: str) -> int | None:
+    """A non-negative whole number as an int; ``None`` stays ``None``."""
+    exact = _integral(x)
+    if exact is not None:  # integers stay exact, also above 2**53
+        if exact < 0:
+            raise ConfigError(f"{name} must be a non-negative integer, got {x!r}")
+        return exact
+    value = to_float(x, name)
+    if value is None:
+        return None
+    if not math.isfinite(value) or value < 0 or value != int(value):
+        raise ConfigError(f"{name} must be a non-negative integer, got {x!r}")
+    return int(value)
+
+
+def _integral(x: Any) -> int | None:
+    """``x`` as an exact int if it is an integer scalar (int, NumPy, torch), else ``None``."""
+    if is_tensor(x):
+        if x.numel() != 1 or x.dtype.is_floating_point or x.dtype.is_complex:
+            return None
+        x = x.detach().reshape(()).item()
+    elif isinstance(x, np.ndarray):
+        if x.size != 1 or x.dtype.kind not in "iu":
+            return None
+        x = x.reshape(()).item()
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+        return None
+    return int(x)
+
+
+def to_bucket(x: Any) -> int | None:
+    """A bucket id as a non-negative int; ``None`` stays ``None``."""
+    if x is None:
+        return None
+    if (is_tensor(x) and x.numel() == 1) or (isinstance(x, np.ndarray) and x.size == 1):
+        x = x.item()
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral) or int(x) < 0:
+        raise ConfigError(f"bucket must be a non-negative integer or None, got {x!r}")
+    return int(x)
+
+
+def is_column(value: Any) -> bool:
+    """Whether ``value`` holds one entry per micro-batch (a 1-D sequence, array or tensor)."""
+    if isinstance(value, np.ndarray) or is_tensor(value):
+        return value.ndim == 1
+    return isinstance(value, Sequence) and not isinstance(value, str | bytes)
+
+
+def read_losses(raw: list[Any]) -> list[float | None]:
+    """Turn recorded losses into floats, reading all tensors with one device transfer."""
+    tensors = [x for x in raw if is_tensor(x)]
+    if not tensors:
+        return list(raw)
+    import torch
+
+    try:
+        values = iter(torch.stack([t.reshape(()).float() for t in tensors]).cpu().tolist())
+    except RuntimeError:  # tensors on different devices
+        values = iter([float(t.item()) for t in tensors])
+    return [next(values) if is_tensor(x) else x for x in raw]
+
 
 #: one recorded micro-batch: (loss, real tokens, padded tokens, samples, bucket,
 #: per-sample losses or None, per-sample token weights or None)
@@ -52,13 +153,7 @@ DEFAULT_NUM_BUCKETS = 64
 
 
 def vector_capacity(num_buckets: int | None, buckets: list[int]) -> int:
-    """Buckets the vector has room for under ``torch.distributed``; raises if ``buckets`` won't fit.
-
-    Example::
-
-        >>> vector_capacity(None, [3]), vector_capacity(8, [])
-        (64, 8)
-    """
+    """Buckets the vector has room for (distributed); raises if ``buckets`` do not fit."""
     if num_buckets is not None:
         return num_buckets
     top = max(buckets, default=-1)
@@ -76,12 +171,6 @@ def bucket_ids(micro: list[Micro], *, num_buckets: int | None, distributed: bool
 
     Under ``torch.distributed`` the rows are ``0 .. capacity - 1`` on every rank (see
     :func:`vector_capacity`); in one process, the ids the step's micro-batches had.
-
-    Example::
-
-        >>> bucket_ids([(1.0, 3, 4, 1, 10**9, None, None)], num_buckets=None,
-        ...            distributed=False).tolist()
-        [1000000000]
     """
     buckets = [m[4] for m in micro if m[4] is not None]
     if distributed:
@@ -90,16 +179,7 @@ def bucket_ids(micro: list[Micro], *, num_buckets: int | None, distributed: bool
 
 
 def add_count(vec: np.ndarray, total: int, value: int) -> None:
-    """Add a whole ``value`` to the count at ``total`` (its low and high 32 bits apart).
-
-    Example::
-
-        >>> v = np.zeros(FIXED)
-        >>> add_count(v, REAL, 2**53 + 1); add_count(v, REAL, 2**53 + 1)
-        >>> v[REAL_N] = 2
-        >>> count(v, REAL, REAL_N) == 2**54 + 2
-        True
-    """
+    """Add a whole ``value`` to the count at ``total`` (its low and high 32 bits apart)."""
     value = int(value)
     vec[total] += value & ((1 << _LOW_BITS) - 1)
     vec[_HIGH[total]] += value >> _LOW_BITS
@@ -149,37 +229,19 @@ def local_vector(micro: list[Micro], user_loss: float | None, *, ids: np.ndarray
 
 
 def count(vec: np.ndarray, total: int, n: int) -> int | None:
-    """The summed count at ``total``, or ``None`` when no micro-batch gave it (``vec[n] == 0``).
-
-    Example::
-
-        >>> count(np.zeros(FIXED), SAMP, SAMP_N) is None
-        True
-    """
+    """The summed count at ``total``, or ``None`` when no micro-batch gave it (``vec[n] == 0``)."""
     if vec[n] <= 0:
         return None
     return (int(round(vec[_HIGH[total]])) << _LOW_BITS) + int(round(vec[total]))
 
 
 def bucket_columns(vec: np.ndarray) -> np.ndarray:
-    """The per-bucket entries as a ``(buckets, 4)`` view.
-
-    Example::
-
-        >>> bucket_columns(np.zeros(FIXED + 2 * PER_BUCKET)).shape
-        (2, 4)
-    """
+    """The per-bucket entries as a ``(buckets, 4)`` view."""
     return vec[FIXED:].reshape(-1, PER_BUCKET)
 
 
 def sample_values(x: Any) -> np.ndarray:
-    """Per-sample values (sequence, array or tensor) as a 1-D float array.
-
-    Example::
-
-        >>> sample_values([1, 2.5]).tolist()
-        [1.0, 2.5]
-    """
+    """Per-sample values (sequence, array or tensor) as a 1-D float array."""
     if hasattr(x, "detach"):
         x = x.detach().float().cpu().numpy()
     return np.asarray(x, dtype=np.float64).reshape(-1)
@@ -189,13 +251,6 @@ def add_sample_losses(vec: np.ndarray, losses: Any, weights: Any) -> None:
     """Add one micro-batch's per-sample losses (token ``weights`` or equal) to ``vec``.
 
     Non-finite per-sample losses are left out (the step's ``loss`` shows them).
-
-    Example::
-
-        >>> v = np.zeros(FIXED)
-        >>> add_sample_losses(v, [1.0, 3.0], [1, 3])
-        >>> v[S_W].item(), v[S_WX].item(), v[S_N].item()
-        (4.0, 10.0, 1.0)
     """
     x = sample_values(losses)
     w = np.ones_like(x) if weights is None else sample_values(weights)
@@ -216,13 +271,6 @@ def sample_spread(vec: np.ndarray) -> tuple[float | None, float | None]:
     number is ``W^2 / sum w^2`` (the sample count when weights are equal), so that
     ``std / sqrt(effective number)`` is the standard error of the step's loss.
     ``(None, None)`` when no micro-batch gave per-sample losses or fewer than 2 samples.
-
-    Example::
-
-        >>> v = np.zeros(FIXED)
-        >>> add_sample_losses(v, [1.0, 3.0], None)
-        >>> sample_spread(v)
-        (1.4142135623730951, 2.0)
     """
     if vec[S_N] <= 0 or vec[S_W] <= 0:
         return None, None
@@ -233,3 +281,47 @@ def sample_spread(vec: np.ndarray) -> tuple[float | None, float | None]:
     mean = float(vec[S_WX]) / total
     var = max(0.0, float(vec[S_WX2]) / total - mean * mean) / (1.0 - 1.0 / neff)
     return math.sqrt(var), neff
+
+
+#: Keys of a step record; extra fields passed to ``step`` must not reuse them.
+RESERVED_FIELDS = frozenset(
+    {
+        "step", "epoch", "loss", "lr", "grad_norm", "real_tokens", "padded_tokens",
+        "padding_efficiency", "tokens_per_second", "seconds", "samples", "micro_batches",
+        "buckets", "bucket_loss", "corrected_loss", "skipped", "skipped_total", "time", "event",
+        "loss_sample_std", "loss_sample_neff", NON_FINITE,
+    }
+)
+
+
+def step_record(vec: np.ndarray, *, step: int, epoch: Any, lr: Any, grad_norm: Any,
+                seconds: float, buckets: list[int], bucket_loss: dict[int, float],
+                corrected: float | None, skipped: bool, skipped_total: int) -> dict[str, Any]:
+    """The record of a step whose summed vector is ``vec`` (fields in the documented order)."""
+    real = count(vec, REAL, REAL_N)
+    padded = count(vec, PAD, PAD_N)
+    rec = {
+        "step": step,
+        "epoch": None if epoch is None else to_count(epoch, "epoch"),
+        "loss": float(vec[LOSS_SUM] / vec[LOSS_WEIGHT]) if vec[LOSS_WEIGHT] > 0 else None,
+        "lr": to_float(lr, "lr"),
+        "grad_norm": to_float(grad_norm, "grad_norm"),
+        "real_tokens": real,
+        "padded_tokens": padded,
+        "padding_efficiency": real / padded if real is not None and padded else None,
+        "tokens_per_second": real / seconds if real is not None and seconds > 0 else None,
+        "seconds": seconds,
+        "samples": count(vec, SAMP, SAMP_N),
+        "micro_batches": int(round(vec[MICRO])),
+        "buckets": buckets,
+        "bucket_loss": {str(b): v for b, v in bucket_loss.items()},
+        "corrected_loss": corrected,
+        "skipped": skipped,
+        "skipped_total": skipped_total,
+        "time": time.time(),
+    }
+    std, neff = sample_spread(vec)
+    if neff is not None:
+        rec["loss_sample_std"] = std
+        rec["loss_sample_neff"] = neff
+    return rec
