@@ -28,7 +28,7 @@ from lengthwise.train import (  # noqa: E402
 from lengthwise.train.checkpoint import CheckpointError, CorruptCheckpointError  # noqa: E402
 from lengthwise.train.checkpoint import torch_backend as ckpt_module  # noqa: E402
 from lengthwise.train.checkpoint.checkpointer import SharedCheckpointers  # noqa: E402
-from lengthwise.train.checkpoint.integrity import file_digests  # noqa: E402
+from lengthwise.train.checkpoint.folder import file_digests  # noqa: E402
 
 CRASH_WORKER = Path(__file__).with_name("_crash_worker.py")
 BACKENDS = [pytest.param(False, id="torch-save"), pytest.param(True, id="dcp")]

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from lengthwise.train.checkpoint.errors import CheckpointError, CheckpointLockedError
+from lengthwise.train.checkpoint.folder import CheckpointError, CheckpointLockedError
 
 try:  # POSIX advisory locks; elsewhere the holder record alone decides
     import fcntl

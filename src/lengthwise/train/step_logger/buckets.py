@@ -48,6 +48,7 @@ from lengthwise.train.step_logger.record import (
 
 __all__ = ["bucket_token_shares", "normalise_shares"]
 
+
 def normalise_shares(shares: Any) -> dict[int, float]:
     """Bucket shares (a dict ``bucket -> share`` or a sequence by bucket) summing to 1."""
     if isinstance(shares, Mapping):

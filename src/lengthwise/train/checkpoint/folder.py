@@ -1,34 +1,152 @@
-"""Where checkpoints live on disk: ``step_N/`` folders marked complete by a manifest.
+"""A checkpoint folder on disk: ``step_N/`` marked complete by a manifest of checksums.
 
-A save writes ``step_N.tmp/``, adds the ``COMPLETE`` manifest and renames the
-folder to ``step_N/``; only folders with a valid manifest count.
+A save writes ``step_N.tmp/``; once every file is written :func:`publish` hashes them
+(SHA-256, read in large chunks; hashing releases the GIL, so the training loop runs on
+meanwhile), adds the ``COMPLETE`` manifest listing ``{"file": {"bytes": n, "sha256":
+hex}}`` and renames the folder to ``step_N/``, so a crash never leaves a half folder
+"complete"; only folders with a valid manifest count. Loading recomputes the
+checksums: a file missing, cut short or with a single flipped byte raises
+:class:`CorruptCheckpointError` naming it. :func:`prune` removes what crashed saves
+left and all but the newest ``keep`` checkpoints. The errors of a checkpoint that
+could not be written or read live here too.
 
 Example::
 
     >>> import tempfile
-    >>> tmp, final = step_dirs(Path("run"), 7)
-    >>> tmp.name, final.name, list_checkpoints(tempfile.mkdtemp())
-    ('step_7.tmp', 'step_7', [])
+    >>> root = Path(tempfile.mkdtemp())
+    >>> tmp, final = step_dirs(root, 1)
+    >>> tmp.mkdir(); _ = (tmp / "state.pt").write_bytes(b"weights")
+    >>> publish(tmp, final, new_manifest(1, "torch", 1, False, ["model"]))
+    >>> [p.name for p in list_checkpoints(root)], latest_checkpoint(root).name
+    (['step_1'], 'step_1')
+    >>> files = read_manifest(final)["files"]
+    >>> files["state.pt"]["bytes"]
+    7
+    >>> _ = (final / "state.pt").write_bytes(b"weightz")
+    >>> try:
+    ...     verify_files(final, {"files": files})
+    ... except CorruptCheckpointError as exc:
+    ...     print(str(exc).split(": ", 1)[1])
+    state.pt does not match its checksum (the file is corrupt)
+    >>> issubclass(CorruptCheckpointError, CheckpointError)
+    True
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import shutil
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
-from lengthwise.train.checkpoint.errors import (
-    CheckpointError,
-    CorruptCheckpointError,
-    LegacyCheckpointError,
-)
-from lengthwise.train.checkpoint.integrity import verify_files
+from lengthwise.atomic import fsync_dir
+from lengthwise.errors import LengthwiseError
 
-__all__ = ["latest_checkpoint", "list_checkpoints"]
+__all__ = ["CheckpointError", "CheckpointLockedError", "CorruptCheckpointError",
+           "LegacyCheckpointError", "file_digests", "latest_checkpoint", "list_checkpoints",
+           "prune", "publish", "remove_tree", "verify_files"]
+
+
+class CheckpointError(LengthwiseError, RuntimeError):
+    """A checkpoint could not be written or read."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A checkpoint's files are missing, cut short, fail their checksum or cannot be parsed."""
+
+
+class CheckpointLockedError(CheckpointError):
+    """Another checkpointer is writing into the same checkpoint folder."""
+
+
+class LegacyCheckpointError(CheckpointError):
+    """A checkpoint of an older format (versions 1 and 2, whose state is a pickle), which this
+    version does not read: refused, nothing in it loaded."""
+
+
+_CHUNK = 8 << 20
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    buffer = bytearray(_CHUNK)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as handle:
+        while n := handle.readinto(buffer):
+            digest.update(view[:n])
+    return digest.hexdigest()
+
+
+def file_digests(folder: Path, skip: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
+    """``{relative path: {"bytes", "sha256"}}`` of every file under ``folder`` but ``skip``.
+
+    Example::
+
+        >>> import tempfile
+        >>> file_digests(Path(tempfile.mkdtemp()))
+        {}
+    """
+    found: dict[str, dict[str, Any]] = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        name = path.relative_to(folder).as_posix()
+        if name in skip:
+            continue
+        found[name] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+    return found
+
+
+def verify_files(folder: Path, manifest: dict[str, Any], skip: tuple[str, ...] = ()) -> None:
+    """Raise :class:`CorruptCheckpointError` unless every file of ``folder`` is listed and intact.
+
+    The manifest must list files (``{"files": {name: {"bytes", "sha256"}}}``): one
+    without is refused, and so is a file in the folder it does not list (but ``skip``,
+    the manifest itself), a listed name that is not a plain path inside the folder, and
+    a listed file that is missing, of another size or another SHA-256.
+    """
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        raise CorruptCheckpointError(
+            f"{folder}: the manifest lists no files with checksums; a checkpoint whose files "
+            "cannot be checked is not loaded")
+    for name, expected in files.items():
+        parts = Path(name).parts if isinstance(name, str) else ()
+        if not parts or Path(name).is_absolute() or ".." in parts or "\\" in name:
+            raise CorruptCheckpointError(
+                f"{folder}: the manifest lists {name!r}, which is not a file inside the folder")
+        path = folder / name
+        if (path.is_symlink() or not path.is_file()
+                or not path.resolve().is_relative_to(folder.resolve())):
+            raise CorruptCheckpointError(f"{folder}: {name} is missing or not a plain file")
+        size = path.stat().st_size
+        try:
+            want_size, want_hash = int(expected["bytes"]), str(expected["sha256"])
+        except (KeyError, TypeError, ValueError):
+            raise CorruptCheckpointError(
+                f"{folder}: the manifest's entry for {name} is damaged") from None
+        if size != want_size:
+            raise CorruptCheckpointError(
+                f"{folder}: {name} is {size} bytes, the manifest says {want_size} "
+                "(the file is cut short or was changed)"
+            )
+        try:
+            actual = _sha256(path)
+        except OSError as exc:
+            raise CorruptCheckpointError(f"{folder}: {name} cannot be read: {exc}") from exc
+        if actual != want_hash:
+            raise CorruptCheckpointError(
+                f"{folder}: {name} does not match its checksum (the file is corrupt)"
+            )
+    for path in sorted(folder.rglob("*")):
+        name = path.relative_to(folder).as_posix()
+        if name not in files and name not in skip and (path.is_symlink() or not path.is_dir()):
+            raise CorruptCheckpointError(
+                f"{folder}: {name} is not listed in the manifest (a file added after the save)")
+
 
 MANIFEST = "COMPLETE"
 FORMAT = "lengthwise-checkpoint"
@@ -201,7 +319,7 @@ def check_files(path: Path, manifest: dict[str, Any]) -> None:
     Example::
 
         >>> import tempfile
-        >>> from lengthwise.train.checkpoint.integrity import file_digests
+        >>> from lengthwise.train.checkpoint.folder import file_digests
         >>> folder = Path(tempfile.mkdtemp())
         >>> _ = (folder / "state.pt").write_bytes(b"weights")
         >>> check_files(folder, {"files": file_digests(folder)})
@@ -247,3 +365,55 @@ def resolve_checkpoint(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
     check_format(path, manifest)
     check_files(path, manifest)
     return path, manifest
+
+
+def _write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
+    path = directory / MANIFEST
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(manifest, handle, indent=1)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a checkpoint folder, its manifest first so it stops counting as complete.
+
+    A link is removed itself: the folder it points to, maybe outside the run, is kept.
+    """
+    if path.is_symlink():
+        path.unlink()
+        return
+    (path / MANIFEST).unlink(missing_ok=True)  # first stop it counting as complete
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def publish(tmp: Path, final: Path, manifest: dict[str, Any]) -> None:
+    """Mark ``tmp`` complete and rename it to ``final`` (replacing an older ``final``).
+
+    The manifest gets the size and SHA-256 of every file in ``tmp``. Call it from the
+    writer thread: hashing reads every file back.
+    """
+    manifest = {**manifest, "files": file_digests(tmp, skip=(MANIFEST,))}
+    _write_manifest(tmp, manifest)
+    fsync_dir(tmp)
+    old = None
+    if final.exists():
+        old = final.with_name(f"{final.name}.old-{os.getpid()}")
+        os.replace(final, old)
+    os.replace(tmp, final)
+    fsync_dir(final.parent)
+    if old is not None:
+        remove_tree(old)
+
+
+def prune(directory: Path, step: int, keep: int | None) -> None:
+    """Remove folders left by crashed saves before ``step`` and all but the ``keep`` newest."""
+    if not directory.is_dir():
+        return
+    for child in directory.iterdir():
+        match = TMP_DIR.match(child.name)
+        if match and int(match.group(1)) < step:  # left by a crashed save
+            remove_tree(child)
+    if keep is not None:
+        for old in list_checkpoints(directory)[:-keep]:
+            remove_tree(old)
