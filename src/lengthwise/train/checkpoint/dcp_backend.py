@@ -97,12 +97,7 @@ def check_metadata(data: bytes, path: Path) -> None:
 
 
 def check_torch() -> None:
-    """Refuse torch versions whose distributed checkpoint reader unpickles its tensor files.
-
-    Example::
-
-        >>> check_torch()  # torch 2.6 or newer
-    """
+    """Refuse torch versions whose distributed checkpoint reader unpickles its tensor files."""
     major, minor = (int(part) for part in torch.__version__.split(".")[:2])
     if (major, minor) < (2, 6):
         raise CheckpointError(

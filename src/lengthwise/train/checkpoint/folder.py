@@ -83,14 +83,7 @@ def _sha256(path: Path) -> str:
 
 
 def file_digests(folder: Path, skip: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
-    """``{relative path: {"bytes", "sha256"}}`` of every file under ``folder`` but ``skip``.
-
-    Example::
-
-        >>> import tempfile
-        >>> file_digests(Path(tempfile.mkdtemp()))
-        {}
-    """
+    """``{relative path: {"bytes", "sha256"}}`` of every file under ``folder`` but ``skip``."""
     found: dict[str, dict[str, Any]] = {}
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         name = path.relative_to(folder).as_posix()
@@ -157,25 +150,13 @@ TMP_DIR = re.compile(r"^step_(\d+)\.tmp$")
 
 
 def step_dirs(directory: Path, step: int) -> tuple[Path, Path]:
-    """The folder a save of ``step`` writes into, and the one it is renamed to when complete.
-
-    Example::
-
-        >>> [p.as_posix() for p in step_dirs(Path("ckpt"), 2)]
-        ['ckpt/step_2.tmp', 'ckpt/step_2']
-    """
+    """The folder a save of ``step`` writes into, and the one it is renamed to when complete."""
     return directory / f"step_{step}.tmp", directory / f"step_{step}"
 
 
 def new_manifest(step: int, backend: str, world_size: int, has_optimizer_state: bool,
                  contents: list[str]) -> dict[str, Any]:
-    """The manifest that marks a checkpoint complete and says how to read it.
-
-    Example::
-
-        >>> new_manifest(5, "torch", 1, False, ["model"])["format"]
-        'lengthwise-checkpoint'
-    """
+    """The manifest that marks a checkpoint complete and says how to read it."""
     return {
         "format": FORMAT, "version": VERSION, "step": step, "backend": backend,
         "world_size": world_size, "time": time.time(),
@@ -184,13 +165,7 @@ def new_manifest(step: int, backend: str, world_size: int, has_optimizer_state: 
 
 
 def read_manifest(path: Path) -> dict[str, Any] | None:
-    """The manifest of the checkpoint folder ``path``, or ``None`` if it is not complete.
-
-    Example::
-
-        >>> read_manifest(Path("no-such-folder")) is None
-        True
-    """
+    """The manifest of the checkpoint folder ``path``, or ``None`` if it is not complete."""
     try:
         manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -203,28 +178,13 @@ def read_manifest(path: Path) -> dict[str, Any] | None:
 def is_older_format(manifest: dict[str, Any]) -> bool:
     """Whether a manifest is of an older format (versions 1 and 2), which this version does
     not read.
-
-    Example::
-
-        >>> is_older_format({"version": 2}), is_older_format({"version": VERSION})
-        (True, False)
     """
     version = manifest.get("version", 1)
     return isinstance(version, int) and not isinstance(version, bool) and version < VERSION
 
 
 def check_format(path: Path, manifest: dict[str, Any]) -> None:
-    """Refuse a checkpoint of another format version, naming it, before any of it is read.
-
-    Example::
-
-        >>> try:
-        ...     check_format(Path("step_3"), {"version": 2})
-        ... except LegacyCheckpointError as exc:
-        ...     print(exc)  # doctest: +NORMALIZE_WHITESPACE
-        step_3 is a checkpoint of an older lengthwise (format version 2), which this version
-        does not read (it reads version 3); nothing in it was loaded
-    """
+    """Refuse a checkpoint of another format version, naming it, before any of it is read."""
     version = manifest.get("version", 1)
     if is_older_format(manifest):
         raise LegacyCheckpointError(
@@ -291,14 +251,7 @@ def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
 
 
 def previous_good(path: Path) -> str:
-    """Where to resume instead of the broken checkpoint ``path``: a sentence for an error.
-
-    Example::
-
-        >>> import tempfile
-        >>> previous_good(Path(tempfile.mkdtemp()) / "step_4")
-        'no earlier checkpoint in the same folder verifies'
-    """
+    """Where to resume instead of the broken checkpoint ``path``: a sentence for an error."""
     match = STEP_DIR.match(path.name)
     step = int(match.group(1)) if match else None
     for older in reversed(list_checkpoints(path.parent)):
@@ -314,16 +267,7 @@ def previous_good(path: Path) -> str:
 
 
 def check_files(path: Path, manifest: dict[str, Any]) -> None:
-    """Verify the files of checkpoint ``path``; the error names the file and the previous good.
-
-    Example::
-
-        >>> import tempfile
-        >>> from lengthwise.train.checkpoint.folder import file_digests
-        >>> folder = Path(tempfile.mkdtemp())
-        >>> _ = (folder / "state.pt").write_bytes(b"weights")
-        >>> check_files(folder, {"files": file_digests(folder)})
-    """
+    """Verify the files of checkpoint ``path``; the error names the file and the previous good."""
     try:
         verify_files(path, manifest, skip=(MANIFEST,))
     except CorruptCheckpointError as exc:
@@ -331,17 +275,7 @@ def check_files(path: Path, manifest: dict[str, Any]) -> None:
 
 
 def resolve_checkpoint(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
-    """A verified checkpoint folder and its manifest: ``path``, or the latest good one under it.
-
-    Example::
-
-        >>> import tempfile
-        >>> try:
-        ...     resolve_checkpoint(tempfile.mkdtemp())
-        ... except FileNotFoundError:
-        ...     print("none")
-        none
-    """
+    """A verified checkpoint folder and its manifest: ``path``, or the latest good one under it."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"checkpoint path {path} does not exist")

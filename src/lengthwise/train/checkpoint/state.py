@@ -99,13 +99,7 @@ _TORCH_BY_NAME = {name: dtype for dtype, name in _TORCH_DTYPES.items()}
 
 
 def to_json(state: Any) -> str:
-    """``state`` as JSON text; :class:`ConfigError` names a part that is not plain data.
-
-    Example::
-
-        >>> to_json({"step": 3, "pair": (1, 2)})
-        '{"step": 3, "pair": {"__lw__": "tuple", "items": [1, 2]}}'
-    """
+    """``state`` as JSON text; :class:`ConfigError` names a part that is not plain data."""
     return json.dumps(_encode(state, ""), allow_nan=False)
 
 
@@ -170,23 +164,12 @@ def from_json(text: str) -> Any:
     """The state :func:`to_json` wrote; ``ValueError`` (or ``KeyError``) for damaged text.
 
     Only plain data, tensors and NumPy arrays are built; nothing is imported or run.
-
-    Example::
-
-        >>> from_json('{"pair": {"__lw__": "tuple", "items": [1, 2]}}')
-        {'pair': (1, 2)}
     """
     return json.loads(text, object_hook=_decode)
 
 
 def rng_state() -> dict[str, Any]:
-    """The RNG states of Python, NumPy, torch and (when initialised) CUDA.
-
-    Example::
-
-        >>> sorted(rng_state())[:3]
-        ['numpy', 'python', 'torch']
-    """
+    """The RNG states of Python, NumPy, torch and (when initialised) CUDA."""
     state = {
         "python": random.getstate(),
         "numpy": np.random.get_state(),
@@ -198,14 +181,7 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore RNG states taken by :func:`rng_state` (CUDA ones only for devices present).
-
-    Example::
-
-        >>> saved = rng_state(); a = random.random(); set_rng_state(saved)
-        >>> random.random() == a
-        True
-    """
+    """Restore RNG states taken by :func:`rng_state` (CUDA ones only for devices present)."""
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
@@ -216,14 +192,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def cpu_copy(obj: Any) -> Any:
-    """Deep copy with every tensor copied to CPU memory (the training loop may go on).
-
-    Example::
-
-        >>> t = torch.zeros(2); c = cpu_copy({"t": [t]}); t += 1
-        >>> c["t"][0].tolist()
-        [0.0, 0.0]
-    """
+    """Deep copy with every tensor copied to CPU memory (the training loop may go on)."""
     if isinstance(obj, torch.Tensor):
         return obj.detach().to("cpu", copy=True)
     if isinstance(obj, dict):
@@ -264,12 +233,7 @@ def state_bytes(obj: Any) -> int:
 
 
 def check_stateful(name: str, obj: Any) -> None:
-    """Raise ``TypeError`` unless ``obj`` is ``None`` or has ``state_dict``/``load_state_dict``.
-
-    Example::
-
-        >>> check_stateful("sampler", None)
-    """
+    """Raise ``TypeError`` unless ``obj`` is ``None`` or has ``state_dict``/``load_state_dict``."""
     if obj is not None and not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
         raise TypeError(f"{name} must have state_dict() and load_state_dict(), got {type(obj)}")
 

@@ -123,14 +123,7 @@ def load_torch(path: Path, model: torch.nn.Module, optimizer: Any, strict: bool,
 
 
 def state_mismatch(model: torch.nn.Module, state: Any, exc: BaseException) -> str:
-    """Why ``state`` does not load into ``model``: the tensors missing and unexpected, counted.
-
-    Example::
-
-        >>> why = state_mismatch(torch.nn.Linear(1, 1), {"x": torch.zeros(1)}, RuntimeError())
-        >>> why.split(": ")[1]
-        "2 tensors missing (e.g. 'bias'), 1 unexpected (e.g. 'x')"
-    """
+    """Why ``state`` does not load into ``model``: the tensors missing and unexpected, counted."""
     if not isinstance(state, dict):
         return f"its model state is a {type(state).__name__}, not a dict of tensors"
     wanted, held = set(model.state_dict()), set(state)
