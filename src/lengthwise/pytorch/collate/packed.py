@@ -22,8 +22,7 @@ from lengthwise.pytorch.collate.samples import (
     check_batch,
     check_budget,
     check_fields,
-    check_positive,
-    check_token_id,
+    int_option,
     pad_value,
     result_dtype,
     sample_fields,
@@ -174,25 +173,24 @@ class PackCollator:
         metadata: bool = True,
         budget: Budget | None = None,
     ) -> None:
-        check_positive("row_capacity", row_capacity)
-        check_positive("max_length", max_length)
-        check_token_id("pad_token_id", pad_token_id, allow_none=True)
-        check_token_id("label_pad_id", label_pad_id, minimum=None)
-        check_token_id("position_ids_start", position_ids_start)
+        row_capacity = int_option("row_capacity", row_capacity)
+        pad_token_id = int_option("pad_token_id", pad_token_id, minimum=0)
         if pad_to_capacity and (row_capacity is None or pad_token_id is None):
             raise ConfigError("pad_to_capacity needs row_capacity and pad_token_id")
         if mask_dtype is not None and not (isinstance(mask_dtype, torch.dtype) and (
                 mask_dtype == torch.bool or mask_dtype.is_floating_point)):
             raise TypeError(f"mask_dtype must be torch.bool or a floating dtype, got {mask_dtype}")
-        self.label_pad_id = int(label_pad_id)
+        self.label_pad_id = int_option("label_pad_id", label_pad_id, minimum=None,
+                                       allow_none=False)
         self.fields = check_fields(fields)
-        self.row_capacity = None if row_capacity is None else int(row_capacity)
+        self.row_capacity = row_capacity
         self.pad_to_capacity = pad_to_capacity
         self.pad_token_id = pad_token_id
         self.return_flash_attn_kwargs = return_flash_attn_kwargs
         self.return_seq_idx = return_seq_idx
-        self.position_ids_start = int(position_ids_start)
-        self.max_length = max_length
+        self.position_ids_start = int_option("position_ids_start", position_ids_start, minimum=0,
+                                             allow_none=False)
+        self.max_length = int_option("max_length", max_length)
         self.mask_dtype = mask_dtype
         self.metadata = metadata
         self.budget = check_budget(budget, "pack", "PackCollator")

@@ -22,8 +22,7 @@ from lengthwise.pytorch.collate.samples import (
     check_budget,
     check_edges,
     check_fields,
-    check_positive,
-    check_token_id,
+    int_option,
     pad_value,
     result_dtype,
     sample_fields,
@@ -88,18 +87,16 @@ class PadCollator:
         metadata: bool = True,
         budget: Budget | None = None,
     ) -> None:
-        check_token_id("pad_token_id", pad_token_id)
-        check_positive("pad_multiple", pad_multiple, allow_none=False)
-        check_positive("max_length", max_length)
         if padding_side not in ("right", "left"):
             raise ConfigError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
-        self.pad_token_id = int(pad_token_id)
-        self.pad_multiple = int(pad_multiple)
-        self.label_pad_id = check_token_id("label_pad_id", label_pad_id, minimum=None)
+        self.pad_token_id = int_option("pad_token_id", pad_token_id, minimum=0, allow_none=False)
+        self.pad_multiple = int_option("pad_multiple", pad_multiple, allow_none=False)
+        self.label_pad_id = int_option("label_pad_id", label_pad_id, minimum=None,
+                                       allow_none=False)
         self.fields = check_fields(fields)
         self.padding_side = padding_side
         self.edges = check_edges(edges)
-        self.max_length = max_length
+        self.max_length = int_option("max_length", max_length)
         self.metadata = metadata
         self.budget = check_budget(budget, "pad", "PadCollator")
         self._calls = 0  # micro-batches collated so far (names the batch in a BudgetError)

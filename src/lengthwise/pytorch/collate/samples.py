@@ -26,17 +26,9 @@ __all__ = ["METADATA_KEYS", "batch_metadata", "model_inputs"]
 _LAYOUT_WORDS = {"pad": ("padded", "packed"), "pack": ("packed", "padded")}
 
 
-def check_positive(name: str, value: int | None, *, allow_none: bool = True) -> None:
-    """Raise ``ValueError`` unless ``value`` is a positive integer (or ``None``, if allowed)."""
-    if value is None and allow_none:
-        return
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-
-
-def check_token_id(name: str, value: int | None, *, allow_none: bool = False,
-                   minimum: int | None = 0) -> int | None:
-    """``value`` as an int: an integer (not a bool) of at least ``minimum``, else an error.
+def int_option(name: str, value: int | None, *, minimum: int | None = 1,
+               allow_none: bool = True) -> int | None:
+    """``value`` as an int (not a bool) of at least ``minimum``, or ``None`` if allowed.
 
     Token ids (``pad_token_id``) are >= 0: an embedding has no row -1. Label fill
     values (``label_pad_id``, usually -100) pass ``minimum=None``.
@@ -46,8 +38,7 @@ def check_token_id(name: str, value: int | None, *, allow_none: bool = False,
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
         raise TypeError(f"{name} must be an integer, got {value!r}")
     if minimum is not None and value < minimum:
-        raise ConfigError(f"{name} must be >= {minimum}, got {value} (an embedding has no row "
-                          f"{value})")
+        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
     return int(value)
 
 

@@ -396,11 +396,7 @@ class SharedCheckpointers:
             self._items[key] = found
             while len(self._items) > self.size:
                 evicted.append(self._items.popitem(last=False)[1])
-        for other in evicted:  # another directory: its failure is not this call's
-            try:
-                other.close()
-            except CheckpointError as exc:
-                warnings.warn(f"a background checkpoint save failed: {exc}", stacklevel=3)
+        _close_warning(evicted)  # another directory: its failure is not this call's
         if stale is not None:
             stale.close()  # same directory: a failure of its last save is raised here
         return found
@@ -410,11 +406,16 @@ class SharedCheckpointers:
         with self._lock:
             items = list(self._items.values())
             self._items.clear()
-        for checkpointer in items:
-            try:
-                checkpointer.close()
-            except CheckpointError as exc:
-                warnings.warn(f"a background checkpoint save failed: {exc}", stacklevel=2)
+        _close_warning(items)
+
+
+def _close_warning(checkpointers: list[Checkpointer]) -> None:
+    """Close ``checkpointers``, a failed save of theirs a warning rather than an error."""
+    for checkpointer in checkpointers:
+        try:
+            checkpointer.close()
+        except CheckpointError as exc:
+            warnings.warn(f"a background checkpoint save failed: {exc}", stacklevel=3)
 
 
 def _checked_files(files: Mapping[str, str] | None) -> dict[str, str] | None:

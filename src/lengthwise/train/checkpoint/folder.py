@@ -44,7 +44,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from lengthwise.atomic import fsync_dir
+from lengthwise.atomic import atomic_open, replace_folder
 from lengthwise.errors import LengthwiseError
 
 __all__ = ["CheckpointError", "CheckpointLockedError", "CorruptCheckpointError",
@@ -82,23 +82,19 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def file_digests(folder: Path, skip: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
-    """``{relative path: {"bytes", "sha256"}}`` of every file under ``folder`` but ``skip``."""
-    found: dict[str, dict[str, Any]] = {}
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        name = path.relative_to(folder).as_posix()
-        if name in skip:
-            continue
-        found[name] = {"bytes": path.stat().st_size, "sha256": _sha256(path)}
-    return found
+def file_digests(folder: Path) -> dict[str, dict[str, Any]]:
+    """``{relative path: {"bytes", "sha256"}}`` of every file under ``folder`` but the manifest."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    return {p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+            for p in files if p.relative_to(folder).as_posix() != MANIFEST}
 
 
-def verify_files(folder: Path, manifest: dict[str, Any], skip: tuple[str, ...] = ()) -> None:
+def verify_files(folder: Path, manifest: dict[str, Any]) -> None:
     """Raise :class:`CorruptCheckpointError` unless every file of ``folder`` is listed and intact.
 
     The manifest must list files (``{"files": {name: {"bytes", "sha256"}}}``): one
-    without is refused, and so is a file in the folder it does not list (but ``skip``,
-    the manifest itself), a listed name that is not a plain path inside the folder, and
+    without is refused, and so is a file in the folder it does not list (but the
+    manifest itself), a listed name that is not a plain path inside the folder, and
     a listed file that is missing, of another size or another SHA-256.
     """
     files = manifest.get("files")
@@ -136,7 +132,7 @@ def verify_files(folder: Path, manifest: dict[str, Any], skip: tuple[str, ...] =
             )
     for path in sorted(folder.rglob("*")):
         name = path.relative_to(folder).as_posix()
-        if name not in files and name not in skip and (path.is_symlink() or not path.is_dir()):
+        if name not in files and name != MANIFEST and (path.is_symlink() or not path.is_dir()):
             raise CorruptCheckpointError(
                 f"{folder}: {name} is not listed in the manifest (a file added after the save)")
 
@@ -242,7 +238,7 @@ def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
         try:
             if manifest is None:
                 raise CorruptCheckpointError(f"{path / MANIFEST} is damaged")
-            verify_files(path, manifest, skip=(MANIFEST,))
+            verify_files(path, manifest)
         except CorruptCheckpointError as exc:
             warnings.warn(f"skipping a corrupt checkpoint: {exc}", UserWarning, stacklevel=2)
             continue
@@ -259,19 +255,11 @@ def previous_good(path: Path) -> str:
         if older == path or (step is not None and older_step >= step):
             continue
         try:
-            verify_files(older, read_manifest(older) or {}, skip=(MANIFEST,))
+            verify_files(older, read_manifest(older) or {})
         except CorruptCheckpointError:
             continue
         return f"the previous good checkpoint is step {older_step} ({older})"
     return "no earlier checkpoint in the same folder verifies"
-
-
-def check_files(path: Path, manifest: dict[str, Any]) -> None:
-    """Verify the files of checkpoint ``path``; the error names the file and the previous good."""
-    try:
-        verify_files(path, manifest, skip=(MANIFEST,))
-    except CorruptCheckpointError as exc:
-        raise CorruptCheckpointError(f"{exc}; {previous_good(path)}") from None
 
 
 def resolve_checkpoint(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
@@ -297,16 +285,11 @@ def resolve_checkpoint(path: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
         check_format(path, manifest)
         return path, manifest
     check_format(path, manifest)
-    check_files(path, manifest)
+    try:
+        verify_files(path, manifest)
+    except CorruptCheckpointError as exc:  # the error names the file and the previous good
+        raise CorruptCheckpointError(f"{exc}; {previous_good(path)}") from None
     return path, manifest
-
-
-def _write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
-    path = directory / MANIFEST
-    with open(path, "w", encoding="utf-8") as handle:
-        json.dump(manifest, handle, indent=1)
-        handle.flush()
-        os.fsync(handle.fileno())
 
 
 def remove_tree(path: Path) -> None:
@@ -327,17 +310,10 @@ def publish(tmp: Path, final: Path, manifest: dict[str, Any]) -> None:
     The manifest gets the size and SHA-256 of every file in ``tmp``. Call it from the
     writer thread: hashing reads every file back.
     """
-    manifest = {**manifest, "files": file_digests(tmp, skip=(MANIFEST,))}
-    _write_manifest(tmp, manifest)
-    fsync_dir(tmp)
-    old = None
-    if final.exists():
-        old = final.with_name(f"{final.name}.old-{os.getpid()}")
-        os.replace(final, old)
-    os.replace(tmp, final)
-    fsync_dir(final.parent)
-    if old is not None:
-        remove_tree(old)
+    manifest = {**manifest, "files": file_digests(tmp)}  # before the manifest's own file
+    with atomic_open(tmp / MANIFEST, "w", encoding="utf-8") as handle:
+        json.dump(manifest, handle, indent=1)
+    replace_folder(tmp, final)
 
 
 def prune(directory: Path, step: int, keep: int | None) -> None:

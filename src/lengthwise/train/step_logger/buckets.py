@@ -180,8 +180,8 @@ class BucketLosses:
         """Restore what :meth:`state_dict` returned; :class:`ConfigError` for anything else."""
         if not isinstance(state, dict) or set(state) != {"windows", "observed"}:
             raise ConfigError("bucket losses: expected the keys 'windows' and 'observed'")
-        windows = {_count(b): _entries(w) for b, w in _pairs(state["windows"], "windows")}
-        observed = {_count(b): _real(v) for b, v in _pairs(state["observed"], "observed")}
+        windows = {state_count(b): _entries(w) for b, w in _pairs(state["windows"], "windows")}
+        observed = {state_count(b): _real(v) for b, v in _pairs(state["observed"], "observed")}
         self.windows, self.observed = windows, observed
 
     def means(self) -> dict[int, float]:
@@ -231,12 +231,13 @@ def _entries(value: Any) -> deque[tuple[int, float, float]]:
     if not isinstance(value, list) or not all(isinstance(e, list) and len(e) == 3
                                               for e in value):
         raise ConfigError("bucket losses: a window must be a list of [index, sum, weight]")
-    return deque((_count(i), _real(s), _real(w)) for i, s, w in value)
+    return deque((state_count(i), _real(s), _real(w)) for i, s, w in value)
 
 
-def _count(value: Any) -> int:
+def state_count(value: Any, what: str = "bucket losses: an id or index") -> int:
+    """``value`` of a saved state, checked to be a non-negative integer."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"bucket losses: {value!r} is not a non-negative integer")
+        raise ConfigError(f"{what} must be a non-negative integer, got {value!r}")
     return value
 
 

@@ -27,7 +27,7 @@ Example::
     >>> ids.tolist(), count(vec, REAL, REAL_N), bucket_columns(vec)[0].tolist()
     ([7], 30, [60.0, 30.0, 1.0, 30.0])
     >>> rec = step_record(vec, step=1, epoch=None, lr=None, grad_norm=None, seconds=1.0,
-    ...                   buckets=[7], bucket_loss={}, corrected=None, skipped=False,
+    ...                   buckets=[7], bucket_loss={}, offset=None, skipped=False,
     ...                   skipped_total=0)
     >>> rec["loss"], rec["padding_efficiency"], rec["tokens_per_second"]
     (2.0, 0.9375, 30.0)
@@ -294,18 +294,23 @@ RESERVED_FIELDS = frozenset(
 )
 
 
-def step_record(vec: np.ndarray, *, step: int, epoch: Any, lr: Any, grad_norm: Any,
-                seconds: float, buckets: list[int], bucket_loss: dict[int, float],
-                corrected: float | None, skipped: bool, skipped_total: int) -> dict[str, Any]:
-    """The record of a step whose summed vector is ``vec`` (fields in the documented order)."""
+def step_record(vec: np.ndarray, *, step: int, epoch: int | None, lr: float | None,
+                grad_norm: float | None, seconds: float, buckets: list[int],
+                bucket_loss: dict[int, float], offset: float | None, skipped: bool,
+                skipped_total: int) -> dict[str, Any]:
+    """The record of a step whose summed vector is ``vec`` (fields in the documented order).
+
+    ``offset`` is the loss the step's bucket mix is expected to add: the corrected loss
+    is the step's loss minus it (``None`` without an offset or a finite loss)."""
     real = count(vec, REAL, REAL_N)
     padded = count(vec, PAD, PAD_N)
+    loss = float(vec[LOSS_SUM] / vec[LOSS_WEIGHT]) if vec[LOSS_WEIGHT] > 0 else None
     rec = {
         "step": step,
-        "epoch": None if epoch is None else to_count(epoch, "epoch"),
-        "loss": float(vec[LOSS_SUM] / vec[LOSS_WEIGHT]) if vec[LOSS_WEIGHT] > 0 else None,
-        "lr": to_float(lr, "lr"),
-        "grad_norm": to_float(grad_norm, "grad_norm"),
+        "epoch": epoch,
+        "loss": loss,
+        "lr": lr,
+        "grad_norm": grad_norm,
         "real_tokens": real,
         "padded_tokens": padded,
         "padding_efficiency": real / padded if real is not None and padded else None,
@@ -315,7 +320,8 @@ def step_record(vec: np.ndarray, *, step: int, epoch: Any, lr: Any, grad_norm: A
         "micro_batches": int(round(vec[MICRO])),
         "buckets": buckets,
         "bucket_loss": {str(b): v for b, v in bucket_loss.items()},
-        "corrected_loss": corrected,
+        "corrected_loss": (loss - offset if offset is not None and loss is not None
+                           and math.isfinite(loss) else None),
         "skipped": skipped,
         "skipped_total": skipped_total,
         "time": time.time(),

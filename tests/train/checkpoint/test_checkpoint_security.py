@@ -77,7 +77,7 @@ def _rehash(folder, *, drop_files=False):
     if drop_files:
         del manifest["files"]
     else:
-        manifest["files"] = file_digests(folder, skip=("COMPLETE",))
+        manifest["files"] = file_digests(folder)
     (folder / "COMPLETE").write_text(json.dumps(manifest))
 
 
