@@ -72,8 +72,6 @@ from lengthwise.train.checkpoint.checkpointer import (
     load_checkpoint,
     save_checkpoint,
 )
-from lengthwise.train.checkpoint.folder import FORMAT as FORMAT
-from lengthwise.train.checkpoint.folder import MANIFEST as MANIFEST
 from lengthwise.train.checkpoint.folder import (
     CheckpointError,
     CheckpointLockedError,
