@@ -1,7 +1,7 @@
 """``lengthwise demo``: corpus, tokenizer, the training loop, resume, the report, the CLI.
 
 A crash in the middle of a checkpoint save is covered where the checkpoints
-live: ``tests/train/test_train_checkpoint.py::
+live: ``tests/train/checkpoint/test_checkpoint.py::
 test_killed_in_the_middle_of_a_save_the_previous_checkpoint_loads``.
 """
 

@@ -161,7 +161,9 @@ OLD_PATHS = ("lengthwise.batching", "lengthwise.orders", "lengthwise.edges", "le
              "lengthwise.pack", "lengthwise.pack._lanes", "lengthwise.sampler",
              "lengthwise.collate", "lengthwise.collate.pad", "lengthwise.calibrate",
              "lengthwise.train._dist", "lengthwise.hf_lengths", "lengthwise.hf_trainer",
-             "lengthwise.demo.loop", "lengthwise.demo.schedule", "lengthwise.demo.device")
+             "lengthwise.demo.loop", "lengthwise.demo.schedule", "lengthwise.demo.device",
+             "lengthwise.pytorch.collate.held", "lengthwise.train.checkpoint.errors",
+             "lengthwise.train.step_logger.shares")
 
 
 @pytest.mark.parametrize("old", OLD_PATHS)

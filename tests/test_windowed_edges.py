@@ -12,7 +12,7 @@ import lengthwise
 from lengthwise.planning.config import PlanConfig
 from lengthwise.planning.windowed import WindowedPlan
 from lengthwise.pytorch import BucketBatchSampler
-from lengthwise.pytorch.collate.buckets import bucket_of
+from lengthwise.pytorch.collate.padded import bucket_of
 
 
 def _outlier_lengths():

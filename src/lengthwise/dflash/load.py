@@ -82,8 +82,7 @@ def _checkpoint_draft(path: Path) -> tuple[Any, Path]:
     from lengthwise.dflash.config import read_draft_config
     from lengthwise.dflash.model import DFlashDraft
     from lengthwise.train.checkpoint import load_checkpoint
-    from lengthwise.train.checkpoint.errors import CheckpointError
-    from lengthwise.train.checkpoint.layout import resolve_checkpoint
+    from lengthwise.train.checkpoint.folder import CheckpointError, resolve_checkpoint
 
     try:
         step, _ = resolve_checkpoint(path)

@@ -35,7 +35,7 @@ __all__ = ["hold_out"]
 @contextmanager
 def hold_out(folder: str | Path, command: str, info: Any = None) -> Iterator[None]:
     """Hold ``folder``'s writer lock for ``command`` (e.g. ``"dflash train"``) while inside."""
-    from lengthwise.train.checkpoint.errors import CheckpointError
+    from lengthwise.train.checkpoint.folder import CheckpointError
     from lengthwise.train.checkpoint.lock import WriterLock
     from lengthwise.train.device import rank_world
 

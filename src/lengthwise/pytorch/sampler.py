@@ -223,7 +223,7 @@ class BucketBatchSampler(Sampler[list[int]]):
             ...  for b in s]
             [torch.Size([1, 5]), torch.Size([1, 12]), torch.Size([1, 16])]
         """
-        from lengthwise.pytorch.collate.from_plan import collator_for
+        from lengthwise.pytorch.collate.plan import collator_for
 
         edges = None
         if self.config.layout == "pad" and self.window is not None:

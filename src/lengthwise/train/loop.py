@@ -31,7 +31,7 @@ import numpy as np
 from lengthwise.doctor.context import PLAN_EVENT
 from lengthwise.errors import ConfigError
 from lengthwise.pytorch.dist import GroupInfo, all_reduce_sum
-from lengthwise.train.checkpoint.errors import CheckpointError, CorruptCheckpointError
+from lengthwise.train.checkpoint.folder import CheckpointError, CorruptCheckpointError
 from lengthwise.train.config import PACKED, LoopConfig
 from lengthwise.train.device import rank_world, say
 from lengthwise.train.schedule import lr_factor

@@ -13,16 +13,15 @@ Strip them with :func:`model_inputs` before calling the model (and read them wit
 :func:`batch_metadata`), or build the collator with ``metadata=False`` (for
 ``transformers.Trainer``, which passes the whole batch to the model).
 
-Modules: :mod:`~lengthwise.pytorch.collate.padded` (:class:`PadCollator`),
-:mod:`~lengthwise.pytorch.collate.packed` (:class:`PackCollator`),
-:mod:`~lengthwise.pytorch.collate.mask` (:func:`packed_attention_mask`),
-:mod:`~lengthwise.pytorch.collate.metadata` (:func:`model_inputs`, :func:`batch_metadata`),
-:mod:`~lengthwise.pytorch.collate.buckets` (:func:`bucket_of`),
-:mod:`~lengthwise.pytorch.collate.budget` (:class:`Budget`, :class:`BudgetError`: every
-micro-batch checked against the plan's budget) and
-:mod:`~lengthwise.pytorch.collate.from_plan` (:func:`collator_for`, what
-``BucketBatchSampler.collator()`` returns) and :mod:`~lengthwise.pytorch.collate.held`
-(:class:`HeldCollator`: another collator held to the plan).
+Modules: :mod:`~lengthwise.pytorch.collate.padded` (:class:`PadCollator`,
+:func:`bucket_of`), :mod:`~lengthwise.pytorch.collate.packed` (:class:`PackCollator`,
+:func:`packed_attention_mask`, :class:`RowsDataset`),
+:mod:`~lengthwise.pytorch.collate.samples` (what both share: :func:`model_inputs`,
+:func:`batch_metadata`), :mod:`~lengthwise.pytorch.collate.budget` (:class:`Budget`,
+:class:`BudgetError`: every micro-batch checked against the plan's budget) and
+:mod:`~lengthwise.pytorch.collate.plan` (:func:`collator_for`, what
+``BucketBatchSampler.collator()`` returns, and :class:`HeldCollator`: another collator
+held to the plan).
 
 Example::
 
@@ -41,15 +40,11 @@ Example::
 
 from __future__ import annotations
 
-from lengthwise.pytorch.collate.buckets import bucket_of
 from lengthwise.pytorch.collate.budget import Budget, BudgetError
-from lengthwise.pytorch.collate.from_plan import collator_for
-from lengthwise.pytorch.collate.held import HeldCollator
-from lengthwise.pytorch.collate.mask import packed_attention_mask
-from lengthwise.pytorch.collate.metadata import METADATA_KEYS, batch_metadata, model_inputs
-from lengthwise.pytorch.collate.packed import PackCollator
-from lengthwise.pytorch.collate.padded import PadCollator
-from lengthwise.pytorch.collate.rows_dataset import RowsDataset
+from lengthwise.pytorch.collate.packed import PackCollator, RowsDataset, packed_attention_mask
+from lengthwise.pytorch.collate.padded import PadCollator, bucket_of
+from lengthwise.pytorch.collate.plan import HeldCollator, collator_for
+from lengthwise.pytorch.collate.samples import METADATA_KEYS, batch_metadata, model_inputs
 
 __all__ = [
     "METADATA_KEYS",

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from lengthwise.errors import ConfigError
 from lengthwise.planning.cost import CostModel
 
-__all__ = ["Budget", "BudgetError"]
+__all__ = ["Budget", "BudgetError", "budget_of"]
 
 _HINT = ("(the samples are longer than the lengths the plan was built from, or the collator "
          "truncates or pads differently from the plan: use sampler.collator(), which truncates "
@@ -118,3 +119,19 @@ class Budget:
             if used > cap:
                 raise BudgetError(f"{where}: row {r} holds {used} tokens > max_tokens={cap} "
                                   f"(the row capacity) {_HINT}")
+
+
+def budget_of(config: Any) -> Budget:
+    """The :class:`Budget` of one micro-batch of a plan of ``config``.
+
+    Example::
+
+        >>> from lengthwise.planning.config import PlanConfig
+        >>> budget_of(PlanConfig(max_tokens=4096, layout="pack", rows_per_batch=2)).rows
+        2
+    """
+    cost = config.cost
+    coeffs = (1.0, 0.0, 0.0) if cost is None else tuple(float(v) for v in cost.fields().values())
+    return Budget(max_tokens=config.max_tokens, batch_size=config.batch_size,
+                  max_cost=config.max_cost, cost=coeffs, rows=int(config.rows_per_batch),
+                  layout=config.layout)

@@ -1,4 +1,6 @@
-"""The packed layout: samples concatenated into padding-free rows with per-sample positions.
+"""The packed layout: samples concatenated into padding-free rows with per-sample positions,
+the rows cut by next fit, their block-diagonal attention mask, and a data set view that
+fetches whole rows.
 
 Example::
 
@@ -14,19 +16,107 @@ from typing import Any
 import numpy as np
 import torch
 
-from lengthwise.errors import ConfigError
-from lengthwise.pytorch.collate._options import (
+from lengthwise.errors import ConfigError, DataError
+from lengthwise.pytorch.collate.budget import Budget
+from lengthwise.pytorch.collate.samples import (
+    check_batch,
     check_budget,
     check_fields,
-    check_positive,
-    check_token_id,
+    int_option,
+    pad_value,
+    result_dtype,
+    sample_fields,
 )
-from lengthwise.pytorch.collate._packed_rows import sample_rows
-from lengthwise.pytorch.collate._samples import check_batch, pad_value, result_dtype
-from lengthwise.pytorch.collate.budget import Budget
-from lengthwise.pytorch.collate.mask import packed_attention_mask
 
-__all__ = ["PackCollator"]
+__all__ = ["PackCollator", "RowsDataset", "packed_attention_mask"]
+
+Row = list[dict[str, np.ndarray]]
+
+
+def sample_rows(samples: list[Any], fields: tuple[str, ...], max_length: int | None,
+                capacity: int | None) -> list[Row]:
+    """Samples grouped into rows, each sample's fields as arrays.
+
+    A list of lists gives the rows explicitly; a flat list is one row, or, with a
+    ``capacity``, split in order into rows of at most ``capacity`` tokens.
+    """
+    explicit = isinstance(samples[0], (list, tuple))
+    if explicit and not all(isinstance(r, (list, tuple)) for r in samples):
+        raise TypeError("PackCollator got a mix of rows (lists) and samples; "
+                        "give one or the other")
+    if explicit:
+        rows, index = [], 0
+        for r, row in enumerate(samples):
+            if not row:
+                raise DataError(f"PackCollator: row {r} is empty")
+            rows.append([sample_fields(s, index + j, fields, max_length)
+                         for j, s in enumerate(row)])
+            index += len(row)
+    else:
+        flat = [sample_fields(s, i, fields, max_length) for i, s in enumerate(samples)]
+        rows = [flat] if capacity is None else next_fit(flat, capacity)
+    if capacity is not None:
+        for r, row in enumerate(rows):
+            used = sum(s["input_ids"].size for s in row)
+            if used > capacity:
+                raise DataError(f"PackCollator: row {r} holds {used} tokens, more than "
+                                f"row_capacity={capacity}")
+    return rows
+
+
+def next_fit(flat: Row, capacity: int) -> list[Row]:
+    """Samples in order into rows of at most ``capacity`` tokens, a new row when one is full."""
+    rows: list[Row] = [[]]
+    used = 0
+    for i, s in enumerate(flat):
+        n = s["input_ids"].size
+        if n > capacity:
+            raise DataError(f"sample {i} has {n} tokens, more than row_capacity={capacity}; "
+                            "split or truncate it first (max_length)")
+        if used + n > capacity:
+            rows.append([])
+            used = 0
+        rows[-1].append(s)
+        used += n
+    return rows
+
+
+def packed_attention_mask(position_ids: torch.Tensor,
+                          dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A causal, block-diagonal ``(B, 1, T, T)`` mask for packed rows.
+
+    A new sample starts wherever the position id does not grow by one. Tokens
+    attend only to earlier tokens of their own sample. With ``dtype=torch.bool``
+    the mask is ``True`` where attention is allowed; with a floating dtype it is
+    additive (0 allowed, the dtype's minimum blocked), as eager attention needs.
+    Memory is ``B*T*T`` elements: meant for eager/SDPA attention at moderate ``T``;
+    varlen kernels use ``cu_seq_lens`` instead.
+
+    Example::
+
+        >>> m = packed_attention_mask(torch.tensor([[0, 1, 0, 1]]), dtype=torch.bool)
+        >>> m[0, 0].int().tolist()
+        [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 1, 1]]
+    """
+    if position_ids.ndim == 1:
+        position_ids = position_ids[None]
+    if position_ids.ndim != 2:
+        raise DataError("position_ids must be (batch, tokens), "
+                        f"got shape {tuple(position_ids.shape)}")
+    starts = torch.ones_like(position_ids, dtype=torch.bool)
+    starts[:, 1:] = position_ids[:, 1:] != position_ids[:, :-1] + 1
+    segment = starts.long().cumsum(-1)
+    t = position_ids.shape[1]
+    causal = torch.ones((t, t), dtype=torch.bool, device=position_ids.device).tril()
+    allowed = (segment[:, :, None] == segment[:, None, :]) & causal
+    allowed = allowed[:, None]
+    if dtype == torch.bool:
+        return allowed
+    if not dtype.is_floating_point:
+        raise TypeError(f"dtype must be torch.bool or a floating dtype, got {dtype}")
+    out = torch.zeros(allowed.shape, dtype=dtype, device=position_ids.device)
+    return out.masked_fill_(~allowed, torch.finfo(dtype).min)
+
 
 
 class PackCollator:
@@ -83,25 +173,24 @@ class PackCollator:
         metadata: bool = True,
         budget: Budget | None = None,
     ) -> None:
-        check_positive("row_capacity", row_capacity)
-        check_positive("max_length", max_length)
-        check_token_id("pad_token_id", pad_token_id, allow_none=True)
-        check_token_id("label_pad_id", label_pad_id, minimum=None)
-        check_token_id("position_ids_start", position_ids_start)
+        row_capacity = int_option("row_capacity", row_capacity)
+        pad_token_id = int_option("pad_token_id", pad_token_id, minimum=0)
         if pad_to_capacity and (row_capacity is None or pad_token_id is None):
             raise ConfigError("pad_to_capacity needs row_capacity and pad_token_id")
         if mask_dtype is not None and not (isinstance(mask_dtype, torch.dtype) and (
                 mask_dtype == torch.bool or mask_dtype.is_floating_point)):
             raise TypeError(f"mask_dtype must be torch.bool or a floating dtype, got {mask_dtype}")
-        self.label_pad_id = int(label_pad_id)
+        self.label_pad_id = int_option("label_pad_id", label_pad_id, minimum=None,
+                                       allow_none=False)
         self.fields = check_fields(fields)
-        self.row_capacity = None if row_capacity is None else int(row_capacity)
+        self.row_capacity = row_capacity
         self.pad_to_capacity = pad_to_capacity
         self.pad_token_id = pad_token_id
         self.return_flash_attn_kwargs = return_flash_attn_kwargs
         self.return_seq_idx = return_seq_idx
-        self.position_ids_start = int(position_ids_start)
-        self.max_length = max_length
+        self.position_ids_start = int_option("position_ids_start", position_ids_start, minimum=0,
+                                             allow_none=False)
+        self.max_length = int_option("max_length", max_length)
         self.mask_dtype = mask_dtype
         self.metadata = metadata
         self.budget = check_budget(budget, "pack", "PackCollator")
@@ -163,3 +252,28 @@ class PackCollator:
             batch["samples"] = sum(len(row) for row in rows)
             batch["bucket"] = -1
         return batch
+
+
+class RowsDataset:
+    """Wrap a map-style data set: a list of indices fetches that list of samples.
+
+    ``DataLoader(RowsDataset(ds), batch_sampler=BucketBatchSampler(..., PlanConfig(...,
+    layout="pack", rows_per_batch=R), yield_rows=True), collate_fn=PackCollator())``
+    hands the collator each micro-batch as a list of rows, exactly as the plan packed them.
+
+    Example::
+
+        >>> RowsDataset(["a", "b", "c"])[[2, 0]], RowsDataset(["a", "b", "c"])[1]
+        (['c', 'a'], 'b')
+    """
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int | Sequence[int]) -> Any:
+        if isinstance(index, (list, tuple)):
+            return [self.dataset[i] for i in index]
+        return self.dataset[index]

@@ -1,4 +1,4 @@
-"""The padded layout: samples padded into a ``rows x P`` micro-batch.
+"""The padded layout: samples padded into a ``rows x P`` micro-batch, and the bucket it is of.
 
 Example::
 
@@ -8,6 +8,7 @@ Example::
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -15,18 +16,37 @@ import numpy as np
 import torch
 
 from lengthwise.errors import ConfigError
-from lengthwise.pytorch.collate._options import (
+from lengthwise.pytorch.collate.budget import Budget
+from lengthwise.pytorch.collate.samples import (
+    check_batch,
     check_budget,
     check_edges,
     check_fields,
-    check_positive,
-    check_token_id,
+    int_option,
+    pad_value,
+    result_dtype,
+    sample_fields,
 )
-from lengthwise.pytorch.collate._samples import check_batch, pad_value, result_dtype, sample_fields
-from lengthwise.pytorch.collate.buckets import bucket_of
-from lengthwise.pytorch.collate.budget import Budget
 
-__all__ = ["PadCollator"]
+__all__ = ["PadCollator", "bucket_of"]
+
+
+def bucket_of(length: int, edges: Sequence[int]) -> int:
+    """Index of the bucket ``(edges[k-1], edges[k]]`` that holds ``length``.
+
+    Example::
+
+        >>> bucket_of(5, [4, 16]), bucket_of(4, [4, 16])
+        (1, 0)
+    """
+    k = bisect.bisect_left(edges, length)
+    if k == len(edges):
+        raise ConfigError(
+            f"a sample of {length} tokens is longer than the last bucket edge {edges[-1]}; "
+            "the edges do not match the data (plan with the same max_len, or truncate with "
+            "max_length)")
+    return k
+
 
 
 class PadCollator:
@@ -67,18 +87,16 @@ class PadCollator:
         metadata: bool = True,
         budget: Budget | None = None,
     ) -> None:
-        check_token_id("pad_token_id", pad_token_id)
-        check_positive("pad_multiple", pad_multiple, allow_none=False)
-        check_positive("max_length", max_length)
         if padding_side not in ("right", "left"):
             raise ConfigError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
-        self.pad_token_id = int(pad_token_id)
-        self.pad_multiple = int(pad_multiple)
-        self.label_pad_id = check_token_id("label_pad_id", label_pad_id, minimum=None)
+        self.pad_token_id = int_option("pad_token_id", pad_token_id, minimum=0, allow_none=False)
+        self.pad_multiple = int_option("pad_multiple", pad_multiple, allow_none=False)
+        self.label_pad_id = int_option("label_pad_id", label_pad_id, minimum=None,
+                                       allow_none=False)
         self.fields = check_fields(fields)
         self.padding_side = padding_side
         self.edges = check_edges(edges)
-        self.max_length = max_length
+        self.max_length = int_option("max_length", max_length)
         self.metadata = metadata
         self.budget = check_budget(budget, "pad", "PadCollator")
         self._calls = 0  # micro-batches collated so far (names the batch in a BudgetError)

@@ -34,24 +34,19 @@ steps.
 Nothing in a checkpoint folder runs when it is loaded: the tensors are read with
 ``torch.load(weights_only=True)`` (the index of a distributed checkpoint by an
 unpickler that builds only its own classes), the rest of the training state is JSON
-(:mod:`~lengthwise.train.checkpoint.state_json`), and every file must be listed in
+(:mod:`~lengthwise.train.checkpoint.state`), and every file must be listed in
 the manifest with its checksum. A checkpoint of an older format (versions 1 and 2,
 whose state was a pickle) is refused with :class:`LegacyCheckpointError` naming it;
 nothing in it is read.
 
 Modules: :mod:`~lengthwise.train.checkpoint.checkpointer` (:class:`Checkpointer`,
-:func:`save_checkpoint`), :mod:`~lengthwise.train.checkpoint.load`
-(:func:`load_checkpoint`), :mod:`~lengthwise.train.checkpoint.layout` (folders,
-manifest, :func:`list_checkpoints`, :func:`latest_checkpoint`),
-:mod:`~lengthwise.train.checkpoint.atomic` (publishing and pruning folders),
-:mod:`~lengthwise.train.checkpoint.integrity` (per-file checksums),
+:func:`save_checkpoint`, :class:`PendingSave`, :func:`load_checkpoint`),
+:mod:`~lengthwise.train.checkpoint.folder` (folders, manifest, checksums, publishing and
+pruning, :func:`list_checkpoints`, :func:`latest_checkpoint`, the errors),
 :mod:`~lengthwise.train.checkpoint.lock` (one writer per folder),
-:mod:`~lengthwise.train.checkpoint.state` (RNG, scheduler and sampler states),
-:mod:`~lengthwise.train.checkpoint.state_json` (that state as JSON), the backends
-:mod:`~lengthwise.train.checkpoint.torch_backend` and
-:mod:`~lengthwise.train.checkpoint.dcp_backend` (read through
-:mod:`~lengthwise.train.checkpoint.dcp_read`), and
-:mod:`~lengthwise.train.checkpoint.pending` (:class:`PendingSave`).
+:mod:`~lengthwise.train.checkpoint.state` (RNG, scheduler and sampler states, as JSON)
+and the backends :mod:`~lengthwise.train.checkpoint.torch_backend` and
+:mod:`~lengthwise.train.checkpoint.dcp_backend`.
 
 Example::
 
@@ -71,18 +66,20 @@ Example::
 
 from __future__ import annotations
 
-from lengthwise.train.checkpoint.checkpointer import Checkpointer, save_checkpoint
-from lengthwise.train.checkpoint.errors import (
+from lengthwise.train.checkpoint.checkpointer import (
+    Checkpointer,
+    PendingSave,
+    load_checkpoint,
+    save_checkpoint,
+)
+from lengthwise.train.checkpoint.folder import (
     CheckpointError,
     CheckpointLockedError,
     CorruptCheckpointError,
     LegacyCheckpointError,
+    latest_checkpoint,
+    list_checkpoints,
 )
-from lengthwise.train.checkpoint.layout import FORMAT as FORMAT
-from lengthwise.train.checkpoint.layout import MANIFEST as MANIFEST
-from lengthwise.train.checkpoint.layout import latest_checkpoint, list_checkpoints
-from lengthwise.train.checkpoint.load import load_checkpoint
-from lengthwise.train.checkpoint.pending import PendingSave
 
 __all__ = [
     "Checkpointer",

@@ -1,11 +1,16 @@
-"""The :class:`Checkpointer`: one save at a time, in the background, published atomically.
+"""Saving and loading: the :class:`Checkpointer` (one save at a time, in the background,
+published atomically), the :class:`PendingSave` handle of a save in flight, and
+:func:`load_checkpoint`, which restores a checkpoint with the backend its manifest names.
 
 Example::
 
     >>> import tempfile, torch
-    >>> with Checkpointer(tempfile.mkdtemp()) as ckpt:
+    >>> root = tempfile.mkdtemp()
+    >>> with Checkpointer(root) as ckpt:
     ...     ckpt.save(1, model=torch.nn.Linear(1, 1)).wait().name
     'step_1'
+    >>> load_checkpoint(root, model=torch.nn.Linear(1, 1))["step"]
+    1
 """
 
 from __future__ import annotations
@@ -24,18 +29,65 @@ from typing import Any
 import numpy as np
 import torch
 
-from lengthwise.errors import ConfigError
+from lengthwise.disk import full_disk_error
+from lengthwise.errors import ConfigError, DiskFullError
 from lengthwise.pytorch.dist import GroupInfo, group_info
-from lengthwise.train.checkpoint.atomic import prune, publish
-from lengthwise.train.checkpoint.dcp_backend import save_dcp
-from lengthwise.train.checkpoint.errors import CheckpointError, CheckpointLockedError
-from lengthwise.train.checkpoint.layout import MANIFEST, latest_checkpoint, step_dirs
+from lengthwise.train.checkpoint.folder import (
+    MANIFEST,
+    CheckpointError,
+    CheckpointLockedError,
+    CorruptCheckpointError,
+    latest_checkpoint,
+    previous_good,
+    prune,
+    publish,
+    resolve_checkpoint,
+    step_dirs,
+)
 from lengthwise.train.checkpoint.lock import WriterLock
-from lengthwise.train.checkpoint.pending import PendingSave
-from lengthwise.train.checkpoint.state import TrainingState, check_stateful
-from lengthwise.train.checkpoint.torch_backend import TORCH_FILE, save_torch
+from lengthwise.train.checkpoint.state import TrainingState, check_stateful, set_rng_state
+from lengthwise.train.checkpoint.torch_backend import TORCH_FILE, load_torch, save_torch
 
-__all__ = ["Checkpointer", "SharedCheckpointers", "save_checkpoint"]
+__all__ = ["Checkpointer", "PendingSave", "SharedCheckpointers", "load_checkpoint",
+           "save_checkpoint"]
+
+
+class PendingSave:
+    """Handle of one checkpoint save; :meth:`wait` returns its final path.
+
+    ``blocking_seconds`` is how long :meth:`Checkpointer.save` held up the loop.
+    """
+
+    def __init__(self, step: int, path: Path, future: Future, blocking_seconds: float) -> None:
+        self.step = step
+        self.path = path
+        self.blocking_seconds = blocking_seconds
+        self._future = future
+        self.error_seen = False  # set once wait() has raised the failure to the caller
+
+    def done(self) -> bool:
+        """Whether the write has finished (successfully or not)."""
+        return self._future.done()
+
+    def wait(self, timeout: float | None = None) -> Path:
+        """Block until written; return the checkpoint folder or raise :class:`CheckpointError`."""
+        try:
+            return self._future.result(timeout)
+        except TimeoutError:
+            raise
+        except BaseException as exc:
+            self.error_seen = True
+            if isinstance(exc, CheckpointError):
+                raise
+            full = exc if isinstance(exc, DiskFullError) else full_disk_error(
+                exc, self.path.parent, what=f"saving checkpoint step {self.step}")
+            if full is not None:  # a full disk, whichever backend wrote: it says which save
+                raise CheckpointError(str(full)) from exc
+            raise CheckpointError(f"saving checkpoint step {self.step} failed: {exc}") from exc
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else "writing"
+        return f"PendingSave(step={self.step}, path={str(self.path)!r}, {state})"
 
 
 class Checkpointer:
@@ -232,7 +284,9 @@ class Checkpointer:
             self._event(rank, "checkpoint_failed", step=step,
                         error=f"{type(exc).__name__}: {exc}")
 
-        if use_dcp:
+        if use_dcp:  # torch.distributed.checkpoint is imported only when used
+            from lengthwise.train.checkpoint.dcp_backend import save_dcp
+
             future = save_dcp(state, tmp, info, self._checkpoint_group, finish, failed)
         else:
             future = save_torch(state, tmp, self._writer_thread(), finish, failed)
@@ -342,11 +396,7 @@ class SharedCheckpointers:
             self._items[key] = found
             while len(self._items) > self.size:
                 evicted.append(self._items.popitem(last=False)[1])
-        for other in evicted:  # another directory: its failure is not this call's
-            try:
-                other.close()
-            except CheckpointError as exc:
-                warnings.warn(f"a background checkpoint save failed: {exc}", stacklevel=3)
+        _close_warning(evicted)  # another directory: its failure is not this call's
         if stale is not None:
             stale.close()  # same directory: a failure of its last save is raised here
         return found
@@ -356,11 +406,16 @@ class SharedCheckpointers:
         with self._lock:
             items = list(self._items.values())
             self._items.clear()
-        for checkpointer in items:
-            try:
-                checkpointer.close()
-            except CheckpointError as exc:
-                warnings.warn(f"a background checkpoint save failed: {exc}", stacklevel=2)
+        _close_warning(items)
+
+
+def _close_warning(checkpointers: list[Checkpointer]) -> None:
+    """Close ``checkpointers``, a failed save of theirs a warning rather than an error."""
+    for checkpointer in checkpointers:
+        try:
+            checkpointer.close()
+        except CheckpointError as exc:
+            warnings.warn(f"a background checkpoint save failed: {exc}", stacklevel=3)
 
 
 def _checked_files(files: Mapping[str, str] | None) -> dict[str, str] | None:
@@ -415,3 +470,68 @@ def save_checkpoint(
     checkpointer = _SHARED.get(directory, keep=keep, async_=async_, logger=logger)
     return checkpointer.save(step, model=model, optimizer=optimizer, scheduler=scheduler,
                              sampler=sampler, extra=extra)
+
+
+def load_checkpoint(
+    path: str | os.PathLike,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any = None,
+    sampler: Any = None,
+    restore_rng: bool = True,
+    strict: bool = True,
+    map_location: Any = "cpu",
+    process_group: Any = None,
+) -> dict[str, Any]:
+    """Restore a checkpoint into the given objects; return ``{"step", "extra", "path"}``.
+
+    ``path`` is a ``step_N`` folder or a root folder (its latest complete checkpoint
+    that verifies is used, skipping corrupt ones with a warning). The files are checked
+    against the checksums of the manifest first: a file missing, cut short or changed
+    raises :class:`CorruptCheckpointError` naming it and the previous good checkpoint.
+    Objects passed in must have been saved; objects left out are not
+    touched. RNG states are restored unless ``restore_rng=False``. Under
+    ``torch.distributed`` every rank calls this and gets its own RNG and sampler state.
+
+    Example::
+
+        >>> import tempfile, torch
+        >>> from lengthwise.train.checkpoint import save_checkpoint
+        >>> root = tempfile.mkdtemp()
+        >>> _ = save_checkpoint(root, 3, model=torch.nn.Linear(1, 1), async_=False)
+        >>> load_checkpoint(root, model=torch.nn.Linear(1, 1))["step"]
+        3
+    """
+    path, manifest = resolve_checkpoint(path)
+    contents = set(manifest.get("contents", []))
+    for name, obj in (("optimizer", optimizer), ("scheduler", scheduler), ("sampler", sampler)):
+        check_stateful(name, obj)
+        if obj is not None and name not in contents:
+            raise CheckpointError(f"{path} holds no {name} state (it has {sorted(contents)})")
+    backend = manifest.get("backend")
+    try:
+        if backend == "torch":
+            aux = load_torch(path, model, optimizer, strict, map_location)
+        elif backend == "dcp":
+            from lengthwise.train.checkpoint.dcp_backend import load_dcp
+
+            aux = load_dcp(path, manifest, model, optimizer, strict, process_group)
+        else:
+            raise CheckpointError(f"{path}: unknown checkpoint backend {backend!r}")
+    except CorruptCheckpointError as exc:
+        raise CorruptCheckpointError(f"{exc}; {previous_good(path)}") from exc.__cause__
+    if not isinstance(aux, dict) or not {"step", "extra", "rng"} <= set(aux):
+        raise CorruptCheckpointError(f"{path}: the saved training state is incomplete; "
+                                     f"{previous_good(path)}")
+    if scheduler is not None:
+        scheduler.load_state_dict(aux["scheduler"])
+    if sampler is not None:
+        sampler.load_state_dict(aux["sampler"])
+    if restore_rng:
+        try:
+            set_rng_state(aux["rng"])
+        except (TypeError, ValueError, KeyError, IndexError, RuntimeError) as exc:
+            raise CorruptCheckpointError(f"{path}: the saved RNG states cannot be restored: "
+                                         f"{type(exc).__name__}: {exc}") from exc
+    return {"step": aux["step"], "extra": aux["extra"], "path": path}

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from lengthwise.train.checkpoint.errors import CheckpointError, CheckpointLockedError
+from lengthwise.train.checkpoint.folder import CheckpointError, CheckpointLockedError
 
 try:  # POSIX advisory locks; elsewhere the holder record alone decides
     import fcntl
@@ -58,25 +58,13 @@ def _start_time(pid: int) -> str | None:
 
 
 def this_process() -> dict[str, Any]:
-    """The holder record of the calling process.
-
-    Example::
-
-        >>> this_process()["pid"] == os.getpid()
-        True
-    """
+    """The holder record of the calling process."""
     return {"pid": os.getpid(), "host": socket.gethostname(), "start": _start_time(os.getpid()),
             "since": time.time()}
 
 
 def holder_alive(holder: dict[str, Any]) -> bool:
-    """Whether the process of a holder record may still run (always ``True`` on another host).
-
-    Example::
-
-        >>> holder_alive(this_process()), holder_alive({"pid": 2**22 + 1, "host": "x"})
-        (True, True)
-    """
+    """Whether the process of a holder record may still run (always ``True`` on another host)."""
     if holder.get("host") != socket.gethostname():
         return True  # no way to look at another host's processes
     pid = holder.get("pid")

@@ -2,7 +2,7 @@
 
 The checkpoint folder holds one file, ``state.pt``: the model's and optimizer's state
 dicts and ``aux_rank0``, the rest of the training state as JSON text (see
-:mod:`~lengthwise.train.checkpoint.state_json`). It is read with
+:mod:`~lengthwise.train.checkpoint.state`). It is read with
 ``torch.load(weights_only=True)``, which builds tensors and plain containers only.
 
 Example::
@@ -32,10 +32,8 @@ from typing import Any
 import torch
 
 from lengthwise.disk import full_disk_error
-from lengthwise.train.checkpoint.errors import CheckpointError, CorruptCheckpointError
-from lengthwise.train.checkpoint.layout import new_manifest
-from lengthwise.train.checkpoint.state import TrainingState, cpu_copy, state_bytes
-from lengthwise.train.checkpoint.state_json import from_json
+from lengthwise.train.checkpoint.folder import CheckpointError, CorruptCheckpointError, new_manifest
+from lengthwise.train.checkpoint.state import TrainingState, cpu_copy, from_json, state_bytes
 
 TORCH_FILE = "state.pt"
 
@@ -125,14 +123,7 @@ def load_torch(path: Path, model: torch.nn.Module, optimizer: Any, strict: bool,
 
 
 def state_mismatch(model: torch.nn.Module, state: Any, exc: BaseException) -> str:
-    """Why ``state`` does not load into ``model``: the tensors missing and unexpected, counted.
-
-    Example::
-
-        >>> why = state_mismatch(torch.nn.Linear(1, 1), {"x": torch.zeros(1)}, RuntimeError())
-        >>> why.split(": ")[1]
-        "2 tensors missing (e.g. 'bias'), 1 unexpected (e.g. 'x')"
-    """
+    """Why ``state`` does not load into ``model``: the tensors missing and unexpected, counted."""
     if not isinstance(state, dict):
         return f"its model state is a {type(state).__name__}, not a dict of tensors"
     wanted, held = set(model.state_dict()), set(state)

@@ -15,14 +15,14 @@ Under ``torch.distributed`` it sums the counts and averages the losses over
 ranks (token-weighted) and writes on rank 0 only. Disk writes, and the optional
 forwarding to TensorBoard or Weights & Biases, run on a background thread.
 
-Modules: :mod:`~lengthwise.train.step_logger.logger` (:class:`StepLogger`) and
-:mod:`~lengthwise.train.step_logger.shares` (:func:`bucket_token_shares`); inside,
-``_vector`` (a step's sums, all-reduced over ranks), ``_bucket_losses`` (running per-
-bucket losses, the mix offset of the corrected loss), ``_record`` (the record's fields),
-``_writer`` (the background thread), ``_sinks`` (TensorBoard, W&B), ``_values``
-(input checks) and :mod:`~lengthwise.train.step_logger.rollback` (a resumed run's log
-without the steps past its checkpoint). Every line is standard JSON: a NaN or infinity is
-written ``null`` and named in the line's ``non_finite`` field.
+Modules: :mod:`~lengthwise.train.step_logger.logger` (:class:`StepLogger`),
+:mod:`~lengthwise.train.step_logger.buckets` (:func:`bucket_token_shares`, the running
+per-bucket losses and the mix offset of the corrected loss),
+:mod:`~lengthwise.train.step_logger.record` (values read, a step's sums all-reduced
+over ranks, the record's fields), :mod:`~lengthwise.train.step_logger.writer` (the
+background thread, TensorBoard, W&B) and :mod:`~lengthwise.train.step_logger.rollback`
+(a resumed run's log without the steps past its checkpoint). Every line is standard
+JSON: a NaN or infinity is written ``null`` and named in the line's ``non_finite`` field.
 
 Example::
 
@@ -43,8 +43,8 @@ Example::
 
 from __future__ import annotations
 
-from lengthwise.train.step_logger._record import RESERVED_FIELDS
+from lengthwise.train.step_logger.buckets import bucket_token_shares
 from lengthwise.train.step_logger.logger import StepLogger
-from lengthwise.train.step_logger.shares import bucket_token_shares
+from lengthwise.train.step_logger.record import RESERVED_FIELDS
 
 __all__ = ["StepLogger", "bucket_token_shares", "RESERVED_FIELDS"]

@@ -11,7 +11,6 @@ Example::
 from __future__ import annotations
 
 import atexit
-import math
 import os
 import threading
 import time
@@ -25,29 +24,24 @@ import numpy as np
 from lengthwise.errors import ConfigError
 from lengthwise.finite_json import NON_FINITE
 from lengthwise.pytorch.dist import all_reduce_sum, group_info
-from lengthwise.train.step_logger._bucket_losses import BucketLosses
-from lengthwise.train.step_logger._record import RESERVED_FIELDS, step_record
-from lengthwise.train.step_logger._sinks import open_sinks
-from lengthwise.train.step_logger._values import (
-    is_column,
-    is_tensor,
-    to_bucket,
-    to_count,
-    to_float,
-)
-from lengthwise.train.step_logger._vector import (
+from lengthwise.train.step_logger.buckets import BucketLosses, normalise_shares, state_count
+from lengthwise.train.step_logger.record import (
     DEFAULT_NUM_BUCKETS,
-    LOSS_SUM,
-    LOSS_WEIGHT,
+    RESERVED_FIELDS,
     Micro,
     bucket_columns,
     bucket_ids,
+    is_column,
+    is_tensor,
     local_vector,
+    step_record,
+    to_bucket,
+    to_count,
+    to_float,
     vector_capacity,
 )
-from lengthwise.train.step_logger._writer import LogWriter, json_line
 from lengthwise.train.step_logger.rollback import RolledBack, roll_back
-from lengthwise.train.step_logger.shares import normalise_shares
+from lengthwise.train.step_logger.writer import LogWriter, json_line, open_sinks
 
 __all__ = ["StepLogger"]
 
@@ -438,8 +432,9 @@ class StepLogger:
         if state["version"] != STATE_VERSION:
             raise ConfigError(f"StepLogger state version {state['version']!r} is not "
                               f"{STATE_VERSION}")
-        last = None if state["last_step"] is None else _state_count(state, "last_step")
-        logged, skipped = _state_count(state, "steps_logged"), _state_count(state, "skipped_total")
+        last, logged, skipped = (None if state[k] is None and k == "last_step"
+                                 else state_count(state[k], f"StepLogger state: {k}")
+                                 for k in ("last_step", "steps_logged", "skipped_total"))
         self._bucket_losses.load_state_dict(state["bucket_losses"])
         self._last_step, self.steps_logged, self.skipped_total = last, logged, skipped
         if last is not None:
@@ -532,25 +527,10 @@ class StepLogger:
         buckets = self._bucket_losses.add(columns, skipped, self.steps_logged, ids)
         if skipped:
             self.skipped_total += 1
-        bucket_loss = self._bucket_losses.means()
-        loss = float(vec[LOSS_SUM] / vec[LOSS_WEIGHT]) if vec[LOSS_WEIGHT] > 0 else None
-        corrected = None
-        if offset is not None and loss is not None and math.isfinite(loss):
-            corrected = loss - offset
-        return step_record(
-            vec, step=step, epoch=epoch, lr=lr, grad_norm=grad_norm, seconds=seconds,
-            buckets=buckets, bucket_loss=bucket_loss, corrected=corrected,
-            skipped=skipped, skipped_total=self.skipped_total,
-        )
-
-
-def _state_count(state: dict[str, Any], key: str) -> int:
-    """``state[key]``, checked to be a non-negative integer."""
-    value = state[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"StepLogger state: {key} must be a non-negative integer, "
-                          f"got {value!r}")
-    return value
+        return step_record(vec, step=step, epoch=epoch, lr=lr, grad_norm=grad_norm,
+                           seconds=seconds, buckets=buckets,
+                           bucket_loss=self._bucket_losses.means(), offset=offset,
+                           skipped=skipped, skipped_total=self.skipped_total)
 
 
 def _items(column: Any) -> list[Any]:

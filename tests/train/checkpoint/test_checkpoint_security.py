@@ -24,9 +24,8 @@ from lengthwise.train.checkpoint import (  # noqa: E402
     CorruptCheckpointError,
     LegacyCheckpointError,
 )
-from lengthwise.train.checkpoint.atomic import prune  # noqa: E402
-from lengthwise.train.checkpoint.integrity import file_digests  # noqa: E402
-from lengthwise.train.checkpoint.state_json import from_json, to_json  # noqa: E402
+from lengthwise.train.checkpoint.folder import file_digests, prune  # noqa: E402
+from lengthwise.train.checkpoint.state import from_json, to_json  # noqa: E402
 
 BACKENDS = [pytest.param(False, id="torch-save"), pytest.param(True, id="dcp")]
 
@@ -78,7 +77,7 @@ def _rehash(folder, *, drop_files=False):
     if drop_files:
         del manifest["files"]
     else:
-        manifest["files"] = file_digests(folder, skip=("COMPLETE",))
+        manifest["files"] = file_digests(folder)
     (folder / "COMPLETE").write_text(json.dumps(manifest))
 
 

@@ -1,4 +1,4 @@
-"""Saves one checkpoint, then dies in the middle of the next (test_train_checkpoint.py).
+"""Saves one checkpoint, then dies in the middle of the next (test_checkpoint.py).
 
 Usage: python _crash_worker.py ROOT BACKEND   (BACKEND: torch | dcp)
 Prints MIDSAVE once the second save is under way, then waits to be killed.

@@ -1,4 +1,4 @@
-"""One process writing checkpoints into a shared folder (test_train_checkpoint_lock.py).
+"""One process writing checkpoints into a shared folder (test_checkpoint_lock.py).
 
 Usage: python _lock_worker.py MODE ROOT
   hold  save steps 1-3, print HOLDING, wait for a line on stdin, save step 4, close, print DONE

@@ -28,7 +28,7 @@ from lengthwise.train import (  # noqa: E402
 from lengthwise.train.checkpoint import CheckpointError, CorruptCheckpointError  # noqa: E402
 from lengthwise.train.checkpoint import torch_backend as ckpt_module  # noqa: E402
 from lengthwise.train.checkpoint.checkpointer import SharedCheckpointers  # noqa: E402
-from lengthwise.train.checkpoint.integrity import file_digests  # noqa: E402
+from lengthwise.train.checkpoint.folder import file_digests  # noqa: E402
 
 CRASH_WORKER = Path(__file__).with_name("_crash_worker.py")
 BACKENDS = [pytest.param(False, id="torch-save"), pytest.param(True, id="dcp")]
@@ -431,7 +431,7 @@ def test_unreadable_files_with_matching_checksums_name_the_path(tmp_path, use_dc
     else:
         bad.write_bytes(bytes(range(256)) * 4)
     manifest = json.loads((folder / "COMPLETE").read_text())
-    manifest["files"] = file_digests(folder, skip=("COMPLETE",))
+    manifest["files"] = file_digests(folder)
     (folder / "COMPLETE").write_text(json.dumps(manifest))
     model = torch.nn.Linear(64, 64)
     try:

@@ -66,7 +66,7 @@ _numbers = st.floats(allow_nan=True, allow_infinity=True)
                        | st.dictionaries(st.sampled_from(["x", "y"]), _numbers, max_size=2),
                        max_size=3))
 def test_any_numbers_give_a_json_line_that_keeps_the_finite_and_names_the_rest(fields):
-    from lengthwise.train.step_logger._writer import json_line
+    from lengthwise.train.step_logger.writer import json_line
 
     back = _strict(json_line(fields, "step"))
     named = back.pop("non_finite", {})
