@@ -37,7 +37,14 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.doctor.numeric import ROUGHNESS_WINDOW, num, rolling_mean
+from lengthwise.doctor.numeric import (
+    ROUGHNESS_WINDOW,
+    JsonForm,
+    digits,
+    fixed,
+    num,
+    rolling_mean,
+)
 
 PERMUTATIONS = 199
 #: permutation tests use a random subset of at most this many steps
@@ -58,7 +65,7 @@ TO_LOG = [
 
 
 @dataclass(frozen=True)
-class Attribution:
+class Attribution(JsonForm):
     """How well bucket or length explains the detrended per-step loss."""
 
     bucket_field: str | None = None
@@ -112,29 +119,11 @@ class Attribution:
                 return True
         return False
 
-    def to_dict(self) -> dict[str, object]:
-        """JSON-ready form (the ``attribution`` key of the report)."""
-
-        def r(v: float | None, d: int = 4) -> float | None:
-            return None if v is None else round(float(v), d)
-
-        return {
-            "bucket_field": self.bucket_field,
-            "bucket_r2": r(self.bucket_r2),
-            "bucket_p_value": r(self.bucket_p_value),
-            "bucket_r2_chance": r(self.bucket_r2_chance),
-            "bucket_r2_adjusted": r(self.bucket_r2_adjusted),
-            "single_bucket": self.single_bucket,
-            "per_bucket": self.per_bucket,
-            "length_field": self.length_field,
-            "length_r2": r(self.length_r2),
-            "length_p_value": r(self.length_p_value),
-            "logged_bucket_loss": self.logged_bucket_loss,
-            "likely_cause": self.likely_cause,
-            "to_log": self.to_log,
-            "note": self.note,
-            "levels": None if self.levels is None else self.levels.to_dict(),
-        }
+    JSON = {"bucket_field": None, **{k: fixed(4) for k in (
+                "bucket_r2", "bucket_p_value", "bucket_r2_chance", "bucket_r2_adjusted")},
+            "single_bucket": None, "per_bucket": None, "length_field": None,
+            "length_r2": fixed(4), "length_p_value": fixed(4), "logged_bucket_loss": None,
+            "likely_cause": None, "to_log": None, "note": None, "levels": None}
 
 
 def _labels(value: Any) -> tuple[Any, ...]:
@@ -374,7 +363,7 @@ CHUNK_LINES = 1 << 20
 
 
 @dataclass(frozen=True)
-class BucketLevels:
+class BucketLevels(JsonForm):
     """The loss level of each length range of a log whose lines each hold one bucket."""
 
     lines: int = 0
@@ -398,18 +387,11 @@ class BucketLevels:
             return None
         return max(0.0, (self.share - self.chance) / (1.0 - self.chance))
 
-    def to_dict(self) -> dict[str, object]:
-        """JSON-ready form (the ``levels`` key of the attribution)."""
-
-        def r(v: float | None) -> float | None:
-            return None if v is None else round(float(v), 4)
-
-        return {"lines": self.lines, "ranges": self.ranges, "share": r(self.share),
-                "chance": r(self.chance), "beyond_chance": r(self.beyond_chance),
-                "p_value": r(self.p_value), "found": self.found,
-                "invalid_bucket_lines": self.invalid,
-                "test": f"eta^2 of length ranges, {LEVEL_SHUFFLES} shuffles within windows of "
-                        f"{BLOCK} lines, alpha={ALPHA}", "note": self.note}
+    TEST = (f"eta^2 of length ranges, {LEVEL_SHUFFLES} shuffles within windows of {BLOCK} "
+            f"lines, alpha={ALPHA}")
+    JSON = {"lines": None, "ranges": None, "share": fixed(4), "chance": fixed(4),
+            "beyond_chance": fixed(4), "p_value": fixed(4), "found": None,
+            "invalid_bucket_lines": "invalid", "test": "TEST", "note": None}
 
 
 def length_ranges(ids: list[Any], counts: list[int], lines: int) -> list[int]:
@@ -629,7 +611,7 @@ MIN_POINTS = 20
 
 
 @dataclass(frozen=True)
-class Noise:
+class Noise(JsonForm):
     """The sampling floor of the per-step loss and the shares of its variance."""
 
     sampling_floor: float | None
@@ -640,18 +622,10 @@ class Noise:
     composition_source: str | None = None
     points: int = 0
 
-    def to_dict(self) -> dict[str, object]:
-        """JSON-ready form (the ``noise`` key of the report)."""
-        return {
-            "sampling_floor": num(self.sampling_floor, 6),
-            "excess": num(self.excess, 4),
-            "shares": None if self.shares is None else
-            {k: num(v, 4) for k, v in self.shares.items()},
-            "samples_per_step": num(self.samples_per_step, 2),
-            "composition_source": self.composition_source,
-            "points": self.points,
-            "summary": self.summary,
-        }
+    JSON = {"sampling_floor": digits(6), "excess": digits(4),
+            "shares": lambda s: None if s is None else {k: num(v, 4) for k, v in s.items()},
+            "samples_per_step": digits(2), "composition_source": None, "points": None,
+            "summary": None}
 
 
 def _adjusted(r2: float | None, groups: int, n: int) -> float | None:

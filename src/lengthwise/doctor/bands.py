@@ -21,7 +21,16 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.doctor.numeric import ROUGHNESS_WINDOW, local_linear, log_scale, odd, significant
+from lengthwise.doctor.numeric import (
+    ROUGHNESS_WINDOW,
+    JsonForm,
+    each,
+    fixed,
+    local_linear,
+    log_scale,
+    odd,
+    significant,
+)
 
 ALPHA = 0.05
 BOOTSTRAP = 199
@@ -40,7 +49,7 @@ REF_WIDTH = 0.5
 
 
 @dataclass
-class Bands:
+class Bands(JsonForm):
     """Multimodality of the detrended stable-region loss."""
 
     count: int | None
@@ -56,26 +65,17 @@ class Bands:
     points: int = 0
     note: str = ""
 
-    def to_dict(self) -> dict[str, object]:
-        """JSON-ready form (the ``bands`` key of the report)."""
-        r = _rounded
-        return {
-            "count": self.count,
-            "multimodal": None if self.count is None else self.count > 1,
-            "p_value": significant(self.p_value),
-            "p_values_at_most_k": [significant(p) for p in self.p_values],
-            "centres": r(self.centres),
-            "offsets": r(self.offsets),
-            "widths": r(self.widths),
-            "shares": r(self.shares, 4),
-            "separation": None if self.separation is None else round(self.separation, 3),
-            "between_share": None if self.between_share is None else round(self.between_share, 4),
-            "bic_components": self.bic_components,
-            "points": self.points,
-            "test": f"Silverman critical bandwidth, smoothed bootstrap B={BOOTSTRAP}, "
-            f"alpha={ALPHA}",
-            "note": self.note,
-        }
+    TEST = f"Silverman critical bandwidth, smoothed bootstrap B={BOOTSTRAP}, alpha={ALPHA}"
+    JSON = {"count": None, "multimodal": None, "p_value": significant,
+            "p_values_at_most_k": ("p_values", each(significant)), "centres": each(fixed(6)),
+            "offsets": each(fixed(6)), "widths": each(fixed(6)), "shares": each(fixed(4)),
+            "separation": fixed(3), "between_share": fixed(4), "bic_components": None,
+            "points": None, "test": "TEST", "note": None}
+
+    @property
+    def multimodal(self) -> bool | None:
+        """More than one band (None: not tested)."""
+        return None if self.count is None else self.count > 1
 
 
 def band_buckets(bands: Bands, per_bucket: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -96,10 +96,6 @@ def band_buckets(bands: Bands, per_bucket: list[dict[str, Any]]) -> list[list[di
     for row in per_bucket:
         out[int(np.argmin(np.abs(offsets - float(row["mean_offset"]))))].append(row)
     return out
-
-
-def _rounded(values: list[float], digits: int = 6) -> list[float]:
-    return [round(float(v), digits) for v in values]
 
 
 class _Kde:

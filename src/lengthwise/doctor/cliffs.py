@@ -31,11 +31,14 @@ import numpy as np
 
 from lengthwise.doctor.numeric import (
     ROUGHNESS_WINDOW,
+    JsonForm,
+    fixed,
     num,
     odd,
     robust_std,
     rolling_median,
     significant,
+    unless_none,
 )
 
 #: a cliff rises this many noise scales above the running level
@@ -81,7 +84,7 @@ class CliffContext:
 
 
 @dataclass(frozen=True)
-class Cliff:
+class Cliff(JsonForm):
     """One spike: where it started, how high it rose, how many steps it took to recover."""
 
     step: float
@@ -95,23 +98,9 @@ class Cliff:
     at_checkpoint: bool | None = None
     phase: str = "stable"
 
-    def to_dict(self) -> dict[str, object]:
-        """JSON-ready form: ``step``, ``height``, ``recovery_steps`` (null: never recovered)."""
-        out: dict[str, object] = {
-            "step": num(self.step),
-            "height": round(float(self.height), 6),
-            "recovery_steps": num(self.recovery_steps),
-            "peak_step": num(self.peak_step),
-            "recovery_points": self.recovery_points,
-            "level": round(float(self.level), 6),
-            "z": round(float(self.z), 2),
-            "phase": self.phase,
-        }
-        if self.at_checkpoint is not None:
-            out["at_checkpoint"] = self.at_checkpoint
-        if self.bucket is not None:
-            out["bucket"] = self.bucket
-        return out
+    JSON = {"step": num, "height": fixed(6), "recovery_steps": num, "peak_step": num,
+            "recovery_points": None, "level": fixed(6), "z": fixed(2), "phase": None,
+            "at_checkpoint": unless_none, "bucket": unless_none}
 
 
 def cliff_threshold(
@@ -285,7 +274,7 @@ ALPHA = 0.05
 
 
 @dataclass(frozen=True)
-class CheckpointAssociation:
+class CheckpointAssociation(JsonForm):
     """Result of testing whether cliffs start at checkpoint steps."""
 
     associated: bool | None
@@ -300,24 +289,11 @@ class CheckpointAssociation:
     throughput_ratio: float | None = None
     note: str = ""
 
-    def to_dict(self) -> dict[str, object]:
-        """JSON-ready form (the ``checkpoint_association`` key of the report)."""
-        return {
-            "associated": self.associated,
-            "p_value": significant(self.p_value),
-            "checkpoints": self.checkpoints,
-            "cliffs": self.cliffs,
-            "aligned": self.aligned,
-            "expected_aligned": (
-                None if self.expected_aligned is None else round(self.expected_aligned, 3)
-            ),
-            "window_steps": [self.window[0], self.window[1]],
-            "source": self.source,
-            "test": "exact permutation test of cliff placements (hypergeometric tail)",
-            "save_seconds_mean": self.save_seconds_mean,
-            "throughput_ratio_after_save": self.throughput_ratio,
-            "note": self.note,
-        }
+    TEST = "exact permutation test of cliff placements (hypergeometric tail)"
+    JSON = {"associated": None, "p_value": significant, "checkpoints": None, "cliffs": None,
+            "aligned": None, "expected_aligned": fixed(3), "window_steps": ("window", list),
+            "source": None, "test": "TEST", "save_seconds_mean": None,
+            "throughput_ratio_after_save": "throughput_ratio", "note": None}
 
 
 def hypergeom_sf(k: int, total: int, good: int, draws: int) -> float:

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.doctor.numeric import num
+from lengthwise.doctor.numeric import JsonForm, digits, each, num
 from lengthwise.errors import ConfigError
 
 #: an lr rise of at least this fraction of the peak between two logged steps is a restart
@@ -55,7 +55,7 @@ SAME_EPOCHS = 0.02
 
 
 @dataclass(frozen=True)
-class RunContext:
+class RunContext(JsonForm):
     """Lengths of the run's known mechanisms, in steps (None: unknown)."""
 
     first_step: float
@@ -84,25 +84,11 @@ class RunContext:
         """Every step holds one micro-batch (of one length bucket): no order mixes a step."""
         return self.micro_batches == 1
 
-    def to_dict(self) -> dict[str, object]:
-        """JSON-ready form (the ``context`` key of the report)."""
-        return {
-            "log_interval": num(self.interval),
-            "steps_per_epoch": num(self.steps_per_epoch, 3),
-            "steps_per_epoch_source": self.steps_per_epoch_source,
-            "epoch_starts": [num(s) for s in self.epoch_starts[:50]],
-            "batch_size": self.batch_size,
-            "checkpoint_every": num(self.checkpoint_every),
-            "checkpoint_source": self.checkpoint_source,
-            "eval_every": num(self.eval_every),
-            "lr_restarts": [num(s) for s in self.lr_restarts[:50]],
-            "world_size": self.world_size,
-            "world_size_source": self.world_size_source,
-            "epoch_resets": [num(s) for s in self.epoch_resets[:50]],
-            "order": self.order,
-            "view": self.view,
-            "micro_batches": num(self.micro_batches),
-        }
+    JSON = {"log_interval": ("interval", num), "steps_per_epoch": digits(3),
+            "steps_per_epoch_source": None, "epoch_starts": each(num, 50), "batch_size": None,
+            "checkpoint_every": num, "checkpoint_source": None, "eval_every": num,
+            "lr_restarts": each(num, 50), "world_size": None, "world_size_source": None,
+            "epoch_resets": each(num, 50), "order": None, "view": None, "micro_batches": num}
 
 
 def epochs_from_field(steps: np.ndarray, epoch: np.ndarray) -> tuple[float | None, list[float]]:

@@ -36,7 +36,15 @@ from fractions import Fraction
 import numpy as np
 
 from lengthwise.doctor.context import RunContext, apparent_period, candidates, match_period
-from lengthwise.doctor.numeric import detrend_window, detrended, local_linear, num, significant
+from lengthwise.doctor.numeric import (
+    JsonForm,
+    detrend_window,
+    detrended,
+    digits,
+    fixed,
+    local_linear,
+    significant,
+)
 
 ALPHA = 0.01
 #: fewest points for any period test (a period of 4-7 points seen 4+ times)
@@ -54,12 +62,8 @@ SURROGATES = 499
 MAX_PHI = 0.95
 
 
-def _num3(x: float | None) -> int | float | None:
-    return num(x, 3)
-
-
 @dataclass
-class Runs:
+class Runs(JsonForm):
     """Wald-Wolfowitz runs of above/below-median steps."""
 
     runs: int
@@ -71,22 +75,14 @@ class Runs:
     max_high: int
     max_low: int
 
-    def to_dict(self) -> dict[str, object]:
-        """JSON-ready form."""
-        return {
-            "runs": self.runs,
-            "expected_runs": round(self.expected, 2),
-            "z": round(self.z, 3),
-            "p_value": significant(self.p_value),
-            "mean_high_run": round(self.mean_high, 3),
-            "mean_low_run": round(self.mean_low, 3),
-            "max_high_run": self.max_high,
-            "max_low_run": self.max_low,
-        }
+    JSON = {"runs": None, "expected_runs": ("expected", fixed(2)), "z": fixed(3),
+            "p_value": significant, "mean_high_run": ("mean_high", fixed(3)),
+            "mean_low_run": ("mean_low", fixed(3)), "max_high_run": "max_high",
+            "max_low_run": "max_low"}
 
 
 @dataclass(frozen=True)
-class Periodicity:
+class Periodicity(JsonForm):
     """Dominant period of the detrended loss (``period`` in steps, None when none)."""
 
     period: float | None
@@ -107,23 +103,11 @@ class Periodicity:
     test: str = f"periodogram peak vs local noise floor, alpha={ALPHA}"
     note: str = ""
 
-    def to_dict(self) -> dict[str, object]:
-        """JSON-ready form (the ``periodicity`` key of the report)."""
-        return {
-            "period": _num3(self.period),
-            "period_error": significant(self.period_error, 2),
-            "p_value": significant(self.p_value),
-            "period_points": _num3(self.period_points),
-            "power_share": None if self.power_share is None else round(self.power_share, 4),
-            "acf_at_period": None if self.acf_at_period is None else round(self.acf_at_period, 4),
-            "best_period": _num3(self.best_period),
-            "candidates": self.candidates,
-            "runs": None if self.runs is None else self.runs.to_dict(),
-            "detrend_window": self.window,
-            "points": self.points,
-            "test": self.test,
-            "note": self.note,
-        }
+    JSON = {"period": digits(3), "period_error": lambda e: significant(e, 2),
+            "p_value": significant, "period_points": digits(3), "power_share": fixed(4),
+            "acf_at_period": fixed(4), "best_period": digits(3), "candidates": None,
+            "runs": None, "detrend_window": "window", "points": None, "test": None,
+            "note": None}
 
 
 def autocorrelation(x: np.ndarray, max_lag: int) -> np.ndarray:
