@@ -243,17 +243,10 @@ def _subsample(n: int, rng: np.random.Generator) -> np.ndarray:
     return np.sort(rng.choice(n, MAX_PERMUTED, replace=False))
 
 
-def attribute(
-    resid: np.ndarray,
-    *,
-    loss: np.ndarray,
-    buckets: list[Any] | None = None,
-    length: np.ndarray | None = None,
-    length_field: str | None = None,
-    rng: np.random.Generator | None = None,
-    structure_found: bool = False,
-    logged_bucket_loss: dict[str, float] | None = None,
-) -> Attribution:
+def attribute(resid: np.ndarray, *, loss: np.ndarray, buckets: list[Any] | None = None,
+              length: np.ndarray | None = None, length_field: str | None = None,
+              rng: np.random.Generator | None = None, structure_found: bool = False,
+              logged_bucket_loss: dict[str, float] | None = None) -> Attribution:
     """Explain detrended per-step losses ``resid`` by bucket shares and/or length.
 
     ``structure_found`` (bands or a period) with neither field logged makes the
@@ -272,10 +265,8 @@ def attribute(
     return Attribution(**fields)
 
 
-def _bucket_fields(
-    resid: np.ndarray, loss: np.ndarray, buckets: list[Any],
-    rng: np.random.Generator,
-) -> dict[str, Any]:
+def _bucket_fields(resid: np.ndarray, loss: np.ndarray, buckets: list[Any],
+                   rng: np.random.Generator) -> dict[str, Any]:
     """The bucket part of an attribution: R^2 of the bucket shares, its p-value, per bucket."""
     row, ids, mixed = row_codes(buckets)
     # single-bucket steps need no rows x buckets share matrix (a million lines of 54 buckets
@@ -337,12 +328,9 @@ def _per_bucket(
         if not sel.any():
             continue
         rows.append(
-            {
-                "bucket": b if isinstance(b, int | float | str) else str(b),
-                "steps": int(sel.sum()),
-                "mean_loss": round(float(loss[sel].mean()), 6),
-                "mean_offset": round(float(resid[sel].mean()), 6),
-            }
+            {"bucket": b if isinstance(b, int | float | str) else str(b), "steps": int(sel.sum()),
+             "mean_loss": round(float(loss[sel].mean()), 6),
+             "mean_offset": round(float(resid[sel].mean()), 6)}
         )
     return rows
 
@@ -537,14 +525,9 @@ def shuffled_shares(
     return out
 
 
-def bucket_levels(
-    resid: np.ndarray,
-    loss: np.ndarray,
-    buckets: list[Any],
-    *,
-    edges: list[int] | None = None,
-    rng: np.random.Generator | None = None,
-) -> BucketLevels:
+def bucket_levels(resid: np.ndarray, loss: np.ndarray, buckets: list[Any], *,
+                  edges: list[int] | None = None,
+                  rng: np.random.Generator | None = None) -> BucketLevels:
     """Test whether the lines' length ranges sit at different levels (see the module docstring).
 
     ``resid`` is the detrended loss of the lines in time order, ``loss`` their loss,
@@ -676,18 +659,11 @@ def schedule_r2(resid: np.ndarray, lr: np.ndarray | None) -> float | None:
     return _adjusted(r2, 2, int(ok.sum()))
 
 
-def noise_budget(
-    resid: np.ndarray,
-    *,
-    loss_sample_std: np.ndarray | None = None,
-    samples: np.ndarray | None = None,
-    composition_r2: float | None = None,
-    composition_groups: int = 1,
-    composition_source: str | None = None,
-    length: np.ndarray | None = None,
-    length_source: str | None = None,
-    lr: np.ndarray | None = None,
-) -> Noise | None:
+def noise_budget(resid: np.ndarray, *, loss_sample_std: np.ndarray | None = None,
+                 samples: np.ndarray | None = None, composition_r2: float | None = None,
+                 composition_groups: int = 1, composition_source: str | None = None,
+                 length: np.ndarray | None = None, length_source: str | None = None,
+                 lr: np.ndarray | None = None) -> Noise | None:
     """Noise budget of the detrended stable-region loss ``resid`` (None: too few points)."""
     resid = np.asarray(resid, dtype=np.float64)
     n = int(np.isfinite(resid).sum())
@@ -710,15 +686,9 @@ def noise_budget(
     floor = float(np.sqrt(floor2))
     shares = _shares(floor2, var, comp, sched)
     summary = _sentence(shares, spp, comp is not None, sched is not None, composition_source)
-    return Noise(
-        sampling_floor=floor,
-        excess=rough / floor if floor > 0 else None,
-        shares=shares,
-        summary=summary,
-        samples_per_step=spp,
-        composition_source=composition_source,
-        points=n,
-    )
+    return Noise(sampling_floor=floor, excess=rough / floor if floor > 0 else None, shares=shares,
+                 summary=summary, samples_per_step=spp, composition_source=composition_source,
+                 points=n)
 
 
 def _sampling_floor2(
@@ -738,11 +708,8 @@ def _shares(
     floor2: float, var: float, comp: float | None, sched: float | None
 ) -> dict[str, float]:
     """Variance shares of sampling, composition and schedule (scaled to fit), and the rest."""
-    parts = {
-        "sampling": min(1.0, floor2 / var) if var > 0 else 1.0,
-        "composition": comp or 0.0,
-        "schedule": sched or 0.0,
-    }
+    parts = {"sampling": min(1.0, floor2 / var) if var > 0 else 1.0, "composition": comp or 0.0,
+             "schedule": sched or 0.0}
     total = sum(parts.values())
     if total > 1.0:
         parts = {k: v / total for k, v in parts.items()}
@@ -750,10 +717,8 @@ def _shares(
     return {**parts, "unexplained": 1.0 - total}
 
 
-def _sentence(
-    shares: dict[str, float], spp: float | None, comp_known: bool, sched_known: bool,
-    comp_source: str | None,
-) -> str:
+def _sentence(shares: dict[str, float], spp: float | None, comp_known: bool, sched_known: bool,
+              comp_source: str | None) -> str:
     size = f"{spp:.0f}" if spp >= 10 else f"{spp:.2g}"  # a median over steps: no false digits
     parts = [f"{shares['sampling']:.0%} of the step-to-step variance is the sampling noise of "
              f"{size} samples per step"]

@@ -292,12 +292,8 @@ def decorrelating_stride(x: np.ndarray) -> int:
     return int(round((1 + min(r, 0.95)) / (1 - min(r, 0.95))))
 
 
-def find_bands(
-    resid: np.ndarray,
-    *,
-    level: float = 0.0,
-    rng: np.random.Generator | None = None,
-) -> Bands:
+def find_bands(resid: np.ndarray, *, level: float = 0.0,
+               rng: np.random.Generator | None = None) -> Bands:
     """Count the modes of detrended losses ``resid``; ``level`` turns offsets into centres."""
     rng = np.random.default_rng(0) if rng is None else rng
     sample = _test_sample(resid, rng)
@@ -319,26 +315,15 @@ def find_bands(
         pooled = np.sqrt((sd[1:] ** 2 + sd[:-1] ** 2) / 2.0)
         sep = float(np.min(np.diff(mu) / pooled))
     between = float((w * (mu - (w * mu).sum()) ** 2).sum() / max(float(x.var()), 1e-300))
-    return Bands(
-        count=count,
-        p_value=p_values[count - 2] if count > 1 else p_values[0],
-        p_values=p_values,
-        offsets=mu.tolist(),
-        centres=(level + mu).tolist(),
-        widths=sd.tolist(),
-        shares=w.tolist(),
-        separation=sep,
-        between_share=min(1.0, between) if count > 1 else 0.0,
-        bic_components=bic_components(x),
-        points=int(x.size),
-        note=note,
-    )
+    return Bands(count=count, p_value=p_values[count - 2] if count > 1 else p_values[0],
+                 p_values=p_values, offsets=mu.tolist(), centres=(level + mu).tolist(),
+                 widths=sd.tolist(), shares=w.tolist(), separation=sep,
+                 between_share=min(1.0, between) if count > 1 else 0.0,
+                 bic_components=bic_components(x), points=int(x.size), note=note)
 
 
-def _fit_bands(
-    x: np.ndarray, ordered: np.ndarray, count: int, starts: np.ndarray, h_count: float,
-    note: str,
-) -> tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray], str]:
+def _fit_bands(x: np.ndarray, ordered: np.ndarray, count: int, starts: np.ndarray, h_count: float,
+               note: str) -> tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray], str]:
     """Fit the mixture, dropping outlier modes and level shifts: count, (w, mu, sd), note."""
     if starts.size != count:
         starts = np.quantile(x, (np.arange(count) + 0.5) / count)
@@ -385,10 +370,8 @@ def _test_sample(
     return x, ordered, float(lo_q), float(hi_q)
 
 
-def _silverman_count(
-    x: np.ndarray, kde: _Kde, spectrum: np.ndarray, span: float,
-    rng: np.random.Generator,
-) -> tuple[int, float, list[float]]:
+def _silverman_count(x: np.ndarray, kde: _Kde, spectrum: np.ndarray, span: float,
+                     rng: np.random.Generator) -> tuple[int, float, list[float]]:
     """The first mode count not rejected, its critical bandwidth, and the p-values tested."""
     p_values: list[float] = []
     count, h_count = MAX_BANDS, None
@@ -404,10 +387,8 @@ def _silverman_count(
     return count, h_count, p_values
 
 
-def _valley_check(
-    x: np.ndarray, kde: _Kde, spectrum: np.ndarray, count: int, h_count: float,
-    p_values: list[float],
-) -> tuple[int, np.ndarray, str]:
+def _valley_check(x: np.ndarray, kde: _Kde, spectrum: np.ndarray, count: int, h_count: float,
+                  p_values: list[float]) -> tuple[int, np.ndarray, str]:
     """Merge modes without a clear valley between them: the count, the modes and a note."""
     note = ""
     starts = kde.g0 + kde.dx * kde.modes(spectrum, h_count)

@@ -152,14 +152,9 @@ def local_thresholds(
     return np.interp(x, centres, values), np.interp(x, centres, upper)
 
 
-def find_cliffs(
-    steps: np.ndarray,
-    loss: np.ndarray,
-    region: np.ndarray,
-    *,
-    search: np.ndarray | None = None,
-    context: CliffContext | None = None,
-) -> tuple[list[Cliff], np.ndarray, float]:
+def find_cliffs(steps: np.ndarray, loss: np.ndarray, region: np.ndarray, *,
+                search: np.ndarray | None = None,
+                context: CliffContext | None = None) -> tuple[list[Cliff], np.ndarray, float]:
     """Cliffs of a finite loss series, with the noise scale measured over ``region``.
 
     Cliffs may start anywhere in ``search`` (default: ``region``), e.g. from the
@@ -197,18 +192,10 @@ def find_cliffs(
         j, recovery = _recovery(steps, loss, peak, base, recover[a])
         mask[a : min(j, a + MAX_EXCLUDED)] = True
         cliffs.append(
-            Cliff(
-                at_checkpoint=_near(float(steps[a]), ctx),
-                bucket=_bucket(ctx.buckets, a),
-                phase=ctx.phase(float(steps[a])),
-                step=float(steps[a]),
-                peak_step=float(steps[peak]),
-                height=height,
-                recovery_steps=recovery,
-                level=base,
-                recovery_points=None if recovery is None else int(j - peak),
-                z=height / noise,
-            )
+            Cliff(at_checkpoint=_near(float(steps[a]), ctx), bucket=_bucket(ctx.buckets, a),
+                  phase=ctx.phase(float(steps[a])), step=float(steps[a]),
+                  peak_step=float(steps[peak]), height=height, recovery_steps=recovery, level=base,
+                  recovery_points=None if recovery is None else int(j - peak), z=height / noise)
         )
     return cliffs, mask, noise
 
@@ -338,17 +325,10 @@ def near_checkpoint(
     return (ck[i] >= steps - after) & (ck[i] <= steps + before)
 
 
-def associate(
-    region_steps: np.ndarray,
-    cliff_steps: Sequence[float],
-    checkpoints: np.ndarray,
-    *,
-    interval: float,
-    source: str | None = "events",
-    save_seconds_mean: float | None = None,
-    throughput_ratio: float | None = None,
-    every: float | None = None,
-) -> CheckpointAssociation:
+def associate(region_steps: np.ndarray, cliff_steps: Sequence[float], checkpoints: np.ndarray, *,
+              interval: float, source: str | None = "events",
+              save_seconds_mean: float | None = None, throughput_ratio: float | None = None,
+              every: float | None = None) -> CheckpointAssociation:
     """Test cliff starts against checkpoint steps over the analysed ``region_steps``.
 
     ``every`` (a ``--checkpoint-every`` interval) only shapes the note when no save
@@ -359,14 +339,9 @@ def associate(
     lo, hi = (float(region_steps[0]), float(region_steps[-1])) if region_steps.size else (0, 0)
     ck_in = ck[(ck >= lo - after) & (ck <= hi + before)]
     cliffs = np.asarray(cliff_steps, dtype=np.float64)
-    base = {
-        "checkpoints": int(ck_in.size),
-        "cliffs": int(cliffs.size),
-        "window": (-before, after),
-        "source": source if ck.size or every else None,
-        "save_seconds_mean": save_seconds_mean,
-        "throughput_ratio": throughput_ratio,
-    }
+    base = {"checkpoints": int(ck_in.size), "cliffs": int(cliffs.size), "window": (-before, after),
+            "source": source if ck.size or every else None, "save_seconds_mean": save_seconds_mean,
+            "throughput_ratio": throughput_ratio}
     if ck.size == 0:
         if every is not None:
             span = hi - lo
@@ -386,13 +361,8 @@ def associate(
         return CheckpointAssociation(None, None, aligned=aligned, expected_aligned=0.0,
                                      note="no checkpoint inside the analysed steps", **base)
     p = hypergeom_sf(aligned, total, good, min(draws, total))
-    return CheckpointAssociation(
-        associated=bool(p < ALPHA),
-        p_value=p,
-        aligned=aligned,
-        expected_aligned=draws * good / total,
-        **base,
-    )
+    return CheckpointAssociation(associated=bool(p < ALPHA), p_value=p, aligned=aligned,
+                                 expected_aligned=draws * good / total, **base)
 
 
 def throughput_ratio(

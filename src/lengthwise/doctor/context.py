@@ -212,22 +212,12 @@ def lr_restarts(steps: np.ndarray, lr: np.ndarray | None) -> list[float]:
     return out
 
 
-def run_context(
-    steps: np.ndarray,
-    columns: dict[str, np.ndarray],
-    *,
-    interval: float | None = None,
-    steps_per_epoch: float | None = None,
-    batch_size: int | None = None,
-    checkpoint_every: float | None = None,
-    checkpoint_steps: np.ndarray | None = None,
-    checkpoint_source: str | None = None,
-    eval_every: float | None = None,
-    world_size: int | None = None,
-    world_size_source: str | None = None,
-    order: str | None = None,
-    view: str | None = None,
-) -> RunContext:
+def run_context(steps: np.ndarray, columns: dict[str, np.ndarray], *, interval: float | None = None,
+                steps_per_epoch: float | None = None, batch_size: int | None = None,
+                checkpoint_every: float | None = None, checkpoint_steps: np.ndarray | None = None,
+                checkpoint_source: str | None = None, eval_every: float | None = None,
+                world_size: int | None = None, world_size_source: str | None = None,
+                order: str | None = None, view: str | None = None) -> RunContext:
     """Collect the mechanism lengths known for a run logged at ``steps``.
 
     ``world_size`` is the number of data-parallel processes (None: unknown).
@@ -260,26 +250,15 @@ def run_context(
     ck_every = checkpoint_every
     if ck_every is None and checkpoint_steps is not None and checkpoint_steps.size >= 2:
         ck_every = float(np.median(np.diff(np.sort(checkpoint_steps))))
-    return RunContext(
-        first_step=first,
-        last_step=last,
-        interval=float(interval),
-        steps_per_epoch=per,
-        steps_per_epoch_source=source,
-        epoch_starts=starts,
-        batch_size=batch_size,
-        checkpoint_every=ck_every,
-        checkpoint_source=checkpoint_source,
-        eval_every=eval_every,
-        lr_restarts=lr_restarts(steps, columns.get("lr")),
-        world_size=world_size,
-        world_size_source=world_size_source if world_size is not None else None,
-        epoch_resets=epoch_resets(steps, columns.get("epoch")),
-        order=order,
-        view=view,
-        micro_batches=_median(columns.get("micro_batches")),
-        epoch_logged="epoch" in columns,
-    )
+    return RunContext(first_step=first, last_step=last, interval=float(interval),
+                      steps_per_epoch=per, steps_per_epoch_source=source, epoch_starts=starts,
+                      batch_size=batch_size, checkpoint_every=ck_every,
+                      checkpoint_source=checkpoint_source, eval_every=eval_every,
+                      lr_restarts=lr_restarts(steps, columns.get("lr")), world_size=world_size,
+                      world_size_source=world_size_source if world_size is not None else None,
+                      epoch_resets=epoch_resets(steps, columns.get("epoch")), order=order,
+                      view=view, micro_batches=_median(columns.get("micro_batches")),
+                      epoch_logged="epoch" in columns)
 
 
 def _median(col: np.ndarray | None) -> float | None:

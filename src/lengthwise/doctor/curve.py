@@ -124,14 +124,8 @@ def settle_point(steps: np.ndarray, loss: np.ndarray) -> float | None:
     return float(steps[k])
 
 
-def find_phases(
-    steps: np.ndarray,
-    loss: np.ndarray,
-    *,
-    lr: np.ndarray | None = None,
-    start: float | None = None,
-    end: float | None = None,
-) -> Phases:
+def find_phases(steps: np.ndarray, loss: np.ndarray, *, lr: np.ndarray | None = None,
+                start: float | None = None, end: float | None = None) -> Phases:
     """Warm-up end and stable region of finite ``loss`` at increasing ``steps``."""
     if steps.size == 0:
         raise DataError("no finite loss values to analyse")
@@ -158,16 +152,8 @@ def find_phases(
                 f"no logged step in the stable region {num(s0)}..{num(s1)} (--from/--to) "
                 f"(the log covers {num(float(steps[0]))}..{num(float(steps[-1]))})"
             )
-    return Phases(
-        warmup_end=warm,
-        warmup_source=source,
-        settle_step=settle,
-        start=s0,
-        end=s1,
-        chosen_by=chosen,
-        points=int(((steps >= s0) & (steps <= s1)).sum()),
-        note=note,
-    )
+    return Phases(warmup_end=warm, warmup_source=source, settle_step=settle, start=s0, end=s1,
+                  chosen_by=chosen, points=int(((steps >= s0) & (steps <= s1)).sum()), note=note)
 
 
 @dataclass(frozen=True)
@@ -212,15 +198,9 @@ def roughness_residual(loss: np.ndarray, cliff_mask: np.ndarray) -> np.ndarray:
     return loss - rolling_mean(loss, ROUGHNESS_WINDOW, valid=~cliff_mask)
 
 
-def stable_stats(
-    loss: np.ndarray,
-    region: np.ndarray,
-    cliff_mask: np.ndarray,
-    *,
-    corrected: np.ndarray | None = None,
-    noise_scale: float | None = None,
-    nonfinite: NonFinite | None = None,
-) -> StableStats:
+def stable_stats(loss: np.ndarray, region: np.ndarray, cliff_mask: np.ndarray, *,
+                 corrected: np.ndarray | None = None, noise_scale: float | None = None,
+                 nonfinite: NonFinite | None = None) -> StableStats:
     """Statistics over ``region & ~cliff_mask`` of a finite loss series."""
     use = region & ~cliff_mask
     y = loss[use]
@@ -234,20 +214,13 @@ def stable_stats(
             res = corrected - rolling_mean(corrected, ROUGHNESS_WINDOW, valid=~cliff_mask & ok)
             corr = float(np.std(res[use & ok]))
     mean = float(np.mean(y))
-    return StableStats(
-        points=int(y.size),
-        mean=mean,
-        median=float(np.median(y)),
-        std=float(np.std(y)),
-        min=float(np.min(y)),
-        max=float(np.max(y)),
-        loss_roughness=rough,
-        roughness_ratio_to_mean=rough / abs(mean) if mean else float("nan"),
-        corrected_roughness=corr,
-        noise_scale=noise_scale,
-        nonfinite=NonFinite() if nonfinite is None else nonfinite,
-        cliff_points=int((region & cliff_mask).sum()),
-    )
+    return StableStats(points=int(y.size), mean=mean, median=float(np.median(y)),
+                       std=float(np.std(y)), min=float(np.min(y)), max=float(np.max(y)),
+                       loss_roughness=rough,
+                       roughness_ratio_to_mean=rough / abs(mean) if mean else float("nan"),
+                       corrected_roughness=corr, noise_scale=noise_scale,
+                       nonfinite=NonFinite() if nonfinite is None else nonfinite,
+                       cliff_points=int((region & cliff_mask).sum()))
 
 
 def nonfinite_losses(step: np.ndarray, loss: np.ndarray) -> NonFinite:
@@ -262,13 +235,9 @@ def nonfinite_losses(step: np.ndarray, loss: np.ndarray) -> NonFinite:
         first_tail = int(good[-1]) + 1 if good.size else 0
         if loss.size - first_tail >= 2 or first_tail == 0:
             diverged = float(step[first_tail])
-    return NonFinite(
-        count=int(bad.sum()),
-        nan=int(np.isnan(loss).sum()),
-        inf=int(np.isinf(loss).sum()),
-        first_steps=[float(s) for s in step[idx[:5]]],
-        diverged_at=diverged,
-    )
+    return NonFinite(count=int(bad.sum()), nan=int(np.isnan(loss).sum()),
+                     inf=int(np.isinf(loss).sum()), first_steps=[float(s) for s in step[idx[:5]]],
+                     diverged_at=diverged)
 
 
 #: the fields that say a step held nothing supervised (0), in the order they are trusted

@@ -91,14 +91,8 @@ def _side_fits(z: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
     return before, after
 
 
-def epoch_boundaries(
-    steps: np.ndarray,
-    loss: np.ndarray,
-    starts: Sequence[float],
-    *,
-    source: str | None,
-    rng: np.random.Generator | None = None,
-) -> EpochBoundaries:
+def epoch_boundaries(steps: np.ndarray, loss: np.ndarray, starts: Sequence[float], *,
+                     source: str | None, rng: np.random.Generator | None = None) -> EpochBoundaries:
     """Test the loss for a step at each epoch start in ``starts`` (finite ``loss`` only)."""
     rng = np.random.default_rng(0) if rng is None else rng
     if not len(starts):
@@ -136,15 +130,9 @@ def epoch_boundaries(
     level_a = np.exp(after[at]) if logscale else after[at]
     drops = (level_a - level_b).tolist()
     rel = ((level_a - level_b) / np.abs(level_b)).tolist()
-    return EpochBoundaries(
-        found=bool(p < ALPHA and observed < 0),
-        p_value=p,
-        source=source,
-        starts=[float(steps[i]) for i in at],
-        drops=[float(d) for d in drops],
-        relative_drops=[float(r) for r in rel],
-        side_points=m,
-    )
+    return EpochBoundaries(found=bool(p < ALPHA and observed < 0), p_value=p, source=source,
+                           starts=[float(steps[i]) for i in at], drops=[float(d) for d in drops],
+                           relative_drops=[float(r) for r in rel], side_points=m)
 
 
 def staircase_starts(steps: np.ndarray, loss: np.ndarray, period_points: float) -> list[float]:

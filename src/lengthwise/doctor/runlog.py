@@ -29,24 +29,10 @@ import numpy as np
 from lengthwise.doctor.numeric import JsonForm, num
 
 #: numeric per-step fields the doctor uses when a log has them
-NUMERIC_FIELDS: tuple[str, ...] = (
-    "lr",
-    "grad_norm",
-    "real_tokens",
-    "samples",
-    "seq_len",
-    "tokens_per_second",
-    "corrected_loss",
-    "loss_sample_std",
-    "loss_sample_neff",
-    "epoch",
-    "time",
-    "micro_batches",
-    "slots",
-    "skipped",
-    "eval_loss",
-    "seconds",
-)
+NUMERIC_FIELDS: tuple[str, ...] = ("lr", "grad_norm", "real_tokens", "samples", "seq_len",
+                                   "tokens_per_second", "corrected_loss", "loss_sample_std",
+                                   "loss_sample_neff", "epoch", "time", "micro_batches", "slots",
+                                   "skipped", "eval_loss", "seconds")
 #: per-step list fields of one number per data-parallel rank: each rank's step time
 RANK_FIELDS: tuple[str, ...] = ("rank_seconds",)
 #: per-step bucket fields: ``bucket`` (one id) or ``buckets`` (the ids of the step's batches)
@@ -217,13 +203,8 @@ def pauses(time: np.ndarray | None) -> np.ndarray | None:
     return out
 
 
-def describe_restarts(
-    restarts: list[Restart],
-    step: np.ndarray,
-    lines: np.ndarray,
-    lr: np.ndarray | None,
-    time: np.ndarray | None,
-) -> list[Restart]:
+def describe_restarts(restarts: list[Restart], step: np.ndarray, lines: np.ndarray,
+                      lr: np.ndarray | None, time: np.ndarray | None) -> list[Restart]:
     """``restarts`` with the learning rates around each and the wall-time gap before it.
 
     ``step``, ``lines``, ``lr`` and ``time`` are the rows in read order, before the

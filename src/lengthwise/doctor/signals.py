@@ -158,16 +158,9 @@ class GradNorm(JsonForm):
                 "p_value": significant(self.trend_p), "rise": significant(self.rise)}
 
 
-def grad_norm_findings(
-    steps: np.ndarray,
-    grad_norm: np.ndarray | None,
-    *,
-    cliffs: Sequence[float],
-    interval: float,
-    clip: float | None = None,
-    clip_source: str | None = None,
-    analysed: np.ndarray | None = None,
-) -> GradNorm:
+def grad_norm_findings(steps: np.ndarray, grad_norm: np.ndarray | None, *, cliffs: Sequence[float],
+                       interval: float, clip: float | None = None, clip_source: str | None = None,
+                       analysed: np.ndarray | None = None) -> GradNorm:
     """Every gradient-norm test over the logged ``steps`` (``grad_norm`` aligned with them):
     the clip rate and the zero norms over all of them, the others over the ``analysed``
     ones (a mask; None: all)."""
@@ -190,8 +183,7 @@ def grad_norm_findings(
     near = near[(near >= s[0]) & (near <= s[-1])]
     return GradNorm(
         points=int(s.size), spikes=int(spikes.sum()),
-        spike_steps=[float(x) for x in s[spikes][:50]],
-        co_spikes=_aligned(s, spikes, near, -1, 0),
+        spike_steps=[float(x) for x in s[spikes][:50]], co_spikes=_aligned(s, spikes, near, -1, 0),
         lead=_aligned(s, spikes, near, 1, LEAD_POINTS, exclude=(-1, 0)),
         clip=clip, clip_source=clip_source if clip is not None else None,
         clip_rate=None if clipped is None else float(np.mean(clipped)),
@@ -231,10 +223,8 @@ def trend(x: np.ndarray) -> tuple[float | None, float | None, float | None]:
     return tau, p, float(math.exp(med[-1] - med[0]))
 
 
-def _aligned(
-    s: np.ndarray, spikes: np.ndarray, cliffs: np.ndarray, lo: int, hi: int,
-    exclude: tuple[int, int] | None = None,
-) -> Alignment:
+def _aligned(s: np.ndarray, spikes: np.ndarray, cliffs: np.ndarray, lo: int, hi: int,
+             exclude: tuple[int, int] | None = None) -> Alignment:
     """Cliffs with a spike ``lo..hi`` logged points before them (0: at the cliff, -1: the
     point after it), and none ``exclude[0]..exclude[1]`` points before (when given), with
     the hypergeometric test."""
@@ -353,12 +343,10 @@ WARM_SHARE = 0.98
 #: the logged warm-up may differ from the configured one by this share
 WARM_TOLERANCE = 0.1
 #: the configuration keys read, each with its aliases
-SCHEDULE_KEYS: dict[str, tuple[str, ...]] = {
-    "peak": ("learning_rate", "lr"),
-    "warmup_steps": ("warmup_steps", "num_warmup_steps"),
-    "warmup_ratio": ("warmup_ratio",),
-    "max_steps": ("max_steps", "total_steps"),
-}
+SCHEDULE_KEYS: dict[str, tuple[str, ...]] = {"peak": ("learning_rate", "lr"),
+                                             "warmup_steps": ("warmup_steps", "num_warmup_steps"),
+                                             "warmup_ratio": ("warmup_ratio",),
+                                             "max_steps": ("max_steps", "total_steps")}
 
 
 @dataclass(frozen=True)
@@ -463,15 +451,9 @@ class StepTimes(JsonForm):
             "stragglers": lambda s: (s or Stragglers()).to_dict(), "note": None}
 
 
-def step_times(
-    step: np.ndarray,
-    columns: dict[str, np.ndarray],
-    *,
-    checkpoint_every: float | None = None,
-    eval_every: float | None = None,
-    restarts: Sequence[float] = (),
-    rank_seconds: np.ndarray | None = None,
-) -> StepTimes:
+def step_times(step: np.ndarray, columns: dict[str, np.ndarray], *,
+               checkpoint_every: float | None = None, eval_every: float | None = None,
+               restarts: Sequence[float] = (), rank_seconds: np.ndarray | None = None) -> StepTimes:
     """The :class:`StepTimes` of a log's steps and columns (``seconds``, ``time``,
     ``tokens_per_second``); ``restarts`` are the steps the log resumed at; ``rank_seconds``
     each row's step time on each rank (for stragglers)."""
