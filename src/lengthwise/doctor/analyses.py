@@ -392,10 +392,15 @@ def _micro_levels(d: Diagnosis) -> Any:
     return d.attribution.levels if d.context.view == MICRO_VIEW else None
 
 
+def _levels_found(d: Diagnosis) -> bool:
+    """A per-micro-batch log whose length ranges sit at different loss levels."""
+    levels = _micro_levels(d)
+    return levels is not None and levels.found
+
+
 def _banded(d: Diagnosis) -> bool:
     """Bands that are told as bands (not as a per-micro-batch log's levels)."""
-    levels = _micro_levels(d)
-    return (d.bands.count or 0) > 1 and not (levels is not None and levels.found)
+    return (d.bands.count or 0) > 1 and not _levels_found(d)
 
 
 def _confirm(d: Diagnosis) -> list[str]:
@@ -417,8 +422,7 @@ def _periodicity(d: Diagnosis) -> list[Finding]:
         return [_untested("periodicity", d.periodicity.note)]
     if d.periodicity.period is None:
         return []
-    levels = _micro_levels(d)
-    alone = not (_banded(d) or (levels is not None and levels.found))
+    alone = not (_banded(d) or _levels_found(d))
     return [_period_cause(d, _attr_evidence(d) if alone else [], _confirm(d) if alone else [])]
 
 
@@ -427,16 +431,15 @@ def _levels(d: Diagnosis) -> list[Finding]:
     levels = _micro_levels(d)
     if levels is not None and levels.p_value is None:
         return [_untested("per-bucket levels", levels.note)]
-    return [_micro_batch_cause(d)] if levels is not None and levels.found else []
+    return [_micro_batch_cause(d)] if _levels_found(d) else []
 
 
 def _attribution(d: Diagnosis) -> list[Finding]:
     """The bucket or the length mix moving the loss, without bands or a period."""
-    levels = _micro_levels(d)
-    if _banded(d) or d.periodicity.period is not None or (levels is not None and levels.found):
+    if _banded(d) or d.periodicity.period is not None or _levels_found(d):
         return []
     # in a per-micro-batch log the length ranges' levels are the bucket's test
-    return _attribution_cause(d, _attr_evidence(d), bucket=levels is None)
+    return _attribution_cause(d, _attr_evidence(d), bucket=_micro_levels(d) is None)
 
 
 def _micro_batch_cause(d: Diagnosis) -> Finding:
