@@ -40,21 +40,6 @@ from lengthwise.doctor.readers import read_log, read_records
 from lengthwise.doctor.report import REPORT_KEYS, Finding, Report, Verdict
 from lengthwise.doctor.runlog import RunLog
 
-__all__ = [
-    "diagnose",
-    "verdict_for",
-    "load",
-    "read_log",
-    "read_records",
-    "Report",
-    "Verdict",
-    "Finding",
-    "Noise",
-    "REPORT_KEYS",
-    "RunLog",
-    "LogError",
-    "EmptyLogError",
-    "UnreadableLogError",
-    "LogNotFoundError",
-    "PlotUnavailableError",
-]
+__all__ = ["diagnose", "verdict_for", "load", "read_log", "read_records", "Report", "Verdict",
+           "Finding", "Noise", "REPORT_KEYS", "RunLog", "LogError", "EmptyLogError",
+           "UnreadableLogError", "LogNotFoundError", "PlotUnavailableError"]

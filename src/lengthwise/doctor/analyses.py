@@ -392,10 +392,15 @@ def _micro_levels(d: Diagnosis) -> Any:
     return d.attribution.levels if d.context.view == MICRO_VIEW else None
 
 
+def _levels_found(d: Diagnosis) -> bool:
+    """A per-micro-batch log whose length ranges sit at different loss levels."""
+    levels = _micro_levels(d)
+    return levels is not None and levels.found
+
+
 def _banded(d: Diagnosis) -> bool:
     """Bands that are told as bands (not as a per-micro-batch log's levels)."""
-    levels = _micro_levels(d)
-    return (d.bands.count or 0) > 1 and not (levels is not None and levels.found)
+    return (d.bands.count or 0) > 1 and not _levels_found(d)
 
 
 def _confirm(d: Diagnosis) -> list[str]:
@@ -417,8 +422,7 @@ def _periodicity(d: Diagnosis) -> list[Finding]:
         return [_untested("periodicity", d.periodicity.note)]
     if d.periodicity.period is None:
         return []
-    levels = _micro_levels(d)
-    alone = not (_banded(d) or (levels is not None and levels.found))
+    alone = not (_banded(d) or _levels_found(d))
     return [_period_cause(d, _attr_evidence(d) if alone else [], _confirm(d) if alone else [])]
 
 
@@ -427,16 +431,15 @@ def _levels(d: Diagnosis) -> list[Finding]:
     levels = _micro_levels(d)
     if levels is not None and levels.p_value is None:
         return [_untested("per-bucket levels", levels.note)]
-    return [_micro_batch_cause(d)] if levels is not None and levels.found else []
+    return [_micro_batch_cause(d)] if _levels_found(d) else []
 
 
 def _attribution(d: Diagnosis) -> list[Finding]:
     """The bucket or the length mix moving the loss, without bands or a period."""
-    levels = _micro_levels(d)
-    if _banded(d) or d.periodicity.period is not None or (levels is not None and levels.found):
+    if _banded(d) or d.periodicity.period is not None or _levels_found(d):
         return []
     # in a per-micro-batch log the length ranges' levels are the bucket's test
-    return _attribution_cause(d, _attr_evidence(d), bucket=levels is None)
+    return _attribution_cause(d, _attr_evidence(d), bucket=_micro_levels(d) is None)
 
 
 def _micro_batch_cause(d: Diagnosis) -> Finding:
@@ -502,9 +505,7 @@ def _bands_cause(d: Diagnosis) -> Finding:
         name="single_bucket_batches" if explained else "bands_unexplained",
         figures=_figures(bands=bands.count, p_value=bands.p_value, centres=bands.centres,
                          shares=bands.shares, bucket_r2=attr.bucket_r2),
-        claim=claim,
-        score=score if explained else 0.5 * score,
-        where=_region(d),
+        claim=claim, score=score if explained else 0.5 * score, where=_region(d),
         evidence=[f"per-step loss is multimodal: {bands.count} bands at {centres}; "
                   f"Silverman test p={fmt_num(bands.p_value or 0.0)} against "
                   f"{bands.count - 1} band(s)", *attr_ev],
@@ -700,8 +701,7 @@ def _checkpoint_cause(d: Diagnosis, cliffs: list[Any], base_ev: str) -> Finding:
                          throughput_ratio=ck.throughput_ratio),
         claim="loss spikes at checkpoint saves",
         score=min(1.0, 0.4 + 0.6 * ck.aligned / max(ck.cliffs, 1)),
-        where=_phase_text([c for c in cliffs if c.at_checkpoint], d)[0],
-        evidence=ev,
+        where=_phase_text([c for c in cliffs if c.at_checkpoint], d)[0], evidence=ev,
         fix=[
             "move checkpoint saves off the training thread (asynchronous save)",
             "check that saving does not reset the data loader, RNG or optimizer state "
@@ -713,10 +713,8 @@ def _checkpoint_cause(d: Diagnosis, cliffs: list[Any], base_ev: str) -> Finding:
 def _divergence_cause(c0: Cliff) -> Finding:
     """The first cliff that never recovered: the run diverged there."""
     return Finding(
-        name="divergence",
-        figures=_figures(step=c0.step, height=c0.height, level=c0.level),
-        claim=f"loss jumped at step {fmt_num(c0.step)} and never came back to its level",
-        score=0.9,
+        name="divergence", figures=_figures(step=c0.step, height=c0.height, level=c0.level),
+        claim=f"loss jumped at step {fmt_num(c0.step)} and never came back to its level", score=0.9,
         where=f"from step {fmt_num(c0.step)} ({PHASE_WORDS[c0.phase]})",
         evidence=[f"+{c0.height:.3g} above the level {c0.level:.4g} before it, still "
                   "above it at the end of the log"],
@@ -763,10 +761,8 @@ def _spike_cause(d: Diagnosis, cliffs: list[Any], base_ev: str) -> Finding:
     else:
         claim = (f"{len(cliffs)} loss spike(s){phase_note}{unexplained} with slow recovery: "
                  "unstable optimization")
-        fixes = [
-            "lower the learning rate after warm-up or clip gradients harder",
-            "log sample ids per step and inspect the batches at the cliff steps",
-        ]
+        fixes = ["lower the learning rate after warm-up or clip gradients harder",
+                 "log sample ids per step and inspect the batches at the cliff steps"]
         score = min(0.9, 0.35 + 0.05 * len(cliffs))
     if phase_note:
         fixes.insert(0, "spikes confined to early training usually settle by themselves; a "
@@ -894,13 +890,10 @@ def _resumes(d: Diagnosis) -> list[Finding]:
     ev = [f"the logged `epoch` falls back at step(s) {_steps(resets)} while the step keeps "
           "rising: a run resumed from a checkpoint whose data pass started over"]
     return [Finding(
-        name="resumes",
-        figures=_figures(steps=resets),
+        name="resumes", figures=_figures(steps=resets),
         claim=f"{len(resets)} resume(s) in the log (the epoch field falls back)"
         + _resume_spikes(d, set(resets), ev),
-        score=0.1,
-        where=f"at steps {_steps(resets)}",
-        evidence=ev,
+        score=0.1, where=f"at steps {_steps(resets)}", evidence=ev,
         fix=["check that resuming restores the optimizer, scheduler and "
              "data-loader position (the batch order); a restarted data pass repeats "
              "samples already seen"],

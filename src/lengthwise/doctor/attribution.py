@@ -37,7 +37,14 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.doctor.numeric import ROUGHNESS_WINDOW, num, rolling_mean
+from lengthwise.doctor.numeric import (
+    ROUGHNESS_WINDOW,
+    JsonForm,
+    digits,
+    fixed,
+    num,
+    rolling_mean,
+)
 
 PERMUTATIONS = 199
 #: permutation tests use a random subset of at most this many steps
@@ -58,7 +65,7 @@ TO_LOG = [
 
 
 @dataclass(frozen=True)
-class Attribution:
+class Attribution(JsonForm):
     """How well bucket or length explains the detrended per-step loss."""
 
     bucket_field: str | None = None
@@ -112,29 +119,11 @@ class Attribution:
                 return True
         return False
 
-    def to_dict(self) -> dict[str, object]:
-        """JSON-ready form (the ``attribution`` key of the report)."""
-
-        def r(v: float | None, d: int = 4) -> float | None:
-            return None if v is None else round(float(v), d)
-
-        return {
-            "bucket_field": self.bucket_field,
-            "bucket_r2": r(self.bucket_r2),
-            "bucket_p_value": r(self.bucket_p_value),
-            "bucket_r2_chance": r(self.bucket_r2_chance),
-            "bucket_r2_adjusted": r(self.bucket_r2_adjusted),
-            "single_bucket": self.single_bucket,
-            "per_bucket": self.per_bucket,
-            "length_field": self.length_field,
-            "length_r2": r(self.length_r2),
-            "length_p_value": r(self.length_p_value),
-            "logged_bucket_loss": self.logged_bucket_loss,
-            "likely_cause": self.likely_cause,
-            "to_log": self.to_log,
-            "note": self.note,
-            "levels": None if self.levels is None else self.levels.to_dict(),
-        }
+    JSON = {"bucket_field": None, **{k: fixed(4) for k in (
+                "bucket_r2", "bucket_p_value", "bucket_r2_chance", "bucket_r2_adjusted")},
+            "single_bucket": None, "per_bucket": None, "length_field": None,
+            "length_r2": fixed(4), "length_p_value": fixed(4), "logged_bucket_loss": None,
+            "likely_cause": None, "to_log": None, "note": None, "levels": None}
 
 
 def _labels(value: Any) -> tuple[Any, ...]:
@@ -254,17 +243,10 @@ def _subsample(n: int, rng: np.random.Generator) -> np.ndarray:
     return np.sort(rng.choice(n, MAX_PERMUTED, replace=False))
 
 
-def attribute(
-    resid: np.ndarray,
-    *,
-    loss: np.ndarray,
-    buckets: list[Any] | None = None,
-    length: np.ndarray | None = None,
-    length_field: str | None = None,
-    rng: np.random.Generator | None = None,
-    structure_found: bool = False,
-    logged_bucket_loss: dict[str, float] | None = None,
-) -> Attribution:
+def attribute(resid: np.ndarray, *, loss: np.ndarray, buckets: list[Any] | None = None,
+              length: np.ndarray | None = None, length_field: str | None = None,
+              rng: np.random.Generator | None = None, structure_found: bool = False,
+              logged_bucket_loss: dict[str, float] | None = None) -> Attribution:
     """Explain detrended per-step losses ``resid`` by bucket shares and/or length.
 
     ``structure_found`` (bands or a period) with neither field logged makes the
@@ -283,10 +265,8 @@ def attribute(
     return Attribution(**fields)
 
 
-def _bucket_fields(
-    resid: np.ndarray, loss: np.ndarray, buckets: list[Any],
-    rng: np.random.Generator,
-) -> dict[str, Any]:
+def _bucket_fields(resid: np.ndarray, loss: np.ndarray, buckets: list[Any],
+                   rng: np.random.Generator) -> dict[str, Any]:
     """The bucket part of an attribution: R^2 of the bucket shares, its p-value, per bucket."""
     row, ids, mixed = row_codes(buckets)
     # single-bucket steps need no rows x buckets share matrix (a million lines of 54 buckets
@@ -348,12 +328,9 @@ def _per_bucket(
         if not sel.any():
             continue
         rows.append(
-            {
-                "bucket": b if isinstance(b, int | float | str) else str(b),
-                "steps": int(sel.sum()),
-                "mean_loss": round(float(loss[sel].mean()), 6),
-                "mean_offset": round(float(resid[sel].mean()), 6),
-            }
+            {"bucket": b if isinstance(b, int | float | str) else str(b), "steps": int(sel.sum()),
+             "mean_loss": round(float(loss[sel].mean()), 6),
+             "mean_offset": round(float(resid[sel].mean()), 6)}
         )
     return rows
 
@@ -374,7 +351,7 @@ CHUNK_LINES = 1 << 20
 
 
 @dataclass(frozen=True)
-class BucketLevels:
+class BucketLevels(JsonForm):
     """The loss level of each length range of a log whose lines each hold one bucket."""
 
     lines: int = 0
@@ -398,18 +375,11 @@ class BucketLevels:
             return None
         return max(0.0, (self.share - self.chance) / (1.0 - self.chance))
 
-    def to_dict(self) -> dict[str, object]:
-        """JSON-ready form (the ``levels`` key of the attribution)."""
-
-        def r(v: float | None) -> float | None:
-            return None if v is None else round(float(v), 4)
-
-        return {"lines": self.lines, "ranges": self.ranges, "share": r(self.share),
-                "chance": r(self.chance), "beyond_chance": r(self.beyond_chance),
-                "p_value": r(self.p_value), "found": self.found,
-                "invalid_bucket_lines": self.invalid,
-                "test": f"eta^2 of length ranges, {LEVEL_SHUFFLES} shuffles within windows of "
-                        f"{BLOCK} lines, alpha={ALPHA}", "note": self.note}
+    TEST = (f"eta^2 of length ranges, {LEVEL_SHUFFLES} shuffles within windows of {BLOCK} "
+            f"lines, alpha={ALPHA}")
+    JSON = {"lines": None, "ranges": None, "share": fixed(4), "chance": fixed(4),
+            "beyond_chance": fixed(4), "p_value": fixed(4), "found": None,
+            "invalid_bucket_lines": "invalid", "test": "TEST", "note": None}
 
 
 def length_ranges(ids: list[Any], counts: list[int], lines: int) -> list[int]:
@@ -555,14 +525,9 @@ def shuffled_shares(
     return out
 
 
-def bucket_levels(
-    resid: np.ndarray,
-    loss: np.ndarray,
-    buckets: list[Any],
-    *,
-    edges: list[int] | None = None,
-    rng: np.random.Generator | None = None,
-) -> BucketLevels:
+def bucket_levels(resid: np.ndarray, loss: np.ndarray, buckets: list[Any], *,
+                  edges: list[int] | None = None,
+                  rng: np.random.Generator | None = None) -> BucketLevels:
     """Test whether the lines' length ranges sit at different levels (see the module docstring).
 
     ``resid`` is the detrended loss of the lines in time order, ``loss`` their loss,
@@ -629,7 +594,7 @@ MIN_POINTS = 20
 
 
 @dataclass(frozen=True)
-class Noise:
+class Noise(JsonForm):
     """The sampling floor of the per-step loss and the shares of its variance."""
 
     sampling_floor: float | None
@@ -640,18 +605,10 @@ class Noise:
     composition_source: str | None = None
     points: int = 0
 
-    def to_dict(self) -> dict[str, object]:
-        """JSON-ready form (the ``noise`` key of the report)."""
-        return {
-            "sampling_floor": num(self.sampling_floor, 6),
-            "excess": num(self.excess, 4),
-            "shares": None if self.shares is None else
-            {k: num(v, 4) for k, v in self.shares.items()},
-            "samples_per_step": num(self.samples_per_step, 2),
-            "composition_source": self.composition_source,
-            "points": self.points,
-            "summary": self.summary,
-        }
+    JSON = {"sampling_floor": digits(6), "excess": digits(4),
+            "shares": lambda s: None if s is None else {k: num(v, 4) for k, v in s.items()},
+            "samples_per_step": digits(2), "composition_source": None, "points": None,
+            "summary": None}
 
 
 def _adjusted(r2: float | None, groups: int, n: int) -> float | None:
@@ -702,18 +659,11 @@ def schedule_r2(resid: np.ndarray, lr: np.ndarray | None) -> float | None:
     return _adjusted(r2, 2, int(ok.sum()))
 
 
-def noise_budget(
-    resid: np.ndarray,
-    *,
-    loss_sample_std: np.ndarray | None = None,
-    samples: np.ndarray | None = None,
-    composition_r2: float | None = None,
-    composition_groups: int = 1,
-    composition_source: str | None = None,
-    length: np.ndarray | None = None,
-    length_source: str | None = None,
-    lr: np.ndarray | None = None,
-) -> Noise | None:
+def noise_budget(resid: np.ndarray, *, loss_sample_std: np.ndarray | None = None,
+                 samples: np.ndarray | None = None, composition_r2: float | None = None,
+                 composition_groups: int = 1, composition_source: str | None = None,
+                 length: np.ndarray | None = None, length_source: str | None = None,
+                 lr: np.ndarray | None = None) -> Noise | None:
     """Noise budget of the detrended stable-region loss ``resid`` (None: too few points)."""
     resid = np.asarray(resid, dtype=np.float64)
     n = int(np.isfinite(resid).sum())
@@ -736,15 +686,9 @@ def noise_budget(
     floor = float(np.sqrt(floor2))
     shares = _shares(floor2, var, comp, sched)
     summary = _sentence(shares, spp, comp is not None, sched is not None, composition_source)
-    return Noise(
-        sampling_floor=floor,
-        excess=rough / floor if floor > 0 else None,
-        shares=shares,
-        summary=summary,
-        samples_per_step=spp,
-        composition_source=composition_source,
-        points=n,
-    )
+    return Noise(sampling_floor=floor, excess=rough / floor if floor > 0 else None, shares=shares,
+                 summary=summary, samples_per_step=spp, composition_source=composition_source,
+                 points=n)
 
 
 def _sampling_floor2(
@@ -764,11 +708,8 @@ def _shares(
     floor2: float, var: float, comp: float | None, sched: float | None
 ) -> dict[str, float]:
     """Variance shares of sampling, composition and schedule (scaled to fit), and the rest."""
-    parts = {
-        "sampling": min(1.0, floor2 / var) if var > 0 else 1.0,
-        "composition": comp or 0.0,
-        "schedule": sched or 0.0,
-    }
+    parts = {"sampling": min(1.0, floor2 / var) if var > 0 else 1.0, "composition": comp or 0.0,
+             "schedule": sched or 0.0}
     total = sum(parts.values())
     if total > 1.0:
         parts = {k: v / total for k, v in parts.items()}
@@ -776,10 +717,8 @@ def _shares(
     return {**parts, "unexplained": 1.0 - total}
 
 
-def _sentence(
-    shares: dict[str, float], spp: float | None, comp_known: bool, sched_known: bool,
-    comp_source: str | None,
-) -> str:
+def _sentence(shares: dict[str, float], spp: float | None, comp_known: bool, sched_known: bool,
+              comp_source: str | None) -> str:
     size = f"{spp:.0f}" if spp >= 10 else f"{spp:.2g}"  # a median over steps: no false digits
     parts = [f"{shares['sampling']:.0%} of the step-to-step variance is the sampling noise of "
              f"{size} samples per step"]

@@ -21,7 +21,16 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.doctor.numeric import ROUGHNESS_WINDOW, local_linear, log_scale, odd, significant
+from lengthwise.doctor.numeric import (
+    ROUGHNESS_WINDOW,
+    JsonForm,
+    each,
+    fixed,
+    local_linear,
+    log_scale,
+    odd,
+    significant,
+)
 
 ALPHA = 0.05
 BOOTSTRAP = 199
@@ -40,7 +49,7 @@ REF_WIDTH = 0.5
 
 
 @dataclass
-class Bands:
+class Bands(JsonForm):
     """Multimodality of the detrended stable-region loss."""
 
     count: int | None
@@ -56,26 +65,17 @@ class Bands:
     points: int = 0
     note: str = ""
 
-    def to_dict(self) -> dict[str, object]:
-        """JSON-ready form (the ``bands`` key of the report)."""
-        r = _rounded
-        return {
-            "count": self.count,
-            "multimodal": None if self.count is None else self.count > 1,
-            "p_value": significant(self.p_value),
-            "p_values_at_most_k": [significant(p) for p in self.p_values],
-            "centres": r(self.centres),
-            "offsets": r(self.offsets),
-            "widths": r(self.widths),
-            "shares": r(self.shares, 4),
-            "separation": None if self.separation is None else round(self.separation, 3),
-            "between_share": None if self.between_share is None else round(self.between_share, 4),
-            "bic_components": self.bic_components,
-            "points": self.points,
-            "test": f"Silverman critical bandwidth, smoothed bootstrap B={BOOTSTRAP}, "
-            f"alpha={ALPHA}",
-            "note": self.note,
-        }
+    TEST = f"Silverman critical bandwidth, smoothed bootstrap B={BOOTSTRAP}, alpha={ALPHA}"
+    JSON = {"count": None, "multimodal": None, "p_value": significant,
+            "p_values_at_most_k": ("p_values", each(significant)), "centres": each(fixed(6)),
+            "offsets": each(fixed(6)), "widths": each(fixed(6)), "shares": each(fixed(4)),
+            "separation": fixed(3), "between_share": fixed(4), "bic_components": None,
+            "points": None, "test": "TEST", "note": None}
+
+    @property
+    def multimodal(self) -> bool | None:
+        """More than one band (None: not tested)."""
+        return None if self.count is None else self.count > 1
 
 
 def band_buckets(bands: Bands, per_bucket: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -96,10 +96,6 @@ def band_buckets(bands: Bands, per_bucket: list[dict[str, Any]]) -> list[list[di
     for row in per_bucket:
         out[int(np.argmin(np.abs(offsets - float(row["mean_offset"]))))].append(row)
     return out
-
-
-def _rounded(values: list[float], digits: int = 6) -> list[float]:
-    return [round(float(v), digits) for v in values]
 
 
 class _Kde:
@@ -296,12 +292,8 @@ def decorrelating_stride(x: np.ndarray) -> int:
     return int(round((1 + min(r, 0.95)) / (1 - min(r, 0.95))))
 
 
-def find_bands(
-    resid: np.ndarray,
-    *,
-    level: float = 0.0,
-    rng: np.random.Generator | None = None,
-) -> Bands:
+def find_bands(resid: np.ndarray, *, level: float = 0.0,
+               rng: np.random.Generator | None = None) -> Bands:
     """Count the modes of detrended losses ``resid``; ``level`` turns offsets into centres."""
     rng = np.random.default_rng(0) if rng is None else rng
     sample = _test_sample(resid, rng)
@@ -323,26 +315,15 @@ def find_bands(
         pooled = np.sqrt((sd[1:] ** 2 + sd[:-1] ** 2) / 2.0)
         sep = float(np.min(np.diff(mu) / pooled))
     between = float((w * (mu - (w * mu).sum()) ** 2).sum() / max(float(x.var()), 1e-300))
-    return Bands(
-        count=count,
-        p_value=p_values[count - 2] if count > 1 else p_values[0],
-        p_values=p_values,
-        offsets=mu.tolist(),
-        centres=(level + mu).tolist(),
-        widths=sd.tolist(),
-        shares=w.tolist(),
-        separation=sep,
-        between_share=min(1.0, between) if count > 1 else 0.0,
-        bic_components=bic_components(x),
-        points=int(x.size),
-        note=note,
-    )
+    return Bands(count=count, p_value=p_values[count - 2] if count > 1 else p_values[0],
+                 p_values=p_values, offsets=mu.tolist(), centres=(level + mu).tolist(),
+                 widths=sd.tolist(), shares=w.tolist(), separation=sep,
+                 between_share=min(1.0, between) if count > 1 else 0.0,
+                 bic_components=bic_components(x), points=int(x.size), note=note)
 
 
-def _fit_bands(
-    x: np.ndarray, ordered: np.ndarray, count: int, starts: np.ndarray, h_count: float,
-    note: str,
-) -> tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray], str]:
+def _fit_bands(x: np.ndarray, ordered: np.ndarray, count: int, starts: np.ndarray, h_count: float,
+               note: str) -> tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray], str]:
     """Fit the mixture, dropping outlier modes and level shifts: count, (w, mu, sd), note."""
     if starts.size != count:
         starts = np.quantile(x, (np.arange(count) + 0.5) / count)
@@ -389,10 +370,8 @@ def _test_sample(
     return x, ordered, float(lo_q), float(hi_q)
 
 
-def _silverman_count(
-    x: np.ndarray, kde: _Kde, spectrum: np.ndarray, span: float,
-    rng: np.random.Generator,
-) -> tuple[int, float, list[float]]:
+def _silverman_count(x: np.ndarray, kde: _Kde, spectrum: np.ndarray, span: float,
+                     rng: np.random.Generator) -> tuple[int, float, list[float]]:
     """The first mode count not rejected, its critical bandwidth, and the p-values tested."""
     p_values: list[float] = []
     count, h_count = MAX_BANDS, None
@@ -408,10 +387,8 @@ def _silverman_count(
     return count, h_count, p_values
 
 
-def _valley_check(
-    x: np.ndarray, kde: _Kde, spectrum: np.ndarray, count: int, h_count: float,
-    p_values: list[float],
-) -> tuple[int, np.ndarray, str]:
+def _valley_check(x: np.ndarray, kde: _Kde, spectrum: np.ndarray, count: int, h_count: float,
+                  p_values: list[float]) -> tuple[int, np.ndarray, str]:
     """Merge modes without a clear valley between them: the count, the modes and a note."""
     note = ""
     starts = kde.g0 + kde.dx * kde.modes(spectrum, h_count)

@@ -31,11 +31,14 @@ import numpy as np
 
 from lengthwise.doctor.numeric import (
     ROUGHNESS_WINDOW,
+    JsonForm,
+    fixed,
     num,
     odd,
     robust_std,
     rolling_median,
     significant,
+    unless_none,
 )
 
 #: a cliff rises this many noise scales above the running level
@@ -81,7 +84,7 @@ class CliffContext:
 
 
 @dataclass(frozen=True)
-class Cliff:
+class Cliff(JsonForm):
     """One spike: where it started, how high it rose, how many steps it took to recover."""
 
     step: float
@@ -95,23 +98,9 @@ class Cliff:
     at_checkpoint: bool | None = None
     phase: str = "stable"
 
-    def to_dict(self) -> dict[str, object]:
-        """JSON-ready form: ``step``, ``height``, ``recovery_steps`` (null: never recovered)."""
-        out: dict[str, object] = {
-            "step": num(self.step),
-            "height": round(float(self.height), 6),
-            "recovery_steps": num(self.recovery_steps),
-            "peak_step": num(self.peak_step),
-            "recovery_points": self.recovery_points,
-            "level": round(float(self.level), 6),
-            "z": round(float(self.z), 2),
-            "phase": self.phase,
-        }
-        if self.at_checkpoint is not None:
-            out["at_checkpoint"] = self.at_checkpoint
-        if self.bucket is not None:
-            out["bucket"] = self.bucket
-        return out
+    JSON = {"step": num, "height": fixed(6), "recovery_steps": num, "peak_step": num,
+            "recovery_points": None, "level": fixed(6), "z": fixed(2), "phase": None,
+            "at_checkpoint": unless_none, "bucket": unless_none}
 
 
 def cliff_threshold(
@@ -163,14 +152,9 @@ def local_thresholds(
     return np.interp(x, centres, values), np.interp(x, centres, upper)
 
 
-def find_cliffs(
-    steps: np.ndarray,
-    loss: np.ndarray,
-    region: np.ndarray,
-    *,
-    search: np.ndarray | None = None,
-    context: CliffContext | None = None,
-) -> tuple[list[Cliff], np.ndarray, float]:
+def find_cliffs(steps: np.ndarray, loss: np.ndarray, region: np.ndarray, *,
+                search: np.ndarray | None = None,
+                context: CliffContext | None = None) -> tuple[list[Cliff], np.ndarray, float]:
     """Cliffs of a finite loss series, with the noise scale measured over ``region``.
 
     Cliffs may start anywhere in ``search`` (default: ``region``), e.g. from the
@@ -208,18 +192,10 @@ def find_cliffs(
         j, recovery = _recovery(steps, loss, peak, base, recover[a])
         mask[a : min(j, a + MAX_EXCLUDED)] = True
         cliffs.append(
-            Cliff(
-                at_checkpoint=_near(float(steps[a]), ctx),
-                bucket=_bucket(ctx.buckets, a),
-                phase=ctx.phase(float(steps[a])),
-                step=float(steps[a]),
-                peak_step=float(steps[peak]),
-                height=height,
-                recovery_steps=recovery,
-                level=base,
-                recovery_points=None if recovery is None else int(j - peak),
-                z=height / noise,
-            )
+            Cliff(at_checkpoint=_near(float(steps[a]), ctx), bucket=_bucket(ctx.buckets, a),
+                  phase=ctx.phase(float(steps[a])), step=float(steps[a]),
+                  peak_step=float(steps[peak]), height=height, recovery_steps=recovery, level=base,
+                  recovery_points=None if recovery is None else int(j - peak), z=height / noise)
         )
     return cliffs, mask, noise
 
@@ -285,7 +261,7 @@ ALPHA = 0.05
 
 
 @dataclass(frozen=True)
-class CheckpointAssociation:
+class CheckpointAssociation(JsonForm):
     """Result of testing whether cliffs start at checkpoint steps."""
 
     associated: bool | None
@@ -300,24 +276,11 @@ class CheckpointAssociation:
     throughput_ratio: float | None = None
     note: str = ""
 
-    def to_dict(self) -> dict[str, object]:
-        """JSON-ready form (the ``checkpoint_association`` key of the report)."""
-        return {
-            "associated": self.associated,
-            "p_value": significant(self.p_value),
-            "checkpoints": self.checkpoints,
-            "cliffs": self.cliffs,
-            "aligned": self.aligned,
-            "expected_aligned": (
-                None if self.expected_aligned is None else round(self.expected_aligned, 3)
-            ),
-            "window_steps": [self.window[0], self.window[1]],
-            "source": self.source,
-            "test": "exact permutation test of cliff placements (hypergeometric tail)",
-            "save_seconds_mean": self.save_seconds_mean,
-            "throughput_ratio_after_save": self.throughput_ratio,
-            "note": self.note,
-        }
+    TEST = "exact permutation test of cliff placements (hypergeometric tail)"
+    JSON = {"associated": None, "p_value": significant, "checkpoints": None, "cliffs": None,
+            "aligned": None, "expected_aligned": fixed(3), "window_steps": ("window", list),
+            "source": None, "test": "TEST", "save_seconds_mean": None,
+            "throughput_ratio_after_save": "throughput_ratio", "note": None}
 
 
 def hypergeom_sf(k: int, total: int, good: int, draws: int) -> float:
@@ -362,17 +325,10 @@ def near_checkpoint(
     return (ck[i] >= steps - after) & (ck[i] <= steps + before)
 
 
-def associate(
-    region_steps: np.ndarray,
-    cliff_steps: Sequence[float],
-    checkpoints: np.ndarray,
-    *,
-    interval: float,
-    source: str | None = "events",
-    save_seconds_mean: float | None = None,
-    throughput_ratio: float | None = None,
-    every: float | None = None,
-) -> CheckpointAssociation:
+def associate(region_steps: np.ndarray, cliff_steps: Sequence[float], checkpoints: np.ndarray, *,
+              interval: float, source: str | None = "events",
+              save_seconds_mean: float | None = None, throughput_ratio: float | None = None,
+              every: float | None = None) -> CheckpointAssociation:
     """Test cliff starts against checkpoint steps over the analysed ``region_steps``.
 
     ``every`` (a ``--checkpoint-every`` interval) only shapes the note when no save
@@ -383,14 +339,9 @@ def associate(
     lo, hi = (float(region_steps[0]), float(region_steps[-1])) if region_steps.size else (0, 0)
     ck_in = ck[(ck >= lo - after) & (ck <= hi + before)]
     cliffs = np.asarray(cliff_steps, dtype=np.float64)
-    base = {
-        "checkpoints": int(ck_in.size),
-        "cliffs": int(cliffs.size),
-        "window": (-before, after),
-        "source": source if ck.size or every else None,
-        "save_seconds_mean": save_seconds_mean,
-        "throughput_ratio": throughput_ratio,
-    }
+    base = {"checkpoints": int(ck_in.size), "cliffs": int(cliffs.size), "window": (-before, after),
+            "source": source if ck.size or every else None, "save_seconds_mean": save_seconds_mean,
+            "throughput_ratio": throughput_ratio}
     if ck.size == 0:
         if every is not None:
             span = hi - lo
@@ -410,13 +361,8 @@ def associate(
         return CheckpointAssociation(None, None, aligned=aligned, expected_aligned=0.0,
                                      note="no checkpoint inside the analysed steps", **base)
     p = hypergeom_sf(aligned, total, good, min(draws, total))
-    return CheckpointAssociation(
-        associated=bool(p < ALPHA),
-        p_value=p,
-        aligned=aligned,
-        expected_aligned=draws * good / total,
-        **base,
-    )
+    return CheckpointAssociation(associated=bool(p < ALPHA), p_value=p, aligned=aligned,
+                                 expected_aligned=draws * good / total, **base)
 
 
 def throughput_ratio(

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.doctor.numeric import num
+from lengthwise.doctor.numeric import JsonForm, digits, each, num
 from lengthwise.errors import ConfigError
 
 #: an lr rise of at least this fraction of the peak between two logged steps is a restart
@@ -55,7 +55,7 @@ SAME_EPOCHS = 0.02
 
 
 @dataclass(frozen=True)
-class RunContext:
+class RunContext(JsonForm):
     """Lengths of the run's known mechanisms, in steps (None: unknown)."""
 
     first_step: float
@@ -84,25 +84,11 @@ class RunContext:
         """Every step holds one micro-batch (of one length bucket): no order mixes a step."""
         return self.micro_batches == 1
 
-    def to_dict(self) -> dict[str, object]:
-        """JSON-ready form (the ``context`` key of the report)."""
-        return {
-            "log_interval": num(self.interval),
-            "steps_per_epoch": num(self.steps_per_epoch, 3),
-            "steps_per_epoch_source": self.steps_per_epoch_source,
-            "epoch_starts": [num(s) for s in self.epoch_starts[:50]],
-            "batch_size": self.batch_size,
-            "checkpoint_every": num(self.checkpoint_every),
-            "checkpoint_source": self.checkpoint_source,
-            "eval_every": num(self.eval_every),
-            "lr_restarts": [num(s) for s in self.lr_restarts[:50]],
-            "world_size": self.world_size,
-            "world_size_source": self.world_size_source,
-            "epoch_resets": [num(s) for s in self.epoch_resets[:50]],
-            "order": self.order,
-            "view": self.view,
-            "micro_batches": num(self.micro_batches),
-        }
+    JSON = {"log_interval": ("interval", num), "steps_per_epoch": digits(3),
+            "steps_per_epoch_source": None, "epoch_starts": each(num, 50), "batch_size": None,
+            "checkpoint_every": num, "checkpoint_source": None, "eval_every": num,
+            "lr_restarts": each(num, 50), "world_size": None, "world_size_source": None,
+            "epoch_resets": each(num, 50), "order": None, "view": None, "micro_batches": num}
 
 
 def epochs_from_field(steps: np.ndarray, epoch: np.ndarray) -> tuple[float | None, list[float]]:
@@ -226,22 +212,12 @@ def lr_restarts(steps: np.ndarray, lr: np.ndarray | None) -> list[float]:
     return out
 
 
-def run_context(
-    steps: np.ndarray,
-    columns: dict[str, np.ndarray],
-    *,
-    interval: float | None = None,
-    steps_per_epoch: float | None = None,
-    batch_size: int | None = None,
-    checkpoint_every: float | None = None,
-    checkpoint_steps: np.ndarray | None = None,
-    checkpoint_source: str | None = None,
-    eval_every: float | None = None,
-    world_size: int | None = None,
-    world_size_source: str | None = None,
-    order: str | None = None,
-    view: str | None = None,
-) -> RunContext:
+def run_context(steps: np.ndarray, columns: dict[str, np.ndarray], *, interval: float | None = None,
+                steps_per_epoch: float | None = None, batch_size: int | None = None,
+                checkpoint_every: float | None = None, checkpoint_steps: np.ndarray | None = None,
+                checkpoint_source: str | None = None, eval_every: float | None = None,
+                world_size: int | None = None, world_size_source: str | None = None,
+                order: str | None = None, view: str | None = None) -> RunContext:
     """Collect the mechanism lengths known for a run logged at ``steps``.
 
     ``world_size`` is the number of data-parallel processes (None: unknown).
@@ -274,26 +250,15 @@ def run_context(
     ck_every = checkpoint_every
     if ck_every is None and checkpoint_steps is not None and checkpoint_steps.size >= 2:
         ck_every = float(np.median(np.diff(np.sort(checkpoint_steps))))
-    return RunContext(
-        first_step=first,
-        last_step=last,
-        interval=float(interval),
-        steps_per_epoch=per,
-        steps_per_epoch_source=source,
-        epoch_starts=starts,
-        batch_size=batch_size,
-        checkpoint_every=ck_every,
-        checkpoint_source=checkpoint_source,
-        eval_every=eval_every,
-        lr_restarts=lr_restarts(steps, columns.get("lr")),
-        world_size=world_size,
-        world_size_source=world_size_source if world_size is not None else None,
-        epoch_resets=epoch_resets(steps, columns.get("epoch")),
-        order=order,
-        view=view,
-        micro_batches=_median(columns.get("micro_batches")),
-        epoch_logged="epoch" in columns,
-    )
+    return RunContext(first_step=first, last_step=last, interval=float(interval),
+                      steps_per_epoch=per, steps_per_epoch_source=source, epoch_starts=starts,
+                      batch_size=batch_size, checkpoint_every=ck_every,
+                      checkpoint_source=checkpoint_source, eval_every=eval_every,
+                      lr_restarts=lr_restarts(steps, columns.get("lr")), world_size=world_size,
+                      world_size_source=world_size_source if world_size is not None else None,
+                      epoch_resets=epoch_resets(steps, columns.get("epoch")), order=order,
+                      view=view, micro_batches=_median(columns.get("micro_batches")),
+                      epoch_logged="epoch" in columns)
 
 
 def _median(col: np.ndarray | None) -> float | None:

@@ -42,6 +42,10 @@ import numpy as np
 
 from lengthwise.doctor.numeric import (
     ROUGHNESS_WINDOW,
+    JsonForm,
+    digits,
+    each,
+    fixed,
     num,
     odd,
     robust_std,
@@ -61,7 +65,7 @@ MAX_KNEE_POINTS = 2000
 
 
 @dataclass(frozen=True)
-class Phases:
+class Phases(JsonForm):
     """Where warm-up ends and which steps form the stable region (inclusive)."""
 
     warmup_end: float | None
@@ -73,18 +77,8 @@ class Phases:
     points: int = 0
     note: str = ""
 
-    def to_dict(self) -> dict[str, object]:
-        """JSON-ready form (the ``stable_region`` key of the report)."""
-        return {
-            "start": num(self.start),
-            "end": num(self.end),
-            "points": self.points,
-            "chosen_by": self.chosen_by,
-            "warmup_end": num(self.warmup_end),
-            "warmup_source": self.warmup_source,
-            "settle_step": num(self.settle_step),
-            "note": self.note,
-        }
+    JSON = {"start": num, "end": num, "points": None, "chosen_by": None, "warmup_end": num,
+            "warmup_source": None, "settle_step": num, "note": None}
 
 
 def warmup_from_lr(steps: np.ndarray, lr: np.ndarray) -> tuple[float | None, str]:
@@ -130,14 +124,8 @@ def settle_point(steps: np.ndarray, loss: np.ndarray) -> float | None:
     return float(steps[k])
 
 
-def find_phases(
-    steps: np.ndarray,
-    loss: np.ndarray,
-    *,
-    lr: np.ndarray | None = None,
-    start: float | None = None,
-    end: float | None = None,
-) -> Phases:
+def find_phases(steps: np.ndarray, loss: np.ndarray, *, lr: np.ndarray | None = None,
+                start: float | None = None, end: float | None = None) -> Phases:
     """Warm-up end and stable region of finite ``loss`` at increasing ``steps``."""
     if steps.size == 0:
         raise DataError("no finite loss values to analyse")
@@ -164,20 +152,12 @@ def find_phases(
                 f"no logged step in the stable region {num(s0)}..{num(s1)} (--from/--to) "
                 f"(the log covers {num(float(steps[0]))}..{num(float(steps[-1]))})"
             )
-    return Phases(
-        warmup_end=warm,
-        warmup_source=source,
-        settle_step=settle,
-        start=s0,
-        end=s1,
-        chosen_by=chosen,
-        points=int(((steps >= s0) & (steps <= s1)).sum()),
-        note=note,
-    )
+    return Phases(warmup_end=warm, warmup_source=source, settle_step=settle, start=s0, end=s1,
+                  chosen_by=chosen, points=int(((steps >= s0) & (steps <= s1)).sum()), note=note)
 
 
 @dataclass(frozen=True)
-class NonFinite:
+class NonFinite(JsonForm):
     """Losses logged as NaN or +-inf (or null)."""
 
     count: int = 0
@@ -186,19 +166,12 @@ class NonFinite:
     first_steps: list[float] = field(default_factory=list)
     diverged_at: float | None = None
 
-    def to_dict(self) -> dict[str, object]:
-        """JSON-ready form."""
-        return {
-            "count": self.count,
-            "nan": self.nan,
-            "inf": self.inf,
-            "first_steps": [num(s) for s in self.first_steps],
-            "diverged_at": num(self.diverged_at),
-        }
+    JSON = {"count": None, "nan": None, "inf": None, "first_steps": each(num),
+            "diverged_at": num}
 
 
 @dataclass(frozen=True)
-class StableStats:
+class StableStats(JsonForm):
     """Mean, spread and roughness of the loss over the stable region."""
 
     points: int
@@ -214,26 +187,10 @@ class StableStats:
     nonfinite: NonFinite = field(default_factory=NonFinite)
     cliff_points: int = 0
 
-    def to_dict(self) -> dict[str, object]:
-        """JSON-ready form (the ``stats`` key of the report)."""
-
-        def r(v: float | None) -> float | None:
-            return None if v is None or not np.isfinite(v) else round(float(v), 6)
-
-        return {
-            "points": self.points,
-            "cliff_points_excluded": self.cliff_points,
-            "mean": r(self.mean),
-            "median": r(self.median),
-            "std": r(self.std),
-            "min": r(self.min),
-            "max": r(self.max),
-            "loss_roughness": r(self.loss_roughness),
-            "roughness_relative": r(self.roughness_ratio_to_mean),
-            "corrected_roughness": r(self.corrected_roughness),
-            "noise_scale": r(self.noise_scale),
-            "nonfinite": self.nonfinite.to_dict(),
-        }
+    JSON = {"points": None, "cliff_points_excluded": "cliff_points",
+            **{k: fixed(6) for k in ("mean", "median", "std", "min", "max", "loss_roughness")},
+            "roughness_relative": ("roughness_ratio_to_mean", fixed(6)),
+            "corrected_roughness": fixed(6), "noise_scale": fixed(6), "nonfinite": None}
 
 
 def roughness_residual(loss: np.ndarray, cliff_mask: np.ndarray) -> np.ndarray:
@@ -241,15 +198,9 @@ def roughness_residual(loss: np.ndarray, cliff_mask: np.ndarray) -> np.ndarray:
     return loss - rolling_mean(loss, ROUGHNESS_WINDOW, valid=~cliff_mask)
 
 
-def stable_stats(
-    loss: np.ndarray,
-    region: np.ndarray,
-    cliff_mask: np.ndarray,
-    *,
-    corrected: np.ndarray | None = None,
-    noise_scale: float | None = None,
-    nonfinite: NonFinite | None = None,
-) -> StableStats:
+def stable_stats(loss: np.ndarray, region: np.ndarray, cliff_mask: np.ndarray, *,
+                 corrected: np.ndarray | None = None, noise_scale: float | None = None,
+                 nonfinite: NonFinite | None = None) -> StableStats:
     """Statistics over ``region & ~cliff_mask`` of a finite loss series."""
     use = region & ~cliff_mask
     y = loss[use]
@@ -263,20 +214,13 @@ def stable_stats(
             res = corrected - rolling_mean(corrected, ROUGHNESS_WINDOW, valid=~cliff_mask & ok)
             corr = float(np.std(res[use & ok]))
     mean = float(np.mean(y))
-    return StableStats(
-        points=int(y.size),
-        mean=mean,
-        median=float(np.median(y)),
-        std=float(np.std(y)),
-        min=float(np.min(y)),
-        max=float(np.max(y)),
-        loss_roughness=rough,
-        roughness_ratio_to_mean=rough / abs(mean) if mean else float("nan"),
-        corrected_roughness=corr,
-        noise_scale=noise_scale,
-        nonfinite=NonFinite() if nonfinite is None else nonfinite,
-        cliff_points=int((region & cliff_mask).sum()),
-    )
+    return StableStats(points=int(y.size), mean=mean, median=float(np.median(y)),
+                       std=float(np.std(y)), min=float(np.min(y)), max=float(np.max(y)),
+                       loss_roughness=rough,
+                       roughness_ratio_to_mean=rough / abs(mean) if mean else float("nan"),
+                       corrected_roughness=corr, noise_scale=noise_scale,
+                       nonfinite=NonFinite() if nonfinite is None else nonfinite,
+                       cliff_points=int((region & cliff_mask).sum()))
 
 
 def nonfinite_losses(step: np.ndarray, loss: np.ndarray) -> NonFinite:
@@ -291,13 +235,9 @@ def nonfinite_losses(step: np.ndarray, loss: np.ndarray) -> NonFinite:
         first_tail = int(good[-1]) + 1 if good.size else 0
         if loss.size - first_tail >= 2 or first_tail == 0:
             diverged = float(step[first_tail])
-    return NonFinite(
-        count=int(bad.sum()),
-        nan=int(np.isnan(loss).sum()),
-        inf=int(np.isinf(loss).sum()),
-        first_steps=[float(s) for s in step[idx[:5]]],
-        diverged_at=diverged,
-    )
+    return NonFinite(count=int(bad.sum()), nan=int(np.isnan(loss).sum()),
+                     inf=int(np.isinf(loss).sum()), first_steps=[float(s) for s in step[idx[:5]]],
+                     diverged_at=diverged)
 
 
 #: the fields that say a step held nothing supervised (0), in the order they are trusted
@@ -305,7 +245,7 @@ EMPTY_FIELDS: tuple[str, ...] = ("slots", "real_tokens")
 
 
 @dataclass(frozen=True)
-class EmptySteps:
+class EmptySteps(JsonForm):
     """Steps skipped by the trainer because they held no supervised token."""
 
     count: int = 0
@@ -319,10 +259,7 @@ class EmptySteps:
         """Skipped empty steps over logged steps."""
         return self.count / self.rows if self.rows else 0.0
 
-    def to_dict(self) -> dict[str, object]:
-        """JSON-ready form (the ``skipped_steps`` key of the report)."""
-        return {"count": self.count, "share": round(self.share, 6),
-                "first_steps": [num(s) for s in self.first_steps], "field": self.field}
+    JSON = {"count": None, "share": fixed(6), "first_steps": each(num), "field": None}
 
 
 def empty_mask(loss: np.ndarray, columns: dict[str, np.ndarray]) -> tuple[np.ndarray, str | None]:
@@ -359,7 +296,7 @@ MIN_ROWS = 30
 
 
 @dataclass(frozen=True)
-class Stall:
+class Stall(JsonForm):
     """The stretch at the end of the log where the loss has not moved (``since`` None: none)."""
 
     since: float | None
@@ -369,18 +306,10 @@ class Stall:
     rows: int = 0
     share: float = 0.0
 
-    def to_dict(self) -> dict[str, object]:
-        """JSON-ready form (the ``stall`` key of the report)."""
-        return {
-            "since": num(self.since),
-            "level": num(self.level, 6),
-            "spread": num(self.spread, 4),
-            "moved": num(self.moved, 4),
-            "rows": self.rows,
-            "share_of_steps": round(self.share, 4),
-            "test": f"smoothed loss within {FLAT_RELATIVE:.1%} of its level over at least "
-                    f"{MIN_SHARE:.0%} of the logged steps ({MIN_ROWS}+ rows)",
-        }
+    TEST = (f"smoothed loss within {FLAT_RELATIVE:.1%} of its level over at least "
+            f"{MIN_SHARE:.0%} of the logged steps ({MIN_ROWS}+ rows)")
+    JSON = {"since": num, "level": digits(6), "spread": digits(4), "moved": digits(4),
+            "rows": None, "share_of_steps": ("share", fixed(4)), "test": "TEST"}
 
 
 def find_stall(steps: np.ndarray, loss: np.ndarray) -> Stall:

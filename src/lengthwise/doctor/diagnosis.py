@@ -128,12 +128,8 @@ def load(source: Source, *, step_key: str | None = None, loss_key: str | None = 
     return read_records(source, step_key=step_key, loss_key=loss_key)
 
 
-def checkpoint_steps(
-    log: RunLog,
-    *,
-    every: int | None = None,
-    steps: Sequence[float] | None = None,
-) -> tuple[np.ndarray, str | None]:
+def checkpoint_steps(log: RunLog, *, every: int | None = None,
+                     steps: Sequence[float] | None = None) -> tuple[np.ndarray, str | None]:
     """Checkpoint steps and where they came from (explicit list, ``every``, or log events)."""
     if steps is not None:
         return np.asarray(sorted(steps), dtype=np.float64), "given"

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lengthwise.doctor.numeric import num, significant
+from lengthwise.doctor.numeric import JsonForm, digits, each, num, significant
 
 ALPHA = 0.01
 #: a staircase read from the loss alone is epochs only when at most this many epochs fit the log
@@ -40,7 +40,7 @@ DRAWS = 2000
 
 
 @dataclass(frozen=True)
-class EpochBoundaries:
+class EpochBoundaries(JsonForm):
     """Level changes of the loss at epoch starts (``found``: a significant step-down)."""
 
     found: bool | None
@@ -52,19 +52,10 @@ class EpochBoundaries:
     side_points: int = 0
     note: str = ""
 
-    def to_dict(self) -> dict[str, object]:
-        """JSON-ready form (the ``epoch_boundaries`` key of the report)."""
-        return {
-            "found": self.found,
-            "p_value": significant(self.p_value),
-            "source": self.source,
-            "starts": [num(s) for s in self.starts],
-            "drops": [num(d, 6) for d in self.drops],
-            "relative_drops": [num(d, 4) for d in self.relative_drops],
-            "side_points": self.side_points,
-            "test": "jump of local lines at epoch starts vs at every other point (placebo test)",
-            "note": self.note,
-        }
+    TEST = "jump of local lines at epoch starts vs at every other point (placebo test)"
+    JSON = {"found": None, "p_value": significant, "source": None, "starts": each(num),
+            "drops": each(digits(6)), "relative_drops": each(digits(4)), "side_points": None,
+            "test": "TEST", "note": None}
 
 
 def _side_fits(z: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
@@ -100,14 +91,8 @@ def _side_fits(z: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
     return before, after
 
 
-def epoch_boundaries(
-    steps: np.ndarray,
-    loss: np.ndarray,
-    starts: Sequence[float],
-    *,
-    source: str | None,
-    rng: np.random.Generator | None = None,
-) -> EpochBoundaries:
+def epoch_boundaries(steps: np.ndarray, loss: np.ndarray, starts: Sequence[float], *,
+                     source: str | None, rng: np.random.Generator | None = None) -> EpochBoundaries:
     """Test the loss for a step at each epoch start in ``starts`` (finite ``loss`` only)."""
     rng = np.random.default_rng(0) if rng is None else rng
     if not len(starts):
@@ -145,15 +130,9 @@ def epoch_boundaries(
     level_a = np.exp(after[at]) if logscale else after[at]
     drops = (level_a - level_b).tolist()
     rel = ((level_a - level_b) / np.abs(level_b)).tolist()
-    return EpochBoundaries(
-        found=bool(p < ALPHA and observed < 0),
-        p_value=p,
-        source=source,
-        starts=[float(steps[i]) for i in at],
-        drops=[float(d) for d in drops],
-        relative_drops=[float(r) for r in rel],
-        side_points=m,
-    )
+    return EpochBoundaries(found=bool(p < ALPHA and observed < 0), p_value=p, source=source,
+                           starts=[float(steps[i]) for i in at], drops=[float(d) for d in drops],
+                           relative_drops=[float(r) for r in rel], side_points=m)
 
 
 def staircase_starts(steps: np.ndarray, loss: np.ndarray, period_points: float) -> list[float]:

@@ -28,7 +28,8 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -86,6 +87,69 @@ def json_ready(obj: Any) -> Any:
     if isinstance(obj, float) and not np.isfinite(obj):
         return None
     return obj
+
+
+#: a value :class:`JsonForm` leaves out of its dict
+OMIT = object()
+
+
+def digits(n: int) -> Callable[[float | None], int | float | None]:
+    """:func:`num` to ``n`` decimals (an int when integral)."""
+    return lambda x: num(x, n)
+
+
+def fixed(n: int) -> Callable[[float | None], float | None]:
+    """Rounded to ``n`` decimals, always a float (None stays None)."""
+    return lambda x: None if x is None else round(float(x), n)
+
+
+def each(write: Callable[[Any], Any], limit: int | None = None) -> Callable[[Any], list[Any]]:
+    """``write`` applied to each of the first ``limit`` values of a list."""
+    return lambda xs: [write(x) for x in xs[:limit]]
+
+
+def unless_none(x: Any) -> Any:
+    """``x``, or :data:`OMIT` (the key left out) when it is None."""
+    return OMIT if x is None else x
+
+
+def plain(x: Any) -> Any:
+    """``x`` with its :class:`JsonForm` s (and lists of them) as dicts."""
+    if isinstance(x, JsonForm):
+        return x.to_dict()
+    return [plain(v) for v in x] if isinstance(x, list) else x
+
+
+class JsonForm:
+    """A result written to JSON by its ``JSON`` table, key by key in order.
+
+    Each key maps to how its value is read: None (the attribute of that name, as
+    :func:`plain` writes it), a function of that attribute, another attribute's
+    name, or ``(attribute, function)``.
+
+    >>> from dataclasses import dataclass
+    >>> @dataclass
+    ... class Span(JsonForm):
+    ...     start: float
+    ...     end: float
+    ...     JSON = {"from": ("start", num), "end": digits(1), "length": None}
+    ...     length = property(lambda self: self.end - self.start)
+    >>> Span(2.0, 3.25).to_dict()
+    {'from': 2, 'end': 3.2, 'length': 1.25}
+    """
+
+    JSON: ClassVar[dict[str, Any]] = {}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (its keys are those of ``JSON``)."""
+        out = {}
+        for key, how in self.JSON.items():
+            name, write = how if isinstance(how, tuple) else (
+                (how, None) if isinstance(how, str) else (key, how))
+            value = (write or plain)(getattr(self, name))
+            if value is not OMIT:
+                out[key] = value
+        return out
 
 
 #: the window of ``loss_roughness`` (docs/metrics.md): a centred rolling mean of 51 points

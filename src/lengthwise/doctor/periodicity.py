@@ -36,7 +36,15 @@ from fractions import Fraction
 import numpy as np
 
 from lengthwise.doctor.context import RunContext, apparent_period, candidates, match_period
-from lengthwise.doctor.numeric import detrend_window, detrended, local_linear, num, significant
+from lengthwise.doctor.numeric import (
+    JsonForm,
+    detrend_window,
+    detrended,
+    digits,
+    fixed,
+    local_linear,
+    significant,
+)
 
 ALPHA = 0.01
 #: fewest points for any period test (a period of 4-7 points seen 4+ times)
@@ -54,12 +62,8 @@ SURROGATES = 499
 MAX_PHI = 0.95
 
 
-def _num3(x: float | None) -> int | float | None:
-    return num(x, 3)
-
-
 @dataclass
-class Runs:
+class Runs(JsonForm):
     """Wald-Wolfowitz runs of above/below-median steps."""
 
     runs: int
@@ -71,22 +75,14 @@ class Runs:
     max_high: int
     max_low: int
 
-    def to_dict(self) -> dict[str, object]:
-        """JSON-ready form."""
-        return {
-            "runs": self.runs,
-            "expected_runs": round(self.expected, 2),
-            "z": round(self.z, 3),
-            "p_value": significant(self.p_value),
-            "mean_high_run": round(self.mean_high, 3),
-            "mean_low_run": round(self.mean_low, 3),
-            "max_high_run": self.max_high,
-            "max_low_run": self.max_low,
-        }
+    JSON = {"runs": None, "expected_runs": ("expected", fixed(2)), "z": fixed(3),
+            "p_value": significant, "mean_high_run": ("mean_high", fixed(3)),
+            "mean_low_run": ("mean_low", fixed(3)), "max_high_run": "max_high",
+            "max_low_run": "max_low"}
 
 
 @dataclass(frozen=True)
-class Periodicity:
+class Periodicity(JsonForm):
     """Dominant period of the detrended loss (``period`` in steps, None when none)."""
 
     period: float | None
@@ -107,23 +103,11 @@ class Periodicity:
     test: str = f"periodogram peak vs local noise floor, alpha={ALPHA}"
     note: str = ""
 
-    def to_dict(self) -> dict[str, object]:
-        """JSON-ready form (the ``periodicity`` key of the report)."""
-        return {
-            "period": _num3(self.period),
-            "period_error": significant(self.period_error, 2),
-            "p_value": significant(self.p_value),
-            "period_points": _num3(self.period_points),
-            "power_share": None if self.power_share is None else round(self.power_share, 4),
-            "acf_at_period": None if self.acf_at_period is None else round(self.acf_at_period, 4),
-            "best_period": _num3(self.best_period),
-            "candidates": self.candidates,
-            "runs": None if self.runs is None else self.runs.to_dict(),
-            "detrend_window": self.window,
-            "points": self.points,
-            "test": self.test,
-            "note": self.note,
-        }
+    JSON = {"period": digits(3), "period_error": lambda e: significant(e, 2),
+            "p_value": significant, "period_points": digits(3), "power_share": fixed(4),
+            "acf_at_period": fixed(4), "best_period": digits(3), "candidates": None,
+            "runs": None, "detrend_window": "window", "points": None, "test": None,
+            "note": None}
 
 
 def autocorrelation(x: np.ndarray, max_lag: int) -> np.ndarray:
@@ -153,16 +137,11 @@ def runs_test(x: np.ndarray) -> Runs | None:
     expected = 1.0 + 2.0 * n1 * n2 / n
     var = 2.0 * n1 * n2 * (2.0 * n1 * n2 - n) / (n * n * (n - 1.0)) if n > 1 else 0.0
     z = (runs - expected) / math.sqrt(var) if var > 0 else 0.0
-    return Runs(
-        runs=runs,
-        expected=expected,
-        z=z,
-        p_value=math.erfc(abs(z) / math.sqrt(2.0)),
-        mean_high=float(lengths[high].mean()) if high.any() else 0.0,
-        mean_low=float(lengths[~high].mean()) if (~high).any() else 0.0,
-        max_high=int(lengths[high].max()) if high.any() else 0,
-        max_low=int(lengths[~high].max()) if (~high).any() else 0,
-    )
+    return Runs(runs=runs, expected=expected, z=z, p_value=math.erfc(abs(z) / math.sqrt(2.0)),
+                mean_high=float(lengths[high].mean()) if high.any() else 0.0,
+                mean_low=float(lengths[~high].mean()) if (~high).any() else 0.0,
+                max_high=int(lengths[high].max()) if high.any() else 0,
+                max_low=int(lengths[~high].max()) if (~high).any() else 0)
 
 
 def _single_tail(ratio: float) -> float:
@@ -186,13 +165,8 @@ def _pvalue(ratio: float, q: int) -> float:
     return float(-math.expm1(q * math.log1p(-single)))
 
 
-def find_periodicity(
-    resid: np.ndarray,
-    *,
-    interval: float,
-    max_period: float | None = None,
-    window: int = 0,
-) -> Periodicity:
+def find_periodicity(resid: np.ndarray, *, interval: float, max_period: float | None = None,
+                     window: int = 0) -> Periodicity:
     """Dominant period (in steps, via ``interval``) of an evenly logged detrended series."""
     x = np.asarray(resid, dtype=np.float64)
     n = x.size
@@ -225,20 +199,12 @@ def find_periodicity(
     period_pts, acf_at = _refine(acf, n / fundamental)
     share = _harmonic_share(power, fundamental, k_lo, k_hi)
     found = p_best < ALPHA and acf_holds(acf_at, n)
-    return Periodicity(
-        period=period_pts * interval if found else None,
-        p_value=p_best,
-        period_points=period_pts if found else None,
-        power_share=share if found else None,
-        acf_at_period=acf_at if found else None,
-        best_period=period_pts * interval,
-        peak_points=n / fundamental,
-        candidates=candidates,
-        runs=runs,
-        window=window,
-        points=n,
-        acf=acf,
-    )
+    return Periodicity(period=period_pts * interval if found else None, p_value=p_best,
+                       period_points=period_pts if found else None,
+                       power_share=share if found else None,
+                       acf_at_period=acf_at if found else None, best_period=period_pts * interval,
+                       peak_points=n / fundamental, candidates=candidates, runs=runs, window=window,
+                       points=n, acf=acf)
 
 
 #: bins summed by the band test
@@ -337,13 +303,8 @@ def acf_holds(acf_at: float | None, n: int) -> bool:
     return acf_at is not None and acf_at > 2.0 / math.sqrt(max(n, 1))
 
 
-def periodicity_of(
-    loss: np.ndarray,
-    cliff_mask: np.ndarray,
-    *,
-    interval: float,
-    note: str = "",
-) -> Periodicity:
+def periodicity_of(loss: np.ndarray, cliff_mask: np.ndarray, *, interval: float,
+                   note: str = "") -> Periodicity:
     """Periodicity of a stable-region loss series (cliff points left out of the trend).
 
     The loss is detrended by :func:`lengthwise.doctor.numeric.detrended` (a local
@@ -376,20 +337,12 @@ def _fold_periodicity(
     per = float(fold.period or 0)
     acf_at = float(acf[int(per)]) if fold.period and int(per) < acf.size else None
     found = fold.p_value < ALPHA and acf_holds(acf_at, n)
-    return Periodicity(
-        period=per * interval if found else None,
-        p_value=fold.p_value,
-        period_points=per if found else None,
-        power_share=fold.share if found else None,
-        acf_at_period=acf_at if found else None,
-        best_period=per * interval,
-        runs=runs_test(x),
-        window=window,
-        points=n,
-        acf=acf,
-        test=f"fold test vs AR(1) surrogates (max-T), alpha={ALPHA}",
-        note=note,
-    )
+    return Periodicity(period=per * interval if found else None, p_value=fold.p_value,
+                       period_points=per if found else None,
+                       power_share=fold.share if found else None,
+                       acf_at_period=acf_at if found else None, best_period=per * interval,
+                       runs=runs_test(x), window=window, points=n, acf=acf,
+                       test=f"fold test vs AR(1) surrogates (max-T), alpha={ALPHA}", note=note)
 
 
 def _fundamental(best: int, ks: np.ndarray, ratio: np.ndarray, q: int) -> int:
@@ -472,15 +425,8 @@ def _harmonic_share(power: np.ndarray, k: int, k_lo: int, k_hi: int) -> float:
     return float(power[sorted(picked)].sum() / total)
 
 
-def _candidates(
-    power: np.ndarray,
-    floor: np.ndarray,
-    ks: np.ndarray,
-    ratio: np.ndarray,
-    q: int,
-    interval: float,
-    n: int,
-) -> list[dict[str, float]]:
+def _candidates(power: np.ndarray, floor: np.ndarray, ks: np.ndarray, ratio: np.ndarray, q: int,
+                interval: float, n: int) -> list[dict[str, float]]:
     """Up to three significant local peaks, strongest first."""
     out: list[dict[str, float]] = []
     order = np.argsort(ratio)[::-1]
@@ -548,14 +494,8 @@ def ar1_filter(e: np.ndarray, phi: float) -> np.ndarray:
     return out
 
 
-def fold_test(
-    x: np.ndarray,
-    *,
-    window: int,
-    rng: np.random.Generator,
-    max_period: int | None = None,
-    surrogates: int = SURROGATES,
-) -> FoldResult:
+def fold_test(x: np.ndarray, *, window: int, rng: np.random.Generator,
+              max_period: int | None = None, surrogates: int = SURROGATES) -> FoldResult:
     """Fold test of a detrended residual ``x`` (periods 2 .. ``n / MIN_CYCLES`` points)."""
     x = np.asarray(x, dtype=np.float64)
     n = x.size
@@ -654,14 +594,8 @@ def _group_eta2(x: np.ndarray, order: np.ndarray, starts: np.ndarray,
     return ssb / np.maximum((xc * xc).sum(axis=1), 1e-300)
 
 
-def phase_test(
-    x: np.ndarray,
-    groupings: list[np.ndarray],
-    *,
-    window: int,
-    rng: np.random.Generator,
-    surrogates: int = SURROGATES,
-) -> tuple[PhaseTest, int]:
+def phase_test(x: np.ndarray, groupings: list[np.ndarray], *, window: int, rng: np.random.Generator,
+               surrogates: int = SURROGATES) -> tuple[PhaseTest, int]:
     """Surrogate test of how much of the detrended residual ``x`` the best phase grouping explains.
 
     All ``groupings`` are scored on the same AR(1) surrogates; each one's
@@ -719,14 +653,9 @@ def distinct_groupings(groupings: list[np.ndarray]) -> list[int]:
     return keep
 
 
-def checked_periodicity(
-    per: Periodicity,
-    steps: np.ndarray,
-    loss: np.ndarray,
-    cliff_mask: np.ndarray,
-    ctx: RunContext,
-    rng: np.random.Generator,
-) -> Periodicity:
+def checked_periodicity(per: Periodicity, steps: np.ndarray, loss: np.ndarray,
+                        cliff_mask: np.ndarray, ctx: RunContext,
+                        rng: np.random.Generator) -> Periodicity:
     """``per`` with an unexplained periodogram period re-tested, else a predicted cycle tested.
 
     ``steps``/``loss``/``cliff_mask`` are the stable region's rows.
@@ -746,10 +675,8 @@ def checked_periodicity(
     return _predicted(per, steps, rw, ctx, window, rng)
 
 
-def _retest(
-    per: Periodicity, steps: np.ndarray, rw: np.ndarray, window: int,
-    rng: np.random.Generator,
-) -> Periodicity:
+def _retest(per: Periodicity, steps: np.ndarray, rw: np.ndarray, window: int,
+            rng: np.random.Generator) -> Periodicity:
     """An unexplained periodogram period re-tested at its own, fractional frequency.
 
     The period as found (a whole lag) is tried together with the peak it came
@@ -800,10 +727,8 @@ def _retest(
                                         "drift or persistent noise, not a cycle"))
 
 
-def _predicted(
-    per: Periodicity, steps: np.ndarray, rw: np.ndarray, ctx: RunContext, window: int,
-    rng: np.random.Generator,
-) -> Periodicity:
+def _predicted(per: Periodicity, steps: np.ndarray, rw: np.ndarray, ctx: RunContext, window: int,
+               rng: np.random.Generator) -> Periodicity:
     if rw.size >= PREDICTED_MAX_ROWS:
         return per
     tries = []
@@ -828,8 +753,7 @@ def _predicted(
     reset = "reset at each epoch start" if ctx.epoch_starts else "one phase through the log"
     return replace(
         per, period=seen, p_value=p, period_points=points, power_share=best.share,
-        acf_at_period=float(per.acf[lag]) if 0 < lag < per.acf.size else None,
-        best_period=seen,
+        acf_at_period=float(per.acf[lag]) if 0 < lag < per.acf.size else None, best_period=seen,
         test=(f"predicted cycle of {length:g} steps ({best.groups} phases, {reset}) vs AR(1) "
               f"surrogates, max-T over {len(keep)} grouping(s), alpha={ALPHA}"),
         note=_join(per.note, f"tested because {how}"),

@@ -30,15 +30,15 @@ from lengthwise.doctor.cliffs import CheckpointAssociation, Cliff
 from lengthwise.doctor.context import RunContext
 from lengthwise.doctor.curve import EmptySteps, Phases, StableStats, Stall
 from lengthwise.doctor.epochs import EpochBoundaries
+from lengthwise.doctor.numeric import JsonForm, json_ready, with_error
 from lengthwise.doctor.numeric import fmt_num as _g
-from lengthwise.doctor.numeric import json_ready, with_error
 from lengthwise.doctor.periodicity import Periodicity
 from lengthwise.doctor.runlog import InputSummary
 from lengthwise.doctor.signals import EvalGap, GradNorm, Schedule, StepTimes
 
 
 @dataclass(frozen=True)
-class Finding:
+class Finding(JsonForm):
     """What one analysis claims of a run: a name, a severity, the figures it rests on and a
     one-line claim, with where in the run, the evidence and the fix.
 
@@ -58,15 +58,12 @@ class Finding:
     kind: str = "cause"  # or "untested": a core test that could not run, and why
     analysis: str = ""  # the registry entry that made it
 
-    def to_dict(self) -> dict[str, object]:
-        """JSON-ready form (one entry of the verdict's ``causes``)."""
-        return {"cause": self.name, "analysis": self.analysis, "title": self.claim,
-                "score": round(self.score, 3), "where": self.where, "figures": self.figures,
-                "evidence": list(self.evidence), "prescription": list(self.fix)}
+    JSON = {"cause": "name", "analysis": None, "title": "claim", "score": lambda s: round(s, 3),
+            "where": None, "figures": None, "evidence": list, "prescription": ("fix", list)}
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Verdict(JsonForm):
     """Findings, most likely first; ``clean`` is None when a core test could not run."""
 
     causes: list[Finding]
@@ -74,14 +71,7 @@ class Verdict:
     summary: str
     untested: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, object]:
-        """JSON-ready form (the ``verdict`` key of the report)."""
-        return {
-            "summary": self.summary,
-            "clean": self.clean,
-            "untested": list(self.untested),
-            "causes": [c.to_dict() for c in self.causes],
-        }
+    JSON = {"summary": None, "clean": None, "untested": list, "causes": None}
 
 
 @dataclass
@@ -100,18 +90,8 @@ class Series:
     evals: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
 
 
-#: the report's JSON keys and the measurement each holds
-_JSON_FIELDS = {"stable_region": "phases", "stats": "stats", "bands": "bands",
-                "periodicity": "periodicity", "cliffs": "cliffs",
-                "checkpoint_association": "checkpoint_association",
-                "epoch_boundaries": "epochs", "attribution": "attribution", "noise": "noise",
-                "stall": "stall", "skipped_steps": "skipped", "grad_norm": "grad_norm",
-                "eval_gap": "eval_gap", "step_time": "step_time", "schedule": "schedule",
-                "context": "context", "verdict": "verdict", "input": "input"}
-
-
 @dataclass(frozen=True)
-class Report:
+class Report(JsonForm):
     """The measurements of one log, the verdict ranked from its findings, and the series."""
 
     source: str
@@ -135,14 +115,12 @@ class Report:
     verdict: Verdict
     series: Series | None = field(default=None, repr=False)
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict with the documented keys (:data:`REPORT_KEYS`)."""
-        out: dict[str, Any] = {}
-        for key, name in _JSON_FIELDS.items():
-            value = getattr(self, name)
-            out[key] = (None if value is None else [c.to_dict() for c in value]
-                        if isinstance(value, list) else value.to_dict())
-        return out
+    #: the report's JSON keys and the measurement each holds
+    JSON = {"stable_region": "phases", "stats": None, "bands": None, "periodicity": None,
+            "cliffs": None, "checkpoint_association": None, "epoch_boundaries": "epochs",
+            "attribution": None, "noise": None, "stall": None, "skipped_steps": "skipped",
+            "grad_norm": None, "eval_gap": None, "step_time": None, "schedule": None,
+            "context": None, "verdict": None, "input": None}
 
     def to_json(self, indent: int | None = 2) -> str:
         """The report as JSON text (no NaN: non-finite numbers become null)."""
@@ -150,7 +128,7 @@ class Report:
 
 
 #: top-level keys of ``Report.to_dict()``, in order
-REPORT_KEYS: tuple[str, ...] = tuple(_JSON_FIELDS)
+REPORT_KEYS: tuple[str, ...] = tuple(Report.JSON)
 if TYPE_CHECKING:
     from lengthwise.doctor.attribution import BucketLevels
     from lengthwise.doctor.report import Report

@@ -26,27 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.doctor.numeric import num
+from lengthwise.doctor.numeric import JsonForm, num
 
 #: numeric per-step fields the doctor uses when a log has them
-NUMERIC_FIELDS: tuple[str, ...] = (
-    "lr",
-    "grad_norm",
-    "real_tokens",
-    "samples",
-    "seq_len",
-    "tokens_per_second",
-    "corrected_loss",
-    "loss_sample_std",
-    "loss_sample_neff",
-    "epoch",
-    "time",
-    "micro_batches",
-    "slots",
-    "skipped",
-    "eval_loss",
-    "seconds",
-)
+NUMERIC_FIELDS: tuple[str, ...] = ("lr", "grad_norm", "real_tokens", "samples", "seq_len",
+                                   "tokens_per_second", "corrected_loss", "loss_sample_std",
+                                   "loss_sample_neff", "epoch", "time", "micro_batches", "slots",
+                                   "skipped", "eval_loss", "seconds")
 #: per-step list fields of one number per data-parallel rank: each rank's step time
 RANK_FIELDS: tuple[str, ...] = ("rank_seconds",)
 #: per-step bucket fields: ``bucket`` (one id) or ``buckets`` (the ids of the step's batches)
@@ -97,7 +83,7 @@ class Restart:
 
 
 @dataclass
-class InputSummary:
+class InputSummary(JsonForm):
     """What reading the log found, good and bad."""
 
     format: str = "jsonl"
@@ -144,35 +130,21 @@ class InputSummary:
         if len(self.malformed_lines) < self.MAX_LINES_SHOWN:
             self.malformed_lines.append(int(line))
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (restart points capped at 20)."""
-        return {
-            "format": self.format,
-            "lines": self.lines,
-            "loss_rows": self.loss_rows,
-            "other_rows": self.other_rows,
-            "malformed": self.malformed,
-            "malformed_lines": list(self.malformed_lines),
-            "restarts": self.restart_count,
-            "restart_points": [
-                {"line": r.line, "step_before": num(r.step_before),
+    JSON = {"format": None, "lines": None, "loss_rows": None, "other_rows": None,
+            "malformed": None, "malformed_lines": list, "restarts": "restart_count",
+            "restart_points": None, "logged_resumes": None, "superseded_rows": None,
+            "duplicate_rows": None, "out_of_order_points": None, "reordered_rows": None,
+            "step_key": None, "loss_key": None, "truncated": None, "checkpoint_source": None,
+            "constant_step": num}
+
+    @property
+    def restart_points(self) -> list[dict[str, Any]]:
+        """The first 20 restarts as the report writes them."""
+        return [{"line": r.line, "step_before": num(r.step_before),
                  "step_after": num(r.step_after), "logged_resume": r.logged,
                  "rolled_back": num(r.rolled_back), "lr_before": num(r.lr_before),
                  "lr_after": num(r.lr_after), "lr_jumped": self.lr_jumped(r),
-                 "gap_seconds": num(r.gap_seconds)}
-                for r in self.restarts[:20]
-            ],
-            "logged_resumes": self.logged_resumes,
-            "superseded_rows": self.superseded_rows,
-            "duplicate_rows": self.duplicate_rows,
-            "out_of_order_points": self.out_of_order_points,
-            "reordered_rows": self.reordered_rows,
-            "step_key": self.step_key,
-            "loss_key": self.loss_key,
-            "truncated": self.truncated,
-            "checkpoint_source": self.checkpoint_source,
-            "constant_step": num(self.constant_step),
-        }
+                 "gap_seconds": num(r.gap_seconds)} for r in self.restarts[:20]]
 
     def lr_jumped(self, r: Restart) -> bool | None:
         """Whether the learning rate jumped at restart ``r`` (None: no learning rate logged)."""
@@ -231,13 +203,8 @@ def pauses(time: np.ndarray | None) -> np.ndarray | None:
     return out
 
 
-def describe_restarts(
-    restarts: list[Restart],
-    step: np.ndarray,
-    lines: np.ndarray,
-    lr: np.ndarray | None,
-    time: np.ndarray | None,
-) -> list[Restart]:
+def describe_restarts(restarts: list[Restart], step: np.ndarray, lines: np.ndarray,
+                      lr: np.ndarray | None, time: np.ndarray | None) -> list[Restart]:
     """``restarts`` with the learning rates around each and the wall-time gap before it.
 
     ``step``, ``lines``, ``lr`` and ``time`` are the rows in read order, before the

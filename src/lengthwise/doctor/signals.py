@@ -48,7 +48,16 @@ from typing import Any
 import numpy as np
 
 from lengthwise.doctor.cliffs import hypergeom_sf
-from lengthwise.doctor.numeric import counted, num, robust_std, rolling_mean, significant
+from lengthwise.doctor.numeric import (
+    JsonForm,
+    counted,
+    each,
+    fixed,
+    num,
+    robust_std,
+    rolling_mean,
+    significant,
+)
 
 #: a point this many robust standard deviations above the rolling median is a spike
 SPIKE_Z = 5.0
@@ -71,7 +80,7 @@ MIN_POINTS = 60
 
 
 @dataclass(frozen=True)
-class Alignment:
+class Alignment(JsonForm):
     """Cliffs that line up with gradient-norm spikes at a given lag, and the exact test."""
 
     aligned: int = 0
@@ -85,16 +94,13 @@ class Alignment:
         """At least 2 cliffs align and ``p <`` :data:`ALPHA`."""
         return self.p_value is not None and self.p_value < ALPHA and self.aligned >= 2
 
-    def to_dict(self) -> dict[str, object]:
-        """JSON-ready form."""
-        return {"found": self.found, "aligned": self.aligned, "cliffs": self.cliffs,
-                "expected": None if self.expected is None else round(self.expected, 3),
-                "p_value": significant(self.p_value),
-                "median_lag_points": num(float(np.median(self.lags))) if self.lags else None}
+    JSON = {"found": None, "aligned": None, "cliffs": None, "expected": fixed(3),
+            "p_value": significant, "median_lag_points": (
+                "lags", lambda lags: num(float(np.median(lags))) if lags else None)}
 
 
 @dataclass(frozen=True)
-class GradNorm:
+class GradNorm(JsonForm):
     """What the logged gradient norm says (``points`` 0: none logged, nothing tested)."""
 
     points: int = 0
@@ -139,34 +145,22 @@ class GradNorm:
         return (self.trend_p is not None and self.trend_p < ALPHA and self.rise is not None
                 and self.rise >= TREND_RISE)
 
-    def to_dict(self) -> dict[str, object]:
-        """JSON-ready form (the ``grad_norm`` key of the report)."""
-        return {
-            "points": self.points, "median": significant(self.median),
-            "spikes": self.spikes, "spike_steps": [num(s) for s in self.spike_steps[:20]],
-            "co_spikes": self.co_spikes.to_dict(), "lead": self.lead.to_dict(),
-            "clip": self.clip, "clip_source": self.clip_source,
-            "clip_rate": None if self.clip_rate is None else round(self.clip_rate, 4),
-            "clipped_often": self.clipped_often,
-            "clipped_spikes": self.clipped_spikes.to_dict(),
-            "logged": self.logged, "zero_steps": self.zero_steps,
-            "zero_share": round(self.zero_share, 4), "no_update_often": self.no_update_often,
-            "trend": {"rising": self.rising, "kendall_tau": significant(self.trend_tau),
-                      "p_value": significant(self.trend_p), "rise": significant(self.rise)},
-            "note": self.note,
-        }
+    JSON = {"points": None, "median": significant, "spikes": None,
+            "spike_steps": each(num, 20), "co_spikes": None, "lead": None, "clip": None,
+            "clip_source": None, "clip_rate": fixed(4), "clipped_often": None,
+            "clipped_spikes": None, "logged": None, "zero_steps": None, "zero_share": fixed(4),
+            "no_update_often": None, "trend": None, "note": None}
+
+    @property
+    def trend(self) -> dict[str, object]:
+        """The trend test: whether the norm rises, Kendall's tau, its p-value and the rise."""
+        return {"rising": self.rising, "kendall_tau": significant(self.trend_tau),
+                "p_value": significant(self.trend_p), "rise": significant(self.rise)}
 
 
-def grad_norm_findings(
-    steps: np.ndarray,
-    grad_norm: np.ndarray | None,
-    *,
-    cliffs: Sequence[float],
-    interval: float,
-    clip: float | None = None,
-    clip_source: str | None = None,
-    analysed: np.ndarray | None = None,
-) -> GradNorm:
+def grad_norm_findings(steps: np.ndarray, grad_norm: np.ndarray | None, *, cliffs: Sequence[float],
+                       interval: float, clip: float | None = None, clip_source: str | None = None,
+                       analysed: np.ndarray | None = None) -> GradNorm:
     """Every gradient-norm test over the logged ``steps`` (``grad_norm`` aligned with them):
     the clip rate and the zero norms over all of them, the others over the ``analysed``
     ones (a mask; None: all)."""
@@ -189,8 +183,7 @@ def grad_norm_findings(
     near = near[(near >= s[0]) & (near <= s[-1])]
     return GradNorm(
         points=int(s.size), spikes=int(spikes.sum()),
-        spike_steps=[float(x) for x in s[spikes][:50]],
-        co_spikes=_aligned(s, spikes, near, -1, 0),
+        spike_steps=[float(x) for x in s[spikes][:50]], co_spikes=_aligned(s, spikes, near, -1, 0),
         lead=_aligned(s, spikes, near, 1, LEAD_POINTS, exclude=(-1, 0)),
         clip=clip, clip_source=clip_source if clip is not None else None,
         clip_rate=None if clipped is None else float(np.mean(clipped)),
@@ -230,10 +223,8 @@ def trend(x: np.ndarray) -> tuple[float | None, float | None, float | None]:
     return tau, p, float(math.exp(med[-1] - med[0]))
 
 
-def _aligned(
-    s: np.ndarray, spikes: np.ndarray, cliffs: np.ndarray, lo: int, hi: int,
-    exclude: tuple[int, int] | None = None,
-) -> Alignment:
+def _aligned(s: np.ndarray, spikes: np.ndarray, cliffs: np.ndarray, lo: int, hi: int,
+             exclude: tuple[int, int] | None = None) -> Alignment:
     """Cliffs with a spike ``lo..hi`` logged points before them (0: at the cliff, -1: the
     point after it), and none ``exclude[0]..exclude[1]`` points before (when given), with
     the hypergeometric test."""
@@ -288,7 +279,7 @@ TRAIN_WINDOW = 51
 
 
 @dataclass(frozen=True)
-class EvalGap:
+class EvalGap(JsonForm):
     """Held-out minus training loss at each evaluation, and whether (and where) it widens."""
 
     evals: int = 0
@@ -302,13 +293,9 @@ class EvalGap:
     noise: float | None = None
     note: str = ""
 
-    def to_dict(self) -> dict[str, object]:
-        """JSON-ready form (the ``eval_gap`` key of the report)."""
-        return {"evals": self.evals, "first_gap": significant(self.first_gap),
-                "last_gap": significant(self.last_gap), "min_gap": significant(self.min_gap),
-                "widening": self.widening, "widens_from": num(self.widens_from),
-                "eval_rising": self.eval_rising, "eval_min_step": num(self.eval_min_step),
-                "noise": significant(self.noise), "note": self.note}
+    JSON = {"evals": None, "first_gap": significant, "last_gap": significant,
+            "min_gap": significant, "widening": None, "widens_from": num, "eval_rising": None,
+            "eval_min_step": num, "noise": significant, "note": None}
 
 
 def eval_gap(step: np.ndarray, loss: np.ndarray, evals: np.ndarray) -> EvalGap:
@@ -356,16 +343,14 @@ WARM_SHARE = 0.98
 #: the logged warm-up may differ from the configured one by this share
 WARM_TOLERANCE = 0.1
 #: the configuration keys read, each with its aliases
-SCHEDULE_KEYS: dict[str, tuple[str, ...]] = {
-    "peak": ("learning_rate", "lr"),
-    "warmup_steps": ("warmup_steps", "num_warmup_steps"),
-    "warmup_ratio": ("warmup_ratio",),
-    "max_steps": ("max_steps", "total_steps"),
-}
+SCHEDULE_KEYS: dict[str, tuple[str, ...]] = {"peak": ("learning_rate", "lr"),
+                                             "warmup_steps": ("warmup_steps", "num_warmup_steps"),
+                                             "warmup_ratio": ("warmup_ratio",),
+                                             "max_steps": ("max_steps", "total_steps")}
 
 
 @dataclass(frozen=True)
-class Schedule:
+class Schedule(JsonForm):
     """The configured and logged peak rate and warm-up, and what disagrees."""
 
     source: str | None = None
@@ -376,12 +361,8 @@ class Schedule:
     mismatches: list[str] = field(default_factory=list)
     note: str = ""
 
-    def to_dict(self) -> dict[str, object]:
-        """JSON-ready form (the ``schedule`` key of the report)."""
-        return {"source": self.source, "peak": significant(self.peak),
-                "logged_peak": significant(self.logged_peak), "warmup": num(self.warmup),
-                "logged_warmup": num(self.logged_warmup), "mismatches": list(self.mismatches),
-                "note": self.note}
+    JSON = {"source": None, "peak": significant, "logged_peak": significant, "warmup": num,
+            "logged_warmup": num, "mismatches": None, "note": None}
 
 
 def check_schedule(step: np.ndarray, lr: np.ndarray | None, config: dict[str, Any],
@@ -437,7 +418,7 @@ STEP_TIME_POINTS = 30
 
 
 @dataclass(frozen=True)
-class StepTimes:
+class StepTimes(JsonForm):
     """What the logged step times say (``points`` 0: none logged, nothing tested)."""
 
     points: int = 0
@@ -463,28 +444,16 @@ class StepTimes:
         :data:`RESTART_THROUGHPUT` of before."""
         return [(s, r) for s, r in self.after_restarts if r < RESTART_THROUGHPUT]
 
-    def to_dict(self) -> dict[str, object]:
-        """JSON-ready form (the ``step_time`` key of the report)."""
-        return {"points": self.points, "source": self.source,
-                "median_seconds": significant(self.median_seconds), "slow": self.slow,
-                "slow_steps": [num(s) for s in self.slow_steps[:20]],
-                "cost_share": significant(self.cost_share), "period": num(self.period),
-                "matches": self.matches,
-                "throughput_after_restarts": [{"step": num(s), "ratio": round(r, 4)}
-                                              for s, r in self.after_restarts],
-                "stragglers": (self.stragglers or Stragglers()).to_dict(),
-                "note": self.note}
+    JSON = {"points": None, "source": None, "median_seconds": significant, "slow": None,
+            "slow_steps": each(num, 20), "cost_share": significant, "period": num,
+            "matches": None, "throughput_after_restarts": ("after_restarts", each(
+                lambda sr: {"step": num(sr[0]), "ratio": round(sr[1], 4)})),
+            "stragglers": lambda s: (s or Stragglers()).to_dict(), "note": None}
 
 
-def step_times(
-    step: np.ndarray,
-    columns: dict[str, np.ndarray],
-    *,
-    checkpoint_every: float | None = None,
-    eval_every: float | None = None,
-    restarts: Sequence[float] = (),
-    rank_seconds: np.ndarray | None = None,
-) -> StepTimes:
+def step_times(step: np.ndarray, columns: dict[str, np.ndarray], *,
+               checkpoint_every: float | None = None, eval_every: float | None = None,
+               restarts: Sequence[float] = (), rank_seconds: np.ndarray | None = None) -> StepTimes:
     """The :class:`StepTimes` of a log's steps and columns (``seconds``, ``time``,
     ``tokens_per_second``); ``restarts`` are the steps the log resumed at; ``rank_seconds``
     each row's step time on each rank (for stragglers)."""
@@ -568,7 +537,7 @@ def _after_restarts(step: np.ndarray, tps: np.ndarray | None,
 
 
 @dataclass(frozen=True)
-class Stragglers:
+class Stragglers(JsonForm):
     """Per-rank step times: a rank that is the slowest at most steps (``ranks`` 0: none)."""
 
     ranks: int = 0
@@ -587,12 +556,9 @@ class Stragglers:
         return (self.p_value is not None and self.p_value < STRAGGLER_ALPHA
                 and (self.excess or 0.0) >= STRAGGLER_EXCESS)
 
-    def to_dict(self) -> dict[str, object]:
-        """JSON-ready form (the ``stragglers`` key of ``step_time``)."""
-        return {"ranks": self.ranks, "steps": self.steps, "found": self.found,
-                "rank": self.rank, "slowest_share": significant(self.slowest_share),
-                "p_value": significant(self.p_value), "excess": significant(self.excess),
-                "wait_share": significant(self.wait_share), "note": self.note}
+    JSON = {"ranks": None, "steps": None, "found": None, "rank": None,
+            **{k: significant for k in ("slowest_share", "p_value", "excess", "wait_share")},
+            "note": None}
 
 
 #: a straggler is the slowest rank at significantly more steps than 1 / ranks (binomial tail)

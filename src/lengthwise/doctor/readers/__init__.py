@@ -45,12 +45,8 @@ def detect_format(path: Path) -> str:
     return "jsonl"
 
 
-def read_log(
-    source: str | os.PathLike[str],
-    *,
-    step_key: str | None = None,
-    loss_key: str | None = None,
-) -> RunLog:
+def read_log(source: str | os.PathLike[str], *, step_key: str | None = None,
+             loss_key: str | None = None) -> RunLog:
     """Read one log file or TensorBoard directory.
 
     ``step_key``/``loss_key`` name the fields; ``None`` finds them (``step``,
@@ -87,13 +83,8 @@ def read_log(
     return builder.build()
 
 
-def read_records(
-    records: Iterable[Mapping[str, Any]],
-    *,
-    step_key: str | None = None,
-    loss_key: str | None = None,
-    source: str = "<records>",
-) -> RunLog:
+def read_records(records: Iterable[Mapping[str, Any]], *, step_key: str | None = None,
+                 loss_key: str | None = None, source: str = "<records>") -> RunLog:
     """Build a :class:`RunLog` from in-memory row dicts (as a training loop would log them)."""
     builder = ColumnBuilder(source, step_key=step_key, loss_key=loss_key, fmt="records")
     rows = [r if isinstance(r, dict) else dict(r) if isinstance(r, Mapping) else r

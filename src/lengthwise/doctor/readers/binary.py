@@ -210,11 +210,9 @@ def read_tensorboard(path: Path, builder: ColumnBuilder, *, loss_key: str | None
         shown = ", ".join(sorted(tags)[:12])
         what = repr(loss_key) if loss_key else "loss"
         raise UnreadableLogError(f"{path}: no {what} scalar tag in the event files (tags: {shown})")
-    extra = {
-        "lr": _pick_tag(tags, ("lr", "learning_rate"), False),
-        "grad_norm": _pick_tag(tags, ("grad_norm",), False),
-        "epoch": _pick_tag(tags, ("epoch",), False),
-    }
+    extra = {"lr": _pick_tag(tags, ("lr", "learning_rate"), False),
+             "grad_norm": _pick_tag(tags, ("grad_norm",), False),
+             "epoch": _pick_tag(tags, ("epoch",), False)}
     lookups = {k: {s: v for s, v, _ in merged[t]} for k, t in extra.items() if t is not None}
     rows = []
     numbers = []

@@ -39,25 +39,10 @@ from lengthwise.doctor.runlog import (
     step_order,
 )
 
-LOSS_ALIASES: tuple[str, ...] = (
-    "loss",
-    "train/loss",
-    "train_loss",
-    "training_loss",
-    "loss/train",
-    "train/loss_step",
-    "lm_loss",
-)
-STEP_ALIASES: tuple[str, ...] = (
-    "step",
-    "global_step",
-    "train/global_step",
-    "trainer/global_step",
-    "iteration",
-    "iter",
-    "_step",
-    "Step",
-)
+LOSS_ALIASES: tuple[str, ...] = ("loss", "train/loss", "train_loss", "training_loss", "loss/train",
+                                 "train/loss_step", "lm_loss")
+STEP_ALIASES: tuple[str, ...] = ("step", "global_step", "train/global_step", "trainer/global_step",
+                                 "iteration", "iter", "_step", "Step")
 #: a finite loss beyond this size is malformed: no float32 or bfloat16 loss reaches 3.4e38,
 #: and the analyses' sums of squares overflow float64 from about 1e154
 MAX_LOSS = 1e100
@@ -80,14 +65,8 @@ NUMERIC_ALIASES: dict[str, tuple[str, ...]] = {
 class ColumnBuilder:
     """Accumulates rows chunk by chunk and builds the cleaned :class:`RunLog`."""
 
-    def __init__(
-        self,
-        source: str,
-        *,
-        step_key: str | None = None,
-        loss_key: str | None = None,
-        fmt: str = "records",
-    ) -> None:
+    def __init__(self, source: str, *, step_key: str | None = None, loss_key: str | None = None,
+                 fmt: str = "records") -> None:
         self.source = source
         self.summary = InputSummary(format=fmt)
         #: name of the loss field as the source spells it (a CSV header, a TensorBoard tag)
@@ -187,14 +166,9 @@ class ColumnBuilder:
             self._step_key = _first_alias(objs, STEP_ALIASES)
         return self._step_key
 
-    def _split_rows(
-        self,
-        objs: list[dict[str, Any]],
-        losses: list[Any],
-        lines: Sequence[int],
-        lk: str | None,
-        sk: str | None,
-    ) -> tuple[list[dict[str, Any]], list[Any], list[int]]:
+    def _split_rows(self, objs: list[dict[str, Any]], losses: list[Any], lines: Sequence[int],
+                    lk: str | None,
+                    sk: str | None) -> tuple[list[dict[str, Any]], list[Any], list[int]]:
         """Separate loss rows from events and other rows; a null loss is kept as NaN."""
         keep: list[int] = []
         for i, value in enumerate(losses):
@@ -286,19 +260,10 @@ class ColumnBuilder:
             s.checkpoint_source = "events"
         evals = _held_out(self._evals, step, columns.get(EVAL_KEY))
         rank_seconds = columns.pop("rank_seconds", None)  # rows x ranks, not a column
-        return RunLog(
-            source=self.source,
-            step=step,
-            loss=loss,
-            columns=columns,
-            buckets=buckets,
-            bucket_loss=self._bucket_loss,
-            checkpoints=checkpoints,
-            checkpoint_seconds=np.asarray(self._ckpt_seconds, dtype=np.float64),
-            input=s,
-            evals=evals,
-            rank_seconds=rank_seconds,
-        )
+        return RunLog(source=self.source, step=step, loss=loss, columns=columns, buckets=buckets,
+                      bucket_loss=self._bucket_loss, checkpoints=checkpoints,
+                      checkpoint_seconds=np.asarray(self._ckpt_seconds, dtype=np.float64), input=s,
+                      evals=evals, rank_seconds=rank_seconds)
 
     def _why_bad(self, bad_loss: np.ndarray) -> str:
         """``; line N: 'loss' is [2.5] (a list), not a number``: the first bad value shown."""

@@ -279,13 +279,8 @@ class WholeLines(io.RawIOBase):
             self._held = held + chunk
 
 
-def read_csv(
-    path: Path,
-    builder: ColumnBuilder,
-    *,
-    step_key: str | None = None,
-    loss_key: str | None = None,
-) -> None:
+def read_csv(path: Path, builder: ColumnBuilder, *, step_key: str | None = None,
+             loss_key: str | None = None) -> None:
     """Read a CSV log into ``builder`` (its rows become dicts with canonical field names)."""
     with open_log(path) as raw:
         stream = WholeLines(raw)
