@@ -283,7 +283,7 @@ def mapping_check(online: Any, ref_draft: Any, dcfg: Any, target: Any, batch: di
     from lengthwise.dflash.loss import block_hidden, head_loss
 
     ours = to_lengthwise(ref_draft, dcfg, folder)
-    blocks = make_blocks(batch, rows, step=0, seed=seed, num_anchors=SHAPE["num_anchors"],
+    blocks = make_blocks(batch, rows, step=0, seed=seed, num_anchors=online.num_anchors,
                          block_size=dcfg.block_size, gamma=dcfg.gamma)
     keep = blocks.anchors >= 0
     fixed = (torch.where(keep, blocks.anchors, 0), keep)
@@ -305,19 +305,36 @@ def mapping_check(online: Any, ref_draft: Any, dcfg: Any, target: Any, batch: di
             "abs_loss_difference": abs(float(ref_loss) - loss)}
 
 
-def train_reference(s: Setup, sf: dict[str, Any], work: Path, target_folder: str
-                    ) -> dict[str, Any]:
+def draft_shape(s: Setup, folder: str) -> tuple[Any, Any]:
+    """The target (its mask token's row added when missing) and the draft config the
+    recipe builds for it (``_models`` and ``new_draft`` of ``lengthwise.dflash.recipe``)."""
+    from lengthwise.dflash.mask_token import ensure_mask_token
+    from lengthwise.dflash.model import DFlashConfig
+    from lengthwise.dflash.objective import target_layer_ids
+    from lengthwise.dflash.target import Target, load_target, load_tokenizer
+
+    cfg = s.cfg
+    model = load_target(folder)
+    layers = target_layer_ids(model.config.num_hidden_layers, cfg.num_features)
+    mask = ensure_mask_token(load_tokenizer(folder), model)
+    target = Target(model, layers=layers)
+    dcfg = DFlashConfig.from_target(model.config, num_layers=cfg.draft_layers,
+                                    block_size=cfg.block_size, gamma=cfg.gamma,
+                                    target_layers=layers, mask_token_id=mask.id)
+    dcfg.target_vocab_size = int(target.embed.weight.shape[0])
+    return target, dcfg
+
+
+def train_reference(s: Setup, sf: dict[str, Any], work: Path) -> dict[str, Any]:
     """SpecForge's draft and objective on lengthwise's plan, optimizer and schedule."""
     import torch
 
-    from lengthwise.dflash.load import trained_draft
     from lengthwise.train.schedule import lr_factor
 
     torch.set_num_threads(2)
     cfg = s.cfg
-    dcfg = trained_draft(work / f"lengthwise_{s.seed}")[0].config  # the lengthwise run's
+    target, dcfg = draft_shape(s, s.a.target)
     layers, mask_id = dcfg.target_layers, dcfg.mask_token_id
-    target = s.target(target_folder, layers)
     torch.manual_seed(cfg.seed)
     ref_draft = sf["draft"](reference_config(dcfg)).float().train()
     online = sf["online"](draft_model=ref_draft, target_lm_head=target.lm_head,
@@ -360,7 +377,8 @@ def train_reference(s: Setup, sf: dict[str, Any], work: Path, target_folder: str
             curve[str(step)] = s.evaluate(ours, target)
     shutil.rmtree(tmp, ignore_errors=True)
     return {"seconds": seconds, "mapping_check": check, "train_loss": losses,
-            "lr": lrs, "real_tokens": tokens, "curve": curve}
+            "lr": lrs, "real_tokens": tokens, "curve": curve, "target_layers": layers,
+            "mask_token_id": mask_id}
 
 
 def pooled(per: dict[str, list[Any]], slot_counts: list[list[int]]) -> dict[str, Any]:
@@ -431,16 +449,38 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         s = Setup(a, seed)
         res["held_out_chats"] = [int(j) for j in s.held_idx]
         res["held_out_slot_counts"] = s.slot_counts
-        _say(f"seed {seed}: lengthwise")
+        part = work / f"reference_{seed}.json"
+        part.unlink(missing_ok=True)
+        _say(f"seed {seed}: both trainers (the reference in its own process)")
+        child = subprocess.Popen([sys.executable, __file__, "--trainer", "reference",
+                                  "--part", str(part), "--seeds", str(seed),
+                                  *_common_args(a)])
         ours = train_lengthwise(s, work)
-        _say(f"seed {seed}: reference ({ours['seconds']:.0f} s for lengthwise)")
-        ref = train_reference(s, sf, work, ours["target"])
+        _say(f"seed {seed}: lengthwise done ({ours['seconds']:.0f} s)")
+        if child.wait() != 0:
+            raise SystemExit(f"the reference run of seed {seed} failed (exit {child.returncode})")
+        ref = json.loads(part.read_text(encoding="utf-8"))
         ours["same_batches"] = ours["real_tokens"] == ref["real_tokens"]
         ours["same_lr"] = bool(np.allclose(ours["lr"], ref["lr"], rtol=1e-12, atol=0))
         res["runs"][str(seed)] = {"lengthwise": ours, "reference": ref}
         _save(res, path)
         _say(f"seed {seed}: done ({ref['seconds']:.0f} s for the reference)")
     return res
+
+
+def _common_args(a: argparse.Namespace) -> list[str]:
+    return ["--specforge", a.specforge, "--prepared", a.prepared, "--target", a.target,
+            "--features", a.features, "--work", a.work, "--steps", str(a.steps),
+            "--eval-samples", str(a.eval_samples), "--split-seed", str(a.split_seed)]
+
+
+def run_reference(a: argparse.Namespace) -> None:
+    """One reference run (``--trainer reference``): its result written to ``--part``."""
+    sf = _specforge(a.specforge)
+    s = Setup(a, a.seeds[0])
+    _say(f"seed {s.seed}: reference")
+    ref = train_reference(s, sf, Path(a.work))
+    Path(a.part).write_text(json.dumps(ref) + "\n", encoding="utf-8")
 
 
 def _fmt(iv: dict[str, Any], digits: int = 3) -> str:
@@ -551,7 +591,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--json", default=str(JSON_PATH))
     p.add_argument("--md", default=str(MD_PATH))
     p.add_argument("--render", action="store_true", help="only write the Markdown from the JSON")
+    p.add_argument("--trainer", choices=("both", "reference"), default="both",
+                   help="reference: one reference run only, written to --part")
+    p.add_argument("--part", help="where --trainer reference writes its result")
     a = p.parse_args(argv)
+    if a.trainer == "reference":
+        run_reference(a)
+        return
     if a.render:
         res = json.loads(Path(a.json).read_text(encoding="utf-8"))
     else:
