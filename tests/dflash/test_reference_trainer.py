@@ -68,3 +68,14 @@ def test_reference_weights_in_our_draft_give_the_reference_loss(tmp_path):
                              folder=tmp_path / "mapped")
     assert check["abs_loss_difference"] < 1e-4
     assert check["reference_accuracy"] == pytest.approx(check["lengthwise_accuracy"])
+
+
+@pytest.mark.skipif(not rt.JSON_PATH.is_file(), reason="no committed figures")
+def test_committed_results_are_the_render_of_the_committed_figures():
+    import json
+
+    saved = json.loads(rt.JSON_PATH.read_text(encoding="utf-8"))
+    assert rt.MD_PATH.read_text(encoding="utf-8") == rt.render_md(saved)
+    for runs in saved["runs"].values():
+        assert runs["lengthwise"]["same_batches"] and runs["lengthwise"]["same_lr"]
+        assert runs["reference"]["mapping_check"]["abs_loss_difference"] < 1e-4
