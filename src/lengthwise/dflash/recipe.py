@@ -78,6 +78,7 @@ class RunSettings:
     tensorboard: str | None = None
     overwrite: bool = False  # remove an earlier run's checkpoints and final draft from out
     features: str | None = None  # a feature cache (`dflash features`): no target forward a step
+    split_seed: int | None = None  # seed of the held-out draw (default: the run's seed)
 
     def __post_init__(self) -> None:
         from lengthwise.planning.vocabulary import ORDERS
@@ -279,17 +280,19 @@ def check_held_out(data: Any, eval_samples: int) -> None:
                           f"{len(data)} prepared samples in {data.folder}")
 
 
-def split_samples(data: Any, cfg: DFlashTrainConfig, eval_samples: int,
-                  ) -> tuple[np.ndarray, np.ndarray, int]:
+def split_samples(data: Any, cfg: DFlashTrainConfig, eval_samples: int, *,
+                  seed: int | None = None) -> tuple[np.ndarray, np.ndarray, int]:
     """``(held-out ids, training ids, dropped)`` of prepared ``data`` as training takes them.
 
-    The held-out samples are drawn from ``(cfg.seed, 7919)``, fewer than all
+    The held-out samples are drawn from ``(seed, 7919)`` (default seed: ``cfg.seed``;
+    runs of several seeds give one ``seed`` to hold out the same samples), fewer than all
     (:func:`check_held_out`); training samples left with no two consecutive supervised
     tokens after the cut to ``cfg.max_len`` are dropped and counted, and a budget that
     leaves none is refused (a :class:`ConfigError` naming it).
     """
     check_held_out(data, eval_samples)
-    perm = np.random.default_rng([cfg.seed, 7919]).permutation(len(data))
+    perm = np.random.default_rng([cfg.seed if seed is None else seed, 7919]
+                                 ).permutation(len(data))
     held_idx, train_idx = np.sort(perm[:eval_samples]), np.sort(perm[eval_samples:])
     unlearnable = data.unlearnable_when_cut(train_idx, cfg.max_len)
     dropped = int(unlearnable.sum())
@@ -317,7 +320,8 @@ class _Split:
 
 def _split(data: Any, cfg: DFlashTrainConfig, run: RunSettings) -> _Split:
     """Held-out and training samples as training takes them (cut to ``max_len``)."""
-    held_idx, train_idx, dropped = split_samples(data, cfg, run.eval_samples)
+    held_idx, train_idx, dropped = split_samples(data, cfg, run.eval_samples,
+                                                 seed=run.split_seed)
     held = held_out_batches([{k: v[: cfg.max_len] for k, v in data.sample(int(j)).items()}
                              for j in held_idx], max_tokens=cfg.max_tokens)
     return _Split(train_idx, held_idx, np.minimum(data.lengths[train_idx], cfg.max_len), held,
