@@ -35,22 +35,28 @@ def _flag(name: str) -> str:
 
 
 def add_config_flags(parser: argparse.ArgumentParser, cls: type, *,
-                     skip: tuple[str, ...] = ()) -> None:
-    """Add a flag to ``parser`` for every field of ``cls`` that has help (see the module)."""
+                     skip: tuple[str, ...] = (), given_only: bool = False) -> None:
+    """Add a flag to ``parser`` for every field of ``cls`` that has help (see the module).
+
+    ``given_only``: a flag left out is left out of the parsed namespace too (settings
+    merged from other sources, such as a YAML file, keep theirs); its help still shows
+    the field's default.
+    """
     for f in dataclasses.fields(cls):
         text = f.metadata.get("help")
         if text is None or f.name in skip:
             continue
         default = f.default
         shown = "none" if default is None else default
+        parsed = argparse.SUPPRESS if given_only else default
         if isinstance(default, bool):
-            parser.add_argument(_flag(f.name), dest=f.name, default=default,
+            parser.add_argument(_flag(f.name), dest=f.name, default=parsed,
                                 action=argparse.BooleanOptionalAction,
                                 help=f"{text} (default {'on' if default else 'off'})")
             continue
         kind = f.metadata.get("type") or type(default)
         choices = f.metadata.get("choices")
-        parser.add_argument(_flag(f.name), dest=f.name, type=kind, default=default,
+        parser.add_argument(_flag(f.name), dest=f.name, type=kind, default=parsed,
                             choices=choices, metavar=f.metadata.get("metavar"),
                             help=f"{text} (default {shown})")
 

@@ -75,6 +75,9 @@ class DFlashConfig:
     hashes, from ``prepare.json``), checked against the target's by export and eval;
     ``target_weights`` a record of the weights of the target it was trained on
     (:func:`~lengthwise.dflash.target_weights.weights_record`), checked by eval.
+    ``standardize_features``: the draft multiplies its features by the buffer
+    ``feature_scale`` before ``fc`` (:mod:`~lengthwise.dflash.feature_scale`; export folds it
+    into ``fc``).
     """
 
     hidden_size: int
@@ -96,6 +99,7 @@ class DFlashConfig:
     target_vocab_size: int | None = None
     tokenizer: dict[str, Any] | None = None
     target_weights: dict[str, Any] | None = None
+    standardize_features: bool = False  # a per-dimension scale before fc (the buffer feature_scale)
 
     def __post_init__(self) -> None:
         self._check()
@@ -287,6 +291,8 @@ class DFlashDraft(nn.Module):
         qcfg = cfg.qwen3_config()
         h = cfg.hidden_size
         self.fc = nn.Linear(cfg.num_features * h, h, bias=False)
+        if cfg.standardize_features:
+            self.register_buffer("feature_scale", torch.ones(cfg.num_features * h))
         self.context_norm = Qwen3RMSNorm(h, eps=cfg.rms_norm_eps)
         self.layers = nn.ModuleList(_Layer(qcfg) for _ in range(cfg.num_layers))
         self.norm = Qwen3RMSNorm(h, eps=cfg.rms_norm_eps)
@@ -295,7 +301,10 @@ class DFlashDraft(nn.Module):
 
     def forward(self, features: torch.Tensor, block_embeds: torch.Tensor,
                 positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        context = self.context_norm(self.fc(features.to(self.fc.weight.dtype)))
+        features = features.to(self.fc.weight.dtype)
+        if self.config.standardize_features:
+            features = features * self.feature_scale.to(features.dtype)
+        context = self.context_norm(self.fc(features))
         h = block_embeds.to(context.dtype)
         rope = self.rotary(h, positions)
         if isinstance(mask, torch.Tensor):
