@@ -52,11 +52,14 @@ def _parser(kind: Any) -> Any:
 
 def add_config_flags(parser: argparse.ArgumentParser, cls: type, *,
                      skip: tuple[str, ...] = (), exclusive: tuple[str, ...] = (),
-                     defaults: dict[str, Any] | None = None) -> None:
+                     defaults: dict[str, Any] | None = None, given_only: bool = False) -> None:
     """Add a flag to ``parser`` for every field of ``cls`` that has help (see the module).
 
     The flags of the fields named in ``exclusive`` cannot be given together; ``defaults``
     replaces the defaults of some fields for this command (its help shows them).
+    ``given_only``: a flag left out is left out of the parsed namespace too (settings
+    merged from other sources, such as a YAML file, keep theirs); its help still shows
+    the default.
     """
     group = parser.add_mutually_exclusive_group() if exclusive else None
     for f in dataclasses.fields(cls):
@@ -65,13 +68,14 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, *,
             continue
         default = (defaults or {}).get(f.name, f.default)
         shown = "none" if default is None else default
+        parsed = argparse.SUPPRESS if given_only else default
         if isinstance(default, bool):
-            parser.add_argument(_flag(f.name), dest=f.name, default=default,
+            parser.add_argument(_flag(f.name), dest=f.name, default=parsed,
                                 action=argparse.BooleanOptionalAction,
                                 help=f"{text} (default: {'on' if default else 'off'})")
             continue
         where = group if f.name in exclusive else parser
-        where.add_argument(_flag(f.name), dest=f.name, default=default,
+        where.add_argument(_flag(f.name), dest=f.name, default=parsed,
                            type=_parser(f.metadata.get("type") or type(default)),
                            choices=f.metadata.get("choices"), metavar=f.metadata.get("metavar"),
                            help=f"{text} (default: {shown})")

@@ -41,7 +41,8 @@ class Blocks:
     row (``-1``/``0`` for unused block slots); ``labels``/``weights``: ``(R, A, B)``;
     ``sample_ids``: ``(R, A)`` dataset index of each block's sample (``-1`` unused);
     ``features``: ``(R, C, F)`` the target's features of the rows, read from a cache
-    (``None``: the target computes them).
+    (``None``: the target computes them); ``target_last``: ``(R, C, H)`` the target's last
+    hidden states of the rows, from the cache (training with ``labels=target_kl``).
     """
 
     input_ids: torch.Tensor
@@ -55,6 +56,7 @@ class Blocks:
     packed: bool
     meta: dict[str, Any]
     features: torch.Tensor | None = None  # the target's features of input_ids, when cached
+    target_last: torch.Tensor | None = None  # (R, C, H) the target's last hidden states, cached
 
     @property
     def weight_sum(self) -> float:

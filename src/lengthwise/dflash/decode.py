@@ -39,9 +39,15 @@ import torch
 
 from lengthwise.dflash.blocks import Blocks, block_attention_mask, make_blocks
 from lengthwise.dflash.head import chunked_agreement
-from lengthwise.dflash.loss import HEAD_CHUNK, block_hidden, block_inputs, head_loss
+from lengthwise.dflash.loss import (
+    HEAD_CHUNK,
+    block_hidden,
+    block_inputs,
+    head_loss,
+    supervised_slots,
+)
 from lengthwise.dflash.model import check_target
-from lengthwise.dflash.objective import IGNORE, simulated_acceptance_length
+from lengthwise.dflash.objective import simulated_acceptance_length
 from lengthwise.dflash.target import stop_set
 from lengthwise.errors import ConfigError
 
@@ -285,11 +291,8 @@ def slot_agreement(hidden: torch.Tensor, last: torch.Tensor, lm_head: Any, block
     anchor ``a`` predicts the token at ``a + k``, which the target predicts from position
     ``a + k - 1``; only supervised slots go through the head (:func:`chunked_agreement`).
     """
-    r, a, b = blocks.labels.shape
-    idx = (blocks.labels.reshape(-1) != IGNORE).nonzero().squeeze(1)
-    row, within = idx // (a * b), idx % (a * b)
-    k = within % b
-    pos = blocks.anchors.clamp(min=0)[row, within // b] + k - 1
+    b = blocks.labels.shape[-1]
+    idx, row, pos, k = supervised_slots(blocks)
     head_w = lm_head.weight
     agree = chunked_agreement(
         hidden.reshape(-1, hidden.shape[-1]).index_select(0, idx).to(head_w.dtype),

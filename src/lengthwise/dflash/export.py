@@ -85,13 +85,19 @@ def exported_config(cfg: Any, *, dtype: str = "float32") -> dict[str, Any]:
 
 
 def exported_weights(draft: Any, *, dtype: str | None = None) -> dict[str, Any]:
-    """The draft's tensors under the reference names (contiguous CPU copies)."""
+    """The draft's tensors under the reference names (contiguous CPU copies).
+
+    A draft trained with ``standardize_features`` has its feature scale folded into
+    ``fc`` (:func:`~lengthwise.dflash.feature_scale.folded_state`): the same output.
+    """
     import torch
 
     if dtype is not None and dtype not in _DTYPES:
         raise ConfigError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+    from lengthwise.dflash.feature_scale import folded_state
+
     out = {}
-    for name, tensor in draft.state_dict().items():
+    for name, tensor in folded_state(draft.state_dict()).items():
         if name.startswith(DERIVED):
             continue
         for ours, theirs in RENAME.items():

@@ -74,6 +74,7 @@ class _ChunkedCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 labels: torch.Tensor, weights: torch.Tensor, chunk: int, dtype: torch.dtype,
+                soft: torch.Tensor | None = None,
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         n = hidden.shape[0]
         acc = torch.promote_types(dtype, torch.float32)  # fp32 at least, as the dense path
@@ -83,17 +84,22 @@ class _ChunkedCE(torch.autograd.Function):
             for s in chunk_starts(n, chunk):
                 logits = _logits(hidden[s:s + chunk], weight, bias, dtype).to(acc)
                 lab = labels[s:s + chunk]
-                ce[s:s + chunk] = F.cross_entropy(logits, lab, reduction="none")
+                if soft is None:
+                    ce[s:s + chunk] = F.cross_entropy(logits, lab, reduction="none")
+                else:  # KL(p_target || p_draft) per slot
+                    logp = _logits(soft[s:s + chunk], weight, bias, dtype).to(acc).log_softmax(-1)
+                    ce[s:s + chunk] = (logp.exp() * (logp - logits.log_softmax(-1))).sum(-1)
+                    del logp
                 hit[s:s + chunk] = logits.argmax(dim=-1) == lab
                 del logits
-        ctx.save_for_backward(hidden, weight, bias, labels, weights)
+        ctx.save_for_backward(hidden, weight, bias, labels, weights, soft)
         ctx.chunk, ctx.dtype = chunk, dtype
         ctx.mark_non_differentiable(ce, hit)
         return (ce * weights.to(acc)).sum(), ce, hit
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor, *_: Any) -> tuple[Any, ...]:
-        hidden, weight, bias, labels, weights = ctx.saved_tensors
+        hidden, weight, bias, labels, weights, soft = ctx.saved_tensors
         chunk, dtype = ctx.chunk, ctx.dtype
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         need_b = bias is not None and ctx.needs_input_grad[2]
@@ -107,8 +113,12 @@ class _ChunkedCE(torch.autograd.Function):
             for s in chunk_starts(hidden.shape[0], chunk):
                 h = hidden[s:s + chunk]
                 g = torch.softmax(_logits(h, weight, bias, dtype).to(acc), dim=-1)
-                rows = torch.arange(g.shape[0], device=g.device)
-                g[rows, labels[s:s + chunk]] -= 1.0
+                if soft is None:
+                    rows = torch.arange(g.shape[0], device=g.device)
+                    g[rows, labels[s:s + chunk]] -= 1.0
+                else:
+                    g -= torch.softmax(_logits(soft[s:s + chunk], weight, bias, dtype).to(acc),
+                                       dim=-1)
                 g = (g.mul_(scale[s:s + chunk, None])).to(dtype)
                 if need_h:
                     grad_h[s:s + chunk] = (g @ w).to(hidden.dtype)
@@ -118,19 +128,22 @@ class _ChunkedCE(torch.autograd.Function):
                     grad_b += g.to(acc).sum(dim=0)
                 del g
         return (grad_h, None if grad_w is None else grad_w.to(weight.dtype),
-                None if grad_b is None else grad_b.to(bias.dtype), None, None, None, None)
+                None if grad_b is None else grad_b.to(bias.dtype), None, None, None, None, None)
 
 
 def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                           labels: torch.Tensor, weights: torch.Tensor, *, chunk: int = 1024,
-                          dtype: torch.dtype | None = None,
+                          dtype: torch.dtype | None = None, soft: torch.Tensor | None = None,
                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``sum(weights * CE(hidden @ weight.T + bias, labels))``, the per-slot CE, top-1 hits.
 
     ``hidden``: ``(N, H)`` supervised slots only; ``labels``: ``(N,)`` token ids;
     ``weights``: ``(N,)``; ``chunk``: slots per LM-head chunk; ``dtype``: the
     logits' compute dtype (default: the head's); the softmax runs in fp32 (or
-    fp64 for fp64 logits). The sum is differentiable (hidden states, and the head
+    fp64 for fp64 logits). ``soft``: ``(N, H)`` the target's hidden states whose
+    distributions (through the same head) the slots learn instead of ``labels``: the
+    per-slot loss is then ``KL(p_target || p_draft)`` (``labels`` still give the hits).
+    The sum is differentiable (hidden states, and the head
     when it requires grad); the per-slot CE and the hits are not.
     """
     if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
@@ -139,8 +152,11 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, bias: torc
     if hidden.ndim != 2 or labels.shape != hidden.shape[:1] or weights.shape != labels.shape:
         raise ValueError(f"need hidden (N, H), labels (N,), weights (N,); got "
                          f"{tuple(hidden.shape)}, {tuple(labels.shape)}, {tuple(weights.shape)}")
+    if soft is not None and soft.shape != hidden.shape:
+        raise ValueError(f"soft must have hidden's shape {tuple(hidden.shape)}, got "
+                         f"{tuple(soft.shape)}")
     return _ChunkedCE.apply(hidden, weight, bias, labels, weights, chunk,
-                            dtype or weight.dtype)
+                            dtype or weight.dtype, soft)
 
 
 @torch.no_grad()

@@ -42,7 +42,7 @@ from lengthwise.dflash.head import chunked_cross_entropy
 from lengthwise.dflash.objective import IGNORE
 
 __all__ = ["BlockLoss", "block_hidden", "block_inputs", "block_logits", "block_loss",
-           "head_loss", "supervised_cross_entropy"]
+           "head_loss", "supervised_cross_entropy", "supervised_slots", "target_slot_hidden"]
 
 #: supervised slots per LM-head chunk (about 1.7 GiB of fp32 buffers at vocabulary 151,936)
 HEAD_CHUNK = 1024
@@ -108,12 +108,40 @@ def block_logits(draft: Any, target: Any, blocks: Blocks, *, net: Any = None,
         return target.lm_head(hidden.to(target.lm_head.weight.dtype))
 
 
+def supervised_slots(blocks: Blocks) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                              torch.Tensor]:
+    """``(idx, row, pos, k)`` of the supervised block slots, in flat ``(R*A*B)`` order.
+
+    Slot ``k`` of the block at anchor ``a`` in row ``row`` predicts the token at ``a + k``,
+    which the target predicts from its hidden state at ``pos = a + k - 1``.
+    """
+    r, a, b = blocks.labels.shape
+    idx = (blocks.labels.reshape(-1) != IGNORE).nonzero().squeeze(1)
+    row, within = idx // (a * b), idx % (a * b)
+    k = within % b
+    pos = blocks.anchors.clamp(min=0)[row, within // b] + k - 1
+    return idx, row, pos, k
+
+
+def target_slot_hidden(blocks: Blocks, last: torch.Tensor) -> torch.Tensor:
+    """The target's last hidden states ``(N, H)`` behind each supervised slot's token.
+
+    ``last``: ``(R, T, H)`` the target's final hidden states of ``blocks.input_ids``;
+    row ``i`` of the result belongs to the ``i``-th supervised slot (:func:`supervised_slots`).
+    """
+    _, row, pos, _ = supervised_slots(blocks)
+    return last[row, pos]
+
+
 def head_loss(hidden: torch.Tensor, lm_head: Any, labels: torch.Tensor, weights: torch.Tensor,
-              *, chunk: int = HEAD_CHUNK, amp: Any = None) -> BlockLoss:
+              *, chunk: int = HEAD_CHUNK, amp: Any = None,
+              soft: torch.Tensor | None = None) -> BlockLoss:
     """:func:`block_loss` of ``lm_head(hidden)`` computed on supervised slots in chunks.
 
     ``hidden``: ``(R, A*B, H)`` from :func:`block_hidden`; ``amp``: the autocast dtype the
     head runs in (as in :func:`block_logits`). Equal to the dense path to rounding.
+    ``soft``: the target's hidden states behind the supervised slots
+    (:func:`target_slot_hidden`): each slot's loss is then ``KL(p_target || p_draft)``.
     """
     r, a, b = labels.shape
     lab = labels.reshape(-1)
@@ -121,7 +149,7 @@ def head_loss(hidden: torch.Tensor, lm_head: Any, labels: torch.Tensor, weights:
     sup = lab != IGNORE
     idx = sup.nonzero().squeeze(1)
     weighted, ce, hit = supervised_cross_entropy(hidden, lm_head, lab, w, idx, chunk=chunk,
-                                                 amp=amp)
+                                                 amp=amp, soft=soft)
     per_slot = torch.zeros(r * a * b, dtype=ce.dtype, device=hidden.device)
     per_slot.index_copy_(0, idx, ce * w.index_select(0, idx))
     hits = torch.zeros(r * a * b, dtype=torch.bool, device=hidden.device)
@@ -136,7 +164,8 @@ def head_loss(hidden: torch.Tensor, lm_head: Any, labels: torch.Tensor, weights:
 
 def supervised_cross_entropy(hidden: torch.Tensor, lm_head: Any, labels: torch.Tensor,
                              weights: torch.Tensor, idx: torch.Tensor, *, chunk: int = HEAD_CHUNK,
-                             amp: Any = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                             amp: Any = None, soft: torch.Tensor | None = None,
+                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`~lengthwise.dflash.head.chunked_cross_entropy` of the slots ``idx`` of ``hidden``.
 
     ``hidden``: ``(R, A*B, H)``; ``labels``, ``weights``: flat ``(R*A*B,)``; ``idx``: the
@@ -148,7 +177,8 @@ def supervised_cross_entropy(hidden: torch.Tensor, lm_head: Any, labels: torch.T
     flat = hidden.reshape(-1, hidden.shape[-1])
     return chunked_cross_entropy(
         flat.index_select(0, idx).to(head_w.dtype), head_w, getattr(lm_head, "bias", None),
-        labels.index_select(0, idx), weights.index_select(0, idx), chunk=chunk, dtype=dtype)
+        labels.index_select(0, idx), weights.index_select(0, idx), chunk=chunk, dtype=dtype,
+        soft=None if soft is None else soft.to(head_w.dtype))
 
 
 def block_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> BlockLoss:

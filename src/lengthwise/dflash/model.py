@@ -75,6 +75,9 @@ class DFlashConfig:
     hashes, from ``prepare.json``), checked against the target's by export and eval;
     ``target_weights`` a record of the weights of the target it was trained on
     (:func:`~lengthwise.dflash.target_weights.weights_record`), checked by eval.
+    ``standardize_features``: the draft multiplies its features by the buffer
+    ``feature_scale`` before ``fc`` (:mod:`~lengthwise.dflash.feature_scale`; export folds it
+    into ``fc``).
     """
 
     hidden_size: int
@@ -96,6 +99,7 @@ class DFlashConfig:
     target_vocab_size: int | None = None
     tokenizer: dict[str, Any] | None = None
     target_weights: dict[str, Any] | None = None
+    standardize_features: bool = False  # a per-dimension scale before fc (the buffer feature_scale)
 
     def __post_init__(self) -> None:
         self._check()
@@ -297,6 +301,8 @@ class DFlashDraft(nn.Module):
         qcfg = cfg.qwen3_config()
         h = cfg.hidden_size
         self.fc = nn.Linear(cfg.num_features * h, h, bias=False)
+        if cfg.standardize_features:
+            self.register_buffer("feature_scale", torch.ones(cfg.num_features * h))
         self.context_norm = Qwen3RMSNorm(h, eps=cfg.rms_norm_eps)
         self.layers = nn.ModuleList(_Layer(qcfg) for _ in range(cfg.num_layers))
         self.norm = Qwen3RMSNorm(h, eps=cfg.rms_norm_eps)
@@ -315,7 +321,7 @@ class DFlashDraft(nn.Module):
         """
         h = block_embeds.to(self.fc.weight.dtype)
         if context_kv is None:
-            context = self.context_norm(self.fc(features.to(self.fc.weight.dtype)))
+            context = self._context(features)
             h = h.to(context.dtype)
         else:
             context, context_kv = None, list(context_kv)
@@ -330,6 +336,13 @@ class DFlashDraft(nn.Module):
         for i, layer in enumerate(self.layers):
             h = layer(h, context, rope, bias, sees, None if context_kv is None else context_kv[i])
         return self.norm(h)
+
+    def _context(self, features: torch.Tensor) -> torch.Tensor:
+        """The context vectors of target features: ``context_norm(fc(features))``."""
+        features = features.to(self.fc.weight.dtype)
+        if self.config.standardize_features:
+            features = features * self.feature_scale.to(features.dtype)
+        return self.context_norm(self.fc(features))
 
     def context_keys_values(self, features: torch.Tensor, positions: torch.Tensor
                             ) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -347,7 +360,7 @@ class DFlashDraft(nn.Module):
             >>> [tuple(k.shape) for k, _ in kv]
             [(1, 1, 5, 8)]
         """
-        context = self.context_norm(self.fc(features.to(self.fc.weight.dtype)))
+        context = self._context(features)
         cos, sin = self.rotary(context, positions)
         return [layer.self_attn.keys_values(context, cos, sin) for layer in self.layers]
 

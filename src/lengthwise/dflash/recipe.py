@@ -31,6 +31,7 @@ Example::
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -137,12 +138,16 @@ def held_out_batches(samples: list[dict[str, Any]], *, batch_size: int = 8,
     return [(collate([samples[i] for i in g]), [[first_id + i] for i in g]) for g in groups]
 
 
-def new_draft(target: Any, cfg: DFlashTrainConfig, *, mask_token_id: int) -> Any:
+def new_draft(target: Any, cfg: DFlashTrainConfig, *, mask_token_id: int,
+              feature_scale: Any = None) -> Any:
     """A draft sized from the target's config, initialised from ``cfg.seed``, on its device.
 
     Its blocks are filled with ``mask_token_id``, a row of the target's vocabulary
     (:func:`~lengthwise.dflash.mask_token.ensure_mask_token` adds one when the
-    tokenizer has none).
+    tokenizer has none). ``cfg.init``, ``cfg.zero_init_output``: how its weights start
+    (:mod:`~lengthwise.dflash.draft_init`); with ``cfg.standardize_features`` the draft
+    scales its features by ``feature_scale``
+    (:func:`~lengthwise.dflash.feature_scale.feature_scale`; ones when not given).
 
     The global random state is left as it was.
 
@@ -159,15 +164,24 @@ def new_draft(target: Any, cfg: DFlashTrainConfig, *, mask_token_id: int) -> Any
     """
     import torch
 
+    from lengthwise.dflash.draft_init import warm_start, zero_output
     from lengthwise.dflash.model import DFlashConfig, DFlashDraft
 
     dcfg = DFlashConfig.from_target(target.model.config, num_layers=cfg.draft_layers,
                                     block_size=cfg.block_size, gamma=cfg.gamma,
-                                    target_layers=target.layers, mask_token_id=mask_token_id)
+                                    target_layers=target.layers, mask_token_id=mask_token_id,
+                                    standardize_features=cfg.standardize_features)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         draft = DFlashDraft(dcfg)
-    return draft.to(target.device).train()
+    draft = draft.to(target.device)
+    if cfg.standardize_features and feature_scale is not None:
+        draft.feature_scale.copy_(feature_scale)
+    if cfg.init == "target":
+        warm_start(draft, target)
+    if cfg.zero_init_output:
+        zero_output(draft)
+    return draft.train()
 
 
 class EvalTask(DFlashTask):
@@ -340,8 +354,31 @@ class _Models:
     cache: Any
 
 
+#: training tokens the feature scale is measured on (``standardize_features``)
+SCALE_TOKENS = 16384
+
+
+def _first_features(target: Target, data: Any, train_idx: np.ndarray, cache: Any,
+                    cfg: DFlashTrainConfig) -> Iterator[Any]:
+    """The target's features ``(tokens, F)`` of the first training samples, one at a time,
+    up to :data:`SCALE_TOKENS` tokens (read from ``cache`` when there is one)."""
+    seen = 0
+    for j in train_idx:
+        n = int(min(data.lengths[j], cfg.max_len))
+        if cache is not None:
+            rows = torch.as_tensor(cache.features(int(j), target.layers, n))
+        else:
+            ids = torch.as_tensor(np.asarray(data.sample(int(j))["input_ids"][:n]))
+            with torch.no_grad():
+                rows = target.features(ids[None].to(target.device))[0].float().cpu()
+        yield rows
+        seen += n
+        if seen >= SCALE_TOKENS:
+            return
+
+
 def _models(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer: Any, device: Any,
-            rank: int) -> _Models:
+            rank: int, train_idx: np.ndarray) -> _Models:
     """Load the target, check the feature cache against it, build the draft."""
     cache = open_features(run.features) if run.features else None
     model = load_target(run.target, dtype=cfg.dtype, device=device)
@@ -358,7 +395,12 @@ def _models(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer: Any,
     if mask.resized and rank == 0:  # whole or not at all; an identical one is kept
         save_grown_target(model, tokenizer, serve)
     target = Target(model, layers=layers)
-    draft = new_draft(target, cfg, mask_token_id=mask.id)
+    scale = None
+    if cfg.standardize_features:
+        from lengthwise.dflash.feature_scale import feature_scale
+
+        scale = feature_scale(_first_features(target, data, train_idx, cache, cfg))
+    draft = new_draft(target, cfg, mask_token_id=mask.id, feature_scale=scale)
     draft.config.tokenizer = data_tokenizer or None  # export and eval check the target's
     draft.config.target_weights = weights_record(model)  # the target eval must be given
     return _Models(target, draft, mask, serve, rows, cache)
@@ -472,7 +514,7 @@ def _train_locked(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer
         cfg = _with_epochs(cfg, run, split.lengths, rank, world)
     applied = _check_out(out, cfg, run, data.info, group)
     # model
-    m = _models(cfg, run, data, tokenizer, device, rank)
+    m = _models(cfg, run, data, tokenizer, device, rank, split.train_idx)
     # train
     loop = _loop(cfg, run, data, split, m, device, group)
     if loop.resumed_from:

@@ -40,8 +40,9 @@ __all__ = ["REFUSED", "SETTINGS_FILE", "apply_optimizer_settings", "changed", "c
 #: file name of the run's settings inside every checkpoint folder
 SETTINGS_FILE = "train_settings.json"
 #: settings a resumed run cannot change: the draft's shape, the data, its split and order
-REFUSED = ("block_size", "draft_layers", "num_features", "max_tokens", "max_len", "grad_accum",
-           "seed", "buckets", "pad_multiple", "order", "eval_samples", "data")
+REFUSED = ("block_size", "draft_layers", "num_features", "standardize_features", "max_tokens",
+           "max_len", "grad_accum", "seed", "buckets", "pad_multiple", "order", "eval_samples",
+           "split_seed", "data")
 #: fields that are not settings of the run (or change every time)
 _SKIP = ("progress", "resume", "overwrite", "target", "data", "out", "epochs")
 

@@ -54,6 +54,10 @@ class DFlashTask:
             raise ConfigError(f"num_features={cfg.num_features} but the draft reads "
                               f"{d.num_features} target layers")
         check_target(d, target)
+        if cfg.labels == "target_kl" and (features is None or not features.cache.has_last):
+            raise ConfigError("labels=target_kl needs --features: a feature cache holding the "
+                              "target's last hidden state (`dflash features` without "
+                              "--no-last-hidden)")
         self.model = draft
         self.target = target
         self.cfg = cfg
@@ -90,21 +94,25 @@ class DFlashTask:
     def prepare(self, batch: dict[str, Any], rows: list[list[int]], step: int) -> Any:
         blocks = self.blocks(batch, rows, step)
         if self.features is not None:
-            feats = self.features(batch, rows, capacity=self.capacity)[0]
-            blocks.features = feats.to(self.target.embed.weight.dtype)
+            dtype = self.target.embed.weight.dtype
+            feats, last = self.features(batch, rows, capacity=self.capacity,
+                                        last=self.cfg.labels == "target_kl")
+            blocks.features = feats.to(dtype)
+            blocks.target_last = None if last is None else last.to(dtype)
         return blocks
 
     def normaliser(self, blocks: Any) -> float:
         return blocks.weight_sum
 
     def forward(self, net: Any, blocks: Any) -> MicroOut:
-        from lengthwise.dflash.loss import block_hidden, head_loss
+        from lengthwise.dflash.loss import block_hidden, head_loss, target_slot_hidden
 
         b = blocks.to(self.target.device)
         hidden = block_hidden(self.model, self.target, b, net=net, amp=self.amp,
                               flex=self.cfg.flex_attention, feats=b.features)
+        soft = None if b.target_last is None else target_slot_hidden(b, b.target_last)
         s = head_loss(hidden, self.target.lm_head, b.labels, b.weights,
-                      chunk=self.cfg.head_chunk, amp=self.amp)
+                      chunk=self.cfg.head_chunk, amp=self.amp, soft=soft)
         stats = {"correct": s.correct, "count": s.count, "slots": blocks.slots,
                  "slot_capacity": blocks.slot_capacity}
         for k in range(1, self.model.config.block_size):

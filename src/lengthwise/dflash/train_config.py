@@ -13,12 +13,17 @@ Example::
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lengthwise.errors import ConfigError
 from lengthwise.train.config import LoopConfig, check_positive
 
-__all__ = ["DFlashTrainConfig"]
+__all__ = ["INITS", "LABELS", "DFlashTrainConfig"]
+
+#: how the draft's weights start: ``random`` (seeded), ``target`` (copied from the target's top)
+INITS = ("random", "target")
+#: what block slots learn: ``data`` (the next tokens), ``target_kl`` (the target's distribution)
+LABELS = ("data", "target_kl")
 
 
 @dataclass
@@ -42,9 +47,27 @@ class DFlashTrainConfig(LoopConfig):
     max_slots: int | None = None  # draft slots per micro-batch (None: block_size * max_tokens)
     head_chunk: int = 1024  # supervised slots per LM-head + cross-entropy chunk
     flex_attention: bool | None = None  # block-sparse flex mask (None: on CUDA), else dense
+    init: str = field(default="random", metadata={
+        "help": "the draft's starting weights: random, or target (layer i copies the target's "
+                "decoder layer from the top, the final norm the target's, fc the identity on "
+                "the deepest feature)", "choices": INITS})
+    zero_init_output: bool = field(default=False, metadata={
+        "help": "start o_proj and down_proj of the draft's layers at zero (each layer starts "
+                "as the identity)"})
+    standardize_features: bool = field(default=False, metadata={
+        "help": "divide each feature dimension by its root mean square over the first "
+                "training tokens before fc (folded into fc at export)"})
+    labels: str = field(default="data", metadata={
+        "help": "what block slots learn: data (cross-entropy on the next tokens) or target_kl "
+                "(KL to the target's distribution; needs --features with the last hidden "
+                "state)", "choices": LABELS})
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        for name, allowed in (("init", INITS), ("labels", LABELS)):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"{name} must be one of {', '.join(allowed)}, "
+                                  f"got {getattr(self, name)!r}")
         if not 0 <= self.warmup_ratio < 1:
             raise ConfigError(f"warmup_ratio must lie in [0, 1), got {self.warmup_ratio}")
         check_positive(self, "block_size", "draft_layers", "num_anchors", "head_chunk")

@@ -105,13 +105,17 @@ def _wrong_type(key: str, value: Any) -> str | None:
         >>> _wrong_type("lr", "6e-4") is None  # YAML reads 6e-4 as text: converted later
         True
     """
+    from lengthwise.dflash.train_config import DFlashTrainConfig
+
     kinds = {name: kind for name, kind, _ in FLAGS}
+    kinds.update({f.name: type(f.default) for f in dataclasses.fields(DFlashTrainConfig)
+                  if "help" in f.metadata})
     kinds.update(target=str, data=str, out=str)
     if value is None:
         return None
-    if key in _SWITCHES:
-        return None if isinstance(value, bool) else "true or false"
     kind = kinds.get(key)
+    if key in _SWITCHES or kind is bool:
+        return None if isinstance(value, bool) else "true or false"
     if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
         return "an integer"
     if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float, str))):

@@ -47,6 +47,10 @@ def register(stages: argparse._SubParsersAction) -> None:
     for name, kind, text in FLAGS:
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, help=text,
                        metavar={int: "N", float: "X"}.get(kind, "NAME"))
+    from lengthwise.cli._options import add_config_flags
+    from lengthwise.dflash.train_config import DFlashTrainConfig
+
+    add_config_flags(p, DFlashTrainConfig, given_only=True)
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     p.add_argument("--overwrite", action="store_true",
                    help="remove an earlier run's checkpoints and final draft from --out first "

@@ -244,7 +244,7 @@ def run_samples(data: Any, cfg: Any, run: Any, *,
     from lengthwise.dflash.recipe import split_samples
     from lengthwise.dflash.target import check_causal_lm
 
-    _, train_idx, _ = split_samples(data, cfg, run.eval_samples)
+    _, train_idx, _ = split_samples(data, cfg, run.eval_samples, seed=run.split_seed)
     lengths = np.minimum(data.lengths[train_idx], cfg.max_len)
     anchors = anchor_counts(lengths, num_anchors=cfg.num_anchors, block_size=cfg.block_size,
                             max_slots=cfg.slot_budget, max_tokens=cfg.max_tokens,
