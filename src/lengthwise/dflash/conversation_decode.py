@@ -83,7 +83,7 @@ def decode_conversations(model: Any, conversations: list[int],
     from lengthwise.dflash.speculative import _cache_kwarg, _last_logits_only, _pick
 
     counts = DecodeCounts()
-    cache = RowCache(rows)
+    cache = RowCache()
     kw, last_only = _cache_kwarg(model), _last_logits_only(model)
     stop = set(stops)
     waiting = deque(conversations)
@@ -111,7 +111,7 @@ def decode_conversations(model: Any, conversations: list[int],
         counts.reused_tokens += have
         feed = ids[have:]
         row.seq, row.written, row.need = list(ids), [], len(ids) + max_new_tokens
-        cache.reserve(row.need)
+        cache.reserve(min(rows, max(slot + 1, 2 * cache.rows)), row.need)
         starts = torch.tensor([have], device=device)
         cache.bind(slice(slot, slot + 1), starts, len(ids))
         out = model(input_ids=torch.tensor([feed], device=device),
