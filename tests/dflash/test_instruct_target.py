@@ -199,6 +199,36 @@ def test_an_interrupted_regeneration_resumes_with_the_turns_it_finished(instruct
     assert not list((tmp_path / "cut").glob("regenerated-*"))
 
 
+def test_a_regeneration_killed_mid_batch_resumes_to_the_same_samples(instruct, tmp_path,
+                                                                       monkeypatch):
+    """The real decode loop, 2 rows for 9 conversations of 1-2 turns: stopped after its first
+    logged turns, run again, it writes what an uninterrupted run writes."""
+    from _chat_tiny import conversations, write_jsonl
+
+    from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
+    from lengthwise.dflash.prepared import open_prepared
+    from lengthwise.dflash.regenerate import TurnLog
+
+    src = write_jsonl(tmp_path / "c.jsonl", conversations(9))
+    cfg = PrepareConfig(regenerate=True, min_supervised=2, batch_size=2, max_new_tokens=6,
+                        progress=False)
+    whole = prepare_chats(src, instruct, tmp_path / "whole", cfg)
+    real = TurnLog.append
+
+    def append_then_stop(self, turns):
+        real(self, turns)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(TurnLog, "append", append_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_chats(src, instruct, tmp_path / "cut", cfg)
+    monkeypatch.setattr(TurnLog, "append", real)
+    again = prepare_chats(src, instruct, tmp_path / "cut", cfg)
+    assert again["counts"] == whole["counts"] and whole["counts"]["regenerated_turns"] > 9
+    a, b = open_prepared(tmp_path / "whole"), open_prepared(tmp_path / "cut")
+    assert [a[i] for i in range(len(a))] == [b[i] for i in range(len(b))]
+
+
 def test_regeneration_progress_counts_turns(instruct, tmp_path, monkeypatch):
     from _chat_tiny import conversations, write_jsonl
 

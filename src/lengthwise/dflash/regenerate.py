@@ -1,18 +1,18 @@
-"""Assistant turns rewritten by the target itself, turn by turn, in batches.
+"""Assistant turns rewritten by the target itself, turn by turn.
 
 DFlash drafts learn what the *target* would say, so ``lengthwise dflash prepare
 --regenerate`` replaces every assistant turn of a conversation by the target's
 own response to the conversation before it (with the regenerated earlier
 turns), rendered with the chat template's generation prompt. A conversation
-that ends with a user turn gets a new assistant turn. Each round's prompts
-(the ``r``-th assistant turn of every conversation) are sorted by length and
-cut into batches of at most ``--batch-size`` prompts and ``--max-tokens``
-padded prompt plus new tokens. Generation is a decode loop over the model's KV
-cache that drops finished rows (:func:`~lengthwise.dflash.generate.decode_batch`),
-or vLLM when it is installed (one process on CUDA; ``backend``), greedy at
-temperature 0, sampled above. Each sample keeps the target's own token ids of
-the turns it wrote (:func:`splice`), and each shard's finished turns are logged
-(:class:`TurnLog`) so that an interrupted run resumes with them.
+that ends with a user turn gets a new assistant turn. With Hugging Face models
+the conversations are decoded together, each in a row that keeps its KV cache
+between its turns, at most ``--batch-size`` of them within ``--max-tokens``
+(:func:`~lengthwise.dflash.conversation_decode.decode_conversations`). vLLM
+(installed, one process on CUDA; ``backend``) writes round by round: the
+``r``-th assistant turn of every conversation, in batches of prompts sorted by
+length. Greedy at temperature 0, sampled above. Each sample keeps the target's
+own token ids of the turns it wrote (:func:`splice`), and each shard's finished
+turns are logged (:class:`TurnLog`) so that an interrupted run resumes with them.
 
 Example::
 
