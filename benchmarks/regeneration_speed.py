@@ -1,5 +1,5 @@
-"""New tokens per second of ``dflash prepare --regenerate``: Hugging Face ``generate`` against the
-decode loop that drops finished rows, on a real target and real chats, in one run.
+"""New tokens per second of ``dflash prepare --regenerate``: Hugging Face ``generate`` round by
+round against the conversations' continuous batch, on a real target and real chats, in one run.
 
 Usage::
 
@@ -8,13 +8,16 @@ Usage::
 
 Both paths run :meth:`~lengthwise.dflash.regenerate.TurnGenerator.regenerate` (every
 assistant turn, round by round) with one loaded target, greedy, ``--max-new-tokens``
-128, on 2 threads. The reference cuts each round into batches of 16 prompts sorted by
-length and writes each batch with ``model.generate`` (left padding: what regeneration did
-before). The new path is the run's own: batches of at most ``--batch-size`` prompts and
-``--max-tokens`` tokens, decoded by :func:`~lengthwise.dflash.generate.decode_batch`. The
-chats are taken in groups of ``--group``; each group runs both ways in turn (the first
-way alternating), so that both see the same load of a shared machine. Each turn's token
-ids are compared; a differing turn is listed with its first differing position.
+128, on 2 threads. The reference writes round by round (the ``r``-th turn of every
+conversation), cuts each round into batches of 16 prompts sorted by length and writes each
+batch with ``model.generate`` (left padding; every turn's prompt prefilled whole). The new
+path is the run's own: at most ``--batch-size`` conversations and ``--max-tokens`` tokens in
+one continuous batch, each conversation keeping its KV cache between its turns
+(:func:`~lengthwise.dflash.conversation_decode.decode_conversations`). The chats are taken in
+groups of ``--group``; each group runs both ways in turn (the first way alternating), so
+that both see the same load of a shared machine. Each turn's token ids are compared; a
+differing turn is listed with its first differing position. The new path's
+:class:`~lengthwise.dflash.conversation_decode.DecodeCounts` say where its time went.
 """
 
 from __future__ import annotations
@@ -61,7 +64,8 @@ def hf_generate(self, prompts: list[np.ndarray], seed: int) -> list[list[int]]:
 
 
 def run_way(gen, convs: list[list[dict[str, str]]]) -> tuple[float, dict]:
-    """Seconds and turns ``{(conversation, turn): ids}`` of ``gen`` regenerating ``convs``."""
+    """Seconds and turns ``{(conversation, turn): ids}`` of ``gen`` regenerating ``convs``
+    (``gen.decode_counts``: the new path's counts)."""
     turns: dict[tuple[int, int], list[int]] = {}
     work = copy.deepcopy(convs)
     start = time.perf_counter()
@@ -123,15 +127,20 @@ def main(argv: list[str] | None = None) -> int:
     old = copy.copy(new)
     old.cfg = dataclasses.replace(new_cfg, batch_size=args.old_batch_size, max_tokens=None)
     old._generate = types.MethodType(hf_generate, old)
+    old._conversations = types.MethodType(TurnGenerator._rounds, old)  # round by round
     ways = {"old": old, "new": new}
     seconds = {"old": 0.0, "new": 0.0}
     turns: dict[str, dict] = {"old": {}, "new": {}}
     groups = []
+    profile: dict[str, float] = {}
     for g, lo in enumerate(range(0, len(convs), args.group)):
         part = convs[lo:lo + args.group]
         timed = {}
         for way in (("old", "new") if g % 2 == 0 else ("new", "old")):
             s, got = run_way(ways[way], part)
+            if way == "new":
+                for k, v in dataclasses.asdict(new.decode_counts).items():
+                    profile[k] = profile.get(k, 0) + v
             seconds[way] += s
             turns[way].update({(lo + i, r): ids for (i, r), ids in got.items()})
             timed[way] = round(s, 2)
@@ -159,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
                 "new_tokens_per_second": round(rate["old"], 2),
                 "cut_at_max_new_tokens": sum(len(v) >= args.max_new_tokens
                                              for v in turns["old"].values())},
-        "new": {"path": f"decode_batch, at most {new_cfg.batch_size} prompts and "
+        "new": {"path": f"decode_conversations, at most {new_cfg.batch_size} conversations and "
                         f"{new_cfg.max_tokens} tokens a batch",
                 "seconds": round(seconds["new"], 2), "new_tokens": tokens["new"],
                 "new_tokens_per_second": round(rate["new"], 2),
@@ -169,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         "turns": len(keys), "turns_identical": len(keys) - len(differ),
         "identical_share": round((len(keys) - len(differ)) / max(1, len(keys)), 4),
         "differing_turns": differ, "groups": groups,
+        "new_profile": {k: round(v, 2) for k, v in profile.items()},
     }
     args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     md.write_text(render(result), encoding="utf-8")
@@ -187,7 +197,9 @@ def render(res: dict) -> str:
                    f"token {d['first_difference']}"
                    + (" (after an earlier differing turn)" if d["after_a_differing_turn"]
                       else "") + "\n" for d in res["differing_turns"]) or "- none\n"
-    return f"""# Regeneration speed: `model.generate` against the decode loop
+    pro = res["new_profile"]
+    rows_a_step = pro["row_steps"] / max(1, pro["steps"])
+    return f"""# Regeneration speed: `model.generate` by rounds against a continuous batch
 
 Generated by `{res['command'].strip()}`; do not edit by hand.
 Machine: {res['machine']}; torch {res['torch']} on {res['torch_threads']} threads.
@@ -200,6 +212,13 @@ from group to group), so both see the shared machine's load of the same minutes.
 {table(rows, ["path", "seconds", "new tokens", "new tokens / s", "cut at max_new_tokens"])}
 
 Speedup in new tokens per second: **{res['regeneration_speedup']}x**.
+
+Where the new path's time went: {pro['prefill_seconds']:.1f} s prefilling
+{pro['prefills']:.0f} prompts ({pro['prefill_tokens']:.0f} tokens run,
+{pro['reused_tokens']:.0f} taken from the rows' caches, {pro['refills']:.0f} prompts prefilled
+whole because they did not extend their row), and {pro['decode_seconds']:.1f} s in
+{pro['steps']:.0f} decode steps of {rows_a_step:.1f} rows on average.
+
 Identical turns: {res['turns_identical']} of {res['turns']} ({100 * res['identical_share']:.1f} %).
 
 Differing turns:

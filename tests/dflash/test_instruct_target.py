@@ -116,7 +116,6 @@ def test_regenerated_turns_keep_the_targets_ids_and_no_end_of_turn_after_a_cut(
 
     from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
     from lengthwise.dflash.prepared import open_prepared
-    from lengthwise.dflash.regenerate import TurnGenerator
     from lengthwise.dflash.target import load_tokenizer
 
     tok = load_tokenizer(instruct)
@@ -125,8 +124,8 @@ def test_regenerated_turns_keep_the_targets_ids_and_no_end_of_turn_after_a_cut(
     first = tok.encode("the cat", add_special_tokens=False) + [tok.convert_tokens_to_ids("Ã")]
     second = tok.encode("sat on a mat", add_special_tokens=False) + [end]
     assert "\ufffd" in tok.decode(first) and tok.encode(tok.decode(first)) != first
-    written = iter([[first], [second]])
-    monkeypatch.setattr(TurnGenerator, "_generate", lambda self, prompts, seed: next(written))
+    written = iter([first, second])
+    _fake_target(monkeypatch, lambda ids: next(written))
     chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "old"},
             {"role": "user", "content": "and then"}, {"role": "assistant", "content": "old"}]
     src = write_jsonl(tmp_path / "c.jsonl", [{"messages": chat}])
@@ -141,23 +140,34 @@ def test_regenerated_turns_keep_the_targets_ids_and_no_end_of_turn_after_a_cut(
     assert not list((tmp_path / "p").glob("regenerated-*"))
 
 
-def _fake_target(monkeypatch, tok, *, stop_after=None):
-    """The target's ``_generate`` replaced: every prompt answered "the cat" and its end of
-    turn; after ``stop_after`` batches a Ctrl-C. Returns the prompts it was asked."""
-    from lengthwise.dflash.regenerate import TurnGenerator
+def _fake_target(monkeypatch, answer, *, stop_after=None):
+    """The target's decode loop replaced: each conversation's turns written one after another
+    by ``answer(prompt)``; after ``stop_after`` turns a Ctrl-C. Returns the prompts asked."""
+    from lengthwise.dflash import conversation_decode
 
-    answer = tok.encode("the cat", add_special_tokens=False) + [
-        tok.convert_tokens_to_ids("<|im_end|>")]
     asked = []
 
-    def generate(self, prompts, seed):
-        if stop_after is not None and len(asked) == stop_after:
-            raise KeyboardInterrupt
-        asked.append(len(prompts))
-        return [list(answer) for _ in prompts]
+    def decode(model, conversations, prompt, **kw):
+        for c in conversations:
+            ids = prompt(c, None)
+            while ids is not None:
+                if stop_after is not None and len(asked) == stop_after:
+                    raise KeyboardInterrupt
+                asked.append(ids)
+                written = answer(ids)
+                ids = prompt(c, written)
+                yield [(c, written)]
+        return conversation_decode.DecodeCounts()
 
-    monkeypatch.setattr(TurnGenerator, "_generate", generate)
+    monkeypatch.setattr(conversation_decode, "decode_conversations", decode)
     return asked
+
+
+def _the_cat(tok):
+    """Every prompt answered "the cat" and its end of turn."""
+    answer = tok.encode("the cat", add_special_tokens=False) + [
+        tok.convert_tokens_to_ids("<|im_end|>")]
+    return lambda ids: list(answer)
 
 
 def test_an_interrupted_regeneration_resumes_with_the_turns_it_finished(instruct, tmp_path,
@@ -173,20 +183,50 @@ def test_an_interrupted_regeneration_resumes_with_the_turns_it_finished(instruct
             for t in conversations(7)]
     src = write_jsonl(tmp_path / "c.jsonl", rows)
     cfg = PrepareConfig(regenerate=True, min_supervised=2, batch_size=2, progress=False)
-    asked = _fake_target(monkeypatch, tok)
+    asked = _fake_target(monkeypatch, _the_cat(tok))
     whole = prepare_chats(src, instruct, tmp_path / "whole", cfg)
-    assert asked == [2, 2, 2, 1]
-    asked = _fake_target(monkeypatch, tok, stop_after=2)
+    assert len(asked) == 7
+    asked = _fake_target(monkeypatch, _the_cat(tok), stop_after=4)
     with pytest.raises(KeyboardInterrupt):
         prepare_chats(src, instruct, tmp_path / "cut", cfg)
     assert len((tmp_path / "cut" / "regenerated-00000.jsonl").read_text().splitlines()) == 5
-    asked = _fake_target(monkeypatch, tok)
+    asked = _fake_target(monkeypatch, _the_cat(tok))
     again = prepare_chats(src, instruct, tmp_path / "cut", cfg)
-    assert asked == [2, 1]  # only the 3 turns left
+    assert len(asked) == 3  # only the 3 turns left
     assert again["counts"] == whole["counts"]
     a, b = open_prepared(tmp_path / "whole"), open_prepared(tmp_path / "cut")
     assert [a[i] for i in range(len(a))] == [b[i] for i in range(len(b))]
     assert not list((tmp_path / "cut").glob("regenerated-*"))
+
+
+def test_a_regeneration_killed_mid_batch_resumes_to_the_same_samples(instruct, tmp_path,
+                                                                       monkeypatch):
+    """The real decode loop, 2 rows for 9 conversations of 1-2 turns: stopped after its first
+    logged turns, run again, it writes what an uninterrupted run writes."""
+    from _chat_tiny import conversations, write_jsonl
+
+    from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
+    from lengthwise.dflash.prepared import open_prepared
+    from lengthwise.dflash.regenerate import TurnLog
+
+    src = write_jsonl(tmp_path / "c.jsonl", conversations(9))
+    cfg = PrepareConfig(regenerate=True, min_supervised=2, batch_size=2, max_new_tokens=6,
+                        progress=False)
+    whole = prepare_chats(src, instruct, tmp_path / "whole", cfg)
+    real = TurnLog.append
+
+    def append_then_stop(self, turns):
+        real(self, turns)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(TurnLog, "append", append_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_chats(src, instruct, tmp_path / "cut", cfg)
+    monkeypatch.setattr(TurnLog, "append", real)
+    again = prepare_chats(src, instruct, tmp_path / "cut", cfg)
+    assert again["counts"] == whole["counts"] and whole["counts"]["regenerated_turns"] > 9
+    a, b = open_prepared(tmp_path / "whole"), open_prepared(tmp_path / "cut")
+    assert [a[i] for i in range(len(a))] == [b[i] for i in range(len(b))]
 
 
 def test_regeneration_progress_counts_turns(instruct, tmp_path, monkeypatch):
@@ -198,7 +238,7 @@ def test_regeneration_progress_counts_turns(instruct, tmp_path, monkeypatch):
 
     rows = conversations(5)
     turns = sum(m["role"] == "assistant" for r in rows for m in r["messages"])
-    _fake_target(monkeypatch, load_tokenizer(instruct))
+    _fake_target(monkeypatch, _the_cat(load_tokenizer(instruct)))
     seen = []
 
     def progress(items, *, desc="", unit="it", total=None, enable=True):

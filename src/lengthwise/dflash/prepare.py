@@ -81,8 +81,8 @@ class PrepareConfig:
     regenerate: bool = False
     max_new_tokens: int = 512
     temperature: float = 0.0
-    batch_size: int = 16  # most prompts of a regeneration batch (16 ran fastest on a CPU)
-    max_tokens: int | None = 16384  # most padded prompt plus new tokens of one (None: no limit)
+    batch_size: int = 32  # most conversations regenerated together (rows of one batch)
+    max_tokens: int | None = 16384  # rows x their widest prompt plus new tokens (None: no limit)
     backend: str = "auto"  # of regeneration: "hf", "vllm", or vLLM when installed (CUDA)
     seed: int = 0
     device: str = "cpu"

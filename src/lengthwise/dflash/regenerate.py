@@ -1,18 +1,18 @@
-"""Assistant turns rewritten by the target itself, turn by turn, in batches.
+"""Assistant turns rewritten by the target itself, turn by turn.
 
 DFlash drafts learn what the *target* would say, so ``lengthwise dflash prepare
 --regenerate`` replaces every assistant turn of a conversation by the target's
 own response to the conversation before it (with the regenerated earlier
 turns), rendered with the chat template's generation prompt. A conversation
-that ends with a user turn gets a new assistant turn. Each round's prompts
-(the ``r``-th assistant turn of every conversation) are sorted by length and
-cut into batches of at most ``--batch-size`` prompts and ``--max-tokens``
-padded prompt plus new tokens. Generation is a decode loop over the model's KV
-cache that drops finished rows (:func:`~lengthwise.dflash.generate.decode_batch`),
-or vLLM when it is installed (one process on CUDA; ``backend``), greedy at
-temperature 0, sampled above. Each sample keeps the target's own token ids of
-the turns it wrote (:func:`splice`), and each shard's finished turns are logged
-(:class:`TurnLog`) so that an interrupted run resumes with them.
+that ends with a user turn gets a new assistant turn. With Hugging Face models
+the conversations are decoded together, each in a row that keeps its KV cache
+between its turns, at most ``--batch-size`` of them within ``--max-tokens``
+(:func:`~lengthwise.dflash.conversation_decode.decode_conversations`). vLLM
+(installed, one process on CUDA; ``backend``) writes round by round: the
+``r``-th assistant turn of every conversation, in batches of prompts sorted by
+length. Greedy at temperature 0, sampled above. Each sample keeps the target's
+own token ids of the turns it wrote (:func:`splice`), and each shard's finished
+turns are logged (:class:`TurnLog`) so that an interrupted run resumes with them.
 
 Example::
 
@@ -104,6 +104,7 @@ class TurnGenerator:
         except OSError:  # no generation_config.json
             gen_config = None
         self.stops = stop_ids(renderer.tokenizer, config, gen_config)
+        self.decode_counts = None  # the last hf regeneration's DecodeCounts
         if not self.stops:
             from lengthwise.errors import ConfigError
 
@@ -162,7 +163,33 @@ class TurnGenerator:
         turns = [[j for j, m in enumerate(c) if m["role"] == "assistant"] for c in convs]
         samples = [Rendered([], []) for _ in convs]
         last: list[int | None] = [None] * len(convs)  # each conversation's turn written last
-        written = cut = 0
+        tally = {"written": 0, "cut": 0}
+
+        def accept(i: int, r: int, prompt: list[int], toks: list[int]) -> None:
+            j = turns[i][r]
+            ended = bool(toks) and toks[-1] in self.stops
+            tally["cut"] += not ended
+            tally["written"] += 1
+            samples[i] = splice(
+                samples[i], prompt, toks,
+                after=lambda: (None if last[i] is None else
+                               self.renderer.prompt_after(convs[i][:j], last[i])),
+                history=lambda: self.renderer.render(convs[i][:j]))
+            last[i] = j
+            convs[i][j] = {"role": "assistant", "content": self.renderer.tokenizer.decode(
+                toks[:-1] if ended else toks, skip_special_tokens=True)}
+
+        write = self._conversations if self.backend == "hf" else self._rounds
+        yield from write(convs, turns, accept, seed=seed, done=done, record=record)
+        return samples, tally["written"], tally["cut"]
+
+    def _rounds(self, convs: list[list[dict[str, str]]], turns: list[list[int]],
+                accept: Callable[[int, int, list[int], list[int]], None], *, seed: int,
+                done: dict[tuple[int, int], list[int]],
+                record: Callable[[list[tuple[int, int, list[int]]]], None] | None,
+                ) -> Generator[int, None, None]:
+        """Round ``r`` writes the ``r``-th turn of every conversation, in batches of prompts
+        sorted by length (the backend batches them its own way)."""
         for r in range(max((len(t) for t in turns), default=0)):
             todo = [(i, t[r]) for i, t in enumerate(turns) if len(t) > r]
             prompts = {i: self.renderer.prompt_ids(convs[i][:j]) for i, j in todo}
@@ -180,20 +207,57 @@ class TurnGenerator:
                 if record is not None:
                     record([(i, r, new[i]) for i in batch])
                 yield from range(len(batch))
-            for i, j in todo:
-                toks = new[i]
-                ended = bool(toks) and toks[-1] in self.stops
-                cut += not ended
-                written += 1
-                samples[i] = splice(
-                    samples[i], prompts[i], toks,
-                    after=lambda i=i, j=j: (None if last[i] is None else
-                                            self.renderer.prompt_after(convs[i][:j], last[i])),
-                    history=lambda i=i, j=j: self.renderer.render(convs[i][:j]))
-                last[i] = j
-                convs[i][j] = {"role": "assistant", "content": self.renderer.tokenizer.decode(
-                    toks[:-1] if ended else toks, skip_special_tokens=True)}
-        return samples, written, cut
+            for i, _ in todo:
+                accept(i, r, prompts[i], new[i])
+
+    def _conversations(self, convs: list[list[dict[str, str]]], turns: list[list[int]],
+                       accept: Callable[[int, int, list[int], list[int]], None], *, seed: int,
+                       done: dict[tuple[int, int], list[int]],
+                       record: Callable[[list[tuple[int, int, list[int]]]], None] | None,
+                       ) -> Generator[int, None, None]:
+        """Each conversation's turns one after another in a row of one continuous batch
+        (:func:`~lengthwise.dflash.conversation_decode.decode_conversations`), the
+        conversations with the most turns admitted first."""
+        from lengthwise.dflash.conversation_decode import decode_conversations
+
+        nxt = [0] * len(convs)  # each conversation's next turn
+        prompts: dict[int, list[int]] = {}  # each conversation's prompt being answered
+        finished: list[tuple[int, int, list[int]]] = []
+        resumed = [0]
+
+        def prompt(i: int, written: list[int] | None) -> list[int] | None:
+            if written is not None:
+                accept(i, nxt[i], prompts[i], written)
+                finished.append((i, nxt[i], written))
+                nxt[i] += 1
+            while nxt[i] < len(turns[i]):
+                ids = self.renderer.prompt_ids(convs[i][:turns[i][nxt[i]]])
+                if (i, nxt[i]) not in done:
+                    prompts[i] = ids
+                    return ids
+                accept(i, nxt[i], ids, list(done[(i, nxt[i])]))
+                resumed[0] += 1
+                nxt[i] += 1
+            return None
+
+        order = sorted(range(len(convs)), key=lambda i: -len(turns[i]))
+        run = decode_conversations(
+            self.model, order, prompt, max_new_tokens=self.cfg.max_new_tokens,
+            stops=self.stops, rows=self.cfg.batch_size, max_tokens=self.cfg.max_tokens,
+            temperature=self.cfg.temperature, seed=lambda i: (seed * 1009 + i) * 7919,
+            device=self.device)
+        while True:
+            try:
+                next(run)
+            except StopIteration as end:
+                self.decode_counts = end.value
+                break
+            if record is not None and finished:
+                record(finished)
+            yield from range(len(finished) + resumed[0])
+            finished.clear()
+            resumed[0] = 0
+        yield from range(resumed[0])
 
 
 def splice(sample: Rendered, prompt: list[int], written: list[int], *,

@@ -116,8 +116,9 @@ def chats(tmp_path_factory):
 
 
 def test_the_planned_batches_are_those_regeneration_runs(chats, tmp_path, monkeypatch):
-    """Every generate call of ``dflash prepare --regenerate`` (2 shards, 2 rounds) is a planned
-    batch: the same rows in the same order, and in the first round the same widths."""
+    """Every generate call of ``dflash prepare --regenerate`` round by round (2 shards, 2
+    rounds; the vLLM backend's way) is a planned batch: the same rows in the same order,
+    and in the first round the same widths."""
     from lengthwise.dflash.chat import ChatRenderer
     from lengthwise.dflash.cost.regenerate_time import regenerate_prompts
     from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
@@ -133,6 +134,7 @@ def test_the_planned_batches_are_those_regeneration_runs(chats, tmp_path, monkey
         return real(self, prompts, seed)
 
     monkeypatch.setattr(TurnGenerator, "_generate", record)
+    monkeypatch.setattr(TurnGenerator, "_conversations", TurnGenerator._rounds)
     cfg = PrepareConfig(regenerate=True, max_new_tokens=4, min_supervised=2, batch_size=3,
                         max_tokens=120, shard_rows=8, progress=False)
     rec = prepare_chats(src, target, tmp_path / "p", cfg)

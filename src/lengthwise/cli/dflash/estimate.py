@@ -48,7 +48,7 @@ RUN_FLAGS = ("steps", "epochs", "order", "eval_every", "eval_samples", "seed", "
 GIB = 2**30
 #: the flags of the regenerate and eval stages (their commands' names and defaults)
 STAGE_FLAGS: dict[str, dict[str, Any]] = {
-    "regenerate": {"batch_size": 16, "max_new_tokens": 512, "max_len": None, "dtype": None,
+    "regenerate": {"batch_size": 32, "max_new_tokens": 512, "max_len": None, "dtype": None,
                    "shard_rows": 4096},
     "eval": {"batch_size": 16, "max_new_tokens": 256, "max_len": None, "dtype": None,
              "max_tokens": 16384, "max_slots": 32768, "head_chunk": 1024, "block_size": 16,
@@ -102,7 +102,7 @@ def register(stages: argparse._SubParsersAction) -> None:
 
 def add_stage_flags(p: argparse.ArgumentParser) -> None:
     """The size flags of the regenerate and eval stages, each added unless ``p`` has it."""
-    flags = {"--batch-size": "regenerate, eval: prompts decoded together (defaults 16 and 16, "
+    flags = {"--batch-size": "regenerate, eval: prompts decoded together (defaults 32 and 16, "
                              "as `dflash prepare` and `dflash eval`)",
              "--max-new-tokens": "regenerate, eval: tokens written per prompt at most "
                                  "(defaults 512 and 256)",

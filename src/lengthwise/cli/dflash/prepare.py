@@ -49,11 +49,12 @@ def register(stages: argparse._SubParsersAction) -> None:
                    help="longest regenerated turn (default 512)")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="regeneration temperature (0: greedy, the default)")
-    p.add_argument("--batch-size", type=int, default=16, metavar="N",
-                   help="most prompts of a regeneration batch (default 16; raise it on a GPU)")
+    p.add_argument("--batch-size", type=int, default=32, metavar="N",
+                   help="most conversations regenerated together (default %(default)s; raise "
+                        "it on a GPU)")
     p.add_argument("--max-tokens", type=int, default=16384, metavar="N",
-                   help="most padded prompt plus --max-new-tokens tokens of a regeneration "
-                        "batch; a longer prompt goes alone (default 16384)")
+                   help="most rows times their widest prompt plus --max-new-tokens in "
+                        "regeneration; a longer conversation goes alone (default %(default)s)")
     p.add_argument("--backend", choices=("auto", "hf", "vllm"), default="auto",
                    help="regeneration engine: Hugging Face generate, vLLM, or auto (vLLM when "
                         "installed, on CUDA, in one process; else hf)")
