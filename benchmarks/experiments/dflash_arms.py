@@ -300,7 +300,7 @@ def run_dflash_arm(job: tuple[str, str, int, str, int], design: DFlashArms, *,
     run = RunSettings(target=design.target, data=design.prepared, out=str(run_dir),
                       order=order, eval_samples=design.eval_samples, features=design.features)
     if ctx.models is None:  # the target, checked against the cache and the data, once
-        ctx.models = _models(cfg, run, data, ctx.tokenizer, device, 0)
+        ctx.models = _models(cfg, run, data, ctx.tokenizer, device, 0, split.train_idx)
     m = ctx.models
     draft = new_draft(m.target, cfg, mask_token_id=m.mask.id)  # initialised from the seed
 
