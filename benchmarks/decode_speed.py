@@ -107,7 +107,7 @@ def cost_ratios(target: Any, draft: Any, prompt: list[int], repeats: int) -> dic
             target.model(input_ids=x, past_key_values=cache, use_cache=True,
                          position_ids=torch.arange(n, n + width)[None])
             dt = time.perf_counter() - t0
-            cache.crop(n)
+            cache.crop(-width)  # drop what this step appended
             return dt
 
         kv = draft.context_keys_values(feats, torch.arange(n)[None])
