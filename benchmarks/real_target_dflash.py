@@ -94,8 +94,17 @@ SCALES: dict[str, dict[str, Any]] = {
              "steps": 200, "max_tokens": 2048, "block_size": 8, "draft_layers": 2,
              "num_anchors": 32, "lr": 3e-3, "checkpoint_every": 50, "eval_tokens": 48,
              "curve_prompts": 8, "eval_samples": 16, "reference_tokens": 32},
+    # ten times the chats; held-out chats from data sets training never sees; resumable
+    "large": {"train_chats": 3201, "heldout_chats": 80, "humaneval": 80, "per_file": 8,
+              "split": "data_set", "split_seed": 1, "max_chars": 2000, "regen_tokens": 128,
+              "regen_batch": 32, "shard_rows": 400, "min_supervised": 16, "max_len": 1024,
+              "epochs": 2, "max_tokens": 2048, "block_size": 8, "draft_layers": 2,
+              "num_anchors": 32, "lr": 3e-3, "checkpoint_every": 200, "eval_tokens": 48,
+              "curve_prompts": 16, "eval_samples": 16, "reference_tokens": 32},
 }
 SEED = 0
+#: the scales from the largest: the first committed one is the docs' summary
+SCALE_ORDER = ("large", "full", "quick", "check")
 #: figures of the check run compared exactly (counts) and within REL_TOL (rates)
 EXACT = ("train_chats", "heldout_chats", "humaneval", "kept", "tokens", "supervised_tokens",
          "steps", "mismatches", "new_tokens", "verify_forwards")
@@ -258,15 +267,51 @@ def humaneval_prompts(n: int) -> list[dict[str, str]]:
                        f"{r['prompt']}```"} for r in rows[:n]]
 
 
+def data_set(chat: dict[str, Any]) -> str:
+    """The registry data set a chat comes from (its data file's top folder)."""
+    return chat["source"].split("/")[0]
+
+
+def split_by_data_set(chats: list[dict[str, Any]], n_held: int, seed: int
+                      ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``(held out, training)``: one chat from each of ``n_held`` data sets drawn at random,
+    and every chat of the other data sets in a seeded order, so that no held-out chat shares
+    a data set (its task and format) with training.
+
+    Example::
+
+        >>> chats = [{"source": f"s{i % 4}/x.jsonl", "messages": []} for i in range(8)]
+        >>> held, train = split_by_data_set(chats, 2, seed=0)
+        >>> len(held), len(train), {data_set(c) for c in held} & {data_set(c) for c in train}
+        (2, 4, set())
+    """
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    held_sets = set(rng.permutation(sorted({data_set(c) for c in chats}))[:n_held].tolist())
+    held, seen = [], set()
+    for i in rng.permutation(len(chats)):
+        name = data_set(chats[i])
+        if name in held_sets and name not in seen:
+            seen.add(name)
+            held.append(chats[i])
+    train = [c for c in chats if data_set(c) not in held_sets]
+    return held, [train[i] for i in rng.permutation(len(train))]
+
+
 def write_sets(work: Path, scale: dict[str, Any], wheel: Path) -> dict[str, Any]:
     """The training chats, held-out prompts and HumanEval prompts as JSONL under ``work``."""
     import numpy as np
 
     chats, counts = registry_chats(wheel, per_file=scale["per_file"],
                                    max_chars=scale["max_chars"])
-    order = np.random.default_rng(SEED).permutation(len(chats)).tolist()
-    held = [chats[i] for i in order[: scale["heldout_chats"]]]
-    train = [chats[i] for i in order[scale["heldout_chats"]:][: scale["train_chats"]]]
+    if scale.get("split") == "data_set":
+        held, train = split_by_data_set(chats, scale["heldout_chats"], scale["split_seed"])
+        train = train[: scale["train_chats"]]
+    else:
+        order = np.random.default_rng(SEED).permutation(len(chats)).tolist()
+        held = [chats[i] for i in order[: scale["heldout_chats"]]]
+        train = [chats[i] for i in order[scale["heldout_chats"]:][: scale["train_chats"]]]
     if len(train) < scale["train_chats"] or len(held) < scale["heldout_chats"]:
         raise SystemExit(f"the registry gave {len(chats)} chats; the scale needs "
                          f"{scale['train_chats'] + scale['heldout_chats']}")
@@ -276,9 +321,9 @@ def write_sets(work: Path, scale: dict[str, Any], wheel: Path) -> dict[str, Any]
                                    + [{"role": "assistant", "content": "..."}]} for c in train])
     _jsonl(work / "heldout_chats.jsonl", [{"messages": c["messages"]} for c in held])
     _jsonl(work / "humaneval.jsonl", humaneval_prompts(scale["humaneval"]))
-    sources = {c["source"].split("/")[0] for c in train}
     return {**counts, "train_chats": len(train), "heldout_chats": len(held),
-            "humaneval": scale["humaneval"], "train_data_sets": len(sources),
+            "humaneval": scale["humaneval"], "train_data_sets": len({data_set(c) for c in train}),
+            "heldout_data_sets": len({data_set(c) for c in held}),
             "multi_turn_chats": sum(sum(m["role"] == "user" for m in c["messages"]) > 1
                                     for c in train)}
 
@@ -406,7 +451,9 @@ def run(scale_name: str, work: Path, wheel: Path) -> dict[str, Any]:
     t = time.perf_counter()
     prepared = work / "prepared"
     out = cli("dflash", "prepare", work / "chats.jsonl", "--target", target, "--out", prepared,
-              "--regenerate", "--max-new-tokens", scale["regen_tokens"], "--batch-size", 16,
+              "--regenerate", "--max-new-tokens", scale["regen_tokens"],
+              "--batch-size", scale.get("regen_batch", 16),
+              *(["--shard-rows", scale["shard_rows"]] if "shard_rows" in scale else []),
               "--max-len", scale["max_len"], "--min-supervised", scale["min_supervised"],
               "--no-progress")
     times["prepare_s"] = time.perf_counter() - t
@@ -422,9 +469,13 @@ def run(scale_name: str, work: Path, wheel: Path) -> dict[str, Any]:
     times["features_s"] = time.perf_counter() - t
     t = time.perf_counter()
     runs = work / "run"
+    evals = Stages(work / "evals")  # figures of the draft trained here, kept for a rerun
     if not (runs / "final").is_dir():
+        evals.clear()
+        length = (["--epochs", scale["epochs"]] if "epochs" in scale
+                  else ["--steps", scale["steps"]])
         cli("dflash", "train", "--target", target, "--data", prepared, "--out", runs,
-            "--steps", scale["steps"], "--max-tokens", scale["max_tokens"],
+            *length, "--max-tokens", scale["max_tokens"],
             "--block-size", scale["block_size"], "--draft-layers", scale["draft_layers"],
             "--num-anchors", scale["num_anchors"], "--lr", scale["lr"],
             "--checkpoint-every", scale["checkpoint_every"], "--keep-checkpoints", 1000,
@@ -440,8 +491,10 @@ def run(scale_name: str, work: Path, wheel: Path) -> dict[str, Any]:
     ref = reference_check(target, export, work / "heldout_chats.jsonl", _reference_tokens(scale))
     times["export_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    final = evaluate(target, export, [work / "heldout_chats.jsonl", work / "humaneval.jsonl"],
-                     scale, temperatures=(0.0, 1.0), full=True)
+    final = [row for name in ("heldout_chats", "humaneval") for temp in (0.0, 1.0)
+             for row in evals.get(f"final_{name}_T{temp:g}", lambda name=name, temp=temp: evaluate(
+                 target, export, [work / f"{name}.jsonl"], scale, temperatures=(temp,),
+                 full=True))]
     times["eval_final_s"] = time.perf_counter() - t
     t = time.perf_counter()
     held = _limited(work, scale["curve_prompts"])
@@ -452,9 +505,11 @@ def run(scale_name: str, work: Path, wheel: Path) -> dict[str, Any]:
         step = int(ck.name[5:])
         if step == summary["steps"]:
             continue  # the final draft: evaluated below on the same prompts
-        rows = evaluate(target, ck, [held], scale, temperatures=(0.0,), full=False)
+        rows = evals.get(f"curve_{step}", lambda ck=ck: evaluate(
+            target, ck, [held], scale, temperatures=(0.0,), full=False))
         points.append({"step": step, "real_tokens": by_step.get(step), **_curve_row(rows[0])})
-    rows = evaluate(target, export, [held], scale, temperatures=(0.0,), full=False)
+    rows = evals.get("curve_final", lambda: evaluate(target, export, [held], scale,
+                                                     temperatures=(0.0,), full=False))
     points.append({"step": summary["steps"], "real_tokens": summary["real_tokens"],
                    **_curve_row(rows[0])})
     times["eval_checkpoints_s"] = time.perf_counter() - t
@@ -469,6 +524,31 @@ def run(scale_name: str, work: Path, wheel: Path) -> dict[str, Any]:
             "curve": points, "times": {k: round(v, 1) for k, v in times.items()},
             "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, "
                        f"{torch.get_num_threads()} torch thread(s)"}
+
+
+class Stages:
+    """Figures of finished stages as JSON files in ``folder``: a rerun after an interruption
+    takes them instead of measuring again."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def get(self, name: str, measure: Any) -> Any:
+        """The figures saved as ``name``, else ``measure()``'s, saved."""
+        path = self.folder / f"{name}.json"
+        if path.is_file():
+            return json.loads(path.read_text(encoding="utf-8"))
+        value = measure()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(value), encoding="utf-8")
+        tmp.replace(path)
+        return value
+
+    def clear(self) -> None:
+        """Forget every saved figure (the draft they measured is trained again)."""
+        for path in self.folder.glob("*.json") if self.folder.is_dir() else []:
+            path.unlink()
 
 
 def _limited(work: Path, n: int) -> Path:
@@ -508,7 +588,7 @@ def _diff(d: Any) -> str:
 def final_table(res: dict[str, Any]) -> str:
     """The final draft per prompt set and temperature."""
     head = ("set", "T", "prompts", "new tokens", "acceptance length [95 %]", "expected",
-            "prompt lookup", "vs lookup", "draft accuracy", "lossless")
+            "prompt lookup", "vs lookup", "combined", "draft accuracy", "lossless")
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for r in res["final"]:
         lossless = ("-" if "mismatches" not in r
@@ -516,7 +596,8 @@ def final_table(res: dict[str, Any]) -> str:
         lines.append("| " + " | ".join([
             r["set"], _f(r["temperature"], "g"), str(r["prompts"]), str(r["new_tokens"]),
             _acc(r), _f(r.get("expected_acceptance")), _acc(r, "baseline_acceptance_length"),
-            _diff(r.get("vs_baseline")), _f(r.get("draft_accuracy"), ".3f"),
+            _diff(r.get("vs_baseline")), _acc(r, "combined_acceptance_length"),
+            _f(r.get("draft_accuracy"), ".3f"),
             lossless]) + " |")
     return "\n".join(lines)
 
@@ -662,7 +743,7 @@ def render(name: str, saved: dict[str, Any]) -> str:
     """The text of region ``name`` from the committed figures."""
     if name != "real-target":
         raise KeyError(f"no region {name!r}")
-    main = next((saved[k] for k in ("full", "quick") if k in saved), None)
+    main = next((saved[k] for k in SCALE_ORDER[:-1] if k in saved), None)
     if main is None:
         return "`benchmarks/real_target_dflash.py` has no committed run yet."
     check = saved.get("check")
@@ -674,19 +755,162 @@ def render(name: str, saved: dict[str, Any]) -> str:
     return render_results(main) + tail
 
 
+# ---------------------------------------------------------------- the other benchmarks
+
+#: the benchmarks of the same target whose figures this report gathers: key, script, JSON
+COMPANIONS = {"levers": ("draft_levers", "DRAFT_LEVERS.json"),
+              "reference_trainer": ("reference_trainer", "REFERENCE_TRAINER.json"),
+              "wall_clock": ("decode_speed", "DECODE_SPEED.json")}
+
+
+def _script(name: str) -> Any:
+    """The benchmark script ``benchmarks/NAME.py`` as a module."""
+    here = str(Path(__file__).parent)
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    return importlib.import_module(name)
+
+
+def lever_figures(res: dict[str, Any]) -> dict[str, Any]:
+    """Each arm of ``DRAFT_LEVERS.json``: held-out figures (mean over chats and seeds) and
+    its paired difference with the baseline (95 % interval over chats)."""
+    import numpy as np
+
+    lv = _script("draft_levers")
+    arms: dict[str, Any] = {}
+    for arm, runs in res["runs"].items():
+        row: dict[str, Any] = {"seeds": len(runs)}
+        for fig in lv.FIGURES:
+            row[fig] = float(np.mean([np.mean(r["per_chat"][fig]) for r in runs.values()]))
+        if arm != "baseline":
+            row["vs_baseline"] = {fig: lv._paired(res, arm, fig) for fig in lv.FIGURES}
+        arms[arm] = row
+    s = res["setup"]
+    return {"steps": s["steps"], "held_out_chats": s["eval_samples"], "shape": s["shape"],
+            "arms": arms, "helped": lv.combined(res)}
+
+
+def reference_figures(res: dict[str, Any]) -> dict[str, Any]:
+    """Both trainers' pooled held-out figures at the last step of ``REFERENCE_TRAINER.json``,
+    and lengthwise minus the reference per chat (95 % interval)."""
+    import numpy as np
+
+    rt = _script("reference_trainer")
+    step = str(max(map(int, res["differences"])))
+    seeds = sorted(res["runs"], key=int)
+    out: dict[str, Any] = {"steps": int(step), "seeds": len(seeds),
+                           "specforge_commit": res["setup"]["specforge_commit"]}
+    for t in rt.TRAINERS:
+        pooled = [rt.pooled(res["runs"][s][t]["curve"][step], res["held_out_slot_counts"])
+                  for s in seeds]
+        out[t] = {fig: float(np.mean([p[fig] for p in pooled])) for fig in rt.FIGURES}
+    out["difference"] = {fig: res["differences"][step][fig]["by_chat"] for fig in rt.FIGURES}
+    return out
+
+
+def wall_clock_figures(res: dict[str, Any]) -> dict[str, Any]:
+    """New tokens per second and speedup over greedy of each path in ``DECODE_SPEED.json``."""
+    paths, s = res["paths"], res["settings"]
+    return {"prompts": s["limit"], "max_new_tokens": s["max_new_tokens"],
+            "draft_layers": s["draft_layers"],
+            "tokens_per_second": {k: r["tokens_per_second"] for k, r in paths.items()},
+            "acceptance_length": {k: r["acceptance_length"] for k, r in paths.items()},
+            "speedup": {k: r["speedup"] for k, r in paths.items()}, "costs": res["costs"]}
+
+
+_GATHER = {"levers": lever_figures, "reference_trainer": reference_figures,
+           "wall_clock": wall_clock_figures}
+
+
+def companions(root: Path = ROOT) -> dict[str, Any]:
+    """The figures of every companion benchmark whose JSON is committed."""
+    out = {}
+    for key, (_, name) in COMPANIONS.items():
+        path = root / "benchmarks" / name
+        if path.is_file():
+            out[key] = _GATHER[key](json.loads(path.read_text(encoding="utf-8")))
+    return out
+
+
+def _iv(iv: dict[str, Any] | None, fmt: str = "+.3f") -> str:
+    if not iv or iv.get("lo") is None:
+        return "-"
+    return f"{iv['mean']:{fmt}} [{iv['lo']:{fmt}}, {iv['hi']:{fmt}}]"
+
+
+def levers_table(lv: dict[str, Any]) -> str:
+    """The lever arms: held-out figures and the paired difference in simulated acceptance."""
+    lines = [f"Each lever alone on the defaults, {lv['steps']} steps, "
+             f"{lv['held_out_chats']} held-out chats (`python benchmarks/draft_levers.py`; "
+             "details in DRAFT_LEVERS_RESULTS.md). A difference is paired by chat and seed.", "",
+             "| arm | seeds | held-out accuracy | simulated acceptance | vs baseline | "
+             "held-out loss | vs baseline |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for arm, r in lv["arms"].items():
+        vs = r.get("vs_baseline", {})
+        lines.append(f"| {arm} | {r['seeds']} | {r['accuracy']:.3f} | "
+                     f"{r['simulated_acceptance_length']:.3f} | "
+                     f"{_iv(vs.get('simulated_acceptance_length'))} | {r['loss']:.3f} | "
+                     f"{_iv(vs.get('loss'))} |")
+    helped = ", ".join(f"`{k}={v}`" for k, v in lv["helped"].items()) or "none"
+    return "\n".join(lines + ["", f"Levers whose held-out loss interval lies below zero: "
+                                  f"{helped}."])
+
+
+def reference_table(rt: dict[str, Any]) -> str:
+    """lengthwise's trainer and SpecForge's on the same batches, at the last step."""
+    lines = [f"Both trainers on the same batches for {rt['steps']} steps, {rt['seeds']} "
+             f"seed(s); SpecForge at `{rt['specforge_commit'][:7]}` "
+             "(`python benchmarks/reference_trainer.py`; details in "
+             "REFERENCE_TRAINER_RESULTS.md).", "",
+             "| trainer | held-out loss | accuracy | simulated acceptance |",
+             "|---|---:|---:|---:|"]
+    for t in ("lengthwise", "reference"):
+        r = rt[t]
+        lines.append(f"| {t} | {r['loss']:.3f} | {r['accuracy']:.3f} | "
+                     f"{r['simulated_acceptance_length']:.3f} |")
+    d = rt["difference"]
+    lines.append(f"| lengthwise - reference, per chat | {_iv(d['loss'])} | "
+                 f"{_iv(d['accuracy'])} | {_iv(d['simulated_acceptance_length'])} |")
+    return "\n".join(lines)
+
+
+def wall_clock_table(wc: dict[str, Any]) -> str:
+    """New tokens per second of each path at batch 1 and its speedup over greedy."""
+    c = wc["costs"]
+    lines = [f"{wc['prompts']} held-out prompts at batch 1, greedy, at most "
+             f"{wc['max_new_tokens']} new tokens, every output equal to greedy decoding's "
+             "(`python benchmarks/decode_speed.py`; DECODE_SPEED_RESULTS.md).", "",
+             "| path | new tokens / s | acceptance length | speedup [95 %] |",
+             "|---|---:|---:|---:|"]
+    for k, tps in wc["tokens_per_second"].items():
+        sp = wc["speedup"][k]
+        lines.append(f"| {k} | {tps:.1f} | {wc['acceptance_length'][k]:.2f} | "
+                     f"{sp['mean']:.2f} [{sp['low']:.2f}, {sp['high']:.2f}] |")
+    return "\n".join(lines + ["", f"A cached target step is {c['target_step_ms']:.1f} ms; "
+                                  f"verifying a block costs {c['verify_over_step']:.2f} steps "
+                                  f"and a draft proposal {c['draft_over_step']:.2f}."])
+
+
 def render_md(saved: dict[str, Any]) -> str:
     parts = ["# A DFlash draft for a real target (SmolLM2-135M-Instruct) on CPU",
              "Written by `python benchmarks/real_target_dflash.py` from "
              "`benchmarks/REAL_TARGET_RESULTS.json`; do not edit."]
-    for k in ("full", "quick", "check"):
+    for k in SCALE_ORDER:
         if k in saved:
             parts += [f"## Scale `{k}`", render_results(saved[k])]
+    for key, title, table in (("levers", "The training levers", levers_table),
+                              ("reference_trainer", "lengthwise's trainer and the reference's",
+                               reference_table),
+                              ("wall_clock", "Wall clock", wall_clock_table)):
+        if key in saved:
+            parts += [f"## {title}", table(saved[key])]
     return "\n\n".join(parts) + "\n"
 
 
 def write_all(saved: dict[str, Any]) -> list[str]:
     from lengthwise.demo.report import clean_json
 
+    saved.update(companions())
     SAVED.write_text(json.dumps(clean_json(saved), indent=1) + "\n", encoding="utf-8")
     RESULTS_MD.write_text(render_md(saved), encoding="utf-8")
     return rewrite(saved)
