@@ -202,3 +202,26 @@ def test_train_flags_come_from_the_config():
                               "--labels", "target_kl"])
     assert (args.init, args.standardize_features, args.labels) == ("target", True, "target_kl")
     assert not hasattr(parser.parse_args(["train"]), "zero_init_output")  # YAML keeps its own
+
+
+def test_train_samples_draws_nested_subsets_and_refuses_more_than_there_are(tiny_prepared):
+    from lengthwise.dflash.prepared import open_prepared
+    from lengthwise.dflash.recipe import RunSettings, _split
+    from lengthwise.dflash.train_config import DFlashTrainConfig
+
+    target, prepared = tiny_prepared
+    data = open_prepared(prepared)
+    cfg = DFlashTrainConfig(steps=1, max_tokens=256, max_len=200, block_size=4)
+
+    def train_ids(n: int | None) -> set[int]:
+        run = RunSettings(target=str(target), data=str(prepared), eval_samples=2,
+                          train_samples=n, split_seed=3)
+        return set(_split(data, cfg, run).train_idx.tolist())
+
+    every = train_ids(None)
+    small, larger = train_ids(2), train_ids(4)
+    assert len(small) == 2 and len(larger) == 4 and small <= larger <= every
+    with pytest.raises(ConfigError, match=f"only {len(every)} training samples"):
+        train_ids(len(every) + 1)
+    with pytest.raises(ConfigError, match="train_samples must be a positive integer"):
+        RunSettings(target="t", data="d", train_samples=0)

@@ -80,6 +80,9 @@ class RunSettings:
     overwrite: bool = False  # remove an earlier run's checkpoints and final draft from out
     features: str | None = None  # a feature cache (`dflash features`): no target forward a step
     split_seed: int | None = None  # seed of the held-out draw (default: the run's seed)
+    # train on this many of the training samples (a seeded draw; a smaller draw is a prefix
+    # of a larger one, so data-amount arms nest); None: all
+    train_samples: int | None = None
 
     def __post_init__(self) -> None:
         from lengthwise.planning.vocabulary import ORDERS
@@ -88,6 +91,10 @@ class RunSettings:
         if self.order not in (*ORDERS, PACKED):
             raise ConfigError(f"order must be one of {', '.join((*ORDERS, PACKED))}, "
                               f"got {self.order!r}")
+        if self.train_samples is not None and (not isinstance(self.train_samples, int)
+                                                or self.train_samples < 1):
+            raise ConfigError(f"train_samples must be a positive integer, got "
+                              f"{self.train_samples!r}")
         for name in ("eval_samples", "eval_every"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 0):
@@ -336,6 +343,13 @@ def _split(data: Any, cfg: DFlashTrainConfig, run: RunSettings) -> _Split:
     """Held-out and training samples as training takes them (cut to ``max_len``)."""
     held_idx, train_idx, dropped = split_samples(data, cfg, run.eval_samples,
                                                  seed=run.split_seed)
+    if run.train_samples is not None:
+        if run.train_samples > train_idx.size:
+            raise ConfigError(f"train_samples {run.train_samples}: the data has only "
+                              f"{train_idx.size} training samples")
+        seed = cfg.seed if run.split_seed is None else run.split_seed
+        draw = np.random.default_rng([seed, 7920]).permutation(train_idx.size)
+        train_idx = np.sort(train_idx[draw[: run.train_samples]])
     held = held_out_batches([{k: v[: cfg.max_len] for k, v in data.sample(int(j)).items()}
                              for j in held_idx], max_tokens=cfg.max_tokens)
     return _Split(train_idx, held_idx, np.minimum(data.lengths[train_idx], cfg.max_len), held,
