@@ -46,7 +46,7 @@ import numpy as np
 
 from lengthwise.errors import ConfigError
 
-from experiments.arms import ArmsDesign, arm_steps, drive_arm
+from experiments.arms import ArmsDesign, arm_steps, drive_arm, plan_budgets
 from experiments.loss_log import loss_log_figures
 
 __all__ = ["SHAPE", "DFlashArms", "draft_flops", "run_dflash_arm", "run_job",
@@ -221,26 +221,15 @@ def budgets(design: DFlashArms, task: Any, sample: Any, flops: Any, batch: int,
     ``task``'s anchors (a task at ``data_seed``). Made once per process and cell."""
     from lengthwise.train.loop import make_collator, make_sampler
 
-    from experiments.arms import _units
-
     key = (design.prepared, design.eval_samples, design.train_samples, design.data_seed,
            design.epochs, batch, json.dumps(design.train, sort_keys=True))
-    if key in _BUDGETS:
-        return dict(_BUDGETS[key])
-    lengths = context(design).split.lengths
-    sampler = make_sampler("random", lengths, task.cfg)
-    flops_of = _flops_counter(task, make_collator("random", task.cfg, sampler), sample, flops)
-    total = micro = 0
-    for epoch in range(design.epochs):
-        sampler.set_epoch(epoch)
-        for b in sampler:
-            total += flops_of(_units(b), micro // batch)
-            micro += 1
-    per_epoch = max(1, int(round(micro / design.epochs / batch)))
-    tokens = int(lengths.sum())
-    _BUDGETS[key] = {"per_epoch": per_epoch, "steps": per_epoch * design.epochs,
-                     "real_tokens_per_step": int(round(tokens / per_epoch)),
-                     "flops": int(total), "random_micro_batches": micro}
+    if key not in _BUDGETS:
+        lengths = context(design).split.lengths
+        sampler = make_sampler("random", lengths, task.cfg)
+        flops_of = _flops_counter(task, make_collator("random", task.cfg, sampler), sample,
+                                  flops)
+        _BUDGETS[key] = plan_budgets(sampler, flops_of, epochs=design.epochs, batch=batch,
+                                     tokens=int(lengths.sum()))
     return dict(_BUDGETS[key])
 
 
