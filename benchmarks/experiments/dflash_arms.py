@@ -6,7 +6,8 @@ paired seeds, arms ``data`` and ``compute``, schedules), trained through the DFl
 them (at ``data_seed``, the same held-out samples for every run), the target loaded by the
 recipe once per process (:func:`~lengthwise.dflash.recipe._models`: the feature cache
 checked against the target and the data, the mask token), a draft per run from the
-recipe's :func:`~lengthwise.dflash.recipe.new_draft` at the run's seed, and
+recipe's :func:`~lengthwise.dflash.recipe.starting_draft` at the run's seed (with
+``standardize_features``, its feature scale measured on the training samples), and
 :class:`~lengthwise.dflash.train.DFlashTask` reading the target's features from the cache
 (no target forward in a step) on :class:`~lengthwise.train.loop.TrainLoop`, one rank. The
 draft's settings are :class:`~lengthwise.dflash.train_config.DFlashTrainConfig`'s defaults
@@ -49,7 +50,7 @@ from lengthwise.errors import ConfigError
 from experiments.arms import ArmsDesign, arm_steps, drive_arm, plan_budgets
 from experiments.loss_log import loss_log_figures
 
-__all__ = ["SHAPE", "DFlashArms", "draft_flops", "run_dflash_arm", "run_job",
+__all__ = ["SHAPE", "DFlashArms", "draft_flops", "run_dflash_arm", "run_draft", "run_job",
            "tokens_per_second"]
 
 #: the draft and micro-batch of the real-target benchmarks (2 layers fed by 2 target layers,
@@ -269,12 +270,31 @@ def _finite(x: Any) -> float | None:
     return float(x) if x is not None and np.isfinite(x) else None
 
 
+def run_draft(design: DFlashArms, cfg: Any, run_dir: str | Path, device: Any) -> Any:
+    """The draft a run of ``design`` at ``cfg`` (:meth:`DFlashArms.train_config`) starts
+    from, as ``dflash train`` builds it (:func:`~lengthwise.dflash.recipe.starting_draft`:
+    initialised from ``cfg.seed``, with ``standardize_features`` its feature scale measured
+    on the training samples). The recipe's target, checked against the feature cache and
+    the data, and its mask token are loaded once per process, into :func:`context`'s
+    ``models`` (a grown target saved under the first ``run_dir``)."""
+    from lengthwise.dflash.recipe import RunSettings, _models, starting_draft
+
+    ctx = context(design)
+    if ctx.models is None:
+        run = RunSettings(target=design.target, data=design.prepared, out=str(run_dir),
+                          eval_samples=design.eval_samples, features=design.features)
+        ctx.models = _models(cfg, run, ctx.data, ctx.tokenizer, device, 0, ctx.split.train_idx)
+    m = ctx.models
+    return starting_draft(m.target, cfg, mask_token_id=m.mask.id, data=ctx.data,
+                          train_idx=ctx.split.train_idx, cache=m.cache)
+
+
 def run_dflash_arm(job: tuple[str, str, int, str, int], design: DFlashArms, *,
                    out: str | Path) -> dict[str, Any]:
     """Train one (arm, schedule, batch, order, seed) run of ``design``; its figures, curve,
     and the paths of its step and micro-batch logs."""
     from lengthwise.dflash.features import CachedRows
-    from lengthwise.dflash.recipe import HELD_OUT_FIRST_ID, RunSettings, _models, new_draft
+    from lengthwise.dflash.recipe import HELD_OUT_FIRST_ID
     from lengthwise.dflash.train import DFlashTask
     from lengthwise.train.device import configure_torch, pick_device
     from lengthwise.train.loop import TrainLoop, make_sampler
@@ -286,12 +306,8 @@ def run_dflash_arm(job: tuple[str, str, int, str, int], design: DFlashArms, *,
     device = pick_device("cpu")
     configure_torch(device, threads=design.threads, deterministic=True)
     cfg = design.train_config(seed=seed, batch=batch, steps=1)
-    run = RunSettings(target=design.target, data=design.prepared, out=str(run_dir),
-                      order=order, eval_samples=design.eval_samples, features=design.features)
-    if ctx.models is None:  # the target, checked against the cache and the data, once
-        ctx.models = _models(cfg, run, data, ctx.tokenizer, device, 0, split.train_idx)
+    draft = run_draft(design, cfg, run_dir, device)
     m = ctx.models
-    draft = new_draft(m.target, cfg, mask_token_id=m.mask.id)  # initialised from the seed
 
     def sample(i: int) -> dict[str, np.ndarray]:  # training sample i as trained
         return {k: v[: cfg.max_len] for k, v in data.sample(int(split.train_idx[i])).items()}
