@@ -71,13 +71,14 @@ def train_and_evaluate(arm: dict[str, Any], seed: int, a: argparse.Namespace) ->
     """One draft trained with ``arm``'s settings and ``seed``; its held-out figures per chat."""
     import torch
 
-    from lengthwise.dflash.decode import evaluate_blocks
-    from lengthwise.dflash.features import CachedRows, open_features
+    from lengthwise.dflash.features import open_features
     from lengthwise.dflash.load import trained_draft
     from lengthwise.dflash.prepared import open_prepared
-    from lengthwise.dflash.recipe import RunSettings, held_out_batches, split_samples, train_draft
+    from lengthwise.dflash.recipe import RunSettings, train_draft
     from lengthwise.dflash.target import Target, load_target
     from lengthwise.dflash.train_config import DFlashTrainConfig
+
+    from experiments.held_out_chats import held_out_chats
 
     torch.set_num_threads(2)
     cfg = DFlashTrainConfig(steps=a.steps, seed=seed, progress=False, **SHAPE, **arm)
@@ -90,23 +91,14 @@ def train_and_evaluate(arm: dict[str, Any], seed: int, a: argparse.Namespace) ->
     seconds = time.perf_counter() - t0
     log = [json.loads(line) for line in open(summary["log"]) if '"loss"' in line]
     draft, _ = trained_draft(summary["final"])
-    data = open_prepared(a.prepared)
-    held_idx, _, _ = split_samples(data, cfg, a.eval_samples, seed=a.split_seed)
+    chats = held_out_chats(open_prepared(a.prepared), cfg, a.eval_samples,
+                           split_seed=a.split_seed)
     target = Target(load_target(summary["target"]), layers=draft.config.target_layers)
-    cache = open_features(a.features, verify=False)
-    per: dict[str, list[Any]] = {"chat": [], "loss": [], "accuracy": [],
-                                 "simulated_acceptance_length": [], "expected_acceptance": [],
-                                 "slot_accuracy": [], "alpha": []}
-    for j in held_idx:
-        one = held_out_batches([{k: v[: cfg.max_len] for k, v in data.sample(int(j)).items()}])
-        rows = CachedRows(cache, draft.config.target_layers, lambda sid, j=j: int(j))
-        ev = evaluate_blocks(draft, target, one, num_anchors=EVAL_ANCHORS, seed=0, temperature=1.0,
-                             features=rows, head_chunk=cfg.head_chunk,
-                             slots_per_forward=SLOTS_PER_FORWARD)
-        per["chat"].append(int(j))
-        for key in per:
-            if key != "chat":
-                per[key].append(getattr(ev, key))
+    per = chats.figures(draft, target, open_features(a.features, verify=False),
+                        ("loss", "accuracy", "simulated_acceptance_length",
+                         "expected_acceptance", "slot_accuracy", "alpha"),
+                        num_anchors=EVAL_ANCHORS, seed=0, temperature=1.0,
+                        head_chunk=cfg.head_chunk, slots_per_forward=SLOTS_PER_FORWARD)
     return {"seconds": seconds, "first_loss": log[0]["loss"],
             "first_grad_norm": log[0].get("grad_norm"), "last_loss": log[-1]["loss"],
             "settings": arm, "per_chat": per}

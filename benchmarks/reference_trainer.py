@@ -132,8 +132,9 @@ class Setup:
     def __init__(self, a: argparse.Namespace, seed: int) -> None:
         from lengthwise.dflash.features import open_features
         from lengthwise.dflash.prepared import open_prepared
-        from lengthwise.dflash.recipe import split_samples
         from lengthwise.dflash.train_config import DFlashTrainConfig
+
+        from experiments.held_out_chats import held_out_chats
 
         self.a, self.seed = a, seed
         every = curve_steps(a.steps)[0]  # every checkpoint kept: the curve reads them
@@ -141,16 +142,9 @@ class Setup:
                                      checkpoint_every=every,
                                      keep_checkpoints=a.steps // every + 1, **SHAPE)
         self.data = open_prepared(a.prepared)
-        self.held_idx, self.train_idx, _ = split_samples(self.data, self.cfg, a.eval_samples,
-                                                         seed=a.split_seed)
+        self.chats = held_out_chats(self.data, self.cfg, a.eval_samples, split_seed=a.split_seed)
         self.cache = open_features(a.features, verify=False)
-        self.slot_counts = [self._slot_counts(int(j)) for j in self.held_idx]
-
-    def _held_out(self, j: int) -> list[tuple[dict[str, Any], list[list[int]]]]:
-        from lengthwise.dflash.recipe import held_out_batches
-
-        return held_out_batches([{k: v[: self.cfg.max_len]
-                                  for k, v in self.data.sample(j).items()}])
+        self.slot_counts = [self._slot_counts(int(j)) for j in self.chats.ids]
 
     def _slot_counts(self, j: int) -> list[int]:
         """Supervised slots per block position of held-out chat ``j`` at the evaluation's
@@ -158,7 +152,7 @@ class Setup:
         from lengthwise.dflash.blocks import make_blocks
         from lengthwise.dflash.objective import IGNORE, default_gamma
 
-        ((batch, rows),) = self._held_out(j)
+        ((batch, rows),) = self.chats.batches(j)
         b = self.cfg.block_size
         blocks = make_blocks(batch, rows, step=0, seed=0, num_anchors=EVAL_ANCHORS,
                              block_size=b, gamma=default_gamma(b))
@@ -171,31 +165,19 @@ class Setup:
 
     def evaluate(self, draft: Any, target: Any) -> dict[str, list[Any]]:
         """Held-out figures of ``draft`` per chat, at the same anchors for every draft."""
-        from lengthwise.dflash.decode import evaluate_blocks
-        from lengthwise.dflash.features import CachedRows
-
-        cfg = self.cfg
-        per: dict[str, list[Any]] = {"chat": [], "loss": [], "weight": [], "accuracy": [],
-                                     "count": [], "simulated_acceptance_length": [],
-                                     "slot_accuracy": []}
-        for j in self.held_idx:
-            one = self._held_out(int(j))
-            rows = CachedRows(self.cache, draft.config.target_layers, lambda sid, j=j: int(j))
-            ev = evaluate_blocks(draft, target, one, num_anchors=EVAL_ANCHORS, seed=0,
-                                 features=rows, head_chunk=cfg.head_chunk,
-                                 slots_per_forward=SLOTS_PER_FORWARD)
-            per["chat"].append(int(j))
-            for key in per:
-                if key != "chat":
-                    per[key].append(getattr(ev, key))
-        return per
+        return self.chats.figures(draft, target, self.cache,
+                                  ("loss", "weight", "accuracy", "count",
+                                   "simulated_acceptance_length", "slot_accuracy"),
+                                  num_anchors=EVAL_ANCHORS, seed=0,
+                                  head_chunk=self.cfg.head_chunk,
+                                  slots_per_forward=SLOTS_PER_FORWARD)
 
     def plan(self) -> list[tuple[dict[str, Any], list[list[int]]]]:
         """The micro-batches of every step as the lengthwise run takes them (grad_accum 1)."""
         from lengthwise.train.loop import StepBatches, make_collator, make_sampler
 
         cfg = self.cfg
-        lengths = np.minimum(self.data.lengths[self.train_idx], cfg.max_len)
+        lengths = np.minimum(self.data.lengths[self.chats.train], cfg.max_len)
         sampler = make_sampler("stratified", lengths, cfg)
         collate = make_collator("stratified", cfg, sampler)
         steps = StepBatches(sampler, cfg.grad_accum)
@@ -208,12 +190,12 @@ class Setup:
 
     def _sample(self, i: int) -> dict[str, np.ndarray]:
         return {k: v[: self.cfg.max_len]
-                for k, v in self.data.sample(int(self.train_idx[i])).items()}
+                for k, v in self.data.sample(int(self.chats.train[i])).items()}
 
     def train_features(self, layers: list[int]) -> Any:
         from lengthwise.dflash.features import CachedRows
 
-        return CachedRows(self.cache, layers, lambda sid: int(self.train_idx[sid]))
+        return CachedRows(self.cache, layers, lambda sid: int(self.chats.train[sid]))
 
 
 def train_lengthwise(s: Setup, work: Path) -> dict[str, Any]:
@@ -452,7 +434,7 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
         if all(t in res["runs"].get(str(seed), {}) for t in TRAINERS):
             continue
         s = Setup(a, seed)
-        res["held_out_chats"] = [int(j) for j in s.held_idx]
+        res["held_out_chats"] = [int(j) for j in s.chats.ids]
         res["held_out_slot_counts"] = s.slot_counts
         part = work / f"reference_{seed}.json"
         part.unlink(missing_ok=True)

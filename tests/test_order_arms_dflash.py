@@ -173,3 +173,17 @@ def test_recipe_settings_pass_through_and_every_option_is_documented(script, cap
     flags = {a for action in script.arguments()._actions for a in action.option_strings
              if a.startswith("--") and a != "--help"}
     assert flags <= set(re.findall(r"--[a-z][a-z-]*", script.__doc__))
+
+
+def test_standardize_features_reaches_the_draft_of_a_run(script, tiny, tmp_path):
+    from lengthwise.train.device import pick_device
+
+    from experiments.dflash_arms import context, run_draft
+
+    design = _design(script, tiny, train={**TINY, "standardize_features": True})
+    draft = run_draft(design, design.train_config(seed=1, batch=2, steps=1), tmp_path,
+                      pick_device("cpu"))
+    scale = draft.feature_scale
+    assert draft.config.standardize_features and not torch.equal(scale, torch.ones_like(scale))
+    # the scale dflash train measures on the same training samples
+    assert torch.equal(scale, context(design).models.draft.feature_scale)

@@ -54,7 +54,7 @@ from experiments.data import held_out, set_lr
 
 __all__ = ["ARMS", "SCHEDULES", "ArmsConfig", "ArmsDesign", "EqualCompute", "EqualData",
            "arm_steps", "batch_shape", "budgets", "drive_arm", "lr_share", "micro_flops_bound",
-           "run_arm", "unigram_loss"]
+           "plan_budgets", "run_arm", "unigram_loss"]
 
 #: the arms: same steps and same real tokens per step, or the same FLOPs
 ARMS: tuple[str, ...] = ("data", "compute")
@@ -428,16 +428,34 @@ def budgets(cfg: ArmsConfig, lengths: np.ndarray, vocab_size: int, batch: int,
 
     sampler = simulated_sampler("random", lengths, _loop_config(cfg, batch, cfg.data_seed),
                                 world=cfg.world)
-    flops_of = _flops_counter(cfg, lengths, vocab_size)
+    return plan_budgets(sampler, _flops_counter(cfg, lengths, vocab_size), epochs=cfg.epochs,
+                        batch=batch, tokens=int(np.minimum(lengths, cfg.max_len).sum()))
+
+
+def plan_budgets(sampler: Any, flops_of: Any, *, epochs: int, batch: int, tokens: int,
+                 ) -> dict[str, int]:
+    """A cell's budgets from ``sampler``'s plan (``random``'s) of ``epochs`` epochs of
+    ``tokens`` real tokens each: ``per_epoch`` steps of arm ``data`` (its micro-batches per
+    epoch over ``batch``, at least 1), their real tokens per step, and the FLOPs of arm
+    ``compute`` (``flops_of(ids, step)`` of each micro-batch at the step it falls in).
+
+    Example::
+
+        >>> class Plan(list):  # three micro-batches an epoch
+        ...     def set_epoch(self, epoch): pass
+        >>> b = plan_budgets(Plan([[[0, 1]], [[2]], [[3]]]), lambda ids, step: 10 * len(ids),
+        ...                  epochs=2, batch=2, tokens=300)
+        >>> b["per_epoch"], b["steps"], b["real_tokens_per_step"], b["flops"]
+        (2, 4, 150, 80)
+    """
     flops = micro = 0
-    for epoch in range(cfg.epochs):
+    for epoch in range(epochs):
         sampler.set_epoch(epoch)
         for b in sampler:
             flops += flops_of(_units(b), micro // batch)
             micro += 1
-    per_epoch = max(1, int(round(micro / cfg.epochs / batch)))
-    tokens = int(np.minimum(lengths, cfg.max_len).sum())
-    return {"per_epoch": per_epoch, "steps": per_epoch * cfg.epochs,
+    per_epoch = max(1, int(round(micro / epochs / batch)))
+    return {"per_epoch": per_epoch, "steps": per_epoch * epochs,
             "real_tokens_per_step": int(round(tokens / per_epoch)), "flops": int(flops),
             "random_micro_batches": micro}
 

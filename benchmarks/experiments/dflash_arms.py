@@ -6,7 +6,8 @@ paired seeds, arms ``data`` and ``compute``, schedules), trained through the DFl
 them (at ``data_seed``, the same held-out samples for every run), the target loaded by the
 recipe once per process (:func:`~lengthwise.dflash.recipe._models`: the feature cache
 checked against the target and the data, the mask token), a draft per run from the
-recipe's :func:`~lengthwise.dflash.recipe.new_draft` at the run's seed, and
+recipe's :func:`~lengthwise.dflash.recipe.starting_draft` at the run's seed (with
+``standardize_features``, its feature scale measured on the training samples), and
 :class:`~lengthwise.dflash.train.DFlashTask` reading the target's features from the cache
 (no target forward in a step) on :class:`~lengthwise.train.loop.TrainLoop`, one rank. The
 draft's settings are :class:`~lengthwise.dflash.train_config.DFlashTrainConfig`'s defaults
@@ -46,10 +47,10 @@ import numpy as np
 
 from lengthwise.errors import ConfigError
 
-from experiments.arms import ArmsDesign, arm_steps, drive_arm
+from experiments.arms import ArmsDesign, arm_steps, drive_arm, plan_budgets
 from experiments.loss_log import loss_log_figures
 
-__all__ = ["SHAPE", "DFlashArms", "draft_flops", "run_dflash_arm", "run_job",
+__all__ = ["SHAPE", "DFlashArms", "draft_flops", "run_dflash_arm", "run_draft", "run_job",
            "tokens_per_second"]
 
 #: the draft and micro-batch of the real-target benchmarks (2 layers fed by 2 target layers,
@@ -221,26 +222,15 @@ def budgets(design: DFlashArms, task: Any, sample: Any, flops: Any, batch: int,
     ``task``'s anchors (a task at ``data_seed``). Made once per process and cell."""
     from lengthwise.train.loop import make_collator, make_sampler
 
-    from experiments.arms import _units
-
     key = (design.prepared, design.eval_samples, design.train_samples, design.data_seed,
            design.epochs, batch, json.dumps(design.train, sort_keys=True))
-    if key in _BUDGETS:
-        return dict(_BUDGETS[key])
-    lengths = context(design).split.lengths
-    sampler = make_sampler("random", lengths, task.cfg)
-    flops_of = _flops_counter(task, make_collator("random", task.cfg, sampler), sample, flops)
-    total = micro = 0
-    for epoch in range(design.epochs):
-        sampler.set_epoch(epoch)
-        for b in sampler:
-            total += flops_of(_units(b), micro // batch)
-            micro += 1
-    per_epoch = max(1, int(round(micro / design.epochs / batch)))
-    tokens = int(lengths.sum())
-    _BUDGETS[key] = {"per_epoch": per_epoch, "steps": per_epoch * design.epochs,
-                     "real_tokens_per_step": int(round(tokens / per_epoch)),
-                     "flops": int(total), "random_micro_batches": micro}
+    if key not in _BUDGETS:
+        lengths = context(design).split.lengths
+        sampler = make_sampler("random", lengths, task.cfg)
+        flops_of = _flops_counter(task, make_collator("random", task.cfg, sampler), sample,
+                                  flops)
+        _BUDGETS[key] = plan_budgets(sampler, flops_of, epochs=design.epochs, batch=batch,
+                                     tokens=int(lengths.sum()))
     return dict(_BUDGETS[key])
 
 
@@ -280,12 +270,31 @@ def _finite(x: Any) -> float | None:
     return float(x) if x is not None and np.isfinite(x) else None
 
 
+def run_draft(design: DFlashArms, cfg: Any, run_dir: str | Path, device: Any) -> Any:
+    """The draft a run of ``design`` at ``cfg`` (:meth:`DFlashArms.train_config`) starts
+    from, as ``dflash train`` builds it (:func:`~lengthwise.dflash.recipe.starting_draft`:
+    initialised from ``cfg.seed``, with ``standardize_features`` its feature scale measured
+    on the training samples). The recipe's target, checked against the feature cache and
+    the data, and its mask token are loaded once per process, into :func:`context`'s
+    ``models`` (a grown target saved under the first ``run_dir``)."""
+    from lengthwise.dflash.recipe import RunSettings, _models, starting_draft
+
+    ctx = context(design)
+    if ctx.models is None:
+        run = RunSettings(target=design.target, data=design.prepared, out=str(run_dir),
+                          eval_samples=design.eval_samples, features=design.features)
+        ctx.models = _models(cfg, run, ctx.data, ctx.tokenizer, device, 0, ctx.split.train_idx)
+    m = ctx.models
+    return starting_draft(m.target, cfg, mask_token_id=m.mask.id, data=ctx.data,
+                          train_idx=ctx.split.train_idx, cache=m.cache)
+
+
 def run_dflash_arm(job: tuple[str, str, int, str, int], design: DFlashArms, *,
                    out: str | Path) -> dict[str, Any]:
     """Train one (arm, schedule, batch, order, seed) run of ``design``; its figures, curve,
     and the paths of its step and micro-batch logs."""
     from lengthwise.dflash.features import CachedRows
-    from lengthwise.dflash.recipe import HELD_OUT_FIRST_ID, RunSettings, _models, new_draft
+    from lengthwise.dflash.recipe import HELD_OUT_FIRST_ID
     from lengthwise.dflash.train import DFlashTask
     from lengthwise.train.device import configure_torch, pick_device
     from lengthwise.train.loop import TrainLoop, make_sampler
@@ -297,12 +306,8 @@ def run_dflash_arm(job: tuple[str, str, int, str, int], design: DFlashArms, *,
     device = pick_device("cpu")
     configure_torch(device, threads=design.threads, deterministic=True)
     cfg = design.train_config(seed=seed, batch=batch, steps=1)
-    run = RunSettings(target=design.target, data=design.prepared, out=str(run_dir),
-                      order=order, eval_samples=design.eval_samples, features=design.features)
-    if ctx.models is None:  # the target, checked against the cache and the data, once
-        ctx.models = _models(cfg, run, data, ctx.tokenizer, device, 0, split.train_idx)
+    draft = run_draft(design, cfg, run_dir, device)
     m = ctx.models
-    draft = new_draft(m.target, cfg, mask_token_id=m.mask.id)  # initialised from the seed
 
     def sample(i: int) -> dict[str, np.ndarray]:  # training sample i as trained
         return {k: v[: cfg.max_len] for k, v in data.sample(int(split.train_idx[i])).items()}

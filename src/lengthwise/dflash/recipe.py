@@ -60,7 +60,8 @@ from lengthwise.train.loop import TrainLoop
 from lengthwise.train.stop import EXIT_STATUS as STOPPED
 from lengthwise.train.stop import StopRequest
 
-__all__ = ["EvalTask", "RunSettings", "held_out_batches", "new_draft", "train_draft"]
+__all__ = ["EvalTask", "RunSettings", "held_out_batches", "new_draft", "starting_draft",
+           "train_draft"]
 
 @dataclass
 class RunSettings:
@@ -391,6 +392,37 @@ def _first_features(target: Target, data: Any, train_idx: np.ndarray, cache: Any
             return
 
 
+def starting_draft(target: Target, cfg: DFlashTrainConfig, *, mask_token_id: int, data: Any,
+                   train_idx: np.ndarray, cache: Any = None) -> Any:
+    """The draft ``dflash train`` starts from: :func:`new_draft`, and with
+    ``cfg.standardize_features`` its feature scale measured on the first training samples
+    ``train_idx`` of prepared ``data`` (up to :data:`SCALE_TOKENS` tokens cut to
+    ``cfg.max_len``; their features read from the feature ``cache`` when given).
+
+    Example::
+
+        >>> import numpy as np, transformers
+        >>> from lengthwise.dflash.target import Target
+        >>> t = transformers.LlamaConfig(vocab_size=40, hidden_size=16, num_hidden_layers=4,
+        ...                              num_attention_heads=2, intermediate_size=32)
+        >>> target = Target(transformers.LlamaForCausalLM(t), layers=[1, 2])
+        >>> class Chats(list):  # two prepared samples
+        ...     lengths = np.array([12, 9])
+        ...     def sample(self, j): return self[j]
+        >>> data = Chats({"input_ids": np.arange(1, n + 1)} for n in (12, 9))
+        >>> cfg = DFlashTrainConfig(block_size=4, steps=2, standardize_features=True)
+        >>> d = starting_draft(target, cfg, mask_token_id=39, data=data, train_idx=np.arange(2))
+        >>> bool((d.feature_scale != 1).all())
+        True
+    """
+    scale = None
+    if cfg.standardize_features:
+        from lengthwise.dflash.feature_scale import feature_scale
+
+        scale = feature_scale(_first_features(target, data, train_idx, cache, cfg))
+    return new_draft(target, cfg, mask_token_id=mask_token_id, feature_scale=scale)
+
+
 def _models(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer: Any, device: Any,
             rank: int, train_idx: np.ndarray) -> _Models:
     """Load the target, check the feature cache against it, build the draft."""
@@ -409,12 +441,8 @@ def _models(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer: Any,
     if mask.resized and rank == 0:  # whole or not at all; an identical one is kept
         save_grown_target(model, tokenizer, serve)
     target = Target(model, layers=layers)
-    scale = None
-    if cfg.standardize_features:
-        from lengthwise.dflash.feature_scale import feature_scale
-
-        scale = feature_scale(_first_features(target, data, train_idx, cache, cfg))
-    draft = new_draft(target, cfg, mask_token_id=mask.id, feature_scale=scale)
+    draft = starting_draft(target, cfg, mask_token_id=mask.id, data=data, train_idx=train_idx,
+                           cache=cache)
     draft.config.tokenizer = data_tokenizer or None  # export and eval check the target's
     draft.config.target_weights = weights_record(model)  # the target eval must be given
     return _Models(target, draft, mask, serve, rows, cache)

@@ -48,9 +48,9 @@ from lengthwise.doctor.numeric import (
     fixed,
     num,
     odd,
-    robust_std,
     rolling_mean,
     rolling_median,
+    step_noise,
 )
 from lengthwise.errors import ConfigError, DataError
 
@@ -104,7 +104,7 @@ def settle_point(steps: np.ndarray, loss: np.ndarray) -> float | None:
     if n < 20:
         return None
     tail = loss[n // 2 :]
-    noise = robust_std(np.diff(tail)) / np.sqrt(2.0)
+    noise = step_noise(tail)
     if n > MAX_KNEE_POINTS:
         size = n // MAX_KNEE_POINTS
         m = (n // size) * size

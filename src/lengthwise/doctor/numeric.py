@@ -183,17 +183,29 @@ def rolling_mean(y: np.ndarray, window: int, valid: np.ndarray | None = None) ->
         return np.where(count > 0, (cs[hi] - cs[lo]) / np.maximum(count, 1), np.nan)
 
 
-def rolling_median(y: np.ndarray, window: int) -> np.ndarray:
-    """Centred median over ``window`` points (edges reflected); ``y`` must be finite."""
+def rolling_median(y: np.ndarray, window: int, *, edges: str = "reflect") -> np.ndarray:
+    """Centred median over ``window`` points; ``y`` must be finite. ``edges``: the window past
+    the ends sees the series mirrored (``reflect``; the window shrinks to the series) or the
+    end values repeated (``edge``).
+
+    Example::
+
+        >>> y = np.array([1.0, 9.0, 2.0, 3.0, 4.0])
+        >>> rolling_median(y, 3).tolist(), rolling_median(y, 3, edges="edge").tolist()
+        ([9.0, 2.0, 3.0, 3.0, 3.0], [1.0, 2.0, 3.0, 3.0, 4.0])
+    """
+    if edges not in ("reflect", "edge"):
+        raise ValueError(f"edges must be reflect or edge, got {edges!r}")
     y = np.asarray(y, dtype=np.float64)
     n = y.size
     if n == 0:
         return y.copy()
-    window = min(odd(window), odd(n))
+    window = odd(window) if edges == "edge" else min(odd(window), odd(n))
     half = window // 2
     if half == 0:
         return y.copy()
-    padded = np.pad(y, half, mode="reflect") if n > half else np.pad(y, half, mode="edge")
+    mode = "reflect" if edges == "reflect" and n > half else "edge"
+    padded = np.pad(y, half, mode=mode)
     view = np.lib.stride_tricks.sliding_window_view(padded, window)
     out = np.empty(n)
     for start in range(0, n, _MEDIAN_CHUNK):
@@ -208,6 +220,19 @@ def robust_std(x: np.ndarray) -> float:
     if x.size == 0:
         return float("nan")
     return float(1.4826 * np.median(np.abs(x - np.median(x))))
+
+
+def step_noise(x: np.ndarray) -> float:
+    """The noise of one point of ``x`` from its successive differences (a slow trend cancels):
+    :func:`robust_std` of the differences over the square root of 2.
+
+    Example::
+
+        >>> x = 0.01 * np.arange(10_000) + np.random.default_rng(0).normal(0.0, 0.5, 10_000)
+        >>> round(step_noise(x), 1)
+        0.5
+    """
+    return robust_std(np.diff(np.asarray(x, dtype=np.float64))) / float(np.sqrt(2.0))
 
 
 def local_linear(y: np.ndarray, window: int, valid: np.ndarray | None = None) -> np.ndarray:

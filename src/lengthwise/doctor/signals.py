@@ -56,7 +56,9 @@ from lengthwise.doctor.numeric import (
     num,
     robust_std,
     rolling_mean,
+    rolling_median,
     significant,
+    step_noise,
 )
 
 #: a point this many robust standard deviations above the rolling median is a spike
@@ -196,10 +198,7 @@ def grad_norm_findings(steps: np.ndarray, grad_norm: np.ndarray | None, *, cliff
 
 def spike_mask(x: np.ndarray) -> np.ndarray:
     """Points more than :data:`SPIKE_Z` robust standard deviations above the rolling median."""
-    half = SPIKE_WINDOW // 2
-    padded = np.pad(x, half, mode="edge")
-    windows = np.lib.stride_tricks.sliding_window_view(padded, SPIKE_WINDOW)
-    dev = x - np.median(windows, axis=1)
+    dev = x - rolling_median(x, SPIKE_WINDOW, edges="edge")
     scale = robust_std(dev)
     if not scale > 0:
         return np.zeros(x.size, dtype=bool)
@@ -312,7 +311,7 @@ def eval_gap(step: np.ndarray, loss: np.ndarray, evals: np.ndarray) -> EvalGap:
     trend = rolling_mean(loss, TRAIN_WINDOW)
     at = np.clip(np.searchsorted(step, ev[:, 0]), 0, step.size - 1)
     gap = ev[:, 1] - trend[at]
-    noise = _noise(gap)
+    noise = step_noise(gap)  # the gap's evaluation-to-evaluation noise
     level = float(np.median(np.abs(trend)))
     margin = max(WIDEN_SIGMAS * noise, MIN_WIDENING * level)
     low = int(np.argmin(gap))
@@ -328,12 +327,6 @@ def eval_gap(step: np.ndarray, loss: np.ndarray, evals: np.ndarray) -> EvalGap:
                    min_gap=float(gap[low]), widens_from=float(ev[start, 0]) if widening else None,
                    widening=bool(widening), eval_min_step=float(ev[emin, 0]),
                    eval_rising=bool(rising), noise=noise)
-
-
-def _noise(gap: np.ndarray) -> float:
-    """The gap's evaluation-to-evaluation noise: robust spread of its successive differences."""
-    d = np.diff(gap)
-    return float(1.4826 * np.median(np.abs(d - np.median(d))) / np.sqrt(2.0))
 
 
 #: the logged peak may differ from the configured rate by this share
