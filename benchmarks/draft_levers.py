@@ -50,6 +50,9 @@ LEVERS: dict[str, dict[str, Any]] = {
     "standardize_features": {"standardize_features": True},
     "target_kl": {"labels": "target_kl"},
 }
+#: arm settings that are the run's (:class:`~lengthwise.dflash.recipe.RunSettings`), not the
+#: draft's: ``train_samples`` (the data-amount arms, ``--train-samples``)
+RUN_KEYS = ("train_samples",)
 #: the shape of every run (a 2-layer block-8 draft on two target layers)
 SHAPE = {"draft_layers": 2, "num_features": 2, "block_size": 8, "max_tokens": 2048,
          "max_len": 2048, "grad_accum": 1, "max_slots": 512, "checkpoint_every": 0,
@@ -78,30 +81,38 @@ def train_and_evaluate(arm: dict[str, Any], seed: int, a: argparse.Namespace) ->
     from lengthwise.dflash.target import Target, load_target
     from lengthwise.dflash.train_config import DFlashTrainConfig
 
-    from experiments.held_out_chats import held_out_chats
+    from experiments.held_out_chats import every_chat, held_out_chats
 
     torch.set_num_threads(2)
-    cfg = DFlashTrainConfig(steps=a.steps, seed=seed, progress=False, **SHAPE, **arm)
-    out = Path(a.work) / f"{'+'.join(sorted(arm)) or 'baseline'}_{seed}"
+    run_keys = {k: v for k, v in arm.items() if k in RUN_KEYS}
+    cfg = DFlashTrainConfig(steps=a.steps, seed=seed, progress=False, **SHAPE,
+                            **{k: v for k, v in arm.items() if k not in RUN_KEYS})
+    name = "+".join(f"{k}{v}" if k in RUN_KEYS else k for k, v in sorted(arm.items()))
+    out = Path(a.work) / f"{name or 'baseline'}_{seed}"
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
     summary = train_draft(cfg, RunSettings(
         target=a.target, data=a.prepared, out=str(out), eval_samples=a.eval_samples,
-        eval_every=0, features=a.features, split_seed=a.split_seed), progress=False)
+        eval_every=0, features=a.features, split_seed=a.split_seed, **run_keys),
+        progress=False)
     seconds = time.perf_counter() - t0
     log = [json.loads(line) for line in open(summary["log"]) if '"loss"' in line]
     draft, _ = trained_draft(summary["final"])
-    chats = held_out_chats(open_prepared(a.prepared), cfg, a.eval_samples,
-                           split_seed=a.split_seed)
+    if a.heldout_prepared:  # a held-out set of its own: every chat of it
+        chats = every_chat(open_prepared(a.heldout_prepared), cfg.max_len)
+    else:
+        chats = held_out_chats(open_prepared(a.prepared), cfg, a.eval_samples,
+                               split_seed=a.split_seed)
     target = Target(load_target(summary["target"]), layers=draft.config.target_layers)
-    per = chats.figures(draft, target, open_features(a.features, verify=False),
+    per = chats.figures(draft, target,
+                        open_features(a.heldout_features or a.features, verify=False),
                         ("loss", "accuracy", "simulated_acceptance_length",
                          "expected_acceptance", "slot_accuracy", "alpha"),
                         num_anchors=EVAL_ANCHORS, seed=0, temperature=1.0,
                         head_chunk=cfg.head_chunk, slots_per_forward=SLOTS_PER_FORWARD)
     return {"seconds": seconds, "first_loss": log[0]["loss"],
             "first_grad_norm": log[0].get("grad_norm"), "last_loss": log[-1]["loss"],
-            "settings": arm, "per_chat": per}
+            "settings": arm, "train_samples": summary.get("train_samples"), "per_chat": per}
 
 
 def _paired(res: dict[str, Any], arm: str, figure: str) -> dict[str, Any] | None:
@@ -148,12 +159,16 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     setup = {"prepared": a.prepared, "features": a.features, "steps": a.steps,
              "eval_samples": a.eval_samples, "split_seed": a.split_seed, "shape": SHAPE,
              "eval_anchors": EVAL_ANCHORS}
+    if a.heldout_prepared:
+        setup.update(heldout_prepared=a.heldout_prepared, heldout_features=a.heldout_features)
     if res.get("setup") not in (None, setup):
         raise SystemExit(f"{path} holds runs of other settings; give another --json")
     res["setup"] = setup
     res.setdefault("runs", {})
     Path(a.work).mkdir(parents=True, exist_ok=True)
-    arms = [("baseline", {})] + list(LEVERS.items())
+    every = {"baseline": {}, **LEVERS, **data_arms(a.train_samples)}
+    arms = [(name, every[name]) for name in (a.arms or ["baseline", *LEVERS])
+            + [n for n in data_arms(a.train_samples) if n not in (a.arms or [])]]
     for seed in a.seeds:  # every arm of a seed, then their combination, before the next seed
         for name, arm in arms:
             if str(seed) in res["runs"].get(name, {}):
@@ -176,6 +191,17 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
+def data_arms(counts: list[int] | None) -> dict[str, dict[str, Any]]:
+    """The data-amount arms: training on a seeded draw of each count of samples.
+
+    Example::
+
+        >>> data_arms([300])
+        {'train_samples=300': {'train_samples': 300}}
+    """
+    return {f"train_samples={n}": {"train_samples": n} for n in counts or []}
+
+
 def _ci(iv: dict[str, Any] | None, fmt: str = "+.3f") -> str:
     if iv is None:
         return "-"
@@ -194,6 +220,7 @@ def render_md(res: dict[str, Any]) -> str:
     """DRAFT_LEVERS_RESULTS.md from the saved figures."""
     s = res["setup"]
     arms = [a for a in ("baseline", *LEVERS, "combined") if a in res["runs"]]
+    arms += sorted((a for a in res["runs"] if a not in arms), key=lambda a: int(a.split("=")[1]))
     lines = [
         "# The draft's training levers (SmolLM2-135M-Instruct target, CPU)",
         "",
@@ -203,8 +230,13 @@ def render_md(res: dict[str, Any]) -> str:
         f"Data: `{s['prepared']}`, features `{s['features']}`. Every run trains a "
         f"{s['shape']['draft_layers']}-layer draft of block {s['shape']['block_size']} on "
         f"{s['shape']['num_features']} target layers for {s['steps']} steps of at most "
-        f"{s['shape']['max_tokens']} tokens, today's other defaults. The same "
-        f"{s['eval_samples']} chats are held out in every run (split seed {s['split_seed']}).",
+        f"{s['shape']['max_tokens']} tokens, today's other defaults. "
+        + (f"Every chat of the held-out set `{s['heldout_prepared']}` is measured (chats of "
+           "data sets training never sees)." if s.get("heldout_prepared") else
+           f"The same {s['eval_samples']} chats are held out in every run (split seed "
+           f"{s['split_seed']}).")
+        + " A `train_samples=N` arm trains on a seeded draw of N training chats (a smaller "
+        "draw inside a larger one), the baseline on all of them, for the same steps.",
         f"Held-out figures use {s['eval_anchors']} anchors per chat, the same positions in "
         "every run. A difference is the arm minus the "
         "baseline per held-out chat, averaged over the seeds, with its 95 % t-interval over "
@@ -260,9 +292,19 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--eval-samples", type=int, default=16)
     p.add_argument("--split-seed", type=int, default=0)
+    p.add_argument("--arms", nargs="+", choices=["baseline", *LEVERS], default=None,
+                   help="the arms to run, in this order (default: the baseline and every lever)")
+    p.add_argument("--train-samples", type=int, nargs="+", default=None, metavar="N",
+                   help="data-amount arms: train on a seeded draw of N training chats each")
+    p.add_argument("--heldout-prepared", default=None, metavar="P",
+                   help="a prepared set measured whole instead of the split's held-out chats")
+    p.add_argument("--heldout-features", default=None, metavar="F",
+                   help="the feature cache of --heldout-prepared")
     p.add_argument("--json", default=str(JSON_PATH))
     p.add_argument("--render", action="store_true", help="only write the Markdown from the JSON")
     a = p.parse_args()
+    if bool(a.heldout_prepared) != bool(a.heldout_features):
+        p.error("--heldout-prepared and --heldout-features go together")
     res = json.loads(Path(a.json).read_text()) if a.render else run(a)
     MD_PATH.write_text(render_md(res), encoding="utf-8")
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["HeldOutChats", "held_out_chats"]
+__all__ = ["HeldOutChats", "every_chat", "held_out_chats"]
 
 
 @dataclass
@@ -69,6 +69,11 @@ class HeldOutChats:
             for name in names:
                 per[name].append(getattr(ev, name))
         return per
+
+
+def every_chat(data: Any, max_len: int) -> HeldOutChats:
+    """Every chat of prepared ``data`` (a held-out set of its own), cut to ``max_len``."""
+    return HeldOutChats(data, np.arange(len(data)), np.arange(0), max_len)
 
 
 def held_out_chats(data: Any, cfg: Any, eval_samples: int, *, split_seed: int) -> HeldOutChats:

@@ -40,3 +40,34 @@ def test_levers_are_paired_per_chat_and_the_helpful_ones_combined():
     assert "| zero_init_output | +0.000 [+0.000, +0.000]" in text  # the same accuracies
     assert "no difference detected at this size" in text
     assert "`init=target`, `standardize_features=True`" in text
+
+
+def test_data_amount_arms_train_on_nested_draws_and_a_held_out_set_is_measured_whole(
+        tiny_prepared, tmp_path, monkeypatch):
+    import argparse
+
+    from lengthwise.dflash.features import FeaturesConfig, write_features
+    from lengthwise.dflash.prepared import open_prepared
+
+    target, prepared = tiny_prepared
+    cache = tmp_path / "cache"
+    write_features(prepared, target, cache, FeaturesConfig(num_features=2, shard_mib=1,
+                                                           progress=False))
+    monkeypatch.setattr(draft_levers, "SHAPE", {**draft_levers.SHAPE, "max_tokens": 256,
+                                                "max_len": 200, "block_size": 4,
+                                                "threads": 1})
+    monkeypatch.setattr(draft_levers, "EVAL_ANCHORS", 4)
+    a = argparse.Namespace(prepared=str(prepared), target=str(target), features=str(cache),
+                           work=str(tmp_path / "runs"), steps=1, seeds=[0], eval_samples=2,
+                           split_seed=0, arms=["baseline"], train_samples=[5],
+                           heldout_prepared=str(prepared), heldout_features=str(cache),
+                           json=str(tmp_path / "levers.json"))
+    res = draft_levers.run(a)
+    assert sorted(res["runs"]) == ["baseline", "train_samples=5"]
+    every = len(open_prepared(prepared))
+    for arm in res["runs"].values():  # the held-out set is measured whole, in order
+        assert arm["0"]["per_chat"]["chat"] == list(range(every))
+    assert res["runs"]["train_samples=5"]["0"]["train_samples"] == 5
+    assert res["runs"]["baseline"]["0"]["train_samples"] == every - 2
+    text = draft_levers.render_md(res)
+    assert "| train_samples=5 | 1 |" in text and "measured (chats of data sets" in text
