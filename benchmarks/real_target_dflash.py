@@ -329,7 +329,11 @@ def write_sets(work: Path, scale: dict[str, Any], wheel: Path) -> dict[str, Any]
 
 
 def _jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    """Write ``rows``, leaving a file that holds them already untouched: ``dflash prepare``
+    fingerprints its input by size and modification time, so a rerun resumes its shards."""
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    if not path.is_file() or path.read_text(encoding="utf-8") != text:
+        path.write_text(text, encoding="utf-8")
 
 
 # ---------------------------------------------------------------- stages
