@@ -152,7 +152,5 @@ class RunSettings:
                 raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
         if self.epochs is not None:
             check_finite(self, "epochs", positive=True)
-        if self.eval_anchors is not None and (not isinstance(self.eval_anchors, int)
-                                              or self.eval_anchors < 1):
-            raise ConfigError(f"eval_anchors must be a positive integer, got "
-                              f"{self.eval_anchors!r}")
+        if self.eval_anchors is not None:
+            check_positive(self, "eval_anchors")

@@ -114,10 +114,7 @@ def settings(given: dict[str, Any], *, defaults: dict[str, Any] | None = None,
     from lengthwise.dflash.prepared import open_prepared
     from lengthwise.errors import ConfigError
 
-    given = dict(given)
-    given.pop("func", None)
-    given.pop("command", None)
-    given.pop("stage", None)
+    given = {k: v for k, v in given.items() if k not in ("func", "command", "stage")}
     source = given.pop("config", None)
     merged = {**DEFAULTS, **(defaults or {}), **(read_yaml(source) if source else {}), **given}
     progress = bool(merged.pop("progress", True))
