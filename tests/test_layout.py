@@ -155,6 +155,20 @@ def test_every_commands_help_builds_without_torch():
     assert out.stdout.strip() == "[]"
 
 
+def test_the_top_level_help_lists_the_commands_without_importing_them():
+    """``lengthwise --help`` shows what the full parser shows, from each command's ``HELP``;
+    no command's options are built, so neither NumPy nor the planner is imported."""
+    from lengthwise.cli import build_parser
+
+    assert build_parser(listed=True).format_help() == build_parser().format_help()
+    code = ("import sys\nfrom lengthwise.cli import main\ntry:\n    main(['--help'])\n"
+            "except SystemExit:\n    pass\n"
+            "print(sorted(m for m in sys.modules if m in ('numpy', 'torch', 'pyarrow') "
+            "or m.startswith('lengthwise.planning.') and m != 'lengthwise.planning.vocabulary'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
 #: module paths of an earlier layout, which this one does not have
 OLD_PATHS = ("lengthwise.batching", "lengthwise.orders", "lengthwise.edges", "lengthwise.cost",
              "lengthwise.lengths", "lengthwise.metrics", "lengthwise.jsonl", "lengthwise.plan",

@@ -279,3 +279,32 @@ def test_a_target_with_spare_rows_keeps_its_size_and_serves_as_it_is(prepared, t
     assert not (tmp_path / "run" / "target").exists() and "grew" not in said.err
     config = json.loads((tmp_path / "run" / "draft_config.json").read_text())
     assert config["mask_token_id"] == rows and config["target_vocab_size"] == rows + 8
+
+
+@pytest.mark.parametrize("stage", ["train", "estimate", "prepare", "features"])
+def test_every_flag_of_a_setting_shows_its_default(stage):
+    """The flags made from the settings classes: each help ends with the command's default."""
+    import dataclasses
+
+    from lengthwise.cli import build_parser
+    from lengthwise.dflash.features import FeaturesConfig
+    from lengthwise.dflash.prepare_config import PrepareConfig
+    from lengthwise.dflash.train_config import DFlashTrainConfig, RunSettings
+
+    classes = {"train": (DFlashTrainConfig, RunSettings), "prepare": (PrepareConfig,),
+               "estimate": (DFlashTrainConfig, RunSettings, FeaturesConfig),
+               "features": (FeaturesConfig,)}[stage]
+    settings_with_default = {f.name for cls in classes for f in dataclasses.fields(cls)
+                             if "help" in f.metadata and f.default is not dataclasses.MISSING}
+    dflash = build_parser("dflash")._subparsers._group_actions[0].choices["dflash"]
+    parser = dflash._subparsers._group_actions[0].choices[stage]
+    helps = {a.dest: a.help for a in parser._actions if a.dest in settings_with_default}
+    assert len(helps) >= 8
+    for dest, text in helps.items():
+        assert re.search(r"\(default: [^)]+\)$", text), (dest, text)
+    if stage in ("train", "estimate"):  # the command's own defaults, not the class's
+        assert helps["max_tokens"].endswith("(default: 16384)")
+        assert helps["device"].endswith("(default: cpu)" if stage == "train"
+                                        else "(default: cuda)")
+    if stage == "train":
+        assert helps["max_len"].endswith("(default: the data's longest, at most max_tokens)")

@@ -1,9 +1,12 @@
 """The ``lengthwise`` command line.
 
-Each sub-command lives in its own module of this package and exposes
-``register(subparsers) -> None``, which adds its parser and sets ``func`` (a
-callable taking the parsed ``argparse.Namespace`` and returning an exit code).
-Modules are discovered automatically, so adding a command means adding a file.
+Each sub-command lives in its own module of this package and exposes ``HELP``
+(its line in ``lengthwise --help``) and ``register(subparsers) -> None``, which adds
+its parser and sets ``func`` (a callable taking the parsed ``argparse.Namespace`` and
+returning an exit code). Modules are discovered automatically, so adding a command
+means adding a file. A module imports what its command needs (NumPy, torch,
+transformers, pyarrow) in ``register`` or when it runs, not when it is imported, so
+that ``lengthwise --help`` lists the commands without loading them.
 
 Example::
 
@@ -38,10 +41,11 @@ def commands() -> list[str]:
                   if not info.name.startswith("_"))
 
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+def build_parser(only: str | None = None, *, listed: bool = False) -> argparse.ArgumentParser:
     """Return the top-level parser with every sub-command registered, or only the command
     ``only`` (so that ``lengthwise plan`` does not import what ``demo`` or ``dflash`` need
-    to describe their options)."""
+    to describe their options); ``listed``: every command by its ``HELP`` alone, without its
+    options (``lengthwise --help``, which then imports none of them)."""
     parser = _Parser(
         prog="lengthwise",
         description="Plan length-aware batches, feed training, and diagnose loss curves.",
@@ -49,7 +53,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"lengthwise {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in commands() if only is None else [only]:
-        importlib.import_module(f"{__name__}.{name}").register(subparsers)
+        module = importlib.import_module(f"{__name__}.{name}")
+        if listed:
+            subparsers.add_parser(name, help=module.HELP)
+        else:
+            module.register(subparsers)
     return parser
 
 
@@ -153,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     interrupted (Ctrl-C: one line, no traceback).
     """
     argv = join_negative_lists(sys.argv[1:] if argv is None else list(argv))
-    parser = build_parser(_command_of(argv))
+    parser = build_parser(_command_of(argv), listed=not set(argv) & set(commands()))
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -1,11 +1,12 @@
 """Command-line flags generated from a settings dataclass: each option declared once.
 
-A field with ``metadata={"help": ...}`` becomes ``--field-name``; its type comes from
-``metadata["type"]`` (a parser whose ``ValueError`` becomes a one-line usage error) or its
-default's type, ``metadata["choices"]`` and ``metadata["metavar"]`` pass on to argparse, and
-the help ends with the field's default.
-A ``bool`` field becomes a ``--name``/``--no-name`` pair. :func:`config_from_args` builds
-the dataclass back from the parsed flags, so a flag's default is the field's default.
+A field with ``metadata={"help": ...}`` (:func:`~lengthwise.flag_field.flag_field`) becomes
+``--field-name``; its type comes from ``metadata["type"]`` (a parser whose ``ValueError``
+becomes a one-line usage error) or its default's type, ``metadata["choices"]`` and
+``metadata["metavar"]`` (else ``N``, ``X`` or ``NAME``) pass on to argparse, and the help ends
+with the field's default (``metadata["none"]`` says what ``None`` means). A ``bool`` field
+becomes a ``--name``/``--no-name`` pair. :func:`config_from_args` builds the dataclass back
+from the parsed flags, so a flag's default is the field's default.
 
 Example::
 
@@ -29,7 +30,7 @@ import argparse
 import dataclasses
 from typing import Any
 
-__all__ = ["add_config_flags", "config_from_args"]
+__all__ = ["add_config_flags", "config_from_args", "field_type"]
 
 
 def _flag(name: str) -> str:
@@ -50,10 +51,20 @@ def _parser(kind: Any) -> Any:
     return parse
 
 
-def add_config_flags(parser: argparse.ArgumentParser, cls: type, *,
-                     skip: tuple[str, ...] = (), exclusive: tuple[str, ...] = (),
+def field_type(f: dataclasses.Field, default: Any = None) -> Any:
+    """What the flag of field ``f`` parses: ``metadata["type"]``, else the type of its
+    ``default`` for a command, else of its own (``str`` when neither is given)."""
+    if f.metadata.get("type") is not None:
+        return f.metadata["type"]
+    known = [v for v in (default, f.default) if v not in (None, dataclasses.MISSING)]
+    return type(known[0]) if known else str
+
+
+def add_config_flags(parser: Any, cls: type, *, skip: tuple[str, ...] = (),
+                     only: tuple[str, ...] | None = None, exclusive: tuple[str, ...] = (),
                      defaults: dict[str, Any] | None = None, given_only: bool = False) -> None:
-    """Add a flag to ``parser`` for every field of ``cls`` that has help (see the module).
+    """Add a flag to ``parser`` (or an argument group) for every field of ``cls`` that has
+    help (see the module), but those named in ``skip``, or only those named in ``only``.
 
     The flags of the fields named in ``exclusive`` cannot be given together; ``defaults``
     replaces the defaults of some fields for this command (its help shows them).
@@ -64,21 +75,25 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, *,
     group = parser.add_mutually_exclusive_group() if exclusive else None
     for f in dataclasses.fields(cls):
         text = f.metadata.get("help")
-        if text is None or f.name in skip:
+        if text is None or f.name in skip or (only is not None and f.name not in only):
             continue
         default = (defaults or {}).get(f.name, f.default)
-        shown = "none" if default is None else default
-        parsed = argparse.SUPPRESS if given_only else default
-        if isinstance(default, bool):
+        kind = field_type(f, default)
+        shown = {True: "on", False: "off", None: f.metadata.get("none", "none")}.get(
+            default, default) if isinstance(default, bool | None) else default
+        if default is not dataclasses.MISSING:
+            text = f"{text} (default: {shown})"
+        parsed = argparse.SUPPRESS if given_only or default is dataclasses.MISSING else default
+        if kind is bool:
             parser.add_argument(_flag(f.name), dest=f.name, default=parsed,
-                                action=argparse.BooleanOptionalAction,
-                                help=f"{text} (default: {'on' if default else 'off'})")
+                                action=argparse.BooleanOptionalAction, help=text)
             continue
+        choices = f.metadata.get("choices")
+        metavar = f.metadata.get("metavar") or (
+            None if choices else {int: "N", float: "X"}.get(kind, "NAME"))
         where = group if f.name in exclusive else parser
-        where.add_argument(_flag(f.name), dest=f.name, default=parsed,
-                           type=_parser(f.metadata.get("type") or type(default)),
-                           choices=f.metadata.get("choices"), metavar=f.metadata.get("metavar"),
-                           help=f"{text} (default: {shown})")
+        where.add_argument(_flag(f.name), dest=f.name, default=parsed, type=_parser(kind),
+                           choices=choices, metavar=metavar, help=text)
 
 
 def config_from_args(cls: type, args: argparse.Namespace, **extra: Any) -> Any:

@@ -32,6 +32,8 @@ from typing import Any
 
 from lengthwise.errors import ConfigError
 
+HELP = "train a small model once per batch order and compare (offline)"
+
 
 def _defaults() -> dict[str, dict[str, Any]]:
     from lengthwise.demo.config import DemoConfig, DFlashDemoConfig
@@ -67,7 +69,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         return f"(default: {fmt.format(d['lm'][name])})"
 
     p = subparsers.add_parser(
-        "demo", help="train a small model once per batch order and compare (offline)",
+        "demo", help=HELP,
         description=__doc__.split("\n\n")[1].replace("``", ""),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", choices=["lm", "dflash"], default="lm",

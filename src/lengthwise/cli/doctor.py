@@ -43,11 +43,14 @@ def _seconds(text: str) -> float:
     return value
 
 
+HELP = "diagnose training loss curves: bands, periods, cliffs, and their causes"
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``doctor`` sub-command."""
     p = subparsers.add_parser(
         "doctor",
-        help="diagnose training loss curves: bands, periods, cliffs, and their causes",
+        help=HELP,
         description=(
             "Read training logs (JSON lines, .gz, CSV exports, TensorBoard event files or "
             "directories, W&B run files or folders) and report the stable region, loss "

@@ -13,20 +13,21 @@ import json
 import os
 import sys
 import warnings
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from lengthwise.atomic import atomic_open
 from lengthwise.cli._options import add_config_flags, config_from_args
 from lengthwise.errors import ConfigError
-from lengthwise.planning.batching import longest_per_batch
-from lengthwise.planning.config import PlanConfig
-from lengthwise.planning.cost import round_up
-from lengthwise.planning.edges import bucket_counts
-from lengthwise.planning.metrics import gathered_lengths
 from lengthwise.planning.vocabulary import ORDERS, PACK_ORDERS, SEQUENCE_ORDERS
 from lengthwise.progress import progress
 from lengthwise.terminal import TEXT_WIDTH, fit_lines
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from lengthwise.planning.config import PlanConfig
+
+HELP = "plan an epoch of length-aware batches and report its figures"
 
 COMPARE_ORDERS = ORDERS
 DEFAULT_MAX_TOKENS = 16384
@@ -52,8 +53,10 @@ BUCKET_ORDERS = tuple(o for o in ORDERS if o not in SEQUENCE_ORDERS)
 
 
 def register(subparsers) -> None:
+    from lengthwise.planning.config import PlanConfig
+
     p = subparsers.add_parser(
-        "plan", help="plan an epoch of length-aware batches and report its figures",
+        "plan", help=HELP,
         description="Plan one epoch of micro-batches from per-sample lengths and report "
                     "the figures of docs/metrics.md (padding efficiency, step composition, ...).")
     p.add_argument("lengths", help="a bundled name (sft_mix, ...; a file of that name in the "
@@ -124,6 +127,13 @@ def _fmt(value) -> str:
 def _edge_table(plan, wide: bool = False) -> str:
     """Edges with samples, share and padding efficiency of each bucket's micro-batches: the first
     and last :data:`EDGE_ROWS_SHOWN` buckets unless ``wide``."""
+    import numpy as np
+
+    from lengthwise.planning.batching import longest_per_batch
+    from lengthwise.planning.cost import round_up
+    from lengthwise.planning.edges import bucket_counts
+    from lengthwise.planning.metrics import gathered_lengths
+
     edges = np.asarray(plan.edges)
     lens = gathered_lengths(plan.lengths, plan.indices)  # narrow: once for every sum
     counts = bucket_counts(lens, edges)  # from the histogram: a pass, not a search per sample
@@ -168,6 +178,8 @@ def _check_out(path: str | None) -> None:
 
 
 def _save(path: str, plan) -> None:
+    import numpy as np
+
     arrays = dict(indices=plan.indices, offsets=plan.offsets, world_size=plan.world_size,
                   grad_accum=plan.grad_accum)
     if hasattr(plan, "edges"):
@@ -193,6 +205,7 @@ def _warnings(main: dict) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from lengthwise.planning.config import PlanConfig
     from lengthwise.planning.lengths import load_lengths
 
     _check_out(args.out)

@@ -36,13 +36,14 @@ import contextlib
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from lengthwise.errors import ConfigError, DataError
+from lengthwise.flag_field import flag_field
 
 __all__ = ["DTYPES", "CachedRows", "FeatureCache", "FeaturesConfig", "PassPlan", "cache_bytes",
            "open_features", "plan_pass", "write_features"]
@@ -61,33 +62,29 @@ FLOAT16_MAX = 65504.0
 class FeaturesConfig:
     """Settings of a feature pass (the flags of ``lengthwise dflash features``)."""
 
-    num_features: int = field(default=5, metadata={
-        "help": "target layers to store, spread over the target as `dflash train` spreads "
-                "them; a run reads any subset of the stored layers"})
-    layers: str | None = field(default=None, metadata={
-        "help": "the target layers to store, as comma-separated ids (instead of "
-                "--num-features)", "type": str, "metavar": "IDS"})
-    dtype: str = field(default="float16", metadata={
-        "help": "dtype of the stored features", "choices": tuple(DTYPES)})
-    last_hidden: bool = field(default=True, metadata={
-        "help": "also store the target's last hidden state (its own distribution, for the "
-                "held-out evaluation without a target forward)"})
-    max_tokens: int = field(default=2048, metadata={
-        "help": "padded tokens per batch of the target (on a CPU larger batches run slower a "
-                "token; on a GPU raise it)", "metavar": "N"})
-    max_len: int | None = field(default=None, metadata={
-        "help": "tokens stored per sample (default: all)", "type": int, "metavar": "N"})
-    shard_mib: int = field(default=256, metadata={
-        "help": "MiB per shard (the part an interrupted pass redoes)", "metavar": "N"})
-    device: str = field(default="cpu", metadata={"help": "device of the target"})
-    target_dtype: str | None = field(default=None, metadata={
-        "help": "dtype of the target's weights: float32, bfloat16 or float16 (default: "
-                "float32 on CPU, the checkpoint's on CUDA)", "type": str})
-    threads: int | None = field(default=None, metadata={
-        "help": "torch threads on CPU (default: torch's own)", "type": int, "metavar": "N"})
-    overwrite: bool = field(default=False, metadata={
-        "help": "replace a cache of other settings, or a finished one, in --out"})
-    progress: bool = field(default=True, metadata={"help": "a progress bar"})
+    num_features: int = flag_field(
+        5, "target layers to store, spread over the target as `dflash train` spreads them; a "
+        "run reads any subset of the stored layers")
+    layers: str | None = flag_field(
+        None, "the target layers to store, as comma-separated ids (instead of --num-features)",
+        type=str, metavar="IDS")
+    dtype: str = flag_field("float16", "dtype of the stored features", choices=tuple(DTYPES))
+    last_hidden: bool = flag_field(
+        True, "also store the target's last hidden state (its own distribution, for the "
+        "held-out evaluation without a target forward)")
+    max_tokens: int = flag_field(
+        2048, "padded tokens per batch of the target (on a CPU larger batches run slower a "
+        "token; on a GPU raise it)")
+    max_len: int | None = flag_field(None, "tokens stored per sample", none="all", type=int)
+    shard_mib: int = flag_field(256, "MiB per shard (the part an interrupted pass redoes)")
+    device: str = flag_field("cpu", "device of the target")
+    target_dtype: str | None = flag_field(
+        None, "dtype of the target's weights: float32, bfloat16 or float16",
+        none="float32 on CPU, the checkpoint's on CUDA", type=str)
+    threads: int | None = flag_field(None, "torch threads on CPU", none="torch's own", type=int)
+    overwrite: bool = flag_field(False, "replace a cache of other settings, or a finished one, "
+                                        "in --out")
+    progress: bool = flag_field(True, "a progress bar")
 
     def __post_init__(self) -> None:
         for name in ("num_features", "max_tokens", "shard_mib", "max_len", "threads"):

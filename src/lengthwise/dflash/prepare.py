@@ -45,64 +45,17 @@ from lengthwise.atomic import atomic_open, atomic_path
 from lengthwise.dflash.chat import TEMPLATE_ERRORS, ChatRenderer, normalise
 from lengthwise.dflash.chat_files import ChatSource
 from lengthwise.dflash.out_lock import hold_out
+from lengthwise.dflash.prepare_config import PrepareConfig
 from lengthwise.dflash.tokenizer_id import tokenizer_record
 from lengthwise.disk import full_disk_error
 from lengthwise.errors import ConfigError, DataError
-from lengthwise.train.config import check_positive
 
-__all__ = ["PrepareConfig", "PrepareCounts", "prepare_chats", "shard_name"]
+__all__ = ["PrepareCounts", "prepare_chats", "shard_name"]
 
 FORMAT = 2
 _META_KEY = b"lengthwise.prepare"
-OVERLONG = ("truncate", "drop")
 #: settings of how a run computes, not of what it writes: left out of the shards' fingerprint
 _UNRECORDED = ("progress", "device", "dtype")
-
-
-@dataclass
-class PrepareConfig:
-    """Settings of :func:`prepare_chats`.
-
-    Example::
-
-        >>> PrepareConfig(min_supervised=0)
-        Traceback (most recent call last):
-        ...
-        lengthwise.errors.ConfigError: min_supervised must be a positive integer, got 0
-    """
-
-    min_supervised: int = 32
-    max_len: int | None = None
-    overlong: str = "truncate"  # or "drop"
-    enable_thinking: bool | None = None  # None: the template's default
-    field: str | None = None  # "messages" or "conversations" when None
-    split: str = "train"  # of a DatasetDict folder
-    shard_rows: int = 4096
-    regenerate: bool = False
-    max_new_tokens: int = 512
-    temperature: float = 0.0
-    batch_size: int = 32  # most conversations regenerated together (rows of one batch)
-    max_tokens: int | None = 16384  # rows x their widest prompt plus new tokens (None: no limit)
-    backend: str = "auto"  # of regeneration: "hf", "vllm", or vLLM when installed (CUDA)
-    seed: int = 0
-    device: str = "cpu"
-    dtype: str | None = None  # of the regenerating target: None is float32 on CPU
-    progress: bool = True
-
-    def __post_init__(self) -> None:
-        check_positive(self, "min_supervised", "shard_rows", "max_new_tokens", "batch_size")
-        if self.max_tokens is not None:
-            check_positive(self, "max_tokens")
-        if self.max_len is not None and (not isinstance(self.max_len, int) or self.max_len < 2):
-            raise ConfigError(f"max_len must be an integer >= 2, got {self.max_len!r}")
-        if self.backend not in ("auto", "hf", "vllm"):
-            raise ConfigError(f"backend must be auto, hf or vllm, got {self.backend!r}")
-        if self.overlong not in OVERLONG:
-            raise ConfigError(f"overlong must be 'truncate' or 'drop', got {self.overlong!r}")
-        if self.dtype is not None and self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
-        if not (isinstance(self.temperature, (int, float)) and self.temperature >= 0):
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature!r}")
 
 
 @dataclass

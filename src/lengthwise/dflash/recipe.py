@@ -50,7 +50,7 @@ from lengthwise.dflash.target import Target, check_causal_lm, load_target, load_
 from lengthwise.dflash.target_weights import weights_record
 from lengthwise.dflash.tokenizer_id import TOKENIZER_FIELDS
 from lengthwise.dflash.train import DFlashTask, check_budget
-from lengthwise.dflash.train_config import DFlashTrainConfig
+from lengthwise.dflash.train_config import DFlashTrainConfig, RunSettings
 from lengthwise.disk import reporting_full_disk
 from lengthwise.errors import ConfigError, DataError
 from lengthwise.progress import progress as bar
@@ -60,53 +60,7 @@ from lengthwise.train.loop import TrainLoop
 from lengthwise.train.stop import EXIT_STATUS as STOPPED
 from lengthwise.train.stop import StopRequest
 
-__all__ = ["EvalTask", "RunSettings", "held_out_batches", "new_draft", "starting_draft",
-           "train_draft"]
-
-@dataclass
-class RunSettings:
-    """What a training run needs besides :class:`DFlashTrainConfig`."""
-
-    target: str
-    data: str
-    out: str = "dflash_run"
-    order: str = "stratified"
-    epochs: float | None = None  # passes over the training samples; sets cfg.steps
-    eval_samples: int = 64
-    eval_every: int | None = None  # steps; None: a tenth of the run; 0: never
-    eval_anchors: int | None = None  # anchors per held-out sample (default: num_anchors)
-    wandb: bool = False
-    wandb_project: str | None = None
-    tensorboard: str | None = None
-    overwrite: bool = False  # remove an earlier run's checkpoints and final draft from out
-    features: str | None = None  # a feature cache (`dflash features`): no target forward a step
-    split_seed: int | None = None  # seed of the held-out draw (default: the run's seed)
-    # train on this many of the training samples (a seeded draw; a smaller draw is a prefix
-    # of a larger one, so data-amount arms nest); None: all
-    train_samples: int | None = None
-
-    def __post_init__(self) -> None:
-        from lengthwise.planning.vocabulary import ORDERS
-        from lengthwise.train.config import PACKED, check_finite
-
-        if self.order not in (*ORDERS, PACKED):
-            raise ConfigError(f"order must be one of {', '.join((*ORDERS, PACKED))}, "
-                              f"got {self.order!r}")
-        if self.train_samples is not None and (not isinstance(self.train_samples, int)
-                                                or self.train_samples < 1):
-            raise ConfigError(f"train_samples must be a positive integer, got "
-                              f"{self.train_samples!r}")
-        for name in ("eval_samples", "eval_every"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 0):
-                raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
-        if self.epochs is not None:
-            check_finite(self, "epochs", positive=True)
-        if self.eval_anchors is not None and (not isinstance(self.eval_anchors, int)
-                                              or self.eval_anchors < 1):
-            raise ConfigError(f"eval_anchors must be a positive integer, got "
-                              f"{self.eval_anchors!r}")
-
+__all__ = ["EvalTask", "held_out_batches", "new_draft", "starting_draft", "train_draft"]
 
 #: the sample id of the first held-out sample in its batches (training ids stay below it)
 HELD_OUT_FIRST_ID = 10**9

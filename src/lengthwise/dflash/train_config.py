@@ -13,12 +13,14 @@ Example::
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass
 
 from lengthwise.errors import ConfigError
-from lengthwise.train.config import LoopConfig, check_positive
+from lengthwise.flag_field import flag_field
+from lengthwise.planning.vocabulary import ORDERS
+from lengthwise.train.config import PACKED, LoopConfig, check_finite, check_positive
 
-__all__ = ["INITS", "LABELS", "DFlashTrainConfig"]
+__all__ = ["INITS", "LABELS", "DFlashTrainConfig", "RunSettings"]
 
 #: how the draft's weights start: ``random`` (seeded), ``target`` (copied from the target's top)
 INITS = ("random", "target")
@@ -34,33 +36,38 @@ class DFlashTrainConfig(LoopConfig):
     warm-up over ``warmup_ratio`` of the steps, then cosine; gradient clipping 1.0.
     """
 
-    lr: float = 6e-4
-    schedule: str = "cosine"
-    weight_decay: float = 0.0
-    warmup_ratio: float = 0.04
+    lr: float = flag_field(6e-4, "peak learning rate")
+    schedule: str = flag_field("cosine", "learning-rate schedule after warm-up",
+                               choices=("cosine", "constant"))
+    weight_decay: float = flag_field(0.0, "AdamW weight decay")
+    warmup_ratio: float = flag_field(0.04, "warm-up share of the steps")
     spike_guard: bool = True
-    block_size: int = 16
-    draft_layers: int = 1
-    num_features: int | None = None  # target layers feeding the draft (default: draft_layers)
-    num_anchors: int = 512
-    gamma: float | None = None  # default: 7 for blocks of 16, 5 for 10, 4 for 8
-    max_slots: int | None = None  # draft slots per micro-batch (None: block_size * max_tokens)
-    head_chunk: int = 1024  # supervised slots per LM-head + cross-entropy chunk
+    block_size: int = flag_field(16, "draft block size")
+    draft_layers: int = flag_field(1, "draft decoder layers")
+    num_features: int | None = flag_field(None, "target layers feeding the draft",
+                                          none="draft_layers", type=int)
+    num_anchors: int = flag_field(512, "anchors drawn per sample and step")
+    gamma: float | None = flag_field(None, "loss decay over block slots",
+                                     none="7 for block 16, 5 for 10, 4 for 8", type=float)
+    max_slots: int | None = flag_field(None, "draft slots (anchors x block size) per "
+                                             "micro-batch", none="block_size x max_tokens",
+                                       type=int)
+    head_chunk: int = flag_field(1024, "supervised slots per LM-head and cross-entropy chunk")
     flex_attention: bool | None = None  # block-sparse flex mask (None: on CUDA), else dense
-    init: str = field(default="random", metadata={
-        "help": "the draft's starting weights: random, or target (layer i copies the target's "
-                "decoder layer from the top, the final norm the target's, fc the identity on "
-                "the deepest feature)", "choices": INITS})
-    zero_init_output: bool = field(default=False, metadata={
-        "help": "start o_proj and down_proj of the draft's layers at zero (each layer starts "
-                "as the identity)"})
-    standardize_features: bool = field(default=False, metadata={
-        "help": "divide each feature dimension by its root mean square over the first "
-                "training tokens before fc (folded into fc at export)"})
-    labels: str = field(default="data", metadata={
-        "help": "what block slots learn: data (cross-entropy on the next tokens) or target_kl "
-                "(KL to the target's distribution; needs --features with the last hidden "
-                "state)", "choices": LABELS})
+    init: str = flag_field(
+        "random", "the draft's starting weights: random, or target (layer i copies the target's "
+        "decoder layer from the top, the final norm the target's, fc the identity on the "
+        "deepest feature)", choices=INITS)
+    zero_init_output: bool = flag_field(
+        False, "start o_proj and down_proj of the draft's layers at zero (each layer starts as "
+        "the identity)")
+    standardize_features: bool = flag_field(
+        False, "divide each feature dimension by its root mean square over the first training "
+        "tokens before fc (folded into fc at export)")
+    labels: str = flag_field(
+        "data", "what block slots learn: data (cross-entropy on the next tokens) or target_kl "
+        "(KL to the target's distribution; needs --features with the last hidden state)",
+        choices=LABELS)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -106,3 +113,48 @@ class DFlashTrainConfig(LoopConfig):
         if self.warmup is not None:
             return self.warmup
         return max(1, round(self.warmup_ratio * self.steps))
+
+
+@dataclass
+class RunSettings:
+    """What a training run needs besides :class:`DFlashTrainConfig`."""
+
+    target: str = flag_field(MISSING, "local Hugging Face causal LM folder", metavar="PATH")
+    data: str = flag_field(MISSING, "folder written by `dflash prepare`", metavar="FOLDER")
+    out: str = flag_field("dflash_run", "run folder", metavar="FOLDER")
+    order: str = flag_field("stratified", "batching order of the sampler, or packed")
+    epochs: float | None = flag_field(None, "passes over the training samples (sets --steps "
+                                            "from the plan)", type=float)
+    eval_samples: int = flag_field(64, "prepared samples held out for evaluation")
+    eval_every: int | None = flag_field(None, "steps between held-out evaluations (0: none)",
+                                        none="a tenth of the run", type=int)
+    eval_anchors: int | None = flag_field(None, "anchors per held-out sample",
+                                          none="num_anchors", type=int)
+    wandb: bool = flag_field(False, "also log to Weights & Biases")
+    wandb_project: str | None = flag_field(None, "W&B project (with --wandb)", type=str)
+    tensorboard: str | None = flag_field(None, "also log to TensorBoard event files in this "
+                                               "folder", type=str)
+    overwrite: bool = flag_field(False, "remove an earlier run's checkpoints and final draft "
+                                        "from --out first (without it, or --resume, such a "
+                                        "folder is refused)")
+    features: str | None = flag_field(None, "a feature cache of --data from `dflash features`: "
+                                            "the target's features are read from it, not "
+                                            "computed each step", type=str)
+    split_seed: int | None = None  # seed of the held-out draw (default: the run's seed)
+    train_samples: int | None = flag_field(None, "train on a seeded draw of this many training "
+                                                 "samples (a smaller draw lies inside a larger "
+                                                 "one)", none="all", type=int)
+
+    def __post_init__(self) -> None:
+        if self.order not in (*ORDERS, PACKED):
+            raise ConfigError(f"order must be one of {', '.join((*ORDERS, PACKED))}, "
+                              f"got {self.order!r}")
+        for name in ("eval_samples", "eval_every"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
+        if self.epochs is not None:
+            check_finite(self, "epochs", positive=True)
+        for name in ("eval_anchors", "train_samples"):
+            if getattr(self, name) is not None:
+                check_positive(self, name)

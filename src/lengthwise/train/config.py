@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 
 from lengthwise.errors import ConfigError
+from lengthwise.flag_field import flag_field
 
 __all__ = ["DTYPES", "PACKED", "LoopConfig", "check_finite", "check_positive"]
 
@@ -31,28 +32,35 @@ PACKED = "packed"
 class LoopConfig:
     """What one training loop needs, whatever it trains."""
 
-    steps: int = 200
-    grad_accum: int = 8
-    max_tokens: int = 512
-    max_len: int = 256
+    steps: int = flag_field(200, "optimizer steps")
+    grad_accum: int = flag_field(8, "micro-batches per optimizer step and rank")
+    max_tokens: int = flag_field(512, "token budget of a micro-batch")
+    max_len: int = flag_field(256, "longest sample; longer ones are truncated",
+                              none="the data's longest, at most max_tokens")
     lr: float = 3e-3
-    warmup: int | None = None  # steps; default 10 % of steps
+    warmup: int | None = flag_field(None, "warm-up steps", none="a share of the steps",
+                                    type=int)
     schedule: str = "constant"  # or "cosine"
     weight_decay: float = 0.1
-    clip: float = 1.0
-    seed: int = 0
-    buckets: int | str = "auto"
+    clip: float = flag_field(1.0, "gradient-norm clipping, > 0 (inf: no clipping)")
+    seed: int = flag_field(0, "seed of the model's initialisation, the sampler and the run's "
+                              "random draws")
+    buckets: int | str = flag_field("auto", "length buckets of the sampler (auto: chosen from "
+                                            "the lengths)", type=int)
     pad_multiple: int | None = None  # 8 on CUDA, 1 on CPU
-    device: str = "cpu"
-    dtype: str | None = None  # "bf16" on CUDA by default
-    checkpoint_every: int = 0
-    keep_checkpoints: int = 2
-    resume: bool = False
+    device: str = flag_field("cpu", "cpu, cuda or cuda:N")
+    dtype: str | None = flag_field(
+        None, "dtype of autocast and of a frozen model's weights: bf16, fp16 or fp32",
+        none="fp32 on CPU; on CUDA bf16 autocast and the checkpoint's weights", type=str)
+    checkpoint_every: int = flag_field(0, "steps between checkpoints (0: none)")
+    keep_checkpoints: int = flag_field(2, "checkpoints kept")
+    resume: bool = flag_field(False, "continue from the newest checkpoint")
     spike_guard: bool = False  # skip updates whose loss is an outlier (SpikeGuard)
     timing_warmup: int = 3  # first steps left out of tokens_per_second
-    progress: bool = True
+    progress: bool = flag_field(True, "a progress bar")
     deterministic: bool = True
-    threads: int | None = 1  # torch intra-op threads on CPU (None: torch's default)
+    threads: int | None = flag_field(1, "torch intra-op threads per process on CPU",
+                                     none="torch's default", type=int)
 
     def __post_init__(self) -> None:
         if self.pad_multiple is None:

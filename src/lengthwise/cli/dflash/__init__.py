@@ -16,13 +16,14 @@ import argparse
 import importlib
 import pkgutil
 
+HELP = ("train a DFlash speculative-decoding draft: target, prepare, features, estimate, train, "
+        "export, eval")
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``dflash`` command and its stages."""
     p = subparsers.add_parser(
-        "dflash",
-        help="train a DFlash speculative-decoding draft: target, prepare, features, estimate, "
-             "train, export, eval",
+        "dflash", help=HELP,
         description="The DFlash draft recipe: chat data and a local target model in, a draft "
                     "that serving engines load out.",
     )

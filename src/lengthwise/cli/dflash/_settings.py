@@ -5,61 +5,50 @@ Read by ``dflash train`` and by the memory estimate (``dflash estimate``, ``trai
 Example::
 
     >>> from lengthwise.cli.dflash._settings import DEFAULTS
-    >>> DEFAULTS["block_size"], DEFAULTS["max_tokens"]
-    (16, 16384)
+    >>> DEFAULTS["draft_layers"], DEFAULTS["max_tokens"]
+    (5, 16384)
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from pathlib import Path
 from typing import Any
 
-#: defaults of the command where they differ from ``DFlashTrainConfig`` (the reference run)
-DEFAULTS: dict[str, Any] = {
-    "draft_layers": 5, "num_anchors": 512, "block_size": 16, "max_tokens": 16384,
-    "grad_accum": 1, "checkpoint_every": 2000, "lr": 6e-4, "warmup_ratio": 0.04,
-    "schedule": "cosine", "max_slots": 32768,
-}
+from lengthwise.cli._options import add_config_flags, field_type
+from lengthwise.dflash.train_config import DFlashTrainConfig, RunSettings
 
-FLAGS: list[tuple[str, type, str]] = [
-    ("steps", int, "optimizer steps (or --epochs)"),
-    ("epochs", float, "passes over the training samples (sets --steps from the plan)"),
-    ("grad_accum", int, "micro-batches per optimizer step and rank (default 1)"),
-    ("max_tokens", int, "token budget of a micro-batch (default 16384)"),
-    ("max_len", int, "longest sample; longer ones are truncated (default: the data's longest, "
-                     "at most max_tokens)"),
-    ("lr", float, "peak learning rate (default 6e-4)"),
-    ("warmup", int, "warm-up steps (default: warmup_ratio of the steps)"),
-    ("warmup_ratio", float, "warm-up share of the steps (default 0.04)"),
-    ("schedule", str, "learning-rate schedule after warm-up: cosine (default) or constant"),
-    ("block_size", int, "draft block size (default 16)"),
-    ("draft_layers", int, "draft decoder layers (default 5)"),
-    ("num_features", int, "target layers feeding the draft (default: draft_layers)"),
-    ("num_anchors", int, "anchors drawn per sample and step (default 512)"),
-    ("max_slots", int, "draft slots (anchors x block size) per micro-batch (default 32768)"),
-    ("head_chunk", int, "supervised slots per LM-head and cross-entropy chunk (default 1024)"),
-    ("gamma", float, "loss decay over block slots (default: 7 for block 16, 5 for 10, 4 for 8)"),
-    ("seed", int, "seed of the draft's initialisation, the sampler and the anchors"),
-    ("device", str, "cpu, cuda or cuda:N (default cpu)"),
-    ("dtype", str, "dtype of the target's weights and of autocast: bf16, fp16 or fp32 "
-                   "(default fp32 on CPU; on CUDA the checkpoint's weights and bf16 autocast)"),
-    ("checkpoint_every", int, "steps between checkpoints (default 2000; 0: none)"),
-    ("keep_checkpoints", int, "checkpoints kept (default 2)"),
-    ("clip", float, "gradient-norm clipping, > 0 (default 1.0; inf: no clipping)"),
-    ("weight_decay", float, "AdamW weight decay (default 0)"),
-    ("buckets", int, "length buckets of the sampler (default: chosen automatically)"),
-    ("threads", int, "torch threads per process on CPU (default 1)"),
-    ("eval_samples", int, "prepared samples held out for evaluation (default 64)"),
-    ("eval_every", int, "steps between held-out evaluations (default: a tenth of the run; "
-                        "0: none)"),
-    ("eval_anchors", int, "anchors per held-out sample (default: num_anchors)"),
-    ("order", str, "batching order of the sampler (default stratified) or packed"),
-    ("wandb_project", str, "W&B project (with --wandb)"),
-    ("tensorboard", str, "also log to TensorBoard event files in this folder"),
-    ("features", str, "a feature cache of --data from `dflash features`: the target's "
-                      "features are read from it, not computed each step"),
-]
+#: defaults of the command where they differ from ``DFlashTrainConfig``'s
+DEFAULTS: dict[str, Any] = {
+    "draft_layers": 5, "max_tokens": 16384, "grad_accum": 1, "checkpoint_every": 2000,
+    "max_slots": 32768,
+}
+#: defaults the help shows that no setting holds (computed when the run starts)
+_COMPUTED = {"max_len": None}
+
+
+def add_run_flags(p: argparse.ArgumentParser, *, only: tuple[str, ...] | None = None,
+                  defaults: dict[str, Any] | None = None) -> None:
+    """The flags of a run's settings (``DFlashTrainConfig``, ``RunSettings``), or of those
+    named in ``only``; a flag left out leaves its setting to ``--config`` or the defaults
+    (:data:`DEFAULTS`, then ``defaults``), which its help shows."""
+    for cls in (RunSettings, DFlashTrainConfig):
+        add_config_flags(p, cls, only=only, given_only=True,
+                         defaults={**DEFAULTS, **_COMPUTED, **(defaults or {})})
+
+
+def run_flags() -> dict[str, Any]:
+    """Every run setting that is a flag, and what its flag parses.
+
+    Example::
+
+        >>> kinds = run_flags()
+        >>> kinds["steps"], kinds["epochs"], kinds["resume"]
+        (<class 'int'>, <class 'float'>, <class 'bool'>)
+    """
+    return {f.name: field_type(f) for cls in (RunSettings, DFlashTrainConfig)
+            for f in dataclasses.fields(cls) if "help" in f.metadata}
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
@@ -91,10 +80,6 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return out
 
 
-#: YAML keys that are switches (``--resume``, ``--wandb``, ``--no-progress``)
-_SWITCHES = ("resume", "wandb", "progress")
-
-
 def _wrong_type(key: str, value: Any) -> str | None:
     """What a YAML setting must be when ``value`` is not that (``None``: fine or unknown key).
 
@@ -105,16 +90,10 @@ def _wrong_type(key: str, value: Any) -> str | None:
         >>> _wrong_type("lr", "6e-4") is None  # YAML reads 6e-4 as text: converted later
         True
     """
-    from lengthwise.dflash.train_config import DFlashTrainConfig
-
-    kinds = {name: kind for name, kind, _ in FLAGS}
-    kinds.update({f.name: type(f.default) for f in dataclasses.fields(DFlashTrainConfig)
-                  if "help" in f.metadata})
-    kinds.update(target=str, data=str, out=str)
     if value is None:
         return None
-    kind = kinds.get(key)
-    if key in _SWITCHES or kind is bool:
+    kind = run_flags().get(key)
+    if kind is bool:
         return None if isinstance(value, bool) else "true or false"
     if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
         return "an integer"
@@ -133,14 +112,9 @@ def settings(given: dict[str, Any], *, defaults: dict[str, Any] | None = None,
     which reads no data (``--data`` may be left out; ``max_len`` defaults to ``max_tokens``).
     """
     from lengthwise.dflash.prepared import open_prepared
-    from lengthwise.dflash.recipe import RunSettings
-    from lengthwise.dflash.train_config import DFlashTrainConfig
     from lengthwise.errors import ConfigError
 
-    given = dict(given)
-    given.pop("func", None)
-    given.pop("command", None)
-    given.pop("stage", None)
+    given = {k: v for k, v in given.items() if k not in ("func", "command", "stage")}
     source = given.pop("config", None)
     merged = {**DEFAULTS, **(defaults or {}), **(read_yaml(source) if source else {}), **given}
     progress = bool(merged.pop("progress", True))

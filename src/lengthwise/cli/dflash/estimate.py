@@ -36,6 +36,10 @@ import argparse
 import json
 from typing import Any
 
+from lengthwise.cli.dflash._settings import DEFAULTS, add_run_flags
+from lengthwise.dflash.prepare_config import PrepareConfig
+from lengthwise.dflash.train_config import DFlashTrainConfig
+
 #: the flags of ``dflash train`` that set the memory of a step
 SHAPE_FLAGS = ("max_tokens", "grad_accum", "block_size", "draft_layers", "num_features",
                "num_anchors", "max_slots", "head_chunk", "dtype", "features")
@@ -46,20 +50,20 @@ REPORT_FLAGS = ("rows", "world", "device_memory", "json", "time", "profile_steps
 RUN_FLAGS = ("steps", "epochs", "order", "eval_every", "eval_samples", "seed", "threads",
              "buckets", "grad_accum")
 GIB = 2**30
-#: the flags of the regenerate and eval stages (their commands' names and defaults)
-STAGE_FLAGS: dict[str, dict[str, Any]] = {
-    "regenerate": {"batch_size": 32, "max_new_tokens": 512, "max_len": None, "dtype": None,
-                   "shard_rows": 4096},
-    "eval": {"batch_size": 16, "max_new_tokens": 256, "max_len": None, "dtype": None,
-             "max_tokens": 16384, "max_slots": 32768, "head_chunk": 1024, "block_size": 16,
-             "draft_layers": 5, "num_features": None},
-    # dflash features: its FeaturesConfig's fields (their defaults), and the cache's folder
-    "features": {"num_features": None, "layers": None, "dtype": None, "last_hidden": None,
-                 "max_tokens": None, "max_len": None, "target_dtype": None, "shard_mib": None,
-                 "out": None},
-}
 #: the flags of the features stage only (``dflash features``'s names)
 FEATURES_FLAGS = ("layers", "target_dtype", "last_hidden", "shard_mib", "out")
+#: the flags of the regenerate and eval stages (their commands' names and defaults)
+STAGE_FLAGS: dict[str, dict[str, Any]] = {
+    "regenerate": {k: getattr(PrepareConfig, k)
+                   for k in ("batch_size", "max_new_tokens", "max_len", "dtype", "shard_rows")},
+    "eval": {"batch_size": 16, "max_new_tokens": 256, "max_len": None, "dtype": None,
+             **{k: DEFAULTS.get(k, getattr(DFlashTrainConfig, k)) for k in (
+                 "max_tokens", "max_slots", "head_chunk", "block_size", "draft_layers",
+                 "num_features")}},
+    # dflash features: its FeaturesConfig's fields (their defaults), and the cache's folder
+    "features": dict.fromkeys((*FEATURES_FLAGS, "num_features", "dtype", "max_tokens",
+                               "max_len")),
+}
 
 
 def register(stages: argparse._SubParsersAction) -> None:
@@ -84,17 +88,11 @@ def register(stages: argparse._SubParsersAction) -> None:
     p.add_argument("--target", metavar="PATH", required=True,
                    help="target folder or its config.json (weights are not read)")
     p.add_argument("--config", metavar="YAML", help="run settings of `dflash train`")
-    from lengthwise.cli.dflash._settings import FLAGS
-
     p.add_argument("--data", metavar="FOLDER",
                    help="with --time: train, the folder written by `dflash prepare` (the run's "
                         "plan); regenerate, the chats `dflash prepare --regenerate` reads; "
                         "features: the prepared folder (the cache's size on disk)")
-    for name, kind, text in FLAGS:
-        if name in SHAPE_FLAGS or name in RUN_FLAGS:
-            p.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, help=text,
-                           metavar={int: "N", float: "X"}.get(kind, "NAME"))
-    p.add_argument("--device", help="the kernels of: cuda (default) or cpu")
+    add_run_flags(p, only=(*SHAPE_FLAGS, *RUN_FLAGS, "device"), defaults={"device": "cuda"})
     add_report_flags(p)
     add_stage_flags(p)
     p.set_defaults(func=run)
@@ -102,32 +100,29 @@ def register(stages: argparse._SubParsersAction) -> None:
 
 def add_stage_flags(p: argparse.ArgumentParser) -> None:
     """The size flags of the regenerate and eval stages, each added unless ``p`` has it."""
-    flags = {"--batch-size": "regenerate, eval: prompts decoded together (defaults 32 and 16, "
-                             "as `dflash prepare` and `dflash eval`)",
+    regen, evals = STAGE_FLAGS["regenerate"], STAGE_FLAGS["eval"]
+    flags = {"--batch-size": "regenerate, eval: prompts decoded together (defaults "
+                             f"{regen['batch_size']} and {evals['batch_size']}, as `dflash "
+                             "prepare` and `dflash eval`)",
              "--max-new-tokens": "regenerate, eval: tokens written per prompt at most "
-                                 "(defaults 512 and 256)",
+                                 f"(defaults {regen['max_new_tokens']} and "
+                                 f"{evals['max_new_tokens']})",
              "--max-len": "regenerate, eval: the longest prompt in tokens (required there, "
                           "but for regenerate --time: the longest of --data); train: the "
-                          "longest sample (default max_tokens)",
-             "--shard-rows": "regenerate: conversations per shard (default 4096, as `dflash "
-                             "prepare`); ranks (--world, with --time) take shards in turn"}
+                          "longest sample (default: max_tokens)",
+             "--shard-rows": f"regenerate: conversations per shard (default "
+                             f"{regen['shard_rows']}, as `dflash prepare`); ranks (--world, "
+                             "with --time) take shards in turn"}
     for flag, text in flags.items():
         if flag not in p._option_string_actions:  # another part of the command has it
             p.add_argument(flag, type=int, metavar="N", help=text)
-    import dataclasses
-
+    from lengthwise.cli._options import add_config_flags
     from lengthwise.dflash.features import FeaturesConfig
 
-    kinds = {"layers": {"metavar": "IDS"}, "target_dtype": {"metavar": "NAME"},
-             "last_hidden": {"action": argparse.BooleanOptionalAction},
-             "shard_mib": {"metavar": "N", "type": int}}
-    for f in dataclasses.fields(FeaturesConfig):
-        if f.name in kinds:
-            p.add_argument("--" + f.name.replace("_", "-"), dest=f.name,
-                           help=f"features: {f.metadata['help']}", **kinds[f.name])
-    p.add_argument("--out", metavar="CACHE",
-                   help="features: the cache's folder, whose disk must have room for it "
-                        "(default: this folder)")
+    features = p.add_argument_group("the features stage (--stage features)")
+    add_config_flags(features, FeaturesConfig, only=FEATURES_FLAGS, given_only=True)
+    features.add_argument("--out", metavar="CACHE", help="the cache's folder, whose disk must "
+                          "have room for it (default: this folder)")
 
 
 def add_report_flags(p: argparse.ArgumentParser, *, listed: bool = True) -> None:
@@ -419,8 +414,6 @@ def regenerate_time(target: str, data: str, sizes: dict[str, Any], device: str,
         GenerateProfile,
         estimate_regenerate_time,
     )
-    from lengthwise.dflash.prepare import PrepareConfig
-
     cfg = PrepareConfig(regenerate=True, max_new_tokens=sizes["max_new_tokens"],
                         batch_size=sizes["batch_size"], shard_rows=sizes["shard_rows"],
                         device=device, dtype=sizes["dtype"], backend="hf")

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import argparse
 
+from lengthwise.cli._options import add_config_flags, config_from_args
+from lengthwise.dflash.prepare_config import PrepareConfig
+
 
 def register(stages: argparse._SubParsersAction) -> None:
     """Add the ``prepare`` stage."""
@@ -28,61 +31,18 @@ def register(stages: argparse._SubParsersAction) -> None:
     p.add_argument("--target", required=True, metavar="PATH",
                    help="local Hugging Face model folder (its tokenizer and chat template)")
     p.add_argument("--out", required=True, metavar="FOLDER", help="folder to write")
-    p.add_argument("--field", default=None,
-                   help="row field holding the messages (default: messages or conversations)")
-    p.add_argument("--split", default="train", help="split of a datasets folder (default train)")
-    p.add_argument("--min-supervised", type=int, default=32, metavar="N",
-                   help="drop samples with fewer assistant tokens (default 32)")
-    p.add_argument("--max-len", type=int, default=None, metavar="N",
-                   help="longest sample in tokens (default: no limit)")
-    p.add_argument("--overlong", choices=("truncate", "drop"), default="truncate",
-                   help="what to do with samples over --max-len (default truncate)")
-    p.add_argument("--enable-thinking", dest="enable_thinking", action="store_true",
-                   default=None, help="pass enable_thinking=True to the chat template")
-    p.add_argument("--no-enable-thinking", dest="enable_thinking", action="store_false",
-                   help="pass enable_thinking=False to the chat template")
-    p.add_argument("--shard-rows", type=int, default=4096, metavar="N",
-                   help="input rows per output shard (the unit of resuming; default 4096)")
-    p.add_argument("--regenerate", action="store_true",
-                   help="replace every assistant turn by the target's own response")
-    p.add_argument("--max-new-tokens", type=int, default=512, metavar="N",
-                   help="longest regenerated turn (default 512)")
-    p.add_argument("--temperature", type=float, default=0.0,
-                   help="regeneration temperature (0: greedy, the default)")
-    p.add_argument("--batch-size", type=int, default=32, metavar="N",
-                   help="most conversations regenerated together (default %(default)s; raise "
-                        "it on a GPU)")
-    p.add_argument("--max-tokens", type=int, default=16384, metavar="N",
-                   help="most rows times their widest prompt plus --max-new-tokens in "
-                        "regeneration; a longer conversation goes alone (default %(default)s)")
-    p.add_argument("--backend", choices=("auto", "hf", "vllm"), default="auto",
-                   help="regeneration engine: Hugging Face generate, vLLM, or auto (vLLM when "
-                        "installed, on CUDA, in one process; else hf)")
-    p.add_argument("--seed", type=int, default=0, help="seed of sampled regeneration")
-    p.add_argument("--device", default="cpu", help="device of the regenerating target")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
-                   help="dtype of the regenerating target (default: float32 on CPU, the "
-                        "checkpoint's on CUDA)")
-    p.add_argument("--no-progress", dest="progress", action="store_false",
-                   help="no progress bar")
+    add_config_flags(p, PrepareConfig)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Prepare the data and print what was kept and dropped."""
-    from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
+    from lengthwise.dflash.prepare import prepare_chats
     from lengthwise.errors import ConfigError
     from lengthwise.train.device import rank_world, setup_distributed
 
     try:
-        cfg = PrepareConfig(
-            min_supervised=args.min_supervised, max_len=args.max_len, overlong=args.overlong,
-            enable_thinking=args.enable_thinking, field=args.field, split=args.split,
-            shard_rows=args.shard_rows, regenerate=args.regenerate,
-            max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-            batch_size=args.batch_size, max_tokens=args.max_tokens,
-            backend=args.backend, seed=args.seed,
-            device=args.device, dtype=args.dtype, progress=args.progress)
+        cfg = config_from_args(PrepareConfig, args)
     except ConfigError as exc:  # the setting's name as the option that gives it
         raise ConfigError(_as_option(str(exc), vars(args))) from None
     if cfg.regenerate:

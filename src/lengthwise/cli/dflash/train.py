@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import argparse
 
-from lengthwise.cli.dflash._settings import DEFAULTS, FLAGS, read_yaml, settings
+from lengthwise.cli.dflash._settings import DEFAULTS, add_run_flags, read_yaml, settings
 
 __all__ = ["DEFAULTS", "read_yaml", "register", "run", "settings"]
 
@@ -41,22 +41,7 @@ def register(stages: argparse._SubParsersAction) -> None:
         argument_default=argparse.SUPPRESS,
     )
     p.add_argument("--config", metavar="YAML", help="run settings (keys named as the flags)")
-    p.add_argument("--target", metavar="PATH", help="local Hugging Face causal LM folder")
-    p.add_argument("--data", metavar="FOLDER", help="folder written by `dflash prepare`")
-    p.add_argument("--out", metavar="FOLDER", help="run folder (default dflash_run)")
-    for name, kind, text in FLAGS:
-        p.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, help=text,
-                       metavar={int: "N", float: "X"}.get(kind, "NAME"))
-    from lengthwise.cli._options import add_config_flags
-    from lengthwise.dflash.train_config import DFlashTrainConfig
-
-    add_config_flags(p, DFlashTrainConfig, given_only=True)
-    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
-    p.add_argument("--overwrite", action="store_true",
-                   help="remove an earlier run's checkpoints and final draft from --out first "
-                        "(without it, or --resume, such a folder is refused)")
-    p.add_argument("--wandb", action="store_true", help="also log to Weights & Biases")
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    add_run_flags(p)
     p.add_argument("--estimate", action="store_true",
                    help="print the run's predicted peak memory (per GPU on CUDA, the process's "
                         "resident memory on CPU), its parts and whether "

@@ -318,20 +318,20 @@ def train_command(cfg: Any, run: Any, *, out: str | Path, steps: int) -> list[st
 
     Example::
 
-        >>> from lengthwise.dflash.recipe import RunSettings
-        >>> from lengthwise.dflash.train_config import DFlashTrainConfig
+        >>> from lengthwise.dflash.train_config import DFlashTrainConfig, RunSettings
         >>> argv = train_command(DFlashTrainConfig(steps=9, block_size=4),
         ...                      RunSettings(target="t", data="d"), out="o", steps=6)
         >>> argv[3:9], "--block-size" in argv, argv[argv.index("--steps") + 1]
         (['dflash', 'train', '--target', 't', '--data', 'd'], True, '6')
     """
-    from lengthwise.cli.dflash._settings import FLAGS
+    from lengthwise.cli.dflash._settings import run_flags
 
     fixed = {"steps": steps, "checkpoint_every": 0, "eval_every": steps}
     argv = [sys.executable, "-m", "lengthwise", "dflash", "train", "--target", str(run.target),
             "--data", str(run.data), "--out", str(out), "--overwrite", "--no-progress"]
-    for name, kind, _ in FLAGS:
-        if name in ("epochs", "warmup", "wandb_project", "tensorboard"):
+    for name, kind in run_flags().items():
+        if kind is bool or name in ("target", "data", "out", "epochs", "warmup",
+                                    "wandb_project", "tensorboard"):
             continue
         value = fixed.get(name, getattr(run, name, getattr(cfg, name, None)))
         if value is None or (kind is int and not isinstance(value, int)):
