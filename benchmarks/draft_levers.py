@@ -50,7 +50,7 @@ LEVERS: dict[str, dict[str, Any]] = {
     "standardize_features": {"standardize_features": True},
     "target_kl": {"labels": "target_kl"},
 }
-#: arm settings that are the run's (:class:`~lengthwise.dflash.recipe.RunSettings`), not the
+#: arm settings that are the run's (:class:`~lengthwise.dflash.train_config.RunSettings`), not the
 #: draft's: ``train_samples`` (the data-amount arms, ``--train-samples``)
 RUN_KEYS = ("train_samples",)
 #: the shape of every run (a 2-layer block-8 draft on two target layers)
@@ -77,9 +77,9 @@ def train_and_evaluate(arm: dict[str, Any], seed: int, a: argparse.Namespace) ->
     from lengthwise.dflash.features import open_features
     from lengthwise.dflash.load import trained_draft
     from lengthwise.dflash.prepared import open_prepared
-    from lengthwise.dflash.recipe import RunSettings, train_draft
+    from lengthwise.dflash.recipe import train_draft
     from lengthwise.dflash.target import Target, load_target
-    from lengthwise.dflash.train_config import DFlashTrainConfig
+    from lengthwise.dflash.train_config import DFlashTrainConfig, RunSettings
 
     from experiments.held_out_chats import every_chat, held_out_chats
 

@@ -204,8 +204,9 @@ def quality(prepared: Path, target: Path, cache: Path, work: Path, steps: int,
     from lengthwise.dflash.load import trained_draft
     from lengthwise.dflash.objective import target_layer_ids
     from lengthwise.dflash.prepared import open_prepared
-    from lengthwise.dflash.recipe import RunSettings, held_out_batches, split_samples, train_draft
+    from lengthwise.dflash.recipe import held_out_batches, split_samples, train_draft
     from lengthwise.dflash.target import Target, load_target
+    from lengthwise.dflash.train_config import RunSettings
 
     cfg = _train_cfg(steps)
     out: dict[str, Any] = {"steps": steps, "eval_samples": eval_samples, "seconds": {}}

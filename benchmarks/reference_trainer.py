@@ -203,7 +203,8 @@ def train_lengthwise(s: Setup, work: Path) -> dict[str, Any]:
     import torch
 
     from lengthwise.dflash.load import trained_draft
-    from lengthwise.dflash.recipe import RunSettings, train_draft
+    from lengthwise.dflash.recipe import train_draft
+    from lengthwise.dflash.train_config import RunSettings
 
     torch.set_num_threads(2)
     out = work / f"lengthwise_{s.seed}"

@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from lengthwise.dflash.chat import ChatRenderer, normalise
-    from lengthwise.dflash.prepare import PrepareConfig
+    from lengthwise.dflash.prepare_config import PrepareConfig
     from lengthwise.dflash.regenerate import TurnGenerator
     from lengthwise.dflash.target import load_tokenizer
 

@@ -39,7 +39,8 @@ def tiny(tmp_path_factory):
     from _chat_tiny import conversations, save_instruct_target, write_jsonl
 
     from lengthwise.dflash.features import FeaturesConfig, write_features
-    from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
+    from lengthwise.dflash.prepare import prepare_chats
+    from lengthwise.dflash.prepare_config import PrepareConfig
 
     root = tmp_path_factory.mktemp("order_dflash")
     target = save_instruct_target(root / "target", dtype="float32",

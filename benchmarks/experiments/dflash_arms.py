@@ -136,9 +136,9 @@ class _Context:
 def _context(prepared: str, target: str, eval_samples: int, data_seed: int,
              train_samples: int | None, train: str) -> _Context:
     from lengthwise.dflash.prepared import open_prepared
-    from lengthwise.dflash.recipe import RunSettings, _split
+    from lengthwise.dflash.recipe import _split
     from lengthwise.dflash.target import load_tokenizer
-    from lengthwise.dflash.train_config import DFlashTrainConfig
+    from lengthwise.dflash.train_config import DFlashTrainConfig, RunSettings
 
     data = open_prepared(prepared)
     cfg = DFlashTrainConfig(**json.loads(train), seed=data_seed, steps=1)
@@ -277,7 +277,8 @@ def run_draft(design: DFlashArms, cfg: Any, run_dir: str | Path, device: Any) ->
     on the training samples). The recipe's target, checked against the feature cache and
     the data, and its mask token are loaded once per process, into :func:`context`'s
     ``models`` (a grown target saved under the first ``run_dir``)."""
-    from lengthwise.dflash.recipe import RunSettings, _models, starting_draft
+    from lengthwise.dflash.recipe import _models, starting_draft
+    from lengthwise.dflash.train_config import RunSettings
 
     ctx = context(design)
     if ctx.models is None:

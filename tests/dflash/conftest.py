@@ -28,7 +28,8 @@ def tiny_prepared(tmp_path_factory):
     """``(target folder, prepared folder)``: a tiny chat target and 40 chats prepared for it."""
     from _chat_tiny import conversations, save_target, write_jsonl
 
-    from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
+    from lengthwise.dflash.prepare import prepare_chats
+    from lengthwise.dflash.prepare_config import PrepareConfig
 
     root = tmp_path_factory.mktemp("dflash_prepared")
     target = save_target(root / "target")

@@ -170,8 +170,8 @@ def test_target_kl_needs_a_cache_with_the_last_hidden_state():
 def test_a_run_trains_with_every_lever_on_from_a_cache(tiny_prepared, tmp_path):
     from lengthwise.dflash.features import FeaturesConfig, write_features
     from lengthwise.dflash.load import trained_draft
-    from lengthwise.dflash.recipe import RunSettings, train_draft
-    from lengthwise.dflash.train_config import DFlashTrainConfig
+    from lengthwise.dflash.recipe import train_draft
+    from lengthwise.dflash.train_config import DFlashTrainConfig, RunSettings
 
     target, prepared = tiny_prepared
     cache = tmp_path / "cache"
@@ -206,8 +206,8 @@ def test_train_flags_come_from_the_config():
 
 def test_train_samples_draws_nested_subsets_and_refuses_more_than_there_are(tiny_prepared):
     from lengthwise.dflash.prepared import open_prepared
-    from lengthwise.dflash.recipe import RunSettings, _split
-    from lengthwise.dflash.train_config import DFlashTrainConfig
+    from lengthwise.dflash.recipe import _split
+    from lengthwise.dflash.train_config import DFlashTrainConfig, RunSettings
 
     target, prepared = tiny_prepared
     data = open_prepared(prepared)

@@ -59,8 +59,8 @@ def test_cache_holds_the_targets_features_of_each_sample(made):
 
 
 def _train(target, prepared, out, features=None, steps=1):
-    from lengthwise.dflash.recipe import RunSettings, train_draft
-    from lengthwise.dflash.train_config import DFlashTrainConfig
+    from lengthwise.dflash.recipe import train_draft
+    from lengthwise.dflash.train_config import DFlashTrainConfig, RunSettings
 
     cfg = DFlashTrainConfig(steps=steps, max_tokens=256, max_len=200, block_size=4,
                             num_anchors=4, draft_layers=2, lr=1e-3, progress=False, threads=1,
@@ -204,7 +204,8 @@ def test_a_cache_of_another_target_layers_or_data_is_refused(made, tmp_path):
     other = save_target(tmp_path / "other_target", seed=5)
     with pytest.raises(DataError, match="another target's weights"):
         _train(other, prepared, tmp_path / "b", cache)
-    from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
+    from lengthwise.dflash.prepare import prepare_chats
+    from lengthwise.dflash.prepare_config import PrepareConfig
 
     chats = write_jsonl(tmp_path / "chats.jsonl", conversations(30, seed=9))
     prepare_chats(chats, target, tmp_path / "prepared",

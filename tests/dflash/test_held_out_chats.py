@@ -9,8 +9,8 @@ torch = pytest.importorskip("torch")
 
 def test_the_split_seed_holds_out_the_chats_dflash_train_holds_out(tiny_prepared):
     from lengthwise.dflash.prepared import open_prepared
-    from lengthwise.dflash.recipe import RunSettings, _split
-    from lengthwise.dflash.train_config import DFlashTrainConfig
+    from lengthwise.dflash.recipe import _split
+    from lengthwise.dflash.train_config import DFlashTrainConfig, RunSettings
 
     from experiments.held_out_chats import held_out_chats
 

@@ -25,7 +25,7 @@ def test_a_bfloat16_checkpoint_runs_in_float32_on_cpu_unless_told(instruct):
 
 def test_regeneration_loads_the_target_in_the_dtype_asked(instruct):
     from lengthwise.dflash.chat import ChatRenderer
-    from lengthwise.dflash.prepare import PrepareConfig
+    from lengthwise.dflash.prepare_config import PrepareConfig
     from lengthwise.dflash.regenerate import TurnGenerator
     from lengthwise.dflash.target import load_tokenizer
 
@@ -65,7 +65,8 @@ def long_prompts(instruct, tmp_path_factory):
     """Prepared chats, a third of them a long user turn before a short reply."""
     from _chat_tiny import conversations, texts, write_jsonl
 
-    from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
+    from lengthwise.dflash.prepare import prepare_chats
+    from lengthwise.dflash.prepare_config import PrepareConfig
 
     rows = conversations(24)
     for i, row in enumerate(rows):
@@ -114,7 +115,8 @@ def test_regenerated_turns_keep_the_targets_ids_and_no_end_of_turn_after_a_cut(
         instruct, tmp_path, monkeypatch):
     from _chat_tiny import write_jsonl
 
-    from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
+    from lengthwise.dflash.prepare import prepare_chats
+    from lengthwise.dflash.prepare_config import PrepareConfig
     from lengthwise.dflash.prepared import open_prepared
     from lengthwise.dflash.target import load_tokenizer
 
@@ -174,7 +176,8 @@ def test_an_interrupted_regeneration_resumes_with_the_turns_it_finished(instruct
                                                                           monkeypatch):
     from _chat_tiny import conversations, write_jsonl
 
-    from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
+    from lengthwise.dflash.prepare import prepare_chats
+    from lengthwise.dflash.prepare_config import PrepareConfig
     from lengthwise.dflash.prepared import open_prepared
     from lengthwise.dflash.target import load_tokenizer
 
@@ -205,7 +208,8 @@ def test_a_regeneration_killed_mid_batch_resumes_to_the_same_samples(instruct, t
     logged turns, run again, it writes what an uninterrupted run writes."""
     from _chat_tiny import conversations, write_jsonl
 
-    from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
+    from lengthwise.dflash.prepare import prepare_chats
+    from lengthwise.dflash.prepare_config import PrepareConfig
     from lengthwise.dflash.prepared import open_prepared
     from lengthwise.dflash.regenerate import TurnLog
 
@@ -233,7 +237,8 @@ def test_regeneration_progress_counts_turns(instruct, tmp_path, monkeypatch):
     from _chat_tiny import conversations, write_jsonl
 
     import lengthwise.progress
-    from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
+    from lengthwise.dflash.prepare import prepare_chats
+    from lengthwise.dflash.prepare_config import PrepareConfig
     from lengthwise.dflash.target import load_tokenizer
 
     rows = conversations(5)

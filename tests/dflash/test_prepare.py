@@ -19,7 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lengthwise.dflash.chat import ChatRenderer, normalise
-from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
+from lengthwise.dflash.prepare import prepare_chats
+from lengthwise.dflash.prepare_config import PrepareConfig
 from lengthwise.dflash.prepared import open_prepared
 from lengthwise.errors import ConfigError, DataError
 

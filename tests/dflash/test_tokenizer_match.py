@@ -16,7 +16,8 @@ from _chat_tiny import conversations, write_jsonl
 from _cli import TINY_TRAIN
 
 from lengthwise.cli import main
-from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
+from lengthwise.dflash.prepare import prepare_chats
+from lengthwise.dflash.prepare_config import PrepareConfig
 from lengthwise.dflash.prepared import open_prepared
 from lengthwise.errors import ConfigError
 

@@ -42,7 +42,8 @@ def test_epochs_set_the_steps_from_the_plan(prepared):
     import numpy as np
 
     from lengthwise.dflash.prepared import open_prepared
-    from lengthwise.dflash.recipe import RunSettings, _with_epochs
+    from lengthwise.dflash.recipe import _with_epochs
+    from lengthwise.dflash.train_config import RunSettings
     from lengthwise.train.loop import make_sampler
 
     target, data = prepared
@@ -153,7 +154,8 @@ def test_a_budget_too_small_for_two_supervised_tokens_names_the_option(prepared,
 
 
 def test_a_target_that_is_not_a_causal_lm_is_refused(prepared, tmp_path):
-    from lengthwise.dflash.recipe import RunSettings, train_draft
+    from lengthwise.dflash.recipe import train_draft
+    from lengthwise.dflash.train_config import RunSettings
 
     _, data = prepared
     bare = save_target(tmp_path / "bare", causal_lm=False)
@@ -164,7 +166,8 @@ def test_a_target_that_is_not_a_causal_lm_is_refused(prepared, tmp_path):
 
 def test_data_from_another_tokenizer_is_refused(prepared, tmp_path):
     from lengthwise.dflash.prepared import open_prepared
-    from lengthwise.dflash.recipe import RunSettings, train_draft
+    from lengthwise.dflash.recipe import train_draft
+    from lengthwise.dflash.train_config import RunSettings
     from lengthwise.errors import DataError
 
     _, data = prepared

@@ -260,7 +260,8 @@ def _prepare_chats(path: Path, tok: Any, out: Path, target: str | Path | None, *
     """
     import transformers
 
-    from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
+    from lengthwise.dflash.prepare import prepare_chats
+    from lengthwise.dflash.prepare_config import PrepareConfig
 
     z = np.load(path)
     flat, offsets, plens = z["flat"], z["offsets"], z["prompt_lens"]

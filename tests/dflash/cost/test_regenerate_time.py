@@ -121,7 +121,8 @@ def test_the_planned_batches_are_those_regeneration_runs(chats, tmp_path, monkey
     and in the first round the same widths."""
     from lengthwise.dflash.chat import ChatRenderer
     from lengthwise.dflash.cost.regenerate_time import regenerate_prompts
-    from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
+    from lengthwise.dflash.prepare import prepare_chats
+    from lengthwise.dflash.prepare_config import PrepareConfig
     from lengthwise.dflash.regenerate import TurnGenerator
     from lengthwise.dflash.target import load_tokenizer
 
@@ -191,7 +192,7 @@ def test_a_later_rounds_timed_batch_is_no_wider_than_the_targets_answers_allow(c
         measure_generate_profile,
         regenerate_prompts,
     )
-    from lengthwise.dflash.prepare import PrepareConfig
+    from lengthwise.dflash.prepare_config import PrepareConfig
     from lengthwise.dflash.target import load_tokenizer
 
     target, _, _ = chats
@@ -220,7 +221,8 @@ def test_the_predicted_regeneration_is_near_its_measured_time(chats, tmp_path):
     --regenerate``'s work within a factor 2 on any machine load (the real target's table in
     docs/dflash.md holds the tight comparison)."""
     from lengthwise.dflash.cost.regenerate_time import estimate_regenerate_time
-    from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
+    from lengthwise.dflash.prepare import prepare_chats
+    from lengthwise.dflash.prepare_config import PrepareConfig
 
     target, _, rows = chats
     src = write_jsonl(tmp_path / "more.jsonl", rows * 6)

@@ -85,7 +85,8 @@ def _predicted(args: list[str]) -> dict:
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     """``(target, prepared data, tokenizer, root)``: samples longer than a micro-batch."""
-    from lengthwise.dflash.prepare import PrepareConfig, prepare_chats
+    from lengthwise.dflash.prepare import prepare_chats
+    from lengthwise.dflash.prepare_config import PrepareConfig
 
     root = tmp_path_factory.mktemp("stage_memory")
     target = _small_target(root / "target")
