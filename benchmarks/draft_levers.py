@@ -301,12 +301,13 @@ def main() -> None:
     p.add_argument("--heldout-features", default=None, metavar="F",
                    help="the feature cache of --heldout-prepared")
     p.add_argument("--json", default=str(JSON_PATH))
+    p.add_argument("--md", default=str(MD_PATH), help="where the Markdown goes")
     p.add_argument("--render", action="store_true", help="only write the Markdown from the JSON")
     a = p.parse_args()
     if bool(a.heldout_prepared) != bool(a.heldout_features):
         p.error("--heldout-prepared and --heldout-features go together")
     res = json.loads(Path(a.json).read_text()) if a.render else run(a)
-    MD_PATH.write_text(render_md(res), encoding="utf-8")
+    Path(a.md).write_text(render_md(res), encoding="utf-8")
 
 
 if __name__ == "__main__":
