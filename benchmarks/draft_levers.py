@@ -161,7 +161,8 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     res["setup"] = setup
     res.setdefault("runs", {})
     Path(a.work).mkdir(parents=True, exist_ok=True)
-    arms = [("baseline", {})] + list(LEVERS.items())
+    every = {"baseline": {}, **LEVERS}
+    arms = [(name, every[name]) for name in a.arms]
     for seed in a.seeds:  # every arm of a seed, then their combination, before the next seed
         for name, arm in arms:
             if str(seed) in res["runs"].get(name, {}):
@@ -268,11 +269,14 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--eval-samples", type=int, default=16)
     p.add_argument("--split-seed", type=int, default=0)
+    p.add_argument("--arms", nargs="+", choices=["baseline", *LEVERS],
+                   default=["baseline", *LEVERS], help="the arms to run, in this order")
     p.add_argument("--json", default=str(JSON_PATH))
+    p.add_argument("--md", default=str(MD_PATH), help="where the Markdown goes")
     p.add_argument("--render", action="store_true", help="only write the Markdown from the JSON")
     a = p.parse_args()
     res = json.loads(Path(a.json).read_text()) if a.render else run(a)
-    MD_PATH.write_text(render_md(res), encoding="utf-8")
+    Path(a.md).write_text(render_md(res), encoding="utf-8")
 
 
 if __name__ == "__main__":
