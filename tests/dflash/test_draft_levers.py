@@ -179,7 +179,8 @@ def test_new_draft_applies_the_config_levers():
     cfg = DFlashTrainConfig(steps=2, block_size=4, draft_layers=2, num_features=2,
                             init="target", zero_init_output=True, standardize_features=True)
     scale = torch.linspace(0.5, 2.0, 64)
-    draft = new_draft(target, cfg, mask_token_id=39, feature_scale=scale, samples=_texts())
+    texts = [t.numpy().astype("int32") for t in _texts()]  # token ids as data sets hold them
+    draft = new_draft(target, cfg, mask_token_id=39, feature_scale=scale, samples=texts)
     assert torch.equal(draft.feature_scale, scale)
     assert not draft.layers[0].self_attn.o_proj.weight.any()
     assert torch.equal(draft.layers[1].mlp.up_proj.weight, target.base.layers[3].mlp.up_proj.weight)

@@ -160,7 +160,7 @@ def _layer_inputs(target: Any, layers: list[int], samples: Iterable[Any]
     out: dict[int, list[torch.Tensor]] = {i: [] for i in layers}
     seen = 0
     for sample in samples:
-        ids = torch.as_tensor(sample).reshape(-1)[: CALIBRATION_TOKENS - seen]
+        ids = torch.as_tensor(sample).reshape(-1)[: CALIBRATION_TOKENS - seen].long()
         if ids.numel():
             hidden = target.base(input_ids=ids[None].to(target.device),
                                  output_hidden_states=True).hidden_states
