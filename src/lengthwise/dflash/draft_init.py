@@ -129,6 +129,18 @@ def attention_scale(layer: Any, inputs: Iterable[torch.Tensor], rotary: Any
     mean squares of the target's logits and of the unit ones, over every head and
     causal pair; ``a`` is the root mean square of the target's queries. The
     layer's q/k norm weights are left at one.
+
+    Example (queries three times as large: ``a`` triples, ``b`` stays)::
+
+        >>> from lengthwise.dflash.model import DFlashConfig, DFlashDraft
+        >>> d = DFlashDraft(DFlashConfig(hidden_size=16, num_heads=2, num_kv_heads=1,
+        ...                              num_features=1, mask_token_id=0))
+        >>> x = [torch.randn(6, 16)]
+        >>> a, b = attention_scale(d.layers[0], x, d.rotary)
+        >>> _ = d.layers[0].self_attn.q_proj.weight.data.mul_(3)
+        >>> a3, b3 = attention_scale(d.layers[0], x, d.rotary)
+        >>> round(a3 / a, 4), round(b3 / b, 4)
+        (3.0, 1.0)
     """
     attn = layer.self_attn
     attn.q_norm.weight.fill_(1.0)
