@@ -36,18 +36,106 @@ def test_warm_start_copies_the_targets_top_layers_norm_and_deepest_feature():
 
     target = tiny_target()  # 4 layers, features of layers 1 and 2
     draft = _draft(target)
-    assert warm_start(draft, target) == [2, 3]
+    assert warm_start(draft, target, _texts()) == [2, 3]
     base = target.base
     for mine, i in zip(draft.layers, (2, 3), strict=True):
         theirs = base.layers[i].state_dict()
         for name, value in mine.state_dict().items():
             if name in theirs:
                 assert torch.equal(value, theirs[name]), name
-        assert torch.equal(mine.self_attn.q_norm.weight, torch.ones(8))  # Llama has none
+        q_norm = mine.self_attn.q_norm.weight.detach()  # Llama has none: one measured constant
+        assert torch.equal(q_norm, q_norm[:1].expand(8)) and float(q_norm[0]) != 1.0
     assert torch.equal(draft.norm.weight, base.norm.weight)
     assert torch.equal(draft.context_norm.weight, base.layers[2].input_layernorm.weight)
     w = draft.fc.weight
     assert torch.equal(w[:, 32:], torch.eye(32)) and not w[:, :32].any()  # layer 2: deepest
+
+
+def _texts(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 40, (n,), generator=g) for n in (24, 17)]
+
+
+def _causal_logits(q, k, cos, sin):
+    """Attention logits ``(heads, causal pairs)`` of ``(T, heads, d)`` queries and keys."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
+
+    q, k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
+    k = repeat_kv(k, q.shape[1] // k.shape[1])
+    logits = (q @ k.transpose(-1, -2))[0] / q.shape[-1] ** 0.5
+    return logits[:, torch.ones(q.shape[2], q.shape[2], dtype=torch.bool).tril()]
+
+
+def _layer_logits(target, draft, text):
+    """Per copied layer: the target layer's logits and the draft layer's on the target's input."""
+    base = target.base
+    hidden = base(input_ids=text[None], output_hidden_states=True).hidden_states
+    pos = torch.arange(len(text))[None]
+    out = []
+    for mine, i in zip(draft.layers, (2, 3), strict=True):
+        theirs = base.layers[i].self_attn
+        x = base.layers[i].input_layernorm(hidden[i][0])
+        q, k = theirs.q_proj(x).view(len(text), 4, 8), theirs.k_proj(x).view(len(text), 2, 8)
+        cos, sin = base.rotary_emb(x[None], pos)
+        a = mine.self_attn
+        y = mine.input_layernorm(hidden[i][0])
+        dq = a.q_norm(a.q_proj(y).view(len(text), 4, 8))
+        dk = a.k_norm(a.k_proj(y).view(len(text), 2, 8))
+        dcos, dsin = draft.rotary(y[None], pos)
+        out.append((_causal_logits(q, k, cos, sin), _causal_logits(dq, dk, dcos, dsin)))
+    return out
+
+
+def _rms(parts):
+    return float(torch.cat([p.reshape(-1) for p in parts]).pow(2).mean().sqrt())
+
+
+@torch.no_grad()
+def test_warm_start_gives_the_draft_layers_the_targets_attention_logit_size():
+    from lengthwise.dflash.draft_init import warm_start
+
+    target = tiny_target()
+    texts = _texts()
+    unit = _draft(target)
+    warm_start(unit, target, texts)
+    for layer in unit.layers:  # the same draft with the norms at one
+        layer.self_attn.q_norm.weight.fill_(1.0)
+        layer.self_attn.k_norm.weight.fill_(1.0)
+    draft = _draft(target)
+    warm_start(draft, target, texts)
+    for text in [*texts, *_texts(seed=1)]:  # measured on texts; held on others too
+        warm, plain = _layer_logits(target, draft, text), _layer_logits(target, unit, text)
+        for (theirs, mine), (_, ones) in zip(warm, plain, strict=True):
+            ratio = _rms([mine]) / _rms([theirs])
+            assert 0.8 < ratio < 1.25, ratio
+            assert _rms([ones]) / _rms([theirs]) > 3  # unit queries and keys: far too large
+            # the attention each query pays follows the target's more closely
+            p = torch.softmax(_dense(theirs, len(text)), -1)
+            gap = [float((p * (p.log() - torch.log_softmax(_dense(d, len(text)), -1))
+                          ).nan_to_num().sum(-1).mean()) for d in (mine, ones)]
+            assert gap[0] < gap[1] / 2, gap
+    # on the texts it was measured on, the logits' root mean square is the target's
+    for i in range(2):
+        pairs = [_layer_logits(target, draft, t)[i] for t in texts]
+        torch.testing.assert_close(_rms([m for _, m in pairs]), _rms([t for t, _ in pairs]),
+                                   rtol=1e-4, atol=0)
+
+
+def _dense(logits, n):
+    """``(heads, pairs)`` causal logits back to ``(heads, n, n)`` with minus infinity above."""
+    out = torch.full((logits.shape[0], n, n), float("-inf"))
+    out[:, torch.ones(n, n, dtype=torch.bool).tril()] = logits
+    return out
+
+
+def test_warm_start_of_a_target_without_q_k_norms_needs_training_text():
+    from lengthwise.dflash.draft_init import warm_start
+    from lengthwise.errors import DataError
+
+    target = tiny_target()
+    with pytest.raises(DataError, match="no training tokens to measure") as err:
+        warm_start(_draft(target), target, [torch.zeros(0, dtype=torch.long)])
+    assert "\n" not in str(err.value)
 
 
 def test_warm_start_copies_qwen3_q_and_k_norms():
@@ -91,7 +179,8 @@ def test_new_draft_applies_the_config_levers():
     cfg = DFlashTrainConfig(steps=2, block_size=4, draft_layers=2, num_features=2,
                             init="target", zero_init_output=True, standardize_features=True)
     scale = torch.linspace(0.5, 2.0, 64)
-    draft = new_draft(target, cfg, mask_token_id=39, feature_scale=scale)
+    texts = [t.numpy().astype("int32") for t in _texts()]  # token ids as data sets hold them
+    draft = new_draft(target, cfg, mask_token_id=39, feature_scale=scale, samples=texts)
     assert torch.equal(draft.feature_scale, scale)
     assert not draft.layers[0].self_attn.o_proj.weight.any()
     assert torch.equal(draft.layers[1].mlp.up_proj.weight, target.base.layers[3].mlp.up_proj.weight)

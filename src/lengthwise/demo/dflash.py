@@ -68,7 +68,9 @@ class DFlashOrderRun:
         self.order, self.data, self.target, self.cfg, self.info = order, data, target, cfg, info
         self.meta, self.run_dir = meta, Path(out) / order
         device = target.device
-        draft = new_draft(target, cfg, mask_token_id=meta["mask_token_id"])
+        draft = new_draft(target, cfg, mask_token_id=meta["mask_token_id"],
+                          samples=(data.sample(i)["input_ids"][: cfg.max_len]
+                                   for i in range(len(data.lengths))))
         self.task = DFlashTask(draft, target, cfg, order=order,
                                amp=autocast_dtype(cfg.dtype, device))
         self.loop = TrainLoop(self.task, order, data.lengths, data.sample, cfg,

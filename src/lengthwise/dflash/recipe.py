@@ -31,7 +31,7 @@ Example::
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,7 +101,7 @@ def held_out_batches(samples: list[dict[str, Any]], *, batch_size: int = 8,
 
 
 def new_draft(target: Any, cfg: DFlashTrainConfig, *, mask_token_id: int,
-              feature_scale: Any = None) -> Any:
+              feature_scale: Any = None, samples: Iterable[Any] = ()) -> Any:
     """A draft sized from the target's config, initialised from ``cfg.seed``, on its device.
 
     Its blocks are filled with ``mask_token_id``, a row of the target's vocabulary
@@ -110,6 +110,8 @@ def new_draft(target: Any, cfg: DFlashTrainConfig, *, mask_token_id: int,
     (:mod:`~lengthwise.dflash.draft_init`); with ``cfg.standardize_features`` the draft
     scales its features by ``feature_scale``
     (:func:`~lengthwise.dflash.feature_scale.feature_scale`; ones when not given).
+    ``samples``: token-id sequences of training text, on which ``init=target`` measures
+    the target's query and key sizes (:func:`~lengthwise.dflash.draft_init.warm_start`).
 
     The global random state is left as it was.
 
@@ -140,7 +142,7 @@ def new_draft(target: Any, cfg: DFlashTrainConfig, *, mask_token_id: int,
     if cfg.standardize_features and feature_scale is not None:
         draft.feature_scale.copy_(feature_scale)
     if cfg.init == "target":
-        warm_start(draft, target)
+        warm_start(draft, target, samples)
     if cfg.zero_init_output:
         zero_output(draft)
     return draft.train()
@@ -327,6 +329,13 @@ class _Models:
 SCALE_TOKENS = 16384
 
 
+def _first_ids(data: Any, train_idx: np.ndarray, cfg: DFlashTrainConfig
+               ) -> Iterator[np.ndarray]:
+    """The token ids of the training samples in order, each cut to ``cfg.max_len``."""
+    for j in train_idx:
+        yield np.asarray(data.sample(int(j))["input_ids"][: cfg.max_len])
+
+
 def _first_features(target: Target, data: Any, train_idx: np.ndarray, cache: Any,
                     cfg: DFlashTrainConfig) -> Iterator[Any]:
     """The target's features ``(tokens, F)`` of the first training samples, one at a time,
@@ -374,7 +383,8 @@ def starting_draft(target: Target, cfg: DFlashTrainConfig, *, mask_token_id: int
         from lengthwise.dflash.feature_scale import feature_scale
 
         scale = feature_scale(_first_features(target, data, train_idx, cache, cfg))
-    return new_draft(target, cfg, mask_token_id=mask_token_id, feature_scale=scale)
+    return new_draft(target, cfg, mask_token_id=mask_token_id, feature_scale=scale,
+                     samples=_first_ids(data, train_idx, cfg))
 
 
 def _models(cfg: DFlashTrainConfig, run: RunSettings, data: Any, tokenizer: Any, device: Any,
