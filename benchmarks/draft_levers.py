@@ -235,8 +235,9 @@ def render_md(res: dict[str, Any]) -> str:
            "data sets training never sees)." if s.get("heldout_prepared") else
            f"The same {s['eval_samples']} chats are held out in every run (split seed "
            f"{s['split_seed']}).")
-        + " A `train_samples=N` arm trains on a seeded draw of N training chats (a smaller "
-        "draw inside a larger one), the baseline on all of them, for the same steps.",
+        + (" A `train_samples=N` arm trains on a seeded draw of N training chats (a smaller "
+           "draw inside a larger one), the baseline on all of them, for the same steps."
+           if any(a.startswith("train_samples=") for a in res["runs"]) else ""),
         f"Held-out figures use {s['eval_anchors']} anchors per chat, the same positions in "
         "every run. A difference is the arm minus the "
         "baseline per held-out chat, averaged over the seeds, with its 95 % t-interval over "
