@@ -30,8 +30,13 @@ Stages, each the recipe's own command run in this process:
 
     python benchmarks/real_target_dflash.py --scale quick    # 47 min on 2 shared cores
     python benchmarks/real_target_dflash.py --scale full     # 62 min on 2 shared cores
+    python benchmarks/real_target_dflash.py --scale large    # hours: resumes where it stopped
     python benchmarks/real_target_dflash.py --check          # rerun the reduced check, compare
     python benchmarks/real_target_dflash.py --render         # results and docs from the JSON
+
+``large`` holds out chats by data set (:func:`split_by_data_set`) and needs more than one
+sitting of 2 cores (regeneration most of it): every stage resumes, regeneration from its turn
+log, training from its checkpoints, and each evaluation from its saved figures (``evals/``).
 
 The figures go to ``benchmarks/REAL_TARGET_RESULTS.json`` (one entry per scale) and
 ``benchmarks/REAL_TARGET_RESULTS.md``, and a summary into docs/dflash.md's

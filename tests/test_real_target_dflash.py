@@ -131,3 +131,35 @@ def test_the_check_scale_reruns_as_committed(script, saved):
     assert fresh["reference"].get("equal_to_greedy", True)
     assert all(r["mismatches"] == 0 for r in fresh["final"] if "mismatches" in r)
     assert script.compare(saved["check"], fresh) == []
+
+
+def test_a_rerun_takes_saved_stage_figures_and_leaves_unchanged_data_files_alone(
+        script, tmp_path):
+    stages = script.Stages(tmp_path / "evals")
+    calls = []
+    assert stages.get("final", lambda: calls.append(1) or [{"a": 1}]) == [{"a": 1}]
+    assert stages.get("final", lambda: calls.append(2) or [{"a": 2}]) == [{"a": 1}]
+    assert calls == [1]
+    stages.clear()
+    assert stages.get("final", lambda: [{"a": 3}]) == [{"a": 3}]
+    path = tmp_path / "chats.jsonl"
+    script._jsonl(path, [{"x": 1}])
+    before = path.stat().st_mtime_ns
+    script._jsonl(path, [{"x": 1}])  # the same rows: prepare's fingerprint (mtime) is kept
+    assert path.stat().st_mtime_ns == before
+    script._jsonl(path, [{"x": 2}])
+    assert path.read_text() == '{"x": 2}\n'
+
+
+@given(st.lists(st.integers(0, 9), min_size=1, max_size=60), st.integers(0, 10),
+       st.integers(0, 3))
+@settings(max_examples=60, deadline=None)
+def test_held_out_chats_share_no_data_set_with_training_and_none_is_lost(script, sets, n_held,
+                                                                       seed):
+    chats = [{"source": f"set{k}/data.jsonl", "messages": [i]} for i, k in enumerate(sets)]
+    held, train = script.split_by_data_set(chats, n_held, seed)
+    held_sets = {script.data_set(c) for c in held}
+    assert len(held) == len(held_sets) == min(n_held, len(set(sets)))
+    assert not held_sets & {script.data_set(c) for c in train}
+    assert sorted(c["messages"][0] for c in train) == [
+        i for i, k in enumerate(sets) if f"set{k}" not in held_sets]
