@@ -34,3 +34,30 @@ def small_disk(tmp_path):
         yield mount
     finally:
         subprocess.run(["umount", "--lazy", str(mount)], capture_output=True)
+
+
+@pytest.fixture
+def plan_keywords():
+    """``check(build, who, **options)`` for an entry point that takes a PlanConfig or its
+    fields as keywords: ``build(config, **keywords)`` returns what it planned (its batches).
+
+    The keyword form plans as the PlanConfig does; both together, and an unknown keyword
+    (named with the nearest option), raise a one-line ConfigError naming ``who``.
+    """
+    from lengthwise.errors import ConfigError
+    from lengthwise.planning.config import PlanConfig
+
+    def check(build, who, **options):
+        assert build(None, **options) == build(PlanConfig(**options))
+        with pytest.raises(ConfigError, match=rf"^{who}\(\) got a PlanConfig and the plan "
+                                              r"options max_len, order as keywords: give one "
+                                              r"or the other$"):
+            build(PlanConfig(**options), order="sorted", max_len=4)
+        with pytest.raises(ConfigError, match=rf"^{who}\(\) got an unknown option 'max_token'; "
+                                              r"did you mean 'max_tokens'\?$"):
+            build(None, max_token=64)
+        with pytest.raises(ConfigError, match=rf"^{who}\(\) needs a plan: a PlanConfig, or its "
+                                              r"options as keywords \(max_tokens=\.\.\., "):
+            build(None)
+
+    return check

@@ -28,6 +28,7 @@ from transformers import (  # noqa: E402
 from lengthwise.hf.trainer import (  # noqa: E402
     STATE_FILE,
     LengthwiseTrainer,
+    make_sampler,
     use_lengthwise,
 )
 from lengthwise.planning.config import PlanConfig  # noqa: E402
@@ -148,6 +149,30 @@ def test_use_lengthwise_on_an_existing_trainer(tmp_path):
     assert rec.seen == _plan_batches(seed=5)[0]
     assert out.metrics["train_samples"] == len(_lengths())  # one whole epoch
     assert out.metrics["train_tokens"] == int(_lengths().sum())
+
+
+def _trainer_sampler(out, config, **keywords):
+    trainer = LengthwiseTrainer(model=_model(), args=_args(out), train_dataset=Tokens(_lengths()),
+                                data_collator=Recorder(), lengths=_lengths(), plan=config,
+                                **keywords)
+    return trainer.lengthwise_sampler
+
+
+@pytest.mark.parametrize("make, who", [
+    (_trainer_sampler, "LengthwiseTrainer"),
+    (lambda out, config, **kw: use_lengthwise(
+        Trainer(model=_model(), args=_args(out), train_dataset=Tokens(_lengths())), _lengths(),
+        config, **kw), "use_lengthwise"),
+    (lambda out, config, **kw: make_sampler(
+        Trainer(model=_model(), args=_args(out), train_dataset=Tokens(_lengths())), _lengths(),
+        config, **kw), "make_sampler"),
+])
+def test_plan_options_as_keywords_train_as_their_config(tmp_path, plan_keywords, make, who):
+    def build(config, **keywords):
+        sampler = make(tmp_path, config, **keywords)
+        return (sampler.seed, sampler.grad_accum), list(sampler)
+
+    plan_keywords(build, who, max_tokens=256, pad_multiple=8)
 
 
 def test_trainer_resume_continues_with_the_plan(tmp_path):

@@ -53,6 +53,14 @@ def test_lightning_rebuilds_the_sampler_with_its_options_and_the_ranks():
     assert new.epoch == 3
 
 
+def test_plan_options_as_keywords_sample_and_rebuild_as_their_config(plan_keywords):
+    def build(config, **keywords):
+        sampler = LightningBatchSampler(LENGTHS, config, seed=4, **keywords)
+        return list(sampler), list(_rebuilt(sampler))
+
+    plan_keywords(build, "LightningBatchSampler", max_tokens=128, grad_accum=2)
+
+
 def test_given_ranks_must_agree_with_lightnings():
     with pytest.raises(ConfigError, match="num_replicas=4 was given, but Lightning's "
                                          "DistributedSampler has num_replicas=2"):

@@ -126,6 +126,28 @@ def test_stratified_steps_carry_every_stratum():
     assert np.all(steps.max(axis=1) > np.quantile(lengths, 0.8))
 
 
+@pytest.mark.parametrize("options", [
+    dict(max_tokens=2048, world_size=4, grad_accum=2),
+    dict(batch_size=3, order="sorted", buckets=4),
+    dict(max_tokens=512, layout="pack", on_overflow="split", world_size=2),
+])
+def test_plan_options_as_keywords_plan_as_their_config(plan_keywords, options):
+    lengths = np.random.default_rng(0).integers(1, 900, 3000)
+
+    def build(config, **keywords):
+        plan = plan_epoch(lengths, config, seed=2, epoch=1, **keywords)
+        return [b.tolist() for b in batches_of(plan)]
+
+    plan_keywords(build, "plan_epoch", **options)
+
+
+def test_an_unknown_keyword_of_plan_epoch_names_its_nearest_option():
+    with pytest.raises(ValueError, match=r"unknown option 'epochs'; did you mean 'epoch'\?$"):
+        plan_epoch([3, 4], batch_size=2, epochs=1)
+    with pytest.raises(TypeError, match=r"config must be a lengthwise.PlanConfig, got 2 \(or "):
+        plan_epoch([3, 4], 2)
+
+
 def test_subset_of_indices():
     lengths = np.arange(1, 101)
     plan = plan_epoch(lengths, PlanConfig(batch_size=4, world_size=2), indices=np.arange(50, 100))

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 import lengthwise
+from lengthwise.nemo import EpochBatchSampler, LengthwiseSamplerConfig
 from lengthwise.planning.config import PlanConfig
 from lengthwise.planning.lengths import LengthError
 from lengthwise.planning.plan import plan_epoch
@@ -221,6 +222,29 @@ def test_batch_rule_must_be_given_once():
         BucketBatchSampler([3, 4], PlanConfig(max_tokens=100, batch_size=2))
     with pytest.raises(TypeError, match="config must be a lengthwise.PlanConfig, got 8"):
         BucketBatchSampler([3, 4], 8)
+
+
+def _nemo_sampler(lengths, config, **keywords):
+    return LengthwiseSamplerConfig(lengths, config, {"seed": 3, **keywords}).build(
+        dataset_len=lengths.size, rank=1, world_size=2)
+
+
+@pytest.mark.parametrize("make", [BucketBatchSampler, EpochBatchSampler, _nemo_sampler])
+def test_plan_options_as_keywords_sample_as_their_config(plan_keywords, make):
+    lengths = _lengths(300)
+    mine = {} if make is _nemo_sampler else {"seed": 3, "num_replicas": 2, "rank": 1}
+    who = "LengthwiseSamplerConfig" if make is _nemo_sampler else make.__name__
+    plan_keywords(lambda config, **kw: list(make(lengths, config, **mine, **kw)), who,
+                  max_tokens=1200, grad_accum=2, even_out="drop")
+
+
+def test_an_unknown_keyword_of_the_sampler_names_its_nearest_option():
+    with pytest.raises(ValueError, match=r"unknown option 'num_replica'; did you mean "
+                                         r"'num_replicas'\?$"):
+        BucketBatchSampler([3, 4], batch_size=2, num_replica=2)
+    with pytest.raises(ValueError, match=r"unknown option 'pad_multiples'; did you mean "
+                                         r"'pad_multiple'\?$"):
+        BucketBatchSampler([3, 4], PlanConfig(batch_size=2), pad_multiples=8)
 
 
 def test_lengths_that_do_not_match_the_dataset():

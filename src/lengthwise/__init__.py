@@ -6,7 +6,7 @@ NumPy; the torch, Hugging Face and plotting adapters load on first use.
 Example::
 
     >>> import numpy as np, lengthwise
-    >>> plan = lengthwise.plan_epoch(np.arange(1, 1001), lengthwise.PlanConfig(batch_size=8))
+    >>> plan = lengthwise.plan_epoch(np.arange(1, 1001), batch_size=8)
     >>> len(plan.rank_batches(0)) == plan.num_batches
     True
 """

@@ -16,7 +16,7 @@ Example::
 
     from lengthwise.lightning import LengthwiseCallback, LightningBatchSampler
 
-    sampler = LightningBatchSampler(lengths, PlanConfig(max_tokens=16384))
+    sampler = LightningBatchSampler(lengths, max_tokens=16384)
     loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=sampler.collator(0))
     trainer = L.Trainer(callbacks=[LengthwiseCallback()], ...)
     trainer.fit(model, loader)
@@ -45,7 +45,8 @@ __all__ = ["LengthwiseCallback", "LightningBatchSampler", "lengthwise_samplers"]
 class LightningBatchSampler(BucketBatchSampler):
     """A :class:`~lengthwise.BucketBatchSampler` that Lightning's ``Trainer`` can rebuild.
 
-    ``config`` and ``options`` are the sampler's. Lightning rebuilds it as
+    ``config`` and ``options`` (the plan's, as keywords, and the sampler's own) are the
+    sampler's. Lightning rebuilds it as
     ``LightningBatchSampler(lengths, config, sampler=DistributedSampler(...), **options)``: the
     ``DistributedSampler`` gives ``num_replicas`` and ``rank`` (which must agree with
     any given) and nothing else. ``self.sampler`` is the sampler itself, so Lightning's
@@ -53,12 +54,12 @@ class LightningBatchSampler(BucketBatchSampler):
 
     Example::
 
-        >>> s = LightningBatchSampler([5, 3, 8, 2], PlanConfig(batch_size=2, order="sorted"))
+        >>> s = LightningBatchSampler([5, 3, 8, 2], batch_size=2, order="sorted")
         >>> s.sampler is s, list(s)
         (True, [[3, 1], [0, 2]])
     """
 
-    def __init__(self, lengths: Any, config: PlanConfig, *, sampler: Any = None,
+    def __init__(self, lengths: Any, config: PlanConfig | None = None, *, sampler: Any = None,
                  **options: Any) -> None:
         given = dict(options)
         #: check the ranks against the processes when training starts (LengthwiseCallback)
@@ -104,7 +105,7 @@ def lengthwise_samplers(loaders: Any) -> list[BucketBatchSampler]:
     Example::
 
         >>> from torch.utils.data import DataLoader
-        >>> s = BucketBatchSampler([3, 1, 2], PlanConfig(batch_size=2))
+        >>> s = BucketBatchSampler([3, 1, 2], batch_size=2)
         >>> lengthwise_samplers({"a": DataLoader(range(3), batch_sampler=s)}) == [s]
         True
     """

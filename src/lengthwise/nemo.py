@@ -14,7 +14,7 @@ Example::
 
     config = DataloaderConfig(dataset_config=..., batch_size=None,
                               batch_sampler_config=LengthwiseSamplerConfig(
-                                  lengths, PlanConfig(max_tokens=16384)))
+                                  lengths, options={"max_tokens": 16384}))
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from lengthwise.planning.config import PlanConfig
+from lengthwise.planning.config import PlanConfig, plan_config
 from lengthwise.pytorch.sampler import BucketBatchSampler
 
 __all__ = ["EpochBatchSampler", "LengthwiseSamplerConfig"]
@@ -38,7 +38,7 @@ class EpochBatchSampler(BucketBatchSampler):
 
     Example::
 
-        >>> s = EpochBatchSampler([5, 3, 8, 2, 7, 1], PlanConfig(batch_size=2))
+        >>> s = EpochBatchSampler([5, 3, 8, 2, 7, 1], batch_size=2)
         >>> first, second = list(s), list(s)
         >>> s.epoch, first != second, sorted(sum(second, [])) == list(range(6))
         (1, True, True)
@@ -55,20 +55,26 @@ class LengthwiseSamplerConfig:
     """NeMo Automodel's ``BatchSamplerConfig`` for lengthwise: ``lengths``, the plan's
     configuration and the sampler's own options.
 
-    ``options`` are :class:`~lengthwise.BucketBatchSampler`'s own (``seed``,
-    ``window``...); the ranks come from NeMo (its data-parallel ones).
+    ``options`` are the plan's fields (instead of ``plan``, taken out into it) and
+    :class:`~lengthwise.BucketBatchSampler`'s own (``seed``, ``window``...); the ranks come
+    from NeMo (its data-parallel ones).
 
     Example::
 
-        >>> config = LengthwiseSamplerConfig([5, 3, 8, 2], PlanConfig(batch_size=2))
+        >>> config = LengthwiseSamplerConfig([5, 3, 8, 2], options={"batch_size": 2})
         >>> s = config.build(dataset_len=4, rank=1, world_size=2)
-        >>> (s.num_replicas, s.rank, len(s))
-        (2, 1, 1)
+        >>> (s.num_replicas, s.rank, len(s), config.plan == PlanConfig(batch_size=2))
+        (2, 1, 1, True)
     """
 
     lengths: Any
-    plan: PlanConfig
+    plan: PlanConfig | None = None
     options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.options = dict(self.options)
+        self.plan = plan_config(self.plan, self.options, BucketBatchSampler.__init__,
+                                type(self).__name__)
 
     def build(self, *, dataset_len: int, rank: int, world_size: int) -> EpochBatchSampler:
         """The sampler of data-parallel ``rank`` of ``world_size``; checks the data set's size."""

@@ -26,7 +26,7 @@ Example::
 
     trainer = LengthwiseTrainer(
         model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
-        lengths=lengths, plan=PlanConfig(max_tokens=16384))  # collates with the sampler's
+        lengths=lengths, max_tokens=16384)  # collates with the sampler's
     trainer.train()
 """
 
@@ -47,7 +47,7 @@ from transformers import Trainer, TrainerCallback
 
 from lengthwise.atomic import atomic_open
 from lengthwise.errors import ConfigError
-from lengthwise.planning.config import PlanConfig
+from lengthwise.planning.config import PlanConfig, plan_config
 from lengthwise.pytorch.sampler import BucketBatchSampler, ResumeError
 
 if TYPE_CHECKING:
@@ -80,14 +80,16 @@ def data_parallel_ranks(trainer: Trainer) -> tuple[int, int]:
     return world, rank
 
 
-def make_sampler(trainer: Trainer, lengths: Any, config: PlanConfig,
+def make_sampler(trainer: Trainer, lengths: Any, config: PlanConfig | None = None,
                  **options: Any) -> BucketBatchSampler:
     """A sampler of ``config``'s plan for ``trainer``: its ranks, gradient accumulation,
     ``dataloader_drop_last`` and data seed.
 
-    ``options`` are :class:`lengthwise.BucketBatchSampler`'s own (``window``...). Raises
-    if the lengths do not match the training set.
+    ``options`` are the plan's fields (instead of ``config``) and
+    :class:`lengthwise.BucketBatchSampler`'s own (``window``...). Raises if the lengths do
+    not match the training set.
     """
+    config = plan_config(config, options, BucketBatchSampler.__init__, "make_sampler")
     clash = [k for k in ("num_replicas", "rank") if k in options]
     clash += [k for k in ("world_size", "grad_accum") if getattr(config, k) != 1]
     if clash:
@@ -242,8 +244,9 @@ class LengthwiseTrainer(Trainer):
 
     ``lengths`` are the training set's token lengths (row ``i`` of ``train_dataset``
     has ``lengths[i]``; any source :func:`lengthwise.load_lengths` reads), ``plan`` the
-    :class:`~lengthwise.planning.config.PlanConfig` of its batches, and ``sampler_options``
-    the sampler's own options (``window``...). The sampler is
+    :class:`~lengthwise.planning.config.PlanConfig` of its batches (or its fields as keywords
+    instead, ``max_tokens=8192``...), and ``sampler_options`` the sampler's own options
+    (``window``...). The sampler is
     ``trainer.lengthwise_sampler``; its state goes into every checkpoint
     (``lengthwise_sampler.json``) and resuming checks it.
 
@@ -256,16 +259,16 @@ class LengthwiseTrainer(Trainer):
 
         trainer = LengthwiseTrainer(model=model, args=args, train_dataset=ds,
                                     processing_class=tokenizer, lengths=lengths,
-                                    plan=PlanConfig(max_tokens=8192))
+                                    max_tokens=8192)
     """
 
     def __init__(self, *args: Any, lengths: Any = None, plan: PlanConfig | None = None,
                  sampler_options: dict[str, Any] | None = None,
                  pad_token_id: int | None = None, **kwargs: Any) -> None:
-        if lengths is None or plan is None:
-            raise ConfigError("LengthwiseTrainer needs lengths=... (one token length per row "
-                              "of train_dataset; see lengthwise.compute_lengths) and plan="
-                              "PlanConfig(max_tokens=...)")
+        if lengths is None:
+            raise ConfigError(f"{type(self).__name__} needs lengths=... (one token length per "
+                              "row of train_dataset; see lengthwise.compute_lengths)")
+        plan = plan_config(plan, kwargs, super().__init__, type(self).__name__)
         # Trainer(model, args, data_collator, ...): the collator may come by position
         given = kwargs.get("data_collator") is not None or (len(args) > 2 and args[2] is not None)
         super().__init__(*args, **kwargs)
@@ -321,7 +324,7 @@ def _pad_token_id(trainer: Trainer, given: int | None) -> int | None:
                       "with a pad_token_id, or a data_collator")
 
 
-def use_lengthwise(trainer: Trainer, lengths: Any, config: PlanConfig,
+def use_lengthwise(trainer: Trainer, lengths: Any, config: PlanConfig | None = None,
                    **options: Any) -> BucketBatchSampler:
     """Make an existing ``trainer`` train on planned micro-batches; return the sampler.
 
@@ -331,14 +334,16 @@ def use_lengthwise(trainer: Trainer, lengths: Any, config: PlanConfig,
     samples and tokens per second, one ``train_loss`` over the ranks), like
     :class:`LengthwiseTrainer`. Works on TRL's ``SFTTrainer``. The trainer's
     collator is kept, held to the plan (:func:`hold_to_plan`): samples truncated
-    as the plan counted them, every micro-batch checked against the budget.
+    as the plan counted them, every micro-batch checked against the budget. ``config`` and
+    ``options`` are :func:`make_sampler`'s.
 
     Example::
 
         trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=collate)
-        sampler = use_lengthwise(trainer, lengths, PlanConfig(max_tokens=8192))
+        sampler = use_lengthwise(trainer, lengths, max_tokens=8192)
         trainer.train()
     """
+    config = plan_config(config, options, BucketBatchSampler.__init__, "use_lengthwise")
     sampler = make_sampler(trainer, lengths, config, **options)
     trainer.lengthwise_sampler = sampler
     trainer.data_collator = hold_to_plan(trainer.data_collator, sampler)
@@ -384,8 +389,8 @@ def trained_counts(sampler: BucketBatchSampler, start_step: int,
 
     Example::
 
-        >>> s = BucketBatchSampler([5, 6, 7, 8], PlanConfig(batch_size=1, grad_accum=2),
-        ...                        num_replicas=2, rank=0)
+        >>> s = BucketBatchSampler([5, 6, 7, 8], batch_size=1, grad_accum=2, num_replicas=2,
+        ...                        rank=0)
         >>> trained_counts(s, 0, 1)  # one step per epoch: 2 micro-batches x 2 ranks
         (4, 26)
         >>> trained_counts(s, 1, 3)  # epochs 1 and 2

@@ -24,8 +24,8 @@ Modules, in the order a plan is built:
 Example::
 
     >>> import numpy as np
-    >>> from lengthwise.planning import PlanConfig, plan_epoch
-    >>> plan = plan_epoch(np.arange(1, 1001), PlanConfig(batch_size=8, buckets=4, world_size=2))
+    >>> from lengthwise.planning import plan_epoch
+    >>> plan = plan_epoch(np.arange(1, 1001), batch_size=8, buckets=4, world_size=2)
     >>> plan.num_batches * 2 == plan.total_batches
     True
 """

@@ -10,8 +10,12 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import inspect
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -33,7 +37,7 @@ from lengthwise.planning.vocabulary import (
 )
 from lengthwise.planning.vocabulary import PACK_OVERFLOW_POLICIES as OVERFLOW
 
-__all__ = ["PlanConfig", "lengths_checksum"]
+__all__ = ["PlanConfig", "lengths_checksum", "plan_config"]
 
 
 def lengths_checksum(lengths: np.ndarray, crc: int = 0) -> int:
@@ -218,3 +222,50 @@ class PlanConfig:
         fields.pop("world_size")  # an elastic restart may change it
         crc = zlib.crc32(repr(sorted(fields.items())).encode())
         return crc if lengths is None else lengths_checksum(lengths, crc)
+
+
+def plan_config(config: PlanConfig | None, options: dict[str, Any], entry: Callable[..., Any],
+                name: str | None = None) -> PlanConfig:
+    """The configuration a call of ``entry`` plans with: ``config``, or one built from keywords.
+
+    ``options`` are the call's other keywords: the :class:`PlanConfig` fields among them are
+    taken out (in place) and build the configuration when ``config`` is ``None``; the rest
+    stay, and must be ``entry``'s named parameters. A ``config`` given with plan keywords, or
+    an unknown keyword, raises a one-line :class:`~lengthwise.errors.ConfigError` naming
+    ``name`` (else ``entry``) and, for an unknown one, the nearest valid option.
+
+    Example::
+
+        >>> def sample(lengths, config=None, *, seed=0, **options):
+        ...     return plan_config(config, options, sample)
+        >>> sample([3, 1], batch_size=2) == sample([3, 1], PlanConfig(batch_size=2))
+        True
+        >>> try:
+        ...     sample([3, 1], batch_sise=2)
+        ... except ConfigError as exc:
+        ...     print(exc)
+        sample() got an unknown option 'batch_sise'; did you mean 'batch_size'?
+    """
+    who = name or entry.__qualname__.removesuffix(".__init__")
+    own = [n for n, p in inspect.signature(entry).parameters.items()
+           if n != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+    fields = [f.name for f in dataclasses.fields(PlanConfig)]
+    for key in options:
+        if key not in fields and key not in own:
+            near = difflib.get_close_matches(key, fields + own, n=1)
+            hint = (f"did you mean {near[0]!r}?" if near
+                    else f"the plan's options are {', '.join(fields)}")
+            raise ConfigError(f"{who}() got an unknown option {key!r}; {hint}")
+    given = {key: options.pop(key) for key in fields if key in options}
+    if config is None and not given:
+        raise ConfigError(f"{who}() needs a plan: a PlanConfig, or its options as keywords "
+                          "(max_tokens=..., batch_size=... or max_cost=...)")
+    if config is None:
+        return PlanConfig(**given)
+    if not isinstance(config, PlanConfig):
+        raise TypeError(f"config must be a lengthwise.PlanConfig, got {config!r} (or leave it "
+                        "out and give the plan's options as keywords: max_tokens=...)")
+    if given:
+        raise ConfigError(f"{who}() got a PlanConfig and the plan options "
+                          f"{', '.join(sorted(given))} as keywords: give one or the other")
+    return config

@@ -10,7 +10,7 @@ Example::
 
     >>> import numpy as np
     >>> lens = np.random.default_rng(0).integers(1, 2000, 10_000)
-    >>> plan = plan_epoch(lens, PlanConfig(max_tokens=8192, world_size=4, grad_accum=2))
+    >>> plan = plan_epoch(lens, max_tokens=8192, world_size=4, grad_accum=2)
     >>> [len(plan.rank_batches(r)) for r in range(4)] == [plan.num_batches] * 4
     True
     >>> plan.stats["padding_efficiency"] > 0.9
@@ -19,13 +19,13 @@ Example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from lengthwise.errors import ConfigError
 from lengthwise.planning.batching import whole_number
-from lengthwise.planning.config import PlanConfig
+from lengthwise.planning.config import PlanConfig, plan_config
 from lengthwise.planning.packed import plan_packed_epoch
 from lengthwise.planning.padded import plan_padded_epoch
 from lengthwise.planning.schedule import EpochPlan
@@ -38,19 +38,21 @@ __all__ = ["plan_epoch"]
 
 def plan_epoch(
     lengths,
-    config: PlanConfig,
+    config: PlanConfig | None = None,
     *,
     seed: int = 0,
     epoch: int = 0,
     indices: np.ndarray | None = None,
     window: int | str | None = None,
+    **plan_options: Any,
 ) -> EpochPlan | WindowedPlan:
     """Plan one epoch of micro-batches for ``config.world_size`` ranks.
 
-    ``config`` (:class:`~lengthwise.planning.config.PlanConfig`) holds every option:
-    the batch rule, the order, what happens to samples over the budget or
-    ``max_len`` (every sample is planned exactly once unless ``even_out`` says
-    otherwise; ``stats`` counts what happened). ``seed`` and ``epoch`` pick the random
+    ``config`` (:class:`~lengthwise.planning.config.PlanConfig`), or its fields given as
+    keywords instead (``max_tokens=8192, world_size=4``...), holds every option: the batch
+    rule, the order, what happens to samples over the budget or ``max_len`` (every sample
+    is planned exactly once unless ``even_out`` says otherwise; ``stats`` counts what
+    happened). ``seed`` and ``epoch`` pick the random
     streams. ``indices`` restricts the plan to those sample ids (for example the
     samples an interrupted epoch has not trained yet).
 
@@ -62,14 +64,15 @@ def plan_epoch(
 
     Example::
 
-        >>> plan = plan_epoch([5, 3, 8, 2, 7, 1], PlanConfig(batch_size=2, order="sorted"))
+        >>> plan = plan_epoch([5, 3, 8, 2, 7, 1], batch_size=2, order="sorted")
         >>> [b.tolist() for b in plan.rank_batches(0)]
         [[5, 3], [1, 0], [4, 2]]
+        >>> plan_epoch([5, 3], PlanConfig(batch_size=2)).num_batches
+        1
     """
     seed = whole_number("seed", seed, minimum=0)
     epoch = whole_number("epoch", epoch, minimum=0)
-    if not isinstance(config, PlanConfig):
-        raise TypeError(f"config must be a lengthwise.PlanConfig, got {config!r}")
+    config = plan_config(config, plan_options, plan_epoch)
     if window is not None:
         from lengthwise.planning.lengths import open_lengths
         from lengthwise.planning.windowed import WindowedPlan, resolve_window

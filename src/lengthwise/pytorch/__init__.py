@@ -9,8 +9,8 @@
 
 Example::
 
-    >>> from lengthwise import BucketBatchSampler, PlanConfig
-    >>> list(BucketBatchSampler([5, 3, 8, 2], PlanConfig(batch_size=2, order="sorted")))
+    >>> from lengthwise import BucketBatchSampler
+    >>> list(BucketBatchSampler([5, 3, 8, 2], batch_size=2, order="sorted"))
     [[3, 1], [0, 2]]
 """
 

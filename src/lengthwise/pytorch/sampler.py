@@ -15,7 +15,7 @@ Example::
 
     >>> import numpy as np
     >>> lengths = np.random.default_rng(0).integers(1, 512, 1000)
-    >>> sampler = BucketBatchSampler(lengths, PlanConfig(max_tokens=2048), num_replicas=2, rank=0)
+    >>> sampler = BucketBatchSampler(lengths, max_tokens=2048, num_replicas=2, rank=0)
     >>> batches = list(sampler)
     >>> len(batches) == len(sampler)
     True
@@ -35,7 +35,7 @@ from torch.utils.data import Sampler
 
 from lengthwise.errors import ConfigError
 from lengthwise.planning.batching import whole_number
-from lengthwise.planning.config import PlanConfig, lengths_checksum
+from lengthwise.planning.config import PlanConfig, lengths_checksum, plan_config
 from lengthwise.planning.lengths import load_lengths, open_lengths
 from lengthwise.planning.padded import PaddedEpochPlan
 from lengthwise.planning.plan import plan_epoch
@@ -81,8 +81,9 @@ class BucketBatchSampler(Sampler[list[int]]):
 
     ``lengths`` are token lengths aligned with the dataset's rows, or any source
     :func:`lengthwise.load_lengths` reads (``"data.parquet:length"``, a ``.npy``
-    path...). ``config`` (:class:`~lengthwise.planning.config.PlanConfig`) holds the
-    plan's options, as for :func:`lengthwise.plan_epoch`; ``seed`` and the epoch of
+    path...). ``config`` (:class:`~lengthwise.planning.config.PlanConfig`), or its fields
+    given as keywords instead, holds the plan's options, as for :func:`lengthwise.plan_epoch`;
+    ``seed`` and the epoch of
     :meth:`set_epoch` pick its random streams. ``num_replicas`` and ``rank`` default
     to the initialised ``torch.distributed`` group, else ``config.world_size`` and 0.
 
@@ -113,8 +114,10 @@ class BucketBatchSampler(Sampler[list[int]]):
 
     Example::
 
-        >>> s = BucketBatchSampler([5, 3, 8, 2, 7, 1], PlanConfig(batch_size=2, order="sorted"))
+        >>> s = BucketBatchSampler([5, 3, 8, 2, 7, 1], batch_size=2, order="sorted")
         >>> list(s)
+        [[5, 3], [1, 0], [4, 2]]
+        >>> list(BucketBatchSampler([5, 3, 8, 2, 7, 1], PlanConfig(batch_size=2, order="sorted")))
         [[5, 3], [1, 0], [4, 2]]
     """
 
@@ -133,13 +136,13 @@ class BucketBatchSampler(Sampler[list[int]]):
                 "False) with lengthwise.lightning.LengthwiseCallback")
         return super().__new__(cls)
 
-    def __init__(self, lengths: Any, config: PlanConfig, *, seed: int = 0,
+    def __init__(self, lengths: Any, config: PlanConfig | None = None, *, seed: int = 0,
                  num_replicas: int | None = None, rank: int | None = None,
                  yield_rows: bool = False, window: int | str | None = "auto",
-                 check_world_size: bool = True) -> None:
+                 check_world_size: bool = True, **plan_options: Any) -> None:
         super().__init__()
-        if not isinstance(config, PlanConfig):
-            raise TypeError(f"config must be a lengthwise.PlanConfig, got {config!r}")
+        config = plan_config(config, plan_options, BucketBatchSampler.__init__,
+                             type(self).__name__)
         #: yield each micro-batch as a list of packed rows (lists of indices); wrap the data
         #: set in ``lengthwise.pytorch.collate.RowsDataset`` so the collator receives the rows
         self.yield_rows = bool(yield_rows)
@@ -217,7 +220,7 @@ class BucketBatchSampler(Sampler[list[int]]):
 
         Example::
 
-            >>> s = BucketBatchSampler([5, 30, 12], PlanConfig(max_tokens=16, order="sorted"))
+            >>> s = BucketBatchSampler([5, 30, 12], max_tokens=16, order="sorted")
             >>> c = s.collator(pad_token_id=0)
             >>> [c([{"input_ids": [1] * [5, 30, 12][i]} for i in b])["input_ids"].shape
             ...  for b in s]
@@ -251,7 +254,7 @@ class BucketBatchSampler(Sampler[list[int]]):
 
         Example::
 
-            >>> sampler = BucketBatchSampler([3, 4], PlanConfig(batch_size=1))
+            >>> sampler = BucketBatchSampler([3, 4], batch_size=1)
             >>> sampler.check_dataset([0, 1, 2])  # doctest: +ELLIPSIS
             Traceback (most recent call last):
             ...
