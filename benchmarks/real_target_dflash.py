@@ -768,6 +768,7 @@ def render(name: str, saved: dict[str, Any]) -> str:
 
 #: the benchmarks of the same target whose figures this report gathers: key, script, JSON
 COMPANIONS = {"levers": ("draft_levers", "DRAFT_LEVERS.json"),
+              "levers_other_data_sets": ("draft_levers", "DRAFT_DATA.json"),
               "reference_trainer": ("reference_trainer", "REFERENCE_TRAINER.json"),
               "wall_clock": ("decode_speed", "DECODE_SPEED.json")}
 
@@ -788,15 +789,27 @@ def lever_figures(res: dict[str, Any]) -> dict[str, Any]:
     lv = _script("draft_levers")
     arms: dict[str, Any] = {}
     for arm, runs in res["runs"].items():
-        row: dict[str, Any] = {"seeds": len(runs)}
+        row: dict[str, Any] = {"seeds": len(runs), "train_samples": next(
+            iter(runs.values())).get("train_samples")}
         for fig in lv.FIGURES:
             row[fig] = float(np.mean([np.mean(r["per_chat"][fig]) for r in runs.values()]))
         if arm != "baseline":
             row["vs_baseline"] = {fig: lv._paired(res, arm, fig) for fig in lv.FIGURES}
         arms[arm] = row
     s = res["setup"]
-    return {"steps": s["steps"], "held_out_chats": s["eval_samples"], "shape": s["shape"],
-            "arms": arms, "helped": lv.combined(res)}
+    data = {a: r for a, r in arms.items()
+            if (a == "baseline" or a.startswith("train_samples=")) and r["train_samples"]}
+    trend = None
+    if len({r["train_samples"] for r in data.values()}) > 1:  # least squares on log2(chats)
+        x = np.log2([r["train_samples"] for r in data.values()])
+        trend = {"chats": sorted(r["train_samples"] for r in data.values()),
+                 **{f"{fig}_per_doubling": float(np.polyfit(x, [r[fig] for r in data.values()],
+                                                            1)[0])
+                    for fig in ("loss", "simulated_acceptance_length", "accuracy")}}
+    first = next(iter(next(iter(res["runs"].values())).values()))
+    return {"steps": s["steps"], "held_out_chats": len(first["per_chat"]["chat"]),
+            "held_out": "other data sets" if s.get("heldout_prepared") else "the same data sets",
+            "shape": s["shape"], "arms": arms, "helped": lv.combined(res), "data_trend": trend}
 
 
 def reference_figures(res: dict[str, Any]) -> dict[str, Any]:
@@ -827,7 +840,8 @@ def wall_clock_figures(res: dict[str, Any]) -> dict[str, Any]:
             "speedup": {k: r["speedup"] for k, r in paths.items()}, "costs": res["costs"]}
 
 
-_GATHER = {"levers": lever_figures, "reference_trainer": reference_figures,
+_GATHER = {"levers": lever_figures, "levers_other_data_sets": lever_figures,
+           "reference_trainer": reference_figures,
            "wall_clock": wall_clock_figures}
 
 
@@ -850,8 +864,9 @@ def _iv(iv: dict[str, Any] | None, fmt: str = "+.3f") -> str:
 def levers_table(lv: dict[str, Any]) -> str:
     """The lever arms: held-out figures and the paired difference in simulated acceptance."""
     lines = [f"Each lever alone on the defaults, {lv['steps']} steps, "
-             f"{lv['held_out_chats']} held-out chats (`python benchmarks/draft_levers.py`; "
-             "details in DRAFT_LEVERS_RESULTS.md). A difference is paired by chat and seed.", "",
+             f"{lv['held_out_chats']} held-out chats of {lv['held_out']} "
+             "(`python benchmarks/draft_levers.py`). A difference is paired by chat and seed. "
+             "A `train_samples=N` arm trains on N of the chats for the same steps.", "",
              "| arm | seeds | held-out accuracy | simulated acceptance | vs baseline | "
              "held-out loss | vs baseline |", "|---|---:|---:|---:|---:|---:|---:|"]
     for arm, r in lv["arms"].items():
@@ -861,8 +876,15 @@ def levers_table(lv: dict[str, Any]) -> str:
                      f"{_iv(vs.get('simulated_acceptance_length'))} | {r['loss']:.3f} | "
                      f"{_iv(vs.get('loss'))} |")
     helped = ", ".join(f"`{k}={v}`" for k, v in lv["helped"].items()) or "none"
-    return "\n".join(lines + ["", f"Levers whose held-out loss interval lies below zero: "
-                                  f"{helped}."])
+    lines += ["", f"Levers whose held-out loss interval lies below zero: {helped}."]
+    t = lv.get("data_trend")
+    if t:
+        lines.append(f"Each doubling of the training chats ({', '.join(map(str, t['chats']))}; "
+                     "a least-squares line on their log) changes the held-out loss by "
+                     f"{t['loss_per_doubling']:+.3f}, the accuracy by "
+                     f"{t['accuracy_per_doubling']:+.4f} and the simulated acceptance by "
+                     f"{t['simulated_acceptance_length_per_doubling']:+.4f}.")
+    return "\n".join(lines)
 
 
 def reference_table(rt: dict[str, Any]) -> str:
@@ -907,7 +929,11 @@ def render_md(saved: dict[str, Any]) -> str:
     for k in SCALE_ORDER:
         if k in saved:
             parts += [f"## Scale `{k}`", render_results(saved[k])]
-    for key, title, table in (("levers", "The training levers", levers_table),
+    for key, title, table in (("levers", "The training levers (DRAFT_LEVERS_RESULTS.md)",
+                               levers_table),
+                              ("levers_other_data_sets", "The training levers and the amount "
+                               "of data, held out by data set (DRAFT_DATA_RESULTS.md)",
+                               levers_table),
                               ("reference_trainer", "lengthwise's trainer and the reference's",
                                reference_table),
                               ("wall_clock", "Wall clock", wall_clock_table)):

@@ -163,3 +163,18 @@ def test_held_out_chats_share_no_data_set_with_training_and_none_is_lost(script,
     assert not held_sets & {script.data_set(c) for c in train}
     assert sorted(c["messages"][0] for c in train) == [
         i for i, k in enumerate(sets) if f"set{k}" not in held_sets]
+
+
+def test_the_results_gather_the_committed_lever_reference_and_wall_clock_figures(script):
+    from pathlib import Path
+
+    root = Path(script.__file__).resolve().parents[1]
+    got = script.companions(root)
+    for key, (_, name) in script.COMPANIONS.items():
+        assert (key in got) == (root / "benchmarks" / name).is_file()
+    if "levers" in got:
+        assert got["levers"]["arms"]["baseline"]["seeds"] >= 1
+    if "wall_clock" in got:
+        assert got["wall_clock"]["speedup"]["greedy"]["mean"] == 1.0
+    text = script.render_md({**got})
+    assert ("## Wall clock" in text) == ("wall_clock" in got)
