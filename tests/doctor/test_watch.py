@@ -57,7 +57,10 @@ def _source(tmp_path: Path) -> Path:
 def _start_watch(log: Path, out: Path, *extra: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "lengthwise", "doctor", "--watch", str(log),
                              "--interval", "0.2", *extra], stdout=out.open("wb"),
-                            stderr=subprocess.STDOUT, env=_env())
+                            stderr=subprocess.STDOUT, env=_env(),
+                            # a Ctrl-C reaches it even where this run ignores SIGINT (a
+                            # background job of a shell without job control)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _start_writer(src: Path, log: Path) -> subprocess.Popen[bytes]:
