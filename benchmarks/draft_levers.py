@@ -166,9 +166,9 @@ def run(a: argparse.Namespace) -> dict[str, Any]:
     res["setup"] = setup
     res.setdefault("runs", {})
     Path(a.work).mkdir(parents=True, exist_ok=True)
-    every = {"baseline": {}, **LEVERS, **data_arms(a.train_samples)}
-    arms = [(name, every[name]) for name in (a.arms or ["baseline", *LEVERS])
-            + [n for n in data_arms(a.train_samples) if n not in (a.arms or [])]]
+    named = {"baseline": {}, **LEVERS}
+    arms = [(name, named[name]) for name in a.arms or named]
+    arms += list(data_arms(a.train_samples).items())
     for seed in a.seeds:  # every arm of a seed, then their combination, before the next seed
         for name, arm in arms:
             if str(seed) in res["runs"].get(name, {}):
