@@ -68,3 +68,17 @@ def config_json(folder: Path, **changes: object) -> Path:
     data.update(changes)
     file.write_text(json.dumps({k: v for k, v in data.items() if v is not ...}))
     return file
+
+
+def float64_llama(max_position_embeddings: int):
+    """A tiny random Llama (vocabulary 12) in float64, so greedy decoding has no argmax ties."""
+    import torch
+    import transformers
+
+    cfg = transformers.LlamaConfig(vocab_size=12, hidden_size=32, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2,
+                                   intermediate_size=64,
+                                   max_position_embeddings=max_position_embeddings)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(cfg).double().eval()
+

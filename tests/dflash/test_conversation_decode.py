@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pytest
+from _dflash_tiny import float64_llama
 
 from lengthwise.dflash.conversation_decode import decode_conversations
 
@@ -17,11 +18,7 @@ CAP = 7
 @pytest.fixture(scope="module")
 def model():
     """A tiny random Llama in float64 (no argmax ties)."""
-    cfg = transformers.LlamaConfig(vocab_size=12, hidden_size=32, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2,
-                                   intermediate_size=64, max_position_embeddings=256)
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(cfg).double().eval()
+    return float64_llama(max_position_embeddings=256)
 
 
 def _hf(model, prompt: list[int]) -> list[int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _dflash_tiny import float64_llama
 
 from lengthwise.dflash.generate import decode_batch, generate_responses
 from lengthwise.dflash.prompt_batches import batch_offsets
@@ -17,11 +18,7 @@ STOPS = [3]
 @pytest.fixture(scope="module")
 def model():
     """A tiny random Llama in float64 (no argmax ties) whose rows stop at different steps."""
-    cfg = transformers.LlamaConfig(vocab_size=12, hidden_size=32, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2,
-                                   intermediate_size=64, max_position_embeddings=128)
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(cfg).double().eval()
+    return float64_llama(max_position_embeddings=128)
 
 
 def _prompts(n: int = 9) -> list[np.ndarray]:
