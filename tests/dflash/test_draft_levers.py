@@ -187,10 +187,10 @@ def test_new_draft_applies_the_config_levers():
     # fc undoes the scale on the deepest feature: fc(x * scale) is that feature
     x = torch.randn(3, 64)
     torch.testing.assert_close(draft.fc(x * scale), x[:, 32:])
-    plain = new_draft(target, DFlashTrainConfig(steps=2, block_size=4, draft_layers=2),
-                      mask_token_id=39)
+    plain = new_draft(target, DFlashTrainConfig(steps=2, block_size=4, draft_layers=2,
+                                                init="random"), mask_token_id=39)
     assert plain.layers[0].self_attn.o_proj.weight.any() and not hasattr(plain, "feature_scale")
-    with pytest.raises(ConfigError, match="init must be one of random, target"):
+    with pytest.raises(ConfigError, match="init must be one of target, random"):
         DFlashTrainConfig(init="copy")
 
 

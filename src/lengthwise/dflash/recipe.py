@@ -117,12 +117,13 @@ def new_draft(target: Any, cfg: DFlashTrainConfig, *, mask_token_id: int,
 
     Example::
 
-        >>> import transformers
+        >>> import torch, transformers
         >>> from lengthwise.dflash.target import Target
         >>> t = transformers.LlamaConfig(vocab_size=40, hidden_size=16, num_hidden_layers=4,
         ...                              num_attention_heads=2, intermediate_size=32)
         >>> target = Target(transformers.LlamaForCausalLM(t), layers=[1, 2])
-        >>> d = new_draft(target, DFlashTrainConfig(block_size=4, steps=2), mask_token_id=39)
+        >>> d = new_draft(target, DFlashTrainConfig(block_size=4, steps=2), mask_token_id=39,
+        ...               samples=[torch.arange(30) % 39])
         >>> d.config.block_size, d.config.target_layers, d.training
         (4, [1, 2], True)
     """

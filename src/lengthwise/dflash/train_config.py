@@ -22,8 +22,8 @@ from lengthwise.train.config import PACKED, LoopConfig, check_finite, check_posi
 
 __all__ = ["INITS", "LABELS", "DFlashTrainConfig", "RunSettings"]
 
-#: how the draft's weights start: ``random`` (seeded), ``target`` (copied from the target's top)
-INITS = ("random", "target")
+#: how the draft's weights start: ``target`` (copied from the target's top), ``random`` (seeded)
+INITS = ("target", "random")
 #: what block slots learn: ``data`` (the next tokens), ``target_kl`` (the target's distribution)
 LABELS = ("data", "target_kl")
 
@@ -55,9 +55,9 @@ class DFlashTrainConfig(LoopConfig):
     head_chunk: int = flag_field(1024, "supervised slots per LM-head and cross-entropy chunk")
     flex_attention: bool | None = None  # block-sparse flex mask (None: on CUDA), else dense
     init: str = flag_field(
-        "random", "the draft's starting weights: random, or target (layer i copies the target's "
-        "decoder layer from the top, the final norm the target's, fc the identity on the "
-        "deepest feature)", choices=INITS)
+        "target", "the draft's starting weights: target (layer i copies the target's decoder "
+        "layer from the top, the final norm the target's, fc the identity on the deepest "
+        "feature), or random (seeded)", choices=INITS)
     zero_init_output: bool = flag_field(
         False, "start o_proj and down_proj of the draft's layers at zero (each layer starts as "
         "the identity)")
