@@ -30,7 +30,9 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,23 +42,45 @@ import numpy as np
 import torch
 
 from lengthwise.atomic import atomic_open
+from lengthwise.dflash.decode import evaluate_blocks
+from lengthwise.dflash.draft_init import warm_start, zero_output
+from lengthwise.dflash.feature_scale import feature_scale
 from lengthwise.dflash.features import CachedRows, open_features
 from lengthwise.dflash.grown_target import save_grown_target
 from lengthwise.dflash.load import FINAL_STEP
 from lengthwise.dflash.mask_token import ensure_mask_token
+from lengthwise.dflash.model import DFlashConfig, DFlashDraft
 from lengthwise.dflash.objective import target_layer_ids
-from lengthwise.dflash.resume_settings import apply_optimizer_settings, settings_json
+from lengthwise.dflash.out_lock import hold_out
+from lengthwise.dflash.prepared import open_prepared
+from lengthwise.dflash.resume_settings import (
+    SETTINGS_FILE,
+    apply_optimizer_settings,
+    check_resume,
+    settings_json,
+)
 from lengthwise.dflash.target import Target, check_causal_lm, load_target, load_tokenizer
 from lengthwise.dflash.target_weights import weights_record
-from lengthwise.dflash.tokenizer_id import TOKENIZER_FIELDS
+from lengthwise.dflash.tokenizer_id import TOKENIZER_FIELDS, check_tokenizer
 from lengthwise.dflash.train import DFlashTask, check_budget
 from lengthwise.dflash.train_config import DFlashTrainConfig, RunSettings
 from lengthwise.disk import reporting_full_disk
 from lengthwise.errors import ConfigError, DataError
 from lengthwise.progress import progress as bar
+from lengthwise.pytorch.collate import PadCollator
+from lengthwise.train.checkpoint import latest_checkpoint
 from lengthwise.train.checkpoint.state import state_bytes
-from lengthwise.train.device import autocast_dtype, configure_torch, rank_world, say
-from lengthwise.train.loop import TrainLoop
+from lengthwise.train.device import (
+    autocast_dtype,
+    barrier,
+    configure_torch,
+    pick_device,
+    rank_world,
+    say,
+    setup_distributed,
+)
+from lengthwise.train.loop import TrainLoop, make_sampler
+from lengthwise.train.step_logger.rollback import log_files
 from lengthwise.train.stop import EXIT_STATUS as STOPPED
 from lengthwise.train.stop import StopRequest
 
@@ -76,7 +100,6 @@ def held_out_batches(samples: list[dict[str, Any]], *, batch_size: int = 8,
     gives each sample an id from ``first_id`` on (anchors are drawn per id).
 
     Example::
-
         >>> import numpy as np
         >>> s = [{"input_ids": np.arange(n), "labels": np.arange(n)} for n in (5, 3, 4)]
         >>> [b["input_ids"].shape for b, _ in held_out_batches(s, batch_size=2)]
@@ -84,8 +107,6 @@ def held_out_batches(samples: list[dict[str, Any]], *, batch_size: int = 8,
         >>> [b["input_ids"].shape for b, _ in held_out_batches(s, max_tokens=8)]
         [torch.Size([2, 4]), torch.Size([1, 5])]
     """
-    from lengthwise.pytorch.collate import PadCollator
-
     collate = PadCollator(pad_token_id=0, pad_multiple=1)
     order = sorted(range(len(samples)), key=lambda i: len(samples[i]["input_ids"]))
     groups: list[list[int]] = []
@@ -116,7 +137,6 @@ def new_draft(target: Any, cfg: DFlashTrainConfig, *, mask_token_id: int,
     The global random state is left as it was.
 
     Example::
-
         >>> import torch, transformers
         >>> from lengthwise.dflash.target import Target
         >>> t = transformers.LlamaConfig(vocab_size=40, hidden_size=16, num_hidden_layers=4,
@@ -127,10 +147,7 @@ def new_draft(target: Any, cfg: DFlashTrainConfig, *, mask_token_id: int,
         >>> d.config.block_size, d.config.target_layers, d.training
         (4, [1, 2], True)
     """
-    import torch
 
-    from lengthwise.dflash.draft_init import warm_start, zero_output
-    from lengthwise.dflash.model import DFlashConfig, DFlashDraft
 
     dcfg = DFlashConfig.from_target(target.model.config, num_layers=cfg.draft_layers,
                                     block_size=cfg.block_size, gamma=cfg.gamma,
@@ -165,7 +182,6 @@ class EvalTask(DFlashTask):
 
     def checkpoint_files(self) -> dict[str, str]:
         """``draft_config.json`` and the run's ``train_settings.json`` (checked on resume)."""
-        from lengthwise.dflash.resume_settings import SETTINGS_FILE
 
         files = super().checkpoint_files()
         if self.settings is not None:
@@ -182,8 +198,6 @@ class EvalTask(DFlashTask):
         ``eval_expected_acceptance``: ``1 + sum_k prod_{j<=k} alpha_j`` with ``alpha_j`` the
         mean ``1 - TV(p_draft, p_target)`` of block slot ``j`` at temperature 1.
         """
-        from lengthwise.dflash.decode import evaluate_blocks
-
         cfg = self.cfg
         ev = evaluate_blocks(self.model, self.target, self.held, num_anchors=self.anchors,
                              seed=cfg.seed, amp=self.amp, head_chunk=cfg.head_chunk,
@@ -203,9 +217,7 @@ class EvalTask(DFlashTask):
 def _with_epochs(cfg: DFlashTrainConfig, run: RunSettings, lengths: np.ndarray, rank: int,
                  world: int) -> DFlashTrainConfig:
     """``cfg`` with ``steps`` = ``run.epochs`` passes of the planned optimizer steps."""
-    import dataclasses
 
-    from lengthwise.train.loop import make_sampler
 
     per_epoch = len(make_sampler(run.order, lengths, cfg, rank=rank, world=world)
                     ) // cfg.grad_accum
@@ -226,10 +238,6 @@ def _finite(x: float) -> float | None:
 def train_draft(cfg: DFlashTrainConfig, run: RunSettings, *, progress: bool = True,
                 ) -> dict[str, Any]:
     """Train (or resume) a draft; return rank 0's summary (``{}`` on the other ranks)."""
-    from lengthwise.dflash.out_lock import hold_out
-    from lengthwise.dflash.prepared import open_prepared
-    from lengthwise.dflash.tokenizer_id import check_tokenizer
-    from lengthwise.train.device import pick_device, setup_distributed
 
     config = check_causal_lm(run.target)
     if cfg.resume and run.overwrite:
@@ -364,7 +372,6 @@ def starting_draft(target: Target, cfg: DFlashTrainConfig, *, mask_token_id: int
     ``cfg.max_len``; their features read from the feature ``cache`` when given).
 
     Example::
-
         >>> import numpy as np, transformers
         >>> from lengthwise.dflash.target import Target
         >>> t = transformers.LlamaConfig(vocab_size=40, hidden_size=16, num_hidden_layers=4,
@@ -381,8 +388,6 @@ def starting_draft(target: Target, cfg: DFlashTrainConfig, *, mask_token_id: int
     """
     scale = None
     if cfg.standardize_features:
-        from lengthwise.dflash.feature_scale import feature_scale
-
         scale = feature_scale(_first_features(target, data, train_idx, cache, cfg))
     return new_draft(target, cfg, mask_token_id=mask_token_id, feature_scale=scale,
                      samples=_first_ids(data, train_idx, cfg))
@@ -568,12 +573,7 @@ def _check_out(out: Path, cfg: DFlashTrainConfig, run: RunSettings, data_info: d
 
     Returns the settings a resume changes (applied); nothing is loaded or written before.
     """
-    import shutil
 
-    from lengthwise.dflash.resume_settings import check_resume
-    from lengthwise.train.checkpoint import latest_checkpoint
-    from lengthwise.train.device import barrier, rank_world, say
-    from lengthwise.train.step_logger.rollback import log_files
 
     ckpts = out / "checkpoints"
     steps = sorted((p.name for p in ckpts.glob("step_*")), key=lambda name: (len(name), name)
