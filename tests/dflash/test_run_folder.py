@@ -119,13 +119,13 @@ def test_a_run_whose_loss_turns_nan_says_so_and_prints_standard_json(tiny_prepar
 
 def test_a_second_train_or_prepare_into_a_held_folder_stops_before_touching_it(
         tiny_prepared, tmp_path, capsys):
-    from lengthwise.dflash.out_lock import hold_out
+    from lengthwise.dflash.out_lock import sole_writer
 
     target, data = tiny_prepared
     run = tmp_path / "run"
     run.mkdir()
     (run / "train_log.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
-    with hold_out(run, "dflash train"):
+    with sole_writer(run, "dflash train"):
         assert _train(target, data, run, "--steps", "2") == 2
         line = _one_line(capsys)
         assert f"pid {os.getpid()}" in line and str(run) in line

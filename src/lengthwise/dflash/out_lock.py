@@ -1,6 +1,6 @@
 """One writer per output folder of ``dflash prepare`` and ``dflash train``, from the start.
 
-:func:`hold_out` takes the folder's lock (``writer.lock``, the advisory lock of
+:func:`sole_writer` takes the folder's lock (``writer.lock``, the advisory lock of
 :class:`~lengthwise.train.checkpoint.lock.WriterLock`) before the command deletes or
 writes anything there, and gives it up at the end. A second process into the same
 ``--out`` gets a :class:`~lengthwise.errors.ConfigError` naming the holder (pid, host,
@@ -11,9 +11,9 @@ Example::
 
     >>> import tempfile
     >>> folder = tempfile.mkdtemp()
-    >>> with hold_out(folder, "dflash train"):
+    >>> with sole_writer(folder, "dflash train"):
     ...     try:
-    ...         with hold_out(folder, "dflash prepare"):
+    ...         with sole_writer(folder, "dflash prepare"):
     ...             pass
     ...     except ConfigError as exc:
     ...         print(str(exc).split(" (")[0].endswith("written by another lengthwise process"))
@@ -29,11 +29,11 @@ from typing import Any
 
 from lengthwise.errors import ConfigError
 
-__all__ = ["hold_out"]
+__all__ = ["sole_writer"]
 
 
 @contextmanager
-def hold_out(folder: str | Path, command: str, info: Any = None) -> Iterator[None]:
+def sole_writer(folder: str | Path, command: str, info: Any = None) -> Iterator[None]:
     """Hold ``folder``'s writer lock for ``command`` (e.g. ``"dflash train"``) while inside."""
     from lengthwise.train.checkpoint.folder import CheckpointError
     from lengthwise.train.checkpoint.lock import WriterLock

@@ -20,7 +20,7 @@ tokens; every drop is counted. It writes a folder (read back by
 
 A rerun after the target's tokenizer or chat template changed prepares the shards
 again (and says so); shards from other data or settings are refused. The folder's
-lock is held from the start (:func:`~lengthwise.dflash.out_lock.hold_out`): a second
+lock is held from the start (:func:`~lengthwise.dflash.out_lock.sole_writer`): a second
 prepare into the same ``--out`` stops before writing anything.
 
 Example::
@@ -44,7 +44,7 @@ import numpy as np
 from lengthwise.atomic import atomic_open, atomic_path
 from lengthwise.dflash.chat import TEMPLATE_ERRORS, ChatRenderer, normalise
 from lengthwise.dflash.chat_files import ChatSource
-from lengthwise.dflash.out_lock import hold_out
+from lengthwise.dflash.out_lock import sole_writer
 from lengthwise.dflash.prepare_config import PrepareConfig
 from lengthwise.dflash.tokenizer_id import tokenizer_record
 from lengthwise.disk import full_disk_error
@@ -247,7 +247,7 @@ def prepare_chats(source: str | Path, target: str | Path, out: str | Path,
     chats = ChatSource(source, field=cfg.field, split=cfg.split)
     if len(chats) == 0:
         raise DataError(f"{source}: no conversations")
-    with hold_out(out, "dflash prepare", info):
+    with sole_writer(out, "dflash prepare", info):
         return _prepare(chats, target, out, cfg, tok, renderer, info)
 
 

@@ -51,7 +51,7 @@ from lengthwise.dflash.load import FINAL_STEP
 from lengthwise.dflash.mask_token import ensure_mask_token
 from lengthwise.dflash.model import DFlashConfig, DFlashDraft
 from lengthwise.dflash.objective import target_layer_ids
-from lengthwise.dflash.out_lock import hold_out
+from lengthwise.dflash.out_lock import sole_writer
 from lengthwise.dflash.prepared import open_prepared
 from lengthwise.dflash.resume_settings import (
     SETTINGS_FILE,
@@ -255,7 +255,7 @@ def train_draft(cfg: DFlashTrainConfig, run: RunSettings, *, progress: bool = Tr
     check_held_out(data, run.eval_samples)
     group = setup_distributed(cfg.device)
     device = pick_device(cfg.device, group)
-    with hold_out(run.out, "dflash train", group):
+    with sole_writer(run.out, "dflash train", group):
         return _train_locked(cfg, run, data, tokenizer, group, device, progress)
 
 
