@@ -436,6 +436,11 @@ def training_curve(run: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
                                                "eval_simulated_acceptance_length",
                                                "eval_expected_acceptance")
                          if k in s} for s in evals]}
+    saved = sorted(run.glob("checkpoints/step_*/train_settings.json"),
+                   key=lambda f: int(f.parent.name.removeprefix("step_")))
+    if saved:  # how the draft started and what it learned, as the run recorded them
+        cfg = json.loads(saved[-1].read_text(encoding="utf-8"))["cfg"]
+        summary.update({k: cfg[k] for k in ("init", "labels") if k in cfg})
     return [{"step": k, "real_tokens": v} for k, v in sorted(tokens.items())], summary
 
 
@@ -716,12 +721,19 @@ def caption(res: dict[str, Any], scale_note: bool = True) -> str:
         f"{d['supervised_tokens']:,} supervised). Draft: {layers}, block "
         f"{s['block_size']}, {s['num_anchors']} anchors per sample, {t['steps']} steps of "
         f"{s['max_tokens']}-token micro-batches at peak LR {s['lr']:g}"
-        + (f" with `{' '.join(s['train_flags'])}`" if s.get("train_flags") else "") + ", "
+        + (f" with `{' '.join(s['train_flags'])}`" if s.get("train_flags") else "")
+        + (f", starting from {_START[t['init']]}" if t.get("init") in _START else "")
+        + (f", labels `{t['labels']}`" if t.get("labels", "data") != "data" else "") + ", "
         f"{t['real_tokens']:,} real tokens ({_duration(tm['train_s'])} of training). "
         f"{ref_text}. Evaluation: `lengthwise dflash eval` on "
         f"{d['heldout_chats']} held-out chats and {d['humaneval']} HumanEval prompts, at "
         f"most {s['eval_tokens']} new tokens each. The settings it reports: {_settings(res)}. "
         f"Prompt lookup proposes {s['block_size'] - 1} tokens, as many as the draft.")
+
+
+#: how the draft's weights started (``dflash train --init``), in the results' words
+_START = {"target": "the target's top layers (`--init target`)",
+          "random": "seeded random weights (`--init random`)"}
 
 
 def _settings(res: dict[str, Any]) -> str:
