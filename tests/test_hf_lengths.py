@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import os
 import subprocess
 import sys
 import this
@@ -198,3 +199,14 @@ def test_module_import_stays_light():
             "bad = {'torch', 'datasets', 'transformers'} & set(sys.modules); "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_parallel_map_leaves_os_environ_the_same_object(tokenizer, monkeypatch):
+    """``Dataset.map(num_proc=...)`` swaps ``os.environ`` for a copy; compute_lengths puts the
+    real one back, so a variable set before (here by monkeypatch) is undone after the test."""
+    environ = os.environ
+    monkeypatch.setenv("LENGTHWISE_PROBE_VARIABLE", "1")
+    ds = datasets.Dataset.from_dict({"text": _corpus(40, seed=2)})
+    compute_lengths(ds, tokenizer, cache=False, num_proc=2, batch_size=10)
+    assert os.environ is environ
+    assert os.environ["LENGTHWISE_PROBE_VARIABLE"] == "1" == os.getenv("LENGTHWISE_PROBE_VARIABLE")

@@ -202,11 +202,31 @@ def _tokenized_lengths(dataset: Any, name: str, kind: str, tokenizer: Any,
     else:
         fn, fn_kwargs, what = _count_messages, {"tokenizer": tokenizer, "column": name,
                                                 "template_kwargs": template_kwargs}, "chats"
-    mapped = dataset.select_columns([name]).map(
-        fn, batched=True, batch_size=batch_size, num_proc=num_proc, fn_kwargs=fn_kwargs,
-        remove_columns=[name], keep_in_memory=True, load_from_cache_file=False,
-        new_fingerprint=fingerprint, desc=f"lengthwise: tokenizing {what} in {name!r}")
+    environ = os.environ
+    try:
+        mapped = dataset.select_columns([name]).map(
+            fn, batched=True, batch_size=batch_size, num_proc=num_proc, fn_kwargs=fn_kwargs,
+            remove_columns=[name], keep_in_memory=True, load_from_cache_file=False,
+            new_fingerprint=fingerprint, desc=f"lengthwise: tokenizing {what} in {name!r}")
+    finally:
+        _keep_environ(environ)
     return _arrow_column(mapped, _OUT).to_numpy().astype(np.int64)
+
+
+def _keep_environ(environ: Any) -> None:
+    """Put ``environ`` back as ``os.environ``, holding what ``os.environ`` holds now.
+
+    ``Dataset.map`` with ``num_proc`` restores the environment by assigning a copy of it to
+    ``os.environ``: whoever keeps the real one (``monkeypatch.setenv``, a library that read
+    ``os.environ`` at import) would write to a mapping nobody reads any more.
+    """
+    if os.environ is environ:
+        return
+    now = dict(os.environ)
+    os.environ = environ  # noqa: B003  (the same object back, its contents set below)
+    for key in set(environ) - set(now):
+        del environ[key]
+    environ.update(now)
 
 
 def compute_lengths(
