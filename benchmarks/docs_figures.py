@@ -14,7 +14,7 @@ rewrites the marked regions of the docs (``<!-- figures:NAME start -->`` ...
 
 Deterministic figures (losses, padding, step composition, roughness, the doctor's
 verdicts, decoding results) must be the same on every run and machine;
-``tests/test_docs_figures.py`` reruns the demos and fails when they drift.
+``tests/docs/test_docs_figures.py`` reruns the demos and fails when they drift.
 Throughput and wall time depend on the machine and its load: they are shown,
 never checked.
 
@@ -336,7 +336,7 @@ def _caption(fig: dict[str, Any]) -> str:
         f"`{fig['command']}`: {c.get('steps')} steps x {c.get('grad_accum')} micro-batches of at "
         f"most {c.get('max_tokens')} tokens, seed {c.get('seed')}; {took}. `loss_roughness` and "
         f"the verdicts cover steps {region[0]}-{region[1]} for every order. Throughput depends on "
-        "the machine and its load. `tests/test_docs_figures.py` checks every other figure "
+        "the machine and its load. `tests/docs/test_docs_figures.py` checks every other figure "
         f"against a fresh run, to within {REL_TOL:.1%} (another CPU's kernels may move a last "
         "digit).")
 
@@ -350,7 +350,7 @@ def _lm_caption(fig: dict[str, Any]) -> str:
         f"`{fig['command']}`: the same {_f(d.get('train_samples'), ',d')} samples for {epochs} "
         f"epoch{'' if epochs == 1 else 's'} per order, in steps of {c.get('grad_accum')} "
         f"micro-batches of at most {c.get('max_tokens')} tokens, seed {c.get('seed')}; {took}. "
-        "The verdicts are the doctor's on each log. `tests/test_docs_figures.py` checks every "
+        "The verdicts are the doctor's on each log. `tests/docs/test_docs_figures.py` checks every "
         f"figure but the seconds and throughput against a fresh run, to within {REL_TOL:.1%}.")
 
 

@@ -39,7 +39,7 @@ each); shared like that the full run takes about twice as long.
 
 :data:`CHECK` is a reduced design (both arms and schedules, batch 8, three orders, one
 seed, 195 training samples, 12 runs: about 40 s on one core) that
-``tests/test_order_arms.py`` reruns: against the committed check once ORDER_ARMS.json
+``tests/benchmarks/test_order_arms.py`` reruns: against the committed check once ORDER_ARMS.json
 exists, and for the design's invariants (equal steps and real tokens per step, equal
 FLOPs) always. Until the full run has been made no ORDER_ARMS.json is committed, and
 ``--check`` checks the invariants only. Wall seconds depend on the machine and its load:

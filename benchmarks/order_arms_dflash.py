@@ -54,9 +54,10 @@ full run takes about five times as long.
 :data:`CHECK` is a reduced design (3 orders, 1 seed, the cosine schedule, both arms, 1
 epoch of the first 24 training samples, 8 held out: 6 runs) whose figures on the cache
 above are committed under ``check`` (``--check-only``: 2 min of CPU, 10 min of wall time
-on the shared machine); ``--check`` reruns it and compares. ``tests/test_order_arms_dflash.py``
-runs the same design (2 epochs) on a tiny random target and checks its invariants. Wall
-seconds depend on the machine and its load: shown, never compared.
+on the shared machine); ``--check`` reruns it and compares.
+``tests/benchmarks/test_order_arms_dflash.py`` runs the same design (2 epochs) on a tiny
+random target and checks its invariants. Wall seconds depend on the machine and its load:
+shown, never compared.
 """
 
 from __future__ import annotations

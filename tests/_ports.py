@@ -1,6 +1,19 @@
-"""A TCP port for a multi-process test's rendezvous (shared by every test that launches ranks)."""
+"""What a test that launches its own file as ranks needs: a free TCP port for their rendezvous,
+an environment in which the file imports these helpers, and whether each rank finished."""
 
+import os
 import socket
+from pathlib import Path
+
+TESTS = str(Path(__file__).resolve().parent)
+
+
+def script_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default ``os.environ``) with ``tests/`` on ``PYTHONPATH``: a test file in a
+    subfolder, run as a script, imports the helpers beside this one."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (TESTS, env.get("PYTHONPATH")) if p)
+    return env
 
 
 def free_port() -> int:
@@ -19,7 +32,6 @@ def rank_finished(returncode: int | None, output: str, result) -> bool:
     """Whether a launched rank did all its work: it exited 0, or it wrote ``result`` (the
     last thing a rank does) and then hit torch's abort at interpreter exit (:data:`EXIT_ABORT`).
     A rank that aborts before writing its result, or fails any other way, did not finish."""
-    import os
     import signal
 
     if returncode == 0:

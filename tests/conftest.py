@@ -11,6 +11,8 @@ from hypothesis import settings
 # the code the tests share with the benchmarks (simulated training logs, the order experiment)
 # lives in benchmarks/, beside the scripts that import it
 sys.path.append(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+# the tiny DFlash targets and chats, for the DFlash tests and the tests of the DFlash benchmarks
+sys.path.append(str(Path(__file__).resolve().parent / "dflash"))
 
 # CI runs each property test on the same examples every time (a failure there is reproducible
 # from its log); a local run explores fresh examples on each run.
@@ -61,3 +63,11 @@ def plan_keywords():
             build(None)
 
     return check
+
+
+@pytest.fixture(scope="module")
+def tiny_prepared(tmp_path_factory):
+    """``(target folder, prepared folder)``: a tiny chat target and 40 chats prepared for it."""
+    from _chat_tiny import prepared_chats
+
+    return prepared_chats(tmp_path_factory.mktemp("dflash_prepared"))

@@ -135,3 +135,16 @@ def save_instruct_target(folder: Path, *, seed: int = 0, dtype: str = "bfloat16"
     model.save_pretrained(str(folder))
     tok.save_pretrained(str(folder))
     return folder
+
+
+def prepared_chats(root: Path) -> tuple[Path, Path]:
+    """``(target folder, prepared folder)`` under ``root``: a tiny chat target and 40 chats
+    prepared for it."""
+    from lengthwise.dflash.prepare import prepare_chats
+    from lengthwise.dflash.prepare_config import PrepareConfig
+
+    target = save_target(root / "target")
+    chats = write_jsonl(root / "chats.jsonl", conversations(40))
+    prepare_chats(chats, target, root / "prepared",
+                  PrepareConfig(min_supervised=16, shard_rows=16, progress=False))
+    return target, root / "prepared"

@@ -106,7 +106,7 @@ def test_guard_fires_under_torchrun(tmp_path):
     env = {k: v for k, v in os.environ.items()
            if k not in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "RANK", "LOCAL_RANK")}
     env.update(OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[1] / "src"),
+               PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[2] / "src"),
                                            env.get("PYTHONPATH", "")]))
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",

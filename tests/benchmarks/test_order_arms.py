@@ -22,7 +22,7 @@ from _scripts import load_script
 
 from lengthwise.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

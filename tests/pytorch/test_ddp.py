@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from _ports import free_port, rank_finished
+from _ports import free_port, rank_finished, script_env
 
 from lengthwise.planning.config import PlanConfig
 from lengthwise.planning.plan import plan_epoch
@@ -123,7 +123,8 @@ def _launch(world: int, out_dir, stop_after=None, state_in=None) -> list[dict]:
     port = free_port()
     procs = [subprocess.Popen([sys.executable, __file__, str(r), str(world), str(port),
                                str(out_dir), json.dumps(stop_after), json.dumps(state_in)],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                              env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True)
              for r in range(world)]
     try:
         outs = [p.communicate(timeout=240)[0] for p in procs]  # an uneven rank would hang

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 from _datasets import IndexDataset
+from _ports import script_env
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -288,7 +289,7 @@ def test_resume_after_the_process_is_killed(tmp_path):
     stop_at = int(np.random.default_rng().integers(1, len(full[0]) - 3))
     state_path, log_path = str(tmp_path / "state.pt"), str(tmp_path / "log.jsonl")
     proc = subprocess.Popen([sys.executable, __file__, state_path, log_path, str(stop_at)],
-                            stdout=subprocess.PIPE, text=True)
+                            env=script_env(), stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "saved"
         assert proc.stdout.readline().strip() == "past"

@@ -48,7 +48,7 @@ from lengthwise.demo.tokenizer import EOS, encode_texts, get_tokenizer  # noqa: 
 from lengthwise.train.loop import make_sampler  # noqa: E402
 from lengthwise.train.schedule import lr_factor  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LOG_FIELDS = {"step", "epoch", "loss", "lr", "grad_norm", "real_tokens", "padded_tokens",
               "tokens_per_second", "samples", "buckets", "bucket_loss", "corrected_loss"}
 SMALL = dict(grad_accum=2, max_tokens=256, max_len=128, eval_samples=16, progress=False)

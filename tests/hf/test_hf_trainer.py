@@ -14,7 +14,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from _ports import free_port, rank_finished
+from _ports import free_port, rank_finished, script_env
 from torch.utils.data import Dataset
 
 pytest.importorskip("transformers")
@@ -327,8 +327,9 @@ def test_trainer_two_processes_gloo(tmp_path):
     port = free_port()
     procs = []
     for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
-                   LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        env = script_env(dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
+                              LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                              MASTER_PORT=str(port)))
         procs.append(subprocess.Popen([sys.executable, __file__, str(tmp_path)], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: the longest sentence a reader takes in one pass
 MAX_WORDS = 40
 #: the files held to :data:`MAX_WORDS`

@@ -25,7 +25,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FILES = ["README.md", "docs/first-ten-minutes.md", "docs/pytorch.md", "docs/training.md",
          "docs/dflash.md"]
 #: a block written for a GPU and a long run, made to run on the CPU at toy size: each

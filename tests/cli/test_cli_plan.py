@@ -147,7 +147,7 @@ def test_readme_synopsis_lists_every_option():
 
     from lengthwise.cli import build_parser
 
-    guide = (Path(__file__).resolve().parents[1] / "docs" / "first-ten-minutes.md").read_text()
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "first-ten-minutes.md").read_text()
     synopsis = guide.split("```\nlengthwise plan LENGTHS", 1)[1].split("```", 1)[0]
     plan = build_parser()._subparsers._group_actions[0].choices["plan"]
     for action in plan._actions:

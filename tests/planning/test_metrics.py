@@ -78,7 +78,7 @@ def test_every_figure_the_demo_prints_is_defined_in_metrics_md():
     from lengthwise.demo.dflash import DFLASH_KEYS
     from lengthwise.demo.report import TABLE_COLUMNS
 
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
     defined = dict(re.findall(r"^\| `(\w+)` \| (.*?) \|", doc, flags=re.M))
     # the loss, the verdict and the DFlash figures are defined in docs/demo.md and docs/dflash.md
     elsewhere = {"eval_loss", "verdict", *DFLASH_KEYS[DFLASH_KEYS.index("accuracy_first"):]}

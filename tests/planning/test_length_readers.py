@@ -13,7 +13,7 @@ from lengthwise.errors import ConfigError
 from lengthwise.planning.lengths import LengthError, load_lengths, open_lengths
 from lengthwise.planning.readers import megatron_lengths, parquet_folder_lengths
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 
 
 @pytest.mark.parametrize("name", ["megatron_int32", "megatron_uint16"])

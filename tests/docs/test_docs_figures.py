@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from _scripts import load_script, stale_regions
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import pytest
 import lengthwise
 
 SRC = Path(lengthwise.__file__).resolve().parent
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def _examples(package: Path) -> list[str]:

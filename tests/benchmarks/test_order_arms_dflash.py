@@ -12,13 +12,9 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
-from pathlib import Path
 
 import pytest
 from _scripts import load_script
-
-sys.path.insert(0, str(Path(__file__).resolve().parent / "dflash"))  # the tiny DFlash parts
 
 torch = pytest.importorskip("torch")
 
