@@ -495,7 +495,7 @@ def run(scale_name: str, work: Path, wheel: Path) -> dict[str, Any]:
             "--checkpoint-every", scale["checkpoint_every"], "--keep-checkpoints", 1000,
             "--eval-samples", scale["eval_samples"], "--eval-every", scale["checkpoint_every"],
             "--threads", torch.get_num_threads(), "--seed", SEED, "--no-progress",
-            "--features", features, *scale.get("train_flags", []),
+            "--features", features,
             *(["--resume"] if (runs / "checkpoints").is_dir() else []))
     times["train_s"] = time.perf_counter() - t
     curve, summary = training_curve(runs)
@@ -602,7 +602,8 @@ def _diff(d: Any) -> str:
 def final_table(res: dict[str, Any]) -> str:
     """The final draft per prompt set and temperature."""
     head = ("set", "T", "prompts", "new tokens", "acceptance length [95 %]", "expected",
-            "prompt lookup", "vs lookup", "combined", "draft accuracy", "lossless")
+            "prompt lookup", "vs lookup", "combined", "combined vs lookup", "draft accuracy",
+            "lossless")
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for r in res["final"]:
         lossless = ("-" if "mismatches" not in r
@@ -611,7 +612,7 @@ def final_table(res: dict[str, Any]) -> str:
             r["set"], _f(r["temperature"], "g"), str(r["prompts"]), str(r["new_tokens"]),
             _acc(r), _f(r.get("expected_acceptance")), _acc(r, "baseline_acceptance_length"),
             _diff(r.get("vs_baseline")), _acc(r, "combined_acceptance_length"),
-            _f(r.get("draft_accuracy"), ".3f"),
+            _diff(r.get("combined_vs_baseline")), _f(r.get("draft_accuracy"), ".3f"),
             lossless]) + " |")
     return "\n".join(lines)
 
@@ -652,17 +653,20 @@ def verdict(res: dict[str, Any]) -> str:
         d, b, v = r["acceptance_length"], r.get("baseline_acceptance_length"), r.get("vs_baseline")
         if b is None or d is None or not isinstance(v, dict):
             continue
-        if v.get("lo") is not None and v["lo"] > 0:
-            word = "beats"
-        elif v.get("hi") is not None and v["hi"] < 0:
-            word = "is below"
-        else:
-            word = "is not told apart from"
+        word = _compared(v)
         if word != "beats":
             lose.append(r["set"])
         parts.append(f"on {r['set']} the draft ({d:.2f}) {word} prompt lookup ({b:.2f}; "
                      f"paired difference {_diff(v)})")
+    combined = [f"on {r['set']} it {_compared(r['combined_vs_baseline'])} prompt lookup "
+                f"({r['combined_acceptance_length']:.2f} against "
+                f"{r['baseline_acceptance_length']:.2f}; paired difference "
+                f"{_diff(r['combined_vs_baseline'])})"
+                for r in rows if isinstance(r.get("combined_vs_baseline"), dict)]
     text = " ".join(f"{'At T = 0, o' if k == 0 else 'O'}{p[1:]}." for k, p in enumerate(parts))
+    if combined:
+        text += (" The combined proposer (prompt lookup where its n-gram matches, the draft "
+                 "elsewhere): " + "; ".join(combined) + ".")
     if lose:
         t = res["train"]
         text += (f" Why: the draft saw {t['real_tokens']:,} real tokens in {t['steps']} "
@@ -675,6 +679,16 @@ def verdict(res: dict[str, Any]) -> str:
                  "to train and copies the spans a reply repeats from its prompt (code in "
                  "HumanEval, few-shot formats in the chats).")
     return text
+
+
+def _compared(v: dict[str, Any]) -> str:
+    """``beats``, ``is below`` or ``is not told apart from``: a paired difference's 95 %
+    interval above 0, below 0, or across it."""
+    if v.get("lo") is not None and v["lo"] > 0:
+        return "beats"
+    if v.get("hi") is not None and v["hi"] < 0:
+        return "is below"
+    return "is not told apart from"
 
 
 def _reference_tokens(settings: dict[str, Any]) -> int:
@@ -721,7 +735,6 @@ def caption(res: dict[str, Any], scale_note: bool = True) -> str:
         f"{d['supervised_tokens']:,} supervised). Draft: {layers}, block "
         f"{s['block_size']}, {s['num_anchors']} anchors per sample, {t['steps']} steps of "
         f"{s['max_tokens']}-token micro-batches at peak LR {s['lr']:g}"
-        + (f" with `{' '.join(s['train_flags'])}`" if s.get("train_flags") else "")
         + (f", starting from {_START[t['init']]}" if t.get("init") in _START else "")
         + (f", labels `{t['labels']}`" if t.get("labels", "data") != "data" else "") + ", "
         f"{t['real_tokens']:,} real tokens ({_duration(tm['train_s'])} of training). "

@@ -5,6 +5,11 @@ Usage::
 
     python benchmarks/regeneration_speed.py      # writes benchmarks/REGENERATION_SPEED.json
                                                  # and benchmarks/REGENERATION_SPEED_RESULTS.md
+    python benchmarks/regeneration_speed.py --dtype bfloat16 \
+        --out benchmarks/REGENERATION_SPEED_BF16.json   # the new path in bfloat16
+
+``--dtype`` loads the new path's target in that dtype; the reference keeps the target's own
+(float32), so the identical turns say what the dtype changes in the written text.
 
 Both paths run :meth:`~lengthwise.dflash.regenerate.TurnGenerator.regenerate` (every
 assistant turn, round by round) with one loaded target, greedy, ``--max-new-tokens``
@@ -98,11 +103,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=None,
                     help="the new path's token budget (default: dflash prepare's)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                    help="the new path's target dtype (default: the target's own); the "
+                         "reference keeps the target's own")
     ap.add_argument("--out", type=Path, default=HERE / "REGENERATION_SPEED.json")
     ap.add_argument("--render", action="store_true",
                     help="only write the results page again from --out")
     args = ap.parse_args(argv)
-    md = args.out.with_name("REGENERATION_SPEED_RESULTS.md")
+    md = args.out.with_name(f"{args.out.stem}_RESULTS.md")
     if args.render:
         md.write_text(render(json.loads(args.out.read_text(encoding="utf-8"))), encoding="utf-8")
         return 0
@@ -123,8 +131,10 @@ def main(argv: list[str] | None = None) -> int:
                             backend="hf", progress=False)
     new_cfg = dataclasses.replace(new_cfg, **{k: v for k, v in (
         ("batch_size", args.batch_size), ("max_tokens", args.max_tokens)) if v is not None})
-    new = TurnGenerator(args.target, ChatRenderer(load_tokenizer(args.target)), new_cfg)
-    old = copy.copy(new)
+    renderer = ChatRenderer(load_tokenizer(args.target))
+    new = TurnGenerator(args.target, renderer, dataclasses.replace(new_cfg, dtype=args.dtype))
+    # the reference shares the new path's target unless that one is loaded in another dtype
+    old = copy.copy(new) if args.dtype is None else TurnGenerator(args.target, renderer, new_cfg)
     old.cfg = dataclasses.replace(new_cfg, batch_size=args.old_batch_size, max_tokens=None)
     old._generate = types.MethodType(hf_generate, old)
     old._conversations = types.MethodType(TurnGenerator._rounds, old)  # round by round
@@ -169,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
                 "cut_at_max_new_tokens": sum(len(v) >= args.max_new_tokens
                                              for v in turns["old"].values())},
         "new": {"path": f"decode_conversations, at most {new_cfg.batch_size} conversations and "
-                        f"{new_cfg.max_tokens} tokens a batch",
+                        f"{new_cfg.max_tokens} tokens a batch"
+                        + (f", {args.dtype}" if args.dtype else ""),
                 "seconds": round(seconds["new"], 2), "new_tokens": tokens["new"],
                 "new_tokens_per_second": round(rate["new"], 2),
                 "cut_at_max_new_tokens": sum(len(v) >= args.max_new_tokens

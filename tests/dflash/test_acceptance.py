@@ -158,11 +158,16 @@ def test_the_eval_stage_reports_prompt_lookup_beside_the_draft(models_for_eval):
         assert lo <= r["baseline_acceptance_length"] <= hi
         assert r["vs_baseline"]["mean"] == pytest.approx(
             r["acceptance_length"] - r["baseline_acceptance_length"])
+        # the combined proposer, paired by prompt with lookup's runs of the same prompts
+        assert r["combined_vs_baseline"]["mean"] == pytest.approx(
+            r["combined_acceptance_length"] - r["baseline_acceptance_length"])
+        assert r["combined_vs_baseline"]["lo"] <= r["combined_vs_baseline"]["mean"]
     assert rows[0]["baseline_mismatches"] == 0 == rows[0]["mismatches"]
+    assert rows[0]["combined_mismatches"] == 0
     assert "baseline_mismatches" not in rows[1]
     bare, = evaluate_set(draft, target, prompts, name="p", temperatures=[0.0],
                          max_new_tokens=12, accuracy=False, check=False)
-    assert not any(k.startswith("baseline") for k in bare)
+    assert not any(k.startswith(("baseline", "combined")) for k in bare)
 
 
 @pytest.fixture(scope="module")

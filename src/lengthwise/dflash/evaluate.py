@@ -166,12 +166,14 @@ def baseline_figures(gens: Sequence[Any], runs: Sequence[Any], lookup_tokens: in
 
 
 def combined_figures(gens: Sequence[Any], refs: Sequence[list[int]] | None = None,
-                     ) -> dict[str, Any]:
+                     runs: Sequence[Any] | None = None) -> dict[str, Any]:
     """The combined proposer's figures (prompt lookup where it finds a match, the draft
     elsewhere: ``speculative_batch(..., lookup_ngram=...)``) on the same prompts.
 
     ``combined_acceptance_length`` with its 95 % t-interval over prompts; with the greedy
-    references ``refs``, ``combined_mismatches`` (lossless: 0).
+    references ``refs``, ``combined_mismatches`` (lossless: 0); with prompt lookup's runs of
+    the same prompts ``runs``, ``combined_vs_baseline``: the combined acceptance length minus
+    lookup's, paired by prompt, with its t-interval.
     """
     from lengthwise.dflash.acceptance import acceptance_interval
 
@@ -181,6 +183,11 @@ def combined_figures(gens: Sequence[Any], refs: Sequence[list[int]] | None = Non
     if refs is not None:
         out["combined_mismatches"] = sum(g.tokens != ref for g, ref in zip(gens, refs,
                                                                          strict=True))
+    if runs is not None:
+        diff = acceptance_interval([g.acceptance_length - r.acceptance_length
+                                    for g, r in zip(gens, runs, strict=True)])
+        out["combined_vs_baseline"] = {"mean": diff["mean"], "lo": diff["lo"],
+                                       "hi": diff["hi"]}
     return out
 
 
@@ -250,7 +257,7 @@ def evaluate_set(draft: Any, target: Any, prompts: list[list[int]], *, name: str
                         for i, p in enumerate(bar(prompts, unit="prompt", enable=progress,
                                                   desc=f"{name} T={temp:g}: prompt lookup"))]
                 row.update(baseline_figures(gens, runs, lookup_tokens, refs))
-                row.update(combined_figures(list(decode(temp, LOOKUP_NGRAM)), refs))
+                row.update(combined_figures(list(decode(temp, LOOKUP_NGRAM)), refs, runs))
             if accuracy:
                 ev = teacher_forced(draft, target, prompts, outs, max_tokens=max_tokens,
                                     max_slots=max_slots, head_chunk=head_chunk,
