@@ -115,7 +115,7 @@ EXACT = ("train_chats", "heldout_chats", "humaneval", "kept", "tokens", "supervi
          "steps", "mismatches", "new_tokens", "verify_forwards")
 REL_TOL = 0.02
 #: what depends on the machine, its load or the folders used: shown, never compared
-UNCOMPARED = ("times", "machine", "prepare_reused", "template", "engine")
+UNCOMPARED = ("times", "machine", "prepare_reused", "template", "engine", "step_seconds")
 
 
 def _say(text: str) -> None:
@@ -430,6 +430,8 @@ def training_curve(run: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     evals = [s for s in steps if s.get("eval_loss") is not None]
     summary = {"steps": len(steps), "real_tokens": seen,
                "padded_tokens": sum(int(s.get("padded_tokens") or 0) for s in steps),
+               # the training steps' own seconds, over every process that trained the run
+               "step_seconds": sum(float(s.get("seconds") or 0.0) for s in steps),
                "loss_last10": _mean([s["loss"] for s in last]),
                "accuracy_last10": _mean([s.get("accuracy") for s in last]),
                "eval": [{k: s.get(k) for k in ("step", "eval_loss", "eval_accuracy",
@@ -644,29 +646,38 @@ def curve_table(res: dict[str, Any]) -> str:
 
 
 def verdict(res: dict[str, Any]) -> str:
-    """Whether the final draft beats prompt lookup on each set at T = 0, and why not."""
-    rows = [r for r in res["final"] if r["temperature"] == 0]
-    if not any(r.get("baseline_acceptance_length") is not None for r in rows):
+    """Whether the final draft, and the combined proposer, beat prompt lookup on each set at
+    each temperature, and why not at T = 0."""
+    if not any(r.get("baseline_acceptance_length") is not None for r in res["final"]):
         return "The prompt-lookup baseline was not measured by this `dflash eval`."
-    parts, lose = [], []
-    for r in rows:
-        d, b, v = r["acceptance_length"], r.get("baseline_acceptance_length"), r.get("vs_baseline")
-        if b is None or d is None or not isinstance(v, dict):
-            continue
-        word = _compared(v)
-        if word != "beats":
-            lose.append(r["set"])
-        parts.append(f"on {r['set']} the draft ({d:.2f}) {word} prompt lookup ({b:.2f}; "
-                     f"paired difference {_diff(v)})")
-    combined = [f"on {r['set']} it {_compared(r['combined_vs_baseline'])} prompt lookup "
-                f"({r['combined_acceptance_length']:.2f} against "
-                f"{r['baseline_acceptance_length']:.2f}; paired difference "
-                f"{_diff(r['combined_vs_baseline'])})"
-                for r in rows if isinstance(r.get("combined_vs_baseline"), dict)]
-    text = " ".join(f"{'At T = 0, o' if k == 0 else 'O'}{p[1:]}." for k, p in enumerate(parts))
-    if combined:
-        text += (" The combined proposer (prompt lookup where its n-gram matches, the draft "
-                 "elsewhere): " + "; ".join(combined) + ".")
+    text, lose = "", []
+    for temp in sorted({r["temperature"] for r in res["final"]}):
+        rows = [r for r in res["final"] if r["temperature"] == temp]
+        parts = []
+        for r in rows:
+            d, b = r["acceptance_length"], r.get("baseline_acceptance_length")
+            v = r.get("vs_baseline")
+            if b is None or d is None or not isinstance(v, dict):
+                continue
+            word = _compared(v)
+            if word != "beats" and temp == 0:
+                lose.append(r["set"])
+            parts.append(f"on {r['set']} the draft ({d:.2f}) {word} prompt lookup ({b:.2f}; "
+                         f"paired difference {_diff(v)})")
+        combined = [f"on {r['set']} it {_compared(r['combined_vs_baseline'])} prompt lookup "
+                    f"({r['combined_acceptance_length']:.2f} against "
+                    f"{r['baseline_acceptance_length']:.2f}; paired difference "
+                    f"{_diff(r['combined_vs_baseline'])})"
+                    for r in rows if isinstance(r.get("combined_vs_baseline"), dict)]
+        if parts:
+            text += f"At T = {temp:g}, " + "".join(
+                f"{p}. " if k == 0 else f"{p[0].upper()}{p[1:]}. " for k, p in enumerate(parts))
+        if combined:
+            text += ("The combined proposer (prompt lookup where its n-gram matches, the draft "
+                     "elsewhere): " + "".join(
+                         f"{p}. " if k == 0 else f"{p[0].upper()}{p[1:]}. "
+                         for k, p in enumerate(combined)))
+    text = text.strip()
     if lose:
         t = res["train"]
         text += (f" Why: the draft saw {t['real_tokens']:,} real tokens in {t['steps']} "
@@ -718,7 +729,9 @@ def caption(res: dict[str, Any], scale_note: bool = True) -> str:
     return (
         (f"Scale `{res['scale']}` (`python benchmarks/real_target_dflash.py --scale "
          f"{res['scale']}`), {res['machine']}, shared with other jobs; "
-         f"{_duration(tm['total_s'])} in all. " if scale_note else "")
+         + (f"{_duration(tm['total_s'])} in its last run, which reused the stages earlier "
+            "runs had cached. " if res["data"].get("prepare_reused")
+            else f"{_duration(tm['total_s'])} in all. ") if scale_note else "")
         + f"Target: {res['target']['name']} ({res['target']['file']}, dequantized to float32 "
         f"by `lengthwise dflash target`; {res['target']['layers']} layers, hidden "
         f"{res['target']['hidden']}, vocabulary {res['target']['vocab']:,}; ChatML template "
@@ -737,7 +750,8 @@ def caption(res: dict[str, Any], scale_note: bool = True) -> str:
         f"{s['max_tokens']}-token micro-batches at peak LR {s['lr']:g}"
         + (f", starting from {_START[t['init']]}" if t.get("init") in _START else "")
         + (f", labels `{t['labels']}`" if t.get("labels", "data") != "data" else "") + ", "
-        f"{t['real_tokens']:,} real tokens ({_duration(tm['train_s'])} of training). "
+        f"{t['real_tokens']:,} real tokens ({_duration(t.get('step_seconds', tm['train_s']))} "
+        "of training steps). "
         f"{ref_text}. Evaluation: `lengthwise dflash eval` on "
         f"{d['heldout_chats']} held-out chats and {d['humaneval']} HumanEval prompts, at "
         f"most {s['eval_tokens']} new tokens each. The settings it reports: {_settings(res)}. "
