@@ -962,10 +962,32 @@ def wall_clock_table(wc: dict[str, Any]) -> str:
                                   f"and a draft proposal {c['draft_over_step']:.2f}."])
 
 
+def scales_table(scales: list[dict[str, Any]]) -> str:
+    """One row per scale: its data, training and held-out chats' acceptance at T = 0."""
+    head = ("scale", "chats kept", "steps", "real tokens trained", "start",
+            "held-out accuracy", "draft", "prompt lookup", "combined")
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * 3 + "---|" + "---:|" * 4]
+    for res in scales:
+        r = next(r for r in res["final"]
+                 if r["set"] == "heldout_chats" and r["temperature"] == 0)
+        t = res["train"]
+        lines.append("| " + " | ".join([
+            res["scale"], f"{res['data']['kept']:,}", str(t["steps"]), f"{t['real_tokens']:,}",
+            f"`--init {t.get('init', 'random')}`", _f(r.get("draft_accuracy"), ".3f"), _acc(r),
+            _acc(r, "baseline_acceptance_length"), _acc(r, "combined_acceptance_length")]) + " |")
+    return "\n".join(lines + ["", "Acceptance length on the held-out chats at T = 0 "
+                                   "[95 %]. The scales differ in more than their data: their "
+                                   "steps, the draft's start and their held-out chats (see each "
+                                   "scale), so the rows show the trend, not one lever's effect."])
+
+
 def render_md(saved: dict[str, Any]) -> str:
     parts = ["# A DFlash draft for a real target (SmolLM2-135M-Instruct) on CPU",
              "Written by `python benchmarks/real_target_dflash.py` from "
              "`benchmarks/REAL_TARGET_RESULTS.json`; do not edit."]
+    scales = [saved[k] for k in SCALE_ORDER[:-1] if k in saved]
+    if len(scales) > 1:
+        parts += ["## Across scales", scales_table(scales)]
     for k in SCALE_ORDER:
         if k in saved:
             parts += [f"## Scale `{k}`", render_results(saved[k])]

@@ -100,13 +100,25 @@ def test_the_docs_region_is_what_the_committed_figures_render(script, saved):
 
 
 def test_the_committed_run_says_whether_the_draft_beats_prompt_lookup(script, saved):
-    main = saved.get("quick") or saved.get("full")
+    main = next((saved[k] for k in script.SCALE_ORDER[:-1] if k in saved), None)
     assert main is not None, "no committed run"
-    assert all(r["mismatches"] == 0 for r in main["final"] if "mismatches" in r)
+    assert all(r.get(k, 0) == 0 for r in main["final"]
+               for k in ("mismatches", "baseline_mismatches", "combined_mismatches"))
     text = script.verdict(main)
     assert "prompt lookup" in text
     if "is below" in text or "is not told apart" in text:
         assert "Why:" in text
+    for r in main["final"]:  # the combined proposer, said per set and temperature
+        if "combined_vs_baseline" in r:
+            d = r["combined_vs_baseline"]
+            word = script._compared(d)
+            assert f"on {r['set']} it {word} prompt lookup" in text.replace(". On", ". on")
+            assert d["lo"] <= d["mean"] <= d["hi"]
+    scales = [saved[k] for k in script.SCALE_ORDER[:-1] if k in saved]
+    if len(scales) > 1:
+        table = script.scales_table(scales)
+        assert [line.split(" | ")[0].strip("| ") for line in table.splitlines()[2:2 + len(scales)]
+                ] == [s["scale"] for s in scales]
 
 
 def test_the_check_scale_reruns_as_committed(script, saved):
