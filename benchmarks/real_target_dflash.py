@@ -670,13 +670,10 @@ def verdict(res: dict[str, Any]) -> str:
                     f"{_diff(r['combined_vs_baseline'])})"
                     for r in rows if isinstance(r.get("combined_vs_baseline"), dict)]
         if parts:
-            text += f"At T = {temp:g}, " + "".join(
-                f"{p}. " if k == 0 else f"{p[0].upper()}{p[1:]}. " for k, p in enumerate(parts))
+            text += f"At T = {temp:g}, " + _sentences(parts)
         if combined:
             text += ("The combined proposer (prompt lookup where its n-gram matches, the draft "
-                     "elsewhere): " + "".join(
-                         f"{p}. " if k == 0 else f"{p[0].upper()}{p[1:]}. "
-                         for k, p in enumerate(combined)))
+                     "elsewhere): " + _sentences(combined))
     text = text.strip()
     if lose:
         t = res["train"]
@@ -690,6 +687,12 @@ def verdict(res: dict[str, Any]) -> str:
                  "to train and copies the spans a reply repeats from its prompt (code in "
                  "HumanEval, few-shot formats in the chats).")
     return text
+
+
+def _sentences(parts: list[str]) -> str:
+    """``parts`` as sentences after a lead-in: the first as it is, the others capitalised."""
+    return "".join(f"{p}. " if k == 0 else f"{p[0].upper()}{p[1:]}. "
+                   for k, p in enumerate(parts))
 
 
 def _compared(v: dict[str, Any]) -> str:

@@ -150,14 +150,12 @@ def baseline_figures(gens: Sequence[Any], runs: Sequence[Any], lookup_tokens: in
     from lengthwise.dflash.lookup import LOOKUP_NGRAM
 
     base = acceptance_interval([r.acceptance_length for r in runs])
-    diff = acceptance_interval([g.acceptance_length - r.acceptance_length
-                                for g, r in zip(gens, runs, strict=True)])
     out: dict[str, Any] = {
         "baseline": f"prompt lookup, {lookup_tokens} tokens from {LOOKUP_NGRAM}-grams "
                     "(transformers generate)",
         "baseline_acceptance_length": base["mean"],
         "baseline_acceptance_interval": [base["lo"], base["hi"]],
-        "vs_baseline": {"mean": diff["mean"], "lo": diff["lo"], "hi": diff["hi"]},
+        "vs_baseline": _paired(gens, runs),
     }
     if refs is not None:
         out["baseline_mismatches"] = sum(r.tokens != ref
@@ -184,11 +182,17 @@ def combined_figures(gens: Sequence[Any], refs: Sequence[list[int]] | None = Non
         out["combined_mismatches"] = sum(g.tokens != ref for g, ref in zip(gens, refs,
                                                                          strict=True))
     if runs is not None:
-        diff = acceptance_interval([g.acceptance_length - r.acceptance_length
-                                    for g, r in zip(gens, runs, strict=True)])
-        out["combined_vs_baseline"] = {"mean": diff["mean"], "lo": diff["lo"],
-                                       "hi": diff["hi"]}
+        out["combined_vs_baseline"] = _paired(gens, runs)
     return out
+
+
+def _paired(gens: Sequence[Any], runs: Sequence[Any]) -> dict[str, Any]:
+    """``gens``' acceptance length minus ``runs``', paired by prompt: mean and t-interval."""
+    from lengthwise.dflash.acceptance import acceptance_interval
+
+    diff = acceptance_interval([g.acceptance_length - r.acceptance_length
+                                for g, r in zip(gens, runs, strict=True)])
+    return {"mean": diff["mean"], "lo": diff["lo"], "hi": diff["hi"]}
 
 
 def _check_budgets(max_tokens: int | None, max_slots: int | None, block: int) -> None:
