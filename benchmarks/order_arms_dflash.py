@@ -19,6 +19,8 @@ region's figures of each order's loss log (:mod:`experiments.dflash_report`)::
     python benchmarks/order_arms_dflash.py ... --full-only    # run and save only the full run
     python benchmarks/order_arms_dflash.py ... --out DIR      # continue the runs saved in DIR
     python benchmarks/order_arms_dflash.py ... --set lr=6e-4  # a DFlashTrainConfig setting
+    python benchmarks/order_arms_dflash.py ... --start RUN    # every draft starts from RUN
+    python benchmarks/order_arms_dflash.py ... --runs DIR     # the full design's saved runs
     python benchmarks/order_arms_dflash.py ... --threads 2    # torch threads per run
     python benchmarks/order_arms_dflash.py --render           # results and plot from the JSON
 
@@ -76,16 +78,18 @@ ROOT = HERE.parent
 SAVED = ROOT / "benchmarks" / "ORDER_ARMS_DFLASH.json"
 RESULTS = ROOT / "benchmarks" / "ORDER_ARMS_DFLASH_RESULTS.md"
 PLOT = ROOT / "docs" / "order_arms_dflash.png"
+RUNS = ROOT / "benchmarks" / "order_arms_dflash_runs"
 
 from experiments import saved as store  # noqa: E402  (experiments/ is on the path from here)
 
 #: the committed experiment (change these, rerun, commit the JSON and the results)
-FULL: dict[str, Any] = {"epochs": 2, "eval_points": 2}
+FULL: dict[str, Any] = {"arms": ("data",), "schedules": ("cosine",), "epochs": 1,
+                        "eval_points": 2, "train_samples": 400, "train": {"lr": 1.6e-3}}
 #: the reduced run whose figures are committed under ``check``
 CHECK: dict[str, Any] = {"orders": ("sorted", "random", "stratified"),
                          "reduced": ("sorted", "random", "stratified"), "seeds": (0,),
                          "schedules": ("cosine",), "epochs": 1, "eval_points": 1,
-                         "eval_samples": 8, "train_samples": 24}
+                         "train_samples": 48, "train": {"lr": 1.6e-3}}
 #: the run figures a rerun of the check repeats to the last digit
 EXACT = ("steps", "micro_batches", "real_tokens", "padded_tokens", "flops")
 #: the run figures a rerun of the check repeats within :data:`~experiments.saved.REL_TOL`
@@ -103,17 +107,18 @@ def design(settings: dict[str, Any], args: argparse.Namespace) -> Any:
 
     train = {**SHAPE, **settings.get("train", {}), **dict(args.set)}
     return DFlashArms(prepared=args.prepared, target=args.target, features=args.features,
-                      threads=args.threads, **{**settings, "train": train})
+                      start=args.start, threads=args.threads, **{**settings, "train": train})
 
 
-def run(cfg: Any, out: Path, workers: int) -> dict[str, Any]:
-    """Train every run of ``cfg`` not yet saved under ``out/runs``; the figures."""
+def run(cfg: Any, out: Path, workers: int, runs: Path | None = None) -> dict[str, Any]:
+    """Train every run of ``cfg`` not yet saved under ``runs`` (default ``out/runs``), its
+    logs under ``out/logs``; the figures."""
     from experiments.arms_report import map_jobs
     from experiments.dflash_arms import context, run_job
     from experiments.dflash_report import summarise_dflash
 
     started = time.perf_counter()
-    saved = store.CellRuns(out / "runs", cfg, _say)
+    saved = store.CellRuns(runs or out / "runs", cfg, _say)
     done = saved.done()
     jobs = [(job, cfg, str(out / "logs")) for job in cfg.jobs() if job not in done]
     map_jobs(run_job, jobs, workers=workers, on_result=saved.save)
@@ -123,8 +128,33 @@ def run(cfg: Any, out: Path, workers: int) -> dict[str, Any]:
             "train_samples": int(lengths.size), "train_tokens": int(lengths.sum()),
             "eval_samples": int(split.held_idx.size), "length_min": int(lengths.min()),
             "length_max": int(lengths.max())}
+    if cfg.start:
+        info["start"] = start_figures(cfg, out / "logs")
     summary = summarise_dflash(cfg, saved.load(), info)
     return store.stamp(summary, started, workers)
+
+
+def start_figures(cfg: Any, out: Path) -> dict[str, Any]:
+    """The held-out figures of the draft every run of ``cfg`` starts from (its ``start``),
+    as a run's are measured: the run's baseline."""
+    from lengthwise.dflash.train import DFlashTask
+    from lengthwise.train.device import configure_torch, pick_device
+
+    from experiments.dflash_arms import cached_rows, context, held_out, run_draft
+
+    device = pick_device("cpu")
+    configure_torch(device, threads=cfg.threads, deterministic=True)
+    train = cfg.train_config(seed=cfg.data_seed, batch=cfg.batches[0], steps=1)
+    draft = run_draft(cfg, train, out / "start", device)
+    m = context(cfg).models
+    task = DFlashTask(draft.eval(), m.target, train, order="random",
+                      features=cached_rows(cfg))
+    held = context(cfg).split.held
+    cold = held_out(task, held, seed=cfg.data_seed, temperature=0.0)
+    hot = held_out(task, held, seed=cfg.data_seed, temperature=1.0)
+    return {"path": str(cfg.start), **{k: cold[k] for k in (
+        "eval_loss", "eval_accuracy", "slot_accuracy", "expected_acceptance")},
+            "expected_acceptance_t1": hot["expected_acceptance"]}
 
 
 def arguments() -> argparse.ArgumentParser:
@@ -135,6 +165,12 @@ def arguments() -> argparse.ArgumentParser:
     ap.add_argument("--prepared", help="a `lengthwise dflash prepare` folder")
     ap.add_argument("--target", help="its target (a Hugging Face folder)")
     ap.add_argument("--features", help="their `lengthwise dflash features` cache")
+    ap.add_argument("--start", default=None,
+                    help="a `dflash train` run or checkpoint every run's draft starts from "
+                         "(default: the recipe's start)")
+    ap.add_argument("--runs", default=None,
+                    help=f"folder of the full design's saved runs (default: "
+                         f"{RUNS.relative_to(ROOT)}, committed)")
     ap.add_argument("--threads", type=_positive, default=1, help="torch threads per run")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", type=_setting,
                     help="a DFlashTrainConfig setting of every run (a JSON value or a string), "
@@ -157,7 +193,7 @@ def _setting(text: str) -> tuple[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = arguments()
-    args = store.parse(ap, argv)
+    args = store.parse(ap, argv, folders=("out", "runs"))
     saved = store.committed(SAVED, ap)
     if args.render:
         if not saved:
@@ -172,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         fresh = run(design(CHECK, args), out / "check", 1)
         return store.say_check(saved, fresh, invariants(fresh), compare, NAME)
     store.run_parts(saved, args, SAVED, lambda: run(design(CHECK, args), out / "check", 1),
-              lambda: run(design(FULL, args), out / "full", args.workers))
+              lambda: run(design(FULL, args), out / "full", args.workers,
+                          runs=Path(args.runs) if args.runs else RUNS))
     _say(f"wrote {SAVED}")
     render_all(store.committed(SAVED, ap))
     return 0

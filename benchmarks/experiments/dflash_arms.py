@@ -50,8 +50,8 @@ from lengthwise.errors import ConfigError
 from experiments.arms import ArmsDesign, arm_steps, drive_arm, plan_budgets
 from experiments.loss_log import loss_log_figures
 
-__all__ = ["SHAPE", "DFlashArms", "draft_flops", "run_dflash_arm", "run_draft", "run_job",
-           "tokens_per_second"]
+__all__ = ["SHAPE", "DFlashArms", "cached_rows", "draft_flops", "run_dflash_arm", "run_draft",
+           "run_job", "shared_start", "tokens_per_second"]
 
 #: the draft and micro-batch of the real-target benchmarks (2 layers fed by 2 target layers,
 #: blocks of 8, 32 anchors, micro-batches of 2,048 tokens) and their learning rate
@@ -78,7 +78,8 @@ class DFlashArms(ArmsDesign):
     target: str = ""
     features: str = ""
     eval_samples: int = 16
-    train_samples: int | None = None  # the first of the training samples (None: all)
+    train_samples: int | None = None  # a draw of the training samples (None: all)
+    start: str | None = None  # a run or checkpoint every run's draft starts from
     train: dict[str, Any] = field(default_factory=lambda: dict(SHAPE))
     orders: tuple[str, ...] = ("sorted", "random", "bucket-random", "interleave", "stratified")
     reduced: tuple[str, ...] = ("sorted", "random", "bucket-random", "interleave", "stratified")
@@ -143,10 +144,8 @@ def _context(prepared: str, target: str, eval_samples: int, data_seed: int,
     data = open_prepared(prepared)
     cfg = DFlashTrainConfig(**json.loads(train), seed=data_seed, steps=1)
     split = _split(data, cfg, RunSettings(target=target, data=prepared,
-                                          eval_samples=eval_samples))
-    if train_samples is not None:
-        split = dataclasses.replace(split, train_idx=split.train_idx[:train_samples],
-                                    lengths=split.lengths[:train_samples])
+                                          eval_samples=eval_samples,
+                                          train_samples=train_samples))
     return _Context(data, split, load_tokenizer(target))
 
 
@@ -286,16 +285,50 @@ def run_draft(design: DFlashArms, cfg: Any, run_dir: str | Path, device: Any) ->
                           eval_samples=design.eval_samples, features=design.features)
         ctx.models = _models(cfg, run, ctx.data, ctx.tokenizer, device, 0, ctx.split.train_idx)
     m = ctx.models
+    if design.start:
+        return shared_start(design.start, m, cfg)
     return starting_draft(m.target, cfg, mask_token_id=m.mask.id, data=ctx.data,
                           train_idx=ctx.split.train_idx, cache=m.cache)
+
+
+def shared_start(path: str | Path, models: Any, cfg: Any) -> Any:
+    """The draft of run or checkpoint ``path`` (:func:`~lengthwise.dflash.load.trained_draft`),
+    in training mode, checked against the recipe's ``models`` (its target's layers and mask
+    token) and ``cfg`` (block size, draft layers): the start every run of a design shares."""
+    from lengthwise.dflash.load import trained_draft
+
+    draft, _ = trained_draft(path)
+    c = draft.config
+    mine = {"block_size": c.block_size, "draft layers": c.num_layers,
+            "target layers": list(c.target_layers), "mask token": c.mask_token_id}
+    want = {"block_size": cfg.block_size, "draft layers": cfg.draft_layers,
+            "target layers": list(models.target.layers), "mask token": models.mask.id}
+    differ = [f"{k} {mine[k]} (the design's {want[k]})" for k in mine if mine[k] != want[k]]
+    if differ:
+        raise ConfigError(f"start {path}: not a draft of this design: {', '.join(differ)}")
+    return draft.train()
+
+
+def cached_rows(design: DFlashArms) -> Any:
+    """The cached target features of the training samples (their ids) and of the held-out
+    batches (ids from ``HELD_OUT_FIRST_ID``), after :func:`run_draft` loaded the models."""
+    from lengthwise.dflash.features import CachedRows
+    from lengthwise.dflash.recipe import HELD_OUT_FIRST_ID
+
+    ctx = context(design)
+    split = ctx.split
+
+    def dataset_index(sample_id: int) -> int:
+        return int(split.train_idx[sample_id] if sample_id < HELD_OUT_FIRST_ID
+                   else split.held_idx[sample_id - HELD_OUT_FIRST_ID])
+
+    return CachedRows(ctx.models.cache, ctx.models.target.layers, dataset_index)
 
 
 def run_dflash_arm(job: tuple[str, str, int, str, int], design: DFlashArms, *,
                    out: str | Path) -> dict[str, Any]:
     """Train one (arm, schedule, batch, order, seed) run of ``design``; its figures, curve,
     and the paths of its step and micro-batch logs."""
-    from lengthwise.dflash.features import CachedRows
-    from lengthwise.dflash.recipe import HELD_OUT_FIRST_ID
     from lengthwise.dflash.train import DFlashTask
     from lengthwise.train.device import configure_torch, pick_device
     from lengthwise.train.loop import TrainLoop, make_sampler
@@ -313,11 +346,7 @@ def run_dflash_arm(job: tuple[str, str, int, str, int], design: DFlashArms, *,
     def sample(i: int) -> dict[str, np.ndarray]:  # training sample i as trained
         return {k: v[: cfg.max_len] for k, v in data.sample(int(split.train_idx[i])).items()}
 
-    def dataset_index(sample_id: int) -> int:  # training ids, then the held-out batches' ids
-        return int(split.train_idx[sample_id] if sample_id < HELD_OUT_FIRST_ID
-                   else split.held_idx[sample_id - HELD_OUT_FIRST_ID])
-
-    features = CachedRows(m.cache, m.target.layers, dataset_index)
+    features = cached_rows(design)
     flops = step_flops(draft, int(m.target.embed.weight.shape[0]))
     counting = DFlashTask(draft, m.target, dataclasses.replace(cfg, seed=design.data_seed),
                           order="random")

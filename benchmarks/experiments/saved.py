@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["REL_TOL", "CellRuns", "close", "committed", "experiment_parser", "parse",
-           "run_parts", "say_check", "say_drift", "stamp", "write"]
+__all__ = ["REL_TOL", "SELECTION", "CellRuns", "close", "committed", "experiment_parser", "parse",
+           "run_identity", "run_parts", "say_check", "say_drift", "stamp", "write"]
 
 #: relative tolerance of a compared figure: a run repeated on this machine gives the same
 #: figures to the last digit; other CPUs may round the kernels' sums differently
@@ -35,14 +35,54 @@ def close(a: Any, b: Any) -> bool:
     return math.isclose(a, b, rel_tol=REL_TOL)
 
 
+#: design fields that choose which runs a design has, not how each one trains
+SELECTION = ("orders", "reduced", "seeds", "arms", "schedules", "batches", "full_batches",
+             "threads")
+
+
+def run_identity(cfg: Any) -> dict[str, Any]:
+    """What makes a saved run of design ``cfg`` (a dataclass) one of its runs: every field
+    but the :data:`SELECTION` of runs, as JSON values.
+
+    Example::
+
+        >>> from dataclasses import dataclass
+        >>> @dataclass
+        ... class D:
+        ...     epochs: int = 2
+        ...     seeds: tuple = (0, 1)
+        >>> run_identity(D())
+        {'epochs': 2}
+    """
+    import dataclasses
+
+    fields = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in SELECTION}
+    return json.loads(json.dumps(fields, default=str, sort_keys=True))
+
+
 class CellRuns:
     """The runs of every cell, each saved as ``folder/ARM-SCHEDULE-bBATCH/ORDER-seedN.json``
     as it ends, so that a benchmark stopped halfway continues where it stopped. ``say``
-    prints a line (the script's progress)."""
+    prints a line (the script's progress). ``folder/design.json`` records the design's
+    :func:`run_identity`: runs saved for another design (other data, start or settings)
+    are refused in one line, never mixed in; a design with more orders, seeds, arms or
+    schedules reuses the runs it shares."""
 
     def __init__(self, folder: Path, cfg: Any, say: Callable[[str], None] = print) -> None:
+        from lengthwise.errors import ConfigError
+
         self.folder, self.say = folder, say
         self.order = cfg.jobs()  # (arm, schedule, batch, order, seed), seed by seed per cell
+        folder.mkdir(parents=True, exist_ok=True)
+        mine, record = run_identity(cfg), folder / "design.json"
+        if record.is_file():
+            saved = json.loads(record.read_text(encoding="utf-8"))
+            differ = sorted(k for k in set(saved) | set(mine) if saved.get(k) != mine.get(k))
+            if differ:
+                raise ConfigError(f"{folder}: its runs were saved for another design "
+                                  f"({', '.join(differ)} differ); give another folder")
+        else:
+            record.write_text(json.dumps(mine, indent=1) + "\n", encoding="utf-8")
         for arm, schedule, batch in {job[:3] for job in self.order}:
             (folder / f"{arm}-{schedule}-b{batch}").mkdir(parents=True, exist_ok=True)
 

@@ -54,7 +54,8 @@ def _design(script, tiny, **settings):
 
     prepared, target, features = tiny
     return DFlashArms(prepared=str(prepared), target=str(target), features=str(features),
-                      **{"train": dict(TINY), **script.CHECK, "epochs": 2, **settings})
+                      **{**script.CHECK, "train": dict(TINY), "train_samples": None,
+                         "epochs": 2, **settings})
 
 
 @pytest.fixture(scope="module")
@@ -184,3 +185,43 @@ def test_standardize_features_reaches_the_draft_of_a_run(script, tiny, tmp_path)
     assert draft.config.standardize_features and not torch.equal(scale, torch.ones_like(scale))
     # the scale dflash train measures on the same training samples
     assert torch.equal(scale, context(design).models.draft.feature_scale)
+
+
+def test_every_run_starts_from_the_shared_draft_and_another_shape_is_refused(script, tiny,
+                                                                              tmp_path):
+    from lengthwise.dflash.recipe import _save_final
+    from lengthwise.errors import ConfigError
+    from lengthwise.train.device import pick_device
+
+    from experiments.dflash_arms import run_draft
+
+    design = _design(script, tiny)
+    cfg = design.train_config(seed=1, batch=2, steps=1)
+    first = run_draft(design, cfg, tmp_path, pick_device("cpu"))
+    with torch.no_grad():
+        first.fc.weight.add_(0.5)  # a draft no seed draws
+    _save_final(first, tmp_path / "start" / "final", 7)
+    shared = _design(script, tiny, start=str(tmp_path / "start"))
+    for seed in (1, 2):
+        draft = run_draft(shared, shared.train_config(seed=seed, batch=2, steps=1), tmp_path,
+                          pick_device("cpu"))
+        assert draft.training and torch.equal(draft.fc.weight, first.fc.weight)
+    other = _design(script, tiny, start=str(tmp_path / "start"),
+                    train={**TINY, "block_size": 2})
+    with pytest.raises(ConfigError, match="block_size 4 .the design's 2."):
+        run_draft(other, other.train_config(seed=1, batch=2, steps=1), tmp_path,
+                  pick_device("cpu"))
+
+
+def test_saved_runs_of_another_design_are_refused_and_a_larger_design_reuses_them(
+        script, tiny, tmp_path):
+    from lengthwise.errors import ConfigError
+
+    from experiments.saved import CellRuns
+
+    CellRuns(tmp_path / "runs", _design(script, tiny))
+    more = CellRuns(tmp_path / "runs", _design(script, tiny, seeds=(0, 1, 2)))
+    assert len(more.order) == 3 * len(_design(script, tiny).jobs())
+    with pytest.raises(ConfigError, match=r"another design \(epochs, train differ\)"):
+        CellRuns(tmp_path / "runs", _design(script, tiny, epochs=3,
+                                            train={**TINY, "lr": 0.5}))
