@@ -6,7 +6,7 @@ DFlash recipe (:mod:`experiments.dflash_arms`): arm ``data`` gives every order t
 optimizer steps, each on the same real tokens (padding costs an order compute, never
 data); arm ``compute`` gives every order the same counted FLOPs of the draft's step
 (forward and backward, its LM head over the supervised slots; the target's forward is
-cached and costs nothing). Both arms run under the recipe's warm-up + cosine and warm-up
+cached and costs nothing). Either arm runs under the recipe's warm-up + cosine or warm-up
 + constant, with paired seeds. Per run: the held-out loss, teacher-forced accuracy per
 block position, expected acceptance at temperature 0 and 1, ``tokens_per_second``,
 ``padding_efficiency`` and the per-micro-batch loss log; per cell: 95 % intervals,
@@ -17,7 +17,7 @@ region's figures of each order's loss log (:mod:`experiments.dflash_report`)::
     python benchmarks/order_arms_dflash.py --prepared P --target T --features C --check
     python benchmarks/order_arms_dflash.py ... --check-only   # run and save only the check
     python benchmarks/order_arms_dflash.py ... --full-only    # run and save only the full run
-    python benchmarks/order_arms_dflash.py ... --out DIR      # continue the runs saved in DIR
+    python benchmarks/order_arms_dflash.py ... --out DIR      # the logs (and the check's runs)
     python benchmarks/order_arms_dflash.py ... --set lr=6e-4  # a DFlashTrainConfig setting
     python benchmarks/order_arms_dflash.py ... --start RUN    # every draft starts from RUN
     python benchmarks/order_arms_dflash.py ... --runs DIR     # the full design's saved runs
@@ -25,41 +25,37 @@ region's figures of each order's loss log (:mod:`experiments.dflash_report`)::
     python benchmarks/order_arms_dflash.py --render           # results and plot from the JSON
 
 ``P`` is a ``dflash prepare`` folder, ``T`` its target, ``C`` their ``dflash features``
-cache. The figures go to ``benchmarks/ORDER_ARMS_DFLASH.json``, a generated
-``benchmarks/ORDER_ARMS_DFLASH_RESULTS.md`` and ``docs/order_arms_dflash.png``. Each run is
-saved as ``OUT/full/runs/ARM-SCHEDULE-bBATCH/ORDER-seedN.json`` as it ends, so an
-interrupted benchmark continues where it stopped when given the same ``--out``.
+cache, ``RUN`` a ``dflash train`` run or checkpoint of that target. The figures go to
+``benchmarks/ORDER_ARMS_DFLASH.json``, a generated ``benchmarks/ORDER_ARMS_DFLASH_RESULTS.md``,
+the README's region ``order-arms-dflash`` and ``docs/order_arms_dflash.png``. Each run of
+the full design is saved as it ends, as ``RUNS/ARM-SCHEDULE-bBATCH/ORDER-seedN.json``
+(default :data:`RUNS`, committed, with ``design.json``): an interrupted benchmark, in this
+session or a later one, continues where it stopped. Runs saved for another design (other
+data, start or settings) are refused, never mixed in.
 
-The full design (:data:`FULL`): 2 arms x 2 schedules x 5 orders (sorted, random,
-bucket-random, interleave, stratified) x 5 paired seeds = 100 runs of the draft of
-:data:`experiments.dflash_arms.SHAPE` (2 layers, block 8, 32 anchors, micro-batches of
-2,048 tokens, 2 micro-batches per step, peak learning rate 3e-3, the recipe's warm-up
-share 0.04), 2 epochs, the held-out figures at 2 points. On SmolLM2-135M-Instruct with
-its 93 regenerated chats (77 training samples, 19,262 tokens; 16 held out) an epoch of
-random is about 19 micro-batches, 9 steps in arm ``data``::
+The full design (:data:`FULL`) asks the question of a draft that has learned: every run
+continues one shared draft, the real-target benchmark's large run at its step 400 (400
+steps of 2,048 tokens from the target's top layers, the stratified order, held-out
+expected acceptance 1.24 at T = 0). It trains one more epoch of a draw of 400 of the
+2,453 training chats (119 k tokens, 61-1,024 long), in steps of 2 micro-batches of 2,048
+tokens, at a peak learning rate of 1.6e-3 (the shared run's rate at its step 400) under
+the recipe's warm-up + cosine; held-out figures on the 16 chats that run held out, at 2
+points. 5 orders x 5 paired seeds in arm ``data`` (25 runs)::
 
-    python benchmarks/order_arms_dflash.py --prepared /work/cache/smol/prepared120 \
-        --target /work/cache/smol/target --features /work/cache/smol/fc/features \
-        --workers 2 --full-only --out /tmp/order-arms-dflash
+    L=/work/cache/smol/large
+    python benchmarks/order_arms_dflash.py --prepared $L/prepared \
+        --target /work/cache/smol/target --features $L/features \
+        --start $L/run/checkpoints/step_400 --workers 2 --out /tmp/order-arms-dflash
 
-Runtime, a measured extrapolation: about 95 minutes on two free cores with ``--workers
-2``. One run at the full size (arm ``data``, cosine, random, seed 0; 18 steps, 50
-micro-batches, 7.20 TFLOP of draft compute, 3 held-out passes), one thread, measured on
-this machine: 99.2 s of CPU in its training loop and evaluations (13.8 CPU seconds per
-TFLOP), 112.3 s of CPU in all (target and cache loaded, budget counted). Every run of
-the design counts about 7.2 TFLOP (arm ``compute``: the budget, 7.24 TFLOP; arm
-``data``: each order's steps, within 2 % of random's), so the 100 runs take about
-100 x 112 = 11,200 CPU seconds: 94 min on two workers. The cores were shared with other
-jobs during the measurement (595 s of wall time for 112 s of CPU); shared like that the
-full run takes about five times as long.
+Runtime: the 25 runs take about 65 minutes on two free cores (``--workers 2``, one thread
+each), about 5 minutes a run. Arm ``compute`` and the constant schedule are the design's
+next cells (add them to :data:`FULL`; the saved runs are reused): about 65 minutes each.
 
-:data:`CHECK` is a reduced design (3 orders, 1 seed, the cosine schedule, both arms, 1
-epoch of the first 24 training samples, 8 held out: 6 runs) whose figures on the cache
-above are committed under ``check`` (``--check-only``: 2 min of CPU, 10 min of wall time
-on the shared machine); ``--check`` reruns it and compares.
-``tests/benchmarks/test_order_arms_dflash.py`` runs the same design (2 epochs) on a tiny
-random target and checks its invariants. Wall seconds depend on the machine and its load:
-shown, never compared.
+:data:`CHECK` is a reduced design on the same data and start (3 orders, 1 seed, the
+cosine schedule, both arms, 1 epoch of 48 training samples: 6 runs, 3 min); ``--check``
+reruns it and compares. ``tests/benchmarks/test_order_arms_dflash.py`` runs the same
+design (2 epochs) on a tiny random target and checks its invariants. Wall seconds depend
+on the machine and its load: shown, never compared.
 """
 
 from __future__ import annotations
@@ -79,6 +75,8 @@ SAVED = ROOT / "benchmarks" / "ORDER_ARMS_DFLASH.json"
 RESULTS = ROOT / "benchmarks" / "ORDER_ARMS_DFLASH_RESULTS.md"
 PLOT = ROOT / "docs" / "order_arms_dflash.png"
 RUNS = ROOT / "benchmarks" / "order_arms_dflash_runs"
+#: the files and the regions of each that ``--render`` writes from the committed full design
+REGIONS: dict[str, tuple[str, ...]] = {"README.md": ("order-arms-dflash",)}
 
 from experiments import saved as store  # noqa: E402  (experiments/ is on the path from here)
 
@@ -283,7 +281,17 @@ def _caption(s: dict[str, Any]) -> str:
             "samples. Mean ± 95 % t-interval over seeds; 'vs random' is the paired "
             f"difference. The {len(s['runs'])} runs took {s['runs_wall_seconds'] / 60:.0f} "
             f"min of wall time and {s['runs_cpu_seconds'] / 60:.0f} min of CPU time "
-            f"({s['machine']}, {s['workers']} at a time).")
+            f"({s['machine']}, {s['workers']} at a time)." + _start_text(d.get("start")))
+
+
+def _start_text(start: dict[str, Any] | None) -> str:
+    """The sentence on the draft every run starts from (none: the recipe's start)."""
+    if not start:
+        return " Every run starts from the recipe's initial draft at its seed."
+    return (f" Every run starts from one shared draft, `{start['path']}`: held-out loss "
+            f"{start['eval_loss']:.3f}, accuracy {start['eval_accuracy']:.3f}, expected "
+            f"acceptance {start['expected_acceptance']:.3f} at T = 0 and "
+            f"{start['expected_acceptance_t1']:.3f} at T = 1.")
 
 
 def results_md(saved: dict[str, Any]) -> str:
@@ -301,11 +309,34 @@ def results_md(saved: dict[str, Any]) -> str:
         parts += [f"## The {'full design' if part == 'full' else 'reduced check'}", "",
                   _caption(s), ""]
         for (name, cell), sentence in zip(s["cells"].items(), decisions(s), strict=True):
-            parts += [f"### {name}", "", table(cell), "", sentence, ""]
+            parts += [f"### {name}", "", table(cell), "", sentence, "",
+                      "The doctor on each order's micro-batch loss log (seeds with the "
+                      "finding):", "", findings_text(cell), ""]
         parts += ["Bucket edges of each order's plan (first setting):", "", edges_text(s), ""]
     if "full" not in saved:
         parts += ["The full design has not been run yet.", ""]
     return "\n".join(parts)
+
+
+def findings_text(cell: dict[str, Any]) -> str:
+    """Per order of ``cell``, the doctor's findings on its loss logs (bands, the per-bucket
+    ladder) and in how many seeds each was found; what it could not test, said once."""
+    lines = []
+    for name, row in cell["orders"].items():
+        per_seed = row["loss_log"]["findings"]
+        counts: dict[str, int] = {}
+        for names in per_seed.values():
+            for f in set(names):
+                counts[f] = counts.get(f, 0) + 1
+        found = [f"{f} ({n} of {len(per_seed)})" for f, n in sorted(counts.items())
+                 if not f.endswith("_untested")]
+        untested = [f"{f.removesuffix('_untested')} ({n} of {len(per_seed)})"
+                    for f, n in sorted(counts.items()) if f.endswith("_untested")]
+        text = ", ".join(found) or "none"
+        if untested:
+            text += f"; too few lines to test: {', '.join(untested)}"
+        lines.append(f"- {name}: {text}")
+    return "\n".join(lines)
 
 
 def plot(summary: dict[str, Any], path: Path = PLOT) -> None:
@@ -338,9 +369,63 @@ def plot(summary: dict[str, Any], path: Path = PLOT) -> None:
     plt.close(fig)
 
 
+def readme_table(cell: dict[str, Any]) -> str:
+    """The README's table of ``cell``: one row per order (at most 8), the held-out figures
+    and their paired difference from random, padding and the loss log's bands."""
+    from experiments.dflash_report import _pm
+
+    head = ["order", "held-out loss", "vs random", "E[accept] T=0", "vs random",
+            "E[accept] T=1", "padding eff.", "bands (0.1)"]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for name, row in list(cell["orders"].items())[:8]:
+        vs = row.get("vs_random") or {}
+        lines.append("| " + " | ".join([
+            f"`{name}`", _pm(row["eval_loss"]), _pm(vs.get("eval_loss"), "+.3f"),
+            _pm(row["expected_acceptance"]), _pm(vs.get("expected_acceptance"), "+.3f"),
+            _pm(row["expected_acceptance_t1"]), _pm(row["padding_efficiency"], ".2f"),
+            _pm(row["loss_log"]["bands_at_0_1"], ".1f")]) + " |")
+    return "\n".join(lines)
+
+
+def render(name: str, saved: dict[str, Any]) -> str:
+    """The text of README region ``name`` from the committed full design."""
+    from experiments.dflash_report import decisions
+
+    if name != "order-arms-dflash":
+        raise KeyError(f"no region {name!r}")
+    s = saved["full"]
+    c, d = s["config"], s["data"]
+    start = d.get("start")
+    lead = (f"`python benchmarks/{NAME}.py` asks the same of a DFlash draft for "
+            f"SmolLM2-135M-Instruct, trained from cached target features. ")
+    if start:
+        lead += (f"Every run continues one shared draft (expected acceptance "
+                 f"{start['expected_acceptance']:.2f} at T = 0) for {c['epochs']} epoch(s) of "
+                 f"{d['train_samples']} regenerated chats. ")
+    lead += (f"{len(c['orders'])} orders, {len(c['seeds'])} paired seeds, 95 % intervals, "
+             f"{d['eval_samples']} held-out chats:")
+    parts = []
+    for (key, cell), sentence in zip(s["cells"].items(), decisions(s), strict=True):
+        parts += [f"{key}:", "", readme_table(cell), "", sentence, ""]
+    return "\n".join([_wrap(lead), "", *parts,
+                      f"Details: [{RESULTS.name}](benchmarks/{RESULTS.name}).", "",
+                      f"![loss per micro-batch of each order](docs/{PLOT.name})"])
+
+
+def _wrap(text: str) -> str:
+    import textwrap
+
+    return textwrap.fill(text, width=100, break_on_hyphens=False, break_long_words=False)
+
+
 def render_all(saved: dict[str, Any]) -> None:
-    """Write the results page and the plot (of the full run, else the check)."""
+    """Write the results page, the plot (of the full run, else the check) and, once the
+    full design is committed, the README's region."""
+    from docs_figures import rewrite_regions
+
     RESULTS.write_text(results_md(saved), encoding="utf-8")
+    if "full" in saved:
+        rewrite_regions(REGIONS, lambda name: render(name, saved), ROOT)
     try:
         plot(saved.get("full") or saved["check"])
     except ImportError:

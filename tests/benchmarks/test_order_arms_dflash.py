@@ -158,6 +158,16 @@ def test_the_committed_check_keeps_the_invariants_and_its_results_page(script):
     assert script.invariants(saved["check"]) == []
     assert script.RESULTS.read_text(encoding="utf-8") == script.results_md(saved), (
         "stale: python benchmarks/order_arms_dflash.py --render")
+    if "full" in saved:
+        import docs_figures
+
+        assert script.invariants(saved["full"]) == []
+        readme = (script.ROOT / "README.md").read_text(encoding="utf-8")
+        i, j = docs_figures.region_text(readme, "order-arms-dflash", "README.md")
+        assert readme[i:j].strip() == script.render("order-arms-dflash", saved).strip(), (
+            "stale: python benchmarks/order_arms_dflash.py --render")
+        table = script.readme_table(next(iter(saved["full"]["cells"].values())))
+        assert len(table.splitlines()) <= 2 + 8
 
 
 def test_recipe_settings_pass_through_and_every_option_is_documented(script, capsys):
