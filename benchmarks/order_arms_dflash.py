@@ -47,9 +47,10 @@ points. 5 orders x 5 paired seeds in arm ``data`` (25 runs)::
         --target /work/cache/smol/target --features $L/features \
         --start $L/run/checkpoints/step_400 --workers 2 --out /tmp/order-arms-dflash
 
-Runtime: the 25 runs take about 65 minutes on two free cores (``--workers 2``, one thread
-each), about 5 minutes a run. Arm ``compute`` and the constant schedule are the design's
-next cells (add them to :data:`FULL`; the saved runs are reused): about 65 minutes each.
+Runtime, measured: the 25 runs took 73 minutes with ``--workers 2`` (one thread each) on
+cores shared with other work for their first half; 97 minutes of CPU in all, so about 50
+minutes on two free cores. Arm ``compute`` and the constant schedule are the design's next
+cells (add them to :data:`FULL`; the saved runs are reused): about as long each.
 
 :data:`CHECK` is a reduced design on the same data and start (3 orders, 1 seed, the
 cosine schedule, both arms, 1 epoch of 48 training samples: 6 runs, 3 min); ``--check``
@@ -120,6 +121,7 @@ def run(cfg: Any, out: Path, workers: int, runs: Path | None = None) -> dict[str
     done = saved.done()
     jobs = [(job, cfg, str(out / "logs")) for job in cfg.jobs() if job not in done]
     map_jobs(run_job, jobs, workers=workers, on_result=saved.save)
+    add_step_logs(saved.folder)
     split = context(cfg).split
     lengths = split.lengths
     info = {"prepared": cfg.prepared, "target": cfg.target, "features": cfg.features,
@@ -153,6 +155,23 @@ def start_figures(cfg: Any, out: Path) -> dict[str, Any]:
     return {"path": str(cfg.start), **{k: cold[k] for k in (
         "eval_loss", "eval_accuracy", "slot_accuracy", "expected_acceptance")},
             "expected_acceptance_t1": hot["expected_acceptance"]}
+
+
+def add_step_logs(runs: Path) -> int:
+    """Add the doctor's figures of each saved run's step log (its ``log``, while it is on
+    this machine) to the runs saved under ``runs`` that lack them; how many gained them."""
+    import json
+
+    from experiments.loss_log import loss_log_figures
+
+    added = 0
+    for path in sorted(runs.glob("*/*-seed*.json")):
+        r = json.loads(path.read_text(encoding="utf-8"))
+        if "step_loss_log" not in r and Path(r["log"]).is_file():
+            r["step_loss_log"] = loss_log_figures(r["log"], order=r["order"])
+            path.write_text(json.dumps(r), encoding="utf-8")
+            added += 1
+    return added
 
 
 def arguments() -> argparse.ArgumentParser:
@@ -312,18 +331,25 @@ def results_md(saved: dict[str, Any]) -> str:
             parts += [f"### {name}", "", table(cell), "", sentence, "",
                       "The doctor on each order's micro-batch loss log (seeds with the "
                       "finding):", "", findings_text(cell), ""]
+            steps = findings_text(cell, "step_findings")
+            if steps:
+                parts += ["The doctor on each order's optimizer-step loss log (the mean of "
+                          "the step's micro-batches):", "", steps, ""]
         parts += ["Bucket edges of each order's plan (first setting):", "", edges_text(s), ""]
     if "full" not in saved:
         parts += ["The full design has not been run yet.", ""]
     return "\n".join(parts)
 
 
-def findings_text(cell: dict[str, Any]) -> str:
+def findings_text(cell: dict[str, Any], log: str = "findings") -> str:
     """Per order of ``cell``, the doctor's findings on its loss logs (bands, the per-bucket
-    ladder) and in how many seeds each was found; what it could not test, said once."""
+    ladder; ``log``: ``findings`` of the micro-batch log, ``step_findings`` of the step
+    log) and in how many seeds each was found; what it could not test, said once."""
     lines = []
     for name, row in cell["orders"].items():
-        per_seed = row["loss_log"]["findings"]
+        per_seed = row["loss_log"].get(log) or {}
+        if not per_seed:
+            continue
         counts: dict[str, int] = {}
         for names in per_seed.values():
             for f in set(names):
@@ -400,13 +426,17 @@ def render(name: str, saved: dict[str, Any]) -> str:
             f"SmolLM2-135M-Instruct, trained from cached target features. ")
     if start:
         lead += (f"Every run continues one shared draft (expected acceptance "
-                 f"{start['expected_acceptance']:.2f} at T = 0) for {c['epochs']} epoch(s) of "
+                 f"{start['expected_acceptance']:.2f} at T = 0) for {c['epochs']} "
+                 f"epoch{'s' * (c['epochs'] != 1)} of "
                  f"{d['train_samples']} regenerated chats. ")
     lead += (f"{len(c['orders'])} orders, {len(c['seeds'])} paired seeds, 95 % intervals, "
              f"{d['eval_samples']} held-out chats:")
     parts = []
-    for (key, cell), sentence in zip(s["cells"].items(), decisions(s), strict=True):
-        parts += [f"{key}:", "", readme_table(cell), "", sentence, ""]
+    arms = {"data": "Same data: every order the same optimizer steps on the same real tokens",
+            "compute": "Same compute: every order the same counted FLOPs of the draft's step"}
+    for cell, sentence in zip(s["cells"].values(), decisions(s), strict=True):
+        parts += [f"{arms[cell['arm']]}, the {cell['schedule']} schedule:", "",
+                  readme_table(cell), "", _wrap(sentence), ""]
     return "\n".join([_wrap(lead), "", *parts,
                       f"Details: [{RESULTS.name}](benchmarks/{RESULTS.name}).", "",
                       f"![loss per micro-batch of each order](docs/{PLOT.name})"])

@@ -386,6 +386,7 @@ def run_dflash_arm(job: tuple[str, str, int, str, int], design: DFlashArms, *,
                            for x in micro],
             "micro_bucket": [(x.get("buckets") or [None])[0] for x in micro],
             "loss_log": loss_log_figures(loop.micro_logger.path, order=order),
+            "step_loss_log": loss_log_figures(loop.log_path, order=order),
             "log": str(loop.log_path), "micro_log": str(loop.micro_logger.path)}
 
 

@@ -13,11 +13,12 @@ read them.
 
 Example::
 
-    >>> cell = {"arm": "data", "schedule": "cosine", "batch": 2, "orders": {
+    >>> cell = {"arm": "compute", "schedule": "cosine", "batch": 2, "orders": {
     ...     "random": {}, "sorted": {"vs_random": {"eval_loss": {"mean": 0.1, "half": 0.3,
     ...     "detected": False}}}}}
-    >>> decision_sentence(cell, seeds=5).split(": ")[:2]
-    ['Same data, cosine', 'no difference detected at this size']
+    >>> decision_sentence(cell, seeds=5).split(": ")[:3]
+    ['Same compute, cosine, against random (5 seeds)', 'held-out loss', 'no difference \
+detected at this size; expected acceptance (T = 0)']
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ def _stable(mine: list[dict[str, Any]]) -> dict[str, Any]:
         "low_to_low_gap": iv(lambda s: s["low_to_low_gaps"]["mean"]),
         "findings": {str(r["seed"]): [f["name"] for f in r["loss_log"].get("findings", [])]
                      for r in mine},
+        "step_findings": {str(r["seed"]): [f["name"] for f in r["step_loss_log"].get(
+            "findings", [])] for r in mine if "step_loss_log" in r},
         "errors": [x["error"] for x in logs if "error" in x],
     }
 
@@ -112,7 +115,8 @@ def _pm(d: dict[str, Any] | None, fmt: str = ".3f") -> str:
         return "-"
     half = d.get("half")
     text = format(d["mean"], fmt)
-    return text if half is None or not math.isfinite(half) else f"{text} ± {format(half, fmt)}"
+    return text if half is None or not math.isfinite(half) else (
+        f"{text} ± {format(half, fmt.lstrip('+'))}")
 
 
 def _where(cell: dict[str, Any]) -> str:
@@ -146,26 +150,31 @@ def _detected(d: dict[str, Any] | None) -> bool:
 
 
 def decision_sentence(cell: dict[str, Any], *, seeds: int) -> str:
-    """The setting's reading in one sentence of at most :data:`MAX_WORDS` words: the orders
-    whose held-out loss or expected acceptance (T = 0) differs from random's (paired 95 %
-    intervals that exclude zero), else no difference detected at this size."""
-    found = []
-    for name, row in cell["orders"].items():
-        vs = row.get("vs_random") or {}
-        for key, what, better in (("eval_loss", "held-out loss", -1),
-                                  ("expected_acceptance", "expected acceptance", 1)):
-            d = vs.get(key)
+    """The setting's reading in one sentence of at most :data:`MAX_WORDS` words: per figure
+    (held-out loss, expected acceptance at T = 0) the orders that differ from random
+    (paired 95 % intervals that exclude zero), else no difference detected at this size;
+    in arm ``data``, random's micro-batches against the fewest of another order."""
+    parts = []
+    for key, what, better in (("eval_loss", "held-out loss", -1),
+                              ("expected_acceptance", "expected acceptance (T = 0)", 1)):
+        found = []
+        for name, row in cell["orders"].items():
+            d = (row.get("vs_random") or {}).get(key)
             if _detected(d):
                 word = "better" if d["mean"] * better > 0 else "worse"
-                found.append(f"{name}'s {what} is {word} by {abs(d['mean']):.3f} "
+                found.append(f"{name}'s is {word} by {abs(d['mean']):.3f} "
                              f"(± {d['half']:.3f})")
-    where = _where(cell)
-    if not found:
-        text = (f"{where}: no difference detected at this size: every order's held-out loss "
-                "and expected acceptance (T = 0) lie within the 95 % interval of their paired "
-                f"difference from random ({seeds} seed{'s' * (seeds != 1)}).")
-    else:
-        text = f"{where}, against random: " + "; ".join(found[:3]) + "."
+        parts.append(f"{what}: " + ("; ".join(found[:3]) if found else
+                                    "no difference detected at this size"))
+    text = f"{_where(cell)}, against random ({seeds} seed{'s' * (seeds != 1)}): " + \
+        "; ".join(parts) + "."
+    orders = cell["orders"]
+    if cell["arm"] == "data" and "random" in orders and len(orders) > 1:
+        fewest = min((o for o in orders if o != "random"),
+                     key=lambda o: orders[o]["micro_batches"]["mean"])
+        ratio = orders["random"]["micro_batches"]["mean"] / orders[fewest]["micro_batches"][
+            "mean"]
+        text += f" Random took {ratio:.2f}x {fewest}'s micro-batches."
     words = text.split()
     return text if len(words) <= MAX_WORDS else " ".join(words[:MAX_WORDS - 1]) + " ..."
 
