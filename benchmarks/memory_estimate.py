@@ -1,6 +1,6 @@
 """The peak memory of a DFlash training step: predicted against measured on CPU, and at scale.
 
-``lengthwise dflash estimate`` (:func:`lengthwise.dflash.cost.step_memory.estimate_step`)
+``lengthwise dflash estimate`` (:func:`lengthwise.dflash.cost.memory.estimate_step`)
 traces one training step under fake tensors. This script checks it against the
 real step on CPU at a few small shapes (``--measure``, one shape per process: the
 measured peak is the high-water resident set above the one before the step, with
@@ -13,7 +13,7 @@ With ``--docs`` it rewrites the ``dflash-estimate`` region of ``docs/dflash.md``
     python benchmarks/memory_estimate.py --measure '{"target": [...], "run": {...}}'
 
 With ``--real-target PATH`` it checks the whole-process estimate of each stage
-(``dflash estimate --stage train|regenerate|eval``, :mod:`lengthwise.dflash.cost.stage_memory`)
+(``dflash estimate --stage train|regenerate|eval``, :mod:`lengthwise.dflash.cost.memory`)
 against the real command on that target, on CPU in float32, at three shapes a stage
 (:data:`STAGE_SHAPES`): each command runs in its own process on a small chat set made
 from the OpenAI evals registry wheel (``--wheel``; its user turns are the texts), and the
@@ -87,7 +87,7 @@ def measure(shape: dict) -> dict:
     import torch
     import transformers
 
-    from lengthwise.dflash.cost.step_memory import estimate_step, step_blocks, step_shape
+    from lengthwise.dflash.cost.memory import estimate_step, step_blocks, step_shape
     from lengthwise.dflash.objective import target_layer_ids
     from lengthwise.dflash.recipe import new_draft
     from lengthwise.dflash.target import Target
@@ -192,7 +192,7 @@ def context_conversion() -> list[str]:
 
     import lengthwise.dflash.model as model
     from lengthwise.cli.dflash.train import settings
-    from lengthwise.dflash.cost.step_memory import estimate_step
+    from lengthwise.dflash.cost.memory import estimate_step
 
     target = transformers.Qwen3Config(**QWEN3_8B)
     cfg = settings({"target": "Qwen3-8B"}, defaults={"device": "cuda"}, estimate=True)[0]

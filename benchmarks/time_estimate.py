@@ -2,7 +2,7 @@
 
 For each shape of :data:`SHAPES` it runs, each in its own process, ``lengthwise dflash
 estimate --time`` (the plan of one epoch priced by a profile it times on the run's
-first steps: :mod:`lengthwise.dflash.cost.train_time`) and then ``lengthwise dflash train
+first steps: :mod:`lengthwise.dflash.cost.timing`) and then ``lengthwise dflash train
 --epochs 1`` with the same settings, and compares the predicted seconds of the epoch's
 steps (its held-out evaluations included) with the seconds the training log records,
 and the predicted whole run (its start included) with the command's wall time. The

@@ -64,7 +64,7 @@ _EXPORTS = {
     "head_loss": "lengthwise.dflash.loss",
     "chunked_cross_entropy": "lengthwise.dflash.head",
     "block_flex_mask": "lengthwise.dflash.attention",
-    "estimate_step": "lengthwise.dflash.cost.step_memory",
+    "estimate_step": "lengthwise.dflash.cost.memory",
     "prepare_chats": "lengthwise.dflash.prepare",
     "open_prepared": "lengthwise.dflash.prepared",
     "train_draft": "lengthwise.dflash.recipe",

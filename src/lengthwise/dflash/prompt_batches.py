@@ -2,7 +2,7 @@
 
 Read by regeneration itself (:class:`~lengthwise.dflash.regenerate.TurnGenerator`,
 :func:`~lengthwise.dflash.generate.generate_responses`) and by its time estimate
-(:mod:`~lengthwise.dflash.cost.regenerate_time`), so both cut alike.
+(:mod:`~lengthwise.dflash.cost.timing`), so both cut alike.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The doctor's analyses: a registry of functions that return a run's findings; ``diagnose``.
 
 Every entry of :data:`ANALYSES` takes the :class:`~lengthwise.doctor.diagnosis.Diagnosis` of
-a log and returns its :class:`~lengthwise.doctor.report.Finding` s: a cause with its figures
-and claim, or a test that could not run (``kind="untested"``). Every significant result is a
-cause; a period names a mechanism only when its length matches one.
+a log and returns its :class:`~lengthwise.doctor.report.Finding` s: causes, or a test that
+could not run (``kind="untested"``).
 
 Example::
 
@@ -12,7 +11,6 @@ Example::
     >>> d = Diagnosis(load(rows), DiagnoseOptions())
     >>> [(f.name, f.kind) for f in ANALYSES["bands"](d)]
     [('bands_untested', 'untested')]
-    >>> from lengthwise.doctor import diagnose
     >>> import numpy as np
     >>> noise = np.random.default_rng(0).standard_normal(1500)
     >>> diagnose([{"step": s, "loss": 2.0 + 0.05 * e} for s, e in enumerate(noise, 1)]
@@ -42,7 +40,6 @@ from lengthwise.doctor.signals import LEAD_POINTS, SLOW_FACTOR, SLOW_Z, TREND_BL
 QUICK_RECOVERY = 2
 #: a loss cliff starting at most this many logged points after a resume belongs to the resume
 RESUME_POINTS = 2
-STRATIFY = "interleave or stratify length buckets: `lengthwise plan --order stratified`"
 #: the fix when each step holds one micro-batch: no order can mix length buckets in a step
 ONE_MICRO_BATCH_FIX = (
     "each step holds one micro-batch, drawn from one length bucket, whatever the order: "
@@ -70,19 +67,28 @@ PHASE_WORDS = {"warm-up": "in the lr warm-up", "early": "in early training",
                "stable": "in the stable region"}
 
 
-def _order_fix(d: Diagnosis) -> str:
-    """The order to prescribe against composition noise: never the one the log already uses."""
-    order = d.context.order
+#: the fix against composition noise by the run's order (never the order it already uses)
+ORDER_FIXES = {
+    "stratified": "the run's order is already stratified (each step holds every length bucket's "
+                  "share): more samples per step (a larger max_tokens or grad_accum) shrink what "
+                  "remains",
+    "interleave": "stratify length buckets (the run interleaves them): "
+                  "`lengthwise plan --order stratified`",
+    "": "interleave or stratify length buckets: `lengthwise plan --order stratified`"}
+#: the fix against the length mix's noise by the run's order
+LENGTH_MIX_FIXES = {
+    "stratified": "part of the sampling noise of any length mix, and the run is already "
+                  "stratified: more samples per step shrink it; `noise` gives its share",
+    "": "part of the sampling noise of any length mix: batches with the same share of every "
+        "length bucket (`lengthwise plan --order stratified`) or more samples per step shrink "
+        "it; `noise` gives its share"}
+
+
+def _order_fix(d: Diagnosis, fixes: dict[str, str] = ORDER_FIXES) -> str:
+    """The fix for the run's order (one micro-batch per step: no order helps)."""
     if d.context.one_micro_batch:
         return ONE_MICRO_BATCH_FIX
-    if order == "stratified":
-        return ("the run's order is already stratified (each step holds every length "
-                "bucket's share): more samples per step (a larger max_tokens or grad_accum) "
-                "shrink what remains")
-    if order == "interleave":
-        return ("stratify length buckets (the run interleaves them): "
-                "`lengthwise plan --order stratified`")
-    return STRATIFY
+    return fixes.get(d.context.order or "", fixes[""])
 
 
 def _figures(**values: Any) -> dict[str, Any]:
@@ -102,6 +108,7 @@ def _aligned(a: Alignment) -> dict[str, Any]:
 
 
 def _steps(values: list[float], limit: int = 5) -> str:
+    """The first ``limit`` steps, and how many more."""
     shown = ", ".join(fmt_num(v) for v in values[:limit])
     return shown + (f" (+{len(values) - limit} more)" if len(values) > limit else "")
 
@@ -409,44 +416,14 @@ def _confirm(d: Diagnosis) -> list[str]:
         "log `bucket` (and `real_tokens`, `samples`) per step to confirm"]
 
 
-def _bands(d: Diagnosis) -> list[Finding]:
-    """Loss bands: one length bucket per step when the logged bucket explains them."""
-    if d.bands.count is None:
-        return [_untested("bands", d.bands.note)]
-    return [_bands_cause(d)] if _banded(d) else []
-
-
-def _periodicity(d: Diagnosis) -> list[Finding]:
-    """A period in the detrended loss, named by the mechanism whose length it matches."""
-    if d.periodicity.p_value is None:
-        return [_untested("periodicity", d.periodicity.note)]
-    if d.periodicity.period is None:
-        return []
-    alone = not (_banded(d) or _levels_found(d))
-    return [_period_cause(d, _attr_evidence(d) if alone else [], _confirm(d) if alone else [])]
-
-
 def _levels(d: Diagnosis) -> list[Finding]:
-    """A per-micro-batch log at one loss level per length bucket."""
-    levels = _micro_levels(d)
+    """A per-micro-batch log at one loss level per length range: the composition of the logged
+    micro-batch (each from one length bucket)."""
+    bands, levels = d.bands, _micro_levels(d)
     if levels is not None and levels.p_value is None:
         return [_untested("per-bucket levels", levels.note)]
-    return [_micro_batch_cause(d)] if _levels_found(d) else []
-
-
-def _attribution(d: Diagnosis) -> list[Finding]:
-    """The bucket or the length mix moving the loss, without bands or a period."""
-    if _banded(d) or d.periodicity.period is not None or _levels_found(d):
+    if levels is None or not levels.found:
         return []
-    # in a per-micro-batch log the length ranges' levels are the bucket's test
-    return _attribution_cause(d, _attr_evidence(d), bucket=_micro_levels(d) is None)
-
-
-def _micro_batch_cause(d: Diagnosis) -> Finding:
-    """A per-micro-batch log whose micro-batches each come from one length bucket, at one
-    loss level per length range: the composition of the logged micro-batch."""
-    bands, levels = d.bands, d.attribution.levels
-    assert levels is not None
 
     def range_text(r: dict[str, Any]) -> str:
         ids = r["buckets"]
@@ -465,7 +442,7 @@ def _micro_batch_cause(d: Diagnosis) -> Finding:
     else:
         shape = ("they overlap: the levels differ by less than the spread within one range, "
                  "so the lines show no distinct bands, a thick (\"fluffy\") curve")
-    return Finding(
+    return [Finding(
         name="micro_batch_bands",
         figures=_figures(ranges=n, share=levels.share, beyond_chance=levels.beyond_chance,
                          p_value=levels.p_value),
@@ -484,12 +461,16 @@ def _micro_batch_cause(d: Diagnosis) -> Finding:
              "the levels are there whatever the order (each padded micro-batch holds "
              "one bucket); the order decides whether they reach the step loss: "
              "steps that each hold every bucket's share (`lengthwise plan --order "
-             "stratified`) average them out"])
+             "stratified`) average them out"])]
 
 
-def _bands_cause(d: Diagnosis) -> Finding:
+def _bands(d: Diagnosis) -> list[Finding]:
     """Loss bands: one length bucket per step when the logged bucket explains them (or none is)."""
     bands, attr = d.bands, d.attribution
+    if bands.count is None:
+        return [_untested("bands", bands.note)]
+    if not _banded(d):
+        return []
     logged, attr_ev, confirm = not _confirm(d), _attr_evidence(d), _confirm(d)
     centres = ", ".join(f"{c:.4g} ({s:.0%})" for c, s in zip(bands.centres, bands.shares,
                                                                strict=True))
@@ -501,7 +482,7 @@ def _bands_cause(d: Diagnosis) -> Finding:
              if explained else f"{bands.count} loss bands (not explained by the logged bucket)")
     if explained and not logged:
         claim = f"{bands.count} loss bands: likely one length bucket per step (not logged)"
-    return Finding(
+    return [Finding(
         name="single_bucket_batches" if explained else "bands_unexplained",
         figures=_figures(bands=bands.count, p_value=bands.p_value, centres=bands.centres,
                          shares=bands.shares, bucket_r2=attr.bucket_r2),
@@ -512,13 +493,19 @@ def _bands_cause(d: Diagnosis) -> Finding:
         fix=[_order_fix(d), "log per-bucket loss (`bucket_loss`) to follow each "
              "length range", *confirm] if explained else
         ["find the step feature that splits the bands (data source, task, "
-         "packing) and log it"],
-    )
+         "packing) and log it"])]
 
 
-def _period_cause(d: Diagnosis, attr_ev: list[str], confirm: list[str]) -> Finding:
+def _periodicity(d: Diagnosis) -> list[Finding]:
+    """A period in the detrended loss, named by the mechanism whose length it matches."""
     per = d.periodicity
-    period = float(per.period or 0.0)
+    if per.p_value is None:
+        return [_untested("periodicity", per.note)]
+    if per.period is None:
+        return []
+    alone = not (_banded(d) or _levels_found(d))
+    attr_ev, confirm = (_attr_evidence(d), _confirm(d)) if alone else ([], [])
+    period = float(per.period)
     share = per.power_share or 0.0
     match = match_period(period, d.context)
     shown = with_error(period, per.period_error)
@@ -537,24 +524,26 @@ def _period_cause(d: Diagnosis, attr_ev: list[str], confirm: list[str]) -> Findi
         name, claim, factor, fix = cause
         cycle = match.mechanism == "megabatch"  # the one the attribution's evidence confirms
         what = {"p": fmt_num(period), "what": match.mechanism}
-        return Finding(name=name.format(**what), figures=figures, claim=claim.format(**what),
-                       score=factor * score, where=where, evidence=ev + attr_ev if cycle else ev,
-                       fix=[f.format(**what) for f in fix] + (confirm if cycle else []))
+        return [Finding(name=name.format(**what), figures=figures, claim=claim.format(**what),
+                        score=factor * score, where=where, evidence=ev + attr_ev if cycle else ev,
+                        fix=[f.format(**what) for f in fix] + (confirm if cycle else []))]
     fixes = [match.missing] if match.missing else []
-    return Finding(
+    return [Finding(
         name="periodic_unknown", figures=figures,
         claim=f"a periodic component of unknown cause every {shown} steps "
         f"({share:.0%} of the detrended variance)",
         score=0.5 * score, where=where, evidence=ev + attr_ev,
         fix=[*fixes, "log `bucket`, `real_tokens` and `samples` per step to test "
              "batch composition", "look for anything that repeats with this period "
-             "(data order, evaluation, logging, schedule)"])
+             "(data order, evaluation, logging, schedule)"])]
 
 
-def _attribution_cause(d: Diagnosis, attr_ev: list[str], bucket: bool = True) -> list[Finding]:
-    """The composition cause without bands or period; ``bucket=False`` leaves the bucket's
-    share out (a per-micro-batch log, whose buckets the length ranges' levels test)."""
-    a = d.attribution
+def _attribution(d: Diagnosis) -> list[Finding]:
+    """The bucket or the length mix moving the loss, without bands, a period or levels (in a
+    per-micro-batch log the length ranges' levels are the bucket's test)."""
+    if _banded(d) or d.periodicity.period is not None or _levels_found(d):
+        return []
+    a, attr_ev, bucket = d.attribution, _attr_evidence(d), _micro_levels(d) is None
     if bucket and a.bucket_explains:
         share = f"{a.bucket_r2_adjusted or 0.0:.0%}"
         if a.single_bucket is not False:
@@ -593,18 +582,7 @@ def _attribution_cause(d: Diagnosis, attr_ev: list[str], bucket: bool = True) ->
         claim=f"`{name}` explains {r2:.0%} of the step-to-step variance (p={fmt_num(p)}): "
         "each step's length mix moves its loss per token",
         score=min(0.4, r2), where=_region(d), evidence=attr_ev,
-        fix=[_length_mix_fix(d)])]
-
-
-def _length_mix_fix(d: Diagnosis) -> str:
-    if d.context.one_micro_batch:
-        return ONE_MICRO_BATCH_FIX
-    if d.context.order == "stratified":
-        return ("part of the sampling noise of any length mix, and the run is already "
-                "stratified: more samples per step shrink it; `noise` gives its share")
-    return ("part of the sampling noise of any length mix: batches with the same share of "
-            "every length bucket (`lengthwise plan --order stratified`) or more samples per "
-            "step shrink it; `noise` gives its share")
+        fix=[_order_fix(d, LENGTH_MIX_FIXES)])]
 
 
 def _epochs(d: Diagnosis) -> list[Finding]:
@@ -638,7 +616,7 @@ def _epochs(d: Diagnosis) -> list[Finding]:
                 "epoch length"] if (e.source or "").startswith("a regular") else [])])]
 
 
-def _phase_text(cliffs: list[Any], d: Diagnosis) -> tuple[str, str]:
+def _phase_text(cliffs: list[Cliff], d: Diagnosis) -> tuple[str, str]:
     counts = {p: sum(c.phase == p for c in cliffs) for p in PHASE_WORDS}
     n = len(cliffs)
     top = max(counts, key=lambda p: counts[p])
@@ -653,6 +631,13 @@ def _phase_text(cliffs: list[Any], d: Diagnosis) -> tuple[str, str]:
     return where, note
 
 
+def _cliff_list(cliffs: list[Cliff], what: str = "cliff(s)", heights: bool = True) -> str:
+    """``3 cliff(s) at steps 10, 20, 30 (heights +0.5, ...)``."""
+    shown = " (heights " + ", ".join(f"+{c.height:.3g}" for c in cliffs[:5]) + ")"
+    return f"{len(cliffs)} {what} at steps {_steps([c.step for c in cliffs])}" + (
+        shown if heights else "")
+
+
 def _cliffs(d: Diagnosis) -> list[Finding]:
     """Loss cliffs: at checkpoint saves, a divergence, or spikes (those right after a resume
     are told with the resume)."""
@@ -661,33 +646,27 @@ def _cliffs(d: Diagnosis) -> list[Finding]:
     if not cliffs:
         return []
     out: list[Finding] = []
-    steps = [c.step for c in cliffs]
-    heights = ", ".join(f"+{c.height:.3g}" for c in cliffs[:5])
     rec = [c.recovery_steps for c in cliffs if c.recovery_steps is not None]
     rec_txt = f", recovering in {fmt_num(sorted(rec)[len(rec) // 2])} steps (median)" if rec else ""
-    base_ev = f"{len(cliffs)} cliff(s) at steps {_steps(steps)} (heights {heights}){rec_txt}"
+    base_ev = _cliff_list(cliffs) + rec_txt
     if ck.associated:
         out.append(_checkpoint_cause(d, cliffs, base_ev))
-        rest = [c for c in cliffs if not c.at_checkpoint]
-        if len(rest) < 2:
+        cliffs = [c for c in cliffs if not c.at_checkpoint]
+        if len(cliffs) < 2:
             return out
-        cliffs = rest
-        steps = [c.step for c in cliffs]
-        base_ev = f"{len(cliffs)} other cliff(s) at steps {_steps(steps)}"
+        base_ev = _cliff_list(cliffs, "other cliff(s)", heights=False)
     never = [c for c in cliffs if c.recovery_steps is None]
     if never:
         out.append(_divergence_cause(never[0]))
         cliffs = [c for c in cliffs if c.recovery_steps is not None]
         if not cliffs:
             return out
-        steps = [c.step for c in cliffs]
-        heights = ", ".join(f"+{c.height:.3g}" for c in cliffs[:5])
-        base_ev = f"{len(cliffs)} cliff(s) at steps {_steps(steps)} (heights {heights})"
+        base_ev = _cliff_list(cliffs)
     out.append(_spike_cause(d, cliffs, base_ev))
     return out
 
 
-def _checkpoint_cause(d: Diagnosis, cliffs: list[Any], base_ev: str) -> Finding:
+def _checkpoint_cause(d: Diagnosis, cliffs: list[Cliff], base_ev: str) -> Finding:
     """Cliffs that start right after checkpoint saves (the association test passed)."""
     ck = d.checkpoint_association
     ev = [base_ev, f"{ck.aligned} of {ck.cliffs} start right after one of {ck.checkpoints} "
@@ -726,7 +705,7 @@ def _divergence_cause(c0: Cliff) -> Finding:
     )
 
 
-def _spike_cause(d: Diagnosis, cliffs: list[Any], base_ev: str) -> Finding:
+def _spike_cause(d: Diagnosis, cliffs: list[Cliff], base_ev: str) -> Finding:
     ck = d.checkpoint_association
     ev = [base_ev]
     where, phase_note = _phase_text(cliffs, d)
@@ -910,46 +889,28 @@ ANALYSES: dict[str, Callable[[Diagnosis], list[Finding]]] = {
 }
 
 
-def run_analyses(d: Diagnosis) -> list[Finding]:
-    """Every finding of every analysis of ``d``, each marked with its analysis."""
-    return [replace(f, analysis=name) for name, analysis in ANALYSES.items() for f in analysis(d)]
-
-
 def diagnose(source: Source, **options: Any) -> Report:
-    """Diagnose one training log.
+    """Diagnose one training log: a log path (JSONL, ``.gz``, CSV, TensorBoard, W&B), a list
+    of row dicts, or a :class:`RunLog`.
 
-    ``source`` is a log path (JSONL, ``.gz``, CSV, TensorBoard file or directory),
-    an in-memory list of row dicts, or a :class:`RunLog`. The options are those of
-    :class:`~lengthwise.doctor.diagnosis.DiagnoseOptions`: ``start``/``end`` fix
-    the stable region (steps, inclusive); ``checkpoint_every`` or ``checkpoints``
-    give checkpoint steps when the log has no checkpoint events;
-    ``steps_per_epoch``, ``batch_size`` (samples per optimizer step) and
-    ``eval_every`` are the lengths a period is matched against; ``world_size``
-    (data-parallel processes; default: a ``training_args.json`` or config file
-    beside the log, see :mod:`lengthwise.doctor.context`) enters the
-    mega-batch arithmetic. ``seed`` makes the bootstrap and permutation tests
-    reproducible. ``order`` is the batch order the run used (default: the log's
-    ``plan`` event, see :func:`~lengthwise.doctor.context.logged_order`); the
-    doctor does not prescribe it. ``clip`` is the gradient-clipping norm
-    (default: a config file beside the log, see
-    :func:`~lengthwise.doctor.context.clip_beside`), for the clip rate.
-    ``timing=False`` leaves the logged step times out (no slow-step, straggler or
-    throughput finding): they measure the machine and its load, not the run, so a
-    verdict that must read the same on every machine (the demo's, the order
-    experiments') is made without them.
+    The options are the fields of :class:`~lengthwise.doctor.diagnosis.DiagnoseOptions`
+    (``lengthwise doctor``'s flags): the stable region (``start``/``end``), checkpoint steps,
+    the lengths a period is matched against (``steps_per_epoch``, ``batch_size``,
+    ``eval_every``, ``world_size``), the run's batch ``order`` and ``clip`` (default: the log's
+    ``plan`` event and the config files beside it), ``seed``, and ``timing=False`` to leave the
+    machine-dependent step times out.
     """
     opts = DiagnoseOptions(**options)
     d = Diagnosis(load(source, step_key=opts.step_key, loss_key=opts.loss_key), opts, source)
-    findings = run_analyses(d)
+    findings = [replace(f, analysis=name) for name, analysis in ANALYSES.items()
+                for f in analysis(d)]
     shown = {f.name for f in fields(Report)} - {"verdict"}
     return Report(**{name: getattr(d, name) for name in shown},
                   verdict=rank(findings, d.stats.loss_roughness))
 
 
 def verdict_for(source: Source, **options: Any) -> Verdict:
-    """The verdict of one log: ``diagnose(source, **options).verdict``.
-
-    The one verdict the command line, the demo and the API show.
+    """The verdict of one log, as the command line, the demo and the API show it.
 
     >>> import numpy as np
     >>> rng = np.random.default_rng(1)

@@ -21,7 +21,6 @@ Example::
     >>> lv = bucket_levels(y - 5.0, y, b.tolist(), edges=[20, 60, 256])
     >>> lv.found, [r["lengths"] for r in lv.ranges]
     (True, ['up to 20', '21-60', '61-256'])
-    >>> import numpy as np
     >>> rng = np.random.default_rng(0)
     >>> resid = rng.standard_normal(2000) * 0.1
     >>> nb = noise_budget(resid, loss_sample_std=np.full(2000, 0.8), samples=np.full(2000, 64.0))
@@ -90,8 +89,6 @@ class Attribution(JsonForm):
     def bucket_r2_adjusted(self) -> float | None:
         """The share the bucket explains beyond chance: ``(R^2 - chance) / (1 - chance)``, >= 0.
 
-        Example::
-
             >>> Attribution(bucket_r2=0.625, bucket_r2_chance=0.25).bucket_r2_adjusted
             0.5
         """
@@ -126,35 +123,14 @@ class Attribution(JsonForm):
             "likely_cause": None, "to_log": None, "note": None, "levels": None}
 
 
-def _labels(value: Any) -> tuple[Any, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, tuple | list):
-        return tuple(value)
-    return (value,)
-
-
 def composition(buckets: list[Any]) -> tuple[np.ndarray, list[Any], np.ndarray]:
     """Share matrix (steps x buckets), the bucket ids, and a mask of steps with a label."""
-    single = [b[0] if type(b) is tuple and len(b) == 1 else b for b in buckets]
-    if not any(type(b) is tuple or type(b) is list for b in single):
-        ids: dict[Any, int] = {}
-        codes = np.array([-1 if b is None else ids.setdefault(b, len(ids)) for b in single],
-                         dtype=np.int64)
-        order = sorted(ids, key=_sort_key)
-        remap = np.empty(max(len(ids), 1), dtype=np.int64)
-        for new, b in enumerate(order):
-            remap[ids[b]] = new
-        has = codes >= 0
-        shares = np.zeros((len(single), max(len(ids), 1)))
-        shares[np.flatnonzero(has), remap[codes[has]]] = 1.0
-        return shares, order, has
-    ids = {}
-    rows = [_labels(b) for b in buckets]
+    ids: dict[Any, int] = {}
+    rows = [() if b is None else tuple(b) if isinstance(b, tuple | list) else (b,)
+            for b in buckets]
     for row in rows:
         for b in row:
-            if b not in ids:
-                ids[b] = len(ids)
+            ids.setdefault(b, len(ids))
     shares = np.zeros((len(rows), max(len(ids), 1)))
     for i, row in enumerate(rows):
         for b in row:
@@ -224,11 +200,6 @@ def eta_squared(y: np.ndarray, groups: np.ndarray) -> float:
     return ssb / sst
 
 
-def _perm_p(stat: float, y: np.ndarray, fn: Any, rng: np.random.Generator) -> float:
-    """Permutation p-value of ``fn(y) = stat`` (199 shuffles)."""
-    return _permuted(stat, y, fn, rng)[0]
-
-
 def _permuted(stat: float, y: np.ndarray, fn: Any, rng: np.random.Generator,
               ) -> tuple[float, float]:
     """Permutation p-value of ``fn(y) = stat`` (199 shuffles) and the shuffles' mean value."""
@@ -247,11 +218,8 @@ def attribute(resid: np.ndarray, *, loss: np.ndarray, buckets: list[Any] | None 
               length: np.ndarray | None = None, length_field: str | None = None,
               rng: np.random.Generator | None = None, structure_found: bool = False,
               logged_bucket_loss: dict[str, float] | None = None) -> Attribution:
-    """Explain detrended per-step losses ``resid`` by bucket shares and/or length.
-
-    ``structure_found`` (bands or a period) with neither field logged makes the
-    attribution name batch composition as the likely cause and list what to log.
-    """
+    """Explain detrended per-step losses ``resid`` by bucket shares and/or length (with
+    ``structure_found`` and neither logged: batch composition as the likely cause)."""
     rng = np.random.default_rng(0) if rng is None else rng
     fields: dict[str, Any] = {"logged_bucket_loss": logged_bucket_loss}
     if buckets is not None:
@@ -314,8 +282,8 @@ def _length_fields(
     ys, cs = y[sub], codes[sub]
     return dict(length_field=length_field, length_r2=eta_squared(y, codes),
                 length_groups=int(edges.size + 1),
-                length_p_value=_perm_p(eta_squared(ys, cs), ys,
-                                       lambda w: eta_squared(w, cs), rng))
+                length_p_value=_permuted(eta_squared(ys, cs), ys,
+                                         lambda w: eta_squared(w, cs), rng)[0])
 
 
 def _per_bucket(
@@ -344,9 +312,7 @@ BLOCK = 10
 #: the ranges must alternate at least this share as often as in random order
 MIN_ALTERNATION = 0.5
 LEVEL_SHUFFLES = 999
-#: the shuffles are drawn and scored a few at a time, at most this many shuffled lines at once,
-#: so that the test's memory does not grow with the log (999 shuffles of every line would
-#: take 16 KiB a line)
+#: the shuffles are drawn and scored at most this many shuffled lines at a time
 CHUNK_LINES = 1 << 20
 
 
@@ -387,10 +353,8 @@ def length_ranges(ids: list[Any], counts: list[int], lines: int) -> list[int]:
     buckets merged into at most ``MAX_RANGES`` ranges of about equal lines, each of at least
     ``MIN_LINES`` (a range short of them joins its smaller neighbour).
 
-    Example::
-
-        >>> length_ranges([0, 1, 2, 3], [30, 30, 5, 30], 95)
-        [0, 1, 1, 2]
+    >>> length_ranges([0, 1, 2, 3], [30, 30, 5, 30], 95)
+    [0, 1, 1, 2]
     """
     k = min(MAX_RANGES, len(ids), lines // MIN_LINES)
     if k < 2:
@@ -504,11 +468,7 @@ def shuffled_shares(
     y: np.ndarray, onehot: np.ndarray, rng: np.random.Generator, count: int = LEVEL_SHUFFLES,
 ) -> np.ndarray:
     """eta^2 of ``count`` block shuffles of ``y`` (:func:`block_shuffles`), drawn and scored
-    at most ``CHUNK_LINES`` shuffled lines at a time.
-
-    The generator fills the shuffles' keys row after row, so the chunks draw the same numbers
-    in the same order as one call of :func:`block_shuffles` would: the same shuffles, scored
-    the same way, in memory that does not grow with ``count``.
+    at most ``CHUNK_LINES`` shuffled lines at a time: the same shuffles as one call.
 
     >>> y, onehot = np.arange(40.0) % 3, np.eye(2)[np.arange(40) % 2]
     >>> whole = _eta_squared(y[block_shuffles(40, np.random.default_rng(1), 9)], onehot)
@@ -528,12 +488,9 @@ def shuffled_shares(
 def bucket_levels(resid: np.ndarray, loss: np.ndarray, buckets: list[Any], *,
                   edges: list[int] | None = None,
                   rng: np.random.Generator | None = None) -> BucketLevels:
-    """Test whether the lines' length ranges sit at different levels (see the module docstring).
-
-    ``resid`` is the detrended loss of the lines in time order, ``loss`` their loss,
-    ``buckets`` the bucket of each line (one id; lines without one are left out) and
-    ``edges`` the plan's bucket edges, which name each range's token lengths.
-    """
+    """Test whether the lines' length ranges sit at different levels: ``resid`` the lines'
+    detrended loss in time order, ``buckets`` each line's bucket (one id, else left out),
+    ``edges`` the plan's bucket edges (the ranges' token lengths)."""
     rng = np.random.default_rng(0) if rng is None else rng
     count = len(edges) if edges else None
     one = [_one_bucket(b) for b in buckets]
@@ -661,7 +618,7 @@ def schedule_r2(resid: np.ndarray, lr: np.ndarray | None) -> float | None:
 
 def noise_budget(resid: np.ndarray, *, loss_sample_std: np.ndarray | None = None,
                  samples: np.ndarray | None = None, composition_r2: float | None = None,
-                 composition_groups: int = 1, composition_source: str | None = None,
+                 composition_source: str | None = None,
                  length: np.ndarray | None = None, length_source: str | None = None,
                  lr: np.ndarray | None = None) -> Noise | None:
     """Noise budget of the detrended stable-region loss ``resid`` (None: too few points)."""
@@ -671,7 +628,7 @@ def noise_budget(resid: np.ndarray, *, loss_sample_std: np.ndarray | None = None
         return None
     var = float(np.nanvar(resid))
     floor2, spp = _sampling_floor2(loss_sample_std, samples)
-    comp = _adjusted(composition_r2, composition_groups, n)
+    comp = None if composition_r2 is None else max(0.0, composition_r2)
     if comp is None:
         comp = length_r2(resid, length)
         if comp is not None:

@@ -17,7 +17,6 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -76,26 +75,6 @@ class Bands(JsonForm):
     def multimodal(self) -> bool | None:
         """More than one band (None: not tested)."""
         return None if self.count is None else self.count > 1
-
-
-def band_buckets(bands: Bands, per_bucket: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """The buckets behind each band: every bucket (a row of the attribution's ``per_bucket``,
-    with its ``mean_offset`` from the trend) goes to the band whose offset is nearest.
-
-    Example::
-
-        >>> b = Bands(count=2, p_value=0.01, offsets=[-0.1, 0.1])
-        >>> rows = [{"bucket": 0, "mean_offset": 0.09}, {"bucket": 1, "mean_offset": -0.12}]
-        >>> [[r["bucket"] for r in band] for band in band_buckets(b, rows)]
-        [[1], [0]]
-    """
-    out: list[list[dict[str, Any]]] = [[] for _ in bands.offsets]
-    if not out:
-        return out
-    offsets = np.asarray(bands.offsets, dtype=np.float64)
-    for row in per_bucket:
-        out[int(np.argmin(np.abs(offsets - float(row["mean_offset"]))))].append(row)
-    return out
 
 
 class _Kde:
@@ -168,10 +147,8 @@ def fit_mixture(
     *,
     weights: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
-    """EM for a 1-D Gaussian mixture started at ``means``; returns weights, means, sds, loglik.
-
-    ``weights`` (optional) are per-point counts, so binned data can be fitted.
-    """
+    """EM for a 1-D Gaussian mixture started at ``means`` (``weights``: per-point counts, for
+    binned data); returns weights, means, sds, loglik."""
     k = means.size
     c = np.ones(x.size) if weights is None else np.asarray(weights, dtype=np.float64)
     total = float(c.sum())
@@ -241,10 +218,8 @@ def merge_peaks(f: np.ndarray, valley: float = 0.8, floor: float = 0.0) -> list[
 
 
 def band_residual(loss: np.ndarray, cliff_mask: np.ndarray, points: int) -> np.ndarray:
-    """The loss minus its trend: a local line on the log of the loss over 51 points.
-
-    Fewer points in short regions (half of them, at least 9). The line follows a fast
-    decay without lag, so the residual holds the bands, not the decay, in loss units.
+    """The loss minus its trend, a local line on its log over 51 points (fewer in short
+    regions), in loss units.
 
     >>> t = np.arange(300.0)
     >>> float(np.abs(band_residual(3 * np.exp(-t / 30), np.zeros(300, bool), 300)).max()) < 1e-9
@@ -257,11 +232,8 @@ def band_residual(loss: np.ndarray, cliff_mask: np.ndarray, points: int) -> np.n
 
 
 def interleaved(x: np.ndarray, centres: np.ndarray, shares: np.ndarray) -> bool:
-    """Whether points of different modes alternate in time, as bands do.
-
-    Each point (in time order) goes to its nearest centre; bands switch between
-    modes about ``(n - 1)(1 - sum w^2)`` times, a level shift only a few times. True
-    when the switches reach a quarter of that.
+    """Whether the points' nearest modes switch at least a quarter of the
+    ``(n - 1)(1 - sum w^2)`` times bands do (a level shift switches a few times).
 
     >>> interleaved(np.tile([0.0, 1.0], 50), np.array([0.0, 1.0]), np.array([0.5, 0.5]))
     True
@@ -275,11 +247,8 @@ def interleaved(x: np.ndarray, centres: np.ndarray, shares: np.ndarray) -> bool:
 
 
 def decorrelating_stride(x: np.ndarray) -> int:
-    """Every how many points the detrended loss is about independent: ``(1 + r) / (1 - r)``.
-
-    ``r`` is the lag-1 autocorrelation (0 when negative or below 0.1). The
-    bootstrap of the test assumes independent points; autocorrelated ones are
-    thinned to this stride first, so that slow wander is not read as modes.
+    """Every how many points the detrended loss is about independent, ``(1 + r) / (1 - r)``
+    for a lag-1 autocorrelation ``r`` of 0.1 or more (the bootstrap's points are thinned to it).
 
     >>> decorrelating_stride(np.tile([1.0, -1.0], 50))
     1
@@ -346,10 +315,8 @@ def _fit_bands(x: np.ndarray, ordered: np.ndarray, count: int, starts: np.ndarra
 def _test_sample(
     resid: np.ndarray, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray, float, float] | Bands:
-    """The points tested, thinned and trimmed, with the thinned run order and trim bounds.
-
-    Returns an untested :class:`Bands` when too few (independent) points are left.
-    """
+    """The points tested, thinned and trimmed, with the thinned run order and trim bounds (an
+    untested :class:`Bands` when too few independent points are left)."""
     x = np.asarray(resid, dtype=np.float64)
     x = x[np.isfinite(x)]
     if x.size < MIN_POINTS:

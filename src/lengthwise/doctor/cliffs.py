@@ -13,7 +13,6 @@ Example::
     >>> found, mask, _ = find_cliffs(np.arange(500.0), loss, np.ones(500, bool))
     >>> [(c.step, c.recovery_steps) for c in found]
     [(300.0, 5.0)]
-    >>> import numpy as np
     >>> steps = np.arange(1, 1001.0)
     >>> a = associate(steps, [101.0, 301.0, 501.0], np.arange(100.0, 1001, 100), interval=1)
     >>> a.associated, a.aligned, a.p_value < 1e-3
@@ -61,12 +60,8 @@ MAX_EXCLUDED = 500
 
 @dataclass(frozen=True)
 class CliffContext:
-    """What a cliff is labelled with: nearby saves, its bucket, the phase of the run.
-
-    ``phase_bounds`` are ``(warm-up end, stable-region start)`` steps: a cliff before
-    the first is in ``"warm-up"``, before the second in ``"early"`` training, else
-    ``"stable"``.
-    """
+    """What a cliff is labelled with: nearby saves, its bucket, the phase of the run
+    (``phase_bounds``: the warm-up end and the stable-region start)."""
 
     checkpoints: np.ndarray = field(default_factory=lambda: np.zeros(0))
     window: tuple[float, float] = (0.0, 0.0)
@@ -106,16 +101,9 @@ class Cliff(JsonForm):
 def cliff_threshold(
     resid: np.ndarray, noise: float, floor: float = 0.0
 ) -> float:
-    """Height above the running level that makes a cliff, for one stretch of residuals.
-
-    The upper fence ``q95 + FENCE x (q95 - q75)`` of the residuals, capped at
-    ``CLIFF_Z`` robust noise scales (1.4826 x MAD). For Gaussian noise the fence is
-    5.5 scales; for banded losses (whose MAD the bands inflate) it sits just
-    above the top band; for heavy-tailed noise it grows with the tail up to the
-    cap, and the cap keeps a long excursion (which inflates the quantiles) a cliff.
-    It never falls below ``floor`` noise scales (used for short stretches, whose
-    quantiles are too uncertain to set the fence on their own).
-    """
+    """Height above the running level that makes a cliff: the upper fence
+    ``q95 + FENCE x (q95 - q75)`` of the residuals, capped at ``CLIFF_Z`` and floored at
+    ``floor`` noise scales (docs/doctor.md, Cliffs)."""
     q75, q95 = np.quantile(resid, [0.75, 0.95])
     fence = float(q95 + FENCE * (q95 - q75))
     return float(max(min(CLIFF_Z * noise, fence), floor * noise))
@@ -124,14 +112,8 @@ def cliff_threshold(
 def local_thresholds(
     resid: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per-point cliff threshold from blocks of a twentieth of the points (at least
-    ``MIN_BLOCK``), interpolated between them.
-
-    The noise of a run changes (it shrinks as the loss falls, and again at each
-    epoch of a multi-epoch fine-tune), so thresholds are local. Returns the
-    thresholds and the recovery levels (the upper decile of each block: a loss back
-    among the ordinary fluctuations has recovered).
-    """
+    """Per-point cliff thresholds and recovery levels (each block's upper decile), from
+    blocks of a twentieth of the points (at least ``MIN_BLOCK``), interpolated."""
     n = resid.size
     block = max(MIN_BLOCK, n // 20)
     bounds = list(range(0, n, block)) + [n]
@@ -142,9 +124,7 @@ def local_thresholds(
         r = resid[a:b]
         if np.count_nonzero(r) >= 10:
             r = r[r != 0]
-        sigma = robust_std(r)
-        if not np.isfinite(sigma) or sigma <= 0:
-            sigma = float(np.std(r)) or 1e-12
+        sigma = _noise_scale(r)
         centres.append(0.5 * (a + b - 1))
         values.append(cliff_threshold(r, sigma, floor=SHORT_FLOOR_Z if r.size < SHORT else 0))
         upper.append(min(float(np.quantile(r, 0.9)), RECOVERY_Z * sigma))
@@ -155,13 +135,8 @@ def local_thresholds(
 def find_cliffs(steps: np.ndarray, loss: np.ndarray, region: np.ndarray, *,
                 search: np.ndarray | None = None,
                 context: CliffContext | None = None) -> tuple[list[Cliff], np.ndarray, float]:
-    """Cliffs of a finite loss series, with the noise scale measured over ``region``.
-
-    Cliffs may start anywhere in ``search`` (default: ``region``), e.g. from the
-    end of the learning-rate warm-up on. Returns the cliffs, a mask of the
-    points they cover (start to recovery) and the noise scale used. ``context``
-    labels each cliff (near a checkpoint, its bucket, its phase).
-    """
+    """The cliffs starting in ``search`` (default: ``region``), the mask of the points they
+    cover (start to recovery) and the noise scale of ``region``; ``context`` labels them."""
     ctx = CliffContext() if context is None else context
     search = region if search is None else search
     n = loss.size
@@ -180,9 +155,7 @@ def find_cliffs(steps: np.ndarray, loss: np.ndarray, region: np.ndarray, *,
     groups = np.split(hits, np.flatnonzero(np.diff(hits) > MERGE_GAP + 1) + 1)
     for group in groups:
         a, b = int(group[0]), int(group[-1])
-        if mask[a]:
-            continue
-        if a < MIN_BEFORE:
+        if mask[a] or a < MIN_BEFORE:
             continue
         base = _level_before(loss, level, mask, a, window)
         peak = a + int(np.argmax(loss[a : b + 1]))
@@ -229,10 +202,8 @@ def _level_before(
 def _recovery(
     steps: np.ndarray, loss: np.ndarray, peak: int, base: float, recover: float
 ) -> tuple[int, float | None]:
-    """The first point after ``peak`` back within ``recover`` of ``base``, and the steps taken.
-
-    Without recovery the point is the end of the series and the steps are None.
-    """
+    """The first point after ``peak`` back within ``recover`` of ``base`` and the steps taken
+    (without recovery: the end of the series and None)."""
     after = np.flatnonzero(loss[peak + 1 :] - base < recover)
     if after.size:
         j = peak + 1 + int(after[0])
@@ -244,9 +215,7 @@ def _near(step: float, ctx: CliffContext) -> bool | None:
     """True when ``step`` lies within the checkpoint window of a save (None: no saves known)."""
     if ctx.checkpoints.size == 0:
         return None
-    before, after = ctx.window
-    ck = ctx.checkpoints
-    return bool(np.any((ck >= step - after) & (ck <= step + before)))
+    return bool(near_checkpoint(np.array([step]), ctx.checkpoints, *ctx.window)[0])
 
 
 def _bucket(buckets: list[Any] | None, i: int) -> object:
@@ -295,13 +264,30 @@ def hypergeom_sf(k: int, total: int, good: int, draws: int) -> float:
     if lo > hi:
         return 0.0 if k > hi else 1.0
     denom = _lcomb(total, draws)
-    terms = [_lcomb(good, i) + _lcomb(total - good, draws - i) - denom for i in range(lo, hi + 1)]
-    top = max(terms)
-    return float(min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms)))
+    return _summed([_lcomb(good, i) + _lcomb(total - good, draws - i) - denom
+                    for i in range(lo, hi + 1)])
+
+
+def binomial_sf(k: int, n: int, p: float) -> float:
+    """``P(X >= k)`` for ``X`` ~ binomial(n, p), in logs (exact).
+
+    >>> round(binomial_sf(2, 2, 0.5), 3)
+    0.25
+    """
+    if k <= 0:
+        return 1.0
+    return _summed([_lcomb(n, i) + i * math.log(p) + (n - i) * math.log(1 - p)
+                    for i in range(k, n + 1)])
 
 
 def _lcomb(n: int, k: int) -> float:
     return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+
+
+def _summed(log_terms: list[float]) -> float:
+    """The sum of the probabilities whose logs are ``log_terms``, at most 1."""
+    top = max(log_terms)
+    return float(min(1.0, math.exp(top) * sum(math.exp(t - top) for t in log_terms)))
 
 
 def checkpoint_window(interval: float) -> tuple[float, float]:
@@ -329,11 +315,8 @@ def associate(region_steps: np.ndarray, cliff_steps: Sequence[float], checkpoint
               interval: float, source: str | None = "events",
               save_seconds_mean: float | None = None, throughput_ratio: float | None = None,
               every: float | None = None) -> CheckpointAssociation:
-    """Test cliff starts against checkpoint steps over the analysed ``region_steps``.
-
-    ``every`` (a ``--checkpoint-every`` interval) only shapes the note when no save
-    falls inside the log.
-    """
+    """Test cliff starts against checkpoint steps over the analysed ``region_steps``
+    (``every``, a ``--checkpoint-every``, only shapes the note when no save is inside)."""
     before, after = checkpoint_window(interval)
     ck = np.asarray(checkpoints, dtype=np.float64)
     lo, hi = (float(region_steps[0]), float(region_steps[-1])) if region_steps.size else (0, 0)

@@ -1,11 +1,9 @@
 """The run's context: its log, the config files beside it, the mechanisms a period matches.
 
-Steps per epoch, resumes and learning-rate restarts come from the logged columns; world
-size, clip and schedule from a ``training_args.json`` or config file beside the log; the
-batch order from the log's ``plan`` event. A period names a mechanism (epoch, length-grouped
-mega-batch, checkpoint or evaluation interval, lr restarts) only when its length, or its
-alias at the logging interval, lies within 5 % of one (docs/doctor.md, Causes whose
-arithmetic fits).
+Steps per epoch, resumes and lr restarts come from the logged columns; world size, clip and
+schedule from a config file beside the log; the batch order from the log's ``plan`` event. A
+period names a mechanism only when its length, or its alias at the logging interval, lies
+within 5 % of one (docs/doctor.md, Causes whose arithmetic fits).
 
 Example::
 
@@ -22,7 +20,6 @@ Example::
     (4, 'training_args.json')
     >>> logged_order([{"event": "plan", "order": "stratified"}, {"step": 1, "loss": 2.0}])
     'stratified'
-    >>> from lengthwise.doctor.context import RunContext
     >>> ctx = RunContext(first_step=10, last_step=10000, interval=10, steps_per_epoch=412.0,
     ...                  steps_per_epoch_source="epoch field")
     >>> m = match_period(50.0, ctx)
@@ -92,16 +89,9 @@ class RunContext(JsonForm):
 
 
 def epochs_from_field(steps: np.ndarray, epoch: np.ndarray) -> tuple[float | None, list[float]]:
-    """Steps per epoch and the first step of each epoch, from a logged ``epoch`` field.
-
-    Whole-number values are epoch indices (an epoch starts at the first row of
-    a new index). Fractional values are progress, as trainers write it after
-    each step (``step / steps_per_epoch``, rounded): epoch ``k`` starts one
-    step after progress reaches ``k``, so a row that reads exactly ``k.0``
-    still ends epoch ``k - 1``. Where progress rises in a straight line the
-    crossing is read from that line (rounding averages out), else between
-    the rows around it. A fall of the field (a resume) starts a new segment;
-    see :func:`epoch_resets`.
+    """Steps per epoch and the first step of each epoch, from a logged ``epoch`` field: epoch
+    indices (whole numbers), or progress (``step / steps_per_epoch``, rounded), where epoch
+    ``k`` starts one step after progress reaches ``k``; a fall of the field starts a segment.
 
     >>> s = np.arange(1.0, 11.0)
     >>> epochs_from_field(s, np.floor((s - 1) / 4))
@@ -170,9 +160,6 @@ def _indexed_epochs(s: np.ndarray, e: np.ndarray) -> tuple[float | None, list[fl
 def epoch_resets(steps: np.ndarray, epoch: np.ndarray | None) -> list[float]:
     """Steps where the logged ``epoch`` falls back (beyond its rounding): resumed runs.
 
-    A run resumed from a checkpoint whose data loader starts over logs an
-    ``epoch`` (or ``global_step``) that falls back while its step goes on.
-
     >>> epoch_resets(np.arange(1.0, 7.0), np.array([0.1, 0.2, 0.3, 0.0, 0.1, 0.2]))
     [4.0]
     """
@@ -218,10 +205,7 @@ def run_context(steps: np.ndarray, columns: dict[str, np.ndarray], *, interval: 
                 checkpoint_source: str | None = None, eval_every: float | None = None,
                 world_size: int | None = None, world_size_source: str | None = None,
                 order: str | None = None, view: str | None = None) -> RunContext:
-    """Collect the mechanism lengths known for a run logged at ``steps``.
-
-    ``world_size`` is the number of data-parallel processes (None: unknown).
-    """
+    """Collect the mechanism lengths known for a run logged at ``steps``."""
     if steps_per_epoch is not None and not 0 < steps_per_epoch < math.inf:
         raise ConfigError(f"--steps-per-epoch must be a finite positive number, got "
                           f"{steps_per_epoch}")
@@ -337,11 +321,6 @@ def settings_beside(log: str | os.PathLike[str],
     return found, source
 
 
-def clip_beside(log: str | os.PathLike[str]) -> tuple[float | None, str | None]:
-    """The gradient-clipping norm recorded with the log at ``log`` (``max_grad_norm``, ...)."""
-    return setting_beside(log, CLIP_KEYS)
-
-
 #: the event that names a log's batch order
 PLAN_EVENT = "plan"
 #: the ``view`` of a log whose lines are single micro-batches (its ``plan`` event)
@@ -352,21 +331,18 @@ HEAD_LINES = 64
 
 def logged_order(source: Any) -> str | None:
     """The ``order`` of the first ``plan`` event in a JSONL log (a path or row dicts), or None."""
-    order = logged_plan(source).get("order")
-    return order if isinstance(order, str) and order else None
+    return plan_text(logged_plan(source), "order")
 
 
-def logged_view(source: Any) -> str | None:
-    """What each line of the log is, from its ``plan`` event's ``view``: ``"micro-batch"``
-    when every line holds one micro-batch's loss (of one rank), else None (optimizer steps).
+def plan_text(plan: dict[str, Any], key: str) -> str | None:
+    """A ``plan`` event's text field (``order``; ``view``, :data:`MICRO_VIEW` when every line
+    holds one micro-batch's loss), or None.
 
-    Example::
-
-        >>> logged_view([{"event": "plan", "order": "bucket-random", "view": "micro-batch"}])
-        'micro-batch'
+    >>> plan_text({"event": "plan", "view": "micro-batch"}, "view")
+    'micro-batch'
     """
-    view = logged_plan(source).get("view")
-    return view if isinstance(view, str) and view else None
+    value = plan.get(key)
+    return value if isinstance(value, str) and value else None
 
 
 def logged_plan(source: Any) -> dict[str, Any]:
@@ -443,20 +419,11 @@ def _fits(found: float, length: float, interval: float) -> bool:
 def megabatch_steps(steps_per_epoch: float, world_size: int = 1) -> float:
     """Optimizer steps per Hugging Face mega-batch cycle: ``min(W * spe // 4, 50) / W``.
 
-    ``W * spe`` is the epoch in one process's batches (``N // batch``), so the
-    mega-batch holds ``min(W * spe // 4, 50)`` of them (at least 1) and ``W``
-    are used per optimizer step.
-
     >>> megabatch_steps(412), megabatch_steps(403, world_size=4), megabatch_steps(276, 10)
     (50.0, 12.5, 5.0)
     """
     batches = max(1, min(int(steps_per_epoch * world_size) // 4, HF_MEGABATCH))
     return batches / world_size
-
-
-def world_sizes(ctx: RunContext) -> tuple[int, ...]:
-    """The world sizes the arithmetic uses: the known one, else the common ones."""
-    return (ctx.world_size,) if ctx.world_size else COMMON_WORLD_SIZES
 
 
 def candidates(ctx: RunContext) -> list[tuple[str, float, str]]:
@@ -466,7 +433,7 @@ def candidates(ctx: RunContext) -> list[tuple[str, float, str]]:
     if spe is not None:
         out.append(("epoch", spe, f"{spe:.4g} steps per epoch ({ctx.steps_per_epoch_source})"))
         batch = f"batch {ctx.batch_size} per process, " if ctx.batch_size else ""
-        for w in world_sizes(ctx):
+        for w in (ctx.world_size,) if ctx.world_size else COMMON_WORLD_SIZES:
             mb = megabatch_steps(spe, w)
             if any(name == "megabatch" and length == mb for name, length, _ in out):
                 continue

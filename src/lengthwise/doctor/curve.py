@@ -1,9 +1,8 @@
 """The loss curve's phases, stable-region statistics, non-finite and skipped steps, stall.
 
 ``loss_roughness`` (docs/metrics.md) is the standard deviation of the loss minus its centred
-51-point rolling mean over the stable region, cliff points left out. Rows the trainer logged
-``skipped`` with no supervised token are empty steps, not non-finite losses. The methods are
-in docs/doctor.md (Phases, Statistics, Stall).
+51-point rolling mean over the stable region, cliff points left out. The methods are in
+docs/doctor.md (Phases, Statistics, Stall).
 
 Example::
 
@@ -14,7 +13,6 @@ Example::
     >>> p = find_phases(steps, loss, lr=lr)
     >>> p.warmup_end, p.warmup_source
     (98.0, 'lr')
-    >>> import numpy as np
     >>> loss = 2 + 0.1 * np.tile([1.0, -1.0], 100)
     >>> s = stable_stats(loss, np.ones(200, bool), np.zeros(200, bool))
     >>> round(s.mean, 3), round(s.loss_roughness, 3)
@@ -24,7 +22,6 @@ Example::
     ...                     "slots": np.array([9.0, 0.0, 9.0, 5.0])})
     >>> e.count, e.first_steps, e.field
     (1, [2.0], 'slots')
-    >>> import numpy as np
     >>> rng = np.random.default_rng(0)
     >>> s = np.arange(10.0, 1090.0, 10.0)
     >>> st = find_stall(s, 4.77 + 0.005 * rng.standard_normal(s.size))
@@ -131,11 +128,8 @@ def find_phases(steps: np.ndarray, loss: np.ndarray, *, lr: np.ndarray | None = 
         raise DataError("no finite loss values to analyse")
     warm, why = (None, "lr not logged") if lr is None else warmup_from_lr(steps, lr)
     settle = settle_point(steps, loss)
-    source = "lr" if warm is not None else "loss"
-    if warm is None:
-        warm = settle
-        if warm is None:
-            source = "none"
+    source = "lr" if warm is not None else "loss" if settle is not None else "none"
+    warm = warm if warm is not None else settle
     auto_start = max(v for v in (warm, settle, float(steps[0])) if v is not None)
     note = why if source == "lr" else ""
     chosen = "auto"

@@ -1,10 +1,7 @@
-"""The context every analysis reads: one parsed log, its options, and what is shared.
+"""What every analysis reads: one log, its options, and each shared result computed once.
 
-A :class:`Diagnosis` holds the log and the options of one ``diagnose`` call;
-each shared intermediate result (the finite rows, the stable region, the cliffs
-and their mask, the detrended series, the epochs, the run's context) and each
-measurement is a cached property, computed once on first use, so the analyses
-of :mod:`lengthwise.doctor.analyses` ask for what they need in any order.
+Each intermediate result and measurement of a :class:`Diagnosis` is a cached property, so the
+analyses of :mod:`lengthwise.doctor.analyses` ask for what they need in any order.
 
 Example::
 
@@ -48,14 +45,14 @@ from lengthwise.doctor.cliffs import (
     throughput_ratio,
 )
 from lengthwise.doctor.context import (
+    CLIP_KEYS,
     MICRO_VIEW,
     RunContext,
-    clip_beside,
-    logged_order,
     logged_plan,
-    logged_view,
     match_period,
+    plan_text,
     run_context,
+    setting_beside,
     settings_beside,
     world_size_beside,
 )
@@ -82,7 +79,7 @@ from lengthwise.doctor.numeric import rolling_mean
 from lengthwise.doctor.periodicity import Periodicity, checked_periodicity, periodicity_of
 from lengthwise.doctor.readers import read_log, read_records
 from lengthwise.doctor.report import Series
-from lengthwise.doctor.runlog import InputSummary, RunLog
+from lengthwise.doctor.runlog import RunLog
 from lengthwise.doctor.signals import (
     SCHEDULE_KEYS,
     EvalGap,
@@ -151,22 +148,14 @@ class Diagnosis:
 
     def __init__(self, log: RunLog, options: DiagnoseOptions, source: Source | None = None) -> None:
         self.log, self.options = log, options
+        #: the log's name as the report shows it, and how it was read (format, rows, restarts)
+        self.source, self.input = log.source, log.input
         #: the path the log was read from (None: records or a RunLog): its config files
         self.path = source if isinstance(source, str | os.PathLike) else None
         self._source = source
         self._rng = np.random.default_rng(options.seed)
 
     # -- the rows -------------------------------------------------------------------------
-    @property
-    def source(self) -> str:
-        """The log's name as the report shows it."""
-        return self.log.source
-
-    @property
-    def input(self) -> InputSummary:
-        """How the log was read (format, rows, restarts)."""
-        return self.log.input
-
     @cached_property
     def _empty(self) -> tuple[EmptySteps, np.ndarray]:
         return empty_steps(self.log.step, self.log.loss, self.log.columns)
@@ -226,6 +215,11 @@ class Diagnosis:
 
     # -- the run's context ----------------------------------------------------------------
     @cached_property
+    def plan(self) -> dict[str, Any]:
+        """The log's ``plan`` event (``{}``: none)."""
+        return logged_plan(self._source)
+
+    @cached_property
     def checkpoint_steps(self) -> tuple[np.ndarray, str | None]:
         """The checkpoint steps and where they came from."""
         o = self.options
@@ -243,8 +237,8 @@ class Diagnosis:
                            checkpoint_every=o.checkpoint_every, checkpoint_steps=ck,
                            checkpoint_source=ck_source, eval_every=o.eval_every,
                            world_size=world, world_size_source=world_source,
-                           order=o.order or logged_order(self._source),
-                           view=logged_view(self._source))
+                           order=o.order or plan_text(self.plan, "order"),
+                           view=plan_text(self.plan, "view"))
 
     @property
     def context(self) -> RunContext:
@@ -409,7 +403,7 @@ class Diagnosis:
             return found
         if picked is None:
             return replace(found, levels=NO_BUCKET_FIELD)
-        edges = logged_plan(self._source).get("edges")
+        edges = self.plan.get("edges")
         levels = bucket_levels(self.detrended, self.loss[use], picked,
                                edges=edges if isinstance(edges, list) else None,
                                rng=np.random.default_rng([self.options.seed, 2]))
@@ -425,13 +419,11 @@ class Diagnosis:
         r2, src = (a.bucket_r2_adjusted, f"length bucket (`{a.bucket_field}`)") if (
             a.bucket_r2 is not None and a.bucket_r2 > 0) else (None, None)
         length, length_src = self.length
-        pick = {k: (cols[k][use] if k in cols else None)
-                for k in ("loss_sample_std", "loss_sample_neff", "samples", "lr")}
-        count = pick["loss_sample_neff"] if pick["loss_sample_neff"] is not None \
-            else pick["samples"]
-        return noise_budget(self.residual[use], loss_sample_std=pick["loss_sample_std"],
-                            samples=count, composition_r2=r2, composition_groups=1,
-                            composition_source=src, lr=pick["lr"],
+        pick = {k: cols[k][use] for k in ("loss_sample_std", "loss_sample_neff", "samples", "lr")
+                if k in cols}
+        return noise_budget(self.residual[use], loss_sample_std=pick.get("loss_sample_std"),
+                            samples=pick.get("loss_sample_neff", pick.get("samples")),
+                            composition_r2=r2, composition_source=src, lr=pick.get("lr"),
                             length=None if length is None else length[use],
                             length_source=None if length_src is None
                             else f"sequence length (`{length_src}`)")
@@ -450,7 +442,7 @@ class Diagnosis:
             raise ConfigError(f"--clip must be positive, got {clip}")
         clip_source = "--clip" if clip is not None else None
         if clip is None and self.path is not None:
-            clip, clip_source = clip_beside(self.path)
+            clip, clip_source = setting_beside(self.path, CLIP_KEYS)
         return grad_norm_findings(self.step, self.cols.get("grad_norm"),
                                   cliffs=[c.step for c in self.cliffs],
                                   interval=self.log.step_interval, clip=clip,

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lengthwise.doctor.numeric import JsonForm, digits, each, num, significant
+from lengthwise.doctor.numeric import JsonForm, digits, each, line_fits, num, significant
 
 ALPHA = 0.01
 #: a staircase read from the loss alone is epochs only when at most this many epochs fit the log
@@ -59,35 +59,16 @@ class EpochBoundaries(JsonForm):
 
 
 def _side_fits(z: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
-    """For each index i: the line through z[i-m:i] read at i, and through z[i:i+m] read at i.
-
-    Invalid (NaN) where a side has fewer than ``m`` points.
-    """
+    """For each index i: the lines through z[i-m:i] and z[i:i+m], read at i (NaN where a side
+    has fewer than ``m`` points)."""
     n = z.size
-    t = np.arange(n, dtype=np.float64)
-    c0 = np.concatenate([[0.0], np.cumsum(np.ones(n))])
-    c1 = np.concatenate([[0.0], np.cumsum(t)])
-    c2 = np.concatenate([[0.0], np.cumsum(t * t)])
-    cy = np.concatenate([[0.0], np.cumsum(z)])
-    cty = np.concatenate([[0.0], np.cumsum(t * z)])
-
-    def fit(lo: np.ndarray, hi: np.ndarray, at: np.ndarray) -> np.ndarray:
-        k = c0[hi] - c0[lo]
-        st, stt = c1[hi] - c1[lo], c2[hi] - c2[lo]
-        sy, sty = cy[hi] - cy[lo], cty[hi] - cty[lo]
-        den = k * stt - st * st
-        with np.errstate(invalid="ignore", divide="ignore"):
-            b = (k * sty - st * sy) / den
-            a = (sy - b * st) / k
-        return a + b * at
-
     i = np.arange(n)
     before = np.full(n, np.nan)
     after = np.full(n, np.nan)
     ok = (i >= m) & (i + m <= n)
     idx = i[ok]
-    before[ok] = fit(idx - m, idx, idx - 0.5)
-    after[ok] = fit(idx, idx + m, idx - 0.5)
+    before[ok] = line_fits(z, idx - m, idx, idx - 0.5)
+    after[ok] = line_fits(z, idx, idx + m, idx - 0.5)
     return before, after
 
 
@@ -136,17 +117,9 @@ def epoch_boundaries(steps: np.ndarray, loss: np.ndarray, starts: Sequence[float
 
 
 def staircase_starts(steps: np.ndarray, loss: np.ndarray, period_points: float) -> list[float]:
-    """Step starts of a regular staircase of ``period_points`` points, or ``[]`` when none.
-
-    Folds the first differences of the (log) loss by phase (``round(period_points)``
-    phases; a period that is not a whole number of points is folded by its fraction,
-    so the drop does not drift across the phases). A staircase falls at one phase and
-    does not climb back at the others (the mean change over the other phases is at
-    most 0), unlike a saw-tooth, which rises between its drops; and its fall is
-    sudden: the :data:`STEP_WIDTH` share of the phases around the drop holds at least
-    :data:`STEP_SHARE` of the cycle's range (the folded changes, less their median,
-    summed over the cycle). A smooth cycle, a sine on a falling loss, falls over half
-    of its phases and is not a staircase.
+    """Step starts of a regular staircase of ``period_points`` points, or ``[]`` when none: the
+    (log) loss's changes folded by phase fall suddenly at one phase (:data:`STEP_SHARE` of the
+    cycle's range within :data:`STEP_WIDTH` of the phases) and do not climb back at the others.
 
     >>> s = np.arange(1.0, 401.0)
     >>> loss = 2.0 * 0.9 ** np.floor((s - 1) / 40)
@@ -194,13 +167,8 @@ def _step_share(means: np.ndarray, drop: int) -> float:
 
 
 def implausible_staircase(found: EpochBoundaries) -> str | None:
-    """Why the step-downs of a staircase read from the loss alone are not epochs (None: they are).
-
-    A period of unknown cause is read as epochs only when the implied epochs are
-    plausible: the level keeps stepping down (a negative jump at ``STEP_DOWN_SHARE``
-    of the boundaries at least, not a cycle that rises as often as it falls) and
-    the count of epochs fits a run (at most ``MAX_INFERRED_EPOCHS``). Otherwise
-    the period is a periodic component, not memorisation at each epoch start.
+    """Why the step-downs of a staircase read from the loss alone are not epochs (None: they
+    are): too many epochs, or a level that does not keep stepping down.
 
     >>> implausible_staircase(EpochBoundaries(found=True, drops=[-0.2, -0.1, -0.1]))
     >>> implausible_staircase(EpochBoundaries(found=True, drops=[-0.2, 0.1, -0.1, 0.2]))

@@ -1,11 +1,7 @@
 """Errors raised by the doctor, each with a message that names the log and the problem.
 
-They belong to :class:`~lengthwise.errors.LengthwiseError` and subclass the
-built-in ``ValueError`` / ``FileNotFoundError`` / ``ImportError``
-so that callers can catch them broadly, and the command line prints
-``lengthwise doctor: error: <message>`` and exits with status 2.
-
-Example::
+They subclass :class:`~lengthwise.errors.LengthwiseError` and the built-in ``ValueError`` /
+``FileNotFoundError`` / ``ImportError``; the command line prints them and exits with status 2.
 
     >>> try:
     ...     raise EmptyLogError("train_log.jsonl is empty")

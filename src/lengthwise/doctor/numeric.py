@@ -59,11 +59,8 @@ def fmt_num(x: float | None, digits: int = 4) -> str:
 
 
 def with_error(x: float, error: float | None) -> str:
-    """``x +/- error`` with ``x`` to the decimal of the error's first digit.
-
-    ``x`` alone when there is no error or ``x`` is a whole number; an error of 1
-    or more shows as a whole number.
-    """
+    """``x +/- error`` with ``x`` to the decimal of the error's first digit (``x`` alone when
+    there is no error or ``x`` is a whole number)."""
     if error is None or not np.isfinite(error) or error <= 0 or float(x).is_integer():
         return fmt_num(x, 6)
     decimals = max(0, -int(np.floor(np.log10(error))))
@@ -121,11 +118,9 @@ def plain(x: Any) -> Any:
 
 
 class JsonForm:
-    """A result written to JSON by its ``JSON`` table, key by key in order.
-
-    Each key maps to how its value is read: None (the attribute of that name, as
-    :func:`plain` writes it), a function of that attribute, another attribute's
-    name, or ``(attribute, function)``.
+    """A result written to JSON by its ``JSON`` table, key by key in order: each key maps to None
+    (the attribute of that name), a function of it, another attribute's name, or
+    ``(attribute, function)``.
 
     >>> from dataclasses import dataclass
     >>> @dataclass
@@ -164,10 +159,7 @@ def odd(n: float) -> int:
 
 
 def rolling_mean(y: np.ndarray, window: int, valid: np.ndarray | None = None) -> np.ndarray:
-    """Centred mean over ``window`` points, using only points where ``valid`` is true.
-
-    A point whose window holds no valid point gets NaN.
-    """
+    """Centred mean over ``window`` points where ``valid`` is true (NaN: none in the window)."""
     y = np.asarray(y, dtype=np.float64)
     n = y.size
     v = np.isfinite(y) if valid is None else (np.asarray(valid, dtype=bool) & np.isfinite(y))
@@ -223,10 +215,8 @@ def robust_std(x: np.ndarray) -> float:
 
 
 def step_noise(x: np.ndarray) -> float:
-    """The noise of one point of ``x`` from its successive differences (a slow trend cancels):
-    :func:`robust_std` of the differences over the square root of 2.
-
-    Example::
+    """The noise of one point of ``x``: :func:`robust_std` of its successive differences over
+    the square root of 2 (a slow trend cancels).
 
         >>> x = 0.01 * np.arange(10_000) + np.random.default_rng(0).normal(0.0, 0.5, 10_000)
         >>> round(step_noise(x), 1)
@@ -236,10 +226,21 @@ def step_noise(x: np.ndarray) -> float:
 
 
 def local_linear(y: np.ndarray, window: int, valid: np.ndarray | None = None) -> np.ndarray:
-    """Centred local straight-line fit of ``y`` (last axis) over ``window`` points.
+    """Centred local straight-line fit of ``y`` (last axis) over ``window`` points, leaving out
+    points where ``valid`` is false (windows shrink at the ends)."""
+    n = np.shape(y)[-1]
+    half, i = window // 2, np.arange(n)
+    return line_fits(y, np.clip(i - half, 0, n), np.clip(i + half + 1, 0, n),
+                     np.arange(n, dtype=np.float64), valid)
 
-    Points where ``valid`` is false are left out of the fits; windows shrink at
-    the ends (so they hold only existing points). Works on 1-D or 2-D arrays.
+
+def line_fits(y: np.ndarray, lo: np.ndarray, hi: np.ndarray, at: np.ndarray,
+              valid: np.ndarray | None = None) -> np.ndarray:
+    """The straight lines through ``y[..., lo[j]:hi[j]]`` (points where ``valid``), each read at
+    index ``at[j]`` (0 slope where the points do not make a line).
+
+    >>> line_fits(np.array([1.0, 2.0, 3.0, 5.0]), np.array([0]), np.array([3]), np.array([3.0]))
+    array([4.])
     """
     y = np.asarray(y, dtype=np.float64)
     n = y.shape[-1]
@@ -254,10 +255,6 @@ def local_linear(y: np.ndarray, window: int, valid: np.ndarray | None = None) ->
 
     c0, c1, c2 = csum(w), csum(w * t), csum(w * t * t)
     cy, cty = csum(z), csum(z * t)
-    half = window // 2
-    i = np.arange(n)
-    lo = np.clip(i - half, 0, n)
-    hi = np.clip(i + half + 1, 0, n)
     k = c0[hi] - c0[lo]
     st, stt = c1[hi] - c1[lo], c2[hi] - c2[lo]
     sy, sty = cy[..., hi] - cy[..., lo], cty[..., hi] - cty[..., lo]
@@ -265,7 +262,7 @@ def local_linear(y: np.ndarray, window: int, valid: np.ndarray | None = None) ->
     with np.errstate(invalid="ignore", divide="ignore"):
         slope = np.where(den > 1e-9, (k * sty - st * sy) / np.where(den > 1e-9, den, 1.0), 0.0)
         level = (sy - slope * st) / np.maximum(k, 1e-12)
-    return level + slope * t
+    return level + slope * at
 
 
 def log_scale(y: np.ndarray) -> tuple[np.ndarray, bool]:

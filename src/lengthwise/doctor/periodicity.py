@@ -18,7 +18,6 @@ Example::
     >>> f = fold_test(short, window=19, rng=rng)
     >>> f.period, f.p_value < 0.01
     (4, True)
-    >>> import numpy as np
     >>> rng = np.random.default_rng(0)
     >>> steps = np.arange(10.0, 1210.0, 10.0)
     >>> x = 0.1 * np.cos(2 * np.pi * steps / 12.5) + 0.05 * rng.standard_normal(120)
@@ -32,6 +31,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 
@@ -145,12 +145,8 @@ def runs_test(x: np.ndarray) -> Runs | None:
 
 
 def _single_tail(ratio: float) -> float:
-    """``P(I / floor > ratio)`` for exponential ``I`` and the floor of ``FLOOR_NEIGHBOURS``.
-
-    The floor is the ``FLOOR_RANK``-th smallest of the neighbouring ordinates over
-    ln 2; by Renyi's representation of exponential order statistics this tail is
-    exactly ``prod_i (m - i + 1) / (m - i + 1 + ratio / ln 2)`` for ``i = 1..rank``.
-    """
+    """``P(I / floor > ratio)`` for exponential ``I`` and the floor of ``FLOOR_NEIGHBOURS``
+    (exact, by Renyi's representation of exponential order statistics)."""
     t = max(ratio, 0.0) / math.log(2.0)
     m = FLOOR_NEIGHBOURS
     logp = sum(math.log((m - i + 1) / (m - i + 1 + t)) for i in range(1, FLOOR_RANK + 1))
@@ -198,13 +194,21 @@ def find_periodicity(resid: np.ndarray, *, interval: float, max_period: float | 
             candidates.append({"period": round(band_period, 3), "p_value": significant(p_i)})
     period_pts, acf_at = _refine(acf, n / fundamental)
     share = _harmonic_share(power, fundamental, k_lo, k_hi)
-    found = p_best < ALPHA and acf_holds(acf_at, n)
-    return Periodicity(period=period_pts * interval if found else None, p_value=p_best,
-                       period_points=period_pts if found else None,
+    return _best(period_pts, p_best, share, acf_at, interval=interval, n=n,
+                 peak_points=n / fundamental, candidates=candidates, runs=runs, window=window,
+                 acf=acf)
+
+
+def _best(points: float, p: float, share: float, acf_at: float | None, *, interval: float,
+          n: int, **rest: Any) -> Periodicity:
+    """The strongest period of ``points`` of ``n``: found when ``p < ALPHA`` and the
+    autocorrelation at it holds (else only ``best_period``)."""
+    found = p < ALPHA and acf_holds(acf_at, n)
+    return Periodicity(period=points * interval if found else None, p_value=p,
+                       period_points=points if found else None,
                        power_share=share if found else None,
-                       acf_at_period=acf_at if found else None, best_period=period_pts * interval,
-                       peak_points=n / fundamental, candidates=candidates, runs=runs, window=window,
-                       points=n, acf=acf)
+                       acf_at_period=acf_at if found else None, best_period=points * interval,
+                       points=n, **rest)
 
 
 #: bins summed by the band test
@@ -212,17 +216,10 @@ BAND = 5
 
 
 def _band_peaks(ratio: np.ndarray, q: int) -> list[tuple[int, float]]:
-    """Up to three significant bands of ``BAND`` adjacent ordinates (centre, p), strongest first.
-
-    A cycle whose length wanders a little (a data order read in shards) spreads its
-    power over a few neighbouring bins, none of which stands out alone. A band only
-    joins the candidates that an unexplained period is re-tested with
-    (:mod:`lengthwise.doctor.periodicity`, against AR(1) surrogates): alone it does not
-    make a period, the floor's own noise making its p-value approximate. Under noise
-    each ``I_k / floor_k`` is exponential with mean 1, so a band's sum is
-    Gamma(``BAND``, 1); its tail ``e^-r sum_{i<BAND} r^i / i!`` is corrected for all
-    ``q`` bands (overlapping, so the correction is conservative).
-    """
+    """Up to three significant bands of ``BAND`` adjacent ordinates (centre, p), strongest first:
+    a cycle whose length wanders spreads its power over neighbouring bins. A band's sum is
+    Gamma(``BAND``, 1) under noise, corrected for ``q`` bands; bands only join the candidates
+    an unexplained period is re-tested with."""
     if ratio.size < BAND:
         return []
     sums = np.convolve(ratio, np.ones(BAND), mode="valid")
@@ -245,14 +242,9 @@ FINE_STEP = 0.01
 def fine_period(x: np.ndarray, approx_points: float) -> tuple[float, float, float]:
     """A peak's period at its own frequency: ``(period, standard error, peak ratio)`` in points.
 
-    The periodogram of ``x`` (mean removed) is evaluated on a grid of ``FINE_STEP``
-    bins within 1.5 bins of ``n / approx_points`` (a periodogram bin) and read
-    at its highest point, so a cycle of 46.6 points is not rounded to 46 or 47.
-    The standard error is the Cramer-Rao bound of a sinusoid's frequency,
-    ``sqrt(6 / ratio) / n`` radians per point, with ``ratio`` the peak over the
-    local noise floor (the median of the periodogram within ``FLOOR_HALF_WIDTH``
-    bins, leaving the peak's own three out, over ln 2), turned into a period
-    error by ``P^2 / (2 pi)``.
+    The periodogram is read on a grid of ``FINE_STEP`` bins within 1.5 bins of
+    ``n / approx_points``; the error is the Cramer-Rao bound of a sinusoid's frequency for the
+    peak's ratio to the local noise floor.
 
     >>> t = np.arange(20000)
     >>> x = np.sin(2 * np.pi * t / 46.6) + np.random.default_rng(0).standard_normal(t.size)
@@ -305,13 +297,8 @@ def acf_holds(acf_at: float | None, n: int) -> bool:
 
 def periodicity_of(loss: np.ndarray, cliff_mask: np.ndarray, *, interval: float,
                    note: str = "") -> Periodicity:
-    """Periodicity of a stable-region loss series (cliff points left out of the trend).
-
-    The loss is detrended by :func:`lengthwise.doctor.numeric.detrended` (a local
-    line on its log); up to ``FOLD_BELOW`` points the fold test with AR(1)
-    surrogates runs, above it the periodogram test. Either way a period counts
-    only when the autocorrelation at it clears ``2 / sqrt(n)`` too.
-    """
+    """Periodicity of a stable-region loss series (cliff points left out of the trend): the fold
+    test below ``FOLD_BELOW`` points, else the periodogram test."""
     n = int((~cliff_mask).sum())
     if n < MIN_POINTS:
         why = f"not tested: {n} points in the stable region (need {MIN_POINTS})"
@@ -336,21 +323,13 @@ def _fold_periodicity(
     fold = fold_test(x, window=window, rng=rng, max_period=max(2, window // 2))
     per = float(fold.period or 0)
     acf_at = float(acf[int(per)]) if fold.period and int(per) < acf.size else None
-    found = fold.p_value < ALPHA and acf_holds(acf_at, n)
-    return Periodicity(period=per * interval if found else None, p_value=fold.p_value,
-                       period_points=per if found else None,
-                       power_share=fold.share if found else None,
-                       acf_at_period=acf_at if found else None, best_period=per * interval,
-                       runs=runs_test(x), window=window, points=n, acf=acf,
-                       test=f"fold test vs AR(1) surrogates (max-T), alpha={ALPHA}", note=note)
+    return _best(per, fold.p_value, fold.share, acf_at, interval=interval, n=n,
+                 runs=runs_test(x), window=window, acf=acf,
+                 test=f"fold test vs AR(1) surrogates (max-T), alpha={ALPHA}", note=note)
 
 
 def _fundamental(best: int, ks: np.ndarray, ratio: np.ndarray, q: int) -> int:
-    """Lowest significant peak frequency of which ``best`` is a harmonic (else ``best``).
-
-    A sawtooth or any non-sinusoidal cycle puts power at multiples of its
-    frequency, and a higher harmonic can stand out more than the fundamental.
-    """
+    """Lowest significant peak frequency of which ``best`` is a harmonic (else ``best``)."""
     significant = ks[ratio > _threshold(q)].tolist()
     for k in sorted(significant):
         if k >= best:
@@ -362,10 +341,7 @@ def _fundamental(best: int, ks: np.ndarray, ratio: np.ndarray, q: int) -> int:
 
 
 def _threshold(q: int) -> float:
-    """The ratio above which a peak among ``q`` is significant (``_pvalue(r, q) < ALPHA``).
-
-    The p-value falls as the ratio grows, so one bisection replaces a p-value per frequency.
-    """
+    """The ratio above which a peak among ``q`` is significant (``_pvalue(r, q) < ALPHA``)."""
     lo, hi = 1.0, 2.0
     while _pvalue(hi, q) >= ALPHA:
         lo, hi = hi, 2.0 * hi
@@ -379,11 +355,8 @@ def _threshold(q: int) -> float:
 
 
 def _local_floor(power: np.ndarray, k_lo: int, k_hi: int) -> np.ndarray:
-    """Noise floor at each frequency: a middle order statistic of its neighbours, over ln 2.
-
-    The neighbours are ``FLOOR_HALF_WIDTH`` ordinates on each side, leaving out the
-    frequency itself and the adjacent ones (where a peak leaks).
-    """
+    """Noise floor at each frequency: a middle order statistic of the ``FLOOR_HALF_WIDTH``
+    ordinates on each side (not the adjacent ones), over ln 2."""
     half = FLOOR_HALF_WIDTH
     values = power[1:]
     padded = np.pad(values, half + 1, mode="reflect")
@@ -451,11 +424,6 @@ class FoldResult:
     eta2: dict[int, float]
 
 
-def _eta2(x: np.ndarray, period: int) -> np.ndarray:
-    """eta^2 of the phase ``t mod period`` for each row of ``x`` (2-D)."""
-    return _group_eta2(x, *_grouping(np.arange(x.shape[1]) % period, period))
-
-
 def ar1_surrogates(x: np.ndarray, count: int, rng: np.random.Generator) -> np.ndarray:
     """``count`` AR(1) series with the lag-1 autocorrelation and variance of ``x``."""
     n = x.size
@@ -501,15 +469,9 @@ def fold_test(x: np.ndarray, *, window: int, rng: np.random.Generator,
     n = x.size
     top = n // MIN_CYCLES if max_period is None else min(max_period, n // MIN_CYCLES)
     periods = list(range(2, max(top, 2) + 1))
-    sur = ar1_surrogates(x, surrogates, rng)
-    sur = sur - local_linear(sur, window)
-    obs = np.array([_eta2(x[None, :], p)[0] for p in periods])
-    null = np.column_stack([_eta2(sur, p) for p in periods])  # (surrogates, periods)
-    mu, sd = null.mean(axis=0), np.maximum(null.std(axis=0), 1e-300)
-    z_obs = (obs - mu) / sd
-    z_null = ((null - mu) / sd).max(axis=1)
+    obs, z_obs, p = _max_t(x, [_grouping(np.arange(n) % q, q) for q in periods], window=window,
+                           rng=rng, surrogates=surrogates)
     top_z = float(z_obs.max())
-    p = float((1 + np.sum(z_null >= top_z)) / (surrogates + 1))
     best = [periods[i] for i in np.flatnonzero(z_obs >= top_z - 1e-12)]
     pick = best[0]
     for d in periods:
@@ -554,11 +516,8 @@ class PhaseTest:
 def cycle_groups(
     steps: np.ndarray, length: float, epoch_starts: list[float]
 ) -> np.ndarray:
-    """Phase group of each row for a cycle of ``length`` steps that restarts at ``epoch_starts``.
-
-    The phases a row can have are multiples of ``1 / q`` when ``interval / length``
-    is ``p / q`` in lowest terms (``q <= 200``); otherwise the phase is cut
-    into ``round(length / interval)`` equal parts.
+    """Phase group of each row for a cycle of ``length`` steps that restarts at ``epoch_starts``
+    (``q`` groups when ``interval / length`` is ``p / q``, ``q <= 200``).
 
     >>> cycle_groups(np.arange(10.0, 110.0, 10.0), 12.5, []).tolist()
     [3, 2, 1, 0, 4, 3, 2, 1, 0, 4]
@@ -594,17 +553,31 @@ def _group_eta2(x: np.ndarray, order: np.ndarray, starts: np.ndarray,
     return ssb / np.maximum((xc * xc).sum(axis=1), 1e-300)
 
 
+def _max_t(x: np.ndarray, groupings: list[tuple[np.ndarray, np.ndarray, np.ndarray]], *,
+           window: int, rng: np.random.Generator, surrogates: int,
+           ) -> tuple[np.ndarray, np.ndarray, float]:
+    """eta^2 of each grouping (from :func:`_grouping`) of ``x``, standardised by its spread over
+    AR(1) surrogates (drawn ``SURROGATE_CELLS`` values at a time), and the max-T p-value of
+    the largest."""
+    obs = np.array([_group_eta2(x[None, :], *g)[0] for g in groupings])
+    chunk = max(1, min(surrogates, SURROGATE_CELLS // x.size))
+    null = np.empty((surrogates, len(groupings)))
+    for done in range(0, surrogates, chunk):
+        size = min(chunk, surrogates - done)
+        sur = ar1_surrogates(x, size, rng)
+        sur = sur - local_linear(sur, window)
+        for j, g in enumerate(groupings):
+            null[done : done + size, j] = _group_eta2(sur, *g)
+    mu, sd = null.mean(axis=0), np.maximum(null.std(axis=0), 1e-300)
+    z_obs = (obs - mu) / sd
+    z_null = ((null - mu) / sd).max(axis=1)
+    return obs, z_obs, float((1 + np.sum(z_null >= z_obs.max())) / (surrogates + 1))
+
+
 def phase_test(x: np.ndarray, groupings: list[np.ndarray], *, window: int, rng: np.random.Generator,
                surrogates: int = SURROGATES) -> tuple[PhaseTest, int]:
-    """Surrogate test of how much of the detrended residual ``x`` the best phase grouping explains.
-
-    All ``groupings`` are scored on the same AR(1) surrogates; each one's
-    ``eta^2`` is standardised by the surrogates' mean and spread for it, and
-    the largest standardised value is ranked among the surrogates' own largest
-    (max-T), so trying several groupings does not inflate the false-positive
-    rate. Returns the test of the best grouping and its index (p-value 1 and
-    index 0 when no grouping has 2+ phases of ``MIN_PER_GROUP`` rows).
-    """
+    """Max-T AR(1) surrogate test of the phase grouping that best explains ``x``: the test and
+    the grouping's index (p-value 1 and index 0 when none has 2+ phases of ``MIN_PER_GROUP``)."""
     x = np.asarray(x, dtype=np.float64)
     labelled = []
     for g in groupings:
@@ -615,21 +588,9 @@ def phase_test(x: np.ndarray, groupings: list[np.ndarray], *, window: int, rng: 
     if not usable:
         return PhaseTest(p_value=1.0, eta2=0.0, share=0.0,
                          groups=labelled[0][1] if labelled else 0), 0
-    prepared = {i: _grouping(*labelled[i]) for i in usable}
-    obs = np.array([_group_eta2(x[None, :], *prepared[i])[0] for i in usable])
-    chunk = max(1, min(surrogates, SURROGATE_CELLS // x.size))
-    null = np.empty((surrogates, len(usable)))
-    for done in range(0, surrogates, chunk):
-        size = min(chunk, surrogates - done)
-        sur = ar1_surrogates(x, size, rng)
-        sur = sur - local_linear(sur, window)
-        for j, i in enumerate(usable):
-            null[done : done + size, j] = _group_eta2(sur, *prepared[i])
-    mu, sd = null.mean(axis=0), np.maximum(null.std(axis=0), 1e-300)
-    z_obs = (obs - mu) / sd
+    obs, z_obs, p = _max_t(x, [_grouping(*labelled[i]) for i in usable], window=window, rng=rng,
+                           surrogates=surrogates)
     top = int(np.argmax(z_obs))
-    z_null = ((null - mu) / sd).max(axis=1)
-    p = float((1 + np.sum(z_null >= z_obs[top])) / (surrogates + 1))
     count = labelled[usable[top]][1]
     chance = (count - 1) / max(x.size - 1, 1)
     return PhaseTest(p_value=p, eta2=float(obs[top]), share=max(0.0, float(obs[top]) - chance),
@@ -656,10 +617,8 @@ def distinct_groupings(groupings: list[np.ndarray]) -> list[int]:
 def checked_periodicity(per: Periodicity, steps: np.ndarray, loss: np.ndarray,
                         cliff_mask: np.ndarray, ctx: RunContext,
                         rng: np.random.Generator) -> Periodicity:
-    """``per`` with an unexplained periodogram period re-tested, else a predicted cycle tested.
-
-    ``steps``/``loss``/``cliff_mask`` are the stable region's rows.
-    """
+    """``per`` with an unexplained periodogram period re-tested, else a predicted cycle tested
+    (``steps``/``loss``/``cliff_mask``: the stable region's rows)."""
     n = int((~cliff_mask).sum())
     if n < MIN_POINTS:
         return per
@@ -677,23 +636,10 @@ def checked_periodicity(per: Periodicity, steps: np.ndarray, loss: np.ndarray,
 
 def _retest(per: Periodicity, steps: np.ndarray, rw: np.ndarray, window: int,
             rng: np.random.Generator) -> Periodicity:
-    """An unexplained periodogram period re-tested at its own, fractional frequency.
-
-    The period as found (a whole lag) is tried together with the peak it came
-    from and the other significant peaks of ``FRACTIONAL_MIN_ROWS`` rows or more
-    (less those that are harmonics of another: a cycle's shape puts power there
-    too), each read at their own frequency
-    (:func:`~lengthwise.doctor.periodicity.fine_period`: a cycle of 46.6 rows is
-    not folded at 46 or 47, which smears it over a long log); all are scored on
-    the same AR(1) surrogates (max-T, on the last ``PHASE_TEST_ROWS`` rows at
-    most). The best, when it passes and its
-    autocorrelation at its (fractional) lag clears ``2/sqrt(n)``, is the period;
-    one read at its own frequency comes with its standard error (the Cramer-Rao
-    bound, or half the difference of the periods read in each half of the rows
-    when larger: a cycle whose length
-    wanders is less precise than a sinusoid), and within 3 standard errors of a
-    whole number of rows it is that whole number.
-    """
+    """An unexplained periodogram period re-tested: the whole lag found and the significant
+    peaks (not harmonics), each read at its own frequency (:func:`fine_period`), on the same
+    AR(1) surrogates (max-T). The best that passes is the period, with its standard error (or
+    half the difference of its halves' periods); within 3 errors of a whole lag it is that."""
     interval = float(np.median(np.diff(steps))) if steps.size > 1 else 1.0
     tail = slice(max(0, rw.size - PHASE_TEST_ROWS), rw.size)
     x, s = rw[tail], steps[tail]

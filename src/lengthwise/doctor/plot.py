@@ -1,13 +1,12 @@
 """PNG of the diagnosis: loss over steps, stable-region histogram, autocorrelation.
 
-One row per run, titled by the start of the verdict. matplotlib is imported here only,
-through its object-oriented API (no pyplot, no global backend change).
+One row per run, titled by the start of the verdict; matplotlib's object-oriented API (no
+pyplot, no global backend change).
 
 Example::
 
     >>> from lengthwise.doctor import diagnose
     >>> import tempfile, pathlib
-    >>> import numpy as np
     >>> rng = np.random.default_rng(0)
     >>> rows = [{"step": s, "loss": 2.0 + 0.3 * b + 0.05 * rng.standard_normal(), "bucket": b}
     ...         for s, b in enumerate(rng.integers(0, 3, 800).tolist(), 1)]
@@ -19,6 +18,7 @@ Example::
 from __future__ import annotations
 
 import os
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -108,7 +108,8 @@ def _loss_panel(ax: Any, name: str, r: Report) -> None:
               ncol=2 if coloured else 1)
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
-    ax.set_title(f"{_short(name)}\n{_lines(r.verdict.summary, 95, VERDICT_LINES)}", fontsize=8.5,
+    short = name if len(name) <= 80 else "..." + name[-77:]
+    ax.set_title(f"{short}\n{_lines(r.verdict.summary, 95, VERDICT_LINES)}", fontsize=8.5,
                  loc="left")
 
 
@@ -229,8 +230,6 @@ def _lines(text: str, width: int, most: int) -> str:
     >>> _lines("one two three four five six", 9, 2).splitlines()
     ['one two', 'three ...']
     """
-    import textwrap
-
     lines = textwrap.wrap(text, width)
     if len(lines) <= most:
         return "\n".join(lines)
@@ -238,11 +237,5 @@ def _lines(text: str, width: int, most: int) -> str:
                                                            width, placeholder=" ...")])
 
 
-def _short(name: str) -> str:
-    return name if len(name) <= 80 else "..." + name[-77:]
-
-
 def _wrap(text: str, width: int) -> str:
-    import textwrap
-
     return "\n".join(textwrap.fill(line, width) for line in text.splitlines())

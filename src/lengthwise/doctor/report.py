@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from lengthwise.doctor.attribution import Attribution, Noise
+from lengthwise.doctor.attribution import Attribution, BucketLevels, Noise
 from lengthwise.doctor.bands import Bands
 from lengthwise.doctor.cliffs import CheckpointAssociation, Cliff
 from lengthwise.doctor.context import RunContext
@@ -39,10 +39,8 @@ from lengthwise.doctor.signals import EvalGap, GradNorm, Schedule, StepTimes
 
 @dataclass(frozen=True)
 class Finding(JsonForm):
-    """What one analysis claims of a run: a name, a severity, the figures it rests on and a
-    one-line claim, with where in the run, the evidence and the fix.
-
-    ``score`` (0..1) ranks the causes of a run; ``figures`` holds plain data only.
+    """What one analysis claims of a run: a name, a ``score`` (0..1) that ranks it, a one-line
+    claim, the figures it rests on (plain data), where in the run, the evidence and the fix.
 
     >>> Finding(name="loss_spikes", claim="3 one-step loss spike(s)", score=0.26).to_dict()["title"]
     '3 one-step loss spike(s)'
@@ -129,9 +127,6 @@ class Report(JsonForm):
 
 #: top-level keys of ``Report.to_dict()``, in order
 REPORT_KEYS: tuple[str, ...] = tuple(Report.JSON)
-if TYPE_CHECKING:
-    from lengthwise.doctor.attribution import BucketLevels
-    from lengthwise.doctor.report import Report
 
 
 def rank(findings: list[Finding], loss_roughness: float) -> Verdict:
@@ -212,13 +207,10 @@ def render_text(r: Report) -> str:
     lines.extend(_stats_lines(r))
     lines.append(f"  bands        {_bands_line(r)}")
     lines.extend(_periodicity_lines(r))
-    lines.append(f"  cliffs       {_cliffs_line(r)}")
-    lines.append(f"  checkpoints  {_checkpoints_line(r)}")
-    lines.append(f"  grad norm    {_grad_norm_line(r)}")
-    lines.append(f"  held-out     {_eval_line(r)}")
-    lines.append(f"  step time    {_step_time_line(r)}")
-    lines.append(f"  schedule     {_schedule_line(r)}")
-    lines.append(f"  epochs       {_epoch_line(r)}")
+    lines += [f"  {label:<13}{line(r)}" for label, line in (
+        ("cliffs", _cliffs_line), ("checkpoints", _checkpoints_line),
+        ("grad norm", _grad_norm_line), ("held-out", _eval_line), ("step time", _step_time_line),
+        ("schedule", _schedule_line), ("epochs", _epoch_line))]
     lines.extend(_attribution_lines(r))
     lines.extend(_noise_lines(r))
     lines.extend(_verdict_lines(r))
@@ -490,30 +482,26 @@ def _levels_lines(lv: BucketLevels | None) -> list[str]:
 def render_comparison(reports: dict[str, Report]) -> str:
     """Several runs side by side: one column per run."""
     names = list(reports)
-    rows: list[tuple[str, list[str]]] = []
-
-    def add(label: str, fn: object) -> None:
-        rows.append((label, [fn(r) for r in reports.values()]))  # type: ignore[operator]
-
-    add("steps", lambda r: f"{r.input.loss_rows:,}")
-    add("stable region", lambda r: f"{_g(r.phases.start, 8)}..{_g(r.phases.end, 8)}")
-    add("mean loss", lambda r: _g(r.stats.mean))
-    add("loss_roughness", lambda r: _g(r.stats.loss_roughness))
-    add("bands", lambda r: "not tested" if r.bands.count is None
-        else "none" if r.bands.count <= 1 else str(r.bands.count))
-    add("period (steps)", lambda r: "not tested" if r.periodicity.p_value is None
-        else _g(r.periodicity.period) if r.periodicity.period else "none")
-    add("cliffs", lambda r: str(len(r.cliffs)))
-    add("at checkpoints", lambda r: {True: "yes", False: "no", None: "-"}[
-        r.checkpoint_association.associated] + (
-        f" (p={_g(r.checkpoint_association.p_value, 2)})"
-        if r.checkpoint_association.p_value is not None else ""))
-    add("bucket R^2", lambda r: _g(r.attribution.bucket_r2, 3))
-    add("non-finite", lambda r: str(r.stats.nonfinite.count))
-    add("epoch step-down", lambda r: {True: "yes", False: "no", None: "-"}[r.epochs.found])
-    add("noise excess", lambda r: _g(r.noise.excess, 3) if r.noise is not None else "-")
-    add("top cause", lambda r: r.verdict.causes[0].name if r.verdict.causes
-        else {True: "clean", None: "not tested", False: "-"}[r.verdict.clean])
+    yes_no = {True: "yes", False: "no", None: "-"}
+    rows = [(label, [cell(r) for r in reports.values()]) for label, cell in (
+        ("steps", lambda r: f"{r.input.loss_rows:,}"),
+        ("stable region", lambda r: f"{_g(r.phases.start, 8)}..{_g(r.phases.end, 8)}"),
+        ("mean loss", lambda r: _g(r.stats.mean)),
+        ("loss_roughness", lambda r: _g(r.stats.loss_roughness)),
+        ("bands", lambda r: "not tested" if r.bands.count is None
+         else "none" if r.bands.count <= 1 else str(r.bands.count)),
+        ("period (steps)", lambda r: "not tested" if r.periodicity.p_value is None
+         else _g(r.periodicity.period) if r.periodicity.period else "none"),
+        ("cliffs", lambda r: str(len(r.cliffs))),
+        ("at checkpoints", lambda r: yes_no[r.checkpoint_association.associated] + (
+            f" (p={_g(r.checkpoint_association.p_value, 2)})"
+            if r.checkpoint_association.p_value is not None else "")),
+        ("bucket R^2", lambda r: _g(r.attribution.bucket_r2, 3)),
+        ("non-finite", lambda r: str(r.stats.nonfinite.count)),
+        ("epoch step-down", lambda r: yes_no[r.epochs.found]),
+        ("noise excess", lambda r: _g(r.noise.excess, 3) if r.noise is not None else "-"),
+        ("top cause", lambda r: r.verdict.causes[0].name if r.verdict.causes
+         else {True: "clean", None: "not tested", False: "-"}[r.verdict.clean]))]
     short = [n if len(n) <= 36 else "..." + n[-33:] for n in names]
     widths = [max(len(s), *(len(v[i]) for _, v in rows)) for i, s in enumerate(short)]
     label_w = max(len(lbl) for lbl, _ in rows)

@@ -2,8 +2,7 @@
 
 A :class:`RunLog` holds one value per logged step in step order: rows out of order are
 sorted, a second writer's rewrites are dropped, and a resumed run supersedes what the
-earlier run logged from its resume point on. Each restart keeps the wall-time gap before it
-and the learning rates both runs logged at the step it went back to.
+earlier run logged from its resume point on.
 
 Example::
 
@@ -11,7 +10,6 @@ Example::
     >>> log = RunLog(source="demo", step=np.arange(3.0), loss=np.array([3.0, 2.5, 2.4]))
     >>> log.num_steps, log.step_interval
     (3, 1.0)
-    >>> from lengthwise.doctor.runlog import Restart
     >>> step = np.array([1.0, 2.0, 3.0, 2.0, 3.0])
     >>> lr = np.array([1.0, 0.9, 0.8, 0.1, 0.2])
     >>> r = describe_restarts([Restart(4, 3.0, 2.0)], step, np.arange(1, 6), lr, None)[0]
@@ -183,10 +181,8 @@ class RunLog:
 
 
 def pauses(time: np.ndarray | None) -> np.ndarray | None:
-    """Mask of the rows logged after a pause in wall time (None: no ``time`` logged).
-
-    A pause lasts at least ``PAUSE_FACTOR`` median gaps between rows and at least
-    ``PAUSE_SECONDS``: a process that stopped and was started again.
+    """Mask of the rows logged after a pause in wall time of at least ``PAUSE_FACTOR`` median
+    gaps and ``PAUSE_SECONDS`` (None: no ``time`` logged).
 
     >>> pauses(np.array([0.0, 1.0, 2.0, 3.0, 400.0, 401.0])).tolist()
     [False, False, False, False, True, False]
@@ -205,11 +201,8 @@ def pauses(time: np.ndarray | None) -> np.ndarray | None:
 
 def describe_restarts(restarts: list[Restart], step: np.ndarray, lines: np.ndarray,
                       lr: np.ndarray | None, time: np.ndarray | None) -> list[Restart]:
-    """``restarts`` with the learning rates around each and the wall-time gap before it.
-
-    ``step``, ``lines``, ``lr`` and ``time`` are the rows in read order, before the
-    superseded rows are dropped.
-    """
+    """``restarts`` with the learning rates around each and the wall-time gap before it, from
+    the rows in read order (superseded rows included)."""
     if not restarts:
         return restarts
     row_of = {int(ln): i for i, ln in enumerate(lines.tolist())}
@@ -256,14 +249,9 @@ def _gap(time: np.ndarray | None, i: int) -> float | None:
 def step_order(step: np.ndarray, summary: InputSummary) -> np.ndarray | None:
     """The order that reads rows out of step order in step order, or ``None`` if none are.
 
-    A step that goes back is a restart when the rows from there on log a step
-    already logged (a resumed run writes its steps again); it is disorder when they
-    log only new steps: a log sorted by descending step, or rows merged from several
-    files in the wrong order. Rows between two restarts are sorted by step (stably,
-    so a step written twice keeps its file order); restarts stay where they are for
-    :func:`resolve_restarts`. ``summary`` counts the disorder points and moved rows.
-
-    Example::
+    A step that goes back to a step logged before is a restart (left for
+    :func:`resolve_restarts`), else disorder: the rows between restarts are sorted by step
+    (stably). ``summary`` counts the disorder points and moved rows.
 
         >>> s = InputSummary()
         >>> step_order(np.array([3.0, 2.0, 1.0]), s).tolist(), s.out_of_order_points
@@ -300,15 +288,19 @@ WRITER_REWIND = 4
 WRITER_SHARE = 0.1
 
 
+def _rewound_from(s: np.ndarray, i: int) -> int:
+    """The first of the rows before ``i`` (at most ``WRITER_REWIND + 1``) whose step row ``i``
+    does not exceed."""
+    j = i - 1
+    while j >= 0 and i - j <= WRITER_REWIND + 1 and s[j] >= s[i]:
+        j -= 1
+    return j + 1
+
+
 def _short_rewinds(s: np.ndarray, back: np.ndarray) -> np.ndarray:
     """Mask over ``back``: the step went back by at most ``WRITER_REWIND`` rows."""
-    short = np.zeros(back.size, dtype=bool)
-    for n, i in enumerate(back.tolist()):
-        j = i - 1
-        while j >= 0 and i - j <= WRITER_REWIND + 1 and s[j] >= s[i]:
-            j -= 1
-        short[n] = i - j - 1 <= WRITER_REWIND
-    return short
+    return np.array([i - _rewound_from(s, i) <= WRITER_REWIND for i in back.tolist()],
+                    dtype=bool)
 
 
 def _rewritten_throughout(points: int, rows: int) -> bool:
@@ -349,20 +341,11 @@ def resolve_restarts(
 ) -> np.ndarray:
     """Mask of rows to keep: a second writer's rows collapse, then later rows supersede earlier.
 
-    A second writer (e.g. every rank logging) rewrites steps all through the log: a
-    step written again on the next row, or a step that goes back by a few rows
-    (two writers interleaving in short blocks). When such points number at least 3
-    and :data:`WRITER_SHARE` of the rows, they are a second writer's: of a run of
-    equal steps the last is kept, the others are counted in ``duplicate_rows``, and
-    so are the rows short rewinds write again (when those alone are that many).
-    Fewer such points are resumes: a
-    resumed run that logs its first step (or a few steps) again and goes on from
-    there. Any other step that goes back is a restart (a resumed run) too: a row
-    survives only if every later row has a larger step, so a resumed run supersedes
-    what the earlier run logged from its resume point on. ``fresh`` marks rows known
-    to start a new run (a new run folder): a step there that does not exceed the
-    one before is a restart, never a duplicate or a second writer; so is a step that
-    goes back right after a pause in wall time (``paused``: a resumed process).
+    Steps written again on the next row or a few rows back, at least 3 of them and
+    :data:`WRITER_SHARE` of the rows, are a second writer's (the last of each step kept, the
+    others counted in ``duplicate_rows``); fewer are resumes. Any other step that goes back is
+    a restart: a row survives only if every later row has a larger step. A step that does not
+    rise at a ``fresh`` row (a new run folder) or a ``paused`` one is always a restart.
     """
     if step.size < 2:
         return np.ones(step.size, dtype=bool)
@@ -389,10 +372,7 @@ def resolve_restarts(
     if writers:  # rows rewritten by the second writer are duplicates, not superseded by a resume
         rewritten = np.zeros(s.size, dtype=bool)
         for i in back[short].tolist():
-            j = i - 1
-            while j >= 0 and s[j] >= s[i] and i - j <= WRITER_REWIND + 1:
-                rewritten[j] = True
-                j -= 1
+            rewritten[_rewound_from(s, i) : i] = True
         superseded &= ~rewritten
         dup[rest[~survive & rewritten]] = True
     summary.duplicate_rows = int(dup.sum())

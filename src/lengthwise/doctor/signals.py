@@ -1,9 +1,6 @@
 """The logged signals beside the loss: gradient norm, held-out loss, schedule, step time.
 
-Each reads its own logged column: co-spikes, leading spikes, the clip rate and the trend of
-``grad_norm``; the gap of ``eval_loss`` to the training loss; the logged ``lr`` against the
-configured peak and warm-up; slow steps, stragglers and throughput from step times. The
-methods are in docs/doctor.md (Gradient norm, Held-out loss, Step time, Schedule).
+The methods are in docs/doctor.md (Gradient norm, Held-out loss, Step time, Schedule).
 
 Example::
 
@@ -15,7 +12,6 @@ Example::
     >>> gn = grad_norm_findings(s, g, cliffs=[503.0, 903.0, 1303.0, 1703.0], interval=1.0)
     >>> gn.spikes, gn.lead.found, gn.co_spikes.found, gn.lead.to_dict()["median_lag_points"]
     (4, True, False, 2)
-    >>> import numpy as np
     >>> s = np.arange(1.0, 1001.0)
     >>> train = 3.0 - s / 1000
     >>> ev = np.column_stack([np.arange(100.0, 1001, 100), [2.95, 2.85, 2.74, 2.62, 2.6,
@@ -23,13 +19,11 @@ Example::
     >>> g = eval_gap(s, train, ev)
     >>> g.widening, g.widens_from
     (True, 500.0)
-    >>> import numpy as np
     >>> s = np.arange(1.0, 1001.0)
     >>> lr = 1e-4 * np.minimum(1.0, s / 100)
     >>> check_schedule(s, lr, {"peak": 2e-4, "warmup_steps": 100},
     ...                "training_args.json").mismatches
     ['the learning rate peaks at 0.0001, the configuration says 0.0002']
-    >>> import numpy as np
     >>> s = np.arange(1.0, 1001.0)
     >>> sec = np.exp(0.05 * np.random.default_rng(0).standard_normal(1000))
     >>> sec[99::100] = 6.0                     # every 100th step saves
@@ -47,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.doctor.cliffs import hypergeom_sf
+from lengthwise.doctor.cliffs import binomial_sf, hypergeom_sf
 from lengthwise.doctor.numeric import (
     JsonForm,
     counted,
@@ -575,17 +569,5 @@ def stragglers(rank_seconds: np.ndarray | None) -> Stragglers:
     excess = float(np.median(full[:, rank] / median) - 1.0)
     wait = float(np.sum(full.max(axis=1) - median) / np.sum(full.max(axis=1)))
     return Stragglers(ranks=w, steps=n, rank=rank, slowest_share=float(slowest[rank] / n),
-                      p_value=min(1.0, _binomial_sf(int(slowest[rank]), n, 1.0 / w) * w),
+                      p_value=min(1.0, binomial_sf(int(slowest[rank]), n, 1.0 / w) * w),
                       excess=excess, wait_share=wait)
-
-
-def _binomial_sf(k: int, n: int, p: float) -> float:
-    """``P(X >= k)`` for ``X`` ~ binomial(n, p), in logs (exact)."""
-    from math import exp, lgamma, log
-
-    if k <= 0:
-        return 1.0
-    terms = [lgamma(n + 1) - lgamma(i + 1) - lgamma(n - i + 1) + i * log(p)
-             + (n - i) * log(1 - p) for i in range(k, n + 1)]
-    top = max(terms)
-    return float(min(1.0, exp(top) * sum(exp(t - top) for t in terms)))

@@ -1,8 +1,7 @@
 """``lengthwise doctor --watch LOG``: follow a growing log and print each new finding once.
 
-When the log changed the watcher diagnoses it again; a cause is printed the first time it
-shows, and again only when it came back after ``cooldown`` seconds. At the end it prints the
-findings shown and the last verdict.
+A cause is printed the first time it shows, and again only when it comes back after
+``cooldown`` seconds; at the end the watcher prints the findings shown and the last verdict.
 
 Example::
 
@@ -32,6 +31,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+from lengthwise.doctor.analyses import diagnose as diagnose_log
 from lengthwise.doctor.errors import LogError, LogNotFoundError
 
 __all__ = ["Watcher", "watch"]
@@ -50,13 +50,11 @@ class Watcher:
     def __init__(self, path: str | os.PathLike[str], *, options: Mapping[str, Any] | None = None,
                  cooldown: float = DEFAULT_COOLDOWN, out: TextIO | None = None,
                  diagnose: Callable[..., Any] | None = None) -> None:
-        from lengthwise.doctor.analyses import diagnose as run
-
         self.path = Path(path)
         self.options = dict(options or {})
         self.cooldown = float(cooldown)
         self.out = out if out is not None else sys.stdout
-        self._diagnose = diagnose or run
+        self._diagnose = diagnose or diagnose_log
         self._signature: tuple[Any, ...] | None = None
         self._shown: dict[str, float] = {}  # cause -> when it was last printed
         self._present: set[str] = set()
@@ -125,10 +123,8 @@ class Watcher:
 def watch(path: str | os.PathLike[str], *, interval: float = DEFAULT_INTERVAL,
           max_seconds: float | None = None, cooldown: float = DEFAULT_COOLDOWN,
           options: Mapping[str, Any] | None = None) -> int:
-    """Follow the log at ``path`` until ``max_seconds`` (None: until Ctrl-C); the exit status.
-
-    0 when ``max_seconds`` ran out; 130 after Ctrl-C (the summary is printed first).
-    """
+    """Follow the log at ``path`` until ``max_seconds`` (None: until Ctrl-C); the exit status:
+    0 when ``max_seconds`` ran out, 130 after Ctrl-C (the summary is printed first)."""
     watcher = Watcher(path, options=options, cooldown=cooldown)
     start = time.monotonic()
     try:

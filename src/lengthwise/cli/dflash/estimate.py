@@ -1,44 +1,41 @@
 """``lengthwise dflash estimate``: a stage's peak memory and time, before launching it.
 
-``--stage train`` (the default), ``regenerate`` (``dflash prepare --regenerate``), ``eval``
-or ``features`` (with ``--data``, also the cache's size against the free disk of
-``--out``): reads the target's ``config.json`` (and tokenizer; no weights) and prints the
-predicted peak of the stage's process (:mod:`lengthwise.dflash.cost.stage_memory`): on CPU
-its resident memory, on CUDA the allocated memory per GPU; with ``--device-memory`` (or on
-the CUDA device the run selects) whether it fits, exit 1 when it does not. Train's
-settings are ``dflash train``'s (defaults, ``--config run.yaml``, flags), which
-``dflash train --estimate`` prints the same for (:func:`report`). Under ``torchrun`` rank 0
-prints and every rank exits alike (:func:`prints_here`). ``--time`` (with ``--data``) adds
-the run's time (:mod:`lengthwise.dflash.cost.train_time`) or the regeneration's
-(:mod:`lengthwise.dflash.cost.regenerate_time`), priced by a few steps or batches timed
-here or by ``--device-profile FILE`` (written by ``--save-profile``).
+``--stage train`` (the default, whose settings are ``dflash train``'s: :func:`report`, which
+``dflash train --estimate`` prints too), ``regenerate``, ``eval`` or ``features`` reads the
+target's ``config.json`` (and tokenizer; no weights) and prints the predicted peak of the
+stage's process (:mod:`lengthwise.dflash.cost.memory`) and, with ``--device-memory`` or on
+the CUDA device the run selects, whether it fits (exit 1 when not). ``--time`` (with
+``--data``) adds the run's or the regeneration's time (:mod:`lengthwise.dflash.cost.timing`).
+Under ``torchrun`` rank 0 prints and every rank exits alike (:func:`prints_here`).
 
 Example::
 
-    $ lengthwise dflash estimate --target ./Qwen3-8B --device-memory h200
-    $ lengthwise dflash estimate --target ./Qwen3-8B/config.json --config run.yaml \\
-          --device-memory 80GiB --world 8 --json
-    $ lengthwise dflash train --config run.yaml --device cuda --estimate
+    $ lengthwise dflash estimate --target ./Qwen3-8B --config run.yaml --device-memory h200
     $ lengthwise dflash estimate --stage regenerate --target ./model --device cpu \\
           --batch-size 16 --max-len 1024 --max-new-tokens 256
-    $ lengthwise dflash estimate --stage eval --target ./model --device cpu --max-len 512
-    $ lengthwise dflash estimate --stage features --target ./model --data prepared/ \\
-          --out features/ --device cpu
     $ lengthwise dflash estimate --target ./model --data prepared/ --device cpu --epochs 2 \\
           --time --save-profile cpu.json
-    $ lengthwise dflash estimate --stage regenerate --target ./model --data chats.jsonl \\
-          --device cpu --batch-size 16 --max-new-tokens 256 --time
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
+from pathlib import Path
 from typing import Any
 
-from lengthwise.cli.dflash._settings import DEFAULTS, add_run_flags
+import numpy as np
+
+from lengthwise.cli._options import add_config_flags
+from lengthwise.cli.dflash._settings import DEFAULTS, add_run_flags, settings
+from lengthwise.dflash.cost.resident import process_baseline
+from lengthwise.dflash.features import FeaturesConfig, cache_bytes, open_features
 from lengthwise.dflash.prepare_config import PrepareConfig
 from lengthwise.dflash.train_config import DFlashTrainConfig
+from lengthwise.disk import format_bytes
+from lengthwise.errors import ConfigError
 
 #: the flags of ``dflash train`` that set the memory of a step
 SHAPE_FLAGS = ("max_tokens", "grad_accum", "block_size", "draft_layers", "num_features",
@@ -49,7 +46,6 @@ REPORT_FLAGS = ("rows", "world", "device_memory", "json", "time", "profile_steps
 #: the flags of ``dflash train`` that set a run's steps and plan (read with ``--time``)
 RUN_FLAGS = ("steps", "epochs", "order", "eval_every", "eval_samples", "seed", "threads",
              "buckets", "grad_accum")
-GIB = 2**30
 #: the flags of the features stage only (``dflash features``'s names)
 FEATURES_FLAGS = ("layers", "target_dtype", "last_hidden", "shard_mib", "out")
 #: the flags of the regenerate and eval stages (their commands' names and defaults)
@@ -116,9 +112,6 @@ def add_stage_flags(p: argparse.ArgumentParser) -> None:
     for flag, text in flags.items():
         if flag not in p._option_string_actions:  # another part of the command has it
             p.add_argument(flag, type=int, metavar="N", help=text)
-    from lengthwise.cli._options import add_config_flags
-    from lengthwise.dflash.features import FeaturesConfig
-
     features = p.add_argument_group("the features stage (--stage features)")
     add_config_flags(features, FeaturesConfig, only=FEATURES_FLAGS, given_only=True)
     features.add_argument("--out", metavar="CACHE", help="the cache's folder, whose disk must "
@@ -161,7 +154,7 @@ def add_report_flags(p: argparse.ArgumentParser, *, listed: bool = True) -> None
 
 def device_bytes(given: dict[str, Any], device: str) -> int | None:
     """``--device-memory``, else the memory of the CUDA ``device`` when torch sees it."""
-    from lengthwise.dflash.cost.device_memory import memory_size
+    from lengthwise.dflash.cost.memory import memory_size
 
     if "device_memory" in given:
         return memory_size(given["device_memory"])
@@ -175,17 +168,11 @@ def device_bytes(given: dict[str, Any], device: str) -> int | None:
 
 
 def report(given: dict[str, Any], *, defaults: dict[str, Any] | None = None) -> int:
-    """Print the estimate of the run ``given`` sets (``dflash train``'s settings); 1: no fit.
-
-    ``given``: parsed flags (``--config``, the run's settings and :data:`REPORT_FLAGS`);
-    ``defaults``: over ``dflash train``'s. Reads the target's ``config.json`` and nothing
-    else (no weights, no data, nothing written), unless ``--time`` (:func:`run_time`).
-    """
-    from lengthwise.cli.dflash._settings import settings
-    from lengthwise.dflash.cost.stage_memory import estimate_train
-    from lengthwise.dflash.cost.target_config import read_target_config
-    from lengthwise.dflash.cost.train_time import DeviceProfile
-    from lengthwise.errors import ConfigError
+    """Print the estimate of the run ``given`` (parsed ``dflash train`` flags and
+    :data:`REPORT_FLAGS`; ``defaults`` over ``dflash train``'s) sets; 1: no fit. Reads the
+    target's ``config.json`` and nothing else, unless ``--time`` (:func:`run_time`)."""
+    from lengthwise.dflash.cost.memory import estimate_train, read_target_config
+    from lengthwise.dflash.cost.timing import DeviceProfile
 
     given = {k: v for k, v in given.items()
              if k not in ("batch_size", "max_new_tokens", "shard_rows")}
@@ -199,8 +186,6 @@ def report(given: dict[str, Any], *, defaults: dict[str, Any] | None = None) -> 
                           "on the run's own samples")
     size = device_bytes(opts, cfg.device)  # a bad --device-memory before any tracing
     if run_settings.features:  # its record only: the shards are checked when training starts
-        from lengthwise.dflash.features import open_features
-
         open_features(run_settings.features, verify=False)
     config = read_target_config(run_settings.target)
     grown = _grown(config, run_settings.target)  # loads the tokenizer, as training does
@@ -215,11 +200,8 @@ def report(given: dict[str, Any], *, defaults: dict[str, Any] | None = None) -> 
 
 def run_time(given: dict[str, Any], opts: dict[str, Any], *, profile: Any = None,
              defaults: dict[str, Any] | None = None) -> Any:
-    """``(RunTime, DeviceProfile)`` of the run ``given`` sets (``--time``): its plan on
-    ``--data`` at ``--world`` ranks, priced by ``profile`` (``--device-profile``) or timed
-    steps."""
-    from lengthwise.cli.dflash._settings import settings
-    from lengthwise.dflash.cost.train_time import PROFILE_STEPS, estimate_time
+    """``(RunTime, DeviceProfile)`` of the run ``given`` sets (``--time``)."""
+    from lengthwise.dflash.cost.timing import PROFILE_STEPS, estimate_time
 
     cfg, run_settings, _ = settings(given, defaults=defaults)  # the data's own max_len
     timing = estimate_time(cfg, run_settings, world=opts.get("world", 1), profile=profile,
@@ -233,7 +215,7 @@ def _grown(config: Any, target: str) -> int | None:
     """Rows of the target's embedding with the mask token, from its tokenizer (if it has one)."""
     import transformers
 
-    from lengthwise.dflash.cost.stage_memory import grown_rows
+    from lengthwise.dflash.cost.memory import grown_rows
 
     folder = _tokenizer_folder(target)
     if folder is None:
@@ -247,21 +229,13 @@ def _grown(config: Any, target: str) -> int | None:
 
 
 def prints_here() -> bool:
-    """Whether this process prints the estimate: rank 0 of a launch (``torchrun``), or alone.
+    """Whether this process prints the estimate: rank 0 of a launch (``torchrun``: no group
+    is joined for it), or alone. Every rank computes it, so all exit with its verdict.
 
-    The rank comes from the launcher's environment (``RANK``, ``LOCAL_RANK``) or an
-    initialised group (:func:`lengthwise.pytorch.dist.launched_rank`); no group is
-    joined for it. Every rank still computes the estimate, so all exit with its verdict.
-
-    Example::
-
-        >>> import os
-        >>> os.environ.update(WORLD_SIZE="2", RANK="1")
-        >>> prints_here()
-        False
-        >>> del os.environ["WORLD_SIZE"], os.environ["RANK"]
-        >>> prints_here()
-        True
+    >>> os.environ.update(WORLD_SIZE="2", RANK="1")
+    >>> prints_here()
+    False
+    >>> del os.environ["WORLD_SIZE"], os.environ["RANK"]
     """
     from lengthwise.pytorch.dist import launched_rank
 
@@ -271,8 +245,6 @@ def prints_here() -> bool:
 
 def run(args: argparse.Namespace) -> int:
     """Print the estimate (the kernels of CUDA unless ``--device``); 1 when it does not fit."""
-    from lengthwise.errors import ConfigError
-
     given = vars(args)
     stage = given.pop("estimated_stage", "train")
     if stage == "train":
@@ -287,9 +259,11 @@ def run(args: argparse.Namespace) -> int:
 def stage_report(stage: str, given: dict[str, Any]) -> int:
     """Print the ``regenerate``, ``eval`` or ``features`` estimate of the flags ``given``;
     1: no fit (of the device, or of the disk for the feature cache)."""
-    from lengthwise.dflash.cost.stage_memory import estimate_eval, estimate_regenerate
-    from lengthwise.dflash.cost.target_config import read_target_config
-    from lengthwise.errors import ConfigError
+    from lengthwise.dflash.cost.memory import (
+        estimate_eval,
+        estimate_regenerate,
+        read_target_config,
+    )
 
     given = {k: v for k, v in given.items() if k not in ("func", "command", "stage")}
     opts = {k: given.pop(k) for k in REPORT_FLAGS if k in given}
@@ -309,8 +283,6 @@ def stage_report(stage: str, given: dict[str, Any]) -> int:
                                                                     "save_profile")):
         raise ConfigError(f"--time: the time of the train and regenerate stages, not of {stage}")
     if stage == "features":
-        from lengthwise.dflash.features import FeaturesConfig
-
         sizes = {k: v for k, v in sizes.items() if v is not None}
         out = sizes.pop("out", ".")
         return _features_report(target, FeaturesConfig(**sizes), data, out, device, opts)
@@ -339,18 +311,10 @@ def stage_report(stage: str, given: dict[str, Any]) -> int:
 
 def _features_report(target: str, cfg: Any, data: str | None, out: str, device: str,
                      opts: dict[str, Any]) -> int:
-    """Print the ``features`` estimate of ``cfg`` (a ``FeaturesConfig``): the pass's peak and,
-    with the prepared ``data``, the cache's bytes against the free space of ``out``'s disk."""
-    import shutil
-    from pathlib import Path
-
-    import numpy as np
-
-    from lengthwise.dflash.cost.stage_memory import estimate_features
-    from lengthwise.dflash.cost.target_config import read_target_config
-    from lengthwise.dflash.features import cache_bytes
+    """Print the ``features`` estimate of ``cfg`` and, with the prepared ``data``, the cache's
+    bytes against the free space of ``out``'s disk."""
+    from lengthwise.dflash.cost.memory import estimate_features, read_target_config
     from lengthwise.dflash.prepared import open_prepared
-    from lengthwise.disk import format_bytes
 
     size = device_bytes(opts, device)
     config = read_target_config(target)
@@ -367,28 +331,24 @@ def _features_report(target: str, cfg: Any, data: str | None, out: str, device: 
     if stored is None:
         return _print(est, opts, size, disk=(f"disk: {format_bytes(per)} a token ({what}); "
                                              "give --data PREPARED for the cache's size", True))
-    need = cache_bytes(int(stored.sum()), layers, hidden, cfg.dtype, cfg.last_hidden)
+    tokens = int(stored.sum())
+    need = cache_bytes(tokens, layers, hidden, cfg.dtype, cfg.last_hidden)
     where = Path(out).absolute()
     while not where.is_dir():  # the folder the pass makes is on its nearest parent's disk
         where = where.parent
     free = shutil.disk_usage(where).free
-    est.settings.update(tokens=int(stored.sum()), cache_bytes=need, disk=str(where),
-                        disk_free_bytes=free, disk_fits=need <= free)
     fits = need <= free
+    est.settings.update(tokens=tokens, cache_bytes=need, disk=str(where), disk_free_bytes=free,
+                        disk_fits=fits)
     return _print(est, opts, size, disk=(
-        f"disk: the cache needs {format_bytes(need)} ({int(stored.sum()):,} tokens x "
+        f"disk: the cache needs {format_bytes(need)} ({tokens:,} tokens x "
         f"{format_bytes(per)}: {what}); {where} has {format_bytes(free)} free: "
         + ("fits" if fits else "does NOT fit"), fits))
 
 
 def _check_profile_flags(opts: dict[str, Any]) -> None:
-    """``--device-profile`` and ``--save-profile`` price or keep a time: refused without it;
-    ``--save-profile`` names a file in a folder that is there, checked before any timing."""
-    import os
-    from pathlib import Path
-
-    from lengthwise.errors import ConfigError
-
+    """Refuse ``--device-profile`` and ``--save-profile`` without ``--time``, and a
+    ``--save-profile`` that cannot be written, before any timing."""
     stray = [k for k in ("device_profile", "save_profile") if opts.get(k)]
     if stray and not opts.get("time"):
         raise ConfigError(f"{', '.join('--' + k.replace('_', '-') for k in stray)}: goes "
@@ -407,9 +367,8 @@ def _check_profile_flags(opts: dict[str, Any]) -> None:
 
 def regenerate_time(target: str, data: str, sizes: dict[str, Any], device: str,
                     opts: dict[str, Any]) -> tuple[Any, int]:
-    """``((GenerateTime, GenerateProfile), longest prompt)`` of ``dflash prepare --regenerate``
-    of the chats ``data`` with the stage's ``sizes`` (``--time``)."""
-    from lengthwise.dflash.cost.regenerate_time import (
+    """``((GenerateTime, GenerateProfile), longest prompt)`` of regenerating ``data``."""
+    from lengthwise.dflash.cost.timing import (
         PROFILE_BATCHES,
         GenerateProfile,
         estimate_regenerate_time,
@@ -429,10 +388,8 @@ def regenerate_time(target: str, data: str, sizes: dict[str, Any], device: str,
 
 def _baseline(stage: str, config: Any, target: str, device: str, *,
               tokenizer: bool = True) -> int:
-    """The process's own resident bytes on CPU (0 on CUDA: not on the GPU); ``tokenizer``:
-    load the target's tokenizer first (``False``: this process holds it already)."""
-    from lengthwise.dflash.cost.resident import process_baseline
-
+    """The process's own resident bytes on CPU (0 on CUDA); ``tokenizer``: load the target's
+    tokenizer first (``False``: this process holds it already)."""
     if str(device).startswith("cuda"):
         return 0
     return process_baseline(stage, config, _tokenizer_folder(target) if tokenizer else None)
@@ -440,8 +397,6 @@ def _baseline(stage: str, config: Any, target: str, device: str, *,
 
 def _tokenizer_folder(target: str) -> Any:
     """``target`` as a folder (a :class:`~pathlib.Path`) when it holds a tokenizer, else None."""
-    from pathlib import Path
-
     from lengthwise.dflash.target import TOKENIZER_FILES
 
     folder = Path(target)
@@ -459,8 +414,6 @@ def _time_lines(timing: Any) -> list[str]:
     err = (f" (median error {100 * fit['median_relative_error']:.1f} %)"
            if "median_relative_error" in fit else "")
     if hasattr(prof, "responses"):  # regeneration
-        import numpy as np
-
         resp = np.asarray(prof.responses)
         how = (f"priced per decoding step {prof.per_step:.3g} s, per row and step "
                f"{prof.per_row_step:.3g} s, per prompt token {prof.per_prefill_token:.3g} s "
@@ -482,11 +435,10 @@ def _time_lines(timing: Any) -> list[str]:
 
 def _print(est: Any, opts: dict[str, Any], size: int | None, timing: Any = None, *,
            disk: tuple[str, bool] | None = None) -> int:
-    """Print a :class:`~lengthwise.dflash.cost.stage_memory.StageMemory` (JSON with ``--json``)
-    and whether it fits ``size`` bytes (``--device-memory``, or the CUDA device's); with
-    ``timing`` (``--time``), the run's predicted time after it; ``disk``: a line on the
-    disk a stage writes and whether it fits there."""
-    from lengthwise.dflash.cost.device_memory import fits_line
+    """Print a :class:`~lengthwise.dflash.cost.memory.StageMemory` (JSON with ``--json``),
+    whether it fits ``size`` bytes, ``timing`` (``--time``) and ``disk``: a line on the disk
+    a stage writes and whether it fits there."""
+    from lengthwise.dflash.cost.memory import GIB, fits_line
 
     reserve = GIB if est.device == "cuda" else 0
     fits = (size is None or est.peak + reserve <= size) and (disk is None or disk[1])

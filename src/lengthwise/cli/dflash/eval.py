@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from lengthwise.cli.dflash._settings import DEFAULTS
+from lengthwise.dflash.cost.resident import follow_live_tensors
 from lengthwise.dflash.table import render_eval
 
 
@@ -120,8 +121,6 @@ def run(args: argparse.Namespace) -> int:
             for name, f in zip(prompt_set_names(files), files, strict=True)}
     check_causal_lm(args.target)
     device = torch.device(args.device)
-    from lengthwise.dflash.cost.resident import follow_live_tensors
-
     follow_live_tensors(device.type)
     draft, named = open_draft(args.draft)
     tokenizer = load_tokenizer(args.target)

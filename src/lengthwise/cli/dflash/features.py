@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 
 from lengthwise.cli._options import add_config_flags, config_from_args
+from lengthwise.dflash.cost.resident import follow_live_tensors
 from lengthwise.dflash.features import FeaturesConfig
 
 
@@ -37,7 +38,6 @@ def register(stages: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Write the cache (each ``torchrun`` rank its share of the shards); print its summary."""
-    from lengthwise.dflash.cost.resident import follow_live_tensors
     from lengthwise.dflash.features import write_features
     from lengthwise.disk import format_bytes
     from lengthwise.train.device import rank_world, setup_distributed

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 
 from lengthwise.cli._options import add_config_flags, config_from_args
+from lengthwise.dflash.cost.resident import follow_live_tensors
 from lengthwise.dflash.prepare_config import PrepareConfig
 
 
@@ -46,8 +47,6 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:  # the setting's name as the option that gives it
         raise ConfigError(_as_option(str(exc), vars(args))) from None
     if cfg.regenerate:
-        from lengthwise.dflash.cost.resident import follow_live_tensors
-
         follow_live_tensors(cfg.device)
     group = setup_distributed(cfg.device)  # under torchrun: the shards split over the ranks
     rec = prepare_chats(args.source, args.target, args.out, cfg, info=group)

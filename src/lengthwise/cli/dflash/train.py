@@ -17,7 +17,7 @@ weights, no data; nothing is written and ``--out`` is not touched). Under ``torc
 is printed once, by rank 0, and every rank exits with its verdict; no process group is
 joined for it. ``--estimate --time`` adds the run's predicted time, from its plan on
 ``--data`` and a few training steps timed in a temporary folder
-(:mod:`lengthwise.dflash.cost.train_time`), or a ``--device-profile`` measured elsewhere.
+(:mod:`lengthwise.dflash.cost.timing`), or a ``--device-profile`` measured elsewhere.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from __future__ import annotations
 import argparse
 
 from lengthwise.cli.dflash._settings import DEFAULTS, add_run_flags, read_yaml, settings
+from lengthwise.cli.dflash.estimate import REPORT_FLAGS, add_report_flags, report
+from lengthwise.dflash.cost.resident import follow_live_tensors
 
 __all__ = ["DEFAULTS", "read_yaml", "register", "run", "settings"]
 
@@ -51,15 +53,12 @@ def register(stages: argparse._SubParsersAction) -> None:
                         "the options of `lengthwise dflash estimate` (--rows, --world, "
                         "--device-memory, --json, --time, --profile-steps, --device-profile, "
                         "--save-profile): see its --help")
-    from lengthwise.cli.dflash.estimate import add_report_flags
-
     add_report_flags(p, listed=False)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Train and print the run's summary (rank 0); with ``--estimate``, print its memory."""
-    from lengthwise.cli.dflash.estimate import REPORT_FLAGS, report
     from lengthwise.dflash.recipe import train_draft
     from lengthwise.errors import ConfigError
     from lengthwise.finite_json import finite_json_text
@@ -72,8 +71,6 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"{', '.join('--' + k.replace('_', '-') for k in stray)}: read "
                           "with --estimate only")
     cfg, run_settings, progress = settings(given)
-    from lengthwise.dflash.cost.resident import follow_live_tensors
-
     follow_live_tensors(cfg.device)
     summary = train_draft(cfg, run_settings, progress=progress)
     if summary:

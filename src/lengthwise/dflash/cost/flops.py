@@ -1,36 +1,23 @@
 """The compute of a DFlash training step per micro-batch, in FLOPs, and its cost model for the plan.
 
-A rank's DFlash micro-batch of ``R`` padded rows of ``P`` tokens, whose sample ``i`` of
-``L_i`` tokens draws ``A_i`` anchors of blocks of ``B`` slots, costs
+A rank's micro-batch of ``R`` padded rows of ``P`` tokens, whose sample ``i`` of ``L_i``
+tokens draws ``A_i`` anchors of blocks of ``B`` slots (:func:`anchor_counts`), costs
 
 ``F = R*P*(t + x) + R*P*(P+1)/2 * t_att + R*W*B*s + sum_i A_i*B*(L_i/2 + B) * s_att
 + sum_i A_i*(B-1) * h``
 
-- ``t``: the frozen target's forward per token (``2 x`` its decoder layers' weights);
-  ``t_att``: its causal attention per query-key pair (``4 x`` query width, every layer);
-- ``x``: the draft's context work per token (``fc`` and each layer's key/value
-  projections of the context), forward and backward (``3 x 2 x`` their weights);
-- ``s``: the draft's layers per block slot, forward and backward (``3 x 2 x`` their
-  parameters), over the slots the block tensors hold: ``W = max_i A_i`` per row;
-- ``s_att``: the draft's attention per slot and key it sees (its sample's context before
-  its anchor, half the sample on average, and its own block), forward and backward;
-- ``h``: the frozen LM head per supervised slot (forward, recomputed forward, input
-  gradient: ``3 x 2 x hidden x vocabulary``).
+- ``t``, ``t_att``: the frozen target's forward per token and its attention per query-key
+  pair; ``x``: the draft's context work per token (``fc`` and the layers' key/value
+  projections), forward and backward;
+- ``s``: the draft's layers per block slot, forward and backward, over the ``W = max_i A_i``
+  blocks of a row; ``s_att``: its attention per slot and key it sees (half the sample on
+  average, and its own block);
+- ``h``: the frozen LM head per supervised slot (forward, recomputed forward, input gradient).
 
-:func:`step_flops` reads the weights from the run's own modules, built under fake tensors as
-``dflash train`` builds them (the target's decoder layers, the draft's ``fc``, projections
-and layers, the LM head); :meth:`StepFlops.reference` holds them for the reference shape
-(Qwen3-8B target, 5-layer draft, block 16).
-``A_i = min(num_anchors, L_i * max_slots // (B * max_tokens), pairs_i)``, ``pairs_i`` the
-sample's positions with two consecutive supervised tokens
-(:func:`~lengthwise.dflash.objective.anchor_quota`); lengths alone are read as fully
-supervised, where the quota binds.
-
-:meth:`StepFlops.cost_model` is the same step as a plan's
-:class:`~lengthwise.planning.cost.CostModel` of a row's padded length ``P``: the target
-and context terms, the target's attention, and the draft's slots and LM head as a term in
-proportion to ``P`` up to the length whose quota reaches ``num_anchors``; it leaves out
-the draft's attention (about 5 % of a 4,096-token row's step).
+:func:`step_flops` reads them from the run's own modules, built under fake tensors as
+``dflash train`` builds them. :meth:`StepFlops.cost_model` is the step as a plan's
+:class:`~lengthwise.planning.cost.CostModel` of a row's padded length (without the draft's
+attention, about 5 % of a 4,096-token row's step).
 
 Example::
 
@@ -46,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.planning.cost import CostModel
+from lengthwise.planning.cost import CostModel, round_up
 
 __all__ = ["StepFlops", "anchor_counts", "batch_flops", "step_flops"]
 
@@ -80,8 +67,6 @@ class StepFlops:
                    max_tokens: int) -> CostModel:
         """The step as a row cost ``a*P + b*P**2 + d*min(P, cap)`` of a padded row of ``P``.
 
-        Example::
-
             >>> m = StepFlops.reference().cost_model(num_anchors=512, max_slots=32768,
             ...                                      max_tokens=16384)
             >>> m.cap, round(m.d / m.a, 2)
@@ -99,12 +84,8 @@ class StepFlops:
 def anchor_counts(lengths: np.ndarray, *, num_anchors: int, block_size: int,
                   max_slots: int | None, max_tokens: int,
                   pairs: np.ndarray | None = None) -> np.ndarray:
-    """Anchors each sample draws: its quota under ``max_slots``, at most its ``pairs``.
-
-    ``pairs`` (positions with two consecutive supervised tokens) defaults to ``L - 1``:
-    every token supervised.
-
-    Example::
+    """Anchors each sample draws: ``min(num_anchors, L * max_slots // (B * max_tokens))``, at
+    most its ``pairs`` (positions with two consecutive supervised tokens; default ``L - 1``).
 
         >>> anchor_counts(np.array([10, 100, 9000]), num_anchors=512, block_size=16,
         ...               max_slots=32768, max_tokens=16384).tolist()
@@ -119,18 +100,14 @@ def anchor_counts(lengths: np.ndarray, *, num_anchors: int, block_size: int,
 
 def batch_flops(flops: StepFlops, lengths: np.ndarray, indices: np.ndarray,
                 offsets: np.ndarray, anchors: np.ndarray, pad_multiple: int = 1) -> np.ndarray:
-    """FLOPs of each padded micro-batch (``indices``/``offsets`` as in a plan), the module's
-    formula; ``anchors`` per sample id.
-
-    Example::
+    """FLOPs of each padded micro-batch (``indices``/``offsets`` as in a plan; ``anchors`` per
+    sample id).
 
         >>> f = StepFlops(1.0, 0.0, 0.0, 10.0, 0.0, 0.0, block_size=2)
         >>> batch_flops(f, np.array([4, 2]), np.array([0, 1]), np.array([0, 2]),
         ...             np.array([3, 1])).tolist()
         [128.0]
     """
-    from lengthwise.planning.cost import round_up
-
     ids = np.asarray(indices)
     starts = np.asarray(offsets, dtype=np.int64)[:-1]
     lens = np.asarray(lengths, dtype=np.int64)[ids]
@@ -148,9 +125,7 @@ def batch_flops(flops: StepFlops, lengths: np.ndarray, indices: np.ndarray,
 
 def step_flops(target_config: Any, cfg: Any) -> StepFlops:
     """The :class:`StepFlops` of a target (its ``transformers`` config) and a run's draft
-    (``cfg``: a ``DFlashTrainConfig``), read from the weights of the modules themselves.
-
-    Example::
+    (``cfg``: a ``DFlashTrainConfig``), read from the modules' weights.
 
         >>> import transformers
         >>> from lengthwise.dflash.train_config import DFlashTrainConfig
@@ -164,7 +139,7 @@ def step_flops(target_config: Any, cfg: Any) -> StepFlops:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from lengthwise.dflash.cost.trace import fake_causal_lm, fake_draft
+    from lengthwise.dflash.cost.memory import fake_causal_lm, fake_draft
     from lengthwise.dflash.objective import target_layer_ids
 
     def weights(module: Any) -> int:

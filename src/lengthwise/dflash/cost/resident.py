@@ -1,14 +1,11 @@
 """The resident memory of a process: what it holds now, its peak, and large buffers given back.
 
-:func:`process_baseline` is the process's own resident bytes (:func:`resident_bytes`) once
-it has imported what a stage imports: its baseline in the stage estimates
-(:mod:`~lengthwise.dflash.cost.stage_memory`). :func:`return_freed_memory` makes glibc
-serve every buffer of 64 KiB or more from its own mapping, unmapped when freed (by default
-glibc raises that threshold up to 32 MiB, after which torch's freed activations stay
-resident): the stages call it on CPU so that their resident set follows their live tensors,
-as the estimate counts them (:func:`follow_live_tensors`). :func:`command_peak` reads the
-peak resident memory of a command's own process, started from a small Python process
-(Linux carries a parent's high-water mark across ``execve``).
+:func:`process_baseline` is a stage's baseline in the CPU estimates
+(:mod:`~lengthwise.dflash.cost.memory`). :func:`return_freed_memory` makes glibc serve every
+buffer of 64 KiB or more from its own mapping, unmapped when freed (glibc raises that
+threshold up to 32 MiB, after which torch's freed activations stay resident), so that a
+stage's resident set follows its live tensors as the estimate counts them.
+:func:`command_peak` reads the peak resident memory of a command's own process.
 
 Example::
 
@@ -72,8 +69,7 @@ def resident_bytes() -> int:
 def process_baseline(stage: str, target_config: Any, tokenizer_dir: str | Path | None = None,
                      ) -> int:
     """Resident bytes of this process after importing what ``stage`` imports, the target's
-    model code, and its tokenizer from ``tokenizer_dir`` (the CPU baseline): the process
-    holds what the stage's holds before it reads any weights."""
+    model code, and its tokenizer from ``tokenizer_dir``: the stage's before any weights."""
     import importlib
 
     import transformers
@@ -102,10 +98,7 @@ def return_freed_memory() -> bool:
 
 
 def follow_live_tensors(device: object) -> bool:
-    """On CPU, :func:`return_freed_memory` (the stages' resident set then follows their live
-    tensors, as the estimate counts them); on another device nothing. Returns whether set.
-
-    Example::
+    """On CPU, :func:`return_freed_memory`; on another device nothing. Whether it is set.
 
         >>> follow_live_tensors("cuda:0")
         False
@@ -116,12 +109,8 @@ def follow_live_tensors(device: object) -> bool:
 def command_peak(argv: Sequence[str], *, env: Mapping[str, str] | None = None,
                  stdout: int | None = subprocess.DEVNULL,
                  stderr: int | None = None) -> tuple[int, int]:
-    """``(exit code, peak resident bytes)`` of ``argv`` run in a process of its own.
-
-    The peak is the command's alone, not that of the process calling this (see the module
-    doc); ``stdout`` and ``stderr`` are passed to :class:`subprocess.Popen`.
-
-    Example::
+    """``(exit code, peak resident bytes)`` of ``argv`` in a process of its own, started from a
+    small Python process (Linux carries a parent's high-water mark across ``execve``).
 
         >>> code, peak = command_peak([sys.executable, "-c", "pass"])
         >>> code, 0 < peak < 2**30

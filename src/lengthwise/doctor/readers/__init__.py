@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from lengthwise.doctor.errors import EmptyLogError, LogNotFoundError
+from lengthwise.doctor.readers.binary import is_wandb_path, read_tensorboard, read_wandb
 from lengthwise.doctor.readers.columns import ColumnBuilder
+from lengthwise.doctor.readers.text import (
+    looks_like_document,
+    read_csv,
+    read_document,
+    read_jsonl,
+)
 from lengthwise.doctor.runlog import RunLog
 
 __all__ = ["read_log", "read_records", "ColumnBuilder"]
@@ -30,9 +37,6 @@ _CSV_SUFFIXES = (".csv", ".tsv", ".csv.gz", ".tsv.gz")
 
 def detect_format(path: Path) -> str:
     """``"wandb"``, ``"tensorboard"``, ``"csv"``, ``"document"`` or ``"jsonl"`` for a path."""
-    from lengthwise.doctor.readers.binary import is_wandb_path
-    from lengthwise.doctor.readers.text import looks_like_document
-
     name = path.name.lower()
     if is_wandb_path(path):
         return "wandb"
@@ -47,15 +51,8 @@ def detect_format(path: Path) -> str:
 
 def read_log(source: str | os.PathLike[str], *, step_key: str | None = None,
              loss_key: str | None = None) -> RunLog:
-    """Read one log file or TensorBoard directory.
-
-    ``step_key``/``loss_key`` name the fields; ``None`` finds them (``step``,
-    ``loss`` and common aliases). Raises :class:`LogNotFoundError` for a
-    missing path and :class:`EmptyLogError` for a log without loss values.
-    """
-    from lengthwise.doctor.readers.binary import read_tensorboard
-    from lengthwise.doctor.readers.text import read_csv, read_document, read_jsonl
-
+    """Read one log file or directory; ``step_key``/``loss_key`` name the fields (None: found
+    among ``step``, ``loss`` and common aliases)."""
     path = Path(source)
     if not path.exists():
         raise LogNotFoundError(f"{path}: no such file or directory")
@@ -64,8 +61,6 @@ def read_log(source: str | os.PathLike[str], *, step_key: str | None = None,
     fmt = detect_format(path)
     builder = ColumnBuilder(str(path), step_key=step_key, loss_key=loss_key, fmt=fmt)
     if fmt == "wandb":
-        from lengthwise.doctor.readers.binary import read_wandb
-
         read_wandb(path, builder, step_key=step_key)
     elif fmt == "tensorboard":
         builder.use_keys(step_key="step", loss_key="loss")

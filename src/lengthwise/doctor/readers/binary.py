@@ -1,12 +1,9 @@
 """Readers for binary run files: TensorBoard event files and W&B run files, with no network.
 
-An event file's records each hold an ``Event`` protocol buffer, of which just the scalar
-fields are decoded; a truncated last record is malformed. A directory's event files are one
-log, and a file that starts again at a step already logged, after the earlier files' last
-event, is a restart. A ``.wandb`` file is LevelDB log framing of ``Record`` messages,
-decoded with the ``wandb`` package's own protobuf classes (``pip install
-"lengthwise[wandb]"``); each history record is one row, its step the trainer's
-``train/global_step`` when logged.
+Of an event file's ``Event`` protocol buffers just the scalars are decoded; a directory's
+event files are one log. A ``.wandb`` file's ``Record`` messages are decoded with the
+``wandb`` package's protobuf classes (``pip install "lengthwise[wandb]"``); each history
+record is one row.
 
 Example::
 
@@ -105,11 +102,8 @@ def _tensor_scalar(buf: bytes) -> float | None:
 def scalar_tags(
     data: bytes, wall_times: list[float] | None = None,
 ) -> dict[str, list[tuple[int, float, int]]]:
-    """All scalar series of one event file: tag -> [(step, value, record_number)].
-
-    A record cut short at the end of the file is reported under the key ``""``.
-    ``wall_times``, when given, receives the wall time of each event that holds scalars.
-    """
+    """All scalar series of one event file: tag -> [(step, value, record_number)], a record cut
+    short under the key ``""``; ``wall_times`` receives the wall time of each scalar event."""
     series: dict[str, list[tuple[int, float, int]]] = {}
     pos, n, record = 0, len(data), 0
     while pos < n:
@@ -237,13 +231,9 @@ def read_tensorboard(path: Path, builder: ColumnBuilder, *, loss_key: str | None
 def restart_records(
     loss_rows: list[tuple[int, float, int]], spans: list[tuple[float, float]],
 ) -> list[int]:
-    """Record numbers of the first loss row of each file that restarts the run.
-
-    ``loss_rows`` are ``(step, value, record)`` in file order (record numbers
-    offset by ``RECORDS_PER_FILE`` per file); ``spans`` each file's first and last
-    event wall time. A file restarts the run when its first loss step was logged
-    by an earlier file and it starts no earlier than the earlier files end.
-    """
+    """Record numbers of the first loss row of each file that restarts the run: its first loss
+    step was logged by an earlier file, and it starts no earlier than the earlier files end
+    (``spans``: each file's first and last event wall time)."""
     seen: set[int] = set()
     out = []
     end = -float("inf")
@@ -381,11 +371,8 @@ def _record_class() -> Any:
 
 
 def history_rows(path: Path, cut: list[bool] | None = None) -> Iterator[dict[str, Any]]:
-    """One dict per history record of the ``.wandb`` file at ``path``.
-
-    ``cut``, when given, gets ``True`` appended if the file ends in a partial
-    record (a run still writing).
-    """
+    """One dict per history record of the ``.wandb`` file at ``path`` (``cut`` gets ``True``
+    appended when the file ends in a partial record)."""
     record_class = _record_class()
     source = str(path)
     try:

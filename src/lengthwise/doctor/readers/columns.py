@@ -114,8 +114,11 @@ class ColumnBuilder:
         if len(self._keys_seen) < 200:
             self._keys_seen.update(objs[0].keys())
             self._keys_seen.update(objs[-1].keys())
-        lk = self._resolve_loss(objs)
-        sk = self._resolve_step(objs)
+        if self._loss_key is None:  # found once, in the first rows that hold one
+            self._loss_key = _first_alias(objs, LOSS_ALIASES)
+        if self._step_key is None:
+            self._step_key = _first_alias(objs, STEP_ALIASES)
+        lk, sk = self._loss_key, self._step_key
         losses = [o.get(lk) for o in objs] if lk is not None else [None] * len(objs)
         if None in losses:
             objs, losses, lines = self._split_rows(objs, losses, lines, lk, sk)
@@ -153,18 +156,6 @@ class ColumnBuilder:
             if key in sample or name not in NUMERIC_ALIASES:
                 self._field_keys[name] = key
         return key
-
-    def _resolve_loss(self, objs: list[dict[str, Any]]) -> str | None:
-        """The loss field: the one named, else the first alias some row holds (kept once found)."""
-        if self._loss_key is None:
-            self._loss_key = _first_alias(objs, LOSS_ALIASES)
-        return self._loss_key
-
-    def _resolve_step(self, objs: list[dict[str, Any]]) -> str | None:
-        """The step field: the one named, else the first alias some row holds (kept once found)."""
-        if self._step_key is None:
-            self._step_key = _first_alias(objs, STEP_ALIASES)
-        return self._step_key
 
     def _split_rows(self, objs: list[dict[str, Any]], losses: list[Any], lines: Sequence[int],
                     lk: str | None,
@@ -227,7 +218,9 @@ class ColumnBuilder:
         step, bad_step = self._step_column(loss.size)
         s.step_key = self._step_key if self._step_key is not None else "row index"
         bad = bad_loss | bad_step
-        _note_malformed(s, lines[bad])
+        for ln in lines[bad][: s.MAX_LINES_SHOWN]:
+            if len(s.malformed_lines) < s.MAX_LINES_SHOWN:
+                s.malformed_lines.append(int(ln))
         s.malformed += int(bad.sum())
         s.malformed_lines.sort()
         good = ~bad
@@ -344,17 +337,14 @@ class ColumnBuilder:
         buckets: list[Any] | None = None
         offsets = np.concatenate([[0], np.cumsum(self._sizes)])
         for name, chunks in self._optional.items():
-            if name in RANK_FIELDS:
-                raw = [None] * int(offsets[-1])
-                for c, col in chunks.items():
-                    raw[offsets[c] : offsets[c + 1]] = col
-                columns[name] = _per_rank(raw)
-                continue
-            if name in BUCKET_FIELDS:
+            if name in RANK_FIELDS or name in BUCKET_FIELDS:
                 raw: list[Any] = [None] * int(offsets[-1])
                 for c, col in chunks.items():
                     raw[offsets[c] : offsets[c + 1]] = col
-                buckets = _merge_buckets(buckets, raw)
+                if name in RANK_FIELDS:
+                    columns[name] = _per_rank(raw)
+                else:
+                    buckets = _merge_buckets(buckets, raw)
                 continue
             arr = np.full(int(offsets[-1]), np.nan)
             for c, col in chunks.items():
@@ -411,13 +401,6 @@ def _first_alias(objs: list[dict[str, Any]], aliases: Sequence[str]) -> str | No
     return None
 
 
-def _note_malformed(s: InputSummary, bad_lines: np.ndarray) -> None:
-    """Record the first malformed line numbers in the summary, up to its limit."""
-    for ln in bad_lines[: InputSummary.MAX_LINES_SHOWN]:
-        if len(s.malformed_lines) < InputSummary.MAX_LINES_SHOWN:
-            s.malformed_lines.append(int(ln))
-
-
 def _take(
     rows: np.ndarray, columns: dict[str, np.ndarray], buckets: list[Any] | None
 ) -> tuple[dict[str, np.ndarray], list[Any] | None]:
@@ -452,21 +435,16 @@ def _to_float(col: list[Any]) -> tuple[np.ndarray, np.ndarray]:
             arr = None
         if arr is not None and arr.ndim == 1:  # lists of one number each would pass as 2-D
             return arr, np.zeros(len(col), dtype=bool)
-    out = np.empty(len(col), dtype=np.float64)
+    out = np.full(len(col), np.nan)
     bad = np.zeros(len(col), dtype=bool)
     for i, value in enumerate(col):
-        if value is None:
-            out[i] = math.nan
-            continue
         if type(value) is bool:
-            out[i] = math.nan
             bad[i] = True
-            continue
-        try:
-            out[i] = float(value)
-        except (TypeError, ValueError, OverflowError):
-            out[i] = math.nan
-            bad[i] = True
+        elif value is not None:
+            try:
+                out[i] = float(value)
+            except (TypeError, ValueError, OverflowError):
+                bad[i] = True
     return out, bad
 
 

@@ -1,10 +1,8 @@
 """Streaming readers for text logs: JSON lines (plain or gzip), whole JSON documents, CSV exports.
 
-JSON lines are parsed a block at a time with one ``loads`` call (``orjson`` when installed);
-a block that fails is parsed line by line so exactly the bad lines are counted. A JSON
-document is a Hugging Face ``trainer_state.json`` or an array of rows. CSV column names are
-matched without a W&B run prefix or its ``__MIN``/``__MAX`` columns, case-insensitively,
-with or without a ``section/`` prefix.
+JSON lines are parsed a block at a time (``orjson`` when installed), a block that fails line
+by line. A JSON document is a ``trainer_state.json`` or an array of rows. CSV column names are
+matched case-insensitively, without a W&B run prefix, ``__MIN``/``__MAX`` or ``section/``.
 
 Example::
 
@@ -15,7 +13,6 @@ Example::
     >>> read_jsonl(p, b)
     >>> b.summary.malformed, b.summary.malformed_lines
     (1, [2])
-    >>> import pathlib, tempfile
     >>> p = pathlib.Path(tempfile.mkdtemp()) / "export.csv"
     >>> _ = p.write_text("Step,run - train/loss,run - train/loss__MIN\\n1,2.5,2.4\\n2,2.4,2.3\\n")
     >>> b = ColumnBuilder(str(p), fmt="csv")
@@ -214,10 +211,8 @@ def _clean(header: str) -> str:
 def _find(names: list[str], wanted: tuple[str, ...]) -> int | None:
     """Index of the first column matching one of ``wanted`` (exactly, else as a suffix)."""
     for want in wanted:
-        w = want.lower()
-        for i, name in enumerate(names):
-            if name == w:
-                return i
+        if want.lower() in names:
+            return names.index(want.lower())
     for want in wanted:
         w = want.lower()
         for i, name in enumerate(names):
@@ -227,13 +222,9 @@ def _find(names: list[str], wanted: tuple[str, ...]) -> int | None:
 
 
 class WholeLines(io.RawIOBase):
-    """A byte stream that ends cleanly where its source breaks off (a cut or corrupt gzip).
-
-    Only whole lines are passed on: when the source breaks off, the partial line at
-    the break is dropped (``dropped_tail``) rather than read as a shorter number,
-    and ``broken`` says why the stream ended early.
-
-    Example::
+    """A byte stream of whole lines that ends cleanly where its source breaks off (a cut or
+    corrupt gzip): the partial line at the break is dropped (``dropped_tail``), and ``broken``
+    says why the stream ended early.
 
         >>> import gzip
         >>> data = gzip.compress(b"step,loss\\n1,2.5\\n2,2.4\\n3,2.3")
@@ -332,10 +323,8 @@ class _Whitespace(csv.Dialect):
 def _dialect(header: str) -> type[csv.Dialect] | csv.Dialect:
     """The dialect of a header line: comma, tab, semicolon or pipe, else runs of spaces.
 
-    Example::
-
-        >>> [_dialect(h).delimiter for h in ("step,loss", "step|loss", "step   loss")]
-        [',', '|', ' ']
+    >>> [_dialect(h).delimiter for h in ("step,loss", "step|loss", "step   loss")]
+    [',', '|', ' ']
     """
     try:
         return csv.Sniffer().sniff(header, delimiters=",\t;|")
