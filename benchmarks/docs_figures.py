@@ -74,7 +74,7 @@ REL_TOL = 1e-3
 KERNEL_FIGURE: dict[str, str] = {"dflash": "target_eval_loss"}
 #: the files and the regions of each that this script writes
 REGIONS: dict[str, tuple[str, ...]] = {
-    "README.md": ("lm-table", "lm-reading"),
+    "README.md": ("lm-table",),
     "docs/demo.md": ("lm-measured",),
     "docs/dflash.md": ("dflash-measured",),
 }
@@ -482,8 +482,6 @@ def render(name: str, saved: dict[str, Any]) -> str:
     lm, df = saved.get("lm"), saved.get("dflash")
     if name == "lm-table":
         return _lm_caption(lm) + "\n\n" + _table(lm["strategies"], LM_COLUMNS)
-    if name == "lm-reading":
-        return _lm_reading(lm)
     if name == "lm-measured":
         return (_lm_caption(lm) + "\n\n" + _table(lm["strategies"], LM_COLUMNS, verdict=True)
                 + "\n\n" + _lm_reading(lm) + "\n\n" + _lm_bullets(lm))

@@ -427,19 +427,17 @@ def render(name: str, saved: dict[str, Any]) -> str:
     if start:
         lead += (f"Every run continues one shared draft (expected acceptance "
                  f"{start['expected_acceptance']:.2f} at T = 0) for {c['epochs']} "
-                 f"epoch{'s' * (c['epochs'] != 1)} of "
-                 f"{d['train_samples']} regenerated chats. ")
-    lead += (f"{len(c['orders'])} orders, {len(c['seeds'])} paired seeds, 95 % intervals, "
-             f"{d['eval_samples']} held-out chats:")
+                 f"epoch{'s' * (c['epochs'] != 1)} of {d['train_samples']} regenerated chats. ")
+    arms = {"data": "the same optimizer steps on the same real tokens",
+            "compute": "the same counted FLOPs of the draft's step"}
     parts = []
-    arms = {"data": "Same data: every order the same optimizer steps on the same real tokens",
-            "compute": "Same compute: every order the same counted FLOPs of the draft's step"}
     for cell, sentence in zip(s["cells"].values(), decisions(s), strict=True):
-        parts += [f"{arms[cell['arm']]}, the {cell['schedule']} schedule:", "",
-                  readme_table(cell), "", _wrap(sentence), ""]
-    return "\n".join([_wrap(lead), "", *parts,
-                      f"Details: [{RESULTS.name}](benchmarks/{RESULTS.name}).", "",
-                      f"![loss per micro-batch of each order](docs/{PLOT.name})"])
+        parts += [_wrap(f"{lead}{len(c['orders'])} orders, {len(c['seeds'])} paired seeds, "
+                        f"{d['eval_samples']} held-out chats, {arms[cell['arm']]}, the "
+                        f"{cell['schedule']} schedule ([details](benchmarks/{RESULTS.name})):"),
+                  "", readme_table(cell), "", _wrap(sentence), ""]
+        lead = ""
+    return "\n".join([*parts, f"![loss per micro-batch of each order](docs/{PLOT.name})"])
 
 
 def _wrap(text: str) -> str:
