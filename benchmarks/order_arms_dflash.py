@@ -121,7 +121,6 @@ def run(cfg: Any, out: Path, workers: int, runs: Path | None = None) -> dict[str
     done = saved.done()
     jobs = [(job, cfg, str(out / "logs")) for job in cfg.jobs() if job not in done]
     map_jobs(run_job, jobs, workers=workers, on_result=saved.save)
-    add_step_logs(saved.folder)
     split = context(cfg).split
     lengths = split.lengths
     info = {"prepared": cfg.prepared, "target": cfg.target, "features": cfg.features,
@@ -155,23 +154,6 @@ def start_figures(cfg: Any, out: Path) -> dict[str, Any]:
     return {"path": str(cfg.start), **{k: cold[k] for k in (
         "eval_loss", "eval_accuracy", "slot_accuracy", "expected_acceptance")},
             "expected_acceptance_t1": hot["expected_acceptance"]}
-
-
-def add_step_logs(runs: Path) -> int:
-    """Add the doctor's figures of each saved run's step log (its ``log``, while it is on
-    this machine) to the runs saved under ``runs`` that lack them; how many gained them."""
-    import json
-
-    from experiments.loss_log import loss_log_figures
-
-    added = 0
-    for path in sorted(runs.glob("*/*-seed*.json")):
-        r = json.loads(path.read_text(encoding="utf-8"))
-        if "step_loss_log" not in r and Path(r["log"]).is_file():
-            r["step_loss_log"] = loss_log_figures(r["log"], order=r["order"])
-            path.write_text(json.dumps(r), encoding="utf-8")
-            added += 1
-    return added
 
 
 def arguments() -> argparse.ArgumentParser:
