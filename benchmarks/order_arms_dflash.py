@@ -29,9 +29,12 @@ cache, ``RUN`` a ``dflash train`` run or checkpoint of that target. The figures 
 ``benchmarks/ORDER_ARMS_DFLASH.json``, a generated ``benchmarks/ORDER_ARMS_DFLASH_RESULTS.md``,
 the README's region ``order-arms-dflash`` and ``docs/order_arms_dflash.png``. Each run of
 the full design is saved as it ends, as ``RUNS/ARM-SCHEDULE-bBATCH/ORDER-seedN.json``
-(default :data:`RUNS`, committed, with ``design.json``): an interrupted benchmark, in this
-session or a later one, continues where it stopped. Runs saved for another design (other
-data, start or settings) are refused, never mixed in.
+(default :data:`RUNS`, committed, with ``design.json``): an interrupted benchmark
+continues where it stopped. Runs saved for another design (other data, start or
+settings) are refused, never mixed in. The data, cache and start are not committed: on
+a new machine, ``real_target_dflash.py --scale large`` makes them again. ``design.json``
+records digests of their contents (:func:`experiments.dflash_arms.inputs`), so saved runs
+are reused only on inputs that came out identical.
 
 The full design (:data:`FULL`) asks the question of a draft that has learned: every run
 continues one shared draft, the real-target benchmark's large run at its step 400 (400
@@ -113,11 +116,11 @@ def run(cfg: Any, out: Path, workers: int, runs: Path | None = None) -> dict[str
     """Train every run of ``cfg`` not yet saved under ``runs`` (default ``out/runs``), its
     logs under ``out/logs``; the figures."""
     from experiments.arms_report import map_jobs
-    from experiments.dflash_arms import context, run_job
+    from experiments.dflash_arms import context, inputs, run_job
     from experiments.dflash_report import summarise_dflash
 
     started = time.perf_counter()
-    saved = store.CellRuns(runs or out / "runs", cfg, _say)
+    saved = store.CellRuns(runs or out / "runs", cfg, _say, inputs(cfg))
     done = saved.done()
     jobs = [(job, cfg, str(out / "logs")) for job in cfg.jobs() if job not in done]
     map_jobs(run_job, jobs, workers=workers, on_result=saved.save)

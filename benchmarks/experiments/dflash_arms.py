@@ -50,8 +50,8 @@ from lengthwise.errors import ConfigError
 from experiments.arms import ArmsDesign, arm_steps, drive_arm, plan_budgets
 from experiments.loss_log import loss_log_figures
 
-__all__ = ["SHAPE", "DFlashArms", "cached_rows", "draft_flops", "run_dflash_arm", "run_draft",
-           "run_job", "shared_start", "tokens_per_second"]
+__all__ = ["SHAPE", "DFlashArms", "cached_rows", "draft_flops", "inputs", "run_dflash_arm",
+           "run_draft", "run_job", "shared_start", "tokens_per_second"]
 
 #: the draft and micro-batch of the real-target benchmarks (2 layers fed by 2 target layers,
 #: blocks of 8, 32 anchors, micro-batches of 2,048 tokens) and their learning rate
@@ -307,6 +307,41 @@ def shared_start(path: str | Path, models: Any, cfg: Any) -> Any:
     if differ:
         raise ConfigError(f"start {path}: not a draft of this design: {', '.join(differ)}")
     return draft.train()
+
+
+def inputs(design: DFlashArms) -> dict[str, str]:
+    """Digests of what every run of ``design`` reads besides its settings: the prepared
+    samples (their fingerprint, as the feature cache records it), the cache's target
+    weights and settings, and the start draft's weights. A path names a place, these its
+    contents: runs saved from data or a start made again are checked, never assumed, to
+    match (:class:`~experiments.saved.CellRuns`).
+
+    Example::
+
+        >>> sorted(inputs(design))                                      # doctest: +SKIP
+        ['data', 'features', 'start']
+    """
+    import hashlib
+
+    from lengthwise.dflash.features import RECORD
+
+    def digest(blob: bytes) -> str:
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    record = json.loads((Path(design.features) / RECORD).read_text(encoding="utf-8"))
+    made = {k: record[k] for k in ("settings", "target")}
+    made["target"] = {k: v for k, v in made["target"].items() if k != "path"}
+    out = {"data": record["data"]["fingerprint"][:16],
+           "features": digest(json.dumps(made, sort_keys=True).encode("utf-8"))}
+    if design.start:
+        from lengthwise.dflash.load import trained_draft
+
+        h = hashlib.sha256()
+        for name, tensor in sorted(trained_draft(design.start)[0].state_dict().items()):
+            h.update(name.encode("utf-8"))
+            h.update(tensor.detach().float().contiguous().numpy().tobytes())
+        out["start"] = h.hexdigest()[:16]
+    return out
 
 
 def cached_rows(design: DFlashArms) -> Any:

@@ -64,17 +64,21 @@ class CellRuns:
     """The runs of every cell, each saved as ``folder/ARM-SCHEDULE-bBATCH/ORDER-seedN.json``
     as it ends, so that a benchmark stopped halfway continues where it stopped. ``say``
     prints a line (the script's progress). ``folder/design.json`` records the design's
-    :func:`run_identity`: runs saved for another design (other data, start or settings)
-    are refused in one line, never mixed in; a design with more orders, seeds, arms or
-    schedules reuses the runs it shares."""
+    :func:`run_identity` and ``inputs`` (digests of the data and start the runs read, when
+    the design reads files): runs saved for another design (other data, start or
+    settings) are refused in one line, never mixed in; a design with more orders, seeds,
+    arms or schedules reuses the runs it shares."""
 
-    def __init__(self, folder: Path, cfg: Any, say: Callable[[str], None] = print) -> None:
+    def __init__(self, folder: Path, cfg: Any, say: Callable[[str], None] = print,
+                 inputs: dict[str, str] | None = None) -> None:
         from lengthwise.errors import ConfigError
 
         self.folder, self.say = folder, say
         self.order = cfg.jobs()  # (arm, schedule, batch, order, seed), seed by seed per cell
         folder.mkdir(parents=True, exist_ok=True)
         mine, record = run_identity(cfg), folder / "design.json"
+        if inputs is not None:
+            mine["inputs"] = inputs
         if record.is_file():
             saved = json.loads(record.read_text(encoding="utf-8"))
             differ = sorted(k for k in set(saved) | set(mine) if saved.get(k) != mine.get(k))

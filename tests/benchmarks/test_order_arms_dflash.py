@@ -235,3 +235,31 @@ def test_saved_runs_of_another_design_are_refused_and_a_larger_design_reuses_the
     with pytest.raises(ConfigError, match=r"another design \(epochs, train differ\)"):
         CellRuns(tmp_path / "runs", _design(script, tiny, epochs=3,
                                             train={**TINY, "lr": 0.5}))
+
+
+def test_runs_saved_from_a_start_made_again_with_other_weights_are_refused(script, tiny,
+                                                                           tmp_path):
+    """The same paths with other contents: the design's ``inputs`` tell them apart."""
+    from lengthwise.dflash.recipe import _save_final
+    from lengthwise.errors import ConfigError
+    from lengthwise.train.device import pick_device
+
+    from experiments.dflash_arms import inputs, run_draft
+    from experiments.saved import CellRuns
+
+    design = _design(script, tiny)
+    draft = run_draft(design, design.train_config(seed=1, batch=2, steps=1), tmp_path,
+                      pick_device("cpu"))
+    _save_final(draft, tmp_path / "start" / "final", 7)
+    shared = _design(script, tiny, start=str(tmp_path / "start"))
+    first = inputs(shared)
+    assert set(first) == {"data", "features", "start"}
+    assert first["data"] == inputs(design)["data"] and "start" not in inputs(design)
+    CellRuns(tmp_path / "runs", shared, inputs=first)
+    CellRuns(tmp_path / "runs", shared, inputs=inputs(shared))  # the same contents: reused
+    with torch.no_grad():
+        draft.fc.weight.add_(1e-3)
+    _save_final(draft, tmp_path / "start" / "final", 7)  # made again at the same path
+    assert inputs(shared)["start"] != first["start"]
+    with pytest.raises(ConfigError, match=r"another design \(inputs differ\)"):
+        CellRuns(tmp_path / "runs", shared, inputs=inputs(shared))
