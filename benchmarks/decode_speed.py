@@ -143,7 +143,7 @@ def speedup(base: list[float], mine: list[float]) -> dict[str, float]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Decode every prompt by every path; the figures as a dict."""
-    from lengthwise.dflash.prompts import read_prompt_file, render_prompts
+    from lengthwise.dflash.chat import read_prompt_file, render_prompts
     from lengthwise.dflash.regenerate import stop_ids
 
     target, draft, tokenizer = load(args.target, args.draft, args.threads)

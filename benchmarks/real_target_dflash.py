@@ -392,7 +392,7 @@ def reference_check(target: Path, export: Path, prompts: Path, n_tokens: int) ->
     import dflash.model as dmodel
     import torch
 
-    from lengthwise.dflash.prompts import read_prompt_file, render_prompts
+    from lengthwise.dflash.chat import read_prompt_file, render_prompts
     from lengthwise.dflash.target import load_target, load_tokenizer
 
     ref, info = dflash.DFlashDraftModel.from_pretrained(str(export), output_loading_info=True,

@@ -18,11 +18,11 @@ conversation), cuts each round into batches of 16 prompts sorted by length and w
 batch with ``model.generate`` (left padding; every turn's prompt prefilled whole). The new
 path is the run's own: at most ``--batch-size`` conversations and ``--max-tokens`` tokens in
 one continuous batch, each conversation keeping its KV cache between its turns
-(:func:`~lengthwise.dflash.conversation_decode.decode_conversations`). The chats are taken in
+(:func:`~lengthwise.dflash.generate.decode_conversations`). The chats are taken in
 groups of ``--group``; each group runs both ways in turn (the first way alternating), so
 that both see the same load of a shared machine. Each turn's token ids are compared; a
 differing turn is listed with its first differing position. The new path's
-:class:`~lengthwise.dflash.conversation_decode.DecodeCounts` say where its time went.
+:class:`~lengthwise.dflash.generate.DecodeCounts` say where its time went.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers")
 @given(drafted=st.lists(st.integers(0, 5), max_size=60))
 def test_conditional_acceptance_multiplies_back_to_the_share_that_reached_each_position(
         drafted):
-    from lengthwise.dflash.acceptance import conditional_acceptance, expected_acceptance
+    from lengthwise.dflash.evaluate import conditional_acceptance, expected_acceptance
 
     cond = conditional_acceptance(drafted, block_size=6)
     assert len(cond) == 5
@@ -36,7 +36,7 @@ def test_conditional_acceptance_multiplies_back_to_the_share_that_reached_each_p
 
 
 def test_the_interval_is_students_t_over_prompts_and_leaves_out_prompts_never_verified():
-    from lengthwise.dflash.acceptance import acceptance_interval
+    from lengthwise.dflash.evaluate import acceptance_interval
 
     iv = acceptance_interval([2.0, float("nan"), 4.0, 3.0])
     assert iv["n"] == 3 and iv["mean"] == 3.0
@@ -86,8 +86,11 @@ def _constant_pair(scale: float):
 
 
 def test_expected_acceptance_at_temperature_one_predicts_real_decoding():
-    from lengthwise.dflash.acceptance import acceptance_interval, conditional_acceptance
-    from lengthwise.dflash.evaluate import teacher_forced
+    from lengthwise.dflash.evaluate import (
+        acceptance_interval,
+        conditional_acceptance,
+        teacher_forced,
+    )
     from lengthwise.dflash.speculative import speculative_batch
 
     target, draft = _constant_pair(scale=3.0)

@@ -1,12 +1,12 @@
 """Conversations decoded turn after turn in one continuous batch
-(:mod:`lengthwise.dflash.conversation_decode`) against HF ``generate`` on each whole prompt."""
+(:mod:`lengthwise.dflash.generate`) against HF ``generate`` on each whole prompt."""
 
 from __future__ import annotations
 
 import pytest
 from _dflash_tiny import float64_llama
 
-from lengthwise.dflash.conversation_decode import decode_conversations
+from lengthwise.dflash.generate import decode_conversations
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -195,7 +195,7 @@ def test_new_draft_applies_the_config_levers():
 
 
 def test_feature_scale_is_one_over_each_dimensions_root_mean_square():
-    from lengthwise.dflash.feature_scale import feature_scale
+    from lengthwise.dflash.model import feature_scale
     from lengthwise.errors import DataError
 
     rows = [torch.tensor([[3.0, 0.0, 1.0]]), torch.tensor([[-3.0, 4.0, 1.0], [0.0, 0.0, 1.0]])]

@@ -24,7 +24,7 @@ def _tokenizer():
     """A byte-level BPE trained here on the bundled prompts, with ChatML tokens, no mask token."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from lengthwise.dflash.prompts import bundled_prompts
+    from lengthwise.dflash.chat import bundled_prompts
 
     lines = bundled_prompts().read_text().splitlines()
     tok = Tokenizer(models.BPE())
@@ -70,7 +70,7 @@ def local(tmp_path_factory):
 
 
 def test_eval_reports_each_set_and_temperature_and_is_lossless(local, tmp_path, capsys):
-    from lengthwise.dflash.prompts import bundled_prompts
+    from lengthwise.dflash.chat import bundled_prompts
 
     other = tmp_path / "math.jsonl"
     other.write_text('{"prompt": "What is 7 times 8?"}\n{"prompt": "Is 91 a prime number?"}\n')

@@ -104,13 +104,13 @@ def test_eval_stage_passes_the_budgets_to_its_accuracy_pass(exact, monkeypatch):
     """evaluate_set's teacher-forced pass within max_tokens and max_slots, the same figures as
     without them (no text is cut); budgets that hold no block or token are refused before
     decoding."""
-    import lengthwise.dflash.decode as decode
+    import lengthwise.dflash.evaluate as evaluate
     from lengthwise.dflash.evaluate import evaluate_set
 
     target, draft = exact
     prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10, 11]]
     seen = Forwards(target, draft)
-    inner = decode.evaluate_blocks
+    inner = evaluate.evaluate_blocks
 
     def counted(*args, **kwargs):  # only the accuracy pass, not the decoding
         seen.on = True
@@ -119,7 +119,7 @@ def test_eval_stage_passes_the_budgets_to_its_accuracy_pass(exact, monkeypatch):
         finally:
             seen.on = False
 
-    monkeypatch.setattr(decode, "evaluate_blocks", counted)
+    monkeypatch.setattr(evaluate, "evaluate_blocks", counted)
     run = dict(name="p", temperatures=[0.0], max_new_tokens=6, check=False)
     try:
         free, = evaluate_set(draft, target, prompts, **run)

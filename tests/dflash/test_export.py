@@ -110,9 +110,9 @@ def test_export_config_and_bad_drafts(tmp_path):
 def test_every_checkpoint_carries_the_draft_config_and_exports(tmp_path):
     from _dflash_run import config, train
 
-    from lengthwise.dflash.config import read_draft_config
     from lengthwise.dflash.export import export_checkpoint
     from lengthwise.dflash.load import load_draft_checkpoint
+    from lengthwise.dflash.model import read_draft_config
 
     train(config(steps=2, checkpoint_every=1, keep_checkpoints=3), tmp_path / "run")
     for step in (1, 2):
@@ -128,8 +128,8 @@ def test_every_checkpoint_carries_the_draft_config_and_exports(tmp_path):
 
 
 def test_checkpoints_without_a_servable_config_are_refused(tmp_path):
-    from lengthwise.dflash.config import read_draft_config
     from lengthwise.dflash.load import load_draft_checkpoint
+    from lengthwise.dflash.model import read_draft_config
 
     with pytest.raises(ConfigError, match="no draft_config.json"):
         read_draft_config(tmp_path)

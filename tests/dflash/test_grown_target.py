@@ -8,7 +8,7 @@ import json
 import pytest
 from _chat_tiny import chat_tokenizer, save_target
 
-from lengthwise.dflash.grown_target import save_grown_target
+from lengthwise.dflash.mask_token import save_grown_target
 from lengthwise.errors import DiskFullError
 
 torch = pytest.importorskip("torch")

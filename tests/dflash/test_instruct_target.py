@@ -145,7 +145,7 @@ def test_regenerated_turns_keep_the_targets_ids_and_no_end_of_turn_after_a_cut(
 def _fake_target(monkeypatch, answer, *, stop_after=None):
     """The target's decode loop replaced: each conversation's turns written one after another
     by ``answer(prompt)``; after ``stop_after`` turns a Ctrl-C. Returns the prompts asked."""
-    from lengthwise.dflash import conversation_decode
+    from lengthwise.dflash import generate
 
     asked = []
 
@@ -159,9 +159,9 @@ def _fake_target(monkeypatch, answer, *, stop_after=None):
                 written = answer(ids)
                 ids = prompt(c, written)
                 yield [(c, written)]
-        return conversation_decode.DecodeCounts()
+        return generate.DecodeCounts()
 
-    monkeypatch.setattr(conversation_decode, "decode_conversations", decode)
+    monkeypatch.setattr(generate, "decode_conversations", decode)
     return asked
 
 
@@ -436,7 +436,7 @@ def test_training_with_a_spare_special_token_serves_the_draft_with_the_target_as
 def test_eval_progress_counts_prompts(monkeypatch):
     from _dflash_tiny import qwen3_pair
 
-    import lengthwise.progress
+    import lengthwise.dflash.evaluate
     from lengthwise.dflash.evaluate import evaluate_set
 
     seen = []
@@ -447,7 +447,7 @@ def test_eval_progress_counts_prompts(monkeypatch):
             seen.append(desc)
             yield item
 
-    monkeypatch.setattr(lengthwise.progress, "progress", progress)
+    monkeypatch.setattr(lengthwise.dflash.evaluate, "bar", progress)
     target, draft = qwen3_pair()
     prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [3, 2], [5]]
     evaluate_set(draft, target, prompts, name="p", temperatures=[0.0], max_new_tokens=2,

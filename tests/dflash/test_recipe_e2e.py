@@ -62,7 +62,7 @@ def recipe(tmp_path_factory):
 
 @pytest.mark.slow
 def test_prepare_train_export_eval(recipe):
-    from lengthwise.dflash.prompts import bundled_prompts, read_prompt_file
+    from lengthwise.dflash.chat import bundled_prompts, read_prompt_file
 
     data, run, exported, said = (recipe[k] for k in ("data", "run", "exported", "said"))
     assert f"{len(data)} of 40 conversations kept" in said["prepare"] and len(data) >= 30
@@ -95,10 +95,10 @@ def test_prepare_train_export_eval(recipe):
 @pytest.mark.slow
 def test_the_reference_package_agrees_with_the_trained_draft(recipe, monkeypatch):
     dmodel = reference_decoder(monkeypatch)
+    from lengthwise.dflash.chat import bundled_prompts, read_prompt_file, render_prompts
     from lengthwise.dflash.decode import speculative_generate
     from lengthwise.dflash.load import load_draft
     from lengthwise.dflash.loss import block_inputs
-    from lengthwise.dflash.prompts import bundled_prompts, read_prompt_file, render_prompts
     from lengthwise.dflash.target import Target, load_target
 
     data, run, exported = recipe["data"], recipe["run"], recipe["exported"]

@@ -35,8 +35,12 @@ def _target(kind: str, theta: float, scaling: dict | None):
                     "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
 ])
 def test_draft_rotary_equals_the_targets(kind, theta, scaling, tmp_path):
-    from lengthwise.dflash.config import draft_config_json, read_draft_config
-    from lengthwise.dflash.model import DFlashConfig, DFlashDraft
+    from lengthwise.dflash.model import (
+        DFlashConfig,
+        DFlashDraft,
+        draft_config_json,
+        read_draft_config,
+    )
 
     model = _target(kind, theta, scaling)
     cfg = DFlashConfig.from_target(model.config, block_size=4, num_features=2,

@@ -164,10 +164,8 @@ def test_a_resume_refuses_a_changed_shape_or_data_flag_by_name(tiny_prepared, tm
 
 
 def test_a_checkpoint_without_recorded_settings_is_refused_naming_it(tmp_path):
-    from lengthwise.dflash.config import DRAFT_CONFIG, draft_config_json
-    from lengthwise.dflash.model import DFlashConfig
-    from lengthwise.dflash.resume_settings import check_resume
-    from lengthwise.dflash.train_config import RunSettings
+    from lengthwise.dflash.model import DRAFT_CONFIG, DFlashConfig, draft_config_json
+    from lengthwise.dflash.train_config import RunSettings, check_resume
 
     step = tmp_path / "step_2"  # as an older lengthwise wrote it: no train_settings.json
     step.mkdir()

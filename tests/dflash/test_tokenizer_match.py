@@ -59,7 +59,7 @@ def _train(target, data, out) -> int:
 
 def test_prepare_records_the_tokenizer(tiny_prepared):
     from lengthwise.dflash.target import load_tokenizer
-    from lengthwise.dflash.tokenizer_id import tokenizer_record
+    from lengthwise.dflash.target_match import tokenizer_record
 
     target, data = tiny_prepared
     info = open_prepared(data).info
@@ -171,8 +171,7 @@ EVAL = ["dflash", "eval", "--limit", "1", "--max-new-tokens", "2", "--temperatur
 
 def test_eval_refuses_a_target_of_other_weights_than_the_drafts(exported_run, tmp_path, capsys):
     from lengthwise.dflash.target import load_target
-    from lengthwise.dflash.target_weights import SAMPLES, differs, weights_record
-    from lengthwise.dflash.tokenizer_id import DRAFT_TARGET_FIX
+    from lengthwise.dflash.target_match import DRAFT_TARGET_FIX, SAMPLES, differs, weights_record
 
     _, run, exported = exported_run
     serve = run / "target"  # grown by the mask token's row: the target the draft trained on
@@ -193,7 +192,7 @@ def test_eval_refuses_a_target_of_other_weights_than_the_drafts(exported_run, tm
 
 
 def test_eval_of_the_target_before_it_grew_names_the_grown_one(exported_run, capsys):
-    from lengthwise.dflash.tokenizer_id import DRAFT_TARGET_FIX
+    from lengthwise.dflash.target_match import DRAFT_TARGET_FIX
 
     target, _, exported = exported_run
     capsys.readouterr()

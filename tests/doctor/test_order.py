@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from lengthwise.doctor import diagnose
-from lengthwise.doctor.context import logged_order
+from lengthwise.doctor.context import logged_plan, plan_text
 
 from simulated_logs.runs import simulate_run
 
@@ -43,6 +43,10 @@ def test_an_interleaved_run_is_told_to_stratify_not_to_interleave():
     rows = [{"event": "plan", "order": "interleave"}, *_banded()]
     fixes = _fixes(diagnose(rows))
     assert PRESCRIBED in fixes and "interleave or stratify" not in fixes
+
+
+def logged_order(source):
+    return plan_text(logged_plan(source), "order")
 
 
 def test_the_order_given_by_the_caller_wins_and_other_sources_have_none(tmp_path):

@@ -2,7 +2,8 @@
 
 - :mod:`~lengthwise.dflash.objective`: NumPy core: target layers, anchors, block labels and
   weights, simulated acceptance length.
-- :mod:`~lengthwise.dflash.model`: the draft network (:class:`DFlashDraft`).
+- :mod:`~lengthwise.dflash.model`: the draft network (:class:`DFlashDraft`), its feature scale
+  and ``draft_config.json``, saved with every checkpoint.
 - :mod:`~lengthwise.dflash.target`: the frozen target (embedding, LM head, context features).
 - :mod:`~lengthwise.dflash.blocks`: a collated micro-batch turned into blocks and their mask.
 - :mod:`~lengthwise.dflash.loss`: draft hidden states, weighted cross-entropy and accuracy sums.
@@ -22,13 +23,14 @@
   (``lengthwise dflash train``).
 - :mod:`~lengthwise.dflash.mask_token`: the vocabulary mask token (added when a tokenizer has none).
 - :mod:`~lengthwise.dflash.rope`: the target's rotary settings on transformers 4.x and 5.x.
-- :mod:`~lengthwise.dflash.config`: ``draft_config.json``, saved with every checkpoint.
 - :mod:`~lengthwise.dflash.export`, :mod:`~lengthwise.dflash.load`: the served layout (reference
   ``dflash``, speculators), and drafts back from it or from a training checkpoint.
 - :mod:`~lengthwise.dflash.speculative`: batched speculative decoding with the KV cache.
-- :mod:`~lengthwise.dflash.prompts`, :mod:`~lengthwise.dflash.evaluate`: prompt sets and the
-  figures of ``lengthwise dflash eval``; :mod:`~lengthwise.dflash.acceptance`: the acceptance
-  interval over prompts, conditional and expected acceptance (NumPy);
+- :mod:`~lengthwise.dflash.evaluate`: the figures of ``lengthwise dflash eval``, the acceptance
+  interval over prompts, conditional and expected acceptance (prompt sets in
+  :mod:`~lengthwise.dflash.chat`);
+- :mod:`~lengthwise.dflash.target_match`: a draft, data or cache checked against the target's
+  tokenizer, template and weights;
   :mod:`~lengthwise.dflash.lookup`: the target's own ``generate`` and the prompt-lookup baseline.
 
 Needs the optional extra ``dflash`` (torch and transformers). Importing this package loads
@@ -69,7 +71,7 @@ _EXPORTS = {
     "open_prepared": "lengthwise.dflash.prepared",
     "train_draft": "lengthwise.dflash.recipe",
     "ensure_mask_token": "lengthwise.dflash.mask_token",
-    "read_draft_config": "lengthwise.dflash.config",
+    "read_draft_config": "lengthwise.dflash.model",
     "export_draft": "lengthwise.dflash.export",
     "export_checkpoint": "lengthwise.dflash.export",
     "load_draft": "lengthwise.dflash.load",

@@ -24,6 +24,11 @@ target's KV cache) and reports:
 - with ``lookup_tokens``: prompt-lookup decoding of the same prompts as a training-free
   baseline (:func:`baseline_figures`, :mod:`~lengthwise.dflash.lookup`).
 
+The figures over prompts are NumPy: :func:`acceptance_interval` (the mean over prompts of
+each prompt's acceptance length, with a 95 % Student-t interval over prompts: prompts are
+the unit that varies between sets; the steps of one prompt are not independent of each
+other), :func:`conditional_acceptance` and :func:`expected_acceptance`.
+
 Example::
 
     >>> import torch, transformers
@@ -42,16 +47,28 @@ Example::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
+from lengthwise.dflash.decode import evaluate_blocks
+from lengthwise.dflash.lookup import LOOKUP_NGRAM, prompt_lookup, target_generate
 from lengthwise.dflash.loss import HEAD_CHUNK
+from lengthwise.dflash.objective import simulated_acceptance_length
+from lengthwise.dflash.recipe import held_out_batches
+from lengthwise.dflash.speculative import speculative_batch
 from lengthwise.errors import ConfigError
+from lengthwise.intervals import t_interval
+from lengthwise.progress import progress as bar
 
-__all__ = ["SLOTS_PER_FORWARD", "baseline_figures", "decoding_figures", "evaluate_set",
+__all__ = ["INTERVAL", "SLOTS_PER_FORWARD", "acceptance_interval", "baseline_figures",
+           "conditional_acceptance", "decoding_figures", "evaluate_set", "expected_acceptance",
            "greedy_reference", "teacher_forced"]
+
+#: how :func:`acceptance_interval` is computed (named in every report)
+INTERVAL = "95% Student-t over prompts"
 
 #: block slots per draft forward of the teacher-forced pass (bounds its attention's size)
 SLOTS_PER_FORWARD = 4096
@@ -60,7 +77,6 @@ SLOTS_PER_FORWARD = 4096
 def greedy_reference(target: Any, prompt: list[int], max_new_tokens: int,
                      eos: int | Collection[int] | None = None) -> list[int]:
     """The target's own greedy continuation by Hugging Face ``generate`` (KV cache)."""
-    from lengthwise.dflash.lookup import target_generate
 
     return target_generate(target, prompt, max_new_tokens, eos)
 
@@ -83,9 +99,6 @@ def teacher_forced(draft: Any, target: Any, prompts: Sequence[list[int]],
     over forwards. Within the budgets the figures are those of one forward per batch.
     ``temperature``: also ``alpha`` and the expected acceptance at that temperature.
     """
-    from lengthwise.dflash.decode import evaluate_blocks
-    from lengthwise.dflash.recipe import held_out_batches
-    from lengthwise.progress import progress as bar
 
     block = draft.config.block_size
     _check_budgets(max_tokens, max_slots, block)
@@ -117,11 +130,6 @@ def decoding_figures(gens: Sequence[Any], *, name: str, temperature: float, bloc
     pools every verification of the set; ``conditional_acceptance[k - 1]`` is the share of
     verifications that kept proposal ``k`` among those that kept ``k - 1``.
     """
-    from lengthwise.dflash.acceptance import (
-        INTERVAL,
-        acceptance_interval,
-        conditional_acceptance,
-    )
 
     kept = [k for g in gens for k in g.accepted]
     iv = acceptance_interval([g.acceptance_length for g in gens])
@@ -146,8 +154,6 @@ def baseline_figures(gens: Sequence[Any], runs: Sequence[Any], lookup_tokens: in
     0); ``baseline_mismatches`` (with the greedy references ``refs``): prompts whose
     lookup output differs from the target's greedy output.
     """
-    from lengthwise.dflash.acceptance import acceptance_interval
-    from lengthwise.dflash.lookup import LOOKUP_NGRAM
 
     base = acceptance_interval([r.acceptance_length for r in runs])
     out: dict[str, Any] = {
@@ -173,7 +179,6 @@ def combined_figures(gens: Sequence[Any], refs: Sequence[list[int]] | None = Non
     the same prompts ``runs``, ``combined_vs_baseline``: the combined acceptance length minus
     lookup's, paired by prompt, with its t-interval.
     """
-    from lengthwise.dflash.acceptance import acceptance_interval
 
     iv = acceptance_interval([g.acceptance_length for g in gens])
     out: dict[str, Any] = {"combined_acceptance_length": iv["mean"],
@@ -188,7 +193,6 @@ def combined_figures(gens: Sequence[Any], refs: Sequence[list[int]] | None = Non
 
 def _paired(gens: Sequence[Any], runs: Sequence[Any]) -> dict[str, Any]:
     """``gens``' acceptance length minus ``runs``', paired by prompt: mean and t-interval."""
-    from lengthwise.dflash.acceptance import acceptance_interval
 
     diff = acceptance_interval([g.acceptance_length - r.acceptance_length
                                 for g, r in zip(gens, runs, strict=True)])
@@ -220,9 +224,6 @@ def evaluate_set(draft: Any, target: Any, prompts: list[list[int]], *, name: str
     temperature, with that many candidate tokens a forward (:func:`baseline_figures`), and
     the combined proposer's (:func:`combined_figures`).
     """
-    from lengthwise.dflash.lookup import LOOKUP_NGRAM, prompt_lookup
-    from lengthwise.dflash.speculative import speculative_batch
-    from lengthwise.progress import progress as bar
 
     if batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
@@ -274,3 +275,59 @@ def evaluate_set(draft: Any, target: Any, prompts: list[list[int]], *, name: str
     finally:
         draft.train(was)
     return rows
+
+
+def acceptance_interval(per_prompt: Sequence[float]) -> dict[str, Any]:
+    """Mean of the prompts' acceptance lengths, its 95 % t-interval (``lo``, ``hi``) and ``n``.
+
+    Prompts without a verifying forward (``nan``: the first token ended them) are left
+    out of the mean and of ``n``; one prompt gives no interval (``lo``/``hi`` ``None``),
+    no prompt no mean (``nan``).
+
+    Per block position ``k``, :func:`conditional_acceptance` gives the share of verifications
+    that kept proposal ``k`` among those that kept proposal ``k - 1`` (position 0, the
+    anchor, is always kept); :func:`expected_acceptance` ``1 + sum_k prod_{j<=k} alpha_j``
+    from per-position acceptance rates ``alpha_j`` (``1 - TV(p_draft, p_target)`` from a
+    teacher-forced pass, or the conditional acceptance).
+
+    Example::
+
+        >>> conditional_acceptance([0, 1, 3, 3], block_size=4)
+        [0.75, 0.6666666666666666, 1.0]
+        >>> conditional_acceptance([0, 1], block_size=4)
+        [0.5, 0.0, None]
+        >>> expected_acceptance([0.5, 0.5, 0.0])
+        1.75
+        >>> iv = acceptance_interval([2.0, 3.0, 4.0])
+        >>> iv["mean"], round(iv["lo"], 3), round(iv["hi"], 3), iv["n"]
+        (3.0, 0.516, 5.484, 3)
+    """
+    iv = t_interval([float(x) for x in per_prompt])
+    if iv["n"] == 0:
+        return {"mean": math.nan, "lo": None, "hi": None, "n": 0}
+    if iv["n"] == 1:
+        return {"mean": iv["mean"], "lo": None, "hi": None, "n": 1}
+    return {"mean": iv["mean"], "lo": iv["lo"], "hi": iv["hi"], "n": iv["n"]}
+
+
+def conditional_acceptance(drafted: Sequence[int], *, block_size: int) -> list[float | None]:
+    """Per block position ``k = 1 .. block_size - 1``: P(proposal ``k`` kept | ``k - 1`` kept).
+
+    ``drafted``: proposed tokens each verification kept (before a stop token or the
+    token limit cut the output), pooled over the prompts of a set. ``None`` where no
+    verification reached position ``k - 1``.
+    """
+    d = np.asarray(drafted, dtype=np.int64)
+    if d.size and (d.min() < 0 or d.max() > block_size - 1):
+        raise ValueError(f"kept proposals must lie in [0, {block_size - 1}], got "
+                        f"[{d.min()}, {d.max()}]")
+    reached = [int((d >= k).sum()) for k in range(block_size)]
+    return [reached[k] / reached[k - 1] if reached[k - 1] else None
+            for k in range(1, block_size)]
+
+
+def expected_acceptance(alpha: Sequence[float | None]) -> float:
+    """``1 + sum_k prod_{j<=k} alpha_j``: tokens per target forward if position ``j`` is kept
+    with probability ``alpha_j`` once the positions before it were (``None``, ``nan``: 0)."""
+    return simulated_acceptance_length(
+        np.array([math.nan if a is None else a for a in alpha], dtype=np.float64))

@@ -88,13 +88,13 @@ def exported_weights(draft: Any, *, dtype: str | None = None) -> dict[str, Any]:
     """The draft's tensors under the reference names (contiguous CPU copies).
 
     A draft trained with ``standardize_features`` has its feature scale folded into
-    ``fc`` (:func:`~lengthwise.dflash.feature_scale.folded_state`): the same output.
+    ``fc`` (:func:`~lengthwise.dflash.model.folded_state`): the same output.
     """
     import torch
 
     if dtype is not None and dtype not in _DTYPES:
         raise ConfigError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
-    from lengthwise.dflash.feature_scale import folded_state
+    from lengthwise.dflash.model import folded_state
 
     out = {}
     for name, tensor in folded_state(draft.state_dict()).items():
@@ -184,7 +184,7 @@ def export_checkpoint(path: str | os.PathLike, out: str | os.PathLike, *,
     refused before anything is written when it is not the one the draft was trained with.
     """
     from lengthwise.dflash.load import trained_draft
-    from lengthwise.dflash.tokenizer_id import check_draft_tokenizer
+    from lengthwise.dflash.target_match import check_draft_tokenizer
 
     draft, named = trained_draft(path)
     if said is not None:

@@ -232,8 +232,7 @@ def write_features(data: str | Path, target: str | Path, out: str | Path,
     from lengthwise.dflash.objective import target_layer_ids
     from lengthwise.dflash.prepared import open_prepared
     from lengthwise.dflash.target import Target, load_target, load_tokenizer
-    from lengthwise.dflash.target_weights import weights_record
-    from lengthwise.dflash.tokenizer_id import TOKENIZER_FIELDS, check_tokenizer
+    from lengthwise.dflash.target_match import TOKENIZER_FIELDS, check_tokenizer, weights_record
     from lengthwise.disk import format_bytes
     from lengthwise.progress import progress
     from lengthwise.pytorch.collate import PadCollator
@@ -504,7 +503,7 @@ class FeatureCache:
               tokenizer: dict[str, Any], max_len: int, data: str) -> None:
         """Refuse a cache of another target, other layers, data or tokenizer, or one cut
         shorter than ``max_len`` (a :class:`DataError` naming the difference)."""
-        from lengthwise.dflash.target_weights import differs
+        from lengthwise.dflash.target_match import differs
 
         where = f"--features {self.folder}"
         if differs(self.record["target"]["weights"], weights):

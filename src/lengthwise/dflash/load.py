@@ -27,7 +27,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from lengthwise.dflash.tokenizer_id import DRAFT_TARGET_FIX
+from lengthwise.dflash.target_match import DRAFT_TARGET_FIX
 from lengthwise.errors import ConfigError
 
 __all__ = ["ARCHITECTURE", "FINAL", "FINAL_STEP", "RENAME", "check_target", "load_draft",
@@ -79,8 +79,7 @@ def load_draft_checkpoint(path: str | os.PathLike) -> Any:
 
 def _checkpoint_draft(path: Path) -> tuple[Any, Path]:
     """The draft of one checkpoint (``path``, or the newest complete one under it)."""
-    from lengthwise.dflash.config import read_draft_config
-    from lengthwise.dflash.model import DFlashDraft
+    from lengthwise.dflash.model import DFlashDraft, read_draft_config
     from lengthwise.train.checkpoint import load_checkpoint
     from lengthwise.train.checkpoint.folder import CheckpointError, resolve_checkpoint
 

@@ -8,7 +8,8 @@ target's frozen embedding, so a servable draft trains the same way.
 151,936-row embedding); when the new id lies beyond the target's embedding,
 the target's embedding and LM head grow by the rows needed (save that target
 with the draft: the engine must embed the id) unless the tokenizer has a special
-token the target never writes, which is taken instead.
+token the target never writes, which is taken instead. :func:`save_grown_target` saves
+that grown target, with its tokenizer, as the run's ``target/``, whole or not at all.
 
 Example::
 
@@ -22,14 +23,21 @@ Example::
 
 from __future__ import annotations
 
+import os
 import re
+import secrets
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from lengthwise.atomic import replace_folder
+from lengthwise.disk import reporting_full_disk
 from lengthwise.errors import ConfigError
+from lengthwise.progress import no_transformers_bars
 
 __all__ = ["MASK_TOKEN", "MaskToken", "check_mask_token", "ensure_mask_token", "grow_vocabulary",
-           "mask_token_choice", "unused_special_token"]
+           "mask_token_choice", "save_grown_target", "unused_special_token"]
 
 #: the token the reference drafts add when a tokenizer has no mask token
 MASK_TOKEN = "<|MASK|>"
@@ -198,3 +206,101 @@ def check_mask_token(mask_token_id: Any, vocab_size: int, *, where: str = "mask_
         raise ConfigError(f"{where} {mask_token_id} is outside the target's vocabulary "
                           f"[0, {vocab_size})")
     return int(mask_token_id)
+
+
+#: the files of a saved model's weights (one file, or shards and their index)
+_WEIGHTS_INDEX = "model.safetensors.index.json"
+
+
+def save_grown_target(model: Any, tokenizer: Any, folder: str | os.PathLike[str]) -> bool:
+    """Save ``model`` and ``tokenizer`` to ``folder`` atomically; ``False`` if it already held them.
+
+    The files go to a hidden folder beside ``folder``, renamed over it on success
+    (an older ``folder`` is removed after). A full disk is a
+    :class:`~lengthwise.errors.DiskFullError`; nothing half-written is left: a failure
+    (a full disk, a file over ``ulimit -f``) never leaves a ``folder`` that looks complete.
+    A ``folder`` that already holds these weights, config and tokenizer (a resumed run) is
+    kept as it is, not written again.
+
+    Example::
+
+        >>> import tempfile, transformers
+        >>> from pathlib import Path
+        >>> cfg = transformers.LlamaConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1,
+        ...                                num_attention_heads=2, intermediate_size=32)
+        >>> model = transformers.LlamaForCausalLM(cfg)
+        >>> tok = transformers.PreTrainedTokenizerFast(tokenizer_object=__import__(
+        ...     "tokenizers").Tokenizer(__import__("tokenizers").models.WordLevel({"a": 0}, "a")))
+        >>> run = Path(tempfile.mkdtemp())
+        >>> save_grown_target(model, tok, run / "target")
+        True
+        >>> save_grown_target(model, tok, run / "target")  # the same target: kept
+        False
+        >>> sorted(p.name for p in run.iterdir())
+        ['target']
+    """
+    from lengthwise.train.checkpoint.state import state_bytes
+
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = folder.with_name(f".{folder.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    state = model.state_dict()
+    try:
+        with reporting_full_disk(folder, needed=state_bytes(state),
+                                 what="saving the grown target"):
+            tmp.mkdir()
+            tokenizer.save_pretrained(str(tmp))
+            model.config.save_pretrained(str(tmp))
+            if getattr(model, "generation_config", None) is not None:
+                model.generation_config.save_pretrained(str(tmp))
+            if _holds(folder, tmp, state):
+                return False
+            with no_transformers_bars():  # the command's own lines are its stderr
+                model.save_pretrained(str(tmp))
+            replace_folder(tmp, folder)
+            return True
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _holds(folder: Path, fresh: Path, state: dict[str, Any]) -> bool:
+    """Whether ``folder`` holds ``fresh``'s files byte for byte and weights equal to ``state``."""
+    if not folder.is_dir() or folder.is_symlink():
+        return False
+    written = {p.name for p in fresh.iterdir()}
+    weights = {p.name for p in folder.iterdir()} - written
+    if not weights or any(not (n.endswith(".safetensors") or n == _WEIGHTS_INDEX)
+                          for n in weights):
+        return False
+    for name in written:
+        if not (folder / name).is_file() or (
+                (folder / name).read_bytes() != (fresh / name).read_bytes()):
+            return False
+    return _same_weights([folder / n for n in sorted(weights) if n.endswith(".safetensors")],
+                         state)
+
+
+def _same_weights(files: list[Path], state: dict[str, Any]) -> bool:
+    """Whether the safetensors ``files`` hold exactly ``state`` (tied copies may be left out)."""
+    import torch
+    from safetensors import safe_open
+
+    from lengthwise.dflash.target import weight_errors
+
+    saved: set[str] = set()
+    try:
+        for file in files:
+            with safe_open(str(file), framework="pt") as handle:
+                for key in handle.keys():  # noqa: SIM118 - safe_open has no __iter__
+                    mine = state.get(key)
+                    if mine is None:
+                        return False
+                    theirs = handle.get_tensor(key)
+                    if theirs.dtype != mine.dtype or not torch.equal(theirs, mine.cpu()):
+                        return False
+                    saved.add(key)
+    except (*weight_errors(), OSError):
+        return False  # a damaged file: written again
+    stored = {state[k].untyped_storage().data_ptr() for k in saved}
+    return all(k in saved or v.untyped_storage().data_ptr() in stored
+               for k, v in state.items())

@@ -46,7 +46,7 @@ from lengthwise.dflash.chat import TEMPLATE_ERRORS, ChatRenderer, normalise
 from lengthwise.dflash.chat_files import ChatSource
 from lengthwise.dflash.out_lock import sole_writer
 from lengthwise.dflash.prepare_config import PrepareConfig
-from lengthwise.dflash.tokenizer_id import tokenizer_record
+from lengthwise.dflash.target_match import tokenizer_record
 from lengthwise.disk import full_disk_error
 from lengthwise.errors import ConfigError, DataError
 
@@ -353,7 +353,7 @@ def _prepare(chats: ChatSource, target: Path, out: Path, cfg: PrepareConfig, tok
 
 def _say_past_positions(lengths: np.ndarray, target: Path, info: Any) -> None:
     """Say how many samples the target's ``max_position_embeddings`` cannot hold whole."""
-    from lengthwise.dflash.positions import max_positions, past_positions
+    from lengthwise.dflash.target import max_positions, past_positions
     from lengthwise.train.device import say
 
     try:

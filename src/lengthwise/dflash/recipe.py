@@ -20,7 +20,7 @@ resumes it (``resume``) or replaces it (``overwrite``: its checkpoints and final
 are removed first). The target's tokenizer must be the one the data was prepared with
 (``prepare.json``). A resumed run refuses settings that would change the draft's shape
 or the data and applies, and lists, every other change
-(:mod:`~lengthwise.dflash.resume_settings`).
+(:mod:`~lengthwise.dflash.train_config`).
 
 Example::
 
@@ -44,26 +44,24 @@ import torch
 from lengthwise.atomic import atomic_open
 from lengthwise.dflash.decode import evaluate_blocks
 from lengthwise.dflash.draft_init import warm_start, zero_output
-from lengthwise.dflash.feature_scale import feature_scale
 from lengthwise.dflash.features import CachedRows, open_features
-from lengthwise.dflash.grown_target import save_grown_target
 from lengthwise.dflash.load import FINAL_STEP
-from lengthwise.dflash.mask_token import ensure_mask_token
-from lengthwise.dflash.model import DFlashConfig, DFlashDraft
+from lengthwise.dflash.mask_token import ensure_mask_token, save_grown_target
+from lengthwise.dflash.model import DFlashConfig, DFlashDraft, feature_scale
 from lengthwise.dflash.objective import target_layer_ids
 from lengthwise.dflash.out_lock import sole_writer
 from lengthwise.dflash.prepared import open_prepared
-from lengthwise.dflash.resume_settings import (
+from lengthwise.dflash.target import Target, check_causal_lm, load_target, load_tokenizer
+from lengthwise.dflash.target_match import TOKENIZER_FIELDS, check_tokenizer, weights_record
+from lengthwise.dflash.train import DFlashTask, check_budget
+from lengthwise.dflash.train_config import (
     SETTINGS_FILE,
+    DFlashTrainConfig,
+    RunSettings,
     apply_optimizer_settings,
     check_resume,
     settings_json,
 )
-from lengthwise.dflash.target import Target, check_causal_lm, load_target, load_tokenizer
-from lengthwise.dflash.target_weights import weights_record
-from lengthwise.dflash.tokenizer_id import TOKENIZER_FIELDS, check_tokenizer
-from lengthwise.dflash.train import DFlashTask, check_budget
-from lengthwise.dflash.train_config import DFlashTrainConfig, RunSettings
 from lengthwise.disk import reporting_full_disk
 from lengthwise.errors import ConfigError, DataError
 from lengthwise.progress import progress as bar
@@ -130,7 +128,7 @@ def new_draft(target: Any, cfg: DFlashTrainConfig, *, mask_token_id: int,
     tokenizer has none). ``cfg.init``, ``cfg.zero_init_output``: how its weights start
     (:mod:`~lengthwise.dflash.draft_init`); with ``cfg.standardize_features`` the draft
     scales its features by ``feature_scale``
-    (:func:`~lengthwise.dflash.feature_scale.feature_scale`; ones when not given).
+    (:func:`~lengthwise.dflash.model.feature_scale`; ones when not given).
     ``samples``: token-id sequences of training text, on which ``init=target`` measures
     the target's query and key sizes (:func:`~lengthwise.dflash.draft_init.warm_start`).
 

@@ -7,7 +7,7 @@ turns), rendered with the chat template's generation prompt. A conversation
 that ends with a user turn gets a new assistant turn. With Hugging Face models
 the conversations are decoded together, each in a row that keeps its KV cache
 between its turns, at most ``--batch-size`` of them within ``--max-tokens``
-(:func:`~lengthwise.dflash.conversation_decode.decode_conversations`). vLLM
+(:func:`~lengthwise.dflash.generate.decode_conversations`). vLLM
 (installed, one process on CUDA; ``backend``) writes round by round: the
 ``r``-th assistant turn of every conversation, in batches of prompts sorted by
 length. Greedy at temperature 0, sampled above. Each sample keeps the target's
@@ -216,9 +216,9 @@ class TurnGenerator:
                        record: Callable[[list[tuple[int, int, list[int]]]], None] | None,
                        ) -> Generator[int, None, None]:
         """Each conversation's turns one after another in a row of one continuous batch
-        (:func:`~lengthwise.dflash.conversation_decode.decode_conversations`), the
+        (:func:`~lengthwise.dflash.generate.decode_conversations`), the
         conversations with the most turns admitted first."""
-        from lengthwise.dflash.conversation_decode import decode_conversations
+        from lengthwise.dflash.generate import decode_conversations
 
         nxt = [0] * len(convs)  # each conversation's next turn
         prompts: dict[int, list[int]] = {}  # each conversation's prompt being answered

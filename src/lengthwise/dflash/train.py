@@ -73,7 +73,7 @@ class DFlashTask:
 
     def checkpoint_files(self) -> dict[str, str]:
         """``draft_config.json`` in every checkpoint: what export and serving need."""
-        from lengthwise.dflash.config import DRAFT_CONFIG, draft_config_json
+        from lengthwise.dflash.model import DRAFT_CONFIG, draft_config_json
 
         return {DRAFT_CONFIG: draft_config_json(self.model.config)}
 

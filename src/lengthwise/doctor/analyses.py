@@ -31,7 +31,7 @@ from lengthwise.doctor.attribution import REPORT_ALPHA
 from lengthwise.doctor.cliffs import Cliff
 from lengthwise.doctor.context import MICRO_VIEW, match_period
 from lengthwise.doctor.diagnosis import DiagnoseOptions, Diagnosis, Source, load
-from lengthwise.doctor.numeric import fmt_num, num, with_error
+from lengthwise.doctor.numeric import fmt_num, num, steps_text, with_error
 from lengthwise.doctor.report import Finding, Report, Verdict, rank
 from lengthwise.doctor.runlog import Restart
 from lengthwise.doctor.signals import LEAD_POINTS, SLOW_FACTOR, SLOW_Z, TREND_BLOCKS, Alignment
@@ -107,12 +107,6 @@ def _aligned(a: Alignment) -> dict[str, Any]:
     return _figures(aligned=a.aligned, cliffs=a.cliffs, expected=a.expected, p_value=a.p_value)
 
 
-def _steps(values: list[float], limit: int = 5) -> str:
-    """The first ``limit`` steps, and how many more."""
-    shown = ", ".join(fmt_num(v) for v in values[:limit])
-    return shown + (f" (+{len(values) - limit} more)" if len(values) > limit else "")
-
-
 def _untested(name: str, note: str) -> Finding:
     """A core test (bands, periodicity, per-bucket levels) that could not run, and why."""
     return Finding(name=f"{name.split()[-1]}_untested", kind="untested", score=0.0,
@@ -137,7 +131,7 @@ def _nonfinite(d: Diagnosis) -> list[Finding]:
         score=1.0 if diverged else 0.6,
         where=f"from step {fmt_num(nf.first_steps[0])}" if nf.first_steps else "",
         evidence=[f"{nf.count} non-finite losses ({nf.nan} NaN, {nf.inf} inf), first at "
-                  f"steps {_steps(nf.first_steps)}"],
+                  f"steps {steps_text(nf.first_steps)}"],
         fix=[
             "lower the learning rate after warm-up and clip gradients (e.g. max norm 1.0)",
             "with fp16, use bf16 or a dynamic loss scaler; check the batches at those "
@@ -158,7 +152,7 @@ def _skipped(d: Diagnosis) -> list[Finding]:
                "steps): they held no supervised token, so no update was applied (not "
                "divergence)"),
         score=min(0.5, 0.15 + 2.0 * sk.share),
-        where=f"at steps {_steps(sk.first_steps)}" + (" ..." if sk.count > 5 else ""),
+        where=f"at steps {steps_text(sk.first_steps)}" + (" ..." if sk.count > 5 else ""),
         evidence=[f"{sk.count} row(s) logged `skipped: true` with `{sk.field}` 0 and no "
                   "finite loss; they are not counted as NaN/inf losses"],
         fix=[
@@ -207,7 +201,7 @@ def _step_time(d: Diagnosis) -> list[Finding]:
             claim=(f"{t.slow} slow step(s){every}{what} cost {t.cost_share:.0%} of the run's "
                    "time"),
             score=min(0.4, 0.1 + 2 * (t.cost_share or 0.0)),
-            where=f"at steps {_steps(t.slow_steps)}",
+            where=f"at steps {steps_text(t.slow_steps)}",
             evidence=[f"each at least {SLOW_FACTOR:g} times the median step "
                       f"({t.median_seconds:.3g} s, from {t.source}) and {SLOW_Z:g} robust "
                       "standard deviations above it"],
@@ -283,7 +277,7 @@ def _grad_norm(d: Diagnosis) -> list[Finding]:
             figures=_aligned(g.lead),
             claim=(f"gradient-norm spikes lead the loss spikes: {g.lead.aligned} of "
                    f"{g.lead.cliffs} follow one by {lag} logged point(s) (median)"),
-            score=0.5, where=f"gradient-norm spikes at steps {_steps(g.spike_steps)}",
+            score=0.5, where=f"gradient-norm spikes at steps {steps_text(g.spike_steps)}",
             evidence=[_alignment_text(g.lead, f"start 1-{LEAD_POINTS} logged points after a "
                                       "gradient-norm spike, none at the spike itself"),
                       f"{g.spikes} gradient-norm spike(s) over {g.points} points"],
@@ -296,7 +290,7 @@ def _grad_norm(d: Diagnosis) -> list[Finding]:
             figures=_aligned(g.co_spikes),
             claim=(f"{g.co_spikes.aligned} of {g.co_spikes.cliffs} loss spikes come with a "
                    "gradient-norm spike at the same step"),
-            score=0.2, where=f"at the loss spikes (steps {_steps([c.step for c in d.cliffs])})",
+            score=0.2, where=f"at the loss spikes (steps {steps_text([c.step for c in d.cliffs])})",
             evidence=[_alignment_text(g.co_spikes, "have a gradient-norm spike at their first "
                                       "logged point or the next")],
             fix=["a spike of both at once lies in that step's batch or weights, not "
@@ -324,7 +318,7 @@ def _grad_norm(d: Diagnosis) -> list[Finding]:
             claim=(f"{g.zero_steps} of {g.logged} logged steps ({g.zero_share:.0%}) have a "
                    "gradient norm of 0: no update at those steps"),
             score=min(0.6, 0.2 + 0.5 * g.zero_share),
-            where=f"at steps {_steps(g.zero_first)}",
+            where=f"at steps {steps_text(g.zero_first)}",
             evidence=["a gradient norm of exactly 0 means no trainable weight got a gradient; "
                       "the clip rate counts these steps, the spike and trend tests leave them "
                       "out"],
@@ -603,7 +597,7 @@ def _epochs(d: Diagnosis) -> list[Finding]:
                          p_value=e.p_value),
         claim=f"loss steps down at {at}, {mean_rel:+.1%} on average)",
         score=min(0.9, 0.3 + 5 * abs(mean_rel)),
-        where=f"epoch starts ({e.source}) at steps {_steps(e.starts)}",
+        where=f"epoch starts ({e.source}) at steps {steps_text(e.starts)}",
         evidence=[f"level change at the epoch starts: {drops}",
                   f"placebo test against every other step: "
                   f"p={fmt_num(e.p_value)}",
@@ -634,7 +628,7 @@ def _phase_text(cliffs: list[Cliff], d: Diagnosis) -> tuple[str, str]:
 def _cliff_list(cliffs: list[Cliff], what: str = "cliff(s)", heights: bool = True) -> str:
     """``3 cliff(s) at steps 10, 20, 30 (heights +0.5, ...)``."""
     shown = " (heights " + ", ".join(f"+{c.height:.3g}" for c in cliffs[:5]) + ")"
-    return f"{len(cliffs)} {what} at steps {_steps([c.step for c in cliffs])}" + (
+    return f"{len(cliffs)} {what} at steps {steps_text([c.step for c in cliffs])}" + (
         shown if heights else "")
 
 
@@ -858,7 +852,7 @@ def _restarts(d: Diagnosis) -> list[Finding]:
     claim += _resume_spikes(d, set(pts), ev)
     return [Finding(name="restarts", claim=claim, score=0.3 if jumped else 0.1,
                     figures=_figures(resumes=total, steps=pts, lr_jumped=len(jumped)),
-                  where=f"at steps {_steps(pts)}", evidence=ev, fix=fixes)]
+                  where=f"at steps {steps_text(pts)}", evidence=ev, fix=fixes)]
 
 
 def _resumes(d: Diagnosis) -> list[Finding]:
@@ -866,13 +860,13 @@ def _resumes(d: Diagnosis) -> list[Finding]:
     resets = d.context.epoch_resets
     if not resets:
         return []
-    ev = [f"the logged `epoch` falls back at step(s) {_steps(resets)} while the step keeps "
+    ev = [f"the logged `epoch` falls back at step(s) {steps_text(resets)} while the step keeps "
           "rising: a run resumed from a checkpoint whose data pass started over"]
     return [Finding(
         name="resumes", figures=_figures(steps=resets),
         claim=f"{len(resets)} resume(s) in the log (the epoch field falls back)"
         + _resume_spikes(d, set(resets), ev),
-        score=0.1, where=f"at steps {_steps(resets)}", evidence=ev,
+        score=0.1, where=f"at steps {steps_text(resets)}", evidence=ev,
         fix=["check that resuming restores the optimizer, scheduler and "
              "data-loader position (the batch order); a restarted data pass repeats "
              "samples already seen"],

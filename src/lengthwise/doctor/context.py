@@ -18,8 +18,8 @@ Example::
     >>> _ = (d / "training_args.json").write_text(json.dumps({"world_size": 4}))
     >>> world_size_beside(d / "train.jsonl")
     (4, 'training_args.json')
-    >>> logged_order([{"event": "plan", "order": "stratified"}, {"step": 1, "loss": 2.0}])
-    'stratified'
+    >>> logged_plan([{"event": "plan", "order": "stratified"}, {"step": 1, "loss": 2.0}])
+    {'event': 'plan', 'order': 'stratified'}
     >>> ctx = RunContext(first_step=10, last_step=10000, interval=10, steps_per_epoch=412.0,
     ...                  steps_per_epoch_source="epoch field")
     >>> m = match_period(50.0, ctx)
@@ -327,11 +327,6 @@ PLAN_EVENT = "plan"
 MICRO_VIEW = "micro-batch"
 #: lines read from the top of a log file for the plan event (it is written first)
 HEAD_LINES = 64
-
-
-def logged_order(source: Any) -> str | None:
-    """The ``order`` of the first ``plan`` event in a JSONL log (a path or row dicts), or None."""
-    return plan_text(logged_plan(source), "order")
 
 
 def plan_text(plan: dict[str, Any], key: str) -> str | None:

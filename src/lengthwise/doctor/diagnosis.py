@@ -125,23 +125,6 @@ def load(source: Source, *, step_key: str | None = None, loss_key: str | None = 
     return read_records(source, step_key=step_key, loss_key=loss_key)
 
 
-def checkpoint_steps(log: RunLog, *, every: int | None = None,
-                     steps: Sequence[float] | None = None) -> tuple[np.ndarray, str | None]:
-    """Checkpoint steps and where they came from (explicit list, ``every``, or log events)."""
-    if steps is not None:
-        return np.asarray(sorted(steps), dtype=np.float64), "given"
-    if every is not None:
-        if every <= 0:
-            raise ConfigError(f"--checkpoint-every must be positive, got {every}")
-        first = math.ceil(float(log.step[0]) / every) * every
-        return np.arange(first, float(log.step[-1]) + 1, every, dtype=np.float64), (
-            f"--checkpoint-every {every}"
-        )
-    if log.checkpoints.size:
-        return log.checkpoints, "events"
-    return np.zeros(0), None
-
-
 class Diagnosis:
     """One log under diagnosis: the log, the options and, computed once each, the shared
     intermediate results and the measurements the report shows."""
@@ -221,9 +204,18 @@ class Diagnosis:
 
     @cached_property
     def checkpoint_steps(self) -> tuple[np.ndarray, str | None]:
-        """The checkpoint steps and where they came from."""
-        o = self.options
-        return checkpoint_steps(self.log, every=o.checkpoint_every, steps=o.checkpoints)
+        """The checkpoint steps and where they came from (given, ``--checkpoint-every``, the
+        log's events)."""
+        log, every, steps = self.log, self.options.checkpoint_every, self.options.checkpoints
+        if steps is not None:
+            return np.asarray(sorted(steps), dtype=np.float64), "given"
+        if every is not None:
+            if every <= 0:
+                raise ConfigError(f"--checkpoint-every must be positive, got {every}")
+            first = math.ceil(float(log.step[0]) / every) * every
+            return np.arange(first, float(log.step[-1]) + 1, every, dtype=np.float64), (
+                f"--checkpoint-every {every}")
+        return (log.checkpoints, "events") if log.checkpoints.size else (np.zeros(0), None)
 
     @cached_property
     def run_context(self) -> RunContext:

@@ -58,6 +58,19 @@ def fmt_num(x: float | None, digits: int = 4) -> str:
     return f"{x:.{digits}g}"
 
 
+def steps_text(values: list[float], limit: int = 5, *, total: bool = False) -> str:
+    """The first ``limit`` of ``values`` and how many more (``total``: how many in all).
+
+    >>> steps_text([1.0, 2.0, 3.0], 2), steps_text([1.0, 2.0, 3.0], 2, total=True)
+    ('1, 2 (+1 more)', '1, 2, ... (3 in all)')
+    """
+    shown = ", ".join(fmt_num(v) for v in values[:limit])
+    if len(values) <= limit:
+        return shown
+    return shown + (f", ... ({len(values)} in all)" if total else
+                    f" (+{len(values) - limit} more)")
+
+
 def with_error(x: float, error: float | None) -> str:
     """``x +/- error`` with ``x`` to the decimal of the error's first digit (``x`` alone when
     there is no error or ``x`` is a whole number)."""

@@ -30,7 +30,7 @@ from lengthwise.doctor.cliffs import CheckpointAssociation, Cliff
 from lengthwise.doctor.context import RunContext
 from lengthwise.doctor.curve import EmptySteps, Phases, StableStats, Stall
 from lengthwise.doctor.epochs import EpochBoundaries
-from lengthwise.doctor.numeric import JsonForm, json_ready, with_error
+from lengthwise.doctor.numeric import JsonForm, json_ready, steps_text, with_error
 from lengthwise.doctor.numeric import fmt_num as _g
 from lengthwise.doctor.periodicity import Periodicity
 from lengthwise.doctor.runlog import InputSummary
@@ -151,11 +151,6 @@ def rank(findings: list[Finding], loss_roughness: float) -> Verdict:
                    summary=summary, untested=untested)
 
 
-def _steps(values: list[float], limit: int = 5) -> str:
-    shown = ", ".join(_g(v) for v in values[:limit])
-    return shown + (f", ... ({len(values)} in all)" if len(values) > limit else "")
-
-
 def _input_line(r: Report) -> str:
     i = r.input
     parts = [f"{i.format}, {i.lines:,} lines, {i.loss_rows:,} loss steps"]
@@ -201,7 +196,8 @@ def render_text(r: Report) -> str:
     if r.skipped.count:
         lines.append(f"  skipped      {r.skipped.count} step(s) skipped by the trainer, no "
                      f"supervised token (`{r.skipped.field}` 0) at steps "
-                     f"{_steps(r.skipped.first_steps)}{' ...' if r.skipped.count > 5 else ''}")
+                     f"{steps_text(r.skipped.first_steps, total=True)}"
+                     f"{' ...' if r.skipped.count > 5 else ''}")
     lines.append(f"  phases       {_phases_line(r)}")
     lines.append(f"  context      {_context_line(r)}")
     lines.extend(_stats_lines(r))
@@ -310,7 +306,8 @@ def _stats_lines(r: Report) -> list[str]:
                 if st.corrected_roughness is not None else "")]
     nf = st.nonfinite
     if nf.count:
-        lines.append(f"  non-finite   {nf.count} NaN/inf loss(es) at steps {_steps(nf.first_steps)}"
+        lines.append(f"  non-finite   {nf.count} NaN/inf loss(es) at steps "
+                     f"{steps_text(nf.first_steps, total=True)}"
                      + (f"; diverged at step {_g(nf.diverged_at, 8)}" if nf.diverged_at else ""))
     return lines
 

@@ -93,20 +93,25 @@ def run(args: argparse.Namespace) -> int:
     """Evaluate the draft on every prompt set and print the figures."""
     import torch
 
-    from lengthwise.dflash.evaluate import evaluate_set
-    from lengthwise.dflash.load import check_target, open_draft
-    from lengthwise.dflash.mask_token import check_mask_token
-    from lengthwise.dflash.positions import max_positions, past_positions
-    from lengthwise.dflash.prompts import (
+    from lengthwise.dflash.chat import (
         bundled_prompts,
         prompt_set_names,
         read_prompt_file,
         render_prompts,
         template_report,
     )
-    from lengthwise.dflash.target import Target, check_causal_lm, load_target, load_tokenizer
-    from lengthwise.dflash.target_weights import check_draft_target_weights
-    from lengthwise.dflash.tokenizer_id import check_draft_tokenizer
+    from lengthwise.dflash.evaluate import evaluate_set
+    from lengthwise.dflash.load import check_target, open_draft
+    from lengthwise.dflash.mask_token import check_mask_token
+    from lengthwise.dflash.target import (
+        Target,
+        check_causal_lm,
+        load_target,
+        load_tokenizer,
+        max_positions,
+        past_positions,
+    )
+    from lengthwise.dflash.target_match import check_draft_target_weights, check_draft_tokenizer
     from lengthwise.errors import ConfigError
 
     for name in ("max_new_tokens", "batch_size", "limit", "max_tokens", "max_slots",

@@ -35,6 +35,11 @@ __all__ = ["read_log", "read_records", "ColumnBuilder"]
 _CSV_SUFFIXES = (".csv", ".tsv", ".csv.gz", ".tsv.gz")
 
 
+#: the reader of each format
+READERS = {"wandb": read_wandb, "tensorboard": read_tensorboard, "csv": read_csv,
+           "document": read_document, "jsonl": read_jsonl}
+
+
 def detect_format(path: Path) -> str:
     """``"wandb"``, ``"tensorboard"``, ``"csv"``, ``"document"`` or ``"jsonl"`` for a path."""
     name = path.name.lower()
@@ -60,19 +65,7 @@ def read_log(source: str | os.PathLike[str], *, step_key: str | None = None,
         raise EmptyLogError(f"{path}: is empty")
     fmt = detect_format(path)
     builder = ColumnBuilder(str(path), step_key=step_key, loss_key=loss_key, fmt=fmt)
-    if fmt == "wandb":
-        read_wandb(path, builder, step_key=step_key)
-    elif fmt == "tensorboard":
-        builder.use_keys(step_key="step", loss_key="loss")
-        read_tensorboard(path, builder, loss_key=loss_key)
-    elif fmt == "csv":
-        builder.use_keys(step_key="step" if step_key else None, loss_key="loss")
-        read_csv(path, builder, step_key=step_key, loss_key=loss_key)
-    elif fmt == "document" and read_document(path, builder):
-        pass
-    else:
-        builder.summary.format = "jsonl"
-        read_jsonl(path, builder)
+    READERS[fmt](path, builder, step_key=step_key, loss_key=loss_key)
     if builder.summary.lines == 0 and not builder.summary.malformed:
         raise EmptyLogError(f"{path}: is empty")
     return builder.build()
@@ -86,8 +79,5 @@ def read_records(records: Iterable[Mapping[str, Any]], *, step_key: str | None =
             for r in records]
     if not rows:
         raise EmptyLogError(f"{source}: no records")
-    builder.summary.lines = len(rows)
-    for start in range(0, len(rows), 50_000):
-        chunk = rows[start : start + 50_000]
-        builder.add(chunk, range(start + 1, start + 1 + len(chunk)))
+    builder.summary.lines = builder.add_all(rows)
     return builder.build()

@@ -24,13 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from lengthwise.doctor.errors import LogNotFoundError, UnreadableLogError
-from lengthwise.doctor.readers.columns import EVAL_KEYS, ColumnBuilder
+from lengthwise.doctor.readers.columns import EVAL_KEYS, ColumnBuilder, find_field
 from lengthwise.doctor.runlog import RECORDS_PER_FILE
 from lengthwise.errors import DataError
 
 # TensorFlow DataType enum values used for scalars
 _DT_FLOAT, _DT_DOUBLE, _DT_INT32, _DT_INT64, _DT_HALF = 1, 2, 3, 9, 19
-_EVAL_PREFIXES = ("eval", "val", "test", "valid")
 
 
 def event_files(path: Path) -> list[Path]:
@@ -160,22 +159,16 @@ def _scalars_of_event(
             series.setdefault(tag, []).append((step, number, record))
 
 
-def _pick_tag(tags: list[str], wanted: tuple[str, ...], explicit: bool) -> str | None:
-    if explicit:
-        return wanted[0] if wanted[0] in tags else None
-    for want in wanted:
-        if want in tags:
-            return want
-    for want in wanted:
-        for tag in sorted(tags):
-            low = tag.lower()
-            if low.endswith("/" + want) and not low.startswith(_EVAL_PREFIXES):
-                return tag
-    return None
+def _pick_tag(tags: list[str], wanted: tuple[str, ...], explicit: bool = False) -> str | None:
+    ordered = sorted(tags)
+    i = find_field(ordered, wanted, suffix=not explicit)
+    return None if i is None else ordered[i]
 
 
-def read_tensorboard(path: Path, builder: ColumnBuilder, *, loss_key: str | None = None) -> None:
+def read_tensorboard(path: Path, builder: ColumnBuilder, *, step_key: str | None = None,
+                     loss_key: str | None = None) -> None:
     """Read every event file under ``path`` into ``builder`` (files in name order)."""
+    builder.use_keys(step_key="step", loss_key="loss")
     files = event_files(path)
     merged: dict[str, list[tuple[int, float, int]]] = {}
     spans: list[tuple[float, float]] = []
@@ -204,9 +197,8 @@ def read_tensorboard(path: Path, builder: ColumnBuilder, *, loss_key: str | None
         shown = ", ".join(sorted(tags)[:12])
         what = repr(loss_key) if loss_key else "loss"
         raise UnreadableLogError(f"{path}: no {what} scalar tag in the event files (tags: {shown})")
-    extra = {"lr": _pick_tag(tags, ("lr", "learning_rate"), False),
-             "grad_norm": _pick_tag(tags, ("grad_norm",), False),
-             "epoch": _pick_tag(tags, ("epoch",), False)}
+    extra = {"lr": _pick_tag(tags, ("lr", "learning_rate")),
+             "grad_norm": _pick_tag(tags, ("grad_norm",)), "epoch": _pick_tag(tags, ("epoch",))}
     lookups = {k: {s: v for s, v, _ in merged[t]} for k, t in extra.items() if t is not None}
     rows = []
     numbers = []
@@ -406,22 +398,13 @@ def history_rows(path: Path, cut: list[bool] | None = None) -> Iterator[dict[str
         yield row
 
 
-def read_wandb(path: Path, builder: ColumnBuilder, *, step_key: str | None) -> None:
+def read_wandb(path: Path, builder: ColumnBuilder, *, step_key: str | None = None,
+               loss_key: str | None = None) -> None:
     """Feed the history rows of the W&B run at ``path`` to ``builder``."""
     file = wandb_file(path)
     if step_key is None:
         builder.use_keys(step_key="step", loss_key=None)
     builder.summary.format = "wandb"
-    chunk: list[dict[str, Any]] = []
-    line = 0
     cut: list[bool] = []
-    for row in history_rows(file, cut):
-        line += 1
-        chunk.append(row)
-        if len(chunk) == 50_000:
-            builder.add(chunk, range(line - len(chunk) + 1, line + 1))
-            chunk = []
-    if chunk:
-        builder.add(chunk, range(line - len(chunk) + 1, line + 1))
-    builder.summary.lines = line
+    builder.summary.lines = builder.add_all(history_rows(file, cut))
     builder.summary.truncated = bool(cut)

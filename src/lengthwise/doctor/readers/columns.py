@@ -16,9 +16,10 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -97,6 +98,14 @@ class ColumnBuilder:
     def mark_restart(self, line: int) -> None:
         """The row at ``line`` starts a new run (a run folder): a repeated step there restarts."""
         self._restart_lines.append(int(line))
+
+    def add_all(self, rows: Iterable[Any], chunk: int = 50_000) -> int:
+        """Add rows numbered from 1, ``chunk`` at a time (see :meth:`add`); how many there were."""
+        it, done = iter(rows), 0
+        while part := list(itertools.islice(it, chunk)):
+            self.add(part, range(done + 1, done + 1 + len(part)))
+            done += len(part)
+        return done
 
     def add(self, objs: list[Any], lines: Sequence[int]) -> None:
         """Add parsed rows with their 1-based line numbers (non-dict rows are malformed)."""
@@ -391,6 +400,24 @@ def _held_out(rows: list[tuple[float, float]], step: np.ndarray,
         return np.zeros((0, 2))
     latest = dict(pairs)
     return np.array(sorted(latest.items()), dtype=np.float64)
+
+
+def find_field(names: Sequence[str], wanted: Sequence[str], *, suffix: bool = True) -> int | None:
+    """Index of the first of ``wanted`` among ``names``, else (``suffix``) of the first name
+    that ends in ``/`` and one of them, in any case, and is no evaluation's (``eval/...``).
+
+    >>> find_field(["step", "eval/loss", "train/loss"], ("loss", "train_loss"))
+    2
+    """
+    for want in wanted:
+        if want in names:
+            return list(names).index(want)
+    for want in wanted if suffix else ():
+        for i, name in enumerate(names):
+            low = name.lower()
+            if low.endswith("/" + want.lower()) and not low.startswith(("eval", "val", "test")):
+                return i
+    return None
 
 
 def _first_alias(objs: list[dict[str, Any]], aliases: Sequence[str]) -> str | None:

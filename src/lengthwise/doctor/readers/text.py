@@ -39,6 +39,7 @@ from lengthwise.doctor.readers.columns import (
     NUMERIC_ALIASES,
     STEP_ALIASES,
     ColumnBuilder,
+    find_field,
 )
 from lengthwise.doctor.runlog import NUMERIC_FIELDS, InputSummary
 
@@ -101,8 +102,10 @@ def _line_blocks(handle: IO[bytes], summary: InputSummary) -> Iterator[list[byte
             yield lines
 
 
-def read_jsonl(path: Path, builder: ColumnBuilder) -> None:
+def read_jsonl(path: Path, builder: ColumnBuilder, *, step_key: str | None = None,
+               loss_key: str | None = None) -> None:
     """Read a JSON-lines log into ``builder``, block by block."""
+    builder.summary.format = "jsonl"
     fast = _fast_loads()
     line_no = 0
     with open_log(path) as handle:
@@ -169,16 +172,17 @@ def looks_like_document(path: Path) -> bool:
                                      and isinstance(first.get("log_history"), list))
 
 
-def read_document(path: Path, builder: ColumnBuilder) -> bool:
-    """Read ``trainer_state.json`` or a JSON array of rows; False if it is neither."""
+def read_document(path: Path, builder: ColumnBuilder, *, step_key: str | None = None,
+                  loss_key: str | None = None) -> None:
+    """Read ``trainer_state.json`` or a JSON array of rows (else: as JSON lines)."""
     if path.stat().st_size > MAX_DOCUMENT_BYTES:
-        return False
+        return read_jsonl(path, builder)
     with open_log(path) as handle:
         text = handle.read()
     try:
         doc = json.loads(text)
     except ValueError:
-        return False
+        return read_jsonl(path, builder)
     if isinstance(doc, dict) and isinstance(doc.get("log_history"), list):
         rows = doc["log_history"]
         builder.summary.format = "trainer_state"
@@ -192,10 +196,9 @@ def read_document(path: Path, builder: ColumnBuilder) -> bool:
             "(no 'log_history' list of rows); the doctor reads JSON lines (one row a line), a "
             "trainer_state.json or a JSON array of rows")
     else:
-        return False
+        return read_jsonl(path, builder)
     builder.summary.lines = len(rows)
     builder.add(rows, range(1, len(rows) + 1))
-    return True
 
 
 ROWS_PER_CHUNK = 20_000
@@ -206,19 +209,6 @@ def _clean(header: str) -> str:
     if " - " in name:
         name = name.split(" - ", 1)[1]
     return name.lower()
-
-
-def _find(names: list[str], wanted: tuple[str, ...]) -> int | None:
-    """Index of the first column matching one of ``wanted`` (exactly, else as a suffix)."""
-    for want in wanted:
-        if want.lower() in names:
-            return names.index(want.lower())
-    for want in wanted:
-        w = want.lower()
-        for i, name in enumerate(names):
-            if name.endswith("/" + w) and not name.startswith(("eval", "val", "test")):
-                return i
-    return None
 
 
 class WholeLines(io.RawIOBase):
@@ -273,6 +263,7 @@ class WholeLines(io.RawIOBase):
 def read_csv(path: Path, builder: ColumnBuilder, *, step_key: str | None = None,
              loss_key: str | None = None) -> None:
     """Read a CSV log into ``builder`` (its rows become dicts with canonical field names)."""
+    builder.use_keys(step_key="step" if step_key else None, loss_key="loss")
     with open_log(path) as raw:
         stream = WholeLines(raw)
         reader, header = _csv_reader(path, stream)
@@ -381,15 +372,12 @@ def _read_rows(
 
 
 def _columns(names: list[str], step_key: str | None, loss_key: str | None) -> dict[str, int]:
+    """The column of each field (``names``: the cleaned, lower-case header)."""
     cols: dict[str, int] = {}
-    loss = _find(names, (loss_key,) if loss_key else LOSS_ALIASES)
-    if loss is not None:
-        cols["loss"] = loss
-    step = _find(names, (step_key,) if step_key else STEP_ALIASES)
-    if step is not None:
-        cols["step"] = step
-    for field in (*NUMERIC_FIELDS, "bucket"):
-        idx = _find(names, NUMERIC_ALIASES.get(field, (field,)))
-        if idx is not None and idx not in cols.values():
+    others = ((f, NUMERIC_ALIASES.get(f, (f,))) for f in (*NUMERIC_FIELDS, "bucket"))
+    for field, wanted in (("loss", (loss_key,) if loss_key else LOSS_ALIASES),
+                          ("step", (step_key,) if step_key else STEP_ALIASES), *others):
+        idx = find_field(names, [w.lower() for w in wanted])
+        if idx is not None and (field in ("loss", "step") or idx not in cols.values()):
             cols[field] = idx
     return cols
