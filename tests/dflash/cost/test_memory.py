@@ -493,24 +493,25 @@ def test_the_phases_grow_with_their_own_settings():
     assert ev.parts["draft"] > 0 and ev.peak == sum(ev.parts.values())
 
 
-def test_depth_is_extrapolated_exactly_from_two_shallow_traces():
-    """The per-layer extrapolation gives what a trace at full depth gives."""
-    import lengthwise.dflash.cost.memory as sm
-    from lengthwise.dflash.cost.memory import per_layer
+def test_depth_is_extrapolated_exactly_from_two_shallow_traces(monkeypatch):
+    """Each stage's per-layer extrapolation gives what a trace at full depth gives."""
+    import lengthwise.dflash.cost.memory as memory
+    from lengthwise.dflash.features import FeaturesConfig
 
-    t = transformers.LlamaConfig(vocab_size=256, hidden_size=64, num_hidden_layers=6,
-                                 num_attention_heads=4, intermediate_size=128)
+    def stages(layers: int) -> list[object]:
+        t = transformers.LlamaConfig(vocab_size=256, hidden_size=64, num_hidden_layers=layers,
+                                     num_attention_heads=4, intermediate_size=128)
+        return [memory.estimate_regenerate(t, batch_size=3, max_len=40, max_new_tokens=8),
+                memory.estimate_eval(t, batch_size=2, max_len=30, max_new_tokens=10,
+                                     block_size=4, draft_layers=1, num_features=2,
+                                     max_tokens=120),
+                memory.estimate_features(t, FeaturesConfig(num_features=2, max_tokens=64))]
 
-    def trace(n: int) -> dict[str, int]:
-        return sm._generate_trace(t, n, torch.float32, 3, 40, 8, "cpu")
-
-    assert per_layer(trace, 6, 0) == trace(6)
-    assert per_layer(trace, 9, 0) == trace(9)
-
-    def trace_eval(n: int) -> dict[str, int]:  # 2 prompts of 30 tokens, 2 features
-        return sm._eval_target_trace(t, n, torch.float32, 2, 30, 80, 4, 3, 40, 2, "cpu")
-
-    assert per_layer(trace_eval, 7, 2) == trace_eval(7)
+    fast = {n: stages(n) for n in (7, 9)}
+    monkeypatch.setattr(memory, "SHALLOW_TARGET", False)
+    for n, got in fast.items():
+        assert [(e.peak, e.parts, e.phases) for e in got] == \
+            [(e.peak, e.parts, e.phases) for e in stages(n)]
 
 
 @pytest.mark.parametrize("kw", [

@@ -259,11 +259,7 @@ def run(args: argparse.Namespace) -> int:
 def stage_report(stage: str, given: dict[str, Any]) -> int:
     """Print the ``regenerate``, ``eval`` or ``features`` estimate of the flags ``given``;
     1: no fit (of the device, or of the disk for the feature cache)."""
-    from lengthwise.dflash.cost.memory import (
-        estimate_eval,
-        estimate_regenerate,
-        read_target_config,
-    )
+    from lengthwise.dflash.cost import memory
 
     given = {k: v for k, v in given.items() if k not in ("func", "command", "stage")}
     opts = {k: given.pop(k) for k in REPORT_FLAGS if k in given}
@@ -294,18 +290,15 @@ def stage_report(stage: str, given: dict[str, Any]) -> int:
         raise ConfigError(f"--stage {stage}: give --max-len, the longest prompt in tokens "
                           "(the estimate reads no prompts)")
     size = device_bytes(opts, device)
-    config = read_target_config(target)
+    config = memory.read_target_config(target)
     timing = None
     if timed:
         timing, longest = regenerate_time(target, data, sizes, device, opts)
         if sizes["max_len"] is None:
             sizes["max_len"] = longest
     sizes.pop("shard_rows", None)
-    baseline = _baseline(stage, config, target, device)
-    if stage == "regenerate":
-        est = estimate_regenerate(config, device=device, baseline=baseline, **sizes)
-    else:
-        est = estimate_eval(config, device=device, baseline=baseline, **sizes)
+    est = getattr(memory, f"estimate_{stage}")(config, device=device, **sizes,
+                                                baseline=_baseline(stage, config, target, device))
     return _print(est, opts, size, timing)
 
 

@@ -357,7 +357,8 @@ def fake_draft(target_config: Any, cfg: Any, layers: list[int]) -> Any:
 
 def per_layer(trace: Callable[[int], dict[str, int]], depth: int, k: int) -> dict[str, int]:
     """``trace(n)``'s figures at ``depth`` layers from two shallow depths (over ``k``, and 2
-    or more: the first layer frees the embedding's output).
+    or more: the first layer frees the embedding's output; the full depth without
+    :data:`SHALLOW_TARGET`).
 
     >>> t = transformers.LlamaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=6,
     ...                              num_attention_heads=4, intermediate_size=64)
@@ -366,7 +367,7 @@ def per_layer(trace: Callable[[int], dict[str, int]], depth: int, k: int) -> dic
     True
     """
     lo_n = max(2, k + 1)
-    if depth <= lo_n + 1:
+    if not SHALLOW_TARGET or depth <= lo_n + 1:
         return trace(depth)
     lo, hi = trace(lo_n), trace(lo_n + 1)
     return {name: lo[name] + (depth - lo_n) * (hi[name] - lo[name]) for name in lo}
@@ -705,11 +706,12 @@ def grown_rows(tokenizer: Any, target_config: Any, generation_config: Any = None
     return max(rows, mask_token_choice(tokenizer, model)[1] + 1)
 
 
-def _device(device: str) -> str:
+def _loaded(target_config: Any, device: str, dtype: Any) -> tuple[str, torch.dtype, int]:
+    """The kind of ``device``, the dtype of the weights a stage loads and the target's depth."""
     kind = torch.device(device).type
     if kind not in ("cpu", "cuda"):
         raise ConfigError(f"--device {device}: the estimate knows cpu and cuda")
-    return kind
+    return kind, weight_dtype(dtype, kind, target_config), int(target_config.num_hidden_layers)
 
 
 def _check(**sizes: int | None) -> None:
@@ -760,19 +762,17 @@ def _cached_step(model: Any, live: LiveBytes, ids: torch.Tensor, mask: Any, cols
     del res, cache
 
 
-def _generate_trace(config: Any, layers: int, dtype: torch.dtype, rows: int, prompt: int,
-                    new: int, kind: str) -> dict[str, int]:
-    """Weights, the prefill's peak and the last decoding step's peak (cache included)."""
-    vocab = int(config.vocab_size)
-    with _fake(kind):
-        model = fake_causal_lm(config, layers, dtype)
-        ids, mask = _batch(rows, prompt, "left")
-        prefill = _peak(vocab, lambda live: model(input_ids=ids, attention_mask=mask,
-                                                  use_cache=True, logits_to_keep=1))
-        ids, mask = _batch(rows, prompt + new - 1, "left")
-        decode = _peak(vocab, lambda live: _cached_step(model, live, ids, mask, 1,
-                                                        keep_first=True, logits_to_keep=1))
-        return {"weights": weight_bytes(model), "prefill": prefill, "decode": decode}
+def _traced(config: Any, dtype: torch.dtype, kind: str, k: int,
+            passes: Callable[[Any, Any], dict[str, int]]) -> dict[str, int]:
+    """The weights and the peaks ``passes(model, target)`` traces of the target (reading ``k``
+    feature layers) under fake tensors, at its depth from two shallow ones (:func:`per_layer`)."""
+    def trace(n: int) -> dict[str, int]:
+        with _fake(kind):
+            model = fake_causal_lm(config, n, dtype)
+            return {"weights": weight_bytes(model),
+                    **passes(model, Target(model, layers=list(range(k))) if k else None)}
+
+    return per_layer(trace, int(config.num_hidden_layers), k)
 
 
 def estimate_regenerate(target_config: Any, *, batch_size: int = 32, max_len: int = 1024,
@@ -780,11 +780,18 @@ def estimate_regenerate(target_config: Any, *, batch_size: int = 32, max_len: in
                         baseline: int = 0) -> StageMemory:
     """The peak of ``dflash prepare --regenerate``; ``baseline``: the process's own bytes."""
     _check(batch_size=batch_size, max_len=max_len, max_new_tokens=max_new_tokens)
-    kind = _device(device)
-    dt = weight_dtype(dtype, kind, target_config)
-    depth = int(target_config.num_hidden_layers)
-    fig = per_layer(lambda n: _generate_trace(target_config, n, dt, batch_size, max_len,
-                                              max_new_tokens, kind), depth, 0)
+    kind, dt, depth = _loaded(target_config, device, dtype)
+    vocab = int(target_config.vocab_size)
+
+    def generate(model: Any, _: Any) -> dict[str, int]:  # the prefill, the last decoding step
+        ids, mask = _batch(batch_size, max_len, "left")
+        prefill = _peak(vocab, lambda live: model(input_ids=ids, attention_mask=mask,
+                                                  use_cache=True, logits_to_keep=1))
+        ids, mask = _batch(batch_size, max_len + max_new_tokens - 1, "left")
+        return {"prefill": prefill, "decode": _peak(vocab, lambda live: _cached_step(
+            model, live, ids, mask, 1, keep_first=True, logits_to_keep=1))}
+
+    fig = _traced(target_config, dt, kind, 0, generate)
     phases = {"prefill": {"prefill (KV cache, activations)": fig["prefill"]},
               "last decoding step": {"KV cache and the step": fig["decode"]}}
     settings = {"batch_size": batch_size, "max_len": max_len, "max_new_tokens": max_new_tokens,
@@ -803,30 +810,6 @@ def _features_peak(target: Any, rows: int, cols: int, pad: str | None = None,
         held = live.now
         del feats, last
     return held, live.peak
-
-
-def _eval_target_trace(config: Any, layers: int, dtype: torch.dtype, rows: int, prompt: int,
-                       cache_cols: int, block: int, text_rows: int, text: int,
-                       feature_layers: int, kind: str) -> dict[str, int]:
-    """Weights; the decoding prefill, a verification, the accuracy pass's target forward."""
-    vocab = int(config.vocab_size)
-    with _fake(kind):
-        model = fake_causal_lm(config, layers, dtype)
-        target = Target(model, layers=list(range(feature_layers)))
-        ids, mask = _batch(rows, prompt, "left")
-
-        def prefill(live: LiveBytes) -> torch.Tensor:  # speculative_batch's
-            res = model(input_ids=ids, attention_mask=mask, use_cache=True,
-                        output_hidden_states=True, logits_to_keep=1)
-            return torch.cat([res.hidden_states[i + 1] for i in target.layers], dim=-1)
-
-        out = {"weights": weight_bytes(model), "prefill": _peak(vocab, prefill)}
-        # a verification of a block with the cache at its most
-        out["verify"] = _peak(vocab, lambda live: _cached_step(
-            model, live, _batch(rows, cache_cols, None)[0], None, block,
-            output_hidden_states=True))
-        out["features_held"], out["features"] = _features_peak(target, text_rows, text)
-    return out
 
 
 def _eval_draft_trace(config: Any, dtype: torch.dtype, draft_cfg: Any, rows: int, text: int,
@@ -883,9 +866,7 @@ def estimate_eval(target_config: Any, *, block_size: int = 16, draft_layers: int
     if max_slots < block_size:
         raise ConfigError(f"--max-slots {max_slots} holds no block of --block-size "
                           f"{block_size}")
-    kind = _device(device)
-    dt = weight_dtype(dtype, kind, target_config)
-    depth = int(target_config.num_hidden_layers)
+    kind, dt, depth = _loaded(target_config, device, dtype)
     layers = target_layer_ids(depth, num_features or draft_layers)
     text = min(max_len + max_new_tokens, max_tokens)  # a prompt and its output, cut as eval does
     slots = min(max_slots, SLOTS_PER_FORWARD)
@@ -893,9 +874,26 @@ def estimate_eval(target_config: Any, *, block_size: int = 16, draft_layers: int
     # anchors: every position of an output (at most max_new_tokens), split into forwards
     per_row = max(1, min(max_new_tokens, text - 1, slots // (text_rows * block_size)))
     cache_cols = 2 * (max_len + max_new_tokens)  # compacted when dead columns match live ones
-    fig = per_layer(lambda n: _eval_target_trace(target_config, n, dt, batch_size, max_len,
-                                                 cache_cols, block_size, text_rows, text,
-                                                 len(layers), kind), depth, len(layers))
+    vocab = int(target_config.vocab_size)
+
+    def decode(model: Any, target: Any) -> dict[str, int]:
+        """The decoding prefill, a verification, the accuracy pass's target forward."""
+        ids, mask = _batch(batch_size, max_len, "left")
+
+        def prefill(live: LiveBytes) -> torch.Tensor:  # speculative_batch's
+            res = model(input_ids=ids, attention_mask=mask, use_cache=True,
+                        output_hidden_states=True, logits_to_keep=1)
+            return torch.cat([res.hidden_states[i + 1] for i in target.layers], dim=-1)
+
+        out = {"prefill": _peak(vocab, prefill)}
+        # a verification of a block with the cache at its most
+        out["verify"] = _peak(vocab, lambda live: _cached_step(
+            model, live, _batch(batch_size, cache_cols, None)[0], None, block_size,
+            output_hidden_states=True))
+        out["features_held"], out["features"] = _features_peak(target, text_rows, text)
+        return out
+
+    fig = _traced(target_config, dt, kind, len(layers), decode)
     draft_cfg = DFlashConfig.from_target(target_config, num_layers=draft_layers,
                                          block_size=block_size, target_layers=layers,
                                          mask_token_id=int(target_config.vocab_size) - 1)
@@ -917,16 +915,6 @@ def estimate_eval(target_config: Any, *, block_size: int = 16, draft_layers: int
                    phases, settings)
 
 
-def _pass_trace(config: Any, layers: int, dtype: torch.dtype, rows: int, cols: int,
-                feature_layers: int, kind: str) -> dict[str, int]:
-    """Weights and the peak of one batch of the feature pass (its target forward)."""
-    with _fake(kind):
-        model = fake_causal_lm(config, layers, dtype)
-        target = Target(model, layers=list(range(feature_layers)))
-        peak = _features_peak(target, rows, cols, "right" if rows > 1 else None)[1]
-        return {"weights": weight_bytes(model), "peak": peak}
-
-
 def estimate_features(target_config: Any, cfg: Any, *, stored: Any = None,
                       device: str = "cpu", baseline: int = 0) -> StageMemory:
     """The peak of ``dflash features`` with ``cfg`` (a ``FeaturesConfig``): of the pass's first
@@ -941,9 +929,7 @@ def estimate_features(target_config: Any, cfg: Any, *, stored: Any = None,
     """
     from lengthwise.dflash.features import cache_bytes, plan_pass
 
-    kind = _device(device)
-    dt = weight_dtype(cfg.target_dtype, kind, target_config)
-    depth = int(target_config.num_hidden_layers)
+    kind, dt, depth = _loaded(target_config, device, cfg.target_dtype)
     layers = cfg.layer_list() or target_layer_ids(depth, cfg.num_features)
     if layers[-1] >= depth:
         raise ConfigError(f"--layers {cfg.layers}: the target has layers 0 to {depth - 1}")
@@ -959,9 +945,9 @@ def estimate_features(target_config: Any, cfg: Any, *, stored: Any = None,
         rows = np.diff(plan.batches)
         cols = stored[plan.order[plan.batches[:-1]]]  # longest first: a batch's first member
         shapes = {(int(rows[b]), int(cols[b])) for b in (0, int(np.argmax(rows * cols)))}
-    figs = {(r, c): per_layer(lambda n, r=r, c=c: _pass_trace(target_config, n, dt, r, c,
-                                                              len(layers), kind),
-                              depth, len(layers)) for r, c in sorted(shapes)}
+    figs = {(r, c): _traced(target_config, dt, kind, len(layers), lambda _, target, r=r, c=c: {
+        "peak": _features_peak(target, r, c, "right" if r > 1 else None)[1]})
+        for r, c in sorted(shapes)}
     (rows, cols), fig = max(figs.items(), key=lambda kv: kv[1]["peak"])
     settings = {"max_tokens": cfg.max_tokens, "max_len": cfg.max_len, "batch": [rows, cols],
                 "target_layers": layers, "dtype": str(dt).removeprefix("torch."),
