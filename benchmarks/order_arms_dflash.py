@@ -31,10 +31,12 @@ the README's region ``order-arms-dflash`` and ``docs/order_arms_dflash.png``. Ea
 the full design is saved as it ends, as ``RUNS/ARM-SCHEDULE-bBATCH/ORDER-seedN.json``
 (default :data:`RUNS`, committed, with ``design.json``): an interrupted benchmark
 continues where it stopped. Runs saved for another design (other data, start or
-settings) are refused, never mixed in. The data, cache and start are not committed: on
-a new machine, ``real_target_dflash.py --scale large`` makes them again. ``design.json``
-records digests of their contents (:func:`experiments.dflash_arms.inputs`), so saved runs
-are reused only on inputs that came out identical.
+settings) are refused, never mixed in. The prepared chats are committed
+(``real_target_large_prepared/``); the feature cache and the start are not (gigabytes): on
+a new machine, ``real_target_dflash.py --scale large`` makes them again from those chats
+(the feature pass, then training; stop it once ``run/checkpoints/step_400`` exists).
+``design.json`` records digests of the three (:func:`experiments.dflash_arms.inputs`), so
+saved runs are reused only on inputs that came out identical.
 
 The full design (:data:`FULL`) asks the question of a draft that has learned: every run
 continues one shared draft, the real-target benchmark's large run at its step 400 (400

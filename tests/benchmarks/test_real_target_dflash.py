@@ -146,7 +146,7 @@ def test_the_check_scale_reruns_as_committed(script, saved):
 
 
 def test_a_rerun_takes_saved_stage_figures_and_leaves_unchanged_data_files_alone(
-        script, tmp_path):
+        script, tmp_path, monkeypatch):
     stages = script.Stages(tmp_path / "evals")
     calls = []
     assert stages.get("final", lambda: calls.append(1) or [{"a": 1}]) == [{"a": 1}]
@@ -190,3 +190,28 @@ def test_the_results_gather_the_committed_lever_reference_and_wall_clock_figures
         assert got["wall_clock"]["speedup"]["greedy"]["mean"] == 1.0
     text = script.render_md({**got})
     assert ("## Wall clock" in text) == ("wall_clock" in got)
+
+
+def test_the_committed_prepared_chats_are_used_only_for_the_chats_they_were_made_from(
+        script, tmp_path, monkeypatch):
+    """The large scale's committed prepared folder is copied in for the chats its SHA-256
+    names, and read back whole; other chats are regenerated (nothing copied)."""
+    from lengthwise.dflash.prepared import open_prepared
+
+    sha = (script.LARGE_PREPARED / script.CHATS_SHA256).read_text().strip()
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"messages": []}\n')
+    assert not script.committed_prepared(other, tmp_path / "a")
+    assert not (tmp_path / "a").exists()
+
+    class Chats:  # the chats the folder was made from, by their hash only
+        def read_bytes(self) -> bytes:
+            return b"made from"
+
+    monkeypatch.setattr(script.hashlib, "sha256",
+                        lambda b: type("H", (), {"hexdigest": lambda self: sha})())
+    assert script.committed_prepared(Chats(), tmp_path / "b")
+    monkeypatch.undo()
+    data = open_prepared(str(tmp_path / "b"))
+    info = json.loads((script.LARGE_PREPARED / "prepare.json").read_text())
+    assert len(data) == info["counts"]["kept"] == 2469
