@@ -36,7 +36,9 @@ settings) are refused, never mixed in. The prepared chats are committed
 a new machine, ``real_target_dflash.py --scale large`` makes them again from those chats
 (the feature pass, then training; stop it once ``run/checkpoints/step_400`` exists).
 ``design.json`` records digests of the three (:func:`experiments.dflash_arms.inputs`), so
-saved runs are reused only on inputs that came out identical.
+saved runs are reused only on inputs that came out identical. The start's 400 steps are not
+bit-for-bit repeatable across machines: a start made again can differ, and then the saved
+runs are refused and the design runs again from that start.
 
 The full design (:data:`FULL`) asks the question of a draft that has learned: every run
 continues one shared draft, the real-target benchmark's large run at its step 400 (400
