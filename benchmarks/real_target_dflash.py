@@ -37,7 +37,7 @@ Stages, each the recipe's own command run in this process:
 ``large`` holds out chats by data set (:func:`split_by_data_set`) and needs more than one
 sitting of 2 cores: every stage resumes, regeneration from its turn log, training from its
 checkpoints, and each evaluation from its saved figures (``evals/``). Its prepared chats are
-committed (:data:`LARGE_PREPARED`, 1.4 MB): a new machine skips the regeneration (most of an
+committed (:data:`LARGE_PREPARED`, 1.3 MB): a new machine skips the regeneration (most of an
 hour; ``--fresh-turns`` runs it) and makes the feature cache and the training run again.
 
 The figures go to ``benchmarks/REAL_TARGET_RESULTS.json`` (one entry per scale) and
@@ -479,7 +479,8 @@ def run(scale_name: str, work: Path, wheel: Path, fresh_turns: bool = False) -> 
     prepared = work / "prepared"
     if scale_name == "large" and not fresh_turns and not prepared.exists():
         committed_prepared(work / "chats.jsonl", prepared)
-    out = "all shards reused" if (prepared / CHATS_SHA256).is_file() else cli(
+    copied = not fresh_turns and (prepared / CHATS_SHA256).is_file()
+    out = "all shards reused" if copied else cli(
         "dflash", "prepare", work / "chats.jsonl", "--target", target, "--out", prepared,
         "--regenerate", "--max-new-tokens", scale["regen_tokens"],
         "--batch-size", scale.get("regen_batch", 16),
