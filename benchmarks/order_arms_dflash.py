@@ -8,7 +8,8 @@ data); arm ``compute`` gives every order the same counted FLOPs of the draft's s
 (forward and backward, its LM head over the supervised slots; the target's forward is
 cached and costs nothing). Either arm runs under the recipe's warm-up + cosine or warm-up
 + constant, with paired seeds. Per run: the held-out loss, teacher-forced accuracy per
-block position, expected acceptance at temperature 0 and 1, ``tokens_per_second``,
+block position, expected acceptance at temperature 0 and 1, the real acceptance length
+of greedy speculative decoding on held-out prompts (``--prompts``), ``tokens_per_second``,
 ``padding_efficiency`` and the per-micro-batch loss log; per cell: 95 % intervals,
 paired differences from random, the doctor's bands and ladder findings and the stable
 region's figures of each order's loss log (:mod:`experiments.dflash_report`)::
@@ -19,45 +20,55 @@ region's figures of each order's loss log (:mod:`experiments.dflash_report`)::
     python benchmarks/order_arms_dflash.py ... --full-only    # run and save only the full run
     python benchmarks/order_arms_dflash.py ... --out DIR      # the logs (and the check's runs)
     python benchmarks/order_arms_dflash.py ... --set lr=6e-4  # a DFlashTrainConfig setting
-    python benchmarks/order_arms_dflash.py ... --start RUN    # every draft starts from RUN
+    python benchmarks/order_arms_dflash.py ... --start DRAFT  # every draft starts from DRAFT
+    python benchmarks/order_arms_dflash.py ... --prompts FILE # real acceptance on its prompts
     python benchmarks/order_arms_dflash.py ... --runs DIR     # the full design's saved runs
     python benchmarks/order_arms_dflash.py ... --threads 2    # torch threads per run
     python benchmarks/order_arms_dflash.py --render           # results and plot from the JSON
 
 ``P`` is a ``dflash prepare`` folder, ``T`` its target, ``C`` their ``dflash features``
-cache, ``RUN`` a ``dflash train`` run or checkpoint of that target. The figures go to
-``benchmarks/ORDER_ARMS_DFLASH.json``, a generated ``benchmarks/ORDER_ARMS_DFLASH_RESULTS.md``,
-the README's region ``order-arms-dflash`` and ``docs/order_arms_dflash.png``. Each run of
-the full design is saved as it ends, as ``RUNS/ARM-SCHEDULE-bBATCH/ORDER-seedN.json``
-(default :data:`RUNS`, committed, with ``design.json``): an interrupted benchmark
-continues where it stopped. Runs saved for another design (other data, start or
-settings) are refused, never mixed in. The prepared chats are committed
-(``real_target_large_prepared/``); the feature cache and the start are not (gigabytes): on
-a new machine, ``real_target_dflash.py --scale large`` makes them again from those chats
-(the feature pass, then training; stop it once ``run/checkpoints/step_400`` exists).
-``design.json`` records digests of the three (:func:`experiments.dflash_arms.inputs`), so
-saved runs are reused only on inputs that came out identical. The start's 400 steps are not
-bit-for-bit repeatable across machines: a start made again can differ, and then the saved
-runs are refused and the design runs again from that start.
+cache, ``DRAFT`` an exported draft (``dflash export``) or a ``dflash train`` run or
+checkpoint of that target, ``FILE`` a prompt file (``dflash eval --prompts``). The figures
+go to ``benchmarks/ORDER_ARMS_DFLASH.json``, a generated
+``benchmarks/ORDER_ARMS_DFLASH_RESULTS.md``, the README's region ``order-arms-dflash`` and
+``docs/order_arms_dflash.png``. Each run of the full design is saved as it ends, as
+``RUNS/ARM-SCHEDULE-bBATCH/ORDER-seedN.json`` (default :data:`RUNS`, committed, with
+``design.json``): an interrupted benchmark continues where it stopped, in this session or
+a later one. Runs saved for another design (other data, start, prompts or settings) are
+refused, never mixed in: ``design.json`` records the paths and digests of what the runs
+read (:func:`experiments.dflash_arms.inputs`).
+
+What the runs read, and how a new machine gets it: the prepared chats are committed
+(``real_target_large_prepared/``); the start is committed (``order_arms_dflash_start/``, 31 MB, the
+large real-target run's draft at its step 400, exported in float32), because 400 training
+steps made again on another machine do not come out bit for bit the same; the feature
+cache (2.3 GB) is made again from the prepared chats in about 22 minutes, and the prompts
+are written with it::
+
+    python benchmarks/real_target_dflash.py --scale large --work /work/cache/smol \
+        --evals DIR      # stop it once it prints "lengthwise dflash train"
 
 The full design (:data:`FULL`) asks the question of a draft that has learned: every run
-continues one shared draft, the real-target benchmark's large run at its step 400 (400
-steps of 2,048 tokens from the target's top layers, the stratified order, held-out
-expected acceptance 1.24 at T = 0). It trains one more epoch of a draw of 400 of the
-2,453 training chats (119 k tokens, 61-1,024 long), in steps of 2 micro-batches of 2,048
-tokens, at a peak learning rate of 1.6e-3 (the shared run's rate at its step 400) under
-the recipe's warm-up + cosine; held-out figures on the 16 chats that run held out, at 2
-points. 5 orders x 5 paired seeds in arm ``data`` (25 runs)::
+continues that shared draft (400 steps of 2,048 tokens from the target's top layers, the
+stratified order; its held-out figures are in the results). It trains one more epoch of a
+draw of 400 of the 2,453 training chats (119 k tokens, 61-1,024 long), in steps of 2
+micro-batches of 2,048 tokens, at a peak learning rate of 1.6e-3 (the shared run's rate at
+its step 400) under the recipe's warm-up + cosine; held-out figures on the 16 chats that
+run held out, at 2 points; real acceptance on the first 16 of the held-out data sets'
+chats (``heldout_chats.jsonl``), 48 new tokens each. 5 orders x 5 paired seeds in arm
+``data`` (25 runs); run it from the repository's root::
 
     L=/work/cache/smol/large
     python benchmarks/order_arms_dflash.py --prepared $L/prepared \
         --target /work/cache/smol/target --features $L/features \
-        --start $L/run/checkpoints/step_400 --workers 2 --out /tmp/order-arms-dflash
+        --start benchmarks/order_arms_dflash_start --prompts $L/heldout_chats.jsonl \
+        --workers 2 --out /tmp/order-arms-dflash
 
-Runtime, measured: the 25 runs took 73 minutes with ``--workers 2`` (one thread each) on
-cores shared with other work for their first half; 97 minutes of CPU in all, so about 50
-minutes on two free cores. Arm ``compute`` and the constant schedule are the design's next
-cells (add them to :data:`FULL`; the saved runs are reused): about as long each.
+Runtime: about 6 minutes of one core per run, of which about 80 seconds decode the
+prompts; 25 runs take about 80 minutes with ``--workers 2`` on two free cores (the
+results give the measured wall and CPU time). Arm ``compute`` and the constant schedule
+are the design's next cells (add them to :data:`FULL`; the saved runs are reused): about
+as long each.
 
 :data:`CHECK` is a reduced design on the same data and start (3 orders, 1 seed, the
 cosine schedule, both arms, 1 epoch of 48 training samples: 6 runs, 3 min); ``--check``
@@ -95,6 +106,7 @@ FULL: dict[str, Any] = {"arms": ("data",), "schedules": ("cosine",), "epochs": 1
 CHECK: dict[str, Any] = {"orders": ("sorted", "random", "stratified"),
                          "reduced": ("sorted", "random", "stratified"), "seeds": (0,),
                          "schedules": ("cosine",), "epochs": 1, "eval_points": 1,
+                         "prompt_limit": 4, "prompt_tokens": 16,
                          "train_samples": 48, "train": {"lr": 1.6e-3}}
 #: the run figures a rerun of the check repeats to the last digit
 EXACT = ("steps", "micro_batches", "real_tokens", "padded_tokens", "flops")
@@ -113,7 +125,8 @@ def design(settings: dict[str, Any], args: argparse.Namespace) -> Any:
 
     train = {**SHAPE, **settings.get("train", {}), **dict(args.set)}
     return DFlashArms(prepared=args.prepared, target=args.target, features=args.features,
-                      start=args.start, threads=args.threads, **{**settings, "train": train})
+                      start=args.start, prompts=args.prompts, threads=args.threads,
+                      **{**settings, "train": train})
 
 
 def run(cfg: Any, out: Path, workers: int, runs: Path | None = None) -> dict[str, Any]:
@@ -146,7 +159,7 @@ def start_figures(cfg: Any, out: Path) -> dict[str, Any]:
     from lengthwise.dflash.train import DFlashTask
     from lengthwise.train.device import configure_torch, pick_device
 
-    from experiments.dflash_arms import cached_rows, context, held_out, run_draft
+    from experiments.dflash_arms import cached_rows, context, held_out, real_acceptance, run_draft
 
     device = pick_device("cpu")
     configure_torch(device, threads=cfg.threads, deterministic=True)
@@ -160,7 +173,8 @@ def start_figures(cfg: Any, out: Path) -> dict[str, Any]:
     hot = held_out(task, held, seed=cfg.data_seed, temperature=1.0)
     return {"path": str(cfg.start), **{k: cold[k] for k in (
         "eval_loss", "eval_accuracy", "slot_accuracy", "expected_acceptance")},
-            "expected_acceptance_t1": hot["expected_acceptance"]}
+            "expected_acceptance_t1": hot["expected_acceptance"],
+            **real_acceptance(cfg, draft, lookup=True)}
 
 
 def arguments() -> argparse.ArgumentParser:
@@ -172,8 +186,11 @@ def arguments() -> argparse.ArgumentParser:
     ap.add_argument("--target", help="its target (a Hugging Face folder)")
     ap.add_argument("--features", help="their `lengthwise dflash features` cache")
     ap.add_argument("--start", default=None,
-                    help="a `dflash train` run or checkpoint every run's draft starts from "
-                         "(default: the recipe's start)")
+                    help="a draft every run starts from: exported (`dflash export`), or a "
+                         "`dflash train` run or checkpoint (default: the recipe's start)")
+    ap.add_argument("--prompts", default=None,
+                    help="a prompt file: each run's real acceptance on its first prompts "
+                         "(default: none measured)")
     ap.add_argument("--runs", default=None,
                     help=f"folder of the full design's saved runs (default: "
                          f"{RUNS.relative_to(ROOT)}, committed)")
@@ -296,10 +313,19 @@ def _start_text(start: dict[str, Any] | None) -> str:
     """The sentence on the draft every run starts from (none: the recipe's start)."""
     if not start:
         return " Every run starts from the recipe's initial draft at its seed."
-    return (f" Every run starts from one shared draft, `{start['path']}`: held-out loss "
+    text = (f" Every run starts from one shared draft, `{start['path']}`: held-out loss "
             f"{start['eval_loss']:.3f}, accuracy {start['eval_accuracy']:.3f}, expected "
             f"acceptance {start['expected_acceptance']:.3f} at T = 0 and "
             f"{start['expected_acceptance_t1']:.3f} at T = 1.")
+    if "acceptance_length" in start:
+        lo, hi = start["acceptance_interval"]
+        blo, bhi = start["baseline_acceptance_interval"]
+        text += (f" Decoding the held-out prompts greedily (the 'accept length' column, "
+                 f"{start['verify_forwards']} verifying forwards), it keeps "
+                 f"{start['acceptance_length']:.3f} [{lo:.3f}, {hi:.3f}] tokens a forward; "
+                 f"{start['baseline']} keeps {start['baseline_acceptance_length']:.3f} "
+                 f"[{blo:.3f}, {bhi:.3f}].")
+    return text
 
 
 def results_md(saved: dict[str, Any]) -> str:
@@ -390,14 +416,15 @@ def readme_table(cell: dict[str, Any]) -> str:
     from experiments.dflash_report import _pm
 
     head = ["order", "held-out loss", "vs random", "E[accept] T=0", "vs random",
-            "E[accept] T=1", "padding eff.", "bands (0.1)"]
+            "E[accept] T=1", "accept length T=0", "padding eff.", "bands (0.1)"]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for name, row in list(cell["orders"].items())[:8]:
         vs = row.get("vs_random") or {}
         lines.append("| " + " | ".join([
             f"`{name}`", _pm(row["eval_loss"]), _pm(vs.get("eval_loss"), "+.3f"),
             _pm(row["expected_acceptance"]), _pm(vs.get("expected_acceptance"), "+.3f"),
-            _pm(row["expected_acceptance_t1"]), _pm(row["padding_efficiency"], ".2f"),
+            _pm(row["expected_acceptance_t1"]), _pm(row.get("acceptance_length")),
+            _pm(row["padding_efficiency"], ".2f"),
             _pm(row["loss_log"]["bands_at_0_1"], ".1f")]) + " |")
     return "\n".join(lines)
 

@@ -26,7 +26,10 @@ Every run writes ``train_log.jsonl`` (one line per optimizer step) and ``micro_l
 ``out/ARM-SCHEDULE-bBATCH/ORDER-seedSEED/``, and measures the held-out draft at
 ``eval_points`` equal shares of its arm's axis: loss, teacher-forced accuracy per block
 position, expected acceptance at temperature 0 (and at 1 at the end), with the held-out
-anchors drawn at ``data_seed`` for every run.
+anchors drawn at ``data_seed`` for every run. With ``prompts`` (a prompt file), each run
+ends with the real thing: the draft proposing and the target verifying, greedily, on the
+file's first ``prompt_limit`` prompts under the target's chat template
+(:func:`real_acceptance`: ``acceptance_length``, METRICS.md's name).
 
 Example::
 
@@ -50,8 +53,8 @@ from lengthwise.errors import ConfigError
 from experiments.arms import ArmsDesign, arm_steps, drive_arm, plan_budgets
 from experiments.loss_log import loss_log_figures
 
-__all__ = ["SHAPE", "DFlashArms", "cached_rows", "draft_flops", "inputs", "run_dflash_arm",
-           "run_draft", "run_job", "shared_start", "tokens_per_second"]
+__all__ = ["SHAPE", "DFlashArms", "cached_rows", "draft_flops", "inputs", "real_acceptance",
+           "run_dflash_arm", "run_draft", "run_job", "shared_start", "tokens_per_second"]
 
 #: the draft and micro-batch of the real-target benchmarks (2 layers fed by 2 target layers,
 #: blocks of 8, 32 anchors, micro-batches of 2,048 tokens) and their learning rate
@@ -79,7 +82,10 @@ class DFlashArms(ArmsDesign):
     features: str = ""
     eval_samples: int = 16
     train_samples: int | None = None  # a draw of the training samples (None: all)
-    start: str | None = None  # a run or checkpoint every run's draft starts from
+    start: str | None = None  # a draft (exported, or a run or checkpoint) every run starts from
+    prompts: str | None = None  # a prompt file: real acceptance on its first prompt_limit
+    prompt_limit: int = 16
+    prompt_tokens: int = 48  # new tokens decoded per prompt
     train: dict[str, Any] = field(default_factory=lambda: dict(SHAPE))
     orders: tuple[str, ...] = ("sorted", "random", "bucket-random", "interleave", "stratified")
     reduced: tuple[str, ...] = ("sorted", "random", "bucket-random", "interleave", "stratified")
@@ -90,7 +96,7 @@ class DFlashArms(ArmsDesign):
     eval_points: int = 4
     warmup_share: float = field(default_factory=_recipe_warmup)
 
-    POSITIVE = (*ArmsDesign.POSITIVE, "eval_samples")
+    POSITIVE = (*ArmsDesign.POSITIVE, "eval_samples", "prompt_limit", "prompt_tokens")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -292,12 +298,13 @@ def run_draft(design: DFlashArms, cfg: Any, run_dir: str | Path, device: Any) ->
 
 
 def shared_start(path: str | Path, models: Any, cfg: Any) -> Any:
-    """The draft of run or checkpoint ``path`` (:func:`~lengthwise.dflash.load.trained_draft`),
-    in training mode, checked against the recipe's ``models`` (its target's layers and mask
-    token) and ``cfg`` (block size, draft layers): the start every run of a design shares."""
-    from lengthwise.dflash.load import trained_draft
+    """The draft at ``path`` (an exported draft, a run or a checkpoint:
+    :func:`~lengthwise.dflash.load.open_draft`), in training mode, checked against the
+    recipe's ``models`` (its target's layers and mask token) and ``cfg`` (block size, draft
+    layers): the start every run of a design shares."""
+    from lengthwise.dflash.load import open_draft
 
-    draft, _ = trained_draft(path)
+    draft, _ = open_draft(path)
     c = draft.config
     mine = {"block_size": c.block_size, "draft layers": c.num_layers,
             "target layers": list(c.target_layers), "mask token": c.mask_token_id}
@@ -319,7 +326,7 @@ def inputs(design: DFlashArms) -> dict[str, str]:
     Example::
 
         >>> sorted(inputs(design))                                      # doctest: +SKIP
-        ['data', 'features', 'start']
+        ['data', 'features', 'prompts', 'start']
     """
     import hashlib
 
@@ -333,15 +340,46 @@ def inputs(design: DFlashArms) -> dict[str, str]:
     made["target"] = {k: v for k, v in made["target"].items() if k != "path"}
     out = {"data": record["data"]["fingerprint"][:16],
            "features": digest(json.dumps(made, sort_keys=True).encode("utf-8"))}
+    if design.prompts:
+        out["prompts"] = digest(Path(design.prompts).read_bytes())
     if design.start:
-        from lengthwise.dflash.load import trained_draft
+        from lengthwise.dflash.load import open_draft
 
         h = hashlib.sha256()
-        for name, tensor in sorted(trained_draft(design.start)[0].state_dict().items()):
+        for name, tensor in sorted(open_draft(design.start)[0].state_dict().items()):
             h.update(name.encode("utf-8"))
             h.update(tensor.detach().float().contiguous().numpy().tobytes())
         out["start"] = h.hexdigest()[:16]
     return out
+
+
+def real_acceptance(design: DFlashArms, draft: Any, *, lookup: bool = False) -> dict[str, Any]:
+    """The draft's real acceptance at temperature 0 on the design's held-out prompts (the
+    first ``prompt_limit`` of ``prompts``, rendered by the target's chat template, up to
+    ``prompt_tokens`` new tokens each): ``acceptance_length`` and its interval over the
+    prompts; ``lookup``: prompt lookup's on the same prompts too (``block_size - 1``
+    candidate tokens a forward). Empty without ``prompts``. After :func:`run_draft`."""
+    if not design.prompts:
+        return {}
+    from lengthwise.dflash.chat import read_prompt_file, render_prompts
+    from lengthwise.dflash.evaluate import evaluate_set
+    from lengthwise.dflash.regenerate import stop_ids
+
+    ctx = context(design)
+    target = ctx.models.target
+    convs = read_prompt_file(design.prompts)[: design.prompt_limit]
+    row = evaluate_set(draft, target, render_prompts(convs, ctx.tokenizer),
+                       name=Path(design.prompts).stem, temperatures=(0.0,),
+                       max_new_tokens=design.prompt_tokens, batch_size=8,
+                       eos=stop_ids(ctx.tokenizer, target.model.config,
+                                    getattr(target.model, "generation_config", None)),
+                       seed=design.data_seed,
+                       check=False, accuracy=False,
+                       lookup_tokens=draft.config.block_size - 1 if lookup else None)[0]
+    keys = ["acceptance_length", "acceptance_interval", "new_tokens", "verify_forwards"]
+    if lookup:
+        keys += ["baseline", "baseline_acceptance_length", "baseline_acceptance_interval"]
+    return {k: row[k] for k in keys}
 
 
 def cached_rows(design: DFlashArms) -> Any:
@@ -408,12 +446,13 @@ def run_dflash_arm(job: tuple[str, str, int, str, int], design: DFlashArms, *,
         encoding="utf-8").splitlines() if line.strip()]
     micro = [x for x in micro if "step" in x and "event" not in x]
     hot = held_out(task, split.held, seed=design.data_seed, temperature=1.0)
+    real = real_acceptance(design, draft)
     return {"arm": arm, "schedule": schedule, "batch": batch, "order": order, "seed": seed,
             **trained, "budget": budget,
             **{k: final[k] for k in ("eval_loss", "eval_accuracy", "slot_accuracy",
                                      "simulated_acceptance", "expected_acceptance")},
             "expected_acceptance_t1": hot["expected_acceptance"], "alpha_t1": hot["alpha"],
-            "tokens_per_second": tokens_per_second(records, cfg.timing_warmup),
+            **real, "tokens_per_second": tokens_per_second(records, cfg.timing_warmup),
             "skipped_steps": sum(bool(r.get("skipped")) for r in records),
             "edges": [int(e) for e in sampler.edges or []],
             "epochs_seen": trained["real_tokens"] / float(split.lengths.sum()),

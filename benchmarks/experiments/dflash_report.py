@@ -44,6 +44,8 @@ FIGURES = ("eval_loss", "eval_accuracy", "expected_acceptance", "expected_accept
            "simulated_acceptance", "tokens_per_second", "padding_efficiency", "steps",
            "micro_batches", "real_tokens", "padded_tokens", "flops", "train_seconds",
            "skipped_steps")
+#: the figures runs have only when measured (real acceptance: a design with prompts)
+MEASURED = ("acceptance_length",)
 #: the most words of a decision sentence
 MAX_WORDS = 60
 
@@ -71,7 +73,7 @@ def _stable(mine: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _row(mine: list[dict[str, Any]], points: int) -> dict[str, Any]:
     out: dict[str, Any] = {"seeds": sorted(r["seed"] for r in mine)}
-    out.update({k: t_interval([r[k] for r in mine]) for k in FIGURES})
+    out.update({k: t_interval([r[k] for r in mine]) for k in _figures(FIGURES, mine)})
     width = max(len(r["slot_accuracy"]) for r in mine)
     out["slot_accuracy"] = [t_interval([r["slot_accuracy"][k] for r in mine
                                         if len(r["slot_accuracy"]) > k]) for k in range(width)]
@@ -86,7 +88,12 @@ def _paired(runs: list[dict[str, Any]], order: str, ref: str) -> dict[str, Any]:
     def get(key: str) -> Any:
         return lambda r: r[key]
 
-    return {k: paired_by_seed(runs, order, ref, get(k)) for k in PAIRED}
+    return {k: paired_by_seed(runs, order, ref, get(k)) for k in _figures(PAIRED, runs)}
+
+
+def _figures(names: tuple[str, ...], runs: list[dict[str, Any]]) -> tuple[str, ...]:
+    """``names`` and the :data:`MEASURED` figures every one of ``runs`` holds."""
+    return (*names, *(k for k in MEASURED if runs and all(k in r for r in runs)))
 
 
 def summarise_dflash(design: Any, runs: list[dict[str, Any]], info: dict[str, Any],
@@ -128,8 +135,8 @@ def table(cell: dict[str, Any]) -> str:
     """One Markdown row per order of ``cell`` (at most 8): held-out figures, their paired
     difference from random, throughput, padding, compute and the loss log's shape."""
     head = ["order", "held-out loss", "vs random", "accuracy", "E[accept] T=0", "vs random",
-            "E[accept] T=1", "tokens/s", "padding eff.", "GFLOP", "steps", "micro-batches",
-            "bands (0.1)", "same-bucket run"]
+            "E[accept] T=1", "accept length T=0", "tokens/s", "padding eff.", "GFLOP",
+            "steps", "micro-batches", "bands (0.1)", "same-bucket run"]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     for name, row in list(cell["orders"].items())[:8]:
         vs = row.get("vs_random") or {}
@@ -138,7 +145,8 @@ def table(cell: dict[str, Any]) -> str:
             name, _pm(row["eval_loss"]), _pm(vs.get("eval_loss"), "+.3f"),
             _pm(row["eval_accuracy"]), _pm(row["expected_acceptance"]),
             _pm(vs.get("expected_acceptance"), "+.3f"), _pm(row["expected_acceptance_t1"]),
-            _pm(row["tokens_per_second"], ".0f"), _pm(row["padding_efficiency"], ".2f"),
+            _pm(row.get("acceptance_length")), _pm(row["tokens_per_second"], ".0f"),
+            _pm(row["padding_efficiency"], ".2f"),
             f"{row['flops']['mean'] / 1e9:,.0f}", f"{row['steps']['mean']:.0f}",
             f"{row['micro_batches']['mean']:.0f}", _pm(log["bands_at_0_1"], ".1f"),
             _pm(log["longest_same_bucket_run"], ".1f")]) + " |")
@@ -151,12 +159,16 @@ def _detected(d: dict[str, Any] | None) -> bool:
 
 def decision_sentence(cell: dict[str, Any], *, seeds: int) -> str:
     """The setting's reading in one sentence of at most :data:`MAX_WORDS` words: per figure
-    (held-out loss, expected acceptance at T = 0) the orders that differ from random
-    (paired 95 % intervals that exclude zero), else no difference detected at this size;
+    (held-out loss, expected acceptance at T = 0, the real acceptance length when measured)
+    the orders that differ from random (paired 95 % intervals that exclude zero), else no
+    difference detected at this size;
     in arm ``data``, random's micro-batches against the fewest of another order."""
     parts = []
-    for key, what, better in (("eval_loss", "held-out loss", -1),
-                              ("expected_acceptance", "expected acceptance (T = 0)", 1)):
+    figures = [("eval_loss", "held-out loss", -1),
+               ("expected_acceptance", "expected acceptance (T = 0)", 1)]
+    if all("acceptance_length" in row for row in cell["orders"].values()):
+        figures.append(("acceptance_length", "acceptance length", 1))
+    for key, what, better in figures:
         found = []
         for name, row in cell["orders"].items():
             d = (row.get("vs_random") or {}).get(key)

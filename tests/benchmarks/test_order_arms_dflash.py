@@ -59,9 +59,19 @@ def _design(script, tiny, **settings):
 
 
 @pytest.fixture(scope="module")
-def check(script, tiny, tmp_path_factory):
+def prompts(tmp_path_factory):
+    """Three held-out one-turn prompts, as a prompt file."""
+    path = tmp_path_factory.mktemp("prompts") / "held.jsonl"
+    path.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in (
+        "name three colours", "what is a river", "count to five")), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def check(script, tiny, prompts, tmp_path_factory):
     torch.set_num_threads(1)
-    return script.run(_design(script, tiny), tmp_path_factory.mktemp("arms"), 1)
+    return script.run(_design(script, tiny, prompts=str(prompts)),
+                      tmp_path_factory.mktemp("arms"), 1)
 
 
 def test_the_check_design_keeps_its_invariants(script, check):
@@ -103,8 +113,13 @@ def test_each_run_measures_the_draft_and_its_loss_log(check):
     assert run["tokens_per_second"] > 0 and 0 < run["padding_efficiency"] <= 1
     assert len(run["micro_loss"]) == run["micro_batches"]
     assert "stable" in run["loss_log"] or "error" in run["loss_log"]
+    # real decoding of the held-out prompts: at least the target's own token a forward
+    assert 1.0 <= run["acceptance_length"] <= TINY["block_size"]
+    assert run["new_tokens"] >= run["verify_forwards"] > 0
     row = check["cells"]["data/cosine/2"]["orders"]["sorted"]
-    assert set(row["vs_random"]) >= {"eval_loss", "expected_acceptance", "flops"}
+    assert set(row["vs_random"]) >= {"eval_loss", "expected_acceptance", "flops",
+                                     "acceptance_length"}
+    assert row["acceptance_length"]["mean"] >= 1.0
 
 
 def test_the_reading_is_one_short_sentence_per_setting_and_a_table(script, check, tmp_path,
@@ -199,6 +214,7 @@ def test_standardize_features_reaches_the_draft_of_a_run(script, tiny, tmp_path)
 
 def test_every_run_starts_from_the_shared_draft_and_another_shape_is_refused(script, tiny,
                                                                               tmp_path):
+    from lengthwise.dflash.export import export_draft
     from lengthwise.dflash.recipe import _save_final
     from lengthwise.errors import ConfigError
     from lengthwise.train.device import pick_device
@@ -211,11 +227,13 @@ def test_every_run_starts_from_the_shared_draft_and_another_shape_is_refused(scr
     with torch.no_grad():
         first.fc.weight.add_(0.5)  # a draft no seed draws
     _save_final(first, tmp_path / "start" / "final", 7)
-    shared = _design(script, tiny, start=str(tmp_path / "start"))
-    for seed in (1, 2):
-        draft = run_draft(shared, shared.train_config(seed=seed, batch=2, steps=1), tmp_path,
-                          pick_device("cpu"))
-        assert draft.training and torch.equal(draft.fc.weight, first.fc.weight)
+    export_draft(first, tmp_path / "exported")  # a start committed as `dflash export` writes
+    for start in ("start", "exported"):
+        shared = _design(script, tiny, start=str(tmp_path / start))
+        for seed in (1, 2):
+            draft = run_draft(shared, shared.train_config(seed=seed, batch=2, steps=1),
+                              tmp_path, pick_device("cpu"))
+            assert draft.training and torch.equal(draft.fc.weight, first.fc.weight)
     other = _design(script, tiny, start=str(tmp_path / "start"),
                     train={**TINY, "block_size": 2})
     with pytest.raises(ConfigError, match="block_size 4 .the design's 2."):
