@@ -64,9 +64,9 @@ chats (``heldout_chats.jsonl``), 48 new tokens each. 5 orders x 5 paired seeds i
         --start benchmarks/order_arms_dflash_start --prompts $L/heldout_chats.jsonl \
         --workers 2 --out /tmp/order-arms-dflash
 
-Runtime: about 6 minutes of one core per run, of which about 80 seconds decode the
-prompts; 25 runs take about 80 minutes with ``--workers 2`` on two free cores (the
-results give the measured wall and CPU time). Arm ``compute`` and the constant schedule
+Runtime, measured: the 25 runs took 88 minutes with ``--workers 2`` on two otherwise idle
+cores (134 minutes of CPU; about 5.5 minutes of one core a run, of which about 80 seconds
+decode the prompts), then 3 minutes for the start's figures. Arm ``compute`` and the constant schedule
 are the design's next cells (add them to :data:`FULL`; the saved runs are reused): about
 as long each.
 
