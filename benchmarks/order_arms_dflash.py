@@ -39,11 +39,11 @@ refused, never mixed in: ``design.json`` records the paths and digests of what t
 read (:func:`experiments.dflash_arms.inputs`).
 
 What the runs read, and how a new machine gets it: the prepared chats are committed
-(``real_target_large_prepared/``); the start is committed (``order_arms_dflash_start/``, 31 MB, the
-large real-target run's draft at its step 400, exported in float32), because 400 training
-steps made again on another machine do not come out bit for bit the same; the feature
-cache (2.3 GB) is made again from the prepared chats in about 22 minutes, and the prompts
-are written with it::
+(``real_target_large_prepared/``); so is the start (``order_arms_dflash_start/``, 31 MB:
+the large real-target run's draft at its step 400, exported in float32), because 400
+training steps made again on another machine do not come out bit for bit the same; the
+feature cache (2.3 GB) is made again from the prepared chats in about 22 minutes, and the
+prompts are written with it::
 
     python benchmarks/real_target_dflash.py --scale large --work /work/cache/smol \
         --evals DIR      # stop it once it prints "lengthwise dflash train"
@@ -66,9 +66,12 @@ chats (``heldout_chats.jsonl``), 48 new tokens each. 5 orders x 5 paired seeds i
 
 Runtime, measured: the 25 runs took 88 minutes with ``--workers 2`` on two otherwise idle
 cores (134 minutes of CPU; about 5.5 minutes of one core a run, of which about 80 seconds
-decode the prompts), then 3 minutes for the start's figures. Arm ``compute`` and the constant schedule
-are the design's next cells (add them to :data:`FULL`; the saved runs are reused): about
-as long each.
+decode the prompts), then 3 minutes for the start's figures.
+
+:data:`FULL` now holds arm ``compute`` too (25 runs more, about as long): the same
+command reuses arm data's saved runs, saves each new run as it ends and writes the figures
+once every run is saved; until then the committed figures are arm data's. The constant
+schedule is the design's next cell (add it to :data:`FULL`).
 
 :data:`CHECK` is a reduced design on the same data and start (3 orders, 1 seed, the
 cosine schedule, both arms, 1 epoch of 48 training samples: 6 runs, 3 min); ``--check``
@@ -100,7 +103,7 @@ REGIONS: dict[str, tuple[str, ...]] = {"README.md": ("order-arms-dflash",)}
 from experiments import saved as store  # noqa: E402  (experiments/ is on the path from here)
 
 #: the committed experiment (change these, rerun, commit the JSON and the results)
-FULL: dict[str, Any] = {"arms": ("data",), "schedules": ("cosine",), "epochs": 1,
+FULL: dict[str, Any] = {"arms": ("data", "compute"), "schedules": ("cosine",), "epochs": 1,
                         "eval_points": 2, "train_samples": 400, "train": {"lr": 1.6e-3}}
 #: the reduced run whose figures are committed under ``check``
 CHECK: dict[str, Any] = {"orders": ("sorted", "random", "stratified"),

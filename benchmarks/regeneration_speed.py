@@ -7,6 +7,9 @@ Usage::
                                                  # and benchmarks/REGENERATION_SPEED_RESULTS.md
     python benchmarks/regeneration_speed.py --dtype bfloat16 \
         --out benchmarks/REGENERATION_SPEED_BF16.json   # the new path in bfloat16
+    python benchmarks/regeneration_speed.py --conversations 192 --group 96 \
+        --batch-size 64 --max-tokens 65536 \
+        --out benchmarks/REGENERATION_SPEED_B64.json    # a wider batch, more chats
 
 ``--dtype`` loads the new path's target in that dtype; the reference keeps the target's own
 (float32), so the identical turns say what the dtype changes in the written text.
