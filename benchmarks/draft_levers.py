@@ -5,7 +5,7 @@ levers whose held-out loss was lower than the baseline's, with a 95 % interval b
 every seed, a draft is trained by the recipe (``train_draft``) from a feature cache,
 with the same held-out chats for every run (``split_seed``). Each held-out chat is then
 evaluated teacher-forced at the same ``EVAL_ANCHORS`` anchors in every run
-(:func:`~lengthwise.dflash.decode.evaluate_blocks`, the target's distributions from the
+(:func:`~lengthwise.dflash.teacher_forced.evaluate_blocks`, the target's distributions from the
 cache): loss, top-1 accuracy per block position, the acceptance those accuracies imply
 (``simulated_acceptance_length``, ``1 + sum_k prod_{j<=k} acc_j``) and the
 ``expected_acceptance`` at temperature 1 (``alpha_j = 1 - TV``). A lever's effect is the

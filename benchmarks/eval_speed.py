@@ -68,12 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import torch
 
-    from lengthwise.dflash.evaluate import (
-        SLOTS_PER_FORWARD,
-        evaluate_set,
-        greedy_reference,
-        teacher_forced,
-    )
+    from lengthwise.dflash.evaluate import evaluate_set, greedy_reference
+    from lengthwise.dflash.teacher_forced import SLOTS_PER_FORWARD, teacher_forced
 
     torch.set_num_threads(args.threads)
     target, draft = models()

@@ -201,12 +201,12 @@ def quality(prepared: Path, target: Path, cache: Path, work: Path, steps: int,
     """Drafts trained online and from the cache (same seed, steps); paired held-out figures."""
     import shutil
 
-    from lengthwise.dflash.decode import evaluate_blocks
     from lengthwise.dflash.load import trained_draft
     from lengthwise.dflash.objective import target_layer_ids
     from lengthwise.dflash.prepared import open_prepared
-    from lengthwise.dflash.recipe import held_out_batches, split_samples, train_draft
+    from lengthwise.dflash.recipe import split_samples, train_draft
     from lengthwise.dflash.target import Target, load_target
+    from lengthwise.dflash.teacher_forced import evaluate_blocks, held_out_batches
     from lengthwise.dflash.train_config import RunSettings
 
     cfg = _train_cfg(steps)

@@ -15,7 +15,7 @@ SpecForge runs on the CPU in float32 with its ``eager`` attention backend (the d
 of ``create_dflash_sdpa_mask`` and its eager attention), which SpecForge offers for
 devices without flex attention: no part of it is stubbed. At each checkpoint of the
 curve, both drafts are evaluated by one evaluator: lengthwise's teacher-forced pass
-(:func:`~lengthwise.dflash.decode.evaluate_blocks`) on every held-out chat at the same
+(:func:`~lengthwise.dflash.teacher_forced.evaluate_blocks`) on every held-out chat at the same
 ``EVAL_ANCHORS`` anchors (seed 0), the reference's weights read into lengthwise's draft
 through the exported layout (:func:`~lengthwise.dflash.load.load_exported`). Before
 training, each seed checks that mapping: the reference's initial weights in lengthwise's

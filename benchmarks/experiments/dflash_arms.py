@@ -242,7 +242,7 @@ def budgets(design: DFlashArms, task: Any, sample: Any, flops: Any, batch: int,
 def held_out(task: Any, held: list[Any], *, seed: int, temperature: float) -> dict[str, Any]:
     """The draft's held-out figures: loss, accuracy overall and per block position, the
     acceptance length those imply, and the expected acceptance at ``temperature``."""
-    from lengthwise.dflash.decode import evaluate_blocks
+    from lengthwise.dflash.teacher_forced import evaluate_blocks
 
     cfg = task.cfg
     ev = evaluate_blocks(task.model, task.target, held, num_anchors=cfg.num_anchors, seed=seed,
@@ -386,7 +386,7 @@ def cached_rows(design: DFlashArms) -> Any:
     """The cached target features of the training samples (their ids) and of the held-out
     batches (ids from ``HELD_OUT_FIRST_ID``), after :func:`run_draft` loaded the models."""
     from lengthwise.dflash.features import CachedRows
-    from lengthwise.dflash.recipe import HELD_OUT_FIRST_ID
+    from lengthwise.dflash.teacher_forced import HELD_OUT_FIRST_ID
 
     ctx = context(design)
     split = ctx.split

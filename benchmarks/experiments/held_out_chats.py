@@ -47,7 +47,7 @@ class HeldOutChats:
     def batches(self, j: int) -> list[tuple[dict[str, Any], list[list[int]]]]:
         """Held-out chat ``j`` (a dataset index) alone, cut to ``max_len``, as the held-out
         evaluation's ``(batch, rows)`` pairs."""
-        from lengthwise.dflash.recipe import held_out_batches
+        from lengthwise.dflash.teacher_forced import held_out_batches
 
         return held_out_batches([{k: v[: self.max_len]
                                   for k, v in self.data.sample(int(j)).items()}])
@@ -55,11 +55,11 @@ class HeldOutChats:
     def figures(self, draft: Any, target: Any, cache: Any, names: Sequence[str],
                 **evaluate: Any) -> dict[str, list[Any]]:
         """``draft``'s figures ``names`` (fields of
-        :class:`~lengthwise.dflash.decode.BlockEval`) on each held-out chat, in ``chat``
+        :class:`~lengthwise.dflash.teacher_forced.BlockEval`) on each held-out chat, in ``chat``
         order, the target's features read from the feature ``cache``; ``evaluate``: the
-        keywords of :func:`~lengthwise.dflash.decode.evaluate_blocks` (anchors, seed)."""
-        from lengthwise.dflash.decode import evaluate_blocks
+        keywords of :func:`~lengthwise.dflash.teacher_forced.evaluate_blocks` (anchors, seed)."""
         from lengthwise.dflash.features import CachedRows
+        from lengthwise.dflash.teacher_forced import evaluate_blocks
 
         per: dict[str, list[Any]] = {"chat": [], **{name: [] for name in names}}
         for j in self.ids:

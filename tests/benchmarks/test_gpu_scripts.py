@@ -134,7 +134,7 @@ def test_held_out_evaluation_stays_within_the_training_budgets(tmp_path, monkeyp
     stage's, within max_tokens tokens and max_slots slots (before: the four held-out samples
     in one batch of 4 x 96 tokens and 4 x 16 anchors x 4 = 256 slots, and the eval stage's
     every anchor of both prompts' outputs in one draft forward, 56 slots)."""
-    import lengthwise.dflash.decode as decode
+    import lengthwise.dflash.teacher_forced as decode
 
     tokens, slots = [], []
     real_blocks, real_hidden = decode.make_blocks, decode.block_hidden

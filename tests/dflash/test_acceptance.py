@@ -86,12 +86,9 @@ def _constant_pair(scale: float):
 
 
 def test_expected_acceptance_at_temperature_one_predicts_real_decoding():
-    from lengthwise.dflash.evaluate import (
-        acceptance_interval,
-        conditional_acceptance,
-        teacher_forced,
-    )
+    from lengthwise.dflash.evaluate import acceptance_interval, conditional_acceptance
     from lengthwise.dflash.speculative import speculative_batch
+    from lengthwise.dflash.teacher_forced import teacher_forced
 
     target, draft = _constant_pair(scale=3.0)
     prompts = [[1, 2, 3]] * 200
@@ -110,8 +107,8 @@ def test_expected_acceptance_at_temperature_one_predicts_real_decoding():
 def test_at_temperature_zero_agreement_on_greedy_outputs_is_the_top1_accuracy():
     """On the target's own greedy text the label at a + k is the target's top-1 there:
     alpha at T = 0 is the slot accuracy, to the count."""
-    from lengthwise.dflash.evaluate import teacher_forced
     from lengthwise.dflash.speculative import speculative_batch
+    from lengthwise.dflash.teacher_forced import teacher_forced
 
     target = tiny_target(seed=3)
     target.model.double()

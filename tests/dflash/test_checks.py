@@ -12,8 +12,8 @@ torch = pytest.importorskip("torch")
 from _dflash_run import config  # noqa: E402
 from _dflash_tiny import tiny_draft, tiny_target  # noqa: E402
 
-from lengthwise.dflash.decode import acceptance, speculative_generate  # noqa: E402
 from lengthwise.dflash.model import DFlashConfig, check_target  # noqa: E402
+from lengthwise.dflash.speculative import acceptance, speculative_batch  # noqa: E402
 from lengthwise.dflash.train import DFlashTask  # noqa: E402
 from lengthwise.dflash.train_config import DFlashTrainConfig  # noqa: E402
 from lengthwise.errors import ConfigError, DataError  # noqa: E402
@@ -134,7 +134,7 @@ def test_samples_longer_than_max_len_are_truncated_as_the_plan_counted(pair, tmp
 def test_decoding_parameters_that_cannot_work_are_refused(pair, prompt, new, message):
     target, draft = pair
     with pytest.raises(ConfigError, match=message):
-        speculative_generate(draft, target, prompt, max_new_tokens=new)
+        speculative_batch(draft, target, [prompt], max_new_tokens=new)
     with pytest.raises(ConfigError, match=message):
         acceptance(draft, target, [[1, 2], prompt], max_new_tokens=new)
 
@@ -143,7 +143,7 @@ def test_decoding_with_a_draft_of_another_target_is_refused(pair):
     target, _ = pair
     other = tiny_draft(tiny_target(layers=6))
     with pytest.raises(ConfigError, match="built for a target of 6 layers"):
-        speculative_generate(other, target, [1, 2], max_new_tokens=4)
+        speculative_batch(other, target, [[1, 2]], max_new_tokens=4)
 
 
 @pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler")  # a skipped step 1

@@ -28,7 +28,7 @@ def models():
 @given(slots=st.integers(1, 300), lengths=st.lists(st.integers(3, 24), min_size=1, max_size=5),
        batch=st.integers(1, 4))
 def test_bounded_forwards_give_the_figures_of_one_forward(models, slots, lengths, batch):
-    from lengthwise.dflash.evaluate import teacher_forced
+    from lengthwise.dflash.teacher_forced import teacher_forced
 
     target, draft = models
     g = torch.Generator().manual_seed(sum(lengths))
@@ -78,7 +78,7 @@ class Forwards:
 def test_teacher_forced_pass_keeps_the_training_budgets(exact, lengths, max_tokens, max_slots):
     """No target forward holds more than max_tokens tokens, no draft forward more than
     max_slots slots; the figures are the unbudgeted pass's on the texts cut to max_tokens."""
-    from lengthwise.dflash.evaluate import teacher_forced
+    from lengthwise.dflash.teacher_forced import teacher_forced
 
     target, draft = exact
     g = torch.Generator().manual_seed(sum(lengths) + max_tokens)
@@ -104,13 +104,13 @@ def test_eval_stage_passes_the_budgets_to_its_accuracy_pass(exact, monkeypatch):
     """evaluate_set's teacher-forced pass within max_tokens and max_slots, the same figures as
     without them (no text is cut); budgets that hold no block or token are refused before
     decoding."""
-    import lengthwise.dflash.evaluate as evaluate
+    import lengthwise.dflash.teacher_forced as teacher_forced
     from lengthwise.dflash.evaluate import evaluate_set
 
     target, draft = exact
     prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10, 11]]
     seen = Forwards(target, draft)
-    inner = evaluate.evaluate_blocks
+    inner = teacher_forced.evaluate_blocks
 
     def counted(*args, **kwargs):  # only the accuracy pass, not the decoding
         seen.on = True
@@ -119,7 +119,7 @@ def test_eval_stage_passes_the_budgets_to_its_accuracy_pass(exact, monkeypatch):
         finally:
             seen.on = False
 
-    monkeypatch.setattr(evaluate, "evaluate_blocks", counted)
+    monkeypatch.setattr(teacher_forced, "evaluate_blocks", counted)
     run = dict(name="p", temperatures=[0.0], max_new_tokens=6, check=False)
     try:
         free, = evaluate_set(draft, target, prompts, **run)
@@ -166,7 +166,7 @@ def test_eval_speed_benchmark_writes_its_table(tmp_path):
 
 def test_counts_pool_the_figures_of_parts_into_those_of_the_whole(models):
     # accuracy per length stratum and overall from one pass per stratum: the counts weight them
-    from lengthwise.dflash.evaluate import teacher_forced
+    from lengthwise.dflash.teacher_forced import teacher_forced
 
     target, draft = models
     g = torch.Generator().manual_seed(5)

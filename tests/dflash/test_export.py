@@ -63,8 +63,8 @@ def test_reference_loads_every_weight_and_reproduces_the_logits(tmp_path):
 
 
 def test_reference_decoding_gives_our_tokens_and_acceptance(tmp_path, monkeypatch):
-    from lengthwise.dflash.decode import speculative_generate
     from lengthwise.dflash.export import export_draft
+    from lengthwise.dflash.speculative import speculative_batch
 
     dmodel = reference_decoder(monkeypatch)
     target, draft = qwen3_pair(vocab=6, seed=2, block_size=5)
@@ -72,7 +72,7 @@ def test_reference_decoding_gives_our_tokens_and_acceptance(tmp_path, monkeypatc
     ref, _ = reference(tmp_path)
     accepted = []
     for prompt in ([1, 2, 3], [4, 0, 2, 2, 1, 3, 0]):
-        ours = speculative_generate(draft, target, prompt, max_new_tokens=24)
+        ours = speculative_batch(draft, target, [prompt], max_new_tokens=24)[0]
         assert reference_decode(dmodel, ref, target.model, prompt, 24) == (ours.tokens,
                                                                             ours.accepted)
         accepted += ours.accepted

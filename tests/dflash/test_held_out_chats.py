@@ -30,12 +30,12 @@ def test_the_split_seed_holds_out_the_chats_dflash_train_holds_out(tiny_prepared
 
 
 def test_each_chat_is_measured_alone_cut_to_max_len(tiny_prepared, tmp_path):
-    from lengthwise.dflash.decode import evaluate_blocks
     from lengthwise.dflash.features import CachedRows, FeaturesConfig, open_features, write_features
     from lengthwise.dflash.mask_token import ensure_mask_token
     from lengthwise.dflash.prepared import open_prepared
-    from lengthwise.dflash.recipe import held_out_batches, new_draft
+    from lengthwise.dflash.recipe import new_draft
     from lengthwise.dflash.target import Target, load_target, load_tokenizer
+    from lengthwise.dflash.teacher_forced import evaluate_blocks, held_out_batches
     from lengthwise.dflash.train_config import DFlashTrainConfig
 
     from experiments.held_out_chats import held_out_chats

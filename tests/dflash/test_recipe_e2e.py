@@ -96,9 +96,9 @@ def test_prepare_train_export_eval(recipe):
 def test_the_reference_package_agrees_with_the_trained_draft(recipe, monkeypatch):
     dmodel = reference_decoder(monkeypatch)
     from lengthwise.dflash.chat import bundled_prompts, read_prompt_file, render_prompts
-    from lengthwise.dflash.decode import speculative_generate
     from lengthwise.dflash.load import load_draft
     from lengthwise.dflash.loss import block_inputs
+    from lengthwise.dflash.speculative import speculative_batch
     from lengthwise.dflash.target import Target, load_target
 
     data, run, exported = recipe["data"], recipe["run"], recipe["exported"]
@@ -129,6 +129,6 @@ def test_the_reference_package_agrees_with_the_trained_draft(recipe, monkeypatch
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(serve))
     prompts = render_prompts(read_prompt_file(bundled_prompts())[:2], tokenizer, thinking=False)
     for prompt in prompts:
-        spec = speculative_generate(ours, target, prompt, max_new_tokens=16)
+        spec = speculative_batch(ours, target, [prompt], max_new_tokens=16)[0]
         assert reference_decode(dmodel, ref, target.model, prompt, 16) == (spec.tokens,
                                                                             spec.accepted)

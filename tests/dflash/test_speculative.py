@@ -18,7 +18,8 @@ PROMPTS = [[1, 2, 3], [4, 0, 2, 2, 1, 3, 0], [5], [2, 2]]
 
 @pytest.mark.parametrize("make", ["qwen3", "llama"])
 def test_batched_greedy_equals_the_targets_greedy_and_the_uncached_decoder(make):
-    from lengthwise.dflash.decode import speculative_generate
+    from _uncached_decoder import uncached_decode
+
     from lengthwise.dflash.speculative import speculative_batch
 
     if make == "qwen3":
@@ -29,7 +30,7 @@ def test_batched_greedy_equals_the_targets_greedy_and_the_uncached_decoder(make)
     gens = speculative_batch(draft, target, PROMPTS, max_new_tokens=17)
     accepted = []
     for prompt, gen in zip(PROMPTS, gens, strict=True):
-        one = speculative_generate(draft, target, prompt, max_new_tokens=17)
+        one = uncached_decode(draft, target, prompt, max_new_tokens=17)
         assert gen.tokens == target.greedy(prompt, 17) == one.tokens
         assert gen.accepted == one.accepted and gen.target_forwards == one.target_forwards
         accepted += gen.accepted
@@ -106,8 +107,10 @@ def test_bad_decoding_parameters_are_named():
     from lengthwise.dflash.speculative import speculative_batch
 
     target, draft = qwen3_pair()
-    with pytest.raises(ConfigError, match="at least one token"):
+    with pytest.raises(ConfigError, match="prompt is empty"):
         speculative_batch(draft, target, [[1], []], max_new_tokens=3)
+    with pytest.raises(ConfigError, match="at least one prompt"):
+        speculative_batch(draft, target, [], max_new_tokens=3)
     with pytest.raises(ConfigError, match="max_new_tokens"):
         speculative_batch(draft, target, [[1]], max_new_tokens=0)
     with pytest.raises(ConfigError, match="temperature"):
@@ -267,3 +270,36 @@ def test_the_draft_is_skipped_when_prompt_lookup_fills_every_block(monkeypatch, 
     assert calls == [] and all(len(g.tokens) == 9 for g in gens)
     if temperature == 0:
         assert [g.tokens for g in gens] == [target.greedy(p, 9) for p in PROMPTS]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_output_equals_greedy_and_every_verification_is_counted(seed):
+    from lengthwise.dflash.speculative import speculative_batch
+
+    target = tiny_target(seed=seed)
+    draft = tiny_draft(target, seed=seed + 10, block_size=3 + seed)
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(1, 40, (n,), generator=g).tolist() for n in (1, 4, 9)]
+    for prompt, out in zip(prompts, speculative_batch(draft, target, prompts,
+                                                      max_new_tokens=20), strict=True):
+        assert out.tokens == target.greedy(prompt, 20)
+        assert len(out.tokens) == 20 == 1 + sum(out.accepted)
+        assert out.target_forwards == 1 + len(out.accepted)
+        assert all(1 <= k <= draft.config.block_size for k in out.accepted)
+
+
+def test_a_perfect_proposer_keeps_whole_blocks_and_acceptance_pools_them():
+    """The oracle's counting (a proposer that is always right keeps B tokens a verification),
+    then :func:`acceptance` on the real draft: lossless, pooled over forwards."""
+    from _uncached_decoder import uncached_decode
+
+    from lengthwise.dflash.speculative import acceptance
+
+    target = tiny_target(seed=5)
+    draft = tiny_draft(target, block_size=4)
+    out = uncached_decode(draft, target, [3, 4, 5], max_new_tokens=13,
+                          propose=lambda d, t, seq, f: t.greedy(seq, d.config.block_size - 1))
+    assert out.accepted == [4, 4, 4] and out.tokens == target.greedy([3, 4, 5], 13)
+    res = acceptance(draft, target, [[3, 4, 5], [6, 7]], max_new_tokens=13)
+    assert res["lossless"] and res["prompts"] == 2 and 1.0 <= res["acceptance_length"] < 4.0
+    assert res["verify_forwards"] >= 2 * 3  # 12 tokens a prompt, at most 4 a verification

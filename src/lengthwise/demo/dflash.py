@@ -79,8 +79,8 @@ class DFlashOrderRun:
     def finish(self) -> dict[str, Any]:
         """Evaluate (rank 0), close the log, return the order's figures."""
         from lengthwise.demo.results import read_log, summarise
-        from lengthwise.dflash.decode import acceptance, evaluate_blocks
-        from lengthwise.dflash.recipe import held_out_batches
+        from lengthwise.dflash.speculative import acceptance
+        from lengthwise.dflash.teacher_forced import evaluate_blocks, held_out_batches
 
         loop, cfg = self.loop, self.cfg
         main = rank_world(self.info)[0] == 0

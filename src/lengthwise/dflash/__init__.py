@@ -12,7 +12,8 @@
 - :mod:`~lengthwise.dflash.attention`: the flex-attention block-sparse mask (CUDA).
 - :mod:`~lengthwise.dflash.cost`: the peak memory and time of each stage, predicted from the
   target's ``config.json`` before launch (``lengthwise dflash estimate``).
-- :mod:`~lengthwise.dflash.decode`: speculative decoding and its acceptance length.
+- :mod:`~lengthwise.dflash.teacher_forced`: the draft's held-out loss, accuracy per block slot
+  and expected acceptance, teacher-forced.
 - :mod:`~lengthwise.dflash.train`: the training loop on lengthwise's sampler, collators,
   ``StepLogger``, checkpoints and ``SpikeGuard``.
 - :mod:`~lengthwise.dflash.chat_files`, :mod:`~lengthwise.dflash.chat`,
@@ -25,7 +26,8 @@
 - :mod:`~lengthwise.dflash.rope`: the target's rotary settings on transformers 4.x and 5.x.
 - :mod:`~lengthwise.dflash.export`, :mod:`~lengthwise.dflash.load`: the served layout (reference
   ``dflash``, speculators), and drafts back from it or from a training checkpoint.
-- :mod:`~lengthwise.dflash.speculative`: batched speculative decoding with the KV cache.
+- :mod:`~lengthwise.dflash.speculative`: speculative decoding (batched, the target's KV cache)
+  and its acceptance length.
 - :mod:`~lengthwise.dflash.evaluate`: the figures of ``lengthwise dflash eval``, the acceptance
   interval over prompts, conditional and expected acceptance (prompt sets in
   :mod:`~lengthwise.dflash.chat`);

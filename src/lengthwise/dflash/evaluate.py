@@ -16,11 +16,12 @@ target's KV cache) and reports:
   decoded, and ``1 + sum_k prod_{j<=k} alpha_j``;
 - ``draft_accuracy`` and ``slot_accuracy`` (temperature 0, with ``accuracy``): the
   draft's teacher-forced top-1 accuracy on the target's own greedy outputs, overall
-  and per block slot (:func:`~lengthwise.dflash.decode.evaluate_blocks`, every
-  position an anchor, in draft forwards of at most :data:`SLOTS_PER_FORWARD` slots),
+  and per block slot (:func:`~lengthwise.dflash.teacher_forced.evaluate_blocks`, every
+  position an anchor, in draft forwards of at most
+  :data:`~lengthwise.dflash.teacher_forced.SLOTS_PER_FORWARD` slots),
   with the acceptance length those accuracies imply. With training's budgets
   (``max_tokens``, ``max_slots``) the pass is batched and split as training's held-out
-  evaluation is (:func:`teacher_forced`);
+  evaluation is (:func:`~lengthwise.dflash.teacher_forced.teacher_forced`);
 - with ``lookup_tokens``: prompt-lookup decoding of the same prompts as a training-free
   baseline (:func:`baseline_figures`, :mod:`~lengthwise.dflash.lookup`).
 
@@ -53,25 +54,22 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.dflash.decode import evaluate_blocks
 from lengthwise.dflash.lookup import LOOKUP_NGRAM, prompt_lookup, target_generate
 from lengthwise.dflash.loss import HEAD_CHUNK
 from lengthwise.dflash.objective import simulated_acceptance_length
-from lengthwise.dflash.recipe import held_out_batches
 from lengthwise.dflash.speculative import speculative_batch
+from lengthwise.dflash.teacher_forced import check_budgets, teacher_forced
 from lengthwise.errors import ConfigError
 from lengthwise.intervals import t_interval
 from lengthwise.progress import progress as bar
 
-__all__ = ["INTERVAL", "SLOTS_PER_FORWARD", "acceptance_interval", "baseline_figures",
+__all__ = ["INTERVAL", "acceptance_interval", "baseline_figures",
            "conditional_acceptance", "decoding_figures", "evaluate_set", "expected_acceptance",
-           "greedy_reference", "teacher_forced"]
+           "greedy_reference"]
 
 #: how :func:`acceptance_interval` is computed (named in every report)
 INTERVAL = "95% Student-t over prompts"
 
-#: block slots per draft forward of the teacher-forced pass (bounds its attention's size)
-SLOTS_PER_FORWARD = 4096
 
 
 def greedy_reference(target: Any, prompt: list[int], max_new_tokens: int,
@@ -81,48 +79,9 @@ def greedy_reference(target: Any, prompt: list[int], max_new_tokens: int,
     return target_generate(target, prompt, max_new_tokens, eos)
 
 
-def teacher_forced(draft: Any, target: Any, prompts: Sequence[list[int]],
-                   outputs: Sequence[list[int]], *, batch_size: int = 8,
-                   max_tokens: int | None = None, max_slots: int | None = None,
-                   head_chunk: int = HEAD_CHUNK,
-                   slots_per_forward: int | None = SLOTS_PER_FORWARD,
-                   progress: bool = False, temperature: float | None = None) -> Any:
-    """:class:`~lengthwise.dflash.decode.BlockEval` of the draft on ``prompt + output`` texts.
-
-    The outputs are supervised, the prompts are not; every possible anchor is used. The
-    budgets are training's: the texts are batched as its held-out samples are
-    (:func:`~lengthwise.dflash.recipe.held_out_batches`: by similar length, at most
-    ``batch_size`` texts and ``max_tokens`` padded tokens a batch; a longer text is cut to
-    ``max_tokens``, as training cuts samples at ``max_len``), and a draft forward holds at
-    most ``max_slots`` (and ``slots_per_forward``) block slots, at least one block: a
-    batch holds at most that many over ``block_size`` texts, and its anchors are split
-    over forwards. Within the budgets the figures are those of one forward per batch.
-    ``temperature``: also ``alpha`` and the expected acceptance at that temperature.
-    """
-
-    block = draft.config.block_size
-    _check_budgets(max_tokens, max_slots, block)
-    bounds = [s for s in (max_slots, slots_per_forward) if s is not None]
-    slots = min(bounds) if bounds else None
-    if slots is not None:
-        batch_size = min(batch_size, max(1, slots // block))
-    samples = []
-    for p, o in zip(prompts, outputs, strict=True):
-        ids = np.asarray(list(p) + list(o), dtype=np.int64)[:max_tokens]
-        labels = ids.copy()
-        labels[: len(p)] = -100
-        samples.append({"input_ids": ids, "labels": labels})
-    batches = held_out_batches(samples, batch_size=batch_size, max_tokens=max_tokens)
-    longest = max(s["input_ids"].size for s in samples)
-    return evaluate_blocks(draft, target,
-                           bar(batches, desc="draft accuracy", unit="batch", enable=progress),
-                           num_anchors=longest, head_chunk=head_chunk, slots_per_forward=slots,
-                           temperature=temperature)
-
-
 def decoding_figures(gens: Sequence[Any], *, name: str, temperature: float, block_size: int,
                      ) -> dict[str, Any]:
-    """The figures of one set's real decoding (:class:`~lengthwise.dflash.decode.Generation`).
+    """The figures of one set's real decoding (:class:`~lengthwise.dflash.speculative.Generation`).
 
     ``acceptance_length`` is the mean over prompts of each prompt's tokens per verifying
     forward, with its 95 % t-interval over prompts (``acceptance_interval``) and the
@@ -199,15 +158,6 @@ def _paired(gens: Sequence[Any], runs: Sequence[Any]) -> dict[str, Any]:
     return {"mean": diff["mean"], "lo": diff["lo"], "hi": diff["hi"]}
 
 
-def _check_budgets(max_tokens: int | None, max_slots: int | None, block: int) -> None:
-    """Refuse a token budget below one token and a slot budget below one block."""
-    if max_tokens is not None and max_tokens < 1:
-        raise ConfigError(f"max_tokens must be >= 1, got {max_tokens}")
-    if max_slots is not None and max_slots < block:
-        raise ConfigError(f"max_slots={max_slots} holds no block of block_size={block}; give "
-                          "max_slots >= block_size")
-
-
 def evaluate_set(draft: Any, target: Any, prompts: list[list[int]], *, name: str,
                  temperatures: Sequence[float] = (0.0, 1.0), max_new_tokens: int = 256,
                  batch_size: int = 16, eos: int | Collection[int] | None = None,
@@ -230,7 +180,7 @@ def evaluate_set(draft: Any, target: Any, prompts: list[list[int]], *, name: str
     if not prompts:
         raise ConfigError(f"prompt set {name}: no prompts")
     if accuracy:
-        _check_budgets(max_tokens, max_slots, draft.config.block_size)
+        check_budgets(max_tokens, max_slots, draft.config.block_size)
     def decode(temp: float, lookup_ngram: int | None = None) -> Iterator[Any]:
         """The prompts decoded speculatively in batches (``lookup_ngram``: combined)."""
         for lo in range(0, len(prompts), batch_size):

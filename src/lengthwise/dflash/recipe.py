@@ -8,7 +8,7 @@ and trains on the rest with :class:`~lengthwise.train.loop.TrainLoop` and
 rank 0 evaluates the draft teacher-forced on the held-out samples and the step
 record gets ``eval_loss``, ``eval_accuracy``, ``eval_simulated_acceptance_length`` and
 ``eval_expected_acceptance`` (at temperature 1, from ``1 - TV(p_draft, p_target)`` per block
-slot; :func:`~lengthwise.dflash.decode.evaluate_blocks`). The run folder holds
+slot; :func:`~lengthwise.dflash.teacher_forced.evaluate_blocks`). The run folder holds
 ``train_log.jsonl``, ``checkpoints/`` (exact resume with ``resume=True``),
 ``draft_config.json``, at the end ``final/draft.pt`` and, when the mask token needed a
 row the target lacked, ``target/``: the target grown by that row, with its tokenizer
@@ -42,7 +42,6 @@ import numpy as np
 import torch
 
 from lengthwise.atomic import atomic_open
-from lengthwise.dflash.decode import evaluate_blocks
 from lengthwise.dflash.draft_init import warm_start, zero_output
 from lengthwise.dflash.features import CachedRows, open_features
 from lengthwise.dflash.load import FINAL_STEP
@@ -53,6 +52,7 @@ from lengthwise.dflash.out_lock import sole_writer
 from lengthwise.dflash.prepared import open_prepared
 from lengthwise.dflash.target import Target, check_causal_lm, load_target, load_tokenizer
 from lengthwise.dflash.target_match import TOKENIZER_FIELDS, check_tokenizer, weights_record
+from lengthwise.dflash.teacher_forced import HELD_OUT_FIRST_ID, evaluate_blocks, held_out_batches
 from lengthwise.dflash.train import DFlashTask, check_budget
 from lengthwise.dflash.train_config import (
     SETTINGS_FILE,
@@ -65,7 +65,6 @@ from lengthwise.dflash.train_config import (
 from lengthwise.disk import reporting_full_disk
 from lengthwise.errors import ConfigError, DataError
 from lengthwise.progress import progress as bar
-from lengthwise.pytorch.collate import PadCollator
 from lengthwise.train.checkpoint import latest_checkpoint
 from lengthwise.train.checkpoint.state import state_bytes
 from lengthwise.train.device import (
@@ -82,42 +81,7 @@ from lengthwise.train.step_logger.rollback import log_files
 from lengthwise.train.stop import EXIT_STATUS as STOPPED
 from lengthwise.train.stop import StopRequest
 
-__all__ = ["EvalTask", "held_out_batches", "new_draft", "starting_draft", "train_draft"]
-
-#: the sample id of the first held-out sample in its batches (training ids stay below it)
-HELD_OUT_FIRST_ID = 10**9
-
-
-def held_out_batches(samples: list[dict[str, Any]], *, batch_size: int = 8,
-                     max_tokens: int | None = None, first_id: int = HELD_OUT_FIRST_ID,
-                     ) -> list[tuple[dict[str, Any], list[list[int]]]]:
-    """Held-out samples collated by similar length into ``(batch, rows)`` pairs.
-
-    A batch holds at most ``batch_size`` samples and, with ``max_tokens``, at most that
-    many padded tokens (the training budget, which the slots budget assumes). ``rows``
-    gives each sample an id from ``first_id`` on (anchors are drawn per id).
-
-    Example::
-        >>> import numpy as np
-        >>> s = [{"input_ids": np.arange(n), "labels": np.arange(n)} for n in (5, 3, 4)]
-        >>> [b["input_ids"].shape for b, _ in held_out_batches(s, batch_size=2)]
-        [torch.Size([2, 4]), torch.Size([1, 5])]
-        >>> [b["input_ids"].shape for b, _ in held_out_batches(s, max_tokens=8)]
-        [torch.Size([2, 4]), torch.Size([1, 5])]
-    """
-    collate = PadCollator(pad_token_id=0, pad_multiple=1)
-    order = sorted(range(len(samples)), key=lambda i: len(samples[i]["input_ids"]))
-    groups: list[list[int]] = []
-    for i in order:
-        n = len(samples[i]["input_ids"])
-        last = groups[-1] if groups else None
-        if (last is not None and len(last) < batch_size
-                and (max_tokens is None or (len(last) + 1) * n <= max_tokens)):
-            last.append(i)
-        else:
-            groups.append([i])
-    return [(collate([samples[i] for i in g]), [[first_id + i] for i in g]) for g in groups]
-
+__all__ = ["EvalTask", "new_draft", "starting_draft", "train_draft"]
 
 def new_draft(target: Any, cfg: DFlashTrainConfig, *, mask_token_id: int,
               feature_scale: Any = None, samples: Iterable[Any] = ()) -> Any:

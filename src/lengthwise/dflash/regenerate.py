@@ -133,14 +133,11 @@ class TurnGenerator:
             outs = self.engine.generate([TokensPrompt(prompt_token_ids=p.tolist())
                                          for p in prompts], params, use_tqdm=False)
             return [list(o.outputs[0].token_ids) for o in outs]
-        import torch
+        from lengthwise.dflash.generate import generate_responses
 
-        from lengthwise.dflash.generate import decode_batch
-
-        outs = decode_batch(self.model, prompts, max_new_tokens=self.cfg.max_new_tokens,
-                            stops=self.stops, temperature=self.cfg.temperature,
-                            generator=torch.Generator(device=self.device).manual_seed(seed),
-                            device=self.device)
+        outs = generate_responses(self.model, prompts, max_new_tokens=self.cfg.max_new_tokens,
+                                  eos=self.stops, temperature=self.cfg.temperature, seed=seed,
+                                  batch_size=len(prompts), device=self.device)
         return [o.tolist() for o in outs]
 
     def regenerate(self, convs: list[list[dict[str, str]]], *, seed: int,

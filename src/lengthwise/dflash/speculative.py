@@ -22,9 +22,8 @@ slots go through the LM head.
   drawn from the target's next distribution. Each output token is distributed as
   the target's own sampling at that temperature.
 
-Tokens kept per verifying forward is the *acceptance length*; the same count as
-:func:`lengthwise.dflash.decode.speculative_generate`, which decodes one prompt
-without a cache.
+Tokens kept per verifying forward is the *acceptance length*; :func:`acceptance` pools it
+over prompts and checks the greedy output against the target's own.
 
 Example::
 
@@ -45,17 +44,97 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Collection
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from lengthwise.dflash.blocks import block_attention_mask
-from lengthwise.dflash.decode import Generation
 from lengthwise.dflash.loss import block_inputs
+from lengthwise.dflash.model import check_target
 from lengthwise.dflash.target import stop_set
 from lengthwise.errors import ConfigError
 
-__all__ = ["speculative_batch"]
+__all__ = ["Generation", "acceptance", "check_decoding", "speculative_batch"]
+
+
+@dataclass
+class Generation:
+    """Tokens generated after the prompt, and what the verification kept per target forward."""
+
+    tokens: list[int]
+    target_forwards: int
+    accepted: list[int] = field(default_factory=list)  # tokens kept by each verifying forward
+    #: proposed tokens each verification kept, before a stop token or the limit cut them
+    drafted: list[int] = field(default_factory=list)
+
+    @property
+    def acceptance_length(self) -> float:
+        """Mean tokens per verifying target forward (``nan`` when there was none)."""
+        return float(np.mean(self.accepted)) if self.accepted else float("nan")
+
+
+def check_decoding(draft: Any, target: Any, prompt: Any, max_new_tokens: Any) -> None:
+    """Refuse decoding parameters that cannot work, naming them (a ``ConfigError``).
+
+    Example::
+
+        >>> check_decoding(None, None, [], 8)
+        Traceback (most recent call last):
+        ...
+        lengthwise.errors.ConfigError: prompt is empty: give at least one token id
+    """
+    if prompt is None or len(prompt) == 0:
+        raise ConfigError("prompt is empty: give at least one token id")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or (
+            max_new_tokens < 1):
+        raise ConfigError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    if draft is None:
+        return
+    check_target(draft.config, target)
+    vocab = target.vocab_size
+    bad = [t for t in prompt if isinstance(t, bool) or not isinstance(t, (int, np.integer))
+           or not 0 <= t < vocab]
+    if bad:
+        raise ConfigError(f"prompt token {bad[0]!r} is not a token id of the target's "
+                          f"vocabulary [0, {vocab})")
+
+
+def acceptance(draft: Any, target: Any, prompts: list[list[int]], *, max_new_tokens: int,
+               eos: int | Collection[int] | None = None, check: bool = True,
+               ) -> dict[str, Any]:
+    """Greedy acceptance length over ``prompts`` and whether every output is the target's own.
+
+    ``acceptance_length`` pools the verifying forwards of every prompt (tokens kept /
+    forwards); ``lossless`` is ``None`` when ``check`` is off.
+
+    Example::
+
+        >>> import torch, transformers
+        >>> from lengthwise.dflash import DFlashConfig, DFlashDraft, Target
+        >>> cfg = transformers.LlamaConfig(vocab_size=30, hidden_size=16, num_hidden_layers=2,
+        ...                                num_attention_heads=2, intermediate_size=32)
+        >>> target = Target(transformers.LlamaForCausalLM(cfg), layers=[0, 1])
+        >>> draft = DFlashDraft(DFlashConfig.from_target(cfg, block_size=4,
+        ...                                              target_layers=[0, 1], mask_token_id=29))
+        >>> res = acceptance(draft, target, [[1, 2, 3], [4, 5]], max_new_tokens=8)
+        >>> res["lossless"], res["prompts"], 1.0 <= res["acceptance_length"] <= 4.0
+        (True, 2, True)
+    """
+    was = draft.training
+    draft.eval()
+    try:
+        gens = speculative_batch(draft, target, prompts, max_new_tokens=max_new_tokens, eos=eos)
+    finally:
+        draft.train(was)
+    kept = sum(sum(g.accepted) for g in gens)
+    forwards = sum(len(g.accepted) for g in gens)
+    same = check and all(g.tokens == target.greedy(p, max_new_tokens, eos)
+                         for g, p in zip(gens, prompts, strict=True))
+    return {"acceptance_length": kept / forwards if forwards else float("nan"),
+            "verify_forwards": forwards, "prompts": len(prompts),
+            "lossless": same if check else None}
 
 
 class _Rows:
@@ -171,10 +250,10 @@ def speculative_batch(draft: Any, target: Any, prompts: list[list[int]], *,
     (:func:`~lengthwise.dflash.lookup.lookup_candidates`), the draft's tokens after them;
     a point mass is their proposal distribution, so verification stays lossless.
     """
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ConfigError("prompts: every prompt must hold at least one token")
-    if max_new_tokens < 1:
-        raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if not prompts:
+        raise ConfigError("prompts: give at least one prompt")
+    for prompt in prompts:
+        check_decoding(draft, target, prompt, max_new_tokens)
     if not temperature >= 0:
         raise ConfigError(f"temperature must be >= 0, got {temperature}")
     stops = stop_set(eos)

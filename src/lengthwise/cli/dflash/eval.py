@@ -103,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
     from lengthwise.dflash.evaluate import evaluate_set
     from lengthwise.dflash.load import check_target, open_draft
     from lengthwise.dflash.mask_token import check_mask_token
+    from lengthwise.dflash.regenerate import stop_ids
     from lengthwise.dflash.target import (
         Target,
         check_causal_lm,
@@ -137,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     target = Target(model, layers=draft.config.target_layers)
     print(f"lengthwise dflash eval: draft {named}", file=sys.stderr)  # once its checks passed
     draft = draft.to(device=device, dtype=model.dtype)
-    eos = _stops(model, tokenizer)
+    eos = stop_ids(tokenizer, model.config, model.generation_config) or None
     block = draft.config.block_size
     lookup = None if args.no_baseline else (args.lookup_tokens or block - 1)
     settings = {**template_report(tokenizer, thinking=args.thinking == "on"),
@@ -186,14 +187,3 @@ def _engine(device: Any) -> str:
 
     return (f"lengthwise speculative_batch (transformers {transformers.__version__}, "
             f"KV cache, {device})")
-
-
-def _stops(model: Any, tokenizer: Any) -> list[int] | None:
-    """Stop ids: the generation config's end-of-sequence ids, else the tokenizer's."""
-    gen = getattr(model, "generation_config", None)
-    eos = getattr(gen, "eos_token_id", None) if gen is not None else None
-    if eos is None:
-        eos = tokenizer.eos_token_id
-    if eos is None:
-        return None
-    return [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]

@@ -855,8 +855,8 @@ def estimate_eval(target_config: Any, *, block_size: int = 16, draft_layers: int
                   max_slots: int = 32768, head_chunk: int = 1024, device: str = "cpu",
                   dtype: Any = None, baseline: int = 0) -> StageMemory:
     """The peak of ``dflash eval`` (the draft's sizes training's, the others eval's flags)."""
-    from lengthwise.dflash.evaluate import SLOTS_PER_FORWARD
     from lengthwise.dflash.model import DFlashConfig
+    from lengthwise.dflash.teacher_forced import SLOTS_PER_FORWARD
 
     _check(block_size=block_size, draft_layers=draft_layers, num_features=num_features,
            batch_size=batch_size, max_len=max_len, max_new_tokens=max_new_tokens,

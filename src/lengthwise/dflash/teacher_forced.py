@@ -1,177 +1,50 @@
-"""Speculative decoding with a DFlash draft, and the draft's teacher-forced evaluation.
+"""The draft's teacher-forced evaluation: held-out blocks scored against the target's tokens.
 
-:func:`speculative_generate`: the target's prefill gives the first token; then
-every cycle the draft proposes ``B - 1`` tokens in one forward from the last
-token (the anchor) and the target's features of everything before it, the
-target scores anchor and proposal in one forward, and the longest prefix of
-the proposal that matches the target's own greedy choices is kept, plus one
-token of the target's. The output is therefore exactly the target's greedy
-output, and the tokens kept per verifying forward is the *acceptance length*.
-(No KV cache: every forward reruns the whole sequence, which changes the cost,
-not the tokens.)
-
-:func:`evaluate_blocks`: teacher-forced top-1 accuracy of every block slot on
-held-out samples, the weighted loss, and the acceptance length those
-accuracies imply (:func:`~lengthwise.dflash.objective.simulated_acceptance_length`).
+:func:`evaluate_blocks` scores a draft on collated ``(batch, rows)`` pairs: the weighted
+loss, top-1 accuracy overall and per block slot, the acceptance length those accuracies
+imply (:func:`~lengthwise.dflash.objective.simulated_acceptance_length`) and, at a
+temperature, the expected acceptance from the draft's and the target's distributions
+(:func:`slot_agreement`). :func:`held_out_batches` collates held-out samples as training
+collates its own; :func:`teacher_forced` scores ``prompt + output`` texts within training's
+budgets. Real decoding is :mod:`~lengthwise.dflash.speculative`.
 
 Example::
 
-    >>> import torch, transformers
+    >>> import numpy as np, torch, transformers
     >>> from lengthwise.dflash import DFlashConfig, DFlashDraft, Target
     >>> cfg = transformers.LlamaConfig(vocab_size=30, hidden_size=16, num_hidden_layers=2,
     ...                                num_attention_heads=2, intermediate_size=32)
     >>> target = Target(transformers.LlamaForCausalLM(cfg), layers=[0, 1])
     >>> draft = DFlashDraft(DFlashConfig.from_target(cfg, block_size=4, target_layers=[0, 1],
     ...                                                   mask_token_id=29))
-    >>> out = speculative_generate(draft, target, [1, 2, 3], max_new_tokens=12)
-    >>> out.tokens == target.greedy([1, 2, 3], 12), 1.0 <= out.acceptance_length <= 4
-    (True, True)
+    >>> ev = teacher_forced(draft, target, [[1, 2, 3]], [[4, 5, 6, 7]])
+    >>> ev.count > 0, 0.0 <= ev.accuracy <= 1.0, len(ev.slot_accuracy)
+    (True, True, 3)
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
 
-from lengthwise.dflash.blocks import Blocks, block_attention_mask, make_blocks
+from lengthwise.dflash.blocks import Blocks, make_blocks
 from lengthwise.dflash.head import chunked_agreement
-from lengthwise.dflash.loss import (
-    HEAD_CHUNK,
-    block_hidden,
-    block_inputs,
-    head_loss,
-    supervised_slots,
-)
+from lengthwise.dflash.loss import HEAD_CHUNK, block_hidden, head_loss, supervised_slots
 from lengthwise.dflash.model import check_target
 from lengthwise.dflash.objective import simulated_acceptance_length
-from lengthwise.dflash.target import stop_set
 from lengthwise.errors import ConfigError
+from lengthwise.progress import progress as bar
+from lengthwise.pytorch.collate import PadCollator
 
-__all__ = ["BlockEval", "Generation", "acceptance", "check_decoding", "evaluate_blocks",
-           "slot_agreement", "speculative_generate"]
+__all__ = ["HELD_OUT_FIRST_ID", "SLOTS_PER_FORWARD", "BlockEval", "check_budgets",
+           "evaluate_blocks", "held_out_batches", "slot_agreement", "teacher_forced"]
 
-
-@dataclass
-class Generation:
-    """Tokens generated after the prompt, and what the verification kept per target forward."""
-
-    tokens: list[int]
-    target_forwards: int
-    accepted: list[int] = field(default_factory=list)  # tokens kept by each verifying forward
-    #: proposed tokens each verification kept, before a stop token or the limit cut them
-    drafted: list[int] = field(default_factory=list)
-
-    @property
-    def acceptance_length(self) -> float:
-        """Mean tokens per verifying target forward (``nan`` when there was none)."""
-        return float(np.mean(self.accepted)) if self.accepted else float("nan")
-
-
-@torch.no_grad()
-def _propose(draft: Any, target: Any, seq: list[int], feats: torch.Tensor) -> list[int]:
-    b = draft.config.block_size
-    a = len(seq) - 1
-    device = target.device
-    ids = torch.tensor([seq], device=device)
-    anchors = torch.tensor([[a]], device=device)
-    positions = torch.cat([torch.arange(a, device=device),
-                           a + torch.arange(b, device=device)]).unsqueeze(0)
-    mask = block_attention_mask(anchors, torch.zeros_like(anchors), a, b)
-    hidden = draft(feats[:, :a], block_inputs(draft, target, ids, anchors, b), positions, mask)
-    logits = target.lm_head(hidden.to(target.lm_head.weight.dtype))
-    return logits[0, 1:].argmax(dim=-1).tolist()
-
-
-def check_decoding(draft: Any, target: Any, prompt: Any, max_new_tokens: Any) -> None:
-    """Refuse decoding parameters that cannot work, naming them (a ``ConfigError``).
-
-    Example::
-
-        >>> check_decoding(None, None, [], 8)
-        Traceback (most recent call last):
-        ...
-        lengthwise.errors.ConfigError: prompt is empty: give at least one token id
-    """
-    if prompt is None or len(prompt) == 0:
-        raise ConfigError("prompt is empty: give at least one token id")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or (
-            max_new_tokens < 1):
-        raise ConfigError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-    if draft is None:
-        return
-    check_target(draft.config, target)
-    vocab = target.vocab_size
-    bad = [t for t in prompt if isinstance(t, bool) or not isinstance(t, (int, np.integer))
-           or not 0 <= t < vocab]
-    if bad:
-        raise ConfigError(f"prompt token {bad[0]!r} is not a token id of the target's "
-                          f"vocabulary [0, {vocab})")
-
-
-@torch.no_grad()
-def speculative_generate(draft: Any, target: Any, prompt: list[int], *, max_new_tokens: int,
-                         eos: int | Collection[int] | None = None) -> Generation:
-    """Generate up to ``max_new_tokens`` greedily, drafting with ``draft`` (see the module doc).
-
-    ``eos``: a stop token id, or several; generation ends after the first one.
-    """
-    check_decoding(draft, target, prompt, max_new_tokens)
-    stops = stop_set(eos)
-    device = target.device
-    logits, feats = target.forward(torch.tensor([list(prompt)], device=device))
-    seq = [*prompt, int(logits[0, -1].argmax())]
-    out = Generation(tokens=[seq[-1]], target_forwards=1)
-    while len(out.tokens) < max_new_tokens and seq[-1] not in stops:
-        a = len(seq) - 1
-        proposal = _propose(draft, target, seq, feats)
-        logits, feats = target.forward(torch.tensor([seq + proposal], device=device))
-        out.target_forwards += 1
-        greedy = logits[0, a:].argmax(dim=-1).tolist()  # the target's token after a, a+1, ...
-        n = 0
-        while n < len(proposal) and proposal[n] == greedy[n]:
-            n += 1
-        out.drafted.append(n)
-        new = proposal[:n] + [greedy[n]]
-        ends = [i for i, t in enumerate(new) if t in stops]
-        if ends:
-            new = new[:ends[0] + 1]
-        new = new[:max_new_tokens - len(out.tokens)]
-        out.accepted.append(len(new))
-        out.tokens.extend(new)
-        seq.extend(new)
-    return out
-
-
-def acceptance(draft: Any, target: Any, prompts: list[list[int]], *, max_new_tokens: int,
-               eos: int | Collection[int] | None = None, check: bool = True,
-               ) -> dict[str, Any]:
-    """Acceptance length over ``prompts`` and whether every output equals the target's greedy one.
-
-    ``acceptance_length`` pools the verifying forwards of every prompt (tokens kept
-    / forwards); ``lossless`` is ``None`` when ``check`` is off.
-    """
-    for prompt in prompts:
-        check_decoding(draft, target, prompt, max_new_tokens)
-    kept, forwards, same = 0, 0, True
-    was = draft.training
-    draft.eval()
-    try:
-        for prompt in prompts:
-            gen = speculative_generate(draft, target, prompt, max_new_tokens=max_new_tokens,
-                                       eos=eos)
-            kept += sum(gen.accepted)
-            forwards += len(gen.accepted)
-            if check:
-                same = same and gen.tokens == target.greedy(prompt, max_new_tokens, eos)
-    finally:
-        draft.train(was)
-    return {"acceptance_length": kept / forwards if forwards else float("nan"),
-            "verify_forwards": forwards, "prompts": len(prompts),
-            "lossless": same if check else None}
+#: block slots per draft forward of the teacher-forced pass (bounds its attention's size)
+SLOTS_PER_FORWARD = 4096
 
 
 @dataclass
@@ -301,3 +174,90 @@ def slot_agreement(hidden: torch.Tensor, last: torch.Tensor, lm_head: Any, block
     sums = torch.zeros(b, dtype=torch.float64, device=agree.device)
     sums.index_add_(0, k, agree.double())
     return sums.cpu().numpy()
+
+
+#: the sample id of the first held-out sample in its batches (training ids stay below it)
+HELD_OUT_FIRST_ID = 10**9
+
+
+def held_out_batches(samples: list[dict[str, Any]], *, batch_size: int = 8,
+                     max_tokens: int | None = None, first_id: int = HELD_OUT_FIRST_ID,
+                     ) -> list[tuple[dict[str, Any], list[list[int]]]]:
+    """Held-out samples collated by similar length into ``(batch, rows)`` pairs.
+
+    A batch holds at most ``batch_size`` samples and, with ``max_tokens``, at most that
+    many padded tokens (the training budget, which the slots budget assumes). ``rows``
+    gives each sample an id from ``first_id`` on (anchors are drawn per id).
+
+    Example::
+        >>> import numpy as np
+        >>> s = [{"input_ids": np.arange(n), "labels": np.arange(n)} for n in (5, 3, 4)]
+        >>> [b["input_ids"].shape for b, _ in held_out_batches(s, batch_size=2)]
+        [torch.Size([2, 4]), torch.Size([1, 5])]
+        >>> [b["input_ids"].shape for b, _ in held_out_batches(s, max_tokens=8)]
+        [torch.Size([2, 4]), torch.Size([1, 5])]
+    """
+    collate = PadCollator(pad_token_id=0, pad_multiple=1)
+    order = sorted(range(len(samples)), key=lambda i: len(samples[i]["input_ids"]))
+    groups: list[list[int]] = []
+    for i in order:
+        n = len(samples[i]["input_ids"])
+        last = groups[-1] if groups else None
+        if (last is not None and len(last) < batch_size
+                and (max_tokens is None or (len(last) + 1) * n <= max_tokens)):
+            last.append(i)
+        else:
+            groups.append([i])
+    return [(collate([samples[i] for i in g]), [[first_id + i] for i in g]) for g in groups]
+
+
+
+
+def teacher_forced(draft: Any, target: Any, prompts: Sequence[list[int]],
+                   outputs: Sequence[list[int]], *, batch_size: int = 8,
+                   max_tokens: int | None = None, max_slots: int | None = None,
+                   head_chunk: int = HEAD_CHUNK,
+                   slots_per_forward: int | None = SLOTS_PER_FORWARD,
+                   progress: bool = False, temperature: float | None = None) -> Any:
+    """:class:`BlockEval` of the draft on ``prompt + output`` texts.
+
+    The outputs are supervised, the prompts are not; every possible anchor is used. The
+    budgets are training's: the texts are batched as its held-out samples are
+    (:func:`held_out_batches`: by similar length, at most
+    ``batch_size`` texts and ``max_tokens`` padded tokens a batch; a longer text is cut to
+    ``max_tokens``, as training cuts samples at ``max_len``), and a draft forward holds at
+    most ``max_slots`` (and ``slots_per_forward``) block slots, at least one block: a
+    batch holds at most that many over ``block_size`` texts, and its anchors are split
+    over forwards. Within the budgets the figures are those of one forward per batch.
+    ``temperature``: also ``alpha`` and the expected acceptance at that temperature.
+    """
+
+    block = draft.config.block_size
+    check_budgets(max_tokens, max_slots, block)
+    bounds = [s for s in (max_slots, slots_per_forward) if s is not None]
+    slots = min(bounds) if bounds else None
+    if slots is not None:
+        batch_size = min(batch_size, max(1, slots // block))
+    samples = []
+    for p, o in zip(prompts, outputs, strict=True):
+        ids = np.asarray(list(p) + list(o), dtype=np.int64)[:max_tokens]
+        labels = ids.copy()
+        labels[: len(p)] = -100
+        samples.append({"input_ids": ids, "labels": labels})
+    batches = held_out_batches(samples, batch_size=batch_size, max_tokens=max_tokens)
+    longest = max(s["input_ids"].size for s in samples)
+    return evaluate_blocks(draft, target,
+                           bar(batches, desc="draft accuracy", unit="batch", enable=progress),
+                           num_anchors=longest, head_chunk=head_chunk, slots_per_forward=slots,
+                           temperature=temperature)
+
+
+
+
+def check_budgets(max_tokens: int | None, max_slots: int | None, block: int) -> None:
+    """Refuse a token budget below one token and a slot budget below one block."""
+    if max_tokens is not None and max_tokens < 1:
+        raise ConfigError(f"max_tokens must be >= 1, got {max_tokens}")
+    if max_slots is not None and max_slots < block:
+        raise ConfigError(f"max_slots={max_slots} holds no block of block_size={block}; give "
+                          "max_slots >= block_size")
