@@ -76,11 +76,14 @@ class ArmsDesign:
     ``batches`` are global batch sizes in micro-batches per optimizer step (over ``world``
     simulated ranks); a cell of a batch size in ``full_batches`` trains every order of
     ``orders``, the others only ``reduced``.
+    ``skip`` names (arm, schedule) pairs the design leaves out of ``arms x schedules``.
 
     Example::
 
         >>> ArmsDesign(batches=(8,), arms=("data",), schedules=("cosine",)).jobs()[:2]
         [('data', 'cosine', 8, 'sorted', 0), ('data', 'cosine', 8, 'random', 0)]
+        >>> [c for c, _ in ArmsDesign(batches=(8,), skip=[("compute", "constant")]).cells()]
+        [('data', 'cosine', 8), ('data', 'constant', 8), ('compute', 'cosine', 8)]
     """
 
     orders: tuple[str, ...] = field(default_factory=_orders)
@@ -90,6 +93,7 @@ class ArmsDesign:
     schedules: tuple[str, ...] = SCHEDULES
     batches: tuple[int, ...] = (8, 64)
     full_batches: tuple[int, ...] = (8,)
+    skip: tuple[tuple[str, str], ...] = ()
     epochs: int = 5
     world: int = 8
     warmup_share: float = 0.05
@@ -107,6 +111,7 @@ class ArmsDesign:
         self.seeds = tuple(int(s) for s in self.seeds)
         self.arms, self.schedules = tuple(self.arms), tuple(self.schedules)
         self.batches, self.full_batches = tuple(self.batches), tuple(self.full_batches)
+        self.skip = tuple((str(a), str(s)) for a, s in self.skip)
         for name, values in (("orders", self.orders), ("reduced", self.reduced)):
             bad = [o for o in values if o not in ORDERS]
             if bad or not values:
@@ -123,6 +128,10 @@ class ArmsDesign:
             if not values or any(v not in allowed for v in values):
                 raise ConfigError(f"{name} must be among {', '.join(allowed)}, got "
                                   f"{list(values)}")
+        pairs = {(a, s) for a in self.arms for s in self.schedules}
+        if not set(self.skip) <= pairs or set(self.skip) == pairs:
+            raise ConfigError(f"skip must name some (arm, schedule) pairs of arms x schedules, "
+                              f"not all, got {[list(p) for p in self.skip]}")
         for name in self.POSITIVE:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -138,7 +147,8 @@ class ArmsDesign:
         """Every (arm, schedule, batch) cell with the orders it trains."""
         return [((arm, sched, batch),
                  self.orders if batch in self.full_batches else self.reduced)
-                for arm in self.arms for sched in self.schedules for batch in self.batches]
+                for arm in self.arms for sched in self.schedules for batch in self.batches
+                if (arm, sched) not in self.skip]
 
     def jobs(self) -> list[tuple[str, str, int, str, int]]:
         """Every run: (arm, schedule, batch, order, seed), seed by seed within each cell."""
@@ -149,7 +159,7 @@ class ArmsDesign:
         out = asdict(self)
         for key, value in out.items():
             if isinstance(value, tuple):
-                out[key] = list(value)
+                out[key] = [list(v) if isinstance(v, tuple) else v for v in value]
         return out
 
 

@@ -37,7 +37,7 @@ def close(a: Any, b: Any) -> bool:
 
 #: design fields that choose which runs a design has, not how each one trains
 SELECTION = ("orders", "reduced", "seeds", "arms", "schedules", "batches", "full_batches",
-             "threads")
+             "skip", "threads")
 
 
 def run_identity(cfg: Any) -> dict[str, Any]:

@@ -184,6 +184,9 @@ def test_the_unigram_reference_is_the_smoothed_cross_entropy():
     ({"schedules": ("linear",)}, "schedules must be among"),
     ({"epochs": 0}, "epochs must be a positive integer"),
     ({"seeds": (1, 1)}, "seeds must be distinct"),
+    ({"skip": (("data", "linear"),)}, "skip must name some"),
+    ({"arms": ("data",), "schedules": ("cosine",), "skip": (("data", "cosine"),)},
+     "skip must name some"),
 ])
 def test_bad_settings_are_one_config_error(settings, message):
     from experiments.arms import ArmsConfig
