@@ -341,17 +341,20 @@ def _caption(fig: dict[str, Any]) -> str:
         "digit).")
 
 
-def _lm_caption(fig: dict[str, Any]) -> str:
+def _lm_caption(fig: dict[str, Any], *, verdicts: bool = True) -> str:
+    """What the demo ran; with ``verdicts``, where the verdicts come from and what is checked."""
     c, d = fig["config"], fig.get("data", {})
     wall = fig.get("wall_seconds")
     took = f"{wall:.0f} s on {fig['machine']}" if wall else fig["machine"]
     epochs = c.get("epochs")
+    more = ("The verdicts are the doctor's on each log. `tests/docs/test_docs_figures.py` checks "
+            f"every figure but the seconds and throughput against a fresh run, to within "
+            f"{REL_TOL:.1%}." if verdicts else "")
     return _wrap(
         f"`{fig['command']}`: the same {_f(d.get('train_samples'), ',d')} samples for {epochs} "
         f"epoch{'' if epochs == 1 else 's'} per order, in steps of {c.get('grad_accum')} "
         f"micro-batches of at most {c.get('max_tokens')} tokens, seed {c.get('seed')}; {took}. "
-        "The verdicts are the doctor's on each log. `tests/docs/test_docs_figures.py` checks every "
-        f"figure but the seconds and throughput against a fresh run, to within {REL_TOL:.1%}.")
+        + more)
 
 
 def _lm_reading(fig: dict[str, Any]) -> str:
@@ -481,7 +484,7 @@ def render(name: str, saved: dict[str, Any]) -> str:
     """The text of region ``name`` from the saved figures."""
     lm, df = saved.get("lm"), saved.get("dflash")
     if name == "lm-table":
-        return _lm_caption(lm) + "\n\n" + _table(lm["strategies"], LM_COLUMNS)
+        return _lm_caption(lm, verdicts=False) + "\n\n" + _table(lm["strategies"], LM_COLUMNS)
     if name == "lm-measured":
         return (_lm_caption(lm) + "\n\n" + _table(lm["strategies"], LM_COLUMNS, verdict=True)
                 + "\n\n" + _lm_reading(lm) + "\n\n" + _lm_bullets(lm))

@@ -442,21 +442,24 @@ def render(name: str, saved: dict[str, Any]) -> str:
     s = saved["full"]
     c, d = s["config"], s["data"]
     start = d.get("start")
-    lead = (f"`python benchmarks/{NAME}.py` asks the same of a DFlash draft for "
-            f"SmolLM2-135M-Instruct, trained from cached target features. ")
+    lead = f"`python benchmarks/{NAME}.py` asks it of a DFlash draft for SmolLM2-135M-Instruct"
     if start:
-        lead += (f"Every run continues one shared draft (expected acceptance "
+        lead += (f", each run continuing one shared draft (E[accept] "
                  f"{start['expected_acceptance']:.2f} at T = 0) for {c['epochs']} "
-                 f"epoch{'s' * (c['epochs'] != 1)} of {d['train_samples']} regenerated chats. ")
-    arms = {"data": "the same optimizer steps on the same real tokens",
-            "compute": "the same counted FLOPs of the draft's step"}
-    first = next(iter(s["cells"].values()))  # the table of the first cell; every decision
-    parts = [_wrap(f"{lead}{len(c['orders'])} orders, {len(c['seeds'])} paired seeds, "
-                   f"{d['eval_samples']} held-out chats, {arms[first['arm']]}, the "
-                   f"{first['schedule']} schedule ([details](benchmarks/{RESULTS.name})):"),
-             "", readme_table(first), ""]
-    parts += [_wrap(sentence) + "\n" for sentence in decisions(s)]
-    return "\n".join([*parts, f"![loss per micro-batch of each order](docs/{PLOT.name})"])
+                 f"epoch{'s' * (c['epochs'] != 1)} of {d['train_samples']} chats")
+    arms = {"data": "the same steps on the same tokens", "compute": "the same draft FLOPs"}
+    cells, sentences = list(s["cells"].values()), decisions(s)
+    parts = [_wrap(f"{lead}: {len(c['orders'])} orders, {len(c['seeds'])} paired seeds, "
+                   f"{arms[cells[0]['arm']]}, {cells[0]['schedule']} schedule:"),
+             "", readme_table(cells[0]), "", _wrap(sentences[0])]
+    others = [f"{'same data' if x['arm'] == 'data' else 'same compute'} ({x['schedule']})"
+              for x in cells[1:]]
+    their = "their" if len(others) > 1 else "its"
+    if others:  # the other settings' decisions are on the results page
+        parts += ["", _wrap(f"{' and '.join(others).capitalize()}: {their} decision"
+                            f"{'s' * (len(others) > 1)}, every interval and the doctor's "
+                            f"findings are in [the results](benchmarks/{RESULTS.name}).")]
+    return "\n".join([*parts, "", f"![loss per micro-batch of each order](docs/{PLOT.name})"])
 
 
 def _wrap(text: str) -> str:
