@@ -43,8 +43,17 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["DecodeCounts", "RowCache", "attention_mask", "decode_conversations",
-           "generate_responses"]
+__all__ = ["DecodeCounts", "RowCache", "attention_mask", "conversation_seed",
+           "decode_conversations", "generate_responses"]
+
+
+def conversation_seed(seed: int, conversation: int) -> int:
+    """The seed of conversation ``conversation``'s own generator in a run seeded ``seed``.
+
+    >>> conversation_seed(0, 1), conversation_seed(1, 0)
+    (7919, 7990271)
+    """
+    return (int(seed) * 1009 + int(conversation)) * 7919
 
 
 def generate_responses(model: Any, prompts: list[np.ndarray], *, max_new_tokens: int,
@@ -67,7 +76,7 @@ def generate_responses(model: Any, prompts: list[np.ndarray], *, max_new_tokens:
     run = decode_conversations(
         model, order, lambda i, written: prompts[i].tolist() if written is None else None,
         max_new_tokens=max_new_tokens, stops=stops, rows=batch_size, max_tokens=max_tokens,
-        temperature=temperature, seed=lambda i: (int(seed) * 1009 + i) * 7919, device=device)
+        temperature=temperature, seed=lambda i: conversation_seed(seed, i), device=device)
     written = (turn for ended in run for turn in ended)
     for i, ids in progress(written, desc="the target writes its responses", unit="response",
                            total=len(prompts), enable=show):

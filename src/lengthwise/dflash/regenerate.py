@@ -215,7 +215,7 @@ class TurnGenerator:
         """Each conversation's turns one after another in a row of one continuous batch
         (:func:`~lengthwise.dflash.generate.decode_conversations`), the
         conversations with the most turns admitted first."""
-        from lengthwise.dflash.generate import decode_conversations
+        from lengthwise.dflash.generate import conversation_seed, decode_conversations
 
         nxt = [0] * len(convs)  # each conversation's next turn
         prompts: dict[int, list[int]] = {}  # each conversation's prompt being answered
@@ -241,7 +241,7 @@ class TurnGenerator:
         run = decode_conversations(
             self.model, order, prompt, max_new_tokens=self.cfg.max_new_tokens,
             stops=self.stops, rows=self.cfg.batch_size, max_tokens=self.cfg.max_tokens,
-            temperature=self.cfg.temperature, seed=lambda i: (seed * 1009 + i) * 7919,
+            temperature=self.cfg.temperature, seed=lambda i: conversation_seed(seed, i),
             device=self.device)
         while True:
             try:
