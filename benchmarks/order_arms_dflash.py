@@ -308,8 +308,11 @@ def _caption(s: dict[str, Any]) -> str:
             f"{d['length_min']}-{d['length_max']} long), {c['epochs']} epoch(s), "
             f"{len(c['seeds'])} paired seed(s); held-out figures on {d['eval_samples']} "
             "samples. Mean ± 95 % t-interval over seeds; 'vs random' is the paired "
-            f"difference. The {len(s['runs'])} runs took {s['runs_wall_seconds'] / 60:.0f} "
-            f"min of wall time and {s['runs_cpu_seconds'] / 60:.0f} min of CPU time "
+            f"difference. A setting's decision compares {len(c['orders']) - 1} orders with "
+            "random on 3 figures: at 95 % about one interval in 20 misses 0 by chance alone, so "
+            f"one that barely clears 0 is weak evidence. The {len(s['runs'])} runs took "
+            f"{s['runs_wall_seconds'] / 60:.0f} min of wall time and "
+            f"{s['runs_cpu_seconds'] / 60:.0f} min of CPU time "
             f"({s['machine']}, {s['workers']} at a time)." + _start_text(d.get("start")))
 
 
