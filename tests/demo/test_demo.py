@@ -589,7 +589,8 @@ def test_gpu_benchmark_runs_with_smoke_settings_on_cpu(tmp_path):
 @pytest.mark.slow
 def test_two_process_run_under_torchrun(jsonl, workdir, tmp_path):
     out = tmp_path / "ddp"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               PYTHONFAULTHANDLER="1")  # a crash shows every thread's Python stack
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
            "--standalone", "-m", "lengthwise", "demo", "--max-samples", "40",
            "--grad-accum", "2", "--max-tokens", "256", "--max-len", "128",

@@ -30,7 +30,7 @@ def launcher(nproc: int | None = None) -> tuple[list[str], dict[str, str]]:
     env = {k: v for k, v in os.environ.items()
            if k not in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "RANK", "LOCAL_RANK")}
     env.update(PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               OMP_NUM_THREADS="1")
+               OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")  # a crash shows the Python stacks
     launch = [sys.executable]
     if nproc is not None:
         launch += ["-m", "torch.distributed.run", "--nproc-per-node", str(nproc),

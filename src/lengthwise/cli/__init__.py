@@ -169,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler
+        if code == 0:  # under torchrun: the ranks leave their group together
+            from lengthwise.train.device import leave_group
+
+            leave_group(wait=True)
         return code
     except BrokenPipeError:  # the reader stopped early (``| head``): not an error
         _silence_stdout()

@@ -23,8 +23,11 @@ from typing import Any
 from lengthwise.errors import ConfigError
 from lengthwise.pytorch.dist import GroupInfo, group_info
 
-__all__ = ["autocast_dtype", "barrier", "configure_torch", "cpu_model", "is_main", "pick_device",
-           "rank_world", "say", "setup_distributed"]
+__all__ = ["autocast_dtype", "barrier", "configure_torch", "cpu_model", "is_main", "leave_group",
+           "pick_device", "rank_world", "say", "setup_distributed"]
+
+
+_JOINED: list[bool] = []  # one entry once setup_distributed has made the group
 
 
 def setup_distributed(device: str = "cpu") -> GroupInfo | None:
@@ -39,20 +42,35 @@ def setup_distributed(device: str = "cpu") -> GroupInfo | None:
             if backend == "nccl":
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             tdist.init_process_group(backend=backend)
+            _JOINED.append(True)
             atexit.register(_leave_group)
     return group_info()
 
 
-def _leave_group() -> None:
-    """Destroy the process group while the interpreter is whole.
+def leave_group(wait: bool = False) -> None:
+    """Leave the process group that :func:`setup_distributed` made (no-op without one).
 
-    A gloo group left to interpreter shutdown can abort the process (its worker
-    threads still hold tensors whose release needs the GIL).
+    ``wait=True`` is for the end of a successful command: every rank waits at a
+    barrier first, so that none tears its side down while a peer is still at work
+    (rank 0 writes the summary after the others are done). After an error the
+    ranks are not in step, so the default leaves at once. The group is destroyed
+    while the interpreter is whole: a gloo group left to interpreter shutdown can
+    abort the process (its worker threads still hold tensors whose release needs
+    the GIL).
     """
+    if not _JOINED:  # a group the caller made is the caller's to leave
+        return
     import torch.distributed as tdist
 
     if tdist.is_initialized():
+        if wait:
+            tdist.barrier()
         tdist.destroy_process_group()
+    _JOINED.clear()
+
+
+def _leave_group() -> None:
+    leave_group(wait=False)
 
 
 def rank_world(info: GroupInfo | None) -> tuple[int, int]:
