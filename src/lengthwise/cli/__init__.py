@@ -169,10 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler
-        if code == 0:  # under torchrun: the ranks leave their group together
-            from lengthwise.train.device import leave_group
-
-            leave_group(wait=True)
+        device = sys.modules.get("lengthwise.train.device")  # loaded by any command that
+        if code == 0 and device is not None:  # joined a torchrun group: leave it together
+            device.leave_group(wait=True)
         return code
     except BrokenPipeError:  # the reader stopped early (``| head``): not an error
         _silence_stdout()
