@@ -17,7 +17,7 @@ Regeneration (``--stage regenerate``, or ``all``): for each shape of :data:`REGE
 ``lengthwise dflash estimate --stage regenerate --time`` on chats of registry user turns
 (one or two questions each, the second after another text as the earlier answer), then
 ``lengthwise dflash prepare --regenerate`` with the same settings; the predicted seconds of
-its shards (the generate batches and rendering the prompts) against the seconds
+its shards (the decoding and rendering the prompts) against the seconds
 ``prepare.json`` records for them (``shard_seconds``), and the predicted whole (loading
 the target included) against the command's wall time.
 
@@ -67,8 +67,6 @@ REGEN_SHAPES: list[tuple[int, dict[str, Any]]] = [
     (96, {"batch_size": 16, "max_new_tokens": 96}),
     (64, {"batch_size": 4, "max_new_tokens": 128}),
 ]
-#: generate batches each estimate times
-REGEN_PROFILE = 5
 
 
 def regen_chats(wheel: Path, work: Path, n: int) -> Path:
@@ -98,8 +96,7 @@ def compare_regenerate(target: Path, chats: Path, shape: dict[str, Any],
     load = [os.getloadavg()[0]]
     started = time.perf_counter()
     est = subprocess.run(mem._lengthwise("dflash", "estimate", "--stage", "regenerate",
-                                         "--data", chats, *common, "--time", "--json",
-                                         "--profile-steps", REGEN_PROFILE),
+                                         "--data", chats, *common, "--time", "--json"),
                          env=mem._env(), capture_output=True, text=True, check=False)
     est_s = time.perf_counter() - started
     if est.returncode:
@@ -118,12 +115,12 @@ def compare_regenerate(target: Path, chats: Path, shape: dict[str, Any],
     rec = json.loads((out / "prepare.json").read_text(encoding="utf-8"))
     t, prof = pred["time"], pred["profile"]
     render = prof["fit"]["render_seconds"]
-    return {"responses": t["responses"], "batches": t["batches"],
+    return {"responses": t["responses"], "steps": t["steps"],
             "predicted_work_s": t["generate_seconds"] + render,
             "measured_work_s": rec["shard_seconds"],
             "predicted_run_s": t["total_seconds"], "measured_run_s": wall,
-            "estimate_s": est_s, "timed_batches": prof["fit"]["batches"],
-            "fit_error": prof["fit"]["median_relative_error"],
+            "estimate_s": est_s, "timed_conversations": prof["fit"]["conversations"],
+            "fit_error": prof["fit"]["steps_median_relative_error"],
             "cut_share": t["cut_share"], "load": max(load),
             "written": rec["counts"]["regenerated_turns"],
             "unfinished": rec["counts"]["unfinished_turns"]}
@@ -131,14 +128,14 @@ def compare_regenerate(target: Path, chats: Path, shape: dict[str, Any],
 
 def regen_table(rows: list[tuple[int, dict[str, Any], dict[str, Any]]]) -> list[str]:
     """The markdown table of :func:`compare_regenerate`'s figures."""
-    lines = ["| chats | shape | responses | batches | predicted s | measured s | error | "
+    lines = ["| chats | shape | responses | decode steps | predicted s | measured s | error | "
              "predicted command s | measured command s | error | estimate s |",
              "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for n, shape, r in rows:
         e1 = r["predicted_work_s"] / r["measured_work_s"] - 1
         e2 = r["predicted_run_s"] / r["measured_run_s"] - 1
         label = ", ".join(f"{k} {v}" for k, v in shape.items())
-        lines.append(f"| {n} | {label} | {r['responses']} | {r['batches']} | "
+        lines.append(f"| {n} | {label} | {r['responses']} | {r['steps']} | "
                      f"{r['predicted_work_s']:.0f} | {r['measured_work_s']:.0f} | "
                      f"{100 * e1:+.1f} % | {r['predicted_run_s']:.0f} | "
                      f"{r['measured_run_s']:.0f} | {100 * e2:+.1f} % | {r['estimate_s']:.0f} |")
@@ -218,11 +215,12 @@ def regenerate_docs(about: str, load: float, lines: list[str]) -> list[str]:
     """The lines of the ``dflash-regenerate-time`` region: what was run and measured (the
     highest load average before a command: ``load``), then the table ``lines``."""
     return [about, "",
-            "Predicted: `dflash estimate --stage regenerate --time`, its profile timed on "
-            f"{REGEN_PROFILE} of the run's batches after a warm-up. Measured: the seconds "
-            "`dflash prepare --regenerate` spent on its shards, and the command's wall time. "
-            "The shards' seconds are `shard_seconds` in `prepare.json`: the generate batches, "
-            "rendering and writing. Chats: registry user turns, every third with a second "
+            "Predicted: `dflash estimate --stage regenerate --time`, its profile fitted on the "
+            "forwards of 32 of the chats regenerated after a warm-up (the default), the "
+            "continuous batch replayed. Measured: the seconds `dflash prepare --regenerate` "
+            "spent on its shards, and the command's wall time. The shards' seconds are "
+            "`shard_seconds` in `prepare.json`: the decoding, rendering and writing. Chats: "
+            "registry user turns, every third with a second "
             "question (two rounds). The 1-minute load average before each command was at most "
             f"{load:.2f} (the benchmark's own previous command included).", "",
             "Written by `python benchmarks/time_estimate.py --stage regenerate --real-target "

@@ -112,6 +112,7 @@ def decode_conversations(model: Any, conversations: list[int],
                          max_new_tokens: int, stops: list[int], rows: int,
                          max_tokens: int | None = None, temperature: float = 0.0,
                          seed: Callable[[int], int] = int, device: Any = "cpu",
+                         trace: list[tuple[int, int, int, float]] | None = None,
                          ) -> Generator[list[tuple[int, list[int]]], None, DecodeCounts]:
     """Write every turn of ``conversations`` (admitted in that order); yields, after each
     step, the turns ended in it as ``(conversation, ids)`` and returns the
@@ -119,7 +120,9 @@ def decode_conversations(model: Any, conversations: list[int],
 
     ``prompt(c, None)`` is conversation ``c``'s first prompt and ``prompt(c, ids)`` the
     one after the turn ``ids`` (None: the conversation is done). A turn ends at its first
-    stop token (kept) or at ``max_new_tokens`` tokens.
+    stop token (kept) or at ``max_new_tokens`` tokens. ``trace`` (a list) receives each
+    forward timed: ``(0, tokens run, tokens cached before them, seconds)`` of a prefill,
+    ``(1, rows, cache width, seconds)`` of a decode step.
 
     Example::
 
@@ -177,6 +180,8 @@ def decode_conversations(model: Any, conversations: list[int],
         counts.prefill_tokens += len(feed)
         counts.prefills += 1
         counts.prefill_seconds += time.perf_counter() - begin
+        if trace is not None:
+            trace.append((0, len(feed), have, time.perf_counter() - begin))
 
     @torch.inference_mode()
     def step() -> None:
@@ -193,6 +198,8 @@ def decode_conversations(model: Any, conversations: list[int],
         counts.steps += 1
         counts.row_steps += len(live)
         counts.decode_seconds += time.perf_counter() - begin
+        if trace is not None:
+            trace.append((1, len(live), width, time.perf_counter() - begin))
 
     def settle(slot: int) -> bool:
         """Start the row's next turns while its turn has ended; False: the row is free."""

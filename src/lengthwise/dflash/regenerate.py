@@ -105,6 +105,7 @@ class TurnGenerator:
             gen_config = None
         self.stops = stop_ids(renderer.tokenizer, config, gen_config)
         self.decode_counts = None  # the last hf regeneration's DecodeCounts
+        self.trace: list[tuple[int, int, int, float]] | None = None  # a list: its forwards
         if not self.stops:
             from lengthwise.errors import ConfigError
 
@@ -122,23 +123,16 @@ class TurnGenerator:
             self.model = load_target(target, dtype=cfg.dtype, device=self.device).eval()
 
     def _generate(self, prompts: list[np.ndarray], seed: int) -> list[list[int]]:
-        """Each prompt's continuation, up to and including its first stop token."""
-        if self.backend == "vllm":
-            from vllm import SamplingParams
-            from vllm.inputs import TokensPrompt
+        """Each prompt's continuation by vLLM, up to and including its first stop token."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
 
-            params = SamplingParams(temperature=self.cfg.temperature,
-                                    max_tokens=self.cfg.max_new_tokens,
-                                    stop_token_ids=self.stops, seed=seed)
-            outs = self.engine.generate([TokensPrompt(prompt_token_ids=p.tolist())
-                                         for p in prompts], params, use_tqdm=False)
-            return [list(o.outputs[0].token_ids) for o in outs]
-        from lengthwise.dflash.generate import generate_responses
-
-        outs = generate_responses(self.model, prompts, max_new_tokens=self.cfg.max_new_tokens,
-                                  eos=self.stops, temperature=self.cfg.temperature, seed=seed,
-                                  batch_size=len(prompts), device=self.device)
-        return [o.tolist() for o in outs]
+        params = SamplingParams(temperature=self.cfg.temperature,
+                                max_tokens=self.cfg.max_new_tokens,
+                                stop_token_ids=self.stops, seed=seed)
+        outs = self.engine.generate([TokensPrompt(prompt_token_ids=p.tolist())
+                                     for p in prompts], params, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outs]
 
     def regenerate(self, convs: list[list[dict[str, str]]], *, seed: int,
                    done: dict[tuple[int, int], list[int]] | None = None,
@@ -242,7 +236,7 @@ class TurnGenerator:
             self.model, order, prompt, max_new_tokens=self.cfg.max_new_tokens,
             stops=self.stops, rows=self.cfg.batch_size, max_tokens=self.cfg.max_tokens,
             temperature=self.cfg.temperature, seed=lambda i: conversation_seed(seed, i),
-            device=self.device)
+            device=self.device, trace=self.trace)
         while True:
             try:
                 next(run)

@@ -1,9 +1,8 @@
 """The time estimates before a run: a training run's plan, its fitted profile and the CLI;
-regeneration's batches, the expected longest response, its fit and command line."""
+regeneration's continuous batch replayed against the decoder's own, its fit and command line."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
 
@@ -16,13 +15,12 @@ from hypothesis import strategies as st
 from lengthwise.dflash.cost.timing import (
     DeviceProfile,
     GenerateProfile,
+    RegeneratePrompts,
     StepWork,
-    attended_pairs,
+    decode_schedule,
     duration,
-    expected_longest,
     fit_generate_profile,
     fit_profile,
-    plan_batches,
     predict,
     predict_generate,
 )
@@ -300,65 +298,106 @@ def test_the_estimate_names_eval_samples_as_training_does(run, capsys):
             in capsys.readouterr().err)
 
 
-@settings(max_examples=60, deadline=None)
-@given(values=st.lists(st.integers(1, 9), min_size=1, max_size=5),
-       rows=st.integers(1, 3), cap=st.integers(1, 9))
-def test_the_expected_longest_is_the_mean_over_every_draw(values, rows, cap):
-    draws = itertools.product(values, repeat=rows)
-    brute = np.mean([min(max(d), cap) for d in draws])
-    assert expected_longest(values, [rows], cap)[0] == pytest.approx(brute, rel=1e-12)
+def _tiny_lm(seed: int = 0):
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(vocab_size=24, hidden_size=16, num_hidden_layers=1,
+                                   num_attention_heads=2, intermediate_size=32)
+    return transformers.LlamaForCausalLM(cfg).eval()
 
 
-@settings(max_examples=40, deadline=None)
-@given(lens=st.lists(st.lists(st.integers(1, 300), min_size=0, max_size=30), min_size=1,
-                     max_size=3),
-       batch=st.integers(1, 8), shard_rows=st.integers(1, 12))
-def test_the_batches_hold_every_prompt_once_within_the_batch_size(lens, batch, shard_rows):
-    rounds = [np.array(x, dtype=np.int64) for x in lens]
-    shards = [np.arange(x.size) // shard_rows for x in rounds]
-    plan = plan_batches(rounds, batch_size=batch, shards=shards)
-    assert int(plan.rows.sum()) == sum(x.size for x in rounds)
-    assert np.all((plan.rows >= 1) & (plan.rows <= batch))
-    for r, (x, s) in enumerate(zip(rounds, shards, strict=True)):
-        for k in np.unique(s):
-            mine = (plan.round == r) & (plan.shard == k)
-            assert plan.rows[mine].sum() == (s == k).sum()
-            assert plan.width[mine].max() == x[s == k].max()  # the longest sets a width
-    assert np.all(np.diff(plan.shard) >= 0)  # a shard's rounds run before the next shard
+@settings(max_examples=25, deadline=None)
+@given(turns=st.lists(st.lists(st.integers(1, 12), min_size=1, max_size=3), min_size=1,
+                      max_size=7),
+       rows=st.integers(1, 4), cap=st.integers(1, 6), budget=st.sampled_from([None, 40, 80]),
+       stops=st.sampled_from([[3], [3, 7, 11], [5, 9, 13, 17, 21]]))
+def test_the_replayed_batch_runs_the_forwards_the_decoder_runs(turns, rows, cap, budget, stops):
+    """The decoder's own forwards, traced, are those :func:`decode_schedule` replays from the
+    prompts' lengths and the answers' lengths alone: every decode step's rows and width in
+    order, and every prefill's tokens run and tokens found in the cache."""
+    from lengthwise.dflash.generate import decode_conversations
+
+    model = _tiny_lm()
+    prompts: dict[int, list[list[int]]] = {c: [] for c in range(len(turns))}
+    written: dict[int, list[int]] = {c: [] for c in range(len(turns))}
+
+    def prompt(c: int, ids: list[int] | None) -> list[int] | None:
+        if ids is not None:
+            written[c].append(len(ids))
+        t = len(prompts[c])
+        if t == len(turns[c]):
+            return None
+        before = [] if not t else prompts[c][-1] + (ids or [])
+        new = before + [(c * 5 + t * 3 + k) % 24 for k in range(turns[c][t])]
+        prompts[c].append(new)
+        return new
+
+    trace: list[tuple[int, int, int, float]] = []
+    list(decode_conversations(model, list(range(len(turns))), prompt, max_new_tokens=cap,
+                              stops=stops, rows=rows, max_tokens=budget, trace=trace))
+    work = decode_schedule([np.array([len(p) for p in prompts[c]]) for c in range(len(turns))],
+                           [np.array(written[c]) for c in range(len(turns))], rows=rows,
+                           max_new_tokens=cap, max_tokens=budget)
+    steps = [(r, w) for kind, r, w, _ in trace if kind == 1]
+    assert list(zip(work.rows.tolist(), work.width.tolist(), strict=True)) == steps
+    assert sorted(zip(work.feed.tolist(), work.have.tolist(), strict=True)) == sorted(
+        (f, h) for kind, f, h, _ in trace if kind == 0)
+    assert all(r <= rows for r, _ in steps)
 
 
 def test_the_fit_recovers_exact_costs_and_refuses_what_it_cannot_use():
-    rows = np.array([8, 8, 4, 8, 2])
-    width = np.array([40, 200, 120, 80, 300])
-    steps = np.array([64, 17, 40, 64, 9])
-    secs = (2e-4 * rows * width + 0.03 * steps + 0.004 * rows * steps
-            + 3e-8 * attended_pairs(rows, width, steps))
-    prof = fit_generate_profile(rows, width, steps, secs, device="cpu", responses=[5, 64],
-                                max_new_tokens=64)
-    assert prof.batch_seconds(rows, width, steps) == pytest.approx(secs, rel=1e-6)
-    assert prof.fit["max_relative_error"] < 1e-6
+    pre = [(f, h) for f, h in [(40, 0), (12, 50), (200, 0), (7, 300), (90, 20)]]
+    steps = [(r, w) for r, w in [(8, 60), (8, 200), (4, 120), (2, 300), (1, 40), (6, 90)]]
+    trace = [(0, f, h, 0.02 + 2e-4 * f + 3e-7 * f * (h + (f + 1) / 2)) for f, h in pre]
+    trace += [(1, r, w, 0.03 + 0.004 * r + 2e-6 * r * w) for r, w in steps]
+    prof = fit_generate_profile(trace, device="cpu", responses=[5, 64], max_new_tokens=64)
+    assert [prof.per_prefill, prof.per_prefill_token, prof.per_prefill_pair] == pytest.approx(
+        [0.02, 2e-4, 3e-7], rel=1e-6)
+    assert [prof.per_step, prof.per_row, prof.per_row_width] == pytest.approx(
+        [0.03, 0.004, 2e-6], rel=1e-6)
+    assert prof.fit["forwards"] == 11 and prof.fit["steps_max_relative_error"] < 1e-6
     with pytest.raises(DataError, match="positive time"):
-        fit_generate_profile([2], [10], [3], [0.0], device="cpu", responses=[3],
-                             max_new_tokens=8)
+        fit_generate_profile([(1, 2, 10, 0.0)], device="cpu", responses=[3], max_new_tokens=8)
+    with pytest.raises(DataError, match="kind 0 or 1"):
+        fit_generate_profile([(2, 2, 10, 1.0)], device="cpu", responses=[3], max_new_tokens=8)
+
+
+def _prompts(lengths: list[list[int]], shard_rows: int) -> RegeneratePrompts:
+    return RegeneratePrompts([np.array(x) for x in lengths],
+                             [np.zeros(len(x), dtype=np.int64) for x in lengths],
+                             np.arange(len(lengths)) // shard_rows, 0.0)
 
 
 def test_ranks_take_shards_in_turn_and_a_longer_cap_than_timed_is_refused():
-    plan = plan_batches([np.array([10, 10, 10, 10])], batch_size=1,
-                        shards=[np.array([0, 1, 2, 2])])
-    prof = GenerateProfile("cpu", 0.0, 1.0, 0.0, 0.0, responses=[4], max_new_tokens=8)
-    t = predict_generate(plan, prof, world=2)
-    assert t.rank_seconds().tolist() == [12.0, 4.0]  # shards 0 and 2 on rank 0
-    assert t.generate_seconds == 12.0 and t.cut_share == 0.0
-    assert "on each of 2 ranks" in t.render()
-    assert predict_generate(plan, prof, max_new_tokens=3).batch_seconds.tolist() == [3.0] * 4
-    cut = GenerateProfile("cpu", 0.0, 1.0, 0.0, 0.0, responses=[4, 8], max_new_tokens=8)
+    prompts = _prompts([[10], [10], [10], [10]], shard_rows=1)  # four shards of one turn
+    prof = GenerateProfile("cpu", 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, responses=[4], max_new_tokens=8)
+    t = predict_generate(prompts, prof, rows=2, world=3)
+    assert t.shard_seconds.tolist() == [3.0] * 4  # 4 tokens: 3 steps after the prefill
+    assert t.rank_seconds().tolist() == [6.0, 3.0, 3.0]  # shards 0 and 3 on rank 0
+    assert t.generate_seconds == 6.0 and t.cut_share == 0.0 and t.responses == 4
+    assert "on each of 3 ranks" in t.render()
+    assert predict_generate(prompts, prof, rows=2, max_new_tokens=3).steps == 4 * 2
+    cut = GenerateProfile("cpu", 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, responses=[4, 8],
+                          max_new_tokens=8)
     with pytest.raises(ConfigError, match="50 % reached it"):
-        predict_generate(plan, cut, max_new_tokens=16)
+        predict_generate(prompts, cut, rows=2, max_new_tokens=16)
+
+
+def test_later_prompts_hold_the_targets_answers_not_the_datas():
+    """A later turn's prompt holds the drawn answer of the turn before, not the data's; and a
+    row prefills only what its cache lacks."""
+    prompts = RegeneratePrompts([np.array([9, 500])], [np.array([0, 480])], np.array([0]), 0.0)
+    prof = GenerateProfile("cpu", 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, responses=[6], max_new_tokens=8)
+    t = predict_generate(prompts, prof, rows=1)
+    assert t.longest_prompt == 500 - 480 + 5  # the answer without its stop token
+    # 9 prompt tokens, then the second prompt past the 9 + 6 - 1 tokens its row holds
+    assert t.prefill_seconds == 9 + (25 - 14) and t.steps == 2 * 5
 
 
 def test_a_profile_file_round_trips_and_a_training_or_bad_one_is_named(tmp_path):
-    prof = GenerateProfile("NVIDIA H200 (CUDA)", 1e-6, 0.01, 1e-4, 1e-9, [12, 40], 64,
-                           start_seconds=30.0, fit={"batches": 4})
+    prof = GenerateProfile("NVIDIA H200 (CUDA)", 1e-3, 1e-6, 1e-10, 0.01, 1e-4, 1e-9,
+                           [12, 40], 64, start_seconds=30.0, fit={"forwards": 4})
     prof.save(tmp_path / "g.json")
     assert GenerateProfile.load(tmp_path / "g.json") == prof
     DeviceProfile("cpu", 0.1, 0.02).save(tmp_path / "train.json")
@@ -366,15 +405,13 @@ def test_a_profile_file_round_trips_and_a_training_or_bad_one_is_named(tmp_path)
         GenerateProfile.load(tmp_path / "train.json")
     good = prof.to_dict()
     for change, why in [({"per_step": True}, "per_step must be a number of seconds"),
-                        ({"per_pair": 1e308}, "per_pair must be a number of seconds from 0"),
-                        (dict.fromkeys(("per_prefill_token", "per_step", "per_row_step",
-                                        "per_pair"), 0.0),
-                         "per_prefill_token, per_step, per_row_step and per_pair are all 0"),
+                        ({"per_row_width": 1e308}, "per_row_width must be a number of seconds"),
+                        (dict.fromkeys(GenerateProfile.priced, 0.0), "are all 0"),
                         ({"responses": [True, 12]}, "responses must be a list of lengths"),
                         ({"responses": [12, 65]}, r"from 1 to max_new_tokens \(64\)"),
                         ({"max_new_tokens": True}, "max_new_tokens must be a count"),
-                        ({"fit": ["batches", 4]}, "fit must be a JSON object"),
-                        ({"fit": {"batches": True}}, "fit.batches must be a count")]:
+                        ({"fit": ["forwards", 4]}, "fit must be a JSON object"),
+                        ({"fit": {"forwards": True}}, "fit.forwards must be a count")]:
         (tmp_path / "bad.json").write_text(json.dumps({**good, **change}))
         with pytest.raises(DataError, match=why):
             GenerateProfile.load(tmp_path / "bad.json")
@@ -388,55 +425,44 @@ def chats(tmp_path_factory):
     return target, write_jsonl(root / "c.jsonl", rows), rows
 
 
-def test_the_planned_batches_are_those_regeneration_runs(chats, tmp_path, monkeypatch):
-    """Every generate call of ``dflash prepare --regenerate`` round by round (2 shards, 2
-    rounds; the vLLM backend's way) is a planned batch: the same rows in the same order,
-    and in the first round the same widths."""
+def test_the_prompts_priced_are_those_regeneration_renders(chats):
+    """Each conversation's first prompt as the decoder receives it, its later ones with the
+    data's answers (what the prediction replaces), and its shard."""
     from lengthwise.dflash.chat import ChatRenderer
     from lengthwise.dflash.cost.timing import regenerate_prompts
-    from lengthwise.dflash.prepare import prepare_chats
     from lengthwise.dflash.prepare_config import PrepareConfig
-    from lengthwise.dflash.regenerate import TurnGenerator
     from lengthwise.dflash.target import load_tokenizer
 
     target, src, rows = chats
-    calls = []
-    real = TurnGenerator._generate
-
-    def record(self, prompts, seed):
-        calls.append((len(prompts), max(p.size for p in prompts)))
-        return real(self, prompts, seed)
-
-    monkeypatch.setattr(TurnGenerator, "_generate", record)
-    monkeypatch.setattr(TurnGenerator, "_conversations", TurnGenerator._rounds)
-    cfg = PrepareConfig(regenerate=True, max_new_tokens=4, min_supervised=2, batch_size=3,
-                        max_tokens=120, shard_rows=8, progress=False)
-    rec = prepare_chats(src, target, tmp_path / "p", cfg)
-    assert rec["shard_seconds"] > 0
-    prompts = regenerate_prompts(src, ChatRenderer(load_tokenizer(target)), cfg, show=False)
-    plan = prompts.batches(cfg)
-    assert 1 in plan.rows and 3 in plan.rows  # cut by the token budget and by the row cap
-    assert plan.round.max() == 1 and plan.shard.max() == 1
-    assert [c[0] for c in calls] == plan.rows.tolist()
-    first = plan.round == 0
-    assert [c[1] for c, f in zip(calls, first, strict=True) if f] == plan.width[first].tolist()
-    assert plan.rows.sum() == rec["counts"]["regenerated_turns"]
+    renderer = ChatRenderer(load_tokenizer(target))
+    cfg = PrepareConfig(regenerate=True, shard_rows=8, progress=False)
+    prompts = regenerate_prompts(src, renderer, cfg, show=False)
+    assert prompts.shard.tolist() == [0] * 8 + [1] * 7
+    for row, lens, answered in zip(rows, prompts.lengths, prompts.answered, strict=True):
+        msgs = row["messages"]
+        turns = [j for j, m in enumerate(msgs) if m["role"] == "assistant"] or [len(msgs)]
+        assert lens.size == len(turns) and answered[0] == 0
+        assert lens[0] == len(renderer.prompt_ids(msgs[:turns[0]]))
 
 
-def test_the_estimate_times_batches_and_prints_the_regeneration(chats, tmp_path, capsys):
+def test_the_estimate_times_a_regeneration_and_prints_it(chats, tmp_path, capsys, monkeypatch):
     from lengthwise.cli import main
+    from lengthwise.dflash.cost import resident
 
     target, src, _ = chats
+    set_as = []
+    monkeypatch.setattr(resident, "follow_live_tensors", set_as.append)
     common = ["dflash", "estimate", "--stage", "regenerate", "--target", str(target),
               "--device", "cpu", "--batch-size", "3", "--max-new-tokens", "6"]
-    assert main([*common, "--data", str(src), "--time", "--profile-steps", "3",
+    assert main([*common, "--data", str(src), "--time", "--profile-steps", "4",
                  "--save-profile", str(tmp_path / "g.json")]) == 0
     out = capsys.readouterr().out
-    assert "predicted time of regeneration: about " in out
-    assert "fitted on 3 timed batches" in out and "22 responses in" in out
+    assert set_as == ["cpu"]  # the malloc set as regeneration's
+    assert "predicted time of regeneration: about " in out and "22 responses" in out
+    assert "fitted on the regeneration of 4 conversations" in out
     prof = GenerateProfile.load(tmp_path / "g.json")
-    assert prof.fit["batches"] == 3 and len(prof.responses) >= 3
-    assert all(1 <= n <= 6 for n in prof.responses)
+    assert prof.fit["conversations"] == 4 and prof.fit["steps"] >= 5
+    assert len(prof.responses) >= 4 and all(1 <= n <= 6 for n in prof.responses)
     assert main([*common, "--data", str(src), "--time", "--json", "--world", "2",
                  "--device-profile", str(tmp_path / "g.json")]) == 0
     got = json.loads(capsys.readouterr().out)
@@ -453,47 +479,12 @@ def test_the_estimate_times_batches_and_prints_the_regeneration(chats, tmp_path,
         assert why in capsys.readouterr().err
 
 
-
-def test_a_later_rounds_timed_batch_is_no_wider_than_the_targets_answers_allow(chats, tmp_path,
-                                                                              monkeypatch):
-    """The data's earlier answer (hundreds of tokens) is not what a later round's prompt
-    holds: the target's answer, at most --max-new-tokens. The timed batches hold it cut,
-    and run in a process whose malloc is set as regeneration's."""
-    from lengthwise.dflash.chat import ChatRenderer
-    from lengthwise.dflash.cost import resident
-    from lengthwise.dflash.cost.timing import (
-        measure_generate_profile,
-        regenerate_prompts,
-    )
-    from lengthwise.dflash.prepare_config import PrepareConfig
-    from lengthwise.dflash.target import load_tokenizer
-
-    target, _, _ = chats
-    long = " ".join(["the dog ran over the hill and"] * 40)
-    rows = [{"messages": [{"role": "user", "content": f"question {i}"},
-                          {"role": "assistant", "content": long},
-                          {"role": "user", "content": "and then?"}]} for i in range(4)]
-    src = write_jsonl(tmp_path / "long.jsonl", rows)
-    cfg = PrepareConfig(regenerate=True, max_new_tokens=4, batch_size=4, progress=False)
-    renderer = ChatRenderer(load_tokenizer(target))
-    prompts = regenerate_prompts(src, renderer, cfg, show=False)
-    data_width = int(prompts.lengths[1].max())
-    bound = int(prompts.with_answers(cfg.max_new_tokens).lengths[1].max())
-    assert data_width > bound + 100
-    set_as = []
-    monkeypatch.setattr(resident, "follow_live_tensors", set_as.append)
-    prof = measure_generate_profile(src, target, cfg, prompts=prompts, batches=2,
-                                    renderer=renderer)
-    assert set_as == ["cpu"]
-    assert max(prof.fit["width"]) <= bound + 1  # + 1: a cut may re-tokenise its last piece
-    assert min(prof.fit["width"]) == int(prompts.lengths[0].max())  # round 0 as it is
-
 @pytest.mark.slow
 def test_the_predicted_regeneration_is_near_its_measured_time(chats, tmp_path):
-    """A profile timed on a few of the run's batches predicts ``dflash prepare
+    """A profile timed on a few of the run's conversations predicts ``dflash prepare
     --regenerate``'s work within a factor 2 on any machine load (the real target's table in
     docs/dflash.md holds the tight comparison)."""
-    from lengthwise.dflash.cost.timing import estimate_regenerate_time
+    from lengthwise.dflash.cost.timing import PROFILE_CONVERSATIONS, estimate_regenerate_time
     from lengthwise.dflash.prepare import prepare_chats
     from lengthwise.dflash.prepare_config import PrepareConfig
 
@@ -502,7 +493,7 @@ def test_the_predicted_regeneration_is_near_its_measured_time(chats, tmp_path):
     cfg = PrepareConfig(regenerate=True, max_new_tokens=24, min_supervised=2, batch_size=4,
                         progress=False)
     predicted, prof, prompts = estimate_regenerate_time(src, target, cfg, show=False)
-    assert prof.fit["batches"] == 5
+    assert prof.fit["conversations"] == PROFILE_CONVERSATIONS
     rec = prepare_chats(src, target, tmp_path / "p", cfg)
     ratio = (predicted.generate_seconds + prompts.seconds) / rec["shard_seconds"]
     assert 0.5 < ratio < 2.0, (ratio, predicted.to_dict(), prof.fit)

@@ -51,7 +51,8 @@ FEATURES_FLAGS = ("layers", "target_dtype", "last_hidden", "shard_mib", "out")
 #: the flags of the regenerate and eval stages (their commands' names and defaults)
 STAGE_FLAGS: dict[str, dict[str, Any]] = {
     "regenerate": {k: getattr(PrepareConfig, k)
-                   for k in ("batch_size", "max_new_tokens", "max_len", "dtype", "shard_rows")},
+                   for k in ("batch_size", "max_new_tokens", "max_len", "dtype", "shard_rows",
+                             "max_tokens")},
     "eval": {"batch_size": 16, "max_new_tokens": 256, "max_len": None, "dtype": None,
              **{k: DEFAULTS.get(k, getattr(DFlashTrainConfig, k)) for k in (
                  "max_tokens", "max_slots", "head_chunk", "block_size", "draft_layers",
@@ -138,13 +139,13 @@ def add_report_flags(p: argparse.ArgumentParser, *, listed: bool = True) -> None
     p.add_argument("--time", action="store_true",
                    help=text("also predict the run's time from its plan (needs --data): train "
                              "per step, per epoch and in all, priced by a few training steps "
-                             "timed here; regenerate in all, priced by a few of its generate "
-                             "batches timed here (either loads the target), or by "
+                             "timed here; regenerate in all, priced by the forwards of a few of "
+                             "its conversations regenerated here (either loads the target), or by "
                              "--device-profile"))
     p.add_argument("--profile-steps", type=int, metavar="N",
                    help=text("training steps timed for --time (default 4, plus a warm-up step "
-                             "and one that also evaluates); regenerate: generate batches "
-                             "(default 5)"))
+                             "and one that also evaluates); regenerate: conversations "
+                             "regenerated (default 32, or --batch-size if larger)"))
     p.add_argument("--device-profile", metavar="FILE",
                    help=text("price the plan with this profile (written by --save-profile, "
                              "e.g. on a GPU elsewhere) instead of timing steps here"))
@@ -297,6 +298,8 @@ def stage_report(stage: str, given: dict[str, Any]) -> int:
         if sizes["max_len"] is None:
             sizes["max_len"] = longest
     sizes.pop("shard_rows", None)
+    if stage == "regenerate":  # the budget of the time's replay; the memory is of full rows
+        sizes.pop("max_tokens", None)
     est = getattr(memory, f"estimate_{stage}")(config, device=device, **sizes,
                                                 baseline=_baseline(stage, config, target, device))
     return _print(est, opts, size, timing)
@@ -361,22 +364,20 @@ def _check_profile_flags(opts: dict[str, Any]) -> None:
 def regenerate_time(target: str, data: str, sizes: dict[str, Any], device: str,
                     opts: dict[str, Any]) -> tuple[Any, int]:
     """``((GenerateTime, GenerateProfile), longest prompt)`` of regenerating ``data``."""
-    from lengthwise.dflash.cost.timing import (
-        PROFILE_BATCHES,
-        GenerateProfile,
-        estimate_regenerate_time,
-    )
+    from lengthwise.dflash.cost.timing import GenerateProfile, estimate_regenerate_time
+
     cfg = PrepareConfig(regenerate=True, max_new_tokens=sizes["max_new_tokens"],
                         batch_size=sizes["batch_size"], shard_rows=sizes["shard_rows"],
-                        device=device, dtype=sizes["dtype"], backend="hf")
+                        max_tokens=sizes["max_tokens"], device=device, dtype=sizes["dtype"],
+                        backend="hf")
     profile = (GenerateProfile.load(opts["device_profile"]) if opts.get("device_profile")
                else None)
-    gen, prof, prompts = estimate_regenerate_time(
-        data, target, cfg, world=opts.get("world", 1), profile=profile,
-        batches=opts.get("profile_steps", PROFILE_BATCHES))
+    gen, prof, _ = estimate_regenerate_time(data, target, cfg, world=opts.get("world", 1),
+                                            profile=profile,
+                                            conversations=opts.get("profile_steps"))
     if opts.get("save_profile"):
         prof.save(opts["save_profile"])
-    return (gen, prof), max(int(x.max()) for x in prompts.lengths)
+    return (gen, prof), gen.longest_prompt
 
 
 def _baseline(stage: str, config: Any, target: str, device: str, *,
@@ -408,17 +409,20 @@ def _time_lines(timing: Any) -> list[str]:
            if "median_relative_error" in fit else "")
     if hasattr(prof, "responses"):  # regeneration
         resp = np.asarray(prof.responses)
-        how = (f"priced per decoding step {prof.per_step:.3g} s, per row and step "
-               f"{prof.per_row_step:.3g} s, per prompt token {prof.per_prefill_token:.3g} s "
-               f"and per attended pair {prof.per_pair:.3g} s"
-               + (f", fitted on {fit['batches']} timed batches{err}" if fit.get("batches")
-                  else ""))
+        errs = "; ".join(f"{k} {100 * fit[f'{k}_median_relative_error']:.1f} %"
+                         for k in ("prefills", "steps") if f"{k}_median_relative_error" in fit)
+        how = (f"priced per prefill {prof.per_prefill:.3g} s + {prof.per_prefill_token:.3g} s "
+               f"a token + {prof.per_prefill_pair:.3g} s an attended pair, per decode step "
+               f"{prof.per_step:.3g} s + {prof.per_row:.3g} s a row + "
+               f"{prof.per_row_width:.3g} s a cached token a row attends"
+               + (f", fitted on the regeneration of {fit['conversations']} conversations "
+                  f"({fit['forwards']:,} forwards; median error {errs})"
+                  if fit.get("conversations") else ""))
         return [f"predicted time of regeneration: {rt.render()}",
-                f"  {how}; a batch decodes as long as its longest response: the target's "
-                f"{resp.size} timed responses had a median {int(np.median(resp))} tokens (mean "
-                f"answer {prof.mean_answer(prof.max_new_tokens):.0f}), "
-                f"{100 * rt.cut_share:.0f} % cut at --max-new-tokens; later turns' prompts "
-                "count the target's earlier answers at that mean, not the data's"]
+                f"  {how}; the continuous batch is replayed with each answer drawn from the "
+                f"target's {resp.size} timed ones (median {int(np.median(resp))} tokens, "
+                f"{100 * rt.cut_share:.0f} % cut at --max-new-tokens); later turns' prompts "
+                "hold those answers, not the data's"]
     how = (f"priced per micro-batch {prof.micro_batch:.3g} s and per GFLOP "
            f"{prof.per_gflop:.3g} s" + (f", fitted on {fit['steps']} timed steps{err}"
                                         if fit.get("steps") else ""))

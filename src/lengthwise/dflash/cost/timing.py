@@ -2,9 +2,10 @@
 
 :func:`estimate_time` replays the plan ``dflash train`` makes (:func:`plan_work`: each step's
 micro-batches and FLOPs per rank) and prices it by a :class:`DeviceProfile` fitted on a few of
-the run's own steps; :func:`estimate_regenerate_time` replays regeneration's batches
-(:func:`plan_batches`) and prices them by a :class:`GenerateProfile` fitted on a few of them,
-each decoding as long as the expected longest of its responses. See docs/dflash.md.
+the run's own steps; :func:`estimate_regenerate_time` replays regeneration's continuous
+batch (:func:`decode_schedule`: each prefill and decode step, its answers drawn from the
+target's) and prices it by a :class:`GenerateProfile` fitted on the forwards of a few of the
+run's conversations regenerated. See docs/dflash.md.
 
 Example::
 
@@ -37,25 +38,22 @@ import numpy as np
 from lengthwise.dflash.cost import resident
 from lengthwise.dflash.cost.flops import anchor_counts, batch_flops, step_flops
 from lengthwise.dflash.prepared import open_prepared
-from lengthwise.dflash.prompt_batches import batch_offsets
 from lengthwise.errors import ConfigError, DataError
 from lengthwise.planning.cost import round_up
 
-__all__ = ["MAX_COST", "MAX_PLANNED", "PROFILE_BATCHES", "PROFILE_STEPS", "DeviceProfile",
-           "GenerateBatches", "GenerateProfile", "GenerateTime", "Profile", "RegeneratePrompts",
-           "RunTime", "StepWork", "attended_pairs", "cut_answers", "duration",
-           "estimate_regenerate_time", "estimate_time", "evaluations", "expected_longest",
-           "fit_costs", "fit_generate_profile", "fit_profile", "measure_generate_profile",
-           "measure_profile", "micro_work", "plan_batches", "plan_work", "predict",
-           "predict_generate", "regenerate_prompts", "run_samples", "timed_batches",
-           "train_command"]
+__all__ = ["MAX_COST", "MAX_PLANNED", "PROFILE_CONVERSATIONS", "PROFILE_STEPS", "DecodeWork",
+           "DeviceProfile", "GenerateProfile", "GenerateTime", "Profile", "RegeneratePrompts",
+           "RunTime", "StepWork", "decode_schedule", "duration", "estimate_regenerate_time",
+           "estimate_time", "evaluations", "fit_costs", "fit_generate_profile", "fit_profile",
+           "measure_generate_profile", "measure_profile", "micro_work", "plan_work", "predict",
+           "predict_generate", "regenerate_prompts", "run_samples", "train_command"]
 
 #: the most seconds a profile may price one unit of work at: beyond it a time is no estimate
 MAX_COST = 1e6
 #: timed steps the profile is fitted on (one more before them warms up, one after evaluates)
 PROFILE_STEPS = 4
-#: batches timed for a regeneration profile (after a short warm-up): one more than its terms
-PROFILE_BATCHES = 5
+#: conversations a regeneration profile regenerates at least (after a short warm-up)
+PROFILE_CONVERSATIONS = 32
 #: the most steps (times ranks) a plan is replayed for: each is counted one by one
 MAX_PLANNED = 1_000_000
 _CHUNK = 65536  # micro-batches whose work is counted in one pass
@@ -542,106 +540,121 @@ def estimate_time(cfg: Any, run: Any, *, world: int = 1, profile: DeviceProfile 
 
 
 @dataclass(frozen=True)
-class GenerateBatches:
-    """Every batch regeneration runs, in its order: ``rows`` prompts left-padded to ``width``
-    tokens, of shard ``shard`` and round ``round``."""
+class DecodeWork:
+    """The forwards of one continuous batch: each prefill's prompt tokens run (``feed``)
+    after the tokens its row's cache held (``have``); each decode step's ``rows`` and its
+    cache ``width``."""
 
+    feed: np.ndarray
+    have: np.ndarray
     rows: np.ndarray
     width: np.ndarray
-    shard: np.ndarray
-    round: np.ndarray
-
-    @property
-    def batches(self) -> int:
-        return int(self.rows.size)
 
 
-def plan_batches(rounds: list[np.ndarray], *, batch_size: int, max_tokens: int | None = None,
-                 max_new_tokens: int = 0, shards: list[np.ndarray] | None = None,
-                 ) -> GenerateBatches:
-    """The batches of regeneration: each shard's rounds in turn (``rounds[r]``: the prompt
-    lengths of round ``r``, ``shards[r]`` their shards), sorted by length and cut as it cuts.
+def decode_schedule(prompts: list[np.ndarray], written: list[np.ndarray], *, rows: int,
+                    max_new_tokens: int, max_tokens: int | None = None) -> DecodeWork:
+    """The forwards :func:`~lengthwise.dflash.generate.decode_conversations` runs when the
+    conversations (in the order admitted) have turns whose prompts hold ``prompts[c][t]``
+    tokens and whose answers are ``written[c][t]`` tokens long (the stop token included).
 
-    >>> b = plan_batches([np.array([3, 8, 4, 6]), np.array([12, 5])], batch_size=3,
-    ...                  shards=[np.array([0, 0, 1, 1]), np.array([0, 1])])
-    >>> b.shard.tolist(), b.round.tolist(), b.rows.tolist(), b.width.tolist()
-    ([0, 0, 1, 1], [0, 1, 0, 1], [2, 1, 2, 1], [8, 12, 6, 5])
+    A row keeps its conversation's tokens between turns: a later prompt runs only its tokens
+    past the cache. Admission follows the decoder's: at most ``rows`` rows, and with
+    ``max_tokens`` at most that many of ``rows x (longest prompt + max_new_tokens)``.
+
+    >>> w = decode_schedule([np.array([5, 12]), np.array([7])], [np.array([3, 2]),
+    ...                     np.array([4])], rows=2, max_new_tokens=4)
+    >>> w.feed.tolist(), w.have.tolist()    # the second turn reuses 5 + 3 - 1 cached tokens
+    ([5, 7, 5], [0, 0, 7])
+    >>> w.rows.tolist(), w.width.tolist()
+    ([2, 2, 2], [8, 9, 13])
     """
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
-    lens = [np.asarray(x, dtype=np.int64) for x in rounds]
-    where = ([np.asarray(s, dtype=np.int64) for s in shards] if shards is not None
-             else [np.zeros(x.size, dtype=np.int64) for x in lens])
-    if len(where) != len(lens) or any(s.shape != x.shape for s, x in zip(where, lens,
-                                                                           strict=True)):
-        raise DataError("plan_batches: one shard per prompt of every round")
-    cols: list[list[np.ndarray]] = [[], [], [], []]  # rows, width, shard, round
-    for k in np.unique(np.concatenate(where)) if lens else ():
-        for r, (x, s) in enumerate(zip(lens, where, strict=True)):
-            mine = np.sort(x[s == k], kind="stable")
-            if mine.size == 0:
-                continue
-            cuts = batch_offsets(mine, batch_size=batch_size, max_tokens=max_tokens,
-                                 max_new_tokens=max_new_tokens)
-            for col, value in zip(cols, (np.diff(cuts), mine[cuts[1:] - 1], k, r), strict=True):
-                col.append(np.broadcast_to(value, cuts.size - 1))
-    return GenerateBatches(*(np.concatenate(c).astype(np.int64) if c else np.zeros(0, np.int64)
-                             for c in cols))
+    n = len(prompts)
+    conv = np.full(rows, -1, dtype=np.int64)  # each slot's conversation (-1: free)
+    turn, seq, done, need = (np.zeros(rows, dtype=np.int64) for _ in range(4))
+    feed: list[int] = []
+    have: list[int] = []
+    step_rows: list[int] = []
+    step_width: list[int] = []
 
+    def start(slot: int) -> None:
+        c, t = conv[slot], turn[slot]
+        length = int(prompts[c][t])
+        cached = int(seq[slot]) - 1 if t else 0
+        if cached >= length:  # nothing of the prompt past the cache: a whole prefill
+            cached = 0
+        feed.append(length - cached)
+        have.append(cached)
+        seq[slot], done[slot], need[slot] = length + 1, 1, length + max_new_tokens
 
-def attended_pairs(rows: Any, width: Any, steps: Any) -> np.ndarray:
-    """Token pairs a batch attends: the prompt's causal pairs, then each step the cache.
+    def settle(slot: int) -> None:
+        """Start the slot's next turns while its turn has ended; free it after the last."""
+        c = conv[slot]
+        while done[slot] >= min(int(written[c][turn[slot]]), max_new_tokens):
+            turn[slot] += 1
+            if turn[slot] == len(prompts[c]):
+                conv[slot] = -1
+                return
+            start(slot)
 
-    >>> attended_pairs(2, 10, 4).tolist()
-    196.0
-    """
-    r, w, s = (np.asarray(a, dtype=np.float64) for a in (rows, width, steps))
-    return r * (w * w / 2 + s * (w + s / 2))
-
-
-def expected_longest(responses: Any, rows: Any, cap: int) -> np.ndarray:
-    """The expected longest of ``rows`` responses drawn from ``responses`` (cut at ``cap``).
-
-    >>> expected_longest([10, 20], [1, 2, 3], cap=64).tolist()
-    [15.0, 17.5, 18.75]
-    """
-    v = np.sort(np.minimum(np.asarray(responses, dtype=np.float64), cap))
-    if v.size == 0:
-        raise DataError("expected_longest: no responses to draw from")
-    values, counts = np.unique(v, return_counts=True)
-    cdf = np.cumsum(counts) / v.size
-    before = np.concatenate([[0.0], cdf[:-1]])
-    r = np.asarray(rows, dtype=np.float64)[..., None]
-    return np.sum(values * (cdf ** r - before ** r), axis=-1)
+    waiting = [c for c in range(n - 1, -1, -1) if len(prompts[c])]  # popped from the end
+    while True:
+        widest = int(need[conv >= 0].max()) if (conv >= 0).any() else 0
+        while waiting and (conv < 0).any():  # admit into free slots, a row at a time
+            live = int(np.sum(conv >= 0))
+            c = waiting[-1]
+            if live and max_tokens is not None and (live + 1) * max(
+                    widest, int(prompts[c][0]) + max_new_tokens) > max_tokens:
+                break
+            slot = int(np.argmax(conv < 0))
+            waiting.pop()
+            conv[slot], turn[slot] = c, 0
+            start(slot)
+            widest = max(widest, int(need[slot]))  # its first turn's, as the decoder counts
+            settle(slot)
+        active = conv >= 0
+        if not active.any():
+            break
+        step_rows.append(int(active.sum()))
+        step_width.append(int(seq[active].max()))
+        seq[active] += 1
+        done[active] += 1
+        for slot in np.flatnonzero(active):
+            settle(int(slot))
+    as_array = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
+    return DecodeWork(as_array(feed), as_array(have), as_array(step_rows), as_array(step_width))
 
 
 @dataclass(frozen=True)
 class GenerateProfile(Profile):
-    """Seconds per unit of a generate batch on one device: ``per_prefill_token`` per padded
-    prompt token, ``per_step`` per decoding step, ``per_row_step`` per row and step,
-    ``per_pair`` per attended pair; ``responses``: the lengths the target wrote (with the
-    stop token, at most ``max_new_tokens``); ``start_seconds``: loading the target and
-    rendering the prompts.
+    """Seconds per unit of regeneration's forwards on one device: a prefill costs
+    ``per_prefill``, ``per_prefill_token`` per prompt token it runs and ``per_prefill_pair``
+    per token pair it attends; a decode step ``per_step``, ``per_row`` per row and
+    ``per_row_width`` per cached token a row attends. ``responses``: the lengths the target
+    wrote (with the stop token, at most ``max_new_tokens``); ``start_seconds``: loading the
+    target and rendering the prompts.
 
     >>> import tempfile, os
     >>> f = os.path.join(tempfile.mkdtemp(), "g.json")
-    >>> GenerateProfile("cpu", 1e-4, 0.02, 1e-3, 1e-8, [5, 9], 16).save(f)
+    >>> GenerateProfile("cpu", 0.01, 1e-4, 1e-8, 0.02, 1e-3, 1e-6, [5, 9], 16).save(f)
     >>> GenerateProfile.load(f).responses
     [5, 9]
     """
 
     kind = "regeneration"
     write = "dflash estimate --stage regenerate --time --save-profile"
-    priced = ("per_prefill_token", "per_step", "per_row_step", "per_pair")
+    priced = ("per_prefill", "per_prefill_token", "per_prefill_pair", "per_step", "per_row",
+              "per_row_width")
     required = (*priced, "responses", "max_new_tokens")
     costs = (*priced, "start_seconds")
-    timed = "batches"
+    timed = "forwards"
 
     device: str
+    per_prefill: float
     per_prefill_token: float
+    per_prefill_pair: float
     per_step: float
-    per_row_step: float
-    per_pair: float
+    per_row: float
+    per_row_width: float
     responses: list[int]
     max_new_tokens: int
     start_seconds: float = 0.0
@@ -658,116 +671,178 @@ class GenerateProfile(Profile):
             raise DataError(f"{where}: responses must be a list of lengths from 1 to "
                             f"max_new_tokens ({cap})")
 
-    def batch_seconds(self, rows: Any, width: Any, steps: Any) -> np.ndarray:
-        """Predicted seconds of batches of ``rows`` prompts of ``width`` decoding ``steps``."""
-        r, w, s = (np.asarray(a, dtype=np.float64) for a in (rows, width, steps))
-        return (self.per_prefill_token * r * w + self.per_step * s + self.per_row_step * r * s
-                + self.per_pair * attended_pairs(r, w, s))
+    def seconds(self, work: DecodeWork) -> tuple[float, float]:
+        """``(prefill seconds, decode seconds)`` of ``work``."""
+        return (float(np.sum(_prefill_units(work.feed, work.have) @ self._prefill())),
+                float(np.sum(_step_units(work.rows, work.width) @ self._step())))
 
-    def mean_answer(self, cap: int) -> float:
-        """Mean tokens of an answer the target writes under ``cap``: its responses cut there,
-        without the stop token of those that ended (the template writes its own).
+    def _prefill(self) -> np.ndarray:
+        return np.array([self.per_prefill, self.per_prefill_token, self.per_prefill_pair])
 
-        >>> GenerateProfile("cpu", 0, 0, 0, 0, responses=[5, 17, 30], max_new_tokens=32
-        ...                 ).mean_answer(16)    # (4 + 16 + 16) / 3
-        12.0
+    def _step(self) -> np.ndarray:
+        return np.array([self.per_step, self.per_row, self.per_row_width])
+
+    def draw(self, turns: int, cap: int, rng: np.random.Generator,
+             ) -> tuple[np.ndarray, np.ndarray]:
+        """``(written, answer)`` of ``turns`` responses drawn from the timed ones cut at
+        ``cap``: the tokens written, and those the next prompt holds (the stop token is not
+        kept: the template writes its own end of turn).
+
+        >>> prof = GenerateProfile("cpu", 0, 0, 0, 1, 0, 0, [5, 30], max_new_tokens=32)
+        >>> [x.tolist() for x in prof.draw(4, 16, np.random.default_rng(0))]  # 30 cut at 16
+        [[16, 16, 16, 5], [16, 16, 16, 4]]
         """
-        resp = np.asarray(self.responses, dtype=np.float64)
-        cut = np.minimum(resp, cap)
-        return float(np.mean(np.where((resp < self.max_new_tokens) & (resp <= cap),
-                                      cut - 1, cut)))
+        resp = np.asarray(self.responses, dtype=np.int64)[rng.integers(0, len(self.responses),
+                                                                      turns)]
+        written = np.minimum(resp, cap)
+        ended = (resp < self.max_new_tokens) & (resp <= cap)
+        return written, written - ended
 
 
-def fit_generate_profile(rows: Any, width: Any, steps: Any, seconds: Any, *, device: str,
-                         responses: list[int], max_new_tokens: int,
-                         start_seconds: float = 0.0) -> GenerateProfile:
-    """Fit :meth:`GenerateProfile.batch_seconds` to timed batches.
+def _prefill_units(feed: Any, have: Any) -> np.ndarray:
+    f, h = (np.asarray(a, dtype=np.float64) for a in (feed, have))
+    return np.stack([np.ones_like(f), f, f * (h + (f + 1) / 2)], axis=-1)
 
-    >>> p = fit_generate_profile([4, 4, 2, 4], [10, 30, 20, 50], [8, 16, 12, 4],
-    ...                          [0.92, 1.88, 1.0, 0.64], device="cpu",
-    ...                          responses=[8, 16, 12], max_new_tokens=16)
-    >>> round(p.per_step, 3), round(p.per_row_step, 3), round(p.per_prefill_token, 4)
-    (0.05, 0.015, 0.001)
+
+def _step_units(rows: Any, width: Any) -> np.ndarray:
+    r, w = (np.asarray(a, dtype=np.float64) for a in (rows, width))
+    return np.stack([np.ones_like(r), r, r * w], axis=-1)
+
+
+def fit_generate_profile(trace: Any, *, device: str, responses: list[int],
+                         max_new_tokens: int, start_seconds: float = 0.0) -> GenerateProfile:
+    """Fit a profile to a decoder's timed forwards: ``trace`` rows ``(0, feed, have,
+    seconds)`` of a prefill and ``(1, rows, width, seconds)`` of a decode step, by
+    non-negative least squares on their seconds (so that the fitted ones sum as timed).
+
+    >>> trace = [(0, f, h, 0.01 + 1e-3 * f) for f, h in [(20, 0), (5, 30), (40, 0)]]
+    >>> trace += [(1, r, w, 0.02 + 0.005 * r) for r, w in [(4, 30), (2, 40), (1, 41)]]
+    >>> p = fit_generate_profile(trace, device="cpu", responses=[8], max_new_tokens=16)
+    >>> round(p.per_prefill_token, 4), round(p.per_step, 3), round(p.per_row, 4)
+    (0.001, 0.02, 0.005)
     """
-    r, w, s, y = (np.asarray(a, dtype=np.float64).ravel() for a in (rows, width, steps, seconds))
-    if not (r.size == w.size == s.size == y.size) or y.size == 0:
-        raise DataError("fit_generate_profile: one row count, width, step count and time "
-                        "per batch")
-    if not (np.all(np.isfinite(y)) and np.all(y > 0) and np.all(s > 0) and np.all(r > 0)):
-        raise DataError("fit_generate_profile: every timed batch needs a positive time, "
-                        "rows and steps")
-    x = np.stack([r * w, s, r * s, attended_pairs(r, w, s)], axis=1)
-    coef, errors = fit_costs(x, y)
-    if not np.any(coef > 0):  # one batch, or nothing to tell apart: time per step and row
-        coef, errors = fit_costs(x, y, np.array([0.0, 0.0, _one_rate(r * s, y), 0.0]))
+    from lengthwise.pytorch.calibrate import _nnls
+
+    t = np.asarray(trace, dtype=np.float64).reshape(-1, 4)
+    if t.size == 0 or not np.all(np.isin(t[:, 0], (0, 1))):
+        raise DataError("fit_generate_profile: one (kind 0 or 1, size, size, seconds) row a "
+                        "forward")
+    if not (np.all(np.isfinite(t[:, 3])) and np.all(t[:, 3] > 0) and np.all(t[:, 1] > 0)):
+        raise DataError("fit_generate_profile: every timed forward needs a positive time "
+                        "and size")
+    coefs, fits = [], {}
+    for kind, units in ((0, _prefill_units), (1, _step_units)):
+        mine = t[t[:, 0] == kind]
+        if mine.size == 0:
+            coefs.append(np.zeros(3))
+            continue
+        x, y = units(mine[:, 1], mine[:, 2]), mine[:, 3]
+        # absolute residuals: the many small forwards and the few large ones add up as timed
+        coef, errors = fit_costs(x, y, _nnls(x, y))
+        if not np.any(coef > 0):  # nothing to tell apart: one rate per forward
+            coef, errors = fit_costs(x, y, np.array([_one_rate(x[:, 0], y), 0.0, 0.0]))
+        name = "prefills" if kind == 0 else "steps"
+        coefs.append(coef)
+        fits.update({name: int(y.size), f"{name}_seconds": round(float(y.sum()), 4),
+                     f"{name}_fitted_seconds": round(float(np.sum(x @ coef)), 4),
+                     **{f"{name}_{k}": v for k, v in errors.items()}})
+    (a, b, c), (d, e, f) = (np.round(x, 15) for x in coefs)
     return GenerateProfile(
-        device=device, per_prefill_token=float(round(coef[0], 12)),
-        per_step=float(round(coef[1], 12)), per_row_step=float(round(coef[2], 12)),
-        per_pair=float(round(coef[3], 15)),
+        device=device, per_prefill=float(a), per_prefill_token=float(b),
+        per_prefill_pair=float(c), per_step=float(d), per_row=float(e), per_row_width=float(f),
         responses=[int(v) for v in responses], max_new_tokens=int(max_new_tokens),
-        start_seconds=float(start_seconds),
-        fit={"batches": int(y.size), "seconds": y.round(4).tolist(), "rows": r.tolist(),
-             "width": w.tolist(), "steps": s.tolist(), **errors})
+        start_seconds=float(start_seconds), fit={"forwards": int(t.shape[0]), **fits})
 
 
 @dataclass(frozen=True)
 class GenerateTime:
-    """Predicted seconds of every batch of regeneration."""
+    """Predicted seconds of regeneration, shard by shard."""
 
-    batch_seconds: np.ndarray
-    rows: np.ndarray
-    rank: np.ndarray
+    shard_seconds: np.ndarray
+    prefill_seconds: float
+    decode_seconds: float
+    responses: int
+    steps: int
+    prefills: int
+    longest_prompt: int
     world: int
     start_seconds: float
     device: str
     cut_share: float  # of the timed responses, the share cut at max_new_tokens
 
     def rank_seconds(self) -> np.ndarray:
-        """Seconds of each rank's batches (its shards')."""
-        return np.bincount(self.rank, weights=self.batch_seconds, minlength=self.world)
+        """Seconds of each rank's shards (rank ``k % world`` runs shard ``k``)."""
+        rank = np.arange(self.shard_seconds.size) % self.world
+        return np.bincount(rank, weights=self.shard_seconds, minlength=self.world)
 
     @property
     def generate_seconds(self) -> float:
-        """The slowest rank's batches: what the run waits for."""
-        return float(self.rank_seconds().max()) if self.batch_seconds.size else 0.0
+        """The slowest rank's shards: what the run waits for."""
+        return float(self.rank_seconds().max()) if self.shard_seconds.size else 0.0
 
     @property
     def total_seconds(self) -> float:
         return self.generate_seconds + self.start_seconds
 
     def to_dict(self) -> dict[str, Any]:
-        return {"device": self.device, "batches": int(self.batch_seconds.size),
-                "responses": int(self.rows.sum()), "world": self.world,
-                "batch_seconds_mean": (float(self.batch_seconds.mean())
-                                       if self.batch_seconds.size else 0.0),
-                "generate_seconds": self.generate_seconds, "start_seconds": self.start_seconds,
-                "total_seconds": self.total_seconds, "cut_share": self.cut_share}
+        return {"device": self.device, "responses": self.responses, "steps": self.steps,
+                "prefills": self.prefills, "shards": int(self.shard_seconds.size),
+                "world": self.world, "prefill_seconds": self.prefill_seconds,
+                "decode_seconds": self.decode_seconds, "generate_seconds": self.generate_seconds,
+                "start_seconds": self.start_seconds, "total_seconds": self.total_seconds,
+                "longest_prompt": self.longest_prompt, "cut_share": self.cut_share}
 
     def render(self) -> str:
-        """One line: the whole regeneration, then a batch."""
-        mean = float(self.batch_seconds.mean()) if self.batch_seconds.size else 0.0
+        """One line: the whole regeneration, then where its time goes."""
         ranks = f" on each of {self.world} ranks" if self.world > 1 else ""
         extra = (f"; {duration(self.start_seconds, exact=True)} to start"
                  if self.start_seconds else "")
-        return (f"about {duration(self.total_seconds, exact=True)} for {int(self.rows.sum()):,} "
-                f"responses in {self.batch_seconds.size:,} batches{ranks} "
-                f"({duration(mean, exact=True)} a batch{extra}) on {self.device}")
+        return (f"about {duration(self.total_seconds, exact=True)} for {self.responses:,} "
+                f"responses{ranks} ({self.prefills:,} prefills, "
+                f"{duration(self.prefill_seconds, exact=True)}; {self.steps:,} decode steps, "
+                f"{duration(self.decode_seconds, exact=True)}{extra}) on {self.device}")
 
 
-def predict_generate(plan: GenerateBatches, profile: GenerateProfile, *, world: int = 1,
-                     max_new_tokens: int | None = None) -> GenerateTime:
-    """Every batch's predicted seconds; rank ``k % world`` runs shard ``k``. ``max_new_tokens``
-    (the profile's when not given) above the profile's is refused where the timed responses
-    were cut at it.
+@dataclass(frozen=True)
+class RegeneratePrompts:
+    """Each conversation's prompts in regeneration: ``lengths[c][t]`` tokens in turn ``t``'s
+    prompt with the data's earlier answers, ``answered[c][t]`` the tokens of those answers;
+    each conversation's ``shard``; ``seconds``: the time rendering them took."""
 
-    >>> prof = GenerateProfile(device="cpu", per_prefill_token=0.0, per_step=0.01,
-    ...                        per_row_step=0.0, per_pair=0.0, responses=[10, 20],
-    ...                        max_new_tokens=64)
-    >>> t = predict_generate(plan_batches([np.array([5, 9, 7])], batch_size=2), prof)
-    >>> t.batch_seconds.round(3).tolist()    # longest of 2: 20 w.p. 3/4; of 1: 15 on average
-    [0.175, 0.15]
+    lengths: list[np.ndarray]
+    answered: list[np.ndarray]
+    shard: np.ndarray
+    seconds: float
+
+    def with_answers(self, c: int, answers: np.ndarray) -> np.ndarray:
+        """Conversation ``c``'s prompt lengths with earlier answers of ``answers[t]`` tokens.
+
+        >>> p = RegeneratePrompts([np.array([9, 40])], [np.array([0, 25])], np.array([0]), 0.0)
+        >>> p.with_answers(0, np.array([6, 3])).tolist()
+        [9, 21]
+        """
+        before = np.concatenate([[0], np.cumsum(answers)[:-1]]).astype(np.int64)
+        return np.maximum(1, self.lengths[c] - self.answered[c] + before)
+
+
+def predict_generate(prompts: RegeneratePrompts, profile: GenerateProfile, *, rows: int,
+                     max_new_tokens: int | None = None, max_tokens: int | None = None,
+                     world: int = 1, seed: int = 0) -> GenerateTime:
+    """Regeneration's predicted seconds: each shard's continuous batch
+    (:func:`decode_schedule`, its conversations with the most turns first) with responses
+    drawn from the profile's (``seed``), priced by ``profile``. ``max_new_tokens`` (the
+    profile's when not given) above the profile's is refused where the timed responses were
+    cut at it.
+
+    >>> prof = GenerateProfile("cpu", 0, 0, 0, per_step=0.01, per_row=0, per_row_width=0,
+    ...                        responses=[10], max_new_tokens=64)
+    >>> p = RegeneratePrompts([np.array([5]), np.array([9]), np.array([7])],
+    ...                       [np.zeros(1, np.int64)] * 3, np.array([0, 0, 0]), 0.0)
+    >>> t = predict_generate(p, prof, rows=2)
+    >>> t.steps, round(t.generate_seconds, 2)    # rows of 2 then 1, 9 steps each
+    (18, 0.18)
     >>> t.render()
-    'about 0.33 s for 3 responses in 2 batches (0.16 s a batch) on cpu'
+    'about 0.18 s for 3 responses (3 prefills, 0 s; 18 decode steps, 0.18 s) on cpu'
     """
     cap = int(max_new_tokens if max_new_tokens is not None else profile.max_new_tokens)
     resp = np.asarray(profile.responses, dtype=np.int64)
@@ -777,49 +852,33 @@ def predict_generate(plan: GenerateBatches, profile: GenerateProfile, *, world: 
                           f"{profile.max_new_tokens} tokens and {100 * cut:.0f} % reached it, "
                           "so longer ones are not known; time the run with its own "
                           "--max-new-tokens")
-    steps = expected_longest(resp, plan.rows, cap)
-    return GenerateTime(batch_seconds=profile.batch_seconds(plan.rows, plan.width, steps),
-                        rows=plan.rows, rank=(plan.shard % max(1, world)).astype(np.int64),
-                        world=max(1, int(world)), start_seconds=profile.start_seconds,
-                        device=profile.device,
-                        cut_share=float(np.mean(np.minimum(resp, cap) >= cap)))
-
-
-@dataclass(frozen=True)
-class RegeneratePrompts:
-    """The prompts of regeneration per round: their tokens, conversations, shards and tokens
-    of the data's earlier answers; ``seconds``: the time rendering them took."""
-
-    lengths: list[np.ndarray]
-    conversation: list[np.ndarray]
-    shard: list[np.ndarray]
-    answered: list[np.ndarray]
-    seconds: float
-
-    def with_answers(self, answer: float) -> RegeneratePrompts:
-        """These prompts with each earlier answer ``answer`` tokens long in place of the data's.
-
-        >>> p = RegeneratePrompts([np.array([9]), np.array([40])], [np.array([0])] * 2,
-        ...                       [np.array([0])] * 2, [np.array([0]), np.array([25])], 0.0)
-        >>> p.with_answers(6.0).lengths[1].tolist()
-        [21]
-        """
-        lengths = [np.maximum(1, np.rint(x - a + r * answer)).astype(np.int64)
-                   for r, (x, a) in enumerate(zip(self.lengths, self.answered, strict=True))]
-        return dataclasses.replace(self, lengths=lengths)
-
-    def batches(self, cfg: Any) -> GenerateBatches:
-        """:func:`plan_batches` of these prompts under ``cfg``'s (a ``PrepareConfig``) limits."""
-        return plan_batches(self.lengths, batch_size=cfg.batch_size, max_tokens=cfg.max_tokens,
-                            max_new_tokens=cfg.max_new_tokens, shards=self.shard)
-
-    def members(self, shard: int, rnd: int, index: int, cfg: Any) -> np.ndarray:
-        """Conversations of batch ``index`` of ``shard``'s round ``rnd`` (sorted as run)."""
-        mine = np.flatnonzero(self.shard[rnd] == shard)
-        order = mine[np.argsort(self.lengths[rnd][mine], kind="stable")]
-        cuts = batch_offsets(self.lengths[rnd][order], batch_size=cfg.batch_size,
-                             max_tokens=cfg.max_tokens, max_new_tokens=cfg.max_new_tokens)
-        return self.conversation[rnd][order[cuts[index]:cuts[index + 1]]]
+    rng = np.random.default_rng(seed)
+    shards = int(prompts.shard.max()) + 1 if prompts.shard.size else 0
+    seconds = np.zeros(shards)
+    totals = {"prefill": 0.0, "decode": 0.0, "steps": 0, "prefills": 0, "longest": 0}
+    for k in range(shards):
+        mine = np.flatnonzero(prompts.shard == k)
+        order = mine[np.argsort([-prompts.lengths[c].size for c in mine], kind="stable")]
+        lens, written = [], []
+        for c in order:
+            w, answer = profile.draw(prompts.lengths[c].size, cap, rng)
+            lens.append(prompts.with_answers(int(c), answer))
+            written.append(w)
+        work = decode_schedule(lens, written, rows=rows, max_new_tokens=cap,
+                               max_tokens=max_tokens)
+        pre, dec = profile.seconds(work)
+        seconds[k] = pre + dec
+        totals["prefill"] += pre
+        totals["decode"] += dec
+        totals["steps"] += int(work.rows.size)
+        totals["prefills"] += int(work.feed.size)
+        totals["longest"] = max([totals["longest"], *(int(x.max()) for x in lens if x.size)])
+    return GenerateTime(
+        shard_seconds=seconds, prefill_seconds=totals["prefill"],
+        decode_seconds=totals["decode"], responses=sum(x.size for x in prompts.lengths),
+        steps=totals["steps"], prefills=totals["prefills"], longest_prompt=totals["longest"],
+        world=max(1, int(world)), start_seconds=profile.start_seconds, device=profile.device,
+        cut_share=float(np.mean(np.minimum(resp, cap) >= cap)))
 
 
 def _conversations(source: str | Path, cfg: Any) -> list[list[dict[str, str]]]:
@@ -841,10 +900,6 @@ def _conversations(source: str | Path, cfg: Any) -> list[list[dict[str, str]]]:
     return convs
 
 
-def _turns(conv: list[dict[str, str]]) -> list[int]:
-    return [j for j, m in enumerate(conv) if m["role"] == "assistant"]
-
-
 def regenerate_prompts(source: str | Path, renderer: Any, cfg: Any, *,
                        show: bool = True) -> RegeneratePrompts:
     """The length of every prompt regeneration of ``source`` gives the target."""
@@ -853,96 +908,50 @@ def regenerate_prompts(source: str | Path, renderer: Any, cfg: Any, *,
 
     started = time.perf_counter()
     convs = _conversations(source, cfg)
-    lengths: list[list[int]] = []
-    conv_of: list[list[int]] = []
-    answered: list[list[int]] = []
+    lengths: list[np.ndarray] = []
+    answered: list[np.ndarray] = []
     for i, conv in enumerate(progress(convs, desc="dflash estimate: rendering prompts",
                                       unit="chat", total=len(convs), enable=show)):
-        before = 0  # tokens of the data's answers so far
-        for r, j in enumerate(_turns(conv)):
-            if r == len(lengths):
-                lengths.append([]), conv_of.append([]), answered.append([])
+        mine, before, so_far = [], [], 0  # so_far: tokens of the data's answers
+        for j in (j for j, m in enumerate(conv) if m["role"] == "assistant"):
             ids = _render_or_name(lambda j=j, conv=conv: renderer.prompt_ids(conv[:j]),
                                   f"{source} row {i}")
-            lengths[r].append(len(ids))
-            conv_of[r].append(i)
-            answered[r].append(before)
-            before += len(renderer.tokenizer.encode(conv[j]["content"],
+            mine.append(len(ids))
+            before.append(so_far)
+            so_far += len(renderer.tokenizer.encode(conv[j]["content"],
                                                     add_special_tokens=False))
-    conv_arr = [np.asarray(c, dtype=np.int64) for c in conv_of]
-    return RegeneratePrompts(lengths=[np.asarray(x, dtype=np.int64) for x in lengths],
-                             conversation=conv_arr,
-                             shard=[c // cfg.shard_rows for c in conv_arr],
-                             answered=[np.asarray(a, dtype=np.int64) for a in answered],
+        lengths.append(np.asarray(mine, dtype=np.int64))
+        answered.append(np.asarray(before, dtype=np.int64))
+    return RegeneratePrompts(lengths=lengths, answered=answered,
+                             shard=np.arange(len(convs), dtype=np.int64) // cfg.shard_rows,
                              seconds=time.perf_counter() - started)
 
 
-def cut_answers(convs: list[list[dict[str, str]]], tokenizer: Any,
-                cap: int) -> list[list[dict[str, str]]]:
-    """Copies of ``convs`` whose earlier answers (assistant turns a later one follows) hold
-    at most their first ``cap`` tokens, the longest the target's can be.
-
-    >>> class Words:
-    ...     def encode(self, text, add_special_tokens=False): return text.split()
-    ...     def decode(self, ids, skip_special_tokens=True): return " ".join(ids)
-    >>> conv = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a b c"},
-    ...         {"role": "user", "content": "more"}, {"role": "assistant", "content": "d e f"}]
-    >>> [m["content"] for m in cut_answers([conv], Words(), 2)[0]]
-    ['hi', 'a b', 'more', 'd e f']
-    """
-    out = []
-    for conv in convs:
-        copy = [dict(m) for m in conv]
-        for j in _turns(conv)[:-1]:
-            ids = tokenizer.encode(conv[j]["content"], add_special_tokens=False)
-            if len(ids) > cap:
-                copy[j]["content"] = tokenizer.decode(ids[:cap], skip_special_tokens=True)
-        out.append(copy)
-    return out
-
-
-def timed_batches(plan: GenerateBatches, k: int) -> np.ndarray:
-    """Positions of the ``k`` batches a profile times, spread evenly over them by width.
-
-    >>> plan = plan_batches([np.array([5, 90, 7]), np.array([3, 40])], batch_size=1)
-    >>> plan.width.tolist(), timed_batches(plan, 3).tolist()
-    ([5, 7, 90, 3, 40], [1, 2, 3])
-    """
-    if k < 1:
-        raise ConfigError(f"--profile-steps must be at least 1 batch, got {k}")
-    by_width = np.lexsort((plan.rows, plan.width))
-    pick = np.unique(np.linspace(0, plan.batches - 1, min(k, plan.batches)).round()
-                     ).astype(np.int64)
-    return np.sort(by_width[pick])
-
-
 def measure_generate_profile(source: str | Path, target: str | Path, cfg: Any, *,
-                             prompts: RegeneratePrompts, batches: int = PROFILE_BATCHES,
+                             prompts: RegeneratePrompts, conversations: int | None = None,
                              renderer: Any = None) -> GenerateProfile:
-    """Fit a profile to ``batches`` of the run's own batches timed with the target loaded as
-    regeneration loads it, their earlier answers cut as the target's are (:func:`cut_answers`).
-    """
+    """Fit a profile to the forwards of a regeneration of ``conversations`` of the run's
+    conversations (spread over it; default the larger of :data:`PROFILE_CONVERSATIONS` and
+    ``cfg.batch_size``), run as ``dflash prepare --regenerate`` runs it, after a warm-up."""
+    import copy
+
     import torch
 
     from lengthwise.dflash.generate import generate_responses
     from lengthwise.dflash.regenerate import TurnGenerator
 
     check_one_process()
+    k = conversations if conversations is not None else max(PROFILE_CONVERSATIONS,
+                                                            cfg.batch_size)
+    if k < 1:
+        raise ConfigError(f"--profile-steps must be at least 1 conversation, got {k}")
     renderer = renderer if renderer is not None else _renderer(target, cfg)
-    data = _conversations(source, cfg)
-    convs = cut_answers(data, renderer.tokenizer, cfg.max_new_tokens)
-    lengths = [x.copy() for x in prompts.lengths]  # later rounds rendered with cut answers
-    for i in (i for i, (a, b) in enumerate(zip(data, convs, strict=True)) if a != b):
-        for r, j in enumerate(_turns(convs[i])[1:], start=1):
-            at = int(np.searchsorted(prompts.conversation[r], i))  # conversations ascend
-            lengths[r][at] = len(renderer.prompt_ids(convs[i][:j]))
-    timed = dataclasses.replace(prompts, lengths=lengths)
-    plan = timed.batches(cfg)
-    if plan.batches == 0:
-        raise DataError(f"{source}: no assistant turn to write")
-    picked = timed_batches(plan, batches)
-    print(f"lengthwise dflash estimate: timing {picked.size} generate batches of this run on "
-          f"{cfg.device} (of {plan.batches:,}; after a warm-up)", file=sys.stderr, flush=True)
+    convs = _conversations(source, cfg)
+    picked = np.unique(np.linspace(0, len(convs) - 1, min(k, len(convs))).round()
+                       ).astype(np.int64)
+    print(f"lengthwise dflash estimate: timing the regeneration of {picked.size} of the "
+          f"{len(convs):,} conversations on {cfg.device} (after a warm-up)", file=sys.stderr,
+          flush=True)
     resident.follow_live_tensors(cfg.device)  # as dflash prepare --regenerate: its malloc's cost
     started = time.perf_counter()
     gen = TurnGenerator(target, renderer, cfg)
@@ -950,33 +959,24 @@ def measure_generate_profile(source: str | Path, target: str | Path, cfg: Any, *
         raise ConfigError("--time prices Hugging Face generate; this machine would regenerate "
                           f"with {gen.backend}: time it with --backend hf or price it there")
     loaded = time.perf_counter() - started
-
-    def prompt_ids(b: int, first: int | None = None) -> list[np.ndarray]:
-        """The prompt ids of the ``b``-th batch of its shard's round."""
-        k, r = int(plan.shard[b]), int(plan.round[b])
-        index = int(np.sum((plan.shard[:b] == k) & (plan.round[:b] == r)))
-        return [np.asarray(renderer.prompt_ids(convs[int(i)][:_turns(convs[int(i)])[r]]),
-                           dtype=np.int64)
-                for i in timed.members(k, r, index, cfg)[:first]]
-
-    generate_responses(gen.model, prompt_ids(0, 2), max_new_tokens=2, eos=gen.stops,
-                       temperature=0.0, seed=0, batch_size=2, device=gen.device)  # warm-up
-    rows, width, steps, seconds, responses = [], [], [], [], []
-    for b in picked:
-        batch = prompt_ids(int(b))
-        t0 = time.perf_counter()
-        outs = gen._generate(batch, seed=int(b))
-        seconds.append(time.perf_counter() - t0)
-        lens = [max(1, len(o)) for o in outs]
-        rows.append(len(batch))
-        width.append(max(p.size for p in batch))
-        steps.append(max(lens))
-        responses += lens
-    prof = fit_generate_profile(rows, width, steps, seconds,
-                                device=device_name(cfg.device, torch.get_num_threads()),
-                                responses=responses, max_new_tokens=cfg.max_new_tokens,
+    first = convs[int(picked[0])]
+    warm = np.asarray(renderer.prompt_ids(first[:next(j for j, m in enumerate(first)
+                                                      if m["role"] == "assistant")]))
+    generate_responses(gen.model, [warm], max_new_tokens=2, eos=gen.stops, temperature=0.0,
+                       seed=0, batch_size=1, device=gen.device)
+    gen.trace = []
+    responses: list[int] = []
+    run = gen.regenerate([copy.deepcopy(convs[int(i)]) for i in picked], seed=cfg.seed,
+                         record=lambda turns: responses.extend(len(t[2]) for t in turns))
+    for _ in run:
+        pass
+    prof = fit_generate_profile(gen.trace, device=device_name(cfg.device,
+                                                              torch.get_num_threads()),
+                                responses=[max(1, n) for n in responses],
+                                max_new_tokens=cfg.max_new_tokens,
                                 start_seconds=loaded + prompts.seconds)
-    return dataclasses.replace(prof, fit={**prof.fit, "load_seconds": round(loaded, 3),
+    return dataclasses.replace(prof, fit={**prof.fit, "conversations": int(picked.size),
+                                          "load_seconds": round(loaded, 3),
                                           "render_seconds": round(prompts.seconds, 3)})
 
 
@@ -990,7 +990,7 @@ def _renderer(target: str | Path, cfg: Any) -> Any:
 
 def estimate_regenerate_time(source: str | Path, target: str | Path, cfg: Any, *,
                              world: int = 1, profile: GenerateProfile | None = None,
-                             batches: int = PROFILE_BATCHES, show: bool = True,
+                             conversations: int | None = None, show: bool = True,
                              ) -> tuple[GenerateTime, GenerateProfile, RegeneratePrompts]:
     """``(time, profile, prompts priced)`` of ``dflash prepare --regenerate`` of ``source`` at
     ``world`` ranks, priced by ``profile`` or by one measured here."""
@@ -998,8 +998,8 @@ def estimate_regenerate_time(source: str | Path, target: str | Path, cfg: Any, *
     prompts = regenerate_prompts(source, renderer, cfg, show=show)
     if profile is None:
         profile = measure_generate_profile(source, target, cfg, prompts=prompts,
-                                           batches=batches, renderer=renderer)
-    answered = prompts.with_answers(profile.mean_answer(cfg.max_new_tokens))
-    timing = predict_generate(answered.batches(cfg), profile, world=world,
-                              max_new_tokens=cfg.max_new_tokens)
-    return timing, profile, answered
+                                           conversations=conversations, renderer=renderer)
+    timing = predict_generate(prompts, profile, rows=cfg.batch_size,
+                              max_new_tokens=cfg.max_new_tokens, max_tokens=cfg.max_tokens,
+                              world=world, seed=cfg.seed)
+    return timing, profile, prompts
