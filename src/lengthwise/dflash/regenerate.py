@@ -30,8 +30,8 @@ import numpy as np
 from lengthwise.dflash.chat import Rendered
 from lengthwise.dflash.prompt_batches import batch_offsets
 
-__all__ = ["BACKENDS", "TurnGenerator", "TurnLog", "pick_backend", "splice", "stop_ids",
-           "turns_to_write"]
+__all__ = ["BACKENDS", "TurnGenerator", "TurnLog", "assistant_turns", "pick_backend", "splice",
+           "stop_ids", "turns_to_write"]
 
 
 def stop_ids(tokenizer: Any, model_config: Any, generation_config: Any = None) -> list[int]:
@@ -151,7 +151,7 @@ class TurnGenerator:
         for conv in convs:
             if conv[-1]["role"] != "assistant":
                 conv.append({"role": "assistant", "content": ""})
-        turns = [[j for j, m in enumerate(c) if m["role"] == "assistant"] for c in convs]
+        turns = [assistant_turns(c) for c in convs]
         samples = [Rendered([], []) for _ in convs]
         last: list[int | None] = [None] * len(convs)  # each conversation's turn written last
         tally = {"written": 0, "cut": 0}
@@ -292,6 +292,18 @@ def splice(sample: Rendered, prompt: list[int], written: list[int], *,
         ids, mask = list(prompt), (before.loss_mask if known else []) + [0] * (
             len(prompt) - (m if known else 0))
     return Rendered(ids + list(written), mask + [1] * len(written))
+
+
+def assistant_turns(conv: list[dict[str, str]]) -> list[int]:
+    """Positions of ``conv``'s assistant turns: the turns regeneration writes in their place.
+
+    Example::
+
+        >>> assistant_turns([{"role": "user", "content": "hi"},
+        ...                  {"role": "assistant", "content": "hello"}])
+        [1]
+    """
+    return [j for j, m in enumerate(conv) if m["role"] == "assistant"]
 
 
 def turns_to_write(conv: list[dict[str, str]]) -> int:

@@ -620,8 +620,8 @@ def decode_schedule(prompts: list[np.ndarray], written: list[np.ndarray], *, row
         done[active] += 1
         for slot in np.flatnonzero(active):
             settle(int(slot))
-    as_array = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
-    return DecodeWork(as_array(feed), as_array(have), as_array(step_rows), as_array(step_width))
+    return DecodeWork(*(np.asarray(x, dtype=np.int64) for x in (feed, have, step_rows,
+                                                                 step_width)))
 
 
 @dataclass(frozen=True)
@@ -795,10 +795,11 @@ class GenerateTime:
     def render(self) -> str:
         """One line: the whole regeneration, then where its time goes."""
         ranks = f" on each of {self.world} ranks" if self.world > 1 else ""
+        whole = "all ranks together: " if self.world > 1 else ""
         extra = (f"; {duration(self.start_seconds, exact=True)} to start"
                  if self.start_seconds else "")
         return (f"about {duration(self.total_seconds, exact=True)} for {self.responses:,} "
-                f"responses{ranks} ({self.prefills:,} prefills, "
+                f"responses{ranks} ({whole}{self.prefills:,} prefills, "
                 f"{duration(self.prefill_seconds, exact=True)}; {self.steps:,} decode steps, "
                 f"{duration(self.decode_seconds, exact=True)}{extra}) on {self.device}")
 
@@ -904,6 +905,7 @@ def regenerate_prompts(source: str | Path, renderer: Any, cfg: Any, *,
                        show: bool = True) -> RegeneratePrompts:
     """The length of every prompt regeneration of ``source`` gives the target."""
     from lengthwise.dflash.prepare import _render_or_name
+    from lengthwise.dflash.regenerate import assistant_turns
     from lengthwise.progress import progress
 
     started = time.perf_counter()
@@ -913,7 +915,7 @@ def regenerate_prompts(source: str | Path, renderer: Any, cfg: Any, *,
     for i, conv in enumerate(progress(convs, desc="dflash estimate: rendering prompts",
                                       unit="chat", total=len(convs), enable=show)):
         mine, before, so_far = [], [], 0  # so_far: tokens of the data's answers
-        for j in (j for j, m in enumerate(conv) if m["role"] == "assistant"):
+        for j in assistant_turns(conv):
             ids = _render_or_name(lambda j=j, conv=conv: renderer.prompt_ids(conv[:j]),
                                   f"{source} row {i}")
             mine.append(len(ids))
@@ -938,7 +940,7 @@ def measure_generate_profile(source: str | Path, target: str | Path, cfg: Any, *
     import torch
 
     from lengthwise.dflash.generate import generate_responses
-    from lengthwise.dflash.regenerate import TurnGenerator
+    from lengthwise.dflash.regenerate import TurnGenerator, assistant_turns
 
     check_one_process()
     k = conversations if conversations is not None else max(PROFILE_CONVERSATIONS,
@@ -960,8 +962,7 @@ def measure_generate_profile(source: str | Path, target: str | Path, cfg: Any, *
                           f"with {gen.backend}: time it with --backend hf or price it there")
     loaded = time.perf_counter() - started
     first = convs[int(picked[0])]
-    warm = np.asarray(renderer.prompt_ids(first[:next(j for j, m in enumerate(first)
-                                                      if m["role"] == "assistant")]))
+    warm = np.asarray(renderer.prompt_ids(first[:assistant_turns(first)[0]]))
     generate_responses(gen.model, [warm], max_new_tokens=2, eos=gen.stops, temperature=0.0,
                        seed=0, batch_size=1, device=gen.device)
     gen.trace = []
