@@ -376,7 +376,9 @@ def test_ranks_take_shards_in_turn_and_a_longer_cap_than_timed_is_refused():
     assert t.shard_seconds.tolist() == [3.0] * 4  # 4 tokens: 3 steps after the prefill
     assert t.rank_seconds().tolist() == [6.0, 3.0, 3.0]  # shards 0 and 3 on rank 0
     assert t.generate_seconds == 6.0 and t.cut_share == 0.0 and t.responses == 4
-    assert "on each of 3 ranks (all ranks together: 4 prefills" in t.render()
+    # the parts are the slowest rank's: two shards of one prefill and 3 decode steps each
+    assert "on each of 3 ranks (the slowest rank: 2 prefills" in t.render()
+    assert (t.steps, t.decode_seconds) == (6, 6.0)
     assert predict_generate(prompts, prof, rows=2, max_new_tokens=3).steps == 4 * 2
     cut = GenerateProfile("cpu", 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, responses=[4, 8],
                           max_new_tokens=8)

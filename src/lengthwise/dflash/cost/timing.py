@@ -756,29 +756,58 @@ def fit_generate_profile(trace: Any, *, device: str, responses: list[int],
 
 @dataclass(frozen=True)
 class GenerateTime:
-    """Predicted seconds of regeneration, shard by shard."""
+    """Predicted seconds of regeneration, shard by shard; each figure of the run as a whole
+    is its slowest rank's, the one the run waits for."""
 
-    shard_seconds: np.ndarray
-    prefill_seconds: float
-    decode_seconds: float
+    shard_prefill: np.ndarray  # seconds of each shard's prefills
+    shard_decode: np.ndarray  # seconds of each shard's decode steps
+    shard_prefills: np.ndarray
+    shard_steps: np.ndarray
     responses: int
-    steps: int
-    prefills: int
     longest_prompt: int
     world: int
     start_seconds: float
     device: str
     cut_share: float  # of the timed responses, the share cut at max_new_tokens
 
+    @property
+    def shard_seconds(self) -> np.ndarray:
+        return self.shard_prefill + self.shard_decode
+
+    def rank_sums(self, values: np.ndarray) -> np.ndarray:
+        """``values`` of each shard summed by rank (rank ``k % world`` runs shard ``k``)."""
+        rank = np.arange(values.size) % self.world
+        return np.bincount(rank, weights=values, minlength=self.world)
+
     def rank_seconds(self) -> np.ndarray:
-        """Seconds of each rank's shards (rank ``k % world`` runs shard ``k``)."""
-        rank = np.arange(self.shard_seconds.size) % self.world
-        return np.bincount(rank, weights=self.shard_seconds, minlength=self.world)
+        """Seconds of each rank's shards."""
+        return self.rank_sums(self.shard_seconds)
+
+    def _slowest(self, values: np.ndarray) -> float:
+        if not values.size:
+            return 0.0
+        return float(self.rank_sums(values)[int(np.argmax(self.rank_seconds()))])
 
     @property
     def generate_seconds(self) -> float:
         """The slowest rank's shards: what the run waits for."""
-        return float(self.rank_seconds().max()) if self.shard_seconds.size else 0.0
+        return self._slowest(self.shard_seconds)
+
+    @property
+    def prefill_seconds(self) -> float:
+        return self._slowest(self.shard_prefill)
+
+    @property
+    def decode_seconds(self) -> float:
+        return self._slowest(self.shard_decode)
+
+    @property
+    def prefills(self) -> int:
+        return round(self._slowest(self.shard_prefills))
+
+    @property
+    def steps(self) -> int:
+        return round(self._slowest(self.shard_steps))
 
     @property
     def total_seconds(self) -> float:
@@ -793,9 +822,9 @@ class GenerateTime:
                 "longest_prompt": self.longest_prompt, "cut_share": self.cut_share}
 
     def render(self) -> str:
-        """One line: the whole regeneration, then where its time goes."""
+        """One line: the whole regeneration, then where the slowest rank's time goes."""
         ranks = f" on each of {self.world} ranks" if self.world > 1 else ""
-        whole = "all ranks together: " if self.world > 1 else ""
+        whole = "the slowest rank: " if self.world > 1 else ""
         extra = (f"; {duration(self.start_seconds, exact=True)} to start"
                  if self.start_seconds else "")
         return (f"about {duration(self.total_seconds, exact=True)} for {self.responses:,} "
@@ -855,8 +884,8 @@ def predict_generate(prompts: RegeneratePrompts, profile: GenerateProfile, *, ro
                           "--max-new-tokens")
     rng = np.random.default_rng(seed)
     shards = int(prompts.shard.max()) + 1 if prompts.shard.size else 0
-    seconds = np.zeros(shards)
-    totals = {"prefill": 0.0, "decode": 0.0, "steps": 0, "prefills": 0, "longest": 0}
+    parts = np.zeros((4, shards))  # prefill s, decode s, prefills, steps
+    longest = 0
     for k in range(shards):
         mine = np.flatnonzero(prompts.shard == k)
         order = mine[np.argsort([-prompts.lengths[c].size for c in mine], kind="stable")]
@@ -867,17 +896,10 @@ def predict_generate(prompts: RegeneratePrompts, profile: GenerateProfile, *, ro
             written.append(w)
         work = decode_schedule(lens, written, rows=rows, max_new_tokens=cap,
                                max_tokens=max_tokens)
-        pre, dec = profile.seconds(work)
-        seconds[k] = pre + dec
-        totals["prefill"] += pre
-        totals["decode"] += dec
-        totals["steps"] += int(work.rows.size)
-        totals["prefills"] += int(work.feed.size)
-        totals["longest"] = max([totals["longest"], *(int(x.max()) for x in lens if x.size)])
+        parts[:, k] = [*profile.seconds(work), work.feed.size, work.rows.size]
+        longest = max([longest, *(int(x.max()) for x in lens if x.size)])
     return GenerateTime(
-        shard_seconds=seconds, prefill_seconds=totals["prefill"],
-        decode_seconds=totals["decode"], responses=sum(x.size for x in prompts.lengths),
-        steps=totals["steps"], prefills=totals["prefills"], longest_prompt=totals["longest"],
+        *parts, responses=sum(x.size for x in prompts.lengths), longest_prompt=longest,
         world=max(1, int(world)), start_seconds=profile.start_seconds, device=profile.device,
         cut_share=float(np.mean(np.minimum(resp, cap) >= cap)))
 
