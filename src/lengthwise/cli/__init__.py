@@ -25,6 +25,7 @@ import traceback
 from typing import NoReturn
 
 from lengthwise import __version__
+from lengthwise.errors import LengthwiseError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -94,7 +95,6 @@ def is_user_error(exc: BaseException) -> bool:
         >>> is_user_error(OSError(28, "No space left on device", "plan.npz"))
         True
     """
-    from lengthwise.errors import LengthwiseError
 
     if isinstance(exc, (LengthwiseError, *USER_OS_ERRORS)):
         return True

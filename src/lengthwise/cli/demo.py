@@ -30,13 +30,14 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from lengthwise.demo.config import DemoConfig, DFlashDemoConfig, parse_orders
 from lengthwise.errors import ConfigError
+from lengthwise.finite_json import finite_json_text
 
 HELP = "train a small model once per batch order and compare (offline)"
 
 
 def _defaults() -> dict[str, dict[str, Any]]:
-    from lengthwise.demo.config import DemoConfig, DFlashDemoConfig
 
     return {"lm": {f.name: f.default for f in fields(DemoConfig)},
             "dflash": {f.name: f.default for f in fields(DFlashDemoConfig)}}
@@ -230,7 +231,6 @@ def _starting(task: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo and print the comparison; returns the exit code."""
-    from lengthwise.demo.config import parse_orders
 
     buckets: int | str = args.buckets
     if isinstance(buckets, str) and buckets != "auto":
@@ -281,7 +281,6 @@ def run(args: argparse.Namespace) -> int:
     if not is_main():
         return 0
     if args.json:
-        from lengthwise.finite_json import finite_json_text
 
         print(finite_json_text(summary, indent=2))
     else:

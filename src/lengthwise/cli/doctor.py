@@ -16,6 +16,8 @@ import json
 import math
 import sys
 
+from lengthwise.errors import ConfigError
+
 
 def _finite(text: str) -> float:
     """A float flag's value: a finite number (``inf`` and ``nan`` are refused at parse time)."""
@@ -157,7 +159,6 @@ def _options(args: argparse.Namespace) -> dict[str, object]:
 def _watch(args: argparse.Namespace) -> int:
     """``--watch``: follow one log (see :mod:`lengthwise.doctor.watch`)."""
     from lengthwise.doctor.watch import DEFAULT_COOLDOWN, DEFAULT_INTERVAL, watch
-    from lengthwise.errors import ConfigError
 
     if not args.watch:
         raise ConfigError("--interval, --max-seconds and --cooldown go with --watch")

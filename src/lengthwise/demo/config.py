@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from lengthwise.dflash.train_config import DFlashTrainConfig
 from lengthwise.errors import ConfigError
+from lengthwise.planning.vocabulary import ORDERS
 from lengthwise.train.config import DTYPES, PACKED, LoopConfig, check_positive
 
 __all__ = ["DEFAULT_ORDERS", "DTYPES", "PACKED", "DFlashDemoConfig", "DemoConfig", "LoopConfig",
@@ -36,7 +37,6 @@ def available_orders() -> tuple[str, ...]:
         >>> available_orders()[-1]
         'packed'
     """
-    from lengthwise.planning.vocabulary import ORDERS
 
     return (*ORDERS, PACKED)
 

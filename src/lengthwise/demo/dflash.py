@@ -26,6 +26,23 @@ import numpy as np
 
 from lengthwise.atomic import atomic_open
 from lengthwise.demo.config import DFlashDemoConfig
+from lengthwise.demo.dflash_data import prepare
+from lengthwise.demo.report import (
+    add_ratios,
+    common_region,
+    diagnose_runs,
+    format_columns,
+    format_markdown,
+    format_verdicts,
+    plot_runs,
+    summary_json,
+)
+from lengthwise.demo.results import read_log, summarise
+from lengthwise.dflash.export import export_draft
+from lengthwise.dflash.load import load_exported
+from lengthwise.dflash.mask_token import grow_vocabulary
+from lengthwise.dflash.objective import target_layer_ids
+from lengthwise.dflash.table import render_eval
 from lengthwise.pytorch.dist import GroupInfo
 from lengthwise.terminal import TEXT_WIDTH, fit_lines
 from lengthwise.train.device import (
@@ -78,7 +95,6 @@ class DFlashOrderRun:
 
     def finish(self) -> dict[str, Any]:
         """Evaluate (rank 0), close the log, return the order's figures."""
-        from lengthwise.demo.results import read_log, summarise
         from lengthwise.dflash.speculative import acceptance
         from lengthwise.dflash.teacher_forced import evaluate_blocks, held_out_batches
 
@@ -125,8 +141,6 @@ class DFlashOrderRun:
     def eval_stage(self) -> dict[str, Any]:
         """Export the draft, load the export back and run the recipe's eval stage on it."""
         from lengthwise.dflash.evaluate import evaluate_set
-        from lengthwise.dflash.export import export_draft
-        from lengthwise.dflash.load import load_exported
 
         cfg = self.cfg
         folder = export_draft(self.task.model, self.run_dir / "export")
@@ -153,10 +167,7 @@ def run_dflash_demo(cfg: DFlashDemoConfig, *, orders: list[str], out: str | Path
                     vocab_size: int = 2048, lockstep: bool = True,
                     plot: bool = True) -> dict[str, Any]:
     """Train and evaluate a draft per order; write ``out/summary.json``; the summary (rank 0)."""
-    from lengthwise.demo.dflash_data import prepare
     from lengthwise.demo.runner import run_lockstep
-    from lengthwise.dflash.mask_token import grow_vocabulary
-    from lengthwise.dflash.objective import target_layer_ids
     from lengthwise.dflash.target import Target
 
     started = time.perf_counter()
@@ -191,7 +202,6 @@ def run_dflash_demo(cfg: DFlashDemoConfig, *, orders: list[str], out: str | Path
         return {}
     summary = _summarise(results, cfg, meta, out, plot)
     summary["wall_seconds"] = time.perf_counter() - started
-    from lengthwise.demo.report import summary_json
 
     text = summary_json(summary.pop("strategies"), **summary)
     out.mkdir(parents=True, exist_ok=True)
@@ -205,7 +215,6 @@ def run_dflash_demo(cfg: DFlashDemoConfig, *, orders: list[str], out: str | Path
 
 def dflash_markdown(summary: dict[str, Any]) -> str:
     """The DFlash demo's tables as Markdown (``summary.md``): speed, then the draft's quality."""
-    from lengthwise.demo.report import format_markdown
 
     rows = summary["strategies"]
     return (format_markdown(rows, SPEED_KEYS) + "\n\n"
@@ -215,7 +224,6 @@ def dflash_markdown(summary: dict[str, Any]) -> str:
 
 def _summarise(results: dict[str, dict[str, Any]], cfg: DFlashDemoConfig,
                meta: dict[str, Any], out: Path, plot: bool) -> dict[str, Any]:
-    from lengthwise.demo.report import add_ratios, common_region, diagnose_runs, plot_runs
 
     logs = {name: r["log_path"] for name, r in results.items()}
     region = common_region(logs)
@@ -257,8 +265,6 @@ def _summarise(results: dict[str, dict[str, Any]], cfg: DFlashDemoConfig,
 def render_dflash(summary: dict[str, Any], *, wide: bool = False) -> str:
     """The DFlash demo's tables, as the command prints them: within
     :data:`~lengthwise.terminal.TEXT_WIDTH` columns unless ``wide``."""
-    from lengthwise.demo.report import format_columns, format_verdicts
-    from lengthwise.dflash.table import render_eval
 
     rows = summary["strategies"]
     width = None if wide else TEXT_WIDTH

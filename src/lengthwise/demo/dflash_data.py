@@ -28,7 +28,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lengthwise.atomic import atomic_open
+from lengthwise.demo.config import DemoConfig
+from lengthwise.demo.corpus import corpus_fingerprint, load_corpus
+from lengthwise.demo.data import DemoData
+from lengthwise.demo.tokenizer import default_cache_dir, encode_texts, get_tokenizer
 from lengthwise.dflash.generate import generate_responses as regenerate
+from lengthwise.dflash.prepare_config import PrepareConfig
+from lengthwise.dflash.prepared import open_prepared
 from lengthwise.errors import DataError
 from lengthwise.pytorch.dist import GroupInfo
 from lengthwise.train.device import barrier, rank_world, say
@@ -134,8 +140,6 @@ def train_target(texts: list[str], tokenizer: Any, *, cache_dir: Path, size: str
     """
     import transformers
 
-    from lengthwise.demo.config import DemoConfig
-    from lengthwise.demo.data import DemoData
     from lengthwise.demo.runner import OrderRun
 
     key = _key(corpus=fingerprint, vocab=tokenizer.get_vocab_size(), size=size, steps=steps,
@@ -180,8 +184,6 @@ def prepare(cfg: DFlashDemoConfig, *, target: str | Path | None, data: str | Pat
             tokenizer: str | Path | None, cache_dir: str | Path | None, vocab_size: int,
             info: GroupInfo | None, device: Any) -> tuple[Any, Any, dict[str, Any]]:
     """The target (on ``device``), the regenerated data and what building them measured."""
-    from lengthwise.demo.corpus import corpus_fingerprint, load_corpus
-    from lengthwise.demo.tokenizer import default_cache_dir, encode_texts
 
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     meta: dict[str, Any] = {}
@@ -221,7 +223,6 @@ def prepare(cfg: DFlashDemoConfig, *, target: str | Path | None, data: str | Pat
             if not (prepared / "prepare.json").is_file():
                 _prepare_chats(path, tok, prepared, target, max_len=cfg.max_len)
         barrier(info)
-    from lengthwise.dflash.prepared import open_prepared
 
     chats = open_prepared(prepared)
     seqs = [np.asarray(chats[i]["input_ids"], dtype=np.int64) for i in range(len(chats))]
@@ -261,7 +262,6 @@ def _prepare_chats(path: Path, tok: Any, out: Path, target: str | Path | None, *
     import transformers
 
     from lengthwise.dflash.prepare import prepare_chats
-    from lengthwise.dflash.prepare_config import PrepareConfig
 
     z = np.load(path)
     flat, offsets, plens = z["flat"], z["offsets"], z["prompt_lens"]
@@ -287,7 +287,6 @@ def _prepare_chats(path: Path, tok: Any, out: Path, target: str | Path | None, *
 def _target(cfg: DFlashDemoConfig, target: str | Path | None, texts: list[str],
             tokenizer: str | Path | None, cache: Path, vocab_size: int, fp: str,
             device: Any) -> tuple[Any, Any, int, dict[str, Any]]:
-    from lengthwise.demo.tokenizer import get_tokenizer
 
     if target is None:
         tok = get_tokenizer(texts, path=tokenizer, cache_dir=cache, vocab_size=vocab_size,

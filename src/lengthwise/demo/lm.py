@@ -23,7 +23,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 
+from lengthwise.planning.batching import greedy_batches, row_limit
+from lengthwise.pytorch.collate import PadCollator
 from lengthwise.train.loop import MicroOut
 
 __all__ = ["LMTask", "evaluate", "evaluate_samples", "token_losses"]
@@ -32,8 +36,6 @@ __all__ = ["LMTask", "evaluate", "evaluate_samples", "token_losses"]
 def token_losses(model: Any, batch: dict[str, Any], device: Any,
                  amp: Any = None) -> tuple[Any, Any]:
     """Per-token next-token losses ``(rows, T-1)`` (0 where unpredicted) and the predicted mask."""
-    import torch
-    import torch.nn.functional as F
 
     inputs = {k: batch[k].to(device, non_blocking=True)
               for k in ("input_ids", "attention_mask", "position_ids") if k in batch}
@@ -51,7 +53,6 @@ class LMTask:
 
     def __init__(self, model: Any, *, device: Any, amp: Any = None,
                  max_len: int | None = None) -> None:
-        import torch
 
         self.model = model
         self.device = torch.device(device)
@@ -102,10 +103,7 @@ def evaluate_samples(model: Any, samples: list[np.ndarray], *, max_tokens: int, 
                      amp: Any = None, pad_multiple: int = 8) -> tuple[np.ndarray, np.ndarray]:
     """Summed next-token loss and predicted tokens of each of ``samples`` (length-sorted
     batches), in the order of ``samples``."""
-    import torch
 
-    from lengthwise.planning.batching import greedy_batches, row_limit
-    from lengthwise.pytorch.collate import PadCollator
 
     collate = PadCollator(pad_token_id=0, pad_multiple=pad_multiple, metadata=False)
     lengths = np.array([s.size for s in samples], dtype=np.int64)

@@ -18,12 +18,17 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from lengthwise.atomic import atomic_open
 from lengthwise.demo.config import DemoConfig, parse_orders
+from lengthwise.demo.corpus import corpus_fingerprint, load_corpus
 from lengthwise.demo.data import DemoData
+from lengthwise.demo.model import build_model, count_parameters
 from lengthwise.demo.report import (
     JSON_KEYS,
     add_ratios,
@@ -34,6 +39,8 @@ from lengthwise.demo.report import (
     summary_json,
 )
 from lengthwise.demo.runner import train_orders
+from lengthwise.demo.tokenizer import default_cache_dir, get_tokenizer
+from lengthwise.doctor import verdict_for
 from lengthwise.doctor.numeric import counted
 from lengthwise.errors import ConfigError
 from lengthwise.pytorch.dist import GroupInfo
@@ -48,8 +55,6 @@ def prepare_data(cfg: DemoConfig, *, data: str | Path | None = None,
                  vocab_size: int = 2048, texts: list[str] | None = None,
                  group: GroupInfo | None = None) -> tuple[DemoData, dict[str, Any]]:
     """Corpus, tokenizer and tokenised split; rank 0 builds the caches, the others wait."""
-    from lengthwise.demo.corpus import corpus_fingerprint, load_corpus
-    from lengthwise.demo.tokenizer import default_cache_dir, get_tokenizer
 
     main = rank_world(group)[0] == 0
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -124,7 +129,6 @@ def run_demo(cfg: DemoConfig, *, orders: list[str] | str | None = None,
     started = time.perf_counter()
     order_list = parse_orders(orders)
     if cfg.device.startswith("cuda"):
-        import torch
 
         if not torch.cuda.is_available():
             raise ConfigError(f"--device {cfg.device}: torch sees no CUDA device here")
@@ -133,7 +137,6 @@ def run_demo(cfg: DemoConfig, *, orders: list[str] | str | None = None,
     rank, world = rank_world(group)
     demo_data, info = prepare_data(cfg, data=data, tokenizer=tokenizer, cache_dir=cache_dir,
                                    vocab_size=vocab_size, texts=texts, group=group)
-    from lengthwise.demo.model import build_model, count_parameters
 
     params = count_parameters(build_model(cfg.model_size, vocab_size=demo_data.vocab_size,
                                           max_len=cfg.max_len, device="meta"))
@@ -208,14 +211,12 @@ def _micro_figures(path: str | None, world: int | None) -> dict[str, Any]:
     doctor's verdict on it (no log: ``{}``)."""
     if path is None:
         return {}
-    from lengthwise.doctor import verdict_for
 
     return {"micro_log": path, "micro_world": world,
             "micro_verdict": verdict_for(path, timing=False).summary}
 
 
 def _config_dict(cfg: DemoConfig) -> dict[str, Any]:
-    from dataclasses import asdict
 
     out = asdict(cfg)
     out["warmup"] = cfg.warmup_steps

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -172,7 +173,6 @@ def format_columns(rows: dict[str, dict[str, Any]], keys: tuple[str, ...], *,
 
 def format_verdicts(rows: dict[str, dict[str, Any]], *, width: int = TEXT_WIDTH) -> str:
     """The doctor's verdict of every order, wrapped at word boundaries (never cut)."""
-    import textwrap
 
     lines = ["doctor:"]
     for name, r in rows.items():

@@ -43,10 +43,13 @@ import numpy as np
 
 from lengthwise.demo.config import PACKED, DemoConfig
 from lengthwise.demo.data import DemoData
+from lengthwise.demo.flops import train_flops
+from lengthwise.demo.lm import LMTask, evaluate
+from lengthwise.demo.model import MODEL_SIZES, build_model
 from lengthwise.demo.results import OrderResult, read_log, summarise
-from lengthwise.pytorch.dist import GroupInfo
+from lengthwise.pytorch.dist import GroupInfo, all_reduce_sum
 from lengthwise.train.device import autocast_dtype, configure_torch, pick_device, rank_world
-from lengthwise.train.loop import TrainLoop
+from lengthwise.train.loop import TrainLoop, make_sampler
 
 __all__ = ["SIMULATED_WORLD", "OrderRun", "micro_ranks", "order_steps", "run_lockstep",
            "train_order", "train_orders"]
@@ -85,7 +88,6 @@ def order_steps(order: str, lengths: np.ndarray, cfg: DemoConfig, *, rank: int =
         >>> order_steps("random", lengths, cfg) > order_steps("stratified", lengths, cfg)
         True
     """
-    from lengthwise.train.loop import make_sampler
 
     sampler = make_sampler(order, lengths, cfg, rank=rank, world=world)
     steps = 0
@@ -117,8 +119,6 @@ class OrderRun:
     def __init__(self, order: str, data: DemoData, cfg: DemoConfig, *, out: str | Path,
                  info: GroupInfo | None = None, equal_data: bool = True,
                  steps: int | None = None) -> None:
-        from lengthwise.demo.lm import LMTask
-        from lengthwise.demo.model import build_model
 
         if equal_data:
             rank, world = rank_world(info)
@@ -146,8 +146,6 @@ class OrderRun:
     def _count_flops(self) -> None:
         """Add the training FLOPs of each micro-batch the model is given (its rows x padded
         width; packed: rows of ``max_len``) to :attr:`flops`."""
-        from lengthwise.demo.flops import train_flops
-        from lengthwise.demo.model import MODEL_SIZES
 
         size, vocab = MODEL_SIZES[self.cfg.model_size], self.data.vocab_size
         prepare = self.task.prepare
@@ -162,7 +160,6 @@ class OrderRun:
 
     def finish(self) -> OrderResult:
         """Evaluate on the held-out set, close the log; the run's figures (rank 0)."""
-        from lengthwise.demo.lm import evaluate
 
         loop = self.loop
         try:
@@ -176,7 +173,6 @@ class OrderRun:
         main = rank == 0
         flops = self.flops
         if world > 1:
-            from lengthwise.pytorch.dist import all_reduce_sum
 
             flops = int(all_reduce_sum(np.asarray([flops], dtype=np.float64), self.info)[0])
         records = read_log(loop.log_path) if main else []

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from lengthwise.atomic import atomic_path
 from lengthwise.cache import cache_dir
+from lengthwise.demo.corpus import corpus_fingerprint
 from lengthwise.errors import ConfigError, DataError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -92,7 +93,6 @@ def get_tokenizer(texts: list[str], *, path: str | Path | None = None,
         except Exception as exc:  # the Rust side raises plain Exception
             raise DataError(f"--tokenizer {file}: not a tokenizers JSON file ({exc})") from exc
     if fingerprint is None:
-        from lengthwise.demo.corpus import corpus_fingerprint
 
         fingerprint = corpus_fingerprint(texts)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()

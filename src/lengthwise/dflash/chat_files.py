@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import gzip
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -185,7 +186,6 @@ def _damaged(exc: BaseException, what: str) -> DataError:
 
 
 def _open(path: Path) -> Any:
-    import gzip
 
     return gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")
 

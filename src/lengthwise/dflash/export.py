@@ -32,10 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from lengthwise.atomic import fsync_dir, replace_folder, temporary_name
-from lengthwise.dflash.load import ARCHITECTURE, DERIVED, RENAME, check_target
+from lengthwise.dflash.load import ARCHITECTURE, DERIVED, RENAME, check_target, trained_draft
 from lengthwise.dflash.mask_token import check_mask_token
+from lengthwise.dflash.target_match import check_draft_tokenizer
 from lengthwise.disk import full_disk_error, full_disk_reason
-from lengthwise.errors import ConfigError
+from lengthwise.errors import ConfigError, MissingDependencyError
 
 __all__ = ["SPECULATORS_IMPORTS", "export_checkpoint", "export_draft", "exported_config",
            "exported_weights", "speculators_converter", "to_speculators"]
@@ -183,8 +184,6 @@ def export_checkpoint(path: str | os.PathLike, out: str | os.PathLike, *,
     ``target_tokenizer``: the target's tokenizer (``target`` names its folder),
     refused before anything is written when it is not the one the draft was trained with.
     """
-    from lengthwise.dflash.load import trained_draft
-    from lengthwise.dflash.target_match import check_draft_tokenizer
 
     draft, named = trained_draft(path)
     if said is not None:
@@ -210,7 +209,6 @@ def speculators_converter() -> Any:
     """
     import importlib.util
 
-    from lengthwise.errors import MissingDependencyError
 
     missing = [pkg for mod, pkg in SPECULATORS_IMPORTS.items()
                if importlib.util.find_spec(mod) is None]

@@ -42,8 +42,21 @@ from typing import Any
 
 import numpy as np
 
+from lengthwise.atomic import atomic_open, atomic_path
+from lengthwise.dflash.objective import target_layer_ids
+from lengthwise.dflash.prepared import open_prepared
+from lengthwise.dflash.target_match import (
+    TOKENIZER_FIELDS,
+    check_tokenizer,
+    differs,
+    weights_record,
+)
+from lengthwise.disk import format_bytes, reporting_full_disk
 from lengthwise.errors import ConfigError, DataError
 from lengthwise.flag_field import flag_field
+from lengthwise.planning.batching import greedy_batches, row_limit
+from lengthwise.progress import progress
+from lengthwise.train.device import barrier, configure_torch, pick_device, rank_world, say
 
 __all__ = ["DTYPES", "CachedRows", "FeatureCache", "FeaturesConfig", "PassPlan", "cache_bytes",
            "open_features", "plan_pass", "write_features"]
@@ -160,7 +173,6 @@ def plan_pass(stored: np.ndarray, *, max_tokens: int, shard_tokens: int) -> Pass
         >>> p.index.tolist()
         [[0, 13, 3], [0, 0, 8], [0, 8, 5], [1, 0, 2]]
     """
-    from lengthwise.planning.batching import greedy_batches, row_limit
 
     stored = np.asarray(stored, dtype=np.int64)
     order = np.argsort(-stored, kind="stable")
@@ -228,15 +240,8 @@ def write_features(data: str | Path, target: str | Path, out: str | Path,
     """
     import shutil
 
-    from lengthwise.atomic import atomic_open, atomic_path
-    from lengthwise.dflash.objective import target_layer_ids
-    from lengthwise.dflash.prepared import open_prepared
     from lengthwise.dflash.target import Target, load_target, load_tokenizer
-    from lengthwise.dflash.target_match import TOKENIZER_FIELDS, check_tokenizer, weights_record
-    from lengthwise.disk import format_bytes
-    from lengthwise.progress import progress
     from lengthwise.pytorch.collate import PadCollator
-    from lengthwise.train.device import barrier, configure_torch, pick_device, rank_world, say
 
     out = Path(out)
     rank, world = rank_world(info)
@@ -366,7 +371,6 @@ class _ShardWriter:
     def __init__(self, out: Path, s: int, rows: int, layers: int, hidden: int,
                  cfg: FeaturesConfig) -> None:
         from lengthwise.atomic import atomic_path
-        from lengthwise.disk import reporting_full_disk
 
         self.out, self.dtype = out, cfg.dtype
         self.names = _shard_names(s, cfg.last_hidden)
@@ -503,7 +507,6 @@ class FeatureCache:
               tokenizer: dict[str, Any], max_len: int, data: str) -> None:
         """Refuse a cache of another target, other layers, data or tokenizer, or one cut
         shorter than ``max_len`` (a :class:`DataError` naming the difference)."""
-        from lengthwise.dflash.target_match import differs
 
         where = f"--features {self.folder}"
         if differs(self.record["target"]["weights"], weights):

@@ -43,6 +43,8 @@ from typing import Any
 
 import numpy as np
 
+from lengthwise.progress import progress
+
 __all__ = ["DecodeCounts", "RowCache", "attention_mask", "conversation_seed",
            "decode_conversations", "generate_responses"]
 
@@ -68,7 +70,6 @@ def generate_responses(model: Any, prompts: list[np.ndarray], *, max_new_tokens:
     reproduce); above 0 prompt ``i`` samples from its own generator, seeded by ``seed`` and
     ``i``. ``show``: a progress bar over the responses.
     """
-    from lengthwise.progress import progress
 
     stops = [eos] if isinstance(eos, int) else list(eos)
     order = np.argsort([p.size for p in prompts], kind="stable").tolist()

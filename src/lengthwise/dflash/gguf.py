@@ -38,7 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lengthwise.atomic import replace_folder, temporary_name
 from lengthwise.errors import ConfigError, DataError, MissingDependencyError
+from lengthwise.progress import no_transformers_bars
 
 __all__ = ["GGUF_PACKAGES", "SOURCE_FILE", "GgufLayout", "check_weights", "convert_gguf",
            "gguf_source", "is_converted", "read_layout"]
@@ -304,7 +306,6 @@ def _load(path: Path) -> tuple[Any, Any]:
     import torch
     import transformers
 
-    from lengthwise.progress import no_transformers_bars
 
     kwargs = {"gguf_file": path.name, "local_files_only": True}
     try:
@@ -397,7 +398,6 @@ def convert_gguf(path: str | os.PathLike, out: str | os.PathLike, *,
     :class:`DataError` naming it, and nothing is written. The files are written to a hidden
     folder beside ``out`` and renamed to it once complete.
     """
-    from lengthwise.atomic import replace_folder, temporary_name
 
     path, out = Path(path), Path(out)
     _check_file(path)

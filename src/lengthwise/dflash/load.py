@@ -27,6 +27,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from lengthwise.dflash.rope import rope_settings
 from lengthwise.dflash.target_match import DRAFT_TARGET_FIX
 from lengthwise.errors import ConfigError
 
@@ -157,7 +158,6 @@ def load_exported(folder: str | os.PathLike) -> Any:
     from safetensors.torch import load_file
 
     from lengthwise.dflash.model import DFlashConfig, DFlashDraft
-    from lengthwise.dflash.rope import rope_settings
 
     folder = Path(folder)
     try:

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from lengthwise.dflash.target import stop_set
 from lengthwise.errors import ConfigError
 
 __all__ = ["LOOKUP_NGRAM", "LookupRun", "lookup_candidates", "prompt_lookup",
@@ -61,7 +62,6 @@ def target_generate(target: Any, prompt: list[int], max_new_tokens: int,
     """
     import transformers
 
-    from lengthwise.dflash.target import stop_set
 
     stops = sorted(stop_set(eos))
     sampling = ({"do_sample": True, "temperature": float(temperature), "top_k": 0,

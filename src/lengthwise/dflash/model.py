@@ -53,6 +53,7 @@ from transformers.models.qwen3.modeling_qwen3 import (
     repeat_kv,
 )
 
+from lengthwise.dflash.attention import flex_attend
 from lengthwise.dflash.objective import default_gamma, target_layer_ids
 from lengthwise.dflash.rope import qwen3_config, rope_settings
 from lengthwise.errors import ConfigError, DataError
@@ -275,7 +276,6 @@ class _Attention(nn.Module):
             out = F.scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups),
                                                  attn_mask=bias)
         else:  # a flex-attention BlockMask (lengthwise.dflash.attention)
-            from lengthwise.dflash.attention import flex_attend
 
             out = flex_attend(q, k, v, bias)
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))

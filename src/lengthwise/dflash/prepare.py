@@ -40,15 +40,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from lengthwise.atomic import atomic_open, atomic_path
 from lengthwise.dflash.chat import TEMPLATE_ERRORS, ChatRenderer, normalise
 from lengthwise.dflash.chat_files import ChatSource
 from lengthwise.dflash.out_lock import sole_writer
 from lengthwise.dflash.prepare_config import PrepareConfig
+from lengthwise.dflash.regenerate import TurnGenerator, TurnLog, turns_to_write
 from lengthwise.dflash.target_match import tokenizer_record
 from lengthwise.disk import full_disk_error
 from lengthwise.errors import ConfigError, DataError
+from lengthwise.progress import progress
+from lengthwise.train.device import barrier, rank_world, say
 
 __all__ = ["PrepareCounts", "prepare_chats", "shard_name"]
 
@@ -130,7 +134,6 @@ def _shard_meta(path: Path) -> dict[str, Any] | None:
 
 def _write_shard(path: Path, ids: list[list[int]], masks: list[list[int]], rows: list[int],
                  meta: dict[str, Any]) -> None:
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     table = pa.table({
@@ -254,8 +257,6 @@ def prepare_chats(source: str | Path, target: str | Path, out: str | Path,
 def _prepare(chats: ChatSource, target: Path, out: Path, cfg: PrepareConfig, tok: Any,
              renderer: ChatRenderer, info: Any) -> dict[str, Any]:
     """:func:`prepare_chats` with ``out``'s lock held."""
-    from lengthwise.progress import progress
-    from lengthwise.train.device import barrier, rank_world, say
 
     source = chats.path
     rank, world = rank_world(info)
@@ -274,7 +275,6 @@ def _prepare(chats: ChatSource, target: Path, out: Path, cfg: PrepareConfig, tok
     work_seconds = 0.0  # this process's shards (what the regeneration estimate predicts)
     if todo:
         if cfg.regenerate:
-            from lengthwise.dflash.regenerate import TurnGenerator, TurnLog, turns_to_write
 
             generator = TurnGenerator(target, renderer, cfg, info=info)
         shard = _Shard(renderer, cfg, generator)

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from lengthwise.dflash.objective import anchor_candidates
 from lengthwise.errors import DataError
 
 __all__ = ["PreparedChats", "open_prepared"]
@@ -68,7 +69,6 @@ class PreparedChats:
     def unlearnable_when_cut(self, idx: np.ndarray, max_len: int) -> np.ndarray:
         """Whether each sample ``idx`` is longer than ``max_len`` and keeps no two consecutive
         supervised tokens (no anchor, so no loss) in its first ``max_len`` tokens."""
-        from lengthwise.dflash.objective import anchor_candidates
 
         idx = np.asarray(idx, dtype=np.int64)
         out = np.zeros(idx.size, dtype=bool)
@@ -79,7 +79,6 @@ class PreparedChats:
     def anchor_pairs(self, idx: np.ndarray, max_len: int) -> np.ndarray:
         """Positions with two consecutive supervised tokens (where an anchor may sit) in the
         first ``max_len`` tokens of each sample ``idx`` (int64)."""
-        from lengthwise.dflash.objective import anchor_candidates
 
         idx = np.asarray(idx, dtype=np.int64)
         return np.array([anchor_candidates(self._locate(i)[1][:max_len]).size

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from lengthwise.planning.batching import greedy_batches, row_limit
+
 __all__ = ["batch_offsets"]
 
 
@@ -26,7 +28,6 @@ def batch_offsets(lengths: np.ndarray, *, batch_size: int, max_tokens: int | Non
         ...               max_new_tokens=4).tolist()
         [0, 3, 4]
     """
-    from lengthwise.planning.batching import greedy_batches, row_limit
 
     n = int(np.asarray(lengths).size)
     cuts = [0, n]

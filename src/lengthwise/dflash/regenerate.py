@@ -27,8 +27,12 @@ from typing import Any
 
 import numpy as np
 
+from lengthwise.atomic import atomic_open
 from lengthwise.dflash.chat import Rendered
+from lengthwise.dflash.generate import conversation_seed, decode_conversations
 from lengthwise.dflash.prompt_batches import batch_offsets
+from lengthwise.errors import ConfigError, MissingDependencyError
+from lengthwise.train.device import pick_device, rank_world
 
 __all__ = ["BACKENDS", "TurnGenerator", "TurnLog", "assistant_turns", "pick_backend", "splice",
            "stop_ids", "turns_to_write"]
@@ -62,7 +66,6 @@ def pick_backend(name: str, device: str, world: int) -> str:
     """
     import importlib.util
 
-    from lengthwise.errors import ConfigError, MissingDependencyError
 
     if name not in BACKENDS:
         raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, got {name!r}")
@@ -92,7 +95,6 @@ class TurnGenerator:
         import transformers
 
         from lengthwise.dflash.target import check_causal_lm
-        from lengthwise.train.device import rank_world
 
         check_causal_lm(target)
         self.renderer, self.cfg = renderer, cfg
@@ -117,7 +119,6 @@ class TurnGenerator:
             self.engine = LLM(model=str(target), seed=cfg.seed)
         else:
             from lengthwise.dflash.target import load_target
-            from lengthwise.train.device import pick_device
 
             self.device = pick_device(cfg.device, info)
             self.model = load_target(target, dtype=cfg.dtype, device=self.device).eval()
@@ -209,7 +210,6 @@ class TurnGenerator:
         """Each conversation's turns one after another in a row of one continuous batch
         (:func:`~lengthwise.dflash.generate.decode_conversations`), the
         conversations with the most turns admitted first."""
-        from lengthwise.dflash.generate import conversation_seed, decode_conversations
 
         nxt = [0] * len(convs)  # each conversation's next turn
         prompts: dict[int, list[int]] = {}  # each conversation's prompt being answered
@@ -355,7 +355,6 @@ class TurnLog:
         """Write the log afresh: the header and the turns of ``done``."""
         import json
 
-        from lengthwise.atomic import atomic_open
 
         with atomic_open(self.path, "w", encoding="utf-8") as fh:
             fh.write(json.dumps({"header": self.header}) + "\n")

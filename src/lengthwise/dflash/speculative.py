@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 from lengthwise.dflash.blocks import block_attention_mask
+from lengthwise.dflash.lookup import lookup_candidates
 from lengthwise.dflash.loss import block_inputs
 from lengthwise.dflash.model import check_target
 from lengthwise.dflash.target import stop_set
@@ -325,7 +326,6 @@ def speculative_batch(draft: Any, target: Any, prompts: list[list[int]], *,
 
 def _lookup(rows: _Rows, num_tokens: int, max_ngram: int) -> dict[int, list[int]]:
     """Prompt lookup's proposal of each active row that finds one (its first tokens)."""
-    from lengthwise.dflash.lookup import lookup_candidates
 
     found = {r: lookup_candidates(seq, num_tokens, max_ngram)
              for r, seq in enumerate(rows.seqs) if not rows.done[r]}

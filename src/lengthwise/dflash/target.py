@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import json
+import pickle
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ import numpy as np
 import torch
 
 from lengthwise.errors import ConfigError, DataError
+from lengthwise.progress import no_transformers_bars
 
 __all__ = ["TOKENIZER_FILES", "WEIGHT_DTYPES", "Target", "check_builtin_model", "check_causal_lm",
            "load_target", "load_tokenizer", "max_positions", "past_positions", "stop_set",
@@ -307,10 +309,8 @@ def load_target(path: str | Path, *, dtype: str | torch.dtype | None = None,
     if not (path / "config.json").is_file():
         raise DataError(f"--target {path}: not a local Hugging Face checkpoint "
                         "(no config.json there)")
-    import pickle
 
     check_causal_lm(path)  # no code of the folder's own
-    from lengthwise.progress import no_transformers_bars
 
     _check_device(device)
     try:  # transformers reads .bin weights with torch.load(weights_only=True)
@@ -338,7 +338,6 @@ def weight_errors() -> tuple[type[BaseException], ...]:
 
 def _check_device(device: Any) -> None:
     """Refuse a CUDA device where torch sees none (before any weights are read)."""
-    import torch
 
     if device is not None and torch.device(device).type == "cuda" and (
             not torch.cuda.is_available()):

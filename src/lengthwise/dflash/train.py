@@ -27,6 +27,10 @@ from typing import Any
 
 import numpy as np
 
+from lengthwise.dflash.blocks import make_blocks
+from lengthwise.dflash.loss import block_hidden, head_loss, target_slot_hidden
+from lengthwise.dflash.mask_token import check_mask_token
+from lengthwise.dflash.objective import IGNORE, anchor_candidates
 from lengthwise.dflash.train_config import DFlashTrainConfig
 from lengthwise.errors import ConfigError, DataError
 from lengthwise.train.config import PACKED
@@ -65,7 +69,6 @@ class DFlashTask:
         self.features = features  # CachedRows: the target's features read, not computed
         self.gamma = float(cfg.gamma if cfg.gamma is not None else d.gamma)
         self.capacity = cfg.max_len if order == PACKED else None
-        from lengthwise.dflash.mask_token import check_mask_token
 
         rows = int(target.embed.weight.shape[0])
         check_mask_token(draft.config.mask_token_id, rows)
@@ -84,7 +87,6 @@ class DFlashTask:
     def blocks(self, batch: dict[str, Any], rows: list[list[int]], step: int) -> Any:
         """The draft blocks of a collated micro-batch at ``step``, without the target's
         features: the anchors it draws and the slots it trains (what its step costs)."""
-        from lengthwise.dflash.blocks import make_blocks
 
         cfg = self.cfg
         return make_blocks(batch, rows, step=step, seed=cfg.seed, num_anchors=cfg.num_anchors,
@@ -105,7 +107,6 @@ class DFlashTask:
         return blocks.weight_sum
 
     def forward(self, net: Any, blocks: Any) -> MicroOut:
-        from lengthwise.dflash.loss import block_hidden, head_loss, target_slot_hidden
 
         b = blocks.to(self.target.device)
         hidden = block_hidden(self.model, self.target, b, net=net, amp=self.amp,
@@ -161,7 +162,6 @@ trained; check the loss mask (assistant tokens) of the data
 
 def _first_anchor(sample: Any) -> int | None:
     """Where the first two consecutive supervised tokens of ``sample`` start, or ``None``."""
-    from lengthwise.dflash.objective import IGNORE, anchor_candidates
 
     found = anchor_candidates(np.asarray(sample["labels"]) != IGNORE)
     return int(found[0]) if found.size else None

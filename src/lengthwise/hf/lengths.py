@@ -30,6 +30,7 @@ import numpy as np
 from lengthwise.atomic import atomic_open
 from lengthwise.cache import cache_dir
 from lengthwise.errors import ConfigError, DataError
+from lengthwise.hf.ray_lengths import is_ray_dataset, ray_lengths
 from lengthwise.planning.lengths import validate_lengths
 
 __all__ = ["LENGTH_COLUMNS", "cache_dir", "compute_lengths"]
@@ -259,7 +260,6 @@ def compute_lengths(
         >>> compute_lengths(datasets.Dataset.from_dict({"num_tokens": [7, 2]})).tolist()
         [7, 2]
     """
-    from lengthwise.hf.ray_lengths import is_ray_dataset, ray_lengths
 
     if is_ray_dataset(dataset):  # tokenized on the Ray cluster, not cached here
         return ray_lengths(dataset, tokenizer, column=column or "text", batch_size=batch_size,

@@ -42,12 +42,16 @@ import warnings
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+import torch
+from accelerate.data_loader import prepare_data_loader
 from torch.utils.data import DataLoader
 from transformers import Trainer, TrainerCallback
+from transformers.trainer_utils import get_last_checkpoint, seed_worker
 
 from lengthwise.atomic import atomic_open
 from lengthwise.errors import ConfigError
 from lengthwise.planning.config import PlanConfig, plan_config
+from lengthwise.pytorch.collate import HeldCollator, PackCollator, PadCollator
 from lengthwise.pytorch.sampler import BucketBatchSampler, ResumeError
 
 if TYPE_CHECKING:
@@ -128,8 +132,6 @@ def lengthwise_dataloader(trainer: Trainer, sampler: BucketBatchSampler) -> Data
     The loader is prepared by Accelerate for device placement only, so the
     sampler's per-rank micro-batches are not sharded a second time.
     """
-    from accelerate.data_loader import prepare_data_loader
-    from transformers.trainer_utils import seed_worker
 
     if trainer.train_dataset is None:
         raise ConfigError("Trainer: training requires a train_dataset.")
@@ -231,7 +233,6 @@ def _ranks(n: int) -> str:
 
 def _resolve_checkpoint(trainer: Trainer, resume_from_checkpoint: Any) -> str | None:
     if resume_from_checkpoint is True:
-        from transformers.trainer_utils import get_last_checkpoint
 
         return get_last_checkpoint(trainer.args.output_dir)
     if isinstance(resume_from_checkpoint, (str, os.PathLike)):
@@ -301,7 +302,6 @@ def hold_to_plan(collator: Any, sampler: BucketBatchSampler) -> Any:
     The sampler's own collators already do; any other (Hugging Face's, TRL's) is
     wrapped in :class:`~lengthwise.pytorch.collate.HeldCollator`.
     """
-    from lengthwise.pytorch.collate import HeldCollator, PackCollator, PadCollator
 
     if isinstance(collator, (PadCollator, PackCollator)) and collator.budget is not None:
         return collator
@@ -433,7 +433,6 @@ def true_final_metrics(trainer: Trainer, sampler: BucketBatchSampler, start_step
     logs["train_tokens_per_second"] = round(tokens / runtime, 3) if runtime > 0 else 0.0
     acc = trainer.accelerator
     if acc.num_processes > 1:  # the leftover loss since the last logging step is per rank
-        import torch
 
         loss = torch.tensor(float(logs["train_loss"]), dtype=torch.float64, device=acc.device)
         logs["train_loss"] = float(acc.reduce(loss, reduction="mean"))

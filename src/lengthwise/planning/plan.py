@@ -26,9 +26,11 @@ import numpy as np
 from lengthwise.errors import ConfigError
 from lengthwise.planning.batching import whole_number
 from lengthwise.planning.config import PlanConfig, plan_config
+from lengthwise.planning.lengths import open_lengths
 from lengthwise.planning.packed import plan_packed_epoch
 from lengthwise.planning.padded import plan_padded_epoch
 from lengthwise.planning.schedule import EpochPlan
+from lengthwise.planning.windowed import WindowedPlan, resolve_window
 
 if TYPE_CHECKING:
     from lengthwise.planning.windowed import WindowedPlan
@@ -74,8 +76,6 @@ def plan_epoch(
     epoch = whole_number("epoch", epoch, minimum=0)
     config = plan_config(config, plan_options, plan_epoch)
     if window is not None:
-        from lengthwise.planning.lengths import open_lengths
-        from lengthwise.planning.windowed import WindowedPlan, resolve_window
 
         if indices is not None:
             raise ConfigError("indices and window cannot be combined: a windowed plan covers the "

@@ -44,6 +44,7 @@ from lengthwise.planning.schedule import EpochPlan
 from lengthwise.planning.state_checks import StateError
 from lengthwise.planning.window_cursor import WindowCursor
 from lengthwise.planning.windowed import WindowedPlan, resolve_window
+from lengthwise.pytorch.collate.plan import collator_for
 from lengthwise.pytorch.consumer import Consumer, find_consumer
 from lengthwise.pytorch.dist import check_replicas, group_info
 from lengthwise.pytorch.sampler_state import (
@@ -226,7 +227,6 @@ class BucketBatchSampler(Sampler[list[int]]):
             ...  for b in s]
             [torch.Size([1, 5]), torch.Size([1, 12]), torch.Size([1, 16])]
         """
-        from lengthwise.pytorch.collate.plan import collator_for
 
         edges = None
         if self.config.layout == "pad" and self.window is not None:

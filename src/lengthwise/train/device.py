@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import platform
 import sys
 from typing import Any
 
@@ -149,7 +150,6 @@ def cpu_model() -> str:
         >>> isinstance(cpu_model(), str)
         True
     """
-    import platform
 
     name = platform.processor() or platform.machine()
     try:

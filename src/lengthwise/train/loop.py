@@ -27,10 +27,21 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from lengthwise.doctor.context import PLAN_EVENT
 from lengthwise.errors import ConfigError
+from lengthwise.planning.config import PlanConfig
 from lengthwise.pytorch.dist import GroupInfo, all_reduce_sum
+from lengthwise.pytorch.sampler import BucketBatchSampler
+from lengthwise.train import (
+    Checkpointer,
+    SpikeGuard,
+    StepLogger,
+    bucket_token_shares,
+    load_checkpoint,
+)
 from lengthwise.train.checkpoint.folder import CheckpointError, CorruptCheckpointError
 from lengthwise.train.config import PACKED, LoopConfig
 from lengthwise.train.device import rank_world, say
@@ -88,8 +99,6 @@ def make_sampler(order: str, lengths: np.ndarray, cfg: LoopConfig, *, rank: int 
     micro-batch as the padded orders. ``check_world_size=False`` plans for ``world``
     ranks in a process that is not one of them (:mod:`lengthwise.train.simulated`).
     """
-    from lengthwise.planning.config import PlanConfig
-    from lengthwise.pytorch.sampler import BucketBatchSampler
 
     budget: dict[str, Any] = {"max_tokens": cfg.max_tokens, "order": order}
     if order == PACKED:
@@ -183,15 +192,7 @@ class TrainLoop:
                  log_sinks: dict[str, Any] | None = None, sampler: Any = None,
                  micro_log: bool = False, micro_ranks: int = 1,
                  keep_last_step: bool = False) -> None:
-        import torch
 
-        from lengthwise.train import (
-            Checkpointer,
-            SpikeGuard,
-            StepLogger,
-            bucket_token_shares,
-            load_checkpoint,
-        )
 
         self.task, self.order, self.sample, self.cfg, self.info = task, order, sample, cfg, info
         self.rank, self.world = rank_world(info)
@@ -202,7 +203,6 @@ class TrainLoop:
         model = task.model
         self.net = model
         if self.world > 1:
-            from torch.nn.parallel import DistributedDataParallel
 
             self.net = DistributedDataParallel(
                 model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -311,7 +311,6 @@ class TrainLoop:
 
     def step(self) -> dict[str, Any]:
         """Train one optimizer step and return its log record."""
-        import torch
 
         self.logger.reset_timer()
         micro = []

@@ -23,6 +23,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -88,7 +89,6 @@ def simulated_sampler(order: str, lengths: np.ndarray, cfg: LoopConfig, *,
     ``cfg.grad_accum`` counts the micro-batches of a whole step (every rank's), so it
     must be a multiple of ``world``; each rank accumulates ``cfg.grad_accum // world``.
     """
-    from dataclasses import replace
 
     from lengthwise.train.loop import make_sampler
 

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from lengthwise.pytorch.dist import all_reduce_sum
+
 __all__ = ["EXIT_STATUS", "StopRequest"]
 
 #: the exit status of a run stopped by SIGTERM: 128 + the signal's number
@@ -55,6 +57,5 @@ class StopRequest:
         """Whether any rank got ``SIGTERM`` (every rank of ``info``'s group must ask together)."""
         if info is None or info.world_size == 1:
             return self._flag
-        from lengthwise.pytorch.dist import all_reduce_sum
 
         return bool(all_reduce_sum(np.array([float(self._flag)]), info)[0] > 0)

@@ -18,6 +18,7 @@ from typing import Any
 
 from lengthwise.cli._options import add_config_flags, field_type
 from lengthwise.dflash.train_config import DFlashTrainConfig, RunSettings
+from lengthwise.errors import ConfigError, MissingDependencyError
 
 #: defaults of the command where they differ from ``DFlashTrainConfig``'s
 DEFAULTS: dict[str, Any] = {
@@ -53,7 +54,6 @@ def run_flags() -> dict[str, Any]:
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
     """The settings of a YAML file, keys with ``-`` read as ``_``."""
-    from lengthwise.errors import ConfigError, MissingDependencyError
 
     try:
         import yaml

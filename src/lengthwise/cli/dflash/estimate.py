@@ -31,11 +31,20 @@ import numpy as np
 from lengthwise.cli._options import add_config_flags
 from lengthwise.cli.dflash._settings import DEFAULTS, add_run_flags, settings
 from lengthwise.dflash.cost.resident import process_baseline
+from lengthwise.dflash.cost.timing import (
+    PROFILE_STEPS,
+    DeviceProfile,
+    GenerateProfile,
+    estimate_regenerate_time,
+    estimate_time,
+)
 from lengthwise.dflash.features import FeaturesConfig, cache_bytes, open_features
 from lengthwise.dflash.prepare_config import PrepareConfig
+from lengthwise.dflash.prepared import open_prepared
 from lengthwise.dflash.train_config import DFlashTrainConfig
 from lengthwise.disk import format_bytes
 from lengthwise.errors import ConfigError
+from lengthwise.pytorch.dist import launched_rank
 
 #: the flags of ``dflash train`` that set the memory of a step
 SHAPE_FLAGS = ("max_tokens", "grad_accum", "block_size", "draft_layers", "num_features",
@@ -173,7 +182,6 @@ def report(given: dict[str, Any], *, defaults: dict[str, Any] | None = None) -> 
     :data:`REPORT_FLAGS`; ``defaults`` over ``dflash train``'s) sets; 1: no fit. Reads the
     target's ``config.json`` and nothing else, unless ``--time`` (:func:`run_time`)."""
     from lengthwise.dflash.cost.memory import estimate_train, read_target_config
-    from lengthwise.dflash.cost.timing import DeviceProfile
 
     given = {k: v for k, v in given.items()
              if k not in ("batch_size", "max_new_tokens", "shard_rows")}
@@ -202,7 +210,6 @@ def report(given: dict[str, Any], *, defaults: dict[str, Any] | None = None) -> 
 def run_time(given: dict[str, Any], opts: dict[str, Any], *, profile: Any = None,
              defaults: dict[str, Any] | None = None) -> Any:
     """``(RunTime, DeviceProfile)`` of the run ``given`` sets (``--time``)."""
-    from lengthwise.dflash.cost.timing import PROFILE_STEPS, estimate_time
 
     cfg, run_settings, _ = settings(given, defaults=defaults)  # the data's own max_len
     timing = estimate_time(cfg, run_settings, world=opts.get("world", 1), profile=profile,
@@ -238,7 +245,6 @@ def prints_here() -> bool:
     False
     >>> del os.environ["WORLD_SIZE"], os.environ["RANK"]
     """
-    from lengthwise.pytorch.dist import launched_rank
 
     rank = launched_rank()
     return rank is None or rank[0] == 0
@@ -310,7 +316,6 @@ def _features_report(target: str, cfg: Any, data: str | None, out: str, device: 
     """Print the ``features`` estimate of ``cfg`` and, with the prepared ``data``, the cache's
     bytes against the free space of ``out``'s disk."""
     from lengthwise.dflash.cost.memory import estimate_features, read_target_config
-    from lengthwise.dflash.prepared import open_prepared
 
     size = device_bytes(opts, device)
     config = read_target_config(target)
@@ -364,7 +369,6 @@ def _check_profile_flags(opts: dict[str, Any]) -> None:
 def regenerate_time(target: str, data: str, sizes: dict[str, Any], device: str,
                     opts: dict[str, Any]) -> tuple[Any, int]:
     """``((GenerateTime, GenerateProfile), longest prompt)`` of regenerating ``data``."""
-    from lengthwise.dflash.cost.timing import GenerateProfile, estimate_regenerate_time
 
     cfg = PrepareConfig(regenerate=True, max_new_tokens=sizes["max_new_tokens"],
                         batch_size=sizes["batch_size"], shard_rows=sizes["shard_rows"],

@@ -16,7 +16,11 @@ from typing import Any
 
 from lengthwise.cli.dflash._settings import DEFAULTS
 from lengthwise.dflash.cost.resident import follow_live_tensors
+from lengthwise.dflash.load import check_target, open_draft
+from lengthwise.dflash.mask_token import check_mask_token
 from lengthwise.dflash.table import render_eval
+from lengthwise.dflash.target_match import check_draft_target_weights, check_draft_tokenizer
+from lengthwise.errors import ConfigError
 
 
 def register(stages: argparse._SubParsersAction) -> None:
@@ -101,8 +105,6 @@ def run(args: argparse.Namespace) -> int:
         template_report,
     )
     from lengthwise.dflash.evaluate import evaluate_set
-    from lengthwise.dflash.load import check_target, open_draft
-    from lengthwise.dflash.mask_token import check_mask_token
     from lengthwise.dflash.regenerate import stop_ids
     from lengthwise.dflash.target import (
         Target,
@@ -112,8 +114,6 @@ def run(args: argparse.Namespace) -> int:
         max_positions,
         past_positions,
     )
-    from lengthwise.dflash.target_match import check_draft_target_weights, check_draft_tokenizer
-    from lengthwise.errors import ConfigError
 
     for name in ("max_new_tokens", "batch_size", "limit", "max_tokens", "max_slots",
                  "lookup_tokens"):

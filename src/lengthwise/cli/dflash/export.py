@@ -11,6 +11,9 @@ import argparse
 import json
 from pathlib import Path
 
+from lengthwise.dflash.export import export_checkpoint, speculators_converter, to_speculators
+from lengthwise.errors import ConfigError
+
 
 def register(stages: argparse._SubParsersAction) -> None:
     """Add the ``export`` stage."""
@@ -45,8 +48,6 @@ def register(stages: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Export and print what was written."""
-    from lengthwise.dflash.export import export_checkpoint, speculators_converter, to_speculators
-    from lengthwise.errors import ConfigError
 
     target_config = tokenizer = None
     if args.speculators is not None and args.target is None:
@@ -84,7 +85,6 @@ def _holds_files(folder: Path) -> bool:
 
 
 def _target_config(path: str) -> object:
-    from lengthwise.errors import ConfigError
 
     if not (Path(path) / "config.json").is_file():
         raise ConfigError(f"--target {path}: not a local Hugging Face model (no config.json)")

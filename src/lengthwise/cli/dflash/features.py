@@ -14,7 +14,9 @@ import argparse
 
 from lengthwise.cli._options import add_config_flags, config_from_args
 from lengthwise.dflash.cost.resident import follow_live_tensors
-from lengthwise.dflash.features import FeaturesConfig
+from lengthwise.dflash.features import FeaturesConfig, write_features
+from lengthwise.disk import format_bytes
+from lengthwise.train.device import rank_world, setup_distributed
 
 
 def register(stages: argparse._SubParsersAction) -> None:
@@ -38,9 +40,6 @@ def register(stages: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Write the cache (each ``torchrun`` rank its share of the shards); print its summary."""
-    from lengthwise.dflash.features import write_features
-    from lengthwise.disk import format_bytes
-    from lengthwise.train.device import rank_world, setup_distributed
 
     cfg = config_from_args(FeaturesConfig, args)
     follow_live_tensors(cfg.device)  # freed activations go back: resident memory follows them

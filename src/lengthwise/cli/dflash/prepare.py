@@ -14,6 +14,7 @@ import argparse
 from lengthwise.cli._options import add_config_flags, config_from_args
 from lengthwise.dflash.cost.resident import follow_live_tensors
 from lengthwise.dflash.prepare_config import PrepareConfig
+from lengthwise.errors import ConfigError
 
 
 def register(stages: argparse._SubParsersAction) -> None:
@@ -39,7 +40,6 @@ def register(stages: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Prepare the data and print what was kept and dropped."""
     from lengthwise.dflash.prepare import prepare_chats
-    from lengthwise.errors import ConfigError
     from lengthwise.train.device import rank_world, setup_distributed
 
     try:

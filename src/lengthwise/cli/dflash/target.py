@@ -12,6 +12,8 @@ import argparse
 import json
 from pathlib import Path
 
+from lengthwise.dflash.gguf import SOURCE_FILE, convert_gguf, gguf_source, is_converted
+
 
 def register(stages: argparse._SubParsersAction) -> None:
     """Add the ``target`` stage."""
@@ -36,7 +38,6 @@ def run(args: argparse.Namespace) -> int:
     """Convert (or find the conversion) and print what the folder holds."""
     import transformers
 
-    from lengthwise.dflash.gguf import SOURCE_FILE, convert_gguf, gguf_source, is_converted
 
     out = Path(args.out)
     cached = not args.overwrite and Path(args.gguf).is_file() and is_converted(

@@ -27,6 +27,8 @@ import argparse
 from lengthwise.cli.dflash._settings import DEFAULTS, add_run_flags, read_yaml, settings
 from lengthwise.cli.dflash.estimate import REPORT_FLAGS, add_report_flags, report
 from lengthwise.dflash.cost.resident import follow_live_tensors
+from lengthwise.errors import ConfigError
+from lengthwise.finite_json import finite_json_text
 
 __all__ = ["DEFAULTS", "read_yaml", "register", "run", "settings"]
 
@@ -60,8 +62,6 @@ def register(stages: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Train and print the run's summary (rank 0); with ``--estimate``, print its memory."""
     from lengthwise.dflash.recipe import train_draft
-    from lengthwise.errors import ConfigError
-    from lengthwise.finite_json import finite_json_text
 
     given = vars(args)
     if given.pop("estimate", False):

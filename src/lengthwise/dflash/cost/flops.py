@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from lengthwise.dflash.objective import target_layer_ids
+from lengthwise.dflash.train_config import DFlashTrainConfig
 from lengthwise.planning.cost import CostModel, round_up
 
 __all__ = ["StepFlops", "anchor_counts", "batch_flops", "step_flops"]
@@ -56,7 +58,6 @@ class StepFlops:
         MLP 12,288, vocabulary 151,936), a 5-layer draft of 5 features, blocks of 16."""
         import transformers
 
-        from lengthwise.dflash.train_config import DFlashTrainConfig
 
         target = transformers.Qwen3Config(
             vocab_size=151936, hidden_size=4096, num_hidden_layers=36, num_attention_heads=32,
@@ -140,7 +141,6 @@ def step_flops(target_config: Any, cfg: Any) -> StepFlops:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from lengthwise.dflash.cost.memory import fake_causal_lm, fake_draft
-    from lengthwise.dflash.objective import target_layer_ids
 
     def weights(module: Any) -> int:
         return sum(m.weight.numel() for m in module.modules()

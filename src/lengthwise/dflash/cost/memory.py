@@ -36,9 +36,18 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+import lengthwise.dflash.attention as attention
+import lengthwise.dflash.head as head
+import lengthwise.dflash.loss as loss
+from lengthwise.dflash.blocks import Blocks
+from lengthwise.dflash.features import cache_bytes, plan_pass
+from lengthwise.dflash.head import chunked_agreement
+from lengthwise.dflash.loss import block_hidden, supervised_cross_entropy
+from lengthwise.dflash.mask_token import mask_token_choice
 from lengthwise.dflash.objective import IGNORE, target_layer_ids
 from lengthwise.dflash.target import WEIGHT_DTYPES, Target, check_builtin_model
 from lengthwise.errors import ConfigError
+from lengthwise.train.device import autocast_dtype
 
 __all__ = ["DEVICE_MEMORY", "GIB", "MAX_LAYERS", "MAX_STEP_SIZE", "STAGES", "LiveBytes",
            "StageMemory", "StepMemory", "estimate_eval", "estimate_features",
@@ -289,8 +298,6 @@ def kernels(kind: str) -> contextlib.AbstractContextManager[None]:
     the draft (flex), else the code's own."""
     if kind != "cuda":
         return contextlib.nullcontext()
-    import lengthwise.dflash.attention as attention
-    import lengthwise.dflash.loss as loss
 
     def fused(q: Any, k: Any, v: Any, *args: Any, **kwargs: Any) -> Any:
         return _FusedAttention.apply(q, k, v)
@@ -309,7 +316,6 @@ def _chunks_kept(n: int, chunk: int) -> list[int]:
 def few_head_chunks() -> contextlib.AbstractContextManager[None]:
     """The LM head runs its first two chunks and its last one: each allocates and frees the
     same buffers, so the peak is every chunk's, in a time that does not grow with the slots."""
-    import lengthwise.dflash.head as head
 
     return _swapped((head, "chunk_starts", _chunks_kept))
 
@@ -459,7 +465,6 @@ def step_blocks(rows: int, tokens: int, anchors: int, block_size: int, vocab: in
     >>> step_blocks(2, 64, 3, 4, 10).labels.shape
     torch.Size([2, 3, 4])
     """
-    from lengthwise.dflash.blocks import Blocks
 
     cols = tokens // rows
     gen = torch.Generator().manual_seed(0)
@@ -509,7 +514,6 @@ def _train_step(draft: Any, target: Any, optimizer: Any, blocks: list[Any], *, c
                 amp: Any, flex: bool, live: LiveBytes) -> set[int]:
     """One optimizer step over ``blocks`` as the training loop runs it (cached ``features``
     brought to the device: a copy); the gradients' serials."""
-    from lengthwise.dflash.loss import block_hidden, supervised_cross_entropy
 
     for b in blocks:
         idx = _supervised(b)
@@ -590,7 +594,6 @@ def estimate_step(target_config: Any, cfg: Any, *, rows: int = 1, world: int = 1
     >>> est.slots, est.peak > est.parts["weights"] > est.target_weights > 0
     (240, True)
     """
-    from lengthwise.train.device import autocast_dtype
 
     if world < 1:
         raise ConfigError(f"world (data-parallel ranks) must be >= 1, got {world}")
@@ -697,7 +700,6 @@ class StageMemory:
 def grown_rows(tokenizer: Any, target_config: Any, generation_config: Any = None) -> int:
     """Rows of the target's embedding once ``dflash train`` adds the mask token (chosen on a
     stand-in of the target, as it chooses; ``<|MASK|>`` added to ``tokenizer`` if chosen)."""
-    from lengthwise.dflash.mask_token import mask_token_choice
 
     rows = int(target_config.vocab_size)
     model = SimpleNamespace(config=target_config, generation_config=generation_config,
@@ -815,8 +817,6 @@ def _features_peak(target: Any, rows: int, cols: int, pad: str | None = None,
 def _eval_draft_trace(config: Any, dtype: torch.dtype, draft_cfg: Any, rows: int, text: int,
                       anchors: int, head_chunk: int, kind: str) -> dict[str, int]:
     """The draft's weights and one forward of the accuracy pass's slots, with the LM heads."""
-    from lengthwise.dflash.head import chunked_agreement
-    from lengthwise.dflash.loss import block_hidden, supervised_cross_entropy
     from lengthwise.dflash.model import DFlashDraft
 
     vocab, k = int(config.vocab_size), len(draft_cfg.target_layers)
@@ -927,7 +927,6 @@ def estimate_features(target_config: Any, cfg: Any, *, stored: Any = None,
     >>> est.settings["batch"], est.peak > est.parts["weights"] > 0
     ([1, 64], True)
     """
-    from lengthwise.dflash.features import cache_bytes, plan_pass
 
     kind, dt, depth = _loaded(target_config, device, cfg.target_dtype)
     layers = cfg.layer_list() or target_layer_ids(depth, cfg.num_features)

@@ -21,6 +21,7 @@ Example::
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
@@ -35,11 +36,18 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from lengthwise.cli.dflash._settings import run_flags
 from lengthwise.dflash.cost import resident
 from lengthwise.dflash.cost.flops import anchor_counts, batch_flops, step_flops
+from lengthwise.dflash.generate import generate_responses
 from lengthwise.dflash.prepared import open_prepared
 from lengthwise.errors import ConfigError, DataError
 from lengthwise.planning.cost import round_up
+from lengthwise.progress import progress
+from lengthwise.pytorch.calibrate import _nnls
+from lengthwise.pytorch.dist import launched_world
+from lengthwise.train.config import PACKED
+from lengthwise.train.device import cpu_model
 
 __all__ = ["MAX_COST", "MAX_PLANNED", "PROFILE_CONVERSATIONS", "PROFILE_STEPS", "DecodeWork",
            "DeviceProfile", "GenerateProfile", "GenerateTime", "Profile", "RegeneratePrompts",
@@ -161,7 +169,6 @@ def fit_costs(x: np.ndarray, seconds: np.ndarray, coef: np.ndarray | None = None
     >>> coef.round(6).tolist(), fit["max_relative_error"] < 1e-9
     ([1.0, 1.0], True)
     """
-    from lengthwise.pytorch.calibrate import _nnls
 
     if coef is None:
         coef = _nnls(x / seconds[:, None], np.ones_like(seconds))
@@ -177,7 +184,6 @@ def _one_rate(units: np.ndarray, seconds: np.ndarray) -> float:
 
 def check_one_process() -> None:
     """Refuse timing under a launcher of several processes: a profile is one device's."""
-    from lengthwise.pytorch.dist import launched_world
 
     if launched_world() is not None:
         raise ConfigError("--time measures a profile in one process: run the estimate "
@@ -190,7 +196,6 @@ def device_name(device: str, threads: int | None) -> str:
         import torch
 
         return f"{torch.cuda.get_device_name(torch.device(device))} (CUDA)"
-    from lengthwise.train.device import cpu_model
 
     return f"this machine's CPU ({cpu_model()}, {threads or os.cpu_count()} thread(s))"
 
@@ -415,7 +420,6 @@ def plan_work(data: Any, cfg: Any, run: Any, *, world: int = 1, config: Any = No
     """``(work of every step, the config the run trains with)`` of ``dflash train`` on
     ``data`` at ``world`` ranks (``samples``: :func:`run_samples`)."""
     from lengthwise.dflash.recipe import _with_epochs
-    from lengthwise.train.config import PACKED
     from lengthwise.train.loop import StepBatches, make_sampler
 
     lengths, anchors, flops = (samples if samples is not None
@@ -471,7 +475,6 @@ def train_command(cfg: Any, run: Any, *, out: str | Path, steps: int) -> list[st
     >>> argv[3:9], "--block-size" in argv, argv[argv.index("--steps") + 1]
     (['dflash', 'train', '--target', 't', '--data', 'd'], True, '6')
     """
-    from lengthwise.cli.dflash._settings import run_flags
 
     fixed = {"steps": steps, "checkpoint_every": 0, "eval_every": steps}
     argv = [sys.executable, "-m", "lengthwise", "dflash", "train", "--target", str(run.target),
@@ -721,7 +724,6 @@ def fit_generate_profile(trace: Any, *, device: str, responses: list[int],
     >>> round(p.per_prefill_token, 4), round(p.per_step, 3), round(p.per_row, 4)
     (0.001, 0.02, 0.005)
     """
-    from lengthwise.pytorch.calibrate import _nnls
 
     t = np.asarray(trace, dtype=np.float64).reshape(-1, 4)
     if t.size == 0 or not np.all(np.isin(t[:, 0], (0, 1))):
@@ -928,7 +930,6 @@ def regenerate_prompts(source: str | Path, renderer: Any, cfg: Any, *,
     """The length of every prompt regeneration of ``source`` gives the target."""
     from lengthwise.dflash.prepare import _render_or_name
     from lengthwise.dflash.regenerate import assistant_turns
-    from lengthwise.progress import progress
 
     started = time.perf_counter()
     convs = _conversations(source, cfg)
@@ -957,11 +958,9 @@ def measure_generate_profile(source: str | Path, target: str | Path, cfg: Any, *
     """Fit a profile to the forwards of a regeneration of ``conversations`` of the run's
     conversations (spread over it; default the larger of :data:`PROFILE_CONVERSATIONS` and
     ``cfg.batch_size``), run as ``dflash prepare --regenerate`` runs it, after a warm-up."""
-    import copy
 
     import torch
 
-    from lengthwise.dflash.generate import generate_responses
     from lengthwise.dflash.regenerate import TurnGenerator, assistant_turns
 
     check_one_process()

@@ -44,7 +44,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+from torch.distributed.checkpoint._traverse import set_element
 
 from lengthwise.pytorch.dist import GroupInfo, group_info
 from lengthwise.train.checkpoint.folder import CheckpointError, CorruptCheckpointError, new_manifest
@@ -122,7 +124,6 @@ class _SafeBytes:
     refused: str | None = None
 
     def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-        from torch.distributed.checkpoint._traverse import set_element
 
         fqn = read_item.dest_index.fqn
         try:
@@ -166,7 +167,6 @@ def save_dcp(state: TrainingState, tmp: Path, info: GroupInfo | None,
     ``checkpoint_group(info)`` gives the group for the save's collectives (asked only
     under ``torch.distributed``). A failure calls ``failed(exc)``.
     """
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
         get_optimizer_state_dict,
@@ -218,7 +218,6 @@ def load_dcp(path: Path, manifest: dict[str, Any], model: torch.nn.Module, optim
     A rank the checkpoint has no state for (saved by fewer ranks) takes rank 0's, with a
     warning. An optimizer saved before its first step gets its hyper-parameters back.
     """
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_model_state_dict,
