@@ -559,14 +559,14 @@ def test_each_task_writes_under_its_own_folder_by_default(task, folder, monkeypa
     (["--seed", "-1"], "seed must be a non-negative integer, got -1"),
 ])
 def test_demo_options_are_checked_before_the_data(task, option, match, capsys, monkeypatch):
-    import lengthwise.demo.dflash_data as dflash_data
+    import lengthwise.demo.dflash as dflash_demo
     import lengthwise.demo.main as demo_main
 
     def no_data(*args, **kwargs):
         raise AssertionError("the data were prepared before the options were checked")
 
     monkeypatch.setattr(demo_main, "prepare_data", no_data)
-    monkeypatch.setattr(dflash_data, "prepare", no_data)
+    monkeypatch.setattr(dflash_demo, "prepare", no_data)
     assert cli_main(["demo", "--task", task, *option]) == 2
     err = capsys.readouterr().err
     assert match in err and len(err.strip().splitlines()) == 1, err

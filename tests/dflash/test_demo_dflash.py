@@ -94,14 +94,14 @@ def test_user_errors_exit_2_with_one_line(argv, message, capsys):
     (["demo", "--task", "dflash", "--model-size", "small"], "--model-size is for --task lm"),
 ])
 def test_an_option_of_the_other_task_is_an_error(argv, message, capsys, monkeypatch):
-    import lengthwise.demo.dflash_data as dflash_data
+    import lengthwise.demo.dflash as dflash_demo
     import lengthwise.demo.main as demo_main
 
     def no_run(*args, **kwargs):
         raise AssertionError("the demo ran with an option its task ignores")
 
     monkeypatch.setattr(demo_main, "prepare_data", no_run)
-    monkeypatch.setattr(dflash_data, "prepare", no_run)
+    monkeypatch.setattr(dflash_demo, "prepare", no_run)
     assert cli_main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err

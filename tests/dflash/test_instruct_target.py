@@ -145,7 +145,7 @@ def test_regenerated_turns_keep_the_targets_ids_and_no_end_of_turn_after_a_cut(
 def _fake_target(monkeypatch, answer, *, stop_after=None):
     """The target's decode loop replaced: each conversation's turns written one after another
     by ``answer(prompt)``; after ``stop_after`` turns a Ctrl-C. Returns the prompts asked."""
-    from lengthwise.dflash import generate
+    from lengthwise.dflash import generate, regenerate
 
     asked = []
 
@@ -161,7 +161,7 @@ def _fake_target(monkeypatch, answer, *, stop_after=None):
                 yield [(c, written)]
         return generate.DecodeCounts()
 
-    monkeypatch.setattr(generate, "decode_conversations", decode)
+    monkeypatch.setattr(regenerate, "decode_conversations", decode)
     return asked
 
 
@@ -236,7 +236,7 @@ def test_a_regeneration_killed_mid_batch_resumes_to_the_same_samples(instruct, t
 def test_regeneration_progress_counts_turns(instruct, tmp_path, monkeypatch):
     from _chat_tiny import conversations, write_jsonl
 
-    import lengthwise.progress
+    import lengthwise.dflash.prepare as prepare_module
     from lengthwise.dflash.prepare import prepare_chats
     from lengthwise.dflash.prepare_config import PrepareConfig
     from lengthwise.dflash.target import load_tokenizer
@@ -252,7 +252,7 @@ def test_regeneration_progress_counts_turns(instruct, tmp_path, monkeypatch):
             seen.append(item)
             yield item
 
-    monkeypatch.setattr(lengthwise.progress, "progress", progress)
+    monkeypatch.setattr(prepare_module, "progress", progress)
     prepare_chats(write_jsonl(tmp_path / "c.jsonl", rows), instruct, tmp_path / "p",
                   PrepareConfig(regenerate=True, min_supervised=2, batch_size=2))
     assert seen[0] == ("turn", turns) and len(seen) == 1 + turns

@@ -258,13 +258,13 @@ def test_the_drafts_cached_context_gives_the_blocks_of_a_full_forward():
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_the_draft_is_skipped_when_prompt_lookup_fills_every_block(monkeypatch, temperature):
-    from lengthwise.dflash import lookup
+    from lengthwise.dflash import speculative
     from lengthwise.dflash.speculative import speculative_batch
 
     target, draft = qwen3_pair(vocab=6, seed=2, block_size=5)
     calls = []
     monkeypatch.setattr(draft, "forward", lambda *a, **k: calls.append(1))
-    monkeypatch.setattr(lookup, "lookup_candidates", lambda seq, k, n=2: [1] * k)
+    monkeypatch.setattr(speculative, "lookup_candidates", lambda seq, k, n=2: [1] * k)
     gens = speculative_batch(draft, target, PROMPTS, max_new_tokens=9, lookup_ngram=2,
                              temperature=temperature, seed=0)
     assert calls == [] and all(len(g.tokens) == 9 for g in gens)

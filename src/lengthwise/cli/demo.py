@@ -38,7 +38,6 @@ HELP = "train a small model once per batch order and compare (offline)"
 
 
 def _defaults() -> dict[str, dict[str, Any]]:
-
     return {"lm": {f.name: f.default for f in fields(DemoConfig)},
             "dflash": {f.name: f.default for f in fields(DFlashDemoConfig)}}
 
@@ -281,7 +280,6 @@ def run(args: argparse.Namespace) -> int:
     if not is_main():
         return 0
     if args.json:
-
         print(finite_json_text(summary, indent=2))
     else:
         print(text(summary, wide=args.wide))

@@ -224,7 +224,6 @@ def dflash_markdown(summary: dict[str, Any]) -> str:
 
 def _summarise(results: dict[str, dict[str, Any]], cfg: DFlashDemoConfig,
                meta: dict[str, Any], out: Path, plot: bool) -> dict[str, Any]:
-
     logs = {name: r["log_path"] for name, r in results.items()}
     region = common_region(logs)
     doctor = diagnose_runs(logs, region=region)

@@ -287,7 +287,6 @@ def _prepare_chats(path: Path, tok: Any, out: Path, target: str | Path | None, *
 def _target(cfg: DFlashDemoConfig, target: str | Path | None, texts: list[str],
             tokenizer: str | Path | None, cache: Path, vocab_size: int, fp: str,
             device: Any) -> tuple[Any, Any, int, dict[str, Any]]:
-
     if target is None:
         tok = get_tokenizer(texts, path=tokenizer, cache_dir=cache, vocab_size=vocab_size,
                             fingerprint=fp)

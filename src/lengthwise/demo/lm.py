@@ -53,7 +53,6 @@ class LMTask:
 
     def __init__(self, model: Any, *, device: Any, amp: Any = None,
                  max_len: int | None = None) -> None:
-
         self.model = model
         self.device = torch.device(device)
         self.amp = amp

@@ -129,7 +129,6 @@ def run_demo(cfg: DemoConfig, *, orders: list[str] | str | None = None,
     started = time.perf_counter()
     order_list = parse_orders(orders)
     if cfg.device.startswith("cuda"):
-
         if not torch.cuda.is_available():
             raise ConfigError(f"--device {cfg.device}: torch sees no CUDA device here")
     out = Path(out)
@@ -217,7 +216,6 @@ def _micro_figures(path: str | None, world: int | None) -> dict[str, Any]:
 
 
 def _config_dict(cfg: DemoConfig) -> dict[str, Any]:
-
     out = asdict(cfg)
     out["warmup"] = cfg.warmup_steps
     return out

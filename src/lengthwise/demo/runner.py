@@ -119,7 +119,6 @@ class OrderRun:
     def __init__(self, order: str, data: DemoData, cfg: DemoConfig, *, out: str | Path,
                  info: GroupInfo | None = None, equal_data: bool = True,
                  steps: int | None = None) -> None:
-
         if equal_data:
             rank, world = rank_world(info)
             if steps is None:
@@ -173,7 +172,6 @@ class OrderRun:
         main = rank == 0
         flops = self.flops
         if world > 1:
-
             flops = int(all_reduce_sum(np.asarray([flops], dtype=np.float64), self.info)[0])
         records = read_log(loop.log_path) if main else []
         result = summarise(self.order, records, loop.log_path, eval_loss,

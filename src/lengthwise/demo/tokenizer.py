@@ -93,7 +93,6 @@ def get_tokenizer(texts: list[str], *, path: str | Path | None = None,
         except Exception as exc:  # the Rust side raises plain Exception
             raise DataError(f"--tokenizer {file}: not a tokenizers JSON file ({exc})") from exc
     if fingerprint is None:
-
         fingerprint = corpus_fingerprint(texts)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     file = cache / f"tokenizer-{fingerprint}-{vocab_size}.json"

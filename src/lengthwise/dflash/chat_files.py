@@ -186,7 +186,6 @@ def _damaged(exc: BaseException, what: str) -> DataError:
 
 
 def _open(path: Path) -> Any:
-
     return gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")
 
 

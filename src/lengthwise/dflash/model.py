@@ -276,7 +276,6 @@ class _Attention(nn.Module):
             out = F.scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups),
                                                  attn_mask=bias)
         else:  # a flex-attention BlockMask (lengthwise.dflash.attention)
-
             out = flex_attend(q, k, v, bias)
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
 

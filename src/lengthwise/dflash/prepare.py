@@ -275,7 +275,6 @@ def _prepare(chats: ChatSource, target: Path, out: Path, cfg: PrepareConfig, tok
     work_seconds = 0.0  # this process's shards (what the regeneration estimate predicts)
     if todo:
         if cfg.regenerate:
-
             generator = TurnGenerator(target, renderer, cfg, info=info)
         shard = _Shard(renderer, cfg, generator)
         out.mkdir(parents=True, exist_ok=True)

@@ -107,7 +107,6 @@ class DFlashTask:
         return blocks.weight_sum
 
     def forward(self, net: Any, blocks: Any) -> MicroOut:
-
         b = blocks.to(self.target.device)
         hidden = block_hidden(self.model, self.target, b, net=net, amp=self.amp,
                               flex=self.cfg.flex_attention, feats=b.features)

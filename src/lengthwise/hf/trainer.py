@@ -233,7 +233,6 @@ def _ranks(n: int) -> str:
 
 def _resolve_checkpoint(trainer: Trainer, resume_from_checkpoint: Any) -> str | None:
     if resume_from_checkpoint is True:
-
         return get_last_checkpoint(trainer.args.output_dir)
     if isinstance(resume_from_checkpoint, (str, os.PathLike)):
         return os.fspath(resume_from_checkpoint)
@@ -433,7 +432,6 @@ def true_final_metrics(trainer: Trainer, sampler: BucketBatchSampler, start_step
     logs["train_tokens_per_second"] = round(tokens / runtime, 3) if runtime > 0 else 0.0
     acc = trainer.accelerator
     if acc.num_processes > 1:  # the leftover loss since the last logging step is per rank
-
         loss = torch.tensor(float(logs["train_loss"]), dtype=torch.float64, device=acc.device)
         logs["train_loss"] = float(acc.reduce(loss, reduction="mean"))
 

@@ -76,7 +76,6 @@ def plan_epoch(
     epoch = whole_number("epoch", epoch, minimum=0)
     config = plan_config(config, plan_options, plan_epoch)
     if window is not None:
-
         if indices is not None:
             raise ConfigError("indices and window cannot be combined: a windowed plan covers the "
                               "whole data set (resume inside a window with the sampler's state)")

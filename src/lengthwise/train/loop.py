@@ -192,8 +192,6 @@ class TrainLoop:
                  log_sinks: dict[str, Any] | None = None, sampler: Any = None,
                  micro_log: bool = False, micro_ranks: int = 1,
                  keep_last_step: bool = False) -> None:
-
-
         self.task, self.order, self.sample, self.cfg, self.info = task, order, sample, cfg, info
         self.rank, self.world = rank_world(info)
         self.device = device
@@ -203,7 +201,6 @@ class TrainLoop:
         model = task.model
         self.net = model
         if self.world > 1:
-
             self.net = DistributedDataParallel(
                 model, device_ids=[device.index] if device.type == "cuda" else None)
         params = [p for p in model.parameters() if p.requires_grad]

@@ -85,7 +85,6 @@ def _holds_files(folder: Path) -> bool:
 
 
 def _target_config(path: str) -> object:
-
     if not (Path(path) / "config.json").is_file():
         raise ConfigError(f"--target {path}: not a local Hugging Face model (no config.json)")
     import transformers

@@ -36,9 +36,9 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-import lengthwise.dflash.attention as attention
 import lengthwise.dflash.head as head
 import lengthwise.dflash.loss as loss
+import lengthwise.dflash.model as draft_model
 from lengthwise.dflash.blocks import Blocks
 from lengthwise.dflash.features import cache_bytes, plan_pass
 from lengthwise.dflash.head import chunked_agreement
@@ -303,7 +303,7 @@ def kernels(kind: str) -> contextlib.AbstractContextManager[None]:
         return _FusedAttention.apply(q, k, v)
 
     return _swapped((torch.nn.functional, "scaled_dot_product_attention", fused),
-                    (attention, "flex_attend", fused),
+                    (draft_model, "flex_attend", fused),
                     (loss, "block_flex_mask", lambda *a, **k: object()))
 
 

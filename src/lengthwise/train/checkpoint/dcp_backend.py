@@ -124,7 +124,6 @@ class _SafeBytes:
     refused: str | None = None
 
     def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-
         fqn = read_item.dest_index.fqn
         try:
             obj = torch.load(value, weights_only=True)
