@@ -192,8 +192,6 @@ class TrainLoop:
                  log_sinks: dict[str, Any] | None = None, sampler: Any = None,
                  micro_log: bool = False, micro_ranks: int = 1,
                  keep_last_step: bool = False) -> None:
-
-
         self.task, self.order, self.sample, self.cfg, self.info = task, order, sample, cfg, info
         self.rank, self.world = rank_world(info)
         self.device = device
@@ -203,7 +201,6 @@ class TrainLoop:
         model = task.model
         self.net = model
         if self.world > 1:
-
             self.net = DistributedDataParallel(
                 model, device_ids=[device.index] if device.type == "cuda" else None)
         params = [p for p in model.parameters() if p.requires_grad]
@@ -253,9 +250,11 @@ class TrainLoop:
                 for path in (self.log_path, rolled_back_path(self.log_path)):
                     path.unlink(missing_ok=True)
         self._shares_epoch = self.sampler.epoch  # the epoch whose plan gave the logger's shares
-        self.logger = StepLogger(self.log_path, bucket_shares=bucket_token_shares(
-            self.sampler.plan), num_buckets=len(self.sampler.edges or [0]),
-            rank=self.rank, world_size=self.world, **(log_sinks or {}))
+        # both logs take the plan's bucket shares and one entry per bucket edge
+        log_options = {"bucket_shares": bucket_token_shares(self.sampler.plan),
+                       "num_buckets": len(self.sampler.edges or [0]), "rank": self.rank,
+                       "world_size": self.world}
+        self.logger = StepLogger(self.log_path, **log_options, **(log_sinks or {}))
         # the guard writes no events of its own: a skipped step is marked in its step record
         # (``skipped``), and an event line carrying ``step`` and ``loss`` would read as a
         # second record of that step to log readers
@@ -279,10 +278,7 @@ class TrainLoop:
             if self.rank == 0 and not self.resumed_from:
                 for path in (micro_path, rolled_back_path(micro_path)):
                     path.unlink(missing_ok=True)
-            self.micro_logger = StepLogger(
-                micro_path, bucket_shares=bucket_token_shares(self.sampler.plan),
-                num_buckets=len(self.sampler.edges or [0]), rank=self.rank,
-                world_size=self.world)
+            self.micro_logger = StepLogger(micro_path, **log_options)
             if self.resumed_from is not None:
                 _resume_log(self.micro_logger, extra.get(MICRO_LOG_STATE), self.step_count,
                             self.resumed_from, key="optimizer_step")
@@ -311,7 +307,6 @@ class TrainLoop:
 
     def step(self) -> dict[str, Any]:
         """Train one optimizer step and return its log record."""
-
         self.logger.reset_timer()
         micro = []
         steps = self.batches.next()
@@ -406,11 +401,10 @@ class TrainLoop:
         Each epoch has its own plan, and ``random`` labels a micro-batch by its
         longest sample, so each epoch holds its own set of buckets.
         """
-        from lengthwise.train import bucket_token_shares
-
-        self.logger.set_bucket_shares(bucket_token_shares(self.sampler.plan))
+        shares = bucket_token_shares(self.sampler.plan)
+        self.logger.set_bucket_shares(shares)
         if self.micro_logger is not None:
-            self.micro_logger.set_bucket_shares(bucket_token_shares(self.sampler.plan))
+            self.micro_logger.set_bucket_shares(shares)
         self._shares_epoch = self.sampler.epoch
 
     def close(self) -> None:
