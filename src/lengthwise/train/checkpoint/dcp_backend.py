@@ -118,31 +118,25 @@ class SafeReader(FileSystemReader):
         return super().read_metadata(*args, **kwargs)
 
 
-class _SafeBytes:
-    """``load_bytes`` with ``weights_only=True``; ``refused`` names a value that held more."""
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """A ``DefaultLoadPlanner`` that reads non-tensor values with ``weights_only=True``.
+
+    ``refused`` names a value that held anything else (then the load fails).
+    """
 
     refused: str | None = None
 
     def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-
         fqn = read_item.dest_index.fqn
         try:
             obj = torch.load(value, weights_only=True)
         except pickle.UnpicklingError:
             self.refused = fqn
             raise
-        if self.flatten_state_dict:  # type: ignore[attr-defined]
-            set_element(self.original_state_dict,  # type: ignore[attr-defined]
-                        self.mappings[fqn], obj)  # type: ignore[attr-defined]
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[fqn], obj)
         else:
-            self.state_dict[fqn] = obj  # type: ignore[attr-defined]
-
-
-class SafeLoadPlanner(_SafeBytes, DefaultLoadPlanner):
-    """A ``DefaultLoadPlanner`` that reads non-tensor values with ``weights_only=True``.
-
-    ``refused`` names a value that held anything else (then the load fails).
-    """
+            self.state_dict[fqn] = obj
 
 
 _NO_DIST_NOTICE = "torch.distributed is disabled, unavailable or uninitialized, assuming"
