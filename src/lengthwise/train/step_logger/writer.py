@@ -247,17 +247,14 @@ class LogWriter:
                 if kind in ("record", "event"):
                     self._write(kind, *payload)
                     dirty = True
-                elif kind in ("flush", "stop"):
-                    self._flush()
-                    dirty = False
-                    last_flush = time.monotonic()
                 elif kind == "rewrite":
                     change, box, done = payload
                     try:
                         self._rewrite(change, box)
                     finally:
                         done.set()
-                if dirty and time.monotonic() - last_flush >= self.flush_every_s:
+                if kind in ("flush", "stop") or (
+                        dirty and time.monotonic() - last_flush >= self.flush_every_s):
                     self._flush()
                     dirty = False
                     last_flush = time.monotonic()
