@@ -144,12 +144,9 @@ _NO_DIST_NOTICE = "torch.distributed is disabled, unavailable or uninitialized, 
 
 def _target(path: Path, info: GroupInfo | None, process_group: Any) -> dict[str, Any]:
     """The ``checkpoint_id`` and either ``no_dist`` or the ``process_group`` of a dcp call."""
-    kwargs: dict[str, Any] = {"checkpoint_id": str(path)}
     if info is None:
-        kwargs["no_dist"] = True
-    else:
-        kwargs["process_group"] = process_group
-    return kwargs
+        return {"checkpoint_id": str(path), "no_dist": True}
+    return {"checkpoint_id": str(path), "process_group": process_group}
 
 
 def save_dcp(state: TrainingState, tmp: Path, info: GroupInfo | None,

@@ -42,13 +42,9 @@ from lengthwise.train.step_logger.record import is_tensor
 
 def json_default(x: Any) -> Any:
     """NumPy scalars and arrays, tensors and paths as JSON values."""
-    if isinstance(x, np.integer):
-        return int(x)
     if isinstance(x, np.floating):
         return float(x)
-    if isinstance(x, np.bool_):
-        return bool(x)
-    if isinstance(x, np.ndarray):
+    if isinstance(x, np.integer | np.bool_ | np.ndarray):
         return x.tolist()
     if is_tensor(x):
         return x.detach().cpu().tolist()
