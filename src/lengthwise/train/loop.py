@@ -388,10 +388,11 @@ class TrainLoop:
                 extra_state[MICRO_LOG_STATE] = self.micro_logger.state_dict()
             if self.guard is not None:
                 extra_state["spike_guard"] = self.guard.state_dict()
+            files = getattr(self.task, "checkpoint_files", None)  # a task's optional files
             self.checkpointer.save(self.step_count, model=self.task.model,
                                    optimizer=self.optimizer, scheduler=self.scheduler,
                                    sampler=self.sampler, extra=extra_state,
-                                   files=_checkpoint_files(self.task))
+                                   files=files() if files is not None else None)
             self._saved_step = self.step_count
         return True
 
@@ -442,9 +443,3 @@ def _resume_log(logger: Any, state: Any, step: int, checkpoint: str, key: str = 
     except ConfigError as exc:
         raise CorruptCheckpointError(f"{checkpoint}: its step-log state cannot be read: "
                                      f"{exc}") from exc
-
-
-def _checkpoint_files(task: Any) -> dict[str, str] | None:
-    """Files a task saves with every checkpoint (its optional ``checkpoint_files()``)."""
-    make = getattr(task, "checkpoint_files", None)
-    return make() if make is not None else None
