@@ -127,11 +127,8 @@ def fit_cost(rows: Iterable[int], padded_len: Iterable[int], seconds: Iterable[f
         >>> round(fit.a, 9), round(fit.b, 9), round(fit.c, 9), round(fit.overhead, 9)
         (3.0, 0.5, 7.0, 0.0)
     """
-    r = np.asarray(list(rows) if not isinstance(rows, np.ndarray) else rows, dtype=np.float64)
-    p = np.asarray(list(padded_len) if not isinstance(padded_len, np.ndarray) else padded_len,
-                   dtype=np.float64)
-    t = np.asarray(list(seconds) if not isinstance(seconds, np.ndarray) else seconds,
-                   dtype=np.float64)
+    r, p, t = (np.asarray(v if isinstance(v, np.ndarray) else list(v), dtype=np.float64)
+               for v in (rows, padded_len, seconds))
     if not (r.ndim == p.ndim == t.ndim == 1 and r.size == p.size == t.size):
         raise DataError("rows, padded_len and seconds must be 1-D and of one length")
     if not (np.all(np.isfinite(t)) and np.all(t > 0)):

@@ -404,8 +404,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         if self.window is not None:
             cur = self._windowed()
             return len(cur) - cur.yielded
-        done = self._pending if self._pending is not None else self._yielded
-        return max(0, len(self) - done)
+        return max(0, len(self) - self._position())
 
     def __iter__(self) -> Iterator[list[int] | list[list[int]]]:
         # not a generator: the loader that calls iter() is looked up now, so that the state

@@ -44,7 +44,7 @@ def setup_distributed(device: str = "cpu") -> GroupInfo | None:
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             tdist.init_process_group(backend=backend)
             _JOINED.append(True)
-            atexit.register(_leave_group)
+            atexit.register(leave_group)  # at exit: leave at once (wait=False)
     return group_info()
 
 
@@ -68,10 +68,6 @@ def leave_group(wait: bool = False) -> None:
             tdist.barrier()
         tdist.destroy_process_group()
     _JOINED.clear()
-
-
-def _leave_group() -> None:
-    leave_group(wait=False)
 
 
 def rank_world(info: GroupInfo | None) -> tuple[int, int]:

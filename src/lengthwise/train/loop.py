@@ -250,9 +250,11 @@ class TrainLoop:
                 for path in (self.log_path, rolled_back_path(self.log_path)):
                     path.unlink(missing_ok=True)
         self._shares_epoch = self.sampler.epoch  # the epoch whose plan gave the logger's shares
-        self.logger = StepLogger(self.log_path, bucket_shares=bucket_token_shares(
-            self.sampler.plan), num_buckets=len(self.sampler.edges or [0]),
-            rank=self.rank, world_size=self.world, **(log_sinks or {}))
+        # both logs take the plan's bucket shares and one entry per bucket edge
+        log_options = {"bucket_shares": bucket_token_shares(self.sampler.plan),
+                       "num_buckets": len(self.sampler.edges or [0]), "rank": self.rank,
+                       "world_size": self.world}
+        self.logger = StepLogger(self.log_path, **log_options, **(log_sinks or {}))
         # the guard writes no events of its own: a skipped step is marked in its step record
         # (``skipped``), and an event line carrying ``step`` and ``loss`` would read as a
         # second record of that step to log readers
@@ -276,10 +278,7 @@ class TrainLoop:
             if self.rank == 0 and not self.resumed_from:
                 for path in (micro_path, rolled_back_path(micro_path)):
                     path.unlink(missing_ok=True)
-            self.micro_logger = StepLogger(
-                micro_path, bucket_shares=bucket_token_shares(self.sampler.plan),
-                num_buckets=len(self.sampler.edges or [0]), rank=self.rank,
-                world_size=self.world)
+            self.micro_logger = StepLogger(micro_path, **log_options)
             if self.resumed_from is not None:
                 _resume_log(self.micro_logger, extra.get(MICRO_LOG_STATE), self.step_count,
                             self.resumed_from, key="optimizer_step")
@@ -308,7 +307,6 @@ class TrainLoop:
 
     def step(self) -> dict[str, Any]:
         """Train one optimizer step and return its log record."""
-
         self.logger.reset_timer()
         micro = []
         steps = self.batches.next()
@@ -390,10 +388,11 @@ class TrainLoop:
                 extra_state[MICRO_LOG_STATE] = self.micro_logger.state_dict()
             if self.guard is not None:
                 extra_state["spike_guard"] = self.guard.state_dict()
+            files = getattr(self.task, "checkpoint_files", None)  # a task's optional files
             self.checkpointer.save(self.step_count, model=self.task.model,
                                    optimizer=self.optimizer, scheduler=self.scheduler,
                                    sampler=self.sampler, extra=extra_state,
-                                   files=_checkpoint_files(self.task))
+                                   files=files() if files is not None else None)
             self._saved_step = self.step_count
         return True
 
@@ -403,11 +402,10 @@ class TrainLoop:
         Each epoch has its own plan, and ``random`` labels a micro-batch by its
         longest sample, so each epoch holds its own set of buckets.
         """
-        from lengthwise.train import bucket_token_shares
-
-        self.logger.set_bucket_shares(bucket_token_shares(self.sampler.plan))
+        shares = bucket_token_shares(self.sampler.plan)
+        self.logger.set_bucket_shares(shares)
         if self.micro_logger is not None:
-            self.micro_logger.set_bucket_shares(bucket_token_shares(self.sampler.plan))
+            self.micro_logger.set_bucket_shares(shares)
         self._shares_epoch = self.sampler.epoch
 
     def close(self) -> None:
@@ -445,9 +443,3 @@ def _resume_log(logger: Any, state: Any, step: int, checkpoint: str, key: str = 
     except ConfigError as exc:
         raise CorruptCheckpointError(f"{checkpoint}: its step-log state cannot be read: "
                                      f"{exc}") from exc
-
-
-def _checkpoint_files(task: Any) -> dict[str, str] | None:
-    """Files a task saves with every checkpoint (its optional ``checkpoint_files()``)."""
-    make = getattr(task, "checkpoint_files", None)
-    return make() if make is not None else None

@@ -205,19 +205,16 @@ class PackCollator:
     def __call__(self, samples: Sequence[Any]) -> dict[str, Any]:
         samples = check_batch(samples, "PackCollator")
         rows = sample_rows(samples, self.fields, self.max_length, self.row_capacity)
+        row_tokens = [sum(s["input_ids"].size for s in row) for row in rows]
         self._calls += 1
         if self.budget is not None:
             flat = self.row_capacity is None and not isinstance(samples[0], (list, tuple))
-            self.budget.check_packed([sum(s["input_ids"].size for s in row) for row in rows],
-                                     batch=self._calls - 1, rows_known=not flat)
-        real = sum(s["input_ids"].size for row in rows for s in row)
+            self.budget.check_packed(row_tokens, batch=self._calls - 1, rows_known=not flat)
         segments: list[dict[str, np.ndarray]] = []
-        for row in rows:
+        for row, used in zip(rows, row_tokens, strict=True):
             segments.extend(row)
-            if self.pad_to_capacity:
-                free = self.row_capacity - sum(s["input_ids"].size for s in row)
-                if free > 0:
-                    segments.append(self._filler(free, row[0]))
+            if self.pad_to_capacity and used < self.row_capacity:
+                segments.append(self._filler(self.row_capacity - used, row[0]))
         seg_lens = np.array([s["input_ids"].size for s in segments], dtype=np.int64)
         cu = np.concatenate(([0], np.cumsum(seg_lens)))
         total = int(cu[-1])
@@ -246,7 +243,7 @@ class PackCollator:
         if self.mask_dtype is not None:
             batch["attention_mask"] = packed_attention_mask(batch["position_ids"], self.mask_dtype)
         if self.metadata:
-            batch["real_tokens"] = int(real)
+            batch["real_tokens"] = int(sum(row_tokens))
             batch["padded_tokens"] = (len(rows) * self.row_capacity if self.row_capacity
                                       else total)
             batch["samples"] = sum(len(row) for row in rows)

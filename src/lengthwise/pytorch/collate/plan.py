@@ -100,10 +100,9 @@ def _truncate(sample: Any, limit: int) -> Any:
         return sample
     if n <= limit:
         return sample
-    out = dict(sample)
+    out = dict(sample, input_ids=sample["input_ids"][:limit])
     for key, value in sample.items():
         if key == "input_ids" or isinstance(value, (str, bytes)):
-            out[key] = value[:limit] if key == "input_ids" else value
             continue
         try:
             size = len(value)

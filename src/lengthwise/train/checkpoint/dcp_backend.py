@@ -118,8 +118,11 @@ class SafeReader(FileSystemReader):
         return super().read_metadata(*args, **kwargs)
 
 
-class _SafeBytes:
-    """``load_bytes`` with ``weights_only=True``; ``refused`` names a value that held more."""
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """A ``DefaultLoadPlanner`` that reads non-tensor values with ``weights_only=True``.
+
+    ``refused`` names a value that held anything else (then the load fails).
+    """
 
     refused: str | None = None
 
@@ -130,18 +133,10 @@ class _SafeBytes:
         except pickle.UnpicklingError:
             self.refused = fqn
             raise
-        if self.flatten_state_dict:  # type: ignore[attr-defined]
-            set_element(self.original_state_dict,  # type: ignore[attr-defined]
-                        self.mappings[fqn], obj)  # type: ignore[attr-defined]
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[fqn], obj)
         else:
-            self.state_dict[fqn] = obj  # type: ignore[attr-defined]
-
-
-class SafeLoadPlanner(_SafeBytes, DefaultLoadPlanner):
-    """A ``DefaultLoadPlanner`` that reads non-tensor values with ``weights_only=True``.
-
-    ``refused`` names a value that held anything else (then the load fails).
-    """
+            self.state_dict[fqn] = obj
 
 
 _NO_DIST_NOTICE = "torch.distributed is disabled, unavailable or uninitialized, assuming"
@@ -149,12 +144,9 @@ _NO_DIST_NOTICE = "torch.distributed is disabled, unavailable or uninitialized, 
 
 def _target(path: Path, info: GroupInfo | None, process_group: Any) -> dict[str, Any]:
     """The ``checkpoint_id`` and either ``no_dist`` or the ``process_group`` of a dcp call."""
-    kwargs: dict[str, Any] = {"checkpoint_id": str(path)}
     if info is None:
-        kwargs["no_dist"] = True
-    else:
-        kwargs["process_group"] = process_group
-    return kwargs
+        return {"checkpoint_id": str(path), "no_dist": True}
+    return {"checkpoint_id": str(path), "process_group": process_group}
 
 
 def save_dcp(state: TrainingState, tmp: Path, info: GroupInfo | None,

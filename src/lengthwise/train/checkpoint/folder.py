@@ -200,15 +200,16 @@ def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
         >>> list_checkpoints(tempfile.mkdtemp())
         []
     """
-    root = Path(directory)
+    return [path for _, path in _step_folders(Path(directory))
+            if path.is_dir() and read_manifest(path) is not None]
+
+
+def _step_folders(root: Path) -> list[tuple[int, Path]]:
+    """``(step, path)`` of every ``step_N`` entry under ``root``, oldest step first."""
     if not root.is_dir():
         return []
-    found = []
-    for child in root.iterdir():
-        match = STEP_DIR.match(child.name)
-        if match and child.is_dir() and read_manifest(child) is not None:
-            found.append((int(match.group(1)), child))
-    return [path for _, path in sorted(found)]
+    return sorted((int(match.group(1)), child) for child in root.iterdir()
+                  if (match := STEP_DIR.match(child.name)))
 
 
 def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
@@ -223,15 +224,9 @@ def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
         >>> latest_checkpoint(tempfile.mkdtemp()) is None
         True
     """
-    root = Path(directory)
-    if not root.is_dir():
-        return None
-    marked = []  # step folders with a manifest file, valid or not
-    for child in root.iterdir():
-        match = STEP_DIR.match(child.name)
-        if match and (child / MANIFEST).is_file():
-            marked.append((int(match.group(1)), child))
-    for _, path in sorted(marked, reverse=True):
+    # step folders with a manifest file, valid or not
+    marked = [path for _, path in _step_folders(Path(directory)) if (path / MANIFEST).is_file()]
+    for path in reversed(marked):
         manifest = read_manifest(path)
         if manifest is not None and is_older_format(manifest):
             return path  # complete; loading it says that this version does not read it
@@ -250,8 +245,7 @@ def previous_good(path: Path) -> str:
     """Where to resume instead of the broken checkpoint ``path``: a sentence for an error."""
     match = STEP_DIR.match(path.name)
     step = int(match.group(1)) if match else None
-    for older in reversed(list_checkpoints(path.parent)):
-        older_step = int(STEP_DIR.match(older.name).group(1))  # type: ignore[union-attr]
+    for older_step, older in reversed(_step_folders(path.parent)):  # incomplete: not verified
         if older == path or (step is not None and older_step >= step):
             continue
         try:

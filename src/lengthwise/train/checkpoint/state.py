@@ -1,8 +1,6 @@
 """What a checkpoint captures besides the tensors (RNG states, scheduler, sampler, step,
 extra), and that state as JSON text.
 
-The training state besides the model's and optimizer's tensors, as JSON text.
-
 A checkpoint keeps its step, ``extra``, RNG, scheduler and sampler states as JSON,
 so reading it back builds plain data and never runs code. JSON's own types (dicts
 with string keys, lists, strings, numbers, booleans, ``None``) are written as they

@@ -366,7 +366,16 @@ class StepLogger:
         now = time.perf_counter()
         seconds = now - self._t_prev
         self._t_prev = now
-        rec = self._build_record(vec, ids, step, epoch, lr, grad_norm, bool(skipped), seconds)
+        skipped = bool(skipped)
+        columns = bucket_columns(vec)
+        offset = self._bucket_losses.expected_offset(columns, self.shares, ids)
+        buckets = self._bucket_losses.add(columns, skipped, self.steps_logged, ids)
+        if skipped:
+            self.skipped_total += 1
+        rec = step_record(vec, step=step, epoch=epoch, lr=lr, grad_norm=grad_norm,
+                          seconds=seconds, buckets=buckets,
+                          bucket_loss=self._bucket_losses.means(), offset=offset,
+                          skipped=skipped, skipped_total=self.skipped_total)
         rec.update(fields)
         self._last_step = step
         self.steps_logged += 1
@@ -520,18 +529,6 @@ class StepLogger:
                 f"writing the training log {self.path} failed: {self._writer.error}"
             ) from self._writer.error
 
-    def _build_record(self, vec: np.ndarray, ids: np.ndarray, step: int, epoch: Any, lr: Any,
-                      grad_norm: Any, skipped: bool, seconds: float) -> dict[str, Any]:
-        columns = bucket_columns(vec)
-        offset = self._bucket_losses.expected_offset(columns, self.shares, ids)
-        buckets = self._bucket_losses.add(columns, skipped, self.steps_logged, ids)
-        if skipped:
-            self.skipped_total += 1
-        return step_record(vec, step=step, epoch=epoch, lr=lr, grad_norm=grad_norm,
-                           seconds=seconds, buckets=buckets,
-                           bucket_loss=self._bucket_losses.means(), offset=offset,
-                           skipped=skipped, skipped_total=self.skipped_total)
-
 
 def _items(column: Any) -> list[Any]:
     """The entries of a 1-D sequence, array or tensor as Python values."""
@@ -575,10 +572,8 @@ def _checked_sample_losses(sample_losses: Any, weights: list[float] | None) -> A
 
 def _scalar_loss(loss: Any) -> Any:
     """A micro-batch loss: a detached scalar tensor (read later), a float, or ``None``."""
-    if loss is not None and is_tensor(loss):
-        if loss.numel() != 1:
-            raise ConfigError(f"loss must be a scalar, got shape {tuple(loss.shape)}")
-        return loss.detach()
-    if loss is not None:
-        return to_float(loss, "loss")
-    return loss
+    if not is_tensor(loss):
+        return to_float(loss, "loss")  # None stays None
+    if loss.numel() != 1:
+        raise ConfigError(f"loss must be a scalar, got shape {tuple(loss.shape)}")
+    return loss.detach()

@@ -42,13 +42,9 @@ from lengthwise.train.step_logger.record import is_tensor
 
 def json_default(x: Any) -> Any:
     """NumPy scalars and arrays, tensors and paths as JSON values."""
-    if isinstance(x, np.integer):
-        return int(x)
     if isinstance(x, np.floating):
         return float(x)
-    if isinstance(x, np.bool_):
-        return bool(x)
-    if isinstance(x, np.ndarray):
+    if isinstance(x, np.integer | np.bool_ | np.ndarray):
         return x.tolist()
     if is_tensor(x):
         return x.detach().cpu().tolist()
@@ -247,17 +243,14 @@ class LogWriter:
                 if kind in ("record", "event"):
                     self._write(kind, *payload)
                     dirty = True
-                elif kind in ("flush", "stop"):
-                    self._flush()
-                    dirty = False
-                    last_flush = time.monotonic()
                 elif kind == "rewrite":
                     change, box, done = payload
                     try:
                         self._rewrite(change, box)
                     finally:
                         done.set()
-                if dirty and time.monotonic() - last_flush >= self.flush_every_s:
+                if kind in ("flush", "stop") or (
+                        dirty and time.monotonic() - last_flush >= self.flush_every_s):
                     self._flush()
                     dirty = False
                     last_flush = time.monotonic()
