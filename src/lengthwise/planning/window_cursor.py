@@ -63,10 +63,6 @@ def resume_window(plan: WindowedPlan, w: int, segments: list[tuple[int, int, int
         done = np.union1d(done, win.ids[win.plan.indices[:cut]])
         if done.size >= size:
             return None
-    if done.size >= size:
-        return None
-    if not segments:
-        return plan.plan_window(w, world_size=world_size, grad_accum=grad_accum)
     return plan.plan_window(w, world_size=world_size, grad_accum=grad_accum, exclude=done)
 
 
@@ -127,8 +123,7 @@ class WindowCursor:
             raise ConfigError(f"rank {rank} out of range for world_size {self.world_size}")
         while self.window < self.plan.num_windows:
             win = self.current()
-            count = 0 if win is None else win.num_batches
-            while self.position < count:
+            while self.position < self._count():
                 k = rank + self.position * self.world_size
                 self.position += 1  # before the yield: a state taken now includes this batch
                 yield win.batch_rows(k) if rows else win.batch(k)

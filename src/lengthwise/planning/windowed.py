@@ -114,11 +114,6 @@ class Window:
         return [self.ids[r] for r in self.plan.batch_rows(k)]
 
 
-def _check_window(values: np.ndarray, ids: np.ndarray, what: str = "lengths") -> np.ndarray:
-    """Validate one window's lengths; errors name the sample id, as whole-epoch errors do."""
-    return validate_lengths(values, what=what, rows=ids)
-
-
 def _over(values: np.ndarray, config: PlanConfig) -> np.ndarray:
     """Rows of ``values`` that ``on_overflow="error"`` refuses (none under other policies)."""
     limit = config.sample_limit()
@@ -221,9 +216,7 @@ class WindowedPlan:
             if isinstance(self.config.buckets, tuple):
                 self._edges = list(self.config.buckets)
             else:
-                ids = self.window_ids(0, epoch=0)
-                values = _check_window(np.asarray(self.lengths[ids]), ids, self._what)
-                self._check_overflow()
+                _, values = self._window_values(0, epoch=0)
                 lens, kept, _ = prepare_lengths(values, self.config)
                 edges, self._edges_note = resolved_edges(lens, kept, self.config)
                 self._edges = list(edges)
@@ -267,8 +260,8 @@ class WindowedPlan:
             top, first, longer = 0, None, 0
             for start in range(0, self.num_samples, SCAN_CHUNK):
                 ids = np.arange(start, min(start + SCAN_CHUNK, self.num_samples))
-                values = _check_window(np.asarray(self.lengths[start : ids[-1] + 1]), ids,
-                                       self._what)
+                values = validate_lengths(np.asarray(self.lengths[start : ids[-1] + 1]),
+                                          what=self._what, rows=ids)
                 over = _over(values, self.config)
                 if over.size:
                     first = first or (int(ids[over[0]]), int(values[over[0]]))
@@ -313,9 +306,7 @@ class WindowedPlan:
                 "world_size", world_size),
             grad_accum=self.grad_accum if grad_accum is None else whole_number(
                 "grad_accum", grad_accum))
-        ids = self.window_ids(w)
-        values = _check_window(np.asarray(self.lengths[ids]), ids, self._what)
-        self._check_overflow()
+        ids, values = self._window_values(w)
         local = None
         if exclude is not None and exclude.size:
             local = np.flatnonzero(~np.isin(ids, exclude, assume_unique=True))
@@ -329,10 +320,15 @@ class WindowedPlan:
             self._counts[w] = plan.num_batches
         return out
 
-    def _check_overflow(self) -> None:
-        """Under ``on_overflow="error"``, refuse a sample over the budget before planning."""
+    def _window_values(self, w: int, epoch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Sample ids and checked lengths of window ``w``; errors name the sample id, as
+        whole-epoch errors do. Under ``on_overflow="error"``, refuses a sample over the budget
+        before planning."""
+        ids = self.window_ids(w, epoch)
+        values = validate_lengths(np.asarray(self.lengths[ids]), what=self._what, rows=ids)
         if self.config.on_overflow == "error":
             self.longest()  # reads every length once: the error counts them all
+        return ids, values
 
     def windows(self, start: int = 0) -> Iterator[Window]:
         """The planned windows from ``start`` on, one at a time."""
@@ -348,9 +344,7 @@ class WindowedPlan:
 
     def _count_window(self, w: int) -> int:
         if self.config.layout == "pad" and self.config.order not in SEQUENCE_ORDERS:
-            ids = self.window_ids(w)
-            values = _check_window(np.asarray(self.lengths[ids]), ids, self._what)
-            self._check_overflow()
+            _, values = self._window_values(w)
             with warnings.catch_warnings():  # the window warns about cut tokens when planned
                 warnings.simplefilter("ignore", UserWarning)
                 count = padded_batch_count(values, self._window_config(values, self.config))
