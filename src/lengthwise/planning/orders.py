@@ -20,11 +20,6 @@ from lengthwise.errors import ConfigError
 from lengthwise.planning.sorting import stable_argsort
 
 
-def random_order(num_batches: int, rng: np.random.Generator) -> np.ndarray:
-    """Batches in random order (the bucketed shuffle's batch order)."""
-    return rng.permutation(num_batches)
-
-
 def _run_positions(groups: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For an array of group ids laid out in contiguous runs: (run id, index in run, run size)."""
     starts = np.flatnonzero(np.concatenate(([True], groups[1:] != groups[:-1])))

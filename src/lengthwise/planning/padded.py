@@ -221,7 +221,7 @@ def _order(off: np.ndarray, tag: np.ndarray, longest: np.ndarray, sample_lens: n
     if config.order in SEQUENCE_ORDERS:
         return np.arange(m)
     if config.order == "bucket-random":
-        return orders.random_order(m, o)
+        return o.permutation(m)  # the bucketed shuffle: batches in random order
     if config.order == "interleave":
         perm = orders.interleave(tag, o, config.world_size)
         return orders.limit_runs(perm, tag, config.world_size, config.max_run)
