@@ -339,10 +339,7 @@ def rank_imbalance(cost_of: np.ndarray, world_size: int) -> dict:
 
 def _same_bucket_run(longest: np.ndarray, edges: Sequence[int] | None, world_size: int) -> int:
     """Longest run of micro-batches from one bucket (one longest length without edges)."""
-    if edges is not None:
-        tags = np.searchsorted(np.asarray(edges), longest, side="left")
-    else:
-        tags = longest
+    tags = longest if edges is None else np.searchsorted(np.asarray(edges), longest, side="left")
     return longest_runs(tags, world_size)
 
 
