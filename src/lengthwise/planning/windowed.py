@@ -76,9 +76,7 @@ def resolve_window(window: int | str | None, num_samples: int) -> int | None:
     """
     if window is None:
         return None
-    if isinstance(window, str):
-        if window != "auto":
-            raise ConfigError(f"window must be a number of samples, 'auto' or None, got {window!r}")
+    if isinstance(window, str) and window == "auto":
         return AUTO_WINDOW if num_samples > AUTO_WINDOW_ABOVE else None
     if isinstance(window, bool) or not isinstance(window, (int, np.integer)):
         raise ConfigError(f"window must be a number of samples, 'auto' or None, got {window!r}")
