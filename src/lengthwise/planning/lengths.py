@@ -105,6 +105,7 @@ def validate_lengths(values: np.ndarray | Iterable[float], *, what: str = "lengt
     if arr.dtype == object:
         arr = _object_lengths(arr, what, rows)
     check_dtype(arr, what)
+
     def refuse_first(bad: np.ndarray, problem: str) -> None:
         if bad.any():
             row = int(np.flatnonzero(bad)[0])

@@ -123,7 +123,8 @@ class WindowCursor:
             raise ConfigError(f"rank {rank} out of range for world_size {self.world_size}")
         while self.window < self.plan.num_windows:
             win = self.current()
-            while self.position < self._count():
+            count = 0 if win is None else win.num_batches
+            while self.position < count:
                 k = rank + self.position * self.world_size
                 self.position += 1  # before the yield: a state taken now includes this batch
                 yield win.batch_rows(k) if rows else win.batch(k)
