@@ -80,7 +80,7 @@ def register(subparsers) -> None:
 
 
 def _plan_with_recomposition(lengths: np.ndarray, config: PlanConfig, seed: int, epoch: int,
-                             formed: dict | None = None) -> dict:
+                             formed: dict) -> dict:
     """One order's plan and its figures, ``recomposition`` against the next epoch's batches.
 
     ``formed`` keeps the next epoch's padded batch sets by :func:`_formation`, so that the
@@ -93,7 +93,6 @@ def _plan_with_recomposition(lengths: np.ndarray, config: PlanConfig, seed: int,
     plan = plan_epoch(lengths, config, seed=seed, epoch=epoch)
     stats = dict(plan.stats)
     if config.layout == "pad":  # the next epoch's batches, not their order
-        formed = {} if formed is None else formed
         key = _formation(plan)
         if key not in formed:
             formed[key] = padded_batch_sets(lengths, plan.config, seed=plan.seed,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import sys
 import sysconfig
 import warnings
 from collections.abc import Iterator
@@ -46,12 +47,8 @@ def stdlib_root() -> Path:
 
 
 def _source_files(root: Path) -> list[Path]:
-    files = []
-    for path in root.rglob("*.py"):
-        rel = path.relative_to(root).parts
-        if _SKIP_DIRS.intersection(rel[:-1]):
-            continue
-        files.append(path)
+    files = [path for path in root.rglob("*.py")
+             if not _SKIP_DIRS.intersection(path.relative_to(root).parts[:-1])]
     return sorted(files, key=lambda p: p.relative_to(root).as_posix())
 
 
@@ -86,17 +83,13 @@ def stdlib_docstrings(root: str | Path | None = None, *, limit_files: int | None
     files = _source_files(base)
     if limit_files is not None:
         files = files[:limit_files]
-    seen: set[str] = set()
-    out: list[str] = []
+    docs: list[str] = []
     for path in files:
         try:
-            docs = list(_docstrings(path.read_bytes()))
+            docs += list(_docstrings(path.read_bytes()))
         except (SyntaxError, ValueError, OSError, RecursionError, MemoryError):
             continue
-        for doc in docs:
-            if doc not in seen:
-                seen.add(doc)
-                out.append(doc)
+    out = list(dict.fromkeys(docs))
     if not out:
         raise DataError(f"found no docstrings in the .py files below {base}")
     return out
@@ -194,8 +187,6 @@ def load_corpus(data: str | Path | None = None, *, cache_dir: str | Path | None 
         return load_texts(data)
     if cache_dir is None:
         return stdlib_docstrings()
-    import sys
-
     root = stdlib_root()
     key = hashlib.sha256(f"{root}|{sys.version}".encode()).hexdigest()[:12]
     path = Path(cache_dir) / f"stdlib-docstrings-{key}.json"

@@ -82,10 +82,7 @@ def common_region(logs: dict[str, str | Path]) -> tuple[int, int]:
         starts.append(float(phases.start))
         ends.append(float(log.step[-1]))
     end = int(min(ends))
-    first = 1
-    start = int(math.ceil(max(starts)))
-    start = max(first, min(start, end - MIN_REGION + 1))
-    return start, end
+    return max(1, min(int(math.ceil(max(starts))), end - MIN_REGION + 1)), end
 
 
 def diagnose_runs(logs: dict[str, str | Path], *, region: tuple[int, int] | None = None,
@@ -101,12 +98,10 @@ def diagnose_runs(logs: dict[str, str | Path], *, region: tuple[int, int] | None
     """
     from lengthwise.doctor import diagnose
 
+    start, end = region or (None, None)
     out = {}
     for name, path in logs.items():
-        if region is None:
-            report = diagnose(str(path), timing=False)
-        else:
-            report = diagnose(str(path), start=region[0], end=region[1], timing=False)
+        report = diagnose(str(path), start=start, end=end, timing=False)
         noise = report.noise
         out[name] = {
             "loss_roughness": float(report.stats.loss_roughness),
@@ -120,10 +115,14 @@ def diagnose_runs(logs: dict[str, str | Path], *, region: tuple[int, int] | None
     return out
 
 
-def _fmt(value: Any, spec: str) -> str:
+def _cell(row: dict[str, Any], key: str) -> str:
+    """The figure ``key`` of ``row`` as a table shows it."""
+    value = row.get(key)
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"
-    return format(value, spec)
+    return format(value, _FORMATS.get(key, ".4g"))
 
 
 _FORMATS = dict(TABLE_COLUMNS) | {
@@ -150,9 +149,7 @@ def format_columns(rows: dict[str, dict[str, Any]], keys: tuple[str, ...], *,
         -----------------
         eval_loss  4.5000
     """
-    cells = {name: [("yes" if r.get(k) else "no") if isinstance(r.get(k), bool)
-                    else _fmt(r.get(k), _FORMATS.get(k, ".4g")) for k in keys]
-             for name, r in rows.items()}
+    cells = {name: [_cell(r, k) for k in keys] for name, r in rows.items()}
     widths = [max(len(k), 8) for k in keys]
     head = f"{'order':<14} " + " ".join(f"{k:>{w}}" for k, w in zip(keys, widths, strict=True))
     if width is None or len(head) <= width:
@@ -196,11 +193,7 @@ def format_markdown(rows: dict[str, dict[str, Any]],
     out = ["| order | " + " | ".join(keys) + " | verdict |",
            "|---|" + "---:|" * len(keys) + "---|"]
     for name, r in rows.items():
-        cells = []
-        for k in keys:
-            value = r.get(k)
-            cells.append(("yes" if value else "no") if isinstance(value, bool)
-                         else _fmt(value, _FORMATS.get(k, ".4g")))
+        cells = [_cell(r, k) for k in keys]
         out.append(f"| {name} | " + " | ".join(cells) + f" | {r.get('verdict') or '-'} |")
     return "\n".join(out)
 
@@ -271,12 +264,8 @@ def residual_ticks(offsets: list[float], spacing: float) -> tuple[list[float], l
         ([-0.1, 0.0, 0.1, -0.5, -0.4, -0.3], ['-0.1', '0', '+0.1'])
     """
     q = spacing / 4
-    ticks: list[float] = []
-    labels: list[str] = []
-    for offset in offsets:
-        ticks.extend([offset - q, offset, offset + q])
-        labels.extend([f"-{q:.2g}", "0", f"+{q:.2g}"])
-    return ticks, labels
+    ticks = [t for offset in offsets for t in (offset - q, offset, offset + q)]
+    return ticks, [f"-{q:.2g}", "0", f"+{q:.2g}"] * len(offsets)
 
 
 def plot_curves(curves: dict[str, list[float]], path: str | Path, *,

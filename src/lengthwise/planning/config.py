@@ -205,10 +205,7 @@ class PlanConfig:
         """
         split = self.layout == "pack" and self.on_overflow == "split"
         cap = None if split else self.row_limit().max_length()
-        limit = self.max_len
-        if cap is not None and (limit is None or cap < limit):
-            limit = cap
-        return limit
+        return min((x for x in (cap, self.max_len) if x is not None), default=None)
 
     def fingerprint(self, lengths: np.ndarray | None = None) -> int:
         """A 32-bit checksum of the configuration (and lengths), to detect a changed plan.

@@ -105,29 +105,19 @@ def validate_lengths(values: np.ndarray | Iterable[float], *, what: str = "lengt
     if arr.dtype == object:
         arr = _object_lengths(arr, what, rows)
     check_dtype(arr, what)
-    if arr.dtype.kind in "uf":
-        big = arr >= MAX_LENGTH
-        if big.any():
-            row = int(np.flatnonzero(big)[0])
-            raise LengthError(f"{what}, row {_named(row, rows)}: {arr[row].item()!r} is too "
-                              "large for a length (must be below 2**63)")
-    if arr.dtype.kind == "f":
-        bad = ~np.isfinite(arr)
+
+    def refuse_first(bad: np.ndarray, problem: str) -> None:
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
-            raise LengthError(f"{what}, row {_named(row, rows)}: {arr[row].item()!r} is not a "
-                              "finite length")
-        frac = arr != np.floor(arr)
-        if frac.any():
-            row = int(np.flatnonzero(frac)[0])
-            raise LengthError(
-                f"{what}, row {_named(row, rows)}: {arr[row].item()!r} is not a whole number "
-                "of tokens")
+            raise LengthError(f"{what}, row {_named(row, rows)}: {arr[row].item()!r} {problem}")
+
+    if arr.dtype.kind in "uf":
+        refuse_first(arr >= MAX_LENGTH, "is too large for a length (must be below 2**63)")
+    if arr.dtype.kind == "f":
+        refuse_first(~np.isfinite(arr), "is not a finite length")
+        refuse_first(arr != np.floor(arr), "is not a whole number of tokens")
     if arr.dtype.kind in "fi" and arr.min() < 0:  # one reduction; the mask only to name a row
-        neg = arr < 0
-        if neg.any():
-            row = int(np.flatnonzero(neg)[0])
-            raise LengthError(f"{what}, row {_named(row, rows)}: {arr[row].item()!r} is negative")
+        refuse_first(arr < 0, "is negative")
     return np.asarray(arr, dtype=np.int64)
 
 

@@ -262,20 +262,15 @@ def recomposition(previous, current) -> float:
     return recomposition_of(previous.offsets, previous.indices, current.offsets, current.indices)
 
 
-def batch_token_mean(lengths: np.ndarray, indices: np.ndarray, offsets: np.ndarray,
-                     ) -> np.ndarray:
-    """Token-weighted mean length of each micro-batch, ``sum(L^2) / sum(L)``.
+def token_means(sample_lengths: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Token-weighted mean length of each micro-batch, ``sum(L^2) / sum(L)``, from the lengths
+    of the samples in schedule order.
 
     Example::
 
-        >>> batch_token_mean(np.array([1, 3, 4]), np.arange(3), np.array([0, 2, 3])).tolist()
+        >>> token_means(np.array([1, 3, 4]), np.array([0, 2, 3])).tolist()
         [2.5, 4.0]
     """
-    return token_means(lengths[indices], offsets)
-
-
-def token_means(sample_lengths: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """:func:`batch_token_mean` from the lengths of the samples in schedule order."""
     x = sample_lengths.astype(np.float64)
     starts = offsets[:-1]
     return np.add.reduceat(x * x, starts) / np.maximum(np.add.reduceat(x, starts), 1e-12)
@@ -344,10 +339,7 @@ def rank_imbalance(cost_of: np.ndarray, world_size: int) -> dict:
 
 def _same_bucket_run(longest: np.ndarray, edges: Sequence[int] | None, world_size: int) -> int:
     """Longest run of micro-batches from one bucket (one longest length without edges)."""
-    if edges is not None:
-        tags = np.searchsorted(np.asarray(edges), longest, side="left")
-    else:
-        tags = longest
+    tags = longest if edges is None else np.searchsorted(np.asarray(edges), longest, side="left")
     return longest_runs(tags, world_size)
 
 

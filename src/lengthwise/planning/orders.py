@@ -16,13 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lengthwise.errors import ConfigError
 from lengthwise.planning.sorting import stable_argsort
-
-
-def random_order(num_batches: int, rng: np.random.Generator) -> np.ndarray:
-    """Batches in random order (the bucketed shuffle's batch order)."""
-    return rng.permutation(num_batches)
 
 
 def _run_positions(groups: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -81,8 +75,6 @@ def limit_runs(order: np.ndarray, batch_bucket: np.ndarray, world_size: int,
     share for the limit to be met, the longest runs that remain are reported by
     the plan's ``max_same_bucket_run``.
     """
-    if max_run < 1:
-        raise ConfigError(f"max_run must be >= 1, got {max_run}")
     order = order.copy()
     for rank in range(world_size):
         seq = order[rank::world_size].tolist()

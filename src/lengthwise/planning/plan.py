@@ -19,7 +19,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -31,9 +31,6 @@ from lengthwise.planning.packed import plan_packed_epoch
 from lengthwise.planning.padded import plan_padded_epoch
 from lengthwise.planning.schedule import EpochPlan
 from lengthwise.planning.windowed import WindowedPlan, resolve_window
-
-if TYPE_CHECKING:
-    from lengthwise.planning.windowed import WindowedPlan
 
 __all__ = ["plan_epoch"]
 

@@ -59,9 +59,8 @@ def prepare_lengths(lengths, config: PlanConfig, indices: np.ndarray | None = No
     cut = load_record(raw)  # what load_lengths(max_len=...) cut: counted as truncated too
     raw = validate_lengths(raw)
     max_len = config.sample_limit() if cap_to_budget else config.max_len
-    limit_name = None
-    if max_len is not None and max_len != config.max_len:
-        limit_name = f"the {max_len} tokens one row of the budget holds"
+    limit_name = (f"the {max_len} tokens one row of the budget holds"
+                  if max_len is not None and max_len != config.max_len else None)
     policy = "truncate" if config.on_overflow == "split" else config.on_overflow
     lens, keep, counts = apply_overflow(raw, max_len, policy, limit_name=limit_name, cut=cut)
     check_token_total(lens, max_len, config.pad_multiple)

@@ -63,10 +63,6 @@ def resume_window(plan: WindowedPlan, w: int, segments: list[tuple[int, int, int
         done = np.union1d(done, win.ids[win.plan.indices[:cut]])
         if done.size >= size:
             return None
-    if done.size >= size:
-        return None
-    if not segments:
-        return plan.plan_window(w, world_size=world_size, grad_accum=grad_accum)
     return plan.plan_window(w, world_size=world_size, grad_accum=grad_accum, exclude=done)
 
 

@@ -76,9 +76,7 @@ def resolve_window(window: int | str | None, num_samples: int) -> int | None:
     """
     if window is None:
         return None
-    if isinstance(window, str):
-        if window != "auto":
-            raise ConfigError(f"window must be a number of samples, 'auto' or None, got {window!r}")
+    if isinstance(window, str) and window == "auto":
         return AUTO_WINDOW if num_samples > AUTO_WINDOW_ABOVE else None
     if isinstance(window, bool) or not isinstance(window, (int, np.integer)):
         raise ConfigError(f"window must be a number of samples, 'auto' or None, got {window!r}")
@@ -112,11 +110,6 @@ class Window:
     def batch_rows(self, k: int) -> list[np.ndarray]:
         """Sample ids of micro-batch ``k``, one array per packed row (one row when padded)."""
         return [self.ids[r] for r in self.plan.batch_rows(k)]
-
-
-def _check_window(values: np.ndarray, ids: np.ndarray, what: str = "lengths") -> np.ndarray:
-    """Validate one window's lengths; errors name the sample id, as whole-epoch errors do."""
-    return validate_lengths(values, what=what, rows=ids)
 
 
 def _over(values: np.ndarray, config: PlanConfig) -> np.ndarray:
@@ -181,13 +174,9 @@ class WindowedPlan:
 
     # ------------------------------------------------------------------ shape
 
-    @property
-    def world_size(self) -> int:
-        return self.config.world_size
-
-    @property
-    def grad_accum(self) -> int:
-        return self.config.grad_accum
+    # an epoch plan's properties, which read them from self.config
+    world_size = EpochPlan.world_size
+    grad_accum = EpochPlan.grad_accum
 
     @property
     def num_windows(self) -> int:
@@ -221,9 +210,7 @@ class WindowedPlan:
             if isinstance(self.config.buckets, tuple):
                 self._edges = list(self.config.buckets)
             else:
-                ids = self.window_ids(0, epoch=0)
-                values = _check_window(np.asarray(self.lengths[ids]), ids, self._what)
-                self._check_overflow()
+                _, values = self._window_values(0, epoch=0)
                 lens, kept, _ = prepare_lengths(values, self.config)
                 edges, self._edges_note = resolved_edges(lens, kept, self.config)
                 self._edges = list(edges)
@@ -267,8 +254,8 @@ class WindowedPlan:
             top, first, longer = 0, None, 0
             for start in range(0, self.num_samples, SCAN_CHUNK):
                 ids = np.arange(start, min(start + SCAN_CHUNK, self.num_samples))
-                values = _check_window(np.asarray(self.lengths[start : ids[-1] + 1]), ids,
-                                       self._what)
+                values = validate_lengths(np.asarray(self.lengths[start : ids[-1] + 1]),
+                                          what=self._what, rows=ids)
                 over = _over(values, self.config)
                 if over.size:
                     first = first or (int(ids[over[0]]), int(values[over[0]]))
@@ -313,9 +300,7 @@ class WindowedPlan:
                 "world_size", world_size),
             grad_accum=self.grad_accum if grad_accum is None else whole_number(
                 "grad_accum", grad_accum))
-        ids = self.window_ids(w)
-        values = _check_window(np.asarray(self.lengths[ids]), ids, self._what)
-        self._check_overflow()
+        ids, values = self._window_values(w)
         local = None
         if exclude is not None and exclude.size:
             local = np.flatnonzero(~np.isin(ids, exclude, assume_unique=True))
@@ -329,10 +314,15 @@ class WindowedPlan:
             self._counts[w] = plan.num_batches
         return out
 
-    def _check_overflow(self) -> None:
-        """Under ``on_overflow="error"``, refuse a sample over the budget before planning."""
+    def _window_values(self, w: int, epoch: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Sample ids and checked lengths of window ``w``; errors name the sample id, as
+        whole-epoch errors do. Under ``on_overflow="error"``, refuses a sample over the budget
+        before planning."""
+        ids = self.window_ids(w, epoch)
+        values = validate_lengths(np.asarray(self.lengths[ids]), what=self._what, rows=ids)
         if self.config.on_overflow == "error":
             self.longest()  # reads every length once: the error counts them all
+        return ids, values
 
     def windows(self, start: int = 0) -> Iterator[Window]:
         """The planned windows from ``start`` on, one at a time."""
@@ -348,9 +338,7 @@ class WindowedPlan:
 
     def _count_window(self, w: int) -> int:
         if self.config.layout == "pad" and self.config.order not in SEQUENCE_ORDERS:
-            ids = self.window_ids(w)
-            values = _check_window(np.asarray(self.lengths[ids]), ids, self._what)
-            self._check_overflow()
+            _, values = self._window_values(w)
             with warnings.catch_warnings():  # the window warns about cut tokens when planned
                 warnings.simplefilter("ignore", UserWarning)
                 count = padded_batch_count(values, self._window_config(values, self.config))

@@ -24,7 +24,7 @@ from lengthwise.planning.packed.plan import PackedEpochPlan
 from lengthwise.planning.packed.rows import pack_rows
 from lengthwise.planning.prepare import every_sample, prepare_lengths
 from lengthwise.planning.schedule import even_out_counts
-from lengthwise.planning.vocabulary import PACK_ORDERS, PACK_OVERFLOW_POLICIES
+from lengthwise.planning.vocabulary import PACK_ORDERS
 
 __all__ = ["plan_packed_epoch"]
 
@@ -34,12 +34,6 @@ def _check(config: PlanConfig) -> int:
         raise ConfigError("layout='pack' needs max_tokens: the tokens of one packed row")
     if config.order not in PACK_ORDERS:
         raise ConfigError(f"layout='pack' supports order in {PACK_ORDERS}, got {config.order!r}")
-    if config.on_overflow not in PACK_OVERFLOW_POLICIES:
-        raise ConfigError(f"on_overflow must be one of {PACK_OVERFLOW_POLICIES}, "
-                          f"got {config.on_overflow!r}")
-    if not isinstance(config.rows_per_batch, (int, np.integer)) or config.rows_per_batch < 1:
-        raise ConfigError(f"rows_per_batch must be a positive integer, "
-                          f"got {config.rows_per_batch!r}")
     return int(config.max_tokens)
 
 
@@ -74,10 +68,7 @@ def _order_micro_batches(order: np.ndarray, row_off: np.ndarray, row_piece_len: 
         mb_perm = schedule_groups(price, weight, config.world_size, config.grad_accum, o)
     else:
         mb_perm = o.permutation(price.size)
-    if rows_per > 1:
-        row_perm = (mb_perm[:, None] * rows_per + np.arange(rows_per)).reshape(-1)
-    else:
-        row_perm = mb_perm
+    row_perm = (mb_perm[:, None] * rows_per + np.arange(rows_per)).reshape(-1)
     return batching.take_batches(order, row_off, row_perm)
 
 
@@ -112,10 +103,8 @@ def plan_packed_epoch(lengths, config: PlanConfig, *, seed: int = 0, epoch: int 
                                           streams.rng(seed, epoch, streams.PACK_ORDER))
     rows_per = config.rows_per_batch
     itype = batching.index_dtype(lens.size)
-    if every and n_split == 0:  # pieces are the sample ids
-        sample_ids = order.astype(itype, copy=False)
-    else:
-        sample_ids = piece_id[order].astype(itype, copy=False)
+    # pieces are the sample ids when every sample is planned and none is split
+    sample_ids = (order if every and n_split == 0 else piece_id[order]).astype(itype, copy=False)
     spans = token_spans(order, lens, sample_ids, piece_start, piece_len) if split else None
     offsets = row_off[::rows_per].copy()
     return PackedEpochPlan(
