@@ -48,7 +48,6 @@ def register(stages: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Export and print what was written."""
-
     target_config = tokenizer = None
     if args.speculators is not None and args.target is None:
         raise ConfigError("--speculators needs --target (the converter reads the target)")
@@ -85,7 +84,6 @@ def _holds_files(folder: Path) -> bool:
 
 
 def _target_config(path: str) -> object:
-
     if not (Path(path) / "config.json").is_file():
         raise ConfigError(f"--target {path}: not a local Hugging Face model (no config.json)")
     import transformers

@@ -676,14 +676,10 @@ class GenerateProfile(Profile):
 
     def seconds(self, work: DecodeWork) -> tuple[float, float]:
         """``(prefill seconds, decode seconds)`` of ``work``."""
-        return (float(np.sum(_prefill_units(work.feed, work.have) @ self._prefill())),
-                float(np.sum(_step_units(work.rows, work.width) @ self._step())))
-
-    def _prefill(self) -> np.ndarray:
-        return np.array([self.per_prefill, self.per_prefill_token, self.per_prefill_pair])
-
-    def _step(self) -> np.ndarray:
-        return np.array([self.per_step, self.per_row, self.per_row_width])
+        prefill = np.array([self.per_prefill, self.per_prefill_token, self.per_prefill_pair])
+        step = np.array([self.per_step, self.per_row, self.per_row_width])
+        return (float(np.sum(_prefill_units(work.feed, work.have) @ prefill)),
+                float(np.sum(_step_units(work.rows, work.width) @ step)))
 
     def draw(self, turns: int, cap: int, rng: np.random.Generator,
              ) -> tuple[np.ndarray, np.ndarray]:
@@ -988,9 +984,8 @@ def measure_generate_profile(source: str | Path, target: str | Path, cfg: Any, *
                        seed=0, batch_size=1, device=gen.device)
     gen.trace = []
     responses: list[int] = []
-    run = gen.regenerate([copy.deepcopy(convs[int(i)]) for i in picked], seed=cfg.seed,
-                         record=lambda turns: responses.extend(len(t[2]) for t in turns))
-    for _ in run:
+    for _ in gen.regenerate([copy.deepcopy(convs[int(i)]) for i in picked], seed=cfg.seed,
+                            record=lambda turns: responses.extend(len(t[2]) for t in turns)):
         pass
     prof = fit_generate_profile(gen.trace, device=device_name(cfg.device,
                                                               torch.get_num_threads()),
