@@ -36,7 +36,6 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-import lengthwise.dflash.attention as attention
 import lengthwise.dflash.head as head
 import lengthwise.dflash.loss as loss
 from lengthwise.dflash.blocks import Blocks
@@ -298,12 +297,13 @@ def kernels(kind: str) -> contextlib.AbstractContextManager[None]:
     the draft (flex), else the code's own."""
     if kind != "cuda":
         return contextlib.nullcontext()
+    import lengthwise.dflash.model as draft_model  # it calls the flex_attend it imported
 
     def fused(q: Any, k: Any, v: Any, *args: Any, **kwargs: Any) -> Any:
         return _FusedAttention.apply(q, k, v)
 
     return _swapped((torch.nn.functional, "scaled_dot_product_attention", fused),
-                    (attention, "flex_attend", fused),
+                    (draft_model, "flex_attend", fused),
                     (loss, "block_flex_mask", lambda *a, **k: object()))
 
 
