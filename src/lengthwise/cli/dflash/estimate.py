@@ -255,8 +255,8 @@ def run(args: argparse.Namespace) -> int:
     if stage == "train":
         stray = [k for k in FEATURES_FLAGS if k in given]
         if stray:
-            raise ConfigError(f"{', '.join(map(_flag, stray))}: not a "
-                              "setting of the train stage's estimate (of --stage features)")
+            raise ConfigError(f"{', '.join(map(_flag, stray))}: not a setting of the train "
+                              "stage's estimate (of --stage features)")
         return report(given, defaults={"device": "cuda"})
     return stage_report(stage, given)
 
@@ -276,8 +276,8 @@ def stage_report(stage: str, given: dict[str, Any]) -> int:
     timed = stage == "regenerate" and opts.get("time")
     if stray or opts.get("rows") or (opts.get("world") and not timed):
         names = stray + [k for k in ("rows", "world") if opts.get(k)]
-        raise ConfigError(f"{', '.join(map(_flag, names))}: not a "
-                          f"setting of the {stage} stage's estimate"
+        raise ConfigError(f"{', '.join(map(_flag, names))}: not a setting of the {stage} "
+                          "stage's estimate"
                           + (" (--world goes with --time)" if names == ["world"] else ""))
     sizes = {**known, **given}
     if stage in ("eval", "features") and any(opts.get(k) for k in ("time", "device_profile",
@@ -350,8 +350,7 @@ def _check_profile_flags(opts: dict[str, Any]) -> None:
     ``--save-profile`` that cannot be written, before any timing."""
     stray = [k for k in ("device_profile", "save_profile") if opts.get(k)]
     if stray and not opts.get("time"):
-        raise ConfigError(f"{', '.join(map(_flag, stray))}: goes "
-                          "with --time")
+        raise ConfigError(f"{', '.join(map(_flag, stray))}: goes with --time")
     save = opts.get("save_profile")
     if not save:
         return

@@ -69,8 +69,7 @@ def run(args: argparse.Namespace) -> int:
         return report(given)
     stray = [k for k in REPORT_FLAGS if k in given]
     if stray:
-        raise ConfigError(f"{', '.join(map(_flag, stray))}: read "
-                          "with --estimate only")
+        raise ConfigError(f"{', '.join(map(_flag, stray))}: read with --estimate only")
     cfg, run_settings, progress = settings(given)
     follow_live_tensors(cfg.device)
     summary = train_draft(cfg, run_settings, progress=progress)
