@@ -54,7 +54,6 @@ def run_flags() -> dict[str, Any]:
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
     """The settings of a YAML file, keys with ``-`` read as ``_``."""
-
     try:
         import yaml
     except ImportError as exc:
@@ -112,7 +111,6 @@ def settings(given: dict[str, Any], *, defaults: dict[str, Any] | None = None,
     which reads no data (``--data`` may be left out; ``max_len`` defaults to ``max_tokens``).
     """
     from lengthwise.dflash.prepared import open_prepared
-    from lengthwise.errors import ConfigError
 
     given = {k: v for k, v in given.items() if k not in ("func", "command", "stage")}
     source = given.pop("config", None)

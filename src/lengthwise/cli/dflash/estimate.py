@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.cli._options import add_config_flags
+from lengthwise.cli._options import _flag, add_config_flags
 from lengthwise.cli.dflash._settings import DEFAULTS, add_run_flags, settings
 from lengthwise.dflash.cost.resident import process_baseline
 from lengthwise.dflash.cost.timing import (
@@ -210,7 +210,6 @@ def report(given: dict[str, Any], *, defaults: dict[str, Any] | None = None) -> 
 def run_time(given: dict[str, Any], opts: dict[str, Any], *, profile: Any = None,
              defaults: dict[str, Any] | None = None) -> Any:
     """``(RunTime, DeviceProfile)`` of the run ``given`` sets (``--time``)."""
-
     cfg, run_settings, _ = settings(given, defaults=defaults)  # the data's own max_len
     timing = estimate_time(cfg, run_settings, world=opts.get("world", 1), profile=profile,
                            steps=opts.get("profile_steps", PROFILE_STEPS))
@@ -245,7 +244,6 @@ def prints_here() -> bool:
     False
     >>> del os.environ["WORLD_SIZE"], os.environ["RANK"]
     """
-
     rank = launched_rank()
     return rank is None or rank[0] == 0
 
@@ -257,8 +255,8 @@ def run(args: argparse.Namespace) -> int:
     if stage == "train":
         stray = [k for k in FEATURES_FLAGS if k in given]
         if stray:
-            raise ConfigError(f"{', '.join('--' + k.replace('_', '-') for k in stray)}: not a "
-                              "setting of the train stage's estimate (of --stage features)")
+            raise ConfigError(f"{', '.join(map(_flag, stray))}: not a setting of the train "
+                              "stage's estimate (of --stage features)")
         return report(given, defaults={"device": "cuda"})
     return stage_report(stage, given)
 
@@ -278,8 +276,8 @@ def stage_report(stage: str, given: dict[str, Any]) -> int:
     timed = stage == "regenerate" and opts.get("time")
     if stray or opts.get("rows") or (opts.get("world") and not timed):
         names = stray + [k for k in ("rows", "world") if opts.get(k)]
-        raise ConfigError(f"{', '.join('--' + k.replace('_', '-') for k in names)}: not a "
-                          f"setting of the {stage} stage's estimate"
+        raise ConfigError(f"{', '.join(map(_flag, names))}: not a setting of the {stage} "
+                          "stage's estimate"
                           + (" (--world goes with --time)" if names == ["world"] else ""))
     sizes = {**known, **given}
     if stage in ("eval", "features") and any(opts.get(k) for k in ("time", "device_profile",
@@ -352,8 +350,7 @@ def _check_profile_flags(opts: dict[str, Any]) -> None:
     ``--save-profile`` that cannot be written, before any timing."""
     stray = [k for k in ("device_profile", "save_profile") if opts.get(k)]
     if stray and not opts.get("time"):
-        raise ConfigError(f"{', '.join('--' + k.replace('_', '-') for k in stray)}: goes "
-                          "with --time")
+        raise ConfigError(f"{', '.join(map(_flag, stray))}: goes with --time")
     save = opts.get("save_profile")
     if not save:
         return
@@ -369,7 +366,6 @@ def _check_profile_flags(opts: dict[str, Any]) -> None:
 def regenerate_time(target: str, data: str, sizes: dict[str, Any], device: str,
                     opts: dict[str, Any]) -> tuple[Any, int]:
     """``((GenerateTime, GenerateProfile), longest prompt)`` of regenerating ``data``."""
-
     cfg = PrepareConfig(regenerate=True, max_new_tokens=sizes["max_new_tokens"],
                         batch_size=sizes["batch_size"], shard_rows=sizes["shard_rows"],
                         max_tokens=sizes["max_tokens"], device=device, dtype=sizes["dtype"],

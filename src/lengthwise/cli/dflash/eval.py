@@ -96,6 +96,7 @@ def register(stages: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Evaluate the draft on every prompt set and print the figures."""
     import torch
+    import transformers
 
     from lengthwise.dflash.chat import (
         bundled_prompts,
@@ -142,7 +143,9 @@ def run(args: argparse.Namespace) -> int:
     block = draft.config.block_size
     lookup = None if args.no_baseline else (args.lookup_tokens or block - 1)
     settings = {**template_report(tokenizer, thinking=args.thinking == "on"),
-                "block_size": block, "engine": _engine(device),
+                "block_size": block, "engine": (  # this package's batched decoding, and where
+                    f"lengthwise speculative_batch (transformers {transformers.__version__}, "
+                    f"KV cache, {device})"),
                 "dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}
     rows: list[dict[str, Any]] = []
     for name, convs in sets.items():
@@ -179,11 +182,3 @@ def _json_ready(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_json_ready(v) for v in value]
     return value
-
-
-def _engine(device: Any) -> str:
-    """What decoded: this package's batched speculative decoding on transformers, and where."""
-    import transformers
-
-    return (f"lengthwise speculative_batch (transformers {transformers.__version__}, "
-            f"KV cache, {device})")

@@ -48,7 +48,6 @@ def register(stages: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Export and print what was written."""
-
     target_config = tokenizer = None
     if args.speculators is not None and args.target is None:
         raise ConfigError("--speculators needs --target (the converter reads the target)")

@@ -40,7 +40,6 @@ def register(stages: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Write the cache (each ``torchrun`` rank its share of the shards); print its summary."""
-
     cfg = config_from_args(FeaturesConfig, args)
     follow_live_tensors(cfg.device)  # freed activations go back: resident memory follows them
     group = setup_distributed(cfg.device)

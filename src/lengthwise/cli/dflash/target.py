@@ -38,7 +38,6 @@ def run(args: argparse.Namespace) -> int:
     """Convert (or find the conversion) and print what the folder holds."""
     import transformers
 
-
     out = Path(args.out)
     cached = not args.overwrite and Path(args.gguf).is_file() and is_converted(
         out, gguf_source(args.gguf))

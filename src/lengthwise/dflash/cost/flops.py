@@ -58,7 +58,6 @@ class StepFlops:
         MLP 12,288, vocabulary 151,936), a 5-layer draft of 5 features, blocks of 16."""
         import transformers
 
-
         target = transformers.Qwen3Config(
             vocab_size=151936, hidden_size=4096, num_hidden_layers=36, num_attention_heads=32,
             num_key_value_heads=8, head_dim=128, intermediate_size=12288)

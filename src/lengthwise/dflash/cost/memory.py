@@ -298,6 +298,7 @@ def kernels(kind: str) -> contextlib.AbstractContextManager[None]:
     the draft (flex), else the code's own."""
     if kind != "cuda":
         return contextlib.nullcontext()
+    import lengthwise.dflash.model as draft_model  # it calls the flex_attend it imported
 
     def fused(q: Any, k: Any, v: Any, *args: Any, **kwargs: Any) -> Any:
         return _FusedAttention.apply(q, k, v)
@@ -316,7 +317,6 @@ def _chunks_kept(n: int, chunk: int) -> list[int]:
 def few_head_chunks() -> contextlib.AbstractContextManager[None]:
     """The LM head runs its first two chunks and its last one: each allocates and frees the
     same buffers, so the peak is every chunk's, in a time that does not grow with the slots."""
-
     return _swapped((head, "chunk_starts", _chunks_kept))
 
 
@@ -465,7 +465,6 @@ def step_blocks(rows: int, tokens: int, anchors: int, block_size: int, vocab: in
     >>> step_blocks(2, 64, 3, 4, 10).labels.shape
     torch.Size([2, 3, 4])
     """
-
     cols = tokens // rows
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (rows, cols), generator=gen)
@@ -514,7 +513,6 @@ def _train_step(draft: Any, target: Any, optimizer: Any, blocks: list[Any], *, c
                 amp: Any, flex: bool, live: LiveBytes) -> set[int]:
     """One optimizer step over ``blocks`` as the training loop runs it (cached ``features``
     brought to the device: a copy); the gradients' serials."""
-
     for b in blocks:
         idx = _supervised(b)
         hidden = block_hidden(draft, target, b, amp=amp, flex=flex,
@@ -594,7 +592,6 @@ def estimate_step(target_config: Any, cfg: Any, *, rows: int = 1, world: int = 1
     >>> est.slots, est.peak > est.parts["weights"] > est.target_weights > 0
     (240, True)
     """
-
     if world < 1:
         raise ConfigError(f"world (data-parallel ranks) must be >= 1, got {world}")
     check_layers("draft_layers", cfg.draft_layers)
@@ -700,7 +697,6 @@ class StageMemory:
 def grown_rows(tokenizer: Any, target_config: Any, generation_config: Any = None) -> int:
     """Rows of the target's embedding once ``dflash train`` adds the mask token (chosen on a
     stand-in of the target, as it chooses; ``<|MASK|>`` added to ``tokenizer`` if chosen)."""
-
     rows = int(target_config.vocab_size)
     model = SimpleNamespace(config=target_config, generation_config=generation_config,
                             get_input_embeddings=lambda: SimpleNamespace(
@@ -927,7 +923,6 @@ def estimate_features(target_config: Any, cfg: Any, *, stored: Any = None,
     >>> est.settings["batch"], est.peak > est.parts["weights"] > 0
     ([1, 64], True)
     """
-
     kind, dt, depth = _loaded(target_config, device, cfg.target_dtype)
     layers = cfg.layer_list() or target_layer_ids(depth, cfg.num_features)
     if layers[-1] >= depth:

@@ -169,7 +169,6 @@ def fit_costs(x: np.ndarray, seconds: np.ndarray, coef: np.ndarray | None = None
     >>> coef.round(6).tolist(), fit["max_relative_error"] < 1e-9
     ([1.0, 1.0], True)
     """
-
     if coef is None:
         coef = _nnls(x / seconds[:, None], np.ones_like(seconds))
     err = np.abs(x @ coef - seconds) / seconds
@@ -184,7 +183,6 @@ def _one_rate(units: np.ndarray, seconds: np.ndarray) -> float:
 
 def check_one_process() -> None:
     """Refuse timing under a launcher of several processes: a profile is one device's."""
-
     if launched_world() is not None:
         raise ConfigError("--time measures a profile in one process: run the estimate "
                           "without torchrun, with --world N for the ranks of the run")
@@ -475,7 +473,6 @@ def train_command(cfg: Any, run: Any, *, out: str | Path, steps: int) -> list[st
     >>> argv[3:9], "--block-size" in argv, argv[argv.index("--steps") + 1]
     (['dflash', 'train', '--target', 't', '--data', 'd'], True, '6')
     """
-
     fixed = {"steps": steps, "checkpoint_every": 0, "eval_every": steps}
     argv = [sys.executable, "-m", "lengthwise", "dflash", "train", "--target", str(run.target),
             "--data", str(run.data), "--out", str(out), "--overwrite", "--no-progress"]
@@ -676,14 +673,10 @@ class GenerateProfile(Profile):
 
     def seconds(self, work: DecodeWork) -> tuple[float, float]:
         """``(prefill seconds, decode seconds)`` of ``work``."""
-        return (float(np.sum(_prefill_units(work.feed, work.have) @ self._prefill())),
-                float(np.sum(_step_units(work.rows, work.width) @ self._step())))
-
-    def _prefill(self) -> np.ndarray:
-        return np.array([self.per_prefill, self.per_prefill_token, self.per_prefill_pair])
-
-    def _step(self) -> np.ndarray:
-        return np.array([self.per_step, self.per_row, self.per_row_width])
+        prefill = np.array([self.per_prefill, self.per_prefill_token, self.per_prefill_pair])
+        step = np.array([self.per_step, self.per_row, self.per_row_width])
+        return (float(np.sum(_prefill_units(work.feed, work.have) @ prefill)),
+                float(np.sum(_step_units(work.rows, work.width) @ step)))
 
     def draw(self, turns: int, cap: int, rng: np.random.Generator,
              ) -> tuple[np.ndarray, np.ndarray]:
@@ -724,7 +717,6 @@ def fit_generate_profile(trace: Any, *, device: str, responses: list[int],
     >>> round(p.per_prefill_token, 4), round(p.per_step, 3), round(p.per_row, 4)
     (0.001, 0.02, 0.005)
     """
-
     t = np.asarray(trace, dtype=np.float64).reshape(-1, 4)
     if t.size == 0 or not np.all(np.isin(t[:, 0], (0, 1))):
         raise DataError("fit_generate_profile: one (kind 0 or 1, size, size, seconds) row a "
@@ -958,7 +950,6 @@ def measure_generate_profile(source: str | Path, target: str | Path, cfg: Any, *
     """Fit a profile to the forwards of a regeneration of ``conversations`` of the run's
     conversations (spread over it; default the larger of :data:`PROFILE_CONVERSATIONS` and
     ``cfg.batch_size``), run as ``dflash prepare --regenerate`` runs it, after a warm-up."""
-
     import torch
 
     from lengthwise.dflash.regenerate import TurnGenerator, assistant_turns
@@ -988,9 +979,8 @@ def measure_generate_profile(source: str | Path, target: str | Path, cfg: Any, *
                        seed=0, batch_size=1, device=gen.device)
     gen.trace = []
     responses: list[int] = []
-    run = gen.regenerate([copy.deepcopy(convs[int(i)]) for i in picked], seed=cfg.seed,
-                         record=lambda turns: responses.extend(len(t[2]) for t in turns))
-    for _ in run:
+    for _ in gen.regenerate([copy.deepcopy(convs[int(i)]) for i in picked], seed=cfg.seed,
+                            record=lambda turns: responses.extend(len(t[2]) for t in turns)):
         pass
     prof = fit_generate_profile(gen.trace, device=device_name(cfg.device,
                                                               torch.get_num_threads()),
