@@ -298,13 +298,12 @@ def kernels(kind: str) -> contextlib.AbstractContextManager[None]:
     the draft (flex), else the code's own."""
     if kind != "cuda":
         return contextlib.nullcontext()
-    import lengthwise.dflash.model as draft_model  # it calls the flex_attend it imported
 
     def fused(q: Any, k: Any, v: Any, *args: Any, **kwargs: Any) -> Any:
         return _FusedAttention.apply(q, k, v)
 
     return _swapped((torch.nn.functional, "scaled_dot_product_attention", fused),
-                    (draft_model, "flex_attend", fused),
+                    (draft_model, "flex_attend", fused),  # the name the draft calls
                     (loss, "block_flex_mask", lambda *a, **k: object()))
 
 
