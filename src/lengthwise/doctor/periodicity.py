@@ -187,8 +187,7 @@ def find_periodicity(resid: np.ndarray, *, interval: float, max_period: float | 
     p_best = _pvalue(float(ratio.max()), q)
     fundamental = _fundamental(best, ks, ratio, q)
     candidates = _candidates(power, floor, ks, ratio, q, interval, n)
-    bands = _band_peaks(ratio, q)
-    for i, p_i in bands:
+    for i, p_i in _band_peaks(ratio, q):
         band_period = n / int(ks[i]) * interval
         if not any(abs(c["period"] - band_period) <= 0.01 * band_period for c in candidates):
             candidates.append({"period": round(band_period, 3), "p_value": significant(p_i)})
@@ -390,12 +389,8 @@ def _harmonic_share(power: np.ndarray, k: int, k_lo: int, k_hi: int) -> float:
     total = float(power[1:].sum())
     if total <= 0:
         return 0.0
-    picked: set[int] = set()
-    for h in range(1, 6):
-        for j in (h * k - 1, h * k, h * k + 1):
-            if 1 <= j < power.size:
-                picked.add(j)
-    return float(power[sorted(picked)].sum() / total)
+    picked = (np.arange(1, 6)[:, None] * k + np.arange(-1, 2)).ravel()
+    return float(power[np.unique(picked[(picked >= 1) & (picked < power.size)])].sum() / total)
 
 
 def _candidates(power: np.ndarray, floor: np.ndarray, ks: np.ndarray, ratio: np.ndarray, q: int,
@@ -602,12 +597,8 @@ def distinct_groupings(groupings: list[np.ndarray]) -> list[int]:
     seen: list[np.ndarray] = []
     keep = []
     for i, g in enumerate(groupings):
-        _, canon = np.unique(g, return_index=False, return_inverse=True)
-        # canonical labels: in order of first appearance
-        first = {}
-        for v in canon.tolist():
-            first.setdefault(v, len(first))
-        canon = np.array([first[v] for v in canon.tolist()])
+        _, first, inverse = np.unique(g, return_index=True, return_inverse=True)
+        canon = np.argsort(np.argsort(first))[inverse]  # labels in order of first appearance
         if not any(np.array_equal(canon, s) for s in seen):
             seen.append(canon)
             keep.append(i)

@@ -112,12 +112,11 @@ class ColumnBuilder:
         if not objs:
             return
         if not all(type(o) is dict for o in objs):
-            pairs = [(o, ln) for o, ln in zip(objs, lines, strict=True) if isinstance(o, dict)]
             for o, ln in zip(objs, lines, strict=True):
                 if not isinstance(o, dict):
                     self.summary.add_malformed(ln)
-            objs = [p[0] for p in pairs]
-            lines = [p[1] for p in pairs]
+            lines = [ln for o, ln in zip(objs, lines, strict=True) if isinstance(o, dict)]
+            objs = [o for o in objs if isinstance(o, dict)]
             if not objs:
                 return
         if len(self._keys_seen) < 200:
@@ -175,7 +174,7 @@ class ColumnBuilder:
             o = objs[i]
             # an event line (a checkpoint, a skipped spike, ...) is never a step record,
             # even when it carries the step's loss
-            event = o.get("event") if isinstance(o, dict) else None
+            event = o.get("event")
             if not isinstance(event, str):
                 if value is not None:
                     keep.append(i)
@@ -185,7 +184,7 @@ class ColumnBuilder:
                     keep.append(i)
                     continue
             self.summary.other_rows += 1
-            key = next((k for k in EVAL_KEYS if k in o), None) if isinstance(o, dict) else None
+            key = next((k for k in EVAL_KEYS if k in o), None)
             if key is not None:
                 self.add_eval(o.get(sk or "step", o.get("step")), o[key])
             if isinstance(event, str) and event in CHECKPOINT_EVENTS:
@@ -442,12 +441,7 @@ def _take(
 
 
 def _flatten(chunks: list[list[Any]]) -> list[Any]:
-    if len(chunks) == 1:
-        return chunks[0]
-    out: list[Any] = []
-    for c in chunks:
-        out.extend(c)
-    return out
+    return list(itertools.chain.from_iterable(chunks))
 
 
 def _to_float(col: list[Any]) -> tuple[np.ndarray, np.ndarray]:
