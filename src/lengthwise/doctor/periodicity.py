@@ -179,20 +179,20 @@ def find_periodicity(resid: np.ndarray, *, interval: float, max_period: float | 
     if k_hi - k_lo < 4:
         return Periodicity(period=None, p_value=None, runs=runs, points=n, window=window, acf=acf,
                            note="stable region too short for a period search")
-    floor = _local_floor(power, k_lo, k_hi)
+    floor = _local_floor(power)
     ks = np.arange(k_lo, k_hi + 1)
     ratio = power[ks] / floor[ks]
     q = ks.size
     best = int(ks[np.argmax(ratio)])
     p_best = _pvalue(float(ratio.max()), q)
     fundamental = _fundamental(best, ks, ratio, q)
-    candidates = _candidates(power, floor, ks, ratio, q, interval, n)
+    candidates = _candidates(ks, ratio, q, interval, n)
     for i, p_i in _band_peaks(ratio, q):
         band_period = n / int(ks[i]) * interval
         if not any(abs(c["period"] - band_period) <= 0.01 * band_period for c in candidates):
             candidates.append({"period": round(band_period, 3), "p_value": significant(p_i)})
     period_pts, acf_at = _refine(acf, n / fundamental)
-    share = _harmonic_share(power, fundamental, k_lo, k_hi)
+    share = _harmonic_share(power, fundamental)
     return _best(period_pts, p_best, share, acf_at, interval=interval, n=n,
                  peak_points=n / fundamental, candidates=candidates, runs=runs, window=window,
                  acf=acf)
@@ -353,7 +353,7 @@ def _threshold(q: int) -> float:
     return hi
 
 
-def _local_floor(power: np.ndarray, k_lo: int, k_hi: int) -> np.ndarray:
+def _local_floor(power: np.ndarray) -> np.ndarray:
     """Noise floor at each frequency: a middle order statistic of the ``FLOOR_HALF_WIDTH``
     ordinates on each side (not the adjacent ones), over ln 2."""
     half = FLOOR_HALF_WIDTH
@@ -384,7 +384,7 @@ def _refine(acf: np.ndarray, approx: float) -> tuple[float, float | None]:
     return float(lag), float(acf[lag])
 
 
-def _harmonic_share(power: np.ndarray, k: int, k_lo: int, k_hi: int) -> float:
+def _harmonic_share(power: np.ndarray, k: int) -> float:
     """Share of the detrended variance at ``k`` and its first harmonics (+-1 bin)."""
     total = float(power[1:].sum())
     if total <= 0:
@@ -393,20 +393,21 @@ def _harmonic_share(power: np.ndarray, k: int, k_lo: int, k_hi: int) -> float:
     return float(power[np.unique(picked[(picked >= 1) & (picked < power.size)])].sum() / total)
 
 
-def _candidates(power: np.ndarray, floor: np.ndarray, ks: np.ndarray, ratio: np.ndarray, q: int,
-                interval: float, n: int) -> list[dict[str, float]]:
+def _candidates(ks: np.ndarray, ratio: np.ndarray, q: int, interval: float,
+                n: int) -> list[dict[str, float]]:
     """Up to three significant local peaks, strongest first."""
     out: list[dict[str, float]] = []
-    order = np.argsort(ratio)[::-1]
-    for idx in order[:50]:
+    taken: list[int] = []  # their frequencies
+    for idx in np.argsort(ratio)[::-1][:50]:
         k = int(ks[idx])
         p = _pvalue(float(ratio[idx]), q)
         if p >= ALPHA or len(out) >= 3:
             break
-        if any(abs(k - c["_k"]) <= 1 for c in out):
+        if any(abs(k - t) <= 1 for t in taken):
             continue
-        out.append({"_k": k, "period": round(n / k * interval, 3), "p_value": significant(p)})
-    return [{"period": c["period"], "p_value": c["p_value"]} for c in out]
+        taken.append(k)
+        out.append({"period": round(n / k * interval, 3), "p_value": significant(p)})
+    return out
 
 
 @dataclass(frozen=True)

@@ -156,11 +156,7 @@ class ColumnBuilder:
     def _field_key(self, name: str, sample: dict[str, Any]) -> str:
         key = self._field_keys.get(name)
         if key is None:
-            key = name
-            for alias in NUMERIC_ALIASES.get(name, ()):
-                if alias in sample:
-                    key = alias
-                    break
+            key = next((a for a in NUMERIC_ALIASES.get(name, ()) if a in sample), name)
             if key in sample or name not in NUMERIC_ALIASES:
                 self._field_keys[name] = key
         return key
@@ -421,10 +417,7 @@ def find_field(names: Sequence[str], wanted: Sequence[str], *, suffix: bool = Tr
 
 def _first_alias(objs: list[dict[str, Any]], aliases: Sequence[str]) -> str | None:
     """The first of ``aliases`` that some row in ``objs`` holds (None: none does)."""
-    for cand in aliases:
-        if any(cand in o for o in objs):
-            return cand
-    return None
+    return next((cand for cand in aliases if any(cand in o for o in objs)), None)
 
 
 def _take(
