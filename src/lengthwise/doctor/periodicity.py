@@ -468,8 +468,7 @@ def fold_test(x: np.ndarray, *, window: int, rng: np.random.Generator,
     obs, z_obs, p = _max_t(x, [_grouping(np.arange(n) % q, q) for q in periods], window=window,
                            rng=rng, surrogates=surrogates)
     top_z = float(z_obs.max())
-    best = [periods[i] for i in np.flatnonzero(z_obs >= top_z - 1e-12)]
-    pick = best[0]
+    pick = periods[int(np.flatnonzero(z_obs >= top_z - 1e-12)[0])]
     for d in periods:
         if d >= pick:
             break

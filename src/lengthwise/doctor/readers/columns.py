@@ -222,9 +222,7 @@ class ColumnBuilder:
         step, bad_step = self._step_column(loss.size)
         s.step_key = self._step_key if self._step_key is not None else "row index"
         bad = bad_loss | bad_step
-        for ln in lines[bad][: s.MAX_LINES_SHOWN]:
-            if len(s.malformed_lines) < s.MAX_LINES_SHOWN:
-                s.malformed_lines.append(int(ln))
+        s.malformed_lines += lines[bad][: s.MAX_LINES_SHOWN - len(s.malformed_lines)].tolist()
         s.malformed += int(bad.sum())
         s.malformed_lines.sort()
         good = ~bad
