@@ -574,11 +574,8 @@ def phase_test(x: np.ndarray, groupings: list[np.ndarray], *, window: int, rng: 
     """Max-T AR(1) surrogate test of the phase grouping that best explains ``x``: the test and
     the grouping's index (p-value 1 and index 0 when none has 2+ phases of ``MIN_PER_GROUP``)."""
     x = np.asarray(x, dtype=np.float64)
-    labelled = []
-    for g in groupings:
-        _, inv = np.unique(np.asarray(g, dtype=np.int64), return_inverse=True)
-        count = int(inv.max()) + 1 if inv.size else 0
-        labelled.append((inv, count))
+    inverses = [np.unique(np.asarray(g, dtype=np.int64), return_inverse=True)[1] for g in groupings]
+    labelled = [(inv, int(inv.max()) + 1 if inv.size else 0) for inv in inverses]
     usable = [i for i, (_, c) in enumerate(labelled) if c >= 2 and x.size >= MIN_PER_GROUP * c]
     if not usable:
         return PhaseTest(p_value=1.0, eta2=0.0, share=0.0,
@@ -616,13 +613,11 @@ def checked_periodicity(per: Periodicity, steps: np.ndarray, loss: np.ndarray,
     window = detrend_window(n)
     rw = detrended(loss, window, valid=~cliff_mask)
     rw = np.where(cliff_mask, 0.0, rw - rw[~cliff_mask].mean())
-    if per.period is not None:
-        if match_period(per.period, ctx).mechanism is not None or not per.test.startswith(
-            "periodogram"
-        ):
-            return per
-        return _retest(per, steps, rw, window, rng)
-    return _predicted(per, steps, rw, ctx, window, rng)
+    if per.period is None:
+        return _predicted(per, steps, rw, ctx, window, rng)
+    if match_period(per.period, ctx).mechanism or not per.test.startswith("periodogram"):
+        return per
+    return _retest(per, steps, rw, window, rng)
 
 
 def _retest(per: Periodicity, steps: np.ndarray, rw: np.ndarray, window: int,
