@@ -150,10 +150,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _options(args: argparse.Namespace) -> dict[str, object]:
     """The diagnosis options of the command line, as ``diagnose`` takes them."""
-    return dict(step_key=args.step_key, loss_key=args.loss_key, start=args.start, end=args.end,
-                checkpoint_every=args.checkpoint_every, steps_per_epoch=args.steps_per_epoch,
-                batch_size=args.batch_size, eval_every=args.eval_every,
-                world_size=args.world_size, seed=args.seed, clip=args.clip, timing=args.timing)
+    return {name: getattr(args, name) for name in (
+        "step_key", "loss_key", "start", "end", "checkpoint_every", "steps_per_epoch",
+        "batch_size", "eval_every", "world_size", "seed", "clip", "timing")}
 
 
 def _watch(args: argparse.Namespace) -> int:

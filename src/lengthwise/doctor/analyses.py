@@ -822,12 +822,11 @@ def _restarts(d: Diagnosis) -> list[Finding]:
     the re-logged steps is a schedule that restarted with the resume."""
     i = d.input
     jumped = [r for r in i.restarts if i.lr_jumped(r)]
-    count = i.restart_count - i.logged_resumes
     shown = _shown_restarts(d)
     if not shown:
         return []
     pts = [r.step_after for r in shown]
-    total = max(count, 0) + sum(r.logged for r in jumped)
+    total = max(i.restart_count - i.logged_resumes, 0) + sum(r.logged for r in jumped)
     claim = f"{total} resume(s) with rollback: " + "; ".join(_restart_text(r)
                                                              for r in shown[:3])
     if total > 3:

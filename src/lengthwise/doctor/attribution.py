@@ -244,22 +244,15 @@ def _bucket_fields(resid: np.ndarray, loss: np.ndarray, buckets: list[Any],
         y = resid[has]
         sub = _subsample(y.size, rng)
         ys = y[sub]
-        if shares is None:
-            codes = row[has]
-            r2 = eta_squared(y, codes)
-            cs = codes[sub]
-            p, chance = _permuted(eta_squared(ys, cs), ys, lambda v: eta_squared(v, cs), rng)
-            mostly_single = True
-        else:
-            s = shares[has]
-            codes = np.argmax(s, axis=1)
-            ss = s[sub]
-            r2 = r_squared(y, s)
-            p, chance = _permuted(r_squared(ys, ss), ys, lambda v: r_squared(v, ss), rng)
-            # steps that (almost) all hold one bucket, e.g. sorted steps that straddle an edge
-            # now and then, are single-bucket steps to a reader
-            mostly_single = float(s.max(axis=1).mean()) >= MOSTLY_SINGLE
-        return dict(bucket_field="bucket", bucket_r2=r2, bucket_p_value=p,
+        # each step's bucket code, or (several buckets in some step) its bucket shares
+        stat, x = (eta_squared, row[has]) if shares is None else (r_squared, shares[has])
+        xs = x[sub]
+        p, chance = _permuted(stat(ys, xs), ys, lambda v: stat(v, xs), rng)
+        codes = x if shares is None else np.argmax(x, axis=1)
+        # steps that (almost) all hold one bucket, e.g. sorted steps that straddle an edge
+        # now and then, are single-bucket steps to a reader
+        mostly_single = shares is None or float(x.max(axis=1).mean()) >= MOSTLY_SINGLE
+        return dict(bucket_field="bucket", bucket_r2=stat(y, x), bucket_p_value=p,
                     bucket_r2_chance=chance, single_bucket=bool(mostly_single),
                     bucket_groups=len(ids), per_bucket=_per_bucket(ids, codes, y, loss[has]))
     if has.sum():

@@ -158,7 +158,6 @@ def fit_mixture(
     floor = max(float(np.sqrt(np.average((x - np.average(x, weights=c)) ** 2, weights=c))) * 1e-3,
                 1e-12)
     ll_old = -np.inf
-    ll = -np.inf
     for _ in range(200):
         z = (x[:, None] - mu[None, :]) / s[None, :]
         logp = -0.5 * z * z - np.log(s)[None, :] + np.log(w)[None, :] - 0.5 * np.log(2 * np.pi)

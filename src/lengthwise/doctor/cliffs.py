@@ -260,12 +260,11 @@ def hypergeom_sf(k: int, total: int, good: int, draws: int) -> float:
     """
     if k <= max(0, draws - (total - good)):
         return 1.0
-    lo, hi = max(k, 0, draws - (total - good)), min(good, draws)
-    if lo > hi:
-        return 0.0 if k > hi else 1.0
+    if k > min(good, draws):
+        return 0.0
     denom = _lcomb(total, draws)
     return _summed([_lcomb(good, i) + _lcomb(total - good, draws - i) - denom
-                    for i in range(lo, hi + 1)])
+                    for i in range(k, min(good, draws) + 1)])
 
 
 def binomial_sf(k: int, n: int, p: float) -> float:

@@ -458,15 +458,11 @@ def match_period(period: float, ctx: RunContext) -> PeriodMatch:
             alias = "" if seen == length else (
                 f", seen as {seen:.4g} steps when logged every {ctx.interval:.4g}")
             return PeriodMatch(name, length, f"matches {how}{alias}")
-    missing = []
-    if ctx.steps_per_epoch is None:
-        missing.append("--steps-per-epoch N (or log `epoch`)")
-    if ctx.batch_size is None and ctx.steps_per_epoch is None:
-        missing.append("--batch-size B")
-    if ctx.world_size is None:
-        missing.append("--world-size W")
-    if ctx.checkpoint_every is None:
-        missing.append("--checkpoint-every N")
+    missing = [flag for flag, unknown in (
+        ("--steps-per-epoch N (or log `epoch`)", ctx.steps_per_epoch is None),
+        ("--batch-size B", ctx.batch_size is None and ctx.steps_per_epoch is None),
+        ("--world-size W", ctx.world_size is None),
+        ("--checkpoint-every N", ctx.checkpoint_every is None)) if unknown]
     tried = ", ".join(f"{n} {v:.4g}" for n, v, _ in candidates(ctx)) or "none known"
     hint = ("HF length grouping would give a 50-step cycle with 200+ steps per epoch"
             if ctx.steps_per_epoch is None and math.isclose(period, HF_MEGABATCH, rel_tol=0.05)

@@ -256,26 +256,18 @@ class EmptySteps(JsonForm):
     JSON = {"count": None, "share": fixed(6), "first_steps": each(num), "field": None}
 
 
-def empty_mask(loss: np.ndarray, columns: dict[str, np.ndarray]) -> tuple[np.ndarray, str | None]:
-    """Rows logged skipped, with a non-finite loss and 0 in an :data:`EMPTY_FIELDS` field."""
-    out = np.zeros(loss.size, dtype=bool)
-    skipped = columns.get("skipped")
-    if skipped is None:
-        return out, None
-    flagged = (skipped == 1.0) & ~np.isfinite(loss)
-    for name in EMPTY_FIELDS:
-        col = columns.get(name)
-        if col is not None and flagged.any():
-            hit = flagged & (col == 0)
-            if hit.any():
-                return hit, name
-    return out, None
-
-
 def empty_steps(step: np.ndarray, loss: np.ndarray,
                 columns: dict[str, np.ndarray]) -> tuple[EmptySteps, np.ndarray]:
-    """The :class:`EmptySteps` of a log (its steps, losses and columns) and their row mask."""
-    mask, name = empty_mask(loss, columns)
+    """The :class:`EmptySteps` of a log (its steps, losses and columns) and their row mask:
+    rows logged skipped, with a non-finite loss and 0 in an :data:`EMPTY_FIELDS` field."""
+    mask, name = np.zeros(loss.size, dtype=bool), None
+    skipped = columns.get("skipped")
+    flagged = mask if skipped is None else (skipped == 1.0) & ~np.isfinite(loss)
+    for key in EMPTY_FIELDS:
+        col = columns.get(key)
+        if col is not None and (flagged & (col == 0)).any():
+            mask, name = flagged & (col == 0), key
+            break
     idx = np.flatnonzero(mask)
     return EmptySteps(count=int(idx.size), rows=int(step.size),
                       first_steps=[float(s) for s in step[idx[:5]]], field=name), mask

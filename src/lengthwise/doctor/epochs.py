@@ -109,11 +109,10 @@ def epoch_boundaries(steps: np.ndarray, loss: np.ndarray, starts: Sequence[float
     p = float((1 + np.sum(draws <= observed)) / (1 + DRAWS))
     level_b = np.exp(before[at]) if logscale else before[at]
     level_a = np.exp(after[at]) if logscale else after[at]
-    drops = (level_a - level_b).tolist()
-    rel = ((level_a - level_b) / np.abs(level_b)).tolist()
+    drops = level_a - level_b
     return EpochBoundaries(found=bool(p < ALPHA and observed < 0), p_value=p, source=source,
-                           starts=[float(steps[i]) for i in at], drops=[float(d) for d in drops],
-                           relative_drops=[float(r) for r in rel], side_points=m)
+                           starts=[float(steps[i]) for i in at], drops=drops.tolist(),
+                           relative_drops=(drops / np.abs(level_b)).tolist(), side_points=m)
 
 
 def staircase_starts(steps: np.ndarray, loss: np.ndarray, period_points: float) -> list[float]:

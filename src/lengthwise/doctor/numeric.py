@@ -53,9 +53,7 @@ def significant(x: float | None, digits: int = 4) -> float | None:
 
 def fmt_num(x: float | None, digits: int = 4) -> str:
     """``x`` as text with ``digits`` significant digits (``g`` format); None is ``-``."""
-    if x is None:
-        return "-"
-    return f"{x:.{digits}g}"
+    return "-" if x is None else f"{x:.{digits}g}"
 
 
 def steps_text(values: list[float], limit: int = 5, *, total: bool = False) -> str:

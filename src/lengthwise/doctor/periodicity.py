@@ -179,21 +179,20 @@ def find_periodicity(resid: np.ndarray, *, interval: float, max_period: float | 
     if k_hi - k_lo < 4:
         return Periodicity(period=None, p_value=None, runs=runs, points=n, window=window, acf=acf,
                            note="stable region too short for a period search")
-    floor = _local_floor(power, k_lo, k_hi)
+    floor = _local_floor(power)
     ks = np.arange(k_lo, k_hi + 1)
     ratio = power[ks] / floor[ks]
     q = ks.size
     best = int(ks[np.argmax(ratio)])
     p_best = _pvalue(float(ratio.max()), q)
     fundamental = _fundamental(best, ks, ratio, q)
-    candidates = _candidates(power, floor, ks, ratio, q, interval, n)
-    bands = _band_peaks(ratio, q)
-    for i, p_i in bands:
+    candidates = _candidates(ks, ratio, q, interval, n)
+    for i, p_i in _band_peaks(ratio, q):
         band_period = n / int(ks[i]) * interval
         if not any(abs(c["period"] - band_period) <= 0.01 * band_period for c in candidates):
             candidates.append({"period": round(band_period, 3), "p_value": significant(p_i)})
     period_pts, acf_at = _refine(acf, n / fundamental)
-    share = _harmonic_share(power, fundamental, k_lo, k_hi)
+    share = _harmonic_share(power, fundamental)
     return _best(period_pts, p_best, share, acf_at, interval=interval, n=n,
                  peak_points=n / fundamental, candidates=candidates, runs=runs, window=window,
                  acf=acf)
@@ -354,7 +353,7 @@ def _threshold(q: int) -> float:
     return hi
 
 
-def _local_floor(power: np.ndarray, k_lo: int, k_hi: int) -> np.ndarray:
+def _local_floor(power: np.ndarray) -> np.ndarray:
     """Noise floor at each frequency: a middle order statistic of the ``FLOOR_HALF_WIDTH``
     ordinates on each side (not the adjacent ones), over ln 2."""
     half = FLOOR_HALF_WIDTH
@@ -385,33 +384,30 @@ def _refine(acf: np.ndarray, approx: float) -> tuple[float, float | None]:
     return float(lag), float(acf[lag])
 
 
-def _harmonic_share(power: np.ndarray, k: int, k_lo: int, k_hi: int) -> float:
+def _harmonic_share(power: np.ndarray, k: int) -> float:
     """Share of the detrended variance at ``k`` and its first harmonics (+-1 bin)."""
     total = float(power[1:].sum())
     if total <= 0:
         return 0.0
-    picked: set[int] = set()
-    for h in range(1, 6):
-        for j in (h * k - 1, h * k, h * k + 1):
-            if 1 <= j < power.size:
-                picked.add(j)
-    return float(power[sorted(picked)].sum() / total)
+    picked = (np.arange(1, 6)[:, None] * k + np.arange(-1, 2)).ravel()
+    return float(power[np.unique(picked[(picked >= 1) & (picked < power.size)])].sum() / total)
 
 
-def _candidates(power: np.ndarray, floor: np.ndarray, ks: np.ndarray, ratio: np.ndarray, q: int,
-                interval: float, n: int) -> list[dict[str, float]]:
+def _candidates(ks: np.ndarray, ratio: np.ndarray, q: int, interval: float,
+                n: int) -> list[dict[str, float]]:
     """Up to three significant local peaks, strongest first."""
     out: list[dict[str, float]] = []
-    order = np.argsort(ratio)[::-1]
-    for idx in order[:50]:
+    taken: list[int] = []  # their frequencies
+    for idx in np.argsort(ratio)[::-1][:50]:
         k = int(ks[idx])
         p = _pvalue(float(ratio[idx]), q)
         if p >= ALPHA or len(out) >= 3:
             break
-        if any(abs(k - c["_k"]) <= 1 for c in out):
+        if any(abs(k - t) <= 1 for t in taken):
             continue
-        out.append({"_k": k, "period": round(n / k * interval, 3), "p_value": significant(p)})
-    return [{"period": c["period"], "p_value": c["p_value"]} for c in out]
+        taken.append(k)
+        out.append({"period": round(n / k * interval, 3), "p_value": significant(p)})
+    return out
 
 
 @dataclass(frozen=True)
@@ -472,8 +468,7 @@ def fold_test(x: np.ndarray, *, window: int, rng: np.random.Generator,
     obs, z_obs, p = _max_t(x, [_grouping(np.arange(n) % q, q) for q in periods], window=window,
                            rng=rng, surrogates=surrogates)
     top_z = float(z_obs.max())
-    best = [periods[i] for i in np.flatnonzero(z_obs >= top_z - 1e-12)]
-    pick = best[0]
+    pick = periods[int(np.flatnonzero(z_obs >= top_z - 1e-12)[0])]
     for d in periods:
         if d >= pick:
             break
@@ -579,11 +574,8 @@ def phase_test(x: np.ndarray, groupings: list[np.ndarray], *, window: int, rng: 
     """Max-T AR(1) surrogate test of the phase grouping that best explains ``x``: the test and
     the grouping's index (p-value 1 and index 0 when none has 2+ phases of ``MIN_PER_GROUP``)."""
     x = np.asarray(x, dtype=np.float64)
-    labelled = []
-    for g in groupings:
-        _, inv = np.unique(np.asarray(g, dtype=np.int64), return_inverse=True)
-        count = int(inv.max()) + 1 if inv.size else 0
-        labelled.append((inv, count))
+    inverses = [np.unique(np.asarray(g, dtype=np.int64), return_inverse=True)[1] for g in groupings]
+    labelled = [(inv, int(inv.max()) + 1 if inv.size else 0) for inv in inverses]
     usable = [i for i, (_, c) in enumerate(labelled) if c >= 2 and x.size >= MIN_PER_GROUP * c]
     if not usable:
         return PhaseTest(p_value=1.0, eta2=0.0, share=0.0,
@@ -602,12 +594,8 @@ def distinct_groupings(groupings: list[np.ndarray]) -> list[int]:
     seen: list[np.ndarray] = []
     keep = []
     for i, g in enumerate(groupings):
-        _, canon = np.unique(g, return_index=False, return_inverse=True)
-        # canonical labels: in order of first appearance
-        first = {}
-        for v in canon.tolist():
-            first.setdefault(v, len(first))
-        canon = np.array([first[v] for v in canon.tolist()])
+        _, first, inverse = np.unique(g, return_index=True, return_inverse=True)
+        canon = np.argsort(np.argsort(first))[inverse]  # labels in order of first appearance
         if not any(np.array_equal(canon, s) for s in seen):
             seen.append(canon)
             keep.append(i)
@@ -625,13 +613,11 @@ def checked_periodicity(per: Periodicity, steps: np.ndarray, loss: np.ndarray,
     window = detrend_window(n)
     rw = detrended(loss, window, valid=~cliff_mask)
     rw = np.where(cliff_mask, 0.0, rw - rw[~cliff_mask].mean())
-    if per.period is not None:
-        if match_period(per.period, ctx).mechanism is not None or not per.test.startswith(
-            "periodogram"
-        ):
-            return per
-        return _retest(per, steps, rw, window, rng)
-    return _predicted(per, steps, rw, ctx, window, rng)
+    if per.period is None:
+        return _predicted(per, steps, rw, ctx, window, rng)
+    if match_period(per.period, ctx).mechanism or not per.test.startswith("periodogram"):
+        return per
+    return _retest(per, steps, rw, window, rng)
 
 
 def _retest(per: Periodicity, steps: np.ndarray, rw: np.ndarray, window: int,

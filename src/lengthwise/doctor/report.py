@@ -316,7 +316,7 @@ def _bands_line(r: Report) -> str:
     """The bands found, or why there are none."""
     b = r.bands
     if b.count is None:
-        return f"{b.note}"
+        return b.note
     if b.count > 1:
         centres = ", ".join(f"{_g(c)} ({s:.0%})" for c, s in zip(b.centres, b.shares, strict=True))
         return (f"{b.count} bands at {centres}; Silverman test "
@@ -415,16 +415,12 @@ def _context_line(r: Report) -> str:
                      "epoch (pass --steps-per-epoch N)")
     else:
         parts.append("steps per epoch unknown (log `epoch` or pass --steps-per-epoch)")
-    if c.batch_size:
-        parts.append(f"batch {c.batch_size}")
-    if c.world_size:
-        parts.append(f"world size {c.world_size} ({c.world_size_source})")
-    if c.epoch_resets:
-        parts.append(f"{len(c.epoch_resets)} resume(s) (epoch field fell back)")
-    if c.checkpoint_every:
-        parts.append(f"checkpoint every {_g(c.checkpoint_every, 6)}")
-    if c.lr_restarts:
-        parts.append(f"{len(c.lr_restarts)} lr restart(s)")
+    parts += [text for known, text in (
+        (c.batch_size, f"batch {c.batch_size}"),
+        (c.world_size, f"world size {c.world_size} ({c.world_size_source})"),
+        (c.epoch_resets, f"{len(c.epoch_resets)} resume(s) (epoch field fell back)"),
+        (c.checkpoint_every, f"checkpoint every {_g(c.checkpoint_every, 6)}"),
+        (c.lr_restarts, f"{len(c.lr_restarts)} lr restart(s)")) if known]
     return "; ".join(parts)
 
 

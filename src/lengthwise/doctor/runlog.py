@@ -209,11 +209,8 @@ def describe_restarts(restarts: list[Restart], step: np.ndarray, lines: np.ndarr
     out = []
     for r in restarts:
         i = row_of.get(int(r.line))
-        if i is None or i == 0:
-            out.append(r)
-            continue
-        out.append(replace(r, lr_before=_earlier_lr(step, lr, i), lr_after=_value(lr, i),
-                           gap_seconds=_gap(time, i)))
+        out.append(r if not i else replace(r, lr_before=_earlier_lr(step, lr, i),
+                                           lr_after=_value(lr, i), gap_seconds=_gap(time, i)))
     return out
 
 

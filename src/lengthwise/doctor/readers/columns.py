@@ -112,12 +112,11 @@ class ColumnBuilder:
         if not objs:
             return
         if not all(type(o) is dict for o in objs):
-            pairs = [(o, ln) for o, ln in zip(objs, lines, strict=True) if isinstance(o, dict)]
             for o, ln in zip(objs, lines, strict=True):
                 if not isinstance(o, dict):
                     self.summary.add_malformed(ln)
-            objs = [p[0] for p in pairs]
-            lines = [p[1] for p in pairs]
+            lines = [ln for o, ln in zip(objs, lines, strict=True) if isinstance(o, dict)]
+            objs = [o for o in objs if isinstance(o, dict)]
             if not objs:
                 return
         if len(self._keys_seen) < 200:
@@ -157,11 +156,7 @@ class ColumnBuilder:
     def _field_key(self, name: str, sample: dict[str, Any]) -> str:
         key = self._field_keys.get(name)
         if key is None:
-            key = name
-            for alias in NUMERIC_ALIASES.get(name, ()):
-                if alias in sample:
-                    key = alias
-                    break
+            key = next((a for a in NUMERIC_ALIASES.get(name, ()) if a in sample), name)
             if key in sample or name not in NUMERIC_ALIASES:
                 self._field_keys[name] = key
         return key
@@ -175,7 +170,7 @@ class ColumnBuilder:
             o = objs[i]
             # an event line (a checkpoint, a skipped spike, ...) is never a step record,
             # even when it carries the step's loss
-            event = o.get("event") if isinstance(o, dict) else None
+            event = o.get("event")
             if not isinstance(event, str):
                 if value is not None:
                     keep.append(i)
@@ -185,7 +180,7 @@ class ColumnBuilder:
                     keep.append(i)
                     continue
             self.summary.other_rows += 1
-            key = next((k for k in EVAL_KEYS if k in o), None) if isinstance(o, dict) else None
+            key = next((k for k in EVAL_KEYS if k in o), None)
             if key is not None:
                 self.add_eval(o.get(sk or "step", o.get("step")), o[key])
             if isinstance(event, str) and event in CHECKPOINT_EVENTS:
@@ -227,9 +222,7 @@ class ColumnBuilder:
         step, bad_step = self._step_column(loss.size)
         s.step_key = self._step_key if self._step_key is not None else "row index"
         bad = bad_loss | bad_step
-        for ln in lines[bad][: s.MAX_LINES_SHOWN]:
-            if len(s.malformed_lines) < s.MAX_LINES_SHOWN:
-                s.malformed_lines.append(int(ln))
+        s.malformed_lines += lines[bad][: s.MAX_LINES_SHOWN - len(s.malformed_lines)].tolist()
         s.malformed += int(bad.sum())
         s.malformed_lines.sort()
         good = ~bad
@@ -422,10 +415,7 @@ def find_field(names: Sequence[str], wanted: Sequence[str], *, suffix: bool = Tr
 
 def _first_alias(objs: list[dict[str, Any]], aliases: Sequence[str]) -> str | None:
     """The first of ``aliases`` that some row in ``objs`` holds (None: none does)."""
-    for cand in aliases:
-        if any(cand in o for o in objs):
-            return cand
-    return None
+    return next((cand for cand in aliases if any(cand in o for o in objs)), None)
 
 
 def _take(
@@ -442,12 +432,7 @@ def _take(
 
 
 def _flatten(chunks: list[list[Any]]) -> list[Any]:
-    if len(chunks) == 1:
-        return chunks[0]
-    out: list[Any] = []
-    for c in chunks:
-        out.extend(c)
-    return out
+    return list(itertools.chain.from_iterable(chunks))
 
 
 def _to_float(col: list[Any]) -> tuple[np.ndarray, np.ndarray]:

@@ -116,7 +116,6 @@ def read_jsonl(path: Path, builder: ColumnBuilder, *, step_key: str | None = Non
                 first = line_no + 1
                 line_no += len(lines)
                 builder.summary.lines = line_no
-                objs = None
                 try:
                     objs = fast(b"[" + b",".join(lines) + b"]")
                     if not isinstance(objs, list) or len(objs) != len(lines):
