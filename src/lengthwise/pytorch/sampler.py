@@ -640,8 +640,10 @@ def _edges_of(plan: EpochPlan) -> list[int] | None:
 
 def _read_lengths(lengths: Any, window: int | str | None) -> tuple[np.ndarray, int | None]:
     """The lengths (memory-mapped for windows, else read and checked) and the window size."""
-    raw = load_lengths(lengths) if window is None else open_lengths(lengths)
-    size = None if window is None else resolve_window(window, int(raw.shape[0]))
+    if window is None:
+        return load_lengths(lengths), None
+    raw = open_lengths(lengths)
+    size = resolve_window(window, int(raw.shape[0]))
     if size is not None or not (isinstance(raw, np.memmap) or raw is lengths):
         return raw, size
     return load_lengths(lengths), size
