@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -149,7 +150,6 @@ def replace_folder(tmp: str | os.PathLike[str], folder: str | os.PathLike[str]) 
         >>> sorted(p.name for p in (root / "out").iterdir()), sorted(p.name for p in root.iterdir())
         (['new.txt'], ['out'])
     """
-    import shutil
 
     tmp, folder = Path(tmp), Path(folder)
     old = None

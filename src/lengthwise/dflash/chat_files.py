@@ -18,6 +18,7 @@ Example::
 from __future__ import annotations
 
 import gzip
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -162,7 +163,6 @@ class ChatSource:
 
 def _read_errors() -> tuple[type[BaseException], ...]:
     """What reading a damaged file raises: gzip/zlib, Arrow (Parquet, datasets) errors."""
-    import zlib
 
     errors: tuple[type[BaseException], ...] = (OSError, EOFError, zlib.error)
     try:

@@ -24,6 +24,7 @@ Example::
 from __future__ import annotations
 
 import errno
+import importlib.util
 import json
 import os
 import shutil
@@ -207,7 +208,6 @@ def speculators_converter() -> Any:
     A :class:`~lengthwise.errors.MissingDependencyError` names every package it needs
     that is not installed (not only the first one the import trips on).
     """
-    import importlib.util
 
 
     missing = [pkg for mod, pkg in SPECULATORS_IMPORTS.items()

@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -238,7 +239,6 @@ def write_features(data: str | Path, target: str | Path, out: str | Path,
     ``info``: the ``torchrun`` group; rank ``r`` of ``w`` writes the shards ``s`` with
     ``s % w == r`` into ``out``, a folder every rank sees.
     """
-    import shutil
 
     from lengthwise.dflash.target import Target, load_target, load_tokenizer
     from lengthwise.pytorch.collate import PadCollator
@@ -446,7 +446,6 @@ def _what(record: dict[str, Any]) -> dict[str, Any]:
 
 def _open_pass(out: Path, identity: dict[str, Any], state: str) -> None:
     """Make ``out`` ready for the pass (``state`` from :func:`_start`); one rank does it."""
-    import shutil
 
     from lengthwise.atomic import atomic_open
 

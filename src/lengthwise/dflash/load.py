@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from lengthwise.dflash.rope import rope_settings
@@ -99,7 +101,6 @@ def _checkpoint_draft(path: Path) -> tuple[Any, Path]:
 
 def _final_draft(folder: Path) -> tuple[Any, str]:
     """The final draft a run wrote to ``folder`` (``draft.pt`` read with ``weights_only``)."""
-    import pickle
 
     import torch
 
@@ -153,7 +154,6 @@ def load_exported(folder: str | os.PathLike) -> Any:
     Reads what :func:`export_draft` writes, and drafts published in that layout
     (``block_size`` and ``mask_token_id`` in ``dflash_config`` or at the top level).
     """
-    from types import SimpleNamespace
 
     from safetensors.torch import load_file
 

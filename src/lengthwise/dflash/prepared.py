@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -93,7 +94,6 @@ class PreparedChats:
             >>> len(chats.fingerprint())                                 # doctest: +SKIP
             64
         """
-        import hashlib
 
         digest = hashlib.sha256(np.ascontiguousarray(self.lengths, dtype=np.int64).tobytes())
         for ids, off, _, _ in self._chunks:

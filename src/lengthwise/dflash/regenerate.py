@@ -21,6 +21,9 @@ Example::
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
 from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
@@ -64,7 +67,6 @@ def pick_backend(name: str, device: str, world: int) -> str:
         >>> pick_backend("auto", "cpu", 1)
         'hf'
     """
-    import importlib.util
 
 
     if name not in BACKENDS:
@@ -332,7 +334,6 @@ class TurnLog:
 
     def read(self) -> dict[tuple[int, int], list[int]]:
         """The turns written before under the same header (none when the log is another's)."""
-        import json
 
         if not self.path.is_file():
             return {}
@@ -353,7 +354,6 @@ class TurnLog:
 
     def start(self, done: dict[tuple[int, int], list[int]]) -> None:
         """Write the log afresh: the header and the turns of ``done``."""
-        import json
 
 
         with atomic_open(self.path, "w", encoding="utf-8") as fh:
@@ -363,8 +363,6 @@ class TurnLog:
 
     def append(self, turns: list[tuple[int, int, list[int]]]) -> None:
         """Add turns ``(row, turn, ids)`` and flush them to the disk."""
-        import json
-        import os
 
         with open(self.path, "a", encoding="utf-8") as fh:
             fh.writelines(json.dumps({"row": i, "turn": r, "ids": [int(t) for t in ids]})

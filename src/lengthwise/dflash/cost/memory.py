@@ -44,8 +44,11 @@ from lengthwise.dflash.features import cache_bytes, plan_pass
 from lengthwise.dflash.head import chunked_agreement
 from lengthwise.dflash.loss import block_hidden, supervised_cross_entropy
 from lengthwise.dflash.mask_token import mask_token_choice
+from lengthwise.dflash.model import DFlashConfig, DFlashDraft
 from lengthwise.dflash.objective import IGNORE, target_layer_ids
+from lengthwise.dflash.speculative import _cache_kwarg, _cache_of
 from lengthwise.dflash.target import WEIGHT_DTYPES, Target, check_builtin_model
+from lengthwise.dflash.teacher_forced import SLOTS_PER_FORWARD
 from lengthwise.errors import ConfigError
 from lengthwise.train.device import autocast_dtype
 
@@ -353,7 +356,6 @@ def fake_causal_lm(config: Any, layers: int, dtype: torch.dtype) -> Any:
 def fake_draft(target_config: Any, cfg: Any, layers: list[int]) -> Any:
     """The draft ``dflash train`` builds for ``cfg`` reading the target's ``layers``, in
     training mode; call it under fake tensors."""
-    from lengthwise.dflash.model import DFlashConfig, DFlashDraft
 
     return DFlashDraft(DFlashConfig.from_target(
         target_config, num_layers=cfg.draft_layers, block_size=cfg.block_size, gamma=cfg.gamma,
@@ -745,7 +747,6 @@ def _cached_step(model: Any, live: LiveBytes, ids: torch.Tensor, mask: Any, cols
                  keep_first: bool = False, **kwargs: Any) -> None:
     """A forward of ``model`` on ``ids[:, :cols]`` with the cache of ``ids`` held: the peak
     from the cache on (``keep_first``: the first forward's output held too, as generate's)."""
-    from lengthwise.dflash.speculative import _cache_kwarg, _cache_of
 
     res = model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
     live.restart()  # what the prefill freed on returning; the cache is held
@@ -851,7 +852,6 @@ def estimate_eval(target_config: Any, *, block_size: int = 16, draft_layers: int
                   dtype: Any = None, baseline: int = 0) -> StageMemory:
     """The peak of ``dflash eval`` (the draft's sizes training's, the others eval's flags)."""
     from lengthwise.dflash.model import DFlashConfig
-    from lengthwise.dflash.teacher_forced import SLOTS_PER_FORWARD
 
     _check(block_size=block_size, draft_layers=draft_layers, num_features=num_features,
            batch_size=batch_size, max_len=max_len, max_new_tokens=max_new_tokens,

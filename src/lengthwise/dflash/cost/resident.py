@@ -18,6 +18,8 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import importlib
 import os
 import subprocess
 import sys
@@ -70,7 +72,6 @@ def process_baseline(stage: str, target_config: Any, tokenizer_dir: str | Path |
                      ) -> int:
     """Resident bytes of this process after importing what ``stage`` imports, the target's
     model code, and its tokenizer from ``tokenizer_dir``: the stage's before any weights."""
-    import importlib
 
     import transformers
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
@@ -88,7 +89,6 @@ def return_freed_memory() -> bool:
     """Serve large buffers from their own mappings (glibc); ``False`` where there is no glibc."""
     if not sys.platform.startswith("linux"):
         return False
-    import ctypes
 
     try:
         libc = ctypes.CDLL("libc.so.6")
