@@ -120,6 +120,7 @@ def test_a_cut_gzipped_csv_keeps_the_whole_rows_before_the_cut(tmp_path) -> None
     assert 100 < n < 3000 and log.step.tolist() == list(range(1, n + 1))
     np.testing.assert_allclose(log.loss, [loss_at(s) for s in range(1, n + 1)])  # none cut short
     assert log.input.truncated and log.input.malformed_lines == [n + 2]  # the cut line
+    assert log.input.lines == n + 2  # the header, the rows and the cut line, as for JSON lines
 
 
 @pytest.mark.parametrize("name, content, reason", [

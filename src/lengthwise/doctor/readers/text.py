@@ -274,8 +274,9 @@ def read_csv(path: Path, builder: ColumnBuilder, *, step_key: str | None = None,
         _read_rows(reader, cols, len(header), builder)
         if stream.broken is not None:
             builder.summary.truncated = True
-            if stream.dropped_tail:  # the cut line at the break
-                builder.summary.add_malformed(builder.summary.lines + 1)
+            if stream.dropped_tail:  # the cut line at the break: read, and malformed
+                builder.summary.lines += 1
+                builder.summary.add_malformed(builder.summary.lines)
 
 
 def _csv_reader(path: Path, stream: WholeLines) -> tuple[Iterator[list[str]], list[str]]:
