@@ -22,3 +22,12 @@ def flag_field(default: Any, text: str, **meta: Any) -> Any:
     flag's metadata (``type``, ``choices``, ``metavar``, ``none``: what a default of ``None``
     means)."""
     return field(default=default, metadata={"help": text, **meta})
+
+
+def flag_name(name: str) -> str:
+    """The command-line flag of the settings field ``name``.
+
+    >>> flag_name("max_new_tokens")
+    '--max-new-tokens'
+    """
+    return "--" + name.replace("_", "-")

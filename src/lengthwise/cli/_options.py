@@ -30,11 +30,9 @@ import argparse
 import dataclasses
 from typing import Any
 
+from lengthwise.flag_field import flag_name
+
 __all__ = ["add_config_flags", "config_from_args", "field_type"]
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
 
 
 def _parser(kind: Any) -> Any:
@@ -85,14 +83,14 @@ def add_config_flags(parser: Any, cls: type, *, skip: tuple[str, ...] = (),
             text = f"{text} (default: {shown})"
         parsed = argparse.SUPPRESS if given_only or default is dataclasses.MISSING else default
         if kind is bool:
-            parser.add_argument(_flag(f.name), dest=f.name, default=parsed,
+            parser.add_argument(flag_name(f.name), dest=f.name, default=parsed,
                                 action=argparse.BooleanOptionalAction, help=text)
             continue
         choices = f.metadata.get("choices")
         metavar = f.metadata.get("metavar") or (
             None if choices else {int: "N", float: "X"}.get(kind, "NAME"))
         where = group if f.name in exclusive else parser
-        where.add_argument(_flag(f.name), dest=f.name, default=parsed, type=_parser(kind),
+        where.add_argument(flag_name(f.name), dest=f.name, default=parsed, type=_parser(kind),
                            choices=choices, metavar=metavar, help=text)
 
 

@@ -33,6 +33,7 @@ from typing import Any
 from lengthwise.demo.config import DemoConfig, DFlashDemoConfig, parse_orders
 from lengthwise.errors import ConfigError
 from lengthwise.finite_json import finite_json_text
+from lengthwise.flag_field import flag_name
 
 HELP = "train a small model once per batch order and compare (offline)"
 
@@ -217,7 +218,7 @@ def _check_task_options(args: argparse.Namespace) -> None:
                           "the same samples, each order in its own steps")
     for name in ("target", *_DFLASH):
         if getattr(args, name) is not None:
-            raise ConfigError(f"--{name.replace('_', '-')} needs --task dflash")
+            raise ConfigError(f"{flag_name(name)} needs --task dflash")
 
 
 def _starting(task: str) -> None:

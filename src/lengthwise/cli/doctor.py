@@ -17,6 +17,7 @@ import math
 import sys
 
 from lengthwise.errors import ConfigError
+from lengthwise.flag_field import flag_name
 
 
 def _finite(text: str) -> float:
@@ -168,7 +169,7 @@ def _watch(args: argparse.Namespace) -> int:
     for name in ("interval", "max_seconds", "cooldown"):
         value = getattr(args, name)
         if value is not None and not value > 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value:g}")
+            raise ConfigError(f"{flag_name(name)} must be positive, got {value:g}")
     return watch(args.logs[0], interval=args.interval or DEFAULT_INTERVAL,
                  max_seconds=args.max_seconds,
                  cooldown=DEFAULT_COOLDOWN if args.cooldown is None else args.cooldown,

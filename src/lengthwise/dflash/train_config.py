@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from lengthwise.errors import ConfigError
-from lengthwise.flag_field import flag_field
+from lengthwise.flag_field import flag_field, flag_name
 from lengthwise.planning.vocabulary import ORDERS
 from lengthwise.train.config import PACKED, LoopConfig, check_finite, check_positive
 
@@ -192,10 +192,6 @@ REFUSED = ("block_size", "draft_layers", "num_features", "standardize_features",
 _SKIP = ("progress", "resume", "overwrite", "target", "data", "out", "epochs")
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 def snapshot(cfg: Any, run: Any, data_info: dict[str, Any]) -> dict[str, Any]:
     """The settings compared on resume: the loop's, the run's and the data's fingerprint."""
     return {"cfg": {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _SKIP},
@@ -234,7 +230,7 @@ def changed(new: dict[str, Any], old: dict[str, Any]) -> tuple[list[str], list[s
     for name, before, now in pairs:
         if before == now:
             continue
-        line = f"{_flag(name)} {before} -> {now}"
+        line = f"{flag_name(name)} {before} -> {now}"
         (refused if name in REFUSED else applied).append(line)
     if old.get("data") is not None and old["data"] != new.get("data"):
         refused.append(f"--data (other data or tokenizer: {old['data']} -> "

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from lengthwise.cli._options import _flag, add_config_flags
+from lengthwise.cli._options import add_config_flags
 from lengthwise.cli.dflash._settings import DEFAULTS, add_run_flags, settings
 from lengthwise.dflash.cost.resident import process_baseline
 from lengthwise.dflash.cost.timing import (
@@ -44,6 +44,7 @@ from lengthwise.dflash.prepared import open_prepared
 from lengthwise.dflash.train_config import DFlashTrainConfig
 from lengthwise.disk import format_bytes
 from lengthwise.errors import ConfigError
+from lengthwise.flag_field import flag_name
 from lengthwise.pytorch.dist import launched_rank
 
 #: the flags of ``dflash train`` that set the memory of a step
@@ -255,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
     if stage == "train":
         stray = [k for k in FEATURES_FLAGS if k in given]
         if stray:
-            raise ConfigError(f"{', '.join(map(_flag, stray))}: not a setting of the train "
+            raise ConfigError(f"{', '.join(map(flag_name, stray))}: not a setting of the train "
                               "stage's estimate (of --stage features)")
         return report(given, defaults={"device": "cuda"})
     return stage_report(stage, given)
@@ -276,7 +277,7 @@ def stage_report(stage: str, given: dict[str, Any]) -> int:
     timed = stage == "regenerate" and opts.get("time")
     if stray or opts.get("rows") or (opts.get("world") and not timed):
         names = stray + [k for k in ("rows", "world") if opts.get(k)]
-        raise ConfigError(f"{', '.join(map(_flag, names))}: not a setting of the {stage} "
+        raise ConfigError(f"{', '.join(map(flag_name, names))}: not a setting of the {stage} "
                           "stage's estimate"
                           + (" (--world goes with --time)" if names == ["world"] else ""))
     sizes = {**known, **given}
@@ -350,7 +351,7 @@ def _check_profile_flags(opts: dict[str, Any]) -> None:
     ``--save-profile`` that cannot be written, before any timing."""
     stray = [k for k in ("device_profile", "save_profile") if opts.get(k)]
     if stray and not opts.get("time"):
-        raise ConfigError(f"{', '.join(map(_flag, stray))}: goes with --time")
+        raise ConfigError(f"{', '.join(map(flag_name, stray))}: goes with --time")
     save = opts.get("save_profile")
     if not save:
         return

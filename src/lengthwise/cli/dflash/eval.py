@@ -21,6 +21,7 @@ from lengthwise.dflash.mask_token import check_mask_token
 from lengthwise.dflash.table import render_eval
 from lengthwise.dflash.target_match import check_draft_target_weights, check_draft_tokenizer
 from lengthwise.errors import ConfigError
+from lengthwise.flag_field import flag_name
 
 
 def register(stages: argparse._SubParsersAction) -> None:
@@ -120,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
                  "lookup_tokens"):
         value = getattr(args, name)
         if value is not None and value < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+            raise ConfigError(f"{flag_name(name)} must be >= 1, got {value}")
     if any(not (t >= 0 and math.isfinite(t)) for t in args.temperatures):
         raise ConfigError(f"--temperatures must be finite and >= 0, got {args.temperatures}")
     files = args.prompts or [str(bundled_prompts())]

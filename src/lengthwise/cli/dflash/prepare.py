@@ -15,6 +15,7 @@ from lengthwise.cli._options import add_config_flags, config_from_args
 from lengthwise.dflash.cost.resident import follow_live_tensors
 from lengthwise.dflash.prepare_config import PrepareConfig
 from lengthwise.errors import ConfigError
+from lengthwise.flag_field import flag_name
 
 
 def register(stages: argparse._SubParsersAction) -> None:
@@ -81,4 +82,4 @@ def _as_option(message: str, names: dict[str, object]) -> str:
     name = message.split(" ", 1)[0]
     if name not in names:
         return message
-    return "--" + name.replace("_", "-") + message[len(name):]
+    return flag_name(name) + message[len(name):]

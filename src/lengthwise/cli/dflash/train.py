@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import argparse
 
-from lengthwise.cli._options import _flag
 from lengthwise.cli.dflash._settings import DEFAULTS, add_run_flags, read_yaml, settings
 from lengthwise.cli.dflash.estimate import REPORT_FLAGS, add_report_flags, report
 from lengthwise.dflash.cost.resident import follow_live_tensors
 from lengthwise.errors import ConfigError
 from lengthwise.finite_json import finite_json_text
+from lengthwise.flag_field import flag_name
 
 __all__ = ["DEFAULTS", "read_yaml", "register", "run", "settings"]
 
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         return report(given)
     stray = [k for k in REPORT_FLAGS if k in given]
     if stray:
-        raise ConfigError(f"{', '.join(map(_flag, stray))}: read with --estimate only")
+        raise ConfigError(f"{', '.join(map(flag_name, stray))}: read with --estimate only")
     cfg, run_settings, progress = settings(given)
     follow_live_tensors(cfg.device)
     summary = train_draft(cfg, run_settings, progress=progress)

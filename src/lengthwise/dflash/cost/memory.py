@@ -50,6 +50,7 @@ from lengthwise.dflash.speculative import _cache_kwarg, _cache_of
 from lengthwise.dflash.target import WEIGHT_DTYPES, Target, check_builtin_model
 from lengthwise.dflash.teacher_forced import SLOTS_PER_FORWARD
 from lengthwise.errors import ConfigError
+from lengthwise.flag_field import flag_name
 from lengthwise.train.device import autocast_dtype
 
 __all__ = ["DEVICE_MEMORY", "GIB", "MAX_LAYERS", "MAX_STEP_SIZE", "STAGES", "LiveBytes",
@@ -716,7 +717,7 @@ def _loaded(target_config: Any, device: str, dtype: Any) -> tuple[str, torch.dty
 def _check(**sizes: int | None) -> None:
     for name, value in sizes.items():
         if value is not None and not _count(value):
-            raise ConfigError(f"--{name.replace('_', '-')} must be an integer >= 1, "
+            raise ConfigError(f"{flag_name(name)} must be an integer >= 1, "
                               f"got {value!r}")
 
 

@@ -42,6 +42,7 @@ from lengthwise.dflash.cost.flops import anchor_counts, batch_flops, step_flops
 from lengthwise.dflash.generate import generate_responses
 from lengthwise.dflash.prepared import open_prepared
 from lengthwise.errors import ConfigError, DataError
+from lengthwise.flag_field import flag_name
 from lengthwise.planning.cost import round_up
 from lengthwise.progress import progress
 from lengthwise.pytorch.calibrate import _nnls
@@ -483,7 +484,7 @@ def train_command(cfg: Any, run: Any, *, out: str | Path, steps: int) -> list[st
         value = fixed.get(name, getattr(run, name, getattr(cfg, name, None)))
         if value is None or (kind is int and not isinstance(value, int)):
             continue  # unset, or a default the flag cannot spell (buckets "auto")
-        argv += ["--" + name.replace("_", "-"), str(value)]
+        argv += [flag_name(name), str(value)]
     return argv
 
 
