@@ -174,9 +174,13 @@ class WindowedPlan:
 
     # ------------------------------------------------------------------ shape
 
-    # an epoch plan's properties, which read them from self.config
-    world_size = EpochPlan.world_size
-    grad_accum = EpochPlan.grad_accum
+    @property
+    def world_size(self) -> int:
+        return self.config.world_size
+
+    @property
+    def grad_accum(self) -> int:
+        return self.config.grad_accum
 
     @property
     def num_windows(self) -> int:

@@ -819,11 +819,11 @@ class GenerateTime:
     def render(self) -> str:
         """One line: the whole regeneration, then where the slowest rank's time goes."""
         ranks = f" on each of {self.world} ranks" if self.world > 1 else ""
-        whole = "the slowest rank: " if self.world > 1 else ""
+        slowest = "the slowest rank: " if self.world > 1 else ""
         extra = (f"; {duration(self.start_seconds, exact=True)} to start"
                  if self.start_seconds else "")
         return (f"about {duration(self.total_seconds, exact=True)} for {self.responses:,} "
-                f"responses{ranks} ({whole}{self.prefills:,} prefills, "
+                f"responses{ranks} ({slowest}{self.prefills:,} prefills, "
                 f"{duration(self.prefill_seconds, exact=True)}; {self.steps:,} decode steps, "
                 f"{duration(self.decode_seconds, exact=True)}{extra}) on {self.device}")
 

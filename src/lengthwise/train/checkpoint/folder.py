@@ -245,7 +245,8 @@ def previous_good(path: Path) -> str:
     """Where to resume instead of the broken checkpoint ``path``: a sentence for an error."""
     match = STEP_DIR.match(path.name)
     step = int(match.group(1)) if match else None
-    for older_step, older in reversed(_step_folders(path.parent)):  # incomplete: not verified
+    # every step folder: one without a readable manifest fails verify_files
+    for older_step, older in reversed(_step_folders(path.parent)):
         if older == path or (step is not None and older_step >= step):
             continue
         try:
